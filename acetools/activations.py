@@ -1,0 +1,278 @@
+"""Input activations of named linear layers, captured with forward hooks.
+
+Three readers over one hook mechanism, for any ``nn.Module``:
+
+- :func:`capture_inputs`: the input rows X (N x d_in, tokens flattened) of each layer, the
+  proxy activations of ESM (spec §2 Step A; run it on task t's *fine-tuned* model);
+- :func:`gram_matrices`: running means (1/N) X^T X, RegMean's Gram matrices (spec §3.9);
+- :func:`input_covariances`: centred input covariances Sigma, for Theorem 1 comparisons.
+
+Layers are named by their *parameter* name, as in a state dict:
+``visual.transformer.resblocks.0.mlp.c_fc.weight`` hooks the module
+``visual.transformer.resblocks.0.mlp.c_fc`` and records its input;
+``...attn.in_proj_weight`` hooks the ``nn.MultiheadAttention`` and records its *query*
+input (open_clip's ``ResidualAttentionBlock`` calls ``attn(q_x, k_x, v_x, ...)`` with
+``q_x = ln_1(x)``; ``k_proj_weight``/``v_proj_weight`` record the key/value input). Rows
+are ordered batch-major (sample, then token) whatever the module's ``batch_first``.
+
+Hooks are always removed afterwards, also when the forward pass raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["capture_inputs", "gram_matrices", "input_covariances", "layer_input_spec"]
+
+# nn.MultiheadAttention parameters and which forward argument feeds them.
+_MHA_INPUTS = {"in_proj_weight": 0, "q_proj_weight": 0, "k_proj_weight": 1, "v_proj_weight": 2}
+_MHA_NAMES = ("query", "key", "value")
+
+
+def layer_input_spec(model: nn.Module, key: str, prefix: str = "") -> tuple[str, nn.Module, int]:
+    """Resolve a parameter name to ``(module_name, module, argument_index)``.
+
+    ``prefix`` is stripped from ``key`` first (e.g. ``"visual."`` when ``model`` is the
+    visual tower but the keys are the full CLIP state dict's). Raises a ``KeyError`` that
+    names the key when the module or parameter does not exist.
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"layer keys must be parameter-name strings, got {type(key).__name__}")
+    if prefix and not key.startswith(prefix):
+        raise KeyError(f"key {key!r} does not start with prefix {prefix!r}")
+    name = key[len(prefix):]
+    mod_name, _, param = name.rpartition(".")
+    try:
+        module = model.get_submodule(mod_name) if mod_name else model
+    except AttributeError:
+        raise KeyError(
+            f"key {key!r}: the model has no submodule {mod_name!r}; keys are parameter names relative "
+            "to the model you pass (use prefix= to strip a leading part such as 'visual.')"
+        ) from None
+    if getattr(module, param, None) is None or not isinstance(getattr(module, param), Tensor):
+        raise KeyError(f"key {key!r}: module {mod_name!r} ({type(module).__name__}) has no parameter {param!r}")
+    if isinstance(module, nn.MultiheadAttention):
+        if param not in _MHA_INPUTS:
+            raise KeyError(
+                f"key {key!r}: only the input projections of nn.MultiheadAttention "
+                f"({', '.join(_MHA_INPUTS)}) can be hooked; out_proj is applied inside the functional "
+                "attention and never runs as a module"
+            )
+        return mod_name, module, _MHA_INPUTS[param]
+    if param != "weight":
+        raise KeyError(f"key {key!r}: expected a '.weight' of a linear layer (or an attention input projection)")
+    return mod_name, module, 0
+
+
+def _rows(module: nn.Module, x: Tensor, d_in: int) -> Tensor:
+    """Flatten ``x`` to (tokens, d_in) rows, batch-major."""
+    if isinstance(module, nn.MultiheadAttention) and x.ndim == 3 and not module.batch_first:
+        x = x.transpose(0, 1)  # (L, B, D) -> (B, L, D)
+    return x.detach().reshape(-1, d_in)
+
+
+@contextmanager
+def _hooked(model: nn.Module, keys: Sequence[str], prefix: str,
+            on_input: Callable[[str, Tensor], None]) -> Iterator[dict[str, int]]:
+    """Register forward pre-hooks that call ``on_input(key, rows)``; yield per-key call counts."""
+    specs = {key: layer_input_spec(model, key, prefix) for key in keys}
+    counts = dict.fromkeys(keys, 0)
+    handles = []
+
+    def make_hook(key: str, idx: int, d_in: int):
+        def hook(module, args, kwargs):
+            if idx < len(args):
+                x = args[idx]
+            elif _MHA_NAMES[idx] in kwargs and isinstance(module, nn.MultiheadAttention):
+                x = kwargs[_MHA_NAMES[idx]]
+            elif idx == 0 and "input" in kwargs:
+                x = kwargs["input"]
+            else:
+                raise RuntimeError(f"hook for {key!r}: could not find the layer input among the call's arguments")
+            counts[key] += 1
+            on_input(key, _rows(module, x, d_in))
+
+        return hook
+
+    try:
+        for key, (_, module, idx) in specs.items():
+            d_in = _d_in(module, key, idx)
+            handles.append(module.register_forward_pre_hook(make_hook(key, idx, d_in), with_kwargs=True))
+        yield counts
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _d_in(module: nn.Module, key: str, idx: int) -> int:
+    param = key.rpartition(".")[2]
+    return getattr(module, param).shape[1]
+
+
+def _batches(inputs, batch_size: int | None) -> Iterator[Tensor]:
+    if isinstance(inputs, Tensor):
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+        n = inputs.shape[0]
+        step = n if batch_size is None else batch_size
+        for i in range(0, n, max(step, 1)):
+            yield inputs[i:i + step]
+        return
+    if not isinstance(inputs, Iterable):
+        raise TypeError(f"inputs must be a Tensor or an iterable of batches, got {type(inputs).__name__}")
+    for b in inputs:
+        if isinstance(b, (tuple, list)):  # (images, labels, ...) from a DataLoader
+            b = b[0]
+        if not isinstance(b, Tensor):
+            raise TypeError(f"each batch must be a Tensor or a (Tensor, ...) tuple, got {type(b).__name__}")
+        yield b
+
+
+def _key_list(keys: Sequence[str]) -> list[str]:
+    if isinstance(keys, str):
+        raise TypeError("keys must be a list of parameter names, not a single string")
+    keys = list(dict.fromkeys(keys))  # drop duplicates, keep order
+    if not keys:
+        raise ValueError("keys is empty: name at least one layer, e.g. '...mlp.c_fc.weight'")
+    return keys
+
+
+def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, on_input) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    was_training = {m: m.training for m in model.modules()}
+    if eval_mode:
+        model.eval()
+    dev = next((p.device for p in model.parameters()), torch.device("cpu")) if device is None else torch.device(device)
+    try:
+        with _hooked(model, keys, prefix, on_input) as counts, torch.no_grad():
+            n_batches = 0
+            for x in _batches(inputs, batch_size):
+                model(x.to(dev))
+                n_batches += 1
+            if n_batches == 0:
+                raise ValueError("inputs yielded no batch; give at least one input")
+        silent = [k for k, c in counts.items() if c == 0]
+        if silent:
+            raise RuntimeError(
+                f"the forward pass never ran the module of {silent[0]!r}"
+                + (f" (and {len(silent) - 1} more)" if len(silent) > 1 else "")
+                + "; its input cannot be captured with a module hook"
+            )
+    finally:
+        if eval_mode:
+            for m, flag in was_training.items():
+                m.train(flag)
+
+
+def capture_inputs(
+    model: nn.Module,
+    inputs: Tensor | Iterable,
+    keys: Sequence[str],
+    batch_size: int | None = None,
+    *,
+    prefix: str = "",
+    device: str | torch.device | None = None,
+    out_device: str | torch.device = "cpu",
+    eval_mode: bool = True,
+) -> dict[str, Tensor]:
+    """Input activations of each named layer, ``{key: X}`` with X of shape N x d_in.
+
+    ``inputs`` is a tensor (split into chunks of ``batch_size``; all at once if None) or an
+    iterable of batches (tensors or ``(tensor, ...)`` tuples). The model runs under
+    ``torch.no_grad()`` on ``device`` (default: where its parameters are), in eval mode unless
+    ``eval_mode=False`` (the previous modes are restored). Every token of every sample is a
+    row, batch-major. These are ESM's proxy activations when ``model`` is task t's fine-tuned
+    model (spec §2 Step A). Rows are stored on ``out_device`` in the model's dtype.
+    """
+    keys = _key_list(keys)
+    chunks: dict[str, list[Tensor]] = {k: [] for k in keys}
+
+    def on_input(key: str, rows: Tensor) -> None:
+        chunks[key].append(rows.to(out_device))
+
+    _run(model, inputs, keys, prefix, batch_size, device, eval_mode, on_input)
+    return {k: torch.cat(v) for k, v in chunks.items()}
+
+
+def gram_matrices(
+    model: nn.Module,
+    batches: Tensor | Iterable,
+    keys: Sequence[str],
+    batch_size: int | None = None,
+    *,
+    prefix: str = "",
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float64,
+    eval_mode: bool = True,
+) -> dict[str, Tensor]:
+    """RegMean Gram matrices G = (1/N) X^T X (d_in x d_in) per layer, spec §3.9.
+
+    Accumulated over batches without storing X (sums in ``dtype``, default float64, then one
+    division by the total row count N, i.e. the running mean over all tokens). Run it on task
+    t's fine-tuned model with task-t data. Arguments as in :func:`capture_inputs`.
+    """
+    keys = _key_list(keys)
+    sums: dict[str, Tensor] = {}
+    counts = dict.fromkeys(keys, 0)
+
+    def on_input(key: str, rows: Tensor) -> None:
+        r = rows.to(dtype)
+        g = r.T @ r
+        sums[key] = g if key not in sums else sums[key] + g
+        counts[key] += r.shape[0]
+
+    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input)
+    return {k: (sums[k] / counts[k]).cpu() for k in keys}
+
+
+def input_covariances(
+    model: nn.Module,
+    batches: Tensor | Iterable,
+    keys: Sequence[str],
+    batch_size: int | None = None,
+    *,
+    prefix: str = "",
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float64,
+    unbiased: bool = False,
+    eval_mode: bool = True,
+) -> dict[str, Tensor]:
+    """Centred input covariance Sigma = (1/N) sum (x - mu)(x - mu)^T per layer (d_in x d_in).
+
+    The true input covariance that Theorem 1 of ACE-Merging (spec §1) relates to the task
+    vectors. Merged batch by batch with Chan's update (mean and centred scatter in ``dtype``,
+    default float64), so no X is stored. ``unbiased=True`` divides by N - 1 instead of N.
+    """
+    keys = _key_list(keys)
+    state: dict[str, tuple[int, Tensor, Tensor]] = {}
+
+    def on_input(key: str, rows: Tensor) -> None:
+        r = rows.to(dtype)
+        nb = r.shape[0]
+        if nb == 0:
+            return
+        mb = r.mean(0)
+        c = r - mb
+        Mb = c.T @ c
+        if key not in state:
+            state[key] = (nb, mb, Mb)
+            return
+        na, ma, Ma = state[key]
+        n = na + nb
+        d = mb - ma
+        state[key] = (n, ma + d * (nb / n), Ma + Mb + torch.outer(d, d) * (na * nb / n))
+
+    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input)
+    out = {}
+    for k in keys:
+        n, _, M = state[k]
+        denom = n - 1 if unbiased else n
+        if denom < 1:
+            raise ValueError(f"input_covariances: layer {k!r} saw {n} rows; unbiased=True needs at least 2")
+        out[k] = (M / denom).cpu()
+    return out

@@ -1,0 +1,268 @@
+"""Shared types and plumbing of ``acetools.data``: records, errors, seeds, ordering, cache.
+
+Nothing here knows a particular task. The pieces every builder uses:
+
+- :class:`TaskInfo`, :class:`TaskData`, :class:`PretrainData` and :class:`DataSourceError`;
+- :func:`sample_rng` — one NumPy generator per (stream, sample index), so the first ``n``
+  rows of a split never depend on how many rows are built (``load_split(..., n=k)`` is the
+  prefix of the full split);
+- :func:`balanced_labels` — labels in blocks of ``n_classes``, each block a seeded
+  permutation, so every prefix is class-balanced to within one block;
+- :func:`data_root` and the ``.npz`` cache, keyed by a hash of the builder's version and
+  parameters and written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..utils import atomic_write
+
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+SPLIT_ID = {"train": 0, "val": 1, "test": 2}
+IMAGE_SIZE = 32
+
+__all__ = [
+    "SPLITS",
+    "IMAGE_SIZE",
+    "DataSourceError",
+    "TaskInfo",
+    "TaskData",
+    "PretrainData",
+    "data_root",
+    "stable_int",
+    "sample_rng",
+    "balanced_labels",
+    "digest_arrays",
+]
+
+
+class DataSourceError(RuntimeError):
+    """A data source is missing; the message says exactly how to obtain it."""
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What a task is. The data itself comes from :func:`acetools.data.load_split`.
+
+    ``generator`` names the image generator (or real source with its split partition);
+    tasks with the same ``generator`` see inputs from the same distribution, and when their
+    labels differ they are listed in each other's ``conflicts_with`` (the strongest source
+    of interference between task vectors: prototype note, lesson 4).
+    """
+
+    name: str
+    n_classes: int
+    class_names: tuple[str, ...]
+    domain: str
+    source: str
+    description: str
+    conflicts_with: tuple[str, ...] = ()
+    generator: str = ""
+    sizes: Mapping[str, int] = field(default_factory=lambda: {"train": 5000, "val": 500, "test": 1000})
+    online: bool = False
+
+    def __post_init__(self):
+        if len(self.class_names) != self.n_classes:
+            raise ValueError(f"task {self.name!r}: {len(self.class_names)} class names for {self.n_classes} classes")
+
+
+@dataclass
+class TaskData:
+    """One split of one task: ``x`` uint8 ``[N, 3, 32, 32]``, ``y`` int64 ``[N]``."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    class_names: tuple[str, ...]
+    name: str
+    split: str
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_names)
+
+    def digest(self) -> str:
+        """SHA-256 of the image and label bytes (to record which data a result used)."""
+        return digest_arrays(self.x.numpy(), self.y.numpy())
+
+    def float(self, mean: float = 0.5, std: float = 0.5) -> torch.Tensor:
+        """``x`` as float32 in ``[0, 1]``, then ``(x - mean) / std`` (default: ``[-1, 1]``)."""
+        return (self.x.float() / 255.0 - mean) / std
+
+    def dataset(self) -> torch.utils.data.TensorDataset:
+        """A ``TensorDataset(x, y)`` (uint8 images; convert in the model or a collate fn)."""
+        return torch.utils.data.TensorDataset(self.x, self.y)
+
+    def __repr__(self) -> str:
+        return (f"TaskData(name={self.name!r}, split={self.split!r}, n={len(self)}, "
+                f"n_classes={self.n_classes}, x={tuple(self.x.shape)} {self.x.dtype})")
+
+
+@dataclass
+class PretrainData:
+    """The pretraining pool: images, one label vector per head (-1 where it does not apply)."""
+
+    x: torch.Tensor
+    labels: dict[str, torch.Tensor]
+    head_classes: dict[str, int]
+    head_class_names: dict[str, tuple[str, ...]]
+    source: torch.Tensor  # int64 [N]: index into ``sources``
+    sources: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def digest(self) -> str:
+        return digest_arrays(self.x.numpy(), *[self.labels[k].numpy() for k in sorted(self.labels)])
+
+    def __repr__(self) -> str:
+        heads = ", ".join(f"{k}:{v}" for k, v in self.head_classes.items())
+        return f"PretrainData(n={len(self)}, sources={self.sources}, heads={{{heads}}})"
+
+
+def data_root(root: str | os.PathLike | None = None) -> Path:
+    """The data folder: ``root``, else ``$ACETOOLS_DATA``, else ``~/.cache/acetools/data``.
+
+    It holds the generated-task cache (``cache/``), optional copies of offline sources
+    (``fashion-mnist/``, ``animal-mnist/``, ``fonts/``) and torchvision downloads
+    (``torchvision/``).
+    """
+    if root is not None:
+        return Path(root).expanduser()
+    env = os.environ.get("ACETOOLS_DATA")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "acetools" / "data"
+
+
+def stable_int(*parts) -> int:
+    """A 64-bit integer from the string forms of ``parts`` (stable across runs and machines)."""
+    h = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+def _philox_state(stream: int, index: int) -> dict:
+    key = np.array([stream & 0xFFFFFFFFFFFFFFFF, (stream >> 64) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+    counter = np.array([0, 0, 0, index & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+    return {"bit_generator": "Philox", "state": {"counter": counter, "key": key},
+            "buffer": np.zeros(4, dtype=np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
+
+
+def sample_rng(stream: int, index: int) -> np.random.Generator:
+    """The generator for sample ``index`` of the stream ``stream`` (see :func:`stable_int`).
+
+    Counter-based (Philox, key = stream, counter = index in the top word), so samples are
+    independent of each other and of the order in which they are drawn.
+    """
+    g = np.random.Generator(np.random.Philox(key=0))
+    g.bit_generator.state = _philox_state(stream, index)
+    return g
+
+
+class SampleStream:
+    """:func:`sample_rng` without building a generator per sample: ``rng(i)`` rewinds one
+    shared Philox generator to sample ``i`` of ``stream`` (same numbers, ~5x cheaper)."""
+
+    def __init__(self, stream: int):
+        self.stream = stream
+        self._g = np.random.Generator(np.random.Philox(key=0))
+
+    def rng(self, index: int) -> np.random.Generator:
+        self._g.bit_generator.state = _philox_state(self.stream, index)
+        return self._g
+
+
+def balanced_labels(stream: int, n: int, n_classes: int) -> np.ndarray:
+    """``n`` labels in blocks of ``n_classes``, each block a permutation seeded by its index.
+
+    The first ``k`` labels are the same for every ``n >= k``.
+    """
+    n_blocks = -(-n // n_classes)
+    ss = SampleStream(stable_int("labels", stream))
+    blocks = [ss.rng(b).permutation(n_classes) for b in range(n_blocks)]
+    out = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
+    return out[:n].astype(np.int64)
+
+
+def digest_arrays(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def row_hashes(x: np.ndarray | torch.Tensor) -> list[bytes]:
+    """A 16-byte hash of each image (row) — to test splits for shared images."""
+    if isinstance(x, torch.Tensor):
+        x = x.numpy()
+    x = np.ascontiguousarray(x).reshape(len(x), -1)
+    return [hashlib.blake2b(r.tobytes(), digest_size=16).digest() for r in x]
+
+
+# --------------------------------------------------------------------------- cache
+def cache_key(params: Mapping) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cache_path(root: Path, stem: str, params: Mapping) -> Path:
+    return root / "cache" / f"{stem}-{cache_key(params)}.npz"
+
+
+def save_npz(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
+    """Write ``arrays`` and a JSON ``meta`` record to ``path`` atomically (zlib level 1)."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays, __meta__=np.frombuffer(json.dumps(meta, sort_keys=True, default=str).encode(), dtype=np.uint8))
+    raw = buf.getvalue()
+    with atomic_write(path) as fh:
+        fh.write(b"ACEZ1")
+        fh.write(zlib.compress(raw, 1))
+
+
+def load_npz(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+    with open(path, "rb") as fh:
+        head = fh.read(5)
+        if head != b"ACEZ1":
+            raise ValueError(f"{path} is not an acetools data cache file")
+        raw = zlib.decompress(fh.read())
+    with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files if k != "__meta__"}
+        meta = json.loads(bytes(z["__meta__"]).decode())
+    return arrays, meta
+
+
+def to_tensor_images(x: np.ndarray) -> torch.Tensor:
+    """``[N, H, W, C]`` or ``[N, H, W]`` uint8 → ``[N, 3, H, W]`` uint8 tensor."""
+    if x.ndim == 3:
+        x = np.repeat(x[..., None], 3, axis=-1)
+    if x.shape[-1] == 1:
+        x = np.repeat(x, 3, axis=-1)
+    return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+
+
+def check_split_args(split: str, n: int | None) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+    if n is not None and (not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0):
+        raise ValueError(f"n must be a non-negative int or None, got {n!r}")
+
+
+def suggest(name: str, known: Sequence[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=3)
+    return f"; did you mean {', '.join(map(repr, close))}?" if close else ""

@@ -1,0 +1,163 @@
+"""``get_task``, ``load_split`` and ``prepare``: from a task name to cached tensors.
+
+A task is built whole (train, val and test together, checked for images shared between
+splits) the first time it is asked for, and stored as one compressed ``.npz`` under
+``<root>/cache/`` keyed by a hash of its builder version and parameters. ``load_split(...,
+n=k)`` without a cache builds only the first ``k`` rows of that split — the same rows as
+the full split's first ``k`` — and caches nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..utils import progress
+from ._core import (SPLITS, TaskData, TaskInfo, cache_path, check_split_args, data_root, digest_arrays, load_npz,
+                    row_hashes, save_npz, suggest, to_tensor_images)
+
+__all__ = ["get_task", "load_split", "prepare", "all_task_names"]
+
+
+def _registries():
+    from . import fixtures, online, registry
+
+    return registry.SPECS, online.ONLINE_SPECS, fixtures.FIXTURE_SPECS
+
+
+def all_task_names() -> list[str]:
+    names: list[str] = []
+    for reg in _registries():
+        names.extend(reg)
+    return names
+
+
+def _spec(name: str):
+    if not isinstance(name, str):
+        raise TypeError(f"task name must be a str, got {type(name).__name__}")
+    for reg in _registries():
+        if name in reg:
+            return reg[name]
+    raise ValueError(f"unknown task {name!r}{suggest(name, all_task_names())} "
+                     f"Known tasks: {', '.join(all_task_names())}.")
+
+
+def get_task(name: str) -> TaskInfo:
+    """The :class:`TaskInfo` of an offline, online (torchvision) or fixture task."""
+    return _spec(name).info
+
+
+def _key_params(spec) -> dict:
+    return {"task": spec.info.name, **dict(spec.params), "sizes": dict(spec.info.sizes)}
+
+
+def _as_images(x: np.ndarray) -> np.ndarray:
+    """Builder output (NHW or NHWC) → NCHW uint8 with three channels."""
+    return to_tensor_images(x).numpy()
+
+
+def build_task(name: str, root=None, allow_download: bool = False, write: bool = True) -> dict[str, np.ndarray]:
+    """Build every split of ``name`` at full size, check that no image is in two splits, and
+    (with ``write``) cache it. Returns ``{"x_train": ..., "y_train": ..., ...}`` (NCHW)."""
+    spec = _spec(name)
+    root = data_root(root)
+    t0 = time.perf_counter()
+    arrays: dict[str, np.ndarray] = {}
+    for split in SPLITS:
+        x, y = spec.build(split, int(spec.info.sizes[split]), root, allow_download)
+        arrays[f"x_{split}"] = _as_images(x)
+        arrays[f"y_{split}"] = np.asarray(y, dtype=np.int64)
+    seen: dict[bytes, str] = {}
+    for split in SPLITS:
+        for h in set(row_hashes(arrays[f"x_{split}"])):
+            if h in seen and seen[h] != split:
+                raise RuntimeError(f"task {name!r}: an image occurs in both {seen[h]} and {split}; "
+                                   "this is a bug in its builder (report it)")
+            seen[h] = split
+    seconds = time.perf_counter() - t0
+    if write and spec.cache:
+        meta = {"params": _key_params(spec), "seconds": round(seconds, 3),
+                "digests": {s: digest_arrays(arrays[f"x_{s}"], arrays[f"y_{s}"]) for s in SPLITS}}
+        try:
+            save_npz(cache_path(root, name, _key_params(spec)), arrays, meta)
+        except OSError as e:  # a read-only data folder must not stop the work
+            warnings.warn(f"could not cache task {name!r} under {root}: {e}", stacklevel=2)
+    return arrays
+
+
+def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, allow_download: bool = False,
+               n: int | None = None) -> TaskData:
+    """Images and labels of one split of one task.
+
+    Args:
+        name: a task of :data:`TASKS`, an online task (``SUITES["online8"]`` ...) or a fixture.
+        split: ``"train"``, ``"val"`` or ``"test"``.
+        root: the data folder (default ``$ACETOOLS_DATA`` or ``~/.cache/acetools/data``).
+        allow_download: let torchvision download a missing source (never otherwise).
+        n: only the first ``n`` rows (class-balanced to within one block of classes).
+
+    Returns:
+        :class:`TaskData` with ``x`` uint8 ``[N, 3, 32, 32]`` and ``y`` int64 ``[N]``; the
+        same bytes on every call.
+
+    Raises:
+        ValueError: unknown task or split, or ``n`` larger than the split.
+        DataSourceError: a source is missing; the message says how to get it.
+    """
+    check_split_args(split, n)
+    spec = _spec(name)
+    info = spec.info
+    if info.online:
+        from . import online
+
+        return online.load_split(name, split, root=data_root(root), allow_download=allow_download, n=n)
+    full = int(info.sizes[split])
+    if n is not None and n > full:
+        raise ValueError(f"task {name!r} has {full} {split} images; n={n} asks for more")
+    root_p = data_root(root)
+    path = cache_path(root_p, name, _key_params(spec))
+    if spec.cache and path.is_file():
+        arrays, _ = load_npz(path)
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+    elif n is None or n == full:
+        arrays = build_task(name, root_p, allow_download, write=spec.cache)
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+    else:  # only the first n rows: the same bytes as the full split's prefix, not cached
+        x, y = spec.build(split, int(n), root_p, allow_download)
+        x, y = _as_images(x), np.asarray(y, dtype=np.int64)
+    if n is not None:
+        x, y = x[:n], y[:n]
+    return TaskData(x=torch.from_numpy(np.ascontiguousarray(x)), y=torch.from_numpy(np.ascontiguousarray(y)),
+                    class_names=info.class_names, name=name, split=split)
+
+
+def prepare(names: Iterable[str] | str = "tasks20", root: str | os.PathLike | None = None,
+            allow_download: bool = False, show_progress: bool | None = None) -> dict[str, Path]:
+    """Build and cache every task of a suite (or list of names) that is not cached yet.
+
+    Returns ``{name: cache file}``. Online tasks are converted and cached the same way.
+    """
+    from . import SUITES
+
+    if isinstance(names, str):
+        names = SUITES[names] if names in SUITES else [names]
+    root_p = data_root(root)
+    out = {}
+    for name in progress(list(names), desc="tasks", enabled=show_progress):
+        spec = _spec(name)
+        if spec.info.online:
+            from . import online
+
+            out[name] = online.prepare(name, root_p, allow_download)
+            continue
+        path = cache_path(root_p, name, _key_params(spec))
+        if not path.is_file():
+            build_task(name, root_p, allow_download)
+        out[name] = path
+    return out

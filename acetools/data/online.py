@@ -1,0 +1,263 @@
+"""The online suites: torchvision datasets as 32×32 RGB uint8 tasks (``SUITES["online8"]`` ...).
+
+These are the papers' benchmarks (spec §0) for users with internet and a GPU. Nothing is
+ever downloaded unless the caller passes ``allow_download=True``; without it each dataset
+is opened from ``<root>/torchvision/`` with ``download=False`` and a missing one raises
+:class:`DataSourceError` saying how to get it.
+
+Splits: ``test`` is the official test split (or, for datasets without one, a fixed 20 %
+hold-out of the data); ``val`` is 10 % of the training data, at most 5000 images, drawn with
+a fixed seed; ``train`` is the rest. Each split is stored in a seeded random order, so
+``n=k`` gives a random sample of ``k``. Images are converted once (RGB, shorter side resized to
+32 px with antialiasing, centre crop) and cached like the offline tasks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ._core import (SPLITS, DataSourceError, TaskData, TaskInfo, cache_path, digest_arrays, load_npz, save_npz,
+                    stable_int)
+
+ONLINE_VERSION = 1
+VAL_FRACTION, VAL_MAX, TEST_FRACTION = 0.1, 5000, 0.2
+
+_DIGITS = tuple(str(i) for i in range(10))
+_GTSRB = (
+    "speed limit 20 km/h", "speed limit 30 km/h", "speed limit 50 km/h", "speed limit 60 km/h",
+    "speed limit 70 km/h", "speed limit 80 km/h", "end of speed limit 80 km/h", "speed limit 100 km/h",
+    "speed limit 120 km/h", "no passing", "no passing for vehicles over 3.5 t", "right-of-way at the next intersection",
+    "priority road", "yield", "stop", "no vehicles", "vehicles over 3.5 t prohibited", "no entry", "general caution",
+    "dangerous curve to the left", "dangerous curve to the right", "double curve", "bumpy road", "slippery road",
+    "road narrows on the right", "road work", "traffic signals", "pedestrians", "children crossing",
+    "bicycles crossing", "beware of ice or snow", "wild animals crossing", "end of all speed and passing limits",
+    "turn right ahead", "turn left ahead", "ahead only", "go straight or right", "go straight or left", "keep right",
+    "keep left", "roundabout mandatory", "end of no passing", "end of no passing by vehicles over 3.5 t",
+)
+_DTD = (
+    "banded", "blotchy", "braided", "bubbly", "bumpy", "chequered", "cobwebbed", "cracked", "crosshatched",
+    "crystalline", "dotted", "fibrous", "flecked", "freckled", "frilly", "gauzy", "grid", "grooved", "honeycombed",
+    "interlaced", "knitted", "lacelike", "lined", "marbled", "matted", "meshed", "paisley", "perforated", "pitted",
+    "pleated", "polka-dotted", "porous", "potholed", "scaly", "smeared", "spiralled", "sprinkled", "stained",
+    "stratified", "striped", "studded", "swirly", "veined", "waffled", "woven", "wrinkled", "zigzagged",
+)
+_EUROSAT = ("annual crop land", "forest", "herbaceous vegetation land", "highway or road", "industrial buildings",
+            "pasture land", "permanent crop land", "residential buildings", "river", "sea or lake")
+
+
+@dataclass(frozen=True)
+class OnlineSpec:
+    info: TaskInfo
+    cls: str  # torchvision.datasets class
+    train: tuple[Mapping, ...]  # constructor kwargs of the parts that make the training data
+    test: tuple[Mapping, ...] | None  # None: hold out TEST_FRACTION of the training data
+    how: str = ""  # how to get it by hand when torchvision cannot download it
+    target_fix: Callable[[int], int] | None = field(default=None, repr=False)
+    transpose: bool = False  # EMNIST stores images transposed
+    cache: bool = True
+
+    @property
+    def params(self) -> dict:
+        return {"version": ONLINE_VERSION, "cls": self.cls, "train": [dict(k) for k in self.train],
+                "test": None if self.test is None else [dict(k) for k in self.test]}
+
+
+def _spec(name, cls, classes, train, test, domain, how="", **kw) -> OnlineSpec:
+    if isinstance(classes, int):
+        classes = tuple(f"class {i}" for i in range(classes))  # real names come from torchvision at load time
+    info = TaskInfo(name=name, n_classes=len(classes), class_names=tuple(classes), domain=domain,
+                    source=f"torchvision.datasets.{cls}", description=f"torchvision {cls}, resized to 32x32 RGB.",
+                    generator=f"torchvision:{cls}", sizes=MappingProxyType({}), online=True)
+    return OnlineSpec(info, cls, tuple(train), None if test is None else tuple(test), how, **kw)
+
+
+_TRAIN, _TEST = ({"train": True},), ({"train": False},)
+
+
+def _split(s):
+    return ({"split": s},) if isinstance(s, str) else tuple({"split": x} for x in s)
+
+
+_ONLINE = [
+    _spec("mnist", "MNIST", _DIGITS, _TRAIN, _TEST, "handwriting"),
+    _spec("kmnist", "KMNIST", ("o", "ki", "su", "tsu", "na", "ha", "ma", "ya", "re", "wo"), _TRAIN, _TEST, "handwriting"),
+    _spec("fashionmnist", "FashionMNIST", ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                                           "Sneaker", "Bag", "Ankle boot"), _TRAIN, _TEST, "clothing photos"),
+    _spec("cifar10", "CIFAR10", ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                                 "truck"), _TRAIN, _TEST, "natural images"),
+    _spec("svhn", "SVHN", _DIGITS, _split("train"), _split("test"), "house numbers"),
+    _spec("gtsrb", "GTSRB", _GTSRB, _split("train"), _split("test"), "traffic signs"),
+    _spec("eurosat", "EuroSAT", _EUROSAT, ({},), None, "satellite images"),
+    _spec("dtd", "DTD", _DTD, _split(("train", "val")), _split("test"), "textures"),
+    # the papers' 14 and 20 (RESISC45 is not in torchvision: Country211 stands in)
+    _spec("cifar100", "CIFAR100", 100, _TRAIN, _TEST, "natural images"),
+    _spec("stl10", "STL10", ("airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"),
+          _split("train"), _split("test"), "natural images"),
+    _spec("flowers102", "Flowers102", 102, _split(("train", "val")), _split("test"), "flowers"),
+    _spec("pets", "OxfordIIITPet", 37, _split("trainval"), _split("test"), "pets"),
+    _spec("pcam", "PCAM", ("lymph node", "lymph node containing metastatic tumor tissue"), _split("train"),
+          _split("test"), "histopathology", how="PCAM also needs `pip install h5py gdown`."),
+    _spec("fer2013", "FER2013", ("angry", "disgusted", "fearful", "happy", "sad", "surprised", "neutral"),
+          _split("train"), _split("test"), "faces",
+          how="torchvision cannot download FER2013: put Kaggle's fer2013 train.csv and test.csv in "
+              "<root>/torchvision/fer2013/."),
+    _spec("emnist", "EMNIST", tuple("abcdefghijklmnopqrstuvwxyz"), ({"split": "letters", "train": True},),
+          ({"split": "letters", "train": False},), "handwriting", target_fix=lambda t: t - 1, transpose=True),
+    _spec("food101", "Food101", 101, _split("train"), _split("test"), "food"),
+    _spec("sst2", "RenderedSST2", ("negative", "positive"), _split(("train", "val")), _split("test"), "rendered text"),
+    _spec("sun397", "SUN397", 397, ({},), None, "scenes"),
+    _spec("cars", "StanfordCars", 196, _split("train"), _split("test"), "cars",
+          how="StanfordCars' original download is offline: put the Kaggle copy in <root>/torchvision/stanford_cars/."),
+    _spec("country211", "Country211", 211, _split(("train", "valid")), _split("test"), "geolocation"),
+]
+ONLINE_SPECS: Mapping[str, OnlineSpec] = MappingProxyType({s.info.name: s for s in _ONLINE})
+ONLINE_TASKS: Mapping[str, TaskInfo] = MappingProxyType({k: s.info for k, s in ONLINE_SPECS.items()})
+_O8 = ["mnist", "kmnist", "fashionmnist", "cifar10", "svhn", "gtsrb", "eurosat", "dtd"]
+_O14 = _O8 + ["cifar100", "stl10", "flowers102", "pets", "pcam", "fer2013"]
+_O20 = _O14 + ["emnist", "food101", "sst2", "sun397", "cars", "country211"]
+ONLINE_SUITES = {"online8": _O8, "online14": _O14, "online20": _O20}
+
+
+# ---------------------------------------------------------------- conversion
+def to_32px_rgb(img) -> np.ndarray:
+    """A PIL image (or array) → 32×32×3 uint8: RGB, shorter side to 32 with antialiasing,
+    centre crop."""
+    if not isinstance(img, Image.Image):
+        img = Image.fromarray(np.asarray(img))
+    img = img.convert("RGB")
+    w, h = img.size
+    if (w, h) != (32, 32):
+        s = 32 / min(w, h)
+        nw, nh = max(32, round(w * s)), max(32, round(h * s))
+        img = img.resize((nw, nh), Image.Resampling.BICUBIC, reducing_gap=3.0 if min(w, h) > 96 else None)
+        left, top = (nw - 32) // 2, (nh - 32) // 2
+        img = img.crop((left, top, left + 32, top + 32))
+    return np.asarray(img, dtype=np.uint8)
+
+
+def _open(spec: OnlineSpec, kwargs: Mapping, tv_root: Path, allow_download: bool):
+    import torchvision.datasets as tvd
+
+    cls = getattr(tvd, spec.cls)
+    try:
+        return cls(str(tv_root), download=allow_download, **kwargs)
+    except TypeError:
+        if allow_download:
+            raise
+        return cls(str(tv_root), **kwargs)  # classes without a download argument (FER2013)
+
+
+def _convert(ds, spec: OnlineSpec) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for i in range(len(ds)):
+        img, t = ds[i]
+        if spec.transpose:
+            img = Image.fromarray(np.asarray(img).T)
+        xs.append(to_32px_rgb(img))
+        t = int(t)
+        ys.append(spec.target_fix(t) if spec.target_fix else t)
+    x = np.stack(xs) if xs else np.zeros((0, 32, 32, 3), np.uint8)
+    return x, np.asarray(ys, dtype=np.int64)
+
+
+def _class_names(ds, spec: OnlineSpec) -> tuple[str, ...]:
+    if not spec.info.class_names[0].startswith("class "):
+        return spec.info.class_names
+    names = getattr(ds, "classes", None)
+    if names is not None and len(names) == spec.info.n_classes:
+        return tuple(str(c) for c in names)
+    return spec.info.class_names
+
+
+def build_online(name: str, root: Path, allow_download: bool = False) -> tuple[dict[str, np.ndarray], dict]:
+    """Open (or, if allowed, download) the torchvision dataset, convert, split; returns the
+    arrays (NCHW) and a meta record."""
+    spec = ONLINE_SPECS[name]
+    tv_root = root / "torchvision"
+    t0 = time.perf_counter()
+    parts = {}
+    names = None
+    for part, kwlist in (("train", spec.train), ("test", spec.test or ())):
+        xs, ys = [], []
+        for kw in kwlist:
+            try:
+                ds = _open(spec, kw, tv_root, allow_download)
+            except (RuntimeError, FileNotFoundError, OSError, ImportError) as e:
+                if allow_download:
+                    raise DataSourceError(f"{name}: torchvision.datasets.{spec.cls}({kw}) failed even with "
+                                          f"allow_download=True: {e}. {spec.how}".strip()) from e
+                raise DataSourceError(
+                    f"{name}: torchvision.datasets.{spec.cls} found no data under {tv_root} ({e}). Pass "
+                    f"allow_download=True to let torchvision download it there, or copy the files that "
+                    f"torchvision.datasets.{spec.cls}(root={str(tv_root)!r}) expects. {spec.how}".strip()
+                ) from e
+            names = names or _class_names(ds, spec)
+            x, y = _convert(ds, spec)
+            xs.append(x)
+            ys.append(y)
+        if xs:
+            parts[part] = (np.concatenate(xs), np.concatenate(ys))
+    x_tr, y_tr = parts["train"]
+    def perm(n, what):
+        return np.random.Generator(np.random.PCG64(stable_int("online", what, name))).permutation(n)
+
+    if spec.test is None:
+        p = perm(len(y_tr), "test-holdout")
+        n_test = int(round(TEST_FRACTION * len(y_tr)))
+        te, tr = np.sort(p[:n_test]), np.sort(p[n_test:])
+        parts["test"] = (x_tr[te], y_tr[te])
+        x_tr, y_tr = x_tr[tr], y_tr[tr]
+    p = perm(len(y_tr), "val")
+    n_val = min(VAL_MAX, len(y_tr) // 10)
+    va, tr = p[:n_val], p[n_val:]  # seeded order, so the first n rows are a random sample
+    x_te, y_te = parts["test"]
+    te = perm(len(y_te), "test-order")
+    splits = {"train": (x_tr[tr], y_tr[tr]), "val": (x_tr[va], y_tr[va]), "test": (x_te[te], y_te[te])}
+    arrays = {}
+    for s in SPLITS:
+        x, y = splits[s]
+        arrays[f"x_{s}"] = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+        arrays[f"y_{s}"] = y
+    meta = {"params": spec.params, "class_names": list(names or spec.info.class_names),
+            "seconds": round(time.perf_counter() - t0, 3),
+            "digests": {s: digest_arrays(arrays[f"x_{s}"], arrays[f"y_{s}"]) for s in SPLITS}}
+    return arrays, meta
+
+
+def _cached(name: str, root: Path, allow_download: bool) -> tuple[dict[str, np.ndarray], dict]:
+    spec = ONLINE_SPECS[name]
+    path = cache_path(root, name, spec.params)
+    if path.is_file():
+        return load_npz(path)
+    arrays, meta = build_online(name, root, allow_download)
+    if spec.cache:
+        try:
+            save_npz(path, arrays, meta)
+        except OSError:  # pragma: no cover - read-only data folder
+            pass
+    return arrays, meta
+
+
+def prepare(name: str, root: Path, allow_download: bool = False) -> Path:
+    _cached(name, root, allow_download)
+    return cache_path(root, name, ONLINE_SPECS[name].params)
+
+
+def load_split(name: str, split: str, *, root: Path, allow_download: bool = False, n: int | None = None) -> TaskData:
+    arrays, meta = _cached(name, root, allow_download)
+    x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+    if n is not None:
+        if n > len(y):
+            raise ValueError(f"task {name!r} has {len(y)} {split} images; n={n} asks for more")
+        x, y = x[:n], y[:n]
+    return TaskData(x=torch.from_numpy(np.ascontiguousarray(x)), y=torch.from_numpy(np.ascontiguousarray(y)),
+                    class_names=tuple(meta.get("class_names") or ONLINE_SPECS[name].info.class_names),
+                    name=name, split=split)

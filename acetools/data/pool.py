@@ -1,0 +1,137 @@
+"""The pretraining pool: images for the base model, disjoint from every task's val and test.
+
+Each source contributes images the tasks never use, labelled with heads that are *related
+to but not the same as* the tasks' labels (prototype note, round 2), so the base learns
+useful features without already solving the tasks:
+
+| source | images | head (classes) |
+|---|---|---|
+| fashion | Fashion-MNIST training images in no task split (incl. shirts) | ``fashion_coarse``: top / long / footwear / bag |
+| animals | Animal-MNIST images in no task split | ``animal_coarse``: bird / hoofed / carnivore / elephant |
+| glyphs | A–Z, a–z, 0–9 in :data:`~acetools.data.glyphs.POOL_FONTS` (no task font) | ``glyph`` (62) |
+| polygons | regular polygons, fresh seeds | ``polygon``: 3–8 sides |
+| counting | 1–9 small squares, fresh seeds | ``coarse_count``: 1–3 / 4–6 / 7–9 |
+| textures | six texture families no task uses | ``texture_pool`` (6) |
+
+Every image also has a ``domain`` label (its source). Nothing labels position, size,
+orientation, frequency, dot size, parity, rotation or the tasks' texture families.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+import time
+
+import numpy as np
+import torch
+
+from . import glyphs, patterns, scenes
+from . import sources as _src
+from ._core import (PretrainData, SampleStream, balanced_labels, cache_path, data_root, digest_arrays, load_npz,
+                    save_npz, stable_int, to_tensor_images)
+from .registry import animal_partition, fashion_partition
+
+__all__ = ["pretraining_pool", "POOL_SOURCES", "POOL_VERSION"]
+
+POOL_VERSION = 1
+POOL_SOURCES: tuple[str, ...] = ("fashion", "animals", "glyphs", "polygons", "counting", "textures")
+GLYPHS62: tuple[str, ...] = tuple(string.ascii_uppercase + string.ascii_lowercase + string.digits)
+FASHION_COARSE = ("top", "long", "footwear", "bag")
+_FASHION_TO_COARSE = np.array([0, 1, 0, 1, 0, 2, 0, 2, 3, 2])  # T-shirt, trouser, pullover, dress, coat, ...
+ANIMAL_COARSE = ("bird", "hoofed", "carnivore", "elephant")
+_ANIMAL_TO_COARSE = np.array([2, 0, 2, 1, 2, 3, 1, 1, 1, 1])  # bear, bird, cat, cow, dog, elephant, giraffe, ...
+
+HEADS: dict[str, tuple[str, ...]] = {
+    "domain": POOL_SOURCES,
+    "fashion_coarse": FASHION_COARSE,
+    "animal_coarse": ANIMAL_COARSE,
+    "glyph": GLYPHS62,
+    "polygon": tuple(f"{k}-gon" for k in scenes.POLYGON_SIDES),
+    "coarse_count": scenes.COARSE_COUNTS,
+    "texture_pool": patterns.POOL_TEXTURES,
+}
+_SOURCE_HEAD = {"fashion": "fashion_coarse", "animals": "animal_coarse", "glyphs": "glyph", "polygons": "polygon",
+                "counting": "coarse_count", "textures": "texture_pool"}
+
+
+def _procedural(source: str, n: int, seed: int, root) -> tuple[np.ndarray, np.ndarray]:
+    n_classes = len(HEADS[_SOURCE_HEAD[source]])
+    stream = stable_int("acetools.pool", POOL_VERSION, source, seed)
+    labels = balanced_labels(stream, n, n_classes)
+    ss = SampleStream(stable_int("acetools.pool", POOL_VERSION, source, seed, "samples"))
+    if source == "glyphs":
+        paths = glyphs.resolve_fonts(glyphs.POOL_FONTS, root)
+        imgs = [glyphs.glyph_image(ss.rng(i), GLYPHS62[c], paths, size=(18.0, 28.0), max_angle=15.0)
+                for i, c in enumerate(labels)]
+    else:
+        fn = {"polygons": scenes.polygon_image, "counting": scenes.squares_count_image,
+              "textures": patterns.pool_texture_image}[source]
+        imgs = [fn(ss.rng(i), int(c)) for i, c in enumerate(labels)]
+    return np.stack(imgs), labels
+
+
+def _real(source: str, n: int, seed: int, root, allow_download: bool) -> tuple[np.ndarray, np.ndarray]:
+    part = fashion_partition(root, allow_download) if source == "fashion" else animal_partition(root)
+    idx = np.concatenate(part["pool"]) if isinstance(part["pool"], list) else part["pool"]
+    rng = np.random.Generator(np.random.PCG64(stable_int("acetools.pool", POOL_VERSION, source, seed)))
+    idx = idx[rng.permutation(len(idx))][:n]
+    coarse = _FASHION_TO_COARSE if source == "fashion" else _ANIMAL_TO_COARSE
+    return _src.pad28(part["x"][idx]), coarse[part["y"][idx]]
+
+
+def pretraining_pool(*, root: str | os.PathLike | None = None, seed: int = 0, n_per_source: int = 5000,
+                     allow_download: bool = False, sources: tuple[str, ...] = POOL_SOURCES) -> PretrainData:
+    """The pretraining pool (see the module docstring), ``n_per_source`` images per source
+    (Animal-MNIST has about 4,200 spare images: it gives at most that), shuffled with ``seed``.
+
+    Returns :class:`PretrainData`: ``x`` uint8 ``[N, 3, 32, 32]``; ``labels[head]`` int64
+    ``[N]`` with -1 where a head does not apply; ``head_classes[head]`` = its class count.
+    Cached under ``<root>/cache/`` like the tasks.
+    """
+    unknown = set(sources) - set(POOL_SOURCES)
+    if unknown:
+        raise ValueError(f"unknown pool sources {sorted(unknown)}; known: {POOL_SOURCES}")
+    root_p = data_root(root)
+    params = {"version": POOL_VERSION, "seed": seed, "n_per_source": n_per_source, "sources": list(sources)}
+    path = cache_path(root_p, "pool", params)
+    if path.is_file():
+        arrays, _ = load_npz(path)
+    else:
+        t0 = time.perf_counter()
+        xs, src, heads = [], [], {h: [] for h in HEADS}
+        for s_i, source in enumerate(sources):
+            if source in ("fashion", "animals"):
+                x, lab = _real(source, n_per_source, seed, root_p, allow_download)
+            else:
+                x, lab = _procedural(source, n_per_source, seed, root_p)
+            x = to_tensor_images(x).numpy()
+            xs.append(x)
+            src.append(np.full(len(x), POOL_SOURCES.index(source), dtype=np.int64))
+            for h in HEADS:
+                if h == "domain":
+                    heads[h].append(src[-1])
+                elif h == _SOURCE_HEAD[source]:
+                    heads[h].append(lab.astype(np.int64))
+                else:
+                    heads[h].append(np.full(len(x), -1, dtype=np.int64))
+        order = np.random.Generator(np.random.PCG64(stable_int("acetools.pool.order", seed))).permutation(
+            sum(len(x) for x in xs))
+        arrays = {"x": np.concatenate(xs)[order], "source": np.concatenate(src)[order]}
+        for h in HEADS:
+            arrays[f"label_{h}"] = np.concatenate(heads[h])[order]
+        meta = {"params": params, "seconds": round(time.perf_counter() - t0, 3),
+                "digest": digest_arrays(arrays["x"])}
+        try:
+            save_npz(path, arrays, meta)
+        except OSError:  # pragma: no cover - read-only data folder
+            pass
+    used_heads = ["domain"] + [_SOURCE_HEAD[s] for s in sources]
+    return PretrainData(
+        x=torch.from_numpy(arrays["x"]),
+        labels={h: torch.from_numpy(arrays[f"label_{h}"]) for h in used_heads},
+        head_classes={h: len(HEADS[h]) for h in used_heads},
+        head_class_names={h: HEADS[h] for h in used_heads},
+        source=torch.from_numpy(arrays["source"]),
+        sources=POOL_SOURCES,
+    )

@@ -1,0 +1,381 @@
+"""Diagnostics for merging: spectra, subspaces, CKA, task-vector geometry and Theorem 1 checks.
+
+Pure functions on tensors (any float dtype and device; computed in float64) returning Python
+floats, small dataclasses or ``pandas`` DataFrames for notebooks:
+
+* spectra of one matrix: :func:`energy_fraction`, :func:`condition_number`,
+  :func:`effective_rank`;
+* two matrices: :func:`subspace_similarity` (principal singular subspaces);
+* ESD vs SVD (ESM, spec §2): :func:`energy_capture`, :func:`energy_capture_curve`;
+* activations: :func:`linear_cka` (Kornblith et al. 2019);
+* task vectors: :func:`task_vector_cosine` (whole model), :func:`task_vector_cosine_per_layer`,
+  :func:`heterogeneity_per_layer` (ACE's gamma, eq. 7);
+* Theorem 1 of ACE-Merging (estimated vs true input covariance): :func:`compare_covariances`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "singular_values",
+    "energy_fraction",
+    "condition_number",
+    "effective_rank",
+    "principal_subspace",
+    "subspace_similarity",
+    "energy_capture",
+    "energy_capture_curve",
+    "linear_cka",
+    "task_vector_cosine",
+    "task_vector_cosine_per_layer",
+    "heterogeneity_per_layer",
+    "CovarianceComparison",
+    "compare_covariances",
+]
+
+
+def _matrix(M: Tensor, what: str = "M") -> Tensor:
+    if not isinstance(M, Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(M).__name__}")
+    if M.ndim != 2:
+        raise ValueError(f"{what} must be a 2-D matrix, got shape {tuple(M.shape)}")
+    if not torch.isfinite(M).all():
+        raise ValueError(f"{what} contains NaN or Inf")
+    return M.double()
+
+
+def singular_values(M: Tensor) -> Tensor:
+    """Singular values of a matrix, descending, float64 (a 1-D input is taken as a spectrum
+    and returned as |values| sorted descending)."""
+    if isinstance(M, Tensor) and M.ndim == 1:
+        return M.double().abs().sort(descending=True).values
+    return torch.linalg.svdvals(_matrix(M))
+
+
+def energy_fraction(M: Tensor, frac: float = 0.05) -> float:
+    """Fraction of the energy sum σ_i² held by the top ``frac`` of the singular values.
+
+    k = max(1, ceil(frac · r)) with r = number of singular values (min(d_out, d_in)); e.g. the
+    ACE paper's "top 5% of singular values hold 99%+ of the energy" of W_bar_pre is
+    ``energy_fraction(W, 0.05)``. ``M`` may be a matrix or a 1-D spectrum. NaN for a zero matrix.
+    """
+    if not 0.0 < frac <= 1.0:
+        raise ValueError(f"frac={frac!r} must be in (0, 1] (0.05 = top 5%)")
+    S = singular_values(M)
+    k = max(1, math.ceil(frac * S.numel()))
+    total = float((S**2).sum())
+    return float((S[:k] ** 2).sum()) / total if total > 0 else math.nan
+
+
+def condition_number(M: Tensor) -> float:
+    """2-norm condition number σ_max / σ_min over the min(d_out, d_in) singular values
+    (``inf`` if σ_min = 0; NaN for a zero matrix)."""
+    S = singular_values(M)
+    if S[0] == 0:
+        return math.nan
+    return float(S[0] / S[-1]) if S[-1] > 0 else math.inf
+
+
+def effective_rank(M: Tensor) -> float:
+    """Entropy effective rank (Roy & Vetterli 2007): exp(H(p)), p_i = σ_i / sum_j σ_j.
+
+    Between 1 (rank one) and r; the identity of size n gives n. 0 for a zero matrix.
+    """
+    S = singular_values(M)
+    total = S.sum()
+    if total == 0:
+        return 0.0
+    p = S / total
+    p = p[p > 0]
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+def principal_subspace(M: Tensor, k: int, side: str = "left") -> Tensor:
+    """Orthonormal basis (d × k) of the top-``k`` singular subspace of ``M``.
+
+    ``side="left"``: the column space U_k (output directions of a d_out × d_in weight);
+    ``"right"``: V_k (input directions). Not unique when σ_k = σ_{k+1}.
+    """
+    M = _matrix(M)
+    if side not in ("left", "right"):
+        raise ValueError(f"side={side!r} must be 'left' or 'right'")
+    r = min(M.shape)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= r:
+        raise ValueError(f"k={k!r} must be an int in [1, min(d_out, d_in)] = [1, {r}]")
+    U, _, Vh = torch.linalg.svd(M, full_matrices=False)
+    return U[:, :k] if side == "left" else Vh[:k, :].T
+
+
+def subspace_similarity(A: Tensor, B: Tensor, k: int, *, side: str = "left", reduction: str = "projection") -> float:
+    """Similarity in [0, 1] of the top-``k`` singular subspaces of ``A`` and ``B``.
+
+    With orthonormal bases U_A, U_B (:func:`principal_subspace`), the cosines of the
+    principal angles θ_i are the singular values of U_Aᵀ U_B.
+
+    * ``"projection"`` (default): ||U_Aᵀ U_B||_F² / k = mean_i cos² θ_i (the normalised
+      projection overlap; basis-free, no extra SVD).
+    * ``"mean_cos"``: mean_i cos θ_i.
+
+    Both are 1 for identical subspaces and 0 for orthogonal ones.
+    """
+    if reduction not in ("projection", "mean_cos"):
+        raise ValueError(f"reduction={reduction!r} must be 'projection' or 'mean_cos'")
+    UA, UB = principal_subspace(A, k, side), principal_subspace(B, k, side)
+    if UA.shape[0] != UB.shape[0]:
+        raise ValueError(f"A and B live in different spaces ({UA.shape[0]} vs {UB.shape[0]} rows on side {side!r})")
+    M = UA.T @ UB
+    if reduction == "projection":
+        return float((M**2).sum() / k)
+    return float(torch.linalg.svdvals(M).clamp(max=1.0).mean())
+
+
+def energy_capture(X: Tensor, delta_W: Tensor, k: int) -> dict[str, float]:
+    """Energy of the activation shift ΔO = X ΔWᵀ kept at rank ``k`` by ESD and by SVD (spec §2).
+
+    ``X`` (N × d_in) are input activations of the layer, ``delta_W`` (d_out × d_in) its task
+    vector. Returns fractions of ||ΔO||_F²:
+
+    * ``"esd"``: projecting ΔO on its top-k principal output directions (uncentred PCA of
+      ΔO, as ESM's essential subspace decomposition) = sum of the top-k σ_i(ΔO)²;
+    * ``"svd"``: projecting on the top-k left singular vectors U_k of ΔW (TSV-style
+      truncation): ||ΔO U_k||_F².
+
+    ESD ≥ SVD always (Eckart–Young); they are equal when XᵀX ∝ I.
+    """
+    X, dW = _matrix(X, "X"), _matrix(delta_W, "delta_W")
+    if X.shape[1] != dW.shape[1]:
+        raise ValueError(f"X has {X.shape[1]} features but delta_W has d_in = {dW.shape[1]}")
+    d_out = dW.shape[0]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d_out:
+        raise ValueError(f"k={k!r} must be an int in [1, d_out] = [1, {d_out}]")
+    dO = X @ dW.T
+    total = float((dO**2).sum())
+    if total == 0:
+        raise ValueError("X @ delta_W.T is zero: no activation shift to decompose")
+    S_out = torch.linalg.svdvals(dO)
+    U = torch.linalg.svd(dW, full_matrices=False)[0]
+    Uk = U[:, : min(k, U.shape[1])]
+    return {
+        "k": k,
+        "esd": float((S_out[:k] ** 2).sum()) / total,
+        "svd": float(((dO @ Uk) ** 2).sum()) / total,
+    }
+
+
+def energy_capture_curve(X: Tensor, delta_W: Tensor, ks: Iterable[int]):
+    """:func:`energy_capture` for several ranks, as a DataFrame with columns k, esd, svd."""
+    import pandas as pd
+
+    return pd.DataFrame([energy_capture(X, delta_W, int(k)) for k in ks])
+
+
+def linear_cka(X: Tensor, Y: Tensor) -> float:
+    """Linear CKA (Kornblith et al. 2019) between two activation sets on the same N examples.
+
+    X (N × p), Y (N × q), columns centred: CKA = ||Y_cᵀ X_c||_F² / (||X_cᵀ X_c||_F ||Y_cᵀ Y_c||_F).
+    In [0, 1]; invariant to orthogonal transforms and isotropic scaling of either side (not to
+    general invertible maps). Uses the N × N Gram form when N < p + q.
+    """
+    X, Y = _matrix(X, "X"), _matrix(Y, "Y")
+    if X.shape[0] != Y.shape[0]:
+        raise ValueError(f"X and Y need the same number of rows (examples): {X.shape[0]} vs {Y.shape[0]}")
+    if X.shape[0] < 2:
+        raise ValueError("linear_cka needs at least 2 examples")
+    Xc, Yc = X - X.mean(0, keepdim=True), Y - Y.mean(0, keepdim=True)
+    if X.shape[0] < X.shape[1] + Y.shape[1]:
+        K, L = Xc @ Xc.T, Yc @ Yc.T
+        hsic, nx, ny = (K * L).sum(), torch.linalg.matrix_norm(K), torch.linalg.matrix_norm(L)
+    else:
+        hsic = ((Yc.T @ Xc) ** 2).sum()
+        nx, ny = torch.linalg.matrix_norm(Xc.T @ Xc), torch.linalg.matrix_norm(Yc.T @ Yc)
+    if nx == 0 or ny == 0:
+        raise ValueError("linear_cka is undefined when X or Y is constant across examples")
+    return float(hsic / (nx * ny))
+
+
+def _names(n: int, names: Sequence[str] | None) -> list[str]:
+    if names is None:
+        return [f"task{i}" for i in range(n)]
+    names = list(names)
+    if len(names) != n:
+        raise ValueError(f"{len(names)} names for {n} task vectors")
+    return names
+
+
+def _select_keys(task_vectors: Sequence[Mapping[str, Tensor]], keys: Iterable[str] | None) -> list[str]:
+    if isinstance(task_vectors, Mapping) or len(task_vectors) == 0:
+        raise ValueError("task_vectors must be a non-empty list of {key: tau_t} dicts")
+    all_keys = list(task_vectors[0])
+    if keys is None:
+        return all_keys
+    keys = list(keys)
+    for k in keys:
+        for t, tv in enumerate(task_vectors):
+            if k not in tv:
+                raise KeyError(f"task_vectors[{t}] has no key {k!r}")
+    return keys
+
+
+def task_vector_cosine(
+    task_vectors: Sequence[Mapping[str, Tensor]],
+    names: Sequence[str] | None = None,
+    keys: Iterable[str] | None = None,
+):
+    """T × T cosine similarity of the task vectors flattened over ``keys`` (default: all).
+
+    Accumulated key by key in float64 (no concatenation). A zero task vector gives NaN.
+    Returns a DataFrame indexed and labelled by ``names`` (default task0, task1, ...).
+    """
+    import pandas as pd
+
+    keys = _select_keys(task_vectors, keys)
+    T = len(task_vectors)
+    G = torch.zeros(T, T, dtype=torch.float64)
+    for k in keys:
+        F = torch.stack([tv[k].detach().double().reshape(-1).cpu() for tv in task_vectors])
+        G += F @ F.T
+    n = G.diagonal().sqrt()
+    C = G / (n[:, None] * n[None, :])
+    labels = _names(T, names)
+    return pd.DataFrame(C.numpy(), index=labels, columns=labels)
+
+
+def task_vector_cosine_per_layer(
+    task_vectors: Sequence[Mapping[str, Tensor]],
+    names: Sequence[str] | None = None,
+    keys: Iterable[str] | None = None,
+):
+    """Pairwise cosines per key: a long DataFrame with columns key, task_i, task_j, cosine
+    (one row per pair i < j; NaN where a task vector is zero). Pivot it for a heatmap."""
+    import pandas as pd
+
+    keys = _select_keys(task_vectors, keys)
+    labels = _names(len(task_vectors), names)
+    rows = []
+    for k in keys:
+        F = torch.stack([tv[k].detach().double().reshape(-1).cpu() for tv in task_vectors])
+        G = F @ F.T
+        n = G.diagonal().sqrt()
+        for i in range(len(labels)):
+            for j in range(i + 1, len(labels)):
+                denom = float(n[i] * n[j])
+                rows.append({"key": k, "task_i": labels[i], "task_j": labels[j],
+                             "cosine": float(G[i, j]) / denom if denom > 0 else math.nan})
+    return pd.DataFrame(rows, columns=["key", "task_i", "task_j", "cosine"])
+
+
+def heterogeneity_per_layer(
+    task_vectors: Sequence[Mapping[str, Tensor]],
+    *,
+    tau: float = 0.3,
+    is_matrix: Callable[[str, Tensor], bool] | None = None,
+    keys: Iterable[str] | None = None,
+):
+    """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per layer.
+
+    One row per matrix key (``is_matrix``, default the spec's rule; or the given ``keys``):
+    key, shape, gamma, flag (gamma > ``tau``), energy_mean/min/max (||τ_t||_F²).
+    """
+    import pandas as pd
+
+    from .merging import is_matrix_param
+    from .merging.ace import heterogeneity, task_energies
+
+    is_matrix = is_matrix or is_matrix_param
+    chosen = _select_keys(task_vectors, keys)
+    if keys is None:
+        chosen = [k for k in chosen if is_matrix(k, task_vectors[0][k])]
+    rows = []
+    for k in chosen:
+        mats = [tv[k] for tv in task_vectors]
+        gamma = heterogeneity(mats)
+        e = task_energies(mats)
+        rows.append({"key": k, "shape": tuple(mats[0].shape), "gamma": gamma, "flag": gamma > tau,
+                     "energy_mean": float(e.mean()), "energy_min": float(e.min()), "energy_max": float(e.max())})
+    return pd.DataFrame(rows, columns=["key", "shape", "gamma", "flag", "energy_mean", "energy_min", "energy_max"])
+
+
+@dataclass(frozen=True)
+class CovarianceComparison:
+    """How well an estimated covariance matches the true one (Theorem 1 of ACE-Merging).
+
+    All fields are scale-invariant, as Theorem 1 only claims Sigma ∝ Cov[ΔW].
+    """
+
+    cosine: float  # <A, B>_F / (||A||_F ||B||_F)
+    subspace_overlap: float  # ||U_kᵀ V_k||_F² / k for the top-k eigenvectors
+    k: int
+    spectrum_pearson: float  # Pearson r of the two sorted (descending) eigenvalue lists
+    direction_spearman: float  # Spearman ρ of λ_i(Sigma) vs u_iᵀ Sigma_hat u_i along Sigma's eigenvectors u_i
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def _symmetric(M: Tensor, what: str) -> Tensor:
+    M = _matrix(M, what)
+    if M.shape[0] != M.shape[1]:
+        raise ValueError(f"{what} must be square, got {tuple(M.shape)}")
+    scale = float(M.abs().max())
+    if scale > 0 and float((M - M.T).abs().max()) > 1e-8 * scale:
+        raise ValueError(f"{what} is not symmetric; a covariance must be (symmetrise it with (S + S.T) / 2)")
+    return (M + M.T) / 2
+
+
+def _pearson(a: Tensor, b: Tensor) -> float:
+    a, b = a - a.mean(), b - b.mean()
+    den = float(a.norm() * b.norm())
+    return float((a * b).sum()) / den if den > 0 else math.nan
+
+
+def _ranks(a: Tensor) -> Tensor:
+    """Ranks 1..n, ties sharing their average rank (as scipy.stats.rankdata)."""
+    a = a.detach().double().cpu()
+    ranks = torch.empty_like(a)
+    ranks[a.argsort()] = torch.arange(1, a.numel() + 1, dtype=torch.float64)
+    _, inverse = torch.unique(a, return_inverse=True)
+    sums = torch.zeros(int(inverse.max()) + 1, dtype=torch.float64).index_add_(0, inverse, ranks)
+    return (sums / torch.bincount(inverse).double())[inverse]
+
+
+def compare_covariances(Sigma_hat: Tensor, Sigma: Tensor, k: int | None = None) -> CovarianceComparison:
+    """Compare an estimated covariance ``Sigma_hat`` with the true ``Sigma`` (both d × d).
+
+    * ``cosine``: matrix cosine <Sigma_hat, Sigma>_F / (||Sigma_hat||_F ||Sigma||_F);
+    * ``subspace_overlap``: ||U_kᵀ V_k||_F² / k for the top-``k`` eigenvectors (default
+      k = max(1, d // 10)); 1 = same principal subspace;
+    * ``spectrum_pearson``: Pearson correlation of the two eigenvalue lists, each sorted
+      descending (shape of the spectrum; NaN if either is flat);
+    * ``direction_spearman``: Spearman correlation between the true eigenvalues λ_i and the
+      estimated variance u_iᵀ Sigma_hat u_i along the same true eigenvectors u_i — do both
+      rank the directions alike? (A Spearman of two sorted spectra would be 1 by
+      construction, hence this form.)
+    """
+    A, B = _symmetric(Sigma_hat, "Sigma_hat"), _symmetric(Sigma, "Sigma")
+    if A.shape != B.shape:
+        raise ValueError(f"Sigma_hat {tuple(A.shape)} and Sigma {tuple(B.shape)} differ in shape")
+    d = A.shape[0]
+    k = max(1, d // 10) if k is None else k
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
+        raise ValueError(f"k={k!r} must be an int in [1, {d}]")
+    nA, nB = torch.linalg.matrix_norm(A), torch.linalg.matrix_norm(B)
+    if nA == 0 or nB == 0:
+        raise ValueError("compare_covariances needs non-zero matrices")
+    lA, UA = torch.linalg.eigh(A)
+    lB, UB = torch.linalg.eigh(B)
+    lA, UA, lB, UB = lA.flip(0), UA.flip(1), lB.flip(0), UB.flip(1)
+    overlap = float(((UA[:, :k].T @ UB[:, :k]) ** 2).sum() / k)
+    along = ((A @ UB) * UB).sum(0)  # u_iᵀ Sigma_hat u_i
+    return CovarianceComparison(
+        cosine=float((A * B).sum() / (nA * nB)),
+        subspace_overlap=overlap,
+        k=k,
+        spectrum_pearson=_pearson(lA, lB),
+        direction_spearman=_pearson(_ranks(lB), _ranks(along)),
+    )

@@ -1,0 +1,559 @@
+"""Training loops of the mini-world: base pretraining, expert fine-tuning, the MTL reference.
+
+* :func:`pretrain_base` — supervised multi-head pretraining of a fresh encoder on the
+  pretraining pool (one linear head per pool label set, masked loss for ``-1`` labels).
+  The prototype found this far better per CPU-second than a tiny CLIP
+  (``shared/notes/mini-world-prototype.md``, lesson 3).
+* :func:`finetune_expert` — the whole image encoder fine-tuned on one task with its head
+  frozen (spec §0 "Fine-tuning recipe": AdamW, warm-up + cosine, frozen head; the
+  learning rate is the knob that keeps task vectors small — prototype lesson 2).
+* :func:`train_multitask` — the papers' "MTL" row: one encoder trained jointly on all tasks
+  with mixed batches, each task scored by its own frozen head.
+* :func:`evaluate` — top-1 accuracy (a fraction in [0, 1]), batched, without gradients.
+
+Data come as objects with ``x`` (``uint8 [N, 3, H, W]``) and ``y`` (``int64 [N]``), like
+``acetools.data.TaskData``; the pool like ``acetools.data.PretrainData`` (``x``, ``labels``:
+head -> ``int64 [N]`` with ``-1`` = not applicable, ``head_classes``: head -> n).
+
+Every loop is deterministic given ``seed`` and the thread count: it seeds the global RNGs
+(:func:`acetools.utils.seed_everything`) and draws batches and augmentations from its own
+``torch.Generator``. Each returns ``(state_dict, recipe)``: the encoder's weights (CPU,
+float32, detached copies) and a JSON-able dict with every hyperparameter, the step count,
+the wall time, throughput and the final training loss/accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .models import ClassificationHead, Classifier, ImageEncoder, build_encoder, load_encoder
+from .utils import make_generator, resolve_device, seed_everything
+from .utils import progress as _progress
+
+__all__ = [
+    "PretrainConfig",
+    "FinetuneConfig",
+    "pretrain_base",
+    "finetune_expert",
+    "train_multitask",
+    "evaluate",
+    "augment_batch",
+    "warmup_cosine",
+    "num_threads",
+]
+
+StateDict = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Hyperparameters of :func:`pretrain_base` (all go into the recipe and the zoo key).
+
+    ``steps`` overrides ``epochs`` when given. ``head_type``: ``"linear"`` (a linear layer on
+    the raw feature) or ``"cosine"`` (L2-normalised feature and class weights times
+    ``logit_scale``, the form of the frozen heads used downstream). Weight decay skips 1-D
+    parameters and the class/positional embeddings (open_clip's training convention).
+    """
+
+    epochs: int = 10
+    steps: int | None = None
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    warmup_steps: int | float = 0.05
+    grad_clip: float | None = 1.0
+    head_type: str = "linear"
+    logit_scale: float = 30.0
+    augment: bool = False
+    hflip: bool = False
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Hyperparameters of :func:`finetune_expert` and :func:`train_multitask`.
+
+    Defaults follow the prototype's round 2 (lr 4e-4 x 5 epochs, batch 64, weight decay
+    0.1, warm-up + cosine: experts at 93 % with ||tau||/||W0|| ~ 0.06-0.08). Lower ``lr``
+    keeps task vectors smaller (prototype lesson 2). ``warmup_steps``: an int is a step
+    count, a float in [0, 1) a fraction of all steps. Weight decay applies to every encoder
+    parameter, as ``torch.optim.AdamW(model.parameters(), ...)`` in the papers' fine-tuning
+    code. ``augment``: random crop with 4-px zero padding (a translation — not label-safe
+    for position tasks); ``hflip``: random horizontal flip (not label-safe for glyphs or
+    orientation); both off by default. No label smoothing.
+    """
+
+    lr: float = 4e-4
+    epochs: int = 5
+    batch_size: int = 64
+    weight_decay: float = 0.1
+    warmup_steps: int | float = 0.1
+    grad_clip: float | None = None
+    augment: bool = False
+    hflip: bool = False
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@contextmanager
+def num_threads(n: int | None = None):
+    """Run the block with ``torch.set_num_threads(n)``; restore the old value afterwards.
+
+    ``n=None`` reads ``ACETOOLS_NUM_THREADS``; when that is unset too, torch's setting is
+    left alone.
+    """
+    if n is None and os.environ.get("ACETOOLS_NUM_THREADS"):
+        n = int(os.environ["ACETOOLS_NUM_THREADS"])
+    old = torch.get_num_threads()
+    if n is not None and n > 0 and n != old:
+        torch.set_num_threads(int(n))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        if torch.get_num_threads() != old:
+            torch.set_num_threads(old)
+
+
+def warmup_cosine(total_steps: int, warmup_steps: int | float) -> Callable[[int], float]:
+    """LR multiplier: linear warm-up from 0 to 1 over ``warmup_steps`` (an int, or a
+    fraction of ``total_steps``), then cosine decay to 0 at ``total_steps``."""
+    w = int(round(warmup_steps * total_steps)) if isinstance(warmup_steps, float) else int(warmup_steps)
+    w = max(0, min(w, total_steps))
+
+    def factor(step: int) -> float:
+        if step < w:
+            return (step + 1) / w
+        progress = (step - w) / max(1, total_steps - w)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def augment_batch(
+    x: Tensor, generator: torch.Generator, *, crop: bool = True, hflip: bool = False, pad: int = 4
+) -> Tensor:
+    """Random crop with ``pad``-pixel zero padding and/or random horizontal flip, per image.
+
+    Works on ``uint8`` or float ``[B, C, H, W]``; all randomness from ``generator``.
+    """
+    b, c, h, w = x.shape
+    if crop and pad > 0:
+        padded = F.pad(x, (pad, pad, pad, pad))
+        oy = torch.randint(0, 2 * pad + 1, (b,), generator=generator)
+        ox = torch.randint(0, 2 * pad + 1, (b,), generator=generator)
+        rows = (oy[:, None] + torch.arange(h))[:, None, :, None]
+        cols = (ox[:, None] + torch.arange(w))[:, None, None, :]
+        x = padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
+    if hflip:
+        flip = torch.rand(b, generator=generator) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return x
+
+
+def _as_tensor(a, dtype=None) -> Tensor:
+    t = torch.as_tensor(a)
+    return t.to(dtype) if dtype is not None else t
+
+
+def _state(module: nn.Module) -> StateDict:
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in module.state_dict().items()}
+
+
+def _make_encoder(size: str | Callable[[], ImageEncoder], state: Mapping[str, Tensor] | None) -> ImageEncoder:
+    if callable(size):
+        enc = size()
+        if state is not None:
+            enc.load_state_dict(dict(state))
+        return enc
+    return build_encoder(size) if state is None else load_encoder(state, size)
+
+
+def _versions() -> dict[str, str]:
+    import open_clip
+
+    return {"torch": torch.__version__, "open_clip": open_clip.__version__}
+
+
+def _n_steps(n: int, batch_size: int, epochs: int) -> tuple[int, int]:
+    per_epoch = max(1, math.ceil(n / batch_size))
+    return per_epoch, per_epoch * epochs
+
+
+def _batches(n: int, batch_size: int, total_steps: int, g: torch.Generator):
+    """Yield index batches: a fresh permutation each epoch (last batch may be short)."""
+    step = 0
+    while step < total_steps:
+        perm = torch.randperm(n, generator=g)
+        for i in range(0, n, batch_size):
+            if step >= total_steps:
+                return
+            yield perm[i : i + batch_size]
+            step += 1
+
+
+def _optimizer(params_decay, params_no_decay, lr, wd):
+    groups = [{"params": params_decay, "weight_decay": wd}]
+    if params_no_decay:
+        groups.append({"params": params_no_decay, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+# --------------------------------------------------------------------------- pretraining
+
+
+class _PoolHeads(nn.Module):
+    def __init__(self, head_classes: Mapping[str, int], dim: int, head_type: str, logit_scale: float):
+        super().__init__()
+        if head_type not in ("linear", "cosine"):
+            raise ValueError(f"head_type must be 'linear' or 'cosine', got {head_type!r}")
+        self.head_type = head_type
+        self.logit_scale = logit_scale
+        self.heads = nn.ModuleDict(
+            {name: nn.Linear(dim, n, bias=head_type == "linear") for name, n in head_classes.items()}
+        )
+
+    def forward(self, feats: Tensor) -> dict[str, Tensor]:
+        if self.head_type == "cosine":
+            f = F.normalize(feats, dim=-1)
+            return {k: self.logit_scale * f @ F.normalize(h.weight, dim=-1).t() for k, h in self.heads.items()}
+        return {k: h(feats) for k, h in self.heads.items()}
+
+
+def pretrain_base(
+    pool,
+    size: str = "tiny",
+    config: PretrainConfig | None = None,
+    *,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    threads: int | None = None,
+    progress: bool | None = None,
+    **overrides: Any,
+) -> tuple[StateDict, dict]:
+    """Supervised multi-head pretraining of a fresh ``size`` encoder on ``pool``.
+
+    One head per entry of ``pool.labels`` (``head_classes[name]`` outputs); an image counts
+    for a head only where its label is not ``-1``. Loss: the mean over heads (present in the
+    batch) of each head's mean cross-entropy over its labelled images. AdamW with linear
+    warm-up and cosine decay; ``config`` fields can be overridden by keyword
+    (``pretrain_base(pool, steps=2000)``). Returns the encoder's state dict (the pool heads
+    are dropped: downstream heads are built from the base, spec §0 / prototype) and the
+    recipe.
+    """
+    cfg = replace(config or PretrainConfig(), **overrides)
+    dev = resolve_device(device)
+    x = _as_tensor(pool.x)
+    labels = {k: _as_tensor(v, torch.long) for k, v in pool.labels.items()}
+    head_classes = {k: int(v) for k, v in pool.head_classes.items()}
+    if set(labels) != set(head_classes):
+        raise ValueError(f"pool.labels heads {sorted(labels)} differ from head_classes {sorted(head_classes)}")
+    for k, lab in labels.items():
+        if lab.shape[0] != x.shape[0]:
+            raise ValueError(f"head {k!r}: {lab.shape[0]} labels for {x.shape[0]} images")
+        if lab.max() >= head_classes[k]:
+            raise ValueError(f"head {k!r}: label {int(lab.max())} >= head_classes {head_classes[k]}")
+    n = x.shape[0]
+    per_epoch, total = _n_steps(n, cfg.batch_size, cfg.epochs)
+    if cfg.steps is not None:
+        total = int(cfg.steps)
+    with num_threads(threads) as n_threads:
+        g = seed_everything(seed)
+        enc = _make_encoder(size, None).to(dev)
+        heads = _PoolHeads(head_classes, enc.output_dim, cfg.head_type, cfg.logit_scale).to(dev)
+        decay, no_decay = [], []
+        for name, p in list(enc.named_parameters()) + list(heads.named_parameters()):
+            skip = p.ndim < 2 or "positional_embedding" in name or "class_embedding" in name
+            (no_decay if skip else decay).append(p)
+        opt = _optimizer(decay, no_decay, cfg.lr, cfg.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, cfg.warmup_steps))
+        enc.train()
+        heads.train()
+        t0 = time.perf_counter()
+        window: list[tuple[float, dict[str, tuple[int, int]]]] = []
+        bar = _progress(_batches(n, cfg.batch_size, total, g), desc=f"pretrain {size}", total=total, enabled=progress)
+        for idx in bar:
+            xb = x[idx]
+            if cfg.augment or cfg.hflip:
+                xb = augment_batch(xb, g, crop=cfg.augment, hflip=cfg.hflip)
+            logits = heads(enc(xb.to(dev)))
+            losses, hits = [], {}
+            for k, lg in logits.items():
+                yb = labels[k][idx].to(dev)
+                m = yb >= 0
+                if m.any():
+                    losses.append(F.cross_entropy(lg[m], yb[m]))
+                    hits[k] = (int((lg[m].argmax(-1) == yb[m]).sum()), int(m.sum()))
+            if not losses:  # no image of this batch is labelled for any head
+                sched.step()
+                continue
+            loss = torch.stack(losses).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                nn.utils.clip_grad_norm_(enc.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            window.append((loss.item(), hits))
+            window = window[-per_epoch:]
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+        seconds = time.perf_counter() - t0
+    head_acc = {}
+    for _, hits in window:
+        for k, (c, m) in hits.items():
+            a, b = head_acc.get(k, (0, 0))
+            head_acc[k] = (a + c, b + m)
+    recipe = {
+        "kind": "base",
+        "size": size if isinstance(size, str) else getattr(size, "__name__", "custom"),
+        "config": asdict(cfg),
+        "seed": seed,
+        "n_images": n,
+        "head_classes": head_classes,
+        "steps": total,
+        "steps_per_epoch": per_epoch,
+        "seconds": round(seconds, 2),
+        "images_per_s": round(total * cfg.batch_size / max(seconds, 1e-9), 1),
+        "threads": n_threads,
+        "final_loss": sum(l for l, _ in window) / max(1, len(window)),
+        "final_train_acc": {k: c / max(1, m) for k, (c, m) in head_acc.items()},
+        "versions": _versions(),
+    }
+    return _state(enc), recipe
+
+
+# --------------------------------------------------------------------------- fine-tuning
+
+
+def _freeze_head(head: ClassificationHead | Tensor) -> ClassificationHead:
+    """Accept a ClassificationHead or a bare ``[n_classes, d]`` weight (training uses a frozen copy)."""
+    return head if isinstance(head, ClassificationHead) else ClassificationHead(_as_tensor(head))
+
+
+def finetune_expert(
+    base_state: Mapping[str, Tensor],
+    head: ClassificationHead,
+    data,
+    config: FinetuneConfig | None = None,
+    *,
+    size: str | Callable[[], ImageEncoder] = "tiny",
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    threads: int | None = None,
+    progress: bool | None = None,
+    **overrides: Any,
+) -> tuple[StateDict, dict]:
+    """Fine-tune the whole image encoder on one task with ``head`` frozen (spec §0).
+
+    ``base_state`` (W0) is loaded into a ``size`` encoder (a size name or a zero-argument
+    callable that returns an :class:`ImageEncoder`); ``data`` has ``x`` and ``y``. Cross-
+    entropy of ``head(encoder(x))``, AdamW on the encoder's parameters only, warm-up +
+    cosine; ``config`` fields can be overridden by keyword (``lr=1e-4``). The head's
+    weight is never updated (it has ``requires_grad=False`` and is not in the optimizer).
+    Returns the expert's state dict W_t and the recipe.
+    """
+    cfg = replace(config or FinetuneConfig(), **overrides)
+    return _train_heads(
+        base_state,
+        {"task": _freeze_head(head)},
+        {"task": data},
+        cfg,
+        size=size,
+        seed=seed,
+        device=device,
+        threads=threads,
+        progress=progress,
+        desc=f"finetune {getattr(data, 'name', '') or 'task'}",
+        kind="expert",
+        augment={"task": (cfg.augment, cfg.hflip)},
+    )
+
+
+def train_multitask(
+    base_state: Mapping[str, Tensor],
+    heads: Mapping[str, ClassificationHead],
+    datasets: Mapping[str, Any],
+    config: FinetuneConfig | None = None,
+    *,
+    size: str | Callable[[], ImageEncoder] = "tiny",
+    seed: int = 0,
+    augment: Mapping[str, bool] | None = None,
+    hflip: Mapping[str, bool] | None = None,
+    device: str | torch.device = "cpu",
+    threads: int | None = None,
+    progress: bool | None = None,
+    **overrides: Any,
+) -> tuple[StateDict, dict]:
+    """The multi-task reference ("MTL"): one encoder trained on all tasks at once.
+
+    Mixed batches: each epoch shuffles the union of all tasks' training images; every
+    image is scored by its own task's frozen head and the loss is the mean cross-entropy
+    over the batch. An epoch is one pass over every task's data (so ``epochs`` matches the
+    experts'). ``augment``/``hflip`` give per-task flags (default: ``config``'s for all).
+    """
+    cfg = replace(config or FinetuneConfig(), **overrides)
+    if set(heads) != set(datasets):
+        raise ValueError(f"heads {sorted(heads)} and datasets {sorted(datasets)} name different tasks")
+    aug = {
+        t: ((augment or {}).get(t, cfg.augment), (hflip or {}).get(t, cfg.hflip)) for t in datasets
+    }
+    return _train_heads(
+        base_state,
+        {t: _freeze_head(heads[t]) for t in datasets},
+        dict(datasets),
+        cfg,
+        size=size,
+        seed=seed,
+        device=device,
+        threads=threads,
+        progress=progress,
+        desc=f"multitask ({len(datasets)} tasks)",
+        kind="mtl",
+        augment=aug,
+    )
+
+
+def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, threads, progress, desc, kind, augment):
+    dev = resolve_device(device)
+    tasks = list(datasets)
+    xs = [_as_tensor(datasets[t].x) for t in tasks]
+    ys = [_as_tensor(datasets[t].y, torch.long) for t in tasks]
+    for t, x, y in zip(tasks, xs, ys):
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"task {t!r}: {x.shape[0]} images but {y.shape[0]} labels")
+        n_cls = heads[t].n_classes
+        if y.numel() and (y.min() < 0 or y.max() >= n_cls):
+            raise ValueError(f"task {t!r}: labels must be in 0..{n_cls - 1}")
+    x_all = torch.cat(xs) if len(xs) > 1 else xs[0]
+    y_all = torch.cat(ys) if len(ys) > 1 else ys[0]
+    t_all = torch.cat([torch.full((len(y),), i, dtype=torch.long) for i, y in enumerate(ys)])
+    n = x_all.shape[0]
+    per_epoch, total = _n_steps(n, cfg.batch_size, cfg.epochs)
+    # private frozen copies on the device: the caller's heads are never moved or changed
+    head_list = [ClassificationHead(heads[t].weight, normalize=heads[t].normalize).to(dev).eval() for t in tasks]
+    with num_threads(threads) as n_threads:
+        g = seed_everything(seed)
+        aug_g = make_generator(seed + 1)
+        enc = _make_encoder(size, base_state).to(dev)
+        enc.train()
+        opt = _optimizer([p for p in enc.parameters() if p.requires_grad], [], cfg.lr, cfg.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, cfg.warmup_steps))
+        t0 = time.perf_counter()
+        last_loss, correct, seen, step = 0.0, 0, 0, 0
+        bar = _progress(_batches(n, cfg.batch_size, total, g), desc=desc, total=total, enabled=progress)
+        for idx in bar:
+            xb, yb, tb = x_all[idx], y_all[idx], t_all[idx]
+            xb = _augment_mixed(xb, tb, tasks, augment, aug_g)
+            feats = enc(xb.to(dev))
+            yb, tb = yb.to(dev), tb.to(dev)
+            loss = feats.new_zeros(())
+            for i, h in enumerate(head_list):
+                m = tb == i
+                if m.any():
+                    lg = h(feats[m])
+                    loss = loss + F.cross_entropy(lg, yb[m], reduction="sum")
+                    if step >= total - per_epoch:
+                        correct += int((lg.argmax(-1) == yb[m]).sum())
+            loss = loss / len(idx)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                nn.utils.clip_grad_norm_(enc.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            if step >= total - per_epoch:
+                last_loss += loss.item() * len(idx)
+                seen += len(idx)
+            step += 1
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+        seconds = time.perf_counter() - t0
+    recipe = {
+        "kind": kind,
+        "size": size if isinstance(size, str) else getattr(size, "__name__", "custom"),
+        "config": asdict(cfg),
+        "seed": seed,
+        "tasks": [getattr(datasets[t], "name", t) for t in tasks] if kind == "mtl" else None,
+        "augment": {t: list(a) for t, a in augment.items()} if kind == "mtl" else None,
+        "n_images": n,
+        "steps": total,
+        "steps_per_epoch": per_epoch,
+        "seconds": round(seconds, 2),
+        "images_per_s": round(total * cfg.batch_size / max(seconds, 1e-9), 1),
+        "threads": n_threads,
+        "final_loss": last_loss / max(1, seen),
+        "final_train_acc": correct / max(1, seen),
+        "versions": _versions(),
+    }
+    if kind != "mtl":
+        recipe = {k: v for k, v in recipe.items() if v is not None}
+    return _state(enc), recipe
+
+
+def _augment_mixed(xb, tb, tasks, augment, g):
+    flags = [augment[t] for t in tasks]
+    if not any(c or f for c, f in flags):
+        return xb
+    if len(tasks) == 1:
+        crop, flip = flags[0]
+        return augment_batch(xb, g, crop=crop, hflip=flip)
+    out = xb.clone()
+    for i, (crop, flip) in enumerate(flags):
+        m = tb == i
+        if (crop or flip) and m.any():
+            out[m] = augment_batch(xb[m], g, crop=crop, hflip=flip)
+    return out
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module | Mapping[str, Tensor],
+    head: ClassificationHead | None,
+    data,
+    *,
+    size: str | Callable[[], ImageEncoder] | None = None,
+    batch_size: int = 512,
+    device: str | torch.device = "cpu",
+    threads: int | None = None,
+) -> float:
+    """Top-1 accuracy (fraction in [0, 1]) of ``head(model(x))`` on ``data`` (``x``, ``y``).
+
+    ``model`` is an :class:`ImageEncoder`, a :class:`Classifier` (then ``head`` may be
+    ``None``), or an encoder state dict (then ``size`` names its architecture).
+    """
+    dev = resolve_device(device)
+    if isinstance(model, Mapping):
+        if size is None:
+            raise ValueError("evaluate() needs size= to build an encoder for a state dict")
+        model = _make_encoder(size, model)
+    if isinstance(model, Classifier):
+        clf = model if head is None else Classifier(model.encoder, head)
+    else:
+        if head is None:
+            raise ValueError("evaluate() needs a head for an encoder")
+        clf = Classifier(model, head)
+    clf = clf.to(dev)
+    was_training = clf.training
+    clf.eval()
+    x = _as_tensor(data.x)
+    y = _as_tensor(data.y, torch.long)
+    correct = 0
+    with num_threads(threads):
+        for i in range(0, len(x), batch_size):
+            pred = clf(x[i : i + batch_size].to(dev)).argmax(-1).cpu()
+            correct += int((pred == y[i : i + batch_size]).sum())
+    clf.train(was_training)
+    return correct / max(1, len(y))

@@ -1,0 +1,698 @@
+"""ACE-Merging (Xu et al., CVPR 2026; arXiv 2603.02945), stage by stage (spec §1).
+
+ACE merges each d_out × d_in matrix in closed form,
+
+    W_bar_pre = (sum_t N_t Sigma_reg,t) (sum_t Sigma_reg,t + C_agg)^-1          (eq. 14)
+
+where Sigma_reg,t is a regularised estimate of task t's input covariance, made from the task
+vector ΔW_t alone (Theorem 1: Sigma_t ∝ Cov[ΔW_t]). Every stage is a public function, so a
+notebook can stop after any of them and look:
+
+====================  ===================================================  =============
+stage                 function                                             spec / paper
+====================  ===================================================  =============
+energies, gamma       :func:`task_energies`, :func:`heterogeneity`          §1(a)2, eq. 7
+Sigma_hat_t           :func:`estimate_covariance` (+ :func:`center_rows`)   §1(a)3, eqs 5-6
+Sigma_tilde, Sigma_reg :func:`normalize_covariances`                        §1(a)4, eqs 8-10
+C_agg                 :func:`structural_prior`                              §1(a)5, eqs 11-13
+W_bar_pre             :func:`closed_form`                                   §1(a)6, eq. 14
+W_bar                 :func:`spectral_refine`                               §1(a)7, eqs 15-19
+one matrix            :func:`ace_matrix` -> (W_bar, :class:`ACEDiagnostics`)
+a state dict          :func:`ace_with_diagnostics`; registered as ``merge("ace", ...)``
+====================  ===================================================  =============
+
+All maths runs in float64 on the device of the inputs; results come back in the input dtype.
+
+The unified framework (ACE-Merging §3): the same closed form with other covariance estimators
+reproduces earlier methods. ``estimator`` picks Sigma_hat_t and, through
+:func:`estimator_preset`, the switches that make the identity exact:
+
+* ``"ace"``: Sigma_hat_t = W̃_tᵀ W̃_t with W̃_t the row-centred ΔW_t (eqs 5-6); the full method.
+* ``"identity"``: Sigma_hat_t = I, raw numerator, no prior, gate off. Then
+  Sigma_reg,t = (1 + eps) I for every t and eq. 14 gives (1/T) sum_t ΔW_t: weight averaging,
+  exactly, for every eps (spec §3.1).
+* ``"wudi"``: Sigma_hat_t = ΔW_tᵀ ΔW_t / ||ΔW_t||_F^p (norm-weighted outer product), raw
+  numerator, no prior, gate off. With eps = 0 eq. 14 is the stationary point of WUDI's loss
+  L(W) = sum_t ||(W - ΔW_t) ΔW_tᵀ||_F² / ||ΔW_t||_F^p (spec §3.6), hence its minimiser
+  (L is a convex quadratic): grad L = 2 sum_t (W - ΔW_t) Sigma_t = 0. Where sum_t Sigma_t is
+  singular (T·rank < d_in) the minimiser is not unique: the pseudo-inverse picks one, while
+  WUDI's Adam run keeps its initial value in the null space. eps > 0 adds a ridge.
+* ``"given"``: Sigma_t supplied by the caller (``covariances``), raw numerator, no prior, gate
+  off: eq. 14 becomes RegMean's solve (spec §3.9, without the off-diagonal shrink). With eps = 0
+  and the true input covariances of linear-regression tasks it returns the joint least-squares
+  solution (sum_t W_t Sigma_t)(sum_t Sigma_t)^-1 (W0 cancels).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..utils import progress
+from ._linalg import solve_right
+from ._registry import METHODS, Param, register
+from .averaging import mean_update
+
+__all__ = [
+    "ESTIMATORS",
+    "estimator_preset",
+    "center_rows",
+    "task_energies",
+    "heterogeneity",
+    "estimate_covariance",
+    "NormalizedCovariances",
+    "normalize_covariances",
+    "structural_prior",
+    "closed_form",
+    "Refinement",
+    "spectral_refine",
+    "ACEDiagnostics",
+    "ace_matrix",
+    "ace_with_diagnostics",
+    "ace",
+]
+
+ESTIMATORS = ("ace", "identity", "wudi", "given")
+_LOG_FLOOR = 1e-12  # log(e + 1e-12) and mean(l)^2 + 1e-12 in eq. 7 (official code)
+_TRACE_FLOOR = 1e-12  # tr_t = Tr(Sigma_hat_t) + 1e-12 (official code)
+_ENERGY_FLOOR = 1e-12  # flagged prior divided by mean energy + 1e-12 (spec, verification 1.)
+
+
+class Switches(NamedTuple):
+    """The component switches an estimator implies (see :func:`estimator_preset`)."""
+
+    gate: str
+    prior: bool
+    numerator: str
+
+
+_PRESETS = {
+    "ace": Switches(gate="auto", prior=True, numerator="centered"),
+    "identity": Switches(gate="off", prior=False, numerator="raw"),
+    "wudi": Switches(gate="off", prior=False, numerator="raw"),
+    "given": Switches(gate="off", prior=False, numerator="raw"),
+}
+
+
+def estimator_preset(
+    estimator: str = "ace",
+    *,
+    gate: str | None = None,
+    prior: bool | None = None,
+    numerator: str | None = None,
+) -> Switches:
+    """The switches used with ``estimator``; ``None`` means "the estimator's preset".
+
+    ========== ======= ======= ==========
+    estimator  gate    prior   numerator
+    ========== ======= ======= ==========
+    ace        auto    True    centered    (the paper's method, spec §1(a))
+    identity   off     False   raw         (= weight averaging exactly)
+    wudi       off     False   raw         (= WUDI's quadratic minimiser, eps=0)
+    given      off     False   raw         (= RegMean's solve, eps=0)
+    ========== ======= ======= ==========
+
+    Explicit values override the preset, so every ablation is reachable (e.g.
+    ``estimator="identity", prior=True``). ``trace_norm`` and ``refine`` need no preset:
+    they only act on flagged layers, and the non-ACE presets switch the gate off.
+    """
+    if estimator not in _PRESETS:
+        raise ValueError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
+    p = _PRESETS[estimator]
+    out = Switches(
+        gate=p.gate if gate is None else gate,
+        prior=p.prior if prior is None else prior,
+        numerator=p.numerator if numerator is None else numerator,
+    )
+    if out.gate not in ("auto", "on", "off"):
+        raise ValueError(f"gate={out.gate!r} is not one of ['auto', 'on', 'off']")
+    if out.numerator not in ("centered", "raw"):
+        raise ValueError(f"numerator={out.numerator!r} is not one of ['centered', 'raw']")
+    if not isinstance(out.prior, bool):
+        raise TypeError(f"prior={out.prior!r} must be True, False or None")
+    return out
+
+
+# --------------------------------------------------------------------------- stages
+
+
+def center_rows(delta_W: Tensor) -> Tensor:
+    """W̃ = ΔW - 1 μᵀ with μ = (1/d_out) ΔWᵀ 1, the mean row (eq. 5; rows are samples).
+
+    Every column of the result sums to zero. New tensor; the input is untouched.
+    """
+    return delta_W - delta_W.mean(dim=0, keepdim=True)
+
+
+def task_energies(delta_W: Sequence[Tensor]) -> Tensor:
+    """e_t = ||ΔW_t||_F², the *uncentred* energies of eq. 7, as a float64 vector of length T."""
+    return torch.stack([d.double().pow(2).sum() for d in delta_W])
+
+
+def heterogeneity(delta_W: Sequence[Tensor]) -> float:
+    """The heterogeneity statistic gamma of one layer (eq. 7 of ACE-Merging; spec §1(a)2).
+
+    gamma = Var_t(l_t) / (Mean_t(l_t)² + 1e-12) with l_t = log(||ΔW_t||_F² + 1e-12) and the
+    *unbiased* (T-1) variance, as in the official code (spec §1(d) Proposal: T-1). For T = 1
+    gamma = 0 (the code's variance is NaN there, so its flag is false too).
+
+    Note that gamma is not scale-invariant: multiplying every ΔW_t by c shifts every l_t by
+    2 log c, which changes the denominator.
+    """
+    if len(delta_W) == 0:
+        raise ValueError("heterogeneity needs at least one task vector")
+    if len(delta_W) == 1:
+        return 0.0
+    ell = torch.log(task_energies(delta_W) + _LOG_FLOOR)
+    return float(ell.var(unbiased=True) / (ell.mean() ** 2 + _LOG_FLOOR))
+
+
+def estimate_covariance(delta_W: Tensor, estimator: str = "ace", *, wudi_p: float = 2.0) -> Tensor:
+    """Sigma_hat_t (d_in × d_in, float64) estimated from one task vector ΔW_t (d_out × d_in).
+
+    * ``"ace"``: W̃ᵀ W̃ with W̃ = :func:`center_rows` (ΔW) (eqs 5-6 of ACE-Merging), with no
+      1/(d_out - 1) factor, as in the official code.
+    * ``"identity"``: I (weight averaging in the unified framework).
+    * ``"wudi"``: ΔWᵀ ΔW / ||ΔW||_F^wudi_p (WUDI's norm-weighted outer product; a zero ΔW
+      gives the zero matrix).
+
+    ``"given"`` has no estimate: pass the covariances to :func:`ace_matrix` instead.
+    """
+    if delta_W.ndim != 2:
+        raise ValueError(f"estimate_covariance needs a 2-D task vector, got shape {tuple(delta_W.shape)}")
+    d = delta_W.double()
+    if estimator == "ace":
+        Wc = center_rows(d)
+        return Wc.T @ Wc
+    if estimator == "identity":
+        return torch.eye(d.shape[1], dtype=torch.float64, device=d.device)
+    if estimator == "wudi":
+        norm = torch.linalg.matrix_norm(d)
+        if norm == 0:
+            return torch.zeros(d.shape[1], d.shape[1], dtype=torch.float64, device=d.device)
+        return (d.T @ d) / norm**wudi_p
+    if estimator == "given":
+        raise ValueError("estimator='given' has no estimate: pass the covariances (Sigma=...) to ace_matrix")
+    raise ValueError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
+
+
+@dataclass
+class NormalizedCovariances:
+    """Output of :func:`normalize_covariances` (eqs 8-10 of ACE-Merging).
+
+    ``Sigma_tilde[t]`` is Σ̃_t (= Sigma_hat_t / tr_t when ``normalized``, else Sigma_hat_t);
+    the regularised covariance is Sigma_reg,t = Σ̃_t + ridge[t] · I, kept in this factored
+    form so that T d_in × d_in matrices are stored once, not twice.
+    """
+
+    Sigma_tilde: list[Tensor]
+    ridge: Tensor  # (T,) eps / tr_t when normalized, else eps
+    traces: Tensor  # (T,) tr_t = Tr(Sigma_hat_t) + 1e-12
+    normalized: bool
+
+    @property
+    def Sigma_reg(self) -> list[Tensor]:
+        """The list of Sigma_reg,t = Σ̃_t + ridge_t I (materialised on request)."""
+        return [S + r * _eye_like(S) for S, r in zip(self.Sigma_tilde, self.ridge)]
+
+    def sum_reg(self) -> Tensor:
+        """sum_t Sigma_reg,t."""
+        S = _sum(self.Sigma_tilde)
+        S.diagonal().add_(self.ridge.sum())
+        return S
+
+    def mean_reg(self) -> Tensor:
+        """Σ̄_reg = (1/T) sum_t Sigma_reg,t, including the ridge terms (eq. 15)."""
+        return self.sum_reg() / len(self.Sigma_tilde)
+
+
+def _sum(tensors: Iterable[Tensor]) -> Tensor:
+    """Sum in float64, accumulated in place (no T-fold stack or list held in memory)."""
+    it = iter(tensors)
+    out = next(it).double().clone()
+    for t in it:
+        out += t
+    return out
+
+
+def _eye_like(S: Tensor) -> Tensor:
+    return torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
+
+
+def normalize_covariances(Sigma_hat: Sequence[Tensor], *, eps: float = 1e-2, normalize: bool = False) -> NormalizedCovariances:
+    """Adaptive trace normalisation and Tikhonov regularisation (eqs 8-10; spec §1(a)4).
+
+    tr_t = Tr(Sigma_hat_t) + 1e-12. If ``normalize`` (ACE: the layer is flagged
+    heterogeneous and ``trace_norm`` is on): Σ̃_t = Sigma_hat_t / tr_t and
+    Sigma_reg,t = Σ̃_t + (eps / tr_t) I. Otherwise Σ̃_t = Sigma_hat_t and
+    Sigma_reg,t = Sigma_hat_t + eps I (eps absolute, so it interacts with the layer's scale).
+    """
+    if len(Sigma_hat) == 0:
+        raise ValueError("normalize_covariances needs at least one covariance")
+    if eps < 0 or not math.isfinite(eps):
+        raise ValueError(f"eps={eps!r} must be a finite number >= 0")
+    S64 = [S.double() for S in Sigma_hat]
+    dev = S64[0].device
+    traces = torch.stack([torch.diagonal(S).sum() for S in S64]) + _TRACE_FLOOR
+    if normalize:
+        Sigma_tilde = [S / tr for S, tr in zip(S64, traces)]
+        ridge = eps / traces
+    else:
+        Sigma_tilde = S64
+        ridge = torch.full((len(S64),), float(eps), dtype=torch.float64, device=dev)
+    return NormalizedCovariances(Sigma_tilde, ridge, traces, bool(normalize))
+
+
+def structural_prior(Sigma_tilde: Sequence[Tensor], *, energy: float | None = None) -> Tensor:
+    """The collective structural prior C_agg = 1 cᵀ (eqs 11-13 of ACE-Merging; spec §1(a)5).
+
+    c = (1/d_in) 1ᵀ sum_t Σ̃_t, the column means of the summed *unregularised* Σ̃_t; every row
+    of C_agg equals c, so C_agg is not symmetric. If ``energy`` is given (ACE passes the mean
+    uncentred energy (1/T) sum_t ||ΔW_t||_F² on flagged layers) C_agg is divided by
+    ``energy + 1e-12``.
+    """
+    if len(Sigma_tilde) == 0:
+        raise ValueError("structural_prior needs at least one covariance")
+    S = _sum(Sigma_tilde)
+    c = S.mean(dim=0)  # column means
+    C = c.unsqueeze(0).expand(S.shape[0], -1).clone()
+    if energy is not None:
+        C = C / (float(energy) + _ENERGY_FLOOR)
+    return C
+
+
+def closed_form(
+    numerators: Sequence[Tensor],
+    Sigma_reg: NormalizedCovariances | Sequence[Tensor],
+    C_agg: Tensor | None = None,
+    *,
+    name: str = "",
+) -> Tensor:
+    """W_bar_pre = (sum_t N_t Sigma_reg,t)(sum_t Sigma_reg,t + C_agg)^-1 (eq. 14 of ACE-Merging).
+
+    ``numerators`` are the N_t: the row-centred W̃_t in ACE (spec §1(a)6: the official code
+    and eq. 14 use W̃_t, so every column of the result sums to zero) or the raw ΔW_t.
+    ``Sigma_reg`` is a :class:`NormalizedCovariances` or a list of Sigma_reg,t matrices.
+    Solved in float64 with :func:`acetools.merging._linalg.solve_right`; if the system is
+    singular it falls back to the pseudo-inverse with a ``RuntimeWarning`` naming ``name``
+    (with eps > 0 this cannot happen, spec verification note 5). Returns float64.
+    """
+    T = len(numerators)
+    if T == 0:
+        raise ValueError(f"closed_form for layer {name!r} needs at least one task")
+    nums = [N.double() for N in numerators]
+    if isinstance(Sigma_reg, NormalizedCovariances):
+        tildes = Sigma_reg.Sigma_tilde
+        if len(tildes) != T:
+            raise ValueError(f"layer {name!r}: {T} numerators but {len(tildes)} covariances")
+        _check_inner(nums, tildes, name)
+        B = _sum(N @ S + r * N for N, S, r in zip(nums, tildes, Sigma_reg.ridge))
+        A = Sigma_reg.sum_reg()
+    else:
+        regs = [R.double() for R in Sigma_reg]
+        if len(regs) != T:
+            raise ValueError(f"layer {name!r}: {T} numerators but {len(regs)} covariances")
+        _check_inner(nums, regs, name)
+        B = _sum(N @ R for N, R in zip(nums, regs))
+        A = _sum(regs)
+    if C_agg is not None:
+        if C_agg.shape != A.shape:
+            raise ValueError(f"layer {name!r}: C_agg has shape {tuple(C_agg.shape)}, expected {tuple(A.shape)}")
+        A = A + C_agg.double()
+    return solve_right(B, A, name=name)
+
+
+def _check_inner(nums: list[Tensor], covs: Sequence[Tensor], name: str) -> None:
+    for t, (N, S) in enumerate(zip(nums, covs)):
+        if N.ndim != 2 or S.shape != (N.shape[1], N.shape[1]):
+            raise ValueError(
+                f"layer {name!r}, task {t}: covariance has shape {tuple(S.shape)} but the task vector "
+                f"is {tuple(N.shape)}; it must be d_in x d_in = {N.shape[-1]} x {N.shape[-1]}"
+            )
+
+
+class Refinement(NamedTuple):
+    """Output of :func:`spectral_refine`."""
+
+    W: Tensor  # W_bar = W_bar_pre + sigma_iso U_k V_kᵀ (or W_bar_pre when k = 0)
+    k: int  # refined rank floor(k_frac · r)
+    sigma_iso: float  # mean of the top-k singular values of W_fused (NaN when k = 0)
+    S_fused: Tensor  # all singular values of W_fused = W_bar_pre + Δ_res
+
+
+def spectral_refine(
+    W_pre: Tensor,
+    delta_W: Sequence[Tensor],
+    Sigma_tilde: Sequence[Tensor],
+    Sigma_reg_mean: Tensor,
+    *,
+    k_frac: float = 0.3,
+    name: str = "",
+) -> Refinement:
+    """Spectral refinement (eqs 15-19 of ACE-Merging; spec §1(a)7).
+
+    Δ_res = sum_t ΔW_t (Σ̃_t - Σ̄_reg) with the *uncentred* ΔW_t, the unregularised Σ̃_t and
+    Σ̄_reg = mean_t Sigma_reg,t (ridge included); W_fused = W_bar_pre + Δ_res = U S Vᵀ;
+    k = floor(k_frac · min(d_out, d_in)); sigma_iso = mean(S[:k]);
+    W_bar = W_bar_pre + sigma_iso U[:, :k] V[:, :k]ᵀ. The refinement is *added* to W_bar_pre:
+    Δ_res only chooses the directions. When k = 0 the official code returns NaN; here the
+    layer is left unrefined with a ``RuntimeWarning`` naming ``name`` (spec verification 2.).
+    """
+    if not 0.0 <= k_frac <= 1.0:
+        raise ValueError(f"k_frac={k_frac!r} must be in [0, 1]")
+    Wp = W_pre.double()
+    dWs = [d.double() for d in delta_W]
+    if len(dWs) != len(Sigma_tilde):
+        raise ValueError(f"layer {name!r}: {len(dWs)} task vectors but {len(Sigma_tilde)} covariances")
+    res = _sum(d @ S.double() for d, S in zip(dWs, Sigma_tilde)) - _sum(dWs) @ Sigma_reg_mean.double()
+    U, S, Vh = torch.linalg.svd(Wp + res, full_matrices=False)
+    k = int(k_frac * min(Wp.shape))
+    if k == 0:
+        warnings.warn(
+            f"spectral refinement skipped for layer {name!r}: k = floor({k_frac} * {min(Wp.shape)}) = 0 "
+            "(the official code would return NaN here); raise k_frac or accept the unrefined layer",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return Refinement(Wp, 0, math.nan, S)
+    sigma_iso = S[:k].mean()
+    W = Wp + sigma_iso * (U[:, :k] @ Vh[:k, :])
+    return Refinement(W, k, float(sigma_iso), S)
+
+
+# --------------------------------------------------------------------------- one matrix
+
+
+@dataclass
+class ACEDiagnostics:
+    """What :func:`ace_matrix` saw and decided for one matrix, for notebooks.
+
+    Scalars are always filled; the spectra and the condition number only with
+    ``spectra=True`` (they cost extra SVDs). ``to_row()`` gives a flat dict for a DataFrame.
+    """
+
+    name: str
+    shape: tuple[int, int]
+    n_tasks: int
+    estimator: str
+    gate: str
+    gamma: float
+    flag: bool  # heterogeneous branch taken (gate "on", or "auto" with gamma > tau)
+    normalized: bool  # trace normalisation applied (flag and trace_norm)
+    prior: bool
+    numerator: str
+    refined: bool  # spectral refinement applied (flag, refine and k > 0)
+    energies: list[float]  # ||ΔW_t||_F² (uncentred)
+    traces: list[float]  # tr_t = Tr(Sigma_hat_t) + 1e-12
+    ridge: list[float]  # eps/tr_t or eps
+    k: int = 0
+    sigma_iso: float = math.nan
+    cond: float | None = None  # 2-norm condition number of sum_t Sigma_reg,t + C_agg
+    spectrum_pre: Tensor | None = field(default=None, repr=False)  # singular values of W_bar_pre
+    spectrum_fused: Tensor | None = field(default=None, repr=False)  # of W_bar_pre + Δ_res (refined only)
+    spectrum: Tensor | None = field(default=None, repr=False)  # of the final W_bar
+
+    def to_row(self) -> dict[str, Any]:
+        """Scalars only (name, shape, gamma, flag, k, ...) plus mean/min/max energy: a DataFrame row."""
+        row = {f.name: getattr(self, f.name) for f in fields(self)
+               if not isinstance(getattr(self, f.name), (list, Tensor)) and getattr(self, f.name) is not None}
+        e = self.energies
+        row.update(energy_mean=sum(e) / len(e), energy_min=min(e), energy_max=max(e))
+        return row
+
+
+def _ace_param(name: str, value: Any) -> None:
+    METHODS["ace"].params[name].validate("ace", name, value)
+
+
+def ace_matrix(
+    delta_W: Sequence[Tensor],
+    *,
+    tau: float = 0.3,
+    eps: float = 1e-2,
+    k_frac: float = 0.3,
+    gate: str | None = None,
+    trace_norm: bool = True,
+    prior: bool | None = None,
+    refine: bool = True,
+    numerator: str | None = None,
+    estimator: str = "ace",
+    Sigma: Sequence[Tensor] | None = None,
+    wudi_p: float = 2.0,
+    name: str = "",
+    spectra: bool = False,
+) -> tuple[Tensor, ACEDiagnostics]:
+    """ACE-Merging for one matrix: the composition of the stages (spec §1(a) steps 2-7).
+
+    ``delta_W`` are the T task vectors ΔW_t (d_out × d_in) of one layer. Returns the merged
+    task vector W_bar (before ``scaling``; input dtype) and an :class:`ACEDiagnostics`.
+
+    1. gamma = :func:`heterogeneity`; flag = gamma > ``tau`` (gate "auto"), True ("on") or
+       False ("off").
+    2. Sigma_hat_t = :func:`estimate_covariance` (``estimator``), or ``Sigma`` for "given".
+    3. :func:`normalize_covariances` with ``normalize = flag and trace_norm``.
+    4. C_agg = :func:`structural_prior` (if ``prior``), divided by the mean energy when the
+       layer is flagged (spec §1(a)5 ties this to the flag, so it does not follow
+       ``trace_norm``).
+    5. W_bar_pre = :func:`closed_form` with N_t = W̃_t (``numerator="centered"``) or ΔW_t.
+    6. If flag and ``refine``: W_bar = :func:`spectral_refine` (W_bar_pre, ...).
+
+    ``gate``, ``prior`` and ``numerator`` default to the estimator's preset
+    (:func:`estimator_preset`; for "ace": "auto", True, "centered" — the paper's method).
+    Defaults tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's (spec §1(b); the
+    paper's ViT eps is reported as 1e-5). Memory: O(T d_in²) float64.
+    """
+    for pname, val in (("tau", tau), ("eps", eps), ("k_frac", k_frac), ("wudi_p", wudi_p),
+                       ("trace_norm", trace_norm), ("refine", refine), ("estimator", estimator)):
+        _ace_param(pname, val)
+    sw = estimator_preset(estimator, gate=gate, prior=prior, numerator=numerator)
+    dWs = _as_matrices(delta_W, name)
+    out_dtype = delta_W[0].dtype
+    T = len(dWs)
+    energies = task_energies(dWs)
+    gamma = heterogeneity(dWs)
+    flag = {"auto": gamma > tau, "on": True, "off": False}[sw.gate]
+
+    if estimator == "given":
+        if Sigma is None:
+            raise ValueError(f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)")
+        Sigma_hat = _check_given(Sigma, dWs, name)
+    else:
+        if Sigma is not None:
+            raise ValueError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
+        Sigma_hat = [estimate_covariance(d, estimator, wudi_p=wudi_p) for d in dWs]
+    covs = normalize_covariances(Sigma_hat, eps=eps, normalize=flag and trace_norm)
+    del Sigma_hat
+
+    C_agg = None
+    if sw.prior:
+        C_agg = structural_prior(covs.Sigma_tilde, energy=float(energies.mean()) if flag else None)
+    nums = [center_rows(d) for d in dWs] if sw.numerator == "centered" else dWs
+    W_pre = closed_form(nums, covs, C_agg, name=name)
+    del nums
+
+    diag = ACEDiagnostics(
+        name=name, shape=tuple(dWs[0].shape), n_tasks=T, estimator=estimator, gate=sw.gate,
+        gamma=gamma, flag=bool(flag), normalized=covs.normalized, prior=sw.prior,
+        numerator=sw.numerator, refined=False, energies=energies.tolist(),
+        traces=covs.traces.tolist(), ridge=covs.ridge.tolist(),
+    )
+    W = W_pre
+    if flag and refine:
+        ref = spectral_refine(W_pre, dWs, covs.Sigma_tilde, covs.mean_reg(), k_frac=k_frac, name=name)
+        W = ref.W
+        diag.k, diag.sigma_iso, diag.refined = ref.k, ref.sigma_iso, ref.k > 0
+        if spectra:
+            diag.spectrum_fused = ref.S_fused.cpu()
+    if spectra:
+        A = covs.sum_reg() + (C_agg if C_agg is not None else 0.0)
+        sA = torch.linalg.svdvals(A)
+        diag.cond = float(sA[0] / sA[-1]) if sA[-1] > 0 else math.inf
+        diag.spectrum_pre = torch.linalg.svdvals(W_pre).cpu()
+        diag.spectrum = torch.linalg.svdvals(W).cpu()
+    return W.to(out_dtype), diag
+
+
+def _as_matrices(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
+    if isinstance(delta_W, Tensor) or len(delta_W) == 0:
+        raise ValueError(f"layer {name!r}: pass a non-empty list of task vectors (one d_out x d_in tensor per task)")
+    shape = delta_W[0].shape
+    for t, d in enumerate(delta_W):
+        if not isinstance(d, Tensor) or d.ndim != 2:
+            raise ValueError(f"layer {name!r}, task {t}: expected a 2-D tensor, got {getattr(d, 'shape', type(d).__name__)}")
+        if d.shape != shape:
+            raise ValueError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's {tuple(shape)}")
+    return [d.double() for d in delta_W]
+
+
+def _check_given(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[Tensor]:
+    if len(Sigma) != len(dWs):
+        raise ValueError(f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order")
+    d_in = dWs[0].shape[1]
+    out = []
+    for t, S in enumerate(Sigma):
+        if not isinstance(S, Tensor):
+            raise TypeError(f"covariance of task {t} for layer {name!r} is a {type(S).__name__}, not a torch.Tensor")
+        if S.shape != (d_in, d_in):
+            raise ValueError(
+                f"covariance of task {t} for layer {name!r} has shape {tuple(S.shape)}; "
+                f"it must be d_in x d_in = {d_in} x {d_in} (the layer's input dimension)"
+            )
+        if not torch.isfinite(S).all():
+            raise ValueError(f"covariance of task {t} for layer {name!r} contains NaN or Inf")
+        out.append(S.to(dWs[0].device, torch.float64))
+    return out
+
+
+# --------------------------------------------------------------------------- state dicts
+
+
+def _check_covariances_param(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, Mapping) or not isinstance(value, Sequence) or isinstance(value, str):
+        return "must be None or a list with one {key: Sigma_t} dict per expert"
+    for t, c in enumerate(value):
+        if not isinstance(c, Mapping):
+            return f"entry {t} is a {type(c).__name__}, not a dict key -> Sigma_t"
+    return None
+
+
+def _check_in_out_keys(value: Any) -> str | None:
+    if isinstance(value, str) or not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
+        return "must be a tuple of key names or fnmatch patterns, e.g. ('visual.proj',)"
+    return None
+
+
+@register(
+    "ace",
+    "ACE-Merging: closed-form merge with covariances estimated from the task vectors (Xu et al. 2026; spec §1)",
+    tau=Param(0.3, "heterogeneity threshold: the layer is flagged when gamma > tau (eq. 7)", low=0.0),
+    eps=Param(1e-2, "Tikhonov strength (eqs 9-10): eps I, or eps/tr_t I on normalised layers", low=0.0),
+    k_frac=Param(0.3, "refined rank k = floor(k_frac * min(d_out, d_in)) (eq. 18)", low=0.0, high=1.0),
+    scaling=Param(1.0, "s in theta = theta0 + s * W_bar, applied to every key (spec §1(a)8)", low=0.0),
+    gate=Param(None, "heterogeneity gate: 'auto' (gamma > tau), 'on', 'off'; None = estimator preset", choices=(None, "auto", "on", "off")),
+    trace_norm=Param(True, "trace-normalise the covariances on flagged layers (eq. 8)", types=(bool,)),
+    prior=Param(None, "add the collective structural prior C_agg (eqs 11-13); None = estimator preset", types=(bool, type(None))),
+    refine=Param(True, "spectral refinement on flagged layers (eqs 15-19)", types=(bool,)),
+    numerator=Param(None, "numerator of eq. 14: 'centered' W̃_t or 'raw' ΔW_t; None = estimator preset", choices=(None, "centered", "raw")),
+    estimator=Param("ace", "covariance estimator: 'ace' (eqs 5-6), 'identity' (= weight averaging), 'wudi', 'given'", choices=ESTIMATORS),
+    covariances=Param(None, "for estimator='given': one {key: Sigma_t (d_in x d_in)} dict per expert", check=_check_covariances_param),
+    wudi_p=Param(2.0, "norm power p of the 'wudi' estimator Sigma_t = tau_tᵀ tau_t / ||tau_t||_F^p", low=0.0),
+    in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the official code (spec §1(d))", check=_check_in_out_keys),
+)
+def ace(base, task_vectors, *, is_matrix, **hparams):
+    """ACE-Merging on a state dict (spec §1): ``merge("ace", base, experts, ...)``.
+
+    Matrix keys (``is_matrix``) get :func:`ace_matrix`; every other key the mean
+    (1/T) sum_t tau_t (spec §1(a)1); all are multiplied by ``scaling``. See
+    :func:`ace_with_diagnostics` for the hyperparameters and the per-layer diagnostics.
+    """
+    update, _ = ace_with_diagnostics(base, task_vectors, is_matrix=is_matrix, **hparams)
+    return update
+
+
+def ace_with_diagnostics(
+    base: Mapping[str, Tensor],
+    task_vectors: Sequence[Mapping[str, Tensor]],
+    *,
+    is_matrix: Callable[[str, Tensor], bool] | None = None,
+    spectra: bool = False,
+    **hparams: Any,
+) -> tuple[dict[str, Tensor], dict[str, ACEDiagnostics]]:
+    """ACE's merged update for every key of ``base`` and an :class:`ACEDiagnostics` per matrix.
+
+    Hyperparameters (defaults as registered in ``METHODS["ace"]``): ``tau=0.3, eps=1e-2,
+    k_frac=0.3, scaling=1.0`` (official code, spec §1(b)); switches ``gate, trace_norm,
+    prior, refine, numerator`` (see :func:`ace_matrix`; ``None`` = the estimator's preset,
+    which for ``estimator="ace"`` is the paper's method); ``estimator`` and, for
+    ``"given"``, ``covariances``: one dict per expert mapping matrix keys to Sigma_t
+    (d_in × d_in of the matrix as ACE sees it). Matrix keys absent from *every* dict get the
+    mean, as RegMean does for layers without Gram matrices; a key present for some experts
+    only is an error. ``in_out_keys``: names or fnmatch patterns of matrices stored in × out
+    (CLIP ``visual.proj``, GPT-2 ``Conv1D``); they are transposed to d_out × d_in before ACE
+    and back after. Default ``()`` keeps every matrix as stored, as the official code does
+    (spec §1(d) Proposal). ``is_matrix`` defaults to :func:`acetools.merging.is_matrix_param`.
+    """
+    if is_matrix is None:
+        from . import is_matrix_param as is_matrix
+    hp = METHODS["ace"].resolve(hparams)
+    scaling = hp.pop("scaling")
+    covariances = hp.pop("covariances")
+    in_out = tuple(hp.pop("in_out_keys"))
+    T = len(task_vectors)
+    if T == 0:
+        raise ValueError("ace needs at least one task vector")
+
+    matrix_keys = [k for k in base if is_matrix(k, base[k])]
+    transposed = set()
+    for pat in in_out:
+        hits = [k for k in matrix_keys if fnmatch.fnmatchcase(k, pat)]
+        if not hits:
+            raise ValueError(f"ace: in_out_keys pattern {pat!r} matches no matrix key of base; check the name")
+        transposed.update(hits)
+
+    given = _check_covariances(covariances, hp["estimator"], base, matrix_keys, transposed, T)
+
+    update: dict[str, Tensor] = {}
+    diags: dict[str, ACEDiagnostics] = {}
+    mset = set(matrix_keys)
+    for key in progress(list(base), desc="ace"):
+        dtype = task_vectors[0][key].dtype
+        if key not in mset or (hp["estimator"] == "given" and key not in given):
+            update[key] = scaling * mean_update(list(task_vectors), key)
+            continue
+        flip = key in transposed
+        dWs = [tv[key].T if flip else tv[key] for tv in task_vectors]
+        W, diag = ace_matrix(dWs, Sigma=given.get(key) if given else None, name=key, spectra=spectra, **hp)
+        W = scaling * W.double()
+        update[key] = (W.T if flip else W).to(dtype).contiguous()
+        diags[key] = diag
+    return update, diags
+
+
+def _check_covariances(covariances, estimator, base, matrix_keys, transposed, T) -> dict[str, list[Tensor]]:
+    if estimator != "given":
+        if covariances is not None:
+            raise ValueError(f"ace: covariances are only used with estimator='given' (got estimator={estimator!r})")
+        return {}
+    if covariances is None:
+        raise ValueError("ace: estimator='given' needs covariances=[{key: Sigma_t}, ...], one dict per expert")
+    if len(covariances) != T:
+        raise ValueError(f"ace: covariances has {len(covariances)} entries for {T} experts; pass one dict per expert, in the same order")
+    mset = set(matrix_keys)
+    for t, c in enumerate(covariances):
+        for k in c:
+            if k not in base:
+                raise KeyError(f"ace: covariances[{t}] has key {k!r} that base does not have")
+            if k not in mset:
+                raise ValueError(f"ace: covariances[{t}][{k!r}] is for a parameter that is not a matrix; only matrix keys take Sigma_t")
+    out: dict[str, list[Tensor]] = {}
+    for k in matrix_keys:
+        have = [k in c for c in covariances]
+        if not any(have):
+            continue
+        if not all(have):
+            missing = have.index(False)
+            raise KeyError(f"ace: covariances[{missing}] lacks key {k!r} that other experts' covariances have; give it for every expert or for none")
+        d_in = base[k].shape[0] if k in transposed else base[k].shape[1]
+        for t, c in enumerate(covariances):
+            S = c[k]
+            if not isinstance(S, Tensor):
+                raise TypeError(f"ace: covariances[{t}][{k!r}] is a {type(S).__name__}, not a torch.Tensor")
+            if tuple(S.shape) != (d_in, d_in):
+                raise ValueError(
+                    f"ace: covariances[{t}][{k!r}] has shape {tuple(S.shape)}; it must be d_in x d_in = {d_in} x {d_in}"
+                    + (" (this key is in in_out_keys, so d_in is its first dimension)" if k in transposed else "")
+                )
+            if not torch.isfinite(S).all():
+                raise ValueError(f"ace: covariances[{t}][{k!r}] contains NaN or Inf")
+        out[k] = [c[k] for c in covariances]
+    return out

@@ -1,0 +1,530 @@
+"""ESM: Model Merging in the Essential Subspace (Li, Qi, Tian, Geng; CVPR 2026), spec §2.
+
+ESM is exposed stage by stage so that a notebook can stop after any of them and look:
+
+============================  ===============================================================
+stage                         function
+============================  ===============================================================
+Step A  ESD per task          :func:`essential_subspace` -> ``Subspace(P, lam)``,
+                              :func:`task_coordinates` (A_t = P_t^T tau_t)
+Step B1 inter-task PS         :func:`polarize_tasks` (uses :func:`polar_scales`)
+Step B  rank budget           :func:`rank_budget` (k = int(d_out * (1/T)))
+Step B2 eigenvalue weighting  :func:`eigen_weights`, :func:`truncate_factors`
+Step B3 concatenation         :func:`concatenate_factors`
+Step B4 inter-dimension PS    :func:`polarize_dimensions`
+Step B5 whitening             :func:`whiten`
+Step B6 the constant 2        ``const`` in :func:`esm_merge_matrix` (B1-B6 for one matrix)
+Step C  inter-layer PS        :func:`layer_scales`, :func:`polarize_layers`
+Step D  alpha                 ``alpha``/``alpha_scope`` of the registered method ``"esm"``
+============================  ===============================================================
+
+The full method, :func:`esm`, is registered as ``"esm"`` and is their composition. It needs
+the proxy input activations X_t of every target layer, captured inside task t's *fine-tuned*
+model (spec §2 Step A; :func:`acetools.activations.capture_inputs` does the capture).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..utils import progress
+from ._registry import Param, register
+from .averaging import mean_update
+from .svd import tsv_merge_matrix
+
+__all__ = [
+    "DEFAULT_TARGETS",
+    "CLIP_LAYER_TYPES",
+    "Subspace",
+    "essential_subspace",
+    "task_coordinates",
+    "rank_budget",
+    "polar_scales",
+    "polarize_tasks",
+    "eigen_weights",
+    "truncate_factors",
+    "concatenate_factors",
+    "polarize_dimensions",
+    "whiten",
+    "esm_merge_matrix",
+    "layer_scales",
+    "polarize_layers",
+    "esm",
+]
+
+#: open_clip parameter names of the ESD layers (spec §2 Step A, "Target layers").
+DEFAULT_TARGETS: tuple[str, ...] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+#: The four CLIP block types compared by the inter-layer polarization (spec §2 Step C).
+CLIP_LAYER_TYPES: tuple[str, ...] = (
+    "attn.in_proj_weight",
+    "attn.out_proj.weight",
+    "mlp.c_fc.weight",
+    "mlp.c_proj.weight",
+)
+
+_DECOMPOSITIONS = ("esd", "svd")
+
+
+class Subspace(NamedTuple):
+    """The output of Step A for one task and layer.
+
+    ``P`` is d_out x d_out, its columns the principal directions sorted by ``lam``
+    (descending); ``lam`` holds the d_out eigenvalues (zeros for padded columns).
+    """
+
+    P: Tensor
+    lam: Tensor
+
+
+# --------------------------------------------------------------------------- Step A
+def _as_rows(X: Tensor, d_in: int, where: str = "X") -> Tensor:
+    """Flatten all leading dims of ``X`` into rows and check its width is ``d_in``."""
+    if not isinstance(X, Tensor):
+        raise TypeError(f"{where} must be a torch.Tensor of input activations (N x d_in), got {type(X).__name__}")
+    if X.ndim < 2:
+        raise ValueError(
+            f"{where} has shape {tuple(X.shape)}; input activations must be N x d_in "
+            "(tokens flattened into rows; leading dims are flattened for you)"
+        )
+    if X.shape[-1] != d_in:
+        raise ValueError(
+            f"{where} has d_in={X.shape[-1]} (shape {tuple(X.shape)}) but the weight expects d_in={d_in}; "
+            "capture the *input* of the layer (for attn.in_proj_weight the query input, i.e. the ln_1 output)"
+        )
+    X = X.reshape(-1, d_in)
+    if X.shape[0] < 1:
+        raise ValueError(f"{where} has N=0 rows; ESD needs at least one proxy token (spec §2 uses 32 images)")
+    if not X.is_floating_point():
+        raise TypeError(f"{where} has dtype {X.dtype}; input activations must be floating point")
+    return X
+
+
+def essential_subspace(X: Tensor | None, delta_W: Tensor, decomposition: str = "esd") -> Subspace:
+    """Essential Subspace Decomposition of one task's update, spec §2 Step A.
+
+    ``decomposition="esd"`` (default): uncentred PCA of the activation shift
+    dO = X delta_W^T (N x d_out) via the thin SVD dO = U S V^T; ``P = V``, ``lam = S^2/(N-1)``
+    (with N = 1 the divisor is 1; the scale of ``lam`` never matters to ESM, only ratios).
+    If N < d_out, ``P`` is completed with the identity columns e_{m+1}..e_{d_out} and ``lam``
+    with zeros, as in the official code (the completion is not orthogonal to the first
+    columns; only the top k are used).
+
+    ``decomposition="svd"``: the ablation's SVD basis: ``P`` = left singular vectors of
+    delta_W and ``lam`` = its squared singular values (``X`` is ignored and may be None),
+    completed the same way when d_in < d_out.
+
+    ``X`` is N x d_in (any leading dims are flattened into rows); ``delta_W`` is d_out x d_in.
+    Both are left untouched. Past rank(X delta_W^T) the directions are an arbitrary null-space
+    basis (spec verification (ii)).
+    """
+    if decomposition not in _DECOMPOSITIONS:
+        raise ValueError(f"decomposition={decomposition!r} is not one of {list(_DECOMPOSITIONS)}")
+    if not isinstance(delta_W, Tensor) or delta_W.ndim != 2:
+        raise ValueError("delta_W must be a 2-D tensor (d_out x d_in)")
+    d_out, d_in = delta_W.shape
+    if decomposition == "esd":
+        if X is None:
+            raise TypeError("essential_subspace(decomposition='esd') needs the input activations X (N x d_in)")
+        X = _as_rows(X, d_in).to(delta_W.device, delta_W.dtype)
+        n = X.shape[0]
+        dO = X @ delta_W.T
+        _, S, Vh = torch.linalg.svd(dO, full_matrices=False)
+        P = Vh.T
+        lam = S.square() / max(n - 1, 1)
+    else:
+        U, S, _ = torch.linalg.svd(delta_W, full_matrices=False)
+        P = U
+        lam = S.square()
+    m = P.shape[1]
+    if m < d_out:
+        full = torch.eye(d_out, dtype=P.dtype, device=P.device)
+        full[:, :m] = P
+        P = full
+        lam = torch.cat([lam, lam.new_zeros(d_out - m)])
+    return Subspace(P, lam)
+
+
+def task_coordinates(P: Tensor, delta_W: Tensor) -> Tensor:
+    """Coordinates A_t = P_t^T delta_W_t (d_out x d_in) of the update in the basis P_t, spec §2 Step A."""
+    return P.T @ delta_W
+
+
+# --------------------------------------------------------------------------- Step B
+def rank_budget(d_out: int, n_tasks: int) -> int:
+    """Per-task rank k = ``int(d_out * (1/n_tasks))``, spec §2 Step B and verification (i).
+
+    This is the official ``int(vec.shape[0] * (1/T))``, which equals floor(d_out/T) for every
+    CLIP shape but not always (98 with T = 49 gives 1). Where it would be 0 (d_out < T) it is
+    raised to 1, as in the RoBERTa code (spec verification (iii)); the ViT code would fail there.
+    """
+    if n_tasks < 1:
+        raise ValueError(f"n_tasks={n_tasks} must be >= 1")
+    return max(1, int(d_out * (1.0 / n_tasks)))
+
+
+def polar_scales(norms: Tensor, power: float = 2.0) -> Tensor:
+    """Polarized scaling factors (n_i / mean_i n_i)^power, spec §2 Steps B1, B4 and C.
+
+    ``power=2`` is the paper's default at every level; ``power=-1`` is its "reciprocal"
+    ablation (the larger norm gets the smaller factor); ``power=0`` switches scaling off.
+    An entry with n_i = 0 gets 0 (it has nothing to scale), so negative powers stay finite.
+    """
+    norms = torch.as_tensor(norms)
+    mean = norms.mean()
+    if not bool(mean > 0):
+        return torch.zeros_like(norms)
+    safe = torch.where(norms > 0, norms, mean)
+    return torch.where(norms > 0, (safe / mean).pow(power), torch.zeros_like(norms))
+
+
+def polarize_tasks(A: Sequence[Tensor], power: float = 2.0) -> list[Tensor]:
+    """Inter-task polarization, spec §2 Step B1: A_t <- s_t A_t, s_t = (n_t / mean_i n_i)^power.
+
+    n_t = ||A_t||_F of the *full* (untruncated) coordinates, as in the code. Returns new
+    tensors; the inputs are untouched.
+    """
+    norms = torch.stack([torch.linalg.norm(a) for a in A])
+    s = polar_scales(norms, power)
+    return [a * s[t] for t, a in enumerate(A)]
+
+
+def eigen_weights(lam: Tensor, power: float = 0.15) -> Tensor:
+    """Eigenvalue weights e = (lam / mean lam)^power renormalized to mean 1, spec §2 Step B2.
+
+    ``lam`` is the top-k eigenvalues of one task. ``power=0.15`` is the code's value (the
+    paper omits this step; ``power=0`` switches it off). If all k eigenvalues are zero the
+    weights are 1 (the official code would give NaN; that task's coordinates are zero anyway).
+    """
+    mean = lam.mean()
+    if not bool(mean > 0):
+        return torch.ones_like(lam)
+    e = (lam / mean).pow(power)
+    return e / e.mean()
+
+
+def truncate_factors(sub: Subspace, A: Tensor, k: int, eig_power: float = 0.15) -> tuple[Tensor, Tensor]:
+    """Keep the top ``k`` components, weighted by e, spec §2 Step B2.
+
+    Returns P_hat = P[:, :k] diag(e) (d_out x k) and A_hat = diag(e) A[:k, :] (k x d_in); e is
+    applied to *both* factors, so their product carries e^2 (as in the code).
+    """
+    e = eigen_weights(sub.lam[:k], eig_power)
+    return sub.P[:, :k] * e, A[:k, :] * e[:, None]
+
+
+def concatenate_factors(P_hats: Sequence[Tensor], A_hats: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """P_cat = [P_hat_1 | ... | P_hat_T] (d_out x Tk) and A_cat = [A_hat_1; ...; A_hat_T] (Tk x d_in), spec §2 Step B3."""
+    return torch.cat(list(P_hats), dim=1), torch.cat(list(A_hats), dim=0)
+
+
+def polarize_dimensions(A_cat: Tensor, power: float = 2.0) -> Tensor:
+    """Inter-dimension polarization, spec §2 Step B4: column j times (c_j / mean_j c_j)^power.
+
+    c_j = ||A_cat[:, j]||_2 is the norm of input column j over all tasks' components.
+    Returns a new tensor.
+    """
+    return A_cat * polar_scales(torch.linalg.norm(A_cat, dim=0), power)[None, :]
+
+
+def whiten(M: Tensor) -> Tensor:
+    """Whitening, spec §2 Step B5: polar(M) times the mean singular value of M.
+
+    The result has orthonormal columns (or rows) up to that scale c: for a tall full-rank
+    M, whiten(M)^T whiten(M) = c^2 I.
+    """
+    U, S, Vh = torch.linalg.svd(M, full_matrices=False)
+    if S.numel() == 0 or not bool(S.mean() > 0):
+        return torch.zeros_like(M)
+    return (U @ Vh) * S.mean()
+
+
+def esm_merge_matrix(
+    taus: Sequence[Tensor],
+    Xs: Sequence[Tensor] | None = None,
+    *,
+    decomposition: str = "esd",
+    task_scaling: bool = True,
+    task_power: float = 2.0,
+    dim_scaling: bool = True,
+    dim_power: float = 2.0,
+    eig_power: float = 0.15,
+    const: float = 2.0,
+) -> Tensor:
+    """Merged update of one ESD layer, spec §2 Steps A and B1-B6 (no beta, no alpha).
+
+    ``taus`` are the T task vectors (d_out x d_in) of the layer, ``Xs`` their proxy input
+    activations (N_t x d_in, captured in each fine-tuned model; unused for
+    ``decomposition="svd"``). Returns const * whiten(P_cat) @ whiten(A_cat). Defaults follow
+    the official code: exponent 2 for both polarizations, e^0.15, const 2.
+    """
+    T = len(taus)
+    if T == 0:
+        raise ValueError("esm_merge_matrix needs at least one task vector")
+    if decomposition == "esd" and (Xs is None or len(Xs) != T):
+        raise ValueError(
+            f"esm_merge_matrix(decomposition='esd') needs one activation tensor per task: "
+            f"got {None if Xs is None else len(Xs)} for {T} task vectors"
+        )
+    d_out = taus[0].shape[0]
+    subs = [essential_subspace(None if Xs is None else Xs[t], tau, decomposition) for t, tau in enumerate(taus)]
+    A = [task_coordinates(sub.P, tau) for sub, tau in zip(subs, taus)]
+    if task_scaling:
+        A = polarize_tasks(A, task_power)
+    k = rank_budget(d_out, T)
+    P_hats, A_hats = zip(*(truncate_factors(sub, a, k, eig_power) for sub, a in zip(subs, A)))
+    P_cat, A_cat = concatenate_factors(P_hats, A_hats)
+    if dim_scaling:
+        A_cat = polarize_dimensions(A_cat, dim_power)
+    return const * (whiten(P_cat) @ whiten(A_cat))
+
+
+# --------------------------------------------------------------------------- Step C
+def _matches(pattern: str, key: str) -> bool:
+    """``pattern`` is a regular expression searched anywhere in ``key``; a plain name like
+    ``mlp.c_fc.weight`` therefore acts as a substring ('.' matches itself)."""
+    return re.search(pattern, key) is not None
+
+
+def _layer_type(key: str, layer_types: Sequence[str]) -> str | None:
+    for ty in layer_types:  # first match; the CLIP types never overlap (spec verification (iii))
+        if _matches(ty, key):
+            return ty
+    return None
+
+
+def layer_scales(
+    updates: Mapping[str, Tensor],
+    keys: Sequence[str] | None = None,
+    layer_types: Sequence[str] = CLIP_LAYER_TYPES,
+    power: float = 2.0,
+) -> dict[str, float]:
+    """Inter-layer factors beta_l = (||dW_l||_F / m_type)^power, spec §2 Step C.
+
+    m_type is the mean Frobenius norm over the keys of ``keys`` (default: all of
+    ``updates``) whose name contains that type (first matching type in ``layer_types``; each
+    type is a regular expression searched in the key, so plain names act as substrings).
+    Returns ``{key: beta}`` for the keys that have a type; other keys get no beta.
+    """
+    keys = list(updates) if keys is None else list(keys)
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        ty = _layer_type(key, layer_types)
+        if ty is not None:
+            groups.setdefault(ty, []).append(key)
+    betas: dict[str, float] = {}
+    for members in groups.values():
+        norms = torch.stack([torch.linalg.norm(updates[k].double()) for k in members])
+        s = polar_scales(norms, power)
+        betas.update({k: float(s[i]) for i, k in enumerate(members)})
+    return betas
+
+
+def polarize_layers(
+    updates: Mapping[str, Tensor],
+    keys: Sequence[str] | None = None,
+    layer_types: Sequence[str] = CLIP_LAYER_TYPES,
+    power: float = 2.0,
+) -> dict[str, Tensor]:
+    """Inter-layer polarization, spec §2 Step C: every typed key times its :func:`layer_scales` beta.
+
+    Returns a new dict with every key of ``updates``; keys without a type (or outside
+    ``keys``) are passed through unchanged. ``power=-1`` is the "reciprocal" ablation.
+    """
+    betas = layer_scales(updates, keys, layer_types, power)
+    return {k: (v * betas[k] if k in betas else v) for k, v in updates.items()}
+
+
+# --------------------------------------------------------------------------- the method
+def _finite_number(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "must be a finite number"
+    return None
+
+
+def _str_tuple(allow_empty: bool) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if isinstance(v, str) or not isinstance(v, (tuple, list)):
+            return "must be a tuple of parameter-name patterns, e.g. ('mlp.c_fc.weight',)"
+        if not allow_empty and len(v) == 0:
+            return "must name at least one layer pattern"
+        if not all(isinstance(s, str) and s for s in v):
+            return "every entry must be a non-empty string"
+        for s in v:
+            try:
+                re.compile(s)
+            except re.error as e:
+                return f"pattern {s!r} is not a valid regular expression ({e})"
+        return None
+
+    return check
+
+
+def _check_activations(v: Any) -> str | None:
+    if v is None or isinstance(v, Mapping) or callable(v):
+        return None
+    return (
+        "must be a mapping key -> list of tensors (one N x d_in tensor per task) or a callable "
+        "activations(t, key) -> Tensor"
+    )
+
+
+def _activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
+                       d_in: Mapping[str, int]) -> Callable[[int, str], Tensor]:
+    """Validate ``activations`` (eagerly for a mapping) and return a getter (t, key) -> X (N x d_in)."""
+    how = (
+        "capture it inside each task's fine-tuned model with acetools.activations.capture_inputs, "
+        "or drop the layer from `targets`"
+    )
+    if isinstance(activations, Mapping):
+        for key in esd_keys:
+            if key not in activations:
+                raise KeyError(f"esm: activations has no entry for ESD layer {key!r}; {how}")
+            xs = activations[key]
+            if isinstance(xs, Tensor) or not isinstance(xs, Sequence):
+                raise TypeError(
+                    f"esm: activations[{key!r}] must be a list with one N x d_in tensor per task, "
+                    f"got {type(xs).__name__}"
+                )
+            if len(xs) != n_tasks:
+                raise ValueError(
+                    f"esm: activations[{key!r}] has {len(xs)} tensors but there are {n_tasks} tasks; "
+                    "give one per task, in the order of the experts"
+                )
+            for t, X in enumerate(xs):
+                _as_rows(X, d_in[key], where=f"esm: activations[{key!r}][{t}] (task {t})")
+
+        def get(t: int, key: str) -> Tensor:
+            return activations[key][t]
+    else:
+        def get(t: int, key: str) -> Tensor:
+            return activations(t, key)
+
+    def checked(t: int, key: str) -> Tensor:
+        where = f"esm: activations for key {key!r}, task {t}"
+        X = _as_rows(get(t, key), d_in[key], where=where)
+        if not torch.isfinite(X).all():
+            raise ValueError(f"{where} contain NaN or Inf values; check the capture")
+        return X
+
+    return checked
+
+
+@register(
+    "esm",
+    "Essential Subspace Merging: PCA of the activation shift X dW^T per task, polarized "
+    "scaling at task, dimension and layer level, whitening (Li et al., CVPR 2026; spec §2)",
+    activations=Param(
+        None,
+        "proxy input activations of every ESD layer, captured in each task's fine-tuned model: "
+        "mapping key -> [X_1..X_T] (N x d_in) or callable (t, key) -> X; required for "
+        "decomposition='esd'",
+        check=_check_activations,
+    ),
+    alpha=Param(1.0, "merge coefficient alpha (spec §2 Step D; chosen on validation in the paper)", low=0.0,
+                check=_finite_number),
+    alpha_scope=Param("esd", "'esd': alpha scales the ESD layers only (evaluation code, default); "
+                      "'all': every key (the saved fused model)", choices=("esd", "all")),
+    decomposition=Param("esd", "'esd': PCA of X dW^T (default); 'svd': left singular vectors of dW "
+                        "(the ablation's SVD basis)", choices=_DECOMPOSITIONS),
+    task_scaling=Param(True, "inter-task polarization on/off (Step B1)", types=(bool,)),
+    task_power=Param(2.0, "exponent of the inter-task polarization; -1 is the reciprocal ablation",
+                     check=_finite_number),
+    dim_scaling=Param(True, "inter-dimension (input column) polarization on/off (Step B4)", types=(bool,)),
+    dim_power=Param(2.0, "exponent of the inter-dimension polarization", check=_finite_number),
+    layer_scaling=Param(True, "inter-layer polarization on/off (Step C)", types=(bool,)),
+    layer_power=Param(2.0, "exponent of the inter-layer polarization", check=_finite_number),
+    eig_power=Param(0.15, "exponent of the eigenvalue weights e (Step B2; 0 switches them off)", low=0.0,
+                    check=_finite_number),
+    const=Param(2.0, "constant factor of the ESD product (Step B6; the code's x2)", check=_finite_number),
+    targets=Param(DEFAULT_TARGETS, "patterns (regular expressions searched in the key; plain names act as "
+                  "substrings) selecting the ESD layers among the matrix keys",
+                  check=_str_tuple(allow_empty=False)),
+    layer_types=Param(CLIP_LAYER_TYPES, "patterns of the layer types compared in Step C (same matching)",
+                      check=_str_tuple(allow_empty=True)),
+)
+def esm(
+    base: Mapping[str, Tensor],
+    task_vectors: Sequence[Mapping[str, Tensor]],
+    *,
+    is_matrix: Callable[[str, Tensor], bool],
+    activations: Any = None,
+    alpha: float = 1.0,
+    alpha_scope: str = "esd",
+    decomposition: str = "esd",
+    task_scaling: bool = True,
+    task_power: float = 2.0,
+    dim_scaling: bool = True,
+    dim_power: float = 2.0,
+    layer_scaling: bool = True,
+    layer_power: float = 2.0,
+    eig_power: float = 0.15,
+    const: float = 2.0,
+    targets: Sequence[str] = DEFAULT_TARGETS,
+    layer_types: Sequence[str] = CLIP_LAYER_TYPES,
+) -> dict[str, Tensor]:
+    r"""ESM merged update for every key, spec §2 (Steps A-D).
+
+    - ESD layers: matrix keys (``is_matrix``) whose name contains one of ``targets``
+      (default ``attn.in_proj_weight``, ``mlp.c_fc.weight``, ``mlp.c_proj.weight``) get
+      :func:`esm_merge_matrix` with the proxy activations ``activations`` (``X_t`` for task
+      t, the layer's input inside task t's fine-tuned model; ``t`` counts from 0 in the order
+      of the experts).
+    - Other matrix keys get TSV-M (spec §3.4, :func:`acetools.merging.svd.tsv_merge_matrix`;
+      no polarized scaling at this stage), non-matrix keys the mean (1/T) sum_t tau_t.
+    - Step C: if ``layer_scaling``, every matrix key whose name contains one of
+      ``layer_types`` (default the four CLIP block types) is multiplied by its beta
+      (:func:`polarize_layers`); other keys get no beta.
+    - Step D: ``alpha`` multiplies the ESD layers only (``alpha_scope="esd"``, the default:
+      the evaluation code that produced the reported numbers; spec §2(d) Proposal) or every
+      key (``alpha_scope="all"``, the saved fused model).
+
+    Defaults are the official ViT code's: exponent 2 at every polarization level (each level
+    switchable; exponent -1 is the paper's "reciprocal" ablation), e^0.15, const 2, alpha 1.
+    With ``layer_types`` spanning several towers (a full CLIP state dict) the types are
+    compared across towers, as in the spec. ``targets`` and ``layer_types`` are regular
+    expressions searched in the key (plain names act as substrings), so e.g.
+    ``targets=(r"^visual\..*mlp\.c_fc\.weight$",)`` restricts ESD to the visual tower.
+    """
+    T = len(task_vectors)
+    if decomposition == "esd" and activations is None:
+        raise TypeError(
+            "esm: missing hyperparameter 'activations' (needed for decomposition='esd'): pass a mapping "
+            "key -> [X_1..X_T] or a callable (t, key) -> X of input activations captured in each "
+            "fine-tuned model (acetools.activations.capture_inputs), or use decomposition='svd'"
+        )
+    matrix_keys = [k for k in base if is_matrix(k, base[k])]
+    matrix_set = set(matrix_keys)
+    esd_keys = [k for k in matrix_keys if any(_matches(p, k) for p in targets)]
+    esd_set = set(esd_keys)
+    get_X = None
+    if decomposition == "esd":
+        get_X = _activation_source(activations, esd_keys, T, {k: base[k].shape[1] for k in esd_keys})
+
+    out: dict[str, Tensor] = {}
+    for key in progress(list(base), desc="esm"):
+        taus = [tv[key] for tv in task_vectors]
+        if key in esd_set:
+            Xs = [get_X(t, key) for t in range(T)] if get_X is not None else None
+            out[key] = esm_merge_matrix(
+                taus, Xs, decomposition=decomposition,
+                task_scaling=task_scaling, task_power=task_power,
+                dim_scaling=dim_scaling, dim_power=dim_power,
+                eig_power=eig_power, const=const,
+            )
+        elif key in matrix_set:
+            out[key] = tsv_merge_matrix(taus, key=key)
+        else:
+            out[key] = mean_update(task_vectors, key)
+
+    if layer_scaling:
+        out = polarize_layers(out, keys=matrix_keys, layer_types=layer_types, power=layer_power)
+    scaled = esd_keys if alpha_scope == "esd" else list(out)
+    for key in scaled:
+        out[key] = alpha * out[key]
+    return out

@@ -1,0 +1,139 @@
+"""RegMean (Jin et al., ICLR 2023), spec §3.9: data-dependent, the reference point for ACE.
+
+For each linear weight W_t (d_out x d_in, y = W x) with input Gram matrix
+G_t = (1/N_t) X_t^T X_t (d_in x d_in) of task t's fine-tuned model on task-t data::
+
+    G~_t = alpha G_t + (1 - alpha) diag(G_t)             (off-diagonal shrink)
+    W*   = ([sum_t G~_t]^-1 sum_t G~_t W_t^T)^T          (spec §3.9, transposed back)
+
+W* minimises sum_t ||X~_t W^T - X~_t W_t^T||^2 for the shrunk Grams; it merges *full* weights
+W_t = W0 + tau_t, not task vectors. Keys without Gram matrices take the plain mean.
+The Gram matrices are collected by the caller (``acetools.activations``); this module only
+does the algebra: :func:`shrink_gram`, :func:`regmean_matrix` and the registered :func:`regmean`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from ..utils import progress
+from ._linalg import solve_right
+from ._registry import REQUIRED, Param, register
+from .averaging import mean_update
+
+__all__ = ["shrink_gram", "regmean_matrix", "validate_grams", "regmean"]
+
+
+def shrink_gram(G: Tensor, alpha: float) -> Tensor:
+    """G~ = alpha G + (1 - alpha) diag(G): off-diagonal entries times alpha, diagonal kept (spec §3.9)."""
+    if G.ndim != 2 or G.shape[0] != G.shape[1]:
+        raise ValueError(f"a Gram matrix must be square, got shape {tuple(G.shape)}")
+    return alpha * G + (1 - alpha) * torch.diag_embed(torch.diagonal(G))
+
+
+def regmean_matrix(W: Sequence[Tensor], grams: Sequence[Tensor], alpha: float = 0.95, *, key: str = "") -> Tensor:
+    """RegMean for one linear layer: W* = (sum_t W_t G~_t^T) (sum_t G~_t^T)^-1 (spec §3.9).
+
+    ``W`` are the T *full* weights (d_out x d_in) and ``grams`` their d_in x d_in input Gram
+    matrices. Computed in float64 (returned in float64) as a linear solve; if sum_t G~_t is
+    singular, falls back to the pseudo-inverse with a RuntimeWarning naming ``key``.
+    This is the transpose of (sum G~_t)^-1 sum G~_t W_t^T, written as a right solve.
+    """
+    if len(W) != len(grams) or len(W) == 0:
+        raise ValueError(f"key {key!r}: got {len(W)} weights and {len(grams)} Gram matrices; need one Gram per weight")
+    A = None
+    B = None
+    for t, (W_t, G_t) in enumerate(zip(W, grams)):
+        G = shrink_gram(G_t.to(W_t.device, torch.float64), alpha)
+        W64 = W_t.to(torch.float64)
+        if G.shape[0] != W64.shape[1]:
+            raise ValueError(
+                f"key {key!r}: Gram matrix of task {t} is {tuple(G.shape)} but the weight is "
+                f"{tuple(W64.shape)} (d_out x d_in); the Gram must be d_in x d_in = {W64.shape[1]} x {W64.shape[1]}"
+            )
+        A = G.T if A is None else A + G.T
+        B = W64 @ G.T if B is None else B + W64 @ G.T
+    return solve_right(B, A, name=key)
+
+
+def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]:
+    """Check RegMean's ``grams`` against ``base``; return the sorted keys that have Gram matrices.
+
+    ``grams`` must be a list with one dict per task, mapping a weight's state-dict key (e.g.
+    ``"visual.transformer.resblocks.0.mlp.c_fc.weight"``) to its d_in x d_in Gram matrix.
+    Every task must give the same keys; each key must be a 2-D tensor of ``base``; each Gram
+    must be a finite floating tensor of the right shape. Errors name the key and task index.
+    """
+    if isinstance(grams, Mapping) or not isinstance(grams, Sequence):
+        raise TypeError(
+            f"regmean: grams must be a list with one dict (weight key -> Gram matrix) per task, got {type(grams).__name__}"
+        )
+    if len(grams) != n_tasks:
+        raise ValueError(f"regmean: got {len(grams)} Gram dicts for {n_tasks} experts; pass exactly one per expert, in the same order")
+    for t, g in enumerate(grams):
+        if not isinstance(g, Mapping):
+            raise TypeError(f"regmean: grams[{t}] is a {type(g).__name__}, not a dict of weight key -> Gram matrix")
+    keys = set(grams[0]) if grams else set()
+    for t, g in enumerate(grams):
+        missing = sorted(set().union(*map(set, grams)) - set(g))
+        if missing:
+            raise KeyError(
+                f"regmean: grams[{t}] has no Gram matrix for key {missing[0]!r}, which other tasks have; "
+                "give every task a Gram for the same keys (or none)"
+            )
+    for key in sorted(keys):
+        if key not in base:
+            hint = ""
+            for suffix in (".weight", "_weight"):
+                if key + suffix in base:
+                    hint = f"; did you mean {key + suffix!r}? Grams are keyed by the weight's state-dict key"
+            raise KeyError(f"regmean: Gram matrices given for key {key!r}, which is not in the state dict{hint}")
+        W0 = base[key]
+        if W0.ndim != 2:
+            raise ValueError(f"regmean: Gram matrices given for key {key!r} of shape {tuple(W0.shape)}; RegMean needs a 2-D (d_out x d_in) weight")
+        d_in = W0.shape[1]
+        for t, g in enumerate(grams):
+            G = g[key]
+            if not isinstance(G, Tensor):
+                raise TypeError(f"regmean: grams[{t}][{key!r}] is a {type(G).__name__}, not a Tensor")
+            if tuple(G.shape) != (d_in, d_in):
+                raise ValueError(
+                    f"regmean: grams[{t}][{key!r}] has shape {tuple(G.shape)}, expected d_in x d_in = "
+                    f"({d_in}, {d_in}) for a weight of shape {tuple(W0.shape)} (d_out x d_in)"
+                )
+            if not G.is_floating_point():
+                raise TypeError(f"regmean: grams[{t}][{key!r}] has dtype {G.dtype}; Gram matrices must be floating point")
+            if not torch.isfinite(G).all():
+                raise ValueError(f"regmean: grams[{t}][{key!r}] contains NaN or Inf values")
+    return sorted(keys)
+
+
+@register(
+    "regmean",
+    "RegMean: per-layer least squares on the experts' input Gram matrices (Jin et al. 2023; spec §3.9; needs data)",
+    # checked by validate_grams (a Param type check would print the whole list of tensors)
+    grams=Param(REQUIRED, "list (one per expert) of dicts weight key -> d_in x d_in input Gram matrix"),
+    alpha=Param(0.95, "off-diagonal shrink: G~ = alpha G + (1 - alpha) diag(G) (fusion_bench CLIP default 0.95)", low=0.0, high=1.0),
+)
+def regmean(base, task_vectors, *, is_matrix, grams, alpha):
+    """RegMean, spec §3.9: :func:`regmean_matrix` on the full weights of every key with Grams.
+
+    Which keys are merged by RegMean is decided by ``grams`` (``is_matrix`` is not used):
+    keys absent from every Gram dict take the mean of the task vectors; a key present for
+    some tasks but not others is an error. The update returned is W* - W0, computed in
+    float64 and cast to the compute dtype. Default alpha = 0.95 (fusion_bench's CLIP config).
+    """
+    keys = set(validate_grams(base, grams, len(task_vectors)))
+    out = {}
+    for key in progress(list(base), desc="RegMean"):
+        if key in keys:
+            W0 = base[key].to(torch.float64)
+            W = [W0 + tv[key].to(torch.float64) for tv in task_vectors]
+            W_star = regmean_matrix(W, [g[key] for g in grams], alpha, key=key)
+            out[key] = (W_star - W0).to(base[key].dtype)
+        else:
+            out[key] = mean_update(task_vectors, key)
+    return out

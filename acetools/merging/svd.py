@@ -1,0 +1,375 @@
+"""The SVD family: TSV-M (spec §3.4), Iso-C and Iso-CTS (spec §3.5) and CART (spec §3.7).
+
+Each method is a per-matrix stage plus a registered state-dict function:
+
+=========  ==========================  =============================================  ==========
+method     per-matrix helper           what it returns for one matrix                 registered
+=========  ==========================  =============================================  ==========
+TSV-M      :func:`tsv_merge_matrix`    polar(U_cat) diag(s_cat) polar(V_cat)           ``tsv_m``
+Iso-C      :func:`iso_c_matrix`        mean(S) U V^T of the summed task vectors       ``iso_c``
+Iso-CTS    :func:`iso_cts_matrix`      sigma_bar polar(U) polar(V), common + specific  ``iso_cts``
+CART       :func:`cart_matrix`         mean_t tau_t + lam sum_t LR_k(tau_t - mean)     ``cart``
+=========  ==========================  =============================================  ==========
+
+The helpers take the T task vectors of one matrix (a list of ``d_out x d_in`` tensors or one
+``T x d_out x d_in`` stack), never modify them, and return the merged update for that matrix
+*without* the method's outer coefficient (``alpha`` for TSV-M/Iso; CART's ``lam`` is part of
+:func:`cart_matrix` because it only scales the low-rank term). The rank rules are public too
+(:func:`tsv_rank`, :func:`iso_cts_ranks`, :func:`cart_rank`) so a notebook can print them.
+
+Numerics. SVDs are thin (``full_matrices=False``) and run in the task vectors' dtype: float32
+by default, float64 when the inputs are float64 (cast them to get float64 SVDs). When every
+task vector of a matrix is exactly zero (e.g. CLIP's text-side ``token_embedding`` left in the
+state dict) the result is exactly zero by the formulas, and the SVDs are skipped.
+
+Caveat shared with the official code: when a task vector has rank below the per-task budget,
+its trailing singular vectors are an arbitrary basis chosen by LAPACK; they enter U_cat/V_cat
+and so the polar factors, so TSV-M/Iso-CTS results are then defined only up to that choice.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ..utils import progress
+from ._registry import Param, register
+from .averaging import mean_update
+
+__all__ = [
+    "tsv_rank",
+    "tsv_merge_matrix",
+    "iso_c_matrix",
+    "iso_cts_ranks",
+    "iso_cts_matrix",
+    "CART_TARGET_WORDS",
+    "CART_EXCLUDE_WORDS",
+    "is_cart_key",
+    "cart_rank",
+    "low_rank",
+    "cart_matrix",
+    "tsv_m",
+    "iso_c",
+    "iso_cts",
+    "cart",
+]
+
+
+# --------------------------------------------------------------------------- helpers
+def _where(key: str) -> str:
+    return f"key {key!r}: " if key else ""
+
+
+def _stack_taus(taus: Sequence[Tensor] | Tensor, key: str = "") -> Tensor:
+    """The task vectors of one matrix as a ``T x d_out x d_in`` floating tensor (a new view/copy)."""
+    if isinstance(taus, Tensor):
+        X = taus
+        if X.ndim != 3:
+            raise ValueError(
+                f"{_where(key)}expected a T x d_out x d_in stack of task vectors, got shape {tuple(X.shape)}"
+            )
+    else:
+        taus = list(taus)
+        if not taus:
+            raise ValueError(f"{_where(key)}no task vectors given: pass at least one")
+        for t, tau in enumerate(taus):
+            if not isinstance(tau, Tensor):
+                raise TypeError(f"{_where(key)}task vector {t} is a {type(tau).__name__}, not a Tensor")
+            if tau.ndim != 2:
+                raise ValueError(
+                    f"{_where(key)}task vector {t} has shape {tuple(tau.shape)}; the matrix path needs "
+                    "2-D (d_out x d_in) tensors (average other tensors, or change is_matrix)"
+                )
+            if tau.shape != taus[0].shape:
+                raise ValueError(
+                    f"{_where(key)}task vector {t} has shape {tuple(tau.shape)} but task vector 0 has "
+                    f"{tuple(taus[0].shape)}; all experts must share the shape"
+                )
+        X = torch.stack(taus)
+    if X.shape[0] == 0:
+        raise ValueError(f"{_where(key)}no task vectors given: pass at least one")
+    if not X.is_floating_point():
+        raise TypeError(f"{_where(key)}task vectors must be floating point, got {X.dtype}")
+    if X.dtype not in (torch.float32, torch.float64):  # SVD needs float32/64
+        X = X.float()
+    return X
+
+
+def _svd(M: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Thin SVD ``M = U diag(S) Vh``. A wide matrix is decomposed through its (tall) transpose:
+    same factors up to the usual sign ambiguity, and 3-4x faster on the CPU for ViT shapes
+    such as 768 x 3072 (measured with torch 2.14's LAPACK path)."""
+    if M.shape[-2] < M.shape[-1]:
+        U, S, Vh = torch.linalg.svd(M.mT, full_matrices=False)
+        return Vh.mT, S, U.mT
+    return torch.linalg.svd(M, full_matrices=False)
+
+
+def _polar(M: Tensor) -> Tensor:
+    """polar(M) = P Q^T for M = P S Q^T (spec, Notation); same as ``_linalg.polar``, via :func:`_svd`."""
+    U, _, Vh = _svd(M)
+    return U @ Vh
+
+
+def _check_matrix_key(method: str, key: str, W0: Tensor) -> None:
+    if W0.ndim != 2:
+        raise ValueError(
+            f"{method}: is_matrix selected key {key!r} with shape {tuple(W0.shape)}, but the matrix "
+            "path needs 2-D tensors; return False for it from is_matrix"
+        )
+
+
+# --------------------------------------------------------------------------- TSV-M (§3.4)
+def tsv_rank(r: int, n_tasks: int) -> int:
+    """Per-task rank budget of TSV-M, k = floor(r * (1/T)) (spec §3.4 step 1).
+
+    Computed literally as ``int(r * (1.0 / n_tasks))``, the official formula. It equals
+    r // T for every CLIP shape but can be one less in floating point (r = T = 49 gives 0).
+    """
+    if n_tasks < 1:
+        raise ValueError(f"n_tasks must be >= 1, got {n_tasks}")
+    return int(r * (1.0 / n_tasks))
+
+
+def tsv_merge_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
+    """TSV-M for one matrix: M = polar(U_cat) diag(s_cat) polar(V_cat) (spec §3.4).
+
+    For each task t, the top k = :func:`tsv_rank` (r, T) singular triplets of tau_t are written
+    into slots [t k, (t+1) k) of zero-initialised U_cat (d_out x r), s_cat (r) and V_cat
+    (r x d_in); a tail beyond T k stays zero. U_cat and V_cat are replaced by their polar
+    factors and the *original* singular values are kept. With T = 1, k = r and M = tau_1.
+    If k = 0 (min(d_out, d_in) < T) the result is zero, as in the official code, with a warning.
+    ``alpha`` is not applied here (see :func:`tsv_m`). Used by ESM for its non-ESD matrices.
+    """
+    X = _stack_taus(taus, key)
+    T, d_out, d_in = X.shape
+    r = min(d_out, d_in)
+    k = tsv_rank(r, T)
+    if not X.any():
+        return X.new_zeros(d_out, d_in)
+    if k == 0:
+        warnings.warn(
+            f"TSV-M {_where(key)}per-task rank int({r} * 1/{T}) = 0 because min(d_out, d_in) < n_tasks; "
+            "the merged update of this matrix is zero (as in the official code)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return X.new_zeros(d_out, d_in)
+    U_cat = X.new_zeros(d_out, r)
+    s_cat = X.new_zeros(r)
+    V_cat = X.new_zeros(r, d_in)
+    for t in range(T):
+        U, S, Vh = _svd(X[t])
+        sl = slice(t * k, (t + 1) * k)
+        U_cat[:, sl] = U[:, :k]
+        s_cat[sl] = S[:k]
+        V_cat[sl, :] = Vh[:k, :]
+    return (_polar(U_cat) * s_cat) @ _polar(V_cat)
+
+
+# --------------------------------------------------------------------------- Iso-C (§3.5)
+def iso_c_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
+    """Iso-C for one matrix: Delta_iso = mean(S) U V^T, with U S V^T = sum_t tau_t (spec §3.5).
+
+    The mean runs over all r = min(d_out, d_in) singular values of the *sum*, so every
+    singular value of the result equals that mean (an isotropic spectrum). ``alpha`` is not
+    applied here (see :func:`iso_c`).
+    """
+    X = _stack_taus(taus, key)
+    D = X.sum(0)
+    if not D.any():
+        return torch.zeros_like(D)
+    U, S, Vh = _svd(D)
+    return S.mean() * (U @ Vh)
+
+
+# --------------------------------------------------------------------------- Iso-CTS (§3.5)
+def iso_cts_ranks(r: int, n_tasks: int, common_fraction: float = 0.8) -> tuple[int, int]:
+    """Iso-CTS rank split ``(k_c, s)``: common rank and per-task rank (spec §3.5 step 1).
+
+    k_c = int(common_fraction * r); m = round((r - k_c) / T) * T (Python's round, as the
+    official code); then k_c = r - m and s = m / T, so that k_c + T s = r exactly.
+    r = 768 gives (616, 19) for T = 8, (614, 11) for T = 14 and (608, 8) for T = 20.
+    Raises if the adjustment leaves k_c < 0 (r too small for T tasks at this fraction).
+    """
+    if n_tasks < 1:
+        raise ValueError(f"n_tasks must be >= 1, got {n_tasks}")
+    if not 0.0 <= common_fraction <= 1.0:
+        raise ValueError(f"common_fraction must lie in [0, 1], got {common_fraction}")
+    k_c = int(r * common_fraction)
+    m = round((r - k_c) / n_tasks) * n_tasks
+    k_c = r - m
+    if k_c < 0:
+        raise ValueError(
+            f"Iso-CTS rank split failed: r={r}, n_tasks={n_tasks}, common_fraction={common_fraction} "
+            f"gives a task-specific budget of {m} > r; raise common_fraction or merge fewer tasks"
+        )
+    return k_c, m // n_tasks
+
+
+def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8, *, key: str = "") -> Tensor:
+    """Iso-CTS for one matrix (spec §3.5 steps 1-6).
+
+    1. (k_c, s) = :func:`iso_cts_ranks` (r, T, common_fraction).
+    2. Common subspace: top-k_c triplets (U_c, S_c, V_c) of sum_t tau_t.
+    3. Per task: R_t = tau_t - U_c U_c^T tau_t, top-s triplets.
+    4. Stack the task blocks at slots [t s, (t+1) s), then the common block, into U (d_out x r),
+       a singular-value vector (r) and V (r x d_in).
+    5-6. Delta = sigma_bar polar(U) polar(V), sigma_bar = mean of the r stacked singular values.
+
+    ``alpha`` is not applied here (see :func:`iso_cts`).
+    """
+    X = _stack_taus(taus, key)
+    T, d_out, d_in = X.shape
+    r = min(d_out, d_in)
+    try:
+        k_c, s = iso_cts_ranks(r, T, common_fraction)
+    except ValueError as e:
+        raise ValueError(f"{_where(key)}{e}") from None
+    if not X.any():
+        return X.new_zeros(d_out, d_in)
+    U, S, Vh = _svd(X.sum(0))
+    U_c, S_c, V_c = U[:, :k_c], S[:k_c], Vh[:k_c, :]
+    U_all = X.new_zeros(d_out, r)
+    s_all = X.new_zeros(r)
+    V_all = X.new_zeros(r, d_in)
+    if s > 0:
+        for t in range(T):
+            R = X[t] - U_c @ (U_c.T @ X[t])
+            Ut, St, Vht = _svd(R)
+            sl = slice(t * s, (t + 1) * s)
+            U_all[:, sl] = Ut[:, :s]
+            s_all[sl] = St[:s]
+            V_all[sl, :] = Vht[:s, :]
+    sl = slice(T * s, T * s + k_c)
+    U_all[:, sl] = U_c
+    s_all[sl] = S_c
+    V_all[sl, :] = V_c
+    return s_all.mean() * (_polar(U_all) @ _polar(V_all))
+
+
+# --------------------------------------------------------------------------- CART (§3.7)
+#: CART's low-rank keys contain one of these words ...
+CART_TARGET_WORDS = ("attn", "mlp")
+#: ... and none of these (spec §3.7: the open_clip block Linear weights).
+CART_EXCLUDE_WORDS = ("ln", "bias")
+
+
+def is_cart_key(key: str) -> bool:
+    """CART's name rule: ``"attn"`` or ``"mlp"`` in the key, and neither ``"ln"`` nor ``"bias"``."""
+    return any(w in key for w in CART_TARGET_WORDS) and not any(w in key for w in CART_EXCLUDE_WORDS)
+
+
+def cart_rank(r: int, rank_ratio: float) -> int:
+    """CART's rank, k = max(1, int(rank_ratio * r)) (spec §3.7)."""
+    return max(1, int(rank_ratio * r))
+
+
+def low_rank(M: Tensor, k: int) -> Tensor:
+    """LR_k(M): the best rank-k approximation U_k diag(S_k) V_k^T of a matrix (thin SVD)."""
+    if not M.any():
+        return torch.zeros_like(M)
+    U, S, Vh = _svd(M)
+    return (U[:, :k] * S[:k]) @ Vh[:k, :]
+
+
+def cart_matrix(
+    taus: Sequence[Tensor] | Tensor, rank_ratio: float = 0.12, lam: float = 2.0, *, key: str = ""
+) -> Tensor:
+    """CART for one matrix: mean_t tau_t + lam sum_t LR_k(tau_t - mean_i tau_i) (spec §3.7).
+
+    The centred vectors tau_t - mean are the experts' offsets from the weight average
+    theta_avg; each is truncated to rank k = :func:`cart_rank` (min(d_out, d_in), rank_ratio).
+    With rank_ratio = 1 (k = r) the truncation is exact, the centred vectors sum to zero and
+    the result is the plain average for any ``lam``; with T = 1 the result is tau_1.
+    """
+    X = _stack_taus(taus, key)
+    T, d_out, d_in = X.shape
+    k = cart_rank(min(d_out, d_in), rank_ratio)
+    mean = X.mean(0)
+    C = X - mean
+    low = torch.zeros_like(mean)
+    for t in range(T):
+        low += low_rank(C[t], k)
+    return mean + lam * low
+
+
+# --------------------------------------------------------------------------- registered methods
+def _per_key(name, base, task_vectors, is_matrix, matrix_fn, desc):
+    out = {}
+    for key in progress(list(base), desc=desc):
+        if is_matrix(key, base[key]):
+            _check_matrix_key(name, key, base[key])
+            out[key] = matrix_fn([tv[key] for tv in task_vectors], key)
+        else:
+            out[key] = mean_update(task_vectors, key)
+    return out
+
+
+@register(
+    "tsv_m",
+    "TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar (Gargiulo et al. 2025; spec §3.4)",
+    alpha=Param(1.0, "coefficient on every key, matrices and means alike (grid 0.1..3.0 in the paper code)", low=0.0),
+)
+def tsv_m(base, task_vectors, *, is_matrix, alpha):
+    """TSV-M, spec §3.4: :func:`tsv_merge_matrix` on matrix keys, the mean on the rest.
+
+    theta = theta0 + alpha * M for **all** keys (the 1-D means are also multiplied by alpha,
+    as in the official code). Default alpha = 1 (fusion_bench's default); the paper selects
+    alpha on validation over {0.1, ..., 3.0}.
+    """
+    out = _per_key("tsv_m", base, task_vectors, is_matrix, lambda taus, k: tsv_merge_matrix(taus, key=k), "TSV-M")
+    return {k: alpha * v for k, v in out.items()}
+
+
+@register(
+    "iso_c",
+    "Iso-C: the summed task vector with a flat (isotropic) spectrum (Marczak et al. 2025; spec §3.5)",
+    alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
+)
+def iso_c(base, task_vectors, *, is_matrix, alpha):
+    """Iso-C, spec §3.5: :func:`iso_c_matrix` on matrix keys, the mean on the rest, all times alpha."""
+    out = _per_key("iso_c", base, task_vectors, is_matrix, lambda taus, k: iso_c_matrix(taus, key=k), "Iso-C")
+    return {k: alpha * v for k, v in out.items()}
+
+
+@register(
+    "iso_cts",
+    "Iso-CTS: common + task-specific subspaces with a flat spectrum (Marczak et al. 2025; spec §3.5)",
+    alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
+    common_fraction=Param(0.8, "fraction of the rank given to the common subspace before the T-divisibility adjustment", low=0.0, high=1.0),
+)
+def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
+    """Iso-CTS, spec §3.5: :func:`iso_cts_matrix` on matrix keys, the mean on the rest, all times alpha."""
+    out = _per_key(
+        "iso_cts", base, task_vectors, is_matrix,
+        lambda taus, k: iso_cts_matrix(taus, common_fraction, key=k), "Iso-CTS",
+    )
+    return {k: alpha * v for k, v in out.items()}
+
+
+@register(
+    "cart",
+    "CART: weight average plus low-rank centred task vectors (Choi et al. 2024; spec §3.7)",
+    rank_ratio=Param(0.12, "rank of each centred vector as a fraction of min(d_out, d_in); k = max(1, int(rank_ratio r))", low=0.0, high=1.0, low_open=True),
+    lam=Param(2.0, "coefficient of the summed low-rank centred vectors", low=0.0),
+)
+def cart(base, task_vectors, *, is_matrix, rank_ratio, lam):
+    """CART, spec §3.7: theta = theta_avg + lam sum_t LR_k(tau_t - mean tau).
+
+    Keys that satisfy :func:`is_cart_key` (``attn``/``mlp``, not ``ln``/``bias``) *and*
+    ``is_matrix`` take :func:`cart_matrix`; every other key keeps its full centred vectors,
+    which sum to zero, so it ends at the average. Defaults (rank_ratio 0.12, lam 2.0) are the
+    official ViT-B/32 8-task config; 14 tasks use (0.16, 1.5) and 20 tasks (0.32, 1.9).
+    """
+    out = {}
+    for key in progress(list(base), desc="CART"):
+        if is_cart_key(key) and is_matrix(key, base[key]):
+            _check_matrix_key("cart", key, base[key])
+            out[key] = cart_matrix([tv[key] for tv in task_vectors], rank_ratio, lam, key=key)
+        else:
+            out[key] = mean_update(task_vectors, key)
+    return out

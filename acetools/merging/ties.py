@@ -1,0 +1,320 @@
+"""TIES-Merging and DARE (spec §3.3, §3.8).
+
+TIES (Yadav et al., NeurIPS 2023) merges task vectors in three steps, each exposed here so a
+notebook can stop after any of them:
+
+1. :func:`trim` keeps, per task, the top-k% entries of tau_t by magnitude
+   (:func:`kept_count`, :func:`trim_threshold`);
+2. :func:`elect_sign` picks, per coordinate, the sign of the summed trimmed values ("mass"),
+   and :func:`resolve_zero_signs` gives coordinates whose sum is zero the majority sign;
+3. :func:`disjoint_merge` averages (or sums) the trimmed values that agree with that sign.
+
+DARE (Yu et al., ICML 2024) drops each entry of each task vector with probability p and
+rescales the survivors by 1/(1 - p) (:func:`dare_mask`, :func:`drop_and_rescale`,
+:func:`dare_task_vectors`) before task arithmetic or TIES.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from fractions import Fraction
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..utils import make_generator, progress
+from ._registry import Param, register
+
+__all__ = [
+    "kept_count",
+    "trim_threshold",
+    "trim",
+    "elect_sign",
+    "majority_sign",
+    "resolve_zero_signs",
+    "disjoint_merge",
+    "ties",
+    "dare_seed",
+    "dare_mask",
+    "drop_and_rescale",
+    "dare_task_vectors",
+    "dare",
+]
+
+TaskVectors = Sequence[dict[str, Tensor]]
+
+
+# --------------------------------------------------------------------------------------------
+# TIES step 1: trim
+# --------------------------------------------------------------------------------------------
+
+def kept_count(n: int, k: float) -> int:
+    """How many of ``n`` entries the top-``k``% trim keeps (before ties): floor(k * n / 100).
+
+    ``k`` is read as the decimal it prints as (``repr``), so ``k=29`` on ``n=100`` keeps
+    exactly 29 although ``0.29 * 100 == 28.999...`` in floating point. This is the count of
+    peft and mergekit (``int(density * n)``; mergekit keeps at least one). fusion_bench and
+    the TSV/TALL code keep ``floor(k * n / 100) + 1`` (spec §3.3, oracles.md). With a small
+    ``n`` the count can be 0, which trims the whole tensor.
+    """
+    if not 0 < k <= 100:
+        raise ValueError(f"TIES k={k!r} is the percent of entries kept: it must be in (0, 100]")
+    return min(n, math.floor(Fraction(repr(float(k))) * n / 100))
+
+
+def trim_threshold(tau: Tensor | Iterable[Tensor], k: float) -> Tensor:
+    """The k-th value threshold of spec §3.3: the ``kept_count``-th largest ``|tau|``.
+
+    ``tau`` is one tensor or several (e.g. every key of one task vector, for the global
+    scope); they are flattened together. Entries with ``|tau| >= threshold`` are kept, so
+    entries tied with the threshold are all kept. Returns a 0-d tensor; ``inf`` when nothing
+    is kept.
+    """
+    parts = [tau] if isinstance(tau, Tensor) else list(tau)
+    if not parts:
+        raise ValueError("trim_threshold needs at least one tensor")
+    flat = parts[0].detach().abs().reshape(-1) if len(parts) == 1 else torch.cat(
+        [p.detach().abs().reshape(-1) for p in parts])
+    n_keep = kept_count(flat.numel(), k)
+    if n_keep == 0:
+        return flat.new_tensor(math.inf)
+    # the n_keep-th largest is the (n - n_keep + 1)-th smallest
+    idx = flat.numel() - n_keep
+    if flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64):
+        # the same value as torch.kthvalue, about 4x faster on the CPU
+        return flat.new_tensor(np.partition(flat.numpy(), idx)[idx])
+    return torch.kthvalue(flat, idx + 1).values
+
+
+def _thresholds(task_vectors: TaskVectors, keys: Sequence[str], k: float, scope: str) -> list[dict[str, Tensor]]:
+    """Per task, the trim threshold of every key (one shared value when ``scope='global'``)."""
+    out = []
+    for tv in task_vectors:
+        if scope == "global":
+            thr = trim_threshold((tv[key] for key in keys), k)
+            out.append({key: thr for key in keys})
+        elif scope == "tensor":
+            out.append({key: trim_threshold(tv[key], k) for key in keys})
+        else:
+            raise ValueError(f"TIES scope={scope!r} must be 'global' (whole model) or 'tensor' (per key)")
+    return out
+
+
+def _trimmed_stack(task_vectors: TaskVectors, thresholds: list[dict[str, Tensor]], key: str) -> Tensor:
+    """(T, *shape) stack of the trimmed tau_t[key] (entries below the threshold set to 0)."""
+    return torch.stack(
+        [torch.where(tv[key].abs() >= thr[key], tv[key], 0) for tv, thr in zip(task_vectors, thresholds)]
+    )
+
+
+def trim(task_vectors: TaskVectors, k: float = 20, scope: str = "global") -> list[dict[str, Tensor]]:
+    """TIES step 1 (spec §3.3 a.1): keep the top-``k``% entries of each tau_t by magnitude.
+
+    ``scope="global"`` (default, the spec's Proposal; TIES and TALL/TSV) ranks the entries of
+    the whole flattened task vector, every key together; ``scope="tensor"`` ranks each key
+    on its own (peft, mergekit). Ties with the threshold are kept. Returns new dicts.
+    """
+    if len(task_vectors) == 0:
+        raise ValueError("trim needs at least one task vector")
+    keys = list(task_vectors[0])
+    thr = _thresholds(task_vectors, keys, k, scope)
+    return [
+        {key: torch.where(tv[key].abs() >= t[key], tv[key], 0) for key in keys}
+        for tv, t in zip(task_vectors, thr)
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# TIES step 2: elect
+# --------------------------------------------------------------------------------------------
+
+def elect_sign(trimmed: Tensor) -> Tensor:
+    """gamma = sign(sum_t tau_hat_t) per coordinate (the "mass" rule, spec §3.3 a.2).
+
+    ``trimmed`` is a (T, ...) stack. Coordinates whose sum is exactly zero get 0 here; see
+    :func:`resolve_zero_signs`.
+    """
+    return torch.sign(trimmed.sum(0))
+
+
+def majority_sign(gammas: Iterable[Tensor]) -> int:
+    """The sign of the sum of all elected signs: +1, -1, or 0 if they balance exactly."""
+    total = sum(int(g.to(torch.int64).sum()) for g in gammas)
+    return (total > 0) - (total < 0)
+
+
+def resolve_zero_signs(gamma: Tensor, majority: int) -> Tensor:
+    """Give the coordinates with gamma == 0 the majority sign (spec §3.3 a.2), as a new tensor."""
+    return torch.where(gamma == 0, torch.full_like(gamma, majority), gamma)
+
+
+# --------------------------------------------------------------------------------------------
+# TIES step 3: disjoint merge
+# --------------------------------------------------------------------------------------------
+
+def disjoint_merge(trimmed: Tensor, gamma: Tensor, merge: str = "mean") -> Tensor:
+    """Disjoint merge (spec §3.3 a.3) of a (T, ...) stack of trimmed task vectors.
+
+    Per coordinate, the tasks whose trimmed value is non-zero and has the sign ``gamma``
+    are selected; ``merge="mean"`` divides their sum by their count clamped at >= 1 (the
+    paper's "dis-mean", default), ``merge="sum"`` returns the sum (fusion_bench's default).
+    Where ``gamma`` is 0 nothing is selected and the result is 0 (fusion_bench would select
+    the negative values there; this only happens when the majority sign is itself 0).
+    """
+    agree = (torch.sign(trimmed) == gamma) & (trimmed != 0)
+    total = torch.where(agree, trimmed, 0).sum(0)
+    if merge == "sum":
+        return total
+    if merge == "mean":
+        return total / agree.sum(0).clamp(min=1).to(total.dtype)
+    raise ValueError(f"TIES merge={merge!r} must be 'mean' (disjoint mean) or 'sum'")
+
+
+def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float, lam: float, scope: str,
+                 merge: str, desc: str) -> dict[str, Tensor]:
+    """lam * v_m for every key: trim, elect, resolve zero signs, disjoint merge."""
+    thr = _thresholds(task_vectors, keys, k, scope)
+    # pass 1: elected signs (int8 to save memory); the global majority needs all of them
+    gammas = {
+        key: elect_sign(_trimmed_stack(task_vectors, thr, key)).to(torch.int8)
+        for key in progress(keys, desc=f"{desc}: elect")
+    }
+    global_majority = majority_sign(gammas.values()) if scope == "global" else None
+    out = {}
+    for key in progress(keys, desc=f"{desc}: merge"):
+        trimmed = _trimmed_stack(task_vectors, thr, key)
+        maj = global_majority if scope == "global" else majority_sign([gammas[key]])
+        gamma = resolve_zero_signs(gammas[key], maj).to(trimmed.dtype)
+        out[key] = lam * disjoint_merge(trimmed, gamma, merge)
+    return out
+
+
+_K = Param(20, "percent of entries KEPT per task by the magnitude trim, 0 < k <= 100", low=0.0, high=100.0, low_open=True)
+_SCOPE = Param("global", "trim over the whole flattened model ('global') or per tensor ('tensor')", choices=("global", "tensor"))
+_MERGE = Param("mean", "disjoint 'mean' (paper, TSV/Iso code) or 'sum' (fusion_bench)", choices=("mean", "sum"))
+
+
+@register(
+    "ties",
+    "TIES-Merging: trim to top-k%, elect sign by mass, disjoint mean; theta0 + lam * v_m (spec §3.3)",
+    k=_K,
+    lam=Param(1.0, "scaling of the merged task vector v_m", low=0.0),
+    scope=_SCOPE,
+    merge=_MERGE,
+)
+def ties(base, task_vectors, *, is_matrix, k, lam, scope, merge):
+    """TIES-Merging, spec §3.3 (Yadav et al. 2023, Algorithm 1), on every key of ``base``.
+
+    1. Trim: per task keep the entries with ``|tau_t| >=`` the ``floor(k n / 100)``-th
+       largest magnitude (ties kept; :func:`kept_count`, :func:`trim_threshold`).
+       ``scope="global"`` (default, the spec's Proposal) ranks the whole flattened task
+       vector, all keys together, as TIES and the TALL/TSV code do; ``"tensor"`` ranks per key.
+    2. Elect: gamma = sign(sum_t tau_hat_t); coordinates with gamma = 0 take the majority
+       sign, i.e. the sign of the sum of all elected signs over the model (``"global"``) or
+       over the tensor (``"tensor"``).
+    3. Disjoint merge: mean (default) or sum of the trimmed values agreeing with gamma.
+    4. Update = lam * v_m (default lam = 1.0; the benchmarks select lam on validation).
+
+    ``is_matrix`` is unused: TIES treats every key alike. Defaults follow the TSV/Iso code
+    (k = 20, dis-mean); fusion_bench uses merge='sum', lam = 0.3 and keeps one entry more.
+    """
+    keys = list(base)
+    return _ties_update(task_vectors, keys, k=k, lam=lam, scope=scope, merge=merge, desc="TIES")
+
+
+# --------------------------------------------------------------------------------------------
+# DARE
+# --------------------------------------------------------------------------------------------
+
+def dare_seed(seed: int, task: int, key: str) -> int:
+    """The seed of the DARE mask of task ``task`` (0-based expert index) at ``key``.
+
+    The first 8 bytes (little-endian, top bit cleared) of
+    ``sha256(f"acetools.dare:{seed}:{task}:{key}")``. It depends only on these three values,
+    so a mask does not change with the order of the keys, the other keys, the device or the
+    dtype (spec §3.8 Proposal: the seed is fixed per task). Reordering the experts changes
+    which mask each one gets.
+    """
+    digest = hashlib.sha256(f"acetools.dare:{int(seed)}:{int(task)}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def dare_mask(shape: Sequence[int] | torch.Size, p: float, seed: int, task: int, key: str,
+              device: str | torch.device = "cpu") -> Tensor:
+    """Boolean DARE drop mask m ~ Bernoulli(p) (True = dropped), spec §3.8.
+
+    Drawn on the CPU from ``make_generator(dare_seed(seed, task, key))`` as
+    ``torch.rand(shape) < p`` in float32, then moved to ``device``: the same seed gives the
+    same mask on every device and for every input dtype.
+    """
+    if not 0 <= p < 1:
+        raise ValueError(f"DARE drop rate p={p!r} must be in [0, 1)")
+    g = make_generator(dare_seed(seed, task, key))
+    return (torch.rand(tuple(shape), generator=g, dtype=torch.float32) < p).to(device)
+
+
+def drop_and_rescale(tau: Tensor, dropped: Tensor, p: float, rescale: bool = True) -> Tensor:
+    """tau_hat = (1 - m) * tau / (1 - p) (spec §3.8) for a given boolean drop mask ``m``.
+
+    Without ``rescale`` the survivors keep their values. Returns a new tensor.
+    """
+    if dropped.shape != tau.shape:
+        raise ValueError(f"DARE mask shape {tuple(dropped.shape)} does not match the task vector {tuple(tau.shape)}")
+    kept = torch.where(dropped.to(tau.device), 0, tau)
+    return kept / (1.0 - p) if rescale else kept
+
+
+def dare_task_vectors(task_vectors: TaskVectors, p: float, seed: int = 0, rescale: bool = True) -> list[dict[str, Tensor]]:
+    """DARE applied to every key of every task vector (new dicts; masks from :func:`dare_mask`)."""
+    out = []
+    for t, tv in enumerate(task_vectors):
+        out.append({
+            key: drop_and_rescale(tau, dare_mask(tau.shape, p, seed, t, key, tau.device), p, rescale)
+            for key, tau in progress(tv.items(), desc=f"DARE: task {t}", total=len(tv))
+        })
+    return out
+
+
+def _check_seed(value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"seed must be an int, got {type(value).__name__}"
+    return None
+
+
+@register(
+    "dare",
+    "DARE: drop each task-vector entry with prob. p, rescale by 1/(1-p), then TA or TIES (spec §3.8)",
+    p=Param(0.5, "drop rate of the Bernoulli mask, 0 <= p < 1", low=0.0, high=1.0, high_open=True),
+    base_method=Param("task_arithmetic", "merge applied after dropping", choices=("task_arithmetic", "ties")),
+    seed=Param(0, "seed of the masks; each (task, key) mask is seeded from it (dare_seed)", check=_check_seed),
+    lam=Param(0.3, "scaling of the merged task vector", low=0.0),
+    rescale=Param(True, "divide the kept entries by 1 - p", types=(bool,)),
+    k=_K,
+    scope=_SCOPE,
+    merge=_MERGE,
+)
+def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k, scope, merge):
+    """DARE, spec §3.8 (Yu et al. 2024, "Language Models are Super Mario").
+
+    Per task t and key: m ~ Bernoulli(p) element-wise, tau_hat_t = (1 - m) * tau_t / (1 - p)
+    (no division when ``rescale=False``), on every key of ``base``. Then
+    ``base_method="task_arithmetic"`` (default) returns lam * sum_t tau_hat_t and
+    ``base_method="ties"`` returns TIES (:func:`ties`, with ``k``, ``scope`` and ``merge``;
+    they are ignored for task arithmetic) on the tau_hat_t, scaled by lam.
+
+    Seeds (spec §3.8 Proposal "fix the seed per task"): the mask of task t at a key is drawn
+    on the CPU from a generator seeded with :func:`dare_seed` ``(seed, t, key)``, so the same
+    ``seed`` gives the same merged weights whatever the device, dtype or key order.
+
+    Defaults follow fusion_bench's DARE-TA config (p = 0.5, rescale, lam = 0.3); for
+    DARE-TIES fusion_bench uses lam = 0.5, k = 20 and merge='sum'. p = 0 is exactly task
+    arithmetic / TIES.
+    """
+    dropped = dare_task_vectors(task_vectors, p, seed, rescale)
+    keys = list(base)
+    if base_method == "task_arithmetic":
+        return {key: lam * torch.stack([tv[key] for tv in dropped]).sum(0) for key in keys}
+    return _ties_update(dropped, keys, k=k, lam=lam, scope=scope, merge=merge, desc="DARE-TIES")

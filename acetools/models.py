@@ -1,0 +1,505 @@
+"""Image encoders built with open_clip's own classes, and the frozen heads that read them.
+
+The mini-world's encoders are open_clip ``VisionTransformer``s made from model configs
+registered in open_clip's own registry (``open_clip.get_model_config("acetools-tiny")``,
+``open_clip.create_model("acetools-tiny")`` both work once :func:`register_model_configs`
+has run), so parameter names are open_clip's and the spec's layer rules (CLIP parameter
+inventory; "is it a matrix?") apply unchanged. An :class:`ImageEncoder` wraps the tower in
+an attribute called ``visual``; its state dict therefore carries exactly the keys of the
+``visual.*`` part of a CLIP state dict, e.g. ``visual.transformer.resblocks.0.attn.in_proj_weight``
+(the text-side leftovers of the papers' ``ImageEncoder`` — zero task vectors — are absent).
+
+Heads follow spec §0 "Heads": a frozen, bias-free linear layer that L2-normalises the image
+feature and whose rows are unit class vectors times a logit scale. Two ways to make one:
+
+* :func:`prototype_head` — normalised class means of the base encoder's features (the
+  mini-world default; the prototype used logit scale 30);
+* :func:`zeroshot_head` — the papers' zero-shot text heads: templates filled with class
+  names, encoded by a CLIP text tower, normalised, averaged, normalised again, times
+  ``exp(logit_scale)``.
+
+Images enter as ``uint8`` ``[N, 3, H, W]`` (or float in ``[0, 1]``); the encoder converts,
+resizes to its input size when needed and normalises with fixed mean/std constants
+(OpenAI CLIP's), so callers never pre-process.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .utils import progress as _progress
+from .utils import resolve_device
+
+__all__ = [
+    "MODEL_VERSION",
+    "SIZES",
+    "IMAGE_MEAN",
+    "IMAGE_STD",
+    "DEFAULT_LOGIT_SCALE",
+    "DEFAULT_TEMPLATES",
+    "register_model_configs",
+    "model_config",
+    "ImageEncoder",
+    "ClassificationHead",
+    "Classifier",
+    "build_encoder",
+    "build_clip",
+    "encoder_from_clip",
+    "load_encoder",
+    "count_parameters",
+    "encode",
+    "prototype_head",
+    "zeroshot_head",
+    "head_from_state",
+]
+
+#: Bumped whenever a change here alters what a given config and seed produce (init,
+#: pre-processing, head maths). Part of every zoo cache key.
+MODEL_VERSION = 1
+
+#: Fixed pre-processing constants: OpenAI CLIP's (``open_clip.constants.OPENAI_DATASET_*``).
+IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)
+IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
+
+#: Logit scale of prototype heads (the prototype's 30; CLIP's trained value is 100).
+DEFAULT_LOGIT_SCALE = 30.0
+
+#: Generic zero-shot templates (the per-dataset templates of the TALL/TSV code can be passed).
+DEFAULT_TEMPLATES = (
+    "a photo of a {}.",
+    "a low resolution photo of a {}.",
+    "a photo of the {}.",
+    "a close-up photo of a {}.",
+    "a blurry photo of a {}.",
+)
+
+# The mini-world's sizes as open_clip model configs (same schema as open_clip's
+# ``model_configs/*.json``). ``head_width`` sets the number of attention heads
+# (width // head_width). The text towers are small; they are only built by
+# ``open_clip.create_model`` / :func:`build_clip` (tiny-CLIP experiments, tests).
+SIZES: dict[str, dict] = {
+    "micro": {  # tests: a few thousand parameters' worth of seconds
+        "embed_dim": 32,
+        "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 32, "layers": 2, "head_width": 16},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+    },
+    "tiny": {  # the prototype's round-1 model: 0.82 M parameters, 65 tokens
+        "embed_dim": 128,
+        "vision_cfg": {"image_size": 32, "patch_size": 4, "width": 128, "layers": 4, "head_width": 32},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 128, "heads": 4, "layers": 2},
+    },
+    "small": {  # width 192, 6 layers, patch 8 (17 tokens): ~1.8x faster than patch 4
+        "embed_dim": 192,
+        "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 192, "layers": 6, "head_width": 32},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 192, "heads": 6, "layers": 2},
+    },
+}
+
+_PREFIX = "acetools-"
+
+
+def register_model_configs() -> list[str]:
+    """Put the mini-world sizes into open_clip's model-config registry; idempotent.
+
+    Afterwards ``open_clip.list_models()`` lists ``acetools-micro``, ``acetools-tiny`` and
+    ``acetools-small`` and ``open_clip.create_model("acetools-tiny")`` builds a full
+    (tiny) CLIP. The configs are added to the same dict that ``open_clip.add_model_config``
+    fills from JSON files (``open_clip.factory._MODEL_CONFIGS``; its rescans keep them).
+    Returns the registered names.
+    """
+    from open_clip import factory
+
+    names = []
+    for size, cfg in SIZES.items():
+        name = _PREFIX + size
+        if name not in factory._MODEL_CONFIGS:
+            factory._MODEL_CONFIGS[name] = copy.deepcopy(cfg)
+        names.append(name)
+    return names
+
+
+def model_config(size: str) -> dict:
+    """The open_clip config dict of a registered size (``"tiny"`` or ``"acetools-tiny"``) or
+    of a built-in open_clip model (``"ViT-B-32"``); a deep copy."""
+    import open_clip
+
+    register_model_configs()
+    name = size if size.startswith(_PREFIX) or size not in SIZES else _PREFIX + size
+    cfg = open_clip.get_model_config(name)
+    if cfg is None:
+        raise ValueError(
+            f"unknown model size {size!r}: use one of {sorted(SIZES)} or an open_clip model name "
+            f"such as 'ViT-B-32' (open_clip.list_models())"
+        )
+    return cfg
+
+
+class ImageEncoder(nn.Module):
+    """An open_clip vision tower under the attribute ``visual``, with its pre-processing.
+
+    ``forward(x)`` takes ``uint8`` images ``[N, 3, H, W]`` in 0..255 (or floats in [0, 1]),
+    converts them to float, resizes them to ``image_size`` if they differ (bicubic, as
+    CLIP's transform) and normalises with ``mean``/``std``, then returns the projected
+    image features ``[N, embed_dim]`` (not normalised; heads normalise).
+
+    ``mean``/``std`` are non-persistent buffers, so ``state_dict()`` holds only the
+    ``visual.*`` parameters — the keys the merge methods see.
+    """
+
+    def __init__(
+        self,
+        visual: nn.Module,
+        image_size: int,
+        mean: Sequence[float] = IMAGE_MEAN,
+        std: Sequence[float] = IMAGE_STD,
+        name: str | None = None,
+    ):
+        super().__init__()
+        self.visual = visual
+        self.image_size = int(image_size)
+        self.name = name
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
+
+    @property
+    def output_dim(self) -> int:
+        return int(self.visual.output_dim)
+
+    def preprocess(self, x: Tensor) -> Tensor:
+        """uint8 (0..255) or float (0..1) images -> normalised float input of the tower."""
+        if x.ndim != 4 or x.shape[1] != 3:
+            raise ValueError(f"expected images of shape [N, 3, H, W], got {tuple(x.shape)}")
+        dtype = self.mean.dtype
+        if x.dtype == torch.uint8:
+            x = x.to(self.mean.device, dtype).div_(255.0)
+        elif x.is_floating_point():
+            x = x.to(self.mean.device, dtype)
+        else:
+            raise TypeError(f"images must be uint8 or float, got {x.dtype}")
+        if x.shape[-2:] != (self.image_size, self.image_size):
+            x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bicubic", align_corners=False)
+        return (x - self.mean) / self.std
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.visual(self.preprocess(x))
+
+
+class ClassificationHead(nn.Module):
+    """A frozen, bias-free linear head on L2-normalised features (spec §0 "Heads").
+
+    ``weight`` is ``[n_classes, embed_dim]``: unit class vectors times the logit scale.
+    ``logits = normalize(features) @ weight.T``. Its parameter is created with
+    ``requires_grad=False``; fine-tuning never changes it. ``state_dict()`` is
+    ``{"weight": ...}``.
+    """
+
+    def __init__(self, weight: Tensor, normalize: bool = True, class_names: Sequence[str] | None = None):
+        super().__init__()
+        if weight.ndim != 2:
+            raise ValueError(f"head weight must be [n_classes, embed_dim], got {tuple(weight.shape)}")
+        self.weight = nn.Parameter(weight.detach().clone().float(), requires_grad=False)
+        self.normalize = normalize
+        self.class_names = list(class_names) if class_names is not None else None
+
+    @property
+    def n_classes(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, features: Tensor) -> Tensor:
+        if self.normalize:
+            features = F.normalize(features, dim=-1)
+        return features @ self.weight.t()
+
+
+class Classifier(nn.Module):
+    """``head(encoder(x))``: an image encoder and a (frozen) classification head."""
+
+    def __init__(self, encoder: ImageEncoder, head: ClassificationHead):
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.encoder(x))
+
+
+def _vision_tower(cfg: dict) -> nn.Module:
+    # open_clip's own builder — the one CLIP.__init__ / create_model use for the image tower.
+    from open_clip.model import _build_vision_tower
+
+    return _build_vision_tower(cfg["embed_dim"], cfg["vision_cfg"], quick_gelu=cfg.get("quick_gelu", False))
+
+
+def build_encoder(
+    size: str = "tiny",
+    *,
+    pretrained: str | None = None,
+    seed: int | None = None,
+    device: str | torch.device = "cpu",
+    cache_dir: str | None = None,
+    allow_download: bool = False,
+) -> ImageEncoder:
+    """A fresh :class:`ImageEncoder` of a mini-world ``size`` or an open_clip model.
+
+    * ``size`` in :data:`SIZES` (``"micro"``, ``"tiny"``, ``"small"``): the vision tower of
+      the registered open_clip config, randomly initialised (``seed`` seeds torch's global
+      RNG first when given); ``pretrained`` must be ``None``.
+    * any other open_clip name, e.g. ``"ViT-B-32"``: ``open_clip.create_model(size,
+      pretrained=...)`` and its ``visual`` tower (see :func:`build_clip`, which never
+      downloads unless ``allow_download``; the text tower is dropped). Input size and mean/std come from the model's pre-processing config.
+    """
+    if size in SIZES or size.startswith(_PREFIX):
+        if pretrained is not None:
+            raise ValueError(
+                f"size {size!r} has no published weights; load a base with load_encoder() or a Zoo"
+            )
+        cfg = model_config(size)
+        if seed is not None:
+            torch.manual_seed(seed)
+        enc = ImageEncoder(_vision_tower(cfg), cfg["vision_cfg"]["image_size"], name=size)
+        return enc.to(resolve_device(device))
+    if seed is not None:
+        torch.manual_seed(seed)
+    clip = build_clip(size, pretrained=pretrained, device=device, cache_dir=cache_dir, allow_download=allow_download)
+    return encoder_from_clip(clip, name=size)
+
+
+def _cached_checkpoint(tag_cfg: dict, cache_dir: str | None) -> str | None:
+    """The local file of an open_clip pretrained tag if it is already cached, else ``None``.
+
+    Looks where ``open_clip.pretrained.download_pretrained`` would put it: the Hugging Face
+    cache (``open_clip_model.safetensors`` / ``open_clip_pytorch_model.bin`` or the named file)
+    and open_clip's URL cache (``~/.cache/clip``). Never touches the network.
+    """
+    if tag_cfg.get("file"):
+        return tag_cfg["file"] if os.path.isfile(tag_cfg["file"]) else None
+    hub = tag_cfg.get("hf_hub", "")
+    if hub:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:  # pragma: no cover - huggingface_hub is an open_clip dependency
+            try_to_load_from_cache = None
+        if try_to_load_from_cache is not None:
+            model_id, filename = os.path.split(hub)
+            names = [filename] if filename else ["open_clip_pytorch_model.bin"]
+            names = [n.rsplit(".", 1)[0] + ".safetensors" for n in names] + names
+            names = ["open_clip_model.safetensors"] * (not filename) + names
+            for name in names:
+                found = try_to_load_from_cache(model_id, name, cache_dir=cache_dir)
+                if isinstance(found, str) and os.path.isfile(found):
+                    return found
+    url = tag_cfg.get("url", "")
+    if url:
+        root = cache_dir or os.path.expanduser("~/.cache/clip")
+        path = os.path.join(root, os.path.basename(url))
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def build_clip(
+    name: str = "ViT-B-32",
+    *,
+    pretrained: str | None = "openai",
+    device: str | torch.device = "cpu",
+    cache_dir: str | None = None,
+    allow_download: bool = False,
+) -> nn.Module:
+    """A full open_clip CLIP model (image and text towers), e.g. the papers' ViT-B/32.
+
+    ``pretrained`` is an open_clip tag (``"openai"``), a local checkpoint file, or ``None``
+    for random weights. With ``allow_download=False`` (the default) nothing is downloaded:
+    a tag's weights must already be in open_clip's caches (Hugging Face cache or
+    ``~/.cache/clip``, or ``cache_dir``), else a ``RuntimeError`` says how to get them.
+    For OpenAI weights the model uses QuickGELU, as those weights need (spec §0
+    "Backbones" pitfall). Mini-world names (``"tiny"``) build the registered tiny CLIP.
+    """
+    import open_clip
+
+    register_model_configs()
+    if name in SIZES:
+        name = _PREFIX + name
+    kwargs = {}
+    source = pretrained
+    if pretrained is not None and not os.path.isfile(str(pretrained)):
+        tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
+        if not tag_cfg:
+            raise ValueError(
+                f"pretrained={pretrained!r} is neither a file nor a known open_clip tag for {name!r}; "
+                f"known tags: {open_clip.list_pretrained_tags_by_model(name)}"
+            )
+        kwargs["force_quick_gelu"] = bool(tag_cfg.get("quick_gelu", False))
+        local = _cached_checkpoint(tag_cfg, cache_dir)
+        if local is not None:
+            source = local
+            kwargs["force_preprocess_cfg"] = {
+                k: tag_cfg[k] for k in ("mean", "std", "interpolation", "resize_mode") if k in tag_cfg
+            }
+        elif not allow_download:
+            raise RuntimeError(
+                f"the pretrained weights {pretrained!r} of {name!r} are not on this machine and "
+                "acetools does not download at run time. On a machine with internet run once\n"
+                f"    python -c \"import open_clip; open_clip.create_model('{name}', pretrained='{pretrained}')\"\n"
+                "to fill the cache (~/.cache/huggingface; or pass cache_dir=), pass "
+                "pretrained=<path to the checkpoint file>, or call with allow_download=True."
+            )
+    elif pretrained is not None and name.startswith("ViT-B-32") and "quickgelu" not in name:
+        kwargs["force_quick_gelu"] = True  # a local OpenAI-style checkpoint file
+    try:
+        model = open_clip.create_model(
+            name, pretrained=source, device=resolve_device(device), cache_dir=cache_dir, **kwargs
+        )
+    except RuntimeError as err:
+        if pretrained is None:
+            raise
+        raise RuntimeError(
+            f"could not load the pretrained weights {pretrained!r} of {name!r}: {err}. Pass "
+            "pretrained=<path to a checkpoint file> or fill the cache on a machine with internet "
+            f"(open_clip.create_model('{name}', pretrained='{pretrained}'))."
+        ) from err
+    model.eval()
+    return model
+
+
+def encoder_from_clip(clip: nn.Module, name: str | None = None) -> ImageEncoder:
+    """Wrap ``clip.visual`` (shared, not copied) as an :class:`ImageEncoder` with the model's
+    own input size and mean/std (open_clip's ``preprocess_cfg``)."""
+    visual = clip.visual
+    size = visual.image_size
+    size = int(size[0] if isinstance(size, (tuple, list)) else size)
+    pcfg = getattr(visual, "preprocess_cfg", None) or {}
+    mean = tuple(pcfg.get("mean", IMAGE_MEAN))
+    std = tuple(pcfg.get("std", IMAGE_STD))
+    return ImageEncoder(visual, size, mean=mean, std=std, name=name)
+
+
+def load_encoder(
+    state: Mapping[str, Tensor], size: str = "tiny", *, device: str | torch.device = "cpu"
+) -> ImageEncoder:
+    """An encoder of ``size`` with ``state`` loaded (strictly: same keys and shapes)."""
+    enc = build_encoder(size, device="cpu")
+    missing, unexpected = enc.load_state_dict(dict(state), strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"state dict does not fit size {size!r}: missing {sorted(missing)[:5]}..., "
+            f"unexpected {sorted(unexpected)[:5]}..."
+        )
+    return enc.to(resolve_device(device))
+
+
+def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
+    """Number of parameters (all, or only those with ``requires_grad``)."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+
+@torch.no_grad()
+def encode(
+    encoder: nn.Module,
+    x: Tensor,
+    *,
+    batch_size: int = 512,
+    device: str | torch.device | None = None,
+    progress: bool | None = False,
+) -> Tensor:
+    """Image features ``[N, embed_dim]`` (float32, CPU) of ``x``, batched, in eval mode."""
+    x = torch.as_tensor(x)
+    dev = resolve_device(device) if device is not None else next(encoder.parameters()).device
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        out = [
+            encoder(x[i : i + batch_size].to(dev)).float().cpu()
+            for i in _progress(range(0, len(x), batch_size), desc="encode", enabled=progress)
+        ]
+    finally:
+        encoder.train(was_training)
+    if not out:
+        return torch.empty(0, getattr(encoder, "output_dim", 0))
+    return torch.cat(out)
+
+
+def prototype_head(
+    encoder: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    n_classes: int,
+    *,
+    logit_scale: float = DEFAULT_LOGIT_SCALE,
+    class_names: Sequence[str] | None = None,
+    batch_size: int = 512,
+    device: str | torch.device | None = None,
+) -> ClassificationHead:
+    """A class-prototype head: normalised class means of the encoder's features.
+
+    Each image feature is L2-normalised, the unit features of a class are averaged and the
+    mean is L2-normalised again (the image analogue of the zero-shot text head of spec §0,
+    where each prompt embedding is normalised, averaged and normalised again); the rows are
+    then multiplied by ``logit_scale``. Built from the *base* encoder only; every class needs
+    at least one image.
+    """
+    feats = F.normalize(encode(encoder, x, batch_size=batch_size, device=device), dim=-1)
+    y = torch.as_tensor(y).long().cpu()
+    if y.shape[0] != feats.shape[0]:
+        raise ValueError(f"{feats.shape[0]} images but {y.shape[0]} labels")
+    if y.numel() and (y.min() < 0 or y.max() >= n_classes):
+        raise ValueError(f"labels must be in 0..{n_classes - 1}, got {int(y.min())}..{int(y.max())}")
+    counts = torch.bincount(y, minlength=n_classes)
+    if (counts == 0).any():
+        raise ValueError(f"classes without images: {torch.nonzero(counts == 0).flatten().tolist()}")
+    sums = torch.zeros(n_classes, feats.shape[1]).index_add_(0, y, feats)
+    protos = F.normalize(sums / counts[:, None], dim=-1)
+    return ClassificationHead(protos * logit_scale, class_names=class_names)
+
+
+def _fill(template: str | Callable[[str], str], name: str) -> str:
+    return template(name) if callable(template) else template.format(name)
+
+
+@torch.no_grad()
+def zeroshot_head(
+    clip: nn.Module,
+    class_names: Sequence[str],
+    templates: Sequence[str | Callable[[str], str]] = DEFAULT_TEMPLATES,
+    *,
+    tokenizer: Callable | None = None,
+    model_name: str | None = None,
+    logit_scale: float | None = None,
+    device: str | torch.device | None = None,
+) -> ClassificationHead:
+    """The papers' zero-shot text head (spec §0 "Heads", ``build_classification_head``).
+
+    For every class, each template (a ``"... {} ..."`` string or a callable) is filled with
+    the class name and encoded by ``clip``'s text tower; the embeddings are L2-normalised,
+    averaged and normalised again; the stacked class vectors are multiplied by
+    ``exp(clip.logit_scale)`` (or by ``logit_scale`` when given). ``tokenizer`` defaults to
+    ``open_clip.get_tokenizer(model_name)`` (the bundled BPE tokenizer; offline).
+    """
+    import open_clip
+
+    if tokenizer is None:
+        register_model_configs()
+        tokenizer = open_clip.get_tokenizer(model_name or "ViT-B-32")
+    dev = resolve_device(device) if device is not None else next(clip.parameters()).device
+    was_training = clip.training
+    clip.eval()
+    rows = []
+    try:
+        for name in class_names:
+            tokens = tokenizer([_fill(t, name) for t in templates]).to(dev)
+            emb = F.normalize(clip.encode_text(tokens).float(), dim=-1)
+            rows.append(F.normalize(emb.mean(0), dim=-1))
+    finally:
+        clip.train(was_training)
+    scale = float(clip.logit_scale.exp()) if logit_scale is None else float(logit_scale)
+    return ClassificationHead(torch.stack(rows).cpu() * scale, class_names=class_names)
+
+
+def head_from_state(state: Mapping[str, Tensor], class_names: Sequence[str] | None = None) -> ClassificationHead:
+    """Rebuild a :class:`ClassificationHead` from its ``{"weight": ...}`` state dict."""
+    return ClassificationHead(state["weight"], class_names=class_names)

@@ -1,0 +1,298 @@
+"""Coefficient search shared by every merge method: grid and golden-section (spec §0, §2 Step D).
+
+A search calls ``score_fn(alpha)`` — typically "merge with coefficient alpha and evaluate on
+the validation splits" — which returns the **absolute** accuracy per task::
+
+    score_fn(alpha) -> {"MNIST": 0.97, "SVHN": 0.81, ...}
+
+With ``reference`` (task -> fine-tuned expert accuracy, same units) each evaluation also
+gets normalized accuracies acc / reference[task]. The search maximises the average of one
+of the two (``objective``: ``"normalized"``, the protocol of TSV/Iso, or ``"absolute"``)
+and picks the reported coefficient by ``select`` (default: the same metric) among *all*
+evaluated coefficients, the first one attaining the maximum (strict ``>``, as the official
+``find_optimal_coef``). ESM's rule (spec §2 Step D) is golden-section on the absolute
+average, then the evaluated alpha with the best normalized average: :func:`esm_search`.
+
+Every evaluation is kept in :attr:`SearchResult.trace`; :meth:`SearchResult.to_frame`
+turns it into a DataFrame with official-style columns (``<task>:top1``,
+``<task>:normalized_top1``, ``avg_top1``, ``avg_normalized_top1``). Repeated
+coefficients are evaluated once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "LAMBDA_GRID",
+    "ALPHA_GRID",
+    "ESM_BRACKET",
+    "Evaluation",
+    "SearchResult",
+    "grid_search",
+    "golden_section_search",
+    "esm_search",
+]
+
+#: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (spec §0).
+LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
+#: TSV-M, Iso-C, Iso-CTS: linspace(0, 3, 31)[1:] = {0.1, ..., 3.0} (spec §0).
+ALPHA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 3.0, 31)[1:].tolist())
+#: ESM's golden-section bracket [0, 2] (spec §2 Step D).
+ESM_BRACKET: tuple[float, float] = (0.0, 2.0)
+
+ScoreFn = Callable[[float], Mapping[str, float]]
+_METRICS = {"normalized": "avg_normalized", "absolute": "avg_absolute"}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One call of ``score_fn``: the coefficient and what it scored."""
+
+    alpha: float
+    scores: dict[str, float]  # task -> absolute accuracy
+    normalized: dict[str, float] | None  # task -> acc / reference[task]; None without reference
+    avg_absolute: float
+    avg_normalized: float | None
+
+    def metric(self, name: str) -> float:
+        value = getattr(self, _METRICS[name])
+        if value is None:  # pragma: no cover - guarded by _check_metric
+            raise ValueError("normalized accuracy needs reference=")
+        return value
+
+
+@dataclass
+class SearchResult:
+    """The outcome of a search: ``best`` coefficient, its score, and every evaluation."""
+
+    best: float
+    best_score: float  # value of the ``select`` metric at ``best``
+    objective: str  # metric that drove the search
+    select: str  # metric that picked ``best``
+    method: str  # "grid" or "golden_section"
+    trace: list[Evaluation] = field(default_factory=list)  # in evaluation order
+    stopped_early: bool = False
+
+    @property
+    def best_evaluation(self) -> Evaluation:
+        return next(e for e in self.trace if e.alpha == self.best)
+
+    @property
+    def alphas(self) -> list[float]:
+        return [e.alpha for e in self.trace]
+
+    def to_frame(self):
+        """The trace as a ``pandas.DataFrame``, one row per evaluated coefficient.
+
+        Columns: ``step``, ``alpha``, ``avg_top1``, ``avg_normalized_top1`` (NaN without a
+        reference), ``is_best``, then ``<task>:top1`` and ``<task>:normalized_top1``.
+        """
+        import pandas as pd
+
+        rows = []
+        for i, e in enumerate(self.trace):
+            row: dict[str, Any] = {
+                "step": i,
+                "alpha": e.alpha,
+                "avg_top1": e.avg_absolute,
+                "avg_normalized_top1": math.nan if e.avg_normalized is None else e.avg_normalized,
+                "is_best": e.alpha == self.best,
+            }
+            row.update({f"{t}:top1": v for t, v in e.scores.items()})
+            if e.normalized is not None:
+                row.update({f"{t}:normalized_top1": v for t, v in e.normalized.items()})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+class _Evaluator:
+    """Calls score_fn once per distinct alpha, validates and records the result."""
+
+    def __init__(self, score_fn: ScoreFn, reference: Mapping[str, float] | None):
+        if not callable(score_fn):
+            raise TypeError("score_fn must be a callable alpha -> {task: accuracy}")
+        self.score_fn = score_fn
+        self.reference = _check_reference(reference)
+        self.trace: list[Evaluation] = []
+        self._cache: dict[float, Evaluation] = {}
+        self._tasks: set[str] | None = None
+
+    def __call__(self, alpha: float) -> Evaluation:
+        alpha = float(alpha)
+        if alpha in self._cache:
+            return self._cache[alpha]
+        raw = self.score_fn(alpha)
+        if not isinstance(raw, Mapping) or len(raw) == 0:
+            raise TypeError(
+                f"score_fn({alpha}) returned {type(raw).__name__}; it must return a non-empty dict task -> accuracy"
+            )
+        scores = {}
+        for task, v in raw.items():
+            if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v):
+                raise ValueError(f"score_fn({alpha}) gave {v!r} for task {task!r}; accuracies must be finite numbers")
+            scores[str(task)] = float(v)
+        if self._tasks is None:
+            self._tasks = set(scores)
+        elif set(scores) != self._tasks:
+            diff = sorted(self._tasks ^ set(scores))
+            raise ValueError(f"score_fn({alpha}) returned a different set of tasks than before (differs in {diff})")
+        normalized = avg_norm = None
+        if self.reference is not None:
+            missing = sorted(set(scores) - set(self.reference))
+            if missing:
+                raise KeyError(f"reference has no expert accuracy for task {missing[0]!r}; add it to reference=")
+            normalized = {t: v / self.reference[t] for t, v in scores.items()}
+            avg_norm = float(np.mean(list(normalized.values())))
+        ev = Evaluation(alpha, scores, normalized, float(np.mean(list(scores.values()))), avg_norm)
+        self._cache[alpha] = ev
+        self.trace.append(ev)
+        return ev
+
+
+def _check_reference(reference: Mapping[str, float] | None) -> dict[str, float] | None:
+    if reference is None:
+        return None
+    if not isinstance(reference, Mapping):
+        raise TypeError("reference must be a dict task -> fine-tuned expert accuracy")
+    out = {}
+    for t, v in reference.items():
+        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"reference[{t!r}] = {v!r}; expert accuracies must be positive finite numbers")
+        out[str(t)] = float(v)
+    return out
+
+
+def _check_metric(argname: str, value: str, reference) -> None:
+    if value not in _METRICS:
+        raise ValueError(f"{argname}={value!r} is not one of {list(_METRICS)}")
+    if value == "normalized" and reference is None:
+        raise ValueError(
+            f"{argname}='normalized' needs reference={{task: expert accuracy}}; pass it or use {argname}='absolute'"
+        )
+
+
+def _pick(trace: list[Evaluation], metric: str) -> Evaluation:
+    best = None
+    for e in trace:  # first maximum wins (strict >), as find_optimal_coef
+        if best is None or e.metric(metric) > best.metric(metric):
+            best = e
+    assert best is not None
+    return best
+
+
+def grid_search(
+    score_fn: ScoreFn,
+    grid: Sequence[float],
+    *,
+    reference: Mapping[str, float] | None = None,
+    objective: str = "normalized",
+    patience: int | None = None,
+) -> SearchResult:
+    """Evaluate ``score_fn`` on ``grid`` in order and keep the best coefficient (spec §0).
+
+    ``objective`` ("normalized", needs ``reference``; or "absolute") picks the best alpha:
+    the first one with the highest average. ``patience``: stop after that many consecutive
+    evaluations without a strict improvement of the **average absolute** accuracy, as
+    [ISO-code] does with patience 3; ``None`` (default, as [TSV-code]) evaluates the whole
+    grid. Standard grids: :data:`LAMBDA_GRID`, :data:`ALPHA_GRID`.
+    """
+    _check_metric("objective", objective, reference)
+    grid = [float(a) for a in grid]
+    if not grid:
+        raise ValueError("grid is empty: pass at least one coefficient (e.g. acetools.search.LAMBDA_GRID)")
+    if not all(math.isfinite(a) for a in grid):
+        raise ValueError("grid contains a non-finite coefficient")
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
+        raise ValueError(f"patience={patience!r} must be None or a positive int (the ISO code uses 3)")
+    ev = _Evaluator(score_fn, reference)
+    best_abs, bad, stopped = -math.inf, 0, False
+    for i, a in enumerate(grid):
+        e = ev(a)
+        if patience is not None:
+            if e.avg_absolute > best_abs:
+                best_abs, bad = e.avg_absolute, 0
+            else:
+                bad += 1
+                if bad >= patience:
+                    stopped = i < len(grid) - 1
+                    break
+    best = _pick(ev.trace, objective)
+    return SearchResult(best.alpha, best.metric(objective), objective, objective, "grid", ev.trace, stopped)
+
+
+def golden_section_search(
+    score_fn: ScoreFn,
+    lo: float,
+    hi: float,
+    *,
+    tol: float = 0.01,
+    max_iter: int = 15,
+    reference: Mapping[str, float] | None = None,
+    objective: str = "normalized",
+    select: str | None = None,
+) -> SearchResult:
+    """Golden-section search for the alpha in [lo, hi] maximising the ``objective`` average.
+
+    The scheme of [ESM-code] ``evaluate_task_vector_search`` (spec §2 Step D): evaluate the two
+    interior points c = hi - g (hi - lo), d = lo + g (hi - lo) with g = (√5 - 1)/2; then, up
+    to ``max_iter`` times, drop the part of the bracket beyond the worse point (if
+    f(c) > f(d) keep [lo, d], else [c, hi]), evaluate one new point, and stop once
+    hi - lo < ``tol``. At most ``max_iter + 2`` evaluations; for a unimodal objective the
+    kept point is within ``tol`` of the maximiser.
+
+    ``select`` (default: ``objective``) is the metric that picks the reported ``best``
+    among **all** evaluated alphas. ESM's rule is ``objective="absolute",
+    select="normalized"`` (:func:`esm_search`).
+    """
+    select = objective if select is None else select
+    _check_metric("objective", objective, reference)
+    _check_metric("select", select, reference)
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi)) or not lo < hi:
+        raise ValueError(f"need finite lo < hi, got lo={lo}, hi={hi}")
+    if not (isinstance(tol, Real) and tol > 0):
+        raise ValueError(f"tol={tol!r} must be > 0")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 0:
+        raise ValueError(f"max_iter={max_iter!r} must be an int >= 0")
+    ev = _Evaluator(score_fn, reference)
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = ev(c).metric(objective), ev(d).metric(objective)
+    for _ in range(max_iter):
+        if fc > fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = ev(c).metric(objective)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = ev(d).metric(objective)
+        if abs(b - a) < tol:
+            break
+    best = _pick(ev.trace, select)
+    return SearchResult(best.alpha, best.metric(select), objective, select, "golden_section", ev.trace)
+
+
+def esm_search(
+    score_fn: ScoreFn,
+    reference: Mapping[str, float],
+    *,
+    lo: float = ESM_BRACKET[0],
+    hi: float = ESM_BRACKET[1],
+    tol: float = 0.01,
+    max_iter: int = 15,
+) -> SearchResult:
+    """ESM's alpha rule (spec §2 Step D): golden section on [0, 2] (tol 0.01, ≤ 15 iterations)
+    driven by the average **absolute** accuracy, then the evaluated alpha with the best
+    average **normalized** accuracy."""
+    return golden_section_search(
+        score_fn, lo, hi, tol=tol, max_iter=max_iter, reference=reference, objective="absolute", select="normalized"
+    )

@@ -1,0 +1,134 @@
+"""Small shared helpers: seeding, devices, progress bars and atomic writes.
+
+Everything random in acetools draws from :func:`seed_everything` or from a
+``torch.Generator`` built by :func:`make_generator`, so the same seed gives the same
+merged weights on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import random
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+T = TypeVar("T")
+
+# Set by acetools.merge(progress=...) for the duration of one call; None = decide automatically.
+PROGRESS: contextvars.ContextVar[bool | None] = contextvars.ContextVar("acetools_progress", default=None)
+
+__all__ = [
+    "seed_everything",
+    "make_generator",
+    "resolve_device",
+    "progress",
+    "atomic_write",
+]
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python, NumPy and torch (CPU and CUDA) with ``seed``.
+
+    Returns a fresh CPU ``torch.Generator`` seeded with the same value, for code that
+    prefers an explicit generator over global state.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    return make_generator(seed)
+
+
+def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``seed`` (no global state touched)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
+    """Turn ``"auto"``/``None``/a string into a ``torch.device``.
+
+    ``"auto"`` picks CUDA when available, else the CPU. Asking for CUDA on a machine
+    without it raises a ``ValueError`` that says so.
+    """
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={str(device)!r} was requested but no CUDA device is available; "
+            "use device='cpu' or device='auto'."
+        )
+    return dev
+
+
+def _interactive() -> bool:
+    if os.environ.get("ACETOOLS_PROGRESS") == "1":
+        return True
+    if os.environ.get("ACETOOLS_PROGRESS") == "0" or os.environ.get("CI"):
+        return False
+    try:  # inside Jupyter
+        from IPython import get_ipython  # type: ignore
+
+        ip = get_ipython()
+        if ip is not None and "IPKernelApp" in getattr(ip, "config", {}):
+            return True
+    except Exception:  # pragma: no cover - IPython missing
+        pass
+    return sys.stderr.isatty()
+
+
+def progress(
+    iterable: Iterable[T],
+    desc: str | None = None,
+    total: int | None = None,
+    enabled: bool | None = None,
+    **kwargs,
+) -> Iterator[T]:
+    """Wrap ``iterable`` in a ``tqdm.auto`` bar when the session is interactive.
+
+    ``enabled=None`` shows the bar in a terminal or a notebook and hides it in CI, in
+    papermill runs and when output is redirected (set ``ACETOOLS_PROGRESS=1``/``0`` to
+    force it).
+    """
+    if enabled is None:
+        enabled = PROGRESS.get()
+    show = _interactive() if enabled is None else enabled
+    if not show:
+        return iter(iterable)
+    from tqdm.auto import tqdm
+
+    return iter(tqdm(iterable, desc=desc, total=total, leave=False, **kwargs))
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb"):
+    """Open a temporary file next to ``path`` and move it into place on success.
+
+    A crash mid-write leaves the old file (if any) untouched and no partial file behind.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as fh:
+            yield fh
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

@@ -1,0 +1,679 @@
+"""The model zoo: a base, frozen heads, one expert per task and the MTL reference, cached.
+
+A :class:`Zoo` names a world — tasks, model size, fine-tuning recipe, seed — and builds
+what is missing::
+
+    zoo = Zoo(["fashion", "digits", "letters"], size="tiny", seed=0).build()
+    W0 = zoo.base_state(); heads = zoo.heads(); taus = zoo.task_vectors()
+
+Every checkpoint is a safetensors file of a state dict (never a pickled module; STYLE 7)
+with a JSON sidecar next to it holding the recipe, metrics, timing, the cache key with the
+fields it hashes, and the SHA-256 of the tensors (:func:`state_hash`). The key is a SHA-256
+of everything that determines the result — the config dict, the data's hash, the seed,
+:data:`acetools.models.MODEL_VERSION`, and the hashes of the checkpoints it starts from
+(an expert's key holds its base's and its head's content hashes) — so a changed recipe,
+dataset or base gets new files and nothing stale is reused. Writes are atomic (tensors
+first, sidecar last); an entry is valid only if its sidecar parses, names the expected key,
+and the tensors load and hash to the recorded value. An interrupted build therefore
+resumes: valid entries are loaded, missing, partial or corrupt ones are (re)built, and
+nothing cached is retrained.
+
+Layout under the cache root (``root=``, else ``$ACETOOLS_CACHE/zoo``, else
+``~/.cache/acetools/zoo``)::
+
+    <size>/base/base-<key16>.safetensors   (+ .json)
+    <size>/heads/<task>-<key16>.safetensors
+    <size>/experts/<task>-seed<seed>-<key16>.safetensors
+    <size>/mtl/mtl-<n>tasks-seed<seed>-<key16>.safetensors
+
+A base may instead be shipped with the package as ``acetools/assets/base_<size>.safetensors``
+plus ``base_<size>.json`` (recipe, content hash, the command that rebuilds it; see
+:meth:`Zoo.export_base`); ``base="auto"`` uses it when present.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import finetune as _ft
+from .finetune import FinetuneConfig, PretrainConfig
+from .models import (
+    DEFAULT_LOGIT_SCALE,
+    MODEL_VERSION,
+    ClassificationHead,
+    ImageEncoder,
+    load_encoder,
+    model_config,
+    prototype_head,
+)
+from .utils import atomic_write
+from .utils import progress as _progress
+
+__all__ = [
+    "Zoo",
+    "ASSETS",
+    "cache_root",
+    "state_hash",
+    "data_hash",
+    "config_hash",
+    "save_checkpoint",
+    "load_checkpoint",
+    "CheckpointError",
+]
+
+#: Where shipped base checkpoints live: ``base_<size>.safetensors`` + ``base_<size>.json``.
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+StateDict = dict[str, Tensor]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, unreadable, or its tensors do not match their hash."""
+
+
+# --------------------------------------------------------------------------- hashing and files
+
+
+def cache_root(root: str | os.PathLike | None = None) -> Path:
+    """The zoo's cache folder: ``root``, else ``$ACETOOLS_CACHE/zoo``, else ``~/.cache/acetools/zoo``."""
+    if root is not None:
+        return Path(root).expanduser()
+    env = os.environ.get("ACETOOLS_CACHE")
+    if env:
+        return Path(env).expanduser() / "zoo"
+    return Path("~/.cache/acetools/zoo").expanduser()
+
+
+def _tensor_bytes(t: Tensor) -> memoryview:
+    t = t.detach().to("cpu").contiguous()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def state_hash(state: Mapping[str, Tensor]) -> str:
+    """SHA-256 of a state dict's contents: every key (sorted), dtype, shape and raw bytes."""
+    h = hashlib.sha256()
+    for k in sorted(state):
+        t = state[k]
+        h.update(f"{k}|{str(t.dtype)}|{tuple(t.shape)}|".encode())
+        h.update(_tensor_bytes(t))
+    return h.hexdigest()
+
+
+def data_hash(data) -> str:
+    """SHA-256 of a dataset's content (``x``, ``y`` or ``labels``, name, class names).
+
+    Uses ``data.sha256`` when the dataset carries one.
+    """
+    given = getattr(data, "sha256", None)
+    if isinstance(given, str) and given:
+        return given
+    h = hashlib.sha256()
+    h.update(f"{getattr(data, 'name', '')}|{getattr(data, 'split', '')}|".encode())
+    h.update(json.dumps(list(getattr(data, "class_names", None) or [])).encode())
+    x = torch.as_tensor(data.x)
+    h.update(f"{str(x.dtype)}|{tuple(x.shape)}|".encode())
+    h.update(_tensor_bytes(x))
+    if hasattr(data, "y"):
+        h.update(_tensor_bytes(torch.as_tensor(data.y)))
+    for k in sorted(getattr(data, "labels", None) or {}):
+        h.update(f"label:{k}:{int(data.head_classes[k])}|".encode())
+        h.update(_tensor_bytes(torch.as_tensor(data.labels[k])))
+    return h.hexdigest()
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        return _jsonable(asdict(obj))
+    return obj
+
+
+def config_hash(obj: Any) -> str:
+    """SHA-256 of a JSON-able object (canonical JSON: sorted keys, no whitespace)."""
+    return hashlib.sha256(json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def save_checkpoint(path: str | os.PathLike, state: Mapping[str, Tensor], meta: Mapping[str, Any]) -> dict:
+    """Write ``state`` as safetensors and ``meta`` (+ ``content_sha256``) as a JSON sidecar.
+
+    Both writes are atomic; the tensors go first, so a sidecar exists only next to a
+    complete tensor file. Returns the sidecar dict.
+    """
+    from safetensors.torch import save
+
+    path = Path(path)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    digest = state_hash(tensors)
+    payload = save(tensors, metadata={"content_sha256": digest, "format": "pt"})
+    with atomic_write(path, "wb") as fh:
+        fh.write(payload)
+    side = dict(_jsonable(meta))
+    side["content_sha256"] = digest
+    side["file"] = path.name
+    with atomic_write(_sidecar(path), "w") as fh:
+        json.dump(side, fh, indent=1, sort_keys=True)
+    return side
+
+
+def load_checkpoint(
+    path: str | os.PathLike, *, expected_hash: str | None = None, verify: bool = True
+) -> tuple[StateDict, dict]:
+    """Load a checkpoint and its sidecar; raise :class:`CheckpointError` if anything is off.
+
+    With ``verify`` the tensors are hashed and compared to ``expected_hash`` (default: the
+    sidecar's ``content_sha256``, else the file's own metadata).
+    """
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    side: dict = {}
+    if _sidecar(path).is_file():
+        try:
+            side = json.loads(_sidecar(path).read_text())
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"unreadable sidecar {_sidecar(path)}: {err}") from err
+    try:
+        state = load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            file_meta = f.metadata() or {}
+    except Exception as err:  # safetensors raises its own error types for truncated files
+        raise CheckpointError(f"unreadable checkpoint {path}: {err}") from err
+    if verify:
+        want = expected_hash or side.get("content_sha256") or file_meta.get("content_sha256")
+        got = state_hash(state)
+        if want is None:
+            raise CheckpointError(f"{path} has no recorded content hash to verify against")
+        if got != want:
+            raise CheckpointError(f"{path}: content hash {got[:12]}... does not match the recorded {want[:12]}...")
+    return state, side
+
+
+# --------------------------------------------------------------------------- the zoo
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+class Zoo:
+    """Base, heads, experts and MTL model of one world, built once and cached.
+
+    Parameters
+    ----------
+    tasks: task names (or a suite name from ``acetools.data.SUITES``), in merge order.
+    size: model size (``"micro"``, ``"tiny"``, ``"small"``; :data:`acetools.models.SIZES`).
+    seed: seed of the experts' and the MTL model's fine-tuning.
+    root: cache folder (see :func:`cache_root`).
+    base: ``"auto"`` (the shipped ``assets/base_<size>`` if present, else pretrain),
+        ``"train"`` (pretrain, cached), or a path to a base safetensors file (with an
+        optional JSON sidecar holding ``content_sha256`` and ``recipe``).
+    base_seed, pool_seed: seeds of base pretraining and of the pretraining pool.
+    pretrain, finetune: :class:`~acetools.finetune.PretrainConfig` /
+        :class:`~acetools.finetune.FinetuneConfig` or dicts of overrides.
+    mtl: build the multi-task reference; ``mtl_finetune`` its config (default ``finetune``).
+    augment, hflip: per-task augmentation flags (default off; see ``FinetuneConfig``).
+    logit_scale: of the prototype heads (heads are built from the base on each task's
+        training split; spec §0 "Heads").
+    load_split, pretraining_pool: data functions (default ``acetools.data``'s); pass your
+        own to build a world from other data (tests use tiny synthetic tasks).
+    pool_kwargs: extra keyword arguments of ``pretraining_pool`` (e.g. ``n_per_source``);
+        the pool's content hash is part of the base's key either way.
+    evaluate_val: record validation accuracy of heads (base), experts and MTL in sidecars.
+    device, threads: where and with how many CPU threads to train.
+    """
+
+    def __init__(
+        self,
+        tasks: Sequence[str] | str,
+        size: str = "tiny",
+        seed: int = 0,
+        root: str | os.PathLike | None = None,
+        *,
+        base: str | os.PathLike = "auto",
+        base_seed: int = 0,
+        pool_seed: int = 0,
+        pretrain: PretrainConfig | Mapping[str, Any] | None = None,
+        finetune: FinetuneConfig | Mapping[str, Any] | None = None,
+        mtl: bool = True,
+        mtl_finetune: FinetuneConfig | Mapping[str, Any] | None = None,
+        augment: Mapping[str, bool] | None = None,
+        hflip: Mapping[str, bool] | None = None,
+        logit_scale: float = DEFAULT_LOGIT_SCALE,
+        load_split: Callable[[str, str], Any] | None = None,
+        pretraining_pool: Callable[..., Any] | None = None,
+        pool_kwargs: Mapping[str, Any] | None = None,
+        evaluate_val: bool = True,
+        device: str | torch.device = "cpu",
+        threads: int | None = None,
+    ):
+        self._load_split_fn = load_split
+        self._pool_fn = pretraining_pool
+        self.pool_kwargs = dict(pool_kwargs or {})
+        if isinstance(tasks, str):
+            suites = self._data_module().SUITES
+            if tasks not in suites:
+                raise ValueError(f"unknown suite {tasks!r}; suites: {sorted(suites)}")
+            self.suite: str | None = tasks
+            tasks = list(suites[tasks])
+        else:
+            self.suite = None
+        self.tasks: list[str] = list(tasks)
+        if len(set(self.tasks)) != len(self.tasks) or not self.tasks:
+            raise ValueError(f"tasks must be a non-empty list of distinct names, got {self.tasks}")
+        self.size = size
+        model_config(size)  # fail early on an unknown size
+        self.seed = int(seed)
+        self.root = cache_root(root)
+        self.base_source = base
+        self.base_seed = int(base_seed)
+        self.pool_seed = int(pool_seed)
+        self.pretrain_config = self._config(PretrainConfig, pretrain)
+        self.finetune_config = self._config(FinetuneConfig, finetune)
+        self.mtl = bool(mtl)
+        self.mtl_config = self._config(FinetuneConfig, mtl_finetune) if mtl_finetune is not None else self.finetune_config
+        self.augment = {t: bool((augment or {}).get(t, self.finetune_config.augment)) for t in self.tasks}
+        self.hflip = {t: bool((hflip or {}).get(t, self.finetune_config.hflip)) for t in self.tasks}
+        self.logit_scale = float(logit_scale)
+        self.evaluate_val = evaluate_val
+        self.device = device
+        self.threads = threads
+        #: what this object trained or computed, in order: ``(kind, task or None)``.
+        self.built: list[tuple[str, str | None]] = []
+        #: what it loaded from the cache: ``(kind, task or None)``.
+        self.loaded: list[tuple[str, str | None]] = []
+        self._data: dict[tuple[str, str], Any] = {}
+        self._data_hashes: dict[tuple[str, str], str] = {}
+        self._states: dict[tuple[str, str | None], StateDict] = {}
+        self._sides: dict[tuple[str, str | None], dict] = {}
+        self._paths: dict[tuple[str, str | None], Path] = {}
+        self._progress: bool | None = None
+
+    # ----------------------------------------------------------------- configuration
+
+    @staticmethod
+    def _config(cls, value):
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        return replace(cls(), **dict(value))
+
+    def __repr__(self) -> str:
+        return (
+            f"Zoo(tasks={self.tasks}, size={self.size!r}, seed={self.seed}, root={str(self.root)!r}, "
+            f"base={str(self.base_source)!r})"
+        )
+
+    @property
+    def folder(self) -> Path:
+        return self.root / _safe(self.size)
+
+    def _data_module(self):
+        try:
+            from . import data
+        except ImportError as err:  # pragma: no cover - depends on the data package
+            raise ImportError(
+                "acetools.data is not available; pass load_split= and pretraining_pool= to Zoo"
+            ) from err
+        return data
+
+    def split(self, task: str, split: str = "train"):
+        """A task's data split (cached in memory), from ``load_split`` or ``acetools.data``."""
+        key = (task, split)
+        if key not in self._data:
+            fn = self._load_split_fn or self._data_module().load_split
+            self._data[key] = fn(task, split)
+        return self._data[key]
+
+    def _pool(self):
+        if ("__pool__", "train") not in self._data:
+            fn = self._pool_fn or self._data_module().pretraining_pool
+            self._data[("__pool__", "train")] = fn(seed=self.pool_seed, **self.pool_kwargs)
+        return self._data[("__pool__", "train")]
+
+    def _data_hash(self, task: str, split: str = "train") -> str:
+        key = (task, split)
+        if key not in self._data_hashes:
+            self._data_hashes[key] = data_hash(self._pool() if task == "__pool__" else self.split(task, split))
+        return self._data_hashes[key]
+
+    def _val(self, task: str):
+        if not self.evaluate_val:
+            return None
+        try:
+            return self.split(task, "val")
+        except (KeyError, ValueError, FileNotFoundError):
+            return None
+
+    # ----------------------------------------------------------------- generic entry handling
+
+    def _entry(self, kind: str, task: str | None, key_fields: dict, path: Path, make: Callable[[], tuple]):
+        """Load a valid cached entry or build it with ``make() -> (state, recipe, metrics)``."""
+        ident = (kind, task)
+        if ident in self._states:
+            return self._states[ident]
+        key = config_hash(key_fields)
+        path = path.with_name(f"{path.name}-{key[:16]}.safetensors")
+        side = None
+        if path.is_file() and _sidecar(path).is_file():
+            try:
+                state, side = load_checkpoint(path)
+                if side.get("key") != key:
+                    side = None
+            except CheckpointError:
+                side = None
+        if side is None:
+            t0 = time.perf_counter()
+            state, recipe, metrics = make()
+            meta = {
+                "kind": kind,
+                "task": task,
+                "key": key,
+                "key_fields": key_fields,
+                "recipe": recipe,
+                "metrics": metrics,
+                "seconds": round(time.perf_counter() - t0, 2),
+                "created": _now(),
+                "acetools_model_version": MODEL_VERSION,
+            }
+            side = save_checkpoint(path, state, meta)
+            self.built.append(ident)
+        else:
+            self.loaded.append(ident)
+        self._states[ident] = state
+        self._sides[ident] = side
+        self._paths[ident] = path
+        return state
+
+    # ----------------------------------------------------------------- base
+
+    def _shipped_base(self) -> Path | None:
+        if self.base_source in ("auto", None):
+            p = ASSETS / f"base_{self.size}.safetensors"
+            return p if p.is_file() else None
+        if self.base_source == "train":
+            return None
+        p = Path(self.base_source).expanduser()
+        if not p.is_file():
+            raise FileNotFoundError(f"base checkpoint {p} not found")
+        return p
+
+    def base_state(self) -> StateDict:
+        """W0: the shipped base, or the cached one, or a freshly pretrained one."""
+        ident = ("base", None)
+        if ident in self._states:
+            return self._states[ident]
+        shipped = self._shipped_base()
+        if shipped is not None:
+            try:
+                state, side = load_checkpoint(shipped, verify=True)
+            except CheckpointError as err:
+                raise CheckpointError(
+                    f"the base file {shipped} does not match its recorded hash ({err}); restore it "
+                    "(git checkout) or use Zoo(..., base='train') to pretrain one"
+                ) from err
+            load_encoder(state, self.size)  # fails clearly if the file is for another size
+            side = dict(side)
+            side.setdefault("content_sha256", state_hash(state))
+            side.setdefault("kind", "base")
+            self._states[ident], self._sides[ident], self._paths[ident] = state, side, shipped
+            self.loaded.append(ident)
+            return state
+        fields = {
+            "kind": "base",
+            "size": self.size,
+            "model_config": model_config(self.size),
+            "pretrain": asdict(self.pretrain_config),
+            "pool": self._data_hash("__pool__"),
+            "pool_seed": self.pool_seed,
+            "seed": self.base_seed,
+            "model_version": MODEL_VERSION,
+        }
+
+        def make():
+            state, recipe = _ft.pretrain_base(
+                self._pool(), self.size, self.pretrain_config, seed=self.base_seed,
+                device=self.device, threads=self.threads, progress=self._progress,
+            )
+            return state, recipe, {}
+
+        return self._entry("base", None, fields, self.folder / "base" / "base", make)
+
+    def base_hash(self) -> str:
+        self.base_state()
+        return self._sides[("base", None)]["content_sha256"]
+
+    # ----------------------------------------------------------------- heads
+
+    def head(self, task: str) -> ClassificationHead:
+        """The frozen prototype head of ``task`` (normalised class means of the base's
+        features on the task's training split, times ``logit_scale``)."""
+        self._check_task(task)
+        data = self.split(task, "train")
+        fields = {
+            "kind": "head",
+            "head_type": "prototype",
+            "task": task,
+            "logit_scale": self.logit_scale,
+            "base": self.base_hash(),
+            "data": self._data_hash(task),
+            "model_version": MODEL_VERSION,
+        }
+
+        def make():
+            enc = self.encoder()
+            n_classes = len(data.class_names) if getattr(data, "class_names", None) else int(torch.as_tensor(data.y).max()) + 1
+            with _ft.num_threads(self.threads):
+                h = prototype_head(enc, data.x, data.y, n_classes, logit_scale=self.logit_scale, device=self.device)
+            metrics = {}
+            val = self._val(task)
+            if val is not None:
+                metrics["base_val_acc"] = _ft.evaluate(enc, h, val, device=self.device, threads=self.threads)
+            recipe = {"head_type": "prototype", "logit_scale": self.logit_scale, "n_classes": n_classes,
+                      "class_names": list(getattr(data, "class_names", None) or [])}
+            return {"weight": h.weight.detach().clone()}, recipe, metrics
+
+        state = self._entry("head", task, fields, self.folder / "heads" / _safe(task), make)
+        names = self._sides[("head", task)].get("recipe", {}).get("class_names") or None
+        return ClassificationHead(state["weight"], class_names=names)
+
+    def heads(self) -> dict[str, ClassificationHead]:
+        return {t: self.head(t) for t in self.tasks}
+
+    def _head_hash(self, task: str) -> str:
+        self.head(task)
+        return self._sides[("head", task)]["content_sha256"]
+
+    # ----------------------------------------------------------------- experts and MTL
+
+    def _ft_fields(self, cfg: FinetuneConfig, tasks: Sequence[str]) -> dict:
+        return asdict(replace(cfg, augment=False, hflip=False)) | {
+            "augment": {t: self.augment[t] for t in tasks},
+            "hflip": {t: self.hflip[t] for t in tasks},
+        }
+
+    def expert_state(self, task: str) -> StateDict:
+        """W_t: the encoder fine-tuned on ``task`` from the base with its head frozen."""
+        self._check_task(task)
+        head = self.head(task)
+        fields = {
+            "kind": "expert",
+            "size": self.size,
+            "task": task,
+            "finetune": self._ft_fields(self.finetune_config, [task]),
+            "data": self._data_hash(task),
+            "base": self.base_hash(),
+            "head": self._head_hash(task),
+            "seed": self.seed,
+            "model_version": MODEL_VERSION,
+        }
+
+        def make():
+            state, recipe = _ft.finetune_expert(
+                self.base_state(), head, self.split(task, "train"), self.finetune_config,
+                size=self.size, seed=self.seed, device=self.device, threads=self.threads,
+                progress=self._progress, augment=self.augment[task], hflip=self.hflip[task],
+            )
+            metrics = {}
+            val = self._val(task)
+            if val is not None:
+                metrics["val_acc"] = _ft.evaluate(state, head, val, size=self.size, device=self.device, threads=self.threads)
+            return state, recipe, metrics
+
+        return self._entry("expert", task, fields, self.folder / "experts" / f"{_safe(task)}-seed{self.seed}", make)
+
+    def experts(self) -> dict[str, StateDict]:
+        """``{task: W_t}`` in task order."""
+        return {t: self.expert_state(t) for t in self.tasks}
+
+    def mtl_state(self) -> StateDict:
+        """The multi-task reference encoder, trained jointly on all tasks (mixed batches)."""
+        heads = self.heads()
+        fields = {
+            "kind": "mtl",
+            "size": self.size,
+            "tasks": self.tasks,
+            "finetune": self._ft_fields(self.mtl_config, self.tasks),
+            "data": [self._data_hash(t) for t in self.tasks],
+            "base": self.base_hash(),
+            "heads": [self._head_hash(t) for t in self.tasks],
+            "seed": self.seed,
+            "model_version": MODEL_VERSION,
+        }
+
+        def make():
+            datasets = {t: self.split(t, "train") for t in self.tasks}
+            state, recipe = _ft.train_multitask(
+                self.base_state(), heads, datasets, self.mtl_config, size=self.size, seed=self.seed,
+                augment=self.augment, hflip=self.hflip, device=self.device, threads=self.threads,
+                progress=self._progress,
+            )
+            metrics = {}
+            if self.evaluate_val:
+                accs = {}
+                for t in self.tasks:
+                    val = self._val(t)
+                    if val is not None:
+                        accs[t] = _ft.evaluate(state, heads[t], val, size=self.size, device=self.device, threads=self.threads)
+                metrics["val_acc"] = accs
+            return state, recipe, metrics
+
+        name = f"mtl-{len(self.tasks)}tasks-seed{self.seed}"
+        return self._entry("mtl", None, fields, self.folder / "mtl" / name, make)
+
+    # ----------------------------------------------------------------- build and views
+
+    def build(self, progress: bool | None = None, *, mtl: bool | None = None) -> Zoo:
+        """Make sure the base, every head, every expert and (if asked) the MTL model exist.
+
+        Loads what is cached and valid, builds the rest; returns ``self``. ``progress``
+        shows a bar over the steps and inside each training loop (``None``: automatic).
+        """
+        self._progress = progress
+        steps = [("base", None)] + [("head", t) for t in self.tasks] + [("expert", t) for t in self.tasks]
+        if self.mtl if mtl is None else mtl:
+            steps.append(("mtl", None))
+        for kind, task in _progress(steps, desc=f"zoo {self.size}", total=len(steps), enabled=progress):
+            if kind == "base":
+                self.base_state()
+            elif kind == "head":
+                self.head(task)
+            elif kind == "expert":
+                self.expert_state(task)
+            else:
+                self.mtl_state()
+        return self
+
+    def _check_task(self, task: str) -> None:
+        if task not in self.tasks:
+            raise KeyError(f"task {task!r} is not in this zoo; tasks: {self.tasks}")
+
+    def encoder(self, state: Mapping[str, Tensor] | None = None) -> ImageEncoder:
+        """An encoder of this zoo's size holding ``state`` (default: the base)."""
+        return load_encoder(self.base_state() if state is None else state, self.size, device=self.device)
+
+    def task_vectors(self) -> dict[str, StateDict]:
+        """``{task: tau_t}`` with tau_t = W_t - W0 for every key (float32)."""
+        from .merging import task_vectors
+
+        base = self.base_state()
+        experts = self.experts()
+        return dict(zip(self.tasks, task_vectors(base, list(experts.values()))))
+
+    def path(self, kind: str, task: str | None = None) -> Path:
+        """The file of a built or loaded entry (``kind`` in base/head/expert/mtl)."""
+        ident = (kind, task)
+        if ident not in self._paths:
+            {"base": lambda: self.base_state(), "head": lambda: self.head(task),
+             "expert": lambda: self.expert_state(task), "mtl": lambda: self.mtl_state()}[kind]()
+        return self._paths[ident]
+
+    def sidecar(self, kind: str, task: str | None = None) -> dict:
+        """The JSON sidecar (recipe, metrics, hashes, timing) of an entry."""
+        self.path(kind, task)
+        return self._sides[(kind, task)]
+
+    def records(self) -> list[dict]:
+        """One row per entry loaded or built so far: kind, task, file, key, content hash,
+        seconds, metrics — for reports (STYLE 14: checkpoint hashes)."""
+        rows = []
+        for (kind, task), side in self._sides.items():
+            rows.append({
+                "kind": kind,
+                "task": task,
+                "file": str(self._paths[(kind, task)]),
+                "key": side.get("key"),
+                "content_sha256": side.get("content_sha256"),
+                "seconds": side.get("seconds", (side.get("recipe") or {}).get("seconds")),
+                "metrics": side.get("metrics", {}),
+            })
+        return rows
+
+    def export_base(self, folder: str | os.PathLike | None = None, command: str | None = None) -> Path:
+        """Write the base as ``base_<size>.safetensors`` + ``.json`` (recipe, content hash,
+        the rebuild command) into ``folder`` (default :data:`ASSETS`), for shipping."""
+        state = self.base_state()
+        side = self._sides[("base", None)]
+        folder = Path(folder) if folder is not None else ASSETS
+        path = folder / f"base_{self.size}.safetensors"
+        meta = {
+            "kind": "base",
+            "size": self.size,
+            "recipe": side.get("recipe"),
+            "key_fields": side.get("key_fields"),
+            "model_version": MODEL_VERSION,
+            "command": command or (
+                f"python -c \"from acetools.zoo import Zoo; Zoo({self.tasks[:1]!r}, size={self.size!r}, "
+                f"base='train', base_seed={self.base_seed}, pool_seed={self.pool_seed}, "
+                f"pretrain={asdict(self.pretrain_config)!r}).export_base()\""
+            ),
+        }
+        save_checkpoint(path, state, meta)
+        return path

@@ -1,0 +1,73 @@
+"""Shared fixtures: small random base/expert state dicts with CLIP-like key names."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import pytest
+import torch
+
+# open_clip-style names so the spec's key rules (matrix path, CART's attn/mlp, WUDI/ESM
+# targets) apply exactly as on a real ViT.
+SHAPES = {
+    "visual.conv1.weight": (16, 3, 4, 4),
+    "visual.class_embedding": (16,),
+    "visual.positional_embedding": (5, 16),
+    "visual.ln_pre.weight": (16,),
+    "visual.ln_pre.bias": (16,),
+    "visual.transformer.resblocks.0.ln_1.weight": (16,),
+    "visual.transformer.resblocks.0.ln_1.bias": (16,),
+    "visual.transformer.resblocks.0.attn.in_proj_weight": (48, 16),
+    "visual.transformer.resblocks.0.attn.in_proj_bias": (48,),
+    "visual.transformer.resblocks.0.attn.out_proj.weight": (16, 16),
+    "visual.transformer.resblocks.0.attn.out_proj.bias": (16,),
+    "visual.transformer.resblocks.0.ln_2.weight": (16,),
+    "visual.transformer.resblocks.0.ln_2.bias": (16,),
+    "visual.transformer.resblocks.0.mlp.c_fc.weight": (64, 16),
+    "visual.transformer.resblocks.0.mlp.c_fc.bias": (64,),
+    "visual.transformer.resblocks.0.mlp.c_proj.weight": (16, 64),
+    "visual.transformer.resblocks.0.mlp.c_proj.bias": (16,),
+    "visual.ln_post.weight": (16,),
+    "visual.ln_post.bias": (16,),
+    "visual.proj": (16, 8),
+    "text_projection": (8, 8),
+}
+
+
+def make_world(n_tasks: int = 4, seed: int = 0, rank: int = 4, scale: float = 0.05,
+               dtype: torch.dtype = torch.float32, shapes: dict | None = None):
+    """A base state dict and ``n_tasks`` experts whose 2-D task vectors are low rank.
+
+    Returns ``(base, experts)``; the text_projection task vector is zero, as in CLIP.
+    """
+    g = torch.Generator().manual_seed(seed)
+    shapes = shapes or SHAPES
+    base = {k: torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for k, s in shapes.items()}
+    experts = []
+    for _ in range(n_tasks):
+        ex = {}
+        for k, s in shapes.items():
+            if k == "text_projection":
+                tau = torch.zeros(s, dtype=torch.float64)
+            elif len(s) == 2:
+                r = min(rank, *s)
+                tau = torch.randn(s[0], r, generator=g, dtype=torch.float64) @ torch.randn(r, s[1], generator=g, dtype=torch.float64)
+                tau = scale * tau / r ** 0.5
+            else:
+                tau = scale * torch.randn(s, generator=g, dtype=torch.float64)
+            ex[k] = (base[k].double() + tau).to(dtype)
+        experts.append(ex)
+    return base, experts
+
+
+@pytest.fixture
+def world():
+    return make_world()
+
+
+@pytest.fixture
+def world64():
+    return make_world(dtype=torch.float64)
