@@ -1,4 +1,4 @@
-"""The ``acetools`` command line: ``acetools demo`` (and more as the project grows)."""
+"""The ``acetools`` command line: ``demo``, ``zoo build`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,58 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zoo(args: argparse.Namespace, seed: int):
+    from .zoo import Zoo
+
+    return Zoo(args.suite, size=args.size, seed=seed, root=args.root, mtl=not args.no_mtl, threads=args.threads)
+
+
+def _cmd_zoo_build(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    for seed in args.seeds:
+        zoo = _zoo(args, seed).build(progress=True)
+        rows = [{"kind": r["kind"], "task": r["task"] or "", "seconds": r["seconds"],
+                 **{k: v for k, v in (r["metrics"] or {}).items() if not isinstance(v, dict)}}
+                for r in zoo.records()]
+        print(f"zoo {args.suite} size={args.size} seed={seed}: built {len(zoo.built)}, loaded {len(zoo.loaded)} "
+              f"(cache {zoo.folder})")
+        print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .benchmark import ACE_SCALED, Benchmark
+
+    summaries = []
+    for seed in args.seeds:
+        zoo = _zoo(args, seed).build(progress=True)
+        bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads)
+        extra = {"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED}} if args.ace_scaled else None
+        runs = bench.run_all(args.methods, progress=True, extra=extra)
+        stem = f"{args.suite}_{args.size}_seed{seed}"
+        if args.out:
+            bench.save(runs, Path(args.out), stem)
+        df = bench.summary(runs).assign(seed=seed)
+        summaries.append(df)
+        print(f"\n{stem}")
+        print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if len(summaries) > 1:
+        all_ = pd.concat(summaries)
+        agg = all_.groupby("method", sort=False).agg(
+            test_acc=("test_acc", "mean"), test_acc_sd=("test_acc", "std"),
+            test_normalized=("test_normalized", "mean"), test_normalized_sd=("test_normalized", "std"))
+        print(f"\n{args.suite} over seeds {args.seeds}")
+        print(agg.to_string(float_format=lambda v: f"{v:.2f}"))
+        if args.out:
+            agg.to_csv(Path(args.out) / f"{args.suite}_{args.size}_seeds.csv")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -26,6 +78,29 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--methods", nargs="+", default=None, help="methods to run (default: all)")
     d.set_defaults(func=_cmd_demo)
+
+    def world_args(p):
+        p.add_argument("--suite", default="tasks8", help="task suite (tasks8, tasks14, tasks20, ...)")
+        p.add_argument("--size", default="small", help="model size: micro, tiny, small")
+        p.add_argument("--seeds", type=int, nargs="+", default=[0], help="expert fine-tuning seeds")
+        p.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
+        p.add_argument("--no-mtl", action="store_true", help="skip the multi-task reference model")
+        p.add_argument("--threads", type=int, default=None, help="CPU threads for training/evaluation")
+
+    z = sub.add_parser("zoo", help="build the mini-world's base, heads and experts")
+    zsub = z.add_subparsers(dest="zoo_command", required=True)
+    zb = zsub.add_parser("build", help="build (or load from the cache) a suite's zoo")
+    world_args(zb)
+    zb.set_defaults(func=_cmd_zoo_build)
+
+    b = sub.add_parser("bench", help="merge a zoo with methods, select coefficients on val, report test")
+    world_args(b)
+    b.add_argument("--methods", nargs="+", default=None, help="methods (default: all registered)")
+    b.add_argument("--n-val", type=int, default=None, help="validation images per task for the search")
+    b.add_argument("--n-test", type=int, default=None, help="test images per task")
+    b.add_argument("--ace-scaled", action="store_true", help="also run ACE with its scaling chosen on val")
+    b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
+    b.set_defaults(func=_cmd_bench)
     return ap
 
 

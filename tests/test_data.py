@@ -172,10 +172,12 @@ def test_real_source_partitions_are_disjoint(root):
 
 
 def test_glyph_fonts_split_between_tasks_and_pool():
+    from acetools.data.pool import POOL_GLYPHS
+
     assert not set(glyphs.TASK_FONTS) & set(glyphs.POOL_FONTS)
-    pool_glyphs = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
-    for name in ("greek", "symbols"):
-        assert not set(TASKS[name].class_names) & pool_glyphs
+    task_glyphs = set().union(*(TASKS[n].class_names for n in ("letters", "lowercase", "numerals", "greek",
+                                                                 "symbols", "turned")))
+    assert len(task_glyphs) == 60 and not set(POOL_GLYPHS) & task_glyphs
 
 
 def test_dedupe_drops_conflicting_copies():
@@ -371,7 +373,9 @@ def test_contact_sheet_and_calibration_helpers():
     sheet = D.contact_sheet(d.x, d.y, d.class_names, per_class=5, scale=2)
     assert sheet.size == (90 + 5 * (64 + 2), 3 * (64 + 2))
     t = D.tiny_task(n_classes=3, n=60, seed=0, split="test")
-    assert calibrate.ncm_accuracy(d.x, d.y, t.x, t.y) > 0.5
+    f = torch.nn.functional.one_hot(d.y, 3).float() * 5 + torch.randn(90, 3, generator=torch.Generator().manual_seed(0))
+    assert calibrate.ncm_accuracy(f, d.y, f, d.y) > 0.9 and calibrate.ncm_accuracy(f, d.y, f, d.y, cosine=True) > 0.9
+    assert 0.0 <= calibrate.ncm_accuracy(d.x, d.y, t.x, t.y) <= 1.0
     assert 0.0 <= calibrate.linear_accuracy(d.x, d.y, t.x, t.y, epochs=5) <= 1.0
     torch.manual_seed(0)
     res = calibrate.cnn_accuracy(d.x, d.y, t.x, t.y, seconds=1.0, max_epochs=2)

@@ -417,6 +417,12 @@ def test_polarize_tasks_uses_full_norms_and_reverses_with_reciprocal():
     out = polarize_tasks([A1, A2], 2.0)
     torch.testing.assert_close(out[0], A1 * (n1 / m) ** 2)
     torch.testing.assert_close(out[1], A2 * (n2 / m) ** 2)
+    # truncated factors with the full norms passed in == truncating after the scaling
+    cut = polarize_tasks([A1[:2], A2[:2]], 2.0, norms=[n1, n2])
+    torch.testing.assert_close(cut[0], out[0][:2])
+    torch.testing.assert_close(cut[1], out[1][:2])
+    with pytest.raises(ValueError, match="one value per task"):
+        polarize_tasks([A1, A2], 2.0, norms=[1.0])
     rec = polarize_tasks([A1, A2], -1.0)
     assert rec[1].norm() / A2.norm() < rec[0].norm() / A1.norm()  # the larger task is damped
     torch.testing.assert_close(rec[0].norm(), m)

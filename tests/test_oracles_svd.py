@@ -17,6 +17,16 @@ from acetools.merging.regmean import regmean
 from acetools.merging.svd import iso_c, iso_cts, tsv_m
 from acetools.merging.wudi import wudi
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny LAPACK calls are ~100x slower with 2 OpenMP threads on a busy 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 pytestmark = pytest.mark.oracle
 
 SHAPES = {

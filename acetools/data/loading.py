@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from ..utils import progress
-from ._core import (SPLITS, TaskData, TaskInfo, cache_path, check_split_args, data_root, digest_arrays, load_npz,
-                    row_hashes, save_npz, suggest, to_tensor_images)
+from ._core import (SPLITS, TaskData, TaskInfo, cache_key, cache_path, check_split_args, data_root, digest_arrays,
+                    load_npz, row_hashes, save_npz, suggest, to_tensor_images)
 
-__all__ = ["get_task", "load_split", "prepare", "all_task_names"]
+__all__ = ["get_task", "load_split", "prepare", "fingerprint", "build_task", "all_task_names"]
 
 
 def _registries():
@@ -137,19 +137,40 @@ def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, 
                     class_names=info.class_names, name=name, split=split)
 
 
+def fingerprint(name: str) -> str:
+    """A short hash of everything that determines a task's bytes (builder version and
+    parameters, sizes) — known without building it; use it to key models trained on it."""
+    spec = _spec(name)
+    if spec.info.online:
+        return cache_key(spec.key_params)
+    return cache_key(_key_params(spec))
+
+
+def _build_missing(args) -> tuple[str, float]:
+    name, root, allow_download = args
+    t0 = time.perf_counter()
+    build_task(name, root, allow_download)
+    return name, time.perf_counter() - t0
+
+
 def prepare(names: Iterable[str] | str = "tasks20", root: str | os.PathLike | None = None,
-            allow_download: bool = False, show_progress: bool | None = None) -> dict[str, Path]:
+            allow_download: bool = False, show_progress: bool | None = None,
+            workers: int | None = None) -> dict[str, Path]:
     """Build and cache every task of a suite (or list of names) that is not cached yet.
 
-    Returns ``{name: cache file}``. Online tasks are converted and cached the same way.
+    ``workers`` processes build tasks in parallel (default: up to 2, one per CPU core);
+    ``workers=1`` builds in this process. Online tasks are converted in this process.
+    Returns ``{name: cache file}``.
     """
     from . import SUITES
 
     if isinstance(names, str):
         names = SUITES[names] if names in SUITES else [names]
+    names = list(names)
     root_p = data_root(root)
-    out = {}
-    for name in progress(list(names), desc="tasks", enabled=show_progress):
+    out: dict[str, Path] = {}
+    todo = []
+    for name in names:
         spec = _spec(name)
         if spec.info.online:
             from . import online
@@ -157,7 +178,23 @@ def prepare(names: Iterable[str] | str = "tasks20", root: str | os.PathLike | No
             out[name] = online.prepare(name, root_p, allow_download)
             continue
         path = cache_path(root_p, name, _key_params(spec))
-        if not path.is_file():
-            build_task(name, root_p, allow_download)
         out[name] = path
+        if spec.cache and not path.is_file():
+            todo.append(name)
+    if workers is None:
+        workers = min(2, os.cpu_count() or 1)
+    workers = max(1, min(workers, len(todo)))
+    jobs = [(name, root_p, allow_download) for name in todo]
+    if workers == 1:
+        for job in progress(jobs, desc="building tasks", enabled=show_progress):
+            _build_missing(job)
+    else:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+            futures = [ex.submit(_build_missing, job) for job in jobs]
+            for f in progress(cf.as_completed(futures), desc="building tasks", total=len(futures),
+                              enabled=show_progress):
+                f.result()
     return out

@@ -69,6 +69,10 @@ class OnlineSpec:
         return {"version": ONLINE_VERSION, "cls": self.cls, "train": [dict(k) for k in self.train],
                 "test": None if self.test is None else [dict(k) for k in self.test]}
 
+    @property
+    def key_params(self) -> dict:
+        return {"task": self.info.name, **self.params}
+
 
 def _spec(name, cls, classes, train, test, domain, how="", **kw) -> OnlineSpec:
     if isinstance(classes, int):
@@ -234,7 +238,7 @@ def build_online(name: str, root: Path, allow_download: bool = False) -> tuple[d
 
 def _cached(name: str, root: Path, allow_download: bool) -> tuple[dict[str, np.ndarray], dict]:
     spec = ONLINE_SPECS[name]
-    path = cache_path(root, name, spec.params)
+    path = cache_path(root, name, spec.key_params)
     if path.is_file():
         return load_npz(path)
     arrays, meta = build_online(name, root, allow_download)
@@ -248,7 +252,7 @@ def _cached(name: str, root: Path, allow_download: bool) -> tuple[dict[str, np.n
 
 def prepare(name: str, root: Path, allow_download: bool = False) -> Path:
     _cached(name, root, allow_download)
-    return cache_path(root, name, ONLINE_SPECS[name].params)
+    return cache_path(root, name, ONLINE_SPECS[name].key_params)
 
 
 def load_split(name: str, split: str, *, root: Path, allow_download: bool = False, n: int | None = None) -> TaskData:

@@ -16,7 +16,7 @@ import numpy as np
 from .render import SUPERSAMPLE, composite, downsample, new_mask, random_colours
 
 # ---------------------------------------------------------------- shapes
-SHAPES: tuple[str, ...] = ("circle", "triangle", "square", "star", "cross", "ring", "crescent", "heart")
+SHAPES: tuple[str, ...] = ("circle", "triangle", "square", "star", "cross", "ring", "crescent", "semicircle")
 # circumradius (px, about the shape's centroid) of the three size classes: gaps of 1.5 px
 SIZE_BINS: tuple[tuple[float, float], ...] = ((5.5, 6.5), (8.0, 9.0), (10.5, 11.5))
 SIZE_NAMES: tuple[str, ...] = ("small", "medium", "large")
@@ -60,11 +60,9 @@ def _crescent(d: float = 0.5, r2: float = 0.85, n: int = 160) -> np.ndarray:
     return np.concatenate([outer, inner])
 
 
-def _heart(n: int = 120) -> np.ndarray:
-    t = np.linspace(0, 2 * math.pi, n, endpoint=False)
-    x = 16 * np.sin(t) ** 3
-    y = 13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t)
-    return np.stack([x, -y], 1)
+def _semicircle(n: int = 64) -> np.ndarray:
+    a = np.linspace(0, math.pi, n)
+    return np.stack([np.cos(a), -np.sin(a)], 1)  # the arc; the polygon closes along the diameter
 
 
 def _centroid(p: np.ndarray) -> np.ndarray:
@@ -92,7 +90,8 @@ _UNIT: dict[str, list[tuple[np.ndarray, int]]] = {
         "cross": [(_cross(), 255)],
         "ring": [(_regular(96), 255), (_regular(96, r=0.52), 0)],
         "crescent": [(_crescent(), 255)],
-        "heart": [(_heart(), 255)],
+        # (a heart was tried first: at 6-px radius it was confused with the square 20 % of the time)
+        "semicircle": [(_semicircle(), 255)],
     }.items()
 }
 

@@ -56,7 +56,7 @@ import torch
 from torch import Tensor
 
 from ..utils import progress
-from ._linalg import solve_right
+from ._linalg import solve_right, thin_svd
 from ._registry import METHODS, Param, register
 from .averaging import mean_update
 
@@ -372,7 +372,7 @@ def spectral_refine(
     if len(dWs) != len(Sigma_tilde):
         raise ValueError(f"layer {name!r}: {len(dWs)} task vectors but {len(Sigma_tilde)} covariances")
     res = _sum(d @ S.double() for d, S in zip(dWs, Sigma_tilde)) - _sum(dWs) @ Sigma_reg_mean.double()
-    U, S, Vh = torch.linalg.svd(Wp + res, full_matrices=False)
+    U, S, Vh = thin_svd(Wp + res)
     k = int(k_frac * min(Wp.shape))
     if k == 0:
         warnings.warn(

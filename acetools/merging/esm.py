@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..utils import progress
+from ._linalg import thin_svd
 from ._registry import Param, register
 from .averaging import mean_update
 from .svd import tsv_merge_matrix
@@ -134,11 +135,11 @@ def essential_subspace(X: Tensor | None, delta_W: Tensor, decomposition: str = "
         X = _as_rows(X, d_in).to(delta_W.device, delta_W.dtype)
         n = X.shape[0]
         dO = X @ delta_W.T
-        _, S, Vh = torch.linalg.svd(dO, full_matrices=False)
+        _, S, Vh = thin_svd(dO)
         P = Vh.T
         lam = S.square() / max(n - 1, 1)
     else:
-        U, S, _ = torch.linalg.svd(delta_W, full_matrices=False)
+        U, S, _ = thin_svd(delta_W)
         P = U
         lam = S.square()
     m = P.shape[1]
@@ -183,13 +184,18 @@ def polar_scales(norms: Tensor, power: float = 2.0) -> Tensor:
     return torch.where(norms > 0, (safe / mean).pow(power), torch.zeros_like(norms))
 
 
-def polarize_tasks(A: Sequence[Tensor], power: float = 2.0) -> list[Tensor]:
+def polarize_tasks(A: Sequence[Tensor], power: float = 2.0, norms: Sequence[float] | Tensor | None = None) -> list[Tensor]:
     """Inter-task polarization, spec §2 Step B1: A_t <- s_t A_t, s_t = (n_t / mean_i n_i)^power.
 
-    n_t = ||A_t||_F of the *full* (untruncated) coordinates, as in the code. Returns new
-    tensors; the inputs are untouched.
+    n_t = ||A_t||_F of the *full* (untruncated) coordinates, as in the code; pass ``norms``
+    when ``A`` holds already-truncated factors (that is what :func:`esm_merge_matrix` does, so
+    it never keeps T full d_out x d_out bases). Returns new tensors; the inputs are untouched.
     """
-    norms = torch.stack([torch.linalg.norm(a) for a in A])
+    if norms is None:
+        norms = torch.stack([torch.linalg.norm(a) for a in A])
+    norms = torch.as_tensor(norms, dtype=A[0].dtype, device=A[0].device)
+    if norms.shape != (len(A),):
+        raise ValueError(f"norms must hold one value per task ({len(A)}), got shape {tuple(norms.shape)}")
     s = polar_scales(norms, power)
     return [a * s[t] for t, a in enumerate(A)]
 
@@ -238,7 +244,7 @@ def whiten(M: Tensor) -> Tensor:
     The result has orthonormal columns (or rows) up to that scale c: for a tall full-rank
     M, whiten(M)^T whiten(M) = c^2 I.
     """
-    U, S, Vh = torch.linalg.svd(M, full_matrices=False)
+    U, S, Vh = thin_svd(M)
     if S.numel() == 0 or not bool(S.mean() > 0):
         return torch.zeros_like(M)
     return (U @ Vh) * S.mean()
@@ -272,12 +278,17 @@ def esm_merge_matrix(
             f"got {None if Xs is None else len(Xs)} for {T} task vectors"
         )
     d_out = taus[0].shape[0]
-    subs = [essential_subspace(None if Xs is None else Xs[t], tau, decomposition) for t, tau in enumerate(taus)]
-    A = [task_coordinates(sub.P, tau) for sub, tau in zip(subs, taus)]
-    if task_scaling:
-        A = polarize_tasks(A, task_power)
     k = rank_budget(d_out, T)
-    P_hats, A_hats = zip(*(truncate_factors(sub, a, k, eig_power) for sub, a in zip(subs, A)))
+    P_hats, A_hats, norms = [], [], []
+    for t, tau in enumerate(taus):  # one task at a time: only the top-k factors are kept
+        sub = essential_subspace(None if Xs is None else Xs[t], tau, decomposition)
+        A = task_coordinates(sub.P, tau)
+        norms.append(torch.linalg.norm(A))  # n_t on the full A_t (Step B1)
+        P_hat, A_hat = truncate_factors(sub, A, k, eig_power)
+        P_hats.append(P_hat)
+        A_hats.append(A_hat)
+    if task_scaling:
+        A_hats = polarize_tasks(A_hats, task_power, norms=torch.stack(norms))
     P_cat, A_cat = concatenate_factors(P_hats, A_hats)
     if dim_scaling:
         A_cat = polarize_dimensions(A_cat, dim_power)

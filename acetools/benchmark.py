@@ -1,0 +1,389 @@
+"""The benchmark harness: merge a zoo's experts with any method and evaluate on every task.
+
+One :class:`Benchmark` wraps a :class:`~acetools.zoo.Zoo` (base, experts, heads) and gives
+everything the merge methods need — proxy batches and activations for ESM, Gram matrices
+for RegMean — plus evaluation (absolute and normalized accuracy per task and on average)
+and the papers' coefficient selection on validation (spec §0): a grid or golden-section
+search maximising the average normalized accuracy, then test accuracy at the chosen value.
+
+Every method's coefficient enters its merged update affinely (θ(c) = θ0 + U0 + c·U1 for
+task arithmetic, TIES, DARE, TSV-M, Iso, CART, ACE's scaling and ESM's α), so a search
+merges twice and evaluates many; :meth:`Benchmark.run` checks that assumption on each run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from .merging import METHODS, merge
+from .search import ALPHA_GRID, LAMBDA_GRID, esm_search, golden_section_search, grid_search
+from .utils import atomic_write, make_generator
+
+__all__ = ["Benchmark", "MethodRun", "SEARCH", "package_versions"]
+
+StateDict = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class Search:
+    """How a method's coefficient is chosen on validation (spec §0)."""
+
+    param: str  # the hyperparameter searched
+    kind: str  # "grid", "golden" or "esm" (golden section, then best normalized)
+    grid: tuple[float, ...] = ()
+    bracket: tuple[float, float] = (0.0, 2.0)
+
+
+#: The papers' selection rule per method (spec §0, §1 (b), §2 Step D, §3). ``None``: no
+#: search (weight averaging's fixed 1/T; WUDI, RegMean and ACE use their coefficient 1).
+SEARCH: dict[str, Search | None] = {
+    "weight_averaging": None,
+    "task_arithmetic": Search("lam", "grid", LAMBDA_GRID),
+    "ties": Search("lam", "grid", LAMBDA_GRID),
+    "dare": Search("lam", "grid", LAMBDA_GRID),
+    "tsv_m": Search("alpha", "grid", ALPHA_GRID),
+    "iso_c": Search("alpha", "grid", ALPHA_GRID),
+    "iso_cts": Search("alpha", "grid", ALPHA_GRID),
+    "cart": Search("lam", "grid", ALPHA_GRID),
+    "wudi": None,
+    "regmean": None,
+    "ace": None,
+    "esm": Search("alpha", "esm", bracket=(0.0, 2.0)),
+}
+#: A searched variant of ACE ("ace" + scaling chosen on validation), for the prototype's question.
+ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20), 2).tolist()))
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages that shape a result (STYLE 14)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for p in ("acetools", "torch", "open_clip_torch", "numpy"):
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:  # pragma: no cover
+            out[p] = "not installed"
+    return out
+
+
+@dataclass
+class MethodRun:
+    """The result of one method on one benchmark: per-task scores and the search trace."""
+
+    method: str
+    hparams: dict[str, Any]
+    coef_name: str | None
+    coef: float | None
+    val: dict[str, float]  # task -> absolute accuracy at the chosen coefficient
+    test: dict[str, float]
+    val_normalized: dict[str, float]
+    test_normalized: dict[str, float]
+    merge_seconds: float
+    search: pd.DataFrame | None = field(default=None, repr=False)
+    label: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.label or self.method
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "method": self.name,
+            "coef_name": self.coef_name,
+            "coef": self.coef,
+            "test_acc": 100 * float(np.mean(list(self.test.values()))),
+            "test_normalized": 100 * float(np.mean(list(self.test_normalized.values()))),
+            "val_normalized": 100 * float(np.mean(list(self.val_normalized.values()))),
+            "merge_seconds": self.merge_seconds,
+        }
+
+
+def _jsonable(v: Any) -> Any:
+    """Hyperparameters as JSON: tensors and data inputs (activations, grams) summarised."""
+    if isinstance(v, Tensor):
+        return f"<tensor {tuple(v.shape)}>"
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if callable(v):
+        return f"<callable {getattr(v, '__name__', type(v).__name__)}>"
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class Benchmark:
+    """Merge-and-evaluate on one zoo (a suite at one model size and expert seed).
+
+    ``n_val``/``n_test`` cap the per-task examples used (``None``: the whole split);
+    ``n_proxy`` is ESM's number of proxy images per task (32 in the paper), taken from
+    the validation split with seed ``proxy_seed``; ``n_gram`` the RegMean examples per task
+    from the training split.
+    """
+
+    def __init__(self, zoo, *, n_val: int | None = None, n_test: int | None = None, n_proxy: int = 32,
+                 n_gram: int = 256, proxy_seed: int = 0, batch_size: int = 512, threads: int | None = None):
+        self.zoo = zoo
+        self.tasks: list[str] = list(zoo.tasks)
+        self.n_val, self.n_test = n_val, n_test
+        self.n_proxy, self.n_gram, self.proxy_seed = n_proxy, n_gram, proxy_seed
+        self.batch_size, self.threads = batch_size, threads
+        self._expert_acc: dict[str, dict[str, float]] = {}
+        self._esm_acts: dict | None = None
+        self._grams: list | None = None
+
+    # ------------------------------------------------------------------ ingredients
+    @property
+    def base(self) -> StateDict:
+        return self.zoo.base_state()
+
+    @property
+    def experts(self) -> list[StateDict]:
+        return [self.zoo.expert_state(t) for t in self.tasks]
+
+    def data(self, task: str, split: str):
+        """A task's split, cut to ``n_val``/``n_test`` rows (prefix: deterministic)."""
+        d = self.zoo.split(task, split)
+        n = {"val": self.n_val, "test": self.n_test}.get(split)
+        if n is None or n >= len(d.y):
+            return d
+        from types import SimpleNamespace
+
+        return SimpleNamespace(x=d.x[:n], y=d.y[:n], name=task, split=split)
+
+    def proxy_batch(self, task: str) -> Tensor:
+        """ESM's proxy images: ``n_proxy`` validation images of ``task`` drawn without
+        replacement with a seeded generator (spec §2 Step A)."""
+        d = self.zoo.split(task, "val")
+        g = make_generator(self.proxy_seed)
+        idx = torch.randperm(len(d.y), generator=g)[: self.n_proxy]
+        return torch.as_tensor(np.asarray(d.x))[idx]
+
+    def matrix_keys(self, pattern: Sequence[str] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")) -> list[str]:
+        return [k for k in self.base if any(p in k for p in pattern)]
+
+    def esm_activations(self) -> dict[str, list[Tensor]]:
+        """Input activations of ESM's target layers inside each task's fine-tuned encoder."""
+        if self._esm_acts is None:
+            from .activations import capture_inputs
+
+            keys = self.matrix_keys()
+            acts: dict[str, list[Tensor]] = {k: [] for k in keys}
+            for t, state in zip(self.tasks, self.experts):
+                enc = self.zoo.encoder(state)
+                got = capture_inputs(enc, self.proxy_batch(t), keys)
+                for k in keys:
+                    acts[k].append(got[k].float())
+            self._esm_acts = acts
+        return self._esm_acts
+
+    def grams(self) -> list[dict[str, Tensor]]:
+        """RegMean's per-task Gram matrices of each hookable linear layer's inputs (spec §3.9),
+        from ``n_gram`` training images in the task's fine-tuned encoder. ``attn.out_proj``
+        is called functionally inside attention and cannot be hooked: it takes the mean."""
+        if self._grams is None:
+            from .activations import gram_matrices
+
+            keys = self.matrix_keys()
+            out = []
+            for t, state in zip(self.tasks, self.experts):
+                d = self.zoo.split(t, "train")
+                x = torch.as_tensor(np.asarray(d.x[: self.n_gram]))
+                out.append({k: v.float() for k, v in gram_matrices(self.zoo.encoder(state), x, keys, batch_size=128).items()})
+            self._grams = out
+        return self._grams
+
+    def method_inputs(self, method: str) -> dict[str, Any]:
+        if method == "esm":
+            return {"activations": self.esm_activations()}
+        if method == "regmean":
+            return {"grams": self.grams()}
+        return {}
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, state: Mapping[str, Tensor], split: str = "test", tasks: Sequence[str] | None = None) -> dict[str, float]:
+        """Absolute top-1 accuracy (fraction) per task of the encoder ``state``."""
+        from .finetune import evaluate
+
+        enc = self.zoo.encoder(state)
+        return {t: evaluate(enc, self.zoo.head(t), self.data(t, split), batch_size=self.batch_size,
+                            threads=self.threads) for t in (tasks or self.tasks)}
+
+    def expert_accuracy(self, split: str = "test") -> dict[str, float]:
+        """Each expert on its own task: the reference of normalized accuracy."""
+        if split not in self._expert_acc:
+            from .finetune import evaluate
+
+            self._expert_acc[split] = {
+                t: evaluate(self.zoo.encoder(s), self.zoo.head(t), self.data(t, split), batch_size=self.batch_size, threads=self.threads)
+                for t, s in zip(self.tasks, self.experts)
+            }
+        return self._expert_acc[split]
+
+    def normalized(self, acc: Mapping[str, float], split: str) -> dict[str, float]:
+        ref = self.expert_accuracy(split)
+        return {t: acc[t] / ref[t] if ref[t] > 0 else float("nan") for t in acc}
+
+    def table(self, acc: Mapping[str, float], split: str = "test", name: str = "") -> pd.DataFrame:
+        """Tidy rows (method, task, split, accuracy, normalized) in percent."""
+        norm = self.normalized(acc, split)
+        return pd.DataFrame([{"method": name, "task": t, "split": split, "accuracy": 100 * acc[t],
+                              "normalized": 100 * norm[t]} for t in acc])
+
+    # ------------------------------------------------------------------ running methods
+    def _merge(self, method: str, hparams: Mapping[str, Any]) -> StateDict:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return merge(method, self.base, self.experts, **self.method_inputs(method), **hparams)
+
+    def run(self, method: str, *, search: Search | None | str = "default", label: str | None = None,
+            **hparams: Any) -> MethodRun:
+        """Merge with ``method``, choose its coefficient on validation, evaluate on test.
+
+        ``search="default"`` uses :data:`SEARCH`; ``None`` keeps the hyperparameters as given.
+        """
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; valid: {sorted(METHODS)}")
+        if search == "default":
+            search = SEARCH.get(method)
+        t0 = time.perf_counter()
+        trace = None
+        if search is None:
+            merged = self._merge(method, hparams)
+            merge_s = time.perf_counter() - t0
+            coef_name, coef = None, None
+        else:
+            if search.param in hparams:
+                raise ValueError(f"{method}: {search.param} is searched; pass search=None to fix it")
+            m1 = self._merge(method, {**hparams, search.param: 1.0})
+            m2 = self._merge(method, {**hparams, search.param: 2.0})
+            merge_s = (time.perf_counter() - t0) / 2
+            slope = {k: m2[k] - m1[k] for k in m1}
+            self._check_affine(method, hparams, search.param, m1, slope)
+
+            def at(c: float) -> StateDict:
+                return {k: m1[k] + (c - 1.0) * slope[k] for k in m1}
+
+            def score(c: float) -> dict[str, float]:
+                return self.evaluate(at(c), "val")
+
+            ref = self.expert_accuracy("val")
+            if search.kind == "grid":
+                res = grid_search(score, search.grid, reference=ref)
+            elif search.kind == "golden":
+                res = golden_section_search(score, *search.bracket, reference=ref)
+            elif search.kind == "esm":
+                res = esm_search(score, ref, lo=search.bracket[0], hi=search.bracket[1])
+            else:  # pragma: no cover
+                raise ValueError(search.kind)
+            coef_name, coef = search.param, float(res.best)
+            merged = at(coef)
+            trace = res.to_frame()
+        val = self.evaluate(merged, "val")
+        test = self.evaluate(merged, "test")
+        hp = {k: v for k, v in hparams.items()}
+        if coef_name:
+            hp[coef_name] = coef
+        return MethodRun(method, hp, coef_name, coef, val, test, self.normalized(val, "val"),
+                         self.normalized(test, "test"), merge_s, trace, label)
+
+    def _check_affine(self, method, hparams, param, m1, slope, tol: float = 1e-3) -> None:
+        """θ(0.5) must equal m1 - 0.5·slope if the coefficient enters affinely."""
+        m_half = self._merge(method, {**hparams, param: 0.5})
+        for k in m1:
+            pred = m1[k] - 0.5 * slope[k]
+            err = (m_half[k] - pred).abs().max()
+            scale = slope[k].abs().max() + 1e-12
+            if err > tol * scale and err > 1e-6:
+                raise RuntimeError(f"{method}: {param} does not enter key {k!r} affinely; "
+                                   "the fast search is invalid for this method")
+
+    def reference_rows(self) -> list[MethodRun]:
+        """Rows for the unmerged base (its frozen heads) and the individual experts."""
+        rows = []
+        for name, val, test in (
+            ("base (zero-shot heads)", self.evaluate(self.base, "val"), self.evaluate(self.base, "test")),
+            ("experts (individual)", self.expert_accuracy("val"), self.expert_accuracy("test")),
+        ):
+            rows.append(MethodRun(name, {}, None, None, val, test, self.normalized(val, "val"),
+                                  self.normalized(test, "test"), 0.0))
+        if not getattr(self.zoo, "mtl", False):
+            return rows
+        mtl = self.zoo.mtl_state()
+        val, test = self.evaluate(mtl, "val"), self.evaluate(mtl, "test")
+        rows.append(MethodRun("multi-task (MTL)", {}, None, None, val, test, self.normalized(val, "val"),
+                              self.normalized(test, "test"), 0.0))
+        return rows
+
+    def run_all(self, methods: Sequence[str] | None = None, *, references: bool = True,
+                progress: bool | None = None, extra: Mapping[str, dict] | None = None) -> list[MethodRun]:
+        """Run ``methods`` (default: every registered one) plus ``extra`` labelled variants
+        (``{label: {"method": ..., "search": ..., **hparams}}``)."""
+        from .utils import progress as bar
+
+        jobs: list[tuple[str, dict]] = [(m, {"method": m}) for m in (methods or list(METHODS))]
+        jobs += [(label, dict(spec)) for label, spec in (extra or {}).items()]
+        runs = self.reference_rows() if references else []
+        for label, spec in bar(jobs, desc="methods", total=len(jobs), enabled=progress):
+            spec = dict(spec)
+            m = spec.pop("method")
+            runs.append(self.run(m, label=None if label == m else label, **spec))
+        return runs
+
+    # ------------------------------------------------------------------ reporting
+    @staticmethod
+    def summary(runs: Sequence[MethodRun]) -> pd.DataFrame:
+        return pd.DataFrame([r.summary() for r in runs])
+
+    def per_task(self, runs: Sequence[MethodRun]) -> pd.DataFrame:
+        rows = []
+        for r in runs:
+            for split, acc, norm in (("val", r.val, r.val_normalized), ("test", r.test, r.test_normalized)):
+                rows += [{"method": r.name, "task": t, "split": split, "accuracy": 100 * acc[t],
+                          "normalized": 100 * norm[t]} for t in acc]
+        return pd.DataFrame(rows)
+
+    def record(self, runs: Sequence[MethodRun]) -> dict[str, Any]:
+        """Everything needed to reproduce the runs: hyperparameters, search traces, seeds,
+        versions, checkpoint hashes (STYLE 14)."""
+        return {
+            "suite": getattr(self.zoo, "suite", None),
+            "tasks": self.tasks,
+            "size": self.zoo.size,
+            "expert_seed": self.zoo.seed,
+            "proxy_seed": self.proxy_seed,
+            "n_val": self.n_val, "n_test": self.n_test, "n_proxy": self.n_proxy, "n_gram": self.n_gram,
+            "versions": package_versions(),
+            "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in self.zoo.records()],
+            "runs": [{**r.summary(), "hparams": _jsonable(r.hparams),
+                      "search_trace": None if r.search is None else r.search.to_dict(orient="records"),
+                      "val": r.val, "test": r.test} for r in runs],
+        }
+
+    def save(self, runs: Sequence[MethodRun], folder: str | Path, stem: str) -> dict[str, Path]:
+        """Write ``<stem>_summary.csv``, ``<stem>_per_task.csv`` and ``<stem>.json`` atomically."""
+        folder = Path(folder)
+        paths = {"summary": folder / f"{stem}_summary.csv", "per_task": folder / f"{stem}_per_task.csv",
+                 "json": folder / f"{stem}.json"}
+        with atomic_write(paths["summary"], "w") as fh:
+            self.summary(runs).to_csv(fh, index=False)
+        with atomic_write(paths["per_task"], "w") as fh:
+            self.per_task(runs).to_csv(fh, index=False)
+        with atomic_write(paths["json"], "w") as fh:
+            json.dump(self.record(runs), fh, indent=1, default=str)
+        return paths
