@@ -34,6 +34,8 @@ class RegressionTask:
     W_star: Tensor  # d_out x d_in target map
     X_train: Tensor
     Y_train: Tensor
+    X_val: Tensor
+    Y_val: Tensor
     X_test: Tensor
     Y_test: Tensor
     noise: float
@@ -50,6 +52,7 @@ def make_regression_tasks(
     d_out: int = 16,
     *,
     n_train: int = 2000,
+    n_val: int = 500,
     n_test: int = 1000,
     subspace_dim: int = 6,
     floor: float = 0.02,
@@ -85,8 +88,9 @@ def make_regression_tasks(
             return X, Y
 
         X_tr, Y_tr = draw(n_train)
+        X_va, Y_va = draw(n_val)
         X_te, Y_te = draw(n_test)
-        tasks.append(RegressionTask(Sigma, W_star, X_tr, Y_tr, X_te, Y_te, noise))
+        tasks.append(RegressionTask(Sigma, W_star, X_tr, Y_tr, X_va, Y_va, X_te, Y_te, noise))
     return W0, tasks
 
 
@@ -100,31 +104,46 @@ def finetune_linear(
     batch_size: int = 64,
     optimizer: str = "sgd",
     seed: int = 0,
+    betas: tuple[float, float] = (0.9, 0.999),
 ) -> Tensor:
-    """Fine-tune ``W0`` on (X, Y) with mini-batch SGD or Adam on the mean squared error.
+    """Fine-tune ``W0`` on (X, Y) with mini-batch SGD or Adam on the squared error.
 
-    Returns the fine-tuned weight (a new tensor). Deterministic given ``seed``.
+    The loss is mean_i ||W x_i - y_i||^2, so the gradient is 2 (W X_bᵀ - Y_bᵀ) X_b / B: the
+    quantity whose accumulation Theorem 1 reads as a covariance (2 (W - W*) Sigma in
+    expectation). Written out by hand (no autograd) so a reader sees every step. Returns
+    the fine-tuned weight (a new tensor); deterministic given ``seed``.
     """
     if optimizer not in ("sgd", "adam"):
         raise ValueError(f"optimizer={optimizer!r} must be 'sgd' or 'adam'")
     if X.shape[0] != Y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}")
     g = make_generator(seed)
-    W = W0.detach().clone().requires_grad_(True)
-    opt = torch.optim.SGD([W], lr=lr) if optimizer == "sgd" else torch.optim.Adam([W], lr=lr)
+    W = W0.detach().clone()
+    m = torch.zeros_like(W)
+    v = torch.zeros_like(W)
     n = X.shape[0]
-    for _ in range(steps):
-        idx = torch.randint(0, n, (min(batch_size, n),), generator=g)
-        loss = ((X[idx] @ W.T - Y[idx]) ** 2).sum(1).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return W.detach()
+    b = min(batch_size, n)
+    for step in range(1, steps + 1):
+        idx = torch.randint(0, n, (b,), generator=g)
+        Xb, Yb = X[idx], Y[idx]
+        grad = 2.0 * (Xb @ W.T - Yb).T @ Xb / b
+        if optimizer == "sgd":
+            W -= lr * grad
+        else:  # Adam (Kingma & Ba), bias-corrected
+            m.mul_(betas[0]).add_(grad, alpha=1 - betas[0])
+            v.mul_(betas[1]).addcmul_(grad, grad, value=1 - betas[1])
+            m_hat = m / (1 - betas[0] ** step)
+            v_hat = v / (1 - betas[1] ** step)
+            W -= lr * m_hat / (v_hat.sqrt() + 1e-8)
+    return W
 
 
 def task_loss(W: Tensor, task: RegressionTask, split: str = "test") -> float:
-    """Mean squared error (summed over outputs) of the map ``W`` on a task's split."""
-    X, Y = (task.X_test, task.Y_test) if split == "test" else (task.X_train, task.Y_train)
+    """Mean squared error (summed over outputs) of the map ``W`` on a task's split
+    (``"train"``, ``"val"`` or ``"test"``)."""
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split={split!r} must be 'train', 'val' or 'test'")
+    X, Y = getattr(task, f"X_{split}"), getattr(task, f"Y_{split}")
     return float(((X @ W.to(X.dtype).T - Y) ** 2).sum(1).mean())
 
 

@@ -3,9 +3,10 @@
 Random structured task vectors in the shapes of open_clip ViT-B/32's visual tower
 (12 blocks of attn.in_proj_weight 2304x768, attn.out_proj.weight 768x768,
 mlp.c_fc.weight 3072x768, mlp.c_proj.weight 768x3072, plus biases and LayerNorms),
-T experts. Each (method, T) runs in a fresh subprocess so that its peak resident memory
-is its own; times are wall-clock seconds of the merge alone (tensors are generated
-before the clock starts). fusion-bench's TSV-M, Iso-CTS and WUDI run on the same
+T experts. Each (method, T) runs in a fresh subprocess; times are wall-clock seconds of the
+merge alone on precomputed task vectors (tensors are generated before the clock
+starts), and memory is the peak resident memory above the level before the merge,
+sampled every 5 ms. fusion-bench's TSV-M, Iso-CTS and WUDI run on the same
 tensors and the table shows our/their time ratio.
 
     python benchmarks/merge_speed.py                      # T=8, every method, 12 blocks
@@ -21,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -107,6 +107,32 @@ def _rss_mb() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+class PeakRSS:
+    """Samples this process's resident memory every few milliseconds in a thread; ``peak``
+    is the highest value seen (MiB). ru_maxrss cannot be reset, so it cannot isolate a phase."""
+
+    def __init__(self, interval: float = 0.005):
+        import threading
+
+        self.interval, self.peak = interval, _rss_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_mb())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "PeakRSS":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_mb())
+
+
 def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: int) -> dict:
     """Run one merge in this process and return its time and peak memory."""
     import torch
@@ -124,18 +150,19 @@ def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: 
     if method == "regmean":
         kwargs["grams"] = regmean_grams(base, n_tasks)
     del experts
+    W0 = {k: v.float() for k, v in base.items()}
+    info = None if method.startswith("fb_") else METHODS[method]
+    hp = {} if info is None else info.resolve(kwargs)
     rss0 = _rss_mb()
-    t0 = time.perf_counter()
-    if method.startswith("fb_"):
-        _run_fusion_bench(method, tvs, kwargs)
-    else:
-        W0 = {k: v.float() for k, v in base.items()}
-        info = METHODS[method]
-        info.func(W0, tvs, is_matrix=acetools.merging.is_matrix_param, **info.resolve(kwargs))
-    wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
+    with PeakRSS() as mem:
+        t0 = time.perf_counter()
+        if info is None:
+            _run_fusion_bench(method, tvs, kwargs)
+        else:
+            info.func(W0, tvs, is_matrix=acetools.merging.is_matrix_param, **hp)
+        wall = time.perf_counter() - t0
     return {"method": method, "n_tasks": n_tasks, "blocks": blocks, "seconds": wall,
-            "peak_extra_mb": max(0.0, peak - rss0)}
+            "peak_extra_mb": max(0.0, mem.peak - rss0)}
 
 
 def _run_fusion_bench(method: str, tvs, kwargs) -> None:
@@ -188,9 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         ap.error(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
-    runs = [(m, t) for t in args.tasks for m in methods]
-    if not args.no_theirs:
-        runs += [(THEIRS[m], t) for t in args.tasks for m in methods if m in THEIRS]
+    # ours and theirs back to back, so that both see the same machine load
+    runs = []
+    for t in args.tasks:
+        for m in methods:
+            runs.append((m, t))
+            if m in THEIRS and not args.no_theirs:
+                runs.append((THEIRS[m], t))
     rows = []
     for m, t in runs:
         cmd = [sys.executable, __file__, "--worker", m, str(t), str(args.blocks), str(args.wudi_steps), str(args.esm_tokens)]

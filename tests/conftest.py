@@ -10,6 +10,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import pytest
 import torch
 
+# The tests use small tensors: one thread avoids OpenMP spin-wait slowdowns of tiny LAPACK
+# calls (measured ~100x on a busy 2-core machine) and fixes the reduction order.
+torch.set_num_threads(1)
+
 # open_clip-style names so the spec's key rules (matrix path, CART's attn/mlp, WUDI/ESM
 # targets) apply exactly as on a real ViT.
 SHAPES = {

@@ -28,6 +28,20 @@ def _hashes(x) -> set[bytes]:
     return set(row_hashes(x))
 
 
+def _require_offline_sources(root):
+    """Skip where Fashion-MNIST or Animal-MNIST is missing — except in CI, whose setup must
+    install them (apt-get install dataset-fashion-mnist; pip install --no-deps animal-mnist==0.4)."""
+    import os
+
+    try:
+        sources.fashion_mnist(root)
+        sources.animal_mnist(root)
+    except DataSourceError as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(e))
+
+
 # ---------------------------------------------------------------- registry and suites
 def test_registry_has_twenty_valid_tasks():
     assert len(TASKS) >= 20
@@ -114,6 +128,8 @@ def test_rng_streams_are_counter_based():
 @pytest.mark.parametrize("name", ["shapes", "letters", "digits", "parity", "fashion", "animals", "texture",
                                   "rotation", "count"])
 def test_prefix_builds_are_deterministic_and_stable(name, root):
+    if name in ("fashion", "animals"):
+        _require_offline_sources(root)
     a = load_split(name, "val", root=root, n=12)
     b = load_split(name, "val", root=root, n=12)
     c = load_split(name, "val", root=root, n=20)
@@ -127,6 +143,7 @@ def test_prefix_builds_are_deterministic_and_stable(name, root):
 
 
 def test_every_task_loads_a_small_balanced_prefix(root):
+    _require_offline_sources(root)
     for name, info in TASKS.items():
         n = 2 * info.n_classes
         d = load_split(name, "test", root=root, n=n)
@@ -153,6 +170,7 @@ def test_full_build_caches_checks_and_matches_prefix(root):
 
 # ---------------------------------------------------------------- real sources: partitions
 def test_real_source_partitions_are_disjoint(root):
+    _require_offline_sources(root)
     fp = registry.fashion_partition(root, False)
     parts = {k: set(np.concatenate(fp[k]).tolist()) for k in ("train", "val", "test")}
     parts["pool"] = set(fp["pool"].tolist())
@@ -172,12 +190,10 @@ def test_real_source_partitions_are_disjoint(root):
 
 
 def test_glyph_fonts_split_between_tasks_and_pool():
-    from acetools.data.pool import POOL_GLYPHS
+    from acetools.data.pool import HEADS
 
     assert not set(glyphs.TASK_FONTS) & set(glyphs.POOL_FONTS)
-    task_glyphs = set().union(*(TASKS[n].class_names for n in ("letters", "lowercase", "numerals", "greek",
-                                                                 "symbols", "turned")))
-    assert len(task_glyphs) == 60 and not set(POOL_GLYPHS) & task_glyphs
+    assert "glyph" not in HEADS and HEADS["typeface"] == ("sans", "mono", "serif")  # no character labels
 
 
 def test_dedupe_drops_conflicting_copies():
@@ -347,6 +363,7 @@ def test_online_specs_are_complete():
 
 # ---------------------------------------------------------------- pretraining pool
 def test_pool_heads_and_disjointness(root):
+    _require_offline_sources(root)
     pool = D.pretraining_pool(root=root, n_per_source=30)
     n = len(pool)
     assert pool.x.shape == (n, 3, 32, 32) and pool.x.dtype == torch.uint8 and n == 30 * len(D.POOL_SOURCES)

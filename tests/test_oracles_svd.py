@@ -18,14 +18,6 @@ from acetools.merging.svd import iso_c, iso_cts, tsv_m
 from acetools.merging.wudi import wudi
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny LAPACK calls are ~100x slower with 2 OpenMP threads on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 pytestmark = pytest.mark.oracle
 

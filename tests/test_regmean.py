@@ -11,14 +11,6 @@ from acetools.merging import is_matrix_param
 from acetools.merging.regmean import regmean, regmean_matrix, shrink_gram, validate_grams
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny LAPACK calls are ~100x slower with 2 OpenMP threads on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 KEY = "blocks.0.mlp.c_fc.weight"
 

@@ -28,14 +28,6 @@ from acetools.merging.svd import (
 from conftest import make_world
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny LAPACK calls are ~100x slower with 2 OpenMP threads on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _taus(T, d_out, d_in, seed=0, rank=None, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)

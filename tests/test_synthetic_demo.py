@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from acetools.cli import main
@@ -39,7 +40,8 @@ def test_finetune_reduces_loss_and_is_deterministic():
 
 def test_demo_scores_methods_against_ground_truth():
     df = run_demo(n_tasks=3, d_in=16, d_out=8, methods=["weight_averaging", "task_arithmetic"], steps=150)
-    assert list(df.columns[:3]) == ["method", "mean_gain", "worst_task_gain"]
+    assert list(df.columns[:4]) == ["method", "coefficient", "mean_gain", "worst_task_gain"]
+    assert df.set_index("method").coefficient["task_arithmetic"].startswith("lam=")
     assert set(df.method) == {"weight_averaging", "task_arithmetic", "joint least squares (true Sigma_t)"}
     best = df.set_index("method").mean_gain
     # the true-covariance solution is the best linear merge; no data-free method should beat it
@@ -51,3 +53,20 @@ def test_cli_demo_prints_a_table(capsys):
     assert main(["demo", "--tasks", "3", "--methods", "task_arithmetic"]) == 0
     out = capsys.readouterr().out
     assert "task_arithmetic" in out and "joint least squares" in out
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_hand_written_optimizers_match_torch_optim(optimizer):
+    W0, tasks = make_regression_tasks(1, 6, 3, n_train=50, seed=4)
+    t = tasks[0]
+    ours = finetune_linear(W0, t.X_train, t.Y_train, steps=25, lr=0.01, batch_size=8, optimizer=optimizer, seed=7)
+    g = torch.Generator().manual_seed(7)
+    W = W0.clone().requires_grad_(True)
+    opt = torch.optim.SGD([W], lr=0.01) if optimizer == "sgd" else torch.optim.Adam([W], lr=0.01)
+    for _ in range(25):
+        idx = torch.randint(0, 50, (8,), generator=g)
+        loss = ((t.X_train[idx] @ W.T - t.Y_train[idx]) ** 2).sum(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert torch.allclose(ours, W.detach(), rtol=1e-10, atol=1e-12)

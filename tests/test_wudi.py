@@ -12,14 +12,6 @@ from acetools.merging.wudi import VIT_TARGETS, wudi, wudi_grad, wudi_loss, wudi_
 from conftest import make_world
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny LAPACK calls are ~100x slower with 2 OpenMP threads on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _taus(T, d_out, d_in, seed=0, scale=1.0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)

@@ -98,7 +98,7 @@ class TaskData:
         """SHA-256 of the image and label bytes (to record which data a result used)."""
         return digest_arrays(self.x.numpy(), self.y.numpy())
 
-    def float(self, mean: float = 0.5, std: float = 0.5) -> torch.Tensor:
+    def as_float(self, mean: float = 0.5, std: float = 0.5) -> torch.Tensor:
         """``x`` as float32 in ``[0, 1]``, then ``(x - mean) / std`` (default: ``[-1, 1]``)."""
         return (self.x.float() / 255.0 - mean) / std
 

@@ -125,6 +125,9 @@ def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, 
     if spec.cache and path.is_file():
         arrays, _ = load_npz(path)
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+    elif not spec.cache:  # fixtures: build just this split (or its first n rows)
+        x, y = spec.build(split, full if n is None else int(n), root_p, allow_download)
+        x, y = _as_images(x), np.asarray(y, dtype=np.int64)
     elif n is None or n == full:
         arrays = build_task(name, root_p, allow_download, write=spec.cache)
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]

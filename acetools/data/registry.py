@@ -32,7 +32,7 @@ from . import glyphs, patterns, scenes, sources
 from ._core import SampleStream, TaskInfo, balanced_labels, stable_int
 from .render import composite, random_colours
 
-VERSION = 2  # bump when any builder's bytes change (it keys the cache)
+VERSION = 3  # bump when any builder's bytes change (it keys the cache)
 
 Builder = Callable[[str, int, Path, bool], tuple[np.ndarray, np.ndarray]]
 

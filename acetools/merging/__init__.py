@@ -7,7 +7,6 @@ inputs, builds task vectors, calls the method and adds its merged update to W0.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -190,9 +189,4 @@ def merge(
 
 
 # Import the method families so that they register themselves.
-for _mod in ("averaging", "ties", "svd", "wudi", "regmean", "ace", "esm"):
-    try:
-        importlib.import_module(f"{__name__}.{_mod}")
-    except ModuleNotFoundError as _e:  # pragma: no cover - during development only
-        if _e.name != f"{__name__}.{_mod}":
-            raise
+from . import ace, averaging, esm, regmean, svd, ties, wudi  # noqa: E402,F401
