@@ -127,12 +127,14 @@ def _train(net, x, targets: dict, seconds: float, max_epochs: int, lr: float, se
     net.train()
     for group in opt.param_groups:
         group["lr"] = lr / 25
+    t_start = time.perf_counter()
+    step(torch.randint(len(x), (batch,), generator=g))  # first call: one-off library set-up
     t0 = time.perf_counter()
     probe = 4
     for _ in range(probe):  # warm-up batches that also time the step
         step(torch.randint(len(x), (batch,), generator=g))
     per_epoch = (time.perf_counter() - t0) / probe * steps_per_epoch
-    epochs = int(max(1, min(max_epochs, (seconds - (time.perf_counter() - t0)) // max(per_epoch, 1e-6))))
+    epochs = int(max(1, min(max_epochs, (seconds - (time.perf_counter() - t_start)) // max(per_epoch, 1e-6))))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=epochs * steps_per_epoch)
     for _ in range(epochs):
         perm = torch.randperm(len(x), generator=g)

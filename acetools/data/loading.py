@@ -9,6 +9,7 @@ the full split's first ``k`` — and caches nothing.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import warnings
@@ -55,6 +56,16 @@ def get_task(name: str) -> TaskInfo:
 
 def _key_params(spec) -> dict:
     return {"task": spec.info.name, **dict(spec.params), "sizes": dict(spec.info.sizes)}
+
+
+@functools.lru_cache(maxsize=1)
+def _load_cached(path: str, mtime_ns: int) -> dict[str, np.ndarray]:
+    """The last cache file read (train, val and test are usually asked for in a row);
+    callers copy what they return."""
+    arrays, _ = load_npz(Path(path))
+    for a in arrays.values():
+        a.flags.writeable = False
+    return arrays
 
 
 def _as_images(x: np.ndarray) -> np.ndarray:
@@ -123,8 +134,8 @@ def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, 
     root_p = data_root(root)
     path = cache_path(root_p, name, _key_params(spec))
     if spec.cache and path.is_file():
-        arrays, _ = load_npz(path)
-        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        arrays = _load_cached(str(path), path.stat().st_mtime_ns)
+        x, y = arrays[f"x_{split}"][:n].copy(), arrays[f"y_{split}"][:n].copy()
     elif not spec.cache:  # fixtures: build just this split (or its first n rows)
         x, y = spec.build(split, full if n is None else int(n), root_p, allow_download)
         x, y = _as_images(x), np.asarray(y, dtype=np.int64)
