@@ -91,3 +91,21 @@ def test_every_searched_method_is_registered():
         assert m in METHODS
         if s is not None:
             assert s.param in METHODS[m].params, (m, s.param)
+
+
+def test_micro_world_from_the_data_registry_builds_and_merges(tmp_path):
+    """CI builds a real (offline-data) micro world end to end and merges it (issue: mini-world)."""
+    from acetools.data import SUITES
+    from acetools.zoo import Zoo
+
+    assert "tiny" in SUITES
+    zoo = Zoo("tiny", size="micro", seed=0, root=tmp_path, base="train", pool_kwargs={"n_per_source": 200},
+              pretrain=PRETRAIN, finetune=FINETUNE, threads=1, mtl=False).build(progress=False)
+    bench = Benchmark(zoo, n_val=40, n_test=60, threads=1)
+    base_acc = bench.evaluate(bench.base, "test")
+    experts = bench.expert_accuracy("test")
+    run = bench.run("ace")
+    assert set(run.test) == set(SUITES["tiny"])
+    # experts learned their tasks beyond the base's frozen prototype heads
+    assert sum(experts.values()) > sum(base_acc.values())
+    assert all(0.0 <= v <= 1.0 for v in run.test.values())
