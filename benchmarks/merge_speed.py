@@ -19,6 +19,8 @@ Results are printed as a table and saved to benchmarks/results/merge_speed.{csv,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -35,8 +37,8 @@ WIDTH = 768
 THEIRS = {"tsv_m": "fb_tsv_m", "iso_cts": "fb_iso_cts", "wudi": "fb_wudi"}
 
 
-def vit_b32_shapes(blocks: int) -> dict[str, tuple[int, ...]]:
-    w = WIDTH
+def vit_b32_shapes(blocks: int, width: int = WIDTH) -> dict[str, tuple[int, ...]]:
+    w = width
     shapes: dict[str, tuple[int, ...]] = {}
     for b in range(blocks):
         p = f"visual.transformer.resblocks.{b}."
@@ -51,12 +53,12 @@ def vit_b32_shapes(blocks: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def make_world(n_tasks: int, blocks: int, seed: int = 0, rank: int = 16, rel: float = 0.02):
+def make_world(n_tasks: int, blocks: int, seed: int = 0, rank: int = 16, rel: float = 0.02, width: int = WIDTH):
     """Base weights and experts whose task vectors are low rank plus small dense noise."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    shapes = vit_b32_shapes(blocks)
+    shapes = vit_b32_shapes(blocks, width)
     base = {k: torch.randn(s, generator=g) * (0.02 if len(s) == 2 else 1.0) for k, s in shapes.items()}
     experts = []
     for _ in range(n_tasks):
@@ -74,12 +76,12 @@ def make_world(n_tasks: int, blocks: int, seed: int = 0, rank: int = 16, rel: fl
     return base, experts
 
 
-def esm_activations(n_tokens: int, seed: int = 0):
+def esm_activations(n_tokens: int, seed: int = 0, width: int = WIDTH):
     """A deterministic callable (t, key) -> N x d_in proxy activations (ESM's X)."""
     import torch
 
     def fn(t: int, key: str):
-        d_in = 4 * WIDTH if "c_proj" in key else WIDTH
+        d_in = 4 * width if "c_proj" in key else width
         g = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{t}/{key}".encode()))
         mix = torch.randn(32, d_in, generator=g) / 32**0.5
         return torch.randn(n_tokens, 32, generator=g) @ mix + 0.1 * torch.randn(n_tokens, d_in, generator=g)
@@ -133,59 +135,53 @@ class PeakRSS:
         self.peak = max(self.peak, _rss_mb())
 
 
-def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: int) -> dict:
+def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: int, width: int = WIDTH) -> dict:
     """Run one merge in this process and return its time and peak memory."""
-    import torch
-
     import acetools
     from acetools.merging import METHODS
 
-    base, experts = make_world(n_tasks, blocks)
+    base, experts = make_world(n_tasks, blocks, width=width)
     tvs = acetools.task_vectors(base, experts)
     kwargs = {}
     if method in ("wudi", "fb_wudi"):
         kwargs["steps"] = wudi_steps
     if method == "esm":
-        kwargs["activations"] = esm_activations(esm_tokens)
+        kwargs["activations"] = esm_activations(esm_tokens, width=width)
     if method == "regmean":
         kwargs["grams"] = regmean_grams(base, n_tasks)
     del experts
     W0 = {k: v.float() for k, v in base.items()}
     info = None if method.startswith("fb_") else METHODS[method]
     hp = {} if info is None else info.resolve(kwargs)
+    theirs = _fusion_bench_fn(method) if info is None else None
     rss0 = _rss_mb()
     with PeakRSS() as mem:
         t0 = time.perf_counter()
-        if info is None:
-            _run_fusion_bench(method, tvs, kwargs)
+        if theirs is not None:
+            with contextlib.redirect_stdout(io.StringIO()):  # fusion-bench prints progress
+                theirs(tvs, kwargs)
         else:
             info.func(W0, tvs, is_matrix=acetools.merging.is_matrix_param, **hp)
         wall = time.perf_counter() - t0
-    return {"method": method, "n_tasks": n_tasks, "blocks": blocks, "seconds": wall,
+    return {"method": method, "n_tasks": n_tasks, "blocks": blocks, "width": width, "seconds": wall,
             "peak_extra_mb": max(0.0, mem.peak - rss0)}
 
 
-def _run_fusion_bench(method: str, tvs, kwargs) -> None:
-    import contextlib
-    import io
+def _fusion_bench_fn(method: str):
+    """Import fusion-bench's function (outside the timed region: the import takes seconds)."""
+    if method == "fb_tsv_m":
+        from fusion_bench.method.task_singular_vector.utils.TSVM_utils import compute_and_sum_svd_mem_reduction
 
-    with contextlib.redirect_stdout(io.StringIO()):
-        if method == "fb_tsv_m":
-            from fusion_bench.method.task_singular_vector.utils.TSVM_utils import (
-                compute_and_sum_svd_mem_reduction,
-            )
+        return lambda tvs, kw: compute_and_sum_svd_mem_reduction(tvs, accelerator="cpu")
+    if method == "fb_iso_cts":
+        from fusion_bench.method.isotropic_merging.iso_utils import iso_cts
 
-            compute_and_sum_svd_mem_reduction(tvs, accelerator="cpu")
-        elif method == "fb_iso_cts":
-            from fusion_bench.method.isotropic_merging.iso_utils import iso_cts
+        return lambda tvs, kw: iso_cts(tvs, common_space_fraction=0.8, accelerator="cpu")
+    if method == "fb_wudi":
+        from fusion_bench.method.wudi.wudi import wudi_merging
 
-            iso_cts(tvs, common_space_fraction=0.8, accelerator="cpu")
-        elif method == "fb_wudi":
-            from fusion_bench.method.wudi.wudi import wudi_merging
-
-            wudi_merging(tvs, accelerator="cpu", iter_num=kwargs["steps"])
-        else:
-            raise ValueError(method)
+        return lambda tvs, kw: wudi_merging(tvs, accelerator="cpu", iter_num=kw["steps"])
+    raise ValueError(method)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,20 +189,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, nargs="+", default=[8], help="numbers of experts T")
     ap.add_argument("--methods", nargs="+", default=None, help="our methods (default: all registered)")
     ap.add_argument("--blocks", type=int, default=12, help="transformer blocks (ViT-B/32 has 12)")
+    ap.add_argument("--width", type=int, default=WIDTH, help="model width (ViT-B/32: 768)")
     ap.add_argument("--wudi-steps", type=int, default=300, help="Adam steps for WUDI (ours and fusion-bench's)")
     ap.add_argument("--esm-tokens", type=int, default=1600, help="proxy rows per task for ESM (32 images x 50 tokens)")
     ap.add_argument("--no-theirs", action="store_true", help="skip the fusion-bench runs")
-    ap.add_argument("--quick", action="store_true", help="2 blocks, 20 WUDI steps: a smoke run")
+    ap.add_argument("--quick", action="store_true", help="1 block of width 192, 5 WUDI steps: a smoke run")
     ap.add_argument("--out", type=Path, default=HERE / "results", help="folder for the CSV/JSON")
-    ap.add_argument("--worker", nargs=5, metavar=("METHOD", "T", "BLOCKS", "WUDI", "TOKENS"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=6, metavar=("METHOD", "T", "BLOCKS", "WUDI", "TOKENS", "WIDTH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.worker:
-        m, t, b, w, n = args.worker
-        print(json.dumps(worker(m, int(t), int(b), int(w), int(n))))
+        m, t, b, w, n, width = args.worker
+        print(json.dumps(worker(m, int(t), int(b), int(w), int(n), int(width))))
         return 0
     if args.quick:
-        args.blocks, args.wudi_steps = min(args.blocks, 2), min(args.wudi_steps, 20)
+        args.blocks, args.width, args.wudi_steps = 1, min(args.width, 192), min(args.wudi_steps, 5)
+        args.esm_tokens = min(args.esm_tokens, 400)
 
     import acetools  # noqa: F401  (fail early if the package is missing)
     from acetools.merging import METHODS
@@ -224,12 +222,13 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append((THEIRS[m], t))
     rows = []
     for m, t in runs:
-        cmd = [sys.executable, __file__, "--worker", m, str(t), str(args.blocks), str(args.wudi_steps), str(args.esm_tokens)]
+        cmd = [sys.executable, __file__, "--worker", m, str(t), str(args.blocks), str(args.wudi_steps),
+               str(args.esm_tokens), str(args.width)]
         print(f"  running {m} T={t} ...", file=sys.stderr, flush=True)
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             print(f"  {m} T={t} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
-            rows.append({"method": m, "n_tasks": t, "blocks": args.blocks, "seconds": float("nan"), "peak_extra_mb": float("nan"), "error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "failed"})
+            rows.append({"method": m, "n_tasks": t, "blocks": args.blocks, "width": args.width, "seconds": float("nan"), "peak_extra_mb": float("nan"), "error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "failed"})
             continue
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
 
@@ -244,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     df.to_csv(args.out / "merge_speed_raw.csv", index=False)
     ours.to_csv(args.out / "merge_speed.csv", index=False)
     meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "blocks": args.blocks, "wudi_steps": args.wudi_steps, "esm_tokens": args.esm_tokens}
+            "blocks": args.blocks, "width": args.width, "wudi_steps": args.wudi_steps, "esm_tokens": args.esm_tokens}
     try:
         import torch
 
