@@ -294,7 +294,8 @@ class Benchmark:
             coef_name, coef = search.param, float(res.best)
             merged = at(coef)
             trace = res.to_frame()
-        val = self.evaluate(merged, "val")
+        # a search already evaluated validation at the chosen coefficient
+        val = self.evaluate(merged, "val") if search is None else dict(res.best_evaluation.scores)
         test = self.evaluate(merged, "test")
         hp = {k: v for k, v in hparams.items()}
         if coef_name:
@@ -317,7 +318,7 @@ class Benchmark:
         """Rows for the unmerged base (its frozen heads) and the individual experts."""
         rows = []
         for name, val, test in (
-            ("base (zero-shot heads)", self.evaluate(self.base, "val"), self.evaluate(self.base, "test")),
+            ("base (frozen heads)", self.evaluate(self.base, "val"), self.evaluate(self.base, "test")),
             ("experts (individual)", self.expert_accuracy("val"), self.expert_accuracy("test")),
         ):
             rows.append(MethodRun(name, {}, None, None, val, test, self.normalized(val, "val"),

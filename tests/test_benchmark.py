@@ -26,7 +26,7 @@ def bench(tmp_path_factory):
 def test_expert_row_is_100_normalized_and_base_is_evaluated(bench):
     runs = bench.reference_rows()
     names = [r.name for r in runs]
-    assert names == ["base (zero-shot heads)", "experts (individual)"]
+    assert names == ["base (frozen heads)", "experts (individual)"]
     assert all(abs(v - 1.0) < 1e-12 for v in runs[1].test_normalized.values())
     assert set(runs[0].test) == {"a", "b", "c"}
 
