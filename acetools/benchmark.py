@@ -32,7 +32,7 @@ from .merging import METHODS, merge
 from .search import ALPHA_GRID, LAMBDA_GRID, esm_search, golden_section_search, grid_search
 from .utils import atomic_write, make_generator
 
-__all__ = ["Benchmark", "MethodRun", "SEARCH", "package_versions"]
+__all__ = ["Benchmark", "MethodRun", "SEARCH", "package_versions", "aggregate_seeds"]
 
 StateDict = dict[str, Tensor]
 
@@ -137,8 +137,12 @@ class Benchmark:
     """
 
     def __init__(self, zoo, *, n_val: int | None = None, n_test: int | None = None, n_proxy: int = 32,
-                 n_gram: int = 256, proxy_seed: int = 0, batch_size: int = 512, threads: int | None = None):
+                 n_gram: int = 256, proxy_seed: int = 0, batch_size: int = 512, threads: int | None = None,
+                 patience: int | None = None):
+        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
+            raise ValueError(f"patience={patience!r} must be None or a positive int")
         self.zoo = zoo
+        self.patience = patience
         self.tasks: list[str] = list(zoo.tasks)
         self.n_val, self.n_test = n_val, n_test
         self.n_proxy, self.n_gram, self.proxy_seed = n_proxy, n_gram, proxy_seed
@@ -284,7 +288,7 @@ class Benchmark:
 
             ref = self.expert_accuracy("val")
             if search.kind == "grid":
-                res = grid_search(score, search.grid, reference=ref)
+                res = grid_search(score, search.grid, reference=ref, patience=self.patience)
             elif search.kind == "golden":
                 res = golden_section_search(score, *search.bracket, reference=ref)
             elif search.kind == "esm":
@@ -369,6 +373,7 @@ class Benchmark:
             "expert_seed": self.zoo.seed,
             "proxy_seed": self.proxy_seed,
             "n_val": self.n_val, "n_test": self.n_test, "n_proxy": self.n_proxy, "n_gram": self.n_gram,
+            "patience": self.patience,
             "versions": package_versions(),
             "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in self.zoo.records()],
             "runs": [{**r.summary(), "hparams": _jsonable(r.hparams),
@@ -376,11 +381,37 @@ class Benchmark:
                       "val": r.val, "test": r.test} for r in runs],
         }
 
-    def save(self, runs: Sequence[MethodRun], folder: str | Path, stem: str) -> dict[str, Path]:
-        """Write ``<stem>_summary.csv``, ``<stem>_per_task.csv`` and ``<stem>.json`` atomically."""
+    def regime(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The zoo's regime (issue 4): ``(norms, cosine)``.
+
+        ``norms``: mean ||tau_t||_F/||W0||_F over the matrices of each layer type, one row per
+        task (columns: layer types, plus ``all matrices``). ``cosine``: the T x T cosine
+        matrix of the task vectors flattened over all parameters.
+        """
+        from .diagnostics import relative_update_norms, task_vector_cosine
+        from .merging import is_matrix_param, task_vectors
+
+        base = self.base
+        taus = task_vectors(base, self.experts)
+        mats = [k for k in base if is_matrix_param(k, base[k])]
+        long = relative_update_norms(base, taus, self.tasks, keys=mats)
+        norms = long.pivot_table(index="task", columns="layer_type", values="ratio", aggfunc="mean", sort=False)
+        norms["all matrices"] = long.groupby("task", sort=False)["ratio"].mean()
+        norms = norms.reindex(self.tasks)
+        return norms, task_vector_cosine(taus, self.tasks)
+
+    def save(self, runs: Sequence[MethodRun], folder: str | Path, stem: str, *, regime: bool = True) -> dict[str, Path]:
+        """Write ``<stem>_summary.csv``, ``<stem>_per_task.csv``, ``<stem>.json`` and (with
+        ``regime``) ``<stem>_norms.csv`` / ``<stem>_cosine.csv`` (:meth:`regime`), atomically."""
         folder = Path(folder)
         paths = {"summary": folder / f"{stem}_summary.csv", "per_task": folder / f"{stem}_per_task.csv",
                  "json": folder / f"{stem}.json"}
+        if regime:
+            norms, cos = self.regime()
+            for name, df in (("norms", norms), ("cosine", cos)):
+                paths[name] = folder / f"{stem}_{name}.csv"
+                with atomic_write(paths[name], "w") as fh:
+                    df.to_csv(fh)
         with atomic_write(paths["summary"], "w") as fh:
             self.summary(runs).to_csv(fh, index=False)
         with atomic_write(paths["per_task"], "w") as fh:
@@ -388,3 +419,32 @@ class Benchmark:
         with atomic_write(paths["json"], "w") as fh:
             json.dump(self.record(runs), fh, indent=1, default=str)
         return paths
+
+
+def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
+    """Mean, standard deviation, min and max over expert seeds of every method's summary
+    row, read from the ``<suite>_<size>_seed<k>_summary.csv`` files in ``folder``
+    (written by :meth:`Benchmark.save`). Methods keep their first file's order."""
+    import re
+
+    folder = Path(folder)
+    files = sorted(folder.glob(f"{suite}_{size}_seed*_summary.csv"))
+    pat = re.compile(rf"^{re.escape(suite)}_{re.escape(size)}_seed(\d+)_summary\.csv$")
+    frames = []
+    for f in files:
+        m = pat.match(f.name)
+        if m:
+            frames.append(pd.read_csv(f).assign(seed=int(m.group(1))))
+    if not frames:
+        raise FileNotFoundError(f"no {suite}_{size}_seed*_summary.csv in {folder}; run `acetools bench "
+                                f"--suite {suite} --size {size} --out {folder}` first")
+    df = pd.concat(frames, ignore_index=True)
+    order = list(dict.fromkeys(df["method"]))
+    agg = df.groupby("method", sort=False).agg(
+        n_seeds=("seed", "nunique"),
+        test_acc=("test_acc", "mean"), test_acc_sd=("test_acc", "std"),
+        test_normalized=("test_normalized", "mean"), test_normalized_sd=("test_normalized", "std"),
+        test_normalized_min=("test_normalized", "min"), test_normalized_max=("test_normalized", "max"),
+        coef_mean=("coef", "mean"), merge_seconds=("merge_seconds", "mean"),
+    )
+    return agg.reindex(order).reset_index()

@@ -1,4 +1,4 @@
-"""The ``acetools`` command line: ``demo``, ``zoo build`` and ``bench``."""
+"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench`` and ``report``."""
 
 from __future__ import annotations
 
@@ -42,32 +42,45 @@ def _cmd_zoo_build(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import pandas as pd
+    from .benchmark import ACE_SCALED, Benchmark, aggregate_seeds
+    from .utils import atomic_write
 
-    from .benchmark import ACE_SCALED, Benchmark
-
-    summaries = []
     for seed in args.seeds:
         zoo = _zoo(args, seed).build(progress=True)
-        bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads)
+        bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads, patience=args.patience)
         extra = {"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED}} if args.ace_scaled else None
         runs = bench.run_all(args.methods, progress=True, extra=extra)
         stem = f"{args.suite}_{args.size}_seed{seed}"
         if args.out:
             bench.save(runs, Path(args.out), stem)
         df = bench.summary(runs).assign(seed=seed)
-        summaries.append(df)
         print(f"\n{stem}")
         print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    if len(summaries) > 1:
-        all_ = pd.concat(summaries)
-        agg = all_.groupby("method", sort=False).agg(
-            test_acc=("test_acc", "mean"), test_acc_sd=("test_acc", "std"),
-            test_normalized=("test_normalized", "mean"), test_normalized_sd=("test_normalized", "std"))
-        print(f"\n{args.suite} over seeds {args.seeds}")
-        print(agg.to_string(float_format=lambda v: f"{v:.2f}"))
-        if args.out:
-            agg.to_csv(Path(args.out) / f"{args.suite}_{args.size}_seeds.csv")
+    if args.out:
+        agg = aggregate_seeds(args.out, args.suite, args.size)
+        path = Path(args.out) / f"{args.suite}_{args.size}_seeds.csv"
+        with atomic_write(path, "w") as fh:
+            agg.to_csv(fh, index=False)
+        print(f"\n{args.suite} ({args.size}) over every seed in {args.out}: {path}")
+        print(agg.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import notebook_paths, parse_parameter, run_report
+
+    if args.list:
+        for p in notebook_paths(args.notebooks):
+            print(p.stem)
+        return 0
+    params = dict(parse_parameter(p) for p in args.parameter)
+
+    def show(rec):
+        print(f"{rec['notebook']:<24} {rec['seconds']:>7.1f} s  {rec.get('html', rec['executed'])}", flush=True)
+
+    recs = run_report(args.profile, only=args.only, parameters=params, out=args.out, figures=args.figures,
+                      notebooks=args.notebooks, html=not args.no_html, on_result=show)
+    print(f"{len(recs)} notebook(s) ran in {sum(r['seconds'] for r in recs):.0f} s ({args.profile} profile)")
     return 0
 
 
@@ -100,9 +113,24 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", nargs="+", default=None, help="methods (default: all registered)")
     b.add_argument("--n-val", type=int, default=None, help="validation images per task for the search")
     b.add_argument("--n-test", type=int, default=None, help="test images per task")
+    b.add_argument("--patience", type=int, default=None,
+                   help="stop a grid search after this many points without improvement (default: whole grid)")
     b.add_argument("--ace-scaled", action="store_true", help="also run ACE with its scaling chosen on val")
     b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
     b.set_defaults(func=_cmd_bench)
+
+    r = sub.add_parser("report", help="run the course notebooks with papermill and render HTML reports")
+    r.add_argument("--profile", choices=["quick", "full"], default="quick",
+                   help="quick: fixture world, minutes (CI); full: the mini-world at its default size")
+    r.add_argument("--only", nargs="+", default=None, help="notebooks to run (stem, number or name)")
+    r.add_argument("-p", "--parameter", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a notebook parameter (repeatable); unknown names are an error")
+    r.add_argument("--out", default=None, help="build folder (default build/report/<profile>)")
+    r.add_argument("--figures", default=None, help="figure root (default figures/ for full, <out>/figures for quick)")
+    r.add_argument("--notebooks", default=None, help="notebooks folder (default the repository's notebooks/)")
+    r.add_argument("--no-html", action="store_true", help="skip the HTML rendering")
+    r.add_argument("--list", action="store_true", help="list the notebooks and exit")
+    r.set_defaults(func=_cmd_report)
     return ap
 
 

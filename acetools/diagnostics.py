@@ -16,6 +16,7 @@ floats, small dataclasses or ``pandas`` DataFrames for notebooks:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -34,6 +35,8 @@ __all__ = [
     "linear_cka",
     "task_vector_cosine",
     "task_vector_cosine_per_layer",
+    "layer_type",
+    "relative_update_norms",
     "heterogeneity_per_layer",
     "CovarianceComparison",
     "compare_covariances",
@@ -268,6 +271,43 @@ def task_vector_cosine_per_layer(
                 rows.append({"key": k, "task_i": labels[i], "task_j": labels[j],
                              "cosine": float(G[i, j]) / denom if denom > 0 else math.nan})
     return pd.DataFrame(rows, columns=["key", "task_i", "task_j", "cosine"])
+
+
+def layer_type(key: str) -> str:
+    """A parameter's type with its block index removed: ``visual.transformer.resblocks.3.mlp.c_fc.weight``
+    -> ``mlp.c_fc.weight`` (keys outside the blocks lose only a leading ``visual.``)."""
+    m = re.search(r"resblocks\.\d+\.(.+)$", key)
+    if m:
+        return m.group(1)
+    return key[len("visual."):] if key.startswith("visual.") else key
+
+
+def relative_update_norms(
+    base: Mapping[str, Tensor],
+    task_vectors: Sequence[Mapping[str, Tensor]],
+    names: Sequence[str] | None = None,
+    keys: Iterable[str] | None = None,
+):
+    """||tau_t[k]||_F / ||W0[k]||_F for every task and key, the regime of a zoo (issue 4:
+    "task vectors small relative to the base"). Long DataFrame: task, key, layer_type,
+    tau_norm, base_norm, ratio (NaN where the base tensor is zero). Summarise with
+    ``df.pivot_table(index="task", columns="layer_type", values="ratio")``."""
+    import pandas as pd
+
+    keys = _select_keys(task_vectors, keys)
+    labels = _names(len(task_vectors), names)
+    rows = []
+    for k in keys:
+        if k not in base:
+            raise KeyError(f"base has no key {k!r}")
+        b = float(base[k].detach().double().norm())
+        for name, tv in zip(labels, task_vectors):
+            if tuple(tv[k].shape) != tuple(base[k].shape):
+                raise ValueError(f"{k!r}: task vector {name} has shape {tuple(tv[k].shape)}, base {tuple(base[k].shape)}")
+            t = float(tv[k].detach().double().norm())
+            rows.append({"task": name, "key": k, "layer_type": layer_type(k), "tau_norm": t, "base_norm": b,
+                         "ratio": t / b if b > 0 else math.nan})
+    return pd.DataFrame(rows, columns=["task", "key", "layer_type", "tau_norm", "base_norm", "ratio"])
 
 
 def heterogeneity_per_layer(

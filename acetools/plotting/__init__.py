@@ -1,0 +1,16 @@
+"""Figures of the course: pure plotting functions ``(ax, data, ...) -> ax`` and one saver.
+
+Every function draws on the axes it is given (it never creates a figure or shows one), so
+notebooks, widgets (:mod:`acetools.widgets`) and reports share them. :func:`set_theme`
+applies the one seaborn theme; :func:`save_figure` writes ``<folder>/<name>.png``
+atomically with deterministic metadata.
+
+Modules by topic: :mod:`._core` (theme, saver, generic heatmap/bars/lines),
+:mod:`.theorem` (notebook 01), :mod:`.ace` (02), :mod:`.esm` (03), :mod:`.bench` (04).
+"""
+
+from __future__ import annotations
+
+from ._core import bar_plot, heatmap, line_plot, new_axes, save_figure, set_theme
+
+__all__ = ["set_theme", "save_figure", "new_axes", "heatmap", "bar_plot", "line_plot"]
