@@ -109,3 +109,51 @@ def test_micro_world_from_the_data_registry_builds_and_merges(tmp_path):
     # experts learned their tasks beyond the base's frozen prototype heads
     assert sum(experts.values()) > sum(base_acc.values())
     assert all(0.0 <= v <= 1.0 for v in run.test.values())
+
+
+def test_patience_stops_the_grid_early_and_is_recorded(bench):
+    run = bench.run("task_arithmetic")
+    from acetools.benchmark import Benchmark
+
+    b2 = Benchmark(bench.zoo, n_val=60, n_proxy=8, n_gram=64, threads=1, patience=2)
+    r2 = b2.run("task_arithmetic")
+    assert len(r2.search) < len(run.search) or r2.coef == run.coef
+    assert b2.record([r2])["patience"] == 2
+    with pytest.raises(ValueError, match="patience"):
+        Benchmark(bench.zoo, patience=0)
+
+
+def test_regime_tables_match_a_direct_computation(bench):
+    from acetools.merging import is_matrix_param
+
+    norms, cos = bench.regime()
+    assert list(norms.index) == bench.tasks and list(cos.index) == bench.tasks
+    key = next(k for k in bench.base if k.endswith("mlp.c_fc.weight"))
+    t = bench.tasks[1]
+    tau = bench.zoo.expert_state(t)[key] - bench.base[key]
+    layer_keys = [k for k in bench.base if k.endswith("mlp.c_fc.weight")]
+    want = sum(float((bench.zoo.expert_state(t)[k] - bench.base[k]).norm() / bench.base[k].norm()) for k in layer_keys) / len(layer_keys)
+    assert norms.loc[t, "mlp.c_fc.weight"] == pytest.approx(want, rel=1e-6)
+    assert float(tau.norm()) > 0
+    assert all(is_matrix_param(k, bench.base[k]) for k in layer_keys)
+    assert cos.values.diagonal() == pytest.approx([1.0] * len(bench.tasks))
+
+
+def test_seed_aggregation_reads_every_seed_file(bench, tmp_path):
+    import pandas as pd
+
+    from acetools.benchmark import aggregate_seeds
+
+    runs = [bench.run("weight_averaging")]
+    for s, shift in ((0, 0.0), (1, 2.0)):
+        df = bench.summary(runs)
+        df["test_normalized"] += shift
+        df.to_csv(tmp_path / f"tiny_micro_seed{s}_summary.csv", index=False)
+    (tmp_path / "tiny_micro_seedX_summary.csv").write_text("junk")  # not a seed file: ignored
+    agg = aggregate_seeds(tmp_path, "tiny", "micro").set_index("method")
+    row = agg.loc["weight_averaging"]
+    assert row.n_seeds == 2
+    assert row.test_normalized == pytest.approx(df["test_normalized"].iloc[0] - 1.0)
+    assert row.test_normalized_sd == pytest.approx(pd.Series([0.0, 2.0]).std())
+    with pytest.raises(FileNotFoundError, match="acetools bench"):
+        aggregate_seeds(tmp_path, "tasks8", "small")

@@ -198,3 +198,31 @@ def test_flat_spectra_give_nan_correlations_and_ties_share_ranks():
     num = sum((a - mt) * (b - me) for a, b in zip(ranks_true, ranks_est))
     den = math.sqrt(sum((a - mt) ** 2 for a in ranks_true) * sum((b - me) ** 2 for b in ranks_est))
     assert compare_covariances(est, Sigma, k=2).direction_spearman == pytest.approx(num / den)
+
+
+def test_layer_type_strips_block_index_and_prefix():
+    from acetools.diagnostics import layer_type
+
+    assert layer_type("visual.transformer.resblocks.11.mlp.c_fc.weight") == "mlp.c_fc.weight"
+    assert layer_type("visual.transformer.resblocks.0.attn.in_proj_weight") == "attn.in_proj_weight"
+    assert layer_type("visual.conv1.weight") == "conv1.weight"
+    assert layer_type("text_projection") == "text_projection"
+
+
+def test_relative_update_norms_brute_force():
+    import math
+
+    from acetools.diagnostics import relative_update_norms
+
+    g = torch.Generator().manual_seed(0)
+    base = {"a.weight": torch.randn(4, 3, generator=g), "z": torch.zeros(2)}
+    taus = [{k: torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(2)]
+    df = relative_update_norms(base, taus, ["p", "q"])
+    assert len(df) == 4
+    r = df[(df.task == "q") & (df.key == "a.weight")].iloc[0]
+    assert r.ratio == pytest.approx(float(taus[1]["a.weight"].norm() / base["a.weight"].norm()))
+    assert math.isnan(df[(df.key == "z")].ratio.iloc[0])
+    with pytest.raises(ValueError, match="shape"):
+        relative_update_norms(base, [{"a.weight": torch.zeros(3, 4), "z": torch.zeros(2)}])
+    with pytest.raises(KeyError, match="base has no key"):
+        relative_update_norms({"z": torch.zeros(2)}, taus)

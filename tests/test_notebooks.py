@@ -1,0 +1,104 @@
+"""The course notebooks: hygiene of the committed files and a quick-profile run of each.
+
+Every notebook runs under papermill at ``quick=True`` (the fixture world) through
+``acetools.report`` — the same path as ``acetools report --profile quick`` — with a
+session-wide cache, so the fixture world is built once.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from acetools.report import UnknownParameterError, notebook_parameters, notebook_paths, run_notebook, run_report
+
+NOTEBOOKS = notebook_paths()
+IDS = [p.stem for p in NOTEBOOKS]
+CORE = {"quick": "bool", "suite": "str", "size": "str", "seed": "int", "device": "str", "interactive": "bool",
+        "figures_dir": "str"}
+EXPECTED = ["00_quickstart", "01_theorem1", "02_ace_step_by_step", "03_esm_step_by_step", "04_benchmark", "05_claims"]
+
+
+def test_the_course_has_its_notebooks_in_order():
+    assert IDS == sorted(IDS)
+    missing = [n for n in EXPECTED if n not in IDS]
+    assert not missing, f"notebooks missing: {missing}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_is_clean(path):
+    """STYLE 12: no outputs, no execution counts, python3 kernelspec with language_info."""
+    raw = json.loads(path.read_text())
+    nb = nbformat.reads(path.read_text(), as_version=4)
+    nbformat.validate(nb)
+    assert raw["metadata"]["kernelspec"]["name"] == "python3"
+    assert raw["metadata"]["language_info"]["name"] == "python"
+    for i, cell in enumerate(raw["cells"]):
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [], f"{path.name} cell {i} has outputs"
+            assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
+    assert raw["cells"][0]["cell_type"] == "markdown", "a notebook opens with what it teaches"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_has_one_literal_parameters_cell(path):
+    """STYLE 8: one parameters cell, literals with type annotations and a comment each."""
+    nb = nbformat.read(str(path), as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(cells) == 1, f"{path.name}: {len(cells)} parameters cells"
+    src = cells[0].source
+    tree = ast.parse(src)
+    names = {}
+    for node in tree.body:
+        assert isinstance(node, ast.AnnAssign), f"{path.name}: parameters cell line {node.lineno} is not `name: type = literal`"
+        ast.literal_eval(node.value)  # literals only
+        names[node.target.id] = ast.unparse(node.annotation)
+    for line in src.strip().splitlines():
+        assert "#" in line, f"{path.name}: parameter line without a comment: {line!r}"
+    for k, t in CORE.items():
+        assert names.get(k) == t, f"{path.name}: core parameter {k}: {t} missing or mistyped"
+    declared = notebook_parameters(path)
+    assert set(declared) == set(names)
+
+
+def test_unknown_parameter_is_an_error(tmp_path):
+    with pytest.raises(UnknownParameterError, match="no_such_knob"):
+        run_notebook(NOTEBOOKS[0], tmp_path, {"quick": True, "no_such_knob": 3})
+    with pytest.raises(UnknownParameterError):
+        run_report("quick", only=[IDS[0]], parameters={"no_such_knob": 1}, out=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def quick_env(tmp_path_factory, monkeypatch_module=None):
+    import os
+
+    root = tmp_path_factory.mktemp("course")
+    old = {k: os.environ.get(k) for k in ("ACETOOLS_CACHE", "ACETOOLS_NUM_THREADS")}
+    os.environ["ACETOOLS_CACHE"] = str(root / "cache")
+    os.environ.setdefault("ACETOOLS_NUM_THREADS", "1")
+    yield root
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.mark.slow
+def test_every_notebook_runs_in_quick_mode(quick_env):
+    """The quick profile end to end, in order (05 reads what 01-04 recorded)."""
+    out = quick_env / "build"
+    recs = run_report("quick", out=out, figures=quick_env / "figures")
+    assert [r["notebook"] for r in recs] == IDS
+    for r in recs:
+        assert Path(r["html"]).is_file() and Path(r["executed"]).is_file()
+        figs = list((quick_env / "figures" / r["notebook"]).glob("*.png"))
+        assert figs, f"{r['notebook']} saved no figure"
+    # figures of a quick run never land in the repository's figures/
+    executed = nbformat.read(recs[0]["executed"], as_version=4)
+    injected = [c for c in executed.cells if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
+    assert injected and "quick = True" in injected[0].source
