@@ -460,8 +460,13 @@ def assess_grows(summary: pd.DataFrame, method: str, rivals: Sequence[str], *, s
     total, total_margin = change(gaps[0], gaps[-1])
     steps = [change(a, b) for a, b in zip(gaps[:-1], gaps[1:])]
     monotone = all(d >= -m for d, m in steps)
-    if total > total_margin and monotone:
+    leads = gaps[-1]["diff"] > 0
+    if total > total_margin and monotone and leads:
         verdict, why = "reproduced", f"the lead grows by {total:+.1f} (> {total_margin:.1f}) from the fewest to the most tasks"
+    elif total > 0 and not leads:
+        verdict = "partly"
+        why = (f"the gap to the best rival narrows by {total:+.1f}, but {method} never leads "
+               f"({gaps[-1]['diff']:+.1f} at the most tasks): there is no advantage to grow")
     elif total > 0:
         verdict = "partly"
         why = (f"the lead grows by {total:+.1f} overall" + ("" if total > total_margin else f", within the spread {total_margin:.1f}")

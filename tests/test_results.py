@@ -233,6 +233,10 @@ def test_assess_grows():
     noisy = _three([{"ace": [86, 86], "tsv_m": [85, 85]}, {"ace": [86, 86], "tsv_m": [85, 85]},
                     {"ace": [82, 94], "tsv_m": [80, 80]}])  # +1 -> +8 on average, but per-seed +1 -> +2 / +14
     assert results.assess_grows(noisy, "ace", ["tsv_m"]).verdict == "partly"
+    trails = _three([{"ace": [80, 80], "tsv_m": [86, 86]}, {"ace": [80, 80], "tsv_m": [84, 84]},
+                     {"ace": [80, 80], "tsv_m": [82, 82]}])  # -6 -> -2: the gap narrows, ace never leads
+    t = results.assess_grows(trails, "ace", ["tsv_m"])
+    assert t.verdict == "partly" and "never leads" in t.reason
 
 
 def test_assess_vs_wudi():
