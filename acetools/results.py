@@ -436,9 +436,10 @@ def assess_grows(summary: pd.DataFrame, method: str, rivals: Sequence[str], *, s
 
     gap(T) = ``method`` - best rival at T (per seed). Verdict: ``reproduced`` when the gap
     at the most tasks exceeds the gap at the fewest by more than the margin (the seed spread
-    of that change, at least ``floor``) and never drops by more than the margin from one
-    suite to the next; ``partly`` when it grows but within the margin or not monotonically;
-    ``not reproduced`` when it does not grow.
+    of that change, at least ``floor``), never drops by more than the margin from one
+    suite to the next, and ``method`` leads at the most tasks; ``partly`` when it grows but
+    within the margin, not monotonically, or without a lead anywhere (a deficit that
+    narrows is no advantage that grows); ``not reproduced`` when it does not grow.
     """
     gaps = []
     for s in _suites(summary, suites):

@@ -369,29 +369,36 @@ def spectra_frame(matrices: Mapping[str, Tensor]) -> pd.DataFrame:
 
 
 def hooked_covariances(zoo, keys: Sequence[str], *, n_images: int = 256, source: str = "expert",
-                       split: str = "train", batch_size: int = 128) -> list[dict[str, Tensor]]:
+                       kind: str = "covariance", split: str = "train",
+                       batch_size: int = 128) -> list[dict[str, Tensor]]:
     """True input covariances of ``keys``, one dict per task of ``zoo``, from hooks.
 
     For task t: the first ``n_images`` images of its ``split`` run through the expert's encoder
     (``source="expert"``, the model the task vector came from; RegMean's choice) or the base's
-    (``"base"``); :func:`acetools.activations.input_covariances` returns the centred covariance
-    (d_in × d_in, float64) of each layer's inputs with every token a row. ``attn.in_proj_weight``
-    records the attention's query input; ``attn.out_proj`` cannot be hooked.
+    (``"base"``). ``kind="covariance"``: :func:`acetools.activations.input_covariances`, the
+    centred covariance (d_in × d_in, float64) of each layer's inputs with every token a row;
+    ``kind="gram"``: :func:`acetools.activations.gram_matrices`, the uncentred second moment
+    (1/N) XᵀX that RegMean uses (spec §3.9) — the matrix a least-squares merge needs when the
+    inputs do not have zero mean (LayerNorm outputs do not). ``attn.in_proj_weight`` records
+    the attention's query input; ``attn.out_proj`` cannot be hooked.
     """
     import numpy as np
 
-    from .activations import input_covariances
+    from .activations import gram_matrices, input_covariances
 
     if source not in ("expert", "base"):
         raise ValueError(f"source={source!r} must be 'expert' or 'base'")
+    if kind not in ("covariance", "gram"):
+        raise ValueError(f"kind={kind!r} must be 'covariance' or 'gram'")
     if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 2:
         raise ValueError(f"n_images={n_images!r} must be an int >= 2")
+    reader = input_covariances if kind == "covariance" else gram_matrices
     out = []
     base_enc = zoo.encoder(zoo.base_state()) if source == "base" else None
     for t in zoo.tasks:
         x = torch.as_tensor(np.asarray(zoo.split(t, split).x[:n_images]))
         enc = base_enc if base_enc is not None else zoo.encoder(zoo.expert_state(t))
-        out.append(input_covariances(enc, x, keys, batch_size=batch_size))
+        out.append(reader(enc, x, keys, batch_size=batch_size))
     return out
 
 

@@ -241,6 +241,11 @@ def test_hooked_covariances_are_the_inputs_covariances():
     for t, c in zip(zoo.tasks, covs):
         x = zoo.split(t).x[:40].double()
         assert torch.allclose(c["0.weight"], torch.cov(x.T, correction=0), atol=1e-10)
+    gram = th.hooked_covariances(zoo, ["0.weight"], n_images=40, kind="gram", source="base")
+    x = zoo.split("b").x[:40].double()
+    assert torch.allclose(gram[1]["0.weight"], x.T @ x / 40, atol=1e-10)
+    with pytest.raises(ValueError, match="kind"):
+        th.hooked_covariances(zoo, ["0.weight"], kind="fisher")
     with pytest.raises(ValueError, match="source"):
         th.hooked_covariances(zoo, ["0.weight"], source="merged")
     with pytest.raises(ValueError, match="n_images"):
