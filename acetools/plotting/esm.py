@@ -81,7 +81,8 @@ def cka_bars(ax, table, *, data: str = "held-out", title: str | None = None):
     ax.bar(pos + 0.2, by["cka_svd"], 0.4, label="SVD")
     ax.set_xticks(pos, list(by.index), rotation=20, ha="right")
     ax.set_ylabel("linear CKA")
-    ax.set_ylim(0, 1.02)
+    lo = float(np.nanmin(by.to_numpy()))
+    ax.set_ylim(max(0.0, lo - 0.5 * (1.0 - lo) - 0.005), 1.0 + 0.1 * (1.0 - lo) + 0.001)  # zoomed: CKAs sit near 1
     ax.legend(fontsize=8)
     ax.set_title(title or f"CKA at the retention k ({data})")
     return ax
