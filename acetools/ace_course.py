@@ -587,8 +587,9 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float]) -> d
     ``{"normalization": [...], "csp": [...], "refinement": [...]}``, the inputs of
     :func:`verdict_normalization`, :func:`verdict_csp` and :func:`verdict_refinement`:
 
-    * normalization: ``d_auto`` = full - gate off, ``d_forced`` = gate on without refinement
-      - gate off;
+    * normalization (both without refinement, which the gate also switches): ``d_auto`` =
+      "no refinement" (ACE's gate normalises the flagged layers) - gate off, ``d_forced`` =
+      gate on without refinement (every layer normalised) - gate off;
     * csp: ``d`` = full - no structural prior;
     * refinement: ``d`` = full - no refinement where ACE refines some layer (a flagged
       layer exists), else gate on - gate on without refinement (refinement of every layer).
@@ -598,7 +599,7 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float]) -> d
         def e(a: str, b: str) -> float:
             return ablation.effect(a, b, suite=suite)
 
-        out["normalization"].append({"suite": suite, "frac_flagged": float(f), "d_auto": e(FULL, GATE_OFF),
+        out["normalization"].append({"suite": suite, "frac_flagged": float(f), "d_auto": e(NO_REFINE, GATE_OFF),
                                      "d_forced": e(GATE_ON_NO_REFINE, GATE_OFF)})
         out["csp"].append({"suite": suite, "d": e(FULL, NO_PRIOR), "what": "full - no prior"})
         if f > 0:
@@ -660,8 +661,10 @@ def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> t
 def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE,
                           flag_fraction: float = FLAG_FRACTION) -> tuple[str, str, dict]:
     """ace.normalization. ``per_suite``: dicts with ``suite``, ``frac_flagged`` (share of
-    matrices with gamma > tau), ``d_auto`` = normalized acc of full ACE minus "gate off",
-    ``d_forced`` = "gate on, no refinement" minus "gate off" (normalising every layer).
+    matrices with gamma > tau), ``d_auto`` = normalized acc of ACE without refinement (the
+    gate normalises the flagged layers) minus "gate off", ``d_forced`` = "gate on, no
+    refinement" (every layer normalised) minus "gate off"; refinement is off in all three, so
+    the differences are the normalisation's (:func:`ablation_effects`).
 
     Rule, per suite: where heterogeneity is high (frac_flagged > ``flag_fraction``) the claim
     says normalisation matters: agree if d_auto > +noise. Where it is low (the paper's ViT
@@ -674,7 +677,7 @@ def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: floa
         if s["frac_flagged"] > flag_fraction:
             ok = classify(s["d_auto"], noise) == "better"
             parts.append(f"{s['suite']}: high gamma ({100 * s['frac_flagged']:.0f}% flagged), "
-                         f"full - gate off = {s['d_auto']:+.2f}")
+                         f"normalise flagged - never = {s['d_auto']:+.2f}")
         else:
             ok = classify(s["d_forced"], noise) != "better"
             parts.append(f"{s['suite']}: low gamma ({100 * s['frac_flagged']:.0f}% flagged), "
@@ -774,6 +777,11 @@ def diagnose(gtable: Any, stable: Any, ablation: Ablation | None = None) -> list
         f"{float(stable['cos_fused'].median()):.2f}, the task-vector sum's at {float(stable['cos_sum'].median()):.2f} "
         f"and single experts' at {float(stable['cos_experts'].median()):.2f} (chance {float(stable['cos_random'].median()):.2f}).")
     if ablation is not None:
+        sc = ablation.table[ablation.table["variant"] == SCALED_LABEL]
+        if len(sc):
+            out.append("ablation: the scaling chosen on validation is " + ", ".join(
+                f"s = {r.scaling:g} in {r.suite}" for r in sc.itertuples())
+                + " (1 = ACE as published); s < 1 means ACE's merged update is larger than this world wants.")
         same = ablation.table[ablation.table["same_as"] != ""]
         if len(same):
             out.append("ablation: switches that changed no weight: " + "; ".join(

@@ -28,6 +28,15 @@ def _zoo(args: argparse.Namespace, seed: int):
 def _cmd_zoo_build(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    if args.check:
+        short = 0
+        for seed in args.seeds:
+            zoo = _zoo(args, seed)
+            todo = zoo.missing()
+            short += len(todo)
+            what = ", ".join(f"{k}{'/' + t if t else ''}" for k, t in todo) or "nothing"
+            print(f"zoo {args.suite} size={args.size} seed={seed}: {len(todo)} to build ({what}); cache {zoo.folder}")
+        return 1 if short else 0
     for seed in args.seeds:
         zoo = _zoo(args, seed).build(progress=True)
         rows = [{"kind": r["kind"], "task": r["task"] or "", "seconds": r["seconds"],
@@ -79,7 +88,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(f"{rec['notebook']:<24} {rec['seconds']:>7.1f} s  {rec.get('html', rec['executed'])}", flush=True)
 
     recs = run_report(args.profile, only=args.only, parameters=params, out=args.out, figures=args.figures,
-                      notebooks=args.notebooks, html=not args.no_html, on_result=show)
+                      notebooks=args.notebooks, html=not args.no_html, timeout=args.cell_timeout,
+                      start_timeout=args.start_timeout, on_result=show)
     print(f"{len(recs)} notebook(s) ran in {sum(r['seconds'] for r in recs):.0f} s ({args.profile} profile)")
     return 0
 
@@ -106,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     zsub = z.add_subparsers(dest="zoo_command", required=True)
     zb = zsub.add_parser("build", help="build (or load from the cache) a suite's zoo")
     world_args(zb)
+    zb.add_argument("--check", action="store_true",
+                    help="build nothing: list what is missing from the cache (exit 1 if anything is)")
     zb.set_defaults(func=_cmd_zoo_build)
 
     b = sub.add_parser("bench", help="merge a zoo with methods, select coefficients on val, report test")
@@ -129,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--figures", default=None, help="figure root (default figures/ for full, <out>/figures for quick)")
     r.add_argument("--notebooks", default=None, help="notebooks folder (default the repository's notebooks/)")
     r.add_argument("--no-html", action="store_true", help="skip the HTML rendering")
+    r.add_argument("--cell-timeout", type=int, default=None, metavar="S",
+                   help="fail a notebook when one cell runs longer than S seconds (default: no limit)")
+    r.add_argument("--start-timeout", type=int, default=300, metavar="S",
+                   help="seconds to wait for a notebook kernel to start (default 300)")
     r.add_argument("--list", action="store_true", help="list the notebooks and exit")
     r.set_defaults(func=_cmd_report)
     return ap

@@ -13,8 +13,8 @@ The merge itself lives in :mod:`acetools.merging.esm` (one public function per s
   inside each fine-tuned encoder, the ``activations=`` input of ``esm``),
   :func:`subspace_overlap` (how far the essential subspace moves with the proxy set);
 * **runs with alpha chosen on validation**: :func:`esm_path` (one merge, any alpha),
-  :func:`run_esm` (merge once, search alpha on the
-  validation splits with :mod:`acetools.search`, score test; custom activations allowed),
+  :func:`run_esm` (merge once, search alpha on the validation splits with
+  :mod:`acetools.search`, score test; custom activations allowed),
   :data:`ABLATION` / :func:`ablation_hparams` / :func:`run_ablation` (the paper's grid
   {SVD, ESD} x {no scaling, layer only, all three levels} plus the reciprocal exponent);
 * **one layer, every stage**: :func:`layer_stages` (P_cat, A_cat, the factors, the whitened
@@ -45,7 +45,7 @@ from .diagnostics import layer_type, linear_cka
 from .merging import is_matrix_param, merge
 from .merging import esm as E
 from .merging._linalg import thin_svd
-from .search import esm_search, grid_search
+from .search import climb_search, esm_search, grid_search
 
 __all__ = [
     "NOISE",
@@ -480,19 +480,23 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
 
 
 def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
-            grid: Sequence[float] | None = None, patience: int | None = None, label: str | None = None,
-            **hparams: Any):
+            grid: Sequence[float] | None = None, search: str = "climb", patience: int | None = 1,
+            label: str | None = None, **hparams: Any):
     """ESM on ``bench`` with alpha chosen on validation, scored on test: a
     :class:`acetools.benchmark.MethodRun` (``method="esm"``, ``label``, the search trace).
 
-    One merge (:func:`esm_path`), then the search: ``grid`` (with optional ``patience``,
-    :func:`acetools.search.grid_search`, maximising the average normalized validation
-    accuracy) or, with ``grid=None``, the paper's rule (:func:`acetools.search.esm_search`:
-    golden section on [0, 2], then the best normalized). ``activations``: the proxy
-    activations (default ``bench.esm_activations()``); ``hparams``: the other ``esm`` switches.
+    One merge (:func:`esm_path`), then the search for the best average normalized validation
+    accuracy: with ``grid=None`` the paper's rule (:func:`acetools.search.esm_search`: golden
+    section on [0, 2], then the best normalized); else over ``grid`` by ``search="climb"``
+    (:func:`acetools.search.climb_search` from alpha = 1, ``patience``) or ``"grid"``
+    (:func:`acetools.search.grid_search` in order, optional ``patience``). ``activations``:
+    the proxy activations (default ``bench.esm_activations()``); ``hparams``: the other
+    ``esm`` switches.
     """
     from .benchmark import MethodRun
 
+    if search not in ("climb", "grid"):
+        raise ValueError(f"search={search!r} must be 'climb' or 'grid'")
     at, merge_s = esm_path(bench, activations=activations, **hparams)
 
     def score(alpha: float) -> dict[str, float]:
@@ -501,6 +505,8 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
     ref = bench.expert_accuracy("val")
     if grid is None:
         res = esm_search(score, ref)
+    elif search == "climb":
+        res = climb_search(score, grid, reference=ref, patience=1 if patience is None else patience)
     else:
         res = grid_search(score, grid, reference=ref, patience=patience)
     alpha = float(res.best)
@@ -512,11 +518,13 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
                      bench.normalized(test, "test"), merge_s, res.to_frame(), label)
 
 
-def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None, grid=None, patience=None,
-                 done: Mapping[str, Any] | None = None, progress: bool | None = None) -> list:
+def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None, grid=None, search: str = "climb",
+                 patience: int | None = 1, done: Mapping[str, Any] | None = None,
+                 progress: bool | None = None) -> list:
     """:func:`run_esm` for each ablation row in ``names`` (default all of :data:`ABLATION`),
-    labelled by row name. ``done``: runs already made on this bench with that row's
-    switches (row name -> MethodRun) are reused, relabelled, instead of rerun."""
+    labelled by row name, with the same search for every row. ``done``: runs already made
+    on this bench with that row's switches (row name -> MethodRun) are reused, relabelled,
+    instead of rerun."""
     from .utils import progress as bar
 
     names = list(ABLATION) if names is None else list(names)
@@ -525,8 +533,8 @@ def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None,
         if done is not None and name in done:
             runs.append(dataclasses.replace(done[name], label=name))
             continue
-        runs.append(run_esm(bench, activations=activations, grid=grid, patience=patience, label=name,
-                            **ablation_hparams(name)))
+        runs.append(run_esm(bench, activations=activations, grid=grid, search=search, patience=patience,
+                            label=name, **ablation_hparams(name)))
     return runs
 
 
@@ -612,12 +620,12 @@ def norm_order_table(bench, activations: Mapping[str, Sequence[Tensor]] | None =
     rows = []
     for t, (task, expert) in enumerate(zip(bench.tasks, bench.experts)):
         comps = essential_components(base, expert, {k: acts[k][t] for k in keys})
-        cases = [("all", False, dict(expert)), ("none", False, load_components(base, expert, comps, 0))]
+        cases = [("all", False, None), ("none", False, load_components(base, expert, comps, 0))]
         for order in ("norm", "reverse"):
             for eq in (False, True):
                 cases.append((order, eq, load_components(base, expert, comps, ks, order=order, equal_norms=eq)))
-        for order, eq, state in cases:
-            acc = bench.evaluate(state, split, tasks=[task])[task]
+        for order, eq, state in cases:  # "all" is the expert: its accuracy is the reference
+            acc = ref[task] if state is None else bench.evaluate(state, split, tasks=[task])[task]
             rows.append({"task": task, "order": order, "equal_norms": eq, "accuracy": 100 * acc,
                          "normalized": 100 * acc / ref[task] if ref[task] > 0 else math.nan})
     return pd.DataFrame(rows)
@@ -749,11 +757,14 @@ def verdict_reciprocal(drops: Mapping[str, float], big: float = 5.0) -> tuple[st
     beyond :data:`NOISE` but not all that big -> partly; otherwise not reproduced."""
     nums = {f"drop_{s}": float(d) for s, d in drops.items()}
     txt = ", ".join(f"{s} {d:+.2f}" for s, d in drops.items())
+    what = f"the paper's exponent (+2) minus the reciprocal (-1): {txt} points"
     if all(d >= big for d in drops.values()):
-        return "reproduced", f"reciprocal scaling costs {txt} points", nums
+        return "reproduced", what, nums
     if all(compare(d) == "better" for d in drops.values()):
-        return "partly", f"reciprocal scaling costs {txt} points (less than {big:g} somewhere)", nums
-    return "not reproduced", f"reciprocal scaling costs {txt} points", nums
+        return "partly", f"{what} (a drop, but less than {big:g} somewhere)", nums
+    if all(compare(d) == "worse" for d in drops.values()):
+        return "not reproduced", f"{what}: the reciprocal exponent is better here", nums
+    return "not reproduced", f"{what} (no drop beyond noise)", nums
 
 
 def verdict_norm_importance(table: pd.DataFrame) -> tuple[str, str, dict]:

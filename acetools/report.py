@@ -95,9 +95,18 @@ def _check_parameters(path: Path, params: Mapping[str, Any]) -> None:
         )
 
 
+#: Seconds to wait for a notebook kernel to start (see :func:`run_notebook`).
+START_TIMEOUT = 300
+
+
 def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters: Mapping[str, Any] | None = None,
-                 *, html: bool = True, kernel_name: str = "python3", timeout: int | None = None) -> dict[str, Any]:
+                 *, html: bool = True, kernel_name: str = "python3", timeout: int | None = None,
+                 start_timeout: int = START_TIMEOUT) -> dict[str, Any]:
     """Execute one notebook with papermill into ``out_dir`` (and render HTML); return a record.
+
+    ``timeout``: seconds one cell may run (``None``: no limit). ``start_timeout``: seconds to
+    wait for the kernel to start (papermill's default of 60 s is too short on a loaded
+    2-core machine, where importing torch in a fresh kernel can take longer).
 
     Raises :class:`UnknownParameterError` before running when a parameter is not declared,
     and papermill's ``PapermillExecutionError`` when a cell fails (the partly executed
@@ -117,7 +126,8 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
     os.environ.setdefault("ACETOOLS_PROGRESS", "0")
     try:
         pm.execute_notebook(str(path), str(out_nb), parameters=params, kernel_name=kernel_name, cwd=str(path.parent),
-                            progress_bar=False, log_output=False, execution_timeout=timeout)
+                            progress_bar=False, log_output=False, execution_timeout=timeout,
+                            start_timeout=start_timeout)
     finally:
         if old is None:
             os.environ.pop("ACETOOLS_PROGRESS", None)
@@ -147,13 +157,15 @@ def render_html(executed: str | os.PathLike) -> Path:
 def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
                parameters: Mapping[str, Any] | None = None, out: str | os.PathLike | None = None,
                figures: str | os.PathLike | None = None, notebooks: str | os.PathLike | None = None,
-               html: bool = True, on_result=None) -> list[dict[str, Any]]:
+               html: bool = True, timeout: int | None = None, start_timeout: int = START_TIMEOUT,
+               on_result=None) -> list[dict[str, Any]]:
     """Run the course (or ``only`` some notebooks) under ``profile``; return one record each.
 
     ``out``: build folder (default ``build/report/<profile>`` in the repository).
     ``figures``: figure root (default ``figures/`` for ``full``, ``<out>/figures`` for
     ``quick``); each notebook gets ``figures_dir=<figures>/<stem>``. ``parameters`` apply
-    to every notebook selected and must be declared by each.
+    to every notebook selected and must be declared by each. ``timeout`` /
+    ``start_timeout``: per cell / kernel start, as in :func:`run_notebook`.
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; profiles: {sorted(PROFILES)}")
@@ -166,7 +178,7 @@ def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
         params = {**PROFILES[profile], "figures_dir": str(figures / path.stem), **dict(parameters or {})}
         declared = notebook_parameters(path)
         params = {k: v for k, v in params.items() if k in declared or k in (parameters or {})}
-        rec = run_notebook(path, out, params, html=html)
+        rec = run_notebook(path, out, params, html=html, timeout=timeout, start_timeout=start_timeout)
         rec["profile"] = profile
         records.append(rec)
         if on_result is not None:

@@ -78,6 +78,10 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 StateDict = dict[str, Tensor]
 
 
+class _NotCached(Exception):
+    """Raised inside :meth:`Zoo.missing` instead of building an entry."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, unreadable, or its tensors do not match their hash."""
 
@@ -314,6 +318,7 @@ class Zoo:
         self._sides: dict[tuple[str, str | None], dict] = {}
         self._paths: dict[tuple[str, str | None], Path] = {}
         self._progress: bool | None = None
+        self._dry = False  # True inside missing(): never build
 
     # ----------------------------------------------------------------- configuration
 
@@ -390,6 +395,8 @@ class Zoo:
             except CheckpointError:
                 side = None
         if side is None:
+            if self._dry:
+                raise _NotCached(ident)
             t0 = time.perf_counter()
             state, recipe, metrics = make()
             meta = {
@@ -597,9 +604,7 @@ class Zoo:
         shows a bar over the steps and inside each training loop (``None``: automatic).
         """
         self._progress = progress
-        steps = [("base", None)] + [("head", t) for t in self.tasks] + [("expert", t) for t in self.tasks]
-        if self.mtl if mtl is None else mtl:
-            steps.append(("mtl", None))
+        steps = self._steps(mtl)
         for kind, task in _progress(steps, desc=f"zoo {self.size}", total=len(steps), enabled=progress):
             if kind == "base":
                 self.base_state()
@@ -610,6 +615,34 @@ class Zoo:
             else:
                 self.mtl_state()
         return self
+
+    def _steps(self, mtl: bool | None) -> list[tuple[str, str | None]]:
+        steps = [("base", None)] + [("head", t) for t in self.tasks] + [("expert", t) for t in self.tasks]
+        if self.mtl if mtl is None else mtl:
+            steps.append(("mtl", None))
+        return steps
+
+    def missing(self, *, mtl: bool | None = None) -> list[tuple[str, str | None]]:
+        """What :meth:`build` would have to compute: ``(kind, task or None)`` for every entry
+        with no valid cached file, in build order, **without building anything**.
+
+        Valid entries are loaded on the way (as :meth:`build` would). An entry that starts
+        from a missing one (a head or expert when the base is missing, an expert when its
+        head is) is listed too: its cache key depends on what it starts from. Heads are
+        cheap (class means of base features); experts and the MTL model are trained.
+        """
+        out = []
+        self._dry = True
+        try:
+            for kind, task in self._steps(mtl):
+                try:
+                    {"base": self.base_state, "head": lambda: self.head(task),
+                     "expert": lambda: self.expert_state(task), "mtl": self.mtl_state}[kind]()
+                except _NotCached:
+                    out.append((kind, task))
+        finally:
+            self._dry = False
+        return out
 
     def _check_task(self, task: str) -> None:
         if task not in self.tasks:

@@ -290,7 +290,7 @@ def test_ablation_effect_and_effects():
     with pytest.raises(KeyError):
         ab.effect("nope", AC.FULL, suite="s8")
     eff = AC.ablation_effects(ab, {"s8": 0.0, "s20": 0.5})
-    assert eff["normalization"][0] == {"suite": "s8", "frac_flagged": 0.0, "d_auto": 3.0, "d_forced": 1.0}
+    assert eff["normalization"][0] == {"suite": "s8", "frac_flagged": 0.0, "d_auto": -2.0, "d_forced": 1.0}
     assert eff["csp"][1]["d"] == 4.0
     # nothing flagged in s8: refinement is judged with the gate on; s20 with ACE as is
     assert eff["refinement"][0]["d"] == 1.0 and "gate on" in eff["refinement"][0]["what"]
@@ -360,9 +360,12 @@ def test_diagnose_reports_from_the_tables():
     base, experts = _hetero_world()
     taus = task_vectors(base, experts)
     gt, st = AC.gamma_table(taus), AC.stage_table(taus)
-    ab = AC.Ablation(pd.DataFrame([{"suite": "s", "variant": AC.GATE_OFF, "same_as": AC.FULL},
-                                   {"suite": "s", "variant": AC.NO_PRIOR, "same_as": ""}]), pd.DataFrame())
+    ab = AC.Ablation(pd.DataFrame([{"suite": "s", "variant": AC.GATE_OFF, "same_as": AC.FULL, "scaling": 1.0},
+                                   {"suite": "s", "variant": AC.NO_PRIOR, "same_as": "", "scaling": 1.0},
+                                   {"suite": "s", "variant": AC.SCALED_LABEL, "same_as": "", "scaling": 0.7}]),
+                     pd.DataFrame())
     lines = AC.diagnose(gt, st, ab)
+    assert "s = 0.7 in s" in lines[-2]
     assert lines[0].startswith(f"gamma: {int(gt.flag.sum())} of {len(gt)} matrices are flagged")
     n_wide = sum(s[0] <= s[1] for s in st["shape"])
     assert any(line.startswith(f"spectrum: {n_wide} of {len(st)} matrices have d_out <= d_in") for line in lines)

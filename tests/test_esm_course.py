@@ -299,7 +299,8 @@ def test_esm_path_scales_only_the_esd_layers(bench):
 def test_run_esm_picks_alpha_on_validation_and_scores_test_there(bench):
     grid = [0.25, 0.75, 1.5]
     custom = ec.proxy_activations(bench, ec.proxy_images(bench, "other task"))
-    run = ec.run_esm(bench, activations=custom, grid=grid, label="other task")
+    run = ec.run_esm(bench, activations=custom, grid=grid, search="grid", patience=None, label="other task")
+    assert len(run.search) == 3
     assert run.coef in grid and run.name == "other task" and run.method == "esm"
     tr = run.search
     assert run.coef == pytest.approx(float(tr.loc[tr.avg_normalized_top1.idxmax(), "alpha"]))
@@ -308,6 +309,10 @@ def test_run_esm_picks_alpha_on_validation_and_scores_test_there(bench):
     assert "activations" not in run.hparams and run.hparams["alpha"] == run.coef
     paper = ec.run_esm(bench, grid=None)  # golden section on [0, 2]
     assert 0.0 <= paper.coef <= 2.0 and len(paper.search) > len(grid)
+    climb = ec.run_esm(bench, grid=grid, label="climb")
+    assert climb.coef in grid and set(climb.search.alpha) <= set(grid)
+    with pytest.raises(ValueError, match="search"):
+        ec.run_esm(bench, grid=grid, search="golden")
 
 
 def test_run_ablation_reuses_done_runs_and_labels_rows(bench):
@@ -390,7 +395,10 @@ def test_verdicts_follow_their_rules():
     assert ec.verdict_layer_first({"t8": 0.2}, {"t8": 1.8})[0] == "not reproduced"
     assert ec.verdict_reciprocal({"t8": 6.0, "t20": 9.0})[0] == "reproduced"
     assert ec.verdict_reciprocal({"t8": 2.0, "t20": 9.0})[0] == "partly"
-    assert ec.verdict_reciprocal({"t8": 0.2})[0] == "not reproduced"
+    v, why, _ = ec.verdict_reciprocal({"t8": 0.2})
+    assert v == "not reproduced" and "no drop beyond noise" in why
+    v, why, _ = ec.verdict_reciprocal({"t8": -0.9, "t20": -0.8})
+    assert v == "not reproduced" and "reciprocal exponent is better" in why
     no = pd.DataFrame({"order": ["norm", "reverse", "norm", "reverse"], "equal_norms": [False, False, True, True],
                        "normalized": [90.0, 60.0, 85.0, 70.0]})
     assert ec.verdict_norm_importance(no)[0] == "reproduced"
@@ -419,3 +427,4 @@ def test_subspace_overlap():
     Xs = torch.randn(100, 4, dtype=torch.float64) * torch.tensor([1e-3, 1.0, 1.0, 1.0], dtype=torch.float64)
     assert ec.subspace_overlap(Xs, d, 1) < 0.1
     assert ec.subspace_overlap(X, dW, 50, X[:5]) <= 1.0 + 1e-9  # k capped at 5 rows
+

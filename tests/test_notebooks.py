@@ -59,10 +59,12 @@ def test_notebook_has_one_literal_parameters_cell(path):
         names[node.target.id] = ast.unparse(node.annotation)
     for line in src.strip().splitlines():
         assert "#" in line, f"{path.name}: parameter line without a comment: {line!r}"
+        assert line.count("=") == 1, (f"{path.name}: {line!r} has a second '=' (in its value or comment); papermill "
+                                      "cannot parse such a line and would drop the parameter")
     for k, t in CORE.items():
         assert names.get(k) == t, f"{path.name}: core parameter {k}: {t} missing or mistyped"
     declared = notebook_parameters(path)
-    assert set(declared) == set(names)
+    assert set(declared) == set(names), f"{path.name}: papermill does not see {sorted(set(names) - set(declared))}"
 
 
 def test_unknown_parameter_is_an_error(tmp_path):

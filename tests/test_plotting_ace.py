@@ -99,10 +99,15 @@ def test_prior_profile(ax, stages):
     prof = stages.prior_profile()
     P.prior_profile(ax, prof)
     lines = ax.get_lines()
-    assert len(lines) == 3
+    assert len(lines) == 2  # covariance diagonal, ridge
     np.testing.assert_allclose(lines[0].get_ydata(), np.sort(prof.cov_diag)[::-1])
-    assert ax.get_yscale() == "symlog"
-    assert len(ax.get_legend().get_texts()) == 3
+    pts = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert len(pts) == 2
+    n_pos, n_neg = int((prof.prior > 0).sum()), int((prof.prior < 0).sum())
+    assert [len(c.get_offsets()) for c in pts] == [n_pos, n_neg] and n_pos + n_neg == len(prof)
+    assert (np.asarray(pts[1].get_offsets())[:, 1] > 0).all()  # negative values drawn as |c_j|
+    assert ax.get_yscale() == "log"
+    assert len(ax.get_legend().get_texts()) == 4
 
 
 def test_spectra(ax, stages):

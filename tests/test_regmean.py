@@ -161,7 +161,7 @@ def test_bad_grams():
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"grams\[1\].*NaN"):
         _run(base, experts, [good[0], {KEY: bad}, good[2]])
-    with pytest.raises(TypeError, match="not a Tensor"):
+    with pytest.raises(TypeError, match="not a torch.Tensor"):
         _run(base, experts, [good[0], {KEY: G[1].numpy()}, good[2]])
     with pytest.raises(TypeError, match=r"grams\[0\]"):
         _run(base, experts, [None, good[1], good[2]])

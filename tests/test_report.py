@@ -54,3 +54,37 @@ def test_cli_lists_notebooks(capsys):
     assert main(["report", "--list"]) == 0
     out = capsys.readouterr().out.split()
     assert out == [p.stem for p in notebook_paths()]
+
+
+def test_timeouts_reach_papermill(tmp_path, monkeypatch):
+    import nbformat
+    import papermill as pm
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("seed: int = 0  # the seed")
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    nbformat.write(nb, str(folder / "00_tiny.ipynb"))
+    seen = {}
+
+    def fake_execute(src, dst, **kw):
+        seen.update(kw)
+        nbformat.write(nb, dst)
+
+    monkeypatch.setattr(pm, "execute_notebook", fake_execute)
+    recs = run_report("quick", notebooks=folder, out=tmp_path / "build", html=False, timeout=7, start_timeout=123)
+    assert [r["notebook"] for r in recs] == ["00_tiny"]
+    assert seen["execution_timeout"] == 7 and seen["start_timeout"] == 123
+    assert seen["parameters"] == {}  # the quick profile's parameters this notebook does not declare are dropped
+    run_report("quick", notebooks=folder, out=tmp_path / "build", html=False)
+    assert seen["execution_timeout"] is None and seen["start_timeout"] == 300
+
+
+def test_cli_parses_timeouts():
+    args = build_parser().parse_args(["report", "--cell-timeout", "600", "--start-timeout", "90"])
+    assert args.cell_timeout == 600 and args.start_timeout == 90
+    args = build_parser().parse_args(["report"])
+    assert args.cell_timeout is None and args.start_timeout == 300

@@ -11,6 +11,7 @@ from acetools.search import (
     ALPHA_GRID,
     ESM_BRACKET,
     LAMBDA_GRID,
+    climb_search,
     esm_search,
     golden_section_search,
     grid_search,
@@ -150,3 +151,30 @@ def test_bad_inputs():
         golden_section_search(lambda a: {"t": 1.0}, 1.0, 0.0, objective="absolute")
     with pytest.raises(ValueError, match="select"):
         golden_section_search(lambda a: {"t": 1.0}, 0.0, 1.0, objective="absolute", select="normalized")
+
+
+def test_climb_search_walks_to_the_peak_and_stops():
+    calls = []
+
+    def score(alpha, peak=0.45):
+        calls.append(alpha)
+        v = 0.9 - (np.log(alpha) - np.log(peak)) ** 2  # unimodal in log alpha
+        return {"a": v, "b": v / 2}
+
+    grid = [0.1, 0.2, 0.3, 0.45, 0.65, 0.9, 1.25, 1.75, 2.5]
+    res = climb_search(score, grid, reference={"a": 1.0, "b": 0.5})
+    assert res.best == 0.45 and res.method == "climb"
+    assert calls == [0.9, 0.65, 1.25, 0.45, 0.3]  # start, neighbours, walk down, one step past the peak
+    assert res.best_evaluation.avg_normalized == pytest.approx(0.9)
+    calls.clear()
+    res = climb_search(lambda a: score(a, peak=5.0), grid, reference={"a": 1.0, "b": 0.5})
+    assert res.best == 2.5 and calls == [0.9, 0.65, 1.25, 1.75, 2.5]  # stops at the grid's end
+    calls.clear()
+    res = climb_search(lambda a: score(a, peak=0.9), grid, reference={"a": 1.0, "b": 0.5}, patience=2)
+    assert res.best == 0.9 and calls == [0.9, 0.65, 1.25]  # a local maximum at the start: no walk
+    with pytest.raises(ValueError):
+        climb_search(score, [], reference={"a": 1.0})
+    with pytest.raises(ValueError, match="patience"):
+        climb_search(score, grid, reference={"a": 1.0, "b": 0.5}, patience=0)
+    with pytest.raises(ValueError, match="normalized"):
+        climb_search(score, grid)  # the normalized objective needs a reference

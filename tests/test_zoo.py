@@ -151,6 +151,23 @@ def test_resume_after_deleting_one_expert_rebuilds_only_it(built, tmp_path, monk
     assert _equal(zoo.expert_state("b"), first.expert_state("b"))  # deterministic rebuild
 
 
+def test_missing_lists_what_build_would_compute_and_builds_nothing(built, tmp_path, monkeypatch):
+    root, first, _ = built
+    counter = Counter(monkeypatch)
+    assert make_zoo(tmp_path / "empty").missing() == [("base", None), ("head", "a"), ("head", "b"), ("head", "c"),
+                                                      ("expert", "a"), ("expert", "b"), ("expert", "c"), ("mtl", None)]
+    assert make_zoo(tmp_path / "empty").missing(mtl=False)[-1] == ("expert", "c")
+    assert not any((tmp_path / "empty").rglob("*.safetensors"))
+    root2 = _copy(root, tmp_path / "c")
+    assert make_zoo(root2).missing() == []
+    next((root2 / "micro" / "experts").glob("b-seed0-*.safetensors")).unlink()
+    zoo = make_zoo(root2)
+    assert zoo.missing() == [("expert", "b")]  # the MTL model starts from the base and heads only
+    assert counter.calls == [] and zoo.built == []
+    zoo.build(progress=False)  # the dry run leaves the zoo usable
+    assert zoo.built == [("expert", "b")] and zoo.missing() == []
+
+
 def test_corrupt_or_truncated_files_are_detected_and_rebuilt(built, tmp_path, monkeypatch):
     root, first, _ = built
     root2 = _copy(root, tmp_path / "c")
@@ -251,3 +268,13 @@ def test_zoo_validates_arguments(tmp_path):
         make_zoo(tmp_path, tasks=["a", "a"])
     with pytest.raises(ValueError, match="unknown model size"):
         make_zoo(tmp_path, size="huge")
+
+
+def test_cli_zoo_build_check_lists_missing_entries_and_builds_nothing(tmp_path, capsys):
+    from acetools.cli import main
+
+    args = ["zoo", "build", "--suite", "tiny", "--size", "micro", "--root", str(tmp_path), "--no-mtl", "--check"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "seed=0: 7 to build (base, head/" in out and "expert/" in out
+    assert not any(tmp_path.rglob("*.safetensors"))

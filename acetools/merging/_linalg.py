@@ -1,13 +1,14 @@
-"""Linear-algebra helpers shared by the merge methods: polar factor, safe solve."""
+"""Linear-algebra helpers shared by the merge methods: polar factor, safe solve, input checks."""
 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["thin_svd", "polar", "solve_right", "top_svd"]
+__all__ = ["thin_svd", "polar", "solve_right", "top_svd", "check_square"]
 
 
 def thin_svd(M: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -57,3 +58,18 @@ def solve_right(B: Tensor, A: Tensor, *, name: str = "") -> Tensor:
         stacklevel=2,
     )
     return B @ torch.linalg.pinv(A)
+
+
+def check_square(S: Any, d_in: int, where: str, hint: str = "") -> None:
+    """Validate one user-given d_in x d_in matrix (a covariance or Gram): a floating-point
+    Tensor of that shape with finite entries. ``where`` names it in the error, e.g.
+    ``"ace: covariances[2]['blocks.0.mlp.c_fc.weight']"``; ``hint`` is appended to the
+    shape error."""
+    if not isinstance(S, Tensor):
+        raise TypeError(f"{where} is a {type(S).__name__}, not a torch.Tensor")
+    if tuple(S.shape) != (d_in, d_in):
+        raise ValueError(f"{where} has shape {tuple(S.shape)}; it must be d_in x d_in = {d_in} x {d_in}{hint}")
+    if not S.is_floating_point():
+        raise TypeError(f"{where} has dtype {S.dtype}; it must be floating point")
+    if not torch.isfinite(S).all():
+        raise ValueError(f"{where} contains NaN or Inf")

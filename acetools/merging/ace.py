@@ -56,7 +56,7 @@ import torch
 from torch import Tensor
 
 from ..utils import progress
-from ._linalg import solve_right, thin_svd
+from ._linalg import check_square, solve_right, thin_svd
 from ._registry import METHODS, Param, register
 from .averaging import mean_update
 
@@ -683,16 +683,8 @@ def _check_covariances(covariances, estimator, base, matrix_keys, transposed, T)
             missing = have.index(False)
             raise KeyError(f"ace: covariances[{missing}] lacks key {k!r} that other experts' covariances have; give it for every expert or for none")
         d_in = base[k].shape[0] if k in transposed else base[k].shape[1]
+        hint = " (this key is in in_out_keys, so d_in is its first dimension)" if k in transposed else ""
         for t, c in enumerate(covariances):
-            S = c[k]
-            if not isinstance(S, Tensor):
-                raise TypeError(f"ace: covariances[{t}][{k!r}] is a {type(S).__name__}, not a torch.Tensor")
-            if tuple(S.shape) != (d_in, d_in):
-                raise ValueError(
-                    f"ace: covariances[{t}][{k!r}] has shape {tuple(S.shape)}; it must be d_in x d_in = {d_in} x {d_in}"
-                    + (" (this key is in in_out_keys, so d_in is its first dimension)" if k in transposed else "")
-                )
-            if not torch.isfinite(S).all():
-                raise ValueError(f"ace: covariances[{t}][{k!r}] contains NaN or Inf")
+            check_square(c[k], d_in, f"ace: covariances[{t}][{k!r}]", hint)
         out[k] = [c[k] for c in covariances]
     return out

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..utils import progress
-from ._linalg import solve_right
+from ._linalg import check_square, solve_right
 from ._registry import REQUIRED, Param, register
 from .averaging import mean_update
 
@@ -96,18 +96,8 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
             raise ValueError(f"regmean: Gram matrices given for key {key!r} of shape {tuple(W0.shape)}; RegMean needs a 2-D (d_out x d_in) weight")
         d_in = W0.shape[1]
         for t, g in enumerate(grams):
-            G = g[key]
-            if not isinstance(G, Tensor):
-                raise TypeError(f"regmean: grams[{t}][{key!r}] is a {type(G).__name__}, not a Tensor")
-            if tuple(G.shape) != (d_in, d_in):
-                raise ValueError(
-                    f"regmean: grams[{t}][{key!r}] has shape {tuple(G.shape)}, expected d_in x d_in = "
-                    f"({d_in}, {d_in}) for a weight of shape {tuple(W0.shape)} (d_out x d_in)"
-                )
-            if not G.is_floating_point():
-                raise TypeError(f"regmean: grams[{t}][{key!r}] has dtype {G.dtype}; Gram matrices must be floating point")
-            if not torch.isfinite(G).all():
-                raise ValueError(f"regmean: grams[{t}][{key!r}] contains NaN or Inf values")
+            check_square(g[key], d_in, f"regmean: grams[{t}][{key!r}]",
+                         f" for a weight of shape {tuple(W0.shape)} (d_out x d_in)")
     return sorted(keys)
 
 

@@ -51,6 +51,16 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
     return path
 
 
+def finish(ax, title: str | None = None, *, legend: bool = False, fontsize: int = 7):
+    """The common ending of every plotting function: a small legend (``legend=True``) and
+    the ``title`` if given; returns ``ax``."""
+    if legend:
+        ax.legend(fontsize=fontsize)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
 def heatmap(ax, matrix, *, labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
             title: str | None = None, fmt: str = ".2f", annot: bool | None = None, cmap: str = "vlag",
             center: float | None = None, vmin: float | None = None, vmax: float | None = None, cbar: bool = True):
@@ -69,9 +79,7 @@ def heatmap(ax, matrix, *, labels: Sequence[str] | None = None, col_labels: Sequ
         annot = data.size <= 400
     sns.heatmap(data, ax=ax, annot=annot, fmt=fmt, cmap=cmap, center=center, vmin=vmin, vmax=vmax, cbar=cbar,
                 annot_kws={"size": 7})
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title)
 
 
 def bar_plot(ax, values, *, labels: Sequence[str] | None = None, errors=None, title: str | None = None,
@@ -99,9 +107,7 @@ def bar_plot(ax, values, *, labels: Sequence[str] | None = None, errors=None, ti
         ax.set_xticks(pos, labels, rotation=45, ha="right")
         if ylabel:
             ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title)
 
 
 def line_plot(ax, df, *, x: str, y: str, hue: str | None = None, title: str | None = None,
@@ -120,6 +126,4 @@ def line_plot(ax, df, *, x: str, y: str, hue: str | None = None, title: str | No
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title)

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ._core import finish
+
 __all__ = ["short_label", "gamma_strip", "gamma_scaling", "task_weights", "prior_profile", "spectra",
            "refined_spectrum", "layer_metrics", "ablation_bars"]
 
@@ -59,10 +61,7 @@ def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | 
     if logy:
         ax.set_yscale("log")
     ax.set_ylabel("heterogeneity gamma (eq. 7)")
-    ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title, legend=True)
 
 
 def gamma_scaling(ax, df, *, tau: float = 0.3, title: str | None = None):
@@ -77,10 +76,7 @@ def gamma_scaling(ax, df, *, tau: float = 0.3, title: str | None = None):
         ax.set_yscale("log")
     ax.set_xlabel("scale c of every task vector")
     ax.set_ylabel("gamma")
-    ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title, legend=True)
 
 
 def task_weights(ax, weights, *, title: str | None = None):
@@ -93,33 +89,26 @@ def task_weights(ax, weights, *, title: str | None = None):
     ax.axhline(1.0 / n, color="k", ls=":", lw=1, label="1/T")
     ax.set_xticks(pos, list(weights["task"]), rotation=45, ha="right")
     ax.set_ylabel("share of the summed covariance")
-    ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title, legend=True)
 
 
-def prior_profile(ax, profile, *, logy: bool = True, title: str | None = None):
-    """The structural prior's column profile c_j against the diagonal of sum_t Sigma_tilde,t and
-    the isotropic ridge sum_t eps_t, columns sorted by the covariance diagonal (descending).
-    ``profile``: :meth:`acetools.ace_course.LayerStages.prior_profile`. ``logy``: a symmetric
-    log scale (c_j, a column mean of a covariance, can be negative)."""
+def prior_profile(ax, profile, *, title: str | None = None):
+    """The structural prior's column profile |c_j| (markers: positive / negative c_j) against
+    the diagonal of sum_t Sigma_tilde,t and the isotropic ridge sum_t eps_t, on a log scale,
+    columns sorted by the covariance diagonal (descending). ``profile``:
+    :meth:`acetools.ace_course.LayerStages.prior_profile`."""
     p = profile.sort_values("cov_diag", ascending=False).reset_index(drop=True)
     j = np.arange(len(p))
+    c = p["prior"].to_numpy(dtype=float)
     ax.plot(j, p["cov_diag"], label="diag of sum_t Sigma_tilde_t")
-    ax.plot(j, p["prior"], marker=".", ms=3, label="C_agg column value c_j (anisotropic)")
     ax.plot(j, p["ridge"], ls="--", label="ridge on the diagonal (isotropic eps I)")
-    if logy:
-        vals = np.abs(np.concatenate([p["cov_diag"], p["prior"], p["ridge"]]).astype(float))
-        vals = vals[np.isfinite(vals) & (vals > 0)]
-        lin = float(vals.min()) if vals.size else 1e-12
-        ax.set_yscale("symlog", linthresh=lin)
+    pos, neg = c > 0, c < 0
+    ax.scatter(j[pos], c[pos], s=8, marker="o", color="C2", label="C_agg column value c_j > 0")
+    ax.scatter(j[neg], -c[neg], s=10, marker="x", color="C3", label="|c_j|, c_j < 0")
+    ax.set_yscale("log")
     ax.set_xlabel("input column j (sorted by covariance diagonal)")
-    ax.set_ylabel("value")
-    ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title)
-    return ax
+    ax.set_ylabel("value (log)")
+    return finish(ax, title, legend=True)
 
 
 def spectra(ax, spectra: Mapping[str, Sequence[float]], *, top_frac: float | None = 0.05, logy: bool = True,
@@ -138,10 +127,7 @@ def spectra(ax, spectra: Mapping[str, Sequence[float]], *, top_frac: float | Non
         ax.set_yscale("log")
     ax.set_xlabel("index i")
     ax.set_ylabel("singular value sigma_i")
-    ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title, legend=True)
 
 
 def refined_spectrum(ax, pre: Sequence[float], refined: Mapping[int, Sequence[float]], k: int, *,
@@ -185,9 +171,7 @@ def layer_metrics(ax, table, columns: Mapping[str, str] | Sequence[str], *, hlin
     if ylabel:
         ax.set_ylabel(ylabel)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title)
 
 
 def ablation_bars(ax, table, *, column: str = "test_normalized", reference: str = "ACE (full)", noise: float = 0.5,
@@ -216,6 +200,4 @@ def ablation_bars(ax, table, *, column: str = "test_normalized", reference: str 
         ax.set_xlim(lo - pad - noise, hi + pad + noise)
     ax.set_xlabel({"test_normalized": "normalized test accuracy (%)", "test_acc": "test accuracy (%)"}.get(column, column))
     ax.legend(fontsize=7, title="suite (band: full ACE ± noise)", title_fontsize=7)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title)

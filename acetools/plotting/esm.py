@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ._core import finish
+
 __all__ = [
     "energy_curves",
     "cka_bars",
@@ -103,9 +105,7 @@ def gram_image(ax, G, *, block: int | None = None, title: str | None = None, vma
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     ax.set_xticks([])
     ax.set_yticks([])
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title)
 
 
 def task_factor_heatmap(ax, factors, *, title: str | None = None):
@@ -174,9 +174,7 @@ def accuracy_bars(ax, values: Mapping[str, float], *, baseline: float | None = N
         ax.axhspan(r - noise, r + noise, color="C3", alpha=0.15, lw=0)
     ax.set_xticks(pos, labels, rotation=20, ha="right")
     ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title)
 
 
 def ablation_bars(ax, df, *, value: str = "test_acc", hue: str = "suite", title: str | None = None,
@@ -196,10 +194,7 @@ def ablation_bars(ax, df, *, value: str = "test_acc", hue: str = "suite", title:
     ax.set_ylim(max(0.0, np.nanmin(vals) - 0.5 * span), min(100.0, top) if "acc" in value else top)
     ax.set_xticks(np.arange(len(variants)), variants, rotation=25, ha="right")
     ax.set_ylabel(ylabel or value)
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title, legend=True, fontsize=8)
 
 
 def search_traces(ax, runs, *, title: str | None = None):
@@ -210,6 +205,11 @@ def search_traces(ax, runs, *, title: str | None = None):
         ax.plot(tr["alpha"], 100 * tr["avg_normalized_top1"], marker=".", color=f"C{i % 10}", label=r.name)
         best = tr[tr["is_best"]]
         ax.plot(best["alpha"], 100 * best["avg_normalized_top1"], marker="*", ms=11, color=f"C{i % 10}", ls="")
+    if all((r.search["alpha"] > 0).all() for r in runs):  # a log grid: ticks at the alphas tried
+        ax.set_xscale("log")
+        alphas = sorted({float(a) for r in runs for a in r.search["alpha"]})
+        ax.set_xticks(alphas, [f"{a:g}" for a in alphas], rotation=45 if len(alphas) > 6 else 0)
+        ax.minorticks_off()
     ax.set_xlabel("alpha")
     ax.set_ylabel("val normalized accuracy (%)")
     ax.legend(fontsize=7)

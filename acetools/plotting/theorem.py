@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._core import heatmap
+from ._core import finish, heatmap
 
 __all__ = [
     "METRIC_LABELS",
@@ -60,10 +60,7 @@ def spectra_plot(ax, spectra, *, title: str | None = None, max_index: int | None
     ax.set_yscale("log")
     ax.set_xlabel("eigenvalue index")
     ax.set_ylabel(r"$\lambda_i / \lambda_1$")
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title, legend=True, fontsize=8)
 
 
 def _positions(values) -> tuple[np.ndarray, list[str], bool]:
@@ -112,10 +109,7 @@ def sweep_panel(ax, data, param: str, *, metrics: Sequence[str] = ("cosine", "co
     ax.set_ylabel("agreement")
     ax.set_ylim(0, 1.02)
     if legend:
-        ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title)
-    return ax
+        return finish(ax, title, legend=True)
 
 
 def progress_panel(ax, data, *, hue: str = "model", metric: str = "cosine", title: str | None = None):
@@ -132,10 +126,7 @@ def progress_panel(ax, data, *, hue: str = "model", metric: str = "cosine", titl
     ax.set_xlabel("training progress (fraction of the error removed)")
     ax.set_ylabel(METRIC_LABELS.get(metric, metric))
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title, legend=True)
 
 
 def _short(layer_type: str) -> str:
@@ -166,7 +157,4 @@ def layer_type_bars(ax, data, *, metrics: Sequence[str] = ("cosine", "cross_task
     ax.set_xticks(pos, [_short(t) for t in types])
     ax.set_ylabel("median cosine")
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title)
-    return ax
+    return finish(ax, title, legend=True)
