@@ -157,3 +157,22 @@ def test_seed_aggregation_reads_every_seed_file(bench, tmp_path):
     assert row.test_normalized_sd == pytest.approx(pd.Series([0.0, 2.0]).std())
     with pytest.raises(FileNotFoundError, match="acetools bench"):
         aggregate_seeds(tmp_path, "tasks8", "small")
+
+
+def test_wudi_step_size_study(bench):
+    from acetools.benchmark import wudi_step_size
+
+    df = wudi_step_size(bench, [1e-6, 1e-4], steps=20)
+    assert list(df["method"]) == ["task_arithmetic", "wudi", "wudi"]
+    assert df.loc[0, "lam"] == 1.0 and list(df["lr"].iloc[1:]) == [1e-6, 1e-4]
+    w = df.iloc[1:]
+    # the start is the sum of the task vectors: its RMS is the same for every run
+    assert w["rms_start"].nunique() == 1 and w["rms_start"].iloc[0] > 0
+    # Adam moves an entry by about lr per step: at most ~steps * lr, more with a larger lr
+    assert (w["rms_move"] <= 1.05 * 20 * w["lr"]).all()
+    assert w["rms_move"].is_monotonic_increasing and w["loss_ratio"].is_monotonic_decreasing
+    assert (w["loss_ratio"] < 1).all()
+    for c in ("val_normalized", "test_normalized", "val_acc", "test_acc"):
+        assert df[c].between(0, 200).all()
+    with pytest.raises(ValueError, match="lrs"):
+        wudi_step_size(bench, [0.0])

@@ -252,6 +252,34 @@ def test_assess_vs_wudi():
     single = summary_rows({("t8", 8): {"ace": [85], "wudi": [85]}}, seconds=sec)
     s1 = results.assess_vs_wudi(single)
     assert "stable" not in s1.numbers["criteria"] and s1.verdict == "reproduced"
+    # the step-size study: WUDI at its best-on-val learning rate (1e-3: val 79) scores 80 on test
+    study = pd.DataFrame({"suite": "t8", "n_tasks": 8, "seed": 0, "method": ["task_arithmetic", "wudi", "wudi", "wudi"],
+                          "variant": ["ta", "a", "b", "c"], "lr": [np.nan, 1e-5, 1e-4, 1e-3],
+                          "val_normalized": [30.0, 50.0, 78.0, 79.0], "test_normalized": [31.0, 51.0, 81.0, 80.0]})
+    t = results.assess_vs_wudi(ok, step_size=study)  # ace seed 0: 85 > 80
+    assert t.verdict == "reproduced" and t.numbers["criteria"]["not worse than tuned WUDI"]
+    assert t.numbers["tuned_wudi"] == [{"suite": "t8", "seed": 0, "lr": 1e-3, "tuned": 80.0, "lo": 51.0, "hi": 81.0,
+                                        "ours": 85.0, "diff": 5.0}]
+    assert "lr 0.001 gives 80.0 (range over lr 51.0–81.0)" in t.measured
+    beaten = results.assess_vs_wudi(ok, step_size=study.assign(test_normalized=lambda d: d["test_normalized"] + 10))
+    assert beaten.verdict == "partly" and not beaten.numbers["criteria"]["not worse than tuned WUDI"]
+    other = results.assess_vs_wudi(ok, step_size=study.assign(suite="t20"))  # no matching suite: ignored
+    assert "not worse than tuned WUDI" not in other.numbers["criteria"]
+
+
+def test_load_wudi_step_size(tmp_path):
+    assert results.load_wudi_step_size(tmp_path).empty
+    cols = dict(n_tasks=8, seed=0, variant="v", method="wudi", val_normalized=1.0, test_normalized=1.0)
+    pd.DataFrame([{"suite": "tasks20", **cols, "n_tasks": 20, "lr": 1e-3}, {"suite": "tasks20", **cols, "n_tasks": 20, "lr": 1e-5}]
+                 ).to_csv(tmp_path / "wudi_step_size_tasks20_small_seed0.csv", index=False)
+    pd.DataFrame([{"suite": "tasks8", **cols, "lr": 1e-4}]).to_csv(tmp_path / "wudi_step_size_tasks8_small_seed0.csv", index=False)
+    pd.DataFrame([{"suite": "tasks8", **cols, "lr": 1e-4}]).to_csv(tmp_path / "wudi_step_size_tasks8_tiny_seed0.csv", index=False)
+    d = results.load_wudi_step_size(tmp_path, size="small")
+    assert list(zip(d["suite"], d["lr"])) == [("tasks8", 1e-4), ("tasks20", 1e-5), ("tasks20", 1e-3)]
+    assert len(results.load_wudi_step_size(tmp_path)) == 4
+    pd.DataFrame([{"suite": "tasks8", "lr": 1e-4}]).to_csv(tmp_path / "wudi_step_size_tasks8_small_seed1.csv", index=False)
+    with pytest.raises(ValueError, match="seed1.csv lacks columns"):
+        results.load_wudi_step_size(tmp_path)
 
 
 def test_assess_cost_and_overhead():

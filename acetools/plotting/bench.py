@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ._core import bar_plot, heatmap
+from ._core import bar_plot, finish, heatmap
 
 __all__ = [
     "VERDICT_COLORS",
@@ -20,6 +20,7 @@ __all__ = [
     "per_task_heatmap",
     "accuracy_vs_tasks",
     "merge_time",
+    "wudi_step_size",
     "rank_scatter",
     "sweep_at",
     "task_bars",
@@ -100,6 +101,27 @@ def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None, h
     ax.set_yscale("log")
     ax.set_title("merge time (one merge)")
     return ax
+
+
+def wudi_step_size(ax, df: pd.DataFrame, *, value: str = "test_normalized", default_lr: float = 1e-5):
+    """WUDI's accuracy after its 300 Adam steps against the learning rate (log x), one line per
+    suite (and seed); the dashed line of the same colour is task arithmetic at lambda = 1,
+    WUDI's starting point; the default learning rate is marked. ``df``:
+    :func:`acetools.results.load_wudi_step_size`."""
+    for i, ((suite, seed), d) in enumerate(df.groupby(["suite", "seed"], sort=False)):
+        color = f"C{i % 10}"
+        w = d[d["method"] == "wudi"].sort_values("lr")
+        ax.plot(w["lr"], w[value], marker="o", color=color, label=f"{suite} seed {seed}: WUDI")
+        start = d[d["method"] != "wudi"]
+        if len(start):
+            ax.axhline(float(start[value].iloc[0]), color=color, ls="--", lw=1,
+                       label=f"{suite}: task arithmetic, lambda = 1 (WUDI's start)")
+    ax.axvline(default_lr, color="0.4", ls=":", lw=1, label=f"default lr {default_lr:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("Adam learning rate (300 steps)")
+    ax.set_ylabel({"test_normalized": "normalized test accuracy (%)",
+                   "val_normalized": "normalized val accuracy (%)"}.get(value, value))
+    return finish(ax, "WUDI: how far 300 Adam steps get", legend=True)
 
 
 def rank_scatter(ax, ours: pd.Series | Mapping[str, float], paper: pd.Series | Mapping[str, float], *,
