@@ -520,8 +520,7 @@ def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str = "
     tuned = _tuned_wudi(summary, step_size, method, metric) if step_size is not None and len(step_size) else []
     if tuned:
         crit["not worse than tuned WUDI"] = all(t["diff"] >= -floor for t in tuned)
-    met = [k for k, v in crit.items() if v]
-    verdict = "reproduced" if len(met) == len(crit) else ("partly" if met else "not reproduced")
+    met, verdict = _criteria_verdict(crit)
     why = (f"met: {', '.join(met) or 'none'}; missed: {', '.join(k for k, v in crit.items() if not v) or 'none'}"
            + ("" if "stable" in crit else " (stability needs two or more seeds)"))
     measured = "; ".join(f"{r['suite']}: {r['diff']:+.1f} ± {r['margin']:.1f} points, time ×{r['time_ratio']:.2f}"
@@ -551,6 +550,26 @@ def _tuned_wudi(summary: pd.DataFrame, step_size: pd.DataFrame, method: str, met
     return out
 
 
+def _criteria_verdict(crit: Mapping[str, bool]) -> tuple[list[str], str]:
+    """The criteria met, and the verdict: all -> reproduced, some -> partly, none -> not reproduced."""
+    met = [k for k, v in crit.items() if v]
+    return met, "reproduced" if len(met) == len(crit) else ("partly" if met else "not reproduced")
+
+
+def _time_rows(summary: pd.DataFrame, method: str, ref: str, suites: Sequence[str] | None) -> list[dict[str, Any]]:
+    """Per suite with both: mean merge seconds of ``method`` and ``ref`` and their ratio."""
+    agg = aggregate(summary)
+    rows = []
+    for s in _suites(summary, suites):
+        a = agg[agg["suite"] == s].set_index("method")
+        if method in a.index and ref in a.index:
+            rows.append({"suite": s, "n_tasks": int(a["n_tasks"].iloc[0]), "seconds": float(a.loc[method, "merge_seconds"]),
+                         "seconds_ref": float(a.loc[ref, "merge_seconds"]), "ratio": _time_ratio(agg, s, method, ref)})
+    if not rows:
+        raise ValueError(f"{method} and {ref} never ran on the same suite")
+    return rows
+
+
 def _loglog_slope(n_tasks: Sequence[float], seconds: Sequence[float]) -> float:
     x, y = np.log(np.asarray(n_tasks, float)), np.log(np.asarray(seconds, float))
     return float(np.polyfit(x, y, 1)[0]) if len(x) >= 2 and np.ptp(x) > 0 else math.nan
@@ -564,26 +583,16 @@ def assess_cost(summary: pd.DataFrame, *, method: str = "ace", svd_method: str =
     suite) and *linear in T* (log-log slope of merge time against T at most ``max_slope``;
     the claimed O(L·T·n³) has slope 1). Both -> ``reproduced``, one -> ``partly``.
     """
-    agg = aggregate(summary)
-    rows = []
-    for s in _suites(summary, suites):
-        a = agg[agg["suite"] == s].set_index("method")
-        if method in a.index and svd_method in a.index:
-            rows.append({"suite": s, "n_tasks": int(a["n_tasks"].iloc[0]), "seconds": float(a.loc[method, "merge_seconds"]),
-                         "seconds_svd": float(a.loc[svd_method, "merge_seconds"]),
-                         "ratio": _time_ratio(agg, s, method, svd_method)})
-    if not rows:
-        raise ValueError(f"{method} and {svd_method} never ran on the same suite")
+    rows = _time_rows(summary, method, svd_method, suites)
     slope = _loglog_slope([r["n_tasks"] for r in rows], [r["seconds"] for r in rows])
     crit = {"matching": all(r["ratio"] <= max_ratio for r in rows)}
     if np.isfinite(slope):
         crit["linear in T"] = slope <= max_slope
-    met = [k for k, v in crit.items() if v]
-    verdict = "reproduced" if len(met) == len(crit) else ("partly" if met else "not reproduced")
+    met, verdict = _criteria_verdict(crit)
     why = (f"time ratio ≤ {max_ratio} on every suite: {crit['matching']}"
            + (f"; log-log slope {slope:.2f} (≤ {max_slope}: {crit['linear in T']})" if "linear in T" in crit
               else "; one suite: no slope"))
-    measured = ", ".join(f"T={r['n_tasks']}: {r['seconds']:.3g} s vs {r['seconds_svd']:.3g} s (×{r['ratio']:.2f})"
+    measured = ", ".join(f"T={r['n_tasks']}: {r['seconds']:.3g} s vs {r['seconds_ref']:.3g} s (×{r['ratio']:.2f})"
                          for r in rows)
     return Assessment(f"merge time {method} vs {svd_method}: {measured}", verdict, why,
                       {"rows": rows, "slope": slope, "criteria": crit})
@@ -593,15 +602,7 @@ def assess_overhead(summary: pd.DataFrame, *, method: str = "esm", ref: str = "t
                     suites: Sequence[str] | None = None, small: float = 3.0, large: float = 10.0) -> Assessment:
     """Is ``method``'s extra cost over ``ref`` small? Merge-time ratio on every suite:
     at most ``small`` -> ``reproduced``; at most ``large`` -> ``partly``; else ``not reproduced``."""
-    agg = aggregate(summary)
-    rows = []
-    for s in _suites(summary, suites):
-        a = agg[agg["suite"] == s].set_index("method")
-        if method in a.index and ref in a.index:
-            rows.append({"suite": s, "n_tasks": int(a["n_tasks"].iloc[0]), "seconds": float(a.loc[method, "merge_seconds"]),
-                         "seconds_ref": float(a.loc[ref, "merge_seconds"]), "ratio": _time_ratio(agg, s, method, ref)})
-    if not rows:
-        raise ValueError(f"{method} and {ref} never ran on the same suite")
+    rows = _time_rows(summary, method, ref, suites)
     worst = max(r["ratio"] for r in rows)
     if worst <= small:
         verdict, why = "reproduced", f"at most ×{worst:.2f} the time of {ref} (≤ ×{small:g})"

@@ -141,3 +141,18 @@ def test_task_picker_redraws_bars(scores):
     assert ex.values == {"task": "x"} and _heights(ex.ax) == [90.0, 80.0]
     ex.set(task="y")
     assert ex.values == {"task": "y"} and _heights(ex.ax) == [70.0, 60.0] and ex.ax.get_title() == "task: y"
+
+
+def test_wudi_step_size_lines_start_and_default():
+    df = pd.DataFrame({"suite": ["t8"] * 3 + ["t20"] * 3, "seed": 0,
+                       "method": ["task_arithmetic", "wudi", "wudi"] * 2, "lr": [np.nan, 1e-5, 1e-3] * 2,
+                       "test_normalized": [35.0, 50.0, 76.0, 27.0, 31.0, 69.0]})
+    fig, ax = plt.subplots()
+    bplot.wudi_step_size(ax, df)
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert list(lines["t8 seed 0: WUDI"].get_ydata()) == [50.0, 76.0]
+    assert list(lines["t20 seed 0: WUDI"].get_xdata()) == [1e-5, 1e-3]
+    assert list(lines["t8: task arithmetic, lambda = 1 (WUDI's start)"].get_ydata()) == [35.0, 35.0]
+    assert list(lines["default lr 1e-05"].get_xdata()) == [1e-5, 1e-5]  # the registry's default
+    assert ax.get_xscale() == "log"
+    plt.close(fig)

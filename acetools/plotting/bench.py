@@ -103,11 +103,15 @@ def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None, h
     return ax
 
 
-def wudi_step_size(ax, df: pd.DataFrame, *, value: str = "test_normalized", default_lr: float = 1e-5):
+def wudi_step_size(ax, df: pd.DataFrame, *, value: str = "test_normalized", default_lr: float | None = None):
     """WUDI's accuracy after its 300 Adam steps against the learning rate (log x), one line per
     suite (and seed); the dashed line of the same colour is task arithmetic at lambda = 1,
-    WUDI's starting point; the default learning rate is marked. ``df``:
-    :func:`acetools.results.load_wudi_step_size`."""
+    WUDI's starting point; the default learning rate (``default_lr``, default: the
+    registry's) is marked. ``df``: :func:`acetools.results.load_wudi_step_size`."""
+    if default_lr is None:
+        from ..merging import METHODS
+
+        default_lr = float(METHODS["wudi"].hparams["lr"])
     for i, ((suite, seed), d) in enumerate(df.groupby(["suite", "seed"], sort=False)):
         color = f"C{i % 10}"
         w = d[d["method"] == "wudi"].sort_values("lr")
