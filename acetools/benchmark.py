@@ -471,17 +471,15 @@ def wudi_step_size(bench: Benchmark, lrs: Sequence[float] = (1e-5, 1e-4, 1e-3), 
     lrs = [float(lr) for lr in lrs]
     if not lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in lrs):
         raise ValueError(f"lrs={lrs!r}: give one or more positive learning rates")
-    base, experts = bench.base, bench.experts
-    taus = task_vectors(base, experts)
+    base = bench.base
+    taus = task_vectors(base, bench.experts)
     variants = [("task arithmetic, lambda = 1 (WUDI's start)", "task_arithmetic", {"lam": 1.0})]
     variants += [(f"wudi, lr {lr:g}" + (" (default)" if lr == METHODS["wudi"].hparams["lr"] else ""), "wudi",
                   {"lr": lr, "steps": steps}) for lr in lrs]
     rows = []
     for label, method, hp in bar(variants, desc="WUDI step size", enabled=progress):
         t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            merged = merge(method, base, experts, **hp)
+        merged = bench._merge(method, hp)
         row: dict[str, Any] = {"variant": label, "method": method, **hp, "merge_seconds": time.perf_counter() - t0}
         if method == "wudi":
             stats = []

@@ -606,15 +606,20 @@ class Zoo:
         self._progress = progress
         steps = self._steps(mtl)
         for kind, task in _progress(steps, desc=f"zoo {self.size}", total=len(steps), enabled=progress):
-            if kind == "base":
-                self.base_state()
-            elif kind == "head":
-                self.head(task)
-            elif kind == "expert":
-                self.expert_state(task)
-            else:
-                self.mtl_state()
+            self._get(kind, task)
         return self
+
+    def _get(self, kind: str, task: str | None):
+        """Load or build one entry by ``kind`` (base/head/expert/mtl)."""
+        if kind == "base":
+            return self.base_state()
+        if kind == "head":
+            return self.head(task)
+        if kind == "expert":
+            return self.expert_state(task)
+        if kind == "mtl":
+            return self.mtl_state()
+        raise KeyError(f"unknown entry kind {kind!r}; kinds: base, head, expert, mtl")
 
     def _steps(self, mtl: bool | None) -> list[tuple[str, str | None]]:
         steps = [("base", None)] + [("head", t) for t in self.tasks] + [("expert", t) for t in self.tasks]
@@ -636,8 +641,7 @@ class Zoo:
         try:
             for kind, task in self._steps(mtl):
                 try:
-                    {"base": self.base_state, "head": lambda: self.head(task),
-                     "expert": lambda: self.expert_state(task), "mtl": self.mtl_state}[kind]()
+                    self._get(kind, task)
                 except _NotCached:
                     out.append((kind, task))
         finally:
@@ -664,8 +668,7 @@ class Zoo:
         """The file of a built or loaded entry (``kind`` in base/head/expert/mtl)."""
         ident = (kind, task)
         if ident not in self._paths:
-            {"base": lambda: self.base_state(), "head": lambda: self.head(task),
-             "expert": lambda: self.expert_state(task), "mtl": lambda: self.mtl_state()}[kind]()
+            self._get(kind, task)
         return self._paths[ident]
 
     def sidecar(self, kind: str, task: str | None = None) -> dict:

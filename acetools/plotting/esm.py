@@ -64,9 +64,7 @@ def energy_curves(ax, curves, *, data: str = "held-out", k_frac: float | None = 
     ax.set_xlabel("components kept (% of rank)")
     ax.set_ylabel("energy captured (%)")
     ax.set_ylim(0, 101)
-    ax.legend(fontsize=7)
-    ax.set_title(title or f"activation-shift energy ({data})")
-    return ax
+    return finish(ax, title or f"activation-shift energy ({data})", legend=True)
 
 
 def cka_bars(ax, table, *, data: str = "held-out", title: str | None = None):
@@ -85,9 +83,7 @@ def cka_bars(ax, table, *, data: str = "held-out", title: str | None = None):
     ax.set_ylabel("linear CKA")
     lo = float(np.nanmin(by.to_numpy()))
     ax.set_ylim(max(0.0, lo - 0.5 * (1.0 - lo) - 0.005), 1.0 + 0.1 * (1.0 - lo) + 0.001)  # zoomed: CKAs sit near 1
-    ax.legend(fontsize=8)
-    ax.set_title(title or f"CKA at the retention k ({data})")
-    return ax
+    return finish(ax, title or f"CKA at the retention k ({data})", legend=True, fontsize=8)
 
 
 def gram_image(ax, G, *, block: int | None = None, title: str | None = None, vmax: float | None = None):
@@ -131,9 +127,7 @@ def dimension_factor_plot(ax, factors: Mapping[str, Sequence[float]], *, title: 
     ax.set_yscale("log")
     ax.set_xlabel("input dimension j (sorted)")
     ax.set_ylabel("c_j")
-    ax.legend(fontsize=8)
-    ax.set_title(title or "inter-dimension factors c_j = (||a_j|| / mean)^2")
-    return ax
+    return finish(ax, title or "inter-dimension factors c_j = (||a_j|| / mean)^2", legend=True, fontsize=8)
 
 
 def layer_factor_bars(ax, table, *, title: str | None = None):
@@ -149,9 +143,7 @@ def layer_factor_bars(ax, table, *, title: str | None = None):
     ax.axhline(1.0, color="0.4", lw=1, ls=":")
     ax.set_xticks(np.arange(len(blocks)), [f"block {b}" for b in blocks])
     ax.set_ylabel("beta")
-    ax.legend(fontsize=7)
-    ax.set_title(title or "inter-layer factors beta = (||dW_l|| / mean over type)^2")
-    return ax
+    return finish(ax, title or "inter-layer factors beta = (||dW_l|| / mean over type)^2", legend=True)
 
 
 def accuracy_bars(ax, values: Mapping[str, float], *, baseline: float | None = None, baseline_label: str = "baseline",
@@ -212,9 +204,7 @@ def search_traces(ax, runs, *, title: str | None = None):
         ax.minorticks_off()
     ax.set_xlabel("alpha")
     ax.set_ylabel("val normalized accuracy (%)")
-    ax.legend(fontsize=7)
-    ax.set_title(title or "alpha chosen on validation (star)")
-    return ax
+    return finish(ax, title or "alpha chosen on validation (star)", legend=True)
 
 
 def norm_order_bars(ax, table, *, title: str | None = None):
