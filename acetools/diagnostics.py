@@ -36,6 +36,7 @@ __all__ = [
     "task_vector_cosine",
     "task_vector_cosine_per_layer",
     "layer_type",
+    "block_index",
     "relative_update_norms",
     "heterogeneity_per_layer",
     "CovarianceComparison",
@@ -273,13 +274,24 @@ def task_vector_cosine_per_layer(
     return pd.DataFrame(rows, columns=["key", "task_i", "task_j", "cosine"])
 
 
+_BLOCK = re.compile(r"(?:^|\.)(\d+)\.(.+)$")  # the first numeric path segment is the block index
+
+
 def layer_type(key: str) -> str:
     """A parameter's type with its block index removed: ``visual.transformer.resblocks.3.mlp.c_fc.weight``
-    -> ``mlp.c_fc.weight`` (keys outside the blocks lose only a leading ``visual.``)."""
-    m = re.search(r"resblocks\.\d+\.(.+)$", key)
+    -> ``mlp.c_fc.weight``; any architecture's names likewise (``transformer.h.3.attn.c_attn.weight``
+    -> ``attn.c_attn.weight``, ``model.layers.3.self_attn.q_proj.weight`` -> ``self_attn.q_proj.weight``).
+    Keys outside the blocks lose only a leading ``visual.``."""
+    m = _BLOCK.search(key)
     if m:
-        return m.group(1)
+        return m.group(2)
     return key[len("visual."):] if key.startswith("visual.") else key
+
+
+def block_index(key: str) -> int | None:
+    """The block (layer) index of a key: its first numeric path segment, or None outside the blocks."""
+    m = _BLOCK.search(key)
+    return int(m.group(1)) if m else None
 
 
 def relative_update_norms(
@@ -320,7 +332,8 @@ def heterogeneity_per_layer(
     """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per layer.
 
     One row per matrix key (``is_matrix``, default the spec's rule; or the given ``keys``):
-    key, shape, gamma, flag (gamma > ``tau``), energy_mean/min/max (||τ_t||_F²).
+    key, layer_type (:func:`layer_type`), block (:func:`block_index`), shape, gamma, flag
+    (gamma > ``tau``), energy_mean/min/max (||τ_t||_F²). Feeds ``gamma_strip`` directly.
     """
     import pandas as pd
 
@@ -336,9 +349,11 @@ def heterogeneity_per_layer(
         mats = [tv[k] for tv in task_vectors]
         gamma = heterogeneity(mats)
         e = task_energies(mats)
-        rows.append({"key": k, "shape": tuple(mats[0].shape), "gamma": gamma, "flag": gamma > tau,
+        rows.append({"key": k, "layer_type": layer_type(k), "block": block_index(k), "shape": tuple(mats[0].shape),
+                     "gamma": gamma, "flag": gamma > tau,
                      "energy_mean": float(e.mean()), "energy_min": float(e.min()), "energy_max": float(e.max())})
-    return pd.DataFrame(rows, columns=["key", "shape", "gamma", "flag", "energy_mean", "energy_min", "energy_max"])
+    return pd.DataFrame(rows, columns=["key", "layer_type", "block", "shape", "gamma", "flag", "energy_mean",
+                                       "energy_min", "energy_max"])
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,12 @@ def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | 
     """gamma of every matrix (one point each), one column per layer type, against the paper's
     lines: ViT gamma < ``vit`` and ACE's gate tau = ``tau`` (RoBERTa: gamma > tau). Flagged
     layers (gamma > tau) in red. ``table``: :func:`acetools.ace_course.gamma_table`.
-    ``logy=None``: log scale when gamma spans more than two decades."""
+    ``logy=None``: log scale when gamma spans more than two decades. Also takes
+    :func:`acetools.diagnostics.heterogeneity_per_layer` directly."""
+    missing = [c for c in ("layer_type", "gamma") if c not in table.columns]
+    if missing:
+        raise KeyError(f"gamma_strip: the table has no column {missing[0]!r} (columns: {list(table.columns)}); "
+                       "pass acetools.diagnostics.heterogeneity_per_layer(...) or a table with layer_type and gamma")
     types = list(dict.fromkeys(table["layer_type"]))
     g = table["gamma"].to_numpy(dtype=float)
     x = np.array([types.index(t) for t in table["layer_type"]], dtype=float)
