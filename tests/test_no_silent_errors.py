@@ -218,3 +218,30 @@ def test_gamma_strip_takes_heterogeneity_per_layer():
     with pytest.raises(KeyError, match="no column 'layer_type'"):
         gamma_strip(ax, table.drop(columns="layer_type"))
     plt.close(fig)
+
+
+# --------------------------------------------------------------------------- ACE on GPT-2 through the layout
+def test_ace_on_gpt2_with_the_layout_merges_conv1d_as_d_out_x_d_in():
+    import dataclasses
+
+    from acetools.layouts import PRESETS
+
+    model = tiny_gpt2()
+    base = {k: v for k, v in model.state_dict().items()}
+    experts = perturbed({k: v for k, v in base.items() if v.is_floating_point()}, 3, seed=4)
+    experts = [{**{k: v for k, v in base.items() if not v.is_floating_point()}, **e} for e in experts]
+    for e, s in zip(experts, (0.5, 1.0, 3.0)):  # heterogeneous task energies, as in the issue
+        e["transformer.h.0.attn.c_attn.weight"] = base["transformer.h.0.attn.c_attn.weight"] + s * (
+            e["transformer.h.0.attn.c_attn.weight"] - base["transformer.h.0.attn.c_attn.weight"])
+    key = "transformer.h.0.attn.c_attn.weight"
+    merged = acetools.merge("ace", base, experts, layout="gpt2")
+    dWs = [(e[key] - base[key]).T.double() for e in experts]  # d_out x d_in = 48 x 16
+    ref, _ = ace_matrix(dWs, name=key)
+    torch.testing.assert_close((merged[key] - base[key]).double(), ref.T.to(torch.float32).double(),
+                               rtol=1e-4, atol=1e-6)
+    auto = acetools.merge("ace", base, experts, layout="auto")
+    torch.testing.assert_close(auto[key], merged[key])
+    # as stored (in x out, the old silent behaviour) the update is a different one
+    stored = acetools.merge("ace", base, experts, layout=dataclasses.replace(PRESETS["gpt2"], in_out=()))
+    d_ok, d_bad = merged[key] - base[key], stored[key] - base[key]
+    assert float((d_bad - d_ok).norm() / d_ok.norm()) > 0.01

@@ -448,7 +448,14 @@ def _check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targe
             "would be TSV-M. Pass targets= with your model's layer names (regular expressions searched in "
             "the key, e.g. targets=('mlp.fc1.weight', 'self_attn.q_proj.weight'))"
         )
-    if not defaults:
+    if defaults:
+        unmatched = [p for p in targets if not any(_matches(p, k) for k in matrix_keys)]
+        if unmatched:
+            warnings.warn(
+                f"{where}the default target(s) {unmatched} (open_clip names) match no matrix key, so ESM runs on "
+                f"{len(esd_keys)} layer(s) only and other matrices take TSV-M; pass targets= with your model's names "
+                "(acetools.esm_inputs.esm_names(layout) has them for the layout presets)", RuntimeWarning, stacklevel=4)
+    else:
         for p in targets:
             if not any(_matches(p, k) for k in matrix_keys):
                 hint = " (it names a key that is not a matrix)" if any(_matches(p, k) for k in base) else ""
