@@ -81,9 +81,13 @@ def esm_names(layout: Any) -> dict[str, tuple[str, ...]]:
 
 
 def _load_file(path: str | os.PathLike) -> dict[str, Tensor]:
-    from .checkpoints import load_state_dict  # the loader of every supported format
+    from .checkpoints import open_checkpoint  # every supported format, weights_only for pickles
 
-    return dict(load_state_dict(path))
+    ckpt = open_checkpoint(path)
+    try:
+        return ckpt.state_dict()
+    finally:
+        ckpt.close()
 
 
 def _strip(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
