@@ -459,15 +459,21 @@ def run_report(
         raise RuntimeError(f"{REPORT_NOTEBOOK.name} does not declare {unknown}")
     executed = out / "diagnose.ipynb"
     t0 = time.perf_counter()
-    old = os.environ.get("ACETOOLS_PROGRESS")
-    os.environ.setdefault("ACETOOLS_PROGRESS", "0")
+    saved = {k: os.environ.get(k) for k in ("ACETOOLS_PROGRESS", "PYTHONPATH")}
+    os.environ.setdefault("ACETOOLS_PROGRESS", "0")  # a report is a document: no progress bars
+    # the kernel imports the same acetools as this process (a checkout may differ from the installed one)
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join([root] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
     try:
         pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed), parameters=params, kernel_name="python3",
                             cwd=str(out), progress_bar=False, log_output=False, execution_timeout=timeout,
                             start_timeout=start_timeout)
     finally:
-        if old is None:
-            os.environ.pop("ACETOOLS_PROGRESS", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     rec: dict[str, Any] = {"executed": str(executed), "seconds": round(time.perf_counter() - t0, 1)}
     if html:
         import nbformat
