@@ -36,7 +36,6 @@ __all__ = [
     "task_vector_cosine",
     "task_vector_cosine_per_layer",
     "layer_type",
-    "block_index",
     "relative_update_norms",
     "heterogeneity_per_layer",
     "CovarianceComparison",
@@ -274,24 +273,13 @@ def task_vector_cosine_per_layer(
     return pd.DataFrame(rows, columns=["key", "task_i", "task_j", "cosine"])
 
 
-_BLOCK = re.compile(r"(?:^|\.)(\d+)\.(.+)$")  # the first numeric path segment is the block index
-
-
 def layer_type(key: str) -> str:
     """A parameter's type with its block index removed: ``visual.transformer.resblocks.3.mlp.c_fc.weight``
-    -> ``mlp.c_fc.weight``; any architecture's names likewise (``transformer.h.3.attn.c_attn.weight``
-    -> ``attn.c_attn.weight``, ``model.layers.3.self_attn.q_proj.weight`` -> ``self_attn.q_proj.weight``).
-    Keys outside the blocks lose only a leading ``visual.``."""
-    m = _BLOCK.search(key)
+    -> ``mlp.c_fc.weight`` (keys outside the blocks lose only a leading ``visual.``)."""
+    m = re.search(r"resblocks\.\d+\.(.+)$", key)
     if m:
-        return m.group(2)
+        return m.group(1)
     return key[len("visual."):] if key.startswith("visual.") else key
-
-
-def block_index(key: str) -> int | None:
-    """The block (layer) index of a key: its first numeric path segment, or None outside the blocks."""
-    m = _BLOCK.search(key)
-    return int(m.group(1)) if m else None
 
 
 def relative_update_norms(
