@@ -264,10 +264,9 @@ def _common() -> argparse.ArgumentParser:
     In subcommands the defaults are SUPPRESS so they never undo a global flag; build one per
     parser (argparse shares a parent's action objects, and ``set_defaults`` changes them)."""
     c = _Parser(add_help=False)
-    g = c.add_argument_group("output")
-    g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+    c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the full traceback of an error instead of one line")
-    v = g.add_mutually_exclusive_group()
+    v = c.add_mutually_exclusive_group()
     v.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                    help="only warnings and errors from the library; no progress bars")
     v.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -363,9 +362,12 @@ def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 ``--check`` found something
-    missing, 2 bad argument, 130 interrupted)."""
-    args = build_parser().parse_args(argv)
+    """Run the command line; returns the exit status (0 ok, 1 ``zoo build --check`` found
+    something missing, 2 bad argument, 130 interrupted)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # a bad argument (2, one line already printed) or --help (0)
+        return stop.code if isinstance(stop.code, int) else 2
     configure_logging(quiet=args.quiet, verbose=args.verbose)
     try:
         return args.func(args)
