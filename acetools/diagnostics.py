@@ -16,12 +16,13 @@ floats, small dataclasses or ``pandas`` DataFrames for notebooks:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
+
+from .keys import layer_type  # re-exported: diagnostics.layer_type is the public name lessons use
 
 __all__ = [
     "singular_values",
@@ -271,15 +272,6 @@ def task_vector_cosine_per_layer(
                 rows.append({"key": k, "task_i": labels[i], "task_j": labels[j],
                              "cosine": float(G[i, j]) / denom if denom > 0 else math.nan})
     return pd.DataFrame(rows, columns=["key", "task_i", "task_j", "cosine"])
-
-
-def layer_type(key: str) -> str:
-    """A parameter's type with its block index removed: ``visual.transformer.resblocks.3.mlp.c_fc.weight``
-    -> ``mlp.c_fc.weight`` (keys outside the blocks lose only a leading ``visual.``)."""
-    m = re.search(r"resblocks\.\d+\.(.+)$", key)
-    if m:
-        return m.group(1)
-    return key[len("visual."):] if key.startswith("visual.") else key
 
 
 def relative_update_norms(

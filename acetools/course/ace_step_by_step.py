@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import condition_number, effective_rank, energy_fraction, layer_type
+from ..keys import block_index
 from ..merging import ace as A
 from ..merging._linalg import thin_svd
 
@@ -108,12 +108,6 @@ def matrix_keys(task_vectors: Sequence[StateDict], is_matrix: Callable[[str, Ten
         raise ValueError("task_vectors must be a non-empty list of {key: tau_t} dicts")
     tv0 = task_vectors[0]
     return [k for k in tv0 if is_matrix(k, tv0[k])]
-
-
-def block_index(key: str) -> int | None:
-    """The transformer block of a key (``...resblocks.3...`` -> 3); ``None`` outside the blocks."""
-    m = re.search(r"resblocks\.(\d+)\.", key)
-    return int(m.group(1)) if m else None
 
 
 def gamma_table(task_vectors: Sequence[StateDict], *, tau: float = TAU, vit: float = GAMMA_VIT,

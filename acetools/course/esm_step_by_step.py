@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import layer_type, linear_cka
+from ..keys import block_index
 from ..merging import is_matrix_param, merge
 from ..merging import esm as E
 from ..merging._linalg import thin_svd
@@ -307,8 +308,7 @@ def layer_factor_table(updates: Mapping[str, Tensor], keys: Sequence[str] | None
     betas = E.layer_scales(updates, keys, power=power)
     rows = []
     for k, b in betas.items():
-        m = re.search(r"resblocks\.(\d+)\.", k)
-        rows.append({"key": k, "layer_type": layer_type(k), "block": int(m.group(1)) if m else -1,
+        rows.append({"key": k, "layer_type": layer_type(k), "block": block_index(k, default=-1),
                      "norm": float(torch.linalg.norm(updates[k].double())), "beta": b})
     return pd.DataFrame(rows)
 

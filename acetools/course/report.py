@@ -29,9 +29,12 @@ __all__ = [
     "notebook_paths",
     "notebook_parameters",
     "parse_parameter",
+    "check_parameters",
+    "coerce_parameter",
     "run_notebook",
     "run_report",
     "UnknownParameterError",
+    "ParameterTypeError",
 ]
 
 #: The repository root (the parent of the ``acetools`` package).
@@ -42,6 +45,10 @@ PROFILES: dict[str, dict[str, Any]] = {"quick": {"quick": True}, "full": {}}
 
 class UnknownParameterError(ValueError):
     """A parameter was passed that the notebook's ``parameters`` cell does not declare."""
+
+
+class ParameterTypeError(ValueError):
+    """A parameter value does not match the type annotated in the notebook's ``parameters`` cell."""
 
 
 def notebook_paths(folder: str | os.PathLike | None = None, only: Sequence[str] | None = None) -> list[Path]:
@@ -70,20 +77,109 @@ def notebook_parameters(path: str | os.PathLike) -> dict[str, dict]:
     return dict(pm.inspect_notebook(str(path)))
 
 
-def parse_parameter(text: str) -> tuple[str, Any]:
+def parse_parameter(text: str, *, literal: bool = True) -> tuple[str, Any]:
     """``"KEY=VALUE"`` -> ``(key, value)``; the value is a Python literal when it parses as one
-    (``3``, ``0.5``, ``True``, ``[1, 2]``), else the string."""
+    (``3``, ``0.5``, ``True``, ``[1, 2]``), else the string. ``literal=False`` keeps the
+    value's text (for :func:`check_parameters`, which parses it by the declared type)."""
     if "=" not in text:
         raise ValueError(f"parameter {text!r} must look like KEY=VALUE")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key.isidentifier():
         raise ValueError(f"parameter name {key!r} is not a Python identifier")
+    if not literal:
+        return key, raw
     try:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         value = raw
     return key, value
+
+
+_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (float, int), "str": (str,),
+                                       "list": (list, tuple), "tuple": (tuple, list), "dict": (dict,),
+                                       "None": (type(None),)}
+
+
+def _declared_types(type_name: str | None) -> list[str] | None:
+    """``"int"`` -> ``["int"]``; ``"int | None"`` / ``"Optional[int]"`` -> ``["int", "None"]``;
+    ``None`` for annotations it cannot check (then any literal passes); papermill reports an
+    unannotated parameter as ``"None"``."""
+    if not type_name or type_name == "None":
+        return None
+    t = type_name.replace(" ", "")
+    if t.startswith("Optional[") and t.endswith("]"):
+        t = t[len("Optional["):-1] + "|None"
+    names = [n.split("[", 1)[0] for n in t.split("|")]
+    names = ["list" if n == "List" else "tuple" if n == "Tuple" else "dict" if n == "Dict" else n for n in names]
+    return names if all(n in _TYPES for n in names) else None
+
+
+def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: str = "the notebook") -> Any:
+    """``value`` for parameter ``name`` checked against its declaration ``info`` (an entry of
+    :func:`notebook_parameters`: ``inferred_type_name``, ``default``). A string is parsed as
+    a Python literal unless the parameter is a ``str``; an ``int`` for a ``float`` becomes a
+    float; ``list`` elements must have the types of the default's elements. Raises
+    :class:`ParameterTypeError` naming the parameter, the notebook and the expected type."""
+    kinds = _declared_types(info.get("inferred_type_name"))
+    text = value if isinstance(value, str) else None
+    if text is not None and not (kinds and "str" in kinds):
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text
+    if kinds is None:
+        return value
+    want = " | ".join(kinds)
+    default = info.get("default")
+
+    def bad(extra: str = "") -> ParameterTypeError:
+        shown = text if text is not None else repr(value)
+        return ParameterTypeError(f"parameter {name!r} of {notebook} expects {want} (default {default}), "
+                                  f"got {shown!r}{extra}")
+
+    ok = [k for k in kinds if isinstance(value, _TYPES[k]) and not (k in ("int", "float") and isinstance(value, bool))]
+    if not ok:
+        hint = " (use True or False)" if "bool" in kinds else ""
+        if "list" in kinds and isinstance(value, str):
+            hint = " (write a Python list, e.g. -p 'name=[\"a\", \"b\"]')"
+        raise bad(hint)
+    if ok[0] == "float" and isinstance(value, int):
+        value = float(value)
+    if ok[0] in ("list", "tuple"):
+        value = list(value) if ok[0] == "list" else tuple(value)
+        try:
+            ref = ast.literal_eval(default) if isinstance(default, str) else default
+        except (ValueError, SyntaxError):
+            ref = None
+        elem = {type(v) for v in ref} if isinstance(ref, (list, tuple)) and ref else set()
+        if len(elem) == 1:
+            (et,) = elem
+            accept = (float, int) if et is float else (et,)
+            wrong = [v for v in value if not isinstance(v, accept) or (et is not bool and isinstance(v, bool))]
+            if wrong:
+                raise bad(f" (elements must be {et.__name__}; {wrong[0]!r} is not)")
+            if et is float:
+                value = type(value)(float(v) for v in value)
+    return value
+
+
+def check_parameters(paths: Sequence[str | os.PathLike], parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``parameters`` against every notebook in ``paths`` before anything runs: each name
+    must be declared by each notebook (:class:`UnknownParameterError`) and each value must
+    match its annotation (:func:`coerce_parameter`; :class:`ParameterTypeError`). Returns the
+    typed values (strings parsed as literals where the parameter is not a ``str``)."""
+    out: dict[str, Any] = dict(parameters)
+    for path in paths:
+        path = Path(path)
+        declared = notebook_parameters(path)
+        unknown = sorted(set(parameters) - set(declared))
+        if unknown:
+            raise UnknownParameterError(
+                f"{path.stem} has no parameter(s) {unknown}; its parameters are {sorted(declared)}")
+        for name, value in parameters.items():
+            out[name] = coerce_parameter(name, value, declared[name], path.stem)
+    return out
 
 
 def _check_parameters(path: Path, params: Mapping[str, Any]) -> None:
@@ -173,8 +269,10 @@ def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
     if figures is None:
         figures = REPO / "figures" if profile == "full" else out / "figures"
     figures = Path(figures).resolve()
+    paths = notebook_paths(notebooks, only)
+    parameters = check_parameters(paths, parameters or {})  # every name and type before the first kernel
     records = []
-    for path in notebook_paths(notebooks, only):
+    for path in paths:
         params = {**PROFILES[profile], "figures_dir": str(figures / path.stem), **dict(parameters or {})}
         declared = notebook_parameters(path)
         params = {k: v for k, v in params.items() if k in declared or k in (parameters or {})}

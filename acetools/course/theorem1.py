@@ -31,7 +31,6 @@ Sigma_hat_t = :func:`acetools.merging.ace.estimate_covariance` (ΔW_t) against t
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import compare_covariances, layer_type
+from ..keys import block_index
 from ..merging import merge
 from ..merging.ace import estimate_covariance
 from ..synthetic import RegressionTask, finetune_linear, joint_least_squares, make_regression_tasks
@@ -403,8 +403,7 @@ def hooked_covariances(zoo, keys: Sequence[str], *, n_images: int = 256, source:
 
 
 def _block(key: str) -> int:
-    m = re.search(r"resblocks\.(\d+)\.", key)
-    return int(m.group(1)) if m else -1
+    return block_index(key, default=-1)
 
 
 def vit_agreement(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Tensor]],

@@ -11,11 +11,11 @@ The inputs are the tables of :mod:`acetools.course.esm_step_by_step`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ...keys import short_label
 from ...plotting._core import finish
 
 __all__ = [
@@ -35,8 +35,7 @@ __all__ = [
 
 def short_key(key: str) -> str:
     """``visual.transformer.resblocks.3.mlp.c_fc.weight`` -> ``b3 c_fc`` (labels of plots)."""
-    m = re.search(r"resblocks\.(\d+)\.(?:attn|mlp)\.([a-z_]+?)(?:_weight|\.weight)$", key)
-    return f"b{m.group(1)} {m.group(2)}" if m else key
+    return short_label(key, style="b")
 
 
 def _check_columns(df, cols, what):
