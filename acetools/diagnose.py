@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .diagnostics import block_index, layer_type
+from .keys import block_index, layer_type
 from .utils import atomic_write, progress
 
 __all__ = ["Diagnosis", "diagnose", "REPORT_NOTEBOOK", "run_report"]

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from .keys import layer_type  # re-exported: diagnostics.layer_type is the public name lessons use
+from .keys import block_index, layer_type  # layer_type re-exported: diagnostics.layer_type is the public name lessons use
 
 __all__ = [
     "singular_values",
@@ -312,7 +312,7 @@ def heterogeneity_per_layer(
     """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per layer.
 
     One row per matrix key (``is_matrix``, default the spec's rule; or the given ``keys``):
-    key, layer_type (:func:`layer_type`), block (:func:`block_index`), shape, gamma, flag
+    key, layer_type (:func:`layer_type`), block (:func:`acetools.keys.block_index`), shape, gamma, flag
     (gamma > ``tau``), energy_mean/min/max (||τ_t||_F²). Feeds ``gamma_strip`` directly.
     """
     import pandas as pd

@@ -30,13 +30,10 @@ def _need(table, cols: Sequence[str], what: str) -> None:
 
 
 def layer_label(key: str) -> str:
-    """``block.type`` for a key inside a block (``3.mlp.c_fc``), else the key without ``.weight``."""
-    from ..diagnostics import block_index, layer_type
+    """The tick label of a key: :func:`acetools.keys.short_label` (``3.c_fc``, ``pos_emb``)."""
+    from ..keys import short_label
 
-    b = block_index(key)
-    t = layer_type(key)
-    t = t[:-len(".weight")] if t.endswith(".weight") else t
-    return f"{b}.{t}" if b is not None else t
+    return short_label(key)
 
 
 def _xticks(ax, keys, max_labels: int = 60) -> np.ndarray:
