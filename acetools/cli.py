@@ -87,6 +87,12 @@ def _sizes() -> list[str]:
     return list(SIZES)
 
 
+def _layouts() -> list[str]:
+    from .layouts import PRESETS
+
+    return ["auto", *PRESETS]
+
+
 def _methods() -> list[str]:
     from .merging import METHODS
 
@@ -257,6 +263,27 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from .diagnose import check_inputs, diagnose, run_report
+
+    _folder_for_output(args.out, "--out")
+    names = args.names or None
+    # every file, key and shape is checked before a kernel starts (one-line errors)
+    info = check_inputs(args.base, args.experts, names=names, layout=args.layout)
+    print(f"{info['n_tasks']} experts, layout {info['layout']!r}, {info['n_matrices']} matrices of "
+          f"{info['n_keys']} keys", flush=True)
+    if args.tables_only:
+        d = diagnose(args.base, args.experts, names=names, layout=args.layout, tau=args.tau, ace=args.ace)
+        paths = d.save(args.out)
+        print(d.summary[["label", "value", "unit"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(f"tables in {os.path.dirname(os.path.abspath(paths['summary']))} ({d.meta['seconds']:.0f} s)")
+        return 0
+    rec = run_report(args.base, args.experts, args.out, names=names, layout=args.layout, tau=args.tau, ace=args.ace,
+                     html=not args.no_html, timeout=args.cell_timeout)
+    print(f"report in {rec['seconds']:.0f} s: {rec.get('html', rec['executed'])}")
+    return 0
+
+
 # --------------------------------------------------------------------------- the parser
 
 def _common() -> argparse.ArgumentParser:
@@ -338,6 +365,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for a notebook kernel to start (default 300)")
     r.add_argument("--list", action="store_true", help="list the notebooks and exit")
     r.set_defaults(func=_cmd_report)
+
+    g = sub.add_parser("diagnose", parents=[_common()],
+                       help="diagnose a base and its experts from their checkpoints: tables and an HTML report")
+    g.add_argument("--base", required=True, help="base checkpoint (safetensors file, HF or open_clip folder, state dict)")
+    g.add_argument("--experts", required=True, nargs="+", help="fine-tuned checkpoints, one per task")
+    g.add_argument("--out", required=True, help="output folder: diagnose.html, the executed notebook, CSV tables")
+    g.add_argument("--layout", default="auto", choices=_Lazy(_layouts),
+                   help="layout preset (default auto: detected from the config or key names)")
+    g.add_argument("--names", nargs="+", default=None, help="one name per expert (default: the file names)")
+    g.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3)")
+    g.add_argument("--ace", action="store_true", help="also run ACE's closed form per matrix (W_pre's spectrum; slower)")
+    g.add_argument("--tables-only", action="store_true", help="write the CSV tables and print the summary; no notebook")
+    g.add_argument("--no-html", action="store_true", help="skip the HTML rendering")
+    g.add_argument("--cell-timeout", type=positive_int, default=None, metavar="S",
+                   help="fail when one notebook cell runs longer than S seconds (default: no limit)")
+    g.set_defaults(func=_cmd_diagnose)
     return ap
 
 

@@ -43,7 +43,7 @@ from torch import Tensor
 from .keys import block_index, layer_type
 from .utils import atomic_write, progress
 
-__all__ = ["Diagnosis", "diagnose", "REPORT_NOTEBOOK", "run_report"]
+__all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
 
 log = logging.getLogger("acetools.diagnose")
 
@@ -171,6 +171,39 @@ def _check_keys(base: _Source, experts: Sequence[_Source]) -> list[str]:
             raise KeyError(f"{e.what} has key {extra[0]!r}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1
                                                                 else "") + " that the base does not have")
     return keys
+
+
+def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | None = None,
+                 layout: Any = "auto") -> dict[str, Any]:
+    """Check, from the headers only, that ``experts`` can be diagnosed against ``base``: every
+    checkpoint opens, has the base's keys with the same shapes, and some key takes the matrix
+    path under ``layout``. Raises an error naming the file, key or shape; returns
+    ``{"n_tasks", "names", "layout", "n_keys", "n_matrices"}``."""
+    from .layouts import get_layout
+
+    if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
+        raise TypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
+    labels = _names(experts, names)
+    src = _Source(base, "base")
+    exs = [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)]
+    try:
+        keys = _check_keys(src, exs)
+        lay = get_layout(layout, keys=keys, config=src.config)
+        n_mat = 0
+        for key in keys:
+            shape, dtype = src.shape_dtype(key)
+            for e in exs:
+                es, _ = e.shape_dtype(key)
+                if es != shape:
+                    raise ValueError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
+            n_mat += dtype.is_floating_point and key not in lay.tied and lay.is_matrix(key, _meta(shape, dtype))
+    finally:
+        src.close()
+        for e in exs:
+            e.close()
+    if n_mat == 0:
+        raise ValueError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose (check --layout)")
+    return {"n_tasks": len(exs), "names": labels, "layout": lay.name, "n_keys": len(keys), "n_matrices": int(n_mat)}
 
 
 # --------------------------------------------------------------------------- per matrix

@@ -2,7 +2,7 @@
 
 Each takes one table of :class:`acetools.diagnose.Diagnosis` as it is (or the matching
 :mod:`acetools.diagnostics` table: :func:`~acetools.diagnostics.heterogeneity_per_layer` for
-:func:`gamma_by_layer`, :func:`~acetools.diagnostics.relative_update_norms` for
+:func:`gamma_by_layer` and :func:`energy_by_layer`, :func:`~acetools.diagnostics.relative_update_norms` for
 :func:`ratio_by_layer`, :func:`~acetools.diagnostics.task_vector_cosine` for
 :func:`cosine_heatmap`) and raises a ``KeyError`` naming a missing column otherwise. Layers are
 on the x axis in the table's order, labelled ``block.type``.
@@ -65,11 +65,13 @@ def ratio_by_layer(ax, norms, *, matrices_only: bool = True, title: str | None =
 
 
 def energy_by_layer(ax, layers, *, logy: bool = True, title: str | None = None):
-    """‖ΔW_t‖²_F per matrix: mean (line) and the tasks' min-max (band). ``layers``: ``Diagnosis.layers``."""
-    _need(layers, ["key", "energy", "energy_min", "energy_max"], "energy_by_layer")
+    """‖ΔW_t‖²_F per matrix: mean (line) and the tasks' min-max (band). ``layers``: ``Diagnosis.layers``
+    or :func:`~acetools.diagnostics.heterogeneity_per_layer` (its ``energy_mean``)."""
+    mean = "energy_mean" if "energy_mean" in getattr(layers, "columns", []) else "energy"
+    _need(layers, ["key", mean, "energy_min", "energy_max"], "energy_by_layer")
     x = _xticks(ax, layers["key"])
     ax.fill_between(x, layers["energy_min"], layers["energy_max"], alpha=0.3, color="C1", label="min-max over tasks")
-    ax.plot(x, layers["energy"], marker=".", color="C1", label="mean over tasks")
+    ax.plot(x, layers[mean], marker=".", color="C1", label="mean over tasks")
     ax.axhline(1.0, color="k", ls=":", lw=1, label="‖ΔW‖² = 1 (log-energy 0)")
     if logy:
         ax.set_yscale("log")
