@@ -245,3 +245,23 @@ def test_ace_on_gpt2_with_the_layout_merges_conv1d_as_d_out_x_d_in():
     stored = acetools.merge("ace", base, experts, layout=dataclasses.replace(PRESETS["gpt2"], in_out=()))
     d_ok, d_bad = merged[key] - base[key], stored[key] - base[key]
     assert float((d_bad - d_ok).norm() / d_ok.norm()) > 0.01
+
+
+def test_cart_announces_block_matrices_its_name_rule_misses_and_wudi_vit_needs_its_names():
+    import warnings as w
+
+    g = torch.Generator().manual_seed(0)
+    bert = {f"encoder.layer.0.{n}.weight": torch.randn(8, 8, generator=g, dtype=torch.float64)
+            for n in ("attention.self.query", "intermediate.dense", "output.dense")}
+    experts = [{k: v + 0.1 * torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in bert.items()}
+               for _ in range(3)]
+    with pytest.warns(RuntimeWarning, match=r"cart: 3 matrix key\(s\) have names without 'attn'/'mlp'"):
+        acetools.merge("cart", bert, experts, layout="bert")
+    with pytest.raises(ValueError, match="targets='vit'.*none matches"):
+        acetools.merge("wudi", bert, experts, layout="bert", targets="vit", steps=1)
+    from tests.conftest import make_world
+
+    base, ex = make_world(n_tasks=2)
+    with w.catch_warnings():
+        w.simplefilter("error", RuntimeWarning)
+        acetools.merge("cart", base, ex)  # open_clip: every block matrix is attn/mlp, nothing to announce
