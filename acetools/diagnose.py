@@ -303,6 +303,8 @@ def diagnose(
         for k in chosen:
             if k not in set(all_keys):
                 raise KeyError(f"key {k!r} is not in the base")
+        # block order (files may store keys sorted as text: 0, 1, 10, 11, 2, ...); stable otherwise
+        chosen = sorted(chosen, key=lambda k: (block_index(k) is not None, block_index(k) or 0))
         T = len(exs)
         norm_rows, layer_rows, cos_rows, ov_rows, spec_rows = [], [], [], [], []
         G = torch.zeros(T, T, dtype=torch.float64)

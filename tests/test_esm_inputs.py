@@ -112,3 +112,22 @@ def test_names_cover_the_presets_and_errors_name_the_problem():
     bad = {k + "x": v for k, v in experts[0].state_dict().items()}
     with pytest.raises(KeyError, match="does not fit"):
         esm_activations([bad], ids_for, factory=gpt2_factory)
+
+
+def test_open_clip_encoder_in_one_call_equals_capture_then_merge():
+    from acetools.activations import capture_inputs
+    from acetools.models import build_encoder
+
+    base, experts = zoo(lambda: build_encoder("micro"), n=2)
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    merged = merge_esm(base, experts, images)  # layout detected: open_clip
+    keys = [k for k in base.state_dict() if any(t in k for t in ESM_NAMES["open_clip"]["targets"])]
+    acts = {k: [] for k in keys}
+    for e in experts:
+        got = capture_inputs(e, images, keys)
+        for k in keys:
+            acts[k].append(got[k])
+    ref = acetools.merge("esm", base.state_dict(), [e.state_dict() for e in experts], activations=acts)
+    assert set(merged) == set(ref)
+    for k in ref:
+        torch.testing.assert_close(merged[k], ref[k])
