@@ -562,6 +562,12 @@ def esm(
     compared across towers, as in the spec. ``targets`` and ``layer_types`` are regular
     expressions searched in the key (plain names act as substrings), so e.g.
     ``targets=(r"^visual\..*mlp\.c_fc\.weight$",)`` restricts ESD to the visual tower.
+
+    ESM never turns silently into TSV-M: an explicit ``targets`` or ``layer_types`` pattern
+    that matches no matrix key, an ``activations`` key that is not an ESD layer, and default
+    (open_clip) targets of which none matches are errors naming them; default targets or
+    layer types that match only partly give a RuntimeWarning. For other architectures use
+    :func:`acetools.esm_inputs.esm_names` (names per layout) or :func:`acetools.esm_inputs.merge_esm`.
     """
     T = len(task_vectors)
     if decomposition == "esd" and activations is None:
