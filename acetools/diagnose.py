@@ -314,7 +314,7 @@ def diagnose(
             if not dtype.is_floating_point or key in lay.tied:
                 continue
             for e in exs:
-                es, ed = e.shape_dtype(key)
+                es, _ = e.shape_dtype(key)
                 if es != shape:
                     raise ValueError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
             W0 = lay.to_canonical(key, src.get(key)).to(torch.float64)

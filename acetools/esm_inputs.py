@@ -81,7 +81,9 @@ def esm_names(layout: Any) -> dict[str, tuple[str, ...]]:
 
 
 def _load_file(path: str | os.PathLike) -> dict[str, Tensor]:
-    from .checkpoints import open_checkpoint  # every supported format, weights_only for pickles
+    from .checkpoints import (
+        open_checkpoint,  # every supported format, weights_only for pickles
+    )
 
     ckpt = open_checkpoint(path)
     try:

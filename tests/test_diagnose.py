@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from acetools import cli
-from acetools.diagnose import REPORT_NOTEBOOK, Diagnosis, check_inputs, diagnose, run_report
+from acetools.diagnose import (
+    REPORT_NOTEBOOK,
+    Diagnosis,
+    check_inputs,
+    diagnose,
+    run_report,
+)
 from acetools.diagnostics import (
     heterogeneity_per_layer,
     principal_subspace,
