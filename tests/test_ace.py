@@ -23,7 +23,7 @@ from acetools.merging.ace import (
     spectral_refine,
     structural_prior,
 )
-from conftest import make_world
+from tests.conftest import make_world
 
 F64 = torch.float64
 

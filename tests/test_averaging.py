@@ -10,7 +10,7 @@ import torch
 import acetools
 from acetools.merging import METHODS, merge, task_vectors
 
-from conftest import SHAPES, make_world
+from tests.conftest import SHAPES, make_world
 
 
 def _clone(sd):

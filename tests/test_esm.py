@@ -25,7 +25,7 @@ from acetools.merging.esm import (
     truncate_factors,
     whiten,
 )
-from conftest import SHAPES, make_world
+from tests.conftest import SHAPES, make_world
 
 # two blocks, so that the inter-layer polarization compares something
 SHAPES2 = dict(SHAPES)

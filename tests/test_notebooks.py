@@ -1,7 +1,7 @@
 """The course notebooks: hygiene of the committed files and a quick-profile run of each.
 
 Every notebook runs under papermill at ``quick=True`` (the fixture world) through
-``acetools.report`` — the same path as ``acetools report --profile quick`` — with a
+``acetools.course.report`` — the same path as ``acetools report --profile quick`` — with a
 session-wide cache, so the fixture world is built once.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from acetools.report import UnknownParameterError, notebook_parameters, notebook_paths, run_notebook, run_report
+from acetools.course.report import UnknownParameterError, notebook_parameters, notebook_paths, run_notebook, run_report
 
 NOTEBOOKS = notebook_paths()
 IDS = [p.stem for p in NOTEBOOKS]

@@ -25,7 +25,7 @@ from acetools.merging.svd import (
     tsv_merge_matrix,
     tsv_rank,
 )
-from conftest import make_world
+from tests.conftest import make_world
 
 
 

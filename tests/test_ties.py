@@ -24,7 +24,7 @@ from acetools.merging.ties import (
     trim_threshold,
 )
 
-from conftest import make_world
+from tests.conftest import make_world
 
 
 def _sgn(x: float) -> int:

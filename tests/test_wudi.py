@@ -9,7 +9,7 @@ import torch
 import acetools
 from acetools.merging import is_matrix_param
 from acetools.merging.wudi import VIT_TARGETS, wudi, wudi_grad, wudi_loss, wudi_matrix
-from conftest import make_world
+from tests.conftest import make_world
 
 
 

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: The repository root (the parent of the ``acetools`` package).
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: Parameter overrides per profile.
 PROFILES: dict[str, dict[str, Any]] = {"quick": {"quick": True}, "full": {}}
 
@@ -147,7 +147,7 @@ def render_html(executed: str | os.PathLike) -> Path:
     nb = nbformat.read(str(executed), as_version=4)
     body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
     out = executed.with_suffix(".html")
-    from .utils import atomic_write
+    from ..utils import atomic_write
 
     with atomic_write(out, "w") as fh:
         fh.write(body)

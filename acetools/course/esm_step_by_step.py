@@ -2,7 +2,7 @@
 
 The merge itself lives in :mod:`acetools.merging.esm` (one public function per stage, spec
 §2). This module turns those stages into the measurements a lesson shows and the claims of
-:mod:`acetools.claims` it decides:
+:mod:`acetools.course.claims` it decides:
 
 * **ESD vs SVD** (spec §2 Step A): :func:`layer_energy` (energy of the activation shift
   captured at every rank by the essential subspace and by the SVD basis, in-sample or on
@@ -41,11 +41,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .diagnostics import layer_type, linear_cka
-from .merging import is_matrix_param, merge
-from .merging import esm as E
-from .merging._linalg import thin_svd
-from .search import climb_search, esm_search, grid_search
+from ..diagnostics import layer_type, linear_cka
+from ..merging import is_matrix_param, merge
+from ..merging import esm as E
+from ..merging._linalg import thin_svd
+from ..search import climb_search, esm_search, grid_search
 
 __all__ = [
     "NOISE",
@@ -379,7 +379,7 @@ def proxy_activations(bench, images: Mapping[str, Tensor],
     """Input activations of ``keys`` (default ``bench.matrix_keys()``, ESM's targets) inside
     each task's fine-tuned encoder when it sees ``images[task]``: the ``activations=`` input
     of ``acetools.merge("esm", ...)`` (spec §2 Step A), like ``bench.esm_activations()``."""
-    from .activations import capture_inputs
+    from ..activations import capture_inputs
 
     keys = list(bench.matrix_keys() if keys is None else keys)
     acts: dict[str, list[Tensor]] = {k: [] for k in keys}
@@ -399,7 +399,7 @@ def subspace_overlap(X_a: Tensor, delta_W: Tensor, k: int, X_b: Tensor | None = 
     with the SVD basis (the top-k left singular vectors of delta_W). ``k`` is capped at the
     number of rows and at min(d_out, d_in).
     """
-    from .diagnostics import principal_subspace
+    from ..diagnostics import principal_subspace
 
     dW = _work(delta_W)
     d_in = dW.shape[1]
@@ -493,7 +493,7 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
     the proxy activations (default ``bench.esm_activations()``); ``hparams``: the other
     ``esm`` switches.
     """
-    from .benchmark import MethodRun
+    from ..benchmark import MethodRun
 
     if search not in ("climb", "grid"):
         raise ValueError(f"search={search!r} must be 'climb' or 'grid'")
@@ -525,7 +525,7 @@ def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None,
     labelled by row name, with the same search for every row. ``done``: runs already made
     on this bench with that row's switches (row name -> MethodRun) are reused, relabelled,
     instead of rerun."""
-    from .utils import progress as bar
+    from ..utils import progress as bar
 
     names = list(ABLATION) if names is None else list(names)
     runs = []

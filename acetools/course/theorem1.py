@@ -41,11 +41,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .diagnostics import compare_covariances, layer_type
-from .merging import merge
-from .merging.ace import estimate_covariance
-from .synthetic import RegressionTask, finetune_linear, joint_least_squares, make_regression_tasks
-from .utils import make_generator
+from ..diagnostics import compare_covariances, layer_type
+from ..merging import merge
+from ..merging.ace import estimate_covariance
+from ..synthetic import RegressionTask, finetune_linear, joint_least_squares, make_regression_tasks
+from ..utils import make_generator
 
 __all__ = [
     "AGREEMENT_COLUMNS",
@@ -384,7 +384,7 @@ def hooked_covariances(zoo, keys: Sequence[str], *, n_images: int = 256, source:
     """
     import numpy as np
 
-    from .activations import gram_matrices, input_covariances
+    from ..activations import gram_matrices, input_covariances
 
     if source not in ("expert", "base"):
         raise ValueError(f"source={source!r} must be 'expert' or 'base'")

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .utils import atomic_write
+from ..utils import atomic_write
 
 __all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "collect", "claims_table"]
 
