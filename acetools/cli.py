@@ -280,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.set_defaults(debug=False, quiet=False, verbose=False)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", parents=[_common()], help="merge small generated experts with every method and print a table")
+    d = sub.add_parser("demo", parents=[_common()],
+                       help="merge small generated experts with every method and print a table")
     d.add_argument("--tasks", type=positive_int, default=6, help="number of experts (default 6)")
     d.add_argument("--seed", type=nonnegative_int, default=0)
     d.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
@@ -357,8 +358,6 @@ def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
     handler._acetools_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(level)
-    if quiet:
-        os.environ["ACETOOLS_PROGRESS"] = "0"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:  # a bad argument (2, one line already printed) or --help (0)
         return stop.code if isinstance(stop.code, int) else 2
     configure_logging(quiet=args.quiet, verbose=args.verbose)
+    old_progress = os.environ.get("ACETOOLS_PROGRESS")
+    if args.quiet:  # no progress bars either (restored afterwards: main() may run inside a test or a notebook)
+        os.environ["ACETOOLS_PROGRESS"] = "0"
     try:
         return args.func(args)
     except (CLIError, *USER_ERRORS) as err:
@@ -381,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("acetools: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if old_progress is None:
+            os.environ.pop("ACETOOLS_PROGRESS", None)
+        else:
+            os.environ["ACETOOLS_PROGRESS"] = old_progress
 
 
 if __name__ == "__main__":  # pragma: no cover

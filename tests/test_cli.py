@@ -226,7 +226,9 @@ def test_check_never_raises(capsys, monkeypatch):
 @pytest.mark.parametrize("flag,level", [([], logging.INFO), (["--quiet"], logging.WARNING),
                                         (["--verbose"], logging.DEBUG), (["-q"], logging.WARNING)])
 def test_quiet_and_verbose_set_the_library_level(capsys, monkeypatch, flag, level):
-    monkeypatch.delenv("ACETOOLS_PROGRESS", raising=False)
+    import os
+
+    monkeypatch.setenv("ACETOOLS_PROGRESS", "1")
     logger = logging.getLogger("acetools")
     old = logger.level, list(logger.handlers)
     try:
@@ -234,6 +236,9 @@ def test_quiet_and_verbose_set_the_library_level(capsys, monkeypatch, flag, leve
         assert logger.level == level
         assert main(["report", "--list", *flag]) == 0
         assert logger.level == level
+        assert os.environ["ACETOOLS_PROGRESS"] == "1"  # restored after --quiet
+        logging.getLogger("acetools.zoo").info("an info line")
+        assert ("an info line" in capsys.readouterr().err) == (level <= logging.INFO)
     finally:
         logger.setLevel(old[0])
         logger.handlers[:] = old[1]

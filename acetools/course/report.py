@@ -17,6 +17,7 @@ Parameters a notebook does not declare are an error, not a warning (STYLE 13).
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,8 @@ __all__ = [
     "UnknownParameterError",
     "ParameterTypeError",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The repository root (the parent of the ``acetools`` package).
 REPO = Path(__file__).resolve().parents[2]
@@ -276,6 +279,7 @@ def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
         params = {**PROFILES[profile], "figures_dir": str(figures / path.stem), **dict(parameters or {})}
         declared = notebook_parameters(path)
         params = {k: v for k, v in params.items() if k in declared or k in (parameters or {})}
+        log.info("running %s (%s profile) into %s", path.stem, profile, out)
         rec = run_notebook(path, out, params, html=html, timeout=timeout, start_timeout=start_timeout)
         rec["profile"] = profile
         records.append(rec)
