@@ -129,9 +129,38 @@ def existing_file(text: str) -> str:
 
 
 def _folder_for_output(path: str | None, option: str) -> None:
-    """Fail before any work when an output folder cannot be one (an existing file)."""
-    if path is not None and os.path.exists(path) and not os.path.isdir(path):
-        raise CLIError(f"{option} {path!r} is a file, not a folder")
+    """Fail before any work when ``path`` cannot become a writable folder: it or a parent is
+    a file, or its nearest existing parent is not writable."""
+    if path is None:
+        return
+    p = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    if not os.path.isdir(p):
+        what = "is a file" if p == os.path.abspath(os.path.expanduser(path)) else f"is inside the file {p!r}"
+        raise CLIError(f"{option} {path!r} {what}, not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise CLIError(f"{option} {path!r}: no permission to write in {p!r}")
+
+
+def _check_split_sizes(suite: str, **wanted: int | None) -> None:
+    """``n_val=100`` etc. must not exceed any task's split (else the whole split would be used
+    while the results record the number asked for). Tasks whose sizes are not known up front
+    (online sources) are not checked."""
+    from .data import SUITES, get_task
+
+    for option, n in wanted.items():
+        if n is None:
+            continue
+        split = option.split("_", 1)[1]
+        for task in SUITES[suite]:
+            size = dict(get_task(task).sizes).get(split)
+            if size is not None and n > size:
+                raise CLIError(f"--{option.replace('_', '-')} {n} is more than task {task!r} of suite {suite!r} "
+                               f"has ({size} {split} images)")
 
 
 def _one_line(text: str) -> str:
@@ -172,6 +201,7 @@ def _zoo(args: argparse.Namespace, seed: int):
 def _cmd_zoo_build(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    _folder_for_output(args.root, "--root")
     if args.check:
         return _zoo_check(args)
     for seed in args.seeds:
@@ -213,6 +243,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .utils import atomic_write
 
     _folder_for_output(args.out, "--out")
+    _folder_for_output(args.root, "--root")
+    _check_split_sizes(args.suite, n_val=args.n_val, n_test=args.n_test)
     for seed in args.seeds:
         zoo = _zoo(args, seed).build(progress=not args.quiet)
         bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads, patience=args.patience)

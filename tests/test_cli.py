@@ -254,3 +254,17 @@ def test_library_is_silent_without_configuration():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "should not show" not in res.stderr, res.stderr
     assert any(isinstance(h, logging.NullHandler) for h in logging.getLogger("acetools").handlers)
+
+
+def test_bad_cache_root_is_named_before_anything_is_built(capsys, tmp_path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    for cmd in (["zoo", "build"], ["zoo", "build", "--check"], ["bench"]):
+        _one_line_error(capsys, [*cmd, "--suite", "tiny", "--size", "micro", "--root", str(f / "cache")],
+                        "--root", "file.txt")
+
+
+def test_more_eval_images_than_a_split_has_is_an_error(capsys):
+    _one_line_error(capsys, ["bench", "--suite", "tiny", "--size", "micro", "--n-val", "100000"],
+                    "--n-val 100000", "tiny_", "val images")
+    _one_line_error(capsys, ["bench", "--suite", "tasks8", "--n-test", "5000"], "--n-test 5000", "test images")
