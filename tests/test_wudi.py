@@ -1,4 +1,4 @@
-"""WUDI-Merging (spec §3.6): loss transcription, analytic gradient vs autograd, Adam, key rules."""
+"""WUDI-Merging (docs/methods.md §WUDI): loss transcription, analytic gradient vs autograd, Adam, key rules."""
 
 from __future__ import annotations
 

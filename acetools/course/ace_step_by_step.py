@@ -1,7 +1,7 @@
 """ACE-Merging stage by stage on a zoo: the helpers of notebook ``02_ace_step_by_step``.
 
-The merge itself lives in :mod:`acetools.merging.ace` (one public function per stage, spec
-§1). This module turns those stages into tables a lesson can show and claims it can decide:
+The merge itself lives in :mod:`acetools.merging.ace` (one public function per stage,
+docs/methods.md §ACE). This module turns those stages into tables a lesson can show and claims it can decide:
 
 * **heterogeneity** (eq. 7): :func:`gamma_table` (gamma per matrix, with the log-energies it
   is made of), :func:`gamma_by_type`, :func:`gamma_scaling` (gamma is not scale-invariant);
@@ -79,7 +79,7 @@ __all__ = [
     "diagnose",
 ]
 
-#: ACE's gate threshold (spec §1(b)): a layer is flagged heterogeneous when gamma > TAU.
+#: ACE's gate threshold (docs/methods.md §ACE): a layer is flagged heterogeneous when gamma > TAU.
 TAU = 0.3
 #: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
 GAMMA_VIT = 0.25
@@ -101,7 +101,7 @@ StateDict = Mapping[str, Tensor]
 
 
 def matrix_keys(task_vectors: Sequence[StateDict], is_matrix: Callable[[str, Tensor], bool] | None = None) -> list[str]:
-    """The keys ACE merges in closed form (``is_matrix``, default the spec's rule), in order."""
+    """The keys ACE merges in closed form, in order (``is_matrix``, default: docs/methods.md §Matrix path)."""
     if is_matrix is None:
         from ..merging import is_matrix_param as is_matrix
     if isinstance(task_vectors, Mapping) or len(task_vectors) == 0:
@@ -182,7 +182,7 @@ def _sum(tensors) -> Tensor:
 
 @dataclass
 class LayerStages:
-    """Every intermediate of ACE on one matrix (spec §1(a) steps 2-7), for a lesson to look at.
+    """Every intermediate of ACE on one matrix (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.13)), for a lesson to look at.
 
     ``W_fused = W_pre + Δ_res = U diag(S) Vh`` is computed on every layer (ACE uses it only
     on flagged ones) so that :meth:`refined` can show the refinement at any rank k.

@@ -1,6 +1,6 @@
 """Every quantitative claim of the two papers, and where the course measures it.
 
-:data:`CLAIMS` lists the claims of the seed summaries (``shared/seeds/``: ACE-Merging
+:data:`CLAIMS` lists the claims of the paper summaries (docs/methods.md §Sources: ACE-Merging
 arXiv 2603.02945, ESM arXiv 2602.20208) with a stable id and the notebook that owns the
 measurement. A notebook that measures a claim calls :func:`record`, which writes the
 measurement and a verdict into ``<figures_dir>/claims.json``; ``05_claims`` gathers every

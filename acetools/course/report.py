@@ -1,7 +1,7 @@
 """Run the course notebooks as parameterised reports (``acetools report``).
 
 Each notebook in ``notebooks/`` (``NN_name.ipynb``) is executed with papermill into a
-build folder — never in place (STYLE 13) — with explicit ``cwd`` and ``kernel_name``, then
+build folder — never in place (docs/style.md §13) — with explicit ``cwd`` and ``kernel_name``, then
 rendered to HTML without code cells (``nbconvert --no-input``). Figures go to
 ``<figures>/<notebook-stem>/``: the repository's ``figures/`` for the full profile, the
 build folder for the quick one (so a quick run never overwrites the committed figures).
@@ -11,7 +11,7 @@ Profiles:
 * ``quick`` — every notebook on the fixture world (``quick=True``); what CI runs.
 * ``full`` — the notebooks' own defaults (the mini-world at size ``small``).
 
-Parameters a notebook does not declare are an error, not a warning (STYLE 13).
+Parameters a notebook does not declare are an error, not a warning (docs/style.md §13).
 """
 
 from __future__ import annotations
