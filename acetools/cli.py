@@ -7,8 +7,9 @@ status 2; ``--debug`` (anywhere on the line) shows the traceback instead. ``--qu
 Conventions for a subcommand (``merge``, ``diagnose``, ``regime``, ... are added this way):
 
 * one ``_cmd_<name>(args) -> int`` function that calls a library module, plus one
-  ``add_parser`` block in :func:`build_parser` created with ``parents=[_common()]`` (that gives it
-  ``--debug`` / ``--quiet`` / ``--verbose``) and ending in ``set_defaults(func=_cmd_<name>)``;
+  ``add_parser`` block in :func:`build_parser` ending in ``set_defaults(func=_cmd_<name>)``;
+  the block gets ``--debug`` / ``--quiet`` / ``--verbose`` and the one-line parse errors
+  without asking (``args.debug``, ``args.quiet``, ``args.verbose`` are always set);
 * validate what argparse can at parse time: ``choices=`` from the library's registries
   (:data:`SUITE_CHOICES`, :data:`SIZE_CHOICES`, :data:`METHOD_CHOICES`; read lazily, so
   ``--help`` stays fast), ``type=`` :func:`positive_int` / :func:`nonnegative_int` / :func:`existing_file`;
@@ -291,29 +292,36 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- the parser
 
-def _common() -> argparse.ArgumentParser:
-    """``--debug`` / ``--quiet`` / ``--verbose``, accepted before or after the subcommand.
-    In subcommands the defaults are SUPPRESS so they never undo a global flag; build one per
-    parser (argparse shares a parent's action objects, and ``set_defaults`` changes them)."""
-    c = _Parser(add_help=False)
-    c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+def _add_output_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--debug`` / ``--quiet`` / ``--verbose``. Below the top level the defaults are SUPPRESS,
+    so ``acetools --debug report ...`` and ``acetools report ... --debug`` both work and a
+    subcommand never undoes a flag given before it."""
+    default = False if top else argparse.SUPPRESS
+    p.add_argument("--debug", action="store_true", default=default,
                    help="show the full traceback of an error instead of one line")
-    v = c.add_mutually_exclusive_group()
-    v.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+    v = p.add_mutually_exclusive_group()
+    v.add_argument("-q", "--quiet", action="store_true", default=default,
                    help="only warnings and errors from the library; no progress bars")
-    v.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+    v.add_argument("-v", "--verbose", action="store_true", default=default,
                    help="the library's debug messages too")
-    return c
+
+
+def _add_output_options_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)subcommand the output options, so a new ``add_parser`` block needs nothing."""
+    for action in parser._actions:  # argparse keeps subcommands in a _SubParsersAction
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                if "--debug" not in sub._option_string_actions:
+                    _add_output_options(sub, top=False)
+                _add_output_options_everywhere(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.",
-                 parents=[_common()])
-    ap.set_defaults(debug=False, quiet=False, verbose=False)
+    ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
+    _add_output_options(ap, top=True)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", parents=[_common()],
-                       help="merge small generated experts with every method and print a table")
+    d = sub.add_parser("demo", help="merge small generated experts with every method and print a table")
     d.add_argument("--tasks", type=positive_int, default=6, help="number of experts (default 6)")
     d.add_argument("--seed", type=nonnegative_int, default=0)
     d.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
@@ -331,15 +339,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-mtl", action="store_true", help="skip the multi-task reference model")
         p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
 
-    z = sub.add_parser("zoo", parents=[_common()], help="build the mini-world's base, heads and experts")
+    z = sub.add_parser("zoo", help="build the mini-world's base, heads and experts")
     zsub = z.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")
-    zb = zsub.add_parser("build", parents=[_common()], help="build (or load from the cache) a suite's zoo")
+    zb = zsub.add_parser("build", help="build (or load from the cache) a suite's zoo")
     world_args(zb)
     zb.add_argument("--check", action="store_true",
                     help="build nothing: list what is missing from the cache (exit 1 if anything is)")
     zb.set_defaults(func=_cmd_zoo_build)
 
-    b = sub.add_parser("bench", parents=[_common()],
+    b = sub.add_parser("bench",
                        help="merge a zoo with methods, select coefficients on val, report test")
     world_args(b)
     b.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
@@ -352,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
     b.set_defaults(func=_cmd_bench)
 
-    r = sub.add_parser("report", parents=[_common()],
+    r = sub.add_parser("report",
                        help="run the course notebooks with papermill and render HTML reports")
     r.add_argument("--profile", choices=["quick", "full"], default="quick",
                    help="quick: fixture world, minutes (CI); full: the mini-world at its default size")
@@ -371,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for a notebook kernel to start (default 300)")
     r.add_argument("--list", action="store_true", help="list the notebooks and exit")
     r.set_defaults(func=_cmd_report)
+
+    _add_output_options_everywhere(ap)  # keep last: it reaches every subcommand added above
     return ap
 
 

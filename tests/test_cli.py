@@ -55,6 +55,27 @@ def test_parse_errors_are_one_line(capsys, argv, needles):
     _one_line_error(capsys, argv, *needles)
 
 
+def test_every_subcommand_has_the_output_options():
+    import argparse
+
+    from acetools.cli import build_parser
+
+    def walk(p, path):
+        yield path, p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    yield from walk(sub, [*path, name])
+
+    found = list(walk(build_parser(), []))
+    assert len(found) >= 6
+    for path, p in found:
+        for opt in ("--debug", "--quiet", "--verbose"):
+            assert opt in p._option_string_actions, (path, opt)
+        if path:  # below the top, the flags never reset a global one
+            assert p._option_string_actions["--debug"].default is argparse.SUPPRESS
+
+
 def test_help_exits_zero(capsys):
     assert main(["report", "--help"]) == 0
     assert "--debug" in capsys.readouterr().out
