@@ -129,6 +129,31 @@ def existing_file(text: str) -> str:
     return text
 
 
+def _add_output_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--debug`` / ``--quiet`` / ``--verbose``. Below the top level the defaults are SUPPRESS,
+    so ``acetools --debug report ...`` and ``acetools report ... --debug`` both work and a
+    subcommand never undoes a flag given before it."""
+    default = False if top else argparse.SUPPRESS
+    p.add_argument("--debug", action="store_true", default=default,
+                   help="show the full traceback of an error instead of one line")
+    v = p.add_mutually_exclusive_group()
+    v.add_argument("-q", "--quiet", action="store_true", default=default,
+                   help="only warnings and errors from the library; no progress bars")
+    v.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="the library's debug messages too")
+
+
+def _add_output_options_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)subcommand the output options, so a new ``add_parser`` block needs nothing
+    (:func:`main` calls this on :func:`build_parser`'s result)."""
+    for action in parser._actions:  # argparse keeps subcommands in a _SubParsersAction
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                if "--debug" not in sub._option_string_actions:
+                    _add_output_options(sub, top=False)
+                _add_output_options_everywhere(sub)
+
+
 def _folder_for_output(path: str | None, option: str) -> None:
     """Fail before any work when ``path`` cannot become a writable folder: it or a parent is
     a file, or its nearest existing parent is not writable."""
@@ -290,37 +315,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- the parser
-
-def _add_output_options(p: argparse.ArgumentParser, *, top: bool) -> None:
-    """``--debug`` / ``--quiet`` / ``--verbose``. Below the top level the defaults are SUPPRESS,
-    so ``acetools --debug report ...`` and ``acetools report ... --debug`` both work and a
-    subcommand never undoes a flag given before it."""
-    default = False if top else argparse.SUPPRESS
-    p.add_argument("--debug", action="store_true", default=default,
-                   help="show the full traceback of an error instead of one line")
-    v = p.add_mutually_exclusive_group()
-    v.add_argument("-q", "--quiet", action="store_true", default=default,
-                   help="only warnings and errors from the library; no progress bars")
-    v.add_argument("-v", "--verbose", action="store_true", default=default,
-                   help="the library's debug messages too")
-
-
-def _add_output_options_everywhere(parser: argparse.ArgumentParser) -> None:
-    """Give every (sub)subcommand the output options, so a new ``add_parser`` block needs nothing."""
-    for action in parser._actions:  # argparse keeps subcommands in a _SubParsersAction
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
-                if "--debug" not in sub._option_string_actions:
-                    _add_output_options(sub, top=False)
-                _add_output_options_everywhere(sub)
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
     _add_output_options(ap, top=True)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
     d = sub.add_parser("demo", help="merge small generated experts with every method and print a table")
     d.add_argument("--tasks", type=positive_int, default=6, help="number of experts (default 6)")
     d.add_argument("--seed", type=nonnegative_int, default=0)
@@ -347,8 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="build nothing: list what is missing from the cache (exit 1 if anything is)")
     zb.set_defaults(func=_cmd_zoo_build)
 
-    b = sub.add_parser("bench",
-                       help="merge a zoo with methods, select coefficients on val, report test")
+    b = sub.add_parser("bench", help="merge a zoo with methods, select coefficients on val, report test")
     world_args(b)
     b.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
                    help="methods (default: all registered): %(choices)s")
@@ -360,8 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
     b.set_defaults(func=_cmd_bench)
 
-    r = sub.add_parser("report",
-                       help="run the course notebooks with papermill and render HTML reports")
+    r = sub.add_parser("report", help="run the course notebooks with papermill and render HTML reports")
     r.add_argument("--profile", choices=["quick", "full"], default="quick",
                    help="quick: fixture world, minutes (CI); full: the mini-world at its default size")
     r.add_argument("--only", nargs="+", default=None, metavar="NOTEBOOK",
@@ -379,8 +375,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for a notebook kernel to start (default 300)")
     r.add_argument("--list", action="store_true", help="list the notebooks and exit")
     r.set_defaults(func=_cmd_report)
-
-    _add_output_options_everywhere(ap)  # keep last: it reaches every subcommand added above
     return ap
 
 
@@ -405,8 +399,10 @@ def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 ``zoo build --check`` found
     something missing, 2 bad argument, 130 interrupted)."""
+    parser = build_parser()
+    _add_output_options_everywhere(parser)  # every subcommand, whoever added it
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as stop:  # a bad argument (2, one line already printed) or --help (0)
         return stop.code if isinstance(stop.code, int) else 2
     configure_logging(quiet=args.quiet, verbose=args.verbose)

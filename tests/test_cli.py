@@ -58,7 +58,7 @@ def test_parse_errors_are_one_line(capsys, argv, needles):
 def test_every_subcommand_has_the_output_options():
     import argparse
 
-    from acetools.cli import build_parser
+    from acetools.cli import _add_output_options_everywhere, build_parser
 
     def walk(p, path):
         yield path, p
@@ -67,7 +67,9 @@ def test_every_subcommand_has_the_output_options():
                 for name, sub in a.choices.items():
                     yield from walk(sub, [*path, name])
 
-    found = list(walk(build_parser(), []))
+    parser = build_parser()
+    _add_output_options_everywhere(parser)  # as main() does
+    found = list(walk(parser, []))
     assert len(found) >= 6
     for path, p in found:
         for opt in ("--debug", "--quiet", "--verbose"):
