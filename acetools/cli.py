@@ -308,9 +308,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
     def show(rec):
         print(f"{rec['notebook']:<24} {rec['seconds']:>7.1f} s  {rec.get('html', rec['executed'])}", flush=True)
 
-    recs = run_report(args.profile, only=args.only, parameters=params, out=args.out, figures=args.figures,
-                      notebooks=args.notebooks, html=not args.no_html, timeout=args.cell_timeout,
-                      start_timeout=args.start_timeout, on_result=show)
+    from papermill.exceptions import PapermillExecutionError
+
+    try:
+        recs = run_report(args.profile, only=args.only, parameters=params, out=args.out, figures=args.figures,
+                          notebooks=args.notebooks, html=not args.no_html, timeout=args.cell_timeout,
+                          start_timeout=args.start_timeout, on_result=show)
+    except PapermillExecutionError as err:  # a failing notebook: not a bad argument (exit 1), still one line
+        if args.debug:
+            raise
+        print(f"acetools: error: a notebook failed in cell [{err.exec_count}]: {err.ename}: {_one_line(err.evalue)} "
+              "(the partly executed notebook is in the build folder; run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
     print(f"{len(recs)} notebook(s) ran in {sum(r['seconds'] for r in recs):.0f} s ({args.profile} profile)")
     return 0
 

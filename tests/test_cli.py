@@ -165,7 +165,7 @@ lr: float = 0.5  # a rate
 quick: bool = False  # fast
 name: str = "a"  # a name
 grid: list = [0.1, 0.2]  # a grid
-suites: list = ["x", "y"]  # suites
+names: list = ["x", "y"]  # names
 anything = 3  # no annotation
 """
 
@@ -173,7 +173,7 @@ anything = 3  # no annotation
 @pytest.mark.parametrize("raw,expected", [
     ({"seed": "3"}, {"seed": 3}), ({"lr": "1"}, {"lr": 1.0}), ({"lr": "2.5e-3"}, {"lr": 0.0025}),
     ({"quick": "True"}, {"quick": True}), ({"name": "3"}, {"name": "3"}), ({"name": "a b"}, {"name": "a b"}),
-    ({"grid": "[1, 0.5]"}, {"grid": [1.0, 0.5]}), ({"suites": "['p']"}, {"suites": ["p"]}),
+    ({"grid": "[1, 0.5]"}, {"grid": [1.0, 0.5]}), ({"names": "['p']"}, {"names": ["p"]}),
     ({"anything": "[1, 'z']"}, {"anything": [1, "z"]}), ({"anything": "text"}, {"anything": "text"}),
     ({"seed": 4, "lr": 3}, {"seed": 4, "lr": 3.0}),  # Python values from the library API
 ])
@@ -191,8 +191,8 @@ def test_check_parameters_parses_by_the_declared_type(tmp_path, raw, expected):
     ({"quick": "0"}, "'quick'.*bool.*True or False"),
     ({"grid": "0.1"}, "'grid'.*list"),
     ({"grid": "[0.1, 'a']"}, "'grid'.*elements must be float"),
-    ({"suites": "[x]"}, "'suites'.*list"),
-    ({"suites": "[1]"}, "'suites'.*elements must be str"),
+    ({"names": "[x]"}, "'names'.*list"),
+    ({"names": "[1]"}, "'names'.*elements must be str"),
     ({"name": 3}, "'name'.*str"),
 ])
 def test_check_parameters_rejects_wrong_types(tmp_path, raw, match):
@@ -291,3 +291,49 @@ def test_more_eval_images_than_a_split_has_is_an_error(capsys):
     _one_line_error(capsys, ["bench", "--suite", "tiny", "--size", "micro", "--n-val", "100000"],
                     "--n-val 100000", "tiny_", "val images")
     _one_line_error(capsys, ["bench", "--suite", "tasks8", "--n-test", "5000"], "--n-test 5000", "test images")
+
+
+@pytest.mark.parametrize("param,needles", [
+    ("suite=nosuch", ["'suite'", "unknown suite 'nosuch'", "tasks8"]),
+    ("size=huge", ["'size'", "unknown size 'huge'", "small"]),
+])
+def test_registry_parameters_name_registered_things(capsys, param, needles):
+    _one_line_error(capsys, ["report", "--only", "00", "-p", param], *needles)
+
+
+def test_list_parameters_are_checked_element_by_element(capsys):
+    _one_line_error(capsys, ["report", "--only", "04", "-p", "suites=['tasks8', 'nosuch']"], "'suites'", "'nosuch'")
+    _one_line_error(capsys, ["report", "--only", "04", "-p", "sweep_method=nosuch"], "'sweep_method'", "method")
+
+
+def test_the_readme_report_commands_pass_the_checks(monkeypatch, tmp_path, capsys):
+    """README: `report --only 02 -p seed=1 -p quick=True` reaches papermill with typed values."""
+    import papermill as pm
+
+    seen = []
+
+    def fake(src, dst, parameters=None, **kw):
+        seen.append(parameters)
+        nbformat.write(nbformat.read(src, as_version=4), dst)
+
+    monkeypatch.setattr(pm, "execute_notebook", fake)
+    code = main(["report", "--only", "02", "-p", "seed=1", "-p", "quick=True", "--no-html", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    assert seen[0]["seed"] == 1 and seen[0]["quick"] is True
+
+
+def test_a_failing_notebook_is_one_line_with_exit_1(monkeypatch, tmp_path, capsys):
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    def fail(*a, **k):
+        raise PapermillExecutionError(3, 7, "x = 1/0", "ZeroDivisionError", "division by zero", [])
+
+    monkeypatch.setattr(pm, "execute_notebook", fail)
+    assert main(["report", "--only", "00", "--no-html", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("acetools: error")]
+    assert "Traceback" not in err and "running 00_quickstart" in err  # the INFO line says which notebook
+    assert len(lines) == 1 and "cell [7]" in lines[0] and "ZeroDivisionError: division by zero" in lines[0]
+    with pytest.raises(PapermillExecutionError):
+        main(["report", "--only", "00", "--no-html", "--out", str(tmp_path), "--debug"])
