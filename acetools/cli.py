@@ -16,8 +16,9 @@ Conventions for a subcommand (``merge``, ``diagnose``, ``regime``, ... are added
 * for anything else raise ``ValueError`` / ``KeyError`` / ``TypeError`` / ``OSError``
   (``FileNotFoundError`` ...) with a message that names the offending key, file or
   parameter, or :class:`CLIError`: :func:`main` turns these into the one-line form (exit 2)
-  for every subcommand; nothing per command. Other exceptions (bugs, a failing notebook)
-  keep their traceback, and Ctrl-C exits with 130 and one line;
+  for every subcommand; nothing per command. Other exceptions (bugs) keep their traceback;
+  Ctrl-C exits with 130 and one line (``report`` also shows a failing notebook as one line,
+  exit 1);
 * print results to stdout; progress and messages go through ``logging`` / tqdm (stderr).
 """
 
@@ -30,8 +31,6 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 
 __all__ = ["main", "build_parser", "CLIError", "USER_ERRORS", "positive_int", "nonnegative_int", "existing_file"]
-
-log = logging.getLogger(__name__)
 
 #: Exceptions that mean "bad input": :func:`main` prints them as one line and exits with 2.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, OSError)
@@ -46,7 +45,7 @@ class CLIError(Exception):
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line: ``acetools: error: <sub>: <message>``."""
 
-    def error(self, message: str):  # noqa: D401 - argparse API
+    def error(self, message: str):
         sub = self.prog.partition(" ")[2]
         where = f"{sub}: " if sub else ""
         hint = f" (see 'acetools {sub + ' ' if sub else ''}--help')"

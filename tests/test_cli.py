@@ -146,6 +146,29 @@ def test_any_subcommand_gets_the_wrapper(capsys, monkeypatch):
         assert not line.startswith("acetools: error: \"")  # a KeyError's message, not its repr
 
 
+def test_ctrl_c_is_one_line_with_exit_130(capsys, monkeypatch):
+    import acetools.cli as C
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(C, "_cmd_demo", interrupted)
+    assert main(["demo"]) == 130
+    assert capsys.readouterr().err.strip() == "acetools: interrupted"
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    """Only bad input becomes one line; an unexpected exception is not hidden."""
+    import acetools.cli as C
+
+    def bug(args):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(C, "_cmd_demo", bug)
+    with pytest.raises(ZeroDivisionError):
+        main(["demo"])
+
+
 # ---------------------------------------------------------------- -p parsing and type checking
 def _notebook(folder, source):
     nb = nbformat.v4.new_notebook()
