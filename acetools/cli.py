@@ -7,16 +7,18 @@ status 2; ``--debug`` (anywhere on the line) shows the traceback instead. ``--qu
 Conventions for a subcommand (``merge``, ``diagnose``, ``regime``, ... are added this way):
 
 * one ``_cmd_<name>(args) -> int`` function that calls a library module, plus one
-  ``add_parser`` block in :func:`build_parser` created with ``parents=[_common()]`` (that gives it
-  ``--debug`` / ``--quiet`` / ``--verbose``) and ending in ``set_defaults(func=_cmd_<name>)``;
+  ``add_parser`` block in :func:`build_parser` ending in ``set_defaults(func=_cmd_<name>)``;
+  the block gets ``--debug`` / ``--quiet`` / ``--verbose`` and the one-line parse errors
+  without asking (``args.debug``, ``args.quiet``, ``args.verbose`` are always set);
 * validate what argparse can at parse time: ``choices=`` from the library's registries
   (:data:`SUITE_CHOICES`, :data:`SIZE_CHOICES`, :data:`METHOD_CHOICES`; read lazily, so
   ``--help`` stays fast), ``type=`` :func:`positive_int` / :func:`nonnegative_int` / :func:`existing_file`;
 * for anything else raise ``ValueError`` / ``KeyError`` / ``TypeError`` / ``OSError``
   (``FileNotFoundError`` ...) with a message that names the offending key, file or
   parameter, or :class:`CLIError`: :func:`main` turns these into the one-line form (exit 2)
-  for every subcommand; nothing per command. Other exceptions (bugs, a failing notebook)
-  keep their traceback, and Ctrl-C exits with 130 and one line;
+  for every subcommand; nothing per command. Other exceptions (bugs) keep their traceback;
+  Ctrl-C exits with 130 and one line (``report`` also shows a failing notebook as one line,
+  exit 1);
 * print results to stdout; progress and messages go through ``logging`` / tqdm (stderr).
 """
 
@@ -29,8 +31,6 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 
 __all__ = ["main", "build_parser", "CLIError", "USER_ERRORS", "positive_int", "nonnegative_int", "existing_file"]
-
-log = logging.getLogger(__name__)
 
 #: Exceptions that mean "bad input": :func:`main` prints them as one line and exits with 2.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, OSError)
@@ -45,7 +45,7 @@ class CLIError(Exception):
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line: ``acetools: error: <sub>: <message>``."""
 
-    def error(self, message: str):  # noqa: D401 - argparse API
+    def error(self, message: str):
         sub = self.prog.partition(" ")[2]
         where = f"{sub}: " if sub else ""
         hint = f" (see 'acetools {sub + ' ' if sub else ''}--help')"
@@ -134,10 +134,64 @@ def existing_file(text: str) -> str:
     return text
 
 
+def _add_output_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--debug`` / ``--quiet`` / ``--verbose``. Below the top level the defaults are SUPPRESS,
+    so ``acetools --debug report ...`` and ``acetools report ... --debug`` both work and a
+    subcommand never undoes a flag given before it."""
+    default = False if top else argparse.SUPPRESS
+    p.add_argument("--debug", action="store_true", default=default,
+                   help="show the full traceback of an error instead of one line")
+    v = p.add_mutually_exclusive_group()
+    v.add_argument("-q", "--quiet", action="store_true", default=default,
+                   help="only warnings and errors from the library; no progress bars")
+    v.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="the library's debug messages too")
+
+
+def _add_output_options_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)subcommand the output options, so a new ``add_parser`` block needs nothing
+    (:func:`main` calls this on :func:`build_parser`'s result)."""
+    for action in parser._actions:  # argparse keeps subcommands in a _SubParsersAction
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                if "--debug" not in sub._option_string_actions:
+                    _add_output_options(sub, top=False)
+                _add_output_options_everywhere(sub)
+
+
 def _folder_for_output(path: str | None, option: str) -> None:
-    """Fail before any work when an output folder cannot be one (an existing file)."""
-    if path is not None and os.path.exists(path) and not os.path.isdir(path):
-        raise CLIError(f"{option} {path!r} is a file, not a folder")
+    """Fail before any work when ``path`` cannot become a writable folder: it or a parent is
+    a file, or its nearest existing parent is not writable."""
+    if path is None:
+        return
+    p = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    if not os.path.isdir(p):
+        what = "is a file" if p == os.path.abspath(os.path.expanduser(path)) else f"is inside the file {p!r}"
+        raise CLIError(f"{option} {path!r} {what}, not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise CLIError(f"{option} {path!r}: no permission to write in {p!r}")
+
+
+def _check_split_sizes(suite: str, **wanted: int | None) -> None:
+    """``n_val=100`` etc. must not exceed any task's split (else the whole split would be used
+    while the results record the number asked for). Tasks whose sizes are not known up front
+    (online sources) are not checked."""
+    from .data import SUITES, get_task
+
+    for option, n in wanted.items():
+        if n is None:
+            continue
+        split = option.split("_", 1)[1]
+        for task in SUITES[suite]:
+            size = dict(get_task(task).sizes).get(split)
+            if size is not None and n > size:
+                raise CLIError(f"--{option.replace('_', '-')} {n} is more than task {task!r} of suite {suite!r} "
+                               f"has ({size} {split} images)")
 
 
 def _one_line(text: str) -> str:
@@ -178,6 +232,7 @@ def _zoo(args: argparse.Namespace, seed: int):
 def _cmd_zoo_build(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    _folder_for_output(args.root, "--root")
     if args.check:
         return _zoo_check(args)
     for seed in args.seeds:
@@ -219,6 +274,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .utils import atomic_write
 
     _folder_for_output(args.out, "--out")
+    _folder_for_output(args.root, "--root")
+    _check_split_sizes(args.suite, n_val=args.n_val, n_test=args.n_test)
     for seed in args.seeds:
         zoo = _zoo(args, seed).build(progress=not args.quiet)
         bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads, patience=args.patience)
@@ -256,9 +313,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
     def show(rec):
         print(f"{rec['notebook']:<24} {rec['seconds']:>7.1f} s  {rec.get('html', rec['executed'])}", flush=True)
 
-    recs = run_report(args.profile, only=args.only, parameters=params, out=args.out, figures=args.figures,
-                      notebooks=args.notebooks, html=not args.no_html, timeout=args.cell_timeout,
-                      start_timeout=args.start_timeout, on_result=show)
+    from papermill.exceptions import PapermillExecutionError
+
+    try:
+        recs = run_report(args.profile, only=args.only, parameters=params, out=args.out, figures=args.figures,
+                          notebooks=args.notebooks, html=not args.no_html, timeout=args.cell_timeout,
+                          start_timeout=args.start_timeout, on_result=show)
+    except PapermillExecutionError as err:  # a failing notebook: not a bad argument (exit 1), still one line
+        if args.debug:
+            raise
+        print(f"acetools: error: a notebook failed in cell [{err.exec_count}]: {err.ename}: {_one_line(err.evalue)} "
+              "(the partly executed notebook is in the build folder; run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
     print(f"{len(recs)} notebook(s) ran in {sum(r['seconds'] for r in recs):.0f} s ({args.profile} profile)")
     return 0
 
@@ -284,30 +351,11 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- the parser
-
-def _common() -> argparse.ArgumentParser:
-    """``--debug`` / ``--quiet`` / ``--verbose``, accepted before or after the subcommand.
-    In subcommands the defaults are SUPPRESS so they never undo a global flag; build one per
-    parser (argparse shares a parent's action objects, and ``set_defaults`` changes them)."""
-    c = _Parser(add_help=False)
-    c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show the full traceback of an error instead of one line")
-    v = c.add_mutually_exclusive_group()
-    v.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                   help="only warnings and errors from the library; no progress bars")
-    v.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                   help="the library's debug messages too")
-    return c
-
-
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.",
-                 parents=[_common()])
-    ap.set_defaults(debug=False, quiet=False, verbose=False)
+    ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
+    _add_output_options(ap, top=True)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    d = sub.add_parser("demo", parents=[_common()], help="merge small generated experts with every method and print a table")
+    d = sub.add_parser("demo", help="merge small generated experts with every method and print a table")
     d.add_argument("--tasks", type=positive_int, default=6, help="number of experts (default 6)")
     d.add_argument("--seed", type=nonnegative_int, default=0)
     d.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
@@ -325,16 +373,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-mtl", action="store_true", help="skip the multi-task reference model")
         p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
 
-    z = sub.add_parser("zoo", parents=[_common()], help="build the mini-world's base, heads and experts")
+    z = sub.add_parser("zoo", help="build the mini-world's base, heads and experts")
     zsub = z.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")
-    zb = zsub.add_parser("build", parents=[_common()], help="build (or load from the cache) a suite's zoo")
+    zb = zsub.add_parser("build", help="build (or load from the cache) a suite's zoo")
     world_args(zb)
     zb.add_argument("--check", action="store_true",
                     help="build nothing: list what is missing from the cache (exit 1 if anything is)")
     zb.set_defaults(func=_cmd_zoo_build)
 
-    b = sub.add_parser("bench", parents=[_common()],
-                       help="merge a zoo with methods, select coefficients on val, report test")
+    b = sub.add_parser("bench", help="merge a zoo with methods, select coefficients on val, report test")
     world_args(b)
     b.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
                    help="methods (default: all registered): %(choices)s")
@@ -346,8 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
     b.set_defaults(func=_cmd_bench)
 
-    r = sub.add_parser("report", parents=[_common()],
-                       help="run the course notebooks with papermill and render HTML reports")
+    r = sub.add_parser("report", help="run the course notebooks with papermill and render HTML reports")
     r.add_argument("--profile", choices=["quick", "full"], default="quick",
                    help="quick: fixture world, minutes (CI); full: the mini-world at its default size")
     r.add_argument("--only", nargs="+", default=None, metavar="NOTEBOOK",
@@ -366,13 +412,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--list", action="store_true", help="list the notebooks and exit")
     r.set_defaults(func=_cmd_report)
 
-    g = sub.add_parser("diagnose", parents=[_common()],
+    g = sub.add_parser("diagnose",
                        help="diagnose a base and its experts from their checkpoints: tables and an HTML report")
     g.add_argument("--base", required=True, help="base checkpoint (safetensors file, HF or open_clip folder, state dict)")
     g.add_argument("--experts", required=True, nargs="+", help="fine-tuned checkpoints, one per task")
     g.add_argument("--out", required=True, help="output folder: diagnose.html, the executed notebook, CSV tables")
-    g.add_argument("--layout", default="auto", choices=_Lazy(_layouts),
-                   help="layout preset (default auto: detected from the config or key names)")
+    g.add_argument("--layout", default="auto", choices=_Lazy(_layouts), metavar="LAYOUT",
+                   help="layout preset (default auto: detected from the config or key names): %(choices)s")
     g.add_argument("--names", nargs="+", default=None, help="one name per expert (default: the file names)")
     g.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3)")
     g.add_argument("--ace", action="store_true", help="also run ACE's closed form per matrix (W_pre's spectrum; slower)")
@@ -400,18 +446,21 @@ def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
     handler._acetools_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(level)
-    if quiet:
-        os.environ["ACETOOLS_PROGRESS"] = "0"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 ``zoo build --check`` found
     something missing, 2 bad argument, 130 interrupted)."""
+    parser = build_parser()
+    _add_output_options_everywhere(parser)  # every subcommand, whoever added it
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as stop:  # a bad argument (2, one line already printed) or --help (0)
         return stop.code if isinstance(stop.code, int) else 2
     configure_logging(quiet=args.quiet, verbose=args.verbose)
+    old_progress = os.environ.get("ACETOOLS_PROGRESS")
+    if args.quiet:  # no progress bars either (restored afterwards: main() may run inside a test or a notebook)
+        os.environ["ACETOOLS_PROGRESS"] = "0"
     try:
         return args.func(args)
     except (CLIError, *USER_ERRORS) as err:
@@ -424,6 +473,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("acetools: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if old_progress is None:
+            os.environ.pop("ACETOOLS_PROGRESS", None)
+        else:
+            os.environ["ACETOOLS_PROGRESS"] = old_progress
 
 
 if __name__ == "__main__":  # pragma: no cover

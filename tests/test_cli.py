@@ -55,6 +55,29 @@ def test_parse_errors_are_one_line(capsys, argv, needles):
     _one_line_error(capsys, argv, *needles)
 
 
+def test_every_subcommand_has_the_output_options():
+    import argparse
+
+    from acetools.cli import _add_output_options_everywhere, build_parser
+
+    def walk(p, path):
+        yield path, p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    yield from walk(sub, [*path, name])
+
+    parser = build_parser()
+    _add_output_options_everywhere(parser)  # as main() does
+    found = list(walk(parser, []))
+    assert len(found) >= 6
+    for path, p in found:
+        for opt in ("--debug", "--quiet", "--verbose"):
+            assert opt in p._option_string_actions, (path, opt)
+        if path:  # below the top, the flags never reset a global one
+            assert p._option_string_actions["--debug"].default is argparse.SUPPRESS
+
+
 def test_help_exits_zero(capsys):
     assert main(["report", "--help"]) == 0
     assert "--debug" in capsys.readouterr().out
@@ -123,6 +146,29 @@ def test_any_subcommand_gets_the_wrapper(capsys, monkeypatch):
         assert not line.startswith("acetools: error: \"")  # a KeyError's message, not its repr
 
 
+def test_ctrl_c_is_one_line_with_exit_130(capsys, monkeypatch):
+    import acetools.cli as C
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(C, "_cmd_demo", interrupted)
+    assert main(["demo"]) == 130
+    assert capsys.readouterr().err.strip() == "acetools: interrupted"
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    """Only bad input becomes one line; an unexpected exception is not hidden."""
+    import acetools.cli as C
+
+    def bug(args):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(C, "_cmd_demo", bug)
+    with pytest.raises(ZeroDivisionError):
+        main(["demo"])
+
+
 # ---------------------------------------------------------------- -p parsing and type checking
 def _notebook(folder, source):
     nb = nbformat.v4.new_notebook()
@@ -142,7 +188,7 @@ lr: float = 0.5  # a rate
 quick: bool = False  # fast
 name: str = "a"  # a name
 grid: list = [0.1, 0.2]  # a grid
-suites: list = ["x", "y"]  # suites
+names: list = ["x", "y"]  # names
 anything = 3  # no annotation
 """
 
@@ -150,7 +196,7 @@ anything = 3  # no annotation
 @pytest.mark.parametrize("raw,expected", [
     ({"seed": "3"}, {"seed": 3}), ({"lr": "1"}, {"lr": 1.0}), ({"lr": "2.5e-3"}, {"lr": 0.0025}),
     ({"quick": "True"}, {"quick": True}), ({"name": "3"}, {"name": "3"}), ({"name": "a b"}, {"name": "a b"}),
-    ({"grid": "[1, 0.5]"}, {"grid": [1.0, 0.5]}), ({"suites": "['p']"}, {"suites": ["p"]}),
+    ({"grid": "[1, 0.5]"}, {"grid": [1.0, 0.5]}), ({"names": "['p']"}, {"names": ["p"]}),
     ({"anything": "[1, 'z']"}, {"anything": [1, "z"]}), ({"anything": "text"}, {"anything": "text"}),
     ({"seed": 4, "lr": 3}, {"seed": 4, "lr": 3.0}),  # Python values from the library API
 ])
@@ -168,8 +214,8 @@ def test_check_parameters_parses_by_the_declared_type(tmp_path, raw, expected):
     ({"quick": "0"}, "'quick'.*bool.*True or False"),
     ({"grid": "0.1"}, "'grid'.*list"),
     ({"grid": "[0.1, 'a']"}, "'grid'.*elements must be float"),
-    ({"suites": "[x]"}, "'suites'.*list"),
-    ({"suites": "[1]"}, "'suites'.*elements must be str"),
+    ({"names": "[x]"}, "'names'.*list"),
+    ({"names": "[1]"}, "'names'.*elements must be str"),
     ({"name": 3}, "'name'.*str"),
 ])
 def test_check_parameters_rejects_wrong_types(tmp_path, raw, match):
@@ -226,7 +272,9 @@ def test_check_never_raises(capsys, monkeypatch):
 @pytest.mark.parametrize("flag,level", [([], logging.INFO), (["--quiet"], logging.WARNING),
                                         (["--verbose"], logging.DEBUG), (["-q"], logging.WARNING)])
 def test_quiet_and_verbose_set_the_library_level(capsys, monkeypatch, flag, level):
-    monkeypatch.delenv("ACETOOLS_PROGRESS", raising=False)
+    import os
+
+    monkeypatch.setenv("ACETOOLS_PROGRESS", "1")
     logger = logging.getLogger("acetools")
     old = logger.level, list(logger.handlers)
     try:
@@ -234,6 +282,9 @@ def test_quiet_and_verbose_set_the_library_level(capsys, monkeypatch, flag, leve
         assert logger.level == level
         assert main(["report", "--list", *flag]) == 0
         assert logger.level == level
+        assert os.environ["ACETOOLS_PROGRESS"] == "1"  # restored after --quiet
+        logging.getLogger("acetools.zoo").info("an info line")
+        assert ("an info line" in capsys.readouterr().err) == (level <= logging.INFO)
     finally:
         logger.setLevel(old[0])
         logger.handlers[:] = old[1]
@@ -249,3 +300,63 @@ def test_library_is_silent_without_configuration():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "should not show" not in res.stderr, res.stderr
     assert any(isinstance(h, logging.NullHandler) for h in logging.getLogger("acetools").handlers)
+
+
+def test_bad_cache_root_is_named_before_anything_is_built(capsys, tmp_path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    for cmd in (["zoo", "build"], ["zoo", "build", "--check"], ["bench"]):
+        _one_line_error(capsys, [*cmd, "--suite", "tiny", "--size", "micro", "--root", str(f / "cache")],
+                        "--root", "file.txt")
+
+
+def test_more_eval_images_than_a_split_has_is_an_error(capsys):
+    _one_line_error(capsys, ["bench", "--suite", "tiny", "--size", "micro", "--n-val", "100000"],
+                    "--n-val 100000", "tiny_", "val images")
+    _one_line_error(capsys, ["bench", "--suite", "tasks8", "--n-test", "5000"], "--n-test 5000", "test images")
+
+
+@pytest.mark.parametrize("param,needles", [
+    ("suite=nosuch", ["'suite'", "unknown suite 'nosuch'", "tasks8"]),
+    ("size=huge", ["'size'", "unknown size 'huge'", "small"]),
+])
+def test_registry_parameters_name_registered_things(capsys, param, needles):
+    _one_line_error(capsys, ["report", "--only", "00", "-p", param], *needles)
+
+
+def test_list_parameters_are_checked_element_by_element(capsys):
+    _one_line_error(capsys, ["report", "--only", "04", "-p", "suites=['tasks8', 'nosuch']"], "'suites'", "'nosuch'")
+    _one_line_error(capsys, ["report", "--only", "04", "-p", "sweep_method=nosuch"], "'sweep_method'", "method")
+
+
+def test_the_readme_report_commands_pass_the_checks(monkeypatch, tmp_path, capsys):
+    """README: `report --only 02 -p seed=1 -p quick=True` reaches papermill with typed values."""
+    import papermill as pm
+
+    seen = []
+
+    def fake(src, dst, parameters=None, **kw):
+        seen.append(parameters)
+        nbformat.write(nbformat.read(src, as_version=4), dst)
+
+    monkeypatch.setattr(pm, "execute_notebook", fake)
+    code = main(["report", "--only", "02", "-p", "seed=1", "-p", "quick=True", "--no-html", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    assert seen[0]["seed"] == 1 and seen[0]["quick"] is True
+
+
+def test_a_failing_notebook_is_one_line_with_exit_1(monkeypatch, tmp_path, capsys):
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    def fail(*a, **k):
+        raise PapermillExecutionError(3, 7, "x = 1/0", "ZeroDivisionError", "division by zero", [])
+
+    monkeypatch.setattr(pm, "execute_notebook", fail)
+    assert main(["report", "--only", "00", "--no-html", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("acetools: error")]
+    assert "Traceback" not in err and "running 00_quickstart" in err  # the INFO line says which notebook
+    assert len(lines) == 1 and "cell [7]" in lines[0] and "ZeroDivisionError: division by zero" in lines[0]
+    with pytest.raises(PapermillExecutionError):
+        main(["report", "--only", "00", "--no-html", "--out", str(tmp_path), "--debug"])

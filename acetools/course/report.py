@@ -17,6 +17,7 @@ Parameters a notebook does not declare are an error, not a warning (docs/style.m
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,8 @@ __all__ = [
     "UnknownParameterError",
     "ParameterTypeError",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The repository root (the parent of the ``acetools`` package).
 REPO = Path(__file__).resolve().parents[2]
@@ -164,11 +167,34 @@ def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: s
     return value
 
 
+def _known_values() -> dict[str, tuple[str, list[str]]]:
+    """Parameters whose values come from a library registry: name -> (what, allowed names).
+    A list parameter's elements are checked one by one."""
+    from ..data import SUITES
+    from ..merging import METHODS
+    from ..models import SIZES
+
+    suites, sizes, methods = list(SUITES), list(SIZES), list(METHODS)
+    return {"suite": ("suite", suites), "suites": ("suite", suites), "ablation_suites": ("suite", suites),
+            "size": ("size", sizes), "sweep_method": ("method", methods)}
+
+
+def _check_known_value(name: str, value: Any, notebook: str) -> None:
+    known = _known_values().get(name)
+    if known is None:
+        return
+    what, allowed = known
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(v, str) and v not in allowed:
+            raise ParameterTypeError(f"parameter {name!r} of {notebook}: unknown {what} {v!r}; {what}s: {allowed}")
+
+
 def check_parameters(paths: Sequence[str | os.PathLike], parameters: Mapping[str, Any]) -> dict[str, Any]:
     """Check ``parameters`` against every notebook in ``paths`` before anything runs: each name
     must be declared by each notebook (:class:`UnknownParameterError`) and each value must
-    match its annotation (:func:`coerce_parameter`; :class:`ParameterTypeError`). Returns the
-    typed values (strings parsed as literals where the parameter is not a ``str``)."""
+    match its annotation (:func:`coerce_parameter`; :class:`ParameterTypeError`) and, for the
+    suite, size and method parameters, name a registered one. Returns the typed values
+    (strings parsed as literals where the parameter is not a ``str``)."""
     out: dict[str, Any] = dict(parameters)
     for path in paths:
         path = Path(path)
@@ -179,6 +205,7 @@ def check_parameters(paths: Sequence[str | os.PathLike], parameters: Mapping[str
                 f"{path.stem} has no parameter(s) {unknown}; its parameters are {sorted(declared)}")
         for name, value in parameters.items():
             out[name] = coerce_parameter(name, value, declared[name], path.stem)
+            _check_known_value(name, out[name], path.stem)
     return out
 
 
@@ -276,6 +303,7 @@ def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
         params = {**PROFILES[profile], "figures_dir": str(figures / path.stem), **dict(parameters or {})}
         declared = notebook_parameters(path)
         params = {k: v for k, v in params.items() if k in declared or k in (parameters or {})}
+        log.info("running %s (%s profile) into %s", path.stem, profile, out)
         rec = run_notebook(path, out, params, html=html, timeout=timeout, start_timeout=start_timeout)
         rec["profile"] = profile
         records.append(rec)
