@@ -10,6 +10,17 @@ weights are in x out; the layout says so, :mod:`acetools.layouts`).
 - :func:`esm_names`: ESM's target layers and Step-C layer types in a layout's names;
 - :func:`esm_activations`: the activations, keyed by weight key;
 - :func:`merge_esm`: capture and merge in one call, returning the merged state dict.
+
+For example, three GPT-2 experts on disk and a few proxy token batches per task::
+
+    from transformers import GPT2LMHeadModel
+    from acetools.esm_inputs import merge_esm
+
+    factory = lambda: GPT2LMHeadModel.from_pretrained("base/")        # the architecture
+    merged = merge_esm("base/model.safetensors", ["a.safetensors", "b.safetensors", "c.safetensors"],
+                       lambda t: proxy_ids[t], factory=factory, layout="gpt2", alpha=1.0)
+
+ESM uses the activations of each *fine-tuned* model (docs/methods.md §ESM); the base only gives W0.
 """
 
 from __future__ import annotations
