@@ -131,3 +131,23 @@ def test_open_clip_encoder_in_one_call_equals_capture_then_merge():
     assert set(merged) == set(ref)
     for k in ref:
         torch.testing.assert_close(merged[k], ref[k])
+
+
+def test_files_give_the_same_activations_and_merge_as_modules(tmp_path):
+    from safetensors.torch import save_file
+
+    base, experts = zoo(gpt2_factory, n=2)
+    paths = []
+    for i, m in enumerate([base, *experts]):
+        paths.append(tmp_path / f"m{i}.safetensors")
+        save_file({k: v.clone().contiguous() for k, v in m.state_dict().items()}, str(paths[-1]))
+    a = esm_activations([str(p) for p in paths[1:]], ids_for, factory=gpt2_factory, layout="gpt2")
+    b = esm_activations(experts, ids_for, layout="gpt2")
+    assert a.keys() == b.keys()
+    for k in a:
+        for x, y in zip(a[k], b[k]):
+            torch.testing.assert_close(x, y)
+    m_files = merge_esm(str(paths[0]), [str(p) for p in paths[1:]], ids_for, factory=gpt2_factory, layout="gpt2")
+    m_mods = merge_esm(base, experts, ids_for, layout="gpt2")
+    for k in m_mods:
+        torch.testing.assert_close(m_files[k], m_mods[k])
