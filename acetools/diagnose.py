@@ -282,7 +282,8 @@ def diagnose(
     runs ACE's closed form per matrix for W̄_pre's top-5 % energy (slower: a d_in x d_in
     solve per matrix). ``keys``: restrict to these keys. ``max_singular_values``: how many
     leading singular values per task and matrix go into ``spectra`` (None: all). Non-float
-    buffers and tied aliases are skipped.
+    buffers are skipped, and so are tied aliases (GPT-2's ``lm_head``) that equal their
+    canonical key in every model.
     """
     from .layouts import get_layout
     from .merging.ace import heterogeneity
@@ -311,7 +312,7 @@ def diagnose(
         iu = torch.triu_indices(T, T, 1)
         for key in progress(chosen, desc="diagnose", enabled=show_progress):
             shape, dtype = src.shape_dtype(key)
-            if not dtype.is_floating_point or key in lay.tied:
+            if not dtype.is_floating_point or (key in lay.tied and _still_tied(key, lay.tied[key], [src, *exs])):
                 continue
             for e in exs:
                 es, _ = e.shape_dtype(key)
@@ -416,6 +417,11 @@ def diagnose(
     d.summary = _summary(d)
     log.info("diagnose: %d matrices of %d tasks in %.1f s", len(layers), T, meta["seconds"])
     return d
+
+
+def _still_tied(alias: str, canon: str, models: Sequence[_Source]) -> bool:
+    """A layout's tie is a candidate: the alias is skipped only if it equals its canonical key in every model."""
+    return all(canon in m.keys() and torch.equal(m.get(alias), m.get(canon)) for m in models)
 
 
 def _meta(shape, dtype):

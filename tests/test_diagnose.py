@@ -130,6 +130,8 @@ def test_gpt2_layout_canonical_orientation_and_tied_keys_skipped():
     assert L.loc["transformer.h.0.attn.c_attn.weight", "orientation"] == "in_out"
     assert "lm_head.weight" not in set(d.norms["key"]) and "transformer.wte.weight" not in set(L.index)
     assert L.loc["transformer.h.0.attn.c_attn.weight", "tsv_k"] == 16 // 2
+    experts[1]["lm_head.weight"] = experts[1]["lm_head.weight"] + 0.01  # untied in one expert: reported
+    assert "lm_head.weight" in set(diagnose(base, experts, layout="gpt2").norms["key"])
 
 
 def test_files_equal_state_dicts_and_save_load(world, diag, tmp_path):
