@@ -182,6 +182,10 @@ def test_references_resolve(path):
     for m in re.finditer(r"\(([A-Za-z][\w-]*)\.(\d+)\)", flat):
         if m.group(1) in prefixes and f"{m.group(1)}.{m.group(2)}" not in defined:
             problems.append(f"equation ({m.group(1)}.{m.group(2)}) is not defined in docs/methods.md")
+    sources = (DOCS / "methods.md").read_text(encoding="utf-8")
+    for tag in set(re.findall(r"\[(?:[A-Z]+-(?:code|notes|table|arXiv)|FB|MK)\]", flat)):
+        if f"| {tag} |" not in sources:
+            problems.append(f"source tag {tag} is not defined in docs/methods.md §Sources")
     assert not problems, f"{path.relative_to(ROOT)}:\n" + "\n".join(problems)
 
 
