@@ -6,25 +6,29 @@ measurement. A notebook that measures a claim calls :func:`record`, which writes
 measurement and a verdict into ``<figures_dir>/claims.json``; ``05_claims`` gathers every
 notebook's file with :func:`collect` and shows one table, listing claims nobody measured.
 
-Verdicts (:data:`VERDICTS`): ``reproduced``, ``partly``, ``not reproduced``, and
-``not testable here`` (the claim needs models or data this toolkit does not have, e.g.
-GPT-2 on GLUE); each comes with a one-line reason.
+Verdicts (:data:`VERDICTS`, from :mod:`acetools.course.verdicts`): ``reproduced``,
+``partly``, ``not reproduced``, and ``not testable here`` (the claim needs models or data
+this toolkit does not have, e.g. GPT-2 on GLUE); each comes with a one-line reason. A
+lesson's check returns a :class:`~acetools.course.verdicts.Verdict`, which :func:`record`
+stores as it is.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..utils import atomic_write
+from .verdicts import VERDICTS, Verdict
 
 __all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "collect", "claims_table"]
 
-VERDICTS = ("reproduced", "partly", "not reproduced", "not testable here")
+log = logging.getLogger("acetools.course.claims")
 
 
 @dataclass(frozen=True)
@@ -114,17 +118,28 @@ def claim(claim_id: str) -> Claim:
         raise KeyError(f"unknown claim id {claim_id!r}; valid ids: {sorted(_BY_ID)}") from None
 
 
-def record(figures_dir: str | os.PathLike, claim_id: str, measured: str, verdict: str, reason: str,
-           **numbers: Any) -> dict[str, Any]:
-    """Store our measurement of ``claim_id`` in ``<figures_dir>/claims.json`` and print the verdict.
+def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdict, verdict: str | None = None,
+           reason: str | None = None, **numbers: Any) -> dict[str, Any]:
+    """Store our measurement of ``claim_id`` in ``<figures_dir>/claims.json`` and show the verdict.
 
-    ``measured``: the measurement in words with its numbers; ``verdict`` one of
-    :data:`VERDICTS`; ``reason``: why (one line); ``numbers``: the raw values (JSON-able).
-    Re-recording a claim replaces its entry. Returns the entry.
+    Either ``record(fig_dir, claim_id, v, **extra)`` with a
+    :class:`~acetools.course.verdicts.Verdict` ``v`` (``extra`` numbers are stored beside
+    ``v.numbers``), or ``record(fig_dir, claim_id, measured, verdict, reason, **numbers)``
+    with ``measured`` the measurement in words with its numbers, ``verdict`` one of
+    :data:`VERDICTS`, ``reason`` why (one line) and ``numbers`` the raw values (JSON-able).
+    Re-recording a claim replaces its entry. The verdict is shown once, as one wrapped line
+    (Markdown in a notebook, the log elsewhere). Returns the entry.
     """
     c = claim(claim_id)
+    if isinstance(measured, Verdict):
+        if verdict is not None or reason is not None:
+            raise TypeError("record(fig_dir, claim_id, Verdict, **numbers) takes no verdict= or reason=")
+        v = measured
+        measured, verdict, reason, numbers = v.measured, v.verdict, v.reason, {**v.numbers, **numbers}
     if verdict not in VERDICTS:
         raise ValueError(f"verdict {verdict!r} must be one of {VERDICTS}")
+    if reason is None:
+        raise TypeError(f"record({claim_id!r}): a reason is required")
     folder = Path(figures_dir)
     path = folder / "claims.json"
     entries = json.loads(path.read_text()) if path.is_file() else {}
@@ -134,8 +149,29 @@ def record(figures_dir: str | os.PathLike, claim_id: str, measured: str, verdict
     entries[c.id] = entry
     with atomic_write(path, "w") as fh:
         json.dump(entries, fh, indent=1, sort_keys=True, default=str)
-    print(f"[{verdict}] {c.id}: {measured} — {reason}")
+    show(entry)
     return entry
+
+
+def show(entry: dict[str, Any]) -> None:
+    """Show a recorded verdict once: a Markdown line in a notebook (it wraps at word
+    boundaries), the ``acetools.course.claims`` log elsewhere."""
+    text = f"[{entry['verdict']}] {entry['id']}: {entry['measured']} — {entry['reason']}"
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:  # pragma: no cover - IPython is a course dependency
+        shell = None
+    if shell is None:
+        log.info(text)
+        return
+    from IPython.display import Markdown, display
+
+    def esc(s: str) -> str:
+        return s.replace("*", "\\*").replace("_", "\\_").replace("<", "&lt;")
+
+    display(Markdown(f"**{entry['verdict']}** · `{entry['id']}`: {esc(entry['measured'])} — *{esc(entry['reason'])}*"))
 
 
 def collect(figures_root: str | os.PathLike) -> dict[str, dict[str, Any]]:
