@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..diagnostics import condition_number, effective_rank, energy_fraction, layer_type
 from ..merging import ace as A
+from ..merging import task_vectors
 from ..merging._linalg import thin_svd
 from .verdicts import NOISE, TIE, Verdict, agreement, compare, threshold
 
@@ -70,6 +71,7 @@ __all__ = [
     "Ablation",
     "run_ablation",
     "ablation_effects",
+    "ablation_over_suites",
     "verdict_gamma",
     "verdict_normalization",
     "verdict_csp",
@@ -576,6 +578,40 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
 
 def _fmt(hp: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in hp.items()) or "defaults"
+
+
+def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: int, quick: bool, device: str,
+                         hparams: Mapping[str, Any], tau: float = TAU, patience: int | None = None
+                         ) -> tuple[Ablation, dict[str, float], Any]:
+    """:func:`run_ablation` on every suite of ``suites`` (notebook 02's section 4).
+
+    ``main``: ``(suite, zoo, bench, gamma_table)`` already built for one suite (reused, not
+    rebuilt); every other suite's world is built (or loaded from the cache) at ``size`` and
+    ``seed`` and released after its ablation. Returns the concatenated :class:`Ablation`, the
+    share of flagged matrices per suite (gamma > ``tau``) and a table ``suite, tasks,
+    flagged (%), seconds``.
+    """
+    import pandas as pd
+
+    from . import world as course
+
+    parts, flagged, rows = [], {}, []
+    main_suite, main_zoo, main_bench, main_gt = main
+    for s in suites:
+        if s == main_suite:
+            z, b, g = main_zoo, main_bench, main_gt
+        else:
+            z = course.world(s, size, seed=seed, quick=quick, device=device)
+            b = course.benchmark(z, quick=quick, patience=patience)
+            g = gamma_table(task_vectors(b.base, b.experts), tau=tau)
+        name = z.suite or s
+        flagged[name] = float(g.flag.mean())
+        t0 = time.perf_counter()
+        parts.append(run_ablation(b, hparams=hparams, suite=name))
+        rows.append({"suite": name, "tasks": len(z.tasks), "flagged (%)": 100 * flagged[name],
+                     "seconds": time.perf_counter() - t0})
+        del z, b, g
+    return Ablation.concat(parts), flagged, pd.DataFrame(rows)
 
 
 def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float]) -> dict[str, list[dict[str, Any]]]:

@@ -45,6 +45,7 @@ __all__ = [
     "vit_width_checks",
     "rank_agreement_table",
     "method_ranks",
+    "method_means",
     "wudi_lr_summary",
 ]
 
@@ -548,7 +549,7 @@ def rank_agreement_table(data: BenchmarkData) -> pd.DataFrame:
     column a suite is compared with: one row per (suite, table)."""
     rows = []
     for (table, s), col in data.paper_cols.items():
-        ours = _method_means(data.agg, s)
+        ours = method_means(data.agg, s)
         ra = rank_agreement(ours, col)
         rows.append({"suite": s, "table": table, "column": col.name, "n_methods": ra["n"], "tau": ra["tau"],
                      "p_value": ra["p_value"], "discordant pairs": ra["discordant"],
@@ -556,7 +557,8 @@ def rank_agreement_table(data: BenchmarkData) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _method_means(agg: pd.DataFrame, suite: str, metric: str = "test_normalized") -> pd.Series:
+def method_means(agg: pd.DataFrame, suite: str, metric: str = "test_normalized") -> pd.Series:
+    """``metric`` of every merge method (no reference rows) on ``suite``, from :func:`aggregate`."""
     return agg[(agg["suite"] == suite) & (agg["kind"] == "method")].set_index("method")[metric]
 
 
@@ -566,7 +568,7 @@ def method_ranks(agg: pd.DataFrame, methods: Sequence[str] = ("ace", "esm"), *,
     the better rank) of each of ``methods`` among all merge methods."""
     rows = []
     for s in _suites(agg, None):
-        a = _method_means(agg, s, metric)
+        a = method_means(agg, s, metric)
         if a.empty:
             continue
         row: dict[str, Any] = {"suite": s, "T": int(agg.loc[agg["suite"] == s, "n_tasks"].iloc[0]),

@@ -73,6 +73,7 @@ __all__ = [
     "run_esm",
     "run_ablation",
     "runs_table",
+    "ablation_table",
     "ablation_text",
     "essential_components",
     "load_components",
@@ -552,6 +553,11 @@ def runs_table(runs: Sequence[Any], **columns: Any) -> pd.DataFrame:
                      "test_acc": s["test_acc"], "test_normalized": s["test_normalized"],
                      "merge_seconds": s["merge_seconds"]})
     return pd.DataFrame(rows)
+
+
+def ablation_table(ablation: Mapping[str, Sequence[Any]]) -> pd.DataFrame:
+    """:func:`runs_table` of every suite's ablation runs (``{suite: runs}``), with a ``suite`` column."""
+    return pd.concat([runs_table(runs, suite=s) for s, runs in ablation.items()], ignore_index=True)
 
 
 def ablation_text(acc: pd.DataFrame, rows: Sequence[str]) -> str:
