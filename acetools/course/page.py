@@ -95,8 +95,8 @@ def table(df: Any, digits: int | Mapping[str, int | str] = 2, *, caption: str | 
     for c in numeric:
         d = digits.get(c, 2) if isinstance(digits, Mapping) else digits
         fmt[c] = d if isinstance(d, str) else f"{{:.{int(d)}f}}"
-    if isinstance(digits, Mapping):
-        fmt.update({c: (f if isinstance(f, str) else f"{{:.{int(f)}f}}") for c, f in digits.items() if c in df.columns})
+    if isinstance(digits, Mapping):  # explicit format strings apply to any column; digits to float columns only
+        fmt.update({c: f for c, f in digits.items() if c in df.columns and isinstance(f, str)})
     def text(v: Any) -> Any:
         return na if v is None or (isinstance(v, float) and np.isnan(v)) else v
 

@@ -711,7 +711,8 @@ def verdict_theorem1(regime: pd.DataFrame, curves: pd.DataFrame, adam: pd.DataFr
                 f"overlap {overlap:.3f}, isotropic guess {identity:.3f}); after {last} steps {converged:.3f}; "
                 f"Adam {cos_adam:.3f}; 2-layer ReLU after {last} steps {relu:.3f}")
     reason = (f"threshold {COSINE_REPRODUCED} (partly {COSINE_PARTLY}) on the median cosine in the Theorem's regime; "
-              + ("there the estimate tracks Σ² more closely than Σ (the first-order prediction); " if cos_sq > cos else "")
+              + ("there the estimate tracks Σ² more closely than Σ (the first-order prediction); "
+                 if cos_sq > cos else "")
               + f"it falls to {converged:.2f} when the expert converges (isotropic guess {identity:.2f})")
     nums = {"cosine": cos, "cosine_sq": cos_sq, "subspace_overlap": overlap, "identity_cosine": identity,
             "cosine_converged": converged, "cosine_adam": cos_adam, "cosine_relu": relu, "steps": steps}

@@ -308,7 +308,8 @@ def test_verdicts_pass_the_papers_own_numbers():
     assert AC.verdict_gamma(pd.DataFrame({"gamma": [0.2] * 10})).verdict == "reproduced"
     paper = pd.DataFrame({"top_energy_pre": [0.99, 0.995], "cond_pre": [9e5, 1e6], "cond_pre_trim": [9e5, 1e6]})
     assert AC.verdict_spectrum(paper).verdict == "reproduced"
-    d = pd.DataFrame({"cos_sum": [1.0, 0.99], "cos_fused": [1.0, 1.0], "cos_experts": [0.5, 0.6], "cos_random": [0.1, 0.1]})
+    d = pd.DataFrame({"cos_sum": [1.0, 0.99], "cos_fused": [1.0, 1.0], "cos_experts": [0.5, 0.6],
+                      "cos_random": [0.1, 0.1]})
     assert AC.verdict_direction(d).verdict == "reproduced"
 
 
@@ -349,7 +350,7 @@ def test_verdict_spectrum_and_direction():
     assert AC.verdict_spectrum(t).verdict == "reproduced"
     t2 = t.assign(cond_pre_trim=[10.0, 20.0])
     r = AC.verdict_spectrum(t2)
-    v, reason, nums = r.verdict, r.reason, r.numbers
+    v, nums = r.verdict, r.numbers
     assert v == "partly" and nums["median_cond_raw"] == 1e16
     assert AC.verdict_spectrum(t2.assign(top_energy_pre=[0.5, 0.6])).verdict == "not reproduced"
     d = pd.DataFrame({"cos_sum": [0.95, 0.92], "cos_fused": [1.0, 1.0], "cos_experts": [0.5, 0.6], "cos_random": [0.1, 0.1]})
