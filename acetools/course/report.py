@@ -205,6 +205,9 @@ _BAD = {
     "traceback": re.compile(r"Traceback \(most recent call last\)|[A-Za-z]+Error: |jp-OutputArea-output[^>]*"
                             r"application/vnd\.jupyter\.stderr"),
 }
+#: A Python list or numpy array printed as such (``['a', 'b']``, ``[2]``, ``[1.14 1.05]``), in printed output.
+_ITEM = r"(?:&#x27;[^&]*&#x27;|'[^']*'|-?\d+(?:\.\d+)?(?:e-?\d+)?)"
+_LIST_REPR = re.compile(rf"\[{_ITEM}(?:,? +{_ITEM})*\]")
 #: A verdict line as :func:`acetools.course.claims.show` renders it, and as plain text.
 _VERDICT_LINE = re.compile(r"</strong> · <code>([a-z0-9_]+\.[a-z0-9_]+)</code>:")
 _VERDICT_TEXT = re.compile(r"\[(?:reproduced|partly|not reproduced|not testable here)\] ([a-z0-9_]+\.[a-z0-9_]+):")
@@ -213,7 +216,8 @@ _VERDICT_TEXT = re.compile(r"\[(?:reproduced|partly|not reproduced|not testable 
 def check_html(path: str | os.PathLike) -> list[str]:
     """What a reader could not trust in a rendered report: one message per problem (``[]``:
     none). Checks for ``NaN`` (or ``None``) table cells, the default alt text of a figure, raw
-    dict reprs, tracebacks and error output, and a claim's verdict shown more than once."""
+    dict reprs, list or array reprs in printed output, tracebacks and error output, and a claim's
+    verdict shown more than once."""
     html = Path(path).read_text()
     # the embedded figures are base64: leave them out of the text checks
     text = re.sub(r'src="data:image/[^"]*"', 'src=""', html)
@@ -223,6 +227,10 @@ def check_html(path: str | os.PathLike) -> list[str]:
         hits = pat.findall(text)
         if hits:
             problems.append(f"{Path(path).name}: {what} ×{len(hits)}: {str(hits[0])[:80]!r}")
+    pre = "\n".join(re.findall(r"<pre[^>]*>(.*?)</pre>", text, flags=re.S))  # printed output
+    lists = _LIST_REPR.findall(pre)
+    if lists:
+        problems.append(f"{Path(path).name}: raw list or array repr ×{len(lists)}: {lists[0][:80]!r}")
     ids = _VERDICT_LINE.findall(text) + _VERDICT_TEXT.findall(text)
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:

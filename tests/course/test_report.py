@@ -130,11 +130,12 @@ def test_check_html_finds_what_a_reader_cannot_trust(tmp_path):
                     '<img alt="No description has been provided for this image" src="data:image/png;base64,AAA">'
                     "<pre>Traceback (most recent call last):\nValueError: x</pre>"
                     "<p><strong>partly</strong> · <code>ace.csp</code>: a — b</p>"
-                    "<pre>[partly] ace.csp: a — b</pre>")
+                    "<pre>[partly] ace.csp: a — b</pre><pre>k = [2, 3]; names [&#x27;a&#x27;, &#x27;b&#x27;]</pre>")
     problems = "\n".join(check_html(page))
-    for what in ("NaN cell", "raw dict repr", "default alt text", "traceback", "more than once: ['ace.csp']"):
+    for what in ("NaN cell", "raw dict repr", "default alt text", "traceback", "more than once: ['ace.csp']",
+                 "raw list or array repr ×2"):
         assert what in problems
     ok = tmp_path / "ok.html"
     ok.write_text("<table><tr><td>—</td><td>1.00</td></tr></table><p><strong>partly</strong> · <code>ace.csp</code>: "
-                  "a — b</p><p>a set {x: y} in prose is fine</p>")
+                  "a — b</p><p>a set {x: y} in prose is fine</p><pre>ours a > b [seeds 0.32..0.53]</pre>")
     assert check_html(ok) == []
