@@ -17,7 +17,7 @@ here, so that a reader learns one rule:
   :func:`threshold` (a value against a reproduced / partly threshold).
 
 Each lesson's ``verdict_*`` / ``assess_*`` functions state their thresholds against the
-paper's own number (see their docstrings, and ``docs/course.md §claims``); a rule that the
+paper's own number (see their docstrings, and ``docs/course.md §Claim rules``); a rule that the
 paper's own table would fail is a wrong rule, and the tests check each rule on the paper's
 numbers (``tests/course/test_verdicts.py`` and the lessons' tests).
 """
