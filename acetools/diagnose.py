@@ -232,6 +232,13 @@ def _spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     return S, Uk, Vk
 
 
+def _nanmean(values) -> float:
+    """Mean of the finite values; NaN (without a warning) when there are none."""
+    a = np.asarray(values, dtype=float)
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if a.size else math.nan
+
+
 def _energy_share(S: Tensor, k: int) -> float:
     tot = float((S ** 2).sum())
     return float((S[:k] ** 2).sum()) / tot if tot > 0 and k > 0 else math.nan
@@ -378,11 +385,11 @@ def diagnose(
                 "energy_max": float(energies.max()),
                 "log_energy_mean": float(logs.mean()), "log_energy_sd": float(logs.std(unbiased=False)) if T > 1 else 0.0,
                 "gamma": gamma, "flag": gamma > tau, "gate": "on" if gamma > tau else "off",
-                "tsv_k": k, "energy_topk": float(np.nanmean(e_topk)), "energy_top5": float(np.nanmean(e_top5)),
+                "tsv_k": k, "energy_topk": _nanmean(e_topk), "energy_top5": _nanmean(e_top5),
                 "effective_rank": float(np.mean(eff)),
                 "overlap_topk": float(np.mean(overlaps)) if overlaps else math.nan,
                 "overlap_random": (k / d_out + k / d_in) / 2 if k > 0 else math.nan,
-                "cosine_mean": float(np.nanmean(cos_pairs)) if cos_pairs else math.nan,
+                "cosine_mean": _nanmean(cos_pairs),
                 "sum_energy_ratio": float(Gk.sum()) / tot if tot > 0 else math.nan,
             }
             if ace:
@@ -447,9 +454,9 @@ def _summary(d: Diagnosis) -> pd.DataFrame:
         "spread of the tasks' log-energies (Eq. 7 of ACE-Merging); CLIP ViTs: < 0.25")
     row("ace_gated_fraction", f"matrices ACE gates (γ > τ = {d.meta['tau']})", 100 * L["flag"].mean(), "%",
         "share of matrices where ACE normalises the covariances and refines the spectrum")
-    row("cosine_mean", "task-vector cosine (mean off the diagonal)", np.nanmean(off), "",
+    row("cosine_mean", "task-vector cosine (mean off the diagonal)", _nanmean(off), "",
         "≈ 0: nearly orthogonal task vectors, the usual case for fine-tunes of one base")
-    row("cosine_max", "task-vector cosine (max off the diagonal)", np.nanmax(off) if np.isfinite(off).any() else math.nan,
+    row("cosine_max", "task-vector cosine (max off the diagonal)", float(np.max(off[np.isfinite(off)])) if np.isfinite(off).any() else math.nan,
         "", "a large value names two experts that moved the same way (they reinforce in task arithmetic)")
     row("sum_energy_ratio", "‖Σ_t τ_t‖² / Σ_t ‖τ_t‖² (median over matrices)", L["sum_energy_ratio"].median(), "",
         f"1 for orthogonal task vectors, T = {T} for identical ones; between, how much they add up")

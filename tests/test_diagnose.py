@@ -113,6 +113,18 @@ def test_identical_experts_overlap_fully_and_add_up():
     assert (d.layers["gamma"] == 0).all()
 
 
+def test_one_expert_leaves_pairwise_signals_undefined_without_warnings():
+    import warnings
+
+    base, experts = make_world(n_tasks=1, seed=2, rank=64, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d = diagnose(base, experts, layout="open_clip")
+    s = d.summary.set_index("metric")["value"]
+    assert math.isnan(s["cosine_mean"]) and math.isnan(s["overlap_topk"])
+    assert s["trunc_energy"] == pytest.approx(100.0)  # T = 1: k = r keeps everything
+
+
 def test_gpt2_layout_canonical_orientation_and_tied_keys_skipped():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -259,6 +271,9 @@ def test_report_renders_at_tiny_size_through_the_cli(world, tmp_path, capsys):
     executed = json.loads((out / "diagnose.ipynb").read_text())
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
     assert not [o for o in outputs if o["output_type"] == "error" or o.get("name") == "stderr"]
+    from acetools.course.report import check_html  # the course's checks of a rendered page
+
+    assert check_html(out / "diagnose.html") == []
     for name in ("size", "cosine", "gamma", "spectra", "overlap"):
         assert (out / f"{name}.png").is_file()
     assert (out / "layers.csv").is_file()
@@ -267,4 +282,3 @@ def test_report_renders_at_tiny_size_through_the_cli(world, tmp_path, capsys):
 def test_run_report_rejects_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         run_report(tmp_path / "base.safetensors", [tmp_path / "e.safetensors"], tmp_path / "out")
-    assert math.isfinite(0.0)
