@@ -32,10 +32,10 @@ __all__ = [
     "parse_parameter",
     "check_parameters",
     "coerce_parameter",
+    "ParameterTypeError",
     "run_notebook",
     "run_report",
     "UnknownParameterError",
-    "ParameterTypeError",
 ]
 
 log = logging.getLogger(__name__)
