@@ -425,7 +425,9 @@ class Benchmark:
 def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
     """Mean, standard deviation, min and max over expert seeds of every method's summary
     row, read from the ``<suite>_<size>_seed<k>_summary.csv`` files in ``folder``
-    (written by :meth:`Benchmark.save`). Methods keep their first file's order."""
+    (written by :meth:`Benchmark.save`). Methods keep their first file's order. The means
+    and sds are :func:`acetools.results.aggregate`'s (one aggregation in acetools); this adds
+    the min / max and reads the summary files alone."""
     import re
 
     folder = Path(folder)
@@ -440,15 +442,17 @@ def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
         raise FileNotFoundError(f"no {suite}_{size}_seed*_summary.csv in {folder}; run `acetools bench "
                                 f"--suite {suite} --size {size} --out {folder}` first")
     df = pd.concat(frames, ignore_index=True)
-    order = list(dict.fromkeys(df["method"]))
-    agg = df.groupby("method", sort=False).agg(
-        n_seeds=("seed", "nunique"),
-        test_acc=("test_acc", "mean"), test_acc_sd=("test_acc", "std"),
-        test_normalized=("test_normalized", "mean"), test_normalized_sd=("test_normalized", "std"),
-        test_normalized_min=("test_normalized", "min"), test_normalized_max=("test_normalized", "max"),
-        coef_mean=("coef", "mean"), merge_seconds=("merge_seconds", "mean"),
-    )
-    return agg.reindex(order).reset_index()
+    from .results import REFERENCES, aggregate  # the one aggregation over seeds
+
+    summary = df.assign(suite=suite, n_tasks=math.nan,
+                        kind=np.where(df["method"].isin(REFERENCES), "reference", "method"))
+    agg = aggregate(summary).set_index("method")
+    span = df.groupby("method", sort=False)["test_normalized"].agg(["min", "max"])
+    out = pd.DataFrame({"n_seeds": agg["n_seeds"], "test_acc": agg["test_acc"], "test_acc_sd": agg["test_acc_sd"],
+                        "test_normalized": agg["test_normalized"], "test_normalized_sd": agg["test_normalized_sd"],
+                        "test_normalized_min": span["min"], "test_normalized_max": span["max"],
+                        "coef_mean": agg["coef"], "merge_seconds": agg["merge_seconds"]})
+    return out.rename_axis("method").reset_index()
 
 
 def wudi_step_size(bench: Benchmark, lrs: Sequence[float] = (1e-5, 1e-4, 1e-3), *, steps: int = 300,

@@ -225,9 +225,10 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
     """Mean and standard deviation over seeds per (suite, method): columns ``suite, n_tasks,
     method, kind, n_seeds``, ``<metric>`` and ``<metric>_sd`` for test_acc, test_normalized,
     val_normalized, merge_seconds (those present), and ``coef`` (mean). Order: suites and
-    methods as first seen. The sd is NaN with one seed."""
+    methods as first seen. The sd is NaN with one seed. The one aggregation over seeds in
+    acetools (:func:`acetools.benchmark.aggregate_seeds` uses it for the CLI's table)."""
     keys = ["suite", "n_tasks", "method", "kind"]
-    g = summary.groupby(keys, sort=False)
+    g = summary.groupby(keys, sort=False, dropna=False)  # n_tasks may be unknown (NaN): keep those rows
     out = g.agg(n_seeds=("seed", "nunique"))
     out["coef"] = g["coef"].mean() if "coef" in summary.columns else math.nan
     for m in _METRICS:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,6 +37,8 @@ __all__ = [
     "run_notebook",
     "run_report",
     "UnknownParameterError",
+    "render_html",
+    "check_html",
 ]
 
 log = logging.getLogger(__name__)
@@ -261,20 +264,101 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
     return rec
 
 
+def _image_alts(nb) -> dict[str, str]:
+    """The alt text of every PNG output of an executed notebook, keyed by its base64 data:
+    the figure's title (``metadata["image/png"]["alt"]``, set by
+    :func:`acetools.course.page.setup`), else the heading of the section it is in."""
+    alts: dict[str, str] = {}
+    section = nb.metadata.get("title", "") or "the notebook"
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            heads = [ln.lstrip("#").strip() for ln in cell.source.splitlines() if ln.startswith("#")]
+            section = heads[-1] if heads else section
+            continue
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/png" in data:
+                alt = out.get("metadata", {}).get("image/png", {}).get("alt")
+                alts["".join(str(data["image/png"]).split())] = alt or f"Figure of the section {section}"
+    return alts
+
+
 def render_html(executed: str | os.PathLike) -> Path:
-    """``jupyter nbconvert --to html --no-input`` of an executed notebook, next to it."""
+    """``jupyter nbconvert --to html --no-input`` of an executed notebook, next to it.
+
+    Two additions make the page readable: every figure's ``<img>`` gets its alt text from the
+    figure's title (:func:`_image_alts`; nbconvert's default says "No description has been
+    provided"), and the CSS :data:`acetools.course.page.REPORT_CSS` lets wide tables scroll
+    inside the page and long lines wrap at word boundaries.
+    """
     import nbformat
+    from bs4 import BeautifulSoup
     from nbconvert import HTMLExporter
+
+    from ..utils import atomic_write
+    from .page import REPORT_CSS
 
     executed = Path(executed)
     nb = nbformat.read(str(executed), as_version=4)
     body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
+    alts = _image_alts(nb)
+    soup = BeautifulSoup(body, features="html.parser")
+    for img in soup.find_all("img"):
+        src = img.get("src", "")
+        if src.startswith("data:image/png;base64,"):
+            alt = alts.get("".join(src.split(",", 1)[1].split()))
+            if alt:
+                img["alt"] = alt
+    style = soup.new_tag("style")
+    style.string = REPORT_CSS
+    (soup.head or soup).append(style)
     out = executed.with_suffix(".html")
-    from ..utils import atomic_write
-
     with atomic_write(out, "w") as fh:
-        fh.write(body)
+        fh.write(str(soup))
     return out
+
+
+#: What a rendered report must not contain (:func:`check_html`), as regular expressions on its
+#: text: a missing value printed as NaN, nbconvert's default alt text, a raw dict or list repr
+#: printed by a cell (``{8: 1.05…}``), a traceback.
+_BAD = {
+    "NaN cell": re.compile(r"<t[dh][^>]*>\s*(?:NaN|nan|None|<NA>)\s*</t[dh]>"),
+    "default alt text": re.compile(r"No description has been provided for this image"),
+    "raw dict repr": re.compile(r"\{(?:-?\d+|'[^']*'): [^}]*\}"),
+    "traceback": re.compile(r"Traceback \(most recent call last\)|[A-Za-z]+Error: |jp-OutputArea-output[^>]*"
+                            r"application/vnd\.jupyter\.stderr"),
+}
+#: A Python list or numpy array printed as such (``['a', 'b']``, ``[2]``, ``[1.14 1.05]``), in printed output.
+_ITEM = r"(?:&#x27;[^&]*&#x27;|'[^']*'|-?\d+(?:\.\d+)?(?:e-?\d+)?)"
+_LIST_REPR = re.compile(rf"\[{_ITEM}(?:,? +{_ITEM})*\]")
+#: A verdict line as :func:`acetools.course.claims.show` renders it, and as plain text.
+_VERDICT_LINE = re.compile(r"</strong> · <code>([a-z0-9_]+\.[a-z0-9_]+)</code>:")
+_VERDICT_TEXT = re.compile(r"\[(?:reproduced|partly|not reproduced|not testable here)\] ([a-z0-9_]+\.[a-z0-9_]+):")
+
+
+def check_html(path: str | os.PathLike) -> list[str]:
+    """What a reader could not trust in a rendered report: one message per problem (``[]``:
+    none). Checks for ``NaN`` (or ``None``) table cells, the default alt text of a figure, raw
+    dict reprs, list or array reprs in printed output, tracebacks and error output, and a claim's
+    verdict shown more than once."""
+    html = Path(path).read_text()
+    # the embedded figures are base64: leave them out of the text checks
+    text = re.sub(r'src="data:image/[^"]*"', 'src=""', html)
+    text = re.sub(r"<style.*?</style>|<script.*?</script>", "", text, flags=re.S)
+    problems = []
+    for what, pat in _BAD.items():
+        hits = pat.findall(text)
+        if hits:
+            problems.append(f"{Path(path).name}: {what} ×{len(hits)}: {str(hits[0])[:80]!r}")
+    pre = "\n".join(re.findall(r"<pre[^>]*>(.*?)</pre>", text, flags=re.S))  # printed output
+    lists = _LIST_REPR.findall(pre)
+    if lists:
+        problems.append(f"{Path(path).name}: raw list or array repr ×{len(lists)}: {lists[0][:80]!r}")
+    ids = _VERDICT_LINE.findall(text) + _VERDICT_TEXT.findall(text)
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        problems.append(f"{Path(path).name}: verdict shown more than once: {twice}")
+    return problems
 
 
 def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,

@@ -20,6 +20,7 @@ from ...plotting._core import finish
 
 __all__ = [
     "energy_curves",
+    "energy_curves_at_rank",
     "cka_bars",
     "gram_image",
     "task_factor_heatmap",
@@ -42,6 +43,11 @@ def _check_columns(df, cols, what):
     missing = [c for c in cols if c not in df.columns]
     if missing:
         raise ValueError(f"{what} needs columns {list(cols)}; missing {missing}")
+
+
+def energy_curves_at_rank(ax, k: int, *, curves, r_max: int, data: str = "held-out"):
+    """:func:`energy_curves` with the marker at rank ``k`` of ``r_max`` (the rank explorer's callback)."""
+    return energy_curves(ax, curves, data=data, k_frac=k / r_max)
 
 
 def energy_curves(ax, curves, *, data: str = "held-out", k_frac: float | None = None, title: str | None = None):
