@@ -360,3 +360,31 @@ def test_a_failing_notebook_is_one_line_with_exit_1(monkeypatch, tmp_path, capsy
     assert len(lines) == 1 and "cell [7]" in lines[0] and "ZeroDivisionError: division by zero" in lines[0]
     with pytest.raises(PapermillExecutionError):
         main(["report", "--only", "00", "--no-html", "--out", str(tmp_path), "--debug"])
+
+
+def test_argument_types_for_new_subcommands(tmp_path):
+    """The ``type=`` helpers a new subcommand can use name the bad value."""
+    import argparse
+
+    from acetools.cli import existing_file, nonnegative_int, positive_int
+
+    assert positive_int("3") == 3 and nonnegative_int("0") == 0
+    f = tmp_path / "a.yaml"
+    f.write_text("x: 1")
+    assert existing_file(str(f)) == str(f)
+    for fn, bad, match in ((positive_int, "0", "positive"), (positive_int, "1.5", "'1.5'"),
+                           (nonnegative_int, "-1", ">= 0"), (existing_file, str(tmp_path / "no.yaml"), "no.yaml"),
+                           (existing_file, str(tmp_path), "not a file")):
+        with pytest.raises(argparse.ArgumentTypeError, match=match):
+            fn(bad)
+
+
+def test_size_accepts_open_clip_names_and_rejects_unknown_ones(capsys):
+    """--size takes the registered sizes and open_clip model names (the online suites use ViT-B-32)."""
+    from acetools.cli import model_size
+
+    assert model_size("small") == "small"
+    assert model_size("ViT-B-32") == "ViT-B-32"
+    assert main(["zoo", "build", "--size", "bogus", "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bogus" in err[0] and "ViT-B-32" in err[0]

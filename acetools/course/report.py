@@ -33,10 +33,10 @@ __all__ = [
     "parse_parameter",
     "check_parameters",
     "coerce_parameter",
+    "ParameterTypeError",
     "run_notebook",
     "run_report",
     "UnknownParameterError",
-    "ParameterTypeError",
     "render_html",
     "check_html",
 ]
