@@ -166,7 +166,8 @@ def _batches(inputs, batch_size: int | None) -> Iterator[Tensor]:
             yield dict(b)  # keyword inputs, e.g. a tokenizer's {"input_ids": ..., "attention_mask": ...}
             continue
         if not isinstance(b, Tensor):
-            raise TypeError(f"each batch must be a Tensor, a dict of Tensors or a (Tensor, ...) tuple, got {type(b).__name__}")
+            raise TypeError("each batch must be a Tensor, a dict of Tensors or a (Tensor, ...) tuple, "
+                            f"got {type(b).__name__}")
         yield b
 
 

@@ -426,14 +426,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("diagnose",
                        help="diagnose a base and its experts from their checkpoints: tables and an HTML report")
-    g.add_argument("--base", required=True, help="base checkpoint (safetensors file, HF or open_clip folder, state dict)")
+    g.add_argument("--base", required=True,
+                   help="base checkpoint (safetensors file, HF or open_clip folder, state dict)")
     g.add_argument("--experts", required=True, nargs="+", help="fine-tuned checkpoints, one per task")
     g.add_argument("--out", required=True, help="output folder: diagnose.html, the executed notebook, CSV tables")
     g.add_argument("--layout", default="auto", choices=_Lazy(_layouts), metavar="LAYOUT",
                    help="layout preset (default auto: detected from the config or key names): %(choices)s")
     g.add_argument("--names", nargs="+", default=None, help="one name per expert (default: the file names)")
     g.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3)")
-    g.add_argument("--ace", action="store_true", help="also run ACE's closed form per matrix (W_pre's spectrum; slower)")
+    g.add_argument("--ace", action="store_true",
+                   help="also run ACE's closed form per matrix (W_pre's spectrum; slower)")
     g.add_argument("--tables-only", action="store_true", help="write the CSV tables and print the summary; no notebook")
     g.add_argument("--no-html", action="store_true", help="skip the HTML rendering")
     g.add_argument("--cell-timeout", type=positive_int, default=None, metavar="S",

@@ -165,11 +165,11 @@ def _check_keys(base: _Source, experts: Sequence[_Source]) -> list[str]:
         ek = set(e.keys())
         missing, extra = sorted(bset - ek), sorted(ek - bset)
         if missing:
-            raise KeyError(f"{e.what} has no key {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1
-                                                                     else "") + " that the base has")
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise KeyError(f"{e.what} has no key {missing[0]!r}{more} that the base has")
         if extra:
-            raise KeyError(f"{e.what} has key {extra[0]!r}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1
-                                                                else "") + " that the base does not have")
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            raise KeyError(f"{e.what} has key {extra[0]!r}{more} that the base does not have")
     return keys
 
 
@@ -202,7 +202,8 @@ def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | No
         for e in exs:
             e.close()
     if n_mat == 0:
-        raise ValueError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose (check --layout)")
+        raise ValueError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose "
+                         "(check --layout)")
     return {"n_tasks": len(exs), "names": labels, "layout": lay.name, "n_keys": len(keys), "n_matrices": int(n_mat)}
 
 
@@ -383,7 +384,8 @@ def diagnose(
                 "tau_ratio": float(np.mean([math.sqrt(float(e)) / b for e in energies])) if b > 0 else math.nan,
                 "energy": float(energies.mean()), "energy_min": float(energies.min()),
                 "energy_max": float(energies.max()),
-                "log_energy_mean": float(logs.mean()), "log_energy_sd": float(logs.std(unbiased=False)) if T > 1 else 0.0,
+                "log_energy_mean": float(logs.mean()),
+                "log_energy_sd": float(logs.std(unbiased=False)) if T > 1 else 0.0,
                 "gamma": gamma, "flag": gamma > tau, "gate": "on" if gamma > tau else "off",
                 "tsv_k": k, "energy_topk": _nanmean(e_topk), "energy_top5": _nanmean(e_top5),
                 "effective_rank": float(np.mean(eff)),
@@ -456,7 +458,8 @@ def _summary(d: Diagnosis) -> pd.DataFrame:
         "share of matrices where ACE normalises the covariances and refines the spectrum")
     row("cosine_mean", "task-vector cosine (mean off the diagonal)", _nanmean(off), "",
         "≈ 0: nearly orthogonal task vectors, the usual case for fine-tunes of one base")
-    row("cosine_max", "task-vector cosine (max off the diagonal)", float(np.max(off[np.isfinite(off)])) if np.isfinite(off).any() else math.nan,
+    finite = off[np.isfinite(off)]
+    row("cosine_max", "task-vector cosine (max off the diagonal)", float(finite.max()) if finite.size else math.nan,
         "", "a large value names two experts that moved the same way (they reinforce in task arithmetic)")
     row("sum_energy_ratio", "‖Σ_t τ_t‖² / Σ_t ‖τ_t‖² (median over matrices)", L["sum_energy_ratio"].median(), "",
         f"1 for orthogonal task vectors, T = {T} for identical ones; between, how much they add up")

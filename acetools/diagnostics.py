@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from .keys import block_index, layer_type  # layer_type re-exported: diagnostics.layer_type is the public name lessons use
+from .keys import block_index, layer_type  # layer_type re-exported: the public name lessons use
 
 __all__ = [
     "singular_values",
