@@ -36,7 +36,7 @@ from torch import Tensor
 from . import __version__
 from .checkpoints import Checkpoint, ShardedWriter, check_output_folder, copy_side_files, open_checkpoint, parse_size
 from .layouts import Layout, describe, get_layout
-from .merging import METHODS, key_scope, merge, merge_key
+from .merging import KEYED_HPARAMS, METHODS, key_scope, merge, merge_key
 from .merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
 from .utils import PROGRESS, progress, resolve_device
 
@@ -212,6 +212,12 @@ def plan_merge(
     if resolved.get("in_out_keys"):
         raise ValueError("in_out_keys is not used for files: the layout stores the orientation of every key "
                          f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")
+    keys = set(b.keys())
+    for name in KEYED_HPARAMS.get(method, ()):
+        for t, d in enumerate(resolved.get(name) or ()):
+            unknown = sorted(set(d) - keys) if isinstance(d, Mapping) else []
+            if unknown:
+                raise KeyError(f"{method}: {name}[{t}] has key {unknown[0]!r}, which the base {b.path} does not have")
     scope, why = key_scope(method, hp)
     if mode == "auto":
         run = "stream" if scope in ("key", "global_ties") else "memory"
@@ -470,3 +476,72 @@ def merge_files(
         json.dump(info, fh, indent=2)
     log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, out_dir, seconds)
     return MergeResult(plan, out_dir, files, seconds, info)
+
+
+# --------------------------------------------------------------------------- command line and config files
+CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
+               "mode", "overwrite")
+
+
+def parse_hparam(text: str) -> tuple[str, Any]:
+    """``"key=value"`` -> ``(key, value)``: a Python literal (``20``, ``0.3``, ``True``, ``(1, 2)``),
+    ``true``/``false``/``none``/``null``, else the string (``scope=tensor``)."""
+    import ast
+
+    if "=" not in text:
+        raise ValueError(f"hyperparameter {text!r} must look like key=value (e.g. -p lam=0.3)")
+    key, raw = (s.strip() for s in text.split("=", 1))
+    if not key.isidentifier():
+        raise ValueError(f"hyperparameter name {key!r} is not a Python identifier")
+    low = raw.lower()
+    if low in ("true", "false"):
+        return key, low == "true"
+    if low in ("none", "null"):
+        return key, None
+    try:
+        return key, ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return key, raw
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a merge config (YAML; schema in docs/your-models.md); paths relative to the file.
+
+    Keys: ``method``, ``base``, ``experts`` (list), ``out``, ``hyperparameters`` (mapping),
+    ``layout``, ``dtype``, ``device``, ``shard_size``, ``mode``, ``overwrite``. Unknown keys
+    are an error naming them.
+    """
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - PyYAML is a dependency
+        raise ImportError("reading a merge config needs PyYAML: pip install pyyaml") from None
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"merge config not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{p}: a merge config is a mapping (method: ..., base: ..., experts: [...]), "
+                         f"got {type(data).__name__}")
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}")
+    cfg = dict(data)
+    if "experts" in cfg and (isinstance(cfg["experts"], str) or not isinstance(cfg["experts"], list)):
+        raise ValueError(f"{p}: experts must be a list of paths")
+    if "hyperparameters" in cfg and not isinstance(cfg["hyperparameters"] or {}, Mapping):
+        raise ValueError(f"{p}: hyperparameters must be a mapping name: value")
+
+    def rel(x: Any) -> str:
+        q = Path(str(x)).expanduser()
+        return str(q if q.is_absolute() else p.parent / q)
+
+    for k in ("base", "out"):
+        if cfg.get(k) is not None:
+            cfg[k] = rel(cfg[k])
+    if cfg.get("experts"):
+        cfg["experts"] = [rel(e) for e in cfg["experts"]]
+    cfg["hyperparameters"] = dict(cfg.get("hyperparameters") or {})
+    return cfg
