@@ -99,6 +99,7 @@ class MergePlan:
             f"layout {self.layout.name}: {self.layout.description}",
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
+            *([f"note: {_ALIKE[self.method]}"] if self.method in _ALIKE else []),
             f"memory: {self.memory_text(largest['key'])}",
         ]
         return "\n".join(lines)
@@ -118,6 +119,13 @@ class MergePlan:
             return f"in memory: base and {T} experts loaded (~{_fmt(total)} as stored, more in float32 while merging)"
         return (f"streaming: about (T + 2) x the largest tensor ({largest_key}, {_fmt(big)} in the compute dtype) "
                 f"= {_fmt((T + 2) * big)}, plus one output shard")
+
+
+_ALIKE = {
+    m: f"{m} treats every float key alike; the matrix/elementwise column does not change its result"
+    for m in ("weight_averaging", "task_arithmetic", "ties", "dare")
+}
+_ALIKE["regmean"] = "regmean merges the keys its Gram matrices name; every other key gets the mean"
 
 
 def _short(v: Any) -> str:
