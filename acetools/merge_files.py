@@ -213,7 +213,7 @@ def plan_merge(
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} must be one of {MODES}")
     hp = dict(hparams or {})
-    resolved = METHODS[method].resolve(hp) if method != "esm" or "activations" in hp else dict(hp)
+    resolved = METHODS[method].resolve(hp)
     b, ex = _open_all(base, experts)
     _check_compatible(b, ex)
     lay = get_layout(layout, keys=b.keys(), config=b.config)

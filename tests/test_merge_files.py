@@ -144,6 +144,15 @@ def test_global_ties_threshold_is_exact(tmp_path, gpt2_files):
         assert got[1].item() == trim_threshold([2 * p for p in parts.values()], k).item()
 
 
+def test_esm_runs_in_memory_from_files(tmp_path, gpt2_files):
+    base, experts = gpt2_files
+    res = merge_files("esm", base, experts, tmp_path / "esm", hparams={"decomposition": "svd"})
+    assert res.plan.mode == "memory" and "inter-layer polarization" in res.plan.scope_reason
+    out = open_checkpoint(tmp_path / "esm").state_dict()
+    ref = merge("esm", *_states(base, experts), layout="gpt2", decomposition="svd")
+    assert all(torch.equal(out[k], ref[k]) for k in ref)
+
+
 def test_regmean_and_ace_given_stream_with_per_key_inputs(tmp_path, gpt2_files):
     base, experts = gpt2_files
     key = "transformer.h.1.mlp.c_fc.weight"  # stored 16 x 64 (in x out): d_in = 16
@@ -155,6 +164,7 @@ def test_regmean_and_ace_given_stream_with_per_key_inputs(tmp_path, gpt2_files):
     for method, hp in (("regmean", {"grams": grams}), ("ace", {"estimator": "given", "covariances": grams})):
         s = merge_files(method, base, experts, tmp_path / f"s{method}", hparams=hp, mode="stream")
         m = merge_files(method, base, experts, tmp_path / f"m{method}", hparams=hp, mode="memory")
+        assert (s.plan.mode, m.plan.mode) == ("stream", "memory")
         a, b = (open_checkpoint(tmp_path / f"{x}{method}").state_dict() for x in "sm")
         assert all(torch.equal(a[k], b[k]) for k in a)
         assert not torch.equal(a[key], merge("weight_averaging", *_states(base, experts), layout="gpt2")[key])
@@ -342,8 +352,7 @@ def test_small_helpers(tmp_path):
         w.add("b", torch.ones(2))
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == [
         "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
-    with pytest.raises(RuntimeError):
-        with ShardedWriter(tmp_path / "x") as w:
-            w.add("a", torch.zeros(3))
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), ShardedWriter(tmp_path / "x") as w:
+        w.add("a", torch.zeros(3))
+        raise RuntimeError("boom")
     assert list((tmp_path / "x").iterdir()) == []
