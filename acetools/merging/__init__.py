@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..layouts import PRESETS, Layout, detect_layout, get_layout
 from ..utils import PROGRESS, resolve_device
 from ._registry import METHODS, REQUIRED, MethodInfo, Param, register
 
@@ -211,8 +212,6 @@ def merge_key(
 
 def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
     """(layout, is_matrix predicate) for merge(): a given layout, the legacy predicate or the open_clip rule."""
-    from ..layouts import PRESETS, Layout, detect_layout, get_layout
-
     keys = list(base)
     if is_matrix is not None:
         if layout is not None:
