@@ -3,7 +3,7 @@
 One :class:`Benchmark` wraps a :class:`~acetools.zoo.Zoo` (base, experts, heads) and gives
 everything the merge methods need — proxy batches and activations for ESM, Gram matrices
 for RegMean — plus evaluation (absolute and normalized accuracy per task and on average)
-and the papers' coefficient selection on validation (spec §0): a grid or golden-section
+and the papers' coefficient selection on validation (docs/methods.md §Benchmark protocol): a grid or golden-section
 search maximising the average normalized accuracy, then test accuracy at the chosen value.
 
 Every method's coefficient enters its merged update affinely (θ(c) = θ0 + U0 + c·U1 for
@@ -39,7 +39,7 @@ StateDict = dict[str, Tensor]
 
 @dataclass(frozen=True)
 class Search:
-    """How a method's coefficient is chosen on validation (spec §0)."""
+    """How a method's coefficient is chosen on validation (docs/methods.md §Benchmark protocol)."""
 
     param: str  # the hyperparameter searched
     kind: str  # "grid", "golden" or "esm" (golden section, then best normalized)
@@ -47,7 +47,8 @@ class Search:
     bracket: tuple[float, float] = (0.0, 2.0)
 
 
-#: The papers' selection rule per method (spec §0, §1 (b), §2 Step D, §3). ``None``: no
+#: The papers' selection rule per method (docs/methods.md §Benchmark protocol, §ACE, §ESM and each method's section).
+#: ``None``: no
 #: search (weight averaging's fixed 1/T; WUDI, RegMean and ACE use their coefficient 1).
 SEARCH: dict[str, Search | None] = {
     "weight_averaging": None,
@@ -68,7 +69,7 @@ ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20),
 
 
 def package_versions() -> dict[str, str]:
-    """Versions of the packages that shape a result (STYLE 14)."""
+    """Versions of the packages that shape a result (docs/style.md §14)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
@@ -172,7 +173,7 @@ class Benchmark:
 
     def proxy_batch(self, task: str) -> Tensor:
         """ESM's proxy images: ``n_proxy`` validation images of ``task`` drawn without
-        replacement with a seeded generator (spec §2 Step A)."""
+        replacement with a seeded generator (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2))."""
         d = self.zoo.split(task, "val")
         g = make_generator(self.proxy_seed)
         idx = torch.randperm(len(d.y), generator=g)[: self.n_proxy]
@@ -197,7 +198,7 @@ class Benchmark:
         return self._esm_acts
 
     def grams(self) -> list[dict[str, Tensor]]:
-        """RegMean's per-task Gram matrices of each hookable linear layer's inputs (spec §3.9),
+        """RegMean's per-task Gram matrices of each hookable linear layer's inputs (docs/methods.md §RegMean),
         from ``n_gram`` training images in the task's fine-tuned encoder. ``attn.out_proj``
         is called functionally inside attention and cannot be hooked: it takes the mean."""
         if self._grams is None:
@@ -365,7 +366,7 @@ class Benchmark:
 
     def record(self, runs: Sequence[MethodRun]) -> dict[str, Any]:
         """Everything needed to reproduce the runs: hyperparameters, search traces, seeds,
-        versions, checkpoint hashes (STYLE 14)."""
+        versions, checkpoint hashes (docs/style.md §14)."""
         return {
             "suite": getattr(self.zoo, "suite", None),
             "tasks": self.tasks,
@@ -424,7 +425,9 @@ class Benchmark:
 def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
     """Mean, standard deviation, min and max over expert seeds of every method's summary
     row, read from the ``<suite>_<size>_seed<k>_summary.csv`` files in ``folder``
-    (written by :meth:`Benchmark.save`). Methods keep their first file's order."""
+    (written by :meth:`Benchmark.save`). Methods keep their first file's order. The means
+    and sds are :func:`acetools.results.aggregate`'s (one aggregation in acetools); this adds
+    the min / max and reads the summary files alone."""
     import re
 
     folder = Path(folder)
@@ -439,15 +442,17 @@ def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
         raise FileNotFoundError(f"no {suite}_{size}_seed*_summary.csv in {folder}; run `acetools bench "
                                 f"--suite {suite} --size {size} --out {folder}` first")
     df = pd.concat(frames, ignore_index=True)
-    order = list(dict.fromkeys(df["method"]))
-    agg = df.groupby("method", sort=False).agg(
-        n_seeds=("seed", "nunique"),
-        test_acc=("test_acc", "mean"), test_acc_sd=("test_acc", "std"),
-        test_normalized=("test_normalized", "mean"), test_normalized_sd=("test_normalized", "std"),
-        test_normalized_min=("test_normalized", "min"), test_normalized_max=("test_normalized", "max"),
-        coef_mean=("coef", "mean"), merge_seconds=("merge_seconds", "mean"),
-    )
-    return agg.reindex(order).reset_index()
+    from .results import REFERENCES, aggregate  # the one aggregation over seeds
+
+    summary = df.assign(suite=suite, n_tasks=math.nan,
+                        kind=np.where(df["method"].isin(REFERENCES), "reference", "method"))
+    agg = aggregate(summary).set_index("method")
+    span = df.groupby("method", sort=False)["test_normalized"].agg(["min", "max"])
+    out = pd.DataFrame({"n_seeds": agg["n_seeds"], "test_acc": agg["test_acc"], "test_acc_sd": agg["test_acc_sd"],
+                        "test_normalized": agg["test_normalized"], "test_normalized_sd": agg["test_normalized_sd"],
+                        "test_normalized_min": span["min"], "test_normalized_max": span["max"],
+                        "coef_mean": agg["coef"], "merge_seconds": agg["merge_seconds"]})
+    return out.rename_axis("method").reset_index()
 
 
 def wudi_step_size(bench: Benchmark, lrs: Sequence[float] = (1e-5, 1e-4, 1e-3), *, steps: int = 300,

@@ -6,7 +6,7 @@ floats, small dataclasses or ``pandas`` DataFrames for notebooks:
 * spectra of one matrix: :func:`energy_fraction`, :func:`condition_number`,
   :func:`effective_rank`;
 * two matrices: :func:`subspace_similarity` (principal singular subspaces);
-* ESD vs SVD (ESM, spec §2): :func:`energy_capture`, :func:`energy_capture_curve`;
+* ESD vs SVD (ESM, docs/methods.md §ESM): :func:`energy_capture`, :func:`energy_capture_curve`;
 * activations: :func:`linear_cka` (Kornblith et al. 2019);
 * task vectors: :func:`task_vector_cosine` (whole model), :func:`task_vector_cosine_per_layer`,
   :func:`heterogeneity_per_layer` (ACE's gamma, eq. 7);
@@ -16,12 +16,13 @@ floats, small dataclasses or ``pandas`` DataFrames for notebooks:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
+
+from .keys import layer_type  # re-exported: diagnostics.layer_type is the public name lessons use
 
 __all__ = [
     "singular_values",
@@ -139,7 +140,7 @@ def subspace_similarity(A: Tensor, B: Tensor, k: int, *, side: str = "left", red
 
 
 def energy_capture(X: Tensor, delta_W: Tensor, k: int) -> dict[str, float]:
-    """Energy of the activation shift ΔO = X ΔWᵀ kept at rank ``k`` by ESD and by SVD (spec §2).
+    """Energy of the activation shift ΔO = X ΔWᵀ kept at rank ``k`` by ESD and by SVD (docs/methods.md §ESM).
 
     ``X`` (N × d_in) are input activations of the layer, ``delta_W`` (d_out × d_in) its task
     vector. Returns fractions of ||ΔO||_F²:
@@ -273,15 +274,6 @@ def task_vector_cosine_per_layer(
     return pd.DataFrame(rows, columns=["key", "task_i", "task_j", "cosine"])
 
 
-def layer_type(key: str) -> str:
-    """A parameter's type with its block index removed: ``visual.transformer.resblocks.3.mlp.c_fc.weight``
-    -> ``mlp.c_fc.weight`` (keys outside the blocks lose only a leading ``visual.``)."""
-    m = re.search(r"resblocks\.\d+\.(.+)$", key)
-    if m:
-        return m.group(1)
-    return key[len("visual."):] if key.startswith("visual.") else key
-
-
 def relative_update_norms(
     base: Mapping[str, Tensor],
     task_vectors: Sequence[Mapping[str, Tensor]],
@@ -319,7 +311,7 @@ def heterogeneity_per_layer(
 ):
     """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per layer.
 
-    One row per matrix key (``is_matrix``, default the spec's rule; or the given ``keys``):
+    One row per matrix key (``is_matrix``, default the rule of docs/methods.md §Matrix path; or the given ``keys``):
     key, shape, gamma, flag (gamma > ``tau``), energy_mean/min/max (||τ_t||_F²).
     """
     import pandas as pd

@@ -1,7 +1,7 @@
 """The course notebooks: hygiene of the committed files and a quick-profile run of each.
 
 Every notebook runs under papermill at ``quick=True`` (the fixture world) through
-``acetools.report`` — the same path as ``acetools report --profile quick`` — with a
+``acetools.course.report`` — the same path as ``acetools report --profile quick`` — with a
 session-wide cache, so the fixture world is built once.
 """
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from acetools.report import UnknownParameterError, notebook_parameters, notebook_paths, run_notebook, run_report
+from acetools.course.report import (UnknownParameterError, check_html, notebook_parameters, notebook_paths,
+                                    run_notebook, run_report)
 
 NOTEBOOKS = notebook_paths()
 IDS = [p.stem for p in NOTEBOOKS]
@@ -31,7 +32,7 @@ def test_the_course_has_its_notebooks_in_order():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_is_clean(path):
-    """STYLE 12: no outputs, no execution counts, python3 kernelspec with language_info."""
+    """docs/style.md §12: no outputs, no execution counts, python3 kernelspec with language_info."""
     raw = json.loads(path.read_text())
     nb = nbformat.reads(path.read_text(), as_version=4)
     nbformat.validate(nb)
@@ -46,7 +47,7 @@ def test_notebook_is_clean(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_has_one_literal_parameters_cell(path):
-    """STYLE 8: one parameters cell, literals with type annotations and a comment each."""
+    """docs/style.md §8: one parameters cell, literals with type annotations and a comment each."""
     nb = nbformat.read(str(path), as_version=4)
     cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(cells) == 1, f"{path.name}: {len(cells)} parameters cells"
@@ -92,7 +93,9 @@ def quick_env(tmp_path_factory, monkeypatch_module=None):
 
 @pytest.mark.slow
 def test_every_notebook_runs_in_quick_mode(quick_env):
-    """The quick profile end to end, in order (05 reads what 01-04 recorded)."""
+    """The quick profile end to end, in order (05 reads what 01-04 recorded), and every rendered
+    page is one a reader can trust (:func:`check_html`: no NaN cells, no default alt text, no raw
+    dict reprs, no tracebacks, each verdict once)."""
     out = quick_env / "build"
     recs = run_report("quick", out=out, figures=quick_env / "figures")
     assert [r["notebook"] for r in recs] == IDS
@@ -104,3 +107,8 @@ def test_every_notebook_runs_in_quick_mode(quick_env):
     executed = nbformat.read(recs[0]["executed"], as_version=4)
     injected = [c for c in executed.cells if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
     assert injected and "quick = True" in injected[0].source
+    problems = [p for r in recs for p in check_html(r["html"])]
+    assert not problems, "\n".join(problems)
+    # the quick pages say what the quick world is
+    for r in recs[:4]:
+        assert "fixture world" in Path(r["html"]).read_text(), f"{r['notebook']} does not say it shows the fixture world"

@@ -48,9 +48,9 @@ StateDict = Mapping[str, Tensor]
 
 
 def is_matrix_param(key: str, tensor: Tensor) -> bool:
-    """The spec's "is it a matrix?" rule: ``ndim == 2`` and not ``text_projection``.
+    """The "is it a matrix?" rule of docs/methods.md §Matrix path: ``ndim == 2`` and not ``text_projection``.
 
-    This is the rule of the TSV, Iso, ESM and ACE code (spec, CLIP parameter inventory).
+    This is the rule of the TSV, Iso, ESM and ACE code (docs/methods.md §Matrix path).
     Pass another predicate as ``merge(..., is_matrix=...)`` to change it.
     """
     return tensor.ndim == 2 and "text_projection" not in key
@@ -127,7 +127,7 @@ def task_vectors(
     dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> list[dict[str, Tensor]]:
-    """Task vectors tau_t = W_t - W0 for every floating key, one dict per expert.
+    """Task vectors tau_t = W_t - W0 for every floating key, one dict per expert (docs/methods.md §Notation).
 
     Computed in float32 (float64 inputs stay float64) unless ``dtype`` is given; new
     tensors, inputs untouched. Non-float buffers have no task vector and are left out.
@@ -291,7 +291,7 @@ def merge(
     :class:`acetools.layouts.Layout`) says which keys take the matrix path, which are stored
     in x out (transposed to d_out x d_in around the method and back) and which are tied
     (merged once, both keys returned with equal values). Default ``None``: the open_clip rule
-    :func:`is_matrix_param`, as stored, with a warning when the keys look like another
+    :func:`is_matrix_param` (docs/methods.md §Matrix path), as stored, with a warning when the keys look like another
     architecture. ``is_matrix(key, tensor)`` (instead of a layout) keeps the old predicate
     interface. Non-float buffers are carried from the base (a warning names any that an
     expert changed). ``hparams`` are the method's hyperparameters, listed with defaults in

@@ -1,0 +1,827 @@
+"""ACE-Merging stage by stage on a zoo: the helpers of notebook ``02_ace_step_by_step``.
+
+The merge itself lives in :mod:`acetools.merging.ace` (one public function per stage,
+docs/methods.md §ACE). This module turns those stages into tables a lesson can show and claims it can decide:
+
+* **heterogeneity** (eq. 7): :func:`gamma_table` (gamma per matrix, with the log-energies it
+  is made of), :func:`gamma_by_type`, :func:`gamma_scaling` (gamma is not scale-invariant);
+* **one layer, every stage**: :func:`layer_stages` -> :class:`LayerStages` (Sigma_hat ->
+  Sigma_tilde / Sigma_reg -> C_agg -> W_bar_pre -> W_fused -> W_bar, plus the refinement at
+  any rank k);
+* **every layer**: :func:`stage_table` (normalisation, prior, spectrum of W_bar_pre, direction
+  cosines of its principal singular subspaces, the final spectrum);
+* **ablation**: :data:`ABLATIONS`, :func:`run_ablation` -> :class:`Ablation` (switch one
+  component off at a time and score the merge on test, absolute and normalized);
+* **claim verdicts**: one ``verdict_*`` function per claim of :mod:`acetools.course.claims`
+  that notebook 02 owns, each returning a :class:`~acetools.course.verdicts.Verdict` and
+  stating its rule against the paper's number; :func:`claim_verdicts` gives them all.
+
+Everything here is float64 on the CPU, like the stage functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..diagnostics import condition_number, effective_rank, energy_fraction, layer_type
+from ..keys import block_index
+from ..merging import ace as A
+from ..merging import task_vectors
+from ..merging._linalg import thin_svd
+from .verdicts import NOISE, TIE, Verdict, agreement, compare, threshold
+
+__all__ = [
+    "TAU",
+    "GAMMA_VIT",
+    "NOISE",
+    "TOP_FRAC",
+    "PAPER_ENERGY",
+    "PAPER_COND",
+    "FLAG_FRACTION",
+    "matrix_keys",
+    "block_index",
+    "gamma_table",
+    "gamma_by_type",
+    "gamma_scaling",
+    "LayerStages",
+    "layer_stages",
+    "pick_layer",
+    "direction_cosine",
+    "random_subspace_cosine",
+    "stage_table",
+    "ABLATIONS",
+    "FULL",
+    "GATE_ON",
+    "GATE_ON_NO_REFINE",
+    "GATE_OFF",
+    "NO_PRIOR",
+    "NO_REFINE",
+    "RAW_NUMERATOR",
+    "IDENTITY",
+    "SCALED_LABEL",
+    "Ablation",
+    "run_ablation",
+    "ablation_effects",
+    "ablation_over_suites",
+    "verdict_gamma",
+    "verdict_normalization",
+    "verdict_csp",
+    "verdict_refinement",
+    "verdict_spectrum",
+    "verdict_direction",
+    "claim_verdicts",
+    "diagnose",
+]
+
+#: ACE's gate threshold (docs/methods.md §ACE): a layer is flagged heterogeneous when gamma > TAU.
+TAU = 0.3
+#: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
+GAMMA_VIT = 0.25
+#: "Top 5% of the singular values" in the spectrum claim.
+TOP_FRAC = 0.05
+#: The paper's numbers for W_bar_pre: top-5% energy 99%+, condition number > 8.7e5.
+PAPER_ENERGY = 0.99
+PAPER_COND = 8.7e5
+#: A world counts as "high heterogeneity" when more than this fraction of its matrices is flagged.
+FLAG_FRACTION = 0.1
+
+StateDict = Mapping[str, Tensor]
+
+
+# --------------------------------------------------------------------------- heterogeneity
+
+
+def matrix_keys(task_vectors: Sequence[StateDict], is_matrix: Callable[[str, Tensor], bool] | None = None) -> list[str]:
+    """The keys ACE merges in closed form, in order (``is_matrix``, default: docs/methods.md §Matrix path)."""
+    if is_matrix is None:
+        from ..merging import is_matrix_param as is_matrix
+    if isinstance(task_vectors, Mapping) or len(task_vectors) == 0:
+        raise ValueError("task_vectors must be a non-empty list of {key: tau_t} dicts")
+    tv0 = task_vectors[0]
+    return [k for k in tv0 if is_matrix(k, tv0[k])]
+
+
+def gamma_table(task_vectors: Sequence[StateDict], *, tau: float = TAU, vit: float = GAMMA_VIT,
+                keys: Sequence[str] | None = None) -> Any:
+    """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per matrix.
+
+    One row per key (default :func:`matrix_keys`): key, layer_type, block, shape, gamma, flag
+    (gamma > ``tau``: ACE normalises and refines this layer), below_vit (gamma < ``vit``, the
+    paper's ViT statement), and the numbers gamma is made of: the mean and (unbiased) standard
+    deviation of l_t = log(||ΔW_t||_F² + 1e-12) over tasks, and the max/min energy ratio.
+    gamma = sd² / (mean² + 1e-12), so it explodes when the mean log-energy is near 0
+    (energies near 1), whatever the spread.
+    """
+    import pandas as pd
+
+    keys = list(keys) if keys is not None else matrix_keys(task_vectors)
+    rows = []
+    for k in keys:
+        mats = [tv[k] for tv in task_vectors]
+        e = A.task_energies(mats)
+        ell = torch.log(e + 1e-12)
+        gamma = A.heterogeneity(mats)
+        rows.append({
+            "key": k, "layer_type": layer_type(k), "block": block_index(k), "shape": tuple(mats[0].shape),
+            "gamma": gamma, "flag": gamma > tau, "below_vit": gamma < vit,
+            "log_energy_mean": float(ell.mean()),
+            "log_energy_sd": float(ell.std(unbiased=True)) if len(mats) > 1 else 0.0,
+            "energy_ratio": float(e.max() / e.min()) if e.min() > 0 else math.inf,
+        })
+    return pd.DataFrame(rows, columns=["key", "layer_type", "block", "shape", "gamma", "flag", "below_vit",
+                                       "log_energy_mean", "log_energy_sd", "energy_ratio"])
+
+
+def gamma_by_type(table: Any) -> Any:
+    """Summary of a :func:`gamma_table` per layer type (first-seen order): number of layers,
+    median / min / max gamma, how many are below the ViT bound and how many are flagged."""
+    g = table.groupby("layer_type", sort=False)
+    out = g.agg(layers=("gamma", "size"), gamma_median=("gamma", "median"), gamma_min=("gamma", "min"),
+                gamma_max=("gamma", "max"), below_vit=("below_vit", "sum"), flagged=("flag", "sum"))
+    return out
+
+
+def gamma_scaling(delta_W: Sequence[Tensor], scales: Sequence[float]) -> Any:
+    """gamma of the rescaled task vectors c·ΔW_t for each c in ``scales`` (one layer).
+
+    Multiplying every ΔW_t by c shifts every l_t by 2 log c: the spread (numerator) stays,
+    the mean (denominator) moves, so gamma depends on the units of the weights.
+    Returns a DataFrame with columns scale, gamma, log_energy_mean.
+    """
+    import pandas as pd
+
+    dWs = [d.double() for d in delta_W]
+    rows = []
+    for c in scales:
+        mats = [float(c) * d for d in dWs]
+        rows.append({"scale": float(c), "gamma": A.heterogeneity(mats),
+                     "log_energy_mean": float(torch.log(A.task_energies(mats) + 1e-12).mean())})
+    return pd.DataFrame(rows, columns=["scale", "gamma", "log_energy_mean"])
+
+
+# --------------------------------------------------------------------------- one layer
+
+
+def _sum(tensors) -> Tensor:
+    """Sum of float64 tensors, accumulated in place."""
+    it = iter(tensors)
+    out = next(it).double().clone()
+    for t in it:
+        out += t
+    return out
+
+
+@dataclass
+class LayerStages:
+    """Every intermediate of ACE on one matrix (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.13)), for a lesson to look at.
+
+    ``W_fused = W_pre + Δ_res = U diag(S) Vh`` is computed on every layer (ACE uses it only
+    on flagged ones) so that :meth:`refined` can show the refinement at any rank k.
+    ``W`` is what ACE returns for the layer (= :func:`acetools.merging.ace.ace_matrix`).
+    """
+
+    name: str
+    delta_W: list[Tensor] = field(repr=False)  # float64, d_out x d_in each
+    gamma: float
+    flag: bool
+    covs: A.NormalizedCovariances = field(repr=False)
+    C_agg: Tensor | None = field(repr=False)
+    numerator: str
+    W_pre: Tensor = field(repr=False)
+    U: Tensor = field(repr=False)
+    S: Tensor = field(repr=False)
+    Vh: Tensor = field(repr=False)
+    k: int  # ACE's refined rank floor(k_frac * r)
+    refined_by_ace: bool  # flag and refine (and k > 0)
+    W: Tensor = field(repr=False)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.W_pre.shape)
+
+    @property
+    def rank(self) -> int:
+        """r = min(d_out, d_in), the number of singular values."""
+        return min(self.shape)
+
+    @property
+    def task_sum(self) -> Tensor:
+        """sum_t ΔW_t, the task-arithmetic direction (lam = 1)."""
+        return _sum(self.delta_W)
+
+    @property
+    def W_fused(self) -> Tensor:
+        return (self.U * self.S) @ self.Vh
+
+    def refined(self, k: int) -> Tensor:
+        """W_pre + sigma_iso(k) U_k V_kᵀ with sigma_iso(k) = mean(S[:k]) (eqs 17-19); k = 0: W_pre."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= self.rank:
+            raise ValueError(f"k={k!r} must be an int in [0, {self.rank}]")
+        k = int(k)
+        if k == 0:
+            return self.W_pre.clone()
+        return self.W_pre + self.S[:k].mean() * (self.U[:, :k] @ self.Vh[:k, :])
+
+    def refined_spectra(self, ks: Sequence[int]) -> dict[int, np.ndarray]:
+        """Singular values of :meth:`refined` (k) for each k, as numpy arrays (for the rank slider)."""
+        return {int(k): torch.linalg.svdvals(self.refined(int(k))).numpy() for k in ks}
+
+    def spectra(self) -> dict[str, np.ndarray]:
+        """Singular values of W_pre, W_fused, the final W and the task-vector sum."""
+        sv = torch.linalg.svdvals
+        return {"W_pre (closed form)": sv(self.W_pre).numpy(), "W_fused = W_pre + Δ_res": self.S.numpy(),
+                "W (ACE's output)": sv(self.W).numpy(), "sum_t ΔW_t": sv(self.task_sum).numpy()}
+
+    def task_weights(self, names: Sequence[str] | None = None) -> Any:
+        """Each task's share of sum_t Sigma_tilde,t before and after trace normalisation.
+
+        ``trace``: tr_t = Tr(Sigma_hat_t); ``share_raw`` = tr_t / sum tr (the weight of a
+        task in the closed form without normalisation); ``share_used`` = the share in the
+        Sigma_tilde ACE used (1/T when the layer is normalised).
+        """
+        import pandas as pd
+
+        T = len(self.delta_W)
+        names = list(names) if names is not None else [f"task{t}" for t in range(T)]
+        if len(names) != T:
+            raise ValueError(f"{len(names)} names for {T} tasks")
+        tr = self.covs.traces.numpy()
+        used = np.array([float(torch.diagonal(S).sum()) for S in self.covs.Sigma_tilde])
+        return pd.DataFrame({"task": names, "trace": tr, "share_raw": tr / tr.sum(), "share_used": used / used.sum()})
+
+    def prior_profile(self) -> Any:
+        """The structural prior against the isotropic ridge, per input column j.
+
+        ``prior``: c_j, the value C_agg adds to every entry of column j (0 without prior);
+        ``cov_diag``: (sum_t Sigma_tilde,t)_jj; ``ridge``: sum_t ridge_t, what the Tikhonov term
+        adds to each diagonal entry (eps·T, or sum_t eps/tr_t on normalised layers).
+        """
+        import pandas as pd
+
+        d_in = self.shape[1]
+        Ssum = _sum(self.covs.Sigma_tilde)
+        c = self.C_agg[0].numpy() if self.C_agg is not None else np.zeros(d_in)
+        return pd.DataFrame({"column": np.arange(d_in), "prior": c, "cov_diag": torch.diagonal(Ssum).numpy(),
+                             "ridge": np.full(d_in, float(self.covs.ridge.sum()))})
+
+
+def layer_stages(delta_W: Sequence[Tensor], *, tau: float = TAU, eps: float = 1e-2, k_frac: float = 0.3,
+                 gate: str | None = None, trace_norm: bool = True, prior: bool | None = None, refine: bool = True,
+                 numerator: str | None = None, name: str = "") -> LayerStages:
+    """Run ACE's stages on one layer's task vectors and keep every intermediate.
+
+    The same composition as :func:`acetools.merging.ace.ace_matrix` with ``estimator="ace"``
+    (gamma -> flag; Sigma_hat_t; trace normalisation and ridge; C_agg, divided by the mean
+    energy on flagged layers; W_bar_pre; refinement on flagged layers), written out with the
+    stage functions so each result can be inspected. Switches as in ``ace_matrix``.
+    """
+    sw = A.estimator_preset("ace", gate=gate, prior=prior, numerator=numerator)
+    dWs = [d.detach().double().cpu() for d in delta_W]
+    if not dWs or any(d.ndim != 2 or d.shape != dWs[0].shape for d in dWs):
+        raise ValueError(f"layer {name!r}: pass a non-empty list of equally shaped 2-D task vectors")
+    energies = A.task_energies(dWs)
+    gamma = A.heterogeneity(dWs)
+    flag = {"auto": gamma > tau, "on": True, "off": False}[sw.gate]
+    Sigma_hat = [A.estimate_covariance(d) for d in dWs]
+    covs = A.normalize_covariances(Sigma_hat, eps=eps, normalize=flag and trace_norm)
+    C_agg = A.structural_prior(covs.Sigma_tilde, energy=float(energies.mean()) if flag else None) if sw.prior else None
+    nums = [A.center_rows(d) for d in dWs] if sw.numerator == "centered" else dWs
+    W_pre = A.closed_form(nums, covs, C_agg, name=name)
+    res = _sum(d @ S for d, S in zip(dWs, covs.Sigma_tilde)) - _sum(dWs) @ covs.mean_reg()
+    U, S, Vh = thin_svd(W_pre + res)
+    k = int(k_frac * min(W_pre.shape))
+    refined = bool(flag and refine and k > 0)
+    W = W_pre + S[:k].mean() * (U[:, :k] @ Vh[:k, :]) if refined else W_pre
+    return LayerStages(name=name, delta_W=dWs, gamma=gamma, flag=bool(flag), covs=covs, C_agg=C_agg,
+                       numerator=sw.numerator, W_pre=W_pre, U=U, S=S, Vh=Vh, k=k, refined_by_ace=refined, W=W)
+
+
+def pick_layer(gtable: Any, layer: str = "") -> str:
+    """The layer a lesson zooms in on: ``layer`` if given (must be a key of the table), else
+    the matrix with the largest gamma (the one most likely to be normalised and refined)."""
+    keys = list(gtable["key"])
+    if layer:
+        if layer not in keys:
+            raise KeyError(f"layer {layer!r} is not a matrix key; keys: {keys}")
+        return layer
+    return str(gtable.loc[gtable["gamma"].idxmax(), "key"])
+
+
+# --------------------------------------------------------------------------- directions
+
+
+def _bases(M: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    U, _, Vh = thin_svd(M.double())
+    return U[:, :k], Vh[:k, :].T
+
+
+def _mean_cos(QA: Tensor, QB: Tensor) -> float:
+    return float(torch.linalg.svdvals(QA.T @ QB).clamp(max=1.0).mean())
+
+
+def direction_cosine(A_: Tensor, B: Tensor, k: int) -> dict[str, float]:
+    """How well the top-``k`` singular directions of two d_out × d_in matrices agree.
+
+    The cosines of the principal angles between the top-k left (output) singular subspaces,
+    and between the right (input) ones, averaged: ``left``, ``right`` and ``mean`` of the two,
+    each in [0, 1] (1: same subspace). Equals
+    :func:`acetools.diagnostics.subspace_similarity` (reduction ``"mean_cos"``) per side.
+    """
+    if A_.shape != B.shape:
+        raise ValueError(f"shapes differ: {tuple(A_.shape)} vs {tuple(B.shape)}")
+    r = min(A_.shape)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= r:
+        raise ValueError(f"k={k!r} must be an int in [1, {r}]")
+    UA, VA = _bases(A_, k)
+    UB, VB = _bases(B, k)
+    left, right = _mean_cos(UA, UB), _mean_cos(VA, VB)
+    return {"left": left, "right": right, "mean": (left + right) / 2}
+
+
+@functools.lru_cache(maxsize=256)
+def random_subspace_cosine(d: int, k: int, n_draws: int = 32, seed: int = 0) -> float:
+    """The chance level of :func:`direction_cosine` on one side: the mean principal-angle
+    cosine between two random k-dimensional subspaces of R^d (Monte Carlo, seeded)."""
+    if not 1 <= k <= d:
+        raise ValueError(f"need 1 <= k <= d, got k={k}, d={d}")
+    g = torch.Generator().manual_seed(seed)
+    vals = []
+    for _ in range(n_draws):
+        QA = torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64))[0]
+        QB = torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64))[0]
+        vals.append(_mean_cos(QA, QB))
+    return float(np.mean(vals))
+
+
+def _spectrum_stats(S: Tensor, top_frac: float, null: int) -> dict[str, float]:
+    S = S.double()
+    trimmed = S[: S.numel() - null] if null else S
+    return {"top_energy": energy_fraction(S, top_frac), "cond": condition_number(S),
+            "cond_trim": condition_number(trimmed), "erank": effective_rank(S)}
+
+
+def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = None, *, tau: float = TAU,
+                eps: float = 1e-2, k_frac: float = 0.3, top_frac: float = TOP_FRAC, gate: str | None = None,
+                prior: bool | None = None, refine: bool = True, numerator: str | None = None,
+                reference: Mapping[str, Tensor] | None = None, progress: bool | None = None) -> Any:
+    """ACE's stages on every matrix (:func:`layer_stages`), one row per layer.
+
+    Columns:
+
+    * ``key, layer_type, block, shape, gamma, flag, k, refined``;
+    * normalisation: ``trace_ratio`` = max/min tr_t (how unequal the tasks' energies are),
+      ``share_max`` = the largest task's share tr_t / sum tr without normalisation (vs 1/T
+      with it), ``ridge_rel`` = mean_t ridge_t·d_in / Tr(Sigma_tilde,t) = eps·d_in/tr_t (the
+      ridge against the mean eigenvalue: the same in both branches);
+    * prior: ``prior_rel`` = ||C_agg||_F / ||sum_t Sigma_tilde,t||_F, ``ridge_rel_F`` = the same
+      for the ridge sum_t ridge_t I (NaN / 0 when absent);
+    * spectrum of W_bar_pre: ``top_energy_pre`` (energy share of the top ``top_frac`` of its
+      singular values), ``cond_pre`` (sigma_max/sigma_min), ``cond_pre_trim`` (the same without
+      the singular value that the centred numerator forces to 0 when d_out <= d_in: every
+      column of W_bar_pre sums to zero), ``erank_pre``;
+    * directions (k_dir = ceil(top_frac·r) directions, the ones holding the energy):
+      ``cos_sum`` (W_bar_pre vs sum_t ΔW_t), ``cos_fused`` (vs W_fused, whose directions
+      the refinement uses), ``cos_experts`` (mean over t vs ΔW_t), ``cos_random`` (chance
+      level), each the mean of the left and right :func:`direction_cosine`;
+    * the final W_bar: ``top_energy_final``, ``cond_final``, ``erank_final``; for comparison
+      ``top_energy_sum``, the same share for sum_t ΔW_t (is the concentration ACE's own?);
+    * size: ``norm_pre_rel`` = ||W_bar_pre||_F / ||mean_t ΔW_t||_F;
+    * with ``reference`` (a merged update per key, e.g. from
+      :func:`acetools.merging.ace.ace_with_diagnostics` with the same switches):
+      ``ref_err`` = max |W_bar - reference[key]|, to check that the stages compose to ACE.
+    """
+    import pandas as pd
+
+    from ..utils import progress as bar
+
+    keys = list(keys) if keys is not None else matrix_keys(task_vectors)
+    rows = []
+    for key in bar(keys, desc="stages", enabled=progress):
+        st = layer_stages([tv[key] for tv in task_vectors], tau=tau, eps=eps, k_frac=k_frac, gate=gate,
+                          prior=prior, refine=refine, numerator=numerator, name=key)
+        d_out, d_in = st.shape
+        r = st.rank
+        T = len(st.delta_W)
+        tr = st.covs.traces
+        Ssum = _sum(st.covs.Sigma_tilde)
+        nS = float(torch.linalg.matrix_norm(Ssum))
+        tr_tilde = torch.stack([torch.diagonal(S).sum() for S in st.covs.Sigma_tilde])
+        null = 1 if (st.numerator == "centered" and d_out <= d_in) else 0
+        pre = _spectrum_stats(torch.linalg.svdvals(st.W_pre), top_frac, null)
+        fin = _spectrum_stats(torch.linalg.svdvals(st.W), top_frac, 0)
+        kd = max(1, math.ceil(top_frac * r))
+        UP, VP = _bases(st.W_pre, kd)
+
+        def cos_with(M: Tensor) -> float:
+            UB, VB = _bases(M, kd)
+            return (_mean_cos(UP, UB) + _mean_cos(VP, VB)) / 2
+
+        mean_dW = st.task_sum / T
+        rows.append({
+            "key": key, "layer_type": layer_type(key), "block": block_index(key), "shape": (d_out, d_in),
+            "gamma": st.gamma, "flag": st.flag, "k": st.k, "refined": st.refined_by_ace,
+            "trace_ratio": float(tr.max() / tr.min()), "share_max": float(tr.max() / tr.sum()),
+            "ridge_rel": float((st.covs.ridge * d_in / tr_tilde).mean()),
+            "prior_rel": float(torch.linalg.matrix_norm(st.C_agg)) / nS if st.C_agg is not None else 0.0,
+            "ridge_rel_F": float(st.covs.ridge.sum()) * math.sqrt(d_in) / nS,
+            "top_energy_pre": pre["top_energy"], "cond_pre": pre["cond"], "cond_pre_trim": pre["cond_trim"],
+            "erank_pre": pre["erank"],
+            "k_dir": kd,
+            "cos_sum": cos_with(st.task_sum), "cos_fused": cos_with(st.W_fused),
+            "cos_experts": float(np.mean([cos_with(d) for d in st.delta_W])),
+            "cos_random": (random_subspace_cosine(d_out, kd) + random_subspace_cosine(d_in, kd)) / 2,
+            "top_energy_final": fin["top_energy"], "cond_final": fin["cond"], "erank_final": fin["erank"],
+            "top_energy_sum": energy_fraction(st.task_sum, top_frac),
+            "norm_pre_rel": float(torch.linalg.matrix_norm(st.W_pre) / torch.linalg.matrix_norm(mean_dW)),
+        })
+        if reference is not None:
+            rows[-1]["ref_err"] = float((st.W - reference[key].detach().double().cpu()).abs().max())
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- ablation
+
+FULL = "ACE (full)"
+GATE_ON = "gate on (normalise every layer)"
+GATE_ON_NO_REFINE = "gate on, no refinement"
+GATE_OFF = "gate off (never normalise)"
+NO_PRIOR = "no structural prior"
+NO_REFINE = "no refinement"
+RAW_NUMERATOR = "raw numerator ΔW_t"
+IDENTITY = "identity estimator (= averaging)"
+#: The ablation of notebook 02: one ACE component changed at a time (``merge("ace", ...)``
+#: hyperparameters; see :func:`acetools.merging.ace.ace_matrix`). "gate on" also switches on
+#: the refinement of every layer, so "gate on, no refinement" isolates the normalisation.
+ABLATIONS: dict[str, dict[str, Any]] = {
+    FULL: {},
+    GATE_ON: {"gate": "on"},
+    GATE_ON_NO_REFINE: {"gate": "on", "refine": False},
+    GATE_OFF: {"gate": "off"},
+    NO_PRIOR: {"prior": False},
+    NO_REFINE: {"refine": False},
+    RAW_NUMERATOR: {"numerator": "raw"},
+    IDENTITY: {"estimator": "identity"},
+}
+#: The label of ACE with its scaling chosen on validation (:data:`acetools.benchmark.ACE_SCALED`).
+SCALED_LABEL = "ACE, scaling chosen on val"
+
+
+@dataclass
+class Ablation:
+    """Result of :func:`run_ablation`: ``table`` (one row per variant: suite, variant, hparams,
+    scaling, test_acc, test_normalized in %, same_as, seconds) and ``per_task`` (suite,
+    variant, task, accuracy, normalized in %)."""
+
+    table: Any
+    per_task: Any
+
+    def effect(self, a: str, b: str, column: str = "test_normalized", suite: str | None = None) -> float:
+        """``column`` of variant ``a`` minus that of ``b`` (in one ``suite``, needed when the
+        table holds several)."""
+        t = self.table
+        if suite is not None:
+            t = t[t["suite"] == suite]
+        elif t["suite"].nunique() > 1:
+            raise ValueError(f"the table holds suites {sorted(t['suite'].unique())}; pass suite=")
+        v = t.set_index("variant")[column]
+        for name in (a, b):
+            if name not in v.index:
+                raise KeyError(f"no variant {name!r}; variants: {list(v.index)}")
+        return float(v[a] - v[b])
+
+    @staticmethod
+    def concat(parts: Sequence[Ablation]) -> Ablation:
+        import pandas as pd
+
+        return Ablation(pd.concat([p.table for p in parts], ignore_index=True),
+                        pd.concat([p.per_task for p in parts], ignore_index=True))
+
+
+def _same_state(a: StateDict, b: StateDict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None, *, scaled: bool = True,
+                 search=None, hparams: Mapping[str, Any] | None = None, suite: str | None = None, merge: Callable[..., StateDict] | None = None,
+                 progress: bool | None = None) -> Ablation:
+    """Merge with ACE once per variant of ``variants`` (label -> hyperparameters, default
+    :data:`ABLATIONS`) and score each merge on the test splits.
+
+    Each variant: ``merged = merge("ace", bench.base, bench.experts, **hparams, **variant)``
+    (``hparams``: settings shared by every variant, e.g. ``eps``; a variant overrides them);
+    ``acc = bench.evaluate(merged, "test")`` and ``bench.normalized(acc, "test")`` (accuracy
+    over the expert's). A merge identical to an earlier variant's is not evaluated again: it
+    gets that variant's scores and its label in ``same_as`` (the switch changed no weight).
+    With ``scaled``, one more row: ``bench.run("ace", search=search)`` (default
+    :data:`acetools.benchmark.ACE_SCALED`: ACE's scaling chosen on validation), labelled
+    :data:`SCALED_LABEL`, with the shared ``hparams``. ``suite`` names the rows (default
+    ``bench.zoo.suite``).
+    """
+    import pandas as pd
+
+    from ..utils import progress as bar
+
+    if merge is None:
+        from ..merging import merge
+    variants = dict(ABLATIONS if variants is None else variants)
+    if suite is None:
+        suite = getattr(getattr(bench, "zoo", None), "suite", None) or ""
+    base, experts = bench.base, bench.experts
+    done: list[tuple[str, StateDict, dict, dict]] = []
+    rows, per_task = [], []
+    shared = dict(hparams or {})
+    for label, hp in bar(list(variants.items()), desc="ablation", enabled=progress):
+        hp = {**shared, **dict(hp)}
+        t0 = time.perf_counter()
+        merged = merge("ace", base, experts, **hp)
+        same = next((d for d in done if _same_state(d[1], merged)), None)
+        if same is None:
+            acc = bench.evaluate(merged, "test")
+            norm = bench.normalized(acc, "test")
+            done.append((label, merged, acc, norm))
+        else:
+            acc, norm = same[2], same[3]
+        rows.append({"suite": suite, "variant": label, "hparams": _fmt(dict(variants[label])), "scaling": hp.get("scaling", 1.0),
+                     "test_acc": 100 * float(np.mean(list(acc.values()))),
+                     "test_normalized": 100 * float(np.mean(list(norm.values()))),
+                     "same_as": same[0] if same else "", "seconds": time.perf_counter() - t0})
+        per_task += [{"suite": suite, "variant": label, "task": t, "accuracy": 100 * acc[t],
+                      "normalized": 100 * norm[t]} for t in acc]
+    if scaled:
+        if search is None:
+            from ..benchmark import ACE_SCALED as search
+        t0 = time.perf_counter()
+        run = bench.run("ace", search=search, label=SCALED_LABEL, **shared)
+        rows.append({"suite": suite, "variant": SCALED_LABEL, "hparams": f"{run.coef_name} on val",
+                     "scaling": run.coef, "test_acc": 100 * float(np.mean(list(run.test.values()))),
+                     "test_normalized": 100 * float(np.mean(list(run.test_normalized.values()))),
+                     "same_as": "", "seconds": time.perf_counter() - t0})
+        per_task += [{"suite": suite, "variant": SCALED_LABEL, "task": t, "accuracy": 100 * run.test[t],
+                      "normalized": 100 * run.test_normalized[t]} for t in run.test]
+    return Ablation(pd.DataFrame(rows), pd.DataFrame(per_task))
+
+
+def _fmt(hp: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in hp.items()) or "defaults"
+
+
+def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: int, quick: bool, device: str,
+                         hparams: Mapping[str, Any], tau: float = TAU, patience: int | None = None
+                         ) -> tuple[Ablation, dict[str, float], Any]:
+    """:func:`run_ablation` on every suite of ``suites`` (notebook 02's section 4).
+
+    ``main``: ``(suite, zoo, bench, gamma_table)`` already built for one suite (reused, not
+    rebuilt); every other suite's world is built (or loaded from the cache) at ``size`` and
+    ``seed`` and released after its ablation. Returns the concatenated :class:`Ablation`, the
+    share of flagged matrices per suite (gamma > ``tau``) and a table ``suite, tasks,
+    flagged (%), seconds``.
+    """
+    import pandas as pd
+
+    from . import world as course
+
+    parts, flagged, rows = [], {}, []
+    main_suite, main_zoo, main_bench, main_gt = main
+    for s in suites:
+        if s == main_suite:
+            z, b, g = main_zoo, main_bench, main_gt
+        else:
+            z = course.world(s, size, seed=seed, quick=quick, device=device)
+            b = course.benchmark(z, quick=quick, patience=patience)
+            g = gamma_table(task_vectors(b.base, b.experts), tau=tau)
+        name = z.suite or s
+        flagged[name] = float(g.flag.mean())
+        t0 = time.perf_counter()
+        parts.append(run_ablation(b, hparams=hparams, suite=name))
+        rows.append({"suite": name, "tasks": len(z.tasks), "flagged (%)": 100 * flagged[name],
+                     "seconds": time.perf_counter() - t0})
+        del z, b, g
+    return Ablation.concat(parts), flagged, pd.DataFrame(rows)
+
+
+def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float]) -> dict[str, list[dict[str, Any]]]:
+    """The differences (normalized points) the ablation claims are decided on, per suite.
+
+    ``frac_flagged``: suite -> share of its matrices with gamma > tau. Returns
+    ``{"normalization": [...], "csp": [...], "refinement": [...]}``, the inputs of
+    :func:`verdict_normalization`, :func:`verdict_csp` and :func:`verdict_refinement`:
+
+    * normalization (both without refinement, which the gate also switches): ``d_auto`` =
+      "no refinement" (ACE's gate normalises the flagged layers) - gate off, ``d_forced`` =
+      gate on without refinement (every layer normalised) - gate off;
+    * csp: ``d`` = full - no structural prior;
+    * refinement: ``d`` = full - no refinement where ACE refines some layer (a flagged
+      layer exists), else gate on - gate on without refinement (refinement of every layer).
+    """
+    out: dict[str, list[dict[str, Any]]] = {"normalization": [], "csp": [], "refinement": []}
+    for suite, f in frac_flagged.items():
+        def e(a: str, b: str) -> float:
+            return ablation.effect(a, b, suite=suite)
+
+        out["normalization"].append({"suite": suite, "frac_flagged": float(f), "d_auto": e(NO_REFINE, GATE_OFF),
+                                     "d_forced": e(GATE_ON_NO_REFINE, GATE_OFF)})
+        out["csp"].append({"suite": suite, "d": e(FULL, NO_PRIOR), "what": "full - no prior"})
+        if f > 0:
+            out["refinement"].append({"suite": suite, "d": e(FULL, NO_REFINE), "what": "full - no refinement"})
+        else:
+            out["refinement"].append({"suite": suite, "d": e(GATE_ON, GATE_ON_NO_REFINE),
+                                      "what": "gate on: refined - not refined"})
+    return out
+
+
+# --------------------------------------------------------------------------- verdicts
+# Every rule below uses the course's one comparison rule (acetools.course.verdicts): a
+# difference counts when it exceeds max(NOISE, seed spread), else it is a tie.
+
+
+def _agree_reason(parts: Sequence[str], noise: float) -> str:
+    return "; ".join(parts) + f" (normalized points; within ±{noise} = {TIE})"
+
+
+def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> Verdict:
+    """ace.gamma_vit. The paper: ViT-B/16 has gamma < 0.25 (so ACE skips normalisation on
+    ViTs), RoBERTa gamma > 0.3. Rule: ``reproduced`` if at least 90% of our ViT's matrices
+    have gamma < ``vit`` (the paper's 0.25); ``partly`` if the median gamma is below ``vit``
+    (most layers, not all); else ``not reproduced``. The RoBERTa half is not testable here."""
+    g = gtable["gamma"].to_numpy(dtype=float)
+    frac_below = float(np.mean(g < vit))
+    nums = {"median_gamma": float(np.median(g)), "frac_below_vit": frac_below,
+            "frac_flagged": float(np.mean(g > tau)), "n_layers": int(g.size), "max_gamma": float(g.max())}
+    if frac_below >= 0.9:
+        v = "reproduced"
+    elif nums["median_gamma"] < vit:
+        v = "partly"
+    else:
+        v = "not reproduced"
+    reason = (f"{100 * frac_below:.0f}% of {g.size} matrices have gamma < {vit} (median {nums['median_gamma']:.3g}, "
+              f"{100 * nums['frac_flagged']:.0f}% flagged > {tau}); rule: >= 90% below -> reproduced, median below "
+              f"-> partly; the RoBERTa half is not testable here")
+    measured = (f"median gamma {nums['median_gamma']:.3g}, {100 * nums['frac_below_vit']:.0f}% of "
+                f"matrices < {vit:g}, {100 * nums['frac_flagged']:.0f}% > {tau}")
+    return Verdict(measured, v, reason, nums)
+
+
+def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE,
+                          flag_fraction: float = FLAG_FRACTION) -> Verdict:
+    """ace.normalization. ``per_suite``: dicts with ``suite``, ``frac_flagged`` (share of
+    matrices with gamma > tau), ``d_auto`` = normalized acc of ACE without refinement (the
+    gate normalises the flagged layers) minus "gate off", ``d_forced`` = "gate on, no
+    refinement" (every layer normalised) minus "gate off"; refinement is off in all three, so
+    the differences are the normalisation's (:func:`ablation_effects`).
+
+    The paper gives no ablation number for this claim, only the direction: normalisation
+    matters where gamma is high and can be skipped for ViTs. Rule, per suite: where
+    heterogeneity is high (frac_flagged > ``flag_fraction``) agree if d_auto counts as a gain
+    (:func:`~acetools.course.verdicts.compare`); where it is low (the paper's ViT case) agree
+    if forcing it everywhere is no gain. Then :func:`~acetools.course.verdicts.agreement`
+    over the suites.
+    """
+    agree, parts = [], []
+    for s in per_suite:
+        if s["frac_flagged"] > flag_fraction:
+            ok = compare(s["d_auto"], noise=noise) == "better"
+            parts.append(f"{s['suite']}: high gamma ({100 * s['frac_flagged']:.0f}% flagged), "
+                         f"normalise flagged - never = {s['d_auto']:+.2f}")
+        else:
+            ok = compare(s["d_forced"], noise=noise) != "better"
+            parts.append(f"{s['suite']}: low gamma ({100 * s['frac_flagged']:.0f}% flagged), "
+                         f"always - never normalise = {s['d_forced']:+.2f}")
+        agree.append(ok)
+    nums = {s["suite"]: dict(s) for s in per_suite}
+    measured = "; ".join(f"{s['suite']}: normalise flagged − never {s['d_auto']:+.2f}, normalise all − never "
+                         f"{s['d_forced']:+.2f}" for s in per_suite)
+    return Verdict(measured, agreement(agree), _agree_reason(parts, noise), nums)
+
+
+def _better_everywhere(name: str, per_suite: Sequence[Mapping[str, Any]], noise: float,
+                       label: str | None = None) -> Verdict:
+    agree = [compare(s["d"], noise=noise) == "better" for s in per_suite]
+    parts = [f"{s['suite']}: {s.get('what', name)} = {s['d']:+.2f} ({compare(s['d'], noise=noise)})"
+             for s in per_suite]
+    nums = {s["suite"]: dict(s) for s in per_suite}
+    measured = "; ".join(f"{s['suite']}: {label or s.get('what', name)} {s['d']:+.2f}" for s in per_suite)
+    return Verdict(measured, agreement(agree), _agree_reason(parts, noise), nums)
+
+
+def verdict_csp(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE) -> Verdict:
+    """ace.csp. ``per_suite``: dicts with ``suite`` and ``d`` = full ACE minus "no structural
+    prior". The paper gives no ablation number, only that the prior is the better
+    regulariser. Rule: the prior helps in a suite when ``d`` counts as a gain
+    (:func:`~acetools.course.verdicts.compare`); agreement over the suites."""
+    return _better_everywhere("full - no prior", per_suite, noise, label="full − no prior")
+
+
+def verdict_refinement(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE) -> Verdict:
+    """ace.refinement. ``per_suite``: dicts with ``suite``, ``d`` and ``what``: full ACE minus
+    "no refinement" where ACE refines some layer, else "gate on" minus "gate on, no
+    refinement" (refinement on every layer). The paper gives no ablation number. Rule: helps
+    when ``d`` counts as a gain; agreement over suites."""
+    return _better_everywhere("refine - no refine", per_suite, noise)
+
+
+def verdict_spectrum(stable: Any, *, energy: float = PAPER_ENERGY, cond: float = PAPER_COND) -> Verdict:
+    """ace.spectrum. The paper: W_bar_pre's top 5% singular values hold 99%+ of the energy and
+    its condition number exceeds 8.7e5. Rule on the medians over layers of W_bar_pre's top-5%
+    energy share and of its condition number without the structural zero
+    (``cond_pre_trim``): both at the paper's level (>= ``energy``, > ``cond``) -> reproduced;
+    one -> partly; none -> not reproduced."""
+    e = float(stable["top_energy_pre"].median())
+    c = float(stable["cond_pre_trim"].median())
+    craw = float(stable["cond_pre"].median())
+    nums = {"median_top5_energy": e, "median_cond_trim": c, "median_cond_raw": craw,
+            "frac_top5_ge_paper": float((stable["top_energy_pre"] >= energy).mean()),
+            "frac_cond_gt_paper": float((stable["cond_pre_trim"] > cond).mean())}
+    v = agreement([e >= energy, c > cond])
+    reason = (f"median over {len(stable)} matrices: top-5% energy {100 * e:.1f}% (paper 99%+), condition number "
+              f"{c:.3g} without the centring's structural zero ({craw:.3g} with it; paper > {cond:.3g})")
+    measured = f"median top-5% energy {100 * e:.1f}%, condition number {c:.3g} (raw {craw:.3g})"
+    return Verdict(measured, v, reason, nums)
+
+
+def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> Verdict:
+    """ace.direction. The paper: the principal directions of W_bar_pre are correct, "cosine ≈ 1".
+    Rule on the median over layers of ``cos_sum`` (principal directions of W_bar_pre vs those of
+    sum_t ΔW_t): >= ``high`` -> reproduced ("≈ 1"); >= ``low`` -> partly (aligned, not
+    identical); else not reproduced. Chance level is reported."""
+    m = float(stable["cos_sum"].median())
+    nums = {"median_cos_sum": m, "median_cos_fused": float(stable["cos_fused"].median()),
+            "median_cos_experts": float(stable["cos_experts"].median()),
+            "median_cos_random": float(stable["cos_random"].median())}
+    v = threshold(m, high, low)
+    reason = (f"median cosine of W_pre's top singular directions with sum_t ΔW_t's: {m:.2f} (vs W_fused "
+              f"{nums['median_cos_fused']:.2f}, single experts {nums['median_cos_experts']:.2f}, chance "
+              f"{nums['median_cos_random']:.2f}); rule: >= {high} reproduced, >= {low} partly")
+    measured = f"median direction cosine with sum_t ΔW_t {m:.2f} (chance {nums['median_cos_random']:.2f})"
+    return Verdict(measured, v, reason, nums)
+
+
+def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: Mapping[str, float], *,
+                   tau: float = TAU) -> dict[str, Verdict]:
+    """The verdicts of the claims notebook 02 owns, by claim id, from its tables."""
+    effects = ablation_effects(ablation, frac_flagged)
+    return {
+        "ace.gamma_vit": verdict_gamma(gtable, tau=tau),
+        "ace.normalization": verdict_normalization(effects["normalization"]),
+        "ace.csp": verdict_csp(effects["csp"]),
+        "ace.refinement": verdict_refinement(effects["refinement"]),
+        "ace.spectrum": verdict_spectrum(stable),
+        "ace.direction": verdict_direction(stable),
+    }
+
+
+def diagnose(gtable: Any, stable: Any, ablation: Ablation | None = None) -> list[str]:
+    """Sentences, computed from the tables, on why a stage behaves as it does in this world.
+
+    ``gtable``: :func:`gamma_table`; ``stable``: :func:`stage_table`; ``ablation``: the
+    :class:`Ablation` (optional). Covers: what makes the flagged layers' gamma (spread of the
+    energies, or a mean log-energy near 0), the structural zero singular value of W_bar_pre,
+    whether W_bar_pre's concentration is already in the task-vector sum, the direction
+    cosines, and which ablation switches changed no weight.
+    """
+    out = []
+    flagged = gtable[gtable["flag"]]
+    if len(flagged):
+        near = flagged[flagged["log_energy_mean"].abs() < 1.0]
+        out.append(
+            f"gamma: {len(flagged)} of {len(gtable)} matrices are flagged; {len(near)} of these have a mean log-energy "
+            f"within ±1 of 0 (energies near 1), where gamma's denominator vanishes, so their gamma reflects the units "
+            f"of the weights more than the spread of the energies (median max/min energy ratio of flagged matrices: "
+            f"{float(flagged['energy_ratio'].median()):.2f}).")
+    else:
+        out.append(
+            f"gamma: no matrix is flagged (largest gamma {float(gtable['gamma'].max()):.3g}): ACE runs as the plain closed "
+            f"form on every layer, as the paper describes for ViTs, and its normalisation and refinement act on nothing.")
+    wide = stable[[s[0] <= s[1] for s in stable["shape"]]]
+    if len(wide):
+        out.append(
+            f"spectrum: {len(wide)} of {len(stable)} matrices have d_out <= d_in; there the centred numerator gives W_pre "
+            f"a zero singular value, so their raw condition number (median {float(wide['cond_pre'].median()):.3g}) is "
+            f"rounding noise; without it the median over all matrices is {float(stable['cond_pre_trim'].median()):.3g}.")
+    out.append(
+        f"spectrum: the top 5% of W_pre's singular values hold {100 * float(stable['top_energy_pre'].median()):.1f}% of "
+        f"its energy (median), against {100 * float(stable['top_energy_sum'].median()):.1f}% for the plain task-vector "
+        f"sum and {100 * float(stable['top_energy_final'].median()):.1f}% for ACE's output.")
+    out.append(
+        f"directions: W_pre's top directions match W_fused's (the refinement's) at median cosine "
+        f"{float(stable['cos_fused'].median()):.2f}, the task-vector sum's at {float(stable['cos_sum'].median()):.2f} "
+        f"and single experts' at {float(stable['cos_experts'].median()):.2f} (chance {float(stable['cos_random'].median()):.2f}).")
+    if ablation is not None:
+        sc = ablation.table[ablation.table["variant"] == SCALED_LABEL]
+        if len(sc):
+            out.append("ablation: the scaling chosen on validation is " + ", ".join(
+                f"s = {r.scaling:g} in {r.suite}" for r in sc.itertuples())
+                + " (1 = ACE as published); s < 1 means ACE's merged update is larger than this world wants.")
+        same = ablation.table[ablation.table["same_as"] != ""]
+        if len(same):
+            out.append("ablation: switches that changed no weight: " + "; ".join(
+                f"{r.suite}: {r.variant} (= {r.same_as})" for r in same.itertuples()) + ".")
+    return out

@@ -1,0 +1,131 @@
+"""Interactive explorers: thin ipywidgets wrappers around pure plotting functions (docs/style.md §11).
+
+An :class:`Explorer` owns one matplotlib figure and a pure function
+``plot_fn(ax, **values) -> ax``; each control change clears the axes and calls the function
+again. The same function draws the static figure that headless runs save, so a notebook
+does::
+
+    ex = widgets.rank_slider(plot_spectrum, ranks=range(1, 33), value=8, data=sv)
+    plotting.save_figure(ex.figure, "spectrum", fig_dir)    # always
+    if interactive:
+        display(ex.widget)                                  # only in a live notebook
+
+ipywidgets is imported when a widget is first built, never at import time. Outside a live
+frontend (a plain Python process, pytest) a redraw only redraws the figure: nothing is
+printed (no ``Figure(600x360)`` per change).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["Explorer", "rank_slider", "alpha_slider", "task_picker", "in_frontend"]
+
+
+def in_frontend() -> bool:
+    """Whether this process is a Jupyter kernel (a notebook, papermill, VS Code): only there
+    can a widget's output be shown; elsewhere ``display`` would print the figure's repr."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython ships with ipywidgets
+        return False
+    ip = get_ipython()
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+class Explorer:
+    """A figure redrawn by ``plot_fn(ax, **fixed, **values)`` whenever a control changes.
+
+    ``controls``: ``{name: ipywidgets control}``; their ``value`` is passed to ``plot_fn``
+    under the same name. ``set(name=value)`` changes a control programmatically (tests do
+    this) and triggers the redraw; ``values`` holds the values last drawn.
+    """
+
+    def __init__(self, plot_fn: Callable[..., Any], controls: dict[str, Any], *, figsize=(6.0, 3.6), **fixed: Any):
+        import ipywidgets as w
+        import matplotlib.pyplot as plt
+
+        if not controls:
+            raise ValueError("an Explorer needs at least one control")
+        self.plot_fn, self.controls, self.fixed = plot_fn, dict(controls), fixed
+        self.figure, self.ax = plt.subplots(figsize=figsize)
+        plt.close(self.figure)  # shown through the Output widget, not by pyplot
+        self.output = w.Output()
+        self.values: dict[str, Any] = {}
+        self.draws = 0
+        for c in self.controls.values():
+            c.observe(self._changed, names="value")
+        self.widget = w.VBox([w.HBox(list(self.controls.values())), self.output])
+        self.redraw()
+
+    def _changed(self, _change) -> None:
+        self.redraw()
+
+    def redraw(self) -> None:
+        self.values = {k: c.value for k, c in self.controls.items()}
+        self.ax.clear()
+        self.plot_fn(self.ax, **self.fixed, **self.values)
+        self.draws += 1
+        if not in_frontend():
+            return
+        self.output.clear_output(wait=True)
+        with self.output:
+            from IPython.display import display
+
+            display(self.figure)
+
+    def set(self, **values: Any) -> None:
+        """Set control values (each triggers a redraw, as a user's change would)."""
+        for k, v in values.items():
+            if k not in self.controls:
+                raise KeyError(f"no control {k!r}; controls: {sorted(self.controls)}")
+            self.controls[k].value = v
+
+
+def rank_slider(plot_fn: Callable[..., Any], ranks: Sequence[int], value: int | None = None, *,
+                name: str = "k", description: str = "rank k", **fixed: Any) -> Explorer:
+    """A rank / spectrum explorer: an integer slider over ``ranks`` feeding ``plot_fn(ax, k=...)``."""
+    import ipywidgets as w
+
+    ranks = [int(r) for r in ranks]
+    if not ranks:
+        raise ValueError("ranks is empty")
+    value = ranks[len(ranks) // 2] if value is None else int(value)
+    if value not in ranks:
+        raise ValueError(f"value {value} is not one of the ranks {ranks[0]}..{ranks[-1]}")
+    step = ranks[1] - ranks[0] if len(ranks) > 1 else 1
+    slider = w.IntSlider(value=value, min=ranks[0], max=ranks[-1], step=step, description=description,
+                         continuous_update=False)
+    return Explorer(plot_fn, {name: slider}, **fixed)
+
+
+def alpha_slider(plot_fn: Callable[..., Any], alphas: Sequence[float], value: float | None = None, *,
+                 name: str = "alpha", description: str = "alpha", **fixed: Any) -> Explorer:
+    """A coefficient explorer over a **precomputed** sweep: the slider only offers the
+    swept values (``SelectionSlider``), so every position has a measured result."""
+    import ipywidgets as w
+
+    alphas = [float(a) for a in alphas]
+    if not alphas:
+        raise ValueError("alphas is empty")
+    value = alphas[len(alphas) // 2] if value is None else float(value)
+    if value not in alphas:
+        raise ValueError(f"value {value} is not one of the swept coefficients")
+    slider = w.SelectionSlider(options=[(f"{a:g}", a) for a in alphas], value=value, description=description,
+                               continuous_update=False)
+    return Explorer(plot_fn, {name: slider}, **fixed)
+
+
+def task_picker(plot_fn: Callable[..., Any], tasks: Sequence[str], value: str | None = None, *,
+                name: str = "task", description: str = "task", **fixed: Any) -> Explorer:
+    """A dropdown over ``tasks`` feeding ``plot_fn(ax, task=...)``."""
+    import ipywidgets as w
+
+    tasks = [str(t) for t in tasks]
+    if not tasks:
+        raise ValueError("tasks is empty")
+    value = tasks[0] if value is None else value
+    if value not in tasks:
+        raise ValueError(f"unknown task {value!r}; tasks: {tasks}")
+    return Explorer(plot_fn, {name: w.Dropdown(options=tasks, value=value, description=description)}, **fixed)

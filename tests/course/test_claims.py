@@ -1,0 +1,57 @@
+"""acetools.course.claims: the registry, recording verdicts, and the collected table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from acetools.course import claims
+
+
+def test_registry_ids_are_unique_and_owned_by_course_notebooks():
+    ids = [c.id for c in claims.CLAIMS]
+    assert len(ids) == len(set(ids))
+    from acetools.course.report import notebook_paths
+
+    stems = {p.stem for p in notebook_paths()}
+    owners = {c.notebook for c in claims.CLAIMS}
+    assert owners <= stems | {"01_theorem1", "02_ace_step_by_step", "03_esm_step_by_step", "04_benchmark", "05_claims"}
+    assert {c.paper for c in claims.CLAIMS} == {"ACE", "ESM"}
+
+
+def test_record_writes_merges_and_validates(tmp_path, caplog):
+    caplog.set_level("INFO", logger="acetools.course.claims")
+    d = tmp_path / "02_ace_step_by_step"
+    claims.record(d, "ace.csp", "prior +0.3 pts", "partly", "within noise", delta=0.3)
+    claims.record(d, "ace.refinement", "refine +1.2 pts", "reproduced", "above noise", delta=1.2)
+    claims.record(d, "ace.csp", "prior +0.1 pts", "not reproduced", "no effect", delta=0.1)  # replaces
+    got = json.loads((d / "claims.json").read_text())
+    assert set(got) == {"ace.csp", "ace.refinement"}
+    assert got["ace.csp"]["verdict"] == "not reproduced" and got["ace.csp"]["numbers"] == {"delta": 0.1}
+    assert got["ace.csp"]["notebook"] == "02_ace_step_by_step"
+    assert "[reproduced] ace.refinement" in caplog.text
+    with pytest.raises(KeyError, match="valid ids"):
+        claims.record(d, "ace.nope", "", "reproduced", "")
+    with pytest.raises(ValueError, match="verdict"):
+        claims.record(d, "ace.csp", "", "kind of", "")
+
+
+def test_table_lists_every_claim_and_marks_unmeasured(tmp_path):
+    claims.record(tmp_path / "04_benchmark", "ace.sota", "ACE 2nd of 11", "not reproduced", "TSV-M ahead")
+    df = claims.claims_table(tmp_path)
+    assert len(df) == len(claims.CLAIMS)
+    row = df.set_index("id").loc["ace.sota"]
+    assert row.verdict == "not reproduced" and row.measured == "ACE 2nd of 11"
+    assert (df.verdict == "not measured").sum() == len(claims.CLAIMS) - 1
+
+
+def test_record_takes_a_verdict(tmp_path):
+    from acetools.course.verdicts import Verdict
+
+    v = Verdict("prior +0.3 pts", "partly", "within the margin", {"delta": 0.3})
+    entry = claims.record(tmp_path / "02_ace_step_by_step", "ace.csp", v, suite="tasks8")
+    assert (entry["measured"], entry["verdict"], entry["reason"]) == (v.measured, v.verdict, v.reason)
+    assert entry["numbers"] == {"delta": 0.3, "suite": "tasks8"}
+    with pytest.raises(TypeError, match="no verdict"):
+        claims.record(tmp_path, "ace.csp", v, verdict="reproduced")

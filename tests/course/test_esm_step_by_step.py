@@ -1,0 +1,441 @@
+"""acetools.course.esm_step_by_step: ESD-vs-SVD measurements, proxy variants, the alpha path and the
+ablation mapping, norm-order loading and the claim verdicts, on small synthetic inputs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import acetools
+from acetools import diagnostics
+from acetools.course import esm_step_by_step as ec
+from acetools.benchmark import Benchmark
+from acetools.merging import esm as E
+from acetools.utils import make_generator
+
+
+def _layer(seed=0, n=40, d_out=12, d_in=8):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d_in, generator=g, dtype=torch.float64) * torch.linspace(3.0, 0.1, d_in, dtype=torch.float64)
+    dW = torch.randn(d_out, d_in, generator=g, dtype=torch.float64)
+    return X, dW
+
+
+# --------------------------------------------------------------------------- ESD vs SVD
+def test_in_sample_energy_is_the_diagnostics_curve_and_esd_dominates():
+    X, dW = _layer()
+    en = ec.layer_energy(X, dW)
+    ref = diagnostics.energy_capture_curve(X, dW, [1, 3, 5, 8])
+    assert np.allclose(en["esd"][[0, 2, 4, 7]], ref["esd"], atol=1e-10)
+    assert np.allclose(en["svd"][[0, 2, 4, 7]], ref["svd"], atol=1e-10)
+    assert (en["esd"] >= en["svd"] - 1e-12).all()
+    assert list(en["k"]) == list(range(1, 9))  # r = min(d_out, d_in) = 8
+    assert en["esd"][-1] == pytest.approx(1.0) and en["svd"][-1] == pytest.approx(1.0)
+    assert (np.diff(en["esd"]) >= -1e-12).all()
+
+
+def test_held_out_energy_uses_the_fit_basis_on_other_rows():
+    X, dW = _layer()
+    X_eval = _layer(seed=5)[0]
+    held = ec.layer_energy(X, dW, X_eval)
+    own = ec.layer_energy(X_eval, dW)
+    # the fit's basis cannot beat the eval set's own PCA (Eckart-Young on the eval rows)
+    assert (held["esd"] <= own["esd"] + 1e-12).all()
+    assert not np.allclose(held["esd"], ec.layer_energy(X, dW)["esd"])
+    # SVD's basis does not depend on X: evaluated on X_eval it equals X_eval's own svd curve
+    assert np.allclose(held["svd"], own["svd"])
+
+
+def test_energy_stops_at_the_number_of_fit_rows():
+    X, dW = _layer(n=3)
+    en = ec.layer_energy(X, dW)
+    assert len(en["k"]) == 3  # only the genuine (orthonormal) ESD directions
+
+
+def test_cka_prefers_the_basis_aligned_with_the_inputs():
+    # dW is large along input 0, but the inputs barely use input 0: SVD keeps the wrong direction
+    d = 4
+    dW = torch.diag(torch.tensor([10.0, 2.0, 1.5, 1.0], dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(200, d, generator=g, dtype=torch.float64) * torch.tensor([1e-3, 1.0, 1.0, 1.0], dtype=torch.float64)
+    cka = ec.cka_at_rank(X, dW, 1)
+    assert cka["esd"] > cka["svd"] + 0.2
+    full = ec.cka_at_rank(X, dW, d)
+    assert full["esd"] == pytest.approx(1.0) and full["svd"] == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        ec.cka_at_rank(X, dW, d + 1)
+
+
+def test_rank_at_and_components_for():
+    assert ec.rank_at(0.05, 192) == 10 and ec.rank_at(0.05, 8) == 1 and ec.rank_at(2.0, 8) == 8
+    assert ec.components_for(np.array([0.5, 0.89, 0.95, 1.0]), 0.9) == 3
+    assert ec.components_for(np.array([0.5, 0.6]), 0.9) == 3  # never reached: len + 1
+
+
+def _task_layers(T=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    keys = ["visual.transformer.resblocks.0.mlp.c_fc.weight", "visual.transformer.resblocks.0.attn.in_proj_weight"]
+    shapes = {keys[0]: (16, 8), keys[1]: (24, 8)}
+    taus = [{k: torch.randn(*s, generator=g) for k, s in shapes.items()} for _ in range(T)]
+    acts = {k: [torch.randn(30, 8, generator=g) for _ in range(T)] for k in keys}
+    held = {k: [torch.randn(30, 8, generator=g) for _ in range(T)] for k in keys}
+    return keys, taus, acts, held
+
+
+def test_esd_vs_svd_tables():
+    keys, taus, acts, held = _task_layers()
+    curves, table = ec.esd_vs_svd(taus, acts, ["a", "b", "c"], keys, frac=0.25, heldout=held)
+    assert len(table) == 3 * 2 * 2
+    assert set(table.data) == {"in-sample", "held-out"}
+    assert set(table.layer_type) == {"mlp.c_fc.weight", "attn.in_proj_weight"}
+    assert (table.k == 2).all() and (table.r == 8).all()  # round(0.25 * 8)
+    row = table[(table.task == "b") & (table.key == keys[1]) & (table.data == "held-out")].iloc[0]
+    en = ec.layer_energy(acts[keys[1]][1], taus[1][keys[1]], held[keys[1]][1])
+    assert row.energy_esd == pytest.approx(en["esd"][1]) and row.energy_svd == pytest.approx(en["svd"][1])
+    cka = ec.cka_at_rank(acts[keys[1]][1], taus[1][keys[1]], 2, held[keys[1]][1])
+    assert row.cka_esd == pytest.approx(cka["esd"]) and row.cka_svd == pytest.approx(cka["svd"])
+    sub = E.essential_subspace(acts[keys[1]][1].double(), taus[1][keys[1]].double())
+    assert row.coord_norm == pytest.approx(float(torch.linalg.norm(sub.P.T @ taus[1][keys[1]].double())), rel=1e-4)
+    ins = curves[curves.data == "in-sample"]
+    assert (ins.esd >= ins.svd - 1e-5).all()
+    # task factors from the coordinate norms are ESM's polar scales
+    s = ec.task_factors(table)
+    assert list(s.index) == ["a", "b", "c"] and list(s.columns) == keys
+    n = table[table.data == "in-sample"].pivot(index="task", columns="key", values="coord_norm")[keys[0]]
+    assert np.allclose(s[keys[0]], (n / n.mean()) ** 2)
+
+
+# --------------------------------------------------------------------------- one layer, every stage
+def test_layer_stages_compose_to_esm_merge_matrix():
+    keys, taus, acts, _ = _task_layers(T=3)
+    key = keys[1]
+    lt = [tv[key] for tv in taus]
+    st = ec.layer_stages(lt, acts[key])
+    assert torch.allclose(st["merged"], E.esm_merge_matrix(lt, acts[key]), atol=1e-5)
+    assert st["k"] == 8 and st["P_cat"].shape == (24, 24) and st["A_cat"].shape == (24, 8)
+    assert float(torch.sqrt(st["s"]).mean()) == pytest.approx(1.0, abs=1e-6)
+    assert float(torch.sqrt(st["c"]).mean()) == pytest.approx(1.0, abs=1e-6)
+    Pw = st["P_white"]
+    c2 = float(torch.linalg.svdvals(st["P_cat"]).mean()) ** 2
+    assert torch.allclose(Pw.T @ Pw, c2 * torch.eye(Pw.shape[1]), atol=1e-4 * c2)
+    svd = ec.layer_stages(lt, None, decomposition="svd", task_power=-1.0)
+    assert torch.allclose(svd["merged"], E.esm_merge_matrix(lt, None, decomposition="svd", task_power=-1.0), atol=1e-5)
+
+
+def test_offdiagonal_share():
+    assert ec.offdiagonal_share(torch.eye(4)) == 0.0
+    assert ec.offdiagonal_share(torch.ones(3, 3)) == pytest.approx(np.sqrt(6 / 9))
+
+
+def test_layer_factor_table_is_esm_layer_scales():
+    g = torch.Generator().manual_seed(1)
+    upd = {f"visual.transformer.resblocks.{b}.{t}": torch.randn(6, 4, generator=g) * (b + 1)
+           for b in range(3) for t in ("mlp.c_fc.weight", "attn.out_proj.weight")}
+    upd["visual.proj"] = torch.randn(4, 4, generator=g)
+    tab = ec.layer_factor_table(upd)
+    betas = E.layer_scales(upd)
+    assert dict(zip(tab.key, tab.beta)) == pytest.approx(betas)
+    assert "visual.proj" not in set(tab.key) and sorted(tab.block.unique()) == [0, 1, 2]
+    assert set(tab.layer_type) == {"mlp.c_fc.weight", "attn.out_proj.weight"}
+
+
+# --------------------------------------------------------------------------- a fake bench
+class FakeZoo:
+    """A micro encoder with low-rank expert updates and random heads: no training."""
+
+    def __init__(self, tasks=("a", "b", "c"), n_val=60, n_test=40, seed=0):
+        from acetools.models import ClassificationHead, build_encoder
+
+        self.tasks, self.size, self.seed, self.suite, self.device = list(tasks), "micro", seed, None, "cpu"
+        torch.manual_seed(seed)
+        enc = build_encoder("micro")
+        self._base = {k: v.detach().clone() for k, v in enc.state_dict().items()}
+        g = torch.Generator().manual_seed(seed)
+        self._experts = {}
+        for t in self.tasks:
+            ex = {}
+            for k, v in self._base.items():
+                if v.ndim == 2:
+                    left, right = torch.randn(v.shape[0], 3, generator=g), torch.randn(3, v.shape[1], generator=g)
+                    ex[k] = v + 0.1 * left @ right
+                else:
+                    ex[k] = v + 0.05 * torch.randn(v.shape, generator=g)
+            self._experts[t] = ex
+        self._heads = {t: ClassificationHead(torch.randn(3, enc.output_dim, generator=g)) for t in self.tasks}
+        self._splits = {}
+        for i, t in enumerate(self.tasks):
+            for split, n in (("val", n_val), ("test", n_test)):
+                x = torch.full((n, 3, 32, 32), 10 * i + (1 if split == "val" else 2), dtype=torch.uint8)
+                x[:, 0, 0, :] = torch.arange(n, dtype=torch.uint8)[:, None]  # a per-image id
+                x[:, 1:] = torch.randint(0, 255, (n, 2, 32, 32), generator=g, dtype=torch.uint8)
+                y = torch.tensor([0] * (n // 2) + [1] * (n // 3) + [2] * (n - n // 2 - n // 3))
+                self._splits[(t, split)] = SimpleNamespace(x=x, y=y)
+
+    def base_state(self):
+        return self._base
+
+    def expert_state(self, t):
+        return self._experts[t]
+
+    def split(self, t, split):
+        return self._splits[(t, split)]
+
+    def head(self, t):
+        return self._heads[t]
+
+    def encoder(self, state=None):
+        from acetools.models import load_encoder
+
+        return load_encoder(self._base if state is None else state, "micro")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return Benchmark(FakeZoo(), n_val=60, n_test=40, n_proxy=8, threads=1)
+
+
+def _owner(img):
+    """(task index, split code, id) written into a FakeZoo image."""
+    v = int(img[0, 1, 0])
+    return v // 10, v % 10, int(img[0, 0, 0])
+
+
+def test_proxy_variants_give_the_requested_images(bench):
+    ind = ec.proxy_images(bench, "in-distribution")
+    for t in bench.tasks:
+        assert torch.equal(ind[t], bench.proxy_batch(t))  # the benchmark's own proxies
+    assert all(len(x) == 8 for x in ind.values())
+    four = ec.proxy_images(bench, "4 samples")
+    assert all(torch.equal(four[t], ind[t][:4]) for t in bench.tasks)
+    other = ec.proxy_images(bench, "other task")
+    for i, t in enumerate(bench.tasks):
+        owners = {_owner(img)[:2] for img in other[t]}
+        assert owners == {((i + 1) % 3, 1)}  # validation images of the next task
+    one = ec.proxy_images(bench, "one class", n=5)
+    for t in bench.tasks:
+        y = bench.zoo.split(t, "val").y
+        ids = [_owner(img)[2] for img in one[t]]
+        assert len(ids) == 5 and len(set(ids)) == 5
+        assert {int(y[j]) for j in ids} == {0}  # class 0 is the most frequent (n // 2)
+    pool = torch.arange(50, dtype=torch.uint8)[:, None, None, None].expand(50, 3, 32, 32).clone()
+    pp = ec.proxy_images(bench, "pretraining pool", pool=pool)
+    assert all(torch.equal(pp[t], pp[bench.tasks[0]]) for t in bench.tasks) and len(pp["a"]) == 8
+    idx = torch.randperm(50, generator=make_generator(bench.proxy_seed))[:8]
+    assert torch.equal(pp["a"][:, 0, 0, 0], idx.to(torch.uint8))
+    with pytest.raises(ValueError, match="pool"):
+        ec.proxy_images(bench, "pretraining pool")
+    with pytest.raises(ValueError, match="variant"):
+        ec.proxy_images(bench, "imagenet")
+
+
+def test_proxy_activations_match_the_benchmark_capture(bench):
+    imgs = ec.proxy_images(bench, "in-distribution")
+    acts = ec.proxy_activations(bench, imgs)
+    ref = bench.esm_activations()
+    assert list(acts) == list(ref)
+    for k in ref:
+        assert all(torch.allclose(a, b) for a, b in zip(acts[k], ref[k]))
+    few = ec.proxy_activations(bench, ec.proxy_images(bench, "4 samples"))
+    k = next(iter(few))
+    assert few[k][0].shape[0] == 4 * 17  # 4 images x 17 tokens
+
+
+# --------------------------------------------------------------------------- alpha path and ablation
+EXPLICIT = {  # the paper's rows written out by hand: what the ablation must map to
+    "SVD, no scaling": dict(decomposition="svd", task_scaling=False, dim_scaling=False, layer_scaling=False),
+    "SVD, layer only": dict(decomposition="svd", task_scaling=False, dim_scaling=False, layer_scaling=True),
+    "SVD, all levels": dict(decomposition="svd"),
+    "ESD, no scaling": dict(task_scaling=False, dim_scaling=False, layer_scaling=False),
+    "ESD, layer only": dict(task_scaling=False, dim_scaling=False),
+    "ESD, all levels": dict(),
+    "ESD, reciprocal (-1)": dict(task_power=-1.0, dim_power=-1.0, layer_power=-1.0),
+}
+
+
+def test_ablation_rows_map_to_the_right_esm_switches(bench):
+    assert list(ec.ABLATION) == list(EXPLICIT)
+    acts = bench.esm_activations()
+    states = {}
+    for name, switches in EXPLICIT.items():
+        at, _ = ec.esm_path(bench, **ec.ablation_hparams(name))
+        direct = acetools.merge("esm", bench.base, bench.experts, activations=acts, alpha=0.7, **switches)
+        got = at(0.7)
+        for k in direct:
+            assert torch.allclose(got[k], direct[k], atol=1e-5, rtol=1e-4), (name, k)
+        states[name] = got
+    # and the rows really differ from each other
+    k = bench.matrix_keys()[0]
+    names = list(states)
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            assert not torch.allclose(states[names[i]][k], states[names[j]][k]), (names[i], names[j])
+    with pytest.raises(KeyError, match="rows"):
+        ec.ablation_hparams("ESD, task only")
+
+
+def test_esm_path_scales_only_the_esd_layers(bench):
+    at, _ = ec.esm_path(bench)
+    keys = set(ec.alpha_keys(bench.base, {}))
+    assert keys == set(bench.matrix_keys())
+    s0, s1 = at(0.0), at(1.0)
+    for k in bench.base:
+        if k in keys:
+            assert torch.allclose(s0[k], bench.base[k])
+        else:
+            assert torch.equal(s0[k], s1[k])
+    assert set(ec.alpha_keys(bench.base, {"alpha_scope": "all"})) == set(bench.base)
+    direct = acetools.merge("esm", bench.base, bench.experts, activations=bench.esm_activations(), alpha=0.3,
+                            alpha_scope="all")
+    at_all, _ = ec.esm_path(bench, alpha_scope="all")
+    assert all(torch.allclose(at_all(0.3)[k], direct[k], atol=1e-5) for k in direct)
+    with pytest.raises(ValueError, match="alpha"):
+        ec.esm_path(bench, alpha=0.5)
+
+
+def test_run_esm_picks_alpha_on_validation_and_scores_test_there(bench):
+    grid = [0.25, 0.75, 1.5]
+    custom = ec.proxy_activations(bench, ec.proxy_images(bench, "other task"))
+    run = ec.run_esm(bench, activations=custom, grid=grid, search="grid", patience=None, label="other task")
+    assert len(run.search) == 3
+    assert run.coef in grid and run.name == "other task" and run.method == "esm"
+    tr = run.search
+    assert run.coef == pytest.approx(float(tr.loc[tr.avg_normalized_top1.idxmax(), "alpha"]))
+    direct = acetools.merge("esm", bench.base, bench.experts, activations=custom, alpha=run.coef)
+    assert bench.evaluate(direct, "test") == pytest.approx(run.test)
+    assert "activations" not in run.hparams and run.hparams["alpha"] == run.coef
+    paper = ec.run_esm(bench, grid=None)  # golden section on [0, 2]
+    assert 0.0 <= paper.coef <= 2.0 and len(paper.search) > len(grid)
+    climb = ec.run_esm(bench, grid=grid, label="climb")
+    assert climb.coef in grid and set(climb.search.alpha) <= set(grid)
+    with pytest.raises(ValueError, match="search"):
+        ec.run_esm(bench, grid=grid, search="golden")
+
+
+def test_run_ablation_reuses_done_runs_and_labels_rows(bench):
+    done = {"ESD, all levels": ec.run_esm(bench, grid=[1.0], label="in-distribution")}
+    runs = ec.run_ablation(bench, ["SVD, no scaling", "ESD, all levels"], grid=[1.0], done=done, progress=False)
+    assert [r.name for r in runs] == ["SVD, no scaling", "ESD, all levels"]
+    assert runs[1].test == done["ESD, all levels"].test and done["ESD, all levels"].name == "in-distribution"
+    assert runs[0].hparams["decomposition"] == "svd"
+    tab = ec.runs_table(runs, suite="x")
+    assert list(tab.variant) == ["SVD, no scaling", "ESD, all levels"] and (tab.suite == "x").all()
+    assert tab.test_acc.iloc[0] == pytest.approx(100 * np.mean(list(runs[0].test.values())))
+    acc = tab.pivot(index="variant", columns="suite", values="test_acc")
+    txt = ec.ablation_text(acc, ["ESD, all levels", "SVD, no scaling"])
+    assert txt.startswith("x: ESD, all levels ") and " / SVD, no scaling " in txt
+
+
+# --------------------------------------------------------------------------- norm order
+def test_load_components_keeps_the_chosen_components():
+    g = torch.Generator().manual_seed(0)
+    key = "visual.transformer.resblocks.0.mlp.c_fc.weight"
+    base = {key: torch.zeros(6, 4, dtype=torch.float64), "other": torch.zeros(3, dtype=torch.float64)}
+    tau = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    expert = {key: tau.clone(), "other": torch.ones(3, dtype=torch.float64)}
+    X = {key: torch.randn(50, 4, generator=g, dtype=torch.float64)}
+    comps = ec.essential_components(base, expert, X)
+    assert set(comps) == {key} and comps[key][0].shape == (6, 4) and comps[key][1].shape == (4, 4)
+    full = ec.load_components(base, expert, comps, 10)  # budget beyond r keeps everything
+    assert torch.allclose(full[key], tau, atol=1e-10) and torch.equal(full["other"], expert["other"])
+    none = ec.load_components(base, expert, comps, 0)
+    assert torch.allclose(none[key], base[key])
+    P = E.essential_subspace(X[key], tau).P[:, :4]
+    norms = torch.linalg.norm(P.T @ tau, dim=1)
+    top, low = ec.load_components(base, expert, comps, 1), ec.load_components(base, expert, comps, 1, order="reverse")
+    assert float(torch.linalg.norm(top[key])) == pytest.approx(float(norms.max()))
+    assert float(torch.linalg.norm(low[key])) == pytest.approx(float(norms.min()))
+    # equal norms: both orders load the same total norm (the mean component norm)
+    eq_top = ec.load_components(base, expert, comps, 1, equal_norms=True)
+    eq_low = ec.load_components(base, expert, comps, 1, order="reverse", equal_norms=True)
+    assert float(torch.linalg.norm(eq_top[key])) == pytest.approx(float(norms.mean()))
+    assert float(torch.linalg.norm(eq_low[key])) == pytest.approx(float(norms.mean()))
+    with pytest.raises(ValueError):
+        ec.load_components(base, expert, comps, 1, order="random")
+
+
+def test_norm_order_table(bench):
+    tab = ec.norm_order_table(bench)
+    assert set(tab.order) == {"all", "none", "norm", "reverse"} and len(tab) == 3 * 6
+    allrow = tab[tab.order == "all"]
+    assert np.allclose(allrow.normalized, 100.0)
+
+
+# --------------------------------------------------------------------------- verdicts
+def _table(e_esd, e_svd, k_esd, k_svd, c_esd, c_svd):
+    rows = []
+    for lt in ("mlp.c_fc.weight", "attn.in_proj_weight"):
+        rows.append({"data": "held-out", "layer_type": lt, "energy_esd": e_esd, "energy_svd": e_svd,
+                     "k90_esd": k_esd, "k90_svd": k_svd, "cka_esd": c_esd[lt], "cka_svd": c_svd})
+    return pd.DataFrame(rows)
+
+
+def test_verdicts_follow_their_rules():
+    both = {"mlp.c_fc.weight": 0.9, "attn.in_proj_weight": 0.9}
+    one = {"mlp.c_fc.weight": 0.9, "attn.in_proj_weight": 0.5}
+    assert ec.verdict_energy(_table(0.8, 0.6, 2, 5, both, 0.5)).verdict == "reproduced"
+    assert ec.verdict_energy(_table(0.8, 0.6, 4, 5, both, 0.5)).verdict == "partly"
+    assert ec.verdict_energy(_table(0.602, 0.6, 2, 5, both, 0.5)).verdict == "not reproduced"  # +0.2 points: a tie
+    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, both, 0.5)).verdict == "reproduced"
+    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, one, 0.5)).verdict == "partly"  # in_proj ties
+    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, {k: 0.5 for k in both}, 0.5)).verdict == "not reproduced"
+    acc = {"in-distribution": 80.0, "other task": 80.3, "pretraining pool": 79.8, "one class": 80.0, "4 samples": 79.0}
+    assert ec.verdict_proxy(acc).verdict == "reproduced"
+    assert ec.verdict_proxy({**acc, "other task": 80.09, "one class": 79.91}).verdict == "reproduced"  # paper: < 0.1
+    assert ec.verdict_proxy({**acc, "one class": 78.0}).verdict == "partly"
+    assert ec.verdict_proxy({**acc, "one class": 78.0, "other task": 82, "pretraining pool": 70}).verdict == "not reproduced"
+    assert [ec.verdict_four(a, 80.0).verdict for a in (81.0, 80.2, 79.0)] == ["reproduced", "partly", "not reproduced"]
+    assert ec.verdict_gain({"t8": 1.0, "t20": 2.0}, "x").verdict == "reproduced"
+    assert ec.verdict_gain({"t8": 1.0, "t20": 0.3}, "x").verdict == "partly"
+    assert ec.verdict_gain({"t8": -1.0}, "x").verdict == "not reproduced"
+    # the paper's own gains (ViT-B/16 ablation): ESD alone +1.9 / +2.2, PS on SVD +0.6 / +1.5
+    assert ec.verdict_gain({"t8": 90.9 - 89.0, "t20": 82.8 - 80.6}, "x").verdict == "reproduced"
+    assert ec.verdict_gain({"t8": 89.6 - 89.0, "t20": 82.1 - 80.6}, "x").verdict == "reproduced"
+    # layer_first(layer gain, gain of all three levels): the paper's own ablation (ViT-B/16) passes
+    paper = ec.verdict_layer_first({"t8": 91.4 - 90.9, "t20": 83.7 - 82.8}, {"t8": 91.8 - 90.9, "t20": 84.9 - 82.8})
+    assert paper.verdict == "reproduced", paper.reason
+    assert ec.verdict_layer_first({"t8": 2.0}, {"t8": 2.5}).verdict == "reproduced"
+    assert ec.verdict_layer_first({"t8": 0.5}, {"t8": 3.0}).verdict == "not reproduced"  # a sixth of the total
+    assert ec.verdict_layer_first({"t8": 1.0, "t20": 0.2}, {"t8": 1.0, "t20": -1.0}).verdict == "partly"
+    assert ec.verdict_layer_first({"t8": 0.2}, {"t8": 0.3}).verdict == "not reproduced"  # all within noise
+    assert ec.verdict_reciprocal({"t8": 6.0, "t20": 9.0}).verdict == "reproduced"
+    assert ec.verdict_reciprocal({"t8": ec.RECIPROCAL_DROP}).verdict == "reproduced"  # the paper's "5+"
+    assert ec.verdict_reciprocal({"t8": 2.0, "t20": 9.0}).verdict == "partly"
+    r = ec.verdict_reciprocal({"t8": 0.2})
+    v, why, _ = r.verdict, r.reason, r.numbers
+    assert v == "not reproduced" and "no drop beyond noise" in why
+    r = ec.verdict_reciprocal({"t8": -0.9, "t20": -0.8})
+    v, why, _ = r.verdict, r.reason, r.numbers
+    assert v == "not reproduced" and "reciprocal exponent is better" in why
+    no = pd.DataFrame({"order": ["norm", "reverse", "norm", "reverse"], "equal_norms": [False, False, True, True],
+                       "normalized": [90.0, 60.0, 85.0, 70.0]})
+    assert ec.verdict_norm_importance(no).verdict == "reproduced"
+    no.loc[2, "normalized"] = 70.2
+    assert ec.verdict_norm_importance(no).verdict == "partly"
+    no.loc[0, "normalized"] = 60.0
+    assert ec.verdict_norm_importance(no).verdict == "not reproduced"
+
+
+def test_cosine_gram():
+    M = torch.tensor([[2.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    G = ec.cosine_gram(M)
+    assert torch.allclose(torch.diagonal(G)[:2], torch.ones(2, dtype=torch.float64))
+    assert float(G[0, 1]) == pytest.approx(1 / np.sqrt(2)) and float(G[2, 2]) == 0.0
+
+
+def test_subspace_overlap():
+    X, dW = _layer(n=60)
+    assert ec.subspace_overlap(X, dW, 3, X) == pytest.approx(1.0)
+    assert ec.subspace_overlap(X, dW, 3, 2.0 * X) == pytest.approx(1.0)  # scale-free
+    # isotropic inputs: the essential subspace is the SVD's
+    Q = torch.linalg.qr(torch.randn(60, 8, dtype=torch.float64))[0]
+    assert ec.subspace_overlap(Q, dW, 3) == pytest.approx(1.0)
+    # the aligned-inputs example of the CKA test: the ESD and SVD top directions differ
+    d = torch.diag(torch.tensor([10.0, 2.0, 1.5, 1.0], dtype=torch.float64))
+    Xs = torch.randn(100, 4, dtype=torch.float64) * torch.tensor([1e-3, 1.0, 1.0, 1.0], dtype=torch.float64)
+    assert ec.subspace_overlap(Xs, d, 1) < 0.1
+    assert ec.subspace_overlap(X, dW, 50, X[:5]) <= 1.0 + 1e-9  # k capped at 5 rows
+

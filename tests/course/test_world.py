@@ -1,0 +1,66 @@
+"""acetools.course (the notebooks' world) and acetools.plotting's core."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+import pytest
+
+from acetools import plotting
+from acetools.course import world as course
+
+
+def test_suite_tasks_and_profiles():
+    assert course.suite_tasks("tasks8")[:2] == ["fashion", "animals"] and len(course.suite_tasks("tasks20")) == 20
+    assert course.suite_tasks("tasks20", quick=True) == course.suite_tasks("tiny")
+    with pytest.raises(ValueError, match="unknown suite"):
+        course.suite_tasks("tasks9")
+    assert course.QUICK_EVAL["n_test"] < course.FULL_EVAL["n_test"]
+
+
+def test_figures_path_is_absolute_and_created(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p = course.figures_path("figs/x")
+    assert p.is_absolute() and p.is_dir() and p == (tmp_path / "figs" / "x").resolve()
+
+
+def test_save_figure_is_atomic_deterministic_and_checks_names(tmp_path):
+    fig, ax = plotting.new_axes()
+    plotting.heatmap(ax, np.eye(3), labels=["a", "b", "c"], title="I")
+    p1 = plotting.save_figure(fig, "eye", tmp_path)
+    b1 = p1.read_bytes()
+    p2 = plotting.save_figure(fig, "eye", tmp_path)
+    assert p1 == p2 == tmp_path / "eye.png" and p2.read_bytes() == b1
+    assert b1[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [f.name for f in tmp_path.iterdir()] == ["eye.png"]  # no temporary left behind
+    for bad in ("eye.png", "a/b", "", "has space"):
+        with pytest.raises(ValueError, match="file stem"):
+            plotting.save_figure(fig, bad, tmp_path)
+
+
+def test_generic_plots_draw_what_they_are_given():
+    import pandas as pd
+
+    fig, axes = plotting.new_axes(1, 3)
+    plotting.bar_plot(axes[0], {"a": 1.0, "b": 2.0}, errors=[0.1, 0.2], highlight=["b"])
+    assert len(axes[0].patches) == 2 and [t.get_text() for t in axes[0].get_xticklabels()] == ["a", "b"]
+    df = pd.DataFrame({"x": [1, 2, 1, 2], "y": [1.0, 2.0, 3.0, 4.0], "m": ["p", "p", "q", "q"]})
+    plotting.line_plot(axes[1], df, x="x", y="y", hue="m")
+    assert len(axes[1].lines) == 2
+    with pytest.raises(ValueError, match="2-D"):
+        plotting.heatmap(axes[2], np.ones(3))
+
+
+def test_describe_says_which_world():
+    from types import SimpleNamespace
+
+    from acetools.course.world import describe
+
+    z = SimpleNamespace(tasks=["tiny_shapes", "tiny_orient", "tiny_count"], size="micro", suite="tiny")
+    q = describe(z, quick=True)
+    assert "fixture world: 3 procedural tasks (tiny_shapes, tiny_orient, tiny_count)" in q and "micro" in q
+    f = describe(SimpleNamespace(tasks=[f"t{i}" for i in range(8)], size="small", suite="tasks8"), quick=False)
+    assert f.startswith("The mini-world's suite tasks8: 8 tasks") and "fixture" not in f
