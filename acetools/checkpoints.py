@@ -119,7 +119,8 @@ def _torch_load(path: Path) -> dict[str, Tensor]:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError as e:
         if "mmap" not in str(e) and "zip" not in str(e):
-            raise ValueError(f"{path}: cannot be read as a state dict with torch.load(weights_only=True): {e}") from None
+            raise ValueError(f"{path}: cannot be read as a state dict with torch.load(weights_only=True): "
+                             f"{e}") from None
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle.UnpicklingError and friends: a pickled module or other code
         raise ValueError(
@@ -410,8 +411,8 @@ class ShardedWriter:
     every shard's header. The files are the format ``safetensors`` writes and reads.
     """
 
-    def __init__(self, out: str | os.PathLike, *, shard_size: int | str = "5GB", metadata: Mapping[str, str] | None = None,
-                 prefix: str = "model"):
+    def __init__(self, out: str | os.PathLike, *, shard_size: int | str = "5GB",
+                 metadata: Mapping[str, str] | None = None, prefix: str = "model"):
         self.out = Path(out)
         self.shard_size = parse_size(shard_size)
         self.metadata = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}

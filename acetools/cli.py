@@ -414,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("merge", help="merge checkpoints on disk (safetensors, HF folders, open_clip) into safetensors",
                        description="Merge expert checkpoints fine-tuned from one base; streams key by key when the "
                                    "method allows. Options override a config file's values. See docs/your-models.md.")
-    m.add_argument("config", nargs="?", default=None, help="YAML config (method, base, experts, out, hyperparameters, ...)")
+    m.add_argument("config", nargs="?", default=None,
+                   help="YAML config (method, base, experts, out, hyperparameters, ...)")
     m.add_argument("--method", default=None, choices=METHOD_CHOICES, metavar="METHOD",
                    help="merge method (acetools.METHODS), e.g. ace, ties, tsv_m")
     m.add_argument("--base", default=None, help="pretrained checkpoint: file or folder")

@@ -113,7 +113,7 @@ class MergePlan:
         n = 1
         for s in m.shape:
             n *= s
-        big = n * torch.empty((), dtype=_compute_dtype(m.dtype) if m.dtype.is_floating_point else m.dtype).element_size()
+        big = n * (_compute_dtype(m.dtype) if m.dtype.is_floating_point else m.dtype).itemsize
         if self.mode == "memory":
             total = self.base.nbytes() * (T + 1)
             return f"in memory: base and {T} experts loaded (~{_fmt(total)} as stored, more in float32 while merging)"

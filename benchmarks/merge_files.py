@@ -248,7 +248,8 @@ def main() -> None:
                 r["equal_to_memory"] = _equal(work / f"out-{r['out']}", work / f"out-{by[(label, 'memory')]['out']}")
         meta = {"tasks": args.tasks, "blocks": args.blocks, "width": args.width, "threads": args.threads, **world,
                 "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                "torch": __import__("torch").__version__, "commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "torch": __import__("torch").__version__, "commit": _commit(),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "note": "shared 2-core machine with other jobs running: times are indicative; memory is exact"}
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -31,13 +31,15 @@ def test_open_clip_preset_is_exactly_is_matrix_param():
         assert lay.is_matrix(key, t) == is_matrix_param(key, t), key
         assert lay.orientation(key) == "out_in"
     # the official rule's matrices include visual.proj and the positional embedding
-    assert lay.is_matrix("visual.proj", torch.zeros(8, 4)) and lay.is_matrix("visual.positional_embedding", torch.zeros(5, 8))
+    assert lay.is_matrix("visual.proj", torch.zeros(8, 4))
+    assert lay.is_matrix("visual.positional_embedding", torch.zeros(5, 8))
     assert detect_layout(OPEN_CLIP_KEYS) == "open_clip"
 
 
 def test_gpt2_orientation_embeddings_and_ties():
     keys = ["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.attn.c_attn.weight",
-            "transformer.h.0.attn.c_proj.weight", "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
+            "transformer.h.0.attn.c_proj.weight", "transformer.h.0.mlp.c_fc.weight",
+            "transformer.h.0.mlp.c_proj.weight",
             "transformer.h.0.ln_1.weight", "lm_head.weight"]
     assert detect_layout(keys) == "gpt2"
     lay = get_layout("auto", keys=keys)
@@ -45,7 +47,8 @@ def test_gpt2_orientation_embeddings_and_ties():
     w = torch.arange(6.0).reshape(2, 3)  # stored in x out
     for k in keys[2:6]:
         assert lay.orientation(k) == "in_out" and lay.role(k, w) == "matrix"
-        assert torch.equal(lay.to_canonical(k, w), w.T) and torch.equal(lay.from_canonical(k, lay.to_canonical(k, w)), w)
+        assert torch.equal(lay.to_canonical(k, w), w.T)
+        assert torch.equal(lay.from_canonical(k, lay.to_canonical(k, w)), w)
     assert lay.role("transformer.wte.weight", w) == "embedding" and not lay.is_matrix("transformer.wte.weight", w)
     assert lay.role("lm_head.weight", w) == "head"
     assert lay.orientation("lm_head.weight") == "out_in"
@@ -85,7 +88,8 @@ def test_buffers_and_options():
     assert lay.role("bn.num_batches_tracked", TensorMeta((), torch.int64)) == "buffer"
     assert lay.role("encoder.embed.weight", torch.zeros(3, 3)) == "embedding"
     opt = dataclasses.replace(lay, matrix_embeddings=True)
-    assert opt.is_matrix("encoder.embed.weight", torch.zeros(3, 3)) and not opt.is_matrix("encoder.embed.bias", torch.zeros(3))
+    assert opt.is_matrix("encoder.embed.weight", torch.zeros(3, 3))
+    assert not opt.is_matrix("encoder.embed.bias", torch.zeros(3))
 
 
 def test_errors_name_the_thing():

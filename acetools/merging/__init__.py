@@ -95,9 +95,11 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
         missing = sorted(base_keys - keys)
         extra = sorted(keys - base_keys)
         if missing:
-            raise KeyError(f"experts[{i}] is missing key {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") + " that base has")
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise KeyError(f"experts[{i}] is missing key {missing[0]!r}{more} that base has")
         if extra:
-            raise KeyError(f"experts[{i}] has key {extra[0]!r}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "") + " that base does not have")
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            raise KeyError(f"experts[{i}] has key {extra[0]!r}{more} that base does not have")
         for key, w0 in base.items():
             w = ex[key]
             if not isinstance(w, Tensor):
