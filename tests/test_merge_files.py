@@ -356,3 +356,17 @@ def test_small_helpers(tmp_path):
         w.add("a", torch.zeros(3))
         raise RuntimeError("boom")
     assert list((tmp_path / "x").iterdir()) == []
+
+
+def test_cli_bad_input_is_one_line(tmp_path, gpt2_files, capsys):
+    base, experts = gpt2_files
+    assert main(["merge", "--method", "ties", "--base", str(base), "--experts", str(tmp_path / "missing"),
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "checkpoint not found" in err and "missing" in err
+    assert main(["merge", "--method", "ties", "--base", str(base), "--experts", str(experts[0]),
+                 "-p", "k=500", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "k=500" in err
+    assert main(["merge", "--method", "ties", "--base", str(base)]) == 2
+    assert "merge needs --experts" in capsys.readouterr().err
