@@ -116,9 +116,22 @@ class MergePlan:
         big = n * (_compute_dtype(m.dtype) if m.dtype.is_floating_point else m.dtype).itemsize
         if self.mode == "memory":
             total = self.base.nbytes() * (T + 1)
-            return f"in memory: base and {T} experts loaded (~{_fmt(total)} as stored, more in float32 while merging)"
-        return (f"streaming: about (T + 2) x the largest tensor ({largest_key}, {_fmt(big)} in the compute dtype) "
-                f"= {_fmt((T + 2) * big)}, plus one output shard")
+            return (f"in memory: base and {T} experts loaded (~{_fmt(total)} as stored), plus T task vectors, "
+                    "the update and the result in float32 while merging")
+        text = (f"streaming: about (T + 2) x the largest tensor ({largest_key}, {_fmt(big)} in the compute dtype) "
+                f"= {_fmt((T + 2) * big)}")
+        widths = [_d_in(r) for r in self.rows if r["path"] == "matrix"]
+        if self.method == "ace" and widths:
+            w = max(widths)
+            text += (f", plus ACE's {T} float64 covariances of the widest input (d_in = {w}: at least "
+                     f"{_fmt(T * w * w * 8)})")
+        return text
+
+
+def _d_in(row: Mapping[str, Any]) -> int:
+    """d_in of a 2-D key from its :func:`acetools.layouts.describe` row (in x out keys flipped)."""
+    d0, d1 = (int(x) for x in row["shape"].split("x"))
+    return d0 if row["orientation"] == "in_out" else d1
 
 
 _ALIKE = {
