@@ -7,8 +7,8 @@ Two drivers share one layout (:mod:`acetools.layouts`) and give equal results:
   WUDI, ACE, RegMean): for each key, read W0 and the T expert tensors from disk (safetensors are
   read lazily), merge that key (:func:`acetools.merging.merge_key`) and hand the result to a
   :class:`acetools.checkpoints.ShardedWriter`. Peak memory is about (T + 2) x the largest
-  tensor in the compute dtype, plus one output shard. TIES and DARE-TIES with
-  ``scope="global"`` stream too, with extra read passes: two (four for float64) for the exact
+  tensor in the compute dtype plus the method's work space for it (the writer holds no
+  shard). TIES and DARE-TIES with ``scope="global"`` stream too, with extra read passes: two (four for float64) for the exact
   per-task trim threshold over the whole model (a radix select on the float bits: the same
   value as sorting every entry), one for the majority sign, then the merge pass;
 - **in memory** (ESM, or ``mode="memory"``): the whole base and experts are loaded and
