@@ -8,8 +8,8 @@ Two drivers share one layout (:mod:`acetools.layouts`) and give equal results:
   read lazily), merge that key (:func:`acetools.merging.merge_key`) and hand the result to a
   :class:`acetools.checkpoints.ShardedWriter`. Peak memory is about (T + 2) x the largest
   tensor in the compute dtype plus the method's work space for it (the writer holds no
-  shard). TIES and DARE-TIES with ``scope="global"`` stream too, with extra read passes: two (four for float64) for the exact
-  per-task trim threshold over the whole model (a radix select on the float bits: the same
+  shard). TIES and DARE-TIES with ``scope="global"`` stream too, with extra read passes: two
+  (four for float64) for the exact per-task trim threshold over the whole model (a radix select on the float bits: the same
   value as sorting every entry), one for the majority sign, then the merge pass;
 - **in memory** (ESM, or ``mode="memory"``): the whole base and experts are loaded and
   :func:`acetools.merge` is called, then written the same way.
@@ -333,17 +333,18 @@ def _stream(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype
     def bar(it, desc):
         return progress(list(it), desc=desc, enabled=show)
 
-    taus_of = None
+    def dropped(key: str, taus: list[Tensor]) -> list[Tensor]:
+        """DARE-TIES drops before trimming (the masks depend on seed, task and key only)."""
+        if method != "dare":
+            return taus
+        return [drop_and_rescale(tau, dare_mask(tau.shape, hp["p"], hp["seed"], t, key, tau.device), hp["p"],
+                                 hp["rescale"]) for t, tau in enumerate(taus)]
+
+    def taus_of(key: str) -> list[Tensor]:
+        return dropped(key, src.w0_taus(key)[1])
+
     ties_state: dict[str, Any] = {}
     if plan.scope == "global_ties":
-        dare = method == "dare"
-
-        def taus_of(key: str) -> list[Tensor]:
-            _, taus = src.w0_taus(key)
-            if dare:
-                taus = [drop_and_rescale(tau, dare_mask(tau.shape, hp["p"], hp["seed"], t, key, tau.device), hp["p"],
-                                         hp["rescale"]) for t, tau in enumerate(taus)]
-            return taus
 
         dts = {_compute_dtype(base.meta(k).dtype) for k in keys}
         if len(dts) != 1:
@@ -375,7 +376,7 @@ def _stream(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype
                 continue
             W0, taus = src.w0_taus(key)
             if plan.scope == "global_ties":
-                taus = taus_of(key) if method == "dare" else taus
+                taus = dropped(key, taus)
                 thr = ties_state["thr"]
                 trimmed = torch.stack([torch.where(tau.abs() >= thr[t].to(tau.device), tau, 0)
                                        for t, tau in enumerate(taus)])
