@@ -9,8 +9,9 @@ Two drivers share one layout (:mod:`acetools.layouts`) and give equal results:
   :class:`acetools.checkpoints.ShardedWriter`. Peak memory is about (T + 2) x the largest
   tensor in the compute dtype plus the method's work space for it (the writer holds no
   shard). TIES and DARE-TIES with ``scope="global"`` stream too, with extra read passes: two
-  (four for float64) for the exact per-task trim threshold over the whole model (a radix select on the float bits: the same
-  value as sorting every entry), one for the majority sign, then the merge pass;
+  (four for float64) for the exact per-task trim threshold over the whole model (a radix
+  select on the float bits: the same value as sorting every entry), one for the majority
+  sign, then the merge pass;
 - **in memory** (ESM, or ``mode="memory"``): the whole base and experts are loaded and
   :func:`acetools.merge` is called, then written the same way.
 
