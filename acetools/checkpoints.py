@@ -115,16 +115,18 @@ def _unwrap_state_dict(obj: Any, path: Path) -> dict[str, Tensor]:
 
 
 def _torch_load(path: Path) -> dict[str, Tensor]:
+    """``torch.load(weights_only=True)``, memory-mapped when the file's format allows it."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as e:
-        if "mmap" not in str(e) and "zip" not in str(e):
-            raise ValueError(f"{path}: cannot be read as a state dict with torch.load(weights_only=True): "
-                             f"{e}") from None
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle.UnpicklingError and friends: a pickled module or other code
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e) and "zip" not in str(e):
+                raise
+            obj = torch.load(path, map_location="cpu", weights_only=True)  # a legacy (non-zip) file
+    except Exception as e:  # pickle.UnpicklingError and friends: a pickled module, other code, a damaged file
+        first = (str(e).splitlines() or [""])[0]
         raise ValueError(
-            f"{path}: torch.load(weights_only=True) refused it ({type(e).__name__}: {str(e).splitlines()[0]}); "
+            f"{path}: torch.load(weights_only=True) cannot read it as a state dict ({type(e).__name__}: {first}); "
             "only plain state dicts are loaded, never pickled modules: save model.state_dict() instead"
         ) from None
     return _unwrap_state_dict(obj, path)
