@@ -35,13 +35,22 @@ import torch
 from torch import Tensor
 
 from . import __version__
-from .checkpoints import Checkpoint, ShardedWriter, check_output_folder, copy_side_files, open_checkpoint, parse_size
+from .checkpoints import (
+    Checkpoint,
+    ShardedWriter,
+    check_output_folder,
+    copy_side_files,
+    file_sha256,
+    open_checkpoint,
+    parse_size,
+)
 from .layouts import Layout, describe, get_layout
 from .merging import KEYED_HPARAMS, METHODS, key_scope, merge, merge_key
 from .merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
 from .utils import PROGRESS, progress, resolve_device
 
-__all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES"]
+__all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
+           "load_activations"]
 
 log = logging.getLogger("acetools.merge_files")
 
@@ -72,6 +81,52 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def save_activations(path: str | Path, activations: Mapping[str, Sequence[Tensor]]) -> Path:
+    """Save ESM's proxy activations ``{weight key: [X_1, ..., X_T]}`` as one safetensors file.
+
+    Tensor names are ``"<weight key>@<t>"`` (t from 0, in the order of the experts), so that
+    ``acetools merge --method esm -p activations=FILE`` (or ``activations: FILE`` in a config)
+    can read them back (:func:`load_activations`). Written atomically.
+    """
+    from safetensors.torch import save
+
+    from .utils import atomic_write
+
+    flat = {}
+    for key, xs in activations.items():
+        if "@" in key:
+            raise ValueError(f"activation key {key!r} contains '@', which the file format uses as separator")
+        for t, x in enumerate(xs):
+            flat[f"{key}@{t}"] = x.detach().to("cpu").contiguous()
+    path = Path(path)
+    with atomic_write(path) as fh:
+        fh.write(save(flat))
+    return path
+
+
+def load_activations(path: str | Path, n_tasks: int | None = None) -> dict[str, list[Tensor]]:
+    """Read a :func:`save_activations` file back into ``{weight key: [X_1, ..., X_T]}``.
+
+    Every key must have the same tasks 0..T-1 (``T = n_tasks`` when given); errors name the key.
+    """
+    ck = open_checkpoint(path)
+    per: dict[str, dict[int, Tensor]] = {}
+    for name in ck.keys():
+        key, sep, t = name.rpartition("@")
+        if not sep or not t.isdigit():
+            raise ValueError(f"{path}: tensor {name!r} is not named '<weight key>@<task index>' "
+                             "(write the file with acetools.merge_files.save_activations)")
+        per.setdefault(key, {})[int(t)] = ck.get(name)
+    out = {}
+    for key, xs in per.items():
+        T = n_tasks if n_tasks is not None else len(xs)
+        if sorted(xs) != list(range(T)):
+            raise ValueError(f"{path}: activations of {key!r} are given for tasks {sorted(xs)}, expected 0..{T - 1} "
+                             "(one per expert, in order)")
+        out[key] = [xs[t] for t in range(T)]
+    return out
+
+
 @dataclass
 class MergePlan:
     """What :func:`merge_files` will do: inputs, layout, per-key path and driver."""
@@ -86,6 +141,7 @@ class MergePlan:
     mode: str
     rows: list[dict[str, Any]]
     tie_candidates: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)  # hyperparameters read from files: name -> path
 
     def summary(self) -> str:
         """Human-readable lines: inputs, layout, driver, counts per path."""
@@ -227,6 +283,10 @@ def plan_merge(
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} must be one of {MODES}")
     hp = dict(hparams or {})
+    files = {}
+    if method == "esm" and isinstance(hp.get("activations"), (str, Path)):
+        files["activations"] = str(hp["activations"])
+        hp["activations"] = load_activations(hp["activations"], len(experts))
     resolved = METHODS[method].resolve(hp)
     b, ex = _open_all(base, experts)
     _check_compatible(b, ex)
@@ -250,7 +310,7 @@ def plan_merge(
     metas = b.metas()
     rows = describe(lay, metas)
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, rows, dict(lay.tied))
+                     run, rows, dict(lay.tied), files)
 
 
 def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.dtype) -> Tensor:
@@ -472,10 +532,12 @@ def merge_files(
     inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
     if hash_inputs:
         inputs["sha256"] = {f: h for ck in [plan.base, *plan.experts] for f, h in ck.sha256().items()}
+        inputs["sha256"].update({f: file_sha256(f) for f in plan.files.values()})
+    hp_record = {k: plan.files.get(k) or _jsonable(v) for k, v in plan.hparams.items()}
     meta = {
         "acetools.version": __version__,
         "acetools.method": method,
-        "acetools.hparams": json.dumps({k: _jsonable(v) for k, v in plan.hparams.items()}, sort_keys=True),
+        "acetools.hparams": json.dumps(hp_record, sort_keys=True),
         "acetools.layout": plan.layout.name,
         "acetools.inputs": json.dumps(inputs, sort_keys=True),
     }
@@ -486,7 +548,7 @@ def merge_files(
     copied = copy_side_files(plan.base.folder, out_dir)
     seconds = time.perf_counter() - t0
     info = {
-        "method": method, "hparams": {k: _jsonable(v) for k, v in plan.hparams.items()}, "layout": plan.layout.name,
+        "method": method, "hparams": hp_record, "layout": plan.layout.name,
         "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
         "shard_size": size, "files": [f.name for f in files], "copied": copied, "seconds": round(seconds, 3),
         "acetools_version": __version__, "inputs": inputs,

@@ -370,3 +370,28 @@ def test_cli_bad_input_is_one_line(tmp_path, gpt2_files, capsys):
     assert len(err.splitlines()) == 1 and "k=500" in err
     assert main(["merge", "--method", "ties", "--base", str(base)]) == 2
     assert "merge needs --experts" in capsys.readouterr().err
+
+
+def test_esm_with_an_activations_file_through_the_cli(tmp_path, gpt2_files):
+    from acetools.merge_files import load_activations, save_activations
+
+    base, experts = gpt2_files
+    b, ex = _states(base, experts)
+    g = torch.Generator().manual_seed(7)
+    acts = {}
+    for layer in range(2):  # ESM's default targets among GPT-2's keys: the two MLP matrices, d_in of out x in
+        acts[f"transformer.h.{layer}.mlp.c_fc.weight"] = [torch.randn(10, 16, generator=g) for _ in experts]
+        acts[f"transformer.h.{layer}.mlp.c_proj.weight"] = [torch.randn(10, 64, generator=g) for _ in experts]
+    path = save_activations(tmp_path / "acts.safetensors", acts)
+    back = load_activations(path)
+    assert back.keys() == acts.keys() and all(torch.equal(x, y) for k in acts for x, y in zip(acts[k], back[k]))
+    _cli("--method", "esm", "--base", base, "--experts", *experts, "--out", tmp_path / "esm",
+         "-p", f"activations={path}")
+    out = open_checkpoint(tmp_path / "esm").state_dict()
+    ref = merge("esm", b, ex, layout="gpt2", activations=acts)
+    assert all(torch.equal(out[k], ref[k]) for k in ref)
+    meta = json.loads((tmp_path / "esm" / "acetools_merge.json").read_text())
+    assert meta["hparams"]["activations"] == str(path) and str(path) in meta["inputs"]["sha256"]
+    with pytest.raises(ValueError, match=r"activations of 'transformer.h.0.mlp.c_fc.weight' are given for tasks \[0, 1, 2\], "
+                                         r"expected 0..1"):
+        load_activations(path, n_tasks=2)
