@@ -392,6 +392,6 @@ def test_esm_with_an_activations_file_through_the_cli(tmp_path, gpt2_files):
     assert all(torch.equal(out[k], ref[k]) for k in ref)
     meta = json.loads((tmp_path / "esm" / "acetools_merge.json").read_text())
     assert meta["hparams"]["activations"] == str(path) and str(path) in meta["inputs"]["sha256"]
-    with pytest.raises(ValueError, match=r"activations of 'transformer.h.0.mlp.c_fc.weight' are given for tasks \[0, 1, 2\], "
-                                         r"expected 0..1"):
+    with pytest.raises(ValueError, match=r"activations of 'transformer.h.0.mlp.c_fc.weight' are given for "
+                                         r"tasks \[0, 1, 2\], expected 0..1"):
         load_activations(path, n_tasks=2)
