@@ -98,6 +98,17 @@ def _methods() -> list[str]:
 SUITE_CHOICES, SIZE_CHOICES, METHOD_CHOICES = _Lazy(_suites), _Lazy(_sizes), _Lazy(_methods)
 
 
+def model_size(text: str) -> str:
+    """``--size``: a registered mini-world size or an open_clip model name (``ViT-B-32``)."""
+    from .models import model_config
+
+    try:
+        model_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def positive_int(text: str) -> int:
     """argparse ``type=``: an integer >= 1."""
     try:
@@ -365,8 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     def world_args(p):
         p.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
                        help="task suite (default tasks8): %(choices)s")
-        p.add_argument("--size", default="small", choices=SIZE_CHOICES, metavar="SIZE",
-                       help="model size (default small): %(choices)s")
+        p.add_argument("--size", default="small", type=model_size, metavar="SIZE",
+                       help="model size (default small): micro, tiny, small (acetools.models.SIZES), or an open_clip "
+                            "model name such as ViT-B-32 (pretrained CLIP, for the online suites)")
         p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="expert fine-tuning seeds")
         p.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
         p.add_argument("--no-mtl", action="store_true", help="skip the multi-task reference model")

@@ -377,3 +377,14 @@ def test_argument_types_for_new_subcommands(tmp_path):
                            (existing_file, str(tmp_path), "not a file")):
         with pytest.raises(argparse.ArgumentTypeError, match=match):
             fn(bad)
+
+
+def test_size_accepts_open_clip_names_and_rejects_unknown_ones(capsys):
+    """--size takes the registered sizes and open_clip model names (the online suites use ViT-B-32)."""
+    from acetools.cli import model_size
+
+    assert model_size("small") == "small"
+    assert model_size("ViT-B-32") == "ViT-B-32"
+    assert main(["zoo", "build", "--size", "bogus", "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bogus" in err[0] and "ViT-B-32" in err[0]
