@@ -45,7 +45,7 @@ from .checkpoints import (
     parse_size,
 )
 from .layouts import Layout, describe, get_layout
-from .merging import KEYED_HPARAMS, METHODS, key_scope, merge, merge_key
+from .merging import KEYED_HPARAMS, METHODS, confirmed_ties, key_scope, merge, merge_key
 from .merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
 from .utils import PROGRESS, progress, resolve_device
 
@@ -478,7 +478,10 @@ def _in_memory(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dt
         if t.is_floating_point():
             t = t.to("cpu", out_dtype or plan.base.meta(k).dtype)
         writer.add(k, t)
-    return {}
+    changed = {k: [i for i, ex in enumerate(experts) if not torch.equal(ex[k], w)]
+               for k, w in base.items() if not w.is_floating_point()}
+    return {"tied": confirmed_ties(plan.layout.tied, base, experts),
+            "buffers_changed": {k: v for k, v in changed.items() if v}}
 
 
 def _jsonable(v: Any) -> Any:

@@ -303,6 +303,10 @@ def test_buffers_carried_and_ties_confirmed(tmp_path):
     assert torch.equal(out["lm_head.weight"], out["transformer.wte.weight"])
     assert out["bn.num_batches_tracked"].item() == 7 and torch.equal(out["embeddings.position_ids"], torch.arange(6))
     assert res.info["tied"] == {"lm_head.weight": "transformer.wte.weight"}
+    assert res.info["buffers_changed"] == {"bn.num_batches_tracked": [1]}
+    with pytest.warns(UserWarning, match="num_batches_tracked"):
+        mem = merge_files("ties", tmp_path / "b.safetensors", paths, tmp_path / "mem", layout="gpt2", mode="memory")
+    assert (mem.info["tied"], mem.info["buffers_changed"]) == (res.info["tied"], res.info["buffers_changed"])
     with pytest.warns(UserWarning):
         ref = merge("ties", base, [open_checkpoint(p).state_dict() for p in paths], layout="gpt2")
     assert all(torch.equal(out[k], ref[k]) for k in ref)
@@ -395,3 +399,4 @@ def test_esm_with_an_activations_file_through_the_cli(tmp_path, gpt2_files):
     with pytest.raises(ValueError, match=r"activations of 'transformer.h.0.mlp.c_fc.weight' are given for "
                                          r"tasks \[0, 1, 2\], expected 0..1"):
         load_activations(path, n_tasks=2)
+
