@@ -13,7 +13,7 @@ Reading (:func:`open_checkpoint`) accepts
   ``torch.load(weights_only=True)`` (memory-mapped when the file allows): pickled modules are
   refused, as they break across library versions and can run code.
 
-Safetensors are read lazily, one tensor per :meth:`Checkpoint.get` (``safe_open``); shapes
+Safetensors are read lazily, one tensor per :meth:`Checkpoint.get` (plain reads, not a memory map); shapes
 and dtypes come from the headers without reading data (:meth:`Checkpoint.meta`).
 
 Writing (:class:`ShardedWriter`): safetensors shards of at most ``shard_size`` bytes named
@@ -64,6 +64,7 @@ for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"), (
                      ("U32", "uint32"), ("U64", "uint64")):
     if hasattr(torch, _attr):
         _ST_DTYPES[_name] = getattr(torch, _attr)
+_DTYPE_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 
 def parse_size(size: int | float | str) -> int:
@@ -114,18 +115,79 @@ def _unwrap_state_dict(obj: Any, path: Path) -> dict[str, Tensor]:
 
 
 def _torch_load(path: Path) -> dict[str, Tensor]:
+    """``torch.load(weights_only=True)``, memory-mapped when the file's format allows it."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as e:
-        if "mmap" not in str(e) and "zip" not in str(e):
-            raise ValueError(f"{path}: cannot be read as a state dict with torch.load(weights_only=True): {e}") from None
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle.UnpicklingError and friends: a pickled module or other code
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e) and "zip" not in str(e):
+                raise
+            obj = torch.load(path, map_location="cpu", weights_only=True)  # a legacy (non-zip) file
+    except Exception as e:  # pickle.UnpicklingError and friends: a pickled module, other code, a damaged file
+        first = (str(e).splitlines() or [""])[0]
         raise ValueError(
-            f"{path}: torch.load(weights_only=True) refused it ({type(e).__name__}: {str(e).splitlines()[0]}); "
+            f"{path}: torch.load(weights_only=True) cannot read it as a state dict ({type(e).__name__}: {first}); "
             "only plain state dicts are loaded, never pickled modules: save model.state_dict() instead"
         ) from None
     return _unwrap_state_dict(obj, path)
+
+
+class _SafetensorsFile:
+    """One safetensors file read with plain ``pread`` calls, one tensor at a time.
+
+    Not memory-mapped on purpose: pages of a mapped file that were read count towards the
+    process's resident memory until unmapped, so a lazy ``safe_open`` over T experts ends up
+    "holding" every file it streamed. Here a tensor's bytes are read into a fresh buffer and
+    nothing else stays in memory. The format (an 8-byte little-endian header length, a JSON
+    header of dtype/shape/data_offsets per key, then the data) is the one ``safetensors``
+    writes.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) != 8:
+                raise ValueError(f"{path}: not a safetensors file (too short)")
+            n = int.from_bytes(head, "little")
+            if n <= 0 or 8 + n > size:
+                raise ValueError(f"{path}: not a safetensors file (bad header length {n})")
+            try:
+                header = json.loads(fh.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise ValueError(f"{path}: not a safetensors file (unreadable header)") from None
+        self.start = 8 + n
+        self.metadata = header.pop("__metadata__", None) or {}
+        self.meta: dict[str, TensorMeta] = {}
+        self.offsets: dict[str, tuple[int, int]] = {}
+        for k, v in header.items():
+            dt = v.get("dtype")
+            if dt not in _ST_DTYPES:
+                raise ValueError(f"{path}: key {k!r} has dtype {dt}, which acetools cannot read")
+            shape = tuple(int(x) for x in v["shape"])
+            a, b = (int(x) for x in v["data_offsets"])
+            if not 0 <= a <= b or self.start + b > size or b - a != _numel(shape) * _itemsize(_ST_DTYPES[dt]):
+                raise ValueError(f"{path}: key {k!r} has data offsets {[a, b]} that do not fit its shape {shape} "
+                                 "or the file; the file is damaged")
+            self.meta[k] = TensorMeta(shape, _ST_DTYPES[dt])
+            self.offsets[k] = (a, b)
+
+    def get(self, key: str) -> Tensor:
+        a, b = self.offsets[key]
+        m = self.meta[key]
+        buf = torch.empty(b - a, dtype=torch.uint8)
+        if b > a:
+            with open(self.path, "rb", buffering=0) as fh:
+                fh.seek(self.start + a)
+                view = memoryview(buf.numpy())
+                got = 0
+                while got < b - a:
+                    r = fh.readinto(view[got:])
+                    if not r:
+                        raise ValueError(f"{self.path}: file ended while reading {key!r}")
+                    got += r
+        return buf.view(m.dtype).reshape(m.shape)
 
 
 class Checkpoint:
@@ -145,20 +207,14 @@ class Checkpoint:
         self._tensors: dict[str, Tensor] | None = None
         self._meta: dict[str, TensorMeta] = {}
         if all(f.suffix == ".safetensors" for f in files):
-            from safetensors import safe_open
-
             for f in files:
-                h = safe_open(str(f), framework="pt", device="cpu")
+                h = _SafetensorsFile(f)
                 self._handles[f] = h
-                for k in h.keys():
+                for k, m in h.meta.items():
                     if k in self._where:
                         raise ValueError(f"{path}: key {k!r} is in two shards ({self._where[k].name}, {f.name})")
                     self._where[k] = f
-                    sl = h.get_slice(k)
-                    dt = sl.get_dtype()
-                    if dt not in _ST_DTYPES:
-                        raise ValueError(f"{f}: key {k!r} has dtype {dt}, which acetools cannot read")
-                    self._meta[k] = TensorMeta(tuple(sl.get_shape()), _ST_DTYPES[dt])
+                    self._meta[k] = m
         else:
             tensors: dict[str, Tensor] = {}
             for f in files:
@@ -213,7 +269,7 @@ class Checkpoint:
             return self._tensors[key]
         if key not in self._where:
             raise KeyError(f"{self.path}: no tensor named {key!r}")
-        return self._handles[self._where[key]].get_tensor(key)
+        return self._handles[self._where[key]].get(key)
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every tensor, loaded (the whole model in memory)."""
@@ -347,24 +403,26 @@ def copy_side_files(src: Path | None, out: Path, max_bytes: int = 50_000_000) ->
 class ShardedWriter:
     """Write tensors into safetensors shards of at most ``shard_size`` bytes, atomically.
 
-    ``add(key, tensor)`` buffers tensors for the current shard and saves it when the next
-    tensor would overflow it (a tensor larger than ``shard_size`` gets a shard of its own);
+    ``add(key, tensor)`` appends the tensor's bytes to the current shard's data file at once
+    (a tensor larger than ``shard_size`` gets a shard of its own), so no tensor is held after
+    ``add`` returns; a shard is finished by writing its header and copying its data after it.
     :meth:`close` names the shards (``model.safetensors`` if one, else
-    ``model-0000i-of-0000N.safetensors`` plus ``model.safetensors.index.json``) and moves them
-    into ``out`` together. Until then everything lives in a hidden temporary folder inside
-    ``out``, removed on error. ``metadata`` (str -> str) goes into every shard's header.
-    Memory held: one shard.
+    ``model-0000i-of-0000N.safetensors`` plus ``model.safetensors.index.json``, as Hugging Face
+    does) and moves them into ``out`` together. Until then everything lives in a hidden
+    temporary folder inside ``out``, removed on error. ``metadata`` (str -> str) goes into
+    every shard's header. The files are the format ``safetensors`` writes and reads.
     """
 
-    def __init__(self, out: str | os.PathLike, *, shard_size: int | str = "5GB", metadata: Mapping[str, str] | None = None,
-                 prefix: str = "model"):
+    def __init__(self, out: str | os.PathLike, *, shard_size: int | str = "5GB",
+                 metadata: Mapping[str, str] | None = None, prefix: str = "model"):
         self.out = Path(out)
         self.shard_size = parse_size(shard_size)
         self.metadata = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
         self.prefix = prefix
         self.out.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix=".acetools-write-", dir=self.out))
-        self._shard: dict[str, Tensor] = {}
+        self._data = None
+        self._entries: dict[str, dict[str, Any]] = {}
         self._shard_bytes = 0
         self._files: list[tuple[Path, list[str]]] = []
         self._keys: set[str] = set()
@@ -377,23 +435,37 @@ class ShardedWriter:
         if key in self._keys:
             raise ValueError(f"key {key!r} written twice")
         t = tensor.detach().to("cpu").contiguous()
+        if t.dtype not in _DTYPE_NAMES:
+            raise TypeError(f"cannot write {key!r}: dtype {t.dtype} has no safetensors name")
         n = t.numel() * t.element_size()
-        if self._shard and self._shard_bytes + n > self.shard_size:
+        if self._entries and self._shard_bytes + n > self.shard_size:
             self._flush()
-        self._shard[key] = t
+        if self._data is None:
+            self._data = open(self._tmp / f"shard-{len(self._files):05d}.data", "wb")
+        if n:
+            self._data.write(t.reshape(-1).view(torch.uint8).numpy().data)
+        self._entries[key] = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                              "data_offsets": [self._shard_bytes, self._shard_bytes + n]}
         self._keys.add(key)
         self._shard_bytes += n
         self.total_size += n
 
     def _flush(self) -> None:
-        if not self._shard:
+        if not self._entries:
             return
-        from safetensors.torch import save_file
-
+        data_path = Path(self._data.name)
+        self._data.close()
+        self._data = None
+        header = json.dumps({"__metadata__": self.metadata, **self._entries}, separators=(",", ":")).encode()
+        header += b" " * (-len(header) % 8)
         path = self._tmp / f"shard-{len(self._files):05d}.safetensors"
-        save_file(self._shard, str(path), metadata=self.metadata)
-        self._files.append((path, list(self._shard)))
-        self._shard = {}
+        with open(path, "wb") as out, open(data_path, "rb") as src:
+            out.write(len(header).to_bytes(8, "little"))
+            out.write(header)
+            shutil.copyfileobj(src, out, 1 << 24)
+        data_path.unlink()
+        self._files.append((path, list(self._entries)))
+        self._entries = {}
         self._shard_bytes = 0
 
     def close(self) -> list[Path]:
@@ -423,8 +495,11 @@ class ShardedWriter:
 
     def abort(self) -> None:
         """Drop everything written so far (nothing reaches ``out``)."""
+        if self._data is not None:
+            self._data.close()
+            self._data = None
         shutil.rmtree(self._tmp, ignore_errors=True)
-        self._shard = {}
+        self._entries = {}
         self.closed = True
 
     def __enter__(self) -> ShardedWriter:

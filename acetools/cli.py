@@ -1,4 +1,4 @@
-"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench`` and ``report``.
+"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench``, ``report`` and ``merge``.
 
 Every bad argument ends in **one line** on stderr, ``acetools: error: <what> ...``, and exit
 status 2; ``--debug`` (anywhere on the line) shows the traceback instead. ``--quiet`` and
@@ -362,6 +362,32 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from .layouts import format_table
+    from .merge_files import load_config, merge_files, parse_hparam
+
+    cfg = load_config(args.config) if args.config else {"hyperparameters": {}}
+    for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode"):
+        if getattr(args, name) is not None:
+            cfg[name] = getattr(args, name)
+    cfg["hyperparameters"].update(dict(parse_hparam(p) for p in args.param))
+    for name in ("method", "base", "experts"):
+        if not cfg.get(name):
+            raise ValueError(f"merge needs --{name} (or '{name}:' in a config file)")
+    if not cfg.get("out") and not args.dry_run:
+        raise ValueError("merge needs --out (or 'out:' in a config file), or --dry-run")
+    res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"), hparams=cfg["hyperparameters"],
+                      layout=cfg.get("layout", "auto"), dtype=cfg.get("dtype"), device=cfg.get("device", "cpu"),
+                      shard_size=cfg.get("shard_size", "5GB"), mode=cfg.get("mode", "auto"), dry_run=args.dry_run,
+                      overwrite=args.overwrite or bool(cfg.get("overwrite")), progress=None)
+    print(res.plan.summary())
+    if args.dry_run:
+        print(format_table(res.plan.rows))
+        return 0
+    print(f"wrote {', '.join(f.name for f in res.files)} to {res.out} in {res.seconds:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
     _add_output_options(ap, top=True)
@@ -441,6 +467,28 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cell-timeout", type=positive_int, default=None, metavar="S",
                    help="fail when one notebook cell runs longer than S seconds (default: no limit)")
     g.set_defaults(func=_cmd_diagnose)
+
+    m = sub.add_parser("merge", help="merge checkpoints on disk (safetensors, HF folders, open_clip) into safetensors",
+                       description="Merge expert checkpoints fine-tuned from one base; streams key by key when the "
+                                   "method allows. Options override a config file's values. See docs/your-models.md.")
+    m.add_argument("config", nargs="?", default=None,
+                   help="YAML config (method, base, experts, out, hyperparameters, ...)")
+    m.add_argument("--method", default=None, choices=METHOD_CHOICES, metavar="METHOD",
+                   help="merge method (acetools.METHODS), e.g. ace, ties, tsv_m")
+    m.add_argument("--base", default=None, help="pretrained checkpoint: file or folder")
+    m.add_argument("--experts", nargs="+", default=None, help="fine-tuned checkpoints, files or folders")
+    m.add_argument("--out", default=None, help="output folder (must not hold an input)")
+    m.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="method hyperparameter (repeatable), e.g. -p lam=0.3 -p scope=tensor")
+    m.add_argument("--layout", default=None, help="auto (default), open_clip, hf_clip, gpt2, bert, llama, generic")
+    m.add_argument("--dtype", default=None, help="output dtype of float tensors: base (default), float32, bf16, fp16")
+    m.add_argument("--device", default=None, help="where each key is merged: cpu (default), cuda, auto")
+    m.add_argument("--shard-size", dest="shard_size", default=None, help="largest output file, e.g. 5GB (default)")
+    m.add_argument("--mode", default=None, choices=["auto", "stream", "memory"],
+                   help="auto (default): stream when the method allows; memory: load everything")
+    m.add_argument("--overwrite", action="store_true", help="replace the weights of an earlier merge in --out")
+    m.add_argument("--dry-run", action="store_true", help="print the layout and the path of every key; write nothing")
+    m.set_defaults(func=_cmd_merge)
     return ap
 
 

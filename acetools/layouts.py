@@ -350,7 +350,8 @@ def describe(layout: Layout, tensors: Mapping[str, Tensor | TensorMeta]) -> list
     return rows
 
 
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = ("key", "shape", "dtype", "role", "orientation", "path")) -> str:
+def format_table(rows: Sequence[Mapping[str, Any]],
+                 columns: Sequence[str] = ("key", "shape", "dtype", "role", "orientation", "path")) -> str:
     """A plain-text table of :func:`describe` rows (for the CLI's ``--dry-run``)."""
     widths = {c: max([len(c)] + [len(str(r[c])) for r in rows]) for c in columns}
     lines = ["  ".join(c.ljust(widths[c]) for c in columns)]

@@ -7,10 +7,11 @@ Two drivers share one layout (:mod:`acetools.layouts`) and give equal results:
   WUDI, ACE, RegMean): for each key, read W0 and the T expert tensors from disk (safetensors are
   read lazily), merge that key (:func:`acetools.merging.merge_key`) and hand the result to a
   :class:`acetools.checkpoints.ShardedWriter`. Peak memory is about (T + 2) x the largest
-  tensor in the compute dtype, plus one output shard. TIES and DARE-TIES with
-  ``scope="global"`` stream too, with extra read passes: two (four for float64) for the exact
-  per-task trim threshold over the whole model (a radix select on the float bits: the same
-  value as sorting every entry), one for the majority sign, then the merge pass;
+  tensor in the compute dtype plus the method's work space for it (the writer holds no
+  shard). TIES and DARE-TIES with ``scope="global"`` stream too, with extra read passes: two
+  (four for float64) for the exact per-task trim threshold over the whole model (a radix
+  select on the float bits: the same value as sorting every entry), one for the majority
+  sign, then the merge pass;
 - **in memory** (ESM, or ``mode="memory"``): the whole base and experts are loaded and
   :func:`acetools.merge` is called, then written the same way.
 
@@ -34,13 +35,22 @@ import torch
 from torch import Tensor
 
 from . import __version__
-from .checkpoints import Checkpoint, ShardedWriter, check_output_folder, copy_side_files, open_checkpoint, parse_size
+from .checkpoints import (
+    Checkpoint,
+    ShardedWriter,
+    check_output_folder,
+    copy_side_files,
+    file_sha256,
+    open_checkpoint,
+    parse_size,
+)
 from .layouts import Layout, describe, get_layout
-from .merging import METHODS, key_scope, merge, merge_key
+from .merging import KEYED_HPARAMS, METHODS, confirmed_ties, key_scope, merge, merge_key
 from .merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
 from .utils import PROGRESS, progress, resolve_device
 
-__all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES"]
+__all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
+           "load_activations"]
 
 log = logging.getLogger("acetools.merge_files")
 
@@ -71,6 +81,52 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def save_activations(path: str | Path, activations: Mapping[str, Sequence[Tensor]]) -> Path:
+    """Save ESM's proxy activations ``{weight key: [X_1, ..., X_T]}`` as one safetensors file.
+
+    Tensor names are ``"<weight key>@<t>"`` (t from 0, in the order of the experts), so that
+    ``acetools merge --method esm -p activations=FILE`` (or ``activations: FILE`` in a config)
+    can read them back (:func:`load_activations`). Written atomically.
+    """
+    from safetensors.torch import save
+
+    from .utils import atomic_write
+
+    flat = {}
+    for key, xs in activations.items():
+        if "@" in key:
+            raise ValueError(f"activation key {key!r} contains '@', which the file format uses as separator")
+        for t, x in enumerate(xs):
+            flat[f"{key}@{t}"] = x.detach().to("cpu").contiguous()
+    path = Path(path)
+    with atomic_write(path) as fh:
+        fh.write(save(flat))
+    return path
+
+
+def load_activations(path: str | Path, n_tasks: int | None = None) -> dict[str, list[Tensor]]:
+    """Read a :func:`save_activations` file back into ``{weight key: [X_1, ..., X_T]}``.
+
+    Every key must have the same tasks 0..T-1 (``T = n_tasks`` when given); errors name the key.
+    """
+    ck = open_checkpoint(path)
+    per: dict[str, dict[int, Tensor]] = {}
+    for name in ck.keys():
+        key, sep, t = name.rpartition("@")
+        if not sep or not t.isdigit():
+            raise ValueError(f"{path}: tensor {name!r} is not named '<weight key>@<task index>' "
+                             "(write the file with acetools.merge_files.save_activations)")
+        per.setdefault(key, {})[int(t)] = ck.get(name)
+    out = {}
+    for key, xs in per.items():
+        T = n_tasks if n_tasks is not None else len(xs)
+        if sorted(xs) != list(range(T)):
+            raise ValueError(f"{path}: activations of {key!r} are given for tasks {sorted(xs)}, expected 0..{T - 1} "
+                             "(one per expert, in order)")
+        out[key] = [xs[t] for t in range(T)]
+    return out
+
+
 @dataclass
 class MergePlan:
     """What :func:`merge_files` will do: inputs, layout, per-key path and driver."""
@@ -85,6 +141,7 @@ class MergePlan:
     mode: str
     rows: list[dict[str, Any]]
     tie_candidates: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)  # hyperparameters read from files: name -> path
 
     def summary(self) -> str:
         """Human-readable lines: inputs, layout, driver, counts per path."""
@@ -99,6 +156,7 @@ class MergePlan:
             f"layout {self.layout.name}: {self.layout.description}",
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
+            *([f"note: {_ALIKE[self.method]}"] if self.method in _ALIKE else []),
             f"memory: {self.memory_text(largest['key'])}",
         ]
         return "\n".join(lines)
@@ -112,12 +170,32 @@ class MergePlan:
         n = 1
         for s in m.shape:
             n *= s
-        big = n * torch.empty((), dtype=_compute_dtype(m.dtype) if m.dtype.is_floating_point else m.dtype).element_size()
+        big = n * (_compute_dtype(m.dtype) if m.dtype.is_floating_point else m.dtype).itemsize
         if self.mode == "memory":
             total = self.base.nbytes() * (T + 1)
-            return f"in memory: base and {T} experts loaded (~{_fmt(total)} as stored, more in float32 while merging)"
-        return (f"streaming: about (T + 2) x the largest tensor ({largest_key}, {_fmt(big)} in the compute dtype) "
-                f"= {_fmt((T + 2) * big)}, plus one output shard")
+            return (f"in memory: base and {T} experts loaded (~{_fmt(total)} as stored), plus T task vectors, "
+                    "the update and the result in float32 while merging")
+        text = (f"streaming: about (T + 2) x the largest tensor ({largest_key}, {_fmt(big)} in the compute dtype) "
+                f"= {_fmt((T + 2) * big)}")
+        widths = [_d_in(r) for r in self.rows if r["path"] == "matrix"]
+        if self.method == "ace" and widths:
+            w = max(widths)
+            text += (f", plus ACE's {T} float64 covariances of the widest input (d_in = {w}: at least "
+                     f"{_fmt(T * w * w * 8)})")
+        return text
+
+
+def _d_in(row: Mapping[str, Any]) -> int:
+    """d_in of a 2-D key from its :func:`acetools.layouts.describe` row (in x out keys flipped)."""
+    d0, d1 = (int(x) for x in row["shape"].split("x"))
+    return d0 if row["orientation"] == "in_out" else d1
+
+
+_ALIKE = {
+    m: f"{m} treats every float key alike; the matrix/elementwise column does not change its result"
+    for m in ("weight_averaging", "task_arithmetic", "ties", "dare")
+}
+_ALIKE["regmean"] = "regmean merges the keys its Gram matrices name; every other key gets the mean"
 
 
 def _short(v: Any) -> str:
@@ -205,13 +283,23 @@ def plan_merge(
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} must be one of {MODES}")
     hp = dict(hparams or {})
-    resolved = METHODS[method].resolve(hp) if method != "esm" or "activations" in hp else dict(hp)
+    files = {}
+    if method == "esm" and isinstance(hp.get("activations"), (str, Path)):
+        files["activations"] = str(hp["activations"])
+        hp["activations"] = load_activations(hp["activations"], len(experts))
+    resolved = METHODS[method].resolve(hp)
     b, ex = _open_all(base, experts)
     _check_compatible(b, ex)
     lay = get_layout(layout, keys=b.keys(), config=b.config)
     if resolved.get("in_out_keys"):
         raise ValueError("in_out_keys is not used for files: the layout stores the orientation of every key "
                          f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")
+    keys = set(b.keys())
+    for name in KEYED_HPARAMS.get(method, ()):
+        for t, d in enumerate(resolved.get(name) or ()):
+            unknown = sorted(set(d) - keys) if isinstance(d, Mapping) else []
+            if unknown:
+                raise KeyError(f"{method}: {name}[{t}] has key {unknown[0]!r}, which the base {b.path} does not have")
     scope, why = key_scope(method, hp)
     if mode == "auto":
         run = "stream" if scope in ("key", "global_ties") else "memory"
@@ -222,7 +310,7 @@ def plan_merge(
     metas = b.metas()
     rows = describe(lay, metas)
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, rows, dict(lay.tied))
+                     run, rows, dict(lay.tied), files)
 
 
 def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.dtype) -> Tensor:
@@ -306,17 +394,18 @@ def _stream(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype
     def bar(it, desc):
         return progress(list(it), desc=desc, enabled=show)
 
-    taus_of = None
+    def dropped(key: str, taus: list[Tensor]) -> list[Tensor]:
+        """DARE-TIES drops before trimming (the masks depend on seed, task and key only)."""
+        if method != "dare":
+            return taus
+        return [drop_and_rescale(tau, dare_mask(tau.shape, hp["p"], hp["seed"], t, key, tau.device), hp["p"],
+                                 hp["rescale"]) for t, tau in enumerate(taus)]
+
+    def taus_of(key: str) -> list[Tensor]:
+        return dropped(key, src.w0_taus(key)[1])
+
     ties_state: dict[str, Any] = {}
     if plan.scope == "global_ties":
-        dare = method == "dare"
-
-        def taus_of(key: str) -> list[Tensor]:
-            _, taus = src.w0_taus(key)
-            if dare:
-                taus = [drop_and_rescale(tau, dare_mask(tau.shape, hp["p"], hp["seed"], t, key, tau.device), hp["p"],
-                                         hp["rescale"]) for t, tau in enumerate(taus)]
-            return taus
 
         dts = {_compute_dtype(base.meta(k).dtype) for k in keys}
         if len(dts) != 1:
@@ -348,7 +437,7 @@ def _stream(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype
                 continue
             W0, taus = src.w0_taus(key)
             if plan.scope == "global_ties":
-                taus = taus_of(key) if method == "dare" else taus
+                taus = dropped(key, taus)
                 thr = ties_state["thr"]
                 trimmed = torch.stack([torch.where(tau.abs() >= thr[t].to(tau.device), tau, 0)
                                        for t, tau in enumerate(taus)])
@@ -389,7 +478,10 @@ def _in_memory(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dt
         if t.is_floating_point():
             t = t.to("cpu", out_dtype or plan.base.meta(k).dtype)
         writer.add(k, t)
-    return {}
+    changed = {k: [i for i, ex in enumerate(experts) if not torch.equal(ex[k], w)]
+               for k, w in base.items() if not w.is_floating_point()}
+    return {"tied": confirmed_ties(plan.layout.tied, base, experts),
+            "buffers_changed": {k: v for k, v in changed.items() if v}}
 
 
 def _jsonable(v: Any) -> Any:
@@ -443,10 +535,12 @@ def merge_files(
     inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
     if hash_inputs:
         inputs["sha256"] = {f: h for ck in [plan.base, *plan.experts] for f, h in ck.sha256().items()}
+        inputs["sha256"].update({f: file_sha256(f) for f in plan.files.values()})
+    hp_record = {k: plan.files.get(k) or _jsonable(v) for k, v in plan.hparams.items()}
     meta = {
         "acetools.version": __version__,
         "acetools.method": method,
-        "acetools.hparams": json.dumps({k: _jsonable(v) for k, v in plan.hparams.items()}, sort_keys=True),
+        "acetools.hparams": json.dumps(hp_record, sort_keys=True),
         "acetools.layout": plan.layout.name,
         "acetools.inputs": json.dumps(inputs, sort_keys=True),
     }
@@ -457,7 +551,7 @@ def merge_files(
     copied = copy_side_files(plan.base.folder, out_dir)
     seconds = time.perf_counter() - t0
     info = {
-        "method": method, "hparams": {k: _jsonable(v) for k, v in plan.hparams.items()}, "layout": plan.layout.name,
+        "method": method, "hparams": hp_record, "layout": plan.layout.name,
         "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
         "shard_size": size, "files": [f.name for f in files], "copied": copied, "seconds": round(seconds, 3),
         "acetools_version": __version__, "inputs": inputs,
@@ -470,3 +564,72 @@ def merge_files(
         json.dump(info, fh, indent=2)
     log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, out_dir, seconds)
     return MergeResult(plan, out_dir, files, seconds, info)
+
+
+# --------------------------------------------------------------------------- command line and config files
+CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
+               "mode", "overwrite")
+
+
+def parse_hparam(text: str) -> tuple[str, Any]:
+    """``"key=value"`` -> ``(key, value)``: a Python literal (``20``, ``0.3``, ``True``, ``(1, 2)``),
+    ``true``/``false``/``none``/``null``, else the string (``scope=tensor``)."""
+    import ast
+
+    if "=" not in text:
+        raise ValueError(f"hyperparameter {text!r} must look like key=value (e.g. -p lam=0.3)")
+    key, raw = (s.strip() for s in text.split("=", 1))
+    if not key.isidentifier():
+        raise ValueError(f"hyperparameter name {key!r} is not a Python identifier")
+    low = raw.lower()
+    if low in ("true", "false"):
+        return key, low == "true"
+    if low in ("none", "null"):
+        return key, None
+    try:
+        return key, ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return key, raw
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a merge config (YAML; schema in docs/your-models.md); paths relative to the file.
+
+    Keys: ``method``, ``base``, ``experts`` (list), ``out``, ``hyperparameters`` (mapping),
+    ``layout``, ``dtype``, ``device``, ``shard_size``, ``mode``, ``overwrite``. Unknown keys
+    are an error naming them.
+    """
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - PyYAML is a dependency
+        raise ImportError("reading a merge config needs PyYAML: pip install pyyaml") from None
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"merge config not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{p}: a merge config is a mapping (method: ..., base: ..., experts: [...]), "
+                         f"got {type(data).__name__}")
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}")
+    cfg = dict(data)
+    if "experts" in cfg and (isinstance(cfg["experts"], str) or not isinstance(cfg["experts"], list)):
+        raise ValueError(f"{p}: experts must be a list of paths")
+    if "hyperparameters" in cfg and not isinstance(cfg["hyperparameters"] or {}, Mapping):
+        raise ValueError(f"{p}: hyperparameters must be a mapping name: value")
+
+    def rel(x: Any) -> str:
+        q = Path(str(x)).expanduser()
+        return str(q if q.is_absolute() else p.parent / q)
+
+    for k in ("base", "out"):
+        if cfg.get(k) is not None:
+            cfg[k] = rel(cfg[k])
+    if cfg.get("experts"):
+        cfg["experts"] = [rel(e) for e in cfg["experts"]]
+    cfg["hyperparameters"] = dict(cfg.get("hyperparameters") or {})
+    return cfg

@@ -31,13 +31,15 @@ def test_open_clip_preset_is_exactly_is_matrix_param():
         assert lay.is_matrix(key, t) == is_matrix_param(key, t), key
         assert lay.orientation(key) == "out_in"
     # the official rule's matrices include visual.proj and the positional embedding
-    assert lay.is_matrix("visual.proj", torch.zeros(8, 4)) and lay.is_matrix("visual.positional_embedding", torch.zeros(5, 8))
+    assert lay.is_matrix("visual.proj", torch.zeros(8, 4))
+    assert lay.is_matrix("visual.positional_embedding", torch.zeros(5, 8))
     assert detect_layout(OPEN_CLIP_KEYS) == "open_clip"
 
 
 def test_gpt2_orientation_embeddings_and_ties():
     keys = ["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.attn.c_attn.weight",
-            "transformer.h.0.attn.c_proj.weight", "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
+            "transformer.h.0.attn.c_proj.weight", "transformer.h.0.mlp.c_fc.weight",
+            "transformer.h.0.mlp.c_proj.weight",
             "transformer.h.0.ln_1.weight", "lm_head.weight"]
     assert detect_layout(keys) == "gpt2"
     lay = get_layout("auto", keys=keys)
@@ -45,7 +47,8 @@ def test_gpt2_orientation_embeddings_and_ties():
     w = torch.arange(6.0).reshape(2, 3)  # stored in x out
     for k in keys[2:6]:
         assert lay.orientation(k) == "in_out" and lay.role(k, w) == "matrix"
-        assert torch.equal(lay.to_canonical(k, w), w.T) and torch.equal(lay.from_canonical(k, lay.to_canonical(k, w)), w)
+        assert torch.equal(lay.to_canonical(k, w), w.T)
+        assert torch.equal(lay.from_canonical(k, lay.to_canonical(k, w)), w)
     assert lay.role("transformer.wte.weight", w) == "embedding" and not lay.is_matrix("transformer.wte.weight", w)
     assert lay.role("lm_head.weight", w) == "head"
     assert lay.orientation("lm_head.weight") == "out_in"
@@ -85,7 +88,8 @@ def test_buffers_and_options():
     assert lay.role("bn.num_batches_tracked", TensorMeta((), torch.int64)) == "buffer"
     assert lay.role("encoder.embed.weight", torch.zeros(3, 3)) == "embedding"
     opt = dataclasses.replace(lay, matrix_embeddings=True)
-    assert opt.is_matrix("encoder.embed.weight", torch.zeros(3, 3)) and not opt.is_matrix("encoder.embed.bias", torch.zeros(3))
+    assert opt.is_matrix("encoder.embed.weight", torch.zeros(3, 3))
+    assert not opt.is_matrix("encoder.embed.bias", torch.zeros(3))
 
 
 def test_errors_name_the_thing():
@@ -102,3 +106,62 @@ def test_describe_table():
     assert [r["path"] for r in rows] == ["elementwise", "tied to transformer.wte.weight", "matrix"]
     assert rows[2]["orientation"] == "in_out"
     assert "tied to transformer.wte.weight" in format_table(rows)
+
+
+# --------------------------------------------------------------------------- merge() with a layout
+def _gpt2_world(n_tasks=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"transformer.wte.weight": (12, 4), "transformer.h.0.attn.c_attn.weight": (4, 12),
+              "transformer.h.0.mlp.c_fc.weight": (4, 16), "transformer.h.0.ln_1.weight": (4,)}
+    base = {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+    base["lm_head.weight"] = base["transformer.wte.weight"]
+    experts = []
+    for _ in range(n_tasks):
+        e = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in base.items() if k != "lm_head.weight"}
+        e["lm_head.weight"] = e["transformer.wte.weight"]
+        experts.append(e)
+    return base, experts
+
+
+def test_merge_default_rule_warns_on_other_architectures():
+    from acetools.merging import merge
+
+    base, experts = _gpt2_world()
+    with pytest.warns(UserWarning, match="look like a gpt2 model.*layout='gpt2'"):
+        merge("task_arithmetic", base, experts)
+
+
+def test_merge_tied_keys_merged_once():
+    from acetools.merging import merge
+
+    base, experts = _gpt2_world()
+    untied = lambda sd: {k: v for k, v in sd.items() if k != "lm_head.weight"}  # noqa: E731
+    out = merge("ties", base, experts, layout="gpt2", k=30)  # global scope: a double count would change it
+    ref = merge("ties", untied(base), [untied(e) for e in experts], layout="gpt2", k=30)
+    assert list(out) == list(base)
+    assert all(torch.equal(out[k], ref[k]) for k in ref)
+    assert torch.equal(out["lm_head.weight"], out["transformer.wte.weight"])
+    assert out["lm_head.weight"].data_ptr() != out["transformer.wte.weight"].data_ptr()
+
+
+def test_merge_in_out_equals_transposed_out_in():
+    from acetools.merging import merge
+
+    base, experts = _gpt2_world()
+    out = merge("tsv_m", base, experts, layout="gpt2")
+    flip = lambda sd: {k: (v.T.contiguous() if PRESETS["gpt2"].orientation(k) == "in_out" else v)  # noqa: E731
+                       for k, v in sd.items()}
+    lin = dataclasses.replace(PRESETS["gpt2"], in_out=())
+    ref = merge("tsv_m", flip(base), [flip(e) for e in experts], layout=lin)
+    for k in base:
+        torch.testing.assert_close(out[k], flip(ref)[k] if PRESETS["gpt2"].orientation(k) == "in_out" else ref[k])
+
+
+def test_merge_layout_argument_errors():
+    from acetools.merging import is_matrix_param, merge
+
+    base, experts = _gpt2_world()
+    with pytest.raises(ValueError, match="either layout= or is_matrix="):
+        merge("ties", base, experts, layout="gpt2", is_matrix=is_matrix_param)
+    with pytest.raises(ValueError, match=r"in_out_keys pattern '\*c_attn\*' matches .* already stores"):
+        merge("ace", base, experts, layout="gpt2", in_out_keys=("*c_attn*",))

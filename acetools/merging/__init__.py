@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..layouts import PRESETS, Layout, detect_layout, get_layout
 from ..utils import PROGRESS, resolve_device
 from ._registry import METHODS, REQUIRED, MethodInfo, Param, register
 
@@ -94,9 +95,11 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
         missing = sorted(base_keys - keys)
         extra = sorted(keys - base_keys)
         if missing:
-            raise KeyError(f"experts[{i}] is missing key {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") + " that base has")
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise KeyError(f"experts[{i}] is missing key {missing[0]!r}{more} that base has")
         if extra:
-            raise KeyError(f"experts[{i}] has key {extra[0]!r}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "") + " that base does not have")
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            raise KeyError(f"experts[{i}] has key {extra[0]!r}{more} that base does not have")
         for key, w0 in base.items():
             w = ex[key]
             if not isinstance(w, Tensor):
@@ -211,8 +214,6 @@ def merge_key(
 
 def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
     """(layout, is_matrix predicate) for merge(): a given layout, the legacy predicate or the open_clip rule."""
-    from ..layouts import PRESETS, Layout, detect_layout, get_layout
-
     keys = list(base)
     if is_matrix is not None:
         if layout is not None:
@@ -292,7 +293,7 @@ def merge(
     :class:`acetools.layouts.Layout`) says which keys take the matrix path, which are stored
     in x out (transposed to d_out x d_in around the method and back) and which are tied
     (merged once, both keys returned with equal values). Default ``None``: the open_clip rule
-    :func:`is_matrix_param`, as stored, with a warning when the keys look like another
+    :func:`is_matrix_param` (docs/methods.md §Matrix path), as stored, with a warning when the keys look like another
     architecture. ``is_matrix(key, tensor)`` (instead of a layout) keeps the old predicate
     interface. Non-float buffers are carried from the base (a warning names any that an
     expert changed). ``hparams`` are the method's hyperparameters, listed with defaults in
