@@ -21,6 +21,9 @@ For example, three GPT-2 experts on disk and a few proxy token batches per task:
                        lambda t: proxy_ids[t], factory=factory, layout="gpt2", alpha=1.0)
 
 ESM uses the activations of each *fine-tuned* model (docs/methods.md §ESM); the base only gives W0.
+To merge from the command line instead, save the activations with
+:func:`acetools.merge_files.save_activations` and pass ``-p activations=FILE`` together with
+``-p targets=...`` / ``-p layer_types=...`` from :func:`esm_names` to ``acetools merge --method esm``.
 """
 
 from __future__ import annotations

@@ -151,3 +151,28 @@ def test_files_give_the_same_activations_and_merge_as_modules(tmp_path):
     m_mods = merge_esm(base, experts, ids_for, layout="gpt2")
     for k in m_mods:
         torch.testing.assert_close(m_files[k], m_mods[k])
+
+
+def test_captured_activations_feed_the_merge_command(tmp_path):
+    """Capture in Python, merge from the command line: the same weights as merge_esm."""
+    from safetensors.torch import save_file
+
+    from acetools import cli
+    from acetools.checkpoints import open_checkpoint
+    from acetools.merge_files import save_activations
+
+    base, experts = zoo(gpt2_factory, n=2)
+    paths = []
+    for i, m in enumerate([base, *experts]):
+        paths.append(tmp_path / f"m{i}.safetensors")
+        save_file({k: v.clone().contiguous() for k, v in m.state_dict().items()}, str(paths[-1]))
+    acts = save_activations(tmp_path / "acts.safetensors", esm_activations(experts, ids_for, layout="gpt2"))
+    names = esm_names("gpt2")
+    rc = cli.main(["merge", "--method", "esm", "--base", str(paths[0]), "--experts", *map(str, paths[1:]),
+                   "--out", str(tmp_path / "out"), "--layout", "gpt2", "-p", f"activations={acts}",
+                   "-p", f"targets={names['targets']!r}", "-p", f"layer_types={names['layer_types']!r}"])
+    assert rc == 0
+    out = open_checkpoint(tmp_path / "out").state_dict()
+    ref = merge_esm(base, experts, ids_for, layout="gpt2")
+    for k in ref:
+        torch.testing.assert_close(out[k], ref[k])
