@@ -279,7 +279,8 @@ def detect_layout(keys: Iterable[str], config: Mapping[str, Any] | None = None) 
         return "gpt2"
     if has(r"(^|\.)resblocks\.\d+\.") or has(r"(^|\.)(text_projection|positional_embedding)$"):
         return "open_clip"
-    if has(r"(^|\.)(vision_model|text_model)\.") or has(r"(^|\.)visual_projection\.weight$"):
+    if (has(r"(^|\.)(vision_model|text_model)\.") or has(r"(^|\.)visual_projection\.weight$")
+            or has(r"(^|\.)pre_layrnorm\.")):  # a bare CLIPVisionModel/CLIPTextModel state dict
         return "hf_clip"
     if has(r"(^|\.)embeddings\.word_embeddings\.weight$") or has(r"(^|\.)attention\.self\.query\.weight$"):
         return "bert"

@@ -165,3 +165,11 @@ def test_merge_layout_argument_errors():
         merge("ties", base, experts, layout="gpt2", is_matrix=is_matrix_param)
     with pytest.raises(ValueError, match=r"in_out_keys pattern '\*c_attn\*' matches .* already stores"):
         merge("ace", base, experts, layout="gpt2", in_out_keys=("*c_attn*",))
+
+
+def test_detect_bare_hf_clip_vision_state_dict():
+    """A bare CLIPVisionModel state dict (transformers 5: no ``vision_model.`` prefix) is hf_clip."""
+    keys = ["embeddings.class_embedding", "embeddings.position_embedding.weight", "pre_layrnorm.weight",
+            "encoder.layers.0.self_attn.q_proj.weight", "encoder.layers.0.mlp.fc1.weight", "post_layernorm.weight"]
+    assert detect_layout(keys) == "hf_clip"
+    assert detect_layout(keys[3:5]) is None  # q_proj / fc1 alone name no architecture
