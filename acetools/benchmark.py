@@ -179,7 +179,9 @@ class Benchmark:
         idx = torch.randperm(len(d.y), generator=g)[: self.n_proxy]
         return torch.as_tensor(np.asarray(d.x))[idx]
 
-    def matrix_keys(self, pattern: Sequence[str] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")) -> list[str]:
+    def matrix_keys(
+        self, pattern: Sequence[str] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    ) -> list[str]:
         return [k for k in self.base if any(p in k for p in pattern)]
 
     def esm_activations(self) -> dict[str, list[Tensor]]:
@@ -209,7 +211,8 @@ class Benchmark:
             for t, state in zip(self.tasks, self.experts):
                 d = self.zoo.split(t, "train")
                 x = torch.as_tensor(np.asarray(d.x[: self.n_gram]))
-                out.append({k: v.float() for k, v in gram_matrices(self.zoo.encoder(state), x, keys, batch_size=128).items()})
+                task_grams = gram_matrices(self.zoo.encoder(state), x, keys, batch_size=128)
+                out.append({k: v.float() for k, v in task_grams.items()})
             self._grams = out
         return self._grams
 
@@ -221,7 +224,9 @@ class Benchmark:
         return {}
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, state: Mapping[str, Tensor], split: str = "test", tasks: Sequence[str] | None = None) -> dict[str, float]:
+    def evaluate(
+        self, state: Mapping[str, Tensor], split: str = "test", tasks: Sequence[str] | None = None
+    ) -> dict[str, float]:
         """Absolute top-1 accuracy (fraction) per task of the encoder ``state``."""
         from .finetune import evaluate
 
@@ -235,7 +240,8 @@ class Benchmark:
             from .finetune import evaluate
 
             self._expert_acc[split] = {
-                t: evaluate(self.zoo.encoder(s), self.zoo.head(t), self.data(t, split), batch_size=self.batch_size, threads=self.threads)
+                t: evaluate(self.zoo.encoder(s), self.zoo.head(t), self.data(t, split),
+                            batch_size=self.batch_size, threads=self.threads)
                 for t, s in zip(self.tasks, self.experts)
             }
         return self._expert_acc[split]

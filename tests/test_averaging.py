@@ -120,7 +120,8 @@ def test_bfloat16_base_returns_bfloat16():
     for k in base:
         assert out[k].dtype == torch.bfloat16
         # computed in float32 and rounded to bfloat16 once at the end: within one bf16 rounding
-        expected = (base[k].double() + 0.4 * sum(ex[k].double() - base[k].double() for ex in experts)).to(torch.bfloat16)
+        expected = (base[k].double()
+                    + 0.4 * sum(ex[k].double() - base[k].double() for ex in experts)).to(torch.bfloat16)
         torch.testing.assert_close(out[k], expected, rtol=2**-8, atol=1e-6)
 
 

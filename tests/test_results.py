@@ -48,7 +48,8 @@ def write_run(folder, suite, seed, methods: dict, tasks=("a", "b"), regime=True,
         pd.DataFrame(np.eye(len(tasks)), index=tasks, columns=tasks).to_csv(folder / f"{stem}_cosine.csv")
     if record:
         trace = [{"step": i, "alpha": a, "avg_top1": 0.5 + 0.1 * i, "avg_normalized_top1": 0.6 + 0.1 * i,
-                  "is_best": i == 1, **{f"{t}:top1": 0.5 for t in tasks}, **{f"{t}:normalized_top1": 0.7 for t in tasks}}
+                  "is_best": i == 1, **{f"{t}:top1": 0.5 for t in tasks},
+                  **{f"{t}:normalized_top1": 0.7 for t in tasks}}
                  for i, a in enumerate((0.1, 0.2, 0.3))]
         runs = [{"method": m, "coef_name": "lam" if m == "task_arithmetic" else None,
                  "search_trace": trace if m == "task_arithmetic" else None} for m in methods]
@@ -185,14 +186,18 @@ def test_rank_agreement_uses_common_methods_only():
 def test_load_wudi_step_size(tmp_path):
     assert results.load_wudi_step_size(tmp_path).empty
     cols = dict(n_tasks=8, seed=0, variant="v", method="wudi", val_normalized=1.0, test_normalized=1.0)
-    pd.DataFrame([{"suite": "tasks20", **cols, "n_tasks": 20, "lr": 1e-3}, {"suite": "tasks20", **cols, "n_tasks": 20, "lr": 1e-5}]
+    pd.DataFrame([{"suite": "tasks20", **cols, "n_tasks": 20, "lr": 1e-3},
+                  {"suite": "tasks20", **cols, "n_tasks": 20, "lr": 1e-5}]
                  ).to_csv(tmp_path / "wudi_step_size_tasks20_small_seed0.csv", index=False)
-    pd.DataFrame([{"suite": "tasks8", **cols, "lr": 1e-4}]).to_csv(tmp_path / "wudi_step_size_tasks8_small_seed0.csv", index=False)
-    pd.DataFrame([{"suite": "tasks8", **cols, "lr": 1e-4}]).to_csv(tmp_path / "wudi_step_size_tasks8_tiny_seed0.csv", index=False)
+    pd.DataFrame([{"suite": "tasks8", **cols, "lr": 1e-4}]).to_csv(
+        tmp_path / "wudi_step_size_tasks8_small_seed0.csv", index=False)
+    pd.DataFrame([{"suite": "tasks8", **cols, "lr": 1e-4}]).to_csv(
+        tmp_path / "wudi_step_size_tasks8_tiny_seed0.csv", index=False)
     d = results.load_wudi_step_size(tmp_path, size="small")
     assert list(zip(d["suite"], d["lr"])) == [("tasks8", 1e-4), ("tasks20", 1e-5), ("tasks20", 1e-3)]
     assert len(results.load_wudi_step_size(tmp_path)) == 4
-    pd.DataFrame([{"suite": "tasks8", "lr": 1e-4}]).to_csv(tmp_path / "wudi_step_size_tasks8_small_seed1.csv", index=False)
+    pd.DataFrame([{"suite": "tasks8", "lr": 1e-4}]).to_csv(
+        tmp_path / "wudi_step_size_tasks8_small_seed1.csv", index=False)
     with pytest.raises(ValueError, match="seed1.csv lacks columns"):
         results.load_wudi_step_size(tmp_path)
 

@@ -511,7 +511,8 @@ def _same_state(a: StateDict, b: StateDict) -> bool:
 
 
 def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None, *, scaled: bool = True,
-                 search=None, hparams: Mapping[str, Any] | None = None, suite: str | None = None, merge: Callable[..., StateDict] | None = None,
+                 search=None, hparams: Mapping[str, Any] | None = None, suite: str | None = None,
+                 merge: Callable[..., StateDict] | None = None,
                  progress: bool | None = None) -> Ablation:
     """Merge with ACE once per variant of ``variants`` (label -> hyperparameters, default
     :data:`ABLATIONS`) and score each merge on the test splits.
@@ -550,7 +551,8 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
             done.append((label, merged, acc, norm))
         else:
             acc, norm = same[2], same[3]
-        rows.append({"suite": suite, "variant": label, "hparams": _fmt(dict(variants[label])), "scaling": hp.get("scaling", 1.0),
+        rows.append({"suite": suite, "variant": label, "hparams": _fmt(dict(variants[label])),
+                     "scaling": hp.get("scaling", 1.0),
                      "test_acc": 100 * float(np.mean(list(acc.values()))),
                      "test_normalized": 100 * float(np.mean(list(norm.values()))),
                      "same_as": same[0] if same else "", "seconds": time.perf_counter() - t0})
@@ -798,22 +800,26 @@ def diagnose(gtable: Any, stable: Any, ablation: Ablation | None = None) -> list
             f"{float(flagged['energy_ratio'].median()):.2f}).")
     else:
         out.append(
-            f"gamma: no matrix is flagged (largest gamma {float(gtable['gamma'].max()):.3g}): ACE runs as the plain closed "
-            f"form on every layer, as the paper describes for ViTs, and its normalisation and refinement act on nothing.")
+            f"gamma: no matrix is flagged (largest gamma {float(gtable['gamma'].max()):.3g}): "
+            f"ACE runs as the plain closed form on every layer, as the paper describes for ViTs, "
+            f"and its normalisation and refinement act on nothing.")
     wide = stable[[s[0] <= s[1] for s in stable["shape"]]]
     if len(wide):
         out.append(
-            f"spectrum: {len(wide)} of {len(stable)} matrices have d_out <= d_in; there the centred numerator gives W_pre "
-            f"a zero singular value, so their raw condition number (median {float(wide['cond_pre'].median()):.3g}) is "
-            f"rounding noise; without it the median over all matrices is {float(stable['cond_pre_trim'].median()):.3g}.")
+            f"spectrum: {len(wide)} of {len(stable)} matrices have d_out <= d_in; "
+            f"there the centred numerator gives W_pre a zero singular value, "
+            f"so their raw condition number (median {float(wide['cond_pre'].median()):.3g}) is rounding noise; "
+            f"without it the median over all matrices is {float(stable['cond_pre_trim'].median()):.3g}.")
     out.append(
-        f"spectrum: the top 5% of W_pre's singular values hold {100 * float(stable['top_energy_pre'].median()):.1f}% of "
-        f"its energy (median), against {100 * float(stable['top_energy_sum'].median()):.1f}% for the plain task-vector "
-        f"sum and {100 * float(stable['top_energy_final'].median()):.1f}% for ACE's output.")
+        f"spectrum: the top 5% of W_pre's singular values hold "
+        f"{100 * float(stable['top_energy_pre'].median()):.1f}% of its energy (median), "
+        f"against {100 * float(stable['top_energy_sum'].median()):.1f}% for the plain task-vector sum "
+        f"and {100 * float(stable['top_energy_final'].median()):.1f}% for ACE's output.")
     out.append(
         f"directions: W_pre's top directions match W_fused's (the refinement's) at median cosine "
         f"{float(stable['cos_fused'].median()):.2f}, the task-vector sum's at {float(stable['cos_sum'].median()):.2f} "
-        f"and single experts' at {float(stable['cos_experts'].median()):.2f} (chance {float(stable['cos_random'].median()):.2f}).")
+        f"and single experts' at {float(stable['cos_experts'].median()):.2f} "
+        f"(chance {float(stable['cos_random'].median()):.2f}).")
     if ablation is not None:
         sc = ablation.table[ablation.table["variant"] == SCALED_LABEL]
         if len(sc):

@@ -119,7 +119,8 @@ def assess_beats(summary: pd.DataFrame, winner: str, rivals: Sequence[str], *, s
     elif 2 * not_worse >= len(rows):
         verdict, why = "partly", f"better on {wins}, within the seed spread on {not_worse - wins} of {len(rows)} suites"
     else:
-        verdict, why = "not reproduced", f"beaten beyond the seed spread on {len(rows) - not_worse} of {len(rows)} suites"
+        verdict = "not reproduced"
+        why = f"beaten beyond the seed spread on {len(rows) - not_worse} of {len(rows)} suites"
     measured = "; ".join(f"{r['suite']}: {winner} {r['diff']:+.1f} ± {r['margin']:.1f} vs {r['b']} ({r['outcome']})"
                          for r in rows)
     return Verdict(measured, verdict, why, {"metric": metric, "comparisons": rows})
@@ -164,18 +165,21 @@ def assess_grows(summary: pd.DataFrame, method: str, rivals: Sequence[str], *, s
     monotone = all(d >= -m for d, m in steps)
     leads = gaps[-1]["diff"] > 0
     if total > total_margin and monotone and leads:
-        verdict, why = "reproduced", f"the lead grows by {total:+.1f} (> {total_margin:.1f}) from the fewest to the most tasks"
+        verdict = "reproduced"
+        why = f"the lead grows by {total:+.1f} (> {total_margin:.1f}) from the fewest to the most tasks"
     elif total > 0 and not leads:
         verdict = "partly"
         why = (f"the gap to the best rival narrows by {total:+.1f}, but {method} never leads "
                f"({gaps[-1]['diff']:+.1f} at the most tasks): there is no advantage to grow")
     elif total > 0:
         verdict = "partly"
-        why = (f"the lead grows by {total:+.1f} overall" + ("" if total > total_margin else f", within the spread {total_margin:.1f}")
+        why = (f"the lead grows by {total:+.1f} overall"
+               + ("" if total > total_margin else f", within the spread {total_margin:.1f}")
                + ("" if monotone else ", not monotonically"))
     else:
         verdict, why = "not reproduced", f"the lead changes by {total:+.1f} from the fewest to the most tasks"
-    measured = ", ".join(f"T={int(summary.loc[summary['suite'] == g['suite'], 'n_tasks'].iloc[0])}: {g['diff']:+.1f} vs {g['b']}"
+    measured = ", ".join(f"T={int(summary.loc[summary['suite'] == g['suite'], 'n_tasks'].iloc[0])}: "
+                         f"{g['diff']:+.1f} vs {g['b']}"
                          for g in gaps)
     whom = f"{rivals[0]}" if len(rivals) == 1 else "best other"
     return Verdict(f"{method} minus {whom}: {measured}", verdict, why,
@@ -258,7 +262,8 @@ def _time_rows(summary: pd.DataFrame, method: str, ref: str, suites: Sequence[st
     for s in _suites(summary, suites):
         a = agg[agg["suite"] == s].set_index("method")
         if method in a.index and ref in a.index:
-            rows.append({"suite": s, "n_tasks": int(a["n_tasks"].iloc[0]), "seconds": float(a.loc[method, "merge_seconds"]),
+            rows.append({"suite": s, "n_tasks": int(a["n_tasks"].iloc[0]),
+                         "seconds": float(a.loc[method, "merge_seconds"]),
                          "seconds_ref": float(a.loc[ref, "merge_seconds"]), "ratio": _time_ratio(agg, s, method, ref)})
     if not rows:
         raise ValueError(f"{method} and {ref} never ran on the same suite")

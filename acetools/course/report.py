@@ -300,7 +300,8 @@ def render_html(executed: str | os.PathLike) -> Path:
 
     executed = Path(executed)
     nb = nbformat.read(str(executed), as_version=4)
-    body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nb)
     alts = _image_alts(nb)
     soup = BeautifulSoup(body, features="html.parser")
     for img in soup.find_all("img"):

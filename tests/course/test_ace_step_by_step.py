@@ -295,7 +295,8 @@ def test_ablation_effect_and_effects():
     # nothing flagged in s8: refinement is judged with the gate on; s20 with ACE as is
     assert eff["refinement"][0]["d"] == 1.0 and "gate on" in eff["refinement"][0]["what"]
     assert eff["refinement"][1]["d"] == 5.0 and eff["refinement"][1]["what"] == "full - no refinement"
-    both = AC.Ablation.concat([AC.Ablation(ab.table.iloc[:6], pd.DataFrame()), AC.Ablation(ab.table.iloc[6:], pd.DataFrame())])
+    both = AC.Ablation.concat([AC.Ablation(ab.table.iloc[:6], pd.DataFrame()),
+                               AC.Ablation(ab.table.iloc[6:], pd.DataFrame())])
     assert len(both.table) == 12
 
 
@@ -353,7 +354,8 @@ def test_verdict_spectrum_and_direction():
     v, nums = r.verdict, r.numbers
     assert v == "partly" and nums["median_cond_raw"] == 1e16
     assert AC.verdict_spectrum(t2.assign(top_energy_pre=[0.5, 0.6])).verdict == "not reproduced"
-    d = pd.DataFrame({"cos_sum": [0.95, 0.92], "cos_fused": [1.0, 1.0], "cos_experts": [0.5, 0.6], "cos_random": [0.1, 0.1]})
+    d = pd.DataFrame({"cos_sum": [0.95, 0.92], "cos_fused": [1.0, 1.0], "cos_experts": [0.5, 0.6],
+                      "cos_random": [0.1, 0.1]})
     assert AC.verdict_direction(d).verdict == "reproduced"
     assert AC.verdict_direction(d.assign(cos_sum=[0.6, 0.7])).verdict == "partly"
     assert AC.verdict_direction(d.assign(cos_sum=[0.2, 0.3])).verdict == "not reproduced"

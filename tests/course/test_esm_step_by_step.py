@@ -386,7 +386,8 @@ def test_verdicts_follow_their_rules():
     assert ec.verdict_proxy(acc).verdict == "reproduced"
     assert ec.verdict_proxy({**acc, "other task": 80.09, "one class": 79.91}).verdict == "reproduced"  # paper: < 0.1
     assert ec.verdict_proxy({**acc, "one class": 78.0}).verdict == "partly"
-    assert ec.verdict_proxy({**acc, "one class": 78.0, "other task": 82, "pretraining pool": 70}).verdict == "not reproduced"
+    proxies = {**acc, "one class": 78.0, "other task": 82, "pretraining pool": 70}
+    assert ec.verdict_proxy(proxies).verdict == "not reproduced"
     assert [ec.verdict_four(a, 80.0).verdict for a in (81.0, 80.2, 79.0)] == ["reproduced", "partly", "not reproduced"]
     assert ec.verdict_gain({"t8": 1.0, "t20": 2.0}, "x").verdict == "reproduced"
     assert ec.verdict_gain({"t8": 1.0, "t20": 0.3}, "x").verdict == "partly"

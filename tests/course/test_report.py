@@ -44,7 +44,8 @@ def test_unknown_profile_is_an_error(tmp_path):
 
 
 def test_cli_parses_report_options():
-    args = build_parser().parse_args(["report", "--profile", "full", "--only", "00", "02", "-p", "seed=1", "-p", "quick=True"])
+    args = build_parser().parse_args(["report", "--profile", "full", "--only", "00", "02",
+                                      "-p", "seed=1", "-p", "quick=True"])
     assert args.profile == "full" and args.only == ["00", "02"] and args.parameter == ["seed=1", "quick=True"]
 
 

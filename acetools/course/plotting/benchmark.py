@@ -97,7 +97,8 @@ def accuracy_vs_tasks(ax, agg: pd.DataFrame, *, metric: str = "test_normalized",
     return ax
 
 
-def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None, highlight: Sequence[str] = ("ace", "esm")):
+def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None,
+               highlight: Sequence[str] = ("ace", "esm")):
     """Merge seconds against the number of tasks per method (log scale; the time of one merge,
     the search's evaluations excluded)."""
     ax = accuracy_vs_tasks(ax, agg, metric="merge_seconds", methods=methods, highlight=highlight)
