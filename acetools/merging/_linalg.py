@@ -1,4 +1,17 @@
-"""Linear-algebra helpers shared by the merge methods: polar factor, safe solve, input checks."""
+"""Linear-algebra helpers shared by the merge methods: polar factor, safe solve, input checks.
+
+Besides the plain LAPACK routes (:func:`thin_svd`, :func:`polar`, :func:`solve_right`) this
+module holds the cheaper *exact* routes the merge methods take where the numerics allow them
+(measured in ``docs/performance.md``):
+
+* :func:`gram_top_svd`, :func:`gram_polar`: top singular triplets and polar factors through the
+  eigendecomposition of the smaller float64 Gram matrix. The Gram squares the condition number,
+  so each checks the spectrum it needs and falls back to the SVD where float64 would lose more
+  than the float32 SVD it replaces (``GRAM_MAX_RATIO``).
+* :func:`solve_spd_rank_one`: ``B (M + 1 cᵀ)^-1`` for symmetric positive-definite ``M`` by a
+  Cholesky factorisation and the Sherman–Morrison formula (one factorisation, half the flops of
+  LU); it reports failure so the caller can take the LU route.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +21,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["thin_svd", "polar", "solve_right", "top_svd", "check_square"]
+__all__ = [
+    "thin_svd", "polar", "solve_right", "top_svd", "check_square",
+    "GRAM_MAX_RATIO", "gram_top_svd", "gram_polar", "solve_spd_rank_one",
+]
+
+#: Largest sigma_1 / sigma_j a float64 Gram route accepts for the singular values it uses.
+#: Eigenvalues of the Gram carry an absolute error ~1e-16 sigma_1^2, i.e. a relative error
+#: ~1e-16 (sigma_1/sigma_j)^2 on sigma_j: at the limit 1e4 that is 1e-8, below the float32
+#: SVD's own ~1e-7 relative error, so the Gram route is never less accurate than the route
+#: it replaces for float32 inputs.
+GRAM_MAX_RATIO = 1e4
 
 
 def thin_svd(M: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -73,3 +96,77 @@ def check_square(S: Any, d_in: int, where: str, hint: str = "") -> None:
         raise TypeError(f"{where} has dtype {S.dtype}; it must be floating point")
     if not torch.isfinite(S).all():
         raise ValueError(f"{where} contains NaN or Inf")
+
+
+def gram_top_svd(M: Tensor, k: int, *, max_ratio: float = GRAM_MAX_RATIO) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The top-``k`` singular triplets of ``M`` through the float64 Gram of its smaller side.
+
+    With ``G = M Mᵀ`` (wide ``M``) or ``Mᵀ M`` (tall) and ``G = Q diag(lam) Qᵀ``: sigma = sqrt(lam)
+    and the other side's vectors are ``Mᵀ q / sigma`` (or ``M q / sigma``). Costs one
+    ``min(m, n)² max(m, n)`` product and a ``min(m, n)`` eigendecomposition instead of an SVD.
+    Returns ``(U_k, S, Vh_k)`` in float64, with ``S`` *all* ``min(m, n)`` singular values
+    (those past ``k`` only to an absolute accuracy ~1e-16 sigma_1), or ``None`` when
+    sigma_1 / sigma_k > ``max_ratio`` (or sigma_k = 0), where the caller must take the SVD.
+    """
+    M64 = M.double()
+    wide = M64.shape[-2] <= M64.shape[-1]
+    G = M64 @ M64.mT if wide else M64.mT @ M64
+    lam, Q = torch.linalg.eigh(G)
+    lam, Q = lam.flip(-1), Q.flip(-1)
+    S = lam.clamp_min(0).sqrt()
+    if k < 1 or k > S.shape[-1]:
+        raise ValueError(f"gram_top_svd: k={k} must be in 1..{S.shape[-1]}")
+    if not bool(S[k - 1] > 0) or bool(S[0] > max_ratio * S[k - 1]):
+        return None
+    Qk = Q[:, :k]
+    if wide:
+        return Qk, S, (Qk.mT @ M64) / S[:k, None]
+    return (M64 @ Qk) / S[:k], S, Qk.mT
+
+
+def gram_polar(M: Tensor, *, max_ratio: float = GRAM_MAX_RATIO) -> tuple[Tensor, Tensor] | None:
+    """Polar factor and singular values of ``M`` through the float64 Gram of its smaller side.
+
+    ``polar(M) = M Q diag(1/sigma) Qᵀ`` (tall; ``Q diag(1/sigma) Qᵀ M`` wide) with
+    ``Mᵀ M = Q diag(sigma²) Qᵀ``. Returns ``(polar(M), S)`` in float64 or ``None`` when
+    ``M`` is too ill-conditioned for the Gram (sigma_1 / sigma_min > ``max_ratio``, including
+    rank-deficient ``M``, whose polar factor is not unique); the caller then takes the SVD.
+    """
+    M64 = M.double()
+    wide = M64.shape[-2] < M64.shape[-1]
+    G = M64 @ M64.mT if wide else M64.mT @ M64
+    lam, Q = torch.linalg.eigh(G)
+    lam, Q = lam.flip(-1), Q.flip(-1)
+    S = lam.clamp_min(0).sqrt()
+    if S.numel() == 0 or not bool(S[-1] > 0) or bool(S[0] > max_ratio * S[-1]):
+        return None
+    W = (Q / S) @ Q.mT  # (M^T M)^(-1/2) or (M M^T)^(-1/2)
+    return (W @ M64 if wide else M64 @ W), S
+
+
+def solve_spd_rank_one(B: Tensor, M: Tensor, c: Tensor | None = None, *, overwrite: bool = False) -> Tensor | None:
+    """``B (M + 1 cᵀ)^-1`` for symmetric positive-definite ``M``: Cholesky plus Sherman–Morrison.
+
+    With ``Y = B M^-1`` (two triangular solves against the Cholesky factor) and
+    ``z = M^-1 c``: ``B (M + 1 cᵀ)^-1 = Y - (Y 1) zᵀ / (1 + zᵀ 1)``. Only the lower triangle of
+    ``M`` is read, so ``M`` must be symmetric. ``c = None`` solves ``B M^-1``. With
+    ``overwrite`` the factor replaces ``M`` in place (no second d×d buffer). Returns ``None``
+    when ``M`` is not numerically positive definite or the result is not finite, so the caller
+    can fall back to :func:`solve_right`.
+    """
+    if overwrite:
+        L, info = torch.linalg.cholesky_ex(M, out=(M, torch.empty((), dtype=torch.int32, device=M.device)))
+    else:
+        L, info = torch.linalg.cholesky_ex(M)
+    if int(info) != 0:
+        return None
+    Y = torch.cholesky_solve(B.mT, L).mT
+    if c is not None:
+        z = torch.cholesky_solve(c.reshape(-1, 1).to(L.dtype), L).reshape(-1)
+        denom = 1.0 + z.sum()
+        if not bool(torch.isfinite(denom)) or float(denom) == 0.0:
+            return None
+        Y = Y - torch.outer(Y.sum(dim=1) / denom, z)
+    if not bool(torch.isfinite(Y).all()):
+        return None
+    return Y
