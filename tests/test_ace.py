@@ -539,3 +539,21 @@ def test_cuda_matches_cpu():
     cpu32, gpu32 = merge("ace", b32, e32), merge("ace", b32, e32, device="cuda")
     for k in b32:
         assert torch.allclose(gpu32[k].cpu(), cpu32[k], rtol=1e-5, atol=1e-6), k
+
+
+def test_blocked_syrk_equals_the_gram():
+    from acetools.merging._linalg import symmetrize_lower_, syrk_lower_
+
+    g = torch.Generator().manual_seed(8)
+    F = torch.randn(30, 1000, generator=g, dtype=F64)  # 3 column blocks
+    S = symmetrize_lower_(syrk_lower_(torch.eye(1000, dtype=F64), F, alpha=0.5))
+    assert_matrix_close(S, torch.eye(1000, dtype=F64) + 0.5 * F.T @ F, rtol=1e-13)
+    assert torch.equal(S, S.T)
+
+
+@pytest.mark.parametrize("shape", [(40, 900), (850, 800)], ids=["rows-first", "gram"])
+def test_streamed_route_on_blocked_shapes(shape):
+    dWs = rand_taus(shape, HETERO[:3], seed=9)
+    for gate in ("on", "off"):
+        W, _ = ace_matrix(dWs, gate=gate)
+        assert_matrix_close(W, stagewise_ace(dWs, gate=gate), rtol=1e-9)

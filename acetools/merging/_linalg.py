@@ -23,7 +23,7 @@ from torch import Tensor
 
 __all__ = [
     "thin_svd", "polar", "solve_right", "top_svd", "check_square",
-    "GRAM_MAX_RATIO", "gram_top_svd", "gram_polar", "solve_spd_rank_one",
+    "GRAM_MAX_RATIO", "gram_top_svd", "gram_polar", "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_",
 ]
 
 #: Largest sigma_1 / sigma_j a float64 Gram route accepts for the singular values it uses.
@@ -170,3 +170,37 @@ def solve_spd_rank_one(B: Tensor, M: Tensor, c: Tensor | None = None, *, overwri
     if not bool(torch.isfinite(Y).all()):
         return None
     return Y
+
+
+_SYRK_BLOCK = 384  # column-block width of :func:`syrk_lower_`: wide enough for full-speed GEMMs
+
+
+def _blocks(n: int) -> list[tuple[int, int]]:
+    nb = max(1, round(n / _SYRK_BLOCK))
+    edges = [round(i * n / nb) for i in range(nb + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def syrk_lower_(S: Tensor, F: Tensor, alpha: float = 1.0) -> Tensor:
+    """``S += alpha Fᵀ F`` on the lower block triangle of ``S`` only (a blocked SYRK).
+
+    PyTorch has no symmetric rank-k update; computing only the column blocks on and below
+    the diagonal does (nb + 1) / (2 nb) of the GEMM's flops (62 % for a 1536-wide Gram,
+    56 % for 3072). The strictly upper blocks of ``S`` are left untouched: call
+    :func:`symmetrize_lower_` before using ``S`` as a full matrix (a Cholesky factorisation
+    reads the lower triangle only).
+    """
+    for lo, hi in _blocks(S.shape[-1]):
+        S[lo:, lo:hi].addmm_(F[:, lo:].mT, F[:, lo:hi], alpha=alpha)
+    return S
+
+
+def symmetrize_lower_(S: Tensor) -> Tensor:
+    """Copy the lower block triangle of ``S`` onto its upper one, in place (after :func:`syrk_lower_`)."""
+    bl = _blocks(S.shape[-1])
+    for i, (lo, hi) in enumerate(bl):
+        D = S[lo:hi, lo:hi]
+        D.copy_(D.tril() + D.tril(-1).mT)
+        for lo2, hi2 in bl[i + 1:]:
+            S[lo:hi, lo2:hi2] = S[lo2:hi2, lo:hi].mT
+    return S

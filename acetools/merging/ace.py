@@ -56,7 +56,15 @@ import torch
 from torch import Tensor
 
 from ..utils import progress
-from ._linalg import check_square, gram_top_svd, solve_right, solve_spd_rank_one, thin_svd
+from ._linalg import (
+    check_square,
+    gram_top_svd,
+    solve_right,
+    solve_spd_rank_one,
+    symmetrize_lower_,
+    syrk_lower_,
+    thin_svd,
+)
 from ._registry import METHODS, Param, register
 from .averaging import mean_update
 
@@ -508,12 +516,12 @@ def _stream_moments(
             tr = q * float(F.double().pow(2).sum()) + _TRACE_FLOOR
             s = q / tr if normalize else q
             if rows_first:
-                S.addmm_(F.mT, F, alpha=s)
+                syrk_lower_(S, F, alpha=s)
                 B_sig.addmm_(N @ F.mT, F, alpha=s)
                 if v is not None:
                     v.add_((F @ mu) @ F, alpha=s)
             else:
-                G = F.mT @ F
+                G = symmetrize_lower_(syrk_lower_(F.new_zeros(d_in, d_in), F))
                 S.add_(G, alpha=s)
                 B_sig.addmm_(N, G, alpha=s)
                 if v is not None:
@@ -539,6 +547,8 @@ def _stream_moments(
         R_num.add_(N, alpha=r)
         traces[t], ridge[t] = tr, r
         del d, N
+    if estimator in ("ace", "wudi") and rows_first:
+        symmetrize_lower_(S)
     res_part = None
     if for_refine:
         res_part = raw_sig.clone() if raw_sig is not None else B_sig + v  # v broadcasts over the rows: + 1 vᵀ
