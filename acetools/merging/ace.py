@@ -517,7 +517,10 @@ def _stream_moments(
             s = q / tr if normalize else q
             if rows_first:
                 syrk_lower_(S, F, alpha=s)
-                B_sig.addmm_(N @ F.mT, F, alpha=s)
+                # N Fᵀ is d_out x d_out; for the centred numerator (N = F) it is a symmetric Gram
+                H = symmetrize_lower_(syrk_lower_(F.new_zeros(d_out, d_out), F.mT)) if N is F else N @ F.mT
+                B_sig.addmm_(H, F, alpha=s)
+                del H
                 if v is not None:
                     v.add_((F @ mu) @ F, alpha=s)
             else:
@@ -719,7 +722,7 @@ def _as_matrices(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
             raise ValueError(f"layer {name!r}, task {t}: expected a 2-D tensor, got {getattr(d, 'shape', type(d).__name__)}")
         if d.shape != shape:
             raise ValueError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's {tuple(shape)}")
-    return [d.double() for d in delta_W]
+    return list(delta_W)  # converted one task at a time where used: no T float64 copies
 
 
 def _check_given(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[Tensor]:
