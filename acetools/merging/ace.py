@@ -560,17 +560,18 @@ def _stream_moments(
 
 
 def _top_k_isotropic(W_fused: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """``(U_k V_kᵀ, S)`` of ``W_fused = U S Vᵀ`` for the refinement (eq. 18), in float64.
+    """``(U_k V_kᵀ, S_k)`` of ``W_fused = U S Vᵀ`` for the refinement (eq. 18), in float64.
 
-    Through the Gram of the smaller side (:func:`acetools.merging._linalg.gram_top_svd`)
-    where sigma_1 / sigma_k allows it, else the thin SVD. ``S`` holds every singular value.
+    Through the top-k eigenpairs of the Gram of the smaller side
+    (:func:`acetools.merging._linalg.gram_top_svd`) where sigma_1 / sigma_k allows it, else
+    the thin SVD. ``S_k`` holds the top k singular values.
     """
     top = gram_top_svd(W_fused, k)
     if top is None:
         U, S, Vh = thin_svd(W_fused.double())
-        return U[:, :k] @ Vh[:k, :], S
-    U_k, S, Vh_k = top
-    return U_k @ Vh_k, S
+        return U[:, :k] @ Vh[:k, :], S[:k]
+    U_k, S_k, Vh_k = top
+    return U_k @ Vh_k, S_k
 
 
 def ace_matrix(

@@ -208,7 +208,6 @@ def _top_factors(X: Tensor | None, delta_W: Tensor, k: int, decomposition: str) 
     top = gram_top_svd(C, k) if gram else None
     if top is not None:
         _, S, Vh_k = top
-        S = S[:k]
     else:
         _, S, Vh = thin_svd(C.to(delta_W.dtype) if gram else C)
         S, Vh_k = S[:k].double(), Vh[:k, :].double()

@@ -134,8 +134,7 @@ def _top(M: Tensor, k: int, gram: bool) -> tuple[Tensor, Tensor, Tensor]:
     if gram and 0 < k <= min(M.shape):
         top = gram_top_svd(M, k)
         if top is not None:
-            U, S, Vh = top
-            return U, S[:k], Vh
+            return top
     U, S, Vh = thin_svd(M)
     return U[:, :k], S[:k], Vh[:k, :]
 
