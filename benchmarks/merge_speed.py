@@ -314,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wudi-steps", type=int, default=300, help="Adam steps for WUDI (ours and fusion-bench's)")
     ap.add_argument("--esm-tokens", type=int, default=1600, help="proxy rows per task for ESM (32 images x 50 tokens)")
     ap.add_argument("--no-theirs", action="store_true", help="skip the fusion-bench runs")
+    ap.add_argument("--theirs", nargs="+", default=sorted(set(THEIRS.values())),
+                    help="which fusion-bench runs to include (default: all that match a method; fb_tsv_m always)")
     ap.add_argument("--norm-spread", type=float, default=1.0,
                     help="s of the log-normal per-expert norm factors exp(s z) of the 'lognormal' world")
     ap.add_argument("--ace-worlds", nargs="+", default=["lognormal", "equal"], choices=list(WORLDS),
@@ -357,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append((m, t, world, tree, "-"))
                     if m == "ace" and args.ace_float32 and tree == "-":
                         runs.append((m, t, world, tree, "precision=float32"))
-            if m in THEIRS and not args.no_theirs:
+            if m in THEIRS and not args.no_theirs and THEIRS[m] in args.theirs:
                 runs.append((THEIRS[m], t, "lognormal", "-", "-"))
         if not args.no_theirs and "fb_tsv_m" not in [r[0] for r in runs]:
             runs.append(("fb_tsv_m", t, "lognormal", "-", "-"))
@@ -381,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         row = json.loads(res.stdout.strip().splitlines()[-1])
         rows.append(row)
+        args.out.mkdir(parents=True, exist_ok=True)  # rows so far, in case the session is cut short
+        (args.out / "merge_speed_partial.json").write_text(json.dumps(rows, indent=2))
         if m != "gemm":
             print(f"    {row['seconds']:.1f} s wall, {row['cpu_seconds']:.1f} s cpu, {row['peak_extra_mb']:.0f} MiB",
                   file=sys.stderr, flush=True)

@@ -21,7 +21,10 @@ one matrix            :func:`ace_matrix` -> (W_bar, :class:`ACEDiagnostics`)
 a state dict          :func:`ace_with_diagnostics`; registered as ``merge("ace", ...)``
 ====================  ===================================================  =============
 
-All maths runs in float64 on the device of the inputs; results come back in the input dtype.
+All maths runs in float64 (``precision="float32"``: the accumulation and the solve in float32)
+on the device of the inputs; results come back in the input dtype. :func:`ace_matrix` runs the
+stages' maths in one streamed pass per matrix (memory independent of T; see
+``docs/performance.md``); the stage functions stay as written for notebooks.
 
 The unified framework (ACE-Merging §3): the same closed form with other covariance estimators
 reproduces earlier methods. ``estimator`` picks Sigma_hat_t and, through
