@@ -273,7 +273,8 @@ def model_flops(method: str, n_tasks: int, blocks: int, width: int = WIDTH, flag
             N = esm_tokens
             k = m // T
             if n <= N:  # QR-reduced shift
-                per_task = 2 * N * n * n - 2 * n**3 / 3 + 2 * n * n * m + 2 * min(n, m) ** 2 * max(n, m) + 4 * min(n, m) ** 3
+                lo_, hi_ = min(n, m), max(n, m)
+                per_task = 2 * N * n * n - 2 * n**3 / 3 + 2 * n * n * m + 2 * lo_**2 * hi_ + 4 * lo_**3
             else:
                 per_task = 2 * N * n * m + 2 * min(N, m) ** 2 * max(N, m) + 4 * min(N, m) ** 3
             per_task += 2 * k * m * n
@@ -325,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a folder holding another acetools package (e.g. main's): also time its methods")
     ap.add_argument("--quick", action="store_true", help="1 block of width 192, 5 WUDI steps: a smoke run")
     ap.add_argument("--out", type=Path, default=HERE / "results", help="folder for the CSV/JSON")
-    ap.add_argument("--repeat", type=int, default=1, help="merges per run; the fastest counts (steadier on a shared machine)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="merges per run; the fastest counts (steadier on a shared machine)")
     ap.add_argument("--threads", type=int, default=None,
                     help="threads per run (torch, OpenMP and OpenBLAS); default: the libraries' own choice")
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
@@ -394,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     gemm = next((r for r in rows if r["method"] == "gemm" and "gemm_f64" in r), {})
     df = pd.DataFrame([r for r in rows if r["method"] != "gemm"])
     theirs = df[df.method.str.startswith("fb_")].set_index(["method", "n_tasks"]).seconds
-    df["fusion_bench_seconds"] = [theirs.get((THEIRS.get(m, ""), t), float("nan")) for m, t in zip(df.method, df.n_tasks)]
+    df["fusion_bench_seconds"] = [theirs.get((THEIRS.get(m, ""), t), float("nan"))
+                                  for m, t in zip(df.method, df.n_tasks)]
     df["ours/theirs"] = df.seconds / df.fusion_bench_seconds
     df["ratio_vs_fb_tsv_m"] = [s / theirs.get(("fb_tsv_m", t), float("nan")) for s, t in zip(df.seconds, df.n_tasks)]
     df["gflop"] = [model_flops(m, t, args.blocks, args.width, 0.0 if f != f else f, args.esm_tokens)
@@ -407,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     ours.to_csv(args.out / "merge_speed.csv", index=False)
     meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "blocks": args.blocks, "width": args.width, "wudi_steps": args.wudi_steps, "esm_tokens": args.esm_tokens,
-            "norm_spread": args.norm_spread, "repeat": args.repeat, "threads_arg": args.threads, "before": str(args.before) if args.before else None,
+            "norm_spread": args.norm_spread, "repeat": args.repeat, "threads_arg": args.threads,
+            "before": str(args.before) if args.before else None,
             "load_average_at_end": os.getloadavg(), **gemm}
     try:
         import torch

@@ -39,14 +39,16 @@ def taus_for(shape, T, g, spread=1.0, rank=16):
     scales = torch.exp(spread * torch.randn(T, generator=g, dtype=torch.float64))
     out = []
     for s in scales:
-        L = torch.randn(shape[0], rank, generator=g, dtype=torch.float64) @ torch.randn(rank, shape[1], generator=g, dtype=torch.float64)
+        f64 = dict(generator=g, dtype=torch.float64)
+        L = torch.randn(shape[0], rank, **f64) @ torch.randn(rank, shape[1], **f64)
         out.append(float(s) * 1e-3 * (L / rank**0.5 + 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)))
     return out
 
 
 def acts_for(d_in, T, n, g):
     mix = [torch.randn(32, d_in, generator=g, dtype=torch.float64) / 32**0.5 for _ in range(T)]
-    return [torch.randn(n, 32, generator=g, dtype=torch.float64) @ m + 0.1 * torch.randn(n, d_in, generator=g, dtype=torch.float64) for m in mix]
+    f64 = dict(generator=g, dtype=torch.float64)
+    return [torch.randn(n, 32, **f64) @ m + 0.1 * torch.randn(n, d_in, **f64) for m in mix]
 
 
 @contextlib.contextmanager
@@ -96,7 +98,8 @@ def main(argv=None):
         for gate, taus64 in (("on", t64), ("off", [t / t.norm() * 0.05 for t in t64])):
             ref, _ = stagewise_ace(taus64, gate)
             taus32 = [t.float() for t in taus64]
-            rows.append(dict(method=f"ace (gate {gate})", key=name, before=rel(stagewise_ace(taus32, gate)[0], ref),
+            rows.append(dict(method=f"ace (gate {gate})", key=name,
+                             before=rel(stagewise_ace(taus32, gate)[0], ref),
                              now=rel(A.ace_matrix(taus32, gate=gate)[0], ref),
                              now_float64_math=rel(A.ace_matrix(taus64, gate=gate)[0], ref),
                              now_precision_float32=rel(A.ace_matrix(taus32, gate=gate, precision="float32")[0], ref)))
@@ -112,9 +115,11 @@ def main(argv=None):
             with old_float32_routes():
                 ref_old_f64 = E.esm_merge_matrix(t64, X64)
                 before = E.esm_merge_matrix(t32, X32)
-            rows.append(dict(method="esm", key=name, before=rel(before, ref_old_f64), now=rel(E.esm_merge_matrix(t32, X32), ref_old_f64),
+            rows.append(dict(method="esm", key=name, before=rel(before, ref_old_f64),
+                             now=rel(E.esm_merge_matrix(t32, X32), ref_old_f64),
                              now_float64_math=rel(ref, ref_old_f64)))
-        print(*(f"{r['method']:16s} {r['key']:14s} before {r['before']:.1e}  now {r['now']:.1e}" for r in rows if r["key"] == name),
+        print(*(f"{r['method']:16s} {r['key']:14s} before {r['before']:.1e}  now {r['now']:.1e}"
+                for r in rows if r["key"] == name),
               sep="\n", flush=True)
     import pandas as pd
 

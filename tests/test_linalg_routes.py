@@ -83,7 +83,8 @@ def test_float32_inputs_take_the_gram_route_and_stay_close_to_float64(fn, shape,
     calls = []
     for name in ("gram_top_svd", "gram_polar"):
         orig = getattr(L, name)
-        monkeypatch.setattr("acetools.merging.svd." + name, lambda *a, _o=orig, _n=name, **k: calls.append(_n) or _o(*a, **k))
+        monkeypatch.setattr("acetools.merging.svd." + name,
+                            lambda *a, _o=orig, _n=name, **k: calls.append(_n) or _o(*a, **k))
     out = fn([t.float() for t in t64])
     assert out.dtype == torch.float32
     assert "gram_polar" in calls
