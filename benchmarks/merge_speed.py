@@ -1,19 +1,36 @@
-"""Merge speed and peak memory per method on ViT-B/32-shaped task vectors.
+"""Merge speed, arithmetic rate and peak memory per method on ViT-B/32-shaped task vectors.
 
-Random structured task vectors in the shapes of open_clip ViT-B/32's visual tower
-(12 blocks of attn.in_proj_weight 2304x768, attn.out_proj.weight 768x768,
-mlp.c_fc.weight 3072x768, mlp.c_proj.weight 768x3072, plus biases and LayerNorms),
-T experts. Each (method, T) runs in a fresh subprocess; times are wall-clock seconds of the
-merge alone on precomputed task vectors (tensors are generated before the clock
-starts), and memory is the peak resident memory above the level before the merge,
-sampled every 5 ms. fusion-bench's TSV-M, Iso-CTS and WUDI run on the same
-tensors and the table shows our/their time ratio.
+Random structured task vectors (low rank plus dense noise) in the shapes of open_clip
+ViT-B/32's visual tower (``--blocks 12``: all 12 blocks of attn.in_proj_weight 2304x768,
+attn.out_proj.weight 768x768, mlp.c_fc.weight 3072x768, mlp.c_proj.weight 768x3072, plus
+biases and LayerNorms), T experts. Real task vectors have unequal norms: each expert's task
+vector is scaled by a log-normal factor exp(s z), z ~ N(0, 1) (``--norm-spread s``, default 1),
+so ACE's heterogeneity gate (gamma > 0.3) fires on most matrices and its flagged path
+(trace normalisation + spectral refinement) is what gets timed. ACE also runs on a world of
+equal norms ("equal", s = 0: gamma ~ 0, the unflagged path), so both gate paths are reported;
+the ``flagged`` column gives the fraction of matrices that took the flagged path.
 
-    python benchmarks/merge_speed.py                      # T=8, every method, 12 blocks
-    python benchmarks/merge_speed.py --tasks 8 14 20 --methods ace esm tsv_m
-    python benchmarks/merge_speed.py --blocks 2 --quick   # a fast smoke run
+Each run is a fresh subprocess; times are wall-clock seconds of the merge alone on
+precomputed task vectors (tensors are generated before the clock starts), ``cpu_seconds``
+the process CPU time over the same span (steadier than wall time on a shared machine), and
+memory the peak resident memory above the level before the merge, sampled every 5 ms.
+fusion-bench's TSV-M, Iso-CTS and WUDI run on the same tensors and the table shows our/their
+time ratio (``ratio_vs_fb_tsv_m`` puts every method against fusion-bench's TSV-M, the
+reference of the speed targets). ``gemm`` runs first in the same session and measures the
+float64 and float32 GEMM rates with the same threads; ``gflop`` is a flop model of each
+method's algorithm (:func:`model_flops`), ``gflops_per_s`` the achieved rate and
+``pct_f64_gemm`` that rate against the measured float64 GEMM peak.
 
-Results are printed as a table and saved to benchmarks/results/merge_speed.{csv,json}.
+``--before TREE`` also runs the methods with the ``acetools`` package found in TREE (e.g. a
+``git archive main acetools | tar -x -C TREE`` of the main branch), labelled ``code=before``,
+so before/after ratios come from one session.
+
+    python benchmarks/merge_speed.py --blocks 12 --methods ace tsv_m iso_cts esm    # the targets run
+    python benchmarks/merge_speed.py --blocks 1 --tasks 20 --methods ace --no-theirs # ACE memory, one block
+    python benchmarks/merge_speed.py --quick                                        # a fast smoke run
+
+Results are printed as a table and saved to ``--out`` (default benchmarks/results/):
+merge_speed.csv (ours, with ratios), merge_speed_raw.csv (every run) and merge_speed.json.
 """
 
 from __future__ import annotations
@@ -53,15 +70,21 @@ def vit_b32_shapes(blocks: int, width: int = WIDTH) -> dict[str, tuple[int, ...]
     return shapes
 
 
-def make_world(n_tasks: int, blocks: int, seed: int = 0, rank: int = 16, rel: float = 0.02, width: int = WIDTH):
-    """Base weights and experts whose task vectors are low rank plus small dense noise."""
+def make_world(n_tasks: int, blocks: int, seed: int = 0, rank: int = 16, rel: float = 0.02, width: int = WIDTH,
+               norm_spread: float = 1.0):
+    """Base weights and experts whose task vectors are low rank plus small dense noise.
+
+    Expert t's task vectors have norm rel * ||W0|| * exp(norm_spread * z_t), z_t ~ N(0, 1)
+    (one factor per expert, as a task that moves one layer far tends to move all of them).
+    """
     import torch
 
     g = torch.Generator().manual_seed(seed)
     shapes = vit_b32_shapes(blocks, width)
     base = {k: torch.randn(s, generator=g) * (0.02 if len(s) == 2 else 1.0) for k, s in shapes.items()}
+    factors = torch.exp(norm_spread * torch.randn(n_tasks, generator=g)).tolist()
     experts = []
-    for _ in range(n_tasks):
+    for t in range(n_tasks):
         ex = {}
         for k, s in shapes.items():
             w0 = base[k]
@@ -70,7 +93,7 @@ def make_world(n_tasks: int, blocks: int, seed: int = 0, rank: int = 16, rel: fl
                 tau = tau + 0.1 * torch.randn(s, generator=g)
             else:
                 tau = torch.randn(s, generator=g)
-            tau = tau * (rel * w0.norm() / tau.norm())
+            tau = tau * (factors[t] * rel * w0.norm() / tau.norm())
             ex[k] = w0 + tau
         experts.append(ex)
     return base, experts
@@ -135,12 +158,44 @@ class PeakRSS:
         self.peak = max(self.peak, _rss_mb())
 
 
-def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: int, width: int = WIDTH) -> dict:
-    """Run one merge in this process and return its time and peak memory."""
+WORLDS = {"lognormal": None, "equal": 0.0}  # norm spread per world; None = --norm-spread
+
+
+def gemm_rates(n: int = 2048, reps: int = 3) -> dict:
+    """Best-of-``reps`` float64 and float32 GEMM rates (GFLOP/s) of an n x n product."""
+    import torch
+
+    out = {}
+    for name, dt in (("gemm_f64", torch.float64), ("gemm_f32", torch.float32)):
+        a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
+        a @ b
+        best = min(_timed(lambda: a @ b) for _ in range(reps))
+        out[name] = 2 * n**3 / best / 1e9
+    return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: int, width: int = WIDTH,
+           world: str = "lognormal", tree: str = "-", norm_spread: float = 1.0, variant: str = "-",
+           repeat: int = 1) -> dict:
+    """Run one merge in this process (``repeat`` times: the fastest counts) and return its time and peak memory."""
+    if method == "gemm":
+        return {"method": "gemm", **gemm_rates()}
+    # this checkout's acetools (a script's sys.path starts at benchmarks/, not at the repository),
+    # or another checkout's (e.g. main's, for before/after)
+    sys.path.insert(0, str(HERE.parent) if tree == "-" else tree)
+    import torch
+
     import acetools
     from acetools.merging import METHODS
 
-    base, experts = make_world(n_tasks, blocks, width=width)
+    spread = WORLDS[world] if WORLDS[world] is not None else norm_spread
+    base, experts = make_world(n_tasks, blocks, width=width, norm_spread=spread)
     tvs = acetools.task_vectors(base, experts)
     kwargs = {}
     if method in ("wudi", "fb_wudi"):
@@ -149,22 +204,89 @@ def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: 
         kwargs["activations"] = esm_activations(esm_tokens, width=width)
     if method == "regmean":
         kwargs["grams"] = regmean_grams(base, n_tasks)
+    if variant != "-":  # e.g. "precision=float32"
+        name, value = variant.split("=", 1)
+        kwargs[name] = value
     del experts
     W0 = {k: v.float() for k, v in base.items()}
     info = None if method.startswith("fb_") else METHODS[method]
     hp = {} if info is None else info.resolve(kwargs)
     theirs = _fusion_bench_fn(method) if info is None else None
-    rss0 = _rss_mb()
-    with PeakRSS() as mem:
-        t0 = time.perf_counter()
-        if theirs is not None:
-            with contextlib.redirect_stdout(io.StringIO()):  # fusion-bench prints progress
-                theirs(tvs, kwargs)
+    flagged = float("nan")
+    if method == "ace":
+        from acetools.merging.ace import heterogeneity
+
+        mats = [k for k in base if acetools.merging.is_matrix_param(k, base[k])]
+        flagged = sum(heterogeneity([tv[k] for tv in tvs]) > hp["tau"] for k in mats) / len(mats)
+    best = None
+    for _ in range(max(1, repeat)):
+        rss0 = _rss_mb()
+        with PeakRSS() as mem:
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            if theirs is not None:
+                with contextlib.redirect_stdout(io.StringIO()):  # fusion-bench prints progress
+                    theirs(tvs, kwargs)
+            else:
+                info.func(W0, tvs, is_matrix=acetools.merging.is_matrix_param, **hp)
+            wall = time.perf_counter() - t0
+            cpu = time.process_time() - c0
+        extra = max(0.0, mem.peak - rss0)
+        if best is None or wall < best[0]:
+            best = (wall, cpu, extra if best is None else min(extra, best[2]))
+    wall, cpu, extra = best
+    return {"method": method, "world": world, "code": "now" if tree == "-" else "before", "variant": variant,
+            "n_tasks": n_tasks, "blocks": blocks, "width": width, "seconds": wall, "cpu_seconds": cpu,
+            "peak_extra_mb": extra, "flagged": flagged, "threads": torch.get_num_threads()}
+
+
+def model_flops(method: str, n_tasks: int, blocks: int, width: int = WIDTH, flagged: float = 0.0,
+                esm_tokens: int = 1600) -> float:
+    """Flops of each method's algorithm on the ViT-B/32 matrices (a model, in GFLOP).
+
+    Conventions: a product m x k by k x n is 2mnk; a Gram (SYRK) m x n -> n x n is mn²;
+    Cholesky n³/3; Householder QR of m x n (R only) 2mn² - 2n³/3; a symmetric
+    eigendecomposition with vectors 4n³; a thin SVD of m x n (m >= n) with vectors 6mn² + 11n³
+    (R-SVD, Golub & Van Loan). The model is that of the *current* algorithms (ACE's streamed
+    route, the Gram routes); the same count divides the "before" time, so its rate reads as
+    "useful work per second". Vectors, LayerNorms and averaging are ignored. ACE's flagged
+    share ``flagged`` (0..1) adds the refinement.
+    """
+    T, w = n_tasks, width
+    mats = [(3 * w, w), (w, w), (4 * w, w), (w, 4 * w)]
+    total = 0.0
+    for m, n in mats:
+        lo, hi = min(m, n), max(m, n)
+        if method in ("ace", "ace_reference"):
+            per_task = m * n * n + (4 * m * m * n if 2 * m < n else 2 * m * n * n)
+            f = T * per_task + n**3 / 3 + 2 * m * n * n
+            k = int(0.3 * lo)
+            f += flagged * (2 * m * n * n + 2 * lo * lo * hi + 4 * lo**3 + 4 * lo * hi * k)
+        elif method in ("tsv_m", "fb_tsv_m", "iso_cts", "fb_iso_cts", "iso_c"):
+            r = lo
+            per_task = 2 * lo * lo * hi + 4 * lo**3 + 2 * lo * hi * (r // T)
+            polar = 2 * (2 * r * r * hi + 4 * r**3 + 2 * r**3 + 2 * r * r * hi)
+            f = (T if method != "iso_c" else 0) * per_task + polar + 2 * m * r * n
+            if method in ("iso_cts", "fb_iso_cts"):
+                f += 2 * lo * lo * hi + 4 * lo**3 + T * 4 * m * n * int(0.8 * r)  # common subspace + projections
+        elif method == "esm":
+            N = esm_tokens
+            k = m // T
+            if n <= N:  # QR-reduced shift
+                lo_, hi_ = min(n, m), max(n, m)
+                per_task = 2 * N * n * n - 2 * n**3 / 3 + 2 * n * n * m + 2 * lo_**2 * hi_ + 4 * lo_**3
+            else:
+                per_task = 2 * N * n * m + 2 * min(N, m) ** 2 * max(N, m) + 4 * min(N, m) ** 3
+            per_task += 2 * k * m * n
+            Tk = T * k
+            whiten = (6 * m * Tk * Tk + 11 * Tk**3) + 2 * min(Tk, n) ** 2 * max(Tk, n) + 6 * min(Tk, n) ** 3
+            f = T * per_task + whiten + 2 * m * Tk * n
+            if (m, n) == (w, w):
+                f = T * (2 * w**3 + 4 * w**3) + 2 * (4 * w**3 + 6 * w**3)  # out_proj takes TSV-M
         else:
-            info.func(W0, tvs, is_matrix=acetools.merging.is_matrix_param, **hp)
-        wall = time.perf_counter() - t0
-    return {"method": method, "n_tasks": n_tasks, "blocks": blocks, "width": width, "seconds": wall,
-            "peak_extra_mb": max(0.0, mem.peak - rss0)}
+            return float("nan")
+        total += f
+    return blocks * total / 1e9
 
 
 def _fusion_bench_fn(method: str):
@@ -193,19 +315,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wudi-steps", type=int, default=300, help="Adam steps for WUDI (ours and fusion-bench's)")
     ap.add_argument("--esm-tokens", type=int, default=1600, help="proxy rows per task for ESM (32 images x 50 tokens)")
     ap.add_argument("--no-theirs", action="store_true", help="skip the fusion-bench runs")
+    ap.add_argument("--theirs", nargs="+", default=sorted(set(THEIRS.values())),
+                    help="which fusion-bench runs to include (default: all that match a method; fb_tsv_m always)")
+    ap.add_argument("--norm-spread", type=float, default=1.0,
+                    help="s of the log-normal per-expert norm factors exp(s z) of the 'lognormal' world")
+    ap.add_argument("--ace-worlds", nargs="+", default=["lognormal", "equal"], choices=list(WORLDS),
+                    help="worlds ACE runs on (lognormal: flagged path; equal: unflagged path)")
+    ap.add_argument("--ace-float32", action="store_true", help="also time ACE with precision='float32'")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="a folder holding another acetools package (e.g. main's): also time its methods")
     ap.add_argument("--quick", action="store_true", help="1 block of width 192, 5 WUDI steps: a smoke run")
     ap.add_argument("--out", type=Path, default=HERE / "results", help="folder for the CSV/JSON")
-    ap.add_argument("--worker", nargs=6, metavar=("METHOD", "T", "BLOCKS", "WUDI", "TOKENS", "WIDTH"), help=argparse.SUPPRESS)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="merges per run; the fastest counts (steadier on a shared machine)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads per run (torch, OpenMP and OpenBLAS); default: the libraries' own choice")
+    ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.worker:
-        m, t, b, w, n, width = args.worker
-        print(json.dumps(worker(m, int(t), int(b), int(w), int(n), int(width))))
+        m, t, b, w, n, width, world, tree, spread, variant, repeat = (args.worker + ["1"])[:11]
+        print(json.dumps(worker(m, int(t), int(b), int(w), int(n), int(width), world, tree, float(spread), variant,
+                                int(repeat))))
         return 0
     if args.quick:
         args.blocks, args.width, args.wudi_steps = 1, min(args.width, 192), min(args.wudi_steps, 5)
         args.esm_tokens = min(args.esm_tokens, 400)
 
+    sys.path.insert(0, str(HERE.parent))
     import acetools  # noqa: F401  (fail early if the package is missing)
     from acetools.merging import METHODS
 
@@ -213,37 +350,69 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         ap.error(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
+    trees = ["-"] + ([str(args.before.resolve())] if args.before else [])
     # ours and theirs back to back, so that both see the same machine load
-    runs = []
+    runs = [("gemm", 0, "lognormal", "-", "-")]
     for t in args.tasks:
         for m in methods:
-            runs.append((m, t))
-            if m in THEIRS and not args.no_theirs:
-                runs.append((THEIRS[m], t))
+            worlds = args.ace_worlds if m == "ace" else ["lognormal"]
+            for tree in trees:
+                for world in worlds:
+                    runs.append((m, t, world, tree, "-"))
+                    if m == "ace" and args.ace_float32 and tree == "-":
+                        runs.append((m, t, world, tree, "precision=float32"))
+            if m in THEIRS and not args.no_theirs and THEIRS[m] in args.theirs:
+                runs.append((THEIRS[m], t, "lognormal", "-", "-"))
+        if not args.no_theirs and "fb_tsv_m" not in [r[0] for r in runs]:
+            runs.append(("fb_tsv_m", t, "lognormal", "-", "-"))
     rows = []
-    for m, t in runs:
+    for m, t, world, tree, variant in runs:
         cmd = [sys.executable, __file__, "--worker", m, str(t), str(args.blocks), str(args.wudi_steps),
-               str(args.esm_tokens), str(args.width)]
-        print(f"  running {m} T={t} ...", file=sys.stderr, flush=True)
-        res = subprocess.run(cmd, capture_output=True, text=True)
+               str(args.esm_tokens), str(args.width), world, tree, str(args.norm_spread), variant, str(args.repeat)]
+        env = dict(os.environ)
+        if args.threads:
+            env.update(OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
+                       MKL_NUM_THREADS=str(args.threads))
+        label = f"{m} T={t} world={world} code={'now' if tree == '-' else 'before'} {variant}"
+        print(f"  running {label} ...", file=sys.stderr, flush=True)
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if res.returncode != 0:
-            print(f"  {m} T={t} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
-            rows.append({"method": m, "n_tasks": t, "blocks": args.blocks, "width": args.width, "seconds": float("nan"), "peak_extra_mb": float("nan"), "error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "failed"})
+            print(f"  {label} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
+            rows.append({"method": m, "world": world, "code": "now" if tree == "-" else "before", "variant": variant,
+                         "n_tasks": t, "blocks": args.blocks, "width": args.width, "seconds": float("nan"),
+                         "peak_extra_mb": float("nan"),
+                         "error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "failed"})
             continue
-        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        row = json.loads(res.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        args.out.mkdir(parents=True, exist_ok=True)  # rows so far, in case the session is cut short
+        (args.out / "merge_speed_partial.json").write_text(json.dumps(rows, indent=2))
+        if m != "gemm":
+            print(f"    {row['seconds']:.1f} s wall, {row['cpu_seconds']:.1f} s cpu, {row['peak_extra_mb']:.0f} MiB",
+                  file=sys.stderr, flush=True)
 
     import pandas as pd
 
-    df = pd.DataFrame(rows)
-    ours = df[~df.method.str.startswith("fb_")].copy()
+    gemm = next((r for r in rows if r["method"] == "gemm" and "gemm_f64" in r), {})
+    df = pd.DataFrame([r for r in rows if r["method"] != "gemm"])
     theirs = df[df.method.str.startswith("fb_")].set_index(["method", "n_tasks"]).seconds
-    ours["fusion_bench_seconds"] = [theirs.get((THEIRS.get(m, ""), t), float("nan")) for m, t in zip(ours.method, ours.n_tasks)]
-    ours["ours/theirs"] = ours.seconds / ours.fusion_bench_seconds
+    df["fusion_bench_seconds"] = [theirs.get((THEIRS.get(m, ""), t), float("nan"))
+                                  for m, t in zip(df.method, df.n_tasks)]
+    df["ours/theirs"] = df.seconds / df.fusion_bench_seconds
+    df["ratio_vs_fb_tsv_m"] = [s / theirs.get(("fb_tsv_m", t), float("nan")) for s, t in zip(df.seconds, df.n_tasks)]
+    df["gflop"] = [model_flops(m, t, args.blocks, args.width, 0.0 if f != f else f, args.esm_tokens)
+                   for m, t, f in zip(df.method, df.n_tasks, df.get("flagged", pd.Series([float("nan")] * len(df))))]
+    df["gflops_per_s"] = df.gflop / df.seconds
+    df["pct_f64_gemm"] = 100 * df.gflops_per_s / gemm.get("gemm_f64", float("nan"))
+    ours = df[~df.method.str.startswith("fb_")].copy()
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "merge_speed_raw.csv", index=False)
     ours.to_csv(args.out / "merge_speed.csv", index=False)
     meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "blocks": args.blocks, "width": args.width, "wudi_steps": args.wudi_steps, "esm_tokens": args.esm_tokens}
+            "blocks": args.blocks, "width": args.width, "wudi_steps": args.wudi_steps, "esm_tokens": args.esm_tokens,
+            "norm_spread": args.norm_spread, "repeat": args.repeat, "threads_arg": args.threads,
+            "before": str(args.before) if args.before else None,
+            "load_average_at_end": os.getloadavg(), **gemm}
     try:
         import torch
 
@@ -251,8 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         pass
     (args.out / "merge_speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(ours.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    cols = [c for c in ("method", "world", "code", "variant", "n_tasks", "flagged", "seconds", "cpu_seconds",
+                        "peak_extra_mb", "ours/theirs", "ratio_vs_fb_tsv_m", "gflop", "gflops_per_s", "pct_f64_gemm")
+            if c in df]
+    print(f"GEMM peak: float64 {gemm.get('gemm_f64', float('nan')):.0f} GFLOP/s, "
+          f"float32 {gemm.get('gemm_f32', float('nan')):.0f} GFLOP/s")
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return 0
 
 

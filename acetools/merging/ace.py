@@ -21,7 +21,10 @@ one matrix            :func:`ace_matrix` -> (W_bar, :class:`ACEDiagnostics`)
 a state dict          :func:`ace_with_diagnostics`; registered as ``merge("ace", ...)``
 ====================  ===================================================  =============
 
-All maths runs in float64 on the device of the inputs; results come back in the input dtype.
+All maths runs in float64 (``precision="float32"``: the accumulation and the solve in float32)
+on the device of the inputs; results come back in the input dtype. :func:`ace_matrix` runs the
+stages' maths in one streamed pass per matrix (memory independent of T; see
+``docs/performance.md``); the stage functions stay as written for notebooks.
 
 The unified framework (ACE-Merging §3): the same closed form with other covariance estimators
 reproduces earlier methods. ``estimator`` picks Sigma_hat_t and, through
@@ -56,7 +59,16 @@ import torch
 from torch import Tensor
 
 from ..utils import progress
-from ._linalg import check_psd, check_square, solve_right, thin_svd
+from ._linalg import (
+    check_psd,
+    check_square,
+    gram_top_svd,
+    solve_right,
+    solve_spd_rank_one,
+    symmetrize_lower_,
+    syrk_lower_,
+    thin_svd,
+)
 from ._registry import METHODS, Param, register
 from .averaging import mean_update, warn_mean_fallback
 
@@ -433,6 +445,140 @@ def _ace_param(name: str, value: Any) -> None:
     METHODS["ace"].params[name].validate("ace", name, value)
 
 
+PRECISIONS = ("float64", "float32")
+
+
+class _Moments(NamedTuple):
+    """What one pass over the T task vectors of a layer accumulates (see :func:`_stream_moments`)."""
+
+    S: Tensor  # sum_t Σ̃_t (d_in × d_in, unregularised)
+    B: Tensor  # sum_t N_t Sigma_reg,t, the numerator of eq. 14 (d_out × d_in)
+    ridge: Tensor  # (T,) eps / tr_t or eps
+    traces: Tensor  # (T,) tr_t = Tr(Sigma_hat_t) + 1e-12
+    res_part: Tensor | None  # sum_t ΔW_t Σ̃_t (for the refinement), or None
+    task_sum: Tensor | None  # sum_t ΔW_t, or None
+
+
+def _stream_moments(
+    dWs: Sequence[Tensor],
+    estimator: str,
+    *,
+    normalize: bool,
+    centered: bool,
+    eps: float,
+    Sigma: Sequence[Tensor] | None,
+    wudi_p: float,
+    dtype: torch.dtype,
+    for_refine: bool,
+) -> _Moments:
+    """One pass over the task vectors, holding O(1) matrices in T (docs/methods.md §ACE).
+
+    Every quantity of eqs 8-17 that touches all tasks is a sum over t, and the trace tr_t of
+    task t needs only ΔW_t (tr_t = ||W̃_t||_F² + 1e-12 for the "ace" estimator), so each
+    task's covariance is made, used and dropped in turn: the accumulators are
+    S = sum_t Σ̃_t, B = sum_t N_t (Σ̃_t + r_t I) and, for the refinement (eq. 16),
+    sum_t ΔW_t Σ̃_t and sum_t ΔW_t.
+
+    Cheapest association. For the Gram estimators (Σ_hat_t = q F_tᵀ F_t with F_t = W̃_t for
+    "ace", ΔW_t for "wudi") the numerator N Σ_hat_t is formed as q (N F_tᵀ) F_t, the
+    d_out × d_out association (2 d_out² d_in flops), when that beats multiplying by the
+    d_in × d_in Gram that S needs anyway (d_out d_in² more flops), i.e. when 2 d_out < d_in
+    (CLIP's mlp.c_proj: 4× fewer flops for this product).
+
+    Numerator reuse. With the centred numerator, ΔW_t = W̃_t + 1 μ_tᵀ, so
+    ΔW_t Σ̃_t = W̃_t Σ̃_t + 1 (Σ̃_t μ_t)ᵀ: the refinement's sum_t ΔW_t Σ̃_t is the numerator
+    minus its ridge part plus a rank-one term, and costs O(d_out d_in) per task instead of
+    a second d_out × d_in × d_in product.
+    """
+    T = len(dWs)
+    d_out, d_in = dWs[0].shape
+    dev = dWs[0].device
+    S = torch.zeros(d_in, d_in, dtype=dtype, device=dev)
+    B_sig = torch.zeros(d_out, d_in, dtype=dtype, device=dev)  # sum_t N_t Σ̃_t
+    # sum_t r_t N_t, kept apart only when the refinement needs the unregularised numerator
+    R_num = torch.zeros(d_out, d_in, dtype=dtype, device=dev) if for_refine else B_sig
+    v = torch.zeros(d_in, dtype=dtype, device=dev) if for_refine and centered else None
+    raw_sig = None
+    if for_refine and not centered:
+        raw_sig = B_sig  # N_t = ΔW_t: sum_t ΔW_t Σ̃_t is B_sig itself
+    task_sum = torch.zeros(d_out, d_in, dtype=dtype, device=dev) if for_refine else None
+    traces = torch.empty(T, dtype=torch.float64, device=dev)
+    ridge = torch.empty(T, dtype=torch.float64, device=dev)
+    rows_first = 2 * d_out < d_in  # association rule above
+    for t, dW in enumerate(dWs):
+        d = dW.to(dtype)
+        mu = d.mean(dim=0)
+        N = d - mu if centered else d
+        if task_sum is not None:
+            task_sum += d
+        if estimator in ("ace", "wudi"):
+            F = (N if centered else d - mu) if estimator == "ace" else d
+            if estimator == "ace":
+                q = 1.0
+            else:
+                norm = float(torch.linalg.matrix_norm(d.double()))
+                q = 0.0 if norm == 0 else 1.0 / norm**wudi_p
+            tr = q * float(F.double().pow(2).sum()) + _TRACE_FLOOR
+            s = q / tr if normalize else q
+            if rows_first:
+                syrk_lower_(S, F, alpha=s)
+                # N Fᵀ is d_out x d_out; for the centred numerator (N = F) it is a symmetric Gram
+                H = symmetrize_lower_(syrk_lower_(F.new_zeros(d_out, d_out), F.mT)) if N is F else N @ F.mT
+                B_sig.addmm_(H, F, alpha=s)
+                del H
+                if v is not None:
+                    v.add_((F @ mu) @ F, alpha=s)
+            else:
+                G = symmetrize_lower_(syrk_lower_(F.new_zeros(d_in, d_in), F))
+                S.add_(G, alpha=s)
+                B_sig.addmm_(N, G, alpha=s)
+                if v is not None:
+                    v.add_(G @ mu, alpha=s)
+                del G
+        elif estimator == "identity":
+            tr = d_in + _TRACE_FLOOR
+            s = 1.0 / tr if normalize else 1.0
+            S.diagonal().add_(s)
+            B_sig.add_(N, alpha=s)
+            if v is not None:
+                v.add_(mu, alpha=s)
+        else:  # "given"
+            Sg = Sigma[t].to(dev, dtype)
+            tr = float(torch.diagonal(Sigma[t].double()).sum()) + _TRACE_FLOOR
+            s = 1.0 / tr if normalize else 1.0
+            S.add_(Sg, alpha=s)
+            B_sig.addmm_(N, Sg, alpha=s)
+            if v is not None:
+                v.add_(mu @ Sg, alpha=s)
+            del Sg
+        r = eps / tr if normalize else eps
+        R_num.add_(N, alpha=r)
+        traces[t], ridge[t] = tr, r
+        del d, N
+    if estimator in ("ace", "wudi") and rows_first:
+        symmetrize_lower_(S)
+    res_part = None
+    if for_refine:
+        res_part = raw_sig.clone() if raw_sig is not None else B_sig + v  # v broadcasts over the rows: + 1 vᵀ
+    B = B_sig.add_(R_num) if R_num is not B_sig else B_sig
+    return _Moments(S, B, ridge, traces, res_part, task_sum)
+
+
+def _top_k_isotropic(W_fused: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``(U_k V_kᵀ, S_k)`` of ``W_fused = U S Vᵀ`` for the refinement (eq. 18), in float64.
+
+    Through the top-k eigenpairs of the Gram of the smaller side
+    (:func:`acetools.merging._linalg.gram_top_svd`) where sigma_1 / sigma_k allows it, else
+    the thin SVD. ``S_k`` holds the top k singular values.
+    """
+    top = gram_top_svd(W_fused, k)
+    if top is None:
+        U, S, Vh = thin_svd(W_fused.double())
+        return U[:, :k] @ Vh[:k, :], S[:k]
+    U_k, S_k, Vh_k = top
+    return U_k @ Vh_k, S_k
+
+
 def ace_matrix(
     delta_W: Sequence[Tensor],
     *,
@@ -447,36 +593,54 @@ def ace_matrix(
     estimator: str = "ace",
     Sigma: Sequence[Tensor] | None = None,
     wudi_p: float = 2.0,
+    precision: str = "float64",
     name: str = "",
     spectra: bool = False,
 ) -> tuple[Tensor, ACEDiagnostics]:
-    """ACE-Merging for one matrix: the composition of the stages (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.13)).
+    """ACE-Merging for one matrix: the composition of the stages (docs/methods.md §ACE).
 
     ``delta_W`` are the T task vectors ΔW_t (d_out × d_in) of one layer. Returns the merged
     task vector W_bar (before ``scaling``; input dtype) and an :class:`ACEDiagnostics`.
 
     1. gamma = :func:`heterogeneity`; flag = gamma > ``tau`` (gate "auto"), True ("on") or
        False ("off").
-    2. Sigma_hat_t = :func:`estimate_covariance` (``estimator``), or ``Sigma`` for "given".
-    3. :func:`normalize_covariances` with ``normalize = flag and trace_norm``.
-    4. C_agg = :func:`structural_prior` (if ``prior``), divided by the mean energy when the
-       layer is flagged (docs/methods.md §ACE, Eq. (ACE.9) ties this to the flag, so it does not follow
+    2. Sigma_hat_t as in :func:`estimate_covariance` (``estimator``), or ``Sigma`` for "given".
+    3. Trace normalisation and ridge as in :func:`normalize_covariances` with
+       ``normalize = flag and trace_norm``.
+    4. C_agg as in :func:`structural_prior` (if ``prior``), divided by the mean energy when
+       the layer is flagged (the prior's scaling is tied to the flag, so it does not follow
        ``trace_norm``).
-    5. W_bar_pre = :func:`closed_form` with N_t = W̃_t (``numerator="centered"``) or ΔW_t.
-    6. If flag and ``refine``: W_bar = :func:`spectral_refine` (W_bar_pre, ...).
+    5. W_bar_pre as in :func:`closed_form` with N_t = W̃_t (``numerator="centered"``) or ΔW_t.
+    6. If flag and ``refine``: W_bar as in :func:`spectral_refine`.
+
+    The stages are *not* called one after the other: the same maths runs in one streamed
+    pass (:func:`_stream_moments`: each Sigma_hat_t is formed, accumulated and dropped, the
+    cheapest matrix association per shape, the refinement's residual from the numerator),
+    then one symmetric solve, Cholesky with Sherman–Morrison for the rank-one prior
+    (eq. 14; LU, then the pseudo-inverse, only if the Cholesky fails), and the refinement's
+    top-k through a float64 Gram eigendecomposition where sigma_1/sigma_k allows it. Memory:
+    O(d_in² + d_out d_in) per layer, independent of T. The result equals the stage-by-stage
+    composition to float64 round-off (``tests/test_ace.py``).
+
+    ``precision``: "float64" (default) or "float32" for the accumulation and the solve (the
+    refinement's small Gram eigendecomposition stays float64). float32 halves the time; its
+    error against float64 depends on the conditioning of sum_t Sigma_reg,t + C_agg
+    (measured in ``docs/performance.md``).
 
     ``gate``, ``prior`` and ``numerator`` default to the estimator's preset
     (:func:`estimator_preset`; for "ace": "auto", True, "centered" — the paper's method).
-    Defaults tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's (docs/methods.md §ACE; the
-    paper's ViT eps is reported as 1e-5). Memory: O(T d_in²) float64.
+    Defaults tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's (the paper's ViT
+    eps is reported as 1e-5).
     """
     for pname, val in (("tau", tau), ("eps", eps), ("k_frac", k_frac), ("wudi_p", wudi_p),
-                       ("trace_norm", trace_norm), ("refine", refine), ("estimator", estimator)):
+                       ("trace_norm", trace_norm), ("refine", refine), ("estimator", estimator),
+                       ("precision", precision)):
         _ace_param(pname, val)
     sw = estimator_preset(estimator, gate=gate, prior=prior, numerator=numerator)
     dWs = _as_matrices(delta_W, name)
     out_dtype = delta_W[0].dtype
     T = len(dWs)
+    d_out, d_in = dWs[0].shape
     energies = task_energies(dWs)
     gamma = heterogeneity(dWs)
     flag = {"auto": gamma > tau, "on": True, "off": False}[sw.gate]
@@ -484,37 +648,71 @@ def ace_matrix(
     if estimator == "given":
         if Sigma is None:
             raise ValueError(f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)")
-        Sigma_hat = _check_given(Sigma, dWs, name)
-    else:
-        if Sigma is not None:
-            raise ValueError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
-        Sigma_hat = [estimate_covariance(d, estimator, wudi_p=wudi_p) for d in dWs]
-    covs = normalize_covariances(Sigma_hat, eps=eps, normalize=flag and trace_norm)
-    del Sigma_hat
-
-    C_agg = None
-    if sw.prior:
-        C_agg = structural_prior(covs.Sigma_tilde, energy=float(energies.mean()) if flag else None)
-    nums = [center_rows(d) for d in dWs] if sw.numerator == "centered" else dWs
-    W_pre = closed_form(nums, covs, C_agg, name=name)
-    del nums
+        Sigma = _check_given(Sigma, dWs, name)
+    elif Sigma is not None:
+        raise ValueError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
+    normalize = bool(flag and trace_norm)
+    want_refine = bool(flag and refine)
+    dtype = torch.float64 if precision == "float64" else torch.float32
+    mom = _stream_moments(dWs, estimator, normalize=normalize, centered=sw.numerator == "centered", eps=eps,
+                          Sigma=Sigma, wudi_p=wudi_p, dtype=dtype, for_refine=want_refine)
+    S, B = mom.S, mom.B
+    c = None
+    if sw.prior:  # C_agg = 1 cᵀ, c the column means of sum_t Σ̃_t (eqs 11-13)
+        c = S.mean(dim=0)
+        if flag:
+            c = c / (float(energies.mean()) + _ENERGY_FLOOR)
+    S.diagonal().add_(float(mom.ridge.sum()))  # S is now M = sum_t Sigma_reg,t
+    M = S
+    res = None
+    if want_refine:  # Δ_res = sum_t ΔW_t Σ̃_t - (sum_t ΔW_t) Σ̄_reg, Σ̄_reg = M / T (eq. 16)
+        res = mom.res_part.sub_(mom.task_sum @ M, alpha=1.0 / T)
+    A_dense = None
+    if spectra:
+        A_dense = M.to(torch.float64, copy=True) + (c.double().unsqueeze(0) if c is not None else 0.0)
+    symmetric = estimator != "given" or all(torch.allclose(Sg, Sg.mT, rtol=1e-12, atol=0) for Sg in Sigma)
+    W_pre = solve_spd_rank_one(B, M, c, overwrite=True) if symmetric else None
+    if W_pre is None:  # not positive definite (eps = 0 and singular) or non-symmetric given: LU route
+        mom = _stream_moments(dWs, estimator, normalize=normalize, centered=sw.numerator == "centered",
+                              eps=eps, Sigma=Sigma, wudi_p=wudi_p, dtype=torch.float64, for_refine=False)
+        A = mom.S
+        A.diagonal().add_(float(mom.ridge.sum()))
+        if c is not None:
+            A += c.double().unsqueeze(0)
+        W_pre = solve_right(mom.B, A, name=name)
+    W_pre = W_pre.double()
+    del M, S
 
     diag = ACEDiagnostics(
-        name=name, shape=tuple(dWs[0].shape), n_tasks=T, estimator=estimator, gate=sw.gate,
-        gamma=gamma, flag=bool(flag), normalized=covs.normalized, prior=sw.prior,
+        name=name, shape=(d_out, d_in), n_tasks=T, estimator=estimator, gate=sw.gate,
+        gamma=gamma, flag=bool(flag), normalized=normalize, prior=sw.prior,
         numerator=sw.numerator, refined=False, energies=energies.tolist(),
-        traces=covs.traces.tolist(), ridge=covs.ridge.tolist(),
+        traces=mom.traces.tolist(), ridge=mom.ridge.tolist(),
     )
     W = W_pre
-    if flag and refine:
-        ref = spectral_refine(W_pre, dWs, covs.Sigma_tilde, covs.mean_reg(), k_frac=k_frac, name=name)
-        W = ref.W
-        diag.k, diag.sigma_iso, diag.refined = ref.k, ref.sigma_iso, ref.k > 0
+    if want_refine:
+        W_fused = W_pre + res.double()
+        del res
+        k = int(k_frac * min(d_out, d_in))
+        if k == 0:
+            warnings.warn(
+                f"spectral refinement skipped for layer {name!r}: k = floor({k_frac} * {min(d_out, d_in)}) = 0 "
+                "(the official code would return NaN here); raise k_frac or accept the unrefined layer",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            S_fused = torch.linalg.svdvals(W_fused) if spectra else None
+        else:
+            UV, S_fused = _top_k_isotropic(W_fused, k)
+            sigma_iso = S_fused[:k].mean()
+            W = W_pre + sigma_iso * UV
+            diag.k, diag.sigma_iso, diag.refined = k, float(sigma_iso), True
+            if spectra:
+                S_fused = torch.linalg.svdvals(W_fused)
         if spectra:
-            diag.spectrum_fused = ref.S_fused.cpu()
+            diag.spectrum_fused = S_fused.cpu()
     if spectra:
-        A = covs.sum_reg() + (C_agg if C_agg is not None else 0.0)
-        sA = torch.linalg.svdvals(A)
+        sA = torch.linalg.svdvals(A_dense)
         diag.cond = float(sA[0] / sA[-1]) if sA[-1] > 0 else math.inf
         diag.spectrum_pre = torch.linalg.svdvals(W_pre).cpu()
         diag.spectrum = torch.linalg.svdvals(W).cpu()
@@ -530,7 +728,7 @@ def _as_matrices(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
             raise ValueError(f"layer {name!r}, task {t}: expected a 2-D tensor, got {getattr(d, 'shape', type(d).__name__)}")
         if d.shape != shape:
             raise ValueError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's {tuple(shape)}")
-    return [d.double() for d in delta_W]
+    return list(delta_W)  # converted one task at a time where used: no T float64 copies
 
 
 def _check_given(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[Tensor]:
@@ -589,6 +787,8 @@ def _check_in_out_keys(value: Any) -> str | None:
     numerator=Param(None, "numerator of eq. 14: 'centered' W̃_t or 'raw' ΔW_t; None = estimator preset", choices=(None, "centered", "raw")),
     estimator=Param("ace", "covariance estimator: 'ace' (eqs 5-6), 'identity' (= weight averaging), 'wudi', 'given'", choices=ESTIMATORS),
     covariances=Param(None, "for estimator='given': one {key: Sigma_t (d_in x d_in)} dict per expert", check=_check_covariances_param),
+    precision=Param("float64", "arithmetic of the accumulation and solve: 'float64' (default) or 'float32' (about 2x faster; "
+                    "error in docs/performance.md)", choices=PRECISIONS),
     wudi_p=Param(2.0, "norm power p of the 'wudi' estimator Sigma_t = tau_tᵀ tau_t / ||tau_t||_F^p", low=0.0),
     in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the "
                       "official code (docs/methods.md §ACE)", check=_check_in_out_keys),

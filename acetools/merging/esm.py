@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..utils import progress
-from ._linalg import thin_svd
+from ._linalg import gram_polar, gram_top_svd, thin_svd
 from ._registry import Param, register
 from .averaging import mean_update
 from .svd import tsv_merge_matrix
@@ -71,6 +71,7 @@ CLIP_LAYER_TYPES: tuple[str, ...] = (
 )
 
 _DECOMPOSITIONS = ("esd", "svd")
+_GRAM_WHITEN_MAX = 1536  # largest small side whitened through the float64 Gram (see :func:`whiten`)
 
 
 class Subspace(NamedTuple):
@@ -157,6 +158,67 @@ def task_coordinates(P: Tensor, delta_W: Tensor) -> Tensor:
     """Coordinates A_t = P_t^T delta_W_t (d_out x d_in) of the update in the basis P_t, docs/methods.md §ESM,
     Eqs. (ESM.1)-(ESM.2)."""
     return P.T @ delta_W
+
+
+def _top_factors(X: Tensor | None, delta_W: Tensor, k: int, decomposition: str) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The top ``k`` columns of :func:`essential_subspace`'s ``P``, their ``lam`` and the norm
+    n_t = ||P_tᵀ ΔW_t||_F of the *full* coordinates, without forming P or Pᵀ ΔW in full.
+
+    Exact routes (docs/methods.md §ESM):
+
+    * The activation shift dO = X ΔWᵀ has rank <= d_in. With N >= d_in, X = Q R (QR,
+      R d_in × d_in) gives dO = Q (R ΔWᵀ): the same singular values and right vectors from the
+      d_in × d_out matrix R ΔWᵀ instead of the N × d_out one. With N < d_in (CLIP's c_proj,
+      d_in 3072 > 1600 proxy tokens) dO itself is the smaller matrix.
+    * The top k right vectors then come from the float64 Gram of the smaller side
+      (:func:`acetools.merging._linalg.gram_top_svd`) for float32 inputs, where
+      sigma_1 / sigma_k allows it; float64 inputs take the float64 SVD of the reduced matrix.
+    * Only rows :k of A_t = P_tᵀ ΔW_t are used after Step B2; its norm follows from the columns
+      of P: the m = min(N, d_out) SVD columns span range(ΔW Xᵀ) = range(ΔW) whenever X has full
+      column rank, so they carry all of ||ΔW||_F² (past rank(dO) they are orthogonal to ΔW),
+      and the identity completion e_{m+1}..e_{d_out} adds the squared norms of rows m+1.. of ΔW:
+      n_t² = ||ΔW||_F² + ||ΔW[m:]||_F². For the "svd" decomposition the same holds with
+      m = min(d_out, d_in).
+
+    Returns ``(P_k, lam_k, n_t)`` in ``delta_W``'s dtype, or ``None`` where the shortcut does
+    not apply (k past the rank bound, X without full column rank while P is completed, or an
+    exactly rank-deficient top k), so the caller takes :func:`essential_subspace`.
+    """
+    d_out, d_in = delta_W.shape
+    gram = delta_W.dtype != torch.float64
+    W64 = delta_W.double()
+    if decomposition == "esd":
+        X = _as_rows(X, d_in)
+        n = X.shape[0]
+        m = min(n, d_out)
+        if k > min(n, d_in, d_out) or (m < d_out and n < d_in):
+            return None
+        X64 = X.to(delta_W.device, torch.float64)
+        if n >= d_in:
+            R = torch.linalg.qr(X64, mode="r").R
+            r_diag = R.diagonal().abs()
+            if m < d_out and not bool(r_diag.min() > 1e-10 * r_diag.max()):
+                return None  # X lacks full column rank: the completion's norm would depend on LAPACK's basis
+            C = R @ W64.T
+        else:
+            C = X64 @ W64.T
+        scale = max(n - 1, 1)
+    else:
+        m = min(d_out, d_in)
+        if k > m:
+            return None
+        C, scale = W64.T, 1  # right singular vectors of ΔWᵀ = left ones of ΔW
+    top = gram_top_svd(C, k) if gram else None
+    if top is not None:
+        _, S, Vh_k = top
+    else:
+        _, S, Vh = thin_svd(C.to(delta_W.dtype) if gram else C)
+        S, Vh_k = S[:k].double(), Vh[:k, :].double()
+        if not bool(S[-1] > 0):
+            return None
+    norm2 = W64.square().sum() + (W64[m:].square().sum() if m < d_out else 0.0)
+    dt = delta_W.dtype
+    return Vh_k.mT.to(dt), (S.square() / scale).to(dt), norm2.sqrt().to(dt)
 
 
 # --------------------------------------------------------------------------- Step B
@@ -247,7 +309,16 @@ def whiten(M: Tensor) -> Tensor:
 
     The result has orthonormal columns (or rows) up to that scale c: for a tall full-rank
     M, whiten(M)^T whiten(M) = c^2 I.
+
+    For float32 inputs whose smaller side is at most 1536 the polar factor comes from the
+    float64 Gram of that side (:func:`acetools.merging._linalg.gram_polar`: more accurate than
+    the float32 SVD and cheaper); a square 2304 or 3072 P_cat keeps the SVD, where a
+    float64 eigendecomposition of that size costs more than the float32 SVD it would replace.
     """
+    if M.dtype != torch.float64 and 0 < min(M.shape) <= _GRAM_WHITEN_MAX:
+        out = gram_polar(M)  # float64 Gram of the small side; None where too ill-conditioned
+        if out is not None:
+            return (out[0] * out[1].mean()).to(M.dtype)
     U, S, Vh = thin_svd(M)
     if S.numel() == 0 or not bool(S.mean() > 0):
         return torch.zeros_like(M)
@@ -285,7 +356,16 @@ def esm_merge_matrix(
     k = rank_budget(d_out, T)
     P_hats, A_hats, norms = [], [], []
     for t, tau in enumerate(taus):  # one task at a time: only the top-k factors are kept
-        sub = essential_subspace(None if Xs is None else Xs[t], tau, decomposition)
+        X = None if Xs is None else Xs[t]
+        fast = _top_factors(X, tau, k, decomposition)
+        if fast is not None:  # the same P[:, :k], lam[:k] and n_t on the cheapest exact route
+            P_k, lam_k, n_t = fast
+            e = eigen_weights(lam_k, eig_power)
+            P_hats.append(P_k * e)
+            A_hats.append((P_k.T @ tau) * e[:, None])
+            norms.append(n_t)
+            continue
+        sub = essential_subspace(X, tau, decomposition)
         A = task_coordinates(sub.P, tau)
         norms.append(torch.linalg.norm(A))  # n_t on the full A_t (Step B1)
         P_hat, A_hat = truncate_factors(sub, A, k, eig_power)

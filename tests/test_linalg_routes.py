@@ -1,0 +1,102 @@
+"""The cheap exact routes of acetools.merging._linalg and where the methods take them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from acetools.merging import _linalg as L
+from acetools.merging.svd import iso_c_matrix, iso_cts_matrix, tsv_merge_matrix
+
+F64 = torch.float64
+
+
+def rand(shape, seed, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=F64).to(dtype)
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+@pytest.mark.parametrize("shape", [(40, 25), (25, 40)])
+def test_gram_top_svd_matches_the_svd(shape):
+    M = rand(shape, 0)
+    U, S, Vh = torch.linalg.svd(M, full_matrices=False)
+    Uk, Sk, Vhk = L.gram_top_svd(M, 7)
+    assert rel(Sk, S[:7]) < 1e-12
+    assert rel(Uk @ torch.diag(Sk) @ Vhk, U[:, :7] @ torch.diag(S[:7]) @ Vh[:7]) < 1e-11
+
+
+def test_gram_routes_refuse_ill_conditioned_spectra():
+    M = rand((30, 10), 1) @ torch.diag(torch.logspace(0, -6, 10, dtype=F64))
+    assert L.gram_top_svd(M, 10) is None  # sigma_1 / sigma_10 = 1e6 > 1e4
+    assert L.gram_top_svd(M, 3) is not None
+    assert L.gram_polar(M) is None
+    assert L.gram_polar(torch.cat([M[:, :3], torch.zeros(30, 2, dtype=F64)], 1)) is None  # rank-deficient
+
+
+@pytest.mark.parametrize("shape", [(30, 12), (12, 30), (15, 15)])
+def test_gram_polar_matches_the_svd_polar(shape):
+    M = rand(shape, 2)
+    P, S = L.gram_polar(M)
+    assert rel(P, L.polar(M)) < 1e-12
+    assert rel(S, torch.linalg.svdvals(M)) < 1e-12
+
+
+def test_sym_eig_top_subset_equals_full():
+    A = rand((50, 50), 3)
+    G = A @ A.T
+    lam, Q = L.sym_eig(G)
+    lt, Qt = L.sym_eig(G, top=5)
+    assert torch.all(lam[:-1] >= lam[1:])  # descending
+    assert rel(lt, lam[:5]) < 1e-12
+    assert rel((Qt * lt) @ Qt.T, (Q[:, :5] * lam[:5]) @ Q[:, :5].T) < 1e-10
+
+
+def test_solve_spd_rank_one_matches_lu():
+    A = rand((20, 20), 4)
+    M = A @ A.T + torch.eye(20, dtype=F64)
+    c = rand((20,), 5).abs()
+    B = rand((7, 20), 6)
+    X = L.solve_spd_rank_one(B, M.clone(), c)
+    assert rel(X, B @ torch.linalg.inv(M + torch.ones(20, 1, dtype=F64) @ c[None])) < 1e-11
+    assert rel(L.solve_spd_rank_one(B, M.clone()), B @ torch.linalg.inv(M)) < 1e-11
+    M2 = M.clone()
+    L.solve_spd_rank_one(B, M2, overwrite=True)
+    assert torch.allclose(M2, torch.linalg.cholesky(M))  # the factor replaced M
+    assert L.solve_spd_rank_one(B, -M.clone()) is None  # not positive definite: the caller takes LU
+
+
+def _taus(shape, T, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(shape[0], 4, generator=g, dtype=F64) @ torch.randn(4, shape[1], generator=g, dtype=F64)
+             + 0.3 * torch.randn(shape, generator=g, dtype=F64)).to(dtype) for _ in range(T)]
+
+
+@pytest.mark.parametrize("fn", [tsv_merge_matrix, iso_c_matrix, iso_cts_matrix], ids=["tsv_m", "iso_c", "iso_cts"])
+@pytest.mark.parametrize("shape", [(96, 32), (32, 96)])
+def test_float32_inputs_take_the_gram_route_and_stay_close_to_float64(fn, shape, monkeypatch):
+    t64 = _taus(shape, 4, 7, F64)
+    ref = fn(t64)
+    calls = []
+    for name in ("gram_top_svd", "gram_polar"):
+        orig = getattr(L, name)
+        monkeypatch.setattr("acetools.merging.svd." + name,
+                            lambda *a, _o=orig, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    out = fn([t.float() for t in t64])
+    assert out.dtype == torch.float32
+    assert "gram_polar" in calls
+    assert rel(out, ref) < 1e-5
+
+
+def test_float32_rank_deficient_tasks_fall_back_to_the_svd(monkeypatch):
+    t = _taus((40, 16), 1, 8, F64)[0]
+    taus = [t, t, 2 * t, t]  # identical directions: U_cat is rank-deficient, the Gram polar refuses
+    results = []
+    orig = L.gram_polar
+    monkeypatch.setattr("acetools.merging.svd.gram_polar", lambda *a, **k: results.append(orig(*a, **k)) or results[-1])
+    out = tsv_merge_matrix([x.float() for x in taus])
+    assert results and all(r is None for r in results)  # both polar factors went through the SVD
+    assert torch.isfinite(out).all()
