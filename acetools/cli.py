@@ -1,4 +1,4 @@
-"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench`` and ``report``."""
+"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench``, ``regime`` and ``report``."""
 
 from __future__ import annotations
 
@@ -94,6 +94,25 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_regime(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .regime import regime_card
+    from .zoo import Zoo
+
+    zoo = Zoo(args.suite, size=args.size, seed=args.seed, root=args.root, mtl=False, threads=args.threads)
+    zoo.build(progress=True)
+    card = regime_card(zoo, n_val=args.n_val, n_test=args.n_test, patience=args.patience, tau=args.tau,
+                       threads=args.threads, progress=True)
+    out = Path(args.out) if args.out else Path("figures") / "regime" / f"{args.suite}_{args.size}_seed{args.seed}"
+    paths = card.save(out)
+    df = card.to_frame()[["label", "value", "clip", "unit"]]
+    print(f"regime card: {args.suite} size={args.size} seed={args.seed} ({card.meta['seconds']:.0f} s)")
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"written: {paths['card']} (+ per_task, per_layer, json)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -130,6 +149,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ace-scaled", action="store_true", help="also run ACE with its scaling chosen on val")
     b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
     b.set_defaults(func=_cmd_bench)
+
+    g = sub.add_parser("regime", help="measure a zoo's regime card (room for structured merges) beside CLIP's")
+    g.add_argument("--suite", default="tasks8", help="task suite (tasks8, tasks14, tasks20, ...)")
+    g.add_argument("--size", default="small", help="model size: micro, tiny, small, wide")
+    g.add_argument("--seed", type=int, default=0, help="expert fine-tuning seed")
+    g.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads for training/evaluation")
+    g.add_argument("--n-val", type=int, default=100, help="validation images per task for the searches (default 100)")
+    g.add_argument("--n-test", type=int, default=500, help="test images per task (default 500)")
+    g.add_argument("--patience", type=int, default=3, help="grid-search patience (default 3)")
+    g.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3, the paper's)")
+    g.add_argument("--out", default=None, help="folder for card.csv/json (default figures/regime/<suite>_<size>_seed<k>)")
+    g.set_defaults(func=_cmd_regime)
 
     r = sub.add_parser("report", help="run the course notebooks with papermill and render HTML reports")
     r.add_argument("--profile", choices=["quick", "full"], default="quick",
