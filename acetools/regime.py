@@ -43,12 +43,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from torch import Tensor
 
 from .utils import atomic_write
 
-__all__ = ["RegimeCard", "regime_card", "clip_reference", "summary_row", "CARD_METHODS"]
+__all__ = ["CARD_METHODS", "RegimeCard", "clip_reference", "regime_card", "summary_row"]
 
 log = logging.getLogger("acetools.regime")
 
@@ -258,7 +257,7 @@ def regime_card(
     for k in mats:
         r = min(base[k].shape)
         kk = tsv_rank(r, T)
-        energy_top, overlaps, rand = [], [], []
+        energy_top, overlaps, rand, by_side = [], [], [], {"left": [], "right": []}
         bases = {"left": [], "right": []}
         for tv in taus:
             S = singular_values(tv[k])
@@ -274,6 +273,7 @@ def regime_card(
             for i in range(len(Us)):
                 for j in range(i + 1, len(Us)):
                     overlaps.append(float((Us[i].T @ Us[j]).pow(2).sum()) / kk)
+                    by_side[side].append(overlaps[-1])
                     rand.append(kk / d)
         dg = diags[k]
         layer_rows.append({
@@ -281,6 +281,8 @@ def regime_card(
             "energy_topk": float(np.nanmean(energy_top)) if energy_top else math.nan,
             "overlap_topk": float(np.mean(overlaps)) if overlaps else math.nan,
             "overlap_random": float(np.mean(rand)) if rand else math.nan,
+            "overlap_left": float(np.mean(by_side["left"])) if by_side["left"] else math.nan,
+            "overlap_right": float(np.mean(by_side["right"])) if by_side["right"] else math.nan,
             "wpre_top5_energy": _top_energy(dg.spectrum_pre, 0.05),
         })
     if hasattr(bar, "close"):
@@ -300,7 +302,8 @@ def regime_card(
         log_energy_mean=("log_energy_mean", "mean"), log_energy_sd=("log_energy_sd", "mean"),
         gamma_median=("gamma", "median"), gated_fraction=("flag", "mean"), rank_k=("rank_k", "median"),
         energy_topk=("energy_topk", "mean"), overlap_topk=("overlap_topk", "mean"),
-        overlap_random=("overlap_random", "mean"), wpre_top5_energy=("wpre_top5_energy", "median"),
+        overlap_random=("overlap_random", "mean"), overlap_left=("overlap_left", "mean"),
+        overlap_right=("overlap_right", "mean"), wpre_top5_energy=("wpre_top5_energy", "median"),
     ).reset_index()
     per_layer["gated_fraction"] = per_layer["gated_fraction"].astype(float)
 
@@ -379,6 +382,10 @@ def regime_card(
         "Σ_{i≤k} σ_i² / Σ σ_i², mean over matrices and tasks")
     row("overlap_topk", "overlap of tasks' top-k subspaces", float(np.nanmean(spec["overlap_topk"])), "mean cos²",
         "‖U_sᵀU_t‖²_F / k over task pairs, both sides, mean over matrices (1 = same subspace)")
+    row("overlap_left", "…output side (left singular vectors)", float(np.nanmean(spec["overlap_left"])), "mean cos²",
+        "the same on the output side only")
+    row("overlap_right", "…input side (right singular vectors)", float(np.nanmean(spec["overlap_right"])), "mean cos²",
+        "the same on the input side only: shared input directions (activation statistics) show here")
     row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",
         "k / d: the expected overlap of random subspaces, for scale")
 
@@ -417,8 +424,8 @@ def _recipe(zoo) -> dict[str, Any]:
         out["base_sha256"] = side.get("content_sha256")
         out["base_recipe"] = {k: (side.get("recipe") or {}).get(k) for k in ("config", "seconds", "final_train_acc",
                                                                             "n_images", "steps")}
-    except Exception:  # pragma: no cover - a zoo without sidecars
-        pass
+    except (AttributeError, KeyError, OSError, RuntimeError) as err:  # a zoo-like object without sidecars
+        log.debug("no base sidecar for the card's recipe: %s", err)
     return out
 
 

@@ -31,9 +31,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from acetools.regime import RegimeCard, regime_card, summary_row  # noqa: E402
-from acetools.utils import atomic_write  # noqa: E402
-from acetools.zoo import Zoo  # noqa: E402
+from acetools.regime import RegimeCard, regime_card, summary_row
+from acetools.utils import atomic_write
+from acetools.zoo import Zoo
 
 OUT = ROOT / "figures" / "regime"
 
@@ -49,6 +49,10 @@ RECIPES: dict[str, tuple[str, dict]] = {
         "size": "small", "finetune": BF16}),
     "gentle_bf16": ("gentle fine-tune on the shipped base: lr 1e-4 x 5 epochs, bf16", {
         "size": "small", "finetune": GENTLE | BF16}),
+    "broad_small": ("broader base, same model and experts: small, base 5 epochs on a 1.6x pool (8,000 per source) "
+                    "with crop + flip augmentation, bf16; experts lr 4e-4 x 3 epochs, bf16", {
+        "size": "small", "base": "train", "pool_kwargs": BROAD_POOL,
+        "pretrain": {"epochs": 5, "augment": True, "hflip": True} | BF16, "finetune": BF16}),
     "wide_broad_gentle": ("capacity + broad base + gentle: wide (384 x 4), base 6 epochs with crop augmentation on "
                           "a 1.6x pool (8,000 per source), bf16; experts lr 1e-4 x 5 epochs, bf16", {
         "size": "wide", "base": "train", "pool_kwargs": BROAD_POOL,
@@ -61,7 +65,8 @@ RECIPES: dict[str, tuple[str, dict]] = {
 #: The rows of the study's summary table and figure.
 SUMMARY_METRICS = ["experts_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm", "iso_cts_norm", "tsv_minus_ta",
                    "tsv_gap_share", "ace_norm", "ace_gamma_median", "ace_gated_fraction", "tau_ratio",
-                   "trunc_norm", "scaled_norm", "ta_interference", "trunc_energy", "overlap_topk", "overlap_random",
+                   "trunc_norm", "scaled_norm", "ta_interference", "trunc_energy", "overlap_topk", "overlap_left",
+                   "overlap_right", "overlap_random",
                    "cosine_mean", "wpre_top5_energy"]
 
 

@@ -6,17 +6,15 @@ import math
 
 import numpy as np
 import pytest
-import torch
+from test_benchmark import bench  # noqa: F401  (the module-scoped micro-world benchmark)
 
 from acetools.regime import RegimeCard, clip_reference, regime_card, summary_row
 from acetools.search import LAMBDA_GRID
 
-from test_benchmark import bench  # noqa: F401  (the module-scoped micro-world benchmark)
-
 ISSUE_ROWS = ["experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm", "iso_cts_norm",
               "tsv_minus_ta", "ace_gamma_median", "ace_gated_fraction", "tau_ratio", "energy", "wpre_top5_energy",
               "cosine_mean", "cosine_max", "tsv_gap_share", "trunc_norm", "scaled_norm", "overlap_topk",
-              "overlap_random", "trunc_energy"]
+              "overlap_random", "trunc_energy", "overlap_left", "overlap_right"]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +91,7 @@ def test_overlap_is_one_for_identical_task_vectors(bench, tmp_path):  # noqa: F8
     twin.split = lambda t, s: zoo.split("a", s)
     twin.head = lambda t: zoo.head("a")
     twin.encoder = zoo.encoder
-    twin.records = lambda: []
+    twin.records = list
     twin.mtl = False
     b = Benchmark(twin, n_val=30, n_test=30, threads=1)
     c = regime_card(twin, bench=b, progress=False)
