@@ -49,10 +49,10 @@ RECIPES: dict[str, tuple[str, dict]] = {
         "size": "small", "finetune": BF16}),
     "gentle_bf16": ("gentle fine-tune on the shipped base: lr 1e-4 x 5 epochs, bf16", {
         "size": "small", "finetune": GENTLE | BF16}),
-    "broad_small": ("broader base, same model and experts: small, base 5 epochs on a 1.6x pool (8,000 per source) "
-                    "with crop + flip augmentation, bf16; experts lr 4e-4 x 3 epochs, bf16", {
+    "broad_small": ("broader base at the shipped base's compute: small, base 3 epochs on a 1.5x pool (8,000 per "
+                    "source) with crop + flip augmentation, bf16; experts lr 4e-4 x 3 epochs, bf16", {
         "size": "small", "base": "train", "pool_kwargs": BROAD_POOL,
-        "pretrain": {"epochs": 5, "augment": True, "hflip": True} | BF16, "finetune": BF16}),
+        "pretrain": {"epochs": 3, "augment": True, "hflip": True} | BF16, "finetune": BF16}),
     "wide_broad_gentle": ("capacity + broad base + gentle: wide (384 x 4), base 6 epochs with crop augmentation on "
                           "a 1.6x pool (8,000 per source), bf16; experts lr 1e-4 x 5 epochs, bf16", {
         "size": "wide", "base": "train", "pool_kwargs": BROAD_POOL,
