@@ -3,8 +3,8 @@
 Three readers over one hook mechanism, for any ``nn.Module``:
 
 - :func:`capture_inputs`: the input rows X (N x d_in, tokens flattened) of each layer, the
-  proxy activations of ESM (spec §2 Step A; run it on task t's *fine-tuned* model);
-- :func:`gram_matrices`: running means (1/N) X^T X, RegMean's Gram matrices (spec §3.9);
+  proxy activations of ESM (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2); run it on task t's *fine-tuned* model);
+- :func:`gram_matrices`: running means (1/N) X^T X, RegMean's Gram matrices (docs/methods.md §RegMean);
 - :func:`input_covariances`: centred input covariances Sigma, for Theorem 1 comparisons.
 
 Layers are named by their *parameter* name, as in a state dict:
@@ -187,7 +187,7 @@ def capture_inputs(
     ``torch.no_grad()`` on ``device`` (default: where its parameters are), in eval mode unless
     ``eval_mode=False`` (the previous modes are restored). Every token of every sample is a
     row, batch-major. These are ESM's proxy activations when ``model`` is task t's fine-tuned
-    model (spec §2 Step A). Rows are stored on ``out_device`` in the model's dtype.
+    model (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)). Rows are stored on ``out_device`` in the model's dtype.
     """
     keys = _key_list(keys)
     chunks: dict[str, list[Tensor]] = {k: [] for k in keys}
@@ -210,7 +210,7 @@ def gram_matrices(
     dtype: torch.dtype = torch.float64,
     eval_mode: bool = True,
 ) -> dict[str, Tensor]:
-    """RegMean Gram matrices G = (1/N) X^T X (d_in x d_in) per layer, spec §3.9.
+    """RegMean Gram matrices G = (1/N) X^T X (d_in x d_in) per layer, docs/methods.md §RegMean.
 
     Accumulated over batches without storing X (sums in ``dtype``, default float64, then one
     division by the total row count N, i.e. the running mean over all tokens). Run it on task
@@ -244,7 +244,7 @@ def input_covariances(
 ) -> dict[str, Tensor]:
     """Centred input covariance Sigma = (1/N) sum (x - mu)(x - mu)^T per layer (d_in x d_in).
 
-    The true input covariance that Theorem 1 of ACE-Merging (spec §1) relates to the task
+    The true input covariance that Theorem 1 of ACE-Merging (docs/methods.md §ACE) relates to the task
     vectors. Merged batch by batch with Chan's update (mean and centred scatter in ``dtype``,
     default float64), so no X is stored. ``unbiased=True`` divides by N - 1 instead of N.
     """

@@ -3,7 +3,7 @@
 One :class:`Benchmark` wraps a :class:`~acetools.zoo.Zoo` (base, experts, heads) and gives
 everything the merge methods need — proxy batches and activations for ESM, Gram matrices
 for RegMean — plus evaluation (absolute and normalized accuracy per task and on average)
-and the papers' coefficient selection on validation (spec §0): a grid or golden-section
+and the papers' coefficient selection on validation (docs/methods.md §Benchmark protocol): a grid or golden-section
 search maximising the average normalized accuracy, then test accuracy at the chosen value.
 
 Every method's coefficient enters its merged update affinely (θ(c) = θ0 + U0 + c·U1 for
@@ -39,7 +39,7 @@ StateDict = dict[str, Tensor]
 
 @dataclass(frozen=True)
 class Search:
-    """How a method's coefficient is chosen on validation (spec §0)."""
+    """How a method's coefficient is chosen on validation (docs/methods.md §Benchmark protocol)."""
 
     param: str  # the hyperparameter searched
     kind: str  # "grid", "golden" or "esm" (golden section, then best normalized)
@@ -47,7 +47,8 @@ class Search:
     bracket: tuple[float, float] = (0.0, 2.0)
 
 
-#: The papers' selection rule per method (spec §0, §1 (b), §2 Step D, §3). ``None``: no
+#: The papers' selection rule per method (docs/methods.md §Benchmark protocol, §ACE, §ESM and each method's section).
+#: ``None``: no
 #: search (weight averaging's fixed 1/T; WUDI, RegMean and ACE use their coefficient 1).
 SEARCH: dict[str, Search | None] = {
     "weight_averaging": None,
@@ -68,7 +69,7 @@ ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20),
 
 
 def package_versions() -> dict[str, str]:
-    """Versions of the packages that shape a result (STYLE 14)."""
+    """Versions of the packages that shape a result (docs/style.md §14)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
@@ -172,7 +173,7 @@ class Benchmark:
 
     def proxy_batch(self, task: str) -> Tensor:
         """ESM's proxy images: ``n_proxy`` validation images of ``task`` drawn without
-        replacement with a seeded generator (spec §2 Step A)."""
+        replacement with a seeded generator (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2))."""
         d = self.zoo.split(task, "val")
         g = make_generator(self.proxy_seed)
         idx = torch.randperm(len(d.y), generator=g)[: self.n_proxy]
@@ -197,7 +198,7 @@ class Benchmark:
         return self._esm_acts
 
     def grams(self) -> list[dict[str, Tensor]]:
-        """RegMean's per-task Gram matrices of each hookable linear layer's inputs (spec §3.9),
+        """RegMean's per-task Gram matrices of each hookable linear layer's inputs (docs/methods.md §RegMean),
         from ``n_gram`` training images in the task's fine-tuned encoder. ``attn.out_proj``
         is called functionally inside attention and cannot be hooked: it takes the mean."""
         if self._grams is None:
@@ -365,7 +366,7 @@ class Benchmark:
 
     def record(self, runs: Sequence[MethodRun]) -> dict[str, Any]:
         """Everything needed to reproduce the runs: hyperparameters, search traces, seeds,
-        versions, checkpoint hashes (STYLE 14)."""
+        versions, checkpoint hashes (docs/style.md §14)."""
         return {
             "suite": getattr(self.zoo, "suite", None),
             "tasks": self.tasks,

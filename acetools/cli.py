@@ -76,7 +76,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .report import notebook_paths, parse_parameter, run_report
+    from .course.report import notebook_paths, parse_parameter, run_report
 
     if args.list:
         for p in notebook_paths(args.notebooks):

@@ -6,7 +6,7 @@ floats, small dataclasses or ``pandas`` DataFrames for notebooks:
 * spectra of one matrix: :func:`energy_fraction`, :func:`condition_number`,
   :func:`effective_rank`;
 * two matrices: :func:`subspace_similarity` (principal singular subspaces);
-* ESD vs SVD (ESM, spec §2): :func:`energy_capture`, :func:`energy_capture_curve`;
+* ESD vs SVD (ESM, docs/methods.md §ESM): :func:`energy_capture`, :func:`energy_capture_curve`;
 * activations: :func:`linear_cka` (Kornblith et al. 2019);
 * task vectors: :func:`task_vector_cosine` (whole model), :func:`task_vector_cosine_per_layer`,
   :func:`heterogeneity_per_layer` (ACE's gamma, eq. 7);
@@ -139,7 +139,7 @@ def subspace_similarity(A: Tensor, B: Tensor, k: int, *, side: str = "left", red
 
 
 def energy_capture(X: Tensor, delta_W: Tensor, k: int) -> dict[str, float]:
-    """Energy of the activation shift ΔO = X ΔWᵀ kept at rank ``k`` by ESD and by SVD (spec §2).
+    """Energy of the activation shift ΔO = X ΔWᵀ kept at rank ``k`` by ESD and by SVD (docs/methods.md §ESM).
 
     ``X`` (N × d_in) are input activations of the layer, ``delta_W`` (d_out × d_in) its task
     vector. Returns fractions of ||ΔO||_F²:
@@ -319,7 +319,7 @@ def heterogeneity_per_layer(
 ):
     """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per layer.
 
-    One row per matrix key (``is_matrix``, default the spec's rule; or the given ``keys``):
+    One row per matrix key (``is_matrix``, default the rule of docs/methods.md §Matrix path; or the given ``keys``):
     key, shape, gamma, flag (gamma > ``tau``), energy_mean/min/max (||τ_t||_F²).
     """
     import pandas as pd

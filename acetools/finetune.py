@@ -2,10 +2,10 @@
 
 * :func:`pretrain_base` — supervised multi-head pretraining of a fresh encoder on the
   pretraining pool (one linear head per pool label set, masked loss for ``-1`` labels).
-  The prototype found this far better per CPU-second than a tiny CLIP
-  (``shared/notes/mini-world-prototype.md``, lesson 3).
+  The mini-world's prototype found this far better per CPU-second than a tiny CLIP
+  (its lesson 3).
 * :func:`finetune_expert` — the whole image encoder fine-tuned on one task with its head
-  frozen (spec §0 "Fine-tuning recipe": AdamW, warm-up + cosine, frozen head; the
+  frozen (docs/methods.md §Benchmark protocol (fine-tuning recipe): AdamW, warm-up + cosine, frozen head; the
   learning rate is the knob that keeps task vectors small — prototype lesson 2).
 * :func:`train_multitask` — the papers' "MTL" row: one encoder trained jointly on all tasks
   with mixed batches, each task scored by its own frozen head.
@@ -321,7 +321,7 @@ def pretrain_base(
     batch) of each head's mean cross-entropy over its labelled images. AdamW with linear
     warm-up and cosine decay; ``config`` fields can be overridden by keyword
     (``pretrain_base(pool, steps=2000)``). Returns the encoder's state dict (the pool heads
-    are dropped: downstream heads are built from the base, see docs/regime.md) and the
+    are dropped: downstream heads are built from the base, docs/methods.md §Benchmark protocol) and the
     recipe.
 
     ``checkpoint``: a file for resuming. At the end of every epoch the encoder, heads,
@@ -443,7 +443,7 @@ def finetune_expert(
     progress: bool | None = None,
     **overrides: Any,
 ) -> tuple[StateDict, dict]:
-    """Fine-tune the whole image encoder on one task with ``head`` frozen (spec §0).
+    """Fine-tune the whole image encoder on one task with ``head`` frozen (docs/methods.md §Benchmark protocol).
 
     ``base_state`` (W0) is loaded into a ``size`` encoder (a size name or a zero-argument
     callable that returns an :class:`ImageEncoder`); ``data`` has ``x`` and ``y``. Cross-

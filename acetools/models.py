@@ -3,13 +3,13 @@
 The mini-world's encoders are open_clip ``VisionTransformer``s made from model configs
 registered in open_clip's own registry (``open_clip.get_model_config("acetools-tiny")``,
 ``open_clip.create_model("acetools-tiny")`` both work once :func:`register_model_configs`
-has run), so parameter names are open_clip's and the spec's layer rules (CLIP parameter
+has run), so parameter names are open_clip's and the layer rules of docs/methods.md §Matrix path (CLIP parameter
 inventory; "is it a matrix?") apply unchanged. An :class:`ImageEncoder` wraps the tower in
 an attribute called ``visual``; its state dict therefore carries exactly the keys of the
 ``visual.*`` part of a CLIP state dict, e.g. ``visual.transformer.resblocks.0.attn.in_proj_weight``
 (the text-side leftovers of the papers' ``ImageEncoder`` — zero task vectors — are absent).
 
-Heads follow spec §0 "Heads": a frozen, bias-free linear layer that L2-normalises the image
+Heads follow docs/methods.md §Benchmark protocol (heads): a frozen, bias-free linear layer that L2-normalises the image
 feature and whose rows are unit class vectors times a logit scale. Two ways to make one:
 
 * :func:`prototype_head` — normalised class means of the base encoder's features (the
@@ -196,7 +196,7 @@ class ImageEncoder(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    """A frozen, bias-free linear head on L2-normalised features (spec §0 "Heads").
+    """A frozen, bias-free linear head on L2-normalised features (docs/methods.md §Benchmark protocol (heads)).
 
     ``weight`` is ``[n_classes, embed_dim]``: unit class vectors times the logit scale.
     ``logits = normalize(features) @ weight.T``. Its parameter is created with
@@ -322,7 +322,7 @@ def build_clip(
     for random weights. With ``allow_download=False`` (the default) nothing is downloaded:
     a tag's weights must already be in open_clip's caches (Hugging Face cache or
     ``~/.cache/clip``, or ``cache_dir``), else a ``RuntimeError`` says how to get them.
-    For OpenAI weights the model uses QuickGELU, as those weights need (spec §0
+    For OpenAI weights the model uses QuickGELU, as those weights need (docs/methods.md §Benchmark protocol,
     "Backbones" pitfall). Mini-world names (``"tiny"``) build the registered tiny CLIP.
     """
     import open_clip
@@ -443,7 +443,7 @@ def prototype_head(
     """A class-prototype head: normalised class means of the encoder's features.
 
     Each image feature is L2-normalised, the unit features of a class are averaged and the
-    mean is L2-normalised again (the image analogue of the zero-shot text head of spec §0,
+    mean is L2-normalised again (the image analogue of the zero-shot text head of docs/methods.md §Benchmark protocol,
     where each prompt embedding is normalised, averaged and normalised again); the rows are
     then multiplied by ``logit_scale``. Built from the *base* encoder only; every class needs
     at least one image.
@@ -477,7 +477,7 @@ def zeroshot_head(
     logit_scale: float | None = None,
     device: str | torch.device | None = None,
 ) -> ClassificationHead:
-    """The papers' zero-shot text head (spec §0 "Heads", ``build_classification_head``).
+    """The papers' zero-shot text head (docs/methods.md §Benchmark protocol (heads), ``build_classification_head``).
 
     For every class, each template (a ``"... {} ..."`` string or a callable) is filled with
     the class name and encoded by ``clip``'s text tower; the embeddings are L2-normalised,

@@ -1,4 +1,4 @@
-"""Coefficient search shared by every merge method: grid and golden-section (spec §0, §2 Step D).
+"""Coefficient search shared by every merge method: grid and golden-section (docs/methods.md §Benchmark protocol, §ESM).
 
 A search calls ``score_fn(alpha)`` — typically "merge with coefficient alpha and evaluate on
 the validation splits" — which returns the **absolute** accuracy per task::
@@ -11,7 +11,8 @@ of the two (``objective``: ``"normalized"``, the protocol of TSV/Iso, or ``"abso
 and picks the reported coefficient by ``select`` (default: the same metric) among *all*
 evaluated coefficients, the first one attaining the maximum (strict ``>``, as the official
 ``find_optimal_coef``). :func:`climb_search` is a cheap hill climb over a grid for
-unimodal curves (fewer evaluations than a full grid). ESM's rule (spec §2 Step D) is golden-section on the absolute
+unimodal curves (fewer evaluations than a full grid). ESM's rule (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)) is
+golden-section on the absolute
 average, then the evaluated alpha with the best normalized average: :func:`esm_search`.
 
 Every evaluation is kept in :attr:`SearchResult.trace`; :meth:`SearchResult.to_frame`
@@ -42,11 +43,11 @@ __all__ = [
     "climb_search",
 ]
 
-#: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (spec §0).
+#: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (docs/methods.md §Benchmark protocol).
 LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
-#: TSV-M, Iso-C, Iso-CTS: linspace(0, 3, 31)[1:] = {0.1, ..., 3.0} (spec §0).
+#: TSV-M, Iso-C, Iso-CTS: linspace(0, 3, 31)[1:] = {0.1, ..., 3.0} (docs/methods.md §Benchmark protocol).
 ALPHA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 3.0, 31)[1:].tolist())
-#: ESM's golden-section bracket [0, 2] (spec §2 Step D).
+#: ESM's golden-section bracket [0, 2] (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)).
 ESM_BRACKET: tuple[float, float] = (0.0, 2.0)
 
 ScoreFn = Callable[[float], Mapping[str, float]]
@@ -197,7 +198,7 @@ def grid_search(
     objective: str = "normalized",
     patience: int | None = None,
 ) -> SearchResult:
-    """Evaluate ``score_fn`` on ``grid`` in order and keep the best coefficient (spec §0).
+    """Evaluate ``score_fn`` on ``grid`` in order and keep the best coefficient (docs/methods.md §Benchmark protocol).
 
     ``objective`` ("normalized", needs ``reference``; or "absolute") picks the best alpha:
     the first one with the highest average. ``patience``: stop after that many consecutive
@@ -242,7 +243,8 @@ def golden_section_search(
 ) -> SearchResult:
     """Golden-section search for the alpha in [lo, hi] maximising the ``objective`` average.
 
-    The scheme of [ESM-code] ``evaluate_task_vector_search`` (spec §2 Step D): evaluate the two
+    The scheme of [ESM-code] ``evaluate_task_vector_search`` (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)): evaluate
+    the two
     interior points c = hi - g (hi - lo), d = lo + g (hi - lo) with g = (√5 - 1)/2; then, up
     to ``max_iter`` times, drop the part of the bracket beyond the worse point (if
     f(c) > f(d) keep [lo, d], else [c, hi]), evaluate one new point, and stop once
@@ -292,7 +294,8 @@ def esm_search(
     tol: float = 0.01,
     max_iter: int = 15,
 ) -> SearchResult:
-    """ESM's alpha rule (spec §2 Step D): golden section on [0, 2] (tol 0.01, ≤ 15 iterations)
+    """ESM's alpha rule (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)): golden section on [0, 2] (tol 0.01, ≤ 15
+    iterations)
     driven by the average **absolute** accuracy, then the evaluated alpha with the best
     average **normalized** accuracy."""
     return golden_section_search(

@@ -6,7 +6,7 @@ what is missing::
     zoo = Zoo(["fashion", "digits", "letters"], size="tiny", seed=0).build()
     W0 = zoo.base_state(); heads = zoo.heads(); taus = zoo.task_vectors()
 
-Every checkpoint is a safetensors file of a state dict (never a pickled module; STYLE 7)
+Every checkpoint is a safetensors file of a state dict (never a pickled module; docs/style.md §7)
 with a JSON sidecar next to it holding the recipe, metrics, timing, the cache key with the
 fields it hashes, and the SHA-256 of the tensors (:func:`state_hash`). The key is a SHA-256
 of everything that determines the result — the config dict, the data's hash, the seed,
@@ -244,7 +244,7 @@ class Zoo:
     mtl: build the multi-task reference; ``mtl_finetune`` its config (default ``finetune``).
     augment, hflip: per-task augmentation flags (default off; see ``FinetuneConfig``).
     logit_scale: of the prototype heads (heads are built from the base on each task's
-        training split; spec §0 "Heads").
+        training split; docs/methods.md §Benchmark protocol (heads)).
     load_split, pretraining_pool: data functions (default ``acetools.data``'s); pass your
         own to build a world from other data (tests use tiny synthetic tasks).
     pool_kwargs: extra keyword arguments of ``pretraining_pool`` (e.g. ``n_per_source``);
@@ -681,7 +681,7 @@ class Zoo:
 
     def records(self) -> list[dict]:
         """One row per entry loaded or built so far: kind, task, file, key, content hash,
-        seconds, metrics — for reports (STYLE 14: checkpoint hashes)."""
+        seconds, metrics — for reports (docs/style.md §14: checkpoint hashes)."""
         rows = []
         for (kind, task), side in self._sides.items():
             rows.append({

@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 WIDTH = 768
 
-# fusion-bench functions that implement the same method (oracles.md), by our method name.
+# fusion-bench functions that implement the same method (docs/methods.md §Oracles), by our method name.
 THEIRS = {"tsv_m": "fb_tsv_m", "iso_cts": "fb_iso_cts", "wudi": "fb_wudi"}
 
 

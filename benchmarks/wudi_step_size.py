@@ -1,6 +1,6 @@
 """Why WUDI falls below the base in the mini-world: how far Adam gets in 300 steps.
 
-WUDI (spec §3.6) starts every matrix at the **sum** of the task vectors and runs 300 Adam
+WUDI (docs/methods.md §WUDI) starts every matrix at the **sum** of the task vectors and runs 300 Adam
 steps at lr 1e-5. An Adam step moves each entry by about lr, so 300 steps move an entry by at
 most ~3e-3. On CLIP ViT-B/32 the task vectors' entries are small enough for that; if the
 sum's entries are larger than Adam's reach, the result stays near the sum, i.e. task

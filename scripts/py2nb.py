@@ -5,7 +5,7 @@
 Cells start at lines ``# %%`` (code) or ``# %% [markdown]`` (markdown; each line's leading
 ``# `` is removed). ``# %% tags=["parameters"]`` marks papermill's parameters cell. The
 notebook is written without outputs or execution counts, with the ``python3`` kernelspec
-and ``language_info`` (STYLE 12). ``--reverse`` turns a notebook back into such a file.
+and ``language_info`` (docs/style.md §12). ``--reverse`` turns a notebook back into such a file.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import torch
 # calls (measured ~100x on a busy 2-core machine) and fixes the reduction order.
 torch.set_num_threads(1)
 
-# open_clip-style names so the spec's key rules (matrix path, CART's attn/mlp, WUDI/ESM
+# open_clip-style names so the key rules of docs/methods.md (matrix path, CART's attn/mlp, WUDI/ESM
 # targets) apply exactly as on a real ViT.
 SHAPES = {
     "visual.conv1.weight": (16, 3, 4, 4),

@@ -1,4 +1,4 @@
-"""ACE-Merging (spec §1) against an independent float64 transcription of the spec's pseudocode,
+"""ACE-Merging (docs/methods.md §ACE) against an independent float64 transcription of its equations,
 plus the unified-framework identities (weight averaging, WUDI, RegMean), invariances and errors."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from acetools.merging.ace import (
     spectral_refine,
     structural_prior,
 )
-from conftest import make_world
+from tests.conftest import make_world
 
 F64 = torch.float64
 
@@ -33,7 +33,7 @@ F64 = torch.float64
 
 def ref_ace(dWs, *, tau=0.3, eps=1e-2, k_frac=0.3, gate="auto", trace_norm=True, prior=True,
             refine=True, numerator="centered"):
-    """Spec §1(a) pseudocode, line by line, in float64 (switches as documented in ace.py)."""
+    """docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.14), line by line, in float64 (switches as documented in ace.py)."""
     dWs = [d.to(F64) for d in dWs]
     T, d_in = len(dWs), dWs[0].shape[1]
     I = torch.eye(d_in, dtype=F64)

@@ -1,4 +1,5 @@
-"""Weight averaging and task arithmetic (spec §3.1, §3.2), and the input checks of merge()."""
+"""Weight averaging and task arithmetic (docs/methods.md §Weight averaging, §Task arithmetic), and the input checks of
+merge()."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import acetools
 from acetools.merging import METHODS, merge, task_vectors
 
-from conftest import SHAPES, make_world
+from tests.conftest import SHAPES, make_world
 
 
 def _clone(sd):
@@ -21,7 +22,7 @@ def _tv(base, ex, key):
     return ex[key].double() - base[key].double()
 
 
-# --- the spec equations --------------------------------------------------------------------
+# --- the equations of docs/methods.md --------------------------------------------------------
 
 def test_weight_averaging_is_mean_of_experts(world64):
     base, experts = world64

@@ -10,7 +10,7 @@ import torch
 from acetools.benchmark import SEARCH, Benchmark, Search
 from acetools.search import LAMBDA_GRID
 
-from test_zoo import FINETUNE, PRETRAIN, load_split, pretraining_pool  # the zoo tests' 3-task world
+from tests.test_zoo import FINETUNE, PRETRAIN, load_split, pretraining_pool  # the zoo tests' 3-task world
 
 
 @pytest.fixture(scope="module")

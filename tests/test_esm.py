@@ -1,4 +1,5 @@
-"""ESM (spec §2): stages, the full method against a NumPy transcription of Steps A-D, properties, bad inputs."""
+"""ESM (docs/methods.md §ESM): stages, the full method against a NumPy transcription of Steps A-D, properties, bad
+inputs."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from acetools.merging.esm import (
     truncate_factors,
     whiten,
 )
-from conftest import SHAPES, make_world
+from tests.conftest import SHAPES, make_world
 
 # two blocks, so that the inter-layer polarization compares something
 SHAPES2 = dict(SHAPES)
@@ -38,7 +39,7 @@ for _i in range(2):
                         _b + "mlp.c_fc.weight": (16, 16), _b + "mlp.c_proj.weight": (16, 20),
                         _b + "ln_1.weight": (16,)})
 SHAPES_WIDE.update({"visual.proj": (16, 8), "visual.class_embedding": (16,)})
-N_ROWS = 80  # >= every d_out (64): no null-space ambiguity (spec verification (ii))
+N_ROWS = 80  # >= every d_out (64): no null-space ambiguity (docs/methods.md §ESM, Step A)
 
 
 def world(n_tasks=4, seed=0, dtype=torch.float64, n_rows=N_ROWS, shapes=None):
@@ -70,7 +71,7 @@ def np_basis(X, dW, decomposition):
         lam, V = np.linalg.eigh(dO.T @ dO / (X.shape[0] - 1))
         order = np.argsort(-lam)
         return V[:, order], lam[order]
-    U, S, _ = np.linalg.svd(dW)  # full U: d_out x d_out; but the spec pads with identity columns
+    U, S, _ = np.linalg.svd(dW)  # full U: d_out x d_out; but ESM pads with identity columns
     r = S.shape[0]
     P = np.eye(d_out)
     P[:, :r] = U[:, :r]
@@ -143,7 +144,7 @@ def assert_close_dict(got, want, atol=1e-9, rtol=1e-7):
         np.testing.assert_allclose(got[k].numpy(), want[k], atol=atol, rtol=rtol, err_msg=k)
 
 
-# --------------------------------------------------------------------------- full method vs spec
+# --------------------------------------------------------------------------- full method vs docs/methods.md §ESM
 def test_registered_with_documented_defaults():
     info = METHODS["esm"]
     hp = info.hparams

@@ -1,7 +1,7 @@
 """The course notebooks: hygiene of the committed files and a quick-profile run of each.
 
 Every notebook runs under papermill at ``quick=True`` (the fixture world) through
-``acetools.report`` — the same path as ``acetools report --profile quick`` — with a
+``acetools.course.report`` — the same path as ``acetools report --profile quick`` — with a
 session-wide cache, so the fixture world is built once.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from acetools.report import UnknownParameterError, notebook_parameters, notebook_paths, run_notebook, run_report
+from acetools.course.report import UnknownParameterError, notebook_parameters, notebook_paths, run_notebook, run_report
 
 NOTEBOOKS = notebook_paths()
 IDS = [p.stem for p in NOTEBOOKS]
@@ -31,7 +31,7 @@ def test_the_course_has_its_notebooks_in_order():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_is_clean(path):
-    """STYLE 12: no outputs, no execution counts, python3 kernelspec with language_info."""
+    """docs/style.md §12: no outputs, no execution counts, python3 kernelspec with language_info."""
     raw = json.loads(path.read_text())
     nb = nbformat.reads(path.read_text(), as_version=4)
     nbformat.validate(nb)
@@ -46,7 +46,7 @@ def test_notebook_is_clean(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_has_one_literal_parameters_cell(path):
-    """STYLE 8: one parameters cell, literals with type annotations and a comment each."""
+    """docs/style.md §8: one parameters cell, literals with type annotations and a comment each."""
     nb = nbformat.read(str(path), as_version=4)
     cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(cells) == 1, f"{path.name}: {len(cells)} parameters cells"

@@ -1,6 +1,6 @@
 """Oracle checks of TSV-M, Iso-C, Iso-CTS, WUDI and RegMean against fusion_bench 0.2.33.
 
-fusion_bench is a test oracle only (spec/oracles.md). Traps handled here: pass
+fusion_bench is a test oracle only (docs/methods.md §Oracles). Traps handled here: pass
 ``accelerator="cpu"``; avoid ``text_projection`` (fusion_bench has no such rule); detach WUDI's
 output; RegMean keys must look like ``module.weight``; fusion_bench prints (captured by pytest).
 Shapes have min(d_out, d_in) >= T, plus odd cases (a zero tail in U_cat, a matrix with r < T).

@@ -1,6 +1,6 @@
 """Weight averaging, task arithmetic, TIES and DARE against fusion_bench, mergekit and peft.
 
-Oracles only (spec/oracles.md): each test skips when its library is missing. Agreement is
+Oracles only (docs/methods.md §Oracles): each test skips when its library is missing. Agreement is
 checked on the merged *update* (merged - W0), to 1e-5 of its largest entry.
 """
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from test_benchmark import bench  # noqa: F401  (the module-scoped micro-world benchmark)
+from tests.test_benchmark import bench  # noqa: F401  (the module-scoped micro-world benchmark)
 
 from acetools.regime import RegimeCard, clip_reference, regime_card, summary_row
 from acetools.search import LAMBDA_GRID
@@ -107,6 +107,7 @@ def test_save_and_load_round_trip(card, tmp_path):
     assert back.to_frame()["metric"].tolist() == card.to_frame()["metric"].tolist()
     assert back.value("tsv_norm") == pytest.approx(card.value("tsv_norm"))
     assert back.meta["n_tasks"] == 3 and back.meta["recipe"]["finetune"]["lr"] == 3e-3
+    assert back.meta["recipe"]["pretrain"]["epochs"] == 4  # a trained base records its pretraining
     assert summary_row(back, "x", ["tsv_norm"]) == {"recipe": "x", "tsv_norm": back.value("tsv_norm")}
     with pytest.raises(FileNotFoundError, match="card.json"):
         RegimeCard.load(tmp_path / "nowhere")
@@ -115,8 +116,15 @@ def test_save_and_load_round_trip(card, tmp_path):
 
 
 def test_clip_reference_is_the_paper_table_normalized():
-    from acetools.paper_tables import paper_column
+    from acetools.course.paper_tables import paper_column
+    from acetools.regime import CLIP_B32
 
+    for n in (8, 14, 20):
+        col = paper_column("spec", "ViT-B/32", n, methods_only=False)
+        ours = {"Fine-tuned": "experts (individual)", "Zero-shot": "base (frozen heads)",
+                "Task Arithmetic": "task_arithmetic", "TSV-M": "tsv_m", "Iso-CTS": "iso_cts"}
+        for name, key in ours.items():
+            assert CLIP_B32[name][n] == col[key], (name, n)
     col = paper_column("spec", "ViT-B/32", 8, methods_only=False)
     ref = clip_reference(8)
     ft = col["experts (individual)"]

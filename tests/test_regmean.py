@@ -1,4 +1,4 @@
-"""RegMean (spec §3.9): transcription, least-squares property, special cases, Gram validation."""
+"""RegMean (docs/methods.md §RegMean): transcription, least-squares property, special cases, Gram validation."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from acetools import results
+from acetools.course import benchmark as lesson
 from acetools.benchmark import aggregate_seeds
 
 REF = list(results.REFERENCES[:2])
@@ -183,21 +184,21 @@ def test_rank_agreement_uses_common_methods_only():
 # ----------------------------------------------------------------------------- differences
 def test_paired_difference_margin_from_seed_spread():
     s = summary_rows({("t8", 8): {"x": [80, 82, 84], "y": [79, 80, 83]}})  # diffs 1, 2, 1
-    d = results.paired_difference(s, "t8", "x", "y")
+    d = lesson.paired_difference(s, "t8", "x", "y")
     assert d["diff"] == pytest.approx(4 / 3) and d["sd"] == pytest.approx(np.std([1, 2, 1], ddof=1))
     assert d["margin"] == pytest.approx(max(0.5, d["sd"])) and d["outcome"] == "better"
     noisy = summary_rows({("t8", 8): {"x": [80, 90, 70], "y": [79, 80, 80]}})  # diffs 1, 10, -10
-    assert results.paired_difference(noisy, "t8", "x", "y")["outcome"] == "tie"
+    assert lesson.paired_difference(noisy, "t8", "x", "y")["outcome"] == "tie"
     one = summary_rows({("t8", 8): {"x": [80.3], "y": [80.0]}})
-    d1 = results.paired_difference(one, "t8", "x", "y")
-    assert d1["margin"] == results.MIN_MARGIN and d1["outcome"] == "tie"
-    assert results.paired_difference(one, "t8", "y", "x", floor=0.1)["outcome"] == "worse"
+    d1 = lesson.paired_difference(one, "t8", "x", "y")
+    assert d1["margin"] == lesson.MIN_MARGIN and d1["outcome"] == "tie"
+    assert lesson.paired_difference(one, "t8", "y", "x", floor=0.1)["outcome"] == "worse"
     with pytest.raises(KeyError):
-        results.paired_difference(one, "t8", "x", "nope")
+        lesson.paired_difference(one, "t8", "x", "nope")
 
 
 def test_data_free_methods():
-    assert results.data_free_methods(["base (frozen heads)", "ace", "esm", "regmean", "tsv_m",
+    assert lesson.data_free_methods(["base (frozen heads)", "ace", "esm", "regmean", "tsv_m",
                                       "ace (scaling on val)"]) == ["ace", "tsv_m", "ace (scaling on val)"]
 
 
@@ -208,62 +209,62 @@ def _three(scores_by_suite):
 
 def test_assess_beats_three_verdicts():
     win = _three([{"ace": [90, 91], "tsv_m": [85, 86], "ta": [70, 70]}] * 3)
-    a = results.assess_beats(win, "ace", ["tsv_m", "ta"])
+    a = lesson.assess_beats(win, "ace", ["tsv_m", "ta"])
     assert a.verdict == "reproduced" and "vs tsv_m" in a.measured
     partly = _three([{"ace": [90, 91], "tsv_m": [85, 86]}, {"ace": [85, 86], "tsv_m": [85, 86]},
                      {"ace": [80, 81], "tsv_m": [85, 86]}])
-    assert results.assess_beats(partly, "ace", ["tsv_m"]).verdict == "partly"
+    assert lesson.assess_beats(partly, "ace", ["tsv_m"]).verdict == "partly"
     lose = _three([{"ace": [80, 81], "tsv_m": [85, 86]}] * 2 + [{"ace": [90, 91], "tsv_m": [85, 86]}])
-    assert results.assess_beats(lose, "ace", ["tsv_m"]).verdict == "not reproduced"
+    assert lesson.assess_beats(lose, "ace", ["tsv_m"]).verdict == "not reproduced"
     with pytest.raises(ValueError):
-        results.assess_beats(win, "ace", ["missing"])
+        lesson.assess_beats(win, "ace", ["missing"])
 
 
 def test_assess_grows():
     grows = _three([{"ace": [86, 86], "tsv_m": [85, 85]}, {"ace": [84, 84], "tsv_m": [81, 81]},
                     {"ace": [82, 82], "tsv_m": [75, 75]}])
-    a = results.assess_grows(grows, "ace", ["tsv_m"])
+    a = lesson.assess_grows(grows, "ace", ["tsv_m"])
     assert a.verdict == "reproduced" and a.numbers["change"] == pytest.approx(6.0)
     bumpy = _three([{"ace": [86, 86], "tsv_m": [85, 85]}, {"ace": [90, 90], "tsv_m": [80, 80]},
                     {"ace": [82, 82], "tsv_m": [79, 79]}])  # +1, +10, +3: grows overall, not monotone
-    assert results.assess_grows(bumpy, "ace", ["tsv_m"]).verdict == "partly"
+    assert lesson.assess_grows(bumpy, "ace", ["tsv_m"]).verdict == "partly"
     shrinks = _three([{"ace": [90, 90], "tsv_m": [85, 85]}, {"ace": [88, 88], "tsv_m": [85, 85]},
                       {"ace": [86, 86], "tsv_m": [85, 85]}])
-    assert results.assess_grows(shrinks, "ace", ["tsv_m"]).verdict == "not reproduced"
+    assert lesson.assess_grows(shrinks, "ace", ["tsv_m"]).verdict == "not reproduced"
     noisy = _three([{"ace": [86, 86], "tsv_m": [85, 85]}, {"ace": [86, 86], "tsv_m": [85, 85]},
                     {"ace": [82, 94], "tsv_m": [80, 80]}])  # +1 -> +8 on average, but per-seed +1 -> +2 / +14
-    assert results.assess_grows(noisy, "ace", ["tsv_m"]).verdict == "partly"
+    assert lesson.assess_grows(noisy, "ace", ["tsv_m"]).verdict == "partly"
     trails = _three([{"ace": [80, 80], "tsv_m": [86, 86]}, {"ace": [80, 80], "tsv_m": [84, 84]},
                      {"ace": [80, 80], "tsv_m": [82, 82]}])  # -6 -> -2: the gap narrows, ace never leads
-    t = results.assess_grows(trails, "ace", ["tsv_m"])
+    t = lesson.assess_grows(trails, "ace", ["tsv_m"])
     assert t.verdict == "partly" and "never leads" in t.reason
 
 
 def test_assess_vs_wudi():
     sec = {(s, m): t for s in ("t8", "t14", "t20") for m, t in (("ace", 1.0), ("wudi", 10.0))}
     ok = summary_rows({("t8", 8): {"ace": [85, 86], "wudi": [84, 88]}}, seconds=sec)
-    a = results.assess_vs_wudi(ok)
+    a = lesson.assess_vs_wudi(ok)
     assert a.verdict == "reproduced" and a.numbers["criteria"] == {"not worse": True, "cheaper": True, "stable": True}
     slow = {k: (20.0 if k[1] == "ace" else 1.0) for k in sec}
     partly = summary_rows({("t8", 8): {"ace": [85, 86], "wudi": [84, 88]}}, seconds=slow)
-    assert results.assess_vs_wudi(partly).verdict == "partly"
+    assert lesson.assess_vs_wudi(partly).verdict == "partly"
     bad = summary_rows({("t8", 8): {"ace": [78, 82], "wudi": [88, 89]}}, seconds=slow)  # worse, costlier, noisier
-    assert results.assess_vs_wudi(bad).verdict == "not reproduced"
+    assert lesson.assess_vs_wudi(bad).verdict == "not reproduced"
     single = summary_rows({("t8", 8): {"ace": [85], "wudi": [85]}}, seconds=sec)
-    s1 = results.assess_vs_wudi(single)
+    s1 = lesson.assess_vs_wudi(single)
     assert "stable" not in s1.numbers["criteria"] and s1.verdict == "reproduced"
     # the step-size study: WUDI at its best-on-val learning rate (1e-3: val 79) scores 80 on test
     study = pd.DataFrame({"suite": "t8", "n_tasks": 8, "seed": 0, "method": ["task_arithmetic", "wudi", "wudi", "wudi"],
                           "variant": ["ta", "a", "b", "c"], "lr": [np.nan, 1e-5, 1e-4, 1e-3],
                           "val_normalized": [30.0, 50.0, 78.0, 79.0], "test_normalized": [31.0, 51.0, 81.0, 80.0]})
-    t = results.assess_vs_wudi(ok, step_size=study)  # ace seed 0: 85 > 80
+    t = lesson.assess_vs_wudi(ok, step_size=study)  # ace seed 0: 85 > 80
     assert t.verdict == "reproduced" and t.numbers["criteria"]["not worse than tuned WUDI"]
     assert t.numbers["tuned_wudi"] == [{"suite": "t8", "seed": 0, "lr": 1e-3, "tuned": 80.0, "lo": 51.0, "hi": 81.0,
                                         "ours": 85.0, "diff": 5.0}]
     assert "lr 0.001 gives 80.0 (range over lr 51.0–81.0)" in t.measured
-    beaten = results.assess_vs_wudi(ok, step_size=study.assign(test_normalized=lambda d: d["test_normalized"] + 10))
+    beaten = lesson.assess_vs_wudi(ok, step_size=study.assign(test_normalized=lambda d: d["test_normalized"] + 10))
     assert beaten.verdict == "partly" and not beaten.numbers["criteria"]["not worse than tuned WUDI"]
-    other = results.assess_vs_wudi(ok, step_size=study.assign(suite="t20"))  # no matching suite: ignored
+    other = lesson.assess_vs_wudi(ok, step_size=study.assign(suite="t20"))  # no matching suite: ignored
     assert "not worse than tuned WUDI" not in other.numbers["criteria"]
 
 
@@ -288,30 +289,30 @@ def test_assess_cost_and_overhead():
            ("t8", "esm"): 16.0, ("t14", "esm"): 25.0, ("t20", "esm"): 30.0}
     s = _three([{"ace": [1], "tsv_m": [1], "esm": [1]}] * 3).assign(
         merge_seconds=lambda d: [lin[(a, b)] for a, b in zip(d["suite"], d["method"])])
-    c = results.assess_cost(s)
+    c = lesson.assess_cost(s)
     assert c.verdict == "reproduced" and c.numbers["slope"] == pytest.approx(1.0)
-    assert results.assess_cost(s, max_ratio=1.5).verdict == "partly"  # 20/12 > 1.5
+    assert lesson.assess_cost(s, max_ratio=1.5).verdict == "partly"  # 20/12 > 1.5
     cubic = s.assign(merge_seconds=np.where(s["method"] == "ace", s["n_tasks"] ** 3 / 100.0, 1000.0))
-    assert results.assess_cost(cubic).verdict == "partly"  # cheap, but slope 3
-    assert results.assess_cost(cubic, max_ratio=0.001).verdict == "not reproduced"
-    o = results.assess_overhead(s)
+    assert lesson.assess_cost(cubic).verdict == "partly"  # cheap, but slope 3
+    assert lesson.assess_cost(cubic, max_ratio=0.001).verdict == "not reproduced"
+    o = lesson.assess_overhead(s)
     assert o.verdict == "reproduced" and o.numbers["worst_ratio"] == pytest.approx(2.5)
-    assert results.assess_overhead(s, small=2.0).verdict == "partly"
-    assert results.assess_overhead(s, small=1.0, large=2.0).verdict == "not reproduced"
+    assert lesson.assess_overhead(s, small=2.0).verdict == "partly"
+    assert lesson.assess_overhead(s, small=1.0, large=2.0).verdict == "not reproduced"
 
 
 def test_assess_ordering_from_ranks():
     claimed = pd.Series({"wa": 1.0, "ta": 2.0, "cart": 3.5, "tsv": 3.5, "ace": 5.0})
     same = _three([{"wa": [60, 61], "ta": [65, 66], "cart": [80, 79], "tsv": [81, 80], "ace": [85, 86]}] * 3)
-    a = results.assess_ordering(same, claimed)
+    a = lesson.assess_ordering(same, claimed)
     assert a.verdict == "reproduced" and a.numbers["mean_tau"] == pytest.approx(9 / math.sqrt(10 * 9))
     rev = _three([{"wa": [90], "ta": [80], "cart": [70], "tsv": [69], "ace": [60]}] * 3)
-    assert results.assess_ordering(rev, claimed).verdict == "not reproduced"
+    assert lesson.assess_ordering(rev, claimed).verdict == "not reproduced"
     # one swap of a clear pair (wa above ta) and ace below tsv: tau = (9 - 2 - 2) / sqrt(90) ~ 0.53
     mid = _three([{"wa": [66], "ta": [65], "cart": [79], "tsv": [86], "ace": [85]}] * 3)
-    m = results.assess_ordering(mid, claimed)
+    m = lesson.assess_ordering(mid, claimed)
     assert m.verdict == "partly" and m.numbers["mean_tau"] == pytest.approx(5 / math.sqrt(90))
-    per_n = results.assess_ordering(same, {8: claimed})  # only the 8-task suite has a column
+    per_n = lesson.assess_ordering(same, {8: claimed})  # only the 8-task suite has a column
     assert [r["suite"] for r in per_n.numbers["suites"]] == ["t8"]
 
 
@@ -329,7 +330,7 @@ def _target_world(**over):
 
 
 def _passed(s, **kw):
-    t = results.mini_world_targets(s, small="t8", large="t20", **kw)
+    t = lesson.mini_world_targets(s, small="t8", large="t20", **kw)
     return dict(zip(t["target"], t["passed"]))
 
 
@@ -355,14 +356,14 @@ def test_targets_all_pass_then_each_fails():
 
 
 def test_targets_with_one_suite_do_not_compare_it_with_itself():
-    t = results.mini_world_targets(_target_world(), small="t8", large="t8")
+    t = lesson.mini_world_targets(_target_world(), small="t8", large="t8")
     row = t[t["target"].str.startswith("task arithmetic on")].iloc[0]
     assert row["passed"] is None and math.isnan(row["measured"])
 
 
 def test_targets_without_data_say_so():
     s = summary_rows({("t8", 8): {"ace": [80.0]}, ("t20", 20): {"ace": [70.0]}})
-    t = results.mini_world_targets(s, small="t8", large="t20")
+    t = lesson.mini_world_targets(s, small="t8", large="t20")
     assert t["passed"].isna().sum() >= 5
 
 
@@ -408,7 +409,7 @@ def test_load_merge_speed_filters_blocks_and_errors(tmp_path):
     got = {(r.method, r.n_tasks): r.merge_seconds for r in sp.itertuples()}
     assert got == {("ace", 8): 2.0, ("tsv_m", 8): 4.0, ("ace", 20): 5.0, ("tsv_m", 20): 10.0}
     assert set(sp["suite"]) == {"T8", "T20"}
-    cost = results.assess_cost(sp)  # a summary-like frame: the assessments accept it
+    cost = lesson.assess_cost(sp)  # a summary-like frame: the assessments accept it
     assert [r["ratio"] for r in cost.numbers["rows"]] == pytest.approx([0.5, 0.5])
     assert results.load_merge_speed(tmp_path, blocks=2)["merge_seconds"].tolist() == [99.0]
     assert results.load_merge_speed(tmp_path / "none").empty

@@ -1,4 +1,5 @@
-"""TSV-M, Iso-C, Iso-CTS and CART (spec §3.4, §3.5, §3.7) against loop transcriptions and properties."""
+"""TSV-M, Iso-C, Iso-CTS and CART (docs/methods.md §TSV-M, §Iso-C, §Iso-CTS, §CART) against loop transcriptions and
+properties."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from acetools.merging.svd import (
     tsv_merge_matrix,
     tsv_rank,
 )
-from conftest import make_world
+from tests.conftest import make_world
 
 
 
@@ -61,7 +62,8 @@ def _rel(a, b):
 
 # ----------------------------------------------------------------------------- TSV-M
 def _tsv_transcription(taus, polar_fn=_np_polar):
-    """Spec §3.4 step by step, with explicit loops over tasks and slots (numpy, float64)."""
+    """docs/methods.md §TSV-M, Eqs. (TSV-M.1)-(TSV-M.3), step by step, with explicit loops over tasks and slots (numpy,
+    float64)."""
     X = [t.double().numpy() for t in taus]
     T = len(X)
     d_out, d_in = X[0].shape
@@ -167,7 +169,7 @@ def test_tsv_m_method_alpha_scales_every_key(world):
             assert torch.allclose(one[k], tsv_merge_matrix([tv[k] for tv in tvs]), atol=1e-7)
         else:
             assert torch.allclose(one[k], torch.stack([tv[k] for tv in tvs]).mean(0), atol=1e-7), k
-    assert not one["text_projection"].any()  # not a matrix by the spec's rule; zero task vectors
+    assert not one["text_projection"].any()  # not a matrix (docs/methods.md §Matrix path); zero
 
 
 def test_merge_end_to_end_and_inputs_untouched():

@@ -1,4 +1,5 @@
-"""TIES-Merging (spec §3.3) and DARE (spec §3.8) against brute force, by hand and by statistics."""
+"""TIES-Merging (docs/methods.md §TIES) and DARE (docs/methods.md §DARE) against brute force, by hand and by
+statistics."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from acetools.merging.ties import (
     trim_threshold,
 )
 
-from conftest import make_world
+from tests.conftest import make_world
 
 
 def _sgn(x: float) -> int:
@@ -32,7 +33,7 @@ def _sgn(x: float) -> int:
 
 
 def ties_brute_force(tvs, k, scope, merge_func, lam=1.0):
-    """Spec §3.3 with explicit Python loops over coordinates.
+    """docs/methods.md §TIES, Eqs. (TIES.1)-(TIES.3), with explicit Python loops over coordinates.
 
     ``tvs`` is a list (one per task) of ``{key: list of floats}``. Returns ``{key: list}``.
     """

@@ -1,4 +1,4 @@
-"""WUDI-Merging (spec §3.6): loss transcription, analytic gradient vs autograd, Adam, key rules."""
+"""WUDI-Merging (docs/methods.md §WUDI): loss transcription, analytic gradient vs autograd, Adam, key rules."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import acetools
 from acetools.merging import is_matrix_param
 from acetools.merging.wudi import VIT_TARGETS, wudi, wudi_grad, wudi_loss, wudi_matrix
-from conftest import make_world
+from tests.conftest import make_world
 
 
 

@@ -1,6 +1,6 @@
 """The online suites: torchvision datasets as 32×32 RGB uint8 tasks (``SUITES["online8"]`` ...).
 
-These are the papers' benchmarks (spec §0) for users with internet and a GPU. Nothing is
+These are the papers' benchmarks (docs/methods.md §Benchmark protocol) for users with internet and a GPU. Nothing is
 ever downloaded unless the caller passes ``allow_download=True``; without it each dataset
 is opened from ``<root>/torchvision/`` with ``download=False`` and a missing one raises
 :class:`DataSourceError` saying how to get it.

@@ -32,9 +32,9 @@ StateDict = Mapping[str, Tensor]
 
 
 def is_matrix_param(key: str, tensor: Tensor) -> bool:
-    """The spec's "is it a matrix?" rule: ``ndim == 2`` and not ``text_projection``.
+    """The "is it a matrix?" rule of docs/methods.md §Matrix path: ``ndim == 2`` and not ``text_projection``.
 
-    This is the rule of the TSV, Iso, ESM and ACE code (spec, CLIP parameter inventory).
+    This is the rule of the TSV, Iso, ESM and ACE code (docs/methods.md §Matrix path).
     Pass another predicate as ``merge(..., is_matrix=...)`` to change it.
     """
     return tensor.ndim == 2 and "text_projection" not in key
@@ -113,7 +113,7 @@ def task_vectors(
     dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> list[dict[str, Tensor]]:
-    """Task vectors tau_t = W_t - W0 for every key, one dict per expert (spec, Notation).
+    """Task vectors tau_t = W_t - W0 for every key, one dict per expert (docs/methods.md §Notation).
 
     Computed in float32 (float64 inputs stay float64) unless ``dtype`` is given; new
     tensors, inputs untouched.
@@ -152,7 +152,7 @@ def merge(
 
     Returns W0 + merged update for every key of ``base``, in the dtype of ``base`` and on
     ``device`` (default CPU). ``is_matrix(key, tensor)`` chooses which keys take the matrix
-    path (default :func:`is_matrix_param`, the spec's rule). ``hparams`` are the method's
+    path (default :func:`is_matrix_param`, the rule of docs/methods.md §Matrix path). ``hparams`` are the method's
     hyperparameters, listed with defaults in ``METHODS[method].hparams``; unknown or
     out-of-range ones raise. ``progress`` shows a bar over the keys (``None``: only in
     interactive sessions). Inputs are never modified.

@@ -27,7 +27,7 @@ def thin_svd(M: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def polar(M: Tensor) -> Tensor:
     """Orthogonal polar factor P Q^T of ``M = P S Q^T`` (thin SVD).
 
-    The closest matrix to ``M`` with orthonormal rows or columns (spec, Notation: the
+    The closest matrix to ``M`` with orthonormal rows or columns (docs/methods.md §Notation: the
     papers' "whitening", "orthogonalization" or "Procrustes"). Invariant to the SVD's
     sign/rotation ambiguity.
     """

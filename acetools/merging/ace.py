@@ -1,4 +1,4 @@
-"""ACE-Merging (Xu et al., CVPR 2026; arXiv 2603.02945), stage by stage (spec §1).
+"""ACE-Merging (Xu et al., CVPR 2026; arXiv 2603.02945), stage by stage (docs/methods.md §ACE).
 
 ACE merges each d_out × d_in matrix in closed form,
 
@@ -9,14 +9,14 @@ vector ΔW_t alone (Theorem 1: Sigma_t ∝ Cov[ΔW_t]). Every stage is a public 
 notebook can stop after any of them and look:
 
 ====================  ===================================================  =============
-stage                 function                                             spec / paper
+stage                 function                                             docs/methods.md §ACE; paper
 ====================  ===================================================  =============
-energies, gamma       :func:`task_energies`, :func:`heterogeneity`          §1(a)2, eq. 7
-Sigma_hat_t           :func:`estimate_covariance` (+ :func:`center_rows`)   §1(a)3, eqs 5-6
-Sigma_tilde, Sigma_reg :func:`normalize_covariances`                        §1(a)4, eqs 8-10
-C_agg                 :func:`structural_prior`                              §1(a)5, eqs 11-13
-W_bar_pre             :func:`closed_form`                                   §1(a)6, eq. 14
-W_bar                 :func:`spectral_refine`                               §1(a)7, eqs 15-19
+energies, gamma       :func:`task_energies`, :func:`heterogeneity`          (ACE.5)-(ACE.6), eq. 7
+Sigma_hat_t           :func:`estimate_covariance` (+ :func:`center_rows`)   (ACE.3)-(ACE.4), eqs 5-6
+Sigma_tilde, Sigma_reg :func:`normalize_covariances`                        (ACE.7)-(ACE.8), eqs 8-10
+C_agg                 :func:`structural_prior`                              (ACE.9), eqs 11-13
+W_bar_pre             :func:`closed_form`                                   (ACE.10), eq. 14
+W_bar                 :func:`spectral_refine`                               (ACE.11)-(ACE.13), eqs 15-19
 one matrix            :func:`ace_matrix` -> (W_bar, :class:`ACEDiagnostics`)
 a state dict          :func:`ace_with_diagnostics`; registered as ``merge("ace", ...)``
 ====================  ===================================================  =============
@@ -30,15 +30,15 @@ reproduces earlier methods. ``estimator`` picks Sigma_hat_t and, through
 * ``"ace"``: Sigma_hat_t = W̃_tᵀ W̃_t with W̃_t the row-centred ΔW_t (eqs 5-6); the full method.
 * ``"identity"``: Sigma_hat_t = I, raw numerator, no prior, gate off. Then
   Sigma_reg,t = (1 + eps) I for every t and eq. 14 gives (1/T) sum_t ΔW_t: weight averaging,
-  exactly, for every eps (spec §3.1).
+  exactly, for every eps (docs/methods.md §Weight averaging).
 * ``"wudi"``: Sigma_hat_t = ΔW_tᵀ ΔW_t / ||ΔW_t||_F^p (norm-weighted outer product), raw
   numerator, no prior, gate off. With eps = 0 eq. 14 is the stationary point of WUDI's loss
-  L(W) = sum_t ||(W - ΔW_t) ΔW_tᵀ||_F² / ||ΔW_t||_F^p (spec §3.6), hence its minimiser
+  L(W) = sum_t ||(W - ΔW_t) ΔW_tᵀ||_F² / ||ΔW_t||_F^p (docs/methods.md §WUDI), hence its minimiser
   (L is a convex quadratic): grad L = 2 sum_t (W - ΔW_t) Sigma_t = 0. Where sum_t Sigma_t is
   singular (T·rank < d_in) the minimiser is not unique: the pseudo-inverse picks one, while
   WUDI's Adam run keeps its initial value in the null space. eps > 0 adds a ridge.
 * ``"given"``: Sigma_t supplied by the caller (``covariances``), raw numerator, no prior, gate
-  off: eq. 14 becomes RegMean's solve (spec §3.9, without the off-diagonal shrink). With eps = 0
+  off: eq. 14 becomes RegMean's solve (docs/methods.md §RegMean, without the off-diagonal shrink). With eps = 0
   and the true input covariances of linear-regression tasks it returns the joint least-squares
   solution (sum_t W_t Sigma_t)(sum_t Sigma_t)^-1 (W0 cancels).
 """
@@ -82,7 +82,7 @@ __all__ = [
 ESTIMATORS = ("ace", "identity", "wudi", "given")
 _LOG_FLOOR = 1e-12  # log(e + 1e-12) and mean(l)^2 + 1e-12 in eq. 7 (official code)
 _TRACE_FLOOR = 1e-12  # tr_t = Tr(Sigma_hat_t) + 1e-12 (official code)
-_ENERGY_FLOOR = 1e-12  # flagged prior divided by mean energy + 1e-12 (spec, verification 1.)
+_ENERGY_FLOOR = 1e-12  # flagged prior divided by mean energy + 1e-12 (docs/methods.md §ACE, Eq. (ACE.9))
 
 
 class Switches(NamedTuple):
@@ -113,7 +113,7 @@ def estimator_preset(
     ========== ======= ======= ==========
     estimator  gate    prior   numerator
     ========== ======= ======= ==========
-    ace        auto    True    centered    (the paper's method, spec §1(a))
+    ace        auto    True    centered    (the paper's method, docs/methods.md §ACE)
     identity   off     False   raw         (= weight averaging exactly)
     wudi       off     False   raw         (= WUDI's quadratic minimiser, eps=0)
     given      off     False   raw         (= RegMean's solve, eps=0)
@@ -157,10 +157,11 @@ def task_energies(delta_W: Sequence[Tensor]) -> Tensor:
 
 
 def heterogeneity(delta_W: Sequence[Tensor]) -> float:
-    """The heterogeneity statistic gamma of one layer (eq. 7 of ACE-Merging; spec §1(a)2).
+    """The heterogeneity statistic gamma of one layer (eq. 7 of ACE-Merging; docs/methods.md §ACE,
+    Eqs. (ACE.5)-(ACE.6)).
 
     gamma = Var_t(l_t) / (Mean_t(l_t)² + 1e-12) with l_t = log(||ΔW_t||_F² + 1e-12) and the
-    *unbiased* (T-1) variance, as in the official code (spec §1(d) Proposal: T-1). For T = 1
+    *unbiased* (T-1) variance, as in the official code (docs/methods.md §ACE: T-1, as the code). For T = 1
     gamma = 0 (the code's variance is NaN there, so its flag is false too).
 
     Note that gamma is not scale-invariant: multiplying every ΔW_t by c shifts every l_t by
@@ -247,7 +248,7 @@ def _eye_like(S: Tensor) -> Tensor:
 
 
 def normalize_covariances(Sigma_hat: Sequence[Tensor], *, eps: float = 1e-2, normalize: bool = False) -> NormalizedCovariances:
-    """Adaptive trace normalisation and Tikhonov regularisation (eqs 8-10; spec §1(a)4).
+    """Adaptive trace normalisation and Tikhonov regularisation (eqs 8-10; docs/methods.md §ACE, Eqs. (ACE.7)-(ACE.8)).
 
     tr_t = Tr(Sigma_hat_t) + 1e-12. If ``normalize`` (ACE: the layer is flagged
     heterogeneous and ``trace_norm`` is on): Σ̃_t = Sigma_hat_t / tr_t and
@@ -271,7 +272,7 @@ def normalize_covariances(Sigma_hat: Sequence[Tensor], *, eps: float = 1e-2, nor
 
 
 def structural_prior(Sigma_tilde: Sequence[Tensor], *, energy: float | None = None) -> Tensor:
-    """The collective structural prior C_agg = 1 cᵀ (eqs 11-13 of ACE-Merging; spec §1(a)5).
+    """The collective structural prior C_agg = 1 cᵀ (eqs 11-13 of ACE-Merging; docs/methods.md §ACE, Eq. (ACE.9)).
 
     c = (1/d_in) 1ᵀ sum_t Σ̃_t, the column means of the summed *unregularised* Σ̃_t; every row
     of C_agg equals c, so C_agg is not symmetric. If ``energy`` is given (ACE passes the mean
@@ -297,12 +298,12 @@ def closed_form(
 ) -> Tensor:
     """W_bar_pre = (sum_t N_t Sigma_reg,t)(sum_t Sigma_reg,t + C_agg)^-1 (eq. 14 of ACE-Merging).
 
-    ``numerators`` are the N_t: the row-centred W̃_t in ACE (spec §1(a)6: the official code
+    ``numerators`` are the N_t: the row-centred W̃_t in ACE (docs/methods.md §ACE, Eq. (ACE.10): the official code
     and eq. 14 use W̃_t, so every column of the result sums to zero) or the raw ΔW_t.
     ``Sigma_reg`` is a :class:`NormalizedCovariances` or a list of Sigma_reg,t matrices.
     Solved in float64 with :func:`acetools.merging._linalg.solve_right`; if the system is
     singular it falls back to the pseudo-inverse with a ``RuntimeWarning`` naming ``name``
-    (with eps > 0 this cannot happen, spec verification note 5). Returns float64.
+    (with eps > 0 this cannot happen, docs/methods.md §ACE). Returns float64.
     """
     T = len(numerators)
     if T == 0:
@@ -356,14 +357,14 @@ def spectral_refine(
     k_frac: float = 0.3,
     name: str = "",
 ) -> Refinement:
-    """Spectral refinement (eqs 15-19 of ACE-Merging; spec §1(a)7).
+    """Spectral refinement (eqs 15-19 of ACE-Merging; docs/methods.md §ACE, Eqs. (ACE.11)-(ACE.13)).
 
     Δ_res = sum_t ΔW_t (Σ̃_t - Σ̄_reg) with the *uncentred* ΔW_t, the unregularised Σ̃_t and
     Σ̄_reg = mean_t Sigma_reg,t (ridge included); W_fused = W_bar_pre + Δ_res = U S Vᵀ;
     k = floor(k_frac · min(d_out, d_in)); sigma_iso = mean(S[:k]);
     W_bar = W_bar_pre + sigma_iso U[:, :k] V[:, :k]ᵀ. The refinement is *added* to W_bar_pre:
     Δ_res only chooses the directions. When k = 0 the official code returns NaN; here the
-    layer is left unrefined with a ``RuntimeWarning`` naming ``name`` (spec verification 2.).
+    layer is left unrefined with a ``RuntimeWarning`` naming ``name`` (docs/methods.md §ACE, Eq. (ACE.13)).
     """
     if not 0.0 <= k_frac <= 1.0:
         raise ValueError(f"k_frac={k_frac!r} must be in [0, 1]")
@@ -449,7 +450,7 @@ def ace_matrix(
     name: str = "",
     spectra: bool = False,
 ) -> tuple[Tensor, ACEDiagnostics]:
-    """ACE-Merging for one matrix: the composition of the stages (spec §1(a) steps 2-7).
+    """ACE-Merging for one matrix: the composition of the stages (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.13)).
 
     ``delta_W`` are the T task vectors ΔW_t (d_out × d_in) of one layer. Returns the merged
     task vector W_bar (before ``scaling``; input dtype) and an :class:`ACEDiagnostics`.
@@ -459,14 +460,14 @@ def ace_matrix(
     2. Sigma_hat_t = :func:`estimate_covariance` (``estimator``), or ``Sigma`` for "given".
     3. :func:`normalize_covariances` with ``normalize = flag and trace_norm``.
     4. C_agg = :func:`structural_prior` (if ``prior``), divided by the mean energy when the
-       layer is flagged (spec §1(a)5 ties this to the flag, so it does not follow
+       layer is flagged (docs/methods.md §ACE, Eq. (ACE.9) ties this to the flag, so it does not follow
        ``trace_norm``).
     5. W_bar_pre = :func:`closed_form` with N_t = W̃_t (``numerator="centered"``) or ΔW_t.
     6. If flag and ``refine``: W_bar = :func:`spectral_refine` (W_bar_pre, ...).
 
     ``gate``, ``prior`` and ``numerator`` default to the estimator's preset
     (:func:`estimator_preset`; for "ace": "auto", True, "centered" — the paper's method).
-    Defaults tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's (spec §1(b); the
+    Defaults tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's (docs/methods.md §ACE; the
     paper's ViT eps is reported as 1e-5). Memory: O(T d_in²) float64.
     """
     for pname, val in (("tau", tau), ("eps", eps), ("k_frac", k_frac), ("wudi_p", wudi_p),
@@ -573,11 +574,13 @@ def _check_in_out_keys(value: Any) -> str | None:
 
 @register(
     "ace",
-    "ACE-Merging: closed-form merge with covariances estimated from the task vectors (Xu et al. 2026; spec §1)",
+    "ACE-Merging: closed-form merge with covariances estimated from the task vectors "
+    "(Xu et al. 2026; docs/methods.md §ACE)",
     tau=Param(0.3, "heterogeneity threshold: the layer is flagged when gamma > tau (eq. 7)", low=0.0),
     eps=Param(1e-2, "Tikhonov strength (eqs 9-10): eps I, or eps/tr_t I on normalised layers", low=0.0),
     k_frac=Param(0.3, "refined rank k = floor(k_frac * min(d_out, d_in)) (eq. 18)", low=0.0, high=1.0),
-    scaling=Param(1.0, "s in theta = theta0 + s * W_bar, applied to every key (spec §1(a)8)", low=0.0),
+    scaling=Param(1.0, "s in theta = theta0 + s * W_bar, applied to every key (docs/methods.md §ACE, Eq. (ACE.14))",
+                  low=0.0),
     gate=Param(None, "heterogeneity gate: 'auto' (gamma > tau), 'on', 'off'; None = estimator preset", choices=(None, "auto", "on", "off")),
     trace_norm=Param(True, "trace-normalise the covariances on flagged layers (eq. 8)", types=(bool,)),
     prior=Param(None, "add the collective structural prior C_agg (eqs 11-13); None = estimator preset", types=(bool, type(None))),
@@ -586,13 +589,14 @@ def _check_in_out_keys(value: Any) -> str | None:
     estimator=Param("ace", "covariance estimator: 'ace' (eqs 5-6), 'identity' (= weight averaging), 'wudi', 'given'", choices=ESTIMATORS),
     covariances=Param(None, "for estimator='given': one {key: Sigma_t (d_in x d_in)} dict per expert", check=_check_covariances_param),
     wudi_p=Param(2.0, "norm power p of the 'wudi' estimator Sigma_t = tau_tᵀ tau_t / ||tau_t||_F^p", low=0.0),
-    in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the official code (spec §1(d))", check=_check_in_out_keys),
+    in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the "
+                      "official code (docs/methods.md §ACE)", check=_check_in_out_keys),
 )
 def ace(base, task_vectors, *, is_matrix, **hparams):
-    """ACE-Merging on a state dict (spec §1): ``merge("ace", base, experts, ...)``.
+    """ACE-Merging on a state dict (docs/methods.md §ACE): ``merge("ace", base, experts, ...)``.
 
     Matrix keys (``is_matrix``) get :func:`ace_matrix`; every other key the mean
-    (1/T) sum_t tau_t (spec §1(a)1); all are multiplied by ``scaling``. See
+    (1/T) sum_t tau_t (docs/methods.md §ACE, Eq. (ACE.14)); all are multiplied by ``scaling``. See
     :func:`ace_with_diagnostics` for the hyperparameters and the per-layer diagnostics.
     """
     update, _ = ace_with_diagnostics(base, task_vectors, is_matrix=is_matrix, **hparams)
@@ -610,7 +614,7 @@ def ace_with_diagnostics(
     """ACE's merged update for every key of ``base`` and an :class:`ACEDiagnostics` per matrix.
 
     Hyperparameters (defaults as registered in ``METHODS["ace"]``): ``tau=0.3, eps=1e-2,
-    k_frac=0.3, scaling=1.0`` (official code, spec §1(b)); switches ``gate, trace_norm,
+    k_frac=0.3, scaling=1.0`` (official code, docs/methods.md §ACE); switches ``gate, trace_norm,
     prior, refine, numerator`` (see :func:`ace_matrix`; ``None`` = the estimator's preset,
     which for ``estimator="ace"`` is the paper's method); ``estimator`` and, for
     ``"given"``, ``covariances``: one dict per expert mapping matrix keys to Sigma_t
@@ -619,7 +623,7 @@ def ace_with_diagnostics(
     only is an error. ``in_out_keys``: names or fnmatch patterns of matrices stored in × out
     (CLIP ``visual.proj``, GPT-2 ``Conv1D``); they are transposed to d_out × d_in before ACE
     and back after. Default ``()`` keeps every matrix as stored, as the official code does
-    (spec §1(d) Proposal). ``is_matrix`` defaults to :func:`acetools.merging.is_matrix_param`.
+    (docs/methods.md §ACE). ``is_matrix`` defaults to :func:`acetools.merging.is_matrix_param`.
     """
     if is_matrix is None:
         from . import is_matrix_param as is_matrix

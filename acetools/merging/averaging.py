@@ -1,4 +1,4 @@
-"""Weight averaging and task arithmetic (spec §3.1, §3.2)."""
+"""Weight averaging and task arithmetic (docs/methods.md §Weight averaging, §Task arithmetic)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,18 @@ def mean_update(task_vectors: list[dict[str, Tensor]], key: str) -> Tensor:
     return torch.stack([tv[key] for tv in task_vectors]).mean(0)
 
 
-@register("weight_averaging", "theta0 + (1/T) sum_t tau_t: plain averaging of the experts (spec §3.1)")
+@register("weight_averaging",
+          "theta0 + (1/T) sum_t tau_t: plain averaging of the experts (docs/methods.md §Weight averaging)")
 def weight_averaging(base, task_vectors, *, is_matrix):
-    """Weight averaging, spec §3.1: theta = (1/T) sum_t theta_t, on every key."""
+    """Weight averaging, docs/methods.md §Weight averaging: theta = (1/T) sum_t theta_t, on every key."""
     return {k: mean_update(task_vectors, k) for k in base}
 
 
 @register(
     "task_arithmetic",
-    "theta0 + lam * sum_t tau_t (Ilharco et al. 2023; spec §3.2)",
+    "theta0 + lam * sum_t tau_t (Ilharco et al. 2023; docs/methods.md §Task arithmetic)",
     lam=Param(0.3, "scaling of the summed task vectors", low=0.0),
 )
 def task_arithmetic(base, task_vectors, *, is_matrix, lam):
-    """Task arithmetic, spec §3.2: theta = theta0 + lam * sum_t tau_t on every key."""
+    """Task arithmetic, docs/methods.md §Task arithmetic: theta = theta0 + lam * sum_t tau_t on every key."""
     return {k: lam * torch.stack([tv[k] for tv in task_vectors]).sum(0) for k in base}

@@ -1,4 +1,4 @@
-"""ESM: Model Merging in the Essential Subspace (Li, Qi, Tian, Geng; CVPR 2026), spec §2.
+"""ESM: Model Merging in the Essential Subspace (Li, Qi, Tian, Geng; CVPR 2026), docs/methods.md §ESM.
 
 ESM is exposed stage by stage so that a notebook can stop after any of them and look:
 
@@ -20,7 +20,7 @@ Step D  alpha                 ``alpha``/``alpha_scope`` of the registered method
 
 The full method, :func:`esm`, is registered as ``"esm"`` and is their composition. It needs
 the proxy input activations X_t of every target layer, captured inside task t's *fine-tuned*
-model (spec §2 Step A; :func:`acetools.activations.capture_inputs` does the capture).
+model (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2); :func:`acetools.activations.capture_inputs` does the capture).
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ __all__ = [
     "esm",
 ]
 
-#: open_clip parameter names of the ESD layers (spec §2 Step A, "Target layers").
+#: open_clip parameter names of the ESD layers (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2), "Target layers").
 DEFAULT_TARGETS: tuple[str, ...] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-#: The four CLIP block types compared by the inter-layer polarization (spec §2 Step C).
+#: The four CLIP block types compared by the inter-layer polarization (docs/methods.md §ESM, Eq. (ESM.10)).
 CLIP_LAYER_TYPES: tuple[str, ...] = (
     "attn.in_proj_weight",
     "attn.out_proj.weight",
@@ -100,14 +100,14 @@ def _as_rows(X: Tensor, d_in: int, where: str = "X") -> Tensor:
         )
     X = X.reshape(-1, d_in)
     if X.shape[0] < 1:
-        raise ValueError(f"{where} has N=0 rows; ESD needs at least one proxy token (spec §2 uses 32 images)")
+        raise ValueError(f"{where} has N=0 rows; ESD needs at least one proxy token (the paper uses 32 images)")
     if not X.is_floating_point():
         raise TypeError(f"{where} has dtype {X.dtype}; input activations must be floating point")
     return X
 
 
 def essential_subspace(X: Tensor | None, delta_W: Tensor, decomposition: str = "esd") -> Subspace:
-    """Essential Subspace Decomposition of one task's update, spec §2 Step A.
+    """Essential Subspace Decomposition of one task's update, docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2).
 
     ``decomposition="esd"`` (default): uncentred PCA of the activation shift
     dO = X delta_W^T (N x d_out) via the thin SVD dO = U S V^T; ``P = V``, ``lam = S^2/(N-1)``
@@ -122,7 +122,7 @@ def essential_subspace(X: Tensor | None, delta_W: Tensor, decomposition: str = "
 
     ``X`` is N x d_in (any leading dims are flattened into rows); ``delta_W`` is d_out x d_in.
     Both are left untouched. Past rank(X delta_W^T) the directions are an arbitrary null-space
-    basis (spec verification (ii)).
+    basis (docs/methods.md §ESM, Step A).
     """
     if decomposition not in _DECOMPOSITIONS:
         raise ValueError(f"decomposition={decomposition!r} is not one of {list(_DECOMPOSITIONS)}")
@@ -152,17 +152,18 @@ def essential_subspace(X: Tensor | None, delta_W: Tensor, decomposition: str = "
 
 
 def task_coordinates(P: Tensor, delta_W: Tensor) -> Tensor:
-    """Coordinates A_t = P_t^T delta_W_t (d_out x d_in) of the update in the basis P_t, spec §2 Step A."""
+    """Coordinates A_t = P_t^T delta_W_t (d_out x d_in) of the update in the basis P_t, docs/methods.md §ESM,
+    Eqs. (ESM.1)-(ESM.2)."""
     return P.T @ delta_W
 
 
 # --------------------------------------------------------------------------- Step B
 def rank_budget(d_out: int, n_tasks: int) -> int:
-    """Per-task rank k = ``int(d_out * (1/n_tasks))``, spec §2 Step B and verification (i).
+    """Per-task rank k = ``int(d_out * (1/n_tasks))``, docs/methods.md §ESM, Eq. (ESM.3).
 
     This is the official ``int(vec.shape[0] * (1/T))``, which equals floor(d_out/T) for every
     CLIP shape but not always (98 with T = 49 gives 1). Where it would be 0 (d_out < T) it is
-    raised to 1, as in the RoBERTa code (spec verification (iii)); the ViT code would fail there.
+    raised to 1, as in the RoBERTa code (docs/methods.md §ESM); the ViT code would fail there.
     """
     if n_tasks < 1:
         raise ValueError(f"n_tasks={n_tasks} must be >= 1")
@@ -170,7 +171,7 @@ def rank_budget(d_out: int, n_tasks: int) -> int:
 
 
 def polar_scales(norms: Tensor, power: float = 2.0) -> Tensor:
-    """Polarized scaling factors (n_i / mean_i n_i)^power, spec §2 Steps B1, B4 and C.
+    """Polarized scaling factors (n_i / mean_i n_i)^power, docs/methods.md §ESM, Eqs. (ESM.4), (ESM.7), (ESM.10).
 
     ``power=2`` is the paper's default at every level; ``power=-1`` is its "reciprocal"
     ablation (the larger norm gets the smaller factor); ``power=0`` switches scaling off.
@@ -185,7 +186,7 @@ def polar_scales(norms: Tensor, power: float = 2.0) -> Tensor:
 
 
 def polarize_tasks(A: Sequence[Tensor], power: float = 2.0, norms: Sequence[float] | Tensor | None = None) -> list[Tensor]:
-    """Inter-task polarization, spec §2 Step B1: A_t <- s_t A_t, s_t = (n_t / mean_i n_i)^power.
+    """Inter-task polarization, docs/methods.md §ESM, Eq. (ESM.4): A_t <- s_t A_t, s_t = (n_t / mean_i n_i)^power.
 
     n_t = ||A_t||_F of the *full* (untruncated) coordinates, as in the code; pass ``norms``
     when ``A`` holds already-truncated factors (that is what :func:`esm_merge_matrix` does, so
@@ -201,7 +202,7 @@ def polarize_tasks(A: Sequence[Tensor], power: float = 2.0, norms: Sequence[floa
 
 
 def eigen_weights(lam: Tensor, power: float = 0.15) -> Tensor:
-    """Eigenvalue weights e = (lam / mean lam)^power renormalized to mean 1, spec §2 Step B2.
+    """Eigenvalue weights e = (lam / mean lam)^power renormalized to mean 1, docs/methods.md §ESM, Eq. (ESM.5).
 
     ``lam`` is the top-k eigenvalues of one task. ``power=0.15`` is the code's value (the
     paper omits this step; ``power=0`` switches it off). If all k eigenvalues are zero the
@@ -215,7 +216,7 @@ def eigen_weights(lam: Tensor, power: float = 0.15) -> Tensor:
 
 
 def truncate_factors(sub: Subspace, A: Tensor, k: int, eig_power: float = 0.15) -> tuple[Tensor, Tensor]:
-    """Keep the top ``k`` components, weighted by e, spec §2 Step B2.
+    """Keep the top ``k`` components, weighted by e, docs/methods.md §ESM, Eq. (ESM.5).
 
     Returns P_hat = P[:, :k] diag(e) (d_out x k) and A_hat = diag(e) A[:k, :] (k x d_in); e is
     applied to *both* factors, so their product carries e^2 (as in the code).
@@ -225,12 +226,13 @@ def truncate_factors(sub: Subspace, A: Tensor, k: int, eig_power: float = 0.15) 
 
 
 def concatenate_factors(P_hats: Sequence[Tensor], A_hats: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-    """P_cat = [P_hat_1 | ... | P_hat_T] (d_out x Tk) and A_cat = [A_hat_1; ...; A_hat_T] (Tk x d_in), spec §2 Step B3."""
+    """P_cat = [P_hat_1 | ... | P_hat_T] (d_out x Tk) and A_cat = [A_hat_1; ...; A_hat_T] (Tk x d_in),
+    docs/methods.md §ESM, Eq. (ESM.6)."""
     return torch.cat(list(P_hats), dim=1), torch.cat(list(A_hats), dim=0)
 
 
 def polarize_dimensions(A_cat: Tensor, power: float = 2.0) -> Tensor:
-    """Inter-dimension polarization, spec §2 Step B4: column j times (c_j / mean_j c_j)^power.
+    """Inter-dimension polarization, docs/methods.md §ESM, Eq. (ESM.7): column j times (c_j / mean_j c_j)^power.
 
     c_j = ||A_cat[:, j]||_2 is the norm of input column j over all tasks' components.
     Returns a new tensor.
@@ -239,7 +241,7 @@ def polarize_dimensions(A_cat: Tensor, power: float = 2.0) -> Tensor:
 
 
 def whiten(M: Tensor) -> Tensor:
-    """Whitening, spec §2 Step B5: polar(M) times the mean singular value of M.
+    """Whitening, docs/methods.md §ESM, Eq. (ESM.8): polar(M) times the mean singular value of M.
 
     The result has orthonormal columns (or rows) up to that scale c: for a tall full-rank
     M, whiten(M)^T whiten(M) = c^2 I.
@@ -262,7 +264,7 @@ def esm_merge_matrix(
     eig_power: float = 0.15,
     const: float = 2.0,
 ) -> Tensor:
-    """Merged update of one ESD layer, spec §2 Steps A and B1-B6 (no beta, no alpha).
+    """Merged update of one ESD layer, docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.9) (no beta, no alpha).
 
     ``taus`` are the T task vectors (d_out x d_in) of the layer, ``Xs`` their proxy input
     activations (N_t x d_in, captured in each fine-tuned model; unused for
@@ -303,7 +305,7 @@ def _matches(pattern: str, key: str) -> bool:
 
 
 def _layer_type(key: str, layer_types: Sequence[str]) -> str | None:
-    for ty in layer_types:  # first match; the CLIP types never overlap (spec verification (iii))
+    for ty in layer_types:  # first match; the CLIP types never overlap (docs/methods.md §ESM)
         if _matches(ty, key):
             return ty
     return None
@@ -315,7 +317,7 @@ def layer_scales(
     layer_types: Sequence[str] = CLIP_LAYER_TYPES,
     power: float = 2.0,
 ) -> dict[str, float]:
-    """Inter-layer factors beta_l = (||dW_l||_F / m_type)^power, spec §2 Step C.
+    """Inter-layer factors beta_l = (||dW_l||_F / m_type)^power, docs/methods.md §ESM, Eq. (ESM.10).
 
     m_type is the mean Frobenius norm over the keys of ``keys`` (default: all of
     ``updates``) whose name contains that type (first matching type in ``layer_types``; each
@@ -342,7 +344,8 @@ def polarize_layers(
     layer_types: Sequence[str] = CLIP_LAYER_TYPES,
     power: float = 2.0,
 ) -> dict[str, Tensor]:
-    """Inter-layer polarization, spec §2 Step C: every typed key times its :func:`layer_scales` beta.
+    """Inter-layer polarization, docs/methods.md §ESM, Eq. (ESM.10): every typed key times its :func:`layer_scales`
+    beta.
 
     Returns a new dict with every key of ``updates``; keys without a type (or outside
     ``keys``) are passed through unchanged. ``power=-1`` is the "reciprocal" ablation.
@@ -429,7 +432,7 @@ def _activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
 @register(
     "esm",
     "Essential Subspace Merging: PCA of the activation shift X dW^T per task, polarized "
-    "scaling at task, dimension and layer level, whitening (Li et al., CVPR 2026; spec §2)",
+    "scaling at task, dimension and layer level, whitening (Li et al., CVPR 2026; docs/methods.md §ESM)",
     activations=Param(
         None,
         "proxy input activations of every ESD layer, captured in each task's fine-tuned model: "
@@ -437,7 +440,7 @@ def _activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
         "decomposition='esd'",
         check=_check_activations,
     ),
-    alpha=Param(1.0, "merge coefficient alpha (spec §2 Step D; chosen on validation in the paper)", low=0.0,
+    alpha=Param(1.0, "merge coefficient alpha (docs/methods.md §ESM, Eq. (ESM.11); chosen on validation)", low=0.0,
                 check=_finite_number),
     alpha_scope=Param("esd", "'esd': alpha scales the ESD layers only (evaluation code, default); "
                       "'all': every key (the saved fused model)", choices=("esd", "all")),
@@ -479,20 +482,20 @@ def esm(
     targets: Sequence[str] = DEFAULT_TARGETS,
     layer_types: Sequence[str] = CLIP_LAYER_TYPES,
 ) -> dict[str, Tensor]:
-    r"""ESM merged update for every key, spec §2 (Steps A-D).
+    r"""ESM merged update for every key, docs/methods.md §ESM.
 
     - ESD layers: matrix keys (``is_matrix``) whose name contains one of ``targets``
       (default ``attn.in_proj_weight``, ``mlp.c_fc.weight``, ``mlp.c_proj.weight``) get
       :func:`esm_merge_matrix` with the proxy activations ``activations`` (``X_t`` for task
       t, the layer's input inside task t's fine-tuned model; ``t`` counts from 0 in the order
       of the experts).
-    - Other matrix keys get TSV-M (spec §3.4, :func:`acetools.merging.svd.tsv_merge_matrix`;
+    - Other matrix keys get TSV-M (docs/methods.md §TSV-M, :func:`acetools.merging.svd.tsv_merge_matrix`;
       no polarized scaling at this stage), non-matrix keys the mean (1/T) sum_t tau_t.
     - Step C: if ``layer_scaling``, every matrix key whose name contains one of
       ``layer_types`` (default the four CLIP block types) is multiplied by its beta
       (:func:`polarize_layers`); other keys get no beta.
     - Step D: ``alpha`` multiplies the ESD layers only (``alpha_scope="esd"``, the default:
-      the evaluation code that produced the reported numbers; spec §2(d) Proposal) or every
+      the evaluation code that produced the reported numbers; docs/methods.md §ESM) or every
       key (``alpha_scope="all"``, the saved fused model).
 
     Defaults are the official ViT code's: exponent 2 at every polarization level (each level

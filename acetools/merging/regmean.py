@@ -1,10 +1,10 @@
-"""RegMean (Jin et al., ICLR 2023), spec §3.9: data-dependent, the reference point for ACE.
+"""RegMean (Jin et al., ICLR 2023), docs/methods.md §RegMean: data-dependent, the reference point for ACE.
 
 For each linear weight W_t (d_out x d_in, y = W x) with input Gram matrix
 G_t = (1/N_t) X_t^T X_t (d_in x d_in) of task t's fine-tuned model on task-t data::
 
     G~_t = alpha G_t + (1 - alpha) diag(G_t)             (off-diagonal shrink)
-    W*   = ([sum_t G~_t]^-1 sum_t G~_t W_t^T)^T          (spec §3.9, transposed back)
+    W*   = ([sum_t G~_t]^-1 sum_t G~_t W_t^T)^T          (docs/methods.md §RegMean, Eq. (RegMean.3))
 
 W* minimises sum_t ||X~_t W^T - X~_t W_t^T||^2 for the shrunk Grams; it merges *full* weights
 W_t = W0 + tau_t, not task vectors. Keys without Gram matrices take the plain mean.
@@ -28,14 +28,15 @@ __all__ = ["shrink_gram", "regmean_matrix", "validate_grams", "regmean"]
 
 
 def shrink_gram(G: Tensor, alpha: float) -> Tensor:
-    """G~ = alpha G + (1 - alpha) diag(G): off-diagonal entries times alpha, diagonal kept (spec §3.9)."""
+    """G~ = alpha G + (1 - alpha) diag(G): off-diagonal entries times alpha, diagonal kept
+    (docs/methods.md §RegMean)."""
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
         raise ValueError(f"a Gram matrix must be square, got shape {tuple(G.shape)}")
     return alpha * G + (1 - alpha) * torch.diag_embed(torch.diagonal(G))
 
 
 def regmean_matrix(W: Sequence[Tensor], grams: Sequence[Tensor], alpha: float = 0.95, *, key: str = "") -> Tensor:
-    """RegMean for one linear layer: W* = (sum_t W_t G~_t^T) (sum_t G~_t^T)^-1 (spec §3.9).
+    """RegMean for one linear layer: W* = (sum_t W_t G~_t^T) (sum_t G~_t^T)^-1 (docs/methods.md §RegMean).
 
     ``W`` are the T *full* weights (d_out x d_in) and ``grams`` their d_in x d_in input Gram
     matrices. Computed in float64 (returned in float64) as a linear solve; if sum_t G~_t is
@@ -103,13 +104,14 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
 
 @register(
     "regmean",
-    "RegMean: per-layer least squares on the experts' input Gram matrices (Jin et al. 2023; spec §3.9; needs data)",
+    "RegMean: per-layer least squares on the experts' input Gram matrices "
+    "(Jin et al. 2023; docs/methods.md §RegMean; needs data)",
     # checked by validate_grams (a Param type check would print the whole list of tensors)
     grams=Param(REQUIRED, "list (one per expert) of dicts weight key -> d_in x d_in input Gram matrix"),
     alpha=Param(0.95, "off-diagonal shrink: G~ = alpha G + (1 - alpha) diag(G) (fusion_bench CLIP default 0.95)", low=0.0, high=1.0),
 )
 def regmean(base, task_vectors, *, is_matrix, grams, alpha):
-    """RegMean, spec §3.9: :func:`regmean_matrix` on the full weights of every key with Grams.
+    """RegMean, docs/methods.md §RegMean: :func:`regmean_matrix` on the full weights of every key with Grams.
 
     Which keys are merged by RegMean is decided by ``grams`` (``is_matrix`` is not used):
     keys absent from every Gram dict take the mean of the task vectors; a key present for

@@ -1,4 +1,5 @@
-"""The SVD family: TSV-M (spec §3.4), Iso-C and Iso-CTS (spec §3.5) and CART (spec §3.7).
+"""The SVD family: TSV-M (docs/methods.md §TSV-M), Iso-C and Iso-CTS (docs/methods.md §Iso-C, §Iso-CTS) and CART
+(docs/methods.md §CART).
 
 Each method is a per-matrix stage plus a registered state-dict function:
 
@@ -111,9 +112,9 @@ def _check_matrix_key(method: str, key: str, W0: Tensor) -> None:
         )
 
 
-# --------------------------------------------------------------------------- TSV-M (§3.4)
+# --------------------------------------------------------------------------- TSV-M (docs/methods.md §TSV-M)
 def tsv_rank(r: int, n_tasks: int) -> int:
-    """Per-task rank budget of TSV-M, k = floor(r * (1/T)) (spec §3.4 step 1).
+    """Per-task rank budget of TSV-M, k = floor(r * (1/T)) (docs/methods.md §TSV-M, Eq. (TSV-M.1)).
 
     Computed literally as ``int(r * (1.0 / n_tasks))``, the official formula. It equals
     r // T for every CLIP shape but can be one less in floating point (r = T = 49 gives 0).
@@ -124,7 +125,7 @@ def tsv_rank(r: int, n_tasks: int) -> int:
 
 
 def tsv_merge_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
-    """TSV-M for one matrix: M = polar(U_cat) diag(s_cat) polar(V_cat) (spec §3.4).
+    """TSV-M for one matrix: M = polar(U_cat) diag(s_cat) polar(V_cat) (docs/methods.md §TSV-M).
 
     For each task t, the top k = :func:`tsv_rank` (r, T) singular triplets of tau_t are written
     into slots [t k, (t+1) k) of zero-initialised U_cat (d_out x r), s_cat (r) and V_cat
@@ -159,9 +160,10 @@ def tsv_merge_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tenso
     return (polar(U_cat) * s_cat) @ polar(V_cat)
 
 
-# --------------------------------------------------------------------------- Iso-C (§3.5)
+# --------------------------------------------------------------------------- Iso-C (docs/methods.md §Iso-C)
 def iso_c_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
-    """Iso-C for one matrix: Delta_iso = mean(S) U V^T, with U S V^T = sum_t tau_t (spec §3.5).
+    """Iso-C for one matrix: Delta_iso = mean(S) U V^T, with U S V^T = sum_t tau_t (docs/methods.md §Iso-C,
+    Eq. (Iso-C.1)).
 
     The mean runs over all r = min(d_out, d_in) singular values of the *sum*, so every
     singular value of the result equals that mean (an isotropic spectrum). ``alpha`` is not
@@ -175,9 +177,9 @@ def iso_c_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
     return S.mean() * (U @ Vh)
 
 
-# --------------------------------------------------------------------------- Iso-CTS (§3.5)
+# --------------------------------------------------------------------------- Iso-CTS (docs/methods.md §Iso-CTS)
 def iso_cts_ranks(r: int, n_tasks: int, common_fraction: float = 0.8) -> tuple[int, int]:
-    """Iso-CTS rank split ``(k_c, s)``: common rank and per-task rank (spec §3.5 step 1).
+    """Iso-CTS rank split ``(k_c, s)``: common rank and per-task rank (docs/methods.md §Iso-CTS, Eq. (Iso-CTS.1)).
 
     k_c = int(common_fraction * r); m = round((r - k_c) / T) * T (Python's round, as the
     official code); then k_c = r - m and s = m / T, so that k_c + T s = r exactly.
@@ -200,7 +202,7 @@ def iso_cts_ranks(r: int, n_tasks: int, common_fraction: float = 0.8) -> tuple[i
 
 
 def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8, *, key: str = "") -> Tensor:
-    """Iso-CTS for one matrix (spec §3.5 steps 1-6).
+    """Iso-CTS for one matrix (docs/methods.md §Iso-CTS).
 
     1. (k_c, s) = :func:`iso_cts_ranks` (r, T, common_fraction).
     2. Common subspace: top-k_c triplets (U_c, S_c, V_c) of sum_t tau_t.
@@ -240,10 +242,10 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
     return s_all.mean() * (polar(U_all) @ polar(V_all))
 
 
-# --------------------------------------------------------------------------- CART (§3.7)
+# --------------------------------------------------------------------------- CART (docs/methods.md §CART)
 #: CART's low-rank keys contain one of these words ...
 CART_TARGET_WORDS = ("attn", "mlp")
-#: ... and none of these (spec §3.7: the open_clip block Linear weights).
+#: ... and none of these (docs/methods.md §CART: the open_clip block Linear weights).
 CART_EXCLUDE_WORDS = ("ln", "bias")
 
 
@@ -253,7 +255,7 @@ def is_cart_key(key: str) -> bool:
 
 
 def cart_rank(r: int, rank_ratio: float) -> int:
-    """CART's rank, k = max(1, int(rank_ratio * r)) (spec §3.7)."""
+    """CART's rank, k = max(1, int(rank_ratio * r)) (docs/methods.md §CART)."""
     return max(1, int(rank_ratio * r))
 
 
@@ -268,7 +270,7 @@ def low_rank(M: Tensor, k: int) -> Tensor:
 def cart_matrix(
     taus: Sequence[Tensor] | Tensor, rank_ratio: float = 0.12, lam: float = 2.0, *, key: str = ""
 ) -> Tensor:
-    """CART for one matrix: mean_t tau_t + lam sum_t LR_k(tau_t - mean_i tau_i) (spec §3.7).
+    """CART for one matrix: mean_t tau_t + lam sum_t LR_k(tau_t - mean_i tau_i) (docs/methods.md §CART).
 
     The centred vectors tau_t - mean are the experts' offsets from the weight average
     theta_avg; each is truncated to rank k = :func:`cart_rank` (min(d_out, d_in), rank_ratio).
@@ -302,11 +304,12 @@ def _per_key(name, base, task_vectors, is_matrix, matrix_fn, desc):
 
 @register(
     "tsv_m",
-    "TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar (Gargiulo et al. 2025; spec §3.4)",
+    "TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar "
+    "(Gargiulo et al. 2025; docs/methods.md §TSV-M)",
     alpha=Param(1.0, "coefficient on every key, matrices and means alike (grid 0.1..3.0 in the paper code)", low=0.0),
 )
 def tsv_m(base, task_vectors, *, is_matrix, alpha):
-    """TSV-M, spec §3.4: :func:`tsv_merge_matrix` on matrix keys, the mean on the rest.
+    """TSV-M, docs/methods.md §TSV-M: :func:`tsv_merge_matrix` on matrix keys, the mean on the rest.
 
     theta = theta0 + alpha * M for **all** keys (the 1-D means are also multiplied by alpha,
     as in the official code). Default alpha = 1 (fusion_bench's default); the paper selects
@@ -318,23 +321,25 @@ def tsv_m(base, task_vectors, *, is_matrix, alpha):
 
 @register(
     "iso_c",
-    "Iso-C: the summed task vector with a flat (isotropic) spectrum (Marczak et al. 2025; spec §3.5)",
+    "Iso-C: the summed task vector with a flat (isotropic) spectrum (Marczak et al. 2025; docs/methods.md §Iso-C)",
     alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
 )
 def iso_c(base, task_vectors, *, is_matrix, alpha):
-    """Iso-C, spec §3.5: :func:`iso_c_matrix` on matrix keys, the mean on the rest, all times alpha."""
+    """Iso-C, docs/methods.md §Iso-C: :func:`iso_c_matrix` on matrix keys, the mean on the rest, all times alpha."""
     out = _per_key("iso_c", base, task_vectors, is_matrix, lambda taus, k: iso_c_matrix(taus, key=k), "Iso-C")
     return {k: alpha * v for k, v in out.items()}
 
 
 @register(
     "iso_cts",
-    "Iso-CTS: common + task-specific subspaces with a flat spectrum (Marczak et al. 2025; spec §3.5)",
+    "Iso-CTS: common + task-specific subspaces with a flat spectrum "
+    "(Marczak et al. 2025; docs/methods.md §Iso-CTS)",
     alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
     common_fraction=Param(0.8, "fraction of the rank given to the common subspace before the T-divisibility adjustment", low=0.0, high=1.0),
 )
 def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
-    """Iso-CTS, spec §3.5: :func:`iso_cts_matrix` on matrix keys, the mean on the rest, all times alpha."""
+    """Iso-CTS, docs/methods.md §Iso-CTS: :func:`iso_cts_matrix` on matrix keys, the mean on the rest, all times
+    alpha."""
     out = _per_key(
         "iso_cts", base, task_vectors, is_matrix,
         lambda taus, k: iso_cts_matrix(taus, common_fraction, key=k), "Iso-CTS",
@@ -344,12 +349,12 @@ def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
 
 @register(
     "cart",
-    "CART: weight average plus low-rank centred task vectors (Choi et al. 2024; spec §3.7)",
+    "CART: weight average plus low-rank centred task vectors (Choi et al. 2024; docs/methods.md §CART)",
     rank_ratio=Param(0.12, "rank of each centred vector as a fraction of min(d_out, d_in); k = max(1, int(rank_ratio r))", low=0.0, high=1.0, low_open=True),
     lam=Param(2.0, "coefficient of the summed low-rank centred vectors", low=0.0),
 )
 def cart(base, task_vectors, *, is_matrix, rank_ratio, lam):
-    """CART, spec §3.7: theta = theta_avg + lam sum_t LR_k(tau_t - mean tau).
+    """CART, docs/methods.md §CART: theta = theta_avg + lam sum_t LR_k(tau_t - mean tau).
 
     Keys that satisfy :func:`is_cart_key` (``attn``/``mlp``, not ``ln``/``bias``) *and*
     ``is_matrix`` take :func:`cart_matrix`; every other key keeps its full centred vectors,

@@ -1,4 +1,4 @@
-"""TIES-Merging and DARE (spec §3.3, §3.8).
+"""TIES-Merging and DARE (docs/methods.md §TIES, §DARE).
 
 TIES (Yadav et al., NeurIPS 2023) merges task vectors in three steps, each exposed here so a
 notebook can stop after any of them:
@@ -57,7 +57,7 @@ def kept_count(n: int, k: float) -> int:
     ``k`` is read as the decimal it prints as (``repr``), so ``k=29`` on ``n=100`` keeps
     exactly 29 although ``0.29 * 100 == 28.999...`` in floating point. This is the count of
     peft and mergekit (``int(density * n)``; mergekit keeps at least one). fusion_bench and
-    the TSV/TALL code keep ``floor(k * n / 100) + 1`` (spec §3.3, oracles.md). With a small
+    the TSV/TALL code keep ``floor(k * n / 100) + 1`` (docs/methods.md §TIES, §Oracles). With a small
     ``n`` the count can be 0, which trims the whole tensor.
     """
     if not 0 < k <= 100:
@@ -66,7 +66,7 @@ def kept_count(n: int, k: float) -> int:
 
 
 def trim_threshold(tau: Tensor | Iterable[Tensor], k: float) -> Tensor:
-    """The k-th value threshold of spec §3.3: the ``kept_count``-th largest ``|tau|``.
+    """The k-th value threshold of docs/methods.md §TIES: the ``kept_count``-th largest ``|tau|``.
 
     ``tau`` is one tensor or several (e.g. every key of one task vector, for the global
     scope); they are flattened together. Entries with ``|tau| >= threshold`` are kept, so
@@ -111,9 +111,9 @@ def _trimmed_stack(task_vectors: TaskVectors, thresholds: list[dict[str, Tensor]
 
 
 def trim(task_vectors: TaskVectors, k: float = 20, scope: str = "global") -> list[dict[str, Tensor]]:
-    """TIES step 1 (spec §3.3 a.1): keep the top-``k``% entries of each tau_t by magnitude.
+    """TIES step 1 (docs/methods.md §TIES, Eq. (TIES.1)): keep the top-``k``% entries of each tau_t by magnitude.
 
-    ``scope="global"`` (default, the spec's Proposal; TIES and TALL/TSV) ranks the entries of
+    ``scope="global"`` (default, docs/methods.md §TIES; TIES and TALL/TSV) ranks the entries of
     the whole flattened task vector, every key together; ``scope="tensor"`` ranks each key
     on its own (peft, mergekit). Ties with the threshold are kept. Returns new dicts.
     """
@@ -132,7 +132,7 @@ def trim(task_vectors: TaskVectors, k: float = 20, scope: str = "global") -> lis
 # --------------------------------------------------------------------------------------------
 
 def elect_sign(trimmed: Tensor) -> Tensor:
-    """gamma = sign(sum_t tau_hat_t) per coordinate (the "mass" rule, spec §3.3 a.2).
+    """gamma = sign(sum_t tau_hat_t) per coordinate (the "mass" rule, docs/methods.md §TIES, Eq. (TIES.2)).
 
     ``trimmed`` is a (T, ...) stack. Coordinates whose sum is exactly zero get 0 here; see
     :func:`resolve_zero_signs`.
@@ -147,7 +147,7 @@ def majority_sign(gammas: Iterable[Tensor]) -> int:
 
 
 def resolve_zero_signs(gamma: Tensor, majority: int) -> Tensor:
-    """Give the coordinates with gamma == 0 the majority sign (spec §3.3 a.2), as a new tensor."""
+    """Give the coordinates with gamma == 0 the majority sign (docs/methods.md §TIES, Eq. (TIES.2)), as a new tensor."""
     return torch.where(gamma == 0, torch.full_like(gamma, majority), gamma)
 
 
@@ -156,7 +156,7 @@ def resolve_zero_signs(gamma: Tensor, majority: int) -> Tensor:
 # --------------------------------------------------------------------------------------------
 
 def disjoint_merge(trimmed: Tensor, gamma: Tensor, merge: str = "mean") -> Tensor:
-    """Disjoint merge (spec §3.3 a.3) of a (T, ...) stack of trimmed task vectors.
+    """Disjoint merge (docs/methods.md §TIES, Eq. (TIES.3)) of a (T, ...) stack of trimmed task vectors.
 
     Per coordinate, the tasks whose trimmed value is non-zero and has the sign ``gamma``
     are selected; ``merge="mean"`` divides their sum by their count clamped at >= 1 (the
@@ -199,18 +199,18 @@ _MERGE = Param("mean", "disjoint 'mean' (paper, TSV/Iso code) or 'sum' (fusion_b
 
 @register(
     "ties",
-    "TIES-Merging: trim to top-k%, elect sign by mass, disjoint mean; theta0 + lam * v_m (spec §3.3)",
+    "TIES-Merging: trim to top-k%, elect sign by mass, disjoint mean; theta0 + lam * v_m (docs/methods.md §TIES)",
     k=_K,
     lam=Param(1.0, "scaling of the merged task vector v_m", low=0.0),
     scope=_SCOPE,
     merge=_MERGE,
 )
 def ties(base, task_vectors, *, is_matrix, k, lam, scope, merge):
-    """TIES-Merging, spec §3.3 (Yadav et al. 2023, Algorithm 1), on every key of ``base``.
+    """TIES-Merging, docs/methods.md §TIES (Yadav et al. 2023, Algorithm 1), on every key of ``base``.
 
     1. Trim: per task keep the entries with ``|tau_t| >=`` the ``floor(k n / 100)``-th
        largest magnitude (ties kept; :func:`kept_count`, :func:`trim_threshold`).
-       ``scope="global"`` (default, the spec's Proposal) ranks the whole flattened task
+       ``scope="global"`` (default, docs/methods.md §TIES) ranks the whole flattened task
        vector, all keys together, as TIES and the TALL/TSV code do; ``"tensor"`` ranks per key.
     2. Elect: gamma = sign(sum_t tau_hat_t); coordinates with gamma = 0 take the majority
        sign, i.e. the sign of the sum of all elected signs over the model (``"global"``) or
@@ -235,7 +235,7 @@ def dare_seed(seed: int, task: int, key: str) -> int:
     The first 8 bytes (little-endian, top bit cleared) of
     ``sha256(f"acetools.dare:{seed}:{task}:{key}")``. It depends only on these three values,
     so a mask does not change with the order of the keys, the other keys, the device or the
-    dtype (spec §3.8 Proposal: the seed is fixed per task). Reordering the experts changes
+    dtype (docs/methods.md §DARE: the seed is fixed per task). Reordering the experts changes
     which mask each one gets.
     """
     digest = hashlib.sha256(f"acetools.dare:{int(seed)}:{int(task)}:{key}".encode()).digest()
@@ -244,7 +244,7 @@ def dare_seed(seed: int, task: int, key: str) -> int:
 
 def dare_mask(shape: Sequence[int] | torch.Size, p: float, seed: int, task: int, key: str,
               device: str | torch.device = "cpu") -> Tensor:
-    """Boolean DARE drop mask m ~ Bernoulli(p) (True = dropped), spec §3.8.
+    """Boolean DARE drop mask m ~ Bernoulli(p) (True = dropped), docs/methods.md §DARE.
 
     Drawn on the CPU from ``make_generator(dare_seed(seed, task, key))`` as
     ``torch.rand(shape) < p`` in float32, then moved to ``device``: the same seed gives the
@@ -257,7 +257,7 @@ def dare_mask(shape: Sequence[int] | torch.Size, p: float, seed: int, task: int,
 
 
 def drop_and_rescale(tau: Tensor, dropped: Tensor, p: float, rescale: bool = True) -> Tensor:
-    """tau_hat = (1 - m) * tau / (1 - p) (spec §3.8) for a given boolean drop mask ``m``.
+    """tau_hat = (1 - m) * tau / (1 - p) (docs/methods.md §DARE) for a given boolean drop mask ``m``.
 
     Without ``rescale`` the survivors keep their values. Returns a new tensor.
     """
@@ -286,7 +286,7 @@ def _check_seed(value) -> str | None:
 
 @register(
     "dare",
-    "DARE: drop each task-vector entry with prob. p, rescale by 1/(1-p), then TA or TIES (spec §3.8)",
+    "DARE: drop each task-vector entry with prob. p, rescale by 1/(1-p), then TA or TIES (docs/methods.md §DARE)",
     p=Param(0.5, "drop rate of the Bernoulli mask, 0 <= p < 1", low=0.0, high=1.0, high_open=True),
     base_method=Param("task_arithmetic", "merge applied after dropping", choices=("task_arithmetic", "ties")),
     seed=Param(0, "seed of the masks; each (task, key) mask is seeded from it (dare_seed)", check=_check_seed),
@@ -297,7 +297,7 @@ def _check_seed(value) -> str | None:
     merge=_MERGE,
 )
 def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k, scope, merge):
-    """DARE, spec §3.8 (Yu et al. 2024, "Language Models are Super Mario").
+    """DARE, docs/methods.md §DARE (Yu et al. 2024, "Language Models are Super Mario").
 
     Per task t and key: m ~ Bernoulli(p) element-wise, tau_hat_t = (1 - m) * tau_t / (1 - p)
     (no division when ``rescale=False``), on every key of ``base``. Then
@@ -305,7 +305,7 @@ def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k
     ``base_method="ties"`` returns TIES (:func:`ties`, with ``k``, ``scope`` and ``merge``;
     they are ignored for task arithmetic) on the tau_hat_t, scaled by lam.
 
-    Seeds (spec §3.8 Proposal "fix the seed per task"): the mask of task t at a key is drawn
+    Seeds (docs/methods.md §DARE): the mask of task t at a key is drawn
     on the CPU from a generator seeded with :func:`dare_seed` ``(seed, t, key)``, so the same
     ``seed`` gives the same merged weights whatever the device, dtype or key order.
 

@@ -1,7 +1,7 @@
-"""WUDI-Merging (Cheng et al., ICML 2025, arXiv 2503.08099), spec §3.6.
+"""WUDI-Merging (Cheng et al., ICML 2025, arXiv 2503.08099), docs/methods.md §WUDI.
 
 Per linear weight, WUDI finds the merged task vector tau_m by minimising the interference
-loss (spec §3.6 (a))::
+loss (docs/methods.md §WUDI, Eq. (WUDI.1))::
 
     L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p
 
@@ -48,7 +48,7 @@ def wudi_weights(taus: Sequence[Tensor] | Tensor, p: float = 2.0) -> Tensor:
 
 
 def wudi_loss(tau_m: Tensor, taus: Sequence[Tensor] | Tensor, p: float = 2.0) -> Tensor:
-    """L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p (spec §3.6 (a)).
+    """L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p (docs/methods.md §WUDI, Eq. (WUDI.1)).
 
     A direct, differentiable transcription (autograd works through it); zero task vectors
     contribute 0.
@@ -160,7 +160,7 @@ def is_wudi_target(key: str, tensor: Tensor, targets: str, is_matrix) -> bool:
 
 @register(
     "wudi",
-    "WUDI: per-matrix Adam on the task-vector interference loss (Cheng et al. 2025; spec §3.6)",
+    "WUDI: per-matrix Adam on the task-vector interference loss (Cheng et al. 2025; docs/methods.md §WUDI)",
     steps=Param(300, "Adam iterations per matrix (official 300; fusion_bench 400)", low=0, types=(int,)),
     lr=Param(1e-5, "Adam learning rate", low=0.0, low_open=True),
     p=Param(2.0, "exponent of ||tau_t||_F in the loss weights (2: paper/RoBERTa/fusion_bench; 1: official ViT script)", low=0.0),
@@ -169,9 +169,9 @@ def is_wudi_target(key: str, tensor: Tensor, targets: str, is_matrix) -> bool:
     targets=Param("matrix", "optimised keys: 'matrix' = every is_matrix key (fusion_bench) or 'vit' = attn.in_proj/out_proj, mlp.c_fc/c_proj only (official ViT script)", choices=("matrix", "vit")),
 )
 def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
-    """WUDI-Merging, spec §3.6: theta = theta0 + tau_m, tau_m from :func:`wudi_matrix` per target key.
+    """WUDI-Merging, docs/methods.md §WUDI: theta = theta0 + tau_m, tau_m from :func:`wudi_matrix` per target key.
 
-    Defaults follow the spec's Proposal: p = 2, 300 steps, lr 1e-5, init at the sum; every
+    Defaults (docs/methods.md §WUDI): p = 2, 300 steps, lr 1e-5, init at the sum; every
     ``is_matrix`` key optimised and the other keys averaged (``targets="matrix"``,
     ``others="mean"``, fusion_bench style). The official ViT script corresponds to
     ``p=1, targets="vit", others="base"`` (non-target keys stay at W0).

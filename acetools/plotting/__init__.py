@@ -1,12 +1,12 @@
-"""Figures of the course: pure plotting functions ``(ax, data, ...) -> ax`` and one saver.
+"""Plotting basics: pure plotting functions ``(ax, data, ...) -> ax`` and one saver.
 
 Every function draws on the axes it is given (it never creates a figure or shows one), so
-notebooks, widgets (:mod:`acetools.widgets`) and reports share them. :func:`set_theme`
+notebooks, widgets (:mod:`acetools.course.widgets`) and reports share them. :func:`set_theme`
 applies the one seaborn theme; :func:`save_figure` writes ``<folder>/<name>.png``
 atomically with deterministic metadata.
 
-Modules by topic: :mod:`._core` (theme, saver, generic heatmap/bars/lines),
-:mod:`.theorem` (notebook 01), :mod:`.ace` (02), :mod:`.esm` (03), :mod:`.bench` (04).
+:mod:`._core` holds the theme, the saver and the generic heatmap / bar / line helpers; each
+lesson's own figures are in :mod:`acetools.course.plotting`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""acetools.widgets: explorers redraw through their pure plot function when a value is set."""
+"""acetools.course.widgets: explorers redraw through their pure plot function when a value is set."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from acetools import widgets  # noqa: E402
+from acetools.course import widgets  # noqa: E402
 
 
 def _recorder():

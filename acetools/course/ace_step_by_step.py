@@ -1,7 +1,7 @@
 """ACE-Merging stage by stage on a zoo: the helpers of notebook ``02_ace_step_by_step``.
 
-The merge itself lives in :mod:`acetools.merging.ace` (one public function per stage, spec
-§1). This module turns those stages into tables a lesson can show and claims it can decide:
+The merge itself lives in :mod:`acetools.merging.ace` (one public function per stage,
+docs/methods.md §ACE). This module turns those stages into tables a lesson can show and claims it can decide:
 
 * **heterogeneity** (eq. 7): :func:`gamma_table` (gamma per matrix, with the log-energies it
   is made of), :func:`gamma_by_type`, :func:`gamma_scaling` (gamma is not scale-invariant);
@@ -13,7 +13,7 @@ The merge itself lives in :mod:`acetools.merging.ace` (one public function per s
 * **ablation**: :data:`ABLATIONS`, :func:`run_ablation` -> :class:`Ablation` (switch one
   component off at a time and score the merge on test, absolute and normalized);
 * **claim verdicts**: :func:`classify`, :func:`agreement_verdict` and one ``verdict_*``
-  function per claim of :mod:`acetools.claims` that notebook 02 owns; each states its rule.
+  function per claim of :mod:`acetools.course.claims` that notebook 02 owns; each states its rule.
 
 Everything here is float64 on the CPU, like the stage functions.
 """
@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .diagnostics import condition_number, effective_rank, energy_fraction, layer_type
-from .merging import ace as A
-from .merging._linalg import thin_svd
+from ..diagnostics import condition_number, effective_rank, energy_fraction, layer_type
+from ..merging import ace as A
+from ..merging._linalg import thin_svd
 
 __all__ = [
     "TAU",
@@ -79,7 +79,7 @@ __all__ = [
     "diagnose",
 ]
 
-#: ACE's gate threshold (spec §1(b)): a layer is flagged heterogeneous when gamma > TAU.
+#: ACE's gate threshold (docs/methods.md §ACE): a layer is flagged heterogeneous when gamma > TAU.
 TAU = 0.3
 #: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
 GAMMA_VIT = 0.25
@@ -101,9 +101,9 @@ StateDict = Mapping[str, Tensor]
 
 
 def matrix_keys(task_vectors: Sequence[StateDict], is_matrix: Callable[[str, Tensor], bool] | None = None) -> list[str]:
-    """The keys ACE merges in closed form (``is_matrix``, default the spec's rule), in order."""
+    """The keys ACE merges in closed form, in order (``is_matrix``, default: docs/methods.md §Matrix path)."""
     if is_matrix is None:
-        from .merging import is_matrix_param as is_matrix
+        from ..merging import is_matrix_param as is_matrix
     if isinstance(task_vectors, Mapping) or len(task_vectors) == 0:
         raise ValueError("task_vectors must be a non-empty list of {key: tau_t} dicts")
     tv0 = task_vectors[0]
@@ -188,7 +188,7 @@ def _sum(tensors) -> Tensor:
 
 @dataclass
 class LayerStages:
-    """Every intermediate of ACE on one matrix (spec §1(a) steps 2-7), for a lesson to look at.
+    """Every intermediate of ACE on one matrix (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.13)), for a lesson to look at.
 
     ``W_fused = W_pre + Δ_res = U diag(S) Vh`` is computed on every layer (ACE uses it only
     on flagged ones) so that :meth:`refined` can show the refinement at any rank k.
@@ -407,7 +407,7 @@ def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = 
     """
     import pandas as pd
 
-    from .utils import progress as bar
+    from ..utils import progress as bar
 
     keys = list(keys) if keys is not None else matrix_keys(task_vectors)
     rows = []
@@ -534,10 +534,10 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
     """
     import pandas as pd
 
-    from .utils import progress as bar
+    from ..utils import progress as bar
 
     if merge is None:
-        from .merging import merge
+        from ..merging import merge
     variants = dict(ABLATIONS if variants is None else variants)
     if suite is None:
         suite = getattr(getattr(bench, "zoo", None), "suite", None) or ""
@@ -564,7 +564,7 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
                       "normalized": 100 * norm[t]} for t in acc]
     if scaled:
         if search is None:
-            from .benchmark import ACE_SCALED as search
+            from ..benchmark import ACE_SCALED as search
         t0 = time.perf_counter()
         run = bench.run("ace", search=search, label=SCALED_LABEL, **shared)
         rows.append({"suite": suite, "variant": SCALED_LABEL, "hparams": f"{run.coef_name} on val",

@@ -1,4 +1,4 @@
-"""acetools.esm_course: ESD-vs-SVD measurements, proxy variants, the alpha path and the
+"""acetools.course.esm_step_by_step: ESD-vs-SVD measurements, proxy variants, the alpha path and the
 ablation mapping, norm-order loading and the claim verdicts, on small synthetic inputs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 import acetools
 from acetools import diagnostics
-from acetools import esm_course as ec
+from acetools.course import esm_step_by_step as ec
 from acetools.benchmark import Benchmark
 from acetools.merging import esm as E
 from acetools.utils import make_generator

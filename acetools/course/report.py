@@ -1,7 +1,7 @@
 """Run the course notebooks as parameterised reports (``acetools report``).
 
 Each notebook in ``notebooks/`` (``NN_name.ipynb``) is executed with papermill into a
-build folder — never in place (STYLE 13) — with explicit ``cwd`` and ``kernel_name``, then
+build folder — never in place (docs/style.md §13) — with explicit ``cwd`` and ``kernel_name``, then
 rendered to HTML without code cells (``nbconvert --no-input``). Figures go to
 ``<figures>/<notebook-stem>/``: the repository's ``figures/`` for the full profile, the
 build folder for the quick one (so a quick run never overwrites the committed figures).
@@ -11,7 +11,7 @@ Profiles:
 * ``quick`` — every notebook on the fixture world (``quick=True``); what CI runs.
 * ``full`` — the notebooks' own defaults (the mini-world at size ``small``).
 
-Parameters a notebook does not declare are an error, not a warning (STYLE 13).
+Parameters a notebook does not declare are an error, not a warning (docs/style.md §13).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: The repository root (the parent of the ``acetools`` package).
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: Parameter overrides per profile.
 PROFILES: dict[str, dict[str, Any]] = {"quick": {"quick": True}, "full": {}}
 
@@ -147,7 +147,7 @@ def render_html(executed: str | os.PathLike) -> Path:
     nb = nbformat.read(str(executed), as_version=4)
     body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
     out = executed.with_suffix(".html")
-    from .utils import atomic_write
+    from ..utils import atomic_write
 
     with atomic_write(out, "w") as fh:
         fh.write(body)

@@ -1,11 +1,11 @@
-"""acetools.report and the `acetools report` CLI: parameters, selection, profiles."""
+"""acetools.course.report and the `acetools report` CLI: parameters, selection, profiles."""
 
 from __future__ import annotations
 
 import pytest
 
 from acetools.cli import build_parser
-from acetools.report import PROFILES, notebook_paths, parse_parameter, run_report
+from acetools.course.report import PROFILES, notebook_paths, parse_parameter, run_report
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -1,6 +1,6 @@
 """Figures of notebook 01 (Theorem 1 of ACE-Merging): pure ``(ax, data, ...) -> ax`` functions.
 
-They read the tidy DataFrames of :mod:`acetools.theorem` (sweeps, ViT agreement, the unified
+They read the tidy DataFrames of :mod:`acetools.course.theorem1` (sweeps, ViT agreement, the unified
 framework) and never create or show a figure.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._core import finish, heatmap
+from ...plotting._core import finish, heatmap
 
 __all__ = [
     "METRIC_LABELS",
@@ -51,7 +51,7 @@ def covariance_image(ax, M, *, title: str | None = None, cbar: bool = False):
 
 
 def spectra_plot(ax, spectra, *, title: str | None = None, max_index: int | None = None):
-    """Normalised eigenvalues (:func:`acetools.theorem.spectra_frame`) per ``source``, log scale."""
+    """Normalised eigenvalues (:func:`acetools.course.theorem1.spectra_frame`) per ``source``, log scale."""
     for name, g in spectra.groupby("source", sort=False):
         g = g.sort_values("index")
         if max_index is not None:
@@ -77,7 +77,7 @@ def sweep_panel(ax, data, param: str, *, metrics: Sequence[str] = ("cosine", "co
     """Agreement against one swept knob: the median over tasks of each metric, with a
     min–max band; the isotropic guess's cosine dashed (``baseline``).
 
-    ``data`` is a :func:`acetools.theorem.sweep` frame; rows with ``param`` equal to the
+    ``data`` is a :func:`acetools.course.theorem1.sweep` frame; rows with ``param`` equal to the
     argument are used. Numeric knobs get a log x axis when they span more than a factor 20
     (``logx=None``); categorical knobs (optimizer, activation) get one tick each.
     """
@@ -135,7 +135,7 @@ def _short(layer_type: str) -> str:
 
 def layer_heatmap(ax, data, *, value: str = "cosine", title: str | None = None, cbar: bool = True):
     """Layers (block · type, in network order) × tasks heatmap of ``value`` from
-    :func:`acetools.theorem.vit_agreement`, on a fixed 0–1 scale."""
+    :func:`acetools.course.theorem1.vit_agreement`, on a fixed 0–1 scale."""
     d = data.assign(layer=[f"{b}·{_short(t)}" for b, t in zip(data["block"], data["layer_type"])])
     rows = list(dict.fromkeys(d.sort_values(["block", "layer_type"])["layer"]))
     table = d.pivot_table(index="layer", columns="task", values=value, sort=False).reindex(rows)

@@ -1,6 +1,6 @@
 """Every quantitative claim of the two papers, and where the course measures it.
 
-:data:`CLAIMS` lists the claims of the seed summaries (``shared/seeds/``: ACE-Merging
+:data:`CLAIMS` lists the claims of the paper summaries (docs/methods.md §Sources: ACE-Merging
 arXiv 2603.02945, ESM arXiv 2602.20208) with a stable id and the notebook that owns the
 measurement. A notebook that measures a claim calls :func:`record`, which writes the
 measurement and a verdict into ``<figures_dir>/claims.json``; ``05_claims`` gathers every
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .utils import atomic_write
+from ..utils import atomic_write
 
 __all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "collect", "claims_table"]
 

@@ -1,4 +1,4 @@
-"""acetools.claims: the registry, recording verdicts, and the collected table."""
+"""acetools.course.claims: the registry, recording verdicts, and the collected table."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from acetools import claims
+from acetools.course import claims
 
 
 def test_registry_ids_are_unique_and_owned_by_course_notebooks():
     ids = [c.id for c in claims.CLAIMS]
     assert len(ids) == len(set(ids))
-    from acetools.report import notebook_paths
+    from acetools.course.report import notebook_paths
 
     stems = {p.stem for p in notebook_paths()}
     owners = {c.notebook for c in claims.CLAIMS}

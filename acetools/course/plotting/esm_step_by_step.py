@@ -6,7 +6,7 @@
 * accuracies: :func:`accuracy_bars` (proxy sets), :func:`ablation_bars`, :func:`search_traces`,
   :func:`norm_order_bars`.
 
-The inputs are the tables of :mod:`acetools.esm_course`.
+The inputs are the tables of :mod:`acetools.course.esm_step_by_step`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ._core import finish
+from ...plotting._core import finish
 
 __all__ = [
     "energy_curves",
@@ -47,7 +47,7 @@ def _check_columns(df, cols, what):
 
 def energy_curves(ax, curves, *, data: str = "held-out", k_frac: float | None = None, title: str | None = None):
     """Mean activation-shift energy captured against the share of components kept, one colour
-    per layer type, ESD solid and SVD dashed (``curves`` of :func:`acetools.esm_course.esd_vs_svd`,
+    per layer type, ESD solid and SVD dashed (``curves`` of :func:`acetools.course.esm_step_by_step.esd_vs_svd`,
     rows with ``data``). ``k_frac`` draws a marker line at that retention."""
     _check_columns(curves, ["layer_type", "data", "frac", "esd", "svd"], "energy_curves")
     sub = curves[curves["data"] == data]
@@ -69,7 +69,7 @@ def energy_curves(ax, curves, *, data: str = "held-out", k_frac: float | None = 
 
 def cka_bars(ax, table, *, data: str = "held-out", title: str | None = None):
     """Mean linear CKA of the rank-k reconstruction with the full shift, ESD vs SVD, per layer
-    type and over all layers (``table`` of :func:`acetools.esm_course.esd_vs_svd`)."""
+    type and over all layers (``table`` of :func:`acetools.course.esm_step_by_step.esd_vs_svd`)."""
     _check_columns(table, ["layer_type", "data", "cka_esd", "cka_svd"], "cka_bars")
     sub = table[table["data"] == data]
     if sub.empty:
@@ -105,7 +105,7 @@ def gram_image(ax, G, *, block: int | None = None, title: str | None = None, vma
 
 
 def task_factor_heatmap(ax, factors, *, title: str | None = None):
-    """Inter-task factors s_t (tasks x layers; :func:`acetools.esm_course.task_factors`)."""
+    """Inter-task factors s_t (tasks x layers; :func:`acetools.course.esm_step_by_step.task_factors`)."""
     import seaborn as sns
 
     data = factors.rename(columns=short_key)
@@ -132,7 +132,7 @@ def dimension_factor_plot(ax, factors: Mapping[str, Sequence[float]], *, title: 
 
 def layer_factor_bars(ax, table, *, title: str | None = None):
     """Inter-layer factors beta per block, one bar per layer type
-    (:func:`acetools.esm_course.layer_factor_table`)."""
+    (:func:`acetools.course.esm_step_by_step.layer_factor_table`)."""
     _check_columns(table, ["layer_type", "block", "beta"], "layer_factor_bars")
     types = list(dict.fromkeys(table["layer_type"]))
     blocks = sorted(table["block"].unique())
@@ -172,7 +172,7 @@ def accuracy_bars(ax, values: Mapping[str, float], *, baseline: float | None = N
 def ablation_bars(ax, df, *, value: str = "test_acc", hue: str = "suite", title: str | None = None,
                   ylabel: str | None = None):
     """Grouped bars of ``value`` per ablation variant, one colour per ``hue`` (suite);
-    ``df`` as :func:`acetools.esm_course.runs_table` with a ``suite`` column."""
+    ``df`` as :func:`acetools.course.esm_step_by_step.runs_table` with a ``suite`` column."""
     _check_columns(df, ["variant", value, hue], "ablation_bars")
     variants = list(dict.fromkeys(df["variant"]))
     hues = list(dict.fromkeys(df[hue]))
@@ -210,7 +210,7 @@ def search_traces(ax, runs, *, title: str | None = None):
 def norm_order_bars(ax, table, *, title: str | None = None):
     """Mean normalized accuracy of the experts with their ESD layers reduced to ESM's budget,
     components kept in norm or reverse order (raw / equal norms), plus the ``none`` and
-    ``all`` references (:func:`acetools.esm_course.norm_order_table`)."""
+    ``all`` references (:func:`acetools.course.esm_step_by_step.norm_order_table`)."""
     _check_columns(table, ["order", "equal_norms", "normalized"], "norm_order_bars")
     m = table.groupby(["order", "equal_norms"], sort=False)["normalized"].mean()
     labels, vals, colors = [], [], []

@@ -1,4 +1,4 @@
-"""acetools.paper_tables: the published numbers, their name mapping and internal consistency."""
+"""acetools.course.paper_tables: the published numbers, their name mapping and internal consistency."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from acetools import claims, paper_tables as pt
+from acetools.course import claims, paper_tables as pt
 from acetools.merging import METHODS
 from acetools.results import REFERENCES, kendall_tau
 

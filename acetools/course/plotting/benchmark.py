@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ._core import bar_plot, finish, heatmap
+from ...plotting._core import bar_plot, finish, heatmap
 
 __all__ = [
     "VERDICT_COLORS",
@@ -109,7 +109,7 @@ def wudi_step_size(ax, df: pd.DataFrame, *, value: str = "test_normalized", defa
     WUDI's starting point; the default learning rate (``default_lr``, default: the
     registry's) is marked. ``df``: :func:`acetools.results.load_wudi_step_size`."""
     if default_lr is None:
-        from ..merging import METHODS
+        from ...merging import METHODS
 
         default_lr = float(METHODS["wudi"].hparams["lr"])
     for i, ((suite, seed), d) in enumerate(df.groupby(["suite", "seed"], sort=False)):

@@ -1,6 +1,6 @@
 """Figures of notebook 02 (ACE-Merging step by step): pure functions ``(ax, data, ...) -> ax``.
 
-Inputs are the tables of :mod:`acetools.ace_course` (``gamma_table``, ``stage_table``,
+Inputs are the tables of :mod:`acetools.course.ace_step_by_step` (``gamma_table``, ``stage_table``,
 ``LayerStages.task_weights`` / ``prior_profile`` / ``spectra``, ``Ablation.table``); no
 function creates, saves or shows a figure.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ._core import finish
+from ...plotting._core import finish
 
 __all__ = ["short_label", "gamma_strip", "gamma_scaling", "task_weights", "prior_profile", "spectra",
            "refined_spectrum", "layer_metrics", "ablation_bars"]
@@ -40,7 +40,7 @@ def _wants_log(values, ratio: float = 100.0) -> bool:
 def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | None = None, title: str | None = None):
     """gamma of every matrix (one point each), one column per layer type, against the paper's
     lines: ViT gamma < ``vit`` and ACE's gate tau = ``tau`` (RoBERTa: gamma > tau). Flagged
-    layers (gamma > tau) in red. ``table``: :func:`acetools.ace_course.gamma_table`.
+    layers (gamma > tau) in red. ``table``: :func:`acetools.course.ace_step_by_step.gamma_table`.
     ``logy=None``: log scale when gamma spans more than two decades."""
     types = list(dict.fromkeys(table["layer_type"]))
     g = table["gamma"].to_numpy(dtype=float)
@@ -66,7 +66,7 @@ def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | 
 
 def gamma_scaling(ax, df, *, tau: float = 0.3, title: str | None = None):
     """gamma of c·ΔW_t against the scale c (log-log), from
-    :func:`acetools.ace_course.gamma_scaling`; the gate line tau and the actual weights (c = 1)."""
+    :func:`acetools.course.ace_step_by_step.gamma_scaling`; the gate line tau and the actual weights (c = 1)."""
     d = df.sort_values("scale")
     ax.plot(d["scale"], d["gamma"], marker="o", ms=3, label="gamma(c·ΔW)")
     ax.axhline(tau, color="k", ls=":", lw=1, label=f"gate tau = {tau}")
@@ -81,7 +81,7 @@ def gamma_scaling(ax, df, *, tau: float = 0.3, title: str | None = None):
 
 def task_weights(ax, weights, *, title: str | None = None):
     """Each task's share of sum_t Sigma_tilde,t before (tr_t / sum tr) and after ACE's
-    normalisation (:meth:`acetools.ace_course.LayerStages.task_weights`); line at 1/T."""
+    normalisation (:meth:`acetools.course.ace_step_by_step.LayerStages.task_weights`); line at 1/T."""
     n = len(weights)
     pos = np.arange(n)
     ax.bar(pos - 0.2, weights["share_raw"], width=0.4, label="raw: tr_t / sum tr")
@@ -96,7 +96,7 @@ def prior_profile(ax, profile, *, title: str | None = None):
     """The structural prior's column profile |c_j| (markers: positive / negative c_j) against
     the diagonal of sum_t Sigma_tilde,t and the isotropic ridge sum_t eps_t, on a log scale,
     columns sorted by the covariance diagonal (descending). ``profile``:
-    :meth:`acetools.ace_course.LayerStages.prior_profile`."""
+    :meth:`acetools.course.ace_step_by_step.LayerStages.prior_profile`."""
     p = profile.sort_values("cov_diag", ascending=False).reset_index(drop=True)
     j = np.arange(len(p))
     c = p["prior"].to_numpy(dtype=float)
@@ -134,7 +134,7 @@ def refined_spectrum(ax, pre: Sequence[float], refined: Mapping[int, Sequence[fl
                      k_ace: int | None = None, logy: bool = True):
     """The rank slider's view: the spectrum of W_pre and of W_pre + sigma_iso(k) U_k V_kᵀ for
     the chosen ``k`` (``refined``: k -> singular values, from
-    :meth:`acetools.ace_course.LayerStages.refined_spectra`); ``k_ace`` marks ACE's own k."""
+    :meth:`acetools.course.ace_step_by_step.LayerStages.refined_spectra`); ``k_ace`` marks ACE's own k."""
     k = int(k)
     if k not in refined:
         raise KeyError(f"no refined spectrum for k = {k}; have k in {sorted(refined)[:3]}...{sorted(refined)[-3:]}")
@@ -178,7 +178,7 @@ def ablation_bars(ax, table, *, column: str = "test_normalized", reference: str 
                   title: str | None = None):
     """Horizontal bars of ``column`` per ablation variant, one colour per suite, with the band
     reference ± ``noise`` (differences inside it count as no effect). ``table``:
-    :attr:`acetools.ace_course.Ablation.table`."""
+    :attr:`acetools.course.ace_step_by_step.Ablation.table`."""
     suites = list(dict.fromkeys(table["suite"]))
     variants = list(dict.fromkeys(table["variant"]))
     h = 0.8 / len(suites)

@@ -1,10 +1,10 @@
 """ESM stage by stage on a zoo: the helpers of notebook ``03_esm_step_by_step``.
 
-The merge itself lives in :mod:`acetools.merging.esm` (one public function per stage, spec
-§2). This module turns those stages into the measurements a lesson shows and the claims of
-:mod:`acetools.claims` it decides:
+The merge itself lives in :mod:`acetools.merging.esm` (one public function per stage,
+docs/methods.md §ESM). This module turns those stages into the measurements a lesson shows and the claims of
+:mod:`acetools.course.claims` it decides:
 
-* **ESD vs SVD** (spec §2 Step A): :func:`layer_energy` (energy of the activation shift
+* **ESD vs SVD** (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)): :func:`layer_energy` (energy of the activation shift
   captured at every rank by the essential subspace and by the SVD basis, in-sample or on
   held-out activations), :func:`cka_at_rank` (linear CKA of the full shift with the rank-k
   reconstructions), :func:`esd_vs_svd` (both over every task and layer), :func:`components_for`;
@@ -41,11 +41,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .diagnostics import layer_type, linear_cka
-from .merging import is_matrix_param, merge
-from .merging import esm as E
-from .merging._linalg import thin_svd
-from .search import climb_search, esm_search, grid_search
+from ..diagnostics import layer_type, linear_cka
+from ..merging import is_matrix_param, merge
+from ..merging import esm as E
+from ..merging._linalg import thin_svd
+from ..search import climb_search, esm_search, grid_search
 
 __all__ = [
     "NOISE",
@@ -145,8 +145,8 @@ def _cka(dO: Tensor, P: Tensor, U: Tensor, k: int) -> dict[str, float]:
 def layer_energy(X_fit: Tensor, delta_W: Tensor, X_eval: Tensor | None = None) -> dict[str, np.ndarray]:
     """Fraction of the activation-shift energy captured at every rank k by ESD and by SVD.
 
-    The bases: ESD's P (principal directions of dO_fit = X_fit delta_W^T, spec §2 Step A) and
-    SVD's U (left singular vectors of delta_W, the TSV-style basis). Their energy is measured
+    The bases: ESD's P (principal directions of dO_fit = X_fit delta_W^T, docs/methods.md §ESM,
+    Eqs. (ESM.1)-(ESM.2)) and SVD's U (left singular vectors of delta_W, the TSV-style basis). Their energy is measured
     on dO = X delta_W^T with ``X = X_eval`` (held-out activations) or ``X_fit`` (in-sample):
     energy(k) = ||dO B_k||_F^2 / ||dO||_F^2 for the first k columns B_k of each basis.
 
@@ -203,7 +203,7 @@ def esd_vs_svd(
     * ``table``: one row per task, key and data with r, k (= :func:`rank_at` ``(frac, r)``),
       ``energy_esd``/``energy_svd`` and ``cka_esd``/``cka_svd`` at that k,
       ``k90_esd``/``k90_svd`` (:func:`components_for` at ``level``), and ``coord_norm`` =
-      ||P_t^T tau_t||_F, the norm n_t of the inter-task polarization (spec §2 Step B1).
+      ||P_t^T tau_t||_F, the norm n_t of the inter-task polarization (docs/methods.md §ESM, Eq. (ESM.4)).
     """
     keys = list(activations) if keys is None else list(keys)
     sources = {"in-sample": None}
@@ -240,7 +240,7 @@ def esd_vs_svd(
 def layer_stages(taus: Sequence[Tensor], Xs: Sequence[Tensor] | None, *, decomposition: str = "esd",
                  task_power: float = 2.0, dim_power: float = 2.0, eig_power: float = 0.15,
                  const: float = 2.0) -> dict[str, Any]:
-    """Every intermediate of ESM on one layer (spec §2 Steps A, B1-B6), from the stage
+    """Every intermediate of ESM on one layer (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.9)), from the stage
     functions of :mod:`acetools.merging.esm`; ``merged`` equals
     :func:`~acetools.merging.esm.esm_merge_matrix` with the same switches.
 
@@ -289,7 +289,7 @@ def offdiagonal_share(G: Tensor) -> float:
 
 # --------------------------------------------------------------------------- polarization factors
 def task_factors(table: pd.DataFrame, power: float = 2.0) -> pd.DataFrame:
-    """Inter-task factors s_t = (n_t / mean_i n_i)^power per layer (spec §2 Step B1), from the
+    """Inter-task factors s_t = (n_t / mean_i n_i)^power per layer (docs/methods.md §ESM, Eq. (ESM.4)), from the
     ``coord_norm`` column of :func:`esd_vs_svd`'s table. Returns a task x key DataFrame."""
     t = table.drop_duplicates(["task", "key"])
     wide = t.pivot(index="task", columns="key", values="coord_norm")
@@ -302,7 +302,7 @@ def task_factors(table: pd.DataFrame, power: float = 2.0) -> pd.DataFrame:
 
 def layer_factor_table(updates: Mapping[str, Tensor], keys: Sequence[str] | None = None,
                        power: float = 2.0) -> pd.DataFrame:
-    """The inter-layer factors beta (spec §2 Step C, :func:`acetools.merging.esm.layer_scales`)
+    """The inter-layer factors beta (docs/methods.md §ESM, Eq. (ESM.10), :func:`acetools.merging.esm.layer_scales`)
     as a table: key, layer_type, block, norm (||dW_l||_F), beta."""
     betas = E.layer_scales(updates, keys, power=power)
     rows = []
@@ -333,7 +333,7 @@ def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | No
     generator seeded by ``seed`` (default ``bench.proxy_seed``), the scheme of
     :meth:`acetools.benchmark.Benchmark.proxy_batch` (so ``"in-distribution"`` equals it):
 
-    * ``"in-distribution"``: ``n`` validation images of the task itself (spec §2 Step A);
+    * ``"in-distribution"``: ``n`` validation images of the task itself (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2));
     * ``"other task"``: ``n`` validation images of the next task in the suite (cyclic);
     * ``"pretraining pool"``: the same ``n`` images of ``pool`` (required) for every task;
     * ``"one class"``: ``n`` validation images of the task's most frequent class (the
@@ -378,8 +378,8 @@ def proxy_activations(bench, images: Mapping[str, Tensor],
                       keys: Sequence[str] | None = None) -> dict[str, list[Tensor]]:
     """Input activations of ``keys`` (default ``bench.matrix_keys()``, ESM's targets) inside
     each task's fine-tuned encoder when it sees ``images[task]``: the ``activations=`` input
-    of ``acetools.merge("esm", ...)`` (spec §2 Step A), like ``bench.esm_activations()``."""
-    from .activations import capture_inputs
+    of ``acetools.merge("esm", ...)`` (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)), like ``bench.esm_activations()``."""
+    from ..activations import capture_inputs
 
     keys = list(bench.matrix_keys() if keys is None else keys)
     acts: dict[str, list[Tensor]] = {k: [] for k in keys}
@@ -399,7 +399,7 @@ def subspace_overlap(X_a: Tensor, delta_W: Tensor, k: int, X_b: Tensor | None = 
     with the SVD basis (the top-k left singular vectors of delta_W). ``k`` is capped at the
     number of rows and at min(d_out, d_in).
     """
-    from .diagnostics import principal_subspace
+    from ..diagnostics import principal_subspace
 
     dW = _work(delta_W)
     d_in = dW.shape[1]
@@ -452,7 +452,7 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
     """Merge with ``esm`` once at alpha = 1 and return ``(at, merge_seconds)``, where
     ``at(alpha)`` is the merged state dict at any alpha.
 
-    alpha enters linearly on :func:`alpha_keys` only (spec §2 Step D), so
+    alpha enters linearly on :func:`alpha_keys` only (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)), so
     theta(alpha) = W0 + alpha (theta(1) - W0) there and theta(1) elsewhere: one merge serves a
     whole search. ``activations`` default to ``bench.esm_activations()`` (unused with
     ``decomposition="svd"``); ``hparams`` are the other ``esm`` switches (not ``alpha``).
@@ -493,7 +493,7 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
     the proxy activations (default ``bench.esm_activations()``); ``hparams``: the other
     ``esm`` switches.
     """
-    from .benchmark import MethodRun
+    from ..benchmark import MethodRun
 
     if search not in ("climb", "grid"):
         raise ValueError(f"search={search!r} must be 'climb' or 'grid'")
@@ -525,7 +525,7 @@ def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None,
     labelled by row name, with the same search for every row. ``done``: runs already made
     on this bench with that row's switches (row name -> MethodRun) are reused, relabelled,
     instead of rerun."""
-    from .utils import progress as bar
+    from ..utils import progress as bar
 
     names = list(ABLATION) if names is None else list(names)
     runs = []
@@ -562,7 +562,7 @@ def essential_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor
                          activations: Mapping[str, Tensor]) -> dict[str, tuple[Tensor, Tensor]]:
     """The essential components of an expert's update in each layer of ``activations``:
     ``{key: (P, A)}`` with P (d_out x r) the genuine directions of the task's essential
-    subspace (spec §2 Step A, from ``activations[key]`` = X) and A = P^T tau (r x d_in), so
+    subspace (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2), from ``activations[key]`` = X) and A = P^T tau (r x d_in), so
     that tau's shift on X is sum_i p_i a_i^T; r = min(d_out, d_in, N) (past that rank the
     components vanish). In the update's precision (at least float32)."""
     out = {}

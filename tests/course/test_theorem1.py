@@ -1,4 +1,4 @@
-"""acetools.theorem (Theorem 1 of ACE-Merging, measured) and its figures (acetools.plotting.theorem)."""
+"""acetools.course.theorem1 (Theorem 1 of ACE-Merging, measured) and its figures (acetools.course.plotting.theorem1)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from acetools import merge
-from acetools import theorem as th
+from acetools.course import theorem1 as th
 from acetools.merging.ace import estimate_covariance
-from acetools.plotting import theorem as tplot
+from acetools.course.plotting import theorem1 as tplot
 from acetools.synthetic import finetune_linear, joint_least_squares, make_regression_tasks
 from acetools.utils import make_generator
 
@@ -422,7 +422,7 @@ def test_sweep_columns_cover_every_setting():
 
 
 def test_sweep_explorer_redraws_the_chosen_knob():
-    widgets = pytest.importorskip("acetools.widgets")
+    widgets = pytest.importorskip("acetools.course.widgets")
     pytest.importorskip("ipywidgets")
     df = pd.concat([th.sweep("steps", [2, 20], **TINY), th.sweep("noise", [0.0, 1.0], **TINY)], ignore_index=True)
     ex = widgets.task_picker(tplot.sweep_panel, ["steps", "noise"], name="param", description="knob", data=df)

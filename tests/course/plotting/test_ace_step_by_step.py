@@ -1,4 +1,4 @@
-"""acetools.plotting.ace: the figures of notebook 02 draw what they say, on a given axes; the
+"""acetools.course.plotting.ace_step_by_step: the figures of notebook 02 draw what they say, on a given axes; the
 rank slider redraws with the new k."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 import torch
 from matplotlib.collections import PathCollection
 
-from acetools import ace_course as AC
+from acetools.course import ace_step_by_step as AC
 from acetools.merging import task_vectors
-from acetools.plotting import ace as P
+from acetools.course.plotting import ace_step_by_step as P
 
-from conftest import make_world
+from tests.conftest import make_world
 
 
 @pytest.fixture
@@ -164,7 +164,7 @@ def test_ablation_bars(ax):
 
 
 def test_rank_slider_redraws_with_new_k(stages):
-    from acetools import widgets
+    from acetools.course import widgets
 
     pre = torch.linalg.svdvals(stages.W_pre).numpy()
     ks = list(range(1, stages.rank + 1))

@@ -37,7 +37,7 @@ QUICK_EVAL: dict[str, int] = {"n_val": 40, "n_test": 60}
 
 def suite_tasks(suite: str, quick: bool = False) -> list[str]:
     """The task names of ``suite`` (the fixture suite when ``quick``)."""
-    from .data import SUITES
+    from ..data import SUITES
 
     name = QUICK["suite"] if quick else suite
     if name not in SUITES:
@@ -63,8 +63,8 @@ def world(
     take about a minute each on 2 CPU cores). ``quick`` ignores ``suite``/``size`` and
     uses :data:`QUICK`. ``device``: where to train anything missing (``"auto"`` allowed).
     """
-    from .utils import resolve_device
-    from .zoo import Zoo
+    from ..utils import resolve_device
+    from ..zoo import Zoo
 
     dev = resolve_device(device)
     if quick:
@@ -78,7 +78,7 @@ def world(
 
 def benchmark(zoo, *, quick: bool = False, **overrides: Any):
     """A :class:`~acetools.benchmark.Benchmark` on ``zoo`` with the profile's evaluation sizes."""
-    from .benchmark import Benchmark
+    from ..benchmark import Benchmark
 
     kw = dict(QUICK_EVAL if quick else FULL_EVAL)
     if quick:

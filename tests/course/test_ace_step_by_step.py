@@ -1,4 +1,4 @@
-"""acetools.ace_course: the stage tables, the ablation runner and the claim verdicts of notebook 02."""
+"""acetools.course.ace_step_by_step: the stage tables, the ablation runner and the claim verdicts of notebook 02."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import acetools
-from acetools import ace_course as AC
+from acetools.course import ace_step_by_step as AC
 from acetools.diagnostics import subspace_similarity
 from acetools.merging import task_vectors
 from acetools.merging.ace import ace_matrix, ace_with_diagnostics, heterogeneity, structural_prior
 
-from conftest import make_world
+from tests.conftest import make_world
 
 BLOCK = "visual.transformer.resblocks.0."
 

@@ -2,16 +2,16 @@
 
 Sources (kept next to every number, column ``source``):
 
-* ``seed:ACE`` — the ACE-Merging summaries in ``shared/seeds/`` (arXiv 2603.02945): the vision
+* ``seed:ACE`` — the ACE-Merging summaries (docs/methods.md §Sources; arXiv 2603.02945): the vision
   table on three backbone/suite pairs (ViT-B/32 8 tasks, ViT-B/16 14 tasks, ViT-L/14 20 tasks)
   and the language headline numbers.
 * ``seed:ESM`` — the ESM summary (arXiv 2602.20208): ViT-B/16 and ViT-L/14 at 8/14/20 tasks
   and the SVD/ESD × polarized-scaling ablation.
-* ``spec:5`` — the collected table of spec §5 (``shared/spec/algorithms.md``), which merges
+* ``spec:5`` — the collected table of docs/methods.md §Published numbers, which merges
   the Iso table (arXiv 2502.04959, reused by ESM and ACE), the ESM and ACE rows and CART.
 
 Every number is an average **absolute** test accuracy in percent over the tasks of the
-setting (CLIP ViT, the 8/14/20-task suites of spec §0), except the language table (GLUE
+setting (CLIP ViT, the 8/14/20-task suites of docs/methods.md §Benchmark protocol), except the language table (GLUE
 average or normalized, see its ``metric`` column).
 
 :data:`NAME_MAP` maps the papers' method names to the :data:`acetools.merging.METHODS`
@@ -107,7 +107,7 @@ _ESM_L14 = {
     "ESM (Ours)": [94.8, 91.3, 90.4],
 }
 _SPEC_COLS = [(b, n) for b in ("ViT-B/32", "ViT-B/16", "ViT-L/14") for n in (8, 14, 20)]
-_SPEC = {  # spec §5; CART's B/32 and L/14 cells use other 8-task checkpoints (spec note *)
+_SPEC = {  # docs/methods.md §Published numbers; CART's B/32 and L/14 cells use other 8-task checkpoints (note *)
     "Zero-shot": [48.3, 57.2, 56.1, 55.3, 61.3, 59.7, 64.7, 68.2, 65.2],
     "Fine-tuned": [92.8, 90.9, 91.3, 94.6, 92.8, 93.2, 95.8, 94.3, 94.7],
     "Weight Averaging": [66.3, 64.3, 61.0, 72.2, 69.5, 65.3, 79.6, 76.7, 71.6],
@@ -147,13 +147,13 @@ LANGUAGE: pd.DataFrame = pd.DataFrame(
         {"model": "GPT-2", "benchmark": "GLUE (7 tasks)", "metric": "average", "method_paper": "ACE-Merging",
          "value": 74.1, "note": "seed 001"},
         {"model": "GPT-2", "benchmark": "GLUE (7 tasks)", "metric": "average", "method_paper": "TSV-M",
-         "value": 70.2, "note": "74.1 - 3.9 (seed 001; spec §5)"},
+         "value": 70.2, "note": "74.1 - 3.9 (seed 001; docs/methods.md §Published numbers)"},
         {"model": "GPT-2", "benchmark": "GLUE (7 tasks)", "metric": "average", "method_paper": "TIES",
-         "value": 70.0, "note": "74.1 - 4.1 (seed 001 names TIES, spec §5 names TA)"},
+         "value": 70.0, "note": "74.1 - 4.1 (seed 001 names TIES, docs/methods.md §Published numbers names TA)"},
         {"model": "RoBERTa-Base", "benchmark": "GLUE", "metric": "normalized", "method_paper": "ACE-Merging",
          "value": 90.4, "note": "seed 001"},
         {"model": "RoBERTa-Base", "benchmark": "GLUE", "metric": "normalized", "method_paper": "WUDI-Merging",
-         "value": 85.3, "note": "90.4 - 5.1 (seed 001; spec §5)"},
+         "value": 85.3, "note": "90.4 - 5.1 (seed 001; docs/methods.md §Published numbers)"},
         {"model": "RoBERTa-Large", "benchmark": "GLUE", "metric": "normalized", "method_paper": "ACE-Merging",
          "value": 91.7, "note": "seed 001"},
         {"model": "RoBERTa-Large", "benchmark": "GLUE", "metric": "normalized", "method_paper": "WUDI-Merging",
@@ -162,7 +162,7 @@ LANGUAGE: pd.DataFrame = pd.DataFrame(
 )
 
 #: For each paper table, which (backbone, n_tasks) column our suite of that many tasks is
-#: compared with: ACE's table has one suite per backbone; ESM's and spec §5's use ViT-B/16,
+#: compared with: ACE's table has one suite per backbone; ESM's and docs/methods.md §Published numbers use ViT-B/16,
 #: the only backbone with every method at 8, 14 and 20 tasks.
 COMPARISONS: dict[str, dict[int, tuple[str, int]]] = {
     "ace": {8: ("ViT-B/32", 8), 14: ("ViT-B/16", 14), 20: ("ViT-L/14", 20)},

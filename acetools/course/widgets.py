@@ -1,4 +1,4 @@
-"""Interactive explorers: thin ipywidgets wrappers around pure plotting functions (STYLE 11).
+"""Interactive explorers: thin ipywidgets wrappers around pure plotting functions (docs/style.md §11).
 
 An :class:`Explorer` owns one matplotlib figure and a pure function
 ``plot_fn(ax, **values) -> ax``; each control change clears the axes and calls the function

@@ -9,7 +9,8 @@ matplotlib.use("Agg")
 import numpy as np
 import pytest
 
-from acetools import course, plotting
+from acetools import plotting
+from acetools.course import world as course
 
 
 def test_suite_tasks_and_profiles():

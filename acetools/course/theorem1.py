@@ -1,7 +1,8 @@
 """Theorem 1 of ACE-Merging, measured: does a task vector know its task's input covariance?
 
 Theorem 1 of ACE-Merging reads Sigma_t ∝ Cov[ΔW_t]: the rows of a fine-tuning update, treated
-as samples, have the covariance of the layer's inputs (the estimator is eqs 5-6, spec §1(a)3).
+as samples, have the covariance of the layer's inputs (the estimator is eqs 5-6, docs/methods.md §ACE,
+Eqs. (ACE.3)-(ACE.4)).
 The proof sketch takes one step of (full-batch) gradient descent on the squared error from W0,
 
     ΔW_t ≈ -2 η N E[(W0 x - y) xᵀ] = 2 η N B_t Sigma_t,      B_t = W_t* - W0,
@@ -41,11 +42,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .diagnostics import compare_covariances, layer_type
-from .merging import merge
-from .merging.ace import estimate_covariance
-from .synthetic import RegressionTask, finetune_linear, joint_least_squares, make_regression_tasks
-from .utils import make_generator
+from ..diagnostics import compare_covariances, layer_type
+from ..merging import merge
+from ..merging.ace import estimate_covariance
+from ..synthetic import RegressionTask, finetune_linear, joint_least_squares, make_regression_tasks
+from ..utils import make_generator
 
 __all__ = [
     "AGREEMENT_COLUMNS",
@@ -378,13 +379,13 @@ def hooked_covariances(zoo, keys: Sequence[str], *, n_images: int = 256, source:
     (``"base"``). ``kind="covariance"``: :func:`acetools.activations.input_covariances`, the
     centred covariance (d_in × d_in, float64) of each layer's inputs with every token a row;
     ``kind="gram"``: :func:`acetools.activations.gram_matrices`, the uncentred second moment
-    (1/N) XᵀX that RegMean uses (spec §3.9) — the matrix a least-squares merge needs when the
+    (1/N) XᵀX that RegMean uses (docs/methods.md §RegMean) — the matrix a least-squares merge needs when the
     inputs do not have zero mean (LayerNorm outputs do not). ``attn.in_proj_weight`` records
     the attention's query input; ``attn.out_proj`` cannot be hooked.
     """
     import numpy as np
 
-    from .activations import gram_matrices, input_covariances
+    from ..activations import gram_matrices, input_covariances
 
     if source not in ("expert", "base"):
         raise ValueError(f"source={source!r} must be 'expert' or 'base'")
@@ -524,7 +525,7 @@ def unified_merges(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Te
 
 
 def wudi_gradient(W: Tensor, task_vectors: Sequence[Tensor], p: float = 2.0) -> Tensor:
-    """Gradient of WUDI's loss L(W) = sum_t ||(W - τ_t) τ_tᵀ||_F² / ||τ_t||_F^p (spec §3.6):
+    """Gradient of WUDI's loss L(W) = sum_t ||(W - τ_t) τ_tᵀ||_F² / ||τ_t||_F^p (docs/methods.md §WUDI):
     2 sum_t (W - τ_t) τ_tᵀ τ_t / ||τ_t||_F^p. Zero at the closed form with the ``"wudi"``
     estimator and eps = 0 — the unified framework's claim that WUDI is a norm-weighted
     outer-product estimator."""
