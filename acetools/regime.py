@@ -23,7 +23,9 @@ averaged over tasks; coefficients chosen on validation with :class:`acetools.ben
   (what task arithmetic's scaling costs before any interference), the share of τ_t's
   energy in its top-k singular directions, and the overlap of different tasks' top-k
   singular subspaces (mean cos² of the principal angles) beside the overlap of random
-  k-dimensional subspaces (k/d).
+  k-dimensional subspaces (k/d), and the base's input activations behind it: how much
+  different tasks' top-k activation subspaces overlap, how much of the activation energy
+  they hold, and how much of each τ_t's input side lies in them.
 
 Each row carries the CLIP ViT-B/32 value where a paper gives one (:data:`CLIP_B32`, the papers'
 collected table at 8/14/20 tasks) and a note where the papers say it only in words.
@@ -43,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 from torch import Tensor
 
 from .utils import atomic_write
@@ -192,12 +195,14 @@ def regime_card(
     threads: int | None = None,
     progress: bool | None = None,
     bench=None,
+    n_act: int = 128,
 ) -> RegimeCard:
     """Measure the regime card of ``zoo`` (built or buildable; it is built if needed).
 
     ``n_val`` / ``n_test`` images per task (prefixes of the splits), ``patience`` of the grid
     searches, as in :class:`acetools.benchmark.Benchmark` (pass ``bench`` to reuse one);
-    ``tau`` is ACE's gate threshold (0.3, the paper's). Returns a :class:`RegimeCard`.
+    ``tau`` is ACE's gate threshold (0.3, the paper's); ``n_act`` training images per task
+    give the input-activation rows. Returns a :class:`RegimeCard`.
     """
     from .benchmark import Benchmark
     from .diagnostics import heterogeneity_per_layer, layer_type, relative_update_norms, task_vector_cosine
@@ -295,6 +300,7 @@ def regime_card(
         })
     if hasattr(bar, "close"):
         bar.close()
+    act = _activation_rows(bench, zoo, base, taus, tasks, n_images=n_act)
     spec = pd.DataFrame(layer_rows)
     norms = relative_update_norms(base, taus, tasks, keys=mats)
     norms["energy"] = norms["tau_norm"] ** 2
@@ -394,6 +400,12 @@ def regime_card(
         "the same on the output side only")
     row("overlap_right", "…input side (right singular vectors)", float(np.nanmean(spec["overlap_right"])), "mean cos²",
         "the same on the input side only: shared input directions (activation statistics) show here")
+    row("act_overlap", "overlap of tasks' top-k input-activation subspaces", act["act_overlap"], "mean cos²",
+        "top-k eigenvectors of each task's input Gram matrix at W0 (hookable matrices), mean over task pairs")
+    row("act_topk_energy", "activation energy in the top-k directions", act["act_topk_energy"], "%",
+        "share of each task's input Gram trace in its top k eigenvalues at W0: how low-dimensional the base's features are")
+    row("tau_in_act", "τ_t's input side inside its task's top activations", act["tau_in_act"], "mean cos²",
+        "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)")
     row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",
         "k / d: the expected overlap of random subspaces, for scale")
 
@@ -406,6 +418,43 @@ def regime_card(
         "clip_source": "acetools.regime.CLIP_B32 (the papers' collected table, ViT-B/32) and docs/regime.md",
     }
     return RegimeCard(rows, per_task, per_layer, _clean(meta))
+
+
+def _activation_rows(bench, zoo, base, taus, tasks, *, n_images: int) -> dict[str, float]:
+    """Input-activation statistics at W0 of the hookable matrices (``bench.matrix_keys()``):
+    overlap of different tasks' top-k Gram eigenvectors, their energy share, and how much of
+    each τ_t's top-k right singular subspace lies in its own task's top-k activations."""
+    from .activations import gram_matrices
+    from .diagnostics import principal_subspace
+    from .merging.svd import tsv_rank
+
+    keys = bench.matrix_keys()
+    out = {"act_overlap": math.nan, "act_topk_energy": math.nan, "tau_in_act": math.nan}
+    if not keys or n_images < 1:
+        return out
+    enc = zoo.encoder(base)
+    grams = {}
+    for t in tasks:
+        x = torch.as_tensor(np.asarray(zoo.split(t, "train").x[:n_images]))
+        grams[t] = gram_matrices(enc, x, keys, batch_size=128)
+    T = len(tasks)
+    ov, energy, inside = [], [], []
+    for k in keys:
+        kk = tsv_rank(min(base[k].shape), T)
+        if kk < 1:
+            continue
+        A = []
+        for t in tasks:
+            w, V = torch.linalg.eigh(grams[t][k].double())
+            A.append(V[:, -kk:])
+            energy.append(float(w[-kk:].sum() / w.sum()) if float(w.sum()) > 0 else math.nan)
+        ov += [float((A[i].T @ A[j]).pow(2).sum()) / kk for i in range(T) for j in range(i + 1, T)]
+        for i, tv in enumerate(taus):
+            if bool(tv[k].any()):
+                inside.append(float((principal_subspace(tv[k].double(), kk, "right").T @ A[i]).pow(2).sum()) / kk)
+    return {"act_overlap": float(np.mean(ov)) if ov else math.nan,
+            "act_topk_energy": 100 * float(np.nanmean(energy)) if energy else math.nan,
+            "tau_in_act": float(np.mean(inside)) if inside else math.nan}
 
 
 def _top_energy(spectrum: Tensor | None, frac: float) -> float:

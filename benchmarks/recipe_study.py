@@ -47,6 +47,9 @@ RECIPES: dict[str, tuple[str, dict]] = {
         "size": "small"}),
     "first_world_bf16": ("the shipped recipe with bf16 autocast in the experts' fine-tuning (its effect alone)", {
         "size": "small", "finetune": BF16}),
+    "gentle": ("gentle fine-tune at the first world's compute: shipped base, experts lr 1e-4 x 3 epochs (fp32); "
+               "only the learning rate differs from first_world", {
+        "size": "small", "finetune": {"lr": 1e-4}}),
     "gentle_bf16": ("gentle fine-tune on the shipped base: lr 1e-4 x 5 epochs, bf16", {
         "size": "small", "finetune": GENTLE | BF16}),
     "broad_small": ("broader base at the shipped base's compute: small, base 3 epochs on a 1.5x pool (8,000 per "

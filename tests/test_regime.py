@@ -14,7 +14,8 @@ from acetools.search import LAMBDA_GRID
 ISSUE_ROWS = ["experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm", "iso_cts_norm",
               "tsv_minus_ta", "ace_gamma_median", "ace_gated_fraction", "tau_ratio", "energy", "wpre_top5_energy",
               "cosine_mean", "cosine_max", "tsv_gap_share", "trunc_norm", "scaled_norm", "overlap_topk",
-              "overlap_random", "trunc_energy", "overlap_left", "overlap_right"]
+              "overlap_random", "trunc_energy", "overlap_left", "overlap_right", "act_overlap",
+              "act_topk_energy", "tau_in_act"]
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,8 @@ def test_card_rows_agree_with_the_benchmark_and_with_each_other(card, bench):  #
     assert -1 <= v("cosine_mean") <= v("cosine_max") <= 1
     assert 0 < v("overlap_random") < 1 and 0 <= v("overlap_topk") <= 1 + 1e-9
     assert v("ta_interference") == pytest.approx(v("scaled_norm") - v("ta_norm"))
+    assert 0 <= v("act_overlap") <= 1 + 1e-9 and 0 <= v("tau_in_act") <= 1 + 1e-9 and 0 < v("act_topk_energy") <= 100
+    assert min(v("overlap_left"), v("overlap_right")) <= v("overlap_topk") <= max(v("overlap_left"), v("overlap_right"))
 
 
 def test_truncation_and_scaling_rows_match_a_direct_computation(card, bench):  # noqa: F811
@@ -98,6 +101,7 @@ def test_overlap_is_one_for_identical_task_vectors(bench, tmp_path):  # noqa: F8
     assert c.value("overlap_topk") == pytest.approx(1.0, abs=1e-6)
     assert c.value("cosine_max") == pytest.approx(1.0, abs=1e-6)
     assert c.value("ace_gamma_median") == 0.0  # equal energies: no heterogeneity
+    assert c.value("act_overlap") == pytest.approx(1.0, abs=1e-6)  # the same inputs: the same activations
 
 
 def test_save_and_load_round_trip(card, tmp_path):
