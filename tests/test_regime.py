@@ -161,3 +161,32 @@ def test_cli_regime_writes_the_card(bench, tmp_path, monkeypatch, capsys):  # no
     assert seen["suite"] == "tiny" and seen["size"] == "micro" and seen["seed"] == 0 and seen["mtl"] is False
     out = capsys.readouterr().out
     assert "TSV-M − task arithmetic" in out
+
+
+def test_recipe_study_recipes_are_valid_and_the_summary_collects_cards(card, tmp_path):
+    """benchmarks/recipe_study.py: every recipe makes a Zoo (nothing is built); the summary
+    reads every card under a folder into the CSV and the figure."""
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "recipe_study.py"
+    spec = importlib.util.spec_from_file_location("recipe_study", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name in mod.RECIPES:
+        zoo = mod.make_zoo(name, root=tmp_path / "zoo")
+        assert zoo.tasks == ["fashion", "animals", "digits", "letters", "shapes", "orient", "count", "texture"]
+        assert not zoo.built and not zoo.mtl
+    with pytest.raises(KeyError, match="unknown recipe"):
+        mod.make_zoo("nope")
+    card.save(tmp_path / "cards" / "first_world")
+    card.save(tmp_path / "cards" / "gentle")
+    df = mod.summarize(tmp_path / "cards")
+    assert df["recipe"].tolist() == ["first_world", "gentle", "CLIP ViT-B/32 (papers)"]
+    assert (tmp_path / "cards" / "recipe_study.png").stat().st_size > 0
+    back = pd.read_csv(tmp_path / "cards" / "recipe_study.csv")
+    assert back.loc[0, "tsv_minus_ta"] == pytest.approx(card.value("tsv_minus_ta"), rel=1e-3)
+    with pytest.raises(FileNotFoundError, match="card.json"):
+        mod.summarize(tmp_path / "empty")
