@@ -69,7 +69,7 @@ RECIPES: dict[str, tuple[str, dict]] = {
 SUMMARY_METRICS = ["experts_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm", "iso_cts_norm", "tsv_minus_ta",
                    "tsv_gap_share", "ace_norm", "ace_gamma_median", "ace_gated_fraction", "tau_ratio",
                    "trunc_norm", "scaled_norm", "ta_interference", "trunc_energy", "overlap_topk", "overlap_left",
-                   "overlap_right", "overlap_random",
+                   "overlap_right", "overlap_random", "act_overlap", "act_topk_energy", "tau_in_act",
                    "cosine_mean", "wpre_top5_energy"]
 
 
