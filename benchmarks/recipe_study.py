@@ -147,12 +147,14 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     ax.set_title("the room for structured merges")
     ax.legend(fontsize=8)
     ax = axes[2]
-    for i, (m, lab) in enumerate([("trunc_norm", "expert truncated to rank r/T"),
-                                  ("scaled_norm", "task alone at λ_TA"), ("ta_norm", "task arithmetic")]):
-        ax.bar(x + (i - 1) * w, df[m], w, label=lab)
-    ax.set_ylim(50, 105)
+    w4 = 0.2
+    for i, (m, lab, c) in enumerate([("trunc_norm", "each expert truncated to rank r/T", "C1"),
+                                     ("tsv_norm", "TSV-M", "C1"), ("scaled_norm", "each task alone at λ_TA", "C0"),
+                                     ("ta_norm", "task arithmetic", "C0")]):
+        ax.bar(x + (i - 1.5) * w4, df[m], w4, label=lab, color=c, alpha=0.45 if i in (0, 2) else 1.0)
+    ax.set_ylim(50, 112)
     ax.set_ylabel("normalized test accuracy (%)")
-    ax.set_title("where the room comes from")
+    ax.set_title("two paths: truncate, then merge (TSV-M);\nscale, then add (TA)", fontsize=10)
     ax.legend(fontsize=8)
     for ax in axes:
         ax.set_xticks(x)
