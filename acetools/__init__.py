@@ -4,6 +4,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import logging as _logging  # noqa: E402
+
+# A quiet library: messages go to the ``acetools.<module>`` loggers and are shown only when an
+# application configures logging (the command line does: --quiet / --verbose).
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
+
 from .merging import METHODS, merge, task_vectors  # noqa: E402
 from .utils import seed_everything  # noqa: E402
 

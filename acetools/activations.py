@@ -20,13 +20,14 @@ Hooks are always removed afterwards, also when the forward pass raises.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["capture_inputs", "gram_matrices", "input_covariances", "layer_input_spec"]
+__all__ = ["capture_inputs", "gram_matrices", "input_covariances", "layer_input_spec", "orientation_of"]
 
 # nn.MultiheadAttention parameters and which forward argument feeds them.
 _MHA_INPUTS = {"in_proj_weight": 0, "q_proj_weight": 0, "k_proj_weight": 1, "v_proj_weight": 2}
@@ -68,16 +69,36 @@ def layer_input_spec(model: nn.Module, key: str, prefix: str = "") -> tuple[str,
     return mod_name, module, 0
 
 
-def _rows(module: nn.Module, x: Tensor, d_in: int) -> Tensor:
-    """Flatten ``x`` to (tokens, d_in) rows, batch-major."""
+def _rows(module: nn.Module, x: Tensor, d_in: int, key: str = "") -> Tensor:
+    """Flatten ``x`` to (tokens, d_in) rows, batch-major; its last dim must be ``d_in``."""
+    if x.shape[-1] != d_in:
+        raise RuntimeError(
+            f"layer {key!r} ({type(module).__name__}): its input has width {x.shape[-1]} (shape {tuple(x.shape)}) "
+            f"but the weight's d_in is {d_in}; if the weight is stored in x out (GPT-2 Conv1D) or out x in "
+            "contrary to its module type, pass layout= (acetools.layouts) so its orientation is known"
+        )
     if isinstance(module, nn.MultiheadAttention) and x.ndim == 3 and not module.batch_first:
         x = x.transpose(0, 1)  # (L, B, D) -> (B, L, D)
     return x.detach().reshape(-1, d_in)
 
 
+def orientation_of(module: nn.Module, key: str, layout: Any = None) -> str:
+    """``"out_in"`` (``nn.Linear``: y = x W^T) or ``"in_out"`` (GPT-2 ``Conv1D``: y = x W) for
+    the weight ``key`` of ``module``: the layout's word if one is given (a name such as
+    ``"gpt2"`` or a :class:`acetools.layouts.Layout`), else the module type's
+    (``transformers``' ``Conv1D`` is in x out, everything else out x in)."""
+    if layout is not None:
+        if isinstance(layout, str):
+            from .layouts import get_layout
+
+            layout = get_layout(layout)
+        return layout.orientation(key)
+    return "in_out" if type(module).__name__ == "Conv1D" else "out_in"
+
+
 @contextmanager
 def _hooked(model: nn.Module, keys: Sequence[str], prefix: str,
-            on_input: Callable[[str, Tensor], None]) -> Iterator[dict[str, int]]:
+            on_input: Callable[[str, Tensor], None], layout: Any = None) -> Iterator[dict[str, int]]:
     """Register forward pre-hooks that call ``on_input(key, rows)``; yield per-key call counts."""
     specs = {key: layer_input_spec(model, key, prefix) for key in keys}
     counts = dict.fromkeys(keys, 0)
@@ -94,13 +115,13 @@ def _hooked(model: nn.Module, keys: Sequence[str], prefix: str,
             else:
                 raise RuntimeError(f"hook for {key!r}: could not find the layer input among the call's arguments")
             counts[key] += 1
-            on_input(key, _rows(module, x, d_in))
+            on_input(key, _rows(module, x, d_in, key))
 
         return hook
 
     try:
         for key, (_, module, idx) in specs.items():
-            d_in = _d_in(module, key, idx)
+            d_in = _d_in(module, key, orientation_of(module, key, layout))
             handles.append(module.register_forward_pre_hook(make_hook(key, idx, d_in), with_kwargs=True))
         yield counts
     finally:
@@ -108,9 +129,14 @@ def _hooked(model: nn.Module, keys: Sequence[str], prefix: str,
             h.remove()
 
 
-def _d_in(module: nn.Module, key: str, idx: int) -> int:
-    param = key.rpartition(".")[2]
-    return getattr(module, param).shape[1]
+def _d_in(module: nn.Module, key: str, orientation: str) -> int:
+    """d_in of the canonical d_out x d_in matrix: dim 1 of an out x in weight, dim 0 of an in x out one."""
+    W = getattr(module, key.rpartition(".")[2])
+    if W.ndim != 2:
+        raise KeyError(f"key {key!r}: the weight has shape {tuple(W.shape)}; only 2-D (linear) weights can be captured")
+    if orientation not in ("out_in", "in_out"):
+        raise ValueError(f"key {key!r}: orientation {orientation!r} is not 'out_in' or 'in_out'")
+    return W.shape[0] if orientation == "in_out" else W.shape[1]
 
 
 def _batches(inputs, batch_size: int | None) -> Iterator[Tensor]:
@@ -122,14 +148,31 @@ def _batches(inputs, batch_size: int | None) -> Iterator[Tensor]:
         for i in range(0, n, max(step, 1)):
             yield inputs[i:i + step]
         return
+    if isinstance(inputs, Mapping):  # one dict of keyword tensors (e.g. a tokenizer's output), sliced by rows
+        vals = list(inputs.values())
+        if not vals or not all(isinstance(v, Tensor) for v in vals):
+            raise TypeError("a dict of inputs must map argument names to Tensors (e.g. {'input_ids': ...})")
+        n = vals[0].shape[0]
+        step = n if batch_size is None else batch_size
+        for i in range(0, n, max(step, 1)):
+            yield {k: v[i:i + step] for k, v in inputs.items()}
+        return
     if not isinstance(inputs, Iterable):
         raise TypeError(f"inputs must be a Tensor or an iterable of batches, got {type(inputs).__name__}")
     for b in inputs:
         if isinstance(b, (tuple, list)):  # (images, labels, ...) from a DataLoader
             b = b[0]
+        if isinstance(b, Mapping) and all(isinstance(v, Tensor) for v in b.values()):
+            yield dict(b)  # keyword inputs, e.g. a tokenizer's {"input_ids": ..., "attention_mask": ...}
+            continue
         if not isinstance(b, Tensor):
-            raise TypeError(f"each batch must be a Tensor or a (Tensor, ...) tuple, got {type(b).__name__}")
+            raise TypeError("each batch must be a Tensor, a dict of Tensors or a (Tensor, ...) tuple, "
+                            f"got {type(b).__name__}")
         yield b
+
+
+def _to(x: Tensor | dict, dev: torch.device):
+    return {k: v.to(dev) for k, v in x.items()} if isinstance(x, dict) else x.to(dev)
 
 
 def _key_list(keys: Sequence[str]) -> list[str]:
@@ -141,7 +184,7 @@ def _key_list(keys: Sequence[str]) -> list[str]:
     return keys
 
 
-def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, on_input) -> None:
+def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout=None) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     was_training = {m: m.training for m in model.modules()}
@@ -149,10 +192,11 @@ def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, 
         model.eval()
     dev = next((p.device for p in model.parameters()), torch.device("cpu")) if device is None else torch.device(device)
     try:
-        with _hooked(model, keys, prefix, on_input) as counts, torch.no_grad():
+        with _hooked(model, keys, prefix, on_input, layout) as counts, torch.no_grad():
             n_batches = 0
             for x in _batches(inputs, batch_size):
-                model(x.to(dev))
+                x = _to(x, dev)
+                model(**x) if isinstance(x, dict) else model(x)
                 n_batches += 1
             if n_batches == 0:
                 raise ValueError("inputs yielded no batch; give at least one input")
@@ -179,6 +223,7 @@ def capture_inputs(
     device: str | torch.device | None = None,
     out_device: str | torch.device = "cpu",
     eval_mode: bool = True,
+    layout: Any = None,
 ) -> dict[str, Tensor]:
     """Input activations of each named layer, ``{key: X}`` with X of shape N x d_in.
 
@@ -187,7 +232,14 @@ def capture_inputs(
     ``torch.no_grad()`` on ``device`` (default: where its parameters are), in eval mode unless
     ``eval_mode=False`` (the previous modes are restored). Every token of every sample is a
     row, batch-major. These are ESM's proxy activations when ``model`` is task t's fine-tuned
-    model (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)). Rows are stored on ``out_device`` in the model's dtype.
+    model (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)).
+    Rows are stored on ``out_device`` in the model's dtype.
+
+    X has the width d_in of the *canonical* d_out x d_in matrix whatever the storage: for a
+    GPT-2 ``Conv1D`` (stored in x out) d_in is the weight's first dimension. The orientation
+    comes from ``layout`` (a layout name or object, see :func:`orientation_of`) or else from
+    the module type; an input whose width is not d_in is an error naming the key. A batch may
+    also be a dict of keyword tensors (``model(**batch)``), e.g. a tokenizer's output.
     """
     keys = _key_list(keys)
     chunks: dict[str, list[Tensor]] = {k: [] for k in keys}
@@ -195,7 +247,7 @@ def capture_inputs(
     def on_input(key: str, rows: Tensor) -> None:
         chunks[key].append(rows.to(out_device))
 
-    _run(model, inputs, keys, prefix, batch_size, device, eval_mode, on_input)
+    _run(model, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout)
     return {k: torch.cat(v) for k, v in chunks.items()}
 
 
@@ -209,6 +261,7 @@ def gram_matrices(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float64,
     eval_mode: bool = True,
+    layout: Any = None,
 ) -> dict[str, Tensor]:
     """RegMean Gram matrices G = (1/N) X^T X (d_in x d_in) per layer, docs/methods.md §RegMean.
 
@@ -226,7 +279,7 @@ def gram_matrices(
         sums[key] = g if key not in sums else sums[key] + g
         counts[key] += r.shape[0]
 
-    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input)
+    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input, layout)
     return {k: (sums[k] / counts[k]).cpu() for k in keys}
 
 
@@ -241,6 +294,7 @@ def input_covariances(
     dtype: torch.dtype = torch.float64,
     unbiased: bool = False,
     eval_mode: bool = True,
+    layout: Any = None,
 ) -> dict[str, Tensor]:
     """Centred input covariance Sigma = (1/N) sum (x - mu)(x - mu)^T per layer (d_in x d_in).
 
@@ -267,7 +321,7 @@ def input_covariances(
         d = mb - ma
         state[key] = (n, ma + d * (nb / n), Ma + Mb + torch.outer(d, d) * (na * nb / n))
 
-    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input)
+    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input, layout)
     out = {}
     for k in keys:
         n, _, M = state[k]

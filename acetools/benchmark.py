@@ -179,7 +179,9 @@ class Benchmark:
         idx = torch.randperm(len(d.y), generator=g)[: self.n_proxy]
         return torch.as_tensor(np.asarray(d.x))[idx]
 
-    def matrix_keys(self, pattern: Sequence[str] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")) -> list[str]:
+    def matrix_keys(
+        self, pattern: Sequence[str] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    ) -> list[str]:
         return [k for k in self.base if any(p in k for p in pattern)]
 
     def esm_activations(self) -> dict[str, list[Tensor]]:
@@ -209,7 +211,8 @@ class Benchmark:
             for t, state in zip(self.tasks, self.experts):
                 d = self.zoo.split(t, "train")
                 x = torch.as_tensor(np.asarray(d.x[: self.n_gram]))
-                out.append({k: v.float() for k, v in gram_matrices(self.zoo.encoder(state), x, keys, batch_size=128).items()})
+                task_grams = gram_matrices(self.zoo.encoder(state), x, keys, batch_size=128)
+                out.append({k: v.float() for k, v in task_grams.items()})
             self._grams = out
         return self._grams
 
@@ -221,7 +224,9 @@ class Benchmark:
         return {}
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, state: Mapping[str, Tensor], split: str = "test", tasks: Sequence[str] | None = None) -> dict[str, float]:
+    def evaluate(
+        self, state: Mapping[str, Tensor], split: str = "test", tasks: Sequence[str] | None = None
+    ) -> dict[str, float]:
         """Absolute top-1 accuracy (fraction) per task of the encoder ``state``."""
         from .finetune import evaluate
 
@@ -235,7 +240,8 @@ class Benchmark:
             from .finetune import evaluate
 
             self._expert_acc[split] = {
-                t: evaluate(self.zoo.encoder(s), self.zoo.head(t), self.data(t, split), batch_size=self.batch_size, threads=self.threads)
+                t: evaluate(self.zoo.encoder(s), self.zoo.head(t), self.data(t, split),
+                            batch_size=self.batch_size, threads=self.threads)
                 for t, s in zip(self.tasks, self.experts)
             }
         return self._expert_acc[split]
@@ -425,7 +431,9 @@ class Benchmark:
 def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
     """Mean, standard deviation, min and max over expert seeds of every method's summary
     row, read from the ``<suite>_<size>_seed<k>_summary.csv`` files in ``folder``
-    (written by :meth:`Benchmark.save`). Methods keep their first file's order."""
+    (written by :meth:`Benchmark.save`). Methods keep their first file's order. The means
+    and sds are :func:`acetools.results.aggregate`'s (one aggregation in acetools); this adds
+    the min / max and reads the summary files alone."""
     import re
 
     folder = Path(folder)
@@ -440,15 +448,17 @@ def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
         raise FileNotFoundError(f"no {suite}_{size}_seed*_summary.csv in {folder}; run `acetools bench "
                                 f"--suite {suite} --size {size} --out {folder}` first")
     df = pd.concat(frames, ignore_index=True)
-    order = list(dict.fromkeys(df["method"]))
-    agg = df.groupby("method", sort=False).agg(
-        n_seeds=("seed", "nunique"),
-        test_acc=("test_acc", "mean"), test_acc_sd=("test_acc", "std"),
-        test_normalized=("test_normalized", "mean"), test_normalized_sd=("test_normalized", "std"),
-        test_normalized_min=("test_normalized", "min"), test_normalized_max=("test_normalized", "max"),
-        coef_mean=("coef", "mean"), merge_seconds=("merge_seconds", "mean"),
-    )
-    return agg.reindex(order).reset_index()
+    from .results import REFERENCES, aggregate  # the one aggregation over seeds
+
+    summary = df.assign(suite=suite, n_tasks=math.nan,
+                        kind=np.where(df["method"].isin(REFERENCES), "reference", "method"))
+    agg = aggregate(summary).set_index("method")
+    span = df.groupby("method", sort=False)["test_normalized"].agg(["min", "max"])
+    out = pd.DataFrame({"n_seeds": agg["n_seeds"], "test_acc": agg["test_acc"], "test_acc_sd": agg["test_acc_sd"],
+                        "test_normalized": agg["test_normalized"], "test_normalized_sd": agg["test_normalized_sd"],
+                        "test_normalized_min": span["min"], "test_normalized_max": span["max"],
+                        "coef_mean": agg["coef"], "merge_seconds": agg["merge_seconds"]})
+    return out.rename_axis("method").reset_index()
 
 
 def wudi_step_size(bench: Benchmark, lrs: Sequence[float] = (1e-5, 1e-4, 1e-3), *, steps: int = 300,

@@ -1,12 +1,227 @@
-"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench``, ``regime`` and ``report``."""
+"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench``, ``report``, ``merge`` and ``regime``.
+
+Every bad argument ends in **one line** on stderr, ``acetools: error: <what> ...``, and exit
+status 2; ``--debug`` (anywhere on the line) shows the traceback instead. ``--quiet`` and
+``--verbose`` set the level of the library's ``logging`` messages (loggers ``acetools.<module>``).
+
+Conventions for a subcommand (``merge``, ``diagnose``, ``regime``, ... are added this way):
+
+* one ``_cmd_<name>(args) -> int`` function that calls a library module, plus one
+  ``add_parser`` block in :func:`build_parser` ending in ``set_defaults(func=_cmd_<name>)``;
+  the block gets ``--debug`` / ``--quiet`` / ``--verbose`` and the one-line parse errors
+  without asking (``args.debug``, ``args.quiet``, ``args.verbose`` are always set);
+* validate what argparse can at parse time: ``choices=`` from the library's registries
+  (:data:`SUITE_CHOICES`, :data:`SIZE_CHOICES`, :data:`METHOD_CHOICES`; read lazily, so
+  ``--help`` stays fast), ``type=`` :func:`positive_int` / :func:`nonnegative_int` / :func:`existing_file`;
+* for anything else raise ``ValueError`` / ``KeyError`` / ``TypeError`` / ``OSError``
+  (``FileNotFoundError`` ...) with a message that names the offending key, file or
+  parameter, or :class:`CLIError`: :func:`main` turns these into the one-line form (exit 2)
+  for every subcommand; nothing per command. Other exceptions (bugs) keep their traceback;
+  Ctrl-C exits with 130 and one line (``report`` also shows a failing notebook as one line,
+  exit 1);
+* print results to stdout; progress and messages go through ``logging`` / tqdm (stderr).
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+from collections.abc import Callable, Iterable, Iterator
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser", "CLIError", "USER_ERRORS", "positive_int", "nonnegative_int", "existing_file"]
 
+#: Exceptions that mean "bad input": :func:`main` prints them as one line and exits with 2.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, OSError)
+
+
+class CLIError(Exception):
+    """A bad argument found after parsing; printed as one line (exit 2)."""
+
+
+# --------------------------------------------------------------------------- parsing helpers
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: ``acetools: error: <sub>: <message>``."""
+
+    def error(self, message: str):
+        sub = self.prog.partition(" ")[2]
+        where = f"{sub}: " if sub else ""
+        hint = f" (see 'acetools {sub + ' ' if sub else ''}--help')"
+        self.exit(2, f"acetools: error: {where}{_one_line(message)}{hint}\n")
+
+
+class _Lazy:
+    """``choices=`` for argparse read from a library registry on first use (so building the
+    parser imports nothing heavy). Supports ``in``, iteration and ``len`` as argparse needs."""
+
+    def __init__(self, load: Callable[[], Iterable[str]]):
+        self._load, self._names = load, None
+
+    @property
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = list(self._load())
+        return self._names
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def _suites() -> list[str]:
+    from .data import SUITES
+
+    return list(SUITES)
+
+
+def _sizes() -> list[str]:
+    from .models import SIZES
+
+    return list(SIZES)
+
+
+def _layouts() -> list[str]:
+    from .layouts import PRESETS
+
+    return ["auto", *PRESETS]
+
+
+def _methods() -> list[str]:
+    from .merging import METHODS
+
+    return list(METHODS)
+
+
+#: Task suites (:data:`acetools.data.SUITES`), model sizes (:data:`acetools.models.SIZES`) and
+#: merge methods (:data:`acetools.METHODS`) accepted by ``--suite``, ``--size``, ``--methods``.
+SUITE_CHOICES, SIZE_CHOICES, METHOD_CHOICES = _Lazy(_suites), _Lazy(_sizes), _Lazy(_methods)
+
+
+def model_size(text: str) -> str:
+    """``--size``: a registered mini-world size or an open_clip model name (``ViT-B-32``)."""
+    from .models import model_config
+
+    try:
+        model_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {v}")
+    return v
+
+
+def existing_file(text: str) -> str:
+    """argparse ``type=``: a path to an existing file."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no file at {text!r}" if not os.path.exists(text) else
+                                         f"{text!r} is not a file")
+    return text
+
+
+def _add_output_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--debug`` / ``--quiet`` / ``--verbose``. Below the top level the defaults are SUPPRESS,
+    so ``acetools --debug report ...`` and ``acetools report ... --debug`` both work and a
+    subcommand never undoes a flag given before it."""
+    default = False if top else argparse.SUPPRESS
+    p.add_argument("--debug", action="store_true", default=default,
+                   help="show the full traceback of an error instead of one line")
+    v = p.add_mutually_exclusive_group()
+    v.add_argument("-q", "--quiet", action="store_true", default=default,
+                   help="only warnings and errors from the library; no progress bars")
+    v.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="the library's debug messages too")
+
+
+def _add_output_options_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)subcommand the output options, so a new ``add_parser`` block needs nothing
+    (:func:`main` calls this on :func:`build_parser`'s result)."""
+    for action in parser._actions:  # argparse keeps subcommands in a _SubParsersAction
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                if "--debug" not in sub._option_string_actions:
+                    _add_output_options(sub, top=False)
+                _add_output_options_everywhere(sub)
+
+
+def _folder_for_output(path: str | None, option: str) -> None:
+    """Fail before any work when ``path`` cannot become a writable folder: it or a parent is
+    a file, or its nearest existing parent is not writable."""
+    if path is None:
+        return
+    p = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    if not os.path.isdir(p):
+        what = "is a file" if p == os.path.abspath(os.path.expanduser(path)) else f"is inside the file {p!r}"
+        raise CLIError(f"{option} {path!r} {what}, not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise CLIError(f"{option} {path!r}: no permission to write in {p!r}")
+
+
+def _check_split_sizes(suite: str, **wanted: int | None) -> None:
+    """``n_val=100`` etc. must not exceed any task's split (else the whole split would be used
+    while the results record the number asked for). Tasks whose sizes are not known up front
+    (online sources) are not checked."""
+    from .data import SUITES, get_task
+
+    for option, n in wanted.items():
+        if n is None:
+            continue
+        split = option.split("_", 1)[1]
+        for task in SUITES[suite]:
+            size = dict(get_task(task).sizes).get(split)
+            if size is not None and n > size:
+                raise CLIError(f"--{option.replace('_', '-')} {n} is more than task {task!r} of suite {suite!r} "
+                               f"has ({size} {split} images)")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _message(err: BaseException) -> str:
+    """The one-line text of an exception; a KeyError's message without repr quotes; an
+    OSError's file name when its message lacks it."""
+    if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str):
+        text = err.args[0]
+    elif isinstance(err, OSError) and err.strerror and err.filename is not None:
+        text = f"{err.strerror}: {str(err.filename)!r}"
+    else:
+        text = str(err) or type(err).__name__
+    return _one_line(text)
+
+
+# --------------------------------------------------------------------------- commands
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
@@ -28,17 +243,11 @@ def _zoo(args: argparse.Namespace, seed: int):
 def _cmd_zoo_build(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    _folder_for_output(args.root, "--root")
     if args.check:
-        short = 0
-        for seed in args.seeds:
-            zoo = _zoo(args, seed)
-            todo = zoo.missing()
-            short += len(todo)
-            what = ", ".join(f"{k}{'/' + t if t else ''}" for k, t in todo) or "nothing"
-            print(f"zoo {args.suite} size={args.size} seed={seed}: {len(todo)} to build ({what}); cache {zoo.folder}")
-        return 1 if short else 0
+        return _zoo_check(args)
     for seed in args.seeds:
-        zoo = _zoo(args, seed).build(progress=True)
+        zoo = _zoo(args, seed).build(progress=not args.quiet)
         rows = [{"kind": r["kind"], "task": r["task"] or "", "seconds": r["seconds"],
                  **{k: v for k, v in (r["metrics"] or {}).items() if not isinstance(v, dict)}}
                 for r in zoo.records()]
@@ -48,17 +257,41 @@ def _cmd_zoo_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zoo_check(args: argparse.Namespace) -> int:
+    """``zoo build --check``: one line per seed, never a traceback (exit 1 when anything is
+    missing or cannot be checked, e.g. a data source that is not installed)."""
+    short = 0
+    for seed in args.seeds:
+        head = f"zoo {args.suite} size={args.size} seed={seed}"
+        try:
+            zoo = _zoo(args, seed)
+            todo = zoo.missing()
+        except Exception as err:  # noqa: BLE001 - --check reports, it never raises
+            if args.debug:
+                raise
+            short += 1
+            print(f"{head}: cannot check ({type(err).__name__}: {_message(err)})")
+            continue
+        short += len(todo)
+        what = ", ".join(f"{k}{'/' + t if t else ''}" for k, t in todo) or "nothing"
+        print(f"{head}: {len(todo)} to build ({what}); cache {zoo.folder}")
+    return 1 if short else 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .benchmark import ACE_SCALED, Benchmark, aggregate_seeds
     from .utils import atomic_write
 
+    _folder_for_output(args.out, "--out")
+    _folder_for_output(args.root, "--root")
+    _check_split_sizes(args.suite, n_val=args.n_val, n_test=args.n_test)
     for seed in args.seeds:
-        zoo = _zoo(args, seed).build(progress=True)
+        zoo = _zoo(args, seed).build(progress=not args.quiet)
         bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads, patience=args.patience)
         extra = {"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED}} if args.ace_scaled else None
-        runs = bench.run_all(args.methods, progress=True, extra=extra)
+        runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
         stem = f"{args.suite}_{args.size}_seed{seed}"
         if args.out:
             bench.save(runs, Path(args.out), stem)
@@ -76,21 +309,82 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .course.report import notebook_paths, parse_parameter, run_report
+    from .course.report import check_parameters, notebook_paths, parse_parameter, run_report
 
     if args.list:
         for p in notebook_paths(args.notebooks):
             print(p.stem)
         return 0
-    params = dict(parse_parameter(p) for p in args.parameter)
+    raw = dict(parse_parameter(p, literal=False) for p in args.parameter)
+    # every selection, name and value is checked before the first kernel starts
+    params = check_parameters(notebook_paths(args.notebooks, args.only), raw)
+    _folder_for_output(args.out, "--out")
+    _folder_for_output(args.figures, "--figures")
 
     def show(rec):
         print(f"{rec['notebook']:<24} {rec['seconds']:>7.1f} s  {rec.get('html', rec['executed'])}", flush=True)
 
-    recs = run_report(args.profile, only=args.only, parameters=params, out=args.out, figures=args.figures,
-                      notebooks=args.notebooks, html=not args.no_html, timeout=args.cell_timeout,
-                      start_timeout=args.start_timeout, on_result=show)
+    from papermill.exceptions import PapermillExecutionError
+
+    try:
+        recs = run_report(args.profile, only=args.only, parameters=params, out=args.out, figures=args.figures,
+                          notebooks=args.notebooks, html=not args.no_html, timeout=args.cell_timeout,
+                          start_timeout=args.start_timeout, on_result=show)
+    except PapermillExecutionError as err:  # a failing notebook: not a bad argument (exit 1), still one line
+        if args.debug:
+            raise
+        print(f"acetools: error: a notebook failed in cell [{err.exec_count}]: {err.ename}: {_one_line(err.evalue)} "
+              "(the partly executed notebook is in the build folder; run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
     print(f"{len(recs)} notebook(s) ran in {sum(r['seconds'] for r in recs):.0f} s ({args.profile} profile)")
+    return 0
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from .diagnose import check_inputs, diagnose, run_report
+
+    _folder_for_output(args.out, "--out")
+    names = args.names or None
+    # every file, key and shape is checked before a kernel starts (one-line errors)
+    info = check_inputs(args.base, args.experts, names=names, layout=args.layout)
+    print(f"{info['n_tasks']} experts, layout {info['layout']!r}, {info['n_matrices']} matrices of "
+          f"{info['n_keys']} keys", flush=True)
+    if args.tables_only:
+        d = diagnose(args.base, args.experts, names=names, layout=args.layout, tau=args.tau, ace=args.ace)
+        paths = d.save(args.out)
+        print(d.summary[["label", "value", "unit"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(f"tables in {os.path.dirname(os.path.abspath(paths['summary']))} ({d.meta['seconds']:.0f} s)")
+        return 0
+    rec = run_report(args.base, args.experts, args.out, names=names, layout=args.layout, tau=args.tau, ace=args.ace,
+                     html=not args.no_html, timeout=args.cell_timeout)
+    print(f"report in {rec['seconds']:.0f} s: {rec.get('html', rec['executed'])}")
+    return 0
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from .layouts import format_table
+    from .merge_files import load_config, merge_files, parse_hparam
+
+    cfg = load_config(args.config) if args.config else {"hyperparameters": {}}
+    for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode"):
+        if getattr(args, name) is not None:
+            cfg[name] = getattr(args, name)
+    cfg["hyperparameters"].update(dict(parse_hparam(p) for p in args.param))
+    for name in ("method", "base", "experts"):
+        if not cfg.get(name):
+            raise ValueError(f"merge needs --{name} (or '{name}:' in a config file)")
+    if not cfg.get("out") and not args.dry_run:
+        raise ValueError("merge needs --out (or 'out:' in a config file), or --dry-run")
+    res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"), hparams=cfg["hyperparameters"],
+                      layout=cfg.get("layout", "auto"), dtype=cfg.get("dtype"), device=cfg.get("device", "cpu"),
+                      shard_size=cfg.get("shard_size", "5GB"), mode=cfg.get("mode", "auto"), dry_run=args.dry_run,
+                      overwrite=args.overwrite or bool(cfg.get("overwrite")), progress=None)
+    print(res.plan.summary())
+    if args.dry_run:
+        print(format_table(res.plan.rows))
+        return 0
+    print(f"wrote {', '.join(f.name for f in res.files)} to {res.out} in {res.seconds:.1f} s")
     return 0
 
 
@@ -100,6 +394,7 @@ def _cmd_regime(args: argparse.Namespace) -> int:
     from .regime import regime_card
     from .zoo import Zoo
 
+    _folder_for_output(args.out, "--out")
     zoo = Zoo(args.suite, size=args.size, seed=args.seed, root=args.root, mtl=False, threads=args.threads)
     zoo.build(progress=True)
     card = regime_card(zoo, n_val=args.n_val, n_test=args.n_test, patience=args.patience, tau=args.tau,
@@ -114,25 +409,30 @@ def _cmd_regime(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
+    _add_output_options(ap, top=True)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     d = sub.add_parser("demo", help="merge small generated experts with every method and print a table")
-    d.add_argument("--tasks", type=int, default=6, help="number of experts (default 6)")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--methods", nargs="+", default=None, help="methods to run (default: all)")
+    d.add_argument("--tasks", type=positive_int, default=6, help="number of experts (default 6)")
+    d.add_argument("--seed", type=nonnegative_int, default=0)
+    d.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
+                   help="methods to run (default: all): %(choices)s")
     d.add_argument("--defaults", action="store_true", help="keep default coefficients (no validation search)")
     d.set_defaults(func=_cmd_demo)
 
     def world_args(p):
-        p.add_argument("--suite", default="tasks8", help="task suite (tasks8, tasks14, tasks20, ...)")
-        p.add_argument("--size", default="small", help="model size: micro, tiny, small")
-        p.add_argument("--seeds", type=int, nargs="+", default=[0], help="expert fine-tuning seeds")
+        p.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
+                       help="task suite (default tasks8): %(choices)s")
+        p.add_argument("--size", default="small", type=model_size, metavar="SIZE",
+                       help="model size (default small): micro, tiny, small (acetools.models.SIZES), or an open_clip "
+                            "model name such as ViT-B-32 (pretrained CLIP, for the online suites)")
+        p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="expert fine-tuning seeds")
         p.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
         p.add_argument("--no-mtl", action="store_true", help="skip the multi-task reference model")
-        p.add_argument("--threads", type=int, default=None, help="CPU threads for training/evaluation")
+        p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
 
     z = sub.add_parser("zoo", help="build the mini-world's base, heads and experts")
-    zsub = z.add_subparsers(dest="zoo_command", required=True)
+    zsub = z.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")
     zb = zsub.add_parser("build", help="build (or load from the cache) a suite's zoo")
     world_args(zb)
     zb.add_argument("--check", action="store_true",
@@ -141,50 +441,140 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="merge a zoo with methods, select coefficients on val, report test")
     world_args(b)
-    b.add_argument("--methods", nargs="+", default=None, help="methods (default: all registered)")
-    b.add_argument("--n-val", type=int, default=None, help="validation images per task for the search")
-    b.add_argument("--n-test", type=int, default=None, help="test images per task")
-    b.add_argument("--patience", type=int, default=None,
+    b.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
+                   help="methods (default: all registered): %(choices)s")
+    b.add_argument("--n-val", type=positive_int, default=None, help="validation images per task for the search")
+    b.add_argument("--n-test", type=positive_int, default=None, help="test images per task")
+    b.add_argument("--patience", type=positive_int, default=None,
                    help="stop a grid search after this many points without improvement (default: whole grid)")
     b.add_argument("--ace-scaled", action="store_true", help="also run ACE with its scaling chosen on val")
     b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
     b.set_defaults(func=_cmd_bench)
 
-    g = sub.add_parser("regime", help="measure a zoo's regime card (room for structured merges) beside CLIP's")
-    g.add_argument("--suite", default="tasks8", help="task suite (tasks8, tasks14, tasks20, ...)")
-    g.add_argument("--size", default="small", help="model size: micro, tiny, small, wide")
-    g.add_argument("--seed", type=int, default=0, help="expert fine-tuning seed")
-    g.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
-    g.add_argument("--threads", type=int, default=None, help="CPU threads for training/evaluation")
-    g.add_argument("--n-val", type=int, default=100, help="validation images per task for the searches (default 100)")
-    g.add_argument("--n-test", type=int, default=500, help="test images per task (default 500)")
-    g.add_argument("--patience", type=int, default=3, help="grid-search patience (default 3)")
-    g.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3, the paper's)")
-    g.add_argument("--out", default=None, help="folder for card.csv/json (default figures/regime/<suite>_<size>_seed<k>)")
-    g.set_defaults(func=_cmd_regime)
-
     r = sub.add_parser("report", help="run the course notebooks with papermill and render HTML reports")
     r.add_argument("--profile", choices=["quick", "full"], default="quick",
                    help="quick: fixture world, minutes (CI); full: the mini-world at its default size")
-    r.add_argument("--only", nargs="+", default=None, help="notebooks to run (stem, number or name)")
+    r.add_argument("--only", nargs="+", default=None, metavar="NOTEBOOK",
+                   help="notebooks to run (stem, number or name; see --list)")
     r.add_argument("-p", "--parameter", action="append", default=[], metavar="KEY=VALUE",
-                   help="set a notebook parameter (repeatable); unknown names are an error")
+                   help="set a notebook parameter (repeatable); checked against the notebooks' parameters cells "
+                        "(name and type) before anything runs")
     r.add_argument("--out", default=None, help="build folder (default build/report/<profile>)")
     r.add_argument("--figures", default=None, help="figure root (default figures/ for full, <out>/figures for quick)")
     r.add_argument("--notebooks", default=None, help="notebooks folder (default the repository's notebooks/)")
     r.add_argument("--no-html", action="store_true", help="skip the HTML rendering")
-    r.add_argument("--cell-timeout", type=int, default=None, metavar="S",
+    r.add_argument("--cell-timeout", type=positive_int, default=None, metavar="S",
                    help="fail a notebook when one cell runs longer than S seconds (default: no limit)")
-    r.add_argument("--start-timeout", type=int, default=300, metavar="S",
+    r.add_argument("--start-timeout", type=positive_int, default=300, metavar="S",
                    help="seconds to wait for a notebook kernel to start (default 300)")
     r.add_argument("--list", action="store_true", help="list the notebooks and exit")
     r.set_defaults(func=_cmd_report)
+
+    g = sub.add_parser("diagnose",
+                       help="diagnose a base and its experts from their checkpoints: tables and an HTML report")
+    g.add_argument("--base", required=True,
+                   help="base checkpoint (safetensors file, HF or open_clip folder, state dict)")
+    g.add_argument("--experts", required=True, nargs="+", help="fine-tuned checkpoints, one per task")
+    g.add_argument("--out", required=True, help="output folder: diagnose.html, the executed notebook, CSV tables")
+    g.add_argument("--layout", default="auto", choices=_Lazy(_layouts), metavar="LAYOUT",
+                   help="layout preset (default auto: detected from the config or key names): %(choices)s")
+    g.add_argument("--names", nargs="+", default=None, help="one name per expert (default: the file names)")
+    g.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3)")
+    g.add_argument("--ace", action="store_true",
+                   help="also run ACE's closed form per matrix (W_pre's spectrum; slower)")
+    g.add_argument("--tables-only", action="store_true", help="write the CSV tables and print the summary; no notebook")
+    g.add_argument("--no-html", action="store_true", help="skip the HTML rendering")
+    g.add_argument("--cell-timeout", type=positive_int, default=None, metavar="S",
+                   help="fail when one notebook cell runs longer than S seconds (default: no limit)")
+    g.set_defaults(func=_cmd_diagnose)
+
+    m = sub.add_parser("merge", help="merge checkpoints on disk (safetensors, HF folders, open_clip) into safetensors",
+                       description="Merge expert checkpoints fine-tuned from one base; streams key by key when the "
+                                   "method allows. Options override a config file's values. See docs/your-models.md.")
+    m.add_argument("config", nargs="?", default=None,
+                   help="YAML config (method, base, experts, out, hyperparameters, ...)")
+    m.add_argument("--method", default=None, choices=METHOD_CHOICES, metavar="METHOD",
+                   help="merge method (acetools.METHODS), e.g. ace, ties, tsv_m")
+    m.add_argument("--base", default=None, help="pretrained checkpoint: file or folder")
+    m.add_argument("--experts", nargs="+", default=None, help="fine-tuned checkpoints, files or folders")
+    m.add_argument("--out", default=None, help="output folder (must not hold an input)")
+    m.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="method hyperparameter (repeatable), e.g. -p lam=0.3 -p scope=tensor")
+    m.add_argument("--layout", default=None, help="auto (default), open_clip, hf_clip, gpt2, bert, llama, generic")
+    m.add_argument("--dtype", default=None, help="output dtype of float tensors: base (default), float32, bf16, fp16")
+    m.add_argument("--device", default=None, help="where each key is merged: cpu (default), cuda, auto")
+    m.add_argument("--shard-size", dest="shard_size", default=None, help="largest output file, e.g. 5GB (default)")
+    m.add_argument("--mode", default=None, choices=["auto", "stream", "memory"],
+                   help="auto (default): stream when the method allows; memory: load everything")
+    m.add_argument("--overwrite", action="store_true", help="replace the weights of an earlier merge in --out")
+    m.add_argument("--dry-run", action="store_true", help="print the layout and the path of every key; write nothing")
+    m.set_defaults(func=_cmd_merge)
+
+    rg = sub.add_parser("regime", help="measure a zoo's regime card (room for structured merges) beside CLIP's")
+    rg.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
+                    help="task suite (default tasks8): %(choices)s")
+    rg.add_argument("--size", default="small", choices=SIZE_CHOICES, metavar="SIZE",
+                    help="model size (default small): %(choices)s")
+    rg.add_argument("--seed", type=nonnegative_int, default=0, help="expert fine-tuning seed (default 0)")
+    rg.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
+    rg.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
+    rg.add_argument("--n-val", type=positive_int, default=100, help="validation images per task (default 100)")
+    rg.add_argument("--n-test", type=positive_int, default=500, help="test images per task (default 500)")
+    rg.add_argument("--patience", type=positive_int, default=3, help="grid-search patience (default 3)")
+    rg.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3, the paper's)")
+    rg.add_argument("--out", default=None, help="folder for card.csv/json (default figures/regime/<suite>_<size>_seed<k>)")
+    rg.set_defaults(func=_cmd_regime)
     return ap
 
 
+# --------------------------------------------------------------------------- entry point
+
+def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
+    """Send the ``acetools`` loggers to stderr: INFO by default, WARNING with ``quiet``,
+    DEBUG with ``verbose``. Only the command line calls this; the library itself stays silent
+    (a NullHandler) unless an application configures logging."""
+    level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+    logger = logging.getLogger("acetools")
+    for h in [h for h in logger.handlers if getattr(h, "_acetools_cli", False)]:
+        logger.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s" if not verbose
+                                           else "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler._acetools_cli = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """Run the command line; returns the exit status (0 ok, 1 ``zoo build --check`` found
+    something missing, 2 bad argument, 130 interrupted)."""
+    parser = build_parser()
+    _add_output_options_everywhere(parser)  # every subcommand, whoever added it
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # a bad argument (2, one line already printed) or --help (0)
+        return stop.code if isinstance(stop.code, int) else 2
+    configure_logging(quiet=args.quiet, verbose=args.verbose)
+    old_progress = os.environ.get("ACETOOLS_PROGRESS")
+    if args.quiet:  # no progress bars either (restored afterwards: main() may run inside a test or a notebook)
+        os.environ["ACETOOLS_PROGRESS"] = "0"
+    try:
+        return args.func(args)
+    except (CLIError, *USER_ERRORS) as err:
+        if args.debug:
+            raise
+        print(f"acetools: error: {_message(err)} (run with --debug for the traceback)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("acetools: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if old_progress is None:
+            os.environ.pop("ACETOOLS_PROGRESS", None)
+        else:
+            os.environ["ACETOOLS_PROGRESS"] = old_progress
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -33,7 +33,8 @@ KEY = "lin.weight"
 def _extra_inputs(method: str, tasks) -> dict:
     """Inputs that data-based methods need: proxy activations (ESM) and Gram matrices (RegMean)."""
     if method == "esm":
-        return {"activations": {KEY: [t.X_train[:256].float() for t in tasks]}, "targets": (KEY,), "layer_types": (KEY,)}
+        return {"activations": {KEY: [t.X_train[:256].float() for t in tasks]},
+                "targets": (KEY,), "layer_types": (KEY,)}
     if method == "regmean":
         return {"grams": [{KEY: (t.X_train.T @ t.X_train / t.X_train.shape[0]).float()} for t in tasks]}
     return {}

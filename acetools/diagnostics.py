@@ -16,12 +16,13 @@ floats, small dataclasses or ``pandas`` DataFrames for notebooks:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
+
+from .keys import block_index, layer_type  # layer_type re-exported: the public name lessons use
 
 __all__ = [
     "singular_values",
@@ -273,15 +274,6 @@ def task_vector_cosine_per_layer(
     return pd.DataFrame(rows, columns=["key", "task_i", "task_j", "cosine"])
 
 
-def layer_type(key: str) -> str:
-    """A parameter's type with its block index removed: ``visual.transformer.resblocks.3.mlp.c_fc.weight``
-    -> ``mlp.c_fc.weight`` (keys outside the blocks lose only a leading ``visual.``)."""
-    m = re.search(r"resblocks\.\d+\.(.+)$", key)
-    if m:
-        return m.group(1)
-    return key[len("visual."):] if key.startswith("visual.") else key
-
-
 def relative_update_norms(
     base: Mapping[str, Tensor],
     task_vectors: Sequence[Mapping[str, Tensor]],
@@ -320,7 +312,8 @@ def heterogeneity_per_layer(
     """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per layer.
 
     One row per matrix key (``is_matrix``, default the rule of docs/methods.md §Matrix path; or the given ``keys``):
-    key, shape, gamma, flag (gamma > ``tau``), energy_mean/min/max (||τ_t||_F²).
+    key, layer_type (:func:`layer_type`), block (:func:`acetools.keys.block_index`), shape, gamma, flag
+    (gamma > ``tau``), energy_mean/min/max (||τ_t||_F²). Feeds ``gamma_strip`` directly.
     """
     import pandas as pd
 
@@ -336,9 +329,11 @@ def heterogeneity_per_layer(
         mats = [tv[k] for tv in task_vectors]
         gamma = heterogeneity(mats)
         e = task_energies(mats)
-        rows.append({"key": k, "shape": tuple(mats[0].shape), "gamma": gamma, "flag": gamma > tau,
+        rows.append({"key": k, "layer_type": layer_type(k), "block": block_index(k), "shape": tuple(mats[0].shape),
+                     "gamma": gamma, "flag": gamma > tau,
                      "energy_mean": float(e.mean()), "energy_min": float(e.min()), "energy_max": float(e.max())})
-    return pd.DataFrame(rows, columns=["key", "shape", "gamma", "flag", "energy_mean", "energy_min", "energy_max"])
+    return pd.DataFrame(rows, columns=["key", "layer_type", "block", "shape", "gamma", "flag", "energy_mean",
+                                       "energy_min", "energy_max"])
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,9 @@ class ResultFiles:
         return f"{self.suite}_{self.size}_seed{self.seed}"
 
 
-def find_results(folder: str | os.PathLike, suites: Sequence[str] | None = None, size: str | None = None) -> list[ResultFiles]:
+def find_results(
+    folder: str | os.PathLike, suites: Sequence[str] | None = None, size: str | None = None
+) -> list[ResultFiles]:
     """Every run in ``folder`` (one per ``*_summary.csv``), ordered by ``suites`` then seed.
 
     ``suites``/``size`` filter (``None``: all found; suites then sorted by name).
@@ -206,7 +208,8 @@ def search_traces(record: Mapping[str, Any]) -> pd.DataFrame:
                     rows.append({**base, "task": t, "accuracy": 100 * v,
                                  "normalized": math.nan if n is None else 100 * n})
     cols = ["method", "coef_name", "alpha", "step", "is_best", "task", "accuracy", "normalized"]
-    return pd.DataFrame(rows, columns=cols).sort_values(["method", "alpha", "task"], kind="stable").reset_index(drop=True)
+    out = pd.DataFrame(rows, columns=cols).sort_values(["method", "alpha", "task"], kind="stable")
+    return out.reset_index(drop=True)
 
 
 def load_regime(files: ResultFiles) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -225,9 +228,10 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
     """Mean and standard deviation over seeds per (suite, method): columns ``suite, n_tasks,
     method, kind, n_seeds``, ``<metric>`` and ``<metric>_sd`` for test_acc, test_normalized,
     val_normalized, merge_seconds (those present), and ``coef`` (mean). Order: suites and
-    methods as first seen. The sd is NaN with one seed."""
+    methods as first seen. The sd is NaN with one seed. The one aggregation over seeds in
+    acetools (:func:`acetools.benchmark.aggregate_seeds` uses it for the CLI's table)."""
     keys = ["suite", "n_tasks", "method", "kind"]
-    g = summary.groupby(keys, sort=False)
+    g = summary.groupby(keys, sort=False, dropna=False)  # n_tasks may be unknown (NaN): keep those rows
     out = g.agg(n_seeds=("seed", "nunique"))
     out["coef"] = g["coef"].mean() if "coef" in summary.columns else math.nan
     for m in _METRICS:
@@ -262,7 +266,9 @@ def table1(agg: pd.DataFrame, metric: str = "test_normalized", digits: int = 1) 
     return out
 
 
-def per_task_matrix(per_task: pd.DataFrame, suite: str, *, split: str = "test", value: str = "normalized") -> pd.DataFrame:
+def per_task_matrix(
+    per_task: pd.DataFrame, suite: str, *, split: str = "test", value: str = "normalized"
+) -> pd.DataFrame:
     """Method × task ``value`` (mean over seeds) of one suite, methods and tasks in file order."""
     d = per_task[(per_task["suite"] == suite) & (per_task["split"] == split)]
     if d.empty:
@@ -369,7 +375,8 @@ def load_wudi_step_size(folder: str | os.PathLike, size: str | None = None) -> p
         return pd.DataFrame(columns=["suite", "seed", "variant", "method", "lr", "val_normalized", "test_normalized",
                                      "n_tasks", "file"])
     out = pd.concat(frames, ignore_index=True)
-    return out.sort_values(["n_tasks", "suite", "seed", "lr"], kind="stable", na_position="first").reset_index(drop=True)
+    out = out.sort_values(["n_tasks", "suite", "seed", "lr"], kind="stable", na_position="first")
+    return out.reset_index(drop=True)
 
 
 def prefix_world(zoo, n_tasks: int):

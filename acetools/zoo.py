@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +60,8 @@ from .models import (
 )
 from .utils import atomic_write
 from .utils import progress as _progress
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Zoo",
@@ -412,8 +415,10 @@ class Zoo:
             }
             side = save_checkpoint(path, state, meta)
             self.built.append(ident)
+            log.info("built %s%s in %.1f s: %s", kind, f" {task}" if task else "", meta["seconds"], path)
         else:
             self.loaded.append(ident)
+            log.debug("loaded %s%s from %s", kind, f" {task}" if task else "", path)
         self._states[ident] = state
         self._sides[ident] = side
         self._paths[ident] = path

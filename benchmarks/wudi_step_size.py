@@ -48,7 +48,8 @@ def main(argv=None) -> int:
     todo = zoo.missing(mtl=False)
     if todo:
         raise SystemExit(f"the zoo lacks {len(todo)} entries for {args.suite} seed {args.seed}; build them first: "
-                         f"python3 -m acetools zoo build --suite {args.suite} --size {args.size} --seeds {args.seed} --no-mtl")
+                         f"python3 -m acetools zoo build --suite {args.suite} --size {args.size} "
+                         f"--seeds {args.seed} --no-mtl")
     bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads)
     df = wudi_step_size(bench, args.lrs, steps=args.steps)
     df.insert(0, "suite", args.suite)

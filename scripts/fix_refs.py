@@ -52,31 +52,47 @@ SECTIONS: dict[str, str] = {
 EXACT: list[tuple[str, str]] = [
     # registered descriptions and Param docs (code strings: wrapped here, not by the reflow)
     ('"ACE-Merging: closed-form merge with covariances estimated from the task vectors (Xu et al. 2026; spec §1)",',
-     '"ACE-Merging: closed-form merge with covariances estimated from the task vectors "\n'
-     '    "(Xu et al. 2026; docs/methods.md §ACE)",'),
+     (
+         '"ACE-Merging: closed-form merge with covariances estimated from the task vectors "\n'
+         '    "(Xu et al. 2026; docs/methods.md §ACE)",'
+     )),
     ('scaling=Param(1.0, "s in theta = theta0 + s * W_bar, applied to every key (spec §1(a)8)", low=0.0),',
-     'scaling=Param(1.0, "s in theta = theta0 + s * W_bar, applied to every key (docs/methods.md §ACE, Eq. (ACE.14))",\n'
-     '                  low=0.0),'),
-    ('in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the official '
-     'code (spec §1(d))", check=_check_in_out_keys),',
-     'in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the "\n'
-     '                      "official code (docs/methods.md §ACE)", check=_check_in_out_keys),'),
+     (
+         'scaling=Param(1.0, "s in theta = theta0 + s * W_bar, applied to every key (docs/methods.md §ACE, Eq. (ACE.14))",\n'
+         '                  low=0.0),'
+     )),
+    ((
+         'in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the official '
+         'code (spec §1(d))", check=_check_in_out_keys),'
+     ),
+     (
+         'in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the "\n'
+         '                      "official code (docs/methods.md §ACE)", check=_check_in_out_keys),'
+     )),
     ('@register("weight_averaging", "theta0 + (1/T) sum_t tau_t: plain averaging of the experts (spec §3.1)")',
-     '@register("weight_averaging",\n'
-     '          "theta0 + (1/T) sum_t tau_t: plain averaging of the experts (docs/methods.md §Weight averaging)")'),
+     (
+         '@register("weight_averaging",\n'
+         '          "theta0 + (1/T) sum_t tau_t: plain averaging of the experts (docs/methods.md §Weight averaging)")'
+     )),
     ("ESD needs at least one proxy token (spec §2 uses 32 images)",
      "ESD needs at least one proxy token (the paper uses 32 images)"),
     ('alpha=Param(1.0, "merge coefficient alpha (spec §2 Step D; chosen on validation in the paper)", low=0.0,',
      'alpha=Param(1.0, "merge coefficient alpha (docs/methods.md §ESM, Eq. (ESM.11); chosen on validation)", low=0.0,'),
     ('"RegMean: per-layer least squares on the experts\' input Gram matrices (Jin et al. 2023; spec §3.9; needs data)",',
-     '"RegMean: per-layer least squares on the experts\' input Gram matrices "\n'
-     '    "(Jin et al. 2023; docs/methods.md §RegMean; needs data)",'),
+     (
+         '"RegMean: per-layer least squares on the experts\' input Gram matrices "\n'
+         '    "(Jin et al. 2023; docs/methods.md §RegMean; needs data)",'
+     )),
     ('"TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar (Gargiulo et al. 2025; spec §3.4)",',
-     '"TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar "\n'
-     '    "(Gargiulo et al. 2025; docs/methods.md §TSV-M)",'),
+     (
+         '"TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar "\n'
+         '    "(Gargiulo et al. 2025; docs/methods.md §TSV-M)",'
+     )),
     ('"Iso-CTS: common + task-specific subspaces with a flat spectrum (Marczak et al. 2025; spec §3.5)",',
-     '"Iso-CTS: common + task-specific subspaces with a flat spectrum "\n'
-     '    "(Marczak et al. 2025; docs/methods.md §Iso-CTS)",'),
+     (
+         '"Iso-CTS: common + task-specific subspaces with a flat spectrum "\n'
+         '    "(Marczak et al. 2025; docs/methods.md §Iso-CTS)",'
+     )),
     ('"""Iso-CTS, spec §3.5:', f'"""Iso-CTS, {M} §Iso-CTS:'),
     ("# not a matrix by the spec's rule; zero task vectors", "# not a matrix (docs/methods.md §Matrix path); zero"),
     # acetools/merging/ace.py: the stage table's reference column
@@ -169,18 +185,26 @@ EXACT: list[tuple[str, str]] = [
     ("the seed summaries (``shared/seeds/``: ACE-Merging", f"the paper summaries ({M} §Sources: ACE-Merging"),
     ("the ACE-Merging summaries in ``shared/seeds/`` (arXiv 2603.02945)",
      f"the ACE-Merging summaries ({M} §Sources; arXiv 2603.02945)"),
-    ("  The prototype found this far better per CPU-second than a tiny CLIP\n"
-     "  (``shared/notes/mini-world-prototype.md``, lesson 3).",
-     "  The mini-world's prototype found this far better per CPU-second than a tiny CLIP\n"
-     "  (its lesson 3)."),
+    ((
+         "  The prototype found this far better per CPU-second than a tiny CLIP\n"
+         "  (``shared/notes/mini-world-prototype.md``, lesson 3)."
+     ),
+     (
+         "  The mini-world's prototype found this far better per CPU-second than a tiny CLIP\n"
+         "  (its lesson 3)."
+     )),
     ("(spec/oracles.md)", f"({M} §Oracles)"),
     ("(oracles.md)", f"({M} §Oracles)"),
     # README
     ("| method | hyperparameters (defaults) | spec |", "| method | hyperparameters (defaults) | docs/methods.md |"),
-    ('"spec" refers to the specification the implementations follow (maths, defaults, and where paper\n'
-     "and official code disagree).",
-     "[docs/methods.md](docs/methods.md) has the maths of every method, its defaults, and where paper\n"
-     "and official code disagree; [docs/index.md](docs/index.md) maps the rest of the docs."),
+    ((
+         '"spec" refers to the specification the implementations follow (maths, defaults, and where paper\n'
+         "and official code disagree)."
+     ),
+     (
+         "[docs/methods.md](docs/methods.md) has the maths of every method, its defaults, and where paper\n"
+         "and official code disagree; [docs/index.md](docs/index.md) maps the rest of the docs."
+     )),
     ("The table keeps the\nspec's default;", "The table keeps the\ndefault of docs/methods.md §WUDI;"),
 ]
 
@@ -283,10 +307,10 @@ def _docstring_lines(text: str) -> set[int]:
     prev = tokenize.NEWLINE
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type == tokenize.STRING and prev in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-                                                         tokenize.NL, tokenize.ENCODING):
-                if tok.string.lstrip("rRbBuU").startswith(('"""', "'''")):
-                    lines.update(range(tok.start[0] - 1, tok.end[0]))
+            statement = prev in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.NL, tokenize.ENCODING)
+            if (tok.type == tokenize.STRING and statement
+                    and tok.string.lstrip("rRbBuU").startswith(('"""', "'''"))):
+                lines.update(range(tok.start[0] - 1, tok.end[0]))
             if tok.type not in (tokenize.COMMENT, tokenize.NL):
                 prev = tok.type
     except (tokenize.TokenError, SyntaxError):

@@ -28,7 +28,7 @@ def to_notebook(text: str) -> nbformat.NotebookNode:
             return
         src = "\n".join(lines).strip("\n")
         if kind == "markdown":
-            src = "\n".join(l[2:] if l.startswith("# ") else l.lstrip("#") for l in src.splitlines())
+            src = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in src.splitlines())
             cell = nbformat.v4.new_markdown_cell(src)
         else:
             cell = nbformat.v4.new_code_cell(src)
@@ -64,7 +64,7 @@ def to_percent(nb) -> str:
         t = f" tags={json.dumps(tags)}" if tags else ""
         if c.cell_type == "markdown":
             out.append(f"# %% [markdown]{t}")
-            out += [("# " + l) if l else "#" for l in c.source.splitlines()]
+            out += [("# " + line) if line else "#" for line in c.source.splitlines()]
         else:
             out.append(f"# %%{t}")
             out += c.source.splitlines()

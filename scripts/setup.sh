@@ -4,10 +4,33 @@
 # Installs into the active Python (a venv or conda env if one is active). Idempotent.
 #   bash scripts/setup.sh            # everything
 #   ACETOOLS_NO_ORACLE=1 bash scripts/setup.sh   # skip fusion-bench/peft/mergekit (~1.8 GB)
+#   ACETOOLS_APT_WAIT=1200 bash scripts/setup.sh # wait longer for another apt/dpkg process (default 600 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PIP="$PY -m pip install --disable-pip-version-check --progress-bar off"
+APT_WAIT=${ACETOOLS_APT_WAIT:-600}  # seconds to wait for another apt/dpkg process to release its lock
+
+# apt-get that waits (up to $APT_WAIT s) while another apt/dpkg process holds a lock instead of
+# failing at once: DPkg::Lock::Timeout covers the dpkg locks (install), the retry loop the
+# package lists' lock (/var/lib/apt/lists/lock, taken by `apt-get update`) and older apt.
+apt_wait() {
+  local start=$SECONDS out
+  while true; do
+    if out=$(apt-get -o DPkg::Lock::Timeout="$APT_WAIT" "$@" 2>&1); then
+      [ -n "$out" ] && printf '%s\n' "$out"
+      return 0
+    fi
+    if printf '%s' "$out" | grep -qiE 'could not get lock|unable to lock|unable to acquire|is another process using it' \
+        && [ $((SECONDS - start)) -lt "$APT_WAIT" ]; then
+      echo "    another apt/dpkg process holds the lock; waiting ($((SECONDS - start)) s of $APT_WAIT s)" >&2
+      sleep 5
+      continue
+    fi
+    printf '%s\n' "$out" >&2
+    return 1
+  done
+}
 
 echo "==> torch, torchvision, open_clip (pinned)"
 $PIP torch==2.14.1 torchvision==0.29.1 open_clip_torch==3.3.0
@@ -26,8 +49,8 @@ echo "==> offline data"
 $PIP --no-deps animal-mnist==0.4
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
+    apt_wait update -qq
+    DEBIAN_FRONTEND=noninteractive apt_wait install -y -qq dataset-fashion-mnist
   else
     echo "NOTE: Fashion-MNIST is missing. Install it with 'sudo apt-get install dataset-fashion-mnist'" >&2
     echo "      or put the four IDX files in \$ACETOOLS_DATA/fashion-mnist/." >&2

@@ -58,7 +58,8 @@ def make_world(n_tasks: int = 4, seed: int = 0, rank: int = 4, scale: float = 0.
                 tau = torch.zeros(s, dtype=torch.float64)
             elif len(s) == 2:
                 r = min(rank, *s)
-                tau = torch.randn(s[0], r, generator=g, dtype=torch.float64) @ torch.randn(r, s[1], generator=g, dtype=torch.float64)
+                tau = (torch.randn(s[0], r, generator=g, dtype=torch.float64)
+                       @ torch.randn(r, s[1], generator=g, dtype=torch.float64))
                 tau = scale * tau / r ** 0.5
             else:
                 tau = scale * torch.randn(s, generator=g, dtype=torch.float64)

@@ -49,7 +49,8 @@ def _n_hooks(model: nn.Module) -> int:
     return sum(len(mod._forward_pre_hooks) + len(mod._forward_hooks) for mod in model.modules())
 
 
-KEYS = [BLOCK.format(i=i) + s for i in range(2) for s in ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")]
+KEYS = [BLOCK.format(i=i) + s
+        for i in range(2) for s in ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")]
 
 
 def test_vit_capture_matches_manual_forward():

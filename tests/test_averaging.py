@@ -120,7 +120,8 @@ def test_bfloat16_base_returns_bfloat16():
     for k in base:
         assert out[k].dtype == torch.bfloat16
         # computed in float32 and rounded to bfloat16 once at the end: within one bf16 rounding
-        expected = (base[k].double() + 0.4 * sum(ex[k].double() - base[k].double() for ex in experts)).to(torch.bfloat16)
+        expected = (base[k].double()
+                    + 0.4 * sum(ex[k].double() - base[k].double() for ex in experts)).to(torch.bfloat16)
         torch.testing.assert_close(out[k], expected, rtol=2**-8, atol=1e-6)
 
 
@@ -246,13 +247,20 @@ def test_shape_mismatch_names_key(world):
         merge("task_arithmetic", base, experts)
 
 
-def test_non_float_dtype(world):
+def test_non_float_buffers_carried_from_base(world):
     base, experts = world
     base = _clone(base)
     base["position_ids"] = torch.arange(5)
     experts = [dict(e, position_ids=torch.arange(5)) for e in experts]
-    with pytest.raises(TypeError, match=r"base\['position_ids'\] has dtype torch.int64; only floating-point"):
-        merge("weight_averaging", base, experts)
+    out = merge("weight_averaging", base, experts)
+    assert out["position_ids"].dtype == torch.int64 and torch.equal(out["position_ids"], torch.arange(5))
+    ref = merge("weight_averaging", {k: v for k, v in base.items() if k != "position_ids"},
+                [{k: v for k, v in e.items() if k != "position_ids"} for e in experts])
+    assert all(torch.equal(out[k], ref[k]) for k in ref)
+    experts[1] = dict(experts[1], position_ids=torch.arange(5) + 1)
+    with pytest.warns(UserWarning, match=r"'position_ids' differs from the base in experts \[1\]"):
+        out = merge("weight_averaging", base, experts)
+    assert torch.equal(out["position_ids"], torch.arange(5))
 
 
 def test_mixed_dtypes_name_key_and_expert(world):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from acetools.benchmark import SEARCH, Benchmark, Search
 from acetools.search import LAMBDA_GRID
@@ -132,7 +131,8 @@ def test_regime_tables_match_a_direct_computation(bench):
     t = bench.tasks[1]
     tau = bench.zoo.expert_state(t)[key] - bench.base[key]
     layer_keys = [k for k in bench.base if k.endswith("mlp.c_fc.weight")]
-    want = sum(float((bench.zoo.expert_state(t)[k] - bench.base[k]).norm() / bench.base[k].norm()) for k in layer_keys) / len(layer_keys)
+    want = sum(float((bench.zoo.expert_state(t)[k] - bench.base[k]).norm() / bench.base[k].norm())
+               for k in layer_keys) / len(layer_keys)
     assert norms.loc[t, "mlp.c_fc.weight"] == pytest.approx(want, rel=1e-6)
     assert float(tau.norm()) > 0
     assert all(is_matrix_param(k, bench.base[k]) for k in layer_keys)

@@ -302,8 +302,8 @@ def no_downloads(monkeypatch):
         calls.append((a, k))
         raise AssertionError("a download was attempted")
 
-    for mod, attr in ((tvu, "download_url"), (tvu, "download_and_extract_archive"), (tv_mnist, "download_and_extract_archive"),
-                      (tvd.MNIST, "download")):
+    for mod, attr in ((tvu, "download_url"), (tvu, "download_and_extract_archive"),
+                      (tv_mnist, "download_and_extract_archive"), (tvd.MNIST, "download")):
         monkeypatch.setattr(mod, attr, boom)
     return calls
 

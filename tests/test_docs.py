@@ -30,23 +30,21 @@ DOCS = ROOT / "docs"
 #: Pages other branches are writing. A link to one of them is accepted while the file is missing;
 #: once it exists, test_pending_pages_are_still_missing fails until its name is removed here, and
 #: from then on its links and anchors are checked like every other page's.
-PENDING = {"performance.md", "your-models.md", "diagnose.md"}
+PENDING = {"performance.md"}
 
 #: Paper names that may precede a section sign of the paper itself ("ACE-Merging §3").
 PAPERS = ("ACE-Merging", "ESM", "TSV-M", "Iso-CTS", "Iso-C", "WUDI", "CART", "TIES", "DARE", "RegMean")
 
 _OLD = re.compile(
-    "|".join([
-        r"(?i:\bspec\b\s*§)",  # docs/methods.md §TSV-M, docs/methods.md §ACE
-        r"\bspec verification\b",
-        r"\bthe spec's\b",
-        r"\(spec(?:,\s*[A-Z]|/)",  # (docs/methods.md §Notation), (docs/methods.md §Oracles)
-        r"\bspec note\b",
-        r"\bSTYLE \d",
-        r"(?<![\w/])oracles\.md",
-        r"algorithms\.md",
-        r"shared/(?:spec|seeds|notes)",
-    ])
+    r"(?i:\bspec\b\s*§)"  # the old section numbers, e.g. 'spec' + ' §3.4'
+    r"|\bspec verification\b"
+    r"|\bthe spec's\b"
+    r"|\(spec(?:,\s*[A-Z]|/)"  # '(spec, Notation)', '(spec/oracles.md)'
+    r"|\bspec note\b"
+    r"|\bSTYLE \d"  # the old style guide's numbers
+    r"|(?<![\w/])oracles\.md"
+    r"|algorithms\.md"
+    r"|shared/(?:spec|seeds|notes)"
 )
 
 
@@ -152,7 +150,7 @@ def _references(text: str) -> tuple[list[str], list[tuple[int, int]]]:
 def _labels() -> set[str]:
     """Equation labels defined in docs/methods.md: '(ACE.10)' at the end of a line."""
     text = (DOCS / "methods.md").read_text(encoding="utf-8")
-    return set(re.findall(r"\(([A-Za-z][\w-]*\.\d+)\)\s*$", text, flags=re.M))
+    return set(re.findall(r"\(([A-Za-z][\w-]*\.\d+)\)\s*$", text, flags=re.MULTILINE))
 
 
 # --------------------------------------------------------------------------- tests
@@ -182,12 +180,16 @@ def test_references_resolve(path):
     for m in re.finditer(r"\(([A-Za-z][\w-]*)\.(\d+)\)", flat):
         if m.group(1) in prefixes and f"{m.group(1)}.{m.group(2)}" not in defined:
             problems.append(f"equation ({m.group(1)}.{m.group(2)}) is not defined in docs/methods.md")
+    sources = (DOCS / "methods.md").read_text(encoding="utf-8")
+    for tag in set(re.findall(r"\[(?:[A-Z]+-(?:code|notes|table|arXiv)|FB|MK)\]", flat)):
+        if f"| {tag} |" not in sources:
+            problems.append(f"source tag {tag} is not defined in docs/methods.md §Sources")
     assert not problems, f"{path.relative_to(ROOT)}:\n" + "\n".join(problems)
 
 
 def test_equation_labels_are_unique():
     text = (DOCS / "methods.md").read_text(encoding="utf-8")
-    found = re.findall(r"\(([A-Za-z][\w-]*\.\d+)\)\s*$", text, flags=re.M)
+    found = re.findall(r"\(([A-Za-z][\w-]*\.\d+)\)\s*$", text, flags=re.MULTILINE)
     dupes = sorted({x for x in found if found.count(x) > 1})
     assert not dupes, f"equation labels defined twice in docs/methods.md: {dupes}"
     assert {"ACE.10", "ESM.9", "TSV-M.2"} <= set(found)
@@ -241,7 +243,7 @@ _SECTION_OF = {
 
 
 def _section(text: str, heading: str) -> str:
-    m = re.search(rf"^## {re.escape(heading)}\s*$(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    m = re.search(rf"^## {re.escape(heading)}\s*$(.*?)(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL)
     assert m, f"docs/methods.md has no section '## {heading}'"
     return m.group(1)
 

@@ -152,7 +152,8 @@ def test_registered_with_documented_defaults():
     assert hp["task_power"] == hp["dim_power"] == hp["layer_power"] == 2.0
     assert hp["eig_power"] == 0.15 and hp["const"] == 2.0
     assert hp["targets"] == ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-    assert set(hp["layer_types"]) == {"attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"}
+    assert set(hp["layer_types"]) == {"attn.in_proj_weight", "attn.out_proj.weight",
+                                      "mlp.c_fc.weight", "mlp.c_proj.weight"}
 
 
 @pytest.mark.parametrize("n_tasks, shapes", [(4, SHAPES2), (1, SHAPES_WIDE), (3, SHAPES_WIDE)])
@@ -615,4 +616,5 @@ def test_device_cuda_matches_cpu():
     c = acetools.merge("esm", base, experts, activations=acts)
     for k in base:
         assert g[k].device.type == "cuda"
-        assert (g[k].cpu().double() - c[k].double()).norm() <= 1e-4 * (c[k].double() - base[k].double()).norm() + 1e-6, k
+        assert ((g[k].cpu().double() - c[k].double()).norm()
+                <= 1e-4 * (c[k].double() - base[k].double()).norm() + 1e-6), k

@@ -64,7 +64,8 @@ def test_parameter_counts_match_the_configs(size):
     cfg = models.SIZES[size]
     v = cfg["vision_cfg"]
     enc = build_encoder(size, seed=0)
-    assert count_parameters(enc) == _vit_params(v["width"], v["layers"], v["patch_size"], v["image_size"], cfg["embed_dim"])
+    assert count_parameters(enc) == _vit_params(v["width"], v["layers"], v["patch_size"], v["image_size"],
+                                                cfg["embed_dim"])
     assert enc.output_dim == cfg["embed_dim"]
     heads = v["width"] // v["head_width"]
     assert enc.visual.transformer.resblocks[0].attn.num_heads == heads

@@ -14,7 +14,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from acetools.course.report import UnknownParameterError, notebook_parameters, notebook_paths, run_notebook, run_report
+from acetools.course.report import (UnknownParameterError, check_html, notebook_parameters, notebook_paths,
+                                    run_notebook, run_report)
 
 NOTEBOOKS = notebook_paths()
 IDS = [p.stem for p in NOTEBOOKS]
@@ -93,7 +94,9 @@ def quick_env(tmp_path_factory, monkeypatch_module=None):
 
 @pytest.mark.slow
 def test_every_notebook_runs_in_quick_mode(quick_env):
-    """The quick profile end to end, in order (05 reads what 01-04 recorded)."""
+    """The quick profile end to end, in order (05 reads what 01-04 recorded), and every rendered
+    page is one a reader can trust (:func:`check_html`: no NaN cells, no default alt text, no raw
+    dict reprs, no tracebacks, each verdict once)."""
     out = quick_env / "build"
     recs = run_report("quick", out=out, figures=quick_env / "figures")
     assert [r["notebook"] for r in recs] == IDS
@@ -105,3 +108,8 @@ def test_every_notebook_runs_in_quick_mode(quick_env):
     executed = nbformat.read(recs[0]["executed"], as_version=4)
     injected = [c for c in executed.cells if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
     assert injected and "quick = True" in injected[0].source
+    problems = [p for r in recs for p in check_html(r["html"])]
+    assert not problems, "\n".join(problems)
+    # the quick pages say what the quick world is
+    for r in recs[:4]:
+        assert "fixture world" in Path(r["html"]).read_text(), f"{r['notebook']} does not say it shows the fixture world"

@@ -48,7 +48,8 @@ def fb():
 
 def _task_vectors(T=4, seed=0, dtype=torch.float32, scale=1.0, shapes=SHAPES):
     g = torch.Generator().manual_seed(seed)
-    return [{k: (scale * torch.randn(s, generator=g, dtype=torch.float64)).to(dtype) for k, s in shapes.items()} for _ in range(T)]
+    return [{k: (scale * torch.randn(s, generator=g, dtype=torch.float64)).to(dtype) for k, s in shapes.items()}
+            for _ in range(T)]
 
 
 def _base(tvs):
@@ -97,7 +98,8 @@ def test_iso_c(fb, dtype):
     _assert_agree(ours, theirs, TOL[dtype])
 
 
-@pytest.mark.parametrize("T,fraction,dtype", [(4, 0.8, torch.float32), (4, 0.8, torch.float64), (3, 0.5, torch.float32)])
+@pytest.mark.parametrize("T,fraction,dtype",
+                         [(4, 0.8, torch.float32), (4, 0.8, torch.float64), (3, 0.5, torch.float32)])
 def test_iso_cts(fb, T, fraction, dtype):
     tvs = _task_vectors(T=T, seed=3, dtype=dtype)
     theirs = fb["iso_cts"]([dict(tv) for tv in tvs], common_space_fraction=fraction, accelerator="cpu")
@@ -130,7 +132,8 @@ def test_regmean(fb, alpha):
     for m, (d_out, d_in) in names.items():
         base[f"{m}.weight"] = torch.randn(d_out, d_in, generator=g, dtype=torch.float64)
         base[f"{m}.bias"] = torch.randn(d_out, generator=g, dtype=torch.float64)
-    experts = [{k: v + 0.1 * torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in base.items()} for _ in range(T)]
+    experts = [{k: v + 0.1 * torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in base.items()}
+               for _ in range(T)]
     grams_by_module = []
     for _ in range(T):
         gm = {}

@@ -35,7 +35,8 @@ def _taus(T, d_out, d_in, seed=0, rank=None, dtype=torch.float64):
     if rank is None:
         return [torch.randn(d_out, d_in, generator=g, dtype=torch.float64).to(dtype) for _ in range(T)]
     return [
-        (torch.randn(d_out, rank, generator=g, dtype=torch.float64) @ torch.randn(rank, d_in, generator=g, dtype=torch.float64)).to(dtype)
+        (torch.randn(d_out, rank, generator=g, dtype=torch.float64)
+         @ torch.randn(rank, d_in, generator=g, dtype=torch.float64)).to(dtype)
         for _ in range(T)
     ]
 

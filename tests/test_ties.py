@@ -223,7 +223,8 @@ def test_ties_random_matches_brute_force(scope, merge_func, k):
     out = _run("ties", tvs, dtype=torch.float32, k=k, scope=scope, merge=merge_func, lam=0.7)
     ref = ties_brute_force(_as_lists(tvs), k, scope, merge_func, lam=0.7)
     for key in ref:
-        torch.testing.assert_close(out[key].reshape(-1), torch.tensor(ref[key], dtype=torch.float32), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(out[key].reshape(-1), torch.tensor(ref[key], dtype=torch.float32),
+                                   rtol=1e-6, atol=1e-7)
 
 
 def test_ties_on_clip_world_matches_brute_force(world64):
@@ -454,7 +455,8 @@ def test_dare_drop_fraction_is_p(p):
 def _dare_z_scores(p, rescale, S=400):
     """Per-entry z-scores of the mean of S DARE draws around tau, with Var = tau^2 p/(1-p)/S."""
     g = torch.Generator().manual_seed(0)
-    tvs = [{"w": torch.randn(4, 5, generator=g, dtype=torch.float64), "b": torch.randn(6, generator=g, dtype=torch.float64)}
+    tvs = [{"w": torch.randn(4, 5, generator=g, dtype=torch.float64),
+            "b": torch.randn(6, generator=g, dtype=torch.float64)}
            for _ in range(2)]
     acc = [{k: torch.zeros_like(v) for k, v in tv.items()} for tv in tvs]
     for s in range(S):

@@ -228,7 +228,8 @@ def test_task_vectors_and_accessors(built):
     base, ex = zoo.base_state(), zoo.expert_state("b")
     for k in base:
         torch.testing.assert_close(taus["b"][k], ex[k] - base[k])
-    rel = sum(float(v.norm() ** 2) for v in taus["a"].values()) ** 0.5 / sum(float(v.norm() ** 2) for v in base.values()) ** 0.5
+    rel = (sum(float(v.norm() ** 2) for v in taus["a"].values()) ** 0.5
+           / sum(float(v.norm() ** 2) for v in base.values()) ** 0.5)
     assert 0 < rel < 1
     with pytest.raises(KeyError):
         zoo.expert_state("zzz")

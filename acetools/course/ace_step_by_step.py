@@ -12,8 +12,9 @@ docs/methods.md §ACE). This module turns those stages into tables a lesson can 
   cosines of its principal singular subspaces, the final spectrum);
 * **ablation**: :data:`ABLATIONS`, :func:`run_ablation` -> :class:`Ablation` (switch one
   component off at a time and score the merge on test, absolute and normalized);
-* **claim verdicts**: :func:`classify`, :func:`agreement_verdict` and one ``verdict_*``
-  function per claim of :mod:`acetools.course.claims` that notebook 02 owns; each states its rule.
+* **claim verdicts**: one ``verdict_*`` function per claim of :mod:`acetools.course.claims`
+  that notebook 02 owns, each returning a :class:`~acetools.course.verdicts.Verdict` and
+  stating its rule against the paper's number; :func:`claim_verdicts` gives them all.
 
 Everything here is float64 on the CPU, like the stage functions.
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,8 +33,11 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import condition_number, effective_rank, energy_fraction, layer_type
+from ..keys import block_index
 from ..merging import ace as A
+from ..merging import task_vectors
 from ..merging._linalg import thin_svd
+from .verdicts import NOISE, TIE, Verdict, agreement, compare, threshold
 
 __all__ = [
     "TAU",
@@ -68,14 +71,14 @@ __all__ = [
     "Ablation",
     "run_ablation",
     "ablation_effects",
-    "classify",
-    "agreement_verdict",
+    "ablation_over_suites",
     "verdict_gamma",
     "verdict_normalization",
     "verdict_csp",
     "verdict_refinement",
     "verdict_spectrum",
     "verdict_direction",
+    "claim_verdicts",
     "diagnose",
 ]
 
@@ -83,9 +86,6 @@ __all__ = [
 TAU = 0.3
 #: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
 GAMMA_VIT = 0.25
-#: Seed-to-seed noise of a mean normalized accuracy, in points: differences within ±NOISE
-#: count as "no effect".
-NOISE = 0.5
 #: "Top 5% of the singular values" in the spectrum claim.
 TOP_FRAC = 0.05
 #: The paper's numbers for W_bar_pre: top-5% energy 99%+, condition number > 8.7e5.
@@ -108,12 +108,6 @@ def matrix_keys(task_vectors: Sequence[StateDict], is_matrix: Callable[[str, Ten
         raise ValueError("task_vectors must be a non-empty list of {key: tau_t} dicts")
     tv0 = task_vectors[0]
     return [k for k in tv0 if is_matrix(k, tv0[k])]
-
-
-def block_index(key: str) -> int | None:
-    """The transformer block of a key (``...resblocks.3...`` -> 3); ``None`` outside the blocks."""
-    m = re.search(r"resblocks\.(\d+)\.", key)
-    return int(m.group(1)) if m else None
 
 
 def gamma_table(task_vectors: Sequence[StateDict], *, tau: float = TAU, vit: float = GAMMA_VIT,
@@ -517,7 +511,8 @@ def _same_state(a: StateDict, b: StateDict) -> bool:
 
 
 def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None, *, scaled: bool = True,
-                 search=None, hparams: Mapping[str, Any] | None = None, suite: str | None = None, merge: Callable[..., StateDict] | None = None,
+                 search=None, hparams: Mapping[str, Any] | None = None, suite: str | None = None,
+                 merge: Callable[..., StateDict] | None = None,
                  progress: bool | None = None) -> Ablation:
     """Merge with ACE once per variant of ``variants`` (label -> hyperparameters, default
     :data:`ABLATIONS`) and score each merge on the test splits.
@@ -556,7 +551,8 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
             done.append((label, merged, acc, norm))
         else:
             acc, norm = same[2], same[3]
-        rows.append({"suite": suite, "variant": label, "hparams": _fmt(dict(variants[label])), "scaling": hp.get("scaling", 1.0),
+        rows.append({"suite": suite, "variant": label, "hparams": _fmt(dict(variants[label])),
+                     "scaling": hp.get("scaling", 1.0),
                      "test_acc": 100 * float(np.mean(list(acc.values()))),
                      "test_normalized": 100 * float(np.mean(list(norm.values()))),
                      "same_as": same[0] if same else "", "seconds": time.perf_counter() - t0})
@@ -578,6 +574,40 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
 
 def _fmt(hp: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in hp.items()) or "defaults"
+
+
+def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: int, quick: bool, device: str,
+                         hparams: Mapping[str, Any], tau: float = TAU, patience: int | None = None
+                         ) -> tuple[Ablation, dict[str, float], Any]:
+    """:func:`run_ablation` on every suite of ``suites`` (notebook 02's section 4).
+
+    ``main``: ``(suite, zoo, bench, gamma_table)`` already built for one suite (reused, not
+    rebuilt); every other suite's world is built (or loaded from the cache) at ``size`` and
+    ``seed`` and released after its ablation. Returns the concatenated :class:`Ablation`, the
+    share of flagged matrices per suite (gamma > ``tau``) and a table ``suite, tasks,
+    flagged (%), seconds``.
+    """
+    import pandas as pd
+
+    from . import world as course
+
+    parts, flagged, rows = [], {}, []
+    main_suite, main_zoo, main_bench, main_gt = main
+    for s in suites:
+        if s == main_suite:
+            z, b, g = main_zoo, main_bench, main_gt
+        else:
+            z = course.world(s, size, seed=seed, quick=quick, device=device)
+            b = course.benchmark(z, quick=quick, patience=patience)
+            g = gamma_table(task_vectors(b.base, b.experts), tau=tau)
+        name = z.suite or s
+        flagged[name] = float(g.flag.mean())
+        t0 = time.perf_counter()
+        parts.append(run_ablation(b, hparams=hparams, suite=name))
+        rows.append({"suite": name, "tasks": len(z.tasks), "flagged (%)": 100 * flagged[name],
+                     "seconds": time.perf_counter() - t0})
+        del z, b, g
+    return Ablation.concat(parts), flagged, pd.DataFrame(rows)
 
 
 def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float]) -> dict[str, list[dict[str, Any]]]:
@@ -611,37 +641,19 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float]) -> d
 
 
 # --------------------------------------------------------------------------- verdicts
+# Every rule below uses the course's one comparison rule (acetools.course.verdicts): a
+# difference counts when it exceeds max(NOISE, seed spread), else it is a tie.
 
 
-def classify(diff: float, noise: float = NOISE) -> str:
-    """``"better"`` if diff > noise, ``"worse"`` if diff < -noise, else ``"no effect"``."""
-    if not math.isfinite(diff):
-        raise ValueError(f"diff={diff!r} is not a finite number")
-    if diff > noise:
-        return "better"
-    if diff < -noise:
-        return "worse"
-    return "no effect"
+def _agree_reason(parts: Sequence[str], noise: float) -> str:
+    return "; ".join(parts) + f" (normalized points; within ±{noise} = {TIE})"
 
 
-def agreement_verdict(agree: Sequence[bool]) -> str:
-    """``reproduced`` if every setting agrees with the claim, ``not reproduced`` if none
-    does, ``partly`` otherwise."""
-    agree = [bool(a) for a in agree]
-    if not agree:
-        raise ValueError("no settings to decide on")
-    if all(agree):
-        return "reproduced"
-    if not any(agree):
-        return "not reproduced"
-    return "partly"
-
-
-def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> tuple[str, str, dict]:
-    """ace.gamma_vit. Rule: ``reproduced`` if at least 90% of our ViT's matrices have
-    gamma < ``vit`` (ACE would skip normalisation, as the paper says of ViTs); ``partly`` if
-    the median gamma is below ``vit`` (most layers, not all); else ``not reproduced``. The
-    RoBERTa half (gamma > 0.3) is not testable here."""
+def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> Verdict:
+    """ace.gamma_vit. The paper: ViT-B/16 has gamma < 0.25 (so ACE skips normalisation on
+    ViTs), RoBERTa gamma > 0.3. Rule: ``reproduced`` if at least 90% of our ViT's matrices
+    have gamma < ``vit`` (the paper's 0.25); ``partly`` if the median gamma is below ``vit``
+    (most layers, not all); else ``not reproduced``. The RoBERTa half is not testable here."""
     g = gtable["gamma"].to_numpy(dtype=float)
     frac_below = float(np.mean(g < vit))
     nums = {"median_gamma": float(np.median(g)), "frac_below_vit": frac_below,
@@ -655,89 +667,117 @@ def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> t
     reason = (f"{100 * frac_below:.0f}% of {g.size} matrices have gamma < {vit} (median {nums['median_gamma']:.3g}, "
               f"{100 * nums['frac_flagged']:.0f}% flagged > {tau}); rule: >= 90% below -> reproduced, median below "
               f"-> partly; the RoBERTa half is not testable here")
-    return v, reason, nums
+    measured = (f"median gamma {nums['median_gamma']:.3g}, {100 * nums['frac_below_vit']:.0f}% of "
+                f"matrices < {vit:g}, {100 * nums['frac_flagged']:.0f}% > {tau}")
+    return Verdict(measured, v, reason, nums)
 
 
 def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE,
-                          flag_fraction: float = FLAG_FRACTION) -> tuple[str, str, dict]:
+                          flag_fraction: float = FLAG_FRACTION) -> Verdict:
     """ace.normalization. ``per_suite``: dicts with ``suite``, ``frac_flagged`` (share of
     matrices with gamma > tau), ``d_auto`` = normalized acc of ACE without refinement (the
     gate normalises the flagged layers) minus "gate off", ``d_forced`` = "gate on, no
     refinement" (every layer normalised) minus "gate off"; refinement is off in all three, so
     the differences are the normalisation's (:func:`ablation_effects`).
 
-    Rule, per suite: where heterogeneity is high (frac_flagged > ``flag_fraction``) the claim
-    says normalisation matters: agree if d_auto > +noise. Where it is low (the paper's ViT
-    case) it says normalisation can be skipped: agree if forcing it everywhere does not help,
-    d_forced <= +noise. Then :func:`agreement_verdict` over the suites. Returns
-    ``(verdict, reason, numbers)``.
+    The paper gives no ablation number for this claim, only the direction: normalisation
+    matters where gamma is high and can be skipped for ViTs. Rule, per suite: where
+    heterogeneity is high (frac_flagged > ``flag_fraction``) agree if d_auto counts as a gain
+    (:func:`~acetools.course.verdicts.compare`); where it is low (the paper's ViT case) agree
+    if forcing it everywhere is no gain. Then :func:`~acetools.course.verdicts.agreement`
+    over the suites.
     """
     agree, parts = [], []
     for s in per_suite:
         if s["frac_flagged"] > flag_fraction:
-            ok = classify(s["d_auto"], noise) == "better"
+            ok = compare(s["d_auto"], noise=noise) == "better"
             parts.append(f"{s['suite']}: high gamma ({100 * s['frac_flagged']:.0f}% flagged), "
                          f"normalise flagged - never = {s['d_auto']:+.2f}")
         else:
-            ok = classify(s["d_forced"], noise) != "better"
+            ok = compare(s["d_forced"], noise=noise) != "better"
             parts.append(f"{s['suite']}: low gamma ({100 * s['frac_flagged']:.0f}% flagged), "
                          f"always - never normalise = {s['d_forced']:+.2f}")
         agree.append(ok)
     nums = {s["suite"]: dict(s) for s in per_suite}
-    return agreement_verdict(agree), "; ".join(parts) + f" (normalized points; ±{noise} = no effect)", nums
+    measured = "; ".join(f"{s['suite']}: normalise flagged − never {s['d_auto']:+.2f}, normalise all − never "
+                         f"{s['d_forced']:+.2f}" for s in per_suite)
+    return Verdict(measured, agreement(agree), _agree_reason(parts, noise), nums)
 
 
-def _better_everywhere(name: str, per_suite: Sequence[Mapping[str, Any]], noise: float) -> tuple[str, str, dict]:
-    agree = [classify(s["d"], noise) == "better" for s in per_suite]
-    parts = [f"{s['suite']}: {s.get('what', name)} = {s['d']:+.2f} ({classify(s['d'], noise)})" for s in per_suite]
+def _better_everywhere(name: str, per_suite: Sequence[Mapping[str, Any]], noise: float,
+                       label: str | None = None) -> Verdict:
+    agree = [compare(s["d"], noise=noise) == "better" for s in per_suite]
+    parts = [f"{s['suite']}: {s.get('what', name)} = {s['d']:+.2f} ({compare(s['d'], noise=noise)})"
+             for s in per_suite]
     nums = {s["suite"]: dict(s) for s in per_suite}
-    return agreement_verdict(agree), "; ".join(parts) + f" (normalized points; ±{noise} = no effect)", nums
+    measured = "; ".join(f"{s['suite']}: {label or s.get('what', name)} {s['d']:+.2f}" for s in per_suite)
+    return Verdict(measured, agreement(agree), _agree_reason(parts, noise), nums)
 
 
-def verdict_csp(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE) -> tuple[str, str, dict]:
+def verdict_csp(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE) -> Verdict:
     """ace.csp. ``per_suite``: dicts with ``suite`` and ``d`` = full ACE minus "no structural
-    prior". Rule: the prior helps in a suite when d > +noise; :func:`agreement_verdict`.
-    Returns ``(verdict, reason, numbers)``."""
-    return _better_everywhere("full - no prior", per_suite, noise)
+    prior". The paper gives no ablation number, only that the prior is the better
+    regulariser. Rule: the prior helps in a suite when ``d`` counts as a gain
+    (:func:`~acetools.course.verdicts.compare`); agreement over the suites."""
+    return _better_everywhere("full - no prior", per_suite, noise, label="full − no prior")
 
 
-def verdict_refinement(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE) -> tuple[str, str, dict]:
+def verdict_refinement(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE) -> Verdict:
     """ace.refinement. ``per_suite``: dicts with ``suite``, ``d`` and ``what``: full ACE minus
     "no refinement" where ACE refines some layer, else "gate on" minus "gate on, no
-    refinement" (refinement on every layer). Rule: helps when d > +noise; agreement over suites."""
+    refinement" (refinement on every layer). The paper gives no ablation number. Rule: helps
+    when ``d`` counts as a gain; agreement over suites."""
     return _better_everywhere("refine - no refine", per_suite, noise)
 
 
-def verdict_spectrum(stable: Any, *, energy: float = PAPER_ENERGY, cond: float = PAPER_COND) -> tuple[str, str, dict]:
-    """ace.spectrum. Rule on the medians over layers of W_bar_pre's top-5% energy share and of
-    its condition number without the structural zero (``cond_pre_trim``): both at the paper's
-    level (>= ``energy``, > ``cond``) -> reproduced; one -> partly; none -> not reproduced."""
+def verdict_spectrum(stable: Any, *, energy: float = PAPER_ENERGY, cond: float = PAPER_COND) -> Verdict:
+    """ace.spectrum. The paper: W_bar_pre's top 5% singular values hold 99%+ of the energy and
+    its condition number exceeds 8.7e5. Rule on the medians over layers of W_bar_pre's top-5%
+    energy share and of its condition number without the structural zero
+    (``cond_pre_trim``): both at the paper's level (>= ``energy``, > ``cond``) -> reproduced;
+    one -> partly; none -> not reproduced."""
     e = float(stable["top_energy_pre"].median())
     c = float(stable["cond_pre_trim"].median())
     craw = float(stable["cond_pre"].median())
     nums = {"median_top5_energy": e, "median_cond_trim": c, "median_cond_raw": craw,
             "frac_top5_ge_paper": float((stable["top_energy_pre"] >= energy).mean()),
             "frac_cond_gt_paper": float((stable["cond_pre_trim"] > cond).mean())}
-    hits = [e >= energy, c > cond]
-    v = "reproduced" if all(hits) else ("partly" if any(hits) else "not reproduced")
+    v = agreement([e >= energy, c > cond])
     reason = (f"median over {len(stable)} matrices: top-5% energy {100 * e:.1f}% (paper 99%+), condition number "
               f"{c:.3g} without the centring's structural zero ({craw:.3g} with it; paper > {cond:.3g})")
-    return v, reason, nums
+    measured = f"median top-5% energy {100 * e:.1f}%, condition number {c:.3g} (raw {craw:.3g})"
+    return Verdict(measured, v, reason, nums)
 
 
-def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> tuple[str, str, dict]:
-    """ace.direction. Rule on the median over layers of ``cos_sum`` (principal directions of
-    W_bar_pre vs those of sum_t ΔW_t): >= ``high`` -> reproduced ("cosine ≈ 1"); >= ``low``
-    -> partly (aligned, not identical); else not reproduced. Chance level is reported."""
+def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> Verdict:
+    """ace.direction. The paper: the principal directions of W_bar_pre are correct, "cosine ≈ 1".
+    Rule on the median over layers of ``cos_sum`` (principal directions of W_bar_pre vs those of
+    sum_t ΔW_t): >= ``high`` -> reproduced ("≈ 1"); >= ``low`` -> partly (aligned, not
+    identical); else not reproduced. Chance level is reported."""
     m = float(stable["cos_sum"].median())
     nums = {"median_cos_sum": m, "median_cos_fused": float(stable["cos_fused"].median()),
             "median_cos_experts": float(stable["cos_experts"].median()),
             "median_cos_random": float(stable["cos_random"].median())}
-    v = "reproduced" if m >= high else ("partly" if m >= low else "not reproduced")
+    v = threshold(m, high, low)
     reason = (f"median cosine of W_pre's top singular directions with sum_t ΔW_t's: {m:.2f} (vs W_fused "
               f"{nums['median_cos_fused']:.2f}, single experts {nums['median_cos_experts']:.2f}, chance "
               f"{nums['median_cos_random']:.2f}); rule: >= {high} reproduced, >= {low} partly")
-    return v, reason, nums
+    measured = f"median direction cosine with sum_t ΔW_t {m:.2f} (chance {nums['median_cos_random']:.2f})"
+    return Verdict(measured, v, reason, nums)
+
+
+def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: Mapping[str, float], *,
+                   tau: float = TAU) -> dict[str, Verdict]:
+    """The verdicts of the claims notebook 02 owns, by claim id, from its tables."""
+    effects = ablation_effects(ablation, frac_flagged)
+    return {
+        "ace.gamma_vit": verdict_gamma(gtable, tau=tau),
+        "ace.normalization": verdict_normalization(effects["normalization"]),
+        "ace.csp": verdict_csp(effects["csp"]),
+        "ace.refinement": verdict_refinement(effects["refinement"]),
+        "ace.spectrum": verdict_spectrum(stable),
+        "ace.direction": verdict_direction(stable),
+    }
 
 
 def diagnose(gtable: Any, stable: Any, ablation: Ablation | None = None) -> list[str]:
@@ -760,22 +800,26 @@ def diagnose(gtable: Any, stable: Any, ablation: Ablation | None = None) -> list
             f"{float(flagged['energy_ratio'].median()):.2f}).")
     else:
         out.append(
-            f"gamma: no matrix is flagged (largest gamma {float(gtable['gamma'].max()):.3g}): ACE runs as the plain closed "
-            f"form on every layer, as the paper describes for ViTs, and its normalisation and refinement act on nothing.")
+            f"gamma: no matrix is flagged (largest gamma {float(gtable['gamma'].max()):.3g}): "
+            f"ACE runs as the plain closed form on every layer, as the paper describes for ViTs, "
+            f"and its normalisation and refinement act on nothing.")
     wide = stable[[s[0] <= s[1] for s in stable["shape"]]]
     if len(wide):
         out.append(
-            f"spectrum: {len(wide)} of {len(stable)} matrices have d_out <= d_in; there the centred numerator gives W_pre "
-            f"a zero singular value, so their raw condition number (median {float(wide['cond_pre'].median()):.3g}) is "
-            f"rounding noise; without it the median over all matrices is {float(stable['cond_pre_trim'].median()):.3g}.")
+            f"spectrum: {len(wide)} of {len(stable)} matrices have d_out <= d_in; "
+            f"there the centred numerator gives W_pre a zero singular value, "
+            f"so their raw condition number (median {float(wide['cond_pre'].median()):.3g}) is rounding noise; "
+            f"without it the median over all matrices is {float(stable['cond_pre_trim'].median()):.3g}.")
     out.append(
-        f"spectrum: the top 5% of W_pre's singular values hold {100 * float(stable['top_energy_pre'].median()):.1f}% of "
-        f"its energy (median), against {100 * float(stable['top_energy_sum'].median()):.1f}% for the plain task-vector "
-        f"sum and {100 * float(stable['top_energy_final'].median()):.1f}% for ACE's output.")
+        f"spectrum: the top 5% of W_pre's singular values hold "
+        f"{100 * float(stable['top_energy_pre'].median()):.1f}% of its energy (median), "
+        f"against {100 * float(stable['top_energy_sum'].median()):.1f}% for the plain task-vector sum "
+        f"and {100 * float(stable['top_energy_final'].median()):.1f}% for ACE's output.")
     out.append(
         f"directions: W_pre's top directions match W_fused's (the refinement's) at median cosine "
         f"{float(stable['cos_fused'].median()):.2f}, the task-vector sum's at {float(stable['cos_sum'].median()):.2f} "
-        f"and single experts' at {float(stable['cos_experts'].median()):.2f} (chance {float(stable['cos_random'].median()):.2f}).")
+        f"and single experts' at {float(stable['cos_experts'].median()):.2f} "
+        f"(chance {float(stable['cos_random'].median()):.2f}).")
     if ablation is not None:
         sc = ablation.table[ablation.table["variant"] == SCALED_LABEL]
         if len(sc):

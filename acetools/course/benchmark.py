@@ -1,9 +1,11 @@
 """Lesson 04 (``notebooks/04_benchmark``): which differences count, and the verdicts of the
 claims the benchmark owns.
 
-* differences that count: :func:`paired_difference` — a difference between two methods is
-  real when it exceeds the **spread over seeds** of their paired per-seed difference (its
-  standard deviation), and at least :data:`MIN_MARGIN` points (the only guard with one seed);
+* differences that count: :func:`paired_difference` — the course's one comparison rule
+  (:func:`acetools.course.verdicts.compare`) on paired per-seed differences: a difference
+  between two methods is real when it exceeds ``max(NOISE, spread over seeds of the paired
+  difference)`` (:data:`~acetools.course.verdicts.NOISE` = 0.5 points is the only guard with
+  one seed);
 * verdicts from the numbers (:func:`assess_beats`, :func:`assess_grows`, :func:`assess_vs_wudi`,
   :func:`assess_cost`, :func:`assess_ordering`, :func:`assess_overhead`) and the mini-world
   targets (:func:`mini_world_targets`).
@@ -15,17 +17,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
+from .verdicts import NOISE, Verdict, compare, criteria, margin, threshold
 
 __all__ = [
-    "MIN_MARGIN",
-    "Assessment",
     "paired_difference",
     "data_free_methods",
     "assess_beats",
@@ -35,15 +37,21 @@ __all__ = [
     "assess_ordering",
     "assess_overhead",
     "mini_world_targets",
+    "QUICK_METHODS",
+    "GROWS_RIVALS",
+    "BenchmarkData",
+    "load_benchmark",
+    "claim_verdicts",
+    "vit_width_checks",
+    "rank_agreement_table",
+    "method_ranks",
+    "method_means",
+    "wudi_lr_summary",
 ]
-
-#: The smallest difference (percentage points) that counts, whatever the seeds say.
-MIN_MARGIN: float = 0.5
-
 
 # --------------------------------------------------------------------------- differences that count
 def paired_difference(summary: pd.DataFrame, suite: str, a: str, b: str, metric: str = "test_normalized",
-                      floor: float = MIN_MARGIN) -> dict[str, Any]:
+                      floor: float = NOISE) -> dict[str, Any]:
     """``a - b`` on ``suite``: per-seed differences on the seeds both have, their mean, the
     margin ``max(floor, sd over seeds)`` and the outcome ``"better"`` / ``"tie"`` / ``"worse"``
     (``|mean| <= margin`` is a tie)."""
@@ -55,31 +63,15 @@ def paired_difference(summary: pd.DataFrame, suite: str, a: str, b: str, metric:
     if diffs.empty:
         raise ValueError(f"{a} and {b} share no seed on {suite}")
     sd = float(diffs.std(ddof=1)) if len(diffs) > 1 else math.nan
-    margin = max(floor, sd) if np.isfinite(sd) else floor
     mean = float(diffs.mean())
-    outcome = "tie" if abs(mean) <= margin else ("better" if mean > 0 else "worse")
-    return {"suite": suite, "a": a, "b": b, "diff": mean, "sd": sd, "margin": margin, "n_seeds": len(diffs),
-            "outcome": outcome, "per_seed": {int(k): float(v) for k, v in diffs.items()}}
+    return {"suite": suite, "a": a, "b": b, "diff": mean, "sd": sd, "margin": margin(sd, floor), "n_seeds": len(diffs),
+            "outcome": compare(mean, sd, floor), "per_seed": {int(k): float(v) for k, v in diffs.items()}}
 
 
 def data_free_methods(methods: Iterable[str]) -> list[str]:
     """The merge methods among ``methods`` that use nothing but the weights (no references,
     nothing in :data:`DATA_DEPENDENT`)."""
     return [m for m in methods if m not in REFERENCES and m.split(" ")[0] not in DATA_DEPENDENT]
-
-
-@dataclass
-class Assessment:
-    """A claim's measurement: ``measured`` (words and numbers), ``verdict``, ``reason`` and the
-    raw ``numbers``; ``claims.record(fig_dir, claim_id, **a.record())`` stores it."""
-
-    measured: str
-    verdict: str
-    reason: str
-    numbers: dict[str, Any] = field(default_factory=dict)
-
-    def record(self) -> dict[str, Any]:
-        return {"measured": self.measured, "verdict": self.verdict, "reason": self.reason, **self.numbers}
 
 
 def _suites(summary: pd.DataFrame, suites: Sequence[str] | None) -> list[str]:
@@ -95,8 +87,13 @@ def _best(summary: pd.DataFrame, suite: str, methods: Sequence[str], metric: str
 
 
 def assess_beats(summary: pd.DataFrame, winner: str, rivals: Sequence[str], *, suites: Sequence[str] | None = None,
-                 metric: str = "test_normalized", floor: float = MIN_MARGIN) -> Assessment:
+                 metric: str = "test_normalized", floor: float = NOISE) -> Verdict:
     """Does ``winner`` beat every one of ``rivals`` on every suite?
+
+    The papers' own numbers pass it: ACE over the best data-free rival of its table +2.0 /
+    +1.5 / +1.6 at 8 / 14 / 20 tasks, ESM over Iso-CTS on ViT-B/16 +0.7 / +1.0 / +2.5, all
+    beyond :data:`~acetools.course.verdicts.NOISE` (on ViT-L/14 ESM's +0.1 to +0.3 over
+    Iso-CTS are ties: the claim rests on ViT-B/16).
 
     Per suite, ``winner`` is compared with the best rival (by mean) through
     :func:`paired_difference`. Verdict: ``reproduced`` when it is better beyond the margin on
@@ -122,17 +119,24 @@ def assess_beats(summary: pd.DataFrame, winner: str, rivals: Sequence[str], *, s
     elif 2 * not_worse >= len(rows):
         verdict, why = "partly", f"better on {wins}, within the seed spread on {not_worse - wins} of {len(rows)} suites"
     else:
-        verdict, why = "not reproduced", f"beaten beyond the seed spread on {len(rows) - not_worse} of {len(rows)} suites"
+        verdict = "not reproduced"
+        why = f"beaten beyond the seed spread on {len(rows) - not_worse} of {len(rows)} suites"
     measured = "; ".join(f"{r['suite']}: {winner} {r['diff']:+.1f} ± {r['margin']:.1f} vs {r['b']} ({r['outcome']})"
                          for r in rows)
-    return Assessment(measured, verdict, why, {"metric": metric, "comparisons": rows})
+    return Verdict(measured, verdict, why, {"metric": metric, "comparisons": rows})
 
 
 def assess_grows(summary: pd.DataFrame, method: str, rivals: Sequence[str], *, suites: Sequence[str] | None = None,
-                 metric: str = "test_normalized", floor: float = MIN_MARGIN) -> Assessment:
-    """Does ``method``'s lead over the best rival grow with the number of tasks?
+                 metric: str = "test_normalized", floor: float = NOISE) -> Verdict:
+    """Does ``method``'s lead over ``rivals`` (the best of them at each T) grow with the number of tasks?
 
-    gap(T) = ``method`` - best rival at T (per seed). Verdict: ``reproduced`` when the gap
+    gap(T) = ``method`` - best of ``rivals`` at T (per seed). The claim ace.grows is decided
+    with ``rivals=["task_arithmetic"]`` (:data:`GROWS_RIVALS`, see :func:`claim_verdicts`):
+    the paper's own numbers show the lead growing only over the interference-prone baselines
+    — on ViT-B/16 (the one backbone with ACE at 8, 14 and 20 tasks) ACE minus task arithmetic
+    is +15.2 → +15.6 → +16.3 — while its lead over the best rival does not grow (ACE's table:
+    +2.0 → +1.5 → +1.6; over TSV-M on ViT-B/16: +1.6 → +1.5 → +1.5), so a best-rival rule
+    would fail the paper's own table. Verdict: ``reproduced`` when the gap
     at the most tasks exceeds the gap at the fewest by more than the margin (the seed spread
     of that change, at least ``floor``), never drops by more than the margin from one
     suite to the next, and ``method`` leads at the most tasks; ``partly`` when it grows but
@@ -161,20 +165,24 @@ def assess_grows(summary: pd.DataFrame, method: str, rivals: Sequence[str], *, s
     monotone = all(d >= -m for d, m in steps)
     leads = gaps[-1]["diff"] > 0
     if total > total_margin and monotone and leads:
-        verdict, why = "reproduced", f"the lead grows by {total:+.1f} (> {total_margin:.1f}) from the fewest to the most tasks"
+        verdict = "reproduced"
+        why = f"the lead grows by {total:+.1f} (> {total_margin:.1f}) from the fewest to the most tasks"
     elif total > 0 and not leads:
         verdict = "partly"
         why = (f"the gap to the best rival narrows by {total:+.1f}, but {method} never leads "
                f"({gaps[-1]['diff']:+.1f} at the most tasks): there is no advantage to grow")
     elif total > 0:
         verdict = "partly"
-        why = (f"the lead grows by {total:+.1f} overall" + ("" if total > total_margin else f", within the spread {total_margin:.1f}")
+        why = (f"the lead grows by {total:+.1f} overall"
+               + ("" if total > total_margin else f", within the spread {total_margin:.1f}")
                + ("" if monotone else ", not monotonically"))
     else:
         verdict, why = "not reproduced", f"the lead changes by {total:+.1f} from the fewest to the most tasks"
-    measured = ", ".join(f"T={int(summary.loc[summary['suite'] == g['suite'], 'n_tasks'].iloc[0])}: {g['diff']:+.1f} vs {g['b']}"
+    measured = ", ".join(f"T={int(summary.loc[summary['suite'] == g['suite'], 'n_tasks'].iloc[0])}: "
+                         f"{g['diff']:+.1f} vs {g['b']}"
                          for g in gaps)
-    return Assessment(f"{method} minus best other: {measured}", verdict, why,
+    whom = f"{rivals[0]}" if len(rivals) == 1 else "best other"
+    return Verdict(f"{method} minus {whom}: {measured}", verdict, why,
                       {"metric": metric, "gaps": gaps, "change": total, "change_margin": total_margin})
 
 
@@ -185,7 +193,7 @@ def _time_ratio(agg: pd.DataFrame, suite: str, a: str, b: str) -> float:
 
 def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str = "wudi",
                    suites: Sequence[str] | None = None, metric: str = "test_normalized",
-                   floor: float = MIN_MARGIN, step_size: pd.DataFrame | None = None) -> Assessment:
+                   floor: float = NOISE, step_size: pd.DataFrame | None = None) -> Verdict:
     """Is the closed form (``method``) more stable and cheaper than WUDI (``rival``)?
 
     Three criteria, each on every suite with both: *not worse* (accuracy not below WUDI's
@@ -217,7 +225,7 @@ def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str = "
     tuned = _tuned_wudi(summary, step_size, method, metric) if step_size is not None and len(step_size) else []
     if tuned:
         crit["not worse than tuned WUDI"] = all(t["diff"] >= -floor for t in tuned)
-    met, verdict = _criteria_verdict(crit)
+    met, verdict = criteria(crit)
     why = (f"met: {', '.join(met) or 'none'}; missed: {', '.join(k for k, v in crit.items() if not v) or 'none'}"
            + ("" if "stable" in crit else " (stability needs two or more seeds)"))
     measured = "; ".join(f"{r['suite']}: {r['diff']:+.1f} ± {r['margin']:.1f} points, time ×{r['time_ratio']:.2f}"
@@ -226,7 +234,7 @@ def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str = "
         measured += "; WUDI's Adam learning rate chosen on val: " + "; ".join(
             f"{t['suite']} seed {t['seed']}: lr {t['lr']:g} gives {t['tuned']:.1f} (range over lr "
             f"{t['lo']:.1f}–{t['hi']:.1f}), {method} {t['ours']:.1f} ({t['diff']:+.1f})" for t in tuned)
-    return Assessment(f"{method} vs {rival}: {measured}", verdict, why,
+    return Verdict(f"{method} vs {rival}: {measured}", verdict, why,
                       {"criteria": crit, "rows": rows, "tuned_wudi": tuned})
 
 
@@ -247,12 +255,6 @@ def _tuned_wudi(summary: pd.DataFrame, step_size: pd.DataFrame, method: str, met
     return out
 
 
-def _criteria_verdict(crit: Mapping[str, bool]) -> tuple[list[str], str]:
-    """The criteria met, and the verdict: all -> reproduced, some -> partly, none -> not reproduced."""
-    met = [k for k, v in crit.items() if v]
-    return met, "reproduced" if len(met) == len(crit) else ("partly" if met else "not reproduced")
-
-
 def _time_rows(summary: pd.DataFrame, method: str, ref: str, suites: Sequence[str] | None) -> list[dict[str, Any]]:
     """Per suite with both: mean merge seconds of ``method`` and ``ref`` and their ratio."""
     agg = aggregate(summary)
@@ -260,7 +262,8 @@ def _time_rows(summary: pd.DataFrame, method: str, ref: str, suites: Sequence[st
     for s in _suites(summary, suites):
         a = agg[agg["suite"] == s].set_index("method")
         if method in a.index and ref in a.index:
-            rows.append({"suite": s, "n_tasks": int(a["n_tasks"].iloc[0]), "seconds": float(a.loc[method, "merge_seconds"]),
+            rows.append({"suite": s, "n_tasks": int(a["n_tasks"].iloc[0]),
+                         "seconds": float(a.loc[method, "merge_seconds"]),
                          "seconds_ref": float(a.loc[ref, "merge_seconds"]), "ratio": _time_ratio(agg, s, method, ref)})
     if not rows:
         raise ValueError(f"{method} and {ref} never ran on the same suite")
@@ -273,52 +276,55 @@ def _loglog_slope(n_tasks: Sequence[float], seconds: Sequence[float]) -> float:
 
 
 def assess_cost(summary: pd.DataFrame, *, method: str = "ace", svd_method: str = "tsv_m",
-                suites: Sequence[str] | None = None, max_ratio: float = 2.0, max_slope: float = 1.5) -> Assessment:
+                suites: Sequence[str] | None = None, max_ratio: float = 2.0, max_slope: float = 1.5) -> Verdict:
     """Does ``method`` cost about what the SVD-based ``svd_method`` does, growing linearly in T?
 
     Criteria: *matching* (mean merge time at most ``max_ratio`` × the SVD method's on every
     suite) and *linear in T* (log-log slope of merge time against T at most ``max_slope``;
-    the claimed O(L·T·n³) has slope 1). Both -> ``reproduced``, one -> ``partly``.
+    the claimed O(L·T·n³) has slope 1). Both -> ``reproduced``, one -> ``partly``. The paper
+    gives the complexity, not times: "matching" SVD methods is read as within ×2 of TSV-M.
     """
     rows = _time_rows(summary, method, svd_method, suites)
     slope = _loglog_slope([r["n_tasks"] for r in rows], [r["seconds"] for r in rows])
     crit = {"matching": all(r["ratio"] <= max_ratio for r in rows)}
     if np.isfinite(slope):
         crit["linear in T"] = slope <= max_slope
-    met, verdict = _criteria_verdict(crit)
+    met, verdict = criteria(crit)
     why = (f"time ratio ≤ {max_ratio} on every suite: {crit['matching']}"
            + (f"; log-log slope {slope:.2f} (≤ {max_slope}: {crit['linear in T']})" if "linear in T" in crit
               else "; one suite: no slope"))
     measured = ", ".join(f"T={r['n_tasks']}: {r['seconds']:.3g} s vs {r['seconds_ref']:.3g} s (×{r['ratio']:.2f})"
                          for r in rows)
-    return Assessment(f"merge time {method} vs {svd_method}: {measured}", verdict, why,
+    return Verdict(f"merge time {method} vs {svd_method}: {measured}", verdict, why,
                       {"rows": rows, "slope": slope, "criteria": crit})
 
 
 def assess_overhead(summary: pd.DataFrame, *, method: str = "esm", ref: str = "tsv_m",
-                    suites: Sequence[str] | None = None, small: float = 3.0, large: float = 10.0) -> Assessment:
+                    suites: Sequence[str] | None = None, small: float = 3.0, large: float = 10.0) -> Verdict:
     """Is ``method``'s extra cost over ``ref`` small? Merge-time ratio on every suite:
-    at most ``small`` -> ``reproduced``; at most ``large`` -> ``partly``; else ``not reproduced``."""
+    at most ``small`` -> ``reproduced``; at most ``large`` -> ``partly``; else ``not reproduced``.
+    The paper: PCA 1.39 s per task plus 13.89 s of orthogonalisation on ViT-B/16, "small"; it
+    gives no TSV-M time, so "small" is read as at most ×3 TSV-M's merge time."""
     rows = _time_rows(summary, method, ref, suites)
     worst = max(r["ratio"] for r in rows)
-    if worst <= small:
-        verdict, why = "reproduced", f"at most ×{worst:.2f} the time of {ref} (≤ ×{small:g})"
-    elif worst <= large:
-        verdict, why = "partly", f"up to ×{worst:.2f} the time of {ref}: same order, above ×{small:g}"
-    else:
-        verdict, why = "not reproduced", f"up to ×{worst:.2f} the time of {ref} (> ×{large:g})"
+    verdict = threshold(worst, small, large, higher=False)
+    why = {"reproduced": f"at most ×{worst:.2f} the time of {ref} (≤ ×{small:g})",
+           "partly": f"up to ×{worst:.2f} the time of {ref}: same order, above ×{small:g}",
+           "not reproduced": f"up to ×{worst:.2f} the time of {ref} (> ×{large:g})"}[verdict]
     measured = ", ".join(f"T={r['n_tasks']}: {r['seconds']:.3g} s vs {r['seconds_ref']:.3g} s" for r in rows)
-    return Assessment(f"merge time {method} vs {ref}: {measured}", verdict, why, {"rows": rows, "worst_ratio": worst})
+    return Verdict(f"merge time {method} vs {ref}: {measured}", verdict, why, {"rows": rows, "worst_ratio": worst})
 
 
 def assess_ordering(summary: pd.DataFrame, paper: Mapping[int, pd.Series] | pd.Series, *,
                     suites: Sequence[str] | None = None, metric: str = "test_normalized",
-                    good: float = 0.6, some: float = 0.2) -> Assessment:
+                    good: float = 0.6, some: float = 0.2) -> Verdict:
     """Kendall tau-b of our method ordering (means over seeds) against a paper's.
 
     ``paper``: one Series (the same ordering for every suite) or ``{n_tasks: Series}``.
     Also computes tau per seed (its spread shows how stable our ordering is). Verdict on
-    the mean tau over suites: ``>= good`` -> ``reproduced``, ``>= some`` -> ``partly``.
+    the mean tau over suites: ``>= good`` -> ``reproduced``, ``>= some`` -> ``partly``. The
+    paper's own ACE table against the claimed ordering (CART ≈ TSV-M tied) has tau 0.95 at
+    8, 14 and 20 tasks, above ``good``.
     """
     rows = []
     for s in _suites(summary, suites):
@@ -335,7 +341,7 @@ def assess_ordering(summary: pd.DataFrame, paper: Mapping[int, pd.Series] | pd.S
     if not rows:
         raise ValueError("no suite has two or more methods in common with the paper")
     mean_tau = float(np.mean([r["tau"] for r in rows]))
-    verdict = "reproduced" if mean_tau >= good else ("partly" if mean_tau >= some else "not reproduced")
+    verdict = threshold(mean_tau, good, some)
     why = f"mean Kendall tau {mean_tau:.2f} over {len(rows)} suite(s) (reproduced ≥ {good}, partly ≥ {some})"
 
     def seeds_txt(r):
@@ -344,7 +350,7 @@ def assess_ordering(summary: pd.DataFrame, paper: Mapping[int, pd.Series] | pd.S
 
     measured = "; ".join(f"T={r['n_tasks']}: tau {r['tau']:.2f} on {r['n']} methods{seeds_txt(r)}, ours "
                          f"{' > '.join(r['ours_order'])}" for r in rows)
-    return Assessment(measured, verdict, why, {"mean_tau": mean_tau, "suites": rows})
+    return Verdict(measured, verdict, why, {"mean_tau": mean_tau, "suites": rows})
 
 
 # --------------------------------------------------------------------------- mini-world targets
@@ -402,4 +408,199 @@ def mini_world_targets(summary: pd.DataFrame, *, small: str = "tasks8", large: s
     spread = float(m.max() - m.min()) if len(m) >= 2 else math.nan
     add("best and worst methods ≥ 10 normalized points apart", large, round(spread, 2), 10.0,
         None if math.isnan(spread) else spread >= 10)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- the lesson's data and verdicts
+#: The methods the quick profile runs on the fixture world.
+QUICK_METHODS: tuple[str, ...] = ("weight_averaging", "task_arithmetic", "tsv_m", "iso_cts", "cart", "wudi", "ace",
+                                  "esm")
+#: The rivals of ace.grows (see :func:`assess_grows`): the paper's own numbers show ACE's lead
+#: growing with T over task arithmetic (+15.2 → +15.6 → +16.3 on ViT-B/16), not over the best rival.
+GROWS_RIVALS: tuple[str, ...] = ("task_arithmetic",)
+
+
+@dataclass
+class BenchmarkData:
+    """What notebook 04 reads: the result files and the tables made from them.
+
+    ``world``: one sentence saying which world the numbers come from; ``suites`` in order of
+    T; ``main_suite`` the suite of the per-task views; ``paper_n``: suite -> the T of the
+    paper column it is compared with; ``paper_cols``: (table, suite) -> that column;
+    ``speed`` / ``step_size``: the ViT-width timings and WUDI's learning-rate study (empty in
+    the quick profile: they are full-world files).
+    """
+
+    world: str
+    res_dir: Path
+    size: str
+    suites: list[str]
+    main_suite: str
+    runs: list
+    summary: pd.DataFrame
+    per_task: pd.DataFrame
+    agg: pd.DataFrame
+    n_tasks: dict[str, int]
+    paper_n: dict[str, int]
+    paper_cols: dict[tuple[str, str], pd.Series]
+    methods: list[str]
+    seeds: list[int]
+    speed: pd.DataFrame
+    step_size: pd.DataFrame
+
+
+def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str, seed: int, results_dir: str | Path,
+                   figures_dir: str | Path, speed_dir: str | Path, wudi_dir: str | Path, recompute: bool = False,
+                   device: str = "auto") -> BenchmarkData:
+    """Notebook 04's setup: read (or, with ``quick`` / ``recompute``, first write) the result files.
+
+    Full profile: the files of ``suites`` at ``size`` in ``results_dir`` (``recompute`` reruns
+    the benchmark for ``seed`` first, ~30 min per suite on 2 CPU cores). Quick profile: the
+    fixture world's 3 tasks, merged as the first 2 and all 3 (suites ``tiny2``, ``tiny3``: the
+    "more tasks" axis), one seed, :data:`QUICK_METHODS`, written under
+    ``<figures_dir>/results``; the paper columns of 8 and 14 tasks stand in for them only to
+    exercise the code, and the full-world timing and WUDI files are not read.
+    """
+    from .. import results
+    from . import paper_tables
+    from . import world as course
+
+    if quick:
+        res_dir = Path(figures_dir) / "results"
+        zoo = course.world(quick=True, device=device)
+        run_size = zoo.size
+        counts = (2, len(zoo.tasks))
+        run_suites = [f"tiny{n}" for n in counts]
+        for name, n in zip(run_suites, counts):
+            sub_bench = course.benchmark(results.prefix_world(zoo, n), quick=True, patience=2)
+            results.write_results(sub_bench, res_dir, f"{name}_{run_size}_seed{seed}", list(QUICK_METHODS))
+        main_suite = run_suites[-1]
+        world = (f"the quick profile's fixture world: its {len(zoo.tasks)} procedural tasks ({', '.join(zoo.tasks)}) "
+                 f"at model size {run_size}, merged as the first 2 and all {len(zoo.tasks)} (suites "
+                 f"{' and '.join(run_suites)}), expert seed {seed}; numbers for checking the code, not for reading")
+    else:
+        res_dir = Path(results_dir).expanduser().resolve()
+        run_size, run_suites, main_suite = size, list(suites), suite
+        if recompute:
+            for s in run_suites:
+                full_bench = course.benchmark(course.world(s, size, seed=seed, device=device), patience=5)
+                results.write_results(full_bench, res_dir, f"{s}_{size}_seed{seed}", progress=True)
+        world = f"the mini-world: suites {', '.join(run_suites)} at model size {size}"
+    runs = results.require_results(res_dir, run_suites, run_size)
+    summary = results.load_summary(runs)
+    agg = aggregate(summary)
+    n_tasks = agg.drop_duplicates("suite").set_index("suite")["n_tasks"].to_dict()
+    paper_n = dict(zip(run_suites, (8, 14, 20))) if quick else {s: n_tasks[s] for s in run_suites}
+    paper_cols = {}
+    for s in run_suites:
+        for table in paper_tables.COMPARISONS:
+            if paper_n[s] in paper_tables.COMPARISONS[table]:
+                paper_cols[table, s] = paper_tables.comparison_columns(table, paper_n[s])
+    speed = pd.DataFrame() if quick else results.load_merge_speed(speed_dir)
+    step_size = pd.DataFrame() if quick else results.load_wudi_step_size(wudi_dir, size=size)
+    return BenchmarkData(
+        world=world, res_dir=res_dir, size=run_size, suites=run_suites, main_suite=main_suite, runs=runs,
+        summary=summary, per_task=results.load_per_task(runs), agg=agg, n_tasks=n_tasks, paper_n=paper_n,
+        paper_cols=paper_cols, methods=[m for m in dict.fromkeys(summary["method"]) if m not in REFERENCES],
+        seeds=sorted(int(k) for k in summary["seed"].unique()), speed=speed, step_size=step_size)
+
+
+def vit_width_checks(speed: pd.DataFrame) -> dict[str, Verdict]:
+    """The cost claims (:func:`assess_cost`, :func:`assess_overhead`) on the ViT-B/32-width
+    timings of ``benchmarks/merge_speed.py`` — a cross-check; the verdicts are the
+    benchmark's. Claims whose methods the timings lack are left out."""
+    out = {}
+    for cid, assess in (("ace.cost", assess_cost), ("esm.overhead", assess_overhead)):
+        try:
+            out[cid] = assess(speed)
+        except (ValueError, KeyError):
+            continue
+    return out
+
+
+def claim_verdicts(data: BenchmarkData) -> dict[str, Verdict]:
+    """The verdicts of the claims notebook 04 owns, by claim id (ace.grows only with two or
+    more suites). Rivals: ACE's data-free rivals (RegMean and ESM use data, ACE's own
+    variants are not rivals); ESM's are Iso-CTS and TSV-M, as in its table; ace.grows uses
+    :data:`GROWS_RIVALS`. The cost claims carry the ViT-width cross-check in their numbers."""
+    summary, speed = data.summary, data.speed
+    data_free = [m for m in data_free_methods(data.methods) if m.split(" ")[0] != "ace"]
+    wudi_ratio: dict[int, float] = {}
+    if len(speed):
+        t = speed.pivot_table(index="n_tasks", columns="method", values="merge_seconds")
+        if {"ace", "wudi"} <= set(t.columns):
+            wudi_ratio = {int(n): float(r) for n, r in (t["ace"] / t["wudi"]).dropna().items()}
+    width = {k: {"verdict": v.verdict, "measured": v.measured} for k, v in vit_width_checks(speed).items()} \
+        if len(speed) else {}
+
+    def extra(v: Verdict, **numbers: Any) -> Verdict:
+        return Verdict(v.measured, v.verdict, v.reason, {**v.numbers, **numbers})
+
+    out = {"ace.sota": assess_beats(summary, "ace", data_free)}
+    if len(data.suites) >= 2:
+        out["ace.grows"] = assess_grows(summary, "ace", list(GROWS_RIVALS))
+    out["ace.vs_wudi"] = extra(assess_vs_wudi(summary, step_size=data.step_size), vit_width_time_ratio=wudi_ratio)
+    out["ace.cost"] = extra(assess_cost(summary), vit_width=width.get("ace.cost"))
+    from .paper_tables import ACE_CLAIMED_RANKS
+
+    out["ace.ordering"] = assess_ordering(summary, ACE_CLAIMED_RANKS)
+    out["esm.sota"] = assess_beats(summary, "esm", ["iso_cts", "tsv_m"])
+    out["esm.overhead"] = extra(assess_overhead(summary), vit_width=width.get("esm.overhead"))
+    return out
+
+
+def rank_agreement_table(data: BenchmarkData) -> pd.DataFrame:
+    """Kendall tau-b of our method ordering (normalized test accuracy) against every paper
+    column a suite is compared with: one row per (suite, table)."""
+    rows = []
+    for (table, s), col in data.paper_cols.items():
+        ours = method_means(data.agg, s)
+        ra = rank_agreement(ours, col)
+        rows.append({"suite": s, "table": table, "column": col.name, "n_methods": ra["n"], "tau": ra["tau"],
+                     "p_value": ra["p_value"], "discordant pairs": ra["discordant"],
+                     "paper order": " > ".join(ra["paper_order"]), "our order": " > ".join(ra["ours_order"])})
+    return pd.DataFrame(rows)
+
+
+def method_means(agg: pd.DataFrame, suite: str, metric: str = "test_normalized") -> pd.Series:
+    """``metric`` of every merge method (no reference rows) on ``suite``, from :func:`aggregate`."""
+    return agg[(agg["suite"] == suite) & (agg["kind"] == "method")].set_index("method")[metric]
+
+
+def method_ranks(agg: pd.DataFrame, methods: Sequence[str] = ("ace", "esm"), *,
+                 metric: str = "test_normalized") -> pd.DataFrame:
+    """Per suite: the best method and its score, and the score and rank (1 = best, ties share
+    the better rank) of each of ``methods`` among all merge methods."""
+    rows = []
+    for s in _suites(agg, None):
+        a = method_means(agg, s, metric)
+        if a.empty:
+            continue
+        row: dict[str, Any] = {"suite": s, "T": int(agg.loc[agg["suite"] == s, "n_tasks"].iloc[0]),
+                               "methods": len(a), "best": str(a.idxmax()), "best score": float(a.max())}
+        for m in methods:
+            if m in a.index:
+                row[f"{m} score"] = float(a[m])
+                row[f"{m} rank"] = int((a > a[m]).sum()) + 1
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def wudi_lr_summary(step_size: pd.DataFrame) -> pd.DataFrame:
+    """Per (suite, seed) of WUDI's learning-rate study: the default learning rate (read from
+    the method registry), how far it moves the entries (RMS) from its start, its score, and
+    the learning rate with the best validation accuracy with its score."""
+    from ..merging import METHODS
+
+    default_lr = METHODS["wudi"].hparams["lr"]
+    rows = []
+    for (s, sd), d in step_size.groupby(["suite", "seed"], sort=False):
+        w = d[d["method"] == "wudi"]
+        if w.empty:
+            continue
+        dflt, tuned = w.loc[w["lr"].sub(default_lr).abs().idxmin()], w.loc[w["val_normalized"].idxmax()]
+        rows.append({"suite": s, "seed": int(sd), "default lr": float(dflt["lr"]),
+                     "RMS start": float(dflt.get("rms_start", math.nan)),
+                     "RMS move": float(dflt.get("rms_move", math.nan)), "default score": float(dflt["test_normalized"]),
+                     "best lr on val": float(tuned["lr"]), "its score": float(tuned["test_normalized"])})
     return pd.DataFrame(rows)

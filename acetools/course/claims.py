@@ -6,25 +6,29 @@ measurement. A notebook that measures a claim calls :func:`record`, which writes
 measurement and a verdict into ``<figures_dir>/claims.json``; ``05_claims`` gathers every
 notebook's file with :func:`collect` and shows one table, listing claims nobody measured.
 
-Verdicts (:data:`VERDICTS`): ``reproduced``, ``partly``, ``not reproduced``, and
-``not testable here`` (the claim needs models or data this toolkit does not have, e.g.
-GPT-2 on GLUE); each comes with a one-line reason.
+Verdicts (:data:`VERDICTS`, from :mod:`acetools.course.verdicts`): ``reproduced``,
+``partly``, ``not reproduced``, and ``not testable here`` (the claim needs models or data
+this toolkit does not have, e.g. GPT-2 on GLUE); each comes with a one-line reason. A
+lesson's check returns a :class:`~acetools.course.verdicts.Verdict`, which :func:`record`
+stores as it is.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..utils import atomic_write
+from .verdicts import VERDICTS, Verdict
 
-__all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "collect", "claims_table"]
+__all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "show", "collect", "claims_table", "styled_table"]
 
-VERDICTS = ("reproduced", "partly", "not reproduced", "not testable here")
+log = logging.getLogger("acetools.course.claims")
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ CLAIMS: tuple[Claim, ...] = (
           "ViT-B/16 14 tasks 86.1, ViT-L/14 20 tasks 89.5; TSV-M 85.9 / 84.6 / 87.7).", "04_benchmark",
           "rank of ACE among the data-free methods on tasks8/14/20"),
     Claim("ace.grows", "ACE", "ACE's advantage grows with the number of tasks (8 → 14 → 20).", "04_benchmark",
-          "ACE minus the best other method at 8, 14, 20 tasks"),
+          "ACE minus task arithmetic at 8, 14, 20 tasks (the paper's own ViT-B/16 numbers show ACE's lead growing "
+          "over task arithmetic, +15.2 → +15.6 → +16.3, not over the best rival, +2.0 → +1.5 → +1.6)"),
     Claim("ace.vs_wudi", "ACE", "The closed form is more stable and cheaper than WUDI-Merging's iterative "
           "optimisation.", "04_benchmark", "accuracy and merge time of ACE against WUDI"),
     Claim("ace.cost", "ACE", "Cost O(L·T·n³), matching SVD-based methods.", "04_benchmark",
@@ -114,17 +119,29 @@ def claim(claim_id: str) -> Claim:
         raise KeyError(f"unknown claim id {claim_id!r}; valid ids: {sorted(_BY_ID)}") from None
 
 
-def record(figures_dir: str | os.PathLike, claim_id: str, measured: str, verdict: str, reason: str,
-           **numbers: Any) -> dict[str, Any]:
-    """Store our measurement of ``claim_id`` in ``<figures_dir>/claims.json`` and print the verdict.
+def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdict, verdict: str | None = None,
+           reason: str | None = None, *, show_verdict: bool = True, **numbers: Any) -> dict[str, Any]:
+    """Store our measurement of ``claim_id`` in ``<figures_dir>/claims.json`` and show the verdict.
 
-    ``measured``: the measurement in words with its numbers; ``verdict`` one of
-    :data:`VERDICTS`; ``reason``: why (one line); ``numbers``: the raw values (JSON-able).
-    Re-recording a claim replaces its entry. Returns the entry.
+    Either ``record(fig_dir, claim_id, v, **extra)`` with a
+    :class:`~acetools.course.verdicts.Verdict` ``v`` (``extra`` numbers are stored beside
+    ``v.numbers``), or ``record(fig_dir, claim_id, measured, verdict, reason, **numbers)``
+    with ``measured`` the measurement in words with its numbers, ``verdict`` one of
+    :data:`VERDICTS`, ``reason`` why (one line) and ``numbers`` the raw values (JSON-able).
+    Re-recording a claim replaces its entry. The verdict is shown once, as one wrapped line
+    (Markdown in a notebook, the log elsewhere) unless ``show_verdict`` is False (a page
+    that shows it in a table anyway). Returns the entry.
     """
     c = claim(claim_id)
+    if isinstance(measured, Verdict):
+        if verdict is not None or reason is not None:
+            raise TypeError("record(fig_dir, claim_id, Verdict, **numbers) takes no verdict= or reason=")
+        v = measured
+        measured, verdict, reason, numbers = v.measured, v.verdict, v.reason, {**v.numbers, **numbers}
     if verdict not in VERDICTS:
         raise ValueError(f"verdict {verdict!r} must be one of {VERDICTS}")
+    if reason is None:
+        raise TypeError(f"record({claim_id!r}): a reason is required")
     folder = Path(figures_dir)
     path = folder / "claims.json"
     entries = json.loads(path.read_text()) if path.is_file() else {}
@@ -134,8 +151,32 @@ def record(figures_dir: str | os.PathLike, claim_id: str, measured: str, verdict
     entries[c.id] = entry
     with atomic_write(path, "w") as fh:
         json.dump(entries, fh, indent=1, sort_keys=True, default=str)
-    print(f"[{verdict}] {c.id}: {measured} — {reason}")
+    if show_verdict:
+        show(entry)
+    else:
+        log.info("[%s] %s: %s — %s", verdict, c.id, measured, reason)
     return entry
+
+
+def show(entry: dict[str, Any]) -> None:
+    """Show a recorded verdict once: a Markdown line in a notebook (it wraps at word
+    boundaries), the ``acetools.course.claims`` log elsewhere."""
+    text = f"[{entry['verdict']}] {entry['id']}: {entry['measured']} — {entry['reason']}"
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:  # pragma: no cover - IPython is a course dependency
+        shell = None
+    if shell is None:
+        log.info(text)
+        return
+    from IPython.display import Markdown, display
+
+    def esc(s: str) -> str:
+        return s.replace("*", "\\*").replace("_", "\\_").replace("<", "&lt;")
+
+    display(Markdown(f"**{entry['verdict']}** · `{entry['id']}`: {esc(entry['measured'])} — *{esc(entry['reason'])}*"))
 
 
 def collect(figures_root: str | os.PathLike) -> dict[str, dict[str, Any]]:
@@ -159,6 +200,18 @@ def claims_table(figures_root: str | os.PathLike):
                      "measured": e["measured"] if e else "", "verdict": e["verdict"] if e else "not measured",
                      "reason": e["reason"] if e else f"run {c.notebook} first"})
     return pd.DataFrame(rows)
+
+
+def styled_table(table: Any) -> Any:
+    """Lesson 05's view of :func:`claims_table`: id, paper, notebook, verdict (coloured as in
+    :data:`acetools.course.plotting.benchmark.VERDICT_COLORS`), measurement and reason, left-aligned."""
+    from .plotting.benchmark import VERDICT_COLORS
+
+    show_cols = table[["id", "paper", "notebook", "verdict", "measured", "reason"]]
+    colours = [f"background-color: {VERDICT_COLORS.get(v, '#ffffff')}" for v in show_cols["verdict"]]
+    return (show_cols.style.hide(axis="index")
+            .apply(lambda col: colours, subset=["verdict"], axis=0)
+            .set_properties(subset=["measured", "reason"], **{"text-align": "left"}))
 
 
 def as_dict(c: Claim) -> dict[str, str]:

@@ -136,7 +136,8 @@ ESM_ABLATION: pd.DataFrame = pd.DataFrame(
         {"decomposition": "SVD", "scaling": "none", "tasks8": 89.0, "tasks20": 80.6, "note": "baseline (TSV-M)"},
         {"decomposition": "SVD", "scaling": "all", "tasks8": 89.6, "tasks20": 82.1, "note": "PS helps SVD too"},
         {"decomposition": "ESD", "scaling": "none", "tasks8": 90.9, "tasks20": 82.8, "note": "ESD alone +1.9/+2.2"},
-        {"decomposition": "ESD", "scaling": "layer", "tasks8": 91.4, "tasks20": 83.7, "note": "layer level matters most"},
+        {"decomposition": "ESD", "scaling": "layer", "tasks8": 91.4, "tasks20": 83.7,
+         "note": "layer level matters most"},
         {"decomposition": "ESD", "scaling": "all", "tasks8": 91.8, "tasks20": 84.9, "note": "ESM"},
     ]
 )

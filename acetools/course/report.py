@@ -17,7 +17,9 @@ Parameters a notebook does not declare are an error, not a warning (docs/style.m
 from __future__ import annotations
 
 import ast
+import logging
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,10 +31,17 @@ __all__ = [
     "notebook_paths",
     "notebook_parameters",
     "parse_parameter",
+    "check_parameters",
+    "coerce_parameter",
+    "ParameterTypeError",
     "run_notebook",
     "run_report",
     "UnknownParameterError",
+    "render_html",
+    "check_html",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The repository root (the parent of the ``acetools`` package).
 REPO = Path(__file__).resolve().parents[2]
@@ -42,6 +51,10 @@ PROFILES: dict[str, dict[str, Any]] = {"quick": {"quick": True}, "full": {}}
 
 class UnknownParameterError(ValueError):
     """A parameter was passed that the notebook's ``parameters`` cell does not declare."""
+
+
+class ParameterTypeError(ValueError):
+    """A parameter value does not match the type annotated in the notebook's ``parameters`` cell."""
 
 
 def notebook_paths(folder: str | os.PathLike | None = None, only: Sequence[str] | None = None) -> list[Path]:
@@ -70,20 +83,133 @@ def notebook_parameters(path: str | os.PathLike) -> dict[str, dict]:
     return dict(pm.inspect_notebook(str(path)))
 
 
-def parse_parameter(text: str) -> tuple[str, Any]:
+def parse_parameter(text: str, *, literal: bool = True) -> tuple[str, Any]:
     """``"KEY=VALUE"`` -> ``(key, value)``; the value is a Python literal when it parses as one
-    (``3``, ``0.5``, ``True``, ``[1, 2]``), else the string."""
+    (``3``, ``0.5``, ``True``, ``[1, 2]``), else the string. ``literal=False`` keeps the
+    value's text (for :func:`check_parameters`, which parses it by the declared type)."""
     if "=" not in text:
         raise ValueError(f"parameter {text!r} must look like KEY=VALUE")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key.isidentifier():
         raise ValueError(f"parameter name {key!r} is not a Python identifier")
+    if not literal:
+        return key, raw
     try:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         value = raw
     return key, value
+
+
+_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (float, int), "str": (str,),
+                                       "list": (list, tuple), "tuple": (tuple, list), "dict": (dict,),
+                                       "None": (type(None),)}
+
+
+def _declared_types(type_name: str | None) -> list[str] | None:
+    """``"int"`` -> ``["int"]``; ``"int | None"`` / ``"Optional[int]"`` -> ``["int", "None"]``;
+    ``None`` for annotations it cannot check (then any literal passes); papermill reports an
+    unannotated parameter as ``"None"``."""
+    if not type_name or type_name == "None":
+        return None
+    t = type_name.replace(" ", "")
+    if t.startswith("Optional[") and t.endswith("]"):
+        t = t[len("Optional["):-1] + "|None"
+    names = [n.split("[", 1)[0] for n in t.split("|")]
+    names = ["list" if n == "List" else "tuple" if n == "Tuple" else "dict" if n == "Dict" else n for n in names]
+    return names if all(n in _TYPES for n in names) else None
+
+
+def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: str = "the notebook") -> Any:
+    """``value`` for parameter ``name`` checked against its declaration ``info`` (an entry of
+    :func:`notebook_parameters`: ``inferred_type_name``, ``default``). A string is parsed as
+    a Python literal unless the parameter is a ``str``; an ``int`` for a ``float`` becomes a
+    float; ``list`` elements must have the types of the default's elements. Raises
+    :class:`ParameterTypeError` naming the parameter, the notebook and the expected type."""
+    kinds = _declared_types(info.get("inferred_type_name"))
+    text = value if isinstance(value, str) else None
+    if text is not None and not (kinds and "str" in kinds):
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text
+    if kinds is None:
+        return value
+    want = " | ".join(kinds)
+    default = info.get("default")
+
+    def bad(extra: str = "") -> ParameterTypeError:
+        shown = text if text is not None else repr(value)
+        return ParameterTypeError(f"parameter {name!r} of {notebook} expects {want} (default {default}), "
+                                  f"got {shown!r}{extra}")
+
+    ok = [k for k in kinds if isinstance(value, _TYPES[k]) and not (k in ("int", "float") and isinstance(value, bool))]
+    if not ok:
+        hint = " (use True or False)" if "bool" in kinds else ""
+        if "list" in kinds and isinstance(value, str):
+            hint = " (write a Python list, e.g. -p 'name=[\"a\", \"b\"]')"
+        raise bad(hint)
+    if ok[0] == "float" and isinstance(value, int):
+        value = float(value)
+    if ok[0] in ("list", "tuple"):
+        value = list(value) if ok[0] == "list" else tuple(value)
+        try:
+            ref = ast.literal_eval(default) if isinstance(default, str) else default
+        except (ValueError, SyntaxError):
+            ref = None
+        elem = {type(v) for v in ref} if isinstance(ref, (list, tuple)) and ref else set()
+        if len(elem) == 1:
+            (et,) = elem
+            accept = (float, int) if et is float else (et,)
+            wrong = [v for v in value if not isinstance(v, accept) or (et is not bool and isinstance(v, bool))]
+            if wrong:
+                raise bad(f" (elements must be {et.__name__}; {wrong[0]!r} is not)")
+            if et is float:
+                value = type(value)(float(v) for v in value)
+    return value
+
+
+def _known_values() -> dict[str, tuple[str, list[str]]]:
+    """Parameters whose values come from a library registry: name -> (what, allowed names).
+    A list parameter's elements are checked one by one."""
+    from ..data import SUITES
+    from ..merging import METHODS
+    from ..models import SIZES
+
+    suites, sizes, methods = list(SUITES), list(SIZES), list(METHODS)
+    return {"suite": ("suite", suites), "suites": ("suite", suites), "ablation_suites": ("suite", suites),
+            "size": ("size", sizes), "sweep_method": ("method", methods)}
+
+
+def _check_known_value(name: str, value: Any, notebook: str) -> None:
+    known = _known_values().get(name)
+    if known is None:
+        return
+    what, allowed = known
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(v, str) and v not in allowed:
+            raise ParameterTypeError(f"parameter {name!r} of {notebook}: unknown {what} {v!r}; {what}s: {allowed}")
+
+
+def check_parameters(paths: Sequence[str | os.PathLike], parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``parameters`` against every notebook in ``paths`` before anything runs: each name
+    must be declared by each notebook (:class:`UnknownParameterError`) and each value must
+    match its annotation (:func:`coerce_parameter`; :class:`ParameterTypeError`) and, for the
+    suite, size and method parameters, name a registered one. Returns the typed values
+    (strings parsed as literals where the parameter is not a ``str``)."""
+    out: dict[str, Any] = dict(parameters)
+    for path in paths:
+        path = Path(path)
+        declared = notebook_parameters(path)
+        unknown = sorted(set(parameters) - set(declared))
+        if unknown:
+            raise UnknownParameterError(
+                f"{path.stem} has no parameter(s) {unknown}; its parameters are {sorted(declared)}")
+        for name, value in parameters.items():
+            out[name] = coerce_parameter(name, value, declared[name], path.stem)
+            _check_known_value(name, out[name], path.stem)
+    return out
 
 
 def _check_parameters(path: Path, params: Mapping[str, Any]) -> None:
@@ -138,20 +264,102 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
     return rec
 
 
+def _image_alts(nb) -> dict[str, str]:
+    """The alt text of every PNG output of an executed notebook, keyed by its base64 data:
+    the figure's title (``metadata["image/png"]["alt"]``, set by
+    :func:`acetools.course.page.setup`), else the heading of the section it is in."""
+    alts: dict[str, str] = {}
+    section = nb.metadata.get("title", "") or "the notebook"
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            heads = [ln.lstrip("#").strip() for ln in cell.source.splitlines() if ln.startswith("#")]
+            section = heads[-1] if heads else section
+            continue
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/png" in data:
+                alt = out.get("metadata", {}).get("image/png", {}).get("alt")
+                alts["".join(str(data["image/png"]).split())] = alt or f"Figure of the section {section}"
+    return alts
+
+
 def render_html(executed: str | os.PathLike) -> Path:
-    """``jupyter nbconvert --to html --no-input`` of an executed notebook, next to it."""
+    """``jupyter nbconvert --to html --no-input`` of an executed notebook, next to it.
+
+    Two additions make the page readable: every figure's ``<img>`` gets its alt text from the
+    figure's title (:func:`_image_alts`; nbconvert's default says "No description has been
+    provided"), and the CSS :data:`acetools.course.page.REPORT_CSS` lets wide tables scroll
+    inside the page and long lines wrap at word boundaries.
+    """
     import nbformat
+    from bs4 import BeautifulSoup
     from nbconvert import HTMLExporter
+
+    from ..utils import atomic_write
+    from .page import REPORT_CSS
 
     executed = Path(executed)
     nb = nbformat.read(str(executed), as_version=4)
-    body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nb)
+    alts = _image_alts(nb)
+    soup = BeautifulSoup(body, features="html.parser")
+    for img in soup.find_all("img"):
+        src = img.get("src", "")
+        if src.startswith("data:image/png;base64,"):
+            alt = alts.get("".join(src.split(",", 1)[1].split()))
+            if alt:
+                img["alt"] = alt
+    style = soup.new_tag("style")
+    style.string = REPORT_CSS
+    (soup.head or soup).append(style)
     out = executed.with_suffix(".html")
-    from ..utils import atomic_write
-
     with atomic_write(out, "w") as fh:
-        fh.write(body)
+        fh.write(str(soup))
     return out
+
+
+#: What a rendered report must not contain (:func:`check_html`), as regular expressions on its
+#: text: a missing value printed as NaN, nbconvert's default alt text, a raw dict or list repr
+#: printed by a cell (``{8: 1.05…}``), a traceback.
+_BAD = {
+    "NaN cell": re.compile(r"<t[dh][^>]*>\s*(?:NaN|nan|None|<NA>)\s*</t[dh]>"),
+    "default alt text": re.compile(r"No description has been provided for this image"),
+    "raw dict repr": re.compile(r"\{(?:-?\d+|'[^']*'): [^}]*\}"),
+    "traceback": re.compile(r"Traceback \(most recent call last\)|[A-Za-z]+Error: |jp-OutputArea-output[^>]*"
+                            r"application/vnd\.jupyter\.stderr"),
+}
+#: A Python list or numpy array printed as such (``['a', 'b']``, ``[2]``, ``[1.14 1.05]``), in printed output.
+_ITEM = r"(?:&#x27;[^&]*&#x27;|'[^']*'|-?\d+(?:\.\d+)?(?:e-?\d+)?)"
+_LIST_REPR = re.compile(rf"\[{_ITEM}(?:,? +{_ITEM})*\]")
+#: A verdict line as :func:`acetools.course.claims.show` renders it, and as plain text.
+_VERDICT_LINE = re.compile(r"</strong> · <code>([a-z0-9_]+\.[a-z0-9_]+)</code>:")
+_VERDICT_TEXT = re.compile(r"\[(?:reproduced|partly|not reproduced|not testable here)\] ([a-z0-9_]+\.[a-z0-9_]+):")
+
+
+def check_html(path: str | os.PathLike) -> list[str]:
+    """What a reader could not trust in a rendered report: one message per problem (``[]``:
+    none). Checks for ``NaN`` (or ``None``) table cells, the default alt text of a figure, raw
+    dict reprs, list or array reprs in printed output, tracebacks and error output, and a claim's
+    verdict shown more than once."""
+    html = Path(path).read_text()
+    # the embedded figures are base64: leave them out of the text checks
+    text = re.sub(r'src="data:image/[^"]*"', 'src=""', html)
+    text = re.sub(r"<style.*?</style>|<script.*?</script>", "", text, flags=re.S)
+    problems = []
+    for what, pat in _BAD.items():
+        hits = pat.findall(text)
+        if hits:
+            problems.append(f"{Path(path).name}: {what} ×{len(hits)}: {str(hits[0])[:80]!r}")
+    pre = "\n".join(re.findall(r"<pre[^>]*>(.*?)</pre>", text, flags=re.S))  # printed output
+    lists = _LIST_REPR.findall(pre)
+    if lists:
+        problems.append(f"{Path(path).name}: raw list or array repr ×{len(lists)}: {lists[0][:80]!r}")
+    ids = _VERDICT_LINE.findall(text) + _VERDICT_TEXT.findall(text)
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        problems.append(f"{Path(path).name}: verdict shown more than once: {twice}")
+    return problems
 
 
 def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
@@ -173,11 +381,14 @@ def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
     if figures is None:
         figures = REPO / "figures" if profile == "full" else out / "figures"
     figures = Path(figures).resolve()
+    paths = notebook_paths(notebooks, only)
+    parameters = check_parameters(paths, parameters or {})  # every name and type before the first kernel
     records = []
-    for path in notebook_paths(notebooks, only):
+    for path in paths:
         params = {**PROFILES[profile], "figures_dir": str(figures / path.stem), **dict(parameters or {})}
         declared = notebook_parameters(path)
         params = {k: v for k, v in params.items() if k in declared or k in (parameters or {})}
+        log.info("running %s (%s profile) into %s", path.stem, profile, out)
         rec = run_notebook(path, out, params, html=html, timeout=timeout, start_timeout=start_timeout)
         rec["profile"] = profile
         records.append(rec)

@@ -10,7 +10,9 @@ does::
     if interactive:
         display(ex.widget)                                  # only in a live notebook
 
-ipywidgets is imported when a widget is first built, never at import time.
+ipywidgets is imported when a widget is first built, never at import time. Outside a live
+frontend (a plain Python process, pytest) a redraw only redraws the figure: nothing is
+printed (no ``Figure(600x360)`` per change).
 """
 
 from __future__ import annotations
@@ -18,7 +20,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Explorer", "rank_slider", "alpha_slider", "task_picker"]
+__all__ = ["Explorer", "rank_slider", "alpha_slider", "task_picker", "in_frontend"]
+
+
+def in_frontend() -> bool:
+    """Whether this process is a Jupyter kernel (a notebook, papermill, VS Code): only there
+    can a widget's output be shown; elsewhere ``display`` would print the figure's repr."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython ships with ipywidgets
+        return False
+    ip = get_ipython()
+    return ip is not None and getattr(ip, "kernel", None) is not None
 
 
 class Explorer:
@@ -54,6 +67,8 @@ class Explorer:
         self.ax.clear()
         self.plot_fn(self.ax, **self.fixed, **self.values)
         self.draws += 1
+        if not in_frontend():
+            return
         self.output.clear_output(wait=True)
         with self.output:
             from IPython.display import display

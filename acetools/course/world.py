@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "world", "benchmark", "figures_path", "suite_tasks"]
+__all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "world", "benchmark", "figures_path", "suite_tasks", "describe"]
 
 #: The quick profile's world: fixture suite, micro model, recipes sized for seconds.
 QUICK: dict[str, Any] = {
@@ -92,3 +92,14 @@ def figures_path(figures_dir: str | os.PathLike) -> Path:
     p = Path(figures_dir).expanduser().resolve()
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def describe(zoo, quick: bool) -> str:
+    """One sentence saying which world a notebook runs on: the quick profile's fixture world
+    (how many tasks, which) or the mini-world's suite, with the model size."""
+    tasks = ", ".join(zoo.tasks)
+    if quick:
+        return (f"The quick profile's fixture world: {len(zoo.tasks)} procedural tasks ({tasks}) at model size "
+                f"{zoo.size}, built from nothing in seconds. Its numbers check that the lesson runs; they are not "
+                "results to read (the full profile runs the mini-world).")
+    return f"The mini-world's suite {zoo.suite}: {len(zoo.tasks)} tasks ({tasks}) at model size {zoo.size}."

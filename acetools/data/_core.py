@@ -226,7 +226,8 @@ def cache_path(root: Path, stem: str, params: Mapping) -> Path:
 def save_npz(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
     """Write ``arrays`` and a JSON ``meta`` record to ``path`` atomically (zlib level 1)."""
     buf = io.BytesIO()
-    np.savez(buf, **arrays, __meta__=np.frombuffer(json.dumps(meta, sort_keys=True, default=str).encode(), dtype=np.uint8))
+    meta_bytes = json.dumps(meta, sort_keys=True, default=str).encode()
+    np.savez(buf, **arrays, __meta__=np.frombuffer(meta_bytes, dtype=np.uint8))
     raw = buf.getvalue()
     with atomic_write(path) as fh:
         fh.write(b"ACEZ1")

@@ -18,6 +18,7 @@ The real experts are ViTs fine-tuned from the base; these proxies cost seconds p
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 
 import numpy as np
@@ -175,9 +176,12 @@ def pool_features(pool, seconds: float = 300.0, max_epochs: int = 3, lr: float =
 
 
 def calibrate(names, root=None, n_train: int = 3000, seconds: float = 45.0, pool=None, pool_seconds: float = 300.0,
-              log=print):
+              log=None):
     """The proxy table for ``names`` (a list of tasks); ``pool`` (a PretrainData) adds the
-    base-proxy column. Returns a pandas DataFrame."""
+    base-proxy column. Returns a pandas DataFrame. ``log``: a callable for one line per task
+    (default: the ``acetools.data.calibrate`` logger at INFO level)."""
+    if log is None:
+        log = logging.getLogger(__name__).info
     import pandas as pd
 
     from . import get_task, load_split
@@ -220,7 +224,7 @@ def main(argv=None):  # pragma: no cover - a command-line wrapper
     torch.set_num_threads(a.threads)
     pool = pretraining_pool(root=a.root) if a.pool else None
     df = calibrate(a.tasks or SUITES[a.suite], root=a.root, n_train=a.n_train, seconds=a.seconds, pool=pool,
-                   pool_seconds=a.pool_seconds)
+                   pool_seconds=a.pool_seconds, log=print)
     with np.printoptions(precision=3):
         print(df.round(3).to_string(index=False))
     if a.out:

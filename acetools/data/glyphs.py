@@ -79,10 +79,10 @@ def _font(path: str) -> ImageFont.FreeTypeFont:
 def _master(path: str, ch: str) -> tuple[Image.Image, float, float]:
     """The glyph ``ch`` at ``BASE_SIZE`` px, cropped to its ink, and its centre."""
     font = _font(path)
-    l, t, r, b = font.getbbox(ch)
-    w, h = int(math.ceil(r - l)) + 8, int(math.ceil(b - t)) + 8
+    left, top, right, bottom = font.getbbox(ch)
+    w, h = int(math.ceil(right - left)) + 8, int(math.ceil(bottom - top)) + 8
     im = Image.new("L", (w, h), 0)
-    ImageDraw.Draw(im).text((4 - l, 4 - t), ch, font=font, fill=255)
+    ImageDraw.Draw(im).text((4 - left, 4 - top), ch, font=font, fill=255)
     box = im.getbbox()
     if box is None:
         raise ValueError(f"glyph {ch!r} has no ink in font {os.path.basename(path)}")

@@ -10,9 +10,9 @@ the full split's first ``k`` — and caches nothing.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,6 +22,8 @@ import torch
 from ..utils import progress
 from ._core import (SPLITS, TaskData, TaskInfo, cache_key, cache_path, check_split_args, data_root, digest_arrays,
                     load_npz, row_hashes, save_npz, suggest, to_tensor_images)
+
+log = logging.getLogger(__name__)
 
 __all__ = ["get_task", "load_split", "prepare", "fingerprint", "build_task", "all_task_names"]
 
@@ -98,7 +100,7 @@ def build_task(name: str, root=None, allow_download: bool = False, write: bool =
         try:
             save_npz(cache_path(root, name, _key_params(spec)), arrays, meta)
         except OSError as e:  # a read-only data folder must not stop the work
-            warnings.warn(f"could not cache task {name!r} under {root}: {e}", stacklevel=2)
+            log.warning("could not cache task %r under %s: %s", name, root, e)
     return arrays
 
 

@@ -92,7 +92,8 @@ def _split(s):
 
 _ONLINE = [
     _spec("mnist", "MNIST", _DIGITS, _TRAIN, _TEST, "handwriting"),
-    _spec("kmnist", "KMNIST", ("o", "ki", "su", "tsu", "na", "ha", "ma", "ya", "re", "wo"), _TRAIN, _TEST, "handwriting"),
+    _spec("kmnist", "KMNIST", ("o", "ki", "su", "tsu", "na", "ha", "ma", "ya", "re", "wo"), _TRAIN, _TEST,
+          "handwriting"),
     _spec("fashionmnist", "FashionMNIST", ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
                                            "Sneaker", "Bag", "Ankle boot"), _TRAIN, _TEST, "clothing photos"),
     _spec("cifar10", "CIFAR10", ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",

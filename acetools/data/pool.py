@@ -16,7 +16,7 @@ useful features without already solving the tasks:
 Every image also has a ``domain`` label (its source). Nothing labels a glyph's character,
 position, size, orientation, frequency, dot size, parity, rotation or the tasks' texture
 families.
-"""
+"""  # noqa: E501 (rows of the Markdown table above cannot be wrapped)
 
 from __future__ import annotations
 

@@ -264,7 +264,8 @@ def _specs() -> dict[str, TaskSpec]:
             procedural(name, S.shapes_image, factor, len(classes)),
             shapes=S.SHAPES, size_bins=S.SIZE_BINS)
     dot_tasks = {"count": ("count", tuple(str(c) for c in S.COUNTS), "1-6 non-overlapping dots; labelled by count"),
-                 "dotsize": ("dot_size", S.SIZE_NAMES, f"the `count` images labelled by dot radius (bins {S.DOT_BINS} px)")}
+                 "dotsize": ("dot_size", S.SIZE_NAMES,
+                             f"the `count` images labelled by dot radius (bins {S.DOT_BINS} px)")}
     for name, (factor, classes, what) in dot_tasks.items():
         add(_info(name, classes, "counting", "procedural", f"{what}; random colours, noise.", "dots",
                   conflicts=tuple(k for k in dot_tasks if k != name)),
@@ -280,7 +281,8 @@ def _specs() -> dict[str, TaskSpec]:
                   conflicts=tuple(k for k in grating_tasks if k != name)),
             procedural(name, P.grating_image, factor, len(classes)), orientations=P.ORIENTATIONS, periods=P.PERIODS)
     texture_tasks = {"texture": ("family", P.TEXTURES, "textures; labelled by family"),
-                     "texscale": ("scale", P.SCALE_NAMES, f"the `texture` images labelled by period (bins {P.SCALE_BINS} px)")}
+                     "texscale": ("scale", P.SCALE_NAMES,
+                                  f"the `texture` images labelled by period (bins {P.SCALE_BINS} px)")}
     for name, (factor, classes, what) in texture_tasks.items():
         add(_info(name, classes, "textures", "procedural", f"{what}; random rotation, offset, colours, noise.",
                   "textures", conflicts=tuple(k for k in texture_tasks if k != name)),

@@ -3,18 +3,29 @@
 Every method family lives in its own module (``averaging``, ``ties``, ``svd``, ``wudi``,
 ``regmean``, ``ace``, ``esm``) as a pure function on state dicts; this module validates
 inputs, builds task vectors, calls the method and adds its merged update to W0.
+
+A layout (:mod:`acetools.layouts`) tells the driver which keys take a method's matrix path,
+which are stored in x out (transposed to d_out x d_in around the method, so every method sees
+d_out x d_in matrices only), which are tied (merged once) and which are non-float buffers
+(carried from the base). :func:`merge_key` merges one key on its own, for the streaming
+driver (:mod:`acetools.merge_files`).
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from ..layouts import PRESETS, Layout, detect_layout, get_layout
 from ..utils import PROGRESS, resolve_device
 from ._registry import METHODS, REQUIRED, MethodInfo, Param, register
+
+log = logging.getLogger("acetools.merging")
 
 __all__ = [
     "merge",
@@ -26,6 +37,11 @@ __all__ = [
     "REQUIRED",
     "is_matrix_param",
     "validate_state_dicts",
+    "merge_key",
+    "key_scope",
+    "KEYED_HPARAMS",
+    "carried_buffers",
+    "confirmed_ties",
 ]
 
 StateDict = Mapping[str, Tensor]
@@ -51,8 +67,9 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
     """Raise a clear error unless ``experts`` are mergeable with ``base``.
 
     Checks: a non-empty list of mappings; the same keys and shapes as ``base`` (naming the
-    key and the expert index); floating dtypes only, one dtype per key across base and
-    experts; no NaN/Inf.
+    key and the expert index); one dtype per key across base and experts; no NaN/Inf in
+    floating tensors. Non-float tensors (integer or bool buffers such as ``position_ids`` or
+    ``num_batches_tracked``) are allowed: :func:`merge` carries them from the base.
     """
     if not isinstance(base, Mapping):
         raise TypeError(f"base must be a mapping of key -> Tensor (a state dict), got {type(base).__name__}")
@@ -68,12 +85,8 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
     for key, w in base.items():
         if not isinstance(w, Tensor):
             raise TypeError(f"base[{key!r}] is a {type(w).__name__}, not a torch.Tensor")
-        if not w.is_floating_point():
-            raise TypeError(
-                f"base[{key!r}] has dtype {w.dtype}; only floating-point parameters can be merged "
-                "(drop integer buffers such as position ids before merging)"
-            )
-        _check_finite("base", key, w)
+        if w.is_floating_point():
+            _check_finite("base", key, w)
     base_keys = set(base)
     for i, ex in enumerate(experts):
         if not isinstance(ex, Mapping):
@@ -82,9 +95,11 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
         missing = sorted(base_keys - keys)
         extra = sorted(keys - base_keys)
         if missing:
-            raise KeyError(f"experts[{i}] is missing key {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") + " that base has")
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise KeyError(f"experts[{i}] is missing key {missing[0]!r}{more} that base has")
         if extra:
-            raise KeyError(f"experts[{i}] has key {extra[0]!r}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "") + " that base does not have")
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            raise KeyError(f"experts[{i}] has key {extra[0]!r}{more} that base does not have")
         for key, w0 in base.items():
             w = ex[key]
             if not isinstance(w, Tensor):
@@ -98,7 +113,8 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
                     f"mixed dtypes at key {key!r}: base is {w0.dtype}, experts[{i}] is {w.dtype}; "
                     "cast every state dict to one dtype before merging"
                 )
-            _check_finite(f"experts[{i}]", key, w)
+            if w.is_floating_point():
+                _check_finite(f"experts[{i}]", key, w)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -113,10 +129,10 @@ def task_vectors(
     dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> list[dict[str, Tensor]]:
-    """Task vectors tau_t = W_t - W0 for every key, one dict per expert (docs/methods.md §Notation).
+    """Task vectors tau_t = W_t - W0 for every floating key, one dict per expert (docs/methods.md §Notation).
 
     Computed in float32 (float64 inputs stay float64) unless ``dtype`` is given; new
-    tensors, inputs untouched.
+    tensors, inputs untouched. Non-float buffers have no task vector and are left out.
     """
     if validate:
         validate_state_dicts(base, experts)
@@ -125,6 +141,8 @@ def task_vectors(
     for ex in experts:
         tv = {}
         for k, w0 in base.items():
+            if not w0.is_floating_point():
+                continue
             dt = dtype or _compute_dtype(w0.dtype)
             tv[k] = ex[k].to(dev, dt) - w0.to(dev, dt)
         out.append(tv)
@@ -138,54 +156,196 @@ def _get_method(method: str) -> MethodInfo:
     return METHODS[method]
 
 
+# Hyperparameters that hold one {key: tensor} dict per expert: merge_key passes a method only its key's entries.
+KEYED_HPARAMS: dict[str, tuple[str, ...]] = {"ace": ("covariances",), "regmean": ("grams",)}
+
+_KEY_LOCAL = ("weight_averaging", "task_arithmetic", "ties", "dare", "tsv_m", "iso_c", "iso_cts", "cart", "wudi",
+              "ace", "regmean")
+
+
+def key_scope(method: str, hparams: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """How far the merged update of one key reaches, with ``hparams``: ``(scope, why)``.
+
+    ``"key"``: it depends only on that key's W0 and task vectors (plus that key's entries of
+    ``covariances`` / ``grams``), so :func:`merge_key` can merge key by key, streaming from
+    disk. ``"global_ties"``: TIES (or DARE-TIES) with ``scope="global"`` needs, per task, one
+    trim threshold over the whole model and one majority sign: a streaming driver computes
+    them in extra passes first. ``"model"``: the method needs every key at once (ESM's
+    inter-layer polarization; methods registered by users), so it runs in memory.
+    """
+    info = _get_method(method)
+    hp = info.resolve(dict(hparams or {})) if method != "esm" else dict(hparams or {})
+    if method == "esm":
+        return "model", ("ESM runs in memory: its inter-layer polarization (Step C) scales each matrix by the norms "
+                         "of every layer's merged update, and its proxy activations are held for every ESD layer")
+    if method not in _KEY_LOCAL:
+        return "model", f"{method} is not known to merge each key on its own"
+    if (method == "ties" or (method == "dare" and hp["base_method"] == "ties")) and hp["scope"] == "global":
+        return "global_ties", ("scope='global' ranks every key of a task vector together (one trim threshold per "
+                               "task) and elects one majority sign over the whole model")
+    return "key", ""
+
+
+def merge_key(
+    method: str,
+    key: str,
+    W0: Tensor,
+    taus: Sequence[Tensor],
+    *,
+    is_matrix: bool,
+    hparams: Mapping[str, Any],
+) -> Tensor:
+    """The merged update of one key: ``method`` called on the one-key state dict ``{key: W0}``.
+
+    ``W0`` and ``taus`` are d_out x d_in for matrices (transpose in x out weights first), in
+    the compute dtype; ``is_matrix`` says whether the key takes the matrix path;
+    ``hparams`` are resolved ones (``METHODS[method].resolve``). For methods whose
+    :func:`key_scope` is ``"key"`` the result equals that key's update from the whole-model
+    call. Per-key dicts in ``covariances`` / ``grams`` are cut down to ``key``.
+    """
+    info = _get_method(method)
+    hp = dict(hparams)
+    for name in KEYED_HPARAMS.get(method, ()):
+        if hp.get(name) is not None:
+            hp[name] = [{key: d[key]} if key in d else {} for d in hp[name]]
+    out = info.func({key: W0}, [{key: t} for t in taus], is_matrix=lambda k, t: bool(is_matrix), **hp)
+    return out[key]
+
+
+def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
+    """(layout, is_matrix predicate) for merge(): a given layout, the legacy predicate or the open_clip rule."""
+    keys = list(base)
+    if is_matrix is not None:
+        if layout is not None:
+            raise ValueError("pass either layout= or is_matrix=, not both (a layout decides which keys are matrices)")
+        return Layout("is_matrix"), is_matrix
+    if layout is None:
+        found = detect_layout(keys)
+        if found not in (None, "open_clip"):
+            warnings.warn(
+                f"the keys look like a {found} model, but merge() uses the open_clip rule by default "
+                f"(every 2-D tensor a matrix, as stored); pass layout={found!r} or layout='auto' so that "
+                "embeddings, heads, in x out weights and tied keys are handled",
+                UserWarning, stacklevel=3,
+            )
+        lay = PRESETS["open_clip"].bind(keys)
+    else:
+        lay = get_layout(layout, keys=keys)
+    return lay, lay.is_matrix
+
+
+def _check_in_out_keys(resolved: Mapping[str, Any], lay, keys: Sequence[str]) -> None:
+    import fnmatch
+
+    for pat in resolved.get("in_out_keys") or ():
+        both = [k for k in keys if fnmatch.fnmatchcase(k, pat) and lay.orientation(k) == "in_out"]
+        if both:
+            raise ValueError(
+                f"in_out_keys pattern {pat!r} matches {both[0]!r}, which the layout {lay.name!r} already stores "
+                "in x out and transposes; drop in_out_keys (the layout handles orientation)"
+            )
+
+
+def carried_buffers(base: StateDict, experts: Sequence[StateDict]) -> list[str]:
+    """The non-float keys of ``base`` (carried through unchanged); warns naming the key and
+    the experts whose value differs from the base's (e.g. BatchNorm's ``num_batches_tracked``)."""
+    keys = [k for k, w in base.items() if not w.is_floating_point()]
+    for k in keys:
+        differ = [i for i, ex in enumerate(experts) if not torch.equal(ex[k].cpu(), base[k].cpu())]
+        if differ:
+            warnings.warn(
+                f"non-float buffer {k!r} differs from the base in experts {differ}; the merged model keeps the "
+                "base's value (buffers are not merged)", UserWarning, stacklevel=3,
+            )
+    return keys
+
+
+def confirmed_ties(tied: Mapping[str, str], base: StateDict, experts: Sequence[StateDict]) -> dict[str, str]:
+    """The ties of a layout that hold in these state dicts (both keys present and equal in every
+    model); the others are logged and merged as separate keys."""
+    out = {}
+    for alias, canon in tied.items():
+        if alias not in base or canon not in base:
+            continue
+        models = [base, *experts]
+        if all(m[alias].shape == m[canon].shape and torch.equal(m[alias], m[canon]) for m in models):
+            out[alias] = canon
+        else:
+            log.info("%s and %s are not tied in these checkpoints (values differ); merging them apart", alias, canon)
+    return out
+
+
 def merge(
     method: str,
     base: StateDict,
     experts: Sequence[StateDict],
     *,
     device: str | torch.device = "cpu",
-    is_matrix: Callable[[str, Tensor], bool] = is_matrix_param,
+    layout: Any = None,
+    is_matrix: Callable[[str, Tensor], bool] | None = None,
     progress: bool | None = None,
     **hparams: Any,
 ) -> dict[str, Tensor]:
     """Merge ``experts`` fine-tuned from ``base`` with ``method``; return full weights.
 
     Returns W0 + merged update for every key of ``base``, in the dtype of ``base`` and on
-    ``device`` (default CPU). ``is_matrix(key, tensor)`` chooses which keys take the matrix
-    path (default :func:`is_matrix_param`, the rule of docs/methods.md §Matrix path). ``hparams`` are the method's
-    hyperparameters, listed with defaults in ``METHODS[method].hparams``; unknown or
-    out-of-range ones raise. ``progress`` shows a bar over the keys (``None``: only in
-    interactive sessions). Inputs are never modified.
+    ``device`` (default CPU). ``layout`` (a preset name such as ``"gpt2"``, ``"auto"`` or a
+    :class:`acetools.layouts.Layout`) says which keys take the matrix path, which are stored
+    in x out (transposed to d_out x d_in around the method and back) and which are tied
+    (merged once, both keys returned with equal values). Default ``None``: the open_clip rule
+    :func:`is_matrix_param` (docs/methods.md §Matrix path), as stored, with a warning when the keys look like another
+    architecture. ``is_matrix(key, tensor)`` (instead of a layout) keeps the old predicate
+    interface. Non-float buffers are carried from the base (a warning names any that an
+    expert changed). ``hparams`` are the method's hyperparameters, listed with defaults in
+    ``METHODS[method].hparams``; unknown or out-of-range ones raise. Per-key inputs
+    (ACE's ``covariances``, RegMean's ``grams``, ESM's ``activations``) refer to the d_out x
+    d_in orientation. ``progress`` shows a bar over the keys (``None``: only in interactive
+    sessions). Inputs are never modified.
     """
     info = _get_method(method)
     resolved = info.resolve(hparams)
-    if not callable(is_matrix):
+    if is_matrix is not None and not callable(is_matrix):
         raise TypeError("is_matrix must be a callable (key, tensor) -> bool")
     validate_state_dicts(base, experts)
+    lay, is_mat = _resolve_layout(layout, base, is_matrix)
+    _check_in_out_keys(resolved, lay, list(base))
     dev = resolve_device(device)
-    W0 = {k: w.to(dev, _compute_dtype(w.dtype)) for k, w in base.items()}
-    tvs = task_vectors(base, experts, device=dev, validate=False)
+    buffers = set(carried_buffers(base, experts))
+    tied = confirmed_ties(lay.tied, base, experts)
+    keys = [k for k in base if k not in buffers and k not in tied]
+    W0 = {k: lay.to_canonical(k, base[k]).to(dev, _compute_dtype(base[k].dtype)).contiguous() for k in keys}
+    tvs = [
+        {k: lay.to_canonical(k, ex[k]).to(dev, W0[k].dtype).contiguous() - W0[k] for k in keys}
+        for ex in experts
+    ]
     token = PROGRESS.set(progress)
     try:
-        delta = info.func(W0, tvs, is_matrix=is_matrix, **resolved)
+        delta = info.func(W0, tvs, is_matrix=is_mat, **resolved)
     finally:
         PROGRESS.reset(token)
-    missing = [k for k in base if k not in delta]
+    missing = [k for k in keys if k not in delta]
     if missing:  # a bug in the method, not in the user's input
         raise RuntimeError(f"{method} returned no update for key {missing[0]!r}")
     out: dict[str, Tensor] = {}
     for k, w0 in base.items():
+        if k in buffers:
+            out[k] = w0.to(dev).clone()
+            continue
+        if k in tied:
+            continue
         d = delta[k]
-        if d.shape != w0.shape:
-            raise RuntimeError(f"{method} returned shape {tuple(d.shape)} for key {k!r}, expected {tuple(w0.shape)}")
+        if d.shape != W0[k].shape:
+            raise RuntimeError(f"{method} returned shape {tuple(d.shape)} for key {k!r}, expected {tuple(W0[k].shape)}")
         merged = W0[k] + d.to(dev, W0[k].dtype)
         if not torch.isfinite(merged).all():
             raise FloatingPointError(
                 f"{method} produced non-finite weights at key {k!r}; check the hyperparameters "
                 f"({resolved}) and the scale of the task vectors"
             )
-        out[k] = merged.to(w0.dtype)
-    return out
+        out[k] = lay.from_canonical(k, merged).to(w0.dtype).contiguous()
+    for alias, canon in tied.items():
+        out[alias] = out[canon].clone()
+    return {k: out[k] for k in base}
 
 
 # Import the method families so that they register themselves.

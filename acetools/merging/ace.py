@@ -56,9 +56,9 @@ import torch
 from torch import Tensor
 
 from ..utils import progress
-from ._linalg import check_square, solve_right, thin_svd
+from ._linalg import check_psd, check_square, solve_right, thin_svd
 from ._registry import METHODS, Param, register
-from .averaging import mean_update
+from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
     "ESTIMATORS",
@@ -548,6 +548,7 @@ def _check_given(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[
             )
         if not torch.isfinite(S).all():
             raise ValueError(f"covariance of task {t} for layer {name!r} contains NaN or Inf")
+        check_psd(S, f"covariance of task {t} (expert {t}) for layer {name!r}")
         out.append(S.to(dWs[0].device, torch.float64))
     return out
 
@@ -644,6 +645,8 @@ def ace_with_diagnostics(
         transposed.update(hits)
 
     given = _check_covariances(covariances, hp["estimator"], base, matrix_keys, transposed, T)
+    if hp["estimator"] == "given":
+        warn_mean_fallback("ace", [k for k in matrix_keys if k not in given], "no covariances")
 
     update: dict[str, Tensor] = {}
     diags: dict[str, ACEDiagnostics] = {}

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from ._registry import Param, register
 
-__all__ = ["weight_averaging", "task_arithmetic", "mean_update"]
+__all__ = ["weight_averaging", "task_arithmetic", "mean_update", "warn_mean_fallback"]
 
 
 def mean_update(task_vectors: list[dict[str, Tensor]], key: str) -> Tensor:
     """(1/T) sum_t tau_t[key]: the element-wise mean used for every non-matrix key."""
     return torch.stack([tv[key] for tv in task_vectors]).mean(0)
+
+
+def warn_mean_fallback(method: str, keys: Sequence[str], why: str) -> None:
+    """Say loudly (a RuntimeWarning) that matrix ``keys`` take the mean of the task vectors
+    instead of ``method``'s matrix merge, because they have ``why`` (e.g. "no Gram matrices")."""
+    if keys:
+        more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
+        warnings.warn(f"{method}: {len(keys)} matrix key(s) have {why} and take the mean of the task vectors "
+                      f"instead: {keys[0]!r}{more}", RuntimeWarning, stacklevel=3)
 
 
 @register("weight_averaging",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -96,7 +97,8 @@ def _as_rows(X: Tensor, d_in: int, where: str = "X") -> Tensor:
     if X.shape[-1] != d_in:
         raise ValueError(
             f"{where} has d_in={X.shape[-1]} (shape {tuple(X.shape)}) but the weight expects d_in={d_in}; "
-            "capture the *input* of the layer (for attn.in_proj_weight the query input, i.e. the ln_1 output)"
+            "capture the *input* of the layer (for attn.in_proj_weight the query input, i.e. the ln_1 output); "
+            "weights stored in x out (GPT-2 Conv1D) must be given as d_out x d_in (acetools.layouts)"
         )
     X = X.reshape(-1, d_in)
     if X.shape[0] < 1:
@@ -411,7 +413,7 @@ def _activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
                     "give one per task, in the order of the experts"
                 )
             for t, X in enumerate(xs):
-                _as_rows(X, d_in[key], where=f"esm: activations[{key!r}][{t}] (task {t})")
+                _as_rows(X, d_in[key], where=f"esm: activations[{key!r}][{t}] (expert {t}, task {t})")
 
         def get(t: int, key: str) -> Tensor:
             return activations[key][t]
@@ -420,13 +422,72 @@ def _activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
             return activations(t, key)
 
     def checked(t: int, key: str) -> Tensor:
-        where = f"esm: activations for key {key!r}, task {t}"
+        where = f"esm: activations for key {key!r}, task {t} (expert {t})"
         X = _as_rows(get(t, key), d_in[key], where=where)
         if not torch.isfinite(X).all():
             raise ValueError(f"{where} contain NaN or Inf values; check the capture")
         return X
 
     return checked
+
+
+def _check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targets: Sequence[str],
+                   activations: Any, layer_types: Sequence[str]) -> list[str]:
+    """The ESD keys, or an error: ESM never turns silently into TSV-M.
+
+    Explicit ``targets`` must each select a matrix key; the default (open_clip names) must
+    select at least one. A mapping of ``activations`` may only name ESD keys. Step C's
+    ``layer_types`` likewise (explicit: each must match; default: a warning if none does).
+    """
+    where = "esm: "
+    esd_keys = [k for k in matrix_keys if any(_matches(p, k) for p in targets)]
+    defaults = tuple(targets) == DEFAULT_TARGETS
+    example = next(iter(matrix_keys), next(iter(base), "?"))
+    if not esd_keys:
+        what = f"none of the default targets {list(DEFAULT_TARGETS)} (open_clip names)" if defaults else \
+            f"no pattern of targets={list(targets)}"
+        raise ValueError(
+            f"{where}{what} matches a matrix key of the model (e.g. {example!r}); without ESD layers ESM "
+            "would be TSV-M. Pass targets= with your model's layer names (regular expressions searched in "
+            "the key, e.g. targets=('mlp.fc1.weight', 'self_attn.q_proj.weight'))"
+        )
+    if defaults:
+        unmatched = [p for p in targets if not any(_matches(p, k) for k in matrix_keys)]
+        if unmatched:
+            warnings.warn(
+                f"{where}the default target(s) {unmatched} (open_clip names) match no matrix key, so ESM runs on "
+                f"{len(esd_keys)} layer(s) only and other matrices take TSV-M; pass targets= with your model's names "
+                "(acetools.esm_inputs.esm_names(layout) has them for the layout presets)", RuntimeWarning, stacklevel=4)
+    else:
+        for p in targets:
+            if not any(_matches(p, k) for k in matrix_keys):
+                hint = " (it names a key that is not a matrix)" if any(_matches(p, k) for k in base) else ""
+                raise ValueError(f"{where}target pattern {p!r} matches no matrix key of the model{hint}; "
+                                 f"e.g. {example!r}")
+    if isinstance(activations, Mapping):
+        esd_set = set(esd_keys)
+        for key in activations:
+            if key in esd_set:
+                continue
+            if key not in base:
+                raise KeyError(f"{where}activations are given for key {key!r}, which is not a weight of the model; "
+                               "key activations by the weight's state-dict key (e.g. '...mlp.c_fc.weight')")
+            raise KeyError(f"{where}activations are given for key {key!r}, which no ESM target selects, so they "
+                           f"would be ignored; add it to targets (now {list(targets)}) or drop it")
+    if layer_types:
+        typed = [p for p in layer_types if any(_matches(p, k) for k in matrix_keys)]
+        if tuple(layer_types) == CLIP_LAYER_TYPES:
+            if not typed:
+                warnings.warn(
+                    f"{where}none of the default layer_types (open_clip names) matches a matrix key, so the "
+                    "inter-layer polarization (Step C) does nothing; pass layer_types= with your model's "
+                    "names or layer_scaling=False", RuntimeWarning, stacklevel=4)
+        else:
+            missing = [p for p in layer_types if p not in typed]
+            if missing:
+                raise ValueError(f"{where}layer_types pattern {missing[0]!r} matches no matrix key of the model; "
+                                 f"e.g. {example!r}")
+    return esd_keys
 
 
 @register(
@@ -504,6 +565,12 @@ def esm(
     compared across towers, as in the spec. ``targets`` and ``layer_types`` are regular
     expressions searched in the key (plain names act as substrings), so e.g.
     ``targets=(r"^visual\..*mlp\.c_fc\.weight$",)`` restricts ESD to the visual tower.
+
+    ESM never turns silently into TSV-M: an explicit ``targets`` or ``layer_types`` pattern
+    that matches no matrix key, an ``activations`` key that is not an ESD layer, and default
+    (open_clip) targets of which none matches are errors naming them; default targets or
+    layer types that match only partly give a RuntimeWarning. For other architectures use
+    :func:`acetools.esm_inputs.esm_names` (names per layout) or :func:`acetools.esm_inputs.merge_esm`.
     """
     T = len(task_vectors)
     if decomposition == "esd" and activations is None:
@@ -514,7 +581,8 @@ def esm(
         )
     matrix_keys = [k for k in base if is_matrix(k, base[k])]
     matrix_set = set(matrix_keys)
-    esd_keys = [k for k in matrix_keys if any(_matches(p, k) for p in targets)]
+    esd_keys = _check_targets(base, matrix_keys, targets, activations if decomposition == "esd" else None,
+                              layer_types if layer_scaling else ())
     esd_set = set(esd_keys)
     get_X = None
     if decomposition == "esd":

@@ -22,7 +22,7 @@ from torch import Tensor
 from ..utils import progress
 from ._linalg import check_square, solve_right
 from ._registry import REQUIRED, Param, register
-from .averaging import mean_update
+from .averaging import mean_update, warn_mean_fallback
 
 __all__ = ["shrink_gram", "regmean_matrix", "validate_grams", "regmean"]
 
@@ -113,12 +113,14 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
 def regmean(base, task_vectors, *, is_matrix, grams, alpha):
     """RegMean, docs/methods.md §RegMean: :func:`regmean_matrix` on the full weights of every key with Grams.
 
-    Which keys are merged by RegMean is decided by ``grams`` (``is_matrix`` is not used):
-    keys absent from every Gram dict take the mean of the task vectors; a key present for
+    Which keys are merged by RegMean is decided by ``grams``: keys absent from every Gram
+    dict take the mean of the task vectors (a RuntimeWarning lists the ``is_matrix`` keys
+    among them, e.g. ``attn.out_proj``, which no module hook sees); a key present for
     some tasks but not others is an error. The update returned is W* - W0, computed in
     float64 and cast to the compute dtype. Default alpha = 0.95 (fusion_bench's CLIP config).
     """
     keys = set(validate_grams(base, grams, len(task_vectors)))
+    warn_mean_fallback("regmean", [k for k in base if k not in keys and is_matrix(k, base[k])], "no Gram matrices")
     out = {}
     for key in progress(list(base), desc="RegMean"):
         if key in keys:

@@ -39,7 +39,7 @@ from torch import Tensor
 from ..utils import progress
 from ._linalg import polar, thin_svd
 from ._registry import Param, register
-from .averaging import mean_update
+from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
     "tsv_rank",
@@ -361,6 +361,10 @@ def cart(base, task_vectors, *, is_matrix, rank_ratio, lam):
     which sum to zero, so it ends at the average. Defaults (rank_ratio 0.12, lam 2.0) are the
     official ViT-B/32 8-task config; 14 tasks use (0.16, 1.5) and 20 tasks (0.32, 1.9).
     """
+    from ..keys import block_index
+
+    missed = [k for k in base if is_matrix(k, base[k]) and block_index(k) is not None and not is_cart_key(k)]
+    warn_mean_fallback("cart", missed, "names without 'attn'/'mlp' (CART's name rule) inside the blocks")
     out = {}
     for key in progress(list(base), desc="CART"):
         if is_cart_key(key) and is_matrix(key, base[key]):

@@ -192,8 +192,10 @@ def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float, la
     return out
 
 
-_K = Param(20, "percent of entries KEPT per task by the magnitude trim, 0 < k <= 100", low=0.0, high=100.0, low_open=True)
-_SCOPE = Param("global", "trim over the whole flattened model ('global') or per tensor ('tensor')", choices=("global", "tensor"))
+_K = Param(20, "percent of entries KEPT per task by the magnitude trim, 0 < k <= 100",
+           low=0.0, high=100.0, low_open=True)
+_SCOPE = Param("global", "trim over the whole flattened model ('global') or per tensor ('tensor')",
+               choices=("global", "tensor"))
 _MERGE = Param("mean", "disjoint 'mean' (paper, TSV/Iso code) or 'sum' (fusion_bench)", choices=("mean", "sum"))
 
 
@@ -267,7 +269,9 @@ def drop_and_rescale(tau: Tensor, dropped: Tensor, p: float, rescale: bool = Tru
     return kept / (1.0 - p) if rescale else kept
 
 
-def dare_task_vectors(task_vectors: TaskVectors, p: float, seed: int = 0, rescale: bool = True) -> list[dict[str, Tensor]]:
+def dare_task_vectors(
+    task_vectors: TaskVectors, p: float, seed: int = 0, rescale: bool = True
+) -> list[dict[str, Tensor]]:
     """DARE applied to every key of every task vector (new dicts; masks from :func:`dare_mask`)."""
     out = []
     for t, tv in enumerate(task_vectors):

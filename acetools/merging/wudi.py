@@ -176,6 +176,11 @@ def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
     ``others="mean"``, fusion_bench style). The official ViT script corresponds to
     ``p=1, targets="vit", others="base"`` (non-target keys stay at W0).
     """
+    if targets == "vit" and not any(is_wudi_target(k, w, targets, is_matrix) for k, w in base.items()):
+        raise ValueError(
+            f"wudi: targets='vit' selects keys ending in {list(VIT_TARGETS)} (open_clip names) and none matches, so "
+            "nothing would be optimised; use targets='matrix' (every matrix of the layout)"
+        )
     out = {}
     for key in progress(list(base), desc="WUDI"):
         W0 = base[key]

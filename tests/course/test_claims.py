@@ -20,7 +20,8 @@ def test_registry_ids_are_unique_and_owned_by_course_notebooks():
     assert {c.paper for c in claims.CLAIMS} == {"ACE", "ESM"}
 
 
-def test_record_writes_merges_and_validates(tmp_path, capsys):
+def test_record_writes_merges_and_validates(tmp_path, caplog):
+    caplog.set_level("INFO", logger="acetools.course.claims")
     d = tmp_path / "02_ace_step_by_step"
     claims.record(d, "ace.csp", "prior +0.3 pts", "partly", "within noise", delta=0.3)
     claims.record(d, "ace.refinement", "refine +1.2 pts", "reproduced", "above noise", delta=1.2)
@@ -29,7 +30,7 @@ def test_record_writes_merges_and_validates(tmp_path, capsys):
     assert set(got) == {"ace.csp", "ace.refinement"}
     assert got["ace.csp"]["verdict"] == "not reproduced" and got["ace.csp"]["numbers"] == {"delta": 0.1}
     assert got["ace.csp"]["notebook"] == "02_ace_step_by_step"
-    assert "[reproduced] ace.refinement" in capsys.readouterr().out
+    assert "[reproduced] ace.refinement" in caplog.text
     with pytest.raises(KeyError, match="valid ids"):
         claims.record(d, "ace.nope", "", "reproduced", "")
     with pytest.raises(ValueError, match="verdict"):
@@ -43,3 +44,14 @@ def test_table_lists_every_claim_and_marks_unmeasured(tmp_path):
     row = df.set_index("id").loc["ace.sota"]
     assert row.verdict == "not reproduced" and row.measured == "ACE 2nd of 11"
     assert (df.verdict == "not measured").sum() == len(claims.CLAIMS) - 1
+
+
+def test_record_takes_a_verdict(tmp_path):
+    from acetools.course.verdicts import Verdict
+
+    v = Verdict("prior +0.3 pts", "partly", "within the margin", {"delta": 0.3})
+    entry = claims.record(tmp_path / "02_ace_step_by_step", "ace.csp", v, suite="tasks8")
+    assert (entry["measured"], entry["verdict"], entry["reason"]) == (v.measured, v.verdict, v.reason)
+    assert entry["numbers"] == {"delta": 0.3, "suite": "tasks8"}
+    with pytest.raises(TypeError, match="no verdict"):
+        claims.record(tmp_path, "ace.csp", v, verdict="reproduced")

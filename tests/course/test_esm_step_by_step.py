@@ -376,36 +376,48 @@ def _table(e_esd, e_svd, k_esd, k_svd, c_esd, c_svd):
 def test_verdicts_follow_their_rules():
     both = {"mlp.c_fc.weight": 0.9, "attn.in_proj_weight": 0.9}
     one = {"mlp.c_fc.weight": 0.9, "attn.in_proj_weight": 0.5}
-    assert ec.verdict_energy(_table(0.8, 0.6, 2, 5, both, 0.5))[0] == "reproduced"
-    assert ec.verdict_energy(_table(0.8, 0.6, 4, 5, both, 0.5))[0] == "partly"
-    assert ec.verdict_energy(_table(0.602, 0.6, 2, 5, both, 0.5))[0] == "not reproduced"  # +0.2 points: a tie
-    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, both, 0.5))[0] == "reproduced"
-    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, one, 0.5))[0] == "partly"  # in_proj ties
-    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, {k: 0.5 for k in both}, 0.5))[0] == "not reproduced"
+    assert ec.verdict_energy(_table(0.8, 0.6, 2, 5, both, 0.5)).verdict == "reproduced"
+    assert ec.verdict_energy(_table(0.8, 0.6, 4, 5, both, 0.5)).verdict == "partly"
+    assert ec.verdict_energy(_table(0.602, 0.6, 2, 5, both, 0.5)).verdict == "not reproduced"  # +0.2 points: a tie
+    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, both, 0.5)).verdict == "reproduced"
+    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, one, 0.5)).verdict == "partly"  # in_proj ties
+    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, {k: 0.5 for k in both}, 0.5)).verdict == "not reproduced"
     acc = {"in-distribution": 80.0, "other task": 80.3, "pretraining pool": 79.8, "one class": 80.0, "4 samples": 79.0}
-    assert ec.verdict_proxy(acc)[0] == "reproduced"
-    assert ec.verdict_proxy({**acc, "one class": 78.0})[0] == "partly"
-    assert ec.verdict_proxy({**acc, "one class": 78.0, "other task": 82, "pretraining pool": 70})[0] == "not reproduced"
-    assert [ec.verdict_four(a, 80.0)[0] for a in (81.0, 80.2, 79.0)] == ["reproduced", "partly", "not reproduced"]
-    assert ec.verdict_gain({"t8": 1.0, "t20": 2.0}, "x")[0] == "reproduced"
-    assert ec.verdict_gain({"t8": 1.0, "t20": 0.3}, "x")[0] == "partly"
-    assert ec.verdict_gain({"t8": -1.0}, "x")[0] == "not reproduced"
-    assert ec.verdict_layer_first({"t8": 2.0}, {"t8": 0.5})[0] == "reproduced"
-    assert ec.verdict_layer_first({"t8": 2.0}, {"t8": 1.8})[0] == "partly"
-    assert ec.verdict_layer_first({"t8": 0.2}, {"t8": 1.8})[0] == "not reproduced"
-    assert ec.verdict_reciprocal({"t8": 6.0, "t20": 9.0})[0] == "reproduced"
-    assert ec.verdict_reciprocal({"t8": 2.0, "t20": 9.0})[0] == "partly"
-    v, why, _ = ec.verdict_reciprocal({"t8": 0.2})
+    assert ec.verdict_proxy(acc).verdict == "reproduced"
+    assert ec.verdict_proxy({**acc, "other task": 80.09, "one class": 79.91}).verdict == "reproduced"  # paper: < 0.1
+    assert ec.verdict_proxy({**acc, "one class": 78.0}).verdict == "partly"
+    proxies = {**acc, "one class": 78.0, "other task": 82, "pretraining pool": 70}
+    assert ec.verdict_proxy(proxies).verdict == "not reproduced"
+    assert [ec.verdict_four(a, 80.0).verdict for a in (81.0, 80.2, 79.0)] == ["reproduced", "partly", "not reproduced"]
+    assert ec.verdict_gain({"t8": 1.0, "t20": 2.0}, "x").verdict == "reproduced"
+    assert ec.verdict_gain({"t8": 1.0, "t20": 0.3}, "x").verdict == "partly"
+    assert ec.verdict_gain({"t8": -1.0}, "x").verdict == "not reproduced"
+    # the paper's own gains (ViT-B/16 ablation): ESD alone +1.9 / +2.2, PS on SVD +0.6 / +1.5
+    assert ec.verdict_gain({"t8": 90.9 - 89.0, "t20": 82.8 - 80.6}, "x").verdict == "reproduced"
+    assert ec.verdict_gain({"t8": 89.6 - 89.0, "t20": 82.1 - 80.6}, "x").verdict == "reproduced"
+    # layer_first(layer gain, gain of all three levels): the paper's own ablation (ViT-B/16) passes
+    paper = ec.verdict_layer_first({"t8": 91.4 - 90.9, "t20": 83.7 - 82.8}, {"t8": 91.8 - 90.9, "t20": 84.9 - 82.8})
+    assert paper.verdict == "reproduced", paper.reason
+    assert ec.verdict_layer_first({"t8": 2.0}, {"t8": 2.5}).verdict == "reproduced"
+    assert ec.verdict_layer_first({"t8": 0.5}, {"t8": 3.0}).verdict == "not reproduced"  # a sixth of the total
+    assert ec.verdict_layer_first({"t8": 1.0, "t20": 0.2}, {"t8": 1.0, "t20": -1.0}).verdict == "partly"
+    assert ec.verdict_layer_first({"t8": 0.2}, {"t8": 0.3}).verdict == "not reproduced"  # all within noise
+    assert ec.verdict_reciprocal({"t8": 6.0, "t20": 9.0}).verdict == "reproduced"
+    assert ec.verdict_reciprocal({"t8": ec.RECIPROCAL_DROP}).verdict == "reproduced"  # the paper's "5+"
+    assert ec.verdict_reciprocal({"t8": 2.0, "t20": 9.0}).verdict == "partly"
+    r = ec.verdict_reciprocal({"t8": 0.2})
+    v, why, _ = r.verdict, r.reason, r.numbers
     assert v == "not reproduced" and "no drop beyond noise" in why
-    v, why, _ = ec.verdict_reciprocal({"t8": -0.9, "t20": -0.8})
+    r = ec.verdict_reciprocal({"t8": -0.9, "t20": -0.8})
+    v, why, _ = r.verdict, r.reason, r.numbers
     assert v == "not reproduced" and "reciprocal exponent is better" in why
     no = pd.DataFrame({"order": ["norm", "reverse", "norm", "reverse"], "equal_norms": [False, False, True, True],
                        "normalized": [90.0, 60.0, 85.0, 70.0]})
-    assert ec.verdict_norm_importance(no)[0] == "reproduced"
+    assert ec.verdict_norm_importance(no).verdict == "reproduced"
     no.loc[2, "normalized"] = 70.2
-    assert ec.verdict_norm_importance(no)[0] == "partly"
+    assert ec.verdict_norm_importance(no).verdict == "partly"
     no.loc[0, "normalized"] = 60.0
-    assert ec.verdict_norm_importance(no)[0] == "not reproduced"
+    assert ec.verdict_norm_importance(no).verdict == "not reproduced"
 
 
 def test_cosine_gram():

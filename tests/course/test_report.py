@@ -44,7 +44,8 @@ def test_unknown_profile_is_an_error(tmp_path):
 
 
 def test_cli_parses_report_options():
-    args = build_parser().parse_args(["report", "--profile", "full", "--only", "00", "02", "-p", "seed=1", "-p", "quick=True"])
+    args = build_parser().parse_args(["report", "--profile", "full", "--only", "00", "02",
+                                      "-p", "seed=1", "-p", "quick=True"])
     assert args.profile == "full" and args.only == ["00", "02"] and args.parameter == ["seed=1", "quick=True"]
 
 
@@ -88,3 +89,54 @@ def test_cli_parses_timeouts():
     assert args.cell_timeout == 600 and args.start_timeout == 90
     args = build_parser().parse_args(["report"])
     assert args.cell_timeout is None and args.start_timeout == 300
+
+
+def _executed_notebook(tmp_path, outputs):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell("# A page\n## The section"),
+                nbformat.v4.new_code_cell("x", outputs=outputs)]
+    path = tmp_path / "page.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_render_html_takes_alt_text_from_the_figure_and_adds_the_page_css(tmp_path):
+    import base64
+
+    import nbformat
+
+    from acetools.course.page import REPORT_CSS
+    from acetools.course.report import check_html, render_html
+
+    png = base64.b64encode(b"\x89PNG fake").decode()
+    out = [nbformat.v4.new_output("display_data", data={"image/png": png},
+                                  metadata={"image/png": {"alt": "Figure: gamma per matrix"}}),
+           nbformat.v4.new_output("display_data", data={"image/png": base64.b64encode(b"\x89PNG other").decode()})]
+    html = render_html(_executed_notebook(tmp_path, out)).read_text()
+    assert 'alt="Figure: gamma per matrix"' in html
+    assert 'alt="Figure of the section The section"' in html  # no title: the section's heading
+    assert "No description has been provided" not in html
+    assert "overflow-x: auto" in html and REPORT_CSS.strip().splitlines()[0] in html
+    assert check_html(tmp_path / "page.html") == []
+
+
+def test_check_html_finds_what_a_reader_cannot_trust(tmp_path):
+    from acetools.course.report import check_html
+
+    page = tmp_path / "bad.html"
+    page.write_text('<table><tr><td>NaN</td><td>1.0</td></tr></table><pre>{8: 1.0568946612521204}</pre>'
+                    '<img alt="No description has been provided for this image" src="data:image/png;base64,AAA">'
+                    "<pre>Traceback (most recent call last):\nValueError: x</pre>"
+                    "<p><strong>partly</strong> · <code>ace.csp</code>: a — b</p>"
+                    "<pre>[partly] ace.csp: a — b</pre><pre>k = [2, 3]; names [&#x27;a&#x27;, &#x27;b&#x27;]</pre>")
+    problems = "\n".join(check_html(page))
+    for what in ("NaN cell", "raw dict repr", "default alt text", "traceback", "more than once: ['ace.csp']",
+                 "raw list or array repr ×2"):
+        assert what in problems
+    ok = tmp_path / "ok.html"
+    ok.write_text("<table><tr><td>—</td><td>1.00</td></tr></table><p><strong>partly</strong> · <code>ace.csp</code>: "
+                  "a — b</p><p>a set {x: y} in prose is fine</p><pre>ours a > b [seeds 0.32..0.53]</pre>")
+    assert check_html(ok) == []

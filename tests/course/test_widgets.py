@@ -53,3 +53,16 @@ def test_task_picker_and_errors():
         widgets.task_picker(plot, tasks=["a"], value="z")
     with pytest.raises(ValueError, match="empty"):
         widgets.rank_slider(plot, ranks=[])
+
+
+def test_nothing_is_printed_outside_a_frontend(capsys):
+    """Outside a Jupyter kernel a redraw updates the figure and prints nothing (it used to
+    print ``Figure(600x360)`` per draw)."""
+    plot, calls = _recorder()
+    assert not widgets.in_frontend()
+    ex = widgets.rank_slider(plot, ranks=range(1, 5), value=2)
+    ex.set(k=3)
+    ex.set(k=4)
+    out = capsys.readouterr()
+    assert ex.draws == 3 and calls[-1]["k"] == 4
+    assert out.out == "" and out.err == ""

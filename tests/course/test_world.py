@@ -52,3 +52,15 @@ def test_generic_plots_draw_what_they_are_given():
     assert len(axes[1].lines) == 2
     with pytest.raises(ValueError, match="2-D"):
         plotting.heatmap(axes[2], np.ones(3))
+
+
+def test_describe_says_which_world():
+    from types import SimpleNamespace
+
+    from acetools.course.world import describe
+
+    z = SimpleNamespace(tasks=["tiny_shapes", "tiny_orient", "tiny_count"], size="micro", suite="tiny")
+    q = describe(z, quick=True)
+    assert "fixture world: 3 procedural tasks (tiny_shapes, tiny_orient, tiny_count)" in q and "micro" in q
+    f = describe(SimpleNamespace(tasks=[f"t{i}" for i in range(8)], size="small", suite="tasks8"), quick=False)
+    assert f.startswith("The mini-world's suite tasks8: 8 tasks") and "fixture" not in f

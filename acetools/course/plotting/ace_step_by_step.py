@@ -7,28 +7,22 @@ function creates, saves or shows a figure.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ...keys import short_label as _short_label
+from ...keys import short_name
 from ...plotting._core import finish
 
 __all__ = ["short_label", "gamma_strip", "gamma_scaling", "task_weights", "prior_profile", "spectra",
            "refined_spectrum", "layer_metrics", "ablation_bars"]
 
-_SHORT = {"attn.in_proj_weight": "in_proj", "attn.out_proj.weight": "out_proj", "mlp.c_fc.weight": "c_fc",
-          "mlp.c_proj.weight": "c_proj", "positional_embedding": "pos_emb"}
-
 
 def short_label(key: str) -> str:
     """A compact layer name for tick labels: ``visual.transformer.resblocks.3.mlp.c_fc.weight``
-    -> ``3.c_fc``; ``visual.positional_embedding`` -> ``pos_emb``."""
-    m = re.search(r"resblocks\.(\d+)\.(.+)$", key)
-    if m:
-        return f"{m.group(1)}.{_SHORT.get(m.group(2), m.group(2))}"
-    k = key[len("visual."):] if key.startswith("visual.") else key
-    return _SHORT.get(k, k)
+    -> ``3.c_fc``; ``visual.positional_embedding`` -> ``pos_emb`` (:func:`acetools.keys.short_label`)."""
+    return _short_label(key, style="dot")
 
 
 def _wants_log(values, ratio: float = 100.0) -> bool:
@@ -41,7 +35,12 @@ def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | 
     """gamma of every matrix (one point each), one column per layer type, against the paper's
     lines: ViT gamma < ``vit`` and ACE's gate tau = ``tau`` (RoBERTa: gamma > tau). Flagged
     layers (gamma > tau) in red. ``table``: :func:`acetools.course.ace_step_by_step.gamma_table`.
-    ``logy=None``: log scale when gamma spans more than two decades."""
+    ``logy=None``: log scale when gamma spans more than two decades. Also takes
+    :func:`acetools.diagnostics.heterogeneity_per_layer` directly."""
+    missing = [c for c in ("layer_type", "gamma") if c not in table.columns]
+    if missing:
+        raise KeyError(f"gamma_strip: the table has no column {missing[0]!r} (columns: {list(table.columns)}); "
+                       "pass acetools.diagnostics.heterogeneity_per_layer(...) or a table with layer_type and gamma")
     types = list(dict.fromkeys(table["layer_type"]))
     g = table["gamma"].to_numpy(dtype=float)
     x = np.array([types.index(t) for t in table["layer_type"]], dtype=float)
@@ -55,7 +54,7 @@ def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | 
     ax.scatter(x[flag], g[flag], s=24, color="C3", label=f"flagged: gamma > tau ({int(flag.sum())})", zorder=3)
     ax.axhline(vit, color="C2", ls="--", lw=1, label=f"paper: ViT gamma < {vit}")
     ax.axhline(tau, color="k", ls=":", lw=1, label=f"gate tau = {tau} (RoBERTa above)")
-    ax.set_xticks(range(len(types)), [_SHORT.get(t, t) for t in types], rotation=30, ha="right")
+    ax.set_xticks(range(len(types)), [short_name(t) for t in types], rotation=30, ha="right")
     if logy is None:
         logy = _wants_log(np.append(g, [vit, tau]))
     if logy:

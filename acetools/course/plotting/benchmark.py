@@ -76,8 +76,10 @@ def per_task_heatmap(ax, matrix: pd.DataFrame, *, title: str | None = None, valu
 
 
 def accuracy_vs_tasks(ax, agg: pd.DataFrame, *, metric: str = "test_normalized", methods: Sequence[str] | None = None,
-                      highlight: Sequence[str] = ("ace", "esm"), references: bool = False):
-    """``metric`` against the number of tasks, one line per method (sd over seeds as bars)."""
+                      highlight: Sequence[str] = ("ace", "esm"), references: bool = False, legend: bool = True):
+    """``metric`` against the number of tasks, one line per method (sd over seeds as bars).
+    ``legend``: draw the legend right of the axes (set False on all but the last panel of a
+    row, so no legend covers a neighbour's axis label)."""
     d = agg if references else agg[agg["kind"] == "method"]
     if methods is not None:
         d = d[d["method"].isin(methods)]
@@ -90,11 +92,13 @@ def accuracy_vs_tasks(ax, agg: pd.DataFrame, *, metric: str = "test_normalized",
     ax.set_xticks(sorted(d["n_tasks"].unique()))
     ax.set_xlabel("number of tasks T")
     ax.set_ylabel(_METRIC_LABEL.get(metric, metric))
-    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left", borderaxespad=0.0)
+    if legend:
+        ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left", borderaxespad=0.0)
     return ax
 
 
-def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None, highlight: Sequence[str] = ("ace", "esm")):
+def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None,
+               highlight: Sequence[str] = ("ace", "esm")):
     """Merge seconds against the number of tasks per method (log scale; the time of one merge,
     the search's evaluations excluded)."""
     ax = accuracy_vs_tasks(ax, agg, metric="merge_seconds", methods=methods, highlight=highlight)

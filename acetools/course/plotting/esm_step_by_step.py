@@ -11,15 +11,16 @@ The inputs are the tables of :mod:`acetools.course.esm_step_by_step`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ...keys import short_label
 from ...plotting._core import finish
 
 __all__ = [
     "energy_curves",
+    "energy_curves_at_rank",
     "cka_bars",
     "gram_image",
     "task_factor_heatmap",
@@ -35,14 +36,18 @@ __all__ = [
 
 def short_key(key: str) -> str:
     """``visual.transformer.resblocks.3.mlp.c_fc.weight`` -> ``b3 c_fc`` (labels of plots)."""
-    m = re.search(r"resblocks\.(\d+)\.(?:attn|mlp)\.([a-z_]+?)(?:_weight|\.weight)$", key)
-    return f"b{m.group(1)} {m.group(2)}" if m else key
+    return short_label(key, style="b")
 
 
 def _check_columns(df, cols, what):
     missing = [c for c in cols if c not in df.columns]
     if missing:
         raise ValueError(f"{what} needs columns {list(cols)}; missing {missing}")
+
+
+def energy_curves_at_rank(ax, k: int, *, curves, r_max: int, data: str = "held-out"):
+    """:func:`energy_curves` with the marker at rank ``k`` of ``r_max`` (the rank explorer's callback)."""
+    return energy_curves(ax, curves, data=data, k_frac=k / r_max)
 
 
 def energy_curves(ax, curves, *, data: str = "held-out", k_frac: float | None = None, title: str | None = None):

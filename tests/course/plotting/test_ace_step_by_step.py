@@ -59,7 +59,7 @@ def test_gamma_strip(ax):
     assert [len(c.get_offsets()) for c in pcs] == [3, 2]  # not flagged, flagged
     flagged_y = sorted(np.asarray(pcs[1].get_offsets())[:, 1])
     assert flagged_y == [5.0, 300.0]
-    hlines = sorted(l.get_ydata()[0] for l in ax.get_lines())
+    hlines = sorted(line.get_ydata()[0] for line in ax.get_lines())
     assert hlines == [0.25, 0.3]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["x", "y", "z"]
     assert ax.get_yscale() == "log"  # four decades

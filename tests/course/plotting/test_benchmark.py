@@ -69,6 +69,10 @@ def test_accuracy_vs_tasks_and_merge_time(agg):
     lines = {c.get_label(): c.lines[0] for c in ax.containers}  # one errorbar container per method
     assert set(lines) == {"ace", "tsv_m", "ta"}  # references left out
     assert list(lines["ace"].get_xdata()) == [8, 14] and list(lines["ace"].get_ydata()) == pytest.approx([87.0, 84.0])
+    assert ax.get_legend() is not None
+    fig, ax = plt.subplots()
+    bplot.accuracy_vs_tasks(ax, agg, legend=False)  # left panel of a row: no legend over the next panel's label
+    assert ax.get_legend() is None
     fig, ax = plt.subplots()
     bplot.merge_time(ax, agg, methods=["ace"])
     assert ax.get_yscale() == "log"

@@ -1,0 +1,512 @@
+"""Checkpoints on disk: read one tensor at a time, write sharded safetensors atomically.
+
+Reading (:func:`open_checkpoint`) accepts
+
+- a ``.safetensors`` file, or a sharded set through its ``*.safetensors.index.json``;
+- a Hugging Face model folder (``config.json`` plus ``model.safetensors`` or
+  ``model.safetensors.index.json``; ``pytorch_model.bin`` folders as a fallback);
+- an open_clip checkpoint: a folder with ``open_clip_config.json`` and
+  ``open_clip_model.safetensors`` / ``open_clip_pytorch_model.bin``, or a ``.pt``/``.bin``
+  state-dict file, with the ``{"state_dict": ...}`` nesting and ``module.`` prefixes of
+  training checkpoints removed;
+- any plain state-dict file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``), loaded only with
+  ``torch.load(weights_only=True)`` (memory-mapped when the file allows): pickled modules are
+  refused, as they break across library versions and can run code.
+
+Safetensors are read lazily, one tensor per :meth:`Checkpoint.get` (plain reads, not a memory map); shapes
+and dtypes come from the headers without reading data (:meth:`Checkpoint.meta`).
+
+Writing (:class:`ShardedWriter`): safetensors shards of at most ``shard_size`` bytes named
+as Hugging Face does (``model.safetensors``, or ``model-00001-of-0000N.safetensors`` with a
+``model.safetensors.index.json``), each carrying the merge's metadata; files are written into
+a temporary folder inside the output folder and moved into place only when all are written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .layouts import TensorMeta
+from .utils import atomic_write
+
+__all__ = [
+    "Checkpoint",
+    "open_checkpoint",
+    "ShardedWriter",
+    "parse_size",
+    "file_sha256",
+    "copy_side_files",
+    "check_output_folder",
+    "WEIGHT_SUFFIXES",
+]
+
+log = logging.getLogger("acetools.checkpoints")
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
+_ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"), ("U16", "uint16"),
+                     ("U32", "uint32"), ("U64", "uint64")):
+    if hasattr(torch, _attr):
+        _ST_DTYPES[_name] = getattr(torch, _attr)
+_DTYPE_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+def parse_size(size: int | float | str) -> int:
+    """Bytes from ``5GB``, ``500MB``, ``2GiB``, ``1e9`` or an int (decimal units, binary with ``i``)."""
+    if isinstance(size, bool):
+        raise TypeError(f"shard size must be a number of bytes or a string like '5GB', got {size!r}")
+    if isinstance(size, (int, float)):
+        n = int(size)
+    else:
+        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([kKmMgGtT]i?)?[bB]?\s*", str(size))
+        if not m:
+            raise ValueError(f"shard size {size!r} is not a size; write e.g. 5GB, 500MB, 2GiB or a number of bytes")
+        unit = (m.group(2) or "").lower()
+        base = 1024 if unit.endswith("i") else 1000
+        power = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[:1]]
+        n = int(float(m.group(1)) * base**power)
+    if n <= 0:
+        raise ValueError(f"shard size must be positive, got {size!r}")
+    return n
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 23) -> str:
+    """Hex SHA-256 of a file, read in 8 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _unwrap_state_dict(obj: Any, path: Path) -> dict[str, Tensor]:
+    """The tensors of a loaded checkpoint: ``state_dict`` nesting and ``module.`` prefixes removed."""
+    if isinstance(obj, Mapping):
+        for nest in ("state_dict", "model_state_dict", "model"):
+            if nest in obj and isinstance(obj[nest], Mapping) and not isinstance(obj.get(nest), Tensor):
+                obj = obj[nest]
+                break
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{path}: holds a {type(obj).__name__}, not a state dict (a mapping of key -> tensor)")
+    bad = [k for k, v in obj.items() if not isinstance(v, Tensor)]
+    if bad:
+        raise ValueError(f"{path}: entry {bad[0]!r} is a {type(obj[bad[0]]).__name__}, not a tensor; "
+                         "pass a file holding a state dict")
+    keys = list(obj)
+    if keys and all(k.startswith("module.") for k in keys):
+        obj = {k[len("module."):]: v for k, v in obj.items()}
+    return dict(obj)
+
+
+def _torch_load(path: Path) -> dict[str, Tensor]:
+    """``torch.load(weights_only=True)``, memory-mapped when the file's format allows it."""
+    try:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e) and "zip" not in str(e):
+                raise
+            obj = torch.load(path, map_location="cpu", weights_only=True)  # a legacy (non-zip) file
+    except Exception as e:  # pickle.UnpicklingError and friends: a pickled module, other code, a damaged file
+        first = (str(e).splitlines() or [""])[0]
+        raise ValueError(
+            f"{path}: torch.load(weights_only=True) cannot read it as a state dict ({type(e).__name__}: {first}); "
+            "only plain state dicts are loaded, never pickled modules: save model.state_dict() instead"
+        ) from None
+    return _unwrap_state_dict(obj, path)
+
+
+class _SafetensorsFile:
+    """One safetensors file read with plain ``pread`` calls, one tensor at a time.
+
+    Not memory-mapped on purpose: pages of a mapped file that were read count towards the
+    process's resident memory until unmapped, so a lazy ``safe_open`` over T experts ends up
+    "holding" every file it streamed. Here a tensor's bytes are read into a fresh buffer and
+    nothing else stays in memory. The format (an 8-byte little-endian header length, a JSON
+    header of dtype/shape/data_offsets per key, then the data) is the one ``safetensors``
+    writes.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) != 8:
+                raise ValueError(f"{path}: not a safetensors file (too short)")
+            n = int.from_bytes(head, "little")
+            if n <= 0 or 8 + n > size:
+                raise ValueError(f"{path}: not a safetensors file (bad header length {n})")
+            try:
+                header = json.loads(fh.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise ValueError(f"{path}: not a safetensors file (unreadable header)") from None
+        self.start = 8 + n
+        self.metadata = header.pop("__metadata__", None) or {}
+        self.meta: dict[str, TensorMeta] = {}
+        self.offsets: dict[str, tuple[int, int]] = {}
+        for k, v in header.items():
+            dt = v.get("dtype")
+            if dt not in _ST_DTYPES:
+                raise ValueError(f"{path}: key {k!r} has dtype {dt}, which acetools cannot read")
+            shape = tuple(int(x) for x in v["shape"])
+            a, b = (int(x) for x in v["data_offsets"])
+            if not 0 <= a <= b or self.start + b > size or b - a != _numel(shape) * _itemsize(_ST_DTYPES[dt]):
+                raise ValueError(f"{path}: key {k!r} has data offsets {[a, b]} that do not fit its shape {shape} "
+                                 "or the file; the file is damaged")
+            self.meta[k] = TensorMeta(shape, _ST_DTYPES[dt])
+            self.offsets[k] = (a, b)
+
+    def get(self, key: str) -> Tensor:
+        a, b = self.offsets[key]
+        m = self.meta[key]
+        buf = torch.empty(b - a, dtype=torch.uint8)
+        if b > a:
+            with open(self.path, "rb", buffering=0) as fh:
+                fh.seek(self.start + a)
+                view = memoryview(buf.numpy())
+                got = 0
+                while got < b - a:
+                    r = fh.readinto(view[got:])
+                    if not r:
+                        raise ValueError(f"{self.path}: file ended while reading {key!r}")
+                    got += r
+        return buf.view(m.dtype).reshape(m.shape)
+
+
+class Checkpoint:
+    """A read-only checkpoint: its keys, per-key shape and dtype, and one tensor at a time.
+
+    Use :func:`open_checkpoint`. ``config`` is the folder's ``config.json`` (or
+    ``open_clip_config.json``) if there is one; ``files`` the weight files read.
+    """
+
+    def __init__(self, path: Path, files: list[Path], config: dict | None, folder: Path | None):
+        self.path = path
+        self.files = files
+        self.config = config
+        self.folder = folder
+        self._handles: dict[Path, Any] = {}
+        self._where: dict[str, Path] = {}
+        self._tensors: dict[str, Tensor] | None = None
+        self._meta: dict[str, TensorMeta] = {}
+        if all(f.suffix == ".safetensors" for f in files):
+            for f in files:
+                h = _SafetensorsFile(f)
+                self._handles[f] = h
+                for k, m in h.meta.items():
+                    if k in self._where:
+                        raise ValueError(f"{path}: key {k!r} is in two shards ({self._where[k].name}, {f.name})")
+                    self._where[k] = f
+                    self._meta[k] = m
+        else:
+            tensors: dict[str, Tensor] = {}
+            for f in files:
+                part = _torch_load(f) if f.suffix != ".safetensors" else self._load_st(f)
+                for k in part:
+                    if k in tensors:
+                        raise ValueError(f"{path}: key {k!r} is in two files")
+                tensors.update(part)
+            self._tensors = tensors
+            self._meta = {k: TensorMeta(tuple(v.shape), v.dtype) for k, v in tensors.items()}
+        if not self._meta:
+            raise ValueError(f"{path}: the checkpoint holds no tensors")
+
+    @staticmethod
+    def _load_st(f: Path) -> dict[str, Tensor]:
+        from safetensors.torch import load_file
+
+        return load_file(str(f))
+
+    @property
+    def lazy(self) -> bool:
+        """True when tensors are read from disk one at a time (safetensors)."""
+        return self._tensors is None
+
+    def keys(self) -> list[str]:
+        return list(self._meta)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._meta
+
+    def __len__(self) -> int:
+        return len(self._meta)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._meta)
+
+    def meta(self, key: str) -> TensorMeta:
+        """Shape and dtype of ``key`` without reading its data."""
+        try:
+            return self._meta[key]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor named {key!r}") from None
+
+    def metas(self) -> dict[str, TensorMeta]:
+        return dict(self._meta)
+
+    def get(self, key: str) -> Tensor:
+        """The tensor ``key`` (read from disk now for safetensors; a CPU tensor)."""
+        if self._tensors is not None:
+            if key not in self._tensors:
+                raise KeyError(f"{self.path}: no tensor named {key!r}")
+            return self._tensors[key]
+        if key not in self._where:
+            raise KeyError(f"{self.path}: no tensor named {key!r}")
+        return self._handles[self._where[key]].get(key)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Every tensor, loaded (the whole model in memory)."""
+        return {k: self.get(k) for k in self._meta}
+
+    def nbytes(self) -> int:
+        return sum(_numel(m.shape) * _itemsize(m.dtype) for m in self._meta.values())
+
+    def sha256(self) -> dict[str, str]:
+        """``{file name: sha256}`` of the weight files."""
+        return {str(f): file_sha256(f) for f in self.files}
+
+    def close(self) -> None:
+        self._handles.clear()
+        self._tensors = None
+
+    def __repr__(self) -> str:
+        kind = "safetensors" if self.lazy else "state dict"
+        return f"Checkpoint({str(self.path)!r}, {len(self)} tensors, {kind}, {len(self.files)} file(s))"
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _index_files(index: Path) -> list[Path]:
+    data = _read_json(index)
+    wm = data.get("weight_map")
+    if not isinstance(wm, Mapping) or not wm:
+        raise ValueError(f"{index}: has no weight_map; is it a sharded checkpoint index?")
+    files = []
+    for name in dict.fromkeys(wm.values()):
+        f = index.parent / name
+        if not f.is_file():
+            raise FileNotFoundError(f"{index}: shard {name!r} is listed in the index but missing")
+        files.append(f)
+    return files
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).is_file():
+            return _index_files(folder / index)
+    for name in ("model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin",
+                 "open_clip_pytorch_model.bin"):
+        if (folder / name).is_file():
+            return [folder / name]
+    for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt"):
+        found = sorted(p for p in folder.glob(pattern) if not p.name.startswith("."))
+        if len(found) == 1:
+            return found
+        if len(found) > 1:
+            raise ValueError(f"{folder}: holds {len(found)} {pattern} files and no index; pass one file or add an "
+                             "index (model.safetensors.index.json)")
+    raise FileNotFoundError(f"{folder}: no weights found (model.safetensors, an index, or a .bin/.pt state dict)")
+
+
+def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Open a checkpoint file or folder for reading (see the module docstring for formats)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint not found: {p}")
+    folder = p if p.is_dir() else None
+    if p.is_dir():
+        files = _folder_files(p)
+    elif p.name.endswith(".index.json"):
+        files = _index_files(p)
+        folder = p.parent
+    elif p.suffix in (".safetensors", ".bin", ".pt", ".pth", ".ckpt"):
+        files = [p]
+    else:
+        raise ValueError(f"{p}: unknown checkpoint type; expected a folder, .safetensors, .index.json, .pt, .pth, "
+                         ".bin or .ckpt")
+    config = None
+    cdir = folder or p.parent
+    for name in ("config.json", "open_clip_config.json"):
+        if (cdir / name).is_file() and (folder is not None or name == "open_clip_config.json"):
+            config = _read_json(cdir / name)
+            break
+    return Checkpoint(p, files, config, folder)
+
+
+def check_output_folder(out: str | os.PathLike, inputs: list[Checkpoint], overwrite: bool = False) -> Path:
+    """The output folder, refused when it would overwrite an input or earlier weights."""
+    out = Path(out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output {out} exists and is not a folder")
+    for ck in inputs:
+        where = {f.resolve().parent for f in ck.files} | ({ck.folder.resolve()} if ck.folder else set())
+        if out in where:
+            raise ValueError(f"output folder {out} holds the input checkpoint {ck.path}; choose another --out "
+                             "(inputs are never overwritten)")
+    if out.is_dir() and not overwrite:
+        old = sorted(p.name for p in out.iterdir() if p.suffix in WEIGHT_SUFFIXES or p.name.endswith(".index.json"))
+        if old:
+            raise FileExistsError(f"output folder {out} already holds weights ({old[0]}); choose an empty folder "
+                                  "or pass overwrite=True / --overwrite")
+    return out
+
+
+def copy_side_files(src: Path | None, out: Path, max_bytes: int = 50_000_000) -> list[str]:
+    """Copy the base folder's small non-weight files (config, tokenizer, ...) into ``out``."""
+    if src is None:
+        return []
+    copied = []
+    for f in sorted(src.iterdir()):
+        if (not f.is_file() or f.name.startswith(".") or f.suffix in WEIGHT_SUFFIXES
+                or f.name.endswith(".index.json") or f.stat().st_size > max_bytes):
+            continue
+        with atomic_write(out / f.name) as fh, open(f, "rb") as src_fh:
+            shutil.copyfileobj(src_fh, fh)
+        copied.append(f.name)
+    return copied
+
+
+class ShardedWriter:
+    """Write tensors into safetensors shards of at most ``shard_size`` bytes, atomically.
+
+    ``add(key, tensor)`` appends the tensor's bytes to the current shard's data file at once
+    (a tensor larger than ``shard_size`` gets a shard of its own), so no tensor is held after
+    ``add`` returns; a shard is finished by writing its header and copying its data after it.
+    :meth:`close` names the shards (``model.safetensors`` if one, else
+    ``model-0000i-of-0000N.safetensors`` plus ``model.safetensors.index.json``, as Hugging Face
+    does) and moves them into ``out`` together. Until then everything lives in a hidden
+    temporary folder inside ``out``, removed on error. ``metadata`` (str -> str) goes into
+    every shard's header. The files are the format ``safetensors`` writes and reads.
+    """
+
+    def __init__(self, out: str | os.PathLike, *, shard_size: int | str = "5GB",
+                 metadata: Mapping[str, str] | None = None, prefix: str = "model"):
+        self.out = Path(out)
+        self.shard_size = parse_size(shard_size)
+        self.metadata = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
+        self.prefix = prefix
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=".acetools-write-", dir=self.out))
+        self._data = None
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._shard_bytes = 0
+        self._files: list[tuple[Path, list[str]]] = []
+        self._keys: set[str] = set()
+        self.total_size = 0
+        self.closed = False
+
+    def add(self, key: str, tensor: Tensor) -> None:
+        if self.closed:
+            raise RuntimeError("ShardedWriter is closed")
+        if key in self._keys:
+            raise ValueError(f"key {key!r} written twice")
+        t = tensor.detach().to("cpu").contiguous()
+        if t.dtype not in _DTYPE_NAMES:
+            raise TypeError(f"cannot write {key!r}: dtype {t.dtype} has no safetensors name")
+        n = t.numel() * t.element_size()
+        if self._entries and self._shard_bytes + n > self.shard_size:
+            self._flush()
+        if self._data is None:
+            self._data = open(self._tmp / f"shard-{len(self._files):05d}.data", "wb")
+        if n:
+            self._data.write(t.reshape(-1).view(torch.uint8).numpy().data)
+        self._entries[key] = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                              "data_offsets": [self._shard_bytes, self._shard_bytes + n]}
+        self._keys.add(key)
+        self._shard_bytes += n
+        self.total_size += n
+
+    def _flush(self) -> None:
+        if not self._entries:
+            return
+        data_path = Path(self._data.name)
+        self._data.close()
+        self._data = None
+        header = json.dumps({"__metadata__": self.metadata, **self._entries}, separators=(",", ":")).encode()
+        header += b" " * (-len(header) % 8)
+        path = self._tmp / f"shard-{len(self._files):05d}.safetensors"
+        with open(path, "wb") as out, open(data_path, "rb") as src:
+            out.write(len(header).to_bytes(8, "little"))
+            out.write(header)
+            shutil.copyfileobj(src, out, 1 << 24)
+        data_path.unlink()
+        self._files.append((path, list(self._entries)))
+        self._entries = {}
+        self._shard_bytes = 0
+
+    def close(self) -> list[Path]:
+        """Save the last shard, move every file into place; returns the written files."""
+        self._flush()
+        n = len(self._files)
+        if n == 0:
+            raise ValueError("nothing to write: no tensors were added")
+        names = ([f"{self.prefix}.safetensors"] if n == 1
+                 else [f"{self.prefix}-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
+        written = []
+        for (tmp, _), name in zip(self._files, names):
+            os.replace(tmp, self.out / name)
+            written.append(self.out / name)
+        if n > 1:
+            index = {"metadata": {"total_size": self.total_size, **self.metadata},
+                     "weight_map": {k: name for (_, keys), name in zip(self._files, names) for k in keys}}
+            with atomic_write(self.out / f"{self.prefix}.safetensors.index.json", "w") as fh:
+                json.dump(index, fh, indent=2)
+            written.append(self.out / f"{self.prefix}.safetensors.index.json")
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        for old in self.out.glob(f"{self.prefix}*.safetensors*"):  # stale shards of an overwritten merge
+            if old not in written and (old.suffix == ".safetensors" or old.name.endswith(".index.json")):
+                old.unlink()
+        self.closed = True
+        return written
+
+    def abort(self) -> None:
+        """Drop everything written so far (nothing reaches ``out``)."""
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._entries = {}
+        self.closed = True
+
+    def __enter__(self) -> ShardedWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self.closed:
+            self.close()

@@ -1,0 +1,111 @@
+"""How a lesson's page shows things: tables with meaningful digits, figures with alt text.
+
+Every course notebook calls :func:`setup` once (it also sets the plotting theme) and shows
+tables through :func:`table`, so the rendered reports (``acetools report``, HTML via
+:func:`acetools.course.report.render_html`) read the same everywhere:
+
+* :func:`table` — a styled DataFrame: numbers to ``digits`` decimals (or a per-column
+  format), missing values as ``—`` instead of ``NaN``, optional caption; wide tables scroll
+  inside the page (the CSS :data:`REPORT_CSS` that ``render_html`` adds);
+* :func:`setup` — registers, for matplotlib figures shown inline, the figure's title as the
+  image's alt text (:func:`alt_text`), which ``render_html`` writes into the page's ``<img>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["NA", "REPORT_CSS", "setup", "alt_text", "table"]
+
+#: How a missing value reads in a table.
+NA = "—"
+
+#: CSS added to every rendered report: wide tables scroll inside their output instead of being
+#: cut off, long text lines wrap at word boundaries, figures fit the page.
+REPORT_CSS = """
+.jp-OutputArea-output { overflow-x: auto; max-width: 100%; }
+.jp-RenderedHTMLCommon table { display: block; max-width: 100%; overflow-x: auto; }
+.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal; max-width: 42em; }
+.jp-OutputArea-output pre { white-space: pre-wrap; overflow-wrap: break-word; word-break: normal; }
+.jp-RenderedImage img { max-width: 100%; height: auto; }
+"""
+
+
+def alt_text(fig: Any) -> str:
+    """A figure's description for screen readers and the report: its suptitle and its axes'
+    titles (or axis labels where an axes has no title)."""
+    parts = []
+    sup = getattr(fig, "_suptitle", None)
+    if sup is not None and sup.get_text():
+        parts.append(sup.get_text())
+    for ax in fig.get_axes():
+        title = ax.get_title() or ax.get_title("left") or ax.get_title("right")
+        if title:
+            parts.append(title)
+        elif ax.get_ylabel() or ax.get_xlabel():
+            parts.append(f"{ax.get_ylabel() or 'value'} against {ax.get_xlabel() or 'index'}")
+    text = "; ".join(dict.fromkeys(p.replace("$", "").strip() for p in parts if p.strip()))
+    return f"Figure: {text}" if text else "Figure"
+
+
+def setup() -> None:
+    """The plotting theme, and alt text for inline figures (inside IPython only)."""
+    from ..plotting import set_theme
+
+    set_theme()
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a course dependency
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    import matplotlib.pyplot as plt  # noqa: F401 - activates the inline backend and its png formatter
+    from matplotlib.figure import Figure
+
+    png = shell.display_formatter.formatters["image/png"]
+    try:
+        inner = png.lookup_by_type(Figure)
+    except KeyError:
+        return
+    if getattr(inner, "_acetools_alt", False):
+        return
+
+    def with_alt(fig: Figure):
+        data = inner(fig)
+        return (data, {"alt": alt_text(fig)}) if data is not None else None
+
+    with_alt._acetools_alt = True  # type: ignore[attr-defined]
+    png.for_type(Figure, with_alt)
+
+
+def table(df: Any, digits: int | Mapping[str, int | str] = 2, *, caption: str | None = None, index: bool = True,
+          na: str = NA) -> Any:
+    """``df`` styled for a report: floats to ``digits`` decimals (an int, or per column an int
+    or a format string such as ``"{:.3g}"``), missing values as ``na``, an optional caption,
+    the index hidden when ``index`` is False. Returns a pandas ``Styler`` (shown as HTML)."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(df, pd.Series):
+        df = df.to_frame()
+    numeric = [c for c in df.columns if pd.api.types.is_float_dtype(df[c])]
+    fmt: dict[Any, Any] = {}
+    for c in numeric:
+        d = digits.get(c, 2) if isinstance(digits, Mapping) else digits
+        fmt[c] = d if isinstance(d, str) else f"{{:.{int(d)}f}}"
+    if isinstance(digits, Mapping):  # explicit format strings apply to any column; digits to float columns only
+        fmt.update({c: f for c, f in digits.items() if c in df.columns and isinstance(f, str)})
+    def text(v: Any) -> Any:
+        return na if v is None or (isinstance(v, float) and np.isnan(v)) else v
+
+    for c in df.columns:  # one format call: Styler.format resets the columns a dict leaves out
+        if c not in fmt:
+            fmt[c] = text if not pd.api.types.is_numeric_dtype(df[c]) else None
+    styler = df.style.format(fmt, na_rep=na).format_index(na_rep=na)
+    if caption:
+        styler = styler.set_caption(caption)
+    if not index:
+        styler = styler.hide(axis="index")
+    return styler

@@ -1,0 +1,540 @@
+"""Diagnose your models: the data-free signals of a base and its experts, as tables and a report.
+
+:func:`diagnose` reads a base and T experts (state dicts, or checkpoint files / folders read one
+tensor at a time through :mod:`acetools.checkpoints`), walks the keys once, and returns a
+:class:`Diagnosis` of ``pandas`` DataFrames (docs/diagnose.md says how to read each):
+
+- ``norms``: per task and key, ‖τ_t‖_F, ‖W0‖_F, their ratio and the energy ‖ΔW_t‖²_F;
+- ``layers``: per matrix (in the layout's d_out x d_in orientation), the mean ratio and energy,
+  ACE's heterogeneity γ (Eq. 7 of ACE-Merging) and its gate (γ > τ: ACE normalises and refines),
+  the mean and SD of the log energies γ is made of, TSV-M's per-task rank k = ⌊r/T⌋ and the share
+  of each τ_t's energy in its top k (and top 5 %) singular directions, the entropy effective
+  rank, the overlap of different tasks' top-k singular subspaces beside that of random
+  subspaces (k/d), the mean pairwise cosine, ‖Σ_t τ_t‖²/Σ_t ‖τ_t‖² (1 for orthogonal task
+  vectors, T for identical ones) and, with ``ace=True``, the top-5 % energy of ACE's
+  preliminary closed form W̄_pre;
+- ``cosine``: the T x T cosine of the flattened task vectors; ``cosine_per_layer`` the pairs per matrix;
+- ``overlap``: the pairs per matrix; ``spectra``: every τ_t's singular values per matrix;
+- ``summary``: one row per signal with its value and how to read it (the regime card's names,
+  docs/regime.md, where the signal is the same).
+
+Every table feeds :mod:`acetools.plotting.diagnose` directly. :func:`run_report` executes the
+report notebook (``acetools/reports/diagnose.ipynb``) with papermill and renders HTML without
+code; ``acetools diagnose --base B --experts E1 E2 ... --out DIR`` does both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from .keys import block_index, layer_type
+from .utils import atomic_write, progress
+
+__all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
+
+log = logging.getLogger("acetools.diagnose")
+
+#: The report notebook (package data), run by :func:`run_report`.
+REPORT_NOTEBOOK = Path(__file__).resolve().parent / "reports" / "diagnose.ipynb"
+
+_TABLES = ("summary", "layers", "norms", "cosine", "cosine_per_layer", "overlap", "spectra")
+
+
+@dataclass
+class Diagnosis:
+    """The tables of :func:`diagnose` and what was measured (``meta``)."""
+
+    summary: pd.DataFrame
+    layers: pd.DataFrame
+    norms: pd.DataFrame
+    cosine: pd.DataFrame
+    cosine_per_layer: pd.DataFrame
+    overlap: pd.DataFrame
+    spectra: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def by_layer_type(self) -> pd.DataFrame:
+        """``layers`` averaged per layer type (mean over blocks; the gate as the flagged share)."""
+        cols = [c for c in ("tau_ratio", "energy", "gamma", "energy_topk", "energy_top5", "effective_rank",
+                            "overlap_topk", "overlap_random", "cosine_mean", "sum_energy_ratio", "wpre_top5_energy")
+                if c in self.layers.columns]
+        g = self.layers.groupby("layer_type", sort=False)
+        out = g[cols].mean()
+        out.insert(0, "n_matrices", g.size())
+        out.insert(cols.index("gamma") + 2 if "gamma" in cols else 1, "gated_fraction", g["flag"].mean())
+        return out.reset_index()
+
+    def save(self, folder: str | os.PathLike) -> dict[str, Path]:
+        """Write every table as ``<name>.csv`` and ``meta.json`` into ``folder``, atomically."""
+        folder = Path(folder)
+        paths = {}
+        for name in _TABLES:
+            df = getattr(self, name)
+            paths[name] = folder / f"{name}.csv"
+            with atomic_write(paths[name], "w") as fh:
+                df.to_csv(fh, index=(name == "cosine"), float_format="%.6g")
+        paths["meta"] = folder / "meta.json"
+        with atomic_write(paths["meta"], "w") as fh:
+            json.dump(self.meta, fh, indent=1, default=str)
+        return paths
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> Diagnosis:
+        """Read the tables written by :meth:`save`."""
+        folder = Path(folder)
+        if not (folder / "meta.json").is_file():
+            raise FileNotFoundError(f"no diagnosis in {folder} (meta.json missing); write one with Diagnosis.save")
+        tables = {n: pd.read_csv(folder / f"{n}.csv", index_col=0 if n == "cosine" else None) for n in _TABLES}
+        meta = json.loads((folder / "meta.json").read_text())
+        return cls(**tables, meta=meta)
+
+
+# --------------------------------------------------------------------------- sources
+class _Source:
+    """One model: keys, shape/dtype without reading, one tensor at a time."""
+
+    def __init__(self, obj: Any, what: str):
+        self.what = what
+        self.config = None
+        self.path = None
+        if isinstance(obj, Mapping):
+            self._sd = obj
+            self._ckpt = None
+        elif isinstance(obj, (str, os.PathLike)):
+            from .checkpoints import open_checkpoint
+
+            self._ckpt = open_checkpoint(obj)
+            self._sd = None
+            self.config = self._ckpt.config
+            self.path = str(obj)
+        else:
+            raise TypeError(f"{what} is a {type(obj).__name__}; give a state dict or a checkpoint path")
+
+    def keys(self) -> list[str]:
+        return list(self._sd) if self._sd is not None else self._ckpt.keys()
+
+    def shape_dtype(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
+        if self._sd is not None:
+            t = self._sd[key]
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{self.what}[{key!r}] is a {type(t).__name__}, not a torch.Tensor")
+            return tuple(t.shape), t.dtype
+        m = self._ckpt.meta(key)
+        return tuple(m.shape), m.dtype
+
+    def get(self, key: str) -> Tensor:
+        return self._sd[key] if self._sd is not None else self._ckpt.get(key)
+
+    def close(self) -> None:
+        if self._ckpt is not None:
+            self._ckpt.close()
+
+
+def _names(experts: Sequence[Any], names: Sequence[str] | None) -> list[str]:
+    if names is not None:
+        names = [str(n) for n in names]
+        if len(names) != len(experts):
+            raise ValueError(f"{len(names)} names for {len(experts)} experts")
+        if len(set(names)) != len(names):
+            raise ValueError(f"expert names must be distinct, got {names}")
+        return names
+    out = []
+    for i, e in enumerate(experts):
+        n = Path(e).stem if isinstance(e, (str, os.PathLike)) else f"task{i}"
+        out.append(n if n not in out else f"{n}_{i}")
+    return out
+
+
+def _check_keys(base: _Source, experts: Sequence[_Source]) -> list[str]:
+    keys = base.keys()
+    bset = set(keys)
+    for e in experts:
+        ek = set(e.keys())
+        missing, extra = sorted(bset - ek), sorted(ek - bset)
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise KeyError(f"{e.what} has no key {missing[0]!r}{more} that the base has")
+        if extra:
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            raise KeyError(f"{e.what} has key {extra[0]!r}{more} that the base does not have")
+    return keys
+
+
+def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | None = None,
+                 layout: Any = "auto") -> dict[str, Any]:
+    """Check, from the headers only, that ``experts`` can be diagnosed against ``base``: every
+    checkpoint opens, has the base's keys with the same shapes, and some key takes the matrix
+    path under ``layout``. Raises an error naming the file, key or shape; returns
+    ``{"n_tasks", "names", "layout", "n_keys", "n_matrices"}``."""
+    from .layouts import get_layout
+
+    if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
+        raise TypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
+    labels = _names(experts, names)
+    src = _Source(base, "base")
+    exs = [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)]
+    try:
+        keys = _check_keys(src, exs)
+        lay = get_layout(layout, keys=keys, config=src.config)
+        n_mat = 0
+        for key in keys:
+            shape, dtype = src.shape_dtype(key)
+            for e in exs:
+                es, _ = e.shape_dtype(key)
+                if es != shape:
+                    raise ValueError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
+            n_mat += dtype.is_floating_point and key not in lay.tied and lay.is_matrix(key, _meta(shape, dtype))
+    finally:
+        src.close()
+        for e in exs:
+            e.close()
+    if n_mat == 0:
+        raise ValueError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose "
+                         "(check --layout)")
+    return {"n_tasks": len(exs), "names": labels, "layout": lay.name, "n_keys": len(keys), "n_matrices": int(n_mat)}
+
+
+# --------------------------------------------------------------------------- per matrix
+def _spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Singular values (descending) of M and its top-k left/right singular vectors, in float32.
+
+    Through the eigendecomposition of the smaller Gram matrix instead of an SVD (several
+    times faster on a CPU for 3072 x 768); singular values are accurate to ~1e-3 of sigma_1
+    (squared: ~1e-7 of the energy), ample for the energy shares, spectra and subspaces reported here."""
+    M = M.to(torch.float32)
+    d_out, d_in = M.shape
+    if d_out <= d_in:
+        lam, U = torch.linalg.eigh(M @ M.T)
+        lam, U = lam.flip(0).clamp(min=0), U.flip(1)
+        S = lam.sqrt()
+        Uk = U[:, :k]
+        Sk = S[:k]
+        Vk = (M.T @ Uk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
+    else:
+        lam, V = torch.linalg.eigh(M.T @ M)
+        lam, V = lam.flip(0).clamp(min=0), V.flip(1)
+        S = lam.sqrt()
+        Vk = V[:, :k]
+        Sk = S[:k]
+        Uk = (M @ Vk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
+    return S, Uk, Vk
+
+
+def _nanmean(values) -> float:
+    """Mean of the finite values; NaN (without a warning) when there are none."""
+    a = np.asarray(values, dtype=float)
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if a.size else math.nan
+
+
+def _energy_share(S: Tensor, k: int) -> float:
+    tot = float((S ** 2).sum())
+    return float((S[:k] ** 2).sum()) / tot if tot > 0 and k > 0 else math.nan
+
+
+def _effective_rank(S: Tensor) -> float:
+    tot = S.sum()
+    if not bool(tot > 0):
+        return 0.0
+    p = S / tot
+    p = p[p > 0]
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+def _wpre_top5(taus: Sequence[Tensor], key: str, tau: float) -> float:
+    """Top-5 % energy of ACE's preliminary closed form W̄_pre (before spectral refinement)."""
+    from .diagnostics import energy_fraction
+    from .merging.ace import ace_matrix
+
+    _, dg = ace_matrix(list(taus), name=key, spectra=True, tau=tau)
+    s = dg.spectrum_pre
+    if s is None or s.numel() == 0 or not bool((s > 0).any()):
+        return math.nan
+    return energy_fraction(s, 0.05)
+
+
+# --------------------------------------------------------------------------- the walk
+def diagnose(
+    base: Mapping[str, Tensor] | str | os.PathLike,
+    experts: Sequence[Mapping[str, Tensor] | str | os.PathLike],
+    *,
+    names: Sequence[str] | None = None,
+    layout: Any = "auto",
+    tau: float = 0.3,
+    ace: bool = False,
+    keys: Sequence[str] | None = None,
+    max_singular_values: int | None = 64,
+    show_progress: bool | None = None,
+) -> Diagnosis:
+    """The data-free diagnostics of ``experts`` fine-tuned from ``base`` (see the module docstring).
+
+    ``base`` / ``experts``: state dicts or checkpoint paths (any format
+    :func:`acetools.checkpoints.open_checkpoint` reads; safetensors are read one tensor at a
+    time, so memory holds one key of every model). ``names``: one per expert (default: file
+    stems or task0, task1, ...). ``layout``: which keys are matrices and how they are stored
+    (:func:`acetools.layouts.get_layout`; ``"auto"`` detects it from the config or key names);
+    matrices are analysed as d_out x d_in. ``tau``: ACE's gate threshold. ``ace=True`` also
+    runs ACE's closed form per matrix for W̄_pre's top-5 % energy (slower: a d_in x d_in
+    solve per matrix). ``keys``: restrict to these keys. ``max_singular_values``: how many
+    leading singular values per task and matrix go into ``spectra`` (None: all). Non-float
+    buffers are skipped, and so are tied aliases (GPT-2's ``lm_head``) that equal their
+    canonical key in every model.
+    """
+    from .layouts import get_layout
+    from .merging.ace import heterogeneity
+    from .merging.svd import tsv_rank
+
+    t0 = time.perf_counter()
+    if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
+        raise TypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
+    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0):
+        raise ValueError(f"tau={tau!r} must be a finite number >= 0")
+    labels = _names(experts, names)
+    src = _Source(base, "base")
+    exs = [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)]
+    try:
+        all_keys = _check_keys(src, exs)
+        lay = get_layout(layout, keys=all_keys, config=src.config)
+        chosen = all_keys if keys is None else list(keys)
+        for k in chosen:
+            if k not in set(all_keys):
+                raise KeyError(f"key {k!r} is not in the base")
+        # block order (files may store keys sorted as text: 0, 1, 10, 11, 2, ...); stable otherwise
+        chosen = sorted(chosen, key=lambda k: (block_index(k) is not None, block_index(k) or 0))
+        T = len(exs)
+        norm_rows, layer_rows, cos_rows, ov_rows, spec_rows = [], [], [], [], []
+        G = torch.zeros(T, T, dtype=torch.float64)
+        iu = torch.triu_indices(T, T, 1)
+        for key in progress(chosen, desc="diagnose", enabled=show_progress):
+            shape, dtype = src.shape_dtype(key)
+            if not dtype.is_floating_point or (key in lay.tied and _still_tied(key, lay.tied[key], [src, *exs])):
+                continue
+            for e in exs:
+                es, _ = e.shape_dtype(key)
+                if es != shape:
+                    raise ValueError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
+            W0 = lay.to_canonical(key, src.get(key)).to(torch.float64)
+            taus = [lay.to_canonical(key, e.get(key)).to(torch.float64) - W0 for e in exs]
+            for t, e in zip(taus, exs):
+                if not torch.isfinite(t).all():
+                    raise ValueError(f"{e.what}[{key!r}] contains NaN or Inf")
+            F = torch.stack([t.reshape(-1) for t in taus])
+            Gk = F @ F.T
+            G += Gk
+            b = float(W0.norm())
+            role = lay.role(key, _meta(shape, dtype))
+            for name, t, e2 in zip(labels, taus, Gk.diagonal().tolist()):
+                tn = math.sqrt(e2)
+                norm_rows.append({"task": name, "key": key, "layer_type": layer_type(key), "block": block_index(key),
+                                  "role": role, "tau_norm": tn, "base_norm": b, "ratio": tn / b if b > 0 else math.nan,
+                                  "energy": e2})
+            if not lay.is_matrix(key, _meta(shape, dtype)) or W0.ndim != 2:
+                continue
+            d_out, d_in = W0.shape
+            r = min(d_out, d_in)
+            k = tsv_rank(r, T)
+            n = Gk.diagonal().sqrt()
+            cos = Gk / torch.outer(n, n).clamp(min=1e-300)
+            cos_pairs = [float(cos[i, j]) if n[i] > 0 and n[j] > 0 else math.nan for i, j in iu.T.tolist()]
+            for (i, j), c in zip(iu.T.tolist(), cos_pairs):
+                cos_rows.append({"key": key, "layer_type": layer_type(key), "block": block_index(key),
+                                 "task_i": labels[i], "task_j": labels[j], "cosine": c})
+            spectra = [_spectrum(t, max(k, 1)) for t in taus]
+            e_topk = [_energy_share(S, k) for S, _, _ in spectra]
+            e_top5 = [_energy_share(S, max(1, math.ceil(0.05 * r))) for S, _, _ in spectra]
+            eff = [_effective_rank(S) for S, _, _ in spectra]
+            overlaps = []
+            if k > 0:
+                for i, j in iu.T.tolist():
+                    if n[i] == 0 or n[j] == 0:
+                        continue
+                    left = float((spectra[i][1].T @ spectra[j][1]).pow(2).sum()) / k
+                    right = float((spectra[i][2].T @ spectra[j][2]).pow(2).sum()) / k
+                    overlaps.append((left + right) / 2)
+                    ov_rows.append({"key": key, "layer_type": layer_type(key), "block": block_index(key),
+                                    "task_i": labels[i], "task_j": labels[j], "k": k, "overlap_left": left,
+                                    "overlap_right": right, "overlap": (left + right) / 2,
+                                    "random": (k / d_out + k / d_in) / 2})
+            m = max_singular_values or r
+            for name, (S, _, _) in zip(labels, spectra):
+                top = S[:m].tolist()
+                s1 = top[0] if top and top[0] > 0 else math.nan
+                spec_rows += [{"key": key, "layer_type": layer_type(key), "block": block_index(key), "task": name,
+                               "index": i + 1, "sigma": s, "sigma_rel": s / s1} for i, s in enumerate(top)]
+            energies = Gk.diagonal()
+            logs = torch.log(energies + 1e-12)
+            gamma = heterogeneity(taus)
+            tot = float(energies.sum())
+            row = {
+                "key": key, "layer_type": layer_type(key), "block": block_index(key), "shape": f"{d_out}x{d_in}",
+                "orientation": lay.orientation(key), "base_norm": b,
+                "tau_ratio": float(np.mean([math.sqrt(float(e)) / b for e in energies])) if b > 0 else math.nan,
+                "energy": float(energies.mean()), "energy_min": float(energies.min()),
+                "energy_max": float(energies.max()),
+                "log_energy_mean": float(logs.mean()),
+                "log_energy_sd": float(logs.std(unbiased=False)) if T > 1 else 0.0,
+                "gamma": gamma, "flag": gamma > tau, "gate": "on" if gamma > tau else "off",
+                "tsv_k": k, "energy_topk": _nanmean(e_topk), "energy_top5": _nanmean(e_top5),
+                "effective_rank": float(np.mean(eff)),
+                "overlap_topk": float(np.mean(overlaps)) if overlaps else math.nan,
+                "overlap_random": (k / d_out + k / d_in) / 2 if k > 0 else math.nan,
+                "cosine_mean": _nanmean(cos_pairs),
+                "sum_energy_ratio": float(Gk.sum()) / tot if tot > 0 else math.nan,
+            }
+            if ace:
+                row["wpre_top5_energy"] = _wpre_top5(taus, key, tau)
+            layer_rows.append(row)
+    finally:
+        src.close()
+        for e in exs:
+            e.close()
+    if not layer_rows:
+        raise ValueError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose "
+                         "(check --layout, or the keys you selected)")
+    n = G.diagonal().sqrt()
+    C = G / torch.outer(n, n).clamp(min=1e-300)
+    C[(n == 0)[:, None] | (n == 0)[None, :]] = math.nan
+    cosine = pd.DataFrame(C.numpy(), index=labels, columns=labels)
+    layers = pd.DataFrame(layer_rows)
+    meta = {"n_tasks": T, "names": labels, "layout": lay.name, "tau": tau, "ace": ace,
+            "n_keys": len(chosen), "n_matrices": len(layers), "seconds": round(time.perf_counter() - t0, 2),
+            "base": src.path or "state dict", "experts": [e.path or "state dict" for e in exs]}
+    d = Diagnosis(
+        summary=pd.DataFrame(), layers=layers,
+        norms=pd.DataFrame(norm_rows, columns=["task", "key", "layer_type", "block", "role", "tau_norm", "base_norm",
+                                               "ratio", "energy"]),
+        cosine=cosine,
+        cosine_per_layer=pd.DataFrame(cos_rows, columns=["key", "layer_type", "block", "task_i", "task_j", "cosine"]),
+        overlap=pd.DataFrame(ov_rows, columns=["key", "layer_type", "block", "task_i", "task_j", "k", "overlap_left",
+                                               "overlap_right", "overlap", "random"]),
+        spectra=pd.DataFrame(spec_rows, columns=["key", "layer_type", "block", "task", "index", "sigma", "sigma_rel"]),
+        meta=meta,
+    )
+    d.summary = _summary(d)
+    log.info("diagnose: %d matrices of %d tasks in %.1f s", len(layers), T, meta["seconds"])
+    return d
+
+
+def _still_tied(alias: str, canon: str, models: Sequence[_Source]) -> bool:
+    """A layout's tie is a candidate: the alias is skipped only if it equals its canonical key in every model."""
+    return all(canon in m.keys() and torch.equal(m.get(alias), m.get(canon)) for m in models)
+
+
+def _meta(shape, dtype):
+    from .layouts import TensorMeta
+
+    return TensorMeta(tuple(shape), dtype)
+
+
+def _summary(d: Diagnosis) -> pd.DataFrame:
+    """One row per signal: metric, label, value, unit, reading (docs/diagnose.md)."""
+    L, T = d.layers, d.meta["n_tasks"]
+    off = d.cosine.to_numpy()[~np.eye(T, dtype=bool)] if T > 1 else np.array([math.nan])
+    rows = []
+
+    def row(metric, label, value, unit, reading):
+        rows.append({"metric": metric, "label": label, "value": float(value), "unit": unit, "reading": reading})
+
+    row("tau_ratio", "‖τ_t‖/‖W0‖ (median over matrices)", L["tau_ratio"].median(), "ratio",
+        "how far the experts moved; small values are the regime where task vectors add almost linearly")
+    row("energy", "‖ΔW_t‖²_F (median over matrices)", L["energy"].median(), "",
+        "the size ACE's γ is computed from; near 1 the log-energies are near 0 and γ explodes")
+    row("ace_gamma_median", "ACE's γ (median over matrices)", L["gamma"].median(), "",
+        "spread of the tasks' log-energies (Eq. 7 of ACE-Merging); CLIP ViTs: < 0.25")
+    row("ace_gated_fraction", f"matrices ACE gates (γ > τ = {d.meta['tau']})", 100 * L["flag"].mean(), "%",
+        "share of matrices where ACE normalises the covariances and refines the spectrum")
+    row("cosine_mean", "task-vector cosine (mean off the diagonal)", _nanmean(off), "",
+        "≈ 0: nearly orthogonal task vectors, the usual case for fine-tunes of one base")
+    finite = off[np.isfinite(off)]
+    row("cosine_max", "task-vector cosine (max off the diagonal)", float(finite.max()) if finite.size else math.nan,
+        "", "a large value names two experts that moved the same way (they reinforce in task arithmetic)")
+    row("sum_energy_ratio", "‖Σ_t τ_t‖² / Σ_t ‖τ_t‖² (median over matrices)", L["sum_energy_ratio"].median(), "",
+        f"1 for orthogonal task vectors, T = {T} for identical ones; between, how much they add up")
+    row("trunc_energy", "energy of τ_t in its top-⌊r/T⌋ directions (mean)", 100 * L["energy_topk"].mean(), "%",
+        "what TSV-M's per-task rank budget keeps; high: the task matrices are low-rank and TSV-M loses little")
+    row("energy_top5", "energy of τ_t in its top 5 % directions (mean)", 100 * L["energy_top5"].mean(), "%",
+        "energy concentration of each task's update")
+    row("overlap_topk", "overlap of tasks' top-k subspaces (mean cos²)", L["overlap_topk"].mean(), "",
+        "near the random value: tasks use different directions, so structured merges (TSV-M, ACE, ESM) have room "
+        "over task arithmetic; near 1: they compete for the same directions")
+    row("overlap_random", "…of random k-dim subspaces (k/d)", L["overlap_random"].mean(), "", "for scale")
+    if "wpre_top5_energy" in L.columns:
+        row("wpre_top5_energy", "W̄_pre's top-5 % energy (median)", 100 * L["wpre_top5_energy"].median(), "%",
+            "ACE's preliminary closed form; CLIP ViTs: ≥ 99 % (ACE-Merging)")
+    return pd.DataFrame(rows, columns=["metric", "label", "value", "unit", "reading"])
+
+
+# --------------------------------------------------------------------------- the report
+def run_report(
+    base: str | os.PathLike,
+    experts: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    names: Sequence[str] | None = None,
+    layout: str = "auto",
+    tau: float = 0.3,
+    ace: bool = False,
+    html: bool = True,
+    timeout: int | None = None,
+    start_timeout: int = 300,
+) -> dict[str, Any]:
+    """Execute the report notebook into ``out`` with papermill (absolute paths, ``cwd=out``,
+    kernel ``python3``) and render ``diagnose.html`` without code. The tables are saved next
+    to it (:meth:`Diagnosis.save`). Returns ``{"executed", "html", "seconds"}``."""
+    import papermill as pm
+
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for p in [base, *experts]:
+        if not Path(p).exists():
+            raise FileNotFoundError(f"no checkpoint at {p}")
+    params = {"base": str(Path(base).resolve()), "experts": [str(Path(e).resolve()) for e in experts],
+              "names": list(names) if names is not None else [], "layout": layout, "tau": float(tau), "ace": bool(ace),
+              "out_dir": str(out)}
+    declared = set(pm.inspect_notebook(str(REPORT_NOTEBOOK)))
+    unknown = sorted(set(params) - declared)
+    if unknown:  # a packaging error, not the user's
+        raise RuntimeError(f"{REPORT_NOTEBOOK.name} does not declare {unknown}")
+    executed = out / "diagnose.ipynb"
+    t0 = time.perf_counter()
+    saved = {k: os.environ.get(k) for k in ("ACETOOLS_PROGRESS", "PYTHONPATH")}
+    os.environ.setdefault("ACETOOLS_PROGRESS", "0")  # a report is a document: no progress bars
+    # the kernel imports the same acetools as this process (a checkout may differ from the installed one)
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join([root] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
+    try:
+        pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed), parameters=params, kernel_name="python3",
+                            cwd=str(out), progress_bar=False, log_output=False, execution_timeout=timeout,
+                            start_timeout=start_timeout)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    rec: dict[str, Any] = {"executed": str(executed), "seconds": round(time.perf_counter() - t0, 1)}
+    if html:
+        import nbformat
+        from nbconvert import HTMLExporter
+
+        nb = nbformat.read(str(executed), as_version=4)
+        body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
+                               exclude_output_prompt=True).from_notebook_node(nb)
+        path = executed.with_suffix(".html")
+        with atomic_write(path, "w") as fh:
+            fh.write(body)
+        rec["html"] = str(path)
+    return rec

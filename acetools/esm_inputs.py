@@ -1,0 +1,248 @@
+"""ESM for your own model in one call: proxy activations captured inside each expert.
+
+ESM (docs/methods.md §ESM) needs, for every ESD layer, the input activations X_t that task t's
+*fine-tuned* model sees on a few proxy inputs. This module runs the inputs through each expert
+(an ``nn.Module``, a factory returning one, or a state dict / checkpoint file loaded into a
+factory's module), one expert at a time, and returns ``{weight key: [X_1, ..., X_T]}`` with
+X_t of width d_in of the canonical d_out x d_in matrix, whatever the storage (GPT-2 ``Conv1D``
+weights are in x out; the layout says so, :mod:`acetools.layouts`).
+
+- :func:`esm_names`: ESM's target layers and Step-C layer types in a layout's names;
+- :func:`esm_activations`: the activations, keyed by weight key;
+- :func:`merge_esm`: capture and merge in one call, returning the merged state dict.
+
+For example, three GPT-2 experts on disk and a few proxy token batches per task::
+
+    from transformers import GPT2LMHeadModel
+    from acetools.esm_inputs import merge_esm
+
+    factory = lambda: GPT2LMHeadModel.from_pretrained("base/")        # the architecture
+    merged = merge_esm("base/model.safetensors", ["a.safetensors", "b.safetensors", "c.safetensors"],
+                       lambda t: proxy_ids[t], factory=factory, layout="gpt2", alpha=1.0)
+
+ESM uses the activations of each *fine-tuned* model (docs/methods.md §ESM); the base only gives W0.
+To merge from the command line instead, save the activations with
+:func:`acetools.merge_files.save_activations` and pass ``-p activations=FILE`` together with
+``-p targets=...`` / ``-p layer_types=...`` from :func:`esm_names` to ``acetools merge --method esm``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .activations import capture_inputs
+
+__all__ = ["ESM_NAMES", "esm_names", "esm_activations", "merge_esm"]
+
+log = logging.getLogger("acetools.esm_inputs")
+
+
+def _each(*names: str) -> tuple[str, ...]:
+    return tuple(n + "$" for n in names)
+
+
+#: Per layout preset: ESM's ESD targets (the attention input projections and both MLP
+#: matrices, as ``attn.in_proj_weight``, ``mlp.c_fc``, ``mlp.c_proj`` in open_clip) and the
+#: Step-C layer types (every block matrix kind), as regular expressions searched in the key.
+ESM_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "open_clip": {
+        "targets": ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
+        "layer_types": ("attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
+    },
+    "hf_clip": {
+        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
+        "layer_types": _each(r"self_attn\.q_proj\.weight", r"self_attn\.k_proj\.weight", r"self_attn\.v_proj\.weight",
+                             r"self_attn\.out_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
+    },
+    "gpt2": {
+        "targets": _each(r"attn\.c_attn\.weight", r"mlp\.c_fc\.weight", r"mlp\.c_proj\.weight"),
+        "layer_types": _each(r"attn\.c_attn\.weight", r"attn\.c_proj\.weight", r"mlp\.c_fc\.weight",
+                             r"mlp\.c_proj\.weight"),
+    },
+    "bert": {
+        "targets": _each(r"attention\.self\.(query|key|value)\.weight", r"intermediate\.dense\.weight",
+                         r"layer\.\d+\.output\.dense\.weight"),
+        "layer_types": _each(r"attention\.self\.query\.weight", r"attention\.self\.key\.weight",
+                             r"attention\.self\.value\.weight", r"attention\.output\.dense\.weight",
+                             r"intermediate\.dense\.weight", r"layer\.\d+\.output\.dense\.weight"),
+    },
+    "llama": {
+        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.(gate|up)_proj\.weight", r"mlp\.down_proj\.weight"),
+        "layer_types": _each(*(rf"self_attn\.{p}_proj\.weight" for p in "qkvo"),
+                             *(rf"mlp\.{p}_proj\.weight" for p in ("gate", "up", "down"))),
+    },
+}
+
+
+def esm_names(layout: Any) -> dict[str, tuple[str, ...]]:
+    """``{"targets": ..., "layer_types": ...}`` for ``layout`` (a preset name or Layout), to
+    pass to ``merge("esm", ..., **esm_names(layout))``. The ``generic`` layout has none: name
+    your model's layers yourself."""
+    name = layout if isinstance(layout, str) else getattr(layout, "name", None)
+    if name not in ESM_NAMES:
+        raise ValueError(
+            f"ESM has no default layer names for layout {name!r} (known: {', '.join(ESM_NAMES)}); pass targets= "
+            "and layer_types= (regular expressions searched in the weight keys) yourself"
+        )
+    return {k: tuple(v) for k, v in ESM_NAMES[name].items()}
+
+
+def _load_file(path: str | os.PathLike) -> dict[str, Tensor]:
+    from .checkpoints import (
+        open_checkpoint,  # every supported format, weights_only for pickles
+    )
+
+    ckpt = open_checkpoint(path)
+    try:
+        return ckpt.state_dict()
+    finally:
+        ckpt.close()
+
+
+def _strip(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    if not prefix:
+        return dict(state)
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str, where: str) -> nn.Module:
+    """An ``nn.Module`` from a module, a zero-argument factory, or a state dict / file (+ ``factory``)."""
+    if isinstance(item, nn.Module):
+        return item
+    if isinstance(item, (str, os.PathLike)):
+        item = _load_file(item)
+    if isinstance(item, Mapping):
+        if factory is None:
+            raise TypeError(f"{where} is a state dict or file: pass factory= (a callable returning the model's "
+                            "nn.Module) to load it into")
+        model = factory()
+        missing, unexpected = model.load_state_dict(_strip(item, prefix), strict=False)
+        if missing or unexpected:
+            bad = (missing or unexpected)[0]
+            raise KeyError(f"{where} does not fit the factory's model: key {bad!r} is "
+                           f"{'missing from the checkpoint' if missing else 'not in the model'} "
+                           f"({len(missing)} missing, {len(unexpected)} unexpected; prefix={prefix!r})")
+        return model
+    if callable(item):
+        model = item()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"{where}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+        return model
+    raise TypeError(f"{where} is a {type(item).__name__}; give an nn.Module, a factory, a state dict or a file path")
+
+
+def _state_of(item: Any, factory, prefix: str, where: str) -> dict[str, Tensor]:
+    """The state dict (keys with ``prefix``) of a module, factory, state dict or file."""
+    if isinstance(item, (str, os.PathLike)):
+        return _load_file(item)
+    if isinstance(item, Mapping):
+        return dict(item)
+    model = _materialise(item, factory, prefix, where)
+    return {prefix + k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _default_keys(state: Mapping[str, Tensor], layout: Any, targets: Sequence[str] | None, prefix: str):
+    from .layouts import get_layout
+
+    lay = get_layout(layout, keys=list(state))
+    pats = tuple(targets) if targets is not None else esm_names(lay)["targets"]
+    keys = [k for k, v in state.items()
+            if k.startswith(prefix) and lay.is_matrix(k, v) and any(re.search(p, k) for p in pats)]
+    if not keys:
+        raise ValueError(f"no matrix key of the model matches the ESM targets {list(pats)} (layout {lay.name!r}); "
+                         "pass keys= or targets=")
+    return lay, keys
+
+
+def esm_activations(
+    experts: Sequence[Any],
+    inputs: Tensor | Iterable | Mapping | Callable[[int], Any],
+    *,
+    keys: Sequence[str] | None = None,
+    targets: Sequence[str] | None = None,
+    layout: Any = "auto",
+    factory: Callable[[], nn.Module] | None = None,
+    prefix: str = "",
+    batch_size: int | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, list[Tensor]]:
+    """ESM's proxy activations ``{key: [X_1, ..., X_T]}`` for the ``experts``.
+
+    ``experts``: one entry per fine-tuned model, each an ``nn.Module`` (Hugging Face,
+    open_clip or any), a zero-argument factory returning one, or a state dict / checkpoint
+    path loaded into ``factory()`` (strict key check). Entries are materialised one at a time,
+    so a list of factories or files holds one expert in memory.
+    ``inputs``: the proxy batch(es) every expert sees (a tensor, an iterable of batches, or a
+    dict of keyword tensors such as a tokenizer's output), or a callable ``inputs(t)`` giving
+    expert t its own data (ESM's setting: task t's proxy images in expert t).
+    ``keys``: weight keys to capture (with ``prefix`` if the module is a sub-tower, e.g. the
+    open_clip visual tower with ``prefix="visual."``); default: the layout's matrix keys that
+    match ``targets`` (default :func:`esm_names` of the layout, detected from the key names
+    with ``layout="auto"``). X_t has width d_in of the canonical d_out x d_in matrix (the
+    layout gives each weight's orientation) and is stored on the CPU in ``dtype``.
+    """
+    if isinstance(experts, (Mapping, nn.Module, str)) or not isinstance(experts, Sequence) or not experts:
+        raise TypeError("experts must be a non-empty list (one model, factory, state dict or file per expert)")
+    lay = None
+    acts: dict[str, list[Tensor]] = {}
+    for t, item in enumerate(experts):
+        where = f"experts[{t}]"
+        model = _materialise(item, factory, prefix, where)
+        if keys is None:
+            state = {prefix + k: v for k, v in model.state_dict().items()}
+            lay, keys = _default_keys(state, layout, targets, prefix)
+            log.info("esm_activations: layout %r, %d ESD layers", lay.name, len(keys))
+        elif lay is None:
+            from .layouts import get_layout
+
+            lay = get_layout(layout, keys=[prefix + k for k in model.state_dict()])
+        batch = inputs(t) if callable(inputs) and not isinstance(inputs, (Tensor, nn.Module)) else inputs
+        got = capture_inputs(model, batch, list(keys), batch_size, prefix=prefix, device=device, layout=lay)
+        for k in keys:
+            acts.setdefault(k, []).append(got[k].to("cpu", dtype))
+        del model, got
+    return acts
+
+
+def merge_esm(
+    base: Any,
+    experts: Sequence[Any],
+    inputs: Tensor | Iterable | Mapping | Callable[[int], Any],
+    *,
+    layout: Any = "auto",
+    factory: Callable[[], nn.Module] | None = None,
+    prefix: str = "",
+    batch_size: int | None = None,
+    device: str | torch.device | None = None,
+    **hparams: Any,
+) -> dict[str, Tensor]:
+    """ESM on your model in one call: capture the proxy activations in each expert
+    (:func:`esm_activations`) and ``merge("esm", ...)`` with the layout's target names
+    (:func:`esm_names`, unless ``targets`` / ``layer_types`` are in ``hparams``).
+
+    ``base`` and ``experts`` are ``nn.Module`` s, factories, state dicts or files (the latter
+    two with ``factory``). Returns the merged state dict with the base's keys (with
+    ``prefix``; non-float buffers carried from the base). ``hparams`` go to ESM (``alpha``,
+    ``const``, ...). A layout without ESM names (``generic``) needs ``targets`` and
+    ``layer_types`` in ``hparams``.
+    """
+    from .layouts import get_layout
+    from .merging import merge
+
+    base_sd = _state_of(base, factory, prefix, "base")
+    lay = get_layout(layout, keys=list(base_sd))
+    if "targets" not in hparams or "layer_types" not in hparams:
+        names = esm_names(lay)
+        hparams = {**names, **hparams}
+    acts = esm_activations(experts, inputs, targets=hparams["targets"], layout=lay, factory=factory, prefix=prefix,
+                           batch_size=batch_size, device=device)
+    expert_sds = [_state_of(e, factory, prefix, f"experts[{t}]") for t, e in enumerate(experts)]
+    return merge("esm", base_sd, expert_sds, layout=lay, activations=acts, **hparams)

@@ -1,0 +1,113 @@
+"""Weight keys of transformer checkpoints: block index, layer type and a short label.
+
+One parser for every checkpoint layout the toolkit reads. A key inside a transformer block
+has the form ``<prefix>.<container>.<i>.<layer type>``, where the container is
+
+==========================  =================================================================
+``resblocks``               open_clip (``visual.transformer.resblocks.3.mlp.c_fc.weight``)
+``layers``                  HF CLIP, LLaMA, Mistral (``model.layers.3.self_attn.q_proj.weight``)
+``layer``                   BERT / RoBERTa (``roberta.encoder.layer.3.attention.self.query.weight``)
+``h``                       GPT-2 (``transformer.h.3.attn.c_attn.weight``)
+``blocks``                  timm ViT (``blocks.3.attn.qkv.weight``)
+==========================  =================================================================
+
+The first (leftmost) match counts, so a nested index (``layers.3.mlp.experts.2.w1.weight``)
+stays part of the layer type. Keys outside the blocks have no block index
+(:func:`block_index` returns ``default``); their layer type is the key without open_clip's
+tower prefix ``visual.``.
+
+Labels (:func:`short_label`) are for the tick labels and column names of plots: a short name
+per layer type (:data:`SHORT_NAMES`; unknown types keep their full name, so labels stay
+unique) combined with the block index, in the style ``"3.c_fc"`` or ``"b3 c_fc"``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["BLOCK_CONTAINERS", "SHORT_NAMES", "KeyParts", "parse_key", "block_index", "layer_type",
+           "short_name", "short_label"]
+
+#: Names of the module lists that hold a model's transformer blocks (see the module docstring).
+BLOCK_CONTAINERS: tuple[str, ...] = ("resblocks", "layers", "layer", "h", "blocks")
+
+_BLOCK = re.compile(r"(?:^|\.)(?:" + "|".join(map(re.escape, BLOCK_CONTAINERS)) + r")\.(\d+)\.(.+)$")
+
+#: Short names of layer types for labels. Names shared across layouts mean the same layer
+#: (``c_fc`` is the MLP's first matrix in open_clip and GPT-2); types whose last part is
+#: ambiguous inside one layout (GPT-2 ``attn.c_proj`` vs ``mlp.c_proj``, BERT's three
+#: ``dense``) get a name that says which.
+SHORT_NAMES: dict[str, str] = {
+    # open_clip
+    "attn.in_proj_weight": "in_proj", "attn.out_proj.weight": "out_proj", "mlp.c_fc.weight": "c_fc",
+    "mlp.c_proj.weight": "c_proj", "positional_embedding": "pos_emb",
+    # HF CLIP, LLaMA / Mistral
+    "self_attn.q_proj.weight": "q_proj", "self_attn.k_proj.weight": "k_proj", "self_attn.v_proj.weight": "v_proj",
+    "self_attn.out_proj.weight": "out_proj", "self_attn.o_proj.weight": "o_proj", "mlp.fc1.weight": "fc1",
+    "mlp.fc2.weight": "fc2", "mlp.gate_proj.weight": "gate_proj", "mlp.up_proj.weight": "up_proj",
+    "mlp.down_proj.weight": "down_proj",
+    # GPT-2
+    "attn.c_attn.weight": "c_attn", "attn.c_proj.weight": "attn_c_proj",
+    # BERT / RoBERTa
+    "attention.self.query.weight": "query", "attention.self.key.weight": "key",
+    "attention.self.value.weight": "value", "attention.output.dense.weight": "attn_out",
+    "intermediate.dense.weight": "ffn_in", "output.dense.weight": "ffn_out",
+}
+
+
+@dataclass(frozen=True)
+class KeyParts:
+    """A parsed weight key: ``block`` (``None`` outside the blocks) and ``layer_type`` (the
+    part after the block index, or the key without ``visual.`` outside the blocks)."""
+
+    key: str
+    block: int | None
+    layer_type: str
+
+
+def parse_key(key: str) -> KeyParts:
+    """``visual.transformer.resblocks.3.mlp.c_fc.weight`` -> ``KeyParts(key, 3, "mlp.c_fc.weight")``;
+    ``visual.positional_embedding`` -> ``KeyParts(key, None, "positional_embedding")``."""
+    m = _BLOCK.search(key)
+    if m:
+        return KeyParts(key, int(m.group(1)), m.group(2))
+    return KeyParts(key, None, key[len("visual."):] if key.startswith("visual.") else key)
+
+
+def block_index(key: str, default: int | None = None) -> int | None:
+    """The transformer block of a key (``...resblocks.3...`` -> 3; ``model.layers.3...`` -> 3);
+    ``default`` outside the blocks."""
+    b = parse_key(key).block
+    return default if b is None else b
+
+
+def layer_type(key: str) -> str:
+    """A parameter's type with its block index removed: ``visual.transformer.resblocks.3.mlp.c_fc.weight``
+    -> ``mlp.c_fc.weight`` (keys outside the blocks lose only a leading ``visual.``)."""
+    return parse_key(key).layer_type
+
+
+def short_name(layer_type: str) -> str:
+    """The label of a layer type (:data:`SHORT_NAMES`), else the type itself."""
+    return SHORT_NAMES.get(layer_type, layer_type)
+
+
+def short_label(key: str, style: Literal["dot", "b"] = "dot") -> str:
+    """A compact layer name for plots.
+
+    ``style="dot"``: ``visual.transformer.resblocks.3.mlp.c_fc.weight`` -> ``3.c_fc``,
+    ``visual.positional_embedding`` -> ``pos_emb``, other types keep their name
+    (``3.ln_1.weight``). ``style="b"``: ``b3 c_fc``, and the full key for anything that is not
+    a named matrix inside a block.
+    """
+    p = parse_key(key)
+    if style == "dot":
+        name = short_name(p.layer_type)
+        return name if p.block is None else f"{p.block}.{name}"
+    if style == "b":
+        if p.block is None or p.layer_type not in SHORT_NAMES:
+            return key
+        return f"b{p.block} {SHORT_NAMES[p.layer_type]}"
+    raise ValueError(f"unknown label style {style!r}; styles: 'dot', 'b'")

@@ -1,0 +1,360 @@
+"""Layouts: what each weight of a checkpoint is, for every merge method.
+
+A :class:`Layout` says, per weight key,
+
+- its **role**: ``"matrix"`` (takes a method's matrix path: TSV-M, Iso, CART, WUDI, ACE, ESM),
+  ``"embedding"`` / ``"head"`` (2-D, but merged with the method's elementwise rule, as the TSV
+  and ACE code do), ``"other"`` (vectors, norms, convolutions, ... : the elementwise rule) or
+  ``"buffer"`` (non-float tensors such as ``position_ids`` or ``num_batches_tracked``: carried
+  through from the base unchanged);
+- its **orientation**: ``"out_in"`` (PyTorch ``nn.Linear``, ``y = x W^T``) or ``"in_out"``
+  (GPT-2's ``Conv1D``, ``y = x W``). The merge driver transposes ``in_out`` weights to
+  d_out x d_in before a method sees them and back afterwards, so every method in
+  :mod:`acetools.merging` works on d_out x d_in matrices only;
+- **tied** keys (alias -> canonical), e.g. GPT-2's ``lm_head.weight`` and
+  ``transformer.wte.weight``: merged once, written with identical values.
+
+Presets (:data:`PRESETS`): ``open_clip``, ``hf_clip``, ``gpt2``, ``bert`` (BERT and RoBERTa),
+``llama`` (LLaMA-style ``q_proj`` ... ``down_proj``; Mistral, Qwen2, Gemma share the names) and
+``generic``. :func:`detect_layout` picks one from a Hugging Face ``config.json`` or from the key
+names; :func:`get_layout` accepts a name, a :class:`Layout`, ``"auto"`` or ``None``.
+
+The ``open_clip`` preset reproduces the rule of the official TSV, Iso, ESM and ACE code exactly
+(:func:`acetools.merging.is_matrix_param`): every float tensor with ``ndim == 2`` whose key does
+not contain ``text_projection`` takes the matrix path, as stored. That includes the visual
+``proj`` (stored in x out, ``x @ proj``), ``positional_embedding`` and the text tower's
+``token_embedding``: the official code treats them as matrices, so the preset does too, and
+every existing result is unchanged. Build another layout
+(``dataclasses.replace(PRESETS["open_clip"], in_out=(r"(^|\\.)proj$",))``) to change that.
+See docs/your-models.md for the table of presets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ROLES",
+    "ORIENTATIONS",
+    "TensorMeta",
+    "Layout",
+    "PRESETS",
+    "get_layout",
+    "detect_layout",
+    "describe",
+    "format_table",
+]
+
+log = logging.getLogger("acetools.layouts")
+
+ROLES = ("matrix", "embedding", "head", "other", "buffer")
+ORIENTATIONS = ("out_in", "in_out")
+
+
+class TensorMeta(NamedTuple):
+    """Shape and dtype of a tensor that is not loaded (what a checkpoint header says)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _meta(tensor: Tensor | TensorMeta) -> TensorMeta:
+    if isinstance(tensor, TensorMeta):
+        return tensor
+    if isinstance(tensor, Tensor):
+        return TensorMeta(tuple(tensor.shape), tensor.dtype)
+    raise TypeError(f"expected a torch.Tensor or a TensorMeta, got {type(tensor).__name__}")
+
+
+def _any(patterns: Sequence[str], key: str) -> bool:
+    return any(re.search(p, key) for p in patterns)
+
+
+def _compiled_check(value: Any, name: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        raise TypeError(f"Layout.{name} must be a tuple of regular expressions, got {value!r}")
+    for p in value:
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise ValueError(f"Layout.{name}: {p!r} is not a regular expression ({e})") from None
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Per-key role, orientation and ties of one architecture (see the module docstring).
+
+    Patterns are regular expressions searched in the key (``re.search``). The role of a float
+    tensor is decided in this order: ``embedding`` patterns, ``head`` patterns, then
+    ``matrix`` if it is 2-D, matches ``matrix`` (default: every key) and no ``not_matrix``
+    pattern, else ``other``. Non-float tensors are ``buffer``. ``matrix_embeddings`` /
+    ``matrix_heads`` send 2-D embeddings / heads down the matrix path after all (their role
+    stays as named). ``tie_rules`` are (alias pattern, canonical pattern) pairs; :meth:`bind`
+    resolves them against a checkpoint's keys into :attr:`tied`.
+    """
+
+    name: str
+    embedding: tuple[str, ...] = ()
+    head: tuple[str, ...] = ()
+    matrix: tuple[str, ...] = ()
+    not_matrix: tuple[str, ...] = ()
+    in_out: tuple[str, ...] = ()
+    tie_rules: tuple[tuple[str, str], ...] = ()
+    matrix_embeddings: bool = False
+    matrix_heads: bool = False
+    tied: Mapping[str, str] = field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("embedding", "head", "matrix", "not_matrix", "in_out"):
+            object.__setattr__(self, name, _compiled_check(getattr(self, name), name))
+        rules = tuple(tuple(r) for r in self.tie_rules)
+        if any(len(r) != 2 for r in rules):
+            raise ValueError("Layout.tie_rules must be (alias pattern, canonical pattern) pairs")
+        object.__setattr__(self, "tie_rules", rules)
+        object.__setattr__(self, "tied", dict(self.tied))
+
+    # ------------------------------------------------------------------ per key
+    def role(self, key: str, tensor: Tensor | TensorMeta) -> str:
+        """``"matrix"``, ``"embedding"``, ``"head"``, ``"other"`` or ``"buffer"`` for ``key``."""
+        m = _meta(tensor)
+        if not m.dtype.is_floating_point:
+            return "buffer"
+        if _any(self.embedding, key):
+            return "embedding"
+        if _any(self.head, key):
+            return "head"
+        if m.ndim == 2 and (not self.matrix or _any(self.matrix, key)) and not _any(self.not_matrix, key):
+            return "matrix"
+        return "other"
+
+    def is_matrix(self, key: str, tensor: Tensor | TensorMeta) -> bool:
+        """Whether ``key`` takes the method's matrix path (the ``is_matrix`` of every method)."""
+        r = self.role(key, tensor)
+        if r == "matrix":
+            return True
+        if _meta(tensor).ndim != 2:
+            return False
+        return (r == "embedding" and self.matrix_embeddings) or (r == "head" and self.matrix_heads)
+
+    def orientation(self, key: str) -> str:
+        """``"in_out"`` for keys stored d_in x d_out (GPT-2 ``Conv1D``), else ``"out_in"``."""
+        return "in_out" if _any(self.in_out, key) else "out_in"
+
+    def to_canonical(self, key: str, t: Tensor) -> Tensor:
+        """``t`` as d_out x d_in: transposed when ``key`` is stored in x out (a view)."""
+        return t.T if t.ndim == 2 and self.orientation(key) == "in_out" else t
+
+    def from_canonical(self, key: str, t: Tensor) -> Tensor:
+        """Back to the stored orientation (the inverse of :meth:`to_canonical`)."""
+        return self.to_canonical(key, t)
+
+    # ------------------------------------------------------------------ whole checkpoint
+    def bind(self, keys: Iterable[str], config: Mapping[str, Any] | None = None) -> Layout:
+        """This layout with :attr:`tied` resolved against ``keys`` (a new Layout).
+
+        A tie rule applies when exactly one key matches its alias and one its canonical
+        pattern, and the config does not say ``tie_word_embeddings: false``. Ties declared
+        here are candidates: the merge driver checks that the two tensors are equal in every
+        model before merging them once (and merges them apart, with a log line, if not).
+        """
+        keys = list(keys)
+        tied = dict(self.tied)
+        if config is None or config.get("tie_word_embeddings", True):
+            for alias_p, canon_p in self.tie_rules:
+                aliases = [k for k in keys if re.search(alias_p, k)]
+                canons = [k for k in keys if re.search(canon_p, k)]
+                if len(aliases) == 1 and len(canons) == 1 and aliases[0] != canons[0]:
+                    tied[aliases[0]] = canons[0]
+        for alias, canon in tied.items():
+            if canon in tied:
+                raise ValueError(f"Layout {self.name!r}: tied key {alias!r} -> {canon!r} points at another alias")
+        return dataclasses.replace(self, tied=tied)
+
+    def describe(self, tensors: Mapping[str, Tensor | TensorMeta]) -> list[dict[str, Any]]:
+        """One row per key: key, shape, dtype, role, orientation and the path it takes."""
+        return describe(self, tensors)
+
+
+def _suffix(*names: str) -> str:
+    """A pattern matching keys whose dotted name contains one of ``names`` as a component."""
+    return r"(^|\.)(" + "|".join(re.escape(n) for n in names) + r")(\.|$)"
+
+
+PRESETS: dict[str, Layout] = {
+    "open_clip": Layout(
+        "open_clip",
+        not_matrix=(r"text_projection",),
+        description="open_clip CLIP: every 2-D float tensor except text_projection, as stored (the official "
+                    "TSV/Iso/ESM/ACE rule; visual.proj, positional_embedding and token_embedding included)",
+    ),
+    "hf_clip": Layout(
+        "hf_clip",
+        embedding=(_suffix("position_embedding", "token_embedding", "patch_embedding", "class_embedding"),),
+        head=(_suffix("text_projection"),),
+        description="Hugging Face CLIP (CLIPModel, CLIPVisionModel, CLIPTextModel): nn.Linear weights are "
+                    "matrices; embeddings and text_projection merged elementwise",
+    ),
+    "gpt2": Layout(
+        "gpt2",
+        embedding=(_suffix("wte", "wpe"),),
+        head=(_suffix("lm_head", "score"),),
+        in_out=(r"(^|\.)(c_attn|q_attn|c_fc|c_proj)\.weight$",),
+        tie_rules=((r"(^|\.)lm_head\.weight$", r"(^|\.)wte\.weight$"),),
+        description="GPT-2: Conv1D weights (c_attn, c_fc, c_proj) stored in x out; wte/wpe embeddings; "
+                    "lm_head tied to wte",
+    ),
+    "bert": Layout(
+        "bert",
+        embedding=(_suffix("word_embeddings", "position_embeddings", "token_type_embeddings"),),
+        head=(_suffix("pooler", "classifier", "cls", "lm_head", "qa_outputs"),),
+        tie_rules=((r"(^|\.)(lm_head|cls\.predictions)\.decoder\.weight$", r"(^|\.)word_embeddings\.weight$"),),
+        description="BERT / RoBERTa: word, position and token-type embeddings; pooler, classifier and LM "
+                    "heads merged elementwise; MLM decoder tied to the word embeddings",
+    ),
+    "llama": Layout(
+        "llama",
+        embedding=(_suffix("embed_tokens"),),
+        head=(_suffix("lm_head", "score"),),
+        tie_rules=((r"(^|\.)lm_head\.weight$", r"(^|\.)embed_tokens\.weight$"),),
+        description="LLaMA-style decoders (q/k/v/o_proj, gate/up/down_proj): embed_tokens and lm_head merged "
+                    "elementwise; tied when the config says tie_word_embeddings",
+    ),
+    "generic": Layout(
+        "generic",
+        embedding=(r"(^|\.)[^.]*(embed|embedding|embeddings|wte|wpe)[^.]*(\.|$)",),
+        head=(_suffix("lm_head", "classifier", "score", "head", "pooler", "text_projection"),),
+        tie_rules=((r"(^|\.)lm_head\.weight$", r"(^|\.)(wte|embed_tokens|word_embeddings)\.weight$"),),
+        description="any model with nn.Linear weights: 2-D tensors are matrices (d_out x d_in) except keys "
+                    "named like embeddings or heads",
+    ),
+}
+
+_MODEL_TYPES = {
+    "clip": "hf_clip", "clip_vision_model": "hf_clip", "clip_text_model": "hf_clip", "siglip": "hf_clip",
+    "gpt2": "gpt2",
+    "bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "electra": "bert",
+    "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "llama", "qwen3": "llama",
+    "gemma": "llama", "gemma2": "llama", "phi3": "llama",
+}
+
+
+def detect_layout(keys: Iterable[str], config: Mapping[str, Any] | None = None) -> str | None:
+    """The preset name for a checkpoint, from its config (``model_type``, ``architectures``) or keys.
+
+    Returns ``None`` when nothing identifies the architecture (callers then choose
+    ``generic`` or ``open_clip`` and say so).
+    """
+    if config:
+        if "model_cfg" in config and "vision_cfg" in config.get("model_cfg", {}):
+            return "open_clip"  # open_clip_config.json
+        mt = str(config.get("model_type", "")).lower()
+        if mt in _MODEL_TYPES:
+            return _MODEL_TYPES[mt]
+        for arch in config.get("architectures") or ():
+            a = str(arch).lower()
+            for prefix, name in (("gpt2", "gpt2"), ("clip", "hf_clip"), ("roberta", "bert"), ("bert", "bert"),
+                                 ("llama", "llama"), ("mistral", "llama"), ("qwen2", "llama")):
+                if a.startswith(prefix):
+                    return name
+    keys = list(keys)
+
+    def has(pattern: str) -> bool:
+        return any(re.search(pattern, k) for k in keys)
+
+    if has(r"(^|\.)(c_attn|q_attn)\.weight$") or (has(r"(^|\.)wte\.weight$") and has(r"(^|\.)h\.\d+\.")):
+        return "gpt2"
+    if has(r"(^|\.)resblocks\.\d+\.") or has(r"(^|\.)(text_projection|positional_embedding)$"):
+        return "open_clip"
+    if (has(r"(^|\.)(vision_model|text_model)\.") or has(r"(^|\.)visual_projection\.weight$")
+            or has(r"(^|\.)pre_layrnorm\.")):  # a bare CLIPVisionModel/CLIPTextModel state dict
+        return "hf_clip"
+    if has(r"(^|\.)embeddings\.word_embeddings\.weight$") or has(r"(^|\.)attention\.self\.query\.weight$"):
+        return "bert"
+    if has(r"(^|\.)mlp\.gate_proj\.weight$") or has(r"(^|\.)embed_tokens\.weight$"):
+        return "llama"
+    return None
+
+
+def get_layout(
+    layout: str | Layout | None = "auto",
+    *,
+    keys: Iterable[str] | None = None,
+    config: Mapping[str, Any] | None = None,
+    fallback: str = "generic",
+) -> Layout:
+    """A bound :class:`Layout` from a preset name, a Layout, ``"auto"`` or ``None``.
+
+    ``"auto"``/``None`` detect the preset from ``config`` and ``keys``
+    (:func:`detect_layout`); when nothing matches, ``fallback`` is used and logged. With
+    ``keys`` the tie rules are resolved (:meth:`Layout.bind`).
+    """
+    keys = list(keys) if keys is not None else None
+    if isinstance(layout, Layout):
+        lay = layout
+    elif layout is None or layout == "auto":
+        name = detect_layout(keys or (), config)
+        if name is None:
+            log.info("layout: no preset recognised from the config or key names; using %r", fallback)
+            name = fallback
+        else:
+            log.info("layout: detected %r", name)
+        lay = PRESETS[name]
+    elif isinstance(layout, str):
+        if layout not in PRESETS:
+            raise ValueError(f"unknown layout {layout!r}; valid layouts are: auto, {', '.join(PRESETS)}")
+        lay = PRESETS[layout]
+    else:
+        raise TypeError(f"layout must be a preset name, 'auto' or a Layout, got {type(layout).__name__}")
+    return lay.bind(keys, config) if keys is not None else lay
+
+
+def _path(lay: Layout, key: str, m: TensorMeta) -> str:
+    if key in lay.tied:
+        return f"tied to {lay.tied[key]}"
+    if not m.dtype.is_floating_point:
+        return "carried from base"
+    return "matrix" if lay.is_matrix(key, m) else "elementwise"
+
+
+def describe(layout: Layout, tensors: Mapping[str, Tensor | TensorMeta]) -> list[dict[str, Any]]:
+    """Rows ``{key, shape, dtype, role, orientation, path}`` for every key of ``tensors``.
+
+    ``path`` is ``"matrix"`` (the method's matrix rule), ``"elementwise"`` (its rule for
+    other keys, e.g. the mean of the task vectors), ``"carried from base"`` (buffers) or
+    ``"tied to <key>"``.
+    """
+    rows = []
+    for key, t in tensors.items():
+        m = _meta(t)
+        rows.append({
+            "key": key,
+            "shape": "x".join(map(str, m.shape)) or "scalar",
+            "dtype": str(m.dtype).replace("torch.", ""),
+            "role": layout.role(key, m),
+            "orientation": layout.orientation(key) if m.ndim == 2 else "",
+            "path": _path(layout, key, m),
+        })
+    return rows
+
+
+def format_table(rows: Sequence[Mapping[str, Any]],
+                 columns: Sequence[str] = ("key", "shape", "dtype", "role", "orientation", "path")) -> str:
+    """A plain-text table of :func:`describe` rows (for the CLI's ``--dry-run``)."""
+    widths = {c: max([len(c)] + [len(str(r[c])) for r in rows]) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)

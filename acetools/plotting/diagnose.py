@@ -1,0 +1,172 @@
+"""Figures of a diagnosis (:mod:`acetools.diagnose`): pure functions ``(ax, table, ...) -> ax``.
+
+Each takes one table of :class:`acetools.diagnose.Diagnosis` as it is (or the matching
+:mod:`acetools.diagnostics` table: :func:`~acetools.diagnostics.heterogeneity_per_layer` for
+:func:`gamma_by_layer` and :func:`energy_by_layer`, :func:`~acetools.diagnostics.relative_update_norms` for
+:func:`ratio_by_layer`, :func:`~acetools.diagnostics.task_vector_cosine` for
+:func:`cosine_heatmap`) and raises a ``KeyError`` naming a missing column otherwise. Layers are
+on the x axis in the table's order, labelled ``block.type``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._core import finish, heatmap
+
+__all__ = ["layer_label", "ratio_by_layer", "energy_by_layer", "gamma_by_layer", "cosine_heatmap",
+           "spectra_by_type", "energy_concentration", "overlap_by_layer", "show"]
+
+
+def _need(table, cols: Sequence[str], what: str) -> None:
+    have = list(getattr(table, "columns", []))
+    for c in cols:
+        if c not in have:
+            raise KeyError(f"{what}: the table has no column {c!r} (columns: {have}); pass the matching table of "
+                           "acetools.diagnose.diagnose(...)")
+
+
+def layer_label(key: str) -> str:
+    """The tick label of a key: :func:`acetools.keys.short_label` (``3.c_fc``, ``pos_emb``)."""
+    from ..keys import short_label
+
+    return short_label(key)
+
+
+def _xticks(ax, keys, max_labels: int = 60) -> np.ndarray:
+    keys = list(keys)
+    x = np.arange(len(keys))
+    step = max(1, math.ceil(len(keys) / max_labels))
+    ax.set_xticks(x[::step], [layer_label(k) for k in keys][::step], rotation=90, fontsize=6)
+    return x
+
+
+def _per_key(table, value: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, min and max of ``value`` per key (several rows per key in a long table)."""
+    g = table.groupby("key", sort=False)[value]
+    return list(g.mean().index), g.mean().to_numpy(float), g.min().to_numpy(float), g.max().to_numpy(float)
+
+
+def ratio_by_layer(ax, norms, *, matrices_only: bool = True, title: str | None = None):
+    """‖τ_t‖/‖W0‖ per layer: mean over tasks (line) and the tasks' range (band). ``norms``:
+    ``Diagnosis.norms`` (or :func:`~acetools.diagnostics.relative_update_norms`); with a
+    ``role`` column, ``matrices_only`` keeps the matrix keys."""
+    _need(norms, ["key", "ratio"], "ratio_by_layer")
+    t = norms[norms["role"] == "matrix"] if matrices_only and "role" in norms.columns else norms
+    keys, m, lo, hi = _per_key(t, "ratio")
+    x = _xticks(ax, keys)
+    ax.fill_between(x, lo, hi, alpha=0.3, color="C0", label="range over tasks")
+    ax.plot(x, m, marker=".", color="C0", label="mean over tasks")
+    ax.set_ylabel("‖τ_t‖_F / ‖W0‖_F")
+    return finish(ax, title, legend=True)
+
+
+def energy_by_layer(ax, layers, *, logy: bool = True, title: str | None = None):
+    """‖ΔW_t‖²_F per matrix: mean (line) and the tasks' min-max (band). ``layers``: ``Diagnosis.layers``
+    or :func:`~acetools.diagnostics.heterogeneity_per_layer` (its ``energy_mean``)."""
+    mean = "energy_mean" if "energy_mean" in getattr(layers, "columns", []) else "energy"
+    _need(layers, ["key", mean, "energy_min", "energy_max"], "energy_by_layer")
+    x = _xticks(ax, layers["key"])
+    ax.fill_between(x, layers["energy_min"], layers["energy_max"], alpha=0.3, color="C1", label="min-max over tasks")
+    ax.plot(x, layers[mean], marker=".", color="C1", label="mean over tasks")
+    ax.axhline(1.0, color="k", ls=":", lw=1, label="‖ΔW‖² = 1 (log-energy 0)")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_ylabel("‖ΔW_t‖²_F")
+    return finish(ax, title, legend=True)
+
+
+def gamma_by_layer(ax, layers, *, tau: float = 0.3, vit: float | None = 0.25, title: str | None = None):
+    """ACE's γ per matrix (Eq. 7 of ACE-Merging) against the gate τ; gated matrices (γ > τ) in
+    red. ``layers``: ``Diagnosis.layers`` or :func:`~acetools.diagnostics.heterogeneity_per_layer`."""
+    _need(layers, ["key", "gamma"], "gamma_by_layer")
+    g = layers["gamma"].to_numpy(float)
+    x = _xticks(ax, layers["key"])
+    flag = g > tau
+    ax.scatter(x[~flag], g[~flag], s=14, color="C0", label=f"γ ≤ τ ({int((~flag).sum())})", zorder=3)
+    ax.scatter(x[flag], g[flag], s=14, color="C3", label=f"gated: γ > τ ({int(flag.sum())})", zorder=3)
+    ax.axhline(tau, color="k", ls=":", lw=1, label=f"ACE's gate τ = {tau}")
+    if vit is not None:
+        ax.axhline(vit, color="C2", ls="--", lw=1, label=f"CLIP ViTs: γ < {vit}")
+    pos = g[np.isfinite(g) & (g > 0)]
+    if pos.size and pos.max() / max(pos.min(), 1e-300) > 100:
+        ax.set_yscale("log")
+    ax.set_ylabel("heterogeneity γ")
+    return finish(ax, title, legend=True)
+
+
+def cosine_heatmap(ax, cosine, *, title: str | None = None):
+    """The T x T task-vector cosine matrix (``Diagnosis.cosine`` or
+    :func:`~acetools.diagnostics.task_vector_cosine`), centred at 0."""
+    import pandas as pd
+
+    if not isinstance(cosine, pd.DataFrame) or cosine.shape[0] != cosine.shape[1]:
+        raise TypeError("cosine_heatmap: pass the square T x T DataFrame Diagnosis.cosine")
+    return heatmap(ax, cosine, title=title, center=0.0, vmin=-1.0, vmax=1.0)
+
+
+def spectra_by_type(ax, spectra, *, relative: bool = True, logy: bool = True, title: str | None = None):
+    """Singular values of τ_t against their index, mean over tasks and blocks, one line per layer
+    type (divided by σ_1 when ``relative``). ``spectra``: ``Diagnosis.spectra``."""
+    col = "sigma_rel" if relative else "sigma"
+    _need(spectra, ["layer_type", "index", col], "spectra_by_type")
+    for i, (lt, g) in enumerate(spectra.groupby("layer_type", sort=False)):
+        m = g.groupby("index")[col].mean()
+        ax.plot(m.index, np.clip(m.to_numpy(float), 1e-12, None), color=f"C{i % 10}", label=str(lt))
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("index i")
+    ax.set_ylabel("σ_i / σ_1" if relative else "σ_i")
+    return finish(ax, title, legend=True)
+
+
+def energy_concentration(ax, layers, *, title: str | None = None):
+    """Share of each τ_t's energy in its top-k directions (k = TSV-M's ⌊r/T⌋) and in its top 5 %,
+    mean over tasks, per matrix. ``layers``: ``Diagnosis.layers``."""
+    _need(layers, ["key", "energy_topk", "energy_top5"], "energy_concentration")
+    x = _xticks(ax, layers["key"])
+    ax.plot(x, 100 * layers["energy_topk"], marker=".", label="top ⌊r/T⌋ (TSV-M's rank budget)")
+    ax.plot(x, 100 * layers["energy_top5"], marker=".", label="top 5 % of the directions")
+    ax.set_ylim(0, 102)
+    ax.set_ylabel("share of ‖τ_t‖² (%)")
+    return finish(ax, title, legend=True)
+
+
+def overlap_by_layer(ax, layers, *, title: str | None = None):
+    """Overlap of different tasks' top-k singular subspaces (mean cos² of the principal angles,
+    left and right) per matrix, beside random k-dimensional subspaces (k/d). ``layers``:
+    ``Diagnosis.layers``."""
+    _need(layers, ["key", "overlap_topk", "overlap_random"], "overlap_by_layer")
+    x = _xticks(ax, layers["key"])
+    ax.plot(x, layers["overlap_topk"], marker=".", color="C4", label="tasks' top-k subspaces")
+    ax.plot(x, layers["overlap_random"], ls="--", color="k", lw=1, label="random subspaces (k/d)")
+    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("overlap (mean cos²)")
+    return finish(ax, title, legend=True)
+
+
+def show(fig, alt: str, *, name: str | None = None, folder=None, dpi: int = 110):
+    """Display ``fig`` in a notebook as an image with alt text ``alt`` (an HTML ``<img>``, kept
+    by ``nbconvert --no-input``), optionally saved as ``<folder>/<name>.png`` first; closes it."""
+    import base64
+    import html
+    import io
+
+    import matplotlib.pyplot as plt
+    from IPython.display import HTML, display
+
+    if not isinstance(alt, str) or not alt.strip():
+        raise ValueError("show: give every figure a non-empty alt text that says what it shows")
+    if name is not None and folder is not None:
+        from ._core import save_figure
+
+        save_figure(fig, name, folder, dpi=dpi)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    display(HTML(f'<img alt="{html.escape(alt, quote=True)}" src="data:image/png;base64,{data}" '
+                 'style="max-width:100%"/>'))

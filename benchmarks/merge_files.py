@@ -1,0 +1,286 @@
+"""Peak memory and time of ``acetools merge`` on files: streamed vs in memory vs mergekit.
+
+T experts (default 8) in the shapes of open_clip ViT-B/32's visual tower (87.8 M parameters,
+351 MB in float32 per model) are written to disk as safetensors (random: base ~ N(0, 0.02^2),
+experts = base + N(0, 0.001^2)); then every measurement runs in its own fresh subprocess, so
+its peak resident memory (``ru_maxrss``) is its own:
+
+- ``stream``: :func:`acetools.merge_files.merge_files` with ``mode="stream"`` (what
+  ``acetools merge`` does for these methods), files read one tensor at a time;
+- ``memory``: the same call with ``mode="memory"`` (load every model, :func:`acetools.merge`);
+- ``mergekit``: mergekit's own merge functions (``mergekit.merge_methods.api.merge_tensors``,
+  task arithmetic and per-tensor TIES) called key by key on the same lazily read files and
+  written the same way (its ``mergekit-yaml`` command is timed instead when it runs here).
+
+Every run includes reading, hashing the inputs (sha256, as the CLI does), merging and writing
+the output; ``idle`` is the resident memory of the same subprocess after importing torch and
+acetools, so ``peak - idle`` is what the merge itself held. The streamed and in-memory outputs
+are compared for bitwise equality.
+
+    python benchmarks/merge_files.py                      # T=8, ta ties tsv_m ace, ~30 min on 1 core
+    python benchmarks/merge_files.py --quick              # 1 block, T=3: a smoke run
+
+Results: benchmarks/results/merge_files/{results.json,results.csv,README.md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+WIDTH = 768
+
+# (label, method, driver, hyperparameters); mergekit's TIES is per tensor, so ours is run that way too
+RUNS = [
+    ("task_arithmetic", "task_arithmetic", "stream", {"lam": 0.3}),
+    ("task_arithmetic", "task_arithmetic", "memory", {"lam": 0.3}),
+    ("task_arithmetic", "task_arithmetic", "mergekit", {"lam": 0.3}),
+    ("ties (global)", "ties", "stream", {"k": 20}),
+    ("ties (global)", "ties", "memory", {"k": 20}),
+    ("ties (tensor)", "ties", "stream", {"k": 20, "scope": "tensor"}),
+    ("ties (tensor)", "ties", "mergekit", {"k": 20, "scope": "tensor"}),
+    ("tsv_m", "tsv_m", "stream", {}),
+    ("tsv_m", "tsv_m", "memory", {}),
+    ("ace", "ace", "stream", {}),
+    ("ace", "ace", "memory", {}),
+]
+
+
+def vit_b32_visual_shapes(blocks: int = 12, width: int = WIDTH) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of open_clip ViT-B/32's visual tower (state-dict order)."""
+    w = width
+    shapes: dict[str, tuple[int, ...]] = {
+        "visual.class_embedding": (w,), "visual.positional_embedding": (50, w), "visual.proj": (w, 512),
+        "visual.conv1.weight": (w, 3, 32, 32), "visual.ln_pre.weight": (w,), "visual.ln_pre.bias": (w,),
+    }
+    for b in range(blocks):
+        p = f"visual.transformer.resblocks.{b}."
+        shapes.update({
+            p + "ln_1.weight": (w,), p + "ln_1.bias": (w,),
+            p + "attn.in_proj_weight": (3 * w, w), p + "attn.in_proj_bias": (3 * w,),
+            p + "attn.out_proj.weight": (w, w), p + "attn.out_proj.bias": (w,),
+            p + "ln_2.weight": (w,), p + "ln_2.bias": (w,),
+            p + "mlp.c_fc.weight": (4 * w, w), p + "mlp.c_fc.bias": (4 * w,),
+            p + "mlp.c_proj.weight": (w, 4 * w), p + "mlp.c_proj.bias": (w,),
+        })
+    shapes.update({"visual.ln_post.weight": (w,), "visual.ln_post.bias": (w,)})
+    return shapes
+
+
+def write_world(work: Path, n_tasks: int, blocks: int, width: int, seed: int = 0) -> dict:
+    """Base and experts as safetensors files, written one tensor at a time."""
+    import torch
+
+    from acetools.checkpoints import ShardedWriter
+
+    shapes = vit_b32_visual_shapes(blocks, width)
+    for i, name in enumerate(["base"] + [f"expert{t}" for t in range(n_tasks)]):
+        with ShardedWriter(work / name, shard_size="100GB") as w:
+            for j, (k, s) in enumerate(shapes.items()):
+                g = torch.Generator().manual_seed(seed * 100_003 + j)  # the base, the same in every file
+                W0 = 0.02 * torch.randn(s, generator=g)
+                if i:
+                    W0 += 1e-3 * torch.randn(s, generator=torch.Generator().manual_seed(seed * 7919 + i * 1009 + j))
+                w.add(k, W0)
+    n = sum(_numel(s) for s in shapes.values())
+    return {"params": n, "model_bytes": 4 * n, "tensors": len(shapes)}
+
+
+def _numel(s):
+    n = 1
+    for x in s:
+        n *= x
+    return n
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _mergekit_stream(method: str, hp: dict, base: Path, experts: list[Path], out: Path) -> None:
+    """mergekit's merge functions key by key over lazily read files, written like ours."""
+    import torch
+    from mergekit.merge_methods.api import merge_tensors
+
+    from acetools.checkpoints import ShardedWriter, open_checkpoint
+
+    b = open_checkpoint(base)
+    ex = [open_checkpoint(e) for e in experts]
+    for ck in [b, *ex]:
+        ck.sha256()
+    if method == "task_arithmetic":
+        name, params = "task_arithmetic", {"weight": 1.0, "lambda": hp["lam"]}
+    else:
+        name, params = "ties", {"weight": 1.0, "density": hp["k"] / 100, "lambda": 1.0}
+    with ShardedWriter(out, shard_size="5GB") as w:
+        for k in b.keys():
+            ts = [b.get(k)] + [e.get(k) for e in ex]
+            w.add(k, merge_tensors(ts, name, base_index=0, parameters=params).to(torch.float32))
+
+
+def child(args) -> None:
+    """One measurement, in this process: prints a JSON line."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import acetools  # noqa: F401
+    from acetools.merge_files import merge_files
+
+    idle = _peak_rss()
+    work = Path(args.work)
+    base, experts = work / "base", [work / f"expert{t}" for t in range(args.tasks)]
+    out = work / f"out-{args.label}"
+    shutil.rmtree(out, ignore_errors=True)
+    hp = json.loads(args.hp)
+    t0 = time.perf_counter()
+    how = args.driver
+    if args.driver == "mergekit":
+        if shutil.which("mergekit-yaml") and _mergekit_cli_runs():
+            how = "mergekit-yaml"
+            _mergekit_yaml(args.method, hp, base, experts, out)
+        else:
+            how = "mergekit merge_tensors (mergekit-yaml does not run here)"
+            _mergekit_stream(args.method, hp, base, experts, out)
+    else:
+        merge_files(args.method, base, experts, out, hparams=hp, mode=args.driver, progress=False)
+    seconds = time.perf_counter() - t0
+    print(json.dumps({"seconds": seconds, "peak_rss": _peak_rss(), "idle_rss": idle, "how": how}))
+
+
+def _mergekit_cli_runs() -> bool:
+    r = subprocess.run(["mergekit-yaml", "--help"], capture_output=True, text=True)
+    return r.returncode == 0
+
+
+def _mergekit_yaml(method, hp, base, experts, out):  # pragma: no cover - only where mergekit's CLI runs
+    import yaml
+
+    params = {"weight": 1.0} if method == "task_arithmetic" else {"weight": 1.0, "density": hp["k"] / 100}
+    cfg = {"merge_method": method, "base_model": str(base), "dtype": "float32",
+           "models": [{"model": str(e), "parameters": params} for e in experts],
+           "parameters": {"lambda": hp.get("lam", 1.0)}}
+    conf = out.parent / f"{out.name}.yml"
+    conf.write_text(yaml.safe_dump(cfg))
+    subprocess.run(["mergekit-yaml", str(conf), str(out), "--lazy-unpickle"], check=True)
+
+
+def _commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return r.stdout.strip()
+
+
+def _equal(a: Path, b: Path) -> bool:
+    import torch
+
+    from acetools.checkpoints import open_checkpoint
+
+    x, y = open_checkpoint(a), open_checkpoint(b)
+    return x.keys() == y.keys() and all(torch.equal(x.get(k), y.get(k)) for k in x.keys())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--width", type=int, default=WIDTH)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
+    ap.add_argument("--only", nargs="+", default=None, help="labels/methods to run (default all)")
+    ap.add_argument("--work", default=None, help="folder for the files (default a temp dir, removed after)")
+    ap.add_argument("--out", default=str(HERE / "results" / "merge_files"))
+    ap.add_argument("--quick", action="store_true", help="1 block, width 64, T=3: a smoke run")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--label", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--method", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--driver", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--hp", default="{}", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    if args.quick:
+        args.tasks, args.blocks, args.width = 3, 1, 64
+    sys.path.insert(0, str(ROOT))
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="acetools-merge-files-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT), ACETOOLS_PROGRESS="0")
+    try:
+        t0 = time.perf_counter()
+        world = write_world(work, args.tasks, args.blocks, args.width)
+        world["write_seconds"] = time.perf_counter() - t0
+        print(f"wrote base + {args.tasks} experts ({world['params'] / 1e6:.1f} M params, "
+              f"{world['model_bytes'] / 1e6:.0f} MB each) in {world['write_seconds']:.0f} s to {work}", flush=True)
+        rows = []
+        for label, method, driver, hp in RUNS:
+            if args.only and label not in args.only and method not in args.only:
+                continue
+            tag = f"{label}-{driver}".replace(" ", "").replace("(", "-").replace(")", "")
+            cmd = [sys.executable, __file__, "--child", "--label", tag, "--method", method, "--driver", driver,
+                   "--hp", json.dumps(hp), "--work", str(work), "--tasks", str(args.tasks),
+                   "--threads", str(args.threads)]
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+            if r.returncode != 0:
+                print(f"{tag}: FAILED\n{r.stderr[-3000:]}", flush=True)
+                rows.append({"method": label, "driver": driver, "error": r.stderr.strip().splitlines()[-1]})
+                continue
+            res = json.loads(r.stdout.strip().splitlines()[-1])
+            row = {"method": label, "driver": driver, "hparams": hp, "seconds": round(res["seconds"], 2),
+                   "peak_rss_mb": round(res["peak_rss"] / 1e6), "idle_rss_mb": round(res["idle_rss"] / 1e6),
+                   "held_mb": round((res["peak_rss"] - res["idle_rss"]) / 1e6),
+                   "held_models": round((res["peak_rss"] - res["idle_rss"]) / world["model_bytes"], 2),
+                   "how": res["how"], "out": tag}
+            rows.append(row)
+            print(f"{label:16s} {driver:9s} {row['seconds']:8.1f} s  peak {row['peak_rss_mb']:6d} MB  "
+                  f"held {row['held_mb']:6d} MB = {row['held_models']:5.2f} models", flush=True)
+        # streamed == in memory, bitwise
+        by = {(r["method"], r["driver"]): r for r in rows if "error" not in r}
+        for (label, driver), r in by.items():
+            if driver == "stream" and (label, "memory") in by:
+                r["equal_to_memory"] = _equal(work / f"out-{r['out']}", work / f"out-{by[(label, 'memory')]['out']}")
+        meta = {"tasks": args.tasks, "blocks": args.blocks, "width": args.width, "threads": args.threads, **world,
+                "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+                "torch": __import__("torch").__version__, "commit": _commit(),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "note": "shared 2-core machine with other jobs running: times are indicative; memory is exact"}
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        import csv
+
+        cols = ["method", "driver", "seconds", "peak_rss_mb", "idle_rss_mb", "held_mb", "held_models",
+                "equal_to_memory", "how"]
+        with open(out / "results.csv", "w", newline="") as fh:
+            wr = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+            wr.writeheader()
+            wr.writerows(rows)
+        lines = [f"# acetools merge on files: T = {args.tasks}, ViT-B/32 visual tower shapes",
+                 "", f"{world['params'] / 1e6:.1f} M parameters, {world['model_bytes'] / 1e6:.0f} MB per model "
+                 f"(float32); {args.threads} torch thread(s); {meta['date']}; {meta['note']}.", "",
+                 "| method | driver | time (s) | peak RSS (MB) | held above idle (MB) | held / one model | "
+                 "stream == memory |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {r['method']} | {r['driver']} | failed: {r['error']} | | | | |")
+                continue
+            eq = {True: "yes", False: "NO"}.get(r.get("equal_to_memory"), "")
+            lines.append(f"| {r['method']} | {r['driver']} | {r['seconds']:.1f} | {r['peak_rss_mb']} | "
+                         f"{r['held_mb']} | {r['held_models']:.2f} | {eq} |")
+        lines += ["", "mergekit rows: " + "; ".join(sorted({r['how'] for r in rows if r.get('driver') == 'mergekit'}))]
+        (out / "README.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
