@@ -522,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--n-test", type=positive_int, default=500, help="test images per task (default 500)")
     rg.add_argument("--patience", type=positive_int, default=3, help="grid-search patience (default 3)")
     rg.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3, the paper's)")
-    rg.add_argument("--out", default=None, help="folder for card.csv/json (default figures/regime/<suite>_<size>_seed<k>)")
+    rg.add_argument("--out", default=None,
+                    help="folder for card.csv/json (default figures/regime/<suite>_<size>_seed<k>)")
     rg.set_defaults(func=_cmd_regime)
     return ap
 

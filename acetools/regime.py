@@ -100,15 +100,18 @@ def clip_reference(n_tasks: int) -> dict[str, float]:
 
 # Rows whose CLIP value the papers give in words only (or as a bound): value, note.
 _CLIP_WORDS: dict[str, tuple[float, str]] = {
-    "ta_lambda": (0.3, "≈0.3: λ chosen on validation for 8 ViT-B/32 tasks (task-arithmetic practice quoted in issue 10)"),
+    "ta_lambda": (0.3, "≈0.3: λ chosen on validation for 8 ViT-B/32 tasks (task-arithmetic practice quoted in "
+                       "issue 10)"),
     "ace_gamma_median": (0.25, "upper bound: ACE-Merging reports γ < 0.25 for ViTs"),
     "ace_gated_fraction": (0.0, "none: with γ < 0.25 < τ = 0.3 no ViT matrix is gated (ACE-Merging)"),
     "wpre_top5_energy": (99.0, "≥ 99 %: ACE-Merging, top 5 % of W̄_pre's singular values (condition number > 8.7e5)"),
     "cosine_mean": (math.nan, "≈ 0: task vectors of CLIP fine-tunes are nearly orthogonal (Ilharco et al. 2023)"),
     "cosine_max": (math.nan, "small: nearly orthogonal task vectors (Ilharco et al. 2023)"),
-    "trunc_norm": (math.nan, "≈ 100: task matrices are low-rank; a few % of singular components keep the accuracy (TSV-M paper)"),
+    "trunc_norm": (math.nan, "≈ 100: task matrices are low-rank; a few % of singular components keep the accuracy "
+                             "(TSV-M paper)"),
     "trunc_energy": (math.nan, "high: low-rank task matrices (TSV-M paper)"),
-    "overlap_topk": (math.nan, "low: TSV-M's premise is that tasks' singular subspaces interfere little after orthogonalisation"),
+    "overlap_topk": (math.nan, "low: TSV-M's premise is that tasks' singular subspaces interfere little after "
+                               "orthogonalisation"),
 }
 
 
@@ -351,22 +354,29 @@ def regime_card(
         if metric in _CLIP_WORDS:
             c, note = _CLIP_WORDS[metric]
         elif metric in clip and math.isfinite(c):
-            note = f"paper table, ViT-B/32 {T} tasks" + (" (normalized: accuracy / fine-tuned)" if unit == "% normalized" else "")
+            note = f"paper table, ViT-B/32 {T} tasks"
+            if unit == "% normalized":
+                note += " (normalized: accuracy / fine-tuned)"
         rows.append({"metric": metric, "label": label, "value": float(value), "clip": float(c), "clip_note": note,
                      "unit": unit, "how": how})
 
     row("experts_abs", "experts (absolute)", experts_abs, "% absolute", "mean test accuracy of each expert on its task")
-    row("base_abs", "base (absolute)", base_abs, "% absolute", "W0 with the frozen prototype heads (the zero-shot analogue)")
-    row("base_norm", "base (normalized)", _mean(base_run.test_normalized), "% normalized", "base accuracy / expert accuracy")
+    row("base_abs", "base (absolute)", base_abs, "% absolute",
+        "W0 with the frozen prototype heads (the zero-shot analogue)")
+    row("base_norm", "base (normalized)", _mean(base_run.test_normalized), "% normalized",
+        "base accuracy / expert accuracy")
     row("ta_norm", "task arithmetic (normalized)", ta_norm, "% normalized", "W0 + λ Σ τ_t, λ chosen on validation")
     row("ta_lambda", "task arithmetic's λ", lam, "coefficient", "the λ the validation grid chose")
     row("tsv_norm", "TSV-M (normalized)", tsv_norm, "% normalized", "TSV-M, α chosen on validation")
     row("iso_cts_norm", "Iso-CTS (normalized)", runs["iso_cts"].summary()["test_normalized"], "% normalized",
         "Iso-CTS, α chosen on validation")
-    row("tsv_minus_ta", "TSV-M − task arithmetic", tsv_norm - ta_norm, "normalized points", "the room for structured merges")
-    row("tsv_gap_share", "share of the base→expert gap TSV-M recovers", 100 * (tsv_abs - base_abs) / gap if gap else math.nan,
+    row("tsv_minus_ta", "TSV-M − task arithmetic", tsv_norm - ta_norm, "normalized points",
+        "the room for structured merges")
+    row("tsv_gap_share", "share of the base→expert gap TSV-M recovers",
+        100 * (tsv_abs - base_abs) / gap if gap else math.nan,
         "%", "(TSV-M − base) / (experts − base), absolute accuracies")
-    row("ace_norm", "ACE, defaults (normalized)", _mean(ace_norm), "% normalized", "ACE-Merging at its defaults (scaling 1)")
+    row("ace_norm", "ACE, defaults (normalized)", _mean(ace_norm), "% normalized",
+        "ACE-Merging at its defaults (scaling 1)")
     row("ace_gamma_median", "ACE's γ (median over matrices)", float(np.median(gammas)), "γ",
         "γ = Var_t(log e_t) / Mean_t(log e_t)², e_t = ‖ΔW_t‖²_F (Eq. 7 of ACE-Merging)")
     row("ace_gated_fraction", f"matrices ACE gates (γ > {tau:g})", 100 * float(np.mean(gammas > tau)), "% of matrices",
@@ -380,11 +390,14 @@ def regime_card(
     row("energy", "‖ΔW‖²_F (all matrices)", float(per_key["energy"].mean()), "energy",
         "mean over matrices and tasks; per layer type in per_layer.csv")
     for _, lr in per_layer.iterrows():
-        row(f"tau_ratio[{lr.layer_type}]", f"‖τ‖/‖W0‖, {lr.layer_type}", lr.tau_ratio, "ratio", "mean over its matrices and tasks")
-        row(f"energy[{lr.layer_type}]", f"‖ΔW‖²_F, {lr.layer_type}", lr.energy, "energy", "mean over its matrices and tasks")
+        row(f"tau_ratio[{lr.layer_type}]", f"‖τ‖/‖W0‖, {lr.layer_type}", lr.tau_ratio, "ratio",
+            "mean over its matrices and tasks")
+        row(f"energy[{lr.layer_type}]", f"‖ΔW‖²_F, {lr.layer_type}", lr.energy, "energy",
+            "mean over its matrices and tasks")
     row("wpre_top5_energy", "W̄_pre's top-5 % energy", 100 * float(np.nanmedian(spec["wpre_top5_energy"])), "%",
         "ACE's preliminary closed form: share of Σσ² in the top 5 % singular values (median over matrices)")
-    row("cosine_mean", "task-vector cosine (mean)", float(np.mean(off)), "cosine", "off-diagonal pairs, all parameters flattened")
+    row("cosine_mean", "task-vector cosine (mean)", float(np.mean(off)), "cosine",
+        "off-diagonal pairs, all parameters flattened")
     row("cosine_max", "task-vector cosine (max)", float(np.max(off)), "cosine", "off-diagonal pairs")
     row("trunc_norm", "experts truncated to rank ⌊r/T⌋ (normalized)", _mean(trunc_norm), "% normalized",
         "W0 + LR_k(τ_t) on task t, k = TSV-M's per-task rank: what its truncation costs")
@@ -403,7 +416,8 @@ def regime_card(
     row("act_overlap", "overlap of tasks' top-k input-activation subspaces", act["act_overlap"], "mean cos²",
         "top-k eigenvectors of each task's input Gram matrix at W0 (hookable matrices), mean over task pairs")
     row("act_topk_energy", "activation energy in the top-k directions", act["act_topk_energy"], "%",
-        "share of each task's input Gram trace in its top k eigenvalues at W0: how low-dimensional the base's features are")
+        "share of each task's input Gram trace in its top k eigenvalues at W0: how low-dimensional the base's "
+        "features are")
     row("tau_in_act", "τ_t's input side inside its task's top activations", act["tau_in_act"], "mean cos²",
         "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)")
     row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",

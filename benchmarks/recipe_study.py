@@ -31,9 +31,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from acetools.regime import RegimeCard, regime_card, summary_row
-from acetools.utils import atomic_write
-from acetools.zoo import Zoo
+from acetools.regime import RegimeCard, regime_card, summary_row  # noqa: E402
+from acetools.utils import atomic_write  # noqa: E402
+from acetools.zoo import Zoo  # noqa: E402
 
 OUT = ROOT / "figures" / "regime"
 
