@@ -1,4 +1,4 @@
-"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench``, ``report`` and ``merge``.
+"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench``, ``report``, ``merge`` and ``regime``.
 
 Every bad argument ends in **one line** on stderr, ``acetools: error: <what> ...``, and exit
 status 2; ``--debug`` (anywhere on the line) shows the traceback instead. ``--quiet`` and
@@ -388,6 +388,26 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_regime(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .regime import regime_card
+    from .zoo import Zoo
+
+    _folder_for_output(args.out, "--out")
+    zoo = Zoo(args.suite, size=args.size, seed=args.seed, root=args.root, mtl=False, threads=args.threads)
+    zoo.build(progress=True)
+    card = regime_card(zoo, n_val=args.n_val, n_test=args.n_test, patience=args.patience, tau=args.tau,
+                       threads=args.threads, progress=True)
+    out = Path(args.out) if args.out else Path("figures") / "regime" / f"{args.suite}_{args.size}_seed{args.seed}"
+    paths = card.save(out)
+    df = card.to_frame()[["label", "value", "clip", "unit"]]
+    print(f"regime card: {args.suite} size={args.size} seed={args.seed} ({card.meta['seconds']:.0f} s)")
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"written: {paths['card']} (+ per_task, per_layer, json)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
     _add_output_options(ap, top=True)
@@ -489,6 +509,22 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--overwrite", action="store_true", help="replace the weights of an earlier merge in --out")
     m.add_argument("--dry-run", action="store_true", help="print the layout and the path of every key; write nothing")
     m.set_defaults(func=_cmd_merge)
+
+    rg = sub.add_parser("regime", help="measure a zoo's regime card (room for structured merges) beside CLIP's")
+    rg.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
+                    help="task suite (default tasks8): %(choices)s")
+    rg.add_argument("--size", default="small", choices=SIZE_CHOICES, metavar="SIZE",
+                    help="model size (default small): %(choices)s")
+    rg.add_argument("--seed", type=nonnegative_int, default=0, help="expert fine-tuning seed (default 0)")
+    rg.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
+    rg.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
+    rg.add_argument("--n-val", type=positive_int, default=100, help="validation images per task (default 100)")
+    rg.add_argument("--n-test", type=positive_int, default=500, help="test images per task (default 500)")
+    rg.add_argument("--patience", type=positive_int, default=3, help="grid-search patience (default 3)")
+    rg.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3, the paper's)")
+    rg.add_argument("--out", default=None,
+                    help="folder for card.csv/json (default figures/regime/<suite>_<size>_seed<k>)")
+    rg.set_defaults(func=_cmd_regime)
     return ap
 
 

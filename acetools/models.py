@@ -99,6 +99,11 @@ SIZES: dict[str, dict] = {
         "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 192, "layers": 6, "head_width": 32},
         "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 192, "heads": 6, "layers": 2},
     },
+    "wide": {  # width 384, 4 layers, patch 8: twice small's width (384 / T directions per task for TSV-M)
+        "embed_dim": 384,
+        "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 384, "layers": 4, "head_width": 64},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 384, "heads": 6, "layers": 2},
+    },
 }
 
 _PREFIX = "acetools-"

@@ -462,7 +462,7 @@ class Zoo:
             "kind": "base",
             "size": self.size,
             "model_config": model_config(self.size),
-            "pretrain": asdict(self.pretrain_config),
+            "pretrain": _ft.key_config(self.pretrain_config),
             "pool": self._data_hash("__pool__"),
             "pool_seed": self.pool_seed,
             "seed": self.base_seed,
@@ -470,9 +470,12 @@ class Zoo:
         }
 
         def make():
+            # epoch checkpoints next to the final file, so an interrupted pretraining resumes
+            self.folder.joinpath("base").mkdir(parents=True, exist_ok=True)
+            resume = self.folder / "base" / f"base-{config_hash(fields)[:16]}.resume.pt"
             state, recipe = _ft.pretrain_base(
                 self._pool(), self.size, self.pretrain_config, seed=self.base_seed,
-                device=self.device, threads=self.threads, progress=self._progress,
+                device=self.device, threads=self.threads, progress=self._progress, checkpoint=resume,
             )
             return state, recipe, {}
 
@@ -526,7 +529,7 @@ class Zoo:
     # ----------------------------------------------------------------- experts and MTL
 
     def _ft_fields(self, cfg: FinetuneConfig, tasks: Sequence[str]) -> dict:
-        return asdict(replace(cfg, augment=False, hflip=False)) | {
+        return _ft.key_config(replace(cfg, augment=False, hflip=False)) | {
             "augment": {t: self.augment[t] for t in tasks},
             "hflip": {t: self.hflip[t] for t in tasks},
         }

@@ -185,3 +185,54 @@ def test_num_threads_context_restores():
     with num_threads(1) as n:
         assert n == 1 and torch.get_num_threads() == 1
     assert torch.get_num_threads() == old
+
+
+def test_pretraining_resumes_from_its_epoch_checkpoint(tmp_path, monkeypatch):
+    """An interrupted run, called again with the same checkpoint file, ends with the
+    weights of an uninterrupted run; the file is gone afterwards; a foreign file is refused."""
+    import acetools.finetune as ft
+
+    t = corner_task(128, 4, n_classes=4)
+    pool = SimpleNamespace(x=t.x, labels={"pos": t.y}, head_classes={"pos": 4})
+    kw = dict(epochs=3, batch_size=32, lr=2e-3, seed=3, augment=True, threads=THREADS, progress=False)
+    ref, ref_rec = pretrain_base(pool, "micro", **kw)
+    ckpt = tmp_path / "base.resume.pt"
+    save = ft._save_resume
+
+    def interrupt(path, fp, step, *a):
+        save(path, fp, step, *a)
+        if step >= 8:  # after epoch 2 of 3 (4 steps per epoch)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ft, "_save_resume", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain_base(pool, "micro", checkpoint=ckpt, **kw)
+    assert ckpt.is_file()
+    monkeypatch.setattr(ft, "_save_resume", save)
+    resumed, rec = pretrain_base(pool, "micro", checkpoint=ckpt, **kw)
+    assert _equal(resumed, ref)
+    assert rec["steps"] == ref_rec["steps"] == 12
+    assert not ckpt.exists()
+    # a checkpoint of another config is refused with a message naming the file
+    monkeypatch.setattr(ft, "_save_resume", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain_base(pool, "micro", checkpoint=ckpt, **kw)
+    monkeypatch.setattr(ft, "_save_resume", save)
+    with pytest.raises(RuntimeError, match="resume.pt"):
+        pretrain_base(pool, "micro", checkpoint=ckpt, **(kw | {"lr": 1e-3}))
+
+
+def test_bf16_precision_trains_float32_weights_and_stays_out_of_default_keys(setup):
+    from acetools.finetune import PretrainConfig, key_config
+
+    base, head, train, test = setup
+    a, rec = finetune_expert(base, head, train, size="micro", seed=0, precision="bf16", **FAST)
+    b, _ = finetune_expert(base, head, train, size="micro", seed=0, **FAST)
+    assert all(v.dtype == torch.float32 for v in a.values())
+    assert not _equal(a, b)  # bf16 autocast changes the arithmetic
+    assert evaluate(a, head, test, size="micro") >= 0.9
+    assert rec["config"]["precision"] == "bf16"
+    assert "precision" not in key_config(FinetuneConfig()) and "precision" not in key_config(PretrainConfig())
+    assert key_config(FinetuneConfig(precision="bf16"))["precision"] == "bf16"
+    with pytest.raises(ValueError, match="precision"):
+        finetune_expert(base, head, train, size="micro", seed=0, precision="fp16", **FAST)

@@ -1,0 +1,123 @@
+"""Lesson 06 (``notebooks/06_mergeable_world``): what makes a world mergeable.
+
+The regime card (:mod:`acetools.regime`, docs/regime.md) of a world says whether it has room
+for structured merges (TSV-M − task arithmetic) and where that room comes from. This module
+reads the committed cards of the recipe study (``figures/regime/<recipe>/card.json``) and
+turns them into the lesson's tables:
+
+* :func:`load_cards` — every card under a folder, in the study's order;
+* :func:`card_table` — chosen rows of several cards side by side with CLIP ViT-B/32;
+* :func:`room_budget` — the two paths from the experts to a merge: task arithmetic (experts →
+  each task alone at λ_TA → with the other tasks) and TSV-M (experts → truncated to rank
+  ⌊r/T⌋ → merged), with what each step costs;
+* :func:`targets` — issue 10's targets for ``tasks8`` against a card (measured, threshold, passed);
+* :func:`fixture_card` — the card of the quick profile's fixture world (for the tests).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from ..regime import RegimeCard
+
+__all__ = ["KEY_ROWS", "EXPLAIN_ROWS", "load_cards", "card_table", "room_budget", "targets", "fixture_card"]
+
+#: The issue's table, in order.
+KEY_ROWS: tuple[str, ...] = ("experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm",
+                             "iso_cts_norm", "tsv_minus_ta", "tsv_gap_share", "ace_gamma_median",
+                             "ace_gated_fraction", "tau_ratio", "wpre_top5_energy", "cosine_mean", "cosine_max")
+#: The rows that explain the room.
+EXPLAIN_ROWS: tuple[str, ...] = ("trunc_norm", "trunc_energy", "scaled_norm", "ta_interference", "overlap_topk",
+                                 "overlap_left", "overlap_right", "overlap_random", "act_overlap", "act_topk_energy",
+                                 "tau_in_act", "log_energy_mean", "log_energy_sd")
+
+
+def load_cards(folder: str | os.PathLike, order: Sequence[str] | None = None) -> dict[str, RegimeCard]:
+    """``{recipe: card}`` for every ``<folder>/<recipe>/card.json``; ``order`` first (names
+    it lists that have no card are skipped), the rest alphabetically. FileNotFoundError naming
+    the folder and the command when there is none."""
+    folder = Path(folder)
+    found = sorted(p.parent.name for p in folder.glob("*/card.json"))
+    if not found:
+        raise FileNotFoundError(f"no regime card under {folder}/*/card.json; measure one with "
+                                "`python3 benchmarks/recipe_study.py first_world` or `python3 -m acetools regime`")
+    names = [n for n in (order or []) if n in found] + [n for n in found if n not in (order or [])]
+    return {n: RegimeCard.load(folder / n) for n in names}
+
+
+def card_table(cards: Mapping[str, RegimeCard], rows: Sequence[str] = KEY_ROWS, *, clip: bool = True) -> pd.DataFrame:
+    """Rows ``rows`` (labels as index) of every card as columns, plus the CLIP ViT-B/32 column
+    (of the first card; NaN where the papers give no number). A row a card lacks is NaN."""
+    if not cards:
+        raise ValueError("card_table needs at least one card")
+    first = next(iter(cards.values())).to_frame().set_index("metric")
+    missing = [r for r in rows if r not in first.index and not any(r in c.to_frame()["metric"].values
+                                                                     for c in cards.values())]
+    if missing:
+        raise KeyError(f"no card has rows {missing}; rows: {list(first.index)}")
+    out = {}
+    labels = {}
+    for name, card in cards.items():
+        df = card.to_frame().set_index("metric")
+        labels.update(df["label"].to_dict())
+        out[name] = [float(df.loc[r, "value"]) if r in df.index else math.nan for r in rows]
+    table = pd.DataFrame(out, index=[labels.get(r, r) for r in rows])
+    if clip:
+        table["CLIP ViT-B/32"] = [float(first.loc[r, "clip"]) if r in first.index else math.nan for r in rows]
+    table.index.name = "row"
+    return table
+
+
+def room_budget(card: RegimeCard) -> pd.DataFrame:
+    """The two paths from the experts (100 % normalized) to a merge, as steps with their cost.
+
+    Task arithmetic: experts → each task alone at W0 + λ_TA τ_t (``scaled_norm``: what
+    under-applying costs) → task arithmetic (``ta_norm``: what the other tasks add or cost).
+    TSV-M: experts → each task truncated to rank ⌊r/T⌋ (``trunc_norm``: what the truncation
+    costs) → TSV-M (``tsv_norm``: what merging the truncated pieces costs).
+    Columns: path, step, normalized, cost (points lost by this step; negative = gained).
+    """
+    v = card.value
+    rows = []
+    for path, steps in (("task arithmetic", [("experts", 100.0), ("each task alone at λ_TA", v("scaled_norm")),
+                                             ("task arithmetic", v("ta_norm"))]),
+                        ("TSV-M", [("experts", 100.0), ("each task truncated to rank r/T", v("trunc_norm")),
+                                   ("TSV-M", v("tsv_norm"))])):
+        prev = None
+        for step, val in steps:
+            rows.append({"path": path, "step": step, "normalized": val,
+                         "cost": math.nan if prev is None else prev - val})
+            prev = val
+    return pd.DataFrame(rows)
+
+
+def targets(card: RegimeCard) -> pd.DataFrame:
+    """Issue 10's ``tasks8`` targets against ``card``: target, measured, threshold, passed."""
+    v = card.value
+    rows = [
+        ("experts ≥ 85 % absolute", v("experts_abs"), "≥ 85", v("experts_abs") >= 85),
+        ("base ≥ 20 points below the experts", v("experts_abs") - v("base_abs"), "≥ 20",
+         v("experts_abs") - v("base_abs") >= 20),
+        ("TSV-M ≥ 85 % normalized", v("tsv_norm"), "≥ 85", v("tsv_norm") >= 85),
+        ("TSV-M − task arithmetic ≥ 10", v("tsv_minus_ta"), "≥ 10", v("tsv_minus_ta") >= 10),
+        ("ACE's gate off on ≥ 75 % of matrices", 100 - v("ace_gated_fraction"), "≥ 75",
+         100 - v("ace_gated_fraction") >= 75),
+        ("task arithmetic's λ in [0.2, 0.6]", v("ta_lambda"), "0.2–0.6", 0.2 <= v("ta_lambda") <= 0.6),
+    ]
+    return pd.DataFrame(rows, columns=["target", "measured", "threshold", "passed"])
+
+
+def fixture_card(*, seed: int = 0, device: str = "cpu", progress: bool | None = False) -> RegimeCard:
+    """The regime card of the quick profile's fixture world (3 tiny tasks, micro model): for
+    checking that the lesson runs, not for reading."""
+    from ..regime import regime_card
+    from . import world as course
+
+    zoo = course.world(quick=True, seed=seed, device=device)
+    bench = course.benchmark(zoo, quick=True, patience=2)
+    return regime_card(zoo, bench=bench, progress=progress, n_act=64)

@@ -1,0 +1,510 @@
+"""The regime card of a zoo: is this world in the papers' regime, and if not, why not?
+
+One call measures, for a built :class:`~acetools.zoo.Zoo`, the signature that separates
+CLIP ViT-B/32 (where structured merges such as TSV-M beat task arithmetic by ~16
+normalized points) from a world where they cannot (docs/regime.md)::
+
+    card = regime_card(zoo)             # searches on val, reports test
+    card.to_frame()                     # metric, value, clip, clip_note, unit, how
+    card.save("figures/regime/first_world")
+
+Rows (all test accuracies in percent; "normalized" = accuracy / the task's expert accuracy,
+averaged over tasks; coefficients chosen on validation with :class:`acetools.benchmark.Benchmark`):
+
+* the issue's table: experts and base (absolute), base, task arithmetic (with its chosen
+  λ), TSV-M and Iso-CTS (normalized), TSV-M − TA, ACE's heterogeneity γ (Eq. 7 of
+  ACE-Merging; median over matrices) and the fraction of matrices it gates (γ > τ);
+* the regime: ‖τ_t‖/‖W0‖ and ‖ΔW_t‖²_F per layer type, the mean and spread of the log
+  energies that γ is made of, the top-5 % energy of ACE's preliminary solution W̄_pre,
+  the task vectors' cosines (mean and max off the diagonal), and the share of the
+  base→expert gap TSV-M recovers;
+* why (the room explained): each expert with its task vector truncated to TSV-M's rank
+  k = ⌊r/T⌋ per matrix (what TSV-M's truncation costs), each task at W0 + λ_TA·τ_t alone
+  (what task arithmetic's scaling costs before any interference), the share of τ_t's
+  energy in its top-k singular directions, and the overlap of different tasks' top-k
+  singular subspaces (mean cos² of the principal angles) beside the overlap of random
+  k-dimensional subspaces (k/d), and the base's input activations behind it: how much
+  different tasks' top-k activation subspaces overlap, how much of the activation energy
+  they hold, and how much of each τ_t's input side lies in them.
+
+Each row carries the CLIP ViT-B/32 value where a paper gives one (:data:`CLIP_B32`, the papers'
+collected table at 8/14/20 tasks) and a note where the papers say it only in words.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from .utils import atomic_write
+
+__all__ = ["CARD_METHODS", "CLIP_B32", "RegimeCard", "clip_reference", "regime_card", "summary_row"]
+
+log = logging.getLogger("acetools.regime")
+
+#: The merges the card runs with the benchmark's validation search.
+CARD_METHODS: tuple[str, ...] = ("task_arithmetic", "tsv_m", "iso_cts")
+
+
+# --------------------------------------------------------------------------- CLIP reference
+
+
+#: CLIP ViT-B/32's average absolute test accuracy (%) at 8 / 14 / 20 tasks in the papers'
+#: collected vision table (the Iso-CTS paper's table, reused by ESM and ACE-Merging; the same
+#: numbers as ``acetools.course.paper_tables.VISION``, table "spec", which tests/test_regime.py
+#: checks). The library keeps its own copy: it never imports the course.
+CLIP_B32: dict[str, dict[int, float]] = {
+    "Fine-tuned": {8: 92.8, 14: 90.9, 20: 91.3},
+    "Zero-shot": {8: 48.3, 14: 57.2, 20: 56.1},
+    "Task Arithmetic": {8: 70.8, 14: 65.3, 20: 60.5},
+    "TSV-M": {8: 85.9, 14: 80.1, 20: 77.1},
+    "Iso-CTS": {8: 86.2, 14: 81.7, 20: 78.1},
+}
+
+
+def clip_reference(n_tasks: int) -> dict[str, float]:
+    """CLIP ViT-B/32's numbers at ``n_tasks`` (8, 14 or 20; else all NaN) from :data:`CLIP_B32`.
+
+    Normalized values are the paper's average accuracy divided by its fine-tuned average
+    (task arithmetic: 76.3 / 71.8 / 66.3, as in issue 10's table)."""
+    keys = ("experts_abs", "base_abs", "base_norm", "ta_norm", "tsv_norm", "iso_cts_norm", "tsv_minus_ta",
+            "tsv_gap_share")
+    if n_tasks not in CLIP_B32["Fine-tuned"]:
+        return {k: math.nan for k in keys}
+    col = {name: v[n_tasks] for name, v in CLIP_B32.items()}
+    ft, zs = col["Fine-tuned"], col["Zero-shot"]
+    ta, tsv, iso = col["Task Arithmetic"], col["TSV-M"], col["Iso-CTS"]
+    return {
+        "experts_abs": ft,
+        "base_abs": zs,
+        "base_norm": 100 * zs / ft,
+        "ta_norm": 100 * ta / ft,
+        "tsv_norm": 100 * tsv / ft,
+        "iso_cts_norm": 100 * iso / ft,
+        "tsv_minus_ta": 100 * (tsv - ta) / ft,
+        "tsv_gap_share": 100 * (tsv - zs) / (ft - zs),
+    }
+
+
+# Rows whose CLIP value the papers give in words only (or as a bound): value, note.
+_CLIP_WORDS: dict[str, tuple[float, str]] = {
+    "ta_lambda": (0.3, "≈0.3: λ chosen on validation for 8 ViT-B/32 tasks (task-arithmetic practice quoted in "
+                       "issue 10)"),
+    "ace_gamma_median": (0.25, "upper bound: ACE-Merging reports γ < 0.25 for ViTs"),
+    "ace_gated_fraction": (0.0, "none: with γ < 0.25 < τ = 0.3 no ViT matrix is gated (ACE-Merging)"),
+    "wpre_top5_energy": (99.0, "≥ 99 %: ACE-Merging, top 5 % of W̄_pre's singular values (condition number > 8.7e5)"),
+    "cosine_mean": (math.nan, "≈ 0: task vectors of CLIP fine-tunes are nearly orthogonal (Ilharco et al. 2023)"),
+    "cosine_max": (math.nan, "small: nearly orthogonal task vectors (Ilharco et al. 2023)"),
+    "trunc_norm": (math.nan, "≈ 100: task matrices are low-rank; a few % of singular components keep the accuracy "
+                             "(TSV-M paper)"),
+    "trunc_energy": (math.nan, "high: low-rank task matrices (TSV-M paper)"),
+    "overlap_topk": (math.nan, "low: TSV-M's premise is that tasks' singular subspaces interfere little after "
+                               "orthogonalisation"),
+}
+
+
+# --------------------------------------------------------------------------- the card
+
+
+@dataclass
+class RegimeCard:
+    """A zoo's regime card: the rows, per-task and per-layer tables, and what was measured."""
+
+    rows: list[dict[str, Any]]
+    per_task: pd.DataFrame
+    per_layer: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per metric: metric, label, value, clip, clip_note, unit, how."""
+        return pd.DataFrame(self.rows, columns=["metric", "label", "value", "clip", "clip_note", "unit", "how"])
+
+    def value(self, metric: str) -> float:
+        """The measured value of ``metric`` (KeyError naming the metrics if unknown)."""
+        for r in self.rows:
+            if r["metric"] == metric:
+                return r["value"]
+        raise KeyError(f"no row {metric!r} in the card; rows: {[r['metric'] for r in self.rows]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"meta": self.meta, "rows": [_clean(r) for r in self.rows],
+                "per_task": _records(self.per_task), "per_layer": _records(self.per_layer)}
+
+    def save(self, folder: str | os.PathLike, stem: str = "card") -> dict[str, Path]:
+        """Write ``<stem>.csv`` (the rows), ``<stem>_per_task.csv``, ``<stem>_per_layer.csv``
+        and ``<stem>.json`` (everything, with the zoo's recipe and checkpoint hashes), atomically."""
+        folder = Path(folder)
+        paths = {"card": folder / f"{stem}.csv", "per_task": folder / f"{stem}_per_task.csv",
+                 "per_layer": folder / f"{stem}_per_layer.csv", "json": folder / f"{stem}.json"}
+        for key, df in (("card", self.to_frame()), ("per_task", self.per_task), ("per_layer", self.per_layer)):
+            with atomic_write(paths[key], "w") as fh:
+                df.to_csv(fh, index=False, float_format="%.6g")
+        with atomic_write(paths["json"], "w") as fh:
+            json.dump(self.to_dict(), fh, indent=1, default=str)
+        return paths
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike, stem: str = "card") -> RegimeCard:
+        """Read a card written by :meth:`save` (from its JSON)."""
+        path = Path(folder) / f"{stem}.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no regime card at {path}; write one with `python3 -m acetools regime`")
+        d = json.loads(path.read_text())
+        rows = [{k: (math.nan if v is None and k in ("value", "clip") else v) for k, v in r.items()} for r in d["rows"]]
+        return cls(rows, pd.DataFrame(d["per_task"]), pd.DataFrame(d["per_layer"]), d.get("meta", {}))
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, (float, np.floating)):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return v
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return [_clean(r) for r in df.to_dict(orient="records")]
+
+
+def _mean(d: Mapping[str, float]) -> float:
+    return 100 * float(np.mean(list(d.values())))
+
+
+def regime_card(
+    zoo,
+    *,
+    n_val: int | None = 100,
+    n_test: int | None = 500,
+    patience: int | None = 3,
+    tau: float = 0.3,
+    threads: int | None = None,
+    progress: bool | None = None,
+    bench=None,
+    n_act: int = 128,
+) -> RegimeCard:
+    """Measure the regime card of ``zoo`` (built or buildable; it is built if needed).
+
+    ``n_val`` / ``n_test`` images per task (prefixes of the splits), ``patience`` of the grid
+    searches, as in :class:`acetools.benchmark.Benchmark` (pass ``bench`` to reuse one);
+    ``tau`` is ACE's gate threshold (0.3, the paper's); ``n_act`` training images per task
+    give the input-activation rows. Returns a :class:`RegimeCard`.
+    """
+    from .benchmark import Benchmark
+    from .diagnostics import heterogeneity_per_layer, layer_type, relative_update_norms, task_vector_cosine
+    from .merging import is_matrix_param, task_vectors
+    from .merging.ace import ace_with_diagnostics
+    from .merging.svd import tsv_rank
+    from .utils import progress as _bar
+
+    if not tau > 0:
+        raise ValueError(f"tau={tau!r} must be positive (ACE's gate threshold, 0.3 in the paper)")
+    t_start = time.perf_counter()
+    if bench is None:
+        bench = Benchmark(zoo, n_val=n_val, n_test=n_test, threads=threads, patience=patience)
+    tasks = list(bench.tasks)
+    T = len(tasks)
+    base = bench.base
+    experts = bench.experts
+    taus = task_vectors(base, experts)
+    mats = [k for k in base if is_matrix_param(k, base[k])]
+    if not mats:
+        raise ValueError("the zoo's base has no weight matrices; a regime card needs at least one")
+
+    # --- accuracies: references and the searched merges (Benchmark.run)
+    steps = ["references", *CARD_METHODS, "ace", "truncated experts", "scaled experts", "spectra"]
+    bar = _bar(steps, desc="regime card", total=len(steps), enabled=progress)
+    it = iter(bar)
+    next(it)
+    ref_rows = bench.reference_rows()
+    base_run, expert_run = ref_rows[0], ref_rows[1]
+    runs = {}
+    for m in CARD_METHODS:
+        next(it)
+        runs[m] = bench.run(m)
+        log.info("%s: %.2f normalized (coef %s)", m, runs[m].summary()["test_normalized"], runs[m].coef)
+    lam = float(runs["task_arithmetic"].coef)
+
+    # --- ACE at its defaults: gamma, gate, W_pre's spectrum, accuracy (Eq. 7 and Step 3 of ACE-Merging)
+    next(it)
+    update, diags = ace_with_diagnostics(base, taus, spectra=True, tau=tau)
+    ace_state = {k: base[k] + update[k].to(base[k].dtype) for k in base}
+    ace_test = bench.evaluate(ace_state, "test")
+    ace_norm = bench.normalized(ace_test, "test")
+    het = heterogeneity_per_layer(taus, tau=tau, keys=mats)
+
+    # --- per-task explanations: truncation to TSV-M's rank, and TA's lambda without interference
+    from .merging.svd import low_rank
+
+    next(it)
+    trunc_acc, scaled_acc = {}, {}
+    for t, tv in zip(tasks, taus):
+        st = {k: base[k] + (low_rank(tv[k].double(), tsv_rank(min(tv[k].shape), T)).to(base[k].dtype)
+                            if k in mats else tv[k]) for k in base}
+        trunc_acc[t] = bench.evaluate(st, "test", tasks=[t])[t]
+    next(it)
+    for t, tv in zip(tasks, taus):
+        scaled_acc[t] = bench.evaluate({k: base[k] + lam * tv[k] for k in base}, "test", tasks=[t])[t]
+    trunc_norm = bench.normalized(trunc_acc, "test")
+    scaled_norm = bench.normalized(scaled_acc, "test")
+
+    # --- spectra: energy in the top-k directions and the overlap of different tasks' subspaces
+    next(it)
+    from .diagnostics import principal_subspace, singular_values
+
+    layer_rows = []
+    for k in mats:
+        r = min(base[k].shape)
+        kk = tsv_rank(r, T)
+        energy_top, overlaps, rand, by_side = [], [], [], {"left": [], "right": []}
+        bases = {"left": [], "right": []}
+        for tv in taus:
+            S = singular_values(tv[k])
+            tot = float((S**2).sum())
+            energy_top.append(float((S[:kk] ** 2).sum()) / tot if tot > 0 and kk > 0 else math.nan)
+            if kk > 0 and tot > 0:
+                for side in bases:
+                    bases[side].append(principal_subspace(tv[k].double(), kk, side))
+        for side, Us in bases.items():
+            if len(Us) < 2:
+                continue
+            d = Us[0].shape[0]
+            for i in range(len(Us)):
+                for j in range(i + 1, len(Us)):
+                    overlaps.append(float((Us[i].T @ Us[j]).pow(2).sum()) / kk)
+                    by_side[side].append(overlaps[-1])
+                    rand.append(kk / d)
+        dg = diags[k]
+        layer_rows.append({
+            "key": k, "layer_type": layer_type(k), "shape": "x".join(map(str, base[k].shape)), "rank_k": kk,
+            "energy_topk": float(np.nanmean(energy_top)) if energy_top else math.nan,
+            "overlap_topk": float(np.mean(overlaps)) if overlaps else math.nan,
+            "overlap_random": float(np.mean(rand)) if rand else math.nan,
+            "overlap_left": float(np.mean(by_side["left"])) if by_side["left"] else math.nan,
+            "overlap_right": float(np.mean(by_side["right"])) if by_side["right"] else math.nan,
+            "wpre_top5_energy": _top_energy(dg.spectrum_pre, 0.05),
+        })
+    if hasattr(bar, "close"):
+        bar.close()
+    act = _activation_rows(bench, zoo, base, taus, tasks, n_images=n_act)
+    spec = pd.DataFrame(layer_rows)
+    norms = relative_update_norms(base, taus, tasks, keys=mats)
+    norms["energy"] = norms["tau_norm"] ** 2
+    per_key = norms.groupby("key", sort=False).agg(tau_ratio=("ratio", "mean"), energy=("energy", "mean"))
+    logs = norms.assign(log_e=np.log(norms["energy"] + 1e-12)).groupby("key", sort=False)["log_e"]
+    per_key["log_energy_mean"] = logs.mean()
+    per_key["log_energy_sd"] = logs.std(ddof=0)
+    het_k = het.set_index("key")[["gamma", "flag"]]
+    per_key = per_key.join(het_k).reset_index()
+    per_key = per_key.merge(spec, on="key")
+    per_layer = per_key.groupby("layer_type", sort=False).agg(
+        n_matrices=("key", "size"), tau_ratio=("tau_ratio", "mean"), energy=("energy", "mean"),
+        log_energy_mean=("log_energy_mean", "mean"), log_energy_sd=("log_energy_sd", "mean"),
+        gamma_median=("gamma", "median"), gated_fraction=("flag", "mean"), rank_k=("rank_k", "median"),
+        energy_topk=("energy_topk", "mean"), overlap_topk=("overlap_topk", "mean"),
+        overlap_random=("overlap_random", "mean"), overlap_left=("overlap_left", "mean"),
+        overlap_right=("overlap_right", "mean"), wpre_top5_energy=("wpre_top5_energy", "median"),
+    ).reset_index()
+    per_layer["gated_fraction"] = per_layer["gated_fraction"].astype(float)
+
+    # --- per-task table
+    per_task = pd.DataFrame({
+        "task": tasks,
+        "expert_acc": [100 * expert_run.test[t] for t in tasks],
+        "base_acc": [100 * base_run.test[t] for t in tasks],
+        "base_norm": [100 * base_run.test_normalized[t] for t in tasks],
+        **{f"{m}_norm": [100 * runs[m].test_normalized[t] for t in tasks] for m in CARD_METHODS},
+        "ace_norm": [100 * ace_norm[t] for t in tasks],
+        "truncated_norm": [100 * trunc_norm[t] for t in tasks],
+        "scaled_norm": [100 * scaled_norm[t] for t in tasks],
+    })
+
+    # --- rows
+    clip = clip_reference(T)
+    experts_abs, base_abs = _mean(expert_run.test), _mean(base_run.test)
+    ta_norm = runs["task_arithmetic"].summary()["test_normalized"]
+    tsv_norm = runs["tsv_m"].summary()["test_normalized"]
+    tsv_abs = runs["tsv_m"].summary()["test_acc"]
+    cos = task_vector_cosine(taus, tasks).to_numpy()
+    off = cos[~np.eye(T, dtype=bool)] if T > 1 else np.array([math.nan])
+    gammas = het["gamma"].to_numpy(dtype=float)
+    gap = experts_abs - base_abs
+    rows: list[dict[str, Any]] = []
+
+    def row(metric, label, value, unit, how):
+        c = clip.get(metric, math.nan)
+        note = ""
+        if metric in _CLIP_WORDS:
+            c, note = _CLIP_WORDS[metric]
+        elif metric in clip and math.isfinite(c):
+            note = f"paper table, ViT-B/32 {T} tasks"
+            if unit == "% normalized":
+                note += " (normalized: accuracy / fine-tuned)"
+        rows.append({"metric": metric, "label": label, "value": float(value), "clip": float(c), "clip_note": note,
+                     "unit": unit, "how": how})
+
+    row("experts_abs", "experts (absolute)", experts_abs, "% absolute", "mean test accuracy of each expert on its task")
+    row("base_abs", "base (absolute)", base_abs, "% absolute",
+        "W0 with the frozen prototype heads (the zero-shot analogue)")
+    row("base_norm", "base (normalized)", _mean(base_run.test_normalized), "% normalized",
+        "base accuracy / expert accuracy")
+    row("ta_norm", "task arithmetic (normalized)", ta_norm, "% normalized", "W0 + λ Σ τ_t, λ chosen on validation")
+    row("ta_lambda", "task arithmetic's λ", lam, "coefficient", "the λ the validation grid chose")
+    row("tsv_norm", "TSV-M (normalized)", tsv_norm, "% normalized", "TSV-M, α chosen on validation")
+    row("iso_cts_norm", "Iso-CTS (normalized)", runs["iso_cts"].summary()["test_normalized"], "% normalized",
+        "Iso-CTS, α chosen on validation")
+    row("tsv_minus_ta", "TSV-M − task arithmetic", tsv_norm - ta_norm, "normalized points",
+        "the room for structured merges")
+    row("tsv_gap_share", "share of the base→expert gap TSV-M recovers",
+        100 * (tsv_abs - base_abs) / gap if gap else math.nan,
+        "%", "(TSV-M − base) / (experts − base), absolute accuracies")
+    row("ace_norm", "ACE, defaults (normalized)", _mean(ace_norm), "% normalized",
+        "ACE-Merging at its defaults (scaling 1)")
+    row("ace_gamma_median", "ACE's γ (median over matrices)", float(np.median(gammas)), "γ",
+        "γ = Var_t(log e_t) / Mean_t(log e_t)², e_t = ‖ΔW_t‖²_F (Eq. 7 of ACE-Merging)")
+    row("ace_gated_fraction", f"matrices ACE gates (γ > {tau:g})", 100 * float(np.mean(gammas > tau)), "% of matrices",
+        "fraction of matrices on the heterogeneous branch")
+    row("log_energy_mean", "mean log ‖ΔW_t‖²_F", float(per_key["log_energy_mean"].median()), "log energy",
+        "median over matrices of Mean_t(log e_t): γ is small only when this is far from 0")
+    row("log_energy_sd", "spread of log ‖ΔW_t‖²_F", float(per_key["log_energy_sd"].median()), "log energy",
+        "median over matrices of SD_t(log e_t)")
+    row("tau_ratio", "‖τ‖/‖W0‖ (all matrices)", float(per_key["tau_ratio"].mean()), "ratio",
+        "mean over matrices and tasks; per layer type in per_layer.csv")
+    row("energy", "‖ΔW‖²_F (all matrices)", float(per_key["energy"].mean()), "energy",
+        "mean over matrices and tasks; per layer type in per_layer.csv")
+    for _, lr in per_layer.iterrows():
+        row(f"tau_ratio[{lr.layer_type}]", f"‖τ‖/‖W0‖, {lr.layer_type}", lr.tau_ratio, "ratio",
+            "mean over its matrices and tasks")
+        row(f"energy[{lr.layer_type}]", f"‖ΔW‖²_F, {lr.layer_type}", lr.energy, "energy",
+            "mean over its matrices and tasks")
+    row("wpre_top5_energy", "W̄_pre's top-5 % energy", 100 * float(np.nanmedian(spec["wpre_top5_energy"])), "%",
+        "ACE's preliminary closed form: share of Σσ² in the top 5 % singular values (median over matrices)")
+    row("cosine_mean", "task-vector cosine (mean)", float(np.mean(off)), "cosine",
+        "off-diagonal pairs, all parameters flattened")
+    row("cosine_max", "task-vector cosine (max)", float(np.max(off)), "cosine", "off-diagonal pairs")
+    row("trunc_norm", "experts truncated to rank ⌊r/T⌋ (normalized)", _mean(trunc_norm), "% normalized",
+        "W0 + LR_k(τ_t) on task t, k = TSV-M's per-task rank: what its truncation costs")
+    row("scaled_norm", "each task at W0 + λ_TA τ_t (normalized)", _mean(scaled_norm), "% normalized",
+        "task arithmetic's scaling alone, without the other tasks: what under-applying costs")
+    row("ta_interference", "task arithmetic's interference", _mean(scaled_norm) - ta_norm, "normalized points",
+        "(W0 + λ τ_t alone) − task arithmetic: what the other tasks' vectors cost at λ")
+    row("trunc_energy", "energy of τ_t in its top-⌊r/T⌋ directions", 100 * float(np.nanmean(spec["energy_topk"])), "%",
+        "Σ_{i≤k} σ_i² / Σ σ_i², mean over matrices and tasks")
+    row("overlap_topk", "overlap of tasks' top-k subspaces", float(np.nanmean(spec["overlap_topk"])), "mean cos²",
+        "‖U_sᵀU_t‖²_F / k over task pairs, both sides, mean over matrices (1 = same subspace)")
+    row("overlap_left", "…output side (left singular vectors)", float(np.nanmean(spec["overlap_left"])), "mean cos²",
+        "the same on the output side only")
+    row("overlap_right", "…input side (right singular vectors)", float(np.nanmean(spec["overlap_right"])), "mean cos²",
+        "the same on the input side only: shared input directions (activation statistics) show here")
+    row("act_overlap", "overlap of tasks' top-k input-activation subspaces", act["act_overlap"], "mean cos²",
+        "top-k eigenvectors of each task's input Gram matrix at W0 (hookable matrices), mean over task pairs")
+    row("act_topk_energy", "activation energy in the top-k directions", act["act_topk_energy"], "%",
+        "share of each task's input Gram trace in its top k eigenvalues at W0: how low-dimensional the base's "
+        "features are")
+    row("tau_in_act", "τ_t's input side inside its task's top activations", act["tau_in_act"], "mean cos²",
+        "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)")
+    row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",
+        "k / d: the expected overlap of random subspaces, for scale")
+
+    meta = {
+        "suite": getattr(zoo, "suite", None), "tasks": tasks, "n_tasks": T, "size": getattr(zoo, "size", None),
+        "seed": getattr(zoo, "seed", None), "tau": tau, "n_val": bench.n_val, "n_test": bench.n_test,
+        "patience": bench.patience, "coefficients": {m: runs[m].coef for m in CARD_METHODS},
+        "recipe": _recipe(zoo), "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in zoo.records()],
+        "seconds": round(time.perf_counter() - t_start, 1),
+        "clip_source": "acetools.regime.CLIP_B32 (the papers' collected table, ViT-B/32) and docs/regime.md",
+    }
+    return RegimeCard(rows, per_task, per_layer, _clean(meta))
+
+
+def _activation_rows(bench, zoo, base, taus, tasks, *, n_images: int) -> dict[str, float]:
+    """Input-activation statistics at W0 of the hookable matrices (``bench.matrix_keys()``):
+    overlap of different tasks' top-k Gram eigenvectors, their energy share, and how much of
+    each τ_t's top-k right singular subspace lies in its own task's top-k activations."""
+    from .activations import gram_matrices
+    from .diagnostics import principal_subspace
+    from .merging.svd import tsv_rank
+
+    keys = bench.matrix_keys()
+    out = {"act_overlap": math.nan, "act_topk_energy": math.nan, "tau_in_act": math.nan}
+    if not keys or n_images < 1:
+        return out
+    enc = zoo.encoder(base)
+    grams = {}
+    for t in tasks:
+        x = torch.as_tensor(np.asarray(zoo.split(t, "train").x[:n_images]))
+        grams[t] = gram_matrices(enc, x, keys, batch_size=128)
+    T = len(tasks)
+    ov, energy, inside = [], [], []
+    for k in keys:
+        kk = tsv_rank(min(base[k].shape), T)
+        if kk < 1:
+            continue
+        A = []
+        for t in tasks:
+            w, V = torch.linalg.eigh(grams[t][k].double())
+            A.append(V[:, -kk:])
+            energy.append(float(w[-kk:].sum() / w.sum()) if float(w.sum()) > 0 else math.nan)
+        ov += [float((A[i].T @ A[j]).pow(2).sum()) / kk for i in range(T) for j in range(i + 1, T)]
+        for i, tv in enumerate(taus):
+            if bool(tv[k].any()):
+                inside.append(float((principal_subspace(tv[k].double(), kk, "right").T @ A[i]).pow(2).sum()) / kk)
+    return {"act_overlap": float(np.mean(ov)) if ov else math.nan,
+            "act_topk_energy": 100 * float(np.nanmean(energy)) if energy else math.nan,
+            "tau_in_act": float(np.mean(inside)) if inside else math.nan}
+
+
+def _top_energy(spectrum: Tensor | None, frac: float) -> float:
+    from .diagnostics import energy_fraction
+
+    if spectrum is None or spectrum.numel() == 0 or not bool((spectrum > 0).any()):
+        return math.nan
+    return energy_fraction(spectrum, frac)
+
+
+def _recipe(zoo) -> dict[str, Any]:
+    """The zoo's recipe as JSON: size, pretraining/fine-tuning configs, the base's source."""
+    from dataclasses import asdict
+
+    out: dict[str, Any] = {"size": getattr(zoo, "size", None)}
+    for name in ("finetune_config", "pretrain_config"):
+        cfg = getattr(zoo, name, None)
+        if cfg is not None and (name == "finetune_config" or getattr(zoo, "base_source", None) == "train"):
+            out[name.replace("_config", "")] = asdict(cfg)
+    out["base"] = str(getattr(zoo, "base_source", ""))
+    out["pool_kwargs"] = dict(getattr(zoo, "pool_kwargs", {}) or {})
+    try:
+        side = zoo.sidecar("base")
+        out["base_sha256"] = side.get("content_sha256")
+        out["base_recipe"] = {k: (side.get("recipe") or {}).get(k) for k in ("config", "seconds", "final_train_acc",
+                                                                            "n_images", "steps")}
+    except (AttributeError, KeyError, OSError, RuntimeError) as err:  # a zoo-like object without sidecars
+        log.debug("no base sidecar for the card's recipe: %s", err)
+    return out
+
+
+def summary_row(card: RegimeCard, name: str, metrics: Sequence[str] | None = None) -> dict[str, Any]:
+    """One flat row ``{"recipe": name, metric: value, ...}`` for a study's summary table."""
+    wanted = set(metrics) if metrics is not None else None
+    out: dict[str, Any] = {"recipe": name}
+    for r in card.rows:
+        if wanted is None or r["metric"] in wanted:
+            out[r["metric"]] = r["value"]
+    return out
