@@ -165,8 +165,7 @@ def test_references_resolve(path):
     flat = _flat(text)
     problems, spans = _references(flat)
     for m in _OLD.finditer(flat):
-        problems.append(f"old reference {flat[max(0, m.start() - 30):m.end() + 30]!r}: cite docs/ instead "
-                        "(python3 scripts/fix_refs.py rewrites the known forms)")
+        problems.append(f"old reference {flat[max(0, m.start() - 30):m.end() + 30]!r}: cite a docs/ section instead")
     for m in re.finditer("§", flat):
         if any(a <= m.start() < b for a, b in spans):
             continue
