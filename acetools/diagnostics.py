@@ -295,7 +295,9 @@ def relative_update_norms(
         b = float(base[k].detach().double().norm())
         for name, tv in zip(labels, task_vectors):
             if tuple(tv[k].shape) != tuple(base[k].shape):
-                raise ValueError(f"{k!r}: task vector {name} has shape {tuple(tv[k].shape)}, base {tuple(base[k].shape)}")
+                raise ValueError(
+                    f"{k!r}: task vector {name} has shape {tuple(tv[k].shape)}, base {tuple(base[k].shape)}"
+                )
             t = float(tv[k].detach().double().norm())
             rows.append({"task": name, "key": k, "layer_type": layer_type(k), "tau_norm": t, "base_norm": b,
                          "ratio": t / b if b > 0 else math.nan})

@@ -415,7 +415,7 @@ def pretrain_base(
         "seconds": round(seconds, 2),
         "images_per_s": round(total * cfg.batch_size / max(seconds, 1e-9), 1),
         "threads": n_threads,
-        "final_loss": sum(l for l, _ in window) / max(1, len(window)),
+        "final_loss": sum(loss for loss, _ in window) / max(1, len(window)),
         "final_train_acc": {k: c / max(1, m) for k, (c, m) in head_acc.items()},
         "versions": _versions(),
     }

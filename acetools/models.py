@@ -257,7 +257,8 @@ def build_encoder(
       RNG first when given); ``pretrained`` must be ``None``.
     * any other open_clip name, e.g. ``"ViT-B-32"``: ``open_clip.create_model(size,
       pretrained=...)`` and its ``visual`` tower (see :func:`build_clip`, which never
-      downloads unless ``allow_download``; the text tower is dropped). Input size and mean/std come from the model's pre-processing config.
+      downloads unless ``allow_download``; the text tower is dropped). Input size and
+      mean/std come from the model's pre-processing config.
     """
     if size in SIZES or size.startswith(_PREFIX):
         if pretrained is not None:

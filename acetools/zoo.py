@@ -304,7 +304,9 @@ class Zoo:
         self.pretrain_config = self._config(PretrainConfig, pretrain)
         self.finetune_config = self._config(FinetuneConfig, finetune)
         self.mtl = bool(mtl)
-        self.mtl_config = self._config(FinetuneConfig, mtl_finetune) if mtl_finetune is not None else self.finetune_config
+        self.mtl_config = (
+            self._config(FinetuneConfig, mtl_finetune) if mtl_finetune is not None else self.finetune_config
+        )
         self.augment = {t: bool((augment or {}).get(t, self.finetune_config.augment)) for t in self.tasks}
         self.hflip = {t: bool((hflip or {}).get(t, self.finetune_config.hflip)) for t in self.tasks}
         self.logit_scale = float(logit_scale)
@@ -504,7 +506,9 @@ class Zoo:
 
         def make():
             enc = self.encoder()
-            n_classes = len(data.class_names) if getattr(data, "class_names", None) else int(torch.as_tensor(data.y).max()) + 1
+            n_classes = (
+                len(data.class_names) if getattr(data, "class_names", None) else int(torch.as_tensor(data.y).max()) + 1
+            )
             with _ft.num_threads(self.threads):
                 h = prototype_head(enc, data.x, data.y, n_classes, logit_scale=self.logit_scale, device=self.device)
             metrics = {}
@@ -559,7 +563,9 @@ class Zoo:
             metrics = {}
             val = self._val(task)
             if val is not None:
-                metrics["val_acc"] = _ft.evaluate(state, head, val, size=self.size, device=self.device, threads=self.threads)
+                metrics["val_acc"] = _ft.evaluate(
+                    state, head, val, size=self.size, device=self.device, threads=self.threads
+                )
             return state, recipe, metrics
 
         return self._entry("expert", task, fields, self.folder / "experts" / f"{_safe(task)}-seed{self.seed}", make)
@@ -596,7 +602,9 @@ class Zoo:
                 for t in self.tasks:
                     val = self._val(t)
                     if val is not None:
-                        accs[t] = _ft.evaluate(state, heads[t], val, size=self.size, device=self.device, threads=self.threads)
+                        accs[t] = _ft.evaluate(
+                            state, heads[t], val, size=self.size, device=self.device, threads=self.threads
+                        )
                 metrics["val_acc"] = accs
             return state, recipe, metrics
 

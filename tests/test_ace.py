@@ -36,10 +36,10 @@ def ref_ace(dWs, *, tau=0.3, eps=1e-2, k_frac=0.3, gate="auto", trace_norm=True,
     """docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.14), line by line, in float64 (switches as documented in ace.py)."""
     dWs = [d.to(F64) for d in dWs]
     T, d_in = len(dWs), dWs[0].shape[1]
-    I = torch.eye(d_in, dtype=F64)
+    eye = torch.eye(d_in, dtype=F64)
     e = torch.tensor([float((d**2).sum()) for d in dWs], dtype=F64)
-    l = torch.log(e + 1e-12)
-    gamma = float(torch.var(l) / (torch.mean(l) ** 2 + 1e-12)) if T > 1 else 0.0
+    ell = torch.log(e + 1e-12)
+    gamma = float(torch.var(ell) / (torch.mean(ell) ** 2 + 1e-12)) if T > 1 else 0.0
     hetero = {"auto": gamma > tau, "on": True, "off": False}[gate]
     norm = hetero and trace_norm
     Wc, Sc, R = [], [], []
@@ -50,7 +50,7 @@ def ref_ace(dWs, *, tau=0.3, eps=1e-2, k_frac=0.3, gate="auto", trace_norm=True,
         sc = S / tr if norm else S
         Wc.append(wc)
         Sc.append(sc)
-        R.append(sc + (eps / tr if norm else eps) * I)
+        R.append(sc + (eps / tr if norm else eps) * eye)
     A = sum(R)
     if prior:
         colmean = (torch.ones(1, d_in, dtype=F64) @ sum(Sc)) / d_in
@@ -77,7 +77,9 @@ def rand_taus(shape, scales, seed=0, dtype=F64):
 
 HOMO = (0.01, 0.01, 0.01, 0.01)  # equal scales: gamma ~ 1e-3
 HETERO = (1e-3, 3e-2, 0.3, 1.0)  # energies over 6 decades: gamma >> 0.3
-SWITCHES = list(itertools.product(("auto", "on", "off"), (True, False), (True, False), (True, False), ("centered", "raw")))
+SWITCHES = list(
+    itertools.product(("auto", "on", "off"), (True, False), (True, False), (True, False), ("centered", "raw"))
+)
 
 
 def assert_matrix_close(a, b, rtol=1e-9):
@@ -91,8 +93,12 @@ def assert_matrix_close(a, b, rtol=1e-9):
 @pytest.mark.parametrize("gate,trace_norm,prior,refine,numerator", SWITCHES)
 def test_matches_spec_transcription_for_every_switch(shape, scales, gate, trace_norm, prior, refine, numerator):
     dWs = rand_taus(shape, scales, seed=1)
-    W, diag = ace_matrix(dWs, gate=gate, trace_norm=trace_norm, prior=prior, refine=refine, numerator=numerator, name="L")
-    W_ref, gamma, hetero = ref_ace(dWs, gate=gate, trace_norm=trace_norm, prior=prior, refine=refine, numerator=numerator)
+    W, diag = ace_matrix(
+        dWs, gate=gate, trace_norm=trace_norm, prior=prior, refine=refine, numerator=numerator, name="L"
+    )
+    W_ref, gamma, hetero = ref_ace(
+        dWs, gate=gate, trace_norm=trace_norm, prior=prior, refine=refine, numerator=numerator
+    )
     assert diag.gamma == pytest.approx(gamma, rel=1e-12)
     assert diag.flag == hetero
     assert diag.refined == (hetero and refine)
@@ -516,7 +522,9 @@ def test_given_covariances_are_validated(world):
         merge("ace", base, experts, estimator="given", covariances=good[:3])
     bad = [dict(c) for c in good]
     bad[2] = {key: torch.eye(16)}
-    with pytest.raises(ValueError, match=r"covariances\[2\]\['visual.transformer.resblocks.0.mlp.c_proj.weight'\].*64 x 64"):
+    with pytest.raises(
+        ValueError, match=r"covariances\[2\]\['visual.transformer.resblocks.0.mlp.c_proj.weight'\].*64 x 64"
+    ):
         merge("ace", base, experts, estimator="given", covariances=bad)
     with pytest.raises(KeyError, match="covariances\\[1\\] lacks key"):
         merge("ace", base, experts, estimator="given", covariances=[good[0], {}, good[2], good[3]])

@@ -56,7 +56,9 @@ def test_notebook_has_one_literal_parameters_cell(path):
     tree = ast.parse(src)
     names = {}
     for node in tree.body:
-        assert isinstance(node, ast.AnnAssign), f"{path.name}: parameters cell line {node.lineno} is not `name: type = literal`"
+        assert isinstance(node, ast.AnnAssign), (
+            f"{path.name}: parameters cell line {node.lineno} is not `name: type = literal`"
+        )
         ast.literal_eval(node.value)  # literals only
         names[node.target.id] = ast.unparse(node.annotation)
     for line in src.strip().splitlines():
@@ -112,4 +114,6 @@ def test_every_notebook_runs_in_quick_mode(quick_env):
     assert not problems, "\n".join(problems)
     # the quick pages say what the quick world is
     for r in recs[:4]:
-        assert "fixture world" in Path(r["html"]).read_text(), f"{r['notebook']} does not say it shows the fixture world"
+        assert "fixture world" in Path(r["html"]).read_text(), (
+            f"{r['notebook']} does not say it shows the fixture world"
+        )

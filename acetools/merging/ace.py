@@ -259,8 +259,12 @@ def _eye_like(S: Tensor) -> Tensor:
     return torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
 
 
-def normalize_covariances(Sigma_hat: Sequence[Tensor], *, eps: float = 1e-2, normalize: bool = False) -> NormalizedCovariances:
-    """Adaptive trace normalisation and Tikhonov regularisation (eqs 8-10; docs/methods.md §ACE, Eqs. (ACE.7)-(ACE.8)).
+def normalize_covariances(
+    Sigma_hat: Sequence[Tensor], *, eps: float = 1e-2, normalize: bool = False
+) -> NormalizedCovariances:
+    """Adaptive trace normalisation and Tikhonov regularisation.
+
+    Eqs 8-10; docs/methods.md §ACE, Eqs. (ACE.7)-(ACE.8).
 
     tr_t = Tr(Sigma_hat_t) + 1e-12. If ``normalize`` (ACE: the layer is flagged
     heterogeneous and ``trace_norm`` is on): Σ̃_t = Sigma_hat_t / tr_t and
@@ -647,7 +651,9 @@ def ace_matrix(
 
     if estimator == "given":
         if Sigma is None:
-            raise ValueError(f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)")
+            raise ValueError(
+                f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)"
+            )
         Sigma = _check_given(Sigma, dWs, name)
     elif Sigma is not None:
         raise ValueError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
@@ -725,7 +731,9 @@ def _as_matrices(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
     shape = delta_W[0].shape
     for t, d in enumerate(delta_W):
         if not isinstance(d, Tensor) or d.ndim != 2:
-            raise ValueError(f"layer {name!r}, task {t}: expected a 2-D tensor, got {getattr(d, 'shape', type(d).__name__)}")
+            raise ValueError(
+                f"layer {name!r}, task {t}: expected a 2-D tensor, got {getattr(d, 'shape', type(d).__name__)}"
+            )
         if d.shape != shape:
             raise ValueError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's {tuple(shape)}")
     return list(delta_W)  # converted one task at a time where used: no T float64 copies
@@ -733,7 +741,9 @@ def _as_matrices(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
 
 def _check_given(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[Tensor]:
     if len(Sigma) != len(dWs):
-        raise ValueError(f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order")
+        raise ValueError(
+            f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order"
+        )
     d_in = dWs[0].shape[1]
     out = []
     for t, S in enumerate(Sigma):
@@ -780,15 +790,20 @@ def _check_in_out_keys(value: Any) -> str | None:
     k_frac=Param(0.3, "refined rank k = floor(k_frac * min(d_out, d_in)) (eq. 18)", low=0.0, high=1.0),
     scaling=Param(1.0, "s in theta = theta0 + s * W_bar, applied to every key (docs/methods.md §ACE, Eq. (ACE.14))",
                   low=0.0),
-    gate=Param(None, "heterogeneity gate: 'auto' (gamma > tau), 'on', 'off'; None = estimator preset", choices=(None, "auto", "on", "off")),
+    gate=Param(None, "heterogeneity gate: 'auto' (gamma > tau), 'on', 'off'; None = estimator preset",
+               choices=(None, "auto", "on", "off")),
     trace_norm=Param(True, "trace-normalise the covariances on flagged layers (eq. 8)", types=(bool,)),
-    prior=Param(None, "add the collective structural prior C_agg (eqs 11-13); None = estimator preset", types=(bool, type(None))),
+    prior=Param(None, "add the collective structural prior C_agg (eqs 11-13); None = estimator preset",
+                types=(bool, type(None))),
     refine=Param(True, "spectral refinement on flagged layers (eqs 15-19)", types=(bool,)),
-    numerator=Param(None, "numerator of eq. 14: 'centered' W̃_t or 'raw' ΔW_t; None = estimator preset", choices=(None, "centered", "raw")),
-    estimator=Param("ace", "covariance estimator: 'ace' (eqs 5-6), 'identity' (= weight averaging), 'wudi', 'given'", choices=ESTIMATORS),
-    covariances=Param(None, "for estimator='given': one {key: Sigma_t (d_in x d_in)} dict per expert", check=_check_covariances_param),
-    precision=Param("float64", "arithmetic of the accumulation and solve: 'float64' (default) or 'float32' (about 2x faster; "
-                    "error in docs/performance.md)", choices=PRECISIONS),
+    numerator=Param(None, "numerator of eq. 14: 'centered' W̃_t or 'raw' ΔW_t; None = estimator preset",
+                    choices=(None, "centered", "raw")),
+    estimator=Param("ace", "covariance estimator: 'ace' (eqs 5-6), 'identity' (= weight averaging), 'wudi', 'given'",
+                    choices=ESTIMATORS),
+    covariances=Param(None, "for estimator='given': one {key: Sigma_t (d_in x d_in)} dict per expert",
+                      check=_check_covariances_param),
+    precision=Param("float64", "arithmetic of the accumulation and solve: 'float64' (default) "
+                    "or 'float32' (about 2x faster; error in docs/performance.md)", choices=PRECISIONS),
     wudi_p=Param(2.0, "norm power p of the 'wudi' estimator Sigma_t = tau_tᵀ tau_t / ||tau_t||_F^p", low=0.0),
     in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the "
                       "official code (docs/methods.md §ACE)", check=_check_in_out_keys),
@@ -873,14 +888,20 @@ def _check_covariances(covariances, estimator, base, matrix_keys, transposed, T)
     if covariances is None:
         raise ValueError("ace: estimator='given' needs covariances=[{key: Sigma_t}, ...], one dict per expert")
     if len(covariances) != T:
-        raise ValueError(f"ace: covariances has {len(covariances)} entries for {T} experts; pass one dict per expert, in the same order")
+        raise ValueError(
+            f"ace: covariances has {len(covariances)} entries for {T} experts; "
+            "pass one dict per expert, in the same order"
+        )
     mset = set(matrix_keys)
     for t, c in enumerate(covariances):
         for k in c:
             if k not in base:
                 raise KeyError(f"ace: covariances[{t}] has key {k!r} that base does not have")
             if k not in mset:
-                raise ValueError(f"ace: covariances[{t}][{k!r}] is for a parameter that is not a matrix; only matrix keys take Sigma_t")
+                raise ValueError(
+                    f"ace: covariances[{t}][{k!r}] is for a parameter that is not a matrix; "
+                    "only matrix keys take Sigma_t"
+                )
     out: dict[str, list[Tensor]] = {}
     for k in matrix_keys:
         have = [k in c for c in covariances]
@@ -888,7 +909,10 @@ def _check_covariances(covariances, estimator, base, matrix_keys, transposed, T)
             continue
         if not all(have):
             missing = have.index(False)
-            raise KeyError(f"ace: covariances[{missing}] lacks key {k!r} that other experts' covariances have; give it for every expert or for none")
+            raise KeyError(
+                f"ace: covariances[{missing}] lacks key {k!r} that other experts' covariances have; "
+                "give it for every expert or for none"
+            )
         d_in = base[k].shape[0] if k in transposed else base[k].shape[1]
         hint = " (this key is in in_out_keys, so d_in is its first dimension)" if k in transposed else ""
         for t, c in enumerate(covariances):

@@ -249,8 +249,12 @@ def polar_scales(norms: Tensor, power: float = 2.0) -> Tensor:
     return torch.where(norms > 0, (safe / mean).pow(power), torch.zeros_like(norms))
 
 
-def polarize_tasks(A: Sequence[Tensor], power: float = 2.0, norms: Sequence[float] | Tensor | None = None) -> list[Tensor]:
-    """Inter-task polarization, docs/methods.md §ESM, Eq. (ESM.4): A_t <- s_t A_t, s_t = (n_t / mean_i n_i)^power.
+def polarize_tasks(
+    A: Sequence[Tensor], power: float = 2.0, norms: Sequence[float] | Tensor | None = None
+) -> list[Tensor]:
+    """Inter-task polarization, docs/methods.md §ESM, Eq. (ESM.4).
+
+    A_t <- s_t A_t, s_t = (n_t / mean_i n_i)^power.
 
     n_t = ||A_t||_F of the *full* (untruncated) coordinates, as in the code; pass ``norms``
     when ``A`` holds already-truncated factors (that is what :func:`esm_merge_matrix` does, so

@@ -70,10 +70,14 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
     """
     if isinstance(grams, Mapping) or not isinstance(grams, Sequence):
         raise TypeError(
-            f"regmean: grams must be a list with one dict (weight key -> Gram matrix) per task, got {type(grams).__name__}"
+            "regmean: grams must be a list with one dict (weight key -> Gram matrix) per task, "
+            f"got {type(grams).__name__}"
         )
     if len(grams) != n_tasks:
-        raise ValueError(f"regmean: got {len(grams)} Gram dicts for {n_tasks} experts; pass exactly one per expert, in the same order")
+        raise ValueError(
+            f"regmean: got {len(grams)} Gram dicts for {n_tasks} experts; "
+            "pass exactly one per expert, in the same order"
+        )
     for t, g in enumerate(grams):
         if not isinstance(g, Mapping):
             raise TypeError(f"regmean: grams[{t}] is a {type(g).__name__}, not a dict of weight key -> Gram matrix")
@@ -94,7 +98,10 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
             raise KeyError(f"regmean: Gram matrices given for key {key!r}, which is not in the state dict{hint}")
         W0 = base[key]
         if W0.ndim != 2:
-            raise ValueError(f"regmean: Gram matrices given for key {key!r} of shape {tuple(W0.shape)}; RegMean needs a 2-D (d_out x d_in) weight")
+            raise ValueError(
+                f"regmean: Gram matrices given for key {key!r} of shape {tuple(W0.shape)}; "
+                "RegMean needs a 2-D (d_out x d_in) weight"
+            )
         d_in = W0.shape[1]
         for t, g in enumerate(grams):
             check_square(g[key], d_in, f"regmean: grams[{t}][{key!r}]",
@@ -108,7 +115,8 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
     "(Jin et al. 2023; docs/methods.md §RegMean; needs data)",
     # checked by validate_grams (a Param type check would print the whole list of tensors)
     grams=Param(REQUIRED, "list (one per expert) of dicts weight key -> d_in x d_in input Gram matrix"),
-    alpha=Param(0.95, "off-diagonal shrink: G~ = alpha G + (1 - alpha) diag(G) (fusion_bench CLIP default 0.95)", low=0.0, high=1.0),
+    alpha=Param(0.95, "off-diagonal shrink: G~ = alpha G + (1 - alpha) diag(G) (fusion_bench CLIP default 0.95)",
+                low=0.0, high=1.0),
 )
 def regmean(base, task_vectors, *, is_matrix, grams, alpha):
     """RegMean, docs/methods.md §RegMean: :func:`regmean_matrix` on the full weights of every key with Grams.

@@ -384,7 +384,8 @@ def iso_c(base, task_vectors, *, is_matrix, alpha):
     "Iso-CTS: common + task-specific subspaces with a flat spectrum "
     "(Marczak et al. 2025; docs/methods.md §Iso-CTS)",
     alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
-    common_fraction=Param(0.8, "fraction of the rank given to the common subspace before the T-divisibility adjustment", low=0.0, high=1.0),
+    common_fraction=Param(0.8, "fraction of the rank given to the common subspace before the T-divisibility adjustment",
+                          low=0.0, high=1.0),
 )
 def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
     """Iso-CTS, docs/methods.md §Iso-CTS: :func:`iso_cts_matrix` on matrix keys, the mean on the rest, all times
@@ -399,7 +400,9 @@ def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
 @register(
     "cart",
     "CART: weight average plus low-rank centred task vectors (Choi et al. 2024; docs/methods.md §CART)",
-    rank_ratio=Param(0.12, "rank of each centred vector as a fraction of min(d_out, d_in); k = max(1, int(rank_ratio r))", low=0.0, high=1.0, low_open=True),
+    rank_ratio=Param(0.12, "rank of each centred vector as a fraction of min(d_out, d_in); "
+                     "k = max(1, int(rank_ratio r))",
+                     low=0.0, high=1.0, low_open=True),
     lam=Param(2.0, "coefficient of the summed low-rank centred vectors", low=0.0),
 )
 def cart(base, task_vectors, *, is_matrix, rank_ratio, lam):

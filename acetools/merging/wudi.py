@@ -163,10 +163,14 @@ def is_wudi_target(key: str, tensor: Tensor, targets: str, is_matrix) -> bool:
     "WUDI: per-matrix Adam on the task-vector interference loss (Cheng et al. 2025; docs/methods.md §WUDI)",
     steps=Param(300, "Adam iterations per matrix (official 300; fusion_bench 400)", low=0, types=(int,)),
     lr=Param(1e-5, "Adam learning rate", low=0.0, low_open=True),
-    p=Param(2.0, "exponent of ||tau_t||_F in the loss weights (2: paper/RoBERTa/fusion_bench; 1: official ViT script)", low=0.0),
+    p=Param(2.0, "exponent of ||tau_t||_F in the loss weights (2: paper/RoBERTa/fusion_bench; 1: official ViT script)",
+            low=0.0),
     init=Param("sum", "starting point: 'sum' of the task vectors (paper) or 'mean'", choices=_INITS),
-    others=Param("mean", "non-optimised keys: 'mean' of the task vectors (fusion_bench) or 'base' = stay at W0 (official ViT script)", choices=("mean", "base")),
-    targets=Param("matrix", "optimised keys: 'matrix' = every is_matrix key (fusion_bench) or 'vit' = attn.in_proj/out_proj, mlp.c_fc/c_proj only (official ViT script)", choices=("matrix", "vit")),
+    others=Param("mean", "non-optimised keys: 'mean' of the task vectors (fusion_bench) "
+                 "or 'base' = stay at W0 (official ViT script)", choices=("mean", "base")),
+    targets=Param("matrix", "optimised keys: 'matrix' = every is_matrix key (fusion_bench) "
+                  "or 'vit' = attn.in_proj/out_proj, mlp.c_fc/c_proj only (official ViT script)",
+                  choices=("matrix", "vit")),
 )
 def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
     """WUDI-Merging, docs/methods.md §WUDI: theta = theta0 + tau_m, tau_m from :func:`wudi_matrix` per target key.

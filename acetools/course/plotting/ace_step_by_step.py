@@ -197,6 +197,8 @@ def ablation_bars(ax, table, *, column: str = "test_normalized", reference: str 
         lo, hi = finite.min(), finite.max()
         pad = max(1.0, 0.1 * (hi - lo))
         ax.set_xlim(lo - pad - noise, hi + pad + noise)
-    ax.set_xlabel({"test_normalized": "normalized test accuracy (%)", "test_acc": "test accuracy (%)"}.get(column, column))
+    ax.set_xlabel(
+        {"test_normalized": "normalized test accuracy (%)", "test_acc": "test accuracy (%)"}.get(column, column)
+    )
     ax.legend(fontsize=7, title="suite (band: full ACE ± noise)", title_fontsize=7)
     return finish(ax, title)
