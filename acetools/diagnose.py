@@ -40,6 +40,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from .merging import check_same_keys
 from .keys import block_index, layer_type
 from .utils import atomic_write, progress
 
@@ -160,16 +161,8 @@ def _names(experts: Sequence[Any], names: Sequence[str] | None) -> list[str]:
 
 def _check_keys(base: _Source, experts: Sequence[_Source]) -> list[str]:
     keys = base.keys()
-    bset = set(keys)
     for e in experts:
-        ek = set(e.keys())
-        missing, extra = sorted(bset - ek), sorted(ek - bset)
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise KeyError(f"{e.what} has no key {missing[0]!r}{more} that the base has")
-        if extra:
-            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-            raise KeyError(f"{e.what} has key {extra[0]!r}{more} that the base does not have")
+        check_same_keys(sorted(keys), e.keys(), e.what, "the base")
     return keys
 
 

@@ -45,7 +45,7 @@ from .checkpoints import (
     parse_size,
 )
 from .layouts import Layout, describe, get_layout
-from .merging import KEYED_HPARAMS, METHODS, confirmed_ties, key_scope, merge, merge_key
+from .merging import KEYED_HPARAMS, METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
 from .merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
 from .utils import PROGRESS, progress, resolve_device
 
@@ -246,17 +246,8 @@ def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Check
 def _check_compatible(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
     """Same keys and shapes; float tensors where the base has floats, the same dtype elsewhere."""
     bkeys = base.keys()
-    bset = set(bkeys)
     for ck in experts:
-        keys = set(ck.keys())
-        missing = [k for k in bkeys if k not in keys]
-        extra = sorted(keys - bset)
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise KeyError(f"expert {ck.path} is missing key {missing[0]!r}{more} that the base {base.path} has")
-        if extra:
-            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-            raise KeyError(f"expert {ck.path} has key {extra[0]!r}{more} that the base {base.path} does not have")
+        check_same_keys(bkeys, ck.keys(), f"expert {ck.path}", f"the base {base.path}")
         for k in bkeys:
             mb, me = base.meta(k), ck.meta(k)
             if mb.shape != me.shape:

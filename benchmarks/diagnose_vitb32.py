@@ -20,23 +20,14 @@ from pathlib import Path
 
 import torch
 
+from _shapes import vit_b32_visual_shapes  # benchmarks/_shapes.py, beside this script
+
 WIDTH, LAYERS, MLP, PATCH, GRID, EMBED = 768, 12, 3072, 32, 7, 512
 
 
 def vitb32_shapes() -> dict[str, tuple[int, ...]]:
     """The open_clip ViT-B/32 visual tower's parameter shapes (prefix ``visual.``)."""
-    s = {"visual.class_embedding": (WIDTH,), "visual.positional_embedding": (GRID * GRID + 1, WIDTH),
-         "visual.proj": (WIDTH, EMBED), "visual.conv1.weight": (WIDTH, 3, PATCH, PATCH),
-         "visual.ln_pre.weight": (WIDTH,), "visual.ln_pre.bias": (WIDTH,),
-         "visual.ln_post.weight": (WIDTH,), "visual.ln_post.bias": (WIDTH,)}
-    for i in range(LAYERS):
-        b = f"visual.transformer.resblocks.{i}."
-        s.update({b + "ln_1.weight": (WIDTH,), b + "ln_1.bias": (WIDTH,), b + "ln_2.weight": (WIDTH,),
-                  b + "ln_2.bias": (WIDTH,), b + "attn.in_proj_weight": (3 * WIDTH, WIDTH),
-                  b + "attn.in_proj_bias": (3 * WIDTH,), b + "attn.out_proj.weight": (WIDTH, WIDTH),
-                  b + "attn.out_proj.bias": (WIDTH,), b + "mlp.c_fc.weight": (MLP, WIDTH),
-                  b + "mlp.c_fc.bias": (MLP,), b + "mlp.c_proj.weight": (WIDTH, MLP), b + "mlp.c_proj.bias": (WIDTH,)})
-    return s
+    return vit_b32_visual_shapes(LAYERS, WIDTH)
 
 
 def write_set(folder: Path, n_tasks: int, seed: int = 0) -> tuple[Path, list[Path]]:

@@ -47,6 +47,8 @@ import time
 import zlib
 from pathlib import Path
 
+from _shapes import vit_b32_visual_shapes  # benchmarks/_shapes.py, beside this script
+
 HERE = Path(__file__).resolve().parent
 WIDTH = 768
 
@@ -55,19 +57,8 @@ THEIRS = {"tsv_m": "fb_tsv_m", "iso_cts": "fb_iso_cts", "wudi": "fb_wudi"}
 
 
 def vit_b32_shapes(blocks: int, width: int = WIDTH) -> dict[str, tuple[int, ...]]:
-    w = width
-    shapes: dict[str, tuple[int, ...]] = {}
-    for b in range(blocks):
-        p = f"visual.transformer.resblocks.{b}."
-        shapes.update({
-            p + "ln_1.weight": (w,), p + "ln_1.bias": (w,),
-            p + "attn.in_proj_weight": (3 * w, w), p + "attn.in_proj_bias": (3 * w,),
-            p + "attn.out_proj.weight": (w, w), p + "attn.out_proj.bias": (w,),
-            p + "ln_2.weight": (w,), p + "ln_2.bias": (w,),
-            p + "mlp.c_fc.weight": (4 * w, w), p + "mlp.c_fc.bias": (4 * w,),
-            p + "mlp.c_proj.weight": (w, 4 * w), p + "mlp.c_proj.bias": (w,),
-        })
-    return shapes
+    """The transformer blocks of ViT-B/32's visual tower (:mod:`_shapes`)."""
+    return vit_b32_visual_shapes(blocks, width, whole=False)
 
 
 def make_world(n_tasks: int, blocks: int, seed: int = 0, rank: int = 16, rel: float = 0.02, width: int = WIDTH,

@@ -174,7 +174,7 @@ def test_layers_come_in_block_order_whatever_the_file_order():
 def test_bad_inputs_name_the_expert_key_or_shape(world, tmp_path):
     base, experts = world
     key = "visual.transformer.resblocks.0.mlp.c_fc.weight"
-    with pytest.raises(KeyError, match=r"experts\[1\] \(task1\) has no key .*c_fc"):
+    with pytest.raises(KeyError, match=r"experts\[1\] \(task1\) is missing key .*c_fc"):
         diagnose(base, [experts[0], {k: v for k, v in experts[1].items() if k != key}])
     with pytest.raises(ValueError, match=r"shape mismatch at key .*c_fc.*experts\[0\]"):
         diagnose(base, [{**experts[0], key: experts[0][key][:, :3]}])

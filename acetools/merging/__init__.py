@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ __all__ = [
     "REQUIRED",
     "is_matrix_param",
     "validate_state_dicts",
+    "check_same_keys",
     "merge_key",
     "key_scope",
     "KEYED_HPARAMS",
@@ -61,6 +62,25 @@ def _check_finite(name: str, key: str, t: Tensor) -> None:
         n_nan = int(torch.isnan(t).sum())
         n_inf = int(torch.isinf(t).sum())
         raise ValueError(f"{name}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
+
+
+def check_same_keys(base_keys: Iterable[str], keys: Iterable[str], who: str, base: str = "base") -> None:
+    """Raise a ``KeyError`` unless ``keys`` (an expert's) are exactly ``base_keys``.
+
+    The message names ``who`` and the first key it lacks (in ``base_keys``' order) or adds
+    (sorted), with how many more there are: "experts[2] is missing key 'visual.proj' that
+    base has". The one key check of :func:`merge`, the file merge and the diagnostics.
+    """
+    base_keys = list(base_keys)
+    kset, bset = set(keys), set(base_keys)
+    missing = [k for k in base_keys if k not in kset]
+    extra = sorted(kset - bset)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise KeyError(f"{who} is missing key {missing[0]!r}{more} that {base} has")
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise KeyError(f"{who} has key {extra[0]!r}{more} that {base} does not have")
 
 
 def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
@@ -91,15 +111,7 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
     for i, ex in enumerate(experts):
         if not isinstance(ex, Mapping):
             raise TypeError(f"experts[{i}] is a {type(ex).__name__}, not a state dict")
-        keys = set(ex)
-        missing = sorted(base_keys - keys)
-        extra = sorted(keys - base_keys)
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise KeyError(f"experts[{i}] is missing key {missing[0]!r}{more} that base has")
-        if extra:
-            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-            raise KeyError(f"experts[{i}] has key {extra[0]!r}{more} that base does not have")
+        check_same_keys(sorted(base_keys), ex, f"experts[{i}]")
         for key, w0 in base.items():
             w = ex[key]
             if not isinstance(w, Tensor):
