@@ -115,26 +115,24 @@ def model_size(text: str) -> str:
     return text
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type=``: an integer >= 1."""
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    if v < low:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {v}")
     return v
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1."""
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
     """argparse ``type=``: an integer >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {v}")
-    return v
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def existing_file(text: str) -> str:
