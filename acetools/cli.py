@@ -511,8 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
     rg = sub.add_parser("regime", help="measure a zoo's regime card (room for structured merges) beside CLIP's")
     rg.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
                     help="task suite (default tasks8): %(choices)s")
-    rg.add_argument("--size", default="small", choices=SIZE_CHOICES, metavar="SIZE",
-                    help="model size (default small): %(choices)s")
+    rg.add_argument("--size", default="small", type=model_size, metavar="SIZE",
+                    help="model size (default small): a registered size (acetools.models.SIZES) or an open_clip "
+                         "model name such as ViT-B-32")
     rg.add_argument("--seed", type=nonnegative_int, default=0, help="expert fine-tuning seed (default 0)")
     rg.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
     rg.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
