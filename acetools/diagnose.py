@@ -166,6 +166,15 @@ def _check_keys(base: _Source, experts: Sequence[_Source]) -> list[str]:
     return keys
 
 
+def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None):
+    """The base and the experts as lazily read sources, with the experts' labels."""
+    if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
+        raise TypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
+    labels = _names(experts, names)
+    src = _Source(base, "base")
+    return src, [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)], labels
+
+
 def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | None = None,
                  layout: Any = "auto") -> dict[str, Any]:
     """Check, from the headers only, that ``experts`` can be diagnosed against ``base``: every
@@ -174,11 +183,7 @@ def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | No
     ``{"n_tasks", "names", "layout", "n_keys", "n_matrices"}``."""
     from .layouts import get_layout
 
-    if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
-        raise TypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
-    labels = _names(experts, names)
-    src = _Source(base, "base")
-    exs = [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)]
+    src, exs, labels = _open_sources(base, experts, names)
     try:
         keys = _check_keys(src, exs)
         lay = get_layout(layout, keys=keys, config=src.config)
@@ -291,13 +296,9 @@ def diagnose(
     from .merging.svd import tsv_rank
 
     t0 = time.perf_counter()
-    if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
-        raise TypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
     if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0):
         raise ValueError(f"tau={tau!r} must be a finite number >= 0")
-    labels = _names(experts, names)
-    src = _Source(base, "base")
-    exs = [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)]
+    src, exs, labels = _open_sources(base, experts, names)
     try:
         all_keys = _check_keys(src, exs)
         lay = get_layout(layout, keys=all_keys, config=src.config)
