@@ -67,6 +67,14 @@ SEARCH: dict[str, Search | None] = {
 #: A searched variant of ACE ("ace" + scaling chosen on validation), for the prototype's question.
 ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20), 2).tolist()))
 
+#: The labelled variant rows ``acetools bench --variants`` adds:
+#: ACE in the paper's ViT setting (the gate off: ViT gamma < 0.25 never crosses tau = 0.3) and
+#: at the paper's eps = 1e-5 beside the official code's 1e-2 (docs/methods.md §ACE).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "ace (gate off)": {"method": "ace", "search": None, "gate": "off"},
+    "ace (eps 1e-5)": {"method": "ace", "search": None, "eps": 1e-5},
+}
+
 
 def package_versions() -> dict[str, str]:
     """Versions of the packages that shape a result (docs/style.md §14)."""
@@ -96,6 +104,9 @@ class MethodRun:
     merge_seconds: float
     search: pd.DataFrame | None = field(default=None, repr=False)
     label: str | None = None
+    #: seconds spent collecting the method's data inputs (ESM's proxy activations, RegMean's
+    #: Gram matrices) before merging; not part of ``merge_seconds``. 0 when cached or none.
+    inputs_seconds: float = 0.0
 
     @property
     def name(self) -> str:
@@ -110,6 +121,7 @@ class MethodRun:
             "test_normalized": 100 * float(np.mean(list(self.test_normalized.values()))),
             "val_normalized": 100 * float(np.mean(list(self.val_normalized.values()))),
             "merge_seconds": self.merge_seconds,
+            "inputs_seconds": self.inputs_seconds,
         }
 
 
@@ -272,6 +284,11 @@ class Benchmark:
             raise ValueError(f"unknown method {method!r}; valid: {sorted(METHODS)}")
         if search == "default":
             search = SEARCH.get(method)
+        # data inputs (ESM's activations, RegMean's Grams) are collected once and timed apart
+        # from the merge itself
+        t0 = time.perf_counter()
+        self.method_inputs(method)
+        inputs_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         trace = None
         if search is None:
@@ -312,7 +329,7 @@ class Benchmark:
         if coef_name:
             hp[coef_name] = coef
         return MethodRun(method, hp, coef_name, coef, val, test, self.normalized(val, "val"),
-                         self.normalized(test, "test"), merge_s, trace, label)
+                         self.normalized(test, "test"), merge_s, trace, label, inputs_seconds=inputs_s)
 
     def _check_affine(self, method, hparams, param, m1, slope, tol: float = 1e-3) -> None:
         """θ(0.5) must equal m1 - 0.5·slope if the coefficient enters affinely."""

@@ -279,7 +279,7 @@ def _zoo_check(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .benchmark import ACE_SCALED, Benchmark, aggregate_seeds
+    from .benchmark import ACE_SCALED, VARIANTS, Benchmark, aggregate_seeds
     from .utils import atomic_write
 
     _folder_for_output(args.out, "--out")
@@ -288,7 +288,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for seed in args.seeds:
         zoo = _zoo(args, seed).build(progress=not args.quiet)
         bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads, patience=args.patience)
-        extra = {"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED}} if args.ace_scaled else None
+        extra = {"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED}} if args.ace_scaled else {}
+        extra |= VARIANTS if args.variants else {}
         runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
         stem = f"{args.suite}_{args.size}_seed{seed}"
         if args.out:
@@ -446,6 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--patience", type=positive_int, default=None,
                    help="stop a grid search after this many points without improvement (default: whole grid)")
     b.add_argument("--ace-scaled", action="store_true", help="also run ACE with its scaling chosen on val")
+    b.add_argument("--variants", action="store_true",
+                   help="also run the variant rows (ACE with the gate off, ACE at eps 1e-5)")
     b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
     b.set_defaults(func=_cmd_bench)
 

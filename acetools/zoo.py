@@ -40,6 +40,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+import dataclasses
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,13 @@ __all__ = [
 
 #: Where shipped base checkpoints live: ``base_<size>.safetensors`` + ``base_<size>.json``.
 ASSETS = Path(__file__).resolve().parent / "assets"
+
+#: The expert recipe of each size's shipped world: overrides of
+#: :class:`~acetools.finetune.FinetuneConfig`'s defaults that :class:`Zoo` applies where its
+#: ``finetune`` argument leaves a field unset. ``small`` fine-tunes gently (lr 1e-4 instead of
+#: 4e-4, so updates stay small and ACE's gamma sits in the ViT regime) under bf16 autocast (half
+#: the time); docs/regime.md §The chosen recipe gives the measurements behind it.
+WORLD_FINETUNE: dict[str, dict[str, Any]] = {"small": {"lr": 1e-4, "precision": "bf16"}}
 
 StateDict = dict[str, Tensor]
 
@@ -302,10 +310,11 @@ class Zoo:
         self.base_seed = int(base_seed)
         self.pool_seed = int(pool_seed)
         self.pretrain_config = self._config(PretrainConfig, pretrain)
-        self.finetune_config = self._config(FinetuneConfig, finetune)
+        world = WORLD_FINETUNE.get(size, {})
+        self.finetune_config = self._config(FinetuneConfig, finetune, world)
         self.mtl = bool(mtl)
         self.mtl_config = (
-            self._config(FinetuneConfig, mtl_finetune) if mtl_finetune is not None else self.finetune_config
+            self._config(FinetuneConfig, mtl_finetune, world) if mtl_finetune is not None else self.finetune_config
         )
         self.augment = {t: bool((augment or {}).get(t, self.finetune_config.augment)) for t in self.tasks}
         self.hflip = {t: bool((hflip or {}).get(t, self.finetune_config.hflip)) for t in self.tasks}
@@ -328,12 +337,17 @@ class Zoo:
     # ----------------------------------------------------------------- configuration
 
     @staticmethod
-    def _config(cls, value):
-        if value is None:
-            return cls()
+    def _config(cls, value, world: Mapping[str, Any] | None = None):
+        """A config from ``value`` (a config, used as is, or a dict of overrides) over ``world``'s
+        overrides of the class defaults."""
         if isinstance(value, cls):
             return value
-        return replace(cls(), **dict(value))
+        fields = dict(world or {}) | dict(value or {})
+        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field(s) {unknown}; fields: "
+                            f"{[f.name for f in dataclasses.fields(cls)]}")
+        return replace(cls(), **fields)
 
     def __repr__(self) -> str:
         return (

@@ -20,7 +20,7 @@ done
 for suite in $SUITES; do
   for seed in $SEEDS; do
     python3 -m acetools bench --suite "$suite" --size small --seeds "$seed" --no-mtl --threads "$THREADS" \
-      --patience 3 --n-val 100 --n-test 500 --ace-scaled --out figures/benchmark
+      --patience 3 --n-val 100 --n-test 500 --ace-scaled --variants --out figures/benchmark
   done
 done
 # WUDI's step-size study (README, "The misses"): the first seed only

@@ -57,6 +57,27 @@ def test_methods_needing_data_get_it(bench):
     assert len(bench.grams()) == 3
 
 
+def test_data_inputs_are_timed_apart_from_the_merge(bench):
+    fresh = Benchmark(bench.zoo, n_val=60, n_proxy=8, n_gram=64, threads=1)
+    first = fresh.run("regmean")
+    assert first.inputs_seconds > 0 and fresh._grams is not None
+    again = fresh.run("regmean")  # the Grams are cached: nothing collected, same merge
+    assert again.inputs_seconds < first.inputs_seconds and again.test == first.test
+    assert fresh.run("task_arithmetic").summary()["inputs_seconds"] < first.inputs_seconds
+
+
+def test_variant_rows_are_the_labelled_merges(bench):
+    import acetools
+    from acetools.benchmark import VARIANTS
+
+    runs = bench.run_all(["ace"], references=False, extra=VARIANTS)
+    assert [r.name for r in runs] == ["ace", "ace (gate off)", "ace (eps 1e-5)"]
+    for r, hp in zip(runs[1:], ({"gate": "off"}, {"eps": 1e-5})):
+        assert r.method == "ace" and r.coef is None and r.hparams == hp
+        direct = acetools.merge("ace", bench.base, bench.experts, **hp)
+        assert bench.evaluate(direct, "test") == pytest.approx(r.test)
+
+
 def test_non_affine_search_is_refused(bench, monkeypatch):
     import acetools.benchmark as B
 

@@ -10,6 +10,7 @@ from tests.test_benchmark import bench  # noqa: F401  (the module-scoped micro-w
 
 from acetools.regime import RegimeCard, clip_reference, regime_card, summary_row
 from acetools.search import LAMBDA_GRID
+from acetools.zoo import Zoo
 
 ISSUE_ROWS = ["experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm", "iso_cts_norm",
               "tsv_minus_ta", "ace_gamma_median", "ace_gated_fraction", "tau_ratio", "energy", "wpre_top5_energy",
@@ -179,6 +180,11 @@ def test_recipe_study_recipes_are_valid_and_the_summary_collects_cards(card, tmp
         zoo = mod.make_zoo(name, root=tmp_path / "zoo")
         assert zoo.tasks == ["fashion", "animals", "digits", "letters", "shapes", "orient", "count", "texture"]
         assert not zoo.built and not zoo.mtl
+    # the first world keeps its recipe (and so its cache keys) after the shipped default moved
+    first = mod.make_zoo("first_world", root=tmp_path / "zoo").finetune_config
+    assert (first.lr, first.epochs, first.precision) == (4e-4, 3, "fp32")
+    assert mod.make_zoo("gentle_fast", root=tmp_path / "zoo").finetune_config == \
+        Zoo(["fashion"], size="small", root=tmp_path / "zoo").finetune_config
     with pytest.raises(KeyError, match="unknown recipe"):
         mod.make_zoo("nope")
     card.save(tmp_path / "cards" / "first_world")

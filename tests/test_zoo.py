@@ -279,3 +279,24 @@ def test_cli_zoo_build_check_lists_missing_entries_and_builds_nothing(tmp_path, 
     out = capsys.readouterr().out
     assert "seed=0: 7 to build (base, head/" in out and "expert/" in out
     assert not any(tmp_path.rglob("*.safetensors"))
+
+
+def test_shipped_world_recipe_is_applied_under_explicit_overrides(tmp_path):
+    from dataclasses import asdict
+
+    from acetools.finetune import FinetuneConfig
+    from acetools.zoo import WORLD_FINETUNE
+
+    world = WORLD_FINETUNE["small"]
+    small = Zoo(["a"], size="small", root=tmp_path, mtl=False)
+    assert {k: asdict(small.finetune_config)[k] for k in world} == world
+    assert small.mtl_config == small.finetune_config
+    # a dict overrides field by field, over the world's recipe
+    mine = Zoo(["a"], size="small", root=tmp_path, finetune={"lr": 4e-4, "epochs": 1})
+    assert (mine.finetune_config.lr, mine.finetune_config.epochs) == (4e-4, 1)
+    assert mine.finetune_config.precision == world["precision"]
+    # a config object is taken as it is; sizes without a world recipe keep the class defaults
+    assert Zoo(["a"], size="small", root=tmp_path, finetune=FinetuneConfig()).finetune_config == FinetuneConfig()
+    assert Zoo(["a"], size="micro", root=tmp_path).finetune_config == FinetuneConfig()
+    with pytest.raises(TypeError, match=r"FinetuneConfig has no field\(s\) \['learning_rate'\]"):
+        Zoo(["a"], size="small", root=tmp_path, finetune={"learning_rate": 1e-4})
