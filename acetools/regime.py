@@ -516,7 +516,7 @@ def _timing_minutes(card: RegimeCard, kind: str) -> float:
     return sum(t) / 60 if t else math.nan
 
 
-def regime_targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, small: str = "tasks8",
+def regime_targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, small: str | None = None,
                    large: str = "tasks20") -> pd.DataFrame:
     """The mini-world's regime targets (docs/regime.md §Targets), one row each: ``target, suite,
     measured, threshold, passed, source``; ``passed`` is ``None`` where the data are missing.
@@ -525,10 +525,12 @@ def regime_targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, sma
     :func:`acetools.results.load_summary`; means over its seeds) when given, else from
     ``card`` (the ``small`` suite only). ACE's gate and the build times come from the card:
     the gate's share of matrices with γ ≤ τ, the sum of the recorded build seconds of the
-    card's experts (one ``small`` expert set) and of its base.
+    card's experts (one ``small`` expert set) and of its base. ``small`` defaults to the card's
+    suite (``tasks8`` when the card does not say).
     """
     from .results import aggregate
 
+    small = small or card.meta.get("suite") or "tasks8"
     agg = aggregate(summary) if summary is not None and len(summary) else None
 
     def get(suite: str, method: str, col: str) -> float:
