@@ -429,15 +429,17 @@ def prefix_world(zoo, n_tasks: int):
 
 
 def write_results(bench, folder: str | os.PathLike, stem: str, methods: Sequence[str] | None = None,
-                  progress: bool | None = False) -> dict[str, Path]:
-    """Run ``methods`` (default all) plus the reference rows on ``bench`` and save them with
-    :meth:`~acetools.benchmark.Benchmark.save` as ``<folder>/<stem>_*`` (``stem`` must look
-    like ``<suite>_<size>_seed<k>`` for :func:`find_results`)."""
+                  progress: bool | None = False, extra: Mapping[str, dict] | None = None) -> dict[str, Path]:
+    """Run ``methods`` (default all) plus the reference rows and the labelled ``extra`` rows
+    (:meth:`~acetools.benchmark.Benchmark.run_all`, e.g. :data:`acetools.benchmark.VARIANTS`)
+    on ``bench`` and save them with :meth:`~acetools.benchmark.Benchmark.save` as
+    ``<folder>/<stem>_*`` (``stem`` must look like ``<suite>_<size>_seed<k>`` for
+    :func:`find_results`)."""
     if not _STEM.match(f"{stem}_summary.csv"):
         raise ValueError(f"stem {stem!r} must look like '<suite>_<size>_seed<k>'")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    runs = bench.run_all(methods, progress=progress)
+    runs = bench.run_all(methods, progress=progress, extra=extra)
     return bench.save(runs, folder, stem)
 
 

@@ -345,7 +345,8 @@ def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
 
     Rows as :func:`acetools.results.wide` (variants after the methods). Where the result files
     have ``inputs_seconds`` (ESM's proxy capture, RegMean's Gram matrices, timed apart from
-    the merge), each method with a positive one gets two more rows after its own:
+    the merge), each data-dependent method (:data:`acetools.results.DATA_DEPENDENT`; the
+    harness records a few microseconds for the others) gets two more rows after its own:
     ``"<method>: data capture"`` and ``"<method>: merge + capture"``. Older files lack the
     column: no extra rows, the flag is False, and ESM's merge time there includes half of its
     capture."""
@@ -358,7 +359,7 @@ def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     rows = []
     for m in t.index:
         rows.append(t.loc[[m]])
-        c = cap.loc[m] if m in cap.index else None
+        c = cap.loc[m] if m in cap.index and m in DATA_DEPENDENT else None
         if c is not None and (c.fillna(0) > 0).any():
             rows.append(c.to_frame().T.rename(index={m: f"{m}: data capture"}))
             rows.append((t.loc[m] + c).to_frame().T.rename(index={m: f"{m}: merge + capture"}))
@@ -509,11 +510,13 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     Full profile: the files of ``suites`` at ``size`` in ``results_dir`` (``recompute`` reruns
     the benchmark for ``seed`` first, ~30 min per suite on 2 CPU cores). Quick profile: the
     fixture world's 3 tasks, merged as the first 2 and all 3 (suites ``tiny2``, ``tiny3``: the
-    "more tasks" axis), one seed, :data:`QUICK_METHODS`, written under
+    "more tasks" axis), one seed, :data:`QUICK_METHODS` and the variant rows of
+    :data:`acetools.benchmark.VARIANTS`, written under
     ``<figures_dir>/results``; the paper columns of 8 and 14 tasks stand in for them only to
     exercise the code, and the full-world timing and WUDI files are not read.
     """
     from .. import results
+    from ..benchmark import ACE_SCALED, VARIANTS
     from . import paper_tables
     from . import world as course
 
@@ -525,7 +528,8 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
         run_suites = [f"tiny{n}" for n in counts]
         for name, n in zip(run_suites, counts):
             sub_bench = course.benchmark(results.prefix_world(zoo, n), quick=True, patience=2)
-            results.write_results(sub_bench, res_dir, f"{name}_{run_size}_seed{seed}", list(QUICK_METHODS))
+            results.write_results(sub_bench, res_dir, f"{name}_{run_size}_seed{seed}", list(QUICK_METHODS),
+                                  extra=VARIANTS)
         main_suite = run_suites[-1]
         world = (f"the quick profile's fixture world: its {len(zoo.tasks)} procedural tasks ({', '.join(zoo.tasks)}) "
                  f"at model size {run_size}, merged as the first 2 and all {len(zoo.tasks)} (suites "
@@ -536,7 +540,9 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
         if recompute:
             for s in run_suites:
                 full_bench = course.benchmark(course.world(s, size, seed=seed, device=device), patience=5)
-                results.write_results(full_bench, res_dir, f"{s}_{size}_seed{seed}", progress=True)
+                results.write_results(full_bench, res_dir, f"{s}_{size}_seed{seed}", progress=True,
+                                      extra={"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED},
+                                             **VARIANTS})  # as benchmarks/mini_world.sh
         world = f"the mini-world: suites {', '.join(run_suites)} at model size {size}"
     runs = results.require_results(res_dir, run_suites, run_size)
     summary = results.load_summary(runs)
