@@ -427,6 +427,10 @@ def test_diagnose_reports_from_the_tables():
                                    {"suite": "s", "variant": AC.SCALED_LABEL, "same_as": "", "scaling": 0.7}]),
                      pd.DataFrame())
     lines = AC.diagnose(gt, st, ab)
+    assert not any("hooked" in ln for ln in lines)  # no covariances: no hooked sentence
+    hooked = st.assign(cos_hooked=[0.4] + [math.nan] * (len(st) - 1), cos_sum_hooked=0.8)
+    line = next(ln for ln in AC.diagnose(gt, hooked, ab) if "hooked" in ln)
+    assert "1 hookable matrices" in line and "median cosine 0.40" in line
     assert "s = 0.7 in s" in lines[-2]
     assert lines[0].startswith(f"gamma: {int(gt.flag.sum())} of {len(gt)} matrices are flagged")
     n_wide = sum(s[0] <= s[1] for s in st["shape"])
