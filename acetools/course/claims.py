@@ -62,7 +62,8 @@ CLAIMS: tuple[Claim, ...] = (
           "top-5% energy and condition number of W_pre (or its update) per layer"),
     Claim("ace.direction", "ACE", "The principal directions of the preliminary solution are correct "
           "(cosine ≈ 1); the problem is the energy distribution.", "02_ace_step_by_step",
-          "cosine of W_pre's top singular directions with the task-vector sum's / experts'"),
+          "cosine of W_pre's top singular directions with the closed form's under the hooked input "
+          "covariances (task-vector sum's beside it)"),
     Claim("ace.refinement", "ACE", "Spectral refinement (top-k singular values replaced by their mean) "
           "improves the merge.", "02_ace_step_by_step", "ablation: refine on / off"),
     Claim("ace.sota", "ACE", "ACE beats every data-free baseline in all vision settings (ViT-B/32 8 tasks 87.9, "
