@@ -45,6 +45,27 @@ def test_gram_polar_matches_the_svd_polar(shape):
     assert rel(S, torch.linalg.svdvals(M)) < 1e-12
 
 
+@pytest.mark.parametrize("shape,p", [((30, 12), 5), ((30, 12), 20), ((15, 15), 6), ((15, 15), 15), ((12, 30), 4)])
+def test_gram_polar_times_equals_the_svd_polar_times_b(shape, p):
+    """Both associations (factored for p < n, formed factor otherwise) and the wide case."""
+    M = rand(shape, 9)
+    B = rand((shape[1], p), 10)
+    Y, S = L.gram_polar_times(M, B)
+    assert rel(Y, L.polar(M) @ B) < 1e-12
+    assert rel(S, torch.linalg.svdvals(M)) < 1e-12
+
+
+def test_gram_polar_times_refuses_ill_conditioned_and_checks_shapes():
+    Q1, Q2 = torch.linalg.qr(rand((20, 20), 11)).Q, torch.linalg.qr(rand((20, 20), 14)).Q
+    M = (Q1 * torch.logspace(0, -6, 20, dtype=F64)) @ Q2.T  # kappa = 1e6
+    B = rand((20, 3), 12)
+    assert L.gram_polar_times(M, B) is None  # above the default 1e4
+    Y, _ = L.gram_polar_times(M, B, max_ratio=1e8)
+    assert rel(Y, L.polar(M) @ B) < 1e-3  # Gram error ~ eps64 kappa²
+    with pytest.raises(ValueError, match="B is"):
+        L.gram_polar_times(M, rand((7, 3), 13))
+
+
 def test_sym_eig_top_subset_equals_full():
     A = rand((50, 50), 3)
     G = A @ A.T
