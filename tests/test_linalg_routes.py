@@ -66,14 +66,16 @@ def test_gram_polar_times_refuses_ill_conditioned_and_checks_shapes():
         L.gram_polar_times(M, rand((7, 3), 13))
 
 
-def test_sym_eig_top_subset_equals_full():
+@pytest.mark.parametrize("top", [5, 30])  # LAPACK's subset driver (<= n/4), the full one sliced (> n/4)
+def test_sym_eig_top_subset_equals_full(top):
     A = rand((50, 50), 3)
     G = A @ A.T
     lam, Q = L.sym_eig(G)
-    lt, Qt = L.sym_eig(G, top=5)
-    assert torch.all(lam[:-1] >= lam[1:])  # descending
-    assert rel(lt, lam[:5]) < 1e-12
-    assert rel((Qt * lt) @ Qt.T, (Q[:, :5] * lam[:5]) @ Q[:, :5].T) < 1e-10
+    lt, Qt = L.sym_eig(G, top=top)
+    assert lt.shape == (top,) and Qt.shape == (50, top)
+    assert torch.all(lam[:-1] >= lam[1:]) and torch.all(lt[:-1] >= lt[1:])  # descending
+    assert rel(lt, lam[:top]) < 1e-12
+    assert rel((Qt * lt) @ Qt.T, (Q[:, :top] * lam[:top]) @ Q[:, :top].T) < 1e-10
 
 
 def test_solve_spd_rank_one_matches_lu():
