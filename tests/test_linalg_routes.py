@@ -70,8 +70,12 @@ def test_gram_polar_times_refuses_ill_conditioned_and_checks_shapes():
 def test_sym_eig_top_subset_equals_full(top):
     A = rand((50, 50), 3)
     G = A @ A.T
+    G0 = G.clone()
     lam, Q = L.sym_eig(G)
     lt, Qt = L.sym_eig(G, top=top)
+    assert torch.equal(G, G0)  # read only without overwrite=True
+    lo, Qo = L.sym_eig(G.tril(), top=top, overwrite=True)  # only the lower triangle is read
+    assert rel(lo, lam[:top]) < 1e-12 and rel(Qo.abs(), Q[:, :top].abs()) < 1e-8
     assert lt.shape == (top,) and Qt.shape == (50, top)
     assert torch.all(lam[:-1] >= lam[1:]) and torch.all(lt[:-1] >= lt[1:])  # descending
     assert rel(lt, lam[:top]) < 1e-12
