@@ -229,7 +229,7 @@ def test_heterogeneity_is_unbiased_log_energy_ratio():
 
 
 def test_task_energies_are_float64_sums_of_squares_for_any_dtype_and_shape():
-    """The dot-product route with its reused float64 buffer (docs/performance.md §ACE) equals the plain
+    """The dot-product route with its reused float64 buffer (docs/performance.md, ACE section) equals the plain
     float64 sum of squares, also when shapes and dtypes change along the list (the buffer is re-made)."""
     from acetools.merging.ace import task_energies
 

@@ -493,7 +493,7 @@ def _overlapping_factors(n, T, seed):
 
 
 def test_whitened_product_float32_takes_the_gram_and_beats_the_float32_svd(monkeypatch):
-    """ESM's whitening of a square, ill-conditioned P_cat (docs/performance.md §ESM): the float64 Gram route
+    """ESM's whitening of a square, ill-conditioned P_cat (docs/performance.md, ESM section): the float64 Gram route
     (never forming polar(P_cat)) is closer to the float64 SVD than the float32 SVD route it replaces."""
     from acetools.merging import esm as E
 

@@ -75,7 +75,7 @@ _GRAM_WHITEN = True  # float32 whitening through the float64 Gram (see :func:`wh
 #: Largest sigma_1 / sigma_min for which :func:`whiten` takes the float64 Gram route. The Gram's
 #: error grows like eps64 kappa², the float32 SVD's like eps32 kappa (or better); measured on ESM's
 #: P_cat and A_cat (kappa 4e3 to 4e6) the Gram route was 24-60000x more accurate than the float32
-#: SVD against a float64 SVD (docs/performance.md §ESM), so the limit sits where eps64 kappa² ≈ 1e-4.
+#: SVD against a float64 SVD (docs/performance.md, ESM section), so the limit sits where eps64 kappa² ≈ 1e-4.
 WHITEN_GRAM_MAX_RATIO = 1e6
 
 
@@ -322,7 +322,7 @@ def whiten(M: Tensor) -> Tensor:
     For float32 inputs the polar factor comes from the float64 Gram of the smaller side
     (:func:`acetools.merging._linalg.gram_polar`) where sigma_1 / sigma_min <=
     ``WHITEN_GRAM_MAX_RATIO``: more accurate than the float32 SVD at every conditioning measured
-    (docs/performance.md §ESM) and no slower, also for the square 2304² and 3072² P_cat. Else,
+    (docs/performance.md, ESM section) and no slower, also for the square 2304² and 3072² P_cat. Else,
     and for float64 inputs, the SVD.
     """
     if M.dtype != torch.float64 and _GRAM_WHITEN and M.numel() > 0:
