@@ -287,8 +287,7 @@ class Benchmark:
         # data inputs (ESM's activations, RegMean's Grams) are collected once and timed apart
         # from the merge itself
         t0 = time.perf_counter()
-        self.method_inputs(method)
-        inputs_s = time.perf_counter() - t0
+        inputs_s = time.perf_counter() - t0 if self.method_inputs(method) else 0.0
         t0 = time.perf_counter()
         trace = None
         if search is None:
@@ -465,10 +464,9 @@ def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
         raise FileNotFoundError(f"no {suite}_{size}_seed*_summary.csv in {folder}; run `acetools bench "
                                 f"--suite {suite} --size {size} --out {folder}` first")
     df = pd.concat(frames, ignore_index=True)
-    from .results import REFERENCES, aggregate  # the one aggregation over seeds
+    from .results import aggregate, row_kind  # the one aggregation over seeds
 
-    summary = df.assign(suite=suite, n_tasks=math.nan,
-                        kind=np.where(df["method"].isin(REFERENCES), "reference", "method"))
+    summary = df.assign(suite=suite, n_tasks=math.nan, kind=[row_kind(m) for m in df["method"]])
     agg = aggregate(summary).set_index("method")
     span = df.groupby("method", sort=False)["test_normalized"].agg(["min", "max"])
     out = pd.DataFrame({"n_seeds": agg["n_seeds"], "test_acc": agg["test_acc"], "test_acc_sd": agg["test_acc_sd"],

@@ -7,6 +7,9 @@ traces, versions, checkpoint hashes), ``..._norms.csv`` and ``..._cosine.csv`` (
 This module reads them back (the course's ``04_benchmark`` lesson decides its verdicts in
 :mod:`acetools.course.benchmark`):
 
+* row kinds: :func:`row_kind` — ``reference`` (base, experts, MTL), ``method`` (a registered
+  merge method) or ``variant`` (a labelled setting of one, e.g. ``ace (gate off)`` from
+  ``acetools bench --variants``; shown after the methods and left out of rankings);
 * loading: :func:`find_results`, :func:`load_summary`, :func:`load_per_task`,
   :func:`load_records`, :func:`search_traces`, :func:`load_regime`;
 * aggregation over seeds: :func:`aggregate`, :func:`table1` (the papers' Table 1 layout,
@@ -35,6 +38,8 @@ import pandas as pd
 __all__ = [
     "REFERENCES",
     "DATA_DEPENDENT",
+    "KINDS",
+    "row_kind",
     "ResultFiles",
     "bench_command",
     "find_results",
@@ -65,6 +70,24 @@ DATA_DEPENDENT: dict[str, str] = {
     "regmean": "Gram matrices of training inputs",
     "esm": "unlabelled proxy images (32 per task)",
 }
+
+#: The kinds of summary rows, in the order tables show them.
+KINDS: tuple[str, ...] = ("reference", "method", "variant")
+_VARIANT = re.compile(r"^(?P<method>[a-z0-9_]+) \((?P<setting>.+)\)$")
+
+
+def row_kind(method: str) -> str:
+    """``reference`` for :data:`REFERENCES`; ``variant`` for a labelled setting of a registered
+    merge method, ``"<method> (<setting>)"`` (``ace (gate off)``, ``ace (eps 1e-5)``,
+    ``ace (scaling on val)``: :data:`acetools.benchmark.VARIANTS` and the CLI's
+    ``--ace-scaled``); ``method`` otherwise."""
+    from .merging import METHODS
+
+    if method in REFERENCES:
+        return "reference"
+    m = _VARIANT.match(method)
+    return "variant" if m and m["method"] in METHODS else "method"
+
 
 _STEM = re.compile(r"^(?P<suite>.+)_(?P<size>[^_]+)_seed(?P<seed>\d+)_summary\.csv$")
 
@@ -147,9 +170,12 @@ def _n_tasks(files: ResultFiles) -> int:
 
 
 def load_summary(runs: Sequence[ResultFiles]) -> pd.DataFrame:
-    """One row per (suite, seed, method): ``suite, n_tasks, size, seed, method, kind`` (``reference``
-    or ``method``) and the summary columns (``coef_name, coef, test_acc, test_normalized,
-    val_normalized, merge_seconds``)."""
+    """One row per (suite, seed, method): ``suite, n_tasks, size, seed, method, kind``
+    (:func:`row_kind`: ``reference``, ``method`` or ``variant``) and the summary columns
+    (``coef_name, coef, test_acc, test_normalized, val_normalized, merge_seconds`` and, in
+    files written since the data inputs are timed apart, ``inputs_seconds``: ESM's proxy
+    capture / RegMean's Grams, not part of ``merge_seconds``; older files lack it, and their
+    ESM ``merge_seconds`` includes half of its capture)."""
     frames = []
     for r in runs:
         df = pd.read_csv(r.summary)
@@ -161,8 +187,7 @@ def load_summary(runs: Sequence[ResultFiles]) -> pd.DataFrame:
     if not frames:
         raise ValueError("no result files given")
     out = pd.concat(frames, ignore_index=True)
-    out.insert(out.columns.get_loc("method") + 1, "kind",
-               np.where(out["method"].isin(REFERENCES), "reference", "method"))
+    out.insert(out.columns.get_loc("method") + 1, "kind", [row_kind(m) for m in out["method"]])
     return out
 
 
@@ -221,13 +246,13 @@ def load_regime(files: ResultFiles) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 # --------------------------------------------------------------------------- aggregation
-_METRICS = ("test_acc", "test_normalized", "val_normalized", "merge_seconds")
+_METRICS = ("test_acc", "test_normalized", "val_normalized", "merge_seconds", "inputs_seconds")
 
 
 def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
     """Mean and standard deviation over seeds per (suite, method): columns ``suite, n_tasks,
     method, kind, n_seeds``, ``<metric>`` and ``<metric>_sd`` for test_acc, test_normalized,
-    val_normalized, merge_seconds (those present), and ``coef`` (mean). Order: suites and
+    val_normalized, merge_seconds, inputs_seconds (those present), and ``coef`` (mean). Order: suites and
     methods as first seen. The sd is NaN with one seed. The one aggregation over seeds in
     acetools (:func:`acetools.benchmark.aggregate_seeds` uses it for the CLI's table)."""
     keys = ["suite", "n_tasks", "method", "kind"]
@@ -242,16 +267,24 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def wide(agg: pd.DataFrame, metric: str = "test_normalized") -> pd.DataFrame:
-    """``metric`` as a method × suite table (suites in ``n_tasks`` order)."""
+    """``metric`` as a method × suite table (suites in ``n_tasks`` order; rows as first seen,
+    references, then methods, then variants: :data:`KINDS`)."""
     suites = agg.drop_duplicates("suite").sort_values("n_tasks", kind="stable")["suite"].tolist()
     t = agg.pivot(index="method", columns="suite", values=metric)
+    return t.reindex(index=_row_order(agg), columns=suites)
+
+
+def _row_order(agg: pd.DataFrame) -> list[str]:
     methods = list(dict.fromkeys(agg["method"]))
-    return t.reindex(index=methods, columns=suites)
+    kinds = agg.drop_duplicates("method").set_index("method")["kind"] if "kind" in agg else {}
+    rank = {k: i for i, k in enumerate(KINDS)}
+    return sorted(methods, key=lambda m: rank.get(kinds.get(m, row_kind(m)), 1))  # stable: first seen within a kind
 
 
 def table1(agg: pd.DataFrame, metric: str = "test_normalized", digits: int = 1) -> pd.DataFrame:
     """The papers' Table 1 layout: methods × suites, cells ``"mean ± sd"`` over seeds (just the
-    mean when a suite has one seed). Columns are labelled ``"<suite> (T=<n>)"``."""
+    mean when a suite has one seed). Columns are labelled ``"<suite> (T=<n>)"``. Variant rows
+    (:func:`row_kind`) come after the methods, labelled ``"variant: <label>"``."""
     mean, sd = wide(agg, metric), wide(agg, f"{metric}_sd")
     n_tasks = agg.drop_duplicates("suite").set_index("suite")["n_tasks"]
 
@@ -262,6 +295,7 @@ def table1(agg: pd.DataFrame, metric: str = "test_normalized", digits: int = 1) 
 
     out = pd.DataFrame({c: [cell(m, s) for m, s in zip(mean[c], sd[c])] for c in mean.columns}, index=mean.index)
     out.columns = [f"{c} (T={n_tasks[c]})" for c in out.columns]
+    out.index = [f"variant: {m}" if row_kind(m) == "variant" else m for m in out.index]
     out.index.name = "method"
     return out
 
@@ -395,15 +429,17 @@ def prefix_world(zoo, n_tasks: int):
 
 
 def write_results(bench, folder: str | os.PathLike, stem: str, methods: Sequence[str] | None = None,
-                  progress: bool | None = False) -> dict[str, Path]:
-    """Run ``methods`` (default all) plus the reference rows on ``bench`` and save them with
-    :meth:`~acetools.benchmark.Benchmark.save` as ``<folder>/<stem>_*`` (``stem`` must look
-    like ``<suite>_<size>_seed<k>`` for :func:`find_results`)."""
+                  progress: bool | None = False, extra: Mapping[str, dict] | None = None) -> dict[str, Path]:
+    """Run ``methods`` (default all) plus the reference rows and the labelled ``extra`` rows
+    (:meth:`~acetools.benchmark.Benchmark.run_all`, e.g. :data:`acetools.benchmark.VARIANTS`)
+    on ``bench`` and save them with :meth:`~acetools.benchmark.Benchmark.save` as
+    ``<folder>/<stem>_*`` (``stem`` must look like ``<suite>_<size>_seed<k>`` for
+    :func:`find_results`)."""
     if not _STEM.match(f"{stem}_summary.csv"):
         raise ValueError(f"stem {stem!r} must look like '<suite>_<size>_seed<k>'")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    runs = bench.run_all(methods, progress=progress)
+    runs = bench.run_all(methods, progress=progress, extra=extra)
     return bench.save(runs, folder, stem)
 
 

@@ -25,7 +25,7 @@ def summary_rows(suite_scores: dict, seconds: dict | None = None, coef: dict | N
         for m, vals in methods.items():
             for seed, v in enumerate(vals):
                 rows.append({"suite": suite, "n_tasks": n, "size": "small", "seed": seed, "method": m,
-                             "kind": "reference" if m in results.REFERENCES else "method",
+                             "kind": results.row_kind(m),
                              "coef_name": None, "coef": (coef or {}).get(m, math.nan),
                              "test_acc": v, "test_normalized": v, "val_normalized": v,
                              "merge_seconds": (seconds or {}).get((suite, m), 1.0)})
@@ -150,6 +150,43 @@ def test_table1_cells_and_wide(folder):
     assert t.loc["ace", "tasks14 (T=3)"] == "70.0"  # one seed: no sd
     w = results.wide(agg, "test_normalized")
     assert w.loc["task_arithmetic", "tasks8"] == 81.0 and list(w.columns) == ["tasks8", "tasks14"]
+
+
+def test_row_kind():
+    assert results.row_kind("base (frozen heads)") == "reference"
+    assert results.row_kind("multi-task (MTL)") == "reference"
+    for v in ("ace (gate off)", "ace (eps 1e-5)", "ace (scaling on val)"):
+        assert results.row_kind(v) == "variant"
+    assert results.row_kind("ace") == "method" and results.row_kind("tsv_m") == "method"
+    assert results.row_kind("nomethod (x)") == "method"  # not a registered method: no variant of one
+
+
+def test_variant_rows_and_inputs_seconds(tmp_path):
+    m = {"base (frozen heads)": (40.0, 50.0, 0.0), "experts (individual)": (90.0, 100.0, 0.0)}
+    # a variant first seen before a method (another suite's file order): tables still put it last
+    write_run(tmp_path, "tasks8", 0, {**m, "ace (gate off)": (74.0, 83.0, 0.2), "ace": (75.0, 84.0, 0.2),
+                                      "esm": (80.0, 90.0, 1.0)})
+    f = tmp_path / "tasks8_small_seed0_summary.csv"
+    d = pd.read_csv(f)
+    d["inputs_seconds"] = np.where(d["method"] == "esm", 3.0, 0.0)
+    d.to_csv(f, index=False)
+    summ = results.load_summary(results.find_results(tmp_path))
+    assert summ.set_index("method")["kind"].to_dict() == {
+        "base (frozen heads)": "reference", "experts (individual)": "reference", "ace (gate off)": "variant",
+        "ace": "method", "esm": "method"}
+    agg = results.aggregate(summ)
+    assert agg.set_index("method").loc["esm", "inputs_seconds"] == 3.0
+    assert list(results.wide(agg).index) == ["base (frozen heads)", "experts (individual)", "ace", "esm",
+                                             "ace (gate off)"]
+    t = results.table1(agg)
+    assert list(t.index)[-1] == "variant: ace (gate off)" and t.loc["variant: ace (gate off)"].iloc[0] == "83.0"
+    assert "ace" in t.index
+
+
+def test_old_files_without_inputs_seconds(folder):
+    agg = results.aggregate(results.load_summary(results.find_results(folder)))
+    assert "inputs_seconds" not in agg.columns and "merge_seconds" in agg.columns
+    assert set(agg["kind"]) == {"reference", "method"}
 
 
 # ----------------------------------------------------------------------------- Kendall tau

@@ -62,7 +62,8 @@ CLAIMS: tuple[Claim, ...] = (
           "top-5% energy and condition number of W_pre (or its update) per layer"),
     Claim("ace.direction", "ACE", "The principal directions of the preliminary solution are correct "
           "(cosine ≈ 1); the problem is the energy distribution.", "02_ace_step_by_step",
-          "cosine of W_pre's top singular directions with the task-vector sum's / experts'"),
+          "cosine of W_pre's top singular directions with the closed form's under the hooked input "
+          "covariances (task-vector sum's beside it)"),
     Claim("ace.refinement", "ACE", "Spectral refinement (top-k singular values replaced by their mean) "
           "improves the merge.", "02_ace_step_by_step", "ablation: refine on / off"),
     Claim("ace.sota", "ACE", "ACE beats every data-free baseline in all vision settings (ViT-B/32 8 tasks 87.9, "
@@ -89,11 +90,11 @@ CLAIMS: tuple[Claim, ...] = (
           "the same accuracy (< 0.1% apart).", "03_esm_step_by_step",
           "ESM accuracy with in-distribution, another task's, one-class proxies"),
     Claim("esm.four", "ESM", "Four proxy samples already beat the SVD baseline.", "03_esm_step_by_step",
-          "ESM with 4 proxies against SVD (TSV-M-like) merge"),
+          "ESM with 4 proxies against TSV-M (the paper's SVD baseline)"),
     Claim("esm.esd_alone", "ESM", "ESD without scaling beats SVD (+1.9 / +2.2 at 8 / 20 tasks).",
-          "03_esm_step_by_step", "ablation grid: SVD vs ESD, no scaling"),
+          "03_esm_step_by_step", "ablation grid: ESD without scaling vs TSV-M (the paper's SVD row)"),
     Claim("esm.ps_on_svd", "ESM", "Polarized scaling helps SVD too (+0.6 / +1.5).", "03_esm_step_by_step",
-          "ablation grid: SVD with and without scaling"),
+          "ablation grid: SVD with all three levels vs TSV-M (the paper's SVD row)"),
     Claim("esm.layer_first", "ESM", "Layer-level scaling contributes the most of the three levels.",
           "03_esm_step_by_step", "ablation grid: ESD + layer-only vs ESD + all"),
     Claim("esm.reciprocal", "ESM", "Reciprocal scaling costs 5+ points.", "03_esm_step_by_step",

@@ -11,12 +11,16 @@ docs/methods.md §ESM). This module turns those stages into the measurements a l
 * **proxy data** (Step A's 32 images): :data:`PROXY_VARIANTS`, :func:`proxy_images` (the
   images each variant feeds each expert), :func:`proxy_activations` (their input activations
   inside each fine-tuned encoder, the ``activations=`` input of ``esm``),
+  :func:`timed_activations` (the same with the seconds the capture took),
   :func:`subspace_overlap` (how far the essential subspace moves with the proxy set);
 * **runs with alpha chosen on validation**: :func:`esm_path` (one merge, any alpha),
   :func:`run_esm` (merge once, search alpha on the validation splits with
   :mod:`acetools.search`, score test; custom activations allowed),
   :data:`ABLATION` / :func:`ablation_hparams` / :func:`run_ablation` (the paper's grid
-  {SVD, ESD} x {no scaling, layer only, all three levels} plus the reciprocal exponent);
+  {SVD, ESD} x {no scaling, layer only, all three levels} plus the reciprocal exponent, and
+  :data:`TSV_M_ROW`, TSV-M itself: the paper's "SVD" row, :func:`run_tsv_m`). Every run
+  reports ESM's merge seconds without the proxy capture, and the capture apart
+  (``inputs_seconds``);
 * **one layer, every stage**: :func:`layer_stages` (P_cat, A_cat, the factors, the whitened
   factors), :func:`cosine_gram`, :func:`offdiagonal_share`;
 * **polarization factors**: :func:`task_factors` (s_t per layer), :func:`layer_factor_table`;
@@ -55,6 +59,8 @@ __all__ = [
     "NOISE",
     "PROXY_VARIANTS",
     "ABLATION",
+    "TSV_M_ROW",
+    "TSV_M_PATIENCE",
     "layer_energy",
     "cka_at_rank",
     "rank_at",
@@ -67,11 +73,13 @@ __all__ = [
     "layer_factor_table",
     "proxy_images",
     "proxy_activations",
+    "timed_activations",
     "subspace_overlap",
     "ablation_hparams",
     "alpha_keys",
     "esm_path",
     "run_esm",
+    "run_tsv_m",
     "run_ablation",
     "runs_table",
     "ablation_table",
@@ -394,6 +402,26 @@ def proxy_activations(bench, images: Mapping[str, Tensor],
     return acts
 
 
+def timed_activations(bench, images: Mapping[str, Tensor] | None = None,
+                      keys: Sequence[str] | None = None) -> tuple[dict[str, list[Tensor]], float]:
+    """ESM's proxy capture, timed: ``(activations, seconds)``.
+
+    With ``images``: :func:`proxy_activations` of those images (``keys`` as there). Without:
+    the bench's own proxy activations, ``bench.esm_activations()`` (the bench keeps them, so
+    the seconds are those of the first call and 0 once it holds them, as in
+    :meth:`acetools.benchmark.Benchmark.run`). The seconds are reported as a run's
+    ``inputs_seconds``, apart from its ``merge_seconds`` (:func:`run_esm`).
+    """
+    t0 = time.perf_counter()
+    if images is None:
+        if keys is not None:
+            raise ValueError("keys= needs images=: the bench's own activations cover bench.matrix_keys()")
+        acts = bench.esm_activations()
+    else:
+        acts = proxy_activations(bench, images, keys)
+    return acts, time.perf_counter() - t0
+
+
 def subspace_overlap(X_a: Tensor, delta_W: Tensor, k: int, X_b: Tensor | None = None) -> float:
     """How much two rank-k bases of one update agree: the mean cos^2 of the principal angles
     (:func:`acetools.diagnostics.subspace_similarity`, 1 = the same subspace).
@@ -485,7 +513,7 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
 
 def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
             grid: Sequence[float] | None = None, search: str = "climb", patience: int | None = 1,
-            label: str | None = None, **hparams: Any):
+            label: str | None = None, inputs_seconds: float | None = None, **hparams: Any):
     """ESM on ``bench`` with alpha chosen on validation, scored on test: a
     :class:`acetools.benchmark.MethodRun` (``method="esm"``, ``label``, the search trace).
 
@@ -496,11 +524,25 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
     (:func:`acetools.search.grid_search` in order, optional ``patience``). ``activations``:
     the proxy activations (default ``bench.esm_activations()``); ``hparams``: the other
     ``esm`` switches.
+
+    Time: the run's ``merge_seconds`` is the merge alone; ``inputs_seconds`` the proxy capture
+    it needs, timed apart: ``inputs_seconds`` when given (the caller captured ``activations``,
+    e.g. with :func:`timed_activations`); else, without ``activations``, the time of
+    ``bench.esm_activations()`` here (0 when the bench already holds them); 0 with
+    ``decomposition="svd"`` (no data) or with ``activations`` given and no ``inputs_seconds``.
     """
     from ..benchmark import MethodRun
 
     if search not in ("climb", "grid"):
         raise ValueError(f"search={search!r} must be 'climb' or 'grid'")
+    if inputs_seconds is not None and not (math.isfinite(inputs_seconds) and inputs_seconds >= 0):
+        raise ValueError(f"inputs_seconds={inputs_seconds!r} must be a finite number >= 0")
+    capture_s = 0.0
+    if hparams.get("decomposition", "esd") == "esd":
+        if activations is None:
+            activations, capture_s = timed_activations(bench)
+        if inputs_seconds is not None:
+            capture_s = float(inputs_seconds)
     at, merge_s = esm_path(bench, activations=activations, **hparams)
 
     def score(alpha: float) -> dict[str, float]:
@@ -519,39 +561,80 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
     kept = dict(hparams)
     kept["alpha"] = alpha
     return MethodRun("esm", kept, "alpha", alpha, val, test, bench.normalized(val, "val"),
-                     bench.normalized(test, "test"), merge_s, res.to_frame(), label)
+                     bench.normalized(test, "test"), merge_s, res.to_frame(), label, inputs_seconds=capture_s)
+
+
+#: The label of TSV-M's row in the ablation table: the paper's "SVD" row (ViT-B/16: 89.0 / 80.6
+#: at 8 / 20 tasks, TSV-M's numbers in its main table). The in-pipeline rows "SVD, ..." of
+#: :data:`ABLATION` (ESM's pipeline with the SVD basis) stay beside it as extra rows.
+TSV_M_ROW: str = "TSV-M (the paper's SVD row)"
+
+#: The grid-search patience of TSV-M's alpha on :data:`acetools.search.ALPHA_GRID`: the shipped
+#: benchmark's (``benchmarks/mini_world.sh``, ``--patience 3``, as the Iso code).
+TSV_M_PATIENCE: int | None = 3
+
+
+def run_tsv_m(bench, *, patience: int | None = TSV_M_PATIENCE, label: str = TSV_M_ROW):
+    """TSV-M on ``bench`` as the benchmark runs it (:meth:`acetools.benchmark.Benchmark.run`:
+    alpha on :data:`acetools.search.ALPHA_GRID` chosen on validation, here with grid-search
+    ``patience``), labelled ``label``: the paper's "SVD" row of ESM's ablation."""
+    import copy
+
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
+        raise ValueError(f"patience={patience!r} must be None or a positive int")
+    b = copy.copy(bench)  # shares the bench's caches; only the search's patience differs
+    b.patience = patience
+    return b.run("tsv_m", label=label)
 
 
 def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None, grid=None, search: str = "climb",
                  patience: int | None = 1, done: Mapping[str, Any] | None = None,
-                 progress: bool | None = None) -> list:
-    """:func:`run_esm` for each ablation row in ``names`` (default all of :data:`ABLATION`),
-    labelled by row name, with the same search for every row. ``done``: runs already made
-    on this bench with that row's switches (row name -> MethodRun) are reused, relabelled,
-    instead of rerun."""
+                 progress: bool | None = None, inputs_seconds: float | None = None,
+                 tsv_m_patience: int | None = TSV_M_PATIENCE) -> list:
+    """:func:`run_esm` for each ablation row in ``names`` (default all of :data:`ABLATION`, then
+    :data:`TSV_M_ROW`), labelled by row name, with the same search for every ESM row;
+    :data:`TSV_M_ROW` runs :func:`run_tsv_m` (patience ``tsv_m_patience``). ``done``: runs
+    already made on this bench with that row's switches (row name -> MethodRun) are reused,
+    relabelled, instead of rerun.
+
+    The proxy capture is made once for every ESD row (``activations``, default the bench's
+    own, timed by :func:`timed_activations`); each ESD row reports it as ``inputs_seconds``
+    (or the given ``inputs_seconds``: the capture time of ``activations`` when the caller
+    made them), the SVD rows and TSV-M 0 (they use no data)."""
     from ..utils import progress as bar
 
-    names = list(ABLATION) if names is None else list(names)
+    names = list(ABLATION) + [TSV_M_ROW] if names is None else list(names)
+    for name in names:
+        if name != TSV_M_ROW:
+            ablation_hparams(name)  # unknown rows fail before any run
+    todo = [n for n in names if n != TSV_M_ROW and not (done is not None and n in done)]
+    if activations is None and any(ABLATION[n].get("decomposition", "esd") == "esd" for n in todo):
+        activations, secs = timed_activations(bench)
+        inputs_seconds = secs if inputs_seconds is None else inputs_seconds
     runs = []
     for name in bar(names, desc="ablation", enabled=progress):
         if done is not None and name in done:
             runs.append(dataclasses.replace(done[name], label=name))
-            continue
-        runs.append(run_esm(bench, activations=activations, grid=grid, search=search, patience=patience,
-                            label=name, **ablation_hparams(name)))
+        elif name == TSV_M_ROW:
+            runs.append(run_tsv_m(bench, patience=tsv_m_patience, label=name))
+        else:
+            runs.append(run_esm(bench, activations=activations, grid=grid, search=search, patience=patience,
+                                label=name, inputs_seconds=inputs_seconds, **ablation_hparams(name)))
     return runs
 
 
 def runs_table(runs: Sequence[Any], **columns: Any) -> pd.DataFrame:
     """One row per run: label, alpha, test/validation accuracy (absolute and normalized, %),
-    merge seconds, plus constant ``columns`` (e.g. ``suite="tasks8"``)."""
+    ``merge_seconds`` (the merge alone) and ``inputs_seconds`` (the proxy capture ESM needs,
+    timed apart; 0 for methods without data), plus constant ``columns`` (e.g.
+    ``suite="tasks8"``)."""
     rows = []
     for r in runs:
         s = r.summary()
         rows.append({**columns, "variant": s["method"], "alpha": s["coef"],
                      "val_acc": 100 * float(np.mean(list(r.val.values()))), "val_normalized": s["val_normalized"],
                      "test_acc": s["test_acc"], "test_normalized": s["test_normalized"],
-                     "merge_seconds": s["merge_seconds"]})
+                     "merge_seconds": s["merge_seconds"], "inputs_seconds": float(s.get("inputs_seconds", 0.0))})
     return pd.DataFrame(rows)
 
 
@@ -736,23 +819,35 @@ def verdict_proxy(acc: Mapping[str, float], reference: str = "in-distribution",
     return Verdict(measured, "not reproduced", f"no alternative proxy within ±{NOISE} points ({txt})", nums)
 
 
-def verdict_four(acc_four: float, acc_svd: float) -> Verdict:
-    """esm.four. The paper: 4 proxy samples already beat the SVD baseline (no number). Rule:
-    ESM with 4 proxies minus the SVD baseline is better -> reproduced; a tie -> partly (no
-    worse, not better); worse -> not reproduced."""
-    d = float(acc_four - acc_svd)
-    nums = {"esm_4_samples": float(acc_four), "svd_baseline": float(acc_svd), "diff_points": d}
+def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | None = None) -> Verdict:
+    """esm.four. The paper: 4 proxy samples already beat the SVD baseline, its "SVD" row, which
+    is TSV-M (ViT-B/16 89.0 / 80.6 at 8 / 20 tasks; no 4-sample number). Rule: ESM with 4
+    proxies minus TSV-M (alpha chosen on validation, :func:`run_tsv_m`) is better
+    (:func:`~acetools.course.verdicts.compare`) -> reproduced; a tie -> partly (no worse, not
+    better); worse -> not reproduced. ``acc_inpipeline_svd``: the in-pipeline "SVD, no scaling"
+    row (ESM's pipeline on the SVD basis), reported beside it (``diff_vs_inpipeline_svd``) and
+    not judged."""
+    d = float(acc_four - acc_tsv_m)
+    nums = {"esm_4_samples": float(acc_four), "tsv_m": float(acc_tsv_m), "diff_points": d}
     c = compare(d)
     v = {"better": "reproduced", TIE: "partly", "worse": "not reproduced"}[c]
-    return Verdict(f"ESM with 4 proxy images {acc_four:.2f} % vs SVD baseline {acc_svd:.2f} %", v,
-                   f"4-sample ESM minus the SVD baseline: {d:+.2f} points ({c})", nums)
+    measured = f"ESM with 4 proxy images {acc_four:.2f} % vs TSV-M (the paper's SVD baseline) {acc_tsv_m:.2f} %"
+    why = f"4-sample ESM minus TSV-M: {d:+.2f} points ({c})"
+    if acc_inpipeline_svd is not None:
+        d_in = float(acc_four - acc_inpipeline_svd)
+        nums.update(svd_inpipeline=float(acc_inpipeline_svd), diff_vs_inpipeline_svd=d_in)
+        measured += f" (in-pipeline SVD, no scaling {acc_inpipeline_svd:.2f} %)"
+        why += f"; minus the in-pipeline SVD row {d_in:+.2f} (not judged)"
+    return Verdict(measured, v, why, nums)
 
 
 def verdict_gain(gains: Mapping[str, float], what: str, measured: str = "") -> Verdict:
-    """A gain claim over one or more suites. esm.esd_alone: the paper's ESD minus SVD without
-    scaling is +1.9 / +2.2 at 8 / 20 tasks; esm.ps_on_svd: SVD with minus without polarized
-    scaling +0.6 / +1.5 — both count as gains under our rule (> NOISE = 0.5). Rule: the gain
-    counts on every suite -> reproduced; on some -> partly; none -> not reproduced."""
+    """A gain claim over one or more suites, against TSV-M (the paper's "SVD" row, ViT-B/16
+    89.0 / 80.6 at 8 / 20 tasks). esm.esd_alone: the paper's (ESD, no scaling) minus TSV-M is
+    +1.9 / +2.2 at 8 / 20 tasks; esm.ps_on_svd: its "SVD + PS" row minus TSV-M +0.6 / +1.5 —
+    both count as gains under our rule (> NOISE = 0.5). Rule: the gain counts on every suite
+    -> reproduced; on some -> partly; none -> not reproduced. (:func:`ablation_verdicts`
+    says which of our rows stand for the paper's.)"""
     res = {s: compare(g) for s, g in gains.items()}
     txt = ", ".join(f"{s} {g:+.2f}" for s, g in gains.items())
     nums = {f"gain_{s}": float(g) for s, g in gains.items()}
@@ -838,18 +933,50 @@ def verdict_norm_importance(table: pd.DataFrame) -> Verdict:
 
 
 #: The ablation claims of notebook 03: claim id -> (rows of the grid shown in the measurement).
+#: The paper's "SVD" row is TSV-M (:data:`TSV_M_ROW`); the in-pipeline "SVD, no scaling" row is
+#: shown beside it.
 ABLATION_CLAIMS: dict[str, tuple[str, ...]] = {
-    "esm.esd_alone": ("ESD, no scaling", "SVD, no scaling"),
-    "esm.ps_on_svd": ("SVD, all levels", "SVD, no scaling"),
+    "esm.esd_alone": ("ESD, no scaling", TSV_M_ROW, "SVD, no scaling"),
+    "esm.ps_on_svd": ("SVD, all levels", TSV_M_ROW, "SVD, no scaling"),
     "esm.layer_first": ("ESD, no scaling", "ESD, layer only", "ESD, all levels"),
     "esm.reciprocal": ("ESD, all levels", "ESD, reciprocal (-1)"),
 }
 
 
+def _also(v: Verdict, gains: Mapping[str, float], what: str) -> Verdict:
+    """``v`` with an unjudged in-pipeline comparison added to its reason and its numbers
+    (``gain_vs_inpipeline_svd_<suite>``)."""
+    txt = ", ".join(f"{s} {g:+.2f}" for s, g in gains.items())
+    nums = {**v.numbers, **{f"gain_vs_inpipeline_svd_{s}": float(g) for s, g in gains.items()}}
+    return Verdict(v.measured, v.verdict, f"{v.reason}; {what}: {txt} (not judged)", nums)
+
+
 def ablation_verdicts(ab_table: pd.DataFrame) -> dict[str, Verdict]:
     """The verdicts of the ablation-grid claims from :func:`runs_table` rows with a ``suite``
-    column (test accuracy, points), by claim id (:data:`ABLATION_CLAIMS`)."""
+    column (test accuracy, points), by claim id (:data:`ABLATION_CLAIMS`).
+
+    The paper's "SVD" row is TSV-M, so the SVD side of each claim is :data:`TSV_M_ROW`:
+
+    * esm.esd_alone: (ESD, no scaling) - TSV-M (paper +1.9 / +2.2);
+    * esm.ps_on_svd: the paper's "SVD + PS" row is TSV-M's SVD basis with polarized scaling
+      added; our closest row is the in-pipeline "SVD, all levels" (ESM's pipeline on the SVD
+      basis, all three levels), so the gain is (SVD, all levels) - TSV-M (paper +0.6 / +1.5).
+      It includes what ESM's pipeline adds to TSV-M besides the scaling (the e^0.15 weights,
+      the constant 2, alpha on the ESD layers only); so, on our reading, does the paper's
+      gain, whose "SVD" row is TSV-M's number from its main table;
+    * esm.layer_first, esm.reciprocal: within the ESD rows, as before.
+
+    The in-pipeline comparisons stay in each verdict's numbers, not judged:
+    ``gain_vs_inpipeline_svd_<suite>`` = (ESD, no scaling) - (SVD, no scaling) for
+    esm.esd_alone and (SVD, all levels) - (SVD, no scaling) for esm.ps_on_svd.
+    """
     acc = ab_table.pivot(index="variant", columns="suite", values="test_acc")
+    needed = list(dict.fromkeys(r for rows in ABLATION_CLAIMS.values() for r in rows))
+    missing = [r for r in needed if r not in acc.index]
+    if missing:
+        raise ValueError(f"ablation table lacks the rows {missing} (variant column); run_ablation() runs them all")
+    if acc.loc[needed].isna().any().any():
+        raise ValueError(f"ablation table misses some suites of the rows {needed}: every row needs every suite")
 
     def gain(a: str, b: str) -> dict[str, float]:
         return {s: float(acc.loc[a, s] - acc.loc[b, s]) for s in acc.columns}
@@ -858,10 +985,12 @@ def ablation_verdicts(ab_table: pd.DataFrame) -> dict[str, Verdict]:
         return "test accuracy (%) " + ablation_text(acc, list(ABLATION_CLAIMS[cid]))
 
     out = {
-        "esm.esd_alone": verdict_gain(gain("ESD, no scaling", "SVD, no scaling"), "ESD minus SVD, no scaling",
-                                      words("esm.esd_alone")),
-        "esm.ps_on_svd": verdict_gain(gain("SVD, all levels", "SVD, no scaling"), "SVD with minus without scaling",
-                                      words("esm.ps_on_svd")),
+        "esm.esd_alone": _also(verdict_gain(gain("ESD, no scaling", TSV_M_ROW), "ESD (no scaling) minus TSV-M",
+                                            words("esm.esd_alone")),
+                               gain("ESD, no scaling", "SVD, no scaling"), "minus the in-pipeline SVD row"),
+        "esm.ps_on_svd": _also(verdict_gain(gain("SVD, all levels", TSV_M_ROW), "SVD with all levels minus TSV-M",
+                                            words("esm.ps_on_svd")),
+                               gain("SVD, all levels", "SVD, no scaling"), "minus the in-pipeline SVD, no scaling"),
         "esm.layer_first": verdict_layer_first(gain("ESD, layer only", "ESD, no scaling"),
                                                gain("ESD, all levels", "ESD, no scaling"), words("esm.layer_first")),
         "esm.reciprocal": verdict_reciprocal(gain("ESD, all levels", "ESD, reciprocal (-1)"),

@@ -96,20 +96,23 @@ def room_budget(card: RegimeCard) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def targets(card: RegimeCard) -> pd.DataFrame:
-    """Issue 10's ``tasks8`` targets against ``card``: target, measured, threshold, passed."""
-    v = card.value
-    rows = [
-        ("experts ≥ 85 % absolute", v("experts_abs"), "≥ 85", v("experts_abs") >= 85),
-        ("base ≥ 20 points below the experts", v("experts_abs") - v("base_abs"), "≥ 20",
-         v("experts_abs") - v("base_abs") >= 20),
-        ("TSV-M ≥ 85 % normalized", v("tsv_norm"), "≥ 85", v("tsv_norm") >= 85),
-        ("TSV-M − task arithmetic ≥ 10", v("tsv_minus_ta"), "≥ 10", v("tsv_minus_ta") >= 10),
-        ("ACE's gate off on ≥ 75 % of matrices", 100 - v("ace_gated_fraction"), "≥ 75",
-         100 - v("ace_gated_fraction") >= 75),
-        ("task arithmetic's λ in [0.2, 0.6]", v("ta_lambda"), "0.2–0.6", 0.2 <= v("ta_lambda") <= 0.6),
-    ]
-    return pd.DataFrame(rows, columns=["target", "measured", "threshold", "passed"])
+def targets(card: RegimeCard, summary: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The regime targets (docs/regime.md §Targets) against ``card``: accuracy rows from the
+    benchmark's seeds when ``summary`` (:func:`benchmark_summary`) is given, else from the card;
+    columns ``target, suite, measured, threshold, passed, source``."""
+    from ..regime import regime_targets
+
+    return regime_targets(card, summary)
+
+
+def benchmark_summary(results_dir: str | os.PathLike, suites: Sequence[str] = ("tasks8", "tasks14", "tasks20"),
+                      size: str = "small") -> pd.DataFrame | None:
+    """The benchmark's per-seed table from ``results_dir`` (``figures/benchmark``), or ``None``
+    when it holds no result of ``suites`` at ``size``."""
+    from ..results import find_results, load_summary
+
+    runs = find_results(results_dir, list(suites), size)
+    return load_summary(runs) if runs else None
 
 
 def fixture_card(*, seed: int = 0, device: str = "cpu", progress: bool | None = False) -> RegimeCard:

@@ -102,4 +102,9 @@ def describe(zoo, quick: bool) -> str:
         return (f"The quick profile's fixture world: {len(zoo.tasks)} procedural tasks ({tasks}) at model size "
                 f"{zoo.size}, built from nothing in seconds. Its numbers check that the lesson runs; they are not "
                 "results to read (the full profile runs the mini-world).")
-    return f"The mini-world's suite {zoo.suite}: {len(zoo.tasks)} tasks ({tasks}) at model size {zoo.size}."
+    text = f"The mini-world's suite {zoo.suite}: {len(zoo.tasks)} tasks ({tasks}) at model size {zoo.size}"
+    cfg = getattr(zoo, "finetune_config", None)
+    if cfg is None:
+        return text + "."
+    return (f"{text}; experts fine-tuned with AdamW at lr {cfg.lr:g} for {cfg.epochs} epochs ({cfg.precision}), "
+            f"seed {getattr(zoo, 'seed', 0)}.")

@@ -208,6 +208,43 @@ def test_stage_table_direction_cosine_is_one_for_shared_directions():
     assert st.top_energy_pre.item() == pytest.approx(1.0, abs=1e-6)
 
 
+def test_hooked_closed_form_is_the_given_covariance_solve():
+    dWs = _layer(T=3, shape=(7, 5), scales=[0.5, 1.0, 2.0], seed=3)
+    g = torch.Generator().manual_seed(4)
+    X = [torch.randn(40, 5, generator=g, dtype=torch.float64) * torch.tensor([3.0, 1.0, 0.2, 0.2, 0.1]) for _ in dWs]
+    Sig = [x.T @ x for x in X]
+    eps = 1e-2
+    I5 = torch.eye(5, dtype=torch.float64)
+    brute = sum(d @ (S + eps * I5) for d, S in zip(dWs, Sig)) @ torch.linalg.inv(sum(S + eps * I5 for S in Sig))
+    torch.testing.assert_close(AC.hooked_closed_form(dWs, Sig, eps=eps), brute, rtol=1e-9, atol=1e-12)
+
+
+def test_stage_table_cos_hooked():
+    base, experts = _hetero_world()
+    taus = task_vectors(base, experts)
+    keys = AC.matrix_keys(taus)
+    hooked, unhooked = keys[0], keys[1]
+    # identity covariances: the closed form is the task-vector mean, so cos_hooked = cos_sum exactly
+    eye = [{hooked: torch.eye(taus[0][hooked].shape[1], dtype=torch.float64)} for _ in taus]
+    st = AC.stage_table(taus, keys[:2], covariances=eye).set_index("key")
+    assert st.loc[hooked, "cos_hooked"] == pytest.approx(st.loc[hooked, "cos_sum"], abs=1e-9)
+    assert st.loc[hooked, "cos_sum_hooked"] == pytest.approx(1.0, abs=1e-9)
+    assert math.isnan(st.loc[unhooked, "cos_hooked"]) and math.isnan(st.loc[unhooked, "cos_sum_hooked"])
+    # covariances that concentrate each task on different inputs move the reference away from the sum
+    d_in = taus[0][hooked].shape[1]
+    aniso = []
+    for t in range(len(taus)):
+        w = torch.full((d_in,), 1e-3, dtype=torch.float64)
+        w[t % d_in] = 1.0
+        aniso.append({hooked: torch.diag(w)})
+    st2 = AC.stage_table(taus, [hooked], covariances=aniso)
+    assert st2.cos_sum_hooked.item() < 0.99
+    assert st2.cos_hooked.item() != pytest.approx(st2.cos_sum.item(), abs=1e-3)
+    assert AC.stage_table(taus, [hooked]).cos_hooked.isna().all()  # no covariances: NaN
+    with pytest.raises(ValueError, match="one {key: Sigma_t} dict per task"):
+        AC.stage_table(taus, [hooked], covariances=aniso[:2])
+
+
 # --------------------------------------------------------------------------- ablation
 
 
@@ -312,6 +349,8 @@ def test_verdicts_pass_the_papers_own_numbers():
     d = pd.DataFrame({"cos_sum": [1.0, 0.99], "cos_fused": [1.0, 1.0], "cos_experts": [0.5, 0.6],
                       "cos_random": [0.1, 0.1]})
     assert AC.verdict_direction(d).verdict == "reproduced"
+    paper = d.assign(cos_hooked=[1.0, 0.99], cos_sum_hooked=[0.9, 0.9])
+    assert AC.verdict_direction(paper).verdict == "reproduced"
 
 
 def test_verdict_gamma():
@@ -359,6 +398,24 @@ def test_verdict_spectrum_and_direction():
     assert AC.verdict_direction(d).verdict == "reproduced"
     assert AC.verdict_direction(d.assign(cos_sum=[0.6, 0.7])).verdict == "partly"
     assert AC.verdict_direction(d.assign(cos_sum=[0.2, 0.3])).verdict == "not reproduced"
+    assert "no hooked" in AC.verdict_direction(d).reason
+
+
+def test_verdict_direction_decides_on_the_hooked_reference():
+    d = pd.DataFrame({"cos_sum": [0.95, 0.92, 0.97], "cos_fused": [1.0, 1.0, 1.0], "cos_experts": [0.5, 0.6, 0.5],
+                      "cos_random": [0.1, 0.1, 0.1], "cos_hooked": [0.3, 0.2, math.nan],
+                      "cos_sum_hooked": [0.4, 0.5, math.nan]})
+    r = AC.verdict_direction(d)  # aligned with the task sum, not with the solution W_pre estimates
+    assert r.verdict == "not reproduced" and r.numbers["decided_on"] == "cos_hooked"
+    assert r.numbers["n_hooked"] == 2 and r.numbers["median_cos_hooked"] == pytest.approx(0.25)
+    assert r.numbers["median_cos_sum"] == pytest.approx(0.95) and "0.95" in r.measured
+    # NaN rows (attn.out_proj: no hook) are skipped, not counted as 0
+    assert AC.verdict_direction(d.assign(cos_hooked=[0.95, 0.91, math.nan])).verdict == "reproduced"
+    assert AC.verdict_direction(d.assign(cos_hooked=[0.6, 0.7, math.nan], cos_sum=[0.1, 0.1, 0.1])).verdict \
+        == "partly"
+    # every row NaN: the task-vector sum decides, and the reason says so
+    r = AC.verdict_direction(d.assign(cos_hooked=math.nan))
+    assert r.verdict == "reproduced" and r.numbers["decided_on"] == "cos_sum" and "no hooked" in r.reason
 
 
 def test_diagnose_reports_from_the_tables():
@@ -370,6 +427,10 @@ def test_diagnose_reports_from_the_tables():
                                    {"suite": "s", "variant": AC.SCALED_LABEL, "same_as": "", "scaling": 0.7}]),
                      pd.DataFrame())
     lines = AC.diagnose(gt, st, ab)
+    assert not any("hooked" in ln for ln in lines)  # no covariances: no hooked sentence
+    hooked = st.assign(cos_hooked=[0.4] + [math.nan] * (len(st) - 1), cos_sum_hooked=0.8)
+    line = next(ln for ln in AC.diagnose(gt, hooked, ab) if "hooked" in ln)
+    assert "1 hookable matrices" in line and "median cosine 0.40" in line
     assert "s = 0.7 in s" in lines[-2]
     assert lines[0].startswith(f"gamma: {int(gt.flag.sum())} of {len(gt)} matrices are flagged")
     n_wide = sum(s[0] <= s[1] for s in st["shape"])

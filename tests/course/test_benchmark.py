@@ -243,3 +243,61 @@ def test_wudi_lr_summary_uses_the_registry_default():
     row = lesson.wudi_lr_summary(study).iloc[0]
     assert row["default lr"] == lr0 and row["default score"] == 49.0 and row["RMS move"] == 1e-5
     assert row["best lr on val"] == 10 * lr0 and row["its score"] == 79.0
+
+
+# ----------------------------------------------------------------------------- variant rows and data-input time
+def test_merge_time_table_splits_the_capture():
+    s = _three([{"ace": [80], "esm": [85], "regmean": [84]}] * 3).assign(
+        merge_seconds=lambda d: np.where(d["method"] == "esm", 2.0, 1.0),
+        inputs_seconds=lambda d: np.select([d["method"] == "esm", d["method"] == "regmean"], [5.0, 0.5], 1e-6))
+    t, apart = lesson.merge_time_table(results.aggregate(s))
+    assert apart
+    assert list(t.index) == ["ace", "esm", "esm: data capture", "esm: merge + capture", "regmean",
+                             "regmean: data capture", "regmean: merge + capture"]
+    assert t.loc["esm", "t8"] == 2.0 and t.loc["esm: data capture", "t14"] == 5.0
+    assert t.loc["esm: merge + capture", "t20"] == 7.0 and t.loc["regmean: merge + capture", "t8"] == 1.5
+    old, apart = lesson.merge_time_table(results.aggregate(s.drop(columns="inputs_seconds")))
+    assert not apart and list(old.index) == ["ace", "esm", "regmean"]
+
+
+def test_assess_overhead_reports_the_capture_apart():
+    s = _three([{"tsv_m": [1], "esm": [1]}] * 3).assign(
+        merge_seconds=lambda d: np.where(d["method"] == "esm", 2.0, 1.0),
+        inputs_seconds=lambda d: np.where(d["method"] == "esm", 10.0, 0.0))
+    o = lesson.assess_overhead(s)
+    # the rule is on the merge without the capture (x2); with it the ratio would be x12
+    assert o.verdict == "reproduced" and o.numbers["worst_ratio"] == pytest.approx(2.0)
+    assert o.numbers["capture_timed_apart"] and o.numbers["worst_ratio_with_capture"] == pytest.approx(12.0)
+    assert "capture" in o.measured and "with it: up to ×12.00" in o.reason
+    old = lesson.assess_overhead(s.drop(columns="inputs_seconds"))
+    assert not old.numbers["capture_timed_apart"] and "includes half of it" in old.reason
+
+
+def _variant_data(summary):
+    from types import SimpleNamespace
+
+    suites = list(dict.fromkeys(summary["suite"]))
+    return SimpleNamespace(summary=summary, speed=pd.DataFrame(), step_size=pd.DataFrame(), suites=suites,
+                           methods=[m for m in dict.fromkeys(summary["method"]) if m not in results.REFERENCES])
+
+
+def test_ace_claims_name_their_row_and_report_the_variants():
+    # the default row loses to TSV-M; the gate-off row (the paper's ViT setting) beats it
+    s = _three([{"ace": [80, 81], "tsv_m": [85, 86], "iso_cts": [84, 85], "task_arithmetic": [70, 71],
+                 "wudi": [60, 61], "esm": [88, 89], "ace (gate off)": [90, 91], "ace (eps 1e-5)": [85, 86]}] * 3)
+    v = lesson.claim_verdicts(_variant_data(s))
+    sota = v["ace.sota"]
+    assert sota.verdict == "not reproduced"  # decided on the 'ace' row, not silently on a variant
+    assert "vs tsv_m" in sota.measured  # variant rows are not rivals
+    assert "decided on row 'ace'" in sota.reason and "'ace (gate off)'" in sota.reason
+    assert sota.numbers["ace_variant_rows"]["ace (gate off)"]["verdict"] == "reproduced"
+    assert sota.numbers["ace_variant_rows"]["ace (eps 1e-5)"]["verdict"] == "partly"  # ties TSV-M
+    for cid in ("ace.sota", "ace.grows", "ace.vs_wudi", "ace.cost", "ace.ordering"):
+        assert v[cid].numbers["ace_row"] == "ace" and "decided on row 'ace'" in v[cid].reason, cid
+    assert "decided on row" not in v["esm.sota"].reason and "ace_row" not in v["esm.sota"].numbers
+    # result files without the variant rows say so
+    plain = lesson.claim_verdicts(_variant_data(s[~s["method"].str.startswith("ace (")]))
+    assert "--variants" in plain["ace.sota"].reason and plain["ace.sota"].numbers["ace_variant_rows"] == {}
+    # variants are no methods of their own in rankings and targets
+    ranks = lesson.method_ranks(results.aggregate(s), ("ace",)).set_index("suite")
+    assert ranks.loc["t8", "methods"] == 6 and ranks.loc["t8", "best"] == "esm"

@@ -100,10 +100,26 @@ def accuracy_vs_tasks(ax, agg: pd.DataFrame, *, metric: str = "test_normalized",
 def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None,
                highlight: Sequence[str] = ("ace", "esm")):
     """Merge seconds against the number of tasks per method (log scale; the time of one merge,
-    the search's evaluations excluded)."""
-    ax = accuracy_vs_tasks(ax, agg, metric="merge_seconds", methods=methods, highlight=highlight)
+    the search's evaluations excluded). Where ``agg`` has ``inputs_seconds`` (data inputs
+    timed apart: ESM's proxy capture, RegMean's Gram matrices), each data-dependent method
+    (:data:`acetools.results.DATA_DEPENDENT`) gets a dashed line of its capture time in its
+    own colour."""
+    from ...results import DATA_DEPENDENT
+
+    ax = accuracy_vs_tasks(ax, agg, metric="merge_seconds", methods=methods, highlight=highlight, legend=False)
+    if "inputs_seconds" in agg.columns:
+        d = agg[agg["kind"] == "method"]
+        if methods is not None:
+            d = d[d["method"].isin(methods)]
+        for i, (m, g) in enumerate(d.groupby("method", sort=False)):
+            g = g.sort_values("n_tasks")
+            if m in DATA_DEPENDENT and (g["inputs_seconds"].fillna(0) > 0).any():
+                ax.plot(g["n_tasks"], g["inputs_seconds"], ls="--", marker="x", lw=1.2, color=f"C{i % 10}",
+                        label=f"{m}: data capture (apart)")
     ax.set_yscale("log")
-    ax.set_title("merge time (one merge)")
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left", borderaxespad=0.0)
+    ax.set_title("merge time (one merge)" + (", data capture dashed" if "inputs_seconds" in agg.columns else ""))
     return ax
 
 

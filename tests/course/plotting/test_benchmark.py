@@ -77,6 +77,18 @@ def test_accuracy_vs_tasks_and_merge_time(agg):
     bplot.merge_time(ax, agg, methods=["ace"])
     assert ax.get_yscale() == "log"
     assert [c.get_label() for c in ax.containers] == ["ace"]
+    assert not [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]  # no inputs_seconds: no capture line
+    plt.close("all")
+
+
+def test_merge_time_draws_the_capture_apart(agg):
+    a = agg.assign(method=agg["method"].replace({"tsv_m": "esm"}),
+                   inputs_seconds=np.where(agg["method"] == "tsv_m", 5.0, 1e-6))  # others: the harness's microseconds
+    fig, ax = plt.subplots()
+    bplot.merge_time(ax, a)
+    dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+    assert [ln.get_label() for ln in dashed] == ["esm: data capture (apart)"]
+    assert list(dashed[0].get_ydata()) == [5.0, 5.0] and "capture" in ax.get_title()
     plt.close("all")
 
 
