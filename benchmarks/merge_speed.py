@@ -270,8 +270,14 @@ def model_flops(method: str, n_tasks: int, blocks: int, width: int = WIDTH, flag
                 per_task = 2 * N * n * m + 2 * min(N, m) ** 2 * max(N, m) + 4 * min(N, m) ** 3
             per_task += 2 * k * m * n
             Tk = T * k
-            whiten = (6 * m * Tk * Tk + 11 * Tk**3) + 2 * min(Tk, n) ** 2 * max(Tk, n) + 6 * min(Tk, n) ** 3
-            f = T * per_task + whiten + 2 * m * Tk * n
+            a_lo, a_hi = min(Tk, n), max(Tk, n)
+            whiten_a = 3 * a_lo**2 * a_hi + 6 * a_lo**3  # Gram, eigh, polar factor of A_cat
+            whiten_p = m * Tk * Tk + 4 * Tk**3  # Gram and eigh of P_cat (its polar factor is never formed)
+            if n < Tk:  # P_cat (Q (diag(1/sigma) (Qᵀ whiten(A_cat))))
+                product = 4 * Tk * Tk * n + 2 * m * Tk * n
+            else:  # (P_cat (Q diag(1/sigma) Qᵀ)) whiten(A_cat)
+                product = 2 * Tk**3 + 2 * m * Tk * Tk + 2 * m * Tk * n
+            f = T * per_task + whiten_a + whiten_p + product
             if (m, n) == (w, w):
                 f = T * (2 * w**3 + 4 * w**3) + 2 * (4 * w**3 + 6 * w**3)  # out_proj takes TSV-M
         else:

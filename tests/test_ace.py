@@ -228,6 +228,21 @@ def test_heterogeneity_is_unbiased_log_energy_ratio():
     assert heterogeneity(dWs[:1]) == 0.0
 
 
+def test_task_energies_are_float64_sums_of_squares_for_any_dtype_and_shape():
+    """The dot-product route with its reused float64 buffer (docs/performance.md, ACE section) equals the plain
+    float64 sum of squares, also when shapes and dtypes change along the list (the buffer is re-made)."""
+    from acetools.merging.ace import task_energies
+
+    g = torch.Generator().manual_seed(31)
+    mats = [torch.randn(6, 5, generator=g), torch.randn(3, 4, generator=g, dtype=F64), torch.randn(6, 5, generator=g),
+            torch.randn(2, 2, generator=g).to(torch.bfloat16)]
+    e = task_energies(mats)
+    assert e.dtype == F64 and e.shape == (4,)
+    want = torch.stack([m.double().pow(2).sum() for m in mats])
+    assert torch.allclose(e, want, rtol=1e-14, atol=0)
+    assert float(e[0]) != float(e[2])  # not a stale buffer
+
+
 def test_single_task():
     (d,) = rand_taus((12, 8), (0.7,), seed=4)
     W, diag = ace_matrix([d], tau=0.0)  # gamma = 0 is not > 0: no flag even at tau = 0

@@ -477,6 +477,57 @@ def test_whitened_factors_are_orthonormal_up_to_scale():
     assert torch.equal(whiten(torch.zeros(4, 2)), torch.zeros(4, 2))
 
 
+def _overlapping_factors(n, T, seed):
+    """P_cat from T orthonormal n x n/T bases that share directions (kappa ~ 1e3-1e5, as ESM's P_cat on real
+    task vectors), and a wide A_cat: float64."""
+    g = torch.Generator().manual_seed(seed)
+    k = n // T
+    common = torch.linalg.qr(torch.randn(n, k, generator=g, dtype=torch.float64)).Q
+    Ps = []
+    for _ in range(T):
+        Z = common + 3e-3 * torch.randn(n, k, generator=g, dtype=torch.float64)
+        Ps.append(torch.linalg.qr(Z).Q * torch.linspace(1.5, 0.7, k, dtype=torch.float64))
+    A = torch.randn(T * k, n // 3, generator=g, dtype=torch.float64)
+    A = A * torch.logspace(0, -2, n // 3, dtype=torch.float64)
+    return torch.cat(Ps, dim=1), A
+
+
+def test_whitened_product_float32_takes_the_gram_and_beats_the_float32_svd(monkeypatch):
+    """ESM's whitening of a square, ill-conditioned P_cat (docs/performance.md, ESM section): the float64 Gram route
+    (never forming polar(P_cat)) is closer to the float64 SVD than the float32 SVD route it replaces."""
+    from acetools.merging import esm as E
+
+    P64, A64 = _overlapping_factors(96, 4, 21)
+    s = torch.linalg.svdvals(P64)
+    assert 1e3 < float(s[0] / s[-1]) < E.WHITEN_GRAM_MAX_RATIO  # inside the Gram route's range
+    ref = whiten(P64) @ whiten(A64)  # float64: SVDs
+    calls = []
+    orig = E.gram_polar_times
+    monkeypatch.setattr(E, "gram_polar_times", lambda *a, **k: calls.append(a[0].shape) or orig(*a, **k))
+    now = E._whitened_product(P64.float(), A64.float())
+    assert calls == [(96, 96)] and now.dtype == torch.float32
+    monkeypatch.setattr(E, "_GRAM_WHITEN", False)
+    before = E._whitened_product(P64.float(), A64.float())  # the float32 SVDs
+    err_now = float((now.double() - ref).abs().max() / ref.abs().max())
+    err_before = float((before.double() - ref).abs().max() / ref.abs().max())
+    assert err_now < 1e-5 and err_now < err_before
+
+
+def test_whiten_falls_back_to_the_svd_past_its_gram_limit():
+    from acetools.merging import esm as E
+
+    g = torch.Generator().manual_seed(22)
+    Q1 = torch.linalg.qr(torch.randn(12, 12, generator=g, dtype=torch.float64)).Q
+    Q2 = torch.linalg.qr(torch.randn(12, 12, generator=g, dtype=torch.float64)).Q
+    for kappa, gram in ((1e5, True), (1e8, False)):
+        M = (Q1 * torch.logspace(0, -np.log10(kappa), 12, dtype=torch.float64)) @ Q2.T
+        assert (E.gram_polar(M.float(), max_ratio=E.WHITEN_GRAM_MAX_RATIO) is not None) == gram
+        W = whiten(M.float())
+        assert W.dtype == torch.float32 and torch.isfinite(W).all()
+        torch.testing.assert_close(W.double().T @ W.double(), torch.linalg.svdvals(M.float().double()).mean() ** 2
+                                   * torch.eye(12, dtype=torch.float64), atol=1e-4, rtol=0)
+
+
 def test_esm_merge_matrix_stage_composition():
     g = torch.Generator().manual_seed(8)
     taus = [torch.randn(10, 7, generator=g, dtype=torch.float64) for _ in range(3)]

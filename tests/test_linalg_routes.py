@@ -45,14 +45,41 @@ def test_gram_polar_matches_the_svd_polar(shape):
     assert rel(S, torch.linalg.svdvals(M)) < 1e-12
 
 
-def test_sym_eig_top_subset_equals_full():
+@pytest.mark.parametrize("shape,p", [((30, 12), 5), ((30, 12), 20), ((15, 15), 6), ((15, 15), 15), ((12, 30), 4)])
+def test_gram_polar_times_equals_the_svd_polar_times_b(shape, p):
+    """Both associations (factored for p < n, formed factor otherwise) and the wide case."""
+    M = rand(shape, 9)
+    B = rand((shape[1], p), 10)
+    Y, S = L.gram_polar_times(M, B)
+    assert rel(Y, L.polar(M) @ B) < 1e-12
+    assert rel(S, torch.linalg.svdvals(M)) < 1e-12
+
+
+def test_gram_polar_times_refuses_ill_conditioned_and_checks_shapes():
+    Q1, Q2 = torch.linalg.qr(rand((20, 20), 11)).Q, torch.linalg.qr(rand((20, 20), 14)).Q
+    M = (Q1 * torch.logspace(0, -6, 20, dtype=F64)) @ Q2.T  # kappa = 1e6
+    B = rand((20, 3), 12)
+    assert L.gram_polar_times(M, B) is None  # above the default 1e4
+    Y, _ = L.gram_polar_times(M, B, max_ratio=1e8)
+    assert rel(Y, L.polar(M) @ B) < 1e-3  # Gram error ~ eps64 kappa²
+    with pytest.raises(ValueError, match="B is"):
+        L.gram_polar_times(M, rand((7, 3), 13))
+
+
+@pytest.mark.parametrize("top", [5, 30])  # LAPACK's subset driver (<= n/4), the full one sliced (> n/4)
+def test_sym_eig_top_subset_equals_full(top):
     A = rand((50, 50), 3)
     G = A @ A.T
+    G0 = G.clone()
     lam, Q = L.sym_eig(G)
-    lt, Qt = L.sym_eig(G, top=5)
-    assert torch.all(lam[:-1] >= lam[1:])  # descending
-    assert rel(lt, lam[:5]) < 1e-12
-    assert rel((Qt * lt) @ Qt.T, (Q[:, :5] * lam[:5]) @ Q[:, :5].T) < 1e-10
+    lt, Qt = L.sym_eig(G, top=top)
+    assert torch.equal(G, G0)  # read only without overwrite=True
+    lo, Qo = L.sym_eig(G.tril(), top=top, overwrite=True)  # only the lower triangle is read
+    assert rel(lo, lam[:top]) < 1e-12 and rel(Qo.abs(), Q[:, :top].abs()) < 1e-8
+    assert lt.shape == (top,) and Qt.shape == (50, top)
+    assert torch.all(lam[:-1] >= lam[1:]) and torch.all(lt[:-1] >= lt[1:])  # descending
+    assert rel(lt, lam[:top]) < 1e-12
+    assert rel((Qt * lt) @ Qt.T, (Q[:, :top] * lam[:top]) @ Q[:, :top].T) < 1e-10
 
 
 def test_solve_spd_rank_one_matches_lu():

@@ -164,8 +164,21 @@ def center_rows(delta_W: Tensor) -> Tensor:
 
 
 def task_energies(delta_W: Sequence[Tensor]) -> Tensor:
-    """e_t = ||ΔW_t||_F², the *uncentred* energies of eq. 7, as a float64 vector of length T."""
-    return torch.stack([d.double().pow(2).sum() for d in delta_W])
+    """e_t = ||ΔW_t||_F², the *uncentred* energies of eq. 7, as a float64 vector of length T.
+
+    Each is a float64 dot product of the flattened task vector with itself (lower precisions are
+    converted into one reused float64 buffer: no fresh d_out × d_in temporary per task)."""
+    buf: Tensor | None = None
+    out = []
+    for d in delta_W:
+        if d.dtype == torch.float64:
+            x = d.reshape(-1)
+        else:
+            if buf is None or buf.numel() != d.numel() or buf.device != d.device:
+                buf = torch.empty(d.numel(), dtype=torch.float64, device=d.device)
+            x = buf.copy_(d.reshape(-1))
+        out.append(torch.dot(x, x))
+    return torch.stack(out)
 
 
 def heterogeneity(delta_W: Sequence[Tensor]) -> float:
@@ -181,9 +194,14 @@ def heterogeneity(delta_W: Sequence[Tensor]) -> float:
     """
     if len(delta_W) == 0:
         raise ValueError("heterogeneity needs at least one task vector")
-    if len(delta_W) == 1:
+    return _gamma(task_energies(delta_W))
+
+
+def _gamma(energies: Tensor) -> float:
+    """gamma of eq. 7 from the energies e_t (:func:`heterogeneity`), so ACE computes them once."""
+    if energies.numel() == 1:
         return 0.0
-    ell = torch.log(task_energies(delta_W) + _LOG_FLOOR)
+    ell = torch.log(energies + _LOG_FLOOR)
     return float(ell.var(unbiased=True) / (ell.mean() ** 2 + _LOG_FLOOR))
 
 
@@ -509,20 +527,24 @@ def _stream_moments(
     traces = torch.empty(T, dtype=torch.float64, device=dev)
     ridge = torch.empty(T, dtype=torch.float64, device=dev)
     rows_first = 2 * d_out < d_in  # association rule above
+    # two reused d_out x d_in buffers for ΔW_t (working dtype) and W̃_t: fresh temporaries of this size
+    # per task cost page faults comparable to their arithmetic
+    d_buf = torch.empty(d_out, d_in, dtype=dtype, device=dev)
+    c_buf = torch.empty_like(d_buf) if centered or estimator == "ace" else None
     for t, dW in enumerate(dWs):
-        d = dW.to(dtype)
+        d = d_buf.copy_(dW)
         mu = d.mean(dim=0)
-        N = d - mu if centered else d
+        N = torch.sub(d, mu, out=c_buf) if centered else d
         if task_sum is not None:
             task_sum += d
         if estimator in ("ace", "wudi"):
-            F = (N if centered else d - mu) if estimator == "ace" else d
+            F = (N if centered else torch.sub(d, mu, out=c_buf)) if estimator == "ace" else d
             if estimator == "ace":
                 q = 1.0
             else:
                 norm = float(torch.linalg.matrix_norm(d.double()))
                 q = 0.0 if norm == 0 else 1.0 / norm**wudi_p
-            tr = q * float(F.double().pow(2).sum()) + _TRACE_FLOOR
+            tr = q * _sq_norm(F) + _TRACE_FLOOR
             s = q / tr if normalize else q
             if rows_first:
                 syrk_lower_(S, F, alpha=s)
@@ -566,6 +588,12 @@ def _stream_moments(
         res_part = raw_sig.clone() if raw_sig is not None else B_sig + v  # v broadcasts over the rows: + 1 vᵀ
     B = B_sig.add_(R_num) if R_num is not B_sig else B_sig
     return _Moments(S, B, ridge, traces, res_part, task_sum)
+
+
+def _sq_norm(F: Tensor) -> float:
+    """||F||_F² accumulated in float64 (a BLAS dot product; float32 ``F`` is converted first)."""
+    x = (F if F.dtype == torch.float64 else F.double()).reshape(-1)
+    return float(torch.dot(x, x))
 
 
 def _top_k_isotropic(W_fused: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -646,7 +674,7 @@ def ace_matrix(
     T = len(dWs)
     d_out, d_in = dWs[0].shape
     energies = task_energies(dWs)
-    gamma = heterogeneity(dWs)
+    gamma = _gamma(energies)
     flag = {"auto": gamma > tau, "on": True, "off": False}[sw.gate]
 
     if estimator == "given":
@@ -672,7 +700,7 @@ def ace_matrix(
     M = S
     res = None
     if want_refine:  # Δ_res = sum_t ΔW_t Σ̃_t - (sum_t ΔW_t) Σ̄_reg, Σ̄_reg = M / T (eq. 16)
-        res = mom.res_part.sub_(mom.task_sum @ M, alpha=1.0 / T)
+        res = mom.res_part.addmm_(mom.task_sum, M, alpha=-1.0 / T)
     A_dense = None
     if spectra:
         A_dense = M.to(torch.float64, copy=True) + (c.double().unsqueeze(0) if c is not None else 0.0)
@@ -697,7 +725,7 @@ def ace_matrix(
     )
     W = W_pre
     if want_refine:
-        W_fused = W_pre + res.double()
+        W_fused = res.add_(W_pre) if res.dtype == torch.float64 else W_pre + res.double()
         del res
         k = int(k_frac * min(d_out, d_in))
         if k == 0:
@@ -711,7 +739,7 @@ def ace_matrix(
         else:
             UV, S_fused = _top_k_isotropic(W_fused, k)
             sigma_iso = S_fused[:k].mean()
-            W = W_pre + sigma_iso * UV
+            W = UV.mul_(sigma_iso).add_(W_pre)
             diag.k, diag.sigma_iso, diag.refined = k, float(sigma_iso), True
             if spectra:
                 S_fused = torch.linalg.svdvals(W_fused)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..utils import progress
-from ._linalg import gram_polar, gram_top_svd, thin_svd
+from ._linalg import gram_polar, gram_polar_times, gram_top_svd, thin_svd
 from ._registry import Param, register
 from .averaging import mean_update
 from .svd import tsv_merge_matrix
@@ -71,7 +71,12 @@ CLIP_LAYER_TYPES: tuple[str, ...] = (
 )
 
 _DECOMPOSITIONS = ("esd", "svd")
-_GRAM_WHITEN_MAX = 1536  # largest small side whitened through the float64 Gram (see :func:`whiten`)
+_GRAM_WHITEN = True  # float32 whitening through the float64 Gram (see :func:`whiten`; off: the float32 SVD)
+#: Largest sigma_1 / sigma_min for which :func:`whiten` takes the float64 Gram route. The Gram's
+#: error grows like eps64 kappa², the float32 SVD's like eps32 kappa (or better); measured on ESM's
+#: P_cat and A_cat (kappa 4e3 to 4e6) the Gram route was 24-60000x more accurate than the float32
+#: SVD against a float64 SVD (docs/performance.md, ESM section), so the limit sits where eps64 kappa² ≈ 1e-4.
+WHITEN_GRAM_MAX_RATIO = 1e6
 
 
 class Subspace(NamedTuple):
@@ -314,19 +319,47 @@ def whiten(M: Tensor) -> Tensor:
     The result has orthonormal columns (or rows) up to that scale c: for a tall full-rank
     M, whiten(M)^T whiten(M) = c^2 I.
 
-    For float32 inputs whose smaller side is at most 1536 the polar factor comes from the
-    float64 Gram of that side (:func:`acetools.merging._linalg.gram_polar`: more accurate than
-    the float32 SVD and cheaper); a square 2304 or 3072 P_cat keeps the SVD, where a
-    float64 eigendecomposition of that size costs more than the float32 SVD it would replace.
+    For float32 inputs the polar factor comes from the float64 Gram of the smaller side
+    (:func:`acetools.merging._linalg.gram_polar`) where sigma_1 / sigma_min <=
+    ``WHITEN_GRAM_MAX_RATIO``: more accurate than the float32 SVD at every conditioning measured
+    (docs/performance.md, ESM section) and about as fast for the square P_cat (one thread: 3.8 s
+    against 3.7 s at 2304², 8.8 s against 9.8 s at 3072²; :func:`esm_merge_matrix` does better by
+    never forming polar(P_cat)). Else, and for float64 inputs, the SVD.
     """
-    if M.dtype != torch.float64 and 0 < min(M.shape) <= _GRAM_WHITEN_MAX:
-        out = gram_polar(M)  # float64 Gram of the small side; None where too ill-conditioned
+    if M.dtype != torch.float64 and _GRAM_WHITEN and M.numel() > 0:
+        out = gram_polar(M, max_ratio=WHITEN_GRAM_MAX_RATIO)  # None where too ill-conditioned
         if out is not None:
             return (out[0] * out[1].mean()).to(M.dtype)
+    return _whiten_svd(M)
+
+
+def _whiten_svd(M: Tensor) -> Tensor:
+    """:func:`whiten` through the thin SVD of ``M`` in its own dtype."""
     U, S, Vh = thin_svd(M)
     if S.numel() == 0 or not bool(S.mean() > 0):
         return torch.zeros_like(M)
     return (U @ Vh) * S.mean()
+
+
+def _whitened_product(P_cat: Tensor, A_cat: Tensor) -> Tensor:
+    """``whiten(P_cat) @ whiten(A_cat)`` (docs/methods.md §ESM, Eqs. (ESM.8)-(ESM.9)) on the cheapest exact route.
+
+    For float32 inputs: whiten(A_cat) from the float64 Gram of its smaller side, then
+    polar(P_cat) @ whiten(A_cat) = P_cat (Q (diag(1/sigma) (Qᵀ whiten(A_cat)))) with
+    P_catᵀ P_cat = Q diag(sigma²) Qᵀ (:func:`acetools.merging._linalg.gram_polar_times`): the
+    square d_out x d_out polar factor of P_cat is never formed, and the product stays in float64
+    until the final cast. Each factor falls back to :func:`whiten`'s SVD where its conditioning
+    exceeds ``WHITEN_GRAM_MAX_RATIO``; float64 inputs take the SVDs.
+    """
+    if P_cat.dtype == torch.float64 or not _GRAM_WHITEN or P_cat.numel() == 0 or A_cat.numel() == 0:
+        return whiten(P_cat) @ whiten(A_cat)
+    out_a = gram_polar(A_cat, max_ratio=WHITEN_GRAM_MAX_RATIO)
+    WA = out_a[0] * out_a[1].mean() if out_a is not None else _whiten_svd(A_cat).double()
+    out_p = gram_polar_times(P_cat, WA, max_ratio=WHITEN_GRAM_MAX_RATIO)
+    if out_p is None:
+        return (_whiten_svd(P_cat).double() @ WA).to(P_cat.dtype)
+    Y, S = out_p
+    return (Y * S.mean()).to(P_cat.dtype)
 
 
 def esm_merge_matrix(
@@ -380,7 +413,7 @@ def esm_merge_matrix(
     P_cat, A_cat = concatenate_factors(P_hats, A_hats)
     if dim_scaling:
         A_cat = polarize_dimensions(A_cat, dim_power)
-    return const * (whiten(P_cat) @ whiten(A_cat))
+    return const * _whitened_product(P_cat, A_cat)
 
 
 # --------------------------------------------------------------------------- Step C
