@@ -66,6 +66,8 @@ SEARCH: dict[str, Search | None] = {
 }
 #: A searched variant of ACE ("ace" + scaling chosen on validation), for the prototype's question.
 ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20), 2).tolist()))
+#: Its labelled row, as ``acetools bench --ace-scaled`` and the lesson's recompute add it.
+ACE_SCALED_ROW: dict[str, dict[str, Any]] = {"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED}}
 
 #: The labelled variant rows ``acetools bench --variants`` adds:
 #: ACE in the paper's ViT setting (the gate off: ViT gamma < 0.25 never crosses tau = 0.3) and
@@ -74,6 +76,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ace (gate off)": {"method": "ace", "search": None, "gate": "off"},
     "ace (eps 1e-5)": {"method": "ace", "search": None, "eps": 1e-5},
 }
+
+
+def check_patience(patience: Any) -> None:
+    """A grid search's ``patience`` is ``None`` or a positive int (ValueError naming it otherwise)."""
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
+        raise ValueError(f"patience={patience!r} must be None or a positive int")
 
 
 def package_versions() -> dict[str, str]:
@@ -152,8 +160,7 @@ class Benchmark:
     def __init__(self, zoo, *, n_val: int | None = None, n_test: int | None = None, n_proxy: int = 32,
                  n_gram: int = 256, proxy_seed: int = 0, batch_size: int = 512, threads: int | None = None,
                  patience: int | None = None):
-        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-            raise ValueError(f"patience={patience!r} must be None or a positive int")
+        check_patience(patience)
         self.zoo = zoo
         self.patience = patience
         self.tasks: list[str] = list(zoo.tasks)

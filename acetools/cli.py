@@ -279,7 +279,7 @@ def _zoo_check(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .benchmark import ACE_SCALED, VARIANTS, Benchmark, aggregate_seeds
+    from .benchmark import ACE_SCALED_ROW, VARIANTS, Benchmark, aggregate_seeds
     from .utils import atomic_write
 
     _folder_for_output(args.out, "--out")
@@ -288,7 +288,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for seed in args.seeds:
         zoo = _zoo(args, seed).build(progress=not args.quiet)
         bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads, patience=args.patience)
-        extra = {"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED}} if args.ace_scaled else {}
+        extra = dict(ACE_SCALED_ROW) if args.ace_scaled else {}
         extra |= VARIANTS if args.variants else {}
         runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
         stem = f"{args.suite}_{args.size}_seed{seed}"

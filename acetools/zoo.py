@@ -342,12 +342,12 @@ class Zoo:
         overrides of the class defaults."""
         if isinstance(value, cls):
             return value
-        fields = dict(world or {}) | dict(value or {})
-        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+        values = dict(world or {}) | dict(value or {})
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(names))
         if unknown:
-            raise TypeError(f"{cls.__name__} has no field(s) {unknown}; fields: "
-                            f"{[f.name for f in dataclasses.fields(cls)]}")
-        return replace(cls(), **fields)
+            raise TypeError(f"{cls.__name__} has no field(s) {unknown}; fields: {names}")
+        return replace(cls(), **values)
 
     def __repr__(self) -> str:
         return (

@@ -345,8 +345,8 @@ def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
 
     Rows as :func:`acetools.results.wide` (variants after the methods). Where the result files
     have ``inputs_seconds`` (ESM's proxy capture, RegMean's Gram matrices, timed apart from
-    the merge), each data-dependent method (:data:`acetools.results.DATA_DEPENDENT`; the
-    harness records a few microseconds for the others) gets two more rows after its own:
+    the merge), each data-dependent method (:data:`acetools.results.DATA_DEPENDENT`; the others
+    record 0, or a few microseconds in files written before that) gets two more rows after its own:
     ``"<method>: data capture"`` and ``"<method>: merge + capture"``. Older files lack the
     column: no extra rows, the flag is False, and ESM's merge time there includes half of its
     capture."""
@@ -516,7 +516,7 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     exercise the code, and the full-world timing and WUDI files are not read.
     """
     from .. import results
-    from ..benchmark import ACE_SCALED, VARIANTS
+    from ..benchmark import ACE_SCALED_ROW, VARIANTS
     from . import paper_tables
     from . import world as course
 
@@ -541,8 +541,7 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
             for s in run_suites:
                 full_bench = course.benchmark(course.world(s, size, seed=seed, device=device), patience=5)
                 results.write_results(full_bench, res_dir, f"{s}_{size}_seed{seed}", progress=True,
-                                      extra={"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED},
-                                             **VARIANTS})  # as benchmarks/mini_world.sh
+                                      extra={**ACE_SCALED_ROW, **VARIANTS})  # as benchmarks/mini_world.sh
         world = f"the mini-world: suites {', '.join(run_suites)} at model size {size}"
     runs = results.require_results(res_dir, run_suites, run_size)
     summary = results.load_summary(runs)

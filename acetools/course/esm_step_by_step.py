@@ -580,8 +580,9 @@ def run_tsv_m(bench, *, patience: int | None = TSV_M_PATIENCE, label: str = TSV_
     ``patience``), labelled ``label``: the paper's "SVD" row of ESM's ablation."""
     import copy
 
-    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-        raise ValueError(f"patience={patience!r} must be None or a positive int")
+    from ..benchmark import check_patience
+
+    check_patience(patience)
     b = copy.copy(bench)  # shares the bench's caches; only the search's patience differs
     b.patience = patience
     return b.run("tsv_m", label=label)

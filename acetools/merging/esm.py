@@ -327,10 +327,17 @@ def whiten(M: Tensor) -> Tensor:
     never forming polar(P_cat)). Else, and for float64 inputs, the SVD.
     """
     if M.dtype != torch.float64 and _GRAM_WHITEN and M.numel() > 0:
-        out = gram_polar(M, max_ratio=WHITEN_GRAM_MAX_RATIO)  # None where too ill-conditioned
-        if out is not None:
-            return (out[0] * out[1].mean()).to(M.dtype)
+        W = _whiten_gram(M)
+        if W is not None:
+            return W.to(M.dtype)
     return _whiten_svd(M)
+
+
+def _whiten_gram(M: Tensor) -> Tensor | None:
+    """:func:`whiten` through the float64 Gram of ``M``'s smaller side, in float64; ``None``
+    where sigma_1 / sigma_min > ``WHITEN_GRAM_MAX_RATIO`` (the caller takes the SVD)."""
+    out = gram_polar(M, max_ratio=WHITEN_GRAM_MAX_RATIO)
+    return None if out is None else out[0] * out[1].mean()
 
 
 def _whiten_svd(M: Tensor) -> Tensor:
@@ -353,8 +360,9 @@ def _whitened_product(P_cat: Tensor, A_cat: Tensor) -> Tensor:
     """
     if P_cat.dtype == torch.float64 or not _GRAM_WHITEN or P_cat.numel() == 0 or A_cat.numel() == 0:
         return whiten(P_cat) @ whiten(A_cat)
-    out_a = gram_polar(A_cat, max_ratio=WHITEN_GRAM_MAX_RATIO)
-    WA = out_a[0] * out_a[1].mean() if out_a is not None else _whiten_svd(A_cat).double()
+    WA = _whiten_gram(A_cat)
+    if WA is None:
+        WA = _whiten_svd(A_cat).double()
     out_p = gram_polar_times(P_cat, WA, max_ratio=WHITEN_GRAM_MAX_RATIO)
     if out_p is None:
         return (_whiten_svd(P_cat).double() @ WA).to(P_cat.dtype)
