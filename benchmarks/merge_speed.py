@@ -303,6 +303,13 @@ def _fusion_bench_fn(method: str):
     raise ValueError(method)
 
 
+def _run_key(row: dict) -> tuple:
+    """What identifies one timed run (the GEMM probe is one run whatever its other fields)."""
+    if row["method"] == "gemm":
+        return ("gemm",)
+    return (row["method"], int(row["n_tasks"]), row["world"], row["code"], row["variant"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, nargs="+", default=[8], help="numbers of experts T")
@@ -327,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="merges per run; the fastest counts (steadier on a shared machine)")
     ap.add_argument("--threads", type=int, default=None,
                     help="threads per run (torch, OpenMP and OpenBLAS); default: the libraries' own choice")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows of OUT/merge_speed_partial.json from an interrupted run and time only the "
+                         "rest (ratios then mix two runs: the JSON's meta says so)")
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -362,8 +372,16 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append((THEIRS[m], t, "lognormal", "-", "-"))
         if not args.no_theirs and "fb_tsv_m" not in [r[0] for r in runs]:
             runs.append(("fb_tsv_m", t, "lognormal", "-", "-"))
-    rows = []
+    rows, done = [], set()
+    partial = args.out / "merge_speed_partial.json"
+    if args.resume and partial.exists():
+        rows = [r for r in json.loads(partial.read_text()) if "error" not in r]
+        done = {_run_key(r) for r in rows}
+        print(f"  resuming: {len(rows)} row(s) kept from {partial}", file=sys.stderr, flush=True)
     for m, t, world, tree, variant in runs:
+        if _run_key({"method": m, "n_tasks": t, "world": world, "code": "now" if tree == "-" else "before",
+                     "variant": variant}) in done:
+            continue
         cmd = [sys.executable, __file__, "--worker", m, str(t), str(args.blocks), str(args.wudi_steps),
                str(args.esm_tokens), str(args.width), world, tree, str(args.norm_spread), variant, str(args.repeat)]
         env = dict(os.environ)
@@ -383,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         row = json.loads(res.stdout.strip().splitlines()[-1])
         rows.append(row)
         args.out.mkdir(parents=True, exist_ok=True)  # rows so far, in case the session is cut short
-        (args.out / "merge_speed_partial.json").write_text(json.dumps(rows, indent=2))
+        partial.write_text(json.dumps(rows, indent=2))
         if m != "gemm":
             print(f"    {row['seconds']:.1f} s wall, {row['cpu_seconds']:.1f} s cpu, {row['peak_extra_mb']:.0f} MiB",
                   file=sys.stderr, flush=True)
@@ -408,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "blocks": args.blocks, "width": args.width, "wudi_steps": args.wudi_steps, "esm_tokens": args.esm_tokens,
             "norm_spread": args.norm_spread, "repeat": args.repeat, "threads_arg": args.threads,
-            "before": str(args.before) if args.before else None,
+            "before": str(args.before) if args.before else None, "resumed_rows": len(done),
             "load_average_at_end": os.getloadavg(), **gemm}
     try:
         import torch
