@@ -239,8 +239,9 @@ def model_flops(method: str, n_tasks: int, blocks: int, width: int = WIDTH, flag
     Cholesky n³/3; Householder QR of m x n (R only) 2mn² - 2n³/3; a symmetric
     eigendecomposition with vectors 4n³; a thin SVD of m x n (m >= n) with vectors 6mn² + 11n³
     (R-SVD, Golub & Van Loan). The model is that of the *current* algorithms (ACE's streamed
-    route, the Gram routes); the same count divides the "before" time, so its rate reads as
-    "useful work per second". Vectors, LayerNorms and averaging are ignored. ACE's flagged
+    route, the Gram routes; fusion-bench's Iso-CTS keeps the generic count, which forms every
+    residual); the same count divides the "before" time, so its rate reads as "useful work per
+    second". Vectors, LayerNorms and averaging are ignored. ACE's flagged
     share ``flagged`` (0..1) adds the refinement.
     """
     T, w = n_tasks, width
@@ -253,12 +254,26 @@ def model_flops(method: str, n_tasks: int, blocks: int, width: int = WIDTH, flag
             f = T * per_task + n**3 / 3 + 2 * m * n * n
             k = int(0.3 * lo)
             f += flagged * (2 * m * n * n + 2 * lo * lo * hi + 4 * lo**3 + 4 * lo * hi * k)
-        elif method in ("tsv_m", "fb_tsv_m", "iso_cts", "fb_iso_cts", "iso_c"):
+        elif method == "iso_cts":  # the float32 route (svd._iso_cts_gram)
+            r = lo
+            k_c = int(0.8 * r)
+            k_c = r - round((r - k_c) / T) * T
+            s = (r - k_c) // T
+            p = T * s
+            f = lo * lo * hi + 4 * lo**3 + 2 * lo * hi * k_c  # common subspace: Gram, eigh, other side
+            if m <= n:  # residual through the complement U_perp: p x n coordinates, p² Gram
+                per_task = 2 * p * m * n + p * p * n + 4 * p**3 + 2 * p * n * s + 2 * m * p * s
+            else:  # Rᵀ R = τᵀ τ - Yᵀ Y
+                per_task = 2 * k_c * m * n + m * n * n + k_c * n * n + 4 * n**3 + 2 * m * n * s + 2 * m * k_c * s
+            polar_v = 2 * r * r * n + 6 * r**3 + 2 * r * r * n
+            polar_u = 2 * p * p * m + 6 * p**3 + 2 * p * p * m  # only the task block: U_c is already orthonormal
+            f += T * per_task + polar_v + polar_u + 2 * m * r * n
+        elif method in ("tsv_m", "fb_tsv_m", "fb_iso_cts", "iso_c"):
             r = lo
             per_task = 2 * lo * lo * hi + 4 * lo**3 + 2 * lo * hi * (r // T)
             polar = 2 * (2 * r * r * hi + 4 * r**3 + 2 * r**3 + 2 * r * r * hi)
             f = (T if method != "iso_c" else 0) * per_task + polar + 2 * m * r * n
-            if method in ("iso_cts", "fb_iso_cts"):
+            if method == "fb_iso_cts":
                 f += 2 * lo * lo * hi + 4 * lo**3 + T * 4 * m * n * int(0.8 * r)  # common subspace + projections
         elif method == "esm":
             N = esm_tokens

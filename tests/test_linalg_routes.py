@@ -127,3 +127,55 @@ def test_float32_rank_deficient_tasks_fall_back_to_the_svd(monkeypatch):
     out = tsv_merge_matrix([x.float() for x in taus])
     assert results and all(r is None for r in results)  # both polar factors went through the SVD
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("shape", [(96, 40), (40, 96), (48, 48)], ids=["tall", "wide", "square"])
+@pytest.mark.parametrize("T", [2, 5])
+def test_iso_cts_gram_route_equals_the_svd_route_in_float64(shape, T):
+    """The float32 route (complement from D Dᵀ's eigenvectors for wide/square, Rᵀ R = Xᵀ X - Yᵀ Y
+    for tall, block polar of U) is the same maths: on float64 inputs it matches the SVD route."""
+    from acetools.merging.svd import _iso_cts_gram, iso_cts_ranks
+
+    taus = _taus(shape, T, 20 + T, F64)
+    ref = iso_cts_matrix(taus)  # float64 inputs take the SVD route
+    out = _iso_cts_gram(torch.stack(taus), *iso_cts_ranks(min(shape), T))
+    assert out is not None and out.dtype == F64
+    assert rel(out, ref) < 1e-10
+
+
+def test_iso_cts_tall_residual_falls_back_when_the_subtraction_would_lose_too_much():
+    """A residual 1e-6 of the task vector: Xᵀ X - Yᵀ Y would cancel to noise, so the route refuses
+    and R is formed explicitly; the result still matches the float64 SVD route."""
+    from acetools.merging.svd import _tall_residual_top
+
+    Q = torch.linalg.qr(rand((60, 60), 30)).Q
+    U_c, U_perp = Q[:, :40], Q[:, 40:]
+    X = U_c @ rand((40, 20), 31) + 1e-6 * U_perp @ rand((20, 20), 32)
+    assert _tall_residual_top(X, U_c, 3) is None
+    assert _tall_residual_top(U_c @ rand((40, 20), 31) + U_perp @ rand((20, 20), 32), U_c, 3) is not None
+    Us, Ss, Vhs = _tall_residual_top(X + 0.1 * U_perp @ rand((20, 20), 33), U_c, 3)
+    R = (X + 0.1 * U_perp @ rand((20, 20), 33))
+    R = R - U_c @ (U_c.T @ R)
+    U, S, Vh = torch.linalg.svd(R, full_matrices=False)
+    assert rel(Ss, S[:3]) < 1e-10
+    assert rel((Us * Ss) @ Vhs, (U[:, :3] * S[:3]) @ Vh[:3]) < 1e-8
+
+
+def test_small_eigenproblems_hold_openblas_to_one_thread():
+    """SciPy's OpenBLAS runs small eigenproblems on one thread (its idle workers would otherwise
+    spin against PyTorch's products) and is restored afterwards; large ones keep its setting."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS)
+
+    ctl = threadpoolctl.ThreadpoolController().select(internal_api="openblas")
+    if not ctl.lib_controllers:
+        pytest.skip("no OpenBLAS loaded")
+    with ctl.limit(limits=2):
+        before = [c.num_threads for c in ctl.lib_controllers]
+        with L._blas_threads_for(64):
+            inside = [c.get_num_threads() for c in ctl.lib_controllers]
+        after = [c.get_num_threads() for c in ctl.lib_controllers]
+        with L._blas_threads_for(L._ONE_THREAD_MAX_N + 1):
+            large = [c.get_num_threads() for c in ctl.lib_controllers]
+    assert inside == [1] * len(inside)
+    assert after == before and large == before

@@ -17,6 +17,7 @@ module holds the cheaper *exact* routes the merge methods take where the numeric
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
 
@@ -147,6 +148,31 @@ def _gram_lower(M64: Tensor, wide: bool) -> Tensor:
 
 _SUBSET_MAX_FRACTION = 0.25  # :func:`sym_eig` takes LAPACK's subset driver for at most this share of the spectrum
 
+#: :func:`sym_eig` runs SciPy's LAPACK on one thread up to this size. Its symmetric eigensolver
+#: gains nothing from a second thread there (768²: 0.41 s for eight subset calls on two threads,
+#: 0.42 s on one), while OpenBLAS's idle worker threads keep spinning after each call and take
+#: the cores from the PyTorch products that follow: one ViT-B/32 block of TSV-M took 5.7 s with
+#: two OpenBLAS threads and 4.0 s with one (docs/performance.md). Larger matrices (ESM's 3072²
+#: Gram: 5.4 s on one thread, 2.8 s on two) keep the library's own thread count.
+_ONE_THREAD_MAX_N = 1024
+_OPENBLAS: Any = None  # threadpoolctl's controller over the loaded OpenBLAS libraries, once found
+
+
+def _blas_threads_for(n: int) -> Any:
+    """A context manager that holds SciPy's OpenBLAS to one thread for an ``n x n`` eigenproblem
+    (``n <= _ONE_THREAD_MAX_N``); a no-op for larger ones or where threadpoolctl is missing."""
+    global _OPENBLAS
+    if n > _ONE_THREAD_MAX_N:
+        return contextlib.nullcontext()
+    if _OPENBLAS is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _OPENBLAS = ThreadpoolController().select(internal_api="openblas")
+        except Exception:  # pragma: no cover - threadpoolctl comes with scikit-learn
+            _OPENBLAS = False
+    return _OPENBLAS.limit(limits=1) if _OPENBLAS else contextlib.nullcontext()
+
 
 def sym_eig(G: Tensor, top: int | None = None, *, overwrite: bool = False) -> tuple[Tensor, Tensor]:
     """Eigenvalues (descending) and eigenvectors of the symmetric ``G`` from its lower triangle.
@@ -170,12 +196,13 @@ def sym_eig(G: Tensor, top: int | None = None, *, overwrite: bool = False) -> tu
             # copy; its upper triangle is G's lower one
             a = G.detach().numpy().T
             kw = dict(lower=False, overwrite_a=overwrite and G.is_contiguous(), check_finite=False)
-            if top is not None and top <= n * _SUBSET_MAX_FRACTION:
-                lam, Q = sl.eigh(a, driver="evr", subset_by_index=[n - top, n - 1], **kw)
-            else:
-                lam, Q = sl.eigh(a, driver="evd", **kw)
-                if top is not None:
-                    lam, Q = lam[n - top:], Q[:, n - top:]
+            with _blas_threads_for(n):
+                if top is not None and top <= n * _SUBSET_MAX_FRACTION:
+                    lam, Q = sl.eigh(a, driver="evr", subset_by_index=[n - top, n - 1], **kw)
+                else:
+                    lam, Q = sl.eigh(a, driver="evd", **kw)
+            if top is not None and lam.shape[0] > top:
+                lam, Q = lam[n - top:], Q[:, n - top:]
             lam = torch.from_numpy(lam[::-1].copy()).to(G.dtype)
             Q = torch.from_numpy(Q[:, ::-1].copy(order="C")).to(G.dtype)
             return lam, Q

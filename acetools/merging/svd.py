@@ -46,7 +46,16 @@ import torch
 from torch import Tensor
 
 from ..utils import progress
-from ._linalg import gram_polar, gram_top_svd, polar, thin_svd
+from ._linalg import (
+    GRAM_MAX_RATIO,
+    _gram_lower,
+    gram_polar,
+    gram_top_svd,
+    polar,
+    sym_eig,
+    syrk_lower_,
+    thin_svd,
+)
 from ._registry import Param, register
 from .averaging import mean_update, warn_mean_fallback
 
@@ -269,6 +278,10 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
     if not X.any():
         return X.new_zeros(d_out, d_in)
     gram = _gram_ok(X)
+    if gram and k_c > 0 and s > 0:
+        out = _iso_cts_gram(X, k_c, s)
+        if out is not None:
+            return out.to(X.dtype)
     work = torch.float64 if gram else X.dtype
     U_c, S_c, V_c = _top(X.sum(0), k_c, gram) if k_c > 0 else (
         X.new_zeros(d_out, 0), X.new_zeros(0), X.new_zeros(0, d_in))
@@ -289,6 +302,79 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
     s_all[sl] = S_c
     V_all[sl, :] = V_c
     return (s_all.mean() * (_polar(U_all, gram) @ _polar(V_all, gram))).to(X.dtype)
+
+
+def _iso_cts_gram(X: Tensor, k_c: int, s: int) -> Tensor | None:
+    """:func:`iso_cts_matrix` for float32 inputs on its cheapest exact route, in float64.
+
+    The same maths as the generic path, three savings (docs/performance.md §Iso-CTS on float32 inputs):
+
+    * Wide or square matrices (d_out <= d_in): the float64 Gram D Dᵀ of the summed task
+      vector D is eigendecomposed in full anyway (k_c > r/4), so its trailing eigenvectors
+      U_perp (d_out x T s) span the complement of U_c exactly. Then
+      R_t = (I - U_c U_cᵀ) tau_t = U_perp (U_perpᵀ tau_t) and the top-s triplets of R_t are
+      U_perp times those of the small (T s) x d_in matrix U_perpᵀ tau_t: one thin product
+      instead of two d_out x k_c x d_in ones and a d_out² Gram.
+    * Tall matrices: Rᵀ R = tau_tᵀ tau_t - Yᵀ Y with Y = U_cᵀ tau_t (U_c orthonormal), so R_t
+      is never formed (one d_out x k_c x d_in product instead of two). The subtraction loses
+      ~1e-16 ||tau_t||_F² absolute, so it is taken only where ||tau_t||_F / sigma_s(R_t) <=
+      ``GRAM_MAX_RATIO`` (the bound the Gram routes keep); otherwise R_t is formed as before.
+    * The task blocks U_t lie in the complement of U_c, so Uᵀ U = blockdiag(U_tasksᵀ U_tasks, I)
+      and polar(U) = [polar(U_tasks), U_c]: a d_out x T s polar factor instead of d_out x r.
+
+    Returns ``None`` where the summed task vector's spectrum is too spread for its Gram
+    (sigma_1 / sigma_k_c > ``GRAM_MAX_RATIO``); the caller then takes the generic path.
+    """
+    T, d_out, d_in = X.shape
+    n = T * s
+    D = X.sum(0).double()
+    wide = d_out <= d_in
+    lam, Q = sym_eig(_gram_lower(D, wide), overwrite=True)  # every eigenpair: k_c > r/4 needs the full driver
+    S = lam.clamp_min(0).sqrt()
+    if not bool(S[k_c - 1] > 0) or bool(S[0] > GRAM_MAX_RATIO * S[k_c - 1]):
+        return None
+    S_c = S[:k_c]
+    if wide:
+        U_c, U_perp = Q[:, :k_c], Q[:, k_c:k_c + n]
+        V_c = (U_c.mT @ D) / S_c[:, None]
+    else:
+        V_c = Q[:, :k_c].mT
+        U_c = (D @ Q[:, :k_c]) / S_c
+    del D, Q
+    U_tasks = U_c.new_empty(d_out, n)
+    s_all = U_c.new_empty(n + k_c)
+    V_all = U_c.new_empty(n + k_c, d_in)
+    for t in range(T):
+        Xt = X[t].double()
+        if wide:
+            A, St, Vht = _top(U_perp.mT @ Xt, s, True)
+            Ut = U_perp @ A
+        else:
+            top = _tall_residual_top(Xt, U_c, s)
+            Ut, St, Vht = top if top is not None else _top(Xt - U_c @ (U_c.mT @ Xt), s, True)
+        sl = slice(t * s, (t + 1) * s)
+        U_tasks[:, sl] = Ut
+        s_all[sl] = St
+        V_all[sl, :] = Vht
+    s_all[n:] = S_c
+    V_all[n:, :] = V_c
+    PV = _polar(V_all, True)
+    return s_all.mean() * torch.addmm(U_c @ PV[n:], _polar(U_tasks, True), PV[:n])
+
+
+def _tall_residual_top(Xt: Tensor, U_c: Tensor, s: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Top-``s`` triplets of R = (I - U_c U_cᵀ) Xt for tall float64 ``Xt`` without forming R
+    (Rᵀ R = Xtᵀ Xt - Yᵀ Y, Y = U_cᵀ Xt); ``None`` where the subtraction could lose more than the
+    Gram routes allow (||Xt||_F > ``GRAM_MAX_RATIO`` sigma_s(R)) or sigma_s(R) = 0."""
+    Y = U_c.mT @ Xt
+    G = _gram_lower(Xt, False)
+    fro2 = float(G.diagonal().sum())
+    syrk_lower_(G, Y, alpha=-1.0)
+    lam, Q = sym_eig(G, top=s, overwrite=True)
+    S = lam.clamp_min(0).sqrt()
+    if not bool(S[s - 1] > 0) or fro2 > (GRAM_MAX_RATIO * float(S[s - 1])) ** 2:
+        return None
+    return (Xt @ Q - U_c @ (Y @ Q)) / S, S, Q.mT
 
 
 # --------------------------------------------------------------------------- CART (docs/methods.md §CART)
