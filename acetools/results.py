@@ -371,8 +371,9 @@ def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame
     from every ``<folder>/*/merge_speed.csv`` run with ``blocks`` transformer blocks, as a
     summary-like frame (``suite`` = ``"T<n>"``, ``n_tasks``, ``seed`` 0, ``method``, ``kind``,
     ``merge_seconds``, ``blocks``, ``width``, ``source``) that :func:`assess_cost` and
-    :func:`assess_overhead` accept. Where two files time the same (method, T), the later
-    file (by name) wins. Empty when there are none."""
+    :func:`assess_overhead` accept. Only rows of today's code (``code`` "now", not a ``--before``
+    tree), the default variant (``variant`` "-") and the log-normal world (ACE's flagged path)
+    count. Where two files time the same (method, T), the later file (by name) wins. Empty when there are none."""
     cols = ["suite", "n_tasks", "seed", "method", "kind", "merge_seconds", "blocks", "width", "source"]
     frames = []
     for f in sorted(Path(folder).glob("*/merge_speed.csv")):
@@ -380,6 +381,11 @@ def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame
         if "error" in d.columns:
             d = d[d["error"].isna()]
         d = d[(d["blocks"] == blocks) & d["seconds"].notna()]
+        # one row per method: today's code (not a --before tree), the default variant, and ACE on
+        # the log-normal world (its gate fires there, as on real task vectors)
+        for col, keep in (("code", "now"), ("variant", "-"), ("world", "lognormal")):
+            if col in d.columns:
+                d = d[d[col].fillna(keep).astype(str) == keep]
         if len(d):
             frames.append(pd.DataFrame({
                 "suite": [f"T{n}" for n in d["n_tasks"]], "n_tasks": d["n_tasks"].astype(int), "seed": 0,

@@ -19,7 +19,9 @@ time ratio (``ratio_vs_fb_tsv_m`` puts every method against fusion-bench's TSV-M
 reference of the speed targets). ``gemm`` runs first in the same session and measures the
 float64 and float32 GEMM rates with the same threads; ``gflop`` is a flop model of each
 method's algorithm (:func:`model_flops`), ``gflops_per_s`` the achieved rate and
-``pct_f64_gemm`` that rate against the measured float64 GEMM peak.
+``pct_f64_gemm`` that rate against the measured float64 GEMM peak, ``pct_gemm_own_dtype``
+against the GEMM peak of the run's own arithmetic (float32 for ``precision=float32`` and for
+fusion-bench's float32 SVDs).
 
 ``--before TREE`` also runs the methods with the ``acetools`` package found in TREE (e.g. a
 ``git archive main acetools | tar -x -C TREE`` of the main branch), labelled ``code=before``,
@@ -318,6 +320,14 @@ def _fusion_bench_fn(method: str):
     raise ValueError(method)
 
 
+def _pct_own_dtype(df, gemm: dict):
+    """Achieved rate against the GEMM peak of the run's arithmetic: float32 for
+    ``precision=float32`` variants and fusion-bench's float32 SVD methods, float64 otherwise."""
+    f32 = df.variant.astype(str).str.contains("float32") | df.method.str.startswith("fb_")
+    peak = f32.map({True: gemm.get("gemm_f32", float("nan")), False: gemm.get("gemm_f64", float("nan"))})
+    return 100 * df.gflops_per_s / peak
+
+
 def _run_key(row: dict) -> tuple:
     """What identifies one timed run (the GEMM probe is one run whatever its other fields)."""
     if row["method"] == "gemm":
@@ -434,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                    for m, t, f in zip(df.method, df.n_tasks, df.get("flagged", pd.Series([float("nan")] * len(df))))]
     df["gflops_per_s"] = df.gflop / df.seconds
     df["pct_f64_gemm"] = 100 * df.gflops_per_s / gemm.get("gemm_f64", float("nan"))
+    df["pct_gemm_own_dtype"] = _pct_own_dtype(df, gemm)
     ours = df[~df.method.str.startswith("fb_")].copy()
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "merge_speed_raw.csv", index=False)
@@ -451,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     (args.out / "merge_speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     cols = [c for c in ("method", "world", "code", "variant", "n_tasks", "flagged", "seconds", "cpu_seconds",
-                        "peak_extra_mb", "ours/theirs", "ratio_vs_fb_tsv_m", "gflop", "gflops_per_s", "pct_f64_gemm")
+                        "peak_extra_mb", "ours/theirs", "ratio_vs_fb_tsv_m", "gflop", "gflops_per_s", "pct_f64_gemm",
+                        "pct_gemm_own_dtype")
             if c in df]
     print(f"GEMM peak: float64 {gemm.get('gemm_f64', float('nan')):.0f} GFLOP/s, "
           f"float32 {gemm.get('gemm_f32', float('nan')):.0f} GFLOP/s")

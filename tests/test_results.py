@@ -283,3 +283,17 @@ def test_load_merge_speed_filters_blocks_and_errors(tmp_path):
     assert set(sp["suite"]) == {"T8", "T20"}
     assert results.load_merge_speed(tmp_path, blocks=2)["merge_seconds"].tolist() == [99.0]
     assert results.load_merge_speed(tmp_path / "none").empty
+
+
+def test_load_merge_speed_keeps_todays_default_rows(tmp_path):
+    """A --before tree, a precision variant and ACE's equal-norm world are not today's default
+    merge: a file that lists them after the default rows must not let them win."""
+    (tmp_path / "r_blocks1").mkdir()
+    pd.DataFrame({"method": ["ace", "ace", "ace", "ace", "tsv_m", "tsv_m"], "n_tasks": [8] * 6, "blocks": [1] * 6,
+                  "width": [768] * 6, "seconds": [5.0, 3.0, 4.0, 6.0, 4.5, 6.0],
+                  "world": ["lognormal", "lognormal", "equal", "lognormal", "lognormal", "lognormal"],
+                  "code": ["now", "now", "now", "before", "now", "before"],
+                  "variant": ["-", "precision=float32", "-", "-", "-", "-"]}
+                 ).to_csv(tmp_path / "r_blocks1" / "merge_speed.csv", index=False)
+    got = {r.method: r.merge_seconds for r in results.load_merge_speed(tmp_path).itertuples()}
+    assert got == {"ace": 5.0, "tsv_m": 4.5}
