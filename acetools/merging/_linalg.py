@@ -183,7 +183,9 @@ def sym_eig(G: Tensor, top: int | None = None, *, overwrite: bool = False) -> tu
     0.05 s for the top 96), 2-3x faster here than ``torch.linalg.eigh`` on the same matrices
     (torch 2.14 + MKL, 2 threads: 0.7 s instead of 2.1 s for a 768² Gram); on other devices
     ``torch.linalg.eigh``. ``overwrite``: LAPACK may destroy ``G`` (a Gram made for this call),
-    which saves one n x n copy (72 MiB for ESM's 3072² Gram).
+    which saves one n x n copy (72 MiB for ESM's 3072² Gram). Up to n = ``_ONE_THREAD_MAX_N``
+    SciPy's OpenBLAS runs on one thread for the call (docs/performance.md §One OpenBLAS thread
+    for small eigenproblems).
     """
     n = G.shape[-1]
     if G.device.type == "cpu" and G.ndim == 2 and n > 0:
