@@ -373,10 +373,15 @@ def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame
     ``merge_seconds``, ``blocks``, ``width``, ``source``) that :func:`assess_cost` and
     :func:`assess_overhead` accept. Only rows of today's code (``code`` "now", not a ``--before``
     tree), the default variant (``variant`` "-") and the log-normal world (ACE's flagged path)
-    count. Where two files time the same (method, T), the later file (by name) wins. Empty when there are none."""
+    count.
+
+    Times are compared as ratios to TSV-M's, so for each T one session decides: the last file
+    (by name) that times ``tsv_m`` at that T gives every method it times; a method it lacks
+    comes from the last file (by name) that times it (``source`` says which file each row is
+    from). Empty when there are none."""
     cols = ["suite", "n_tasks", "seed", "method", "kind", "merge_seconds", "blocks", "width", "source"]
     frames = []
-    for f in sorted(Path(folder).glob("*/merge_speed.csv")):
+    for order, f in enumerate(sorted(Path(folder).glob("*/merge_speed.csv"))):
         d = pd.read_csv(f)
         if "error" in d.columns:
             d = d[d["error"].isna()]
@@ -391,10 +396,13 @@ def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame
                 "suite": [f"T{n}" for n in d["n_tasks"]], "n_tasks": d["n_tasks"].astype(int), "seed": 0,
                 "method": d["method"], "kind": "method", "merge_seconds": d["seconds"].astype(float),
                 "blocks": blocks, "width": d["width"] if "width" in d.columns else math.nan,
-                "source": f"{f.parent.name}/{f.name}"}))
+                "source": f"{f.parent.name}/{f.name}", "order": order}))
     if not frames:
         return pd.DataFrame(columns=cols)
-    out = pd.concat(frames, ignore_index=True).drop_duplicates(["method", "n_tasks"], keep="last")
+    out = pd.concat(frames, ignore_index=True)
+    ref = out[out["method"] == "tsv_m"].groupby("n_tasks")["order"].max()
+    out["session"] = [o == ref.get(t, -1) for o, t in zip(out["order"], out["n_tasks"])]
+    out = out.sort_values(["session", "order"], kind="stable").drop_duplicates(["method", "n_tasks"], keep="last")
     return out.sort_values(["n_tasks", "method"], kind="stable").reset_index(drop=True)[cols]
 
 

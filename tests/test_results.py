@@ -297,3 +297,18 @@ def test_load_merge_speed_keeps_todays_default_rows(tmp_path):
                  ).to_csv(tmp_path / "r_blocks1" / "merge_speed.csv", index=False)
     got = {r.method: r.merge_seconds for r in results.load_merge_speed(tmp_path).itertuples()}
     assert got == {"ace": 5.0, "tsv_m": 4.5}
+
+
+def test_load_merge_speed_takes_each_t_from_the_last_session_that_times_tsv_m(tmp_path):
+    """Ratios to TSV-M need one session: a later file without tsv_m does not replace the methods
+    of the last file that has it, but still fills in methods that file lacks."""
+    for name, rows in (("a", [("tsv_m", 8, 4.0), ("ace", 8, 2.0)]),
+                       ("b", [("tsv_m", 8, 5.0), ("ace", 8, 3.0)]),
+                       ("c", [("ace", 8, 9.0), ("wudi", 8, 7.0), ("ace", 20, 6.0)])):
+        (tmp_path / name).mkdir()
+        pd.DataFrame({"method": [r[0] for r in rows], "n_tasks": [r[1] for r in rows], "blocks": 1,
+                      "width": 768, "seconds": [r[2] for r in rows]}).to_csv(tmp_path / name / "merge_speed.csv",
+                                                                             index=False)
+    sp = results.load_merge_speed(tmp_path)
+    got = {(r.method, r.n_tasks): (r.merge_seconds, r.source.split("/")[0]) for r in sp.itertuples()}
+    assert got == {("tsv_m", 8): (5.0, "b"), ("ace", 8): (3.0, "b"), ("wudi", 8): (7.0, "c"), ("ace", 20): (6.0, "c")}
