@@ -30,7 +30,9 @@ instead of float32 SVDs: fewer flops (one ``r² max(d_out, d_in)`` product and a
 eigh) and a *smaller* error against a float64 SVD reference than the float32 SVD had (measured
 in ``docs/performance.md``). Each falls back to the SVD where the spectrum it uses is too spread
 for the Gram (sigma_1 / sigma_j > 1e4). float64 task vectors keep the float64 SVD, whose
-round-off the Gram route would exceed.
+round-off the Gram route would exceed. Iso-CTS's float32 route (:func:`_iso_cts_gram`) also takes
+each task's residual through the complement of the common subspace without forming it and
+orthogonalises only the task block of U.
 
 Caveat shared with the official code: when a task vector has rank below the per-task budget,
 its trailing singular vectors are an arbitrary basis chosen by LAPACK; they enter U_cat/V_cat
