@@ -257,10 +257,10 @@ def model_flops(method: str, n_tasks: int, blocks: int, width: int = WIDTH, flag
             k = int(0.3 * lo)
             f += flagged * (2 * m * n * n + 2 * lo * lo * hi + 4 * lo**3 + 4 * lo * hi * k)
         elif method == "iso_cts":  # the float32 route (svd._iso_cts_gram)
+            from acetools.merging.svd import iso_cts_ranks
+
             r = lo
-            k_c = int(0.8 * r)
-            k_c = r - round((r - k_c) / T) * T
-            s = (r - k_c) // T
+            k_c, s = iso_cts_ranks(r, T)
             p = T * s
             f = lo * lo * hi + 4 * lo**3 + 2 * lo * hi * k_c  # common subspace: Gram, eigh, other side
             if m <= n:  # residual through the complement U_perp: p x n coordinates, p² Gram

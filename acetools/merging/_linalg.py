@@ -27,7 +27,7 @@ from torch import Tensor
 __all__ = [
     "thin_svd", "polar", "solve_right", "top_svd", "check_square", "check_psd",
     "GRAM_MAX_RATIO", "sym_eig", "gram_top_svd", "gram_polar", "gram_polar_times",
-    "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_",
+    "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_", "spread_ok",
 ]
 
 #: Largest sigma_1 / sigma_j a float64 Gram route accepts for the singular values it uses.
@@ -140,6 +140,12 @@ def check_square(S: Any, d_in: int, where: str, hint: str = "", *, psd: bool = T
         check_psd(S, where)
 
 
+def spread_ok(S: Tensor, j: int, max_ratio: float = GRAM_MAX_RATIO) -> bool:
+    """Whether a Gram route may use the singular values ``S`` (descending) down to ``S[j]``:
+    ``S[j] > 0`` and ``S[0] <= max_ratio * S[j]``."""
+    return bool(S[j] > 0) and not bool(S[0] > max_ratio * S[j])
+
+
 def _gram_lower(M64: Tensor, wide: bool) -> Tensor:
     """The Gram of ``M64``'s smaller side, lower triangle only (blocked SYRK; eigh reads only it)."""
     n = M64.shape[-2] if wide else M64.shape[-1]
@@ -231,7 +237,7 @@ def gram_top_svd(M: Tensor, k: int, *, max_ratio: float = GRAM_MAX_RATIO) -> tup
         raise ValueError(f"gram_top_svd: k={k} must be in 1..{min(M64.shape)}")
     lam, Q = sym_eig(_gram_lower(M64, wide), top=k, overwrite=True)
     S = lam.clamp_min(0).sqrt()
-    if not bool(S[k - 1] > 0) or bool(S[0] > max_ratio * S[k - 1]):
+    if not spread_ok(S, k - 1, max_ratio):
         return None
     if wide:
         return Q, S, (Q.mT @ M64) / S[:, None]
@@ -250,7 +256,7 @@ def gram_polar(M: Tensor, *, max_ratio: float = GRAM_MAX_RATIO) -> tuple[Tensor,
     wide = M64.shape[-2] < M64.shape[-1]
     lam, Q = sym_eig(_gram_lower(M64, wide), overwrite=True)
     S = lam.clamp_min(0).sqrt()
-    if S.numel() == 0 or not bool(S[-1] > 0) or bool(S[0] > max_ratio * S[-1]):
+    if S.numel() == 0 or not spread_ok(S, -1, max_ratio):
         return None
     W = (Q / S) @ Q.mT  # (M^T M)^(-1/2) or (M M^T)^(-1/2)
     return (W @ M64 if wide else M64 @ W), S
@@ -275,7 +281,7 @@ def gram_polar_times(M: Tensor, B: Tensor, *, max_ratio: float = GRAM_MAX_RATIO)
     M64, B64 = M.double(), B.double()
     lam, Q = sym_eig(_gram_lower(M64, False), overwrite=True)
     S = lam.clamp_min(0).sqrt()
-    if S.numel() == 0 or not bool(S[-1] > 0) or bool(S[0] > max_ratio * S[-1]):
+    if S.numel() == 0 or not spread_ok(S, -1, max_ratio):
         return None
     if B64.shape[-1] < M64.shape[-1]:
         return M64 @ (Q @ ((Q.mT @ B64) / S[:, None])), S

@@ -54,6 +54,7 @@ from ._linalg import (
     gram_polar,
     gram_top_svd,
     polar,
+    spread_ok,
     sym_eig,
     syrk_lower_,
     thin_svd,
@@ -280,12 +281,14 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
     if not X.any():
         return X.new_zeros(d_out, d_in)
     gram = _gram_ok(X)
+    common_gram = gram  # the common subspace's Gram route; off once _iso_cts_gram found it refused
     if gram and k_c > 0 and s > 0:
         out = _iso_cts_gram(X, k_c, s)
         if out is not None:
             return out.to(X.dtype)
+        common_gram = False  # the same spread check on the same Gram refused: take the SVD directly
     work = torch.float64 if gram else X.dtype
-    U_c, S_c, V_c = _top(X.sum(0), k_c, gram) if k_c > 0 else (
+    U_c, S_c, V_c = _top(X.sum(0), k_c, common_gram) if k_c > 0 else (
         X.new_zeros(d_out, 0), X.new_zeros(0), X.new_zeros(0, d_in))
     U_c, S_c, V_c = U_c.to(work), S_c.to(work), V_c.to(work)
     U_all = X.new_zeros(d_out, r, dtype=work)
@@ -333,7 +336,7 @@ def _iso_cts_gram(X: Tensor, k_c: int, s: int) -> Tensor | None:
     wide = d_out <= d_in
     lam, Q = sym_eig(_gram_lower(D, wide), overwrite=True)  # every eigenpair: k_c > r/4 needs the full driver
     S = lam.clamp_min(0).sqrt()
-    if not bool(S[k_c - 1] > 0) or bool(S[0] > GRAM_MAX_RATIO * S[k_c - 1]):
+    if not spread_ok(S, k_c - 1):
         return None
     S_c = S[:k_c]
     if wide:
