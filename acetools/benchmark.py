@@ -1,6 +1,6 @@
 """The benchmark harness: merge a zoo's experts with any method and evaluate on every task.
 
-One :class:`Benchmark` wraps a :class:`~acetools.zoo.Zoo` (base, experts, heads) and gives
+One :class:`Benchmark` wraps a :class:`~acetools.world.vision.zoo.Zoo` (base, experts, heads) and gives
 everything the merge methods need — proxy batches and activations for ESM, Gram matrices
 for RegMean — plus evaluation (absolute and normalized accuracy per task and on average)
 and the papers' coefficient selection on validation (docs/methods.md §Benchmark protocol): a grid or golden-section
@@ -206,7 +206,7 @@ class Benchmark:
     def esm_activations(self) -> dict[str, list[Tensor]]:
         """Input activations of ESM's target layers inside each task's fine-tuned encoder."""
         if self._esm_acts is None:
-            from .activations import capture_inputs
+            from .files.activations import capture_inputs
 
             keys = self.matrix_keys()
             acts: dict[str, list[Tensor]] = {k: [] for k in keys}
@@ -223,7 +223,7 @@ class Benchmark:
         from ``n_gram`` training images in the task's fine-tuned encoder. ``attn.out_proj``
         is called functionally inside attention and cannot be hooked: it takes the mean."""
         if self._grams is None:
-            from .activations import gram_matrices
+            from .files.activations import gram_matrices
 
             keys = self.matrix_keys()
             out = []
@@ -247,7 +247,7 @@ class Benchmark:
         self, state: Mapping[str, Tensor], split: str = "test", tasks: Sequence[str] | None = None
     ) -> dict[str, float]:
         """Absolute top-1 accuracy (fraction) per task of the encoder ``state``."""
-        from .finetune import evaluate
+        from .world.vision.finetune import evaluate
 
         enc = self.zoo.encoder(state)
         return {t: evaluate(enc, self.zoo.head(t), self.data(t, split), batch_size=self.batch_size,
@@ -256,7 +256,7 @@ class Benchmark:
     def expert_accuracy(self, split: str = "test") -> dict[str, float]:
         """Each expert on its own task: the reference of normalized accuracy."""
         if split not in self._expert_acc:
-            from .finetune import evaluate
+            from .world.vision.finetune import evaluate
 
             self._expert_acc[split] = {
                 t: evaluate(self.zoo.encoder(s), self.zoo.head(t), self.data(t, split),
