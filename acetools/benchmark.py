@@ -1,7 +1,7 @@
 """The benchmark harness: merge a zoo's experts with any method and evaluate on every task.
 
 One :class:`Benchmark` wraps a world (:mod:`acetools.world.base`: base, experts, evaluation per
-task; a :class:`~acetools.zoo.Zoo` is wrapped as the vision world) and gives
+task; a :class:`~acetools.world.vision.zoo.Zoo` is wrapped as the vision world) and gives
 everything the merge methods need — proxy batches and activations for ESM, Gram matrices
 for RegMean — plus evaluation (absolute and normalized accuracy per task and on average)
 and the papers' coefficient selection on validation (docs/methods.md §Benchmark protocol): a grid or golden-section
@@ -165,7 +165,7 @@ class Benchmark:
         from .world.base import as_world
 
         if hasattr(world, "split") and hasattr(world, "head") and not hasattr(world, "kind"):
-            from .world.vision_world import VisionWorld
+            from .world.vision.world import VisionWorld
 
             world = VisionWorld(world, batch_size=batch_size, threads=threads)
         self.world = as_world(world)
@@ -180,7 +180,7 @@ class Benchmark:
 
     @property
     def zoo(self):
-        """The vision world's :class:`~acetools.zoo.Zoo` (course code reads its splits), else the world."""
+        """The vision world's :class:`~acetools.world.vision.zoo.Zoo` (course code reads its splits), else the world."""
         return getattr(self.world, "zoo", self.world)
 
     # ------------------------------------------------------------------ ingredients

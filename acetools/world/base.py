@@ -4,7 +4,7 @@ need from a world, whatever its model and data.
 A *world* is a base model, one expert per task fine-tuned from it, and a way to score a
 merged model on each task. Three implementations:
 
-- :class:`acetools.world.vision.VisionWorld`: the image mini-world (:class:`~acetools.zoo.Zoo`:
+- :class:`acetools.world.vision.VisionWorld`: the image mini-world (:class:`~acetools.world.vision.zoo.Zoo`:
   a shipped ViT base and frozen prototype heads);
 - :class:`acetools.world.text.TextWorld`: all-MiniLM-L6-v2 on real offline text tasks, with
   heads per task;
@@ -82,12 +82,12 @@ class World(Protocol):
 
 
 def as_world(obj: Any) -> World:
-    """``obj`` as a :class:`World`: a :class:`~acetools.zoo.Zoo` is wrapped in a
+    """``obj`` as a :class:`World`: a :class:`~acetools.world.vision.zoo.Zoo` is wrapped in a
     :class:`~acetools.world.vision.VisionWorld`; a world is returned as is."""
-    from ..zoo import Zoo
+    from .vision.zoo import Zoo
 
     if isinstance(obj, Zoo):
-        from .vision_world import VisionWorld
+        from .vision.world import VisionWorld
 
         return VisionWorld(obj)
     check_world(obj)

@@ -1,6 +1,6 @@
 """The image mini-world behind the world interface (:mod:`acetools.world.base`).
 
-:class:`VisionWorld` wraps a :class:`~acetools.zoo.Zoo` (the shipped ViT base, frozen
+:class:`VisionWorld` wraps a :class:`~acetools.world.vision.zoo.Zoo` (the shipped ViT base, frozen
 prototype heads, experts per task) and adds what the interface asks: evaluation of a merged
 state per task, ESM's proxy images and RegMean's training images, and the layers whose
 inputs are captured.
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..utils import make_generator
+from ...utils import make_generator
 
 __all__ = ["VisionWorld", "VISION_MATRICES"]
 
@@ -25,7 +25,7 @@ VISION_MATRICES = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight"
 
 
 class VisionWorld:
-    """A :class:`~acetools.zoo.Zoo` as a world; ``zoo`` stays reachable for course code."""
+    """A :class:`~acetools.world.vision.zoo.Zoo` as a world; ``zoo`` stays reachable for course code."""
 
     kind = "vision"
     layout = "open_clip"
@@ -81,7 +81,7 @@ class VisionWorld:
     def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
                      tasks: Sequence[str] | None = None) -> dict[str, float]:
         """Accuracy per task with one encoder built for ``state``."""
-        from ..finetune import evaluate
+        from .finetune import evaluate
 
         enc = self.zoo.encoder(state)
         return {t: evaluate(enc, self.zoo.head(t), self.data(t, split, n), batch_size=self.batch_size,
@@ -101,11 +101,11 @@ class VisionWorld:
         return torch.as_tensor(np.asarray(self.zoo.split(task, "train").x[:n]))
 
     def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
-        from ..activations import capture_inputs
+        from ...files.activations import capture_inputs
 
         return capture_inputs(self.zoo.encoder(state), inputs, list(keys))
 
     def gram_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
-        from ..activations import gram_matrices
+        from ...files.activations import gram_matrices
 
         return gram_matrices(self.zoo.encoder(state), inputs, list(keys), batch_size=128)
