@@ -200,6 +200,12 @@ def test_bare_files_drop_names_and_overwrite(tmp_path):
     assert res.info["heads"]["mode"] == "per-task" and res.plan.layout.name == "gpt2"
     assert {n: r["num_labels"] for n, r in list_heads(out).items()} == dict(zip(("sst2", "agnews", "emo"), LABELS))
     assert list_heads(out)["emo"]["config"] is None
+    with pytest.raises(ValueError, match="no model_type in the config of task 'emo'; use task_state_dict"):
+        load_with_head(out, "emo")
+    sd, cfg = task_state_dict(out, "emo")
+    assert cfg == {"num_labels": 5, "id2label": {str(i): f"LABEL_{i}" for i in range(5)},
+                   "label2id": {f"LABEL_{i}": i for i in range(5)}}
+    assert torch.equal(sd["score.weight"], open_checkpoint(files[2]).get("score.weight"))
     with pytest.raises(FileExistsError, match="already holds weights"):
         merge_files("task_arithmetic", base, files, out)
     res = merge_files("task_arithmetic", base, files, out, overwrite=True, names=["x", "y", "z"])
@@ -249,6 +255,13 @@ def test_same_shaped_heads_merge_when_asked_and_a_failed_merge_leaves_nothing(tm
         load_with_head(tmp_path / "ok", "sst2")
     with pytest.raises(FileNotFoundError, match="holds no per-task heads"):
         list_heads(out)
+
+
+def test_a_bare_backbone_as_base_is_explained(tmp_path):
+    _, experts, models = _classifiers(tmp_path, "bert")
+    models[0].bert.save_pretrained(tmp_path / "bare")  # a BertModel: keys without the 'bert.' prefix
+    with pytest.raises(KeyError, match=r"experts' keys start with 'bert\.'.*BertForSequenceClassification"):
+        merge_files("task_arithmetic", tmp_path / "bare", experts, tmp_path / "o")
 
 
 def test_config_file_heads_and_names(tmp_path):

@@ -211,6 +211,20 @@ def _check_head_shapes(base: Checkpoint, experts: Sequence[Checkpoint], layout: 
                 raise ValueError(_shape_error(key, base, experts, True, layout))
 
 
+def _check_prefix(base: Checkpoint, expert: Checkpoint, head_keys: Sequence[str]) -> None:
+    """A bare backbone as the base (``BertModel``: ``embeddings.*``) beside classifiers (``bert.embeddings.*``)
+    shares no key with them: say so, and how to save the base, instead of a missing-key error."""
+    backbone = [k for k in expert.keys() if k not in head_keys]
+    if not backbone or set(backbone) & set(base.keys()):
+        return
+    prefix = backbone[0].split(".")[0] + "."
+    if all(k.startswith(prefix) for k in backbone) and {k[len(prefix):] for k in backbone} & set(base.keys()):
+        raise KeyError(f"the base {base.path} has no key of the experts' backbone: the experts' keys start with "
+                       f"{prefix!r} (e.g. {backbone[0]!r}), the base's do not (e.g. {base.keys()[0]!r}); the base "
+                       "looks like a bare backbone (e.g. BertModel). Save it as the experts' class first, e.g. "
+                       "BertForSequenceClassification.from_pretrained(base).save_pretrained(new_base)")
+
+
 def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout,
                names: Sequence[str] | None = None) -> HeadPlan:
     """Resolve ``heads`` (:data:`HEAD_MODES`) for these checkpoints; errors name the key or the expert.
@@ -260,6 +274,7 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
             if not ck.meta(key).dtype.is_floating_point:
                 raise TypeError(f"heads={mode!r}: head key {key!r} of expert {ck.path} is {ck.meta(key).dtype}, "
                                 "not a float tensor")
+    _check_prefix(base, experts[0], keys)
     plan = HeadPlan(mode, keys=list(keys), experts=list(experts), reason=reason)
     if mode == "per-task":
         plan.names = _check_names(names if names is not None else [_name_of(ck) for ck in experts], experts,
