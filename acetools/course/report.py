@@ -334,7 +334,8 @@ _ITEM = r"(?:&#x27;[^&]*&#x27;|'[^']*'|-?\d+(?:\.\d+)?(?:e-?\d+)?)"
 _LIST_REPR = re.compile(rf"\[{_ITEM}(?:,? +{_ITEM})*\]")
 #: A verdict line as :func:`acetools.course.claims.show` renders it, and as plain text.
 _VERDICT_LINE = re.compile(r"</strong> · <code>([a-z0-9_]+\.[a-z0-9_]+)</code>:")
-_VERDICT_TEXT = re.compile(r"\[(?:reproduced|partly|not reproduced|not testable here)\] ([a-z0-9_]+\.[a-z0-9_]+):")
+_VERDICT_TEXT = re.compile(r"\[(?:reproduced|partly|not reproduced|undecidable here|not testable here)\] "
+                           r"([a-z0-9_]+\.[a-z0-9_]+):")
 
 
 def check_html(path: str | os.PathLike) -> list[str]:

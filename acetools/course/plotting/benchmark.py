@@ -32,6 +32,7 @@ VERDICT_COLORS: dict[str, str] = {
     "reproduced": "#4daf4a",
     "partly": "#ffbf00",
     "not reproduced": "#e41a1c",
+    "undecidable here": "#80b1d3",
     "not testable here": "#999999",
     "not measured": "#ffffff",
 }
