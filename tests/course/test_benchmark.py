@@ -220,7 +220,7 @@ def _paper_summary(table: str, backbone_by_n: dict[int, str]) -> pd.DataFrame:
     return summary_rows(scores)
 
 
-def _paper_world(table: str) -> "World":
+def _paper_world(table: str):
     """The paper's own world: its room is the paper's, so every prediction is the paper's effect."""
     from acetools.course.verdicts import World
 
