@@ -377,7 +377,7 @@ def assess_cost(summary: pd.DataFrame, *, method: str = "ace", svd_method: str =
     measured = ", ".join(f"T={r['n_tasks']}: {r['seconds']:.3g} s vs {r['seconds_ref']:.3g} s (×{r['ratio']:.2f})"
                          for r in rows)
     return Verdict(f"merge time {method} vs {svd_method}: {measured}", verdict, why,
-                      {"rows": rows, "slope": slope, "criteria": crit})
+                   {"rows": rows, "slope": slope, "criteria": crit}, value=max(r["ratio"] for r in rows))
 
 
 def assess_overhead(summary: pd.DataFrame, *, method: str = "esm", ref: str = "tsv_m",
@@ -411,7 +411,7 @@ def assess_overhead(summary: pd.DataFrame, *, method: str = "esm", ref: str = "t
         measured = ", ".join(f"T={r['n_tasks']}: {r['seconds']:.3g} s vs {r['seconds_ref']:.3g} s" for r in rows)
     return Verdict(f"merge time {method} vs {ref}: {measured}", verdict, why,
                    {"rows": rows, "worst_ratio": worst, "capture_timed_apart": timed_apart,
-                    "worst_ratio_with_capture": with_capture})
+                    "worst_ratio_with_capture": with_capture}, value=worst)
 
 
 def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:

@@ -194,27 +194,37 @@ class World:
     noise: float = NOISE
     fixture: bool = False
     description: str = ""
+    #: the room in absolute accuracy points, for claims measured in absolute accuracy
+    room_abs: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.profile not in ("full", "quick"):
             raise ValueError(f"World.profile={self.profile!r} must be 'full' or 'quick'")
         object.__setattr__(self, "room", {int(k): float(v) for k, v in dict(self.room).items()})
+        object.__setattr__(self, "room_abs", {int(k): float(v) for k, v in dict(self.room_abs).items()})
 
-    def room_at(self, n_tasks: int) -> float:
-        """The room at ``n_tasks`` tasks (KeyError naming the rooms this world has)."""
+    def room_at(self, n_tasks: int, unit: str = "normalized") -> float:
+        """The room at ``n_tasks`` tasks in ``unit`` (``"normalized"`` or ``"absolute"``
+        points; KeyError naming the rooms this world has)."""
+        if unit not in ("normalized", "absolute"):
+            raise ValueError(f"unit={unit!r} must be 'normalized' or 'absolute'")
+        rooms = self.room if unit == "normalized" else self.room_abs
         try:
-            return self.room[int(n_tasks)]
+            return rooms[int(n_tasks)]
         except KeyError:
-            raise KeyError(f"world {self.name!r} has no room at {n_tasks} tasks; it has {sorted(self.room)}") from None
+            raise KeyError(f"world {self.name!r} has no {unit} room at {n_tasks} tasks; it has "
+                           f"{sorted(rooms)}") from None
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "profile": self.profile, "room": {str(k): v for k, v in self.room.items()},
+                "room_abs": {str(k): v for k, v in self.room_abs.items()},
                 "noise": self.noise, "fixture": self.fixture, "description": self.description}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> World:
         return cls(d["name"], d["profile"], {int(k): v for k, v in d.get("room", {}).items()},
-                   float(d.get("noise", NOISE)), bool(d.get("fixture", False)), d.get("description", ""))
+                   float(d.get("noise", NOISE)), bool(d.get("fixture", False)), d.get("description", ""),
+                   {int(k): v for k, v in d.get("room_abs", {}).items()})
 
     @classmethod
     def from_summary(cls, summary: Any, name: str, profile: str, *, fixture: bool = False, description: str = "",
@@ -224,14 +234,20 @@ class World:
         of tasks, paired per seed, mean over seeds. Numbers of tasks without both methods
         have no room."""
         d = summary[summary["method"].isin(["tsv_m", "task_arithmetic"])]
-        room = {}
-        for n, g in d.groupby("n_tasks"):
-            p = g.pivot_table(index="seed", columns="method", values=metric)
-            if {"tsv_m", "task_arithmetic"} <= set(p.columns):
-                diff = (p["tsv_m"] - p["task_arithmetic"]).dropna()
-                if len(diff):
-                    room[int(n)] = float(diff.mean())
-        return cls(name, profile, room, noise, fixture, description)
+
+        def rooms(col: str) -> dict[int, float]:
+            out = {}
+            if col not in d.columns:
+                return out
+            for n, g in d.groupby("n_tasks"):
+                p = g.pivot_table(index="seed", columns="method", values=col)
+                if {"tsv_m", "task_arithmetic"} <= set(p.columns):
+                    diff = (p["tsv_m"] - p["task_arithmetic"]).dropna()
+                    if len(diff):
+                        out[int(n)] = float(diff.mean())
+            return out
+
+        return cls(name, profile, rooms(metric), noise, fixture, description, rooms("test_acc"))
 
 
 @dataclass(frozen=True)
@@ -279,6 +295,7 @@ def predict(paper_effect: float, paper_room: float, world_room: float) -> float:
 
 def effect(setting: str, measured: float | None, *, paper: float | None = None, paper_room: float | None = None,
            world_room: float | None = None, spread: float | None = None, noise: float = NOISE) -> Effect:
+    # world_room and measured must be in the same unit (normalized or absolute points)
     """One :class:`Effect`: with ``paper``, ``paper_room`` and ``world_room`` the prediction is
     scaled by :func:`predict`; without a paper effect there is no prediction. The floor is
     :func:`margin` ``(spread, noise)``."""

@@ -100,7 +100,7 @@ def test_world_room_from_a_summary_and_round_trip():
                       "method": ["tsv_m", "task_arithmetic"] * 3, "test_normalized": [90, 86, 91, 86, 80, 77]})
     w = V.World.from_summary(s, "mini-world", "full")
     assert w.room == {8: 4.5, 20: 3.0} and w.room_at(20) == 3.0
-    with pytest.raises(KeyError, match="no room at 14"):
+    with pytest.raises(KeyError, match="no normalized room at 14"):
         w.room_at(14)
     assert V.World.from_dict(w.as_dict()) == w
     with pytest.raises(ValueError, match="profile"):
