@@ -117,3 +117,31 @@ def test_every_notebook_runs_in_quick_mode(quick_env):
         assert "fixture world" in Path(r["html"]).read_text(), (
             f"{r['notebook']} does not say it shows the fixture world"
         )
+
+
+@pytest.mark.slow
+def test_a_quick_papermill_run_leaves_the_repository_untouched(quick_env, tmp_path):
+    """Run as a papermill user would (`papermill notebooks/NN.ipynb out.ipynb -p quick True -p seed 3
+    --cwd notebooks`): the quick profile's default figures folder is under build/, never the
+    committed figures/, so `git status` is the same before and after."""
+    import shutil
+    import subprocess
+
+    import papermill as pm
+
+    repo = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def status() -> str:
+        return subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout
+
+    before = status()
+    nb = repo / "notebooks" / "00_quickstart.ipynb"
+    pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), parameters={"quick": True, "seed": 3},
+                        cwd=str(repo / "notebooks"), kernel_name="python3", progress_bar=False, start_timeout=300)
+    assert status() == before, "a quick papermill run changed tracked files"
+    out = repo / "build" / "quick" / "figures" / "00_quickstart"
+    assert (out / "ace_vs_task_arithmetic.png").is_file()
+    assert json.loads((out / "figures.json").read_text())["profile"] == "quick"

@@ -536,6 +536,25 @@ class Ablation:
                 raise KeyError(f"no variant {name!r}; variants: {list(v.index)}")
         return float(v[a] - v[b])
 
+    def beside(self, eps: float) -> Ablation:
+        """The rows run at another ``eps`` (variants labelled ``"<variant> @ eps <eps>"`` by
+        :func:`ablation_over_suites`), under their plain variant names."""
+        tag = f" @ eps {eps:g}"
+        t = self.table[self.table["variant"].str.endswith(tag)].copy()
+        t["variant"] = t["variant"].str[: -len(tag)]
+        pt = self.per_task
+        if len(pt):
+            pt = pt[pt["variant"].str.endswith(tag)].copy()
+            pt["variant"] = pt["variant"].str[: -len(tag)]
+        return Ablation(t.reset_index(drop=True), pt)
+
+    def main(self) -> Ablation:
+        """The rows at the ablation's own eps (without the ``@ eps`` rows of :meth:`beside`)."""
+        keep = ~self.table["variant"].str.contains(" @ eps ", regex=False)
+        pt = self.per_task[~self.per_task["variant"].str.contains(" @ eps ", regex=False)] if len(self.per_task) \
+            else self.per_task
+        return Ablation(self.table[keep].reset_index(drop=True), pt)
+
     @staticmethod
     def concat(parts: Sequence[Ablation]) -> Ablation:
         import pandas as pd
@@ -615,15 +634,17 @@ def _fmt(hp: Mapping[str, Any]) -> str:
 
 
 def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: int, quick: bool, device: str,
-                         hparams: Mapping[str, Any], tau: float = TAU, patience: int | None = None
-                         ) -> tuple[Ablation, dict[str, float], Any]:
+                         hparams: Mapping[str, Any], tau: float = TAU, patience: int | None = None,
+                         beside_eps: float | None = None) -> tuple[Ablation, dict[str, float], Any]:
     """:func:`run_ablation` on every suite of ``suites`` (notebook 02's section 4).
 
     ``main``: ``(suite, zoo, bench, gamma_table)`` already built for one suite (reused, not
     rebuilt); every other suite's world is built (or loaded from the cache) at ``size`` and
     ``seed`` and released after its ablation. Returns the concatenated :class:`Ablation`, the
     share of flagged matrices per suite (gamma > ``tau``) and a table ``suite, tasks,
-    flagged (%), seconds``.
+    flagged (%), seconds``. ``beside_eps``: also run :data:`FULL` and :data:`NO_PRIOR` at that
+    eps (the code's default beside the paper's), labelled ``"<variant> @ eps <beside_eps>"``
+    (:meth:`Ablation.beside` reads them back).
     """
     import pandas as pd
 
@@ -642,6 +663,11 @@ def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: i
         flagged[name] = float(g.flag.mean())
         t0 = time.perf_counter()
         parts.append(run_ablation(b, hparams=hparams, suite=name))
+        if beside_eps is not None:
+            tag = f" @ eps {beside_eps:g}"
+            parts.append(run_ablation(b, {FULL + tag: {**ABLATIONS[FULL], "eps": beside_eps},
+                                          NO_PRIOR + tag: {**ABLATIONS[NO_PRIOR], "eps": beside_eps}},
+                                      scaled=False, hparams=hparams, suite=name))
         rows.append({"suite": name, "tasks": len(z.tasks), "flagged (%)": 100 * flagged[name],
                      "seconds": time.perf_counter() - t0})
         del z, b, g

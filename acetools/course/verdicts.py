@@ -273,6 +273,9 @@ class Effect:
     def scaling(self) -> str:
         if self.predicted is None:
             return "no paper effect to scale: decided on the measurement"
+        if self.paper_room is None or self.world_room is None:
+            return (f"{self.setting}: the paper's {self.paper:+.2f}, a unit-free measure, not scaled "
+                    f"(floor {self.floor:.2f}: {'decidable' if self.decidable else 'undecidable'})")
         return (f"{self.setting}: {self.paper:+.2f} × {self.world_room:.2f} / {self.paper_room:.2f} = "
                 f"{self.predicted:+.2f} (floor {self.floor:.2f}: {'decidable' if self.decidable else 'undecidable'})")
 

@@ -35,13 +35,22 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
 
     ``name`` is a file stem (letters, digits, ``_.-``), so figure names stay deterministic.
     The PNG carries no timestamp or software tag, so reruns give identical files when the
-    pixels are the same.
+    pixels are the same; where ``folder`` has a ``figures.json`` (the course's record of the
+    notebook, profile and world that write there) its entries are stored as PNG text
+    ``acetools:<key>``.
     """
     if not isinstance(name, str) or not _NAME.match(name) or name.endswith(".png"):
         raise ValueError(f"figure name {name!r} must be a file stem of letters, digits and _.- (no extension)")
     path = Path(folder) / f"{name}.png"
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    meta: dict[str, str | None] = {"Software": None}
+    manifest = Path(folder) / "figures.json"  # acetools.course.world.MANIFEST: notebook, profile, world
+    if manifest.is_file():
+        import json
+
+        for k, v in sorted(json.loads(manifest.read_text()).items()):
+            meta[f"acetools:{k}"] = str(v)
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata=meta)
     with atomic_write(path, "wb") as fh:
         fh.write(buf.getvalue())
     if close:
