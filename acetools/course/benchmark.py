@@ -626,6 +626,7 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     """
     from .. import results
     from ..benchmark import ACE_SCALED_ROW, VARIANTS
+    from ..search import PATIENCE
     from . import paper_tables
     from . import world as course
 
@@ -636,7 +637,7 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
         counts = (2, len(zoo.tasks))
         run_suites = [f"tiny{n}" for n in counts]
         for name, n in zip(run_suites, counts):
-            sub_bench = course.benchmark(results.prefix_world(zoo, n), quick=True, patience=2)
+            sub_bench = course.benchmark(results.prefix_world(zoo, n), quick=True, patience=PATIENCE)
             results.write_results(sub_bench, res_dir, f"{name}_{run_size}_seed{seed}", list(QUICK_METHODS),
                                   extra=VARIANTS)
         main_suite = run_suites[-1]
@@ -648,7 +649,7 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
         run_size, run_suites, main_suite = size, list(suites), suite
         if recompute:
             for s in run_suites:
-                full_bench = course.benchmark(course.world(s, size, seed=seed, device=device), patience=5)
+                full_bench = course.benchmark(course.world(s, size, seed=seed, device=device), patience=PATIENCE)
                 results.write_results(full_bench, res_dir, f"{s}_{size}_seed{seed}", progress=True,
                                       extra={**ACE_SCALED_ROW, **VARIANTS})  # as benchmarks/mini_world.sh
         world = f"the mini-world: suites {', '.join(run_suites)} at model size {size}"
