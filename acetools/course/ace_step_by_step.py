@@ -74,6 +74,7 @@ __all__ = [
     "run_ablation",
     "ablation_effects",
     "ablation_over_suites",
+    "eps_sweep",
     "verdict_gamma",
     "PAPER_EPS_VIT",
     "VIT_STAGE_EFFECT",
@@ -708,6 +709,41 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float],
                                       "what": "gate forced: refined - not refined", "frac_flagged": float(f),
                                       "gate_forced": True, "d_ace_gate": e(FULL, NO_REFINE)})
     return out
+
+
+def eps_sweep(bench, eps_grid: Sequence[float], *, hparams: Mapping[str, Any] | None = None,
+              modes: Sequence[str] = ("absolute", "relative"), keys: Sequence[str] | None = None,
+              progress: bool | None = None) -> Any:
+    """ACE's test accuracy against the ridge in the covariance's units (notebook 02, "eps in units").
+
+    For each ``eps`` of ``eps_grid`` and each ``eps_mode`` of ``modes``: merge with ACE
+    (``hparams`` shared; ``eps`` and ``eps_mode`` set here), score on test, and record the
+    ridge relative to the mean covariance eigenvalue that this eps means, ``ridge_rel`` =
+    median over the matrices ``keys`` (default every matrix ACE merges) of mean_t
+    eps·d_in/tr_t for the absolute eps (the paper's: its meaning depends on the layer's scale)
+    and eps itself for the relative one (eps_mode="relative", not the paper's: eps·tr_t/d_in is
+    the ridge, so ridge_rel = eps everywhere). Columns: eps_mode, eps, ridge_rel, test_acc,
+    test_normalized (%)."""
+    import pandas as pd
+
+    from ..merging import merge, task_vectors
+    from ..utils import progress as bar
+
+    taus = task_vectors(bench.base, bench.experts)
+    keys = list(keys) if keys is not None else matrix_keys(taus)
+    tr = {k: np.array([float(A.center_rows(tv[k].double()).pow(2).sum()) for tv in taus]) for k in keys}
+    d_in = {k: int(taus[0][k].shape[1]) for k in keys}
+    rows = []
+    shared = {k: v for k, v in dict(hparams or {}).items() if k not in ("eps", "eps_mode")}
+    for mode, eps in bar([(m, float(e)) for m in modes for e in eps_grid], desc="eps sweep", enabled=progress):
+        merged = merge("ace", bench.base, bench.experts, **shared, eps=eps, eps_mode=mode)
+        acc = bench.evaluate(merged, "test")
+        norm = bench.normalized(acc, "test")
+        rel = eps if mode == "relative" else float(np.median([np.mean(eps * d_in[k] / tr[k]) for k in keys]))
+        rows.append({"eps_mode": mode, "eps": eps, "ridge_rel": rel,
+                     "test_acc": 100 * float(np.mean(list(acc.values()))),
+                     "test_normalized": 100 * float(np.mean(list(norm.values())))})
+    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- verdicts

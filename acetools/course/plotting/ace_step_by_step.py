@@ -16,7 +16,7 @@ from ...keys import short_name
 from ...plotting._core import finish
 
 __all__ = ["short_label", "gamma_strip", "gamma_scaling", "task_weights", "prior_profile", "spectra",
-           "refined_spectrum", "layer_metrics", "ablation_bars"]
+           "refined_spectrum", "layer_metrics", "ablation_bars", "eps_units"]
 
 
 def short_label(key: str) -> str:
@@ -201,4 +201,25 @@ def ablation_bars(ax, table, *, column: str = "test_normalized", reference: str 
         {"test_normalized": "normalized test accuracy (%)", "test_acc": "test accuracy (%)"}.get(column, column)
     )
     ax.legend(fontsize=7, title="suite (band: full ACE ± noise)", title_fontsize=7)
+    return finish(ax, title)
+
+
+def eps_units(ax, table, *, paper_eps: float | None = 1e-5, default_eps: float | None = 1e-2,
+              title: str | None = None):
+    """ACE's normalized test accuracy against the ridge in the covariance's units, eps·d_in/tr
+    (:func:`acetools.course.ace_step_by_step.eps_sweep`), one line per ``eps_mode``; the
+    absolute eps values of the paper (ViT) and of the code default are marked where they fall."""
+    for i, (mode, d) in enumerate(table.groupby("eps_mode", sort=False)):
+        d = d.sort_values("ridge_rel")
+        ax.plot(d["ridge_rel"], d["test_normalized"], "o-", color=f"C{i}", ms=4,
+                label="absolute eps (the paper's)" if mode == "absolute" else "relative eps (eps_mode='relative')")
+    ab = table[table["eps_mode"] == "absolute"]
+    for eps, name, ls in ((paper_eps, "paper's ViT eps", "--"), (default_eps, "code default", ":")):
+        row = ab[np.isclose(ab["eps"], eps)] if eps is not None else ab.iloc[:0]
+        if len(row):
+            ax.axvline(float(row["ridge_rel"].iloc[0]), color="0.4", ls=ls, lw=1, label=f"{name} eps = {eps:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("ridge / mean eigenvalue of the covariance  (eps · d_in / tr)")
+    ax.set_ylabel("normalized test accuracy (%)")
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
     return finish(ax, title)
