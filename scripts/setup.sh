@@ -56,5 +56,17 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     echo "      or put the four IDX files in \$ACETOOLS_DATA/fashion-mnist/." >&2
   fi
 fi
+echo "==> MathJax and a headless browser for the HTML reports"
+# the reports typeset their equations with a local MathJax (never a CDN), and the report checks
+# render them in headless Chromium (acetools.course.report.check_rendered)
+if [ ! -f /usr/share/javascript/mathjax/MathJax.js ] || ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    apt_wait update -qq
+    DEBIAN_FRONTEND=noninteractive apt_wait install -y -qq libjs-mathjax chromium
+  else
+    echo "NOTE: install MathJax and Chromium with 'sudo apt-get install libjs-mathjax chromium'" >&2
+    echo "      (or set ACETOOLS_MATHJAX to a MathJax.js); the HTML reports need the first" >&2
+  fi
+fi
 $PY -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
 echo "==> acetools is set up"
