@@ -44,6 +44,8 @@ __all__ = [
     "find_chromium",
     "chromium_layout",
     "check_rendered",
+    "check_report",
+    "figure_problems",
     "screenshot",
     "CHROMIUM_FLAGS",
 ]
@@ -492,6 +494,33 @@ def check_rendered(path: str | os.PathLike, *, width: int = 1280) -> list[str]:
     for i, w, text in lay["wide"]:
         problems.append(f"{name}: table {i} is {w} px wide, wider than the page ({lay['page']} px) or its box: "
                         f"{text!r}")
+    return problems
+
+
+def figure_problems(folder: str | os.PathLike) -> list[str]:
+    """The figures of ``folder`` with overlapping text, as :func:`acetools.plotting.save_figure`
+    listed them in the folder's ``figures.json`` (``[]``: none, or no record)."""
+    import json as _json
+
+    path = Path(folder) / "figures.json"
+    if not path.is_file():
+        return []
+    got = _json.loads(path.read_text()).get("text_overlaps", {})
+    return [f"{Path(folder).name}/{name}.png: text overprints text ({len(pairs)}×, e.g. {pairs[0]})"
+            for name, pairs in sorted(got.items())]
+
+
+def check_report(html: str | os.PathLike, figures_dir: str | os.PathLike | None = None, *,
+                 browser: bool | None = None) -> list[str]:
+    """Everything a reader could not trust on a report page: :func:`check_html`, the figures
+    of ``figures_dir`` with overlapping text (:func:`figure_problems`) and, in headless
+    Chromium (``browser=None``: when one is installed), maths that did not render and tables
+    wider than the page (:func:`check_rendered`)."""
+    problems = check_html(html)
+    if figures_dir is not None:
+        problems += figure_problems(figures_dir)
+    if browser or (browser is None and find_chromium() is not None and mathjax_url() is not None):
+        problems += check_rendered(html)
     return problems
 
 

@@ -30,6 +30,41 @@ def new_axes(nrows: int = 1, ncols: int = 1, *, width: float = 5.0, height: floa
     return fig, axes
 
 
+def text_overlaps(fig, *, min_px: float = 2.0, min_font: float = 0.0) -> list[tuple[str, str]]:
+    """Pairs of visible texts of ``fig`` whose drawn boxes overlap (matplotlib's own extents, as
+    ``bbox_inches="tight"`` measures them): a colour-bar label over the next panel's title,
+    crowded tick labels, heatmap numbers over each other. Boxes must overlap by more than
+    ``min_px`` pixels both ways; a text inside its own legend's box does not count, nor do texts
+    smaller than ``min_font`` points (``min_font`` also lets a test ask for readable sizes)."""
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    boxes = []
+    for t in fig.findobj(Text):
+        if not t.get_visible() or not t.get_text().strip() or (t.get_alpha() == 0):
+            continue
+        if t.axes is not None and not t.axes.get_visible():
+            continue
+        if t.get_fontsize() < min_font:
+            continue
+        try:
+            bb = t.get_window_extent(renderer)
+        except (RuntimeError, ValueError):  # pragma: no cover - a text that cannot be laid out
+            continue
+        if bb.width <= 0 or bb.height <= 0:
+            continue
+        boxes.append((t, bb))
+    out = []
+    for i in range(len(boxes)):
+        ti, a = boxes[i]
+        for tj, b in boxes[i + 1:]:
+            dx = min(a.x1, b.x1) - max(a.x0, b.x0)
+            dy = min(a.y1, b.y1) - max(a.y0, b.y0)
+            if dx > min_px and dy > min_px:
+                out.append((ti.get_text()[:40], tj.get_text()[:40]))
+    return out
+
+
 def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, close: bool = False) -> Path:
     """Write ``fig`` to ``<folder>/<name>.png`` atomically; return the path.
 
@@ -37,7 +72,8 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
     The PNG carries no timestamp or software tag, so reruns give identical files when the
     pixels are the same; where ``folder`` has a ``figures.json`` (the course's record of the
     notebook, profile and world that write there) its entries are stored as PNG text
-    ``acetools:<key>``.
+    ``acetools:<key>``, and the figure's overlapping texts (:func:`text_overlaps`) are listed
+    there under ``text_overlaps`` (and logged) for the report checks.
     """
     if not isinstance(name, str) or not _NAME.match(name) or name.endswith(".png"):
         raise ValueError(f"figure name {name!r} must be a file stem of letters, digits and _.- (no extension)")
@@ -53,6 +89,30 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata=meta)
     with atomic_write(path, "wb") as fh:
         fh.write(buf.getvalue())
+    overlaps = text_overlaps(fig)
+    if overlaps:
+        import logging
+
+        logging.getLogger("acetools.plotting").warning("figure %s: %d overlapping text pair(s), e.g. %r", name,
+                                                       len(overlaps), overlaps[0])
+    if manifest.is_file():  # the course's record: the report checks fail on any overlap it lists
+        import json
+
+        from ..utils import atomic_write as _aw
+
+        m = json.loads(manifest.read_text())
+        got = dict(m.get("text_overlaps", {}))
+        if overlaps:
+            got[name] = [list(o) for o in overlaps]
+        else:
+            got.pop(name, None)
+        if got != m.get("text_overlaps", {}):
+            if got:
+                m["text_overlaps"] = got
+            else:
+                m.pop("text_overlaps", None)
+            with _aw(manifest, "w") as fh:
+                json.dump(m, fh, indent=1, sort_keys=True)
     if close:
         import matplotlib.pyplot as plt
 

@@ -106,3 +106,23 @@ def test_describe_says_which_world():
     z8 = SimpleNamespace(tasks=["a"], size="small", suite="tasks8", seed=2,
                          finetune_config=FinetuneConfig(lr=1e-4, precision="bf16"))
     assert describe(z8, quick=False).endswith("experts fine-tuned with AdamW at lr 0.0001 for 3 epochs (bf16), seed 2.")
+
+
+def test_text_overlaps_finds_overprinted_labels(tmp_path):
+    import json
+
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(6, 3))
+    axes[0].set_title("left")
+    axes[1].set_title("right")
+    assert plotting.text_overlaps(fig) == []
+    axes[0].text(0.5, 0.5, "a long label that runs on", transform=axes[0].transAxes)
+    axes[0].text(0.52, 0.5, "and another one on top", transform=axes[0].transAxes)
+    pairs = plotting.text_overlaps(fig)
+    assert ("a long label that runs on", "and another one on top") in pairs
+    (tmp_path / "figures.json").write_text(json.dumps({"profile": "quick"}))
+    plotting.save_figure(fig, "crowded", tmp_path)
+    got = json.loads((tmp_path / "figures.json").read_text())
+    assert got["text_overlaps"]["crowded"][0] == ["a long label that runs on", "and another one on top"]
+    plt.close(fig)
