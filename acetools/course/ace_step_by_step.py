@@ -1009,7 +1009,8 @@ def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: M
         e2, ab2, st2 = beside["eps"], beside.get("ablation"), beside.get("stable")
         side = {}
         if ab2 is not None:
-            csp2 = ablation_effects(ab2, frac_flagged)["csp"]
+            csp2 = [{"suite": su, "d": ab2.effect(FULL, NO_PRIOR, suite=su), "what": "full - no prior"}
+                    for su in frac_flagged]
             side["ace.csp"] = verdict_csp(csp2, ridge_over_prior=ridge_over_prior(st2), eps=e2)
         if st2 is not None:
             side["ace.spectrum"] = verdict_spectrum(st2)

@@ -468,3 +468,25 @@ def test_diagnose_reports_from_the_tables():
     assert lines[-1] == f"ablation: switches that changed no weight: s: {AC.GATE_OFF} (= {AC.FULL})."
     calm = AC.diagnose(gt.assign(flag=False), st)
     assert calm[0].startswith("gamma: no matrix is flagged") and not calm[-1].startswith("ablation")
+
+
+def test_claim_verdicts_at_the_papers_eps_with_the_default_beside():
+    from acetools.course.verdicts import World
+
+    rows = []
+    for v, acc in ((AC.FULL, 80), (AC.GATE_ON, 79), (AC.GATE_ON_NO_REFINE, 78), (AC.GATE_OFF, 77),
+                   (AC.NO_PRIOR, 76), (AC.NO_REFINE, 75), (AC.FULL + " @ eps 0.01", 70),
+                   (AC.NO_PRIOR + " @ eps 0.01", 70.1)):
+        rows.append({"suite": "s8", "variant": v, "test_acc": acc, "test_normalized": acc})
+    ab = AC.Ablation(pd.DataFrame(rows), pd.DataFrame())
+    main, side = ab.main(), ab.beside(0.01)
+    assert set(side.table["variant"]) == {AC.FULL, AC.NO_PRIOR} and len(main.table) == 6
+    gt = pd.DataFrame({"gamma": [0.1] * 10, "flag": [False] * 10})
+    st = pd.DataFrame({"top_energy_pre": [0.8], "cond_pre": [1e3], "cond_pre_trim": [1e2], "cos_sum": [0.9],
+                       "cos_fused": [1.0], "cos_experts": [0.5], "cos_random": [0.1]})
+    v = AC.claim_verdicts(gt, st, main, {"s8": 0.0}, world=World("w", "full", {8: 4.0}), n_tasks={"s8": 8},
+                          eps=1e-5, beside={"eps": 0.01, "stable": st, "ablation": side})
+    assert v["ace.csp"].verdict == "reproduced" and "eps 1e-05, the paper's ViT setting" in v["ace.csp"].reason
+    assert v["ace.csp"].numbers["beside"]["verdict"] == "not reproduced"  # -0.1 at the default: a tie
+    assert "beside it, the code default eps 0.01" in v["ace.csp"].reason
+    assert v["ace.refinement"].verdict == "undecidable here"
