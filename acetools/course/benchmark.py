@@ -371,8 +371,9 @@ def assess_cost(summary: pd.DataFrame, *, method: str = "ace", svd_method: str =
     if np.isfinite(slope):
         crit["linear in T"] = slope <= max_slope
     met, verdict = criteria(crit)
-    why = (f"time ratio ≤ {max_ratio} on every suite: {crit['matching']}"
-           + (f"; log-log slope {slope:.2f} (≤ {max_slope}: {crit['linear in T']})" if "linear in T" in crit
+    yes = {True: "yes", False: "no"}
+    why = (f"time ratio ≤ {max_ratio} on every suite: {yes[crit['matching']]}"
+           + (f"; log-log slope {slope:.2f} (≤ {max_slope}: {yes[crit['linear in T']]})" if "linear in T" in crit
               else "; one suite: no slope"))
     measured = ", ".join(f"T={r['n_tasks']}: {r['seconds']:.3g} s vs {r['seconds_ref']:.3g} s (×{r['ratio']:.2f})"
                          for r in rows)
@@ -732,12 +733,14 @@ def with_ace_rows(assess, summary: pd.DataFrame) -> Verdict:
         side[row] = {"verdict": sv.verdict, "measured": sv.measured}
         parts.append(f"row '{row}' ({what}): {sv.verdict}")
     if decide_row == PAPER_ACE_ROW:
-        note = f"decided on row '{PAPER_ACE_ROW}' (the paper's ViT eps)"
+        note = f"row '{PAPER_ACE_ROW}'"
     else:
-        note = (f"decided on row 'ace' ({DEFAULT_ACE_ROW_TEXT}): these result files have no '{PAPER_ACE_ROW}' row, "
+        note = (f"row 'ace' ({DEFAULT_ACE_ROW_TEXT}): these result files have no '{PAPER_ACE_ROW}' row, "
                 "the paper's setting (pending rerun with acetools bench --variants)")
     if parts:
-        note += "; beside it: " + "; ".join(parts)
+        note += "; beside: " + ", ".join(p.replace(" (the code's defaults: gate auto, eps 1e-2)", "")
+                                        .replace(" (the gate off, the paper's ViT setting)", "")
+                                        .replace(" (eps 1e-5, the paper's ViT eps)", "") for p in parts)
     return v.with_reason(f"{v.reason} — {note}", ace_row=decide_row, ace_variant_rows=side)
 
 

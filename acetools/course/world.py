@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "world", "benchmark", "figures_path", "suite_tasks", "describe",
-           "repo_root", "default_figures_root", "claim_world", "note_world", "MANIFEST"]
+           "repo_root", "default_figures_root", "claim_world", "note_world", "MANIFEST", "display_path"]
 
 #: The file in each figures folder that says which notebook, profile and world wrote it.
 MANIFEST: str = "figures.json"
@@ -211,6 +211,17 @@ def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLik
                                     "mini-world's room comes from them (bash benchmarks/mini_world.sh)")
         summary = results.load_summary(runs)
     return World.from_summary(summary, "mini-world", "full", description=desc)
+
+
+def display_path(path: str | os.PathLike) -> str:
+    """``path`` as a page shows it: relative to the repository when inside it (``figures/benchmark``),
+    else ``…/<parent>/<name>`` — never a machine's absolute build path."""
+    p = Path(path).resolve()
+    root = repo_root()
+    try:
+        return str(p.relative_to(root))
+    except ValueError:
+        return f"…/{p.parent.name}/{p.name}"
 
 
 def describe(zoo, quick: bool) -> str:

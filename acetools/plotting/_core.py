@@ -30,21 +30,44 @@ def new_axes(nrows: int = 1, ncols: int = 1, *, width: float = 5.0, height: floa
     return fig, axes
 
 
+def _drawn_texts(fig) -> list:
+    """The texts matplotlib draws (what its tight bbox measures): each axes' titles, axis
+    labels, offset texts and the tick labels of the ticks it draws (``Axis._update_ticks``:
+    not the ones outside the view), its texts and annotations, legends, and the figure's own."""
+    out = []
+
+    def legend_texts(leg):
+        return [] if leg is None else [*leg.get_texts(), leg.get_title()]
+
+    for ax in fig.get_axes():
+        if not ax.get_visible():
+            continue
+        out += [ax.title, ax._left_title, ax._right_title, *ax.texts, *legend_texts(ax.get_legend())]
+        for axis in (ax.xaxis, ax.yaxis):
+            if not axis.get_visible():
+                continue
+            out += [axis.label, axis.offsetText]
+            for tick in axis._update_ticks():
+                out += [tick.label1, tick.label2]
+    out += [*fig.texts, *legend_texts(fig.legends[0] if fig.legends else None)]
+    sup = getattr(fig, "_suptitle", None)
+    if sup is not None:
+        out.append(sup)
+    return out
+
+
 def text_overlaps(fig, *, min_px: float = 2.0, min_font: float = 0.0) -> list[tuple[str, str]]:
-    """Pairs of visible texts of ``fig`` whose drawn boxes overlap (matplotlib's own extents, as
+    """Pairs of drawn texts of ``fig`` whose boxes overlap (matplotlib's own extents, as
     ``bbox_inches="tight"`` measures them): a colour-bar label over the next panel's title,
     crowded tick labels, heatmap numbers over each other. Boxes must overlap by more than
-    ``min_px`` pixels both ways; a text inside its own legend's box does not count, nor do texts
-    smaller than ``min_font`` points (``min_font`` also lets a test ask for readable sizes)."""
-    from matplotlib.text import Text
-
+    ``min_px`` pixels both ways; texts smaller than ``min_font`` points are left out."""
     renderer = fig.canvas.get_renderer()
     boxes = []
-    for t in fig.findobj(Text):
-        if not t.get_visible() or not t.get_text().strip() or (t.get_alpha() == 0):
+    seen = set()
+    for t in _drawn_texts(fig):
+        if id(t) in seen or not t.get_visible() or not t.get_text().strip() or t.get_alpha() == 0:
             continue
-        if t.axes is not None and not t.axes.get_visible():
-            continue
+        seen.add(id(t))
         if t.get_fontsize() < min_font:
             continue
         try:

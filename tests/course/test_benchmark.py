@@ -355,12 +355,12 @@ def test_ace_claims_name_their_row_and_report_the_variants():
     sota = v["ace.sota"]
     assert sota.verdict == "partly"  # decided on the paper's row, eps 1e-5: ties TSV-M
     assert "vs tsv_m" in sota.measured  # variant rows are not rivals; iso_cts is not in ACE's table
-    assert "decided on row 'ace (eps 1e-5)'" in sota.reason and "'ace (gate off)'" in sota.reason
+    assert "— row 'ace (eps 1e-5)'" in sota.reason and "row 'ace (gate off)': reproduced" in sota.reason
     assert sota.numbers["ace_variant_rows"]["ace (gate off)"]["verdict"] == "reproduced"
     assert sota.numbers["ace_variant_rows"]["ace"]["verdict"] == "not reproduced"  # the code default, beside
     for cid in ("ace.sota", "ace.grows", "ace.vs_wudi", "ace.cost", "ace.ordering"):
         assert v[cid].numbers["ace_row"] == "ace (eps 1e-5)", cid
-    assert "decided on row" not in v["esm.sota"].reason and "ace_row" not in v["esm.sota"].numbers
+    assert "row 'ace" not in v["esm.sota"].reason and "ace_row" not in v["esm.sota"].numbers
     # result files without the variant rows say so, and decide on the code-default row
     plain = lesson.claim_verdicts(_variant_data(s[~s["method"].str.startswith("ace (")]))
     assert "pending rerun" in plain["ace.sota"].reason and plain["ace.sota"].numbers["ace_variant_rows"] == {}

@@ -83,12 +83,13 @@ def task_weights(ax, weights, *, title: str | None = None):
     normalisation (:meth:`acetools.course.ace_step_by_step.LayerStages.task_weights`); line at 1/T."""
     n = len(weights)
     pos = np.arange(n)
-    ax.bar(pos - 0.2, weights["share_raw"], width=0.4, label="raw: tr_t / sum tr")
+    ax.bar(pos - 0.2, weights["share_raw"], width=0.4, label=r"raw: $\mathrm{tr}_t / \sum_s \mathrm{tr}_s$")
     ax.bar(pos + 0.2, weights["share_used"], width=0.4, label="as ACE used it")
-    ax.axhline(1.0 / n, color="k", ls=":", lw=1, label="1/T")
+    ax.axhline(1.0 / n, color="k", ls=":", lw=1, label="$1/T$")
     ax.set_xticks(pos, list(weights["task"]), rotation=45, ha="right")
     ax.set_ylabel("share of the summed covariance")
-    return finish(ax, title, legend=True)
+    ax.legend(fontsize=9, framealpha=0.9)
+    return finish(ax, title)
 
 
 def prior_profile(ax, profile, *, title: str | None = None):
@@ -99,15 +100,17 @@ def prior_profile(ax, profile, *, title: str | None = None):
     p = profile.sort_values("cov_diag", ascending=False).reset_index(drop=True)
     j = np.arange(len(p))
     c = p["prior"].to_numpy(dtype=float)
-    ax.plot(j, p["cov_diag"], label="diag of sum_t Sigma_tilde_t")
-    ax.plot(j, p["ridge"], ls="--", label="ridge on the diagonal (isotropic eps I)")
+    ax.plot(j, p["cov_diag"], label=r"diag of $\sum_t \tilde\Sigma_t$")
+    ax.plot(j, p["ridge"], ls="--", label=r"ridge on the diagonal ($\varepsilon I$)")
     pos, neg = c > 0, c < 0
-    ax.scatter(j[pos], c[pos], s=8, marker="o", color="C2", label="C_agg column value c_j > 0")
-    ax.scatter(j[neg], -c[neg], s=10, marker="x", color="C3", label="|c_j|, c_j < 0")
+    ax.scatter(j[pos], c[pos], s=8, marker="o", color="C2", label=r"$C_{\mathrm{agg}}$ column value $c_j > 0$")
+    ax.scatter(j[neg], -c[neg], s=10, marker="x", color="C3", label=r"$|c_j|$, $c_j < 0$")
     ax.set_yscale("log")
     ax.set_xlabel("input column j (sorted by covariance diagonal)")
     ax.set_ylabel("value (log)")
-    return finish(ax, title, legend=True)
+    # a readable legend off the data: below the axes
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2, frameon=False)
+    return finish(ax, title)
 
 
 def spectra(ax, spectra: Mapping[str, Sequence[float]], *, top_frac: float | None = 0.05, logy: bool = True,
