@@ -274,6 +274,11 @@ def test_report_renders_at_tiny_size_through_the_cli(world, tmp_path, capsys):
     from acetools.course.report import check_html  # the course's checks of a rendered page
 
     assert check_html(out / "diagnose.html") == []
+    assert "cdnjs" not in html and not re.search(r'<script[^>]+src="https?://', html)  # offline
+    from acetools.course.report import check_rendered, find_chromium
+
+    if find_chromium() is not None:  # at 1280 px: no table wider than the page
+        assert check_rendered(out / "diagnose.html") == []
     for name in ("size", "cosine", "gamma", "spectra", "overlap"):
         assert (out / f"{name}.png").is_file()
     assert (out / "layers.csv").is_file()

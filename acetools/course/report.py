@@ -379,18 +379,10 @@ def equation_code_spans(markdown: str) -> list[str]:
 
 
 def mathjax_url() -> str | None:
-    """A local MathJax 2 for the HTML reports, as a ``file://`` URL with its TeX config, or None.
+    """The local MathJax of the HTML reports (:func:`acetools.utils.local_mathjax_url`), or None."""
+    from ..utils import local_mathjax_url
 
-    Looked up in ``$ACETOOLS_MATHJAX`` (the path of a ``MathJax.js``), then Debian's
-    ``libjs-mathjax`` (``/usr/share/javascript/mathjax/MathJax.js``, installed by
-    ``scripts/setup.sh``) and ``/usr/share/mathjax``. Never a CDN: a report reads the same
-    without network."""
-    cands = [os.environ.get("ACETOOLS_MATHJAX", ""), "/usr/share/javascript/mathjax/MathJax.js",
-             "/usr/share/mathjax/MathJax.js"]
-    for c in cands:
-        if c and Path(c).is_file():
-            return Path(c).resolve().as_uri() + "?config=TeX-AMS_CHTML"
-    return None
+    return local_mathjax_url()
 
 
 #: The flags of every headless Chromium run (no network, no updates, no first-run dialogs).

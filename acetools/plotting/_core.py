@@ -56,11 +56,51 @@ def _drawn_texts(fig) -> list:
     return out
 
 
+def _text_quad(t, renderer) -> np.ndarray:
+    """The drawn rectangle of text ``t`` as 4 corners (px): its box before rotation, turned by its
+    rotation about the centre of its drawn extent (for a rotated label the axis-aligned extent
+    is much larger than the glyphs, and neighbours' extents overlap where their glyphs do not)."""
+    bb = t.get_window_extent(renderer)
+    theta = np.deg2rad(t.get_rotation() % 180.0)
+    if np.isclose(np.sin(2 * theta), 0.0, atol=1e-6):  # 0 or 90 degrees: the extent is the rectangle
+        return np.array([[bb.x0, bb.y0], [bb.x1, bb.y0], [bb.x1, bb.y1], [bb.x0, bb.y1]])
+    c, s_ = abs(np.cos(theta)), abs(np.sin(theta))
+    W, H = bb.width, bb.height  # W = w c + h s, H = w s + h c: solve for the unrotated w, h
+    det = c * c - s_ * s_
+    if abs(det) < 1e-6:  # 45 degrees: w + h is known only; take the font's line height for h
+        h = t.get_fontsize() * renderer.points_to_pixels(1.0) * 1.2
+        w = max(W / max(c, 1e-9) - h, 0.0)
+    else:
+        w, h = (W * c - H * s_) / det, (H * c - W * s_) / det
+        w, h = max(w, 0.0), max(h, 0.0)
+    ctr = np.array([(bb.x0 + bb.x1) / 2, (bb.y0 + bb.y1) / 2])
+    rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    corners = np.array([[-w / 2, -h / 2], [w / 2, -h / 2], [w / 2, h / 2], [-w / 2, h / 2]])
+    return corners @ rot.T + ctr
+
+
+def _quads_overlap(a: np.ndarray, b: np.ndarray, min_px: float) -> bool:
+    """Whether two convex quadrilaterals overlap by more than ``min_px`` along every separating axis."""
+    for q in (a, b):
+        for i in range(4):
+            edge = q[(i + 1) % 4] - q[i]
+            n = np.array([-edge[1], edge[0]])
+            norm = np.hypot(*n)
+            if norm == 0:
+                continue
+            n = n / norm
+            pa, pb = a @ n, b @ n
+            if min(pa.max(), pb.max()) - max(pa.min(), pb.min()) <= min_px:
+                return False
+    return True
+
+
 def text_overlaps(fig, *, min_px: float = 2.0, min_font: float = 0.0) -> list[tuple[str, str]]:
     """Pairs of drawn texts of ``fig`` whose boxes overlap (matplotlib's own extents, as
     ``bbox_inches="tight"`` measures them): a colour-bar label over the next panel's title,
     crowded tick labels, heatmap numbers over each other. Boxes must overlap by more than
     ``min_px`` pixels both ways; texts smaller than ``min_font`` points are left out."""
+    fig.canvas.draw()  # lay the figure out at its own size and dpi: extents from a stale draw mislead
     renderer = fig.canvas.get_renderer()
     boxes = []
     seen = set()
@@ -76,14 +116,12 @@ def text_overlaps(fig, *, min_px: float = 2.0, min_font: float = 0.0) -> list[tu
             continue
         if bb.width <= 0 or bb.height <= 0:
             continue
-        boxes.append((t, bb))
+        boxes.append((t, _text_quad(t, renderer)))
     out = []
     for i in range(len(boxes)):
         ti, a = boxes[i]
         for tj, b in boxes[i + 1:]:
-            dx = min(a.x1, b.x1) - max(a.x0, b.x0)
-            dy = min(a.y1, b.y1) - max(a.y0, b.y0)
-            if dx > min_px and dy > min_px:
+            if _quads_overlap(a, b, min_px):
                 out.append((ti.get_text()[:40], tj.get_text()[:40]))
     return out
 
