@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import acetools
-from acetools.activations import capture_inputs, gram_matrices
+from acetools.files.activations import capture_inputs, gram_matrices
 from acetools.merging import task_vectors
 from acetools.merging.ace import ace_matrix
 

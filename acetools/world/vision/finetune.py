@@ -12,7 +12,7 @@
 * :func:`evaluate` — top-1 accuracy (a fraction in [0, 1]), batched, without gradients.
 
 Data come as objects with ``x`` (``uint8 [N, 3, H, W]``) and ``y`` (``int64 [N]``), like
-``acetools.data.TaskData``; the pool like ``acetools.data.PretrainData`` (``x``, ``labels``:
+``acetools.world.vision.data.TaskData``; the pool like ``acetools.world.vision.data.PretrainData`` (``x``, ``labels``:
 head -> ``int64 [N]`` with ``-1`` = not applicable, ``head_classes``: head -> n).
 
 Every loop is deterministic given ``seed`` and the thread count: it seeds the global RNGs
@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .models import ClassificationHead, Classifier, ImageEncoder, build_encoder, load_encoder
-from .utils import make_generator, resolve_device, seed_everything
-from .utils import progress as _progress
+from ...utils import make_generator, resolve_device, seed_everything
+from ...utils import progress as _progress
 
 __all__ = [
     "PretrainConfig",
@@ -254,7 +254,7 @@ def _fingerprint(cfg, seed, size, n, head_classes, labels, x) -> str:
 
 
 def _save_resume(path, fingerprint, step, enc, heads, opt, sched, g, window, seconds) -> None:
-    from .utils import atomic_write
+    from ...utils import atomic_write
 
     blob = {"fingerprint": fingerprint, "step": step, "encoder": enc.state_dict(), "heads": heads.state_dict(),
             "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "generator": g.get_state(),

@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .layouts import TensorMeta
-from .utils import atomic_write
+from ..layouts import TensorMeta
+from ..utils import atomic_write
 
 __all__ = [
     "Checkpoint",
@@ -52,7 +52,7 @@ __all__ = [
     "WEIGHT_SUFFIXES",
 ]
 
-log = logging.getLogger("acetools.checkpoints")
+log = logging.getLogger("acetools.files.checkpoints")
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
 _ST_DTYPES = {
