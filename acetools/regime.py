@@ -596,7 +596,7 @@ def _token_activation_rows(bench, zoo, base, tasks, *, n_images: int) -> dict[st
     (:func:`acetools.activations.token_statistics` per hooked matrix and task): overlap and top-k
     energy of the centred patch-token Grams, and the shares of the raw input energy in the
     global mean, the positional component and the CLS rows (in %). The raw rows stay beside."""
-    from .activations import capture_inputs, token_statistics
+    from .files.activations import capture_inputs, token_statistics
     from .merging.svd import tsv_rank
 
     names = ("act_overlap_centred", "act_topk_energy_centred", "act_mean_share", "act_pos_share", "act_cls_share")

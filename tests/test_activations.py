@@ -246,7 +246,7 @@ def test_capture_on_cuda_returns_cpu_rows():
 def test_token_statistics_split_the_energy_and_centre_per_position():
     import torch
 
-    from acetools.activations import token_statistics
+    from acetools.files.activations import token_statistics
 
     g = torch.Generator().manual_seed(0)
     n, L, d = 50, 5, 6

@@ -524,7 +524,7 @@ def run_report(
         import nbformat
         from nbconvert import HTMLExporter
 
-        from .utils import local_mathjax_url, offline_html
+        from ..utils import local_mathjax_url, offline_html
 
         nb = nbformat.read(str(executed), as_version=4)
         kw = {"mathjax_url": local_mathjax_url()} if local_mathjax_url() else {}
