@@ -122,7 +122,7 @@ def test_every_notebook_runs_in_quick_mode(quick_env):
 
 
 @pytest.mark.slow
-def test_a_quick_papermill_run_leaves_the_repository_untouched(quick_env, tmp_path):
+def test_a_quick_papermill_run_leaves_the_repository_untouched(quick_env, tmp_path, monkeypatch):
     """Run as a papermill user would (`papermill notebooks/NN.ipynb out.ipynb -p quick True -p seed 3
     --cwd notebooks`): the quick profile's default figures folder is under build/, never the
     committed figures/, so `git status` is the same before and after."""
@@ -140,6 +140,9 @@ def test_a_quick_papermill_run_leaves_the_repository_untouched(quick_env, tmp_pa
                               check=True).stdout
 
     before = status()
+    import os
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))  # this checkout
     nb = repo / "notebooks" / "00_quickstart.ipynb"
     pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), parameters={"quick": True, "seed": 3},
                         cwd=str(repo / "notebooks"), kernel_name="python3", progress_bar=False, start_timeout=300)

@@ -259,6 +259,9 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
     # reports are documents: no progress bars in their outputs unless the caller forces them
     old = os.environ.get("ACETOOLS_PROGRESS")
     os.environ.setdefault("ACETOOLS_PROGRESS", "0")
+    old_path = os.environ.get("PYTHONPATH")
+    # the kernel imports the same acetools as this process (a checkout may differ from the installed one)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([old_path] if old_path else []))
     try:
         pm.execute_notebook(str(path), str(out_nb), parameters=params, kernel_name=kernel_name, cwd=str(path.parent),
                             progress_bar=False, log_output=False, execution_timeout=timeout,
@@ -266,6 +269,10 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
     finally:
         if old is None:
             os.environ.pop("ACETOOLS_PROGRESS", None)
+        if old_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_path
     seconds = time.perf_counter() - t0
     rec: dict[str, Any] = {"notebook": path.stem, "seconds": round(seconds, 1), "executed": str(out_nb)}
     if html:
