@@ -215,14 +215,14 @@ def eps_units(ax, table, *, paper_eps: float | None = 1e-5, default_eps: float |
     for i, (mode, d) in enumerate(table.groupby("eps_mode", sort=False)):
         d = d.sort_values("ridge_rel")
         ax.plot(d["ridge_rel"], d["test_normalized"], "o-", color=f"C{i}", ms=4,
-                label="absolute eps (the paper's)" if mode == "absolute" else "relative eps (eps_mode='relative')")
+                label="absolute ε (the paper's)" if mode == "absolute" else "relative ε (eps_mode='relative')")
     ab = table[table["eps_mode"] == "absolute"]
     for eps, name, ls in ((paper_eps, "paper's ViT eps", "--"), (default_eps, "code default", ":")):
         row = ab[np.isclose(ab["eps"], eps)] if eps is not None else ab.iloc[:0]
         if len(row):
-            ax.axvline(float(row["ridge_rel"].iloc[0]), color="0.4", ls=ls, lw=1, label=f"{name} eps = {eps:g}")
+            ax.axvline(float(row["ridge_rel"].iloc[0]), color="0.4", ls=ls, lw=1, label=f"{name} {eps:g}")
     ax.set_xscale("log")
-    ax.set_xlabel("ridge / mean eigenvalue of the covariance  (eps · d_in / tr)")
+    ax.set_xlabel(r"ridge / mean eigenvalue of the covariance, $\rho = \varepsilon\, d_{\mathrm{in}} / \mathrm{tr}_t$")
     ax.set_ylabel("normalized test accuracy (%)")
     ax.legend(fontsize=8, loc="best", framealpha=0.9)
     return finish(ax, title)
