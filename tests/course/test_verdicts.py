@@ -105,3 +105,22 @@ def test_world_room_from_a_summary_and_round_trip():
     assert V.World.from_dict(w.as_dict()) == w
     with pytest.raises(ValueError, match="profile"):
         V.World("x", "fast")
+
+
+def test_the_text_world_plugs_into_the_same_machinery():
+    """A second world (the text world) judges ACE's language lead with its own room and noise."""
+    import pandas as pd
+
+    from acetools.course import language as lang
+
+    rows = [{"seed": s, "method": m, "test_normalized": v} for s in (0, 1, 2)
+            for m, v in (("ace (eps 2e-4)", 80.0 + s * 0.1), ("wudi", 79.0), ("ties", 70.0), ("tsv_m", 78.0))]
+    per_seed = pd.DataFrame(rows)
+    plain = lang.verdict_sota(per_seed)
+    assert plain.verdict == "reproduced"  # every lead beyond NOISE, no prediction to scale
+    roomy = V.World("text", "full", {8: 10.9})  # RoBERTa-GLUE's own room: every prediction is the paper's lead
+    r = lang.verdict_sota(per_seed, world=roomy)
+    assert r.verdict == "reproduced" and {e.setting: e.predicted for e in r.effects}["wudi"] == pytest.approx(5.1)
+    tight = V.World("text", "full", {8: 0.5})  # WUDI's +5.1 predicts 0.23 here: undecidable; TIES, TSV-M decide
+    t = lang.verdict_sota(per_seed, world=tight)
+    assert "undecidable: wudi" in t.reason and t.verdict == "reproduced"
