@@ -211,8 +211,14 @@ def search_traces(ax, runs, *, title: str | None = None):
     if all((r.search["alpha"] > 0).all() for r in runs):  # a log grid: ticks at the alphas tried
         ax.set_xscale("log")
         alphas = sorted({float(a) for r in runs for a in r.search["alpha"]})
-        ax.set_xticks(alphas, [f"{a:g}" for a in alphas], rotation=45 if len(alphas) > 4 else 0,
-                      ha="right" if len(alphas) > 4 else "center")
+        # a tick at every alpha tried, labelled where labels fit (TSV-M's 30-point grid would crowd them):
+        # at most 9 labels, spread evenly in log alpha
+        labelled = set(alphas)
+        if len(alphas) > 9:
+            targets = np.geomspace(alphas[0], alphas[-1], 9)
+            labelled = {min(alphas, key=lambda a, t=t: abs(np.log(a / t))) for t in targets}
+        ax.set_xticks(alphas, [f"{a:g}" if a in labelled else "" for a in alphas],
+                      rotation=45 if len(labelled) > 4 else 0, ha="right" if len(labelled) > 4 else "center")
         ax.minorticks_off()
     ax.set_xlabel("alpha")
     ax.set_ylabel("val normalized accuracy (%)")
