@@ -308,6 +308,7 @@ def regime_card(
     if hasattr(bar, "close"):
         bar.close()
     act = _activation_rows(bench, base, taus, tasks, n_images=n_act)
+    act.update(_token_activation_rows(bench, base, tasks, n_images=n_act))
     spec = pd.DataFrame(layer_rows)
     norms = relative_update_norms(base, taus, tasks, keys=mats)
     norms["energy"] = norms["tau_norm"] ** 2
@@ -422,6 +423,18 @@ def regime_card(
     row("act_topk_energy", "activation energy in the top-k directions", act["act_topk_energy"], "%",
         "share of each task's input Gram trace in its top k eigenvalues at W0: how low-dimensional the base's "
         "features are")
+    row("act_overlap_centred", "…the same, centred and token-aware", act["act_overlap_centred"], "mean cos²",
+        "as act_overlap on the patch tokens with each position's mean removed (CLS apart): what the tasks share "
+        "beyond the mean, positional and CLS components every input has")
+    row("act_topk_energy_centred", "…energy in the top-k directions, centred and token-aware",
+        act["act_topk_energy_centred"], "%", "as act_topk_energy on the centred, token-aware Gram")
+    row("act_mean_share", "input energy in the global mean", act["act_mean_share"], "%",
+        "‖μ‖² / E‖x‖² of the raw Gram's trace, mean over matrices and tasks (acetools.activations.token_statistics)")
+    row("act_pos_share", "input energy in the positional component", act["act_pos_share"], "%",
+        "mean_l ‖μ_l − μ‖² / E‖x‖²: each token position's mean about the global one")
+    row("act_cls_share", "input energy in the CLS token's rows", act["act_cls_share"], "%",
+        "the class token's part of E‖x‖² (one token of L); these five rows are NaN where examples differ in "
+        "length (text)")
     row("tau_in_act", "τ_t's input side inside its task's top activations", act["tau_in_act"], "mean cos²",
         "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)")
     row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",
@@ -587,3 +600,53 @@ def regime_targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, sma
     base_h = float(((card.meta.get("recipe") or {}).get("base_recipe") or {}).get("seconds") or math.nan) / 3600
     add("pretraining the base once (h, as recorded)", "—", base_h, "≤ 2", base_h <= 2, "regime card")
     return pd.DataFrame(rows, columns=["target", "suite", "measured", "threshold", "passed", "source"])
+
+
+def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, float]:
+    """The centred, token-aware counterparts of :func:`_activation_rows` at W0
+    (:func:`acetools.files.activations.token_statistics` per hooked matrix and task): overlap and
+    top-k energy of the centred patch-token Grams, and the shares of the raw input energy in the
+    global mean, the positional component and the CLS rows (in %). The raw rows stay beside.
+    NaN in a world whose examples do not all have the same number of tokens (a text world's
+    padded sentences): there a token position is no shared component."""
+    from .files.activations import token_statistics
+    from .merging.svd import tsv_rank
+
+    names = ("act_overlap_centred", "act_topk_energy_centred", "act_mean_share", "act_pos_share", "act_cls_share")
+    out = dict.fromkeys(names, math.nan)
+    keys = bench.matrix_keys()
+    if not keys or n_images < 1:
+        return out
+    world = bench.world
+    stats = {}
+    for t in tasks:
+        ex = world.gram_examples(t, n_images)
+        X = world.layer_inputs(base, ex, keys)
+        n = len(ex)
+        if any(X[k].shape[0] % n for k in keys):
+            return out
+        stats[t] = {k: token_statistics(X[k], n) for k in keys}
+        del X
+    T = len(tasks)
+    ov, energy, shares = [], [], {"mean": [], "pos": [], "cls": []}
+    for k in keys:
+        kk = tsv_rank(min(base[k].shape), T)
+        if kk < 1:
+            continue
+        A = []
+        for t in tasks:
+            st = stats[t][k]
+            w, V = torch.linalg.eigh(st.centred)
+            A.append(V[:, -kk:])
+            energy.append(float(w[-kk:].sum() / w.sum()) if float(w.sum()) > 0 else math.nan)
+            shares["mean"].append(st.mean_share)
+            shares["pos"].append(st.pos_share)
+            shares["cls"].append(st.cls_share)
+        ov += [float((A[i].T @ A[j]).pow(2).sum()) / kk for i in range(T) for j in range(i + 1, T)]
+    if ov:
+        out["act_overlap_centred"] = float(np.mean(ov))
+        out["act_topk_energy_centred"] = 100 * float(np.nanmean(energy))
+        out["act_mean_share"] = 100 * float(np.nanmean(shares["mean"]))
+        out["act_pos_share"] = 100 * float(np.nanmean(shares["pos"]))
+        out["act_cls_share"] = 100 * float(np.nanmean(shares["cls"]))
+    return out

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .search import PATIENCE
 import pandas as pd
 
 __all__ = [
@@ -100,7 +102,7 @@ def bench_command(suites: Sequence[str], size: str = "small", seeds: Sequence[in
     """The shell commands that write the result files this module reads."""
     return " && ".join(
         f"acetools bench --suite {s} --size {size} --seeds {' '.join(map(str, seeds))} --out {out} "
-        "--patience 5 --n-val 100 --n-test 500" for s in suites
+        f"--patience {PATIENCE} --n-val 100 --n-test 500" for s in suites
     )
 
 

@@ -31,6 +31,8 @@ __all__ = [
     "resolve_device",
     "progress",
     "atomic_write",
+    "local_mathjax_url",
+    "offline_html",
 ]
 
 
@@ -136,3 +138,24 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
         except FileNotFoundError:
             pass
         raise
+
+
+def local_mathjax_url() -> str | None:
+    """A local MathJax 2 for HTML reports, as a ``file://`` URL with its TeX config, or None:
+    ``$ACETOOLS_MATHJAX`` (the path of a ``MathJax.js``), else Debian's ``libjs-mathjax``
+    (``/usr/share/javascript/mathjax``, installed by ``scripts/setup.sh``) or ``/usr/share/mathjax``.
+    Never a CDN: a report reads the same without network."""
+    for c in (os.environ.get("ACETOOLS_MATHJAX", ""), "/usr/share/javascript/mathjax/MathJax.js",
+              "/usr/share/mathjax/MathJax.js"):
+        if c and Path(c).is_file():
+            return Path(c).resolve().as_uri() + "?config=TeX-AMS_CHTML"
+    return None
+
+
+def offline_html(html: str) -> str:
+    """``html`` (an nbconvert page) without the scripts it would fetch from a network: the
+    template's require.js and mermaid from CDNs (MathJax comes from :func:`local_mathjax_url`)."""
+    import re
+
+    html = re.sub(r'<script[^>]*\ssrc="(?:https?:)?//[^"]*"[^>]*>\s*</script>', "", html)
+    return re.sub(r"<script[^>]*>(?:(?!</script>).)*cdnjs(?:(?!</script>).)*</script>", "", html, flags=re.S)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .verdicts import Verdict, agreement, compare, margin
+from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
 __all__ = ["ROBERTA_GLUE", "ACE_SETTINGS", "task_table", "gamma_table", "gamma_by_type", "stage_ablation",
            "benchmark_tables", "beside_anchor", "verdict_sota", "verdict_gamma", "verdict_stage", "verdict_spectrum"]
@@ -150,21 +150,39 @@ def _paired(per_seed: pd.DataFrame, a: str, b: str) -> tuple[float, float, int]:
 
 
 def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
-                 rivals: Sequence[str] = ("wudi", "ties", "tsv_m")) -> Verdict:
+                 rivals: Sequence[str] = ("wudi", "ties", "tsv_m"), *, world: World | None = None,
+                 n_tasks: int = 8) -> Verdict:
     """"ACE beats WUDI, TIES and TSV-M on language": ACE at the paper's RoBERTa setting
     (``ace_row``) against each rival of the claim, paired over seeds; a lead counts when it
     exceeds :func:`~acetools.course.verdicts.margin` (NOISE or the seed spread). Reproduced when
     ACE leads every rival, partly when some, not reproduced when none. On RoBERTa-GLUE the
-    paper's numbers give ACE 90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count."""
+    paper's numbers give ACE 90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count.
+
+    With ``world`` (the text world's :class:`~acetools.course.verdicts.World`, its room at
+    ``n_tasks``) each of the paper's leads is carried into the world by the course's scaling rule
+    (docs/course.md §Scaling rule): RoBERTa-GLUE's room is TSV-M − task arithmetic = 10.9 points,
+    and a rival whose scaled lead does not clear the margin is undecidable here; none left ->
+    ``undecidable here``."""
     diffs = {r: _paired(per_seed, ace_row, r) for r in rivals}
     outcome = {r: compare(d, sd) for r, (d, sd, _) in diffs.items()}
     n = max(n for _, _, n in diffs.values())
     measured = f"{ace_row} minus " + ", ".join(f"{r} {d:+.1f}" for r, (d, _, _) in diffs.items()) + \
         f" normalized points (mean over {n} seed{'s' if n > 1 else ''})"
-    v = agreement([o == "better" for o in outcome.values()])
+    agree = [o == "better" for o in outcome.values()]
     reason = "; ".join(f"{r}: {o} (margin {margin(diffs[r][1]):.1f})" for r, o in outcome.items())
+    if world is not None:
+        room_p = ROBERTA_GLUE["tsv_m"] - ROBERTA_GLUE["task_arithmetic"]
+        effects = [effect(r, d, paper=ROBERTA_GLUE["ace"] - ROBERTA_GLUE[r], paper_room=room_p,
+                          world_room=world.room_at(n_tasks), spread=sd, noise=world.noise)
+                   for r, (d, sd, _) in diffs.items()]
+        v, note = decide(effects, agree)
+        reason += f"; {note}" if note else ""
+    else:
+        effects = [effect(r, d, spread=sd) for r, (d, sd, _) in diffs.items()]
+        v = agreement(agree)
     return Verdict(measured, v, reason, {"diffs": {r: d for r, (d, _, _) in diffs.items()},
-                                         "sd": {r: s for r, (_, s, _) in diffs.items()}, "ace_row": ace_row})
+                                         "sd": {r: s for r, (_, s, _) in diffs.items()}, "ace_row": ace_row},
+                   effects)
 
 
 def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:
@@ -181,7 +199,7 @@ def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:
                                                             "; no layer type above it"))
     return Verdict(measured, v, reason, {"gamma_median": med, "flagged_share": float(gam["flag"].mean()),
                                          "cv_median": float(gam["cv"].median()),
-                                         "log_sd_median": float(gam["log_sd"].median())})
+                                         "log_sd_median": float(gam["log_sd"].median())}, value=med)
 
 
 def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | None = None,
@@ -204,7 +222,8 @@ def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | N
     label = " (gate forced on every matrix)" if forced else ""
     measured = f"{stage}{label}: " + ", ".join(f"eps {e:g}: {d:+.1f}" for e, d in gains.items()) + " normalized points"
     reason = f"a gain counts above {margin():.1f} point" + ("s" if margin() != 1 else "")
-    return Verdict(measured, v, reason, {"gains": gains, "forced": forced})
+    return Verdict(measured, v, reason, {"gains": gains, "forced": forced},
+                   [effect(f"eps {e:g}" + (" (gate forced)" if forced else ""), d) for e, d in gains.items()])
 
 
 def verdict_spectrum(top5: float, cond: float | None = None) -> Verdict:
@@ -212,7 +231,7 @@ def verdict_spectrum(top5: float, cond: float | None = None) -> Verdict:
     partly at ≥ 90 %, not reproduced below (``top5`` in percent, median over matrices)."""
     v = "reproduced" if top5 >= 99 else ("partly" if top5 >= 90 else "not reproduced")
     return Verdict(f"W_pre's top-5 % energy {top5:.1f} % (median over matrices)", v,
-                   "reproduced at ≥ 99 %, partly at ≥ 90 %", {"top5_energy": top5, "condition": cond})
+                   "reproduced at ≥ 99 %, partly at ≥ 90 %", {"top5_energy": top5, "condition": cond}, value=top5)
 
 
 def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:

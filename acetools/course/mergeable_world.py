@@ -16,6 +16,8 @@ turns them into the lesson's tables:
 
 from __future__ import annotations
 
+from ..search import PATIENCE
+
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -122,5 +124,5 @@ def fixture_card(*, seed: int = 0, device: str = "cpu", progress: bool | None = 
     from . import world as course
 
     zoo = course.world(quick=True, seed=seed, device=device)
-    bench = course.benchmark(zoo, quick=True, patience=2)
+    bench = course.benchmark(zoo, quick=True, patience=PATIENCE)
     return regime_card(zoo, bench=bench, progress=progress, n_act=64)

@@ -524,11 +524,14 @@ def run_report(
         import nbformat
         from nbconvert import HTMLExporter
 
+        from ..utils import local_mathjax_url, offline_html
+
         nb = nbformat.read(str(executed), as_version=4)
+        kw = {"mathjax_url": local_mathjax_url()} if local_mathjax_url() else {}
         body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
-                               exclude_output_prompt=True).from_notebook_node(nb)
+                               exclude_output_prompt=True, **kw).from_notebook_node(nb)
         path = executed.with_suffix(".html")
         with atomic_write(path, "w") as fh:
-            fh.write(body)
+            fh.write(offline_html(body))  # nothing from a network: the page reads the same offline
         rec["html"] = str(path)
     return rec

@@ -74,6 +74,8 @@ from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
     "ESTIMATORS",
+    "EPS_MODES",
+    "GAMMA_MODES",
     "estimator_preset",
     "center_rows",
     "task_energies",
@@ -181,7 +183,7 @@ def task_energies(delta_W: Sequence[Tensor]) -> Tensor:
     return torch.stack(out)
 
 
-def heterogeneity(delta_W: Sequence[Tensor]) -> float:
+def heterogeneity(delta_W: Sequence[Tensor], mode: str = "paper") -> float:
     """The heterogeneity statistic gamma of one layer (eq. 7 of ACE-Merging; docs/methods.md §ACE,
     Eqs. (ACE.5)-(ACE.6)).
 
@@ -190,17 +192,30 @@ def heterogeneity(delta_W: Sequence[Tensor]) -> float:
     gamma = 0 (the code's variance is NaN there, so its flag is false too).
 
     Note that gamma is not scale-invariant: multiplying every ΔW_t by c shifts every l_t by
-    2 log c, which changes the denominator.
+    2 log c, which changes the denominator. ``mode="cv"`` is a scale-invariant variant that is
+    not the paper's (ACE's ``gamma_mode`` option): the squared coefficient of variation of the
+    energies, Var_t(e_t) / Mean_t(e_t)² (:func:`_gamma`).
     """
     if len(delta_W) == 0:
         raise ValueError("heterogeneity needs at least one task vector")
-    return _gamma(task_energies(delta_W))
+    if mode not in GAMMA_MODES:
+        raise ValueError(f"mode={mode!r} must be one of {GAMMA_MODES}")
+    return _gamma(task_energies(delta_W), mode)
 
 
-def _gamma(energies: Tensor) -> float:
-    """gamma of eq. 7 from the energies e_t (:func:`heterogeneity`), so ACE computes them once."""
+def _gamma(energies: Tensor, mode: str = "paper") -> float:
+    """gamma of eq. 7 from the energies e_t (:func:`heterogeneity`), so ACE computes them once.
+
+    ``mode="cv"``: the scale-invariant variant (not the paper's), the squared coefficient of
+    variation of the energies, Var_t(e_t) / Mean_t(e_t)² (unbiased variance): multiplying every
+    ΔW_t by c leaves it unchanged; for log-normal energies with a small spread s of log e_t it
+    is about s², the numerator of the paper's gamma."""
     if energies.numel() == 1:
         return 0.0
+    if mode == "cv":
+        e = energies.double()
+        m = float(e.mean())
+        return 0.0 if m <= 0 else float(e.var(unbiased=True)) / m**2  # all-zero updates: no heterogeneity
     ell = torch.log(energies + _LOG_FLOOR)
     return float(ell.var(unbiased=True) / (ell.mean() ** 2 + _LOG_FLOOR))
 
@@ -278,7 +293,7 @@ def _eye_like(S: Tensor) -> Tensor:
 
 
 def normalize_covariances(
-    Sigma_hat: Sequence[Tensor], *, eps: float = 1e-2, normalize: bool = False
+    Sigma_hat: Sequence[Tensor], *, eps: float = 1e-2, normalize: bool = False, eps_mode: str = "absolute"
 ) -> NormalizedCovariances:
     """Adaptive trace normalisation and Tikhonov regularisation.
 
@@ -288,20 +303,29 @@ def normalize_covariances(
     heterogeneous and ``trace_norm`` is on): Σ̃_t = Sigma_hat_t / tr_t and
     Sigma_reg,t = Σ̃_t + (eps / tr_t) I. Otherwise Σ̃_t = Sigma_hat_t and
     Sigma_reg,t = Sigma_hat_t + eps I (eps absolute, so it interacts with the layer's scale).
+
+    ``eps_mode="relative"`` (an option that is not the paper's): the ridge is eps times the
+    mean eigenvalue of Σ̃_t, eps·tr(Σ̃_t)/d_in — eps·tr_t/d_in on unnormalised layers and
+    eps/d_in on normalised ones — so it has the units of the covariance and one eps means the
+    same in every layer and every model.
     """
     if len(Sigma_hat) == 0:
         raise ValueError("normalize_covariances needs at least one covariance")
     if eps < 0 or not math.isfinite(eps):
         raise ValueError(f"eps={eps!r} must be a finite number >= 0")
+    if eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode={eps_mode!r} must be one of {EPS_MODES}")
     S64 = [S.double() for S in Sigma_hat]
     dev = S64[0].device
     traces = torch.stack([torch.diagonal(S).sum() for S in S64]) + _TRACE_FLOOR
+    d_in = S64[0].shape[-1]
     if normalize:
         Sigma_tilde = [S / tr for S, tr in zip(S64, traces)]
-        ridge = eps / traces
+        ridge = eps / traces if eps_mode == "absolute" else torch.full_like(traces, float(eps) / d_in)
     else:
         Sigma_tilde = S64
-        ridge = torch.full((len(S64),), float(eps), dtype=torch.float64, device=dev)
+        ridge = (torch.full((len(S64),), float(eps), dtype=torch.float64, device=dev) if eps_mode == "absolute"
+                 else float(eps) * traces / d_in)
     return NormalizedCovariances(Sigma_tilde, ridge, traces, bool(normalize))
 
 
@@ -468,6 +492,11 @@ def _ace_param(name: str, value: Any) -> None:
 
 
 PRECISIONS = ("float64", "float32")
+#: ``eps_mode``: "absolute" (the paper's eps I, eps/tr_t I on normalised layers) or "relative"
+#: (not the paper's: eps times the mean eigenvalue of each task's covariance, eps·tr(Σ̃_t)/d_in).
+EPS_MODES = ("absolute", "relative")
+#: ``gamma_mode``: "paper" (eq. 7) or "cv" (scale-invariant, not the paper's; :func:`_gamma`).
+GAMMA_MODES = ("paper", "cv")
 
 
 class _Moments(NamedTuple):
@@ -492,6 +521,7 @@ def _stream_moments(
     wudi_p: float,
     dtype: torch.dtype,
     for_refine: bool,
+    eps_mode: str = "absolute",
 ) -> _Moments:
     """One pass over the task vectors, holding O(1) matrices in T (docs/methods.md §ACE).
 
@@ -577,7 +607,10 @@ def _stream_moments(
             if v is not None:
                 v.add_(mu @ Sg, alpha=s)
             del Sg
-        r = eps / tr if normalize else eps
+        if eps_mode == "relative":  # eps times the mean eigenvalue of Σ̃_t, tr(Σ̃_t) / d_in (1 or tr_t over d_in)
+            r = eps * (1.0 if normalize else tr) / d_in
+        else:
+            r = eps / tr if normalize else eps
         R_num.add_(N, alpha=r)
         traces[t], ridge[t] = tr, r
         del d, N
@@ -628,6 +661,8 @@ def ace_matrix(
     precision: str = "float64",
     name: str = "",
     spectra: bool = False,
+    eps_mode: str = "absolute",
+    gamma_mode: str = "paper",
 ) -> tuple[Tensor, ACEDiagnostics]:
     """ACE-Merging for one matrix: the composition of the stages (docs/methods.md §ACE).
 
@@ -663,10 +698,15 @@ def ace_matrix(
     (:func:`estimator_preset`; for "ace": "auto", True, "centered" — the paper's method).
     Defaults tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's (the paper's ViT
     eps is reported as 1e-5).
+
+    Two options that are not the paper's: ``eps_mode="relative"`` makes the ridge eps times
+    each task's mean covariance eigenvalue (:func:`normalize_covariances`), and
+    ``gamma_mode="cv"`` gates on the scale-invariant squared coefficient of variation of the
+    energies instead of eq. 7 (:func:`heterogeneity`).
     """
     for pname, val in (("tau", tau), ("eps", eps), ("k_frac", k_frac), ("wudi_p", wudi_p),
                        ("trace_norm", trace_norm), ("refine", refine), ("estimator", estimator),
-                       ("precision", precision)):
+                       ("precision", precision), ("eps_mode", eps_mode), ("gamma_mode", gamma_mode)):
         _ace_param(pname, val)
     sw = estimator_preset(estimator, gate=gate, prior=prior, numerator=numerator)
     dWs = _as_matrices(delta_W, name)
@@ -674,7 +714,7 @@ def ace_matrix(
     T = len(dWs)
     d_out, d_in = dWs[0].shape
     energies = task_energies(dWs)
-    gamma = _gamma(energies)
+    gamma = _gamma(energies, gamma_mode)
     flag = {"auto": gamma > tau, "on": True, "off": False}[sw.gate]
 
     if estimator == "given":
@@ -689,7 +729,7 @@ def ace_matrix(
     want_refine = bool(flag and refine)
     dtype = torch.float64 if precision == "float64" else torch.float32
     mom = _stream_moments(dWs, estimator, normalize=normalize, centered=sw.numerator == "centered", eps=eps,
-                          Sigma=Sigma, wudi_p=wudi_p, dtype=dtype, for_refine=want_refine)
+                          Sigma=Sigma, wudi_p=wudi_p, dtype=dtype, for_refine=want_refine, eps_mode=eps_mode)
     S, B = mom.S, mom.B
     c = None
     if sw.prior:  # C_agg = 1 cᵀ, c the column means of sum_t Σ̃_t (eqs 11-13)
@@ -708,7 +748,8 @@ def ace_matrix(
     W_pre = solve_spd_rank_one(B, M, c, overwrite=True) if symmetric else None
     if W_pre is None:  # not positive definite (eps = 0 and singular) or non-symmetric given: LU route
         mom = _stream_moments(dWs, estimator, normalize=normalize, centered=sw.numerator == "centered",
-                              eps=eps, Sigma=Sigma, wudi_p=wudi_p, dtype=torch.float64, for_refine=False)
+                              eps=eps, Sigma=Sigma, wudi_p=wudi_p, dtype=torch.float64, for_refine=False,
+                              eps_mode=eps_mode)
         A = mom.S
         A.diagonal().add_(float(mom.ridge.sum()))
         if c is not None:
@@ -835,6 +876,11 @@ def _check_in_out_keys(value: Any) -> str | None:
     wudi_p=Param(2.0, "norm power p of the 'wudi' estimator Sigma_t = tau_tᵀ tau_t / ||tau_t||_F^p", low=0.0),
     in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the "
                       "official code (docs/methods.md §ACE)", check=_check_in_out_keys),
+    eps_mode=Param("absolute", "the ridge: 'absolute' eps (the paper's) or 'relative' eps·tr(Sigma_tilde_t)/d_in, "
+                   "eps times each task's mean covariance eigenvalue (not the paper's; docs/methods.md §ACE)",
+                   choices=EPS_MODES),
+    gamma_mode=Param("paper", "the gate's heterogeneity: 'paper' (eq. 7) or 'cv', the scale-invariant "
+                     "Var_t(e_t)/Mean_t(e_t)^2 (not the paper's; docs/methods.md §ACE)", choices=GAMMA_MODES),
 )
 def ace(base, task_vectors, *, is_matrix, **hparams):
     """ACE-Merging on a state dict (docs/methods.md §ACE): ``merge("ace", base, experts, ...)``.
