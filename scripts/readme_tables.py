@@ -11,7 +11,9 @@ README.md; everything between the markers is rewritten, everything else is left 
 * ``room`` — TSV-M − task arithmetic per suite (the room of docs/course.md §Scaling rule), from the
   same files;
 * ``targets`` — the regime issue's targets, from ``figures/06_mergeable_world/targets.csv``;
-* ``claims`` — the five verdicts counted per paper, from ``figures/*/claims.json``.
+* ``claims`` — the five verdicts counted per paper, from ``figures/*/claims.json``;
+* ``text_world`` — the text world's benchmark beside RoBERTa-GLUE and its targets, from
+  ``figures/benchmark/text8_minilm_seed*_summary.csv`` and ``benchmarks/results/text_world/build_*.json``.
 
 ``tests/test_readme_tables.py`` fails when a block drifts from the files.
 """
@@ -83,7 +85,14 @@ def claims_table(repo: Path = REPO) -> str:
     return (results.to_markdown(counts.reset_index().rename(columns={"paper": f"paper ({worlds})"}), floatfmt=".0f"))
 
 
-GENERATORS = {"benchmark": benchmark_table, "room": room_text, "targets": targets_table, "claims": claims_table}
+def text_world_table(repo: Path = REPO) -> str:
+    from acetools.course.language import text_world_tables
+
+    return text_world_tables(repo / "figures" / "benchmark", repo / "benchmarks" / "results" / "text_world", "text8")
+
+
+GENERATORS = {"benchmark": benchmark_table, "room": room_text, "targets": targets_table, "claims": claims_table,
+              "text_world": text_world_table}
 
 
 def render(readme: str, repo: Path = REPO) -> str:
