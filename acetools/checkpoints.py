@@ -31,7 +31,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,14 @@ def _unwrap_state_dict(obj: Any, path: Path) -> dict[str, Tensor]:
     return dict(obj)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (torch's unpickling errors colour their advice)."""
+    return _ANSI.sub("", text)
+
+
 def _torch_load(path: Path) -> dict[str, Tensor]:
     """``torch.load(weights_only=True)``, memory-mapped when the file's format allows it."""
     try:
@@ -124,7 +132,7 @@ def _torch_load(path: Path) -> dict[str, Tensor]:
                 raise
             obj = torch.load(path, map_location="cpu", weights_only=True)  # a legacy (non-zip) file
     except Exception as e:  # pickle.UnpicklingError and friends: a pickled module, other code, a damaged file
-        first = (str(e).splitlines() or [""])[0]
+        first = strip_ansi((str(e).splitlines() or [""])[0])
         raise ValueError(
             f"{path}: torch.load(weights_only=True) cannot read it as a state dict ({type(e).__name__}: {first}); "
             "only plain state dicts are loaded, never pickled modules: save model.state_dict() instead"
@@ -367,17 +375,38 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     return Checkpoint(p, files, config, folder)
 
 
-def check_output_folder(out: str | os.PathLike, inputs: list[Checkpoint], overwrite: bool = False) -> Path:
-    """The output folder, refused when it would overwrite an input or earlier weights."""
+def _input_places(ck: Checkpoint | str | os.PathLike) -> tuple[set[Path], set[Path]]:
+    """``(folders, file_dirs)`` of one input: the checkpoint folder (nothing may be written in it or
+    below it) and the folders holding its files (nothing may be written in them)."""
+    if not isinstance(ck, Checkpoint):
+        p = Path(ck).expanduser().resolve()
+        return ({p}, set()) if p.is_dir() else (set(), {p.parent})
+    folders = {ck.folder.resolve()} if ck.folder else set()
+    return folders, {f.resolve().parent for f in ck.files}
+
+
+def check_output_folder(out: str | os.PathLike, inputs: Sequence[Checkpoint | str | os.PathLike],
+                        overwrite: bool = False, *, weights: bool = True, option: str = "--out") -> Path:
+    """The output folder, refused when writing there could touch an input or earlier weights.
+
+    The one output check of every command that writes next to checkpoints (``merge``,
+    ``diagnose``): ``out`` must not be an input checkpoint folder or lie inside one, nor be the
+    folder holding an input file. With ``weights`` (merges) a folder that already holds weight
+    files is refused unless ``overwrite``. ``inputs`` are :class:`Checkpoint` s or paths."""
     out = Path(out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output {out} exists and is not a folder")
     for ck in inputs:
-        where = {f.resolve().parent for f in ck.files} | ({ck.folder.resolve()} if ck.folder else set())
-        if out in where:
-            raise ValueError(f"output folder {out} holds the input checkpoint {ck.path}; choose another --out "
+        folders, file_dirs = _input_places(ck)
+        name = ck.path if isinstance(ck, Checkpoint) else ck
+        for f in folders:
+            if f in out.parents:
+                raise ValueError(f"{option} {out} is inside the input checkpoint folder {f} ({name}); choose a folder "
+                                 "outside every input (inputs are never written to)")
+        if out in folders or out in file_dirs:
+            raise ValueError(f"output folder {out} holds the input checkpoint {name}; choose another {option} "
                              "(inputs are never overwritten)")
-    if out.is_dir() and not overwrite:
+    if weights and out.is_dir() and not overwrite:
         old = sorted(p.name for p in out.iterdir() if p.suffix in WEIGHT_SUFFIXES or p.name.endswith(".index.json"))
         if old:
             raise FileExistsError(f"output folder {out} already holds weights ({old[0]}); choose an empty folder "

@@ -162,7 +162,8 @@ class MergePlan:
         return "\n".join(lines)
 
     def hparams_text(self) -> str:
-        return " ".join(f"{k}={_short(v)}" for k, v in self.hparams.items())
+        """The hyperparameters as the method uses them (presets resolved: ACE's ``gate=auto``, not ``None``)."""
+        return " ".join(f"{k}={_short(v)}" for k, v in METHODS[self.method].effective(self.hparams).items())
 
     def memory_text(self, largest_key: str) -> str:
         T = len(self.experts)
@@ -243,6 +244,39 @@ def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Check
     return b, ex
 
 
+def _check_expert_list(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
+    """The expert list from the paths alone: the base among the experts or an expert listed twice
+    is an error (a zero task vector, or one task counted twice, silently changes every method's
+    weights); a single expert gets a warning (a merge of one is well defined: the base plus the
+    method's rescaled task vector, e.g. to check a coefficient, but is usually a typo)."""
+    where = {base.path.expanduser().resolve(): "the base"}
+    for t, ck in enumerate(experts):
+        p = ck.path.expanduser().resolve()
+        if p in where:
+            raise ValueError(f"expert {t} ({ck.path}) is the same checkpoint as {where[p]}; "
+                             + ("the base is not an expert (its task vector is zero)" if where[p] == "the base" else
+                                "list every expert once (a duplicate counts its task twice)"))
+        where[p] = f"expert {t} ({ck.path})"
+    if len(experts) == 1:
+        warnings.warn(f"only one expert ({experts[0].path}): the merge is the base plus the method's rescaled task "
+                      "vector of that expert; pass every fine-tuned checkpoint to merge them", UserWarning,
+                      stacklevel=4)
+
+
+def _check_distinct_contents(hashes: Sequence[tuple[str, ...]], paths: Sequence[Path]) -> None:
+    """Same as :func:`_check_expert_list` by content hash (``hashes[0]`` the base's): a copy of the
+    base or of another expert under a different name is an error."""
+    seen: dict[tuple[str, ...], int] = {}
+    for i, h in enumerate(hashes):
+        if h in seen:
+            j = seen[h]
+            what = "the base" if j == 0 else f"expert {j - 1} ({paths[j]})"
+            fix = ("the base is not an expert (its task vector is zero)" if j == 0 else
+                   "list every expert once (a duplicate counts its task twice)")
+            raise ValueError(f"expert {i - 1} ({paths[i]}) has the same content (sha256) as {what}; {fix}")
+        seen[h] = i
+
+
 def _check_compatible(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
     """Same keys and shapes; float tensors where the base has floats, the same dtype elsewhere."""
     bkeys = base.keys()
@@ -267,8 +301,12 @@ def plan_merge(
     hparams: Mapping[str, Any] | None = None,
     layout: str | Layout | None = "auto",
     mode: str = "auto",
+    force_layout: bool = False,
 ) -> MergePlan:
-    """Open and check the inputs and decide layout, per-key paths and driver, reading no tensor data."""
+    """Open and check the inputs and decide layout, per-key paths and driver, reading no tensor data.
+
+    A ``layout`` preset that contradicts the base's ``config.json`` is an error unless
+    ``force_layout`` (:func:`acetools.layouts.get_layout`)."""
     if method not in METHODS:
         raise ValueError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
     if mode not in MODES:
@@ -280,8 +318,9 @@ def plan_merge(
         hp["activations"] = load_activations(hp["activations"], len(experts))
     resolved = METHODS[method].resolve(hp)
     b, ex = _open_all(base, experts)
+    _check_expert_list(b, ex)
     _check_compatible(b, ex)
-    lay = get_layout(layout, keys=b.keys(), config=b.config)
+    lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
     if resolved.get("in_out_keys"):
         raise ValueError("in_out_keys is not used for files: the layout stores the orientation of every key "
                          f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")
@@ -499,6 +538,7 @@ def merge_files(
     progress: bool | None = None,
     overwrite: bool = False,
     hash_inputs: bool = True,
+    force_layout: bool = False,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out``.
 
@@ -513,10 +553,10 @@ def merge_files(
     replace a previous merge); the base folder's config and tokenizer files are copied next
     to the weights, so the result loads like the base. Returns a :class:`MergeResult`.
     """
-    plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode)
+    dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
-    dev = resolve_device(device)
+    plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, force_layout=force_layout)
     if dry_run:
         return MergeResult(plan)
     if out is None:
@@ -525,9 +565,12 @@ def merge_files(
     t0 = time.perf_counter()
     inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
     if hash_inputs:
-        inputs["sha256"] = {f: h for ck in [plan.base, *plan.experts] for f, h in ck.sha256().items()}
+        per_ck = [ck.sha256() for ck in [plan.base, *plan.experts]]
+        _check_distinct_contents([tuple(sorted(h.values())) for h in per_ck],
+                                 [ck.path for ck in [plan.base, *plan.experts]])
+        inputs["sha256"] = {f: h for d in per_ck for f, h in d.items()}
         inputs["sha256"].update({f: file_sha256(f) for f in plan.files.values()})
-    hp_record = {k: plan.files.get(k) or _jsonable(v) for k, v in plan.hparams.items()}
+    hp_record = {k: plan.files.get(k) or _jsonable(v) for k, v in METHODS[method].effective(plan.hparams).items()}
     meta = {
         "acetools.version": __version__,
         "acetools.method": method,
@@ -559,7 +602,7 @@ def merge_files(
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite")
+               "mode", "overwrite", "force_layout")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:

@@ -65,13 +65,28 @@ def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
     """
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a device torch knows ({e}); use 'cpu', 'cuda' or 'auto'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"device={str(device)!r} was requested but no CUDA device is available; "
             "use device='cpu' or device='auto'."
         )
+    if dev.type not in _COMPUTE_DEVICES:
+        why = _NOT_COMPUTE.get(dev.type, "not a compute device here")
+        raise ValueError(f"device={str(device)!r} cannot compute a merge ({why}); use device='cpu', 'cuda' or 'auto'")
+    if dev.type != "cpu" and dev.type != "cuda":
+        backend = getattr(torch, dev.type, None) if dev.type != "mps" else getattr(torch.backends, "mps", None)
+        if backend is None or not backend.is_available():
+            raise ValueError(f"device={str(device)!r} was requested but no {dev.type} device is available; "
+                             "use device='cpu' or device='auto'.")
     return dev
+
+
+_COMPUTE_DEVICES = ("cpu", "cuda", "mps", "xpu")
+_NOT_COMPUTE = {"meta": "a meta tensor holds shapes and no data, so the merged weights would be empty"}
 
 
 def _interactive() -> bool:

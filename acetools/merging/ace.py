@@ -69,7 +69,7 @@ from ._linalg import (
     syrk_lower_,
     thin_svd,
 )
-from ._registry import METHODS, Param, register
+from ._registry import METHODS, Param, effective_hparams, register
 from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
@@ -790,6 +790,14 @@ def _check_given(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[
 
 
 # --------------------------------------------------------------------------- state dicts
+
+
+@effective_hparams("ace")
+def _effective(hp: dict) -> dict:
+    """ACE's ``gate`` / ``prior`` / ``numerator`` as :func:`estimator_preset` resolves them."""
+    sw = estimator_preset(hp.get("estimator", "ace"), gate=hp.get("gate"), prior=hp.get("prior"),
+                          numerator=hp.get("numerator"))
+    return {**hp, "gate": sw.gate, "prior": sw.prior, "numerator": sw.numerator}
 
 
 def _check_covariances_param(value: Any) -> str | None:
