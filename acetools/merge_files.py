@@ -46,6 +46,7 @@ from .checkpoints import (
 )
 from .layouts import Layout, describe, get_layout
 from .merging import KEYED_HPARAMS, METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
+from .merging.esm import with_layout_names
 from .merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
 from .utils import PROGRESS, progress, resolve_device
 
@@ -321,6 +322,8 @@ def plan_merge(
     _check_expert_list(b, ex)
     _check_compatible(b, ex)
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
+    if method == "esm":  # ESM's layer names from the layout preset unless given (docs/methods.md §ESM)
+        resolved = METHODS[method].resolve(with_layout_names(hp, lay.name))
     if resolved.get("in_out_keys"):
         raise ValueError("in_out_keys is not used for files: the layout stores the orientation of every key "
                          f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")

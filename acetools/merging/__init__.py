@@ -321,6 +321,8 @@ def merge(
         raise TypeError("is_matrix must be a callable (key, tensor) -> bool")
     validate_state_dicts(base, experts)
     lay, is_mat = _resolve_layout(layout, base, is_matrix)
+    if info.name == "esm" and layout is not None:  # ESM's layer names from the layout preset (docs/methods.md §ESM)
+        resolved = info.resolve(esm.with_layout_names(hparams, lay.name))
     _check_in_out_keys(resolved, lay, list(base))
     buffers = set(carried_buffers(base, experts))
     tied = confirmed_ties(lay.tied, base, experts)

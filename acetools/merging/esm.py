@@ -41,6 +41,8 @@ from .averaging import mean_update
 from .svd import tsv_merge_matrix
 
 __all__ = [
+    "LAYOUT_NAMES",
+    "with_layout_names",
     "DEFAULT_TARGETS",
     "CLIP_LAYER_TYPES",
     "Subspace",
@@ -71,6 +73,56 @@ CLIP_LAYER_TYPES: tuple[str, ...] = (
 )
 
 _DECOMPOSITIONS = ("esd", "svd")
+
+
+def _each(*names: str) -> tuple[str, ...]:
+    return tuple(n + "$" for n in names)
+
+
+#: Per layout preset: ESM's ESD targets (the attention input projections and both MLP
+#: matrices, as ``attn.in_proj_weight``, ``mlp.c_fc``, ``mlp.c_proj`` in open_clip) and the
+#: Step-C layer types (every block matrix kind), as regular expressions searched in the key.
+LAYOUT_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "open_clip": {
+        "targets": ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
+        "layer_types": ("attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
+    },
+    "hf_clip": {
+        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
+        "layer_types": _each(r"self_attn\.q_proj\.weight", r"self_attn\.k_proj\.weight", r"self_attn\.v_proj\.weight",
+                             r"self_attn\.out_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
+    },
+    "gpt2": {
+        "targets": _each(r"attn\.c_attn\.weight", r"mlp\.c_fc\.weight", r"mlp\.c_proj\.weight"),
+        "layer_types": _each(r"attn\.c_attn\.weight", r"attn\.c_proj\.weight", r"mlp\.c_fc\.weight",
+                             r"mlp\.c_proj\.weight"),
+    },
+    "bert": {
+        "targets": _each(r"attention\.self\.(query|key|value)\.weight", r"intermediate\.dense\.weight",
+                         r"layer\.\d+\.output\.dense\.weight"),
+        "layer_types": _each(r"attention\.self\.query\.weight", r"attention\.self\.key\.weight",
+                             r"attention\.self\.value\.weight", r"attention\.output\.dense\.weight",
+                             r"intermediate\.dense\.weight", r"layer\.\d+\.output\.dense\.weight"),
+    },
+    "llama": {
+        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.(gate|up)_proj\.weight", r"mlp\.down_proj\.weight"),
+        "layer_types": _each(*(rf"self_attn\.{p}_proj\.weight" for p in "qkvo"),
+                             *(rf"mlp\.{p}_proj\.weight" for p in ("gate", "up", "down"))),
+    },
+}
+
+
+def with_layout_names(hparams: Mapping[str, Any], layout_name: str | None) -> dict[str, Any]:
+    """``hparams`` with ``targets`` / ``layer_types`` from :data:`LAYOUT_NAMES` for the layout preset
+    ``layout_name`` where the caller gave none (the open_clip names are the registered defaults;
+    a layout without names, e.g. ``generic``, keeps them, so ESM says which names are missing)."""
+    out = dict(hparams)
+    names = LAYOUT_NAMES.get(layout_name or "")
+    if names is not None:
+        for k in ("targets", "layer_types"):
+            out.setdefault(k, names[k])
+    return out
+
 _GRAM_WHITEN = True  # float32 whitening through the float64 Gram (see :func:`whiten`; off: the float32 SVD)
 #: Largest sigma_1 / sigma_min for which :func:`whiten` takes the float64 Gram route. The Gram's
 #: error grows like eps64 kappa², the float32 SVD's like eps32 kappa (or better); measured on ESM's
