@@ -430,7 +430,8 @@ def copy_side_files(src: Path | None, out: Path, max_bytes: int = 50_000_000) ->
 
 
 class ShardedWriter:
-    """Write tensors into safetensors shards of at most ``shard_size`` bytes, atomically.
+    """Write tensors into safetensors shards of at most ``shard_size`` bytes (file size, header
+    included), atomically.
 
     ``add(key, tensor)`` appends the tensor's bytes to the current shard's data file at once
     (a tensor larger than ``shard_size`` gets a shard of its own), so no tensor is held after
@@ -453,6 +454,8 @@ class ShardedWriter:
         self._data = None
         self._entries: dict[str, dict[str, Any]] = {}
         self._shard_bytes = 0
+        self._header_bytes = 0  # JSON bytes of the current shard's entries (each with its separator)
+        self._meta_bytes = len(json.dumps({"__metadata__": self.metadata}, separators=(",", ":")))
         self._files: list[tuple[Path, list[str]]] = []
         self._keys: set[str] = set()
         self.total_size = 0
@@ -467,17 +470,28 @@ class ShardedWriter:
         if t.dtype not in _DTYPE_NAMES:
             raise TypeError(f"cannot write {key!r}: dtype {t.dtype} has no safetensors name")
         n = t.numel() * t.element_size()
-        if self._entries and self._shard_bytes + n > self.shard_size:
+        entry = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                 "data_offsets": [self._shard_bytes, self._shard_bytes + n]}
+        # the shard's file size, header included: 8 length bytes, the JSON header (its entries grow by
+        # one key each) padded to 8, then the data
+        head = len(json.dumps({key: entry}, separators=(",", ":"))) + 1
+        if self._entries and self._file_bytes(self._header_bytes + head, self._shard_bytes + n) > self.shard_size:
             self._flush()
+            entry["data_offsets"] = [0, n]
+            head = len(json.dumps({key: entry}, separators=(",", ":"))) + 1
         if self._data is None:
             self._data = open(self._tmp / f"shard-{len(self._files):05d}.data", "wb")
         if n:
             self._data.write(t.reshape(-1).view(torch.uint8).numpy().data)
-        self._entries[key] = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
-                              "data_offsets": [self._shard_bytes, self._shard_bytes + n]}
+        self._entries[key] = entry
         self._keys.add(key)
         self._shard_bytes += n
+        self._header_bytes += head
         self.total_size += n
+
+    def _file_bytes(self, header_entries: int, data: int) -> int:
+        """Upper bound on a shard's file size: 8 + header (metadata + entries, padded to 8) + data."""
+        return 8 + self._meta_bytes + header_entries + 8 + data
 
     def _flush(self) -> None:
         if not self._entries:
@@ -496,6 +510,7 @@ class ShardedWriter:
         self._files.append((path, list(self._entries)))
         self._entries = {}
         self._shard_bytes = 0
+        self._header_bytes = 0
 
     def close(self) -> list[Path]:
         """Save the last shard, move every file into place; returns the written files."""

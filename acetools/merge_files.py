@@ -346,25 +346,32 @@ def plan_merge(
                      run, rows, dict(lay.tied), files)
 
 
-def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.dtype) -> Tensor:
+def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.dtype, check: bool = True) -> Tensor:
     t = ck.get(key)
-    if not torch.isfinite(t).all():
+    if check and not torch.isfinite(t).all():
         n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
         raise ValueError(f"{ck.path}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
     return lay.to_canonical(key, t).to(dev, dt).contiguous()
 
 
 class _Source:
-    """Reads W0 and the task vectors of one key, in d_out x d_in and the compute dtype."""
+    """Reads W0 and the task vectors of one key, in d_out x d_in and the compute dtype.
+
+    Each key's finiteness is checked on its first read only: global TIES reads every key in
+    up to four passes, and the check of every tensor in every pass was 30 % of its time."""
 
     def __init__(self, plan: MergePlan, dev: torch.device):
         self.plan, self.dev = plan, dev
+        self._checked: set[str] = set()
 
     def w0_taus(self, key: str) -> tuple[Tensor, list[Tensor]]:
         p = self.plan
         dt = _compute_dtype(p.base.meta(key).dtype)
-        W0 = _tensor(p.base, key, p.layout, self.dev, dt)
-        return W0, [_tensor(ck, key, p.layout, self.dev, dt) - W0 for ck in p.experts]
+        check = key not in self._checked
+        W0 = _tensor(p.base, key, p.layout, self.dev, dt, check)
+        taus = [_tensor(ck, key, p.layout, self.dev, dt, check) - W0 for ck in p.experts]
+        self._checked.add(key)
+        return W0, taus
 
 
 def _confirm_ties(plan: MergePlan) -> dict[str, str]:
