@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -588,11 +589,31 @@ def merge_files(
         "acetools.layout": plan.layout.name,
         "acetools.inputs": json.dumps(inputs, sort_keys=True),
     }
-    with ShardedWriter(out_dir, shard_size=size, metadata=meta) as writer:
-        driver = _stream if plan.mode == "stream" else _in_memory
-        extra = driver(plan, writer, dev, out_dtype, progress)
-        files = writer.close()
-    copied = copy_side_files(plan.base.folder, out_dir)
+    # A new output folder is assembled as a hidden sibling and renamed into place at the end, so a
+    # merge that is killed leaves no folder at ``out`` (only the hidden staging folder); an existing
+    # (empty, or overwritten) folder gets its files moved in at the end instead.
+    final_dir, stage = out_dir, None
+    if not out_dir.exists():
+        import tempfile
+
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.acetools-stage-", dir=out_dir.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(stage, 0o777 & ~umask)  # mkdtemp's 0700 would stay on the renamed folder
+        out_dir = stage
+    try:
+        with ShardedWriter(out_dir, shard_size=size, metadata=meta) as writer:
+            driver = _stream if plan.mode == "stream" else _in_memory
+            extra = driver(plan, writer, dev, out_dtype, progress)
+            files = writer.close()
+        copied = copy_side_files(plan.base.folder, out_dir)
+    except BaseException:
+        if stage is not None:
+            import shutil
+
+            shutil.rmtree(stage, ignore_errors=True)
+        raise
     seconds = time.perf_counter() - t0
     info = {
         "method": method, "hparams": hp_record, "layout": plan.layout.name,
@@ -606,8 +627,11 @@ def merge_files(
 
     with atomic_write(with_info, "w") as fh:
         json.dump(info, fh, indent=2)
-    log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, out_dir, seconds)
-    return MergeResult(plan, out_dir, files, seconds, info)
+    if stage is not None:
+        os.rename(stage, final_dir)  # atomic: the folder appears complete or not at all
+        files = [final_dir / f.name for f in files]
+    log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, final_dir, seconds)
+    return MergeResult(plan, final_dir, files, seconds, info)
 
 
 # --------------------------------------------------------------------------- command line and config files
