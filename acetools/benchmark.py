@@ -1,6 +1,7 @@
 """The benchmark harness: merge a zoo's experts with any method and evaluate on every task.
 
-One :class:`Benchmark` wraps a :class:`~acetools.zoo.Zoo` (base, experts, heads) and gives
+One :class:`Benchmark` wraps a world (:mod:`acetools.world.base`: base, experts, evaluation per
+task; a :class:`~acetools.world.vision.zoo.Zoo` is wrapped as the vision world) and gives
 everything the merge methods need — proxy batches and activations for ESM, Gram matrices
 for RegMean — plus evaluation (absolute and normalized accuracy per task and on average)
 and the papers' coefficient selection on validation (docs/methods.md §Benchmark protocol): a grid or golden-section
@@ -30,7 +31,7 @@ from torch import Tensor
 
 from .merging import METHODS, merge
 from .search import ALPHA_GRID, LAMBDA_GRID, esm_search, golden_section_search, grid_search
-from .utils import atomic_write, make_generator
+from .utils import atomic_write
 
 __all__ = ["Benchmark", "MethodRun", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
 
@@ -157,13 +158,19 @@ class Benchmark:
     from the training split.
     """
 
-    def __init__(self, zoo, *, n_val: int | None = None, n_test: int | None = None, n_proxy: int = 32,
+    def __init__(self, world, *, n_val: int | None = None, n_test: int | None = None, n_proxy: int = 32,
                  n_gram: int = 256, proxy_seed: int = 0, batch_size: int = 512, threads: int | None = None,
                  patience: int | None = None):
         check_patience(patience)
-        self.zoo = zoo
+        from .world.base import as_world
+
+        if hasattr(world, "split") and hasattr(world, "head") and not hasattr(world, "kind"):
+            from .world.vision.world import VisionWorld
+
+            world = VisionWorld(world, batch_size=batch_size, threads=threads)
+        self.world = as_world(world)
         self.patience = patience
-        self.tasks: list[str] = list(zoo.tasks)
+        self.tasks: list[str] = list(self.world.tasks)
         self.n_val, self.n_test = n_val, n_test
         self.n_proxy, self.n_gram, self.proxy_seed = n_proxy, n_gram, proxy_seed
         self.batch_size, self.threads = batch_size, threads
@@ -171,48 +178,43 @@ class Benchmark:
         self._esm_acts: dict | None = None
         self._grams: list | None = None
 
+    @property
+    def zoo(self):
+        """The vision world's :class:`~acetools.world.vision.zoo.Zoo` (course code reads its splits), else the world."""
+        return getattr(self.world, "zoo", self.world)
+
     # ------------------------------------------------------------------ ingredients
     @property
     def base(self) -> StateDict:
-        return self.zoo.base_state()
+        return self.world.base_state()
 
     @property
     def experts(self) -> list[StateDict]:
-        return [self.zoo.expert_state(t) for t in self.tasks]
+        return [self.world.expert_state(t) for t in self.tasks]
+
+    def cap(self, split: str) -> int | None:
+        """The examples per task evaluated on ``split`` (``n_val``/``n_test``; None: all)."""
+        return {"val": self.n_val, "test": self.n_test}.get(split)
 
     def data(self, task: str, split: str):
-        """A task's split, cut to ``n_val``/``n_test`` rows (prefix: deterministic)."""
-        d = self.zoo.split(task, split)
-        n = {"val": self.n_val, "test": self.n_test}.get(split)
-        if n is None or n >= len(d.y):
-            return d
-        from types import SimpleNamespace
+        """A vision task's split, cut to ``n_val``/``n_test`` rows (prefix: deterministic)."""
+        return self.world.data(task, split, self.cap(split))
 
-        return SimpleNamespace(x=d.x[:n], y=d.y[:n], name=task, split=split)
-
-    def proxy_batch(self, task: str) -> Tensor:
-        """ESM's proxy images: ``n_proxy`` validation images of ``task`` drawn without
+    def proxy_batch(self, task: str):
+        """ESM's proxies: ``n_proxy`` validation inputs of ``task`` drawn without
         replacement with a seeded generator (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2))."""
-        d = self.zoo.split(task, "val")
-        g = make_generator(self.proxy_seed)
-        idx = torch.randperm(len(d.y), generator=g)[: self.n_proxy]
-        return torch.as_tensor(np.asarray(d.x))[idx]
+        return self.world.proxy_inputs(task, self.n_proxy, self.proxy_seed)
 
-    def matrix_keys(
-        self, pattern: Sequence[str] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-    ) -> list[str]:
-        return [k for k in self.base if any(p in k for p in pattern)]
+    def matrix_keys(self) -> list[str]:
+        return self.world.matrix_keys()
 
     def esm_activations(self) -> dict[str, list[Tensor]]:
-        """Input activations of ESM's target layers inside each task's fine-tuned encoder."""
+        """Input activations of ESM's target layers inside each task's fine-tuned model."""
         if self._esm_acts is None:
-            from .activations import capture_inputs
-
             keys = self.matrix_keys()
             acts: dict[str, list[Tensor]] = {k: [] for k in keys}
             for t, state in zip(self.tasks, self.experts):
-                enc = self.zoo.encoder(state)
-                got = capture_inputs(enc, self.proxy_batch(t), keys)
+                got = self.world.layer_inputs(state, self.proxy_batch(t), keys)
                 for k in keys:
                     acts[k].append(got[k].float())
             self._esm_acts = acts
@@ -220,24 +222,21 @@ class Benchmark:
 
     def grams(self) -> list[dict[str, Tensor]]:
         """RegMean's per-task Gram matrices of each hookable linear layer's inputs (docs/methods.md §RegMean),
-        from ``n_gram`` training images in the task's fine-tuned encoder. ``attn.out_proj``
-        is called functionally inside attention and cannot be hooked: it takes the mean."""
+        from ``n_gram`` training examples in the task's fine-tuned model. In the vision world
+        ``attn.out_proj`` is called functionally inside attention and cannot be hooked: it takes the mean."""
         if self._grams is None:
-            from .activations import gram_matrices
-
             keys = self.matrix_keys()
             out = []
             for t, state in zip(self.tasks, self.experts):
-                d = self.zoo.split(t, "train")
-                x = torch.as_tensor(np.asarray(d.x[: self.n_gram]))
-                task_grams = gram_matrices(self.zoo.encoder(state), x, keys, batch_size=128)
+                task_grams = self.world.gram_inputs(state, self.world.gram_examples(t, self.n_gram), keys)
                 out.append({k: v.float() for k, v in task_grams.items()})
             self._grams = out
         return self._grams
 
     def method_inputs(self, method: str) -> dict[str, Any]:
         if method == "esm":
-            return {"activations": self.esm_activations()}
+            targets = getattr(self.world, "esm_targets", None)
+            return {"activations": self.esm_activations(), **({"targets": tuple(targets)} if targets else {})}
         if method == "regmean":
             return {"grams": self.grams()}
         return {}
@@ -246,23 +245,17 @@ class Benchmark:
     def evaluate(
         self, state: Mapping[str, Tensor], split: str = "test", tasks: Sequence[str] | None = None
     ) -> dict[str, float]:
-        """Absolute top-1 accuracy (fraction) per task of the encoder ``state``."""
-        from .finetune import evaluate
-
-        enc = self.zoo.encoder(state)
-        return {t: evaluate(enc, self.zoo.head(t), self.data(t, split), batch_size=self.batch_size,
-                            threads=self.threads) for t in (tasks or self.tasks)}
+        """Absolute top-1 accuracy (fraction) per task of the merged part ``state``."""
+        tasks = list(tasks or self.tasks)
+        if hasattr(self.world, "evaluate_all"):
+            return self.world.evaluate_all(state, split, self.cap(split), tasks)
+        return {t: self.world.evaluate(state, t, split, self.cap(split)) for t in tasks}
 
     def expert_accuracy(self, split: str = "test") -> dict[str, float]:
         """Each expert on its own task: the reference of normalized accuracy."""
         if split not in self._expert_acc:
-            from .finetune import evaluate
-
-            self._expert_acc[split] = {
-                t: evaluate(self.zoo.encoder(s), self.zoo.head(t), self.data(t, split),
-                            batch_size=self.batch_size, threads=self.threads)
-                for t, s in zip(self.tasks, self.experts)
-            }
+            self._expert_acc[split] = {t: self.world.evaluate(s, t, split, self.cap(split))
+                                       for t, s in zip(self.tasks, self.experts)}
         return self._expert_acc[split]
 
     def normalized(self, acc: Mapping[str, float], split: str) -> dict[str, float]:
@@ -279,7 +272,8 @@ class Benchmark:
     def _merge(self, method: str, hparams: Mapping[str, Any]) -> StateDict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            return merge(method, self.base, self.experts, **self.method_inputs(method), **hparams)
+            layout = {} if self.world.kind == "vision" else {"layout": self.world.layout}
+            return merge(method, self.base, self.experts, **self.method_inputs(method), **layout, **hparams)
 
     def run(self, method: str, *, search: Search | None | str = "default", label: str | None = None,
             **hparams: Any) -> MethodRun:
@@ -352,14 +346,15 @@ class Benchmark:
         """Rows for the unmerged base (its frozen heads) and the individual experts."""
         rows = []
         for name, val, test in (
-            ("base (frozen heads)", self.evaluate(self.base, "val"), self.evaluate(self.base, "test")),
+            (getattr(self.world, "base_label", "base"), self.evaluate(self.base, "val"),
+             self.evaluate(self.base, "test")),
             ("experts (individual)", self.expert_accuracy("val"), self.expert_accuracy("test")),
         ):
             rows.append(MethodRun(name, {}, None, None, val, test, self.normalized(val, "val"),
                                   self.normalized(test, "test"), 0.0))
-        if not getattr(self.zoo, "mtl", False):
+        if not getattr(self.world, "mtl", False):
             return rows
-        mtl = self.zoo.mtl_state()
+        mtl = self.world.mtl_state()
         val, test = self.evaluate(mtl, "val"), self.evaluate(mtl, "test")
         rows.append(MethodRun("multi-task (MTL)", {}, None, None, val, test, self.normalized(val, "val"),
                               self.normalized(test, "test"), 0.0))
@@ -397,15 +392,18 @@ class Benchmark:
         """Everything needed to reproduce the runs: hyperparameters, search traces, seeds,
         versions, checkpoint hashes (docs/style.md §14)."""
         return {
-            "suite": getattr(self.zoo, "suite", None),
+            "world": self.world.kind,
+            "world_description": self.world.describe(),
+            "profile": getattr(self.world, "profile", None),
+            "suite": getattr(self.world, "suite", None),
             "tasks": self.tasks,
-            "size": self.zoo.size,
-            "expert_seed": self.zoo.seed,
+            "size": self.world.size,
+            "expert_seed": self.world.seed,
             "proxy_seed": self.proxy_seed,
             "n_val": self.n_val, "n_test": self.n_test, "n_proxy": self.n_proxy, "n_gram": self.n_gram,
             "patience": self.patience,
             "versions": package_versions(),
-            "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in self.zoo.records()],
+            "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in self.world.records()],
             "runs": [{**r.summary(), "hparams": _jsonable(r.hparams),
                       "search_trace": None if r.search is None else r.search.to_dict(orient="records"),
                       "val": r.val, "test": r.test} for r in runs],

@@ -76,13 +76,13 @@ class _Lazy:
 
 
 def _suites() -> list[str]:
-    from .data import SUITES
+    from .world.vision.data import SUITES
 
     return list(SUITES)
 
 
 def _sizes() -> list[str]:
-    from .models import SIZES
+    from .world.vision.models import SIZES
 
     return list(SIZES)
 
@@ -99,7 +99,7 @@ def _methods() -> list[str]:
     return list(METHODS)
 
 
-#: Task suites (:data:`acetools.data.SUITES`), model sizes (:data:`acetools.models.SIZES`) and
+#: Task suites (:data:`acetools.world.vision.data.SUITES`), model sizes (:data:`acetools.world.vision.models.SIZES`) and
 #: merge methods (:data:`acetools.METHODS`) accepted by ``--suite``, ``--size``, ``--methods``.
 SUITE_CHOICES, SIZE_CHOICES, METHOD_CHOICES = _Lazy(_suites), _Lazy(_sizes), _Lazy(_methods)
 
@@ -120,7 +120,7 @@ def _open_clip_names() -> list[str]:
 def model_size(text: str) -> str:
     """``--size``: a registered mini-world size or an open_clip model name (``ViT-B-32``). Checked without
     importing open_clip, so a bad value stops at once."""
-    from .models import SIZES
+    from .world.vision.models import SIZES
 
     if text in SIZES or text.removeprefix("acetools-") in SIZES or text in _open_clip_names():
         return text
@@ -216,7 +216,7 @@ def _check_split_sizes(suite: str, **wanted: int | None) -> None:
     """``n_val=100`` etc. must not exceed any task's split (else the whole split would be used
     while the results record the number asked for). Tasks whose sizes are not known up front
     (online sources) are not checked."""
-    from .data import SUITES, get_task
+    from .world.vision.data import SUITES, get_task
 
     for option, n in wanted.items():
         if n is None:
@@ -262,7 +262,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _zoo(args: argparse.Namespace, seed: int):
-    from .zoo import Zoo
+    from .world.vision.zoo import Zoo
 
     return Zoo(args.suite, size=args.size, seed=seed, root=args.root, mtl=not args.no_mtl, threads=args.threads)
 
@@ -370,8 +370,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from .checkpoints import check_output_folder
-    from .diagnose import check_inputs, diagnose, run_report
+    from .files.checkpoints import check_output_folder
+    from .files.diagnose import check_inputs, diagnose, run_report
 
     _folder_for_output(args.out, "--out")
     check_output_folder(args.out, [args.base, *args.experts], weights=False)  # merge's check: never inside an input
@@ -394,7 +394,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from .layouts import format_table
-    from .merge_files import load_config, merge_files, parse_hparam
+    from .files.merge_files import load_config, merge_files, parse_hparam
 
     cfg = load_config(args.config) if args.config else {"hyperparameters": {}}
     for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode"):
@@ -423,7 +423,7 @@ def _cmd_regime(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .regime import regime_card
-    from .zoo import Zoo
+    from .world.vision.zoo import Zoo
 
     _folder_for_output(args.out, "--out")
     zoo = Zoo(args.suite, size=args.size, seed=args.seed, root=args.root, mtl=False, threads=args.threads)
@@ -455,8 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
                        help="task suite (default tasks8): %(choices)s")
         p.add_argument("--size", default="small", type=model_size, metavar="SIZE",
-                       help="model size (default small): micro, tiny, small (acetools.models.SIZES), or an open_clip "
-                            "model name such as ViT-B-32 (pretrained CLIP, for the online suites)")
+                       help="model size (default small): micro, tiny, small (acetools.world.vision.models.SIZES), "
+                            "or an open_clip model name such as ViT-B-32 (pretrained CLIP, for the online suites)")
         p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="expert fine-tuning seeds")
         p.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
         p.add_argument("--no-mtl", action="store_true", help="skip the multi-task reference model")
@@ -550,8 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
                     help="task suite (default tasks8): %(choices)s")
     rg.add_argument("--size", default="small", type=model_size, metavar="SIZE",
-                    help="model size (default small): a registered size (acetools.models.SIZES) or an open_clip "
-                         "model name such as ViT-B-32")
+                    help="model size (default small): a registered size (acetools.world.vision.models.SIZES) or an "
+                         "open_clip model name such as ViT-B-32")
     rg.add_argument("--seed", type=nonnegative_int, default=0, help="expert fine-tuning seed (default 0)")
     rg.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
     rg.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")

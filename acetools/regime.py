@@ -1,6 +1,6 @@
 """The regime card of a zoo: is this world in the papers' regime, and if not, why not?
 
-One call measures, for a built :class:`~acetools.zoo.Zoo`, the signature that separates
+One call measures, for a built :class:`~acetools.world.vision.zoo.Zoo`, the signature that separates
 CLIP ViT-B/32 (where structured merges such as TSV-M beat task arithmetic by ~16
 normalized points) from a world where they cannot (docs/regime.md)::
 
@@ -438,7 +438,7 @@ def _activation_rows(bench, zoo, base, taus, tasks, *, n_images: int) -> dict[st
     """Input-activation statistics at W0 of the hookable matrices (``bench.matrix_keys()``):
     overlap of different tasks' top-k Gram eigenvectors, their energy share, and how much of
     each τ_t's top-k right singular subspace lies in its own task's top-k activations."""
-    from .activations import gram_matrices
+    from .files.activations import gram_matrices
     from .diagnostics import principal_subspace
     from .merging.svd import tsv_rank
 

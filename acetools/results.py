@@ -64,7 +64,10 @@ __all__ = [
 ]
 
 #: Reference rows of a summary (not merge methods).
-REFERENCES: tuple[str, ...] = ("base (frozen heads)", "experts (individual)", "multi-task (MTL)")
+#: The base row is named for its heads: the vision world's frozen prototype heads, the text
+#: world's experts' trained heads (the GLUE protocol) or its zero-shot heads.
+BASE_ROWS: tuple[str, ...] = ("base (frozen heads)", "base (experts' heads)", "base (zero-shot heads)")
+REFERENCES: tuple[str, ...] = (*BASE_ROWS, "experts (individual)", "multi-task (MTL)")
 #: Methods that use data besides the weights (so not "data-free" in ACE's sense).
 DATA_DEPENDENT: dict[str, str] = {
     "regmean": "Gram matrices of training inputs",

@@ -31,6 +31,7 @@ __all__ = [
     "resolve_device",
     "progress",
     "atomic_write",
+    "strip_ansi",
 ]
 
 
@@ -151,3 +152,16 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
         except FileNotFoundError:
             pass
         raise
+
+
+_ANSI = None
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (torch's unpickling errors colour their advice)."""
+    global _ANSI
+    if _ANSI is None:
+        import re
+
+        _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+    return _ANSI.sub("", text)

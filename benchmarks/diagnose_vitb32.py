@@ -1,10 +1,10 @@
-"""Time `acetools.diagnose` on a ViT-B/32-sized set: random tensors with the visual tower's shapes.
+"""Time `acetools.files.diagnose` on a ViT-B/32-sized set: random tensors with the visual tower's shapes.
 
     python3 benchmarks/diagnose_vitb32.py [--tasks 8] [--dir DIR] [--ace] [--report]
 
 Writes a base and ``--tasks`` experts as safetensors (the open_clip ViT-B/32 visual tower's 152
 keys, 88 M parameters; task vectors = a rank-16 part plus dense noise, ||tau||/||W0|| ~ 0.03),
-then times :func:`acetools.diagnose.diagnose` reading them from disk (and, with ``--report``,
+then times :func:`acetools.files.diagnose.diagnose` reading them from disk (and, with ``--report``,
 the whole report: papermill + HTML). Prints seconds and the peak resident memory. The
 numbers depend on the machine and its load; say both when quoting them.
 """
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ace", action="store_true", help="also ACE's W_pre spectrum per matrix")
     ap.add_argument("--report", action="store_true", help="time the whole report (papermill + HTML) too")
     args = ap.parse_args(argv)
-    from acetools.diagnose import diagnose, run_report
+    from acetools.files.diagnose import diagnose, run_report
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.dir or Path(tmp)

@@ -5,7 +5,7 @@ T experts (default 8) in the shapes of open_clip ViT-B/32's visual tower (87.8 M
 experts = base + N(0, 0.001^2)); then every measurement runs in its own fresh subprocess, so
 its peak resident memory (``ru_maxrss``) is its own:
 
-- ``stream``: :func:`acetools.merge_files.merge_files` with ``mode="stream"`` (what
+- ``stream``: :func:`acetools.files.merge_files.merge_files` with ``mode="stream"`` (what
   ``acetools merge`` does for these methods), files read one tensor at a time;
 - ``memory``: the same call with ``mode="memory"`` (load every model, :func:`acetools.merge`);
 - ``mergekit``: mergekit's own merge functions (``mergekit.merge_methods.api.merge_tensors``,
@@ -68,7 +68,7 @@ def write_world(work: Path, n_tasks: int, blocks: int, width: int, seed: int = 0
     """Base and experts as safetensors files, written one tensor at a time."""
     import torch
 
-    from acetools.checkpoints import ShardedWriter
+    from acetools.files.checkpoints import ShardedWriter
 
     shapes = vit_b32_visual_shapes(blocks, width)
     for i, name in enumerate(["base"] + [f"expert{t}" for t in range(n_tasks)]):
@@ -99,7 +99,7 @@ def _mergekit_stream(method: str, hp: dict, base: Path, experts: list[Path], out
     import torch
     from mergekit.merge_methods.api import merge_tensors
 
-    from acetools.checkpoints import ShardedWriter, open_checkpoint
+    from acetools.files.checkpoints import ShardedWriter, open_checkpoint
 
     b = open_checkpoint(base)
     ex = [open_checkpoint(e) for e in experts]
@@ -121,7 +121,7 @@ def child(args) -> None:
 
     torch.set_num_threads(args.threads)
     import acetools  # noqa: F401
-    from acetools.merge_files import merge_files
+    from acetools.files.merge_files import merge_files
 
     idle = _peak_rss()
     work = Path(args.work)
@@ -169,7 +169,7 @@ def _commit() -> str:
 def _equal(a: Path, b: Path) -> bool:
     import torch
 
-    from acetools.checkpoints import open_checkpoint
+    from acetools.files.checkpoints import open_checkpoint
 
     x, y = open_checkpoint(a), open_checkpoint(b)
     return x.keys() == y.keys() and all(torch.equal(x.get(k), y.get(k)) for k in x.keys())

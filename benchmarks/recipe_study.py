@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from acetools.regime import RegimeCard, regime_card, summary_row  # noqa: E402
 from acetools.utils import atomic_write  # noqa: E402
-from acetools.zoo import Zoo  # noqa: E402
+from acetools.world.vision.zoo import Zoo  # noqa: E402
 
 OUT = ROOT / "figures" / "regime"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from acetools.benchmark import Benchmark, wudi_step_size
 from acetools.utils import atomic_write
-from acetools.zoo import Zoo
+from acetools.world.vision.zoo import Zoo
 
 ROOT = Path(__file__).resolve().parents[1]
 

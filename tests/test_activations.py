@@ -1,4 +1,4 @@
-"""Forward-hook capture of layer inputs (acetools.activations) on a tiny open_clip ViT and plain modules."""
+"""Forward-hook capture of layer inputs (acetools.files.activations) on a tiny open_clip ViT and plain modules."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from acetools.activations import capture_inputs, gram_matrices, input_covariances, layer_input_spec
+from acetools.files.activations import capture_inputs, gram_matrices, input_covariances, layer_input_spec
 
 open_clip_transformer = pytest.importorskip("open_clip.transformer")
 

@@ -14,7 +14,7 @@ from tests.test_zoo import FINETUNE, PRETRAIN, load_split, pretraining_pool  # t
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    from acetools.zoo import Zoo
+    from acetools.world.vision.zoo import Zoo
 
     zoo = Zoo(["a", "b", "c"], size="micro", seed=0, root=tmp_path_factory.mktemp("zoo"), base="train",
               load_split=load_split, pretraining_pool=pretraining_pool, pretrain=PRETRAIN, finetune=FINETUNE,
@@ -115,8 +115,8 @@ def test_every_searched_method_is_registered():
 
 def test_micro_world_from_the_data_registry_builds_and_merges(tmp_path):
     """CI builds a real (offline-data) micro world end to end and merges it (issue: mini-world)."""
-    from acetools.data import SUITES
-    from acetools.zoo import Zoo
+    from acetools.world.vision.data import SUITES
+    from acetools.world.vision.zoo import Zoo
 
     assert "tiny" in SUITES
     zoo = Zoo("tiny", size="micro", seed=0, root=tmp_path, base="train", pool_kwargs={"n_per_source": 200},

@@ -257,7 +257,7 @@ def test_check_reports_a_missing_data_source_as_a_line(capsys, tmp_path, monkeyp
 
 
 def test_check_never_raises(capsys, monkeypatch):
-    import acetools.zoo as Z
+    import acetools.world.vision.zoo as Z
 
     def broken(self, **kw):
         raise RuntimeError("cache unreadable")
@@ -283,7 +283,7 @@ def test_quiet_and_verbose_set_the_library_level(capsys, monkeypatch, flag, leve
         assert main(["report", "--list", *flag]) == 0
         assert logger.level == level
         assert os.environ["ACETOOLS_PROGRESS"] == "1"  # restored after --quiet
-        logging.getLogger("acetools.zoo").info("an info line")
+        logging.getLogger("acetools.world.vision.zoo").info("an info line")
         assert ("an info line" in capsys.readouterr().err) == (level <= logging.INFO)
     finally:
         logger.setLevel(old[0])
@@ -296,7 +296,7 @@ def test_library_is_silent_without_configuration():
     import subprocess
     import sys
 
-    code = "import logging, acetools; logging.getLogger('acetools.zoo').warning('should not show')"
+    code = "import logging, acetools; logging.getLogger('acetools.world.vision.zoo').warning('should not show')"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "should not show" not in res.stderr, res.stderr
     assert any(isinstance(h, logging.NullHandler) for h in logging.getLogger("acetools").handlers)

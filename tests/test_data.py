@@ -1,4 +1,4 @@
-"""acetools.data: registry, determinism, splits, sources, errors, online path, pool, fixtures."""
+"""acetools.world.vision.data: registry, determinism, splits, sources, errors, online path, pool, fixtures."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-import acetools.data as D
-from acetools.data import DataSourceError, SUITES, TASKS, get_task, load_split
-from acetools.data import glyphs, online, registry, sources
-from acetools.data._core import balanced_labels, row_hashes, sample_rng
+import acetools.world.vision.data as D
+from acetools.world.vision.data import DataSourceError, SUITES, TASKS, get_task, load_split
+from acetools.world.vision.data import glyphs, online, registry, sources
+from acetools.world.vision.data._core import balanced_labels, row_hashes, sample_rng
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +189,7 @@ def test_real_source_partitions_are_disjoint(root):
 
 
 def test_glyph_fonts_split_between_tasks_and_pool():
-    from acetools.data.pool import HEADS
+    from acetools.world.vision.data.pool import HEADS
 
     assert not set(glyphs.TASK_FONTS) & set(glyphs.POOL_FONTS)
     assert "glyph" not in HEADS and HEADS["typeface"] == ("sans", "mono", "serif")  # no character labels
@@ -383,7 +383,7 @@ def test_pool_heads_and_disjointness(root):
 
 # ---------------------------------------------------------------- previews and calibration helpers
 def test_contact_sheet_and_calibration_helpers():
-    from acetools.data import calibrate
+    from acetools.world.vision.data import calibrate
 
     d = D.tiny_task(n_classes=3, n=90, seed=0)
     sheet = D.contact_sheet(d.x, d.y, d.class_names, per_class=5, scale=2)

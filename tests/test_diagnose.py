@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from acetools import cli
-from acetools.diagnose import (
+from acetools.files.diagnose import (
     REPORT_NOTEBOOK,
     Diagnosis,
     check_inputs,
@@ -267,7 +267,7 @@ def test_report_renders_at_tiny_size_through_the_cli(world, tmp_path, capsys):
     html = (out / "diagnose.html").read_text()
     alts = re.findall(r'<img alt="([^"]+)"', html)
     assert len(alts) == 5 and all(len(a) > 40 for a in alts)
-    assert "from acetools.diagnose import diagnose" not in html  # rendered without code
+    assert "from acetools.files.diagnose import diagnose" not in html  # rendered without code
     executed = json.loads((out / "diagnose.ipynb").read_text())
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
     assert not [o for o in outputs if o["output_type"] == "error" or o.get("name") == "stderr"]

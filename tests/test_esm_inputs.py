@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import acetools
-from acetools.esm_inputs import ESM_NAMES, esm_activations, esm_names, merge_esm
+from acetools.files.esm_inputs import ESM_NAMES, esm_activations, esm_names, merge_esm
 from acetools.layouts import PRESETS
 
 transformers = pytest.importorskip("transformers")
@@ -115,8 +115,8 @@ def test_names_cover_the_presets_and_errors_name_the_problem():
 
 
 def test_open_clip_encoder_in_one_call_equals_capture_then_merge():
-    from acetools.activations import capture_inputs
-    from acetools.models import build_encoder
+    from acetools.files.activations import capture_inputs
+    from acetools.world.vision.models import build_encoder
 
     base, experts = zoo(lambda: build_encoder("micro"), n=2)
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4))
@@ -158,8 +158,8 @@ def test_captured_activations_feed_the_merge_command(tmp_path):
     from safetensors.torch import save_file
 
     from acetools import cli
-    from acetools.checkpoints import open_checkpoint
-    from acetools.merge_files import save_activations
+    from acetools.files.checkpoints import open_checkpoint
+    from acetools.files.merge_files import save_activations
 
     base, experts = zoo(gpt2_factory, n=2)
     paths = []

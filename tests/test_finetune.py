@@ -1,4 +1,4 @@
-"""acetools.finetune: pretraining, expert fine-tuning with a frozen head, MTL, evaluation."""
+"""acetools.world.vision.finetune: pretraining, expert fine-tuning with a frozen head, MTL, evaluation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from acetools.finetune import (
+from acetools.world.vision.finetune import (
     FinetuneConfig,
     augment_batch,
     evaluate,
@@ -17,7 +17,7 @@ from acetools.finetune import (
     train_multitask,
     warmup_cosine,
 )
-from acetools.models import Classifier, build_encoder, prototype_head
+from acetools.world.vision.models import Classifier, build_encoder, prototype_head
 from acetools.utils import make_generator
 
 THREADS = 1  # fixed: determinism needs a fixed thread count; 1 is also robust on a busy machine
@@ -190,7 +190,7 @@ def test_num_threads_context_restores():
 def test_pretraining_resumes_from_its_epoch_checkpoint(tmp_path, monkeypatch):
     """An interrupted run, called again with the same checkpoint file, ends with the
     weights of an uninterrupted run; the file is gone afterwards; a foreign file is refused."""
-    import acetools.finetune as ft
+    import acetools.world.vision.finetune as ft
 
     t = corner_task(128, 4, n_classes=4)
     pool = SimpleNamespace(x=t.x, labels={"pos": t.y}, head_classes={"pos": 4})
@@ -233,7 +233,7 @@ def test_pretraining_resumes_from_its_epoch_checkpoint(tmp_path, monkeypatch):
 
 
 def test_bf16_precision_trains_float32_weights_and_stays_out_of_default_keys(setup):
-    from acetools.finetune import PretrainConfig, key_config
+    from acetools.world.vision.finetune import PretrainConfig, key_config
 
     base, head, train, test = setup
     a, rec = finetune_expert(base, head, train, size="micro", seed=0, precision="bf16", **FAST)

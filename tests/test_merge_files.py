@@ -13,9 +13,9 @@ import os
 import pytest
 import torch
 
-from acetools.checkpoints import ShardedWriter, open_checkpoint, parse_size
+from acetools.files.checkpoints import ShardedWriter, open_checkpoint, parse_size
 from acetools.cli import main
-from acetools.merge_files import load_config, merge_files, parse_hparam
+from acetools.files.merge_files import load_config, merge_files, parse_hparam
 from acetools.merging import merge
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -130,7 +130,7 @@ def test_streaming_equals_in_memory(tmp_path, gpt2_files, method, hp):
 
 def test_global_ties_threshold_is_exact(tmp_path, gpt2_files):
     """The streamed radix-select threshold equals the sort-based one, also with ties in |tau|."""
-    from acetools.merge_files import _radix_thresholds
+    from acetools.files.merge_files import _radix_thresholds
     from acetools.merging.ties import trim_threshold
 
     g = torch.Generator().manual_seed(0)
@@ -377,7 +377,7 @@ def test_cli_bad_input_is_one_line(tmp_path, gpt2_files, capsys):
 
 
 def test_esm_with_an_activations_file_through_the_cli(tmp_path, gpt2_files):
-    from acetools.merge_files import load_activations, save_activations
+    from acetools.files.merge_files import load_activations, save_activations
 
     base, experts = gpt2_files
     b, ex = _states(base, experts)

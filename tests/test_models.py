@@ -1,4 +1,4 @@
-"""acetools.models: open_clip encoders with open_clip's names, heads, pre-processing, ViT-B-32."""
+"""acetools.world.vision.models: open_clip encoders with open_clip's names, heads, pre-processing, ViT-B-32."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from acetools import models
-from acetools.finetune import num_threads
-from acetools.models import (
+from acetools.world.vision import models
+from acetools.world.vision.finetune import num_threads
+from acetools.world.vision.models import (
     IMAGE_MEAN,
     IMAGE_STD,
     ClassificationHead,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import acetools
-from acetools.activations import capture_inputs, gram_matrices
+from acetools.files.activations import capture_inputs, gram_matrices
 from acetools.merging import task_vectors
 from acetools.merging.ace import ace_matrix
 
@@ -287,9 +287,9 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from acetools.checkpoints import ShardedWriter, open_checkpoint  # noqa: E402
+from acetools.files.checkpoints import ShardedWriter, open_checkpoint  # noqa: E402
 from acetools.cli import main as cli_main  # noqa: E402
-from acetools.merge_files import merge_files, save_activations  # noqa: E402
+from acetools.files.merge_files import merge_files, save_activations  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -659,7 +659,7 @@ import os  # noqa: E402
 
 _KILL_MERGE = """
 import os, signal
-from acetools import checkpoints, merge_files as mf
+from acetools.files import checkpoints, merge_files as mf
 at = {at!r}
 if at == "close":
     def copy_side_files(*a, **k):  # the shards are written and closed: die before the folder is in place
@@ -697,7 +697,7 @@ _KILL_PRETRAIN = """
 import os, signal, sys
 from types import SimpleNamespace
 sys.path.insert(0, {root!r})
-import acetools.finetune as ft
+import acetools.world.vision.finetune as ft
 from tests.test_finetune import corner_task
 save = ft._save_resume
 def killed(path, fp, step, *a):
@@ -715,7 +715,7 @@ ft.pretrain_base(pool, "micro", checkpoint={ckpt!r}, epochs=3, batch_size=32, lr
 def test_a_killed_pretraining_resumes_to_the_uninterrupted_weights(tmp_path):
     from types import SimpleNamespace
 
-    from acetools.finetune import pretrain_base
+    from acetools.world.vision.finetune import pretrain_base
     from tests.test_finetune import corner_task
 
     ckpt = tmp_path / "base.resume.safetensors"

@@ -11,7 +11,7 @@ from tests.test_benchmark import bench  # noqa: F401  (the module-scoped micro-w
 
 from acetools.regime import RegimeCard, clip_reference, regime_card, regime_targets, summary_row
 from acetools.search import LAMBDA_GRID
-from acetools.zoo import Zoo
+from acetools.world.vision.zoo import Zoo
 
 ISSUE_ROWS = ["experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm", "iso_cts_norm",
               "tsv_minus_ta", "ace_gamma_median", "ace_gated_fraction", "tau_ratio", "energy", "wpre_top5_energy",
@@ -146,7 +146,7 @@ def test_bad_tau_is_refused(bench):  # noqa: F811
 
 
 def test_cli_regime_writes_the_card(bench, tmp_path, monkeypatch, capsys):  # noqa: F811
-    import acetools.zoo as zoo_mod
+    import acetools.world.vision.zoo as zoo_mod
     from acetools.cli import main
 
     seen = {}

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import acetools
-from acetools.checkpoints import open_checkpoint
+from acetools.files.checkpoints import open_checkpoint
 from acetools.cli import main
-from acetools.merge_files import load_activations
+from acetools.files.merge_files import load_activations
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -69,7 +69,7 @@ def test_the_documented_esm_example_runs_and_the_cli_equals_merge(tmp_path, monk
 
 def test_merge_esm_accepts_hf_files_whose_tied_head_is_not_stored(tmp_path):
     """The merge_esm docstring's case: GPT-2 safetensors files without lm_head.weight (tied to wte)."""
-    from acetools.esm_inputs import merge_esm
+    from acetools.files.esm_inputs import merge_esm
 
     _folders(tmp_path)
     files = [tmp_path / n / "model.safetensors" for n in ("base", "ft_a", "ft_b", "ft_c")]

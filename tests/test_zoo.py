@@ -1,4 +1,4 @@
-"""acetools.zoo: hash-keyed safetensors cache of base, heads, experts and MTL; resume; corruption."""
+"""acetools.world.vision.zoo: hash-keyed safetensors cache of base, heads, experts and MTL; resume; corruption."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import acetools.finetune as ft
-from acetools.finetune import num_threads
-from acetools.zoo import CheckpointError, Zoo, config_hash, data_hash, load_checkpoint, save_checkpoint, state_hash
+import acetools.world.vision.finetune as ft
+from acetools.world.vision.finetune import num_threads
+from acetools.world.vision.zoo import (CheckpointError, Zoo, config_hash, data_hash, load_checkpoint, save_checkpoint,
+                                       state_hash)
 
 THREADS = 1
 PRETRAIN = dict(epochs=4, batch_size=64, lr=3e-3)
@@ -91,9 +92,9 @@ def _one_thread():
 def built(tmp_path_factory):
     """A 3-task micro world built once (timed); later tests copy its cache."""
     root = tmp_path_factory.mktemp("zoo")
-    import acetools.models
+    import acetools.world.vision.models
 
-    acetools.models.register_model_configs()  # imports open_clip (seconds) outside the timing
+    acetools.world.vision.models.register_model_configs()  # imports open_clip (seconds) outside the timing
     t0 = time.perf_counter()
     zoo = make_zoo(root).build(progress=False)
     seconds = time.perf_counter() - t0
@@ -298,8 +299,8 @@ def test_cli_zoo_build_check_lists_missing_entries_and_builds_nothing(tmp_path, 
 def test_shipped_world_recipe_is_applied_under_explicit_overrides(tmp_path):
     from dataclasses import asdict
 
-    from acetools.finetune import FinetuneConfig
-    from acetools.zoo import WORLD_FINETUNE
+    from acetools.world.vision.finetune import FinetuneConfig
+    from acetools.world.vision.zoo import WORLD_FINETUNE
 
     world = WORLD_FINETUNE["small"]
     small = Zoo(["a"], size="small", root=tmp_path, mtl=False)

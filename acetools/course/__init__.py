@@ -13,5 +13,5 @@ and each notebook's ``claims.json``), :mod:`.paper_tables` (the papers' numbers)
 :mod:`.report` (papermill runs and HTML).
 
 Imports flow one way: the course imports the library (:mod:`acetools.merging`,
-:mod:`acetools.diagnostics`, :mod:`acetools.zoo`, …); nothing in the library imports the course.
+:mod:`acetools.diagnostics`, :mod:`acetools.world.vision.zoo`, …); nothing in the library imports the course.
 """

@@ -374,7 +374,7 @@ def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | No
         elif variant == "pretraining pool":
             if pool is None:
                 raise ValueError("proxy variant 'pretraining pool' needs pool= (images N x C x H x W), e.g. "
-                                 "acetools.data.pretraining_pool(seed=zoo.pool_seed, **zoo.pool_kwargs).x")
+                                 "acetools.world.vision.data.pretraining_pool(seed=zoo.pool_seed, **zoo.pool_kwargs).x")
             px = torch.as_tensor(np.asarray(pool))
             out[task] = px[_draw(len(px), n, seed)]
         else:  # one class
@@ -391,7 +391,7 @@ def proxy_activations(bench, images: Mapping[str, Tensor],
     """Input activations of ``keys`` (default ``bench.matrix_keys()``, ESM's targets) inside
     each task's fine-tuned encoder when it sees ``images[task]``: the ``activations=`` input
     of ``acetools.merge("esm", ...)`` (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)), like ``bench.esm_activations()``."""
-    from ..activations import capture_inputs
+    from ..files.activations import capture_inputs
 
     keys = list(bench.matrix_keys() if keys is None else keys)
     acts: dict[str, list[Tensor]] = {k: [] for k in keys}

@@ -173,9 +173,9 @@ def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: s
 def _known_values() -> dict[str, tuple[str, list[str]]]:
     """Parameters whose values come from a library registry: name -> (what, allowed names).
     A list parameter's elements are checked one by one."""
-    from ..data import SUITES
+    from ..world.vision.data import SUITES
     from ..merging import METHODS
-    from ..models import SIZES
+    from ..world.vision.models import SIZES
 
     suites, sizes, methods = list(SUITES), list(SIZES), list(METHODS)
     return {"suite": ("suite", suites), "suites": ("suite", suites), "ablation_suites": ("suite", suites),

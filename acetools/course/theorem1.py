@@ -22,7 +22,7 @@ Sigma_hat_t = :func:`acetools.merging.ace.estimate_covariance` (ΔW_t) against t
   DataFrames (:data:`SWEEP_COLUMNS`);
 * :func:`spectra_frame`: the normalised eigenvalues of Sigma, Sigma² and Sigma_hat;
 * :func:`hooked_covariances`, :func:`vit_agreement`: the same comparison layer by layer on a
-  zoo's ViT, against input covariances captured with hooks (:mod:`acetools.activations`);
+  zoo's ViT, against input covariances captured with hooks (:mod:`acetools.files.activations`);
 * :func:`estimator_covariances`, :func:`unified_merges`, :func:`unified_linear`: the unified
   framework (ACE-Merging §3): one closed form W_bar = (sum_t ΔW_t Sigma_t)(sum_t Sigma_t)^-1
   fed with Sigma_t = I (weight averaging), WUDI's, ACE's or the true covariance;
@@ -398,16 +398,16 @@ def hooked_covariances(zoo, keys: Sequence[str], *, n_images: int = 256, source:
 
     For task t: the first ``n_images`` images of its ``split`` run through the expert's encoder
     (``source="expert"``, the model the task vector came from; RegMean's choice) or the base's
-    (``"base"``). ``kind="covariance"``: :func:`acetools.activations.input_covariances`, the
+    (``"base"``). ``kind="covariance"``: :func:`acetools.files.activations.input_covariances`, the
     centred covariance (d_in × d_in, float64) of each layer's inputs with every token a row;
-    ``kind="gram"``: :func:`acetools.activations.gram_matrices`, the uncentred second moment
+    ``kind="gram"``: :func:`acetools.files.activations.gram_matrices`, the uncentred second moment
     (1/N) XᵀX that RegMean uses (docs/methods.md §RegMean) — the matrix a least-squares merge needs when the
     inputs do not have zero mean (LayerNorm outputs do not). ``attn.in_proj_weight`` records
     the attention's query input; ``attn.out_proj`` cannot be hooked.
     """
     import numpy as np
 
-    from ..activations import gram_matrices, input_covariances
+    from ..files.activations import gram_matrices, input_covariances
 
     if source not in ("expert", "base"):
         raise ValueError(f"source={source!r} must be 'expert' or 'base'")

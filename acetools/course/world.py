@@ -37,7 +37,7 @@ QUICK_EVAL: dict[str, int] = {"n_val": 40, "n_test": 60}
 
 def suite_tasks(suite: str, quick: bool = False) -> list[str]:
     """The task names of ``suite`` (the fixture suite when ``quick``)."""
-    from ..data import SUITES
+    from ..world.vision.data import SUITES
 
     name = QUICK["suite"] if quick else suite
     if name not in SUITES:
@@ -57,14 +57,14 @@ def world(
     threads: int | None = None,
     progress: bool | None = None,
 ):
-    """The built :class:`~acetools.zoo.Zoo` of ``suite`` at ``size`` (expert seed ``seed``).
+    """The built :class:`~acetools.world.vision.zoo.Zoo` of ``suite`` at ``size`` (expert seed ``seed``).
 
     Loads what the cache holds and builds the rest (the full-size base is shipped; experts
     take about a minute each on 2 CPU cores). ``quick`` ignores ``suite``/``size`` and
     uses :data:`QUICK`. ``device``: where to train anything missing (``"auto"`` allowed).
     """
     from ..utils import resolve_device
-    from ..zoo import Zoo
+    from ..world.vision.zoo import Zoo
 
     dev = resolve_device(device)
     if quick:

@@ -8,7 +8,7 @@ A layout (:mod:`acetools.layouts`) tells the driver which keys take a method's m
 which are stored in x out (transposed to d_out x d_in around the method, so every method sees
 d_out x d_in matrices only), which are tied (merged once) and which are non-float buffers
 (carried from the base). :func:`merge_key` merges one key on its own, for the streaming
-driver (:mod:`acetools.merge_files`).
+driver (:mod:`acetools.files.merge_files`).
 """
 
 from __future__ import annotations

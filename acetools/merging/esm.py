@@ -20,7 +20,7 @@ Step D  alpha                 ``alpha``/``alpha_scope`` of the registered method
 
 The full method, :func:`esm`, is registered as ``"esm"`` and is their composition. It needs
 the proxy input activations X_t of every target layer, captured inside task t's *fine-tuned*
-model (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2); :func:`acetools.activations.capture_inputs` does the capture).
+model (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2); :func:`acetools.files.activations.capture_inputs` does the capture).
 """
 
 from __future__ import annotations
@@ -657,7 +657,7 @@ def _activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
                        d_in: Mapping[str, int]) -> Callable[[int, str], Tensor]:
     """Validate ``activations`` (eagerly for a mapping) and return a getter (t, key) -> X (N x d_in)."""
     how = (
-        "capture it inside each task's fine-tuned model with acetools.activations.capture_inputs, "
+        "capture it inside each task's fine-tuned model with acetools.files.activations.capture_inputs, "
         "or drop the layer from `targets`"
     )
     if isinstance(activations, Mapping):
@@ -720,7 +720,8 @@ def _check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targe
             warnings.warn(
                 f"{where}the default target(s) {unmatched} (open_clip names) match no matrix key, so ESM runs on "
                 f"{len(esd_keys)} layer(s) only and other matrices take TSV-M; pass targets= with your model's names "
-                "(acetools.esm_inputs.esm_names(layout) has them for the layout presets)", RuntimeWarning, stacklevel=4)
+                "(acetools.files.esm_inputs.esm_names(layout) has them for the layout presets)", RuntimeWarning,
+                stacklevel=4)
     else:
         for p in targets:
             if not any(_matches(p, k) for k in matrix_keys):
@@ -833,7 +834,7 @@ def esm(
     that matches no matrix key, an ``activations`` key that is not an ESD layer, and default
     (open_clip) targets of which none matches are errors naming them; default targets or
     layer types that match only partly give a RuntimeWarning. For other architectures use
-    :func:`acetools.esm_inputs.esm_names` (names per layout) or :func:`acetools.esm_inputs.merge_esm`.
+    :func:`acetools.files.esm_inputs.esm_names` (names per layout) or :func:`acetools.files.esm_inputs.merge_esm`.
     """
     T = len(task_vectors)
     matrix_keys = [k for k in base if is_matrix(k, base[k])]
@@ -848,7 +849,7 @@ def esm(
         raise TypeError(
             "esm: missing hyperparameter 'activations' (needed for decomposition='esd'): pass a mapping "
             "key -> [X_1..X_T] or a callable (t, key) -> X of input activations captured in each "
-            "fine-tuned model (acetools.activations.capture_inputs), or use decomposition='svd'"
+            "fine-tuned model (acetools.files.activations.capture_inputs), or use decomposition='svd'"
         )
     matrix_set = set(matrix_keys)
     esd_keys = _check_targets(base, matrix_keys, targets, activations if decomposition == "esd" else None,

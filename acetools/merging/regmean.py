@@ -8,7 +8,7 @@ G_t = (1/N_t) X_t^T X_t (d_in x d_in) of task t's fine-tuned model on task-t dat
 
 W* minimises sum_t ||X~_t W^T - X~_t W_t^T||^2 for the shrunk Grams; it merges *full* weights
 W_t = W0 + tau_t, not task vectors. Keys without Gram matrices take the plain mean.
-The Gram matrices are collected by the caller (``acetools.activations``); this module only
+The Gram matrices are collected by the caller (``acetools.files.activations``); this module only
 does the algebra: :func:`shrink_gram`, :func:`regmean_matrix` and the registered :func:`regmean`.
 """
 

@@ -1,6 +1,6 @@
-"""Figures of a diagnosis (:mod:`acetools.diagnose`): pure functions ``(ax, table, ...) -> ax``.
+"""Figures of a diagnosis (:mod:`acetools.files.diagnose`): pure functions ``(ax, table, ...) -> ax``.
 
-Each takes one table of :class:`acetools.diagnose.Diagnosis` as it is (or the matching
+Each takes one table of :class:`acetools.files.diagnose.Diagnosis` as it is (or the matching
 :mod:`acetools.diagnostics` table: :func:`~acetools.diagnostics.heterogeneity_per_layer` for
 :func:`gamma_by_layer` and :func:`energy_by_layer`, :func:`~acetools.diagnostics.relative_update_norms` for
 :func:`ratio_by_layer`, :func:`~acetools.diagnostics.task_vector_cosine` for
@@ -26,7 +26,7 @@ def _need(table, cols: Sequence[str], what: str) -> None:
     for c in cols:
         if c not in have:
             raise KeyError(f"{what}: the table has no column {c!r} (columns: {have}); pass the matching table of "
-                           "acetools.diagnose.diagnose(...)")
+                           "acetools.files.diagnose.diagnose(...)")
 
 
 def layer_label(key: str) -> str:

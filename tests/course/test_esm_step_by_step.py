@@ -148,7 +148,7 @@ class FakeZoo:
     """A micro encoder with low-rank expert updates and random heads: no training."""
 
     def __init__(self, tasks=("a", "b", "c"), n_val=60, n_test=40, seed=0):
-        from acetools.models import ClassificationHead, build_encoder
+        from acetools.world.vision.models import ClassificationHead, build_encoder
 
         self.tasks, self.size, self.seed, self.suite, self.device = list(tasks), "micro", seed, None, "cpu"
         torch.manual_seed(seed)
@@ -188,7 +188,7 @@ class FakeZoo:
         return self._heads[t]
 
     def encoder(self, state=None):
-        from acetools.models import load_encoder
+        from acetools.world.vision.models import load_encoder
 
         return load_encoder(self._base if state is None else state, "micro")
 

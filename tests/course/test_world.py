@@ -64,7 +64,7 @@ def test_describe_says_which_world():
     assert "fixture world: 3 procedural tasks (tiny_shapes, tiny_orient, tiny_count)" in q and "micro" in q
     f = describe(SimpleNamespace(tasks=[f"t{i}" for i in range(8)], size="small", suite="tasks8"), quick=False)
     assert f.startswith("The mini-world's suite tasks8: 8 tasks") and "fixture" not in f
-    from acetools.finetune import FinetuneConfig
+    from acetools.world.vision.finetune import FinetuneConfig
 
     z8 = SimpleNamespace(tasks=["a"], size="small", suite="tasks8", seed=2,
                          finetune_config=FinetuneConfig(lr=1e-4, precision="bf16"))

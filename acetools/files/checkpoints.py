@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .layouts import TensorMeta
-from .utils import atomic_write
+from ..layouts import TensorMeta
+from ..utils import atomic_write, strip_ansi
 
 __all__ = [
     "Checkpoint",
@@ -52,7 +52,7 @@ __all__ = [
     "WEIGHT_SUFFIXES",
 ]
 
-log = logging.getLogger("acetools.checkpoints")
+log = logging.getLogger("acetools.files.checkpoints")
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
 _ST_DTYPES = {
@@ -112,14 +112,6 @@ def _unwrap_state_dict(obj: Any, path: Path) -> dict[str, Tensor]:
     if keys and all(k.startswith("module.") for k in keys):
         obj = {k[len("module."):]: v for k, v in obj.items()}
     return dict(obj)
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
-def strip_ansi(text: str) -> str:
-    """``text`` without terminal escape sequences (torch's unpickling errors colour their advice)."""
-    return _ANSI.sub("", text)
 
 
 def _torch_load(path: Path) -> dict[str, Tensor]:

@@ -1,7 +1,7 @@
 """Diagnose your models: the data-free signals of a base and its experts, as tables and a report.
 
 :func:`diagnose` reads a base and T experts (state dicts, or checkpoint files / folders read one
-tensor at a time through :mod:`acetools.checkpoints`), walks the keys once, and returns a
+tensor at a time through :mod:`acetools.files.checkpoints`), walks the keys once, and returns a
 :class:`Diagnosis` of ``pandas`` DataFrames (docs/diagnose.md says how to read each):
 
 - ``norms``: per task and key, ‖τ_t‖_F, ‖W0‖_F, their ratio and the energy ‖ΔW_t‖²_F;
@@ -40,16 +40,16 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .merging import check_same_keys
-from .keys import block_index, layer_type
-from .utils import atomic_write, progress
+from ..merging import check_same_keys
+from ..keys import block_index, layer_type
+from ..utils import atomic_write, progress
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
 
-log = logging.getLogger("acetools.diagnose")
+log = logging.getLogger("acetools.files.diagnose")
 
 #: The report notebook (package data), run by :func:`run_report`.
-REPORT_NOTEBOOK = Path(__file__).resolve().parent / "reports" / "diagnose.ipynb"
+REPORT_NOTEBOOK = Path(__file__).resolve().parents[1] / "reports" / "diagnose.ipynb"
 
 _TABLES = ("summary", "layers", "norms", "cosine", "cosine_per_layer", "overlap", "spectra")
 
@@ -181,7 +181,7 @@ def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | No
     checkpoint opens, has the base's keys with the same shapes, and some key takes the matrix
     path under ``layout``. Raises an error naming the file, key or shape; returns
     ``{"n_tasks", "names", "layout", "n_keys", "n_matrices"}``."""
-    from .layouts import get_layout
+    from ..layouts import get_layout
 
     src, exs, labels = _open_sources(base, experts, names)
     try:
@@ -254,8 +254,8 @@ def _effective_rank(S: Tensor) -> float:
 
 def _wpre_top5(taus: Sequence[Tensor], key: str, tau: float) -> float:
     """Top-5 % energy of ACE's preliminary closed form W̄_pre (before spectral refinement)."""
-    from .diagnostics import energy_fraction
-    from .merging.ace import ace_matrix
+    from ..diagnostics import energy_fraction
+    from ..merging.ace import ace_matrix
 
     _, dg = ace_matrix(list(taus), name=key, spectra=True, tau=tau)
     s = dg.spectrum_pre
@@ -280,7 +280,7 @@ def diagnose(
     """The data-free diagnostics of ``experts`` fine-tuned from ``base`` (see the module docstring).
 
     ``base`` / ``experts``: state dicts or checkpoint paths (any format
-    :func:`acetools.checkpoints.open_checkpoint` reads; safetensors are read one tensor at a
+    :func:`acetools.files.checkpoints.open_checkpoint` reads; safetensors are read one tensor at a
     time, so memory holds one key of every model). ``names``: one per expert (default: file
     stems or task0, task1, ...). ``layout``: which keys are matrices and how they are stored
     (:func:`acetools.layouts.get_layout`; ``"auto"`` detects it from the config or key names);
@@ -291,9 +291,9 @@ def diagnose(
     buffers are skipped, and so are tied aliases (GPT-2's ``lm_head``) that equal their
     canonical key in every model.
     """
-    from .layouts import get_layout
-    from .merging.ace import heterogeneity
-    from .merging.svd import tsv_rank
+    from ..layouts import get_layout
+    from ..merging.ace import heterogeneity
+    from ..merging.svd import tsv_rank
 
     t0 = time.perf_counter()
     if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0):
@@ -428,7 +428,7 @@ def _still_tied(alias: str, canon: str, models: Sequence[_Source]) -> bool:
 
 
 def _meta(shape, dtype):
-    from .layouts import TensorMeta
+    from ..layouts import TensorMeta
 
     return TensorMeta(tuple(shape), dtype)
 
@@ -509,7 +509,7 @@ def run_report(
     saved = {k: os.environ.get(k) for k in ("ACETOOLS_PROGRESS", "PYTHONPATH")}
     os.environ.setdefault("ACETOOLS_PROGRESS", "0")  # a report is a document: no progress bars
     # the kernel imports the same acetools as this process (a checkout may differ from the installed one)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     os.environ["PYTHONPATH"] = os.pathsep.join([root] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
     try:
         pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed), parameters=params, kernel_name="python3",

@@ -5,7 +5,7 @@ glyphs in matplotlib's fonts and procedural generators — some of them labellin
 inputs in conflicting ways — plus the papers' torchvision datasets as online suites, a
 pretraining pool disjoint from every task's val and test data, and tiny fixtures.
 
->>> from acetools.data import SUITES, load_split
+>>> from acetools.world.vision.data import SUITES, load_split
 >>> d = load_split("tiny_shapes", "train", n=30)
 >>> d.x.shape, d.x.dtype, d.y.dtype
 (torch.Size([30, 3, 32, 32]), torch.uint8, torch.int64)

@@ -89,7 +89,7 @@ def orientation_of(module: nn.Module, key: str, layout: Any = None) -> str:
     (``transformers``' ``Conv1D`` is in x out, everything else out x in)."""
     if layout is not None:
         if isinstance(layout, str):
-            from .layouts import get_layout
+            from ..layouts import get_layout
 
             layout = get_layout(layout)
         return layout.orientation(key)

@@ -12,7 +12,7 @@
 * :func:`evaluate` — top-1 accuracy (a fraction in [0, 1]), batched, without gradients.
 
 Data come as objects with ``x`` (``uint8 [N, 3, H, W]``) and ``y`` (``int64 [N]``), like
-``acetools.data.TaskData``; the pool like ``acetools.data.PretrainData`` (``x``, ``labels``:
+``acetools.world.vision.data.TaskData``; the pool like ``acetools.world.vision.data.PretrainData`` (``x``, ``labels``:
 head -> ``int64 [N]`` with ``-1`` = not applicable, ``head_classes``: head -> n).
 
 Every loop is deterministic given ``seed`` and the thread count: it seeds the global RNGs
@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .models import ClassificationHead, Classifier, ImageEncoder, build_encoder, load_encoder
-from .utils import make_generator, resolve_device, seed_everything
-from .utils import progress as _progress
+from ...utils import make_generator, resolve_device, seed_everything
+from ...utils import progress as _progress
 
 __all__ = [
     "PretrainConfig",
@@ -262,7 +262,7 @@ def _save_resume(path, fingerprint, step, enc, heads, opt, sched, g, window, sec
 
     from safetensors.torch import save
 
-    from .utils import atomic_write
+    from ...utils import atomic_write
 
     tensors = {f"encoder/{k}": v for k, v in enc.state_dict().items()}
     tensors |= {f"heads/{k}": v for k, v in heads.state_dict().items()}
@@ -305,7 +305,7 @@ def _resume(path, fingerprint, enc, heads, opt, sched, g, window):
     try:
         tensors, doc = _read_resume(path)
     except Exception as err:  # a truncated file cannot happen (atomic writes) but a foreign one can
-        from .checkpoints import strip_ansi
+        from ...utils import strip_ansi
 
         first = strip_ansi((str(err).splitlines() or [""])[0])
         raise RuntimeError(f"resume checkpoint {path} is unreadable ({type(err).__name__}: {first}); "

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .utils import progress as _progress
-from .utils import resolve_device
+from ...utils import progress as _progress
+from ...utils import resolve_device
 
 __all__ = [
     "MODEL_VERSION",

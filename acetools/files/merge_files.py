@@ -6,7 +6,7 @@ Two drivers share one layout (:mod:`acetools.layouts`) and give equal results:
   averaging, task arithmetic, TIES/DARE with ``scope="tensor"``, TSV-M, Iso-C, Iso-CTS, CART,
   WUDI, ACE, RegMean): for each key, read W0 and the T expert tensors from disk (safetensors are
   read lazily), merge that key (:func:`acetools.merging.merge_key`) and hand the result to a
-  :class:`acetools.checkpoints.ShardedWriter`. Peak memory is about (T + 2) x the largest
+  :class:`acetools.files.checkpoints.ShardedWriter`. Peak memory is about (T + 2) x the largest
   tensor in the compute dtype plus the method's work space for it (the writer holds no
   shard). TIES and DARE-TIES with ``scope="global"`` stream too, with extra read passes: two
   (four for float64) for the exact per-task trim threshold over the whole model (a radix
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import __version__
+from .. import __version__
 from .checkpoints import (
     Checkpoint,
     ShardedWriter,
@@ -45,16 +45,16 @@ from .checkpoints import (
     open_checkpoint,
     parse_size,
 )
-from .layouts import Layout, describe, get_layout
-from .merging import KEYED_HPARAMS, METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
-from .merging.esm import with_layout_names
-from .merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
-from .utils import PROGRESS, progress, resolve_device
+from ..layouts import Layout, describe, get_layout
+from ..merging import KEYED_HPARAMS, METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
+from ..merging.esm import with_layout_names
+from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
+from ..utils import PROGRESS, progress, resolve_device
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
            "load_activations"]
 
-log = logging.getLogger("acetools.merge_files")
+log = logging.getLogger("acetools.files.merge_files")
 
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -92,7 +92,7 @@ def save_activations(path: str | Path, activations: Mapping[str, Sequence[Tensor
     """
     from safetensors.torch import save
 
-    from .utils import atomic_write
+    from ..utils import atomic_write
 
     flat = {}
     for key, xs in activations.items():
@@ -117,7 +117,7 @@ def load_activations(path: str | Path, n_tasks: int | None = None) -> dict[str, 
         key, sep, t = name.rpartition("@")
         if not sep or not t.isdigit():
             raise ValueError(f"{path}: tensor {name!r} is not named '<weight key>@<task index>' "
-                             "(write the file with acetools.merge_files.save_activations)")
+                             "(write the file with acetools.files.merge_files.save_activations)")
         per.setdefault(key, {})[int(t)] = ck.get(name)
     out = {}
     for key, xs in per.items():
@@ -553,7 +553,7 @@ def merge_files(
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out``.
 
-    ``base``/``experts``: paths (files or folders; see :mod:`acetools.checkpoints`).
+    ``base``/``experts``: paths (files or folders; see :mod:`acetools.files.checkpoints`).
     ``hparams``: the method's hyperparameters (``METHODS[method].hparams``). ``layout``: a
     preset name, ``"auto"`` (from the base's config.json or key names) or a Layout. ``dtype``:
     output dtype of the float tensors (default: each key's dtype in the base); merging is done
@@ -623,7 +623,7 @@ def merge_files(
         "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
     }
     with_info = out_dir / "acetools_merge.json"
-    from .utils import atomic_write
+    from ..utils import atomic_write
 
     with atomic_write(with_info, "w") as fh:
         json.dump(info, fh, indent=2)

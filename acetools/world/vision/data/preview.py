@@ -34,6 +34,6 @@ def contact_sheet(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, cl
 
 
 def save_contact_sheet(data, path: str | os.PathLike, per_class: int = 12, scale: int = 3) -> str:
-    """Save the contact sheet of a :class:`~acetools.data.TaskData` as a PNG; returns the path."""
+    """Save the contact sheet of a :class:`~acetools.world.vision.data.TaskData` as a PNG; returns the path."""
     contact_sheet(data.x, data.y, data.class_names, per_class=per_class, scale=scale).save(path)
     return str(path)

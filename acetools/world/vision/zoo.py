@@ -10,7 +10,7 @@ Every checkpoint is a safetensors file of a state dict (never a pickled module; 
 with a JSON sidecar next to it holding the recipe, metrics, timing, the cache key with the
 fields it hashes, and the SHA-256 of the tensors (:func:`state_hash`). The key is a SHA-256
 of everything that determines the result — the config dict, the data's hash, the seed,
-:data:`acetools.models.MODEL_VERSION`, and the hashes of the checkpoints it starts from
+:data:`acetools.world.vision.models.MODEL_VERSION`, and the hashes of the checkpoints it starts from
 (an expert's key holds its base's and its head's content hashes) — so a changed recipe,
 dataset or base gets new files and nothing stale is reused. Writes are atomic (tensors
 first, sidecar last); an entry is valid only if its sidecar parses, names the expected key,
@@ -26,7 +26,7 @@ Layout under the cache root (``root=``, else ``$ACETOOLS_CACHE/zoo``, else
     <size>/experts/<task>-seed<seed>-<key16>.safetensors
     <size>/mtl/mtl-<n>tasks-seed<seed>-<key16>.safetensors
 
-A base may instead be shipped with the package as ``acetools/assets/base_<size>.safetensors``
+A base may instead be shipped with the package as ``acetools/world/vision/assets/base_<size>.safetensors``
 plus ``base_<size>.json`` (recipe, content hash, the command that rebuilds it; see
 :meth:`Zoo.export_base`); ``base="auto"`` uses it when present.
 """
@@ -59,8 +59,8 @@ from .models import (
     model_config,
     prototype_head,
 )
-from .utils import atomic_write
-from .utils import progress as _progress
+from ...utils import atomic_write
+from ...utils import progress as _progress
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ __all__ = [
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 #: The expert recipe of each size's shipped world: overrides of
-#: :class:`~acetools.finetune.FinetuneConfig`'s defaults that :class:`Zoo` applies where its
+#: :class:`~acetools.world.vision.finetune.FinetuneConfig`'s defaults that :class:`Zoo` applies where its
 #: ``finetune`` argument leaves a field unset. ``small`` fine-tunes gently (lr 1e-4 instead of
 #: 4e-4, so updates stay small and ACE's gamma sits in the ViT regime) under bf16 autocast (half
 #: the time); docs/regime.md §The chosen recipe gives the measurements behind it.
@@ -242,8 +242,8 @@ class Zoo:
 
     Parameters
     ----------
-    tasks: task names (or a suite name from ``acetools.data.SUITES``), in merge order.
-    size: model size (``"micro"``, ``"tiny"``, ``"small"``; :data:`acetools.models.SIZES`).
+    tasks: task names (or a suite name from ``acetools.world.vision.data.SUITES``), in merge order.
+    size: model size (``"micro"``, ``"tiny"``, ``"small"``; :data:`acetools.world.vision.models.SIZES`).
     seed: seed of the experts' and the MTL model's fine-tuning.
     root: cache folder (see :func:`cache_root`).
     base: ``"auto"`` (the shipped ``assets/base_<size>`` if present, else pretrain),
@@ -251,13 +251,13 @@ class Zoo:
         optional JSON sidecar holding ``content_sha256`` and ``recipe``; without one the file's
         hash is recorded on first use and checked on later ones, :meth:`_user_base`).
     base_seed, pool_seed: seeds of base pretraining and of the pretraining pool.
-    pretrain, finetune: :class:`~acetools.finetune.PretrainConfig` /
-        :class:`~acetools.finetune.FinetuneConfig` or dicts of overrides.
+    pretrain, finetune: :class:`~acetools.world.vision.finetune.PretrainConfig` /
+        :class:`~acetools.world.vision.finetune.FinetuneConfig` or dicts of overrides.
     mtl: build the multi-task reference; ``mtl_finetune`` its config (default ``finetune``).
     augment, hflip: per-task augmentation flags (default off; see ``FinetuneConfig``).
     logit_scale: of the prototype heads (heads are built from the base on each task's
         training split; docs/methods.md §Benchmark protocol (heads)).
-    load_split, pretraining_pool: data functions (default ``acetools.data``'s); pass your
+    load_split, pretraining_pool: data functions (default ``acetools.world.vision.data``'s); pass your
         own to build a world from other data (tests use tiny synthetic tasks).
     pool_kwargs: extra keyword arguments of ``pretraining_pool`` (e.g. ``n_per_source``);
         the pool's content hash is part of the base's key either way.
@@ -365,12 +365,12 @@ class Zoo:
             from . import data
         except ImportError as err:  # pragma: no cover - depends on the data package
             raise ImportError(
-                "acetools.data is not available; pass load_split= and pretraining_pool= to Zoo"
+                "acetools.world.vision.data is not available; pass load_split= and pretraining_pool= to Zoo"
             ) from err
         return data
 
     def split(self, task: str, split: str = "train"):
-        """A task's data split (cached in memory), from ``load_split`` or ``acetools.data``."""
+        """A task's data split (cached in memory), from ``load_split`` or ``acetools.world.vision.data``."""
         key = (task, split)
         if key not in self._data:
             fn = self._load_split_fn or self._data_module().load_split
@@ -730,7 +730,7 @@ class Zoo:
 
     def task_vectors(self) -> dict[str, StateDict]:
         """``{task: tau_t}`` with tau_t = W_t - W0 for every key (float32)."""
-        from .merging import task_vectors
+        from ...merging import task_vectors
 
         base = self.base_state()
         experts = self.experts()
@@ -778,7 +778,7 @@ class Zoo:
             "key_fields": side.get("key_fields"),
             "model_version": MODEL_VERSION,
             "command": command or (
-                f"python -c \"from acetools.zoo import Zoo; Zoo({self.tasks[:1]!r}, size={self.size!r}, "
+                f"python -c \"from acetools.world.vision.zoo import Zoo; Zoo({self.tasks[:1]!r}, size={self.size!r}, "
                 f"base='train', base_seed={self.base_seed}, pool_seed={self.pool_seed}, "
                 f"pretrain={asdict(self.pretrain_config)!r}).export_base()\""
             ),

@@ -8,7 +8,7 @@ useful features without already solving the tasks:
 |---|---|---|
 | fashion | Fashion-MNIST training images in no task split (incl. shirts) | ``fashion_coarse``: top / long / footwear / bag |
 | animals | Animal-MNIST images in no task split | ``animal_coarse``: bird / hoofed / carnivore / elephant |
-| glyphs | A–Z, a–z, 0–9 in :data:`~acetools.data.glyphs.POOL_FONTS` (no task font) | ``typeface``: sans / mono / serif |
+| glyphs | A–Z, a–z, 0–9 in :data:`~acetools.world.vision.data.glyphs.POOL_FONTS` (no task font) | ``typeface``: sans / mono / serif |
 | polygons | regular polygons, fresh seeds | ``polygon``: 3–8 sides |
 | counting | 1–9 small squares, fresh seeds | ``coarse_count``: 1–3 / 4–6 / 7–9 |
 | textures | six texture families no task uses | ``texture_pool`` (6) |
@@ -41,7 +41,7 @@ GLYPHS62: tuple[str, ...] = tuple(string.ascii_letters + string.digits)
 # The glyphs are labelled by typeface, not by character: with a character head (all 62, or
 # only the 18 letters no task uses) the base's class-prototype heads already solved the
 # glyph tasks in the proxy calibration (letters 91 %, symbols 97 %); with the typeface head
-# they sit near the no-glyph level (see acetools/data/CALIBRATION.md).
+# they sit near the no-glyph level (see acetools/world/vision/data/CALIBRATION.md).
 TYPEFACES: dict[str, tuple[str, ...]] = {
     "sans": ("DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf"),
     "mono": ("DejaVuSansMono-Oblique.ttf", "DejaVuSansMono-BoldOblique.ttf"),

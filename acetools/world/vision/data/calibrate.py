@@ -12,7 +12,7 @@ The real experts are ViTs fine-tuned from the base; these proxies cost seconds p
   pool's heads, then class means of its features on each task: a proxy for the base with
   frozen class-prototype heads ("not already solved by a generic base").
 
-``python -m acetools.data.calibrate --suite tasks20`` prints the table.
+``python -m acetools.world.vision.data.calibrate --suite tasks20`` prints the table.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def calibrate(names, root=None, n_train: int = 3000, seconds: float = 45.0, pool
               log=None):
     """The proxy table for ``names`` (a list of tasks); ``pool`` (a PretrainData) adds the
     base-proxy column. Returns a pandas DataFrame. ``log``: a callable for one line per task
-    (default: the ``acetools.data.calibrate`` logger at INFO level)."""
+    (default: the ``acetools.world.vision.data.calibrate`` logger at INFO level)."""
     if log is None:
         log = logging.getLogger(__name__).info
     import pandas as pd

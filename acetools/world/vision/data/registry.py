@@ -2,8 +2,8 @@
 
 A builder maps ``(split, n, root, allow_download)`` to ``n`` images and labels. It is
 *prefix-stable*: the first ``k`` rows do not depend on ``n``, because labels come in
-seeded blocks (:func:`~acetools.data._core.balanced_labels`) and sample ``i`` draws from its
-own counter-based generator (:func:`~acetools.data._core.sample_rng`).
+seeded blocks (:func:`~acetools.world.vision.data._core.balanced_labels`) and sample ``i`` draws from its
+own counter-based generator (:func:`~acetools.world.vision.data._core.sample_rng`).
 
 Tasks that share a ``generator`` see inputs from one distribution; where their labels
 differ they list each other in ``conflicts_with``.
@@ -46,6 +46,7 @@ class TaskSpec:
 
 
 def _stream(name: str, split: str, *extra) -> int:
+    # "acetools.data" is part of the seed (the data on disk), not a module path: it stays as it is
     return stable_int("acetools.data", VERSION, name, split, *extra)
 
 

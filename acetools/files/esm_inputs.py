@@ -14,7 +14,7 @@ weights are in x out; the layout says so, :mod:`acetools.layouts`).
 For example, three GPT-2 experts on disk and a few proxy token batches per task::
 
     from transformers import GPT2LMHeadModel
-    from acetools.esm_inputs import merge_esm
+    from acetools.files.esm_inputs import merge_esm
 
     factory = lambda: GPT2LMHeadModel.from_pretrained("base/")        # the architecture
     merged = merge_esm("base/model.safetensors", ["a.safetensors", "b.safetensors", "c.safetensors"],
@@ -22,7 +22,7 @@ For example, three GPT-2 experts on disk and a few proxy token batches per task:
 
 ESM uses the activations of each *fine-tuned* model (docs/methods.md §ESM); the base only gives W0.
 To merge from the command line instead, save the activations with
-:func:`acetools.merge_files.save_activations` and pass ``-p activations=FILE`` together with
+:func:`acetools.files.merge_files.save_activations` and pass ``-p activations=FILE`` together with
 ``-p targets=...`` / ``-p layer_types=...`` from :func:`esm_names` to ``acetools merge --method esm``.
 """
 
@@ -38,11 +38,11 @@ import torch
 from torch import Tensor, nn
 
 from .activations import capture_inputs
-from .merging.esm import LAYOUT_NAMES
+from ..merging.esm import LAYOUT_NAMES
 
 __all__ = ["ESM_NAMES", "esm_names", "esm_activations", "merge_esm"]
 
-log = logging.getLogger("acetools.esm_inputs")
+log = logging.getLogger("acetools.files.esm_inputs")
 
 
 #: Per layout preset: ESM's ESD targets and Step-C layer types (:data:`acetools.merging.esm.LAYOUT_NAMES`,
@@ -133,7 +133,7 @@ def _state_of(item: Any, factory, prefix: str, where: str) -> dict[str, Tensor]:
 
 
 def _default_keys(state: Mapping[str, Tensor], layout: Any, targets: Sequence[str] | None, prefix: str):
-    from .layouts import get_layout
+    from ..layouts import get_layout
 
     lay = get_layout(layout, keys=list(state))
     pats = tuple(targets) if targets is not None else esm_names(lay)["targets"]
@@ -185,7 +185,7 @@ def esm_activations(
             lay, keys = _default_keys(state, layout, targets, prefix)
             log.info("esm_activations: layout %r, %d ESD layers", lay.name, len(keys))
         elif lay is None:
-            from .layouts import get_layout
+            from ..layouts import get_layout
 
             lay = get_layout(layout, keys=[prefix + k for k in model.state_dict()])
         batch = inputs(t) if callable(inputs) and not isinstance(inputs, (Tensor, nn.Module)) else inputs
@@ -218,8 +218,8 @@ def merge_esm(
     ``const``, ...). A layout without ESM names (``generic``) needs ``targets`` and
     ``layer_types`` in ``hparams``.
     """
-    from .layouts import get_layout
-    from .merging import merge
+    from ..layouts import get_layout
+    from ..merging import merge
 
     base_sd = _state_of(base, factory, prefix, "base")
     lay = get_layout(layout, keys=list(base_sd))

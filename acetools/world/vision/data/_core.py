@@ -1,4 +1,4 @@
-"""Shared types and plumbing of ``acetools.data``: records, errors, seeds, ordering, cache.
+"""Shared types and plumbing of ``acetools.world.vision.data``: records, errors, seeds, ordering, cache.
 
 Nothing here knows a particular task. The pieces every builder uses:
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..utils import atomic_write
+from ....utils import atomic_write
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 SPLIT_ID = {"train": 0, "val": 1, "test": 2}
@@ -53,7 +53,7 @@ class DataSourceError(RuntimeError):
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """What a task is. The data itself comes from :func:`acetools.data.load_split`.
+    """What a task is. The data itself comes from :func:`acetools.world.vision.data.load_split`.
 
     ``generator`` names the image generator (or real source with its split partition);
     tasks with the same ``generator`` see inputs from the same distribution, and when their

@@ -1,0 +1,1 @@
+"""The worlds a benchmark runs on: vision (the mini-world), text (MiniLM), ..."""

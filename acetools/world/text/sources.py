@@ -1,0 +1,326 @@
+"""Real, offline labelled text from Debian packages and the Python installation.
+
+Each *source* reads one kind of text from files that a Debian package installs (or from
+docstrings of installed Python libraries) and returns ``{label: [text, ...]}``. The tasks in
+:mod:`acetools.world.text.tasks` pick classes from a source, balance them and cut fixed
+train / val / test splits.
+
+Every source names the Debian packages (or Python distributions) it reads, so the task
+cache key can record their installed versions (:func:`provenance`). A missing package is a
+:class:`SourceMissing` error that says which package to install; ``scripts/setup.sh``
+installs them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import subprocess
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = ["Source", "SOURCES", "SourceMissing", "provenance", "debian_version", "WORDNET_LEXNAMES"]
+
+
+class SourceMissing(FileNotFoundError):
+    """A text source's files are not installed."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """A reader of labelled text: ``read() -> {label: [texts]}`` from ``debs`` / ``pydists``."""
+
+    name: str
+    read: Callable[[], dict[str, list[str]]]
+    debs: tuple[str, ...] = ()
+    pydists: tuple[str, ...] = ()
+    doc: str = ""
+
+
+def debian_version(package: str) -> str | None:
+    """The installed version of a Debian package (``dpkg-query``), or None."""
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _py_version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def provenance(source: Source) -> dict[str, str | None]:
+    """Versions of what ``source`` reads: ``{"deb:<pkg>": version, "py:<dist>": version}``."""
+    out: dict[str, str | None] = {f"deb:{p}": debian_version(p) for p in source.debs}
+    out.update({f"py:{d}": _py_version(d) for d in source.pydists})
+    return out
+
+
+def _need(path: str | Path, package: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise SourceMissing(f"{p} is missing: install the Debian package {package!r} "
+                            f"(`apt-get install {package}`, or `bash scripts/setup.sh`)")
+    return p
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+# --------------------------------------------------------------------------- WordNet
+
+#: The 45 lexicographer files of WordNet 3.0, by number (lexnames(5WN)); the Debian package
+#: stores only the numbers in its data files.
+WORDNET_LEXNAMES = (
+    "adj.all", "adj.pert", "adv.all", "noun.Tops", "noun.act", "noun.animal", "noun.artifact", "noun.attribute",
+    "noun.body", "noun.cognition", "noun.communication", "noun.event", "noun.feeling", "noun.food", "noun.group",
+    "noun.location", "noun.motive", "noun.object", "noun.person", "noun.phenomenon", "noun.plant",
+    "noun.possession", "noun.process", "noun.quantity", "noun.relation", "noun.shape", "noun.state",
+    "noun.substance", "noun.time", "verb.body", "verb.change", "verb.cognition", "verb.communication",
+    "verb.competition", "verb.consumption", "verb.contact", "verb.creation", "verb.emotion", "verb.motion",
+    "verb.perception", "verb.possession", "verb.social", "verb.stative", "verb.weather", "adj.ppl",
+)
+WORDNET = "/usr/share/wordnet"
+
+
+@lru_cache(maxsize=None)
+def _wordnet_rows(pos: str) -> tuple[tuple[str, int, tuple[str, ...], tuple[tuple[str, str, str], ...], str], ...]:
+    """``(offset, lexfile, lemmas, pointers, gloss)`` per synset of ``data.<pos>``."""
+    path = _need(f"{WORDNET}/data.{pos}", "wordnet-base")
+    rows = []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if line.startswith("  "):
+                continue  # licence header
+            head, _, gloss = line.partition(" | ")
+            f = head.split()
+            lexfile, n_words = int(f[1]), int(f[3], 16)
+            lemmas = tuple(f[4 + 2 * i].replace("_", " ") for i in range(n_words))
+            i = 4 + 2 * n_words
+            n_ptr = int(f[i])
+            ptrs = tuple((f[i + 1 + 4 * j], f[i + 2 + 4 * j], f[i + 3 + 4 * j]) for j in range(n_ptr))
+            rows.append((f[0], lexfile, lemmas, ptrs, gloss.strip()))
+    return tuple(rows)
+
+
+def _definition(gloss: str) -> str:
+    """A gloss's definition: the text before its first quoted example, topic tag removed."""
+    d = gloss.split('"')[0].strip().rstrip(";").strip()
+    d = re.sub(r"^\([^)]*\)\s*", "", d)  # "(physics) an ideal space ..." -> no topic tag
+    return _clean(d)
+
+
+def _wordnet_gloss_by_lexfile(pos: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = defaultdict(list)
+    for _, lexfile, _, _, gloss in _wordnet_rows(pos):
+        d = _definition(gloss)
+        if len(d) >= 12:
+            out[WORDNET_LEXNAMES[lexfile]].append(d)
+    return dict(out)
+
+
+def _wordnet_domain() -> dict[str, list[str]]:
+    """Glosses of synsets with a topic-domain pointer (``;c``) -> the domain's first lemma."""
+    heads = {off: lemmas[0] for off, _, lemmas, _, _ in _wordnet_rows("noun")}
+    out: dict[str, list[str]] = defaultdict(list)
+    for pos in ("noun", "verb", "adj", "adv"):
+        for _, _, _, ptrs, gloss in _wordnet_rows(pos):
+            doms = {heads.get(off) for sym, off, p in ptrs if sym == ";c" and p == "n"}
+            doms.discard(None)
+            if len(doms) == 1:
+                d = _definition(gloss)
+                if len(d) >= 12:
+                    out[doms.pop()].append(d)
+    return dict(out)
+
+
+# --------------------------------------------------------------------------- fortunes
+
+FORTUNES = "/usr/share/games/fortunes"
+
+
+def _fortunes() -> dict[str, list[str]]:
+    root = _need(FORTUNES, "fortunes")
+    out = {}
+    for p in sorted(root.iterdir()):
+        if p.suffix or not p.is_file():
+            continue
+        text = p.read_text(encoding="utf-8", errors="replace")
+        quotes = [_clean(q) for q in text.split("\n%\n")]
+        out[p.name] = [q for q in quotes if 20 <= len(q) <= 600]
+    return out
+
+
+# --------------------------------------------------------------------------- Unicode
+
+UNICODE = "/usr/share/unicode"
+
+
+def _emoji_groups() -> dict[str, list[str]]:
+    path = _need(f"{UNICODE}/emoji/emoji-test.txt", "unicode-data")
+    out: dict[str, list[str]] = defaultdict(list)
+    group = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# group:"):
+            group = line.split(":", 1)[1].strip()
+        elif "; fully-qualified" in line and group and group != "Component":
+            name = line.split("#", 1)[1].split(None, 2)[-1]  # "# 😀 E1.0 grinning face"
+            out[group].append(_clean(name))
+    return dict(out)
+
+
+def _unicode_blocks() -> dict[str, list[str]]:
+    """Character names (UnicodeData.txt) -> their block (Blocks.txt), ranges and
+    algorithmic names (CJK, Hangul, Tangut) left out."""
+    blocks = []
+    for line in _need(f"{UNICODE}/Blocks.txt", "unicode-data").read_text().splitlines():
+        m = re.match(r"^([0-9A-F]+)\.\.([0-9A-F]+); (.+)$", line)
+        if m:
+            blocks.append((int(m.group(1), 16), int(m.group(2), 16), m.group(3)))
+    out: dict[str, list[str]] = defaultdict(list)
+    for line in _need(f"{UNICODE}/UnicodeData.txt", "unicode-data").read_text().splitlines():
+        f = line.split(";")
+        name = f[1]
+        if name.startswith("<") or re.search(r"-[0-9A-F]{4,}$", name):
+            continue
+        cp = int(f[0], 16)
+        for lo, hi, block in blocks:
+            if lo <= cp <= hi:
+                out[block].append(name.lower())
+                break
+    return dict(out)
+
+
+# --------------------------------------------------------------------------- word lists
+
+WORD_LISTS = {"english": ("american-english", "wamerican"), "german": ("ngerman", "wngerman"),
+              "french": ("french", "wfrench"), "spanish": ("spanish", "wspanish"),
+              "italian": ("italian", "witalian"), "portuguese": ("portuguese", "wportuguese"),
+              "dutch": ("dutch", "wdutch")}
+
+
+def _words() -> dict[str, list[str]]:
+    """Words of at least 6 letters, lower-cased, that appear in exactly one language's list."""
+    sets = {}
+    for lang, (fname, pkg) in WORD_LISTS.items():
+        text = _need(f"/usr/share/dict/{fname}", pkg).read_text(encoding="utf-8", errors="replace")
+        sets[lang] = {w.lower() for w in text.split() if len(w) >= 6 and w.isalpha() and "'" not in w}
+    count: dict[str, int] = defaultdict(int)
+    for s in sets.values():
+        for w in s:
+            count[w] += 1
+    return {lang: sorted(w for w in s if count[w] == 1) for lang, s in sets.items()}
+
+
+# --------------------------------------------------------------------------- Debian archive
+
+DEB_SECTIONS_EXCLUDED = ("oldlibs", "metapackages", "debug", "localization", "tasks")
+
+
+@lru_cache(maxsize=1)
+def _dumpavail() -> tuple[tuple[str, str, str], ...]:
+    """``(package, section, short description)`` of every package apt knows."""
+    try:
+        out = subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise SourceMissing(f"`apt-cache dumpavail` failed ({err}); on Debian run `apt-get update` first") from err
+    rows, pkg, sec, desc = [], None, None, None
+    for line in out.stdout.splitlines() + [""]:
+        if not line:
+            if pkg and sec and desc:
+                rows.append((pkg, sec.split("/")[-1], desc))
+            pkg = sec = desc = None
+        elif line.startswith("Package: "):
+            pkg = line[9:].strip()
+        elif line.startswith("Section: "):
+            sec = line[9:].strip()
+        elif line.startswith("Description: "):
+            desc = line[13:].strip()
+    if len(rows) < 1000:
+        raise SourceMissing(f"`apt-cache dumpavail` listed only {len(rows)} packages: run `apt-get update` first")
+    return tuple(sorted(set(rows)))
+
+
+def _debian_descriptions() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = defaultdict(list)
+    seen = set()
+    for _, sec, desc in _dumpavail():
+        if sec not in DEB_SECTIONS_EXCLUDED and desc.lower() not in seen and len(desc) >= 12:
+            seen.add(desc.lower())
+            out[sec].append(desc)
+    return dict(out)
+
+
+def _debian_names() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = defaultdict(list)
+    for pkg, sec, _ in _dumpavail():
+        if sec not in DEB_SECTIONS_EXCLUDED:
+            out[sec].append(pkg.replace("-", " "))
+    return dict(out)
+
+
+# --------------------------------------------------------------------------- docstrings
+
+DOC_LIBRARIES = ("numpy", "scipy", "pandas", "torch", "matplotlib", "sklearn", "sympy", "networkx")
+_DIST = {"sklearn": "scikit-learn"}
+
+
+def _docstrings() -> dict[str, list[str]]:
+    """First paragraph of the docstrings of public callables, per library (sub-modules
+    that import cleanly; the library's name and module paths removed from the text)."""
+    out: dict[str, list[str]] = {}
+    for lib in DOC_LIBRARIES:
+        try:
+            root = importlib.import_module(lib)
+        except ImportError:
+            continue
+        seen, texts = set(), []
+        mods = [root] + [getattr(root, a) for a in sorted(dir(root)) if inspect.ismodule(getattr(root, a, None))]
+        for mod in mods:
+            if not getattr(mod, "__name__", "").startswith(lib):
+                continue
+            for a in sorted(dir(mod)):
+                if a.startswith("_"):
+                    continue
+                obj = getattr(mod, a, None)
+                if not callable(obj) or id(obj) in seen:
+                    continue
+                seen.add(id(obj))
+                doc = inspect.getdoc(obj) or ""
+                para = _clean(doc.split("\n\n")[0])
+                para = re.sub(rf"\b{lib}\b\.?", "", para, flags=re.I)
+                if 20 <= len(para) <= 400:
+                    texts.append(para)
+        out[lib] = sorted(set(texts))
+    return out
+
+
+SOURCES: dict[str, Source] = {s.name: s for s in (
+    Source("wordnet_noun", lambda: _wordnet_gloss_by_lexfile("noun"), ("wordnet-base",),
+           doc="WordNet noun glosses -> lexicographer file"),
+    Source("wordnet_verb", lambda: _wordnet_gloss_by_lexfile("verb"), ("wordnet-base",),
+           doc="WordNet verb glosses -> lexicographer file"),
+    Source("wordnet_domain", _wordnet_domain, ("wordnet-base",),
+           doc="WordNet glosses with a topic domain -> the domain"),
+    Source("fortunes", _fortunes, ("fortunes", "fortunes-min"), doc="fortune quotes -> fortune file (topic)"),
+    Source("emoji", _emoji_groups, ("unicode-data",), doc="emoji names -> emoji group"),
+    Source("unicode_block", _unicode_blocks, ("unicode-data",), doc="character names -> Unicode block"),
+    Source("words", _words, tuple(pkg for _, pkg in WORD_LISTS.values()), doc="words -> language"),
+    Source("debian_description", _debian_descriptions, ("apt",),
+           doc="Debian package short descriptions -> archive section"),
+    Source("debian_name", _debian_names, ("apt",), doc="Debian package names -> archive section"),
+    Source("docstrings", _docstrings, pydists=tuple(_DIST.get(d, d) for d in DOC_LIBRARIES),
+           doc="docstrings of installed libraries -> library"),
+)}

@@ -1,0 +1,381 @@
+"""The text world: all-MiniLM-L6-v2 experts on real offline text tasks, built once and cached.
+
+:class:`TextWorld` implements the world interface (:mod:`acetools.world`): the base and the
+experts as state dicts of the merged part (the transformer layers), per-task heads, and
+``evaluate(state, task, split)``. Everything it builds is cached under
+``$ACETOOLS_CACHE/text`` (default ``~/.cache/acetools/text``):
+
+- each task's splits as JSON, keyed by the task's spec and the installed versions of the
+  Debian packages (or Python libraries) it reads;
+- each expert as safetensors with a JSON sidecar (recipe, metrics, content hash), keyed by
+  the base's hash, the task data's hash, the recipe and the seed; a build interrupted between
+  experts resumes with the next one.
+
+``profile="quick"`` gives the fixture world: MiniLM cut to its first layer and three small
+tasks, built in seconds, for tests and the quick course.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ...utils import atomic_write, progress, resolve_device
+from .finetune import TextFinetuneConfig, evaluate_text, finetune_text, head_from_state, head_state, zeroshot_head
+from .model import TextEncoder, load_tokenizer, merged_keys
+from .tasks import SUITES, TASKS, TextData, TextTask, build_task, task_provenance
+
+__all__ = ["TextWorld", "TEXT_SUITES", "text_cache_root", "FIXTURE_TASKS"]
+
+log = logging.getLogger(__name__)
+StateDict = dict[str, Tensor]
+TEXT_WORLD_VERSION = 1
+
+#: The full profile's suites (:data:`acetools.world.text.tasks.SUITES`).
+TEXT_SUITES: dict[str, tuple[str, ...]] = SUITES
+
+#: The quick profile's tasks: three small ones from the same sources.
+FIXTURE_TASKS: dict[str, TextTask] = {t.name: t for t in (
+    replace(TASKS["word_language"], name="fx_language", classes=("english", "german", "french", "spanish", "italian"),
+            n_train=24, n_val=8, n_test=12),
+    replace(TASKS["emoji_group"], name="fx_emoji", classes=TASKS["emoji_group"].classes[:5], n_train=24, n_val=8,
+            n_test=12),
+    replace(TASKS["wordnet_noun"], name="fx_noun", classes=TASKS["wordnet_noun"].classes[:5], n_train=24, n_val=8,
+            n_test=12),
+)}
+FIXTURE_FINETUNE = TextFinetuneConfig(epochs=4, lr=2e-4, head_lr=3e-3, batch_size=16, max_length=24)
+#: The fixture's model: MiniLM's first layer (width 384, 1.8 M merged parameters).
+FIXTURE_LAYERS = 1
+
+
+def text_cache_root(root: str | os.PathLike | None = None) -> Path:
+    """``root``, else ``$ACETOOLS_CACHE/text``, else ``~/.cache/acetools/text``."""
+    if root is not None:
+        return Path(root).expanduser()
+    env = os.environ.get("ACETOOLS_CACHE")
+    return (Path(env).expanduser() if env else Path("~/.cache/acetools").expanduser()) / "text"
+
+
+class TextWorld:
+    """Base, heads and experts of one text suite at one expert seed.
+
+    Parameters
+    ----------
+    suite: a name in :data:`TEXT_SUITES` (``"text8"``, ``"text12"``; ``"fixture"`` with
+        ``profile="quick"``), or a list of task names.
+    seed: the experts' fine-tuning seed.
+    profile: ``"full"`` (MiniLM from its wheel) or ``"quick"`` (the fixture world).
+    finetune: a :class:`TextFinetuneConfig` or a dict of overrides of the default recipe.
+    root: cache folder (:func:`text_cache_root`).
+    device: ``"cpu"``, ``"cuda"`` or ``"auto"``; threads: CPU threads while building.
+    """
+
+    kind = "text"
+    layout = "bert"
+
+    def __init__(self, suite: str | Sequence[str] = "text8", seed: int = 0, *, profile: str = "full",
+                 finetune: TextFinetuneConfig | Mapping[str, Any] | None = None,
+                 root: str | os.PathLike | None = None, device: str | torch.device = "cpu",
+                 threads: int | None = None):
+        if profile not in ("full", "quick"):
+            raise ValueError(f"profile={profile!r}: choose 'full' or 'quick'")
+        self.profile = profile
+        catalogue = FIXTURE_TASKS if profile == "quick" else TASKS
+        if isinstance(suite, str):
+            suites = {"fixture": tuple(FIXTURE_TASKS)} if profile == "quick" else TEXT_SUITES
+            if suite not in suites:
+                raise ValueError(f"unknown text suite {suite!r} for profile {profile!r}; valid: {sorted(suites)}")
+            self.suite: str | None = suite
+            names = list(suites[suite])
+        else:
+            self.suite, names = None, list(suite)
+        unknown = [t for t in names if t not in catalogue]
+        if unknown or not names or len(set(names)) != len(names):
+            raise ValueError(f"tasks must be distinct names from {sorted(catalogue)}; got {names}")
+        self.tasks: list[str] = names
+        self.task_specs = {t: catalogue[t] for t in names}
+        self.seed = int(seed)
+        default = FIXTURE_FINETUNE if profile == "quick" else TextFinetuneConfig()
+        if finetune is None:
+            self.config = default
+        elif isinstance(finetune, TextFinetuneConfig):
+            self.config = finetune
+        else:
+            bad = set(finetune) - set(default.to_dict())
+            if bad:
+                raise ValueError(f"unknown fine-tuning option {sorted(bad)[0]!r}; valid: {sorted(default.to_dict())}")
+            self.config = replace(default, **finetune)
+        self.root = text_cache_root(root)
+        self.device = resolve_device(device)
+        self.threads = threads
+        self.size = "minilm" if profile == "full" else f"minilm-{FIXTURE_LAYERS}layer"
+        self.built: list[str] = []
+        self.loaded: list[str] = []
+        self._data: dict[str, dict[str, TextData]] = {}
+        self._experts: dict[str, StateDict] = {}
+        self._heads: dict[str, nn.Linear] = {}
+        self._sides: dict[str, dict] = {}
+        self._base: StateDict | None = None
+        self._encoder: TextEncoder | None = None
+        self._tok = None
+
+    # ----------------------------------------------------------------- identity
+    @property
+    def name(self) -> str:
+        return self.suite or "text"
+
+    def describe(self) -> str:
+        what = ("all-MiniLM-L6-v2 (22.7 M parameters)" if self.profile == "full"
+                else f"MiniLM's first {FIXTURE_LAYERS} layer (fixture)")
+        return (f"text world {self.name!r}: {len(self.tasks)} tasks on {what}, expert seed {self.seed}, "
+                f"heads {self.config.heads}")
+
+    def __repr__(self) -> str:
+        return f"TextWorld({self.name!r}, seed={self.seed}, profile={self.profile!r})"
+
+    # ----------------------------------------------------------------- model and data
+    @property
+    def tokenizer(self):
+        if self._tok is None:
+            self._tok = load_tokenizer()
+        return self._tok
+
+    def _fresh_encoder(self) -> TextEncoder:
+        return TextEncoder.minilm(None if self.profile == "full" else FIXTURE_LAYERS)
+
+    def full_base(self) -> StateDict:
+        """Every parameter of the base BERT (embeddings included)."""
+        if self._base is None:
+            self._base = self._fresh_encoder().state()
+        return self._base
+
+    def base_state(self) -> StateDict:
+        """W0 of the merged part (the transformer layers)."""
+        full = self.full_base()
+        return {k: full[k] for k in merged_keys(full)}
+
+    def base_hash(self) -> str:
+        from ..vision.zoo import state_hash
+
+        return state_hash(self.full_base())
+
+    def split(self, task: str, split: str = "train") -> TextData:
+        """A task's split (cached as JSON keyed by its spec and its sources' versions)."""
+        self._check_task(task)
+        if split not in ("train", "val", "test"):
+            raise ValueError(f"split={split!r}: choose 'train', 'val' or 'test'")
+        if task not in self._data:
+            self._data[task] = self._load_task(self.task_specs[task])
+        return self._data[task][split]
+
+    def _load_task(self, spec: TextTask) -> dict[str, TextData]:
+        from ..vision.zoo import config_hash
+
+        key_fields = {"spec": spec.spec(), "provenance": task_provenance(spec), "version": TEXT_WORLD_VERSION}
+        key = config_hash(key_fields)
+        path = self.root / "data" / f"{spec.name}-{key[:16]}.json"
+        if path.is_file():
+            try:
+                raw = json.loads(path.read_text())
+                return {s: TextData(spec.name, s, d["texts"], d["y"], tuple(raw["classes"]), d["hash"])
+                        for s, d in raw["splits"].items()}
+            except (OSError, ValueError, KeyError) as err:
+                log.warning("rebuilding the unreadable task cache %s (%s)", path, err)
+        data = build_task(spec)
+        payload = {"key": key, "key_fields": key_fields, "classes": list(spec.classes),
+                   "splits": {s: {"texts": d.texts, "y": d.y, "hash": d.hash} for s, d in data.items()}}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path, "w") as fh:
+            json.dump(payload, fh, ensure_ascii=False)
+        return data
+
+    def _check_task(self, task: str) -> None:
+        if task not in self.task_specs:
+            raise KeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
+
+    # ----------------------------------------------------------------- experts
+    def _expert_path(self, task: str) -> tuple[Path, str, dict]:
+        from ..vision.zoo import config_hash
+
+        data = {s: self.split(task, s).hash for s in ("train", "val", "test")}
+        fields = {"task": task, "base": self.base_hash(), "data": data, "recipe": self.config.to_dict(),
+                  "seed": self.seed, "version": TEXT_WORLD_VERSION}
+        key = config_hash(fields)
+        return self.root / "experts" / f"{task}-seed{self.seed}-{key[:16]}.safetensors", key, fields
+
+    def _head_for_base(self, task: str, encoder: TextEncoder) -> nn.Linear:
+        spec = self.task_specs[task]
+        if self.config.heads == "zeroshot":
+            return zeroshot_head(encoder, self.tokenizer, list(spec.class_prompts), bf16=self.config.bf16,
+                                 device=self.device)
+        torch.manual_seed(self._task_seed(task))
+        return nn.Linear(encoder.width, len(spec.classes))
+
+    def _task_seed(self, task: str) -> int:
+        """The seed of ``task``'s expert: the world's seed and the task's name (not its position)."""
+        import zlib
+
+        return self.seed * 100003 + zlib.crc32(task.encode()) % 100003
+
+    def expert_state(self, task: str) -> StateDict:
+        """Task ``task``'s fine-tuned merged part (built and cached on first use)."""
+        self._check_task(task)
+        if task in self._experts:
+            return self._experts[task]
+        from ..vision.zoo import CheckpointError, load_checkpoint, save_checkpoint
+
+        path, key, fields = self._expert_path(task)
+        if path.is_file():
+            try:
+                state, side = load_checkpoint(path)
+                if side.get("key") == key:
+                    return self._keep(task, state, side, built=False)
+            except CheckpointError as err:
+                log.warning("rebuilding %s: %s", path, err)
+        t0 = time.perf_counter()
+        enc = self._fresh_encoder()
+        head = self._head_for_base(task, enc)
+        with _threads(self.threads):
+            metrics = finetune_text(enc, head, self.split(task, "train"), self.tokenizer, self.config,
+                                    seed=self._task_seed(task),
+                                    device=self.device, desc=f"expert {task}")
+            metrics["val_acc"] = evaluate_text(enc, head, self.split(task, "val"), self.tokenizer,
+                                               max_length=self.config.max_length, bf16=self.config.bf16,
+                                               device=self.device)
+        full = enc.state()
+        state = {k: full[k] for k in merged_keys(full)}
+        state.update({f"head.{k}": v for k, v in head_state(head).items()})
+        meta = {"kind": "text_expert", "task": task, "key": key, "key_fields": fields, "metrics": metrics,
+                "seconds": round(time.perf_counter() - t0, 2)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        side = save_checkpoint(path, state, meta)
+        return self._keep(task, state, side, built=True)
+
+    def _keep(self, task: str, state: StateDict, side: dict, *, built: bool) -> StateDict:
+        (self.built if built else self.loaded).append(task)
+        self._heads[task] = head_from_state({k[5:]: v for k, v in state.items() if k.startswith("head.")})
+        self._experts[task] = {k: v for k, v in state.items() if not k.startswith("head.")}
+        self._sides[task] = side
+        return self._experts[task]
+
+    def experts(self) -> dict[str, StateDict]:
+        return {t: self.expert_state(t) for t in self.tasks}
+
+    def head(self, task: str) -> nn.Linear:
+        """Task ``task``'s head: the expert's trained head, or the frozen zero-shot one."""
+        if task not in self._heads:
+            self.expert_state(task)
+        return self._heads[task]
+
+    def build(self, progress_bar: bool | None = None) -> TextWorld:
+        """Build (or load) every expert; resumable: finished experts are cached one by one."""
+        for t in progress(self.tasks, desc=f"{self.name} experts (seed {self.seed})", enabled=progress_bar):
+            self.expert_state(t)
+        return self
+
+    def records(self) -> list[dict]:
+        """The sidecars of the experts loaded or built so far (hashes, recipe, metrics)."""
+        return [self._sides[t] for t in self.tasks if t in self._sides]
+
+    # ----------------------------------------------------------------- evaluation
+    def encoder(self, state: Mapping[str, Tensor] | None = None) -> TextEncoder:
+        """The base encoder with ``state`` (a merged part) loaded; one instance, reused."""
+        if self._encoder is None:
+            self._encoder = self._fresh_encoder().to(self.device)
+            self._encoder.requires_grad_(False)
+        self._encoder.load({**self.base_state(), **(state or {})})
+        return self._encoder
+
+    def evaluate(self, state: Mapping[str, Tensor], task: str, split: str = "test", n: int | None = None) -> float:
+        """Top-1 accuracy (fraction) of ``state`` with ``task``'s head on the first ``n`` texts of a split."""
+        enc = self.encoder(state)
+        with _threads(self.threads):
+            return evaluate_text(enc, self.head(task), self.split(task, split), self.tokenizer,
+                                 max_length=self.config.max_length, bf16=self.config.bf16, device=self.device, n=n)
+
+    def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
+                     tasks: Sequence[str] | None = None) -> dict[str, float]:
+        enc = self.encoder(state)
+        out = {}
+        with _threads(self.threads):
+            for t in tasks or self.tasks:
+                out[t] = evaluate_text(enc, self.head(t), self.split(t, split), self.tokenizer,
+                                       max_length=self.config.max_length, bf16=self.config.bf16,
+                                       device=self.device, n=n)
+        return out
+
+    # ----------------------------------------------------------------- data inputs of ESM and RegMean
+    def matrix_keys(self) -> list[str]:
+        """ESM's and RegMean's target matrices: every linear layer of the transformer layers."""
+        return [k for k, v in self.base_state().items() if k.endswith(".weight") and v.ndim == 2]
+
+    @property
+    def base_label(self) -> str:
+        return "base (zero-shot heads)" if self.config.heads == "zeroshot" else "base (experts' heads)"
+
+    def gram_examples(self, task: str, n: int) -> list[str]:
+        """RegMean's ``n`` training texts of ``task`` (the first ``n``: the split is shuffled)."""
+        return self.split(task, "train").texts[:n]
+
+    @property
+    def esm_targets(self) -> tuple[str, ...]:
+        """ESM's targets as the regular expressions it takes: every matrix of :meth:`matrix_keys`."""
+        import re
+
+        return tuple(re.escape(k) + "$" for k in self.matrix_keys())
+
+    def proxy_inputs(self, task: str, n: int, seed: int = 0) -> list[str]:
+        """``n`` validation texts of ``task`` drawn without replacement (ESM's proxies)."""
+        from ...utils import make_generator
+
+        d = self.split(task, "val")
+        idx = torch.randperm(len(d), generator=make_generator(seed))[:n].tolist()
+        return [d.texts[i] for i in idx]
+
+    def _batches(self, texts: list[str]):
+        """One text per batch: no padding rows enter the captured activations."""
+        for t in texts:
+            b = self.tokenizer([t], truncation=True, max_length=self.config.max_length, return_tensors="pt")
+            yield {"input_ids": b["input_ids"].to(self.device), "attention_mask": b["attention_mask"].to(self.device)}
+
+    def layer_inputs(self, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str]) -> dict[str, Tensor]:
+        """Input activations (tokens x d_in) of ``keys`` inside the encoder with ``state``."""
+        from ...files.activations import capture_inputs
+
+        enc = self.encoder(state)
+        with _threads(self.threads):
+            return capture_inputs(enc.bert, self._batches(texts), list(keys))
+
+    def gram_inputs(self, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str]) -> dict[str, Tensor]:
+        """RegMean's Grams XᵀX of ``keys``' inputs over the tokens of ``texts``."""
+        from ...files.activations import gram_matrices
+
+        enc = self.encoder(state)
+        with _threads(self.threads):
+            return gram_matrices(enc.bert, self._batches(texts), list(keys))
+
+
+class _threads:
+    """Limit torch's CPU threads inside a block (None: leave as is)."""
+
+    def __init__(self, n: int | None):
+        self.n, self.old = n, None
+
+    def __enter__(self):
+        if self.n:
+            self.old = torch.get_num_threads()
+            torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        if self.old:
+            torch.set_num_threads(self.old)
+

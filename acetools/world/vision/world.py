@@ -1,0 +1,111 @@
+"""The image mini-world behind the world interface (:mod:`acetools.world.base`).
+
+:class:`VisionWorld` wraps a :class:`~acetools.world.vision.zoo.Zoo` (the shipped ViT base, frozen
+prototype heads, experts per task) and adds what the interface asks: evaluation of a merged
+state per task, ESM's proxy images and RegMean's training images, and the layers whose
+inputs are captured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ...utils import make_generator
+
+__all__ = ["VisionWorld", "VISION_MATRICES"]
+
+#: ESM's and RegMean's target matrices in the mini-world's ViT (open_clip names).
+VISION_MATRICES = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+class VisionWorld:
+    """A :class:`~acetools.world.vision.zoo.Zoo` as a world; ``zoo`` stays reachable for course code."""
+
+    kind = "vision"
+    layout = "open_clip"
+    base_label = "base (frozen heads)"
+
+    def __init__(self, zoo, *, batch_size: int = 512, threads: int | None = None):
+        self.zoo = zoo
+        self.batch_size, self.threads = batch_size, threads
+
+    # identity -----------------------------------------------------------------
+    tasks = property(lambda self: list(self.zoo.tasks))
+    seed = property(lambda self: self.zoo.seed)
+    size = property(lambda self: self.zoo.size)
+    suite = property(lambda self: getattr(self.zoo, "suite", None))
+    device = property(lambda self: self.zoo.device)
+    mtl = property(lambda self: getattr(self.zoo, "mtl", False))
+    profile = property(lambda self: "quick" if self.zoo.size in ("micro", "tiny") else "full")
+
+    @property
+    def name(self) -> str:
+        return self.suite or "custom"
+
+    def describe(self) -> str:
+        return (f"vision mini-world {self.name!r}: {len(self.tasks)} tasks, ViT size {self.size}, "
+                f"expert seed {self.seed}")
+
+    def __repr__(self) -> str:
+        return f"VisionWorld({self.zoo!r})"
+
+    # states -------------------------------------------------------------------
+    def base_state(self):
+        return self.zoo.base_state()
+
+    def expert_state(self, task: str):
+        return self.zoo.expert_state(task)
+
+    def mtl_state(self):
+        return self.zoo.mtl_state()
+
+    def records(self) -> list[dict]:
+        return self.zoo.records()
+
+    # evaluation ---------------------------------------------------------------
+    def data(self, task: str, split: str, n: int | None = None):
+        d = self.zoo.split(task, split)
+        if n is None or n >= len(d.y):
+            return d
+        return SimpleNamespace(x=d.x[:n], y=d.y[:n], name=task, split=split)
+
+    def evaluate(self, state: Mapping[str, Tensor], task: str, split: str = "test", n: int | None = None) -> float:
+        return self.evaluate_all(state, split, n, [task])[task]
+
+    def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
+                     tasks: Sequence[str] | None = None) -> dict[str, float]:
+        """Accuracy per task with one encoder built for ``state``."""
+        from .finetune import evaluate
+
+        enc = self.zoo.encoder(state)
+        return {t: evaluate(enc, self.zoo.head(t), self.data(t, split, n), batch_size=self.batch_size,
+                            threads=self.threads) for t in (tasks or self.tasks)}
+
+    # data inputs --------------------------------------------------------------
+    def matrix_keys(self) -> list[str]:
+        return [k for k in self.base_state() if any(p in k for p in VISION_MATRICES)]
+
+    def proxy_inputs(self, task: str, n: int, seed: int = 0) -> Tensor:
+        """``n`` validation images of ``task`` drawn without replacement (docs/methods.md §ESM)."""
+        d = self.zoo.split(task, "val")
+        idx = torch.randperm(len(d.y), generator=make_generator(seed))[:n]
+        return torch.as_tensor(np.asarray(d.x))[idx]
+
+    def gram_examples(self, task: str, n: int) -> Tensor:
+        return torch.as_tensor(np.asarray(self.zoo.split(task, "train").x[:n]))
+
+    def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
+        from ...files.activations import capture_inputs
+
+        return capture_inputs(self.zoo.encoder(state), inputs, list(keys))
+
+    def gram_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
+        from ...files.activations import gram_matrices
+
+        return gram_matrices(self.zoo.encoder(state), inputs, list(keys), batch_size=128)
