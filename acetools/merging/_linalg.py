@@ -13,6 +13,11 @@ module holds the cheaper *exact* routes the merge methods take where the numeric
 * :func:`solve_spd_rank_one`: ``B (M + 1 cᵀ)^-1`` for symmetric positive-definite ``M`` by a
   Cholesky factorisation and the Sherman–Morrison formula (one factorisation, half the flops of
   LU); it reports failure so the caller can take the LU route.
+
+Every solve and factorisation decides singularity from a measured quantity, never from whether
+LAPACK raises (docs/methods.md §Numerics): :func:`rcond_estimate` (LU) and :func:`cholesky_rcond`
+(pivot ratio, then the same 1-norm estimate) against ``RCOND_MIN``; below it :func:`solve_right`
+takes :func:`pinv_right` with a warning naming the layer.
 """
 
 from __future__ import annotations

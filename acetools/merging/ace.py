@@ -336,8 +336,9 @@ def closed_form(
     and eq. 14 use W̃_t, so every column of the result sums to zero) or the raw ΔW_t.
     ``Sigma_reg`` is a :class:`NormalizedCovariances` or a list of Sigma_reg,t matrices.
     Solved in float64 with :func:`acetools.merging._linalg.solve_right`; if the system is
-    singular it falls back to the pseudo-inverse with a ``RuntimeWarning`` naming ``name``
-    (with eps > 0 this cannot happen, docs/methods.md §ACE). Returns float64.
+    singular or ill-conditioned (estimated rcond below ``RCOND_MIN``, docs/methods.md §Numerics) it
+    falls back to the pseudo-inverse with a ``RuntimeWarning`` naming ``name`` (with eps > 0 the
+    system is positive definite, docs/methods.md §ACE). Returns float64.
     """
     T = len(numerators)
     if T == 0:
