@@ -325,8 +325,8 @@ def get_layout(
             what = config.get("model_type") or (config.get("architectures") or ["?"])[0]
             raise ValueError(
                 f"layout {layout!r} contradicts the checkpoint's config.json (model_type/architecture {what!r}, "
-                f"i.e. layout {said!r}); drop --layout to use {said!r}, or pass --force-layout (force=True) if the "
-                "config is wrong"
+                f"i.e. layout {said!r}); drop --layout to use {said!r}, or, if the config is wrong, force it "
+                "(acetools merge --force-layout; force=True in Python)"
             )
         lay = PRESETS[layout]
     else:
