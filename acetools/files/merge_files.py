@@ -17,7 +17,9 @@ Two drivers share one layout (:mod:`acetools.layouts`) and give equal results:
 
 Non-float tensors are carried from the base; tied keys (GPT-2's ``lm_head``/``wte``) are
 merged once and written under every key the base file has; in x out weights are transposed to
-d_out x d_in around the method. See docs/your-models.md.
+d_out x d_in around the method. Classifier heads of different shapes (``num_labels``) stay per task
+(``heads="per-task"``, the default for classifiers: :mod:`acetools.files.heads`). See
+docs/your-models.md.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from .checkpoints import (
     open_checkpoint,
     parse_size,
 )
+from .heads import HEAD_MODES, HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from ..layouts import Layout, describe, get_layout
 from ..merging import KEYED_HPARAMS, METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
 from ..merging.esm import with_layout_names
@@ -144,6 +147,7 @@ class MergePlan:
     rows: list[dict[str, Any]]
     tie_candidates: dict[str, str]
     files: dict[str, str] = field(default_factory=dict)  # hyperparameters read from files: name -> path
+    heads: HeadPlan = field(default_factory=lambda: HeadPlan("merge"))  # what happens to classifier heads
 
     def summary(self) -> str:
         """Human-readable lines: inputs, layout, driver, counts per path."""
@@ -158,6 +162,7 @@ class MergePlan:
             f"layout {self.layout.name}: {self.layout.description}",
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
+            *([self.heads.summary()] if self.heads.mode != "merge" else []),
             *([f"note: {_ALIKE[self.method]}"] if self.method in _ALIKE else []),
             f"memory: {self.memory_text(largest['key'])}",
         ]
@@ -303,12 +308,16 @@ def plan_merge(
     hparams: Mapping[str, Any] | None = None,
     layout: str | Layout | None = "auto",
     mode: str = "auto",
+    heads: str = "auto",
+    names: Sequence[str] | None = None,
     force_layout: bool = False,
 ) -> MergePlan:
-    """Open and check the inputs and decide layout, per-key paths and driver, reading no tensor data.
+    """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data.
 
-    A ``layout`` preset that contradicts the base's ``config.json`` is an error unless
-    ``force_layout`` (:func:`acetools.layouts.get_layout`)."""
+    ``heads``/``names``: see :func:`merge_files` and :func:`acetools.files.heads.plan_heads`. A
+    ``layout`` preset that contradicts the base's ``config.json`` is an error unless
+    ``force_layout`` (:func:`acetools.layouts.get_layout`).
+    """
     if method not in METHODS:
         raise ValueError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
     if mode not in MODES:
@@ -321,8 +330,10 @@ def plan_merge(
     resolved = METHODS[method].resolve(hp)
     b, ex = _open_all(base, experts)
     _check_expert_list(b, ex)
-    _check_compatible(b, ex)
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
+    head_plan = plan_heads(heads, b, ex, lay, names)
+    b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
+    _check_compatible(b, ex)
     if method == "esm":  # ESM's layer names from the layout preset unless given (docs/methods.md §ESM)
         resolved = METHODS[method].resolve(with_layout_names(hp, lay.name))
     if resolved.get("in_out_keys"):
@@ -344,7 +355,7 @@ def plan_merge(
     metas = b.metas()
     rows = describe(lay, metas)
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, rows, dict(lay.tied), files)
+                     run, rows, dict(lay.tied), files, head_plan)
 
 
 def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.dtype, check: bool = True) -> Tensor:
@@ -549,6 +560,8 @@ def merge_files(
     progress: bool | None = None,
     overwrite: bool = False,
     hash_inputs: bool = True,
+    heads: str = "auto",
+    names: Sequence[str] | None = None,
     force_layout: bool = False,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out``.
@@ -562,17 +575,26 @@ def merge_files(
     allows it, ``"stream"`` insists, ``"memory"`` loads everything. ``dry_run``: plan only,
     write nothing. ``out`` must not hold an input or earlier weights (``overwrite=True`` to
     replace a previous merge); the base folder's config and tokenizer files are copied next
-    to the weights, so the result loads like the base. Returns a :class:`MergeResult`.
+    to the weights, so the result loads like the base. ``heads``: ``"auto"`` (default:
+    ``"per-task"`` for classifiers such as ``*ForSequenceClassification``, else ``"merge"``),
+    ``"merge"``, ``"per-task"`` (merge the backbone, write each expert's head to
+    ``<out>/heads/<name>/``; load one task with :func:`acetools.files.heads.load_with_head`) or
+    ``"drop"`` (the backbone only); ``names``: the experts' head folder names (default: their
+    folder names). See :mod:`acetools.files.heads`. Returns a :class:`MergeResult`.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
+    if heads not in HEAD_MODES:
+        raise ValueError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
-    plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, force_layout=force_layout)
+    plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names,
+                      force_layout=force_layout)
     if dry_run:
         return MergeResult(plan)
     if out is None:
         raise ValueError("out is required: the folder the merged checkpoint is written to")
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
+    check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
     t0 = time.perf_counter()
     inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
     if hash_inputs:
@@ -588,6 +610,7 @@ def merge_files(
         "acetools.hparams": json.dumps(hp_record, sort_keys=True),
         "acetools.layout": plan.layout.name,
         "acetools.inputs": json.dumps(inputs, sort_keys=True),
+        "acetools.heads": plan.heads.mode,
     }
     # A new output folder is assembled as a hidden sibling and renamed into place at the end, so a
     # merge that is killed leaves no folder at ``out`` (only the hidden staging folder); an existing
@@ -602,13 +625,21 @@ def merge_files(
         os.umask(umask)
         os.chmod(stage, 0o777 & ~umask)  # mkdtemp's 0700 would stay on the renamed folder
         out_dir = stage
+    head_writer = HeadWriter(out_dir, plan.heads, inputs.get("sha256")) if plan.heads.mode == "per-task" else None
     try:
         with ShardedWriter(out_dir, shard_size=size, metadata=meta) as writer:
             driver = _stream if plan.mode == "stream" else _in_memory
             extra = driver(plan, writer, dev, out_dtype, progress)
+            head_tasks = head_writer.write() if head_writer else {}
             files = writer.close()
+        if head_writer:
+            head_writer.commit()
+        elif overwrite:
+            remove_stale_heads(out_dir)
         copied = copy_side_files(plan.base.folder, out_dir)
     except BaseException:
+        if head_writer:
+            head_writer.abort()
         if stage is not None:
             import shutil
 
@@ -621,6 +652,7 @@ def merge_files(
         "shard_size": size, "files": [f.name for f in files], "copied": copied, "seconds": round(seconds, 3),
         "acetools_version": __version__, "inputs": inputs,
         "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
+        "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys, "tasks": head_tasks},
     }
     with_info = out_dir / "acetools_merge.json"
     from ..utils import atomic_write
@@ -636,7 +668,7 @@ def merge_files(
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "force_layout")
+               "mode", "overwrite", "heads", "names", "force_layout")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
@@ -664,8 +696,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
     """Read a merge config (YAML; schema in docs/your-models.md); paths relative to the file.
 
     Keys: ``method``, ``base``, ``experts`` (list), ``out``, ``hyperparameters`` (mapping),
-    ``layout``, ``dtype``, ``device``, ``shard_size``, ``mode``, ``overwrite``. Unknown keys
-    are an error naming them.
+    ``layout``, ``dtype``, ``device``, ``shard_size``, ``mode``, ``overwrite``, ``heads``,
+    ``names`` (list). Unknown keys are an error naming them.
     """
     try:
         import yaml
@@ -687,6 +719,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
     cfg = dict(data)
     if "experts" in cfg and (isinstance(cfg["experts"], str) or not isinstance(cfg["experts"], list)):
         raise ValueError(f"{p}: experts must be a list of paths")
+    if "names" in cfg and (isinstance(cfg["names"], str) or not isinstance(cfg["names"], list)):
+        raise ValueError(f"{p}: names must be a list, one per expert")
     if "hyperparameters" in cfg and not isinstance(cfg["hyperparameters"] or {}, Mapping):
         raise ValueError(f"{p}: hyperparameters must be a mapping name: value")
 
