@@ -33,6 +33,7 @@ __all__ = [
     "atomic_write",
     "local_mathjax_url",
     "offline_html",
+    "strip_ansi",
 ]
 
 
@@ -67,13 +68,28 @@ def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
     """
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a device torch knows ({e}); use 'cpu', 'cuda' or 'auto'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"device={str(device)!r} was requested but no CUDA device is available; "
             "use device='cpu' or device='auto'."
         )
+    if dev.type not in _COMPUTE_DEVICES:
+        why = _NOT_COMPUTE.get(dev.type, "not a compute device here")
+        raise ValueError(f"device={str(device)!r} cannot compute a merge ({why}); use device='cpu', 'cuda' or 'auto'")
+    if dev.type != "cpu" and dev.type != "cuda":
+        backend = getattr(torch, dev.type, None) if dev.type != "mps" else getattr(torch.backends, "mps", None)
+        if backend is None or not backend.is_available():
+            raise ValueError(f"device={str(device)!r} was requested but no {dev.type} device is available; "
+                             "use device='cpu' or device='auto'.")
     return dev
+
+
+_COMPUTE_DEVICES = ("cpu", "cuda", "mps", "xpu")
+_NOT_COMPUTE = {"meta": "a meta tensor holds shapes and no data, so the merged weights would be empty"}
 
 
 def _interactive() -> bool:
@@ -159,3 +175,16 @@ def offline_html(html: str) -> str:
 
     html = re.sub(r'<script[^>]*\ssrc="(?:https?:)?//[^"]*"[^>]*>\s*</script>', "", html)
     return re.sub(r"<script[^>]*>(?:(?!</script>).)*cdnjs(?:(?!</script>).)*</script>", "", html, flags=re.S)
+
+
+_ANSI = None
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (torch's unpickling errors colour their advice)."""
+    global _ANSI
+    if _ANSI is None:
+        import re
+
+        _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+    return _ANSI.sub("", text)

@@ -490,11 +490,13 @@ def run_report(
     to it (:meth:`Diagnosis.save`). Returns ``{"executed", "html", "seconds"}``."""
     import papermill as pm
 
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    from .checkpoints import check_output_folder
+
     for p in [base, *experts]:
         if not Path(p).exists():
             raise FileNotFoundError(f"no checkpoint at {p}")
+    out = check_output_folder(out, [base, *experts], weights=False)  # the merge command's check
+    out.mkdir(parents=True, exist_ok=True)
     params = {"base": str(Path(base).resolve()), "experts": [str(Path(e).resolve()) for e in experts],
               "names": list(names) if names is not None else [], "layout": layout, "tau": float(tau), "ace": bool(ace),
               "out_dir": str(out)}

@@ -316,12 +316,14 @@ def merge(
     """
     info = _get_method(method)
     resolved = info.resolve(hparams)
+    dev = resolve_device(device)  # up front: a meta or missing device is refused before any work
     if is_matrix is not None and not callable(is_matrix):
         raise TypeError("is_matrix must be a callable (key, tensor) -> bool")
     validate_state_dicts(base, experts)
     lay, is_mat = _resolve_layout(layout, base, is_matrix)
+    if info.name == "esm" and layout is not None:  # ESM's layer names from the layout preset (docs/methods.md §ESM)
+        resolved = info.resolve(esm.with_layout_names(hparams, lay.name))
     _check_in_out_keys(resolved, lay, list(base))
-    dev = resolve_device(device)
     buffers = set(carried_buffers(base, experts))
     tied = confirmed_ties(lay.tied, base, experts)
     keys = [k for k in base if k not in buffers and k not in tied]

@@ -69,7 +69,7 @@ from ._linalg import (
     syrk_lower_,
     thin_svd,
 )
-from ._registry import METHODS, Param, register
+from ._registry import METHODS, Param, effective_hparams, register
 from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
@@ -360,8 +360,9 @@ def closed_form(
     and eq. 14 use W̃_t, so every column of the result sums to zero) or the raw ΔW_t.
     ``Sigma_reg`` is a :class:`NormalizedCovariances` or a list of Sigma_reg,t matrices.
     Solved in float64 with :func:`acetools.merging._linalg.solve_right`; if the system is
-    singular it falls back to the pseudo-inverse with a ``RuntimeWarning`` naming ``name``
-    (with eps > 0 this cannot happen, docs/methods.md §ACE). Returns float64.
+    singular or ill-conditioned (estimated rcond below ``RCOND_MIN``, docs/methods.md §Numerics) it
+    falls back to the pseudo-inverse with a ``RuntimeWarning`` naming ``name`` (with eps > 0 the
+    system is positive definite, docs/methods.md §ACE). Returns float64.
     """
     T = len(numerators)
     if T == 0:
@@ -831,6 +832,14 @@ def _check_given(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[
 
 
 # --------------------------------------------------------------------------- state dicts
+
+
+@effective_hparams("ace")
+def _effective(hp: dict) -> dict:
+    """ACE's ``gate`` / ``prior`` / ``numerator`` as :func:`estimator_preset` resolves them."""
+    sw = estimator_preset(hp.get("estimator", "ace"), gate=hp.get("gate"), prior=hp.get("prior"),
+                          numerator=hp.get("numerator"))
+    return {**hp, "gate": sw.gate, "prior": sw.prior, "numerator": sw.numerator}
 
 
 def _check_covariances_param(value: Any) -> str | None:

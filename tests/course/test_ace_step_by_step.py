@@ -179,7 +179,11 @@ def test_stage_table_on_a_world():
     ref, diags = ace_with_diagnostics(base, taus, eps=1e-2)
     st = AC.stage_table(taus, reference=ref, eps=1e-2)
     assert list(st.key) == list(diags)
-    assert st.ref_err.max() < 1e-9
+    for _, row in st.iterrows():  # the two solve routes differ by the forward error of a stable solve
+        ls = AC.layer_stages([tv[row.key] for tv in taus], eps=1e-2, name=row.key)
+        A = ls.covs.sum_reg() + (ls.C_agg if ls.C_agg is not None else 0.0)
+        tol = A.shape[0] * torch.finfo(torch.float64).eps * float(torch.linalg.cond(A)) * float(ls.W.abs().max())
+        assert row.ref_err <= tol, (row.key, row.ref_err, tol)
     assert st.flag.any()
     for _, row in st.iterrows():
         assert row.flag == diags[row.key].flag and row.k == int(0.3 * min(row["shape"]))
