@@ -446,11 +446,14 @@ def _activation_rows(bench, zoo, base, taus, tasks, *, n_images: int) -> dict[st
     out = {"act_overlap": math.nan, "act_topk_energy": math.nan, "tau_in_act": math.nan}
     if not keys or n_images < 1:
         return out
-    enc = zoo.encoder(base)
     grams = {}
+    world = getattr(bench, "world", None)
     for t in tasks:
+        if world is not None and not hasattr(world, "zoo"):  # any world: through the world interface
+            grams[t] = world.gram_inputs(base, world.gram_examples(t, n_images), keys)
+            continue
         x = torch.as_tensor(np.asarray(zoo.split(t, "train").x[:n_images]))
-        grams[t] = gram_matrices(enc, x, keys, batch_size=128)
+        grams[t] = gram_matrices(zoo.encoder(base), x, keys, batch_size=128)
     T = len(tasks)
     ov, energy, inside = [], [], []
     for k in keys:
