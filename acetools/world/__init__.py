@@ -89,6 +89,8 @@ def get_world(name: str, suite: str | None = None, seed: int = 0, **options: Any
     suites = entry.suites()
     if suite not in suites:
         raise ValueError(f"unknown suite {suite!r} for world {name!r}; valid: {', '.join(suites)}")
+    if name == "text" and suite == "fixture":
+        options.setdefault("profile", "quick")
     if name == "vision":
         from .vision.world import VisionWorld
         from .vision.zoo import Zoo
