@@ -391,12 +391,10 @@ def proxy_activations(bench, images: Mapping[str, Tensor],
     """Input activations of ``keys`` (default ``bench.matrix_keys()``, ESM's targets) inside
     each task's fine-tuned encoder when it sees ``images[task]``: the ``activations=`` input
     of ``acetools.merge("esm", ...)`` (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)), like ``bench.esm_activations()``."""
-    from ..files.activations import capture_inputs
-
     keys = list(bench.matrix_keys() if keys is None else keys)
     acts: dict[str, list[Tensor]] = {k: [] for k in keys}
     for task, state in zip(bench.tasks, bench.experts):
-        got = capture_inputs(bench.zoo.encoder(state), images[task], keys)
+        got = bench.world.layer_inputs(state, images[task], keys)  # any world (the vision world: capture_inputs)
         for k in keys:
             acts[k].append(got[k].float())
     return acts

@@ -25,6 +25,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -264,11 +265,18 @@ class ClipWorld:
             tower.load_state_dict({k[len(prefix):]: v for k, v in state.items()}, strict=True)
         self._loaded = state
 
-    def _batches(self, pixels: np.ndarray):
+    def _batches(self, pixels):
+        """Batches of uint8 crops (N, 3, S, S) as the encoder's input on ``device``; images of another
+        size (e.g. the mini-world's 32-px pool in notebook 03) are resized bicubically first."""
+        size = self._image_size()
         for i in range(0, len(pixels), self.batch_size):
             chunk = np.asarray(pixels[i:i + self.batch_size])
-            if self.openclip_root is not None:  # open_clip's ImageEncoder normalises uint8 itself
+            if self.openclip_root is not None:  # open_clip's ImageEncoder normalises (and resizes) uint8 itself
                 yield torch.as_tensor(chunk).to(self.device)
+            elif chunk.shape[-2:] != (size, size):
+                x = torch.from_numpy(np.array(chunk, dtype=np.uint8)).to(self.device, torch.float32)
+                x = nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False)
+                yield normalize(x.clamp(0, 255).round().to(torch.uint8).cpu().numpy(), self.device)
             else:
                 yield normalize(chunk, self.device)
 
@@ -353,6 +361,20 @@ class ClipWorld:
                                               desc=f"{task}/{split}: preprocessing")
         arr, digest = self._pixels[key]
         return arr, src.labels[idx], digest
+
+    def split(self, task: str, split: str = "train") -> SimpleNamespace:
+        """A whole split as the mini-world's zoo gives it: ``x`` (uint8 crops, N x 3 x 224 x 224, a
+        read-only memory map when cached), ``y`` (labels), ``class_names``; preprocessed on first use."""
+        _, idx = self.split_indices(task, split)
+        x, y, digest = self.pixels(task, split, indices=idx)
+        return SimpleNamespace(x=x, y=y, name=task, split=split, class_names=list(self.classnames(task)),
+                               sha256=digest)
+
+    def data(self, task: str, split: str, n: int | None = None) -> SimpleNamespace:
+        """The evaluated images of a split (:meth:`eval_indices`), as :meth:`split` gives them."""
+        x, y, digest = self.pixels(task, split, n=n)
+        return SimpleNamespace(x=x, y=y, name=task, split=split, class_names=list(self.classnames(task)),
+                               sha256=digest)
 
     def classnames(self, task: str) -> tuple[str, ...]:
         """The head's classes: the task's list, or an ImageFolder's folder names (see :mod:`.data`)."""
@@ -479,16 +501,17 @@ class ClipWorld:
             return ()
         return tuple(re.escape(k) + "$" for k in self.matrix_keys())
 
-    def proxy_inputs(self, task: str, n: int, seed: int = 0) -> np.ndarray:
-        """ESM's ``n`` proxy images of ``task``: validation images drawn without replacement (seeded)."""
+    def proxy_inputs(self, task: str, n: int, seed: int = 0) -> Tensor:
+        """ESM's ``n`` proxy images of ``task`` (uint8 crops): validation images drawn without
+        replacement with a generator seeded ``seed`` (docs/methods.md §ESM)."""
         _, idx = self.split_indices(task, "val")
         pick = idx[torch.randperm(len(idx), generator=make_generator(seed)).numpy()[:n]]
-        return self.pixels(task, "val", indices=pick)[0]
+        return torch.from_numpy(np.array(self.pixels(task, "val", indices=pick)[0]))
 
-    def gram_examples(self, task: str, n: int) -> np.ndarray:
+    def gram_examples(self, task: str, n: int) -> Tensor:
         """RegMean's ``n`` training images of ``task`` (the first ``n`` of the shuffled train part)."""
         _, idx = self.split_indices(task, "train")
-        return self.pixels(task, "train", indices=idx[:n])[0]
+        return torch.from_numpy(np.array(self.pixels(task, "train", indices=idx[:n])[0]))
 
     def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
         from ...files.activations import capture_inputs
