@@ -371,6 +371,16 @@ def test_the_issue_command_line(fakes, tmp_path, capsys):
         assert paper.loc["tsv_m", "paper_acc"] == 85.9 and paper.loc["experts (individual)", "paper_acc"] == 92.8
         assert "beside the papers" in capsys.readouterr().out
 
+        # notebook 04 reads these files for world="clip-vit-b32" beside the papers' ViT-B/32 columns
+        from acetools.course import benchmark as lesson, world as course
+
+        opts = course.world_options("clip-vit-b32", str(models), str(data))
+        bd = lesson.load_benchmark(quick=False, suites=["tasks8"], size="small", suite="tasks8", seed=0,
+                                   results_dir=out, figures_dir=tmp_path / "fig", speed_dir=tmp_path / "none",
+                                   wudi_dir=tmp_path / "none", world_options=opts)
+        assert bd.suites == ["clip8"] and bd.size == "clip-vit-b32" and bd.n_tasks["clip8"] == 8
+        assert bd.paper_cols["spec", "clip8"]["tsv_m"] == 85.9 and "esm" not in {t for t, _ in bd.paper_cols}
+
         rc = main(["bench", "--world", "clip-vit-b32", "--suite", "clip8", "--models-root", str(models),
                    "--data-root", str(data), "--n-val", "2", "--n-test", "2", "--methods", "task_arithmetic",
                    "--tasks", "mnist", "eurosat", "--out", str(out), "--device", "cpu", "--quiet"])
@@ -380,6 +390,26 @@ def test_the_issue_command_line(fakes, tmp_path, capsys):
     finally:
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_course_world_builds_the_clip_world(fakes, tmp_path):
+    from acetools.course import world as course
+    from acetools.world.clip import ClipWorld
+
+    assert course.world_options() == {} and course.clip_suite("tasks20") == "clip20"
+    with pytest.raises(ValueError, match="no CLIP ViT-B/32 counterpart"):
+        course.clip_suite("tiny")
+    w = course.world("tasks8", quick=True, root=tmp_path, device="cpu",
+                     **course.world_options("clip-vit-b32", str(fakes[0]), str(fakes[1])))
+    assert isinstance(w, ClipWorld) and w.suite == "clip8" and (w.n_test, w.n_val) == (60, 40)
+    assert "papers' own world" in course.describe(w, True)
+    x = w.split("mnist", "val").x
+    assert x.dtype == np.uint8 and x.shape[1:] == (3, 32, 32)
+    want = torch.as_tensor(np.array(x))[torch.randperm(len(x), generator=torch.Generator().manual_seed(3))[:1]]
+    assert torch.equal(w.proxy_inputs("mnist", 1, seed=3), want)  # the lesson's draw from split("val")
+    small = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)  # other sizes are resized to the model's (notebook 03's pool)
+    got = w.layer_inputs(w.base_state(), small, w.matrix_keys()[:1])
+    assert next(iter(got.values())).shape[0] == 2 * (1 + (32 // 8) ** 2)
 
 
 @pytest.mark.parametrize("argv, needle", [
