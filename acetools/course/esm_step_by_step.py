@@ -478,6 +478,16 @@ def alpha_keys(base: Mapping[str, Tensor], hparams: Mapping[str, Any]) -> list[s
     return [k for k in base if is_matrix_param(k, base[k]) and any(re.search(p, k) for p in targets)]
 
 
+def world_merge_kwargs(bench) -> dict[str, Any]:
+    """What ``merge("esm", ...)`` needs from a world beyond the mini-world: its ``layout`` and ESM's
+    ``targets`` (the CLIP world's Hugging Face layer names); ``{}`` for the vision world."""
+    world = getattr(bench, "world", None)
+    if world is None or getattr(world, "kind", "vision") == "vision":
+        return {}
+    targets = getattr(world, "esm_targets", None)
+    return {"layout": world.layout, **({"targets": tuple(targets)} if targets else {})}
+
+
 def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None, **hparams: Any):
     """Merge with ``esm`` once at alpha = 1 and return ``(at, merge_seconds)``, where
     ``at(alpha)`` is the merged state dict at any alpha.
@@ -491,7 +501,7 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
 
     if "alpha" in hparams:
         raise ValueError("esm_path varies alpha itself; do not pass it")
-    hp = dict(hparams)
+    hp = {**world_merge_kwargs(bench), **hparams}
     if hp.get("decomposition", "esd") == "esd":
         hp["activations"] = bench.esm_activations() if activations is None else activations
     base = bench.base
@@ -500,7 +510,7 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
         warnings.simplefilter("ignore", RuntimeWarning)
         m1 = merge("esm", base, bench.experts, alpha=1.0, **hp)
     merge_s = time.perf_counter() - t0
-    scaled = set(alpha_keys(base, hp))
+    scaled = set(alpha_keys(base, {k: v for k, v in hp.items() if k != "layout"}))
     slope = {k: (m1[k] - base[k]) for k in scaled}
 
     def at(alpha: float) -> StateDict:
