@@ -407,6 +407,11 @@ def test_course_world_builds_the_clip_world(fakes, tmp_path):
     assert x.dtype == np.uint8 and x.shape[1:] == (3, 32, 32)
     want = torch.as_tensor(np.array(x))[torch.randperm(len(x), generator=torch.Generator().manual_seed(3))[:1]]
     assert torch.equal(w.proxy_inputs("mnist", 1, seed=3), want)  # the lesson's draw from split("val")
+    from acetools.benchmark import Benchmark
+    from acetools.course import esm_step_by_step as ec
+
+    kw = ec.world_merge_kwargs(Benchmark(w))  # what notebook 03's direct ESM merges add
+    assert kw["layout"] == "hf_clip" and len(kw["targets"]) == len(w.matrix_keys())
     small = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)  # other sizes are resized to the model's (notebook 03's pool)
     got = w.layer_inputs(w.base_state(), small, w.matrix_keys()[:1])
     assert next(iter(got.values())).shape[0] == 2 * (1 + (32 // 8) ** 2)
@@ -479,5 +484,8 @@ def test_clip_world_on_cuda(fakes, tmp_path):
                   root=tmp_path / "c", n_val=4, n_test=4)
     assert w.device.type == "cuda" and w.base_state()["vision_model.post_layernorm.weight"].is_cuda
     bench = Benchmark(w, n_val=4, n_test=4, n_proxy=4, n_gram=4, patience=1)
-    summary = bench.summary(bench.run_all(["task_arithmetic", "tsv_m", "iso_cts", "ace", "esm"], progress=False))
+    runs = bench.run_all(["task_arithmetic", "tsv_m", "iso_cts", "ace", "esm", "regmean"], progress=False)
+    summary = bench.summary(runs)
     assert summary["test_acc"].between(0, 100).all()
+    paths = bench.save(runs, tmp_path / "out", "cuda")  # the regime tables from CUDA states
+    assert all(p.is_file() for p in paths.values())
