@@ -288,6 +288,42 @@ def test_every_method_end_to_end(fakes, tmp_path):
     assert set(pd.read_csv(paths["per_task"])["task"]) == {"mnist", "eurosat"}
 
 
+def test_search_leaves_out_experts_at_zero(fakes, tmp_path, monkeypatch, caplog):
+    """Tiny or random experts may score 0 on a few validation images: the search then averages the
+    normalized accuracy of the other tasks (none left: the absolute accuracy) and says so."""
+    import logging
+
+    from acetools.benchmark import Benchmark
+
+    bench = Benchmark(world(fakes, tmp_path, n_val=4, n_test=4), n_val=4, n_test=4, patience=1)
+    real = bench.expert_accuracy
+    for zero in (("mnist",), ("mnist", "eurosat")):
+        monkeypatch.setattr(bench, "expert_accuracy", lambda split="test", z=zero: {
+            t: (0.0 if split == "val" and t in z else v) for t, v in real(split).items()})
+        with caplog.at_level(logging.WARNING, logger="acetools.benchmark"):
+            run = bench.run("task_arithmetic")
+        assert set(run.val) == set(run.test) == {"mnist", "eurosat"} and run.coef is not None
+        assert "score 0 on validation" in caplog.text
+        searched = {c.split(":")[0] for c in run.search.columns if ":" in c}
+        assert searched == ({"eurosat"} if len(zero) == 1 else {"mnist", "eurosat"})
+        caplog.clear()
+
+
+def test_untrained_fakes_run_end_to_end(tmp_path, capsys):
+    """The issue's command on random tiny models (experts not fine-tuned: some score 0)."""
+    from acetools.cli import main
+
+    data = tmp_path / "D"
+    for i, t in enumerate(CLIP8):
+        fake_images(data, t, list(CLIP_TASKS[t].classnames[:2]), n_train=4, n_test=4, seed=i)
+    models = fake_models(tmp_path / "M", CLIP8, seed=7)
+    rc = main(["bench", "--world", "clip-vit-b32", "--suite", "clip8", "--models-root", str(models), "--data-root",
+               str(data), "--n-val", "4", "--n-test", "8", "--methods", "task_arithmetic", "tsv_m", "ace", "--out",
+               str(tmp_path / "OUT"), "--root", str(tmp_path / "cache"), "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "OUT" / "clip8_clip-vit-b32_seed0_summary.csv").is_file()
+
+
 def test_regime_card_on_the_clip_world(fakes, tmp_path):
     from acetools.regime import regime_card
 

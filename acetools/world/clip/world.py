@@ -326,6 +326,10 @@ class ClipWorld:
                 self._splits[key] = (src, np.arange(len(src)))
             else:
                 own_val = self._source(task, "val")
+                if own_val is not None and self.data_root is not None and not any(
+                        (self.data_root / task / n).is_dir() for n in ("train", self.specs[task].train_split)):
+                    log.warning("%s: no train folder; RegMean's training images are the val folder's", task)
+                    self._sources[(task, "train")] = own_val
                 train = self._source(task, "train")
                 if own_val is not None:
                     self._splits[(task, "val")] = (own_val, np.arange(len(own_val)))
