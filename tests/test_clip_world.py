@@ -187,6 +187,9 @@ def test_imagefolder_with_other_class_names(fakes, tmp_path):
     assert w.classnames("dtd") == ("stripes_x", "zigzag_y")
     assert w.head("dtd")[0].shape[0] == 2
     assert len(w.split_indices("dtd", "val")[1]) == 4  # its own val folder
+    fake_images(data, "gtsrb", ["a", "b"], n_train=0, n_test=2, n_val=2)  # no train folder: val serves RegMean
+    w = ClipWorld("clip8", tasks=["gtsrb"], models_root=fakes[0], data_root=data, device="cpu", root=tmp_path / "c")
+    assert w.gram_examples("gtsrb", 10).shape[0] == 4
 
 
 # --------------------------------------------------------------------------- missing things, offline
