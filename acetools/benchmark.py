@@ -15,6 +15,7 @@ merges twice and evaluates many; :meth:`Benchmark.run` checks that assumption on
 from __future__ import annotations
 
 import json
+import logging
 import math
 import platform
 import time
@@ -36,6 +37,7 @@ from .utils import atomic_write
 __all__ = ["Benchmark", "MethodRun", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
 
 StateDict = dict[str, Tensor]
+log = logging.getLogger("acetools.benchmark")
 
 
 @dataclass(frozen=True)
@@ -303,11 +305,25 @@ class Benchmark:
             def at(c: float) -> StateDict:
                 return {k: m1[k] + (c - 1.0) * slope[k] for k in m1}
 
-            def score(c: float) -> dict[str, float]:
-                return self.evaluate(at(c), "val")
+            # a task whose expert scores 0 on validation has no normalized accuracy: the search
+            # averages the others (none left: absolute accuracy), and says so
+            ref_all = self.expert_accuracy("val")
+            ref = {t: v for t, v in ref_all.items() if v > 0}
+            if len(ref) < len(ref_all):
+                zero = sorted(set(ref_all) - set(ref))
+                log.warning("%s: the experts of %s score 0 on validation; the search %s", method, ", ".join(zero),
+                            f"averages the normalized accuracy of {', '.join(ref)}" if ref
+                            else "maximises the absolute accuracy")
+            search_tasks = list(ref) or list(ref_all)
 
-            ref = self.expert_accuracy("val")
-            if search.kind == "grid":
+            def score(c: float) -> dict[str, float]:
+                return self.evaluate(at(c), "val", tasks=search_tasks)
+
+            if not ref:
+                res = (grid_search(score, search.grid, objective="absolute", patience=self.patience)
+                       if search.kind == "grid" else
+                       golden_section_search(score, *search.bracket, objective="absolute"))
+            elif search.kind == "grid":
                 res = grid_search(score, search.grid, reference=ref, patience=self.patience)
             elif search.kind == "golden":
                 res = golden_section_search(score, *search.bracket, reference=ref)
@@ -318,8 +334,12 @@ class Benchmark:
             coef_name, coef = search.param, float(res.best)
             merged = at(coef)
             trace = res.to_frame()
-        # a search already evaluated validation at the chosen coefficient
-        val = self.evaluate(merged, "val") if search is None else dict(res.best_evaluation.scores)
+        # a search already evaluated validation at the chosen coefficient (on every task unless some
+        # were left out above)
+        if search is None or len(search_tasks) < len(self.tasks):
+            val = self.evaluate(merged, "val")
+        else:
+            val = dict(res.best_evaluation.scores)
         test = self.evaluate(merged, "test")
         hp = {k: v for k, v in hparams.items()}
         if coef_name:

@@ -308,6 +308,10 @@ def _zoo_check(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    _bench_world_check(args)
+    if args.world != "vision":
+        return _cmd_bench_world(args)
+
     from .benchmark import ACE_SCALED_ROW, VARIANTS, Benchmark, aggregate_seeds
     from .utils import atomic_write
 
@@ -333,6 +337,90 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             agg.to_csv(fh, index=False)
         print(f"\n{args.suite} ({args.size}) over every seed in {args.out}: {path}")
         print(agg.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    return 0
+
+
+#: ``acetools bench`` options that only the CLIP world reads, and the vision-only ones.
+_CLIP_ONLY = ("models_root", "data_root", "openclip_root", "tasks")
+_VISION_ONLY = ("no_mtl", "threads")
+
+
+def _bench_world_check(args: argparse.Namespace) -> None:
+    """``bench --world``: the suite belongs to the world and the options to it (before any heavy import)."""
+    from .world import world_suites
+
+    suites = world_suites(args.world)
+    if args.suite is None:
+        args.suite = suites[0]
+    if args.suite not in suites:
+        raise CLIError(f"--suite {args.suite!r} is not a suite of --world {args.world}; its suites: "
+                       f"{', '.join(suites)}")
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    if args.world != "clip-vit-b32":
+        used = [o for o in _CLIP_ONLY if getattr(args, o) is not None]
+        if used:
+            raise CLIError(f"{flag(used[0])} needs --world clip-vit-b32")
+    if args.world != "vision":
+        used = [o for o in _VISION_ONLY if getattr(args, o)]
+        if args.size != "small":
+            used.insert(0, "size")
+        if used:
+            raise CLIError(f"{flag(used[0])} is an option of the vision mini-world, not of --world {args.world}")
+    if args.world == "clip-vit-b32" and args.seeds != [0]:
+        raise CLIError(f"--seeds {' '.join(map(str, args.seeds))}: the public CLIP experts are one fine-tuning "
+                       "run; use seed 0")
+    for opt in ("models_root", "data_root", "openclip_root"):
+        p = getattr(args, opt, None)
+        if p is not None and not os.path.isdir(os.path.expanduser(p)):
+            raise CLIError(f"{flag(opt)} {p!r} is not a folder")
+
+
+def _cmd_bench_world(args: argparse.Namespace) -> int:
+    """``bench --world text|clip-vit-b32``: the same tables as the mini-world's, one seed per world
+    run; the CLIP world adds ``<stem>_paper.csv`` (the papers' ViT-B/32 numbers beside ours)."""
+    from pathlib import Path
+
+    from .benchmark import ACE_SCALED_ROW, VARIANTS, Benchmark, aggregate_seeds
+    from .utils import atomic_write
+    from .world import get_world
+
+    _folder_for_output(args.out, "--out")
+    _folder_for_output(args.root, "--root")
+    options: dict = {"root": args.root, "device": args.device}
+    if args.world == "clip-vit-b32":
+        options |= {"models_root": args.models_root, "data_root": args.data_root,
+                    "openclip_root": args.openclip_root, "n_test": args.n_test, "n_val": args.n_val,
+                    "tasks": args.tasks}
+    for seed in args.seeds:
+        world = get_world(args.world, args.suite, seed, **options)
+        if hasattr(world, "build"):
+            world.build(False if args.quiet else None)
+        bench = Benchmark(world, n_val=args.n_val, n_test=args.n_test, patience=args.patience)
+        extra = dict(ACE_SCALED_ROW) if args.ace_scaled else {}
+        extra |= VARIANTS if args.variants else {}
+        runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
+        stem = f"{world.name}_{world.size}_seed{seed}"
+        df = bench.summary(runs)
+        paper = None
+        if args.world == "clip-vit-b32":
+            from .course.paper_tables import beside_papers
+
+            paper = beside_papers(df, len(world.tasks), base_label=world.base_label)
+        if args.out:
+            bench.save(runs, Path(args.out), stem)
+            if paper is not None:
+                with atomic_write(Path(args.out) / f"{stem}_paper.csv", "w") as fh:
+                    paper.to_csv(fh, index=False)
+        print(f"\n{stem}: {world.describe()}")
+        print(df.assign(seed=seed).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        if paper is not None:
+            print(f"\nbeside the papers ({paper['paper'].iloc[0]}):")
+            print(paper.drop(columns="paper").to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    if args.out:
+        agg = aggregate_seeds(args.out, world.name, world.size)
+        path = Path(args.out) / f"{world.name}_{world.size}_seeds.csv"
+        with atomic_write(path, "w") as fh:
+            agg.to_csv(fh, index=False)
     return 0
 
 
@@ -444,6 +532,40 @@ def _cmd_regime(args: argparse.Namespace) -> int:
     return 0
 
 
+def _world_names() -> list[str]:
+    from .world import world_names
+
+    return world_names()
+
+
+def _all_suites() -> list[str]:
+    from .world import WORLDS
+
+    return list(dict.fromkeys(s for w in WORLDS.values() for s in w.suites()))
+
+
+def _bench_world_options(b: argparse.ArgumentParser) -> None:
+    """``bench``'s world options: ``--world`` and the CLIP world's folders and caps. ``--suite``
+    takes any world's suite (checked against ``--world`` by :func:`_bench_world_check`)."""
+    for action in b._actions:  # world_args' --suite lists the vision suites; bench takes every world's
+        if action.dest == "suite":
+            action.choices, action.default = _Lazy(_all_suites), None
+            action.help = "task suite (default: the world's first; vision tasks8, clip-vit-b32 clip8): %(choices)s"
+    b.add_argument("--world", default="vision", choices=_Lazy(_world_names), metavar="WORLD",
+                   help="the world to merge in (default vision, the mini-world): %(choices)s")
+    b.add_argument("--models-root", default=None, metavar="DIR",
+                   help="clip-vit-b32: read DIR/<model id>/ (DIR/openai/clip-vit-base-patch32/, "
+                        "DIR/tanganke/clip-vit-base-patch32_<task>/) instead of the Hugging Face cache")
+    b.add_argument("--data-root", default=None, metavar="DIR",
+                   help="clip-vit-b32: read DIR/<task>/<split>/<class name>/*.png|jpg instead of `datasets`")
+    b.add_argument("--openclip-root", default=None, metavar="DIR",
+                   help="clip-vit-b32: the open_clip checkpoints DIR/ViT-B-32/{Task}Val/nonlinear_finetuned.pt, "
+                        "MNISTVal/nonlinear_zeroshot.pt, head_{Task}Val.pt (state dicts only)")
+    b.add_argument("--tasks", nargs="+", default=None, metavar="TASK",
+                   help="clip-vit-b32: a subset of the suite's tasks (e.g. --tasks mnist eurosat)")
+    b.add_argument("--device", default="auto", help="text / clip-vit-b32: auto (CUDA when present), cuda or cpu")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
     _add_output_options(ap, top=True)
@@ -477,6 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="merge a zoo with methods, select coefficients on val, report test")
     world_args(b)
+    _bench_world_options(b)
     b.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
                    help="methods (default: all registered): %(choices)s")
     b.add_argument("--n-val", type=positive_int, default=None, help="validation images per task for the search")

@@ -636,7 +636,8 @@ def _fmt(hp: Mapping[str, Any]) -> str:
 
 def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: int, quick: bool, device: str,
                          hparams: Mapping[str, Any], tau: float = TAU, patience: int | None = None,
-                         beside_eps: float | None = None) -> tuple[Ablation, dict[str, float], Any]:
+                         beside_eps: float | None = None, world_options: Mapping[str, Any] | None = None
+                         ) -> tuple[Ablation, dict[str, float], Any]:
     """:func:`run_ablation` on every suite of ``suites`` (notebook 02's section 4).
 
     ``main``: ``(suite, zoo, bench, gamma_table)`` already built for one suite (reused, not
@@ -645,7 +646,8 @@ def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: i
     share of flagged matrices per suite (gamma > ``tau``) and a table ``suite, tasks,
     flagged (%), seconds``. ``beside_eps``: also run :data:`FULL` and :data:`NO_PRIOR` at that
     eps (the code's default beside the paper's), labelled ``"<variant> @ eps <beside_eps>"``
-    (:meth:`Ablation.beside` reads them back).
+    (:meth:`Ablation.beside` reads them back). ``world_options``: :func:`acetools.course.world.world_options` (the
+    CLIP world's), passed to every world built.
     """
     import pandas as pd
 
@@ -657,7 +659,7 @@ def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: i
         if s == main_suite:
             z, b, g = main_zoo, main_bench, main_gt
         else:
-            z = course.world(s, size, seed=seed, quick=quick, device=device)
+            z = course.world(s, size, seed=seed, quick=quick, device=device, **dict(world_options or {}))
             b = course.benchmark(z, quick=quick, patience=patience)
             g = gamma_table(task_vectors(b.base, b.experts), tau=tau)
         name = z.suite or s

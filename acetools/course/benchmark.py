@@ -614,7 +614,7 @@ class BenchmarkData:
 
 def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str, seed: int, results_dir: str | Path,
                    figures_dir: str | Path, speed_dir: str | Path, wudi_dir: str | Path, recompute: bool = False,
-                   device: str = "auto") -> BenchmarkData:
+                   device: str = "auto", world_options: dict | None = None) -> BenchmarkData:
     """Notebook 04's setup: read (or, with ``quick`` / ``recompute``, first write) the result files.
 
     Full profile: the files of ``suites`` at ``size`` in ``results_dir`` (``recompute`` reruns
@@ -624,6 +624,10 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     :data:`acetools.benchmark.VARIANTS`, written under
     ``<figures_dir>/results``; the paper columns of 8 and 14 tasks stand in for them only to
     exercise the code, and the full-world timing and WUDI files are not read.
+
+    ``world_options`` (:func:`acetools.course.world.world_options`) of the CLIP world: the files of
+    ``acetools bench --world clip-vit-b32`` (size ``clip-vit-b32``, suites ``clip8`` ...), compared
+    with the papers' ViT-B/32 columns (the papers' own models); ``recompute`` reruns them.
     """
     from .. import results
     from ..benchmark import ACE_SCALED_ROW, VARIANTS
@@ -645,6 +649,18 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
         world = (f"the quick profile's fixture world: its {len(zoo.tasks)} procedural tasks ({', '.join(zoo.tasks)}) "
                  f"at model size {run_size}, merged as the first 2 and all {len(zoo.tasks)} (suites "
                  f"{' and '.join(run_suites)}), expert seed {seed}; numbers for checking the code, not for reading")
+    elif world_options:
+        res_dir = Path(results_dir).expanduser().resolve()
+        run_size, main_suite = "clip-vit-b32", course.clip_suite(suite)
+        run_suites = list(dict.fromkeys(course.clip_suite(s) for s in suites))
+        if recompute:
+            for s in run_suites:
+                full_bench = course.benchmark(course.world(s, size, seed=seed, device=device, **world_options),
+                                              patience=5)
+                results.write_results(full_bench, res_dir, f"{s}_{run_size}_seed{seed}", progress=True,
+                                      extra={**ACE_SCALED_ROW, **VARIANTS})
+        world = (f"the papers' CLIP ViT-B/32 with the public experts: suites {', '.join(run_suites)}, compared "
+                 "with the papers' ViT-B/32 columns")
     else:
         res_dir = Path(results_dir).expanduser().resolve()
         run_size, run_suites, main_suite = size, list(suites), suite
@@ -662,10 +678,15 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     paper_cols = {}
     for s in run_suites:
         for table in paper_tables.COMPARISONS:
-            if paper_n[s] in paper_tables.COMPARISONS[table]:
+            if world_options and not quick:  # the papers' own backbone
+                try:
+                    paper_cols[table, s] = paper_tables.paper_column(table, "ViT-B/32", paper_n[s])
+                except KeyError:  # this table has no ViT-B/32 column at this many tasks
+                    pass
+            elif paper_n[s] in paper_tables.COMPARISONS[table]:
                 paper_cols[table, s] = paper_tables.comparison_columns(table, paper_n[s])
     speed = pd.DataFrame() if quick else results.load_merge_speed(speed_dir)
-    step_size = pd.DataFrame() if quick else results.load_wudi_step_size(wudi_dir, size=size)
+    step_size = pd.DataFrame() if quick else results.load_wudi_step_size(wudi_dir, size=run_size)
     return BenchmarkData(
         world=world, res_dir=res_dir, size=run_size, suites=run_suites, main_suite=main_suite, runs=runs,
         summary=summary, per_task=results.load_per_task(runs), agg=agg, n_tasks=n_tasks, paper_n=paper_n,

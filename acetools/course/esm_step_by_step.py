@@ -391,12 +391,10 @@ def proxy_activations(bench, images: Mapping[str, Tensor],
     """Input activations of ``keys`` (default ``bench.matrix_keys()``, ESM's targets) inside
     each task's fine-tuned encoder when it sees ``images[task]``: the ``activations=`` input
     of ``acetools.merge("esm", ...)`` (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)), like ``bench.esm_activations()``."""
-    from ..files.activations import capture_inputs
-
     keys = list(bench.matrix_keys() if keys is None else keys)
     acts: dict[str, list[Tensor]] = {k: [] for k in keys}
     for task, state in zip(bench.tasks, bench.experts):
-        got = capture_inputs(bench.zoo.encoder(state), images[task], keys)
+        got = bench.world.layer_inputs(state, images[task], keys)  # any world (the vision world: capture_inputs)
         for k in keys:
             acts[k].append(got[k].float())
     return acts
@@ -480,6 +478,16 @@ def alpha_keys(base: Mapping[str, Tensor], hparams: Mapping[str, Any]) -> list[s
     return [k for k in base if is_matrix_param(k, base[k]) and any(re.search(p, k) for p in targets)]
 
 
+def world_merge_kwargs(bench) -> dict[str, Any]:
+    """What ``merge("esm", ...)`` needs from a world beyond the mini-world: its ``layout`` and ESM's
+    ``targets`` (the CLIP world's Hugging Face layer names); ``{}`` for the vision world."""
+    world = getattr(bench, "world", None)
+    if world is None or getattr(world, "kind", "vision") == "vision":
+        return {}
+    targets = getattr(world, "esm_targets", None)
+    return {"layout": world.layout, **({"targets": tuple(targets)} if targets else {})}
+
+
 def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None, **hparams: Any):
     """Merge with ``esm`` once at alpha = 1 and return ``(at, merge_seconds)``, where
     ``at(alpha)`` is the merged state dict at any alpha.
@@ -493,7 +501,7 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
 
     if "alpha" in hparams:
         raise ValueError("esm_path varies alpha itself; do not pass it")
-    hp = dict(hparams)
+    hp = {**world_merge_kwargs(bench), **hparams}
     if hp.get("decomposition", "esd") == "esd":
         hp["activations"] = bench.esm_activations() if activations is None else activations
     base = bench.base
@@ -502,7 +510,7 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
         warnings.simplefilter("ignore", RuntimeWarning)
         m1 = merge("esm", base, bench.experts, alpha=1.0, **hp)
     merge_s = time.perf_counter() - t0
-    scaled = set(alpha_keys(base, hp))
+    scaled = set(alpha_keys(base, {k: v for k, v in hp.items() if k != "layout"}))
     slope = {k: (m1[k] - base[k]) for k in scaled}
 
     def at(alpha: float) -> StateDict:

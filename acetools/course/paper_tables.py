@@ -41,6 +41,7 @@ __all__ = [
     "paper_lead",
     "table_rivals",
     "ACE_STAGE_ABLATION",
+    "beside_papers",
 ]
 
 #: Paper method name -> our registry name (``None``: not in acetools).
@@ -257,3 +258,30 @@ def paper_lead(table: str, n_tasks: int, winner: str, rivals: list[str] | None =
 ACE_STAGE_ABLATION: dict[str, dict[str, float]] = {
     "refinement": {"with": 90.60, "without": 90.60, "effect": 0.0},
 }
+
+
+def beside_papers(summary: pd.DataFrame, n_tasks: int, backbone: str = "ViT-B/32", table: str = "spec",
+                  base_label: str = "base (zero-shot heads)") -> pd.DataFrame:
+    """The measured summary (:meth:`acetools.benchmark.Benchmark.summary`) beside the papers'
+    numbers of ``backbone`` at ``n_tasks`` tasks (``table``; docs/methods.md §Published numbers).
+
+    One row per measured method: ``method``, ``test_acc`` (ours, %), ``paper_acc`` (NaN where the
+    papers give none), ``diff`` (ours − paper) and ``paper``; the reference rows map the papers'
+    Zero-shot to ``base_label`` and Fine-tuned to ``experts (individual)``. For the CLIP world,
+    whose models are the papers' own, the two columns should agree up to evaluation details
+    (docs/clip-world.md)."""
+    df = vision_long(table)
+    df = df[(df["backbone"] == backbone) & (df["n_tasks"] == n_tasks)]
+    paper: dict[str, float] = {}
+    for _, r in df.iterrows():
+        if r["method_paper"] == "Zero-shot":
+            paper[base_label] = r["accuracy"]
+        elif r["method_paper"] == "Fine-tuned":
+            paper[REFERENCE_MAP["Fine-tuned"]] = r["accuracy"]
+        elif r["method"] is not None:
+            paper.setdefault(r["method"], r["accuracy"])
+    out = pd.DataFrame({"method": summary["method"], "test_acc": summary["test_acc"].astype(float)})
+    out["paper_acc"] = [paper.get(m, float("nan")) for m in out["method"]]
+    out["diff"] = out["test_acc"] - out["paper_acc"]
+    out["paper"] = f"{table}: {backbone} {n_tasks} tasks" if not df.empty else f"none at {n_tasks} tasks"
+    return out

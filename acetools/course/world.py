@@ -7,6 +7,11 @@ with them, so a lesson reads the same at the full size and in the tests::
     zoo = course.world(suite, size, seed=seed, quick=quick)       # built or loaded from the cache
     bench = course.benchmark(zoo, quick=quick)
 
+``world="clip-vit-b32"`` (notebooks 02 and 04: their ``world`` parameter) runs the lesson on the
+papers' own CLIP ViT-B/32 and the public experts instead (:mod:`acetools.world.clip`, a GPU and a
+filled cache: docs/clip-world.md); a mini-world suite name maps to the CLIP suite of as many
+tasks (``tasks8`` → ``clip8``).
+
 ``quick=True`` swaps in the fixture world (:data:`QUICK`): the three ``tiny`` procedural
 tasks at size ``micro`` with its own small pretrained base, built from nothing in well
 under a minute on 2 CPU cores. The numbers it gives are for checking that the notebook
@@ -27,11 +32,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "world", "benchmark", "figures_path", "suite_tasks", "describe",
-           "repo_root", "default_figures_root", "claim_world", "note_world", "MANIFEST", "display_path"]
+__all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "WORLDS", "world", "world_options", "clip_suite", "benchmark",
+           "figures_path", "suite_tasks", "describe", "repo_root", "default_figures_root", "claim_world", "note_world",
+           "MANIFEST", "display_path"]
 
 #: The file in each figures folder that says which notebook, profile and world wrote it.
 MANIFEST: str = "figures.json"
+
+#: The notebooks' ``world`` parameter: the mini-world, or the papers' CLIP ViT-B/32.
+WORLDS = ("mini", "clip-vit-b32")
 
 #: The quick profile's world: fixture suite, micro model, recipes sized for seconds.
 QUICK: dict[str, Any] = {
@@ -68,8 +77,14 @@ def world(
     device: str = "cpu",
     threads: int | None = None,
     progress: bool | None = None,
+    kind: str = "mini",
+    models_root: str | os.PathLike | None = None,
+    data_root: str | os.PathLike | None = None,
 ):
-    """The built :class:`~acetools.world.vision.zoo.Zoo` of ``suite`` at ``size`` (expert seed ``seed``).
+    """The built :class:`~acetools.world.vision.zoo.Zoo` of ``suite`` at ``size`` (expert seed ``seed``),
+    or with ``kind="clip-vit-b32"`` the loaded :class:`~acetools.world.clip.world.ClipWorld` of
+    :func:`clip_suite` (``suite``) from ``models_root`` / ``data_root`` (None or "": the caches;
+    ``quick`` caps its images at :data:`QUICK_EVAL`; ``size`` is not used).
 
     Loads what the cache holds and builds the rest (the full-size base is shipped; experts
     take about a minute each on 2 CPU cores). ``quick`` ignores ``suite``/``size`` and
@@ -78,6 +93,16 @@ def world(
     from ..utils import resolve_device
     from ..world.vision.zoo import Zoo
 
+    if kind not in WORLDS:
+        raise ValueError(f"world={kind!r}: choose one of {', '.join(WORLDS)}")
+    if kind == "clip-vit-b32":
+        from ..world.clip.world import ClipWorld
+
+        caps = QUICK_EVAL if quick else {}
+        w = ClipWorld(clip_suite(suite), seed, models_root=models_root or None, data_root=data_root or None,
+                      n_test=caps.get("n_test"), n_val=caps.get("n_val"), device=device,
+                      root=None if root is None else Path(root) / "clip")
+        return w.build(progress)
     dev = resolve_device(device)
     if quick:
         q = QUICK
@@ -86,6 +111,27 @@ def world(
     else:
         zoo = Zoo(suite, size=size, seed=seed, root=root, mtl=mtl, device=dev, threads=threads)
     return zoo.build(progress=progress)
+
+
+def clip_suite(suite: str) -> str:
+    """The CLIP suite for a notebook's ``suite``: ``clip8``/``clip14``/``clip20`` as is, a mini-world
+    suite ``tasks8``/``tasks14``/``tasks20`` as the CLIP suite of as many tasks."""
+    from ..world.clip.tasks import CLIP_SUITES
+
+    name = {"tasks8": "clip8", "tasks14": "clip14", "tasks20": "clip20"}.get(suite, suite)
+    if name not in CLIP_SUITES:
+        raise ValueError(f"suite {suite!r} has no CLIP ViT-B/32 counterpart; use one of {sorted(CLIP_SUITES)}")
+    return name
+
+
+def world_options(world: str = "mini", models_root: str = "", data_root: str = "") -> dict[str, Any]:
+    """The keyword arguments of :func:`world` for a notebook's ``world`` / ``models_root`` /
+    ``data_root`` parameters (``{}`` for the mini-world)."""
+    if world not in WORLDS:
+        raise ValueError(f"world={world!r}: choose one of {', '.join(WORLDS)}")
+    if world == "mini":
+        return {}
+    return {"kind": world, "models_root": models_root or None, "data_root": data_root or None}
 
 
 def benchmark(zoo, *, quick: bool = False, **overrides: Any):
@@ -228,6 +274,9 @@ def describe(zoo, quick: bool) -> str:
     """One sentence saying which world a notebook runs on: the quick profile's fixture world
     (how many tasks, which) or the mini-world's suite, with the model size."""
     tasks = ", ".join(zoo.tasks)
+    if getattr(zoo, "kind", None) == "clip":
+        return (f"The papers' own world: {zoo.describe()}; zero-shot heads from CLIP's text tower"
+                + (" (quick: few images per task, numbers for checking the code)." if quick else "."))
     if quick:
         return (f"The quick profile's fixture world: {len(zoo.tasks)} procedural tasks ({tasks}) at model size "
                 f"{zoo.size}, built from nothing in seconds. Its numbers check that the lesson runs; they are not "

@@ -8,7 +8,8 @@ merged model on each task. Three implementations:
   a shipped ViT base and frozen prototype heads);
 - :class:`acetools.world.text.TextWorld`: all-MiniLM-L6-v2 on real offline text tasks, with
   heads per task;
-- a CLIP ViT-B/32 world for users with internet and a GPU (planned).
+- :class:`acetools.world.clip.world.ClipWorld`: CLIP ViT-B/32 and the public experts, for users
+  with a GPU (docs/clip-world.md).
 
 The merge engine never sees a world: the harness asks the world for state dicts (of the
 *merged part*: the parameters that fine-tuning changed and merging combines) and for the
