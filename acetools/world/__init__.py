@@ -51,10 +51,9 @@ def _clip_suites() -> list[str]:
 WORLDS: dict[str, WorldEntry] = {
     "vision": WorldEntry("vision", "acetools.world.vision.world:VisionWorld", _vision_suites, "tasks8",
                          "the image mini-world (shipped ViT base, experts built and cached)"),
-    # --- the text world: the lead's (acetools/world/text); registered here by name only, imported lazily
-    "text": WorldEntry("text", "acetools.world.text.world:TextWorld", lambda: ["text8", "text12", "fixture"], "text8",
+    # --- the text world (acetools/world/text), imported lazily
+    "text": WorldEntry("text", "acetools.world.text.world:TextWorld", lambda: [*_text_suites(), "fixture"], "text8",
                        "all-MiniLM-L6-v2 on offline text tasks (fixture: profile='quick')"),
-    # --- end of the text world's entry
     "clip-vit-b32": WorldEntry("clip-vit-b32", "acetools.world.clip.world:ClipWorld", _clip_suites, "clip8",
                                "CLIP ViT-B/32 and the public fine-tuned experts (the papers' setting; a GPU)"),
 }
@@ -97,3 +96,9 @@ def get_world(name: str, suite: str | None = None, seed: int = 0, **options: Any
 
         return VisionWorld(Zoo(suite, seed=seed, **options))
     return entry.load()(suite, seed, **options)
+
+
+def _text_suites() -> list[str]:
+    from .text.tasks import SUITES
+
+    return list(SUITES)
