@@ -29,42 +29,36 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .merging import METHODS, merge
-from .search import ALPHA_GRID, LAMBDA_GRID, esm_search, golden_section_search, grid_search
+from .merging import METHODS, Search, merge
+from .search import esm_search, golden_section_search, grid_search
 from .utils import atomic_write
 
-__all__ = ["Benchmark", "MethodRun", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
+__all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
 
 StateDict = dict[str, Tensor]
 
 
-@dataclass(frozen=True)
-class Search:
-    """How a method's coefficient is chosen on validation (docs/methods.md §Benchmark protocol)."""
+class _SearchView(Mapping):
+    """:data:`SEARCH`: method name -> its :class:`Search` (or ``None``), read from the registry
+    (``@register(..., search=...)``) on every access, so a method registered later is in it."""
 
-    param: str  # the hyperparameter searched
-    kind: str  # "grid", "golden" or "esm" (golden section, then best normalized)
-    grid: tuple[float, ...] = ()
-    bracket: tuple[float, float] = (0.0, 2.0)
+    def __getitem__(self, method: str) -> Search | None:
+        return METHODS[method].search
+
+    def __iter__(self):
+        return iter(METHODS)
+
+    def __len__(self) -> int:
+        return len(METHODS)
+
+    def __repr__(self) -> str:
+        return f"SEARCH({dict(self)!r})"
 
 
-#: The papers' selection rule per method (docs/methods.md §Benchmark protocol, §ACE, §ESM and each method's section).
-#: ``None``: no
-#: search (weight averaging's fixed 1/T; WUDI, RegMean and ACE use their coefficient 1).
-SEARCH: dict[str, Search | None] = {
-    "weight_averaging": None,
-    "task_arithmetic": Search("lam", "grid", LAMBDA_GRID),
-    "ties": Search("lam", "grid", LAMBDA_GRID),
-    "dare": Search("lam", "grid", LAMBDA_GRID),
-    "tsv_m": Search("alpha", "grid", ALPHA_GRID),
-    "iso_c": Search("alpha", "grid", ALPHA_GRID),
-    "iso_cts": Search("alpha", "grid", ALPHA_GRID),
-    "cart": Search("lam", "grid", ALPHA_GRID),
-    "wudi": None,
-    "regmean": None,
-    "ace": None,
-    "esm": Search("alpha", "esm", bracket=(0.0, 2.0)),
-}
+#: The papers' selection rule per method (docs/methods.md §Benchmark protocol, §ACE, §ESM and each method's section),
+#: a view of the registry. ``None``: no search (weight averaging's fixed 1/T; WUDI, RegMean and ACE use their
+#: coefficient 1).
+SEARCH: Mapping[str, Search | None] = _SearchView()
 #: A searched variant of ACE ("ace" + scaling chosen on validation), for the prototype's question.
 ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20), 2).tolist()))
 #: Its labelled row, as ``acetools bench --ace-scaled`` and the lesson's recompute add it.
@@ -233,13 +227,26 @@ class Benchmark:
             self._grams = out
         return self._grams
 
+    def esm_targets(self) -> tuple[str, ...] | None:
+        """The world's ESM target layers (``world.esm_targets``), or None: the method's default."""
+        targets = getattr(self.world, "esm_targets", None)
+        return tuple(targets) if targets else None
+
+    #: How the harness fills each data input a method declares (``@register(..., data_inputs=...)``):
+    #: the name of the method collecting it; a collector returning None leaves the method's default.
+    DATA_INPUTS: Mapping[str, str] = {"activations": "esm_activations", "grams": "grams", "targets": "esm_targets"}
+
     def method_inputs(self, method: str) -> dict[str, Any]:
-        if method == "esm":
-            targets = getattr(self.world, "esm_targets", None)
-            return {"activations": self.esm_activations(), **({"targets": tuple(targets)} if targets else {})}
-        if method == "regmean":
-            return {"grams": self.grams()}
-        return {}
+        """The data inputs ``method`` declares in the registry, collected from the world (cached)."""
+        out = {}
+        for name in METHODS[method].data_inputs:
+            if name not in self.DATA_INPUTS:
+                raise ValueError(f"{method} declares the data input {name!r}, which the benchmark harness cannot "
+                                 f"collect (it knows {sorted(self.DATA_INPUTS)})")
+            value = getattr(self, self.DATA_INPUTS[name])()
+            if value is not None:
+                out[name] = value
+        return out
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(

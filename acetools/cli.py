@@ -45,6 +45,15 @@ class CLIError(Exception):
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line: ``acetools: error: <sub>: <message>``."""
 
+    #: a callable giving the text after the options, read when the help is shown (so building
+    #: the parser imports nothing heavy): ``merge --help`` lists the registered methods this way
+    lazy_epilog: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.lazy_epilog is not None:
+            self.epilog = self.lazy_epilog()
+        return super().format_help()
+
     def error(self, message: str):
         sub = self.prog.partition(" ")[2]
         where = f"{sub}: " if sub else ""
@@ -97,6 +106,17 @@ def _methods() -> list[str]:
     from .merging import METHODS
 
     return list(METHODS)
+
+
+def _methods_epilog() -> str:
+    """``merge --help``'s list of the registered methods: name, scope, description."""
+    from .merging import METHODS
+
+    lines = ["methods (acetools.METHODS; streamed: merged key by key from disk):"]
+    for name, info in METHODS.items():
+        how = {"key": "streamed", "global_ties": "streamed in extra passes", "model": "in memory"}[info.scope_label()]
+        lines.append(f"  {name} ({how}): {info.description}")
+    return "\n".join(lines)
 
 
 #: Task suites (:data:`acetools.world.vision.data.SUITES`), model sizes (:data:`acetools.world.vision.models.SIZES`) and
@@ -480,7 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--layout", default="auto", choices=_Lazy(_layouts), metavar="LAYOUT",
                    help="layout preset (default auto: detected from the config or key names): %(choices)s")
     g.add_argument("--names", nargs="+", default=None, help="one name per expert (default: the file names)")
-    g.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3)")
+    g.add_argument("--tau", type=float, default=None,
+                   help="ACE's gate threshold on gamma (default: ACE's registered tau, acetools.METHODS['ace'])")
     g.add_argument("--ace", action="store_true",
                    help="also run ACE's closed form per matrix (W_pre's spectrum; slower)")
     g.add_argument("--tables-only", action="store_true", help="write the CSV tables and print the summary; no notebook")
@@ -492,6 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("merge", help="merge checkpoints on disk (safetensors, HF folders, open_clip) into safetensors",
                        description="Merge expert checkpoints fine-tuned from one base; streams key by key when the "
                                    "method allows. Options override a config file's values. See docs/your-models.md.")
+    m.formatter_class = argparse.RawDescriptionHelpFormatter
+    m.lazy_epilog = _methods_epilog
     m.add_argument("config", nargs="?", default=None,
                    help="YAML config (method, base, experts, out, hyperparameters, ...)")
     m.add_argument("--method", default=None, choices=METHOD_CHOICES, metavar="METHOD",
@@ -523,7 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--n-val", type=positive_int, default=100, help="validation images per task (default 100)")
     rg.add_argument("--n-test", type=positive_int, default=500, help="test images per task (default 500)")
     rg.add_argument("--patience", type=positive_int, default=3, help="grid-search patience (default 3)")
-    rg.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3, the paper's)")
+    rg.add_argument("--tau", type=float, default=None,
+                    help="ACE's gate threshold on gamma (default: ACE's registered tau, the paper's)")
     rg.add_argument("--out", default=None,
                     help="folder for card.csv/json (default figures/regime/<suite>_<size>_seed<k>)")
     rg.set_defaults(func=_cmd_regime)

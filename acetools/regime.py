@@ -194,7 +194,7 @@ def regime_card(
     n_val: int | None = 100,
     n_test: int | None = 500,
     patience: int | None = 3,
-    tau: float = 0.3,
+    tau: float | None = None,
     threads: int | None = None,
     progress: bool | None = None,
     bench=None,
@@ -204,16 +204,18 @@ def regime_card(
 
     ``n_val`` / ``n_test`` images per task (prefixes of the splits), ``patience`` of the grid
     searches, as in :class:`acetools.benchmark.Benchmark` (pass ``bench`` to reuse one);
-    ``tau`` is ACE's gate threshold (0.3, the paper's); ``n_act`` training images per task
-    give the input-activation rows. Returns a :class:`RegimeCard`.
+    ``tau`` is ACE's gate threshold (None: ACE's registered default, the paper's 0.3); ``n_act``
+    training images per task give the input-activation rows. Returns a :class:`RegimeCard`.
     """
     from .benchmark import Benchmark
     from .diagnostics import heterogeneity_per_layer, layer_type, relative_update_norms, task_vector_cosine
-    from .merging import is_matrix_param, task_vectors
+    from .merging import METHODS, is_matrix_param, task_vectors
     from .merging.ace import ace_with_diagnostics
     from .merging.svd import tsv_rank
     from .utils import progress as _bar
 
+    if tau is None:
+        tau = METHODS["ace"].params["tau"].default
     if not tau > 0:
         raise ValueError(f"tau={tau!r} must be positive (ACE's gate threshold, 0.3 in the paper)")
     t_start = time.perf_counter()

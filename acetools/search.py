@@ -31,6 +31,9 @@ from typing import Any
 
 import numpy as np
 
+# the grids live with the methods that search them (the registry)
+from .merging._registry import ALPHA_GRID, ESM_BRACKET, LAMBDA_GRID
+
 __all__ = [
     "LAMBDA_GRID",
     "ALPHA_GRID",
@@ -43,12 +46,6 @@ __all__ = [
     "climb_search",
 ]
 
-#: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (docs/methods.md §Benchmark protocol).
-LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
-#: TSV-M, Iso-C, Iso-CTS: linspace(0, 3, 31)[1:] = {0.1, ..., 3.0} (docs/methods.md §Benchmark protocol).
-ALPHA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 3.0, 31)[1:].tolist())
-#: ESM's golden-section bracket [0, 2] (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)).
-ESM_BRACKET: tuple[float, float] = (0.0, 2.0)
 
 ScoreFn = Callable[[float], Mapping[str, float]]
 _METRICS = {"normalized": "avg_normalized", "absolute": "avg_absolute"}

@@ -35,8 +35,9 @@ from torch import Tensor
 from ..diagnostics import condition_number, effective_rank, energy_fraction, layer_type
 from ..keys import block_index
 from ..merging import ace as A
-from ..merging import task_vectors
+from ..merging import METHODS, task_vectors
 from ..merging._linalg import thin_svd
+from ..merging._registry import registered_defaults
 from .verdicts import NOISE, TIE, Verdict, agreement, compare, threshold
 
 __all__ = [
@@ -83,8 +84,9 @@ __all__ = [
     "diagnose",
 ]
 
-#: ACE's gate threshold (docs/methods.md §ACE): a layer is flagged heterogeneous when gamma > TAU.
-TAU = 0.3
+#: ACE's gate threshold (docs/methods.md §ACE): a layer is flagged heterogeneous when gamma > TAU
+#: (read from the registry, ``METHODS["ace"]``).
+TAU: float = METHODS["ace"].params["tau"].default
 #: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
 GAMMA_VIT = 0.25
 #: "Top 5% of the singular values" in the spectrum claim.
@@ -275,15 +277,17 @@ class LayerStages:
                              "ridge": np.full(d_in, float(self.covs.ridge.sum()))})
 
 
-def layer_stages(delta_W: Sequence[Tensor], *, tau: float = TAU, eps: float = 1e-2, k_frac: float = 0.3,
-                 gate: str | None = None, trace_norm: bool = True, prior: bool | None = None, refine: bool = True,
-                 numerator: str | None = None, name: str = "") -> LayerStages:
+@registered_defaults("ace")
+def layer_stages(delta_W: Sequence[Tensor], *, tau: float, eps: float, k_frac: float,
+                 gate: str | None, trace_norm: bool, prior: bool | None, refine: bool,
+                 numerator: str | None, name: str = "") -> LayerStages:
     """Run ACE's stages on one layer's task vectors and keep every intermediate.
 
     The same composition as :func:`acetools.merging.ace.ace_matrix` with ``estimator="ace"``
     (gamma -> flag; Sigma_hat_t; trace normalisation and ridge; C_agg, divided by the mean
     energy on flagged layers; W_bar_pre; refinement on flagged layers), written out with the
-    stage functions so each result can be inspected. Switches as in ``ace_matrix``.
+    stage functions so each result can be inspected. Switches and defaults as in ``ace_matrix``
+    (``METHODS["ace"]``).
     """
     sw = A.estimator_preset("ace", gate=gate, prior=prior, numerator=numerator)
     dWs = [d.detach().double().cpu() for d in delta_W]
@@ -386,9 +390,10 @@ def _spectrum_stats(S: Tensor, top_frac: float, null: int) -> dict[str, float]:
             "cond_trim": condition_number(trimmed), "erank": effective_rank(S)}
 
 
-def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = None, *, tau: float = TAU,
-                eps: float = 1e-2, k_frac: float = 0.3, top_frac: float = TOP_FRAC, gate: str | None = None,
-                prior: bool | None = None, refine: bool = True, numerator: str | None = None,
+@registered_defaults("ace")
+def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = None, *, tau: float,
+                eps: float, k_frac: float, top_frac: float = TOP_FRAC, gate: str | None,
+                prior: bool | None, refine: bool, numerator: str | None,
                 reference: Mapping[str, Tensor] | None = None,
                 covariances: Sequence[Mapping[str, Tensor]] | None = None, progress: bool | None = None) -> Any:
     """ACE's stages on every matrix (:func:`layer_stages`), one row per layer.

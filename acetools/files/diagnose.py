@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..merging import check_same_keys
+from ..merging import check_same_keys, defaults_from
 from ..keys import block_index, layer_type
 from ..utils import atomic_write, progress
 
@@ -271,7 +271,7 @@ def diagnose(
     *,
     names: Sequence[str] | None = None,
     layout: Any = "auto",
-    tau: float = 0.3,
+    tau: float | None = None,
     ace: bool = False,
     keys: Sequence[str] | None = None,
     max_singular_values: int | None = 64,
@@ -284,8 +284,8 @@ def diagnose(
     time, so memory holds one key of every model). ``names``: one per expert (default: file
     stems or task0, task1, ...). ``layout``: which keys are matrices and how they are stored
     (:func:`acetools.layouts.get_layout`; ``"auto"`` detects it from the config or key names);
-    matrices are analysed as d_out x d_in. ``tau``: ACE's gate threshold. ``ace=True`` also
-    runs ACE's closed form per matrix for W̄_pre's top-5 % energy (slower: a d_in x d_in
+    matrices are analysed as d_out x d_in. ``tau``: ACE's gate threshold (None: ACE's registered
+    default). ``ace=True`` also runs ACE's closed form per matrix for W̄_pre's top-5 % energy (slower: a d_in x d_in
     solve per matrix). ``keys``: restrict to these keys. ``max_singular_values``: how many
     leading singular values per task and matrix go into ``spectra`` (None: all). Non-float
     buffers are skipped, and so are tied aliases (GPT-2's ``lm_head``) that equal their
@@ -296,6 +296,7 @@ def diagnose(
     from ..merging.svd import tsv_rank
 
     t0 = time.perf_counter()
+    tau = defaults_from("ace")["tau"] if tau is None else tau
     if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0):
         raise ValueError(f"tau={tau!r} must be a finite number >= 0")
     src, exs, labels = _open_sources(base, experts, names)
@@ -479,7 +480,7 @@ def run_report(
     *,
     names: Sequence[str] | None = None,
     layout: str = "auto",
-    tau: float = 0.3,
+    tau: float | None = None,
     ace: bool = False,
     html: bool = True,
     timeout: int | None = None,
@@ -496,7 +497,8 @@ def run_report(
         if not Path(p).exists():
             raise FileNotFoundError(f"no checkpoint at {p}")
     params = {"base": str(Path(base).resolve()), "experts": [str(Path(e).resolve()) for e in experts],
-              "names": list(names) if names is not None else [], "layout": layout, "tau": float(tau), "ace": bool(ace),
+              "names": list(names) if names is not None else [], "layout": layout,
+              "tau": float(defaults_from("ace")["tau"] if tau is None else tau), "ace": bool(ace),
               "out_dir": str(out)}
     declared = set(pm.inspect_notebook(str(REPORT_NOTEBOOK)))
     unknown = sorted(set(params) - declared)

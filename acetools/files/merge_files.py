@@ -45,7 +45,7 @@ from .checkpoints import (
     parse_size,
 )
 from ..layouts import Layout, describe, get_layout
-from ..merging import KEYED_HPARAMS, METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
+from ..merging import METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
 from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
 from ..utils import PROGRESS, progress, resolve_device
 
@@ -286,11 +286,16 @@ def plan_merge(
         raise ValueError("in_out_keys is not used for files: the layout stores the orientation of every key "
                          f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")
     keys = set(b.keys())
-    for name in KEYED_HPARAMS.get(method, ()):
-        for t, d in enumerate(resolved.get(name) or ()):
+    for name in METHODS[method].per_key:
+        value = resolved.get(name)
+        if value is None or callable(value):
+            continue
+        per_expert = [(f"{name}", value)] if isinstance(value, Mapping) else \
+            [(f"{name}[{t}]", d) for t, d in enumerate(value)]
+        for where, d in per_expert:
             unknown = sorted(set(d) - keys) if isinstance(d, Mapping) else []
             if unknown:
-                raise KeyError(f"{method}: {name}[{t}] has key {unknown[0]!r}, which the base {b.path} does not have")
+                raise KeyError(f"{method}: {where} has key {unknown[0]!r}, which the base {b.path} does not have")
     scope, why = key_scope(method, hp)
     if mode == "auto":
         run = "stream" if scope in ("key", "global_ties") else "memory"

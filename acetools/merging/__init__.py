@@ -23,7 +23,17 @@ from torch import Tensor
 
 from ..layouts import PRESETS, Layout, detect_layout, get_layout
 from ..utils import PROGRESS, resolve_device
-from ._registry import METHODS, REQUIRED, MethodInfo, Param, register
+from ._registry import (
+    METHODS,
+    REQUIRED,
+    MethodInfo,
+    Param,
+    Search,
+    defaults_from,
+    methods_table,
+    register,
+    update_methods_table,
+)
 
 log = logging.getLogger("acetools.merging")
 
@@ -40,7 +50,11 @@ __all__ = [
     "check_same_keys",
     "merge_key",
     "key_scope",
-    "KEYED_HPARAMS",
+    "per_key_entries",
+    "Search",
+    "defaults_from",
+    "methods_table",
+    "update_methods_table",
     "carried_buffers",
     "confirmed_ties",
 ]
@@ -168,34 +182,31 @@ def _get_method(method: str) -> MethodInfo:
     return METHODS[method]
 
 
-# Hyperparameters that hold one {key: tensor} dict per expert: merge_key passes a method only its key's entries.
-KEYED_HPARAMS: dict[str, tuple[str, ...]] = {"ace": ("covariances",), "regmean": ("grams",)}
-
-_KEY_LOCAL = ("weight_averaging", "task_arithmetic", "ties", "dare", "tsv_m", "iso_c", "iso_cts", "cart", "wudi",
-              "ace", "regmean")
-
-
 def key_scope(method: str, hparams: Mapping[str, Any] | None = None) -> tuple[str, str]:
     """How far the merged update of one key reaches, with ``hparams``: ``(scope, why)``.
 
-    ``"key"``: it depends only on that key's W0 and task vectors (plus that key's entries of
-    ``covariances`` / ``grams``), so :func:`merge_key` can merge key by key, streaming from
-    disk. ``"global_ties"``: TIES (or DARE-TIES) with ``scope="global"`` needs, per task, one
-    trim threshold over the whole model and one majority sign: a streaming driver computes
-    them in extra passes first. ``"model"``: the method needs every key at once (ESM's
-    inter-layer polarization; methods registered by users), so it runs in memory.
+    Read from the registry (:meth:`MethodInfo.key_scope`, declared with ``@register(...,
+    key_scope=...)``). ``"key"``: it depends only on that key's W0 and task vectors (plus that
+    key's entries of the method's ``per_key`` inputs, e.g. ``covariances`` / ``grams``), so
+    :func:`merge_key` can merge key by key, streaming from disk. ``"global_ties"``: TIES (or
+    DARE-TIES) with ``scope="global"`` needs, per task, one trim threshold over the whole model
+    and one majority sign: a streaming driver computes them in extra passes first.
+    ``"model"``: the method needs every key at once (ESM's inter-layer polarization; methods
+    registered without ``key_scope``), so it runs in memory.
     """
-    info = _get_method(method)
-    hp = info.resolve(dict(hparams or {})) if method != "esm" else dict(hparams or {})
-    if method == "esm":
-        return "model", ("ESM runs in memory: its inter-layer polarization (Step C) scales each matrix by the norms "
-                         "of every layer's merged update, and its proxy activations are held for every ESD layer")
-    if method not in _KEY_LOCAL:
-        return "model", f"{method} is not known to merge each key on its own"
-    if (method == "ties" or (method == "dare" and hp["base_method"] == "ties")) and hp["scope"] == "global":
-        return "global_ties", ("scope='global' ranks every key of a task vector together (one trim threshold per "
-                               "task) and elects one majority sign over the whole model")
-    return "key", ""
+    return _get_method(method).key_scope(hparams)
+
+
+def per_key_entries(value: Any, key: str) -> Any:
+    """One key's part of a per-key input (``MethodInfo.per_key``): a list with one ``{key: x}``
+    dict per expert (covariances, Grams) is cut to ``[{key: x_t}, ...]`` (``{}`` where an
+    expert has none), a mapping ``key -> x`` (ESM's activations) to ``{key: x}``; ``None``
+    and callables pass unchanged."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, Mapping):
+        return {key: value[key]} if key in value else {}
+    return [{key: d[key]} if key in d else {} for d in value]
 
 
 def merge_key(
@@ -213,13 +224,12 @@ def merge_key(
     the compute dtype; ``is_matrix`` says whether the key takes the matrix path;
     ``hparams`` are resolved ones (``METHODS[method].resolve``). For methods whose
     :func:`key_scope` is ``"key"`` the result equals that key's update from the whole-model
-    call. Per-key dicts in ``covariances`` / ``grams`` are cut down to ``key``.
+    call. The method's ``per_key`` inputs (``covariances`` / ``grams``) are cut down to ``key``.
     """
     info = _get_method(method)
     hp = dict(hparams)
-    for name in KEYED_HPARAMS.get(method, ()):
-        if hp.get(name) is not None:
-            hp[name] = [{key: d[key]} if key in d else {} for d in hp[name]]
+    for name in info.per_key:
+        hp[name] = per_key_entries(hp.get(name), key)
     out = info.func({key: W0}, [{key: t} for t in taus], is_matrix=lambda k, t: bool(is_matrix), **hp)
     return out[key]
 

@@ -69,7 +69,7 @@ from ._linalg import (
     syrk_lower_,
     thin_svd,
 )
-from ._registry import METHODS, Param, register
+from ._registry import METHODS, Param, register, registered_defaults
 from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
@@ -611,21 +611,22 @@ def _top_k_isotropic(W_fused: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return U_k @ Vh_k, S_k
 
 
+@registered_defaults("ace")
 def ace_matrix(
     delta_W: Sequence[Tensor],
     *,
-    tau: float = 0.3,
-    eps: float = 1e-2,
-    k_frac: float = 0.3,
-    gate: str | None = None,
-    trace_norm: bool = True,
-    prior: bool | None = None,
-    refine: bool = True,
-    numerator: str | None = None,
-    estimator: str = "ace",
+    tau: float,
+    eps: float,
+    k_frac: float,
+    gate: str | None,
+    trace_norm: bool,
+    prior: bool | None,
+    refine: bool,
+    numerator: str | None,
+    estimator: str,
     Sigma: Sequence[Tensor] | None = None,
-    wudi_p: float = 2.0,
-    precision: str = "float64",
+    wudi_p: float,
+    precision: str,
     name: str = "",
     spectra: bool = False,
 ) -> tuple[Tensor, ACEDiagnostics]:
@@ -661,8 +662,9 @@ def ace_matrix(
 
     ``gate``, ``prior`` and ``numerator`` default to the estimator's preset
     (:func:`estimator_preset`; for "ace": "auto", True, "centered" — the paper's method).
-    Defaults tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's (the paper's ViT
-    eps is reported as 1e-5).
+    The hyperparameters default to ``METHODS["ace"]``'s (written once, in the registration;
+    tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's, the paper's ViT eps is
+    reported as 1e-5).
     """
     for pname, val in (("tau", tau), ("eps", eps), ("k_frac", k_frac), ("wudi_p", wudi_p),
                        ("trace_norm", trace_norm), ("refine", refine), ("estimator", estimator),
@@ -813,6 +815,7 @@ def _check_in_out_keys(value: Any) -> str | None:
     "ace",
     "ACE-Merging: closed-form merge with covariances estimated from the task vectors "
     "(Xu et al. 2026; docs/methods.md §ACE)",
+    key_scope="key", per_key=("covariances",), needs_layout=True,  # no search: ACE uses scaling 1 (ACE_SCALED)
     tau=Param(0.3, "heterogeneity threshold: the layer is flagged when gamma > tau (eq. 7)", low=0.0),
     eps=Param(1e-2, "Tikhonov strength (eqs 9-10): eps I, or eps/tr_t I on normalised layers", low=0.0),
     k_frac=Param(0.3, "refined rank k = floor(k_frac * min(d_out, d_in)) (eq. 18)", low=0.0, high=1.0),

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..utils import progress
 from ._linalg import gram_polar, gram_polar_times, gram_top_svd, thin_svd
-from ._registry import Param, register
+from ._registry import ESM_BRACKET, Param, Search, register
 from .averaging import mean_update
 from .svd import tsv_merge_matrix
 
@@ -620,6 +620,10 @@ def _check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targe
     "esm",
     "Essential Subspace Merging: PCA of the activation shift X dW^T per task, polarized "
     "scaling at task, dimension and layer level, whitening (Li et al., CVPR 2026; docs/methods.md §ESM)",
+    key_scope=("model", "ESM runs in memory: its inter-layer polarization (Step C) scales each matrix by the norms "
+                        "of every layer's merged update, and its proxy activations are held for every ESD layer"),
+    per_key=("activations",), data_inputs=("activations", "targets"), needs_layout=True,
+    search=Search("alpha", "esm", bracket=ESM_BRACKET),
     activations=Param(
         None,
         "proxy input activations of every ESD layer, captured in each task's fine-tuned model: "
@@ -654,22 +658,23 @@ def esm(
     task_vectors: Sequence[Mapping[str, Tensor]],
     *,
     is_matrix: Callable[[str, Tensor], bool],
-    activations: Any = None,
-    alpha: float = 1.0,
-    alpha_scope: str = "esd",
-    decomposition: str = "esd",
-    task_scaling: bool = True,
-    task_power: float = 2.0,
-    dim_scaling: bool = True,
-    dim_power: float = 2.0,
-    layer_scaling: bool = True,
-    layer_power: float = 2.0,
-    eig_power: float = 0.15,
-    const: float = 2.0,
-    targets: Sequence[str] = DEFAULT_TARGETS,
-    layer_types: Sequence[str] = CLIP_LAYER_TYPES,
+    activations: Any,
+    alpha: float,
+    alpha_scope: str,
+    decomposition: str,
+    task_scaling: bool,
+    task_power: float,
+    dim_scaling: bool,
+    dim_power: float,
+    layer_scaling: bool,
+    layer_power: float,
+    eig_power: float,
+    const: float,
+    targets: Sequence[str],
+    layer_types: Sequence[str],
 ) -> dict[str, Tensor]:
-    r"""ESM merged update for every key, docs/methods.md §ESM.
+    r"""ESM merged update for every key, docs/methods.md §ESM (defaults: ``METHODS["esm"]``, written once there;
+    call it as ``merge("esm", ...)`` or with :func:`acetools.merging.defaults_from`).
 
     - ESD layers: matrix keys (``is_matrix``) whose name contains one of ``targets``
       (default ``attn.in_proj_weight``, ``mlp.c_fc.weight``, ``mlp.c_proj.weight``) get

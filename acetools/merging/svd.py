@@ -59,7 +59,7 @@ from ._linalg import (
     syrk_lower_,
     thin_svd,
 )
-from ._registry import Param, register
+from ._registry import ALPHA_GRID, Param, Search, register
 from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
@@ -446,6 +446,7 @@ def _per_key(name, base, task_vectors, is_matrix, matrix_fn, desc):
     "tsv_m",
     "TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar "
     "(Gargiulo et al. 2025; docs/methods.md §TSV-M)",
+    key_scope="key", needs_layout=True, search=Search("alpha", "grid", ALPHA_GRID),
     alpha=Param(1.0, "coefficient on every key, matrices and means alike (grid 0.1..3.0 in the paper code)", low=0.0),
 )
 def tsv_m(base, task_vectors, *, is_matrix, alpha):
@@ -462,6 +463,7 @@ def tsv_m(base, task_vectors, *, is_matrix, alpha):
 @register(
     "iso_c",
     "Iso-C: the summed task vector with a flat (isotropic) spectrum (Marczak et al. 2025; docs/methods.md §Iso-C)",
+    key_scope="key", needs_layout=True, search=Search("alpha", "grid", ALPHA_GRID),
     alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
 )
 def iso_c(base, task_vectors, *, is_matrix, alpha):
@@ -474,6 +476,7 @@ def iso_c(base, task_vectors, *, is_matrix, alpha):
     "iso_cts",
     "Iso-CTS: common + task-specific subspaces with a flat spectrum "
     "(Marczak et al. 2025; docs/methods.md §Iso-CTS)",
+    key_scope="key", needs_layout=True, search=Search("alpha", "grid", ALPHA_GRID),
     alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
     common_fraction=Param(0.8, "fraction of the rank given to the common subspace before the T-divisibility adjustment",
                           low=0.0, high=1.0),
@@ -491,6 +494,7 @@ def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
 @register(
     "cart",
     "CART: weight average plus low-rank centred task vectors (Choi et al. 2024; docs/methods.md §CART)",
+    key_scope="key", needs_layout=True, search=Search("lam", "grid", ALPHA_GRID),
     rank_ratio=Param(0.12, "rank of each centred vector as a fraction of min(d_out, d_in); "
                      "k = max(1, int(rank_ratio r))",
                      low=0.0, high=1.0, low_open=True),

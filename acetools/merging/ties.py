@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..utils import make_generator, progress
-from ._registry import Param, register
+from ._registry import LAMBDA_GRID, Param, Search, register
 
 __all__ = [
     "kept_count",
@@ -199,9 +199,19 @@ _SCOPE = Param("global", "trim over the whole flattened model ('global') or per 
 _MERGE = Param("mean", "disjoint 'mean' (paper, TSV/Iso code) or 'sum' (fusion_bench)", choices=("mean", "sum"))
 
 
+def _ties_scope(scope: str) -> tuple[str, str]:
+    """TIES' key scope: per key with ``scope="tensor"``, two extra passes with ``"global"``."""
+    if scope == "global":
+        return "global_ties", ("scope='global' ranks every key of a task vector together (one trim threshold per "
+                               "task) and elects one majority sign over the whole model")
+    return "key", ""
+
+
 @register(
     "ties",
     "TIES-Merging: trim to top-k%, elect sign by mass, disjoint mean; theta0 + lam * v_m (docs/methods.md §TIES)",
+    key_scope=lambda hp: _ties_scope(hp["scope"]),
+    search=Search("lam", "grid", LAMBDA_GRID),
     k=_K,
     lam=Param(1.0, "scaling of the merged task vector v_m", low=0.0),
     scope=_SCOPE,
@@ -291,6 +301,8 @@ def _check_seed(value) -> str | None:
 @register(
     "dare",
     "DARE: drop each task-vector entry with prob. p, rescale by 1/(1-p), then TA or TIES (docs/methods.md §DARE)",
+    key_scope=lambda hp: _ties_scope(hp["scope"]) if hp["base_method"] == "ties" else ("key", ""),
+    search=Search("lam", "grid", LAMBDA_GRID),
     p=Param(0.5, "drop rate of the Bernoulli mask, 0 <= p < 1", low=0.0, high=1.0, high_open=True),
     base_method=Param("task_arithmetic", "merge applied after dropping", choices=("task_arithmetic", "ties")),
     seed=Param(0, "seed of the masks; each (task, key) mask is seeded from it (dare_seed)", check=_check_seed),

@@ -161,6 +161,7 @@ def is_wudi_target(key: str, tensor: Tensor, targets: str, is_matrix) -> bool:
 @register(
     "wudi",
     "WUDI: per-matrix Adam on the task-vector interference loss (Cheng et al. 2025; docs/methods.md §WUDI)",
+    key_scope="key", needs_layout=True,  # no search: its coefficient is 1
     steps=Param(300, "Adam iterations per matrix (official 300; fusion_bench 400)", low=0, types=(int,)),
     lr=Param(1e-5, "Adam learning rate", low=0.0, low_open=True),
     p=Param(2.0, "exponent of ||tau_t||_F in the loss weights (2: paper/RoBERTa/fusion_bench; 1: official ViT script)",
