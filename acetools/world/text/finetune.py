@@ -1,8 +1,10 @@
 """Fine-tuning and evaluation on text tasks.
 
-One expert per task: the encoder's transformer layers and a linear head on the mean-pooled
-embedding are trained with AdamW (linear warm-up then linear decay), the embeddings frozen
-(:func:`acetools.world.text.model.merged_keys`). Batches are padded to their longest text
+One expert per task: the weight matrices of the encoder's transformer layers
+(:func:`acetools.world.text.model.merged_keys`; everything else frozen) are trained with AdamW
+(linear warm-up then linear decay) through a head on the mean-pooled embedding: a frozen
+zero-shot head (the default, the CLIP protocol) or a trained linear head (the GLUE protocol).
+Batches are padded to their longest text
 (``max_length`` caps it). ``bf16=True`` runs the forward and backward passes under bfloat16
 autocast (weights and optimizer state stay float32), which is 2-4x faster on CPUs with
 bf16 units and changes accuracies by round-off only (the recipe study measures it).
@@ -32,7 +34,7 @@ class TextFinetuneConfig:
     """The recipe of one text expert (docs/text-world.md §Recipe)."""
 
     epochs: float = 3.0
-    lr: float = 5e-5
+    lr: float = 1e-4
     head_lr: float = 1e-3
     weight_decay: float = 0.01
     warmup: float = 0.1
@@ -41,7 +43,7 @@ class TextFinetuneConfig:
     bf16: bool = True
     #: "trained": a linear head per task trained with the encoder (the GLUE protocol);
     #: "zeroshot": a frozen head from the base's embeddings of the class names (the CLIP protocol)
-    heads: str = "trained"
+    heads: str = "zeroshot"
 
     def __post_init__(self):
         if self.heads not in ("trained", "zeroshot"):

@@ -6,10 +6,11 @@ hub. The quick profile's fixture keeps only MiniLM's first layer (pretrained, so
 learn something in a few steps) and builds in seconds; :func:`tiny_bert_config` gives a tiny
 random BERT with the same tokenizer for unit tests.
 
-What is merged (:func:`merged_keys`): every parameter of the transformer layers
-(``encoder.layer.*``: attention and MLP matrices, their biases, the LayerNorms). The
-embeddings stay frozen at the base during fine-tuning and are not merged, as in the probe
-(docs/text-world.md); heads are per task and never merged.
+What is fine-tuned and merged (:func:`merged_keys`): the 36 weight matrices of MiniLM's six
+transformer layers (``encoder.layer.*``: query, key, value, attention output, MLP in and out;
+21.3 M of its 22.7 M parameters are embeddings and matrices). Embeddings, biases and
+LayerNorms stay frozen at the base, the parameter set the papers' RoBERTa code merges
+(docs/text-world.md). Heads are per task and never merged.
 """
 
 from __future__ import annotations
@@ -128,5 +129,8 @@ class TextEncoder(nn.Module):
 
 
 def merged_keys(state: Mapping[str, Tensor]) -> list[str]:
-    """The parameters the text world fine-tunes and merges: the transformer layers'."""
-    return [k for k in state if k.startswith("encoder.")]
+    """The parameters the text world fine-tunes and merges: the weight matrices of the
+    transformer layers (query, key, value, attention output, MLP in and out). As in the
+    papers' RoBERTa code, embeddings, biases and LayerNorms are not in the task vectors; here
+    they are also frozen during fine-tuning, so an expert is exactly its merged part."""
+    return [k for k, v in state.items() if k.startswith("encoder.") and k.endswith(".weight") and v.ndim == 2]

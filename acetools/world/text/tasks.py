@@ -131,7 +131,11 @@ TASKS: dict[str, TextTask] = {t.name: t for t in (
              doc="symbol name -> Unicode block"),
 )}
 
-SUITES: dict[str, tuple[str, ...]] = {}
+#: text8: eight tasks of six sources, each with 6-12 balanced classes.
+SUITES: dict[str, tuple[str, ...]] = {
+    "text8": ("debian_section", "wordnet_noun", "wordnet_domain", "emoji_group", "docstring_library",
+              "unicode_symbol", "fortune_topic", "word_language"),
+}
 
 
 def suite_tasks(suite: str) -> tuple[str, ...]:

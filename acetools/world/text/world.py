@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from ...utils import atomic_write, progress, resolve_device
 from .finetune import TextFinetuneConfig, evaluate_text, finetune_text, head_from_state, head_state, zeroshot_head
 from .model import TextEncoder, load_tokenizer, merged_keys
-from .tasks import TASKS, TextData, TextTask, build_task, task_provenance
+from .tasks import SUITES, TASKS, TextData, TextTask, build_task, task_provenance
 
 __all__ = ["TextWorld", "TEXT_SUITES", "text_cache_root", "FIXTURE_TASKS"]
 
@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 StateDict = dict[str, Tensor]
 TEXT_WORLD_VERSION = 1
 
-#: text8 is the first eight tasks of text12 (the same experts serve both).
-TEXT_SUITES: dict[str, tuple[str, ...]] = {}
+#: The full profile's suites (:data:`acetools.world.text.tasks.SUITES`).
+TEXT_SUITES: dict[str, tuple[str, ...]] = SUITES
 
 #: The quick profile's tasks: three small ones from the same sources.
 FIXTURE_TASKS: dict[str, TextTask] = {t.name: t for t in (

@@ -1,0 +1,117 @@
+"""Build the text world's experts and benchmark every merge method on them (issue 19).
+
+    python3 benchmarks/text_world.py build --suite text8 --seeds 0 1 2      # experts, resumable
+    python3 benchmarks/text_world.py bench --suite text8 --seeds 0          # every method + variants
+    python3 benchmarks/text_world.py bench --suite fixture --profile quick  # the fixture world
+
+``build`` builds (or loads) each expert, one cache entry per expert, so a killed run resumes
+with the next expert; it saves the build's throughput (training sequences per second per
+task, evaluation sequences per second) to ``benchmarks/results/text_world/build_<suite>_seed<k>.json``.
+``bench`` runs the harness (coefficients on validation, test at the chosen value) and writes
+``<suite>_<size>_seed<k>_{summary,per_task,norms,cosine}.csv`` and ``.json`` to
+``figures/benchmark/`` (``--out``), as ``acetools bench`` does for the vision world.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: The text world's labelled variant rows (docs/text-world.md §Benchmark): ACE at the
+#: official code's eps 1e-2 (the plain "ace" row), at the paper's RoBERTa eps 2e-4 and at
+#: 1e-5, the gate off; WUDI at its default step size (the plain row) and at larger ones,
+#: the tuned one chosen on validation afterwards (results.tuned_wudi).
+TEXT_VARIANTS = {
+    "ace (eps 2e-4)": {"method": "ace", "search": None, "eps": 2e-4},
+    "ace (eps 1e-5)": {"method": "ace", "search": None, "eps": 1e-5},
+    "ace (gate off)": {"method": "ace", "search": None, "gate": "off"},
+    "ace (eps 2e-4, gate off)": {"method": "ace", "search": None, "eps": 2e-4, "gate": "off"},
+    "wudi (lr 1e-4)": {"method": "wudi", "search": None, "lr": 1e-4},
+    "wudi (lr 1e-3)": {"method": "wudi", "search": None, "lr": 1e-3},
+}
+
+
+def _world(args, seed):
+    from acetools.world.text.world import TextWorld
+
+    return TextWorld(args.suite, seed=seed, profile=args.profile, threads=args.threads, device=args.device)
+
+
+def build(args) -> None:
+    out = Path(args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    for seed in args.seeds:
+        w = _world(args, seed)
+        t0 = time.perf_counter()
+        rows = []
+        for task in w.tasks:
+            t1 = time.perf_counter()
+            w.expert_state(task)
+            side = w._sides[task]
+            m = side.get("metrics", {})
+            rows.append({"task": task, "built": task in w.built, "seconds": round(time.perf_counter() - t1, 1),
+                         "train_seconds": m.get("seconds"), "train_seq_per_s": m.get("train_seq_per_s"),
+                         "steps": m.get("steps"), "val_acc": m.get("val_acc")})
+            print(json.dumps(rows[-1]), flush=True)
+        # evaluation throughput: each expert on its test split
+        t2 = time.perf_counter()
+        n_eval, acc = 0, {}
+        for task in w.tasks:
+            acc[task] = w.evaluate(w.expert_state(task), task, "test")
+            n_eval += len(w.split(task, "test"))
+        eval_s = time.perf_counter() - t2
+        rec = {"suite": args.suite, "seed": seed, "profile": args.profile, "threads": args.threads,
+               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_avg_1min": os.getloadavg()[0],
+               "experts": rows, "built_now": w.built, "seconds_total": round(time.perf_counter() - t0, 1),
+               "build_seconds_recorded": round(sum(r["train_seconds"] or 0 for r in rows), 1),
+               "expert_test_acc": acc, "eval_seq_per_s": round(n_eval / eval_s, 1), "config": w.config.to_dict()}
+        path = out / f"build_{args.suite}_seed{seed}.json"
+        path.write_text(json.dumps(rec, indent=1))
+        print(f"seed {seed}: {len(w.built)} built, experts' mean test acc "
+              f"{100 * sum(acc.values()) / len(acc):.1f} %, eval {rec['eval_seq_per_s']} seq/s -> {path}", flush=True)
+
+
+def bench(args) -> None:
+    from acetools.benchmark import Benchmark
+
+    for seed in args.seeds:
+        w = _world(args, seed)
+        b = Benchmark(w, n_val=args.n_val, n_test=args.n_test, n_proxy=32, n_gram=args.n_gram,
+                      patience=args.patience, threads=args.threads)
+        methods = args.methods or None
+        runs = b.run_all(methods, extra=TEXT_VARIANTS if not args.no_variants else None, progress=True)
+        stem = f"{w.name}_{w.size}_seed{seed}"
+        paths = b.save(runs, args.out, stem)
+        print(b.summary(runs)[["method", "test_acc", "test_normalized", "coef", "merge_seconds"]].to_string())
+        print("->", paths["summary"], flush=True)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["build", "bench"])
+    p.add_argument("--suite", default="text8")
+    p.add_argument("--profile", default="full", choices=["full", "quick"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--n-val", type=int, default=None)
+    p.add_argument("--n-test", type=int, default=None)
+    p.add_argument("--n-gram", type=int, default=256)
+    p.add_argument("--patience", type=int, default=None)
+    p.add_argument("--methods", nargs="*", default=None)
+    p.add_argument("--no-variants", action="store_true")
+    p.add_argument("--out", default=str(ROOT / "figures" / "benchmark"))
+    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "text_world"))
+    args = p.parse_args(argv)
+    build(args) if args.what == "build" else bench(args)
+
+
+if __name__ == "__main__":
+    main()
