@@ -375,8 +375,8 @@ def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame
     summary-like frame (``suite`` = ``"T<n>"``, ``n_tasks``, ``seed`` 0, ``method``, ``kind``,
     ``merge_seconds``, ``blocks``, ``width``, ``source``) that :func:`assess_cost` and
     :func:`assess_overhead` accept. Only rows of today's code (``code`` "now", not a ``--before``
-    tree), the default variant (``variant`` "-") and the log-normal world (ACE's flagged path)
-    count.
+    tree), the default variant (``variant`` "-"), the log-normal world (ACE's flagged path) and
+    the method on precomputed task vectors (``entry`` "func", not ``--entry merge``) count.
 
     Times are compared as ratios to TSV-M's, so for each T one session decides: the last file
     (by name) that times ``tsv_m`` at that T gives every method it times; a method it lacks
@@ -391,7 +391,7 @@ def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame
         d = d[(d["blocks"] == blocks) & d["seconds"].notna()]
         # one row per method: today's code (not a --before tree), the default variant, and ACE on
         # the log-normal world (its gate fires there, as on real task vectors)
-        for col, keep in (("code", "now"), ("variant", "-"), ("world", "lognormal")):
+        for col, keep in (("code", "now"), ("variant", "-"), ("world", "lognormal"), ("entry", "func")):
             if col in d.columns:
                 d = d[d[col].fillna(keep).astype(str) == keep]
         if len(d):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,10 +230,7 @@ class LayerStages:
         """W_pre + sigma_iso(k) U_k V_kᵀ with sigma_iso(k) = mean(S[:k]) (eqs 17-19); k = 0: W_pre."""
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= self.rank:
             raise ValueError(f"k={k!r} must be an int in [0, {self.rank}]")
-        k = int(k)
-        if k == 0:
-            return self.W_pre.clone()
-        return self.W_pre + self.S[:k].mean() * (self.U[:, :k] @ self.Vh[:k, :])
+        return A.Refinement(self.W, self.k, math.nan, self.S, self.U, self.Vh).at_rank(self.W_pre, int(k))
 
     def refined_spectra(self, ks: Sequence[int]) -> dict[int, np.ndarray]:
         """Singular values of :meth:`refined` (k) for each k, as numpy arrays (for the rank slider)."""
@@ -295,19 +293,21 @@ def layer_stages(delta_W: Sequence[Tensor], *, tau: float, eps: float, k_frac: f
         raise ValueError(f"layer {name!r}: pass a non-empty list of equally shaped 2-D task vectors")
     energies = A.task_energies(dWs)
     gamma = A.heterogeneity(dWs)
-    flag = {"auto": gamma > tau, "on": True, "off": False}[sw.gate]
+    flag = A.gate_flag(gamma, tau, sw.gate)
     Sigma_hat = [A.estimate_covariance(d) for d in dWs]
     covs = A.normalize_covariances(Sigma_hat, eps=eps, normalize=flag and trace_norm)
     C_agg = A.structural_prior(covs.Sigma_tilde, energy=float(energies.mean()) if flag else None) if sw.prior else None
     nums = [A.center_rows(d) for d in dWs] if sw.numerator == "centered" else dWs
     W_pre = A.closed_form(nums, covs, C_agg, name=name)
-    res = _sum(d @ S for d, S in zip(dWs, covs.Sigma_tilde)) - _sum(dWs) @ covs.mean_reg()
-    U, S, Vh = thin_svd(W_pre + res)
-    k = int(k_frac * min(W_pre.shape))
-    refined = bool(flag and refine and k > 0)
-    W = W_pre + S[:k].mean() * (U[:, :k] @ Vh[:k, :]) if refined else W_pre
-    return LayerStages(name=name, delta_W=dWs, gamma=gamma, flag=bool(flag), covs=covs, C_agg=C_agg,
-                       numerator=sw.numerator, W_pre=W_pre, U=U, S=S, Vh=Vh, k=k, refined_by_ace=refined, W=W)
+    # the lesson looks at the refinement's SVD on every layer; ACE applies it on flagged ones
+    with warnings.catch_warnings():
+        if not (flag and refine):
+            warnings.simplefilter("ignore", RuntimeWarning)  # k = 0 matters only where ACE refines
+        ref = A.spectral_refine(W_pre, dWs, covs.Sigma_tilde, covs.mean_reg(), k_frac=k_frac, name=name)
+    refined = bool(flag and refine and ref.k > 0)
+    return LayerStages(name=name, delta_W=dWs, gamma=gamma, flag=flag, covs=covs, C_agg=C_agg,
+                       numerator=sw.numerator, W_pre=W_pre, U=ref.U, S=ref.S_fused, Vh=ref.Vh, k=ref.k,
+                       refined_by_ace=refined, W=ref.W if refined else W_pre)
 
 
 def pick_layer(gtable: Any, layer: str = "") -> str:

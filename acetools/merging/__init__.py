@@ -13,6 +13,7 @@ driver (:mod:`acetools.files.merge_files`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -57,6 +58,7 @@ __all__ = [
     "update_methods_table",
     "carried_buffers",
     "confirmed_ties",
+    "in_out_keys_layout",
 ]
 
 StateDict = Mapping[str, Tensor]
@@ -256,16 +258,26 @@ def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
     return lay, lay.is_matrix
 
 
-def _check_in_out_keys(resolved: Mapping[str, Any], lay, keys: Sequence[str]) -> None:
+def in_out_keys_layout(patterns: Sequence[str], lay: Layout, base: StateDict, is_mat: Callable) -> Layout:
+    """ACE's deprecated ``in_out_keys`` (fnmatch patterns of matrices stored in x out) as what it
+    is: ``lay`` with those keys stored in x out. Each pattern must match a matrix key of
+    ``base`` that ``lay`` does not already transpose (an error naming it otherwise)."""
     import fnmatch
 
-    for pat in resolved.get("in_out_keys") or ():
-        both = [k for k in keys if fnmatch.fnmatchcase(k, pat) and lay.orientation(k) == "in_out"]
+    warnings.warn("ace: in_out_keys is deprecated; pass a layout (layout='gpt2', or a Layout with in_out "
+                  "patterns) instead: the layout transposes in x out weights for every method", DeprecationWarning,
+                  stacklevel=3)
+    for pat in patterns:
+        hits = [k for k, w in base.items() if fnmatch.fnmatchcase(k, pat) and is_mat(k, w)]
+        if not hits:
+            raise ValueError(f"ace: in_out_keys pattern {pat!r} matches no matrix key of base; check the name")
+        both = [k for k in hits if lay.orientation(k) == "in_out"]
         if both:
             raise ValueError(
                 f"in_out_keys pattern {pat!r} matches {both[0]!r}, which the layout {lay.name!r} already stores "
                 "in x out and transposes; drop in_out_keys (the layout handles orientation)"
             )
+    return dataclasses.replace(lay, in_out=(*lay.in_out, *(fnmatch.translate(p) for p in patterns)))
 
 
 def carried_buffers(base: StateDict, experts: Sequence[StateDict]) -> list[str]:
@@ -297,6 +309,32 @@ def confirmed_ties(tied: Mapping[str, str], base: StateDict, experts: Sequence[S
     return out
 
 
+class _KeyByKeyTaskVector(Mapping):
+    """tau_t = W_t - W0 of one expert, formed key by key when a method asks for it (in d_out x
+    d_in and the compute dtype): the in-memory :func:`merge` holds the T task vectors of the key
+    being merged, not of every key. The last key asked for is kept (a method reads a key's
+    task vectors a few times in a row), so a key-by-key method forms each tensor once."""
+
+    def __init__(self, expert: StateDict, W0: Mapping[str, Tensor], lay: Layout, dev: torch.device):
+        self._expert, self._W0, self._lay, self._dev = expert, W0, lay, dev
+        self._key: str | None = None
+        self._value: Tensor | None = None
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key != self._key:
+            w0 = self._W0[key]
+            self._key, self._value = None, None  # free the previous key's tensor first
+            self._value = self._lay.to_canonical(key, self._expert[key]).to(self._dev, w0.dtype).contiguous() - w0
+            self._key = key
+        return self._value
+
+    def __iter__(self):
+        return iter(self._W0)
+
+    def __len__(self) -> int:
+        return len(self._W0)
+
+
 def merge(
     method: str,
     base: StateDict,
@@ -322,7 +360,10 @@ def merge(
     ``METHODS[method].hparams``; unknown or out-of-range ones raise. Per-key inputs
     (ACE's ``covariances``, RegMean's ``grams``, ESM's ``activations``) refer to the d_out x
     d_in orientation. ``progress`` shows a bar over the keys (``None``: only in interactive
-    sessions). Inputs are never modified.
+    sessions). Inputs are never modified. Memory: the task vectors are formed key by key as
+    the method reads them (:class:`_KeyByKeyTaskVector`), so a method that merges key by key
+    holds the T task vectors of one key at a time (``benchmarks/merge_speed.py --entry merge``
+    measures it).
     """
     info = _get_method(method)
     resolved = info.resolve(hparams)
@@ -330,24 +371,25 @@ def merge(
         raise TypeError("is_matrix must be a callable (key, tensor) -> bool")
     validate_state_dicts(base, experts)
     lay, is_mat = _resolve_layout(layout, base, is_matrix)
-    _check_in_out_keys(resolved, lay, list(base))
+    if resolved.get("in_out_keys"):  # ACE's deprecated alias for a layout
+        lay = in_out_keys_layout(resolved["in_out_keys"], lay, base, is_mat)
+        resolved = {**resolved, "in_out_keys": ()}
     dev = resolve_device(device)
     buffers = set(carried_buffers(base, experts))
     tied = confirmed_ties(lay.tied, base, experts)
     keys = [k for k in base if k not in buffers and k not in tied]
     W0 = {k: lay.to_canonical(k, base[k]).to(dev, _compute_dtype(base[k].dtype)).contiguous() for k in keys}
-    tvs = [
-        {k: lay.to_canonical(k, ex[k]).to(dev, W0[k].dtype).contiguous() - W0[k] for k in keys}
-        for ex in experts
-    ]
+    tvs = [_KeyByKeyTaskVector(ex, W0, lay, dev) for ex in experts]
     token = PROGRESS.set(progress)
     try:
         delta = info.func(W0, tvs, is_matrix=is_mat, **resolved)
     finally:
         PROGRESS.reset(token)
+    del tvs  # the last key's task vectors
     missing = [k for k in keys if k not in delta]
     if missing:  # a bug in the method, not in the user's input
         raise RuntimeError(f"{method} returned no update for key {missing[0]!r}")
+    delta = dict(delta)  # ours to empty as the merged weights are formed
     out: dict[str, Tensor] = {}
     for k, w0 in base.items():
         if k in buffers:
@@ -355,7 +397,7 @@ def merge(
             continue
         if k in tied:
             continue
-        d = delta[k]
+        d = delta.pop(k)
         if d.shape != W0[k].shape:
             raise RuntimeError(f"{method} returned shape {tuple(d.shape)} for key {k!r}, expected {tuple(W0[k].shape)}")
         merged = W0[k] + d.to(dev, W0[k].dtype)
