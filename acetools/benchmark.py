@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .merging import METHODS, Search, merge
 from .search import esm_search, golden_section_search, grid_search
-from .utils import atomic_write
+from .utils import atomic_write, jsonable
 
 __all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
 
@@ -126,21 +126,6 @@ class MethodRun:
             "merge_seconds": self.merge_seconds,
             "inputs_seconds": self.inputs_seconds,
         }
-
-
-def _jsonable(v: Any) -> Any:
-    """Hyperparameters as JSON: tensors and data inputs (activations, grams) summarised."""
-    if isinstance(v, Tensor):
-        return f"<tensor {tuple(v.shape)}>"
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if callable(v):
-        return f"<callable {getattr(v, '__name__', type(v).__name__)}>"
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
 
 
 class Benchmark:
@@ -411,7 +396,7 @@ class Benchmark:
             "patience": self.patience,
             "versions": package_versions(),
             "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in self.world.records()],
-            "runs": [{**r.summary(), "hparams": _jsonable(r.hparams),
+            "runs": [{**r.summary(), "hparams": jsonable(r.hparams, finite=True, summarize=True),
                       "search_trace": None if r.search is None else r.search.to_dict(orient="records"),
                       "val": r.val, "test": r.test} for r in runs],
         }

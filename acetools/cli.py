@@ -328,7 +328,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .course.report import check_parameters, notebook_paths, parse_parameter, run_report
+    from .notebooks import check_parameters, notebook_paths, parse_parameter, run_report
 
     if args.list:
         for p in notebook_paths(args.notebooks):

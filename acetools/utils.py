@@ -1,4 +1,4 @@
-"""Small shared helpers: seeding, devices, progress bars and atomic writes.
+"""Small shared helpers: seeding, devices, progress bars, atomic writes and JSON records.
 
 Everything random in acetools draws from :func:`seed_everything` or from a
 ``torch.Generator`` built by :func:`make_generator`, so the same seed gives the same
@@ -8,14 +8,17 @@ merged weights on the CPU.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
+import json
+import math
 import os
 import random
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
-from typing import TypeVar
+from pathlib import Path, PurePath
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -31,6 +34,8 @@ __all__ = [
     "resolve_device",
     "progress",
     "atomic_write",
+    "jsonable",
+    "short_repr",
 ]
 
 
@@ -136,3 +141,50 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
         except FileNotFoundError:
             pass
         raise
+
+
+def jsonable(obj: Any, *, finite: bool = False, summarize: bool = False,
+             fallback: Callable[[Any], Any] | None = None) -> Any:
+    """``obj`` in JSON's types, for records, sidecars and config hashes (the one converter).
+
+    Mappings become dicts with string keys, lists and tuples lists, dataclass instances dicts,
+    paths strings and NumPy scalars Python's, recursively. ``finite``: NaN and ±inf become
+    ``None`` (JSON has no such numbers). ``summarize``: tensors and callables become short
+    descriptions (``"<tensor (4, 3)>"``, ``"<callable f>"``: hyperparameters that hold data).
+    ``fallback``: ``obj`` unchanged if ``json.dumps`` takes it as it is, else ``fallback(obj)``
+    (no recursion: e.g. :func:`short_repr` for a merge's record).
+    """
+    if fallback is not None:
+        try:
+            json.dumps(obj)
+            return obj
+        except TypeError:
+            return fallback(obj)
+    kw = {"finite": finite, "summarize": summarize}
+    if summarize and isinstance(obj, torch.Tensor):
+        return f"<tensor {tuple(obj.shape)}>"
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v, **kw) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v, **kw) for v in obj]
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj), **kw)
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if summarize and callable(obj):
+        return f"<callable {getattr(obj, '__name__', type(obj).__name__)}>"
+    if finite and isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def short_repr(v: Any) -> str:
+    """A value in a few characters: ``"<3 entries>"`` for a list of non-scalars, ``"<5 keys>"``
+    for a mapping, else its ``repr`` (strings) or ``str``."""
+    if isinstance(v, (list, tuple)) and v and not isinstance(v[0], (str, int, float)):
+        return f"<{len(v)} entries>"
+    if isinstance(v, Mapping):
+        return f"<{len(v)} keys>"
+    return repr(v) if isinstance(v, str) else str(v)

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from tests.test_benchmark import bench  # noqa: F401  (the module-scoped micro-world benchmark)
 
-from acetools.regime import RegimeCard, clip_reference, regime_card, regime_targets, summary_row
+from acetools.course.mergeable_world import regime_targets
+from acetools.regime import RegimeCard, clip_reference, regime_card, summary_row
 from acetools.search import LAMBDA_GRID
 from acetools.world.vision.zoo import Zoo
 

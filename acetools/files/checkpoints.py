@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from ..layouts import TensorMeta
-from ..utils import atomic_write
+from ..utils import atomic_write, jsonable
 
 __all__ = [
     "Checkpoint",
@@ -50,6 +50,12 @@ __all__ = [
     "copy_side_files",
     "check_output_folder",
     "WEIGHT_SUFFIXES",
+    "CheckpointError",
+    "state_hash",
+    "config_hash",
+    "save_checkpoint",
+    "load_checkpoint",
+    "sidecar_path",
 ]
 
 log = logging.getLogger("acetools.files.checkpoints")
@@ -510,3 +516,98 @@ class ShardedWriter:
             self.abort()
         elif not self.closed:
             self.close()
+
+
+# --------------------------------------------------------------------------- hashed checkpoints with a sidecar
+# The zoo's (and the text world's) cache format: safetensors with a content hash, and a JSON
+# sidecar next to it holding the recipe and metrics (docs/style.md §7).
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, unreadable, or its tensors do not match their hash."""
+
+
+StateDict = dict[str, Tensor]
+
+
+def _tensor_bytes(t: Tensor) -> memoryview:
+    t = t.detach().to("cpu").contiguous()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def state_hash(state: Mapping[str, Tensor]) -> str:
+    """SHA-256 of a state dict's contents: every key (sorted), dtype, shape and raw bytes."""
+    h = hashlib.sha256()
+    for k in sorted(state):
+        t = state[k]
+        h.update(f"{k}|{str(t.dtype)}|{tuple(t.shape)}|".encode())
+        h.update(_tensor_bytes(t))
+    return h.hexdigest()
+
+
+def config_hash(obj: Any) -> str:
+    """SHA-256 of a JSON-able object (canonical JSON: sorted keys, no whitespace)."""
+    return hashlib.sha256(json.dumps(jsonable(obj), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sidecar_path(path: Path) -> Path:
+    """The JSON sidecar next to a hashed checkpoint: ``x.safetensors`` -> ``x.json``."""
+    return path.with_suffix(".json")
+
+
+def save_checkpoint(path: str | os.PathLike, state: Mapping[str, Tensor], meta: Mapping[str, Any]) -> dict:
+    """Write ``state`` as safetensors and ``meta`` (+ ``content_sha256``) as a JSON sidecar.
+
+    Both writes are atomic; the tensors go first, so a sidecar exists only next to a
+    complete tensor file. Returns the sidecar dict.
+    """
+    from safetensors.torch import save
+
+    path = Path(path)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    digest = state_hash(tensors)
+    payload = save(tensors, metadata={"content_sha256": digest, "format": "pt"})
+    with atomic_write(path, "wb") as fh:
+        fh.write(payload)
+    side = dict(jsonable(meta))
+    side["content_sha256"] = digest
+    side["file"] = path.name
+    with atomic_write(sidecar_path(path), "w") as fh:
+        json.dump(side, fh, indent=1, sort_keys=True)
+    return side
+
+
+def load_checkpoint(
+    path: str | os.PathLike, *, expected_hash: str | None = None, verify: bool = True
+) -> tuple[StateDict, dict]:
+    """Load a checkpoint and its sidecar; raise :class:`CheckpointError` if anything is off.
+
+    With ``verify`` the tensors are hashed and compared to ``expected_hash`` (default: the
+    sidecar's ``content_sha256``, else the file's own metadata).
+    """
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    side: dict = {}
+    if sidecar_path(path).is_file():
+        try:
+            side = json.loads(sidecar_path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"unreadable sidecar {sidecar_path(path)}: {err}") from err
+    try:
+        state = load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            file_meta = f.metadata() or {}
+    except Exception as err:  # safetensors raises its own error types for truncated files
+        raise CheckpointError(f"unreadable checkpoint {path}: {err}") from err
+    if verify:
+        want = expected_hash or side.get("content_sha256") or file_meta.get("content_sha256")
+        got = state_hash(state)
+        if want is None:
+            raise CheckpointError(f"{path} has no recorded content hash to verify against")
+        if got != want:
+            raise CheckpointError(f"{path}: content hash {got[:12]}... does not match the recorded {want[:12]}...")
+    return state, side

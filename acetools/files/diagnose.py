@@ -486,9 +486,9 @@ def run_report(
     timeout: int | None = None,
     start_timeout: int = 300,
 ) -> dict[str, Any]:
-    """Execute the report notebook into ``out`` with papermill (absolute paths, ``cwd=out``,
-    kernel ``python3``) and render ``diagnose.html`` without code. The tables are saved next
-    to it (:meth:`Diagnosis.save`). Returns ``{"executed", "html", "seconds"}``."""
+    """Execute the report notebook into ``out`` with papermill (:func:`acetools.notebooks.run_notebook`:
+    absolute paths, ``cwd=out``, kernel ``python3``) and render ``diagnose.html`` without code.
+    The tables are saved next to it (:meth:`Diagnosis.save`). Returns ``{"executed", "html", "seconds"}``."""
     import papermill as pm
 
     out = Path(out).resolve()
@@ -504,33 +504,8 @@ def run_report(
     unknown = sorted(set(params) - declared)
     if unknown:  # a packaging error, not the user's
         raise RuntimeError(f"{REPORT_NOTEBOOK.name} does not declare {unknown}")
-    executed = out / "diagnose.ipynb"
-    t0 = time.perf_counter()
-    saved = {k: os.environ.get(k) for k in ("ACETOOLS_PROGRESS", "PYTHONPATH")}
-    os.environ.setdefault("ACETOOLS_PROGRESS", "0")  # a report is a document: no progress bars
-    # the kernel imports the same acetools as this process (a checkout may differ from the installed one)
-    root = str(Path(__file__).resolve().parents[2])
-    os.environ["PYTHONPATH"] = os.pathsep.join([root] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
-    try:
-        pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed), parameters=params, kernel_name="python3",
-                            cwd=str(out), progress_bar=False, log_output=False, execution_timeout=timeout,
-                            start_timeout=start_timeout)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    rec: dict[str, Any] = {"executed": str(executed), "seconds": round(time.perf_counter() - t0, 1)}
-    if html:
-        import nbformat
-        from nbconvert import HTMLExporter
+    from ..notebooks import run_notebook  # the one papermill runner
 
-        nb = nbformat.read(str(executed), as_version=4)
-        body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
-                               exclude_output_prompt=True).from_notebook_node(nb)
-        path = executed.with_suffix(".html")
-        with atomic_write(path, "w") as fh:
-            fh.write(body)
-        rec["html"] = str(path)
-    return rec
+    rec = run_notebook(REPORT_NOTEBOOK, out, params, html=html, timeout=timeout, start_timeout=start_timeout,
+                       cwd=out, output_name="diagnose.ipynb")
+    return {k: rec[k] for k in ("executed", "html", "seconds") if k in rec}

@@ -47,7 +47,7 @@ from .checkpoints import (
 from ..layouts import Layout, describe, get_layout
 from ..merging import METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
 from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
-from ..utils import PROGRESS, progress, resolve_device
+from ..utils import PROGRESS, jsonable, progress, resolve_device, short_repr
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
            "load_activations"]
@@ -162,7 +162,7 @@ class MergePlan:
         return "\n".join(lines)
 
     def hparams_text(self) -> str:
-        return " ".join(f"{k}={_short(v)}" for k, v in self.hparams.items())
+        return " ".join(f"{k}={short_repr(v)}" for k, v in self.hparams.items())
 
     def memory_text(self, largest_key: str) -> str:
         T = len(self.experts)
@@ -196,14 +196,6 @@ _ALIKE = {
     for m in ("weight_averaging", "task_arithmetic", "ties", "dare")
 }
 _ALIKE["regmean"] = "regmean merges the keys its Gram matrices name; every other key gets the mean"
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, (list, tuple)) and v and not isinstance(v[0], (str, int, float)):
-        return f"<{len(v)} entries>"
-    if isinstance(v, Mapping):
-        return f"<{len(v)} keys>"
-    return repr(v) if isinstance(v, str) else str(v)
 
 
 def _fmt(n: float) -> str:
@@ -480,14 +472,6 @@ def _in_memory(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dt
             "buffers_changed": {k: v for k, v in changed.items() if v}}
 
 
-def _jsonable(v: Any) -> Any:
-    try:
-        json.dumps(v)
-        return v
-    except TypeError:
-        return _short(v)
-
-
 def merge_files(
     method: str,
     base: str | Path | Checkpoint,
@@ -532,7 +516,7 @@ def merge_files(
     if hash_inputs:
         inputs["sha256"] = {f: h for ck in [plan.base, *plan.experts] for f, h in ck.sha256().items()}
         inputs["sha256"].update({f: file_sha256(f) for f in plan.files.values()})
-    hp_record = {k: plan.files.get(k) or _jsonable(v) for k, v in plan.hparams.items()}
+    hp_record = {k: plan.files.get(k) or jsonable(v, fallback=short_repr) for k, v in plan.hparams.items()}
     meta = {
         "acetools.version": __version__,
         "acetools.method": method,

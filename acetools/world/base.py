@@ -84,6 +84,9 @@ class World(Protocol):
 def as_world(obj: Any) -> World:
     """``obj`` as a :class:`World`: a :class:`~acetools.world.vision.zoo.Zoo` is wrapped in a
     :class:`~acetools.world.vision.VisionWorld`; a world is returned as is."""
+    if hasattr(obj, "kind"):  # already a world (a Zoo has no kind)
+        check_world(obj)
+        return obj
     from .vision.zoo import Zoo
 
     if isinstance(obj, Zoo):

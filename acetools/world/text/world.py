@@ -164,7 +164,7 @@ class TextWorld:
         return {k: full[k] for k in merged_keys(full)}
 
     def base_hash(self) -> str:
-        from ..vision.zoo import state_hash
+        from ...files.checkpoints import state_hash
 
         return state_hash(self.full_base())
 
@@ -178,7 +178,7 @@ class TextWorld:
         return self._data[task][split]
 
     def _load_task(self, spec: TextTask) -> dict[str, TextData]:
-        from ..vision.zoo import config_hash
+        from ...files.checkpoints import config_hash
 
         key_fields = {"spec": spec.spec(), "provenance": task_provenance(spec), "version": TEXT_WORLD_VERSION}
         key = config_hash(key_fields)
@@ -204,7 +204,7 @@ class TextWorld:
 
     # ----------------------------------------------------------------- experts
     def _expert_path(self, task: str) -> tuple[Path, str, dict]:
-        from ..vision.zoo import config_hash
+        from ...files.checkpoints import config_hash
 
         data = {s: self.split(task, s).hash for s in ("train", "val", "test")}
         fields = {"task": task, "base": self.base_hash(), "data": data, "recipe": self.config.to_dict(),
@@ -231,7 +231,7 @@ class TextWorld:
         self._check_task(task)
         if task in self._experts:
             return self._experts[task]
-        from ..vision.zoo import CheckpointError, load_checkpoint, save_checkpoint
+        from ...files.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 
         path, key, fields = self._expert_path(task)
         if path.is_file():

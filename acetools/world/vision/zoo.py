@@ -59,7 +59,15 @@ from .models import (
     model_config,
     prototype_head,
 )
-from ...utils import atomic_write
+from ...files.checkpoints import (  # noqa: F401  (the zoo's checkpoint format, re-exported for compatibility)
+    CheckpointError,
+    _tensor_bytes,
+    config_hash,
+    load_checkpoint,
+    save_checkpoint,
+    sidecar_path,
+    state_hash,
+)
 from ...utils import progress as _progress
 
 log = logging.getLogger(__name__)
@@ -93,10 +101,6 @@ class _NotCached(Exception):
     """Raised inside :meth:`Zoo.missing` instead of building an entry."""
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, unreadable, or its tensors do not match their hash."""
-
-
 # --------------------------------------------------------------------------- hashing and files
 
 
@@ -108,21 +112,6 @@ def cache_root(root: str | os.PathLike | None = None) -> Path:
     if env:
         return Path(env).expanduser() / "zoo"
     return Path("~/.cache/acetools/zoo").expanduser()
-
-
-def _tensor_bytes(t: Tensor) -> memoryview:
-    t = t.detach().to("cpu").contiguous()
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
-
-
-def state_hash(state: Mapping[str, Tensor]) -> str:
-    """SHA-256 of a state dict's contents: every key (sorted), dtype, shape and raw bytes."""
-    h = hashlib.sha256()
-    for k in sorted(state):
-        t = state[k]
-        h.update(f"{k}|{str(t.dtype)}|{tuple(t.shape)}|".encode())
-        h.update(_tensor_bytes(t))
-    return h.hexdigest()
 
 
 def data_hash(data) -> str:
@@ -145,85 +134,6 @@ def data_hash(data) -> str:
         h.update(f"label:{k}:{int(data.head_classes[k])}|".encode())
         h.update(_tensor_bytes(torch.as_tensor(data.labels[k])))
     return h.hexdigest()
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if hasattr(obj, "__dataclass_fields__"):
-        return _jsonable(asdict(obj))
-    return obj
-
-
-def config_hash(obj: Any) -> str:
-    """SHA-256 of a JSON-able object (canonical JSON: sorted keys, no whitespace)."""
-    return hashlib.sha256(json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _sidecar(path: Path) -> Path:
-    return path.with_suffix(".json")
-
-
-def save_checkpoint(path: str | os.PathLike, state: Mapping[str, Tensor], meta: Mapping[str, Any]) -> dict:
-    """Write ``state`` as safetensors and ``meta`` (+ ``content_sha256``) as a JSON sidecar.
-
-    Both writes are atomic; the tensors go first, so a sidecar exists only next to a
-    complete tensor file. Returns the sidecar dict.
-    """
-    from safetensors.torch import save
-
-    path = Path(path)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-    digest = state_hash(tensors)
-    payload = save(tensors, metadata={"content_sha256": digest, "format": "pt"})
-    with atomic_write(path, "wb") as fh:
-        fh.write(payload)
-    side = dict(_jsonable(meta))
-    side["content_sha256"] = digest
-    side["file"] = path.name
-    with atomic_write(_sidecar(path), "w") as fh:
-        json.dump(side, fh, indent=1, sort_keys=True)
-    return side
-
-
-def load_checkpoint(
-    path: str | os.PathLike, *, expected_hash: str | None = None, verify: bool = True
-) -> tuple[StateDict, dict]:
-    """Load a checkpoint and its sidecar; raise :class:`CheckpointError` if anything is off.
-
-    With ``verify`` the tensors are hashed and compared to ``expected_hash`` (default: the
-    sidecar's ``content_sha256``, else the file's own metadata).
-    """
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
-    side: dict = {}
-    if _sidecar(path).is_file():
-        try:
-            side = json.loads(_sidecar(path).read_text())
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"unreadable sidecar {_sidecar(path)}: {err}") from err
-    try:
-        state = load_file(str(path))
-        with safe_open(str(path), "pt") as f:
-            file_meta = f.metadata() or {}
-    except Exception as err:  # safetensors raises its own error types for truncated files
-        raise CheckpointError(f"unreadable checkpoint {path}: {err}") from err
-    if verify:
-        want = expected_hash or side.get("content_sha256") or file_meta.get("content_sha256")
-        got = state_hash(state)
-        if want is None:
-            raise CheckpointError(f"{path} has no recorded content hash to verify against")
-        if got != want:
-            raise CheckpointError(f"{path}: content hash {got[:12]}... does not match the recorded {want[:12]}...")
-    return state, side
 
 
 # --------------------------------------------------------------------------- the zoo
@@ -406,7 +316,7 @@ class Zoo:
         key = config_hash(key_fields)
         path = path.with_name(f"{path.name}-{key[:16]}.safetensors")
         side = None
-        if path.is_file() and _sidecar(path).is_file():
+        if path.is_file() and sidecar_path(path).is_file():
             try:
                 state, side = load_checkpoint(path)
                 if side.get("key") != key:
