@@ -323,13 +323,7 @@ class _Source:
 
 
 def _confirm_ties(plan: MergePlan) -> dict[str, str]:
-    out = {}
-    for alias, canon in plan.tie_candidates.items():
-        if all(torch.equal(ck.get(alias), ck.get(canon)) for ck in [plan.base, *plan.experts]):
-            out[alias] = canon
-        else:
-            log.info("%s and %s are not tied in these checkpoints (values differ); merging them apart", alias, canon)
-    return out
+    return confirmed_ties(plan.tie_candidates, plan.base, plan.experts, get=lambda ck, k: ck.get(k))
 
 
 def _radix_thresholds(keys: Sequence[str], taus_of: Callable[[str], list[Tensor]], T: int, k: float,

@@ -294,15 +294,19 @@ def carried_buffers(base: StateDict, experts: Sequence[StateDict]) -> list[str]:
     return keys
 
 
-def confirmed_ties(tied: Mapping[str, str], base: StateDict, experts: Sequence[StateDict]) -> dict[str, str]:
-    """The ties of a layout that hold in these state dicts (both keys present and equal in every
-    model); the others are logged and merged as separate keys."""
+def confirmed_ties(tied: Mapping[str, str], base: Any, experts: Sequence[Any], *,
+                   get: Callable[[Any, str], Tensor] | None = None) -> dict[str, str]:
+    """The ties of a layout that hold in these models (both keys present and equal in every
+    model); the others are logged and merged as separate keys. The one tie confirmation of
+    :func:`merge`, the file merge and the diagnostics: ``base`` / ``experts`` are state dicts,
+    or objects with ``keys()`` read through ``get(model, key)`` (checkpoints on disk)."""
+    read = get or (lambda m, k: m[k])
+    models = [base, *experts]
     out = {}
     for alias, canon in tied.items():
-        if alias not in base or canon not in base:
+        if not all(alias in m.keys() and canon in m.keys() for m in models):
             continue
-        models = [base, *experts]
-        if all(m[alias].shape == m[canon].shape and torch.equal(m[alias], m[canon]) for m in models):
+        if all(torch.equal(read(m, alias), read(m, canon)) for m in models):
             out[alias] = canon
         else:
             log.info("%s and %s are not tied in these checkpoints (values differ); merging them apart", alias, canon)

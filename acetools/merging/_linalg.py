@@ -27,7 +27,7 @@ from torch import Tensor
 __all__ = [
     "thin_svd", "polar", "solve_right", "top_svd", "check_square", "check_psd",
     "GRAM_MAX_RATIO", "sym_eig", "gram_top_svd", "gram_polar", "gram_polar_times",
-    "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_", "spread_ok",
+    "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_", "spread_ok", "gram_spectrum",
 ]
 
 #: Largest sigma_1 / sigma_j a float64 Gram route accepts for the singular values it uses.
@@ -348,3 +348,30 @@ def symmetrize_lower_(S: Tensor) -> Tensor:
         for lo2, hi2 in bl[i + 1:]:
             S[lo:hi, lo2:hi2] = S[lo2:hi2, lo:hi].mT
     return S
+
+
+def gram_spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """All singular values (descending) of M and its top-k left/right singular vectors, in float32:
+    the diagnostics' Gram route (``acetools diagnose``), beside :func:`gram_top_svd` (the merge
+    methods' float64 top-k route with its spread check).
+
+    Through the eigendecomposition of the smaller Gram matrix instead of an SVD (several
+    times faster on a CPU for 3072 x 768); singular values are accurate to ~1e-3 of sigma_1
+    (squared: ~1e-7 of the energy), ample for energy shares, spectra and subspaces."""
+    M = M.to(torch.float32)
+    d_out, d_in = M.shape
+    if d_out <= d_in:
+        lam, U = torch.linalg.eigh(M @ M.T)
+        lam, U = lam.flip(0).clamp(min=0), U.flip(1)
+        S = lam.sqrt()
+        Uk = U[:, :k]
+        Sk = S[:k]
+        Vk = (M.T @ Uk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
+    else:
+        lam, V = torch.linalg.eigh(M.T @ M)
+        lam, V = lam.flip(0).clamp(min=0), V.flip(1)
+        S = lam.sqrt()
+        Vk = V[:, :k]
+        Sk = S[:k]
+        Uk = (M @ Vk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
+    return S, Uk, Vk
