@@ -32,6 +32,7 @@ from torch import Tensor
 from .merging import METHODS, Search, merge
 from .search import esm_search, golden_section_search, grid_search
 from .utils import atomic_write, jsonable
+from .errors import InputError
 
 __all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
 
@@ -76,7 +77,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 def check_patience(patience: Any) -> None:
     """A grid search's ``patience`` is ``None`` or a positive int (ValueError naming it otherwise)."""
     if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-        raise ValueError(f"patience={patience!r} must be None or a positive int")
+        raise InputError(f"patience={patience!r} must be None or a positive int")
 
 
 def package_versions() -> dict[str, str]:
@@ -226,7 +227,7 @@ class Benchmark:
         out = {}
         for name in METHODS[method].data_inputs:
             if name not in self.DATA_INPUTS:
-                raise ValueError(f"{method} declares the data input {name!r}, which the benchmark harness cannot "
+                raise InputError(f"{method} declares the data input {name!r}, which the benchmark harness cannot "
                                  f"collect (it knows {sorted(self.DATA_INPUTS)})")
             value = getattr(self, self.DATA_INPUTS[name])()
             if value is not None:
@@ -274,7 +275,7 @@ class Benchmark:
         ``search="default"`` uses :data:`SEARCH`; ``None`` keeps the hyperparameters as given.
         """
         if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; valid: {sorted(METHODS)}")
+            raise InputError(f"unknown method {method!r}; valid: {sorted(METHODS)}")
         if search == "default":
             search = SEARCH.get(method)
         # data inputs (ESM's activations, RegMean's Grams) are collected once and timed apart
@@ -289,7 +290,7 @@ class Benchmark:
             coef_name, coef = None, None
         else:
             if search.param in hparams:
-                raise ValueError(f"{method}: {search.param} is searched; pass search=None to fix it")
+                raise InputError(f"{method}: {search.param} is searched; pass search=None to fix it")
             m1 = self._merge(method, {**hparams, search.param: 1.0})
             m2 = self._merge(method, {**hparams, search.param: 2.0})
             merge_s = (time.perf_counter() - t0) / 2
@@ -310,7 +311,7 @@ class Benchmark:
             elif search.kind == "esm":
                 res = esm_search(score, ref, lo=search.bracket[0], hi=search.bracket[1])
             else:  # pragma: no cover
-                raise ValueError(search.kind)
+                raise InputError(search.kind)
             coef_name, coef = search.param, float(res.best)
             merged = at(coef)
             trace = res.to_frame()
@@ -493,7 +494,7 @@ def wudi_step_size(bench: Benchmark, lrs: Sequence[float] = (1e-5, 1e-4, 1e-3), 
 
     lrs = [float(lr) for lr in lrs]
     if not lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in lrs):
-        raise ValueError(f"lrs={lrs!r}: give one or more positive learning rates")
+        raise InputError(f"lrs={lrs!r}: give one or more positive learning rates")
     base = bench.base
     taus = task_vectors(base, bench.experts)
     variants = [("task arithmetic, lambda = 1 (WUDI's start)", "task_arithmetic", {"lam": 1.0})]

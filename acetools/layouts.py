@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from .errors import InputError, InputTypeError
 
 __all__ = [
     "ROLES",
@@ -75,7 +76,7 @@ def _meta(tensor: Tensor | TensorMeta) -> TensorMeta:
         return tensor
     if isinstance(tensor, Tensor):
         return TensorMeta(tuple(tensor.shape), tensor.dtype)
-    raise TypeError(f"expected a torch.Tensor or a TensorMeta, got {type(tensor).__name__}")
+    raise InputTypeError(f"expected a torch.Tensor or a TensorMeta, got {type(tensor).__name__}")
 
 
 def _any(patterns: Sequence[str], key: str) -> bool:
@@ -84,12 +85,12 @@ def _any(patterns: Sequence[str], key: str) -> bool:
 
 def _compiled_check(value: Any, name: str) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (tuple, list)):
-        raise TypeError(f"Layout.{name} must be a tuple of regular expressions, got {value!r}")
+        raise InputTypeError(f"Layout.{name} must be a tuple of regular expressions, got {value!r}")
     for p in value:
         try:
             re.compile(p)
         except re.error as e:
-            raise ValueError(f"Layout.{name}: {p!r} is not a regular expression ({e})") from None
+            raise InputError(f"Layout.{name}: {p!r} is not a regular expression ({e})") from None
     return tuple(value)
 
 
@@ -123,7 +124,7 @@ class Layout:
             object.__setattr__(self, name, _compiled_check(getattr(self, name), name))
         rules = tuple(tuple(r) for r in self.tie_rules)
         if any(len(r) != 2 for r in rules):
-            raise ValueError("Layout.tie_rules must be (alias pattern, canonical pattern) pairs")
+            raise InputError("Layout.tie_rules must be (alias pattern, canonical pattern) pairs")
         object.__setattr__(self, "tie_rules", rules)
         object.__setattr__(self, "tied", dict(self.tied))
 
@@ -181,7 +182,7 @@ class Layout:
                     tied[aliases[0]] = canons[0]
         for alias, canon in tied.items():
             if canon in tied:
-                raise ValueError(f"Layout {self.name!r}: tied key {alias!r} -> {canon!r} points at another alias")
+                raise InputError(f"Layout {self.name!r}: tied key {alias!r} -> {canon!r} points at another alias")
         return dataclasses.replace(self, tied=tied)
 
     def describe(self, tensors: Mapping[str, Tensor | TensorMeta]) -> list[dict[str, Any]]:
@@ -315,10 +316,10 @@ def get_layout(
         lay = PRESETS[name]
     elif isinstance(layout, str):
         if layout not in PRESETS:
-            raise ValueError(f"unknown layout {layout!r}; valid layouts are: auto, {', '.join(PRESETS)}")
+            raise InputError(f"unknown layout {layout!r}; valid layouts are: auto, {', '.join(PRESETS)}")
         lay = PRESETS[layout]
     else:
-        raise TypeError(f"layout must be a preset name, 'auto' or a Layout, got {type(layout).__name__}")
+        raise InputTypeError(f"layout must be a preset name, 'auto' or a Layout, got {type(layout).__name__}")
     return lay.bind(keys, config) if keys is not None else lay
 
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from .errors import InputError
 
 __all__ = [
     "PROFILES",
@@ -61,11 +62,11 @@ REPORT_CSS = """
 PROFILES: dict[str, dict[str, Any]] = {"quick": {"quick": True}, "full": {}}
 
 
-class UnknownParameterError(ValueError):
+class UnknownParameterError(InputError):
     """A parameter was passed that the notebook's ``parameters`` cell does not declare."""
 
 
-class ParameterTypeError(ValueError):
+class ParameterTypeError(InputError):
     """A parameter value does not match the type annotated in the notebook's ``parameters`` cell."""
 
 
@@ -83,7 +84,7 @@ def notebook_paths(folder: str | os.PathLike | None = None, only: Sequence[str] 
     for name in only:
         hits = [p for p in paths if name in (p.stem, p.stem[:2], p.stem[3:])]
         if not hits:
-            raise ValueError(f"no notebook matches {name!r}; notebooks: {[p.stem for p in paths]}")
+            raise InputError(f"no notebook matches {name!r}; notebooks: {[p.stem for p in paths]}")
         chosen += [p for p in hits if p not in chosen]
     return chosen
 
@@ -100,11 +101,11 @@ def parse_parameter(text: str, *, literal: bool = True) -> tuple[str, Any]:
     (``3``, ``0.5``, ``True``, ``[1, 2]``), else the string. ``literal=False`` keeps the
     value's text (for :func:`check_parameters`, which parses it by the declared type)."""
     if "=" not in text:
-        raise ValueError(f"parameter {text!r} must look like KEY=VALUE")
+        raise InputError(f"parameter {text!r} must look like KEY=VALUE")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key.isidentifier():
-        raise ValueError(f"parameter name {key!r} is not a Python identifier")
+        raise InputError(f"parameter name {key!r} is not a Python identifier")
     if not literal:
         return key, raw
     try:
@@ -353,7 +354,7 @@ def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
     ``start_timeout``: per cell / kernel start, as in :func:`run_notebook`.
     """
     if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; profiles: {sorted(PROFILES)}")
+        raise InputError(f"unknown profile {profile!r}; profiles: {sorted(PROFILES)}")
     out = Path(out) if out is not None else REPO / "build" / "report" / profile
     if figures is None:
         figures = REPO / "figures" if profile == "full" else out / "figures"

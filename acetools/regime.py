@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from .utils import atomic_write, jsonable
+from .errors import InputError, InputKeyError
 
 __all__ = ["CARD_METHODS", "CLIP_B32", "RegimeCard", "clip_reference", "regime_card", "summary_row"]
 
@@ -136,7 +137,7 @@ class RegimeCard:
         for r in self.rows:
             if r["metric"] == metric:
                 return r["value"]
-        raise KeyError(f"no row {metric!r} in the card; rows: {[r['metric'] for r in self.rows]}")
+        raise InputKeyError(f"no row {metric!r} in the card; rows: {[r['metric'] for r in self.rows]}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"meta": self.meta, "rows": [_clean(r) for r in self.rows],
@@ -197,55 +198,74 @@ def regime_card(
     searches, as in :class:`acetools.benchmark.Benchmark` (pass ``bench`` to reuse one);
     ``tau`` is ACE's gate threshold (None: ACE's registered default, the paper's 0.3); ``n_act``
     training images per task give the input-activation rows. Returns a :class:`RegimeCard`.
+
+    Steps: the accuracies (:func:`_card_accuracies`), the spectra (:func:`_spectra_rows`), the
+    activations (:func:`_activation_rows`), the per-matrix and per-layer tables
+    (:func:`_layer_tables`), the per-task table and the card's rows (:func:`_card_rows`).
     """
     from .benchmark import Benchmark
-    from .diagnostics import heterogeneity_per_layer, layer_type, relative_update_norms, task_vector_cosine
     from .merging import METHODS, is_matrix_param, task_vectors
-    from .merging.ace import ace_with_diagnostics
-    from .merging.svd import tsv_rank
     from .utils import progress as _bar
 
     if tau is None:
         tau = METHODS["ace"].params["tau"].default
     if not tau > 0:
-        raise ValueError(f"tau={tau!r} must be positive (ACE's gate threshold, 0.3 in the paper)")
+        raise InputError(f"tau={tau!r} must be positive (ACE's gate threshold, 0.3 in the paper)")
     t_start = time.perf_counter()
     if bench is None:
         bench = Benchmark(zoo, n_val=n_val, n_test=n_test, threads=threads, patience=patience)
     tasks = list(bench.tasks)
-    T = len(tasks)
     base = bench.base
-    experts = bench.experts
-    taus = task_vectors(base, experts)
+    taus = task_vectors(base, bench.experts)
     mats = [k for k in base if is_matrix_param(k, base[k])]
     if not mats:
-        raise ValueError("the zoo's base has no weight matrices; a regime card needs at least one")
-
-    # --- accuracies: references and the searched merges (Benchmark.run)
+        raise InputError("the zoo's base has no weight matrices; a regime card needs at least one")
     steps = ["references", *CARD_METHODS, "ace", "truncated experts", "scaled experts", "spectra"]
     bar = _bar(steps, desc="regime card", total=len(steps), enabled=progress)
     it = iter(bar)
+    acc = _card_accuracies(bench, base, taus, mats, tau, it)
+    next(it)
+    spec = pd.DataFrame(_spectra_rows(base, taus, mats, acc["diags"], len(tasks)))
+    if hasattr(bar, "close"):
+        bar.close()
+    act = _activation_rows(bench, zoo, base, taus, tasks, n_images=n_act)
+    per_key, per_layer = _layer_tables(base, taus, tasks, mats, acc["het"], spec)
+    per_task = _per_task_table(tasks, acc)
+    rows = _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau)
+    runs = acc["runs"]
+    meta = {
+        "suite": getattr(zoo, "suite", None), "tasks": tasks, "n_tasks": len(tasks), "size": getattr(zoo, "size", None),
+        "seed": getattr(zoo, "seed", None), "tau": tau, "n_val": bench.n_val, "n_test": bench.n_test,
+        "patience": bench.patience, "coefficients": {m: runs[m].coef for m in CARD_METHODS},
+        "recipe": _recipe(zoo), "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in zoo.records()],
+        "seconds": round(time.perf_counter() - t_start, 1),
+        "clip_source": "acetools.regime.CLIP_B32 (the papers' collected table, ViT-B/32) and docs/regime.md",
+    }
+    return RegimeCard(rows, per_task, per_layer, _clean(meta))
+
+
+def _card_accuracies(bench, base, taus, mats, tau: float, it) -> dict[str, Any]:
+    """References, the searched merges (Benchmark.run), ACE at its defaults (gamma, gate, W_pre's
+    spectrum, accuracy: Eq. 7 and Step 3 of ACE-Merging), and the per-task explanations: each
+    expert truncated to TSV-M's rank, and each task at TA's lambda without interference."""
+    from .diagnostics import heterogeneity_per_layer
+    from .merging.ace import ace_with_diagnostics
+    from .merging.svd import low_rank, tsv_rank
+
+    tasks, T = list(bench.tasks), len(bench.tasks)
     next(it)
     ref_rows = bench.reference_rows()
-    base_run, expert_run = ref_rows[0], ref_rows[1]
     runs = {}
     for m in CARD_METHODS:
         next(it)
         runs[m] = bench.run(m)
         log.info("%s: %.2f normalized (coef %s)", m, runs[m].summary()["test_normalized"], runs[m].coef)
     lam = float(runs["task_arithmetic"].coef)
-
-    # --- ACE at its defaults: gamma, gate, W_pre's spectrum, accuracy (Eq. 7 and Step 3 of ACE-Merging)
     next(it)
     update, diags = ace_with_diagnostics(base, taus, spectra=True, tau=tau)
     ace_state = {k: base[k] + update[k].to(base[k].dtype) for k in base}
-    ace_test = bench.evaluate(ace_state, "test")
-    ace_norm = bench.normalized(ace_test, "test")
+    ace_norm = bench.normalized(bench.evaluate(ace_state, "test"), "test")
     het = heterogeneity_per_layer(taus, tau=tau, keys=mats)
-
-    # --- per-task explanations: truncation to TSV-M's rank, and TA's lambda without interference
-    from .merging.svd import low_rank
-
     next(it)
     trunc_acc, scaled_acc = {}, {}
     for t, tv in zip(tasks, taus):
@@ -255,12 +275,15 @@ def regime_card(
     next(it)
     for t, tv in zip(tasks, taus):
         scaled_acc[t] = bench.evaluate({k: base[k] + lam * tv[k] for k in base}, "test", tasks=[t])[t]
-    trunc_norm = bench.normalized(trunc_acc, "test")
-    scaled_norm = bench.normalized(scaled_acc, "test")
+    return {"base_run": ref_rows[0], "expert_run": ref_rows[1], "runs": runs, "lam": lam, "diags": diags,
+            "ace_norm": ace_norm, "het": het, "trunc_norm": bench.normalized(trunc_acc, "test"),
+            "scaled_norm": bench.normalized(scaled_acc, "test")}
 
-    # --- spectra: energy in the top-k directions and the overlap of different tasks' subspaces
-    next(it)
-    from .diagnostics import principal_subspace, singular_values
+
+def _spectra_rows(base, taus, mats, diags, T: int) -> list[dict[str, Any]]:
+    """Per matrix: energy in the top-k directions and the overlap of different tasks' subspaces."""
+    from .diagnostics import layer_type, principal_subspace, singular_values
+    from .merging.svd import tsv_rank
 
     layer_rows = []
     for k in mats:
@@ -284,7 +307,6 @@ def regime_card(
                     overlaps.append(float((Us[i].T @ Us[j]).pow(2).sum()) / kk)
                     by_side[side].append(overlaps[-1])
                     rand.append(kk / d)
-        dg = diags[k]
         layer_rows.append({
             "key": k, "layer_type": layer_type(k), "shape": "x".join(map(str, base[k].shape)), "rank_k": kk,
             "energy_topk": float(np.nanmean(energy_top)) if energy_top else math.nan,
@@ -292,12 +314,15 @@ def regime_card(
             "overlap_random": float(np.mean(rand)) if rand else math.nan,
             "overlap_left": float(np.mean(by_side["left"])) if by_side["left"] else math.nan,
             "overlap_right": float(np.mean(by_side["right"])) if by_side["right"] else math.nan,
-            "wpre_top5_energy": _top_energy(dg.spectrum_pre, 0.05),
+            "wpre_top5_energy": _top_energy(diags[k].spectrum_pre, 0.05),
         })
-    if hasattr(bar, "close"):
-        bar.close()
-    act = _activation_rows(bench, zoo, base, taus, tasks, n_images=n_act)
-    spec = pd.DataFrame(layer_rows)
+    return layer_rows
+
+
+def _layer_tables(base, taus, tasks, mats, het, spec) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(per_key, per_layer)``: norms, energies, gamma and the spectra per matrix, then per layer type."""
+    from .diagnostics import relative_update_norms
+
     norms = relative_update_norms(base, taus, tasks, keys=mats)
     norms["energy"] = norms["tau_norm"] ** 2
     per_key = norms.groupby("key", sort=False).agg(tau_ratio=("ratio", "mean"), energy=("energy", "mean"))
@@ -316,20 +341,30 @@ def regime_card(
         overlap_right=("overlap_right", "mean"), wpre_top5_energy=("wpre_top5_energy", "median"),
     ).reset_index()
     per_layer["gated_fraction"] = per_layer["gated_fraction"].astype(float)
+    return per_key, per_layer
 
-    # --- per-task table
-    per_task = pd.DataFrame({
+
+def _per_task_table(tasks, acc) -> pd.DataFrame:
+    base_run, expert_run, runs = acc["base_run"], acc["expert_run"], acc["runs"]
+    return pd.DataFrame({
         "task": tasks,
         "expert_acc": [100 * expert_run.test[t] for t in tasks],
         "base_acc": [100 * base_run.test[t] for t in tasks],
         "base_norm": [100 * base_run.test_normalized[t] for t in tasks],
         **{f"{m}_norm": [100 * runs[m].test_normalized[t] for t in tasks] for m in CARD_METHODS},
-        "ace_norm": [100 * ace_norm[t] for t in tasks],
-        "truncated_norm": [100 * trunc_norm[t] for t in tasks],
-        "scaled_norm": [100 * scaled_norm[t] for t in tasks],
+        "ace_norm": [100 * acc["ace_norm"][t] for t in tasks],
+        "truncated_norm": [100 * acc["trunc_norm"][t] for t in tasks],
+        "scaled_norm": [100 * acc["scaled_norm"][t] for t in tasks],
     })
 
-    # --- rows
+
+def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float) -> list[dict[str, Any]]:
+    """The card's rows (metric, label, value, CLIP's value, note, unit, how)."""
+    from .diagnostics import task_vector_cosine
+
+    T = len(tasks)
+    base_run, expert_run, runs, lam = acc["base_run"], acc["expert_run"], acc["runs"], acc["lam"]
+    ace_norm, trunc_norm, scaled_norm = acc["ace_norm"], acc["trunc_norm"], acc["scaled_norm"]
     clip = clip_reference(T)
     experts_abs, base_abs = _mean(expert_run.test), _mean(base_run.test)
     ta_norm = runs["task_arithmetic"].summary()["test_normalized"]
@@ -337,7 +372,7 @@ def regime_card(
     tsv_abs = runs["tsv_m"].summary()["test_acc"]
     cos = task_vector_cosine(taus, tasks).to_numpy()
     off = cos[~np.eye(T, dtype=bool)] if T > 1 else np.array([math.nan])
-    gammas = het["gamma"].to_numpy(dtype=float)
+    gammas = acc["het"]["gamma"].to_numpy(dtype=float)
     gap = experts_abs - base_abs
     rows: list[dict[str, Any]] = []
 
@@ -415,16 +450,7 @@ def regime_card(
         "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)")
     row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",
         "k / d: the expected overlap of random subspaces, for scale")
-
-    meta = {
-        "suite": getattr(zoo, "suite", None), "tasks": tasks, "n_tasks": T, "size": getattr(zoo, "size", None),
-        "seed": getattr(zoo, "seed", None), "tau": tau, "n_val": bench.n_val, "n_test": bench.n_test,
-        "patience": bench.patience, "coefficients": {m: runs[m].coef for m in CARD_METHODS},
-        "recipe": _recipe(zoo), "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in zoo.records()],
-        "seconds": round(time.perf_counter() - t_start, 1),
-        "clip_source": "acetools.regime.CLIP_B32 (the papers' collected table, ViT-B/32) and docs/regime.md",
-    }
-    return RegimeCard(rows, per_task, per_layer, _clean(meta))
+    return rows
 
 
 def _activation_rows(bench, zoo, base, taus, tasks, *, n_images: int) -> dict[str, float]:

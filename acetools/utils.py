@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from .errors import InputError, InputTypeError
 
 T = TypeVar("T")
 
@@ -46,7 +47,7 @@ def seed_everything(seed: int) -> torch.Generator:
     prefers an explicit generator over global state.
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        raise InputTypeError(f"seed must be an int, got {type(seed).__name__}")
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -72,7 +73,7 @@ def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise InputError(
             f"device={str(device)!r} was requested but no CUDA device is available; "
             "use device='cpu' or device='auto'."
         )

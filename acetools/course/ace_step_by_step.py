@@ -40,6 +40,7 @@ from ..merging import METHODS, task_vectors
 from ..merging._linalg import thin_svd
 from ..merging._registry import registered_defaults
 from .verdicts import NOISE, TIE, Verdict, agreement, compare, threshold
+from ..errors import InputError, InputKeyError
 
 __all__ = [
     "TAU",
@@ -109,7 +110,7 @@ def matrix_keys(task_vectors: Sequence[StateDict], is_matrix: Callable[[str, Ten
     if is_matrix is None:
         from ..merging import is_matrix_param as is_matrix
     if isinstance(task_vectors, Mapping) or len(task_vectors) == 0:
-        raise ValueError("task_vectors must be a non-empty list of {key: tau_t} dicts")
+        raise InputError("task_vectors must be a non-empty list of {key: tau_t} dicts")
     tv0 = task_vectors[0]
     return [k for k in tv0 if is_matrix(k, tv0[k])]
 
@@ -229,7 +230,7 @@ class LayerStages:
     def refined(self, k: int) -> Tensor:
         """W_pre + sigma_iso(k) U_k V_kᵀ with sigma_iso(k) = mean(S[:k]) (eqs 17-19); k = 0: W_pre."""
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= self.rank:
-            raise ValueError(f"k={k!r} must be an int in [0, {self.rank}]")
+            raise InputError(f"k={k!r} must be an int in [0, {self.rank}]")
         return A.Refinement(self.W, self.k, math.nan, self.S, self.U, self.Vh).at_rank(self.W_pre, int(k))
 
     def refined_spectra(self, ks: Sequence[int]) -> dict[int, np.ndarray]:
@@ -254,7 +255,7 @@ class LayerStages:
         T = len(self.delta_W)
         names = list(names) if names is not None else [f"task{t}" for t in range(T)]
         if len(names) != T:
-            raise ValueError(f"{len(names)} names for {T} tasks")
+            raise InputError(f"{len(names)} names for {T} tasks")
         tr = self.covs.traces.numpy()
         used = np.array([float(torch.diagonal(S).sum()) for S in self.covs.Sigma_tilde])
         return pd.DataFrame({"task": names, "trace": tr, "share_raw": tr / tr.sum(), "share_used": used / used.sum()})
@@ -290,7 +291,7 @@ def layer_stages(delta_W: Sequence[Tensor], *, tau: float, eps: float, k_frac: f
     sw = A.estimator_preset("ace", gate=gate, prior=prior, numerator=numerator)
     dWs = [d.detach().double().cpu() for d in delta_W]
     if not dWs or any(d.ndim != 2 or d.shape != dWs[0].shape for d in dWs):
-        raise ValueError(f"layer {name!r}: pass a non-empty list of equally shaped 2-D task vectors")
+        raise InputError(f"layer {name!r}: pass a non-empty list of equally shaped 2-D task vectors")
     energies = A.task_energies(dWs)
     gamma = A.heterogeneity(dWs)
     flag = A.gate_flag(gamma, tau, sw.gate)
@@ -316,7 +317,7 @@ def pick_layer(gtable: Any, layer: str = "") -> str:
     keys = list(gtable["key"])
     if layer:
         if layer not in keys:
-            raise KeyError(f"layer {layer!r} is not a matrix key; keys: {keys}")
+            raise InputKeyError(f"layer {layer!r} is not a matrix key; keys: {keys}")
         return layer
     return str(gtable.loc[gtable["gamma"].idxmax(), "key"])
 
@@ -342,10 +343,10 @@ def direction_cosine(A_: Tensor, B: Tensor, k: int) -> dict[str, float]:
     :func:`acetools.diagnostics.subspace_similarity` (reduction ``"mean_cos"``) per side.
     """
     if A_.shape != B.shape:
-        raise ValueError(f"shapes differ: {tuple(A_.shape)} vs {tuple(B.shape)}")
+        raise InputError(f"shapes differ: {tuple(A_.shape)} vs {tuple(B.shape)}")
     r = min(A_.shape)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= r:
-        raise ValueError(f"k={k!r} must be an int in [1, {r}]")
+        raise InputError(f"k={k!r} must be an int in [1, {r}]")
     UA, VA = _bases(A_, k)
     UB, VB = _bases(B, k)
     left, right = _mean_cos(UA, UB), _mean_cos(VA, VB)
@@ -357,7 +358,7 @@ def random_subspace_cosine(d: int, k: int, n_draws: int = 32, seed: int = 0) -> 
     """The chance level of :func:`direction_cosine` on one side: the mean principal-angle
     cosine between two random k-dimensional subspaces of R^d (Monte Carlo, seeded)."""
     if not 1 <= k <= d:
-        raise ValueError(f"need 1 <= k <= d, got k={k}, d={d}")
+        raise InputError(f"need 1 <= k <= d, got k={k}, d={d}")
     g = torch.Generator().manual_seed(seed)
     vals = []
     for _ in range(n_draws):
@@ -435,7 +436,7 @@ def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = 
 
     keys = list(keys) if keys is not None else matrix_keys(task_vectors)
     if covariances is not None and len(covariances) != len(task_vectors):
-        raise ValueError(f"covariances has {len(covariances)} dicts for {len(task_vectors)} task vectors; "
+        raise InputError(f"covariances has {len(covariances)} dicts for {len(task_vectors)} task vectors; "
                          "pass one {key: Sigma_t} dict per task, in the same order")
     rows = []
     for key in bar(keys, desc="stages", enabled=progress):
@@ -530,11 +531,11 @@ class Ablation:
         if suite is not None:
             t = t[t["suite"] == suite]
         elif t["suite"].nunique() > 1:
-            raise ValueError(f"the table holds suites {sorted(t['suite'].unique())}; pass suite=")
+            raise InputError(f"the table holds suites {sorted(t['suite'].unique())}; pass suite=")
         v = t.set_index("variant")[column]
         for name in (a, b):
             if name not in v.index:
-                raise KeyError(f"no variant {name!r}; variants: {list(v.index)}")
+                raise InputKeyError(f"no variant {name!r}; variants: {list(v.index)}")
         return float(v[a] - v[b])
 
     @staticmethod

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..utils import atomic_write
 from .verdicts import VERDICTS, Verdict
+from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "show", "collect", "claims_table", "styled_table"]
 
@@ -117,7 +118,7 @@ def claim(claim_id: str) -> Claim:
     try:
         return _BY_ID[claim_id]
     except KeyError:
-        raise KeyError(f"unknown claim id {claim_id!r}; valid ids: {sorted(_BY_ID)}") from None
+        raise InputKeyError(f"unknown claim id {claim_id!r}; valid ids: {sorted(_BY_ID)}") from None
 
 
 def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdict, verdict: str | None = None,
@@ -136,13 +137,13 @@ def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdic
     c = claim(claim_id)
     if isinstance(measured, Verdict):
         if verdict is not None or reason is not None:
-            raise TypeError("record(fig_dir, claim_id, Verdict, **numbers) takes no verdict= or reason=")
+            raise InputTypeError("record(fig_dir, claim_id, Verdict, **numbers) takes no verdict= or reason=")
         v = measured
         measured, verdict, reason, numbers = v.measured, v.verdict, v.reason, {**v.numbers, **numbers}
     if verdict not in VERDICTS:
-        raise ValueError(f"verdict {verdict!r} must be one of {VERDICTS}")
+        raise InputError(f"verdict {verdict!r} must be one of {VERDICTS}")
     if reason is None:
-        raise TypeError(f"record({claim_id!r}): a reason is required")
+        raise InputTypeError(f"record({claim_id!r}): a reason is required")
     folder = Path(figures_dir)
     path = folder / "claims.json"
     entries = json.loads(path.read_text()) if path.is_file() else {}

@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from ..regime import RegimeCard
+from ..errors import InputError, InputKeyError
 
 __all__ = ["KEY_ROWS", "EXPLAIN_ROWS", "load_cards", "card_table", "room_budget", "targets", "regime_targets",
            "fixture_card"]
@@ -56,12 +57,12 @@ def card_table(cards: Mapping[str, RegimeCard], rows: Sequence[str] = KEY_ROWS, 
     """Rows ``rows`` (labels as index) of every card as columns, plus the CLIP ViT-B/32 column
     (of the first card; NaN where the papers give no number). A row a card lacks is NaN."""
     if not cards:
-        raise ValueError("card_table needs at least one card")
+        raise InputError("card_table needs at least one card")
     first = next(iter(cards.values())).to_frame().set_index("metric")
     missing = [r for r in rows if r not in first.index and not any(r in c.to_frame()["metric"].values
                                                                      for c in cards.values())]
     if missing:
-        raise KeyError(f"no card has rows {missing}; rows: {list(first.index)}")
+        raise InputKeyError(f"no card has rows {missing}; rows: {list(first.index)}")
     out = {}
     labels = {}
     for name, card in cards.items():

@@ -28,6 +28,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from ..errors import InputError
 
 __all__ = [
     "NOISE",
@@ -77,7 +78,7 @@ class Verdict:
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict {self.verdict!r} must be one of {VERDICTS}")
+            raise InputError(f"verdict {self.verdict!r} must be one of {VERDICTS}")
 
     def line(self, claim_id: str = "") -> str:
         """One line: ``[verdict] claim_id: measured — reason``."""
@@ -101,7 +102,7 @@ def compare(diff: float, spread: float | None = None, noise: float = NOISE) -> s
     """``"better"`` if ``diff`` > :func:`margin`, ``"worse"`` if ``diff`` < -margin, else
     :data:`TIE`. ``diff`` must be a finite number."""
     if diff is None or not math.isfinite(diff):
-        raise ValueError(f"diff={diff!r} is not a finite number")
+        raise InputError(f"diff={diff!r} is not a finite number")
     m = margin(spread, noise)
     if diff > m:
         return "better"
@@ -120,7 +121,7 @@ def agreement(agree: Sequence[bool]) -> str:
     reproduced`` if none does, ``partly`` otherwise."""
     agree = [bool(a) for a in agree]
     if not agree:
-        raise ValueError("no settings to decide on")
+        raise InputError("no settings to decide on")
     if all(agree):
         return "reproduced"
     if not any(agree):

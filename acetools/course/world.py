@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from ..errors import InputError
 
 __all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "world", "benchmark", "figures_path", "suite_tasks", "describe"]
 
@@ -41,7 +42,7 @@ def suite_tasks(suite: str, quick: bool = False) -> list[str]:
 
     name = QUICK["suite"] if quick else suite
     if name not in SUITES:
-        raise ValueError(f"unknown suite {name!r}; suites: {sorted(SUITES)}")
+        raise InputError(f"unknown suite {name!r}; suites: {sorted(SUITES)}")
     return list(SUITES[name])
 
 

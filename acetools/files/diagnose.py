@@ -45,6 +45,7 @@ from ..merging import check_same_keys, confirmed_ties, defaults_from
 from ..merging._linalg import gram_spectrum
 from ..keys import block_index, layer_type
 from ..utils import atomic_write, progress
+from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
 
@@ -124,7 +125,7 @@ class _Source:
             self.config = self._ckpt.config
             self.path = str(obj)
         else:
-            raise TypeError(f"{what} is a {type(obj).__name__}; give a state dict or a checkpoint path")
+            raise InputTypeError(f"{what} is a {type(obj).__name__}; give a state dict or a checkpoint path")
 
     def keys(self) -> list[str]:
         return list(self._sd) if self._sd is not None else self._ckpt.keys()
@@ -133,7 +134,7 @@ class _Source:
         if self._sd is not None:
             t = self._sd[key]
             if not isinstance(t, Tensor):
-                raise TypeError(f"{self.what}[{key!r}] is a {type(t).__name__}, not a torch.Tensor")
+                raise InputTypeError(f"{self.what}[{key!r}] is a {type(t).__name__}, not a torch.Tensor")
             return tuple(t.shape), t.dtype
         m = self._ckpt.meta(key)
         return tuple(m.shape), m.dtype
@@ -150,9 +151,9 @@ def _names(experts: Sequence[Any], names: Sequence[str] | None) -> list[str]:
     if names is not None:
         names = [str(n) for n in names]
         if len(names) != len(experts):
-            raise ValueError(f"{len(names)} names for {len(experts)} experts")
+            raise InputError(f"{len(names)} names for {len(experts)} experts")
         if len(set(names)) != len(names):
-            raise ValueError(f"expert names must be distinct, got {names}")
+            raise InputError(f"expert names must be distinct, got {names}")
         return names
     out = []
     for i, e in enumerate(experts):
@@ -171,7 +172,7 @@ def _check_keys(base: _Source, experts: Sequence[_Source]) -> list[str]:
 def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None):
     """The base and the experts as lazily read sources, with the experts' labels."""
     if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
-        raise TypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
+        raise InputTypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
     labels = _names(experts, names)
     src = _Source(base, "base")
     return src, [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)], labels
@@ -195,14 +196,14 @@ def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | No
             for e in exs:
                 es, _ = e.shape_dtype(key)
                 if es != shape:
-                    raise ValueError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
+                    raise InputError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
             n_mat += dtype.is_floating_point and key not in lay.tied and lay.is_matrix(key, _meta(shape, dtype))
     finally:
         src.close()
         for e in exs:
             e.close()
     if n_mat == 0:
-        raise ValueError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose "
+        raise InputError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose "
                          "(check --layout)")
     return {"n_tasks": len(exs), "names": labels, "layout": lay.name, "n_keys": len(keys), "n_matrices": int(n_mat)}
 
@@ -262,7 +263,7 @@ def diagnose(
     t0 = time.perf_counter()
     tau = defaults_from("ace")["tau"] if tau is None else tau
     if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0):
-        raise ValueError(f"tau={tau!r} must be a finite number >= 0")
+        raise InputError(f"tau={tau!r} must be a finite number >= 0")
     src, exs, labels = _open_sources(base, experts, names)
     try:
         lay, chosen = _chosen_keys(src, exs, layout, keys)
@@ -289,7 +290,7 @@ def _chosen_keys(src: _Source, exs: Sequence[_Source], layout: Any, keys: Sequen
     chosen = all_keys if keys is None else list(keys)
     for k in chosen:
         if k not in set(all_keys):
-            raise KeyError(f"key {k!r} is not in the base")
+            raise InputKeyError(f"key {k!r} is not in the base")
     return lay, sorted(chosen, key=lambda k: (block_index(k) is not None, block_index(k) or 0))
 
 
@@ -298,12 +299,12 @@ def _w0_taus(key: str, shape, src: _Source, exs: Sequence[_Source], lay) -> tupl
     for e in exs:
         es, _ = e.shape_dtype(key)
         if es != shape:
-            raise ValueError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
+            raise InputError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
     W0 = lay.to_canonical(key, src.get(key)).to(torch.float64)
     taus = [lay.to_canonical(key, e.get(key)).to(torch.float64) - W0 for e in exs]
     for t, e in zip(taus, exs):
         if not torch.isfinite(t).all():
-            raise ValueError(f"{e.what}[{key!r}] contains NaN or Inf")
+            raise InputError(f"{e.what}[{key!r}] contains NaN or Inf")
     return W0, taus
 
 
@@ -395,7 +396,7 @@ class _Walk:
 
     def diagnosis(self, src: _Source, exs: Sequence[_Source], *, n_keys: int, seconds: float) -> Diagnosis:
         if not self.layer_rows:
-            raise ValueError(f"no key takes the matrix path under layout {self.lay.name!r}; nothing to diagnose "
+            raise InputError(f"no key takes the matrix path under layout {self.lay.name!r}; nothing to diagnose "
                              "(check --layout, or the keys you selected)")
         labels, G = self.labels, self.G
         n = G.diagonal().sqrt()

@@ -48,6 +48,7 @@ from ..layouts import Layout, describe, get_layout
 from ..merging import METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
 from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
 from ..utils import PROGRESS, jsonable, progress, resolve_device, short_repr
+from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
            "load_activations"]
@@ -67,13 +68,13 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     """``None`` (keep the base's dtype per key) or a float dtype from a name like ``bf16``."""
     if dtype is None or isinstance(dtype, torch.dtype):
         if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:
-            raise ValueError(f"output dtype must be a floating type, got {dtype}")
+            raise InputError(f"output dtype must be a floating type, got {dtype}")
         return dtype
     name = str(dtype).lower().replace("torch.", "")
     if name in ("base", "auto", "none"):
         return None
     if name not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of: base, {', '.join(DTYPES)}")
+        raise InputError(f"unknown dtype {dtype!r}; use one of: base, {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
@@ -95,7 +96,7 @@ def save_activations(path: str | Path, activations: Mapping[str, Sequence[Tensor
     flat = {}
     for key, xs in activations.items():
         if "@" in key:
-            raise ValueError(f"activation key {key!r} contains '@', which the file format uses as separator")
+            raise InputError(f"activation key {key!r} contains '@', which the file format uses as separator")
         for t, x in enumerate(xs):
             flat[f"{key}@{t}"] = x.detach().to("cpu").contiguous()
     path = Path(path)
@@ -114,14 +115,14 @@ def load_activations(path: str | Path, n_tasks: int | None = None) -> dict[str, 
     for name in ck.keys():
         key, sep, t = name.rpartition("@")
         if not sep or not t.isdigit():
-            raise ValueError(f"{path}: tensor {name!r} is not named '<weight key>@<task index>' "
+            raise InputError(f"{path}: tensor {name!r} is not named '<weight key>@<task index>' "
                              "(write the file with acetools.files.merge_files.save_activations)")
         per.setdefault(key, {})[int(t)] = ck.get(name)
     out = {}
     for key, xs in per.items():
         T = n_tasks if n_tasks is not None else len(xs)
         if sorted(xs) != list(range(T)):
-            raise ValueError(f"{path}: activations of {key!r} are given for tasks {sorted(xs)}, expected 0..{T - 1} "
+            raise InputError(f"{path}: activations of {key!r} are given for tasks {sorted(xs)}, expected 0..{T - 1} "
                              "(one per expert, in order)")
         out[key] = [xs[t] for t in range(T)]
     return out
@@ -227,9 +228,9 @@ class MergeResult:
 
 def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Checkpoint]]:
     if isinstance(experts, (str, Path)) or not isinstance(experts, Sequence):
-        raise TypeError("experts must be a list of checkpoint paths (one per fine-tuned model)")
+        raise InputTypeError("experts must be a list of checkpoint paths (one per fine-tuned model)")
     if len(experts) == 0:
-        raise ValueError("no experts given: pass at least one fine-tuned checkpoint")
+        raise InputError("no experts given: pass at least one fine-tuned checkpoint")
     b = base if isinstance(base, Checkpoint) else open_checkpoint(base)
     ex = [e if isinstance(e, Checkpoint) else open_checkpoint(e) for e in experts]
     return b, ex
@@ -243,11 +244,12 @@ def _check_compatible(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
         for k in bkeys:
             mb, me = base.meta(k), ck.meta(k)
             if mb.shape != me.shape:
-                raise ValueError(f"shape mismatch at key {k!r}: base {base.path} has {mb.shape}, expert {ck.path} has "
+                raise InputError(f"shape mismatch at key {k!r}: base {base.path} has {mb.shape}, expert {ck.path} has "
                                  f"{me.shape}")
             if mb.dtype.is_floating_point != me.dtype.is_floating_point or (
                     not mb.dtype.is_floating_point and mb.dtype != me.dtype):
-                raise TypeError(f"dtype mismatch at key {k!r}: base {base.path} has {mb.dtype}, expert {ck.path} has "
+                raise InputTypeError(
+                    f"dtype mismatch at key {k!r}: base {base.path} has {mb.dtype}, expert {ck.path} has "
                                 f"{me.dtype}")
 
 
@@ -262,9 +264,9 @@ def plan_merge(
 ) -> MergePlan:
     """Open and check the inputs and decide layout, per-key paths and driver, reading no tensor data."""
     if method not in METHODS:
-        raise ValueError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
+        raise InputError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
     if mode not in MODES:
-        raise ValueError(f"mode={mode!r} must be one of {MODES}")
+        raise InputError(f"mode={mode!r} must be one of {MODES}")
     hp = dict(hparams or {})
     files = {}
     if method == "esm" and isinstance(hp.get("activations"), (str, Path)):
@@ -275,7 +277,7 @@ def plan_merge(
     _check_compatible(b, ex)
     lay = get_layout(layout, keys=b.keys(), config=b.config)
     if resolved.get("in_out_keys"):
-        raise ValueError("in_out_keys is not used for files: the layout stores the orientation of every key "
+        raise InputError("in_out_keys is not used for files: the layout stores the orientation of every key "
                          f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")
     keys = set(b.keys())
     for name in METHODS[method].per_key:
@@ -287,12 +289,12 @@ def plan_merge(
         for where, d in per_expert:
             unknown = sorted(set(d) - keys) if isinstance(d, Mapping) else []
             if unknown:
-                raise KeyError(f"{method}: {where} has key {unknown[0]!r}, which the base {b.path} does not have")
+                raise InputKeyError(f"{method}: {where} has key {unknown[0]!r}, which the base {b.path} does not have")
     scope, why = key_scope(method, hp)
     if mode == "auto":
         run = "stream" if scope in ("key", "global_ties") else "memory"
     elif mode == "stream" and scope == "model":
-        raise ValueError(f"{method} cannot stream: {why}; use mode='memory'")
+        raise InputError(f"{method} cannot stream: {why}; use mode='memory'")
     else:
         run = mode
     metas = b.metas()
@@ -305,7 +307,7 @@ def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.
     t = ck.get(key)
     if not torch.isfinite(t).all():
         n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-        raise ValueError(f"{ck.path}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
+        raise InputError(f"{ck.path}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
     return lay.to_canonical(key, t).to(dev, dt).contiguous()
 
 
@@ -391,7 +393,7 @@ def _stream(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype
 
         dts = {_compute_dtype(base.meta(k).dtype) for k in keys}
         if len(dts) != 1:
-            raise ValueError("TIES with scope='global' needs one dtype across keys (float64 and others are mixed)")
+            raise InputError("TIES with scope='global' needs one dtype across keys (float64 and others are mixed)")
         dtype = dts.pop()
         n = sum(_bytes(base, k) // base.meta(k).dtype.itemsize for k in keys)
         thr = _radix_thresholds(keys, taus_of, T, hp["k"], dtype, n, bar)
@@ -503,7 +505,7 @@ def merge_files(
     if dry_run:
         return MergeResult(plan)
     if out is None:
-        raise ValueError("out is required: the folder the merged checkpoint is written to")
+        raise InputError("out is required: the folder the merged checkpoint is written to")
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
     t0 = time.perf_counter()
     inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
@@ -551,10 +553,10 @@ def parse_hparam(text: str) -> tuple[str, Any]:
     import ast
 
     if "=" not in text:
-        raise ValueError(f"hyperparameter {text!r} must look like key=value (e.g. -p lam=0.3)")
+        raise InputError(f"hyperparameter {text!r} must look like key=value (e.g. -p lam=0.3)")
     key, raw = (s.strip() for s in text.split("=", 1))
     if not key.isidentifier():
-        raise ValueError(f"hyperparameter name {key!r} is not a Python identifier")
+        raise InputError(f"hyperparameter name {key!r} is not a Python identifier")
     low = raw.lower()
     if low in ("true", "false"):
         return key, low == "true"
@@ -583,18 +585,18 @@ def load_config(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        raise ValueError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise InputError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, Mapping):
-        raise ValueError(f"{p}: a merge config is a mapping (method: ..., base: ..., experts: [...]), "
+        raise InputError(f"{p}: a merge config is a mapping (method: ..., base: ..., experts: [...]), "
                          f"got {type(data).__name__}")
     unknown = sorted(set(data) - set(CONFIG_KEYS))
     if unknown:
-        raise ValueError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}")
+        raise InputError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}")
     cfg = dict(data)
     if "experts" in cfg and (isinstance(cfg["experts"], str) or not isinstance(cfg["experts"], list)):
-        raise ValueError(f"{p}: experts must be a list of paths")
+        raise InputError(f"{p}: experts must be a list of paths")
     if "hyperparameters" in cfg and not isinstance(cfg["hyperparameters"] or {}, Mapping):
-        raise ValueError(f"{p}: hyperparameters must be a mapping name: value")
+        raise InputError(f"{p}: hyperparameters must be a mapping name: value")
 
     def rel(x: Any) -> str:
         q = Path(str(x)).expanduser()

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import PRESETS, Layout, detect_layout, get_layout
 from ..utils import PROGRESS, resolve_device
 from ._registry import (
@@ -77,7 +78,7 @@ def _check_finite(name: str, key: str, t: Tensor) -> None:
     if not torch.isfinite(t).all():
         n_nan = int(torch.isnan(t).sum())
         n_inf = int(torch.isinf(t).sum())
-        raise ValueError(f"{name}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
+        raise InputError(f"{name}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
 
 
 def check_same_keys(base_keys: Iterable[str], keys: Iterable[str], who: str, base: str = "base") -> None:
@@ -93,10 +94,10 @@ def check_same_keys(base_keys: Iterable[str], keys: Iterable[str], who: str, bas
     extra = sorted(kset - bset)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise KeyError(f"{who} is missing key {missing[0]!r}{more} that {base} has")
+        raise InputKeyError(f"{who} is missing key {missing[0]!r}{more} that {base} has")
     if extra:
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise KeyError(f"{who} has key {extra[0]!r}{more} that {base} does not have")
+        raise InputKeyError(f"{who} has key {extra[0]!r}{more} that {base} does not have")
 
 
 def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
@@ -108,36 +109,36 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
     ``num_batches_tracked``) are allowed: :func:`merge` carries them from the base.
     """
     if not isinstance(base, Mapping):
-        raise TypeError(f"base must be a mapping of key -> Tensor (a state dict), got {type(base).__name__}")
+        raise InputTypeError(f"base must be a mapping of key -> Tensor (a state dict), got {type(base).__name__}")
     if isinstance(experts, Mapping) or not isinstance(experts, Sequence):
-        raise TypeError(
+        raise InputTypeError(
             "experts must be a list of state dicts (one per fine-tuned model), "
             f"got {type(experts).__name__}"
         )
     if len(experts) == 0:
-        raise ValueError("experts is empty: pass at least one fine-tuned state dict to merge")
+        raise InputError("experts is empty: pass at least one fine-tuned state dict to merge")
     if len(base) == 0:
-        raise ValueError("base is empty: it must hold the pretrained weights")
+        raise InputError("base is empty: it must hold the pretrained weights")
     for key, w in base.items():
         if not isinstance(w, Tensor):
-            raise TypeError(f"base[{key!r}] is a {type(w).__name__}, not a torch.Tensor")
+            raise InputTypeError(f"base[{key!r}] is a {type(w).__name__}, not a torch.Tensor")
         if w.is_floating_point():
             _check_finite("base", key, w)
     base_keys = set(base)
     for i, ex in enumerate(experts):
         if not isinstance(ex, Mapping):
-            raise TypeError(f"experts[{i}] is a {type(ex).__name__}, not a state dict")
+            raise InputTypeError(f"experts[{i}] is a {type(ex).__name__}, not a state dict")
         check_same_keys(sorted(base_keys), ex, f"experts[{i}]")
         for key, w0 in base.items():
             w = ex[key]
             if not isinstance(w, Tensor):
-                raise TypeError(f"experts[{i}][{key!r}] is a {type(w).__name__}, not a torch.Tensor")
+                raise InputTypeError(f"experts[{i}][{key!r}] is a {type(w).__name__}, not a torch.Tensor")
             if w.shape != w0.shape:
-                raise ValueError(
+                raise InputError(
                     f"shape mismatch at key {key!r}: base has {tuple(w0.shape)}, experts[{i}] has {tuple(w.shape)}"
                 )
             if w.dtype != w0.dtype:
-                raise TypeError(
+                raise InputTypeError(
                     f"mixed dtypes at key {key!r}: base is {w0.dtype}, experts[{i}] is {w.dtype}; "
                     "cast every state dict to one dtype before merging"
                 )
@@ -180,7 +181,7 @@ def task_vectors(
 def _get_method(method: str) -> MethodInfo:
     if not isinstance(method, str) or method not in METHODS:
         valid = ", ".join(sorted(METHODS))
-        raise ValueError(f"unknown merge method {method!r}; valid methods are: {valid}")
+        raise InputError(f"unknown merge method {method!r}; valid methods are: {valid}")
     return METHODS[method]
 
 
@@ -241,7 +242,7 @@ def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
     keys = list(base)
     if is_matrix is not None:
         if layout is not None:
-            raise ValueError("pass either layout= or is_matrix=, not both (a layout decides which keys are matrices)")
+            raise InputError("pass either layout= or is_matrix=, not both (a layout decides which keys are matrices)")
         return Layout("is_matrix"), is_matrix
     if layout is None:
         found = detect_layout(keys)
@@ -270,10 +271,10 @@ def in_out_keys_layout(patterns: Sequence[str], lay: Layout, base: StateDict, is
     for pat in patterns:
         hits = [k for k, w in base.items() if fnmatch.fnmatchcase(k, pat) and is_mat(k, w)]
         if not hits:
-            raise ValueError(f"ace: in_out_keys pattern {pat!r} matches no matrix key of base; check the name")
+            raise InputError(f"ace: in_out_keys pattern {pat!r} matches no matrix key of base; check the name")
         both = [k for k in hits if lay.orientation(k) == "in_out"]
         if both:
-            raise ValueError(
+            raise InputError(
                 f"in_out_keys pattern {pat!r} matches {both[0]!r}, which the layout {lay.name!r} already stores "
                 "in x out and transposes; drop in_out_keys (the layout handles orientation)"
             )
@@ -372,7 +373,7 @@ def merge(
     info = _get_method(method)
     resolved = info.resolve(hparams)
     if is_matrix is not None and not callable(is_matrix):
-        raise TypeError("is_matrix must be a callable (key, tensor) -> bool")
+        raise InputTypeError("is_matrix must be a callable (key, tensor) -> bool")
     validate_state_dicts(base, experts)
     lay, is_mat = _resolve_layout(layout, base, is_matrix)
     if resolved.get("in_out_keys"):  # ACE's deprecated alias for a layout

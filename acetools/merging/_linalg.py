@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from ..errors import InputError, InputTypeError
 
 __all__ = [
     "thin_svd", "polar", "solve_right", "top_svd", "check_square", "check_psd",
@@ -105,7 +106,7 @@ def check_psd(S: Tensor, where: str, rtol: float | None = None) -> None:
         return
     asym = float(torch.linalg.norm(S64 - S64.mT))
     if asym > rtol * scale:
-        raise ValueError(
+        raise InputError(
             f"{where} is not symmetric: ||S - S^T||_F / ||S||_F = {asym / scale:.3g} > {rtol:g}; a covariance or "
             "Gram matrix is symmetric (symmetrise it with (S + S.T) / 2 if the asymmetry is rounding)"
         )
@@ -115,7 +116,7 @@ def check_psd(S: Tensor, where: str, rtol: float | None = None) -> None:
     _, info = torch.linalg.cholesky_ex(Ssym + max(shift, torch.finfo(torch.float64).tiny) * eye)
     if int(info) != 0:
         lam = torch.linalg.eigvalsh(Ssym)
-        raise ValueError(
+        raise InputError(
             f"{where} is not positive semi-definite: its smallest eigenvalue is {float(lam[0]):.4g} "
             f"(largest {float(lam[-1]):.4g}); a covariance or Gram matrix has no negative eigenvalues "
             "(a negative one flips that expert's update along its eigenvector)"
@@ -129,13 +130,13 @@ def check_square(S: Any, d_in: int, where: str, hint: str = "", *, psd: bool = T
     ``"ace: covariances[2]['blocks.0.mlp.c_fc.weight']"`` (expert 2, that key); ``hint`` is
     appended to the shape error."""
     if not isinstance(S, Tensor):
-        raise TypeError(f"{where} is a {type(S).__name__}, not a torch.Tensor")
+        raise InputTypeError(f"{where} is a {type(S).__name__}, not a torch.Tensor")
     if tuple(S.shape) != (d_in, d_in):
-        raise ValueError(f"{where} has shape {tuple(S.shape)}; it must be d_in x d_in = {d_in} x {d_in}{hint}")
+        raise InputError(f"{where} has shape {tuple(S.shape)}; it must be d_in x d_in = {d_in} x {d_in}{hint}")
     if not S.is_floating_point():
-        raise TypeError(f"{where} has dtype {S.dtype}; it must be floating point")
+        raise InputTypeError(f"{where} has dtype {S.dtype}; it must be floating point")
     if not torch.isfinite(S).all():
-        raise ValueError(f"{where} contains NaN or Inf")
+        raise InputError(f"{where} contains NaN or Inf")
     if psd:
         check_psd(S, where)
 
@@ -234,7 +235,7 @@ def gram_top_svd(M: Tensor, k: int, *, max_ratio: float = GRAM_MAX_RATIO) -> tup
     M64 = M.double()
     wide = M64.shape[-2] <= M64.shape[-1]
     if k < 1 or k > min(M64.shape):
-        raise ValueError(f"gram_top_svd: k={k} must be in 1..{min(M64.shape)}")
+        raise InputError(f"gram_top_svd: k={k} must be in 1..{min(M64.shape)}")
     lam, Q = sym_eig(_gram_lower(M64, wide), top=k, overwrite=True)
     S = lam.clamp_min(0).sqrt()
     if not spread_ok(S, k - 1, max_ratio):
@@ -274,7 +275,7 @@ def gram_polar_times(M: Tensor, B: Tensor, *, max_ratio: float = GRAM_MAX_RATIO)
     (the caller takes the SVD).
     """
     if M.shape[-1] != B.shape[-2]:
-        raise ValueError(f"gram_polar_times: M is {tuple(M.shape)} but B is {tuple(B.shape)}")
+        raise InputError(f"gram_polar_times: M is {tuple(M.shape)} but B is {tuple(B.shape)}")
     if M.shape[-2] < M.shape[-1]:
         out = gram_polar(M, max_ratio=max_ratio)
         return None if out is None else (out[0] @ B.double(), out[1])

@@ -36,6 +36,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+from ..errors import InputError, InputTypeError
 
 __all__ = ["Param", "MethodInfo", "Search", "register", "METHODS", "REQUIRED", "SCOPES", "LAMBDA_GRID",
            "ALPHA_GRID", "ESM_BRACKET", "defaults_from", "registered_defaults", "methods_table",
@@ -87,26 +88,26 @@ class Param:
         where = f"{method}: hyperparameter {name}={value!r}"
         if self.choices is not None:
             if value not in self.choices:
-                raise ValueError(f"{where} is not one of {list(self.choices)}")
+                raise InputError(f"{where} is not one of {list(self.choices)}")
             return
         if self.types is not None and not isinstance(value, self.types):
             names = " or ".join(t.__name__ for t in self.types)
-            raise TypeError(f"{where} must be {names}, got {type(value).__name__}")
+            raise InputTypeError(f"{where} must be {names}, got {type(value).__name__}")
         if self.low is not None or self.high is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{where} must be a number")
+                raise InputTypeError(f"{where} must be a number")
             if not math.isfinite(value):
-                raise ValueError(f"{where} must be finite")
+                raise InputError(f"{where} must be finite")
             if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
                 op = ">" if self.low_open else ">="
-                raise ValueError(f"{where} is out of range: must be {op} {self.low}")
+                raise InputError(f"{where} is out of range: must be {op} {self.low}")
             if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
                 op = "<" if self.high_open else "<="
-                raise ValueError(f"{where} is out of range: must be {op} {self.high}")
+                raise InputError(f"{where} is out of range: must be {op} {self.high}")
         if self.check is not None:
             msg = self.check(value)
             if msg:
-                raise ValueError(f"{where}: {msg}")
+                raise InputError(f"{where}: {msg}")
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,9 @@ class Search:
 
     def __post_init__(self):
         if self.kind not in ("grid", "golden", "esm"):
-            raise ValueError(f"Search.kind={self.kind!r} is not one of ['grid', 'golden', 'esm']")
+            raise InputError(f"Search.kind={self.kind!r} is not one of ['grid', 'golden', 'esm']")
         if self.kind == "grid" and not self.grid:
-            raise ValueError(f"Search({self.param!r}, 'grid') needs a non-empty grid")
+            raise InputError(f"Search({self.param!r}, 'grid') needs a non-empty grid")
 
 
 Scope = str | tuple[str, str] | Callable[[Mapping[str, Any]], tuple[str, str]]
@@ -180,7 +181,7 @@ class MethodInfo:
         unknown = sorted(set(given) - set(self.params))
         if unknown:
             valid = ", ".join(self.params) or "(none)"
-            raise TypeError(
+            raise InputTypeError(
                 f"{self.name}: unknown hyperparameter(s) {unknown}; valid ones are: {valid} "
                 "(plus the merge() options device, is_matrix, progress)"
             )
@@ -189,7 +190,7 @@ class MethodInfo:
             if name in given:
                 value = given[name]
             elif p.required:
-                raise TypeError(f"{self.name}: missing required hyperparameter {name!r} ({p.doc})")
+                raise InputTypeError(f"{self.name}: missing required hyperparameter {name!r} ({p.doc})")
             else:
                 value = p.default
             p.validate(self.name, name, value)
@@ -214,16 +215,16 @@ def register(name: str, description: str, *, key_scope: Scope = "model", per_key
 
     def deco(fn):
         if name in _REGISTRY:
-            raise ValueError(f"merge method {name!r} is registered twice")
+            raise InputError(f"merge method {name!r} is registered twice")
         for what, names in (("per_key", per_key), ("data_inputs", data_inputs),
                             ("search", (search.param,) if search else ())):
             unknown = [n for n in names if n not in params]
             if unknown:
-                raise ValueError(f"register({name!r}): {what} names {unknown[0]!r}, which is not a parameter")
+                raise InputError(f"register({name!r}): {what} names {unknown[0]!r}, which is not a parameter")
         sig = inspect.signature(fn)
         twice = [p for p in params if p in sig.parameters and sig.parameters[p].default is not inspect.Parameter.empty]
         if twice:
-            raise ValueError(f"register({name!r}): {fn.__name__} repeats the default of {twice[0]!r}; the Param "
+            raise InputError(f"register({name!r}): {fn.__name__} repeats the default of {twice[0]!r}; the Param "
                              "holds it (drop the default from the signature)")
         _REGISTRY[name] = MethodInfo(name, description, MappingProxyType(dict(params)), fn, key_scope,
                                      tuple(per_key), tuple(data_inputs), search, bool(needs_layout))
@@ -274,7 +275,7 @@ def defaults_from(method: str, **overrides: Any) -> dict[str, Any]:
     info = _REGISTRY[method]
     unknown = sorted(set(overrides) - set(info.params))
     if unknown:
-        raise TypeError(f"{method}: unknown hyperparameter(s) {unknown}")
+        raise InputTypeError(f"{method}: unknown hyperparameter(s) {unknown}")
     return {**info.hparams, **overrides}
 
 
@@ -318,7 +319,7 @@ def update_methods_table(path: str | None = None) -> bool:
     head, _, rest = text.partition(TABLE_BEGIN)
     _, _, tail = rest.partition(TABLE_END)
     if TABLE_BEGIN not in text or TABLE_END not in rest:
-        raise ValueError(f"{target} has no {TABLE_BEGIN!r} ... {TABLE_END!r} block")
+        raise InputError(f"{target} has no {TABLE_BEGIN!r} ... {TABLE_END!r} block")
     new = f"{head}{TABLE_BEGIN}\n{methods_table()}\n{TABLE_END}{tail}"
     if new != text:
         target.write_text(new, encoding="utf-8")

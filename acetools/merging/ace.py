@@ -72,6 +72,7 @@ from ._linalg import (
 )
 from ._registry import METHODS, Param, register, registered_defaults
 from .averaging import mean_update, warn_mean_fallback
+from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = [
     "ESTIMATORS",
@@ -143,7 +144,7 @@ def estimator_preset(
     they only act on flagged layers, and the non-ACE presets switch the gate off.
     """
     if estimator not in _PRESETS:
-        raise ValueError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
+        raise InputError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
     p = _PRESETS[estimator]
     out = Switches(
         gate=p.gate if gate is None else gate,
@@ -151,11 +152,11 @@ def estimator_preset(
         numerator=p.numerator if numerator is None else numerator,
     )
     if out.gate not in ("auto", "on", "off"):
-        raise ValueError(f"gate={out.gate!r} is not one of ['auto', 'on', 'off']")
+        raise InputError(f"gate={out.gate!r} is not one of ['auto', 'on', 'off']")
     if out.numerator not in ("centered", "raw"):
-        raise ValueError(f"numerator={out.numerator!r} is not one of ['centered', 'raw']")
+        raise InputError(f"numerator={out.numerator!r} is not one of ['centered', 'raw']")
     if not isinstance(out.prior, bool):
-        raise TypeError(f"prior={out.prior!r} must be True, False or None")
+        raise InputTypeError(f"prior={out.prior!r} must be True, False or None")
     return out
 
 
@@ -200,7 +201,7 @@ def heterogeneity(delta_W: Sequence[Tensor]) -> float:
     2 log c, which changes the denominator.
     """
     if len(delta_W) == 0:
-        raise ValueError("heterogeneity needs at least one task vector")
+        raise InputError("heterogeneity needs at least one task vector")
     return _gamma(task_energies(delta_W))
 
 
@@ -230,7 +231,7 @@ def estimate_covariance(delta_W: Tensor, estimator: str = "ace", *, wudi_p: floa
     ``"given"`` has no estimate: pass the covariances to :func:`ace_matrix` instead.
     """
     if delta_W.ndim != 2:
-        raise ValueError(f"estimate_covariance needs a 2-D task vector, got shape {tuple(delta_W.shape)}")
+        raise InputError(f"estimate_covariance needs a 2-D task vector, got shape {tuple(delta_W.shape)}")
     d = delta_W.double()
     if estimator == "ace":
         Wc = center_rows(d)
@@ -243,8 +244,8 @@ def estimate_covariance(delta_W: Tensor, estimator: str = "ace", *, wudi_p: floa
             return torch.zeros(d.shape[1], d.shape[1], dtype=torch.float64, device=d.device)
         return (d.T @ d) / norm**wudi_p
     if estimator == "given":
-        raise ValueError("estimator='given' has no estimate: pass the covariances (Sigma=...) to ace_matrix")
-    raise ValueError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
+        raise InputError("estimator='given' has no estimate: pass the covariances (Sigma=...) to ace_matrix")
+    raise InputError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
 
 
 @dataclass
@@ -303,9 +304,9 @@ def normalize_covariances(
     Sigma_reg,t = Sigma_hat_t + eps I (eps absolute, so it interacts with the layer's scale).
     """
     if len(Sigma_hat) == 0:
-        raise ValueError("normalize_covariances needs at least one covariance")
+        raise InputError("normalize_covariances needs at least one covariance")
     if eps < 0 or not math.isfinite(eps):
-        raise ValueError(f"eps={eps!r} must be a finite number >= 0")
+        raise InputError(f"eps={eps!r} must be a finite number >= 0")
     S64 = [S.double() for S in Sigma_hat]
     traces = torch.stack([torch.diagonal(S).sum() for S in S64]) + _TRACE_FLOOR
     Sigma_tilde = [S / tr for S, tr in zip(S64, traces)] if normalize else S64
@@ -329,7 +330,7 @@ def structural_prior(Sigma_tilde: Sequence[Tensor], *, energy: float | None = No
     ``energy + 1e-12``.
     """
     if len(Sigma_tilde) == 0:
-        raise ValueError("structural_prior needs at least one covariance")
+        raise InputError("structural_prior needs at least one covariance")
     S = _sum(Sigma_tilde)
     c = prior_vector(S, energy=energy)
     return c.unsqueeze(0).expand(S.shape[0], -1).clone()
@@ -360,25 +361,25 @@ def closed_form(
     """
     T = len(numerators)
     if T == 0:
-        raise ValueError(f"closed_form for layer {name!r} needs at least one task")
+        raise InputError(f"closed_form for layer {name!r} needs at least one task")
     nums = [N.double() for N in numerators]
     if isinstance(Sigma_reg, NormalizedCovariances):
         tildes = Sigma_reg.Sigma_tilde
         if len(tildes) != T:
-            raise ValueError(f"layer {name!r}: {T} numerators but {len(tildes)} covariances")
+            raise InputError(f"layer {name!r}: {T} numerators but {len(tildes)} covariances")
         _check_inner(nums, tildes, name)
         B = _sum(N @ S + r * N for N, S, r in zip(nums, tildes, Sigma_reg.ridge))
         A = Sigma_reg.sum_reg()
     else:
         regs = [R.double() for R in Sigma_reg]
         if len(regs) != T:
-            raise ValueError(f"layer {name!r}: {T} numerators but {len(regs)} covariances")
+            raise InputError(f"layer {name!r}: {T} numerators but {len(regs)} covariances")
         _check_inner(nums, regs, name)
         B = _sum(N @ R for N, R in zip(nums, regs))
         A = _sum(regs)
     if C_agg is not None:
         if C_agg.shape != A.shape:
-            raise ValueError(f"layer {name!r}: C_agg has shape {tuple(C_agg.shape)}, expected {tuple(A.shape)}")
+            raise InputError(f"layer {name!r}: C_agg has shape {tuple(C_agg.shape)}, expected {tuple(A.shape)}")
         A = A + C_agg.double()
     return solve_right(B, A, name=name)
 
@@ -386,7 +387,7 @@ def closed_form(
 def _check_inner(nums: list[Tensor], covs: Sequence[Tensor], name: str) -> None:
     for t, (N, S) in enumerate(zip(nums, covs)):
         if N.ndim != 2 or S.shape != (N.shape[1], N.shape[1]):
-            raise ValueError(
+            raise InputError(
                 f"layer {name!r}, task {t}: covariance has shape {tuple(S.shape)} but the task vector "
                 f"is {tuple(N.shape)}; it must be d_in x d_in = {N.shape[-1]} x {N.shape[-1]}"
             )
@@ -454,11 +455,11 @@ def spectral_refine(
     layer is left unrefined with a ``RuntimeWarning`` naming ``name`` (docs/methods.md §ACE, Eq. (ACE.13)).
     """
     if not 0.0 <= k_frac <= 1.0:
-        raise ValueError(f"k_frac={k_frac!r} must be in [0, 1]")
+        raise InputError(f"k_frac={k_frac!r} must be in [0, 1]")
     Wp = W_pre.double()
     dWs = [d.double() for d in delta_W]
     if len(dWs) != len(Sigma_tilde):
-        raise ValueError(f"layer {name!r}: {len(dWs)} task vectors but {len(Sigma_tilde)} covariances")
+        raise InputError(f"layer {name!r}: {len(dWs)} task vectors but {len(Sigma_tilde)} covariances")
     res = _sum(d @ S.double() for d, S in zip(dWs, Sigma_tilde)) - _sum(dWs) @ Sigma_reg_mean.double()
     U, S, Vh = thin_svd(Wp + res)
     k = refined_rank(k_frac, Wp.shape, name)
@@ -782,12 +783,12 @@ def _given_covariances(Sigma: Sequence[Tensor] | None, estimator: str, dWs: list
     error when it is missing there or given with another estimator."""
     if estimator == "given":
         if Sigma is None:
-            raise ValueError(
+            raise InputError(
                 f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)"
             )
         return _check_given(Sigma, dWs, name)
     if Sigma is not None:
-        raise ValueError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
+        raise InputError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
     return None
 
 
@@ -849,35 +850,36 @@ def _record_spectra(diag: ACEDiagnostics, A_dense: Tensor, W_pre: Tensor, W: Ten
 
 def _as_matrices(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
     if isinstance(delta_W, Tensor) or len(delta_W) == 0:
-        raise ValueError(f"layer {name!r}: pass a non-empty list of task vectors (one d_out x d_in tensor per task)")
+        raise InputError(f"layer {name!r}: pass a non-empty list of task vectors (one d_out x d_in tensor per task)")
     shape = delta_W[0].shape
     for t, d in enumerate(delta_W):
         if not isinstance(d, Tensor) or d.ndim != 2:
-            raise ValueError(
+            raise InputError(
                 f"layer {name!r}, task {t}: expected a 2-D tensor, got {getattr(d, 'shape', type(d).__name__)}"
             )
         if d.shape != shape:
-            raise ValueError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's {tuple(shape)}")
+            raise InputError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's {tuple(shape)}")
     return list(delta_W)  # converted one task at a time where used: no T float64 copies
 
 
 def _check_given(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[Tensor]:
     if len(Sigma) != len(dWs):
-        raise ValueError(
+        raise InputError(
             f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order"
         )
     d_in = dWs[0].shape[1]
     out = []
     for t, S in enumerate(Sigma):
         if not isinstance(S, Tensor):
-            raise TypeError(f"covariance of task {t} for layer {name!r} is a {type(S).__name__}, not a torch.Tensor")
+            raise InputTypeError(
+                f"covariance of task {t} for layer {name!r} is a {type(S).__name__}, not a torch.Tensor")
         if S.shape != (d_in, d_in):
-            raise ValueError(
+            raise InputError(
                 f"covariance of task {t} for layer {name!r} has shape {tuple(S.shape)}; "
                 f"it must be d_in x d_in = {d_in} x {d_in} (the layer's input dimension)"
             )
         if not torch.isfinite(S).all():
-            raise ValueError(f"covariance of task {t} for layer {name!r} contains NaN or Inf")
+            raise InputError(f"covariance of task {t} for layer {name!r} contains NaN or Inf")
         check_psd(S, f"covariance of task {t} (expert {t}) for layer {name!r}")
         out.append(S.to(dWs[0].device, torch.float64))
     return out
@@ -974,7 +976,7 @@ def ace_with_diagnostics(
     in_out = tuple(hp.pop("in_out_keys"))
     T = len(task_vectors)
     if T == 0:
-        raise ValueError("ace needs at least one task vector")
+        raise InputError("ace needs at least one task vector")
 
     matrix_keys = [k for k in base if is_matrix(k, base[k])]
     lay = Layout("as stored")
@@ -1007,12 +1009,12 @@ def ace_with_diagnostics(
 def _check_covariances(covariances, estimator, base, matrix_keys, transposed, T) -> dict[str, list[Tensor]]:
     if estimator != "given":
         if covariances is not None:
-            raise ValueError(f"ace: covariances are only used with estimator='given' (got estimator={estimator!r})")
+            raise InputError(f"ace: covariances are only used with estimator='given' (got estimator={estimator!r})")
         return {}
     if covariances is None:
-        raise ValueError("ace: estimator='given' needs covariances=[{key: Sigma_t}, ...], one dict per expert")
+        raise InputError("ace: estimator='given' needs covariances=[{key: Sigma_t}, ...], one dict per expert")
     if len(covariances) != T:
-        raise ValueError(
+        raise InputError(
             f"ace: covariances has {len(covariances)} entries for {T} experts; "
             "pass one dict per expert, in the same order"
         )
@@ -1020,9 +1022,9 @@ def _check_covariances(covariances, estimator, base, matrix_keys, transposed, T)
     for t, c in enumerate(covariances):
         for k in c:
             if k not in base:
-                raise KeyError(f"ace: covariances[{t}] has key {k!r} that base does not have")
+                raise InputKeyError(f"ace: covariances[{t}] has key {k!r} that base does not have")
             if k not in mset:
-                raise ValueError(
+                raise InputError(
                     f"ace: covariances[{t}][{k!r}] is for a parameter that is not a matrix; "
                     "only matrix keys take Sigma_t"
                 )
@@ -1033,7 +1035,7 @@ def _check_covariances(covariances, estimator, base, matrix_keys, transposed, T)
             continue
         if not all(have):
             missing = have.index(False)
-            raise KeyError(
+            raise InputKeyError(
                 f"ace: covariances[{missing}] lacks key {k!r} that other experts' covariances have; "
                 "give it for every expert or for none"
             )

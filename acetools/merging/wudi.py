@@ -30,6 +30,7 @@ from ..utils import progress
 from ._registry import Param, register
 from .averaging import mean_update
 from .svd import _stack_taus
+from ..errors import InputError
 
 __all__ = ["VIT_TARGETS", "wudi_weights", "wudi_loss", "wudi_grad", "wudi_matrix", "is_wudi_target", "wudi"]
 
@@ -110,9 +111,9 @@ def wudi_matrix(
     """
     X = _stack_taus(taus, key)
     if init not in _INITS:
-        raise ValueError(f"wudi: init={init!r} is not one of {list(_INITS)}")
+        raise InputError(f"wudi: init={init!r} is not one of {list(_INITS)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"wudi: steps={steps!r} must be a non-negative int")
+        raise InputError(f"wudi: steps={steps!r} must be a non-negative int")
     tau_m = X.sum(0) if init == "sum" else X.mean(0)
     losses = []
     if steps == 0 or not X.any():  # zero task vectors: every weight is 0, so are L and its gradient
@@ -182,7 +183,7 @@ def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
     ``p=1, targets="vit", others="base"`` (non-target keys stay at W0).
     """
     if targets == "vit" and not any(is_wudi_target(k, w, targets, is_matrix) for k, w in base.items()):
-        raise ValueError(
+        raise InputError(
             f"wudi: targets='vit' selects keys ending in {list(VIT_TARGETS)} (open_clip names) and none matches, so "
             "nothing would be optimised; use targets='matrix' (every matrix of the layout)"
         )
@@ -191,7 +192,7 @@ def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
         W0 = base[key]
         if is_wudi_target(key, W0, targets, is_matrix):
             if W0.ndim != 2:
-                raise ValueError(
+                raise InputError(
                     f"wudi: is_matrix selected key {key!r} with shape {tuple(W0.shape)}, but WUDI needs "
                     "2-D tensors; return False for it from is_matrix"
                 )

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from ...utils import make_generator, progress
 from .model import TextEncoder, merged_keys
 from .tasks import TextData
+from ...errors import InputError
 
 __all__ = ["TextFinetuneConfig", "finetune_text", "evaluate_text", "encode_batches", "train_head"]
 
@@ -47,10 +48,10 @@ class TextFinetuneConfig:
 
     def __post_init__(self):
         if self.heads not in ("trained", "zeroshot"):
-            raise ValueError(f"heads={self.heads!r}: choose 'trained' or 'zeroshot'")
+            raise InputError(f"heads={self.heads!r}: choose 'trained' or 'zeroshot'")
         for name in ("epochs", "lr", "batch_size", "max_length"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be positive")
+                raise InputError(f"{name}={getattr(self, name)!r} must be positive")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -33,6 +33,7 @@ from ...utils import atomic_write, progress, resolve_device
 from .finetune import TextFinetuneConfig, evaluate_text, finetune_text, head_from_state, head_state, zeroshot_head
 from .model import TextEncoder, load_tokenizer, merged_keys
 from .tasks import SUITES, TASKS, TextData, TextTask, build_task, task_provenance
+from ...errors import InputError, InputKeyError
 
 __all__ = ["TextWorld", "TEXT_SUITES", "text_cache_root", "FIXTURE_TASKS"]
 
@@ -87,20 +88,20 @@ class TextWorld:
                  root: str | os.PathLike | None = None, device: str | torch.device = "cpu",
                  threads: int | None = None):
         if profile not in ("full", "quick"):
-            raise ValueError(f"profile={profile!r}: choose 'full' or 'quick'")
+            raise InputError(f"profile={profile!r}: choose 'full' or 'quick'")
         self.profile = profile
         catalogue = FIXTURE_TASKS if profile == "quick" else TASKS
         if isinstance(suite, str):
             suites = {"fixture": tuple(FIXTURE_TASKS)} if profile == "quick" else TEXT_SUITES
             if suite not in suites:
-                raise ValueError(f"unknown text suite {suite!r} for profile {profile!r}; valid: {sorted(suites)}")
+                raise InputError(f"unknown text suite {suite!r} for profile {profile!r}; valid: {sorted(suites)}")
             self.suite: str | None = suite
             names = list(suites[suite])
         else:
             self.suite, names = None, list(suite)
         unknown = [t for t in names if t not in catalogue]
         if unknown or not names or len(set(names)) != len(names):
-            raise ValueError(f"tasks must be distinct names from {sorted(catalogue)}; got {names}")
+            raise InputError(f"tasks must be distinct names from {sorted(catalogue)}; got {names}")
         self.tasks: list[str] = names
         self.task_specs = {t: catalogue[t] for t in names}
         self.seed = int(seed)
@@ -112,7 +113,7 @@ class TextWorld:
         else:
             bad = set(finetune) - set(default.to_dict())
             if bad:
-                raise ValueError(f"unknown fine-tuning option {sorted(bad)[0]!r}; valid: {sorted(default.to_dict())}")
+                raise InputError(f"unknown fine-tuning option {sorted(bad)[0]!r}; valid: {sorted(default.to_dict())}")
             self.config = replace(default, **finetune)
         self.root = text_cache_root(root)
         self.device = resolve_device(device)
@@ -172,7 +173,7 @@ class TextWorld:
         """A task's split (cached as JSON keyed by its spec and its sources' versions)."""
         self._check_task(task)
         if split not in ("train", "val", "test"):
-            raise ValueError(f"split={split!r}: choose 'train', 'val' or 'test'")
+            raise InputError(f"split={split!r}: choose 'train', 'val' or 'test'")
         if task not in self._data:
             self._data[task] = self._load_task(self.task_specs[task])
         return self._data[task][split]
@@ -200,7 +201,7 @@ class TextWorld:
 
     def _check_task(self, task: str) -> None:
         if task not in self.task_specs:
-            raise KeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
+            raise InputKeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
 
     # ----------------------------------------------------------------- experts
     def _expert_path(self, task: str) -> tuple[Path, str, dict]:

@@ -69,6 +69,7 @@ from ...files.checkpoints import (  # noqa: F401  (the zoo's checkpoint format, 
     state_hash,
 )
 from ...utils import progress as _progress
+from ...errors import InputError, InputKeyError, InputTypeError
 
 log = logging.getLogger(__name__)
 
@@ -204,14 +205,14 @@ class Zoo:
         if isinstance(tasks, str):
             suites = self._data_module().SUITES
             if tasks not in suites:
-                raise ValueError(f"unknown suite {tasks!r}; suites: {sorted(suites)}")
+                raise InputError(f"unknown suite {tasks!r}; suites: {sorted(suites)}")
             self.suite: str | None = tasks
             tasks = list(suites[tasks])
         else:
             self.suite = None
         self.tasks: list[str] = list(tasks)
         if len(set(self.tasks)) != len(self.tasks) or not self.tasks:
-            raise ValueError(f"tasks must be a non-empty list of distinct names, got {self.tasks}")
+            raise InputError(f"tasks must be a non-empty list of distinct names, got {self.tasks}")
         self.size = size
         model_config(size)  # fail early on an unknown size
         self.seed = int(seed)
@@ -256,7 +257,7 @@ class Zoo:
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(names))
         if unknown:
-            raise TypeError(f"{cls.__name__} has no field(s) {unknown}; fields: {names}")
+            raise InputTypeError(f"{cls.__name__} has no field(s) {unknown}; fields: {names}")
         return replace(cls(), **values)
 
     def __repr__(self) -> str:
@@ -559,7 +560,7 @@ class Zoo:
             return self.expert_state(task)
         if kind == "mtl":
             return self.mtl_state()
-        raise KeyError(f"unknown entry kind {kind!r}; kinds: base, head, expert, mtl")
+        raise InputKeyError(f"unknown entry kind {kind!r}; kinds: base, head, expert, mtl")
 
     def _steps(self, mtl: bool | None) -> list[tuple[str, str | None]]:
         steps = [("base", None)] + [("head", t) for t in self.tasks] + [("expert", t) for t in self.tasks]
@@ -590,7 +591,7 @@ class Zoo:
 
     def _check_task(self, task: str) -> None:
         if task not in self.tasks:
-            raise KeyError(f"task {task!r} is not in this zoo; tasks: {self.tasks}")
+            raise InputKeyError(f"task {task!r} is not in this zoo; tasks: {self.tasks}")
 
     def encoder(self, state: Mapping[str, Tensor] | None = None) -> ImageEncoder:
         """An encoder of this zoo's size holding ``state`` (default: the base)."""

@@ -22,6 +22,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ._core import DataSourceError
 from .render import BIG, SUPERSAMPLE, composite, downsample, random_colours
+from ....errors import InputError
 
 # Fonts of tasks (upright and a few italics) and of the pool (obliques and other cuts).
 TASK_FONTS: tuple[str, ...] = (
@@ -85,7 +86,7 @@ def _master(path: str, ch: str) -> tuple[Image.Image, float, float]:
     ImageDraw.Draw(im).text((4 - left, 4 - top), ch, font=font, fill=255)
     box = im.getbbox()
     if box is None:
-        raise ValueError(f"glyph {ch!r} has no ink in font {os.path.basename(path)}")
+        raise InputError(f"glyph {ch!r} has no ink in font {os.path.basename(path)}")
     return im, (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
 
 
