@@ -11,37 +11,10 @@ import os
 import re
 from pathlib import Path
 
-from ..notebooks import (  # noqa: F401  (the course's runner is the library's)
-    PROFILES,
-    REPO,
-    START_TIMEOUT,
-    ParameterTypeError,
-    UnknownParameterError,
-    check_parameters,
-    coerce_parameter,
-    notebook_parameters,
-    notebook_paths,
-    parse_parameter,
-    render_html,
-    run_notebook,
-    run_report,
-)
+from ..notebooks import *  # noqa: F403  (the course's runner is the library's)
+from ..notebooks import __all__ as _RUNNER
 
-__all__ = [
-    "PROFILES",
-    "REPO",
-    "notebook_paths",
-    "notebook_parameters",
-    "parse_parameter",
-    "check_parameters",
-    "coerce_parameter",
-    "ParameterTypeError",
-    "run_notebook",
-    "run_report",
-    "UnknownParameterError",
-    "render_html",
-    "check_html",
-]
+__all__ = [*_RUNNER, "check_html"]
 
 
 #: What a rendered report must not contain (:func:`check_html`), as regular expressions on its

@@ -443,11 +443,16 @@ def _per_key(name, base, task_vectors, is_matrix, matrix_fn, desc):
     return out
 
 
+#: What TSV-M, Iso-C and Iso-CTS declare alike: merged key by key on their matrix path, alpha
+#: chosen on validation over ALPHA_GRID (docs/methods.md §Benchmark protocol).
+_ALPHA_ON_A_GRID: dict = {"key_scope": "key", "needs_layout": True, "search": Search("alpha", "grid", ALPHA_GRID)}
+
+
 @register(
     "tsv_m",
     "TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar "
     "(Gargiulo et al. 2025; docs/methods.md §TSV-M)",
-    key_scope="key", needs_layout=True, search=Search("alpha", "grid", ALPHA_GRID),
+    **_ALPHA_ON_A_GRID,
     alpha=Param(1.0, "coefficient on every key, matrices and means alike (grid 0.1..3.0 in the paper code)", low=0.0),
 )
 def tsv_m(base, task_vectors, *, is_matrix, alpha):
@@ -464,7 +469,7 @@ def tsv_m(base, task_vectors, *, is_matrix, alpha):
 @register(
     "iso_c",
     "Iso-C: the summed task vector with a flat (isotropic) spectrum (Marczak et al. 2025; docs/methods.md §Iso-C)",
-    key_scope="key", needs_layout=True, search=Search("alpha", "grid", ALPHA_GRID),
+    **_ALPHA_ON_A_GRID,
     alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
 )
 def iso_c(base, task_vectors, *, is_matrix, alpha):
@@ -477,7 +482,7 @@ def iso_c(base, task_vectors, *, is_matrix, alpha):
     "iso_cts",
     "Iso-CTS: common + task-specific subspaces with a flat spectrum "
     "(Marczak et al. 2025; docs/methods.md §Iso-CTS)",
-    key_scope="key", needs_layout=True, search=Search("alpha", "grid", ALPHA_GRID),
+    **_ALPHA_ON_A_GRID,
     alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
     common_fraction=Param(0.8, "fraction of the rank given to the common subspace before the T-divisibility adjustment",
                           low=0.0, high=1.0),
