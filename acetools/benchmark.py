@@ -144,11 +144,7 @@ class Benchmark:
         check_patience(patience)
         from .world.base import as_world
 
-        if hasattr(world, "split") and hasattr(world, "head") and not hasattr(world, "kind"):
-            from .world.vision.world import VisionWorld
-
-            world = VisionWorld(world, batch_size=batch_size, threads=threads)
-        self.world = as_world(world)
+        self.world = as_world(world, batch_size=batch_size, threads=threads)
         self.patience = patience
         self.tasks: list[str] = list(self.world.tasks)
         self.n_val, self.n_test = n_val, n_test

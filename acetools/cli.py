@@ -506,6 +506,13 @@ def _add_merge(sub) -> None:
     m.add_argument("--shard-size", dest="shard_size", default=None, help="largest output file, e.g. 5GB (default)")
     m.add_argument("--mode", default=None, choices=["auto", "stream", "memory"],
                    help="auto (default): stream when the method allows; memory: load everything")
+    m.add_argument("--heads", default=None, choices=["auto", "merge", "per-task", "drop"],
+                   help="classifier heads (classifier.*, score.weight): auto (default: per-task for "
+                        "*ForSequenceClassification experts, else merge), merge (like every key; same shapes only), "
+                        "per-task (merge the backbone, write each expert's head to OUT/heads/NAME/), "
+                        "drop (the backbone only)")
+    m.add_argument("--names", nargs="+", default=None, metavar="NAME",
+                   help="with --heads per-task: one head folder name per expert (default: the experts' folder names)")
     m.add_argument("--overwrite", action="store_true", help="replace the weights of an earlier merge in --out")
     m.add_argument("--dry-run", action="store_true", help="print the layout and the path of every key; write nothing")
     m.set_defaults(func=_cmd_merge)
@@ -516,7 +523,8 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from .files.merge_files import load_config, merge_files, parse_hparam
 
     cfg = load_config(args.config) if args.config else {"hyperparameters": {}}
-    for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode"):
+    for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode", "heads",
+                 "names"):
         if getattr(args, name) is not None:
             cfg[name] = getattr(args, name)
     cfg["hyperparameters"].update(dict(parse_hparam(p) for p in args.param))
@@ -528,12 +536,16 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"), hparams=cfg["hyperparameters"],
                       layout=cfg.get("layout", "auto"), dtype=cfg.get("dtype"), device=cfg.get("device", "cpu"),
                       shard_size=cfg.get("shard_size", "5GB"), mode=cfg.get("mode", "auto"), dry_run=args.dry_run,
-                      overwrite=args.overwrite or bool(cfg.get("overwrite")), progress=None)
+                      overwrite=args.overwrite or bool(cfg.get("overwrite")), progress=None,
+                      heads=cfg.get("heads", "auto"), names=cfg.get("names"))
     print(res.plan.summary())
     if args.dry_run:
         print(format_table(res.plan.rows))
         return 0
     print(f"wrote {', '.join(f.name for f in res.files)} to {res.out} in {res.seconds:.1f} s")
+    if res.info["heads"]["tasks"]:
+        print(f"heads of {len(res.info['heads']['tasks'])} tasks in {res.out / 'heads'}: "
+              f"{', '.join(res.info['heads']['tasks'])} (acetools.files.heads.load_with_head)")
     return 0
 
 

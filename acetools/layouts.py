@@ -12,7 +12,12 @@ A :class:`Layout` says, per weight key,
   d_out x d_in before a method sees them and back afterwards, so every method in
   :mod:`acetools.merging` works on d_out x d_in matrices only;
 - **tied** keys (alias -> canonical), e.g. GPT-2's ``lm_head.weight`` and
-  ``transformer.wte.weight``: merged once, written with identical values.
+  ``transformer.wte.weight``: merged once, written with identical values;
+- its **task heads** (:attr:`Layout.task_heads`): the keys of a classifier's output layer, whose
+  shape follows each task's label count (BERT's ``classifier.*``, RoBERTa's ``classifier.dense`` /
+  ``classifier.out_proj``, GPT-2's and LLaMA's ``score.weight``). In a checkpoint that
+  :func:`is_classifier` recognises (a Hugging Face ``*ForSequenceClassification`` config) the file
+  merge keeps them per task instead of merging them (:mod:`acetools.files.heads`).
 
 Presets (:data:`PRESETS`): ``open_clip``, ``hf_clip``, ``gpt2``, ``bert`` (BERT and RoBERTa),
 ``llama`` (LLaMA-style ``q_proj`` ... ``down_proj``; Mistral, Qwen2, Gemma share the names) and
@@ -50,6 +55,8 @@ __all__ = [
     "PRESETS",
     "get_layout",
     "detect_layout",
+    "is_classifier",
+    "CLASSIFIER_ARCHITECTURES",
     "describe",
     "format_table",
 ]
@@ -104,7 +111,9 @@ class Layout:
     pattern, else ``other``. Non-float tensors are ``buffer``. ``matrix_embeddings`` /
     ``matrix_heads`` send 2-D embeddings / heads down the matrix path after all (their role
     stays as named). ``tie_rules`` are (alias pattern, canonical pattern) pairs; :meth:`bind`
-    resolves them against a checkpoint's keys into :attr:`tied`.
+    resolves them against a checkpoint's keys into :attr:`tied`. ``task_heads`` name the keys
+    of a classifier's output layer (one per task, shaped by its label count): see
+    :meth:`task_head_keys` and :func:`is_classifier`.
     """
 
     name: str
@@ -118,9 +127,10 @@ class Layout:
     matrix_heads: bool = False
     tied: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    task_heads: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("embedding", "head", "matrix", "not_matrix", "in_out"):
+        for name in ("embedding", "head", "matrix", "not_matrix", "in_out", "task_heads"):
             object.__setattr__(self, name, _compiled_check(getattr(self, name), name))
         rules = tuple(tuple(r) for r in self.tie_rules)
         if any(len(r) != 2 for r in rules):
@@ -150,6 +160,10 @@ class Layout:
         if _meta(tensor).ndim != 2:
             return False
         return (r == "embedding" and self.matrix_embeddings) or (r == "head" and self.matrix_heads)
+
+    def task_head_keys(self, keys: Iterable[str]) -> list[str]:
+        """The keys (of ``keys``, in their order) that match a :attr:`task_heads` pattern."""
+        return [k for k in keys if _any(self.task_heads, k)]
 
     def orientation(self, key: str) -> str:
         """``"in_out"`` for keys stored d_in x d_out (GPT-2 ``Conv1D``), else ``"out_in"``."""
@@ -206,6 +220,7 @@ PRESETS: dict[str, Layout] = {
         "hf_clip",
         embedding=(_suffix("position_embedding", "token_embedding", "patch_embedding", "class_embedding"),),
         head=(_suffix("text_projection"),),
+        task_heads=(r"^classifier\.",),
         description="Hugging Face CLIP (CLIPModel, CLIPVisionModel, CLIPTextModel): nn.Linear weights are "
                     "matrices; embeddings and text_projection merged elementwise",
     ),
@@ -215,6 +230,7 @@ PRESETS: dict[str, Layout] = {
         head=(_suffix("lm_head", "score"),),
         in_out=(r"(^|\.)(c_attn|q_attn|c_fc|c_proj)\.weight$",),
         tie_rules=((r"(^|\.)lm_head\.weight$", r"(^|\.)wte\.weight$"),),
+        task_heads=(r"^score\.",),
         description="GPT-2: Conv1D weights (c_attn, c_fc, c_proj) stored in x out; wte/wpe embeddings; "
                     "lm_head tied to wte",
     ),
@@ -223,6 +239,7 @@ PRESETS: dict[str, Layout] = {
         embedding=(_suffix("word_embeddings", "position_embeddings", "token_type_embeddings"),),
         head=(_suffix("pooler", "classifier", "cls", "lm_head", "qa_outputs"),),
         tie_rules=((r"(^|\.)(lm_head|cls\.predictions)\.decoder\.weight$", r"(^|\.)word_embeddings\.weight$"),),
+        task_heads=(r"^classifier\.",),
         description="BERT / RoBERTa: word, position and token-type embeddings; pooler, classifier and LM "
                     "heads merged elementwise; MLM decoder tied to the word embeddings",
     ),
@@ -231,6 +248,7 @@ PRESETS: dict[str, Layout] = {
         embedding=(_suffix("embed_tokens"),),
         head=(_suffix("lm_head", "score"),),
         tie_rules=((r"(^|\.)lm_head\.weight$", r"(^|\.)embed_tokens\.weight$"),),
+        task_heads=(r"^score\.",),
         description="LLaMA-style decoders (q/k/v/o_proj, gate/up/down_proj): embed_tokens and lm_head merged "
                     "elementwise; tied when the config says tie_word_embeddings",
     ),
@@ -239,6 +257,7 @@ PRESETS: dict[str, Layout] = {
         embedding=(r"(^|\.)[^.]*(embed|embedding|embeddings|wte|wpe)[^.]*(\.|$)",),
         head=(_suffix("lm_head", "classifier", "score", "head", "pooler", "text_projection"),),
         tie_rules=((r"(^|\.)lm_head\.weight$", r"(^|\.)(wte|embed_tokens|word_embeddings)\.weight$"),),
+        task_heads=(r"^(classifier|score)\.",),
         description="any model with nn.Linear weights: 2-D tensors are matrices (d_out x d_in) except keys "
                     "named like embeddings or heads",
     ),
@@ -288,6 +307,23 @@ def detect_layout(keys: Iterable[str], config: Mapping[str, Any] | None = None) 
     if has(r"(^|\.)mlp\.gate_proj\.weight$") or has(r"(^|\.)embed_tokens\.weight$"):
         return "llama"
     return None
+
+
+#: Hugging Face class-name endings of models with one output head per task, shaped by ``num_labels``.
+CLASSIFIER_ARCHITECTURES = ("ForSequenceClassification", "ForTokenClassification", "ForImageClassification")
+
+
+def is_classifier(keys: Iterable[str], config: Mapping[str, Any] | None, layout: Layout) -> bool:
+    """Whether a checkpoint is a classifier whose task heads (:attr:`Layout.task_heads`) are its own.
+
+    From the config's ``architectures`` when it names any (a class ending in one of
+    :data:`CLASSIFIER_ARCHITECTURES`, e.g. ``BertForSequenceClassification``), else from the
+    keys: some key matches the layout's ``task_heads`` (``classifier.weight``, ``score.weight``).
+    """
+    archs = [str(a) for a in (config or {}).get("architectures") or ()]
+    if archs:
+        return any(a.endswith(CLASSIFIER_ARCHITECTURES) for a in archs)
+    return bool(layout.task_head_keys(keys))
 
 
 def get_layout(

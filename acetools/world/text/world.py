@@ -39,7 +39,8 @@ __all__ = ["TextWorld", "TEXT_SUITES", "text_cache_root", "FIXTURE_TASKS"]
 
 log = logging.getLogger(__name__)
 StateDict = dict[str, Tensor]
-TEXT_WORLD_VERSION = 1
+#: Part of every cache key: bump it when the data splits or the expert recipe change meaning.
+TEXT_WORLD_VERSION = 2
 
 #: The full profile's suites (:data:`acetools.world.text.tasks.SUITES`).
 TEXT_SUITES: dict[str, tuple[str, ...]] = SUITES

