@@ -29,10 +29,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from .errors import InputError
 from .merging import METHODS, Search, merge
 from .search import esm_search, golden_section_search, grid_search
 from .utils import atomic_write, jsonable
-from .errors import InputError
 
 __all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
 

@@ -31,8 +31,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 
-from .errors import AcetoolsError
-from .errors import InputError
+from .errors import AcetoolsError, InputError
 
 __all__ = ["main", "build_parser", "CLIError", "USER_ERRORS", "positive_int", "nonnegative_int", "existing_file"]
 
@@ -519,8 +518,8 @@ def _add_merge(sub) -> None:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from .layouts import format_table
     from .files.merge_files import load_config, merge_files, parse_hparam
+    from .layouts import format_table
 
     cfg = load_config(args.config) if args.config else {"hyperparameters": {}}
     for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode", "heads",

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from .keys import block_index, layer_type  # layer_type re-exported: the public name lessons use
 from .errors import InputError, InputKeyError, InputTypeError
+from .keys import block_index, layer_type  # layer_type re-exported: the public name lessons use
 
 __all__ = [
     "singular_values",

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+
 from .errors import InputError, InputTypeError
 
 __all__ = [

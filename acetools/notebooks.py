@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
 from .errors import InputError
 
 __all__ = [

@@ -49,8 +49,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .utils import atomic_write, jsonable
 from .errors import InputError, InputKeyError
+from .utils import atomic_write, jsonable
 
 __all__ = ["CARD_METHODS", "CLIP_B32", "RegimeCard", "clip_reference", "regime_card", "summary_row"]
 

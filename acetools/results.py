@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from .errors import InputError, InputKeyError
 
 __all__ = [
@@ -139,7 +140,7 @@ def find_results(
             continue
         stem = f.name[: -len("_summary.csv")]
 
-        def opt(suffix: str) -> Path | None:
+        def opt(suffix: str, stem: str = stem) -> Path | None:
             p = folder / f"{stem}{suffix}"
             return p if p.is_file() else None
 

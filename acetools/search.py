@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from .errors import InputError, InputKeyError, InputTypeError
+
 # the grids live with the methods that search them (the registry)
 from .merging._registry import ALPHA_GRID, ESM_BRACKET, LAMBDA_GRID
-from .errors import InputError, InputKeyError, InputTypeError
 
 __all__ = [
     "LAMBDA_GRID",

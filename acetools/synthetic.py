@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .utils import make_generator
 from .errors import InputError
+from .utils import make_generator
 
 __all__ = [
     "RegressionTask",
@@ -83,7 +83,7 @@ def make_regression_tasks(
         root = Q * spectrum.sqrt()  # Sigma = root @ root.T
         W_star = W0 + shift * torch.randn(d_out, d_in, generator=g, dtype=torch.float64) / d_in**0.5
 
-        def draw(n: int) -> tuple[Tensor, Tensor]:
+        def draw(n: int, root: Tensor = root, W_star: Tensor = W_star) -> tuple[Tensor, Tensor]:
             X = torch.randn(n, d_in, generator=g, dtype=torch.float64) @ root.T
             Y = X @ W_star.T + noise * torch.randn(n, d_out, generator=g, dtype=torch.float64)
             return X, Y

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+
 from .errors import InputError, InputTypeError
 
 T = TypeVar("T")

@@ -34,13 +34,13 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import condition_number, effective_rank, energy_fraction, layer_type
+from ..errors import InputError, InputKeyError
 from ..keys import block_index
-from ..merging import ace as A
 from ..merging import METHODS, task_vectors
+from ..merging import ace as A
 from ..merging._linalg import thin_svd
 from ..merging._registry import registered_defaults
 from .verdicts import NOISE, TIE, Verdict, agreement, compare, threshold
-from ..errors import InputError, InputKeyError
 
 __all__ = [
     "TAU",
@@ -455,7 +455,7 @@ def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = 
         kd = max(1, math.ceil(top_frac * r))
         UP, VP = _bases(st.W_pre, kd)
 
-        def cos_with(M: Tensor) -> float:
+        def cos_with(M: Tensor, kd: int = kd, UP: Tensor = UP, VP: Tensor = VP) -> float:
             UB, VB = _bases(M, kd)
             return (_mean_cos(UP, UB) + _mean_cos(VP, VB)) / 2
 
@@ -666,7 +666,7 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float]) -> d
     """
     out: dict[str, list[dict[str, Any]]] = {"normalization": [], "csp": [], "refinement": []}
     for suite, f in frac_flagged.items():
-        def e(a: str, b: str) -> float:
+        def e(a: str, b: str, suite: str = suite) -> float:
             return ablation.effect(a, b, suite=suite)
 
         out["normalization"].append({"suite": suite, "frac_flagged": float(f), "d_auto": e(NO_REFINE, GATE_OFF),

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..errors import InputError, InputKeyError
 from ..results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
 from .verdicts import NOISE, Verdict, compare, criteria, margin, threshold
-from ..errors import InputError, InputKeyError
 
 __all__ = [
     "paired_difference",

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import atomic_write
 from .verdicts import VERDICTS, Verdict
-from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "show", "collect", "claims_table", "styled_table"]
 

@@ -48,13 +48,13 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import layer_type, linear_cka
+from ..errors import InputError, InputKeyError
 from ..keys import block_index
-from ..merging import is_matrix_param, merge
 from ..merging import esm as E
+from ..merging import is_matrix_param, merge
 from ..merging._linalg import thin_svd
 from ..search import climb_search, esm_search, grid_search
 from .verdicts import NOISE, TIE, Verdict, agreement, compare
-from ..errors import InputError, InputKeyError
 
 __all__ = [
     "NOISE",

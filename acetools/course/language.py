@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .verdicts import Verdict, agreement, compare, margin
 from ..errors import InputError
+from .verdicts import Verdict, agreement, compare, margin
 
 __all__ = ["ROBERTA_GLUE", "ACE_SETTINGS", "task_table", "gamma_table", "gamma_by_type", "stage_ablation",
            "benchmark_tables", "beside_anchor", "verdict_sota", "verdict_gamma", "verdict_stage", "verdict_spectrum"]

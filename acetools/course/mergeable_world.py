@@ -24,8 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..regime import RegimeCard
 from ..errors import InputError, InputKeyError
+from ..regime import RegimeCard
 
 __all__ = ["KEY_ROWS", "EXPLAIN_ROWS", "load_cards", "card_table", "room_budget", "targets", "regime_targets",
            "fixture_card"]

@@ -24,6 +24,7 @@ which paper column each of our suites is compared with.
 from __future__ import annotations
 
 import pandas as pd
+
 from ..errors import InputError, InputKeyError
 
 __all__ = [

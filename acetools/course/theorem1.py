@@ -46,13 +46,13 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import compare_covariances, layer_type
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index
 from ..merging import merge
 from ..merging.ace import estimate_covariance
 from ..synthetic import RegressionTask, finetune_linear, joint_least_squares, make_regression_tasks
 from ..utils import make_generator
 from .verdicts import Verdict, threshold
-from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = [
     "AGREEMENT_COLUMNS",
@@ -333,7 +333,7 @@ def estimate_experiment(*, k: int | None = None, return_estimates: bool = False,
             delta = W1 - W1_0
             phi, _ = _phi(act)
 
-            def loss2(A: Tensor, B: Tensor, task: RegressionTask = task, Y: Tensor = F_te) -> float:
+            def loss2(A: Tensor, B: Tensor, task: RegressionTask = task, Y: Tensor = F_te, phi=phi) -> float:
                 return float(((phi(task.X_test @ A.T) @ B.T - Y) ** 2).sum(1).mean())
 
             before, after = loss2(W1_0, W2_0), loss2(W1, W2)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
 from ..errors import InputError, InputKeyError
 
 __all__ = ["Explorer", "rank_slider", "alpha_slider", "task_picker", "in_frontend"]

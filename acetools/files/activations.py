@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
 from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["capture_inputs", "gram_matrices", "input_covariances", "layer_input_spec", "orientation_of"]

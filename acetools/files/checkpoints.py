@@ -38,9 +38,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import AcetoolsError, InputError, InputKeyError, InputTypeError
 from ..layouts import TensorMeta
 from ..utils import atomic_write, jsonable
-from ..errors import AcetoolsError, InputError, InputKeyError, InputTypeError
 
 __all__ = [
     "Checkpoint",

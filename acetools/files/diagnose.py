@@ -41,11 +41,11 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import effective_rank
+from ..errors import InputError, InputKeyError, InputTypeError
+from ..keys import block_index, layer_type
 from ..merging import check_same_keys, confirmed_ties, defaults_from
 from ..merging._linalg import gram_spectrum
-from ..keys import block_index, layer_type
 from ..utils import atomic_write, progress
-from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
 

@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .activations import capture_inputs
 from ..errors import InputError, InputKeyError, InputTypeError
+from .activations import capture_inputs
 
 __all__ = ["ESM_NAMES", "esm_names", "esm_activations", "merge_esm"]
 

@@ -43,9 +43,9 @@ import torch
 from torch import Tensor
 
 from .. import __version__
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import Layout, is_classifier
 from .checkpoints import Checkpoint, file_sha256, open_checkpoint
-from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = [
     "HEAD_MODES",

@@ -37,6 +37,11 @@ import torch
 from torch import Tensor
 
 from .. import __version__
+from ..errors import InputError, InputKeyError, InputTypeError
+from ..layouts import Layout, describe, get_layout
+from ..merging import METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
+from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
+from ..utils import PROGRESS, jsonable, progress, resolve_device, short_repr
 from .checkpoints import (
     Checkpoint,
     ShardedWriter,
@@ -47,11 +52,6 @@ from .checkpoints import (
     parse_size,
 )
 from .heads import HEAD_MODES, HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
-from ..layouts import Layout, describe, get_layout
-from ..merging import METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
-from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
-from ..utils import PROGRESS, jsonable, progress, resolve_device, short_repr
-from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
            "load_activations"]

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
 from ..errors import InputError, InputTypeError
 
 __all__ = [

@@ -36,6 +36,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+
 from ..errors import InputError, InputTypeError
 
 __all__ = ["Param", "MethodInfo", "Search", "register", "METHODS", "REQUIRED", "SCOPES", "LAMBDA_GRID",

@@ -58,6 +58,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import Layout
 from ..utils import progress
 from ._linalg import (
@@ -72,7 +73,6 @@ from ._linalg import (
 )
 from ._registry import METHODS, Param, register, registered_defaults
 from .averaging import mean_update, warn_mean_fallback
-from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = [
     "ESTIMATORS",

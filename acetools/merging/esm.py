@@ -34,12 +34,12 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import progress
 from ._linalg import gram_polar, gram_polar_times, gram_top_svd, thin_svd
 from ._registry import ESM_BRACKET, Param, Search, register
 from .averaging import mean_update
 from .svd import tsv_merge_matrix
-from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = [
     "DEFAULT_TARGETS",

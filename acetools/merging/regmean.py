@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import progress
 from ._linalg import check_square, solve_right
 from ._registry import REQUIRED, Param, register
 from .averaging import mean_update, warn_mean_fallback
-from ..errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["shrink_gram", "regmean_matrix", "validate_grams", "regmean"]
 

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputTypeError
 from ..utils import progress
 from ._linalg import (
     GRAM_MAX_RATIO,
@@ -61,7 +62,6 @@ from ._linalg import (
 )
 from ._registry import ALPHA_GRID, Param, Search, register
 from .averaging import mean_update, warn_mean_fallback
-from ..errors import InputError, InputTypeError
 
 __all__ = [
     "tsv_rank",

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from ..utils import make_generator, progress
 from ._registry import LAMBDA_GRID, Param, Search, register
-from ..errors import InputError
 
 __all__ = [
     "kept_count",

@@ -26,11 +26,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from ..utils import progress
 from ._registry import Param, register
 from .averaging import mean_update
 from .svd import _stack_taus
-from ..errors import InputError
 
 __all__ = ["VIT_TARGETS", "wudi_weights", "wudi_loss", "wudi_grad", "wudi_matrix", "is_wudi_target", "wudi"]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils import atomic_write
 from ..errors import InputError
+from ..utils import atomic_write
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

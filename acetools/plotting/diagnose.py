@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._core import finish, heatmap
 from ..errors import InputError, InputKeyError, InputTypeError
+from ._core import finish, heatmap
 
 __all__ = ["layer_label", "ratio_by_layer", "energy_by_layer", "gamma_by_layer", "cosine_heatmap",
            "spectra_by_type", "energy_concentration", "overlap_by_layer", "show"]

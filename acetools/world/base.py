@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+
 from ..errors import InputTypeError
 
 __all__ = ["World", "as_world", "check_world"]

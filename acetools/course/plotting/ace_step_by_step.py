@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ...errors import InputKeyError
 from ...keys import short_label as _short_label
 from ...keys import short_name
 from ...plotting._core import finish
-from ...errors import InputKeyError
 
 __all__ = ["short_label", "gamma_strip", "gamma_scaling", "task_weights", "prior_profile", "spectra",
            "refined_spectrum", "layer_metrics", "ablation_bars"]
@@ -46,7 +46,7 @@ def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | 
     g = table["gamma"].to_numpy(dtype=float)
     x = np.array([types.index(t) for t in table["layer_type"]], dtype=float)
     # deterministic jitter: spread the points of a type evenly
-    for i, t in enumerate(types):
+    for t in types:
         idx = np.flatnonzero(table["layer_type"].to_numpy() == t)
         if idx.size > 1:
             x[idx] += np.linspace(-0.2, 0.2, idx.size)

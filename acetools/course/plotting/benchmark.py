@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ...plotting._core import bar_plot, finish, heatmap
 from ...errors import InputError
+from ...plotting._core import bar_plot, finish, heatmap
 
 __all__ = [
     "VERDICT_COLORS",

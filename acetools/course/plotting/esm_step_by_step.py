@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ...errors import InputError
 from ...keys import short_label
 from ...plotting._core import finish
-from ...errors import InputError
 
 __all__ = [
     "energy_curves",

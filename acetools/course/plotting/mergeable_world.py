@@ -11,8 +11,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from ...plotting._core import finish
 from ...errors import InputError
+from ...plotting._core import finish
 
 __all__ = ["merges_vs_clip", "room_budget", "subspace_overlap"]
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...plotting._core import finish, heatmap
 from ...errors import InputError
+from ...plotting._core import finish, heatmap
 
 __all__ = [
     "METRIC_LABELS",

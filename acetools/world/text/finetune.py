@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from ...errors import InputError
 from ...utils import make_generator, progress
 from .model import TextEncoder, merged_keys
 from .tasks import TextData
-from ...errors import InputError
 
 __all__ = ["TextFinetuneConfig", "finetune_text", "evaluate_text", "encode_batches", "train_head"]
 

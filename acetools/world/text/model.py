@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
 from ...errors import InputError, InputKeyError
 
 __all__ = ["minilm_folder", "load_tokenizer", "TextEncoder", "tiny_bert_config", "merged_keys", "MINILM_WHEEL"]

@@ -16,8 +16,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .sources import SOURCES, provenance
 from ...errors import InputError
+from .sources import SOURCES, provenance
 
 __all__ = ["TextTask", "TextData", "TASKS", "SUITES", "build_task", "suite_tasks"]
 

@@ -29,11 +29,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ...errors import InputError, InputKeyError
 from ...utils import atomic_write, progress, resolve_device
 from .finetune import TextFinetuneConfig, evaluate_text, finetune_text, head_from_state, head_state, zeroshot_head
 from .model import TextEncoder, load_tokenizer, merged_keys
 from .tasks import SUITES, TASKS, TextData, TextTask, build_task, task_provenance
-from ...errors import InputError, InputKeyError
 
 __all__ = ["TextWorld", "TEXT_SUITES", "text_cache_root", "FIXTURE_TASKS"]
 

@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .models import ClassificationHead, Classifier, ImageEncoder, build_encoder, load_encoder
+from ...errors import InputError
 from ...utils import make_generator, resolve_device, seed_everything
 from ...utils import progress as _progress
-from ...errors import InputError
+from .models import ClassificationHead, Classifier, ImageEncoder, build_encoder, load_encoder
 
 __all__ = [
     "PretrainConfig",

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...errors import InputError, InputTypeError
 from ...utils import progress as _progress
 from ...utils import resolve_device
-from ...errors import InputError, InputTypeError
 
 __all__ = [
     "MODEL_VERSION",

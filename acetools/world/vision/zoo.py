@@ -33,6 +33,7 @@ plus ``base_<size>.json`` (recipe, content hash, the command that rebuilds it; s
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -40,7 +41,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-import dataclasses
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ...errors import InputError, InputKeyError, InputTypeError
+from ...files.checkpoints import (  # noqa: F401  (the zoo's checkpoint format, re-exported for compatibility)
+    CheckpointError,
+    _tensor_bytes,
+    config_hash,
+    load_checkpoint,
+    save_checkpoint,
+    sidecar_path,
+    state_hash,
+)
+from ...utils import progress as _progress
 from . import finetune as _ft
 from .finetune import FinetuneConfig, PretrainConfig
 from .models import (
@@ -59,17 +70,6 @@ from .models import (
     model_config,
     prototype_head,
 )
-from ...files.checkpoints import (  # noqa: F401  (the zoo's checkpoint format, re-exported for compatibility)
-    CheckpointError,
-    _tensor_bytes,
-    config_hash,
-    load_checkpoint,
-    save_checkpoint,
-    sidecar_path,
-    state_hash,
-)
-from ...utils import progress as _progress
-from ...errors import InputError, InputKeyError, InputTypeError
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ....utils import atomic_write
 from ....errors import AcetoolsError, InputError
+from ....utils import atomic_write
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 SPLIT_ID = {"train": 0, "val": 1, "test": 2}

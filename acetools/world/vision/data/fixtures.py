@@ -16,10 +16,10 @@ from types import MappingProxyType
 import numpy as np
 import torch
 
+from ....errors import InputError
 from . import patterns, scenes
 from ._core import SPLIT_ID, TaskData, TaskInfo
 from .registry import TaskSpec, procedural
-from ....errors import InputError
 
 __all__ = ["tiny_task", "FIXTURE_SPECS", "FIXTURE_TASKS", "FIXTURE_SUITES"]
 

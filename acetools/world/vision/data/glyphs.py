@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from ....errors import InputError
 from ._core import DataSourceError
 from .render import BIG, SUPERSAMPLE, composite, downsample, random_colours
-from ....errors import InputError
 
 # Fonts of tasks (upright and a few italics) and of the pool (obliques and other cuts).
 TASK_FONTS: tuple[str, ...] = (

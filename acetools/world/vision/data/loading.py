@@ -19,10 +19,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ....utils import progress
-from ._core import (SPLITS, TaskData, TaskInfo, cache_key, cache_path, check_split_args, data_root, digest_arrays,
-                    load_npz, row_hashes, save_npz, suggest, to_tensor_images)
 from ....errors import InputError, InputTypeError
+from ....utils import progress
+from ._core import (
+    SPLITS,
+    TaskData,
+    TaskInfo,
+    cache_key,
+    cache_path,
+    check_split_args,
+    data_root,
+    digest_arrays,
+    load_npz,
+    row_hashes,
+    save_npz,
+    suggest,
+    to_tensor_images,
+)
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,18 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ._core import (SPLITS, DataSourceError, TaskData, TaskInfo, cache_path, digest_arrays, load_npz, save_npz,
-                    stable_int)
 from ....errors import InputError
+from ._core import (
+    SPLITS,
+    DataSourceError,
+    TaskData,
+    TaskInfo,
+    cache_path,
+    digest_arrays,
+    load_npz,
+    save_npz,
+    stable_int,
+)
 
 ONLINE_VERSION = 1
 VAL_FRACTION, VAL_MAX, TEST_FRACTION = 0.1, 5000, 0.2

@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from ....errors import InputError
 from ._core import IMAGE_SIZE
 from .render import SUPERSAMPLE, box_reduce, composite, downsample, new_mask, pixel_grid, random_colours
-from ....errors import InputError
 
 # ---------------------------------------------------------------- gratings
 ORIENTATIONS: tuple[float, ...] = tuple(22.5 * k for k in range(8))  # degrees, 0 = vertical bars

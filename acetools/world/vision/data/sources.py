@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ._core import DataSourceError, stable_int
 from ....errors import InputError
+from ._core import DataSourceError, stable_int
 
 FASHION_CLASSES: tuple[str, ...] = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
                                     "Sneaker", "Bag", "Ankle boot")
