@@ -3,6 +3,7 @@
     python3 benchmarks/text_world.py build --suite text8 --seeds 0 1 2      # experts, resumable
     python3 benchmarks/text_world.py bench --suite text8 --seeds 0          # every method + variants
     python3 benchmarks/text_world.py card --suite text8 --seeds 0           # its regime card
+    python3 benchmarks/text_world.py tables --suite text8                  # the README's tables
     python3 benchmarks/text_world.py bench --suite fixture --profile quick  # the fixture world
 
 ``build`` builds (or loads) each expert, one cache entry per expert, so a killed run resumes
@@ -108,9 +109,57 @@ def card(args) -> None:
         print("->", folder, flush=True)
 
 
+#: "Structured" methods for the room target: every merge that is not weight averaging or task arithmetic.
+UNSTRUCTURED = ("weight_averaging", "task_arithmetic")
+
+
+def tables(args) -> str:
+    """The README's text-world tables (markdown), from the committed files only."""
+    import math
+
+    from acetools.course.language import ROBERTA_GLUE, benchmark_tables
+
+    per_seed, mean = benchmark_tables(args.out, args.suite)
+    m = mean.set_index("method")
+    n = int(m["n_seeds"].max())
+
+    def cell(method: str) -> str:
+        r = m.loc[method]
+        sd = lambda c: "" if math.isnan(r[f"{c}_sd"]) else f" ± {r[f'{c}_sd']:.1f}"  # noqa: E731
+        return f"{r['test_acc']:.1f}{sd('test_acc')} / {r['test_normalized']:.1f}{sd('test_normalized')}"
+
+    out = [f"| method | {args.suite}: absolute / normalized ({n} seed{'s' if n > 1 else ''}) | RoBERTa-base GLUE "
+           "(normalized) |", "|---|---|---|"]
+    for method in m.index:
+        anchor = ROBERTA_GLUE.get("pretrained" if str(method).startswith("base (") else method)
+        kind = "variant: " if m.loc[method, "kind"] == "variant" else ""
+        out.append(f"| {kind}{method} | {cell(method)} | {'' if anchor is None else f'{anchor:.1f}'} |")
+    base = next(x for x in m.index if str(x).startswith("base ("))
+    norm = m["test_normalized"]
+    structured = norm[[x for x in norm.index if m.loc[x, "kind"] != "reference" and
+                       str(x).split(" (")[0] not in UNSTRUCTURED]]
+    best = structured.idxmax()
+    builds = [json.loads(p.read_text()) for p in sorted(Path(args.results).glob(f"build_{args.suite}_seed*.json"))]
+    build_min = [b["build_seconds_recorded"] / 60 for b in builds]
+    rows = [("experts, absolute (%)", m.loc["experts (individual)", "test_acc"], "≥ 85", lambda v: v >= 85),
+            ("base (zero-shot heads) below the experts (normalized points)", 100 - norm[base], "≥ 25",
+             lambda v: v >= 25),
+            ("TSV-M − task arithmetic (normalized points)", norm["tsv_m"] - norm["task_arithmetic"], "≥ 10",
+             lambda v: v >= 10),
+            (f"best structured ({best}) − task arithmetic", norm[best] - norm["task_arithmetic"], "≥ 15",
+             lambda v: v >= 15),
+            ("eight experts built (min, seed 0 as recorded)", build_min[0] if build_min else math.nan, "≤ 40",
+             lambda v: v <= 40)]
+    out += ["", "| target | measured | threshold | met |", "|---|---|---|---|"]
+    out += [f"| {name} | {v:.1f} | {th} | {'yes' if ok(v) else 'no'} |" for name, v, th, ok in rows]
+    text = "\n".join(out)
+    print(text)
+    return text
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["build", "bench", "card"])
+    p.add_argument("what", choices=["build", "bench", "card", "tables"])
     p.add_argument("--suite", default="text8")
     p.add_argument("--profile", default="full", choices=["full", "quick"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -126,7 +175,7 @@ def main(argv=None) -> None:
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "text_world"))
     p.add_argument("--cards", default=str(ROOT / "figures" / "regime"))
     args = p.parse_args(argv)
-    {"build": build, "bench": bench, "card": card}[args.what](args)
+    {"build": build, "bench": bench, "card": card, "tables": tables}[args.what](args)
 
 
 if __name__ == "__main__":
