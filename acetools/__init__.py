@@ -14,7 +14,30 @@ from ._moved import install as _install_old_paths  # noqa: E402
 
 _install_old_paths()  # acetools.zoo, acetools.data, ...: the paths before issue 22, deprecated for one release
 
-from .merging import METHODS, merge, task_vectors  # noqa: E402
-from .utils import seed_everything  # noqa: E402
-
 __all__ = ["merge", "task_vectors", "METHODS", "seed_everything", "__version__"]
+
+# Imported on first use (PEP 562), so that ``python -m acetools`` checks its arguments before
+# torch loads: a bad argument stops in a fraction of a second.
+_LAZY = {"METHODS": ".merging", "merge": ".merging", "task_vectors": ".merging", "seed_everything": ".utils"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_"):  # a submodule, as ``acetools.merging`` was before the lazy imports
+        import importlib
+
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -130,15 +130,29 @@ def _methods_epilog() -> str:
 SUITE_CHOICES, SIZE_CHOICES, METHOD_CHOICES = _Lazy(_suites), _Lazy(_sizes), _Lazy(_methods)
 
 
-def model_size(text: str) -> str:
-    """``--size``: a registered mini-world size or an open_clip model name (``ViT-B-32``)."""
-    from .world.vision.models import model_config
+def _open_clip_names() -> list[str]:
+    """open_clip's built-in model names, from its ``model_configs`` folder (without importing open_clip,
+    which takes seconds)."""
+    import importlib.util
+    from pathlib import Path
 
-    try:
-        model_config(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return sorted(p.stem for loc in spec.submodule_search_locations
+                  for p in (Path(loc) / "model_configs").glob("*.json"))
+
+
+def model_size(text: str) -> str:
+    """``--size``: a registered mini-world size or an open_clip model name (``ViT-B-32``). Checked without
+    importing open_clip, so a bad value stops at once."""
+    from .world.vision.models import SIZES
+
+    if text in SIZES or text.removeprefix("acetools-") in SIZES or text in _open_clip_names():
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown model size {text!r}: use one of {sorted(SIZES)} or an open_clip model name such as 'ViT-B-32' "
+        "(open_clip.list_models())")
 
 
 def _int_at_least(text: str, low: int, what: str) -> int:
@@ -167,6 +181,18 @@ def existing_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"no file at {text!r}" if not os.path.exists(text) else
                                          f"{text!r} is not a file")
     return text
+
+
+class _Once(argparse.Action):
+    """``nargs="+"`` for an option that may be given once: ``--experts a --experts b`` is an error
+    (argparse would keep only the last list, merging one expert)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, f"_seen_{self.dest}", False):
+            parser.error(f"{option_string} given twice; list every value after one {option_string} "
+                         f"(e.g. {option_string} a b c)")
+        setattr(namespace, f"_seen_{self.dest}", True)
+        setattr(namespace, self.dest, values)
 
 
 def _add_output_options(p: argparse.ArgumentParser, *, top: bool) -> None:
@@ -230,7 +256,10 @@ def _check_split_sizes(suite: str, **wanted: int | None) -> None:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+    """One line, without terminal escape sequences (an error message may quote a library's coloured text)."""
+    import re
+
+    return " ".join(re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", str(text)).split())
 
 
 def _message(err: BaseException) -> str:
@@ -446,7 +475,7 @@ def _add_diagnose(sub) -> None:
                        help="diagnose a base and its experts from their checkpoints: tables and an HTML report")
     g.add_argument("--base", required=True,
                    help="base checkpoint (safetensors file, HF or open_clip folder, state dict)")
-    g.add_argument("--experts", required=True, nargs="+", help="fine-tuned checkpoints, one per task")
+    g.add_argument("--experts", required=True, nargs="+", action=_Once, help="fine-tuned checkpoints, one per task")
     g.add_argument("--out", required=True, help="output folder: diagnose.html, the executed notebook, CSV tables")
     g.add_argument("--layout", default="auto", choices=_Lazy(_layouts), metavar="LAYOUT",
                    help="layout preset (default auto: detected from the config or key names): %(choices)s")
@@ -463,9 +492,11 @@ def _add_diagnose(sub) -> None:
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from .files.checkpoints import check_output_folder
     from .files.diagnose import check_inputs, diagnose, run_report
 
     _folder_for_output(args.out, "--out")
+    check_output_folder(args.out, [args.base, *args.experts], weights=False)  # merge's check: never inside an input
     names = args.names or None
     # every file, key and shape is checked before a kernel starts (one-line errors)
     info = check_inputs(args.base, args.experts, names=names, layout=args.layout)
@@ -495,11 +526,14 @@ def _add_merge(sub) -> None:
     m.add_argument("--method", default=None, choices=METHOD_CHOICES, metavar="METHOD",
                    help="merge method (acetools.METHODS), e.g. ace, ties, tsv_m")
     m.add_argument("--base", default=None, help="pretrained checkpoint: file or folder")
-    m.add_argument("--experts", nargs="+", default=None, help="fine-tuned checkpoints, files or folders")
+    m.add_argument("--experts", nargs="+", default=None, action=_Once,
+                   help="fine-tuned checkpoints, files or folders (after one --experts)")
     m.add_argument("--out", default=None, help="output folder (must not hold an input)")
     m.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                    help="method hyperparameter (repeatable), e.g. -p lam=0.3 -p scope=tensor")
     m.add_argument("--layout", default=None, help="auto (default), open_clip, hf_clip, gpt2, bert, llama, generic")
+    m.add_argument("--force-layout", dest="force_layout", action="store_true",
+                   help="use --layout even where it contradicts the base's config.json")
     m.add_argument("--dtype", default=None, help="output dtype of float tensors: base (default), float32, bf16, fp16")
     m.add_argument("--device", default=None, help="where each key is merged: cpu (default), cuda, auto")
     m.add_argument("--shard-size", dest="shard_size", default=None, help="largest output file, e.g. 5GB (default)")
@@ -536,7 +570,8 @@ def _cmd_merge(args: argparse.Namespace) -> int:
                       layout=cfg.get("layout", "auto"), dtype=cfg.get("dtype"), device=cfg.get("device", "cpu"),
                       shard_size=cfg.get("shard_size", "5GB"), mode=cfg.get("mode", "auto"), dry_run=args.dry_run,
                       overwrite=args.overwrite or bool(cfg.get("overwrite")), progress=None,
-                      heads=cfg.get("heads", "auto"), names=cfg.get("names"))
+                      heads=cfg.get("heads", "auto"), names=cfg.get("names"),
+                      force_layout=args.force_layout or bool(cfg.get("force_layout")))
     print(res.plan.summary())
     if args.dry_run:
         print(format_table(res.plan.rows))

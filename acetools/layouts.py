@@ -333,12 +333,16 @@ def get_layout(
     keys: Iterable[str] | None = None,
     config: Mapping[str, Any] | None = None,
     fallback: str = "generic",
+    force: bool = False,
 ) -> Layout:
     """A bound :class:`Layout` from a preset name, a Layout, ``"auto"`` or ``None``.
 
     ``"auto"``/``None`` detect the preset from ``config`` and ``keys``
     (:func:`detect_layout`); when nothing matches, ``fallback`` is used and logged. With
-    ``keys`` the tie rules are resolved (:meth:`Layout.bind`).
+    ``keys`` the tie rules are resolved (:meth:`Layout.bind`). A preset named explicitly that
+    contradicts ``config`` (its ``model_type`` or ``architectures`` say another preset, e.g.
+    ``"bert"`` for a GPT-2 ``config.json``, whose Conv1D weights would be read as out x in) is
+    an error unless ``force``.
     """
     keys = list(keys) if keys is not None else None
     if isinstance(layout, Layout):
@@ -354,6 +358,14 @@ def get_layout(
     elif isinstance(layout, str):
         if layout not in PRESETS:
             raise InputError(f"unknown layout {layout!r}; valid layouts are: auto, {', '.join(PRESETS)}")
+        said = detect_layout((), config) if config else None
+        if said is not None and said != layout and not force:
+            what = config.get("model_type") or (config.get("architectures") or ["?"])[0]
+            raise InputError(
+                f"layout {layout!r} contradicts the checkpoint's config.json (model_type/architecture {what!r}, "
+                f"i.e. layout {said!r}); drop --layout to use {said!r}, or, if the config is wrong, force it "
+                "(acetools merge --force-layout; force=True in Python)"
+            )
         lay = PRESETS[layout]
     else:
         raise InputTypeError(f"layout must be a preset name, 'auto' or a Layout, got {type(layout).__name__}")

@@ -242,7 +242,7 @@ START_TIMEOUT = 300
 def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters: Mapping[str, Any] | None = None,
                  *, html: bool = True, kernel_name: str = "python3", timeout: int | None = None,
                  start_timeout: int = START_TIMEOUT, cwd: str | os.PathLike | None = None,
-                 output_name: str | None = None) -> dict[str, Any]:
+                 output_name: str | None = None, require_mathjax: bool = True) -> dict[str, Any]:
     """Execute one notebook with papermill into ``out_dir`` (and render HTML); return a record
     ``{"notebook", "seconds", "executed"[, "html"]}``.
 
@@ -283,7 +283,7 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
     seconds = time.perf_counter() - t0
     rec: dict[str, Any] = {"notebook": path.stem, "seconds": round(seconds, 1), "executed": str(out_nb)}
     if html:
-        rec["html"] = str(render_html(out_nb))
+        rec["html"] = str(render_html(out_nb, require_mathjax=require_mathjax))
     return rec
 
 
@@ -306,23 +306,33 @@ def _image_alts(nb) -> dict[str, str]:
     return alts
 
 
-def render_html(executed: str | os.PathLike) -> Path:
+def render_html(executed: str | os.PathLike, *, require_mathjax: bool = True) -> Path:
     """``jupyter nbconvert --to html --no-input`` of an executed notebook, next to it.
 
-    Two additions make the page readable: every figure's ``<img>`` gets its alt text from the
+    Three additions make the page readable: every figure's ``<img>`` gets its alt text from the
     figure's title (:func:`_image_alts`; nbconvert's default says "No description has been
-    provided"), and the CSS :data:`REPORT_CSS` lets wide tables scroll
-    inside the page and long lines wrap at word boundaries.
+    provided"), the CSS :data:`REPORT_CSS` lets wide tables scroll
+    inside the page and long lines wrap at word boundaries, and the equations are typeset by a
+    local MathJax (:func:`acetools.utils.local_mathjax_url`), never one from a CDN; the template's
+    other scripts from CDNs (require.js, mermaid; the reports use neither) are dropped, so a page
+    reads the same without network. Without a local MathJax this raises ``FileNotFoundError``
+    unless ``require_mathjax=False`` (the page then keeps nbconvert's default MathJax setting).
     """
     import nbformat
     from bs4 import BeautifulSoup
     from nbconvert import HTMLExporter
 
-    from .utils import atomic_write
+    from .utils import atomic_write, local_mathjax_url
 
     executed = Path(executed)
     nb = nbformat.read(str(executed), as_version=4)
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    mj = local_mathjax_url()
+    if mj is None and require_mathjax:
+        raise FileNotFoundError("no local MathJax for the report's equations: install Debian's libjs-mathjax "
+                                "(scripts/setup.sh does) or set ACETOOLS_MATHJAX to a MathJax.js; reports never "
+                                "load it from a CDN")
+    kw = {"mathjax_url": mj} if mj else {}
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True, **kw)
     body, _ = exporter.from_notebook_node(nb)
     alts = _image_alts(nb)
     soup = BeautifulSoup(body, features="html.parser")
@@ -332,6 +342,9 @@ def render_html(executed: str | os.PathLike) -> Path:
             alt = alts.get("".join(src.split(",", 1)[1].split()))
             if alt:
                 img["alt"] = alt
+    for script in soup.find_all("script"):  # nothing from the network: require.js and mermaid come from CDNs
+        if script.get("src", "").startswith(("http://", "https://", "//")) or "cdnjs" in (script.string or ""):
+            script.decompose()
     style = soup.new_tag("style")
     style.string = REPORT_CSS
     (soup.head or soup).append(style)

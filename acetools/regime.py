@@ -39,7 +39,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,6 +233,7 @@ def regime_card(
     if hasattr(bar, "close"):
         bar.close()
     act = _activation_rows(bench, base, taus, tasks, n_images=n_act)
+    act.update(_token_activation_rows(bench, base, tasks, n_images=n_act))
     per_key, per_layer = _layer_tables(base, taus, tasks, mats, acc["het"], spec)
     per_task = _per_task_table(tasks, acc)
     rows = _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau, world)
@@ -451,11 +452,28 @@ def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, worl
     row("act_topk_energy", "activation energy in the top-k directions", act["act_topk_energy"], "%",
         "share of each task's input Gram trace in its top k eigenvalues at W0: how low-dimensional the base's "
         "features are")
+    _token_rows(row, act)
     row("tau_in_act", "τ_t's input side inside its task's top activations", act["tau_in_act"], "mean cos²",
         "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)")
     row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",
         "k / d: the expected overlap of random subspaces, for scale")
     return rows
+
+
+def _token_rows(row: Callable[..., None], act: Mapping[str, float]) -> None:
+    """The card's rows of the centred, token-aware activation statistics (:func:`_token_activation_rows`)."""
+    row("act_overlap_centred", "…the same, centred and token-aware", act["act_overlap_centred"], "mean cos²",
+        "as act_overlap on the patch tokens with each position's mean removed (CLS apart): what the tasks share "
+        "beyond the mean, positional and CLS components every input has")
+    row("act_topk_energy_centred", "…energy in the top-k directions, centred and token-aware",
+        act["act_topk_energy_centred"], "%", "as act_topk_energy on the centred, token-aware Gram")
+    row("act_mean_share", "input energy in the global mean", act["act_mean_share"], "%",
+        "‖μ‖² / E‖x‖² of the raw Gram's trace, mean over matrices and tasks (acetools.activations.token_statistics)")
+    row("act_pos_share", "input energy in the positional component", act["act_pos_share"], "%",
+        "mean_l ‖μ_l − μ‖² / E‖x‖²: each token position's mean about the global one")
+    row("act_cls_share", "input energy in the CLS token's rows", act["act_cls_share"], "%",
+        "the class token's part of E‖x‖² (one token of L); these five rows are NaN where examples differ in "
+        "length (text)")
 
 
 def _heads_phrase(world) -> str:
@@ -551,3 +569,53 @@ def __getattr__(name: str):
 
         return regime_targets
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, float]:
+    """The centred, token-aware counterparts of :func:`_activation_rows` at W0
+    (:func:`acetools.files.activations.token_statistics` per hooked matrix and task): overlap and
+    top-k energy of the centred patch-token Grams, and the shares of the raw input energy in the
+    global mean, the positional component and the CLS rows (in %). The raw rows stay beside.
+    NaN in a world whose examples do not all have the same number of tokens (a text world's
+    padded sentences): there a token position is no shared component."""
+    from .files.activations import token_statistics
+    from .merging.svd import tsv_rank
+
+    names = ("act_overlap_centred", "act_topk_energy_centred", "act_mean_share", "act_pos_share", "act_cls_share")
+    out = dict.fromkeys(names, math.nan)
+    keys = bench.matrix_keys()
+    if not keys or n_images < 1:
+        return out
+    world = bench.world
+    stats = {}
+    for t in tasks:
+        ex = world.gram_examples(t, n_images)
+        X = world.layer_inputs(base, ex, keys)
+        n = len(ex)
+        if any(X[k].shape[0] % n for k in keys):
+            return out
+        stats[t] = {k: token_statistics(X[k], n) for k in keys}
+        del X
+    T = len(tasks)
+    ov, energy, shares = [], [], {"mean": [], "pos": [], "cls": []}
+    for k in keys:
+        kk = tsv_rank(min(base[k].shape), T)
+        if kk < 1:
+            continue
+        A = []
+        for t in tasks:
+            st = stats[t][k]
+            w, V = torch.linalg.eigh(st.centred)
+            A.append(V[:, -kk:])
+            energy.append(float(w[-kk:].sum() / w.sum()) if float(w.sum()) > 0 else math.nan)
+            shares["mean"].append(st.mean_share)
+            shares["pos"].append(st.pos_share)
+            shares["cls"].append(st.cls_share)
+        ov += [float((A[i].T @ A[j]).pow(2).sum()) / kk for i in range(T) for j in range(i + 1, T)]
+    if ov:
+        out["act_overlap_centred"] = float(np.mean(ov))
+        out["act_topk_energy_centred"] = 100 * float(np.nanmean(energy))
+        out["act_mean_share"] = 100 * float(np.nanmean(shares["mean"]))
+        out["act_pos_share"] = 100 * float(np.nanmean(shares["pos"]))
+        out["act_cls_share"] = 100 * float(np.nanmean(shares["cls"]))
+    return out

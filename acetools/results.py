@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import InputError, InputKeyError
+from .search import PATIENCE
 
 __all__ = [
     "REFERENCES",
@@ -102,7 +103,7 @@ def bench_command(suites: Sequence[str], size: str = "small", seeds: Sequence[in
     """The shell commands that write the result files this module reads."""
     return " && ".join(
         f"acetools bench --suite {s} --size {size} --seeds {' '.join(map(str, seeds))} --out {out} "
-        "--patience 5 --n-val 100 --n-test 500" for s in suites
+        f"--patience {PATIENCE} --n-val 100 --n-test 500" for s in suites
     )
 
 

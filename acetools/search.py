@@ -37,6 +37,8 @@ from .errors import InputError, InputKeyError, InputTypeError
 from .merging._registry import ALPHA_GRID, ESM_BRACKET, LAMBDA_GRID
 
 __all__ = [
+    "PATIENCE",
+    "SHORT_GRID",
     "LAMBDA_GRID",
     "ALPHA_GRID",
     "ESM_BRACKET",
@@ -48,6 +50,13 @@ __all__ = [
     "climb_search",
 ]
 
+
+#: The one patience of the course's grid searches (notebooks, committed tables,
+#: ``benchmarks/mini_world.sh``, the regime card): the Iso code's 3, counted only once the
+#: validation curve has risen (:func:`grid_search`).
+PATIENCE: int = 3
+#: Grids of at most this many coefficients are searched whole, whatever the patience.
+SHORT_GRID: int = 10
 
 ScoreFn = Callable[[float], Mapping[str, float]]
 _METRICS = {"normalized": "avg_normalized", "absolute": "avg_absolute"}
@@ -196,13 +205,18 @@ def grid_search(
     reference: Mapping[str, float] | None = None,
     objective: str = "normalized",
     patience: int | None = None,
+    short: int = SHORT_GRID,
 ) -> SearchResult:
     """Evaluate ``score_fn`` on ``grid`` in order and keep the best coefficient (docs/methods.md §Benchmark protocol).
 
     ``objective`` ("normalized", needs ``reference``; or "absolute") picks the best alpha:
     the first one with the highest average. ``patience``: stop after that many consecutive
     evaluations without a strict improvement of the **average absolute** accuracy, as
-    [ISO-code] does with patience 3; ``None`` (default, as [TSV-code]) evaluates the whole
+    [ISO-code] does with patience 3 (:data:`PATIENCE`) — but only once the curve has
+    *risen*: evaluations before the first one that beats the grid's first value do not count,
+    so a flat start (TIES at small lambda, where the merge is still the base) never stops the
+    search at the grid's smallest value. A grid of at most ``short`` (:data:`SHORT_GRID`)
+    coefficients is searched whole. ``None`` (default, as [TSV-code]) evaluates the whole
     grid. Standard grids: :data:`LAMBDA_GRID`, :data:`ALPHA_GRID`.
     """
     _check_metric("objective", objective, reference)
@@ -213,18 +227,26 @@ def grid_search(
         raise InputError("grid contains a non-finite coefficient")
     if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
         raise InputError(f"patience={patience!r} must be None or a positive int (the ISO code uses 3)")
+    if isinstance(short, bool) or not isinstance(short, int) or short < 0:
+        raise InputError(f"short={short!r} must be an int >= 0")
+    if len(grid) <= short:
+        patience = None
     ev = _Evaluator(score_fn, reference)
-    best_abs, bad, stopped = -math.inf, 0, False
+    first, best_abs, bad, risen, stopped = None, -math.inf, 0, False, False
     for i, a in enumerate(grid):
         e = ev(a)
-        if patience is not None:
-            if e.avg_absolute > best_abs:
-                best_abs, bad = e.avg_absolute, 0
-            else:
-                bad += 1
-                if bad >= patience:
-                    stopped = i < len(grid) - 1
-                    break
+        if patience is None:
+            continue
+        if first is None:
+            first = best_abs = e.avg_absolute
+            continue
+        if e.avg_absolute > best_abs:
+            best_abs, bad, risen = e.avg_absolute, 0, True
+        elif risen:  # patience counts only once the curve has risen above its start
+            bad += 1
+            if bad >= patience:
+                stopped = i < len(grid) - 1
+                break
     best = _pick(ev.trace, objective)
     return SearchResult(best.alpha, best.metric(objective), objective, objective, "grid", ev.trace, stopped)
 

@@ -38,6 +38,9 @@ __all__ = [
     "atomic_write",
     "jsonable",
     "short_repr",
+    "local_mathjax_url",
+    "offline_html",
+    "strip_ansi",
 ]
 
 
@@ -72,13 +75,28 @@ def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
     """
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise InputError(f"device={device!r} is not a device torch knows ({e}); use 'cpu', 'cuda' or 'auto'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError(
             f"device={str(device)!r} was requested but no CUDA device is available; "
             "use device='cpu' or device='auto'."
         )
+    if dev.type not in _COMPUTE_DEVICES:
+        why = _NOT_COMPUTE.get(dev.type, "not a compute device here")
+        raise InputError(f"device={str(device)!r} cannot compute a merge ({why}); use device='cpu', 'cuda' or 'auto'")
+    if dev.type != "cpu" and dev.type != "cuda":
+        backend = getattr(torch, dev.type, None) if dev.type != "mps" else getattr(torch.backends, "mps", None)
+        if backend is None or not backend.is_available():
+            raise InputError(f"device={str(device)!r} was requested but no {dev.type} device is available; "
+                             "use device='cpu' or device='auto'.")
     return dev
+
+
+_COMPUTE_DEVICES = ("cpu", "cuda", "mps", "xpu")
+_NOT_COMPUTE = {"meta": "a meta tensor holds shapes and no data, so the merged weights would be empty"}
 
 
 def _interactive() -> bool:
@@ -190,3 +208,35 @@ def short_repr(v: Any) -> str:
     if isinstance(v, Mapping):
         return f"<{len(v)} keys>"
     return repr(v) if isinstance(v, str) else str(v)
+def local_mathjax_url() -> str | None:
+    """A local MathJax 2 for HTML reports, as a ``file://`` URL with its TeX config, or None:
+    ``$ACETOOLS_MATHJAX`` (the path of a ``MathJax.js``), else Debian's ``libjs-mathjax``
+    (``/usr/share/javascript/mathjax``, installed by ``scripts/setup.sh``) or ``/usr/share/mathjax``.
+    Never a CDN: a report reads the same without network."""
+    for c in (os.environ.get("ACETOOLS_MATHJAX", ""), "/usr/share/javascript/mathjax/MathJax.js",
+              "/usr/share/mathjax/MathJax.js"):
+        if c and Path(c).is_file():
+            return Path(c).resolve().as_uri() + "?config=TeX-AMS_CHTML"
+    return None
+
+
+def offline_html(html: str) -> str:
+    """``html`` (an nbconvert page) without the scripts it would fetch from a network: the
+    template's require.js and mermaid from CDNs (MathJax comes from :func:`local_mathjax_url`)."""
+    import re
+
+    html = re.sub(r'<script[^>]*\ssrc="(?:https?:)?//[^"]*"[^>]*>\s*</script>', "", html)
+    return re.sub(r"<script[^>]*>(?:(?!</script>).)*cdnjs(?:(?!</script>).)*</script>", "", html, flags=re.S)
+
+
+_ANSI = None
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (torch's unpickling errors colour their advice)."""
+    global _ANSI
+    if _ANSI is None:
+        import re
+
+        _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+    return _ANSI.sub("", text)

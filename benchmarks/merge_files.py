@@ -19,6 +19,11 @@ are compared for bitwise equality.
 
     python benchmarks/merge_files.py                      # T=8, ta ties tsv_m ace, ~30 min on 1 core
     python benchmarks/merge_files.py --quick              # 1 block, T=3: a smoke run
+    python benchmarks/merge_files.py --only "ties (global)" "ties (tensor)" --blocks 2 \
+        --out benchmarks/results/merge_files_ties          # streamed global vs per-tensor TIES (~1 min)
+
+The README line "streamed global TIES / per-tensor TIES" is the ratio the project keeps within 2x
+(global TIES reads every file four times; each key's finiteness is checked on the first read only).
 
 Results: benchmarks/results/merge_files/{results.json,results.csv,README.md}.
 """
@@ -256,6 +261,12 @@ def main() -> None:
             lines.append(f"| {r['method']} | {r['driver']} | {r['seconds']:.1f} | {r['peak_rss_mb']} | "
                          f"{r['held_mb']} | {r['held_models']:.2f} | {eq} |")
         lines += ["", "mergekit rows: " + "; ".join(sorted({r['how'] for r in rows if r.get('driver') == 'mergekit'}))]
+        g, t = by.get(("ties (global)", "stream")), by.get(("ties (tensor)", "stream"))
+        if g and t:
+            meta["ties_global_over_tensor"] = round(g["seconds"] / t["seconds"], 2)
+            lines += ["", f"streamed global TIES / per-tensor TIES: {g['seconds']:.1f} s / {t['seconds']:.1f} s = "
+                          f"{meta['ties_global_over_tensor']:.2f}x"]
+            (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
         (out / "README.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
     finally:

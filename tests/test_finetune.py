@@ -196,7 +196,7 @@ def test_pretraining_resumes_from_its_epoch_checkpoint(tmp_path, monkeypatch):
     pool = SimpleNamespace(x=t.x, labels={"pos": t.y}, head_classes={"pos": 4})
     kw = dict(epochs=3, batch_size=32, lr=2e-3, seed=3, augment=True, threads=THREADS, progress=False)
     ref, ref_rec = pretrain_base(pool, "micro", **kw)
-    ckpt = tmp_path / "base.resume.pt"
+    ckpt = tmp_path / "base.resume.safetensors"
     save = ft._save_resume
 
     def interrupt(path, fp, step, *a):
@@ -208,8 +208,18 @@ def test_pretraining_resumes_from_its_epoch_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         pretrain_base(pool, "micro", checkpoint=ckpt, **kw)
     assert ckpt.is_file()
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt), framework="pt") as f:  # a safetensors file with JSON metadata: no pickle
+        assert "acetools.resume" in f.metadata() and any(k.startswith("optimizer/") for k in f.keys())
     monkeypatch.setattr(ft, "_save_resume", save)
+
+    def no_pickle(*a, **k):
+        raise AssertionError("the resume checkpoint must not be read with torch.load (a pickle)")
+
+    monkeypatch.setattr(torch, "load", no_pickle)
     resumed, rec = pretrain_base(pool, "micro", checkpoint=ckpt, **kw)
+    monkeypatch.undo()
     assert _equal(resumed, ref)
     assert rec["steps"] == ref_rec["steps"] == 12
     assert not ckpt.exists()
@@ -218,7 +228,7 @@ def test_pretraining_resumes_from_its_epoch_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         pretrain_base(pool, "micro", checkpoint=ckpt, **kw)
     monkeypatch.setattr(ft, "_save_resume", save)
-    with pytest.raises(RuntimeError, match="resume.pt"):
+    with pytest.raises(RuntimeError, match="resume.safetensors"):
         pretrain_base(pool, "micro", checkpoint=ckpt, **(kw | {"lr": 1e-3}))
 
 

@@ -384,7 +384,8 @@ def test_esm_with_an_activations_file_through_the_cli(tmp_path, gpt2_files):
     b, ex = _states(base, experts)
     g = torch.Generator().manual_seed(7)
     acts = {}
-    for layer in range(2):  # ESM's default targets among GPT-2's keys: the two MLP matrices, d_in of out x in
+    for layer in range(2):  # ESM's targets of the gpt2 preset: c_attn and the two MLP matrices, d_in of out x in
+        acts[f"transformer.h.{layer}.attn.c_attn.weight"] = [torch.randn(10, 16, generator=g) for _ in experts]
         acts[f"transformer.h.{layer}.mlp.c_fc.weight"] = [torch.randn(10, 16, generator=g) for _ in experts]
         acts[f"transformer.h.{layer}.mlp.c_proj.weight"] = [torch.randn(10, 64, generator=g) for _ in experts]
     path = save_activations(tmp_path / "acts.safetensors", acts)
@@ -397,7 +398,7 @@ def test_esm_with_an_activations_file_through_the_cli(tmp_path, gpt2_files):
     assert all(torch.equal(out[k], ref[k]) for k in ref)
     meta = json.loads((tmp_path / "esm" / "acetools_merge.json").read_text())
     assert meta["hparams"]["activations"] == str(path) and str(path) in meta["inputs"]["sha256"]
-    with pytest.raises(ValueError, match=r"activations of 'transformer.h.0.mlp.c_fc.weight' are given for "
+    with pytest.raises(ValueError, match=r"activations of 'transformer.h.0.attn.c_attn.weight' are given for "
                                          r"tasks \[0, 1, 2\], expected 0..1"):
         load_activations(path, n_tasks=2)
 

@@ -16,7 +16,7 @@ import pytest
 
 from acetools.course.report import (
     UnknownParameterError,
-    check_html,
+    check_report,
     notebook_parameters,
     notebook_paths,
     run_notebook,
@@ -116,10 +116,43 @@ def test_every_notebook_runs_in_quick_mode(quick_env):
     executed = nbformat.read(recs[0]["executed"], as_version=4)
     injected = [c for c in executed.cells if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
     assert injected and "quick = True" in injected[0].source
-    problems = [p for r in recs for p in check_html(r["html"])]
+    # every page: check_html, figures with overprinted text, and (in headless Chromium, where installed)
+    # maths that did not render and tables wider than the 1280 px page
+    problems = [p for r in recs for p in check_report(r["html"], quick_env / "figures" / r["notebook"])]
     assert not problems, "\n".join(problems)
     # the quick pages say what the quick world is
     for r in recs[:4]:
         assert "fixture world" in Path(r["html"]).read_text(), (
             f"{r['notebook']} does not say it shows the fixture world"
         )
+
+
+@pytest.mark.slow
+def test_a_quick_papermill_run_leaves_the_repository_untouched(quick_env, tmp_path, monkeypatch):
+    """Run as a papermill user would (`papermill notebooks/NN.ipynb out.ipynb -p quick True -p seed 3
+    --cwd notebooks`): the quick profile's default figures folder is under build/, never the
+    committed figures/, so `git status` is the same before and after."""
+    import shutil
+    import subprocess
+
+    import papermill as pm
+
+    repo = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def status() -> str:
+        return subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout
+
+    before = status()
+    import os
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))  # this checkout
+    nb = repo / "notebooks" / "00_quickstart.ipynb"
+    pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), parameters={"quick": True, "seed": 3},
+                        cwd=str(repo / "notebooks"), kernel_name="python3", progress_bar=False, start_timeout=300)
+    assert status() == before, "a quick papermill run changed tracked files"
+    out = repo / "build" / "quick" / "figures" / "00_quickstart"
+    assert (out / "ace_vs_task_arithmetic.png").is_file()
+    assert json.loads((out / "figures.json").read_text())["profile"] == "quick"

@@ -18,7 +18,8 @@ ISSUE_ROWS = ["experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "t
               "tsv_minus_ta", "ace_gamma_median", "ace_gated_fraction", "tau_ratio", "energy", "wpre_top5_energy",
               "cosine_mean", "cosine_max", "tsv_gap_share", "trunc_norm", "scaled_norm", "overlap_topk",
               "overlap_random", "trunc_energy", "overlap_left", "overlap_right", "act_overlap",
-              "act_topk_energy", "tau_in_act"]
+              "act_topk_energy", "tau_in_act", "act_overlap_centred", "act_topk_energy_centred", "act_mean_share",
+              "act_pos_share", "act_cls_share"]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,9 @@ def test_card_rows_agree_with_the_benchmark_and_with_each_other(card, bench):  #
     assert v("ta_interference") == pytest.approx(v("scaled_norm") - v("ta_norm"))
     assert 0 <= v("act_overlap") <= 1 + 1e-9 and 0 <= v("tau_in_act") <= 1 + 1e-9 and 0 < v("act_topk_energy") <= 100
     assert min(v("overlap_left"), v("overlap_right")) <= v("overlap_topk") <= max(v("overlap_left"), v("overlap_right"))
+    # centred, token-aware rows beside the raw ones: shares of the raw input energy, and the centred overlap
+    assert 0 <= v("act_overlap_centred") <= 1 + 1e-9 and 0 < v("act_topk_energy_centred") <= 100
+    assert 0 <= v("act_mean_share") + v("act_pos_share") <= 100 + 1e-6 and 0 < v("act_cls_share") < 100
 
 
 def test_truncation_and_scaling_rows_match_a_direct_computation(card, bench):  # noqa: F811
@@ -105,6 +109,7 @@ def test_overlap_is_one_for_identical_task_vectors(bench, tmp_path):  # noqa: F8
     assert c.value("cosine_max") == pytest.approx(1.0, abs=1e-6)
     assert c.value("ace_gamma_median") == 0.0  # equal energies: no heterogeneity
     assert c.value("act_overlap") == pytest.approx(1.0, abs=1e-6)  # the same inputs: the same activations
+    assert c.value("act_overlap_centred") == pytest.approx(1.0, abs=1e-6)
 
 
 def test_save_and_load_round_trip(card, tmp_path):

@@ -60,3 +60,17 @@ def test_setup_pins_torch_versions():
     setup = (ROOT / "scripts/setup.sh").read_text()
     for pin in ("torch==2.14.1", "torchvision==0.29.1", "open_clip_torch==3.3.0"):
         assert pin in setup
+
+
+def test_ci_reruns_the_linalg_and_merge_tests_under_another_mkl_code_path():
+    ci = (ROOT / ".ci/run").read_text()
+    files = re.search(r'^LINALG_TESTS="([^"]+)"', ci, re.M)
+    assert files, ".ci/run must list the linear-algebra and merge test files in LINALG_TESTS"
+    names = files.group(1).split()
+    assert "tests/test_numerics.py" in names and "tests/test_ace.py" in names and "tests/test_esm.py" in names
+    missing = [n for n in names if not (ROOT / n).is_file()]
+    assert not missing, f".ci/run's LINALG_TESTS names missing files {missing}"
+    rerun = [ln for ln in ci.splitlines() if "$LINALG_TESTS" in ln and not ln.lstrip().startswith("#")]
+    assert len(rerun) == 1 and "MKL_CBWR=COMPATIBLE" in rerun[0] and "MKL_ENABLE_INSTRUCTIONS=" in rerun[0], rerun
+    lines = [ln.strip() for ln in ci.splitlines()]
+    assert lines.index(rerun[0].strip()) < len(lines) - 1  # before, not instead of, the README's command

@@ -81,11 +81,37 @@ def test_grid_early_stopping_on_absolute_accuracy():
     # absolute average rises to alpha = 0.4 then falls; patience 3 stops after 0.7
     score = peaked(0.4, 0.4, width=0.3)
     grid = [round(0.1 * i, 1) for i in range(1, 11)]
-    res = grid_search(score, grid, reference=REF, patience=3)
+    res = grid_search(score, grid, reference=REF, patience=3, short=0)
     assert score.calls == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
     assert res.stopped_early and res.best == 0.4
     full = grid_search(peaked(0.4, 0.4, width=0.3), grid, reference=REF)
     assert len(full.trace) == 10 and not full.stopped_early
+    # a short grid (<= SHORT_GRID coefficients) is searched whole, whatever the patience
+    short = grid_search(peaked(0.4, 0.4, width=0.3), grid, reference=REF, patience=3)
+    assert len(short.trace) == 10 and not short.stopped_early
+    with pytest.raises(ValueError, match="short"):
+        grid_search(score, grid, reference=REF, patience=3, short=-1)
+
+
+def test_patience_counts_only_after_the_curve_has_risen():
+    """TIES on the mini-world: flat at the base for small lambda, then a rise. The Iso rule (patience
+    from the first coefficient) stops at the grid minimum and scores the base; ours finds the rise."""
+    from acetools.search import LAMBDA_GRID, PATIENCE
+
+    calls = []
+
+    def ties_like(lam):
+        calls.append(lam)
+        v = 0.70 if lam < 0.3 else 0.70 + 0.2 - abs(lam - 0.5)  # flat 0.70 up to 0.3, peak 0.90 at 0.5
+        return {"t": v}
+
+    res = grid_search(ties_like, LAMBDA_GRID, objective="absolute", patience=PATIENCE)
+    assert res.best == pytest.approx(0.5) and res.best != LAMBDA_GRID[0]
+    assert res.stopped_early and max(calls) < 0.7  # and still stops PATIENCE steps after the peak
+    assert PATIENCE == 3
+    # a curve that never rises above its start is searched whole (no early stop at the minimum)
+    never = grid_search(lambda a: {"t": 0.5 - a}, LAMBDA_GRID, objective="absolute", patience=PATIENCE)
+    assert len(never.trace) == len(LAMBDA_GRID) and never.best == LAMBDA_GRID[0] and not never.stopped_early
 
 
 def test_golden_section_finds_unimodal_maximum_within_tol():

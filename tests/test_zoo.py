@@ -261,6 +261,20 @@ def test_shipped_base_is_used_and_verified(built, tmp_path, monkeypatch):
         make_zoo(tmp_path / "fresh2", tasks=["a"], base=path).base_state()
 
 
+def test_a_user_base_without_sidecar_is_accepted_and_its_hash_recorded(built, tmp_path):
+    """The Zoo docstring calls the sidecar optional; before, such a file was refused ("restore it from git")."""
+    _, zoo, _ = built
+    path = zoo.export_base(tmp_path / "mine")
+    path.with_suffix(".json").unlink()
+    from safetensors.torch import load_file, save_file
+
+    save_file(load_file(str(path)), str(path))  # no content_sha256 in the metadata either
+    z2 = make_zoo(tmp_path / "fresh", tasks=["a"], base=path, mtl=False, finetune=FINETUNE | {"epochs": 1})
+    assert _equal(z2.base_state(), zoo.base_state()) and z2.base_hash() == zoo.base_hash()
+    book = json.loads((z2.folder / "base" / "user_bases.json").read_text())
+    assert book == {str(path.resolve()): zoo.base_hash()}
+
+
 def test_save_and_load_checkpoint_roundtrip(tmp_path):
     state = {"visual.proj": torch.randn(4, 3), "visual.class_embedding": torch.randn(4)}
     side = save_checkpoint(tmp_path / "x.safetensors", state, {"recipe": {"lr": 1e-3}})

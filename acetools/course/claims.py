@@ -7,10 +7,17 @@ measurement and a verdict into ``<figures_dir>/claims.json``; ``05_claims`` gath
 notebook's file with :func:`collect` and shows one table, listing claims nobody measured.
 
 Verdicts (:data:`VERDICTS`, from :mod:`acetools.course.verdicts`): ``reproduced``,
-``partly``, ``not reproduced``, and ``not testable here`` (the claim needs models or data
-this toolkit does not have, e.g. GPT-2 on GLUE); each comes with a one-line reason. A
-lesson's check returns a :class:`~acetools.course.verdicts.Verdict`, which :func:`record`
-stores as it is.
+``partly``, ``not reproduced``, ``undecidable here`` (the effect the paper predicts in this
+world, scaled by its room, is at or below the noise floor: a correct paper would tie here) and
+``not testable here`` (the claim needs models or data this world does not have, e.g. GPT-2 on
+GLUE, or a stage that does not run in it); each comes with a one-line reason. A lesson's check
+returns a :class:`~acetools.course.verdicts.Verdict`, which :func:`record` stores as it is.
+
+Every record carries the world it was judged in (:class:`~acetools.course.verdicts.World`:
+name, profile, room), and ``predicted_effect``, ``noise_floor``, ``measured_effect`` and
+``paper_effect`` (numbers, or null where not applicable) with the ``scaling`` that made the
+prediction. A claim is judged per world: :func:`collect` keys records by ``(world, id)`` and
+refuses to put a fixture world's records beside a real world's.
 """
 
 from __future__ import annotations
@@ -25,9 +32,17 @@ from typing import Any
 
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import atomic_write
-from .verdicts import VERDICTS, Verdict
+from .verdicts import SCALING_RULE, VERDICTS, Verdict, World
 
-__all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "show", "collect", "claims_table", "styled_table"]
+__all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "show", "collect", "claims_table", "styled_table",
+           "verdict_counts", "RECORD_FIELDS", "MixedWorldsError"]
+
+#: The effect fields of every claim record (numbers or None; see :meth:`Verdict.record_fields`).
+RECORD_FIELDS: tuple[str, ...] = ("predicted_effect", "noise_floor", "measured_effect", "paper_effect")
+
+
+class MixedWorldsError(ValueError):
+    """A fixture world's claims were found beside a real world's."""
 
 log = logging.getLogger("acetools.course.claims")
 
@@ -139,41 +154,59 @@ def claim(claim_id: str) -> Claim:
 
 
 def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdict, verdict: str | None = None,
-           reason: str | None = None, *, show_verdict: bool = True, **numbers: Any) -> dict[str, Any]:
+           reason: str | None = None, *, world: World | None = None, show_verdict: bool = True,
+           measured_effect: float | None = None, **numbers: Any) -> dict[str, Any]:
     """Store our measurement of ``claim_id`` in ``<figures_dir>/claims.json`` and show the verdict.
 
-    Either ``record(fig_dir, claim_id, v, **extra)`` with a
+    Either ``record(fig_dir, claim_id, v, world=w, **extra)`` with a
     :class:`~acetools.course.verdicts.Verdict` ``v`` (``extra`` numbers are stored beside
-    ``v.numbers``), or ``record(fig_dir, claim_id, measured, verdict, reason, **numbers)``
-    with ``measured`` the measurement in words with its numbers, ``verdict`` one of
-    :data:`VERDICTS`, ``reason`` why (one line) and ``numbers`` the raw values (JSON-able).
-    Re-recording a claim replaces its entry. The verdict is shown once, as one wrapped line
-    (Markdown in a notebook, the log elsewhere) unless ``show_verdict`` is False (a page
-    that shows it in a table anyway). Returns the entry.
+    ``v.numbers``), or ``record(fig_dir, claim_id, measured, verdict, reason, world=w,
+    **numbers)`` with ``measured`` the measurement in words with its numbers, ``verdict`` one
+    of :data:`VERDICTS`, ``reason`` why (one line) and ``numbers`` the raw values (JSON-able).
+    ``world`` (required): the :class:`~acetools.course.verdicts.World` the claim was judged
+    in; its name and profile are stored with the entry, and a file holds one world only
+    (recording another world's claim into it is an error). Re-recording a claim replaces its
+    entry. The verdict is shown once, as one wrapped line (Markdown in a notebook, the log
+    elsewhere) unless ``show_verdict`` is False (a page that shows it in a table anyway).
+    Returns the entry.
     """
     c = claim(claim_id)
+    if not isinstance(world, World):
+        raise InputTypeError(f"record({claim_id!r}): world= must be the World the claim was judged in, got {world!r}")
     if isinstance(measured, Verdict):
         if verdict is not None or reason is not None:
             raise InputTypeError("record(fig_dir, claim_id, Verdict, **numbers) takes no verdict= or reason=")
         v = measured
-        measured, verdict, reason, numbers = v.measured, v.verdict, v.reason, {**v.numbers, **numbers}
-    if verdict not in VERDICTS:
-        raise InputError(f"verdict {verdict!r} must be one of {VERDICTS}")
-    if reason is None:
-        raise InputTypeError(f"record({claim_id!r}): a reason is required")
+    else:
+        if verdict not in VERDICTS:
+            raise InputError(f"verdict {verdict!r} must be one of {VERDICTS}")
+        if reason is None:
+            raise InputTypeError(f"record({claim_id!r}): a reason is required")
+        v = Verdict(measured, verdict, reason, {}, (), measured_effect)
+    if measured_effect is not None and v.value is None and not v.effects:
+        v = Verdict(v.measured, v.verdict, v.reason, v.numbers, v.effects, float(measured_effect))
     folder = Path(figures_dir)
     path = folder / "claims.json"
     entries = json.loads(path.read_text()) if path.is_file() else {}
-    entry = {"id": c.id, "paper": c.paper, "claim": c.text, "measured": measured, "verdict": verdict,
-             "reason": reason, "numbers": numbers, "notebook": folder.name,
+    for other in entries.values():
+        w = other.get("world") or {}
+        if (w.get("name"), w.get("profile")) != (world.name, world.profile):
+            raise MixedWorldsError(
+                f"{path} holds {other['id']} judged in world {w.get('name')!r} ({w.get('profile')} profile); "
+                f"{claim_id} is judged in {world.name!r} ({world.profile}): one file, one world — use another "
+                f"figures folder")
+    entry = {"id": c.id, "paper": c.paper, "claim": c.text, "measured": v.measured, "verdict": v.verdict,
+             "reason": v.reason, **v.record_fields(), "numbers": {**v.numbers, **numbers}, "notebook": folder.name,
+             "world": world.as_dict(),
              "recorded": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     entries[c.id] = entry
+    folder.mkdir(parents=True, exist_ok=True)
     with atomic_write(path, "w") as fh:
         json.dump(entries, fh, indent=1, sort_keys=True, default=str)
     if show_verdict:
         show(entry)
     else:
-        log.info("[%s] %s: %s — %s", verdict, c.id, measured, reason)
+        log.info("[%s] %s: %s — %s", v.verdict, c.id, v.measured, v.reason)
     return entry
 
 
@@ -198,27 +231,66 @@ def show(entry: dict[str, Any]) -> None:
     display(Markdown(f"**{entry['verdict']}** · `{entry['id']}`: {esc(entry['measured'])} — *{esc(entry['reason'])}*"))
 
 
-def collect(figures_root: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """Every ``claims.json`` under ``figures_root`` (one level down), merged by claim id."""
-    out: dict[str, dict[str, Any]] = {}
+def _world_of(entry: dict[str, Any], path: Path) -> dict[str, Any]:
+    w = entry.get("world")
+    if not isinstance(w, dict) or "name" not in w or "profile" not in w:
+        raise InputError(f"{path}: claim {entry.get('id')!r} records no world (name, profile); rerun its notebook")
+    return w
+
+
+def collect(figures_root: str | os.PathLike, *, allow_mixed: bool = False) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every ``claims.json`` under ``figures_root`` (one level down), keyed by ``(world name,
+    claim id)``: a claim is judged per world, and two worlds' verdicts of one claim are two
+    records. Raises :class:`MixedWorldsError` when a fixture world's records (the quick
+    profile's, numbers for checking the code) sit beside a real world's, unless
+    ``allow_mixed``."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted(Path(figures_root).glob("*/claims.json")):
-        out.update(json.loads(path.read_text()))
+        for cid, e in json.loads(path.read_text()).items():
+            w = _world_of(e, path)
+            out[w["name"], cid] = {**e, "file": str(path)}
+    fixture = {k[0] for k, e in out.items() if e["world"].get("fixture")}
+    real = {k[0] for k, e in out.items() if not e["world"].get("fixture")}
+    if fixture and real and not allow_mixed:
+        files = sorted({Path(e["file"]).parent.name for k, e in out.items() if e["world"].get("fixture")})
+        raise MixedWorldsError(f"{figures_root} mixes fixture-world claims ({', '.join(sorted(fixture))}: "
+                               f"{', '.join(files)}) with claims of {', '.join(sorted(real))}: a fixture world's "
+                               "numbers check the code and are not results; read the quick profile's figures folder "
+                               "on its own")
     return out
 
 
 def claims_table(figures_root: str | os.PathLike):
-    """One row per registered claim: paper, claim, owner notebook, our measurement, verdict,
-    reason (``not measured`` where no notebook recorded it yet)."""
+    """One row per registered claim and world that judged it: id, paper, claim, owner notebook,
+    world, profile, our measurement, verdict, reason, and the effect fields
+    (:data:`RECORD_FIELDS`); a claim no world judged yet is one row ``not measured``."""
     import pandas as pd
 
     got = collect(figures_root)
     rows = []
     for c in CLAIMS:
-        e = got.get(c.id)
-        rows.append({"id": c.id, "paper": c.paper, "claim": c.text, "notebook": c.notebook,
-                     "measured": e["measured"] if e else "", "verdict": e["verdict"] if e else "not measured",
-                     "reason": e["reason"] if e else f"run {c.notebook} first"})
+        mine = [e for (w, cid), e in got.items() if cid == c.id]
+        if not mine:
+            rows.append({"id": c.id, "paper": c.paper, "claim": c.text, "notebook": c.notebook, "world": "",
+                         "profile": "", "measured": "", "verdict": "not measured",
+                         "reason": f"run {c.notebook} first", **{f: None for f in RECORD_FIELDS}})
+        for e in mine:
+            rows.append({"id": c.id, "paper": c.paper, "claim": c.text, "notebook": c.notebook,
+                         "world": e["world"]["name"], "profile": e["world"]["profile"], "measured": e["measured"],
+                         "verdict": e["verdict"], "reason": e["reason"], **{f: e.get(f) for f in RECORD_FIELDS}})
     return pd.DataFrame(rows)
+
+
+def verdict_counts(table: Any):
+    """Lesson 05's count: claims per world and verdict, every one of the five words a column
+    (zeros kept), ``not measured`` last where any claim lacks a verdict."""
+    import pandas as pd
+
+    cols = list(VERDICTS) + (["not measured"] if (table["verdict"] == "not measured").any() else [])
+    t = table.assign(world=table["world"].replace("", "(none)"))
+    out = pd.crosstab(t["world"], t["verdict"]).reindex(columns=cols, fill_value=0)
+    out["all"] = out.sum(axis=1)
+    return out
 
 
 def styled_table(table: Any) -> Any:
@@ -226,11 +298,19 @@ def styled_table(table: Any) -> Any:
     :data:`acetools.course.plotting.benchmark.VERDICT_COLORS`), measurement and reason, left-aligned."""
     from .plotting.benchmark import VERDICT_COLORS
 
-    show_cols = table[["id", "paper", "notebook", "verdict", "measured", "reason"]]
+    show_cols = table[["id", "paper", "world", "verdict", "predicted_effect", "noise_floor", "measured_effect",
+                       "measured", "reason"]]
     colours = [f"background-color: {VERDICT_COLORS.get(v, '#ffffff')}" for v in show_cols["verdict"]]
     return (show_cols.style.hide(axis="index")
+            .format({c: lambda x: "—" if x is None or x != x else f"{x:+.2f}"
+                     for c in ("predicted_effect", "noise_floor", "measured_effect")})
             .apply(lambda col: colours, subset=["verdict"], axis=0)
             .set_properties(subset=["measured", "reason"], **{"text-align": "left"}))
+
+
+def scaling_rule() -> str:
+    """The rule that carries a paper's effect into a world (:data:`~acetools.course.verdicts.SCALING_RULE`)."""
+    return SCALING_RULE
 
 
 def as_dict(c: Claim) -> dict[str, str]:

@@ -30,10 +30,11 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
-from .verdicts import Verdict, agreement, compare, margin
+from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
 __all__ = ["ROBERTA_GLUE", "ACE_SETTINGS", "task_table", "gamma_table", "gamma_by_type", "stage_ablation",
-           "benchmark_tables", "beside_anchor", "verdict_sota", "verdict_gamma", "verdict_stage", "verdict_spectrum"]
+           "benchmark_tables", "beside_anchor", "text_world_tables",
+           "verdict_sota", "verdict_gamma", "verdict_stage", "verdict_spectrum"]
 
 #: RoBERTa-base on 8 GLUE tasks, normalized accuracy (ESM's table; WUDI's README agrees);
 #: ACE's 90.4 is ACE-Merging's own table (docs/text-world.md).
@@ -151,21 +152,39 @@ def _paired(per_seed: pd.DataFrame, a: str, b: str) -> tuple[float, float, int]:
 
 
 def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
-                 rivals: Sequence[str] = ("wudi", "ties", "tsv_m")) -> Verdict:
+                 rivals: Sequence[str] = ("wudi", "ties", "tsv_m"), *, world: World | None = None,
+                 n_tasks: int = 8) -> Verdict:
     """"ACE beats WUDI, TIES and TSV-M on language": ACE at the paper's RoBERTa setting
     (``ace_row``) against each rival of the claim, paired over seeds; a lead counts when it
     exceeds :func:`~acetools.course.verdicts.margin` (NOISE or the seed spread). Reproduced when
     ACE leads every rival, partly when some, not reproduced when none. On RoBERTa-GLUE the
-    paper's numbers give ACE 90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count."""
+    paper's numbers give ACE 90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count.
+
+    With ``world`` (the text world's :class:`~acetools.course.verdicts.World`, its room at
+    ``n_tasks``) each of the paper's leads is carried into the world by the course's scaling rule
+    (docs/course.md §Scaling rule): RoBERTa-GLUE's room is TSV-M − task arithmetic = 10.9 points,
+    and a rival whose scaled lead does not clear the margin is undecidable here; none left ->
+    ``undecidable here``."""
     diffs = {r: _paired(per_seed, ace_row, r) for r in rivals}
     outcome = {r: compare(d, sd) for r, (d, sd, _) in diffs.items()}
     n = max(n for _, _, n in diffs.values())
     measured = f"{ace_row} minus " + ", ".join(f"{r} {d:+.1f}" for r, (d, _, _) in diffs.items()) + \
         f" normalized points (mean over {n} seed{'s' if n > 1 else ''})"
-    v = agreement([o == "better" for o in outcome.values()])
+    agree = [o == "better" for o in outcome.values()]
     reason = "; ".join(f"{r}: {o} (margin {margin(diffs[r][1]):.1f})" for r, o in outcome.items())
+    if world is not None:
+        room_p = ROBERTA_GLUE["tsv_m"] - ROBERTA_GLUE["task_arithmetic"]
+        effects = [effect(r, d, paper=ROBERTA_GLUE["ace"] - ROBERTA_GLUE[r], paper_room=room_p,
+                          world_room=world.room_at(n_tasks), spread=sd, noise=world.noise)
+                   for r, (d, sd, _) in diffs.items()]
+        v, note = decide(effects, agree)
+        reason += f"; {note}" if note else ""
+    else:
+        effects = [effect(r, d, spread=sd) for r, (d, sd, _) in diffs.items()]
+        v = agreement(agree)
     return Verdict(measured, v, reason, {"diffs": {r: d for r, (d, _, _) in diffs.items()},
-                                         "sd": {r: s for r, (_, s, _) in diffs.items()}, "ace_row": ace_row})
+                                         "sd": {r: s for r, (_, s, _) in diffs.items()}, "ace_row": ace_row},
+                   effects)
 
 
 def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:
@@ -182,7 +201,7 @@ def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:
                                                             "; no layer type above it"))
     return Verdict(measured, v, reason, {"gamma_median": med, "flagged_share": float(gam["flag"].mean()),
                                          "cv_median": float(gam["cv"].median()),
-                                         "log_sd_median": float(gam["log_sd"].median())})
+                                         "log_sd_median": float(gam["log_sd"].median())}, value=med)
 
 
 def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | None = None,
@@ -205,7 +224,8 @@ def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | N
     label = " (gate forced on every matrix)" if forced else ""
     measured = f"{stage}{label}: " + ", ".join(f"eps {e:g}: {d:+.1f}" for e, d in gains.items()) + " normalized points"
     reason = f"a gain counts above {margin():.1f} point" + ("s" if margin() != 1 else "")
-    return Verdict(measured, v, reason, {"gains": gains, "forced": forced})
+    return Verdict(measured, v, reason, {"gains": gains, "forced": forced},
+                   [effect(f"eps {e:g}" + (" (gate forced)" if forced else ""), d) for e, d in gains.items()])
 
 
 def verdict_spectrum(top5: float, cond: float | None = None) -> Verdict:
@@ -213,7 +233,7 @@ def verdict_spectrum(top5: float, cond: float | None = None) -> Verdict:
     partly at ≥ 90 %, not reproduced below (``top5`` in percent, median over matrices)."""
     v = "reproduced" if top5 >= 99 else ("partly" if top5 >= 90 else "not reproduced")
     return Verdict(f"W_pre's top-5 % energy {top5:.1f} % (median over matrices)", v,
-                   "reproduced at ≥ 99 %, partly at ≥ 90 %", {"top5_energy": top5, "condition": cond})
+                   "reproduced at ≥ 99 %, partly at ≥ 90 %", {"top5_energy": top5, "condition": cond}, value=top5)
 
 
 def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:
@@ -228,3 +248,48 @@ def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:
     for rival in ("tsv_m", "wudi"):
         df.loc[f"{rival} − task_arithmetic"] = df.loc[rival] - df.loc["task_arithmetic"]
     return df.reset_index()
+
+
+#: "Structured" methods for the room target: every merge that is not weight averaging or task arithmetic.
+UNSTRUCTURED = ("weight_averaging", "task_arithmetic")
+
+
+def text_world_tables(results_dir: str | Path, builds_dir: str | Path, suite: str = "text8") -> str:
+    """The README's text-world tables (markdown) from the committed files only: the benchmark
+    (mean ± sd over seeds, beside RoBERTa-GLUE) and the targets of the text-world issue."""
+    import json
+
+    per_seed, mean = benchmark_tables(results_dir, suite)
+    m = mean.set_index("method")
+    n = int(m["n_seeds"].max())
+
+    def cell(method: str) -> str:
+        r = m.loc[method]
+        sd = lambda c: "" if math.isnan(r[f"{c}_sd"]) else f" ± {r[f'{c}_sd']:.1f}"  # noqa: E731
+        return f"{r['test_acc']:.1f}{sd('test_acc')} / {r['test_normalized']:.1f}{sd('test_normalized')}"
+
+    out = [f"| method | {suite}: absolute / normalized ({n} seed{'s' if n > 1 else ''}) | RoBERTa-base GLUE "
+           "(normalized) |", "|---|---|---|"]
+    for method in m.index:
+        anchor = ROBERTA_GLUE.get("pretrained" if str(method).startswith("base (") else method)
+        kind = "variant: " if m.loc[method, "kind"] == "variant" else ""
+        out.append(f"| {kind}{method} | {cell(method)} | {'' if anchor is None else f'{anchor:.1f}'} |")
+    base = next(x for x in m.index if str(x).startswith("base ("))
+    norm = m["test_normalized"]
+    structured = norm[[x for x in norm.index if m.loc[x, "kind"] != "reference" and
+                       str(x).split(" (")[0] not in UNSTRUCTURED]]
+    best = structured.idxmax()
+    builds = [json.loads(p.read_text()) for p in sorted(Path(builds_dir).glob(f"build_{suite}_seed*.json"))]
+    build_min = [b["build_seconds_recorded"] / 60 for b in builds]
+    rows = [("experts, absolute (%)", m.loc["experts (individual)", "test_acc"], "≥ 85", lambda v: v >= 85),
+            ("base (zero-shot heads) below the experts (normalized points)", 100 - norm[base], "≥ 25",
+             lambda v: v >= 25),
+            ("TSV-M − task arithmetic (normalized points)", norm["tsv_m"] - norm["task_arithmetic"], "≥ 10",
+             lambda v: v >= 10),
+            (f"best structured ({best}) − task arithmetic", norm[best] - norm["task_arithmetic"], "≥ 15",
+             lambda v: v >= 15),
+            ("eight experts built (min, seed 0 as recorded)", build_min[0] if build_min else math.nan, "≤ 40",
+             lambda v: v <= 40)]
+    out += ["", "| target | measured | threshold | met |", "|---|---|---|---|"]
+    out += [f"| {name} | {v:.1f} | {th} | {'yes' if ok(v) else 'no'} |" for name, v, th, ok in rows]
+    return "\n".join(out)

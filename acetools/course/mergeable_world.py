@@ -26,6 +26,7 @@ import pandas as pd
 
 from ..errors import InputError, InputKeyError
 from ..regime import RegimeCard
+from ..search import PATIENCE
 
 __all__ = ["KEY_ROWS", "EXPLAIN_ROWS", "load_cards", "card_table", "room_budget", "targets", "regime_targets",
            "fixture_card"]
@@ -191,5 +192,5 @@ def fixture_card(*, seed: int = 0, device: str = "cpu", progress: bool | None = 
     from . import world as course
 
     zoo = course.world(quick=True, seed=seed, device=device)
-    bench = course.benchmark(zoo, quick=True, patience=2)
+    bench = course.benchmark(zoo, quick=True, patience=PATIENCE)
     return regime_card(zoo, bench=bench, progress=progress, n_act=64)

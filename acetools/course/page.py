@@ -76,12 +76,24 @@ def table(df: Any, digits: int | Mapping[str, int | str] = 2, *, caption: str | 
           na: str = NA) -> Any:
     """``df`` styled for a report: floats to ``digits`` decimals (an int, or per column an int
     or a format string such as ``"{:.3g}"``), missing values as ``na``, an optional caption,
-    the index hidden when ``index`` is False. Returns a pandas ``Styler`` (shown as HTML)."""
+    the index hidden when ``index`` is False. Returns a pandas ``Styler`` (shown as HTML).
+
+    One header row, however the frame was made: columns of a pivot over several values
+    (a MultiIndex) are flattened to ``"value · column"``, and the index's name moves to the
+    header's corner instead of a row of its own."""
     import numpy as np
     import pandas as pd
 
     if isinstance(df, pd.Series):
         df = df.to_frame()
+    if isinstance(df.columns, pd.MultiIndex):
+        df = df.copy()
+        flat = [" · ".join(str(x) for x in c if str(x) != "") for c in df.columns]
+        if isinstance(digits, Mapping):  # a per-value format applies to each of its flattened columns
+            digits = {**{f: digits[c[0]] for f, c in zip(flat, df.columns) if c[0] in digits}, **digits}
+        df.columns = flat
+    if index and df.index.nlevels == 1 and df.index.name is not None and df.columns.name is None:
+        df = df.rename_axis(index=None, columns=df.index.name)
     numeric = [c for c in df.columns if pd.api.types.is_float_dtype(df[c])]
     fmt: dict[Any, Any] = {}
     for c in numeric:

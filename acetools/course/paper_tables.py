@@ -39,6 +39,10 @@ __all__ = [
     "vision_long",
     "paper_column",
     "comparison_columns",
+    "paper_room",
+    "paper_lead",
+    "table_rivals",
+    "ACE_STAGE_ABLATION",
 ]
 
 #: Paper method name -> our registry name (``None``: not in acetools).
@@ -218,3 +222,40 @@ def comparison_columns(table: str, n_tasks: int) -> pd.Series:
         raise InputKeyError(f"no comparison of table {table!r} at {n_tasks} tasks; "
                        f"have {{{', '.join(f'{k}: {sorted(v)}' for k, v in COMPARISONS.items())}}}") from None
     return paper_column(table, backbone, n)
+
+
+def paper_room(table: str, n_tasks: int) -> float:
+    """The paper's room at ``n_tasks`` in ``table``: TSV-M − task arithmetic in the column our
+    ``n_tasks``-task suite is compared with (:func:`comparison_columns`), in that table's
+    absolute points. The denominator of the course's scaling rule
+    (:data:`acetools.course.verdicts.SCALING_RULE`)."""
+    col = comparison_columns(table, n_tasks)
+    missing = [m for m in ("tsv_m", "task_arithmetic") if m not in col.index]
+    if missing:
+        raise InputKeyError(f"{col.name} has no {missing}: no room to scale by")
+    return float(col["tsv_m"] - col["task_arithmetic"])
+
+
+def table_rivals(table: str, n_tasks: int, winner: str) -> list[str]:
+    """The methods of the paper's own table column (for our ``n_tasks``) other than ``winner``:
+    exactly the rivals the paper's claim is made against."""
+    return [m for m in comparison_columns(table, n_tasks).index if m != winner]
+
+
+def paper_lead(table: str, n_tasks: int, winner: str, rivals: list[str] | None = None) -> tuple[float, str]:
+    """``winner`` minus the best of ``rivals`` (default: :func:`table_rivals`) in the paper's
+    column for ``n_tasks``, and that rival's name."""
+    col = comparison_columns(table, n_tasks)
+    rv = [m for m in (rivals if rivals is not None else table_rivals(table, n_tasks, winner)) if m in col.index]
+    if winner not in col.index or not rv:
+        raise InputKeyError(f"{col.name}: need {winner} and one of {rivals}; has {list(col.index)}")
+    best = max(rv, key=lambda m: col[m])
+    return float(col[winner] - col[best]), best
+
+
+#: ACE's stage ablation as the paper reports it for ViT-B/16 (8 tasks): spectral refinement
+#: changes nothing (90.60 → 90.60), and with gamma < 0.25 the gate never normalises a ViT
+#: layer (docs/methods.md §ACE): the effect a stage claim predicts on a ViT is 0.
+ACE_STAGE_ABLATION: dict[str, dict[str, float]] = {
+    "refinement": {"with": 90.60, "without": 90.60, "effect": 0.0},
+}

@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from ..notebooks import *  # noqa: F403  (the course's runner is the library's)
 from ..notebooks import __all__ as _RUNNER
 
-__all__ = [*_RUNNER, "check_html"]
+__all__ = [*_RUNNER, "check_html", "equation_code_spans", "mathjax_url", "find_chromium", "chromium_layout",
+           "check_rendered", "check_report", "figure_problems", "screenshot", "CHROMIUM_FLAGS"]
 
 
 #: What a rendered report must not contain (:func:`check_html`), as regular expressions on its
@@ -32,7 +34,165 @@ _ITEM = r"(?:&#x27;[^&]*&#x27;|'[^']*'|-?\d+(?:\.\d+)?(?:e-?\d+)?)"
 _LIST_REPR = re.compile(rf"\[{_ITEM}(?:,? +{_ITEM})*\]")
 #: A verdict line as :func:`acetools.course.claims.show` renders it, and as plain text.
 _VERDICT_LINE = re.compile(r"</strong> · <code>([a-z0-9_]+\.[a-z0-9_]+)</code>:")
-_VERDICT_TEXT = re.compile(r"\[(?:reproduced|partly|not reproduced|not testable here)\] ([a-z0-9_]+\.[a-z0-9_]+):")
+_VERDICT_TEXT = re.compile(r"\[(?:reproduced|partly|not reproduced|undecidable here|not testable here)\] "
+                           r"([a-z0-9_]+\.[a-z0-9_]+):")
+
+
+#: Characters that make a code span an equation rather than a name in code.
+_MATH_CHARS = set("ΣΔτγσλμηθαβεπ∑‖ᵀ⁻¹²³√≈∝≤≥×·∈→⊤ΘΛΓ∞∂∫")
+#: ASCII spellings of maths: ``sum_t``, ``^-1``, ``^T``, ``||x||``, ``f(x) / g``, ``a = b / c``.
+_MATH_ASCII = re.compile(r"\bsum_[a-z]\b|\^-?1\b|\^T\b|\|\||\)\^|"
+                         r"\b(?:Var|Mean|Tr|Cov|log|mean)_?[a-z]?\(.*\)\s*[/=*]|\s=\s.*[/*^()]")
+
+
+def equation_code_spans(markdown: str) -> list[str]:
+    """The code spans of a notebook's markdown that are equations, not names in code
+    (docs/style.md: equations are typeset, ``$…$`` / ``$$…$$``; code spans hold code). A span is
+    an equation when it holds a Greek letter or a maths sign (Σ, ∑, ‖, ᵀ, ², ≈, …) or an ASCII
+    spelling of maths (``sum_t``, ``^-1``, ``^T``, ``||x||``, ``a = b / c``). Fenced code blocks
+    and LaTeX are not looked at."""
+    md = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    md = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", "", md, flags=re.S)
+    spans = re.findall(r"(?<!`)`([^`\n]+)`(?!`)", md)
+    return [t for t in spans if any(c in _MATH_CHARS for c in t) or _MATH_ASCII.search(t)]
+
+
+def mathjax_url() -> str | None:
+    """The local MathJax of the HTML reports (:func:`acetools.utils.local_mathjax_url`), or None."""
+    from ..utils import local_mathjax_url
+
+    return local_mathjax_url()
+
+
+#: The flags of every headless Chromium run (no network, no updates, no first-run dialogs).
+CHROMIUM_FLAGS: tuple[str, ...] = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                                   "--disable-component-update", "--no-first-run", "--hide-scrollbars",
+                                   "--allow-file-access-from-files")
+
+
+def find_chromium() -> str | None:
+    """The headless browser used to check reports (Debian ``chromium``), or None."""
+    import shutil
+
+    for name in (os.environ.get("ACETOOLS_CHROMIUM", ""), "chromium", "chromium-browser", "google-chrome"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+#: Injected into a copy of a report: after MathJax has typeset the page, write what the layout
+#: check needs into <pre id="acetools-layout">: the maths elements MathJax rendered and the
+#: raw TeX left, and every table wider than the page.
+_LAYOUT_JS = r"""
+<script>
+function acetoolsLayout() {
+  var page = document.documentElement.clientWidth;
+  var body = document.body.innerText;
+  var raw = (body.match(/\$\$[^$]+\$\$/g) || []).length + (body.match(/\\(?:frac|sum|tag|hat|tilde)\b/g) || []).length;
+  var rendered = document.querySelectorAll('.MathJax_CHTML, .MathJax, mjx-container').length;
+  var errors = document.querySelectorAll('.MathJax_Error, .mjx-merror, merror').length;
+  var wide = [];
+  document.querySelectorAll('table').forEach(function (t, i) {
+    var w = Math.max(t.getBoundingClientRect().width, t.scrollWidth);
+    var scrolls = t.scrollWidth > t.clientWidth + 1;  // display:block tables scroll inside the page
+    if (w > page + 1 || scrolls) { wide.push([i, Math.round(w), (t.innerText || '').slice(0, 60)]); }
+  });
+  var out = document.createElement('pre');
+  out.id = 'acetools-layout';
+  out.textContent = JSON.stringify({page: page, rendered: rendered, raw: raw, errors: errors, wide: wide});
+  document.body.appendChild(out);
+}
+if (window.MathJax && MathJax.Hub) { MathJax.Hub.Queue(acetoolsLayout); }
+else { window.addEventListener('load', function () { setTimeout(acetoolsLayout, 0); }); }
+</script>
+"""
+
+
+def chromium_layout(html: str | os.PathLike, *, width: int = 1280, timeout: float = 120.0) -> dict[str, Any]:
+    """Render ``html`` in headless Chromium at ``width`` px (:data:`CHROMIUM_FLAGS`) and return
+    what :data:`_LAYOUT_JS` measured: ``page`` (px), ``rendered`` (maths elements MathJax
+    produced), ``raw`` (TeX left untypeset), ``errors`` (MathJax errors), ``wide`` (tables wider
+    than the page: index, width, first text). Raises ``RuntimeError`` without a browser."""
+    import json as _json
+    import subprocess
+    import tempfile
+
+    exe = find_chromium()
+    if exe is None:
+        raise RuntimeError("no headless Chromium: install Debian's `chromium` (scripts/setup.sh does)")
+    src = Path(html).read_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.html"
+        probe.write_text(src.replace("</body>", _LAYOUT_JS + "</body>") if "</body>" in src else src + _LAYOUT_JS)
+        cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={width},1000", "--virtual-time-budget=60000",
+               f"--user-data-dir={tmp}/profile", "--dump-dom", probe.as_uri()]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    m = re.search(r'<pre id="acetools-layout">(.*?)</pre>', out.stdout, flags=re.S)
+    if not m:
+        raise RuntimeError(f"Chromium did not lay out {html}: {out.stderr[-400:]}")
+    import html as _html
+
+    return _json.loads(_html.unescape(m.group(1)))
+
+
+def screenshot(html: str | os.PathLike, png: str | os.PathLike, *, width: int = 1280, height: int = 900,
+               timeout: float = 120.0) -> Path:
+    """A PNG of ``html`` as headless Chromium shows it at ``width`` × ``height`` px, after
+    MathJax has typeset it (docs/rendered_equation.png is one)."""
+    import subprocess
+    import tempfile
+
+    exe = find_chromium()
+    if exe is None:
+        raise RuntimeError("no headless Chromium: install Debian's `chromium` (scripts/setup.sh does)")
+    png = Path(png).resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={width},{height}", "--virtual-time-budget=60000",
+               f"--user-data-dir={tmp}/profile", f"--screenshot={png}", Path(html).resolve().as_uri()]
+        subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
+    return png
+
+
+def check_rendered(path: str | os.PathLike, *, width: int = 1280) -> list[str]:
+    """What a reader at ``width`` px would see wrong in a rendered report (``[]``: none): maths
+    that MathJax did not typeset (raw TeX left, MathJax errors, or TeX in the page with no
+    typeset element), and tables wider than the page."""
+    lay = chromium_layout(path, width=width)
+    name = Path(path).name
+    problems = []
+    if lay["raw"] or lay["errors"]:
+        problems.append(f"{name}: maths not rendered ({lay['raw']} raw TeX, {lay['errors']} MathJax errors)")
+    for i, w, text in lay["wide"]:
+        problems.append(f"{name}: table {i} is {w} px wide, wider than the page ({lay['page']} px) or its box: "
+                        f"{text!r}")
+    return problems
+
+
+def figure_problems(folder: str | os.PathLike) -> list[str]:
+    """The figures of ``folder`` with overlapping text, as :func:`acetools.plotting.save_figure`
+    listed them in the folder's ``figures.json`` (``[]``: none, or no record)."""
+    import json as _json
+
+    path = Path(folder) / "figures.json"
+    if not path.is_file():
+        return []
+    got = _json.loads(path.read_text()).get("text_overlaps", {})
+    return [f"{Path(folder).name}/{name}.png: text overprints text ({len(pairs)}×, e.g. {pairs[0]})"
+            for name, pairs in sorted(got.items())]
+
+
+def check_report(html: str | os.PathLike, figures_dir: str | os.PathLike | None = None, *,
+                 browser: bool | None = None) -> list[str]:
+    """Everything a reader could not trust on a report page: :func:`check_html`, the figures
+    of ``figures_dir`` with overlapping text (:func:`figure_problems`) and, in headless
+    Chromium (``browser=None``: when one is installed), maths that did not render and tables
+    wider than the page (:func:`check_rendered`)."""
+    problems = check_html(html)
+    if figures_dir is not None:
+        problems += figure_problems(figures_dir)
+    if browser or (browser is None and find_chromium() is not None and mathjax_url() is not None):
+        problems += check_rendered(html)
+    return problems
 
 
 def check_html(path: str | os.PathLike) -> list[str]:

@@ -717,7 +717,7 @@ def verdict_theorem1(regime: pd.DataFrame, curves: pd.DataFrame, adam: pd.DataFr
               + f"it falls to {converged:.2f} when the expert converges (isotropic guess {identity:.2f})")
     nums = {"cosine": cos, "cosine_sq": cos_sq, "subspace_overlap": overlap, "identity_cosine": identity,
             "cosine_converged": converged, "cosine_adam": cos_adam, "cosine_relu": relu, "steps": steps}
-    return Verdict(measured, threshold(cos, COSINE_REPRODUCED, COSINE_PARTLY), reason, nums)
+    return Verdict(measured, threshold(cos, COSINE_REPRODUCED, COSINE_PARTLY), reason, nums, value=cos)
 
 
 def verdict_theorem1_vit(vit: pd.DataFrame, *, vit_base: pd.DataFrame, vit_gram: pd.DataFrame, n_images: int,
@@ -748,7 +748,7 @@ def verdict_theorem1_vit(vit: pd.DataFrame, *, vit_base: pd.DataFrame, vit_gram:
             "cross_task_cosine": float(vit["cross_task_cosine"].median()), "beats_identity": beats_identity,
             "beats_cross": beats_cross, "base_input_cosine": float(vit_base["cosine"].median()),
             "gram_cosine": float(vit_gram["cosine"].median()), "n_images": n_images, "suite": suite, "size": size}
-    return Verdict(measured, verdict, reason, nums)
+    return Verdict(measured, verdict, reason, nums, value=float(vit["cosine"].median()))
 
 
 def synthetic_checks(exact: UnifiedResult) -> dict[str, float]:
@@ -811,4 +811,4 @@ def verdict_unified(checks: Mapping[str, float], vit_unified: pd.DataFrame, earl
             "identity_synthetic": checks["identity_synthetic"], "wudi_relative_gradient": checks["wudi_gradient"],
             "given_vs_jls": checks["given_jls"], "vit_normalized": acc, "synthetic_gain_early": early.to_dict(),
             "synthetic_gain_converged": converged.to_dict(), "eps": eps}
-    return Verdict(measured, "reproduced" if holds else "not reproduced", reason, nums)
+    return Verdict(measured, "reproduced" if holds else "not reproduced", reason, nums, value=float(vit_err))

@@ -15,6 +15,14 @@ here, so that a reader learns one rule:
 * **turning checks into a verdict**: :func:`agreement` (every setting agrees -> reproduced,
   some -> partly, none -> not reproduced), :func:`criteria` (the same over named criteria),
   :func:`threshold` (a value against a reproduced / partly threshold).
+* **what the paper predicts here** (:class:`World`, :class:`Effect`, :func:`effect`,
+  :func:`decide`): a comparative claim's paper effect is scaled to this world by the rule
+  :data:`SCALING_RULE`, ``predicted = paper effect × world room / paper room`` (room =
+  TSV-M − task arithmetic at the same number of tasks); a setting whose ``|predicted|`` does
+  not exceed its noise floor (:func:`margin`) is *undecidable*, and a claim none of whose
+  settings is decidable gets :data:`UNDECIDABLE` ("undecidable here"), whatever the
+  measurement says (the measurement is still shown). A claim is judged per world: each world
+  (the vision mini-world, a fixture world, a text world) brings its own room and noise.
 
 Each lesson's ``verdict_*`` / ``assess_*`` functions state their thresholds against the
 paper's own number (see their docstrings, and ``docs/course.md §Claim rules``); a rule that the
@@ -29,12 +37,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, InputKeyError
 
 __all__ = [
     "NOISE",
     "TIE",
+    "UNDECIDABLE",
+    "NOT_TESTABLE",
     "VERDICTS",
+    "SCALING_RULE",
+    "World",
+    "Effect",
+    "effect",
+    "predict",
+    "decide",
     "OUTCOMES",
     "Verdict",
     "margin",
@@ -58,9 +74,24 @@ TIE: str = "tie"
 #: The outcomes of :func:`compare`.
 OUTCOMES: tuple[str, str, str] = ("better", TIE, "worse")
 
-#: The verdict words: ``not testable here`` is for claims that need models or data this
-#: toolkit does not have (e.g. GPT-2 on GLUE).
-VERDICTS: tuple[str, ...] = ("reproduced", "partly", "not reproduced", "not testable here")
+#: The verdict for a claim whose predicted effect in this world is at or below the noise floor
+#: on every setting: a correct paper would give a tie or a small loss here, so the
+#: measurement cannot decide it either way (it is still shown).
+UNDECIDABLE: str = "undecidable here"
+#: The verdict for a claim that needs models or data this world does not have (e.g. GPT-2 on
+#: GLUE in the vision world), or a stage that does not run in it.
+NOT_TESTABLE: str = "not testable here"
+
+#: The five verdict words.
+VERDICTS: tuple[str, ...] = ("reproduced", "partly", "not reproduced", UNDECIDABLE, NOT_TESTABLE)
+
+#: How a paper's effect is carried into a world (docs/course.md §Claim rules, lesson 05).
+SCALING_RULE: str = (
+    "predicted = paper effect × (world room ÷ paper room), where room = TSV-M − task arithmetic at the same "
+    "number of tasks (the paper's in the table column the claim comes from, in that table's points; the "
+    "world's in its normalized points, mean over seeds), so predicted is in the world's normalized points; "
+    "a setting is decidable when |predicted| > noise floor = max(NOISE, seed sd of the paired difference); "
+    "a claim with no decidable setting is 'undecidable here', whatever the measurement says")
 
 
 @dataclass(frozen=True)
@@ -76,10 +107,60 @@ class Verdict:
     verdict: str
     reason: str
     numbers: dict[str, Any] = field(default_factory=dict)
+    #: per setting (suite, layer type, …): the paper's effect, its prediction here, the floor
+    #: and the measurement (:class:`Effect`); empty for claims that are not a comparison
+    effects: tuple[Effect, ...] = ()
+    #: the measurement in the claim's own unit where the claim is not a comparison (a cosine,
+    #: a share, a ratio); None otherwise (then :attr:`measured_effect` comes from ``effects``)
+    value: float | None = None
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise InputError(f"verdict {self.verdict!r} must be one of {VERDICTS}")
+        object.__setattr__(self, "effects", tuple(self.effects))
+
+    def _headline(self) -> Effect | None:
+        """The setting that speaks for the claim: the most decidable one (largest
+        ``|predicted| - floor``; settings without a prediction last)."""
+        if not self.effects:
+            return None
+        return max(self.effects, key=lambda e: (e.predicted is not None,
+                                                 -math.inf if e.predicted is None else abs(e.predicted) - e.floor))
+
+    @property
+    def predicted_effect(self) -> float | None:
+        e = self._headline()
+        return None if e is None else e.predicted
+
+    @property
+    def noise_floor(self) -> float | None:
+        e = self._headline()
+        return None if e is None else e.floor
+
+    @property
+    def measured_effect(self) -> float | None:
+        e = self._headline()
+        return self.value if e is None else e.measured
+
+    @property
+    def paper_effect(self) -> float | None:
+        e = self._headline()
+        return None if e is None else e.paper
+
+    def record_fields(self) -> dict[str, Any]:
+        """The fields every claim record carries (``claims.json``): ``predicted_effect``,
+        ``noise_floor``, ``measured_effect``, ``paper_effect`` (numbers or None), ``scaling``
+        (the rule with this claim's numbers, or None), ``effect_setting`` (the setting these
+        come from) and ``effects`` (every setting's)."""
+        e = self._headline()
+        return {"predicted_effect": _num(self.predicted_effect), "noise_floor": _num(self.noise_floor),
+                "measured_effect": _num(self.measured_effect), "paper_effect": _num(self.paper_effect),
+                "scaling": None if e is None else e.scaling(), "effect_setting": None if e is None else e.setting,
+                "effects": [x.as_dict() for x in self.effects]}
+
+    def with_reason(self, reason: str, **numbers: Any) -> Verdict:
+        """A copy with another reason and more numbers (the effects kept)."""
+        return Verdict(self.measured, self.verdict, reason, {**self.numbers, **numbers}, self.effects, self.value)
 
     def line(self, claim_id: str = "") -> str:
         """One line: ``[verdict] claim_id: measured — reason``."""
@@ -88,6 +169,165 @@ class Verdict:
 
     def __str__(self) -> str:
         return self.line()
+
+
+def _num(x: Any) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class World:
+    """The world a claim is judged in.
+
+    ``name``: which world (``"mini-world"`` for the vision mini-world, ``"fixture"`` for the
+    quick profile's procedural world, ``"text"`` for a language world, …); ``profile``:
+    ``"full"`` or ``"quick"``; ``room``: ``{n_tasks: TSV-M − task arithmetic}`` in the world's
+    normalized points (mean over seeds); ``noise``: the world's :data:`NOISE`; ``fixture``:
+    True for worlds whose numbers check the code and are not results (05 refuses to count them
+    with a real world's); ``description``: one sentence for the page.
+    """
+
+    name: str
+    profile: str
+    room: Mapping[int, float] = field(default_factory=dict)
+    noise: float = NOISE
+    fixture: bool = False
+    description: str = ""
+    #: the room in absolute accuracy points, for claims measured in absolute accuracy
+    room_abs: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.profile not in ("full", "quick"):
+            raise InputError(f"World.profile={self.profile!r} must be 'full' or 'quick'")
+        object.__setattr__(self, "room", {int(k): float(v) for k, v in dict(self.room).items()})
+        object.__setattr__(self, "room_abs", {int(k): float(v) for k, v in dict(self.room_abs).items()})
+
+    def room_at(self, n_tasks: int, unit: str = "normalized") -> float:
+        """The room at ``n_tasks`` tasks in ``unit`` (``"normalized"`` or ``"absolute"``
+        points; KeyError naming the rooms this world has)."""
+        if unit not in ("normalized", "absolute"):
+            raise InputError(f"unit={unit!r} must be 'normalized' or 'absolute'")
+        rooms = self.room if unit == "normalized" else self.room_abs
+        try:
+            return rooms[int(n_tasks)]
+        except KeyError:
+            raise InputKeyError(f"world {self.name!r} has no {unit} room at {n_tasks} tasks; it has "
+                           f"{sorted(rooms)}") from None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "profile": self.profile, "room": {str(k): v for k, v in self.room.items()},
+                "room_abs": {str(k): v for k, v in self.room_abs.items()},
+                "noise": self.noise, "fixture": self.fixture, "description": self.description}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> World:
+        return cls(d["name"], d["profile"], {int(k): v for k, v in d.get("room", {}).items()},
+                   float(d.get("noise", NOISE)), bool(d.get("fixture", False)), d.get("description", ""),
+                   {int(k): v for k, v in d.get("room_abs", {}).items()})
+
+    @classmethod
+    def from_summary(cls, summary: Any, name: str, profile: str, *, fixture: bool = False, description: str = "",
+                     metric: str = "test_normalized", noise: float = NOISE) -> World:
+        """The world whose room is measured in ``summary`` (a results summary frame with
+        ``n_tasks``, ``method``, ``seed`` and ``metric``): TSV-M − task arithmetic per number
+        of tasks, paired per seed, mean over seeds. Numbers of tasks without both methods
+        have no room."""
+        d = summary[summary["method"].isin(["tsv_m", "task_arithmetic"])]
+
+        def rooms(col: str) -> dict[int, float]:
+            out = {}
+            if col not in d.columns:
+                return out
+            for n, g in d.groupby("n_tasks"):
+                p = g.pivot_table(index="seed", columns="method", values=col)
+                if {"tsv_m", "task_arithmetic"} <= set(p.columns):
+                    diff = (p["tsv_m"] - p["task_arithmetic"]).dropna()
+                    if len(diff):
+                        out[int(n)] = float(diff.mean())
+            return out
+
+        return cls(name, profile, rooms(metric), noise, fixture, description, rooms("test_acc"))
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One setting of a comparative claim: the paper's effect and room, the world's room, the
+    prediction (:func:`predict`), the noise floor (:func:`margin`) and the measured effect, all
+    in points (the paper's in its table's, the rest in the world's normalized points)."""
+
+    setting: str
+    paper: float | None
+    paper_room: float | None
+    world_room: float | None
+    predicted: float | None
+    floor: float
+    measured: float | None
+
+    @property
+    def decidable(self) -> bool:
+        """Whether the paper's prediction here exceeds the floor (no prediction: decidable,
+        the claim is judged on the measurement alone)."""
+        return self.predicted is None or abs(self.predicted) > self.floor
+
+    def scaling(self) -> str:
+        if self.predicted is None:
+            return "no paper effect to scale: decided on the measurement"
+        if self.paper_room is None or self.world_room is None:
+            return (f"{self.setting}: the paper's {self.paper:+.2f}, a unit-free measure, not scaled "
+                    f"(floor {self.floor:.2f}: {'decidable' if self.decidable else 'undecidable'})")
+        return (f"{self.setting}: {self.paper:+.2f} × {self.world_room:.2f} / {self.paper_room:.2f} = "
+                f"{self.predicted:+.2f} (floor {self.floor:.2f}: {'decidable' if self.decidable else 'undecidable'})")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"setting": self.setting, "paper": _num(self.paper), "paper_room": _num(self.paper_room),
+                "world_room": _num(self.world_room), "predicted": _num(self.predicted), "floor": _num(self.floor),
+                "measured": _num(self.measured), "decidable": self.decidable}
+
+
+def predict(paper_effect: float, paper_room: float, world_room: float) -> float:
+    """The effect a paper predicts in a world: ``paper_effect * world_room / paper_room``
+    (:data:`SCALING_RULE`). ``paper_room`` must be positive; a world without room (``<= 0``)
+    predicts no effect."""
+    if not (math.isfinite(paper_room) and paper_room > 0):
+        raise InputError(f"paper_room={paper_room!r} must be a positive number")
+    if not math.isfinite(world_room):
+        raise InputError(f"world_room={world_room!r} is not a finite number")
+    return float(paper_effect) * max(float(world_room), 0.0) / float(paper_room)
+
+
+def effect(setting: str, measured: float | None, *, paper: float | None = None, paper_room: float | None = None,
+           world_room: float | None = None, spread: float | None = None, noise: float = NOISE) -> Effect:
+    # world_room and measured must be in the same unit (normalized or absolute points)
+    """One :class:`Effect`: with ``paper``, ``paper_room`` and ``world_room`` the prediction is
+    scaled by :func:`predict`; without a paper effect there is no prediction. The floor is
+    :func:`margin` ``(spread, noise)``."""
+    pred = None
+    if paper is not None:
+        if paper_room is None or world_room is None:
+            raise InputError(f"{setting}: a paper effect needs paper_room and world_room to be scaled")
+        pred = predict(paper, paper_room, world_room)
+    return Effect(setting, None if paper is None else float(paper), _num(paper_room), _num(world_room), pred,
+                  margin(spread, noise), _num(measured))
+
+
+def decide(effects: Sequence[Effect], agree: Sequence[bool]) -> tuple[str, str]:
+    """The verdict over settings with the fifth word: settings whose prediction is below the
+    floor are left out; none left -> :data:`UNDECIDABLE`; otherwise :func:`agreement` over the
+    decidable ones. Returns ``(verdict, note)``, ``note`` naming the undecidable settings."""
+    if len(effects) != len(agree):
+        raise InputError(f"{len(effects)} effects for {len(agree)} agreements")
+    if not effects:
+        raise InputError("no settings to decide on")
+    keep = [a for e, a in zip(effects, agree) if e.decidable]
+    out = [e for e in effects if not e.decidable]
+    note = "" if not out else (
+        "undecidable: " + ", ".join(f"{e.setting} (predicted {e.predicted:+.2f} ≤ floor {e.floor:.2f})" for e in out))
+    if not keep:
+        return UNDECIDABLE, note
+    return agreement(keep), note
 
 
 def margin(spread: float | None = None, noise: float = NOISE) -> float:

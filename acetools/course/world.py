@@ -11,6 +11,14 @@ with them, so a lesson reads the same at the full size and in the tests::
 tasks at size ``micro`` with its own small pretrained base, built from nothing in well
 under a minute on 2 CPU cores. The numbers it gives are for checking that the notebook
 runs, not for reading.
+
+Where a notebook writes (:func:`figures_path`) depends on its profile however it is run
+(papermill, JupyterLab, the report command): an empty ``figures_dir`` means
+``<repo>/figures/<notebook>`` in the full profile and ``<repo>/build/quick/figures/<notebook>``
+in the quick one, so a quick run never touches the committed results; the folder's
+``figures.json`` records the notebook, profile and world, and every figure saved there
+carries them (:func:`acetools.plotting.save_figure`). :func:`claim_world` is the
+:class:`~acetools.course.verdicts.World` a notebook judges its claims in.
 """
 
 from __future__ import annotations
@@ -21,7 +29,11 @@ from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "world", "benchmark", "figures_path", "suite_tasks", "describe"]
+__all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "world", "benchmark", "figures_path", "suite_tasks", "describe",
+           "repo_root", "default_figures_root", "claim_world", "note_world", "MANIFEST", "display_path"]
+
+#: The file in each figures folder that says which notebook, profile and world wrote it.
+MANIFEST: str = "figures.json"
 
 #: The quick profile's world: fixture suite, micro model, recipes sized for seconds.
 QUICK: dict[str, Any] = {
@@ -89,11 +101,129 @@ def benchmark(zoo, *, quick: bool = False, **overrides: Any):
     return Benchmark(zoo, **kw)
 
 
-def figures_path(figures_dir: str | os.PathLike) -> Path:
-    """``figures_dir`` as an absolute path, created if missing."""
-    p = Path(figures_dir).expanduser().resolve()
+def repo_root(start: str | os.PathLike | None = None) -> Path:
+    """The repository the notebooks live in: the first folder, from ``start`` (default the
+    working directory) upwards, with ``pyproject.toml`` and ``notebooks/``; else the folder
+    above the installed package when it has ``notebooks/`` (an editable install); else
+    ``start`` itself."""
+    here = Path(start or os.getcwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "pyproject.toml").is_file() and (d / "notebooks").is_dir():
+            return d
+    pkg = Path(__file__).resolve().parents[2]
+    if (pkg / "notebooks").is_dir() and (pkg / "pyproject.toml").is_file():
+        return pkg
+    return here
+
+
+def default_figures_root(quick: bool, start: str | os.PathLike | None = None) -> Path:
+    """Where a profile's figures go by default: ``<repo>/figures`` (full) or
+    ``<repo>/build/quick/figures`` (quick: ignored by git, never the committed results)."""
+    root = repo_root(start)
+    return root / "build" / "quick" / "figures" if quick else root / "figures"
+
+
+def figures_path(figures_dir: str | os.PathLike = "", *, notebook: str | None = None, quick: bool | None = None,
+                 ) -> Path:
+    """The folder a notebook writes its figures to, as an absolute path, created if missing.
+
+    ``figures_dir`` given: that folder (the report command passes one per profile). Empty:
+    the profile's default, :func:`default_figures_root` / ``notebook`` — which needs
+    ``notebook`` (the notebook's stem) and ``quick``. With ``quick`` given, the folder's
+    :data:`MANIFEST` records the notebook and the profile (:func:`note_world` adds the world).
+    A quick run asked to write into the committed ``<repo>/figures`` is refused: a fixture
+    world's numbers would overwrite the results."""
+    if str(figures_dir) == "":
+        if notebook is None or quick is None:
+            raise InputError("figures_path(''): an empty figures_dir needs notebook= and quick= to pick the "
+                             "profile's folder")
+        p = default_figures_root(quick) / notebook
+    else:
+        p = Path(figures_dir).expanduser().resolve()
+    if quick:
+        committed = (repo_root() / "figures").resolve()
+        if p == committed or committed in p.parents:
+            raise InputError(f"figures_dir={str(figures_dir)!r} resolves to {p}, inside the committed figures "
+                             f"{committed}: a quick run writes under {default_figures_root(True)} (leave "
+                             "figures_dir empty)")
     p.mkdir(parents=True, exist_ok=True)
+    if quick is not None:
+        _write_manifest(p, {"notebook": notebook or p.name, "profile": "quick" if quick else "full"})
     return p
+
+
+def _write_manifest(folder: Path, update: dict[str, Any]) -> None:
+    import json
+
+    from ..utils import atomic_write
+
+    path = folder / MANIFEST
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    new = {**old, **update}
+    if new != old:
+        with atomic_write(path, "w") as fh:
+            json.dump(new, fh, indent=1, sort_keys=True)
+
+
+def note_world(folder: str | os.PathLike, world: Any) -> None:
+    """Record ``world`` (a :class:`~acetools.course.verdicts.World`) in ``folder``'s
+    :data:`MANIFEST`, so that every figure saved there from now on carries it."""
+    _write_manifest(Path(folder), {"world": world.name, "profile": world.profile, "fixture": world.fixture})
+
+
+def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLike | None = None,
+                size: str = "small", summary: Any = None):
+    """The :class:`~acetools.course.verdicts.World` a notebook judges its claims in.
+
+    Full profile: the vision mini-world, its room (TSV-M − task arithmetic per number of
+    tasks, normalized and absolute, mean over seeds) read from the committed benchmark files
+    (``results_dir``, default ``<repo>/figures/benchmark``; ``summary``: an already loaded
+    summary frame instead). Quick profile: the fixture world (``fixture=True``), its room
+    measured on ``bench`` (task arithmetic and TSV-M with their coefficients on validation,
+    seconds on the fixture) or taken from ``summary``; without either it has no room, and
+    comparative claims are decided on their measurements alone."""
+    import numpy as np
+
+    from .verdicts import World
+
+    if quick:
+        desc = "the quick profile's fixture world: numbers for checking the code, not results"
+        if summary is not None:
+            return World.from_summary(summary, "fixture", "quick", fixture=True, description=desc)
+        if bench is None:
+            return World("fixture", "quick", fixture=True, description=desc)
+        runs = {m: bench.run(m) for m in ("task_arithmetic", "tsv_m")}
+        n = len(bench.tasks)
+
+        def mean(r, attr):
+            return 100 * float(np.mean(list(getattr(r, attr).values())))
+
+        return World("fixture", "quick", {n: mean(runs["tsv_m"], "test_normalized")
+                                          - mean(runs["task_arithmetic"], "test_normalized")},
+                     fixture=True, description=desc,
+                     room_abs={n: mean(runs["tsv_m"], "test") - mean(runs["task_arithmetic"], "test")})
+    desc = f"the vision mini-world (small ViT, suites tasks8/14/20, model size {size})"
+    if summary is None:
+        from .. import results
+
+        folder = Path(results_dir) if results_dir is not None else repo_root() / "figures" / "benchmark"
+        runs = results.find_results(folder, None, size)
+        if not runs:
+            raise FileNotFoundError(f"no benchmark results (*_{size}_seed*_summary.csv) in {folder.resolve()}: the "
+                                    "mini-world's room comes from them (bash benchmarks/mini_world.sh)")
+        summary = results.load_summary(runs)
+    return World.from_summary(summary, "mini-world", "full", description=desc)
+
+
+def display_path(path: str | os.PathLike) -> str:
+    """``path`` as a page shows it: relative to the repository when inside it (``figures/benchmark``),
+    else ``…/<parent>/<name>`` — never a machine's absolute build path."""
+    p = Path(path).resolve()
+    root = repo_root()
+    try:
+        return str(p.relative_to(root))
+    except ValueError:
+        return f"…/{p.parent.name}/{p.name}"
 
 
 def describe(zoo, quick: bool) -> str:

@@ -20,8 +20,10 @@ Hooks are always removed afterwards, also when the forward pass raises.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,7 +31,8 @@ from torch import Tensor, nn
 
 from ..errors import InputError, InputKeyError, InputTypeError
 
-__all__ = ["capture_inputs", "gram_matrices", "input_covariances", "layer_input_spec", "orientation_of"]
+__all__ = ["capture_inputs", "gram_matrices", "input_covariances", "layer_input_spec", "orientation_of",
+           "TokenStatistics", "token_statistics"]
 
 # nn.MultiheadAttention parameters and which forward argument feeds them.
 _MHA_INPUTS = {"in_proj_weight": 0, "q_proj_weight": 0, "k_proj_weight": 1, "v_proj_weight": 2}
@@ -333,3 +336,52 @@ def input_covariances(
             raise InputError(f"input_covariances: layer {k!r} saw {n} rows; unbiased=True needs at least 2")
         out[k] = (M / denom).cpu()
     return out
+
+
+@dataclass(frozen=True)
+class TokenStatistics:
+    """A layer's input rows split into what every token shares and what a task brings
+    (:func:`token_statistics`). ``raw``: the uncentred Gram over every row (RegMean's,
+    :func:`gram_matrices`); ``centred``: the covariance of the patch rows with each token
+    position's mean removed (CLS rows left out); the shares split ``tr(raw)`` = E‖x‖² into the
+    global mean ‖μ‖², the positional component mean_l ‖μ_l − μ‖² (each position's mean about the
+    global one), and the per-sample residual; ``cls_share`` is the CLS rows' part of E‖x‖²."""
+
+    raw: Tensor
+    centred: Tensor
+    mean_share: float
+    pos_share: float
+    resid_share: float
+    cls_share: float
+    n_tokens: int
+
+
+def token_statistics(X: Tensor, n_samples: int, *, cls_token: bool = True) -> TokenStatistics:
+    """Centred, token-aware statistics of one layer's input rows ``X`` (``n_samples · L`` × d,
+    batch-major as :func:`capture_inputs` returns them: the L tokens of sample 0, then of
+    sample 1, …; with ``cls_token`` token 0 is the class token).
+
+    With x_{n,l} the input of token l of sample n, μ the mean over every row and μ_l the mean of
+    position l over the samples: E‖x‖² = ‖μ‖² + mean_l ‖μ_l − μ‖² + E‖x − μ_l‖² exactly (the
+    cross terms vanish), reported as shares of E‖x‖². An uncentred Gram over all tokens counts
+    the first two, which every task shares by construction (the same positional embeddings, the
+    same mean), as overlap between tasks; ``centred`` leaves them and the CLS rows out. float64."""
+    if X.ndim != 2 or n_samples < 1 or X.shape[0] % n_samples:
+        raise InputError(f"token_statistics: X of shape {tuple(X.shape)} is not n_samples={n_samples} blocks of tokens")
+    L = X.shape[0] // n_samples
+    if cls_token and L < 2:
+        raise InputError(f"token_statistics: {L} token per sample, no patch token beside the class token")
+    x = X.double().reshape(n_samples, L, X.shape[1])
+    total = float(x.pow(2).sum(-1).mean())
+    mu = x.reshape(-1, x.shape[-1]).mean(0)
+    mu_l = x.mean(0)  # L x d
+    pos = float((mu_l - mu).pow(2).sum(-1).mean())
+    resid = x - mu_l
+    patches = resid[:, 1:] if cls_token else resid
+    r = patches.reshape(-1, x.shape[-1])
+    raw = (x.reshape(-1, x.shape[-1]).T @ x.reshape(-1, x.shape[-1])) / (n_samples * L)
+    cls = float(x[:, 0].pow(2).sum(-1).mean()) / L if cls_token else 0.0
+    denom = total if total > 0 else math.nan
+    return TokenStatistics(raw=raw, centred=(r.T @ r) / r.shape[0], mean_share=float(mu.pow(2).sum()) / denom,
+                           pos_share=pos / denom, resid_share=float(resid.pow(2).sum(-1).mean()) / denom,
+                           cls_share=cls / denom, n_tokens=L)

@@ -31,7 +31,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from torch import Tensor
 
 from ..errors import AcetoolsError, InputError, InputKeyError, InputTypeError
 from ..layouts import TensorMeta
-from ..utils import atomic_write, jsonable
+from ..utils import atomic_write, jsonable, strip_ansi
 
 __all__ = [
     "Checkpoint",
@@ -131,7 +131,7 @@ def _torch_load(path: Path) -> dict[str, Tensor]:
                 raise
             obj = torch.load(path, map_location="cpu", weights_only=True)  # a legacy (non-zip) file
     except Exception as e:  # pickle.UnpicklingError and friends: a pickled module, other code, a damaged file
-        first = (str(e).splitlines() or [""])[0]
+        first = strip_ansi((str(e).splitlines() or [""])[0])
         raise InputError(
             f"{path}: torch.load(weights_only=True) cannot read it as a state dict ({type(e).__name__}: {first}); "
             "only plain state dicts are loaded, never pickled modules: save model.state_dict() instead"
@@ -374,17 +374,38 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     return Checkpoint(p, files, config, folder)
 
 
-def check_output_folder(out: str | os.PathLike, inputs: list[Checkpoint], overwrite: bool = False) -> Path:
-    """The output folder, refused when it would overwrite an input or earlier weights."""
+def _input_places(ck: Checkpoint | str | os.PathLike) -> tuple[set[Path], set[Path]]:
+    """``(folders, file_dirs)`` of one input: the checkpoint folder (nothing may be written in it or
+    below it) and the folders holding its files (nothing may be written in them)."""
+    if not isinstance(ck, Checkpoint):
+        p = Path(ck).expanduser().resolve()
+        return ({p}, set()) if p.is_dir() else (set(), {p.parent})
+    folders = {ck.folder.resolve()} if ck.folder else set()
+    return folders, {f.resolve().parent for f in ck.files}
+
+
+def check_output_folder(out: str | os.PathLike, inputs: Sequence[Checkpoint | str | os.PathLike],
+                        overwrite: bool = False, *, weights: bool = True, option: str = "--out") -> Path:
+    """The output folder, refused when writing there could touch an input or earlier weights.
+
+    The one output check of every command that writes next to checkpoints (``merge``,
+    ``diagnose``): ``out`` must not be an input checkpoint folder or lie inside one, nor be the
+    folder holding an input file. With ``weights`` (merges) a folder that already holds weight
+    files is refused unless ``overwrite``. ``inputs`` are :class:`Checkpoint` s or paths."""
     out = Path(out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output {out} exists and is not a folder")
     for ck in inputs:
-        where = {f.resolve().parent for f in ck.files} | ({ck.folder.resolve()} if ck.folder else set())
-        if out in where:
-            raise InputError(f"output folder {out} holds the input checkpoint {ck.path}; choose another --out "
+        folders, file_dirs = _input_places(ck)
+        name = ck.path if isinstance(ck, Checkpoint) else ck
+        for f in folders:
+            if f in out.parents:
+                raise InputError(f"{option} {out} is inside the input checkpoint folder {f} ({name}); choose a folder "
+                                 "outside every input (inputs are never written to)")
+        if out in folders or out in file_dirs:
+            raise InputError(f"output folder {out} holds the input checkpoint {name}; choose another {option} "
                              "(inputs are never overwritten)")
-    if out.is_dir() and not overwrite:
+    if weights and out.is_dir() and not overwrite:
         old = sorted(p.name for p in out.iterdir() if p.suffix in WEIGHT_SUFFIXES or p.name.endswith(".index.json"))
         if old:
             raise FileExistsError(f"output folder {out} already holds weights ({old[0]}); choose an empty folder "
@@ -408,7 +429,8 @@ def copy_side_files(src: Path | None, out: Path, max_bytes: int = 50_000_000) ->
 
 
 class ShardedWriter:
-    """Write tensors into safetensors shards of at most ``shard_size`` bytes, atomically.
+    """Write tensors into safetensors shards of at most ``shard_size`` bytes (file size, header
+    included), atomically.
 
     ``add(key, tensor)`` appends the tensor's bytes to the current shard's data file at once
     (a tensor larger than ``shard_size`` gets a shard of its own), so no tensor is held after
@@ -431,6 +453,8 @@ class ShardedWriter:
         self._data = None
         self._entries: dict[str, dict[str, Any]] = {}
         self._shard_bytes = 0
+        self._header_bytes = 0  # JSON bytes of the current shard's entries (each with its separator)
+        self._meta_bytes = len(json.dumps({"__metadata__": self.metadata}, separators=(",", ":")))
         self._files: list[tuple[Path, list[str]]] = []
         self._keys: set[str] = set()
         self.total_size = 0
@@ -445,17 +469,28 @@ class ShardedWriter:
         if t.dtype not in _DTYPE_NAMES:
             raise InputTypeError(f"cannot write {key!r}: dtype {t.dtype} has no safetensors name")
         n = t.numel() * t.element_size()
-        if self._entries and self._shard_bytes + n > self.shard_size:
+        entry = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                 "data_offsets": [self._shard_bytes, self._shard_bytes + n]}
+        # the shard's file size, header included: 8 length bytes, the JSON header (its entries grow by
+        # one key each) padded to 8, then the data
+        head = len(json.dumps({key: entry}, separators=(",", ":"))) + 1
+        if self._entries and self._file_bytes(self._header_bytes + head, self._shard_bytes + n) > self.shard_size:
             self._flush()
+            entry["data_offsets"] = [0, n]
+            head = len(json.dumps({key: entry}, separators=(",", ":"))) + 1
         if self._data is None:
             self._data = open(self._tmp / f"shard-{len(self._files):05d}.data", "wb")
         if n:
             self._data.write(t.reshape(-1).view(torch.uint8).numpy().data)
-        self._entries[key] = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
-                              "data_offsets": [self._shard_bytes, self._shard_bytes + n]}
+        self._entries[key] = entry
         self._keys.add(key)
         self._shard_bytes += n
+        self._header_bytes += head
         self.total_size += n
+
+    def _file_bytes(self, header_entries: int, data: int) -> int:
+        """Upper bound on a shard's file size: 8 + header (metadata + entries, padded to 8) + data."""
+        return 8 + self._meta_bytes + header_entries + 8 + data
 
     def _flush(self) -> None:
         if not self._entries:
@@ -474,6 +509,7 @@ class ShardedWriter:
         self._files.append((path, list(self._entries)))
         self._entries = {}
         self._shard_bytes = 0
+        self._header_bytes = 0
 
     def close(self) -> list[Path]:
         """Save the last shard, move every file into place; returns the written files."""

@@ -487,11 +487,13 @@ def run_report(
     The tables are saved next to it (:meth:`Diagnosis.save`). Returns ``{"executed", "html", "seconds"}``."""
     import papermill as pm
 
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    from .checkpoints import check_output_folder
+
     for p in [base, *experts]:
         if not Path(p).exists():
             raise FileNotFoundError(f"no checkpoint at {p}")
+    out = check_output_folder(out, [base, *experts], weights=False)  # the merge command's check
+    out.mkdir(parents=True, exist_ok=True)
     params = {"base": str(Path(base).resolve()), "experts": [str(Path(e).resolve()) for e in experts],
               "names": list(names) if names is not None else [], "layout": layout,
               "tau": float(defaults_from("ace")["tau"] if tau is None else tau), "ace": bool(ace),
@@ -503,5 +505,5 @@ def run_report(
     from ..notebooks import run_notebook  # the one papermill runner
 
     rec = run_notebook(REPORT_NOTEBOOK, out, params, html=html, timeout=timeout, start_timeout=start_timeout,
-                       cwd=out, output_name="diagnose.ipynb")
+                       cwd=out, output_name="diagnose.ipynb", require_mathjax=False)
     return {k: rec[k] for k in ("executed", "html", "seconds") if k in rec}

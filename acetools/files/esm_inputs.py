@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, InputKeyError, InputTypeError
+from ..merging.esm import LAYOUT_NAMES
 from .activations import capture_inputs
 
 __all__ = ["ESM_NAMES", "esm_names", "esm_activations", "merge_esm"]
@@ -45,41 +46,9 @@ __all__ = ["ESM_NAMES", "esm_names", "esm_activations", "merge_esm"]
 log = logging.getLogger("acetools.files.esm_inputs")
 
 
-def _each(*names: str) -> tuple[str, ...]:
-    return tuple(n + "$" for n in names)
-
-
-#: Per layout preset: ESM's ESD targets (the attention input projections and both MLP
-#: matrices, as ``attn.in_proj_weight``, ``mlp.c_fc``, ``mlp.c_proj`` in open_clip) and the
-#: Step-C layer types (every block matrix kind), as regular expressions searched in the key.
-ESM_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
-    "open_clip": {
-        "targets": ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
-        "layer_types": ("attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
-    },
-    "hf_clip": {
-        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
-        "layer_types": _each(r"self_attn\.q_proj\.weight", r"self_attn\.k_proj\.weight", r"self_attn\.v_proj\.weight",
-                             r"self_attn\.out_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
-    },
-    "gpt2": {
-        "targets": _each(r"attn\.c_attn\.weight", r"mlp\.c_fc\.weight", r"mlp\.c_proj\.weight"),
-        "layer_types": _each(r"attn\.c_attn\.weight", r"attn\.c_proj\.weight", r"mlp\.c_fc\.weight",
-                             r"mlp\.c_proj\.weight"),
-    },
-    "bert": {
-        "targets": _each(r"attention\.self\.(query|key|value)\.weight", r"intermediate\.dense\.weight",
-                         r"layer\.\d+\.output\.dense\.weight"),
-        "layer_types": _each(r"attention\.self\.query\.weight", r"attention\.self\.key\.weight",
-                             r"attention\.self\.value\.weight", r"attention\.output\.dense\.weight",
-                             r"intermediate\.dense\.weight", r"layer\.\d+\.output\.dense\.weight"),
-    },
-    "llama": {
-        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.(gate|up)_proj\.weight", r"mlp\.down_proj\.weight"),
-        "layer_types": _each(*(rf"self_attn\.{p}_proj\.weight" for p in "qkvo"),
-                             *(rf"mlp\.{p}_proj\.weight" for p in ("gate", "up", "down"))),
-    },
-}
+#: Per layout preset: ESM's ESD targets and Step-C layer types (:data:`acetools.merging.esm.LAYOUT_NAMES`,
+#: which ``merge("esm", ..., layout=...)`` uses by default).
+ESM_NAMES = LAYOUT_NAMES
 
 
 def esm_names(layout: Any) -> dict[str, tuple[str, ...]]:
@@ -113,6 +82,20 @@ def _strip(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
+def _tied_aliases(model: nn.Module) -> set[str]:
+    """State-dict keys of ``model`` whose tensor shares its storage with an earlier key (tied weights
+    such as GPT-2's ``lm_head.weight`` = ``transformer.wte.weight``, which Hugging Face stores once)."""
+    seen: dict[tuple[int, int], str] = {}
+    out = set()
+    for k, v in model.state_dict(keep_vars=True).items():
+        sig = (v.untyped_storage().data_ptr(), v.storage_offset()) if v.numel() else (id(v), 0)
+        if sig in seen:
+            out.add(k)
+        else:
+            seen[sig] = k
+    return out
+
+
 def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str, where: str) -> nn.Module:
     """An ``nn.Module`` from a module, a zero-argument factory, or a state dict / file (+ ``factory``)."""
     if isinstance(item, nn.Module):
@@ -125,6 +108,7 @@ def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str
                             "nn.Module) to load it into")
         model = factory()
         missing, unexpected = model.load_state_dict(_strip(item, prefix), strict=False)
+        missing = [k for k in missing if k not in _tied_aliases(model)]  # HF saves a tied head once
         if missing or unexpected:
             bad = (missing or unexpected)[0]
             raise InputKeyError(f"{where} does not fit the factory's model: key {bad!r} is "

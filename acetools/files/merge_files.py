@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +41,7 @@ from .. import __version__
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import Layout, describe, get_layout
 from ..merging import METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
+from ..merging.esm import with_layout_names
 from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
 from ..utils import PROGRESS, jsonable, progress, resolve_device, short_repr
 from .checkpoints import (
@@ -168,7 +170,8 @@ class MergePlan:
         return "\n".join(lines)
 
     def hparams_text(self) -> str:
-        return " ".join(f"{k}={short_repr(v)}" for k, v in self.hparams.items())
+        """The hyperparameters as the method uses them (presets resolved: ACE's ``gate=auto``, not ``None``)."""
+        return " ".join(f"{k}={short_repr(v)}" for k, v in METHODS[self.method].effective(self.hparams).items())
 
     def memory_text(self, largest_key: str) -> str:
         T = len(self.experts)
@@ -241,6 +244,39 @@ def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Check
     return b, ex
 
 
+def _check_expert_list(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
+    """The expert list from the paths alone: the base among the experts or an expert listed twice
+    is an error (a zero task vector, or one task counted twice, silently changes every method's
+    weights); a single expert gets a warning (a merge of one is well defined: the base plus the
+    method's rescaled task vector, e.g. to check a coefficient, but is usually a typo)."""
+    where = {base.path.expanduser().resolve(): "the base"}
+    for t, ck in enumerate(experts):
+        p = ck.path.expanduser().resolve()
+        if p in where:
+            raise InputError(f"expert {t} ({ck.path}) is the same checkpoint as {where[p]}; "
+                             + ("the base is not an expert (its task vector is zero)" if where[p] == "the base" else
+                                "list every expert once (a duplicate counts its task twice)"))
+        where[p] = f"expert {t} ({ck.path})"
+    if len(experts) == 1:
+        warnings.warn(f"only one expert ({experts[0].path}): the merge is the base plus the method's rescaled task "
+                      "vector of that expert; pass every fine-tuned checkpoint to merge them", UserWarning,
+                      stacklevel=4)
+
+
+def _check_distinct_contents(hashes: Sequence[tuple[str, ...]], paths: Sequence[Path]) -> None:
+    """Same as :func:`_check_expert_list` by content hash (``hashes[0]`` the base's): a copy of the
+    base or of another expert under a different name is an error."""
+    seen: dict[tuple[str, ...], int] = {}
+    for i, h in enumerate(hashes):
+        if h in seen:
+            j = seen[h]
+            what = "the base" if j == 0 else f"expert {j - 1} ({paths[j]})"
+            fix = ("the base is not an expert (its task vector is zero)" if j == 0 else
+                   "list every expert once (a duplicate counts its task twice)")
+            raise InputError(f"expert {i - 1} ({paths[i]}) has the same content (sha256) as {what}; {fix}")
+        seen[h] = i
+
+
 def _check_compatible(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
     """Same keys and shapes; float tensors where the base has floats, the same dtype elsewhere."""
     bkeys = base.keys()
@@ -268,10 +304,13 @@ def plan_merge(
     mode: str = "auto",
     heads: str = "auto",
     names: Sequence[str] | None = None,
+    force_layout: bool = False,
 ) -> MergePlan:
     """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data.
 
-    ``heads``/``names``: see :func:`merge_files` and :func:`acetools.files.heads.plan_heads`.
+    ``heads``/``names``: see :func:`merge_files` and :func:`acetools.files.heads.plan_heads`. A
+    ``layout`` preset that contradicts the base's ``config.json`` is an error unless
+    ``force_layout`` (:func:`acetools.layouts.get_layout`).
     """
     if method not in METHODS:
         raise InputError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
@@ -284,10 +323,13 @@ def plan_merge(
         hp["activations"] = load_activations(hp["activations"], len(experts))
     resolved = METHODS[method].resolve(hp)
     b, ex = _open_all(base, experts)
-    lay = get_layout(layout, keys=b.keys(), config=b.config)
+    _check_expert_list(b, ex)
+    lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
     head_plan = plan_heads(heads, b, ex, lay, names)
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
     _check_compatible(b, ex)
+    if method == "esm":  # ESM's layer names from the layout preset unless given (docs/methods.md §ESM)
+        resolved = METHODS[method].resolve(with_layout_names(hp, lay.name))
     if resolved.get("in_out_keys"):
         raise InputError("in_out_keys is not used for files: the layout stores the orientation of every key "
                          f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")
@@ -315,25 +357,32 @@ def plan_merge(
                      run, rows, dict(lay.tied), files, head_plan)
 
 
-def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.dtype) -> Tensor:
+def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.dtype, check: bool = True) -> Tensor:
     t = ck.get(key)
-    if not torch.isfinite(t).all():
+    if check and not torch.isfinite(t).all():
         n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
         raise InputError(f"{ck.path}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
     return lay.to_canonical(key, t).to(dev, dt).contiguous()
 
 
 class _Source:
-    """Reads W0 and the task vectors of one key, in d_out x d_in and the compute dtype."""
+    """Reads W0 and the task vectors of one key, in d_out x d_in and the compute dtype.
+
+    Each key's finiteness is checked on its first read only: global TIES reads every key in
+    up to four passes, and the check of every tensor in every pass was 30 % of its time."""
 
     def __init__(self, plan: MergePlan, dev: torch.device):
         self.plan, self.dev = plan, dev
+        self._checked: set[str] = set()
 
     def w0_taus(self, key: str) -> tuple[Tensor, list[Tensor]]:
         p = self.plan
         dt = _compute_dtype(p.base.meta(key).dtype)
-        W0 = _tensor(p.base, key, p.layout, self.dev, dt)
-        return W0, [_tensor(ck, key, p.layout, self.dev, dt) - W0 for ck in p.experts]
+        check = key not in self._checked
+        W0 = _tensor(p.base, key, p.layout, self.dev, dt, check)
+        taus = [_tensor(ck, key, p.layout, self.dev, dt, check) - W0 for ck in p.experts]
+        self._checked.add(key)
+        return W0, taus
 
 
 def _confirm_ties(plan: MergePlan) -> dict[str, str]:
@@ -480,6 +529,45 @@ def _in_memory(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dt
             "buffers_changed": {k: v for k, v in changed.items() if v}}
 
 
+def _merge_record(method: str, plan: MergePlan, hash_inputs: bool) -> tuple[dict, dict, dict]:
+    """``(inputs, hp_record, meta)``: the inputs (with their hashes), the hyperparameters as the
+    method uses them, and the safetensors metadata of a merge."""
+    inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
+    if hash_inputs:
+        per_ck = [ck.sha256() for ck in [plan.base, *plan.experts]]
+        _check_distinct_contents([tuple(sorted(h.values())) for h in per_ck],
+                                 [ck.path for ck in [plan.base, *plan.experts]])
+        inputs["sha256"] = {f: h for d in per_ck for f, h in d.items()}
+        inputs["sha256"].update({f: file_sha256(f) for f in plan.files.values()})
+    hp_record = {k: plan.files.get(k) or jsonable(v, fallback=short_repr)
+                 for k, v in METHODS[method].effective(plan.hparams).items()}
+    meta = {
+        "acetools.version": __version__,
+        "acetools.method": method,
+        "acetools.hparams": json.dumps(hp_record, sort_keys=True),
+        "acetools.layout": plan.layout.name,
+        "acetools.inputs": json.dumps(inputs, sort_keys=True),
+        "acetools.heads": plan.heads.mode,
+    }
+    return inputs, hp_record, meta
+
+
+def _staging_folder(out_dir: Path) -> Path | None:
+    """A new output folder is assembled as a hidden sibling and renamed into place at the end, so a
+    merge that is killed leaves no folder at ``out`` (only the hidden staging folder); an existing
+    (empty, or overwritten) folder gets its files moved in at the end instead (None)."""
+    if out_dir.exists():
+        return None
+    import tempfile
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.acetools-stage-", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(stage, 0o777 & ~umask)  # mkdtemp's 0700 would stay on the renamed folder
+    return stage
+
+
 def merge_files(
     method: str,
     base: str | Path | Checkpoint,
@@ -498,6 +586,7 @@ def merge_files(
     hash_inputs: bool = True,
     heads: str = "auto",
     names: Sequence[str] | None = None,
+    force_layout: bool = False,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out``.
 
@@ -517,12 +606,13 @@ def merge_files(
     ``"drop"`` (the backbone only); ``names``: the experts' head folder names (default: their
     folder names). See :mod:`acetools.files.heads`. Returns a :class:`MergeResult`.
     """
+    dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     if heads not in HEAD_MODES:
         raise InputError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
-    plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names)
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
-    dev = resolve_device(device)
+    plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names,
+                      force_layout=force_layout)
     if dry_run:
         return MergeResult(plan)
     if out is None:
@@ -530,19 +620,10 @@ def merge_files(
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
     check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
     t0 = time.perf_counter()
-    inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
-    if hash_inputs:
-        inputs["sha256"] = {f: h for ck in [plan.base, *plan.experts] for f, h in ck.sha256().items()}
-        inputs["sha256"].update({f: file_sha256(f) for f in plan.files.values()})
-    hp_record = {k: plan.files.get(k) or jsonable(v, fallback=short_repr) for k, v in plan.hparams.items()}
-    meta = {
-        "acetools.version": __version__,
-        "acetools.method": method,
-        "acetools.hparams": json.dumps(hp_record, sort_keys=True),
-        "acetools.layout": plan.layout.name,
-        "acetools.inputs": json.dumps(inputs, sort_keys=True),
-        "acetools.heads": plan.heads.mode,
-    }
+    inputs, hp_record, meta = _merge_record(method, plan, hash_inputs)
+    final_dir, stage = out_dir, _staging_folder(out_dir)
+    if stage is not None:
+        out_dir = stage
     head_writer = HeadWriter(out_dir, plan.heads, inputs.get("sha256")) if plan.heads.mode == "per-task" else None
     try:
         with ShardedWriter(out_dir, shard_size=size, metadata=meta) as writer:
@@ -550,15 +631,19 @@ def merge_files(
             extra = driver(plan, writer, dev, out_dtype, progress)
             head_tasks = head_writer.write() if head_writer else {}
             files = writer.close()
+        if head_writer:
+            head_writer.commit()
+        elif overwrite:
+            remove_stale_heads(out_dir)
+        copied = copy_side_files(plan.base.folder, out_dir)
     except BaseException:
         if head_writer:
             head_writer.abort()
+        if stage is not None:
+            import shutil
+
+            shutil.rmtree(stage, ignore_errors=True)
         raise
-    if head_writer:
-        head_writer.commit()
-    elif overwrite:
-        remove_stale_heads(out_dir)
-    copied = copy_side_files(plan.base.folder, out_dir)
     seconds = time.perf_counter() - t0
     info = {
         "method": method, "hparams": hp_record, "layout": plan.layout.name,
@@ -573,13 +658,16 @@ def merge_files(
 
     with atomic_write(with_info, "w") as fh:
         json.dump(info, fh, indent=2)
-    log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, out_dir, seconds)
-    return MergeResult(plan, out_dir, files, seconds, info)
+    if stage is not None:
+        os.rename(stage, final_dir)  # atomic: the folder appears complete or not at all
+        files = [final_dir / f.name for f in files]
+    log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, final_dir, seconds)
+    return MergeResult(plan, final_dir, files, seconds, info)
 
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "heads", "names")
+               "mode", "overwrite", "heads", "names", "force_layout")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:

@@ -372,6 +372,7 @@ def merge(
     """
     info = _get_method(method)
     resolved = info.resolve(hparams)
+    dev = resolve_device(device)  # up front: a meta or missing device is refused before any work
     if is_matrix is not None and not callable(is_matrix):
         raise InputTypeError("is_matrix must be a callable (key, tensor) -> bool")
     validate_state_dicts(base, experts)
@@ -379,7 +380,8 @@ def merge(
     if resolved.get("in_out_keys"):  # ACE's deprecated alias for a layout
         lay = in_out_keys_layout(resolved["in_out_keys"], lay, base, is_mat)
         resolved = {**resolved, "in_out_keys": ()}
-    dev = resolve_device(device)
+    if info.name == "esm" and layout is not None:  # ESM's layer names from the layout preset (docs/methods.md §ESM)
+        resolved = info.resolve(esm.with_layout_names(hparams, lay.name))
     buffers = set(carried_buffers(base, experts))
     tied = confirmed_ties(lay.tied, base, experts)
     keys = [k for k in base if k not in buffers and k not in tied]

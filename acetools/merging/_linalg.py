@@ -13,11 +13,17 @@ module holds the cheaper *exact* routes the merge methods take where the numeric
 * :func:`solve_spd_rank_one`: ``B (M + 1 cᵀ)^-1`` for symmetric positive-definite ``M`` by a
   Cholesky factorisation and the Sherman–Morrison formula (one factorisation, half the flops of
   LU); it reports failure so the caller can take the LU route.
+
+Every solve and factorisation decides singularity from a measured quantity, never from whether
+LAPACK raises (docs/methods.md §Numerics): :func:`rcond_estimate` (LU) and :func:`cholesky_rcond`
+(pivot ratio, then the same 1-norm estimate) against ``RCOND_MIN``; below it :func:`solve_right`
+takes :func:`pinv_right` with a warning naming the layer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from typing import Any
 
@@ -29,7 +35,8 @@ from ..errors import InputError, InputTypeError
 __all__ = [
     "thin_svd", "polar", "solve_right", "top_svd", "check_square", "check_psd",
     "GRAM_MAX_RATIO", "sym_eig", "gram_top_svd", "gram_polar", "gram_polar_times",
-    "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_", "spread_ok", "gram_spectrum",
+    "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_", "spread_ok", "gram_spectrum", "RCOND_MIN",
+    "rcond_estimate", "cholesky_rcond", "pinv_right", "polar_rank",
 ]
 
 #: Largest sigma_1 / sigma_j a float64 Gram route accepts for the singular values it uses.
@@ -70,23 +77,138 @@ def top_svd(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     return U[..., :, :k], S[..., :k], Vh[..., :k, :]
 
 
+#: Smallest reciprocal condition number (1-norm, :func:`rcond_estimate`) at which a solve,
+#: inverse or Cholesky factorisation of the engine is trusted. A float64 solve has a relative
+#: error of about cond · 1.1e-16, so at the limit 1e10 that is 1e-6, the size of the float32
+#: rounding of the merged weights: below it the answer no longer depends on the CPU's kernels
+#: (MKL's LU on an exactly singular matrix may find a pivot of 1e-16 instead of 0 and return a
+#: finite but arbitrary solution). Below it the engine takes the pseudo-inverse with singular
+#: values under ``RCOND_MIN · sigma_1`` dropped (docs/methods.md §Numerics).
+RCOND_MIN = 1e-10
+
+
+def _inv_norm1_estimate(solve: Any, solve_t: Any, n: int, like: Tensor) -> float:
+    """Lower bound on ``||A^-1||_1`` from a few solves (Hager 1984; Higham 1988, Alg. 4.1, as
+    LAPACK's ``xLACON``): ``solve(x) = A^-1 x`` and ``solve_t(x) = A^-T x`` for ``n x 1``
+    columns. At most 5 iterations plus Higham's alternative vector; O(n²) per solve, so
+    cheap next to the factorisation. Deterministic (no random start)."""
+    x = like.new_full((n, 1), 1.0 / n)
+    est = 0.0
+    j_old = -1
+    for it in range(5):
+        y = solve(x)
+        if not bool(torch.isfinite(y).all()):
+            return math.inf
+        new = float(y.abs().sum())
+        if it > 0 and new <= est:
+            break
+        est = new
+        xi = torch.where(y >= 0, 1.0, -1.0).to(like.dtype)
+        z = solve_t(xi)
+        if not bool(torch.isfinite(z).all()):
+            return math.inf
+        j = int(z.abs().argmax())
+        if it > 0 and (j == j_old or float(z.abs().max()) <= float((z * x).sum())):
+            break
+        j_old = j
+        x = like.new_zeros((n, 1))
+        x[j] = 1.0
+    i = torch.arange(n, dtype=like.dtype, device=like.device)
+    b = ((-1.0) ** i * (1.0 + i / max(n - 1, 1))).reshape(n, 1)
+    yb = solve(b)
+    if not bool(torch.isfinite(yb).all()):
+        return math.inf
+    return max(est, 2.0 * float(yb.abs().sum()) / (3.0 * n))
+
+
+def rcond_estimate(A: Tensor, factor: tuple[Tensor, Tensor] | None = None) -> float:
+    """Estimated reciprocal condition number ``1 / (||A||_1 ||A^-1||_1)`` of a square ``A``
+    from its LU factorisation (``factor = torch.linalg.lu_factor(A)``, computed here if not
+    given), like LAPACK's ``xGECON``. 0 for an exactly singular ``A`` (a zero pivot) or a
+    non-finite one; never above the true value by more than the estimator's usual factor
+    (within 3 in practice, and never below it)."""
+    n = A.shape[-1]
+    if n == 0:
+        return 1.0
+    if not bool(torch.isfinite(A).all()):
+        return 0.0
+    norm1 = float(torch.linalg.matrix_norm(A, ord=1))
+    if norm1 == 0.0:
+        return 0.0
+    if factor is None:
+        LU, piv, info = torch.linalg.lu_factor_ex(A)
+        if int(info) != 0:
+            return 0.0
+    else:
+        LU, piv = factor
+    if not bool(LU.diagonal().ne(0).all()):
+        return 0.0
+    inv = _inv_norm1_estimate(lambda x: torch.linalg.lu_solve(LU, piv, x),
+                              lambda x: torch.linalg.lu_solve(LU, piv, x, adjoint=True), n, A)
+    return 0.0 if inv == math.inf or inv == 0.0 else 1.0 / (norm1 * inv)
+
+
+def cholesky_rcond(L: Tensor, norm1: float) -> float:
+    """Estimated reciprocal condition number of a symmetric positive-definite ``A`` from its
+    Cholesky factor ``L`` and ``norm1 = ||A||_1`` (like LAPACK's ``xPOCON``). First the pivot
+    ratio ``(min L_ii / max L_ii)²``: every pivot L_ii² lies in [lambda_min, lambda_max], so a
+    ratio below ``RCOND_MIN`` proves cond > 1 / RCOND_MIN without a solve; otherwise the 1-norm
+    estimate through two triangular solves per step."""
+    n = L.shape[-1]
+    if n == 0:
+        return 1.0
+    d = L.diagonal().abs()
+    dmax = float(d.max())
+    if not math.isfinite(dmax) or dmax == 0.0 or not norm1 > 0:
+        return 0.0
+    pivot_ratio = (float(d.min()) / dmax) ** 2
+    if pivot_ratio < RCOND_MIN:
+        return pivot_ratio
+
+    def solve(x: Tensor) -> Tensor:
+        return torch.cholesky_solve(x, L)
+
+    inv = _inv_norm1_estimate(solve, solve, n, L)
+    return 0.0 if inv == math.inf or inv == 0.0 else 1.0 / (norm1 * inv)
+
+
+def _warn_singular(name: str, what: str, rcond: float, stacklevel: int) -> None:
+    warnings.warn(
+        f"matrix for layer {name!r} is singular or ill-conditioned (estimated rcond {rcond:.2g} < "
+        f"{RCOND_MIN:g}); {what}",
+        RuntimeWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+def pinv_right(B: Tensor, A: Tensor) -> Tensor:
+    """``B @ pinv(A)`` with singular values below ``RCOND_MIN · sigma_1`` dropped: the fallback
+    of :func:`solve_right` (the minimum-norm least-squares solution of ``X A = B``)."""
+    return B @ torch.linalg.pinv(A, rtol=RCOND_MIN)
+
+
 def solve_right(B: Tensor, A: Tensor, *, name: str = "") -> Tensor:
     """``B @ inv(A)`` computed as a solve; falls back to the pseudo-inverse with a warning.
 
-    The warning names the layer (``name``) so a user can see which matrix was singular.
+    Singularity is decided from a measured quantity, not from whether LAPACK raises: the LU
+    factorisation's estimated reciprocal condition number (:func:`rcond_estimate`) must be at
+    least ``RCOND_MIN`` and the solution finite. Otherwise the result is :func:`pinv_right`
+    (``B @ pinv(A)``, singular values below ``RCOND_MIN · sigma_1`` dropped) and a
+    ``RuntimeWarning`` names the layer (``name``) so a user can see which matrix was singular.
     """
-    try:
-        X = torch.linalg.solve(A.transpose(-1, -2), B.transpose(-1, -2)).transpose(-1, -2)
-        if torch.isfinite(X).all():
-            return X
-    except RuntimeError:  # torch raises torch.linalg.LinAlgError (a RuntimeError) when singular
-        pass
-    warnings.warn(
-        f"matrix for layer {name!r} is singular or ill-conditioned; using the pseudo-inverse",
-        RuntimeWarning,
-        stacklevel=2,
-    )
-    return B @ torch.linalg.pinv(A)
+    rcond = 0.0
+    if A.shape[-1] > 0 and bool(torch.isfinite(A).all()):
+        LU, piv, info = torch.linalg.lu_factor_ex(A)
+        if int(info) == 0:
+            rcond = rcond_estimate(A, (LU, piv))
+            if rcond >= RCOND_MIN:
+                X = torch.linalg.lu_solve(LU, piv, B, left=False)
+                if bool(torch.isfinite(X).all()):
+                    return X
+    elif A.shape[-1] == 0:
+        return B.new_zeros(B.shape)
+    _warn_singular(name, "using the pseudo-inverse", rcond, stacklevel=2)
+    return pinv_right(B, A)
 
 
 def check_psd(S: Tensor, where: str, rtol: float | None = None) -> None:
@@ -297,25 +419,41 @@ def solve_spd_rank_one(B: Tensor, M: Tensor, c: Tensor | None = None, *, overwri
     ``z = M^-1 c``: ``B (M + 1 cᵀ)^-1 = Y - (Y 1) zᵀ / (1 + zᵀ 1)``. Only the lower triangle of
     ``M`` is read, so ``M`` must be symmetric. ``c = None`` solves ``B M^-1``. With
     ``overwrite`` the factor replaces ``M`` in place (no second d×d buffer). Returns ``None``
-    when ``M`` is not numerically positive definite or the result is not finite, so the caller
-    can fall back to :func:`solve_right`.
+    when the system is not well conditioned, so the caller can fall back to
+    :func:`solve_right` (which measures again on the LU route and warns): the Cholesky fails,
+    ``M``'s estimated reciprocal condition number (:func:`cholesky_rcond`: pivot ratio, then a
+    1-norm estimate) is below ``RCOND_MIN``, the rank-one update's denominator is too small
+    (``|1 + zᵀ 1| < RCOND_MIN (1 + ||z||_1)``), or the result is not finite.
     """
+    norm1 = float(torch.linalg.matrix_norm(M, ord=1))  # M's lower triangle is all a Cholesky reads: M symmetric
     if overwrite:
         L, info = torch.linalg.cholesky_ex(M, out=(M, torch.empty((), dtype=torch.int32, device=M.device)))
     else:
         L, info = torch.linalg.cholesky_ex(M)
     if int(info) != 0:
         return None
+    if cholesky_rcond(L, norm1) < RCOND_MIN:
+        return None
     Y = torch.cholesky_solve(B.mT, L).mT
     if c is not None:
         z = torch.cholesky_solve(c.reshape(-1, 1).to(L.dtype), L).reshape(-1)
         denom = 1.0 + z.sum()
-        if not bool(torch.isfinite(denom)) or float(denom) == 0.0:
+        if not bool(torch.isfinite(denom)) or abs(float(denom)) < RCOND_MIN * (1.0 + float(z.abs().sum())):
             return None
         Y = Y - torch.outer(Y.sum(dim=1) / denom, z)
     if not bool(torch.isfinite(Y).all()):
         return None
     return Y
+
+
+def polar_rank(S: Tensor, dims: tuple[int, int], dtype: torch.dtype) -> int:
+    """How many singular values ``S`` (descending) of an ``m x n`` matrix of ``dtype`` are
+    above rounding: ``S_j > max(m, n) · eps(dtype) · S_0`` (the rule of ``torch.linalg.matrix_rank``).
+    Past it the singular vectors, and so an SVD's polar factor, depend on the CPU's kernels."""
+    if S.numel() == 0 or not bool(S[0] > 0):
+        return 0
+    tol = max(dims) * torch.finfo(dtype).eps * float(S[0])
+    return int((S > tol).sum())
 
 
 _SYRK_BLOCK = 384  # column-block width of :func:`syrk_lower_`: wide enough for full-speed GEMMs

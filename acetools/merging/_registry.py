@@ -199,6 +199,27 @@ class MethodInfo:
         return out
 
 
+    def effective(self, resolved: Mapping[str, Any]) -> dict[str, Any]:
+        """``resolved`` (from :meth:`resolve`) with every "use the preset" ``None`` replaced by the value
+        the method will use (e.g. ACE's ``gate=None`` -> ``"auto"`` for the "ace" estimator): what a
+        printed or recorded hyperparameter line shows."""
+        hook = _EFFECTIVE.get(self.name)
+        return dict(resolved) if hook is None else hook(dict(resolved))
+
+
+_EFFECTIVE: dict[str, Callable[[dict], dict]] = {}
+
+
+def effective_hparams(name: str):
+    """Decorator registering ``fn(resolved) -> resolved`` as :meth:`MethodInfo.effective` of ``name``."""
+
+    def deco(fn):
+        _EFFECTIVE[name] = fn
+        return fn
+
+    return deco
+
+
 _REGISTRY: dict[str, MethodInfo] = {}
 METHODS: Mapping[str, MethodInfo] = MappingProxyType(_REGISTRY)
 

@@ -71,11 +71,13 @@ from ._linalg import (
     syrk_lower_,
     thin_svd,
 )
-from ._registry import METHODS, Param, register, registered_defaults
+from ._registry import METHODS, Param, effective_hparams, register, registered_defaults
 from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
     "ESTIMATORS",
+    "EPS_MODES",
+    "GAMMA_MODES",
     "estimator_preset",
     "center_rows",
     "task_energies",
@@ -189,7 +191,7 @@ def task_energies(delta_W: Sequence[Tensor]) -> Tensor:
     return torch.stack(out)
 
 
-def heterogeneity(delta_W: Sequence[Tensor]) -> float:
+def heterogeneity(delta_W: Sequence[Tensor], mode: str = "paper") -> float:
     """The heterogeneity statistic gamma of one layer (eq. 7 of ACE-Merging; docs/methods.md §ACE,
     Eqs. (ACE.5)-(ACE.6)).
 
@@ -198,17 +200,30 @@ def heterogeneity(delta_W: Sequence[Tensor]) -> float:
     gamma = 0 (the code's variance is NaN there, so its flag is false too).
 
     Note that gamma is not scale-invariant: multiplying every ΔW_t by c shifts every l_t by
-    2 log c, which changes the denominator.
+    2 log c, which changes the denominator. ``mode="cv"`` is a scale-invariant variant that is
+    not the paper's (ACE's ``gamma_mode`` option): the squared coefficient of variation of the
+    energies, Var_t(e_t) / Mean_t(e_t)² (:func:`_gamma`).
     """
     if len(delta_W) == 0:
         raise InputError("heterogeneity needs at least one task vector")
-    return _gamma(task_energies(delta_W))
+    if mode not in GAMMA_MODES:
+        raise InputError(f"mode={mode!r} must be one of {GAMMA_MODES}")
+    return _gamma(task_energies(delta_W), mode)
 
 
-def _gamma(energies: Tensor) -> float:
-    """gamma of eq. 7 from the energies e_t (:func:`heterogeneity`), so ACE computes them once."""
+def _gamma(energies: Tensor, mode: str = "paper") -> float:
+    """gamma of eq. 7 from the energies e_t (:func:`heterogeneity`), so ACE computes them once.
+
+    ``mode="cv"``: the scale-invariant variant (not the paper's), the squared coefficient of
+    variation of the energies, Var_t(e_t) / Mean_t(e_t)² (unbiased variance): multiplying every
+    ΔW_t by c leaves it unchanged; for log-normal energies with a small spread s of log e_t it
+    is about s², the numerator of the paper's gamma."""
     if energies.numel() == 1:
         return 0.0
+    if mode == "cv":
+        e = energies.double()
+        m = float(e.mean())
+        return 0.0 if m <= 0 else float(e.var(unbiased=True)) / m**2  # all-zero updates: no heterogeneity
     ell = torch.log(energies + _LOG_FLOOR)
     return float(ell.var(unbiased=True) / (ell.mean() ** 2 + _LOG_FLOOR))
 
@@ -292,7 +307,7 @@ def _eye_like(S: Tensor) -> Tensor:
 
 
 def normalize_covariances(
-    Sigma_hat: Sequence[Tensor], *, eps: float = 1e-2, normalize: bool = False
+    Sigma_hat: Sequence[Tensor], *, eps: float = 1e-2, normalize: bool = False, eps_mode: str = "absolute"
 ) -> NormalizedCovariances:
     """Adaptive trace normalisation and Tikhonov regularisation.
 
@@ -302,22 +317,34 @@ def normalize_covariances(
     heterogeneous and ``trace_norm`` is on): Σ̃_t = Sigma_hat_t / tr_t and
     Sigma_reg,t = Σ̃_t + (eps / tr_t) I. Otherwise Σ̃_t = Sigma_hat_t and
     Sigma_reg,t = Sigma_hat_t + eps I (eps absolute, so it interacts with the layer's scale).
+
+    ``eps_mode="relative"`` (an option that is not the paper's): the ridge is eps times the
+    mean eigenvalue of Σ̃_t, eps·tr(Σ̃_t)/d_in — eps·tr_t/d_in on unnormalised layers and
+    eps/d_in on normalised ones — so it has the units of the covariance and one eps means the
+    same in every layer and every model.
     """
     if len(Sigma_hat) == 0:
         raise InputError("normalize_covariances needs at least one covariance")
     if eps < 0 or not math.isfinite(eps):
         raise InputError(f"eps={eps!r} must be a finite number >= 0")
+    if eps_mode not in EPS_MODES:
+        raise InputError(f"eps_mode={eps_mode!r} must be one of {EPS_MODES}")
     S64 = [S.double() for S in Sigma_hat]
     traces = torch.stack([torch.diagonal(S).sum() for S in S64]) + _TRACE_FLOOR
+    d_in = S64[0].shape[-1]
     Sigma_tilde = [S / tr for S, tr in zip(S64, traces)] if normalize else S64
-    ridge = torch.tensor([ridge_of(float(tr), eps=eps, normalize=normalize) for tr in traces],
-                         dtype=torch.float64, device=S64[0].device)
+    ridge = torch.tensor([ridge_of(float(tr), eps=eps, normalize=normalize, eps_mode=eps_mode, d_in=d_in)
+                          for tr in traces], dtype=torch.float64, device=S64[0].device)
     return NormalizedCovariances(Sigma_tilde, ridge, traces, bool(normalize))
 
 
-def ridge_of(trace: float, *, eps: float, normalize: bool) -> float:
+def ridge_of(trace: float, *, eps: float, normalize: bool, eps_mode: str = "absolute", d_in: int = 1) -> float:
     """The ridge r_t of Sigma_reg,t = Σ̃_t + r_t I (eqs 9-10): eps / tr_t on a normalised
-    layer, eps otherwise; ``trace`` is tr_t = Tr(Sigma_hat_t) + 1e-12."""
+    layer, eps otherwise; ``trace`` is tr_t = Tr(Sigma_hat_t) + 1e-12. ``eps_mode="relative"``
+    (not the paper's): eps times the mean eigenvalue of Σ̃_t, eps·tr(Σ̃_t)/d_in, i.e. eps / d_in
+    on a normalised layer and eps·tr_t / d_in otherwise."""
+    if eps_mode == "relative":
+        return eps * (1.0 if normalize else trace) / d_in
     return eps / trace if normalize else eps
 
 
@@ -356,8 +383,9 @@ def closed_form(
     and eq. 14 use W̃_t, so every column of the result sums to zero) or the raw ΔW_t.
     ``Sigma_reg`` is a :class:`NormalizedCovariances` or a list of Sigma_reg,t matrices.
     Solved in float64 with :func:`acetools.merging._linalg.solve_right`; if the system is
-    singular it falls back to the pseudo-inverse with a ``RuntimeWarning`` naming ``name``
-    (with eps > 0 this cannot happen, docs/methods.md §ACE). Returns float64.
+    singular or ill-conditioned (estimated rcond below ``RCOND_MIN``, docs/methods.md §Numerics) it
+    falls back to the pseudo-inverse with a ``RuntimeWarning`` naming ``name`` (with eps > 0 the
+    system is positive definite, docs/methods.md §ACE). Returns float64.
     """
     T = len(numerators)
     if T == 0:
@@ -516,6 +544,11 @@ def _ace_param(name: str, value: Any) -> None:
 
 
 PRECISIONS = ("float64", "float32")
+#: ``eps_mode``: "absolute" (the paper's eps I, eps/tr_t I on normalised layers) or "relative"
+#: (not the paper's: eps times the mean eigenvalue of each task's covariance, eps·tr(Σ̃_t)/d_in).
+EPS_MODES = ("absolute", "relative")
+#: ``gamma_mode``: "paper" (eq. 7) or "cv" (scale-invariant, not the paper's; :func:`_gamma`).
+GAMMA_MODES = ("paper", "cv")
 
 
 class _Moments(NamedTuple):
@@ -617,6 +650,7 @@ def _stream_moments(
     wudi_p: float,
     dtype: torch.dtype,
     for_refine: bool,
+    eps_mode: str = "absolute",
 ) -> _Moments:
     """One pass over the task vectors, holding O(1) matrices in T (docs/methods.md §ACE).
 
@@ -657,7 +691,7 @@ def _stream_moments(
         else:  # "given"
             tr = float(torch.diagonal(Sigma[t].double()).sum()) + _TRACE_FLOOR
             acc.add_dense(Sigma[t].to(d.device, dtype), N, mu, 1.0 / tr if normalize else 1.0)
-        r = ridge_of(tr, eps=eps, normalize=normalize)
+        r = ridge_of(tr, eps=eps, normalize=normalize, eps_mode=eps_mode, d_in=d_in)
         acc.R_num.add_(N, alpha=r)
         acc.traces[t], acc.ridge[t] = tr, r
         del d, N
@@ -703,6 +737,8 @@ def ace_matrix(
     precision: str,
     name: str = "",
     spectra: bool = False,
+    eps_mode: str,
+    gamma_mode: str,
 ) -> tuple[Tensor, ACEDiagnostics]:
     """ACE-Merging for one matrix: the composition of the stages (docs/methods.md §ACE).
 
@@ -741,19 +777,25 @@ def ace_matrix(
     The hyperparameters default to ``METHODS["ace"]``'s (written once, in the registration;
     tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's, the paper's ViT eps is
     reported as 1e-5).
+
+    Two options that are not the paper's: ``eps_mode="relative"`` makes the ridge eps times
+    each task's mean covariance eigenvalue (:func:`normalize_covariances`, :func:`ridge_of`), and
+    ``gamma_mode="cv"`` gates on the scale-invariant squared coefficient of variation of the
+    energies instead of eq. 7 (:func:`heterogeneity`).
     """
     _check_ace_params(tau=tau, eps=eps, k_frac=k_frac, wudi_p=wudi_p, trace_norm=trace_norm, refine=refine,
-                      estimator=estimator, precision=precision)
+                      estimator=estimator, precision=precision, eps_mode=eps_mode, gamma_mode=gamma_mode)
     sw = estimator_preset(estimator, gate=gate, prior=prior, numerator=numerator)
     dWs = _as_matrices(delta_W, name)
     energies = task_energies(dWs)  # stage 1: energies, gamma, the gate
-    gamma = _gamma(energies)
+    gamma = _gamma(energies, gamma_mode)
     flag = gate_flag(gamma, tau, sw.gate)
     Sigma = _given_covariances(Sigma, estimator, dWs, name)
     normalize, want_refine = bool(flag and trace_norm), bool(flag and refine)
     # stages 2-3 (Sigma_hat_t, normalisation, ridge) streamed task by task into sums
     stream = functools.partial(_stream_moments, dWs, estimator, normalize=normalize,
-                               centered=sw.numerator == "centered", eps=eps, Sigma=Sigma, wudi_p=wudi_p)
+                               centered=sw.numerator == "centered", eps=eps, Sigma=Sigma, wudi_p=wudi_p,
+                               eps_mode=eps_mode)
     mom = stream(dtype=torch.float64 if precision == "float64" else torch.float32, for_refine=want_refine)
     # stage 4: C_agg = 1 cᵀ, divided by the mean energy on flagged layers
     c = prior_vector(mom.S, energy=float(energies.mean()) if flag else None) if sw.prior else None
@@ -888,6 +930,14 @@ def _check_given(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[
 # --------------------------------------------------------------------------- state dicts
 
 
+@effective_hparams("ace")
+def _effective(hp: dict) -> dict:
+    """ACE's ``gate`` / ``prior`` / ``numerator`` as :func:`estimator_preset` resolves them."""
+    sw = estimator_preset(hp.get("estimator", "ace"), gate=hp.get("gate"), prior=hp.get("prior"),
+                          numerator=hp.get("numerator"))
+    return {**hp, "gate": sw.gate, "prior": sw.prior, "numerator": sw.numerator}
+
+
 def _check_covariances_param(value: Any) -> str | None:
     if value is None:
         return None
@@ -932,6 +982,11 @@ def _check_in_out_keys(value: Any) -> str | None:
     wudi_p=Param(2.0, "norm power p of the 'wudi' estimator Sigma_t = tau_tᵀ tau_t / ||tau_t||_F^p", low=0.0),
     in_out_keys=Param((), "deprecated alias for a layout: matrices stored in x out (x @ W), transposed around ACE; "
                       "() = as stored, like the official code (docs/methods.md §ACE)", check=_check_in_out_keys),
+    eps_mode=Param("absolute", "the ridge: 'absolute' eps (the paper's) or 'relative' eps·tr(Sigma_tilde_t)/d_in, "
+                   "eps times each task's mean covariance eigenvalue (not the paper's; docs/methods.md §ACE)",
+                   choices=EPS_MODES),
+    gamma_mode=Param("paper", "the gate's heterogeneity: 'paper' (eq. 7) or 'cv', the scale-invariant "
+                     "Var_t(e_t)/Mean_t(e_t)^2 (not the paper's; docs/methods.md §ACE)", choices=GAMMA_MODES),
 )
 def ace(base, task_vectors, *, is_matrix, **hparams):
     """ACE-Merging on a state dict (docs/methods.md §ACE): ``merge("ace", base, experts, ...)``.

@@ -36,12 +36,14 @@ from torch import Tensor
 
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import progress
-from ._linalg import gram_polar, gram_polar_times, gram_top_svd, thin_svd
+from ._linalg import gram_polar, gram_polar_times, gram_top_svd, polar_rank, thin_svd
 from ._registry import ESM_BRACKET, Param, Search, register
 from .averaging import mean_update
 from .svd import tsv_merge_matrix
 
 __all__ = [
+    "LAYOUT_NAMES",
+    "with_layout_names",
     "DEFAULT_TARGETS",
     "CLIP_LAYER_TYPES",
     "Subspace",
@@ -72,12 +74,67 @@ CLIP_LAYER_TYPES: tuple[str, ...] = (
 )
 
 _DECOMPOSITIONS = ("esd", "svd")
+
+
+def _each(*names: str) -> tuple[str, ...]:
+    return tuple(n + "$" for n in names)
+
+
+#: Per layout preset: ESM's ESD targets (the attention input projections and both MLP
+#: matrices, as ``attn.in_proj_weight``, ``mlp.c_fc``, ``mlp.c_proj`` in open_clip) and the
+#: Step-C layer types (every block matrix kind), as regular expressions searched in the key.
+LAYOUT_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "open_clip": {
+        "targets": ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
+        "layer_types": ("attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
+    },
+    "hf_clip": {
+        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
+        "layer_types": _each(r"self_attn\.q_proj\.weight", r"self_attn\.k_proj\.weight", r"self_attn\.v_proj\.weight",
+                             r"self_attn\.out_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
+    },
+    "gpt2": {
+        "targets": _each(r"attn\.c_attn\.weight", r"mlp\.c_fc\.weight", r"mlp\.c_proj\.weight"),
+        "layer_types": _each(r"attn\.c_attn\.weight", r"attn\.c_proj\.weight", r"mlp\.c_fc\.weight",
+                             r"mlp\.c_proj\.weight"),
+    },
+    "bert": {
+        "targets": _each(r"attention\.self\.(query|key|value)\.weight", r"intermediate\.dense\.weight",
+                         r"layer\.\d+\.output\.dense\.weight"),
+        "layer_types": _each(r"attention\.self\.query\.weight", r"attention\.self\.key\.weight",
+                             r"attention\.self\.value\.weight", r"attention\.output\.dense\.weight",
+                             r"intermediate\.dense\.weight", r"layer\.\d+\.output\.dense\.weight"),
+    },
+    "llama": {
+        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.(gate|up)_proj\.weight", r"mlp\.down_proj\.weight"),
+        "layer_types": _each(*(rf"self_attn\.{p}_proj\.weight" for p in "qkvo"),
+                             *(rf"mlp\.{p}_proj\.weight" for p in ("gate", "up", "down"))),
+    },
+}
+
+
+def with_layout_names(hparams: Mapping[str, Any], layout_name: str | None) -> dict[str, Any]:
+    """``hparams`` with ``targets`` / ``layer_types`` from :data:`LAYOUT_NAMES` for the layout preset
+    ``layout_name`` where the caller gave none (the open_clip names are the registered defaults;
+    a layout without names, e.g. ``generic``, keeps them, so ESM says which names are missing)."""
+    out = dict(hparams)
+    names = LAYOUT_NAMES.get(layout_name or "")
+    if names is not None:
+        for k in ("targets", "layer_types"):
+            out.setdefault(k, names[k])
+    return out
+
 _GRAM_WHITEN = True  # float32 whitening through the float64 Gram (see :func:`whiten`; off: the float32 SVD)
 #: Largest sigma_1 / sigma_min for which :func:`whiten` takes the float64 Gram route. The Gram's
 #: error grows like eps64 kappa², the float32 SVD's like eps32 kappa (or better); measured on ESM's
 #: P_cat and A_cat (kappa 4e3 to 4e6) the Gram route was 24-60000x more accurate than the float32
 #: SVD against a float64 SVD (docs/performance.md, ESM section), so the limit sits where eps64 kappa² ≈ 1e-4.
 WHITEN_GRAM_MAX_RATIO = 1e6
+#: A singular value of the activation shift dO = X ΔWᵀ at or below ``SHIFT_RANK_RTOL · sigma_1``
+#: counts as zero (Step A's rank): float32 rounding of the shift leaves about 6e-8 · sqrt(d_in)
+#: (3e-6 at d_in = 3072) in place of an exact zero, e.g. along the mean direction a LayerNorm output
+#: lacks, so a lower limit would make the rank, and with it the merge, depend on the dtype.
+SHIFT_RANK_RTOL = 1e-5
 
 
 class Subspace(NamedTuple):
@@ -187,8 +244,9 @@ def _top_factors(X: Tensor | None, delta_W: Tensor, k: int, decomposition: str) 
       m = min(d_out, d_in).
 
     Returns ``(P_k, lam_k, n_t)`` in ``delta_W``'s dtype, or ``None`` where the shortcut does
-    not apply (k past the rank bound, X without full column rank while P is completed, or an
-    exactly rank-deficient top k), so the caller takes :func:`essential_subspace`.
+    not apply (k past the rank bound, X without full column rank while P is completed, or a
+    zero shift), so the caller takes :func:`essential_subspace`. Where the shift's rank
+    (:func:`shift_rank`) is below k, ``P_k`` has only that many columns.
     """
     d_out, d_in = delta_W.shape
     gram = delta_W.dtype != torch.float64
@@ -220,11 +278,21 @@ def _top_factors(X: Tensor | None, delta_W: Tensor, k: int, decomposition: str) 
     else:
         _, S, Vh = thin_svd(C.to(delta_W.dtype) if gram else C)
         S, Vh_k = S[:k].double(), Vh[:k, :].double()
-        if not bool(S[-1] > 0):
+        if not bool(S[0] > 0):
             return None
+    r = shift_rank(S)
+    S, Vh_k = S[:r], Vh_k[:r]
     norm2 = W64.square().sum() + (W64[m:].square().sum() if m < d_out else 0.0)
     dt = delta_W.dtype
     return Vh_k.mT.to(dt), (S.square() / scale).to(dt), norm2.sqrt().to(dt)
+
+
+def shift_rank(S: Tensor) -> int:
+    """Rank of the activation shift from its singular values ``S`` (descending): how many exceed
+    ``SHIFT_RANK_RTOL · S[0]`` (docs/methods.md §ESM, Step A)."""
+    if S.numel() == 0 or not bool(S[0] > 0):
+        return 0
+    return int((S > SHIFT_RANK_RTOL * S[0]).sum())
 
 
 # --------------------------------------------------------------------------- Step B
@@ -314,11 +382,17 @@ def polarize_dimensions(A_cat: Tensor, power: float = 2.0) -> Tensor:
     return A_cat * polar_scales(torch.linalg.norm(A_cat, dim=0), power)[None, :]
 
 
-def whiten(M: Tensor) -> Tensor:
+def whiten(M: Tensor, *, name: str = "") -> Tensor:
     """Whitening, docs/methods.md §ESM, Eq. (ESM.8): polar(M) times the mean singular value of M.
 
     The result has orthonormal columns (or rows) up to that scale c: for a tall full-rank
     M, whiten(M)^T whiten(M) = c^2 I.
+
+    A rank-deficient M has no unique polar factor: the SVD's singular vectors past its rank
+    (singular values at rounding level, :func:`acetools.merging._linalg.polar_rank`) are an
+    arbitrary basis that depends on the CPU's LAPACK. There the polar factor of the rank-r part,
+    U_r V_rᵀ (the unique partial isometry), is used and a ``RuntimeWarning`` names the layer
+    (``name``); c stays the mean of all singular values.
 
     For float32 inputs the polar factor comes from the float64 Gram of the smaller side
     (:func:`acetools.merging._linalg.gram_polar`) where sigma_1 / sigma_min <=
@@ -331,7 +405,7 @@ def whiten(M: Tensor) -> Tensor:
         W = _whiten_gram(M)
         if W is not None:
             return W.to(M.dtype)
-    return _whiten_svd(M)
+    return _whiten_svd(M, name)
 
 
 def _whiten_gram(M: Tensor) -> Tensor | None:
@@ -341,15 +415,39 @@ def _whiten_gram(M: Tensor) -> Tensor | None:
     return None if out is None else out[0] * out[1].mean()
 
 
-def _whiten_svd(M: Tensor) -> Tensor:
-    """:func:`whiten` through the thin SVD of ``M`` in its own dtype."""
-    U, S, Vh = thin_svd(M)
+def _whiten_svd(M: Tensor, name: str = "") -> Tensor:
+    """:func:`whiten` through the thin SVD of ``M`` in its own dtype (rank-deficient ``M``: the
+    partial isometry of its rank-r part, with a warning naming ``name``)."""
+    if not bool(torch.isfinite(M).all()):
+        raise FloatingPointError(f"esm: layer {name!r}: the matrix to whiten has NaN or Inf entries; the task "
+                                 "vectors or activations overflow (check their scale)")
+    U, S, Vh = _svd_named(M, name)
     if S.numel() == 0 or not bool(S.mean() > 0):
         return torch.zeros_like(M)
+    r = polar_rank(S, tuple(M.shape), M.dtype)
+    if r < S.numel():
+        warnings.warn(
+            f"esm: layer {name!r}: the {tuple(M.shape)} matrix to whiten has rank {r} < {S.numel()} (singular "
+            "values at rounding level); its polar factor is not unique, so the rank-r part's U_r V_r^T is used "
+            "(docs/methods.md §ESM, Step B5)", RuntimeWarning, stacklevel=3)
+        return (U[:, :r] @ Vh[:r]) * S.mean()
     return (U @ Vh) * S.mean()
 
 
-def _whitened_product(P_cat: Tensor, A_cat: Tensor) -> Tensor:
+def _svd_named(M: Tensor, name: str) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`thin_svd` whose LAPACK failure names the layer and the likely cause."""
+    try:
+        return thin_svd(M)
+    except RuntimeError as e:  # torch.linalg.LinAlgError: the SVD did not converge
+        big = float(M.detach().abs().max()) if M.numel() else 0.0
+        raise InputError(
+            f"esm: the SVD for layer {name!r} failed ({type(e).__name__}); the {tuple(M.shape)} matrix has "
+            f"max |entry| {big:.3g}: task vectors or activations this large (or NaN/Inf) overflow "
+            f"{M.dtype} arithmetic. Check the scale of the experts and the capture"
+        ) from e
+
+
+def _whitened_product(P_cat: Tensor, A_cat: Tensor, name: str = "") -> Tensor:
     """``whiten(P_cat) @ whiten(A_cat)`` (docs/methods.md §ESM, Eqs. (ESM.8)-(ESM.9)) on the cheapest exact route.
 
     For float32 inputs: whiten(A_cat) from the float64 Gram of its smaller side, then
@@ -360,13 +458,13 @@ def _whitened_product(P_cat: Tensor, A_cat: Tensor) -> Tensor:
     exceeds ``WHITEN_GRAM_MAX_RATIO``; float64 inputs take the SVDs.
     """
     if P_cat.dtype == torch.float64 or not _GRAM_WHITEN or P_cat.numel() == 0 or A_cat.numel() == 0:
-        return whiten(P_cat) @ whiten(A_cat)
+        return whiten(P_cat, name=name) @ whiten(A_cat, name=name)
     WA = _whiten_gram(A_cat)
     if WA is None:
-        WA = _whiten_svd(A_cat).double()
+        WA = _whiten_svd(A_cat, name).double()
     out_p = gram_polar_times(P_cat, WA, max_ratio=WHITEN_GRAM_MAX_RATIO)
     if out_p is None:
-        return (_whiten_svd(P_cat).double() @ WA).to(P_cat.dtype)
+        return (_whiten_svd(P_cat, name).double() @ WA).to(P_cat.dtype)
     Y, S = out_p
     return (Y * S.mean()).to(P_cat.dtype)
 
@@ -382,6 +480,7 @@ def esm_merge_matrix(
     dim_power: float = 2.0,
     eig_power: float = 0.15,
     const: float = 2.0,
+    name: str = "",
 ) -> Tensor:
     """Merged update of one ESD layer, docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.9) (no beta, no alpha).
 
@@ -389,6 +488,12 @@ def esm_merge_matrix(
     activations (N_t x d_in, captured in each fine-tuned model; unused for
     ``decomposition="svd"``). Returns const * whiten(P_cat) @ whiten(A_cat). Defaults follow
     the official code: exponent 2 for both polarizations, e^0.15, const 2.
+
+    Where the rank budget k exceeds the rank r_t of task t's activation shift
+    (:func:`shift_rank`; e.g. k = 64 on a LayerNorm output of width 64, whose shift has rank
+    63), task t keeps only its top r_t directions and a ``RuntimeWarning`` names the layer
+    (``name``): past the rank the directions are an arbitrary null-space basis, and keeping
+    them made the merge move by a quarter between float32 and float64 (docs/methods.md §ESM, Step A).
     """
     T = len(taus)
     if T == 0:
@@ -401,11 +506,14 @@ def esm_merge_matrix(
     d_out = taus[0].shape[0]
     k = rank_budget(d_out, T)
     P_hats, A_hats, norms = [], [], []
+    short: list[tuple[int, int]] = []  # (task, rank) where the shift's rank is below k
     for t, tau in enumerate(taus):  # one task at a time: only the top-k factors are kept
         X = None if Xs is None else Xs[t]
         fast = _top_factors(X, tau, k, decomposition)
         if fast is not None:  # the same P[:, :k], lam[:k] and n_t on the cheapest exact route
             P_k, lam_k, n_t = fast
+            if P_k.shape[1] < k and bool(tau.any()):
+                short.append((t, P_k.shape[1]))
             e = eigen_weights(lam_k, eig_power)
             P_hats.append(P_k * e)
             A_hats.append((P_k.T @ tau) * e[:, None])
@@ -414,15 +522,45 @@ def esm_merge_matrix(
         sub = essential_subspace(X, tau, decomposition)
         A = task_coordinates(sub.P, tau)
         norms.append(torch.linalg.norm(A))  # n_t on the full A_t (Step B1)
-        P_hat, A_hat = truncate_factors(sub, A, k, eig_power)
+        r = shift_rank(sub.lam[: min(X.reshape(-1, tau.shape[1]).shape[0], *tau.shape) if X is not None else
+                               min(tau.shape)].clamp_min(0).sqrt())
+        if r < k and bool(tau.any()):
+            short.append((t, r))
+        P_hat, A_hat = truncate_factors(sub, A, min(k, r) if bool(tau.any()) else k, eig_power)
         P_hats.append(P_hat)
         A_hats.append(A_hat)
+    if short:
+        warnings.warn(
+            f"esm: layer {name!r}: the rank budget k = {k} exceeds the rank of the activation shift X dW^T for "
+            + ", ".join(f"task {t} (rank {r})" for t, r in short)
+            + "; those tasks keep only their top-rank directions (past the rank the basis is arbitrary and the "
+            "merge would depend on the dtype and the CPU's LAPACK; docs/methods.md §ESM, Step A)",
+            RuntimeWarning, stacklevel=2)
     if task_scaling:
         A_hats = polarize_tasks(A_hats, task_power, norms=torch.stack(norms))
     P_cat, A_cat = concatenate_factors(P_hats, A_hats)
     if dim_scaling:
         A_cat = polarize_dimensions(A_cat, dim_power)
-    return const * _whitened_product(P_cat, A_cat)
+    if not bool(A_cat.any()):  # every task vector of the layer is zero: so is the update (whiten(0) = 0)
+        return taus[0].new_zeros(taus[0].shape)
+    return const * _whitened_product(P_cat, A_cat, name)
+
+
+def _esd_layer(key: str, taus: Sequence[Tensor], Xs: Sequence[Tensor] | None, **kw: Any) -> Tensor:
+    """:func:`esm_merge_matrix` for ``key``; a failing eigensolver or SVD names the key and the likely cause."""
+    try:
+        return esm_merge_matrix(taus, Xs, name=key, **kw)
+    except (RuntimeError, ArithmeticError, ValueError) as e:  # torch's and numpy's LinAlgError among them
+        if str(e).startswith("esm: "):
+            raise
+        big = max(float(t.detach().abs().max()) for t in taus)
+        xbig = max((float(X.detach().abs().max()) for X in Xs), default=0.0) if Xs is not None else 0.0
+        raise InputError(
+            f"esm: the eigensolver/SVD failed on layer {key!r} ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            f"max |task vector| = {big:.3g}, max |activation| = {xbig:.3g}: values this large overflow the "
+            "float32/float64 Gram and shift matrices. Check that the experts and the base are the same model at "
+            "the same scale (a task vector is expert - base) and that the activations are finite and unscaled"
+        ) from e
 
 
 # --------------------------------------------------------------------------- Step C
@@ -706,13 +844,20 @@ def esm(
     :func:`acetools.files.esm_inputs.esm_names` (names per layout) or :func:`acetools.files.esm_inputs.merge_esm`.
     """
     T = len(task_vectors)
+    matrix_keys = [k for k in base if is_matrix(k, base[k])]
+    if not matrix_keys:  # only 0-d / 1-d tensors (or none on the matrix path): ESM is the mean, as every method
+        warnings.warn(
+            "esm: the model has no matrix key (every tensor is 0-d or 1-d, or off the layout's matrix path), so "
+            "there is no layer for ESM's subspaces: every key takes the mean update (1/T) sum_t tau_t, "
+            "as in every other method", RuntimeWarning, stacklevel=3)
+        return {key: alpha * mean_update(task_vectors, key) if alpha_scope == "all" else mean_update(task_vectors, key)
+                for key in base}
     if decomposition == "esd" and activations is None:
         raise InputTypeError(
             "esm: missing hyperparameter 'activations' (needed for decomposition='esd'): pass a mapping "
             "key -> [X_1..X_T] or a callable (t, key) -> X of input activations captured in each "
             "fine-tuned model (acetools.files.activations.capture_inputs), or use decomposition='svd'"
         )
-    matrix_keys = [k for k in base if is_matrix(k, base[k])]
     matrix_set = set(matrix_keys)
     esd_keys = _check_targets(base, matrix_keys, targets, activations if decomposition == "esd" else None,
                               layer_types if layer_scaling else ())
@@ -726,12 +871,10 @@ def esm(
         taus = [tv[key] for tv in task_vectors]
         if key in esd_set:
             Xs = [get_X(t, key) for t in range(T)] if get_X is not None else None
-            out[key] = esm_merge_matrix(
-                taus, Xs, decomposition=decomposition,
-                task_scaling=task_scaling, task_power=task_power,
-                dim_scaling=dim_scaling, dim_power=dim_power,
-                eig_power=eig_power, const=const,
-            )
+            out[key] = _esd_layer(key, taus, Xs, decomposition=decomposition,
+                                  task_scaling=task_scaling, task_power=task_power,
+                                  dim_scaling=dim_scaling, dim_power=dim_power,
+                                  eig_power=eig_power, const=const)
         elif key in matrix_set:
             out[key] = tsv_merge_matrix(taus, key=key)
         else:

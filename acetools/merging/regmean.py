@@ -41,7 +41,8 @@ def regmean_matrix(W: Sequence[Tensor], grams: Sequence[Tensor], alpha: float = 
 
     ``W`` are the T *full* weights (d_out x d_in) and ``grams`` their d_in x d_in input Gram
     matrices. Computed in float64 (returned in float64) as a linear solve; if sum_t G~_t is
-    singular, falls back to the pseudo-inverse with a RuntimeWarning naming ``key``.
+    singular or ill-conditioned (its estimated rcond below ``RCOND_MIN``, docs/methods.md §Numerics),
+    falls back to the pseudo-inverse with a RuntimeWarning naming ``key``.
     This is the transpose of (sum G~_t)^-1 sum G~_t W_t^T, written as a right solve.
     """
     if len(W) != len(grams) or len(W) == 0:

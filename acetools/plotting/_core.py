@@ -31,20 +31,150 @@ def new_axes(nrows: int = 1, ncols: int = 1, *, width: float = 5.0, height: floa
     return fig, axes
 
 
+def _drawn_texts(fig) -> list:
+    """The texts matplotlib draws (what its tight bbox measures): each axes' titles, axis
+    labels, offset texts and the tick labels of the ticks it draws (``Axis._update_ticks``:
+    not the ones outside the view), its texts and annotations, legends, and the figure's own."""
+    out = []
+
+    def legend_texts(leg):
+        return [] if leg is None else [*leg.get_texts(), leg.get_title()]
+
+    for ax in fig.get_axes():
+        if not ax.get_visible():
+            continue
+        out += [ax.title, ax._left_title, ax._right_title, *ax.texts, *legend_texts(ax.get_legend())]
+        for axis in (ax.xaxis, ax.yaxis):
+            if not axis.get_visible():
+                continue
+            out += [axis.label, axis.offsetText]
+            for tick in axis._update_ticks():
+                out += [tick.label1, tick.label2]
+    out += [*fig.texts, *legend_texts(fig.legends[0] if fig.legends else None)]
+    sup = getattr(fig, "_suptitle", None)
+    if sup is not None:
+        out.append(sup)
+    return out
+
+
+def _text_quad(t, renderer) -> np.ndarray:
+    """The drawn rectangle of text ``t`` as 4 corners (px): its box before rotation, turned by its
+    rotation about the centre of its drawn extent (for a rotated label the axis-aligned extent
+    is much larger than the glyphs, and neighbours' extents overlap where their glyphs do not)."""
+    bb = t.get_window_extent(renderer)
+    theta = np.deg2rad(t.get_rotation() % 180.0)
+    if np.isclose(np.sin(2 * theta), 0.0, atol=1e-6):  # 0 or 90 degrees: the extent is the rectangle
+        return np.array([[bb.x0, bb.y0], [bb.x1, bb.y0], [bb.x1, bb.y1], [bb.x0, bb.y1]])
+    c, s_ = abs(np.cos(theta)), abs(np.sin(theta))
+    W, H = bb.width, bb.height  # W = w c + h s, H = w s + h c: solve for the unrotated w, h
+    det = c * c - s_ * s_
+    if abs(det) < 1e-6:  # 45 degrees: w + h is known only; take the font's line height for h
+        h = t.get_fontsize() * renderer.points_to_pixels(1.0) * 1.2
+        w = max(W / max(c, 1e-9) - h, 0.0)
+    else:
+        w, h = (W * c - H * s_) / det, (H * c - W * s_) / det
+        w, h = max(w, 0.0), max(h, 0.0)
+    ctr = np.array([(bb.x0 + bb.x1) / 2, (bb.y0 + bb.y1) / 2])
+    rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    corners = np.array([[-w / 2, -h / 2], [w / 2, -h / 2], [w / 2, h / 2], [-w / 2, h / 2]])
+    return corners @ rot.T + ctr
+
+
+def _quads_overlap(a: np.ndarray, b: np.ndarray, min_px: float) -> bool:
+    """Whether two convex quadrilaterals overlap by more than ``min_px`` along every separating axis."""
+    for q in (a, b):
+        for i in range(4):
+            edge = q[(i + 1) % 4] - q[i]
+            n = np.array([-edge[1], edge[0]])
+            norm = np.hypot(*n)
+            if norm == 0:
+                continue
+            n = n / norm
+            pa, pb = a @ n, b @ n
+            if min(pa.max(), pb.max()) - max(pa.min(), pb.min()) <= min_px:
+                return False
+    return True
+
+
+def text_overlaps(fig, *, min_px: float = 2.0, min_font: float = 0.0) -> list[tuple[str, str]]:
+    """Pairs of drawn texts of ``fig`` whose boxes overlap (matplotlib's own extents, as
+    ``bbox_inches="tight"`` measures them): a colour-bar label over the next panel's title,
+    crowded tick labels, heatmap numbers over each other. Boxes must overlap by more than
+    ``min_px`` pixels both ways; texts smaller than ``min_font`` points are left out."""
+    fig.canvas.draw()  # lay the figure out at its own size and dpi: extents from a stale draw mislead
+    renderer = fig.canvas.get_renderer()
+    boxes = []
+    seen = set()
+    for t in _drawn_texts(fig):
+        if id(t) in seen or not t.get_visible() or not t.get_text().strip() or t.get_alpha() == 0:
+            continue
+        seen.add(id(t))
+        if t.get_fontsize() < min_font:
+            continue
+        try:
+            bb = t.get_window_extent(renderer)
+        except (RuntimeError, ValueError):  # pragma: no cover - a text that cannot be laid out
+            continue
+        if bb.width <= 0 or bb.height <= 0:
+            continue
+        boxes.append((t, _text_quad(t, renderer)))
+    out = []
+    for i in range(len(boxes)):
+        ti, a = boxes[i]
+        for tj, b in boxes[i + 1:]:
+            if _quads_overlap(a, b, min_px):
+                out.append((ti.get_text()[:40], tj.get_text()[:40]))
+    return out
+
+
 def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, close: bool = False) -> Path:
     """Write ``fig`` to ``<folder>/<name>.png`` atomically; return the path.
 
     ``name`` is a file stem (letters, digits, ``_.-``), so figure names stay deterministic.
     The PNG carries no timestamp or software tag, so reruns give identical files when the
-    pixels are the same.
+    pixels are the same; where ``folder`` has a ``figures.json`` (the course's record of the
+    notebook, profile and world that write there) its entries are stored as PNG text
+    ``acetools:<key>``, and the figure's overlapping texts (:func:`text_overlaps`) are listed
+    there under ``text_overlaps`` (and logged) for the report checks.
     """
     if not isinstance(name, str) or not _NAME.match(name) or name.endswith(".png"):
         raise InputError(f"figure name {name!r} must be a file stem of letters, digits and _.- (no extension)")
     path = Path(folder) / f"{name}.png"
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    meta: dict[str, str | None] = {"Software": None}
+    manifest = Path(folder) / "figures.json"  # acetools.course.world.MANIFEST: notebook, profile, world
+    if manifest.is_file():
+        import json
+
+        for k, v in sorted(json.loads(manifest.read_text()).items()):
+            meta[f"acetools:{k}"] = str(v)
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata=meta)
     with atomic_write(path, "wb") as fh:
         fh.write(buf.getvalue())
+    overlaps = text_overlaps(fig)
+    if overlaps:
+        import logging
+
+        logging.getLogger("acetools.plotting").warning("figure %s: %d overlapping text pair(s), e.g. %r", name,
+                                                       len(overlaps), overlaps[0])
+    if manifest.is_file():  # the course's record: the report checks fail on any overlap it lists
+        import json
+
+        from ..utils import atomic_write as _aw
+
+        m = json.loads(manifest.read_text())
+        got = dict(m.get("text_overlaps", {}))
+        if overlaps:
+            got[name] = [list(o) for o in overlaps]
+        else:
+            got.pop(name, None)
+        if got != m.get("text_overlaps", {}):
+            if got:
+                m["text_overlaps"] = got
+            else:
+                m.pop("text_overlaps", None)
+            with _aw(manifest, "w") as fh:
+                json.dump(m, fh, indent=1, sort_keys=True)
     if close:
         import matplotlib.pyplot as plt
 

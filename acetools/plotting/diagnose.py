@@ -92,8 +92,11 @@ def gamma_by_layer(ax, layers, *, tau: float = 0.3, vit: float | None = 0.25, ti
     ax.axhline(tau, color="k", ls=":", lw=1, label=f"ACE's gate τ = {tau}")
     if vit is not None:
         ax.axhline(vit, color="C2", ls="--", lw=1, label=f"CLIP ViTs: γ < {vit}")
-    pos = g[np.isfinite(g) & (g > 0)]
-    if pos.size and pos.max() / max(pos.min(), 1e-300) > 100:
+    # log scale when the points and the lines drawn with them span two decades: γ near 1e-3
+    # under a gate at 0.3 would otherwise sit on the axis
+    span = np.append(g, [tau] + ([vit] if vit is not None else []))
+    pos = span[np.isfinite(span) & (span > 0)]
+    if pos.size and bool(np.all(g[np.isfinite(g)] > 0)) and pos.max() / max(pos.min(), 1e-300) > 100:
         ax.set_yscale("log")
     ax.set_ylabel("heterogeneity γ")
     return finish(ax, title, legend=True)

@@ -7,6 +7,10 @@ import json
 import pytest
 
 from acetools.course import claims
+from acetools.course.verdicts import World
+
+W = World("mini-world", "full", {8: 4.1})
+FIX = World("fixture", "quick", {3: 1.0}, fixture=True)
 
 
 def test_registry_ids_are_unique_and_owned_by_course_notebooks():
@@ -23,35 +27,60 @@ def test_registry_ids_are_unique_and_owned_by_course_notebooks():
 def test_record_writes_merges_and_validates(tmp_path, caplog):
     caplog.set_level("INFO", logger="acetools.course.claims")
     d = tmp_path / "02_ace_step_by_step"
-    claims.record(d, "ace.csp", "prior +0.3 pts", "partly", "within noise", delta=0.3)
-    claims.record(d, "ace.refinement", "refine +1.2 pts", "reproduced", "above noise", delta=1.2)
-    claims.record(d, "ace.csp", "prior +0.1 pts", "not reproduced", "no effect", delta=0.1)  # replaces
+    claims.record(d, "ace.csp", "prior +0.3 pts", "partly", "within noise", world=W, delta=0.3)
+    claims.record(d, "ace.refinement", "refine +1.2 pts", "reproduced", "above noise", world=W, delta=1.2)
+    claims.record(d, "ace.csp", "prior +0.1 pts", "not reproduced", "no effect", world=W, delta=0.1,
+                  measured_effect=0.1)  # replaces
     got = json.loads((d / "claims.json").read_text())
     assert set(got) == {"ace.csp", "ace.refinement"}
     assert got["ace.csp"]["verdict"] == "not reproduced" and got["ace.csp"]["numbers"] == {"delta": 0.1}
     assert got["ace.csp"]["notebook"] == "02_ace_step_by_step"
+    assert got["ace.csp"]["world"]["name"] == "mini-world" and got["ace.csp"]["world"]["profile"] == "full"
+    for f in claims.RECORD_FIELDS:  # every record carries the effect fields, numbers or null
+        assert f in got["ace.refinement"]
+    assert got["ace.csp"]["measured_effect"] == 0.1 and got["ace.csp"]["predicted_effect"] is None
     assert "[reproduced] ace.refinement" in caplog.text
     with pytest.raises(KeyError, match="valid ids"):
-        claims.record(d, "ace.nope", "", "reproduced", "")
+        claims.record(d, "ace.nope", "", "reproduced", "", world=W)
     with pytest.raises(ValueError, match="verdict"):
-        claims.record(d, "ace.csp", "", "kind of", "")
+        claims.record(d, "ace.csp", "", "kind of", "", world=W)
+    with pytest.raises(TypeError, match="world="):
+        claims.record(d, "ace.csp", "", "partly", "")
+    with pytest.raises(claims.MixedWorldsError, match="one file, one world"):
+        claims.record(d, "ace.csp", "", "partly", "", world=FIX)
 
 
 def test_table_lists_every_claim_and_marks_unmeasured(tmp_path):
-    claims.record(tmp_path / "04_benchmark", "ace.sota", "ACE 2nd of 11", "not reproduced", "TSV-M ahead")
+    claims.record(tmp_path / "04_benchmark", "ace.sota", "ACE 2nd of 11", "not reproduced", "TSV-M ahead", world=W)
     df = claims.claims_table(tmp_path)
     assert len(df) == len(claims.CLAIMS)
     row = df.set_index("id").loc["ace.sota"]
-    assert row.verdict == "not reproduced" and row.measured == "ACE 2nd of 11"
+    assert row.verdict == "not reproduced" and row.measured == "ACE 2nd of 11" and row.world == "mini-world"
     assert (df.verdict == "not measured").sum() == len(claims.CLAIMS) - 1
+    counts = claims.verdict_counts(df)
+    assert list(counts.columns[:5]) == list(claims.VERDICTS) and counts.loc["mini-world", "not reproduced"] == 1
+
+
+def test_a_claim_is_judged_per_world_and_fixture_worlds_do_not_mix(tmp_path):
+    text = World("text", "full", {8: 6.0})
+    claims.record(tmp_path / "04_benchmark", "ace.sota", "a", "undecidable here", "small room", world=W)
+    claims.record(tmp_path / "07_language", "ace.sota", "b", "reproduced", "room", world=text)
+    df = claims.claims_table(tmp_path)
+    assert sorted(df.loc[df.id == "ace.sota", "world"]) == ["mini-world", "text"]
+    counts = claims.verdict_counts(df)
+    assert counts.loc["text", "reproduced"] == 1 and counts.loc["mini-world", "undecidable here"] == 1
+    claims.record(tmp_path / "02_ace_step_by_step", "ace.csp", "c", "partly", "r", world=FIX)
+    with pytest.raises(claims.MixedWorldsError, match="fixture"):
+        claims.collect(tmp_path)
+    assert len(claims.collect(tmp_path, allow_mixed=True)) == 3
 
 
 def test_record_takes_a_verdict(tmp_path):
     from acetools.course.verdicts import Verdict
 
     v = Verdict("prior +0.3 pts", "partly", "within the margin", {"delta": 0.3})
-    entry = claims.record(tmp_path / "02_ace_step_by_step", "ace.csp", v, suite="tasks8")
+    entry = claims.record(tmp_path / "02_ace_step_by_step", "ace.csp", v, world=W, suite="tasks8")
     assert (entry["measured"], entry["verdict"], entry["reason"]) == (v.measured, v.verdict, v.reason)
     assert entry["numbers"] == {"delta": 0.3, "suite": "tasks8"}
     with pytest.raises(TypeError, match="no verdict"):
-        claims.record(tmp_path, "ace.csp", v, verdict="reproduced")
+        claims.record(tmp_path, "ace.csp", v, verdict="reproduced", world=W)

@@ -521,6 +521,26 @@ def test_ablation_verdicts_pass_the_papers_table():
     assert {k: x.verdict for k, x in v.items()} == {k: "reproduced" for k in ec.ABLATION_CLAIMS}
     assert v["esm.esd_alone"].numbers["gain_t8"] == pytest.approx(1.9)
     assert v["esm.ps_on_svd"].numbers["gain_t20"] == pytest.approx(1.5)
+    # in the paper's own world (its room), every prediction is the paper's effect and the rules still pass
+    from acetools.course.verdicts import World
+
+    own = World("paper esm", "full", room_abs={8: pt.paper_room("esm", 8), 20: pt.paper_room("esm", 20)})
+    w = ec.ablation_verdicts(_ablation(PAPER_ABLATION), world=own, n_tasks={"t8": 8, "t20": 20})
+    assert {k: x.verdict for k, x in w.items()} == {k: "reproduced" for k in ec.ABLATION_CLAIMS}
+    assert w["esm.esd_alone"].predicted_effect == pytest.approx(2.2)  # the most decidable suite: 20 tasks
+
+
+def test_ablation_verdicts_are_undecidable_where_the_room_is_small():
+    from acetools.course.verdicts import World
+
+    # the mini-world's absolute room (about 3 points): ESD alone predicts 1.9 * 3 / 13.6 = 0.42 at 8 tasks
+    # and 2.2 * 3 / 14.8 = 0.45 at 20, both below NOISE; the reciprocal's 5 points predict 1.1 and 1.0
+    small = World("mini", "full", room_abs={8: 3.0, 20: 3.0})
+    w = ec.ablation_verdicts(_ablation(PAPER_ABLATION), world=small, n_tasks={"t8": 8, "t20": 20})
+    assert w["esm.esd_alone"].verdict == "undecidable here" and w["esm.ps_on_svd"].verdict == "undecidable here"
+    assert w["esm.layer_first"].verdict == "undecidable here"
+    assert w["esm.reciprocal"].verdict == "reproduced"  # still decided: its prediction clears the floor
+    assert w["esm.esd_alone"].measured_effect == pytest.approx(2.2)  # the measurement is still shown
 
 
 def test_ablation_verdicts_judge_against_tsv_m_and_keep_the_in_pipeline_rows():

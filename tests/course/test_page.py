@@ -31,3 +31,17 @@ def test_alt_text_reads_the_figure_titles():
     fig.suptitle("ESD vs SVD")
     assert alt_text(fig) == "Figure: ESD vs SVD; energy; value against rank k"
     plt.close(fig)
+
+
+def test_page_table_has_one_header_row():
+    import pandas as pd
+
+    from acetools.course import page
+
+    df = pd.DataFrame({"variant": ["a", "a", "b", "b"], "suite": ["t8", "t20"] * 2, "test_acc": [1.0, 2, 3, 4],
+                       "alpha": [0.1, 0.2, 0.3, 0.4]})
+    wide = df.pivot(index="variant", columns="suite", values=["test_acc", "alpha"])
+    html = page.table(wide, {"test_acc": 2, "alpha": 1}).to_html()
+    assert html.count("<tr>", 0, html.index("<tbody>")) == 1  # one header row, not three
+    assert "test_acc · t8" in html and "alpha · t20" in html and "variant" in html
+    assert "1.00" in html and "0.1" in html

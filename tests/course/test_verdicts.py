@@ -11,7 +11,8 @@ from acetools.course.claims import VERDICTS
 
 
 def test_one_vocabulary():
-    assert V.VERDICTS == VERDICTS == ("reproduced", "partly", "not reproduced", "not testable here")
+    assert V.VERDICTS == VERDICTS == ("reproduced", "partly", "not reproduced", "undecidable here",
+                                      "not testable here")
     assert V.TIE == "tie" and V.OUTCOMES == ("better", "tie", "worse")
     assert V.NOISE == 0.5
 
@@ -53,3 +54,73 @@ def test_agreement_criteria_threshold():
     assert [V.threshold(x, 0.9, 0.7) for x in (0.95, 0.9, 0.8, 0.1)] == ["reproduced", "reproduced", "partly",
                                                                          "not reproduced"]
     assert [V.threshold(x, 3, 10, higher=False) for x in (2, 5, 11)] == ["reproduced", "partly", "not reproduced"]
+
+
+def test_predict_scales_by_the_rooms():
+    # ACE's lead over TSV-M at 8 tasks (+2.0 in a table whose room is 15.1) in a world with room 4.1
+    assert V.predict(2.0, 15.1, 4.1) == pytest.approx(2.0 * 4.1 / 15.1)
+    assert V.predict(2.0, 15.1, -1.0) == 0.0  # no room: no effect predicted
+    with pytest.raises(ValueError, match="paper_room"):
+        V.predict(2.0, 0.0, 4.1)
+    with pytest.raises(ValueError, match="world_room"):
+        V.predict(2.0, 15.1, math.nan)
+
+
+def test_effect_decidable_and_decide():
+    e = V.effect("t8", -3.0, paper=2.0, paper_room=15.1, world_room=4.1)  # predicted 0.54 > 0.5
+    assert e.decidable and e.floor == 0.5 and e.measured == -3.0
+    u = V.effect("t14", 1.0, paper=1.5, paper_room=14.1, world_room=3.1)  # 0.33 <= 0.5
+    assert not u.decidable
+    assert not V.effect("t8", 0.0, paper=2.0, paper_room=15.1, world_room=4.1, spread=0.9).decidable  # sd wins
+    assert V.effect("t8", 0.0).decidable and V.effect("t8", 0.0).predicted is None
+    with pytest.raises(ValueError, match="paper_room"):
+        V.effect("t8", 0.0, paper=1.0)
+    assert V.decide([e, u], [False, True]) == ("not reproduced", "undecidable: t14 (predicted +0.33 ≤ floor 0.50)")
+    assert V.decide([u], [True])[0] == V.UNDECIDABLE  # whatever the measurement says
+    with pytest.raises(ValueError):
+        V.decide([e], [True, False])
+
+
+def test_verdict_record_fields_from_the_most_decidable_setting():
+    e = V.effect("t8", -3.0, paper=2.0, paper_room=15.1, world_room=4.1)
+    u = V.effect("t14", 1.0, paper=1.5, paper_room=14.1, world_room=3.1)
+    v = V.Verdict("m", "not reproduced", "r", {}, (u, e))
+    f = v.record_fields()
+    assert f["effect_setting"] == "t8" and f["measured_effect"] == -3.0 and f["paper_effect"] == 2.0
+    assert f["predicted_effect"] == pytest.approx(2.0 * 4.1 / 15.1) and f["noise_floor"] == 0.5
+    assert "4.10 / 15.10" in f["scaling"] and len(f["effects"]) == 2
+    plain = V.Verdict("cos 0.96", "reproduced", "r", value=0.96).record_fields()
+    assert plain["measured_effect"] == 0.96 and plain["predicted_effect"] is None and plain["noise_floor"] is None
+
+
+def test_world_room_from_a_summary_and_round_trip():
+    import pandas as pd
+
+    s = pd.DataFrame({"n_tasks": [8] * 4 + [20] * 2, "seed": [0, 0, 1, 1, 0, 0],
+                      "method": ["tsv_m", "task_arithmetic"] * 3, "test_normalized": [90, 86, 91, 86, 80, 77]})
+    w = V.World.from_summary(s, "mini-world", "full")
+    assert w.room == {8: 4.5, 20: 3.0} and w.room_at(20) == 3.0
+    with pytest.raises(KeyError, match="no normalized room at 14"):
+        w.room_at(14)
+    assert V.World.from_dict(w.as_dict()) == w
+    with pytest.raises(ValueError, match="profile"):
+        V.World("x", "fast")
+
+
+def test_the_text_world_plugs_into_the_same_machinery():
+    """A second world (the text world) judges ACE's language lead with its own room and noise."""
+    import pandas as pd
+
+    from acetools.course import language as lang
+
+    rows = [{"seed": s, "method": m, "test_normalized": v} for s in (0, 1, 2)
+            for m, v in (("ace (eps 2e-4)", 80.0 + s * 0.1), ("wudi", 79.0), ("ties", 70.0), ("tsv_m", 78.0))]
+    per_seed = pd.DataFrame(rows)
+    plain = lang.verdict_sota(per_seed)
+    assert plain.verdict == "reproduced"  # every lead beyond NOISE, no prediction to scale
+    roomy = V.World("text", "full", {8: 10.9})  # RoBERTa-GLUE's own room: every prediction is the paper's lead
+    r = lang.verdict_sota(per_seed, world=roomy)
+    assert r.verdict == "reproduced" and {e.setting: e.predicted for e in r.effects}["wudi"] == pytest.approx(5.1)
+    tight = V.World("text", "full", {8: 0.5})  # WUDI's +5.1 predicts 0.23 here: undecidable; TIES, TSV-M decide
+    t = lang.verdict_sota(per_seed, world=tight)
+    assert "undecidable: wudi" in t.reason and t.verdict == "reproduced"

@@ -27,6 +27,43 @@ def test_figures_path_is_absolute_and_created(tmp_path, monkeypatch):
     assert p.is_absolute() and p.is_dir() and p == (tmp_path / "figs" / "x").resolve()
 
 
+def test_the_default_figures_folder_depends_on_the_profile(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("")
+    monkeypatch.chdir(repo / "notebooks")  # where papermill --cwd notebooks and JupyterLab run a notebook
+    assert course.repo_root() == repo
+    quick = course.figures_path("", notebook="02_x", quick=True)
+    full = course.figures_path("", notebook="02_x", quick=False)
+    assert quick == repo / "build" / "quick" / "figures" / "02_x" and full == repo / "figures" / "02_x"
+    import json
+
+    assert json.loads((quick / course.MANIFEST).read_text()) == {"notebook": "02_x", "profile": "quick"}
+    with pytest.raises(ValueError, match="committed figures"):  # a quick run never writes the results
+        course.figures_path("../figures/02_x", notebook="02_x", quick=True)
+    with pytest.raises(ValueError, match="notebook= and quick="):
+        course.figures_path("")
+    from acetools.course.verdicts import World
+
+    course.note_world(quick, World("fixture", "quick", fixture=True))
+    fig, ax = plotting.new_axes()
+    ax.plot([0, 1])
+    png = plotting.save_figure(fig, "line", quick)
+    from PIL import Image
+
+    meta = Image.open(png).text
+    assert meta["acetools:world"] == "fixture" and meta["acetools:profile"] == "quick"
+
+
+def test_claim_world_reads_the_mini_worlds_room():
+    w = course.claim_world(quick=False)  # the committed benchmark files
+    assert w.name == "mini-world" and w.profile == "full" and not w.fixture
+    assert sorted(w.room) == [8, 14, 20] and all(0 < r < 10 for r in w.room.values())
+    assert sorted(w.room_abs) == [8, 14, 20]
+    q = course.claim_world(quick=True)
+    assert q.fixture and q.profile == "quick" and q.room == {}
+
+
 def test_save_figure_is_atomic_deterministic_and_checks_names(tmp_path):
     fig, ax = plotting.new_axes()
     plotting.heatmap(ax, np.eye(3), labels=["a", "b", "c"], title="I")
@@ -69,3 +106,23 @@ def test_describe_says_which_world():
     z8 = SimpleNamespace(tasks=["a"], size="small", suite="tasks8", seed=2,
                          finetune_config=FinetuneConfig(lr=1e-4, precision="bf16"))
     assert describe(z8, quick=False).endswith("experts fine-tuned with AdamW at lr 0.0001 for 3 epochs (bf16), seed 2.")
+
+
+def test_text_overlaps_finds_overprinted_labels(tmp_path):
+    import json
+
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(6, 3))
+    axes[0].set_title("left")
+    axes[1].set_title("right")
+    assert plotting.text_overlaps(fig) == []
+    axes[0].text(0.5, 0.5, "a long label that runs on", transform=axes[0].transAxes)
+    axes[0].text(0.52, 0.5, "and another one on top", transform=axes[0].transAxes)
+    pairs = plotting.text_overlaps(fig)
+    assert ("a long label that runs on", "and another one on top") in pairs
+    (tmp_path / "figures.json").write_text(json.dumps({"profile": "quick"}))
+    plotting.save_figure(fig, "crowded", tmp_path)
+    got = json.loads((tmp_path / "figures.json").read_text())
+    assert got["text_overlaps"]["crowded"][0] == ["a long label that runs on", "and another one on top"]
+    plt.close(fig)

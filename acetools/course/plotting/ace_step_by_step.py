@@ -17,7 +17,7 @@ from ...keys import short_name
 from ...plotting._core import finish
 
 __all__ = ["short_label", "gamma_strip", "gamma_scaling", "task_weights", "prior_profile", "spectra",
-           "refined_spectrum", "layer_metrics", "ablation_bars"]
+           "refined_spectrum", "layer_metrics", "ablation_bars", "eps_units"]
 
 
 def short_label(key: str) -> str:
@@ -84,12 +84,13 @@ def task_weights(ax, weights, *, title: str | None = None):
     normalisation (:meth:`acetools.course.ace_step_by_step.LayerStages.task_weights`); line at 1/T."""
     n = len(weights)
     pos = np.arange(n)
-    ax.bar(pos - 0.2, weights["share_raw"], width=0.4, label="raw: tr_t / sum tr")
+    ax.bar(pos - 0.2, weights["share_raw"], width=0.4, label=r"raw: $\mathrm{tr}_t / \sum_s \mathrm{tr}_s$")
     ax.bar(pos + 0.2, weights["share_used"], width=0.4, label="as ACE used it")
-    ax.axhline(1.0 / n, color="k", ls=":", lw=1, label="1/T")
+    ax.axhline(1.0 / n, color="k", ls=":", lw=1, label="$1/T$")
     ax.set_xticks(pos, list(weights["task"]), rotation=45, ha="right")
     ax.set_ylabel("share of the summed covariance")
-    return finish(ax, title, legend=True)
+    ax.legend(fontsize=9, framealpha=0.9)
+    return finish(ax, title)
 
 
 def prior_profile(ax, profile, *, title: str | None = None):
@@ -100,15 +101,17 @@ def prior_profile(ax, profile, *, title: str | None = None):
     p = profile.sort_values("cov_diag", ascending=False).reset_index(drop=True)
     j = np.arange(len(p))
     c = p["prior"].to_numpy(dtype=float)
-    ax.plot(j, p["cov_diag"], label="diag of sum_t Sigma_tilde_t")
-    ax.plot(j, p["ridge"], ls="--", label="ridge on the diagonal (isotropic eps I)")
+    ax.plot(j, p["cov_diag"], label=r"diag of $\sum_t \tilde\Sigma_t$")
+    ax.plot(j, p["ridge"], ls="--", label=r"ridge on the diagonal ($\varepsilon I$)")
     pos, neg = c > 0, c < 0
-    ax.scatter(j[pos], c[pos], s=8, marker="o", color="C2", label="C_agg column value c_j > 0")
-    ax.scatter(j[neg], -c[neg], s=10, marker="x", color="C3", label="|c_j|, c_j < 0")
+    ax.scatter(j[pos], c[pos], s=8, marker="o", color="C2", label=r"$C_{\mathrm{agg}}$ column value $c_j > 0$")
+    ax.scatter(j[neg], -c[neg], s=10, marker="x", color="C3", label=r"$|c_j|$, $c_j < 0$")
     ax.set_yscale("log")
     ax.set_xlabel("input column j (sorted by covariance diagonal)")
     ax.set_ylabel("value (log)")
-    return finish(ax, title, legend=True)
+    # a readable legend off the data: below the axes
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2, frameon=False)
+    return finish(ax, title)
 
 
 def spectra(ax, spectra: Mapping[str, Sequence[float]], *, top_frac: float | None = 0.05, logy: bool = True,
@@ -203,4 +206,25 @@ def ablation_bars(ax, table, *, column: str = "test_normalized", reference: str 
         {"test_normalized": "normalized test accuracy (%)", "test_acc": "test accuracy (%)"}.get(column, column)
     )
     ax.legend(fontsize=7, title="suite (band: full ACE ± noise)", title_fontsize=7)
+    return finish(ax, title)
+
+
+def eps_units(ax, table, *, paper_eps: float | None = 1e-5, default_eps: float | None = 1e-2,
+              title: str | None = None):
+    """ACE's normalized test accuracy against the ridge in the covariance's units, eps·d_in/tr
+    (:func:`acetools.course.ace_step_by_step.eps_sweep`), one line per ``eps_mode``; the
+    absolute eps values of the paper (ViT) and of the code default are marked where they fall."""
+    for i, (mode, d) in enumerate(table.groupby("eps_mode", sort=False)):
+        d = d.sort_values("ridge_rel")
+        ax.plot(d["ridge_rel"], d["test_normalized"], "o-", color=f"C{i}", ms=4,
+                label="absolute ε (the paper's)" if mode == "absolute" else "relative ε (eps_mode='relative')")
+    ab = table[table["eps_mode"] == "absolute"]
+    for eps, name, ls in ((paper_eps, "paper's ViT eps", "--"), (default_eps, "code default", ":")):
+        row = ab[np.isclose(ab["eps"], eps)] if eps is not None else ab.iloc[:0]
+        if len(row):
+            ax.axvline(float(row["ridge_rel"].iloc[0]), color="0.4", ls=ls, lw=1, label=f"{name} {eps:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel(r"ridge / mean eigenvalue of the covariance, $\rho = \varepsilon\, d_{\mathrm{in}} / \mathrm{tr}_t$")
+    ax.set_ylabel("normalized test accuracy (%)")
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
     return finish(ax, title)

@@ -33,6 +33,7 @@ VERDICT_COLORS: dict[str, str] = {
     "reproduced": "#4daf4a",
     "partly": "#ffbf00",
     "not reproduced": "#e41a1c",
+    "undecidable here": "#80b1d3",
     "not testable here": "#999999",
     "not measured": "#ffffff",
 }
@@ -218,5 +219,5 @@ def verdict_counts(ax, table: pd.DataFrame, *, by: str = "paper"):
                color=VERDICT_COLORS.get(v, "C7"), edgecolor="k", lw=0.5)
         bottom += counts[v].to_numpy()
     ax.set_ylabel("claims")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the bars, not on them
     return ax

@@ -115,11 +115,12 @@ def task_factor_heatmap(ax, factors, *, title: str | None = None):
     import seaborn as sns
 
     data = factors.rename(columns=short_key)
-    sns.heatmap(data, ax=ax, cmap="vlag", center=1.0, annot=data.size <= 120, fmt=".2f", annot_kws={"size": 6},
-                cbar_kws={"label": "s_t"})
+    # numbers only where a cell can hold them legibly; the colour bar carries no label of its own
+    # (the title names s_t), so it cannot run into the next panel's axis label
+    sns.heatmap(data, ax=ax, cmap="vlag", center=1.0, annot=data.size <= 60, fmt=".2f", annot_kws={"size": 8})
     ax.set_xlabel("layer")
     ax.set_ylabel("task")
-    ax.set_title(title or "inter-task factors s_t = (n_t / mean n)^2")
+    ax.set_title(title or r"inter-task factors $s_t = (n_t / \bar n)^2$")
     return ax
 
 
@@ -132,8 +133,9 @@ def dimension_factor_plot(ax, factors: Mapping[str, Sequence[float]], *, title: 
     ax.axhline(1.0, color="0.4", lw=1, ls=":")
     ax.set_yscale("log")
     ax.set_xlabel("input dimension j (sorted)")
-    ax.set_ylabel("c_j")
-    return finish(ax, title or "inter-dimension factors c_j = (||a_j|| / mean)^2", legend=True, fontsize=8)
+    ax.set_ylabel(r"$c_j$")
+    return finish(ax, title or r"inter-dimension factors $c_j = (\Vert a_j \Vert / \mathrm{mean})^2$", legend=True,
+                  fontsize=8)
 
 
 def layer_factor_bars(ax, table, *, title: str | None = None):
@@ -148,8 +150,12 @@ def layer_factor_bars(ax, table, *, title: str | None = None):
         ax.bar(np.arange(len(blocks)) + (i - (len(types) - 1) / 2) * width, g["beta"], width, label=lt)
     ax.axhline(1.0, color="0.4", lw=1, ls=":")
     ax.set_xticks(np.arange(len(blocks)), [f"block {b}" for b in blocks])
-    ax.set_ylabel("beta")
-    return finish(ax, title or "inter-layer factors beta = (||dW_l|| / mean over type)^2", legend=True)
+    ax.set_ylabel(r"$\beta_\ell$")
+    top = float(np.nanmax(table["beta"].to_numpy(dtype=float))) if len(table) else 1.0
+    ax.set_ylim(0, 1.45 * top)  # head room: the legend sits above the bars, not on them
+    ax.legend(fontsize=8, loc="upper left", ncols=2, framealpha=0.9)
+    default = r"inter-layer factors $\beta_\ell = (\Vert \Delta W_\ell \Vert / \mathrm{mean\ over\ type})^2$"
+    return finish(ax, title or default)
 
 
 def accuracy_bars(ax, values: Mapping[str, float], *, baseline: float | None = None, baseline_label: str = "baseline",
@@ -206,7 +212,14 @@ def search_traces(ax, runs, *, title: str | None = None):
     if all((r.search["alpha"] > 0).all() for r in runs):  # a log grid: ticks at the alphas tried
         ax.set_xscale("log")
         alphas = sorted({float(a) for r in runs for a in r.search["alpha"]})
-        ax.set_xticks(alphas, [f"{a:g}" for a in alphas], rotation=45 if len(alphas) > 6 else 0)
+        # a tick at every alpha tried, labelled where labels fit (TSV-M's 30-point grid would crowd them):
+        # at most 9 labels, spread evenly in log alpha
+        labelled = set(alphas)
+        if len(alphas) > 9:
+            targets = np.geomspace(alphas[0], alphas[-1], 9)
+            labelled = {min(alphas, key=lambda a, t=t: abs(np.log(a / t))) for t in targets}
+        ax.set_xticks(alphas, [f"{a:g}" if a in labelled else "" for a in alphas],
+                      rotation=45 if len(labelled) > 4 else 0, ha="right" if len(labelled) > 4 else "center")
         ax.minorticks_off()
     ax.set_xlabel("alpha")
     ax.set_ylabel("val normalized accuracy (%)")

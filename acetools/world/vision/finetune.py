@@ -255,13 +255,48 @@ def _fingerprint(cfg, seed, size, n, head_classes, labels, x) -> str:
 
 
 def _save_resume(path, fingerprint, step, enc, heads, opt, sched, g, window, seconds) -> None:
+    """Write a resume checkpoint without pickle (docs/style.md §7): one safetensors file whose tensors are
+    the encoder, the heads, the optimizer's per-parameter state and the generator state, and whose
+    ``__metadata__["acetools.resume"]`` is JSON (step, fingerprint, scheduler, optimizer hyperparameters,
+    loss window). Atomic (:func:`acetools.utils.atomic_write`)."""
+    import json
+
+    from safetensors.torch import save
+
     from ...utils import atomic_write
 
-    blob = {"fingerprint": fingerprint, "step": step, "encoder": enc.state_dict(), "heads": heads.state_dict(),
-            "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "generator": g.get_state(),
-            "window": window, "seconds": seconds}
+    tensors = {f"encoder/{k}": v for k, v in enc.state_dict().items()}
+    tensors |= {f"heads/{k}": v for k, v in heads.state_dict().items()}
+    osd = opt.state_dict()
+    scalars: dict[str, dict[str, Any]] = {}
+    for pid, st in osd["state"].items():
+        for name, v in st.items():
+            if isinstance(v, Tensor):
+                tensors[f"optimizer/{pid}/{name}"] = v
+            else:
+                scalars.setdefault(str(pid), {})[name] = v
+    tensors["generator"] = g.get_state()
+    doc = {"format": 1, "fingerprint": fingerprint, "step": int(step), "seconds": float(seconds),
+           "window": [[float(loss), {k: list(h) for k, h in hits.items()}] for loss, hits in window],
+           "scheduler": sched.state_dict(), "optimizer_groups": osd["param_groups"], "optimizer_scalars": scalars}
+    blob = save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
+                metadata={"acetools.resume": json.dumps(doc)})
     with atomic_write(path, "wb") as fh:
-        torch.save(blob, fh)
+        fh.write(blob)
+
+
+def _read_resume(path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The tensors and the JSON document of a :func:`_save_resume` file; never unpickles."""
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if "acetools.resume" not in meta:
+        raise InputError("it has no 'acetools.resume' metadata (not written by acetools' pretraining)")
+    return tensors, json.loads(meta["acetools.resume"])
 
 
 def _resume(path, fingerprint, enc, heads, opt, sched, g, window):
@@ -269,17 +304,32 @@ def _resume(path, fingerprint, enc, heads, opt, sched, g, window):
     if path is None or not os.path.exists(path):
         return 0, 0.0, window
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=False)
+        tensors, doc = _read_resume(path)
     except Exception as err:  # a truncated file cannot happen (atomic writes) but a foreign one can
-        raise RuntimeError(f"resume checkpoint {path} is unreadable ({err}); delete it to start over") from err
-    if blob.get("fingerprint") != fingerprint:
+        from ...utils import strip_ansi
+
+        first = strip_ansi((str(err).splitlines() or [""])[0])
+        raise RuntimeError(f"resume checkpoint {path} is unreadable ({type(err).__name__}: {first}); "
+                           "delete it to start over") from None
+    if doc.get("fingerprint") != fingerprint:
         raise RuntimeError(f"resume checkpoint {path} belongs to another pool/config/seed; delete it to start over")
-    enc.load_state_dict(blob["encoder"])
-    heads.load_state_dict(blob["heads"])
-    opt.load_state_dict(blob["optimizer"])
-    sched.load_state_dict(blob["scheduler"])
-    g.set_state(blob["generator"])
-    return int(blob["step"]), float(blob["seconds"]), list(blob["window"])
+
+    def part(prefix: str) -> dict[str, Tensor]:
+        return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+    enc.load_state_dict(part("encoder/"))
+    heads.load_state_dict(part("heads/"))
+    state: dict[int, dict[str, Any]] = {}
+    for k, v in part("optimizer/").items():
+        pid, name = k.split("/", 1)
+        state.setdefault(int(pid), {})[name] = v
+    for pid, st in doc.get("optimizer_scalars", {}).items():
+        state.setdefault(int(pid), {}).update(st)
+    opt.load_state_dict({"state": state, "param_groups": doc["optimizer_groups"]})
+    sched.load_state_dict(doc["scheduler"])
+    g.set_state(tensors["generator"])
+    win = [(float(loss), {k: tuple(h) for k, h in hits.items()}) for loss, hits in doc["window"]]
+    return int(doc["step"]), float(doc["seconds"]), win
 
 
 # --------------------------------------------------------------------------- pretraining

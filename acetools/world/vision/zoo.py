@@ -58,6 +58,7 @@ from ...files.checkpoints import (  # noqa: F401  (the zoo's checkpoint format, 
     sidecar_path,
     state_hash,
 )
+from ...utils import atomic_write
 from ...utils import progress as _progress
 from . import finetune as _ft
 from .finetune import FinetuneConfig, PretrainConfig
@@ -159,7 +160,8 @@ class Zoo:
     root: cache folder (see :func:`cache_root`).
     base: ``"auto"`` (the shipped ``assets/base_<size>`` if present, else pretrain),
         ``"train"`` (pretrain, cached), or a path to a base safetensors file (with an
-        optional JSON sidecar holding ``content_sha256`` and ``recipe``).
+        optional JSON sidecar holding ``content_sha256`` and ``recipe``; without one the file's
+        hash is recorded on first use and checked on later ones, :meth:`_user_base`).
     base_seed, pool_seed: seeds of base pretraining and of the pretraining pool.
     pretrain, finetune: :class:`~acetools.world.vision.finetune.PretrainConfig` /
         :class:`~acetools.world.vision.finetune.FinetuneConfig` or dicts of overrides.
@@ -364,6 +366,44 @@ class Zoo:
             raise FileNotFoundError(f"base checkpoint {p} not found")
         return p
 
+    def _user_base(self, path: Path) -> tuple[StateDict, dict]:
+        """A base file of the user's (``Zoo(..., base=path)``): verified against the hash its sidecar or
+        metadata records, if any; without one (the sidecar is optional) its hash is recorded on first
+        use in the cache (``base/user_bases.json``); a later change is logged, and never mixes with
+        experts of the old file (every cache key below the base holds its hash)."""
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), "pt") as f:
+                recorded = (f.metadata() or {}).get("content_sha256")
+        except Exception as err:  # safetensors' own error types for a damaged header
+            raise CheckpointError(f"unreadable base file {path}: {err}; pass a safetensors state dict or use "
+                                  "Zoo(..., base='train')") from err
+        if sidecar_path(path).is_file() or recorded:
+            try:
+                return load_checkpoint(path, verify=True)
+            except CheckpointError as err:
+                raise CheckpointError(
+                    f"the base file {path} does not match the content hash recorded in its sidecar or metadata "
+                    f"({err}); fix or remove {sidecar_path(path).name}, pass the file the hash was recorded for, "
+                    "or use Zoo(..., base='train')"
+                ) from err
+        state, side = load_checkpoint(path, verify=False)
+        got = state_hash(state)
+        book = self.folder / "base" / "user_bases.json"
+        seen = json.loads(book.read_text()) if book.is_file() else {}
+        key = str(path.resolve())
+        if seen.get(key, got) != got:
+            log.warning("the base file %s changed since its first use (content hash %s... against %s... in %s); "
+                        "heads, experts and the MTL model are rebuilt for it (their cache keys hold the base's hash)",
+                        path, got[:12], seen[key][:12], book)
+        if seen.get(key) != got:
+            seen[key] = got
+            book.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(book, "w") as fh:
+                json.dump(seen, fh, indent=1, sort_keys=True)
+        return state, {**side, "content_sha256": got}
+
     def base_state(self) -> StateDict:
         """W0: the shipped base, or the cached one, or a freshly pretrained one."""
         ident = ("base", None)
@@ -371,13 +411,16 @@ class Zoo:
             return self._states[ident]
         shipped = self._shipped_base()
         if shipped is not None:
-            try:
-                state, side = load_checkpoint(shipped, verify=True)
-            except CheckpointError as err:
-                raise CheckpointError(
-                    f"the base file {shipped} does not match its recorded hash ({err}); restore it "
-                    "(git checkout) or use Zoo(..., base='train') to pretrain one"
-                ) from err
+            if self.base_source in ("auto", None):  # the asset shipped with acetools
+                try:
+                    state, side = load_checkpoint(shipped, verify=True)
+                except CheckpointError as err:
+                    raise CheckpointError(
+                        f"the base file {shipped} does not match its recorded hash ({err}); restore it "
+                        "(git checkout) or use Zoo(..., base='train') to pretrain one"
+                    ) from err
+            else:
+                state, side = self._user_base(shipped)
             load_encoder(state, self.size)  # fails clearly if the file is for another size
             side = dict(side)
             side.setdefault("content_sha256", state_hash(state))
@@ -399,7 +442,7 @@ class Zoo:
         def make():
             # epoch checkpoints next to the final file, so an interrupted pretraining resumes
             self.folder.joinpath("base").mkdir(parents=True, exist_ok=True)
-            resume = self.folder / "base" / f"base-{config_hash(fields)[:16]}.resume.pt"
+            resume = self.folder / "base" / f"base-{config_hash(fields)[:16]}.resume.safetensors"
             state, recipe = _ft.pretrain_base(
                 self._pool(), self.size, self.pretrain_config, seed=self.base_seed,
                 device=self.device, threads=self.threads, progress=self._progress, checkpoint=resume,

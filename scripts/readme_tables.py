@@ -1,0 +1,136 @@
+"""The README's tables, generated from the committed result files (one script, no hand-typed numbers).
+
+    python3 scripts/readme_tables.py           # rewrite the generated blocks of README.md
+    python3 scripts/readme_tables.py --check   # exit 1 if README.md differs from the committed files
+
+Each block sits between ``<!-- generated: NAME -->`` and ``<!-- /generated: NAME -->`` in
+README.md; everything between the markers is rewritten, everything else is left alone:
+
+* ``benchmark`` — absolute / normalized test accuracy, mean ± sd over expert seeds, from
+  ``figures/benchmark/*_small_seed*_summary.csv``;
+* ``room`` — TSV-M − task arithmetic per suite (the room of docs/course.md §Scaling rule), from the
+  same files;
+* ``targets`` — the regime issue's targets, from ``figures/06_mergeable_world/targets.csv``;
+* ``claims`` — the five verdicts counted per paper, from ``figures/*/claims.json``;
+* ``text_world`` — the text world's benchmark beside RoBERTa-GLUE and its targets, from
+  ``figures/benchmark/text8_minilm_seed*_summary.csv`` and ``benchmarks/results/text_world/build_*.json``.
+
+``tests/test_readme_tables.py`` fails when a block drifts from the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the repository's acetools, however the script is run
+
+from acetools import results  # noqa: E402
+from acetools.course.verdicts import VERDICTS  # noqa: E402
+
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /generated: (?P=name) -->)", re.S)
+
+
+def _summary(repo: Path) -> pd.DataFrame:
+    runs = results.find_results(repo / "figures" / "benchmark", None, "small")
+    if not runs:
+        raise FileNotFoundError(f"no *_small_seed*_summary.csv in {repo / 'figures' / 'benchmark'}")
+    return results.load_summary(runs)
+
+
+def benchmark_table(repo: Path = REPO) -> str:
+    agg = results.aggregate(_summary(repo))
+    ab, nm = results.table1(agg, "test_acc"), results.table1(agg, "test_normalized")
+    out = pd.DataFrame({c: [f"{a} / {n}" for a, n in zip(ab[c], nm[c])] for c in ab.columns}, index=ab.index)
+    out.index.name = "method"
+    return results.to_markdown(out, index=True)
+
+
+def room_text(repo: Path = REPO) -> str:
+    agg = results.aggregate(_summary(repo))
+    t = results.wide(agg, "test_normalized")
+    n = agg.drop_duplicates("suite").set_index("suite")["n_tasks"]
+    room = (t.loc["tsv_m"] - t.loc["task_arithmetic"]).dropna()
+    vals = " / ".join(f"{v:.1f}" for v in room)
+    ts = " / ".join(str(int(n[s])) for s in room.index)
+    return (f"The room, TSV-M − task arithmetic: **{vals}** normalized points at {ts} tasks (mean over seeds; "
+            "CLIP ViT-B/32: 16.3 / 16.3 / 18.2).\n")
+
+
+def targets_table(repo: Path = REPO) -> str:
+    t = pd.read_csv(repo / "figures" / "06_mergeable_world" / "targets.csv")
+    t["passed"] = t["passed"].map({True: "pass", False: "miss"}).fillna("no data")
+    t["measured"] = [f"{v:.2f}" for v in t["measured"]]
+    t["suite"] = t["suite"].fillna("—")
+    return results.to_markdown(t[["target", "suite", "measured", "threshold", "passed"]].rename(
+        columns={"passed": "result"}))
+
+
+def claims_table(repo: Path = REPO) -> str:
+    rows = []
+    for p in sorted((repo / "figures").glob("*/claims.json")):
+        for e in json.loads(p.read_text()).values():
+            rows.append({"paper": e["paper"], "verdict": e["verdict"], "world": e["world"]["name"]})
+    df = pd.DataFrame(rows)
+    counts = pd.crosstab(df["paper"], df["verdict"]).reindex(columns=list(VERDICTS), fill_value=0)
+    counts.loc["all"] = counts.sum()
+    counts.columns.name = None
+    worlds = ", ".join(sorted(set(df["world"])))
+    return (results.to_markdown(counts.reset_index().rename(columns={"paper": f"paper ({worlds})"}), floatfmt=".0f"))
+
+
+def text_world_table(repo: Path = REPO) -> str:
+    from acetools.course.language import text_world_tables
+
+    return text_world_tables(repo / "figures" / "benchmark", repo / "benchmarks" / "results" / "text_world", "text8")
+
+
+GENERATORS = {"benchmark": benchmark_table, "room": room_text, "targets": targets_table, "claims": claims_table,
+              "text_world": text_world_table}
+
+
+def render(readme: str, repo: Path = REPO) -> str:
+    """``readme`` with every generated block rewritten from the files under ``repo``."""
+    seen = set()
+
+    def sub(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in GENERATORS:
+            raise KeyError(f"README block {name!r} has no generator; known: {sorted(GENERATORS)}")
+        seen.add(name)
+        return m.group(1) + GENERATORS[name](repo) + m.group(4)
+
+    out = BLOCK.sub(sub, readme)
+    missing = set(GENERATORS) - seen
+    if missing:
+        raise ValueError(f"README.md lacks the generated blocks {sorted(missing)}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the files")
+    args = ap.parse_args(argv)
+    path = REPO / "README.md"
+    old = path.read_text()
+    new = render(old)
+    if args.check:
+        if new != old:
+            print("README.md's generated tables differ from the committed files: run python3 scripts/readme_tables.py")
+            return 1
+        return 0
+    if new != old:
+        tmp = path.with_suffix(".md.tmp")
+        tmp.write_text(new)
+        tmp.replace(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
