@@ -30,43 +30,38 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .merging import METHODS, merge
-from .search import ALPHA_GRID, LAMBDA_GRID, esm_search, golden_section_search, grid_search
-from .utils import atomic_write
+from .errors import InputError
+from .merging import METHODS, Search, merge
+from .search import esm_search, golden_section_search, grid_search
+from .utils import atomic_write, jsonable
 
-__all__ = ["Benchmark", "MethodRun", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
+__all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
 
 StateDict = dict[str, Tensor]
 log = logging.getLogger("acetools.benchmark")
 
 
-@dataclass(frozen=True)
-class Search:
-    """How a method's coefficient is chosen on validation (docs/methods.md §Benchmark protocol)."""
+class _SearchView(Mapping):
+    """:data:`SEARCH`: method name -> its :class:`Search` (or ``None``), read from the registry
+    (``@register(..., search=...)``) on every access, so a method registered later is in it."""
 
-    param: str  # the hyperparameter searched
-    kind: str  # "grid", "golden" or "esm" (golden section, then best normalized)
-    grid: tuple[float, ...] = ()
-    bracket: tuple[float, float] = (0.0, 2.0)
+    def __getitem__(self, method: str) -> Search | None:
+        return METHODS[method].search
+
+    def __iter__(self):
+        return iter(METHODS)
+
+    def __len__(self) -> int:
+        return len(METHODS)
+
+    def __repr__(self) -> str:
+        return f"SEARCH({dict(self)!r})"
 
 
-#: The papers' selection rule per method (docs/methods.md §Benchmark protocol, §ACE, §ESM and each method's section).
-#: ``None``: no
-#: search (weight averaging's fixed 1/T; WUDI, RegMean and ACE use their coefficient 1).
-SEARCH: dict[str, Search | None] = {
-    "weight_averaging": None,
-    "task_arithmetic": Search("lam", "grid", LAMBDA_GRID),
-    "ties": Search("lam", "grid", LAMBDA_GRID),
-    "dare": Search("lam", "grid", LAMBDA_GRID),
-    "tsv_m": Search("alpha", "grid", ALPHA_GRID),
-    "iso_c": Search("alpha", "grid", ALPHA_GRID),
-    "iso_cts": Search("alpha", "grid", ALPHA_GRID),
-    "cart": Search("lam", "grid", ALPHA_GRID),
-    "wudi": None,
-    "regmean": None,
-    "ace": None,
-    "esm": Search("alpha", "esm", bracket=(0.0, 2.0)),
-}
+#: The papers' selection rule per method (docs/methods.md §Benchmark protocol, §ACE, §ESM and each method's section),
+#: a view of the registry. ``None``: no search (weight averaging's fixed 1/T; WUDI, RegMean and ACE use their
+#: coefficient 1).
+SEARCH: Mapping[str, Search | None] = _SearchView()
 #: A searched variant of ACE ("ace" + scaling chosen on validation), for the prototype's question.
 ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20), 2).tolist()))
 #: Its labelled row, as ``acetools bench --ace-scaled`` and the lesson's recompute add it.
@@ -84,7 +79,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 def check_patience(patience: Any) -> None:
     """A grid search's ``patience`` is ``None`` or a positive int (ValueError naming it otherwise)."""
     if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-        raise ValueError(f"patience={patience!r} must be None or a positive int")
+        raise InputError(f"patience={patience!r} must be None or a positive int")
 
 
 def package_versions() -> dict[str, str]:
@@ -134,21 +129,6 @@ class MethodRun:
             "merge_seconds": self.merge_seconds,
             "inputs_seconds": self.inputs_seconds,
         }
-
-
-def _jsonable(v: Any) -> Any:
-    """Hyperparameters as JSON: tensors and data inputs (activations, grams) summarised."""
-    if isinstance(v, Tensor):
-        return f"<tensor {tuple(v.shape)}>"
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if callable(v):
-        return f"<callable {getattr(v, '__name__', type(v).__name__)}>"
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
 
 
 class Benchmark:
@@ -231,13 +211,26 @@ class Benchmark:
             self._grams = out
         return self._grams
 
+    def esm_targets(self) -> tuple[str, ...] | None:
+        """The world's ESM target layers (``world.esm_targets``), or None: the method's default."""
+        targets = getattr(self.world, "esm_targets", None)
+        return tuple(targets) if targets else None
+
+    #: How the harness fills each data input a method declares (``@register(..., data_inputs=...)``):
+    #: the name of the method collecting it; a collector returning None leaves the method's default.
+    DATA_INPUTS: Mapping[str, str] = {"activations": "esm_activations", "grams": "grams", "targets": "esm_targets"}
+
     def method_inputs(self, method: str) -> dict[str, Any]:
-        if method == "esm":
-            targets = getattr(self.world, "esm_targets", None)
-            return {"activations": self.esm_activations(), **({"targets": tuple(targets)} if targets else {})}
-        if method == "regmean":
-            return {"grams": self.grams()}
-        return {}
+        """The data inputs ``method`` declares in the registry, collected from the world (cached)."""
+        out = {}
+        for name in METHODS[method].data_inputs:
+            if name not in self.DATA_INPUTS:
+                raise InputError(f"{method} declares the data input {name!r}, which the benchmark harness cannot "
+                                 f"collect (it knows {sorted(self.DATA_INPUTS)})")
+            value = getattr(self, self.DATA_INPUTS[name])()
+            if value is not None:
+                out[name] = value
+        return out
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(
@@ -280,7 +273,7 @@ class Benchmark:
         ``search="default"`` uses :data:`SEARCH`; ``None`` keeps the hyperparameters as given.
         """
         if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; valid: {sorted(METHODS)}")
+            raise InputError(f"unknown method {method!r}; valid: {sorted(METHODS)}")
         if search == "default":
             search = SEARCH.get(method)
         # data inputs (ESM's activations, RegMean's Grams) are collected once and timed apart
@@ -295,7 +288,7 @@ class Benchmark:
             coef_name, coef = None, None
         else:
             if search.param in hparams:
-                raise ValueError(f"{method}: {search.param} is searched; pass search=None to fix it")
+                raise InputError(f"{method}: {search.param} is searched; pass search=None to fix it")
             m1 = self._merge(method, {**hparams, search.param: 1.0})
             m2 = self._merge(method, {**hparams, search.param: 2.0})
             merge_s = (time.perf_counter() - t0) / 2
@@ -330,7 +323,7 @@ class Benchmark:
             elif search.kind == "esm":
                 res = esm_search(score, ref, lo=search.bracket[0], hi=search.bracket[1])
             else:  # pragma: no cover
-                raise ValueError(search.kind)
+                raise InputError(search.kind)
             coef_name, coef = search.param, float(res.best)
             merged = at(coef)
             trace = res.to_frame()
@@ -420,7 +413,7 @@ class Benchmark:
             "patience": self.patience,
             "versions": package_versions(),
             "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in self.world.records()],
-            "runs": [{**r.summary(), "hparams": _jsonable(r.hparams),
+            "runs": [{**r.summary(), "hparams": jsonable(r.hparams, finite=True, summarize=True),
                       "search_trace": None if r.search is None else r.search.to_dict(orient="records"),
                       "val": r.val, "test": r.test} for r in runs],
         }
@@ -517,7 +510,7 @@ def wudi_step_size(bench: Benchmark, lrs: Sequence[float] = (1e-5, 1e-4, 1e-3), 
 
     lrs = [float(lr) for lr in lrs]
     if not lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in lrs):
-        raise ValueError(f"lrs={lrs!r}: give one or more positive learning rates")
+        raise InputError(f"lrs={lrs!r}: give one or more positive learning rates")
     base = bench.base
     taus = task_vectors(base, bench.experts)
     variants = [("task arithmetic, lambda = 1 (WUDI's start)", "task_arithmetic", {"lam": 1.0})]

@@ -6,16 +6,17 @@ status 2; ``--debug`` (anywhere on the line) shows the traceback instead. ``--qu
 
 Conventions for a subcommand (``merge``, ``diagnose``, ``regime``, ... are added this way):
 
-* one ``_cmd_<name>(args) -> int`` function that calls a library module, plus one
-  ``add_parser`` block in :func:`build_parser` ending in ``set_defaults(func=_cmd_<name>)``;
+* one ``_cmd_<name>(args) -> int`` function that calls a library module, plus, next to it, one
+  ``_add_<name>(sub)`` function (listed in :func:`build_parser`) whose ``add_parser`` block ends
+  in ``set_defaults(func=_cmd_<name>)``;
   the block gets ``--debug`` / ``--quiet`` / ``--verbose`` and the one-line parse errors
   without asking (``args.debug``, ``args.quiet``, ``args.verbose`` are always set);
 * validate what argparse can at parse time: ``choices=`` from the library's registries
   (:data:`SUITE_CHOICES`, :data:`SIZE_CHOICES`, :data:`METHOD_CHOICES`; read lazily, so
   ``--help`` stays fast), ``type=`` :func:`positive_int` / :func:`nonnegative_int` / :func:`existing_file`;
-* for anything else raise ``ValueError`` / ``KeyError`` / ``TypeError`` / ``OSError``
-  (``FileNotFoundError`` ...) with a message that names the offending key, file or
-  parameter, or :class:`CLIError`: :func:`main` turns these into the one-line form (exit 2)
+* for anything else raise :class:`acetools.errors.InputError` / ``InputKeyError`` /
+  ``InputTypeError`` (or ``OSError``: ``FileNotFoundError`` ...) with a message that names the
+  offending key, file or parameter, or :class:`CLIError`: :func:`main` turns these into the one-line form (exit 2)
   for every subcommand; nothing per command. Other exceptions (bugs) keep their traceback;
   Ctrl-C exits with 130 and one line (``report`` also shows a failing notebook as one line,
   exit 1);
@@ -30,13 +31,18 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 
+from .errors import AcetoolsError, InputError
+
 __all__ = ["main", "build_parser", "CLIError", "USER_ERRORS", "positive_int", "nonnegative_int", "existing_file"]
 
-#: Exceptions that mean "bad input": :func:`main` prints them as one line and exits with 2.
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, OSError)
+#: Exceptions that mean "bad input": :func:`main` prints them as one line and exits with 2. The
+#: project's own types (:mod:`acetools.errors`: every input check raises one), and ``OSError``: a
+#: file the user named that cannot be read or written (the OS names it). A built-in
+#: ``ValueError`` / ``KeyError`` / ``TypeError`` from elsewhere is a bug and keeps its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (AcetoolsError, OSError)
 
 
-class CLIError(Exception):
+class CLIError(AcetoolsError):
     """A bad argument found after parsing; printed as one line (exit 2)."""
 
 
@@ -44,6 +50,15 @@ class CLIError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line: ``acetools: error: <sub>: <message>``."""
+
+    #: a callable giving the text after the options, read when the help is shown (so building
+    #: the parser imports nothing heavy): ``merge --help`` lists the registered methods this way
+    lazy_epilog: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.lazy_epilog is not None:
+            self.epilog = self.lazy_epilog()
+        return super().format_help()
 
     def error(self, message: str):
         sub = self.prog.partition(" ")[2]
@@ -97,6 +112,17 @@ def _methods() -> list[str]:
     from .merging import METHODS
 
     return list(METHODS)
+
+
+def _methods_epilog() -> str:
+    """``merge --help``'s list of the registered methods: name, scope, description."""
+    from .merging import METHODS
+
+    lines = ["methods (acetools.METHODS; streamed: merged key by key from disk):"]
+    for name, info in METHODS.items():
+        how = {"key": "streamed", "global_ties": "streamed in extra passes", "model": "in memory"}[info.scope_label()]
+        lines.append(f"  {name} ({how}): {info.description}")
+    return "\n".join(lines)
 
 
 #: Task suites (:data:`acetools.world.vision.data.SUITES`), model sizes (:data:`acetools.world.vision.models.SIZES`) and
@@ -250,6 +276,17 @@ def _message(err: BaseException) -> str:
 
 # --------------------------------------------------------------------------- commands
 
+def _add_demo(sub) -> None:
+    """``acetools demo``'s parser."""
+    d = sub.add_parser("demo", help="merge small generated experts with every method and print a table")
+    d.add_argument("--tasks", type=positive_int, default=6, help="number of experts (default 6)")
+    d.add_argument("--seed", type=nonnegative_int, default=0)
+    d.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
+                   help="methods to run (default: all): %(choices)s")
+    d.add_argument("--defaults", action="store_true", help="keep default coefficients (no validation search)")
+    d.set_defaults(func=_cmd_demo)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -265,6 +302,30 @@ def _zoo(args: argparse.Namespace, seed: int):
     from .world.vision.zoo import Zoo
 
     return Zoo(args.suite, size=args.size, seed=seed, root=args.root, mtl=not args.no_mtl, threads=args.threads)
+
+
+def _world_args(p: argparse.ArgumentParser) -> None:
+    """The world options of ``zoo build`` and ``bench``."""
+    p.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
+                   help="task suite (default tasks8): %(choices)s")
+    p.add_argument("--size", default="small", type=model_size, metavar="SIZE",
+                   help="model size (default small): micro, tiny, small (acetools.world.vision.models.SIZES), "
+                        "or an open_clip model name such as ViT-B-32 (pretrained CLIP, for the online suites)")
+    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="expert fine-tuning seeds")
+    p.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
+    p.add_argument("--no-mtl", action="store_true", help="skip the multi-task reference model")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
+
+
+def _add_zoo(sub) -> None:
+    """``acetools zoo build``'s parser."""
+    z = sub.add_parser("zoo", help="build the mini-world's base, heads and experts")
+    zsub = z.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")
+    zb = zsub.add_parser("build", help="build (or load from the cache) a suite's zoo")
+    _world_args(zb)
+    zb.add_argument("--check", action="store_true",
+                    help="build nothing: list what is missing from the cache (exit 1 if anything is)")
+    zb.set_defaults(func=_cmd_zoo_build)
 
 
 def _cmd_zoo_build(args: argparse.Namespace) -> int:
@@ -303,6 +364,24 @@ def _zoo_check(args: argparse.Namespace) -> int:
         what = ", ".join(f"{k}{'/' + t if t else ''}" for k, t in todo) or "nothing"
         print(f"{head}: {len(todo)} to build ({what}); cache {zoo.folder}")
     return 1 if short else 0
+
+
+def _add_bench(sub) -> None:
+    """``acetools bench``'s parser."""
+    b = sub.add_parser("bench", help="merge a zoo with methods, select coefficients on val, report test")
+    _world_args(b)
+    b.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
+                   help="methods (default: all registered): %(choices)s")
+    b.add_argument("--n-val", type=positive_int, default=None, help="validation images per task for the search")
+    b.add_argument("--n-test", type=positive_int, default=None, help="test images per task")
+    b.add_argument("--patience", type=positive_int, default=None,
+                   help="stop a grid search after this many points without improvement (default: whole grid)")
+    b.add_argument("--ace-scaled", action="store_true", help="also run ACE with its scaling chosen on val")
+    b.add_argument("--variants", action="store_true",
+                   help="also run the variant rows (ACE with the gate off, ACE at eps 1e-5)")
+    b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
+    _bench_world_options(b)
+    b.set_defaults(func=_cmd_bench)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -424,114 +503,6 @@ def _cmd_bench_world(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    from .course.report import check_parameters, notebook_paths, parse_parameter, run_report
-
-    if args.list:
-        for p in notebook_paths(args.notebooks):
-            print(p.stem)
-        return 0
-    raw = dict(parse_parameter(p, literal=False) for p in args.parameter)
-    # every selection, name and value is checked before the first kernel starts
-    params = check_parameters(notebook_paths(args.notebooks, args.only), raw)
-    _folder_for_output(args.out, "--out")
-    _folder_for_output(args.figures, "--figures")
-
-    def show(rec):
-        print(f"{rec['notebook']:<24} {rec['seconds']:>7.1f} s  {rec.get('html', rec['executed'])}", flush=True)
-
-    from papermill.exceptions import PapermillExecutionError
-
-    try:
-        recs = run_report(args.profile, only=args.only, parameters=params, out=args.out, figures=args.figures,
-                          notebooks=args.notebooks, html=not args.no_html, timeout=args.cell_timeout,
-                          start_timeout=args.start_timeout, on_result=show)
-    except PapermillExecutionError as err:  # a failing notebook: not a bad argument (exit 1), still one line
-        if args.debug:
-            raise
-        print(f"acetools: error: a notebook failed in cell [{err.exec_count}]: {err.ename}: {_one_line(err.evalue)} "
-              "(the partly executed notebook is in the build folder; run with --debug for the traceback)",
-              file=sys.stderr)
-        return 1
-    print(f"{len(recs)} notebook(s) ran in {sum(r['seconds'] for r in recs):.0f} s ({args.profile} profile)")
-    return 0
-
-
-def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from .files.checkpoints import check_output_folder
-    from .files.diagnose import check_inputs, diagnose, run_report
-
-    _folder_for_output(args.out, "--out")
-    check_output_folder(args.out, [args.base, *args.experts], weights=False)  # merge's check: never inside an input
-    names = args.names or None
-    # every file, key and shape is checked before a kernel starts (one-line errors)
-    info = check_inputs(args.base, args.experts, names=names, layout=args.layout)
-    print(f"{info['n_tasks']} experts, layout {info['layout']!r}, {info['n_matrices']} matrices of "
-          f"{info['n_keys']} keys", flush=True)
-    if args.tables_only:
-        d = diagnose(args.base, args.experts, names=names, layout=args.layout, tau=args.tau, ace=args.ace)
-        paths = d.save(args.out)
-        print(d.summary[["label", "value", "unit"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        print(f"tables in {os.path.dirname(os.path.abspath(paths['summary']))} ({d.meta['seconds']:.0f} s)")
-        return 0
-    rec = run_report(args.base, args.experts, args.out, names=names, layout=args.layout, tau=args.tau, ace=args.ace,
-                     html=not args.no_html, timeout=args.cell_timeout)
-    print(f"report in {rec['seconds']:.0f} s: {rec.get('html', rec['executed'])}")
-    return 0
-
-
-def _cmd_merge(args: argparse.Namespace) -> int:
-    from .layouts import format_table
-    from .files.merge_files import load_config, merge_files, parse_hparam
-
-    cfg = load_config(args.config) if args.config else {"hyperparameters": {}}
-    for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode", "heads",
-                 "names"):
-        if getattr(args, name) is not None:
-            cfg[name] = getattr(args, name)
-    cfg["hyperparameters"].update(dict(parse_hparam(p) for p in args.param))
-    for name in ("method", "base", "experts"):
-        if not cfg.get(name):
-            raise ValueError(f"merge needs --{name} (or '{name}:' in a config file)")
-    if not cfg.get("out") and not args.dry_run:
-        raise ValueError("merge needs --out (or 'out:' in a config file), or --dry-run")
-    res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"), hparams=cfg["hyperparameters"],
-                      layout=cfg.get("layout", "auto"), dtype=cfg.get("dtype"), device=cfg.get("device", "cpu"),
-                      shard_size=cfg.get("shard_size", "5GB"), mode=cfg.get("mode", "auto"), dry_run=args.dry_run,
-                      overwrite=args.overwrite or bool(cfg.get("overwrite")), progress=None,
-                      heads=cfg.get("heads", "auto"), names=cfg.get("names"),
-                      force_layout=args.force_layout or bool(cfg.get("force_layout")))
-    print(res.plan.summary())
-    if args.dry_run:
-        print(format_table(res.plan.rows))
-        return 0
-    print(f"wrote {', '.join(f.name for f in res.files)} to {res.out} in {res.seconds:.1f} s")
-    if res.info["heads"]["tasks"]:
-        print(f"heads of {len(res.info['heads']['tasks'])} tasks in {res.out / 'heads'}: "
-              f"{', '.join(res.info['heads']['tasks'])} (acetools.files.heads.load_with_head)")
-    return 0
-
-
-def _cmd_regime(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from .regime import regime_card
-    from .world.vision.zoo import Zoo
-
-    _folder_for_output(args.out, "--out")
-    zoo = Zoo(args.suite, size=args.size, seed=args.seed, root=args.root, mtl=False, threads=args.threads)
-    zoo.build(progress=True)
-    card = regime_card(zoo, n_val=args.n_val, n_test=args.n_test, patience=args.patience, tau=args.tau,
-                       threads=args.threads, progress=True)
-    out = Path(args.out) if args.out else Path("figures") / "regime" / f"{args.suite}_{args.size}_seed{args.seed}"
-    paths = card.save(out)
-    df = card.to_frame()[["label", "value", "clip", "unit"]]
-    print(f"regime card: {args.suite} size={args.size} seed={args.seed} ({card.meta['seconds']:.0f} s)")
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print(f"written: {paths['card']} (+ per_task, per_layer, json)")
-    return 0
-
-
 def _world_names() -> list[str]:
     from .world import world_names
 
@@ -566,52 +537,8 @@ def _bench_world_options(b: argparse.ArgumentParser) -> None:
     b.add_argument("--device", default="auto", help="text / clip-vit-b32: auto (CUDA when present), cuda or cpu")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
-    _add_output_options(ap, top=True)
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    d = sub.add_parser("demo", help="merge small generated experts with every method and print a table")
-    d.add_argument("--tasks", type=positive_int, default=6, help="number of experts (default 6)")
-    d.add_argument("--seed", type=nonnegative_int, default=0)
-    d.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
-                   help="methods to run (default: all): %(choices)s")
-    d.add_argument("--defaults", action="store_true", help="keep default coefficients (no validation search)")
-    d.set_defaults(func=_cmd_demo)
-
-    def world_args(p):
-        p.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
-                       help="task suite (default tasks8): %(choices)s")
-        p.add_argument("--size", default="small", type=model_size, metavar="SIZE",
-                       help="model size (default small): micro, tiny, small (acetools.world.vision.models.SIZES), "
-                            "or an open_clip model name such as ViT-B-32 (pretrained CLIP, for the online suites)")
-        p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="expert fine-tuning seeds")
-        p.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
-        p.add_argument("--no-mtl", action="store_true", help="skip the multi-task reference model")
-        p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
-
-    z = sub.add_parser("zoo", help="build the mini-world's base, heads and experts")
-    zsub = z.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")
-    zb = zsub.add_parser("build", help="build (or load from the cache) a suite's zoo")
-    world_args(zb)
-    zb.add_argument("--check", action="store_true",
-                    help="build nothing: list what is missing from the cache (exit 1 if anything is)")
-    zb.set_defaults(func=_cmd_zoo_build)
-
-    b = sub.add_parser("bench", help="merge a zoo with methods, select coefficients on val, report test")
-    world_args(b)
-    _bench_world_options(b)
-    b.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
-                   help="methods (default: all registered): %(choices)s")
-    b.add_argument("--n-val", type=positive_int, default=None, help="validation images per task for the search")
-    b.add_argument("--n-test", type=positive_int, default=None, help="test images per task")
-    b.add_argument("--patience", type=positive_int, default=None,
-                   help="stop a grid search after this many points without improvement (default: whole grid)")
-    b.add_argument("--ace-scaled", action="store_true", help="also run ACE with its scaling chosen on val")
-    b.add_argument("--variants", action="store_true",
-                   help="also run the variant rows (ACE with the gate off, ACE at eps 1e-5)")
-    b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
-    b.set_defaults(func=_cmd_bench)
-
+def _add_report(sub) -> None:
+    """``acetools report``'s parser."""
     r = sub.add_parser("report", help="run the course notebooks with papermill and render HTML reports")
     r.add_argument("--profile", choices=["quick", "full"], default="quick",
                    help="quick: fixture world, minutes (CI); full: the mini-world at its default size")
@@ -631,6 +558,42 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--list", action="store_true", help="list the notebooks and exit")
     r.set_defaults(func=_cmd_report)
 
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .notebooks import check_parameters, notebook_paths, parse_parameter, run_report
+
+    if args.list:
+        for p in notebook_paths(args.notebooks):
+            print(p.stem)
+        return 0
+    raw = dict(parse_parameter(p, literal=False) for p in args.parameter)
+    # every selection, name and value is checked before the first kernel starts
+    params = check_parameters(notebook_paths(args.notebooks, args.only), raw)
+    _folder_for_output(args.out, "--out")
+    _folder_for_output(args.figures, "--figures")
+
+    def show(rec):
+        print(f"{rec['notebook']:<24} {rec['seconds']:>7.1f} s  {rec.get('html', rec['executed'])}", flush=True)
+
+    from papermill.exceptions import PapermillExecutionError
+
+    try:
+        recs = run_report(args.profile, only=args.only, parameters=params, out=args.out, figures=args.figures,
+                          notebooks=args.notebooks, html=not args.no_html, timeout=args.cell_timeout,
+                          start_timeout=args.start_timeout, on_result=show)
+    except PapermillExecutionError as err:  # a failing notebook: not a bad argument (exit 1), still one line
+        if args.debug:
+            raise
+        print(f"acetools: error: a notebook failed in cell [{err.exec_count}]: {err.ename}: {_one_line(err.evalue)} "
+              "(the partly executed notebook is in the build folder; run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+    print(f"{len(recs)} notebook(s) ran in {sum(r['seconds'] for r in recs):.0f} s ({args.profile} profile)")
+    return 0
+
+
+def _add_diagnose(sub) -> None:
+    """``acetools diagnose``'s parser."""
     g = sub.add_parser("diagnose",
                        help="diagnose a base and its experts from their checkpoints: tables and an HTML report")
     g.add_argument("--base", required=True,
@@ -640,7 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--layout", default="auto", choices=_Lazy(_layouts), metavar="LAYOUT",
                    help="layout preset (default auto: detected from the config or key names): %(choices)s")
     g.add_argument("--names", nargs="+", default=None, help="one name per expert (default: the file names)")
-    g.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3)")
+    g.add_argument("--tau", type=float, default=None,
+                   help="ACE's gate threshold on gamma (default: ACE's registered tau, acetools.METHODS['ace'])")
     g.add_argument("--ace", action="store_true",
                    help="also run ACE's closed form per matrix (W_pre's spectrum; slower)")
     g.add_argument("--tables-only", action="store_true", help="write the CSV tables and print the summary; no notebook")
@@ -649,9 +613,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fail when one notebook cell runs longer than S seconds (default: no limit)")
     g.set_defaults(func=_cmd_diagnose)
 
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from .files.checkpoints import check_output_folder
+    from .files.diagnose import check_inputs, diagnose, run_report
+
+    _folder_for_output(args.out, "--out")
+    check_output_folder(args.out, [args.base, *args.experts], weights=False)  # merge's check: never inside an input
+    names = args.names or None
+    # every file, key and shape is checked before a kernel starts (one-line errors)
+    info = check_inputs(args.base, args.experts, names=names, layout=args.layout)
+    print(f"{info['n_tasks']} experts, layout {info['layout']!r}, {info['n_matrices']} matrices of "
+          f"{info['n_keys']} keys", flush=True)
+    if args.tables_only:
+        d = diagnose(args.base, args.experts, names=names, layout=args.layout, tau=args.tau, ace=args.ace)
+        paths = d.save(args.out)
+        print(d.summary[["label", "value", "unit"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(f"tables in {os.path.dirname(os.path.abspath(paths['summary']))} ({d.meta['seconds']:.0f} s)")
+        return 0
+    rec = run_report(args.base, args.experts, args.out, names=names, layout=args.layout, tau=args.tau, ace=args.ace,
+                     html=not args.no_html, timeout=args.cell_timeout)
+    print(f"report in {rec['seconds']:.0f} s: {rec.get('html', rec['executed'])}")
+    return 0
+
+
+def _add_merge(sub) -> None:
+    """``acetools merge``'s parser (its help lists the registered methods)."""
     m = sub.add_parser("merge", help="merge checkpoints on disk (safetensors, HF folders, open_clip) into safetensors",
                        description="Merge expert checkpoints fine-tuned from one base; streams key by key when the "
                                    "method allows. Options override a config file's values. See docs/your-models.md.")
+    m.formatter_class = argparse.RawDescriptionHelpFormatter
+    m.lazy_epilog = _methods_epilog
     m.add_argument("config", nargs="?", default=None,
                    help="YAML config (method, base, experts, out, hyperparameters, ...)")
     m.add_argument("--method", default=None, choices=METHOD_CHOICES, metavar="METHOD",
@@ -681,6 +673,41 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dry-run", action="store_true", help="print the layout and the path of every key; write nothing")
     m.set_defaults(func=_cmd_merge)
 
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from .files.merge_files import load_config, merge_files, parse_hparam
+    from .layouts import format_table
+
+    cfg = load_config(args.config) if args.config else {"hyperparameters": {}}
+    for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode", "heads",
+                 "names"):
+        if getattr(args, name) is not None:
+            cfg[name] = getattr(args, name)
+    cfg["hyperparameters"].update(dict(parse_hparam(p) for p in args.param))
+    for name in ("method", "base", "experts"):
+        if not cfg.get(name):
+            raise InputError(f"merge needs --{name} (or '{name}:' in a config file)")
+    if not cfg.get("out") and not args.dry_run:
+        raise InputError("merge needs --out (or 'out:' in a config file), or --dry-run")
+    res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"), hparams=cfg["hyperparameters"],
+                      layout=cfg.get("layout", "auto"), dtype=cfg.get("dtype"), device=cfg.get("device", "cpu"),
+                      shard_size=cfg.get("shard_size", "5GB"), mode=cfg.get("mode", "auto"), dry_run=args.dry_run,
+                      overwrite=args.overwrite or bool(cfg.get("overwrite")), progress=None,
+                      heads=cfg.get("heads", "auto"), names=cfg.get("names"),
+                      force_layout=args.force_layout or bool(cfg.get("force_layout")))
+    print(res.plan.summary())
+    if args.dry_run:
+        print(format_table(res.plan.rows))
+        return 0
+    print(f"wrote {', '.join(f.name for f in res.files)} to {res.out} in {res.seconds:.1f} s")
+    if res.info["heads"]["tasks"]:
+        print(f"heads of {len(res.info['heads']['tasks'])} tasks in {res.out / 'heads'}: "
+              f"{', '.join(res.info['heads']['tasks'])} (acetools.files.heads.load_with_head)")
+    return 0
+
+
+def _add_regime(sub) -> None:
+    """``acetools regime``'s parser."""
     rg = sub.add_parser("regime", help="measure a zoo's regime card (room for structured merges) beside CLIP's")
     rg.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
                     help="task suite (default tasks8): %(choices)s")
@@ -693,10 +720,40 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--n-val", type=positive_int, default=100, help="validation images per task (default 100)")
     rg.add_argument("--n-test", type=positive_int, default=500, help="test images per task (default 500)")
     rg.add_argument("--patience", type=positive_int, default=3, help="grid-search patience (default 3)")
-    rg.add_argument("--tau", type=float, default=0.3, help="ACE's gate threshold on gamma (default 0.3, the paper's)")
+    rg.add_argument("--tau", type=float, default=None,
+                    help="ACE's gate threshold on gamma (default: ACE's registered tau, the paper's)")
     rg.add_argument("--out", default=None,
                     help="folder for card.csv/json (default figures/regime/<suite>_<size>_seed<k>)")
     rg.set_defaults(func=_cmd_regime)
+
+
+def _cmd_regime(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .regime import regime_card
+    from .world.vision.zoo import Zoo
+
+    _folder_for_output(args.out, "--out")
+    zoo = Zoo(args.suite, size=args.size, seed=args.seed, root=args.root, mtl=False, threads=args.threads)
+    zoo.build(progress=True)
+    card = regime_card(zoo, n_val=args.n_val, n_test=args.n_test, patience=args.patience, tau=args.tau,
+                       threads=args.threads, progress=True)
+    out = Path(args.out) if args.out else Path("figures") / "regime" / f"{args.suite}_{args.size}_seed{args.seed}"
+    paths = card.save(out)
+    df = card.to_frame()[["label", "value", "clip", "unit"]]
+    print(f"regime card: {args.suite} size={args.size} seed={args.seed} ({card.meta['seconds']:.0f} s)")
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"written: {paths['card']} (+ per_task, per_layer, json)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one ``_add_<name>`` per subcommand, each beside its ``_cmd_<name>`` handler."""
+    ap = _Parser(prog="acetools", description="Data-free model merging: ACE, ESM and baselines.")
+    _add_output_options(ap, top=True)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_demo, _add_zoo, _add_bench, _add_report, _add_diagnose, _add_merge, _add_regime):
+        add(sub)
     return ap
 
 

@@ -77,7 +77,7 @@ def run_demo(n_tasks: int = 6, d_in: int = 48, d_out: int = 24, seed: int = 0,
         if search is None:
             W = merged_weight(m)
         else:
-            def score(c: float) -> dict[str, float]:
+            def score(c: float, m: str = m, search=search) -> dict[str, float]:
                 return gains(merged_weight(m, **{search.param: c}), "val")
 
             hundred = {f"task{i}": 100.0 for i in range(len(tasks))}  # gains are normalized already

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
+from .errors import InputError, InputKeyError, InputTypeError
 from .keys import block_index, layer_type  # layer_type re-exported: the public name lessons use
 
 __all__ = [
@@ -46,11 +47,11 @@ __all__ = [
 
 def _matrix(M: Tensor, what: str = "M") -> Tensor:
     if not isinstance(M, Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(M).__name__}")
+        raise InputTypeError(f"{what} must be a torch.Tensor, got {type(M).__name__}")
     if M.ndim != 2:
-        raise ValueError(f"{what} must be a 2-D matrix, got shape {tuple(M.shape)}")
+        raise InputError(f"{what} must be a 2-D matrix, got shape {tuple(M.shape)}")
     if not torch.isfinite(M).all():
-        raise ValueError(f"{what} contains NaN or Inf")
+        raise InputError(f"{what} contains NaN or Inf")
     return M.double()
 
 
@@ -70,7 +71,7 @@ def energy_fraction(M: Tensor, frac: float = 0.05) -> float:
     ``energy_fraction(W, 0.05)``. ``M`` may be a matrix or a 1-D spectrum. NaN for a zero matrix.
     """
     if not 0.0 < frac <= 1.0:
-        raise ValueError(f"frac={frac!r} must be in (0, 1] (0.05 = top 5%)")
+        raise InputError(f"frac={frac!r} must be in (0, 1] (0.05 = top 5%)")
     S = singular_values(M)
     k = max(1, math.ceil(frac * S.numel()))
     total = float((S**2).sum())
@@ -108,10 +109,10 @@ def principal_subspace(M: Tensor, k: int, side: str = "left") -> Tensor:
     """
     M = _matrix(M)
     if side not in ("left", "right"):
-        raise ValueError(f"side={side!r} must be 'left' or 'right'")
+        raise InputError(f"side={side!r} must be 'left' or 'right'")
     r = min(M.shape)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= r:
-        raise ValueError(f"k={k!r} must be an int in [1, min(d_out, d_in)] = [1, {r}]")
+        raise InputError(f"k={k!r} must be an int in [1, min(d_out, d_in)] = [1, {r}]")
     U, _, Vh = torch.linalg.svd(M, full_matrices=False)
     return U[:, :k] if side == "left" else Vh[:k, :].T
 
@@ -129,10 +130,10 @@ def subspace_similarity(A: Tensor, B: Tensor, k: int, *, side: str = "left", red
     Both are 1 for identical subspaces and 0 for orthogonal ones.
     """
     if reduction not in ("projection", "mean_cos"):
-        raise ValueError(f"reduction={reduction!r} must be 'projection' or 'mean_cos'")
+        raise InputError(f"reduction={reduction!r} must be 'projection' or 'mean_cos'")
     UA, UB = principal_subspace(A, k, side), principal_subspace(B, k, side)
     if UA.shape[0] != UB.shape[0]:
-        raise ValueError(f"A and B live in different spaces ({UA.shape[0]} vs {UB.shape[0]} rows on side {side!r})")
+        raise InputError(f"A and B live in different spaces ({UA.shape[0]} vs {UB.shape[0]} rows on side {side!r})")
     M = UA.T @ UB
     if reduction == "projection":
         return float((M**2).sum() / k)
@@ -154,14 +155,14 @@ def energy_capture(X: Tensor, delta_W: Tensor, k: int) -> dict[str, float]:
     """
     X, dW = _matrix(X, "X"), _matrix(delta_W, "delta_W")
     if X.shape[1] != dW.shape[1]:
-        raise ValueError(f"X has {X.shape[1]} features but delta_W has d_in = {dW.shape[1]}")
+        raise InputError(f"X has {X.shape[1]} features but delta_W has d_in = {dW.shape[1]}")
     d_out = dW.shape[0]
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d_out:
-        raise ValueError(f"k={k!r} must be an int in [1, d_out] = [1, {d_out}]")
+        raise InputError(f"k={k!r} must be an int in [1, d_out] = [1, {d_out}]")
     dO = X @ dW.T
     total = float((dO**2).sum())
     if total == 0:
-        raise ValueError("X @ delta_W.T is zero: no activation shift to decompose")
+        raise InputError("X @ delta_W.T is zero: no activation shift to decompose")
     S_out = torch.linalg.svdvals(dO)
     U = torch.linalg.svd(dW, full_matrices=False)[0]
     Uk = U[:, : min(k, U.shape[1])]
@@ -188,9 +189,9 @@ def linear_cka(X: Tensor, Y: Tensor) -> float:
     """
     X, Y = _matrix(X, "X"), _matrix(Y, "Y")
     if X.shape[0] != Y.shape[0]:
-        raise ValueError(f"X and Y need the same number of rows (examples): {X.shape[0]} vs {Y.shape[0]}")
+        raise InputError(f"X and Y need the same number of rows (examples): {X.shape[0]} vs {Y.shape[0]}")
     if X.shape[0] < 2:
-        raise ValueError("linear_cka needs at least 2 examples")
+        raise InputError("linear_cka needs at least 2 examples")
     Xc, Yc = X - X.mean(0, keepdim=True), Y - Y.mean(0, keepdim=True)
     if X.shape[0] < X.shape[1] + Y.shape[1]:
         K, L = Xc @ Xc.T, Yc @ Yc.T
@@ -199,7 +200,7 @@ def linear_cka(X: Tensor, Y: Tensor) -> float:
         hsic = ((Yc.T @ Xc) ** 2).sum()
         nx, ny = torch.linalg.matrix_norm(Xc.T @ Xc), torch.linalg.matrix_norm(Yc.T @ Yc)
     if nx == 0 or ny == 0:
-        raise ValueError("linear_cka is undefined when X or Y is constant across examples")
+        raise InputError("linear_cka is undefined when X or Y is constant across examples")
     return float(hsic / (nx * ny))
 
 
@@ -208,13 +209,13 @@ def _names(n: int, names: Sequence[str] | None) -> list[str]:
         return [f"task{i}" for i in range(n)]
     names = list(names)
     if len(names) != n:
-        raise ValueError(f"{len(names)} names for {n} task vectors")
+        raise InputError(f"{len(names)} names for {n} task vectors")
     return names
 
 
 def _select_keys(task_vectors: Sequence[Mapping[str, Tensor]], keys: Iterable[str] | None) -> list[str]:
     if isinstance(task_vectors, Mapping) or len(task_vectors) == 0:
-        raise ValueError("task_vectors must be a non-empty list of {key: tau_t} dicts")
+        raise InputError("task_vectors must be a non-empty list of {key: tau_t} dicts")
     all_keys = list(task_vectors[0])
     if keys is None:
         return all_keys
@@ -222,7 +223,7 @@ def _select_keys(task_vectors: Sequence[Mapping[str, Tensor]], keys: Iterable[st
     for k in keys:
         for t, tv in enumerate(task_vectors):
             if k not in tv:
-                raise KeyError(f"task_vectors[{t}] has no key {k!r}")
+                raise InputKeyError(f"task_vectors[{t}] has no key {k!r}")
     return keys
 
 
@@ -291,11 +292,11 @@ def relative_update_norms(
     rows = []
     for k in keys:
         if k not in base:
-            raise KeyError(f"base has no key {k!r}")
+            raise InputKeyError(f"base has no key {k!r}")
         b = float(base[k].detach().double().norm())
         for name, tv in zip(labels, task_vectors):
             if tuple(tv[k].shape) != tuple(base[k].shape):
-                raise ValueError(
+                raise InputError(
                     f"{k!r}: task vector {name} has shape {tuple(tv[k].shape)}, base {tuple(base[k].shape)}"
                 )
             t = float(tv[k].detach().double().norm())
@@ -358,10 +359,10 @@ class CovarianceComparison:
 def _symmetric(M: Tensor, what: str) -> Tensor:
     M = _matrix(M, what)
     if M.shape[0] != M.shape[1]:
-        raise ValueError(f"{what} must be square, got {tuple(M.shape)}")
+        raise InputError(f"{what} must be square, got {tuple(M.shape)}")
     scale = float(M.abs().max())
     if scale > 0 and float((M - M.T).abs().max()) > 1e-8 * scale:
-        raise ValueError(f"{what} is not symmetric; a covariance must be (symmetrise it with (S + S.T) / 2)")
+        raise InputError(f"{what} is not symmetric; a covariance must be (symmetrise it with (S + S.T) / 2)")
     return (M + M.T) / 2
 
 
@@ -396,14 +397,14 @@ def compare_covariances(Sigma_hat: Tensor, Sigma: Tensor, k: int | None = None) 
     """
     A, B = _symmetric(Sigma_hat, "Sigma_hat"), _symmetric(Sigma, "Sigma")
     if A.shape != B.shape:
-        raise ValueError(f"Sigma_hat {tuple(A.shape)} and Sigma {tuple(B.shape)} differ in shape")
+        raise InputError(f"Sigma_hat {tuple(A.shape)} and Sigma {tuple(B.shape)} differ in shape")
     d = A.shape[0]
     k = max(1, d // 10) if k is None else k
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
-        raise ValueError(f"k={k!r} must be an int in [1, {d}]")
+        raise InputError(f"k={k!r} must be an int in [1, {d}]")
     nA, nB = torch.linalg.matrix_norm(A), torch.linalg.matrix_norm(B)
     if nA == 0 or nB == 0:
-        raise ValueError("compare_covariances needs non-zero matrices")
+        raise InputError("compare_covariances needs non-zero matrices")
     lA, UA = torch.linalg.eigh(A)
     lB, UB = torch.linalg.eigh(B)
     lA, UA, lB, UB = lA.flip(0), UA.flip(1), lB.flip(0), UB.flip(1)

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from .errors import InputError
+
 __all__ = ["BLOCK_CONTAINERS", "SHORT_NAMES", "KeyParts", "parse_key", "block_index", "layer_type",
            "short_name", "short_label"]
 
@@ -110,4 +112,4 @@ def short_label(key: str, style: Literal["dot", "b"] = "dot") -> str:
         if p.block is None or p.layer_type not in SHORT_NAMES:
             return key
         return f"b{p.block} {SHORT_NAMES[p.layer_type]}"
-    raise ValueError(f"unknown label style {style!r}; styles: 'dot', 'b'")
+    raise InputError(f"unknown label style {style!r}; styles: 'dot', 'b'")

@@ -46,6 +46,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from .errors import InputError, InputTypeError
+
 __all__ = [
     "ROLES",
     "ORIENTATIONS",
@@ -82,7 +84,7 @@ def _meta(tensor: Tensor | TensorMeta) -> TensorMeta:
         return tensor
     if isinstance(tensor, Tensor):
         return TensorMeta(tuple(tensor.shape), tensor.dtype)
-    raise TypeError(f"expected a torch.Tensor or a TensorMeta, got {type(tensor).__name__}")
+    raise InputTypeError(f"expected a torch.Tensor or a TensorMeta, got {type(tensor).__name__}")
 
 
 def _any(patterns: Sequence[str], key: str) -> bool:
@@ -91,12 +93,12 @@ def _any(patterns: Sequence[str], key: str) -> bool:
 
 def _compiled_check(value: Any, name: str) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (tuple, list)):
-        raise TypeError(f"Layout.{name} must be a tuple of regular expressions, got {value!r}")
+        raise InputTypeError(f"Layout.{name} must be a tuple of regular expressions, got {value!r}")
     for p in value:
         try:
             re.compile(p)
         except re.error as e:
-            raise ValueError(f"Layout.{name}: {p!r} is not a regular expression ({e})") from None
+            raise InputError(f"Layout.{name}: {p!r} is not a regular expression ({e})") from None
     return tuple(value)
 
 
@@ -133,7 +135,7 @@ class Layout:
             object.__setattr__(self, name, _compiled_check(getattr(self, name), name))
         rules = tuple(tuple(r) for r in self.tie_rules)
         if any(len(r) != 2 for r in rules):
-            raise ValueError("Layout.tie_rules must be (alias pattern, canonical pattern) pairs")
+            raise InputError("Layout.tie_rules must be (alias pattern, canonical pattern) pairs")
         object.__setattr__(self, "tie_rules", rules)
         object.__setattr__(self, "tied", dict(self.tied))
 
@@ -195,7 +197,7 @@ class Layout:
                     tied[aliases[0]] = canons[0]
         for alias, canon in tied.items():
             if canon in tied:
-                raise ValueError(f"Layout {self.name!r}: tied key {alias!r} -> {canon!r} points at another alias")
+                raise InputError(f"Layout {self.name!r}: tied key {alias!r} -> {canon!r} points at another alias")
         return dataclasses.replace(self, tied=tied)
 
     def describe(self, tensors: Mapping[str, Tensor | TensorMeta]) -> list[dict[str, Any]]:
@@ -355,18 +357,18 @@ def get_layout(
         lay = PRESETS[name]
     elif isinstance(layout, str):
         if layout not in PRESETS:
-            raise ValueError(f"unknown layout {layout!r}; valid layouts are: auto, {', '.join(PRESETS)}")
+            raise InputError(f"unknown layout {layout!r}; valid layouts are: auto, {', '.join(PRESETS)}")
         said = detect_layout((), config) if config else None
         if said is not None and said != layout and not force:
             what = config.get("model_type") or (config.get("architectures") or ["?"])[0]
-            raise ValueError(
+            raise InputError(
                 f"layout {layout!r} contradicts the checkpoint's config.json (model_type/architecture {what!r}, "
                 f"i.e. layout {said!r}); drop --layout to use {said!r}, or, if the config is wrong, force it "
                 "(acetools merge --force-layout; force=True in Python)"
             )
         lay = PRESETS[layout]
     else:
-        raise TypeError(f"layout must be a preset name, 'auto' or a Layout, got {type(layout).__name__}")
+        raise InputTypeError(f"layout must be a preset name, 'auto' or a Layout, got {type(layout).__name__}")
     return lay.bind(keys, config) if keys is not None else lay
 
 

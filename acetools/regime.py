@@ -39,7 +39,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,9 +49,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .utils import atomic_write
+from .errors import InputError, InputKeyError
+from .utils import atomic_write, jsonable
 
-__all__ = ["CARD_METHODS", "CLIP_B32", "RegimeCard", "clip_reference", "regime_card", "regime_targets", "summary_row"]
+__all__ = ["CARD_METHODS", "CLIP_B32", "RegimeCard", "clip_reference", "regime_card", "summary_row"]
 
 log = logging.getLogger("acetools.regime")
 
@@ -137,7 +138,7 @@ class RegimeCard:
         for r in self.rows:
             if r["metric"] == metric:
                 return r["value"]
-        raise KeyError(f"no row {metric!r} in the card; rows: {[r['metric'] for r in self.rows]}")
+        raise InputKeyError(f"no row {metric!r} in the card; rows: {[r['metric'] for r in self.rows]}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"meta": self.meta, "rows": [_clean(r) for r in self.rows],
@@ -168,17 +169,8 @@ class RegimeCard:
 
 
 def _clean(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return {str(k): _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    if isinstance(v, (float, np.floating)):
-        return float(v) if math.isfinite(v) else None
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, np.bool_):
-        return bool(v)
-    return v
+    """JSON's types, NaN as null (:func:`acetools.utils.jsonable`)."""
+    return jsonable(v, finite=True)
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -195,7 +187,7 @@ def regime_card(
     n_val: int | None = 100,
     n_test: int | None = 500,
     patience: int | None = 3,
-    tau: float = 0.3,
+    tau: float | None = None,
     threads: int | None = None,
     progress: bool | None = None,
     bench=None,
@@ -206,57 +198,80 @@ def regime_card(
 
     ``n_val`` / ``n_test`` images per task (prefixes of the splits), ``patience`` of the grid
     searches, as in :class:`acetools.benchmark.Benchmark` (pass ``bench`` to reuse one);
-    ``tau`` is ACE's gate threshold (0.3, the paper's); ``n_act`` training images per task
-    give the input-activation rows. Returns a :class:`RegimeCard`.
+    ``tau`` is ACE's gate threshold (None: ACE's registered default, the paper's 0.3); ``n_act``
+    training images per task give the input-activation rows. Returns a :class:`RegimeCard`.
+
+    Steps: the accuracies (:func:`_card_accuracies`), the spectra (:func:`_spectra_rows`), the
+    activations (:func:`_activation_rows`), the per-matrix and per-layer tables
+    (:func:`_layer_tables`), the per-task table and the card's rows (:func:`_card_rows`).
     """
     from .benchmark import Benchmark
-    from .diagnostics import heterogeneity_per_layer, layer_type, relative_update_norms, task_vector_cosine
-    from .merging import is_matrix_param, task_vectors
-    from .merging.ace import ace_with_diagnostics
-    from .merging.svd import tsv_rank
+    from .merging import METHODS, is_matrix_param, task_vectors
     from .utils import progress as _bar
 
+    if tau is None:
+        tau = METHODS["ace"].params["tau"].default
     if not tau > 0:
-        raise ValueError(f"tau={tau!r} must be positive (ACE's gate threshold, 0.3 in the paper)")
+        raise InputError(f"tau={tau!r} must be positive (ACE's gate threshold, 0.3 in the paper)")
     t_start = time.perf_counter()
     if bench is None:
         bench = Benchmark(world, n_val=n_val, n_test=n_test, threads=threads, patience=patience)
     world = bench.world
     zoo = getattr(world, "zoo", world)
     tasks = list(bench.tasks)
-    T = len(tasks)
     base = bench.base
-    experts = bench.experts
-    taus = task_vectors(base, experts)
+    taus = task_vectors(base, bench.experts)
     mats = [k for k in base if is_matrix_param(k, base[k])]
     if not mats:
-        raise ValueError("the zoo's base has no weight matrices; a regime card needs at least one")
-
-    # --- accuracies: references and the searched merges (Benchmark.run)
+        raise InputError("the zoo's base has no weight matrices; a regime card needs at least one")
     steps = ["references", *CARD_METHODS, "ace", "truncated experts", "scaled experts", "spectra"]
     bar = _bar(steps, desc="regime card", total=len(steps), enabled=progress)
     it = iter(bar)
+    acc = _card_accuracies(bench, base, taus, mats, tau, it)
+    next(it)
+    spec = pd.DataFrame(_spectra_rows(base, taus, mats, acc["diags"], len(tasks)))
+    if hasattr(bar, "close"):
+        bar.close()
+    act = _activation_rows(bench, base, taus, tasks, n_images=n_act)
+    act.update(_token_activation_rows(bench, base, tasks, n_images=n_act))
+    per_key, per_layer = _layer_tables(base, taus, tasks, mats, acc["het"], spec)
+    per_task = _per_task_table(tasks, acc)
+    rows = _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau, world)
+    runs = acc["runs"]
+    meta = {
+        "suite": getattr(zoo, "suite", None), "tasks": tasks, "n_tasks": len(tasks), "size": getattr(zoo, "size", None),
+        "seed": getattr(zoo, "seed", None), "tau": tau, "n_val": bench.n_val, "n_test": bench.n_test,
+        "patience": bench.patience, "coefficients": {m: runs[m].coef for m in CARD_METHODS},
+        "world": world.kind, "world_description": world.describe(), "profile": getattr(world, "profile", None),
+        "recipe": _recipe(zoo), "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in zoo.records()],
+        "seconds": round(time.perf_counter() - t_start, 1),
+        "clip_source": "acetools.regime.CLIP_B32 (the papers' collected table, ViT-B/32) and docs/regime.md",
+    }
+    return RegimeCard(rows, per_task, per_layer, _clean(meta))
+
+
+def _card_accuracies(bench, base, taus, mats, tau: float, it) -> dict[str, Any]:
+    """References, the searched merges (Benchmark.run), ACE at its defaults (gamma, gate, W_pre's
+    spectrum, accuracy: Eq. 7 and Step 3 of ACE-Merging), and the per-task explanations: each
+    expert truncated to TSV-M's rank, and each task at TA's lambda without interference."""
+    from .diagnostics import heterogeneity_per_layer
+    from .merging.ace import ace_with_diagnostics
+    from .merging.svd import low_rank, tsv_rank
+
+    tasks, T = list(bench.tasks), len(bench.tasks)
     next(it)
     ref_rows = bench.reference_rows()
-    base_run, expert_run = ref_rows[0], ref_rows[1]
     runs = {}
     for m in CARD_METHODS:
         next(it)
         runs[m] = bench.run(m)
         log.info("%s: %.2f normalized (coef %s)", m, runs[m].summary()["test_normalized"], runs[m].coef)
     lam = float(runs["task_arithmetic"].coef)
-
-    # --- ACE at its defaults: gamma, gate, W_pre's spectrum, accuracy (Eq. 7 and Step 3 of ACE-Merging)
     next(it)
     update, diags = ace_with_diagnostics(base, taus, spectra=True, tau=tau)
     ace_state = {k: base[k] + update[k].to(base[k].dtype) for k in base}
-    ace_test = bench.evaluate(ace_state, "test")
-    ace_norm = bench.normalized(ace_test, "test")
+    ace_norm = bench.normalized(bench.evaluate(ace_state, "test"), "test")
     het = heterogeneity_per_layer(taus, tau=tau, keys=mats)
-
-    # --- per-task explanations: truncation to TSV-M's rank, and TA's lambda without interference
-    from .merging.svd import low_rank
-
     next(it)
     trunc_acc, scaled_acc = {}, {}
     for t, tv in zip(tasks, taus):
@@ -266,12 +281,15 @@ def regime_card(
     next(it)
     for t, tv in zip(tasks, taus):
         scaled_acc[t] = bench.evaluate({k: base[k] + lam * tv[k] for k in base}, "test", tasks=[t])[t]
-    trunc_norm = bench.normalized(trunc_acc, "test")
-    scaled_norm = bench.normalized(scaled_acc, "test")
+    return {"base_run": ref_rows[0], "expert_run": ref_rows[1], "runs": runs, "lam": lam, "diags": diags,
+            "ace_norm": ace_norm, "het": het, "trunc_norm": bench.normalized(trunc_acc, "test"),
+            "scaled_norm": bench.normalized(scaled_acc, "test")}
 
-    # --- spectra: energy in the top-k directions and the overlap of different tasks' subspaces
-    next(it)
-    from .diagnostics import principal_subspace, singular_values
+
+def _spectra_rows(base, taus, mats, diags, T: int) -> list[dict[str, Any]]:
+    """Per matrix: energy in the top-k directions and the overlap of different tasks' subspaces."""
+    from .diagnostics import layer_type, principal_subspace, singular_values
+    from .merging.svd import tsv_rank
 
     layer_rows = []
     for k in mats:
@@ -295,7 +313,6 @@ def regime_card(
                     overlaps.append(float((Us[i].T @ Us[j]).pow(2).sum()) / kk)
                     by_side[side].append(overlaps[-1])
                     rand.append(kk / d)
-        dg = diags[k]
         layer_rows.append({
             "key": k, "layer_type": layer_type(k), "shape": "x".join(map(str, base[k].shape)), "rank_k": kk,
             "energy_topk": float(np.nanmean(energy_top)) if energy_top else math.nan,
@@ -303,13 +320,15 @@ def regime_card(
             "overlap_random": float(np.mean(rand)) if rand else math.nan,
             "overlap_left": float(np.mean(by_side["left"])) if by_side["left"] else math.nan,
             "overlap_right": float(np.mean(by_side["right"])) if by_side["right"] else math.nan,
-            "wpre_top5_energy": _top_energy(dg.spectrum_pre, 0.05),
+            "wpre_top5_energy": _top_energy(diags[k].spectrum_pre, 0.05),
         })
-    if hasattr(bar, "close"):
-        bar.close()
-    act = _activation_rows(bench, base, taus, tasks, n_images=n_act)
-    act.update(_token_activation_rows(bench, base, tasks, n_images=n_act))
-    spec = pd.DataFrame(layer_rows)
+    return layer_rows
+
+
+def _layer_tables(base, taus, tasks, mats, het, spec) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(per_key, per_layer)``: norms, energies, gamma and the spectra per matrix, then per layer type."""
+    from .diagnostics import relative_update_norms
+
     norms = relative_update_norms(base, taus, tasks, keys=mats)
     norms["energy"] = norms["tau_norm"] ** 2
     per_key = norms.groupby("key", sort=False).agg(tau_ratio=("ratio", "mean"), energy=("energy", "mean"))
@@ -328,20 +347,30 @@ def regime_card(
         overlap_right=("overlap_right", "mean"), wpre_top5_energy=("wpre_top5_energy", "median"),
     ).reset_index()
     per_layer["gated_fraction"] = per_layer["gated_fraction"].astype(float)
+    return per_key, per_layer
 
-    # --- per-task table
-    per_task = pd.DataFrame({
+
+def _per_task_table(tasks, acc) -> pd.DataFrame:
+    base_run, expert_run, runs = acc["base_run"], acc["expert_run"], acc["runs"]
+    return pd.DataFrame({
         "task": tasks,
         "expert_acc": [100 * expert_run.test[t] for t in tasks],
         "base_acc": [100 * base_run.test[t] for t in tasks],
         "base_norm": [100 * base_run.test_normalized[t] for t in tasks],
         **{f"{m}_norm": [100 * runs[m].test_normalized[t] for t in tasks] for m in CARD_METHODS},
-        "ace_norm": [100 * ace_norm[t] for t in tasks],
-        "truncated_norm": [100 * trunc_norm[t] for t in tasks],
-        "scaled_norm": [100 * scaled_norm[t] for t in tasks],
+        "ace_norm": [100 * acc["ace_norm"][t] for t in tasks],
+        "truncated_norm": [100 * acc["trunc_norm"][t] for t in tasks],
+        "scaled_norm": [100 * acc["scaled_norm"][t] for t in tasks],
     })
 
-    # --- rows
+
+def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, world) -> list[dict[str, Any]]:
+    """The card's rows (metric, label, value, CLIP's value, note, unit, how)."""
+    from .diagnostics import task_vector_cosine
+
+    T = len(tasks)
+    base_run, expert_run, runs, lam = acc["base_run"], acc["expert_run"], acc["runs"], acc["lam"]
+    ace_norm, trunc_norm, scaled_norm = acc["ace_norm"], acc["trunc_norm"], acc["scaled_norm"]
     clip = clip_reference(T)
     experts_abs, base_abs = _mean(expert_run.test), _mean(base_run.test)
     ta_norm = runs["task_arithmetic"].summary()["test_normalized"]
@@ -349,7 +378,7 @@ def regime_card(
     tsv_abs = runs["tsv_m"].summary()["test_acc"]
     cos = task_vector_cosine(taus, tasks).to_numpy()
     off = cos[~np.eye(T, dtype=bool)] if T > 1 else np.array([math.nan])
-    gammas = het["gamma"].to_numpy(dtype=float)
+    gammas = acc["het"]["gamma"].to_numpy(dtype=float)
     gap = experts_abs - base_abs
     rows: list[dict[str, Any]] = []
 
@@ -423,6 +452,16 @@ def regime_card(
     row("act_topk_energy", "activation energy in the top-k directions", act["act_topk_energy"], "%",
         "share of each task's input Gram trace in its top k eigenvalues at W0: how low-dimensional the base's "
         "features are")
+    _token_rows(row, act)
+    row("tau_in_act", "τ_t's input side inside its task's top activations", act["tau_in_act"], "mean cos²",
+        "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)")
+    row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",
+        "k / d: the expected overlap of random subspaces, for scale")
+    return rows
+
+
+def _token_rows(row: Callable[..., None], act: Mapping[str, float]) -> None:
+    """The card's rows of the centred, token-aware activation statistics (:func:`_token_activation_rows`)."""
     row("act_overlap_centred", "…the same, centred and token-aware", act["act_overlap_centred"], "mean cos²",
         "as act_overlap on the patch tokens with each position's mean removed (CLS apart): what the tasks share "
         "beyond the mean, positional and CLS components every input has")
@@ -435,21 +474,6 @@ def regime_card(
     row("act_cls_share", "input energy in the CLS token's rows", act["act_cls_share"], "%",
         "the class token's part of E‖x‖² (one token of L); these five rows are NaN where examples differ in "
         "length (text)")
-    row("tau_in_act", "τ_t's input side inside its task's top activations", act["tau_in_act"], "mean cos²",
-        "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)")
-    row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",
-        "k / d: the expected overlap of random subspaces, for scale")
-
-    meta = {
-        "suite": getattr(zoo, "suite", None), "tasks": tasks, "n_tasks": T, "size": getattr(zoo, "size", None),
-        "seed": getattr(zoo, "seed", None), "tau": tau, "n_val": bench.n_val, "n_test": bench.n_test,
-        "patience": bench.patience, "coefficients": {m: runs[m].coef for m in CARD_METHODS},
-        "world": world.kind, "world_description": world.describe(), "profile": getattr(world, "profile", None),
-        "recipe": _recipe(zoo), "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in zoo.records()],
-        "seconds": round(time.perf_counter() - t_start, 1),
-        "clip_source": "acetools.regime.CLIP_B32 (the papers' collected table, ViT-B/32) and docs/regime.md",
-    }
-    return RegimeCard(rows, per_task, per_layer, _clean(meta))
 
 
 def _heads_phrase(world) -> str:
@@ -533,73 +557,18 @@ def summary_row(card: RegimeCard, name: str, metrics: Sequence[str] | None = Non
     return out
 
 
-# --------------------------------------------------------------------------- targets
-def _timing_minutes(card: RegimeCard, kind: str) -> float:
-    t = [float(s) for k, s in (card.meta.get("timing") or {}).items() if k.split("/")[0] == kind and s is not None]
-    return sum(t) / 60 if t else math.nan
+def __getattr__(name: str):
+    """``acetools.regime.regime_targets``: moved to the course (deprecated here for one release)."""
+    if name == "regime_targets":
+        import warnings
 
+        warnings.warn("acetools.regime.regime_targets moved to acetools.course.mergeable_world.regime_targets "
+                      "(the mini-world's targets are course logic); import it from there", DeprecationWarning,
+                      stacklevel=2)
+        from .course.mergeable_world import regime_targets
 
-def regime_targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, small: str | None = None,
-                   large: str = "tasks20") -> pd.DataFrame:
-    """The mini-world's regime targets (docs/regime.md §Targets), one row each: ``target, suite,
-    measured, threshold, passed, source``; ``passed`` is ``None`` where the data are missing.
-
-    Accuracy rows come from ``summary`` (the benchmark's per-seed table,
-    :func:`acetools.results.load_summary`; means over its seeds) when given, else from
-    ``card`` (the ``small`` suite only). ACE's gate and the build times come from the card:
-    the gate's share of matrices with γ ≤ τ, the sum of the recorded build seconds of the
-    card's experts (one ``small`` expert set) and of its base. ``small`` defaults to the card's
-    suite (``tasks8`` when the card does not say).
-    """
-    from .results import aggregate
-
-    small = small or card.meta.get("suite") or "tasks8"
-    agg = aggregate(summary) if summary is not None and len(summary) else None
-
-    def get(suite: str, method: str, col: str) -> float:
-        if agg is not None:
-            r = agg[(agg["suite"] == suite) & (agg["method"] == method)]
-            return float(r[col].iloc[0]) if len(r) else math.nan
-        if suite != small:
-            return math.nan
-        metric = {("experts (individual)", "test_acc"): "experts_abs", ("base (frozen heads)", "test_acc"): "base_abs",
-                  ("tsv_m", "test_normalized"): "tsv_norm", ("task_arithmetic", "test_normalized"): "ta_norm",
-                  ("task_arithmetic", "coef"): "ta_lambda"}[(method, col)]
-        return float(card.value(metric))
-
-    src = f"benchmark, {int(agg['n_seeds'].max())} seed(s)" if agg is not None else "regime card"
-    rows: list[dict[str, Any]] = []
-
-    def add(target: str, suite: str, measured: float, threshold: str, ok: Any, source: str = src) -> None:
-        rows.append({"target": target, "suite": suite, "measured": None if math.isnan(measured) else round(measured, 2),
-                     "threshold": threshold, "passed": None if math.isnan(measured) else bool(ok), "source": source})
-
-    exp, base = get(small, "experts (individual)", "test_acc"), get(small, "base (frozen heads)", "test_acc")
-    add("experts (absolute, %)", small, exp, "≥ 85", exp >= 85)
-    add("base below the experts (points)", small, exp - base, "≥ 20", exp - base >= 20)
-    tsv = get(small, "tsv_m", "test_normalized")
-    add("TSV-M (normalized, %)", small, tsv, "≥ 85", tsv >= 85)
-    for suite, need in ((small, 10.0), (large, 8.0)):
-        room = get(suite, "tsv_m", "test_normalized") - get(suite, "task_arithmetic", "test_normalized")
-        add("TSV-M − task arithmetic (normalized points)", suite, room, f"≥ {need:g}", room >= need)
-    drop = get(small, "task_arithmetic", "test_normalized") - get(large, "task_arithmetic", "test_normalized")
-    add(f"task arithmetic on {large} below {small} (normalized points)", f"{small}→{large}", drop, "≥ 5", drop >= 5)
-    if agg is not None:
-        lams = summary.loc[summary["method"] == "task_arithmetic", "coef"].dropna().astype(float)
-    else:
-        lams = pd.Series([get(small, "task_arithmetic", "coef")])
-    for name, lam in (("smallest", lams.min()), ("largest", lams.max())):
-        add(f"task arithmetic's λ on validation ({name} over runs)", "all" if agg is not None else small,
-            float(lam) if len(lams) else math.nan, "in [0.2, 0.6]", 0.2 - 1e-9 <= lam <= 0.6 + 1e-9)
-    gated = float(card.value("ace_gated_fraction"))
-    add("ACE's gate off (γ ≤ τ = 0.3), % of matrices", small, 100.0 - gated, "≥ 75", 100.0 - gated >= 75,
-        "regime card")
-    experts_min = _timing_minutes(card, "expert")
-    add(f"building a {small} expert set (min, as recorded)", small, experts_min, "≤ 20", experts_min <= 20,
-        "regime card")
-    base_h = float(((card.meta.get("recipe") or {}).get("base_recipe") or {}).get("seconds") or math.nan) / 3600
-    add("pretraining the base once (h, as recorded)", "—", base_h, "≤ 2", base_h <= 2, "regime card")
-    return pd.DataFrame(rows, columns=["target", "suite", "measured", "threshold", "passed", "source"])
+        return regime_targets
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, float]:

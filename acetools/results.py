@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from .search import PATIENCE
 import pandas as pd
+
+from .errors import InputError, InputKeyError
+from .search import PATIENCE
 
 __all__ = [
     "REFERENCES",
@@ -140,7 +141,7 @@ def find_results(
             continue
         stem = f.name[: -len("_summary.csv")]
 
-        def opt(suffix: str) -> Path | None:
+        def opt(suffix: str, stem: str = stem) -> Path | None:
             p = folder / f"{stem}{suffix}"
             return p if p.is_file() else None
 
@@ -190,7 +191,7 @@ def load_summary(runs: Sequence[ResultFiles]) -> pd.DataFrame:
         df.insert(0, "suite", r.suite)
         frames.append(df)
     if not frames:
-        raise ValueError("no result files given")
+        raise InputError("no result files given")
     out = pd.concat(frames, ignore_index=True)
     out.insert(out.columns.get_loc("method") + 1, "kind", [row_kind(m) for m in out["method"]])
     return out
@@ -207,7 +208,7 @@ def load_per_task(runs: Sequence[ResultFiles]) -> pd.DataFrame:
         df.insert(0, "suite", r.suite)
         frames.append(df)
     if not frames:
-        raise ValueError("no result files given")
+        raise InputError("no result files given")
     return pd.concat(frames, ignore_index=True)
 
 
@@ -311,7 +312,7 @@ def per_task_matrix(
     """Method × task ``value`` (mean over seeds) of one suite, methods and tasks in file order."""
     d = per_task[(per_task["suite"] == suite) & (per_task["split"] == split)]
     if d.empty:
-        raise KeyError(f"no {split} rows for suite {suite!r}")
+        raise InputKeyError(f"no {split} rows for suite {suite!r}")
     t = d.groupby(["method", "task"], sort=False)[value].mean().unstack("task")
     return t.reindex(index=list(dict.fromkeys(d["method"])), columns=list(dict.fromkeys(d["task"])))
 
@@ -329,7 +330,7 @@ def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
     nor discordant): (C - D) / sqrt((n0 - n1)(n0 - n2)). NaN when either has no variation."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"x and y must be 1-D of the same length, got {x.shape} and {y.shape}")
+        raise InputError(f"x and y must be 1-D of the same length, got {x.shape} and {y.shape}")
     n = len(x)
     c = d = tx = ty = 0
     for i in range(n):
@@ -377,8 +378,8 @@ def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame
     summary-like frame (``suite`` = ``"T<n>"``, ``n_tasks``, ``seed`` 0, ``method``, ``kind``,
     ``merge_seconds``, ``blocks``, ``width``, ``source``) that :func:`assess_cost` and
     :func:`assess_overhead` accept. Only rows of today's code (``code`` "now", not a ``--before``
-    tree), the default variant (``variant`` "-") and the log-normal world (ACE's flagged path)
-    count.
+    tree), the default variant (``variant`` "-"), the log-normal world (ACE's flagged path) and
+    the method on precomputed task vectors (``entry`` "func", not ``--entry merge``) count.
 
     Times are compared as ratios to TSV-M's, so for each T one session decides: the last file
     (by name) that times ``tsv_m`` at that T gives every method it times; a method it lacks
@@ -393,7 +394,7 @@ def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame
         d = d[(d["blocks"] == blocks) & d["seconds"].notna()]
         # one row per method: today's code (not a --before tree), the default variant, and ACE on
         # the log-normal world (its gate fires there, as on real task vectors)
-        for col, keep in (("code", "now"), ("variant", "-"), ("world", "lognormal")):
+        for col, keep in (("code", "now"), ("variant", "-"), ("world", "lognormal"), ("entry", "func")):
             if col in d.columns:
                 d = d[d[col].fillna(keep).astype(str) == keep]
         if len(d):
@@ -422,7 +423,7 @@ def load_wudi_step_size(folder: str | os.PathLike, size: str | None = None) -> p
         d = pd.read_csv(f)
         need = {"suite", "n_tasks", "seed", "variant", "method", "lr", "test_normalized", "val_normalized"}
         if not need <= set(d.columns):
-            raise ValueError(f"{f} lacks columns {sorted(need - set(d.columns))}; rerun benchmarks/wudi_step_size.py")
+            raise InputError(f"{f} lacks columns {sorted(need - set(d.columns))}; rerun benchmarks/wudi_step_size.py")
         frames.append(d.assign(file=f.name))
     if not frames:
         return pd.DataFrame(columns=["suite", "seed", "variant", "method", "lr", "val_normalized", "test_normalized",
@@ -439,7 +440,7 @@ def prefix_world(zoo, n_tasks: int):
     import copy
 
     if not 1 <= n_tasks <= len(zoo.tasks):
-        raise ValueError(f"n_tasks={n_tasks} must be in 1..{len(zoo.tasks)}")
+        raise InputError(f"n_tasks={n_tasks} must be in 1..{len(zoo.tasks)}")
     sub = copy.copy(zoo)
     sub.tasks = list(zoo.tasks[:n_tasks])
     sub.mtl = False
@@ -455,7 +456,7 @@ def write_results(bench, folder: str | os.PathLike, stem: str, methods: Sequence
     ``<folder>/<stem>_*`` (``stem`` must look like ``<suite>_<size>_seed<k>`` for
     :func:`find_results`)."""
     if not _STEM.match(f"{stem}_summary.csv"):
-        raise ValueError(f"stem {stem!r} must look like '<suite>_<size>_seed<k>'")
+        raise InputError(f"stem {stem!r} must look like '<suite>_<size>_seed<k>'")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     runs = bench.run_all(methods, progress=progress, extra=extra)

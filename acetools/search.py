@@ -31,6 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from .errors import InputError, InputKeyError, InputTypeError
+
+# the grids live with the methods that search them (the registry)
+from .merging._registry import ALPHA_GRID, ESM_BRACKET, LAMBDA_GRID
+
 __all__ = [
     "PATIENCE",
     "SHORT_GRID",
@@ -45,12 +50,6 @@ __all__ = [
     "climb_search",
 ]
 
-#: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (docs/methods.md §Benchmark protocol).
-LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
-#: TSV-M, Iso-C, Iso-CTS: linspace(0, 3, 31)[1:] = {0.1, ..., 3.0} (docs/methods.md §Benchmark protocol).
-ALPHA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 3.0, 31)[1:].tolist())
-#: ESM's golden-section bracket [0, 2] (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)).
-ESM_BRACKET: tuple[float, float] = (0.0, 2.0)
 
 #: The one patience of the course's grid searches (notebooks, committed tables,
 #: ``benchmarks/mini_world.sh``, the regime card): the Iso code's 3, counted only once the
@@ -76,7 +75,7 @@ class Evaluation:
     def metric(self, name: str) -> float:
         value = getattr(self, _METRICS[name])
         if value is None:  # pragma: no cover - guarded by _check_metric
-            raise ValueError("normalized accuracy needs reference=")
+            raise InputError("normalized accuracy needs reference=")
         return value
 
 
@@ -129,7 +128,7 @@ class _Evaluator:
 
     def __init__(self, score_fn: ScoreFn, reference: Mapping[str, float] | None):
         if not callable(score_fn):
-            raise TypeError("score_fn must be a callable alpha -> {task: accuracy}")
+            raise InputTypeError("score_fn must be a callable alpha -> {task: accuracy}")
         self.score_fn = score_fn
         self.reference = _check_reference(reference)
         self.trace: list[Evaluation] = []
@@ -142,24 +141,24 @@ class _Evaluator:
             return self._cache[alpha]
         raw = self.score_fn(alpha)
         if not isinstance(raw, Mapping) or len(raw) == 0:
-            raise TypeError(
+            raise InputTypeError(
                 f"score_fn({alpha}) returned {type(raw).__name__}; it must return a non-empty dict task -> accuracy"
             )
         scores = {}
         for task, v in raw.items():
             if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v):
-                raise ValueError(f"score_fn({alpha}) gave {v!r} for task {task!r}; accuracies must be finite numbers")
+                raise InputError(f"score_fn({alpha}) gave {v!r} for task {task!r}; accuracies must be finite numbers")
             scores[str(task)] = float(v)
         if self._tasks is None:
             self._tasks = set(scores)
         elif set(scores) != self._tasks:
             diff = sorted(self._tasks ^ set(scores))
-            raise ValueError(f"score_fn({alpha}) returned a different set of tasks than before (differs in {diff})")
+            raise InputError(f"score_fn({alpha}) returned a different set of tasks than before (differs in {diff})")
         normalized = avg_norm = None
         if self.reference is not None:
             missing = sorted(set(scores) - set(self.reference))
             if missing:
-                raise KeyError(f"reference has no expert accuracy for task {missing[0]!r}; add it to reference=")
+                raise InputKeyError(f"reference has no expert accuracy for task {missing[0]!r}; add it to reference=")
             normalized = {t: v / self.reference[t] for t, v in scores.items()}
             avg_norm = float(np.mean(list(normalized.values())))
         ev = Evaluation(alpha, scores, normalized, float(np.mean(list(scores.values()))), avg_norm)
@@ -172,20 +171,20 @@ def _check_reference(reference: Mapping[str, float] | None) -> dict[str, float] 
     if reference is None:
         return None
     if not isinstance(reference, Mapping):
-        raise TypeError("reference must be a dict task -> fine-tuned expert accuracy")
+        raise InputTypeError("reference must be a dict task -> fine-tuned expert accuracy")
     out = {}
     for t, v in reference.items():
         if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v <= 0:
-            raise ValueError(f"reference[{t!r}] = {v!r}; expert accuracies must be positive finite numbers")
+            raise InputError(f"reference[{t!r}] = {v!r}; expert accuracies must be positive finite numbers")
         out[str(t)] = float(v)
     return out
 
 
 def _check_metric(argname: str, value: str, reference) -> None:
     if value not in _METRICS:
-        raise ValueError(f"{argname}={value!r} is not one of {list(_METRICS)}")
+        raise InputError(f"{argname}={value!r} is not one of {list(_METRICS)}")
     if value == "normalized" and reference is None:
-        raise ValueError(
+        raise InputError(
             f"{argname}='normalized' needs reference={{task: expert accuracy}}; pass it or use {argname}='absolute'"
         )
 
@@ -223,13 +222,13 @@ def grid_search(
     _check_metric("objective", objective, reference)
     grid = [float(a) for a in grid]
     if not grid:
-        raise ValueError("grid is empty: pass at least one coefficient (e.g. acetools.search.LAMBDA_GRID)")
+        raise InputError("grid is empty: pass at least one coefficient (e.g. acetools.search.LAMBDA_GRID)")
     if not all(math.isfinite(a) for a in grid):
-        raise ValueError("grid contains a non-finite coefficient")
+        raise InputError("grid contains a non-finite coefficient")
     if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-        raise ValueError(f"patience={patience!r} must be None or a positive int (the ISO code uses 3)")
+        raise InputError(f"patience={patience!r} must be None or a positive int (the ISO code uses 3)")
     if isinstance(short, bool) or not isinstance(short, int) or short < 0:
-        raise ValueError(f"short={short!r} must be an int >= 0")
+        raise InputError(f"short={short!r} must be an int >= 0")
     if len(grid) <= short:
         patience = None
     ev = _Evaluator(score_fn, reference)
@@ -282,11 +281,11 @@ def golden_section_search(
     _check_metric("select", select, reference)
     lo, hi = float(lo), float(hi)
     if not (math.isfinite(lo) and math.isfinite(hi)) or not lo < hi:
-        raise ValueError(f"need finite lo < hi, got lo={lo}, hi={hi}")
+        raise InputError(f"need finite lo < hi, got lo={lo}, hi={hi}")
     if not (isinstance(tol, Real) and tol > 0):
-        raise ValueError(f"tol={tol!r} must be > 0")
+        raise InputError(f"tol={tol!r} must be > 0")
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 0:
-        raise ValueError(f"max_iter={max_iter!r} must be an int >= 0")
+        raise InputError(f"max_iter={max_iter!r} must be an int >= 0")
     ev = _Evaluator(score_fn, reference)
     g = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = lo, hi
@@ -347,13 +346,13 @@ def climb_search(
     _check_metric("objective", objective, reference)
     g = sorted({float(a) for a in grid})
     if not g:
-        raise ValueError("grid is empty: pass at least one coefficient")
+        raise InputError("grid is empty: pass at least one coefficient")
     if not all(math.isfinite(a) for a in g):
-        raise ValueError("grid contains a non-finite coefficient")
+        raise InputError("grid contains a non-finite coefficient")
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-        raise ValueError(f"patience={patience!r} must be a positive int")
+        raise InputError(f"patience={patience!r} must be a positive int")
     if isinstance(start, bool) or not isinstance(start, Real) or not math.isfinite(start):
-        raise ValueError(f"start={start!r} must be a finite number")
+        raise InputError(f"start={start!r} must be a finite number")
     ev = _Evaluator(score_fn, reference)
 
     def f(i: int) -> float:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .errors import InputError
 from .utils import make_generator
 
 __all__ = [
@@ -68,9 +69,9 @@ def make_regression_tasks(
     Returns float64 tensors.
     """
     if n_tasks < 1 or d_in < 1 or d_out < 1:
-        raise ValueError("n_tasks, d_in and d_out must be positive")
+        raise InputError("n_tasks, d_in and d_out must be positive")
     if not 1 <= subspace_dim <= d_in:
-        raise ValueError(f"subspace_dim={subspace_dim} must be in [1, d_in={d_in}]")
+        raise InputError(f"subspace_dim={subspace_dim} must be in [1, d_in={d_in}]")
     g = make_generator(seed)
     W0 = torch.randn(d_out, d_in, generator=g, dtype=torch.float64) / d_in**0.5
     spectrum = torch.full((d_in,), floor, dtype=torch.float64)
@@ -82,7 +83,7 @@ def make_regression_tasks(
         root = Q * spectrum.sqrt()  # Sigma = root @ root.T
         W_star = W0 + shift * torch.randn(d_out, d_in, generator=g, dtype=torch.float64) / d_in**0.5
 
-        def draw(n: int) -> tuple[Tensor, Tensor]:
+        def draw(n: int, root: Tensor = root, W_star: Tensor = W_star) -> tuple[Tensor, Tensor]:
             X = torch.randn(n, d_in, generator=g, dtype=torch.float64) @ root.T
             Y = X @ W_star.T + noise * torch.randn(n, d_out, generator=g, dtype=torch.float64)
             return X, Y
@@ -114,9 +115,9 @@ def finetune_linear(
     the fine-tuned weight (a new tensor); deterministic given ``seed``.
     """
     if optimizer not in ("sgd", "adam"):
-        raise ValueError(f"optimizer={optimizer!r} must be 'sgd' or 'adam'")
+        raise InputError(f"optimizer={optimizer!r} must be 'sgd' or 'adam'")
     if X.shape[0] != Y.shape[0]:
-        raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}")
+        raise InputError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}")
     g = make_generator(seed)
     W = W0.detach().clone()
     m = torch.zeros_like(W)
@@ -142,7 +143,7 @@ def task_loss(W: Tensor, task: RegressionTask, split: str = "test") -> float:
     """Mean squared error (summed over outputs) of the map ``W`` on a task's split
     (``"train"``, ``"val"`` or ``"test"``)."""
     if split not in ("train", "val", "test"):
-        raise ValueError(f"split={split!r} must be 'train', 'val' or 'test'")
+        raise InputError(f"split={split!r} must be 'train', 'val' or 'test'")
     X, Y = getattr(task, f"X_{split}"), getattr(task, f"Y_{split}")
     return float(((X @ W.to(X.dtype).T - Y) ** 2).sum(1).mean())
 

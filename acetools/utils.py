@@ -1,4 +1,4 @@
-"""Small shared helpers: seeding, devices, progress bars and atomic writes.
+"""Small shared helpers: seeding, devices, progress bars, atomic writes and JSON records.
 
 Everything random in acetools draws from :func:`seed_everything` or from a
 ``torch.Generator`` built by :func:`make_generator`, so the same seed gives the same
@@ -8,17 +8,22 @@ merged weights on the CPU.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
+import json
+import math
 import os
 import random
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
-from typing import TypeVar
+from pathlib import Path, PurePath
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
+
+from .errors import InputError, InputTypeError
 
 T = TypeVar("T")
 
@@ -31,6 +36,8 @@ __all__ = [
     "resolve_device",
     "progress",
     "atomic_write",
+    "jsonable",
+    "short_repr",
     "local_mathjax_url",
     "offline_html",
     "strip_ansi",
@@ -44,7 +51,7 @@ def seed_everything(seed: int) -> torch.Generator:
     prefers an explicit generator over global state.
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        raise InputTypeError(f"seed must be an int, got {type(seed).__name__}")
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -71,19 +78,19 @@ def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device={device!r} is not a device torch knows ({e}); use 'cpu', 'cuda' or 'auto'") from None
+        raise InputError(f"device={device!r} is not a device torch knows ({e}); use 'cpu', 'cuda' or 'auto'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise InputError(
             f"device={str(device)!r} was requested but no CUDA device is available; "
             "use device='cpu' or device='auto'."
         )
     if dev.type not in _COMPUTE_DEVICES:
         why = _NOT_COMPUTE.get(dev.type, "not a compute device here")
-        raise ValueError(f"device={str(device)!r} cannot compute a merge ({why}); use device='cpu', 'cuda' or 'auto'")
+        raise InputError(f"device={str(device)!r} cannot compute a merge ({why}); use device='cpu', 'cuda' or 'auto'")
     if dev.type != "cpu" and dev.type != "cuda":
         backend = getattr(torch, dev.type, None) if dev.type != "mps" else getattr(torch.backends, "mps", None)
         if backend is None or not backend.is_available():
-            raise ValueError(f"device={str(device)!r} was requested but no {dev.type} device is available; "
+            raise InputError(f"device={str(device)!r} was requested but no {dev.type} device is available; "
                              "use device='cpu' or device='auto'.")
     return dev
 
@@ -156,6 +163,51 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
         raise
 
 
+def jsonable(obj: Any, *, finite: bool = False, summarize: bool = False,
+             fallback: Callable[[Any], Any] | None = None) -> Any:
+    """``obj`` in JSON's types, for records, sidecars and config hashes (the one converter).
+
+    Mappings become dicts with string keys, lists and tuples lists, dataclass instances dicts,
+    paths strings and NumPy scalars Python's, recursively. ``finite``: NaN and ±inf become
+    ``None`` (JSON has no such numbers). ``summarize``: tensors and callables become short
+    descriptions (``"<tensor (4, 3)>"``, ``"<callable f>"``: hyperparameters that hold data).
+    ``fallback``: ``obj`` unchanged if ``json.dumps`` takes it as it is, else ``fallback(obj)``
+    (no recursion: e.g. :func:`short_repr` for a merge's record).
+    """
+    if fallback is not None:
+        try:
+            json.dumps(obj)
+            return obj
+        except TypeError:
+            return fallback(obj)
+    kw = {"finite": finite, "summarize": summarize}
+    if summarize and isinstance(obj, torch.Tensor):
+        return f"<tensor {tuple(obj.shape)}>"
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v, **kw) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v, **kw) for v in obj]
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj), **kw)
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if summarize and callable(obj):
+        return f"<callable {getattr(obj, '__name__', type(obj).__name__)}>"
+    if finite and isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def short_repr(v: Any) -> str:
+    """A value in a few characters: ``"<3 entries>"`` for a list of non-scalars, ``"<5 keys>"``
+    for a mapping, else its ``repr`` (strings) or ``str``."""
+    if isinstance(v, (list, tuple)) and v and not isinstance(v[0], (str, int, float)):
+        return f"<{len(v)} entries>"
+    if isinstance(v, Mapping):
+        return f"<{len(v)} keys>"
+    return repr(v) if isinstance(v, str) else str(v)
 def local_mathjax_url() -> str | None:
     """A local MathJax 2 for HTML reports, as a ``file://`` URL with its TeX config, or None:
     ``$ACETOOLS_MATHJAX`` (the path of a ``MathJax.js``), else Debian's ``libjs-mathjax``

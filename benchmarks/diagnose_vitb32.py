@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _shapes import vit_b32_visual_shapes  # benchmarks/_shapes.py, beside this script
 
 WIDTH, LAYERS, MLP, PATCH, GRID, EMBED = 768, 12, 3072, 32, 7, 512

@@ -162,7 +162,7 @@ def gemm_rates(n: int = 2048, reps: int = 3) -> dict:
     for name, dt in (("gemm_f64", torch.float64), ("gemm_f32", torch.float32)):
         a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
         a @ b
-        best = min(_timed(lambda: a @ b) for _ in range(reps))
+        best = min(_timed(lambda a=a, b=b: a @ b) for _ in range(reps))
         out[name] = 2 * n**3 / best / 1e9
     return out
 
@@ -175,8 +175,14 @@ def _timed(fn) -> float:
 
 def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: int, width: int = WIDTH,
            world: str = "lognormal", tree: str = "-", norm_spread: float = 1.0, variant: str = "-",
-           repeat: int = 1) -> dict:
-    """Run one merge in this process (``repeat`` times: the fastest counts) and return its time and peak memory."""
+           repeat: int = 1, entry: str = "func") -> dict:
+    """Run one merge in this process (``repeat`` times: the fastest counts) and return its time and peak memory.
+
+    ``entry="func"``: the registered function on precomputed task vectors (the merge alone);
+    ``"merge"``: :func:`acetools.merge` on the base and expert state dicts (task vectors formed
+    inside, as a user calls it), with ``largest_mb`` (the largest tensor in the compute dtype),
+    ``out_mb`` (the merged weights returned) and ``bound_mb`` = (T + 2) x ``largest_mb``, the
+    target for ``peak_extra_mb - out_mb`` beside the method's own work."""
     if method == "gemm":
         return {"method": "gemm", **gemm_rates()}
     # this checkout's acetools (a script's sys.path starts at benchmarks/, not at the repository),
@@ -190,6 +196,11 @@ def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: 
     spread = WORLDS[world] if WORLDS[world] is not None else norm_spread
     base, experts = make_world(n_tasks, blocks, width=width, norm_spread=spread)
     tvs = acetools.task_vectors(base, experts)
+    sizes = {}
+    if entry == "merge":
+        sizes = {"largest_mb": max(v.numel() * 4 for v in tvs[0].values()) / 2**20,
+                 "out_mb": sum(v.numel() * v.element_size() for v in base.values()) / 2**20}
+        sizes["bound_mb"] = (n_tasks + 2) * sizes["largest_mb"]
     kwargs = {}
     if method in ("wudi", "fb_wudi"):
         kwargs["steps"] = wudi_steps
@@ -200,7 +211,8 @@ def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: 
     if variant != "-":  # e.g. "precision=float32"
         name, value = variant.split("=", 1)
         kwargs[name] = value
-    del experts
+    if entry == "func":
+        del experts
     W0 = {k: v.float() for k, v in base.items()}
     info = None if method.startswith("fb_") else METHODS[method]
     hp = {} if info is None else info.resolve(kwargs)
@@ -211,6 +223,8 @@ def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: 
 
         mats = [k for k in base if acetools.merging.is_matrix_param(k, base[k])]
         flagged = sum(heterogeneity([tv[k] for tv in tvs]) > hp["tau"] for k in mats) / len(mats)
+    if entry == "merge":
+        del tvs  # merge() forms its own
     best = None
     for _ in range(max(1, repeat)):
         rss0 = _rss_mb()
@@ -220,6 +234,9 @@ def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: 
             if theirs is not None:
                 with contextlib.redirect_stdout(io.StringIO()):  # fusion-bench prints progress
                     theirs(tvs, kwargs)
+            elif entry == "merge":
+                merged = acetools.merge(method, base, experts, progress=False, **kwargs)
+                del merged
             else:
                 info.func(W0, tvs, is_matrix=acetools.merging.is_matrix_param, **hp)
             wall = time.perf_counter() - t0
@@ -229,8 +246,8 @@ def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: 
             best = (wall, cpu, extra if best is None else min(extra, best[2]))
     wall, cpu, extra = best
     return {"method": method, "world": world, "code": "now" if tree == "-" else "before", "variant": variant,
-            "n_tasks": n_tasks, "blocks": blocks, "width": width, "seconds": wall, "cpu_seconds": cpu,
-            "peak_extra_mb": extra, "flagged": flagged, "threads": torch.get_num_threads()}
+            "entry": entry, "n_tasks": n_tasks, "blocks": blocks, "width": width, "seconds": wall, "cpu_seconds": cpu,
+            "peak_extra_mb": extra, "flagged": flagged, "threads": torch.get_num_threads(), **sizes}
 
 
 def model_flops(method: str, n_tasks: int, blocks: int, width: int = WIDTH, flagged: float = 0.0,
@@ -332,10 +349,10 @@ def _run_key(row: dict) -> tuple:
     """What identifies one timed run (the GEMM probe is one run whatever its other fields)."""
     if row["method"] == "gemm":
         return ("gemm",)
-    return (row["method"], int(row["n_tasks"]), row["world"], row["code"], row["variant"])
+    return (row["method"], int(row["n_tasks"]), row["world"], row["code"], row["variant"], row.get("entry", "func"))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, nargs="+", default=[8], help="numbers of experts T")
     ap.add_argument("--methods", nargs="+", default=None, help="our methods (default: all registered)")
@@ -353,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ace-float32", action="store_true", help="also time ACE with precision='float32'")
     ap.add_argument("--before", type=Path, default=None,
                     help="a folder holding another acetools package (e.g. main's): also time its methods")
+    ap.add_argument("--entry", nargs="+", default=["func"], choices=["func", "merge"],
+                    help="func: the method on precomputed task vectors (default); merge: acetools.merge on the "
+                         "state dicts, with its extra memory against (T + 2) x the largest tensor")
     ap.add_argument("--quick", action="store_true", help="1 block of width 192, 5 WUDI steps: a smoke run")
     ap.add_argument("--out", type=Path, default=HERE / "results", help="folder for the CSV/JSON")
     ap.add_argument("--repeat", type=int, default=1,
@@ -363,12 +383,126 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the rows of OUT/merge_speed_partial.json from an interrupted run and time only the "
                          "rest (ratios then mix two runs: the JSON's meta says so)")
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
 
+
+def _plan(args: argparse.Namespace, methods: list[str]) -> list[tuple]:
+    """The runs, ``(method, T, world, tree, variant, entry)``: ours and theirs back to back, so that both see the
+    same machine load; the GEMM probe first."""
+    trees = ["-"] + ([str(args.before.resolve())] if args.before else [])
+    runs = [("gemm", 0, "lognormal", "-", "-", "func")]
+    for t in args.tasks:
+        for m in methods:
+            worlds = args.ace_worlds if m == "ace" else ["lognormal"]
+            for entry in args.entry:
+                for tree in trees:
+                    for world in worlds:
+                        runs.append((m, t, world, tree, "-", entry))
+                        if m == "ace" and args.ace_float32 and tree == "-":
+                            runs.append((m, t, world, tree, "precision=float32", entry))
+            if m in THEIRS and not args.no_theirs and THEIRS[m] in args.theirs:
+                runs.append((THEIRS[m], t, "lognormal", "-", "-", "func"))
+        if not args.no_theirs and "fb_tsv_m" not in [r[0] for r in runs]:
+            runs.append(("fb_tsv_m", t, "lognormal", "-", "-", "func"))
+    return runs
+
+
+def _execute(args: argparse.Namespace, runs: list[tuple]) -> tuple[list[dict], set]:
+    """Each run in a fresh subprocess; rows so far are kept in OUT/merge_speed_partial.json."""
+    rows, done = [], set()
+    partial = args.out / "merge_speed_partial.json"
+    if args.resume and partial.exists():
+        rows = [r for r in json.loads(partial.read_text()) if "error" not in r]
+        done = {_run_key(r) for r in rows}
+        print(f"  resuming: {len(rows)} row(s) kept from {partial}", file=sys.stderr, flush=True)
+    env = dict(os.environ)
+    if args.threads:
+        env.update(OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
+                   MKL_NUM_THREADS=str(args.threads))
+    for m, t, world, tree, variant, entry in runs:
+        code = "now" if tree == "-" else "before"
+        if _run_key({"method": m, "n_tasks": t, "world": world, "code": code, "variant": variant,
+                     "entry": entry}) in done:
+            continue
+        cmd = [sys.executable, __file__, "--worker", m, str(t), str(args.blocks), str(args.wudi_steps),
+               str(args.esm_tokens), str(args.width), world, tree, str(args.norm_spread), variant, str(args.repeat),
+               entry]
+        label = f"{m} T={t} world={world} code={code} {variant} entry={entry}"
+        print(f"  running {label} ...", file=sys.stderr, flush=True)
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if res.returncode != 0:
+            print(f"  {label} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
+            rows.append({"method": m, "world": world, "code": code, "variant": variant, "entry": entry,
+                         "n_tasks": t, "blocks": args.blocks, "width": args.width, "seconds": float("nan"),
+                         "peak_extra_mb": float("nan"),
+                         "error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "failed"})
+            continue
+        row = json.loads(res.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        args.out.mkdir(parents=True, exist_ok=True)  # rows so far, in case the session is cut short
+        partial.write_text(json.dumps(rows, indent=2))
+        if m != "gemm":
+            print(f"    {row['seconds']:.1f} s wall, {row['cpu_seconds']:.1f} s cpu, {row['peak_extra_mb']:.0f} MiB",
+                  file=sys.stderr, flush=True)
+    return rows, done
+
+
+def _table(args: argparse.Namespace, rows: list[dict], gemm: dict):
+    """Every run with its ratios to fusion-bench and its arithmetic rate (a DataFrame)."""
+    import pandas as pd
+
+    df = pd.DataFrame([r for r in rows if r["method"] != "gemm"])
+    if "entry" not in df:
+        df["entry"] = "func"
+    theirs = df[df.method.str.startswith("fb_")].set_index(["method", "n_tasks"]).seconds
+    df["fusion_bench_seconds"] = [theirs.get((THEIRS.get(m, ""), t), float("nan"))
+                                  for m, t in zip(df.method, df.n_tasks)]
+    df["ours/theirs"] = df.seconds / df.fusion_bench_seconds
+    df["ratio_vs_fb_tsv_m"] = [s / theirs.get(("fb_tsv_m", t), float("nan")) for s, t in zip(df.seconds, df.n_tasks)]
+    df["gflop"] = [model_flops(m, t, args.blocks, args.width, 0.0 if f != f else f, args.esm_tokens)
+                   for m, t, f in zip(df.method, df.n_tasks, df.get("flagged", pd.Series([float("nan")] * len(df))))]
+    df["gflops_per_s"] = df.gflop / df.seconds
+    df["pct_f64_gemm"] = 100 * df.gflops_per_s / gemm.get("gemm_f64", float("nan"))
+    df["pct_gemm_own_dtype"] = _pct_own_dtype(df, gemm)
+    return df
+
+
+def _save_and_print(args: argparse.Namespace, df, rows: list[dict], gemm: dict, resumed: int) -> None:
+    import pandas as pd
+
+    ours = df[~df.method.str.startswith("fb_")].copy()
+    args.out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out / "merge_speed_raw.csv", index=False)
+    ours.to_csv(args.out / "merge_speed.csv", index=False)
+    meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "blocks": args.blocks, "width": args.width, "wudi_steps": args.wudi_steps, "esm_tokens": args.esm_tokens,
+            "norm_spread": args.norm_spread, "repeat": args.repeat, "threads_arg": args.threads,
+            "before": str(args.before) if args.before else None, "resumed_rows": resumed,
+            "load_average_at_end": os.getloadavg(), **gemm}
+    try:
+        import torch
+
+        meta.update(torch=torch.__version__, threads=torch.get_num_threads())
+    except Exception:
+        pass
+    (args.out / "merge_speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    cols = [c for c in ("method", "world", "code", "variant", "entry", "n_tasks", "flagged", "seconds", "cpu_seconds",
+                        "peak_extra_mb", "out_mb", "bound_mb", "ours/theirs", "ratio_vs_fb_tsv_m", "gflop",
+                        "gflops_per_s", "pct_f64_gemm", "pct_gemm_own_dtype")
+            if c in df]
+    print(f"GEMM peak: float64 {gemm.get('gemm_f64', float('nan')):.0f} GFLOP/s, "
+          f"float32 {gemm.get('gemm_f32', float('nan')):.0f} GFLOP/s")
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
     if args.worker:
-        m, t, b, w, n, width, world, tree, spread, variant, repeat = (args.worker + ["1"])[:11]
+        m, t, b, w, n, width, world, tree, spread, variant, repeat, entry = (args.worker + ["1", "func"])[:12]
         print(json.dumps(worker(m, int(t), int(b), int(w), int(n), int(width), world, tree, float(spread), variant,
-                                int(repeat))))
+                                int(repeat), entry)))
         return 0
     if args.quick:
         args.blocks, args.width, args.wudi_steps = 1, min(args.width, 192), min(args.wudi_steps, 5)
@@ -382,93 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         ap.error(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
-    trees = ["-"] + ([str(args.before.resolve())] if args.before else [])
-    # ours and theirs back to back, so that both see the same machine load
-    runs = [("gemm", 0, "lognormal", "-", "-")]
-    for t in args.tasks:
-        for m in methods:
-            worlds = args.ace_worlds if m == "ace" else ["lognormal"]
-            for tree in trees:
-                for world in worlds:
-                    runs.append((m, t, world, tree, "-"))
-                    if m == "ace" and args.ace_float32 and tree == "-":
-                        runs.append((m, t, world, tree, "precision=float32"))
-            if m in THEIRS and not args.no_theirs and THEIRS[m] in args.theirs:
-                runs.append((THEIRS[m], t, "lognormal", "-", "-"))
-        if not args.no_theirs and "fb_tsv_m" not in [r[0] for r in runs]:
-            runs.append(("fb_tsv_m", t, "lognormal", "-", "-"))
-    rows, done = [], set()
-    partial = args.out / "merge_speed_partial.json"
-    if args.resume and partial.exists():
-        rows = [r for r in json.loads(partial.read_text()) if "error" not in r]
-        done = {_run_key(r) for r in rows}
-        print(f"  resuming: {len(rows)} row(s) kept from {partial}", file=sys.stderr, flush=True)
-    for m, t, world, tree, variant in runs:
-        if _run_key({"method": m, "n_tasks": t, "world": world, "code": "now" if tree == "-" else "before",
-                     "variant": variant}) in done:
-            continue
-        cmd = [sys.executable, __file__, "--worker", m, str(t), str(args.blocks), str(args.wudi_steps),
-               str(args.esm_tokens), str(args.width), world, tree, str(args.norm_spread), variant, str(args.repeat)]
-        env = dict(os.environ)
-        if args.threads:
-            env.update(OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
-                       MKL_NUM_THREADS=str(args.threads))
-        label = f"{m} T={t} world={world} code={'now' if tree == '-' else 'before'} {variant}"
-        print(f"  running {label} ...", file=sys.stderr, flush=True)
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if res.returncode != 0:
-            print(f"  {label} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
-            rows.append({"method": m, "world": world, "code": "now" if tree == "-" else "before", "variant": variant,
-                         "n_tasks": t, "blocks": args.blocks, "width": args.width, "seconds": float("nan"),
-                         "peak_extra_mb": float("nan"),
-                         "error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "failed"})
-            continue
-        row = json.loads(res.stdout.strip().splitlines()[-1])
-        rows.append(row)
-        args.out.mkdir(parents=True, exist_ok=True)  # rows so far, in case the session is cut short
-        partial.write_text(json.dumps(rows, indent=2))
-        if m != "gemm":
-            print(f"    {row['seconds']:.1f} s wall, {row['cpu_seconds']:.1f} s cpu, {row['peak_extra_mb']:.0f} MiB",
-                  file=sys.stderr, flush=True)
-
-    import pandas as pd
-
+    rows, done = _execute(args, _plan(args, methods))
     gemm = next((r for r in rows if r["method"] == "gemm" and "gemm_f64" in r), {})
-    df = pd.DataFrame([r for r in rows if r["method"] != "gemm"])
-    theirs = df[df.method.str.startswith("fb_")].set_index(["method", "n_tasks"]).seconds
-    df["fusion_bench_seconds"] = [theirs.get((THEIRS.get(m, ""), t), float("nan"))
-                                  for m, t in zip(df.method, df.n_tasks)]
-    df["ours/theirs"] = df.seconds / df.fusion_bench_seconds
-    df["ratio_vs_fb_tsv_m"] = [s / theirs.get(("fb_tsv_m", t), float("nan")) for s, t in zip(df.seconds, df.n_tasks)]
-    df["gflop"] = [model_flops(m, t, args.blocks, args.width, 0.0 if f != f else f, args.esm_tokens)
-                   for m, t, f in zip(df.method, df.n_tasks, df.get("flagged", pd.Series([float("nan")] * len(df))))]
-    df["gflops_per_s"] = df.gflop / df.seconds
-    df["pct_f64_gemm"] = 100 * df.gflops_per_s / gemm.get("gemm_f64", float("nan"))
-    df["pct_gemm_own_dtype"] = _pct_own_dtype(df, gemm)
-    ours = df[~df.method.str.startswith("fb_")].copy()
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "merge_speed_raw.csv", index=False)
-    ours.to_csv(args.out / "merge_speed.csv", index=False)
-    meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "blocks": args.blocks, "width": args.width, "wudi_steps": args.wudi_steps, "esm_tokens": args.esm_tokens,
-            "norm_spread": args.norm_spread, "repeat": args.repeat, "threads_arg": args.threads,
-            "before": str(args.before) if args.before else None, "resumed_rows": len(done),
-            "load_average_at_end": os.getloadavg(), **gemm}
-    try:
-        import torch
-
-        meta.update(torch=torch.__version__, threads=torch.get_num_threads())
-    except Exception:
-        pass
-    (args.out / "merge_speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    cols = [c for c in ("method", "world", "code", "variant", "n_tasks", "flagged", "seconds", "cpu_seconds",
-                        "peak_extra_mb", "ours/theirs", "ratio_vs_fb_tsv_m", "gflop", "gflops_per_s", "pct_f64_gemm",
-                        "pct_gemm_own_dtype")
-            if c in df]
-    print(f"GEMM peak: float64 {gemm.get('gemm_f64', float('nan')):.0f} GFLOP/s, "
-          f"float32 {gemm.get('gemm_f32', float('nan')):.0f} GFLOP/s")
-    with pd.option_context("display.width", 250, "display.max_columns", 30):
-        print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    _save_and_print(args, _table(args, rows, gemm), rows, gemm, len(done))
     return 0
 
 

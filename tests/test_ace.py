@@ -480,7 +480,8 @@ def test_in_out_keys_transpose_around_ace(world64):
     base, experts = world64
     tvs = task_vectors(base, experts)
     key = "visual.proj"
-    u, diags = ace_with_diagnostics(base, tvs, in_out_keys=("visual.proj",))
+    with pytest.warns(DeprecationWarning, match="in_out_keys is deprecated; pass a layout"):
+        u, diags = ace_with_diagnostics(base, tvs, in_out_keys=("visual.proj",))
     W, _ = ace_matrix([tv[key].T for tv in tvs])
     assert_matrix_close(u[key], W.T, rtol=1e-12)
     assert diags[key].shape == (8, 16)
@@ -488,6 +489,15 @@ def test_in_out_keys_transpose_around_ace(world64):
     assert not torch.allclose(u0[key], u[key])
     other = "visual.transformer.resblocks.0.attn.out_proj.weight"
     assert torch.equal(u0[other], u[other])
+    # the alias is a layout: merge() with in_out_keys equals merge() with a layout that stores the key in x out
+    from acetools.layouts import Layout
+
+    with pytest.warns(DeprecationWarning):
+        alias = merge("ace", base, experts, in_out_keys=("visual.proj",))
+    lay = Layout("proj in x out", in_out=(r"^visual\.proj$",))
+    by_layout = merge("ace", base, experts, layout=lay)
+    for k in base:
+        assert torch.equal(alias[k], by_layout[k]), k
 
 
 def test_diagnostics_record(world64):

@@ -10,7 +10,6 @@ import torch
 
 import acetools
 from acetools.merging import METHODS, merge, task_vectors
-
 from tests.conftest import SHAPES, make_world
 
 

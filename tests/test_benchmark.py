@@ -8,7 +8,6 @@ import pytest
 
 from acetools.benchmark import SEARCH, Benchmark, Search
 from acetools.search import LAMBDA_GRID
-
 from tests.test_zoo import FINETUNE, PRETRAIN, load_split, pretraining_pool  # the zoo tests' 3-task world
 
 

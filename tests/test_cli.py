@@ -134,8 +134,9 @@ def test_debug_shows_the_traceback(capsys):
 def test_any_subcommand_gets_the_wrapper(capsys, monkeypatch):
     """Errors of the library a command calls are wrapped in main(), not per command."""
     import acetools.cli as C
+    from acetools.errors import InputError, InputKeyError, InputTypeError
 
-    for exc in (ValueError("bad value for 'x'"), KeyError("no key 'k'"), TypeError("'t' must be a Tensor"),
+    for exc in (InputError("bad value for 'x'"), InputKeyError("no key 'k'"), InputTypeError("'t' must be a Tensor"),
                 FileNotFoundError(2, "No such file or directory", "/no/such/file"), C.CLIError("bad 'c'")):
         def boom(args, exc=exc):
             raise exc
@@ -144,6 +145,10 @@ def test_any_subcommand_gets_the_wrapper(capsys, monkeypatch):
         line = _one_line_error(capsys, ["demo"])
         assert "'" in line and ("/no/such/file" in line or str(exc.args[0]) in line)
         assert not line.startswith("acetools: error: \"")  # a KeyError's message, not its repr
+    # a built-in ValueError is a library bug, not bad input: it keeps its traceback
+    monkeypatch.setattr(C, "_cmd_demo", lambda args: int("not a number"))
+    with pytest.raises(ValueError, match="invalid literal"):
+        main(["demo"])
 
 
 def test_ctrl_c_is_one_line_with_exit_130(capsys, monkeypatch):

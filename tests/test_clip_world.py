@@ -411,7 +411,8 @@ def test_the_issue_command_line(fakes, tmp_path, capsys):
         assert "beside the papers" in capsys.readouterr().out
 
         # notebook 04 reads these files for world="clip-vit-b32" beside the papers' ViT-B/32 columns
-        from acetools.course import benchmark as lesson, world as course
+        from acetools.course import benchmark as lesson
+        from acetools.course import world as course
 
         opts = course.world_options("clip-vit-b32", str(models), str(data))
         bd = lesson.load_benchmark(quick=False, suites=["tasks8"], size="small", suite="tasks8", seed=0,

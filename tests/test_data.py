@@ -12,8 +12,17 @@ import pytest
 import torch
 
 import acetools.world.vision.data as D
-from acetools.world.vision.data import DataSourceError, SUITES, TASKS, get_task, load_split
-from acetools.world.vision.data import glyphs, online, registry, sources
+from acetools.world.vision.data import (
+    SUITES,
+    TASKS,
+    DataSourceError,
+    get_task,
+    glyphs,
+    load_split,
+    online,
+    registry,
+    sources,
+)
 from acetools.world.vision.data._core import balanced_labels, row_hashes, sample_rng
 
 

@@ -11,19 +11,19 @@ import pytest
 import torch
 
 from acetools import cli
-from acetools.files.diagnose import (
-    REPORT_NOTEBOOK,
-    Diagnosis,
-    check_inputs,
-    diagnose,
-    run_report,
-)
 from acetools.diagnostics import (
     heterogeneity_per_layer,
     principal_subspace,
     relative_update_norms,
     singular_values,
     task_vector_cosine,
+)
+from acetools.files.diagnose import (
+    REPORT_NOTEBOOK,
+    Diagnosis,
+    check_inputs,
+    diagnose,
+    run_report,
 )
 from acetools.merging import is_matrix_param, task_vectors
 from acetools.merging.ace import heterogeneity

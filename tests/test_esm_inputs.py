@@ -52,7 +52,7 @@ def test_gpt2_activations_are_each_experts_layer_inputs_in_d_in_width():
                                   for n in ("attn.c_attn", "mlp.c_fc", "mlp.c_proj"))
     for t, model in enumerate(experts):
         seen = {}
-        hook = model.transformer.h[1].ln_2.register_forward_hook(lambda m, a, out: seen.setdefault("x", out))
+        hook = model.transformer.h[1].ln_2.register_forward_hook(lambda m, a, out, seen=seen: seen.setdefault("x", out))
         with torch.no_grad():
             model(ids_for(t))
         hook.remove()

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from acetools.utils import make_generator
 from acetools.world.vision.finetune import (
     FinetuneConfig,
     augment_batch,
@@ -18,7 +19,6 @@ from acetools.world.vision.finetune import (
     warmup_cosine,
 )
 from acetools.world.vision.models import Classifier, build_encoder, prototype_head
-from acetools.utils import make_generator
 
 THREADS = 1  # fixed: determinism needs a fixed thread count; 1 is also robust on a busy machine
 FAST = dict(lr=3e-3, epochs=8, batch_size=32, threads=THREADS, progress=False)

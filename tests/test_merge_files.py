@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from acetools.files.checkpoints import ShardedWriter, open_checkpoint, parse_size
 from acetools.cli import main
+from acetools.files.checkpoints import ShardedWriter, open_checkpoint, parse_size
 from acetools.files.merge_files import load_config, merge_files, parse_hparam
 from acetools.merging import merge
 

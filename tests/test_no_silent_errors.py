@@ -287,8 +287,8 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from acetools.files.checkpoints import ShardedWriter, open_checkpoint  # noqa: E402
 from acetools.cli import main as cli_main  # noqa: E402
+from acetools.files.checkpoints import ShardedWriter, open_checkpoint  # noqa: E402
 from acetools.files.merge_files import merge_files, save_activations  # noqa: E402
 
 

@@ -14,8 +14,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from acetools.course.report import (UnknownParameterError, check_report, notebook_parameters, notebook_paths,
-                                    run_notebook, run_report)
+from acetools.course.report import (
+    UnknownParameterError,
+    check_report,
+    notebook_parameters,
+    notebook_paths,
+    run_notebook,
+    run_report,
+)
 
 NOTEBOOKS = notebook_paths()
 IDS = [p.stem for p in NOTEBOOKS]

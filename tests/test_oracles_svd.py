@@ -17,8 +17,6 @@ from acetools.merging.regmean import regmean
 from acetools.merging.svd import iso_c, iso_cts, tsv_m
 from acetools.merging.wudi import wudi
 
-
-
 pytestmark = pytest.mark.oracle
 
 SHAPES = {

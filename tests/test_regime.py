@@ -7,11 +7,12 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from tests.test_benchmark import bench  # noqa: F401  (the module-scoped micro-world benchmark)
 
-from acetools.regime import RegimeCard, clip_reference, regime_card, regime_targets, summary_row
+from acetools.course.mergeable_world import regime_targets
+from acetools.regime import RegimeCard, clip_reference, regime_card, summary_row
 from acetools.search import LAMBDA_GRID
 from acetools.world.vision.zoo import Zoo
+from tests.test_benchmark import bench  # noqa: F401  (the module-scoped micro-world benchmark)
 
 ISSUE_ROWS = ["experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm", "iso_cts_norm",
               "tsv_minus_ta", "ace_gamma_median", "ace_gated_fraction", "tau_ratio", "energy", "wpre_top5_energy",

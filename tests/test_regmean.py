@@ -10,8 +10,6 @@ import acetools
 from acetools.merging import is_matrix_param
 from acetools.merging.regmean import regmean, regmean_matrix, shrink_gram, validate_grams
 
-
-
 KEY = "blocks.0.mlp.c_fc.weight"
 
 

@@ -118,7 +118,7 @@ def test_golden_section_finds_unimodal_maximum_within_tol():
     for x_star in (0.0731, 0.7317, 1.5, 1.97):
         calls = []
 
-        def score(alpha, x_star=x_star):
+        def score(alpha, x_star=x_star, calls=calls):
             calls.append(alpha)
             return {"t": 1.0 - (alpha - x_star) ** 2}
 

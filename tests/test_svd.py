@@ -29,7 +29,6 @@ from acetools.merging.svd import (
 from tests.conftest import make_world
 
 
-
 def _taus(T, d_out, d_in, seed=0, rank=None, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     if rank is None:

@@ -24,7 +24,6 @@ from acetools.merging.ties import (
     trim,
     trim_threshold,
 )
-
 from tests.conftest import make_world
 
 

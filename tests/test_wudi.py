@@ -12,7 +12,6 @@ from acetools.merging.wudi import VIT_TARGETS, wudi, wudi_grad, wudi_loss, wudi_
 from tests.conftest import make_world
 
 
-
 def _taus(T, d_out, d_in, seed=0, scale=1.0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     return [(scale * torch.randn(d_out, d_in, generator=g, dtype=torch.float64)).to(dtype) for _ in range(T)]

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import acetools
-from acetools.files.checkpoints import open_checkpoint
 from acetools.cli import main
+from acetools.files.checkpoints import open_checkpoint
 from acetools.files.merge_files import load_activations
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

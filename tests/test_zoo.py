@@ -11,8 +11,15 @@ import torch
 
 import acetools.world.vision.finetune as ft
 from acetools.world.vision.finetune import num_threads
-from acetools.world.vision.zoo import (CheckpointError, Zoo, config_hash, data_hash, load_checkpoint, save_checkpoint,
-                                       state_hash)
+from acetools.world.vision.zoo import (
+    CheckpointError,
+    Zoo,
+    config_hash,
+    data_hash,
+    load_checkpoint,
+    save_checkpoint,
+    state_hash,
+)
 
 THREADS = 1
 PRETRAIN = dict(epochs=4, batch_size=64, lr=3e-3)

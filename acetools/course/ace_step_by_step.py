@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,12 +34,26 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import condition_number, effective_rank, energy_fraction, layer_type
+from ..errors import InputError, InputKeyError
 from ..keys import block_index
+from ..merging import METHODS, task_vectors
 from ..merging import ace as A
-from ..merging import task_vectors
 from ..merging._linalg import thin_svd
-from .verdicts import (NOISE, NOT_TESTABLE, TIE, UNDECIDABLE, Effect, Verdict, World, agreement, compare, decide,
-                       effect, threshold)
+from ..merging._registry import registered_defaults
+from .verdicts import (
+    NOISE,
+    NOT_TESTABLE,
+    TIE,
+    UNDECIDABLE,
+    Effect,
+    Verdict,
+    World,
+    agreement,
+    compare,
+    decide,
+    effect,
+    threshold,
+)
 
 __all__ = [
     "TAU",
@@ -88,8 +103,9 @@ __all__ = [
     "diagnose",
 ]
 
-#: ACE's gate threshold (docs/methods.md §ACE): a layer is flagged heterogeneous when gamma > TAU.
-TAU = 0.3
+#: ACE's gate threshold (docs/methods.md §ACE): a layer is flagged heterogeneous when gamma > TAU
+#: (read from the registry, ``METHODS["ace"]``).
+TAU: float = METHODS["ace"].params["tau"].default
 #: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
 GAMMA_VIT = 0.25
 #: "Top 5% of the singular values" in the spectrum claim.
@@ -111,7 +127,7 @@ def matrix_keys(task_vectors: Sequence[StateDict], is_matrix: Callable[[str, Ten
     if is_matrix is None:
         from ..merging import is_matrix_param as is_matrix
     if isinstance(task_vectors, Mapping) or len(task_vectors) == 0:
-        raise ValueError("task_vectors must be a non-empty list of {key: tau_t} dicts")
+        raise InputError("task_vectors must be a non-empty list of {key: tau_t} dicts")
     tv0 = task_vectors[0]
     return [k for k in tv0 if is_matrix(k, tv0[k])]
 
@@ -231,11 +247,8 @@ class LayerStages:
     def refined(self, k: int) -> Tensor:
         """W_pre + sigma_iso(k) U_k V_kᵀ with sigma_iso(k) = mean(S[:k]) (eqs 17-19); k = 0: W_pre."""
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= self.rank:
-            raise ValueError(f"k={k!r} must be an int in [0, {self.rank}]")
-        k = int(k)
-        if k == 0:
-            return self.W_pre.clone()
-        return self.W_pre + self.S[:k].mean() * (self.U[:, :k] @ self.Vh[:k, :])
+            raise InputError(f"k={k!r} must be an int in [0, {self.rank}]")
+        return A.Refinement(self.W, self.k, math.nan, self.S, self.U, self.Vh).at_rank(self.W_pre, int(k))
 
     def refined_spectra(self, ks: Sequence[int]) -> dict[int, np.ndarray]:
         """Singular values of :meth:`refined` (k) for each k, as numpy arrays (for the rank slider)."""
@@ -259,7 +272,7 @@ class LayerStages:
         T = len(self.delta_W)
         names = list(names) if names is not None else [f"task{t}" for t in range(T)]
         if len(names) != T:
-            raise ValueError(f"{len(names)} names for {T} tasks")
+            raise InputError(f"{len(names)} names for {T} tasks")
         tr = self.covs.traces.numpy()
         used = np.array([float(torch.diagonal(S).sum()) for S in self.covs.Sigma_tilde])
         return pd.DataFrame({"task": names, "trace": tr, "share_raw": tr / tr.sum(), "share_used": used / used.sum()})
@@ -280,35 +293,39 @@ class LayerStages:
                              "ridge": np.full(d_in, float(self.covs.ridge.sum()))})
 
 
-def layer_stages(delta_W: Sequence[Tensor], *, tau: float = TAU, eps: float = 1e-2, k_frac: float = 0.3,
-                 gate: str | None = None, trace_norm: bool = True, prior: bool | None = None, refine: bool = True,
-                 numerator: str | None = None, name: str = "") -> LayerStages:
+@registered_defaults("ace")
+def layer_stages(delta_W: Sequence[Tensor], *, tau: float, eps: float, k_frac: float,
+                 gate: str | None, trace_norm: bool, prior: bool | None, refine: bool,
+                 numerator: str | None, name: str = "") -> LayerStages:
     """Run ACE's stages on one layer's task vectors and keep every intermediate.
 
     The same composition as :func:`acetools.merging.ace.ace_matrix` with ``estimator="ace"``
     (gamma -> flag; Sigma_hat_t; trace normalisation and ridge; C_agg, divided by the mean
     energy on flagged layers; W_bar_pre; refinement on flagged layers), written out with the
-    stage functions so each result can be inspected. Switches as in ``ace_matrix``.
+    stage functions so each result can be inspected. Switches and defaults as in ``ace_matrix``
+    (``METHODS["ace"]``).
     """
     sw = A.estimator_preset("ace", gate=gate, prior=prior, numerator=numerator)
     dWs = [d.detach().double().cpu() for d in delta_W]
     if not dWs or any(d.ndim != 2 or d.shape != dWs[0].shape for d in dWs):
-        raise ValueError(f"layer {name!r}: pass a non-empty list of equally shaped 2-D task vectors")
+        raise InputError(f"layer {name!r}: pass a non-empty list of equally shaped 2-D task vectors")
     energies = A.task_energies(dWs)
     gamma = A.heterogeneity(dWs)
-    flag = {"auto": gamma > tau, "on": True, "off": False}[sw.gate]
+    flag = A.gate_flag(gamma, tau, sw.gate)
     Sigma_hat = [A.estimate_covariance(d) for d in dWs]
     covs = A.normalize_covariances(Sigma_hat, eps=eps, normalize=flag and trace_norm)
     C_agg = A.structural_prior(covs.Sigma_tilde, energy=float(energies.mean()) if flag else None) if sw.prior else None
     nums = [A.center_rows(d) for d in dWs] if sw.numerator == "centered" else dWs
     W_pre = A.closed_form(nums, covs, C_agg, name=name)
-    res = _sum(d @ S for d, S in zip(dWs, covs.Sigma_tilde)) - _sum(dWs) @ covs.mean_reg()
-    U, S, Vh = thin_svd(W_pre + res)
-    k = int(k_frac * min(W_pre.shape))
-    refined = bool(flag and refine and k > 0)
-    W = W_pre + S[:k].mean() * (U[:, :k] @ Vh[:k, :]) if refined else W_pre
-    return LayerStages(name=name, delta_W=dWs, gamma=gamma, flag=bool(flag), covs=covs, C_agg=C_agg,
-                       numerator=sw.numerator, W_pre=W_pre, U=U, S=S, Vh=Vh, k=k, refined_by_ace=refined, W=W)
+    # the lesson looks at the refinement's SVD on every layer; ACE applies it on flagged ones
+    with warnings.catch_warnings():
+        if not (flag and refine):
+            warnings.simplefilter("ignore", RuntimeWarning)  # k = 0 matters only where ACE refines
+        ref = A.spectral_refine(W_pre, dWs, covs.Sigma_tilde, covs.mean_reg(), k_frac=k_frac, name=name)
+    refined = bool(flag and refine and ref.k > 0)
+    return LayerStages(name=name, delta_W=dWs, gamma=gamma, flag=flag, covs=covs, C_agg=C_agg,
+                       numerator=sw.numerator, W_pre=W_pre, U=ref.U, S=ref.S_fused, Vh=ref.Vh, k=ref.k,
+                       refined_by_ace=refined, W=ref.W if refined else W_pre)
 
 
 def pick_layer(gtable: Any, layer: str = "") -> str:
@@ -317,7 +334,7 @@ def pick_layer(gtable: Any, layer: str = "") -> str:
     keys = list(gtable["key"])
     if layer:
         if layer not in keys:
-            raise KeyError(f"layer {layer!r} is not a matrix key; keys: {keys}")
+            raise InputKeyError(f"layer {layer!r} is not a matrix key; keys: {keys}")
         return layer
     return str(gtable.loc[gtable["gamma"].idxmax(), "key"])
 
@@ -343,10 +360,10 @@ def direction_cosine(A_: Tensor, B: Tensor, k: int) -> dict[str, float]:
     :func:`acetools.diagnostics.subspace_similarity` (reduction ``"mean_cos"``) per side.
     """
     if A_.shape != B.shape:
-        raise ValueError(f"shapes differ: {tuple(A_.shape)} vs {tuple(B.shape)}")
+        raise InputError(f"shapes differ: {tuple(A_.shape)} vs {tuple(B.shape)}")
     r = min(A_.shape)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= r:
-        raise ValueError(f"k={k!r} must be an int in [1, {r}]")
+        raise InputError(f"k={k!r} must be an int in [1, {r}]")
     UA, VA = _bases(A_, k)
     UB, VB = _bases(B, k)
     left, right = _mean_cos(UA, UB), _mean_cos(VA, VB)
@@ -358,7 +375,7 @@ def random_subspace_cosine(d: int, k: int, n_draws: int = 32, seed: int = 0) -> 
     """The chance level of :func:`direction_cosine` on one side: the mean principal-angle
     cosine between two random k-dimensional subspaces of R^d (Monte Carlo, seeded)."""
     if not 1 <= k <= d:
-        raise ValueError(f"need 1 <= k <= d, got k={k}, d={d}")
+        raise InputError(f"need 1 <= k <= d, got k={k}, d={d}")
     g = torch.Generator().manual_seed(seed)
     vals = []
     for _ in range(n_draws):
@@ -391,9 +408,10 @@ def _spectrum_stats(S: Tensor, top_frac: float, null: int) -> dict[str, float]:
             "cond_trim": condition_number(trimmed), "erank": effective_rank(S)}
 
 
-def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = None, *, tau: float = TAU,
-                eps: float = 1e-2, k_frac: float = 0.3, top_frac: float = TOP_FRAC, gate: str | None = None,
-                prior: bool | None = None, refine: bool = True, numerator: str | None = None,
+@registered_defaults("ace")
+def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = None, *, tau: float,
+                eps: float, k_frac: float, top_frac: float = TOP_FRAC, gate: str | None,
+                prior: bool | None, refine: bool, numerator: str | None,
                 reference: Mapping[str, Tensor] | None = None,
                 covariances: Sequence[Mapping[str, Tensor]] | None = None, progress: bool | None = None) -> Any:
     """ACE's stages on every matrix (:func:`layer_stages`), one row per layer.
@@ -435,7 +453,7 @@ def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = 
 
     keys = list(keys) if keys is not None else matrix_keys(task_vectors)
     if covariances is not None and len(covariances) != len(task_vectors):
-        raise ValueError(f"covariances has {len(covariances)} dicts for {len(task_vectors)} task vectors; "
+        raise InputError(f"covariances has {len(covariances)} dicts for {len(task_vectors)} task vectors; "
                          "pass one {key: Sigma_t} dict per task, in the same order")
     rows = []
     for key in bar(keys, desc="stages", enabled=progress):
@@ -454,7 +472,7 @@ def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = 
         kd = max(1, math.ceil(top_frac * r))
         UP, VP = _bases(st.W_pre, kd)
 
-        def cos_with(M: Tensor) -> float:
+        def cos_with(M: Tensor, kd: int = kd, UP: Tensor = UP, VP: Tensor = VP) -> float:
             UB, VB = _bases(M, kd)
             return (_mean_cos(UP, UB) + _mean_cos(VP, VB)) / 2
 
@@ -530,11 +548,11 @@ class Ablation:
         if suite is not None:
             t = t[t["suite"] == suite]
         elif t["suite"].nunique() > 1:
-            raise ValueError(f"the table holds suites {sorted(t['suite'].unique())}; pass suite=")
+            raise InputError(f"the table holds suites {sorted(t['suite'].unique())}; pass suite=")
         v = t.set_index("variant")[column]
         for name in (a, b):
             if name not in v.index:
-                raise KeyError(f"no variant {name!r}; variants: {list(v.index)}")
+                raise InputKeyError(f"no variant {name!r}; variants: {list(v.index)}")
         return float(v[a] - v[b])
 
     def beside(self, eps: float) -> Ablation:
@@ -697,7 +715,7 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float],
     """
     out: dict[str, list[dict[str, Any]]] = {"normalization": [], "csp": [], "refinement": []}
     for suite, f in frac_flagged.items():
-        def e(a: str, b: str) -> float:
+        def e(a: str, b: str, suite: str = suite) -> float:
             return ablation.effect(a, b, suite=suite)
 
         out["normalization"].append({"suite": suite, "frac_flagged": float(f), "d_auto": e(NO_REFINE, GATE_OFF),
@@ -799,7 +817,7 @@ def _stage_effect(s: Mapping[str, Any], d: float, *, world: World | None, n_task
     if world is None or paper is None:
         return effect(s["suite"], d, noise=noise)
     if n_tasks is None or s["suite"] not in n_tasks:
-        raise KeyError(f"suite {s['suite']!r}: n_tasks= must give its number of tasks to scale the paper's effect")
+        raise InputKeyError(f"suite {s['suite']!r}: n_tasks= must give its number of tasks to scale the paper's effect")
     n = int(n_tasks[s["suite"]])
     return effect(s["suite"], d, paper=paper, paper_room=_paper_room_vit(n), world_room=world.room_at(n), noise=noise)
 

@@ -24,9 +24,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..errors import InputError, InputKeyError
 from ..results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
-from .verdicts import (NOISE, UNDECIDABLE, Effect, Verdict, World, agreement, compare, criteria, effect, margin,
-                       threshold)
+from .verdicts import (
+    NOISE,
+    UNDECIDABLE,
+    Effect,
+    Verdict,
+    World,
+    agreement,
+    compare,
+    criteria,
+    effect,
+    margin,
+    threshold,
+)
 
 __all__ = [
     "paired_difference",
@@ -64,10 +76,10 @@ def paired_difference(summary: pd.DataFrame, suite: str, a: str, b: str, metric:
     d = summary[summary["suite"] == suite].pivot_table(index="seed", columns="method", values=metric)
     for m in (a, b):
         if m not in d.columns:
-            raise KeyError(f"no method {m!r} on suite {suite!r}; methods: {sorted(d.columns)}")
+            raise InputKeyError(f"no method {m!r} on suite {suite!r}; methods: {sorted(d.columns)}")
     diffs = (d[a] - d[b]).dropna()
     if diffs.empty:
-        raise ValueError(f"{a} and {b} share no seed on {suite}")
+        raise InputError(f"{a} and {b} share no seed on {suite}")
     sd = float(diffs.std(ddof=1)) if len(diffs) > 1 else math.nan
     mean = float(diffs.mean())
     return {"suite": suite, "a": a, "b": b, "diff": mean, "sd": sd, "margin": margin(sd, floor), "n_seeds": len(diffs),
@@ -88,7 +100,7 @@ def _suites(summary: pd.DataFrame, suites: Sequence[str] | None) -> list[str]:
 def _best(summary: pd.DataFrame, suite: str, methods: Sequence[str], metric: str) -> str:
     means = summary[(summary["suite"] == suite) & summary["method"].isin(methods)].groupby("method")[metric].mean()
     if means.empty:
-        raise ValueError(f"none of {list(methods)} ran on {suite}")
+        raise InputError(f"none of {list(methods)} ran on {suite}")
     return str(means.idxmax())
 
 
@@ -149,7 +161,7 @@ def assess_beats(summary: pd.DataFrame, winner: str, rivals: Sequence[str], *, s
         rows.append(r)
         effects.append(_effect_for(s, r["diff"], r["sd"], paper, world, _n_tasks(summary, s), floor))
     if not rows:
-        raise ValueError(f"{winner} and none of {list(rivals)} ran together on any suite")
+        raise InputError(f"{winner} and none of {list(rivals)} ran together on any suite")
     dec = [(r, e) for r, e in zip(rows, effects) if e.decidable]
     undecided = [e for e in effects if not e.decidable]
     note = ("; undecidable: " + ", ".join(f"{e.setting} (predicted {e.predicted:+.2f} ≤ floor {e.floor:.2f})"
@@ -216,7 +228,7 @@ def assess_grows(summary: pd.DataFrame, method: str, rivals: Sequence[str], *, s
         if method in present and rv:
             gaps.append(paired_difference(summary, s, method, _best(summary, s, rv, metric), metric, floor))
     if len(gaps) < 2:
-        raise ValueError(f"need {method} and a rival on at least two suites, got {len(gaps)}")
+        raise InputError(f"need {method} and a rival on at least two suites, got {len(gaps)}")
 
     def change(g0, g1) -> tuple[float, float]:
         seeds = sorted(set(g0["per_seed"]) & set(g1["per_seed"]))
@@ -295,7 +307,7 @@ def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str = "
                          "time_ratio": _time_ratio(agg, s, method, rival),
                          "sd": float(a.loc[method, f"{metric}_sd"]), "sd_rival": float(a.loc[rival, f"{metric}_sd"])})
     if not rows:
-        raise ValueError(f"{method} and {rival} never ran on the same suite")
+        raise InputError(f"{method} and {rival} never ran on the same suite")
     crit = {"not worse": all(r["outcome"] != "worse" for r in rows),
             "cheaper": all(r["time_ratio"] < 1 for r in rows)}
     if all(np.isfinite(r["sd"]) and np.isfinite(r["sd_rival"]) for r in rows):
@@ -347,7 +359,7 @@ def _time_rows(summary: pd.DataFrame, method: str, ref: str, suites: Sequence[st
                          "inputs_seconds": float(a.loc[method, "inputs_seconds"]) if "inputs_seconds" in a
                          else math.nan})
     if not rows:
-        raise ValueError(f"{method} and {ref} never ran on the same suite")
+        raise InputError(f"{method} and {ref} never ran on the same suite")
     return rows
 
 
@@ -497,7 +509,7 @@ def assess_ordering(summary: pd.DataFrame, paper: Mapping[int, pd.Series] | pd.S
         rows.append({"suite": s, "n_tasks": n, **ra, "tau_per_seed": per_seed, "floor": floor})
     rows = [r for r in rows if np.isfinite(r["tau"])]
     if not rows:
-        raise ValueError("no suite has two or more methods in common with the paper")
+        raise InputError("no suite has two or more methods in common with the paper")
     mean_tau = float(np.mean([r["tau"] for r in rows]))
     agree = [r["tau"] >= r["floor"] - 1e-9 for r in rows]
     effects = [Effect(r["suite"], paper_tau, None, None, paper_tau, float(r["floor"]), float(r["tau"]))

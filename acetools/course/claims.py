@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import atomic_write
 from .verdicts import SCALING_RULE, VERDICTS, Verdict, World
 
@@ -149,7 +150,7 @@ def claim(claim_id: str) -> Claim:
     try:
         return _BY_ID[claim_id]
     except KeyError:
-        raise KeyError(f"unknown claim id {claim_id!r}; valid ids: {sorted(_BY_ID)}") from None
+        raise InputKeyError(f"unknown claim id {claim_id!r}; valid ids: {sorted(_BY_ID)}") from None
 
 
 def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdict, verdict: str | None = None,
@@ -171,16 +172,16 @@ def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdic
     """
     c = claim(claim_id)
     if not isinstance(world, World):
-        raise TypeError(f"record({claim_id!r}): world= must be the World the claim was judged in, got {world!r}")
+        raise InputTypeError(f"record({claim_id!r}): world= must be the World the claim was judged in, got {world!r}")
     if isinstance(measured, Verdict):
         if verdict is not None or reason is not None:
-            raise TypeError("record(fig_dir, claim_id, Verdict, **numbers) takes no verdict= or reason=")
+            raise InputTypeError("record(fig_dir, claim_id, Verdict, **numbers) takes no verdict= or reason=")
         v = measured
     else:
         if verdict not in VERDICTS:
-            raise ValueError(f"verdict {verdict!r} must be one of {VERDICTS}")
+            raise InputError(f"verdict {verdict!r} must be one of {VERDICTS}")
         if reason is None:
-            raise TypeError(f"record({claim_id!r}): a reason is required")
+            raise InputTypeError(f"record({claim_id!r}): a reason is required")
         v = Verdict(measured, verdict, reason, {}, (), measured_effect)
     if measured_effect is not None and v.value is None and not v.effects:
         v = Verdict(v.measured, v.verdict, v.reason, v.numbers, v.effects, float(measured_effect))
@@ -233,7 +234,7 @@ def show(entry: dict[str, Any]) -> None:
 def _world_of(entry: dict[str, Any], path: Path) -> dict[str, Any]:
     w = entry.get("world")
     if not isinstance(w, dict) or "name" not in w or "profile" not in w:
-        raise ValueError(f"{path}: claim {entry.get('id')!r} records no world (name, profile); rerun its notebook")
+        raise InputError(f"{path}: claim {entry.get('id')!r} records no world (name, profile); rerun its notebook")
     return w
 
 

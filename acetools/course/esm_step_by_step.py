@@ -48,9 +48,10 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import layer_type, linear_cka
+from ..errors import InputError, InputKeyError
 from ..keys import block_index
-from ..merging import is_matrix_param, merge
 from ..merging import esm as E
+from ..merging import is_matrix_param, merge
 from ..merging._linalg import thin_svd
 from ..search import climb_search, esm_search, grid_search
 from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare
@@ -142,7 +143,7 @@ def _prepare(X_fit: Tensor, delta_W: Tensor, X_eval: Tensor | None):
 def _energy(dO: Tensor, P: Tensor, U: Tensor, kmax: int) -> dict[str, np.ndarray]:
     total = float((dO.double() ** 2).sum())
     if total == 0:
-        raise ValueError("X @ delta_W.T is zero: no activation shift to decompose")
+        raise InputError("X @ delta_W.T is zero: no activation shift to decompose")
     esd = np.cumsum(((dO @ P[:, :kmax]).double() ** 2).sum(0).numpy()) / total
     svd = np.cumsum(((dO @ U[:, :kmax]).double() ** 2).sum(0).numpy()) / total
     return {"k": np.arange(1, kmax + 1), "esd": esd, "svd": svd}
@@ -150,7 +151,7 @@ def _energy(dO: Tensor, P: Tensor, U: Tensor, kmax: int) -> dict[str, np.ndarray
 
 def _cka(dO: Tensor, P: Tensor, U: Tensor, k: int) -> dict[str, float]:
     if not 1 <= k <= min(P.shape[1], U.shape[1]):
-        raise ValueError(f"k={k} must be in [1, {min(P.shape[1], U.shape[1])}]")
+        raise InputError(f"k={k} must be in [1, {min(P.shape[1], U.shape[1])}]")
     Pk, Uk = P[:, :k], U[:, :k]
     return {"esd": linear_cka(dO, dO @ Pk @ Pk.T), "svd": linear_cka(dO, dO @ Uk @ Uk.T)}
 
@@ -353,7 +354,7 @@ def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | No
     * ``"4 samples"``: the first ``n_few`` in-distribution images.
     """
     if variant not in PROXY_VARIANTS:
-        raise ValueError(f"unknown proxy variant {variant!r}; variants: {list(PROXY_VARIANTS)}")
+        raise InputError(f"unknown proxy variant {variant!r}; variants: {list(PROXY_VARIANTS)}")
     n = bench.n_proxy if n is None else int(n)
     seed = bench.proxy_seed if seed is None else int(seed)
     tasks = list(bench.tasks)
@@ -373,7 +374,7 @@ def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | No
             out[task] = x[_draw(len(x), n, seed)]
         elif variant == "pretraining pool":
             if pool is None:
-                raise ValueError("proxy variant 'pretraining pool' needs pool= (images N x C x H x W), e.g. "
+                raise InputError("proxy variant 'pretraining pool' needs pool= (images N x C x H x W), e.g. "
                                  "acetools.world.vision.data.pretraining_pool(seed=zoo.pool_seed, **zoo.pool_kwargs).x")
             px = torch.as_tensor(np.asarray(pool))
             out[task] = px[_draw(len(px), n, seed)]
@@ -413,7 +414,7 @@ def timed_activations(bench, images: Mapping[str, Tensor] | None = None,
     t0 = time.perf_counter()
     if images is None:
         if keys is not None:
-            raise ValueError("keys= needs images=: the bench's own activations cover bench.matrix_keys()")
+            raise InputError("keys= needs images=: the bench's own activations cover bench.matrix_keys()")
         acts = bench.esm_activations()
     else:
         acts = proxy_activations(bench, images, keys)
@@ -466,7 +467,7 @@ def ablation_hparams(name: str) -> dict[str, Any]:
     try:
         return dict(ABLATION[name])
     except KeyError:
-        raise KeyError(f"unknown ablation row {name!r}; rows: {list(ABLATION)}") from None
+        raise InputKeyError(f"unknown ablation row {name!r}; rows: {list(ABLATION)}") from None
 
 
 def alpha_keys(base: Mapping[str, Tensor], hparams: Mapping[str, Any]) -> list[str]:
@@ -500,7 +501,7 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
     import warnings
 
     if "alpha" in hparams:
-        raise ValueError("esm_path varies alpha itself; do not pass it")
+        raise InputError("esm_path varies alpha itself; do not pass it")
     hp = {**world_merge_kwargs(bench), **hparams}
     if hp.get("decomposition", "esd") == "esd":
         hp["activations"] = bench.esm_activations() if activations is None else activations
@@ -542,9 +543,9 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
     from ..benchmark import MethodRun
 
     if search not in ("climb", "grid"):
-        raise ValueError(f"search={search!r} must be 'climb' or 'grid'")
+        raise InputError(f"search={search!r} must be 'climb' or 'grid'")
     if inputs_seconds is not None and not (math.isfinite(inputs_seconds) and inputs_seconds >= 0):
-        raise ValueError(f"inputs_seconds={inputs_seconds!r} must be a finite number >= 0")
+        raise InputError(f"inputs_seconds={inputs_seconds!r} must be a finite number >= 0")
     capture_s = 0.0
     if hparams.get("decomposition", "esd") == "esd":
         if activations is None:
@@ -688,7 +689,7 @@ def load_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor],
     normalising the norms"). Other keys keep the expert's values.
     """
     if order not in ("norm", "reverse"):
-        raise ValueError(f"order={order!r} must be 'norm' or 'reverse'")
+        raise InputError(f"order={order!r} must be 'norm' or 'reverse'")
     out = dict(expert)
     for key, (P, A) in components.items():
         norms = torch.linalg.norm(A, dim=1)
@@ -715,7 +716,7 @@ def norm_order_table(bench, activations: Mapping[str, Sequence[Tensor]] | None =
     keys = list(acts)
     base, T = bench.base, len(bench.tasks)
     if budget != "esm":
-        raise ValueError("budget must be 'esm' (ESM's rank budget int(d_out / T))")
+        raise InputError("budget must be 'esm' (ESM's rank budget int(d_out / T))")
     ks = {k: E.rank_budget(base[k].shape[0], T) for k in keys}
     ref = bench.expert_accuracy(split)
     rows = []
@@ -1049,9 +1050,9 @@ def ablation_verdicts(ab_table: pd.DataFrame, *, world: Any = None,
     needed = list(dict.fromkeys(r for rows in ABLATION_CLAIMS.values() for r in rows))
     missing = [r for r in needed if r not in acc.index]
     if missing:
-        raise ValueError(f"ablation table lacks the rows {missing} (variant column); run_ablation() runs them all")
+        raise InputError(f"ablation table lacks the rows {missing} (variant column); run_ablation() runs them all")
     if acc.loc[needed].isna().any().any():
-        raise ValueError(f"ablation table misses some suites of the rows {needed}: every row needs every suite")
+        raise InputError(f"ablation table misses some suites of the rows {needed}: every row needs every suite")
 
     def gain(a: str, b: str) -> dict[str, float]:
         return {s: float(acc.loc[a, s] - acc.loc[b, s]) for s in acc.columns}

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..errors import InputError
 from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
 __all__ = ["ROBERTA_GLUE", "ACE_SETTINGS", "task_table", "gamma_table", "gamma_by_type", "stage_ablation",
@@ -218,7 +219,7 @@ def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | N
         if len(on) and len(off):
             gains[float(e)] = float(on.iloc[0] - off.iloc[0])
     if not gains:
-        raise ValueError(f"the ablation has no rows 'gate on (forced)' and {without!r}")
+        raise InputError(f"the ablation has no rows 'gate on (forced)' and {without!r}")
     v = agreement([compare(d) == "better" for d in gains.values()])
     label = " (gate forced on every matrix)" if forced else ""
     measured = f"{stage}{label}: " + ", ".join(f"eps {e:g}: {d:+.1f}" for e, d in gains.items()) + " normalized points"

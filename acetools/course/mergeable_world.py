@@ -16,18 +16,20 @@ turns them into the lesson's tables:
 
 from __future__ import annotations
 
-from ..search import PATIENCE
-
 import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from ..errors import InputError, InputKeyError
 from ..regime import RegimeCard
+from ..search import PATIENCE
 
-__all__ = ["KEY_ROWS", "EXPLAIN_ROWS", "load_cards", "card_table", "room_budget", "targets", "fixture_card"]
+__all__ = ["KEY_ROWS", "EXPLAIN_ROWS", "load_cards", "card_table", "room_budget", "targets", "regime_targets",
+           "fixture_card"]
 
 #: The issue's table, in order.
 KEY_ROWS: tuple[str, ...] = ("experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm",
@@ -56,12 +58,12 @@ def card_table(cards: Mapping[str, RegimeCard], rows: Sequence[str] = KEY_ROWS, 
     """Rows ``rows`` (labels as index) of every card as columns, plus the CLIP ViT-B/32 column
     (of the first card; NaN where the papers give no number). A row a card lacks is NaN."""
     if not cards:
-        raise ValueError("card_table needs at least one card")
+        raise InputError("card_table needs at least one card")
     first = next(iter(cards.values())).to_frame().set_index("metric")
     missing = [r for r in rows if r not in first.index and not any(r in c.to_frame()["metric"].values
                                                                      for c in cards.values())]
     if missing:
-        raise KeyError(f"no card has rows {missing}; rows: {list(first.index)}")
+        raise InputKeyError(f"no card has rows {missing}; rows: {list(first.index)}")
     out = {}
     labels = {}
     for name, card in cards.items():
@@ -101,10 +103,76 @@ def room_budget(card: RegimeCard) -> pd.DataFrame:
 def targets(card: RegimeCard, summary: pd.DataFrame | None = None) -> pd.DataFrame:
     """The regime targets (docs/regime.md §Targets) against ``card``: accuracy rows from the
     benchmark's seeds when ``summary`` (:func:`benchmark_summary`) is given, else from the card;
-    columns ``target, suite, measured, threshold, passed, source``."""
-    from ..regime import regime_targets
-
+    columns ``target, suite, measured, threshold, passed, source`` (:func:`regime_targets`)."""
     return regime_targets(card, summary)
+
+
+def _timing_minutes(card: RegimeCard, kind: str) -> float:
+    t = [float(s) for k, s in (card.meta.get("timing") or {}).items() if k.split("/")[0] == kind and s is not None]
+    return sum(t) / 60 if t else math.nan
+
+
+def regime_targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, small: str | None = None,
+                   large: str = "tasks20") -> pd.DataFrame:
+    """The mini-world's regime targets (docs/regime.md §Targets), one row each: ``target, suite,
+    measured, threshold, passed, source``; ``passed`` is ``None`` where the data are missing.
+
+    Accuracy rows come from ``summary`` (the benchmark's per-seed table,
+    :func:`acetools.results.load_summary`; means over its seeds) when given, else from
+    ``card`` (the ``small`` suite only). ACE's gate and the build times come from the card:
+    the gate's share of matrices with γ ≤ τ, the sum of the recorded build seconds of the
+    card's experts (one ``small`` expert set) and of its base. ``small`` defaults to the card's
+    suite (``tasks8`` when the card does not say).
+    """
+    from ..results import aggregate
+
+    small = small or card.meta.get("suite") or "tasks8"
+    agg = aggregate(summary) if summary is not None and len(summary) else None
+
+    def get(suite: str, method: str, col: str) -> float:
+        if agg is not None:
+            r = agg[(agg["suite"] == suite) & (agg["method"] == method)]
+            return float(r[col].iloc[0]) if len(r) else math.nan
+        if suite != small:
+            return math.nan
+        metric = {("experts (individual)", "test_acc"): "experts_abs", ("base (frozen heads)", "test_acc"): "base_abs",
+                  ("tsv_m", "test_normalized"): "tsv_norm", ("task_arithmetic", "test_normalized"): "ta_norm",
+                  ("task_arithmetic", "coef"): "ta_lambda"}[(method, col)]
+        return float(card.value(metric))
+
+    src = f"benchmark, {int(agg['n_seeds'].max())} seed(s)" if agg is not None else "regime card"
+    rows: list[dict[str, Any]] = []
+
+    def add(target: str, suite: str, measured: float, threshold: str, ok: Any, source: str = src) -> None:
+        rows.append({"target": target, "suite": suite, "measured": None if math.isnan(measured) else round(measured, 2),
+                     "threshold": threshold, "passed": None if math.isnan(measured) else bool(ok), "source": source})
+
+    exp, base = get(small, "experts (individual)", "test_acc"), get(small, "base (frozen heads)", "test_acc")
+    add("experts (absolute, %)", small, exp, "≥ 85", exp >= 85)
+    add("base below the experts (points)", small, exp - base, "≥ 20", exp - base >= 20)
+    tsv = get(small, "tsv_m", "test_normalized")
+    add("TSV-M (normalized, %)", small, tsv, "≥ 85", tsv >= 85)
+    for suite, need in ((small, 10.0), (large, 8.0)):
+        room = get(suite, "tsv_m", "test_normalized") - get(suite, "task_arithmetic", "test_normalized")
+        add("TSV-M − task arithmetic (normalized points)", suite, room, f"≥ {need:g}", room >= need)
+    drop = get(small, "task_arithmetic", "test_normalized") - get(large, "task_arithmetic", "test_normalized")
+    add(f"task arithmetic on {large} below {small} (normalized points)", f"{small}→{large}", drop, "≥ 5", drop >= 5)
+    if agg is not None:
+        lams = summary.loc[summary["method"] == "task_arithmetic", "coef"].dropna().astype(float)
+    else:
+        lams = pd.Series([get(small, "task_arithmetic", "coef")])
+    for name, lam in (("smallest", lams.min()), ("largest", lams.max())):
+        add(f"task arithmetic's λ on validation ({name} over runs)", "all" if agg is not None else small,
+            float(lam) if len(lams) else math.nan, "in [0.2, 0.6]", 0.2 - 1e-9 <= lam <= 0.6 + 1e-9)
+    gated = float(card.value("ace_gated_fraction"))
+    add("ACE's gate off (γ ≤ τ = 0.3), % of matrices", small, 100.0 - gated, "≥ 75", 100.0 - gated >= 75,
+        "regime card")
+    experts_min = _timing_minutes(card, "expert")
+    add(f"building a {small} expert set (min, as recorded)", small, experts_min, "≤ 20", experts_min <= 20,
+        "regime card")
+    base_h = float(((card.meta.get("recipe") or {}).get("base_recipe") or {}).get("seconds") or math.nan) / 3600
+    add("pretraining the base once (h, as recorded)", "—", base_h, "≤ 2", base_h <= 2, "regime card")
+    return pd.DataFrame(rows, columns=["target", "suite", "measured", "threshold", "passed", "source"])
 
 
 def benchmark_summary(results_dir: str | os.PathLike, suites: Sequence[str] = ("tasks8", "tasks14", "tasks20"),

@@ -2,7 +2,7 @@
 
 Every course notebook calls :func:`setup` once (it also sets the plotting theme) and shows
 tables through :func:`table`, so the rendered reports (``acetools report``, HTML via
-:func:`acetools.course.report.render_html`) read the same everywhere:
+:func:`acetools.notebooks.render_html`) read the same everywhere:
 
 * :func:`table` — a styled DataFrame: numbers to ``digits`` decimals (or a per-column
   format), missing values as ``—`` instead of ``NaN``, optional caption; wide tables scroll
@@ -21,15 +21,7 @@ __all__ = ["NA", "REPORT_CSS", "setup", "alt_text", "table"]
 #: How a missing value reads in a table.
 NA = "—"
 
-#: CSS added to every rendered report: wide tables scroll inside their output instead of being
-#: cut off, long text lines wrap at word boundaries, figures fit the page.
-REPORT_CSS = """
-.jp-OutputArea-output { overflow-x: auto; max-width: 100%; }
-.jp-RenderedHTMLCommon table { display: block; max-width: 100%; overflow-x: auto; }
-.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal; max-width: 42em; }
-.jp-OutputArea-output pre { white-space: pre-wrap; overflow-wrap: break-word; word-break: normal; }
-.jp-RenderedImage img { max-width: 100%; height: auto; }
-"""
+from ..notebooks import REPORT_CSS  # noqa: E402  (the report's CSS, defined with its renderer)
 
 
 def alt_text(fig: Any) -> str:

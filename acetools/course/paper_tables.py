@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..errors import InputError, InputKeyError
+
 __all__ = [
     "NAME_MAP",
     "REFERENCE_MAP",
@@ -76,14 +78,14 @@ def registry_name(paper_name: str) -> str | None:
         return NAME_MAP[paper_name]
     if paper_name in REFERENCE_MAP:
         return REFERENCE_MAP[paper_name]
-    raise KeyError(f"unknown paper method {paper_name!r}; known: {sorted(NAME_MAP) + sorted(REFERENCE_MAP)}")
+    raise InputKeyError(f"unknown paper method {paper_name!r}; known: {sorted(NAME_MAP) + sorted(REFERENCE_MAP)}")
 
 
 def _rows(table: str, source: str, backbones_tasks: list[tuple[str, int]], data: dict[str, list]) -> list[dict]:
     out = []
     for method, values in data.items():
         if len(values) != len(backbones_tasks):  # pragma: no cover - guards the literals below
-            raise ValueError(f"{table}/{method}: {len(values)} values for {len(backbones_tasks)} columns")
+            raise InputError(f"{table}/{method}: {len(values)} values for {len(backbones_tasks)} columns")
         for (backbone, n_tasks), v in zip(backbones_tasks, values):
             if v is None:
                 continue
@@ -189,7 +191,7 @@ def vision_long(table: str | None = None) -> pd.DataFrame:
     if table is None:
         return VISION.copy()
     if table not in set(VISION["table"]):
-        raise ValueError(f"unknown table {table!r}; tables: {sorted(set(VISION['table']))}")
+        raise InputError(f"unknown table {table!r}; tables: {sorted(set(VISION['table']))}")
     return VISION[VISION["table"] == table].reset_index(drop=True)
 
 
@@ -202,12 +204,12 @@ def paper_column(table: str, backbone: str, n_tasks: int, *, methods_only: bool 
     df = vision_long(table)
     df = df[(df["backbone"] == backbone) & (df["n_tasks"] == n_tasks)]
     if df.empty:
-        raise KeyError(f"table {table!r} has no column {backbone} {n_tasks} tasks")
+        raise InputKeyError(f"table {table!r} has no column {backbone} {n_tasks} tasks")
     if methods_only:
         df = df[df["method"].notna() & ~df["method_paper"].isin(list(REFERENCE_MAP))]
     s = df.set_index("method")["accuracy"]
     if s.index.has_duplicates:  # pragma: no cover - two paper names for one method in one column
-        raise ValueError(f"duplicate methods in {table} {backbone} {n_tasks}: {list(s.index)}")
+        raise InputError(f"duplicate methods in {table} {backbone} {n_tasks}: {list(s.index)}")
     s.name = f"{table}: {backbone} {n_tasks} tasks"
     return s
 
@@ -218,7 +220,7 @@ def comparison_columns(table: str, n_tasks: int) -> pd.Series:
     try:
         backbone, n = COMPARISONS[table][n_tasks]
     except KeyError:
-        raise KeyError(f"no comparison of table {table!r} at {n_tasks} tasks; "
+        raise InputKeyError(f"no comparison of table {table!r} at {n_tasks} tasks; "
                        f"have {{{', '.join(f'{k}: {sorted(v)}' for k, v in COMPARISONS.items())}}}") from None
     return paper_column(table, backbone, n)
 
@@ -231,7 +233,7 @@ def paper_room(table: str, n_tasks: int) -> float:
     col = comparison_columns(table, n_tasks)
     missing = [m for m in ("tsv_m", "task_arithmetic") if m not in col.index]
     if missing:
-        raise KeyError(f"{col.name} has no {missing}: no room to scale by")
+        raise InputKeyError(f"{col.name} has no {missing}: no room to scale by")
     return float(col["tsv_m"] - col["task_arithmetic"])
 
 
@@ -247,7 +249,7 @@ def paper_lead(table: str, n_tasks: int, winner: str, rivals: list[str] | None =
     col = comparison_columns(table, n_tasks)
     rv = [m for m in (rivals if rivals is not None else table_rivals(table, n_tasks, winner)) if m in col.index]
     if winner not in col.index or not rv:
-        raise KeyError(f"{col.name}: need {winner} and one of {rivals}; has {list(col.index)}")
+        raise InputKeyError(f"{col.name}: need {winner} and one of {rivals}; has {list(col.index)}")
     best = max(rv, key=lambda m: col[m])
     return float(col[winner] - col[best]), best
 

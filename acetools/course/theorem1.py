@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import compare_covariances, layer_type
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index
 from ..merging import merge
 from ..merging.ace import estimate_covariance
@@ -143,7 +144,7 @@ def _sym(M: Tensor) -> Tensor:
 def matrix_cosine(A: Tensor, B: Tensor) -> float:
     """<A, B>_F / (||A||_F ||B||_F) of two equally shaped matrices (NaN if either is zero)."""
     if A.shape != B.shape:
-        raise ValueError(f"matrix_cosine: shapes {tuple(A.shape)} and {tuple(B.shape)} differ")
+        raise InputError(f"matrix_cosine: shapes {tuple(A.shape)} and {tuple(B.shape)} differ")
     A, B = A.double(), B.double()
     den = float(torch.linalg.matrix_norm(A) * torch.linalg.matrix_norm(B))
     return float((A * B).sum()) / den if den > 0 else math.nan
@@ -165,7 +166,7 @@ def covariance_agreement(Sigma_hat: Tensor, Sigma: Tensor, k: int | None = None)
     """
     for what, M in (("Sigma_hat", Sigma_hat), ("Sigma", Sigma)):
         if not isinstance(M, Tensor) or M.ndim != 2 or M.shape[0] != M.shape[1]:
-            raise ValueError(f"{what} must be a square matrix, got {getattr(M, 'shape', type(M).__name__)}")
+            raise InputError(f"{what} must be a square matrix, got {getattr(M, 'shape', type(M).__name__)}")
     A, S = _sym(Sigma_hat), _sym(Sigma)
     c = compare_covariances(A, S, k)
     d = S.shape[0]
@@ -190,7 +191,7 @@ def _phi(activation: str):
         return torch.tanh, (lambda z: 1 - torch.tanh(z) ** 2)
     if activation == "relu":
         return torch.relu, (lambda z: (z > 0).to(z.dtype))
-    raise ValueError(f"activation={activation!r} must be one of ['linear', 'tanh', 'relu']")
+    raise InputError(f"activation={activation!r} must be one of ['linear', 'tanh', 'relu']")
 
 
 def two_layer_teacher(task: RegressionTask, d_hidden: int, activation: str, *, gain: float = 1.0,
@@ -239,9 +240,9 @@ def finetune_two_layer(W1: Tensor, W2: Tensor, X: Tensor, Y: Tensor, *, activati
     """
     phi, dphi = _phi(activation)
     if optimizer not in ("sgd", "adam"):
-        raise ValueError(f"optimizer={optimizer!r} must be 'sgd' or 'adam'")
+        raise InputError(f"optimizer={optimizer!r} must be 'sgd' or 'adam'")
     if X.shape[0] != Y.shape[0]:
-        raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}")
+        raise InputError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}")
     g = make_generator(seed)
     params = [W1.detach().clone(), W2.detach().clone()]
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
@@ -271,24 +272,24 @@ def finetune_two_layer(W1: Tensor, W2: Tensor, X: Tensor, Y: Tensor, *, activati
 def _config(overrides: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(overrides) - set(DEFAULTS))
     if unknown:
-        raise TypeError(f"unknown setting(s) {unknown}; valid settings: {sorted(DEFAULTS)}")
+        raise InputTypeError(f"unknown setting(s) {unknown}; valid settings: {sorted(DEFAULTS)}")
     cfg = {**DEFAULTS, **overrides}
     for name in ("n_tasks", "d_in", "d_out", "d_hidden", "subspace_dim", "n_train", "steps", "batch_size"):
         v = cfg[name]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} must be a positive int")
+            raise InputError(f"{name}={v!r} must be a positive int")
     for name in ("lr", "gain"):
         v = cfg[name]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"{name}={v!r} must be a positive number")
+            raise InputError(f"{name}={v!r} must be a positive number")
     if isinstance(cfg["noise"], bool) or not isinstance(cfg["noise"], (int, float)) or cfg["noise"] < 0:
-        raise ValueError(f"noise={cfg['noise']!r} must be a number >= 0")
+        raise InputError(f"noise={cfg['noise']!r} must be a number >= 0")
     if cfg["optimizer"] not in ("sgd", "adam"):
-        raise ValueError(f"optimizer={cfg['optimizer']!r} must be 'sgd' or 'adam'")
+        raise InputError(f"optimizer={cfg['optimizer']!r} must be 'sgd' or 'adam'")
     if cfg["activation"] not in _ACTIVATIONS:
-        raise ValueError(f"activation={cfg['activation']!r} must be one of {list(_ACTIVATIONS)}")
+        raise InputError(f"activation={cfg['activation']!r} must be one of {list(_ACTIVATIONS)}")
     if cfg["subspace_dim"] > cfg["d_in"]:
-        raise ValueError(f"subspace_dim={cfg['subspace_dim']} must be <= d_in={cfg['d_in']}")
+        raise InputError(f"subspace_dim={cfg['subspace_dim']} must be <= d_in={cfg['d_in']}")
     return cfg
 
 
@@ -332,7 +333,7 @@ def estimate_experiment(*, k: int | None = None, return_estimates: bool = False,
             delta = W1 - W1_0
             phi, _ = _phi(act)
 
-            def loss2(A: Tensor, B: Tensor, task: RegressionTask = task, Y: Tensor = F_te) -> float:
+            def loss2(A: Tensor, B: Tensor, task: RegressionTask = task, Y: Tensor = F_te, phi=phi) -> float:
                 return float(((phi(task.X_test @ A.T) @ B.T - Y) ** 2).sum(1).mean())
 
             before, after = loss2(W1_0, W2_0), loss2(W1, W2)
@@ -358,11 +359,11 @@ def sweep(param: str, values: Sequence[Any], *, k: int | None = None, **settings
     :data:`SWEEP_COLUMNS`; ``param`` names the knob, ``value`` its value (also in the column
     of that name, e.g. ``df.steps``). Plot with ``x=param``."""
     if param not in DEFAULTS:
-        raise ValueError(f"param={param!r} is not a setting; choose one of {sorted(DEFAULTS)}")
+        raise InputError(f"param={param!r} is not a setting; choose one of {sorted(DEFAULTS)}")
     if param in settings:
-        raise TypeError(f"{param!r} is swept; do not also pass it as a fixed setting")
+        raise InputTypeError(f"{param!r} is swept; do not also pass it as a fixed setting")
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
-        raise ValueError(f"values must be a non-empty list of {param} values, got {values!r}")
+        raise InputError(f"values must be a non-empty list of {param} values, got {values!r}")
     frames = []
     for v in values:
         df = estimate_experiment(k=k, **{**settings, param: v})
@@ -383,7 +384,7 @@ def spectra_frame(matrices: Mapping[str, Tensor]) -> pd.DataFrame:
         lam = torch.linalg.eigvalsh(_sym(M)).flip(0).clamp(min=0)
         top = float(lam[0])
         if top <= 0:
-            raise ValueError(f"spectra_frame: {name!r} has no positive eigenvalue")
+            raise InputError(f"spectra_frame: {name!r} has no positive eigenvalue")
         rows += [{"source": name, "index": i + 1, "eigenvalue": float(v) / top} for i, v in enumerate(lam)]
     return pd.DataFrame(rows, columns=["source", "index", "eigenvalue"])
 
@@ -410,11 +411,11 @@ def hooked_covariances(zoo, keys: Sequence[str], *, n_images: int = 256, source:
     from ..files.activations import gram_matrices, input_covariances
 
     if source not in ("expert", "base"):
-        raise ValueError(f"source={source!r} must be 'expert' or 'base'")
+        raise InputError(f"source={source!r} must be 'expert' or 'base'")
     if kind not in ("covariance", "gram"):
-        raise ValueError(f"kind={kind!r} must be 'covariance' or 'gram'")
+        raise InputError(f"kind={kind!r} must be 'covariance' or 'gram'")
     if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 2:
-        raise ValueError(f"n_images={n_images!r} must be an int >= 2")
+        raise InputError(f"n_images={n_images!r} must be an int >= 2")
     reader = input_covariances if kind == "covariance" else gram_matrices
     out = []
     base_enc = zoo.encoder(zoo.base_state()) if source == "base" else None
@@ -443,16 +444,16 @@ def vit_agreement(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Ten
     (``subspace_overlap``, ``spectrum_pearson`` and ``k`` are then NaN): cheaper on wide layers.
     """
     if len(experts) != len(covariances):
-        raise ValueError(f"{len(experts)} experts but {len(covariances)} covariance dicts; pass one per expert")
+        raise InputError(f"{len(experts)} experts but {len(covariances)} covariance dicts; pass one per expert")
     names = list(tasks) if tasks is not None else [str(i) for i in range(len(experts))]
     if len(names) != len(experts):
-        raise ValueError(f"{len(names)} task names for {len(experts)} experts")
+        raise InputError(f"{len(names)} task names for {len(experts)} experts")
     keys = list(keys) if keys is not None else list(covariances[0])
     rows = []
     for key in keys:
         for t, c in enumerate(covariances):
             if key not in c:
-                raise KeyError(f"covariances[{t}] has no entry for {key!r}")
+                raise InputKeyError(f"covariances[{t}] has no entry for {key!r}")
         for t, (name, ex) in enumerate(zip(names, experts)):
             S_hat = estimate_covariance(ex[key].double() - base[key].double())
             S = covariances[t][key]
@@ -489,11 +490,11 @@ def estimator_covariances(base: Mapping[str, Tensor], experts: Sequence[Mapping[
     thing — eps relative to the average eigenvalue — whatever the estimator's scale.
     """
     if estimator not in ("identity", "wudi", "ace", "given"):
-        raise ValueError(f"estimator={estimator!r} must be 'identity', 'wudi', 'ace' or 'given'")
+        raise InputError(f"estimator={estimator!r} must be 'identity', 'wudi', 'ace' or 'given'")
     if estimator == "given" and given is None:
-        raise ValueError("estimator='given' needs given=[{key: Sigma_t}, ...], one dict per expert")
+        raise InputError("estimator='given' needs given=[{key: Sigma_t}, ...], one dict per expert")
     if given is not None and len(given) != len(experts):
-        raise ValueError(f"given has {len(given)} dicts for {len(experts)} experts")
+        raise InputError(f"given has {len(given)} dicts for {len(experts)} experts")
     out: list[dict[str, Tensor]] = [{} for _ in experts]
     for key in keys:
         if estimator == "given":
@@ -526,11 +527,11 @@ def unified_merges(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Te
     """
     unknown = [e for e in estimators if e not in ESTIMATOR_LABELS]
     if unknown:
-        raise ValueError(f"unknown estimator(s) {unknown}; choose from {list(ESTIMATOR_LABELS)}")
+        raise InputError(f"unknown estimator(s) {unknown}; choose from {list(ESTIMATOR_LABELS)}")
     keyset = set(keys)
     missing = sorted(keyset - set(base))
     if missing:
-        raise KeyError(f"base has no key {missing[0]!r}")
+        raise InputKeyError(f"base has no key {missing[0]!r}")
 
     def only_keys(key: str, tensor: Tensor) -> bool:
         return key in keyset
@@ -586,7 +587,7 @@ def unified_linear(*, eps: float = 1e-4, **settings: Any) -> UnifiedResult:
     """
     cfg = _config(settings)
     if cfg["activation"] != "none":
-        raise ValueError("unified_linear merges one linear layer: activation must be 'none'")
+        raise InputError("unified_linear merges one linear layer: activation must be 'none'")
     W0, tasks = make_regression_tasks(cfg["n_tasks"], cfg["d_in"], cfg["d_out"], n_train=cfg["n_train"], n_val=1,
                                       subspace_dim=cfg["subspace_dim"], noise=cfg["noise"], seed=cfg["seed"])
     fit = {"steps": cfg["steps"], "lr": cfg["lr"], "batch_size": cfg["batch_size"], "optimizer": cfg["optimizer"]}
@@ -687,7 +688,7 @@ def median_cosine(frame: pd.DataFrame, column: str = "cosine", **where: Any) -> 
     for k, v in where.items():
         sel = sel[sel[k] == v]
     if sel.empty:
-        raise ValueError(f"no rows where {where}")
+        raise InputError(f"no rows where {where}")
     return float(sel[column].median())
 
 

@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import InputError, InputKeyError
+
 __all__ = [
     "NOISE",
     "TIE",
@@ -114,7 +116,7 @@ class Verdict:
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict {self.verdict!r} must be one of {VERDICTS}")
+            raise InputError(f"verdict {self.verdict!r} must be one of {VERDICTS}")
         object.__setattr__(self, "effects", tuple(self.effects))
 
     def _headline(self) -> Effect | None:
@@ -199,7 +201,7 @@ class World:
 
     def __post_init__(self) -> None:
         if self.profile not in ("full", "quick"):
-            raise ValueError(f"World.profile={self.profile!r} must be 'full' or 'quick'")
+            raise InputError(f"World.profile={self.profile!r} must be 'full' or 'quick'")
         object.__setattr__(self, "room", {int(k): float(v) for k, v in dict(self.room).items()})
         object.__setattr__(self, "room_abs", {int(k): float(v) for k, v in dict(self.room_abs).items()})
 
@@ -207,12 +209,12 @@ class World:
         """The room at ``n_tasks`` tasks in ``unit`` (``"normalized"`` or ``"absolute"``
         points; KeyError naming the rooms this world has)."""
         if unit not in ("normalized", "absolute"):
-            raise ValueError(f"unit={unit!r} must be 'normalized' or 'absolute'")
+            raise InputError(f"unit={unit!r} must be 'normalized' or 'absolute'")
         rooms = self.room if unit == "normalized" else self.room_abs
         try:
             return rooms[int(n_tasks)]
         except KeyError:
-            raise KeyError(f"world {self.name!r} has no {unit} room at {n_tasks} tasks; it has "
+            raise InputKeyError(f"world {self.name!r} has no {unit} room at {n_tasks} tasks; it has "
                            f"{sorted(rooms)}") from None
 
     def as_dict(self) -> dict[str, Any]:
@@ -290,9 +292,9 @@ def predict(paper_effect: float, paper_room: float, world_room: float) -> float:
     (:data:`SCALING_RULE`). ``paper_room`` must be positive; a world without room (``<= 0``)
     predicts no effect."""
     if not (math.isfinite(paper_room) and paper_room > 0):
-        raise ValueError(f"paper_room={paper_room!r} must be a positive number")
+        raise InputError(f"paper_room={paper_room!r} must be a positive number")
     if not math.isfinite(world_room):
-        raise ValueError(f"world_room={world_room!r} is not a finite number")
+        raise InputError(f"world_room={world_room!r} is not a finite number")
     return float(paper_effect) * max(float(world_room), 0.0) / float(paper_room)
 
 
@@ -305,7 +307,7 @@ def effect(setting: str, measured: float | None, *, paper: float | None = None, 
     pred = None
     if paper is not None:
         if paper_room is None or world_room is None:
-            raise ValueError(f"{setting}: a paper effect needs paper_room and world_room to be scaled")
+            raise InputError(f"{setting}: a paper effect needs paper_room and world_room to be scaled")
         pred = predict(paper, paper_room, world_room)
     return Effect(setting, None if paper is None else float(paper), _num(paper_room), _num(world_room), pred,
                   margin(spread, noise), _num(measured))
@@ -316,9 +318,9 @@ def decide(effects: Sequence[Effect], agree: Sequence[bool]) -> tuple[str, str]:
     floor are left out; none left -> :data:`UNDECIDABLE`; otherwise :func:`agreement` over the
     decidable ones. Returns ``(verdict, note)``, ``note`` naming the undecidable settings."""
     if len(effects) != len(agree):
-        raise ValueError(f"{len(effects)} effects for {len(agree)} agreements")
+        raise InputError(f"{len(effects)} effects for {len(agree)} agreements")
     if not effects:
-        raise ValueError("no settings to decide on")
+        raise InputError("no settings to decide on")
     keep = [a for e, a in zip(effects, agree) if e.decidable]
     out = [e for e in effects if not e.decidable]
     note = "" if not out else (
@@ -341,7 +343,7 @@ def compare(diff: float, spread: float | None = None, noise: float = NOISE) -> s
     """``"better"`` if ``diff`` > :func:`margin`, ``"worse"`` if ``diff`` < -margin, else
     :data:`TIE`. ``diff`` must be a finite number."""
     if diff is None or not math.isfinite(diff):
-        raise ValueError(f"diff={diff!r} is not a finite number")
+        raise InputError(f"diff={diff!r} is not a finite number")
     m = margin(spread, noise)
     if diff > m:
         return "better"
@@ -360,7 +362,7 @@ def agreement(agree: Sequence[bool]) -> str:
     reproduced`` if none does, ``partly`` otherwise."""
     agree = [bool(a) for a in agree]
     if not agree:
-        raise ValueError("no settings to decide on")
+        raise InputError("no settings to decide on")
     if all(agree):
         return "reproduced"
     if not any(agree):

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import InputError, InputKeyError
+
 __all__ = ["Explorer", "rank_slider", "alpha_slider", "task_picker", "in_frontend"]
 
 
@@ -47,7 +49,7 @@ class Explorer:
         import matplotlib.pyplot as plt
 
         if not controls:
-            raise ValueError("an Explorer needs at least one control")
+            raise InputError("an Explorer needs at least one control")
         self.plot_fn, self.controls, self.fixed = plot_fn, dict(controls), fixed
         self.figure, self.ax = plt.subplots(figsize=figsize)
         plt.close(self.figure)  # shown through the Output widget, not by pyplot
@@ -79,7 +81,7 @@ class Explorer:
         """Set control values (each triggers a redraw, as a user's change would)."""
         for k, v in values.items():
             if k not in self.controls:
-                raise KeyError(f"no control {k!r}; controls: {sorted(self.controls)}")
+                raise InputKeyError(f"no control {k!r}; controls: {sorted(self.controls)}")
             self.controls[k].value = v
 
 
@@ -90,10 +92,10 @@ def rank_slider(plot_fn: Callable[..., Any], ranks: Sequence[int], value: int | 
 
     ranks = [int(r) for r in ranks]
     if not ranks:
-        raise ValueError("ranks is empty")
+        raise InputError("ranks is empty")
     value = ranks[len(ranks) // 2] if value is None else int(value)
     if value not in ranks:
-        raise ValueError(f"value {value} is not one of the ranks {ranks[0]}..{ranks[-1]}")
+        raise InputError(f"value {value} is not one of the ranks {ranks[0]}..{ranks[-1]}")
     step = ranks[1] - ranks[0] if len(ranks) > 1 else 1
     slider = w.IntSlider(value=value, min=ranks[0], max=ranks[-1], step=step, description=description,
                          continuous_update=False)
@@ -108,10 +110,10 @@ def alpha_slider(plot_fn: Callable[..., Any], alphas: Sequence[float], value: fl
 
     alphas = [float(a) for a in alphas]
     if not alphas:
-        raise ValueError("alphas is empty")
+        raise InputError("alphas is empty")
     value = alphas[len(alphas) // 2] if value is None else float(value)
     if value not in alphas:
-        raise ValueError(f"value {value} is not one of the swept coefficients")
+        raise InputError(f"value {value} is not one of the swept coefficients")
     slider = w.SelectionSlider(options=[(f"{a:g}", a) for a in alphas], value=value, description=description,
                                continuous_update=False)
     return Explorer(plot_fn, {name: slider}, **fixed)
@@ -124,8 +126,8 @@ def task_picker(plot_fn: Callable[..., Any], tasks: Sequence[str], value: str | 
 
     tasks = [str(t) for t in tasks]
     if not tasks:
-        raise ValueError("tasks is empty")
+        raise InputError("tasks is empty")
     value = tasks[0] if value is None else value
     if value not in tasks:
-        raise ValueError(f"unknown task {value!r}; tasks: {tasks}")
+        raise InputError(f"unknown task {value!r}; tasks: {tasks}")
     return Explorer(plot_fn, {name: w.Dropdown(options=tasks, value=value, description=description)}, **fixed)

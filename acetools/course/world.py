@@ -32,6 +32,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
+
 __all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "WORLDS", "world", "world_options", "clip_suite", "benchmark",
            "figures_path", "suite_tasks", "describe", "repo_root", "default_figures_root", "claim_world", "note_world",
            "MANIFEST", "display_path"]
@@ -62,7 +64,7 @@ def suite_tasks(suite: str, quick: bool = False) -> list[str]:
 
     name = QUICK["suite"] if quick else suite
     if name not in SUITES:
-        raise ValueError(f"unknown suite {name!r}; suites: {sorted(SUITES)}")
+        raise InputError(f"unknown suite {name!r}; suites: {sorted(SUITES)}")
     return list(SUITES[name])
 
 
@@ -94,7 +96,7 @@ def world(
     from ..world.vision.zoo import Zoo
 
     if kind not in WORLDS:
-        raise ValueError(f"world={kind!r}: choose one of {', '.join(WORLDS)}")
+        raise InputError(f"world={kind!r}: choose one of {', '.join(WORLDS)}")
     if kind == "clip-vit-b32":
         from ..world.clip.world import ClipWorld
 
@@ -120,7 +122,7 @@ def clip_suite(suite: str) -> str:
 
     name = {"tasks8": "clip8", "tasks14": "clip14", "tasks20": "clip20"}.get(suite, suite)
     if name not in CLIP_SUITES:
-        raise ValueError(f"suite {suite!r} has no CLIP ViT-B/32 counterpart; use one of {sorted(CLIP_SUITES)}")
+        raise InputError(f"suite {suite!r} has no CLIP ViT-B/32 counterpart; use one of {sorted(CLIP_SUITES)}")
     return name
 
 
@@ -128,7 +130,7 @@ def world_options(world: str = "mini", models_root: str = "", data_root: str = "
     """The keyword arguments of :func:`world` for a notebook's ``world`` / ``models_root`` /
     ``data_root`` parameters (``{}`` for the mini-world)."""
     if world not in WORLDS:
-        raise ValueError(f"world={world!r}: choose one of {', '.join(WORLDS)}")
+        raise InputError(f"world={world!r}: choose one of {', '.join(WORLDS)}")
     if world == "mini":
         return {}
     return {"kind": world, "models_root": models_root or None, "data_root": data_root or None}
@@ -179,7 +181,7 @@ def figures_path(figures_dir: str | os.PathLike = "", *, notebook: str | None = 
     world's numbers would overwrite the results."""
     if str(figures_dir) == "":
         if notebook is None or quick is None:
-            raise ValueError("figures_path(''): an empty figures_dir needs notebook= and quick= to pick the "
+            raise InputError("figures_path(''): an empty figures_dir needs notebook= and quick= to pick the "
                              "profile's folder")
         p = default_figures_root(quick) / notebook
     else:
@@ -187,7 +189,7 @@ def figures_path(figures_dir: str | os.PathLike = "", *, notebook: str | None = 
     if quick:
         committed = (repo_root() / "figures").resolve()
         if p == committed or committed in p.parents:
-            raise ValueError(f"figures_dir={str(figures_dir)!r} resolves to {p}, inside the committed figures "
+            raise InputError(f"figures_dir={str(figures_dir)!r} resolves to {p}, inside the committed figures "
                              f"{committed}: a quick run writes under {default_figures_root(True)} (leave "
                              "figures_dir empty)")
     p.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError, InputKeyError, InputTypeError
+
 __all__ = ["capture_inputs", "gram_matrices", "input_covariances", "layer_input_spec", "orientation_of",
            "TokenStatistics", "token_statistics"]
 
@@ -45,30 +47,30 @@ def layer_input_spec(model: nn.Module, key: str, prefix: str = "") -> tuple[str,
     names the key when the module or parameter does not exist.
     """
     if not isinstance(key, str):
-        raise TypeError(f"layer keys must be parameter-name strings, got {type(key).__name__}")
+        raise InputTypeError(f"layer keys must be parameter-name strings, got {type(key).__name__}")
     if prefix and not key.startswith(prefix):
-        raise KeyError(f"key {key!r} does not start with prefix {prefix!r}")
+        raise InputKeyError(f"key {key!r} does not start with prefix {prefix!r}")
     name = key[len(prefix):]
     mod_name, _, param = name.rpartition(".")
     try:
         module = model.get_submodule(mod_name) if mod_name else model
     except AttributeError:
-        raise KeyError(
+        raise InputKeyError(
             f"key {key!r}: the model has no submodule {mod_name!r}; keys are parameter names relative "
             "to the model you pass (use prefix= to strip a leading part such as 'visual.')"
         ) from None
     if getattr(module, param, None) is None or not isinstance(getattr(module, param), Tensor):
-        raise KeyError(f"key {key!r}: module {mod_name!r} ({type(module).__name__}) has no parameter {param!r}")
+        raise InputKeyError(f"key {key!r}: module {mod_name!r} ({type(module).__name__}) has no parameter {param!r}")
     if isinstance(module, nn.MultiheadAttention):
         if param not in _MHA_INPUTS:
-            raise KeyError(
+            raise InputKeyError(
                 f"key {key!r}: only the input projections of nn.MultiheadAttention "
                 f"({', '.join(_MHA_INPUTS)}) can be hooked; out_proj is applied inside the functional "
                 "attention and never runs as a module"
             )
         return mod_name, module, _MHA_INPUTS[param]
     if param != "weight":
-        raise KeyError(f"key {key!r}: expected a '.weight' of a linear layer (or an attention input projection)")
+        raise InputKeyError(f"key {key!r}: expected a '.weight' of a linear layer (or an attention input projection)")
     return mod_name, module, 0
 
 
@@ -136,16 +138,17 @@ def _d_in(module: nn.Module, key: str, orientation: str) -> int:
     """d_in of the canonical d_out x d_in matrix: dim 1 of an out x in weight, dim 0 of an in x out one."""
     W = getattr(module, key.rpartition(".")[2])
     if W.ndim != 2:
-        raise KeyError(f"key {key!r}: the weight has shape {tuple(W.shape)}; only 2-D (linear) weights can be captured")
+        raise InputKeyError(
+            f"key {key!r}: the weight has shape {tuple(W.shape)}; only 2-D (linear) weights can be captured")
     if orientation not in ("out_in", "in_out"):
-        raise ValueError(f"key {key!r}: orientation {orientation!r} is not 'out_in' or 'in_out'")
+        raise InputError(f"key {key!r}: orientation {orientation!r} is not 'out_in' or 'in_out'")
     return W.shape[0] if orientation == "in_out" else W.shape[1]
 
 
 def _batches(inputs, batch_size: int | None) -> Iterator[Tensor]:
     if isinstance(inputs, Tensor):
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+            raise InputError(f"batch_size={batch_size!r} must be a positive int")
         n = inputs.shape[0]
         step = n if batch_size is None else batch_size
         for i in range(0, n, max(step, 1)):
@@ -154,14 +157,14 @@ def _batches(inputs, batch_size: int | None) -> Iterator[Tensor]:
     if isinstance(inputs, Mapping):  # one dict of keyword tensors (e.g. a tokenizer's output), sliced by rows
         vals = list(inputs.values())
         if not vals or not all(isinstance(v, Tensor) for v in vals):
-            raise TypeError("a dict of inputs must map argument names to Tensors (e.g. {'input_ids': ...})")
+            raise InputTypeError("a dict of inputs must map argument names to Tensors (e.g. {'input_ids': ...})")
         n = vals[0].shape[0]
         step = n if batch_size is None else batch_size
         for i in range(0, n, max(step, 1)):
             yield {k: v[i:i + step] for k, v in inputs.items()}
         return
     if not isinstance(inputs, Iterable):
-        raise TypeError(f"inputs must be a Tensor or an iterable of batches, got {type(inputs).__name__}")
+        raise InputTypeError(f"inputs must be a Tensor or an iterable of batches, got {type(inputs).__name__}")
     for b in inputs:
         if isinstance(b, (tuple, list)):  # (images, labels, ...) from a DataLoader
             b = b[0]
@@ -169,7 +172,7 @@ def _batches(inputs, batch_size: int | None) -> Iterator[Tensor]:
             yield dict(b)  # keyword inputs, e.g. a tokenizer's {"input_ids": ..., "attention_mask": ...}
             continue
         if not isinstance(b, Tensor):
-            raise TypeError("each batch must be a Tensor, a dict of Tensors or a (Tensor, ...) tuple, "
+            raise InputTypeError("each batch must be a Tensor, a dict of Tensors or a (Tensor, ...) tuple, "
                             f"got {type(b).__name__}")
         yield b
 
@@ -180,16 +183,16 @@ def _to(x: Tensor | dict, dev: torch.device):
 
 def _key_list(keys: Sequence[str]) -> list[str]:
     if isinstance(keys, str):
-        raise TypeError("keys must be a list of parameter names, not a single string")
+        raise InputTypeError("keys must be a list of parameter names, not a single string")
     keys = list(dict.fromkeys(keys))  # drop duplicates, keep order
     if not keys:
-        raise ValueError("keys is empty: name at least one layer, e.g. '...mlp.c_fc.weight'")
+        raise InputError("keys is empty: name at least one layer, e.g. '...mlp.c_fc.weight'")
     return keys
 
 
 def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout=None) -> None:
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     was_training = {m: m.training for m in model.modules()}
     if eval_mode:
         model.eval()
@@ -202,7 +205,7 @@ def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, 
                 model(**x) if isinstance(x, dict) else model(x)
                 n_batches += 1
             if n_batches == 0:
-                raise ValueError("inputs yielded no batch; give at least one input")
+                raise InputError("inputs yielded no batch; give at least one input")
         silent = [k for k, c in counts.items() if c == 0]
         if silent:
             raise RuntimeError(
@@ -330,7 +333,7 @@ def input_covariances(
         n, _, M = state[k]
         denom = n - 1 if unbiased else n
         if denom < 1:
-            raise ValueError(f"input_covariances: layer {k!r} saw {n} rows; unbiased=True needs at least 2")
+            raise InputError(f"input_covariances: layer {k!r} saw {n} rows; unbiased=True needs at least 2")
         out[k] = (M / denom).cpu()
     return out
 
@@ -364,10 +367,10 @@ def token_statistics(X: Tensor, n_samples: int, *, cls_token: bool = True) -> To
     the first two, which every task shares by construction (the same positional embeddings, the
     same mean), as overlap between tasks; ``centred`` leaves them and the CLS rows out. float64."""
     if X.ndim != 2 or n_samples < 1 or X.shape[0] % n_samples:
-        raise ValueError(f"token_statistics: X of shape {tuple(X.shape)} is not n_samples={n_samples} blocks of tokens")
+        raise InputError(f"token_statistics: X of shape {tuple(X.shape)} is not n_samples={n_samples} blocks of tokens")
     L = X.shape[0] // n_samples
     if cls_token and L < 2:
-        raise ValueError(f"token_statistics: {L} token per sample, no patch token beside the class token")
+        raise InputError(f"token_statistics: {L} token per sample, no patch token beside the class token")
     x = X.double().reshape(n_samples, L, X.shape[1])
     total = float(x.pow(2).sum(-1).mean())
     mu = x.reshape(-1, x.shape[-1]).mean(0)

@@ -38,8 +38,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import AcetoolsError, InputError, InputKeyError, InputTypeError
 from ..layouts import TensorMeta
-from ..utils import atomic_write, strip_ansi
+from ..utils import atomic_write, jsonable, strip_ansi
 
 __all__ = [
     "Checkpoint",
@@ -50,6 +51,12 @@ __all__ = [
     "copy_side_files",
     "check_output_folder",
     "WEIGHT_SUFFIXES",
+    "CheckpointError",
+    "state_hash",
+    "config_hash",
+    "save_checkpoint",
+    "load_checkpoint",
+    "sidecar_path",
 ]
 
 log = logging.getLogger("acetools.files.checkpoints")
@@ -70,19 +77,19 @@ _DTYPE_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 def parse_size(size: int | float | str) -> int:
     """Bytes from ``5GB``, ``500MB``, ``2GiB``, ``1e9`` or an int (decimal units, binary with ``i``)."""
     if isinstance(size, bool):
-        raise TypeError(f"shard size must be a number of bytes or a string like '5GB', got {size!r}")
+        raise InputTypeError(f"shard size must be a number of bytes or a string like '5GB', got {size!r}")
     if isinstance(size, (int, float)):
         n = int(size)
     else:
         m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([kKmMgGtT]i?)?[bB]?\s*", str(size))
         if not m:
-            raise ValueError(f"shard size {size!r} is not a size; write e.g. 5GB, 500MB, 2GiB or a number of bytes")
+            raise InputError(f"shard size {size!r} is not a size; write e.g. 5GB, 500MB, 2GiB or a number of bytes")
         unit = (m.group(2) or "").lower()
         base = 1024 if unit.endswith("i") else 1000
         power = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[:1]]
         n = int(float(m.group(1)) * base**power)
     if n <= 0:
-        raise ValueError(f"shard size must be positive, got {size!r}")
+        raise InputError(f"shard size must be positive, got {size!r}")
     return n
 
 
@@ -103,10 +110,10 @@ def _unwrap_state_dict(obj: Any, path: Path) -> dict[str, Tensor]:
                 obj = obj[nest]
                 break
     if not isinstance(obj, Mapping):
-        raise ValueError(f"{path}: holds a {type(obj).__name__}, not a state dict (a mapping of key -> tensor)")
+        raise InputError(f"{path}: holds a {type(obj).__name__}, not a state dict (a mapping of key -> tensor)")
     bad = [k for k, v in obj.items() if not isinstance(v, Tensor)]
     if bad:
-        raise ValueError(f"{path}: entry {bad[0]!r} is a {type(obj[bad[0]]).__name__}, not a tensor; "
+        raise InputError(f"{path}: entry {bad[0]!r} is a {type(obj[bad[0]]).__name__}, not a tensor; "
                          "pass a file holding a state dict")
     keys = list(obj)
     if keys and all(k.startswith("module.") for k in keys):
@@ -125,7 +132,7 @@ def _torch_load(path: Path) -> dict[str, Tensor]:
             obj = torch.load(path, map_location="cpu", weights_only=True)  # a legacy (non-zip) file
     except Exception as e:  # pickle.UnpicklingError and friends: a pickled module, other code, a damaged file
         first = strip_ansi((str(e).splitlines() or [""])[0])
-        raise ValueError(
+        raise InputError(
             f"{path}: torch.load(weights_only=True) cannot read it as a state dict ({type(e).__name__}: {first}); "
             "only plain state dicts are loaded, never pickled modules: save model.state_dict() instead"
         ) from None
@@ -149,14 +156,14 @@ class _SafetensorsFile:
         with open(path, "rb") as fh:
             head = fh.read(8)
             if len(head) != 8:
-                raise ValueError(f"{path}: not a safetensors file (too short)")
+                raise InputError(f"{path}: not a safetensors file (too short)")
             n = int.from_bytes(head, "little")
             if n <= 0 or 8 + n > size:
-                raise ValueError(f"{path}: not a safetensors file (bad header length {n})")
+                raise InputError(f"{path}: not a safetensors file (bad header length {n})")
             try:
                 header = json.loads(fh.read(n))
             except (json.JSONDecodeError, UnicodeDecodeError):
-                raise ValueError(f"{path}: not a safetensors file (unreadable header)") from None
+                raise InputError(f"{path}: not a safetensors file (unreadable header)") from None
         self.start = 8 + n
         self.metadata = header.pop("__metadata__", None) or {}
         self.meta: dict[str, TensorMeta] = {}
@@ -164,11 +171,11 @@ class _SafetensorsFile:
         for k, v in header.items():
             dt = v.get("dtype")
             if dt not in _ST_DTYPES:
-                raise ValueError(f"{path}: key {k!r} has dtype {dt}, which acetools cannot read")
+                raise InputError(f"{path}: key {k!r} has dtype {dt}, which acetools cannot read")
             shape = tuple(int(x) for x in v["shape"])
             a, b = (int(x) for x in v["data_offsets"])
             if not 0 <= a <= b or self.start + b > size or b - a != _numel(shape) * _itemsize(_ST_DTYPES[dt]):
-                raise ValueError(f"{path}: key {k!r} has data offsets {[a, b]} that do not fit its shape {shape} "
+                raise InputError(f"{path}: key {k!r} has data offsets {[a, b]} that do not fit its shape {shape} "
                                  "or the file; the file is damaged")
             self.meta[k] = TensorMeta(shape, _ST_DTYPES[dt])
             self.offsets[k] = (a, b)
@@ -185,7 +192,7 @@ class _SafetensorsFile:
                 while got < b - a:
                     r = fh.readinto(view[got:])
                     if not r:
-                        raise ValueError(f"{self.path}: file ended while reading {key!r}")
+                        raise InputError(f"{self.path}: file ended while reading {key!r}")
                     got += r
         return buf.view(m.dtype).reshape(m.shape)
 
@@ -212,7 +219,7 @@ class Checkpoint:
                 self._handles[f] = h
                 for k, m in h.meta.items():
                     if k in self._where:
-                        raise ValueError(f"{path}: key {k!r} is in two shards ({self._where[k].name}, {f.name})")
+                        raise InputError(f"{path}: key {k!r} is in two shards ({self._where[k].name}, {f.name})")
                     self._where[k] = f
                     self._meta[k] = m
         else:
@@ -221,12 +228,12 @@ class Checkpoint:
                 part = _torch_load(f) if f.suffix != ".safetensors" else self._load_st(f)
                 for k in part:
                     if k in tensors:
-                        raise ValueError(f"{path}: key {k!r} is in two files")
+                        raise InputError(f"{path}: key {k!r} is in two files")
                 tensors.update(part)
             self._tensors = tensors
             self._meta = {k: TensorMeta(tuple(v.shape), v.dtype) for k, v in tensors.items()}
         if not self._meta:
-            raise ValueError(f"{path}: the checkpoint holds no tensors")
+            raise InputError(f"{path}: the checkpoint holds no tensors")
 
     @staticmethod
     def _load_st(f: Path) -> dict[str, Tensor]:
@@ -256,7 +263,7 @@ class Checkpoint:
         try:
             return self._meta[key]
         except KeyError:
-            raise KeyError(f"{self.path}: no tensor named {key!r}") from None
+            raise InputKeyError(f"{self.path}: no tensor named {key!r}") from None
 
     def metas(self) -> dict[str, TensorMeta]:
         return dict(self._meta)
@@ -265,10 +272,10 @@ class Checkpoint:
         """The tensor ``key`` (read from disk now for safetensors; a CPU tensor)."""
         if self._tensors is not None:
             if key not in self._tensors:
-                raise KeyError(f"{self.path}: no tensor named {key!r}")
+                raise InputKeyError(f"{self.path}: no tensor named {key!r}")
             return self._tensors[key]
         if key not in self._where:
-            raise KeyError(f"{self.path}: no tensor named {key!r}")
+            raise InputKeyError(f"{self.path}: no tensor named {key!r}")
         return self._handles[self._where[key]].get(key)
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -307,14 +314,14 @@ def _read_json(path: Path) -> dict:
         with open(path) as fh:
             return json.load(fh)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise InputError(f"{path}: not valid JSON ({e})") from None
 
 
 def _index_files(index: Path) -> list[Path]:
     data = _read_json(index)
     wm = data.get("weight_map")
     if not isinstance(wm, Mapping) or not wm:
-        raise ValueError(f"{index}: has no weight_map; is it a sharded checkpoint index?")
+        raise InputError(f"{index}: has no weight_map; is it a sharded checkpoint index?")
     files = []
     for name in dict.fromkeys(wm.values()):
         f = index.parent / name
@@ -337,7 +344,7 @@ def _folder_files(folder: Path) -> list[Path]:
         if len(found) == 1:
             return found
         if len(found) > 1:
-            raise ValueError(f"{folder}: holds {len(found)} {pattern} files and no index; pass one file or add an "
+            raise InputError(f"{folder}: holds {len(found)} {pattern} files and no index; pass one file or add an "
                              "index (model.safetensors.index.json)")
     raise FileNotFoundError(f"{folder}: no weights found (model.safetensors, an index, or a .bin/.pt state dict)")
 
@@ -356,7 +363,7 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     elif p.suffix in (".safetensors", ".bin", ".pt", ".pth", ".ckpt"):
         files = [p]
     else:
-        raise ValueError(f"{p}: unknown checkpoint type; expected a folder, .safetensors, .index.json, .pt, .pth, "
+        raise InputError(f"{p}: unknown checkpoint type; expected a folder, .safetensors, .index.json, .pt, .pth, "
                          ".bin or .ckpt")
     config = None
     cdir = folder or p.parent
@@ -393,10 +400,10 @@ def check_output_folder(out: str | os.PathLike, inputs: Sequence[Checkpoint | st
         name = ck.path if isinstance(ck, Checkpoint) else ck
         for f in folders:
             if f in out.parents:
-                raise ValueError(f"{option} {out} is inside the input checkpoint folder {f} ({name}); choose a folder "
+                raise InputError(f"{option} {out} is inside the input checkpoint folder {f} ({name}); choose a folder "
                                  "outside every input (inputs are never written to)")
         if out in folders or out in file_dirs:
-            raise ValueError(f"output folder {out} holds the input checkpoint {name}; choose another {option} "
+            raise InputError(f"output folder {out} holds the input checkpoint {name}; choose another {option} "
                              "(inputs are never overwritten)")
     if weights and out.is_dir() and not overwrite:
         old = sorted(p.name for p in out.iterdir() if p.suffix in WEIGHT_SUFFIXES or p.name.endswith(".index.json"))
@@ -457,10 +464,10 @@ class ShardedWriter:
         if self.closed:
             raise RuntimeError("ShardedWriter is closed")
         if key in self._keys:
-            raise ValueError(f"key {key!r} written twice")
+            raise InputError(f"key {key!r} written twice")
         t = tensor.detach().to("cpu").contiguous()
         if t.dtype not in _DTYPE_NAMES:
-            raise TypeError(f"cannot write {key!r}: dtype {t.dtype} has no safetensors name")
+            raise InputTypeError(f"cannot write {key!r}: dtype {t.dtype} has no safetensors name")
         n = t.numel() * t.element_size()
         entry = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
                  "data_offsets": [self._shard_bytes, self._shard_bytes + n]}
@@ -509,7 +516,7 @@ class ShardedWriter:
         self._flush()
         n = len(self._files)
         if n == 0:
-            raise ValueError("nothing to write: no tensors were added")
+            raise InputError("nothing to write: no tensors were added")
         names = ([f"{self.prefix}.safetensors"] if n == 1
                  else [f"{self.prefix}-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
         written = []
@@ -546,3 +553,98 @@ class ShardedWriter:
             self.abort()
         elif not self.closed:
             self.close()
+
+
+# --------------------------------------------------------------------------- hashed checkpoints with a sidecar
+# The zoo's (and the text world's) cache format: safetensors with a content hash, and a JSON
+# sidecar next to it holding the recipe and metrics (docs/style.md §7).
+
+
+class CheckpointError(AcetoolsError, RuntimeError):
+    """A checkpoint file is missing, unreadable, or its tensors do not match their hash."""
+
+
+StateDict = dict[str, Tensor]
+
+
+def _tensor_bytes(t: Tensor) -> memoryview:
+    t = t.detach().to("cpu").contiguous()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def state_hash(state: Mapping[str, Tensor]) -> str:
+    """SHA-256 of a state dict's contents: every key (sorted), dtype, shape and raw bytes."""
+    h = hashlib.sha256()
+    for k in sorted(state):
+        t = state[k]
+        h.update(f"{k}|{str(t.dtype)}|{tuple(t.shape)}|".encode())
+        h.update(_tensor_bytes(t))
+    return h.hexdigest()
+
+
+def config_hash(obj: Any) -> str:
+    """SHA-256 of a JSON-able object (canonical JSON: sorted keys, no whitespace)."""
+    return hashlib.sha256(json.dumps(jsonable(obj), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sidecar_path(path: Path) -> Path:
+    """The JSON sidecar next to a hashed checkpoint: ``x.safetensors`` -> ``x.json``."""
+    return path.with_suffix(".json")
+
+
+def save_checkpoint(path: str | os.PathLike, state: Mapping[str, Tensor], meta: Mapping[str, Any]) -> dict:
+    """Write ``state`` as safetensors and ``meta`` (+ ``content_sha256``) as a JSON sidecar.
+
+    Both writes are atomic; the tensors go first, so a sidecar exists only next to a
+    complete tensor file. Returns the sidecar dict.
+    """
+    from safetensors.torch import save
+
+    path = Path(path)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    digest = state_hash(tensors)
+    payload = save(tensors, metadata={"content_sha256": digest, "format": "pt"})
+    with atomic_write(path, "wb") as fh:
+        fh.write(payload)
+    side = dict(jsonable(meta))
+    side["content_sha256"] = digest
+    side["file"] = path.name
+    with atomic_write(sidecar_path(path), "w") as fh:
+        json.dump(side, fh, indent=1, sort_keys=True)
+    return side
+
+
+def load_checkpoint(
+    path: str | os.PathLike, *, expected_hash: str | None = None, verify: bool = True
+) -> tuple[StateDict, dict]:
+    """Load a checkpoint and its sidecar; raise :class:`CheckpointError` if anything is off.
+
+    With ``verify`` the tensors are hashed and compared to ``expected_hash`` (default: the
+    sidecar's ``content_sha256``, else the file's own metadata).
+    """
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    side: dict = {}
+    if sidecar_path(path).is_file():
+        try:
+            side = json.loads(sidecar_path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"unreadable sidecar {sidecar_path(path)}: {err}") from err
+    try:
+        state = load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            file_meta = f.metadata() or {}
+    except Exception as err:  # safetensors raises its own error types for truncated files
+        raise CheckpointError(f"unreadable checkpoint {path}: {err}") from err
+    if verify:
+        want = expected_hash or side.get("content_sha256") or file_meta.get("content_sha256")
+        got = state_hash(state)
+        if want is None:
+            raise CheckpointError(f"{path} has no recorded content hash to verify against")
+        if got != want:
+            raise CheckpointError(f"{path}: content hash {got[:12]}... does not match the recorded {want[:12]}...")
+    return state, side

@@ -40,8 +40,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..merging import check_same_keys
+from ..diagnostics import effective_rank
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index, layer_type
+from ..merging import check_same_keys, confirmed_ties, defaults_from
+from ..merging._linalg import gram_spectrum
 from ..utils import atomic_write, progress
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
@@ -122,7 +125,7 @@ class _Source:
             self.config = self._ckpt.config
             self.path = str(obj)
         else:
-            raise TypeError(f"{what} is a {type(obj).__name__}; give a state dict or a checkpoint path")
+            raise InputTypeError(f"{what} is a {type(obj).__name__}; give a state dict or a checkpoint path")
 
     def keys(self) -> list[str]:
         return list(self._sd) if self._sd is not None else self._ckpt.keys()
@@ -131,7 +134,7 @@ class _Source:
         if self._sd is not None:
             t = self._sd[key]
             if not isinstance(t, Tensor):
-                raise TypeError(f"{self.what}[{key!r}] is a {type(t).__name__}, not a torch.Tensor")
+                raise InputTypeError(f"{self.what}[{key!r}] is a {type(t).__name__}, not a torch.Tensor")
             return tuple(t.shape), t.dtype
         m = self._ckpt.meta(key)
         return tuple(m.shape), m.dtype
@@ -148,9 +151,9 @@ def _names(experts: Sequence[Any], names: Sequence[str] | None) -> list[str]:
     if names is not None:
         names = [str(n) for n in names]
         if len(names) != len(experts):
-            raise ValueError(f"{len(names)} names for {len(experts)} experts")
+            raise InputError(f"{len(names)} names for {len(experts)} experts")
         if len(set(names)) != len(names):
-            raise ValueError(f"expert names must be distinct, got {names}")
+            raise InputError(f"expert names must be distinct, got {names}")
         return names
     out = []
     for i, e in enumerate(experts):
@@ -169,7 +172,7 @@ def _check_keys(base: _Source, experts: Sequence[_Source]) -> list[str]:
 def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None):
     """The base and the experts as lazily read sources, with the experts' labels."""
     if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
-        raise TypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
+        raise InputTypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
     labels = _names(experts, names)
     src = _Source(base, "base")
     return src, [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)], labels
@@ -193,44 +196,19 @@ def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | No
             for e in exs:
                 es, _ = e.shape_dtype(key)
                 if es != shape:
-                    raise ValueError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
+                    raise InputError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
             n_mat += dtype.is_floating_point and key not in lay.tied and lay.is_matrix(key, _meta(shape, dtype))
     finally:
         src.close()
         for e in exs:
             e.close()
     if n_mat == 0:
-        raise ValueError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose "
+        raise InputError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose "
                          "(check --layout)")
     return {"n_tasks": len(exs), "names": labels, "layout": lay.name, "n_keys": len(keys), "n_matrices": int(n_mat)}
 
 
 # --------------------------------------------------------------------------- per matrix
-def _spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Singular values (descending) of M and its top-k left/right singular vectors, in float32.
-
-    Through the eigendecomposition of the smaller Gram matrix instead of an SVD (several
-    times faster on a CPU for 3072 x 768); singular values are accurate to ~1e-3 of sigma_1
-    (squared: ~1e-7 of the energy), ample for the energy shares, spectra and subspaces reported here."""
-    M = M.to(torch.float32)
-    d_out, d_in = M.shape
-    if d_out <= d_in:
-        lam, U = torch.linalg.eigh(M @ M.T)
-        lam, U = lam.flip(0).clamp(min=0), U.flip(1)
-        S = lam.sqrt()
-        Uk = U[:, :k]
-        Sk = S[:k]
-        Vk = (M.T @ Uk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
-    else:
-        lam, V = torch.linalg.eigh(M.T @ M)
-        lam, V = lam.flip(0).clamp(min=0), V.flip(1)
-        S = lam.sqrt()
-        Vk = V[:, :k]
-        Sk = S[:k]
-        Uk = (M @ Vk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
-    return S, Uk, Vk
-
-
 def _nanmean(values) -> float:
     """Mean of the finite values; NaN (without a warning) when there are none."""
     a = np.asarray(values, dtype=float)
@@ -241,15 +219,6 @@ def _nanmean(values) -> float:
 def _energy_share(S: Tensor, k: int) -> float:
     tot = float((S ** 2).sum())
     return float((S[:k] ** 2).sum()) / tot if tot > 0 and k > 0 else math.nan
-
-
-def _effective_rank(S: Tensor) -> float:
-    tot = S.sum()
-    if not bool(tot > 0):
-        return 0.0
-    p = S / tot
-    p = p[p > 0]
-    return float(torch.exp(-(p * p.log()).sum()))
 
 
 def _wpre_top5(taus: Sequence[Tensor], key: str, tau: float) -> float:
@@ -271,7 +240,7 @@ def diagnose(
     *,
     names: Sequence[str] | None = None,
     layout: Any = "auto",
-    tau: float = 0.3,
+    tau: float | None = None,
     ace: bool = False,
     keys: Sequence[str] | None = None,
     max_singular_values: int | None = 64,
@@ -284,147 +253,175 @@ def diagnose(
     time, so memory holds one key of every model). ``names``: one per expert (default: file
     stems or task0, task1, ...). ``layout``: which keys are matrices and how they are stored
     (:func:`acetools.layouts.get_layout`; ``"auto"`` detects it from the config or key names);
-    matrices are analysed as d_out x d_in. ``tau``: ACE's gate threshold. ``ace=True`` also
-    runs ACE's closed form per matrix for W̄_pre's top-5 % energy (slower: a d_in x d_in
+    matrices are analysed as d_out x d_in. ``tau``: ACE's gate threshold (None: ACE's registered
+    default). ``ace=True`` also runs ACE's closed form per matrix for W̄_pre's top-5 % energy (slower: a d_in x d_in
     solve per matrix). ``keys``: restrict to these keys. ``max_singular_values``: how many
     leading singular values per task and matrix go into ``spectra`` (None: all). Non-float
     buffers are skipped, and so are tied aliases (GPT-2's ``lm_head``) that equal their
     canonical key in every model.
     """
-    from ..layouts import get_layout
-    from ..merging.ace import heterogeneity
-    from ..merging.svd import tsv_rank
-
     t0 = time.perf_counter()
+    tau = defaults_from("ace")["tau"] if tau is None else tau
     if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0):
-        raise ValueError(f"tau={tau!r} must be a finite number >= 0")
+        raise InputError(f"tau={tau!r} must be a finite number >= 0")
     src, exs, labels = _open_sources(base, experts, names)
     try:
-        all_keys = _check_keys(src, exs)
-        lay = get_layout(layout, keys=all_keys, config=src.config)
-        chosen = all_keys if keys is None else list(keys)
-        for k in chosen:
-            if k not in set(all_keys):
-                raise KeyError(f"key {k!r} is not in the base")
-        # block order (files may store keys sorted as text: 0, 1, 10, 11, 2, ...); stable otherwise
-        chosen = sorted(chosen, key=lambda k: (block_index(k) is not None, block_index(k) or 0))
-        T = len(exs)
-        norm_rows, layer_rows, cos_rows, ov_rows, spec_rows = [], [], [], [], []
-        G = torch.zeros(T, T, dtype=torch.float64)
-        iu = torch.triu_indices(T, T, 1)
+        lay, chosen = _chosen_keys(src, exs, layout, keys)
+        walk = _Walk(labels, lay, tau=tau, ace=ace, max_singular_values=max_singular_values)
+        tied = confirmed_ties(lay.tied, src, exs, get=lambda m, k: m.get(k))  # aliases equal to their key everywhere
         for key in progress(chosen, desc="diagnose", enabled=show_progress):
             shape, dtype = src.shape_dtype(key)
-            if not dtype.is_floating_point or (key in lay.tied and _still_tied(key, lay.tied[key], [src, *exs])):
-                continue
-            for e in exs:
-                es, _ = e.shape_dtype(key)
-                if es != shape:
-                    raise ValueError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
-            W0 = lay.to_canonical(key, src.get(key)).to(torch.float64)
-            taus = [lay.to_canonical(key, e.get(key)).to(torch.float64) - W0 for e in exs]
-            for t, e in zip(taus, exs):
-                if not torch.isfinite(t).all():
-                    raise ValueError(f"{e.what}[{key!r}] contains NaN or Inf")
-            F = torch.stack([t.reshape(-1) for t in taus])
-            Gk = F @ F.T
-            G += Gk
-            b = float(W0.norm())
-            role = lay.role(key, _meta(shape, dtype))
-            for name, t, e2 in zip(labels, taus, Gk.diagonal().tolist()):
-                tn = math.sqrt(e2)
-                norm_rows.append({"task": name, "key": key, "layer_type": layer_type(key), "block": block_index(key),
-                                  "role": role, "tau_norm": tn, "base_norm": b, "ratio": tn / b if b > 0 else math.nan,
-                                  "energy": e2})
-            if not lay.is_matrix(key, _meta(shape, dtype)) or W0.ndim != 2:
-                continue
-            d_out, d_in = W0.shape
-            r = min(d_out, d_in)
-            k = tsv_rank(r, T)
-            n = Gk.diagonal().sqrt()
-            cos = Gk / torch.outer(n, n).clamp(min=1e-300)
-            cos_pairs = [float(cos[i, j]) if n[i] > 0 and n[j] > 0 else math.nan for i, j in iu.T.tolist()]
-            for (i, j), c in zip(iu.T.tolist(), cos_pairs):
-                cos_rows.append({"key": key, "layer_type": layer_type(key), "block": block_index(key),
-                                 "task_i": labels[i], "task_j": labels[j], "cosine": c})
-            spectra = [_spectrum(t, max(k, 1)) for t in taus]
-            e_topk = [_energy_share(S, k) for S, _, _ in spectra]
-            e_top5 = [_energy_share(S, max(1, math.ceil(0.05 * r))) for S, _, _ in spectra]
-            eff = [_effective_rank(S) for S, _, _ in spectra]
-            overlaps = []
-            if k > 0:
-                for i, j in iu.T.tolist():
-                    if n[i] == 0 or n[j] == 0:
-                        continue
-                    left = float((spectra[i][1].T @ spectra[j][1]).pow(2).sum()) / k
-                    right = float((spectra[i][2].T @ spectra[j][2]).pow(2).sum()) / k
-                    overlaps.append((left + right) / 2)
-                    ov_rows.append({"key": key, "layer_type": layer_type(key), "block": block_index(key),
-                                    "task_i": labels[i], "task_j": labels[j], "k": k, "overlap_left": left,
-                                    "overlap_right": right, "overlap": (left + right) / 2,
-                                    "random": (k / d_out + k / d_in) / 2})
-            m = max_singular_values or r
-            for name, (S, _, _) in zip(labels, spectra):
-                top = S[:m].tolist()
-                s1 = top[0] if top and top[0] > 0 else math.nan
-                spec_rows += [{"key": key, "layer_type": layer_type(key), "block": block_index(key), "task": name,
-                               "index": i + 1, "sigma": s, "sigma_rel": s / s1} for i, s in enumerate(top)]
-            energies = Gk.diagonal()
-            logs = torch.log(energies + 1e-12)
-            gamma = heterogeneity(taus)
-            tot = float(energies.sum())
-            row = {
-                "key": key, "layer_type": layer_type(key), "block": block_index(key), "shape": f"{d_out}x{d_in}",
-                "orientation": lay.orientation(key), "base_norm": b,
-                "tau_ratio": float(np.mean([math.sqrt(float(e)) / b for e in energies])) if b > 0 else math.nan,
-                "energy": float(energies.mean()), "energy_min": float(energies.min()),
-                "energy_max": float(energies.max()),
-                "log_energy_mean": float(logs.mean()),
-                "log_energy_sd": float(logs.std(unbiased=False)) if T > 1 else 0.0,
-                "gamma": gamma, "flag": gamma > tau, "gate": "on" if gamma > tau else "off",
-                "tsv_k": k, "energy_topk": _nanmean(e_topk), "energy_top5": _nanmean(e_top5),
-                "effective_rank": float(np.mean(eff)),
-                "overlap_topk": float(np.mean(overlaps)) if overlaps else math.nan,
-                "overlap_random": (k / d_out + k / d_in) / 2 if k > 0 else math.nan,
-                "cosine_mean": _nanmean(cos_pairs),
-                "sum_energy_ratio": float(Gk.sum()) / tot if tot > 0 else math.nan,
-            }
-            if ace:
-                row["wpre_top5_energy"] = _wpre_top5(taus, key, tau)
-            layer_rows.append(row)
+            if dtype.is_floating_point and key not in tied:
+                walk.add(key, shape, dtype, *_w0_taus(key, shape, src, exs, lay))
     finally:
         src.close()
         for e in exs:
             e.close()
-    if not layer_rows:
-        raise ValueError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose "
-                         "(check --layout, or the keys you selected)")
-    n = G.diagonal().sqrt()
-    C = G / torch.outer(n, n).clamp(min=1e-300)
-    C[(n == 0)[:, None] | (n == 0)[None, :]] = math.nan
-    cosine = pd.DataFrame(C.numpy(), index=labels, columns=labels)
-    layers = pd.DataFrame(layer_rows)
-    meta = {"n_tasks": T, "names": labels, "layout": lay.name, "tau": tau, "ace": ace,
-            "n_keys": len(chosen), "n_matrices": len(layers), "seconds": round(time.perf_counter() - t0, 2),
-            "base": src.path or "state dict", "experts": [e.path or "state dict" for e in exs]}
-    d = Diagnosis(
-        summary=pd.DataFrame(), layers=layers,
-        norms=pd.DataFrame(norm_rows, columns=["task", "key", "layer_type", "block", "role", "tau_norm", "base_norm",
-                                               "ratio", "energy"]),
-        cosine=cosine,
-        cosine_per_layer=pd.DataFrame(cos_rows, columns=["key", "layer_type", "block", "task_i", "task_j", "cosine"]),
-        overlap=pd.DataFrame(ov_rows, columns=["key", "layer_type", "block", "task_i", "task_j", "k", "overlap_left",
-                                               "overlap_right", "overlap", "random"]),
-        spectra=pd.DataFrame(spec_rows, columns=["key", "layer_type", "block", "task", "index", "sigma", "sigma_rel"]),
-        meta=meta,
-    )
-    d.summary = _summary(d)
-    log.info("diagnose: %d matrices of %d tasks in %.1f s", len(layers), T, meta["seconds"])
-    return d
+    return walk.diagnosis(src, exs, n_keys=len(chosen), seconds=round(time.perf_counter() - t0, 2))
 
 
-def _still_tied(alias: str, canon: str, models: Sequence[_Source]) -> bool:
-    """A layout's tie is a candidate: the alias is skipped only if it equals its canonical key in every model."""
-    return all(canon in m.keys() and torch.equal(m.get(alias), m.get(canon)) for m in models)
+def _chosen_keys(src: _Source, exs: Sequence[_Source], layout: Any, keys: Sequence[str] | None):
+    """The layout and the keys to walk, in block order (files may store keys sorted as text:
+    0, 1, 10, 11, 2, ...; stable otherwise)."""
+    from ..layouts import get_layout
+
+    all_keys = _check_keys(src, exs)
+    lay = get_layout(layout, keys=all_keys, config=src.config)
+    chosen = all_keys if keys is None else list(keys)
+    for k in chosen:
+        if k not in set(all_keys):
+            raise InputKeyError(f"key {k!r} is not in the base")
+    return lay, sorted(chosen, key=lambda k: (block_index(k) is not None, block_index(k) or 0))
+
+
+def _w0_taus(key: str, shape, src: _Source, exs: Sequence[_Source], lay) -> tuple[Tensor, list[Tensor]]:
+    """W0 and the task vectors of ``key`` in float64, d_out x d_in; errors name the expert."""
+    for e in exs:
+        es, _ = e.shape_dtype(key)
+        if es != shape:
+            raise InputError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
+    W0 = lay.to_canonical(key, src.get(key)).to(torch.float64)
+    taus = [lay.to_canonical(key, e.get(key)).to(torch.float64) - W0 for e in exs]
+    for t, e in zip(taus, exs):
+        if not torch.isfinite(t).all():
+            raise InputError(f"{e.what}[{key!r}] contains NaN or Inf")
+    return W0, taus
+
+
+class _Walk:
+    """The tables :func:`diagnose` fills key by key, and the :class:`Diagnosis` they make."""
+
+    def __init__(self, labels: list[str], lay, *, tau: float, ace: bool, max_singular_values: int | None):
+        self.labels, self.lay, self.tau, self.ace, self.max_sv = labels, lay, tau, ace, max_singular_values
+        T = len(labels)
+        self.norm_rows, self.layer_rows, self.cos_rows, self.ov_rows, self.spec_rows = [], [], [], [], []
+        self.G = torch.zeros(T, T, dtype=torch.float64)
+        self.iu = torch.triu_indices(T, T, 1).T.tolist()
+
+    def add(self, key: str, shape, dtype, W0: Tensor, taus: list[Tensor]) -> None:
+        """Norm rows for every float key; the per-matrix tables for matrices."""
+        F = torch.stack([t.reshape(-1) for t in taus])
+        Gk = F @ F.T
+        self.G += Gk
+        b = float(W0.norm())
+        role = self.lay.role(key, _meta(shape, dtype))
+        for name, e2 in zip(self.labels, Gk.diagonal().tolist()):
+            tn = math.sqrt(e2)
+            self.norm_rows.append({"task": name, "key": key, "layer_type": layer_type(key), "block": block_index(key),
+                                   "role": role, "tau_norm": tn, "base_norm": b,
+                                   "ratio": tn / b if b > 0 else math.nan, "energy": e2})
+        if self.lay.is_matrix(key, _meta(shape, dtype)) and W0.ndim == 2:
+            self._matrix(key, W0.shape, b, taus, Gk)
+
+    def _where(self, key: str) -> dict[str, Any]:
+        return {"key": key, "layer_type": layer_type(key), "block": block_index(key)}
+
+    def _pairs(self, key: str, Gk: Tensor, spectra, k: int, d_out: int, d_in: int) -> tuple[list, list]:
+        """Pairwise cosines of the task vectors and overlaps of their top-k singular subspaces."""
+        n = Gk.diagonal().sqrt()
+        cos = Gk / torch.outer(n, n).clamp(min=1e-300)
+        cos_pairs = [float(cos[i, j]) if n[i] > 0 and n[j] > 0 else math.nan for i, j in self.iu]
+        for (i, j), c in zip(self.iu, cos_pairs):
+            self.cos_rows.append({**self._where(key), "task_i": self.labels[i], "task_j": self.labels[j],
+                                  "cosine": c})
+        overlaps = []
+        for i, j in self.iu if k > 0 else ():
+            if n[i] == 0 or n[j] == 0:
+                continue
+            left = float((spectra[i][1].T @ spectra[j][1]).pow(2).sum()) / k
+            right = float((spectra[i][2].T @ spectra[j][2]).pow(2).sum()) / k
+            overlaps.append((left + right) / 2)
+            self.ov_rows.append({**self._where(key), "task_i": self.labels[i], "task_j": self.labels[j], "k": k,
+                                 "overlap_left": left, "overlap_right": right, "overlap": (left + right) / 2,
+                                 "random": (k / d_out + k / d_in) / 2})
+        return cos_pairs, overlaps
+
+    def _matrix(self, key: str, shape, b: float, taus: list[Tensor], Gk: Tensor) -> None:
+        from ..merging.ace import heterogeneity
+        from ..merging.svd import tsv_rank
+
+        d_out, d_in = shape
+        r, T = min(d_out, d_in), len(taus)
+        k = tsv_rank(r, T)
+        spectra = [gram_spectrum(t, max(k, 1)) for t in taus]
+        cos_pairs, overlaps = self._pairs(key, Gk, spectra, k, d_out, d_in)
+        for name, (S, _, _) in zip(self.labels, spectra):
+            top = S[:self.max_sv or r].tolist()
+            s1 = top[0] if top and top[0] > 0 else math.nan
+            self.spec_rows += [{**self._where(key), "task": name, "index": i + 1, "sigma": s, "sigma_rel": s / s1}
+                               for i, s in enumerate(top)]
+        energies = Gk.diagonal()
+        logs = torch.log(energies + 1e-12)
+        gamma = heterogeneity(taus)
+        tot = float(energies.sum())
+        row = {
+            **self._where(key), "shape": f"{d_out}x{d_in}", "orientation": self.lay.orientation(key), "base_norm": b,
+            "tau_ratio": float(np.mean([math.sqrt(float(e)) / b for e in energies])) if b > 0 else math.nan,
+            "energy": float(energies.mean()), "energy_min": float(energies.min()),
+            "energy_max": float(energies.max()),
+            "log_energy_mean": float(logs.mean()),
+            "log_energy_sd": float(logs.std(unbiased=False)) if T > 1 else 0.0,
+            "gamma": gamma, "flag": gamma > self.tau, "gate": "on" if gamma > self.tau else "off",
+            "tsv_k": k, "energy_topk": _nanmean([_energy_share(S, k) for S, _, _ in spectra]),
+            "energy_top5": _nanmean([_energy_share(S, max(1, math.ceil(0.05 * r))) for S, _, _ in spectra]),
+            "effective_rank": float(np.mean([effective_rank(S) for S, _, _ in spectra])),
+            "overlap_topk": float(np.mean(overlaps)) if overlaps else math.nan,
+            "overlap_random": (k / d_out + k / d_in) / 2 if k > 0 else math.nan,
+            "cosine_mean": _nanmean(cos_pairs),
+            "sum_energy_ratio": float(Gk.sum()) / tot if tot > 0 else math.nan,
+        }
+        if self.ace:
+            row["wpre_top5_energy"] = _wpre_top5(taus, key, self.tau)
+        self.layer_rows.append(row)
+
+    def diagnosis(self, src: _Source, exs: Sequence[_Source], *, n_keys: int, seconds: float) -> Diagnosis:
+        if not self.layer_rows:
+            raise InputError(f"no key takes the matrix path under layout {self.lay.name!r}; nothing to diagnose "
+                             "(check --layout, or the keys you selected)")
+        labels, G = self.labels, self.G
+        n = G.diagonal().sqrt()
+        C = G / torch.outer(n, n).clamp(min=1e-300)
+        C[(n == 0)[:, None] | (n == 0)[None, :]] = math.nan
+        layers = pd.DataFrame(self.layer_rows)
+        meta = {"n_tasks": len(labels), "names": labels, "layout": self.lay.name, "tau": self.tau, "ace": self.ace,
+                "n_keys": n_keys, "n_matrices": len(layers), "seconds": seconds,
+                "base": src.path or "state dict", "experts": [e.path or "state dict" for e in exs]}
+        pair = ["key", "layer_type", "block", "task_i", "task_j"]
+        d = Diagnosis(
+            summary=pd.DataFrame(), layers=layers,
+            norms=pd.DataFrame(self.norm_rows, columns=["task", "key", "layer_type", "block", "role", "tau_norm",
+                                                        "base_norm", "ratio", "energy"]),
+            cosine=pd.DataFrame(C.numpy(), index=labels, columns=labels),
+            cosine_per_layer=pd.DataFrame(self.cos_rows, columns=[*pair, "cosine"]),
+            overlap=pd.DataFrame(self.ov_rows, columns=[*pair, "k", "overlap_left", "overlap_right", "overlap",
+                                                        "random"]),
+            spectra=pd.DataFrame(self.spec_rows, columns=["key", "layer_type", "block", "task", "index", "sigma",
+                                                          "sigma_rel"]),
+            meta=meta,
+        )
+        d.summary = _summary(d)
+        log.info("diagnose: %d matrices of %d tasks in %.1f s", len(layers), len(labels), seconds)
+        return d
 
 
 def _meta(shape, dtype):
@@ -479,15 +476,15 @@ def run_report(
     *,
     names: Sequence[str] | None = None,
     layout: str = "auto",
-    tau: float = 0.3,
+    tau: float | None = None,
     ace: bool = False,
     html: bool = True,
     timeout: int | None = None,
     start_timeout: int = 300,
 ) -> dict[str, Any]:
-    """Execute the report notebook into ``out`` with papermill (absolute paths, ``cwd=out``,
-    kernel ``python3``) and render ``diagnose.html`` without code. The tables are saved next
-    to it (:meth:`Diagnosis.save`). Returns ``{"executed", "html", "seconds"}``."""
+    """Execute the report notebook into ``out`` with papermill (:func:`acetools.notebooks.run_notebook`:
+    absolute paths, ``cwd=out``, kernel ``python3``) and render ``diagnose.html`` without code.
+    The tables are saved next to it (:meth:`Diagnosis.save`). Returns ``{"executed", "html", "seconds"}``."""
     import papermill as pm
 
     from .checkpoints import check_output_folder
@@ -498,42 +495,15 @@ def run_report(
     out = check_output_folder(out, [base, *experts], weights=False)  # the merge command's check
     out.mkdir(parents=True, exist_ok=True)
     params = {"base": str(Path(base).resolve()), "experts": [str(Path(e).resolve()) for e in experts],
-              "names": list(names) if names is not None else [], "layout": layout, "tau": float(tau), "ace": bool(ace),
+              "names": list(names) if names is not None else [], "layout": layout,
+              "tau": float(defaults_from("ace")["tau"] if tau is None else tau), "ace": bool(ace),
               "out_dir": str(out)}
     declared = set(pm.inspect_notebook(str(REPORT_NOTEBOOK)))
     unknown = sorted(set(params) - declared)
     if unknown:  # a packaging error, not the user's
         raise RuntimeError(f"{REPORT_NOTEBOOK.name} does not declare {unknown}")
-    executed = out / "diagnose.ipynb"
-    t0 = time.perf_counter()
-    saved = {k: os.environ.get(k) for k in ("ACETOOLS_PROGRESS", "PYTHONPATH")}
-    os.environ.setdefault("ACETOOLS_PROGRESS", "0")  # a report is a document: no progress bars
-    # the kernel imports the same acetools as this process (a checkout may differ from the installed one)
-    root = str(Path(__file__).resolve().parents[2])
-    os.environ["PYTHONPATH"] = os.pathsep.join([root] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
-    try:
-        pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed), parameters=params, kernel_name="python3",
-                            cwd=str(out), progress_bar=False, log_output=False, execution_timeout=timeout,
-                            start_timeout=start_timeout)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    rec: dict[str, Any] = {"executed": str(executed), "seconds": round(time.perf_counter() - t0, 1)}
-    if html:
-        import nbformat
-        from nbconvert import HTMLExporter
+    from ..notebooks import run_notebook  # the one papermill runner
 
-        from ..utils import local_mathjax_url, offline_html
-
-        nb = nbformat.read(str(executed), as_version=4)
-        kw = {"mathjax_url": local_mathjax_url()} if local_mathjax_url() else {}
-        body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
-                               exclude_output_prompt=True, **kw).from_notebook_node(nb)
-        path = executed.with_suffix(".html")
-        with atomic_write(path, "w") as fh:
-            fh.write(offline_html(body))  # nothing from a network: the page reads the same offline
-        rec["html"] = str(path)
-    return rec
+    rec = run_notebook(REPORT_NOTEBOOK, out, params, html=html, timeout=timeout, start_timeout=start_timeout,
+                       cwd=out, output_name="diagnose.ipynb", require_mathjax=False)
+    return {k: rec[k] for k in ("executed", "html", "seconds") if k in rec}

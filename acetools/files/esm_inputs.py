@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .activations import capture_inputs
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..merging.esm import LAYOUT_NAMES
+from .activations import capture_inputs
 
 __all__ = ["ESM_NAMES", "esm_names", "esm_activations", "merge_esm"]
 
@@ -56,7 +57,7 @@ def esm_names(layout: Any) -> dict[str, tuple[str, ...]]:
     your model's layers yourself."""
     name = layout if isinstance(layout, str) else getattr(layout, "name", None)
     if name not in ESM_NAMES:
-        raise ValueError(
+        raise InputError(
             f"ESM has no default layer names for layout {name!r} (known: {', '.join(ESM_NAMES)}); pass targets= "
             "and layer_types= (regular expressions searched in the weight keys) yourself"
         )
@@ -103,23 +104,24 @@ def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str
         item = _load_file(item)
     if isinstance(item, Mapping):
         if factory is None:
-            raise TypeError(f"{where} is a state dict or file: pass factory= (a callable returning the model's "
+            raise InputTypeError(f"{where} is a state dict or file: pass factory= (a callable returning the model's "
                             "nn.Module) to load it into")
         model = factory()
         missing, unexpected = model.load_state_dict(_strip(item, prefix), strict=False)
         missing = [k for k in missing if k not in _tied_aliases(model)]  # HF saves a tied head once
         if missing or unexpected:
             bad = (missing or unexpected)[0]
-            raise KeyError(f"{where} does not fit the factory's model: key {bad!r} is "
+            raise InputKeyError(f"{where} does not fit the factory's model: key {bad!r} is "
                            f"{'missing from the checkpoint' if missing else 'not in the model'} "
                            f"({len(missing)} missing, {len(unexpected)} unexpected; prefix={prefix!r})")
         return model
     if callable(item):
         model = item()
         if not isinstance(model, nn.Module):
-            raise TypeError(f"{where}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+            raise InputTypeError(f"{where}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
         return model
-    raise TypeError(f"{where} is a {type(item).__name__}; give an nn.Module, a factory, a state dict or a file path")
+    raise InputTypeError(
+        f"{where} is a {type(item).__name__}; give an nn.Module, a factory, a state dict or a file path")
 
 
 def _state_of(item: Any, factory, prefix: str, where: str) -> dict[str, Tensor]:
@@ -140,7 +142,7 @@ def _default_keys(state: Mapping[str, Tensor], layout: Any, targets: Sequence[st
     keys = [k for k, v in state.items()
             if k.startswith(prefix) and lay.is_matrix(k, v) and any(re.search(p, k) for p in pats)]
     if not keys:
-        raise ValueError(f"no matrix key of the model matches the ESM targets {list(pats)} (layout {lay.name!r}); "
+        raise InputError(f"no matrix key of the model matches the ESM targets {list(pats)} (layout {lay.name!r}); "
                          "pass keys= or targets=")
     return lay, keys
 
@@ -174,7 +176,7 @@ def esm_activations(
     layout gives each weight's orientation) and is stored on the CPU in ``dtype``.
     """
     if isinstance(experts, (Mapping, nn.Module, str)) or not isinstance(experts, Sequence) or not experts:
-        raise TypeError("experts must be a non-empty list (one model, factory, state dict or file per expert)")
+        raise InputTypeError("experts must be a non-empty list (one model, factory, state dict or file per expert)")
     lay = None
     acts: dict[str, list[Tensor]] = {}
     for t, item in enumerate(experts):

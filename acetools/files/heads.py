@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from .. import __version__
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import Layout, is_classifier
 from .checkpoints import Checkpoint, file_sha256, open_checkpoint
 
@@ -86,7 +87,7 @@ class CheckpointView(Checkpoint):
 
     def get(self, key: str) -> Tensor:
         if key in self.hidden:
-            raise KeyError(f"{self.path}: {key!r} is a per-task head key, not part of the merged backbone")
+            raise InputKeyError(f"{self.path}: {key!r} is a per-task head key, not part of the merged backbone")
         return self.inner.get(key)
 
     def sha256(self) -> dict[str, str]:
@@ -110,17 +111,17 @@ def _name_of(ck: Checkpoint) -> str:
 def _check_names(names: Sequence[str], experts: Sequence[Checkpoint], given: bool) -> list[str]:
     names = [str(n) for n in names]
     if len(names) != len(experts):
-        raise ValueError(f"names: {len(names)} name(s) for {len(experts)} experts; give one name per expert")
+        raise InputError(f"names: {len(names)} name(s) for {len(experts)} experts; give one name per expert")
     for n, ck in zip(names, experts):
         if (not n or n in (".", "..") or n.startswith(".") or "/" in n or "\\" in n or n != n.strip()
                 or n == _INDEX):
-            raise ValueError(f"head name {n!r} (expert {ck.path}) cannot be a folder name under {HEADS_DIR}/; "
+            raise InputError(f"head name {n!r} (expert {ck.path}) cannot be a folder name under {HEADS_DIR}/; "
                              "pass names=[...] / --names with plain names such as sst2")
     seen: dict[str, Checkpoint] = {}
     for n, ck in zip(names, experts):
         if n in seen:
             how = "names" if given else "expert folder names"
-            raise ValueError(f"two experts have the head name {n!r} ({seen[n].path} and {ck.path}, from their {how}); "
+            raise InputError(f"two experts have the head name {n!r} ({seen[n].path} and {ck.path}, from their {how}); "
                              "pass one distinct name per expert with names=[...] / --names")
         seen[n] = ck
     return names
@@ -142,12 +143,12 @@ def _labels(ck: Checkpoint, keys: Sequence[str]) -> tuple[int, dict[str, str]]:
             id2label = {str(i): f"LABEL_{i}" for i in range(n)}
         if not any(m.ndim >= 1 and m.shape[0] == n for m in metas.values()):
             shapes = ", ".join(f"{k} {tuple(m.shape)}" for k, m in metas.items())
-            raise ValueError(f"expert {ck.path}: its config.json has {n} labels, but no head tensor has {n} outputs "
+            raise InputError(f"expert {ck.path}: its config.json has {n} labels, but no head tensor has {n} outputs "
                              f"({shapes}); is the config the one of these weights?")
         return n, id2label
     weights = [k for k in sorted(keys) if k.endswith("weight") and metas[k].ndim >= 1]
     if not weights:
-        raise ValueError(f"expert {ck.path}: cannot tell its label count: no config.json and no head weight among "
+        raise InputError(f"expert {ck.path}: cannot tell its label count: no config.json and no head weight among "
                          f"{sorted(keys)}")
     n = int(metas[weights[-1]].shape[0])
     return n, {str(i): f"LABEL_{i}" for i in range(n)}
@@ -208,7 +209,7 @@ def _check_head_shapes(base: Checkpoint, experts: Sequence[Checkpoint], layout: 
         if len(shapes) > 1:
             head = bool(layout.task_head_keys([key])) or layout.role(key, base.meta(key)) == "head"
             if head:
-                raise ValueError(_shape_error(key, base, experts, True, layout))
+                raise InputError(_shape_error(key, base, experts, True, layout))
 
 
 def _check_prefix(base: Checkpoint, expert: Checkpoint, head_keys: Sequence[str]) -> None:
@@ -219,7 +220,7 @@ def _check_prefix(base: Checkpoint, expert: Checkpoint, head_keys: Sequence[str]
         return
     prefix = backbone[0].split(".")[0] + "."
     if all(k.startswith(prefix) for k in backbone) and {k[len(prefix):] for k in backbone} & set(base.keys()):
-        raise KeyError(f"the base {base.path} has no key of the experts' backbone: the experts' keys start with "
+        raise InputKeyError(f"the base {base.path} has no key of the experts' backbone: the experts' keys start with "
                        f"{prefix!r} (e.g. {backbone[0]!r}), the base's do not (e.g. {base.keys()[0]!r}); the base "
                        "looks like a bare backbone (e.g. BertModel). Save it as the experts' class first, e.g. "
                        "BertForSequenceClassification.from_pretrained(base).save_pretrained(new_base)")
@@ -236,9 +237,9 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
     or file names).
     """
     if heads not in HEAD_MODES:
-        raise ValueError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
+        raise InputError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
     if names is not None and (isinstance(names, str) or not isinstance(names, Sequence)):
-        raise TypeError("names must be a list of strings, one per expert")
+        raise InputTypeError("names must be a list of strings, one per expert")
     mode, reason = heads, "asked"
     if heads == "auto":
         found = [ck for ck in experts if is_classifier(ck.keys(), ck.config, layout)]
@@ -258,21 +259,21 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
         return HeadPlan("merge", reason=reason)
     keys = layout.task_head_keys(experts[0].keys())
     if not keys:
-        raise ValueError(f"heads={mode!r}: expert {experts[0].path} has no key that layout {layout.name!r} calls a "
+        raise InputError(f"heads={mode!r}: expert {experts[0].path} has no key that layout {layout.name!r} calls a "
                          f"task head (patterns {layout.task_heads or '(none)'}); pass a Layout with task_heads=(...) "
                          "in Python, or heads='merge'")
     for ck in experts[1:]:
         other = layout.task_head_keys(ck.keys())
         if other != keys:
             extra = sorted(set(other) ^ set(keys))
-            raise KeyError(f"heads={mode!r}: expert {ck.path} has head keys {other}, expert {experts[0].path} has "
+            raise InputKeyError(f"heads={mode!r}: expert {ck.path} has head keys {other}, expert {experts[0].path} has "
                            f"{keys} (differ at {extra[0]!r})" if extra else
                            f"heads={mode!r}: expert {ck.path} stores its head keys in another order than "
                            f"{experts[0].path}")
     for key in keys:
         for ck in experts:
             if not ck.meta(key).dtype.is_floating_point:
-                raise TypeError(f"heads={mode!r}: head key {key!r} of expert {ck.path} is {ck.meta(key).dtype}, "
+                raise InputTypeError(f"heads={mode!r}: head key {key!r} of expert {ck.path} is {ck.meta(key).dtype}, "
                                 "not a float tensor")
     _check_prefix(base, experts[0], keys)
     plan = HeadPlan(mode, keys=list(keys), experts=list(experts), reason=reason)
@@ -299,7 +300,7 @@ def check_heads_folder(out: Path, inputs: Sequence[Checkpoint], overwrite: bool,
         places = [Path(f).resolve() for f in ck.files] + ([Path(ck.folder).resolve()] if ck.folder else [])
         for p in places:
             if p == target or target in p.parents or (ck.folder and Path(ck.folder).resolve() in target.parents):
-                raise ValueError(f"the heads folder {target} would hold or be inside the input checkpoint {ck.path}; "
+                raise InputError(f"the heads folder {target} would hold or be inside the input checkpoint {ck.path}; "
                                  "choose another --out (inputs are never overwritten)")
     if target.exists():
         if not target.is_dir() or not _ours(target):
@@ -409,16 +410,16 @@ def load_head(folder: str | os.PathLike, task: str) -> tuple[dict[str, Tensor], 
     target = _heads_folder(folder)
     index = json.loads((target / _INDEX).read_text())
     if task not in index["tasks"]:
-        raise KeyError(f"{Path(folder)} has no head for task {task!r}; its tasks are: {', '.join(index['tasks'])}")
+        raise InputKeyError(f"{Path(folder)} has no head for task {task!r}; its tasks are: {', '.join(index['tasks'])}")
     record = json.loads((target / task / "head.json").read_text())
     path = target / task / record["file"]
     digest = file_sha256(path)
     if digest != record["sha256"]:
-        raise ValueError(f"{path}: sha256 {digest[:12]}... differs from the {record['sha256'][:12]}... recorded in "
+        raise InputError(f"{path}: sha256 {digest[:12]}... differs from the {record['sha256'][:12]}... recorded in "
                          "head.json; the head file was changed after the merge")
     tensors = load_file(str(path))
     if sorted(tensors) != sorted(record["keys"]):
-        raise ValueError(f"{path}: holds keys {sorted(tensors)}, head.json records {sorted(record['keys'])}")
+        raise InputError(f"{path}: holds keys {sorted(tensors)}, head.json records {sorted(record['keys'])}")
     return tensors, record
 
 
@@ -446,7 +447,7 @@ def task_state_dict(folder: str | os.PathLike, task: str) -> tuple[dict[str, Ten
     sd = open_checkpoint(folder).state_dict()
     clash = sorted(set(sd) & set(head))
     if clash:
-        raise ValueError(f"{folder}: the merged weights already hold head key {clash[0]!r}; not a per-task merge?")
+        raise InputError(f"{folder}: the merged weights already hold head key {clash[0]!r}; not a per-task merge?")
     sd.update(head)
     return sd, _config(folder, task, record)
 
@@ -483,7 +484,7 @@ def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = N
     cfg_dict = _config(folder, task, record)
     model_type = cfg_dict.get("model_type")
     if not model_type:
-        raise ValueError(f"{folder}: no model_type in the config of task {task!r}; use task_state_dict() and your "
+        raise InputError(f"{folder}: no model_type in the config of task {task!r}; use task_state_dict() and your "
                          "own model class")
     config = transformers.AutoConfig.for_model(**cfg_dict)
     if model_class is None:
@@ -496,17 +497,18 @@ def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = N
     if missing or info["unexpected_keys"] or info["mismatched_keys"]:
         what = (f"missing {sorted(missing)[0]!r}" if missing else f"unexpected {sorted(info['unexpected_keys'])[0]!r}"
                 if info["unexpected_keys"] else f"mismatched {sorted(map(str, info['mismatched_keys']))[0]}")
-        raise ValueError(f"{folder}: the merged backbone does not fit {model_class.__name__} for task {task!r} "
+        raise InputError(f"{folder}: the merged backbone does not fit {model_class.__name__} for task {task!r} "
                          f"({what})")
     params = model.state_dict()
     for k, t in head.items():
         if k not in params:
-            raise KeyError(f"{model_class.__name__} has no parameter {k!r} (head of task {task!r})")
+            raise InputKeyError(f"{model_class.__name__} has no parameter {k!r} (head of task {task!r})")
         if tuple(params[k].shape) != tuple(t.shape):
-            raise ValueError(f"head key {k!r} of task {task!r} has shape {tuple(t.shape)}, {model_class.__name__} "
+            raise InputError(f"head key {k!r} of task {task!r} has shape {tuple(t.shape)}, {model_class.__name__} "
                              f"with num_labels={config.num_labels} wants {tuple(params[k].shape)}")
     with torch.no_grad():
         result = model.load_state_dict(head, strict=False)
     if result.unexpected_keys:
-        raise KeyError(f"{model_class.__name__} did not take head key {result.unexpected_keys[0]!r} of task {task!r}")
+        raise InputKeyError(
+            f"{model_class.__name__} did not take head key {result.unexpected_keys[0]!r} of task {task!r}")
     return model.eval()

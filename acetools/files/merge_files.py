@@ -38,6 +38,12 @@ import torch
 from torch import Tensor
 
 from .. import __version__
+from ..errors import InputError, InputKeyError, InputTypeError
+from ..layouts import Layout, describe, get_layout
+from ..merging import METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
+from ..merging.esm import with_layout_names
+from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
+from ..utils import PROGRESS, jsonable, progress, resolve_device, short_repr
 from .checkpoints import (
     Checkpoint,
     ShardedWriter,
@@ -48,11 +54,6 @@ from .checkpoints import (
     parse_size,
 )
 from .heads import HEAD_MODES, HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
-from ..layouts import Layout, describe, get_layout
-from ..merging import KEYED_HPARAMS, METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
-from ..merging.esm import with_layout_names
-from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
-from ..utils import PROGRESS, progress, resolve_device
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
            "load_activations"]
@@ -72,13 +73,13 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     """``None`` (keep the base's dtype per key) or a float dtype from a name like ``bf16``."""
     if dtype is None or isinstance(dtype, torch.dtype):
         if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:
-            raise ValueError(f"output dtype must be a floating type, got {dtype}")
+            raise InputError(f"output dtype must be a floating type, got {dtype}")
         return dtype
     name = str(dtype).lower().replace("torch.", "")
     if name in ("base", "auto", "none"):
         return None
     if name not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of: base, {', '.join(DTYPES)}")
+        raise InputError(f"unknown dtype {dtype!r}; use one of: base, {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
@@ -100,7 +101,7 @@ def save_activations(path: str | Path, activations: Mapping[str, Sequence[Tensor
     flat = {}
     for key, xs in activations.items():
         if "@" in key:
-            raise ValueError(f"activation key {key!r} contains '@', which the file format uses as separator")
+            raise InputError(f"activation key {key!r} contains '@', which the file format uses as separator")
         for t, x in enumerate(xs):
             flat[f"{key}@{t}"] = x.detach().to("cpu").contiguous()
     path = Path(path)
@@ -119,14 +120,14 @@ def load_activations(path: str | Path, n_tasks: int | None = None) -> dict[str, 
     for name in ck.keys():
         key, sep, t = name.rpartition("@")
         if not sep or not t.isdigit():
-            raise ValueError(f"{path}: tensor {name!r} is not named '<weight key>@<task index>' "
+            raise InputError(f"{path}: tensor {name!r} is not named '<weight key>@<task index>' "
                              "(write the file with acetools.files.merge_files.save_activations)")
         per.setdefault(key, {})[int(t)] = ck.get(name)
     out = {}
     for key, xs in per.items():
         T = n_tasks if n_tasks is not None else len(xs)
         if sorted(xs) != list(range(T)):
-            raise ValueError(f"{path}: activations of {key!r} are given for tasks {sorted(xs)}, expected 0..{T - 1} "
+            raise InputError(f"{path}: activations of {key!r} are given for tasks {sorted(xs)}, expected 0..{T - 1} "
                              "(one per expert, in order)")
         out[key] = [xs[t] for t in range(T)]
     return out
@@ -170,7 +171,7 @@ class MergePlan:
 
     def hparams_text(self) -> str:
         """The hyperparameters as the method uses them (presets resolved: ACE's ``gate=auto``, not ``None``)."""
-        return " ".join(f"{k}={_short(v)}" for k, v in METHODS[self.method].effective(self.hparams).items())
+        return " ".join(f"{k}={short_repr(v)}" for k, v in METHODS[self.method].effective(self.hparams).items())
 
     def memory_text(self, largest_key: str) -> str:
         T = len(self.experts)
@@ -206,14 +207,6 @@ _ALIKE = {
 _ALIKE["regmean"] = "regmean merges the keys its Gram matrices name; every other key gets the mean"
 
 
-def _short(v: Any) -> str:
-    if isinstance(v, (list, tuple)) and v and not isinstance(v[0], (str, int, float)):
-        return f"<{len(v)} entries>"
-    if isinstance(v, Mapping):
-        return f"<{len(v)} keys>"
-    return repr(v) if isinstance(v, str) else str(v)
-
-
 def _fmt(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
@@ -243,9 +236,9 @@ class MergeResult:
 
 def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Checkpoint]]:
     if isinstance(experts, (str, Path)) or not isinstance(experts, Sequence):
-        raise TypeError("experts must be a list of checkpoint paths (one per fine-tuned model)")
+        raise InputTypeError("experts must be a list of checkpoint paths (one per fine-tuned model)")
     if len(experts) == 0:
-        raise ValueError("no experts given: pass at least one fine-tuned checkpoint")
+        raise InputError("no experts given: pass at least one fine-tuned checkpoint")
     b = base if isinstance(base, Checkpoint) else open_checkpoint(base)
     ex = [e if isinstance(e, Checkpoint) else open_checkpoint(e) for e in experts]
     return b, ex
@@ -260,7 +253,7 @@ def _check_expert_list(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
     for t, ck in enumerate(experts):
         p = ck.path.expanduser().resolve()
         if p in where:
-            raise ValueError(f"expert {t} ({ck.path}) is the same checkpoint as {where[p]}; "
+            raise InputError(f"expert {t} ({ck.path}) is the same checkpoint as {where[p]}; "
                              + ("the base is not an expert (its task vector is zero)" if where[p] == "the base" else
                                 "list every expert once (a duplicate counts its task twice)"))
         where[p] = f"expert {t} ({ck.path})"
@@ -280,7 +273,7 @@ def _check_distinct_contents(hashes: Sequence[tuple[str, ...]], paths: Sequence[
             what = "the base" if j == 0 else f"expert {j - 1} ({paths[j]})"
             fix = ("the base is not an expert (its task vector is zero)" if j == 0 else
                    "list every expert once (a duplicate counts its task twice)")
-            raise ValueError(f"expert {i - 1} ({paths[i]}) has the same content (sha256) as {what}; {fix}")
+            raise InputError(f"expert {i - 1} ({paths[i]}) has the same content (sha256) as {what}; {fix}")
         seen[h] = i
 
 
@@ -292,11 +285,12 @@ def _check_compatible(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
         for k in bkeys:
             mb, me = base.meta(k), ck.meta(k)
             if mb.shape != me.shape:
-                raise ValueError(f"shape mismatch at key {k!r}: base {base.path} has {mb.shape}, expert {ck.path} has "
+                raise InputError(f"shape mismatch at key {k!r}: base {base.path} has {mb.shape}, expert {ck.path} has "
                                  f"{me.shape}")
             if mb.dtype.is_floating_point != me.dtype.is_floating_point or (
                     not mb.dtype.is_floating_point and mb.dtype != me.dtype):
-                raise TypeError(f"dtype mismatch at key {k!r}: base {base.path} has {mb.dtype}, expert {ck.path} has "
+                raise InputTypeError(
+                    f"dtype mismatch at key {k!r}: base {base.path} has {mb.dtype}, expert {ck.path} has "
                                 f"{me.dtype}")
 
 
@@ -319,9 +313,9 @@ def plan_merge(
     ``force_layout`` (:func:`acetools.layouts.get_layout`).
     """
     if method not in METHODS:
-        raise ValueError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
+        raise InputError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
     if mode not in MODES:
-        raise ValueError(f"mode={mode!r} must be one of {MODES}")
+        raise InputError(f"mode={mode!r} must be one of {MODES}")
     hp = dict(hparams or {})
     files = {}
     if method == "esm" and isinstance(hp.get("activations"), (str, Path)):
@@ -337,19 +331,24 @@ def plan_merge(
     if method == "esm":  # ESM's layer names from the layout preset unless given (docs/methods.md §ESM)
         resolved = METHODS[method].resolve(with_layout_names(hp, lay.name))
     if resolved.get("in_out_keys"):
-        raise ValueError("in_out_keys is not used for files: the layout stores the orientation of every key "
+        raise InputError("in_out_keys is not used for files: the layout stores the orientation of every key "
                          f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")
     keys = set(b.keys())
-    for name in KEYED_HPARAMS.get(method, ()):
-        for t, d in enumerate(resolved.get(name) or ()):
+    for name in METHODS[method].per_key:
+        value = resolved.get(name)
+        if value is None or callable(value):
+            continue
+        per_expert = [(f"{name}", value)] if isinstance(value, Mapping) else \
+            [(f"{name}[{t}]", d) for t, d in enumerate(value)]
+        for where, d in per_expert:
             unknown = sorted(set(d) - keys) if isinstance(d, Mapping) else []
             if unknown:
-                raise KeyError(f"{method}: {name}[{t}] has key {unknown[0]!r}, which the base {b.path} does not have")
+                raise InputKeyError(f"{method}: {where} has key {unknown[0]!r}, which the base {b.path} does not have")
     scope, why = key_scope(method, hp)
     if mode == "auto":
         run = "stream" if scope in ("key", "global_ties") else "memory"
     elif mode == "stream" and scope == "model":
-        raise ValueError(f"{method} cannot stream: {why}; use mode='memory'")
+        raise InputError(f"{method} cannot stream: {why}; use mode='memory'")
     else:
         run = mode
     metas = b.metas()
@@ -362,7 +361,7 @@ def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.
     t = ck.get(key)
     if check and not torch.isfinite(t).all():
         n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-        raise ValueError(f"{ck.path}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
+        raise InputError(f"{ck.path}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
     return lay.to_canonical(key, t).to(dev, dt).contiguous()
 
 
@@ -387,13 +386,7 @@ class _Source:
 
 
 def _confirm_ties(plan: MergePlan) -> dict[str, str]:
-    out = {}
-    for alias, canon in plan.tie_candidates.items():
-        if all(torch.equal(ck.get(alias), ck.get(canon)) for ck in [plan.base, *plan.experts]):
-            out[alias] = canon
-        else:
-            log.info("%s and %s are not tied in these checkpoints (values differ); merging them apart", alias, canon)
-    return out
+    return confirmed_ties(plan.tie_candidates, plan.base, plan.experts, get=lambda ck, k: ck.get(k))
 
 
 def _radix_thresholds(keys: Sequence[str], taus_of: Callable[[str], list[Tensor]], T: int, k: float,
@@ -461,7 +454,7 @@ def _stream(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype
 
         dts = {_compute_dtype(base.meta(k).dtype) for k in keys}
         if len(dts) != 1:
-            raise ValueError("TIES with scope='global' needs one dtype across keys (float64 and others are mixed)")
+            raise InputError("TIES with scope='global' needs one dtype across keys (float64 and others are mixed)")
         dtype = dts.pop()
         n = sum(_bytes(base, k) // base.meta(k).dtype.itemsize for k in keys)
         thr = _radix_thresholds(keys, taus_of, T, hp["k"], dtype, n, bar)
@@ -536,12 +529,43 @@ def _in_memory(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dt
             "buffers_changed": {k: v for k, v in changed.items() if v}}
 
 
-def _jsonable(v: Any) -> Any:
-    try:
-        json.dumps(v)
-        return v
-    except TypeError:
-        return _short(v)
+def _merge_record(method: str, plan: MergePlan, hash_inputs: bool) -> tuple[dict, dict, dict]:
+    """``(inputs, hp_record, meta)``: the inputs (with their hashes), the hyperparameters as the
+    method uses them, and the safetensors metadata of a merge."""
+    inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
+    if hash_inputs:
+        per_ck = [ck.sha256() for ck in [plan.base, *plan.experts]]
+        _check_distinct_contents([tuple(sorted(h.values())) for h in per_ck],
+                                 [ck.path for ck in [plan.base, *plan.experts]])
+        inputs["sha256"] = {f: h for d in per_ck for f, h in d.items()}
+        inputs["sha256"].update({f: file_sha256(f) for f in plan.files.values()})
+    hp_record = {k: plan.files.get(k) or jsonable(v, fallback=short_repr)
+                 for k, v in METHODS[method].effective(plan.hparams).items()}
+    meta = {
+        "acetools.version": __version__,
+        "acetools.method": method,
+        "acetools.hparams": json.dumps(hp_record, sort_keys=True),
+        "acetools.layout": plan.layout.name,
+        "acetools.inputs": json.dumps(inputs, sort_keys=True),
+        "acetools.heads": plan.heads.mode,
+    }
+    return inputs, hp_record, meta
+
+
+def _staging_folder(out_dir: Path) -> Path | None:
+    """A new output folder is assembled as a hidden sibling and renamed into place at the end, so a
+    merge that is killed leaves no folder at ``out`` (only the hidden staging folder); an existing
+    (empty, or overwritten) folder gets its files moved in at the end instead (None)."""
+    if out_dir.exists():
+        return None
+    import tempfile
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.acetools-stage-", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(stage, 0o777 & ~umask)  # mkdtemp's 0700 would stay on the renamed folder
+    return stage
 
 
 def merge_files(
@@ -584,7 +608,7 @@ def merge_files(
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     if heads not in HEAD_MODES:
-        raise ValueError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
+        raise InputError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
     plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names,
@@ -592,38 +616,13 @@ def merge_files(
     if dry_run:
         return MergeResult(plan)
     if out is None:
-        raise ValueError("out is required: the folder the merged checkpoint is written to")
+        raise InputError("out is required: the folder the merged checkpoint is written to")
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
     check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
     t0 = time.perf_counter()
-    inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
-    if hash_inputs:
-        per_ck = [ck.sha256() for ck in [plan.base, *plan.experts]]
-        _check_distinct_contents([tuple(sorted(h.values())) for h in per_ck],
-                                 [ck.path for ck in [plan.base, *plan.experts]])
-        inputs["sha256"] = {f: h for d in per_ck for f, h in d.items()}
-        inputs["sha256"].update({f: file_sha256(f) for f in plan.files.values()})
-    hp_record = {k: plan.files.get(k) or _jsonable(v) for k, v in METHODS[method].effective(plan.hparams).items()}
-    meta = {
-        "acetools.version": __version__,
-        "acetools.method": method,
-        "acetools.hparams": json.dumps(hp_record, sort_keys=True),
-        "acetools.layout": plan.layout.name,
-        "acetools.inputs": json.dumps(inputs, sort_keys=True),
-        "acetools.heads": plan.heads.mode,
-    }
-    # A new output folder is assembled as a hidden sibling and renamed into place at the end, so a
-    # merge that is killed leaves no folder at ``out`` (only the hidden staging folder); an existing
-    # (empty, or overwritten) folder gets its files moved in at the end instead.
-    final_dir, stage = out_dir, None
-    if not out_dir.exists():
-        import tempfile
-
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.acetools-stage-", dir=out_dir.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(stage, 0o777 & ~umask)  # mkdtemp's 0700 would stay on the renamed folder
+    inputs, hp_record, meta = _merge_record(method, plan, hash_inputs)
+    final_dir, stage = out_dir, _staging_folder(out_dir)
+    if stage is not None:
         out_dir = stage
     head_writer = HeadWriter(out_dir, plan.heads, inputs.get("sha256")) if plan.heads.mode == "per-task" else None
     try:
@@ -677,10 +676,10 @@ def parse_hparam(text: str) -> tuple[str, Any]:
     import ast
 
     if "=" not in text:
-        raise ValueError(f"hyperparameter {text!r} must look like key=value (e.g. -p lam=0.3)")
+        raise InputError(f"hyperparameter {text!r} must look like key=value (e.g. -p lam=0.3)")
     key, raw = (s.strip() for s in text.split("=", 1))
     if not key.isidentifier():
-        raise ValueError(f"hyperparameter name {key!r} is not a Python identifier")
+        raise InputError(f"hyperparameter name {key!r} is not a Python identifier")
     low = raw.lower()
     if low in ("true", "false"):
         return key, low == "true"
@@ -709,20 +708,20 @@ def load_config(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        raise ValueError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise InputError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, Mapping):
-        raise ValueError(f"{p}: a merge config is a mapping (method: ..., base: ..., experts: [...]), "
+        raise InputError(f"{p}: a merge config is a mapping (method: ..., base: ..., experts: [...]), "
                          f"got {type(data).__name__}")
     unknown = sorted(set(data) - set(CONFIG_KEYS))
     if unknown:
-        raise ValueError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}")
+        raise InputError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}")
     cfg = dict(data)
     if "experts" in cfg and (isinstance(cfg["experts"], str) or not isinstance(cfg["experts"], list)):
-        raise ValueError(f"{p}: experts must be a list of paths")
+        raise InputError(f"{p}: experts must be a list of paths")
     if "names" in cfg and (isinstance(cfg["names"], str) or not isinstance(cfg["names"], list)):
-        raise ValueError(f"{p}: names must be a list, one per expert")
+        raise InputError(f"{p}: names must be a list, one per expert")
     if "hyperparameters" in cfg and not isinstance(cfg["hyperparameters"] or {}, Mapping):
-        raise ValueError(f"{p}: hyperparameters must be a mapping name: value")
+        raise InputError(f"{p}: hyperparameters must be a mapping name: value")
 
     def rel(x: Any) -> str:
         q = Path(str(x)).expanduser()

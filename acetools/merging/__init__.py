@@ -13,6 +13,7 @@ driver (:mod:`acetools.files.merge_files`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,9 +22,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import PRESETS, Layout, detect_layout, get_layout
 from ..utils import PROGRESS, resolve_device
-from ._registry import METHODS, REQUIRED, MethodInfo, Param, register
+from ._registry import (
+    METHODS,
+    REQUIRED,
+    MethodInfo,
+    Param,
+    Search,
+    defaults_from,
+    methods_table,
+    register,
+    update_methods_table,
+)
 
 log = logging.getLogger("acetools.merging")
 
@@ -40,9 +52,14 @@ __all__ = [
     "check_same_keys",
     "merge_key",
     "key_scope",
-    "KEYED_HPARAMS",
+    "per_key_entries",
+    "Search",
+    "defaults_from",
+    "methods_table",
+    "update_methods_table",
     "carried_buffers",
     "confirmed_ties",
+    "in_out_keys_layout",
 ]
 
 StateDict = Mapping[str, Tensor]
@@ -61,7 +78,7 @@ def _check_finite(name: str, key: str, t: Tensor) -> None:
     if not torch.isfinite(t).all():
         n_nan = int(torch.isnan(t).sum())
         n_inf = int(torch.isinf(t).sum())
-        raise ValueError(f"{name}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
+        raise InputError(f"{name}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
 
 
 def check_same_keys(base_keys: Iterable[str], keys: Iterable[str], who: str, base: str = "base") -> None:
@@ -77,10 +94,10 @@ def check_same_keys(base_keys: Iterable[str], keys: Iterable[str], who: str, bas
     extra = sorted(kset - bset)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise KeyError(f"{who} is missing key {missing[0]!r}{more} that {base} has")
+        raise InputKeyError(f"{who} is missing key {missing[0]!r}{more} that {base} has")
     if extra:
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise KeyError(f"{who} has key {extra[0]!r}{more} that {base} does not have")
+        raise InputKeyError(f"{who} has key {extra[0]!r}{more} that {base} does not have")
 
 
 def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
@@ -92,36 +109,36 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
     ``num_batches_tracked``) are allowed: :func:`merge` carries them from the base.
     """
     if not isinstance(base, Mapping):
-        raise TypeError(f"base must be a mapping of key -> Tensor (a state dict), got {type(base).__name__}")
+        raise InputTypeError(f"base must be a mapping of key -> Tensor (a state dict), got {type(base).__name__}")
     if isinstance(experts, Mapping) or not isinstance(experts, Sequence):
-        raise TypeError(
+        raise InputTypeError(
             "experts must be a list of state dicts (one per fine-tuned model), "
             f"got {type(experts).__name__}"
         )
     if len(experts) == 0:
-        raise ValueError("experts is empty: pass at least one fine-tuned state dict to merge")
+        raise InputError("experts is empty: pass at least one fine-tuned state dict to merge")
     if len(base) == 0:
-        raise ValueError("base is empty: it must hold the pretrained weights")
+        raise InputError("base is empty: it must hold the pretrained weights")
     for key, w in base.items():
         if not isinstance(w, Tensor):
-            raise TypeError(f"base[{key!r}] is a {type(w).__name__}, not a torch.Tensor")
+            raise InputTypeError(f"base[{key!r}] is a {type(w).__name__}, not a torch.Tensor")
         if w.is_floating_point():
             _check_finite("base", key, w)
     base_keys = set(base)
     for i, ex in enumerate(experts):
         if not isinstance(ex, Mapping):
-            raise TypeError(f"experts[{i}] is a {type(ex).__name__}, not a state dict")
+            raise InputTypeError(f"experts[{i}] is a {type(ex).__name__}, not a state dict")
         check_same_keys(sorted(base_keys), ex, f"experts[{i}]")
         for key, w0 in base.items():
             w = ex[key]
             if not isinstance(w, Tensor):
-                raise TypeError(f"experts[{i}][{key!r}] is a {type(w).__name__}, not a torch.Tensor")
+                raise InputTypeError(f"experts[{i}][{key!r}] is a {type(w).__name__}, not a torch.Tensor")
             if w.shape != w0.shape:
-                raise ValueError(
+                raise InputError(
                     f"shape mismatch at key {key!r}: base has {tuple(w0.shape)}, experts[{i}] has {tuple(w.shape)}"
                 )
             if w.dtype != w0.dtype:
-                raise TypeError(
+                raise InputTypeError(
                     f"mixed dtypes at key {key!r}: base is {w0.dtype}, experts[{i}] is {w.dtype}; "
                     "cast every state dict to one dtype before merging"
                 )
@@ -164,38 +181,35 @@ def task_vectors(
 def _get_method(method: str) -> MethodInfo:
     if not isinstance(method, str) or method not in METHODS:
         valid = ", ".join(sorted(METHODS))
-        raise ValueError(f"unknown merge method {method!r}; valid methods are: {valid}")
+        raise InputError(f"unknown merge method {method!r}; valid methods are: {valid}")
     return METHODS[method]
-
-
-# Hyperparameters that hold one {key: tensor} dict per expert: merge_key passes a method only its key's entries.
-KEYED_HPARAMS: dict[str, tuple[str, ...]] = {"ace": ("covariances",), "regmean": ("grams",)}
-
-_KEY_LOCAL = ("weight_averaging", "task_arithmetic", "ties", "dare", "tsv_m", "iso_c", "iso_cts", "cart", "wudi",
-              "ace", "regmean")
 
 
 def key_scope(method: str, hparams: Mapping[str, Any] | None = None) -> tuple[str, str]:
     """How far the merged update of one key reaches, with ``hparams``: ``(scope, why)``.
 
-    ``"key"``: it depends only on that key's W0 and task vectors (plus that key's entries of
-    ``covariances`` / ``grams``), so :func:`merge_key` can merge key by key, streaming from
-    disk. ``"global_ties"``: TIES (or DARE-TIES) with ``scope="global"`` needs, per task, one
-    trim threshold over the whole model and one majority sign: a streaming driver computes
-    them in extra passes first. ``"model"``: the method needs every key at once (ESM's
-    inter-layer polarization; methods registered by users), so it runs in memory.
+    Read from the registry (:meth:`MethodInfo.key_scope`, declared with ``@register(...,
+    key_scope=...)``). ``"key"``: it depends only on that key's W0 and task vectors (plus that
+    key's entries of the method's ``per_key`` inputs, e.g. ``covariances`` / ``grams``), so
+    :func:`merge_key` can merge key by key, streaming from disk. ``"global_ties"``: TIES (or
+    DARE-TIES) with ``scope="global"`` needs, per task, one trim threshold over the whole model
+    and one majority sign: a streaming driver computes them in extra passes first.
+    ``"model"``: the method needs every key at once (ESM's inter-layer polarization; methods
+    registered without ``key_scope``), so it runs in memory.
     """
-    info = _get_method(method)
-    hp = info.resolve(dict(hparams or {})) if method != "esm" else dict(hparams or {})
-    if method == "esm":
-        return "model", ("ESM runs in memory: its inter-layer polarization (Step C) scales each matrix by the norms "
-                         "of every layer's merged update, and its proxy activations are held for every ESD layer")
-    if method not in _KEY_LOCAL:
-        return "model", f"{method} is not known to merge each key on its own"
-    if (method == "ties" or (method == "dare" and hp["base_method"] == "ties")) and hp["scope"] == "global":
-        return "global_ties", ("scope='global' ranks every key of a task vector together (one trim threshold per "
-                               "task) and elects one majority sign over the whole model")
-    return "key", ""
+    return _get_method(method).key_scope(hparams)
+
+
+def per_key_entries(value: Any, key: str) -> Any:
+    """One key's part of a per-key input (``MethodInfo.per_key``): a list with one ``{key: x}``
+    dict per expert (covariances, Grams) is cut to ``[{key: x_t}, ...]`` (``{}`` where an
+    expert has none), a mapping ``key -> x`` (ESM's activations) to ``{key: x}``; ``None``
+    and callables pass unchanged."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, Mapping):
+        return {key: value[key]} if key in value else {}
+    return [{key: d[key]} if key in d else {} for d in value]
 
 
 def merge_key(
@@ -213,13 +227,12 @@ def merge_key(
     the compute dtype; ``is_matrix`` says whether the key takes the matrix path;
     ``hparams`` are resolved ones (``METHODS[method].resolve``). For methods whose
     :func:`key_scope` is ``"key"`` the result equals that key's update from the whole-model
-    call. Per-key dicts in ``covariances`` / ``grams`` are cut down to ``key``.
+    call. The method's ``per_key`` inputs (``covariances`` / ``grams``) are cut down to ``key``.
     """
     info = _get_method(method)
     hp = dict(hparams)
-    for name in KEYED_HPARAMS.get(method, ()):
-        if hp.get(name) is not None:
-            hp[name] = [{key: d[key]} if key in d else {} for d in hp[name]]
+    for name in info.per_key:
+        hp[name] = per_key_entries(hp.get(name), key)
     out = info.func({key: W0}, [{key: t} for t in taus], is_matrix=lambda k, t: bool(is_matrix), **hp)
     return out[key]
 
@@ -229,7 +242,7 @@ def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
     keys = list(base)
     if is_matrix is not None:
         if layout is not None:
-            raise ValueError("pass either layout= or is_matrix=, not both (a layout decides which keys are matrices)")
+            raise InputError("pass either layout= or is_matrix=, not both (a layout decides which keys are matrices)")
         return Layout("is_matrix"), is_matrix
     if layout is None:
         found = detect_layout(keys)
@@ -246,16 +259,26 @@ def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
     return lay, lay.is_matrix
 
 
-def _check_in_out_keys(resolved: Mapping[str, Any], lay, keys: Sequence[str]) -> None:
+def in_out_keys_layout(patterns: Sequence[str], lay: Layout, base: StateDict, is_mat: Callable) -> Layout:
+    """ACE's deprecated ``in_out_keys`` (fnmatch patterns of matrices stored in x out) as what it
+    is: ``lay`` with those keys stored in x out. Each pattern must match a matrix key of
+    ``base`` that ``lay`` does not already transpose (an error naming it otherwise)."""
     import fnmatch
 
-    for pat in resolved.get("in_out_keys") or ():
-        both = [k for k in keys if fnmatch.fnmatchcase(k, pat) and lay.orientation(k) == "in_out"]
+    warnings.warn("ace: in_out_keys is deprecated; pass a layout (layout='gpt2', or a Layout with in_out "
+                  "patterns) instead: the layout transposes in x out weights for every method", DeprecationWarning,
+                  stacklevel=3)
+    for pat in patterns:
+        hits = [k for k, w in base.items() if fnmatch.fnmatchcase(k, pat) and is_mat(k, w)]
+        if not hits:
+            raise InputError(f"ace: in_out_keys pattern {pat!r} matches no matrix key of base; check the name")
+        both = [k for k in hits if lay.orientation(k) == "in_out"]
         if both:
-            raise ValueError(
+            raise InputError(
                 f"in_out_keys pattern {pat!r} matches {both[0]!r}, which the layout {lay.name!r} already stores "
                 "in x out and transposes; drop in_out_keys (the layout handles orientation)"
             )
+    return dataclasses.replace(lay, in_out=(*lay.in_out, *(fnmatch.translate(p) for p in patterns)))
 
 
 def carried_buffers(base: StateDict, experts: Sequence[StateDict]) -> list[str]:
@@ -272,19 +295,49 @@ def carried_buffers(base: StateDict, experts: Sequence[StateDict]) -> list[str]:
     return keys
 
 
-def confirmed_ties(tied: Mapping[str, str], base: StateDict, experts: Sequence[StateDict]) -> dict[str, str]:
-    """The ties of a layout that hold in these state dicts (both keys present and equal in every
-    model); the others are logged and merged as separate keys."""
+def confirmed_ties(tied: Mapping[str, str], base: Any, experts: Sequence[Any], *,
+                   get: Callable[[Any, str], Tensor] | None = None) -> dict[str, str]:
+    """The ties of a layout that hold in these models (both keys present and equal in every
+    model); the others are logged and merged as separate keys. The one tie confirmation of
+    :func:`merge`, the file merge and the diagnostics: ``base`` / ``experts`` are state dicts,
+    or objects with ``keys()`` read through ``get(model, key)`` (checkpoints on disk)."""
+    read = get or (lambda m, k: m[k])
+    models = [base, *experts]
     out = {}
     for alias, canon in tied.items():
-        if alias not in base or canon not in base:
+        if not all(alias in m.keys() and canon in m.keys() for m in models):
             continue
-        models = [base, *experts]
-        if all(m[alias].shape == m[canon].shape and torch.equal(m[alias], m[canon]) for m in models):
+        if all(torch.equal(read(m, alias), read(m, canon)) for m in models):
             out[alias] = canon
         else:
             log.info("%s and %s are not tied in these checkpoints (values differ); merging them apart", alias, canon)
     return out
+
+
+class _KeyByKeyTaskVector(Mapping):
+    """tau_t = W_t - W0 of one expert, formed key by key when a method asks for it (in d_out x
+    d_in and the compute dtype): the in-memory :func:`merge` holds the T task vectors of the key
+    being merged, not of every key. The last key asked for is kept (a method reads a key's
+    task vectors a few times in a row), so a key-by-key method forms each tensor once."""
+
+    def __init__(self, expert: StateDict, W0: Mapping[str, Tensor], lay: Layout, dev: torch.device):
+        self._expert, self._W0, self._lay, self._dev = expert, W0, lay, dev
+        self._key: str | None = None
+        self._value: Tensor | None = None
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key != self._key:
+            w0 = self._W0[key]
+            self._key, self._value = None, None  # free the previous key's tensor first
+            self._value = self._lay.to_canonical(key, self._expert[key]).to(self._dev, w0.dtype).contiguous() - w0
+            self._key = key
+        return self._value
+
+    def __iter__(self):
+        return iter(self._W0)
+
+    def __len__(self) -> int:
+        return len(self._W0)
 
 
 def merge(
@@ -312,34 +365,38 @@ def merge(
     ``METHODS[method].hparams``; unknown or out-of-range ones raise. Per-key inputs
     (ACE's ``covariances``, RegMean's ``grams``, ESM's ``activations``) refer to the d_out x
     d_in orientation. ``progress`` shows a bar over the keys (``None``: only in interactive
-    sessions). Inputs are never modified.
+    sessions). Inputs are never modified. Memory: the task vectors are formed key by key as
+    the method reads them (:class:`_KeyByKeyTaskVector`), so a method that merges key by key
+    holds the T task vectors of one key at a time (``benchmarks/merge_speed.py --entry merge``
+    measures it).
     """
     info = _get_method(method)
     resolved = info.resolve(hparams)
     dev = resolve_device(device)  # up front: a meta or missing device is refused before any work
     if is_matrix is not None and not callable(is_matrix):
-        raise TypeError("is_matrix must be a callable (key, tensor) -> bool")
+        raise InputTypeError("is_matrix must be a callable (key, tensor) -> bool")
     validate_state_dicts(base, experts)
     lay, is_mat = _resolve_layout(layout, base, is_matrix)
+    if resolved.get("in_out_keys"):  # ACE's deprecated alias for a layout
+        lay = in_out_keys_layout(resolved["in_out_keys"], lay, base, is_mat)
+        resolved = {**resolved, "in_out_keys": ()}
     if info.name == "esm" and layout is not None:  # ESM's layer names from the layout preset (docs/methods.md §ESM)
         resolved = info.resolve(esm.with_layout_names(hparams, lay.name))
-    _check_in_out_keys(resolved, lay, list(base))
     buffers = set(carried_buffers(base, experts))
     tied = confirmed_ties(lay.tied, base, experts)
     keys = [k for k in base if k not in buffers and k not in tied]
     W0 = {k: lay.to_canonical(k, base[k]).to(dev, _compute_dtype(base[k].dtype)).contiguous() for k in keys}
-    tvs = [
-        {k: lay.to_canonical(k, ex[k]).to(dev, W0[k].dtype).contiguous() - W0[k] for k in keys}
-        for ex in experts
-    ]
+    tvs = [_KeyByKeyTaskVector(ex, W0, lay, dev) for ex in experts]
     token = PROGRESS.set(progress)
     try:
         delta = info.func(W0, tvs, is_matrix=is_mat, **resolved)
     finally:
         PROGRESS.reset(token)
+    del tvs  # the last key's task vectors
     missing = [k for k in keys if k not in delta]
     if missing:  # a bug in the method, not in the user's input
         raise RuntimeError(f"{method} returned no update for key {missing[0]!r}")
+    delta = dict(delta)  # ours to empty as the merged weights are formed
     out: dict[str, Tensor] = {}
     for k, w0 in base.items():
         if k in buffers:
@@ -347,7 +404,7 @@ def merge(
             continue
         if k in tied:
             continue
-        d = delta[k]
+        d = delta.pop(k)
         if d.shape != W0[k].shape:
             raise RuntimeError(f"{method} returned shape {tuple(d.shape)} for key {k!r}, expected {tuple(W0[k].shape)}")
         merged = W0[k] + d.to(dev, W0[k].dtype)

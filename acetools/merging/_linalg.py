@@ -30,11 +30,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputTypeError
+
 __all__ = [
     "thin_svd", "polar", "solve_right", "top_svd", "check_square", "check_psd",
     "GRAM_MAX_RATIO", "sym_eig", "gram_top_svd", "gram_polar", "gram_polar_times",
-    "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_", "spread_ok", "RCOND_MIN", "rcond_estimate",
-    "cholesky_rcond", "pinv_right", "polar_rank",
+    "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_", "spread_ok", "gram_spectrum", "RCOND_MIN",
+    "rcond_estimate", "cholesky_rcond", "pinv_right", "polar_rank",
 ]
 
 #: Largest sigma_1 / sigma_j a float64 Gram route accepts for the singular values it uses.
@@ -227,7 +229,7 @@ def check_psd(S: Tensor, where: str, rtol: float | None = None) -> None:
         return
     asym = float(torch.linalg.norm(S64 - S64.mT))
     if asym > rtol * scale:
-        raise ValueError(
+        raise InputError(
             f"{where} is not symmetric: ||S - S^T||_F / ||S||_F = {asym / scale:.3g} > {rtol:g}; a covariance or "
             "Gram matrix is symmetric (symmetrise it with (S + S.T) / 2 if the asymmetry is rounding)"
         )
@@ -237,7 +239,7 @@ def check_psd(S: Tensor, where: str, rtol: float | None = None) -> None:
     _, info = torch.linalg.cholesky_ex(Ssym + max(shift, torch.finfo(torch.float64).tiny) * eye)
     if int(info) != 0:
         lam = torch.linalg.eigvalsh(Ssym)
-        raise ValueError(
+        raise InputError(
             f"{where} is not positive semi-definite: its smallest eigenvalue is {float(lam[0]):.4g} "
             f"(largest {float(lam[-1]):.4g}); a covariance or Gram matrix has no negative eigenvalues "
             "(a negative one flips that expert's update along its eigenvector)"
@@ -251,13 +253,13 @@ def check_square(S: Any, d_in: int, where: str, hint: str = "", *, psd: bool = T
     ``"ace: covariances[2]['blocks.0.mlp.c_fc.weight']"`` (expert 2, that key); ``hint`` is
     appended to the shape error."""
     if not isinstance(S, Tensor):
-        raise TypeError(f"{where} is a {type(S).__name__}, not a torch.Tensor")
+        raise InputTypeError(f"{where} is a {type(S).__name__}, not a torch.Tensor")
     if tuple(S.shape) != (d_in, d_in):
-        raise ValueError(f"{where} has shape {tuple(S.shape)}; it must be d_in x d_in = {d_in} x {d_in}{hint}")
+        raise InputError(f"{where} has shape {tuple(S.shape)}; it must be d_in x d_in = {d_in} x {d_in}{hint}")
     if not S.is_floating_point():
-        raise TypeError(f"{where} has dtype {S.dtype}; it must be floating point")
+        raise InputTypeError(f"{where} has dtype {S.dtype}; it must be floating point")
     if not torch.isfinite(S).all():
-        raise ValueError(f"{where} contains NaN or Inf")
+        raise InputError(f"{where} contains NaN or Inf")
     if psd:
         check_psd(S, where)
 
@@ -356,7 +358,7 @@ def gram_top_svd(M: Tensor, k: int, *, max_ratio: float = GRAM_MAX_RATIO) -> tup
     M64 = M.double()
     wide = M64.shape[-2] <= M64.shape[-1]
     if k < 1 or k > min(M64.shape):
-        raise ValueError(f"gram_top_svd: k={k} must be in 1..{min(M64.shape)}")
+        raise InputError(f"gram_top_svd: k={k} must be in 1..{min(M64.shape)}")
     lam, Q = sym_eig(_gram_lower(M64, wide), top=k, overwrite=True)
     S = lam.clamp_min(0).sqrt()
     if not spread_ok(S, k - 1, max_ratio):
@@ -396,7 +398,7 @@ def gram_polar_times(M: Tensor, B: Tensor, *, max_ratio: float = GRAM_MAX_RATIO)
     (the caller takes the SVD).
     """
     if M.shape[-1] != B.shape[-2]:
-        raise ValueError(f"gram_polar_times: M is {tuple(M.shape)} but B is {tuple(B.shape)}")
+        raise InputError(f"gram_polar_times: M is {tuple(M.shape)} but B is {tuple(B.shape)}")
     if M.shape[-2] < M.shape[-1]:
         out = gram_polar(M, max_ratio=max_ratio)
         return None if out is None else (out[0] @ B.double(), out[1])
@@ -486,3 +488,30 @@ def symmetrize_lower_(S: Tensor) -> Tensor:
         for lo2, hi2 in bl[i + 1:]:
             S[lo:hi, lo2:hi2] = S[lo2:hi2, lo:hi].mT
     return S
+
+
+def gram_spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """All singular values (descending) of M and its top-k left/right singular vectors, in float32:
+    the diagnostics' Gram route (``acetools diagnose``), beside :func:`gram_top_svd` (the merge
+    methods' float64 top-k route with its spread check).
+
+    Through the eigendecomposition of the smaller Gram matrix instead of an SVD (several
+    times faster on a CPU for 3072 x 768); singular values are accurate to ~1e-3 of sigma_1
+    (squared: ~1e-7 of the energy), ample for energy shares, spectra and subspaces."""
+    M = M.to(torch.float32)
+    d_out, d_in = M.shape
+    if d_out <= d_in:
+        lam, U = torch.linalg.eigh(M @ M.T)
+        lam, U = lam.flip(0).clamp(min=0), U.flip(1)
+        S = lam.sqrt()
+        Uk = U[:, :k]
+        Sk = S[:k]
+        Vk = (M.T @ Uk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
+    else:
+        lam, V = torch.linalg.eigh(M.T @ M)
+        lam, V = lam.flip(0).clamp(min=0), V.flip(1)
+        S = lam.sqrt()
+        Vk = V[:, :k]
+        Sk = S[:k]
+        Uk = (M @ Vk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
+    return S, Uk, Vk

@@ -1,4 +1,18 @@
-"""The method registry: names, hyperparameters with defaults and ranges, descriptions.
+"""The method registry: the one place that knows a merge method.
+
+``@register(name, description, **params)`` declares, next to the function:
+
+- its hyperparameters (:class:`Param`: default, doc, allowed values; the function's own
+  signature carries no defaults of its own, see :func:`defaults_from`);
+- ``key_scope``: how far one key's merged update reaches (``"key"``: that key alone, so a
+  driver can stream key by key; ``"model"``: every key at once; or a function of the
+  resolved hyperparameters returning ``(scope, why)``);
+- ``per_key``: the hyperparameters that hold per-key inputs (covariances, Grams,
+  activations), cut to one key when a driver merges key by key;
+- ``data_inputs``: the hyperparameters a harness fills from its data (``"activations"``,
+  ``"grams"``, ``"targets"``: see :meth:`acetools.benchmark.Benchmark.method_inputs`);
+- ``search``: the coefficient chosen on validation and its grid (:class:`Search`);
+- ``needs_layout``: whether the method takes a matrix path (so a layout decides its result).
 
 A merge method is a pure function::
 
@@ -13,13 +27,31 @@ adds it to W0. Methods never modify their inputs.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["Param", "MethodInfo", "register", "METHODS", "REQUIRED"]
+import numpy as np
+
+from ..errors import InputError, InputTypeError
+
+__all__ = ["Param", "MethodInfo", "Search", "register", "METHODS", "REQUIRED", "SCOPES", "LAMBDA_GRID",
+           "ALPHA_GRID", "ESM_BRACKET", "defaults_from", "registered_defaults", "methods_table",
+           "update_methods_table"]
+
+#: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (docs/methods.md §Benchmark protocol).
+LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
+#: TSV-M, Iso-C, Iso-CTS: linspace(0, 3, 31)[1:] = {0.1, ..., 3.0} (docs/methods.md §Benchmark protocol).
+ALPHA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 3.0, 31)[1:].tolist())
+#: ESM's golden-section bracket [0, 2] (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)).
+ESM_BRACKET: tuple[float, float] = (0.0, 2.0)
+
+#: The scopes of :meth:`MethodInfo.key_scope`.
+SCOPES = ("key", "global_ties", "model")
 
 
 class _Required:
@@ -57,36 +89,88 @@ class Param:
         where = f"{method}: hyperparameter {name}={value!r}"
         if self.choices is not None:
             if value not in self.choices:
-                raise ValueError(f"{where} is not one of {list(self.choices)}")
+                raise InputError(f"{where} is not one of {list(self.choices)}")
             return
         if self.types is not None and not isinstance(value, self.types):
             names = " or ".join(t.__name__ for t in self.types)
-            raise TypeError(f"{where} must be {names}, got {type(value).__name__}")
+            raise InputTypeError(f"{where} must be {names}, got {type(value).__name__}")
         if self.low is not None or self.high is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{where} must be a number")
+                raise InputTypeError(f"{where} must be a number")
             if not math.isfinite(value):
-                raise ValueError(f"{where} must be finite")
+                raise InputError(f"{where} must be finite")
             if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
                 op = ">" if self.low_open else ">="
-                raise ValueError(f"{where} is out of range: must be {op} {self.low}")
+                raise InputError(f"{where} is out of range: must be {op} {self.low}")
             if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
                 op = "<" if self.high_open else "<="
-                raise ValueError(f"{where} is out of range: must be {op} {self.high}")
+                raise InputError(f"{where} is out of range: must be {op} {self.high}")
         if self.check is not None:
             msg = self.check(value)
             if msg:
-                raise ValueError(f"{where}: {msg}")
+                raise InputError(f"{where}: {msg}")
+
+
+@dataclass(frozen=True)
+class Search:
+    """How a method's coefficient is chosen on validation (docs/methods.md §Benchmark protocol).
+
+    ``kind``: ``"grid"`` (every value of ``grid``), ``"golden"`` (golden section on
+    ``bracket``) or ``"esm"`` (golden section, then the best normalized point).
+    """
+
+    param: str  # the hyperparameter searched
+    kind: str
+    grid: tuple[float, ...] = ()
+    bracket: tuple[float, float] = ESM_BRACKET
+
+    def __post_init__(self):
+        if self.kind not in ("grid", "golden", "esm"):
+            raise InputError(f"Search.kind={self.kind!r} is not one of ['grid', 'golden', 'esm']")
+        if self.kind == "grid" and not self.grid:
+            raise InputError(f"Search({self.param!r}, 'grid') needs a non-empty grid")
+
+
+Scope = str | tuple[str, str] | Callable[[Mapping[str, Any]], tuple[str, str]]
 
 
 @dataclass(frozen=True)
 class MethodInfo:
-    """What the registry knows about one method."""
+    """What the registry knows about one method (see the module docstring)."""
 
     name: str
     description: str
     params: Mapping[str, Param]
     func: Callable[..., dict] = field(repr=False)
+    scope: Scope = "model"
+    per_key: tuple[str, ...] = ()
+    data_inputs: tuple[str, ...] = ()
+    search: Search | None = None
+    needs_layout: bool = False
+
+    def key_scope(self, hparams: Mapping[str, Any] | None = None) -> tuple[str, str]:
+        """``(scope, why)`` with ``hparams`` (resolved here): ``"key"`` (the update of a key
+        depends only on that key's W0, task vectors and ``per_key`` entries), ``"global_ties"``
+        (TIES' global trim: a streaming driver computes thresholds and signs in extra passes
+        first) or ``"model"`` (every key at once: runs in memory); ``why`` says why not ``"key"``."""
+        scope = self.scope
+        if callable(scope):
+            scope = scope(self.resolve(dict(hparams or {})))
+        if isinstance(scope, str):
+            scope = (scope, "" if scope == "key" else
+                     f"{self.name} is registered with key_scope={scope!r} (it is not known to merge each key "
+                     "on its own)")
+        if scope[0] not in SCOPES:  # a bug in a registration, not bad input
+            raise RuntimeError(f"{self.name}: key_scope {scope[0]!r} is not one of {list(SCOPES)}")
+        return scope
+
+    def scope_label(self) -> str:
+        """The scope at the default hyperparameters (:meth:`key_scope`); ``"model"`` when the
+        scope is a function and a required parameter leaves the defaults incomplete."""
+        try:
+            return self.key_scope()[0]
+        except TypeError:
+            return "model"
 
     @property
     def hparams(self) -> dict[str, Any]:
@@ -98,7 +182,7 @@ class MethodInfo:
         unknown = sorted(set(given) - set(self.params))
         if unknown:
             valid = ", ".join(self.params) or "(none)"
-            raise TypeError(
+            raise InputTypeError(
                 f"{self.name}: unknown hyperparameter(s) {unknown}; valid ones are: {valid} "
                 "(plus the merge() options device, is_matrix, progress)"
             )
@@ -107,7 +191,7 @@ class MethodInfo:
             if name in given:
                 value = given[name]
             elif p.required:
-                raise TypeError(f"{self.name}: missing required hyperparameter {name!r} ({p.doc})")
+                raise InputTypeError(f"{self.name}: missing required hyperparameter {name!r} ({p.doc})")
             else:
                 value = p.default
             p.validate(self.name, name, value)
@@ -140,13 +224,125 @@ _REGISTRY: dict[str, MethodInfo] = {}
 METHODS: Mapping[str, MethodInfo] = MappingProxyType(_REGISTRY)
 
 
-def register(name: str, description: str, **params: Param):
-    """Decorator adding a merge function to :data:`METHODS` under ``name``."""
+def register(name: str, description: str, *, key_scope: Scope = "model", per_key: tuple[str, ...] = (),
+             data_inputs: tuple[str, ...] = (), search: Search | None = None, needs_layout: bool = False,
+             **params: Param):
+    """Decorator adding a merge function to :data:`METHODS` under ``name`` (module docstring).
+
+    Checks the declaration: ``per_key``, ``data_inputs`` and ``search.param`` must name
+    parameters; the function must not give a parameter a default of its own
+    (:func:`defaults_from` reads them from here); a method registered without ``key_scope``
+    runs in memory (``"model"``).
+    """
 
     def deco(fn):
         if name in _REGISTRY:
-            raise ValueError(f"merge method {name!r} is registered twice")
-        _REGISTRY[name] = MethodInfo(name, description, MappingProxyType(dict(params)), fn)
-        return fn
+            raise InputError(f"merge method {name!r} is registered twice")
+        for what, names in (("per_key", per_key), ("data_inputs", data_inputs),
+                            ("search", (search.param,) if search else ())):
+            unknown = [n for n in names if n not in params]
+            if unknown:
+                raise InputError(f"register({name!r}): {what} names {unknown[0]!r}, which is not a parameter")
+        sig = inspect.signature(fn)
+        twice = [p for p in params if p in sig.parameters and sig.parameters[p].default is not inspect.Parameter.empty]
+        if twice:
+            raise InputError(f"register({name!r}): {fn.__name__} repeats the default of {twice[0]!r}; the Param "
+                             "holds it (drop the default from the signature)")
+        _REGISTRY[name] = MethodInfo(name, description, MappingProxyType(dict(params)), fn, key_scope,
+                                     tuple(per_key), tuple(data_inputs), search, bool(needs_layout))
+        return _with_defaults(fn, params, sig)
 
     return deco
+
+
+def _with_defaults(fn: Callable, params: Mapping[str, Param], sig: inspect.Signature) -> Callable:
+    """``fn`` callable on its own with the registered defaults (its signature shows them)."""
+    defaults = {n: p.default for n, p in params.items() if not p.required}
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return fn(*args, **{**defaults, **kwargs})
+
+    call.__signature__ = sig.replace(parameters=[  # type: ignore[attr-defined]
+        q.replace(default=defaults[q.name]) if q.name in defaults else q for q in sig.parameters.values()])
+    return call
+
+
+def registered_defaults(method: str) -> Callable[[Callable], Callable]:
+    """Decorator: the keyword-only parameters of a stage function that share a name with one of
+    ``method``'s registered parameters take their default from the registry (read at call
+    time; the function's signature gives them none), so a default is written once."""
+
+    def deco(fn):
+        names = [q.name for q in inspect.signature(fn).parameters.values()
+                 if q.kind is inspect.Parameter.KEYWORD_ONLY and q.default is inspect.Parameter.empty]
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            params = _REGISTRY[method].params
+            for n in names:
+                if n not in kwargs and n in params and not params[n].required:
+                    kwargs[n] = params[n].default
+            return fn(*args, **kwargs)
+
+        return call
+
+    return deco
+
+
+def defaults_from(method: str, **overrides: Any) -> dict[str, Any]:
+    """The registered defaults of ``method``'s parameters, overlaid with ``overrides`` (unknown
+    names rejected): how a stage function or a diagnostic reads e.g. ACE's ``tau`` without
+    writing it again."""
+    info = _REGISTRY[method]
+    unknown = sorted(set(overrides) - set(info.params))
+    if unknown:
+        raise InputTypeError(f"{method}: unknown hyperparameter(s) {unknown}")
+    return {**info.hparams, **overrides}
+
+
+#: The markers around the generated table in docs/methods.md (:func:`methods_table`).
+TABLE_BEGIN = "<!-- methods table: generated by acetools.merging.methods_table(); do not edit -->"
+TABLE_END = "<!-- end of the methods table -->"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, Search):
+        if value.kind == "grid":
+            return f"`{value.param}` on a grid of {len(value.grid)} ({value.grid[0]:.3g} … {value.grid[-1]:.3g})"
+        return f"`{value.param}`, {value.kind} on [{value.bracket[0]:g}, {value.bracket[1]:g}]"
+    if isinstance(value, tuple):
+        return ", ".join(f"`{v}`" for v in value) or "—"
+    return str(value)
+
+
+def methods_table(methods: Mapping[str, MethodInfo] | None = None) -> str:
+    """The registry as a Markdown table: one row per method with its scope (``key``: streamed key
+    by key), per-key inputs, data inputs a harness collects, searched coefficient and whether a
+    layout decides its result. docs/methods.md carries it between :data:`TABLE_BEGIN` and
+    :data:`TABLE_END` (a test keeps it current: :func:`update_methods_table` rewrites it)."""
+    methods = _REGISTRY if methods is None else methods
+    rows = ["| method | scope (defaults) | per-key inputs | data inputs | searched on validation | layout |",
+            "|---|---|---|---|---|---|"]
+    for name, info in methods.items():
+        rows.append(f"| `{name}` | {info.scope_label()} | {_cell(info.per_key)} | {_cell(info.data_inputs)} | "
+                    f"{_cell(info.search) if info.search else '— (coefficient 1 or fixed)'} | "
+                    f"{'yes' if info.needs_layout else 'no'} |")
+    return "\n".join(rows)
+
+
+def update_methods_table(path: str | None = None) -> bool:
+    """Rewrite the generated table in ``path`` (default the repository's docs/methods.md);
+    True when the file changed."""
+    from pathlib import Path
+
+    target = Path(path) if path else Path(__file__).resolve().parents[2] / "docs" / "methods.md"
+    text = target.read_text(encoding="utf-8")
+    head, _, rest = text.partition(TABLE_BEGIN)
+    _, _, tail = rest.partition(TABLE_END)
+    if TABLE_BEGIN not in text or TABLE_END not in rest:
+        raise InputError(f"{target} has no {TABLE_BEGIN!r} ... {TABLE_END!r} block")
+    new = f"{head}{TABLE_BEGIN}\n{methods_table()}\n{TABLE_END}{tail}"
+    if new != text:
+        target.write_text(new, encoding="utf-8")
+    return new != text

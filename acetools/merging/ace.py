@@ -48,7 +48,7 @@ reproduces earlier methods. ``estimator`` picks Sigma_hat_t and, through
 
 from __future__ import annotations
 
-import fnmatch
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -58,6 +58,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputKeyError, InputTypeError
+from ..layouts import Layout
 from ..utils import progress
 from ._linalg import (
     check_psd,
@@ -69,7 +71,7 @@ from ._linalg import (
     syrk_lower_,
     thin_svd,
 )
-from ._registry import METHODS, Param, effective_hparams, register
+from ._registry import METHODS, Param, effective_hparams, register, registered_defaults
 from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
@@ -87,6 +89,12 @@ __all__ = [
     "closed_form",
     "Refinement",
     "spectral_refine",
+    "gate_flag",
+    "ridge_of",
+    "prior_vector",
+    "refined_rank",
+    "refinement_residual",
+    "isotropic_update",
     "ACEDiagnostics",
     "ace_matrix",
     "ace_with_diagnostics",
@@ -138,7 +146,7 @@ def estimator_preset(
     they only act on flagged layers, and the non-ACE presets switch the gate off.
     """
     if estimator not in _PRESETS:
-        raise ValueError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
+        raise InputError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
     p = _PRESETS[estimator]
     out = Switches(
         gate=p.gate if gate is None else gate,
@@ -146,11 +154,11 @@ def estimator_preset(
         numerator=p.numerator if numerator is None else numerator,
     )
     if out.gate not in ("auto", "on", "off"):
-        raise ValueError(f"gate={out.gate!r} is not one of ['auto', 'on', 'off']")
+        raise InputError(f"gate={out.gate!r} is not one of ['auto', 'on', 'off']")
     if out.numerator not in ("centered", "raw"):
-        raise ValueError(f"numerator={out.numerator!r} is not one of ['centered', 'raw']")
+        raise InputError(f"numerator={out.numerator!r} is not one of ['centered', 'raw']")
     if not isinstance(out.prior, bool):
-        raise TypeError(f"prior={out.prior!r} must be True, False or None")
+        raise InputTypeError(f"prior={out.prior!r} must be True, False or None")
     return out
 
 
@@ -197,9 +205,9 @@ def heterogeneity(delta_W: Sequence[Tensor], mode: str = "paper") -> float:
     energies, Var_t(e_t) / Mean_t(e_t)² (:func:`_gamma`).
     """
     if len(delta_W) == 0:
-        raise ValueError("heterogeneity needs at least one task vector")
+        raise InputError("heterogeneity needs at least one task vector")
     if mode not in GAMMA_MODES:
-        raise ValueError(f"mode={mode!r} must be one of {GAMMA_MODES}")
+        raise InputError(f"mode={mode!r} must be one of {GAMMA_MODES}")
     return _gamma(task_energies(delta_W), mode)
 
 
@@ -220,6 +228,12 @@ def _gamma(energies: Tensor, mode: str = "paper") -> float:
     return float(ell.var(unbiased=True) / (ell.mean() ** 2 + _LOG_FLOOR))
 
 
+def gate_flag(gamma: float, tau: float, gate: str) -> bool:
+    """The heterogeneity gate (eq. 7): ``"auto"`` flags the layer when gamma > tau, ``"on"``
+    always, ``"off"`` never. A flagged layer is trace-normalised and refined."""
+    return bool({"auto": gamma > tau, "on": True, "off": False}[gate])
+
+
 def estimate_covariance(delta_W: Tensor, estimator: str = "ace", *, wudi_p: float = 2.0) -> Tensor:
     """Sigma_hat_t (d_in × d_in, float64) estimated from one task vector ΔW_t (d_out × d_in).
 
@@ -232,7 +246,7 @@ def estimate_covariance(delta_W: Tensor, estimator: str = "ace", *, wudi_p: floa
     ``"given"`` has no estimate: pass the covariances to :func:`ace_matrix` instead.
     """
     if delta_W.ndim != 2:
-        raise ValueError(f"estimate_covariance needs a 2-D task vector, got shape {tuple(delta_W.shape)}")
+        raise InputError(f"estimate_covariance needs a 2-D task vector, got shape {tuple(delta_W.shape)}")
     d = delta_W.double()
     if estimator == "ace":
         Wc = center_rows(d)
@@ -245,8 +259,8 @@ def estimate_covariance(delta_W: Tensor, estimator: str = "ace", *, wudi_p: floa
             return torch.zeros(d.shape[1], d.shape[1], dtype=torch.float64, device=d.device)
         return (d.T @ d) / norm**wudi_p
     if estimator == "given":
-        raise ValueError("estimator='given' has no estimate: pass the covariances (Sigma=...) to ace_matrix")
-    raise ValueError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
+        raise InputError("estimator='given' has no estimate: pass the covariances (Sigma=...) to ace_matrix")
+    raise InputError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
 
 
 @dataclass
@@ -310,23 +324,28 @@ def normalize_covariances(
     same in every layer and every model.
     """
     if len(Sigma_hat) == 0:
-        raise ValueError("normalize_covariances needs at least one covariance")
+        raise InputError("normalize_covariances needs at least one covariance")
     if eps < 0 or not math.isfinite(eps):
-        raise ValueError(f"eps={eps!r} must be a finite number >= 0")
+        raise InputError(f"eps={eps!r} must be a finite number >= 0")
     if eps_mode not in EPS_MODES:
-        raise ValueError(f"eps_mode={eps_mode!r} must be one of {EPS_MODES}")
+        raise InputError(f"eps_mode={eps_mode!r} must be one of {EPS_MODES}")
     S64 = [S.double() for S in Sigma_hat]
-    dev = S64[0].device
     traces = torch.stack([torch.diagonal(S).sum() for S in S64]) + _TRACE_FLOOR
     d_in = S64[0].shape[-1]
-    if normalize:
-        Sigma_tilde = [S / tr for S, tr in zip(S64, traces)]
-        ridge = eps / traces if eps_mode == "absolute" else torch.full_like(traces, float(eps) / d_in)
-    else:
-        Sigma_tilde = S64
-        ridge = (torch.full((len(S64),), float(eps), dtype=torch.float64, device=dev) if eps_mode == "absolute"
-                 else float(eps) * traces / d_in)
+    Sigma_tilde = [S / tr for S, tr in zip(S64, traces)] if normalize else S64
+    ridge = torch.tensor([ridge_of(float(tr), eps=eps, normalize=normalize, eps_mode=eps_mode, d_in=d_in)
+                          for tr in traces], dtype=torch.float64, device=S64[0].device)
     return NormalizedCovariances(Sigma_tilde, ridge, traces, bool(normalize))
+
+
+def ridge_of(trace: float, *, eps: float, normalize: bool, eps_mode: str = "absolute", d_in: int = 1) -> float:
+    """The ridge r_t of Sigma_reg,t = Σ̃_t + r_t I (eqs 9-10): eps / tr_t on a normalised
+    layer, eps otherwise; ``trace`` is tr_t = Tr(Sigma_hat_t) + 1e-12. ``eps_mode="relative"``
+    (not the paper's): eps times the mean eigenvalue of Σ̃_t, eps·tr(Σ̃_t)/d_in, i.e. eps / d_in
+    on a normalised layer and eps·tr_t / d_in otherwise."""
+    if eps_mode == "relative":
+        return eps * (1.0 if normalize else trace) / d_in
+    return eps / trace if normalize else eps
 
 
 def structural_prior(Sigma_tilde: Sequence[Tensor], *, energy: float | None = None) -> Tensor:
@@ -338,13 +357,17 @@ def structural_prior(Sigma_tilde: Sequence[Tensor], *, energy: float | None = No
     ``energy + 1e-12``.
     """
     if len(Sigma_tilde) == 0:
-        raise ValueError("structural_prior needs at least one covariance")
+        raise InputError("structural_prior needs at least one covariance")
     S = _sum(Sigma_tilde)
-    c = S.mean(dim=0)  # column means
-    C = c.unsqueeze(0).expand(S.shape[0], -1).clone()
-    if energy is not None:
-        C = C / (float(energy) + _ENERGY_FLOOR)
-    return C
+    c = prior_vector(S, energy=energy)
+    return c.unsqueeze(0).expand(S.shape[0], -1).clone()
+
+
+def prior_vector(Sigma_tilde_sum: Tensor, *, energy: float | None = None) -> Tensor:
+    """c of C_agg = 1 cᵀ (eqs 11-13): the column means of sum_t Σ̃_t, divided by
+    ``energy + 1e-12`` when ``energy`` (the mean uncentred energy, flagged layers) is given."""
+    c = Sigma_tilde_sum.mean(dim=0)
+    return c if energy is None else c / (float(energy) + _ENERGY_FLOOR)
 
 
 def closed_form(
@@ -366,25 +389,25 @@ def closed_form(
     """
     T = len(numerators)
     if T == 0:
-        raise ValueError(f"closed_form for layer {name!r} needs at least one task")
+        raise InputError(f"closed_form for layer {name!r} needs at least one task")
     nums = [N.double() for N in numerators]
     if isinstance(Sigma_reg, NormalizedCovariances):
         tildes = Sigma_reg.Sigma_tilde
         if len(tildes) != T:
-            raise ValueError(f"layer {name!r}: {T} numerators but {len(tildes)} covariances")
+            raise InputError(f"layer {name!r}: {T} numerators but {len(tildes)} covariances")
         _check_inner(nums, tildes, name)
         B = _sum(N @ S + r * N for N, S, r in zip(nums, tildes, Sigma_reg.ridge))
         A = Sigma_reg.sum_reg()
     else:
         regs = [R.double() for R in Sigma_reg]
         if len(regs) != T:
-            raise ValueError(f"layer {name!r}: {T} numerators but {len(regs)} covariances")
+            raise InputError(f"layer {name!r}: {T} numerators but {len(regs)} covariances")
         _check_inner(nums, regs, name)
         B = _sum(N @ R for N, R in zip(nums, regs))
         A = _sum(regs)
     if C_agg is not None:
         if C_agg.shape != A.shape:
-            raise ValueError(f"layer {name!r}: C_agg has shape {tuple(C_agg.shape)}, expected {tuple(A.shape)}")
+            raise InputError(f"layer {name!r}: C_agg has shape {tuple(C_agg.shape)}, expected {tuple(A.shape)}")
         A = A + C_agg.double()
     return solve_right(B, A, name=name)
 
@@ -392,19 +415,53 @@ def closed_form(
 def _check_inner(nums: list[Tensor], covs: Sequence[Tensor], name: str) -> None:
     for t, (N, S) in enumerate(zip(nums, covs)):
         if N.ndim != 2 or S.shape != (N.shape[1], N.shape[1]):
-            raise ValueError(
+            raise InputError(
                 f"layer {name!r}, task {t}: covariance has shape {tuple(S.shape)} but the task vector "
                 f"is {tuple(N.shape)}; it must be d_in x d_in = {N.shape[-1]} x {N.shape[-1]}"
             )
 
 
 class Refinement(NamedTuple):
-    """Output of :func:`spectral_refine`."""
+    """Output of :func:`spectral_refine`: the refined matrix and the SVD it came from."""
 
     W: Tensor  # W_bar = W_bar_pre + sigma_iso U_k V_kᵀ (or W_bar_pre when k = 0)
     k: int  # refined rank floor(k_frac · r)
     sigma_iso: float  # mean of the top-k singular values of W_fused (NaN when k = 0)
     S_fused: Tensor  # all singular values of W_fused = W_bar_pre + Δ_res
+    U: Tensor | None = None  # left singular vectors of W_fused (d_out x r)
+    Vh: Tensor | None = None  # right singular vectors, transposed (r x d_in)
+
+    def at_rank(self, W_pre: Tensor, k: int) -> Tensor:
+        """W_pre + sigma_iso(k) U_k V_kᵀ with sigma_iso(k) = mean(S_fused[:k]): the refinement
+        at another rank (k = 0: W_pre), for a lesson's rank slider."""
+        if k == 0:
+            return W_pre.clone()
+        return isotropic_update(W_pre, self.U[:, :k] @ self.Vh[:k, :], self.S_fused[:k].mean())
+
+
+def refined_rank(k_frac: float, shape: Sequence[int], name: str = "", *, stacklevel: int = 3) -> int:
+    """k = floor(k_frac · min(d_out, d_in)) (eq. 18); k = 0 warns (a ``RuntimeWarning`` naming
+    the layer: the official code would return NaN there, here the layer stays unrefined)."""
+    k = int(k_frac * min(shape))
+    if k == 0:
+        warnings.warn(
+            f"spectral refinement skipped for layer {name!r}: k = floor({k_frac} * {min(shape)}) = 0 "
+            "(the official code would return NaN here); raise k_frac or accept the unrefined layer",
+            RuntimeWarning,
+            stacklevel=stacklevel,
+        )
+    return k
+
+
+def refinement_residual(weighted_sum: Tensor, task_sum: Tensor, Sigma_reg_sum: Tensor, n_tasks: int) -> Tensor:
+    """Δ_res = sum_t ΔW_t Σ̃_t - (sum_t ΔW_t) Σ̄_reg with Σ̄_reg = (1/T) sum_t Sigma_reg,t (eq. 16),
+    from the sums; ``weighted_sum`` (sum_t ΔW_t Σ̃_t) is overwritten with the result."""
+    return weighted_sum.addmm_(task_sum, Sigma_reg_sum, alpha=-1.0 / n_tasks)
+
+
+def isotropic_update(W_pre: Tensor, UV_k: Tensor, sigma_iso: Tensor | float) -> Tensor:
+    """W_bar = W_bar_pre + sigma_iso U_k V_kᵀ (eq. 19); ``UV_k`` (U_k V_kᵀ) is overwritten."""
+    return UV_k.mul_(sigma_iso).add_(W_pre)
 
 
 def spectral_refine(
@@ -426,25 +483,19 @@ def spectral_refine(
     layer is left unrefined with a ``RuntimeWarning`` naming ``name`` (docs/methods.md §ACE, Eq. (ACE.13)).
     """
     if not 0.0 <= k_frac <= 1.0:
-        raise ValueError(f"k_frac={k_frac!r} must be in [0, 1]")
+        raise InputError(f"k_frac={k_frac!r} must be in [0, 1]")
     Wp = W_pre.double()
     dWs = [d.double() for d in delta_W]
     if len(dWs) != len(Sigma_tilde):
-        raise ValueError(f"layer {name!r}: {len(dWs)} task vectors but {len(Sigma_tilde)} covariances")
+        raise InputError(f"layer {name!r}: {len(dWs)} task vectors but {len(Sigma_tilde)} covariances")
     res = _sum(d @ S.double() for d, S in zip(dWs, Sigma_tilde)) - _sum(dWs) @ Sigma_reg_mean.double()
     U, S, Vh = thin_svd(Wp + res)
-    k = int(k_frac * min(Wp.shape))
+    k = refined_rank(k_frac, Wp.shape, name)
     if k == 0:
-        warnings.warn(
-            f"spectral refinement skipped for layer {name!r}: k = floor({k_frac} * {min(Wp.shape)}) = 0 "
-            "(the official code would return NaN here); raise k_frac or accept the unrefined layer",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return Refinement(Wp, 0, math.nan, S)
+        return Refinement(Wp, 0, math.nan, S, U, Vh)
     sigma_iso = S[:k].mean()
     W = Wp + sigma_iso * (U[:, :k] @ Vh[:k, :])
-    return Refinement(W, k, float(sigma_iso), S)
+    return Refinement(W, k, float(sigma_iso), S, U, Vh)
 
 
 # --------------------------------------------------------------------------- one matrix
@@ -511,6 +562,83 @@ class _Moments(NamedTuple):
     task_sum: Tensor | None  # sum_t ΔW_t, or None
 
 
+class _Accumulators:
+    """The running sums of :func:`_stream_moments` for one layer, in the working ``dtype``.
+
+    ``S`` = sum_t Σ̃_t, ``B_sig`` = sum_t N_t Σ̃_t, ``R_num`` = sum_t r_t N_t (apart from
+    ``B_sig`` only when the refinement needs the unregularised numerator), ``v`` = sum_t Σ̃_t μ_t
+    (the refinement's rank-one correction with the centred numerator), ``task_sum`` = sum_t ΔW_t.
+    """
+
+    def __init__(self, shape: Sequence[int], n_tasks: int, *, dtype: torch.dtype, device: torch.device,
+                 centered: bool, for_refine: bool, estimator: str):
+        d_out, d_in = shape
+        z = functools.partial(torch.zeros, dtype=dtype, device=device)
+        self.S, self.B_sig = z(d_in, d_in), z(d_out, d_in)
+        self.R_num = z(d_out, d_in) if for_refine else self.B_sig
+        self.v = z(d_in) if for_refine and centered else None
+        self.raw_sig = self.B_sig if for_refine and not centered else None  # N_t = ΔW_t: sum_t ΔW_t Σ̃_t is B_sig
+        self.task_sum = z(d_out, d_in) if for_refine else None
+        self.traces = torch.empty(n_tasks, dtype=torch.float64, device=device)
+        self.ridge = torch.empty(n_tasks, dtype=torch.float64, device=device)
+        self.rows_first = 2 * d_out < d_in  # the association rule of _stream_moments
+        # two reused d_out x d_in buffers for ΔW_t (working dtype) and W̃_t: fresh temporaries of this size
+        # per task cost page faults comparable to their arithmetic
+        self.d_buf = torch.empty(d_out, d_in, dtype=dtype, device=device)
+        self.c_buf = torch.empty_like(self.d_buf) if centered or estimator == "ace" else None
+
+    def add_gram(self, F: Tensor, N: Tensor, mu: Tensor, s: float) -> None:
+        """Σ̃_t = s Fᵀ F (the "ace" and "wudi" estimators): S, B_sig and v, cheapest association first."""
+        d_out, d_in = F.shape
+        if self.rows_first:
+            syrk_lower_(self.S, F, alpha=s)
+            # N Fᵀ is d_out x d_out; for the centred numerator (N = F) it is a symmetric Gram
+            H = symmetrize_lower_(syrk_lower_(F.new_zeros(d_out, d_out), F.mT)) if N is F else N @ F.mT
+            self.B_sig.addmm_(H, F, alpha=s)
+            del H
+            if self.v is not None:
+                self.v.add_((F @ mu) @ F, alpha=s)
+        else:
+            G = symmetrize_lower_(syrk_lower_(F.new_zeros(d_in, d_in), F))
+            self.S.add_(G, alpha=s)
+            self.B_sig.addmm_(N, G, alpha=s)
+            if self.v is not None:
+                self.v.add_(G @ mu, alpha=s)
+            del G
+
+    def add_dense(self, Sg: Tensor | None, N: Tensor, mu: Tensor, s: float) -> None:
+        """Σ̃_t = s Sg (a given covariance) or s I (``Sg`` None, the "identity" estimator)."""
+        if Sg is None:
+            self.S.diagonal().add_(s)
+            self.B_sig.add_(N, alpha=s)
+            if self.v is not None:
+                self.v.add_(mu, alpha=s)
+            return
+        self.S.add_(Sg, alpha=s)
+        self.B_sig.addmm_(N, Sg, alpha=s)
+        if self.v is not None:
+            self.v.add_(mu @ Sg, alpha=s)
+
+    def finish(self, estimator: str, for_refine: bool) -> _Moments:
+        if estimator in ("ace", "wudi") and self.rows_first:
+            symmetrize_lower_(self.S)
+        res_part = None
+        if for_refine:  # v broadcasts over the rows: + 1 vᵀ
+            res_part = self.raw_sig.clone() if self.raw_sig is not None else self.B_sig + self.v
+        B = self.B_sig.add_(self.R_num) if self.R_num is not self.B_sig else self.B_sig
+        return _Moments(self.S, B, self.ridge, self.traces, res_part, self.task_sum)
+
+
+def _gram_factor(d: Tensor, N: Tensor, mu: Tensor, centered: bool, estimator: str, wudi_p: float,
+                 c_buf: Tensor | None) -> tuple[Tensor, float]:
+    """``(F, q)`` with Sigma_hat_t = q Fᵀ F: F = W̃_t, q = 1 ("ace", eqs 5-6) or F = ΔW_t,
+    q = 1 / ||ΔW_t||_F^p ("wudi"), as in :func:`estimate_covariance`."""
+    if estimator == "ace":
+        return (N if centered else torch.sub(d, mu, out=c_buf)), 1.0
+    norm = float(torch.linalg.matrix_norm(d.double()))
+    return d, (0.0 if norm == 0 else 1.0 / norm**wudi_p)
+
+
 def _stream_moments(
     dWs: Sequence[Tensor],
     estimator: str,
@@ -528,9 +656,10 @@ def _stream_moments(
 
     Every quantity of eqs 8-17 that touches all tasks is a sum over t, and the trace tr_t of
     task t needs only ΔW_t (tr_t = ||W̃_t||_F² + 1e-12 for the "ace" estimator), so each
-    task's covariance is made, used and dropped in turn: the accumulators are
-    S = sum_t Σ̃_t, B = sum_t N_t (Σ̃_t + r_t I) and, for the refinement (eq. 16),
-    sum_t ΔW_t Σ̃_t and sum_t ΔW_t.
+    task's covariance is made, used and dropped in turn (:class:`_Accumulators`), with the
+    stages' own rules for the trace normalisation and the ridge (:func:`ridge_of`): the
+    accumulators are S = sum_t Σ̃_t, B = sum_t N_t (Σ̃_t + r_t I) and, for the refinement
+    (eq. 16), sum_t ΔW_t Σ̃_t and sum_t ΔW_t.
 
     Cheapest association. For the Gram estimators (Σ_hat_t = q F_tᵀ F_t with F_t = W̃_t for
     "ace", ΔW_t for "wudi") the numerator N Σ_hat_t is formed as q (N F_tᵀ) F_t, the
@@ -543,85 +672,30 @@ def _stream_moments(
     minus its ridge part plus a rank-one term, and costs O(d_out d_in) per task instead of
     a second d_out × d_in × d_in product.
     """
-    T = len(dWs)
-    d_out, d_in = dWs[0].shape
-    dev = dWs[0].device
-    S = torch.zeros(d_in, d_in, dtype=dtype, device=dev)
-    B_sig = torch.zeros(d_out, d_in, dtype=dtype, device=dev)  # sum_t N_t Σ̃_t
-    # sum_t r_t N_t, kept apart only when the refinement needs the unregularised numerator
-    R_num = torch.zeros(d_out, d_in, dtype=dtype, device=dev) if for_refine else B_sig
-    v = torch.zeros(d_in, dtype=dtype, device=dev) if for_refine and centered else None
-    raw_sig = None
-    if for_refine and not centered:
-        raw_sig = B_sig  # N_t = ΔW_t: sum_t ΔW_t Σ̃_t is B_sig itself
-    task_sum = torch.zeros(d_out, d_in, dtype=dtype, device=dev) if for_refine else None
-    traces = torch.empty(T, dtype=torch.float64, device=dev)
-    ridge = torch.empty(T, dtype=torch.float64, device=dev)
-    rows_first = 2 * d_out < d_in  # association rule above
-    # two reused d_out x d_in buffers for ΔW_t (working dtype) and W̃_t: fresh temporaries of this size
-    # per task cost page faults comparable to their arithmetic
-    d_buf = torch.empty(d_out, d_in, dtype=dtype, device=dev)
-    c_buf = torch.empty_like(d_buf) if centered or estimator == "ace" else None
+    d_in = dWs[0].shape[1]
+    acc = _Accumulators(dWs[0].shape, len(dWs), dtype=dtype, device=dWs[0].device, centered=centered,
+                        for_refine=for_refine, estimator=estimator)
     for t, dW in enumerate(dWs):
-        d = d_buf.copy_(dW)
+        d = acc.d_buf.copy_(dW)
         mu = d.mean(dim=0)
-        N = torch.sub(d, mu, out=c_buf) if centered else d
-        if task_sum is not None:
-            task_sum += d
+        N = torch.sub(d, mu, out=acc.c_buf) if centered else d
+        if acc.task_sum is not None:
+            acc.task_sum += d
         if estimator in ("ace", "wudi"):
-            F = (N if centered else torch.sub(d, mu, out=c_buf)) if estimator == "ace" else d
-            if estimator == "ace":
-                q = 1.0
-            else:
-                norm = float(torch.linalg.matrix_norm(d.double()))
-                q = 0.0 if norm == 0 else 1.0 / norm**wudi_p
+            F, q = _gram_factor(d, N, mu, centered, estimator, wudi_p, acc.c_buf)
             tr = q * _sq_norm(F) + _TRACE_FLOOR
-            s = q / tr if normalize else q
-            if rows_first:
-                syrk_lower_(S, F, alpha=s)
-                # N Fᵀ is d_out x d_out; for the centred numerator (N = F) it is a symmetric Gram
-                H = symmetrize_lower_(syrk_lower_(F.new_zeros(d_out, d_out), F.mT)) if N is F else N @ F.mT
-                B_sig.addmm_(H, F, alpha=s)
-                del H
-                if v is not None:
-                    v.add_((F @ mu) @ F, alpha=s)
-            else:
-                G = symmetrize_lower_(syrk_lower_(F.new_zeros(d_in, d_in), F))
-                S.add_(G, alpha=s)
-                B_sig.addmm_(N, G, alpha=s)
-                if v is not None:
-                    v.add_(G @ mu, alpha=s)
-                del G
+            acc.add_gram(F, N, mu, q / tr if normalize else q)
         elif estimator == "identity":
             tr = d_in + _TRACE_FLOOR
-            s = 1.0 / tr if normalize else 1.0
-            S.diagonal().add_(s)
-            B_sig.add_(N, alpha=s)
-            if v is not None:
-                v.add_(mu, alpha=s)
+            acc.add_dense(None, N, mu, 1.0 / tr if normalize else 1.0)
         else:  # "given"
-            Sg = Sigma[t].to(dev, dtype)
             tr = float(torch.diagonal(Sigma[t].double()).sum()) + _TRACE_FLOOR
-            s = 1.0 / tr if normalize else 1.0
-            S.add_(Sg, alpha=s)
-            B_sig.addmm_(N, Sg, alpha=s)
-            if v is not None:
-                v.add_(mu @ Sg, alpha=s)
-            del Sg
-        if eps_mode == "relative":  # eps times the mean eigenvalue of Σ̃_t, tr(Σ̃_t) / d_in (1 or tr_t over d_in)
-            r = eps * (1.0 if normalize else tr) / d_in
-        else:
-            r = eps / tr if normalize else eps
-        R_num.add_(N, alpha=r)
-        traces[t], ridge[t] = tr, r
+            acc.add_dense(Sigma[t].to(d.device, dtype), N, mu, 1.0 / tr if normalize else 1.0)
+        r = ridge_of(tr, eps=eps, normalize=normalize, eps_mode=eps_mode, d_in=d_in)
+        acc.R_num.add_(N, alpha=r)
+        acc.traces[t], acc.ridge[t] = tr, r
         del d, N
-    if estimator in ("ace", "wudi") and rows_first:
-        symmetrize_lower_(S)
-    res_part = None
-    if for_refine:
-        res_part = raw_sig.clone() if raw_sig is not None else B_sig + v  # v broadcasts over the rows: + 1 vᵀ
-    B = B_sig.add_(R_num) if R_num is not B_sig else B_sig
-    return _Moments(S, B, ridge, traces, res_part, task_sum)
+    return acc.finish(estimator, for_refine)
 
 
 def _sq_norm(F: Tensor) -> float:
@@ -645,25 +719,26 @@ def _top_k_isotropic(W_fused: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return U_k @ Vh_k, S_k
 
 
+@registered_defaults("ace")
 def ace_matrix(
     delta_W: Sequence[Tensor],
     *,
-    tau: float = 0.3,
-    eps: float = 1e-2,
-    k_frac: float = 0.3,
-    gate: str | None = None,
-    trace_norm: bool = True,
-    prior: bool | None = None,
-    refine: bool = True,
-    numerator: str | None = None,
-    estimator: str = "ace",
+    tau: float,
+    eps: float,
+    k_frac: float,
+    gate: str | None,
+    trace_norm: bool,
+    prior: bool | None,
+    refine: bool,
+    numerator: str | None,
+    estimator: str,
     Sigma: Sequence[Tensor] | None = None,
-    wudi_p: float = 2.0,
-    precision: str = "float64",
+    wudi_p: float,
+    precision: str,
     name: str = "",
     spectra: bool = False,
-    eps_mode: str = "absolute",
-    gamma_mode: str = "paper",
+    eps_mode: str,
+    gamma_mode: str,
 ) -> tuple[Tensor, ACEDiagnostics]:
     """ACE-Merging for one matrix: the composition of the stages (docs/methods.md §ACE).
 
@@ -681,10 +756,12 @@ def ace_matrix(
     5. W_bar_pre as in :func:`closed_form` with N_t = W̃_t (``numerator="centered"``) or ΔW_t.
     6. If flag and ``refine``: W_bar as in :func:`spectral_refine`.
 
-    The stages are *not* called one after the other: the same maths runs in one streamed
-    pass (:func:`_stream_moments`: each Sigma_hat_t is formed, accumulated and dropped, the
-    cheapest matrix association per shape, the refinement's residual from the numerator),
-    then one symmetric solve, Cholesky with Sherman–Morrison for the rank-one prior
+    The composition is streamed: stages 2-3 run task by task into sums (:func:`_stream_moments`:
+    each Sigma_hat_t is formed, accumulated and dropped, with the stages' trace and ridge rule
+    :func:`ridge_of`, the cheapest matrix association per shape, the refinement's residual from
+    the numerator); stage 1 is :func:`gate_flag`, stage 4 :func:`prior_vector`, stage 6
+    :func:`refined_rank`, :func:`refinement_residual` and :func:`isotropic_update`, as in the
+    stage functions; eq. 14 is one symmetric solve, Cholesky with Sherman–Morrison for the rank-one prior
     (eq. 14; LU, then the pseudo-inverse, only if the Cholesky fails), and the refinement's
     top-k through a float64 Gram eigendecomposition where sigma_1/sigma_k allows it. Memory:
     O(d_in² + d_out d_in) per layer, independent of T. The result equals the stage-by-stage
@@ -697,135 +774,154 @@ def ace_matrix(
 
     ``gate``, ``prior`` and ``numerator`` default to the estimator's preset
     (:func:`estimator_preset`; for "ace": "auto", True, "centered" — the paper's method).
-    Defaults tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's (the paper's ViT
-    eps is reported as 1e-5).
+    The hyperparameters default to ``METHODS["ace"]``'s (written once, in the registration;
+    tau = 0.3, eps = 1e-2, k_frac = 0.3 are the official code's, the paper's ViT eps is
+    reported as 1e-5).
 
     Two options that are not the paper's: ``eps_mode="relative"`` makes the ridge eps times
-    each task's mean covariance eigenvalue (:func:`normalize_covariances`), and
+    each task's mean covariance eigenvalue (:func:`normalize_covariances`, :func:`ridge_of`), and
     ``gamma_mode="cv"`` gates on the scale-invariant squared coefficient of variation of the
     energies instead of eq. 7 (:func:`heterogeneity`).
     """
-    for pname, val in (("tau", tau), ("eps", eps), ("k_frac", k_frac), ("wudi_p", wudi_p),
-                       ("trace_norm", trace_norm), ("refine", refine), ("estimator", estimator),
-                       ("precision", precision), ("eps_mode", eps_mode), ("gamma_mode", gamma_mode)):
-        _ace_param(pname, val)
+    _check_ace_params(tau=tau, eps=eps, k_frac=k_frac, wudi_p=wudi_p, trace_norm=trace_norm, refine=refine,
+                      estimator=estimator, precision=precision, eps_mode=eps_mode, gamma_mode=gamma_mode)
     sw = estimator_preset(estimator, gate=gate, prior=prior, numerator=numerator)
     dWs = _as_matrices(delta_W, name)
-    out_dtype = delta_W[0].dtype
-    T = len(dWs)
-    d_out, d_in = dWs[0].shape
-    energies = task_energies(dWs)
+    energies = task_energies(dWs)  # stage 1: energies, gamma, the gate
     gamma = _gamma(energies, gamma_mode)
-    flag = {"auto": gamma > tau, "on": True, "off": False}[sw.gate]
+    flag = gate_flag(gamma, tau, sw.gate)
+    Sigma = _given_covariances(Sigma, estimator, dWs, name)
+    normalize, want_refine = bool(flag and trace_norm), bool(flag and refine)
+    # stages 2-3 (Sigma_hat_t, normalisation, ridge) streamed task by task into sums
+    stream = functools.partial(_stream_moments, dWs, estimator, normalize=normalize,
+                               centered=sw.numerator == "centered", eps=eps, Sigma=Sigma, wudi_p=wudi_p,
+                               eps_mode=eps_mode)
+    mom = stream(dtype=torch.float64 if precision == "float64" else torch.float32, for_refine=want_refine)
+    # stage 4: C_agg = 1 cᵀ, divided by the mean energy on flagged layers
+    c = prior_vector(mom.S, energy=float(energies.mean()) if flag else None) if sw.prior else None
+    symmetric = estimator != "given" or all(torch.allclose(Sg, Sg.mT, rtol=1e-12, atol=0) for Sg in Sigma)
+    W_pre, res, A_dense, mom = _solve_moments(mom, c, len(dWs), stream, symmetric=symmetric,  # stage 5
+                                              want_refine=want_refine, spectra=spectra, name=name)
+    diag = ACEDiagnostics(
+        name=name, shape=tuple(dWs[0].shape), n_tasks=len(dWs), estimator=estimator, gate=sw.gate,
+        gamma=gamma, flag=flag, normalized=normalize, prior=sw.prior,
+        numerator=sw.numerator, refined=False, energies=energies.tolist(),
+        traces=mom.traces.tolist(), ridge=mom.ridge.tolist(),
+    )
+    W = _refine_streamed(W_pre, res, k_frac, diag, spectra=spectra, name=name) if want_refine else W_pre  # stage 6
+    if spectra:
+        _record_spectra(diag, A_dense, W_pre, W)
+    return W.to(delta_W[0].dtype), diag
 
+
+def _check_ace_params(**values: Any) -> None:
+    for pname, val in values.items():
+        _ace_param(pname, val)
+
+
+def _given_covariances(Sigma: Sequence[Tensor] | None, estimator: str, dWs: list[Tensor],
+                       name: str) -> list[Tensor] | None:
+    """``Sigma`` checked for ``estimator="given"`` (float64 on the task vectors' device); an
+    error when it is missing there or given with another estimator."""
     if estimator == "given":
         if Sigma is None:
-            raise ValueError(
+            raise InputError(
                 f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)"
             )
-        Sigma = _check_given(Sigma, dWs, name)
-    elif Sigma is not None:
-        raise ValueError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
-    normalize = bool(flag and trace_norm)
-    want_refine = bool(flag and refine)
-    dtype = torch.float64 if precision == "float64" else torch.float32
-    mom = _stream_moments(dWs, estimator, normalize=normalize, centered=sw.numerator == "centered", eps=eps,
-                          Sigma=Sigma, wudi_p=wudi_p, dtype=dtype, for_refine=want_refine, eps_mode=eps_mode)
-    S, B = mom.S, mom.B
-    c = None
-    if sw.prior:  # C_agg = 1 cᵀ, c the column means of sum_t Σ̃_t (eqs 11-13)
-        c = S.mean(dim=0)
-        if flag:
-            c = c / (float(energies.mean()) + _ENERGY_FLOOR)
-    S.diagonal().add_(float(mom.ridge.sum()))  # S is now M = sum_t Sigma_reg,t
-    M = S
-    res = None
-    if want_refine:  # Δ_res = sum_t ΔW_t Σ̃_t - (sum_t ΔW_t) Σ̄_reg, Σ̄_reg = M / T (eq. 16)
-        res = mom.res_part.addmm_(mom.task_sum, M, alpha=-1.0 / T)
+        return _check_given(Sigma, dWs, name)
+    if Sigma is not None:
+        raise InputError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
+    return None
+
+
+def _solve_moments(mom: _Moments, c: Tensor | None, T: int, restream: Callable[..., _Moments], *, symmetric: bool,
+                   want_refine: bool, spectra: bool, name: str):
+    """Eq. 14 from the streamed sums: ``(W_pre, Δ_res or None, dense system or None, moments)``.
+
+    M = sum_t Sigma_reg,t is formed in place of S; Δ_res (:func:`refinement_residual`) is
+    taken from it before the solve overwrites it. Cholesky with Sherman–Morrison for the
+    rank-one prior; where that fails (eps = 0 and singular, or a non-symmetric given
+    covariance) the moments are streamed again in float64 for the LU route
+    (:func:`acetools.merging._linalg.solve_right`, as :func:`closed_form`).
+    """
+    M = mom.S
+    M.diagonal().add_(float(mom.ridge.sum()))  # S is now M = sum_t Sigma_reg,t
+    res = refinement_residual(mom.res_part, mom.task_sum, M, T) if want_refine else None
     A_dense = None
     if spectra:
         A_dense = M.to(torch.float64, copy=True) + (c.double().unsqueeze(0) if c is not None else 0.0)
-    symmetric = estimator != "given" or all(torch.allclose(Sg, Sg.mT, rtol=1e-12, atol=0) for Sg in Sigma)
-    W_pre = solve_spd_rank_one(B, M, c, overwrite=True) if symmetric else None
-    if W_pre is None:  # not positive definite (eps = 0 and singular) or non-symmetric given: LU route
-        mom = _stream_moments(dWs, estimator, normalize=normalize, centered=sw.numerator == "centered",
-                              eps=eps, Sigma=Sigma, wudi_p=wudi_p, dtype=torch.float64, for_refine=False,
-                              eps_mode=eps_mode)
+    W_pre = solve_spd_rank_one(mom.B, M, c, overwrite=True) if symmetric else None
+    if W_pre is None:  # LU route
+        mom = restream(dtype=torch.float64, for_refine=False)
         A = mom.S
         A.diagonal().add_(float(mom.ridge.sum()))
         if c is not None:
             A += c.double().unsqueeze(0)
         W_pre = solve_right(mom.B, A, name=name)
-    W_pre = W_pre.double()
-    del M, S
+    return W_pre.double(), res, A_dense, mom
 
-    diag = ACEDiagnostics(
-        name=name, shape=(d_out, d_in), n_tasks=T, estimator=estimator, gate=sw.gate,
-        gamma=gamma, flag=bool(flag), normalized=normalize, prior=sw.prior,
-        numerator=sw.numerator, refined=False, energies=energies.tolist(),
-        traces=mom.traces.tolist(), ridge=mom.ridge.tolist(),
-    )
+
+def _refine_streamed(W_pre: Tensor, res: Tensor, k_frac: float, diag: ACEDiagnostics, *, spectra: bool,
+                     name: str) -> Tensor:
+    """Stage 6 as :func:`spectral_refine`, from Δ_res (overwritten by W_fused = W_pre + Δ_res)
+    with the top-k pairs only (:func:`_top_k_isotropic`); fills ``diag``'s k, sigma_iso, refined."""
+    W_fused = res.add_(W_pre) if res.dtype == torch.float64 else W_pre + res.double()
+    k = refined_rank(k_frac, W_pre.shape, name, stacklevel=5)
     W = W_pre
-    if want_refine:
-        W_fused = res.add_(W_pre) if res.dtype == torch.float64 else W_pre + res.double()
-        del res
-        k = int(k_frac * min(d_out, d_in))
-        if k == 0:
-            warnings.warn(
-                f"spectral refinement skipped for layer {name!r}: k = floor({k_frac} * {min(d_out, d_in)}) = 0 "
-                "(the official code would return NaN here); raise k_frac or accept the unrefined layer",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            S_fused = torch.linalg.svdvals(W_fused) if spectra else None
-        else:
-            UV, S_fused = _top_k_isotropic(W_fused, k)
-            sigma_iso = S_fused[:k].mean()
-            W = UV.mul_(sigma_iso).add_(W_pre)
-            diag.k, diag.sigma_iso, diag.refined = k, float(sigma_iso), True
-            if spectra:
-                S_fused = torch.linalg.svdvals(W_fused)
+    if k == 0:
+        S_fused = torch.linalg.svdvals(W_fused) if spectra else None
+    else:
+        UV, S_fused = _top_k_isotropic(W_fused, k)
+        sigma_iso = S_fused[:k].mean()
+        W = isotropic_update(W_pre, UV, sigma_iso)
+        diag.k, diag.sigma_iso, diag.refined = k, float(sigma_iso), True
         if spectra:
-            diag.spectrum_fused = S_fused.cpu()
+            S_fused = torch.linalg.svdvals(W_fused)
     if spectra:
-        sA = torch.linalg.svdvals(A_dense)
-        diag.cond = float(sA[0] / sA[-1]) if sA[-1] > 0 else math.inf
-        diag.spectrum_pre = torch.linalg.svdvals(W_pre).cpu()
-        diag.spectrum = torch.linalg.svdvals(W).cpu()
-    return W.to(out_dtype), diag
+        diag.spectrum_fused = S_fused.cpu()
+    return W
+
+
+def _record_spectra(diag: ACEDiagnostics, A_dense: Tensor, W_pre: Tensor, W: Tensor) -> None:
+    """``spectra=True``: the condition number of the system and the spectra of W_pre and W."""
+    sA = torch.linalg.svdvals(A_dense)
+    diag.cond = float(sA[0] / sA[-1]) if sA[-1] > 0 else math.inf
+    diag.spectrum_pre = torch.linalg.svdvals(W_pre).cpu()
+    diag.spectrum = torch.linalg.svdvals(W).cpu()
 
 
 def _as_matrices(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
     if isinstance(delta_W, Tensor) or len(delta_W) == 0:
-        raise ValueError(f"layer {name!r}: pass a non-empty list of task vectors (one d_out x d_in tensor per task)")
+        raise InputError(f"layer {name!r}: pass a non-empty list of task vectors (one d_out x d_in tensor per task)")
     shape = delta_W[0].shape
     for t, d in enumerate(delta_W):
         if not isinstance(d, Tensor) or d.ndim != 2:
-            raise ValueError(
+            raise InputError(
                 f"layer {name!r}, task {t}: expected a 2-D tensor, got {getattr(d, 'shape', type(d).__name__)}"
             )
         if d.shape != shape:
-            raise ValueError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's {tuple(shape)}")
+            raise InputError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's {tuple(shape)}")
     return list(delta_W)  # converted one task at a time where used: no T float64 copies
 
 
 def _check_given(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[Tensor]:
     if len(Sigma) != len(dWs):
-        raise ValueError(
+        raise InputError(
             f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order"
         )
     d_in = dWs[0].shape[1]
     out = []
     for t, S in enumerate(Sigma):
         if not isinstance(S, Tensor):
-            raise TypeError(f"covariance of task {t} for layer {name!r} is a {type(S).__name__}, not a torch.Tensor")
+            raise InputTypeError(
+                f"covariance of task {t} for layer {name!r} is a {type(S).__name__}, not a torch.Tensor")
         if S.shape != (d_in, d_in):
-            raise ValueError(
+            raise InputError(
                 f"covariance of task {t} for layer {name!r} has shape {tuple(S.shape)}; "
                 f"it must be d_in x d_in = {d_in} x {d_in} (the layer's input dimension)"
             )
         if not torch.isfinite(S).all():
-            raise ValueError(f"covariance of task {t} for layer {name!r} contains NaN or Inf")
+            raise InputError(f"covariance of task {t} for layer {name!r} contains NaN or Inf")
         check_psd(S, f"covariance of task {t} (expert {t}) for layer {name!r}")
         out.append(S.to(dWs[0].device, torch.float64))
     return out
@@ -863,6 +959,7 @@ def _check_in_out_keys(value: Any) -> str | None:
     "ace",
     "ACE-Merging: closed-form merge with covariances estimated from the task vectors "
     "(Xu et al. 2026; docs/methods.md §ACE)",
+    key_scope="key", per_key=("covariances",), needs_layout=True,  # no search: ACE uses scaling 1 (ACE_SCALED)
     tau=Param(0.3, "heterogeneity threshold: the layer is flagged when gamma > tau (eq. 7)", low=0.0),
     eps=Param(1e-2, "Tikhonov strength (eqs 9-10): eps I, or eps/tr_t I on normalised layers", low=0.0),
     k_frac=Param(0.3, "refined rank k = floor(k_frac * min(d_out, d_in)) (eq. 18)", low=0.0, high=1.0),
@@ -883,8 +980,8 @@ def _check_in_out_keys(value: Any) -> str | None:
     precision=Param("float64", "arithmetic of the accumulation and solve: 'float64' (default) "
                     "or 'float32' (about 2x faster; error in docs/performance.md)", choices=PRECISIONS),
     wudi_p=Param(2.0, "norm power p of the 'wudi' estimator Sigma_t = tau_tᵀ tau_t / ||tau_t||_F^p", low=0.0),
-    in_out_keys=Param((), "matrices stored in x out (x @ W), transposed around ACE; () = as stored, like the "
-                      "official code (docs/methods.md §ACE)", check=_check_in_out_keys),
+    in_out_keys=Param((), "deprecated alias for a layout: matrices stored in x out (x @ W), transposed around ACE; "
+                      "() = as stored, like the official code (docs/methods.md §ACE)", check=_check_in_out_keys),
     eps_mode=Param("absolute", "the ridge: 'absolute' eps (the paper's) or 'relative' eps·tr(Sigma_tilde_t)/d_in, "
                    "eps times each task's mean covariance eigenvalue (not the paper's; docs/methods.md §ACE)",
                    choices=EPS_MODES),
@@ -919,10 +1016,12 @@ def ace_with_diagnostics(
     ``"given"``, ``covariances``: one dict per expert mapping matrix keys to Sigma_t
     (d_in × d_in of the matrix as ACE sees it). Matrix keys absent from *every* dict get the
     mean, as RegMean does for layers without Gram matrices; a key present for some experts
-    only is an error. ``in_out_keys``: names or fnmatch patterns of matrices stored in × out
-    (CLIP ``visual.proj``, GPT-2 ``Conv1D``); they are transposed to d_out × d_in before ACE
-    and back after. Default ``()`` keeps every matrix as stored, as the official code does
-    (docs/methods.md §ACE). ``is_matrix`` defaults to :func:`acetools.merging.is_matrix_param`.
+    only is an error. ``in_out_keys`` (deprecated: pass ``merge(..., layout=...)``, which
+    transposes in × out weights for every method): names or fnmatch patterns of matrices
+    stored in × out (CLIP ``visual.proj``, GPT-2 ``Conv1D``), transposed by a layout
+    (:func:`acetools.merging.in_out_keys_layout`). Default ``()`` keeps every matrix as stored,
+    as the official code does (docs/methods.md §ACE). ``is_matrix`` defaults to
+    :func:`acetools.merging.is_matrix_param`.
     """
     if is_matrix is None:
         from . import is_matrix_param as is_matrix
@@ -932,15 +1031,15 @@ def ace_with_diagnostics(
     in_out = tuple(hp.pop("in_out_keys"))
     T = len(task_vectors)
     if T == 0:
-        raise ValueError("ace needs at least one task vector")
+        raise InputError("ace needs at least one task vector")
 
     matrix_keys = [k for k in base if is_matrix(k, base[k])]
-    transposed = set()
-    for pat in in_out:
-        hits = [k for k in matrix_keys if fnmatch.fnmatchcase(k, pat)]
-        if not hits:
-            raise ValueError(f"ace: in_out_keys pattern {pat!r} matches no matrix key of base; check the name")
-        transposed.update(hits)
+    lay = Layout("as stored")
+    if in_out:  # the deprecated alias for a layout: transposed by one
+        from . import in_out_keys_layout
+
+        lay = in_out_keys_layout(in_out, lay, base, is_matrix)
+    transposed = {k for k in matrix_keys if lay.orientation(k) == "in_out"}
 
     given = _check_covariances(covariances, hp["estimator"], base, matrix_keys, transposed, T)
     if hp["estimator"] == "given":
@@ -954,11 +1053,10 @@ def ace_with_diagnostics(
         if key not in mset or (hp["estimator"] == "given" and key not in given):
             update[key] = scaling * mean_update(list(task_vectors), key)
             continue
-        flip = key in transposed
-        dWs = [tv[key].T if flip else tv[key] for tv in task_vectors]
+        dWs = [lay.to_canonical(key, tv[key]) for tv in task_vectors]
         W, diag = ace_matrix(dWs, Sigma=given.get(key) if given else None, name=key, spectra=spectra, **hp)
         W = scaling * W.double()
-        update[key] = (W.T if flip else W).to(dtype).contiguous()
+        update[key] = lay.from_canonical(key, W).to(dtype).contiguous()
         diags[key] = diag
     return update, diags
 
@@ -966,12 +1064,12 @@ def ace_with_diagnostics(
 def _check_covariances(covariances, estimator, base, matrix_keys, transposed, T) -> dict[str, list[Tensor]]:
     if estimator != "given":
         if covariances is not None:
-            raise ValueError(f"ace: covariances are only used with estimator='given' (got estimator={estimator!r})")
+            raise InputError(f"ace: covariances are only used with estimator='given' (got estimator={estimator!r})")
         return {}
     if covariances is None:
-        raise ValueError("ace: estimator='given' needs covariances=[{key: Sigma_t}, ...], one dict per expert")
+        raise InputError("ace: estimator='given' needs covariances=[{key: Sigma_t}, ...], one dict per expert")
     if len(covariances) != T:
-        raise ValueError(
+        raise InputError(
             f"ace: covariances has {len(covariances)} entries for {T} experts; "
             "pass one dict per expert, in the same order"
         )
@@ -979,9 +1077,9 @@ def _check_covariances(covariances, estimator, base, matrix_keys, transposed, T)
     for t, c in enumerate(covariances):
         for k in c:
             if k not in base:
-                raise KeyError(f"ace: covariances[{t}] has key {k!r} that base does not have")
+                raise InputKeyError(f"ace: covariances[{t}] has key {k!r} that base does not have")
             if k not in mset:
-                raise ValueError(
+                raise InputError(
                     f"ace: covariances[{t}][{k!r}] is for a parameter that is not a matrix; "
                     "only matrix keys take Sigma_t"
                 )
@@ -992,7 +1090,7 @@ def _check_covariances(covariances, estimator, base, matrix_keys, transposed, T)
             continue
         if not all(have):
             missing = have.index(False)
-            raise KeyError(
+            raise InputKeyError(
                 f"ace: covariances[{missing}] lacks key {k!r} that other experts' covariances have; "
                 "give it for every expert or for none"
             )

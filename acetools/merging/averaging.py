@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ._registry import Param, register
+from ._registry import LAMBDA_GRID, Param, Search, register
 
 __all__ = ["weight_averaging", "task_arithmetic", "mean_update", "warn_mean_fallback"]
 
@@ -28,7 +28,8 @@ def warn_mean_fallback(method: str, keys: Sequence[str], why: str) -> None:
 
 
 @register("weight_averaging",
-          "theta0 + (1/T) sum_t tau_t: plain averaging of the experts (docs/methods.md §Weight averaging)")
+          "theta0 + (1/T) sum_t tau_t: plain averaging of the experts (docs/methods.md §Weight averaging)",
+          key_scope="key")
 def weight_averaging(base, task_vectors, *, is_matrix):
     """Weight averaging, docs/methods.md §Weight averaging: theta = (1/T) sum_t theta_t, on every key."""
     return {k: mean_update(task_vectors, k) for k in base}
@@ -37,6 +38,8 @@ def weight_averaging(base, task_vectors, *, is_matrix):
 @register(
     "task_arithmetic",
     "theta0 + lam * sum_t tau_t (Ilharco et al. 2023; docs/methods.md §Task arithmetic)",
+    key_scope="key",
+    search=Search("lam", "grid", LAMBDA_GRID),
     lam=Param(0.3, "scaling of the summed task vectors", low=0.0),
 )
 def task_arithmetic(base, task_vectors, *, is_matrix, lam):

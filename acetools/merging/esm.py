@@ -34,9 +34,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import progress
 from ._linalg import gram_polar, gram_polar_times, gram_top_svd, polar_rank, thin_svd
-from ._registry import Param, register
+from ._registry import ESM_BRACKET, Param, Search, register
 from .averaging import mean_update
 from .svd import tsv_merge_matrix
 
@@ -151,23 +152,23 @@ class Subspace(NamedTuple):
 def _as_rows(X: Tensor, d_in: int, where: str = "X") -> Tensor:
     """Flatten all leading dims of ``X`` into rows and check its width is ``d_in``."""
     if not isinstance(X, Tensor):
-        raise TypeError(f"{where} must be a torch.Tensor of input activations (N x d_in), got {type(X).__name__}")
+        raise InputTypeError(f"{where} must be a torch.Tensor of input activations (N x d_in), got {type(X).__name__}")
     if X.ndim < 2:
-        raise ValueError(
+        raise InputError(
             f"{where} has shape {tuple(X.shape)}; input activations must be N x d_in "
             "(tokens flattened into rows; leading dims are flattened for you)"
         )
     if X.shape[-1] != d_in:
-        raise ValueError(
+        raise InputError(
             f"{where} has d_in={X.shape[-1]} (shape {tuple(X.shape)}) but the weight expects d_in={d_in}; "
             "capture the *input* of the layer (for attn.in_proj_weight the query input, i.e. the ln_1 output); "
             "weights stored in x out (GPT-2 Conv1D) must be given as d_out x d_in (acetools.layouts)"
         )
     X = X.reshape(-1, d_in)
     if X.shape[0] < 1:
-        raise ValueError(f"{where} has N=0 rows; ESD needs at least one proxy token (the paper uses 32 images)")
+        raise InputError(f"{where} has N=0 rows; ESD needs at least one proxy token (the paper uses 32 images)")
     if not X.is_floating_point():
-        raise TypeError(f"{where} has dtype {X.dtype}; input activations must be floating point")
+        raise InputTypeError(f"{where} has dtype {X.dtype}; input activations must be floating point")
     return X
 
 
@@ -190,13 +191,13 @@ def essential_subspace(X: Tensor | None, delta_W: Tensor, decomposition: str = "
     basis (docs/methods.md §ESM, Step A).
     """
     if decomposition not in _DECOMPOSITIONS:
-        raise ValueError(f"decomposition={decomposition!r} is not one of {list(_DECOMPOSITIONS)}")
+        raise InputError(f"decomposition={decomposition!r} is not one of {list(_DECOMPOSITIONS)}")
     if not isinstance(delta_W, Tensor) or delta_W.ndim != 2:
-        raise ValueError("delta_W must be a 2-D tensor (d_out x d_in)")
+        raise InputError("delta_W must be a 2-D tensor (d_out x d_in)")
     d_out, d_in = delta_W.shape
     if decomposition == "esd":
         if X is None:
-            raise TypeError("essential_subspace(decomposition='esd') needs the input activations X (N x d_in)")
+            raise InputTypeError("essential_subspace(decomposition='esd') needs the input activations X (N x d_in)")
         X = _as_rows(X, d_in).to(delta_W.device, delta_W.dtype)
         n = X.shape[0]
         dO = X @ delta_W.T
@@ -303,7 +304,7 @@ def rank_budget(d_out: int, n_tasks: int) -> int:
     raised to 1, as in the RoBERTa code (docs/methods.md §ESM); the ViT code would fail there.
     """
     if n_tasks < 1:
-        raise ValueError(f"n_tasks={n_tasks} must be >= 1")
+        raise InputError(f"n_tasks={n_tasks} must be >= 1")
     return max(1, int(d_out * (1.0 / n_tasks)))
 
 
@@ -337,7 +338,7 @@ def polarize_tasks(
         norms = torch.stack([torch.linalg.norm(a) for a in A])
     norms = torch.as_tensor(norms, dtype=A[0].dtype, device=A[0].device)
     if norms.shape != (len(A),):
-        raise ValueError(f"norms must hold one value per task ({len(A)}), got shape {tuple(norms.shape)}")
+        raise InputError(f"norms must hold one value per task ({len(A)}), got shape {tuple(norms.shape)}")
     s = polar_scales(norms, power)
     return [a * s[t] for t, a in enumerate(A)]
 
@@ -439,7 +440,7 @@ def _svd_named(M: Tensor, name: str) -> tuple[Tensor, Tensor, Tensor]:
         return thin_svd(M)
     except RuntimeError as e:  # torch.linalg.LinAlgError: the SVD did not converge
         big = float(M.detach().abs().max()) if M.numel() else 0.0
-        raise ValueError(
+        raise InputError(
             f"esm: the SVD for layer {name!r} failed ({type(e).__name__}); the {tuple(M.shape)} matrix has "
             f"max |entry| {big:.3g}: task vectors or activations this large (or NaN/Inf) overflow "
             f"{M.dtype} arithmetic. Check the scale of the experts and the capture"
@@ -496,9 +497,9 @@ def esm_merge_matrix(
     """
     T = len(taus)
     if T == 0:
-        raise ValueError("esm_merge_matrix needs at least one task vector")
+        raise InputError("esm_merge_matrix needs at least one task vector")
     if decomposition == "esd" and (Xs is None or len(Xs) != T):
-        raise ValueError(
+        raise InputError(
             f"esm_merge_matrix(decomposition='esd') needs one activation tensor per task: "
             f"got {None if Xs is None else len(Xs)} for {T} task vectors"
         )
@@ -554,7 +555,7 @@ def _esd_layer(key: str, taus: Sequence[Tensor], Xs: Sequence[Tensor] | None, **
             raise
         big = max(float(t.detach().abs().max()) for t in taus)
         xbig = max((float(X.detach().abs().max()) for X in Xs), default=0.0) if Xs is not None else 0.0
-        raise ValueError(
+        raise InputError(
             f"esm: the eigensolver/SVD failed on layer {key!r} ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
             f"max |task vector| = {big:.3g}, max |activation| = {xbig:.3g}: values this large overflow the "
             "float32/float64 Gram and shift matrices. Check that the experts and the base are the same model at "
@@ -663,15 +664,15 @@ def _activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
     if isinstance(activations, Mapping):
         for key in esd_keys:
             if key not in activations:
-                raise KeyError(f"esm: activations has no entry for ESD layer {key!r}; {how}")
+                raise InputKeyError(f"esm: activations has no entry for ESD layer {key!r}; {how}")
             xs = activations[key]
             if isinstance(xs, Tensor) or not isinstance(xs, Sequence):
-                raise TypeError(
+                raise InputTypeError(
                     f"esm: activations[{key!r}] must be a list with one N x d_in tensor per task, "
                     f"got {type(xs).__name__}"
                 )
             if len(xs) != n_tasks:
-                raise ValueError(
+                raise InputError(
                     f"esm: activations[{key!r}] has {len(xs)} tensors but there are {n_tasks} tasks; "
                     "give one per task, in the order of the experts"
                 )
@@ -688,7 +689,7 @@ def _activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
         where = f"esm: activations for key {key!r}, task {t} (expert {t})"
         X = _as_rows(get(t, key), d_in[key], where=where)
         if not torch.isfinite(X).all():
-            raise ValueError(f"{where} contain NaN or Inf values; check the capture")
+            raise InputError(f"{where} contain NaN or Inf values; check the capture")
         return X
 
     return checked
@@ -709,7 +710,7 @@ def _check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targe
     if not esd_keys:
         what = f"none of the default targets {list(DEFAULT_TARGETS)} (open_clip names)" if defaults else \
             f"no pattern of targets={list(targets)}"
-        raise ValueError(
+        raise InputError(
             f"{where}{what} matches a matrix key of the model (e.g. {example!r}); without ESD layers ESM "
             "would be TSV-M. Pass targets= with your model's layer names (regular expressions searched in "
             "the key, e.g. targets=('mlp.fc1.weight', 'self_attn.q_proj.weight'))"
@@ -726,7 +727,7 @@ def _check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targe
         for p in targets:
             if not any(_matches(p, k) for k in matrix_keys):
                 hint = " (it names a key that is not a matrix)" if any(_matches(p, k) for k in base) else ""
-                raise ValueError(f"{where}target pattern {p!r} matches no matrix key of the model{hint}; "
+                raise InputError(f"{where}target pattern {p!r} matches no matrix key of the model{hint}; "
                                  f"e.g. {example!r}")
     if isinstance(activations, Mapping):
         esd_set = set(esd_keys)
@@ -734,9 +735,10 @@ def _check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targe
             if key in esd_set:
                 continue
             if key not in base:
-                raise KeyError(f"{where}activations are given for key {key!r}, which is not a weight of the model; "
+                raise InputKeyError(
+                    f"{where}activations are given for key {key!r}, which is not a weight of the model; "
                                "key activations by the weight's state-dict key (e.g. '...mlp.c_fc.weight')")
-            raise KeyError(f"{where}activations are given for key {key!r}, which no ESM target selects, so they "
+            raise InputKeyError(f"{where}activations are given for key {key!r}, which no ESM target selects, so they "
                            f"would be ignored; add it to targets (now {list(targets)}) or drop it")
     if layer_types:
         typed = [p for p in layer_types if any(_matches(p, k) for k in matrix_keys)]
@@ -749,7 +751,7 @@ def _check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targe
         else:
             missing = [p for p in layer_types if p not in typed]
             if missing:
-                raise ValueError(f"{where}layer_types pattern {missing[0]!r} matches no matrix key of the model; "
+                raise InputError(f"{where}layer_types pattern {missing[0]!r} matches no matrix key of the model; "
                                  f"e.g. {example!r}")
     return esd_keys
 
@@ -758,6 +760,10 @@ def _check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targe
     "esm",
     "Essential Subspace Merging: PCA of the activation shift X dW^T per task, polarized "
     "scaling at task, dimension and layer level, whitening (Li et al., CVPR 2026; docs/methods.md §ESM)",
+    key_scope=("model", "ESM runs in memory: its inter-layer polarization (Step C) scales each matrix by the norms "
+                        "of every layer's merged update, and its proxy activations are held for every ESD layer"),
+    per_key=("activations",), data_inputs=("activations", "targets"), needs_layout=True,
+    search=Search("alpha", "esm", bracket=ESM_BRACKET),
     activations=Param(
         None,
         "proxy input activations of every ESD layer, captured in each task's fine-tuned model: "
@@ -792,22 +798,23 @@ def esm(
     task_vectors: Sequence[Mapping[str, Tensor]],
     *,
     is_matrix: Callable[[str, Tensor], bool],
-    activations: Any = None,
-    alpha: float = 1.0,
-    alpha_scope: str = "esd",
-    decomposition: str = "esd",
-    task_scaling: bool = True,
-    task_power: float = 2.0,
-    dim_scaling: bool = True,
-    dim_power: float = 2.0,
-    layer_scaling: bool = True,
-    layer_power: float = 2.0,
-    eig_power: float = 0.15,
-    const: float = 2.0,
-    targets: Sequence[str] = DEFAULT_TARGETS,
-    layer_types: Sequence[str] = CLIP_LAYER_TYPES,
+    activations: Any,
+    alpha: float,
+    alpha_scope: str,
+    decomposition: str,
+    task_scaling: bool,
+    task_power: float,
+    dim_scaling: bool,
+    dim_power: float,
+    layer_scaling: bool,
+    layer_power: float,
+    eig_power: float,
+    const: float,
+    targets: Sequence[str],
+    layer_types: Sequence[str],
 ) -> dict[str, Tensor]:
-    r"""ESM merged update for every key, docs/methods.md §ESM.
+    r"""ESM merged update for every key, docs/methods.md §ESM (defaults: ``METHODS["esm"]``, written once there;
+    call it as ``merge("esm", ...)`` or with :func:`acetools.merging.defaults_from`).
 
     - ESD layers: matrix keys (``is_matrix``) whose name contains one of ``targets``
       (default ``attn.in_proj_weight``, ``mlp.c_fc.weight``, ``mlp.c_proj.weight``) get
@@ -846,7 +853,7 @@ def esm(
         return {key: alpha * mean_update(task_vectors, key) if alpha_scope == "all" else mean_update(task_vectors, key)
                 for key in base}
     if decomposition == "esd" and activations is None:
-        raise TypeError(
+        raise InputTypeError(
             "esm: missing hyperparameter 'activations' (needed for decomposition='esd'): pass a mapping "
             "key -> [X_1..X_T] or a callable (t, key) -> X of input activations captured in each "
             "fine-tuned model (acetools.files.activations.capture_inputs), or use decomposition='svd'"

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import progress
 from ._linalg import check_square, solve_right
 from ._registry import REQUIRED, Param, register
@@ -31,7 +32,7 @@ def shrink_gram(G: Tensor, alpha: float) -> Tensor:
     """G~ = alpha G + (1 - alpha) diag(G): off-diagonal entries times alpha, diagonal kept
     (docs/methods.md §RegMean)."""
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
-        raise ValueError(f"a Gram matrix must be square, got shape {tuple(G.shape)}")
+        raise InputError(f"a Gram matrix must be square, got shape {tuple(G.shape)}")
     return alpha * G + (1 - alpha) * torch.diag_embed(torch.diagonal(G))
 
 
@@ -45,14 +46,14 @@ def regmean_matrix(W: Sequence[Tensor], grams: Sequence[Tensor], alpha: float = 
     This is the transpose of (sum G~_t)^-1 sum G~_t W_t^T, written as a right solve.
     """
     if len(W) != len(grams) or len(W) == 0:
-        raise ValueError(f"key {key!r}: got {len(W)} weights and {len(grams)} Gram matrices; need one Gram per weight")
+        raise InputError(f"key {key!r}: got {len(W)} weights and {len(grams)} Gram matrices; need one Gram per weight")
     A = None
     B = None
     for t, (W_t, G_t) in enumerate(zip(W, grams)):
         G = shrink_gram(G_t.to(W_t.device, torch.float64), alpha)
         W64 = W_t.to(torch.float64)
         if G.shape[0] != W64.shape[1]:
-            raise ValueError(
+            raise InputError(
                 f"key {key!r}: Gram matrix of task {t} is {tuple(G.shape)} but the weight is "
                 f"{tuple(W64.shape)} (d_out x d_in); the Gram must be d_in x d_in = {W64.shape[1]} x {W64.shape[1]}"
             )
@@ -70,23 +71,24 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
     must be a finite floating tensor of the right shape. Errors name the key and task index.
     """
     if isinstance(grams, Mapping) or not isinstance(grams, Sequence):
-        raise TypeError(
+        raise InputTypeError(
             "regmean: grams must be a list with one dict (weight key -> Gram matrix) per task, "
             f"got {type(grams).__name__}"
         )
     if len(grams) != n_tasks:
-        raise ValueError(
+        raise InputError(
             f"regmean: got {len(grams)} Gram dicts for {n_tasks} experts; "
             "pass exactly one per expert, in the same order"
         )
     for t, g in enumerate(grams):
         if not isinstance(g, Mapping):
-            raise TypeError(f"regmean: grams[{t}] is a {type(g).__name__}, not a dict of weight key -> Gram matrix")
+            raise InputTypeError(
+                f"regmean: grams[{t}] is a {type(g).__name__}, not a dict of weight key -> Gram matrix")
     keys = set(grams[0]) if grams else set()
     for t, g in enumerate(grams):
         missing = sorted(set().union(*map(set, grams)) - set(g))
         if missing:
-            raise KeyError(
+            raise InputKeyError(
                 f"regmean: grams[{t}] has no Gram matrix for key {missing[0]!r}, which other tasks have; "
                 "give every task a Gram for the same keys (or none)"
             )
@@ -96,10 +98,10 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
             for suffix in (".weight", "_weight"):
                 if key + suffix in base:
                     hint = f"; did you mean {key + suffix!r}? Grams are keyed by the weight's state-dict key"
-            raise KeyError(f"regmean: Gram matrices given for key {key!r}, which is not in the state dict{hint}")
+            raise InputKeyError(f"regmean: Gram matrices given for key {key!r}, which is not in the state dict{hint}")
         W0 = base[key]
         if W0.ndim != 2:
-            raise ValueError(
+            raise InputError(
                 f"regmean: Gram matrices given for key {key!r} of shape {tuple(W0.shape)}; "
                 "RegMean needs a 2-D (d_out x d_in) weight"
             )
@@ -114,6 +116,7 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
     "regmean",
     "RegMean: per-layer least squares on the experts' input Gram matrices "
     "(Jin et al. 2023; docs/methods.md §RegMean; needs data)",
+    key_scope="key", per_key=("grams",), data_inputs=("grams",), needs_layout=True,  # no search (coefficient 1)
     # checked by validate_grams (a Param type check would print the whole list of tensors)
     grams=Param(REQUIRED, "list (one per expert) of dicts weight key -> d_in x d_in input Gram matrix"),
     alpha=Param(0.95, "off-diagonal shrink: G~ = alpha G + (1 - alpha) diag(G) (fusion_bench CLIP default 0.95)",

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import InputError, InputTypeError
 from ..utils import progress
 from ._linalg import (
     GRAM_MAX_RATIO,
@@ -59,7 +60,7 @@ from ._linalg import (
     syrk_lower_,
     thin_svd,
 )
-from ._registry import Param, register
+from ._registry import ALPHA_GRID, Param, Search, register
 from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
@@ -91,23 +92,23 @@ def _stack_taus(taus: Sequence[Tensor] | Tensor, key: str = "") -> Tensor:
     if isinstance(taus, Tensor):
         X = taus
         if X.ndim != 3:
-            raise ValueError(
+            raise InputError(
                 f"{_where(key)}expected a T x d_out x d_in stack of task vectors, got shape {tuple(X.shape)}"
             )
     else:
         taus = list(taus)
         if not taus:
-            raise ValueError(f"{_where(key)}no task vectors given: pass at least one")
+            raise InputError(f"{_where(key)}no task vectors given: pass at least one")
         for t, tau in enumerate(taus):
             if not isinstance(tau, Tensor):
-                raise TypeError(f"{_where(key)}task vector {t} is a {type(tau).__name__}, not a Tensor")
+                raise InputTypeError(f"{_where(key)}task vector {t} is a {type(tau).__name__}, not a Tensor")
             if tau.ndim != 2:
-                raise ValueError(
+                raise InputError(
                     f"{_where(key)}task vector {t} has shape {tuple(tau.shape)}; the matrix path needs "
                     "2-D (d_out x d_in) tensors (average other tensors, or change is_matrix)"
                 )
             if tau.shape != taus[0].shape:
-                raise ValueError(
+                raise InputError(
                     f"{_where(key)}task vector {t} has shape {tuple(tau.shape)} but task vector 0 has "
                     f"{tuple(taus[0].shape)}; all experts must share the shape"
                 )
@@ -117,9 +118,9 @@ def _stack_taus(taus: Sequence[Tensor] | Tensor, key: str = "") -> Tensor:
         else:
             X = torch.stack(taus)
     if X.shape[0] == 0:
-        raise ValueError(f"{_where(key)}no task vectors given: pass at least one")
+        raise InputError(f"{_where(key)}no task vectors given: pass at least one")
     if not X.is_floating_point():
-        raise TypeError(f"{_where(key)}task vectors must be floating point, got {X.dtype}")
+        raise InputTypeError(f"{_where(key)}task vectors must be floating point, got {X.dtype}")
     if X.dtype not in (torch.float32, torch.float64):  # SVD needs float32/64
         X = X.float()
     return X
@@ -127,7 +128,7 @@ def _stack_taus(taus: Sequence[Tensor] | Tensor, key: str = "") -> Tensor:
 
 def _check_matrix_key(method: str, key: str, W0: Tensor) -> None:
     if W0.ndim != 2:
-        raise ValueError(
+        raise InputError(
             f"{method}: is_matrix selected key {key!r} with shape {tuple(W0.shape)}, but the matrix "
             "path needs 2-D tensors; return False for it from is_matrix"
         )
@@ -169,7 +170,7 @@ def tsv_rank(r: int, n_tasks: int) -> int:
     r // T for every CLIP shape but can be one less in floating point (r = T = 49 gives 0).
     """
     if n_tasks < 1:
-        raise ValueError(f"n_tasks must be >= 1, got {n_tasks}")
+        raise InputError(f"n_tasks must be >= 1, got {n_tasks}")
     return int(r * (1.0 / n_tasks))
 
 
@@ -245,14 +246,14 @@ def iso_cts_ranks(r: int, n_tasks: int, common_fraction: float = 0.8) -> tuple[i
     Raises if the adjustment leaves k_c < 0 (r too small for T tasks at this fraction).
     """
     if n_tasks < 1:
-        raise ValueError(f"n_tasks must be >= 1, got {n_tasks}")
+        raise InputError(f"n_tasks must be >= 1, got {n_tasks}")
     if not 0.0 <= common_fraction <= 1.0:
-        raise ValueError(f"common_fraction must lie in [0, 1], got {common_fraction}")
+        raise InputError(f"common_fraction must lie in [0, 1], got {common_fraction}")
     k_c = int(r * common_fraction)
     m = round((r - k_c) / n_tasks) * n_tasks
     k_c = r - m
     if k_c < 0:
-        raise ValueError(
+        raise InputError(
             f"Iso-CTS rank split failed: r={r}, n_tasks={n_tasks}, common_fraction={common_fraction} "
             f"gives a task-specific budget of {m} > r; raise common_fraction or merge fewer tasks"
         )
@@ -277,7 +278,7 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
     try:
         k_c, s = iso_cts_ranks(r, T, common_fraction)
     except ValueError as e:
-        raise ValueError(f"{_where(key)}{e}") from None
+        raise InputError(f"{_where(key)}{e}") from None
     if not X.any():
         return X.new_zeros(d_out, d_in)
     gram = _gram_ok(X)
@@ -442,10 +443,16 @@ def _per_key(name, base, task_vectors, is_matrix, matrix_fn, desc):
     return out
 
 
+#: What TSV-M, Iso-C and Iso-CTS declare alike: merged key by key on their matrix path, alpha
+#: chosen on validation over ALPHA_GRID (docs/methods.md §Benchmark protocol).
+_ALPHA_ON_A_GRID: dict = {"key_scope": "key", "needs_layout": True, "search": Search("alpha", "grid", ALPHA_GRID)}
+
+
 @register(
     "tsv_m",
     "TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar "
     "(Gargiulo et al. 2025; docs/methods.md §TSV-M)",
+    **_ALPHA_ON_A_GRID,
     alpha=Param(1.0, "coefficient on every key, matrices and means alike (grid 0.1..3.0 in the paper code)", low=0.0),
 )
 def tsv_m(base, task_vectors, *, is_matrix, alpha):
@@ -462,6 +469,7 @@ def tsv_m(base, task_vectors, *, is_matrix, alpha):
 @register(
     "iso_c",
     "Iso-C: the summed task vector with a flat (isotropic) spectrum (Marczak et al. 2025; docs/methods.md §Iso-C)",
+    **_ALPHA_ON_A_GRID,
     alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
 )
 def iso_c(base, task_vectors, *, is_matrix, alpha):
@@ -474,6 +482,7 @@ def iso_c(base, task_vectors, *, is_matrix, alpha):
     "iso_cts",
     "Iso-CTS: common + task-specific subspaces with a flat spectrum "
     "(Marczak et al. 2025; docs/methods.md §Iso-CTS)",
+    **_ALPHA_ON_A_GRID,
     alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
     common_fraction=Param(0.8, "fraction of the rank given to the common subspace before the T-divisibility adjustment",
                           low=0.0, high=1.0),
@@ -491,6 +500,7 @@ def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
 @register(
     "cart",
     "CART: weight average plus low-rank centred task vectors (Choi et al. 2024; docs/methods.md §CART)",
+    key_scope="key", needs_layout=True, search=Search("lam", "grid", ALPHA_GRID),
     rank_ratio=Param(0.12, "rank of each centred vector as a fraction of min(d_out, d_in); "
                      "k = max(1, int(rank_ratio r))",
                      low=0.0, high=1.0, low_open=True),

@@ -25,8 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from ..utils import make_generator, progress
-from ._registry import Param, register
+from ._registry import LAMBDA_GRID, Param, Search, register
 
 __all__ = [
     "kept_count",
@@ -61,7 +62,7 @@ def kept_count(n: int, k: float) -> int:
     ``n`` the count can be 0, which trims the whole tensor.
     """
     if not 0 < k <= 100:
-        raise ValueError(f"TIES k={k!r} is the percent of entries kept: it must be in (0, 100]")
+        raise InputError(f"TIES k={k!r} is the percent of entries kept: it must be in (0, 100]")
     return min(n, math.floor(Fraction(repr(float(k))) * n / 100))
 
 
@@ -75,7 +76,7 @@ def trim_threshold(tau: Tensor | Iterable[Tensor], k: float) -> Tensor:
     """
     parts = [tau] if isinstance(tau, Tensor) else list(tau)
     if not parts:
-        raise ValueError("trim_threshold needs at least one tensor")
+        raise InputError("trim_threshold needs at least one tensor")
     flat = parts[0].detach().abs().reshape(-1) if len(parts) == 1 else torch.cat(
         [p.detach().abs().reshape(-1) for p in parts])
     n_keep = kept_count(flat.numel(), k)
@@ -99,7 +100,7 @@ def _thresholds(task_vectors: TaskVectors, keys: Sequence[str], k: float, scope:
         elif scope == "tensor":
             out.append({key: trim_threshold(tv[key], k) for key in keys})
         else:
-            raise ValueError(f"TIES scope={scope!r} must be 'global' (whole model) or 'tensor' (per key)")
+            raise InputError(f"TIES scope={scope!r} must be 'global' (whole model) or 'tensor' (per key)")
     return out
 
 
@@ -118,7 +119,7 @@ def trim(task_vectors: TaskVectors, k: float = 20, scope: str = "global") -> lis
     on its own (peft, mergekit). Ties with the threshold are kept. Returns new dicts.
     """
     if len(task_vectors) == 0:
-        raise ValueError("trim needs at least one task vector")
+        raise InputError("trim needs at least one task vector")
     keys = list(task_vectors[0])
     thr = _thresholds(task_vectors, keys, k, scope)
     return [
@@ -170,7 +171,7 @@ def disjoint_merge(trimmed: Tensor, gamma: Tensor, merge: str = "mean") -> Tenso
         return total
     if merge == "mean":
         return total / agree.sum(0).clamp(min=1).to(total.dtype)
-    raise ValueError(f"TIES merge={merge!r} must be 'mean' (disjoint mean) or 'sum'")
+    raise InputError(f"TIES merge={merge!r} must be 'mean' (disjoint mean) or 'sum'")
 
 
 def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float, lam: float, scope: str,
@@ -199,9 +200,19 @@ _SCOPE = Param("global", "trim over the whole flattened model ('global') or per 
 _MERGE = Param("mean", "disjoint 'mean' (paper, TSV/Iso code) or 'sum' (fusion_bench)", choices=("mean", "sum"))
 
 
+def _ties_scope(scope: str) -> tuple[str, str]:
+    """TIES' key scope: per key with ``scope="tensor"``, two extra passes with ``"global"``."""
+    if scope == "global":
+        return "global_ties", ("scope='global' ranks every key of a task vector together (one trim threshold per "
+                               "task) and elects one majority sign over the whole model")
+    return "key", ""
+
+
 @register(
     "ties",
     "TIES-Merging: trim to top-k%, elect sign by mass, disjoint mean; theta0 + lam * v_m (docs/methods.md §TIES)",
+    key_scope=lambda hp: _ties_scope(hp["scope"]),
+    search=Search("lam", "grid", LAMBDA_GRID),
     k=_K,
     lam=Param(1.0, "scaling of the merged task vector v_m", low=0.0),
     scope=_SCOPE,
@@ -253,7 +264,7 @@ def dare_mask(shape: Sequence[int] | torch.Size, p: float, seed: int, task: int,
     same mask on every device and for every input dtype.
     """
     if not 0 <= p < 1:
-        raise ValueError(f"DARE drop rate p={p!r} must be in [0, 1)")
+        raise InputError(f"DARE drop rate p={p!r} must be in [0, 1)")
     g = make_generator(dare_seed(seed, task, key))
     return (torch.rand(tuple(shape), generator=g, dtype=torch.float32) < p).to(device)
 
@@ -264,7 +275,7 @@ def drop_and_rescale(tau: Tensor, dropped: Tensor, p: float, rescale: bool = Tru
     Without ``rescale`` the survivors keep their values. Returns a new tensor.
     """
     if dropped.shape != tau.shape:
-        raise ValueError(f"DARE mask shape {tuple(dropped.shape)} does not match the task vector {tuple(tau.shape)}")
+        raise InputError(f"DARE mask shape {tuple(dropped.shape)} does not match the task vector {tuple(tau.shape)}")
     kept = torch.where(dropped.to(tau.device), 0, tau)
     return kept / (1.0 - p) if rescale else kept
 
@@ -291,6 +302,8 @@ def _check_seed(value) -> str | None:
 @register(
     "dare",
     "DARE: drop each task-vector entry with prob. p, rescale by 1/(1-p), then TA or TIES (docs/methods.md §DARE)",
+    key_scope=lambda hp: _ties_scope(hp["scope"]) if hp["base_method"] == "ties" else ("key", ""),
+    search=Search("lam", "grid", LAMBDA_GRID),
     p=Param(0.5, "drop rate of the Bernoulli mask, 0 <= p < 1", low=0.0, high=1.0, high_open=True),
     base_method=Param("task_arithmetic", "merge applied after dropping", choices=("task_arithmetic", "ties")),
     seed=Param(0, "seed of the masks; each (task, key) mask is seeded from it (dare_seed)", check=_check_seed),

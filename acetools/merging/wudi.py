@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from ..utils import progress
 from ._registry import Param, register
 from .averaging import mean_update
@@ -110,9 +111,9 @@ def wudi_matrix(
     """
     X = _stack_taus(taus, key)
     if init not in _INITS:
-        raise ValueError(f"wudi: init={init!r} is not one of {list(_INITS)}")
+        raise InputError(f"wudi: init={init!r} is not one of {list(_INITS)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"wudi: steps={steps!r} must be a non-negative int")
+        raise InputError(f"wudi: steps={steps!r} must be a non-negative int")
     tau_m = X.sum(0) if init == "sum" else X.mean(0)
     losses = []
     if steps == 0 or not X.any():  # zero task vectors: every weight is 0, so are L and its gradient
@@ -161,6 +162,7 @@ def is_wudi_target(key: str, tensor: Tensor, targets: str, is_matrix) -> bool:
 @register(
     "wudi",
     "WUDI: per-matrix Adam on the task-vector interference loss (Cheng et al. 2025; docs/methods.md §WUDI)",
+    key_scope="key", needs_layout=True,  # no search: its coefficient is 1
     steps=Param(300, "Adam iterations per matrix (official 300; fusion_bench 400)", low=0, types=(int,)),
     lr=Param(1e-5, "Adam learning rate", low=0.0, low_open=True),
     p=Param(2.0, "exponent of ||tau_t||_F in the loss weights (2: paper/RoBERTa/fusion_bench; 1: official ViT script)",
@@ -181,7 +183,7 @@ def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
     ``p=1, targets="vit", others="base"`` (non-target keys stay at W0).
     """
     if targets == "vit" and not any(is_wudi_target(k, w, targets, is_matrix) for k, w in base.items()):
-        raise ValueError(
+        raise InputError(
             f"wudi: targets='vit' selects keys ending in {list(VIT_TARGETS)} (open_clip names) and none matches, so "
             "nothing would be optimised; use targets='matrix' (every matrix of the layout)"
         )
@@ -190,7 +192,7 @@ def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
         W0 = base[key]
         if is_wudi_target(key, W0, targets, is_matrix):
             if W0.ndim != 2:
-                raise ValueError(
+                raise InputError(
                     f"wudi: is_matrix selected key {key!r} with shape {tuple(W0.shape)}, but WUDI needs "
                     "2-D tensors; return False for it from is_matrix"
                 )

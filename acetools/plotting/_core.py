@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
 from ..utils import atomic_write
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -137,7 +138,7 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
     there under ``text_overlaps`` (and logged) for the report checks.
     """
     if not isinstance(name, str) or not _NAME.match(name) or name.endswith(".png"):
-        raise ValueError(f"figure name {name!r} must be a file stem of letters, digits and _.- (no extension)")
+        raise InputError(f"figure name {name!r} must be a file stem of letters, digits and _.- (no extension)")
     path = Path(folder) / f"{name}.png"
     buf = io.BytesIO()
     meta: dict[str, str | None] = {"Software": None}
@@ -203,7 +204,7 @@ def heatmap(ax, matrix, *, labels: Sequence[str] | None = None, col_labels: Sequ
     else:
         arr = np.asarray(matrix, dtype=float)
         if arr.ndim != 2:
-            raise ValueError(f"heatmap needs a 2-D matrix, got shape {arr.shape}")
+            raise InputError(f"heatmap needs a 2-D matrix, got shape {arr.shape}")
         data = pd.DataFrame(arr, index=labels, columns=col_labels if col_labels is not None else labels)
     if annot is None:
         annot = data.size <= 400

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ._core import finish, heatmap
 
 __all__ = ["layer_label", "ratio_by_layer", "energy_by_layer", "gamma_by_layer", "cosine_heatmap",
@@ -25,7 +26,7 @@ def _need(table, cols: Sequence[str], what: str) -> None:
     have = list(getattr(table, "columns", []))
     for c in cols:
         if c not in have:
-            raise KeyError(f"{what}: the table has no column {c!r} (columns: {have}); pass the matching table of "
+            raise InputKeyError(f"{what}: the table has no column {c!r} (columns: {have}); pass the matching table of "
                            "acetools.files.diagnose.diagnose(...)")
 
 
@@ -107,7 +108,7 @@ def cosine_heatmap(ax, cosine, *, title: str | None = None):
     import pandas as pd
 
     if not isinstance(cosine, pd.DataFrame) or cosine.shape[0] != cosine.shape[1]:
-        raise TypeError("cosine_heatmap: pass the square T x T DataFrame Diagnosis.cosine")
+        raise InputTypeError("cosine_heatmap: pass the square T x T DataFrame Diagnosis.cosine")
     return heatmap(ax, cosine, title=title, center=0.0, vmin=-1.0, vmax=1.0)
 
 
@@ -162,7 +163,7 @@ def show(fig, alt: str, *, name: str | None = None, folder=None, dpi: int = 110)
     from IPython.display import HTML, display
 
     if not isinstance(alt, str) or not alt.strip():
-        raise ValueError("show: give every figure a non-empty alt text that says what it shows")
+        raise InputError("show: give every figure a non-empty alt text that says what it shows")
     if name is not None and folder is not None:
         from ._core import save_figure
 

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InputError
+
 __all__ = ["WorldEntry", "WORLDS", "world_names", "world_suites", "get_world"]
 
 
@@ -65,7 +67,7 @@ def world_names() -> list[str]:
 
 def _entry(name: str) -> WorldEntry:
     if name not in WORLDS:
-        raise ValueError(f"unknown world {name!r}; valid: {', '.join(WORLDS)}")
+        raise InputError(f"unknown world {name!r}; valid: {', '.join(WORLDS)}")
     return WORLDS[name]
 
 
@@ -87,7 +89,7 @@ def get_world(name: str, suite: str | None = None, seed: int = 0, **options: Any
     suite = entry.default_suite if suite is None else suite
     suites = entry.suites()
     if suite not in suites:
-        raise ValueError(f"unknown suite {suite!r} for world {name!r}; valid: {', '.join(suites)}")
+        raise InputError(f"unknown suite {suite!r} for world {name!r}; valid: {', '.join(suites)}")
     if name == "text" and suite == "fixture":
         options.setdefault("profile", "quick")
     if name == "vision":

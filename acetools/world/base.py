@@ -25,6 +25,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from ..errors import InputTypeError
+
 __all__ = ["World", "as_world", "check_world"]
 
 StateDict = dict[str, Tensor]
@@ -101,5 +103,5 @@ def check_world(obj: Any) -> None:
             "layer_inputs", "gram_inputs", "gram_examples", "records", "describe")
     missing = [m for m in need if not hasattr(obj, m)]
     if missing:
-        raise TypeError(f"{type(obj).__name__} is not a world: it has no {missing[0]!r} "
+        raise InputTypeError(f"{type(obj).__name__} is not a world: it has no {missing[0]!r} "
                         "(see acetools.world.base.World)")

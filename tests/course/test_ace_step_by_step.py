@@ -15,7 +15,6 @@ from acetools.course import ace_step_by_step as AC
 from acetools.diagnostics import subspace_similarity
 from acetools.merging import task_vectors
 from acetools.merging.ace import ace_matrix, ace_with_diagnostics, heterogeneity, structural_prior
-
 from tests.conftest import make_world
 
 BLOCK = "visual.transformer.resblocks.0."

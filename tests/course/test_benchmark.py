@@ -15,6 +15,7 @@ from acetools.course import paper_tables
 from acetools.course.verdicts import NOISE
 from tests.test_results import summary_rows
 
+
 # ----------------------------------------------------------------------------- differences
 def test_paired_difference_margin_from_seed_spread():
     s = summary_rows({("t8", 8): {"x": [80, 82, 84], "y": [79, 80, 83]}})  # diffs 1, 2, 1

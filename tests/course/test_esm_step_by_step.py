@@ -12,8 +12,8 @@ import torch
 
 import acetools
 from acetools import diagnostics
-from acetools.course import esm_step_by_step as ec
 from acetools.benchmark import Benchmark
+from acetools.course import esm_step_by_step as ec
 from acetools.merging import esm as E
 from acetools.utils import make_generator
 

@@ -7,7 +7,8 @@ import re
 import pandas as pd
 import pytest
 
-from acetools.course import claims, paper_tables as pt
+from acetools.course import claims
+from acetools.course import paper_tables as pt
 from acetools.merging import METHODS
 from acetools.results import REFERENCES, kendall_tau
 

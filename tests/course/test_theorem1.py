@@ -16,8 +16,8 @@ from torch import nn
 
 from acetools import merge
 from acetools.course import theorem1 as th
-from acetools.merging.ace import estimate_covariance
 from acetools.course.plotting import theorem1 as tplot
+from acetools.merging.ace import estimate_covariance
 from acetools.synthetic import finetune_linear, joint_least_squares, make_regression_tasks
 from acetools.utils import make_generator
 

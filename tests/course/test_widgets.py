@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import traitlets
 
 pytest.importorskip("ipywidgets")
 
@@ -36,7 +37,7 @@ def test_alpha_slider_offers_only_the_swept_values():
     ex = widgets.alpha_slider(plot, alphas=[0.1, 0.5, 1.0], value=0.5)
     ex.set(alpha=1.0)
     assert calls[-1]["alpha"] == 1.0
-    with pytest.raises(Exception):
+    with pytest.raises(traitlets.TraitError):
         ex.set(alpha=0.7)  # not a swept value
     with pytest.raises(ValueError, match="swept"):
         widgets.alpha_slider(plot, alphas=[0.1, 0.5], value=0.3)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ...errors import InputKeyError
 from ...keys import short_label as _short_label
 from ...keys import short_name
 from ...plotting._core import finish
@@ -39,13 +40,13 @@ def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | 
     :func:`acetools.diagnostics.heterogeneity_per_layer` directly."""
     missing = [c for c in ("layer_type", "gamma") if c not in table.columns]
     if missing:
-        raise KeyError(f"gamma_strip: the table has no column {missing[0]!r} (columns: {list(table.columns)}); "
+        raise InputKeyError(f"gamma_strip: the table has no column {missing[0]!r} (columns: {list(table.columns)}); "
                        "pass acetools.diagnostics.heterogeneity_per_layer(...) or a table with layer_type and gamma")
     types = list(dict.fromkeys(table["layer_type"]))
     g = table["gamma"].to_numpy(dtype=float)
     x = np.array([types.index(t) for t in table["layer_type"]], dtype=float)
     # deterministic jitter: spread the points of a type evenly
-    for i, t in enumerate(types):
+    for t in types:
         idx = np.flatnonzero(table["layer_type"].to_numpy() == t)
         if idx.size > 1:
             x[idx] += np.linspace(-0.2, 0.2, idx.size)
@@ -139,7 +140,8 @@ def refined_spectrum(ax, pre: Sequence[float], refined: Mapping[int, Sequence[fl
     :meth:`acetools.course.ace_step_by_step.LayerStages.refined_spectra`); ``k_ace`` marks ACE's own k."""
     k = int(k)
     if k not in refined:
-        raise KeyError(f"no refined spectrum for k = {k}; have k in {sorted(refined)[:3]}...{sorted(refined)[-3:]}")
+        raise InputKeyError(
+            f"no refined spectrum for k = {k}; have k in {sorted(refined)[:3]}...{sorted(refined)[-3:]}")
     pre = np.asarray(pre, dtype=float)
     s = np.asarray(refined[k], dtype=float)
     ax.plot(np.arange(1, pre.size + 1), np.clip(pre, 1e-16, None), color="C0", label="W_pre")

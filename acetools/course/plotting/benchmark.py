@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from ...errors import InputError
 from ...plotting._core import bar_plot, finish, heatmap
 
 __all__ = [
@@ -53,7 +54,7 @@ def method_bars(ax, agg: pd.DataFrame, suite: str, *, metric: str = "test_normal
     if not references:
         d = d[d["kind"] == "method"]
     if d.empty:
-        raise ValueError(f"no rows for suite {suite!r}")
+        raise InputError(f"no rows for suite {suite!r}")
     sd = d.get(f"{metric}_sd", pd.Series(np.nan, index=d.index)).fillna(0.0).to_numpy()
     n = int(d["n_tasks"].iloc[0])
     bar_plot(ax, d[metric].to_numpy(), labels=d["method"].tolist(), errors=sd, highlight=highlight,
@@ -156,7 +157,7 @@ def rank_scatter(ax, ours: pd.Series | Mapping[str, float], paper: pd.Series | M
     ours, paper = pd.Series(ours, dtype=float), pd.Series(paper, dtype=float)
     common = [m for m in paper.index if m in ours.index and np.isfinite(ours[m]) and np.isfinite(paper[m])]
     if not common:
-        raise ValueError("no method in common")
+        raise InputError("no method in common")
     x, y = paper[common].to_numpy(), ours[common].to_numpy()
     ax.scatter(x, y, color="C0", zorder=3)
     for m, xi, yi in zip(common, x, y):
@@ -176,7 +177,7 @@ def sweep_at(ax, traces: pd.DataFrame, alpha: float, *, method: str, value: str 
     mean against the coefficient, a marker line at ``alpha`` and the values there."""
     d = traces[traces["method"] == method]
     if d.empty:
-        raise ValueError(f"no search trace for {method!r}; have {sorted(traces['method'].unique())}")
+        raise InputError(f"no search trace for {method!r}; have {sorted(traces['method'].unique())}")
     coef = d["coef_name"].iloc[0] or "coefficient"
     for task, g in d[d["task"] != "mean"].groupby("task", sort=False):
         g = g.sort_values("alpha")
@@ -201,7 +202,7 @@ def task_bars(ax, scores: pd.DataFrame, task: str, *, highlight: Sequence[str] =
     """Every method on one task (``scores`` from :func:`acetools.results.task_scores`)."""
     d = scores[scores["task"] == task]
     if d.empty:
-        raise ValueError(f"unknown task {task!r}; tasks: {list(dict.fromkeys(scores['task']))}")
+        raise InputError(f"unknown task {task!r}; tasks: {list(dict.fromkeys(scores['task']))}")
     bar_plot(ax, d["mean"].to_numpy(), labels=d["method"].tolist(), errors=d["sd"].fillna(0.0).to_numpy(),
              highlight=highlight, ylabel=ylabel, title=f"task: {task}")
     return ax

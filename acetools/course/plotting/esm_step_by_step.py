@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ...errors import InputError
 from ...keys import short_label
 from ...plotting._core import finish
 
@@ -42,7 +43,7 @@ def short_key(key: str) -> str:
 def _check_columns(df, cols, what):
     missing = [c for c in cols if c not in df.columns]
     if missing:
-        raise ValueError(f"{what} needs columns {list(cols)}; missing {missing}")
+        raise InputError(f"{what} needs columns {list(cols)}; missing {missing}")
 
 
 def energy_curves_at_rank(ax, k: int, *, curves, r_max: int, data: str = "held-out"):
@@ -57,7 +58,7 @@ def energy_curves(ax, curves, *, data: str = "held-out", k_frac: float | None = 
     _check_columns(curves, ["layer_type", "data", "frac", "esd", "svd"], "energy_curves")
     sub = curves[curves["data"] == data]
     if sub.empty:
-        raise ValueError(f"no rows with data == {data!r}; have {sorted(curves['data'].unique())}")
+        raise InputError(f"no rows with data == {data!r}; have {sorted(curves['data'].unique())}")
     for i, (lt, g) in enumerate(sub.groupby("layer_type", sort=False)):
         m = g.groupby("frac")[["esd", "svd"]].mean()
         x = 100 * m.index.to_numpy()
@@ -78,7 +79,7 @@ def cka_bars(ax, table, *, data: str = "held-out", title: str | None = None):
     _check_columns(table, ["layer_type", "data", "cka_esd", "cka_svd"], "cka_bars")
     sub = table[table["data"] == data]
     if sub.empty:
-        raise ValueError(f"no rows with data == {data!r}")
+        raise InputError(f"no rows with data == {data!r}")
     by = sub.groupby("layer_type", sort=False)[["cka_esd", "cka_svd"]].mean()
     by.loc["all layers"] = sub[["cka_esd", "cka_svd"]].mean()
     pos = np.arange(len(by))
@@ -96,7 +97,7 @@ def gram_image(ax, G, *, block: int | None = None, title: str | None = None, vma
     ``block`` (the per-task rank k) thin lines separate the tasks' blocks."""
     G = np.asarray(G, dtype=float)
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
-        raise ValueError(f"gram_image needs a square matrix, got shape {G.shape}")
+        raise InputError(f"gram_image needs a square matrix, got shape {G.shape}")
     v = float(np.abs(G).max()) if vmax is None else float(vmax)
     im = ax.imshow(G, cmap="RdBu_r", vmin=-v, vmax=v, interpolation="nearest")
     if block:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from ...errors import InputError
 from ...plotting._core import finish
 
 __all__ = ["merges_vs_clip", "room_budget", "subspace_overlap"]
@@ -20,7 +21,7 @@ def merges_vs_clip(ax, cards: Mapping, *, target: float = 10.0):
     """Task arithmetic, TSV-M and Iso-CTS (normalized) per recipe, with CLIP ViT-B/32's
     values as dashed lines and each recipe's room (TSV-M − TA) written above its bars."""
     if not cards:
-        raise ValueError("merges_vs_clip needs at least one card")
+        raise InputError("merges_vs_clip needs at least one card")
     names = list(cards)
     x = np.arange(len(names))
     w = 0.27

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ...errors import InputError
 from ...plotting._core import finish, heatmap
 
 __all__ = [
@@ -38,7 +39,7 @@ def covariance_image(ax, M, *, title: str | None = None, cbar: bool = False):
     across matrices of different scale), diverging colour map centred at 0."""
     A = np.asarray(M.detach().cpu().double() if hasattr(M, "detach") else M, dtype=float)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
-        raise ValueError(f"covariance_image needs a square matrix, got shape {A.shape}")
+        raise InputError(f"covariance_image needs a square matrix, got shape {A.shape}")
     scale = np.abs(A).max()
     im = ax.imshow(A / scale if scale > 0 else A, cmap="RdBu_r", vmin=-1, vmax=1)
     ax.set_xticks([])
@@ -83,7 +84,7 @@ def sweep_panel(ax, data, param: str, *, metrics: Sequence[str] = ("cosine", "co
     """
     d = data[data["param"] == param] if "param" in data else data
     if d.empty:
-        raise ValueError(f"no rows with param == {param!r}; swept knobs: {sorted(set(data['param']))}")
+        raise InputError(f"no rows with param == {param!r}; swept knobs: {sorted(set(data['param']))}")
     order = list(dict.fromkeys(d["value"]))
     x, labels, numeric = _positions(order)
     pos = dict(zip(order, x))
@@ -117,7 +118,7 @@ def progress_panel(ax, data, *, hue: str = "model", metric: str = "cosine", titl
     ``hue`` value (median over tasks at each swept value, in sweep order): separates *how far*
     training went from *how* it went (optimizer, depth, non-linearity)."""
     if hue not in data:
-        raise ValueError(f"data has no column {hue!r}; add one naming each curve")
+        raise InputError(f"data has no column {hue!r}; add one naming each curve")
     for key, g in data.groupby(hue, sort=False):
         m = g.groupby("value", sort=False)[["progress", metric]].median().sort_values("progress")
         ax.plot(m["progress"], m[metric], marker="o", label=str(key))

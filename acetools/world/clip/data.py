@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...errors import InputError
 from ...utils import atomic_write, progress
 
 __all__ = ["CLIP_MEAN", "CLIP_STD", "IMAGE_EXTENSIONS", "ImageSource", "image_folder", "hf_source", "preprocess",
@@ -106,10 +107,10 @@ def hf_source(task, split: str) -> ImageSource:
     img_col = "image" if "image" in ds.column_names else "img" if "img" in ds.column_names else None
     lab_col = next((c for c in ("label", "fine_label", "labels") if c in ds.column_names), None)
     if img_col is None or lab_col is None:
-        raise ValueError(f"dataset {task.dataset} split {split}: no image/label columns in {ds.column_names}")
+        raise InputError(f"dataset {task.dataset} split {split}: no image/label columns in {ds.column_names}")
     labels = np.asarray([int(v) for v in ds[lab_col]], dtype=np.int64)
     if len(labels) and (labels.min() < 0 or labels.max() >= task.n_classes):
-        raise ValueError(f"dataset {task.dataset} split {split}: labels span {labels.min()}..{labels.max()}, "
+        raise InputError(f"dataset {task.dataset} split {split}: labels span {labels.min()}..{labels.max()}, "
                          f"but {task.name} has {task.n_classes} class names")
     fp = hashlib.sha256(f"{task.dataset}\0{task.config}\0{split}\0{getattr(ds, '_fingerprint', '')}\0"
                         f"{len(ds)}".encode()).hexdigest()

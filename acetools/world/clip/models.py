@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ...errors import InputError
 from ...utils import progress
 
 __all__ = ["HFImageEncoder", "load_hf_base", "load_hf_expert", "read_weights", "zeroshot_head", "tokenize",
@@ -65,10 +66,10 @@ def _check_config(folder: Path, wanted: Sequence[str]) -> dict:
     try:
         cfg = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"{folder / 'config.json'}: unreadable ({err})") from None
+        raise InputError(f"{folder / 'config.json'}: unreadable ({err})") from None
     mt = cfg.get("model_type")
     if mt not in wanted:
-        raise ValueError(f"{folder}: model_type {mt!r}, expected {' or '.join(wanted)}")
+        raise InputError(f"{folder}: model_type {mt!r}, expected {' or '.join(wanted)}")
     return cfg
 
 
@@ -116,10 +117,10 @@ def load_hf_expert(folder: Path, reference: Mapping[str, Tensor]) -> StateDict:
     extra = [k for k in state if k not in reference]
     if missing or extra:
         what = f"lacks {missing[0]!r}" if missing else f"has {extra[0]!r}, which the base has not"
-        raise ValueError(f"expert {folder}: its vision tower {what}")
+        raise InputError(f"expert {folder}: its vision tower {what}")
     for k, v in reference.items():
         if tuple(state[k].shape) != tuple(v.shape):
-            raise ValueError(f"expert {folder}: {k} has shape {tuple(state[k].shape)}, the base {tuple(v.shape)}")
+            raise InputError(f"expert {folder}: {k} has shape {tuple(state[k].shape)}, the base {tuple(v.shape)}")
     return {k: state[k].float().contiguous() for k in reference}
 
 
@@ -227,7 +228,7 @@ def load_openclip_state(path: Path) -> StateDict:
         if k2.startswith("visual."):
             out[k2] = v.float().contiguous() if v.is_floating_point() else v
     if not out:
-        raise ValueError(f"{path}: no visual.* (or model.visual.*) keys; keys start {sorted(raw)[:3]}")
+        raise InputError(f"{path}: no visual.* (or model.visual.*) keys; keys start {sorted(raw)[:3]}")
     return out
 
 
@@ -235,7 +236,7 @@ def load_openclip_head(path: Path) -> tuple[Tensor, Tensor | None]:
     """``(weight, bias)`` of a ``head_{Task}Val.pt`` (a ClassificationHead's state dict: ``weight``, ``bias``)."""
     raw = _load_safe(path)
     if "weight" not in raw or raw["weight"].ndim != 2:
-        raise ValueError(f"{path}: a head needs a 2-D 'weight'; keys {sorted(raw)}")
+        raise InputError(f"{path}: a head needs a 2-D 'weight'; keys {sorted(raw)}")
     return raw["weight"].float(), (raw["bias"].float() if "bias" in raw else None)
 
 
@@ -251,7 +252,7 @@ def openclip_encoder(state: Mapping[str, Tensor]):
         proj = state["visual.proj"]
         fc = state["visual.transformer.resblocks.0.mlp.c_fc.weight"]
     except KeyError as err:
-        raise ValueError(f"open_clip checkpoint lacks {err.args[0]!r} (a ViT image encoder's key)") from None
+        raise InputError(f"open_clip checkpoint lacks {err.args[0]!r} (a ViT image encoder's key)") from None
     width, patch = int(conv.shape[0]), int(conv.shape[-1])
     grid = int(round((pos.shape[0] - 1) ** 0.5))
     layers = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"visual\.transformer\.resblocks\.(\d+)\.", k)))
@@ -261,5 +262,5 @@ def openclip_encoder(state: Mapping[str, Tensor]):
     enc = ImageEncoder(_vision_tower(cfg), grid * patch, name="open_clip ViT")
     missing, unexpected = enc.load_state_dict(dict(state), strict=False)
     if missing or unexpected:
-        raise ValueError(f"open_clip checkpoint does not fit a ViT: missing {missing[:2]}, unexpected {unexpected[:2]}")
+        raise InputError(f"open_clip checkpoint does not fit a ViT: missing {missing[:2]}, unexpected {unexpected[:2]}")
     return enc.eval()

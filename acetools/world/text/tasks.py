@@ -16,6 +16,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ...errors import InputError
 from .sources import SOURCES, provenance
 
 __all__ = ["TextTask", "TextData", "TASKS", "SUITES", "build_task", "suite_tasks"]
@@ -72,7 +73,7 @@ def build_task(task: TextTask) -> dict[str, TextData]:
     raw = SOURCES[task.source].read()
     missing = [c for c in task.classes if c not in raw]
     if missing:
-        raise ValueError(f"task {task.name!r}: source {task.source!r} has no class {missing[0]!r} "
+        raise InputError(f"task {task.name!r}: source {task.source!r} has no class {missing[0]!r} "
                          f"(it has {sorted(raw)[:12]}...)")
     owner: dict[str, set[str]] = {}
     for c in task.classes:
@@ -83,7 +84,7 @@ def build_task(task: TextTask) -> dict[str, TextData]:
     for i, c in enumerate(task.classes):
         texts = sorted({t for t in raw[c] if len(owner[t]) == 1})
         if len(texts) < need:
-            raise ValueError(f"task {task.name!r}: class {c!r} has {len(texts)} distinct texts, "
+            raise InputError(f"task {task.name!r}: class {c!r} has {len(texts)} distinct texts, "
                              f"{need} needed (n_train + n_val + n_test per class)")
         # order by a hash of (task, text): a source that gains or loses a few texts (a Debian
         # point release) moves only those texts, not the whole class's split
@@ -143,5 +144,5 @@ SUITES: dict[str, tuple[str, ...]] = {
 
 def suite_tasks(suite: str) -> tuple[str, ...]:
     if suite not in SUITES:
-        raise ValueError(f"unknown text suite {suite!r}; valid: {sorted(SUITES)}")
+        raise InputError(f"unknown text suite {suite!r}; valid: {sorted(SUITES)}")
     return SUITES[suite]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ...errors import InputError, InputKeyError
 from ...utils import atomic_write, progress, resolve_device
 from .finetune import TextFinetuneConfig, evaluate_text, finetune_text, head_from_state, head_state, zeroshot_head
 from .model import TextEncoder, load_tokenizer, merged_keys
@@ -89,20 +90,20 @@ class TextWorld:
                  root: str | os.PathLike | None = None, device: str | torch.device = "cpu",
                  threads: int | None = None):
         if profile not in ("full", "quick"):
-            raise ValueError(f"profile={profile!r}: choose 'full' or 'quick'")
+            raise InputError(f"profile={profile!r}: choose 'full' or 'quick'")
         self.profile = profile
         catalogue = FIXTURE_TASKS if profile == "quick" else TASKS
         if isinstance(suite, str):
             suites = {"fixture": tuple(FIXTURE_TASKS)} if profile == "quick" else TEXT_SUITES
             if suite not in suites:
-                raise ValueError(f"unknown text suite {suite!r} for profile {profile!r}; valid: {sorted(suites)}")
+                raise InputError(f"unknown text suite {suite!r} for profile {profile!r}; valid: {sorted(suites)}")
             self.suite: str | None = suite
             names = list(suites[suite])
         else:
             self.suite, names = None, list(suite)
         unknown = [t for t in names if t not in catalogue]
         if unknown or not names or len(set(names)) != len(names):
-            raise ValueError(f"tasks must be distinct names from {sorted(catalogue)}; got {names}")
+            raise InputError(f"tasks must be distinct names from {sorted(catalogue)}; got {names}")
         self.tasks: list[str] = names
         self.task_specs = {t: catalogue[t] for t in names}
         self.seed = int(seed)
@@ -114,7 +115,7 @@ class TextWorld:
         else:
             bad = set(finetune) - set(default.to_dict())
             if bad:
-                raise ValueError(f"unknown fine-tuning option {sorted(bad)[0]!r}; valid: {sorted(default.to_dict())}")
+                raise InputError(f"unknown fine-tuning option {sorted(bad)[0]!r}; valid: {sorted(default.to_dict())}")
             self.config = replace(default, **finetune)
         self.root = text_cache_root(root)
         self.device = resolve_device(device)
@@ -168,7 +169,7 @@ class TextWorld:
         return {k: full[k] for k in merged_keys(full)}
 
     def base_hash(self) -> str:
-        from ..vision.zoo import state_hash
+        from ...files.checkpoints import state_hash
 
         return state_hash(self.full_base())
 
@@ -176,13 +177,13 @@ class TextWorld:
         """A task's split (cached as JSON keyed by its spec and its sources' versions)."""
         self._check_task(task)
         if split not in ("train", "val", "test"):
-            raise ValueError(f"split={split!r}: choose 'train', 'val' or 'test'")
+            raise InputError(f"split={split!r}: choose 'train', 'val' or 'test'")
         if task not in self._data:
             self._data[task] = self._load_task(self.task_specs[task])
         return self._data[task][split]
 
     def _load_task(self, spec: TextTask) -> dict[str, TextData]:
-        from ..vision.zoo import config_hash
+        from ...files.checkpoints import config_hash
 
         key_fields = {"spec": spec.spec(), "provenance": task_provenance(spec), "version": TEXT_WORLD_VERSION}
         key = config_hash(key_fields)
@@ -204,11 +205,11 @@ class TextWorld:
 
     def _check_task(self, task: str) -> None:
         if task not in self.task_specs:
-            raise KeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
+            raise InputKeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
 
     # ----------------------------------------------------------------- experts
     def _expert_path(self, task: str) -> tuple[Path, str, dict]:
-        from ..vision.zoo import config_hash
+        from ...files.checkpoints import config_hash
 
         data = {s: self.split(task, s).hash for s in ("train", "val", "test")}
         fields = {"task": task, "base": self.base_hash(), "data": data, "recipe": self.config.to_dict(),
@@ -235,7 +236,7 @@ class TextWorld:
         self._check_task(task)
         if task in self._experts:
             return self._experts[task]
-        from ..vision.zoo import CheckpointError, load_checkpoint, save_checkpoint
+        from ...files.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 
         path, key, fields = self._expert_path(task)
         if path.is_file():

@@ -36,9 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .models import ClassificationHead, Classifier, ImageEncoder, build_encoder, load_encoder
+from ...errors import InputError
 from ...utils import make_generator, resolve_device, seed_everything
 from ...utils import progress as _progress
+from .models import ClassificationHead, Classifier, ImageEncoder, build_encoder, load_encoder
 
 __all__ = [
     "PretrainConfig",
@@ -129,7 +130,7 @@ def key_config(cfg: PretrainConfig | FinetuneConfig) -> dict[str, Any]:
 def _autocast(precision: str, device: torch.device):
     """The autocast context of a config's ``precision`` (a no-op for ``"fp32"``)."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
+        raise InputError(f"precision={precision!r} must be one of {PRECISIONS}")
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
@@ -294,7 +295,7 @@ def _read_resume(path) -> tuple[dict[str, Tensor], dict[str, Any]]:
         meta = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     if "acetools.resume" not in meta:
-        raise ValueError("it has no 'acetools.resume' metadata (not written by acetools' pretraining)")
+        raise InputError("it has no 'acetools.resume' metadata (not written by acetools' pretraining)")
     return tensors, json.loads(meta["acetools.resume"])
 
 
@@ -338,7 +339,7 @@ class _PoolHeads(nn.Module):
     def __init__(self, head_classes: Mapping[str, int], dim: int, head_type: str, logit_scale: float):
         super().__init__()
         if head_type not in ("linear", "cosine"):
-            raise ValueError(f"head_type must be 'linear' or 'cosine', got {head_type!r}")
+            raise InputError(f"head_type must be 'linear' or 'cosine', got {head_type!r}")
         self.head_type = head_type
         self.logit_scale = logit_scale
         self.heads = nn.ModuleDict(
@@ -381,16 +382,7 @@ def pretrain_base(
     """
     cfg = replace(config or PretrainConfig(), **overrides)
     dev = resolve_device(device)
-    x = _as_tensor(pool.x)
-    labels = {k: _as_tensor(v, torch.long) for k, v in pool.labels.items()}
-    head_classes = {k: int(v) for k, v in pool.head_classes.items()}
-    if set(labels) != set(head_classes):
-        raise ValueError(f"pool.labels heads {sorted(labels)} differ from head_classes {sorted(head_classes)}")
-    for k, lab in labels.items():
-        if lab.shape[0] != x.shape[0]:
-            raise ValueError(f"head {k!r}: {lab.shape[0]} labels for {x.shape[0]} images")
-        if lab.max() >= head_classes[k]:
-            raise ValueError(f"head {k!r}: label {int(lab.max())} >= head_classes {head_classes[k]}")
+    x, labels, head_classes = _pool_tensors(pool)
     n = x.shape[0]
     per_epoch, total = _n_steps(n, cfg.batch_size, cfg.epochs)
     if cfg.steps is not None:
@@ -420,23 +412,10 @@ def pretrain_base(
             xb = x[idx]
             if cfg.augment or cfg.hflip:
                 xb = augment_batch(xb, g, crop=cfg.augment, hflip=cfg.hflip)
-            with autocast:
-                logits = heads(enc(xb.to(dev)))
-            logits = {k: v.float() for k, v in logits.items()}
-            losses, hits = [], {}
-            for k, lg in logits.items():
-                yb = labels[k][idx].to(dev)
-                m = yb >= 0
-                if m.any():
-                    losses.append(F.cross_entropy(lg[m], yb[m]))
-                    hits[k] = (int((lg[m].argmax(-1) == yb[m]).sum()), int(m.sum()))
-            if losses:  # else no image of this batch is labelled for any head
-                loss = torch.stack(losses).mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.grad_clip:
-                    nn.utils.clip_grad_norm_(enc.parameters(), cfg.grad_clip)
-                opt.step()
+            got = _pretrain_step(enc, heads, opt, xb, {k: lab[idx] for k, lab in labels.items()}, dev, autocast,
+                                 cfg.grad_clip)
+            if got is not None:  # else no image of this batch is labelled for any head
+                loss, hits = got
                 window.append((loss.item(), hits))
                 window = window[-per_epoch:]
                 if hasattr(bar, "set_postfix"):
@@ -448,12 +427,58 @@ def pretrain_base(
         seconds = done_s + time.perf_counter() - t0
         if checkpoint is not None and os.path.exists(checkpoint):
             os.remove(checkpoint)
+    return _state(enc), _pretrain_recipe(size, cfg, seed, n, head_classes, total, per_epoch, seconds, n_threads,
+                                         window)
+
+
+def _pool_tensors(pool) -> tuple[Tensor, dict[str, Tensor], dict[str, int]]:
+    """``(x, labels per head, classes per head)`` of a pretraining pool, checked (errors name the head)."""
+    x = _as_tensor(pool.x)
+    labels = {k: _as_tensor(v, torch.long) for k, v in pool.labels.items()}
+    head_classes = {k: int(v) for k, v in pool.head_classes.items()}
+    if set(labels) != set(head_classes):
+        raise InputError(f"pool.labels heads {sorted(labels)} differ from head_classes {sorted(head_classes)}")
+    for k, lab in labels.items():
+        if lab.shape[0] != x.shape[0]:
+            raise InputError(f"head {k!r}: {lab.shape[0]} labels for {x.shape[0]} images")
+        if lab.max() >= head_classes[k]:
+            raise InputError(f"head {k!r}: label {int(lab.max())} >= head_classes {head_classes[k]}")
+    return x, labels, head_classes
+
+
+def _pretrain_step(enc, heads, opt, xb: Tensor, yb: Mapping[str, Tensor], dev, autocast, grad_clip):
+    """One optimizer step on a batch: the mean over heads present in the batch of each head's
+    cross-entropy over its labelled images; ``(loss, hits per head)``, or None when no image of
+    the batch is labelled for any head (no step)."""
+    with autocast:
+        logits = heads(enc(xb.to(dev)))
+    logits = {k: v.float() for k, v in logits.items()}
+    losses, hits = [], {}
+    for k, lg in logits.items():
+        y = yb[k].to(dev)
+        m = y >= 0
+        if m.any():
+            losses.append(F.cross_entropy(lg[m], y[m]))
+            hits[k] = (int((lg[m].argmax(-1) == y[m]).sum()), int(m.sum()))
+    if not losses:
+        return None
+    loss = torch.stack(losses).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        nn.utils.clip_grad_norm_(enc.parameters(), grad_clip)
+    opt.step()
+    return loss, hits
+
+
+def _pretrain_recipe(size, cfg, seed, n, head_classes, total, per_epoch, seconds, n_threads, window) -> dict:
+    """The base's recipe: config, data and schedule sizes, time, and the last epoch's loss and accuracies."""
     head_acc = {}
     for _, hits in window:
         for k, (c, m) in hits.items():
             a, b = head_acc.get(k, (0, 0))
             head_acc[k] = (a + c, b + m)
-    recipe = {
+    return {
         "kind": "base",
         "size": size if isinstance(size, str) else getattr(size, "__name__", "custom"),
         "config": asdict(cfg),
@@ -469,7 +494,6 @@ def pretrain_base(
         "final_train_acc": {k: c / max(1, m) for k, (c, m) in head_acc.items()},
         "versions": _versions(),
     }
-    return _state(enc), recipe
 
 
 # --------------------------------------------------------------------------- fine-tuning
@@ -543,7 +567,7 @@ def train_multitask(
     """
     cfg = replace(config or FinetuneConfig(), **overrides)
     if set(heads) != set(datasets):
-        raise ValueError(f"heads {sorted(heads)} and datasets {sorted(datasets)} name different tasks")
+        raise InputError(f"heads {sorted(heads)} and datasets {sorted(datasets)} name different tasks")
     aug = {
         t: ((augment or {}).get(t, cfg.augment), (hflip or {}).get(t, cfg.hflip)) for t in datasets
     }
@@ -570,10 +594,10 @@ def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, thread
     ys = [_as_tensor(datasets[t].y, torch.long) for t in tasks]
     for t, x, y in zip(tasks, xs, ys):
         if x.shape[0] != y.shape[0]:
-            raise ValueError(f"task {t!r}: {x.shape[0]} images but {y.shape[0]} labels")
+            raise InputError(f"task {t!r}: {x.shape[0]} images but {y.shape[0]} labels")
         n_cls = heads[t].n_classes
         if y.numel() and (y.min() < 0 or y.max() >= n_cls):
-            raise ValueError(f"task {t!r}: labels must be in 0..{n_cls - 1}")
+            raise InputError(f"task {t!r}: labels must be in 0..{n_cls - 1}")
     x_all = torch.cat(xs) if len(xs) > 1 else xs[0]
     y_all = torch.cat(ys) if len(ys) > 1 else ys[0]
     t_all = torch.cat([torch.full((len(y),), i, dtype=torch.long) for i, y in enumerate(ys)])
@@ -679,13 +703,13 @@ def evaluate(
     dev = resolve_device(device)
     if isinstance(model, Mapping):
         if size is None:
-            raise ValueError("evaluate() needs size= to build an encoder for a state dict")
+            raise InputError("evaluate() needs size= to build an encoder for a state dict")
         model = _make_encoder(size, model)
     if isinstance(model, Classifier):
         clf = model if head is None else Classifier(model.encoder, head)
     else:
         if head is None:
-            raise ValueError("evaluate() needs a head for an encoder")
+            raise InputError("evaluate() needs a head for an encoder")
         clf = Classifier(model, head)
     clf = clf.to(dev)
     was_training = clf.training

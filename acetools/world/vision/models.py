@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...errors import InputError, InputTypeError
 from ...utils import progress as _progress
 from ...utils import resolve_device
 
@@ -138,7 +139,7 @@ def model_config(size: str) -> dict:
     name = size if size.startswith(_PREFIX) or size not in SIZES else _PREFIX + size
     cfg = open_clip.get_model_config(name)
     if cfg is None:
-        raise ValueError(
+        raise InputError(
             f"unknown model size {size!r}: use one of {sorted(SIZES)} or an open_clip model name "
             f"such as 'ViT-B-32' (open_clip.list_models())"
         )
@@ -179,14 +180,14 @@ class ImageEncoder(nn.Module):
     def preprocess(self, x: Tensor) -> Tensor:
         """uint8 (0..255) or float (0..1) images -> normalised float input of the tower."""
         if x.ndim != 4 or x.shape[1] != 3:
-            raise ValueError(f"expected images of shape [N, 3, H, W], got {tuple(x.shape)}")
+            raise InputError(f"expected images of shape [N, 3, H, W], got {tuple(x.shape)}")
         dtype = self.mean.dtype
         if x.dtype == torch.uint8:
             x = x.to(self.mean.device, dtype).div_(255.0)
         elif x.is_floating_point():
             x = x.to(self.mean.device, dtype)
         else:
-            raise TypeError(f"images must be uint8 or float, got {x.dtype}")
+            raise InputTypeError(f"images must be uint8 or float, got {x.dtype}")
         if x.shape[-2:] != (self.image_size, self.image_size):
             x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bicubic", align_corners=False)
         return (x - self.mean) / self.std
@@ -207,7 +208,7 @@ class ClassificationHead(nn.Module):
     def __init__(self, weight: Tensor, normalize: bool = True, class_names: Sequence[str] | None = None):
         super().__init__()
         if weight.ndim != 2:
-            raise ValueError(f"head weight must be [n_classes, embed_dim], got {tuple(weight.shape)}")
+            raise InputError(f"head weight must be [n_classes, embed_dim], got {tuple(weight.shape)}")
         self.weight = nn.Parameter(weight.detach().clone().float(), requires_grad=False)
         self.normalize = normalize
         self.class_names = list(class_names) if class_names is not None else None
@@ -262,7 +263,7 @@ def build_encoder(
     """
     if size in SIZES or size.startswith(_PREFIX):
         if pretrained is not None:
-            raise ValueError(
+            raise InputError(
                 f"size {size!r} has no published weights; load a base with load_encoder() or a Zoo"
             )
         cfg = model_config(size)
@@ -336,7 +337,7 @@ def build_clip(
     if pretrained is not None and not os.path.isfile(str(pretrained)):
         tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
         if not tag_cfg:
-            raise ValueError(
+            raise InputError(
                 f"pretrained={pretrained!r} is neither a file nor a known open_clip tag for {name!r}; "
                 f"known tags: {open_clip.list_pretrained_tags_by_model(name)}"
             )
@@ -392,7 +393,7 @@ def load_encoder(
     enc = build_encoder(size, device="cpu")
     missing, unexpected = enc.load_state_dict(dict(state), strict=False)
     if missing or unexpected:
-        raise ValueError(
+        raise InputError(
             f"state dict does not fit size {size!r}: missing {sorted(missing)[:5]}..., "
             f"unexpected {sorted(unexpected)[:5]}..."
         )
@@ -452,12 +453,12 @@ def prototype_head(
     feats = F.normalize(encode(encoder, x, batch_size=batch_size, device=device), dim=-1)
     y = torch.as_tensor(y).long().cpu()
     if y.shape[0] != feats.shape[0]:
-        raise ValueError(f"{feats.shape[0]} images but {y.shape[0]} labels")
+        raise InputError(f"{feats.shape[0]} images but {y.shape[0]} labels")
     if y.numel() and (y.min() < 0 or y.max() >= n_classes):
-        raise ValueError(f"labels must be in 0..{n_classes - 1}, got {int(y.min())}..{int(y.max())}")
+        raise InputError(f"labels must be in 0..{n_classes - 1}, got {int(y.min())}..{int(y.max())}")
     counts = torch.bincount(y, minlength=n_classes)
     if (counts == 0).any():
-        raise ValueError(f"classes without images: {torch.nonzero(counts == 0).flatten().tolist()}")
+        raise InputError(f"classes without images: {torch.nonzero(counts == 0).flatten().tolist()}")
     sums = torch.zeros(n_classes, feats.shape[1]).index_add_(0, y, feats)
     protos = F.normalize(sums / counts[:, None], dim=-1)
     return ClassificationHead(protos * logit_scale, class_names=class_names)

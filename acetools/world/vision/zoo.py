@@ -33,6 +33,7 @@ plus ``base_<size>.json`` (recipe, content hash, the command that rebuilds it; s
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -40,7 +41,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-import dataclasses
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ...errors import InputError, InputKeyError, InputTypeError
+from ...files.checkpoints import (  # noqa: F401  (the zoo's checkpoint format, re-exported for compatibility)
+    CheckpointError,
+    _tensor_bytes,
+    config_hash,
+    load_checkpoint,
+    save_checkpoint,
+    sidecar_path,
+    state_hash,
+)
+from ...utils import atomic_write
+from ...utils import progress as _progress
 from . import finetune as _ft
 from .finetune import FinetuneConfig, PretrainConfig
 from .models import (
@@ -59,8 +71,6 @@ from .models import (
     model_config,
     prototype_head,
 )
-from ...utils import atomic_write
-from ...utils import progress as _progress
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +103,6 @@ class _NotCached(Exception):
     """Raised inside :meth:`Zoo.missing` instead of building an entry."""
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, unreadable, or its tensors do not match their hash."""
-
-
 # --------------------------------------------------------------------------- hashing and files
 
 
@@ -108,21 +114,6 @@ def cache_root(root: str | os.PathLike | None = None) -> Path:
     if env:
         return Path(env).expanduser() / "zoo"
     return Path("~/.cache/acetools/zoo").expanduser()
-
-
-def _tensor_bytes(t: Tensor) -> memoryview:
-    t = t.detach().to("cpu").contiguous()
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
-
-
-def state_hash(state: Mapping[str, Tensor]) -> str:
-    """SHA-256 of a state dict's contents: every key (sorted), dtype, shape and raw bytes."""
-    h = hashlib.sha256()
-    for k in sorted(state):
-        t = state[k]
-        h.update(f"{k}|{str(t.dtype)}|{tuple(t.shape)}|".encode())
-        h.update(_tensor_bytes(t))
-    return h.hexdigest()
 
 
 def data_hash(data) -> str:
@@ -145,85 +136,6 @@ def data_hash(data) -> str:
         h.update(f"label:{k}:{int(data.head_classes[k])}|".encode())
         h.update(_tensor_bytes(torch.as_tensor(data.labels[k])))
     return h.hexdigest()
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if hasattr(obj, "__dataclass_fields__"):
-        return _jsonable(asdict(obj))
-    return obj
-
-
-def config_hash(obj: Any) -> str:
-    """SHA-256 of a JSON-able object (canonical JSON: sorted keys, no whitespace)."""
-    return hashlib.sha256(json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _sidecar(path: Path) -> Path:
-    return path.with_suffix(".json")
-
-
-def save_checkpoint(path: str | os.PathLike, state: Mapping[str, Tensor], meta: Mapping[str, Any]) -> dict:
-    """Write ``state`` as safetensors and ``meta`` (+ ``content_sha256``) as a JSON sidecar.
-
-    Both writes are atomic; the tensors go first, so a sidecar exists only next to a
-    complete tensor file. Returns the sidecar dict.
-    """
-    from safetensors.torch import save
-
-    path = Path(path)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-    digest = state_hash(tensors)
-    payload = save(tensors, metadata={"content_sha256": digest, "format": "pt"})
-    with atomic_write(path, "wb") as fh:
-        fh.write(payload)
-    side = dict(_jsonable(meta))
-    side["content_sha256"] = digest
-    side["file"] = path.name
-    with atomic_write(_sidecar(path), "w") as fh:
-        json.dump(side, fh, indent=1, sort_keys=True)
-    return side
-
-
-def load_checkpoint(
-    path: str | os.PathLike, *, expected_hash: str | None = None, verify: bool = True
-) -> tuple[StateDict, dict]:
-    """Load a checkpoint and its sidecar; raise :class:`CheckpointError` if anything is off.
-
-    With ``verify`` the tensors are hashed and compared to ``expected_hash`` (default: the
-    sidecar's ``content_sha256``, else the file's own metadata).
-    """
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
-    side: dict = {}
-    if _sidecar(path).is_file():
-        try:
-            side = json.loads(_sidecar(path).read_text())
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"unreadable sidecar {_sidecar(path)}: {err}") from err
-    try:
-        state = load_file(str(path))
-        with safe_open(str(path), "pt") as f:
-            file_meta = f.metadata() or {}
-    except Exception as err:  # safetensors raises its own error types for truncated files
-        raise CheckpointError(f"unreadable checkpoint {path}: {err}") from err
-    if verify:
-        want = expected_hash or side.get("content_sha256") or file_meta.get("content_sha256")
-        got = state_hash(state)
-        if want is None:
-            raise CheckpointError(f"{path} has no recorded content hash to verify against")
-        if got != want:
-            raise CheckpointError(f"{path}: content hash {got[:12]}... does not match the recorded {want[:12]}...")
-    return state, side
 
 
 # --------------------------------------------------------------------------- the zoo
@@ -295,14 +207,14 @@ class Zoo:
         if isinstance(tasks, str):
             suites = self._data_module().SUITES
             if tasks not in suites:
-                raise ValueError(f"unknown suite {tasks!r}; suites: {sorted(suites)}")
+                raise InputError(f"unknown suite {tasks!r}; suites: {sorted(suites)}")
             self.suite: str | None = tasks
             tasks = list(suites[tasks])
         else:
             self.suite = None
         self.tasks: list[str] = list(tasks)
         if len(set(self.tasks)) != len(self.tasks) or not self.tasks:
-            raise ValueError(f"tasks must be a non-empty list of distinct names, got {self.tasks}")
+            raise InputError(f"tasks must be a non-empty list of distinct names, got {self.tasks}")
         self.size = size
         model_config(size)  # fail early on an unknown size
         self.seed = int(seed)
@@ -347,7 +259,7 @@ class Zoo:
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(names))
         if unknown:
-            raise TypeError(f"{cls.__name__} has no field(s) {unknown}; fields: {names}")
+            raise InputTypeError(f"{cls.__name__} has no field(s) {unknown}; fields: {names}")
         return replace(cls(), **values)
 
     def __repr__(self) -> str:
@@ -407,7 +319,7 @@ class Zoo:
         key = config_hash(key_fields)
         path = path.with_name(f"{path.name}-{key[:16]}.safetensors")
         side = None
-        if path.is_file() and _sidecar(path).is_file():
+        if path.is_file() and sidecar_path(path).is_file():
             try:
                 state, side = load_checkpoint(path)
                 if side.get("key") != key:
@@ -467,14 +379,14 @@ class Zoo:
         except Exception as err:  # safetensors' own error types for a damaged header
             raise CheckpointError(f"unreadable base file {path}: {err}; pass a safetensors state dict or use "
                                   "Zoo(..., base='train')") from err
-        if _sidecar(path).is_file() or recorded:
+        if sidecar_path(path).is_file() or recorded:
             try:
                 return load_checkpoint(path, verify=True)
             except CheckpointError as err:
                 raise CheckpointError(
                     f"the base file {path} does not match the content hash recorded in its sidecar or metadata "
-                    f"({err}); fix or remove {_sidecar(path).name}, pass the file the hash was recorded for, or use "
-                    "Zoo(..., base='train')"
+                    f"({err}); fix or remove {sidecar_path(path).name}, pass the file the hash was recorded for, "
+                    "or use Zoo(..., base='train')"
                 ) from err
         state, side = load_checkpoint(path, verify=False)
         got = state_hash(state)
@@ -691,7 +603,7 @@ class Zoo:
             return self.expert_state(task)
         if kind == "mtl":
             return self.mtl_state()
-        raise KeyError(f"unknown entry kind {kind!r}; kinds: base, head, expert, mtl")
+        raise InputKeyError(f"unknown entry kind {kind!r}; kinds: base, head, expert, mtl")
 
     def _steps(self, mtl: bool | None) -> list[tuple[str, str | None]]:
         steps = [("base", None)] + [("head", t) for t in self.tasks] + [("expert", t) for t in self.tasks]
@@ -722,7 +634,7 @@ class Zoo:
 
     def _check_task(self, task: str) -> None:
         if task not in self.tasks:
-            raise KeyError(f"task {task!r} is not in this zoo; tasks: {self.tasks}")
+            raise InputKeyError(f"task {task!r} is not in this zoo; tasks: {self.tasks}")
 
     def encoder(self, state: Mapping[str, Tensor] | None = None) -> ImageEncoder:
         """An encoder of this zoo's size holding ``state`` (default: the base)."""

@@ -15,9 +15,8 @@ import torch
 from matplotlib.collections import PathCollection
 
 from acetools.course import ace_step_by_step as AC
-from acetools.merging import task_vectors
 from acetools.course.plotting import ace_step_by_step as P
-
+from acetools.merging import task_vectors
 from tests.conftest import make_world
 
 

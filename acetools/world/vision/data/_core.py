@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ....errors import AcetoolsError, InputError
 from ....utils import atomic_write
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 
-class DataSourceError(RuntimeError):
+class DataSourceError(AcetoolsError, RuntimeError):
     """A data source is missing; the message says exactly how to obtain it."""
 
 
@@ -74,7 +75,7 @@ class TaskInfo:
 
     def __post_init__(self):
         if len(self.class_names) != self.n_classes:
-            raise ValueError(f"task {self.name!r}: {len(self.class_names)} class names for {self.n_classes} classes")
+            raise InputError(f"task {self.name!r}: {len(self.class_names)} class names for {self.n_classes} classes")
 
 
 @dataclass
@@ -238,7 +239,7 @@ def load_npz(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     with open(path, "rb") as fh:
         head = fh.read(5)
         if head != b"ACEZ1":
-            raise ValueError(f"{path} is not an acetools data cache file")
+            raise InputError(f"{path} is not an acetools data cache file")
         raw = zlib.decompress(fh.read())
     with np.load(io.BytesIO(raw), allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files if k != "__meta__"}
@@ -257,9 +258,9 @@ def to_tensor_images(x: np.ndarray) -> torch.Tensor:
 
 def check_split_args(split: str, n: int | None) -> None:
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+        raise InputError(f"unknown split {split!r}; use one of {SPLITS}")
     if n is not None and (not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0):
-        raise ValueError(f"n must be a non-negative int or None, got {n!r}")
+        raise InputError(f"n must be a non-negative int or None, got {n!r}")
 
 
 def suggest(name: str, known: Sequence[str]) -> str:

@@ -16,6 +16,7 @@ from types import MappingProxyType
 import numpy as np
 import torch
 
+from ....errors import InputError
 from . import patterns, scenes
 from ._core import SPLIT_ID, TaskData, TaskInfo
 from .registry import TaskSpec, procedural
@@ -30,7 +31,7 @@ def tiny_task(n_classes: int = 3, n: int = 60, seed: int = 0, split: str = "trai
     random phase and contrast, a little noise; balanced classes, ``x`` uint8 [n, 3, size, size].
     The same ``(n_classes, n, seed, split)`` always gives the same bytes."""
     if n_classes < 2:
-        raise ValueError("n_classes must be >= 2")
+        raise InputError("n_classes must be >= 2")
     rng = np.random.default_rng([seed, SPLIT_ID.get(split, 3), n_classes, size])
     y = np.arange(n) % n_classes
     rng.shuffle(y)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from ....errors import InputError
 from ._core import DataSourceError
 from .render import BIG, SUPERSAMPLE, composite, downsample, random_colours
 
@@ -85,7 +86,7 @@ def _master(path: str, ch: str) -> tuple[Image.Image, float, float]:
     ImageDraw.Draw(im).text((4 - left, 4 - top), ch, font=font, fill=255)
     box = im.getbbox()
     if box is None:
-        raise ValueError(f"glyph {ch!r} has no ink in font {os.path.basename(path)}")
+        raise InputError(f"glyph {ch!r} has no ink in font {os.path.basename(path)}")
     return im, (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
 
 

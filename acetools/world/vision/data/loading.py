@@ -19,9 +19,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ....errors import InputError, InputTypeError
 from ....utils import progress
-from ._core import (SPLITS, TaskData, TaskInfo, cache_key, cache_path, check_split_args, data_root, digest_arrays,
-                    load_npz, row_hashes, save_npz, suggest, to_tensor_images)
+from ._core import (
+    SPLITS,
+    TaskData,
+    TaskInfo,
+    cache_key,
+    cache_path,
+    check_split_args,
+    data_root,
+    digest_arrays,
+    load_npz,
+    row_hashes,
+    save_npz,
+    suggest,
+    to_tensor_images,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +57,11 @@ def all_task_names() -> list[str]:
 
 def _spec(name: str):
     if not isinstance(name, str):
-        raise TypeError(f"task name must be a str, got {type(name).__name__}")
+        raise InputTypeError(f"task name must be a str, got {type(name).__name__}")
     for reg in _registries():
         if name in reg:
             return reg[name]
-    raise ValueError(f"unknown task {name!r}{suggest(name, all_task_names())} "
+    raise InputError(f"unknown task {name!r}{suggest(name, all_task_names())} "
                      f"Known tasks: {', '.join(all_task_names())}.")
 
 
@@ -132,7 +146,7 @@ def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, 
         return online.load_split(name, split, root=data_root(root), allow_download=allow_download, n=n)
     full = int(info.sizes[split])
     if n is not None and n > full:
-        raise ValueError(f"task {name!r} has {full} {split} images; n={n} asks for more")
+        raise InputError(f"task {name!r} has {full} {split} images; n={n} asks for more")
     root_p = data_root(root)
     path = cache_path(root_p, name, _key_params(spec))
     if spec.cache and path.is_file():

@@ -24,8 +24,18 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ._core import (SPLITS, DataSourceError, TaskData, TaskInfo, cache_path, digest_arrays, load_npz, save_npz,
-                    stable_int)
+from ....errors import InputError
+from ._core import (
+    SPLITS,
+    DataSourceError,
+    TaskData,
+    TaskInfo,
+    cache_path,
+    digest_arrays,
+    load_npz,
+    save_npz,
+    stable_int,
+)
 
 ONLINE_VERSION = 1
 VAL_FRACTION, VAL_MAX, TEST_FRACTION = 0.1, 5000, 0.2
@@ -261,7 +271,7 @@ def load_split(name: str, split: str, *, root: Path, allow_download: bool = Fals
     x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
     if n is not None:
         if n > len(y):
-            raise ValueError(f"task {name!r} has {len(y)} {split} images; n={n} asks for more")
+            raise InputError(f"task {name!r} has {len(y)} {split} images; n={n} asks for more")
         x, y = x[:n], y[:n]
     return TaskData(x=torch.from_numpy(np.ascontiguousarray(x)), y=torch.from_numpy(np.ascontiguousarray(y)),
                     class_names=tuple(meta.get("class_names") or ONLINE_SPECS[name].info.class_names),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from ....errors import InputError
 from ._core import IMAGE_SIZE
 from .render import SUPERSAMPLE, box_reduce, composite, downsample, new_mask, pixel_grid, random_colours
 
@@ -139,7 +141,7 @@ def texture_alpha(family: str, period: float, rng: np.random.Generator) -> np.nd
     elif family == "plaid":
         return box_reduce(0.5 + 0.25 * np.sin(2 * math.pi * u / p) + 0.25 * np.sin(2 * math.pi * v / (1.7 * p)), _GS)
     else:
-        raise ValueError(f"unknown texture family {family!r}")
+        raise InputError(f"unknown texture family {family!r}")
     return box_reduce(m.astype(np.float64), _GS)
 
 

@@ -27,10 +27,21 @@ import time
 import numpy as np
 import torch
 
+from ....errors import InputError
 from . import glyphs, patterns, scenes
 from . import sources as _src
-from ._core import (PretrainData, SampleStream, balanced_labels, cache_path, data_root, digest_arrays, load_npz,
-                    save_npz, stable_int, to_tensor_images)
+from ._core import (
+    PretrainData,
+    SampleStream,
+    balanced_labels,
+    cache_path,
+    data_root,
+    digest_arrays,
+    load_npz,
+    save_npz,
+    stable_int,
+    to_tensor_images,
+)
 from .registry import animal_partition, fashion_partition
 
 __all__ = ["pretraining_pool", "POOL_SOURCES", "POOL_VERSION"]
@@ -105,7 +116,7 @@ def pretraining_pool(*, root: str | os.PathLike | None = None, seed: int = 0, n_
     """
     unknown = set(sources) - set(POOL_SOURCES)
     if unknown:
-        raise ValueError(f"unknown pool sources {sorted(unknown)}; known: {POOL_SOURCES}")
+        raise InputError(f"unknown pool sources {sorted(unknown)}; known: {POOL_SOURCES}")
     root_p = data_root(root)
     params = {"version": POOL_VERSION, "seed": seed, "n_per_source": n_per_source, "sources": list(sources)}
     path = cache_path(root_p, "pool", params)
@@ -114,7 +125,7 @@ def pretraining_pool(*, root: str | os.PathLike | None = None, seed: int = 0, n_
     else:
         t0 = time.perf_counter()
         xs, src, heads = [], [], {h: [] for h in HEADS}
-        for s_i, source in enumerate(sources):
+        for source in sources:
             if source in ("fashion", "animals"):
                 x, lab = _real(source, n_per_source, seed, root_p, allow_download)
             else:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ....errors import InputError
 from ._core import DataSourceError, stable_int
 
 FASHION_CLASSES: tuple[str, ...] = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
@@ -42,7 +43,7 @@ def read_idx(path: Path) -> np.ndarray:
     with opener(path, "rb") as fh:
         data = fh.read()
     if data[0] != 0 or data[1] != 0 or data[2] != 8:
-        raise ValueError(f"{path}: not an unsigned-byte IDX file")
+        raise InputError(f"{path}: not an unsigned-byte IDX file")
     ndim = data[3]
     shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape).copy()
@@ -142,7 +143,7 @@ def _read_animals(d: str) -> dict[str, np.ndarray]:
             out.append(np.asarray(_NumpyOnlyUnpickler(io.BytesIO(fh.read())).load()))
     x, y = out
     if x.shape[1:] != (28, 28) or len(x) != len(y):
-        raise ValueError(f"unexpected Animal-MNIST arrays {x.shape}, {y.shape} in {d}")
+        raise InputError(f"unexpected Animal-MNIST arrays {x.shape}, {y.shape} in {d}")
     return {"x": x.astype(np.uint8), "y": y.astype(np.int64)}
 
 
@@ -195,7 +196,7 @@ def partition(y: np.ndarray, idx: np.ndarray, sizes: dict[str, int | float], see
             else:
                 m = int(s)
             if start + m > len(members):
-                raise ValueError(f"class {c} of {seed_key} has {len(members)} images, fewer than the "
+                raise InputError(f"class {c} of {seed_key} has {len(members)} images, fewer than the "
                                  f"{start + m} that its parts need")
             parts[k].append(members[start:start + m])
             start += m
@@ -215,7 +216,7 @@ def take_balanced(per_class: list[np.ndarray], labels: np.ndarray, cycle: bool =
         members = per_class[c]
         k = counters[c]
         if k >= len(members) and not cycle:
-            raise ValueError(f"class {c} has only {len(members)} images in this split; ask for fewer")
+            raise InputError(f"class {c} has only {len(members)} images in this split; ask for fewer")
         out[i] = members[k % len(members)]
         counters[c] += 1
     return out

@@ -1,0 +1,389 @@
+"""Run notebooks as parameterised reports: the one papermill runner of acetools.
+
+``acetools report`` (the course notebooks), ``acetools diagnose`` (the shipped report notebook,
+:mod:`acetools.files.diagnose`) and :mod:`acetools.course.report` use :func:`run_notebook`.
+Each notebook in ``notebooks/`` (``NN_name.ipynb``) is executed with papermill into a
+build folder — never in place (docs/style.md §13) — with explicit ``cwd`` and ``kernel_name``, then
+rendered to HTML without code cells (``nbconvert --no-input``). Figures go to
+``<figures>/<notebook-stem>/``: the repository's ``figures/`` for the full profile, the
+build folder for the quick one (so a quick run never overwrites the committed figures).
+
+Profiles:
+
+* ``quick`` — every notebook on the fixture world (``quick=True``); what CI runs.
+* ``full`` — the notebooks' own defaults (the mini-world at size ``small``).
+
+Parameters a notebook does not declare are an error, not a warning (docs/style.md §13).
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+__all__ = [
+    "PROFILES",
+    "REPO",
+    "notebook_paths",
+    "notebook_parameters",
+    "parse_parameter",
+    "check_parameters",
+    "coerce_parameter",
+    "ParameterTypeError",
+    "run_notebook",
+    "run_report",
+    "UnknownParameterError",
+    "render_html",
+    "REPORT_CSS",
+    "START_TIMEOUT",
+]
+
+log = logging.getLogger(__name__)
+
+#: The repository root (the parent of the ``acetools`` package).
+REPO = Path(__file__).resolve().parents[1]
+
+#: CSS added to every rendered report: wide tables scroll inside their output instead of being
+#: cut off, long text lines wrap at word boundaries, figures fit the page.
+REPORT_CSS = """
+.jp-OutputArea-output { overflow-x: auto; max-width: 100%; }
+.jp-RenderedHTMLCommon table { display: block; max-width: 100%; overflow-x: auto; }
+.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal; max-width: 42em; }
+.jp-OutputArea-output pre { white-space: pre-wrap; overflow-wrap: break-word; word-break: normal; }
+.jp-RenderedImage img { max-width: 100%; height: auto; }
+"""
+#: Parameter overrides per profile.
+PROFILES: dict[str, dict[str, Any]] = {"quick": {"quick": True}, "full": {}}
+
+
+class UnknownParameterError(InputError):
+    """A parameter was passed that the notebook's ``parameters`` cell does not declare."""
+
+
+class ParameterTypeError(InputError):
+    """A parameter value does not match the type annotated in the notebook's ``parameters`` cell."""
+
+
+def notebook_paths(folder: str | os.PathLike | None = None, only: Sequence[str] | None = None) -> list[Path]:
+    """The course notebooks (``NN_*.ipynb``) in order; ``only`` selects by stem, number or
+    name (``"02"``, ``"02_ace_step_by_step"``, ``"ace_step_by_step"``)."""
+    folder = Path(folder) if folder is not None else REPO / "notebooks"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no notebooks folder at {folder}; run from a clone of the acetools repository "
+                                "or pass --notebooks DIR")
+    paths = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("."))
+    if not only:
+        return paths
+    chosen = []
+    for name in only:
+        hits = [p for p in paths if name in (p.stem, p.stem[:2], p.stem[3:])]
+        if not hits:
+            raise InputError(f"no notebook matches {name!r}; notebooks: {[p.stem for p in paths]}")
+        chosen += [p for p in hits if p not in chosen]
+    return chosen
+
+
+def notebook_parameters(path: str | os.PathLike) -> dict[str, dict]:
+    """The declared parameters of a notebook (papermill's inspection of its ``parameters`` cell)."""
+    import papermill as pm
+
+    return dict(pm.inspect_notebook(str(path)))
+
+
+def parse_parameter(text: str, *, literal: bool = True) -> tuple[str, Any]:
+    """``"KEY=VALUE"`` -> ``(key, value)``; the value is a Python literal when it parses as one
+    (``3``, ``0.5``, ``True``, ``[1, 2]``), else the string. ``literal=False`` keeps the
+    value's text (for :func:`check_parameters`, which parses it by the declared type)."""
+    if "=" not in text:
+        raise InputError(f"parameter {text!r} must look like KEY=VALUE")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key.isidentifier():
+        raise InputError(f"parameter name {key!r} is not a Python identifier")
+    if not literal:
+        return key, raw
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw
+    return key, value
+
+
+_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (float, int), "str": (str,),
+                                       "list": (list, tuple), "tuple": (tuple, list), "dict": (dict,),
+                                       "None": (type(None),)}
+
+
+def _declared_types(type_name: str | None) -> list[str] | None:
+    """``"int"`` -> ``["int"]``; ``"int | None"`` / ``"Optional[int]"`` -> ``["int", "None"]``;
+    ``None`` for annotations it cannot check (then any literal passes); papermill reports an
+    unannotated parameter as ``"None"``."""
+    if not type_name or type_name == "None":
+        return None
+    t = type_name.replace(" ", "")
+    if t.startswith("Optional[") and t.endswith("]"):
+        t = t[len("Optional["):-1] + "|None"
+    names = [n.split("[", 1)[0] for n in t.split("|")]
+    names = ["list" if n == "List" else "tuple" if n == "Tuple" else "dict" if n == "Dict" else n for n in names]
+    return names if all(n in _TYPES for n in names) else None
+
+
+def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: str = "the notebook") -> Any:
+    """``value`` for parameter ``name`` checked against its declaration ``info`` (an entry of
+    :func:`notebook_parameters`: ``inferred_type_name``, ``default``). A string is parsed as
+    a Python literal unless the parameter is a ``str``; an ``int`` for a ``float`` becomes a
+    float; ``list`` elements must have the types of the default's elements. Raises
+    :class:`ParameterTypeError` naming the parameter, the notebook and the expected type."""
+    kinds = _declared_types(info.get("inferred_type_name"))
+    text = value if isinstance(value, str) else None
+    if text is not None and not (kinds and "str" in kinds):
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text
+    if kinds is None:
+        return value
+    want = " | ".join(kinds)
+    default = info.get("default")
+
+    def bad(extra: str = "") -> ParameterTypeError:
+        shown = text if text is not None else repr(value)
+        return ParameterTypeError(f"parameter {name!r} of {notebook} expects {want} (default {default}), "
+                                  f"got {shown!r}{extra}")
+
+    ok = [k for k in kinds if isinstance(value, _TYPES[k]) and not (k in ("int", "float") and isinstance(value, bool))]
+    if not ok:
+        hint = " (use True or False)" if "bool" in kinds else ""
+        if "list" in kinds and isinstance(value, str):
+            hint = " (write a Python list, e.g. -p 'name=[\"a\", \"b\"]')"
+        raise bad(hint)
+    if ok[0] == "float" and isinstance(value, int):
+        value = float(value)
+    if ok[0] in ("list", "tuple"):
+        value = list(value) if ok[0] == "list" else tuple(value)
+        try:
+            ref = ast.literal_eval(default) if isinstance(default, str) else default
+        except (ValueError, SyntaxError):
+            ref = None
+        elem = {type(v) for v in ref} if isinstance(ref, (list, tuple)) and ref else set()
+        if len(elem) == 1:
+            (et,) = elem
+            accept = (float, int) if et is float else (et,)
+            wrong = [v for v in value if not isinstance(v, accept) or (et is not bool and isinstance(v, bool))]
+            if wrong:
+                raise bad(f" (elements must be {et.__name__}; {wrong[0]!r} is not)")
+            if et is float:
+                value = type(value)(float(v) for v in value)
+    return value
+
+
+def _known_values() -> dict[str, tuple[str, list[str]]]:
+    """Parameters whose values come from a library registry: name -> (what, allowed names).
+    A list parameter's elements are checked one by one."""
+    from .merging import METHODS
+    from .world.vision.data import SUITES
+    from .world.vision.models import SIZES
+
+    suites, sizes, methods = list(SUITES), list(SIZES), list(METHODS)
+    return {"suite": ("suite", suites), "suites": ("suite", suites), "ablation_suites": ("suite", suites),
+            "size": ("size", sizes), "sweep_method": ("method", methods)}
+
+
+def _check_known_value(name: str, value: Any, notebook: str) -> None:
+    known = _known_values().get(name)
+    if known is None:
+        return
+    what, allowed = known
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(v, str) and v not in allowed:
+            raise ParameterTypeError(f"parameter {name!r} of {notebook}: unknown {what} {v!r}; {what}s: {allowed}")
+
+
+def check_parameters(paths: Sequence[str | os.PathLike], parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``parameters`` against every notebook in ``paths`` before anything runs: each name
+    must be declared by each notebook (:class:`UnknownParameterError`) and each value must
+    match its annotation (:func:`coerce_parameter`; :class:`ParameterTypeError`) and, for the
+    suite, size and method parameters, name a registered one. Returns the typed values
+    (strings parsed as literals where the parameter is not a ``str``)."""
+    out: dict[str, Any] = dict(parameters)
+    for path in paths:
+        path = Path(path)
+        declared = notebook_parameters(path)
+        unknown = sorted(set(parameters) - set(declared))
+        if unknown:
+            raise UnknownParameterError(
+                f"{path.stem} has no parameter(s) {unknown}; its parameters are {sorted(declared)}")
+        for name, value in parameters.items():
+            out[name] = coerce_parameter(name, value, declared[name], path.stem)
+            _check_known_value(name, out[name], path.stem)
+    return out
+
+
+def _check_parameters(path: Path, params: Mapping[str, Any]) -> None:
+    declared = notebook_parameters(path)
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise UnknownParameterError(
+            f"{path.name} has no parameter(s) {unknown}; its parameters are {sorted(declared)}"
+        )
+
+
+#: Seconds to wait for a notebook kernel to start (see :func:`run_notebook`).
+START_TIMEOUT = 300
+
+
+def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters: Mapping[str, Any] | None = None,
+                 *, html: bool = True, kernel_name: str = "python3", timeout: int | None = None,
+                 start_timeout: int = START_TIMEOUT, cwd: str | os.PathLike | None = None,
+                 output_name: str | None = None, require_mathjax: bool = True) -> dict[str, Any]:
+    """Execute one notebook with papermill into ``out_dir`` (and render HTML); return a record
+    ``{"notebook", "seconds", "executed"[, "html"]}``.
+
+    Never in place: the executed copy is ``out_dir/<output_name or the notebook's name>``;
+    ``cwd`` is where its cells run (default: the notebook's folder). The kernel imports the
+    same acetools as this process (its checkout goes first on ``PYTHONPATH``), and progress bars
+    are off unless ``ACETOOLS_PROGRESS`` says otherwise (a report is a document). ``timeout``:
+    seconds one cell may run (``None``: no limit). ``start_timeout``: seconds to wait for the
+    kernel to start (papermill's default of 60 s is too short on a loaded 2-core machine,
+    where importing torch in a fresh kernel can take longer).
+
+    Raises :class:`UnknownParameterError` before running when a parameter is not declared,
+    and papermill's ``PapermillExecutionError`` when a cell fails (the partly executed
+    notebook is still written to ``out_dir`` for inspection).
+    """
+    import papermill as pm
+
+    path = Path(path).resolve()
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    params = dict(parameters or {})
+    _check_parameters(path, params)
+    out_nb = out_dir / (output_name or path.name)
+    t0 = time.perf_counter()
+    saved = {k: os.environ.get(k) for k in ("ACETOOLS_PROGRESS", "PYTHONPATH")}
+    os.environ.setdefault("ACETOOLS_PROGRESS", "0")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
+    try:
+        pm.execute_notebook(str(path), str(out_nb), parameters=params, kernel_name=kernel_name,
+                            cwd=str(Path(cwd).resolve() if cwd is not None else path.parent), progress_bar=False,
+                            log_output=False, execution_timeout=timeout, start_timeout=start_timeout)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    seconds = time.perf_counter() - t0
+    rec: dict[str, Any] = {"notebook": path.stem, "seconds": round(seconds, 1), "executed": str(out_nb)}
+    if html:
+        rec["html"] = str(render_html(out_nb, require_mathjax=require_mathjax))
+    return rec
+
+
+def _image_alts(nb) -> dict[str, str]:
+    """The alt text of every PNG output of an executed notebook, keyed by its base64 data:
+    the figure's title (``metadata["image/png"]["alt"]``, set by
+    :func:`acetools.course.page.setup`), else the heading of the section it is in."""
+    alts: dict[str, str] = {}
+    section = nb.metadata.get("title", "") or "the notebook"
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            heads = [ln.lstrip("#").strip() for ln in cell.source.splitlines() if ln.startswith("#")]
+            section = heads[-1] if heads else section
+            continue
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/png" in data:
+                alt = out.get("metadata", {}).get("image/png", {}).get("alt")
+                alts["".join(str(data["image/png"]).split())] = alt or f"Figure of the section {section}"
+    return alts
+
+
+def render_html(executed: str | os.PathLike, *, require_mathjax: bool = True) -> Path:
+    """``jupyter nbconvert --to html --no-input`` of an executed notebook, next to it.
+
+    Three additions make the page readable: every figure's ``<img>`` gets its alt text from the
+    figure's title (:func:`_image_alts`; nbconvert's default says "No description has been
+    provided"), the CSS :data:`REPORT_CSS` lets wide tables scroll
+    inside the page and long lines wrap at word boundaries, and the equations are typeset by a
+    local MathJax (:func:`acetools.utils.local_mathjax_url`), never one from a CDN; the template's
+    other scripts from CDNs (require.js, mermaid; the reports use neither) are dropped, so a page
+    reads the same without network. Without a local MathJax this raises ``FileNotFoundError``
+    unless ``require_mathjax=False`` (the page then keeps nbconvert's default MathJax setting).
+    """
+    import nbformat
+    from bs4 import BeautifulSoup
+    from nbconvert import HTMLExporter
+
+    from .utils import atomic_write, local_mathjax_url
+
+    executed = Path(executed)
+    nb = nbformat.read(str(executed), as_version=4)
+    mj = local_mathjax_url()
+    if mj is None and require_mathjax:
+        raise FileNotFoundError("no local MathJax for the report's equations: install Debian's libjs-mathjax "
+                                "(scripts/setup.sh does) or set ACETOOLS_MATHJAX to a MathJax.js; reports never "
+                                "load it from a CDN")
+    kw = {"mathjax_url": mj} if mj else {}
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True, **kw)
+    body, _ = exporter.from_notebook_node(nb)
+    alts = _image_alts(nb)
+    soup = BeautifulSoup(body, features="html.parser")
+    for img in soup.find_all("img"):
+        src = img.get("src", "")
+        if src.startswith("data:image/png;base64,"):
+            alt = alts.get("".join(src.split(",", 1)[1].split()))
+            if alt:
+                img["alt"] = alt
+    for script in soup.find_all("script"):  # nothing from the network: require.js and mermaid come from CDNs
+        if script.get("src", "").startswith(("http://", "https://", "//")) or "cdnjs" in (script.string or ""):
+            script.decompose()
+    style = soup.new_tag("style")
+    style.string = REPORT_CSS
+    (soup.head or soup).append(style)
+    out = executed.with_suffix(".html")
+    with atomic_write(out, "w") as fh:
+        fh.write(str(soup))
+    return out
+
+
+def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
+               parameters: Mapping[str, Any] | None = None, out: str | os.PathLike | None = None,
+               figures: str | os.PathLike | None = None, notebooks: str | os.PathLike | None = None,
+               html: bool = True, timeout: int | None = None, start_timeout: int = START_TIMEOUT,
+               on_result=None) -> list[dict[str, Any]]:
+    """Run the course (or ``only`` some notebooks) under ``profile``; return one record each.
+
+    ``out``: build folder (default ``build/report/<profile>`` in the repository).
+    ``figures``: figure root (default ``figures/`` for ``full``, ``<out>/figures`` for
+    ``quick``); each notebook gets ``figures_dir=<figures>/<stem>``. ``parameters`` apply
+    to every notebook selected and must be declared by each. ``timeout`` /
+    ``start_timeout``: per cell / kernel start, as in :func:`run_notebook`.
+    """
+    if profile not in PROFILES:
+        raise InputError(f"unknown profile {profile!r}; profiles: {sorted(PROFILES)}")
+    out = Path(out) if out is not None else REPO / "build" / "report" / profile
+    if figures is None:
+        figures = REPO / "figures" if profile == "full" else out / "figures"
+    figures = Path(figures).resolve()
+    paths = notebook_paths(notebooks, only)
+    parameters = check_parameters(paths, parameters or {})  # every name and type before the first kernel
+    records = []
+    for path in paths:
+        params = {**PROFILES[profile], "figures_dir": str(figures / path.stem), **dict(parameters or {})}
+        declared = notebook_parameters(path)
+        params = {k: v for k, v in params.items() if k in declared or k in (parameters or {})}
+        log.info("running %s (%s profile) into %s", path.stem, profile, out)
+        rec = run_notebook(path, out, params, html=html, timeout=timeout, start_timeout=start_timeout)
+        rec["profile"] = profile
+        records.append(rec)
+        if on_result is not None:
+            on_result(rec)
+    return records

@@ -1,0 +1,172 @@
+"""The registry is the one place that knows a method (issue 22).
+
+A toy method registered once, in this file, is found by ``acetools merge --help``, the
+benchmark harness (its searched coefficient and its data input), the streamed file merge (its
+scope and its per-key input) and the docs' methods table; docs/methods.md carries the table
+generated from the built-in registrations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import acetools
+from acetools.merging import _registry
+from acetools.merging._registry import TABLE_BEGIN, TABLE_END, Param, Search, methods_table, register
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = {"blocks.0.mlp.weight": (4, 3), "blocks.0.mlp.bias": (4,)}
+
+
+def _toy(base, task_vectors, *, is_matrix, c, grams):
+    """c * (1/T) sum_t tau_t G_t on matrices with a Gram, the mean elsewhere."""
+    T = len(task_vectors)
+    out = {}
+    for k, w in base.items():
+        if is_matrix(k, w) and all(k in g for g in grams):
+            out[k] = c * sum(tv[k] @ g[k].to(w.dtype) for tv, g in zip(task_vectors, grams)) / T
+        else:
+            out[k] = c * sum(tv[k] for tv in task_vectors) / T
+    return out
+
+
+@pytest.fixture
+def toy():
+    """Register ``toy`` (one place: this decorator) and remove it afterwards."""
+    register("toy", "a toy: c times the Gram-weighted mean task vector", key_scope="key", per_key=("grams",),
+             data_inputs=("grams",), search=Search("c", "grid", (0.5, 1.0, 1.5)), needs_layout=True,
+             c=Param(1.0, "coefficient", low=0.0), grams=Param(None, "one {key: G_t} dict per expert"))(_toy)
+    yield acetools.METHODS["toy"]
+    _registry._REGISTRY.pop("toy")
+
+
+class _World:
+    """The smallest world: one matrix and one bias, scored by closeness to each expert."""
+
+    kind, tasks, seed, size, layout, device, name = "toy", ["a", "b"], 0, "toy", None, "cpu", "toy"
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(0)
+        self._base = {k: torch.randn(*s, generator=g) for k, s in KEYS.items()}
+        self._experts = {t: {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in self._base.items()}
+                         for t in self.tasks}
+        self.gram_calls = 0
+
+    def describe(self):
+        return "toy world"
+
+    def base_state(self):
+        return dict(self._base)
+
+    def expert_state(self, task):
+        return dict(self._experts[task])
+
+    def evaluate(self, state, task, split="test", n=None):
+        d = sum(float((state[k] - self._experts[task][k]).pow(2).sum()) for k in KEYS)
+        return 1.0 / (1.0 + d)
+
+    def matrix_keys(self):
+        return ["blocks.0.mlp.weight"]
+
+    def proxy_inputs(self, task, n, seed=0):
+        raise AssertionError("the toy declares no activations")
+
+    def layer_inputs(self, state, inputs, keys):
+        raise AssertionError("the toy declares no activations")
+
+    def gram_examples(self, task, n):
+        return task
+
+    def gram_inputs(self, state, inputs, keys):
+        self.gram_calls += 1
+        return {k: torch.eye(3) * (2.0 if inputs == "a" else 1.0) for k in keys}
+
+    def records(self):
+        return []
+
+
+def test_toy_method_is_everywhere_from_one_registration(toy, tmp_path, capsys):
+    from acetools.benchmark import SEARCH, Benchmark
+    from acetools.cli import main
+    from acetools.files.merge_files import merge_files
+
+    # the command line lists it (and accepts it as --method)
+    assert main(["merge", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert "toy (streamed): a toy: c times the Gram-weighted mean task vector" in help_text
+
+    # the benchmark harness searches its coefficient on its grid and collects its data input
+    world = _World()
+    bench = Benchmark(world)
+    assert SEARCH["toy"] == toy.search and "toy" in SEARCH
+    assert set(bench.method_inputs("toy")) == {"grams"} and world.gram_calls == 2
+    run = bench.run("toy")
+    assert run.coef_name == "c" and run.coef in (0.5, 1.0, 1.5) and len(run.search) == 3
+
+    # the streamed file merge cuts its per-key input to each key and equals the in-memory merge
+    base, experts = world.base_state(), [world.expert_state(t) for t in world.tasks]
+    save_file(base, str(tmp_path / "base.safetensors"))
+    for t, e in zip(world.tasks, experts):
+        save_file(e, str(tmp_path / f"{t}.safetensors"))
+    grams = bench.grams()
+    res = merge_files("toy", tmp_path / "base.safetensors", [tmp_path / f"{t}.safetensors" for t in world.tasks],
+                      tmp_path / "out", hparams={"c": 0.7, "grams": grams}, layout="generic", progress=False)
+    assert res.plan.mode == "stream" and res.plan.scope == "key"
+    from safetensors.torch import load_file
+
+    got = load_file(str(next((tmp_path / "out").glob("*.safetensors"))))
+    want = acetools.merge("toy", base, experts, layout="generic", c=0.7, grams=grams)
+    for k in KEYS:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+
+    # the docs' methods table
+    assert "| `toy` | key | `grams` | `grams` | `c` on a grid of 3 (0.5 … 1.5) | yes |" in methods_table()
+
+
+def test_docs_methods_table_is_the_registry():
+    text = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    block = text.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0].strip()
+    assert block == methods_table(), ("docs/methods.md's methods table is out of date: run "
+                                      "python3 -c 'from acetools.merging import update_methods_table as u; u()'")
+
+
+def test_a_declaration_names_real_parameters_and_writes_defaults_once():
+    def bad(base, task_vectors, *, is_matrix, c=1.0):
+        return {}
+
+    with pytest.raises(ValueError, match="repeats the default of 'c'"):
+        register("bad_defaults", "x", c=Param(1.0, "c"))(bad)
+    with pytest.raises(ValueError, match="per_key names 'grams'"):
+        register("bad_per_key", "x", per_key=("grams",))(bad)
+    with pytest.raises(ValueError, match="search names 'lam'"):
+        register("bad_search", "x", search=Search("lam", "grid", (1.0,)))(bad)
+    assert not {"bad_defaults", "bad_per_key", "bad_search"} & set(acetools.METHODS)
+
+
+def test_unregistered_scope_is_in_memory():
+    register("toy_model", "no scope declared")(lambda base, task_vectors, *, is_matrix: {})
+    try:
+        scope, why = acetools.METHODS["toy_model"].key_scope()
+        assert scope == "model" and "key_scope" in why
+    finally:
+        _registry._REGISTRY.pop("toy_model")
+
+
+def test_functions_take_their_defaults_from_the_registry():
+    import inspect
+
+    from acetools.merging.ace import ace_matrix
+    from acetools.merging.esm import esm
+
+    hp = acetools.METHODS["esm"].hparams
+    sig = inspect.signature(esm)
+    assert {n: sig.parameters[n].default for n in hp} == hp
+    d = [torch.randn(5, 4, generator=torch.Generator().manual_seed(t)) for t in range(3)]
+    _, diag = ace_matrix(d)
+    assert diag.gate == "auto" and diag.estimator == "ace"
+    W1, _ = ace_matrix(d, tau=acetools.METHODS["ace"].params["tau"].default)
+    torch.testing.assert_close(W1, ace_matrix(d)[0], rtol=0, atol=0)
