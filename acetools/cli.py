@@ -456,7 +456,7 @@ def _bench_world_check(args: argparse.Namespace) -> None:
 
 def _cmd_bench_world(args: argparse.Namespace) -> int:
     """``bench --world text|clip-vit-b32``: the same tables as the mini-world's, one seed per world
-    run; the CLIP world adds ``<stem>_paper.csv`` (the papers' ViT-B/32 numbers beside ours)."""
+    run (the papers' numbers beside them are the course's: notebook 04, ``paper_tables.beside_papers``)."""
     from pathlib import Path
 
     from .benchmark import ACE_SCALED_ROW, VARIANTS, Benchmark, aggregate_seeds
@@ -480,21 +480,10 @@ def _cmd_bench_world(args: argparse.Namespace) -> int:
         runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
         stem = f"{world.name}_{world.size}_seed{seed}"
         df = bench.summary(runs)
-        paper = None
-        if args.world == "clip-vit-b32":
-            from .course.paper_tables import beside_papers
-
-            paper = beside_papers(df, len(world.tasks), base_label=world.base_label)
         if args.out:
             bench.save(runs, Path(args.out), stem)
-            if paper is not None:
-                with atomic_write(Path(args.out) / f"{stem}_paper.csv", "w") as fh:
-                    paper.to_csv(fh, index=False)
         print(f"\n{stem}: {world.describe()}")
         print(df.assign(seed=seed).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-        if paper is not None:
-            print(f"\nbeside the papers ({paper['paper'].iloc[0]}):")
-            print(paper.drop(columns="paper").to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     if args.out:
         agg = aggregate_seeds(args.out, world.name, world.size)
         path = Path(args.out) / f"{world.name}_{world.size}_seeds.csv"

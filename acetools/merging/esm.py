@@ -42,6 +42,7 @@ from .averaging import mean_update
 from .svd import tsv_merge_matrix
 
 __all__ = [
+    "task_budget",
     "LAYOUT_NAMES",
     "with_layout_names",
     "DEFAULT_TARGETS",
@@ -295,6 +296,17 @@ def shift_rank(S: Tensor) -> int:
     return int((S > SHIFT_RANK_RTOL * S[0]).sum())
 
 
+def task_budget(sub: Subspace, X: Tensor | None, tau: Tensor, k: int) -> int:
+    """The rank task t keeps: the budget ``k``, capped at the rank of its activation shift
+    (:func:`shift_rank` of the essential subspace's singular values; a zero task vector keeps
+    ``k``). Past that rank the directions are an arbitrary null-space basis (docs/methods.md
+    §ESM, Step A)."""
+    if not bool(tau.any()):
+        return k
+    n = min(X.reshape(-1, tau.shape[1]).shape[0], *tau.shape) if X is not None else min(tau.shape)
+    return min(k, shift_rank(sub.lam[:n].clamp_min(0).sqrt()))
+
+
 # --------------------------------------------------------------------------- Step B
 def rank_budget(d_out: int, n_tasks: int) -> int:
     """Per-task rank k = ``int(d_out * (1/n_tasks))``, docs/methods.md §ESM, Eq. (ESM.3).
@@ -522,11 +534,10 @@ def esm_merge_matrix(
         sub = essential_subspace(X, tau, decomposition)
         A = task_coordinates(sub.P, tau)
         norms.append(torch.linalg.norm(A))  # n_t on the full A_t (Step B1)
-        r = shift_rank(sub.lam[: min(X.reshape(-1, tau.shape[1]).shape[0], *tau.shape) if X is not None else
-                               min(tau.shape)].clamp_min(0).sqrt())
-        if r < k and bool(tau.any()):
-            short.append((t, r))
-        P_hat, A_hat = truncate_factors(sub, A, min(k, r) if bool(tau.any()) else k, eig_power)
+        kt = task_budget(sub, X, tau, k)
+        if kt < k:
+            short.append((t, kt))
+        P_hat, A_hat = truncate_factors(sub, A, kt, eig_power)
         P_hats.append(P_hat)
         A_hats.append(A_hat)
     if short:
