@@ -266,10 +266,11 @@ def layer_stages(taus: Sequence[Tensor], Xs: Sequence[Tensor] | None, *, decompo
     k = E.rank_budget(taus[0].shape[0], T)
     P_hats, A_hats, norms = [], [], []
     for t, tau in enumerate(taus):
-        sub = E.essential_subspace(None if Xs is None else Xs[t], tau, decomposition)
+        X = None if Xs is None else Xs[t]
+        sub = E.essential_subspace(X, tau, decomposition)
         A = E.task_coordinates(sub.P, tau)
         norms.append(torch.linalg.norm(A))
-        P_hat, A_hat = E.truncate_factors(sub, A, k, eig_power)
+        P_hat, A_hat = E.truncate_factors(sub, A, E.task_budget(sub, X, tau, k), eig_power)  # k, capped at the rank
         P_hats.append(P_hat)
         A_hats.append(A_hat)
     norms = torch.stack(norms)
