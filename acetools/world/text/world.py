@@ -302,10 +302,7 @@ class TextWorld:
 
     def evaluate(self, state: Mapping[str, Tensor], task: str, split: str = "test", n: int | None = None) -> float:
         """Top-1 accuracy (fraction) of ``state`` with ``task``'s head on the first ``n`` texts of a split."""
-        enc = self.encoder(state)
-        with _threads(self.threads):
-            return evaluate_text(enc, self.head(task), self.split(task, split), self.tokenizer,
-                                 max_length=self.config.max_length, bf16=self.config.bf16, device=self.device, n=n)
+        return self.evaluate_all(state, split, n, [task])[task]
 
     def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
                      tasks: Sequence[str] | None = None) -> dict[str, float]:
