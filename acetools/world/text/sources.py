@@ -271,6 +271,109 @@ def _debian_names() -> dict[str, list[str]]:
     return dict(out)
 
 
+# --------------------------------------------------------------------------- WordNet hypernyms
+
+def _wordnet_hypernym_classes(lexname: str, classes: tuple[str, ...]) -> dict[str, list[str]]:
+    """Glosses of ``lexname`` nouns below exactly one of ``classes`` in WordNet's hypernym
+    tree (``@`` and ``@i`` pointers) -> that class; the class synsets themselves left out.
+    Each class is the first ``lexname`` synset whose first lemma is the class name."""
+    rows = _wordnet_rows("noun")
+    lexfile = WORDNET_LEXNAMES.index(lexname)
+    hyper = {off: [o for sym, o, p in ptrs if sym in ("@", "@i") and p == "n"] for off, _, _, ptrs, _ in rows}
+    target: dict[str, str] = {}
+    for off, lf, lemmas, _, _ in rows:
+        if lf == lexfile and lemmas[0].lower() in classes and lemmas[0].lower() not in target.values():
+            target.setdefault(off, lemmas[0].lower())
+    if sorted(set(target.values())) != sorted(classes):
+        missing = sorted(set(classes) - set(target.values()))
+        raise SourceMissing(f"WordNet has no {lexname} synset named {missing[0]!r}")
+    ancestors: dict[str, frozenset[str]] = {}
+
+    def up(off: str) -> frozenset[str]:  # iterative: the hypernym tree is deep
+        stack, order = [off], []
+        while stack:
+            o = stack.pop()
+            if o in ancestors or o in order:
+                continue
+            order.append(o)
+            stack.extend(h for h in hyper.get(o, []) if h not in ancestors)
+        for o in reversed(order):
+            ancestors[o] = frozenset().union(*({h} | ancestors.get(h, frozenset()) for h in hyper.get(o, [])))
+        return ancestors[off]
+
+    out: dict[str, list[str]] = defaultdict(list)
+    for off, lf, _, _, gloss in rows:
+        if lf != lexfile or off in target:
+            continue
+        hits = {target[o] for o in up(off) if o in target}
+        d = _definition(gloss)
+        if len(hits) == 1 and len(d) >= 12:
+            out[hits.pop()].append(d)
+    return dict(out)
+
+
+ANIMAL_CLASSES = ("mammal", "bird", "fish", "insect", "reptile")
+PLANT_CLASSES = ("tree", "herb", "shrub", "fungus", "vine", "fern")
+ARTIFACT_CLASSES = ("device", "clothing", "container", "drug", "tool", "building", "fabric", "vehicle", "furniture")
+PERSON_CLASSES = ("worker", "leader", "writer", "scientist", "artist", "expert", "religious person", "athlete",
+                  "relative")
+
+
+# --------------------------------------------------------------------------- source code
+
+#: language -> (Debian package pattern, file suffixes, path parts to skip)
+CODE_PACKAGES = {
+    "python": ("libpython3.*-stdlib", (".py",), ("test", "tests", "idlelib")),
+    "perl": ("perl-modules-5.*", (".pm", ".pl"), ("unicore",)),
+    "c": ("libc6-dev", (".h",), ()),
+    "javascript": ("libjs-jquery libjs-underscore libjs-mathjax", (".js",), ("fonts", "localization", "test")),
+    "tcl": ("tcl8.6 libtk8.6", (".tcl",), ("demos",)),
+    "shell": ("bash-completion", ("",), ()),
+}
+_CODE_MARKS = set("(){}[]=$;<>@&|\\")
+
+
+def _package_files(pattern: str) -> list[Path]:
+    """The regular files that the installed Debian packages matching ``pattern`` own (``dpkg -L``)."""
+    files = []
+    for pkg in pattern.split():
+        try:
+            names = subprocess.run(["dpkg-query", "-W", "-f=${Package}\\n", pkg], capture_output=True, text=True,
+                                   timeout=30).stdout.split()
+        except (OSError, subprocess.SubprocessError) as err:
+            raise SourceMissing(f"dpkg-query failed ({err}): the code source needs a Debian system") from err
+        if not names:
+            raise SourceMissing(f"no installed Debian package matches {pkg!r}: `apt-get install {pkg.rstrip('.*')}`"
+                                f" (or `bash scripts/setup.sh`)")
+        for name in names:
+            out = subprocess.run(["dpkg", "-L", name], capture_output=True, text=True, timeout=60).stdout
+            files.extend(Path(f) for f in out.splitlines() if Path(f).is_file() and not Path(f).is_symlink())
+    return sorted(set(files))
+
+
+def _code_lines() -> dict[str, list[str]]:
+    """Lines of source code (25-160 characters, at least two of ``(){}[]=$;<>@&|\\``, no comment
+    lines) from the files of Debian packages -> the language they are written in."""
+    out = {}
+    for lang, (pattern, suffixes, skip) in CODE_PACKAGES.items():
+        seen = set()
+        for f in _package_files(pattern):
+            if (suffixes != ("",) and f.suffix not in suffixes) or skip and set(f.parts) & set(skip):
+                continue
+            if suffixes == ("",) and "completions" not in f.parts:
+                continue
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            for line in text.splitlines():
+                s = _clean(line)
+                if 25 <= len(s) <= 160 and s[0] not in "#/*;-%'\"=" and sum(c in _CODE_MARKS for c in s) >= 2:
+                    seen.add(s)
+        out[lang] = sorted(seen)
+    return out
+
+
 # --------------------------------------------------------------------------- docstrings
 
 DOC_LIBRARIES = ("numpy", "scipy", "pandas", "torch", "matplotlib", "sklearn", "sympy", "networkx")
@@ -321,6 +424,16 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("debian_description", _debian_descriptions, ("apt",),
            doc="Debian package short descriptions -> archive section"),
     Source("debian_name", _debian_names, ("apt",), doc="Debian package names -> archive section"),
+    Source("wordnet_animal", lambda: _wordnet_hypernym_classes("noun.animal", ANIMAL_CLASSES), ("wordnet-base",),
+           doc="WordNet animal glosses -> the animal class above them (mammal, bird, ...)"),
+    Source("wordnet_plant", lambda: _wordnet_hypernym_classes("noun.plant", PLANT_CLASSES), ("wordnet-base",),
+           doc="WordNet plant glosses -> the plant kind above them (tree, herb, ...)"),
+    Source("wordnet_artifact", lambda: _wordnet_hypernym_classes("noun.artifact", ARTIFACT_CLASSES),
+           ("wordnet-base",), doc="WordNet artifact glosses -> the artifact kind above them (tool, vehicle, ...)"),
+    Source("wordnet_person", lambda: _wordnet_hypernym_classes("noun.person", PERSON_CLASSES), ("wordnet-base",),
+           doc="WordNet person glosses -> the kind of person above them (worker, writer, ...)"),
+    Source("code", _code_lines, tuple(p for pat, _, _ in CODE_PACKAGES.values() for p in pat.split()),
+           doc="lines of source code from Debian packages -> programming language"),
     Source("docstrings", _docstrings, pydists=tuple(_DIST.get(d, d) for d in DOC_LIBRARIES),
            doc="docstrings of installed libraries -> library"),
 )}

@@ -17,7 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...errors import InputError
-from .sources import SOURCES, provenance
+from .sources import (
+    ANIMAL_CLASSES,
+    ARTIFACT_CLASSES,
+    CODE_PACKAGES,
+    PERSON_CLASSES,
+    PLANT_CLASSES,
+    SOURCES,
+    provenance,
+)
 
 __all__ = ["TextTask", "TextData", "TASKS", "SUITES", "build_task", "suite_tasks"]
 
@@ -133,6 +141,15 @@ TASKS: dict[str, TextTask] = {t.name: t for t in (
     TextTask("emoji_group", "emoji", _EMOJI, n_train=80, n_val=20, n_test=30, doc="emoji name -> emoji group"),
     TextTask("unicode_symbol", "unicode_block", _SYMBOLS, n_train=110, n_val=20, n_test=60,
              doc="symbol name -> Unicode block"),
+    TextTask("code_language", "code", tuple(CODE_PACKAGES), doc="line of source code -> programming language"),
+    TextTask("wordnet_animal", "wordnet_animal", ANIMAL_CLASSES, n_train=200,
+             doc="animal gloss -> the animal class above it in WordNet (mammal, bird, ...)"),
+    TextTask("wordnet_plant", "wordnet_plant", PLANT_CLASSES, n_train=100, n_val=20, n_test=40,
+             doc="plant gloss -> the plant kind above it in WordNet (tree, herb, ...)"),
+    TextTask("wordnet_artifact", "wordnet_artifact", ARTIFACT_CLASSES, n_train=130, n_val=20, n_test=40,
+             doc="artifact gloss -> the artifact kind above it in WordNet (tool, vehicle, ...)"),
+    TextTask("wordnet_person", "wordnet_person", PERSON_CLASSES, n_train=120, n_val=20, n_test=40,
+             doc="person gloss -> the kind of person above it in WordNet (worker, writer, ...)"),
 )}
 
 #: text8: eight tasks of six sources, each with 6-12 balanced classes.
