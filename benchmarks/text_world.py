@@ -29,13 +29,18 @@ sys.path.insert(0, str(ROOT))
 
 #: The text world's labelled variant rows (docs/text-world.md §Benchmark): ACE at the
 #: official code's eps 1e-2 (the plain "ace" row), at the paper's RoBERTa eps 2e-4 and at
-#: 1e-5, the gate off; WUDI at its default step size (the plain row) and at larger ones,
-#: the tuned one chosen on validation afterwards (results.tuned_wudi).
+#: 1e-5, the gate off, issue 23's relative ridge and scale-free gamma; WUDI at its default
+#: step size (the plain row) and at larger ones, the tuned one chosen on validation afterwards
+#: (results.tuned_wudi).
 TEXT_VARIANTS = {
     "ace (eps 2e-4)": {"method": "ace", "search": None, "eps": 2e-4},
     "ace (eps 1e-5)": {"method": "ace", "search": None, "eps": 1e-5},
     "ace (gate off)": {"method": "ace", "search": None, "gate": "off"},
     "ace (eps 2e-4, gate off)": {"method": "ace", "search": None, "eps": 2e-4, "gate": "off"},
+    # issue 23's two options that are not the paper's: a ridge in units of each task's mean
+    # eigenvalue, and a scale-free gamma (at the RoBERTa ridge, to compare with its row)
+    "ace (eps 1e-2 relative)": {"method": "ace", "search": None, "eps": 1e-2, "eps_mode": "relative"},
+    "ace (eps 2e-4, gamma cv)": {"method": "ace", "search": None, "eps": 2e-4, "gamma_mode": "cv"},
     "wudi (lr 1e-4)": {"method": "wudi", "search": None, "lr": 1e-4},
     "wudi (lr 1e-3)": {"method": "wudi", "search": None, "lr": 1e-3},
 }
