@@ -80,16 +80,25 @@ def build(args) -> None:
                "experts": rows, "built_now": w.built, "seconds_total": round(time.perf_counter() - t0, 1),
                "build_seconds_recorded": round(sum(r["train_seconds"] or 0 for r in rows), 1),
                "expert_test_acc": acc, "eval_seq_per_s": round(n_eval / eval_s, 1), "config": w.config.to_dict()}
+        rec["peak_rss_mib"] = _peak_rss_mib()
         path = out / f"build_{args.suite}_seed{seed}.json"
         path.write_text(json.dumps(rec, indent=1))
         print(f"seed {seed}: {len(w.built)} built, experts' mean test acc "
               f"{100 * sum(acc.values()) / len(acc):.1f} %, eval {rec['eval_seq_per_s']} seq/s -> {path}", flush=True)
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory so far (MiB; Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def bench(args) -> None:
     from acetools.benchmark import Benchmark
 
     for seed in args.seeds:
+        t0 = time.perf_counter()
         w = _world(args, seed)
         b = Benchmark(w, n_val=args.n_val, n_test=args.n_test, n_proxy=32, n_gram=args.n_gram,
                       patience=args.patience, threads=args.threads)
@@ -97,6 +106,13 @@ def bench(args) -> None:
         runs = b.run_all(methods, extra=TEXT_VARIANTS if not args.no_variants else None, progress=True)
         stem = f"{w.name}_{w.size}_seed{seed}"
         paths = b.save(runs, args.out, stem)
+        # the run's cost: wall time, peak memory, and each method's merge and input time
+        rec = {"suite": args.suite, "seed": seed, "threads": args.threads, "load_avg_1min": os.getloadavg()[0],
+               "wall_seconds": round(time.perf_counter() - t0, 1), "peak_rss_mib": _peak_rss_mib(),
+               "methods": {r.name: {"merge_seconds": round(r.merge_seconds, 2),
+                                    "inputs_seconds": round(r.inputs_seconds, 2)} for r in runs}}
+        Path(args.results).mkdir(parents=True, exist_ok=True)
+        (Path(args.results) / f"bench_{stem}.json").write_text(json.dumps(rec, indent=1))
         print(b.summary(runs)[["method", "test_acc", "test_normalized", "coef", "merge_seconds"]].to_string())
         print("->", paths["summary"], flush=True)
 
