@@ -5,6 +5,7 @@
     python3 benchmarks/text_world.py card --suite text8 --seeds 0           # its regime card
     python3 benchmarks/text_world.py tables --suite text8                  # the README's tables
     python3 benchmarks/text_world.py bench --suite fixture --profile quick  # the fixture world
+    python3 benchmarks/text_world.py bench --suite text12 --methods task_arithmetic tsv_m --variants "ace (eps 2e-4)"
 
 ``build`` builds (or loads) each expert, one cache entry per expert, so a killed run resumes
 with the next expert; it saves the build's throughput (training sequences per second per
@@ -94,6 +95,18 @@ def _peak_rss_mib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
+def _variants(args) -> dict | None:
+    """The variant rows to run: all of :data:`TEXT_VARIANTS`, the ones ``--variants`` names, or none."""
+    if args.no_variants:
+        return None
+    if args.variants is None:
+        return TEXT_VARIANTS
+    unknown = [v for v in args.variants if v not in TEXT_VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant {unknown[0]!r}; variants: {list(TEXT_VARIANTS)}")
+    return {v: TEXT_VARIANTS[v] for v in args.variants}
+
+
 def bench(args) -> None:
     from acetools.benchmark import Benchmark
 
@@ -103,7 +116,7 @@ def bench(args) -> None:
         b = Benchmark(w, n_val=args.n_val, n_test=args.n_test, n_proxy=32, n_gram=args.n_gram,
                       patience=args.patience, threads=args.threads)
         methods = args.methods or None
-        runs = b.run_all(methods, extra=TEXT_VARIANTS if not args.no_variants else None, progress=True)
+        runs = b.run_all(methods, extra=_variants(args), progress=True)
         stem = f"{w.name}_{w.size}_seed{seed}"
         paths = b.save(runs, args.out, stem)
         # the run's cost: wall time, peak memory, and each method's merge and input time
@@ -153,6 +166,7 @@ def main(argv=None) -> None:
     p.add_argument("--patience", type=int, default=None)
     p.add_argument("--methods", nargs="*", default=None)
     p.add_argument("--no-variants", action="store_true")
+    p.add_argument("--variants", nargs="*", default=None, help="only these variant rows (default: all)")
     p.add_argument("--out", default=str(ROOT / "figures" / "benchmark"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "text_world"))
     p.add_argument("--cards", default=str(ROOT / "figures" / "regime"))
