@@ -187,7 +187,7 @@ def test_finetune_config_rejects_bad_values():
 # --------------------------------------------------------------------------- the fixture world
 @pytest.fixture(scope="module")
 def fixture_world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("text-cache")
+    root = tmp_path_factory.mktemp("cache") / "text"  # $ACETOOLS_CACHE/text, so scripts can share it
     return TextWorld("fixture", seed=0, profile="quick", root=root, threads=1).build(progress_bar=False)
 
 
@@ -260,6 +260,32 @@ def test_benchmark_runs_on_the_text_world(fixture_world):
     assert set(acts) == set(fixture_world.matrix_keys()) and len(next(iter(acts.values()))) == 3
     rec = b.record(runs)
     assert rec["world"] == "text" and rec["profile"] == "quick" and len(rec["checkpoints"]) == 3
+
+
+def test_the_text_bench_script_writes_tables_and_its_cost(fixture_world, tmp_path, monkeypatch):
+    """benchmarks/text_world.py bench on the fixture (cached by the module's fixture world):
+    the four tables, and a record of wall time, peak memory and each method's merge seconds."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "text_world.py"
+    spec = importlib.util.spec_from_file_location("text_world_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setenv("ACETOOLS_CACHE", str(fixture_world.root.parent))
+    mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--threads", "1", "--n-val", "8", "--n-test", "12",
+              "--methods", "task_arithmetic", "--variants", "ace (eps 2e-4)", "--out", str(tmp_path / "t"),
+              "--results", str(tmp_path / "r")])
+    stem = "fixture_minilm-1layer_seed0"
+    assert {f.name for f in (tmp_path / "t").iterdir()} >= {f"{stem}_summary.csv", f"{stem}_per_task.csv",
+                                                           f"{stem}.json"}
+    rec = json.loads((tmp_path / "r" / f"bench_{stem}.json").read_text())
+    assert set(rec["methods"]) >= {"task_arithmetic", "ace (eps 2e-4)"} and rec["peak_rss_mib"] > 0
+    assert rec["wall_seconds"] > 0 and rec["methods"]["task_arithmetic"]["merge_seconds"] >= 0
+    with pytest.raises(SystemExit, match="unknown variant 'nope'"):
+        mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--variants", "nope", "--out",
+                  str(tmp_path / "t"), "--results", str(tmp_path / "r")])
 
 
 def test_fixture_tasks_follow_their_full_tasks():
