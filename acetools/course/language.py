@@ -349,6 +349,12 @@ def text_world_tables(results_dir: str | Path, builds_dir: str | Path, suite: st
              lambda v: v <= 40)]
     out += ["", "| target | measured | threshold | met |", "|---|---|---|---|"]
     out += [f"| {name} | {v:.1f} | {th} | {'yes' if ok(v) else 'no'} |" for name, v, th, ok in rows]
+    growth = growth_table(results_dir, [suite, "text12"] if suite == "text8" else [suite])
+    if growth.shape[1] > 2:
+        out += ["", "| lead over task arithmetic (normalized points) | " + " | ".join(growth.columns[1:]) + " |",
+                "|---|" + "---|" * (growth.shape[1] - 1)]
+        out += ["| " + " | ".join([str(r[0])] + [f"{v:.1f}" for v in r[1:]]) + " |"
+                for r in growth.itertuples(index=False)]
     if card_dir is not None and (Path(card_dir) / "card_per_layer.csv").is_file():
         g = gamma_card_table(card_dir)
         out += ["", "| " + " | ".join(g.columns) + " |", "|" + "---|" * len(g.columns)]
