@@ -377,10 +377,10 @@ def describe(zoo, quick: bool) -> str:
     tasks = ", ".join(zoo.tasks)
     if getattr(zoo, "kind", None) == "text":
         if quick:
-            return (f"The quick profile's fixture text world: {zoo.describe()} ({tasks}), built in seconds. Its "
-                    "numbers check that the lesson runs on the text world; they are not results to read (the full "
-                    "profile runs the text suite).")
-        return f"The text world: {zoo.describe()}; tasks {tasks}."
+            return (f"The quick profile's fixture text world ({zoo.describe()}; tasks {tasks}), built in seconds. "
+                    "Its numbers check that the lesson runs on the text world; they are not results to read (the "
+                    "full profile runs the text suite).")
+        return f"The text world ({zoo.describe()}; tasks {tasks})."
     if getattr(zoo, "kind", None) == "clip":
         return (f"The papers' own world: {zoo.describe()}; zero-shot heads from CLIP's text tower"
                 + (" (quick: few images per task, numbers for checking the code)." if quick else "."))
