@@ -318,10 +318,15 @@ def task_factors(table: pd.DataFrame, power: float = 2.0) -> pd.DataFrame:
 
 
 def layer_factor_table(updates: Mapping[str, Tensor], keys: Sequence[str] | None = None,
-                       power: float = 2.0) -> pd.DataFrame:
+                       power: float = 2.0, *, layout: str | None = None) -> pd.DataFrame:
     """The inter-layer factors beta (docs/methods.md §ESM, Eq. (ESM.10), :func:`acetools.merging.esm.layer_scales`)
-    as a table: key, layer_type, block, norm (||dW_l||_F), beta."""
-    betas = E.layer_scales(updates, keys, power=power)
+    as a table: key, layer_type, block, norm (||dW_l||_F), beta. ``layout``: a key layout preset
+    whose Step-C layer types apply (:data:`acetools.merging.esm.LAYOUT_NAMES`, e.g. the text
+    world's ``bert``; None: the open_clip names, ESM's default)."""
+    names = E.LAYOUT_NAMES.get(layout or "open_clip")
+    if names is None:
+        raise InputError(f"layout={layout!r} has no ESM layer types; known: {sorted(E.LAYOUT_NAMES)}")
+    betas = E.layer_scales(updates, keys, layer_types=names["layer_types"], power=power)
     rows = []
     for k, b in betas.items():
         rows.append({"key": k, "layer_type": layer_type(k), "block": block_index(k, default=-1),
