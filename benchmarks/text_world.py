@@ -6,6 +6,7 @@
     python3 benchmarks/text_world.py tables --suite text8                  # the README's tables
     python3 benchmarks/text_world.py bench --suite fixture --profile quick  # the fixture world
     python3 benchmarks/text_world.py bench --suite text12 --methods task_arithmetic tsv_m --variants "ace (eps 2e-4)"
+    python3 benchmarks/text_world.py bench --suite text8 --seeds 0 --add --variants "cart (block matrices)"
 
 ``build`` builds (or loads) each expert, one cache entry per expert, so a killed run resumes
 with the next expert; it saves the build's throughput (training sequences per second per
@@ -42,6 +43,9 @@ TEXT_VARIANTS = {
     # eigenvalue, and a scale-free gamma (at the RoBERTa ridge, to compare with its row)
     "ace (eps 1e-2 relative)": {"method": "ace", "search": None, "eps": 1e-2, "eps_mode": "relative"},
     "ace (eps 2e-4, gamma cv)": {"method": "ace", "search": None, "eps": 2e-4, "gamma_mode": "cv"},
+    # CART's official name rule (attn/mlp) misses BERT's block weights, so its plain row is weight
+    # averaging; every block matrix takes its low-rank path here
+    "cart (block matrices)": {"method": "cart", "targets": "blocks"},
     "wudi (lr 1e-4)": {"method": "wudi", "search": None, "lr": 1e-4},
     "wudi (lr 1e-3)": {"method": "wudi", "search": None, "lr": 1e-3},
 }
@@ -107,6 +111,43 @@ def _variants(args) -> dict | None:
     return {v: TEXT_VARIANTS[v] for v in args.variants}
 
 
+def _add_rows(args, b, stem: str) -> list:
+    """``--add``: run only ``--methods`` and ``--variants`` and put their rows into the committed
+    ``<stem>`` tables (summary, per-task, JSON), replacing rows of the same name; every other row,
+    and the norms and cosine tables, stay as they are."""
+    import pandas as pd
+
+    out = Path(args.out)
+    paths = {k: out / f"{stem}{suffix}" for k, suffix in (("summary", "_summary.csv"), ("per_task", "_per_task.csv"),
+                                                          ("json", ".json"))}
+    missing = [str(p) for p in paths.values() if not p.is_file()]
+    if missing:
+        raise SystemExit(f"--add needs the committed tables; missing: {missing[0]} (run the full bench first)")
+    jobs = [(m, {"method": m}) for m in args.methods or []] + list((_variants(args) or {}).items())
+    if not jobs:
+        raise SystemExit("--add needs --methods or --variants")
+    runs = []
+    for label, spec in jobs:
+        spec = dict(spec)
+        m = spec.pop("method")
+        runs.append(b.run(m, label=None if label == m else label, **spec))
+    names = {r.name for r in runs}
+    for key, new in (("summary", b.summary(runs)), ("per_task", b.per_task(runs))):
+        old = pd.read_csv(paths[key])
+        merged = pd.concat([old[~old["method"].isin(names)], new], ignore_index=True)
+        tmp = paths[key].with_suffix(".tmp")
+        merged.to_csv(tmp, index=False)
+        tmp.replace(paths[key])
+    rec = json.loads(paths["json"].read_text())
+    rec["runs"] = [r for r in rec["runs"] if r.get("method") not in names] + b.record(runs)["runs"]
+    tmp = paths["json"].with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1, default=str))
+    tmp.replace(paths["json"])
+    print(b.summary(runs)[["method", "test_acc", "test_normalized", "coef"]].to_string())
+    print("-> added to", paths["summary"], flush=True)
+    return runs
+
+
 def bench(args) -> None:
     from acetools.benchmark import Benchmark
 
@@ -115,9 +156,12 @@ def bench(args) -> None:
         w = _world(args, seed)
         b = Benchmark(w, n_val=args.n_val, n_test=args.n_test, n_proxy=32, n_gram=args.n_gram,
                       patience=args.patience, threads=args.threads)
+        stem = f"{w.name}_{w.size}_seed{seed}"
+        if args.add:
+            runs = _add_rows(args, b, stem)
+            continue
         methods = args.methods or None
         runs = b.run_all(methods, extra=_variants(args), progress=True)
-        stem = f"{w.name}_{w.size}_seed{seed}"
         paths = b.save(runs, args.out, stem)
         # the run's cost: wall time, peak memory, and each method's merge and input time
         rec = {"suite": args.suite, "seed": seed, "threads": args.threads, "load_avg_1min": os.getloadavg()[0],
@@ -167,6 +211,8 @@ def main(argv=None) -> None:
     p.add_argument("--methods", nargs="*", default=None)
     p.add_argument("--no-variants", action="store_true")
     p.add_argument("--variants", nargs="*", default=None, help="only these variant rows (default: all)")
+    p.add_argument("--add", action="store_true",
+                   help="run only --methods / --variants and add their rows to the existing tables in --out")
     p.add_argument("--out", default=str(ROOT / "figures" / "benchmark"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "text_world"))
     p.add_argument("--cards", default=str(ROOT / "figures" / "regime"))

@@ -250,6 +250,27 @@ def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:
     return df.reset_index()
 
 
+def room_by_task(folder: str | Path, suite: str = "text8",
+                 methods: Sequence[str] = ("task_arithmetic", "tsv_m", "iso_cts", "ace (eps 2e-4)")) -> pd.DataFrame:
+    """Where the room for structured merges lives: per task, the base and each of ``methods``
+    (normalized test accuracy, mean over the committed seeds) and TSV-M minus task arithmetic,
+    largest first. The room is the mean of the last column over tasks."""
+    from ..results import find_results, load_per_task
+
+    runs = find_results(folder, suites=[suite])
+    if not runs:
+        raise FileNotFoundError(f"no {suite}_*_seed*_per_task.csv in {folder}")
+    pt = load_per_task(runs)
+    t = pt[pt["split"] == "test"].pivot_table(index="task", columns="method", values="normalized", aggfunc="mean")
+    base = next((c for c in t.columns if str(c).startswith("base (")), None)
+    cols = ([base] if base else []) + [m for m in methods if m in t.columns]
+    out = t[cols].copy()
+    out["tsv_m − task_arithmetic"] = t["tsv_m"] - t["task_arithmetic"]
+    out = out.sort_values("tsv_m − task_arithmetic", ascending=False).rename_axis("task").reset_index()
+    out.columns.name = None
+    return out
+
+
 def growth_table(folder: str | Path, suites: Sequence[str] = ("text8", "text12"),
                  methods: Sequence[str] = ("tsv_m", "iso_cts", "esm", "wudi", "ace", "ace (eps 2e-4)",
                                            "ace (eps 1e-5)")) -> pd.DataFrame:

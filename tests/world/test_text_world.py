@@ -283,6 +283,20 @@ def test_the_text_bench_script_writes_tables_and_its_cost(fixture_world, tmp_pat
     rec = json.loads((tmp_path / "r" / f"bench_{stem}.json").read_text())
     assert set(rec["methods"]) >= {"task_arithmetic", "ace (eps 2e-4)"} and rec["peak_rss_mib"] > 0
     assert rec["wall_seconds"] > 0 and rec["methods"]["task_arithmetic"]["merge_seconds"] >= 0
+    # --add puts one more row into the tables and leaves the others alone
+    import pandas as pd
+
+    before = pd.read_csv(tmp_path / "t" / f"{stem}_summary.csv")
+    mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--threads", "1", "--n-val", "8", "--n-test", "12",
+              "--add", "--variants", "ace (gate off)", "--out", str(tmp_path / "t"), "--results", str(tmp_path / "r")])
+    after = pd.read_csv(tmp_path / "t" / f"{stem}_summary.csv")
+    assert after["method"].tolist() == before["method"].tolist() + ["ace (gate off)"]
+    pd.testing.assert_frame_equal(after.iloc[:len(before)], before)
+    rec2 = json.loads((tmp_path / "t" / f"{stem}.json").read_text())
+    assert [r["method"] for r in rec2["runs"]][-1] == "ace (gate off)"
+    with pytest.raises(SystemExit, match="--add needs the committed tables"):
+        mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--add", "--variants", "ace (gate off)",
+                  "--out", str(tmp_path / "none")])
     with pytest.raises(SystemExit, match="unknown variant 'nope'"):
         mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--variants", "nope", "--out",
                   str(tmp_path / "t"), "--results", str(tmp_path / "r")])
