@@ -156,3 +156,51 @@ def test_a_quick_papermill_run_leaves_the_repository_untouched(quick_env, tmp_pa
     out = repo / "build" / "quick" / "figures" / "00_quickstart"
     assert (out / "ace_vs_task_arithmetic.png").is_file()
     assert json.loads((out / "figures.json").read_text())["profile"] == "quick"
+
+
+@pytest.mark.slow
+def test_02_to_04_run_on_the_text_world_and_05_shows_both_worlds(quick_env):
+    """Notebooks 02-04 with ``world="text8"`` in the quick profile (the fixture text world:
+    MiniLM's first layer, three small tasks): their figures and claims go to
+    ``<notebook>-text8``, judged in the text world's fixture; then 05 shows the worlds side by
+    side, the vision claims judged on the text world labelled as analogues. Reuses the module's
+    cache and figures (after :func:`test_every_notebook_runs_in_quick_mode`, the vision
+    fixture's claims are there too)."""
+    import subprocess
+
+    import pandas as pd
+
+    from acetools.course import claims
+
+    repo = Path(__file__).resolve().parents[1]
+
+    def status() -> str:
+        return subprocess.run(["git", "status", "--porcelain", "--", "figures"], cwd=repo, capture_output=True,
+                              text=True).stdout
+
+    before = status()
+    figures = quick_env / "figures"
+    recs = run_report("quick", only=["02", "03", "04"], parameters={"world": "text8"}, out=quick_env / "build-text",
+                      figures=figures)
+    for r in recs:
+        folder = figures / f"{r['notebook']}-text8"
+        assert list(folder.glob("*.png")), f"{r['notebook']} on the text world saved no figure"
+        entries = json.loads((folder / "claims.json").read_text())
+        owned = {c.id for c in claims.CLAIMS if c.notebook == r["notebook"]}
+        assert entries and set(entries) <= owned, sorted(entries)
+        assert {(e["world"]["name"], e["world"]["fixture"]) for e in entries.values()} == {("text fixture", True)}
+        assert "fixture text world" in Path(r["html"]).read_text()
+        problems = check_report(r["html"], folder)
+        assert not problems, "\n".join(problems)
+    # 03 says that it skips the proxy set the text world has no counterpart of
+    assert "no generic pretraining pool of texts" in Path(recs[1]["html"]).read_text()
+    rec = run_report("quick", only=["05"], out=quick_env / "build-text", figures=figures)[0]
+    both = pd.read_csv(figures / "05_claims" / "claims_side_by_side.csv")
+    html = Path(rec["html"]).read_text()
+    assert "fixture text world of the quick profile" in html
+    if (figures / "02_ace_step_by_step" / "claims.json").is_file():  # the vision fixture's claims are there
+        assert list(both.columns) == ["id", "paper", "fixture", "text fixture"] and len(both)
+        assert both["text fixture"].str.endswith("(analogue)").all()
+    problems = check_report(rec["html"], figures / "05_claims")
+    assert not problems, "\n".join(problems)
+    assert status() == before, "a quick run on the text world changed the committed figures"

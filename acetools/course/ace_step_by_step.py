@@ -59,6 +59,7 @@ __all__ = [
     "TAU",
     "GAMMA_VIT",
     "NOISE",
+    "world_merge_kwargs",
     "TOP_FRAC",
     "PAPER_ENERGY",
     "PAPER_COND",
@@ -515,6 +516,16 @@ NO_PRIOR = "no structural prior"
 NO_REFINE = "no refinement"
 RAW_NUMERATOR = "raw numerator ΔW_t"
 IDENTITY = "identity estimator (= averaging)"
+def world_merge_kwargs(bench) -> dict[str, Any]:
+    """What ``merge(...)`` needs from a world beyond the vision mini-world: its key ``layout`` (the
+    text world's ``bert``, the CLIP world's ``hf_clip``), as the benchmark passes it; ``{}`` for the
+    vision world."""
+    world = getattr(bench, "world", None)
+    if world is None or getattr(world, "kind", "vision") == "vision" or not getattr(world, "layout", None):
+        return {}
+    return {"layout": world.layout}
+
+
 #: The ablation of notebook 02: one ACE component changed at a time (``merge("ace", ...)``
 #: hyperparameters; see :func:`acetools.merging.ace.ace_matrix`). "gate on" also switches on
 #: the refinement of every layer, so "gate on, no refinement" isolates the normalisation.
@@ -607,8 +618,11 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
 
     from ..utils import progress as bar
 
+    layout = {}
     if merge is None:
         from ..merging import merge
+
+        layout = world_merge_kwargs(bench)
     variants = dict(ABLATIONS if variants is None else variants)
     if suite is None:
         suite = getattr(getattr(bench, "zoo", None), "suite", None) or ""
@@ -619,7 +633,7 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
     for label, hp in bar(list(variants.items()), desc="ablation", enabled=progress):
         hp = {**shared, **dict(hp)}
         t0 = time.perf_counter()
-        merged = merge("ace", base, experts, **hp)
+        merged = merge("ace", base, experts, **hp, **layout)
         same = next((d for d in done if _same_state(d[1], merged)), None)
         if same is None:
             acc = bench.evaluate(merged, "test")
@@ -743,7 +757,9 @@ def eps_sweep(bench, eps_grid: Sequence[float], *, hparams: Mapping[str, Any] | 
     eps·d_in/tr_t for the absolute eps (the paper's: its meaning depends on the layer's scale)
     and eps itself for the relative one (eps_mode="relative", not the paper's: eps·tr_t/d_in is
     the ridge, so ridge_rel = eps everywhere). Columns: eps_mode, eps, ridge_rel, test_acc,
-    test_normalized (%)."""
+    test_normalized (%), and ``pinv_layers``: how many matrices' systems were singular at that
+    ridge and solved with the pseudo-inverse (the merge's own warning, counted here instead of
+    printed once per layer)."""
     import pandas as pd
 
     from ..merging import merge, task_vectors
@@ -756,13 +772,20 @@ def eps_sweep(bench, eps_grid: Sequence[float], *, hparams: Mapping[str, Any] | 
     rows = []
     shared = {k: v for k, v in dict(hparams or {}).items() if k not in ("eps", "eps_mode")}
     for mode, eps in bar([(m, float(e)) for m in modes for e in eps_grid], desc="eps sweep", enabled=progress):
-        merged = merge("ace", bench.base, bench.experts, **shared, eps=eps, eps_mode=mode)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            merged = merge("ace", bench.base, bench.experts, **shared, eps=eps, eps_mode=mode,
+                           **world_merge_kwargs(bench))
+        pinv = [w for w in caught if issubclass(w.category, RuntimeWarning) and "pseudo-inverse" in str(w.message)]
+        for w in caught:  # every other warning as it was
+            if w not in pinv:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         acc = bench.evaluate(merged, "test")
         norm = bench.normalized(acc, "test")
         rel = eps if mode == "relative" else float(np.median([np.mean(eps * d_in[k] / tr[k]) for k in keys]))
         rows.append({"eps_mode": mode, "eps": eps, "ridge_rel": rel,
                      "test_acc": 100 * float(np.mean(list(acc.values()))),
-                     "test_normalized": 100 * float(np.mean(list(norm.values())))})
+                     "test_normalized": 100 * float(np.mean(list(norm.values()))), "pinv_layers": len(pinv)})
     return pd.DataFrame(rows)
 
 

@@ -640,6 +640,12 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     ``world_options`` (:func:`acetools.course.world.world_options`) of the CLIP world: the files of
     ``acetools bench --world clip-vit-b32`` (size ``clip-vit-b32``, suites ``clip8`` ...), compared
     with the papers' ViT-B/32 columns (the papers' own models); ``recompute`` reruns them.
+
+    ``world_options`` of a text world (``{"kind": "text8"}``): the files of
+    ``benchmarks/text_world.py bench`` (size ``minilm``, the one suite of the world), compared with
+    the vision tables' columns of as many tasks (analogues: the papers' tables are vision ones);
+    quick: the fixture text world's 3 tasks as 2 and 3 (suites ``fixture2``, ``fixture3``).
+    ``recompute`` is refused there (the text benchmark has its own script and variant rows).
     """
     from .. import results
     from ..benchmark import ACE_SCALED_ROW, VARIANTS
@@ -647,20 +653,27 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     from . import paper_tables
     from . import world as course
 
+    text = bool(world_options) and course.is_text_world(str(world_options.get("kind", "")))
     if quick:
         res_dir = Path(figures_dir) / "results"
-        zoo = course.world(quick=True, device=device)
+        zoo = course.world(quick=True, device=device, **(world_options if text else {}))
         run_size = zoo.size
         counts = (2, len(zoo.tasks))
-        run_suites = [f"tiny{n}" for n in counts]
+        run_suites = [f"{'fixture' if text else 'tiny'}{n}" for n in counts]
         for name, n in zip(run_suites, counts):
             sub_bench = course.benchmark(results.prefix_world(zoo, n), quick=True, patience=PATIENCE)
-            results.write_results(sub_bench, res_dir, f"{name}_{run_size}_seed{seed}", list(QUICK_METHODS),
-                                  extra=VARIANTS)
+            # on the text fixture (MiniLM's width) WUDI's 300 Adam steps are the slowest merge: the
+            # smaller suite, there for the "more tasks" axis (ACE against task arithmetic), goes without
+            methods = [m for m in QUICK_METHODS if not (text and n < len(zoo.tasks) and m == "wudi")]
+            results.write_results(sub_bench, res_dir, f"{name}_{run_size}_seed{seed}", methods, extra=VARIANTS)
         main_suite = run_suites[-1]
-        world = (f"the quick profile's fixture world: its {len(zoo.tasks)} procedural tasks ({', '.join(zoo.tasks)}) "
+        kind = "fixture text world: its 3 small text tasks" if text else "fixture world: its 3 procedural tasks"
+        world = (f"the quick profile's {kind} ({', '.join(zoo.tasks)}) "
                  f"at model size {run_size}, merged as the first 2 and all {len(zoo.tasks)} (suites "
                  f"{' and '.join(run_suites)}), expert seed {seed}; numbers for checking the code, not for reading")
+    elif text:
+        res_dir, run_size, main_suite, world = _text_files(str(world_options["kind"]), seed, results_dir, recompute)
+        run_suites = [main_suite]
     elif world_options:
         res_dir = Path(results_dir).expanduser().resolve()
         run_size, main_suite = "clip-vit-b32", course.clip_suite(suite)
@@ -690,7 +703,7 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     paper_cols = {}
     for s in run_suites:
         for table in paper_tables.COMPARISONS:
-            if world_options and not quick:  # the papers' own backbone
+            if world_options and not quick and not text:  # the papers' own backbone
                 try:
                     paper_cols[table, s] = paper_tables.paper_column(table, "ViT-B/32", paper_n[s])
                 except KeyError:  # this table has no ViT-B/32 column at this many tasks
@@ -704,6 +717,21 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
         summary=summary, per_task=results.load_per_task(runs), agg=agg, n_tasks=n_tasks, paper_n=paper_n,
         paper_cols=paper_cols, methods=[m for m in dict.fromkeys(summary["method"]) if m not in REFERENCES],
         seeds=sorted(int(k) for k in summary["seed"].unique()), speed=speed, step_size=step_size)
+
+
+def _text_files(kind: str, seed: int, results_dir: str | Path, recompute: bool) -> tuple[Path, str, str, str]:
+    """:func:`load_benchmark`'s full profile on a text world: ``(folder, size, suite, world sentence)``."""
+    from ..world.text.world import TextWorld
+    from . import world as course
+
+    suite = course.text_suite(kind)
+    if recompute:
+        raise InputError(f"recompute=True on the text world: its benchmark has its own script, `python3 "
+                         f"benchmarks/text_world.py bench --suite {suite} --seeds {seed}` (docs/text-world.md)")
+    size = TextWorld(suite, seed).size  # the size in the result files' names
+    return (Path(results_dir).expanduser().resolve(), size, suite,
+            f"the text world: suite {suite} (all-MiniLM-L6-v2 experts on real offline text tasks), its benchmark "
+            "compared with the papers' vision tables of as many tasks: analogues")
 
 
 def vit_width_checks(speed: pd.DataFrame) -> dict[str, Verdict]:

@@ -26,6 +26,7 @@ import datetime as _dt
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,11 @@ from typing import Any
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import atomic_write
 from .verdicts import SCALING_RULE, VERDICTS, Verdict, World
+from .world import TEXT_CLAIM_WORLDS
 
 __all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "show", "collect", "claims_table", "styled_table",
-           "verdict_counts", "RECORD_FIELDS", "MixedWorldsError"]
+           "verdict_counts", "RECORD_FIELDS", "MixedWorldsError", "LANGUAGE_CLAIMS", "is_text_world_name",
+           "is_analogue", "Gathered", "gather", "side_by_side"]
 
 #: The effect fields of every claim record (numbers or None; see :meth:`Verdict.record_fields`).
 RECORD_FIELDS: tuple[str, ...] = ("predicted_effect", "noise_floor", "measured_effect", "paper_effect")
@@ -143,6 +146,22 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 _BY_ID = {c.id: c for c in CLAIMS}
+
+#: The claims about language models: lesson 07's and ACE's published language results. Every
+#: other claim is about the papers' vision setting; judged on the text world it is an analogue.
+LANGUAGE_CLAIMS: frozenset[str] = frozenset({c.id for c in CLAIMS if c.notebook == "07_language"} | {"ace.language"})
+
+
+def is_text_world_name(name: str) -> bool:
+    """Whether a claim world's name is the text world's (:data:`acetools.course.world.TEXT_CLAIM_WORLDS`)."""
+    return name in TEXT_CLAIM_WORLDS.values()
+
+
+def is_analogue(claim_id: str, world_name: str) -> bool:
+    """A vision or ESM claim judged on the text world: the text world stands in for the papers'
+    vision setting (an analogue, labelled so); a language claim there, or any claim on a vision
+    world, is judged in its own setting."""
+    return is_text_world_name(world_name) and claim_id not in LANGUAGE_CLAIMS
 
 
 def claim(claim_id: str) -> Claim:
@@ -260,37 +279,113 @@ def collect(figures_root: str | os.PathLike, *, allow_mixed: bool = False) -> di
     return out
 
 
-def claims_table(figures_root: str | os.PathLike):
+def claims_table(figures_root: str | os.PathLike, *, records: Mapping[tuple[str, str], dict[str, Any]] | None = None):
     """One row per registered claim and world that judged it: id, paper, claim, owner notebook,
-    world, profile, our measurement, verdict, reason, and the effect fields
-    (:data:`RECORD_FIELDS`); a claim no world judged yet is one row ``not measured``."""
+    world, profile, ``analogue`` (:func:`is_analogue`), our measurement, verdict, reason, and the
+    effect fields (:data:`RECORD_FIELDS`); a claim no world judged yet is one row ``not
+    measured``. ``records``: already gathered records (:func:`gather`) instead of
+    :func:`collect` of ``figures_root``."""
     import pandas as pd
 
-    got = collect(figures_root)
+    got = collect(figures_root) if records is None else records
     rows = []
     for c in CLAIMS:
         mine = [e for (w, cid), e in got.items() if cid == c.id]
         if not mine:
             rows.append({"id": c.id, "paper": c.paper, "claim": c.text, "notebook": c.notebook, "world": "",
-                         "profile": "", "measured": "", "verdict": "not measured",
+                         "profile": "", "analogue": False, "measured": "", "verdict": "not measured",
                          "reason": f"run {c.notebook} first", **{f: None for f in RECORD_FIELDS}})
         for e in mine:
             rows.append({"id": c.id, "paper": c.paper, "claim": c.text, "notebook": c.notebook,
-                         "world": e["world"]["name"], "profile": e["world"]["profile"], "measured": e["measured"],
+                         "world": e["world"]["name"], "profile": e["world"]["profile"],
+                         "analogue": is_analogue(c.id, e["world"]["name"]), "measured": e["measured"],
                          "verdict": e["verdict"], "reason": e["reason"], **{f: e.get(f) for f in RECORD_FIELDS}})
     return pd.DataFrame(rows)
 
 
-def verdict_counts(table: Any):
+def verdict_counts(table: Any, *, split_analogues: bool = False):
     """Lesson 05's count: claims per world and verdict, every one of the five words a column
-    (zeros kept), ``not measured`` last where any claim lacks a verdict."""
+    (zeros kept), ``not measured`` last where any claim lacks a verdict. ``split_analogues``:
+    a world's analogues (:func:`is_analogue`, a table's ``analogue`` column) get their own row,
+    ``<world> · analogues``."""
     import pandas as pd
 
     cols = list(VERDICTS) + (["not measured"] if (table["verdict"] == "not measured").any() else [])
-    t = table.assign(world=table["world"].replace("", "(none)"))
-    out = pd.crosstab(t["world"], t["verdict"]).reindex(columns=cols, fill_value=0)
+    world = table["world"].replace("", "(none)")
+    if split_analogues and "analogue" in table:
+        world = world.where(~table["analogue"].astype(bool), world + " · analogues")
+    out = pd.crosstab(world.rename("world"), table["verdict"]).reindex(columns=cols, fill_value=0)
     out["all"] = out.sum(axis=1)
     return out
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """Lesson 05's reading of every ``claims.json`` (:func:`gather`): the ``records`` it counts
+    (keyed as :func:`collect`'s), the world names among them (vision worlds first), and one
+    sentence per thing a reader must know about what is there: a text world missing, from a
+    fixture, or left out."""
+
+    records: dict[tuple[str, str], dict[str, Any]]
+    worlds: list[str]
+    notes: list[str]
+
+
+def _folders(records: Mapping[tuple[str, str], dict[str, Any]], names: set[str]) -> str:
+    return ", ".join(sorted({Path(e["file"]).parent.name for (w, _), e in records.items() if w in names}))
+
+
+def gather(figures_root: str | os.PathLike) -> Gathered:
+    """Every ``claims.json`` under ``figures_root`` (:func:`collect`), ready to show the vision and
+    the text world side by side. A fixture world's records (the quick profile's) beside a real
+    world's are left out, never counted with them, and a note says which and from where. Notes
+    also say when no text world's claims are there (run lesson 07, and 02-04 with
+    ``world="text8"``), and when the text world's claims come from the fixture text world."""
+    got = collect(figures_root, allow_mixed=True)
+    fixture = {w for (w, _), e in got.items() if e["world"].get("fixture")}
+    real = {w for (w, _), e in got.items() if not e["world"].get("fixture")}
+    notes = []
+    if fixture and real:
+        notes.append(f"Left out: the claims of {', '.join(sorted(fixture))} ({_folders(got, fixture)}), a fixture "
+                     "world's (the quick profile's numbers check the code, they are not results), not counted "
+                     f"beside those of {', '.join(sorted(real))}.")
+        got = {k: e for k, e in got.items() if k[0] in real}
+    worlds = sorted({w for w, _ in got}, key=lambda w: (is_text_world_name(w), w))
+    text = [w for w in worlds if is_text_world_name(w)]
+    if not text:
+        notes.append(f"No text world's claims under {Path(figures_root).name}/: run 07_language (and 02-04 with "
+                     "world='text8') in this profile to judge them; only the vision world is shown.")
+    for w in text:
+        fx = any(e["world"].get("fixture") for (name, _), e in got.items() if name == w)
+        where = _folders(got, {w})
+        notes.append(f"The text world's claims ({w!r}) come from {where}"
+                     + (": the fixture text world of the quick profile, numbers for checking the code, not results."
+                        if fx else "."))
+    return Gathered(got, worlds, notes)
+
+
+def side_by_side(table: Any):
+    """Lesson 05's comparison of the worlds: one row per claim judged on two or more worlds
+    (:func:`claims_table` rows), one column per world with its verdict, an analogue labelled
+    ``<verdict> (analogue)`` (:func:`is_analogue`); ``id``, ``paper`` and the claim first."""
+    import pandas as pd
+
+    t = table[table["world"] != ""]
+    worlds = sorted(set(t["world"]), key=lambda w: (is_text_world_name(w), w))
+    both = t.groupby("id")["world"].nunique()
+    ids = [c.id for c in CLAIMS if both.get(c.id, 0) >= 2]
+    rows = []
+    for cid in ids:
+        mine = t[t["id"] == cid].set_index("world")
+        row = {"id": cid, "paper": claim(cid).paper}
+        for w in worlds:
+            if w in mine.index:
+                v = mine.loc[w, "verdict"]
+                row[w] = f"{v} (analogue)" if is_analogue(cid, w) else v
+            else:
+                row[w] = "—"
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["id", "paper", *worlds])
 
 
 def styled_table(table: Any) -> Any:
@@ -300,6 +395,9 @@ def styled_table(table: Any) -> Any:
 
     show_cols = table[["id", "paper", "world", "verdict", "predicted_effect", "noise_floor", "measured_effect",
                        "measured", "reason"]]
+    if "analogue" in table:  # a vision or ESM claim judged on the text world says so
+        show_cols = show_cols.assign(world=show_cols["world"].where(~table["analogue"].astype(bool),
+                                                                    show_cols["world"] + " (analogue)"))
     colours = [f"background-color: {VERDICT_COLORS.get(v, '#ffffff')}" for v in show_cols["verdict"]]
     return (show_cols.style.hide(axis="index")
             .format({c: lambda x: "—" if x is None or x != x else f"{x:+.2f}"

@@ -59,6 +59,8 @@ from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare
 __all__ = [
     "NOISE",
     "PROXY_VARIANTS",
+    "proxy_variants",
+    "heldout_inputs",
     "ABLATION",
     "TSV_M_ROW",
     "TSV_M_PATIENCE",
@@ -316,10 +318,15 @@ def task_factors(table: pd.DataFrame, power: float = 2.0) -> pd.DataFrame:
 
 
 def layer_factor_table(updates: Mapping[str, Tensor], keys: Sequence[str] | None = None,
-                       power: float = 2.0) -> pd.DataFrame:
+                       power: float = 2.0, *, layout: str | None = None) -> pd.DataFrame:
     """The inter-layer factors beta (docs/methods.md §ESM, Eq. (ESM.10), :func:`acetools.merging.esm.layer_scales`)
-    as a table: key, layer_type, block, norm (||dW_l||_F), beta."""
-    betas = E.layer_scales(updates, keys, power=power)
+    as a table: key, layer_type, block, norm (||dW_l||_F), beta. ``layout``: a key layout preset
+    whose Step-C layer types apply (:data:`acetools.merging.esm.LAYOUT_NAMES`, e.g. the text
+    world's ``bert``; None: the open_clip names, ESM's default)."""
+    names = E.LAYOUT_NAMES.get(layout or "open_clip")
+    if names is None:
+        raise InputError(f"layout={layout!r} has no ESM layer types; known: {sorted(E.LAYOUT_NAMES)}")
+    betas = E.layer_scales(updates, keys, layer_types=names["layer_types"], power=power)
     rows = []
     for k, b in betas.items():
         rows.append({"key": k, "layer_type": layer_type(k), "block": block_index(k, default=-1),
@@ -339,9 +346,34 @@ def _draw(n_avail: int, n: int, seed: int) -> Tensor:
     return torch.randperm(n_avail, generator=g)[:n]
 
 
+def _is_text(bench) -> bool:
+    return getattr(getattr(bench, "world", None), "kind", "vision") == "text"
+
+
+def proxy_variants(bench) -> tuple[str, ...]:
+    """The proxy sets of :data:`PROXY_VARIANTS` a world has: all five for an image world; the text
+    world has no generic pretraining pool of texts, so "pretraining pool" is left out there."""
+    return tuple(v for v in PROXY_VARIANTS if not (_is_text(bench) and v == "pretraining pool"))
+
+
+def _take(x: Any, idx: Tensor) -> Any:
+    """Rows ``idx`` of ``x``: a tensor's rows, or the items of a list (texts)."""
+    return x[idx] if isinstance(x, Tensor) else [x[i] for i in idx.tolist()]
+
+
+def heldout_inputs(bench, n: int | None = None) -> dict[str, Any]:
+    """The first ``n`` (default ``bench.n_proxy``) test inputs of each task, which ESD never
+    sees: images (a tensor) in an image world, texts (a list) in the text world."""
+    n = bench.n_proxy if n is None else int(n)
+    if _is_text(bench):
+        return {t: bench.world.split(t, "test").texts[:n] for t in bench.tasks}
+    return {t: torch.as_tensor(np.asarray(bench.data(t, "test").x[:n])) for t in bench.tasks}
+
+
 def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | None = None,
-                 n_few: int = 4, seed: int | None = None) -> dict[str, Tensor]:
-    """The proxy images each task's expert sees under ``variant`` (:data:`PROXY_VARIANTS`).
+                 n_few: int = 4, seed: int | None = None) -> dict[str, Any]:
+    """The proxy images (in the text world: texts, a list per task) each task's expert sees under
+    ``variant`` (:data:`PROXY_VARIANTS`; the text world has no "pretraining pool", :func:`proxy_variants`).
 
     ``n`` images per task (default ``bench.n_proxy``), drawn without replacement with a
     generator seeded by ``seed`` (default ``bench.proxy_seed``), the scheme of
@@ -360,19 +392,25 @@ def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | No
     seed = bench.proxy_seed if seed is None else int(seed)
     tasks = list(bench.tasks)
 
+    text = _is_text(bench)
+    if text and variant == "pretraining pool":
+        raise InputError("the text world has no pretraining pool of texts: proxy variants there are "
+                         f"{list(proxy_variants(bench))}")
+
     def val(task):
         d = bench.zoo.split(task, "val")
-        return torch.as_tensor(np.asarray(d.x)), torch.as_tensor(np.asarray(d.y))
+        x = list(d.texts) if text else torch.as_tensor(np.asarray(d.x))
+        return x, torch.as_tensor(np.asarray(d.y))
 
-    out: dict[str, Tensor] = {}
+    out: dict[str, Any] = {}
     for i, task in enumerate(tasks):
         if variant in ("in-distribution", "4 samples"):
             x, _ = val(task)
             m = n if variant == "in-distribution" else min(n_few, n)
-            out[task] = x[_draw(len(x), n, seed)][:m]
+            out[task] = _take(x, _draw(len(x), n, seed)[:m])
         elif variant == "other task":
             x, _ = val(tasks[(i + 1) % len(tasks)])
-            out[task] = x[_draw(len(x), n, seed)]
+            out[task] = _take(x, _draw(len(x), n, seed))
         elif variant == "pretraining pool":
             if pool is None:
                 raise InputError("proxy variant 'pretraining pool' needs pool= (images N x C x H x W), e.g. "
@@ -384,7 +422,7 @@ def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | No
             labels, counts = torch.unique(y, return_counts=True)
             c = labels[int(torch.argmax(counts))]  # argmax returns the first maximum: smallest label
             idx = torch.nonzero(y == c).flatten()
-            out[task] = x[idx[_draw(len(idx), n, seed)]]
+            out[task] = _take(x, idx[_draw(len(idx), n, seed)])
     return out
 
 

@@ -7,10 +7,15 @@ with them, so a lesson reads the same at the full size and in the tests::
     zoo = course.world(suite, size, seed=seed, quick=quick)       # built or loaded from the cache
     bench = course.benchmark(zoo, quick=quick)
 
-``world="clip-vit-b32"`` (notebooks 02 and 04: their ``world`` parameter) runs the lesson on the
+``world="clip-vit-b32"`` (notebooks 02, 03 and 04: their ``world`` parameter) runs the lesson on the
 papers' own CLIP ViT-B/32 and the public experts instead (:mod:`acetools.world.clip`, a GPU and a
 filled cache: docs/clip-world.md); a mini-world suite name maps to the CLIP suite of as many
-tasks (``tasks8`` → ``clip8``).
+tasks (``tasks8`` → ``clip8``). ``world="text8"`` (any suite of :data:`acetools.world.text.tasks.SUITES`,
+:func:`text_worlds`) runs it on the text world (:mod:`acetools.world.text`, docs/text-world.md):
+MiniLM's experts on that suite in the full profile, the fixture text world (MiniLM's first
+layer, three small tasks) in the quick one. Its figures and claims go to ``<folder>-<world>``
+beside the mini-world's (:func:`figures_path`), and its claims are judged in the text world
+(:func:`claim_world`), as analogues of the vision claims (lesson 05 labels them so).
 
 ``quick=True`` swaps in the fixture world (:data:`QUICK`): the three ``tiny`` procedural
 tasks at size ``micro`` with its own small pretrained base, built from nothing in well
@@ -34,15 +39,49 @@ from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "WORLDS", "world", "world_options", "clip_suite", "benchmark",
+__all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "TEXT_EVAL", "WORLDS", "TEXT_CLAIM_WORLDS", "text_worlds",
+           "is_text_world", "text_suite", "world", "world_options", "clip_suite", "benchmark",
            "figures_path", "suite_tasks", "describe", "repo_root", "default_figures_root", "claim_world", "note_world",
            "MANIFEST", "display_path"]
 
 #: The file in each figures folder that says which notebook, profile and world wrote it.
 MANIFEST: str = "figures.json"
 
-#: The notebooks' ``world`` parameter: the mini-world, or the papers' CLIP ViT-B/32.
+#: The notebooks' ``world`` parameter: the mini-world, or the papers' CLIP ViT-B/32; or a text
+#: world (:func:`text_worlds`: its suites are read from the text world, not listed here).
 WORLDS = ("mini", "clip-vit-b32")
+
+#: The names of the text world's claim worlds (:class:`~acetools.course.verdicts.World`) by
+#: profile: lesson 07's and the text runs of 02-04 record under the same name, so lesson 05
+#: shows them in one column.
+TEXT_CLAIM_WORLDS: dict[str, str] = {"full": "text", "quick": "text fixture"}
+
+
+def text_worlds() -> list[str]:
+    """The text worlds a notebook's ``world`` parameter takes: ``"text"`` (the default suite)
+    and every suite of :data:`acetools.world.text.tasks.SUITES` (``"text8"``, ...)."""
+    from ..world.text.tasks import SUITES
+
+    return ["text", *SUITES]
+
+
+def is_text_world(world: str) -> bool:
+    """Whether a notebook's ``world`` parameter names the text world (:func:`text_worlds`)."""
+    return isinstance(world, str) and world.startswith("text") and world in text_worlds()
+
+
+def text_suite(world: str) -> str:
+    """The text suite of a notebook's ``world`` parameter (``"text"``: the registry's default)."""
+    from ..world import WORLDS as REGISTRY
+
+    if not is_text_world(world):
+        raise InputError(f"world={world!r} is not a text world; text worlds: {', '.join(text_worlds())}")
+    return REGISTRY["text"].default_suite if world == "text" else world
+
+
+def _check_world(world: str) -> None:
+    if world not in WORLDS and not is_text_world(world):
+        raise InputError(f"world={world!r}: choose one of {', '.join([*WORLDS, *text_worlds()])}")
 
 #: The quick profile's world: fixture suite, micro model, recipes sized for seconds.
 QUICK: dict[str, Any] = {
@@ -56,6 +95,11 @@ QUICK: dict[str, Any] = {
 #: Evaluation sizes (images per task) of the full profile and of the quick one.
 FULL_EVAL: dict[str, int] = {"n_val": 100, "n_test": 500}
 QUICK_EVAL: dict[str, int] = {"n_val": 40, "n_test": 60}
+#: The text world's evaluation sizes (texts per task) in the full profile: its benchmark's
+#: (``benchmarks/text_world.py bench``, docs/text-world.md), so a lesson's numbers and the room
+#: its claims are judged by come from the same evaluation. (The quick profile's :data:`QUICK_EVAL`
+#: is the fixture text world's whole splits.)
+TEXT_EVAL: dict[str, int] = {"n_val": 100, "n_test": 300}
 
 
 def suite_tasks(suite: str, quick: bool = False) -> list[str]:
@@ -86,7 +130,10 @@ def world(
     """The built :class:`~acetools.world.vision.zoo.Zoo` of ``suite`` at ``size`` (expert seed ``seed``),
     or with ``kind="clip-vit-b32"`` the loaded :class:`~acetools.world.clip.world.ClipWorld` of
     :func:`clip_suite` (``suite``) from ``models_root`` / ``data_root`` (None or "": the caches;
-    ``quick`` caps its images at :data:`QUICK_EVAL`; ``size`` is not used).
+    ``quick`` caps its images at :data:`QUICK_EVAL`; ``size`` is not used), or with a text world
+    ``kind`` (:func:`text_worlds`) the built :class:`~acetools.world.text.world.TextWorld` of
+    :func:`text_suite` (``kind``), the fixture text world when ``quick`` (``suite``, ``size``
+    not used; ``root``: the cache, default ``$ACETOOLS_CACHE/text``).
 
     Loads what the cache holds and builds the rest (the full-size base is shipped; experts
     take about a minute each on 2 CPU cores). ``quick`` ignores ``suite``/``size`` and
@@ -95,8 +142,13 @@ def world(
     from ..utils import resolve_device
     from ..world.vision.zoo import Zoo
 
-    if kind not in WORLDS:
-        raise InputError(f"world={kind!r}: choose one of {', '.join(WORLDS)}")
+    _check_world(kind)
+    if is_text_world(kind):
+        from ..world.text.world import TextWorld
+
+        w = TextWorld("fixture" if quick else text_suite(kind), seed, profile="quick" if quick else "full",
+                      device=device, threads=threads, root=None if root is None else Path(root) / "text")
+        return w.build(progress)
     if kind == "clip-vit-b32":
         from ..world.clip.world import ClipWorld
 
@@ -128,19 +180,22 @@ def clip_suite(suite: str) -> str:
 
 def world_options(world: str = "mini", models_root: str = "", data_root: str = "") -> dict[str, Any]:
     """The keyword arguments of :func:`world` for a notebook's ``world`` / ``models_root`` /
-    ``data_root`` parameters (``{}`` for the mini-world)."""
-    if world not in WORLDS:
-        raise InputError(f"world={world!r}: choose one of {', '.join(WORLDS)}")
+    ``data_root`` parameters (``{}`` for the mini-world; ``{"kind": world}`` for a text world)."""
+    _check_world(world)
     if world == "mini":
         return {}
+    if is_text_world(world):
+        return {"kind": world}
     return {"kind": world, "models_root": models_root or None, "data_root": data_root or None}
 
 
 def benchmark(zoo, *, quick: bool = False, **overrides: Any):
-    """A :class:`~acetools.benchmark.Benchmark` on ``zoo`` with the profile's evaluation sizes."""
+    """A :class:`~acetools.benchmark.Benchmark` on ``zoo`` with the profile's evaluation sizes
+    (on the text world: :data:`TEXT_EVAL` in the full profile)."""
     from ..benchmark import Benchmark
 
-    kw = dict(QUICK_EVAL if quick else FULL_EVAL)
+    full = TEXT_EVAL if getattr(zoo, "kind", None) == "text" else FULL_EVAL
+    kw = dict(QUICK_EVAL if quick else full)
     if quick:
         kw.update(n_proxy=8, n_gram=64)
     kw.update(overrides)
@@ -170,7 +225,7 @@ def default_figures_root(quick: bool, start: str | os.PathLike | None = None) ->
 
 
 def figures_path(figures_dir: str | os.PathLike = "", *, notebook: str | None = None, quick: bool | None = None,
-                 ) -> Path:
+                 world: str = "mini") -> Path:
     """The folder a notebook writes its figures to, as an absolute path, created if missing.
 
     ``figures_dir`` given: that folder (the report command passes one per profile). Empty:
@@ -178,7 +233,13 @@ def figures_path(figures_dir: str | os.PathLike = "", *, notebook: str | None = 
     ``notebook`` (the notebook's stem) and ``quick``. With ``quick`` given, the folder's
     :data:`MANIFEST` records the notebook and the profile (:func:`note_world` adds the world).
     A quick run asked to write into the committed ``<repo>/figures`` is refused: a fixture
-    world's numbers would overwrite the results."""
+    world's numbers would overwrite the results.
+
+    ``world``: the notebook's ``world`` parameter. A text world (:func:`text_worlds`) writes
+    beside the mini-world's folder, in ``<folder>-<world>`` (``figures/02_ace_step_by_step-text8``),
+    whether the folder is the default or given (the report command gives ``<figures>/<stem>``):
+    one ``claims.json`` holds one world's claims, and lesson 05 reads both folders."""
+    _check_world(world)
     if str(figures_dir) == "":
         if notebook is None or quick is None:
             raise InputError("figures_path(''): an empty figures_dir needs notebook= and quick= to pick the "
@@ -186,6 +247,9 @@ def figures_path(figures_dir: str | os.PathLike = "", *, notebook: str | None = 
         p = default_figures_root(quick) / notebook
     else:
         p = Path(figures_dir).expanduser().resolve()
+    if is_text_world(world):
+        p = p.with_name(f"{p.name}-{world}")
+        notebook = notebook and f"{notebook}-{world}"
     if quick:
         committed = (repo_root() / "figures").resolve()
         if p == committed or committed in p.parents:
@@ -218,7 +282,7 @@ def note_world(folder: str | os.PathLike, world: Any) -> None:
 
 
 def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLike | None = None,
-                size: str = "small", summary: Any = None):
+                size: str = "small", summary: Any = None, kind: str = "mini", description: str | None = None):
     """The :class:`~acetools.course.verdicts.World` a notebook judges its claims in.
 
     Full profile: the vision mini-world, its room (TSV-M − task arithmetic per number of
@@ -227,28 +291,23 @@ def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLik
     summary frame instead). Quick profile: the fixture world (``fixture=True``), its room
     measured on ``bench`` (task arithmetic and TSV-M with their coefficients on validation,
     seconds on the fixture) or taken from ``summary``; without either it has no room, and
-    comparative claims are decided on their measurements alone."""
-    import numpy as np
+    comparative claims are decided on their measurements alone.
 
+    ``kind``: a text world (:func:`text_worlds`) gives the text world's claim world instead,
+    named :data:`TEXT_CLAIM_WORLDS` (as lesson 07's): in the full profile its room comes from
+    the text benchmark's files (``results_dir``, default ``<repo>/figures/benchmark``, suite
+    :func:`text_suite`), in the quick one it is measured on ``bench`` (the fixture text world)
+    or read from ``summary``. ``description``: the page's sentence about the world (default:
+    one per world)."""
+    if is_text_world(kind):
+        return _text_claim_world(quick=quick, bench=bench, results_dir=results_dir, summary=summary,
+                                 suite=text_suite(kind), description=description)
     from .verdicts import World
 
     if quick:
-        desc = "the quick profile's fixture world: numbers for checking the code, not results"
-        if summary is not None:
-            return World.from_summary(summary, "fixture", "quick", fixture=True, description=desc)
-        if bench is None:
-            return World("fixture", "quick", fixture=True, description=desc)
-        runs = {m: bench.run(m) for m in ("task_arithmetic", "tsv_m")}
-        n = len(bench.tasks)
-
-        def mean(r, attr):
-            return 100 * float(np.mean(list(getattr(r, attr).values())))
-
-        return World("fixture", "quick", {n: mean(runs["tsv_m"], "test_normalized")
-                                          - mean(runs["task_arithmetic"], "test_normalized")},
-                     fixture=True, description=desc,
-                     room_abs={n: mean(runs["tsv_m"], "test") - mean(runs["task_arithmetic"], "test")})
-    desc = f"the vision mini-world (small ViT, suites tasks8/14/20, model size {size})"
+        desc = description or "the quick profile's fixture world: numbers for checking the code, not results"
+        return _quick_world("fixture", desc, bench, summary)
+    desc = description or f"the vision mini-world (small ViT, suites tasks8/14/20, model size {size})"
     if summary is None:
         from .. import results
 
@@ -259,6 +318,46 @@ def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLik
                                     "mini-world's room comes from them (bash benchmarks/mini_world.sh)")
         summary = results.load_summary(runs)
     return World.from_summary(summary, "mini-world", "full", description=desc)
+
+
+def _quick_world(name: str, desc: str, bench: Any, summary: Any):
+    """A quick profile's fixture claim world: its room from ``summary``, or measured on ``bench``
+    (task arithmetic and TSV-M with their coefficients on validation), or none."""
+    import numpy as np
+
+    from .verdicts import World
+
+    if summary is not None:
+        return World.from_summary(summary, name, "quick", fixture=True, description=desc)
+    if bench is None:
+        return World(name, "quick", fixture=True, description=desc)
+    runs = {m: bench.run(m) for m in ("task_arithmetic", "tsv_m")}
+    n = len(bench.tasks)
+
+    def mean(r, attr):
+        return 100 * float(np.mean(list(getattr(r, attr).values())))
+
+    return World(name, "quick", {n: mean(runs["tsv_m"], "test_normalized")
+                                 - mean(runs["task_arithmetic"], "test_normalized")},
+                 fixture=True, description=desc,
+                 room_abs={n: mean(runs["tsv_m"], "test") - mean(runs["task_arithmetic"], "test")})
+
+
+def _text_claim_world(*, quick: bool, bench: Any, results_dir: Any, summary: Any, suite: str,
+                      description: str | None):
+    from .verdicts import World
+
+    if quick:
+        desc = description or ("the quick profile's fixture text world (MiniLM's first layer, three small tasks): "
+                               "numbers for checking the code, not results")
+        return _quick_world(TEXT_CLAIM_WORLDS["quick"], desc, bench, summary)
+    if summary is None:
+        from .language import benchmark_tables
+
+        folder = Path(results_dir) if results_dir is not None else repo_root() / "figures" / "benchmark"
+        summary, _ = benchmark_tables(folder, suite)
+    desc = description or f"the text world {suite!r} (all-MiniLM-L6-v2 experts on real offline text tasks)"
+    return World.from_summary(summary, TEXT_CLAIM_WORLDS["full"], "full", description=desc)
 
 
 def display_path(path: str | os.PathLike) -> str:
@@ -276,6 +375,12 @@ def describe(zoo, quick: bool) -> str:
     """One sentence saying which world a notebook runs on: the quick profile's fixture world
     (how many tasks, which) or the mini-world's suite, with the model size."""
     tasks = ", ".join(zoo.tasks)
+    if getattr(zoo, "kind", None) == "text":
+        if quick:
+            return (f"The quick profile's fixture text world ({zoo.describe()}; tasks {tasks}), built in seconds. "
+                    "Its numbers check that the lesson runs on the text world; they are not results to read (the "
+                    "full profile runs the text suite).")
+        return f"The text world ({zoo.describe()}; tasks {tasks})."
     if getattr(zoo, "kind", None) == "clip":
         return (f"The papers' own world: {zoo.describe()}; zero-shot heads from CLIP's text tower"
                 + (" (quick: few images per task, numbers for checking the code)." if quick else "."))

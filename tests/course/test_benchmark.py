@@ -369,3 +369,31 @@ def test_ace_claims_name_their_row_and_report_the_variants():
     # variants are no methods of their own in rankings and targets
     ranks = lesson.method_ranks(results.aggregate(s), ("ace",)).set_index("suite")
     assert ranks.loc["t8", "methods"] == 6 and ranks.loc["t8", "best"] == "esm"
+
+
+def test_notebook_04_reads_the_text_worlds_files_and_judges_analogues(tmp_path):
+    """04 with world='text8' in the full profile: the text benchmark's committed files (whatever
+    tasks they hold), the vision tables' columns of as many tasks, the claims judged in the text
+    world (its room from the same files). Reading only: no model runs."""
+    from pathlib import Path
+
+    from acetools.course import benchmark as lesson
+    from acetools.course import world as course
+    from acetools.errors import InputError
+
+    repo = Path(__file__).resolve().parents[2]
+    opts = course.world_options("text8")
+    kw = dict(suites=["tasks8"], size="small", suite="tasks8", seed=0, results_dir=repo / "figures" / "benchmark",
+              figures_dir=tmp_path, speed_dir=repo / "benchmarks" / "results", wudi_dir=tmp_path, world_options=opts)
+    with pytest.raises(InputError, match="benchmarks/text_world.py bench"):
+        lesson.load_benchmark(quick=False, recompute=True, **kw)
+    if not list((repo / "figures" / "benchmark").glob("text8_*_summary.csv")):
+        pytest.skip("no committed text8 benchmark files")
+    bd = lesson.load_benchmark(quick=False, **kw)
+    assert bd.suites == ["text8"] and bd.main_suite == "text8" and "analogues" in bd.world
+    assert set(bd.summary["suite"]) == {"text8"} and bd.paper_n == {"text8": 8}
+    assert {t for t, _ in bd.paper_cols} == {"ace", "esm", "spec"}  # the vision tables at 8 tasks
+    cw = course.claim_world(quick=False, summary=bd.summary, kind="text8")
+    assert cw.name == course.TEXT_CLAIM_WORLDS["full"] and not cw.fixture and set(cw.room) == {8}
+    verdicts = lesson.claim_verdicts(bd, world=cw)
+    assert "ace.grows" not in verdicts and {"ace.sota", "esm.sota"} <= set(verdicts)

@@ -84,3 +84,60 @@ def test_record_takes_a_verdict(tmp_path):
     assert entry["numbers"] == {"delta": 0.3, "suite": "tasks8"}
     with pytest.raises(TypeError, match="no verdict"):
         claims.record(tmp_path, "ace.csp", v, verdict="reproduced", world=W)
+
+
+TEXT = World("text", "full", {8: 6.0})
+TEXT_FIX = World("text fixture", "quick", {3: 2.0}, fixture=True)
+
+
+def test_the_text_worlds_claim_names_are_the_lessons():
+    from acetools.course import world as course
+
+    assert course.claim_world(quick=True, kind="text8").name == course.TEXT_CLAIM_WORLDS["quick"] == TEXT_FIX.name
+    assert claims.is_text_world_name(TEXT.name) and claims.is_text_world_name(TEXT_FIX.name)
+    assert not claims.is_text_world_name(W.name) and not claims.is_text_world_name(FIX.name)
+    assert claims.is_analogue("esm.sota", "text") and claims.is_analogue("ace.gamma_vit", "text fixture")
+    assert not claims.is_analogue("ace.language_sota", "text") and not claims.is_analogue("esm.sota", "mini-world")
+    assert claims.LANGUAGE_CLAIMS == {c.id for c in claims.CLAIMS if c.notebook == "07_language"} | {"ace.language"}
+
+
+def test_side_by_side_shows_both_worlds_and_labels_analogues(tmp_path):
+    claims.record(tmp_path / "04_benchmark", "ace.sota", "a", "undecidable here", "small room", world=W)
+    claims.record(tmp_path / "04_benchmark", "esm.sota", "b", "not reproduced", "r", world=W)
+    claims.record(tmp_path / "04_benchmark-text8", "ace.sota", "c", "reproduced", "room", world=TEXT)
+    claims.record(tmp_path / "07_language", "ace.gamma_bert", "d", "not reproduced", "low gamma", world=TEXT)
+    g = claims.gather(tmp_path)
+    assert g.worlds == ["mini-world", "text"]
+    assert len(g.notes) == 1 and "04_benchmark-text8, 07_language" in g.notes[0] and "fixture" not in g.notes[0]
+    table = claims.claims_table(tmp_path, records=g.records)
+    both = claims.side_by_side(table)
+    assert list(both.columns) == ["id", "paper", "mini-world", "text"]
+    assert both.to_dict("records") == [{"id": "ace.sota", "paper": "ACE", "mini-world": "undecidable here",
+                                        "text": "reproduced (analogue)"}]  # judged on one world only: not shown
+    counts = claims.verdict_counts(table, split_analogues=True)
+    assert counts.loc["text · analogues", "reproduced"] == 1 and counts.loc["text", "not reproduced"] == 1
+    assert counts.loc["mini-world", "all"] == 2
+    shown = claims.styled_table(table).data
+    assert "text (analogue)" in set(shown["world"]) and "text" in set(shown["world"])
+
+
+def test_gather_says_when_the_text_claims_are_missing_or_from_a_fixture(tmp_path):
+    claims.record(tmp_path / "04_benchmark", "ace.sota", "a", "undecidable here", "small room", world=W)
+    g = claims.gather(tmp_path)
+    assert g.worlds == ["mini-world"] and "No text world's claims" in g.notes[0]
+    # a fixture text world beside the real mini-world: left out, and said so
+    claims.record(tmp_path / "07_language", "ace.gamma_bert", "d", "not reproduced", "low gamma", world=TEXT_FIX)
+    with pytest.raises(claims.MixedWorldsError):
+        claims.collect(tmp_path)
+    g = claims.gather(tmp_path)
+    assert g.worlds == ["mini-world"] and set(k[0] for k in g.records) == {"mini-world"}
+    assert "Left out" in g.notes[0] and "text fixture" in g.notes[0] and "07_language" in g.notes[0]
+    assert "No text world's claims" in g.notes[1]
+    # the quick profile: both worlds fixtures, both kept, the text world's said to be the fixture's
+    quick = tmp_path / "quick"
+    claims.record(quick / "04_benchmark", "ace.sota", "a", "partly", "r", world=FIX)
+    claims.record(quick / "04_benchmark-text8", "ace.sota", "c", "reproduced", "r", world=TEXT_FIX)
+    g = claims.gather(quick)
+    assert g.worlds == ["fixture", "text fixture"] and len(g.notes) == 1 and "fixture text world" in g.notes[0]
+    both = claims.side_by_side(claims.claims_table(quick, records=g.records))
+    assert both.set_index("id").loc["ace.sota", "text fixture"] == "reproduced (analogue)"

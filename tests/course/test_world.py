@@ -55,6 +55,37 @@ def test_the_default_figures_folder_depends_on_the_profile(tmp_path, monkeypatch
     assert meta["acetools:world"] == "fixture" and meta["acetools:profile"] == "quick"
 
 
+def test_the_text_world_is_a_notebook_world(tmp_path, monkeypatch):
+    from acetools.world.text.tasks import SUITES
+
+    assert course.text_worlds() == ["text", *SUITES]  # read from the text world, never listed here
+    suite = next(iter(SUITES))
+    assert course.is_text_world(suite) and course.text_suite(suite) == suite and course.text_suite("text") == "text8"
+    assert not course.is_text_world("mini") and not course.is_text_world("tasks8")
+    assert course.world_options(suite) == {"kind": suite}
+    with pytest.raises(ValueError, match="text8"):
+        course.world_options("text99")
+    with pytest.raises(ValueError, match="not a text world"):
+        course.text_suite("mini")
+    # its figures and claims go beside the mini-world's, for a default and for a given folder
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("")
+    monkeypatch.chdir(repo / "notebooks")
+    quick = course.figures_path("", notebook="02_x", quick=True, world=suite)
+    assert quick == repo / "build" / "quick" / "figures" / f"02_x-{suite}"
+    import json
+
+    assert json.loads((quick / course.MANIFEST).read_text())["notebook"] == f"02_x-{suite}"
+    given = course.figures_path(tmp_path / "figs" / "02_x", quick=False, world=suite)
+    assert given == (tmp_path / "figs" / f"02_x-{suite}").resolve()
+    assert course.figures_path(tmp_path / "figs" / "02_x", world="mini") == (tmp_path / "figs" / "02_x").resolve()
+    with pytest.raises(ValueError, match="committed figures"):
+        course.figures_path("../figures/02_x", notebook="02_x", quick=True, world=suite)
+    cw = course.claim_world(quick=True, kind=suite)
+    assert cw.name == course.TEXT_CLAIM_WORLDS["quick"] and cw.fixture and not cw.room
+
+
 def test_claim_world_reads_the_mini_worlds_room():
     w = course.claim_world(quick=False)  # the committed benchmark files
     assert w.name == "mini-world" and w.profile == "full" and not w.fixture
