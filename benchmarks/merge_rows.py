@@ -62,7 +62,7 @@ def merge_seed(rerun_dir: Path, out_dir: Path, stem: str, methods: list[str], wh
     old = json.loads((out_dir / f"{stem}.json").read_text())
     new = json.loads((rerun_dir / f"{stem}.json").read_text())
     for k in SAME:
-        if old.get(k) != new.get(k):
+        if k in old and old[k] != new.get(k):  # an older record may lack a field (world): not compared
             raise SystemExit(f"{stem}: the rerun's {k} = {new.get(k)!r}, the committed file's {old.get(k)!r}")
     base_old = next(c for c in old["checkpoints"] if c["kind"] == "base")["content_sha256"]
     base_new = next(c for c in new["checkpoints"] if c["kind"] == "base")["content_sha256"]
