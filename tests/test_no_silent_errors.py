@@ -262,7 +262,13 @@ def test_cart_announces_block_matrices_its_name_rule_misses_and_wudi_vit_needs_i
     experts = [{k: v + 0.1 * torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in bert.items()}
                for _ in range(3)]
     with pytest.warns(RuntimeWarning, match=r"cart: 3 matrix key\(s\) have names without 'attn'/'mlp'"):
-        acetools.merge("cart", bert, experts, layout="bert")
+        averaged = acetools.merge("cart", bert, experts, layout="bert")
+    mean = acetools.merge("weight_averaging", bert, experts, layout="bert")
+    assert all(torch.allclose(averaged[k], mean[k]) for k in bert), "the official name rule averages BERT"
+    with w.catch_warnings():
+        w.simplefilter("error", RuntimeWarning)
+        blocks = acetools.merge("cart", bert, experts, layout="bert", targets="blocks")
+    assert all(not torch.allclose(blocks[k], mean[k]) for k in bert), "targets='blocks' takes BERT's block matrices"
     with pytest.raises(ValueError, match="targets='vit'.*none matches"):
         acetools.merge("wudi", bert, experts, layout="bert", targets="vit", steps=1)
     from tests.conftest import make_world

@@ -344,7 +344,9 @@ def test_cart_rank_and_key_rules():
 def test_cart_method_keys(world):
     base, experts = world
     tvs = acetools.task_vectors(base, experts)
-    out = cart(base, tvs, is_matrix=is_matrix_param, rank_ratio=0.12, lam=2.0)
+    out = cart(base, tvs, is_matrix=is_matrix_param, rank_ratio=0.12, lam=2.0, targets="names")
+    blocks = cart(base, tvs, is_matrix=is_matrix_param, rank_ratio=0.12, lam=2.0, targets="blocks")
+    assert all(torch.equal(out[k], blocks[k]) for k in base), "on open_clip both rules pick the same keys"
     for k in base:
         taus = [tv[k] for tv in tvs]
         mean = torch.stack(taus).mean(0)

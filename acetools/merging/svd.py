@@ -505,22 +505,31 @@ def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
                      "k = max(1, int(rank_ratio r))",
                      low=0.0, high=1.0, low_open=True),
     lam=Param(2.0, "coefficient of the summed low-rank centred vectors", low=0.0),
+    targets=Param("names", "which matrices take the low-rank path: 'names' = the official rule (attn/mlp in the "
+                  "key, not ln/bias: open_clip's block weights); 'blocks' = every matrix inside a transformer "
+                  "block (the same keys on open_clip, and BERT's, GPT-2's or LLaMA's block weights, whose names "
+                  "the official rule misses)", choices=("names", "blocks")),
 )
-def cart(base, task_vectors, *, is_matrix, rank_ratio, lam):
+def cart(base, task_vectors, *, is_matrix, rank_ratio, lam, targets):
     """CART, docs/methods.md §CART: theta = theta_avg + lam sum_t LR_k(tau_t - mean tau).
 
-    Keys that satisfy :func:`is_cart_key` (``attn``/``mlp``, not ``ln``/``bias``) *and*
-    ``is_matrix`` take :func:`cart_matrix`; every other key keeps its full centred vectors,
-    which sum to zero, so it ends at the average. Defaults (rank_ratio 0.12, lam 2.0) are the
-    official ViT-B/32 8-task config; 14 tasks use (0.16, 1.5) and 20 tasks (0.32, 1.9).
+    Keys that satisfy :func:`is_cart_key` (``attn``/``mlp``, not ``ln``/``bias``; with
+    ``targets="blocks"``: any key inside a transformer block) *and* ``is_matrix`` take
+    :func:`cart_matrix`; every other key keeps its full centred vectors, which sum to zero, so
+    it ends at the average. Defaults (rank_ratio 0.12, lam 2.0) are the official ViT-B/32 8-task
+    config; 14 tasks use (0.16, 1.5) and 20 tasks (0.32, 1.9).
     """
     from ..keys import block_index
 
-    missed = [k for k in base if is_matrix(k, base[k]) and block_index(k) is not None and not is_cart_key(k)]
-    warn_mean_fallback("cart", missed, "names without 'attn'/'mlp' (CART's name rule) inside the blocks")
+    def low_rank_key(key: str) -> bool:
+        return is_cart_key(key) if targets == "names" else block_index(key) is not None
+
+    missed = [k for k in base if is_matrix(k, base[k]) and block_index(k) is not None and not low_rank_key(k)]
+    warn_mean_fallback("cart", missed, "names without 'attn'/'mlp' (CART's name rule; targets='blocks' takes every "
+                       "block matrix) inside the blocks")
     out = {}
     for key in progress(list(base), desc="CART"):
-        if is_cart_key(key) and is_matrix(key, base[key]):
+        if low_rank_key(key) and is_matrix(key, base[key]):
             _check_matrix_key("cart", key, base[key])
             out[key] = cart_matrix([tv[key] for tv in task_vectors], rank_ratio, lam, key=key)
         else:

@@ -86,3 +86,55 @@ def test_spectrum_rule_and_the_anchor_table():
     assert t.loc["pretrained", "text world"] == 60.0
     assert t.loc["tsv_m − task_arithmetic", "text world"] == pytest.approx(15.0)
     assert t.loc["tsv_m − task_arithmetic", "RoBERTa-base GLUE"] == pytest.approx(79.0 - 68.1)
+
+
+def _write_run(folder, suite, seed, tasks, normalized):
+    """A committed-looking benchmark run: a summary and a per-task file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / f"{suite}_minilm_seed{seed}"
+    pd.DataFrame([{"method": m, "coef_name": "", "coef": None, "test_acc": v, "test_normalized": v,
+                   "val_normalized": v, "merge_seconds": 0.0} for m, v in normalized.items()]).to_csv(
+        f"{stem}_summary.csv", index=False)
+    pd.DataFrame([{"method": m, "task": t, "split": "test", "accuracy": v, "normalized": v}
+                  for m, v in normalized.items() for t in tasks]).to_csv(f"{stem}_per_task.csv", index=False)
+
+
+def test_growth_table_reads_each_suites_lead_over_task_arithmetic(tmp_path):
+    t8, t12 = [f"t{i}" for i in range(8)], [f"t{i}" for i in range(12)]
+    _write_run(tmp_path, "text8", 0, t8, {"task_arithmetic": 70.0, "tsv_m": 86.0, "ace (eps 2e-4)": 84.0})
+    _write_run(tmp_path, "text8", 1, t8, {"task_arithmetic": 72.0, "tsv_m": 86.0, "ace (eps 2e-4)": 86.0})
+    _write_run(tmp_path, "text12", 0, t12, {"task_arithmetic": 60.0, "tsv_m": 80.0, "ace (eps 2e-4)": 81.0})
+    g = lesson.growth_table(tmp_path).set_index("lead")
+    assert list(g.columns) == ["text8 (T = 8, 2 seeds)", "text12 (T = 12, 1 seed)"]
+    assert g.loc["tsv_m − task_arithmetic", "text8 (T = 8, 2 seeds)"] == pytest.approx(15.0)
+    assert g.loc["ace (eps 2e-4) − task_arithmetic", "text12 (T = 12, 1 seed)"] == pytest.approx(21.0)
+    assert "esm − task_arithmetic" not in g.index, "a method with no row is left out"
+    assert lesson.growth_table(tmp_path, ["text8"]).shape[1] == 2
+    assert lesson.growth_table(tmp_path / "none").empty
+
+
+def test_gamma_card_table_reads_a_cards_layer_types(tmp_path):
+    pd.DataFrame({"layer_type": ["attention.self.query.weight", "output.dense.weight"], "n_matrices": [6, 6],
+                  "gamma_median": [0.07, 0.4], "gated_fraction": [0.0, 0.5], "log_energy_mean": [-2.3, -1.0],
+                  "log_energy_sd": [0.6, 0.7], "tau_ratio": [0.01, 0.02]}).to_csv(tmp_path / "card_per_layer.csv",
+                                                                                   index=False)
+    g = lesson.gamma_card_table(tmp_path)
+    assert g["layer_type"].tolist() == ["attention.self.query", "output.dense"]
+    assert g["γ median"].tolist() == [0.07, 0.4] and g["share above τ_γ = 0.3 (%)"].tolist() == [0.0, 50.0]
+
+
+def test_room_by_task_ranks_the_tasks_by_tsv_m_over_task_arithmetic(tmp_path):
+    _write_run(tmp_path, "text8", 0, ["a", "b"], {"base (zero-shot heads)": 50.0, "task_arithmetic": 80.0,
+                                                  "tsv_m": 90.0})
+    # a second seed where task b gains more than task a
+    pd.DataFrame([{"method": m, "task": t, "split": "test", "accuracy": v, "normalized": v}
+                  for m, vals in {"base (zero-shot heads)": (50, 50), "task_arithmetic": (80, 60),
+                                  "tsv_m": (90, 90)}.items() for t, v in zip("ab", vals)]).to_csv(
+        tmp_path / "text8_minilm_seed1_per_task.csv", index=False)
+    (tmp_path / "text8_minilm_seed1_summary.csv").write_text((tmp_path / "text8_minilm_seed0_summary.csv").read_text())
+    r = lesson.room_by_task(tmp_path)
+    assert r["task"].tolist() == ["b", "a"]
+    assert r.set_index("task").loc["b", "tsv_m − task_arithmetic"] == pytest.approx(20.0)  # (10 + 30) / 2
+    assert r.set_index("task").loc["a", "base (zero-shot heads)"] == pytest.approx(50.0)
+    with pytest.raises(FileNotFoundError, match="text12"):
+        lesson.room_by_task(tmp_path, "text12")
