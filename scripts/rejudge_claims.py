@@ -11,9 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from acetools.course.rejudge import rejudge
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the repository's acetools, however the script is run
 
-ROOT = Path(__file__).resolve().parents[1] / "figures"
+from acetools.course.rejudge import rejudge  # noqa: E402
+
+ROOT = REPO / "figures"
 
 
 def main(argv: list[str] | None = None) -> int:

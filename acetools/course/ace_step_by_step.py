@@ -101,6 +101,8 @@ __all__ = [
     "verdict_spectrum",
     "verdict_direction",
     "claim_verdicts",
+    "decided_at",
+    "with_beside",
     "diagnose",
 ]
 
@@ -1037,7 +1039,6 @@ def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: M
     "ablation": ablation}`` at the code's default eps: ace.csp and ace.spectrum are decided
     there too and shown beside (their reason and ``numbers["beside"]``), not judged."""
     effects = ablation_effects(ablation, frac_flagged)
-    at = f" (decided at eps {eps:g}, the paper's ViT setting)" if eps is not None else ""
     out = {
         "ace.gamma_vit": verdict_gamma(gtable, tau=tau),
         "ace.normalization": verdict_normalization(effects["normalization"]),
@@ -1047,7 +1048,7 @@ def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: M
         "ace.direction": verdict_direction(stable),
     }
     for cid in ("ace.csp", "ace.spectrum", "ace.normalization", "ace.refinement"):
-        out[cid] = out[cid].with_reason(out[cid].reason + at, eps=eps)
+        out[cid] = decided_at(out[cid], eps)
     if beside:
         e2, ab2, st2 = beside["eps"], beside.get("ablation"), beside.get("stable")
         side = {}
@@ -1058,10 +1059,23 @@ def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: M
         if st2 is not None:
             side["ace.spectrum"] = verdict_spectrum(st2)
         for cid, sv in side.items():
-            out[cid] = out[cid].with_reason(
-                f"{out[cid].reason}; beside it, the code default eps {e2:g}: {sv.verdict} ({sv.measured})",
-                beside={"eps": e2, "verdict": sv.verdict, "measured": sv.measured, "reason": sv.reason})
+            out[cid] = with_beside(out[cid], {"eps": e2, "verdict": sv.verdict, "measured": sv.measured,
+                                              "reason": sv.reason})
     return out
+
+
+def decided_at(v: Verdict, eps: float | None) -> Verdict:
+    """``v`` with the eps it was decided at in its reason and ``numbers["eps"]`` (None: no text):
+    notebook 02's stage claims, and :mod:`acetools.course.rejudge` re-deciding them."""
+    at = f" (decided at eps {eps:g}, the paper's ViT setting)" if eps is not None else ""
+    return v.with_reason(v.reason + at, eps=eps)
+
+
+def with_beside(v: Verdict, side: Mapping[str, Any]) -> Verdict:
+    """``v`` with the verdict at the code default eps shown beside it (not judged): ``side`` =
+    ``{"eps", "verdict", "measured", "reason"}``, stored as ``numbers["beside"]``."""
+    return v.with_reason(f"{v.reason}; beside it, the code default eps {side['eps']:g}: {side['verdict']} "
+                         f"({side['measured']})", beside=dict(side))
 
 
 def diagnose(gtable: Any, stable: Any, ablation: Ablation | None = None) -> list[str]:

@@ -26,9 +26,10 @@ from typing import Any
 from . import claims as C
 from .verdicts import Verdict, World
 
-__all__ = ["rejudge", "PENDING"]
+__all__ = ["rejudge", "PENDING", "pending_rerun"]
 
-#: The reruns the committed numbers wait for, by claim id.
+#: The reruns the committed numbers wait for, by claim id, while a record is still from before
+#: them (:func:`pending_rerun`).
 PENDING: dict[str, str] = {
     "ace.csp": "notebook 02 at the paper's eps 1e-5 with the ridge/prior sizes (the committed run is at the code "
                "default eps 1e-2, where the ridge may swamp the prior)",
@@ -50,40 +51,80 @@ def _base(text: str) -> str:
     return text
 
 
+def _per_suite(numbers: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The per-suite dicts a stage claim's numbers hold (``{suite: {"suite": ..., ...}}``)."""
+    return [dict(v) for v in numbers.values() if isinstance(v, dict) and "suite" in v]
+
+
+def _at_paper_eps(numbers: Mapping[str, Any]) -> bool:
+    from .ace_step_by_step import PAPER_EPS_VIT
+
+    eps = numbers.get("eps")
+    return eps is not None and abs(float(eps) - PAPER_EPS_VIT) <= 1e-12
+
+
+def pending_rerun(claim_id: str, entry: Mapping[str, Any]) -> str | None:
+    """The rerun (:data:`PENDING`) that ``entry``, a committed record of ``claim_id``, still waits
+    for, or None: notebook 02's stage claims wait until a run decided them at the paper's eps
+    (``numbers["eps"]`` = 1e-5) and, for refinement, with the gate forced where ACE's gate flags
+    few layers (its per-suite numbers carry ``gate_forced``)."""
+    if claim_id not in PENDING:
+        return None
+    n = entry.get("numbers") or {}
+    if claim_id == "ace.refinement":
+        done = any("gate_forced" in s for s in _per_suite(n))
+    else:
+        done = _at_paper_eps(n)
+    return None if done else PENDING[claim_id]
+
+
 def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
+    """Notebook 02's claims from their stored numbers. A record decided at the paper's eps (a
+    notebook run since issue 23) keeps that eps, its ridge/prior size and the code default's
+    verdict beside it; an older one is decided at the code default eps 1e-2 it was measured at."""
     from . import ace_step_by_step as A
 
     out: dict[str, Verdict] = {}
     n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
+    fresh = {cid: _at_paper_eps(e["numbers"]) for cid, e in entries.items()}
     if "ace.normalization" in entries:
-        per = [dict(v) for v in entries["ace.normalization"]["numbers"].values() if isinstance(v, dict)]
-        out["ace.normalization"] = A.verdict_normalization(per)
+        out["ace.normalization"] = A.verdict_normalization(_per_suite(entries["ace.normalization"]["numbers"]))
     if "ace.csp" in entries:
-        per = [dict(v) for v in entries["ace.csp"]["numbers"].values() if isinstance(v, dict)]
-        out["ace.csp"] = A.verdict_csp(per, eps=1e-2)
+        n = entries["ace.csp"]["numbers"]
+        if fresh["ace.csp"]:
+            out["ace.csp"] = A.verdict_csp(_per_suite(n), ridge_over_prior=n.get("ridge_over_prior"), eps=n["eps"])
+        else:
+            out["ace.csp"] = A.verdict_csp(_per_suite(n), eps=1e-2)
     if "ace.refinement" in entries:
-        per = []
-        for v in entries["ace.refinement"]["numbers"].values():
-            if isinstance(v, dict):
-                per.append({**v, "what": "full - no refinement (ACE's gate: the flagged matrices only)"})
+        per = _per_suite(entries["ace.refinement"]["numbers"])
+        if not any("gate_forced" in s for s in per):  # a record from before the gate-forced rerun
+            per = [{**s, "what": "full - no refinement (ACE's gate: the flagged matrices only)"} for s in per]
         out["ace.refinement"] = A.verdict_refinement(per, world=world, n_tasks={s["suite"]: n_of[s["suite"]]
                                                                                 for s in per})
     if "ace.spectrum" in entries:
-        n = entries["ace.spectrum"]["numbers"]
+        e = entries["ace.spectrum"]
+        n = {k: v for k, v in e["numbers"].items() if k != "pending_rerun"}
         import pandas as pd
 
         one = pd.DataFrame({"top_energy_pre": [n["median_top5_energy"]], "cond_pre_trim": [n["median_cond_trim"]],
                             "cond_pre": [n["median_cond_raw"]]})
         v = A.verdict_spectrum(one)
-        e = entries["ace.spectrum"]
-        out["ace.spectrum"] = Verdict(e["measured"], v.verdict, _base(e["reason"]), dict(n), value=v.value)
+        out["ace.spectrum"] = Verdict(e["measured"], v.verdict, _base(e["reason"]), n, value=v.value)
     for cid, key in (("ace.gamma_vit", "median_gamma"), ("ace.direction", "median_cos_hooked")):
         if cid in entries:
             e = entries[cid]
             out[cid] = Verdict(e["measured"], e["verdict"], _base(e["reason"]), dict(e["numbers"]),
                                value=e["numbers"].get(key))
-    for cid in ("ace.normalization", "ace.csp", "ace.spectrum"):
-        if cid in out:
+    for cid in ("ace.normalization", "ace.csp", "ace.spectrum", "ace.refinement"):
+        if cid not in out:
+            continue
+        n = entries[cid]["numbers"]
+        if fresh[cid]:
+            if cid != "ace.spectrum":  # its stored reason already says so
+                out[cid] = A.decided_at(out[cid], n["eps"])
+                if isinstance(n.get("beside"), dict):
+                    out[cid] = A.with_beside(out[cid], n["beside"])
+        elif cid != "ace.refinement":
             out[cid] = out[cid].with_reason(_base(out[cid].reason) + " (decided at the code default eps 1e-2)",
                                             eps=1e-2)
     return out
@@ -185,7 +226,7 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
     from ``<figures_root>/benchmark``). Returns one row per claim: ``id, notebook, before,
     after, changed`` and the reason; with ``write`` each ``claims.json`` is rewritten (atomically,
     through :func:`acetools.course.claims.record`), with ``numbers["pending_rerun"]`` where
-    :data:`PENDING` names a rerun the stored numbers wait for."""
+    a record still waits for the rerun :data:`PENDING` names (:func:`pending_rerun`)."""
     from . import world as course
 
     figures_root = Path(figures_root).resolve()
@@ -202,9 +243,10 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
         for cid, v in new.items():
             before = entries.get(cid, {}).get("verdict")
             extra: dict[str, Any] = {}
-            if cid in PENDING:
-                v = v.with_reason(f"{_base(v.reason)}; pending rerun: {PENDING[cid]}")
-                extra["pending_rerun"] = PENDING[cid]
+            waits = pending_rerun(cid, entries.get(cid, {}))
+            if waits:
+                v = v.with_reason(f"{_base(v.reason)}; pending rerun: {waits}")
+                extra["pending_rerun"] = waits
             rows.append({"id": cid, "notebook": folder, "before": before, "after": v.verdict,
                          "changed": before != v.verdict, "reason": v.reason,
                          "predicted_effect": v.predicted_effect, "noise_floor": v.noise_floor,

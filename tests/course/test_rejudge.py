@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from acetools.course import claims
-from acetools.course.rejudge import PENDING, rejudge
+from acetools.course.rejudge import PENDING, pending_rerun, rejudge
 from acetools.course.verdicts import VERDICTS
 
 FIGURES = Path(__file__).resolve().parents[2] / "figures"
@@ -33,8 +33,11 @@ def test_every_committed_record_carries_world_and_effects(path):
             assert e["noise_floor"] is not None and e["measured_effect"] is not None and e["scaling"], cid
         if e["verdict"] == "undecidable here":
             assert abs(e["predicted_effect"]) <= e["noise_floor"] + 1e-12, cid
-        if cid in PENDING:
-            assert "pending rerun" in e["reason"] and e["numbers"]["pending_rerun"] == PENDING[cid], cid
+        waits = pending_rerun(cid, e)
+        if waits:
+            assert "pending rerun" in e["reason"] and e["numbers"]["pending_rerun"] == waits, cid
+        else:
+            assert "pending rerun" not in e["reason"] and "pending_rerun" not in e["numbers"], cid
 
 
 def test_committed_verdicts_are_todays_rules(tmp_path):
@@ -50,3 +53,43 @@ def test_committed_verdicts_are_todays_rules(tmp_path):
     again = claims.collect(tmp_path / "figures")
     now = claims.collect(FIGURES)
     assert {k: e["verdict"] for k, e in again.items()} == {k: e["verdict"] for k, e in now.items()}
+
+
+def test_pending_rerun_ends_with_the_rerun():
+    """A stage claim waits for notebook 02's rerun until its record was decided at the paper's eps
+    (refinement: with the gate forced where ACE's gate flags few layers)."""
+    old = {"numbers": {"eps": 0.01, "tasks8": {"suite": "tasks8", "d": 0.3}}}
+    new = {"numbers": {"eps": 1e-05, "tasks8": {"suite": "tasks8", "d": 0.3}}}
+    for cid in ("ace.csp", "ace.spectrum", "ace.normalization"):
+        assert pending_rerun(cid, old) == PENDING[cid]
+        assert pending_rerun(cid, new) is None
+    assert pending_rerun("ace.refinement", old) == PENDING["ace.refinement"]
+    forced = {"numbers": {"eps": 1e-05, "tasks8": {"suite": "tasks8", "d": 0.1, "gate_forced": True}}}
+    assert pending_rerun("ace.refinement", forced) is None
+    assert pending_rerun("ace.gamma_vit", old) is None
+
+
+def test_a_record_decided_at_the_papers_eps_keeps_it(tmp_path):
+    """Rejudging a notebook-02 record decided at eps 1e-5 keeps that eps, its ridge/prior size and the
+    code default's verdict beside it, and names no pending rerun (before the rerun: eps 1e-2, pending)."""
+    import shutil
+
+    shutil.copytree(FIGURES, tmp_path / "figures")
+    path = tmp_path / "figures" / "02_ace_step_by_step" / "claims.json"
+    entries = json.loads(path.read_text())
+    csp = entries["ace.csp"]
+    per = {k: v for k, v in csp["numbers"].items() if isinstance(v, dict) and "suite" in v}
+    side = {"eps": 0.01, "verdict": "not testable here", "measured": "m", "reason": "r"}
+    csp["numbers"] = {**per, "eps": 1e-05, "ridge_over_prior": 0.25, "beside": side}
+    path.write_text(json.dumps(entries))
+    rows = {r["id"]: r for r in rejudge(tmp_path / "figures")}
+    e = json.loads(path.read_text())["ace.csp"]
+    assert e["numbers"]["eps"] == 1e-05 and e["numbers"]["ridge_over_prior"] == 0.25 and e["numbers"]["beside"] == side
+    assert "pending_rerun" not in e["numbers"] and "pending rerun" not in e["reason"]
+    assert "decided at eps 1e-05" in e["reason"]
+    assert "beside it, the code default eps 0.01: not testable here" in e["reason"]
+    assert "ridge/prior 0.25 at eps 1e-05" in e["reason"]
+    assert rows["ace.csp"]["after"] == e["verdict"]
+    # the records not rerun still wait, at the code default eps
+    n = json.loads(path.read_text())["ace.normalization"]
+    assert n["numbers"]["pending_rerun"] == PENDING["ace.normalization"] and n["numbers"]["eps"] == 0.01
