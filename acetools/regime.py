@@ -210,7 +210,7 @@ def regime_card(
     from .utils import progress as _bar
 
     if tau is None:
-        tau = METHODS["ace"].params["tau"].default
+        tau = float(METHODS["ace"].params["tau"].default)
     if not tau > 0:
         raise InputError(f"tau={tau!r} must be positive (ACE's gate threshold, 0.3 in the paper)")
     t_start = time.perf_counter()
@@ -230,8 +230,9 @@ def regime_card(
     acc = _card_accuracies(bench, base, taus, mats, tau, it)
     next(it)
     spec = pd.DataFrame(_spectra_rows(base, taus, mats, acc["diags"], len(tasks)))
-    if hasattr(bar, "close"):
-        bar.close()
+    close = getattr(bar, "close", None)  # a tqdm bar (a plain iterator when progress is off)
+    if close is not None:
+        close()
     act = _activation_rows(bench, base, taus, tasks, n_images=n_act)
     act.update(_token_activation_rows(bench, base, tasks, n_images=n_act))
     per_key, per_layer = _layer_tables(base, taus, tasks, mats, acc["het"], spec)
@@ -582,7 +583,7 @@ def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, fl
     from .merging.svd import tsv_rank
 
     names = ("act_overlap_centred", "act_topk_energy_centred", "act_mean_share", "act_pos_share", "act_cls_share")
-    out = dict.fromkeys(names, math.nan)
+    out: dict[str, float] = dict.fromkeys(names, math.nan)
     keys = bench.matrix_keys()
     if not keys or n_images < 1:
         return out

@@ -180,7 +180,7 @@ def jsonable(obj: Any, *, finite: bool = False, summarize: bool = False,
             return obj
         except TypeError:
             return fallback(obj)
-    kw = {"finite": finite, "summarize": summarize}
+    kw: dict[str, Any] = {"finite": finite, "summarize": summarize}
     if summarize and isinstance(obj, torch.Tensor):
         return f"<tensor {tuple(obj.shape)}>"
     if isinstance(obj, Mapping):

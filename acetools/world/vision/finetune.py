@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -349,7 +349,8 @@ class _PoolHeads(nn.Module):
     def forward(self, feats: Tensor) -> dict[str, Tensor]:
         if self.head_type == "cosine":
             f = F.normalize(feats, dim=-1)
-            return {k: self.logit_scale * f @ F.normalize(h.weight, dim=-1).t() for k, h in self.heads.items()}
+            return {k: self.logit_scale * f @ F.normalize(cast(nn.Linear, h).weight, dim=-1).t()
+                    for k, h in self.heads.items()}
         return {k: h(feats) for k, h in self.heads.items()}
 
 
@@ -418,8 +419,9 @@ def pretrain_base(
                 loss, hits = got
                 window.append((loss.item(), hits))
                 window = window[-per_epoch:]
-                if hasattr(bar, "set_postfix"):
-                    bar.set_postfix(loss=f"{loss.item():.3f}")
+                set_postfix = getattr(bar, "set_postfix", None)  # a tqdm bar (or a plain iterator)
+                if set_postfix is not None:
+                    set_postfix(loss=f"{loss.item():.3f}")
             sched.step()
             if checkpoint is not None and step % per_epoch == 0 and step < total:
                 _save_resume(checkpoint, fingerprint, step, enc, heads, opt, sched, g, window,
@@ -641,8 +643,9 @@ def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, thread
                 last_loss += loss.item() * len(idx)
                 seen += len(idx)
             step += 1
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+            set_postfix = getattr(bar, "set_postfix", None)  # a tqdm bar (or a plain iterator)
+            if set_postfix is not None:
+                set_postfix(loss=f"{loss.item():.3f}")
         seconds = time.perf_counter() - t0
     recipe = {
         "kind": kind,
@@ -686,7 +689,7 @@ def _augment_mixed(xb, tb, tasks, augment, g):
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module | Mapping[str, Tensor],
+    model: ImageEncoder | Classifier | Mapping[str, Tensor],
     head: ClassificationHead | None,
     data,
     *,
