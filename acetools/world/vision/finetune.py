@@ -28,7 +28,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from typing import Any, cast
 
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...errors import InputError
-from ...utils import make_generator, resolve_device, seed_everything
+from ...utils import cpu_threads, make_generator, resolve_device, seed_everything
 from ...utils import progress as _progress
 from .models import ClassificationHead, Classifier, ImageEncoder, build_encoder, load_encoder
 
@@ -137,23 +137,13 @@ def _autocast(precision: str, device: torch.device):
 # --------------------------------------------------------------------------- helpers
 
 
-@contextmanager
-def num_threads(n: int | None = None):
+def num_threads(n: int | None = None) -> AbstractContextManager[int]:
     """Run the block with ``torch.set_num_threads(n)``; restore the old value afterwards.
 
     ``n=None`` reads ``ACETOOLS_NUM_THREADS``; when that is unset too, torch's setting is
-    left alone.
+    left alone (:func:`acetools.utils.cpu_threads` with ``env_default=True``).
     """
-    if n is None and os.environ.get("ACETOOLS_NUM_THREADS"):
-        n = int(os.environ["ACETOOLS_NUM_THREADS"])
-    old = torch.get_num_threads()
-    if n is not None and n > 0 and n != old:
-        torch.set_num_threads(int(n))
-    try:
-        yield torch.get_num_threads()
-    finally:
-        if torch.get_num_threads() != old:
-            torch.set_num_threads(old)
+    return cpu_threads(n, env_default=True)
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int | float) -> Callable[[int], float]:
