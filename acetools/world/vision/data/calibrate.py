@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ....errors import InputError
+
 __all__ = ["luminance", "ncm_accuracy", "linear_accuracy", "proxy_cnn", "cnn_accuracy", "pool_features", "calibrate"]
 
 _LUMA = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
@@ -122,7 +124,7 @@ def _train(net, x, targets: dict, seconds: float, max_epochs: int, lr: float, se
             if ok.any():
                 loss = loss + nn.functional.cross_entropy(out[k][ok], t[ok])
         if not isinstance(loss, torch.Tensor):
-            raise ValueError("a training batch without any labelled target (every label is -1)")
+            raise InputError("a training batch without any labelled target (every label is -1)")
         opt.zero_grad()
         loss.backward()
         opt.step()
