@@ -103,14 +103,16 @@ def run_recipe(name: str, *, suite: str, seed: int, threads: int | None, root, o
     return card
 
 
-def summarize(out: Path) -> pd.DataFrame:
-    """Every card under ``out/<recipe>/card.json`` -> ``recipe_study.csv`` and ``.png``."""
+def summarize(out: Path, recipes: dict | None = None, title: str = "tasks8, seed 0") -> pd.DataFrame:
+    """Every card under ``out/<recipe>/card.json`` -> ``recipe_study.csv`` and ``.png``
+    (rows in the order of ``recipes``, default :data:`RECIPES`; ``title`` names the world)."""
+    recipes = RECIPES if recipes is None else recipes
     rows, clip = [], None
     for path in sorted(out.glob("*/card.json")):
         card = RegimeCard.load(path.parent)
         name = path.parent.name
         row = summary_row(card, name, SUMMARY_METRICS)
-        row["description"] = card.meta.get("recipe_description") or (RECIPES.get(name, ("",))[0])
+        row["description"] = card.meta.get("recipe_description") or (recipes.get(name, ("",))[0])
         row["size"] = card.meta.get("size")
         rows.append(row)
         if clip is None:
@@ -118,16 +120,16 @@ def summarize(out: Path) -> pd.DataFrame:
                                                             if r["metric"] in SUMMARY_METRICS}}
     if not rows:
         raise FileNotFoundError(f"no card.json under {out}/*/; run a recipe first")
-    order = {n: i for i, n in enumerate(RECIPES)}
+    order = {n: i for i, n in enumerate(recipes)}
     df = pd.DataFrame(rows).sort_values("recipe", key=lambda s: s.map(lambda n: order.get(n, 99)))
     df = pd.concat([df, pd.DataFrame([clip])], ignore_index=True)
     with atomic_write(out / "recipe_study.csv", "w") as fh:
         df.to_csv(fh, index=False, float_format="%.4g")
-    plot(df, out / "recipe_study.png")
+    plot(df, out / "recipe_study.png", title)
     return df
 
 
-def plot(df: pd.DataFrame, path: Path) -> None:
+def plot(df: pd.DataFrame, path: Path, title: str = "tasks8, seed 0") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,7 +145,7 @@ def plot(df: pd.DataFrame, path: Path) -> None:
         ax.bar(x + (i - 1) * w, df[m], w, label=lab)
     ax.set_ylim(50, 100)
     ax.set_ylabel("normalized test accuracy (%)")
-    ax.set_title("merges (tasks8, seed 0)")
+    ax.set_title(f"merges ({title})")
     ax.legend(fontsize=8)
     ax = axes[1]
     ax.bar(x, df["tsv_minus_ta"], color=["C3" if n.startswith("CLIP") else "C0" for n in names])

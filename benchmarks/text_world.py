@@ -5,6 +5,7 @@
     python3 benchmarks/text_world.py card --suite text8 --seeds 0           # its regime card
     python3 benchmarks/text_world.py tables --suite text8                  # the README's tables
     python3 benchmarks/text_world.py bench --suite fixture --profile quick  # the fixture world
+    python3 benchmarks/text_world.py bench --suite text12 --methods task_arithmetic tsv_m --variants "ace (eps 2e-4)"
 
 ``build`` builds (or loads) each expert, one cache entry per expert, so a killed run resumes
 with the next expert; it saves the build's throughput (training sequences per second per
@@ -29,13 +30,18 @@ sys.path.insert(0, str(ROOT))
 
 #: The text world's labelled variant rows (docs/text-world.md §Benchmark): ACE at the
 #: official code's eps 1e-2 (the plain "ace" row), at the paper's RoBERTa eps 2e-4 and at
-#: 1e-5, the gate off; WUDI at its default step size (the plain row) and at larger ones,
-#: the tuned one chosen on validation afterwards (results.tuned_wudi).
+#: 1e-5, the gate off, issue 23's relative ridge and scale-free gamma; WUDI at its default
+#: step size (the plain row) and at larger ones, the tuned one chosen on validation afterwards
+#: (results.tuned_wudi).
 TEXT_VARIANTS = {
     "ace (eps 2e-4)": {"method": "ace", "search": None, "eps": 2e-4},
     "ace (eps 1e-5)": {"method": "ace", "search": None, "eps": 1e-5},
     "ace (gate off)": {"method": "ace", "search": None, "gate": "off"},
     "ace (eps 2e-4, gate off)": {"method": "ace", "search": None, "eps": 2e-4, "gate": "off"},
+    # issue 23's two options that are not the paper's: a ridge in units of each task's mean
+    # eigenvalue, and a scale-free gamma (at the RoBERTa ridge, to compare with its row)
+    "ace (eps 1e-2 relative)": {"method": "ace", "search": None, "eps": 1e-2, "eps_mode": "relative"},
+    "ace (eps 2e-4, gamma cv)": {"method": "ace", "search": None, "eps": 2e-4, "gamma_mode": "cv"},
     "wudi (lr 1e-4)": {"method": "wudi", "search": None, "lr": 1e-4},
     "wudi (lr 1e-3)": {"method": "wudi", "search": None, "lr": 1e-3},
 }
@@ -75,23 +81,51 @@ def build(args) -> None:
                "experts": rows, "built_now": w.built, "seconds_total": round(time.perf_counter() - t0, 1),
                "build_seconds_recorded": round(sum(r["train_seconds"] or 0 for r in rows), 1),
                "expert_test_acc": acc, "eval_seq_per_s": round(n_eval / eval_s, 1), "config": w.config.to_dict()}
+        rec["peak_rss_mib"] = _peak_rss_mib()
         path = out / f"build_{args.suite}_seed{seed}.json"
         path.write_text(json.dumps(rec, indent=1))
         print(f"seed {seed}: {len(w.built)} built, experts' mean test acc "
               f"{100 * sum(acc.values()) / len(acc):.1f} %, eval {rec['eval_seq_per_s']} seq/s -> {path}", flush=True)
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory so far (MiB; Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def _variants(args) -> dict | None:
+    """The variant rows to run: all of :data:`TEXT_VARIANTS`, the ones ``--variants`` names, or none."""
+    if args.no_variants:
+        return None
+    if args.variants is None:
+        return TEXT_VARIANTS
+    unknown = [v for v in args.variants if v not in TEXT_VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant {unknown[0]!r}; variants: {list(TEXT_VARIANTS)}")
+    return {v: TEXT_VARIANTS[v] for v in args.variants}
+
+
 def bench(args) -> None:
     from acetools.benchmark import Benchmark
 
     for seed in args.seeds:
+        t0 = time.perf_counter()
         w = _world(args, seed)
         b = Benchmark(w, n_val=args.n_val, n_test=args.n_test, n_proxy=32, n_gram=args.n_gram,
                       patience=args.patience, threads=args.threads)
         methods = args.methods or None
-        runs = b.run_all(methods, extra=TEXT_VARIANTS if not args.no_variants else None, progress=True)
+        runs = b.run_all(methods, extra=_variants(args), progress=True)
         stem = f"{w.name}_{w.size}_seed{seed}"
         paths = b.save(runs, args.out, stem)
+        # the run's cost: wall time, peak memory, and each method's merge and input time
+        rec = {"suite": args.suite, "seed": seed, "threads": args.threads, "load_avg_1min": os.getloadavg()[0],
+               "wall_seconds": round(time.perf_counter() - t0, 1), "peak_rss_mib": _peak_rss_mib(),
+               "methods": {r.name: {"merge_seconds": round(r.merge_seconds, 2),
+                                    "inputs_seconds": round(r.inputs_seconds, 2)} for r in runs}}
+        Path(args.results).mkdir(parents=True, exist_ok=True)
+        (Path(args.results) / f"bench_{stem}.json").write_text(json.dumps(rec, indent=1))
         print(b.summary(runs)[["method", "test_acc", "test_normalized", "coef", "merge_seconds"]].to_string())
         print("->", paths["summary"], flush=True)
 
@@ -132,6 +166,7 @@ def main(argv=None) -> None:
     p.add_argument("--patience", type=int, default=None)
     p.add_argument("--methods", nargs="*", default=None)
     p.add_argument("--no-variants", action="store_true")
+    p.add_argument("--variants", nargs="*", default=None, help="only these variant rows (default: all)")
     p.add_argument("--out", default=str(ROOT / "figures" / "benchmark"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "text_world"))
     p.add_argument("--cards", default=str(ROOT / "figures" / "regime"))

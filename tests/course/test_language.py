@@ -86,3 +86,28 @@ def test_spectrum_rule_and_the_anchor_table():
     assert t.loc["pretrained", "text world"] == 60.0
     assert t.loc["tsv_m − task_arithmetic", "text world"] == pytest.approx(15.0)
     assert t.loc["tsv_m − task_arithmetic", "RoBERTa-base GLUE"] == pytest.approx(79.0 - 68.1)
+
+
+def _write_run(folder, suite, seed, tasks, normalized):
+    """A committed-looking benchmark run: a summary and a per-task file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / f"{suite}_minilm_seed{seed}"
+    pd.DataFrame([{"method": m, "coef_name": "", "coef": None, "test_acc": v, "test_normalized": v,
+                   "val_normalized": v, "merge_seconds": 0.0} for m, v in normalized.items()]).to_csv(
+        f"{stem}_summary.csv", index=False)
+    pd.DataFrame([{"method": m, "task": t, "split": "test", "accuracy": v, "normalized": v}
+                  for m, v in normalized.items() for t in tasks]).to_csv(f"{stem}_per_task.csv", index=False)
+
+
+def test_growth_table_reads_each_suites_lead_over_task_arithmetic(tmp_path):
+    t8, t12 = [f"t{i}" for i in range(8)], [f"t{i}" for i in range(12)]
+    _write_run(tmp_path, "text8", 0, t8, {"task_arithmetic": 70.0, "tsv_m": 86.0, "ace (eps 2e-4)": 84.0})
+    _write_run(tmp_path, "text8", 1, t8, {"task_arithmetic": 72.0, "tsv_m": 86.0, "ace (eps 2e-4)": 86.0})
+    _write_run(tmp_path, "text12", 0, t12, {"task_arithmetic": 60.0, "tsv_m": 80.0, "ace (eps 2e-4)": 81.0})
+    g = lesson.growth_table(tmp_path).set_index("lead")
+    assert list(g.columns) == ["text8 (T = 8, 2 seeds)", "text12 (T = 12, 1 seed)"]
+    assert g.loc["tsv_m − task_arithmetic", "text8 (T = 8, 2 seeds)"] == pytest.approx(15.0)
+    assert g.loc["ace (eps 2e-4) − task_arithmetic", "text12 (T = 12, 1 seed)"] == pytest.approx(21.0)
+    assert "esm − task_arithmetic" not in g.index, "a method with no row is left out"
+    assert lesson.growth_table(tmp_path, ["text8"]).shape[1] == 2
+    assert lesson.growth_table(tmp_path / "none").empty

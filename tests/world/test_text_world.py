@@ -25,8 +25,8 @@ def test_wordnet_has_the_45_lexicographer_files():
     assert sources.WORDNET_LEXNAMES[3] == "noun.Tops" and sources.WORDNET_LEXNAMES[44] == "adj.ppl"
 
 
-@pytest.mark.parametrize("name", sorted(tasks.SUITES["text8"]))
-def test_text8_tasks_are_balanced_disjoint_and_fixed(name):
+@pytest.mark.parametrize("name", sorted(set(tasks.SUITES["text8"]) | set(tasks.SUITES["text12"])))
+def test_text8_and_text12_tasks_are_balanced_disjoint_and_fixed(name):
     spec = TASKS[name]
     assert len(spec.classes) >= 5, "every task has at least 5 classes"
     a, b = build_task(spec), build_task(spec)
@@ -36,6 +36,37 @@ def test_text8_tasks_are_balanced_disjoint_and_fixed(name):
         assert a[split].hash == b[split].hash, "the same sources give the same splits"
     seen = [set(a[s].texts) for s in ("train", "val", "test")]
     assert not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2]), "splits share a text"
+
+
+def test_text12_is_text8_and_four_more():
+    assert tasks.SUITES["text12"][:8] == tasks.SUITES["text8"] and len(set(tasks.SUITES["text12"])) == 12
+
+
+def test_wordnet_hypernym_classes_follow_the_tree():
+    """A gloss is labelled by the one class synset above it; the class synsets themselves and
+    glosses below two classes are left out."""
+    rows = {off: (lf, lemmas, gloss) for off, lf, lemmas, _, gloss in sources._wordnet_rows("noun")}
+    animals = sources._wordnet_hypernym_classes("noun.animal", sources.ANIMAL_CLASSES)
+    assert sorted(animals) == sorted(sources.ANIMAL_CLASSES)
+    glosses = {sources._definition(g): lemmas for lf, lemmas, g in rows.values()}
+    dog = next(t for t, lemmas in glosses.items() if lemmas[0] == "dog" and t in set(animals["mammal"]))
+    assert dog in animals["mammal"] and all(dog not in animals[c] for c in animals if c != "mammal")
+    every = [t for texts in animals.values() for t in texts]
+    assert not any(glosses.get(t, ("",))[0] in sources.ANIMAL_CLASSES for t in every), "a class synset is a text"
+    with pytest.raises(sources.SourceMissing, match="no noun.animal synset named 'unicorn'"):
+        sources._wordnet_hypernym_classes("noun.animal", ("mammal", "unicorn"))
+
+
+def test_code_lines_come_from_the_debian_packages_of_each_language():
+    code = sources.SOURCES["code"].read()
+    assert sorted(code) == sorted(sources.CODE_PACKAGES)
+    for lang, lines in code.items():
+        assert len(lines) >= 390, (lang, len(lines))
+        assert all(25 <= len(t) <= 160 and t[0] not in "#/*" for t in lines[:200]), lang
+    assert any("def " in t for t in code["python"]) and any("my $" in t for t in code["perl"])
+    assert any("#define" in t or "extern" in t for t in code["c"])
+    prov = sources.provenance(sources.SOURCES["code"])
+    assert all(v for v in prov.values()), prov
 
 
 def test_a_text_under_two_labels_is_dropped_and_a_small_class_is_an_error(monkeypatch):
@@ -119,17 +150,44 @@ def test_fine_tuning_changes_only_the_merged_matrices():
     assert metrics["steps"] == -(-len(data) // 16)
 
 
+def test_the_layers_recipe_tunes_and_merges_biases_and_layernorms_too():
+    tok = load_tokenizer()
+    enc = TextEncoder.from_config(tiny_bert_config(tok.vocab_size, hidden=16, layers=1, heads=2, mlp=32))
+    before = enc.state()
+    matrices, layers = set(merged_keys(before)), set(merged_keys(before, "layers"))
+    assert matrices < layers and all(k.startswith("encoder.") for k in layers)
+    assert any(k.endswith("LayerNorm.bias") for k in layers - matrices)
+    data = build_task(FIXTURE_TASKS["fx_emoji"])["train"]
+    cfg = TextFinetuneConfig(epochs=1, lr=1e-3, batch_size=16, heads="trained", bf16=False, params="layers")
+    finetune_text(enc, torch.nn.Linear(16, 5), data, tok, cfg, progress_bar=False)
+    after = enc.state()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved - matrices and moved <= layers, moved - layers
+    with pytest.raises(ValueError, match="params='all'"):
+        merged_keys(before, "all")
+
+
+def test_the_default_recipe_keeps_the_version_2_cache_keys():
+    """Options added after version 2 enter an expert's key only when set: the cached experts stay valid."""
+    d = TextFinetuneConfig().to_dict()
+    assert "params" not in d and TextFinetuneConfig(params="layers").to_dict()["params"] == "layers"
+    assert set(d) == {"epochs", "lr", "head_lr", "weight_decay", "warmup", "batch_size", "max_length", "bf16",
+                      "heads"}
+
+
 def test_finetune_config_rejects_bad_values():
     with pytest.raises(ValueError, match="heads='both'"):
         TextFinetuneConfig(heads="both")
     with pytest.raises(ValueError, match="lr=0"):
         TextFinetuneConfig(lr=0)
+    with pytest.raises(ValueError, match="params='embeddings'"):
+        TextFinetuneConfig(params="embeddings")
 
 
 # --------------------------------------------------------------------------- the fixture world
 @pytest.fixture(scope="module")
 def fixture_world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("text-cache")
+    root = tmp_path_factory.mktemp("cache") / "text"  # $ACETOOLS_CACHE/text, so scripts can share it
     return TextWorld("fixture", seed=0, profile="quick", root=root, threads=1).build(progress_bar=False)
 
 
@@ -169,6 +227,9 @@ def test_another_seed_or_recipe_is_another_cache_entry(fixture_world):
     assert other._expert_path(w.tasks[0])[1] != w._expert_path(w.tasks[0])[1]
     lr = TextWorld("fixture", seed=0, profile="quick", root=w.root, finetune={"lr": 1e-3})
     assert lr._expert_path(w.tasks[0])[1] != w._expert_path(w.tasks[0])[1]
+    layers = TextWorld("fixture", seed=0, profile="quick", root=w.root, finetune={"params": "layers"})
+    assert layers._expert_path(w.tasks[0])[1] != w._expert_path(w.tasks[0])[1]
+    assert len(layers.base_state()) > len(w.base_state())
 
 
 def test_bad_world_arguments_name_the_problem(tmp_path):
@@ -201,8 +262,66 @@ def test_benchmark_runs_on_the_text_world(fixture_world):
     assert rec["world"] == "text" and rec["profile"] == "quick" and len(rec["checkpoints"]) == 3
 
 
+def test_the_text_bench_script_writes_tables_and_its_cost(fixture_world, tmp_path, monkeypatch):
+    """benchmarks/text_world.py bench on the fixture (cached by the module's fixture world):
+    the four tables, and a record of wall time, peak memory and each method's merge seconds."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "text_world.py"
+    spec = importlib.util.spec_from_file_location("text_world_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setenv("ACETOOLS_CACHE", str(fixture_world.root.parent))
+    mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--threads", "1", "--n-val", "8", "--n-test", "12",
+              "--methods", "task_arithmetic", "--variants", "ace (eps 2e-4)", "--out", str(tmp_path / "t"),
+              "--results", str(tmp_path / "r")])
+    stem = "fixture_minilm-1layer_seed0"
+    assert {f.name for f in (tmp_path / "t").iterdir()} >= {f"{stem}_summary.csv", f"{stem}_per_task.csv",
+                                                           f"{stem}.json"}
+    rec = json.loads((tmp_path / "r" / f"bench_{stem}.json").read_text())
+    assert set(rec["methods"]) >= {"task_arithmetic", "ace (eps 2e-4)"} and rec["peak_rss_mib"] > 0
+    assert rec["wall_seconds"] > 0 and rec["methods"]["task_arithmetic"]["merge_seconds"] >= 0
+    with pytest.raises(SystemExit, match="unknown variant 'nope'"):
+        mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--variants", "nope", "--out",
+                  str(tmp_path / "t"), "--results", str(tmp_path / "r")])
+
+
 def test_fixture_tasks_follow_their_full_tasks():
     for t in FIXTURE_TASKS.values():
         full = next(f for f in TASKS.values() if f.source == t.source)
         assert set(t.classes) <= set(full.classes) or t.source == "words"
         assert dataclasses.asdict(t)["n_train"] <= full.n_train
+
+
+def test_text_recipe_study_recipes_are_valid_and_the_summary_collects_cards(tmp_path):
+    """benchmarks/text_recipe_study.py: every recipe makes a text world (nothing is built), the
+    shipped recipe is the world's default, and the summary reads the cards of a folder."""
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    from acetools.regime import RegimeCard
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "text_recipe_study.py"
+    spec = importlib.util.spec_from_file_location("text_recipe_study", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name in mod.RECIPES:
+        w = mod.make_world(name, root=tmp_path / "text")
+        assert w.tasks == list(mod.STUDY_TASKS) and set(w.tasks) <= set(tasks.SUITES["text8"])
+        assert not w.built
+    assert mod.make_world("shipped", root=tmp_path).config == TextFinetuneConfig()
+    assert mod.make_world("layers", root=tmp_path).config.params == "layers"
+    with pytest.raises(KeyError, match="unknown recipe"):
+        mod.make_world("nope")
+    rows = [{"metric": m, "label": m, "value": v, "clip": 1.0, "clip_note": "", "unit": "", "how": ""}
+            for m, v in {"experts_abs": 90.0, "ta_norm": 75.0, "tsv_norm": 88.0, "iso_cts_norm": 89.0,
+                         "tsv_minus_ta": 13.0, "trunc_norm": 95.0, "scaled_norm": 80.0}.items()]
+    for name in ("trained_heads", "shipped"):
+        RegimeCard(rows, pd.DataFrame(), pd.DataFrame(), {"recipe_description": name}).save(tmp_path / "cards" / name)
+    df = mod.summarize(tmp_path / "cards")
+    assert df["recipe"].tolist()[:2] == ["shipped", "trained_heads"]
+    assert (tmp_path / "cards" / "recipe_study.png").stat().st_size > 0

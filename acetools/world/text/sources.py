@@ -315,6 +315,7 @@ def _wordnet_hypernym_classes(lexname: str, classes: tuple[str, ...]) -> dict[st
 ANIMAL_CLASSES = ("mammal", "bird", "fish", "insect", "reptile")
 PLANT_CLASSES = ("tree", "herb", "shrub", "fungus", "vine", "fern")
 ARTIFACT_CLASSES = ("device", "clothing", "container", "drug", "tool", "building", "fabric", "vehicle", "furniture")
+FOOD_CLASSES = ("dish", "meat", "edible fruit", "vegetable", "bread", "beverage")
 PERSON_CLASSES = ("worker", "leader", "writer", "scientist", "artist", "expert", "religious person", "athlete",
                   "relative")
 
@@ -432,6 +433,8 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
            ("wordnet-base",), doc="WordNet artifact glosses -> the artifact kind above them (tool, vehicle, ...)"),
     Source("wordnet_person", lambda: _wordnet_hypernym_classes("noun.person", PERSON_CLASSES), ("wordnet-base",),
            doc="WordNet person glosses -> the kind of person above them (worker, writer, ...)"),
+    Source("wordnet_food", lambda: _wordnet_hypernym_classes("noun.food", FOOD_CLASSES), ("wordnet-base",),
+           doc="WordNet food glosses -> the kind of food above them (dish, meat, ...)"),
     Source("code", _code_lines, tuple(p for pat, _, _ in CODE_PACKAGES.values() for p in pat.split()),
            doc="lines of source code from Debian packages -> programming language"),
     Source("docstrings", _docstrings, pydists=tuple(_DIST.get(d, d) for d in DOC_LIBRARIES),

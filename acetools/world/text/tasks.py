@@ -21,6 +21,7 @@ from .sources import (
     ANIMAL_CLASSES,
     ARTIFACT_CLASSES,
     CODE_PACKAGES,
+    FOOD_CLASSES,
     PERSON_CLASSES,
     PLANT_CLASSES,
     SOURCES,
@@ -150,12 +151,18 @@ TASKS: dict[str, TextTask] = {t.name: t for t in (
              doc="artifact gloss -> the artifact kind above it in WordNet (tool, vehicle, ...)"),
     TextTask("wordnet_person", "wordnet_person", PERSON_CLASSES, n_train=120, n_val=20, n_test=40,
              doc="person gloss -> the kind of person above it in WordNet (worker, writer, ...)"),
+    TextTask("wordnet_food", "wordnet_food", FOOD_CLASSES, n_train=70, n_val=14, n_test=20,
+             doc="food gloss -> the kind of food above it in WordNet (dish, meat, ...)"),
 )}
 
-#: text8: eight tasks of six sources, each with 6-12 balanced classes.
+#: text8: eight tasks of five sources (WordNet four times, at different cuts), each with 6-12 balanced classes.
 SUITES: dict[str, tuple[str, ...]] = {
-    "text8": ("debian_section", "wordnet_noun", "wordnet_domain", "emoji_group", "docstring_library",
-              "unicode_symbol", "fortune_topic", "word_language"),
+    "text8": ("debian_section", "wordnet_noun", "wordnet_domain", "emoji_group", "code_language",
+              "wordnet_artifact", "fortune_topic", "wordnet_person"),
+    # text12: text8 and four more, so that growth with T can be measured
+    "text12": ("debian_section", "wordnet_noun", "wordnet_domain", "emoji_group", "code_language",
+               "wordnet_artifact", "fortune_topic", "wordnet_person", "wordnet_animal", "wordnet_plant",
+               "docstring_library", "wordnet_food"),
 }
 
 

@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +113,10 @@ class TextWorld:
         elif isinstance(finetune, TextFinetuneConfig):
             self.config = finetune
         else:
-            bad = set(finetune) - set(default.to_dict())
+            valid = sorted(f.name for f in fields(default))
+            bad = set(finetune) - set(valid)
             if bad:
-                raise InputError(f"unknown fine-tuning option {sorted(bad)[0]!r}; valid: {sorted(default.to_dict())}")
+                raise InputError(f"unknown fine-tuning option {sorted(bad)[0]!r}; valid: {valid}")
             self.config = replace(default, **finetune)
         self.root = text_cache_root(root)
         self.device = resolve_device(device)
@@ -166,7 +167,7 @@ class TextWorld:
     def base_state(self) -> StateDict:
         """W0 of the merged part (the transformer layers)."""
         full = self.full_base()
-        return {k: full[k] for k in merged_keys(full)}
+        return {k: full[k] for k in merged_keys(full, self.config.params)}
 
     def base_hash(self) -> str:
         from ...files.checkpoints import state_hash
@@ -257,7 +258,7 @@ class TextWorld:
                                                max_length=self.config.max_length, bf16=self.config.bf16,
                                                device=self.device)
         full = enc.state()
-        state = {k: full[k] for k in merged_keys(full)}
+        state = {k: full[k] for k in merged_keys(full, self.config.params)}
         state.update({f"head.{k}": v for k, v in head_state(head).items()})
         meta = {"kind": "text_expert", "task": task, "key": key, "key_fields": fields, "metrics": metrics,
                 "seconds": round(time.perf_counter() - t0, 2)}
