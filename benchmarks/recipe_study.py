@@ -184,17 +184,26 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list the recipes and exit")
     ap.add_argument("--summary", action="store_true", help="only collect the cards into the CSV and figure")
     args = ap.parse_args(argv)
+    return run_study(args, RECIPES, lambda name, out: run_recipe(name, suite=args.suite, seed=args.seed,
+                                                                 threads=args.threads, root=args.root, out=out),
+                     summarize)
+
+
+def run_study(args, recipes: dict, run_one, summarize_fn) -> int:
+    """A study's command line after parsing: ``--list``, or each recipe in order (``run_one(name,
+    out)``, the summary rewritten after each), or ``--summary`` only. Shared with
+    ``benchmarks/text_recipe_study.py``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.list:
-        for n, (desc, kw) in RECIPES.items():
+        for n, (desc, kw) in recipes.items():
             print(f"{n:<20} {desc}\n{'':<20} {json.dumps(kw)}")
         return 0
     out = Path(args.out)
     for name in args.recipes:
-        run_recipe(name, suite=args.suite, seed=args.seed, threads=args.threads, root=args.root, out=out)
-        summarize(out)
+        run_one(name, out)
+        summarize_fn(out)
     if args.summary or not args.recipes:
-        df = summarize(out)
+        df = summarize_fn(out)
         print(df.drop(columns=["description"]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return 0
 

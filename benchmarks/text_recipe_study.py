@@ -21,7 +21,6 @@ shipped recipe's experts are text8's own, so its card reuses them.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -78,16 +77,19 @@ def run_recipe(name: str, *, seed: int, threads: int | None, root, out: Path, n_
     return card
 
 
-def summarize(out: Path):
-    """The vision study's summary (``benchmarks/recipe_study.py``) of the text cards under ``out``."""
+def _vision_study():
+    """``benchmarks/recipe_study.py``, whose summary and command line this study shares."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("recipe_study", Path(__file__).resolve().parent / "recipe_study.py")
     vision = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vision)
-    _summarize = vision.summarize
+    return vision
 
-    return _summarize(out, RECIPES, title=f"text world, {len(STUDY_TASKS)} tasks, seed 0")
+
+def summarize(out: Path):
+    """The vision study's summary (``benchmarks/recipe_study.py``) of the text cards under ``out``."""
+    return _vision_study().summarize(out, RECIPES, title=f"text world, {len(STUDY_TASKS)} tasks, seed 0")
 
 
 def main(argv=None) -> int:
@@ -103,20 +105,10 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list the recipes and exit")
     ap.add_argument("--summary", action="store_true", help="only collect the cards into the CSV and figure")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.list:
-        for n, (desc, kw) in RECIPES.items():
-            print(f"{n:<15} {desc}\n{'':<15} {json.dumps(kw)}")
-        return 0
-    out = Path(args.out)
-    for name in args.recipes:
-        run_recipe(name, seed=args.seed, threads=args.threads, root=args.root, out=out, n_val=args.n_val,
-                   n_test=args.n_test, patience=args.patience)
-        summarize(out)
-    if args.summary or not args.recipes:
-        df = summarize(out)
-        print(df.drop(columns=["description"]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    return 0
+    return _vision_study().run_study(
+        args, RECIPES, lambda name, out: run_recipe(name, seed=args.seed, threads=args.threads, root=args.root,
+                                                    out=out, n_val=args.n_val, n_test=args.n_test,
+                                                    patience=args.patience), summarize)
 
 
 if __name__ == "__main__":

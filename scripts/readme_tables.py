@@ -13,7 +13,8 @@ README.md; everything between the markers is rewritten, everything else is left 
 * ``targets`` — the regime issue's targets, from ``figures/06_mergeable_world/targets.csv``;
 * ``claims`` — the five verdicts counted per paper, from ``figures/*/claims.json``;
 * ``text_world`` — the text world's benchmark beside RoBERTa-GLUE and its targets, from
-  ``figures/benchmark/text8_minilm_seed*_summary.csv`` and ``benchmarks/results/text_world/build_*.json``.
+  ``figures/benchmark/text8_minilm_seed*_summary.csv``, ``benchmarks/results/text_world/build_*.json``
+  and ACE's γ per layer type from ``figures/regime/text8_seed0/card_per_layer.csv``.
 
 ``tests/test_readme_tables.py`` fails when a block drifts from the files.
 """
@@ -88,7 +89,8 @@ def claims_table(repo: Path = REPO) -> str:
 def text_world_table(repo: Path = REPO) -> str:
     from acetools.course.language import text_world_tables
 
-    return text_world_tables(repo / "figures" / "benchmark", repo / "benchmarks" / "results" / "text_world", "text8")
+    return text_world_tables(repo / "figures" / "benchmark", repo / "benchmarks" / "results" / "text_world", "text8",
+                             repo / "figures" / "regime" / "text8_seed0")
 
 
 GENERATORS = {"benchmark": benchmark_table, "room": room_text, "targets": targets_table, "claims": claims_table,

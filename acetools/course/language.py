@@ -250,6 +250,27 @@ def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:
     return df.reset_index()
 
 
+def room_by_task(folder: str | Path, suite: str = "text8",
+                 methods: Sequence[str] = ("task_arithmetic", "tsv_m", "iso_cts", "ace (eps 2e-4)")) -> pd.DataFrame:
+    """Where the room for structured merges lives: per task, the base and each of ``methods``
+    (normalized test accuracy, mean over the committed seeds) and TSV-M minus task arithmetic,
+    largest first. The room is the mean of the last column over tasks."""
+    from ..results import find_results, load_per_task
+
+    runs = find_results(folder, suites=[suite])
+    if not runs:
+        raise FileNotFoundError(f"no {suite}_*_seed*_per_task.csv in {folder}")
+    pt = load_per_task(runs)
+    t = pt[pt["split"] == "test"].pivot_table(index="task", columns="method", values="normalized", aggfunc="mean")
+    base = next((c for c in t.columns if str(c).startswith("base (")), None)
+    cols = ([base] if base else []) + [m for m in methods if m in t.columns]
+    out = t[cols].copy()
+    out["tsv_m − task_arithmetic"] = t["tsv_m"] - t["task_arithmetic"]
+    out = out.sort_values("tsv_m − task_arithmetic", ascending=False).rename_axis("task").reset_index()
+    out.columns.name = None
+    return out
+
+
 def growth_table(folder: str | Path, suites: Sequence[str] = ("text8", "text12"),
                  methods: Sequence[str] = ("tsv_m", "iso_cts", "esm", "wudi", "ace", "ace (eps 2e-4)",
                                            "ace (eps 1e-5)")) -> pd.DataFrame:
@@ -275,9 +296,24 @@ def growth_table(folder: str | Path, suites: Sequence[str] = ("text8", "text12")
 UNSTRUCTURED = ("weight_averaging", "task_arithmetic")
 
 
-def text_world_tables(results_dir: str | Path, builds_dir: str | Path, suite: str = "text8") -> str:
+def gamma_card_table(card_dir: str | Path, tau: float = 0.3) -> pd.DataFrame:
+    """ACE's γ per layer type from a committed regime card (``card_per_layer.csv``): the median
+    γ, the share of matrices above τ_γ, and the mean and sd of the log energies that γ is made
+    of (γ = Var / Mean² of the log energies, so small updates give a small γ)."""
+    per_layer = pd.read_csv(Path(card_dir) / "card_per_layer.csv")
+    out = per_layer[["layer_type", "n_matrices", "gamma_median", "gated_fraction", "log_energy_mean",
+                     "log_energy_sd"]].copy()
+    out["layer_type"] = out["layer_type"].str.replace(".weight", "", regex=False)
+    out["gated_fraction"] = 100 * out["gated_fraction"]  # the card stores a fraction per layer type
+    return out.rename(columns={"gamma_median": "γ median", "gated_fraction": f"share above τ_γ = {tau:g} (%)",
+                               "log_energy_mean": "mean log energy", "log_energy_sd": "sd of log energies"})
+
+
+def text_world_tables(results_dir: str | Path, builds_dir: str | Path, suite: str = "text8",
+                      card_dir: str | Path | None = None) -> str:
     """The README's text-world tables (markdown) from the committed files only: the benchmark
-    (mean ± sd over seeds, beside RoBERTa-GLUE) and the targets of the text-world issue."""
+    (mean ± sd over seeds, beside RoBERTa-GLUE), the targets of the text-world issue and, with
+    ``card_dir`` (a committed regime card), ACE's γ per layer type."""
     import json
 
     per_seed, mean = benchmark_tables(results_dir, suite)
@@ -313,4 +349,9 @@ def text_world_tables(results_dir: str | Path, builds_dir: str | Path, suite: st
              lambda v: v <= 40)]
     out += ["", "| target | measured | threshold | met |", "|---|---|---|---|"]
     out += [f"| {name} | {v:.1f} | {th} | {'yes' if ok(v) else 'no'} |" for name, v, th, ok in rows]
+    if card_dir is not None and (Path(card_dir) / "card_per_layer.csv").is_file():
+        g = gamma_card_table(card_dir)
+        out += ["", "| " + " | ".join(g.columns) + " |", "|" + "---|" * len(g.columns)]
+        out += ["| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r) + " |"
+                for r in g.itertuples(index=False)]
     return "\n".join(out)
