@@ -97,10 +97,10 @@ def _as_images(x: np.ndarray) -> np.ndarray:
 def build_task(name: str, root=None, allow_download: bool = False, write: bool = True) -> dict[str, np.ndarray]:
     """Build every split of ``name`` at full size, check that no image is in two splits, and
     (with ``write``) cache it. Returns ``{"x_train": ..., "y_train": ..., ...}`` (NCHW)."""
-    from .online import OnlineSpec
+    from . import online
 
     spec = _spec(name)
-    if isinstance(spec, OnlineSpec):
+    if isinstance(spec, online.OnlineSpec):
         raise InputError(f"task {name!r} comes from torchvision (online): load it with load_split, not build_task")
     root = data_root(root)
     t0 = time.perf_counter()
@@ -148,11 +148,10 @@ def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, 
     """
     check_split_args(split, n)
     spec = _spec(name)
-    from .online import OnlineSpec
+    from . import online
 
     info = spec.info
-    if info.online or isinstance(spec, OnlineSpec):
-        from . import online
+    if info.online or isinstance(spec, online.OnlineSpec):
 
         return online.load_split(name, split, root=data_root(root), allow_download=allow_download, n=n)
     full = int(info.sizes[split])
@@ -182,9 +181,9 @@ def fingerprint(name: str) -> str:
     """A short hash of everything that determines a task's bytes (builder version and
     parameters, sizes) — known without building it; use it to key models trained on it."""
     spec = _spec(name)
-    from .online import OnlineSpec
+    from . import online
 
-    if isinstance(spec, OnlineSpec):  # (its info says online)
+    if isinstance(spec, online.OnlineSpec):  # (its info says online)
         return cache_key(spec.key_params)
     return cache_key(_key_params(spec))
 
