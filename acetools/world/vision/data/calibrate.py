@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ....errors import InputError
+from acetools.errors import InputError  # absolute: `python -m acetools.data.calibrate` (the old path) runs it too
 
 __all__ = ["luminance", "ncm_accuracy", "linear_accuracy", "proxy_cnn", "cnn_accuracy", "pool_features", "calibrate"]
 
