@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import warnings
@@ -60,23 +61,44 @@ class OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                                                is_package=found.submodule_search_locations is not None)
 
     def create_module(self, spec):
-        new = new_name(spec.name)
+        new = _moved_to(spec.name)
         _warn(spec.name, new)
         module = importlib.import_module(new)
         self._specs[spec.name] = module.__spec__  # the import system now sets __spec__ to the old one
         return module
 
     def exec_module(self, module):
-        module.__spec__ = self._specs.pop(module.__spec__.name)  # the new module, its own spec, two names
+        old = module.__spec__  # set by the import system to the old name's spec (module.__name__ is the new one)
+        if old is None:
+            raise ImportError(f"{module.__name__} lost its module spec while loading", name=module.__name__)
+        module.__spec__ = self._specs.pop(old.name)  # the new module, its own spec, two names
 
     # what ``python -m <old path>`` (runpy) asks for
     def get_code(self, fullname):
-        new = new_name(fullname)
+        new = _moved_to(fullname)
         _warn(fullname, new)
-        return importlib.util.find_spec(new).loader.get_code(new)
+        loader = _new_spec(new).loader
+        if not isinstance(loader, importlib.abc.InspectLoader):
+            raise ImportError(f"{new} (the new path of {fullname}) has no code to run", name=fullname)
+        return loader.get_code(new)
 
     def is_package(self, fullname):
-        return importlib.util.find_spec(new_name(fullname)).submodule_search_locations is not None
+        return _new_spec(_moved_to(fullname)).submodule_search_locations is not None
+
+
+def _moved_to(old: str) -> str:
+    """The new path of ``old``, which :class:`OldPaths` found (ImportError if it did not move)."""
+    new = new_name(old)
+    if new is None:
+        raise ImportError(f"{old} is not an old path of acetools", name=old)
+    return new
+
+
+def _new_spec(new: str) -> importlib.machinery.ModuleSpec:
+    spec = importlib.util.find_spec(new)
+    if spec is None:
+        raise ImportError(f"no module named {new!r}", name=new)
+    return spec
 
 
 def install() -> None:

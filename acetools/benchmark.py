@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -34,6 +34,7 @@ from .errors import InputError
 from .merging import METHODS, Search, merge
 from .search import esm_search, golden_section_search, grid_search
 from .utils import atomic_write, jsonable
+from .world.base import EvaluatesAll, MultiTaskWorld, SplitData, World, as_world
 
 __all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
 
@@ -144,9 +145,7 @@ class Benchmark:
                  n_gram: int = 256, proxy_seed: int = 0, batch_size: int = 512, threads: int | None = None,
                  patience: int | None = None):
         check_patience(patience)
-        from .world.base import as_world
-
-        self.world = as_world(world, batch_size=batch_size, threads=threads)
+        self.world: World = as_world(world, batch_size=batch_size, threads=threads)
         self.patience = patience
         self.tasks: list[str] = list(self.world.tasks)
         self.n_val, self.n_test = n_val, n_test
@@ -176,6 +175,9 @@ class Benchmark:
 
     def data(self, task: str, split: str):
         """A vision task's split, cut to ``n_val``/``n_test`` rows (prefix: deterministic)."""
+        if not isinstance(self.world, SplitData):
+            raise InputError(f"the {self.world.kind} world {self.world.name!r} has no data(task, split) "
+                             "(acetools.world.base.SplitData): its splits cannot be read here")
         return self.world.data(task, split, self.cap(split))
 
     def proxy_batch(self, task: str):
@@ -238,7 +240,7 @@ class Benchmark:
     ) -> dict[str, float]:
         """Absolute top-1 accuracy (fraction) per task of the merged part ``state``."""
         tasks = list(tasks or self.tasks)
-        if hasattr(self.world, "evaluate_all"):
+        if isinstance(self.world, EvaluatesAll):
             return self.world.evaluate_all(state, split, self.cap(split), tasks)
         return {t: self.world.evaluate(state, t, split, self.cap(split)) for t in tasks}
 
@@ -266,7 +268,7 @@ class Benchmark:
             layout = {} if self.world.kind == "vision" else {"layout": self.world.layout}
             return merge(method, self.base, self.experts, **self.method_inputs(method), **layout, **hparams)
 
-    def run(self, method: str, *, search: Search | None | str = "default", label: str | None = None,
+    def run(self, method: str, *, search: Search | Literal["default"] | None = "default", label: str | None = None,
             **hparams: Any) -> MethodRun:
         """Merge with ``method``, choose its coefficient on validation, evaluate on test.
 
@@ -276,6 +278,8 @@ class Benchmark:
             raise InputError(f"unknown method {method!r}; valid: {sorted(METHODS)}")
         if search == "default":
             search = SEARCH.get(method)
+        elif search is not None and not isinstance(search, Search):
+            raise InputError(f"{method}: search must be a Search, None or 'default', not {search!r}")
         # data inputs (ESM's activations, RegMean's Grams) are collected once and timed apart
         # from the merge itself
         t0 = time.perf_counter()
@@ -363,6 +367,8 @@ class Benchmark:
                                   self.normalized(test, "test"), 0.0))
         if not getattr(self.world, "mtl", False):
             return rows
+        if not isinstance(self.world, MultiTaskWorld):
+            raise InputError(f"the {self.world.kind} world {self.world.name!r} says mtl=True but has no mtl_state()")
         mtl = self.world.mtl_state()
         val, test = self.evaluate(mtl, "val"), self.evaluate(mtl, "test")
         rows.append(MethodRun("multi-task (MTL)", {}, None, None, val, test, self.normalized(val, "val"),
@@ -530,7 +536,7 @@ def wudi_step_size(bench: Benchmark, lrs: Sequence[float] = (1e-5, 1e-4, 1e-3), 
                     stats.append({"rms_start": float(start.pow(2).mean().sqrt()),
                                   "rms_move": float((tau_m - start).pow(2).mean().sqrt()),
                                   "loss_ratio": float(wudi_loss(tau_m, X) / wudi_loss(start, X))})
-            row.update(pd.DataFrame(stats).median().to_dict())
+            row.update({str(c): v for c, v in pd.DataFrame(stats).median().items()})
         for split in ("val", "test"):
             acc = bench.evaluate(merged, split)
             norm = bench.normalized(acc, split)

@@ -30,6 +30,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from .errors import AcetoolsError, InputError
 
@@ -472,8 +473,9 @@ def _cmd_bench_world(args: argparse.Namespace) -> int:
                     "tasks": args.tasks}
     for seed in args.seeds:
         world = get_world(args.world, args.suite, seed, **options)
-        if hasattr(world, "build"):
-            world.build(False if args.quiet else None)
+        build = getattr(world, "build", None)  # a world that builds its experts on first use (the vision zoo)
+        if build is not None:
+            build(False if args.quiet else None)
         bench = Benchmark(world, n_val=args.n_val, n_test=args.n_test, patience=args.patience)
         extra = dict(ACE_SCALED_ROW) if args.ace_scaled else {}
         extra |= VARIANTS if args.variants else {}
@@ -667,7 +669,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from .files.merge_files import load_config, merge_files, parse_hparam
     from .layouts import format_table
 
-    cfg = load_config(args.config) if args.config else {"hyperparameters": {}}
+    cfg: dict[str, Any] = load_config(args.config) if args.config else {"hyperparameters": {}}
     for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode", "heads",
                  "names"):
         if getattr(args, name) is not None:
@@ -688,6 +690,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(format_table(res.plan.rows))
         return 0
+    assert res.out is not None, "merge_files wrote no folder outside a dry run"
     print(f"wrote {', '.join(f.name for f in res.files)} to {res.out} in {res.seconds:.1f} s")
     if res.info["heads"]["tasks"]:
         print(f"heads of {len(res.info['heads']['tasks'])} tasks in {res.out / 'heads'}: "

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, overload
 
 from .errors import InputError
 
@@ -78,6 +78,12 @@ def parse_key(key: str) -> KeyParts:
     return KeyParts(key, None, key[len("visual."):] if key.startswith("visual.") else key)
 
 
+@overload
+def block_index(key: str) -> int | None: ...
+@overload
+def block_index(key: str, default: int) -> int: ...
+@overload
+def block_index(key: str, default: int | None) -> int | None: ...
 def block_index(key: str, default: int | None = None) -> int | None:
     """The transformer block of a key (``...resblocks.3...`` -> 3; ``model.layers.3...`` -> 3);
     ``default`` outside the blocks."""

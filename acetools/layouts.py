@@ -359,7 +359,7 @@ def get_layout(
         if layout not in PRESETS:
             raise InputError(f"unknown layout {layout!r}; valid layouts are: auto, {', '.join(PRESETS)}")
         said = detect_layout((), config) if config else None
-        if said is not None and said != layout and not force:
+        if config and said is not None and said != layout and not force:
             what = config.get("model_type") or (config.get("architectures") or ["?"])[0]
             raise InputError(
                 f"layout {layout!r} contradicts the checkpoint's config.json (model_type/architecture {what!r}, "

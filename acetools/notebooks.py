@@ -166,7 +166,7 @@ def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: s
         raise bad(hint)
     if ok[0] == "float" and isinstance(value, int):
         value = float(value)
-    if ok[0] in ("list", "tuple"):
+    if ok[0] in ("list", "tuple") and isinstance(value, (list, tuple)):  # (ok[0]'s types)
         value = list(value) if ok[0] == "list" else tuple(value)
         try:
             ref = ast.literal_eval(default) if isinstance(default, str) else default
@@ -337,13 +337,14 @@ def render_html(executed: str | os.PathLike, *, require_mathjax: bool = True) ->
     alts = _image_alts(nb)
     soup = BeautifulSoup(body, features="html.parser")
     for img in soup.find_all("img"):
-        src = img.get("src", "")
-        if src.startswith("data:image/png;base64,"):
+        src = img.get("src")
+        if isinstance(src, str) and src.startswith("data:image/png;base64,"):
             alt = alts.get("".join(src.split(",", 1)[1].split()))
             if alt:
                 img["alt"] = alt
     for script in soup.find_all("script"):  # nothing from the network: require.js and mermaid come from CDNs
-        if script.get("src", "").startswith(("http://", "https://", "//")) or "cdnjs" in (script.string or ""):
+        src = script.get("src")
+        if (isinstance(src, str) and src.startswith(("http://", "https://", "//"))) or "cdnjs" in (script.string or ""):
             script.decompose()
     style = soup.new_tag("style")
     style.string = REPORT_CSS

@@ -39,7 +39,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,7 +210,7 @@ def regime_card(
     from .utils import progress as _bar
 
     if tau is None:
-        tau = METHODS["ace"].params["tau"].default
+        tau = float(METHODS["ace"].params["tau"].default)
     if not tau > 0:
         raise InputError(f"tau={tau!r} must be positive (ACE's gate threshold, 0.3 in the paper)")
     t_start = time.perf_counter()
@@ -230,8 +230,9 @@ def regime_card(
     acc = _card_accuracies(bench, base, taus, mats, tau, it)
     next(it)
     spec = pd.DataFrame(_spectra_rows(base, taus, mats, acc["diags"], len(tasks)))
-    if hasattr(bar, "close"):
-        bar.close()
+    close = getattr(bar, "close", None)  # a tqdm bar (a plain iterator when progress is off)
+    if close is not None:
+        close()
     act = _activation_rows(bench, base, taus, tasks, n_images=n_act)
     act.update(_token_activation_rows(bench, base, tasks, n_images=n_act))
     per_key, per_layer = _layer_tables(base, taus, tasks, mats, acc["het"], spec)
@@ -441,39 +442,49 @@ def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, worl
         "(W0 + λ τ_t alone) − task arithmetic: what the other tasks' vectors cost at λ")
     row("trunc_energy", "energy of τ_t in its top-⌊r/T⌋ directions", 100 * float(np.nanmean(spec["energy_topk"])), "%",
         "Σ_{i≤k} σ_i² / Σ σ_i², mean over matrices and tasks")
-    row("overlap_topk", "overlap of tasks' top-k subspaces", float(np.nanmean(spec["overlap_topk"])), "mean cos²",
-        "‖U_sᵀU_t‖²_F / k over task pairs, both sides, mean over matrices (1 = same subspace)")
-    row("overlap_left", "…output side (left singular vectors)", float(np.nanmean(spec["overlap_left"])), "mean cos²",
-        "the same on the output side only")
-    row("overlap_right", "…input side (right singular vectors)", float(np.nanmean(spec["overlap_right"])), "mean cos²",
-        "the same on the input side only: shared input directions (activation statistics) show here")
-    row("act_overlap", "overlap of tasks' top-k input-activation subspaces", act["act_overlap"], "mean cos²",
-        "top-k eigenvectors of each task's input Gram matrix at W0 (hookable matrices), mean over task pairs")
-    row("act_topk_energy", "activation energy in the top-k directions", act["act_topk_energy"], "%",
-        "share of each task's input Gram trace in its top k eigenvalues at W0: how low-dimensional the base's "
-        "features are")
-    _token_rows(row, act)
-    row("tau_in_act", "τ_t's input side inside its task's top activations", act["tau_in_act"], "mean cos²",
-        "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)")
+    for name, label, how in _SUBSPACE_ROWS:
+        row(name, label, float(np.nanmean(spec[name])), "mean cos²", how)
+    for name, label, unit, how in _ACTIVATION_ROWS:
+        row(name, label, act[name], unit, how)
     row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",
         "k / d: the expected overlap of random subspaces, for scale")
     return rows
 
 
-def _token_rows(row: Callable[..., None], act: Mapping[str, float]) -> None:
-    """The card's rows of the centred, token-aware activation statistics (:func:`_token_activation_rows`)."""
-    row("act_overlap_centred", "…the same, centred and token-aware", act["act_overlap_centred"], "mean cos²",
-        "as act_overlap on the patch tokens with each position's mean removed (CLS apart): what the tasks share "
-        "beyond the mean, positional and CLS components every input has")
-    row("act_topk_energy_centred", "…energy in the top-k directions, centred and token-aware",
-        act["act_topk_energy_centred"], "%", "as act_topk_energy on the centred, token-aware Gram")
-    row("act_mean_share", "input energy in the global mean", act["act_mean_share"], "%",
-        "‖μ‖² / E‖x‖² of the raw Gram's trace, mean over matrices and tasks (acetools.activations.token_statistics)")
-    row("act_pos_share", "input energy in the positional component", act["act_pos_share"], "%",
-        "mean_l ‖μ_l − μ‖² / E‖x‖²: each token position's mean about the global one")
-    row("act_cls_share", "input energy in the CLS token's rows", act["act_cls_share"], "%",
-        "the class token's part of E‖x‖² (one token of L); these five rows are NaN where examples differ in "
-        "length (text)")
+#: The card's subspace-overlap rows: metric (its value the mean over matrices of that column of the
+#: spectra table, in mean cos²), label, how it is measured.
+_SUBSPACE_ROWS = (
+    ("overlap_topk", "overlap of tasks' top-k subspaces",
+     "‖U_sᵀU_t‖²_F / k over task pairs, both sides, mean over matrices (1 = same subspace)"),
+    ("overlap_left", "…output side (left singular vectors)", "the same on the output side only"),
+    ("overlap_right", "…input side (right singular vectors)",
+     "the same on the input side only: shared input directions (activation statistics) show here"),
+)
+
+#: The card's activation rows: metric (its value that entry of :func:`_activation_rows` /
+#: :func:`_token_activation_rows`), label, unit, how it is measured.
+_ACTIVATION_ROWS = (
+    ("act_overlap", "overlap of tasks' top-k input-activation subspaces", "mean cos²",
+     "top-k eigenvectors of each task's input Gram matrix at W0 (hookable matrices), mean over task pairs"),
+    ("act_topk_energy", "activation energy in the top-k directions", "%",
+     "share of each task's input Gram trace in its top k eigenvalues at W0: how low-dimensional the base's "
+     "features are"),
+    # centred and token-aware
+    ("act_overlap_centred", "…the same, centred and token-aware", "mean cos²",
+     "as act_overlap on the patch tokens with each position's mean removed (CLS apart): what the tasks share "
+     "beyond the mean, positional and CLS components every input has"),
+    ("act_topk_energy_centred", "…energy in the top-k directions, centred and token-aware", "%",
+     "as act_topk_energy on the centred, token-aware Gram"),
+    ("act_mean_share", "input energy in the global mean", "%",
+     "‖μ‖² / E‖x‖² of the raw Gram's trace, mean over matrices and tasks (acetools.activations.token_statistics)"),
+    ("act_pos_share", "input energy in the positional component", "%",
+     "mean_l ‖μ_l − μ‖² / E‖x‖²: each token position's mean about the global one"),
+    ("act_cls_share", "input energy in the CLS token's rows", "%",
+     "the class token's part of E‖x‖² (one token of L); these five rows are NaN where examples differ in "
+     "length (text)"),
+    ("tau_in_act", "τ_t's input side inside its task's top activations", "mean cos²",
+     "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)"),
+)
 
 
 def _heads_phrase(world) -> str:
@@ -582,7 +593,7 @@ def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, fl
     from .merging.svd import tsv_rank
 
     names = ("act_overlap_centred", "act_topk_energy_centred", "act_mean_share", "act_pos_share", "act_cls_share")
-    out = dict.fromkeys(names, math.nan)
+    out: dict[str, float] = dict.fromkeys(names, math.nan)
     keys = bench.matrix_keys()
     if not keys or n_images < 1:
         return out

@@ -30,10 +30,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from .errors import InputError, InputKeyError
 from .search import PATIENCE
@@ -325,17 +326,17 @@ def task_scores(per_task: pd.DataFrame, suite: str, *, split: str = "test", valu
 
 
 # --------------------------------------------------------------------------- rank agreement
-def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
+def kendall_tau(x: ArrayLike, y: ArrayLike) -> float:
     """Kendall's tau-b of two paired sequences (ties in either count as neither concordant
     nor discordant): (C - D) / sqrt((n0 - n1)(n0 - n2)). NaN when either has no variation."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if x.shape != y.shape or x.ndim != 1:
-        raise InputError(f"x and y must be 1-D of the same length, got {x.shape} and {y.shape}")
-    n = len(x)
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if xa.shape != ya.shape or xa.ndim != 1:
+        raise InputError(f"x and y must be 1-D of the same length, got {xa.shape} and {ya.shape}")
+    n = len(xa)
     c = d = tx = ty = 0
     for i in range(n):
         for j in range(i + 1, n):
-            sx, sy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+            sx, sy = np.sign(xa[i] - xa[j]), np.sign(ya[i] - ya[j])
             if sx == 0 and sy == 0:
                 continue
             if sx == 0:
@@ -363,7 +364,8 @@ def rank_agreement(ours: pd.Series | Mapping[str, float], paper: pd.Series | Map
     if len(common) >= 3 and np.isfinite(tau):
         from scipy.stats import kendalltau
 
-        p = float(kendalltau(x, y).pvalue)
+        res = cast(Any, kendalltau(x, y))  # scipy's axis/nan-policy decorator hides its SignificanceResult type
+        p = float(res.pvalue)
     sx = np.sign(np.subtract.outer(x, x))[np.triu_indices(len(x), 1)]
     sy = np.sign(np.subtract.outer(y, y))[np.triu_indices(len(y), 1)]
     return {"methods": common, "n": len(common), "tau": tau, "p_value": p,

@@ -10,6 +10,8 @@ The same tasks give the demo its ground truth: the joint least-squares solution
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -150,6 +152,6 @@ def task_loss(W: Tensor, task: RegressionTask, split: str = "test") -> float:
 
 def joint_least_squares(tasks: list[RegressionTask]) -> Tensor:
     """argmin_W sum_t E||W x - W_t* x||^2 = (sum_t W_t* Sigma_t)(sum_t Sigma_t)^-1."""
-    A = sum(t.Sigma for t in tasks)
-    B = sum(t.W_star @ t.Sigma for t in tasks)
+    A = functools.reduce(operator.add, (t.Sigma for t in tasks))  # the same additions as sum()
+    B = functools.reduce(operator.add, (t.W_star @ t.Sigma for t in tasks))
     return torch.linalg.solve(A.T, B.T).T

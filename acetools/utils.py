@@ -139,6 +139,37 @@ def progress(
 
 
 @contextmanager
+def cpu_threads(n: int | None = None, *, env_default: bool = False) -> Iterator[int]:
+    """Run the block with torch's CPU threads set to ``n`` (``torch.set_num_threads``) and give torch
+    its previous setting back afterwards; yields the number of threads in force inside.
+
+    ``n=None`` or ``n <= 0`` leaves torch's setting alone. With ``env_default=True``, ``n=None``
+    first takes the environment variable ``ACETOOLS_NUM_THREADS`` (an integer; unset or empty:
+    torch's setting). The default is ``env_default=False``; each call site says which it wants:
+
+    - the vision mini-world's training and evaluation read the variable
+      (:func:`acetools.world.vision.finetune.num_threads`, ``env_default=True``);
+    - the text world does not (``env_default=False``): its ``threads`` is decided by its profile
+      (1 thread for the quick fixture, torch's setting for the full world), or given.
+    """
+    if n is None and env_default:
+        raw = os.environ.get("ACETOOLS_NUM_THREADS", "").strip()
+        if raw:
+            try:
+                n = int(raw)
+            except ValueError:
+                raise InputError(f"ACETOOLS_NUM_THREADS={raw!r} must be an integer number of CPU threads") from None
+    old = torch.get_num_threads()
+    if n is not None and n > 0 and n != old:
+        torch.set_num_threads(int(n))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        if torch.get_num_threads() != old:
+            torch.set_num_threads(old)
+
+
+@contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     """Open a temporary file next to ``path`` and move it into place on success.
 
@@ -180,7 +211,7 @@ def jsonable(obj: Any, *, finite: bool = False, summarize: bool = False,
             return obj
         except TypeError:
             return fallback(obj)
-    kw = {"finite": finite, "summarize": summarize}
+    kw: dict[str, Any] = {"finite": finite, "summarize": summarize}
     if summarize and isinstance(obj, torch.Tensor):
         return f"<tensor {tuple(obj.shape)}>"
     if isinstance(obj, Mapping):

@@ -44,6 +44,10 @@ else
   # mergekit 0.1.5 pins old dependencies; its merge functions work without them.
   $PIP --no-deps mergekit==0.1.5
 fi
+# pyright (dev extra; tests/test_pyright.py) once now, so that the tests download nothing: the wrapper
+# uses the type checker bundled in its wheel (an older one fetches its npm package here) and the
+# Node.js of its nodejs extra; PYRIGHT_PYTHON_IGNORE_WARNINGS skips its look-up of a newer release.
+PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $PY -m pyright --version
 
 echo "==> offline data"
 # Animal-MNIST: only its data files are read (its loader imports tensorflow), hence --no-deps.

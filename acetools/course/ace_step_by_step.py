@@ -231,7 +231,7 @@ class LayerStages:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.W_pre.shape)
+        return (self.W_pre.shape[0], self.W_pre.shape[1])
 
     @property
     def rank(self) -> int:
@@ -987,7 +987,7 @@ def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> Ve
     m_sum = float(stable["cos_sum"].median())
     hooked = stable["cos_hooked"] if "cos_hooked" in stable else None
     n_hooked = int(hooked.notna().sum()) if hooked is not None else 0
-    m_hooked = float(hooked.median()) if n_hooked else math.nan
+    m_hooked = float(hooked.median()) if hooked is not None and n_hooked else math.nan
     nums = {"median_cos_sum": m_sum, "median_cos_hooked": m_hooked, "n_hooked": n_hooked,
             "median_cos_sum_hooked": float(stable["cos_sum_hooked"].median())
             if n_hooked and "cos_sum_hooked" in stable else math.nan,

@@ -16,10 +16,10 @@ The result files themselves are read by the library module :mod:`acetools.result
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -699,7 +699,7 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     summary = results.load_summary(runs)
     agg = aggregate(summary)
     n_tasks = agg.drop_duplicates("suite").set_index("suite")["n_tasks"].to_dict()
-    paper_n = dict(zip(run_suites, (8, 14, 20))) if quick else {s: n_tasks[s] for s in run_suites}
+    paper_n: dict[str, int] = dict(zip(run_suites, (8, 14, 20))) if quick else {s: n_tasks[s] for s in run_suites}
     paper_cols = {}
     for s in run_suites:
         for table in paper_tables.COMPARISONS:
@@ -840,7 +840,8 @@ def claim_verdicts(data: BenchmarkData, world: World | None = None) -> dict[str,
     esm_paper = {s: (P.paper_lead("esm", n, "esm")[0], P.paper_room("esm", n)) for s, n in paper_n.items()}
     shown = [m for m in data_free if m not in ace_rivals]
 
-    ace_rules = {"ace.sota": lambda s: assess_beats(s, "ace", ace_rivals, paper=ace_paper, world=world, shown=shown)}
+    ace_rules: dict[str, Callable[[pd.DataFrame], Verdict]] = {
+        "ace.sota": lambda s: assess_beats(s, "ace", ace_rivals, paper=ace_paper, world=world, shown=shown)}
     if len(data.suites) >= 2:
         ns = sorted(paper_n.values())
         if len(ns) >= 2:
@@ -915,7 +916,7 @@ def wudi_lr_summary(step_size: pd.DataFrame) -> pd.DataFrame:
         if w.empty:
             continue
         dflt, tuned = w.loc[w["lr"].sub(default_lr).abs().idxmin()], w.loc[w["val_normalized"].idxmax()]
-        rows.append({"suite": s, "seed": int(sd), "default lr": float(dflt["lr"]),
+        rows.append({"suite": s, "seed": int(cast(int, sd)), "default lr": float(dflt["lr"]),
                      "RMS start": float(dflt.get("rms_start", math.nan)),
                      "RMS move": float(dflt.get("rms_move", math.nan)), "default score": float(dflt["test_normalized"]),
                      "best lr on val": float(tuned["lr"]), "its score": float(tuned["test_normalized"])})

@@ -234,7 +234,7 @@ def show(entry: dict[str, Any]) -> None:
     boundaries), the ``acetools.course.claims`` log elsewhere."""
     text = f"[{entry['verdict']}] {entry['id']}: {entry['measured']} — {entry['reason']}"
     try:
-        from IPython import get_ipython
+        from IPython.core.getipython import get_ipython
 
         shell = get_ipython()
     except ImportError:  # pragma: no cover - IPython is a course dependency
@@ -242,7 +242,8 @@ def show(entry: dict[str, Any]) -> None:
     if shell is None:
         log.info(text)
         return
-    from IPython.display import Markdown, display
+    from IPython.core.display import Markdown
+    from IPython.display import display
 
     def esc(s: str) -> str:
         return s.replace("*", "\\*").replace("_", "\\_").replace("<", "&lt;")

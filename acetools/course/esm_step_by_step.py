@@ -222,7 +222,7 @@ def esd_vs_svd(
       ||P_t^T tau_t||_F, the norm n_t of the inter-task polarization (docs/methods.md §ESM, Eq. (ESM.4)).
     """
     keys = list(activations) if keys is None else list(keys)
-    sources = {"in-sample": None}
+    sources: dict[str, Mapping[str, Sequence[Tensor]] | None] = {"in-sample": None}
     if heldout is not None:
         sources["held-out"] = heldout
     curves, rows = [], []
@@ -834,7 +834,7 @@ def verdict_cka(table: pd.DataFrame, data: str = "held-out", *, retention: float
     diffs = 100 * (by["cka_esd"] - by["cka_svd"])
     per_type = {k: float(v) for k, v in diffs.items() if k != "all layers"}
     avg = float(diffs["all layers"])
-    nums = {"cka_esd": float(by.loc["all layers", "cka_esd"]), "cka_svd": float(by.loc["all layers", "cka_svd"]),
+    nums = {"cka_esd": float(by["cka_esd"]["all layers"]), "cka_svd": float(by["cka_svd"]["all layers"]),
             "diff_points": avg, "diff_by_type": per_type, "data": data}
     if all(compare(d) == "better" for d in per_type.values()):
         v, why = "reproduced", f"ESD's CKA is higher by {avg:+.1f} points on average and in every layer type"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -193,7 +193,7 @@ def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:
     scale-free views are reported beside (they say whether the energies differ at all)."""
     med = float(gam["gamma"].median())
     by_type = gam.groupby("layer_type")["gamma"].median()
-    above = [t for t, g in by_type.items() if g > tau]
+    above = [str(t) for t, g in by_type.items() if g > tau]
     v = "reproduced" if med > tau else ("partly" if above else "not reproduced")
     measured = (f"median γ {med:.3g} over {len(gam)} matrices, {100 * gam['flag'].mean():.0f} % above τ_γ = {tau:g}; "
                 f"cv of the energies {gam['cv'].median():.2f}, sd of their logs {gam['log_sd'].median():.2f}")
@@ -217,7 +217,7 @@ def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | N
         on = g.loc[g["setting"] == "gate on (forced)", "test_normalized"]
         off = g.loc[g["setting"] == without, "test_normalized"]
         if len(on) and len(off):
-            gains[float(e)] = float(on.iloc[0] - off.iloc[0])
+            gains[float(cast(float, e))] = float(on.iloc[0] - off.iloc[0])  # eps: a numeric column
     if not gains:
         raise InputError(f"the ablation has no rows 'gate on (forced)' and {without!r}")
     v = agreement([compare(d) == "better" for d in gains.values()])

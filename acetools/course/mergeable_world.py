@@ -126,7 +126,7 @@ def regime_targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, sma
     """
     from ..results import aggregate
 
-    small = small or card.meta.get("suite") or "tasks8"
+    small = small or str(card.meta.get("suite") or "tasks8")
     agg = aggregate(summary) if summary is not None and len(summary) else None
 
     def get(suite: str, method: str, col: str) -> float:
@@ -157,7 +157,7 @@ def regime_targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, sma
         add("TSV-M − task arithmetic (normalized points)", suite, room, f"≥ {need:g}", room >= need)
     drop = get(small, "task_arithmetic", "test_normalized") - get(large, "task_arithmetic", "test_normalized")
     add(f"task arithmetic on {large} below {small} (normalized points)", f"{small}→{large}", drop, "≥ 5", drop >= 5)
-    if agg is not None:
+    if agg is not None and summary is not None:  # agg comes from summary
         lams = summary.loc[summary["method"] == "task_arithmetic", "coef"].dropna().astype(float)
     else:
         lams = pd.Series([get(small, "task_arithmetic", "coef")])

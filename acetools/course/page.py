@@ -47,7 +47,7 @@ def setup() -> None:
 
     set_theme()
     try:
-        from IPython import get_ipython
+        from IPython.core.getipython import get_ipython
     except ImportError:  # pragma: no cover - IPython is a course dependency
         return
     shell = get_ipython()
@@ -56,7 +56,10 @@ def setup() -> None:
     import matplotlib.pyplot as plt  # noqa: F401 - activates the inline backend and its png formatter
     from matplotlib.figure import Figure
 
-    png = shell.display_formatter.formatters["image/png"]
+    display_formatter = getattr(shell, "display_formatter", None)  # a traitlets Instance (untyped)
+    if display_formatter is None:
+        return
+    png = display_formatter.formatters["image/png"]
     try:
         inner = png.lookup_by_type(Figure)
     except KeyError:
@@ -91,7 +94,7 @@ def table(df: Any, digits: int | Mapping[str, int | str] = 2, *, caption: str | 
         flat = [" · ".join(str(x) for x in c if str(x) != "") for c in df.columns]
         if isinstance(digits, Mapping):  # a per-value format applies to each of its flattened columns
             digits = {**{f: digits[c[0]] for f, c in zip(flat, df.columns) if c[0] in digits}, **digits}
-        df.columns = flat
+        df.columns = pd.Index(flat)
     if index and df.index.nlevels == 1 and df.index.name is not None and df.columns.name is None:
         df = df.rename_axis(index=None, columns=df.index.name)
     numeric = [c for c in df.columns if pd.api.types.is_float_dtype(df[c])]

@@ -35,11 +35,13 @@ Sigma_hat_t = :func:`acetools.merging.ace.estimate_covariance` (ΔW_t) against t
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import pandas as pd
 import torch
@@ -183,7 +185,7 @@ def covariance_agreement(Sigma_hat: Tensor, Sigma: Tensor, k: int | None = None)
 # --------------------------------------------------------------------------- 2-layer networks
 
 
-def _phi(activation: str):
+def _phi(activation: str) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
     """(phi, phi') of an activation, phi' written in terms of the pre-activation z."""
     if activation == "linear":
         return (lambda z: z), (lambda z: torch.ones_like(z))
@@ -195,7 +197,8 @@ def _phi(activation: str):
 
 
 def two_layer_teacher(task: RegressionTask, d_hidden: int, activation: str, *, gain: float = 1.0,
-                      shift: float = 1.0, seed: int = 0, base: tuple[Tensor, Tensor] | None = None):
+                      shift: float = 1.0, seed: int = 0,
+                      base: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A 2-layer task ``y = W2* phi(W1* x) + noise`` on ``task``'s inputs; returns
     ``(W1_0, W2_0, Y_train, F_test)`` with noisy training targets and the noiseless teacher
     output F_test on ``task.X_test``.
@@ -293,6 +296,17 @@ def _config(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def _two_layer_loss(A: Tensor, B: Tensor, X: Tensor, Y: Tensor, phi: Callable[[Tensor], Tensor]) -> float:
+    """Test MSE of the 2-layer net (A, B) against the noiseless teacher outputs ``Y``."""
+    return float(((phi(X @ A.T) @ B.T - Y) ** 2).sum(1).mean())
+
+
+@overload
+def estimate_experiment(*, k: int | None = None, return_estimates: Literal[False] = False,
+                        **settings: Any) -> pd.DataFrame: ...
+@overload
+def estimate_experiment(*, k: int | None = None, return_estimates: Literal[True],
+                        **settings: Any) -> tuple[pd.DataFrame, list[Tensor], list[Tensor]]: ...
 def estimate_experiment(*, k: int | None = None, return_estimates: bool = False, **settings: Any):
     """Fine-tune one configuration's tasks and compare each Sigma_hat_t with Sigma_t.
 
@@ -312,7 +326,7 @@ def estimate_experiment(*, k: int | None = None, return_estimates: bool = False,
                                       subspace_dim=cfg["subspace_dim"], noise=cfg["noise"], seed=cfg["seed"])
     fit = {"steps": cfg["steps"], "lr": cfg["lr"], "batch_size": cfg["batch_size"], "optimizer": cfg["optimizer"]}
     rows, estimates, truths = [], [], []
-    shared = None
+    shared: tuple[Tensor, Tensor] | None = None
     for i, task in enumerate(tasks):
         seed = cfg["seed"] + 1000 + i
         if cfg["activation"] == "none":
@@ -333,10 +347,8 @@ def estimate_experiment(*, k: int | None = None, return_estimates: bool = False,
             delta = W1 - W1_0
             phi, _ = _phi(act)
 
-            def loss2(A: Tensor, B: Tensor, task: RegressionTask = task, Y: Tensor = F_te, phi=phi) -> float:
-                return float(((phi(task.X_test @ A.T) @ B.T - Y) ** 2).sum(1).mean())
-
-            before, after = loss2(W1_0, W2_0), loss2(W1, W2)
+            before = _two_layer_loss(W1_0, W2_0, task.X_test, F_te, phi)
+            after = _two_layer_loss(W1, W2, task.X_test, F_te, phi)
         if not torch.isfinite(delta).all():  # SGD diverged (lr too large for this setting)
             warnings.warn(f"task {i}: training diverged with {fit}; its row is NaN", RuntimeWarning, stacklevel=2)
             S_hat = torch.full((cfg["d_in"], cfg["d_in"]), math.nan, dtype=torch.float64)
@@ -497,7 +509,7 @@ def estimator_covariances(base: Mapping[str, Tensor], experts: Sequence[Mapping[
         raise InputError(f"given has {len(given)} dicts for {len(experts)} experts")
     out: list[dict[str, Tensor]] = [{} for _ in experts]
     for key in keys:
-        if estimator == "given":
+        if estimator == "given" and given is not None:  # (given is checked above)
             mats = [given[t][key].double() for t in range(len(experts))]
         else:
             mats = [estimate_covariance(ex[key].double() - base[key].double(), estimator) for ex in experts]
@@ -736,7 +748,7 @@ def verdict_theorem1_vit(vit: pd.DataFrame, *, vit_base: pd.DataFrame, vit_gram:
         verdict = "partly"
     else:
         verdict = "not reproduced"
-    per_type = ", ".join(f"{t.replace('.weight', '').replace('_weight', '')} {v:.2f}" for t, v in med_type.items())
+    per_type = ", ".join(f"{str(t).replace('.weight', '').replace('_weight', '')} {v:.2f}" for t, v in med_type.items())
     measured = (f"median cos(Σ̂, hooked Σ) per layer type: {per_type}; isotropic guess "
                 f"{vit['identity_cosine'].median():.2f}; beats I in {100 * beats_identity:.0f}% and other tasks' Σ in "
                 f"{100 * beats_cross:.0f}% of {len(vit)} layer×task cells")
@@ -759,8 +771,9 @@ def synthetic_checks(exact: UnifiedResult) -> dict[str, float]:
     its value at zero)."""
     taus = [W - exact.W0 for W in exact.experts]
     err_identity = float((exact.merged["identity"] - exact.W0 - sum(taus) / len(taus)).abs().max())
-    A = sum(exact.Sigma)
-    jls_experts = torch.linalg.solve(A.T, sum(W @ S for W, S in zip(exact.experts, exact.Sigma)).T).T
+    A = functools.reduce(operator.add, exact.Sigma)  # sum_t Sigma_t (the same additions as sum())
+    B = functools.reduce(operator.add, (W @ S for W, S in zip(exact.experts, exact.Sigma)))
+    jls_experts = torch.linalg.solve(A.T, B.T).T
     err_given = float((exact.merged["given"] - jls_experts).abs().max())
     g_wudi = wudi_gradient(exact.merged["wudi"] - exact.W0, taus)
     rel = float(g_wudi.norm() / wudi_gradient(torch.zeros_like(taus[0]), taus).norm())

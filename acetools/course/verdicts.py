@@ -108,8 +108,9 @@ class Verdict:
     reason: str
     numbers: dict[str, Any] = field(default_factory=dict)
     #: per setting (suite, layer type, …): the paper's effect, its prediction here, the floor
-    #: and the measurement (:class:`Effect`); empty for claims that are not a comparison
-    effects: tuple[Effect, ...] = ()
+    #: and the measurement (:class:`Effect`); empty for claims that are not a comparison. Any
+    #: sequence is accepted; it is stored as a tuple (the verdict is frozen)
+    effects: Sequence[Effect] = ()
     #: the measurement in the claim's own unit where the claim is not a comparison (a cosine,
     #: a share, a ratio); None otherwise (then :attr:`measured_effect` comes from ``effects``)
     value: float | None = None

@@ -29,7 +29,7 @@ def in_frontend() -> bool:
     """Whether this process is a Jupyter kernel (a notebook, papermill, VS Code): only there
     can a widget's output be shown; elsewhere ``display`` would print the figure's repr."""
     try:
-        from IPython import get_ipython
+        from IPython.core.getipython import get_ipython
     except ImportError:  # pragma: no cover - IPython ships with ipywidgets
         return False
     ip = get_ipython()

@@ -145,7 +145,7 @@ def _d_in(module: nn.Module, key: str, orientation: str) -> int:
     return W.shape[0] if orientation == "in_out" else W.shape[1]
 
 
-def _batches(inputs, batch_size: int | None) -> Iterator[Tensor]:
+def _batches(inputs, batch_size: int | None) -> Iterator[Tensor | dict[str, Tensor]]:
     if isinstance(inputs, Tensor):
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise InputError(f"batch_size={batch_size!r} must be a positive int")

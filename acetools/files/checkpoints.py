@@ -187,7 +187,7 @@ class _SafetensorsFile:
         if b > a:
             with open(self.path, "rb", buffering=0) as fh:
                 fh.seek(self.start + a)
-                view = memoryview(buf.numpy())
+                view = buf.numpy().data  # a writable memoryview of buf's bytes
                 got = 0
                 while got < b - a:
                     r = fh.readinto(view[got:])
@@ -495,8 +495,10 @@ class ShardedWriter:
     def _flush(self) -> None:
         if not self._entries:
             return
-        data_path = Path(self._data.name)
-        self._data.close()
+        data = self._data
+        assert data is not None, "a shard with entries has its data file open"
+        data_path = Path(data.name)
+        data.close()
         self._data = None
         header = json.dumps({"__metadata__": self.metadata, **self._entries}, separators=(",", ":")).encode()
         header += b" " * (-len(header) % 8)
@@ -569,7 +571,7 @@ StateDict = dict[str, Tensor]
 
 def _tensor_bytes(t: Tensor) -> memoryview:
     t = t.detach().to("cpu").contiguous()
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 def state_hash(state: Mapping[str, Tensor]) -> str:

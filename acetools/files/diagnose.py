@@ -127,8 +127,14 @@ class _Source:
         else:
             raise InputTypeError(f"{what} is a {type(obj).__name__}; give a state dict or a checkpoint path")
 
+    def _checkpoint(self):
+        """The open checkpoint (a source is a state dict or a checkpoint)."""
+        if self._ckpt is None:
+            raise InputTypeError(f"{self.what} is closed or was never a checkpoint")
+        return self._ckpt
+
     def keys(self) -> list[str]:
-        return list(self._sd) if self._sd is not None else self._ckpt.keys()
+        return list(self._sd) if self._sd is not None else self._checkpoint().keys()
 
     def shape_dtype(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
         if self._sd is not None:
@@ -136,11 +142,11 @@ class _Source:
             if not isinstance(t, Tensor):
                 raise InputTypeError(f"{self.what}[{key!r}] is a {type(t).__name__}, not a torch.Tensor")
             return tuple(t.shape), t.dtype
-        m = self._ckpt.meta(key)
+        m = self._checkpoint().meta(key)
         return tuple(m.shape), m.dtype
 
     def get(self, key: str) -> Tensor:
-        return self._sd[key] if self._sd is not None else self._ckpt.get(key)
+        return self._sd[key] if self._sd is not None else self._checkpoint().get(key)
 
     def close(self) -> None:
         if self._ckpt is not None:

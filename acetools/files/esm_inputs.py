@@ -32,7 +32,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -191,7 +191,9 @@ def esm_activations(
 
             lay = get_layout(layout, keys=[prefix + k for k in model.state_dict()])
         batch = inputs(t) if callable(inputs) and not isinstance(inputs, (Tensor, nn.Module)) else inputs
-        got = capture_inputs(model, batch, list(keys), batch_size, prefix=prefix, device=device, layout=lay)
+        # a callable's result is the caller's (capture_inputs checks what it gets)
+        got = capture_inputs(model, cast("Tensor | Iterable", batch), list(keys), batch_size, prefix=prefix,
+                             device=device, layout=lay)
         for k in keys:
             acts.setdefault(k, []).append(got[k].to("cpu", dtype))
         del model, got

@@ -181,7 +181,7 @@ class HeadPlan:
         if not self.keys:
             return base, list(experts), layout
         b = CheckpointView(base, [k for k in self.keys if k in base])
-        ex = [CheckpointView(ck, self.keys) for ck in experts]
+        ex: list[Checkpoint] = [CheckpointView(ck, self.keys) for ck in experts]
         tied = {a: c for a, c in layout.tied.items() if a in b and c in b}
         return b, ex, dataclasses.replace(layout, tied=tied)
 

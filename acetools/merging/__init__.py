@@ -326,12 +326,13 @@ class _KeyByKeyTaskVector(Mapping):
         self._value: Tensor | None = None
 
     def __getitem__(self, key: str) -> Tensor:
-        if key != self._key:
-            w0 = self._W0[key]
-            self._key, self._value = None, None  # free the previous key's tensor first
-            self._value = self._lay.to_canonical(key, self._expert[key]).to(self._dev, w0.dtype).contiguous() - w0
-            self._key = key
-        return self._value
+        if key == self._key and self._value is not None:
+            return self._value
+        w0 = self._W0[key]
+        self._key, self._value = None, None  # free the previous key's tensor first
+        value = self._lay.to_canonical(key, self._expert[key]).to(self._dev, w0.dtype).contiguous() - w0
+        self._key, self._value = key, value
+        return value
 
     def __iter__(self):
         return iter(self._W0)

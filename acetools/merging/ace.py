@@ -428,8 +428,8 @@ class Refinement(NamedTuple):
     k: int  # refined rank floor(k_frac · r)
     sigma_iso: float  # mean of the top-k singular values of W_fused (NaN when k = 0)
     S_fused: Tensor  # all singular values of W_fused = W_bar_pre + Δ_res
-    U: Tensor | None = None  # left singular vectors of W_fused (d_out x r)
-    Vh: Tensor | None = None  # right singular vectors, transposed (r x d_in)
+    U: Tensor  # left singular vectors of W_fused (d_out x r)
+    Vh: Tensor  # right singular vectors, transposed (r x d_in)
 
     def at_rank(self, W_pre: Tensor, k: int) -> Tensor:
         """W_pre + sigma_iso(k) U_k V_kᵀ with sigma_iso(k) = mean(S_fused[:k]): the refinement
@@ -624,7 +624,11 @@ class _Accumulators:
             symmetrize_lower_(self.S)
         res_part = None
         if for_refine:  # v broadcasts over the rows: + 1 vᵀ
-            res_part = self.raw_sig.clone() if self.raw_sig is not None else self.B_sig + self.v
+            if self.raw_sig is not None:
+                res_part = self.raw_sig.clone()
+            else:
+                assert self.v is not None, "for_refine with the centred numerator keeps v"
+                res_part = self.B_sig + self.v
         B = self.B_sig.add_(self.R_num) if self.R_num is not self.B_sig else self.B_sig
         return _Moments(self.S, B, self.ridge, self.traces, res_part, self.task_sum)
 
@@ -689,6 +693,7 @@ def _stream_moments(
             tr = d_in + _TRACE_FLOOR
             acc.add_dense(None, N, mu, 1.0 / tr if normalize else 1.0)
         else:  # "given"
+            assert Sigma is not None, "estimator='given' comes with Sigma (_given_covariances)"
             tr = float(torch.diagonal(Sigma[t].double()).sum()) + _TRACE_FLOOR
             acc.add_dense(Sigma[t].to(d.device, dtype), N, mu, 1.0 / tr if normalize else 1.0)
         r = ridge_of(tr, eps=eps, normalize=normalize, eps_mode=eps_mode, d_in=d_in)
@@ -799,17 +804,17 @@ def ace_matrix(
     mom = stream(dtype=torch.float64 if precision == "float64" else torch.float32, for_refine=want_refine)
     # stage 4: C_agg = 1 cᵀ, divided by the mean energy on flagged layers
     c = prior_vector(mom.S, energy=float(energies.mean()) if flag else None) if sw.prior else None
-    symmetric = estimator != "given" or all(torch.allclose(Sg, Sg.mT, rtol=1e-12, atol=0) for Sg in Sigma)
+    symmetric = Sigma is None or all(torch.allclose(Sg, Sg.mT, rtol=1e-12, atol=0) for Sg in Sigma)
     W_pre, res, A_dense, mom = _solve_moments(mom, c, len(dWs), stream, symmetric=symmetric,  # stage 5
                                               want_refine=want_refine, spectra=spectra, name=name)
     diag = ACEDiagnostics(
-        name=name, shape=tuple(dWs[0].shape), n_tasks=len(dWs), estimator=estimator, gate=sw.gate,
+        name=name, shape=(dWs[0].shape[0], dWs[0].shape[1]), n_tasks=len(dWs), estimator=estimator, gate=sw.gate,
         gamma=gamma, flag=flag, normalized=normalize, prior=sw.prior,
         numerator=sw.numerator, refined=False, energies=energies.tolist(),
         traces=mom.traces.tolist(), ridge=mom.ridge.tolist(),
     )
-    W = _refine_streamed(W_pre, res, k_frac, diag, spectra=spectra, name=name) if want_refine else W_pre  # stage 6
-    if spectra:
+    W = _refine_streamed(W_pre, res, k_frac, diag, spectra=spectra, name=name) if res is not None else W_pre  # stage 6
+    if A_dense is not None:  # spectra=True
         _record_spectra(diag, A_dense, W_pre, W)
     return W.to(delta_W[0].dtype), diag
 
@@ -846,7 +851,10 @@ def _solve_moments(mom: _Moments, c: Tensor | None, T: int, restream: Callable[.
     """
     M = mom.S
     M.diagonal().add_(float(mom.ridge.sum()))  # S is now M = sum_t Sigma_reg,t
-    res = refinement_residual(mom.res_part, mom.task_sum, M, T) if want_refine else None
+    res = None
+    if want_refine:
+        assert mom.res_part is not None and mom.task_sum is not None, "moments streamed with for_refine=True"
+        res = refinement_residual(mom.res_part, mom.task_sum, M, T)
     A_dense = None
     if spectra:
         A_dense = M.to(torch.float64, copy=True) + (c.double().unsqueeze(0) if c is not None else 0.0)
@@ -868,17 +876,13 @@ def _refine_streamed(W_pre: Tensor, res: Tensor, k_frac: float, diag: ACEDiagnos
     W_fused = res.add_(W_pre) if res.dtype == torch.float64 else W_pre + res.double()
     k = refined_rank(k_frac, W_pre.shape, name, stacklevel=5)
     W = W_pre
-    if k == 0:
-        S_fused = torch.linalg.svdvals(W_fused) if spectra else None
-    else:
-        UV, S_fused = _top_k_isotropic(W_fused, k)
-        sigma_iso = S_fused[:k].mean()
+    if k > 0:
+        UV, S_top = _top_k_isotropic(W_fused, k)
+        sigma_iso = S_top[:k].mean()
         W = isotropic_update(W_pre, UV, sigma_iso)
         diag.k, diag.sigma_iso, diag.refined = k, float(sigma_iso), True
-        if spectra:
-            S_fused = torch.linalg.svdvals(W_fused)
-    if spectra:
-        diag.spectrum_fused = S_fused.cpu()
+    if spectra:  # all singular values of W_fused (the top-k route computes only k)
+        diag.spectrum_fused = torch.linalg.svdvals(W_fused).cpu()
     return W
 
 

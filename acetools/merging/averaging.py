@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -13,7 +13,7 @@ from ._registry import LAMBDA_GRID, Param, Search, register
 __all__ = ["weight_averaging", "task_arithmetic", "mean_update", "warn_mean_fallback"]
 
 
-def mean_update(task_vectors: list[dict[str, Tensor]], key: str) -> Tensor:
+def mean_update(task_vectors: Sequence[Mapping[str, Tensor]], key: str) -> Tensor:
     """(1/T) sum_t tau_t[key]: the element-wise mean used for every non-matrix key."""
     return torch.stack([tv[key] for tv in task_vectors]).mean(0)
 

@@ -253,6 +253,8 @@ def _top_factors(X: Tensor | None, delta_W: Tensor, k: int, decomposition: str) 
     gram = delta_W.dtype != torch.float64
     W64 = delta_W.double()
     if decomposition == "esd":
+        if X is None:
+            raise InputError("esm: the 'esd' decomposition needs the layer's activations X")
         X = _as_rows(X, d_in)
         n = X.shape[0]
         m = min(n, d_out)
@@ -436,7 +438,7 @@ def _whiten_svd(M: Tensor, name: str = "") -> Tensor:
     U, S, Vh = _svd_named(M, name)
     if S.numel() == 0 or not bool(S.mean() > 0):
         return torch.zeros_like(M)
-    r = polar_rank(S, tuple(M.shape), M.dtype)
+    r = polar_rank(S, (M.shape[0], M.shape[1]), M.dtype)
     if r < S.numel():
         warnings.warn(
             f"esm: layer {name!r}: the {tuple(M.shape)} matrix to whiten has rank {r} < {S.numel()} (singular "

@@ -59,6 +59,7 @@ def regmean_matrix(W: Sequence[Tensor], grams: Sequence[Tensor], alpha: float = 
             )
         A = G.T if A is None else A + G.T
         B = W64 @ G.T if B is None else B + W64 @ G.T
+    assert A is not None and B is not None  # W is not empty (checked above)
     return solve_right(B, A, name=key)
 
 

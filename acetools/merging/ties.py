@@ -187,7 +187,7 @@ def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float, la
     out = {}
     for key in progress(keys, desc=f"{desc}: merge"):
         trimmed = _trimmed_stack(task_vectors, thr, key)
-        maj = global_majority if scope == "global" else majority_sign([gammas[key]])
+        maj = majority_sign([gammas[key]]) if global_majority is None else global_majority
         gamma = resolve_zero_signs(gammas[key], maj).to(trimmed.dtype)
         out[key] = lam * disjoint_merge(trimmed, gamma, merge)
     return out

@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from ..utils import atomic_write
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def set_theme(context: str = "notebook") -> None:
+def set_theme(context: Literal["paper", "notebook", "talk", "poster"] = "notebook") -> None:
     """The course's one seaborn theme (white grid, colour-blind palette)."""
     import seaborn as sns
 
@@ -205,7 +206,9 @@ def heatmap(ax, matrix, *, labels: Sequence[str] | None = None, col_labels: Sequ
         arr = np.asarray(matrix, dtype=float)
         if arr.ndim != 2:
             raise InputError(f"heatmap needs a 2-D matrix, got shape {arr.shape}")
-        data = pd.DataFrame(arr, index=labels, columns=col_labels if col_labels is not None else labels)
+        cols = col_labels if col_labels is not None else labels
+        data = pd.DataFrame(arr, index=None if labels is None else list(labels),
+                            columns=None if cols is None else list(cols))
     if annot is None:
         annot = data.size <= 400
     sns.heatmap(data, ax=ax, annot=annot, fmt=fmt, cmap=cmap, center=center, vmin=vmin, vmax=vmax, cbar=cbar,

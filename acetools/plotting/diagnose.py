@@ -160,7 +160,8 @@ def show(fig, alt: str, *, name: str | None = None, folder=None, dpi: int = 110)
     import io
 
     import matplotlib.pyplot as plt
-    from IPython.display import HTML, display
+    from IPython.core.display import HTML
+    from IPython.display import display
 
     if not isinstance(alt, str) or not alt.strip():
         raise InputError("show: give every figure a non-empty alt text that says what it shows")

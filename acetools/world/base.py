@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..errors import InputTypeError
 
-__all__ = ["World", "as_world", "check_world"]
+__all__ = ["EvaluatesAll", "MultiTaskWorld", "SplitData", "World", "as_world", "check_world"]
 
 StateDict = dict[str, Tensor]
 
@@ -42,46 +42,91 @@ class World(Protocol):
     (``"full"`` or ``"quick"`` for a fixture world).
     """
 
-    kind: str
-    tasks: list[str]
-    seed: int
-    size: str
-    layout: str | None
-    device: torch.device | str
-
+    # read-only members: a world may hold them as attributes or compute them as properties
+    @property
+    def kind(self) -> str: ...
+    @property
+    def tasks(self) -> list[str]: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def size(self) -> str: ...
+    @property
+    def layout(self) -> str | None: ...
+    @property
+    def device(self) -> torch.device | str: ...
     @property
     def name(self) -> str: ...
 
     def describe(self) -> str:
         """One line for pages and records."""
+        ...
 
     def base_state(self) -> StateDict:
         """W0 of the merged part."""
+        ...
 
     def expert_state(self, task: str) -> StateDict:
         """Task ``task``'s expert, same keys as :meth:`base_state`."""
+        ...
 
     def evaluate(self, state: Mapping[str, Tensor], task: str, split: str = "test", n: int | None = None) -> float:
         """Top-1 accuracy (fraction) of the merged part ``state`` on ``task``'s split (first ``n``
         examples), with the head the world defines for ``task``."""
+        ...
 
     def matrix_keys(self) -> list[str]:
         """The matrices ESM and RegMean target (the layers whose inputs can be captured)."""
+        ...
 
     def proxy_inputs(self, task: str, n: int, seed: int = 0) -> Any:
         """ESM's ``n`` proxy inputs of ``task`` (from validation, seeded)."""
+        ...
 
     def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
         """Input activations (rows x d_in) of ``keys`` inside the model with ``state``."""
+        ...
 
     def gram_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
         """RegMean's Grams XᵀX of ``keys``' inputs."""
+        ...
 
     def gram_examples(self, task: str, n: int) -> Any:
         """RegMean's ``n`` training inputs of ``task``."""
+        ...
 
     def records(self) -> list[dict]:
         """Sidecars of the checkpoints used (hashes, recipes, metrics)."""
+        ...
+
+
+@runtime_checkable
+class EvaluatesAll(Protocol):
+    """A world that scores one merged state on several tasks with one model built for it (the
+    harness uses it where a world has it, else :meth:`World.evaluate` task by task)."""
+
+    def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
+                     tasks: Sequence[str] | None = None) -> dict[str, float]:
+        """Accuracy (fraction) per task of ``tasks`` (default: all) on ``split`` (first ``n`` examples)."""
+        ...
+
+
+@runtime_checkable
+class SplitData(Protocol):
+    """A world whose splits can be read as data (the image worlds: ``x`` inputs and ``y`` labels)."""
+
+    def data(self, task: str, split: str, n: int | None = None) -> Any:
+        """``task``'s ``split``, cut to its first ``n`` examples (None: all)."""
+        ...
+
+
+@runtime_checkable
+class MultiTaskWorld(Protocol):
+    """A world with a multi-task model beside its experts (the vision zoo's MTL reference row)."""
+
+    def mtl_state(self) -> StateDict:
+        """The merged part of the model trained on all tasks at once."""
+        ...
 
 
 def as_world(obj: Any, **vision_options: Any) -> World:

@@ -142,9 +142,9 @@ def refined_spectrum(ax, pre: Sequence[float], refined: Mapping[int, Sequence[fl
     if k not in refined:
         raise InputKeyError(
             f"no refined spectrum for k = {k}; have k in {sorted(refined)[:3]}...{sorted(refined)[-3:]}")
-    pre = np.asarray(pre, dtype=float)
+    pre_a = np.asarray(pre, dtype=float)
     s = np.asarray(refined[k], dtype=float)
-    ax.plot(np.arange(1, pre.size + 1), np.clip(pre, 1e-16, None), color="C0", label="W_pre")
+    ax.plot(np.arange(1, pre_a.size + 1), np.clip(pre_a, 1e-16, None), color="C0", label="W_pre")
     ax.plot(np.arange(1, s.size + 1), np.clip(s, 1e-16, None), color="C1", label=f"refined, k = {k}")
     ax.axvline(k, color="C1", ls="--", lw=1)
     if k_ace is not None:

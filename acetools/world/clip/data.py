@@ -14,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,7 +53,7 @@ class ImageSource:
     labels: np.ndarray
     classnames: tuple[str, ...]
     fingerprint: str
-    _get: object  # index -> PIL image
+    _get: Callable[[int], Any]  # index -> PIL image
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -137,7 +139,7 @@ def preprocess(image, size: int = 224) -> np.ndarray:
     return np.asarray(im, dtype=np.uint8).transpose(2, 0, 1).copy()
 
 
-def normalize(pixels: Tensor, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Tensor:
+def normalize(pixels: np.ndarray, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Tensor:
     """uint8 crops (N, 3, S, S) as CLIP's normalised input on ``device``."""
     x = torch.from_numpy(np.array(pixels, dtype=np.uint8))  # a copy: the cache is a read-only memory map
     x = x.to(device=device, dtype=dtype) / 255.0
@@ -169,7 +171,7 @@ def cached_pixels(source: ImageSource, indices: np.ndarray, size: int, root: Pat
     for j, i in enumerate(progress(indices, desc=desc or f"{source.task}/{source.split} images", total=len(indices))):
         arr[j] = preprocess(source.image(int(i)), size)
     digest = hashlib.sha256(arr.tobytes()).hexdigest()
-    if path is not None:
+    if path is not None and side is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(path) as fh:
             np.save(fh, arr)

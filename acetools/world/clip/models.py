@@ -28,12 +28,16 @@ import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from ...errors import InputError
 from ...utils import progress
+
+if TYPE_CHECKING:
+    from transformers import CLIPModel
 
 __all__ = ["HFImageEncoder", "load_hf_base", "load_hf_expert", "read_weights", "zeroshot_head", "tokenize",
            "OPENCLIP_NAMES", "load_openclip_state", "openclip_encoder", "openclip_paths", "UnsafeCheckpoint"]
@@ -73,7 +77,7 @@ def _check_config(folder: Path, wanted: Sequence[str]) -> dict:
     return cfg
 
 
-def load_hf_base(folder: Path):
+def load_hf_base(folder: Path) -> CLIPModel:
     """The base ``CLIPModel`` from a local folder (eval mode, fp32)."""
     from transformers import CLIPModel
 
@@ -143,11 +147,11 @@ def _tokenizer(folder: str, context_length: int):
 
     simple = SimpleTokenizer(context_length=context_length)
 
-    def run(texts):
+    def run_simple(texts):
         ids = simple(texts)
         return ids, (ids != 0).long()
 
-    return run
+    return run_simple
 
 
 def tokenize(folder: Path, texts: list[str], context_length: int) -> tuple[Tensor, Tensor]:

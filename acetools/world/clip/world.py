@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -232,7 +232,9 @@ class ClipWorld:
             pos = self.base_state()["visual.positional_embedding"]
             patch = self.base_state()["visual.conv1.weight"].shape[-1]
             return int(round((pos.shape[0] - 1) ** 0.5)) * int(patch)
-        return int(self._base_hf().config.vision_config.image_size)
+        # transformers types a config's parts loosely (dict | config | None, size int | pair); the loaded
+        # CLIPModel's vision_config is a CLIPVisionConfig with an int image_size
+        return int(cast(Any, self._base_hf().config).vision_config.image_size)
 
     def encoder(self, state: Mapping[str, Tensor] | None = None) -> nn.Module:
         """The image encoder on ``device`` with ``state`` (a merged part; None: the base) loaded; one
@@ -249,10 +251,10 @@ class ClipWorld:
             self._encoder = enc.to(self.device).eval().requires_grad_(False)
         state = self.base_state() if state is None else state
         if self._loaded is not state:
-            self._load(state)
+            self._load(self._encoder, state)
         return self._encoder
 
-    def _load(self, state: Mapping[str, Tensor]) -> None:
+    def _load(self, encoder: nn.Module, state: Mapping[str, Tensor]) -> None:
         base = self.base_state()
         missing = [k for k in base if k not in state]
         extra = [k for k in state if k not in base]
@@ -261,7 +263,7 @@ class ClipWorld:
             raise InputKeyError(f"state for the CLIP world {what} (the merged part is {self.layout}'s vision tower, "
                            f"{len(base)} keys)")
         prefix = "visual." if self.openclip_root is not None else "vision_model."
-        tower = self._encoder.visual if self.openclip_root is not None else self._encoder.vision_model
+        tower = encoder.get_submodule("visual" if self.openclip_root is not None else "vision_model")
         with torch.no_grad():
             tower.load_state_dict({k[len(prefix):]: v for k, v in state.items()}, strict=True)
         self._loaded = state
@@ -284,12 +286,21 @@ class ClipWorld:
     @torch.no_grad()
     def _features(self, pixels: np.ndarray, desc: str) -> Tensor:
         enc = self._encoder
+        if enc is None:
+            raise RuntimeError("ClipWorld._features before encoder(): no encoder is loaded")
         n_batches = -(-len(pixels) // self.batch_size)
         out = [enc(x).float() for x in progress(self._batches(pixels), desc=desc, total=n_batches)]
         return torch.cat(out) if out else torch.empty(0)
 
     # ----------------------------------------------------------------- data
-    def _source(self, task: str, which: str) -> ImageSource:
+    def _split_source(self, task: str, which: str) -> ImageSource:
+        """:meth:`_source` of ``"test"`` or ``"train"``, which every task has."""
+        src = self._source(task, which)
+        if src is None:
+            raise InputError(f"dataset {task}: no {which!r} split")
+        return src
+
+    def _source(self, task: str, which: str) -> ImageSource | None:
         """The raw ``"test"``, ``"train"`` or ``"val"`` (ImageFolder only) source of ``task``."""
         key = (task, which)
         if key not in self._sources:
@@ -323,7 +334,7 @@ class ClipWorld:
         key = (task, split)
         if key not in self._splits:
             if split == "test":
-                src = self._source(task, "test")
+                src = self._split_source(task, "test")
                 self._splits[key] = (src, np.arange(len(src)))
             else:
                 own_val = self._source(task, "val")
@@ -331,7 +342,7 @@ class ClipWorld:
                         (self.data_root / task / n).is_dir() for n in ("train", self.specs[task].train_split)):
                     log.warning("%s: no train folder; RegMean's training images are the val folder's", task)
                     self._sources[(task, "train")] = own_val
-                train = self._source(task, "train")
+                train = self._split_source(task, "train")
                 if own_val is not None:
                     self._splits[(task, "val")] = (own_val, np.arange(len(own_val)))
                     self._splits[(task, "train")] = (train, np.arange(len(train)))
@@ -405,6 +416,8 @@ class ClipWorld:
         spec, classes = self.specs[task], self.classnames(task)
         self.base_state()
         model = self._base_hf()
+        base_folder = self._base_folder
+        assert base_folder is not None, "set by _base_hf()"
         text_hash = self._hashes.get("text")
         if text_hash is None:
             from ..vision.zoo import state_hash
@@ -412,7 +425,7 @@ class ClipWorld:
             text = {k: v for k, v in model.state_dict().items() if not k.startswith("vision_model.")}
             text_hash = self._hashes["text"] = state_hash(text)
         fields = {"text_tower": text_hash, "classes": list(classes), "templates": list(spec.templates),
-                  "tokenizer": "hf" if (self._base_folder / "vocab.json").is_file() else "open_clip",
+                  "tokenizer": "hf" if (base_folder / "vocab.json").is_file() else "open_clip",
                   "version": CLIP_WORLD_VERSION}
         key = config_hash(fields)
         path = self.root / "heads" / f"{task}-{key[:16]}.safetensors"
@@ -425,9 +438,9 @@ class ClipWorld:
                 log.warning("rebuilding the head %s: %s", path, err)
         from .models import zeroshot_head
 
-        W, scale = zeroshot_head(model, self._base_folder, spec.prompts(classes), device=self.device,
+        W, scale = zeroshot_head(model, base_folder, spec.prompts(classes), device=self.device,
                                  desc=f"{task}: zero-shot head")
-        model.to("cpu")
+        model.cpu()
         if self.cache:
             path.parent.mkdir(parents=True, exist_ok=True)
             save_checkpoint(path, {"weight": W}, {"kind": "clip_head", "task": task, "key": key, "key_fields": fields,

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import InputError, InputKeyError
-from ...utils import atomic_write, progress, resolve_device
+from ...utils import atomic_write, cpu_threads, progress, resolve_device
 from .finetune import TextFinetuneConfig, evaluate_text, finetune_text, head_from_state, head_state, zeroshot_head
 from .model import TextEncoder, load_tokenizer, merged_keys
 from .tasks import SUITES, TASKS, TextData, TextTask, build_task, task_provenance
@@ -250,7 +250,7 @@ class TextWorld:
         t0 = time.perf_counter()
         enc = self._fresh_encoder()
         head = self._head_for_base(task, enc)
-        with _threads(self.threads):
+        with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
             metrics = finetune_text(enc, head, self.split(task, "train"), self.tokenizer, self.config,
                                     seed=self._task_seed(task),
                                     device=self.device, desc=f"expert {task}")
@@ -309,7 +309,7 @@ class TextWorld:
                      tasks: Sequence[str] | None = None) -> dict[str, float]:
         enc = self.encoder(state)
         out = {}
-        with _threads(self.threads):
+        with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
             for t in tasks or self.tasks:
                 out[t] = evaluate_text(enc, self.head(t), self.split(t, split), self.tokenizer,
                                        max_length=self.config.max_length, bf16=self.config.bf16,
@@ -355,7 +355,7 @@ class TextWorld:
         from ...files.activations import capture_inputs
 
         enc = self.encoder(state)
-        with _threads(self.threads):
+        with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
             return capture_inputs(enc.bert, self._batches(texts), list(keys))
 
     def gram_inputs(self, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str]) -> dict[str, Tensor]:
@@ -363,22 +363,5 @@ class TextWorld:
         from ...files.activations import gram_matrices
 
         enc = self.encoder(state)
-        with _threads(self.threads):
+        with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
             return gram_matrices(enc.bert, self._batches(texts), list(keys))
-
-
-class _threads:
-    """Limit torch's CPU threads inside a block (None: leave as is)."""
-
-    def __init__(self, n: int | None):
-        self.n, self.old = n, None
-
-    def __enter__(self):
-        if self.n:
-            self.old = torch.get_num_threads()
-            torch.set_num_threads(self.n)
-
-    def __exit__(self, *exc):
-        if self.old:
-            torch.set_num_threads(self.old)
-

@@ -28,16 +28,16 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...errors import InputError
-from ...utils import make_generator, resolve_device, seed_everything
+from ...utils import cpu_threads, make_generator, resolve_device, seed_everything
 from ...utils import progress as _progress
 from .models import ClassificationHead, Classifier, ImageEncoder, build_encoder, load_encoder
 
@@ -137,23 +137,13 @@ def _autocast(precision: str, device: torch.device):
 # --------------------------------------------------------------------------- helpers
 
 
-@contextmanager
-def num_threads(n: int | None = None):
+def num_threads(n: int | None = None) -> AbstractContextManager[int]:
     """Run the block with ``torch.set_num_threads(n)``; restore the old value afterwards.
 
     ``n=None`` reads ``ACETOOLS_NUM_THREADS``; when that is unset too, torch's setting is
-    left alone.
+    left alone (:func:`acetools.utils.cpu_threads` with ``env_default=True``).
     """
-    if n is None and os.environ.get("ACETOOLS_NUM_THREADS"):
-        n = int(os.environ["ACETOOLS_NUM_THREADS"])
-    old = torch.get_num_threads()
-    if n is not None and n > 0 and n != old:
-        torch.set_num_threads(int(n))
-    try:
-        yield torch.get_num_threads()
-    finally:
-        if torch.get_num_threads() != old:
-            torch.set_num_threads(old)
+    return cpu_threads(n, env_default=True)
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int | float) -> Callable[[int], float]:
@@ -349,7 +339,8 @@ class _PoolHeads(nn.Module):
     def forward(self, feats: Tensor) -> dict[str, Tensor]:
         if self.head_type == "cosine":
             f = F.normalize(feats, dim=-1)
-            return {k: self.logit_scale * f @ F.normalize(h.weight, dim=-1).t() for k, h in self.heads.items()}
+            return {k: self.logit_scale * f @ F.normalize(cast(nn.Linear, h).weight, dim=-1).t()
+                    for k, h in self.heads.items()}
         return {k: h(feats) for k, h in self.heads.items()}
 
 
@@ -418,8 +409,9 @@ def pretrain_base(
                 loss, hits = got
                 window.append((loss.item(), hits))
                 window = window[-per_epoch:]
-                if hasattr(bar, "set_postfix"):
-                    bar.set_postfix(loss=f"{loss.item():.3f}")
+                set_postfix = getattr(bar, "set_postfix", None)  # a tqdm bar (or a plain iterator)
+                if set_postfix is not None:
+                    set_postfix(loss=f"{loss.item():.3f}")
             sched.step()
             if checkpoint is not None and step % per_epoch == 0 and step < total:
                 _save_resume(checkpoint, fingerprint, step, enc, heads, opt, sched, g, window,
@@ -641,8 +633,9 @@ def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, thread
                 last_loss += loss.item() * len(idx)
                 seen += len(idx)
             step += 1
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+            set_postfix = getattr(bar, "set_postfix", None)  # a tqdm bar (or a plain iterator)
+            if set_postfix is not None:
+                set_postfix(loss=f"{loss.item():.3f}")
         seconds = time.perf_counter() - t0
     recipe = {
         "kind": kind,
@@ -686,7 +679,7 @@ def _augment_mixed(xb, tb, tasks, augment, g):
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module | Mapping[str, Tensor],
+    model: ImageEncoder | Classifier | Mapping[str, Tensor],
     head: ClassificationHead | None,
     data,
     *,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -169,13 +170,15 @@ class ImageEncoder(nn.Module):
         super().__init__()
         self.visual = visual
         self.image_size = int(image_size)
+        self.mean: Tensor  # buffers (declared for the type checker: nn.Module's attributes are untyped)
+        self.std: Tensor
         self.name = name
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
 
     @property
     def output_dim(self) -> int:
-        return int(self.visual.output_dim)
+        return int(cast(int, self.visual.output_dim))  # open_clip's towers hold it as an int
 
     def preprocess(self, x: Tensor) -> Tensor:
         """uint8 (0..255) or float (0..1) images -> normalised float input of the tower."""
@@ -228,7 +231,7 @@ class Classifier(nn.Module):
 
     def __init__(self, encoder: ImageEncoder, head: ClassificationHead):
         super().__init__()
-        self.encoder = encoder
+        self.encoder: ImageEncoder = encoder  # (typed: nn.Module's attributes are not)
         self.head = head
 
     def forward(self, x: Tensor) -> Tensor:
@@ -377,8 +380,8 @@ def build_clip(
 def encoder_from_clip(clip: nn.Module, name: str | None = None) -> ImageEncoder:
     """Wrap ``clip.visual`` (shared, not copied) as an :class:`ImageEncoder` with the model's
     own input size and mean/std (open_clip's ``preprocess_cfg``)."""
-    visual = clip.visual
-    size = visual.image_size
+    visual = cast(nn.Module, clip.visual)
+    size = cast("int | tuple[int, int] | list[int]", visual.image_size)  # open_clip's towers
     size = int(size[0] if isinstance(size, (tuple, list)) else size)
     pcfg = getattr(visual, "preprocess_cfg", None) or {}
     mean = tuple(pcfg.get("mean", IMAGE_MEAN))
@@ -495,15 +498,17 @@ def zeroshot_head(
     dev = resolve_device(device) if device is not None else next(clip.parameters()).device
     was_training = clip.training
     clip.eval()
+    # open_clip's CLIP members (nn.Module's dynamic attributes are untyped)
+    encode_text = cast(Callable[[Tensor], Tensor], clip.encode_text)
     rows = []
     try:
         for name in class_names:
             tokens = tokenizer([_fill(t, name) for t in templates]).to(dev)
-            emb = F.normalize(clip.encode_text(tokens).float(), dim=-1)
+            emb = F.normalize(encode_text(tokens).float(), dim=-1)
             rows.append(F.normalize(emb.mean(0), dim=-1))
     finally:
         clip.train(was_training)
-    scale = float(clip.logit_scale.exp()) if logit_scale is None else float(logit_scale)
+    scale = float(cast(Tensor, clip.logit_scale).exp()) if logit_scale is None else float(logit_scale)
     return ClassificationHead(torch.stack(rows).cpu() * scale, class_names=class_names)
 
 

@@ -36,13 +36,33 @@ class VisionWorld:
         self.batch_size, self.threads = batch_size, threads
 
     # identity -----------------------------------------------------------------
-    tasks = property(lambda self: list(self.zoo.tasks))
-    seed = property(lambda self: self.zoo.seed)
-    size = property(lambda self: self.zoo.size)
-    suite = property(lambda self: getattr(self.zoo, "suite", None))
-    device = property(lambda self: self.zoo.device)
-    mtl = property(lambda self: getattr(self.zoo, "mtl", False))
-    profile = property(lambda self: "quick" if self.zoo.size in ("micro", "tiny") else "full")
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.zoo.tasks)
+
+    @property
+    def seed(self) -> int:
+        return self.zoo.seed
+
+    @property
+    def size(self) -> str:
+        return self.zoo.size
+
+    @property
+    def suite(self) -> str | None:
+        return getattr(self.zoo, "suite", None)
+
+    @property
+    def device(self) -> torch.device | str:
+        return self.zoo.device
+
+    @property
+    def mtl(self) -> bool:
+        return getattr(self.zoo, "mtl", False)
+
+    @property
+    def profile(self) -> str:
+        return "quick" if self.zoo.size in ("micro", "tiny") else "full"
 
     @property
     def name(self) -> str:

@@ -597,16 +597,17 @@ class Zoo:
         """Load or build one entry by ``kind`` (base/head/expert/mtl)."""
         if kind == "base":
             return self.base_state()
-        if kind == "head":
-            return self.head(task)
-        if kind == "expert":
-            return self.expert_state(task)
+        if kind in ("head", "expert"):
+            if task is None:
+                raise InputKeyError(f"a {kind} entry needs its task")
+            return self.head(task) if kind == "head" else self.expert_state(task)
         if kind == "mtl":
             return self.mtl_state()
         raise InputKeyError(f"unknown entry kind {kind!r}; kinds: base, head, expert, mtl")
 
     def _steps(self, mtl: bool | None) -> list[tuple[str, str | None]]:
-        steps = [("base", None)] + [("head", t) for t in self.tasks] + [("expert", t) for t in self.tasks]
+        steps: list[tuple[str, str | None]] = [("base", None)]
+        steps += [("head", t) for t in self.tasks] + [("expert", t) for t in self.tasks]
         if self.mtl if mtl is None else mtl:
             steps.append(("mtl", None))
         return steps

@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -228,7 +229,8 @@ def save_npz(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping) -> Non
     """Write ``arrays`` and a JSON ``meta`` record to ``path`` atomically (zlib level 1)."""
     buf = io.BytesIO()
     meta_bytes = json.dumps(meta, sort_keys=True, default=str).encode()
-    np.savez(buf, **arrays, __meta__=np.frombuffer(meta_bytes, dtype=np.uint8))
+    payload: dict[str, Any] = {**arrays, "__meta__": np.frombuffer(meta_bytes, dtype=np.uint8)}
+    np.savez(buf, **payload)  # (typed Any: numpy's stub would match the arrays against allow_pickle)
     raw = buf.getvalue()
     with atomic_write(path) as fh:
         fh.write(b"ACEZ1")

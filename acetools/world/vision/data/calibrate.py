@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from acetools.errors import InputError  # absolute: `python -m acetools.data.calibrate` (the old path) runs it too
+
 __all__ = ["luminance", "ncm_accuracy", "linear_accuracy", "proxy_cnn", "cnn_accuracy", "pool_features", "calibrate"]
 
 _LUMA = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
@@ -115,12 +117,14 @@ def _train(net, x, targets: dict, seconds: float, max_epochs: int, lr: float, se
     def step(idx):
         out = net(x[idx])
         out = out if isinstance(out, dict) else {"y": out}
-        loss = 0.0
+        loss: torch.Tensor | float = 0.0
         for k, t in targets.items():
             t = t[idx]
             ok = t >= 0
             if ok.any():
                 loss = loss + nn.functional.cross_entropy(out[k][ok], t[ok])
+        if not isinstance(loss, torch.Tensor):
+            raise InputError("a training batch without any labelled target (every label is -1)")
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -210,7 +214,7 @@ def calibrate(names, root=None, n_train: int = 3000, seconds: float = 45.0, pool
 def main(argv=None):  # pragma: no cover - a command-line wrapper
     from . import SUITES, pretraining_pool
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--suite", default="tasks20")
     p.add_argument("--tasks", nargs="*")
     p.add_argument("--root")

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -37,6 +38,10 @@ from ._core import (
     to_tensor_images,
 )
 
+if TYPE_CHECKING:
+    from .online import OnlineSpec
+    from .registry import TaskSpec
+
 log = logging.getLogger(__name__)
 
 __all__ = ["get_task", "load_split", "prepare", "fingerprint", "build_task", "all_task_names"]
@@ -55,7 +60,7 @@ def all_task_names() -> list[str]:
     return names
 
 
-def _spec(name: str):
+def _spec(name: str) -> TaskSpec | OnlineSpec:
     if not isinstance(name, str):
         raise InputTypeError(f"task name must be a str, got {type(name).__name__}")
     for reg in _registries():
@@ -92,7 +97,11 @@ def _as_images(x: np.ndarray) -> np.ndarray:
 def build_task(name: str, root=None, allow_download: bool = False, write: bool = True) -> dict[str, np.ndarray]:
     """Build every split of ``name`` at full size, check that no image is in two splits, and
     (with ``write``) cache it. Returns ``{"x_train": ..., "y_train": ..., ...}`` (NCHW)."""
+    from . import online
+
     spec = _spec(name)
+    if isinstance(spec, online.OnlineSpec):
+        raise InputError(f"task {name!r} comes from torchvision (online): load it with load_split, not build_task")
     root = data_root(root)
     t0 = time.perf_counter()
     arrays: dict[str, np.ndarray] = {}
@@ -139,9 +148,10 @@ def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, 
     """
     check_split_args(split, n)
     spec = _spec(name)
+    from . import online
+
     info = spec.info
-    if info.online:
-        from . import online
+    if info.online or isinstance(spec, online.OnlineSpec):
 
         return online.load_split(name, split, root=data_root(root), allow_download=allow_download, n=n)
     full = int(info.sizes[split])
@@ -171,7 +181,9 @@ def fingerprint(name: str) -> str:
     """A short hash of everything that determines a task's bytes (builder version and
     parameters, sizes) — known without building it; use it to key models trained on it."""
     spec = _spec(name)
-    if spec.info.online:
+    from . import online
+
+    if isinstance(spec, online.OnlineSpec):  # (its info says online)
         return cache_key(spec.key_params)
     return cache_key(_key_params(spec))
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -202,7 +203,7 @@ def handwritten_builder(name: str, n_classes: int, digit_of: Callable[[int, int]
 
 # ---------------------------------------------------------------- the registry
 def _info(name, classes, domain, source, description, generator, conflicts=(), sizes=None) -> TaskInfo:
-    kw = {"sizes": MappingProxyType(dict(sizes))} if sizes else {}
+    kw: dict[str, Any] = {"sizes": MappingProxyType(dict(sizes))} if sizes else {}
     return TaskInfo(name=name, n_classes=len(classes), class_names=tuple(classes), domain=domain, source=source,
                     description=description, conflicts_with=tuple(conflicts), generator=generator, **kw)
 

@@ -17,6 +17,7 @@ import io
 import math
 import pickle
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 from PIL import Image
@@ -153,7 +154,7 @@ def sklearn_digits() -> dict[str, np.ndarray]:
         from sklearn.datasets import load_digits
     except ImportError as e:  # pragma: no cover - sklearn is a dependency
         raise DataSourceError("scikit-learn's digits are needed: `pip install scikit-learn`") from e
-    d = load_digits()
+    d = cast(Any, load_digits())  # a Bunch (sklearn types the return_X_y=True tuple beside it)
     return {"x": d.images.astype(np.float64), "y": d.target.astype(np.int64)}
 
 
