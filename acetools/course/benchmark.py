@@ -653,10 +653,11 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     from . import paper_tables
     from . import world as course
 
-    text = bool(world_options) and course.is_text_world(str(world_options.get("kind", "")))
+    options: dict[str, Any] = dict(world_options or {})
+    text = bool(options) and course.is_text_world(str(options.get("kind", "")))
     if quick:
         res_dir = Path(figures_dir) / "results"
-        zoo = course.world(quick=True, device=device, **(world_options if text else {}))
+        zoo = course.world(quick=True, device=device, **(options if text else {}))
         run_size = zoo.size
         counts = (2, len(zoo.tasks))
         run_suites = [f"{'fixture' if text else 'tiny'}{n}" for n in counts]
@@ -672,7 +673,7 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
                  f"at model size {run_size}, merged as the first 2 and all {len(zoo.tasks)} (suites "
                  f"{' and '.join(run_suites)}), expert seed {seed}; numbers for checking the code, not for reading")
     elif text:
-        res_dir, run_size, main_suite, world = _text_files(str(world_options["kind"]), seed, results_dir, recompute)
+        res_dir, run_size, main_suite, world = _text_files(str(options["kind"]), seed, results_dir, recompute)
         run_suites = [main_suite]
     elif world_options:
         res_dir = Path(results_dir).expanduser().resolve()

@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -90,7 +91,7 @@ class TextEncoder(nn.Module):
         _quiet_transformers()
         from transformers import BertModel
 
-        extra = {} if layers is None else {"num_hidden_layers": int(layers)}
+        extra: dict[str, Any] = {} if layers is None else {"num_hidden_layers": int(layers)}
         bert = BertModel.from_pretrained(str(minilm_folder()), add_pooling_layer=False, local_files_only=True,
                                          **extra)
         return cls(bert.float().eval())
@@ -107,7 +108,7 @@ class TextEncoder(nn.Module):
 
     @property
     def width(self) -> int:
-        return int(self.bert.config.hidden_size)
+        return int(cast(Any, self.bert).config.hidden_size)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         h = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state

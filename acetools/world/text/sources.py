@@ -137,8 +137,7 @@ def _wordnet_domain() -> dict[str, list[str]]:
     out: dict[str, list[str]] = defaultdict(list)
     for pos in ("noun", "verb", "adj", "adv"):
         for _, _, _, ptrs, gloss in _wordnet_rows(pos):
-            doms = {heads.get(off) for sym, off, p in ptrs if sym == ";c" and p == "n"}
-            doms.discard(None)
+            doms = {d for sym, off, p in ptrs if sym == ";c" and p == "n" and (d := heads.get(off)) is not None}
             if len(doms) == 1:
                 d = _definition(gloss)
                 if len(d) >= 12:
