@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from acetools.course import claims
-from acetools.course.rejudge import PENDING, pending_rerun, rejudge
+from acetools.course.rejudge import PENDING, RULES, pending_rerun, rejudge
 from acetools.course.verdicts import VERDICTS
 
 FIGURES = Path(__file__).resolve().parents[2] / "figures"
@@ -45,7 +45,13 @@ def test_committed_verdicts_are_todays_rules(tmp_path):
 
     shutil.copytree(FIGURES, tmp_path / "figures")
     rows = rejudge(tmp_path / "figures", write=False)
-    assert len(rows) == sum(len(json.loads(p.read_text())) for p in FILES)
+    # rejudge covers the mini-world's notebooks; the text world's records (07, and 02-04 run with
+    # world="text8") are decided by those notebooks' full runs and not re-decided here yet
+    mini = [p for p in FILES if p.parent.name in RULES]
+    others = {p.parent.name: {e["world"]["name"] for e in json.loads(p.read_text()).values()}
+              for p in FILES if p.parent.name not in RULES}
+    assert all(worlds == {"text"} for worlds in others.values()), others
+    assert len(rows) == sum(len(json.loads(p.read_text())) for p in mini)
     drift = [(r["id"], r["before"], r["after"]) for r in rows if r["changed"]]
     assert not drift, f"committed verdicts differ from today's rules: {drift}; run scripts/rejudge_claims.py"
     # and rewriting changes no verdict
@@ -81,6 +87,10 @@ def test_a_record_decided_at_the_papers_eps_keeps_it(tmp_path):
     per = {k: v for k, v in csp["numbers"].items() if isinstance(v, dict) and "suite" in v}
     side = {"eps": 0.01, "verdict": "not testable here", "measured": "m", "reason": "r"}
     csp["numbers"] = {**per, "eps": 1e-05, "ridge_over_prior": 0.25, "beside": side}
+    # a record from before the rerun (the committed ones are all rerun now): eps at the code default
+    old = entries["ace.normalization"]["numbers"]
+    entries["ace.normalization"]["numbers"] = {k: v for k, v in old.items() if k not in ("beside", "pending_rerun")}
+    entries["ace.normalization"]["numbers"]["eps"] = 0.01
     path.write_text(json.dumps(entries))
     rows = {r["id"]: r for r in rejudge(tmp_path / "figures")}
     e = json.loads(path.read_text())["ace.csp"]
