@@ -76,3 +76,16 @@ def world():
 @pytest.fixture
 def world64():
     return make_world(dtype=torch.float64)
+
+
+def load_script(name: str):
+    """A script of ``benchmarks/`` (``name`` without ``.py``) imported as a module, for its tests."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    assert spec is not None and spec.loader is not None, path
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -174,15 +174,12 @@ def test_cli_regime_writes_the_card(bench, tmp_path, monkeypatch, capsys):  # no
 def test_recipe_study_recipes_are_valid_and_the_summary_collects_cards(card, tmp_path):
     """benchmarks/recipe_study.py: every recipe makes a Zoo (nothing is built); the summary
     reads every card under a folder into the CSV and the figure."""
-    import importlib.util
-    from pathlib import Path
 
     import pandas as pd
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "recipe_study.py"
-    spec = importlib.util.spec_from_file_location("recipe_study", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from tests.conftest import load_script
+
+    mod = load_script("recipe_study")
     for name in mod.RECIPES:
         zoo = mod.make_zoo(name, root=tmp_path / "zoo")
         assert zoo.tasks == ["fashion", "animals", "digits", "letters", "shapes", "orient", "count", "texture"]

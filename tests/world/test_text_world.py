@@ -265,14 +265,11 @@ def test_benchmark_runs_on_the_text_world(fixture_world):
 def test_the_text_bench_script_writes_tables_and_its_cost(fixture_world, tmp_path, monkeypatch):
     """benchmarks/text_world.py bench on the fixture (cached by the module's fixture world):
     the four tables, and a record of wall time, peak memory and each method's merge seconds."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "text_world.py"
-    spec = importlib.util.spec_from_file_location("text_world_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from tests.conftest import load_script
+
+    mod = load_script("text_world")
     monkeypatch.setenv("ACETOOLS_CACHE", str(fixture_world.root.parent))
     mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--threads", "1", "--n-val", "8", "--n-test", "12",
               "--methods", "task_arithmetic", "--variants", "ace (eps 2e-4)", "--out", str(tmp_path / "t"),
@@ -312,17 +309,13 @@ def test_fixture_tasks_follow_their_full_tasks():
 def test_text_recipe_study_recipes_are_valid_and_the_summary_collects_cards(tmp_path):
     """benchmarks/text_recipe_study.py: every recipe makes a text world (nothing is built), the
     shipped recipe is the world's default, and the summary reads the cards of a folder."""
-    import importlib.util
-    from pathlib import Path
 
     import pandas as pd
 
     from acetools.regime import RegimeCard
+    from tests.conftest import load_script
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "text_recipe_study.py"
-    spec = importlib.util.spec_from_file_location("text_recipe_study", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("text_recipe_study")
     for name in mod.RECIPES:
         w = mod.make_world(name, root=tmp_path / "text")
         assert w.tasks == list(mod.STUDY_TASKS) and set(w.tasks) <= set(tasks.SUITES["text8"])
