@@ -219,5 +219,8 @@ def verdict_counts(ax, table: pd.DataFrame, *, by: str = "paper"):
                color=VERDICT_COLORS.get(v, "C7"), edgecolor="k", lw=0.5)
         bottom += counts[v].to_numpy()
     ax.set_ylabel("claims")
+    if len(counts) > 1:  # long group names ("text (analogues) · ACE") overprint each other side by side
+        ax.set_xticks(range(len(counts)), [str(i).replace(" · ", "\n") for i in counts.index], fontsize=8,
+                      rotation=30, ha="right", rotation_mode="anchor")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the bars, not on them
     return ax
