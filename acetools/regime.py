@@ -493,6 +493,22 @@ def _heads_phrase(world) -> str:
             "base (zero-shot heads)": "the frozen zero-shot heads"}.get(label, label)
 
 
+def _top_eigvecs(grams: list[Tensor], kk: int, energy: list[float]) -> list[Tensor]:
+    """Each Gram's top-``kk`` eigenvectors (d x kk); appends each one's top-``kk`` energy share to ``energy``."""
+    out = []
+    for G in grams:
+        w, V = torch.linalg.eigh(G)
+        out.append(V[:, -kk:])
+        energy.append(float(w[-kk:].sum() / w.sum()) if float(w.sum()) > 0 else math.nan)
+    return out
+
+
+def _pair_overlaps(bases: list[Tensor], kk: int) -> list[float]:
+    """‖A_iᵀ A_j‖_F² / kk for every pair i < j of orthonormal d x kk bases (1: the same subspace)."""
+    T = len(bases)
+    return [float((bases[i].T @ bases[j]).pow(2).sum()) / kk for i in range(T) for j in range(i + 1, T)]
+
+
 def _activation_rows(bench, base, taus, tasks, *, n_images: int) -> dict[str, float]:
     """Input-activation statistics at W0 of the hookable matrices (``bench.matrix_keys()``):
     overlap of different tasks' top-k Gram eigenvectors, their energy share, and how much of
@@ -512,12 +528,8 @@ def _activation_rows(bench, base, taus, tasks, *, n_images: int) -> dict[str, fl
         kk = tsv_rank(min(base[k].shape), T)
         if kk < 1:
             continue
-        A = []
-        for t in tasks:
-            w, V = torch.linalg.eigh(grams[t][k].double())
-            A.append(V[:, -kk:])
-            energy.append(float(w[-kk:].sum() / w.sum()) if float(w.sum()) > 0 else math.nan)
-        ov += [float((A[i].T @ A[j]).pow(2).sum()) / kk for i in range(T) for j in range(i + 1, T)]
+        A = _top_eigvecs([grams[t][k].double() for t in tasks], kk, energy)
+        ov += _pair_overlaps(A, kk)
         for i, tv in enumerate(taus):
             if bool(tv[k].any()):
                 inside.append(float((principal_subspace(tv[k].double(), kk, "right").T @ A[i]).pow(2).sum()) / kk)
@@ -613,16 +625,13 @@ def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, fl
         kk = tsv_rank(min(base[k].shape), T)
         if kk < 1:
             continue
-        A = []
+        A = _top_eigvecs([stats[t][k].centred for t in tasks], kk, energy)
         for t in tasks:
             st = stats[t][k]
-            w, V = torch.linalg.eigh(st.centred)
-            A.append(V[:, -kk:])
-            energy.append(float(w[-kk:].sum() / w.sum()) if float(w.sum()) > 0 else math.nan)
             shares["mean"].append(st.mean_share)
             shares["pos"].append(st.pos_share)
             shares["cls"].append(st.cls_share)
-        ov += [float((A[i].T @ A[j]).pow(2).sum()) / kk for i in range(T) for j in range(i + 1, T)]
+        ov += _pair_overlaps(A, kk)
     if ov:
         out["act_overlap_centred"] = float(np.mean(ov))
         out["act_topk_energy_centred"] = 100 * float(np.nanmean(energy))
