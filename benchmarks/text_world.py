@@ -117,6 +117,8 @@ def _add_rows(args, b, stem: str) -> list:
     and the norms and cosine tables, stay as they are."""
     import pandas as pd
 
+    from acetools.utils import atomic_write
+
     out = Path(args.out)
     paths = {k: out / f"{stem}{suffix}" for k, suffix in (("summary", "_summary.csv"), ("per_task", "_per_task.csv"),
                                                           ("json", ".json"))}
@@ -135,14 +137,12 @@ def _add_rows(args, b, stem: str) -> list:
     for key, new in (("summary", b.summary(runs)), ("per_task", b.per_task(runs))):
         old = pd.read_csv(paths[key])
         merged = pd.concat([old[~old["method"].isin(names)], new], ignore_index=True)
-        tmp = paths[key].with_suffix(".tmp")
-        merged.to_csv(tmp, index=False)
-        tmp.replace(paths[key])
+        with atomic_write(paths[key], "w") as fh:
+            merged.to_csv(fh, index=False)
     rec = json.loads(paths["json"].read_text())
     rec["runs"] = [r for r in rec["runs"] if r.get("method") not in names] + b.record(runs)["runs"]
-    tmp = paths["json"].with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec, indent=1, default=str))
-    tmp.replace(paths["json"])
+    with atomic_write(paths["json"], "w") as fh:
+        json.dump(rec, fh, indent=1, default=str)
     print(b.summary(runs)[["method", "test_acc", "test_normalized", "coef"]].to_string())
     print("-> added to", paths["summary"], flush=True)
     return runs
