@@ -751,10 +751,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --------------------------------------------------------------------------- entry point
 
-def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
+def configure_logging(quiet: bool = False, verbose: bool = False) -> logging.Handler:
     """Send the ``acetools`` loggers to stderr: INFO by default, WARNING with ``quiet``,
-    DEBUG with ``verbose``. Only the command line calls this; the library itself stays silent
-    (a NullHandler) unless an application configures logging."""
+    DEBUG with ``verbose``; returns the handler. Only the command line calls this (and takes
+    the handler off again when it returns); the library itself stays silent (a NullHandler)
+    unless an application configures logging."""
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
     logger = logging.getLogger("acetools")
     for h in [h for h in logger.handlers if getattr(h, "_acetools_cli", False)]:
@@ -765,6 +766,7 @@ def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
     handler._acetools_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(level)
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -776,7 +778,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # a bad argument (2, one line already printed) or --help (0)
         return stop.code if isinstance(stop.code, int) else 2
-    configure_logging(quiet=args.quiet, verbose=args.verbose)
+    logger = logging.getLogger("acetools")
+    old_level = logger.level
+    # main() may run inside a test or a notebook: the handler holds this call's stderr, which
+    # may be closed afterwards, so it goes again when main() returns
+    handler = configure_logging(quiet=args.quiet, verbose=args.verbose)
     old_progress = os.environ.get("ACETOOLS_PROGRESS")
     if args.quiet:  # no progress bars either (restored afterwards: main() may run inside a test or a notebook)
         os.environ["ACETOOLS_PROGRESS"] = "0"
@@ -797,6 +803,8 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.pop("ACETOOLS_PROGRESS", None)
         else:
             os.environ["ACETOOLS_PROGRESS"] = old_progress
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -276,23 +276,31 @@ def test_check_never_raises(capsys, monkeypatch):
 # ---------------------------------------------------------------- logging
 @pytest.mark.parametrize("flag,level", [([], logging.INFO), (["--quiet"], logging.WARNING),
                                         (["--verbose"], logging.DEBUG), (["-q"], logging.WARNING)])
-def test_quiet_and_verbose_set_the_library_level(capsys, monkeypatch, flag, level):
+def test_quiet_and_verbose_set_the_library_level_while_main_runs(capsys, monkeypatch, flag, level):
+    """The level holds inside the command, and main() leaves the logger as it found it: a
+    handler left behind would hold this call's stderr (closed under pytest or papermill) and
+    every later log line would fail with 'I/O operation on closed file'."""
     import os
+
+    import acetools.cli as cli
 
     monkeypatch.setenv("ACETOOLS_PROGRESS", "1")
     logger = logging.getLogger("acetools")
     old = logger.level, list(logger.handlers)
-    try:
-        assert main([*flag, "report", "--list"]) == 0
-        assert logger.level == level
-        assert main(["report", "--list", *flag]) == 0
-        assert logger.level == level
-        assert os.environ["ACETOOLS_PROGRESS"] == "1"  # restored after --quiet
+    seen = []
+
+    def fake_report(args):
+        seen.append(logger.level)
         logging.getLogger("acetools.world.vision.zoo").info("an info line")
+        return 0
+
+    monkeypatch.setattr(cli, "_cmd_report", fake_report)
+    for argv in ([*flag, "report", "--list"], ["report", "--list", *flag]):
+        assert main(argv) == 0
+        assert seen.pop() == level
         assert ("an info line" in capsys.readouterr().err) == (level <= logging.INFO)
-    finally:
-        logger.setLevel(old[0])
-        logger.handlers[:] = old[1]
+        assert (logger.level, logger.handlers) == (old[0], old[1])
+        assert os.environ["ACETOOLS_PROGRESS"] == "1"  # restored after --quiet
 
 
 def test_library_is_silent_without_configuration():

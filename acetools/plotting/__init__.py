@@ -11,6 +11,6 @@ lesson's own figures are in :mod:`acetools.course.plotting`.
 
 from __future__ import annotations
 
-from ._core import bar_plot, heatmap, line_plot, new_axes, save_figure, set_theme, text_overlaps
+from ._core import bar_plot, heatmap, label_points, line_plot, new_axes, save_figure, set_theme, text_overlaps
 
-__all__ = ["set_theme", "save_figure", "new_axes", "heatmap", "bar_plot", "line_plot", "text_overlaps"]
+__all__ = ["set_theme", "save_figure", "new_axes", "heatmap", "bar_plot", "line_plot", "label_points", "text_overlaps"]

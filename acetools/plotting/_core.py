@@ -58,11 +58,22 @@ def _drawn_texts(fig) -> list:
     return out
 
 
+def _text_extent(t, renderer):
+    """The drawn box of text ``t`` (px); for an annotation the text alone, not its arrow or
+    leader line (which :meth:`Annotation.get_window_extent` includes)."""
+    from matplotlib.text import Annotation, Text
+
+    if isinstance(t, Annotation):
+        t.update_positions(renderer)
+        return Text.get_window_extent(t, renderer)
+    return t.get_window_extent(renderer)
+
+
 def _text_quad(t, renderer) -> np.ndarray:
     """The drawn rectangle of text ``t`` as 4 corners (px): its box before rotation, turned by its
     rotation about the centre of its drawn extent (for a rotated label the axis-aligned extent
     is much larger than the glyphs, and neighbours' extents overlap where their glyphs do not)."""
-    bb = t.get_window_extent(renderer)
+    bb = _text_extent(t, renderer)
     theta = np.deg2rad(t.get_rotation() % 180.0)
     if np.isclose(np.sin(2 * theta), 0.0, atol=1e-6):  # 0 or 90 degrees: the extent is the rectangle
         return np.array([[bb.x0, bb.y0], [bb.x1, bb.y0], [bb.x1, bb.y1], [bb.x0, bb.y1]])
@@ -113,7 +124,7 @@ def text_overlaps(fig, *, min_px: float = 2.0, min_font: float = 0.0) -> list[tu
         if t.get_fontsize() < min_font:
             continue
         try:
-            bb = t.get_window_extent(renderer)
+            bb = _text_extent(t, renderer)
         except (RuntimeError, ValueError):  # pragma: no cover - a text that cannot be laid out
             continue
         if bb.width <= 0 or bb.height <= 0:
@@ -181,6 +192,57 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
 
         plt.close(fig)
     return path
+
+
+def label_points(ax, x, y, labels: Sequence[str], *, fontsize: float = 7, pad_px: float = 2.0) -> list:
+    """Label each point ``(x[i], y[i])`` of ``ax`` with ``labels[i]`` where the label overprints
+    no label placed before it (greedy, in the given order, so the result is deterministic).
+
+    A label tries eight spots around its point, then spots on a grid up to 90 points away,
+    inside the axes and nearest first, with a thin leader line; when every spot collides it
+    takes the first one. Returns the annotations."""
+    xs, ys = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+    labels = [str(s) for s in labels]
+    if not (len(xs) == len(ys) == len(labels)):
+        raise InputError(f"label_points: {len(xs)} x, {len(ys)} y and {len(labels)} labels; give one of each per point")
+    fig = ax.figure
+    fig.canvas.draw()  # limits and sizes as they will be drawn: the extents below are measured in pixels
+    renderer = fig.canvas.get_renderer()
+    # (offset in points, horizontal alignment, vertical alignment): eight spots beside the point,
+    # then a grid of spots further out (nearest first) that take a leader line
+    near = [((4, 3), "left", "bottom"), ((4, -3), "left", "top"), ((-4, 3), "right", "bottom"),
+            ((-4, -3), "right", "top"), ((0, 6), "center", "bottom"), ((0, -6), "center", "top"),
+            ((7, 0), "left", "center"), ((-7, 0), "right", "center")]
+    grid = [(dx, dy) for dx in range(-90, 91, 10) for dy in range(-64, 65, 8) if abs(dx) >= 10 or abs(dy) >= 16]
+    grid.sort(key=lambda d: (np.hypot(d[0], 1.5 * d[1]), d))
+    spots = near + [((dx, dy), "left" if dx > 0 else "right" if dx < 0 else "center", "center") for dx, dy in grid]
+    inside = ax.get_window_extent(renderer)
+    placed: list = []
+    boxes: list = []  # the texts already drawn (titles, ticks, earlier labels) are obstacles too
+    for t in _drawn_texts(fig):
+        if t.get_visible() and t.get_text().strip():
+            bb = _text_extent(t, renderer)
+            if bb.width > 0 and bb.height > 0:
+                boxes.append(bb)
+    for xi, yi, text in zip(xs, ys, labels):
+        chosen = None
+        for k, (off, ha, va) in enumerate(spots):
+            far = k >= len(near)
+            ann = ax.annotate(text, (xi, yi), textcoords="offset points", xytext=off, fontsize=fontsize,
+                              ha=ha, va=va, arrowprops={"arrowstyle": "-", "lw": 0.6, "color": "0.35"} if far else None)
+            bb = _text_extent(ann, renderer).padded(pad_px)  # the text alone, not its leader line
+            fits = inside.x0 <= bb.x0 and bb.x1 <= inside.x1 and inside.y0 <= bb.y0 and bb.y1 <= inside.y1
+            if (fits or not far) and not any(bb.overlaps(o) for o in boxes):
+                chosen = (ann, bb)
+                break
+            ann.remove()
+        if chosen is None:  # every spot collides: the nearest one, as before
+            off, ha, va = spots[0]
+            ann = ax.annotate(text, (xi, yi), textcoords="offset points", xytext=off, fontsize=fontsize, ha=ha, va=va)
+            chosen = (ann, _text_extent(ann, renderer).padded(pad_px))
+        placed.append(chosen[0])
+        boxes.append(chosen[1])
+    return placed
 
 
 def finish(ax, title: str | None = None, *, legend: bool = False, fontsize: int = 7):

@@ -11,6 +11,7 @@ import pytest
 
 from acetools import plotting
 from acetools.course import world as course
+from acetools.errors import InputError
 
 
 def test_suite_tasks_and_profiles():
@@ -157,3 +158,49 @@ def test_text_overlaps_finds_overprinted_labels(tmp_path):
     got = json.loads((tmp_path / "figures.json").read_text())
     assert got["text_overlaps"]["crowded"][0] == ["a long label that runs on", "and another one on top"]
     plt.close(fig)
+
+
+def test_text_overlaps_measures_an_annotation_by_its_text_not_its_leader_line():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.text(0.45, 0.5, "here", transform=ax.transData)
+    # the arrow runs under "here", the text is far from it
+    ax.annotate("far away", (0.3, 0.52), xytext=(0.75, 0.9), arrowprops={"arrowstyle": "-"})
+    assert plotting.text_overlaps(fig) == []
+    plt.close(fig)
+
+
+def test_label_points_places_crowded_labels_apart_and_deterministically():
+    import matplotlib.pyplot as plt
+
+    # two tight clusters, like task arithmetic beside weight averaging and the structured methods together
+    x = [60.0, 60.4, 61.0, 60.2, 80.0, 80.1, 80.2, 80.3, 80.25]
+    y = [70.0, 70.3, 71.0, 70.1, 85.0, 85.2, 85.4, 85.3, 85.1]
+    names = ["weight_averaging", "task_arithmetic", "ties", "dare", "tsv_m", "iso_c", "iso_cts", "ace", "esm"]
+
+    def place():
+        fig, ax = plt.subplots(figsize=(5, 4))
+        ax.scatter(x, y)
+        ax.margins(0.15)
+        anns = plotting.label_points(ax, x, y, names)
+        got = ([a.get_text() for a in anns], [tuple(a.xyann) for a in anns], plotting.text_overlaps(fig))
+        plt.close(fig)
+        return got
+
+    texts, offsets, overlaps = place()
+    assert texts == names
+    assert overlaps == []
+    # the naive placement (every label at the same offset) overprints: the test can fail
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.scatter(x, y)
+    for n, xi, yi in zip(names, x, y):
+        ax.annotate(n, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    assert plotting.text_overlaps(fig)
+    plt.close(fig)
+    assert place()[1] == offsets
+    with pytest.raises(InputError, match="2 x, 2 y and 1 labels"):
+        plotting.label_points(plt.gca(), [1, 2], [1, 2], ["a"])
+    plt.close("all")

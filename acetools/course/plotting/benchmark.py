@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ...errors import InputError
-from ...plotting._core import bar_plot, finish, heatmap
+from ...plotting._core import bar_plot, finish, heatmap, label_points
 
 __all__ = [
     "VERDICT_COLORS",
@@ -160,8 +160,7 @@ def rank_scatter(ax, ours: pd.Series | Mapping[str, float], paper: pd.Series | M
         raise InputError("no method in common")
     x, y = paper[common].to_numpy(), ours[common].to_numpy()
     ax.scatter(x, y, color="C0", zorder=3)
-    for m, xi, yi in zip(common, x, y):
-        ax.annotate(m, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.margins(0.15)  # room for the labels of the points at the edges
     ax.set_xlabel(f"paper: {paper.name or 'accuracy (%)'}")
     ax.set_ylabel(ylabel)
     t = title or ""
@@ -169,6 +168,7 @@ def rank_scatter(ax, ours: pd.Series | Mapping[str, float], paper: pd.Series | M
         t = f"{t}  Kendall τ = {tau:.2f}".strip()
     if t:
         ax.set_title(t, fontsize=9)
+    label_points(ax, x, y, common, fontsize=7)
     return ax
 
 
