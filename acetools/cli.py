@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ._protocol import PATIENCE
 from .errors import AcetoolsError, InputError
 
 __all__ = ["main", "build_parser", "CLIError", "USER_ERRORS", "positive_int", "nonnegative_int", "existing_file"]
@@ -375,8 +376,10 @@ def _add_bench(sub) -> None:
                    help="methods (default: all registered): %(choices)s")
     b.add_argument("--n-val", type=positive_int, default=None, help="validation images per task for the search")
     b.add_argument("--n-test", type=positive_int, default=None, help="test images per task")
-    b.add_argument("--patience", type=positive_int, default=None,
-                   help="stop a grid search after this many points without improvement (default: whole grid)")
+    b.add_argument("--patience", type=positive_int, default=PATIENCE,
+                   help="stop a grid search after this many points without improvement, counted once the "
+                        f"validation curve has risen (default {PATIENCE}, the course's one patience)")
+    b.add_argument("--whole-grid", action="store_true", help="search every coefficient of the grid (no patience)")
     b.add_argument("--ace-scaled", action="store_true", help="also run ACE with its scaling chosen on val")
     b.add_argument("--variants", action="store_true",
                    help="also run the variant rows (ACE with the gate off, ACE at eps 1e-5)")
@@ -400,7 +403,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     _check_split_sizes(args.suite, n_val=args.n_val, n_test=args.n_test)
     for seed in args.seeds:
         zoo = _zoo(args, seed).build(progress=not args.quiet)
-        bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads, patience=args.patience)
+        bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads,
+                          patience=None if args.whole_grid else args.patience)
         extra = dict(ACE_SCALED_ROW) if args.ace_scaled else {}
         extra |= VARIANTS if args.variants else {}
         runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
@@ -476,7 +480,8 @@ def _cmd_bench_world(args: argparse.Namespace) -> int:
         build = getattr(world, "build", None)  # a world that builds its experts on first use (the vision zoo)
         if build is not None:
             build(False if args.quiet else None)
-        bench = Benchmark(world, n_val=args.n_val, n_test=args.n_test, patience=args.patience)
+        bench = Benchmark(world, n_val=args.n_val, n_test=args.n_test,
+                          patience=None if args.whole_grid else args.patience)
         extra = dict(ACE_SCALED_ROW) if args.ace_scaled else {}
         extra |= VARIANTS if args.variants else {}
         runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
@@ -711,7 +716,8 @@ def _add_regime(sub) -> None:
     rg.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
     rg.add_argument("--n-val", type=positive_int, default=100, help="validation images per task (default 100)")
     rg.add_argument("--n-test", type=positive_int, default=500, help="test images per task (default 500)")
-    rg.add_argument("--patience", type=positive_int, default=3, help="grid-search patience (default 3)")
+    rg.add_argument("--patience", type=positive_int, default=PATIENCE,
+                    help=f"grid-search patience (default {PATIENCE})")
     rg.add_argument("--tau", type=float, default=None,
                     help="ACE's gate threshold on gamma (default: ACE's registered tau, the paper's)")
     rg.add_argument("--out", default=None,

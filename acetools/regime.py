@@ -49,6 +49,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ._protocol import PATIENCE
 from .errors import InputError, InputKeyError
 from .utils import atomic_write, jsonable
 
@@ -186,7 +187,7 @@ def regime_card(
     *,
     n_val: int | None = 100,
     n_test: int | None = 500,
-    patience: int | None = 3,
+    patience: int | None = PATIENCE,
     tau: float | None = None,
     threads: int | None = None,
     progress: bool | None = None,

@@ -45,18 +45,14 @@ __all__ = [
     "Evaluation",
     "SearchResult",
     "grid_search",
+    "replay_grid_search",
     "golden_section_search",
     "esm_search",
     "climb_search",
 ]
 
 
-#: The one patience of the course's grid searches (notebooks, committed tables,
-#: ``benchmarks/mini_world.sh``, the regime card): the Iso code's 3, counted only once the
-#: validation curve has risen (:func:`grid_search`).
-PATIENCE: int = 3
-#: Grids of at most this many coefficients are searched whole, whatever the patience.
-SHORT_GRID: int = 10
+from ._protocol import PATIENCE, SHORT_GRID  # noqa: E402  (defined apart so the CLI's parser stays light)
 
 ScoreFn = Callable[[float], Mapping[str, float]]
 _METRICS = {"normalized": "avg_normalized", "absolute": "avg_absolute"}
@@ -249,6 +245,41 @@ def grid_search(
                 break
     best = _pick(ev.trace, objective)
     return SearchResult(best.alpha, best.metric(objective), objective, objective, "grid", ev.trace, stopped)
+
+
+def replay_grid_search(
+    trace: Sequence[Mapping[str, Any]],
+    grid: Sequence[float],
+    *,
+    reference: Mapping[str, float] | None = None,
+    objective: str = "normalized",
+    patience: int | None = None,
+    short: int = SHORT_GRID,
+) -> SearchResult:
+    """:func:`grid_search` again, at another ``patience`` (or ``short``), on evaluations a search
+    already made: ``trace`` is its record (:meth:`SearchResult.to_frame` rows, as a benchmark's
+    JSON stores them, with ``alpha`` and ``<task>:top1`` columns) and ``grid`` the grid it searched.
+
+    Evaluation is deterministic, so the result is what a fresh search at that patience gives
+    whenever it only needs coefficients the trace holds: a smaller patience stops on a prefix of
+    the same curve. When it needs one the first search never evaluated (a larger patience
+    walking past its stop), this raises :class:`InputError` naming it: rerun the search."""
+    stored: dict[float, dict[str, float]] = {}
+    for row in trace:
+        if "alpha" not in row:
+            raise InputError(f"trace row {dict(row)!r} has no 'alpha': pass the rows of SearchResult.to_frame()")
+        scores = {k[: -len(":top1")]: float(v) for k, v in row.items() if k.endswith(":top1")}
+        if not scores:
+            raise InputError(f"trace row at alpha={row['alpha']} has no '<task>:top1' scores to replay")
+        stored[float(row["alpha"])] = scores
+
+    def score(alpha: float) -> dict[str, float]:
+        if alpha not in stored:
+            raise InputError(f"the replay needs alpha={alpha:g}, which the recorded search never evaluated "
+                             f"(it stopped at {max(stored):g}): rerun the search at this patience instead")
+        return stored[alpha]
+
+    return grid_search(score, grid, reference=reference, objective=objective, patience=patience, short=short)
 
 
 def golden_section_search(

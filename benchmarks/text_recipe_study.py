@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from acetools.regime import RegimeCard, regime_card  # noqa: E402
+from acetools.search import PATIENCE  # noqa: E402
 from acetools.world.text.world import TextWorld  # noqa: E402
 
 OUT = ROOT / "figures" / "regime" / "text_recipes"
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--n-val", type=int, default=100)
     ap.add_argument("--n-test", type=int, default=300)
-    ap.add_argument("--patience", type=int, default=5)
+    ap.add_argument("--patience", type=int, default=PATIENCE, help=f"grid patience (default {PATIENCE}, the course's)")
     ap.add_argument("--list", action="store_true", help="list the recipes and exit")
     ap.add_argument("--summary", action="store_true", help="only collect the cards into the CSV and figure")
     args = ap.parse_args(argv)

@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from acetools.search import PATIENCE  # noqa: E402
+
 #: The text world's labelled variant rows (docs/text-world.md §Benchmark): ACE at the
 #: official code's eps 1e-2 (the plain "ace" row), at the paper's RoBERTa eps 2e-4 and at
 #: 1e-5, the gate off, issue 23's relative ridge and scale-free gamma; WUDI at its default
@@ -111,6 +113,24 @@ def _variants(args) -> dict | None:
     return {v: TEXT_VARIANTS[v] for v in args.variants}
 
 
+def _in_place(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` rows with the rows of each method in ``new`` put where that method's rows were
+    (the tables keep their order), and methods ``old`` lacks appended."""
+    fresh: dict[str, list[dict]] = {}
+    for r in new:
+        fresh.setdefault(r["method"], []).append(r)
+    out, done = [], set()
+    for r in old:
+        m = r.get("method")
+        if m in fresh:
+            if m not in done:
+                out += fresh[m]
+                done.add(m)
+            continue
+        out.append(r)
+    return out + [r for m, rows in fresh.items() if m not in done for r in rows]
+
+
 def _add_rows(args, b, stem: str) -> list:
     """``--add``: run only ``--methods`` and ``--variants`` and put their rows into the committed
     ``<stem>`` tables (summary, per-task, JSON), replacing rows of the same name; every other row,
@@ -125,6 +145,12 @@ def _add_rows(args, b, stem: str) -> list:
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
         raise SystemExit(f"--add needs the committed tables; missing: {missing[0]} (run the full bench first)")
+    committed = json.loads(paths["json"].read_text())
+    ours = {"patience": b.patience, "n_val": b.n_val, "n_test": b.n_test}
+    differ = {k: (committed.get(k), v) for k, v in ours.items() if committed.get(k) != v}
+    if differ:
+        raise SystemExit(f"--add would mix protocols in {paths['json']}: " + ", ".join(
+            f"{k} is {a} there and {b_} here" for k, (a, b_) in differ.items()) + "; pass the committed values")
     jobs = [(m, {"method": m}) for m in args.methods or []] + list((_variants(args) or {}).items())
     if not jobs:
         raise SystemExit("--add needs --methods or --variants")
@@ -133,14 +159,13 @@ def _add_rows(args, b, stem: str) -> list:
         spec = dict(spec)
         m = spec.pop("method")
         runs.append(b.run(m, label=None if label == m else label, **spec))
-    names = {r.name for r in runs}
     for key, new in (("summary", b.summary(runs)), ("per_task", b.per_task(runs))):
         old = pd.read_csv(paths[key])
-        merged = pd.concat([old[~old["method"].isin(names)], new], ignore_index=True)
+        rows = _in_place(old.to_dict(orient="records"), new.to_dict(orient="records"))
         with atomic_write(paths[key], "w") as fh:
-            merged.to_csv(fh, index=False)
+            pd.DataFrame(rows, columns=old.columns).to_csv(fh, index=False)
     rec = json.loads(paths["json"].read_text())
-    rec["runs"] = [r for r in rec["runs"] if r.get("method") not in names] + b.record(runs)["runs"]
+    rec["runs"] = _in_place(rec["runs"], b.record(runs)["runs"])
     with atomic_write(paths["json"], "w") as fh:
         json.dump(rec, fh, indent=1, default=str)
     print(b.summary(runs)[["method", "test_acc", "test_normalized", "coef"]].to_string())
@@ -204,10 +229,12 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--n-val", type=int, default=None)
-    p.add_argument("--n-test", type=int, default=None)
+    # the committed tables' protocol (issue 23): 100 validation and 300 test texts per task, the
+    # course's one patience; 0 evaluates every split text, and patience 0 the whole grid
+    p.add_argument("--n-val", type=int, default=100)
+    p.add_argument("--n-test", type=int, default=300)
     p.add_argument("--n-gram", type=int, default=256)
-    p.add_argument("--patience", type=int, default=None)
+    p.add_argument("--patience", type=int, default=PATIENCE)
     p.add_argument("--methods", nargs="*", default=None)
     p.add_argument("--no-variants", action="store_true")
     p.add_argument("--variants", nargs="*", default=None, help="only these variant rows (default: all)")
@@ -217,6 +244,7 @@ def main(argv=None) -> None:
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "text_world"))
     p.add_argument("--cards", default=str(ROOT / "figures" / "regime"))
     args = p.parse_args(argv)
+    args.n_val, args.n_test, args.patience = args.n_val or None, args.n_test or None, args.patience or None
     {"build": build, "bench": bench, "card": card, "tables": tables}[args.what](args)
 
 

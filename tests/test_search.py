@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from acetools.errors import InputError
+
 from acetools.search import (
     ALPHA_GRID,
     ESM_BRACKET,
@@ -204,3 +206,41 @@ def test_climb_search_walks_to_the_peak_and_stops():
         climb_search(score, grid, reference={"a": 1.0, "b": 0.5}, patience=0)
     with pytest.raises(ValueError, match="normalized"):
         climb_search(score, grid)  # the normalized objective needs a reference
+
+
+def test_replay_at_a_smaller_patience_is_the_fresh_search_at_that_patience():
+    """replay_grid_search on a patience-5 record equals grid_search run afresh at 3 and at 5
+    (a noisy curve that dips, rises again and falls, so patience 3 and 5 stop at different places)."""
+    from acetools.search import replay_grid_search
+
+    rng = np.random.default_rng(0)
+    grid = [round(0.1 * i, 10) for i in range(1, 31)]
+    curve = {a: 0.5 + 0.3 * np.sin(a) - 0.2 * (a > 1.2) * (a < 1.6) + 0.02 * rng.standard_normal() for a in grid}
+    reference = {"a": 0.9, "b": 0.8}
+
+    def score(a):
+        return {"a": curve[a], "b": curve[a] - 0.05}
+
+    for first, again in [(5, 3), (None, 3), (None, 1), (5, 5)]:
+        rec = grid_search(score, grid, reference=reference, patience=first)
+        rows = rec.to_frame().to_dict(orient="records")
+        replay = replay_grid_search(rows, grid, reference=reference, patience=again)
+        fresh = grid_search(score, grid, reference=reference, patience=again)
+        assert (replay.best, replay.alphas, replay.stopped_early) == (fresh.best, fresh.alphas, fresh.stopped_early)
+    p3, p5 = (grid_search(score, grid, reference=reference, patience=p) for p in (3, 5))
+    assert len(p3.alphas) < len(p5.alphas)  # the two patiences really stop apart here
+
+
+def test_replay_refuses_a_coefficient_the_record_never_evaluated():
+    from acetools.search import replay_grid_search
+
+    grid = [0.1 * i for i in range(1, 21)]
+
+    def score(a):  # rises to 0.5, then falls: patience 1 stops right after the peak
+        return {"a": 1.0 - abs(a - 0.5)}
+
+    rows = grid_search(score, grid, patience=1, objective="absolute").to_frame().to_dict(orient="records")
+    with pytest.raises(InputError, match=r"needs alpha=0\.7.*rerun the search"):
+        replay_grid_search(rows, grid, patience=3, objective="absolute")
+    with pytest.raises(InputError, match="no 'alpha'"):
+        replay_grid_search([{"a:top1": 0.5}], grid, patience=3, objective="absolute")

@@ -682,7 +682,7 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
         if recompute:
             for s in run_suites:
                 full_bench = course.benchmark(course.world(s, size, seed=seed, device=device, **world_options),
-                                              patience=5)
+                                              patience=PATIENCE)
                 results.write_results(full_bench, res_dir, f"{s}_{run_size}_seed{seed}", progress=True,
                                       extra={**ACE_SCALED_ROW, **VARIANTS})
         world = (f"the papers' CLIP ViT-B/32 with the public experts: suites {', '.join(run_suites)}, compared "

@@ -203,6 +203,43 @@ def _benchmark_verdicts(figures_root: Path, world: World) -> dict[str, Verdict]:
     return lesson.claim_verdicts(bd, world=world)
 
 
+def _benchmark_text_verdicts(figures_root: Path, world: World) -> dict[str, Verdict]:
+    """Notebook 04's claims as the text world's analogues (``world="text8"``), from its files."""
+    from . import benchmark as lesson
+    from . import world as course
+
+    bd = lesson.load_benchmark(quick=False, suites=["tasks8", "tasks14", "tasks20"], size="small", suite="tasks8",
+                               seed=0, results_dir=figures_root / "benchmark",
+                               figures_dir=figures_root / "04_benchmark-text8",
+                               speed_dir=figures_root.parent / "benchmarks" / "results",
+                               wudi_dir=figures_root / "benchmark", world_options=course.world_options("text8"))
+    return lesson.claim_verdicts(bd, world=world)
+
+
+def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Path) -> dict[str, Verdict]:
+    """Lesson 07's claims: the benchmark claim from the committed text tables, the spectrum from
+    the committed regime card; γ and the stage ablation need the experts' weights, so their
+    stored verdicts are carried over (a 07 run decides them afresh)."""
+    from ..regime import RegimeCard
+    from . import language as lesson
+
+    out: dict[str, Verdict] = {}
+    suite = "text8"
+    if "ace.language_sota" in entries:
+        per_seed, _ = lesson.benchmark_tables(figures_root / "benchmark", suite)
+        n_text = int(per_seed["n_tasks"].iloc[0])
+        out["ace.language_sota"] = lesson.verdict_sota(per_seed, world=world, n_tasks=n_text)
+    if "ace.spectrum_language" in entries:
+        card = RegimeCard.load(figures_root / "regime" / f"{suite}_seed0")
+        out["ace.spectrum_language"] = lesson.verdict_spectrum(card.value("wpre_top5_energy"))
+    for cid in ("ace.gamma_bert", "ace.normalization_language", "ace.csp_language", "ace.refinement_language"):
+        if cid in entries:
+            e = entries[cid]
+            out[cid] = Verdict(e["measured"], e["verdict"], e["reason"], dict(e["numbers"]),
+                               value=e.get("measured_effect"))
+    return out
+
+
 def _language(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
     e = entries["ace.language"]
     return {"ace.language": Verdict(e["measured"].replace("the mini-world has", "this world has"), e["verdict"],
@@ -217,6 +254,12 @@ RULES: dict[str, Callable[..., dict[str, Verdict]] | None] = {
     "04_benchmark": None,
     "05_claims": _language,
 }
+#: the text world's folders: judged in the text world (its room from the text tables), not the
+#: mini-world; each rule also reads the figures root.
+TEXT_RULES: dict[str, Callable[..., dict[str, Verdict]]] = {
+    "04_benchmark-text8": lambda entries, world, root: _benchmark_text_verdicts(root, world),
+    "07_language": _language_lesson,
+}
 
 
 def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool = True) -> list[dict[str, Any]]:
@@ -230,14 +273,25 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
     from . import world as course
 
     figures_root = Path(figures_root).resolve()
-    world = world or course.claim_world(quick=False, results_dir=figures_root / "benchmark")
+    mini = world or course.claim_world(quick=False, results_dir=figures_root / "benchmark")
+    text = None
     rows = []
-    for folder, rule in RULES.items():
+    for folder in [*RULES, *TEXT_RULES]:
         path = figures_root / folder / "claims.json"
         if not path.is_file():
             continue
         entries = json.loads(path.read_text())
-        new = _benchmark_verdicts(figures_root, world) if rule is None else rule(entries, world)
+        if folder in TEXT_RULES:
+            if text is None:  # the text world's room, from its committed tables (as 04 and 07 judge)
+                described = next(iter(entries.values()), {}).get("world", {}).get("description")
+                text = course.claim_world(quick=False, results_dir=figures_root / "benchmark", kind="text8",
+                                          description=described)
+            world = text
+            new = TEXT_RULES[folder](entries, world, figures_root)
+        else:
+            world = mini
+            rule = RULES[folder]
+            new = _benchmark_verdicts(figures_root, world) if rule is None else rule(entries, world)
         if write:
             path.unlink()  # one file, one world: rewritten whole
         for cid, v in new.items():

@@ -300,10 +300,32 @@ def bar_plot(ax, values, *, labels: Sequence[str] | None = None, errors=None, ti
             ax.set_xlabel(ylabel)
     else:
         ax.bar(pos, vals, yerr=errors, color=colors)
-        ax.set_xticks(pos, labels, rotation=45, ha="right")
+        rotation, fontsize = _tick_rotation(ax, len(vals))
+        ax.set_xticks(pos, labels, rotation=rotation, ha="right" if rotation == 45 else "center",
+                      rotation_mode="anchor" if rotation == 45 else "default", fontsize=fontsize)
         if ylabel:
             ax.set_ylabel(ylabel)
     return finish(ax, title)
+
+
+def _tick_rotation(ax, n: int) -> tuple[int, float]:
+    """The rotation and font size (points) of ``n`` category labels under bars of ``ax`` that
+    keep neighbouring labels apart: slanted at 45 degrees while a bar's width holds a line
+    of text along the diagonal, upright at 90 when only its width holds it, and smaller type
+    (down to 6 points) when not even that."""
+    import matplotlib as mpl
+
+    fig = ax.figure
+    width_px = ax.get_position().width * fig.get_figwidth() * fig.dpi
+    pitch = width_px / max(n, 1)  # pixels from one bar's label to the next
+    size = mpl.rcParams["xtick.labelsize"]
+    size = float(mpl.font_manager.FontProperties(size=size).get_size_in_points())
+    line = 1.25 * size * fig.dpi / 72.0  # a line of text, in pixels, with its leading
+    if pitch * np.sin(np.pi / 4) >= line:
+        return 45, size
+    if pitch >= line:
+        return 90, size
+    return 90, max(6.0, size * pitch / line)
 
 
 def line_plot(ax, df, *, x: str, y: str, hue: str | None = None, title: str | None = None,

@@ -140,3 +140,17 @@ def test_check_html_finds_what_a_reader_cannot_trust(tmp_path):
     ok.write_text("<table><tr><td>—</td><td>1.00</td></tr></table><p><strong>partly</strong> · <code>ace.csp</code>: "
                   "a — b</p><p>a set {x: y} in prose is fine</p><pre>ours a > b [seeds 0.32..0.53]</pre>")
     assert check_html(ok) == []
+
+
+def test_no_committed_figure_overprints_its_own_text():
+    """Every figures.json under figures/ (written by plotting.save_figure in the full runs) lists
+    no figure with overlapping text (acetools.course.report.figure_problems)."""
+    from pathlib import Path
+
+    from acetools.course.report import figure_problems
+
+    root = Path(__file__).resolve().parents[2] / "figures"
+    folders = sorted({p.parent for p in root.rglob("figures.json")})
+    assert len(folders) >= 7
+    problems = [p for f in folders for p in figure_problems(f)]
+    assert not problems, problems

@@ -291,6 +291,38 @@ def test_the_text_bench_script_writes_tables_and_its_cost(fixture_world, tmp_pat
     pd.testing.assert_frame_equal(after.iloc[:len(before)], before)
     rec2 = json.loads((tmp_path / "t" / f"{stem}.json").read_text())
     assert [r["method"] for r in rec2["runs"]][-1] == "ace (gate off)"
+    # a row run again takes its old place: the tables keep their order
+    mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--threads", "1", "--n-val", "8", "--n-test", "12",
+              "--add", "--methods", "task_arithmetic", "--no-variants", "--out", str(tmp_path / "t"),
+              "--results", str(tmp_path / "r")])
+    assert pd.read_csv(tmp_path / "t" / f"{stem}_summary.csv")["method"].tolist() == after["method"].tolist()
+    rec2 = json.loads((tmp_path / "t" / f"{stem}.json").read_text())
+    assert [r["method"] for r in rec2["runs"]] == after["method"].tolist()
+    # --add refuses to mix protocols: the committed file was searched at the default patience
+    with pytest.raises(SystemExit, match="would mix protocols.*patience is 3 there and 5 here"):
+        mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--threads", "1", "--n-val", "8", "--n-test",
+                  "12", "--patience", "5", "--add", "--variants", "ace (gate off)", "--out", str(tmp_path / "t"),
+                  "--results", str(tmp_path / "r")])
+    # benchmarks/patience_replay.py on the same record: at patience 1 the search stops earlier
+    replay = load_script("patience_replay")
+    path = tmp_path / "t" / f"{stem}.json"
+    trace3 = next(r for r in rec2["runs"] if r["method"] == "task_arithmetic")["search_trace"]
+    new, report = replay.replay_file(path, 1)
+    (row,) = [r for r in report if r["row"] == "task_arithmetic"]
+    assert row["evaluated"] == len(trace3) and row["new_evaluated"] <= len(trace3)
+    assert new["patience"] == 1 and new["patience_replay"]["from"] == 3
+    assert ("task_arithmetic" in new["patience_replay"]["replayed"]) == (row["status"] == "same")
+    assert replay.main([str(path), "--patience", "1", "--apply"]) == 0
+    assert json.loads(path.read_text())["patience"] == 1
+    # a record whose coefficient is not what its own trace gives is refused
+    bad = json.loads(path.read_text())
+    bad["patience"] = 3
+    for r in bad["runs"]:
+        if r["method"] == "task_arithmetic":
+            r["coef"] = -1.0
+    path.write_text(json.dumps(bad))
+    with pytest.raises(SystemExit, match="not written by that search"):
+        replay.replay_file(path, 1)
     with pytest.raises(SystemExit, match="--add needs the committed tables"):
         mod.main(["bench", "--suite", "fixture", "--profile", "quick", "--add", "--variants", "ace (gate off)",
                   "--out", str(tmp_path / "none")])
