@@ -247,18 +247,12 @@ def grid_search(
     return SearchResult(best.alpha, best.metric(objective), objective, objective, "grid", ev.trace, stopped)
 
 
-def replay_grid_search(
-    trace: Sequence[Mapping[str, Any]],
-    grid: Sequence[float],
-    *,
-    reference: Mapping[str, float] | None = None,
-    objective: str = "normalized",
-    patience: int | None = None,
-    short: int = SHORT_GRID,
-) -> SearchResult:
+def replay_grid_search(trace: Sequence[Mapping[str, Any]], grid: Sequence[float], **search: Any) -> SearchResult:
     """:func:`grid_search` again, at another ``patience`` (or ``short``), on evaluations a search
     already made: ``trace`` is its record (:meth:`SearchResult.to_frame` rows, as a benchmark's
-    JSON stores them, with ``alpha`` and ``<task>:top1`` columns) and ``grid`` the grid it searched.
+    JSON stores them, with ``alpha`` and ``<task>:top1`` columns), ``grid`` the grid it searched
+    and ``search`` :func:`grid_search`'s keywords (``reference``, ``objective``, ``patience``,
+    ``short``).
 
     Evaluation is deterministic, so the result is what a fresh search at that patience gives
     whenever it only needs coefficients the trace holds: a smaller patience stops on a prefix of
@@ -279,7 +273,7 @@ def replay_grid_search(
                              f"(it stopped at {max(stored):g}): rerun the search at this patience instead")
         return stored[alpha]
 
-    return grid_search(score, grid, reference=reference, objective=objective, patience=patience, short=short)
+    return grid_search(score, grid, **search)
 
 
 def golden_section_search(

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from acetools.errors import InputError
-
 from acetools.search import (
     ALPHA_GRID,
     ESM_BRACKET,

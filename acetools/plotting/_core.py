@@ -314,12 +314,13 @@ def _tick_rotation(ax, n: int) -> tuple[int, float]:
     of text along the diagonal, upright at 90 when only its width holds it, and smaller type
     (down to 6 points) when not even that."""
     import matplotlib as mpl
+    from matplotlib.font_manager import FontProperties
 
     fig = ax.figure
     width_px = ax.get_position().width * fig.get_figwidth() * fig.dpi
     pitch = width_px / max(n, 1)  # pixels from one bar's label to the next
     size = mpl.rcParams["xtick.labelsize"]
-    size = float(mpl.font_manager.FontProperties(size=size).get_size_in_points())
+    size = float(FontProperties(size=size).get_size_in_points())
     line = 1.25 * size * fig.dpi / 72.0  # a line of text, in pixels, with its leading
     if pitch * np.sin(np.pi / 4) >= line:
         return 45, size
