@@ -196,10 +196,11 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
 
 def label_points(ax, x, y, labels: Sequence[str], *, fontsize: float = 7, pad_px: float = 2.0) -> list:
     """Label each point ``(x[i], y[i])`` of ``ax`` with ``labels[i]`` where the label overprints
-    no label placed before it (greedy, in the given order, so the result is deterministic).
+    no point, no text already drawn and no label placed before it (greedy, in the given order,
+    so the result is deterministic).
 
-    A label tries eight spots around its point, then spots on a grid up to 90 points away,
-    inside the axes and nearest first, with a thin leader line; when every spot collides it
+    A label tries eight spots around its point, then spots on a grid up to 90 points away
+    (nearest first) with a thin leader line, each inside the axes; when every spot collides it
     takes the first one. Returns the annotations."""
     xs, ys = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
     labels = [str(s) for s in labels]
@@ -224,6 +225,11 @@ def label_points(ax, x, y, labels: Sequence[str], *, fontsize: float = 7, pad_px
             bb = _text_extent(t, renderer)
             if bb.width > 0 and bb.height > 0:
                 boxes.append(bb)
+    from matplotlib.transforms import Bbox
+
+    r = 4.0 * fig.dpi / 72.0  # the points themselves (a default marker's half-width) are obstacles too
+    for px, py in ax.transData.transform(np.column_stack([xs, ys])):
+        boxes.append(Bbox([[px - r, py - r], [px + r, py + r]]))
     for xi, yi, text in zip(xs, ys, labels):
         chosen = None
         for k, (off, ha, va) in enumerate(spots):
@@ -232,7 +238,7 @@ def label_points(ax, x, y, labels: Sequence[str], *, fontsize: float = 7, pad_px
                               ha=ha, va=va, arrowprops={"arrowstyle": "-", "lw": 0.6, "color": "0.35"} if far else None)
             bb = _text_extent(ann, renderer).padded(pad_px)  # the text alone, not its leader line
             fits = inside.x0 <= bb.x0 and bb.x1 <= inside.x1 and inside.y0 <= bb.y0 and bb.y1 <= inside.y1
-            if (fits or not far) and not any(bb.overlaps(o) for o in boxes):
+            if fits and not any(bb.overlaps(o) for o in boxes):
                 chosen = (ann, bb)
                 break
             ann.remove()
