@@ -51,6 +51,14 @@ def _base(text: str) -> str:
     return text
 
 
+def _carried(e: Mapping[str, Any], value: Any = None, *, reason: str | None = None) -> Verdict:
+    """A committed record's verdict carried over as it stands (its stored numbers cannot decide
+    it again, or today's rule for it is the one it was decided with); ``reason`` replaces the
+    stored one."""
+    return Verdict(e["measured"], e["verdict"], e["reason"] if reason is None else reason, dict(e["numbers"]),
+                   value=value)
+
+
 def _per_suite(numbers: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The per-suite dicts a stage claim's numbers hold (``{suite: {"suite": ..., ...}}``)."""
     return [dict(v) for v in numbers.values() if isinstance(v, dict) and "suite" in v]
@@ -113,8 +121,7 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
     for cid, key in (("ace.gamma_vit", "median_gamma"), ("ace.direction", "median_cos_hooked")):
         if cid in entries:
             e = entries[cid]
-            out[cid] = Verdict(e["measured"], e["verdict"], _base(e["reason"]), dict(e["numbers"]),
-                               value=e["numbers"].get(key))
+            out[cid] = _carried(e, e["numbers"].get(key), reason=_base(e["reason"]))
     for cid in ("ace.normalization", "ace.csp", "ace.spectrum", "ace.refinement"):
         if cid not in out:
             continue
@@ -172,7 +179,7 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
         if cid in entries:
             e = entries[cid]
             val = e["numbers"]["held_out"]["diff_points"] if cid == "esm.energy" else e["numbers"][key]
-            out[cid] = Verdict(e["measured"], e["verdict"], _base(e["reason"]), dict(e["numbers"]), value=val)
+            out[cid] = _carried(e, val, reason=_base(e["reason"]))
     return out
 
 
@@ -188,31 +195,21 @@ def _theorem1_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Ve
             val = float(np.median(list(n["median_cosine"].values())))  # the median over layer types
         else:
             val = max(n["identity_vs_wa"], n["identity_route_vs_wa"])
-        out[cid] = Verdict(e["measured"], e["verdict"], e["reason"], dict(n), value=val)
+        out[cid] = _carried(e, val)
     return out
 
 
-def _benchmark_verdicts(figures_root: Path, world: World) -> dict[str, Verdict]:
-    from . import benchmark as lesson
-
-    repo = figures_root.parent
-    bd = lesson.load_benchmark(quick=False, suites=["tasks8", "tasks14", "tasks20"], size="small", suite="tasks8",
-                               seed=0, results_dir=figures_root / "benchmark",
-                               figures_dir=figures_root / "04_benchmark", speed_dir=repo / "benchmarks" / "results",
-                               wudi_dir=figures_root / "benchmark")
-    return lesson.claim_verdicts(bd, world=world)
-
-
-def _benchmark_text_verdicts(figures_root: Path, world: World) -> dict[str, Verdict]:
-    """Notebook 04's claims as the text world's analogues (``world="text8"``), from its files."""
+def _benchmark_verdicts(figures_root: Path, world: World, folder: str = "04_benchmark",
+                        kind: str = "mini") -> dict[str, Verdict]:
+    """Notebook 04's claims from the benchmark's result files, as the notebook decides them with
+    ``world=kind``: the mini-world's tables, or a text world's (its claims as analogues)."""
     from . import benchmark as lesson
     from . import world as course
 
     bd = lesson.load_benchmark(quick=False, suites=["tasks8", "tasks14", "tasks20"], size="small", suite="tasks8",
-                               seed=0, results_dir=figures_root / "benchmark",
-                               figures_dir=figures_root / "04_benchmark-text8",
+                               seed=0, results_dir=figures_root / "benchmark", figures_dir=figures_root / folder,
                                speed_dir=figures_root.parent / "benchmarks" / "results",
-                               wudi_dir=figures_root / "benchmark", world_options=course.world_options("text8"))
+                               wudi_dir=figures_root / "benchmark", world_options=course.world_options(kind))
     return lesson.claim_verdicts(bd, world=world)
 
 
@@ -235,8 +232,7 @@ def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Pat
     for cid in ("ace.gamma_bert", "ace.normalization_language", "ace.csp_language", "ace.refinement_language"):
         if cid in entries:
             e = entries[cid]
-            out[cid] = Verdict(e["measured"], e["verdict"], e["reason"], dict(e["numbers"]),
-                               value=e.get("measured_effect"))
+            out[cid] = _carried(e, e.get("measured_effect"))
     return out
 
 
@@ -246,20 +242,18 @@ def _language(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
                                     e["reason"], dict(e["numbers"]))}
 
 
-#: notebook folder -> how its claims are re-decided (None: from the benchmark's result files).
-RULES: dict[str, Callable[..., dict[str, Verdict]] | None] = {
-    "01_theorem1": _theorem1_verdicts,
-    "02_ace_step_by_step": _ace_verdicts,
-    "03_esm_step_by_step": _esm_verdicts,
-    "04_benchmark": None,
-    "05_claims": _language,
-}
-#: the text world's folders: judged in the text world (its room from the text tables), not the
-#: mini-world; each rule also reads the figures root.
-TEXT_RULES: dict[str, Callable[..., dict[str, Verdict]]] = {
-    "04_benchmark-text8": lambda entries, world, root: _benchmark_text_verdicts(root, world),
+#: notebook folder -> how its claims are re-decided: ``rule(entries, world, figures_root)``.
+RULES: dict[str, Callable[[Mapping[str, Any], World, Path], dict[str, Verdict]]] = {
+    "01_theorem1": lambda entries, world, root: _theorem1_verdicts(entries, world),
+    "02_ace_step_by_step": lambda entries, world, root: _ace_verdicts(entries, world),
+    "03_esm_step_by_step": lambda entries, world, root: _esm_verdicts(entries, world),
+    "04_benchmark": lambda entries, world, root: _benchmark_verdicts(root, world),
+    "05_claims": lambda entries, world, root: _language(entries, world),
+    "04_benchmark-text8": lambda entries, world, root: _benchmark_verdicts(root, world, "04_benchmark-text8", "text8"),
     "07_language": _language_lesson,
 }
+#: The folders judged in the text world (its room from the text tables), not the mini-world.
+TEXT_FOLDERS: frozenset[str] = frozenset({"04_benchmark-text8", "07_language"})
 
 
 def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool = True) -> list[dict[str, Any]]:
@@ -276,22 +270,20 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
     mini = world or course.claim_world(quick=False, results_dir=figures_root / "benchmark")
     text = None
     rows = []
-    for folder in [*RULES, *TEXT_RULES]:
+    for folder, rule in RULES.items():
         path = figures_root / folder / "claims.json"
         if not path.is_file():
             continue
         entries = json.loads(path.read_text())
-        if folder in TEXT_RULES:
+        if folder in TEXT_FOLDERS:
             if text is None:  # the text world's room, from its committed tables (as 04 and 07 judge)
                 described = next(iter(entries.values()), {}).get("world", {}).get("description")
                 text = course.claim_world(quick=False, results_dir=figures_root / "benchmark", kind="text8",
                                           description=described)
             world = text
-            new = TEXT_RULES[folder](entries, world, figures_root)
         else:
             world = mini
-            rule = RULES[folder]
-            new = _benchmark_verdicts(figures_root, world) if rule is None else rule(entries, world)
+        new = rule(entries, world, figures_root)
         if write:
             path.unlink()  # one file, one world: rewritten whole
         for cid, v in new.items():

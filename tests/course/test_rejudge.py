@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from acetools.course import claims
-from acetools.course.rejudge import PENDING, RULES, TEXT_RULES, pending_rerun, rejudge
+from acetools.course.rejudge import PENDING, RULES, TEXT_FOLDERS, pending_rerun, rejudge
 from acetools.course.verdicts import VERDICTS
 
 FIGURES = Path(__file__).resolve().parents[2] / "figures"
@@ -47,11 +47,11 @@ def test_committed_verdicts_are_todays_rules(tmp_path):
     rows = rejudge(tmp_path / "figures", write=False)
     # rejudge covers every committed folder: the mini-world's notebooks in the mini-world, the text
     # world's (07, and 04 run with world="text8") in the text world
-    assert {p.parent.name for p in FILES} <= set(RULES) | set(TEXT_RULES)
+    assert {p.parent.name for p in FILES} <= set(RULES)
     assert len(rows) == sum(len(json.loads(p.read_text())) for p in FILES)
     for p in FILES:
         worlds = {e["world"]["name"] for e in json.loads(p.read_text()).values()}
-        assert worlds == ({"text"} if p.parent.name in TEXT_RULES else {"mini-world"}), (p.parent.name, worlds)
+        assert worlds == ({"text"} if p.parent.name in TEXT_FOLDERS else {"mini-world"}), (p.parent.name, worlds)
     drift = [(r["id"], r["before"], r["after"]) for r in rows if r["changed"]]
     assert not drift, f"committed verdicts differ from today's rules: {drift}; run scripts/rejudge_claims.py"
     # and rewriting changes no verdict
