@@ -77,11 +77,16 @@ def replay_file(path: Path, patience: int | None) -> tuple[dict, list[dict]]:
         tasks = {k[: -len(":top1")] for k in trace[0] if k.endswith(":top1")}
         ref = {t: reference[t] for t in tasks if t in reference} or None
         objective = "normalized" if ref else "absolute"
-        again = replay_grid_search(trace, search.grid, reference=ref, objective=objective, patience=old)
-        if again.best != run["coef"] or len(again.alphas) != len(trace):
-            raise SystemExit(f"{path}: row {run['method']!r}: the replay at the recorded patience {old} picks "
-                             f"{again.best:g} after {len(again.alphas)} evaluations, the record has {run['coef']:g} "
-                             f"after {len(trace)}; this file was not written by that search")
+        try:
+            again = replay_grid_search(trace, search.grid, reference=ref, objective=objective, patience=old)
+        except InputError:  # the recorded patience walks past the recorded trace
+            again = None
+        if again is None or again.best != run["coef"] or len(again.alphas) != len(trace):
+            found = ("needs coefficients beyond its trace" if again is None else
+                     f"picks {again.best:g} after {len(again.alphas)} evaluations")
+            raise SystemExit(f"{path}: row {run['method']!r}: the replay at the recorded patience {old} {found}, "
+                             f"the record has {run['coef']:g} after {len(trace)}; this file was not written by "
+                             "that search")
         try:
             new = replay_grid_search(trace, search.grid, reference=ref, objective=objective, patience=patience)
         except InputError:  # the new patience walks past where the recorded search stopped
