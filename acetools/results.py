@@ -16,7 +16,8 @@ This module reads them back (the course's ``04_benchmark`` lesson decides its ve
   mean ± sd), :func:`wide`, :func:`per_task_matrix`, :func:`task_scores`;
 * rank agreement: :func:`kendall_tau` (tau-b, ties allowed), :func:`rank_agreement`;
 * merge times at ViT-B/32 width from ``benchmarks/merge_speed.py``: :func:`load_merge_speed`;
-* writing results on the fixture world: :func:`prefix_world`, :func:`write_results`.
+* writing results on the fixture world: :func:`prefix_world`, :func:`write_results`;
+* rerun rows put into committed tables at their place: :func:`replace_rows`.
 
 All accuracies are percentages, as the CSV files store them.
 """
@@ -64,6 +65,7 @@ __all__ = [
     "load_merge_speed",
     "prefix_world",
     "write_results",
+    "replace_rows",
     "to_markdown",
 ]
 
@@ -448,6 +450,28 @@ def prefix_world(zoo, n_tasks: int):
     sub.mtl = False
     sub.suite = None  # not a registered suite any more
     return sub
+
+
+def replace_rows(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], *,
+                 key: str = "method") -> tuple[list[dict[str, Any]], list[str]]:
+    """``(rows, appended)``: ``old``'s rows (a table's records or a JSON's runs) with the rows of
+    each ``key`` value in ``new`` put where that value's rows were, so a table keeps its order
+    when some of its methods are rerun; the values ``old`` has no rows of are appended at the
+    end and listed in ``appended``."""
+    fresh: dict[Any, list[dict[str, Any]]] = {}
+    for r in new:
+        fresh.setdefault(r[key], []).append(dict(r))
+    rows: list[dict[str, Any]] = []
+    done: set = set()
+    for r in old:
+        k = r.get(key)
+        if k not in fresh:
+            rows.append(dict(r))
+        elif k not in done:
+            rows += fresh[k]
+            done.add(k)
+    appended = [k for k in fresh if k not in done]
+    return rows + [r for k in appended for r in fresh[k]], appended
 
 
 def write_results(bench, folder: str | os.PathLike, stem: str, methods: Sequence[str] | None = None,

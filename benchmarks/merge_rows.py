@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repository's acetools, however the script is run
 
 from acetools.benchmark import aggregate_seeds  # noqa: E402
+from acetools.results import replace_rows  # noqa: E402
 from acetools.utils import atomic_write  # noqa: E402
 
 #: Settings a rerun must share with the committed file for its rows to sit in the same table.
@@ -41,21 +42,15 @@ SAME = ("world", "suite", "tasks", "size", "expert_seed", "proxy_seed", "n_val",
 
 def _replace_rows(committed: pd.DataFrame, rerun: pd.DataFrame, methods: list[str]) -> pd.DataFrame:
     """``committed`` with the rows of ``methods`` taken from ``rerun``, at their committed place."""
-    parts, done = [], set()
-    for _, block in committed.groupby((committed["method"] != committed["method"].shift()).cumsum(), sort=False):
-        name = block["method"].iloc[0]
-        if name in methods:
-            new = rerun[rerun["method"] == name]
-            if new.empty:
-                raise SystemExit(f"the rerun has no {name!r} rows")
-            parts.append(new)
-            done.add(name)
-        else:
-            parts.append(block)
-    missing = set(methods) - done
+    missing = [m for m in methods if m not in set(committed["method"])]
     if missing:
         raise SystemExit(f"the committed table has no {sorted(missing)} rows to replace")
-    return pd.concat(parts, ignore_index=True)
+    for m in methods:
+        if not (rerun["method"] == m).any():
+            raise SystemExit(f"the rerun has no {m!r} rows")
+    rows, _ = replace_rows(committed.to_dict(orient="records"),
+                           rerun[rerun["method"].isin(methods)].to_dict(orient="records"))
+    return pd.DataFrame(rows, columns=committed.columns)
 
 
 def merge_seed(rerun_dir: Path, out_dir: Path, stem: str, methods: list[str], why: str) -> dict:

@@ -113,30 +113,13 @@ def _variants(args) -> dict | None:
     return {v: TEXT_VARIANTS[v] for v in args.variants}
 
 
-def _in_place(old: list[dict], new: list[dict]) -> list[dict]:
-    """``old`` rows with the rows of each method in ``new`` put where that method's rows were
-    (the tables keep their order), and methods ``old`` lacks appended."""
-    fresh: dict[str, list[dict]] = {}
-    for r in new:
-        fresh.setdefault(r["method"], []).append(r)
-    out, done = [], set()
-    for r in old:
-        m = r.get("method")
-        if m in fresh:
-            if m not in done:
-                out += fresh[m]
-                done.add(m)
-            continue
-        out.append(r)
-    return out + [r for m, rows in fresh.items() if m not in done for r in rows]
-
-
 def _add_rows(args, b, stem: str) -> list:
     """``--add``: run only ``--methods`` and ``--variants`` and put their rows into the committed
     ``<stem>`` tables (summary, per-task, JSON), replacing rows of the same name; every other row,
     and the norms and cosine tables, stay as they are."""
     import pandas as pd
 
+    from acetools.results import replace_rows
     from acetools.utils import atomic_write
 
     out = Path(args.out)
@@ -161,13 +144,12 @@ def _add_rows(args, b, stem: str) -> list:
         runs.append(b.run(m, label=None if label == m else label, **spec))
     for key, new in (("summary", b.summary(runs)), ("per_task", b.per_task(runs))):
         old = pd.read_csv(paths[key])
-        rows = _in_place(old.to_dict(orient="records"), new.to_dict(orient="records"))
+        rows, _ = replace_rows(old.to_dict(orient="records"), new.to_dict(orient="records"))
         with atomic_write(paths[key], "w") as fh:
             pd.DataFrame(rows, columns=old.columns).to_csv(fh, index=False)
-    rec = json.loads(paths["json"].read_text())
-    rec["runs"] = _in_place(rec["runs"], b.record(runs)["runs"])
+    committed["runs"], _ = replace_rows(committed["runs"], b.record(runs)["runs"])
     with atomic_write(paths["json"], "w") as fh:
-        json.dump(rec, fh, indent=1, default=str)
+        json.dump(committed, fh, indent=1, default=str)
     print(b.summary(runs)[["method", "test_acc", "test_normalized", "coef"]].to_string())
     print("-> added to", paths["summary"], flush=True)
     return runs

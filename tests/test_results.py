@@ -312,3 +312,15 @@ def test_load_merge_speed_takes_each_t_from_the_last_session_that_times_tsv_m(tm
     sp = results.load_merge_speed(tmp_path)
     got = {(r.method, r.n_tasks): (r.merge_seconds, r.source.split("/")[0]) for r in sp.itertuples()}
     assert got == {("tsv_m", 8): (5.0, "b"), ("ace", 8): (3.0, "b"), ("wudi", 8): (7.0, "c"), ("ace", 20): (6.0, "c")}
+
+
+def test_replace_rows_keeps_the_tables_order_and_appends_new_methods():
+    from acetools.results import replace_rows
+
+    old = [{"method": "a", "v": 1}, {"method": "b", "v": 2}, {"method": "b", "v": 3}, {"method": "c", "v": 4}]
+    new = [{"method": "d", "v": 9}, {"method": "b", "v": 20}, {"method": "b", "v": 30}, {"method": "b", "v": 40}]
+    rows, appended = replace_rows(old, new)
+    assert [(r["method"], r["v"]) for r in rows] == [("a", 1), ("b", 20), ("b", 30), ("b", 40), ("c", 4), ("d", 9)]
+    assert appended == ["d"]
+    assert old[1] == {"method": "b", "v": 2}  # the inputs are left alone
+    assert replace_rows(old, []) == (old, [])
