@@ -32,15 +32,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # text_world's variant rows
 
 
 def _base_method(label: str) -> tuple[str, Any]:
     """The registered method of a row label and its search (variant rows name theirs)."""
+    from text_world import TEXT_VARIANTS
+
     from acetools.benchmark import ACE_SCALED_ROW, SEARCH, VARIANTS
     from acetools.merging import METHODS
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from text_world import TEXT_VARIANTS
 
     if label in METHODS:
         return label, SEARCH[label]
