@@ -12,7 +12,14 @@
 - ``data_inputs``: the hyperparameters a harness fills from its data (``"activations"``,
   ``"grams"``, ``"targets"``: see :meth:`acetools.benchmark.Benchmark.method_inputs`);
 - ``search``: the coefficient chosen on validation and its grid (:class:`Search`);
-- ``needs_layout``: whether the method takes a matrix path (so a layout decides its result).
+- ``needs_layout``: whether the method takes a matrix path (so a layout decides its result);
+- model-wide steps of a streamed merge (:mod:`acetools.merging.driver`): ``prepare(view,
+  hparams) -> dict`` runs before the key-by-key pass (TIES' global trim threshold) and its
+  dict reaches every per-key call as extra keyword arguments; ``finish(updates, view,
+  hparams, prepared) -> updates`` runs on every key's merged update after it;
+- ``layout_hparams(layout_name) -> dict``: defaults that depend on the layout preset (ESM's
+  layer names), under the values the user gives; ``memory_note(n_tasks, widest_d_in) -> str``
+  and ``note``: what the ``acetools merge --dry-run`` plan says about the method.
 
 A merge method is a pure function::
 
@@ -130,6 +137,22 @@ class Search:
         if self.kind == "grid" and not self.grid:
             raise InputError(f"Search({self.param!r}, 'grid') needs a non-empty grid")
 
+    def run(self, score_fn: Callable[[float], Mapping[str, float]], reference: Mapping[str, float] | None = None,
+            **options: Any) -> Any:
+        """Choose the coefficient: :func:`acetools.search.grid_search` over ``grid``,
+        :func:`~acetools.search.golden_section_search` or :func:`~acetools.search.esm_search` on
+        ``bracket``, by ``kind``. ``score_fn(c)`` returns the validation score per task; ``options``
+        go to the search function. Returns its :class:`acetools.search.SearchResult`."""
+        from .. import search  # the search module imports the grids from here
+
+        if self.kind == "grid":
+            return search.grid_search(score_fn, self.grid, reference=reference, **options)
+        if self.kind == "golden":
+            return search.golden_section_search(score_fn, *self.bracket, reference=reference, **options)
+        if reference is None:
+            raise InputError(f"Search({self.param!r}, 'esm') needs the experts' scores as reference")
+        return search.esm_search(score_fn, reference, lo=self.bracket[0], hi=self.bracket[1], **options)
+
 
 Scope = str | tuple[str, str] | Callable[[Mapping[str, Any]], tuple[str, str]]
 
@@ -147,6 +170,11 @@ class MethodInfo:
     data_inputs: tuple[str, ...] = ()
     search: Search | None = None
     needs_layout: bool = False
+    prepare: Callable[..., Mapping[str, Any]] | None = field(default=None, repr=False)
+    finish: Callable[..., Mapping[str, Any]] | None = field(default=None, repr=False)
+    layout_hparams: Callable[[str | None], Mapping[str, Any]] | None = field(default=None, repr=False)
+    memory_note: Callable[[int, int], str] | None = field(default=None, repr=False)
+    note: str = ""
 
     def key_scope(self, hparams: Mapping[str, Any] | None = None) -> tuple[str, str]:
         """``(scope, why)`` with ``hparams`` (resolved here): ``"key"`` (the update of a key
@@ -177,8 +205,11 @@ class MethodInfo:
         """Hyperparameter names with their defaults (``REQUIRED`` where there is none)."""
         return {k: p.default for k, p in self.params.items()}
 
-    def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        """Defaults overlaid with ``given``, every value checked; unknown names rejected."""
+    def resolve(self, given: Mapping[str, Any], layout: str | None = None) -> dict[str, Any]:
+        """Defaults overlaid with ``given``, every value checked; unknown names rejected. With
+        ``layout`` (a preset name), the method's ``layout_hparams`` for it come between the two."""
+        if layout is not None and self.layout_hparams is not None:
+            given = {**self.layout_hparams(layout), **given}
         unknown = sorted(set(given) - set(self.params))
         if unknown:
             valid = ", ".join(self.params) or "(none)"
@@ -226,7 +257,10 @@ METHODS: Mapping[str, MethodInfo] = MappingProxyType(_REGISTRY)
 
 def register(name: str, description: str, *, key_scope: Scope = "model", per_key: tuple[str, ...] = (),
              data_inputs: tuple[str, ...] = (), search: Search | None = None, needs_layout: bool = False,
-             **params: Param):
+             prepare: Callable[..., Mapping[str, Any]] | None = None,
+             finish: Callable[..., Mapping[str, Any]] | None = None,
+             layout_hparams: Callable[[str | None], Mapping[str, Any]] | None = None,
+             memory_note: Callable[[int, int], str] | None = None, note: str = "", **params: Param):
     """Decorator adding a merge function to :data:`METHODS` under ``name`` (module docstring).
 
     Checks the declaration: ``per_key``, ``data_inputs`` and ``search.param`` must name
@@ -249,7 +283,8 @@ def register(name: str, description: str, *, key_scope: Scope = "model", per_key
             raise InputError(f"register({name!r}): {fn.__name__} repeats the default of {twice[0]!r}; the Param "
                              "holds it (drop the default from the signature)")
         _REGISTRY[name] = MethodInfo(name, description, MappingProxyType(dict(params)), fn, key_scope,
-                                     tuple(per_key), tuple(data_inputs), search, bool(needs_layout))
+                                     tuple(per_key), tuple(data_inputs), search, bool(needs_layout), prepare,
+                                     finish, layout_hparams, memory_note, note)
         return _with_defaults(fn, params, sig)
 
     return deco
