@@ -1,6 +1,7 @@
 """Build the text world's experts and benchmark every merge method on them (issue 19).
 
     python3 benchmarks/text_world.py build --suite text8 --seeds 0 1 2      # experts, resumable
+    python3 benchmarks/text_world.py build --suite text8 --heads trained --seeds 0 1 2   # the GLUE protocol
     python3 benchmarks/text_world.py bench --suite text8 --seeds 0          # every method + variants
     python3 benchmarks/text_world.py card --suite text8 --seeds 0           # its regime card
     python3 benchmarks/text_world.py tables --suite text8                  # the README's tables
@@ -56,7 +57,14 @@ TEXT_VARIANTS = {
 def _world(args, seed):
     from acetools.world.text.world import TextWorld
 
-    return TextWorld(args.suite, seed=seed, profile=args.profile, threads=args.threads, device=args.device)
+    return TextWorld(args.suite, seed=seed, profile=args.profile, threads=args.threads, device=args.device,
+                     finetune={"heads": args.heads})
+
+
+def _tag(args) -> str:
+    """The suite's name in file names: ``text8`` with the zero-shot heads, ``text8_trained`` with
+    per-task heads trained beside the experts (the GLUE protocol, docs/text-world.md)."""
+    return args.suite if args.heads == "zeroshot" else f"{args.suite}_{args.heads}"
 
 
 def build(args) -> None:
@@ -82,13 +90,13 @@ def build(args) -> None:
             acc[task] = w.evaluate(w.expert_state(task), task, "test")
             n_eval += len(w.split(task, "test"))
         eval_s = time.perf_counter() - t2
-        rec = {"suite": args.suite, "seed": seed, "profile": args.profile, "threads": args.threads,
+        rec = {"suite": args.suite, "heads": args.heads, "seed": seed, "profile": args.profile, "threads": args.threads,
                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_avg_1min": os.getloadavg()[0],
                "experts": rows, "built_now": w.built, "seconds_total": round(time.perf_counter() - t0, 1),
                "build_seconds_recorded": round(sum(r["train_seconds"] or 0 for r in rows), 1),
                "expert_test_acc": acc, "eval_seq_per_s": round(n_eval / eval_s, 1), "config": w.config.to_dict()}
         rec["peak_rss_mib"] = _peak_rss_mib()
-        path = out / f"build_{args.suite}_seed{seed}.json"
+        path = out / f"build_{_tag(args)}_seed{seed}.json"
         path.write_text(json.dumps(rec, indent=1))
         print(f"seed {seed}: {len(w.built)} built, experts' mean test acc "
               f"{100 * sum(acc.values()) / len(acc):.1f} %, eval {rec['eval_seq_per_s']} seq/s -> {path}", flush=True)
@@ -163,7 +171,7 @@ def bench(args) -> None:
         w = _world(args, seed)
         b = Benchmark(w, n_val=args.n_val, n_test=args.n_test, n_proxy=32, n_gram=args.n_gram,
                       patience=args.patience, threads=args.threads)
-        stem = f"{w.name}_{w.size}_seed{seed}"
+        stem = f"{_tag(args)}_{w.size}_seed{seed}"
         if args.add:
             runs = _add_rows(args, b, stem)
             continue
@@ -188,7 +196,7 @@ def card(args) -> None:
         w = _world(args, seed)
         c = regime_card(w, n_val=args.n_val, n_test=args.n_test, patience=args.patience, threads=args.threads,
                         progress=True)
-        folder = Path(args.cards) / f"{w.name}_seed{seed}"
+        folder = Path(args.cards) / f"{_tag(args)}_seed{seed}"
         c.save(folder)
         print(c.to_frame()[["metric", "value", "clip"]].head(14).to_string())
         print("->", folder, flush=True)
@@ -211,6 +219,8 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--heads", default="zeroshot", choices=["zeroshot", "trained"],
+                   help="frozen zero-shot heads (the shipped world) or per-task heads trained with the experts")
     # the committed tables' protocol (issue 23): 100 validation and 300 test texts per task, the
     # course's one patience; 0 evaluates every split text, and patience 0 the whole grid
     p.add_argument("--n-val", type=int, default=100)
