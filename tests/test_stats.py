@@ -1,0 +1,105 @@
+"""acetools.stats: the paired bootstrap on synthetic data with a known answer, the ceiling-aware
+prediction and the power rule (docs/course.md §Claim rules)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from acetools.errors import InputError
+from acetools.stats import POWER_FACTOR, Z_95, ceiling_prediction, has_power, paired_bootstrap
+
+
+def _bernoulli(rng, p, n):
+    return rng.random(n) < p
+
+
+def test_one_seed_one_task_matches_the_analytic_paired_standard_error():
+    rng = np.random.default_rng(1)
+    n = 400
+    a, b = _bernoulli(rng, 0.8, n), _bernoulli(rng, 0.7, n)
+    r = paired_bootstrap({0: {"t": a}}, {0: {"t": b}}, n_boot=4000, seed=0)
+    d = 100 * (a.astype(float) - b.astype(float))
+    assert r.diff == pytest.approx(d.mean())
+    analytic = d.std(ddof=1) / math.sqrt(n)  # the paired standard error of a mean difference
+    assert r.se == pytest.approx(analytic, rel=0.08)
+    assert r.low < r.diff < r.high and r.n_seeds == 1 and r.n_examples == n
+
+
+def test_the_interval_covers_the_true_difference_about_95_percent_of_the_time():
+    rng = np.random.default_rng(2)
+    true, covered, reps = 100 * (0.75 - 0.70), 0, 200
+    for k in range(reps):
+        # the two methods share most examples' outcome (paired), as merges of one base do
+        common = rng.random(300)
+        a, b = common < 0.75, common < 0.70
+        flip = rng.random(300) < 0.1
+        a, b = np.where(flip, rng.random(300) < 0.75, a), np.where(flip, rng.random(300) < 0.70, b)
+        r = paired_bootstrap({0: {"t": a}}, {0: {"t": b}}, n_boot=400, seed=k)
+        covered += r.low <= true <= r.high
+    assert 0.88 <= covered / reps <= 0.995
+
+
+def test_seed_noise_adds_to_the_standard_error():
+    rng = np.random.default_rng(3)
+    n, tasks = 200, ("x", "y")
+    base = {t: rng.random(n) for t in tasks}
+    b = {s: {t: base[t] < 0.6 for t in tasks} for s in range(3)}
+    same = {s: {t: base[t] < 0.65 for t in tasks} for s in range(3)}
+    shifted = {s: {t: base[t] < 0.65 + 0.08 * (s - 1) for t in tasks} for s in range(3)}
+    r_same = paired_bootstrap(same, b, n_boot=2000)
+    r_shift = paired_bootstrap(shifted, b, n_boot=2000)
+    assert r_same.diff == pytest.approx(r_shift.diff, abs=1.5)
+    assert r_shift.se > 1.5 * r_same.se  # the seeds' spread of +-8 points now counts
+
+
+def test_identical_methods_differ_by_zero_and_the_result_is_deterministic():
+    rng = np.random.default_rng(4)
+    a = {s: {"t": _bernoulli(rng, 0.7, 50), "u": _bernoulli(rng, 0.5, 30)} for s in (0, 1)}
+    r = paired_bootstrap(a, a)
+    assert (r.diff, r.se, r.low, r.high) == (0.0, 0.0, 0.0, 0.0)
+    b = {s: {t: ~v for t, v in d.items()} for s, d in a.items()}
+    assert paired_bootstrap(a, b, seed=7) == paired_bootstrap(a, b, seed=7)
+
+
+def test_scale_gives_normalized_points():
+    a, b = {0: {"t": np.array([1, 1, 1, 0])}}, {0: {"t": np.array([1, 0, 1, 0])}}
+    assert paired_bootstrap(a, b, scale={"t": 0.5}).diff == pytest.approx(50.0)
+    with pytest.raises(InputError, match="'t'"):
+        paired_bootstrap(a, b, scale={"u": 0.5})
+
+
+@pytest.mark.parametrize("b, match", [
+    ({1: {"t": np.ones(4)}}, "different seeds"),
+    ({0: {"u": np.ones(4)}}, "tasks"),
+    ({0: {"t": np.ones(5)}}, "shapes"),
+])
+def test_mismatched_inputs_are_named(b, match):
+    with pytest.raises(InputError, match=match):
+        paired_bootstrap({0: {"t": np.ones(4)}}, b)
+
+
+def test_test_sets_must_be_the_same_across_seeds():
+    a = {0: {"t": np.ones(4)}, 1: {"t": np.ones(5)}}
+    with pytest.raises(InputError, match="fixed across seeds"):
+        paired_bootstrap(a, a)
+
+
+def test_ceiling_prediction_caps_at_the_headroom_and_keeps_the_sign():
+    assert ceiling_prediction(2.0, 10.0, 5.0) == pytest.approx(1.0)
+    # text8's case: a RoBERTa-sized lead predicted where only 4.5 points are left above TSV-M
+    assert ceiling_prediction(11.4, 10.9, 10.9, headroom=4.5) == pytest.approx(4.5)
+    assert ceiling_prediction(-3.0, 1.0, 1.0, headroom=2.0) == pytest.approx(-2.0)
+    assert ceiling_prediction(2.0, 10.0, -1.0) == 0.0
+    with pytest.raises(InputError, match="paper_room"):
+        ceiling_prediction(1.0, 0.0, 1.0)
+
+
+def test_power_needs_twice_the_margin():
+    assert POWER_FACTOR == 2.0 and Z_95 == pytest.approx(1.96, abs=1e-3)
+    assert has_power(1.0, 0.5) and not has_power(0.99, 0.5) and has_power(-1.2, 0.5)
+    # the issue's two cases: predicted 0.56 and 0.548 against a 0.50 margin lack power
+    assert not has_power(0.56, 0.5) and not has_power(0.548, 0.5)
+    assert not has_power(None, 0.5)
+    with pytest.raises(InputError, match="margin"):
+        has_power(1.0, float("nan"))
