@@ -4,7 +4,8 @@
 :mod:`acetools.files.diagnose`) and :mod:`acetools.course.report` use :func:`run_notebook`.
 Each notebook in ``notebooks/`` (``NN_name.ipynb``) is executed with papermill into a
 build folder — never in place (docs/style.md §13) — with explicit ``cwd`` and ``kernel_name``, then
-rendered to HTML without code cells (``nbconvert --no-input``). Figures go to
+rendered to HTML: a lesson with its code (setup and plotting cells tagged ``hide-input`` show only
+their output), a pure report such as diagnose without (:func:`render_html`). Figures go to
 ``<figures>/<notebook-stem>/``: the repository's ``figures/`` for the full profile, the
 build folder for the quick one (so a quick run never overwrites the committed figures).
 
@@ -43,6 +44,8 @@ __all__ = [
     "render_html",
     "REPORT_CSS",
     "START_TIMEOUT",
+    "HIDE_INPUT",
+    "shows_code",
 ]
 
 log = logging.getLogger(__name__)
@@ -235,6 +238,10 @@ def _check_parameters(path: Path, params: Mapping[str, Any]) -> None:
         )
 
 
+#: The kernel's matplotlib backend: figures become outputs of their cells (a test process's
+#: ``MPLBACKEND=Agg`` would otherwise leave every figure off the page).
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+
 #: Seconds to wait for a notebook kernel to start (see :func:`run_notebook`).
 START_TIMEOUT = 300
 
@@ -242,17 +249,19 @@ START_TIMEOUT = 300
 def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters: Mapping[str, Any] | None = None,
                  *, html: bool = True, kernel_name: str = "python3", timeout: int | None = None,
                  start_timeout: int = START_TIMEOUT, cwd: str | os.PathLike | None = None,
-                 output_name: str | None = None, require_mathjax: bool = True) -> dict[str, Any]:
+                 output_name: str | None = None, require_mathjax: bool = True,
+                 code: bool | None = None) -> dict[str, Any]:
     """Execute one notebook with papermill into ``out_dir`` (and render HTML); return a record
     ``{"notebook", "seconds", "executed"[, "html"]}``.
 
     Never in place: the executed copy is ``out_dir/<output_name or the notebook's name>``;
     ``cwd`` is where its cells run (default: the notebook's folder). The kernel imports the
-    same acetools as this process (its checkout goes first on ``PYTHONPATH``), and progress bars
-    are off unless ``ACETOOLS_PROGRESS`` says otherwise (a report is a document). ``timeout``:
+    same acetools as this process (its checkout goes first on ``PYTHONPATH``), draws figures inline
+    (:data:`INLINE_BACKEND`), and progress bars are off unless ``ACETOOLS_PROGRESS`` says otherwise
+    (a report is a document). ``timeout``:
     seconds one cell may run (``None``: no limit). ``start_timeout``: seconds to wait for the
     kernel to start (papermill's default of 60 s is too short on a loaded 2-core machine,
-    where importing torch in a fresh kernel can take longer).
+    where importing torch in a fresh kernel can take longer). ``code``: as in :func:`render_html`.
 
     Raises :class:`UnknownParameterError` before running when a parameter is not declared,
     and papermill's ``PapermillExecutionError`` when a cell fails (the partly executed
@@ -267,8 +276,9 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
     _check_parameters(path, params)
     out_nb = out_dir / (output_name or path.name)
     t0 = time.perf_counter()
-    saved = {k: os.environ.get(k) for k in ("ACETOOLS_PROGRESS", "PYTHONPATH")}
+    saved = {k: os.environ.get(k) for k in ("ACETOOLS_PROGRESS", "PYTHONPATH", "MPLBACKEND")}
     os.environ.setdefault("ACETOOLS_PROGRESS", "0")
+    os.environ["MPLBACKEND"] = INLINE_BACKEND  # figures on the page, whatever backend this process uses
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
     try:
         pm.execute_notebook(str(path), str(out_nb), parameters=params, kernel_name=kernel_name,
@@ -283,7 +293,7 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
     seconds = time.perf_counter() - t0
     rec: dict[str, Any] = {"notebook": path.stem, "seconds": round(seconds, 1), "executed": str(out_nb)}
     if html:
-        rec["html"] = str(render_html(out_nb, require_mathjax=require_mathjax))
+        rec["html"] = str(render_html(out_nb, require_mathjax=require_mathjax, code=code))
     return rec
 
 
@@ -306,8 +316,23 @@ def _image_alts(nb) -> dict[str, str]:
     return alts
 
 
-def render_html(executed: str | os.PathLike, *, require_mathjax: bool = True) -> Path:
-    """``jupyter nbconvert --to html --no-input`` of an executed notebook, next to it.
+#: Cell tag that hides a cell's input in the rendered page (its output stays): setup and plotting
+#: cells of a lesson (docs/style.md §13). A lesson's own cells carry no such tag.
+HIDE_INPUT = "hide-input"
+
+
+def shows_code(nb: Any) -> bool:
+    """Whether a notebook renders with its code: a lesson does (docs/style.md §13); a pure report,
+    whose metadata says ``{"acetools": {"kind": "report"}}`` (the shipped diagnose notebook), does not."""
+    return (nb.metadata.get("acetools") or {}).get("kind") != "report"
+
+
+def render_html(executed: str | os.PathLike, *, require_mathjax: bool = True, code: bool | None = None) -> Path:
+    """HTML of an executed notebook, next to it (``jupyter nbconvert --to html``).
+
+    ``code``: render the input cells (None: as the notebook says, :func:`shows_code`: lessons with
+    their code, pure reports without, like ``nbconvert --no-input``). With code, the input of cells
+    tagged :data:`HIDE_INPUT` (setup, plotting) is left out and their output kept.
 
     Three additions make the page readable: every figure's ``<img>`` gets its alt text from the
     figure's title (:func:`_image_alts`; nbconvert's default says "No description has been
@@ -331,8 +356,14 @@ def render_html(executed: str | os.PathLike, *, require_mathjax: bool = True) ->
         raise FileNotFoundError("no local MathJax for the report's equations: install Debian's libjs-mathjax "
                                 "(scripts/setup.sh does) or set ACETOOLS_MATHJAX to a MathJax.js; reports never "
                                 "load it from a CDN")
-    kw = {"mathjax_url": mj} if mj else {}
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True, **kw)
+    kw: dict[str, Any] = {"mathjax_url": mj} if mj else {}
+    if code is None:
+        code = shows_code(nb)
+    if code:
+        from traitlets.config import Config
+
+        kw["config"] = Config({"TagRemovePreprocessor": {"enabled": True, "remove_input_tags": {HIDE_INPUT}}})
+    exporter = HTMLExporter(exclude_input=not code, exclude_input_prompt=True, exclude_output_prompt=True, **kw)
     body, _ = exporter.from_notebook_node(nb)
     alts = _image_alts(nb)
     soup = BeautifulSoup(body, features="html.parser")

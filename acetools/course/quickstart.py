@@ -1,30 +1,62 @@
-"""Lesson 00 (``notebooks/00_quickstart``): merge a suite's experts with ACE in one call.
+"""Lesson 00 (``notebooks/00_quickstart``): merging on a world whose answer we know, then in one call.
 
-The tables the quickstart shows, from a :class:`~acetools.benchmark.Benchmark`:
-:func:`ingredients` (the base and each expert on every task), :func:`comparison` (ACE and
-task arithmetic, its coefficient chosen on validation, between the floor and the ceiling)
-and :func:`summary_sentence` (the comparison in words). The notebook makes no claim of the
-papers: it measures this world.
+The lesson's own cells compute the merges; this module gives them their world and their score:
+
+* :func:`linear_world` — the linear world of ``acetools demo`` (:mod:`acetools.synthetic`): a
+  base map, regression tasks with known input covariances, and one SGD-fine-tuned expert per
+  task, on the lesson's device;
+* :func:`normalized_gain` — how much of each expert's improvement over the base a merged map
+  keeps, on a split (100: as good as each task's own expert; 0: no better than the base);
+* :func:`comparison`, :func:`summary_sentence` — the mini-world's ACE against task arithmetic (its
+  coefficient chosen on validation), between the floor and the ceiling, as a table and in words.
+
+The notebook makes no claim of the papers: it measures these worlds.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import fields, replace
 from typing import Any
 
 import pandas as pd
+import torch
+from torch import Tensor
 
-__all__ = ["ingredients", "comparison", "summary_sentence"]
+from ..synthetic import RegressionTask, finetune_linear, make_regression_tasks, task_loss
+
+__all__ = ["linear_world", "normalized_gain", "comparison", "summary_sentence"]
 
 
-def ingredients(bench) -> pd.DataFrame:
-    """Test accuracy (%) of the base with its frozen heads (the floor) and of each expert on
-    its own task (the ceiling), one row per task plus their ``mean``."""
-    t = pd.DataFrame({"base (frozen heads)": bench.evaluate(bench.base, "test"),
-                      "expert": bench.expert_accuracy("test")}).mul(100)
-    t.loc["mean"] = t.mean()
-    return t
+def linear_world(n_tasks: int, d_in: int, d_out: int, *, steps: int, lr: float = 0.02, seed: int = 0,
+                 device: str | torch.device = "cpu") -> tuple[Tensor, list[RegressionTask], list[Tensor]]:
+    """``(W0, tasks, W)``: the base map (``d_out × d_in``), ``n_tasks`` regression tasks with
+    their true input covariances ``task.Sigma`` (:func:`acetools.synthetic.make_regression_tasks`)
+    and each task's expert ``W[t]``, ``W0`` fine-tuned by ``steps`` steps of minibatch SGD at ``lr``
+    (:func:`acetools.synthetic.finetune_linear`, expert ``t`` seeded ``seed + t``, as in
+    ``acetools demo``). Every tensor is float64 on ``device``."""
+    W0, tasks = make_regression_tasks(n_tasks, d_in, d_out, seed=seed)
+    dev = torch.device(device)
+    W0 = W0.to(dev)
+    tasks = [replace(t, **{f.name: getattr(t, f.name).to(dev) for f in fields(t)
+                           if isinstance(getattr(t, f.name), Tensor)}) for t in tasks]
+    experts = [finetune_linear(W0, t.X_train, t.Y_train, steps=steps, lr=lr, seed=seed + i)
+               for i, t in enumerate(tasks)]
+    return W0, tasks, experts
+
+
+def normalized_gain(W: Tensor, W0: Tensor, tasks: Sequence[RegressionTask], experts: Sequence[Tensor],
+                    split: str = "test") -> float:
+    """Mean over tasks of ``100 (L_base - L) / (L_base - L_expert)``, the squared error ``L`` of a map
+    on a task's ``split`` (:func:`acetools.synthetic.task_loss`) for the base ``W0``, the merged ``W``
+    and the task's own expert: 100 is as good as each expert on its own task, 0 no better than the
+    base (``acetools demo``'s score)."""
+    gains = []
+    for task, W_t in zip(tasks, experts, strict=True):
+        base, expert, merged = (task_loss(M, task, split) for M in (W0, W_t, W))
+        gains.append(100 * (base - merged) / (base - expert))
+    return sum(gains) / len(gains)
 
 
 def comparison(bench, methods: Sequence[str] = ("task_arithmetic", "ace")) -> pd.DataFrame:

@@ -16,7 +16,8 @@ from ..notebooks import *  # noqa: F403  (the course's runner is the library's)
 from ..notebooks import __all__ as _RUNNER
 
 __all__ = [*_RUNNER, "check_html", "equation_code_spans", "mathjax_url", "find_chromium", "chromium_layout",
-           "check_rendered", "check_report", "figure_problems", "screenshot", "CHROMIUM_FLAGS"]
+           "check_rendered", "check_report", "figure_problems", "screenshot", "CHROMIUM_FLAGS", "code_problems",
+           "rendered_code_cells"]
 
 
 #: What a rendered report must not contain (:func:`check_html`), as regular expressions on its
@@ -198,8 +199,9 @@ def check_report(html: str | os.PathLike, figures_dir: str | os.PathLike | None 
 def check_html(path: str | os.PathLike) -> list[str]:
     """What a reader could not trust in a rendered report: one message per problem (``[]``:
     none). Checks for ``NaN`` (or ``None``) table cells, the default alt text of a figure, raw
-    dict reprs, list or array reprs in printed output, tracebacks and error output, and a claim's
-    verdict shown more than once."""
+    dict reprs, list or array reprs in printed output, tracebacks and error output, a claim's
+    verdict shown more than once and, when the executed notebook lies next to the page, a lesson
+    shown without its code (:func:`code_problems`)."""
     html = Path(path).read_text()
     # the embedded figures are base64: leave them out of the text checks
     text = re.sub(r'src="data:image/[^"]*"', 'src=""', html)
@@ -217,6 +219,62 @@ def check_html(path: str | os.PathLike) -> list[str]:
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:
         problems.append(f"{Path(path).name}: verdict shown more than once: {twice}")
+    executed = Path(path).with_suffix(".ipynb")  # render_html writes the page next to its executed notebook
+    if executed.is_file():
+        problems += code_problems(executed, html)
+    return problems
+
+
+#: Prose that points at code: it needs that code shown on the page.
+_POINTS_AT_CODE = re.compile(r"\b(?:here is the code|here are the|the (?:code|cell)s? (?:below|above)|"
+                             r"the (?:next|following) (?:code )?cells?|this cell|in the code below)\b", re.I)
+
+
+def rendered_code_cells(html: str) -> tuple[int, int]:
+    """``(with input, all)``: the code cells of a rendered page that show their input, and all of them."""
+    from bs4 import BeautifulSoup
+
+    cells = BeautifulSoup(html, features="html.parser").select("div.jp-CodeCell")
+    return sum(1 for c in cells if c.select_one(".jp-InputArea-editor") is not None), len(cells)
+
+
+def code_problems(executed: str | os.PathLike, html: str) -> list[str]:
+    """What a reader of a rendered lesson would miss of its code (``[]``: nothing), from the executed
+    notebook and its page ``html`` (docs/style.md §13: lessons render with their code; only cells tagged
+    ``hide-input``, setup and plotting, may hide it). A lesson whose page shows fewer inputs than it has
+    untagged code cells, and prose that points at code ("the cell below", "here is the code") where
+    the next code cell's input is not on the page, are problems."""
+    import nbformat
+
+    from ..notebooks import HIDE_INPUT, shows_code
+
+    nb = nbformat.read(str(executed), as_version=4)
+    name = Path(executed).with_suffix(".html").name
+    lesson = shows_code(nb)
+
+    def hidden(cell) -> bool:
+        return not lesson or HIDE_INPUT in cell.get("metadata", {}).get("tags", [])
+
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    own = [c for c in code if not hidden(c)]
+    shown, total = rendered_code_cells(html)
+    problems = []
+    if lesson and own and shown == 0:
+        problems.append(f"{name}: a lesson rendered without its code ({len(own)} code cells, none shown)")
+    elif lesson and shown < len(own):
+        problems.append(f"{name}: {len(own) - shown} of the lesson's {len(own)} code cells rendered without input")
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        m = _POINTS_AT_CODE.search(re.sub(r"```.*?```", "", cell.source, flags=re.S))
+        if not m:
+            continue
+        after = [c for c in nb.cells[i + 1:] if c.cell_type == "code"][:1]
+        before = [c for c in nb.cells[:i] if c.cell_type == "code"][-1:]
+        target = before if "above" in m.group(0).lower() else after
+        if not target or hidden(target[0]):
+            problems.append(f"{name}: prose points at code that is not shown: {m.group(0)!r} "
+                            f"({cell.source.strip().splitlines()[0][:60]!r})")
     return problems
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from acetools.cli import build_parser
-from acetools.course.report import PROFILES, notebook_paths, parse_parameter, run_report
+from acetools.notebooks import PROFILES, notebook_paths, parse_parameter, run_report
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -109,7 +109,8 @@ def test_render_html_takes_alt_text_from_the_figure_and_adds_the_page_css(tmp_pa
     import nbformat
 
     from acetools.course.page import REPORT_CSS
-    from acetools.course.report import check_html, render_html
+    from acetools.course.report import check_html
+    from acetools.notebooks import render_html
 
     png = base64.b64encode(b"\x89PNG fake").decode()
     out = [nbformat.v4.new_output("display_data", data={"image/png": png},
@@ -154,3 +155,69 @@ def test_no_committed_figure_overprints_its_own_text():
     assert len(folders) >= 7
     problems = [p for f in folders for p in figure_problems(f)]
     assert not problems, problems
+
+
+def _lesson(tmp_path, *, kind: str | None = None, prose: str = "Compute it:", hide_second: bool = False):
+    """An executed two-cell lesson (or, with ``kind="report"``, a pure report) and its rendered page."""
+    import nbformat
+
+    from acetools.notebooks import render_html
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    if kind:
+        nb.metadata["acetools"] = {"kind": kind}
+    setup = nbformat.v4.new_code_cell("import torch  # setup", outputs=[])
+    setup.metadata["tags"] = ["hide-input"]
+    own = nbformat.v4.new_code_cell("Sigma_hat = W_tilde.T @ W_tilde  # (d_in, d_in)", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="done\n")])
+    if hide_second:
+        own.metadata["tags"] = ["hide-input"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# A lesson"), setup, nbformat.v4.new_markdown_cell(prose), own]
+    path = tmp_path / "lesson.ipynb"
+    nbformat.write(nb, str(path))
+    return path, render_html(path, require_mathjax=False)
+
+
+def test_a_lesson_renders_with_its_code_and_hides_only_tagged_cells(tmp_path):
+    """docs/style.md §13: a lesson's own cells show their input; cells tagged hide-input (setup,
+    plotting) show only their output; a pure report renders without input."""
+    from bs4 import BeautifulSoup
+
+    from acetools.course.report import check_html, rendered_code_cells
+
+    def words(page) -> str:
+        return BeautifulSoup(page.read_text(), features="html.parser").get_text()
+
+    _, html = _lesson(tmp_path)
+    assert "W_tilde.T" in words(html) and "import torch" not in words(html) and "done" in words(html)
+    assert rendered_code_cells(html.read_text()) == (1, 2)
+    assert check_html(html) == []
+    report_dir = tmp_path / "report"
+    report_dir.mkdir()
+    _, page = _lesson(report_dir, kind="report")
+    assert "W_tilde.T" not in words(page) and rendered_code_cells(page.read_text()) == (0, 2)
+    assert check_html(page) == []  # a pure report may hide its code
+
+
+def test_the_report_check_fails_a_lesson_without_its_code(tmp_path):
+    from acetools.course.report import check_html
+    from acetools.notebooks import render_html
+
+    path, _ = _lesson(tmp_path)
+    html = render_html(path, require_mathjax=False, code=False)  # as nbconvert --no-input would
+    problems = "\n".join(check_html(html))
+    assert "a lesson rendered without its code" in problems
+
+
+@pytest.mark.parametrize("prose", ["Here is the code:", "The cell below computes it.", "The next cell does it."])
+def test_the_report_check_fails_prose_that_points_at_hidden_code(tmp_path, prose):
+    from acetools.course.report import check_html
+
+    _, html = _lesson(tmp_path, prose=prose, hide_second=True)
+    problems = "\n".join(check_html(html))
+    assert "prose points at code that is not shown" in problems
+    shown = tmp_path / "shown"
+    shown.mkdir()
+    _, ok = _lesson(shown, prose=prose)
+    assert check_html(ok) == []  # the same words are fine where the code is on the page
