@@ -1,10 +1,12 @@
-"""The README's tables, generated from the committed result files (one script, no hand-typed numbers).
+"""The results tables of the docs, generated from the committed result files (one script, no
+hand-typed numbers).
 
-    python3 scripts/readme_tables.py           # rewrite the generated blocks of README.md
-    python3 scripts/readme_tables.py --check   # exit 1 if README.md differs from the committed files
+    python3 scripts/readme_tables.py           # rewrite the generated blocks of the pages in PAGES
+    python3 scripts/readme_tables.py --check   # exit 1 if a page differs from the committed files
 
-Each block sits between ``<!-- generated: NAME -->`` and ``<!-- /generated: NAME -->`` in
-README.md; everything between the markers is rewritten, everything else is left alone:
+Each block sits between ``<!-- generated: NAME -->`` and ``<!-- /generated: NAME -->`` in one of
+the pages of :data:`PAGES` (today every block is in docs/results.md; README.md links to it);
+everything between the markers is rewritten, everything else is left alone:
 
 * ``benchmark`` — absolute / normalized test accuracy, mean ± sd over expert seeds, from
   ``figures/benchmark/*_small_seed*_summary.csv``;
@@ -16,7 +18,8 @@ README.md; everything between the markers is rewritten, everything else is left 
   ``figures/benchmark/text8_minilm_seed*_summary.csv``, ``benchmarks/results/text_world/build_*.json``
   and ACE's γ per layer type from ``figures/regime/text8_seed0/card_per_layer.csv``.
 
-``tests/test_readme_tables.py`` fails when a block drifts from the files.
+Every generator's block appears exactly once over the pages. ``tests/test_readme_tables.py`` fails
+when a block drifts from the files.
 """
 
 from __future__ import annotations
@@ -95,41 +98,55 @@ def text_world_table(repo: Path = REPO) -> str:
 
 GENERATORS = {"benchmark": benchmark_table, "room": room_text, "targets": targets_table, "claims": claims_table,
               "text_world": text_world_table}
+#: The pages that hold generated blocks, relative to the repository.
+PAGES = ("README.md", "docs/results.md")
 
 
-def render(readme: str, repo: Path = REPO) -> str:
-    """``readme`` with every generated block rewritten from the files under ``repo``."""
-    seen = set()
+def blocks(text: str) -> list[str]:
+    """The names of the generated blocks in ``text``, in order."""
+    return [m.group("name") for m in BLOCK.finditer(text)]
+
+
+def render(text: str, repo: Path = REPO, *, page: str = "the page") -> str:
+    """``text`` with every generated block in it rewritten from the files under ``repo``."""
 
     def sub(m: re.Match) -> str:
         name = m.group("name")
         if name not in GENERATORS:
-            raise KeyError(f"README block {name!r} has no generator; known: {sorted(GENERATORS)}")
-        seen.add(name)
+            raise KeyError(f"{page}: block {name!r} has no generator; known: {sorted(GENERATORS)}")
         return m.group(1) + GENERATORS[name](repo) + m.group(4)
 
-    out = BLOCK.sub(sub, readme)
-    missing = set(GENERATORS) - seen
+    return BLOCK.sub(sub, text)
+
+
+def render_pages(texts: dict[str, str], repo: Path = REPO) -> dict[str, str]:
+    """Every page of ``texts`` ({relative path: text}) rendered; raises ValueError when a generator's
+    block is missing from all of them or appears more than once."""
+    found = [name for text in texts.values() for name in blocks(text)]
+    missing = sorted(set(GENERATORS) - set(found))
     if missing:
-        raise ValueError(f"README.md lacks the generated blocks {sorted(missing)}")
-    return out
+        raise ValueError(f"no page of {sorted(texts)} holds the generated blocks {missing}")
+    twice = sorted({n for n in found if found.count(n) > 1})
+    if twice:
+        raise ValueError(f"the generated blocks {twice} appear more than once in {sorted(texts)}")
+    return {path: render(text, repo, page=path) for path, text in texts.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the files")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a page differs from the files")
     args = ap.parse_args(argv)
-    path = REPO / "README.md"
-    old = path.read_text()
-    new = render(old)
+    old = {page: (REPO / page).read_text() for page in PAGES}
+    new = render_pages(old)
+    stale = [page for page in PAGES if new[page] != old[page]]
     if args.check:
-        if new != old:
-            print("README.md's generated tables differ from the committed files: run python3 scripts/readme_tables.py")
-            return 1
-        return 0
-    if new != old:
+        for page in stale:
+            print(f"{page}'s generated tables differ from the committed files: run python3 scripts/readme_tables.py")
+        return 1 if stale else 0
+    for page in stale:
+        path = REPO / page
         tmp = path.with_suffix(".md.tmp")
-        tmp.write_text(new)
+        tmp.write_text(new[page])
         tmp.replace(path)
     return 0
 

