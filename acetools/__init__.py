@@ -10,10 +10,6 @@ import logging as _logging  # noqa: E402
 # application configures logging (the command line does: --quiet / --verbose).
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
-from ._moved import install as _install_old_paths  # noqa: E402
-
-_install_old_paths()  # acetools.zoo, acetools.data, ...: the paths before issue 22, deprecated for one release
-
 __all__ = ["merge", "task_vectors", "METHODS", "seed_everything", "__version__"]
 
 # Imported on first use (PEP 562), so that ``python -m acetools`` checks its arguments before

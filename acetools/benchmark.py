@@ -63,7 +63,7 @@ class _SearchView(Mapping):
 #: a view of the registry. ``None``: no search (weight averaging's fixed 1/T; WUDI, RegMean and ACE use their
 #: coefficient 1).
 SEARCH: Mapping[str, Search | None] = _SearchView()
-#: A searched variant of ACE ("ace" + scaling chosen on validation), for the prototype's question.
+#: A searched variant of ACE ("ace" + scaling chosen on validation): does a global scale help ACE?
 ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20), 2).tolist()))
 #: Its labelled row, as ``acetools bench --ace-scaled`` and the lesson's recompute add it.
 ACE_SCALED_ROW: dict[str, dict[str, Any]] = {"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED}}
@@ -218,6 +218,12 @@ class Benchmark:
         targets = getattr(self.world, "esm_targets", None)
         return tuple(targets) if targets else None
 
+    def layout_kwargs(self) -> dict[str, Any]:
+        """What ``merge(...)`` needs to know of the world's keys: ``{"layout": world.layout}`` (the
+        text world's ``bert``, the CLIP world's ``hf_clip``); ``{}`` in the vision world."""
+        layout = getattr(self.world, "layout", None)
+        return {} if self.world.kind == "vision" or not layout else {"layout": layout}
+
     #: How the harness fills each data input a method declares (``@register(..., data_inputs=...)``):
     #: the name of the method collecting it; a collector returning None leaves the method's default.
     DATA_INPUTS: Mapping[str, str] = {"activations": "esm_activations", "grams": "grams", "targets": "esm_targets"}
@@ -265,8 +271,8 @@ class Benchmark:
     def _merge(self, method: str, hparams: Mapping[str, Any]) -> StateDict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            layout = {} if self.world.kind == "vision" else {"layout": self.world.layout}
-            return merge(method, self.base, self.experts, **self.method_inputs(method), **layout, **hparams)
+            return merge(method, self.base, self.experts, **self.method_inputs(method), **self.layout_kwargs(),
+                         **hparams)
 
     def run(self, method: str, *, search: Search | Literal["default"] | None = "default", label: str | None = None,
             **hparams: Any) -> MethodRun:
@@ -425,7 +431,7 @@ class Benchmark:
         }
 
     def regime(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The zoo's regime (issue 4): ``(norms, cosine)``.
+        """The zoo's regime (docs/regime.md): ``(norms, cosine)``.
 
         ``norms``: mean ||tau_t||_F/||W0||_F over the matrices of each layer type, one row per
         task (columns: layer types, plus ``all matrices``). ``cosine``: the T x T cosine

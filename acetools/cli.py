@@ -99,7 +99,7 @@ def _suites() -> list[str]:
 
 
 def _sizes() -> list[str]:
-    from .world.vision.models import SIZES
+    from .world.vision.sizes import SIZES
 
     return list(SIZES)
 
@@ -147,8 +147,8 @@ def _open_clip_names() -> list[str]:
 
 def model_size(text: str) -> str:
     """``--size``: a registered mini-world size or an open_clip model name (``ViT-B-32``). Checked without
-    importing open_clip, so a bad value stops at once."""
-    from .world.vision.models import SIZES
+    importing torch or open_clip, so a bad value stops at once."""
+    from .world.vision.sizes import SIZES
 
     if text in SIZES or text.removeprefix("acetools-") in SIZES or text in _open_clip_names():
         return text
@@ -389,37 +389,47 @@ def _add_bench(sub) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    """``acetools bench``: the same tables in every world, one run per seed (the papers' numbers
+    beside them are the course's: notebook 04, ``paper_tables.beside_papers``)."""
     from pathlib import Path
-
-    _bench_world_check(args)
-    if args.world != "vision":
-        return _cmd_bench_world(args)
 
     from .benchmark import ACE_SCALED_ROW, VARIANTS, Benchmark, aggregate_seeds
     from .utils import atomic_write
+    from .world import get_world
 
+    _bench_world_check(args)
     _folder_for_output(args.out, "--out")
     _folder_for_output(args.root, "--root")
-    _check_split_sizes(args.suite, n_val=args.n_val, n_test=args.n_test)
+    vision = args.world == "vision"
+    options: dict = {"root": args.root, "device": args.device}
+    if vision:
+        _check_split_sizes(args.suite, n_val=args.n_val, n_test=args.n_test)
+    if args.world == "clip-vit-b32":
+        options |= {"models_root": args.models_root, "data_root": args.data_root,
+                    "openclip_root": args.openclip_root, "n_test": args.n_test, "n_val": args.n_val,
+                    "tasks": args.tasks}
+    extra = (dict(ACE_SCALED_ROW) if args.ace_scaled else {}) | (VARIANTS if args.variants else {})
+    name, size = args.suite, args.size
     for seed in args.seeds:
-        zoo = _zoo(args, seed).build(progress=not args.quiet)
-        bench = Benchmark(zoo, n_val=args.n_val, n_test=args.n_test, threads=args.threads,
+        if vision:
+            world = _zoo(args, seed).build(progress=not args.quiet)
+        else:
+            world = get_world(args.world, args.suite, seed, **options).build(False if args.quiet else None)
+            name, size = world.name, world.size
+        bench = Benchmark(world, n_val=args.n_val, n_test=args.n_test, threads=args.threads,
                           patience=None if args.whole_grid else args.patience)
-        extra = dict(ACE_SCALED_ROW) if args.ace_scaled else {}
-        extra |= VARIANTS if args.variants else {}
         runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
-        stem = f"{args.suite}_{args.size}_seed{seed}"
+        stem = f"{name}_{size}_seed{seed}"
         if args.out:
             bench.save(runs, Path(args.out), stem)
-        df = bench.summary(runs).assign(seed=seed)
-        print(f"\n{stem}")
-        print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(f"\n{stem}: {bench.world.describe()}")
+        print(bench.summary(runs).assign(seed=seed).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     if args.out:
-        agg = aggregate_seeds(args.out, args.suite, args.size)
-        path = Path(args.out) / f"{args.suite}_{args.size}_seeds.csv"
+        agg = aggregate_seeds(args.out, name, size)
+        path = Path(args.out) / f"{name}_{size}_seeds.csv"
         with atomic_write(path, "w") as fh:
             agg.to_csv(fh, index=False)
-        print(f"\n{args.suite} ({args.size}) over every seed in {args.out}: {path}")
+        print(f"\n{name} ({size}) over every seed in {args.out}: {path}")
         print(agg.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     return 0
 
@@ -457,46 +467,6 @@ def _bench_world_check(args: argparse.Namespace) -> None:
         p = getattr(args, opt, None)
         if p is not None and not os.path.isdir(os.path.expanduser(p)):
             raise CLIError(f"{flag(opt)} {p!r} is not a folder")
-
-
-def _cmd_bench_world(args: argparse.Namespace) -> int:
-    """``bench --world text|clip-vit-b32``: the same tables as the mini-world's, one seed per world
-    run (the papers' numbers beside them are the course's: notebook 04, ``paper_tables.beside_papers``)."""
-    from pathlib import Path
-
-    from .benchmark import ACE_SCALED_ROW, VARIANTS, Benchmark, aggregate_seeds
-    from .utils import atomic_write
-    from .world import get_world
-
-    _folder_for_output(args.out, "--out")
-    _folder_for_output(args.root, "--root")
-    options: dict = {"root": args.root, "device": args.device}
-    if args.world == "clip-vit-b32":
-        options |= {"models_root": args.models_root, "data_root": args.data_root,
-                    "openclip_root": args.openclip_root, "n_test": args.n_test, "n_val": args.n_val,
-                    "tasks": args.tasks}
-    for seed in args.seeds:
-        world = get_world(args.world, args.suite, seed, **options)
-        build = getattr(world, "build", None)  # a world that builds its experts on first use (the vision zoo)
-        if build is not None:
-            build(False if args.quiet else None)
-        bench = Benchmark(world, n_val=args.n_val, n_test=args.n_test,
-                          patience=None if args.whole_grid else args.patience)
-        extra = dict(ACE_SCALED_ROW) if args.ace_scaled else {}
-        extra |= VARIANTS if args.variants else {}
-        runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
-        stem = f"{world.name}_{world.size}_seed{seed}"
-        df = bench.summary(runs)
-        if args.out:
-            bench.save(runs, Path(args.out), stem)
-        print(f"\n{stem}: {world.describe()}")
-        print(df.assign(seed=seed).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    if args.out:
-        agg = aggregate_seeds(args.out, world.name, world.size)
-        path = Path(args.out) / f"{world.name}_{world.size}_seeds.csv"
-        with atomic_write(path, "w") as fh:
-            agg.to_csv(fh, index=False)
-    return 0
 
 
 def _world_names() -> list[str]:

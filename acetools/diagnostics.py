@@ -281,8 +281,8 @@ def relative_update_norms(
     names: Sequence[str] | None = None,
     keys: Iterable[str] | None = None,
 ):
-    """||tau_t[k]||_F / ||W0[k]||_F for every task and key, the regime of a zoo (issue 4:
-    "task vectors small relative to the base"). Long DataFrame: task, key, layer_type,
+    """||tau_t[k]||_F / ||W0[k]||_F for every task and key, the regime of a zoo
+    (docs/regime.md: task vectors small relative to the base). Long DataFrame: task, key, layer_type,
     tau_norm, base_norm, ratio (NaN where the base tensor is zero). Summarise with
     ``df.pivot_table(index="task", columns="layer_type", values="ratio")``."""
     import pandas as pd
@@ -308,21 +308,26 @@ def relative_update_norms(
 def heterogeneity_per_layer(
     task_vectors: Sequence[Mapping[str, Tensor]],
     *,
-    tau: float = 0.3,
+    tau: float | None = None,
     is_matrix: Callable[[str, Tensor], bool] | None = None,
     keys: Iterable[str] | None = None,
 ):
-    """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per layer.
+    """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per layer:
+    the one γ table of the library, the lessons and the reports.
 
     One row per matrix key (``is_matrix``, default the rule of docs/methods.md §Matrix path; or the given ``keys``):
     key, layer_type (:func:`layer_type`), block (:func:`acetools.keys.block_index`), shape, gamma, flag
-    (gamma > ``tau``), energy_mean/min/max (||τ_t||_F²). Feeds ``gamma_strip`` directly.
+    (gamma > ``tau``; None: ACE's registered default, ``METHODS["ace"]``), the energies e_t = ||τ_t||_F²
+    (energy_mean/min/max, energy_ratio = max/min), what gamma is made of (log_energy_mean and the
+    unbiased log_energy_sd of l_t = log(e_t + 1e-12)) and the scale-free cv = sd/mean of e_t.
+    Feeds ``gamma_strip`` directly.
     """
     import pandas as pd
 
-    from .merging import is_matrix_param
+    from .merging import METHODS, is_matrix_param
     from .merging.ace import heterogeneity, task_energies
 
+    tau = float(METHODS["ace"].params["tau"].default) if tau is None else tau
     is_matrix = is_matrix or is_matrix_param
     chosen = _select_keys(task_vectors, keys)
     if keys is None:
@@ -332,11 +337,17 @@ def heterogeneity_per_layer(
         mats = [tv[k] for tv in task_vectors]
         gamma = heterogeneity(mats)
         e = task_energies(mats)
+        ell = torch.log(e + 1e-12)
+        many = len(mats) > 1
         rows.append({"key": k, "layer_type": layer_type(k), "block": block_index(k), "shape": tuple(mats[0].shape),
                      "gamma": gamma, "flag": gamma > tau,
-                     "energy_mean": float(e.mean()), "energy_min": float(e.min()), "energy_max": float(e.max())})
+                     "energy_mean": float(e.mean()), "energy_min": float(e.min()), "energy_max": float(e.max()),
+                     "energy_ratio": float(e.max() / e.min()) if e.min() > 0 else math.inf,
+                     "log_energy_mean": float(ell.mean()), "log_energy_sd": float(ell.std()) if many else 0.0,
+                     "cv": float(e.std() / e.mean()) if many and float(e.mean()) > 0 else math.nan})
     return pd.DataFrame(rows, columns=["key", "layer_type", "block", "shape", "gamma", "flag", "energy_mean",
-                                       "energy_min", "energy_max"])
+                                       "energy_min", "energy_max", "energy_ratio", "log_energy_mean",
+                                       "log_energy_sd", "cv"])
 
 
 @dataclass(frozen=True)

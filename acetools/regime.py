@@ -12,7 +12,7 @@ normalized points) from a world where they cannot (docs/regime.md)::
 Rows (all test accuracies in percent; "normalized" = accuracy / the task's expert accuracy,
 averaged over tasks; coefficients chosen on validation with :class:`acetools.benchmark.Benchmark`):
 
-* the issue's table: experts and base (absolute), base, task arithmetic (with its chosen
+* the key rows: experts and base (absolute), base, task arithmetic (with its chosen
   λ), TSV-M and Iso-CTS (normalized), TSV-M − TA, ACE's heterogeneity γ (Eq. 7 of
   ACE-Merging; median over matrices) and the fraction of matrices it gates (γ > τ);
 * the regime: ‖τ_t‖/‖W0‖ and ‖ΔW_t‖²_F per layer type, the mean and spread of the log
@@ -81,7 +81,7 @@ def clip_reference(n_tasks: int) -> dict[str, float]:
     """CLIP ViT-B/32's numbers at ``n_tasks`` (8, 14 or 20; else all NaN) from :data:`CLIP_B32`.
 
     Normalized values are the paper's average accuracy divided by its fine-tuned average
-    (task arithmetic: 76.3 / 71.8 / 66.3, as in issue 10's table)."""
+    (task arithmetic: 76.3 / 71.8 / 66.3; docs/regime.md §CLIP ViT-B/32 reference values)."""
     keys = ("experts_abs", "base_abs", "base_norm", "ta_norm", "tsv_norm", "iso_cts_norm", "tsv_minus_ta",
             "tsv_gap_share")
     if n_tasks not in CLIP_B32["Fine-tuned"]:
@@ -103,8 +103,7 @@ def clip_reference(n_tasks: int) -> dict[str, float]:
 
 # Rows whose CLIP value the papers give in words only (or as a bound): value, note.
 _CLIP_WORDS: dict[str, tuple[float, str]] = {
-    "ta_lambda": (0.3, "≈0.3: λ chosen on validation for 8 ViT-B/32 tasks (task-arithmetic practice quoted in "
-                       "issue 10)"),
+    "ta_lambda": (0.3, "≈0.3: λ chosen on validation for 8 ViT-B/32 tasks (task-arithmetic practice)"),
     "ace_gamma_median": (0.25, "upper bound: ACE-Merging reports γ < 0.25 for ViTs"),
     "ace_gated_fraction": (0.0, "none: with γ < 0.25 < τ = 0.3 no ViT matrix is gated (ACE-Merging)"),
     "wpre_top5_energy": (99.0, "≥ 99 %: ACE-Merging, top 5 % of W̄_pre's singular values (condition number > 8.7e5)"),
@@ -477,7 +476,7 @@ _ACTIVATION_ROWS = (
     ("act_topk_energy_centred", "…energy in the top-k directions, centred and token-aware", "%",
      "as act_topk_energy on the centred, token-aware Gram"),
     ("act_mean_share", "input energy in the global mean", "%",
-     "‖μ‖² / E‖x‖² of the raw Gram's trace, mean over matrices and tasks (acetools.activations.token_statistics)"),
+     "‖μ‖² / E‖x‖² of the raw Gram's trace, mean over matrices and tasks (files.activations.token_statistics)"),
     ("act_pos_share", "input energy in the positional component", "%",
      "mean_l ‖μ_l − μ‖² / E‖x‖²: each token position's mean about the global one"),
     ("act_cls_share", "input energy in the CLS token's rows", "%",
@@ -579,20 +578,6 @@ def summary_row(card: RegimeCard, name: str, metrics: Sequence[str] | None = Non
         if wanted is None or r["metric"] in wanted:
             out[r["metric"]] = r["value"]
     return out
-
-
-def __getattr__(name: str):
-    """``acetools.regime.regime_targets``: moved to the course (deprecated here for one release)."""
-    if name == "regime_targets":
-        import warnings
-
-        warnings.warn("acetools.regime.regime_targets moved to acetools.course.mergeable_world.regime_targets "
-                      "(the mini-world's targets are course logic); import it from there", DeprecationWarning,
-                      stacklevel=2)
-        from .course.mergeable_world import regime_targets
-
-        return regime_targets
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, float]:

@@ -31,10 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from ._protocol import PATIENCE, SHORT_GRID
 from .errors import InputError, InputKeyError, InputTypeError
-
-# the grids live with the methods that search them (the registry)
-from .merging._registry import ALPHA_GRID, ESM_BRACKET, LAMBDA_GRID
+from .merging import METHODS
 
 __all__ = [
     "PATIENCE",
@@ -52,7 +51,10 @@ __all__ = [
 ]
 
 
-from ._protocol import PATIENCE, SHORT_GRID  # noqa: E402  (defined apart so the CLI's parser stays light)
+# the grids live with the methods that search them (their registry entries)
+LAMBDA_GRID: tuple[float, ...] = METHODS["task_arithmetic"].search.grid
+ALPHA_GRID: tuple[float, ...] = METHODS["tsv_m"].search.grid
+ESM_BRACKET: tuple[float, float] = METHODS["esm"].search.bracket
 
 ScoreFn = Callable[[float], Mapping[str, float]]
 _METRICS = {"normalized": "avg_normalized", "absolute": "avg_absolute"}

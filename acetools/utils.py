@@ -39,7 +39,6 @@ __all__ = [
     "jsonable",
     "short_repr",
     "local_mathjax_url",
-    "offline_html",
     "strip_ansi",
 ]
 
@@ -249,15 +248,6 @@ def local_mathjax_url() -> str | None:
         if c and Path(c).is_file():
             return Path(c).resolve().as_uri() + "?config=TeX-AMS_CHTML"
     return None
-
-
-def offline_html(html: str) -> str:
-    """``html`` (an nbconvert page) without the scripts it would fetch from a network: the
-    template's require.js and mermaid from CDNs (MathJax comes from :func:`local_mathjax_url`)."""
-    import re
-
-    html = re.sub(r'<script[^>]*\ssrc="(?:https?:)?//[^"]*"[^>]*>\s*</script>', "", html)
-    return re.sub(r"<script[^>]*>(?:(?!</script>).)*cdnjs(?:(?!</script>).)*</script>", "", html, flags=re.S)
 
 
 _ANSI = None

@@ -129,12 +129,12 @@ def fake_openclip(root: Path, tasks, classes: dict[str, int], *, data_root: Path
     from acetools.world.clip.data import image_folder, preprocess
     from acetools.world.clip.models import OPENCLIP_NAMES
     from acetools.world.clip.tasks import CLIP_TASKS
-    from acetools.world.vision.models import ImageEncoder, _vision_tower
+    from acetools.world.vision.models import ImageEncoder, vision_tower
 
     torch.manual_seed(seed)
     cfg = {"embed_dim": embed, "quick_gelu": True,
            "vision_cfg": {"width": 64, "layers": 2, "patch_size": 8, "image_size": IMAGE_SIZE, "head_width": 64}}
-    enc = ImageEncoder(_vision_tower(cfg), IMAGE_SIZE).eval()
+    enc = ImageEncoder(vision_tower(cfg), IMAGE_SIZE).eval()
     base = {f"model.{k}": v.detach().clone() for k, v in enc.state_dict().items()}
     d = root / "ViT-B-32"
     (d / "MNISTVal").mkdir(parents=True, exist_ok=True)

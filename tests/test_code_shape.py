@@ -1,16 +1,20 @@
-"""Rules of the code's shape (issue 22), checked on the source of ``acetools/``.
+"""Rules of the code's shape (docs/style.md), checked on the source of ``acetools/``.
 
 * No function is over 100 lines: long work is split into named steps.
 * Input checks raise the project's own error types (:mod:`acetools.errors`), so that the
   command line prints them as one line and a library bug (a built-in ``TypeError``) keeps its
   traceback: no ``raise ValueError(`` / ``KeyError(`` / ``TypeError(`` in the library.
-* The library never imports the course (``acetools/course``), outside the deprecated alias of
-  ``acetools.regime.regime_targets``.
+* The library never imports the course (``acetools/course``); the merge engine (``merging/``,
+  ``layouts``, ``keys``, ``utils``) imports nothing of the file side or the worlds.
+* No private (``_name``) module or name is imported from another package.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,17 +79,84 @@ def test_a_library_bug_keeps_its_traceback(monkeypatch):
         cli.main(["demo"])
 
 
-def test_the_library_does_not_import_the_course():
+def _imports(path: Path) -> list[tuple[int, list[str]]]:
+    """(line, absolute dotted path as parts) of every module and name that ``path`` imports
+    (relative imports resolved; ``from m import x`` yields ``m`` and ``m.x``)."""
+    pkg = list(path.relative_to(ROOT).with_suffix("").parts[:-1])  # where a relative import starts
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name.split(".")) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                mod = pkg[: len(pkg) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+            else:
+                mod = (node.module or "").split(".")
+            found.append((node.lineno, mod))
+            found += [(node.lineno, [*mod, a.name]) for a in node.names]
+    return found
+
+
+def _private_from_another_package(path: Path) -> list[str]:
+    """``module:line path`` for every private (``_name``) module or name that ``path`` imports
+    from a package other than its own folder."""
+    here = list(path.relative_to(ROOT).with_suffix("").parts[:-1])
     bad = []
-    for p in LIBRARY:
-        if "course" in p.relative_to(ROOT / "acetools").parts[:1]:
+    for line, parts in _imports(path):
+        if parts[:1] != ["acetools"]:
             continue
-        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and "course" in node.module.split("."):
-                bad.append(f"{p.relative_to(ROOT)}:{node.lineno}")
-    assert bad == ["acetools/regime.py:" + str(_alias_line())], bad
+        i = next((i for i, x in enumerate(parts) if x.startswith("_") and not x.startswith("__")), None)
+        if i is None:
+            continue
+        owner = parts[:i]  # the module or package that holds the private name
+        if not ROOT.joinpath(*owner).is_dir():
+            owner = owner[:-1]  # a module: its package
+        if owner != here:
+            bad.append(f"{path.relative_to(ROOT)}:{line} {'.'.join(parts)}")
+    return sorted(set(bad))
 
 
-def _alias_line() -> int:
-    text = (ROOT / "acetools" / "regime.py").read_text(encoding="utf-8").splitlines()
-    return next(i + 1 for i, line in enumerate(text) if "from .course.mergeable_world import regime_targets" in line)
+def test_the_library_does_not_import_the_course():
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {'.'.join(mod)}" for p in LIBRARY
+           if p.relative_to(ROOT / "acetools").parts[0] != "course"
+           for line, mod in _imports(p) if mod[:2] == ["acetools", "course"]]
+    assert not bad, bad
+
+
+def test_no_private_module_or_name_is_imported_from_another_package():
+    bad = [b for p in LIBRARY for b in _private_from_another_package(p)]
+    assert not bad, "make it public where it is shared, or keep it inside its package: " + "; ".join(bad)
+
+
+def test_the_private_import_check_sees_one(tmp_path, monkeypatch):
+    pkg = tmp_path / "acetools" / "course"
+    pkg.mkdir(parents=True)
+    (pkg / "x.py").write_text("from ..plotting._core import finish\nfrom ._own import y\nfrom .. import _z\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "acetools" / "plotting").mkdir()
+    assert _private_from_another_package(pkg / "x.py") == [
+        "acetools/course/x.py:1 acetools.plotting._core", "acetools/course/x.py:1 acetools.plotting._core.finish",
+        "acetools/course/x.py:3 acetools._z"]
+
+
+def test_merging_imports_no_file_reader_and_no_world():
+    below = [ROOT / "acetools" / n for n in ("layouts.py", "keys.py", "utils.py")]
+    below += sorted((ROOT / "acetools" / "merging").glob("*.py"))
+    banned = (["acetools", "files"], ["acetools", "world"], ["acetools", "course"])
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {'.'.join(mod)}" for p in below for line, mod in _imports(p)
+           if mod[:2] in banned]
+    assert not bad, bad
+    assert any(mod[:2] == ["acetools", "layouts"] for _, mod in _imports(ROOT / "acetools" / "merging" / "__init__.py"))
+
+
+def test_a_bad_argument_stops_before_the_heavy_imports():
+    """``bench --size bogus`` imported open_clip (seconds of CPU) for a one-line error: the parser
+    refuses it before torch, open_clip, numpy or pandas are imported (checked in a fresh interpreter)."""
+    heavy = ("torch", "open_clip", "numpy", "pandas", "matplotlib", "safetensors")
+    code = ("import sys\nfrom acetools.cli import main\nrc = main(['bench', '--size', 'bogus'])\n"
+            f"print(rc, *[m for m in {heavy!r} if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "unknown model size 'bogus'" in r.stderr, r.stderr[-2000:]
+    assert r.stdout.split() == ["2"], f"imported for a one-line argument error: {r.stdout.split()[1:]}"
+

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
-import time
 
 import numpy as np
 import pytest
@@ -99,12 +98,10 @@ def test_unknown_task_and_split_name_the_fix(root):
 
 
 # ---------------------------------------------------------------- fixtures
-def test_tiny_suite_builds_fast_and_balanced(root):
+def test_tiny_suite_is_generated_balanced_and_never_cached(root):
     assert SUITES["tiny"] == ["tiny_shapes", "tiny_orient", "tiny_count"]
     for name in SUITES["tiny"]:
-        t0 = time.perf_counter()
         splits = {s: load_split(name, s, root=root) for s in D.SPLITS}
-        assert time.perf_counter() - t0 < 5.0  # ~0.3 s on an idle core
         for s, d in splits.items():
             assert d.x.dtype == torch.uint8 and d.x.shape == (get_task(name).sizes[s], 3, 32, 32)
             assert d.y.dtype == torch.int64
@@ -392,7 +389,9 @@ def test_pool_heads_and_disjointness(root):
 
 # ---------------------------------------------------------------- previews and calibration helpers
 def test_contact_sheet_and_calibration_helpers():
-    from acetools.world.vision.data import calibrate
+    from tests.conftest import load_script
+
+    calibrate = load_script("calibrate_tasks")
 
     d = D.tiny_task(n_classes=3, n=90, seed=0)
     sheet = D.contact_sheet(d.x, d.y, d.class_names, per_class=5, scale=2)

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from acetools.course.mergeable_world import regime_targets
 from acetools.regime import RegimeCard, clip_reference, regime_card, summary_row
 from acetools.search import LAMBDA_GRID
 from acetools.world.vision.zoo import Zoo
@@ -174,9 +173,6 @@ def test_cli_regime_writes_the_card(bench, tmp_path, monkeypatch, capsys):  # no
 def test_recipe_study_recipes_are_valid_and_the_summary_collects_cards(card, tmp_path):
     """benchmarks/recipe_study.py: every recipe makes a Zoo (nothing is built); the summary
     reads every card under a folder into the CSV and the figure."""
-
-    import pandas as pd
-
     from tests.conftest import load_script
 
     mod = load_script("recipe_study")
@@ -200,47 +196,3 @@ def test_recipe_study_recipes_are_valid_and_the_summary_collects_cards(card, tmp
     assert back.loc[0, "tsv_minus_ta"] == pytest.approx(card.value("tsv_minus_ta"), rel=1e-3)
     with pytest.raises(FileNotFoundError, match="card.json"):
         mod.summarize(tmp_path / "empty")
-
-
-def _target_card(**values):
-    rows = [{"metric": m, "label": m, "value": v, "clip": math.nan, "clip_note": "", "unit": "", "how": ""}
-            for m, v in {"experts_abs": 80.0, "base_abs": 50.0, "tsv_norm": 86.0, "ta_norm": 75.0, "ta_lambda": 0.3,
-                         "ace_gated_fraction": 20.0, **values}.items()]
-    timing = {"base": 600.0, "head/a": 5.0, "expert/a": 300.0, "expert/b": 360.0}
-    return RegimeCard(rows, pd.DataFrame(), pd.DataFrame(),
-                      {"timing": timing, "recipe": {"base_recipe": {"seconds": 7300.0}}})
-
-
-def test_regime_targets_from_the_card_alone():
-    t = regime_targets(_target_card()).set_index("target")
-    assert t.loc["experts (absolute, %)", "measured"] == 80.0 and not t.loc["experts (absolute, %)", "passed"]
-    assert t.loc["base below the experts (points)", "passed"]  # 30 >= 20
-    assert t.loc["TSV-M (normalized, %)", "passed"]  # 86 >= 85
-    room = t.loc["TSV-M − task arithmetic (normalized points)"]
-    assert list(room["suite"]) == ["tasks8", "tasks20"] and list(room["measured"])[0] == 11.0
-    assert list(room["passed"]) == [True, None]  # tasks20 needs the benchmark
-    assert t.loc["ACE's gate off (γ ≤ τ = 0.3), % of matrices", "measured"] == 80.0
-    assert t.loc["building a tasks8 expert set (min, as recorded)", "measured"] == 11.0  # (300 + 360) / 60
-    assert not t.loc["pretraining the base once (h, as recorded)", "passed"]  # 7300 s > 2 h
-    assert (t["source"].iloc[:3] == "regime card").all()
-
-
-def test_regime_targets_take_accuracies_from_the_benchmark_over_seeds():
-    rows = []
-    for suite, n, ta, tsv, lams in (("tasks8", 8, (70.0, 72.0), (81.0, 83.0), (0.3, 0.4)),
-                                    ("tasks20", 20, (64.0, 64.0), (71.0, 73.0), (0.2, 0.7))):
-        for seed in (0, 1):
-            for m, v, coef in (("experts (individual)", 90.0, math.nan), ("base (frozen heads)", 60.0, math.nan),
-                               ("task_arithmetic", ta[seed], lams[seed]), ("tsv_m", tsv[seed], 1.0)):
-                rows.append({"suite": suite, "n_tasks": n, "seed": seed, "method": m,
-                             "kind": "method" if "(" not in m else "reference", "coef": coef,
-                             "test_acc": v, "test_normalized": v})
-    t = regime_targets(_target_card(), pd.DataFrame(rows))
-    room = t[t["target"].str.startswith("TSV-M −")].set_index("suite")
-    assert room.loc["tasks8", "measured"] == 11.0 and room.loc["tasks8", "passed"]
-    assert room.loc["tasks20", "measured"] == 8.0 and room.loc["tasks20", "passed"]
-    drop = t[t["target"].str.startswith("task arithmetic on")].iloc[0]
-    assert drop["measured"] == 7.0 and drop["passed"]
-    lam = t[t["target"].str.startswith("task arithmetic's λ")].set_index("target")["passed"]
-    assert list(lam) == [True, False]  # the largest λ over runs is 0.7 > 0.6
-    assert t.iloc[0]["source"] == "benchmark, 2 seed(s)" and t.iloc[0]["measured"] == 90.0

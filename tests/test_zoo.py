@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import acetools.world.vision.finetune as ft
+from acetools.files.checkpoints import CheckpointError, config_hash, load_checkpoint, save_checkpoint, state_hash
 from acetools.world.vision.finetune import num_threads
-from acetools.world.vision.zoo import (
-    CheckpointError,
-    Zoo,
-    config_hash,
-    data_hash,
-    load_checkpoint,
-    save_checkpoint,
-    state_hash,
-)
+from acetools.world.vision.zoo import Zoo, data_hash
 
 THREADS = 1
 PRETRAIN = dict(epochs=4, batch_size=64, lr=3e-3)
@@ -97,15 +89,12 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """A 3-task micro world built once (timed); later tests copy its cache."""
+    """A 3-task micro world built once; later tests copy its cache."""
     root = tmp_path_factory.mktemp("zoo")
     import acetools.world.vision.models
 
-    acetools.world.vision.models.register_model_configs()  # imports open_clip (seconds) outside the timing
-    t0 = time.perf_counter()
-    zoo = make_zoo(root).build(progress=False)
-    seconds = time.perf_counter() - t0
-    return root, zoo, seconds
+    acetools.world.vision.models.register_model_configs()
+    return root, make_zoo(root).build(progress=False)
 
 
 def _copy(src, dst):
@@ -119,11 +108,8 @@ def _equal(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_micro_world_builds_within_a_minute(built):
-    root, zoo, seconds = built
-    parts = ", ".join(f"{r['kind']}{'/' + r['task'] if r['task'] else ''} {r['seconds']:.1f}" for r in zoo.records())
-    print(f"\n3-task micro world built in {seconds:.1f} s ({parts})")
-    assert seconds <= 60
+def test_micro_world_builds_every_part(built):
+    root, zoo = built
     assert zoo.built == [("base", None), ("head", "a"), ("head", "b"), ("head", "c"),
                          ("expert", "a"), ("expert", "b"), ("expert", "c"), ("mtl", None)]
     # the experts are real: each beats the base's head on validation data
@@ -135,7 +121,7 @@ def test_micro_world_builds_within_a_minute(built):
 
 
 def test_second_build_trains_nothing(built, tmp_path, monkeypatch):
-    root, first, _ = built
+    root, first = built
     counter = Counter(monkeypatch)
     zoo = make_zoo(_copy(root, tmp_path / "c")).build(progress=False)
     assert counter.calls == [] and zoo.built == []
@@ -148,7 +134,7 @@ def test_second_build_trains_nothing(built, tmp_path, monkeypatch):
 
 
 def test_resume_after_deleting_one_expert_rebuilds_only_it(built, tmp_path, monkeypatch):
-    root, first, _ = built
+    root, first = built
     root2 = _copy(root, tmp_path / "c")
     victim = next((root2 / "micro" / "experts").glob("b-seed0-*.safetensors"))
     victim.unlink()  # an interrupted build: tensors gone (sidecar left behind)
@@ -160,7 +146,7 @@ def test_resume_after_deleting_one_expert_rebuilds_only_it(built, tmp_path, monk
 
 
 def test_missing_lists_what_build_would_compute_and_builds_nothing(built, tmp_path, monkeypatch):
-    root, first, _ = built
+    root, first = built
     counter = Counter(monkeypatch)
     assert make_zoo(tmp_path / "empty").missing() == [("base", None), ("head", "a"), ("head", "b"), ("head", "c"),
                                                       ("expert", "a"), ("expert", "b"), ("expert", "c"), ("mtl", None)]
@@ -177,7 +163,7 @@ def test_missing_lists_what_build_would_compute_and_builds_nothing(built, tmp_pa
 
 
 def test_corrupt_or_truncated_files_are_detected_and_rebuilt(built, tmp_path, monkeypatch):
-    root, first, _ = built
+    root, first = built
     root2 = _copy(root, tmp_path / "c")
     a = next((root2 / "micro" / "experts").glob("a-seed0-*.safetensors"))
     raw = bytearray(a.read_bytes())
@@ -197,7 +183,7 @@ def test_corrupt_or_truncated_files_are_detected_and_rebuilt(built, tmp_path, mo
 
 
 def test_sidecar_keys_and_hashes(built):
-    root, zoo, _ = built
+    root, zoo = built
     path = zoo.path("expert", "a")
     side = json.loads(path.with_suffix(".json").read_text())
     state, _ = load_checkpoint(path)
@@ -217,7 +203,7 @@ def test_sidecar_keys_and_hashes(built):
 
 
 def test_changed_recipe_gets_new_experts_but_reuses_base_and_heads(built, tmp_path, monkeypatch):
-    root, first, _ = built
+    root, first = built
     counter = Counter(monkeypatch)
     zoo = make_zoo(_copy(root, tmp_path / "c"), tasks=["a"], finetune=FINETUNE | {"lr": 1e-3, "epochs": 1}, mtl=False)
     zoo.build(progress=False)
@@ -230,7 +216,7 @@ def test_changed_recipe_gets_new_experts_but_reuses_base_and_heads(built, tmp_pa
 
 
 def test_task_vectors_and_accessors(built):
-    _, zoo, _ = built
+    _, zoo = built
     taus = zoo.task_vectors()
     assert list(taus) == ["a", "b", "c"]
     base, ex = zoo.base_state(), zoo.expert_state("b")
@@ -246,7 +232,7 @@ def test_task_vectors_and_accessors(built):
 
 
 def test_shipped_base_is_used_and_verified(built, tmp_path, monkeypatch):
-    _, zoo, _ = built
+    _, zoo = built
     path = zoo.export_base(tmp_path / "assets")
     side = json.loads(path.with_suffix(".json").read_text())
     assert path.name == "base_micro.safetensors" and "command" in side and side["recipe"]["kind"] == "base"
@@ -263,7 +249,7 @@ def test_shipped_base_is_used_and_verified(built, tmp_path, monkeypatch):
 
 def test_a_user_base_without_sidecar_is_accepted_and_its_hash_recorded(built, tmp_path):
     """The Zoo docstring calls the sidecar optional; before, such a file was refused ("restore it from git")."""
-    _, zoo, _ = built
+    _, zoo = built
     path = zoo.export_base(tmp_path / "mine")
     path.with_suffix(".json").unlink()
     from safetensors.torch import load_file, save_file

@@ -531,7 +531,7 @@ def assess_ordering(summary: pd.DataFrame, paper: Mapping[int, pd.Series] | pd.S
 # --------------------------------------------------------------------------- mini-world targets
 def mini_world_targets(summary: pd.DataFrame, *, small: str = "tasks8", large: str = "tasks20",
                        lam_grid_min: float | None = None) -> pd.DataFrame:
-    """The issue's targets for the mini-world, one row each: ``target, suite, measured,
+    """The mini-world's design targets (docs/course.md §04_benchmark), one row each: ``target, suite, measured,
     threshold, passed`` (``passed`` is ``None`` when the data to check it are missing).
 
     1. experts >= 85 % on ``small`` and the base >= 20 points below them (absolute accuracy);

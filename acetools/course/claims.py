@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import atomic_write
-from .verdicts import SCALING_RULE, VERDICTS, Verdict, World
+from .verdicts import VERDICTS, Verdict, World
 from .world import TEXT_CLAIM_WORLDS
 
 __all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "show", "collect", "claims_table", "styled_table",
@@ -405,11 +405,6 @@ def styled_table(table: Any) -> Any:
                      for c in ("predicted_effect", "noise_floor", "measured_effect")})
             .apply(lambda col: colours, subset=["verdict"], axis=0)
             .set_properties(subset=["measured", "reason"], **{"text-align": "left"}))
-
-
-def scaling_rule() -> str:
-    """The rule that carries a paper's effect into a world (:data:`~acetools.course.verdicts.SCALING_RULE`)."""
-    return SCALING_RULE
 
 
 def as_dict(c: Claim) -> dict[str, str]:

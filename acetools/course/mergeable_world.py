@@ -10,7 +10,7 @@ turns them into the lesson's tables:
 * :func:`room_budget` — the two paths from the experts to a merge: task arithmetic (experts →
   each task alone at λ_TA → with the other tasks) and TSV-M (experts → truncated to rank
   ⌊r/T⌋ → merged), with what each step costs;
-* :func:`targets` — issue 10's targets for ``tasks8`` against a card (measured, threshold, passed);
+* :func:`targets` — the regime targets (docs/regime.md §Targets) against a card (measured, threshold, passed);
 * :func:`fixture_card` — the card of the quick profile's fixture world (for the tests).
 """
 
@@ -25,13 +25,13 @@ from typing import Any
 import pandas as pd
 
 from ..errors import InputError, InputKeyError
+from ..merging import METHODS
 from ..regime import RegimeCard
 from ..search import PATIENCE
 
-__all__ = ["KEY_ROWS", "EXPLAIN_ROWS", "load_cards", "card_table", "room_budget", "targets", "regime_targets",
-           "fixture_card"]
+__all__ = ["KEY_ROWS", "EXPLAIN_ROWS", "load_cards", "card_table", "room_budget", "targets", "fixture_card"]
 
-#: The issue's table, in order.
+#: The card's key rows, in order (docs/regime.md §The first world).
 KEY_ROWS: tuple[str, ...] = ("experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm",
                              "iso_cts_norm", "tsv_minus_ta", "tsv_gap_share", "ace_gamma_median",
                              "ace_gated_fraction", "tau_ratio", "wpre_top5_energy", "cosine_mean", "cosine_max")
@@ -100,19 +100,12 @@ def room_budget(card: RegimeCard) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def targets(card: RegimeCard, summary: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The regime targets (docs/regime.md §Targets) against ``card``: accuracy rows from the
-    benchmark's seeds when ``summary`` (:func:`benchmark_summary`) is given, else from the card;
-    columns ``target, suite, measured, threshold, passed, source`` (:func:`regime_targets`)."""
-    return regime_targets(card, summary)
-
-
 def _timing_minutes(card: RegimeCard, kind: str) -> float:
     t = [float(s) for k, s in (card.meta.get("timing") or {}).items() if k.split("/")[0] == kind and s is not None]
     return sum(t) / 60 if t else math.nan
 
 
-def regime_targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, small: str | None = None,
+def targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, small: str | None = None,
                    large: str = "tasks20") -> pd.DataFrame:
     """The mini-world's regime targets (docs/regime.md §Targets), one row each: ``target, suite,
     measured, threshold, passed, source``; ``passed`` is ``None`` where the data are missing.
@@ -165,7 +158,8 @@ def regime_targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, sma
         add(f"task arithmetic's λ on validation ({name} over runs)", "all" if agg is not None else small,
             float(lam) if len(lams) else math.nan, "in [0.2, 0.6]", 0.2 - 1e-9 <= lam <= 0.6 + 1e-9)
     gated = float(card.value("ace_gated_fraction"))
-    add("ACE's gate off (γ ≤ τ = 0.3), % of matrices", small, 100.0 - gated, "≥ 75", 100.0 - gated >= 75,
+    tau = card.meta.get("tau") or METHODS["ace"].params["tau"].default
+    add(f"ACE's gate off (γ ≤ τ = {tau:g}), % of matrices", small, 100.0 - gated, "≥ 75", 100.0 - gated >= 75,
         "regime card")
     experts_min = _timing_minutes(card, "expert")
     add(f"building a {small} expert set (min, as recorded)", small, experts_min, "≤ 20", experts_min <= 20,

@@ -5,12 +5,14 @@ notebooks, widgets (:mod:`acetools.course.widgets`) and reports share them. :fun
 applies the one seaborn theme; :func:`save_figure` writes ``<folder>/<name>.png``
 atomically with deterministic metadata.
 
-:mod:`._core` holds the theme, the saver and the generic heatmap / bar / line helpers; each
-lesson's own figures are in :mod:`acetools.course.plotting`.
+:mod:`._core` holds the theme, the saver, :func:`finish` (title, legend, tick sizes) and the
+generic heatmap / bar / line helpers, all imported from here; each lesson's own figures are in
+:mod:`acetools.course.plotting`.
 """
 
 from __future__ import annotations
 
-from ._core import bar_plot, heatmap, label_points, line_plot, new_axes, save_figure, set_theme, text_overlaps
+from ._core import bar_plot, finish, heatmap, label_points, line_plot, new_axes, save_figure, set_theme, text_overlaps
 
-__all__ = ["set_theme", "save_figure", "new_axes", "heatmap", "bar_plot", "line_plot", "label_points", "text_overlaps"]
+__all__ = ["set_theme", "save_figure", "new_axes", "finish", "heatmap", "bar_plot", "line_plot", "label_points",
+           "text_overlaps"]

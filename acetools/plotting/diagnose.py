@@ -80,10 +80,15 @@ def energy_by_layer(ax, layers, *, logy: bool = True, title: str | None = None):
     return finish(ax, title, legend=True)
 
 
-def gamma_by_layer(ax, layers, *, tau: float = 0.3, vit: float | None = 0.25, title: str | None = None):
-    """ACE's γ per matrix (Eq. 7 of ACE-Merging) against the gate τ; gated matrices (γ > τ) in
-    red. ``layers``: ``Diagnosis.layers`` or :func:`~acetools.diagnostics.heterogeneity_per_layer`."""
+def gamma_by_layer(ax, layers, *, tau: float | None = None, vit: float | None = 0.25, title: str | None = None):
+    """ACE's γ per matrix (Eq. 7 of ACE-Merging) against the gate τ (None: ACE's registered
+    default, ``METHODS["ace"]``); gated matrices (γ > τ) in red. ``layers``: ``Diagnosis.layers``
+    or :func:`~acetools.diagnostics.heterogeneity_per_layer`."""
     _need(layers, ["key", "gamma"], "gamma_by_layer")
+    if tau is None:
+        from ..merging import METHODS
+
+        tau = float(METHODS["ace"].params["tau"].default)
     g = layers["gamma"].to_numpy(float)
     x = _xticks(ax, layers["key"])
     flag = g > tau

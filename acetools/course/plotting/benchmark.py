@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ...errors import InputError
-from ...plotting._core import bar_plot, finish, heatmap, label_points
+from ...plotting import bar_plot, finish, heatmap, label_points
 
 __all__ = [
     "VERDICT_COLORS",

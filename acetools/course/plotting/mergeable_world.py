@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ...errors import InputError
-from ...plotting._core import finish
+from ...plotting import finish
 
 __all__ = ["merges_vs_clip", "room_budget", "subspace_overlap"]
 

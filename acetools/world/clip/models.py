@@ -248,7 +248,7 @@ def openclip_encoder(state: Mapping[str, Tensor]):
     """An :class:`acetools.world.vision.models.ImageEncoder` shaped like ``state`` (width,
     layers, patch and image size, MLP ratio, output dim read from the shapes; heads of width 64;
     QuickGELU, as OpenAI's weights)."""
-    from ..vision.models import ImageEncoder, _vision_tower
+    from ..vision.models import ImageEncoder, vision_tower
 
     try:
         conv = state["visual.conv1.weight"]
@@ -263,7 +263,7 @@ def openclip_encoder(state: Mapping[str, Tensor]):
     cfg = {"embed_dim": int(proj.shape[1]), "quick_gelu": True,  # OpenAI's CLIP weights use QuickGELU
            "vision_cfg": {"width": width, "layers": layers, "patch_size": patch, "image_size": grid * patch,
                           "head_width": min(64, width), "mlp_ratio": fc.shape[0] / width}}
-    enc = ImageEncoder(_vision_tower(cfg), grid * patch, name="open_clip ViT")
+    enc = ImageEncoder(vision_tower(cfg), grid * patch, name="open_clip ViT")
     missing, unexpected = enc.load_state_dict(dict(state), strict=False)
     if missing or unexpected:
         raise InputError(f"open_clip checkpoint does not fit a ViT: missing {missing[:2]}, unexpected {unexpected[:2]}")

@@ -160,7 +160,7 @@ class ClipWorld:
     def base_state(self) -> StateDict:
         """W0 of the merged part (on ``device``)."""
         if self._base is None:
-            from ..vision.zoo import state_hash
+            from ...files.checkpoints import state_hash
 
             if self.openclip_root is not None:
                 from .models import load_openclip_state, openclip_paths
@@ -182,7 +182,7 @@ class ClipWorld:
         """Task ``task``'s expert (the same keys as :meth:`base_state`, on ``device``)."""
         self._check_task(task)
         if task not in self._experts:
-            from ..vision.zoo import state_hash
+            from ...files.checkpoints import state_hash
 
             base = self.base_state()
             if self.openclip_root is not None:
@@ -411,7 +411,7 @@ class ClipWorld:
         return self._heads[task]
 
     def _zeroshot_head(self, task: str) -> tuple[Tensor, float, None]:
-        from ..vision.zoo import CheckpointError, config_hash, load_checkpoint, save_checkpoint
+        from ...files.checkpoints import CheckpointError, config_hash, load_checkpoint, save_checkpoint
 
         spec, classes = self.specs[task], self.classnames(task)
         self.base_state()
@@ -420,7 +420,7 @@ class ClipWorld:
         assert base_folder is not None, "set by _base_hf()"
         text_hash = self._hashes.get("text")
         if text_hash is None:
-            from ..vision.zoo import state_hash
+            from ...files.checkpoints import state_hash
 
             text = {k: v for k, v in model.state_dict().items() if not k.startswith("vision_model.")}
             text_hash = self._hashes["text"] = state_hash(text)
@@ -461,7 +461,7 @@ class ClipWorld:
         ident = self._identity(state)
         path = None
         if ident is not None and self.cache:
-            from ..vision.zoo import config_hash
+            from ...files.checkpoints import config_hash
 
             key = config_hash({"model": self._hashes[ident], "pixels": digest, "layout": self.layout,
                                "version": CLIP_WORLD_VERSION})

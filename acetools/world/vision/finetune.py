@@ -2,11 +2,10 @@
 
 * :func:`pretrain_base` — supervised multi-head pretraining of a fresh encoder on the
   pretraining pool (one linear head per pool label set, masked loss for ``-1`` labels).
-  The mini-world's prototype found this far better per CPU-second than a tiny CLIP
-  (its lesson 3).
+  Far better per CPU-second than a tiny CLIP for the mini-world.
 * :func:`finetune_expert` — the whole image encoder fine-tuned on one task with its head
   frozen (docs/methods.md §Benchmark protocol (fine-tuning recipe): AdamW, warm-up + cosine, frozen head; the
-  learning rate is the knob that keeps task vectors small — prototype lesson 2).
+  learning rate is the knob that keeps task vectors small).
 * :func:`train_multitask` — the papers' "MTL" row: one encoder trained jointly on all tasks
   with mixed batches, each task scored by its own frozen head.
 * :func:`evaluate` — top-1 accuracy (a fraction in [0, 1]), batched, without gradients.
@@ -88,11 +87,10 @@ class PretrainConfig:
 class FinetuneConfig:
     """Hyperparameters of :func:`finetune_expert` and :func:`train_multitask`.
 
-    Defaults follow the prototype's round 2 (lr 4e-4, batch 64, weight decay 0.1, warm-up
-    + cosine: experts at 93 % with ||tau||/||W0|| ~ 0.06-0.08) with 3 epochs instead of 5:
-    at the default size (``small``, ~170 training images/s per CPU thread) 5 epochs of
-    5,000 images cost ~2 min per expert, over the issue's 15 min for ``tasks8``; 3 epochs
-    take ~85 s. Lower ``lr`` keeps task vectors smaller (prototype lesson 2). ``warmup_steps``: an int is a step
+    Defaults: lr 4e-4, batch 64, weight decay 0.1, warm-up + cosine (experts at 93 % with
+    ||tau||/||W0|| ~ 0.06-0.08), 3 epochs: at the default size (``small``, ~170 training
+    images/s per CPU thread) 5 epochs of 5,000 images cost ~2 min per expert, over 15 min for
+    ``tasks8``; 3 epochs take ~85 s. Lower ``lr`` keeps task vectors smaller. ``warmup_steps``: an int is a step
     count, a float in [0, 1) a fraction of all steps. Weight decay applies to every encoder
     parameter, as ``torch.optim.AdamW(model.parameters(), ...)`` in the papers' fine-tuning
     code. ``augment``: random crop with 4-px zero padding (a translation — not label-safe

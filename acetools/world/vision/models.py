@@ -13,7 +13,7 @@ Heads follow docs/methods.md §Benchmark protocol (heads): a frozen, bias-free l
 feature and whose rows are unit class vectors times a logit scale. Two ways to make one:
 
 * :func:`prototype_head` — normalised class means of the base encoder's features (the
-  mini-world default; the prototype used logit scale 30);
+  mini-world default, logit scale 30);
 * :func:`zeroshot_head` — the papers' zero-shot text heads: templates filled with class
   names, encoded by a CLIP text tower, normalised, averaged, normalised again, times
   ``exp(logit_scale)``.
@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ...errors import InputError, InputTypeError
 from ...utils import progress as _progress
 from ...utils import resolve_device
+from .sizes import SIZES
 
 __all__ = [
     "MODEL_VERSION",
@@ -69,7 +70,7 @@ MODEL_VERSION = 1
 IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)
 IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
 
-#: Logit scale of prototype heads (the prototype's 30; CLIP's trained value is 100).
+#: Logit scale of prototype heads (CLIP's trained value is 100).
 DEFAULT_LOGIT_SCALE = 30.0
 
 #: Generic zero-shot templates (the per-dataset templates of the TALL/TSV code can be passed).
@@ -80,33 +81,6 @@ DEFAULT_TEMPLATES = (
     "a close-up photo of a {}.",
     "a blurry photo of a {}.",
 )
-
-# The mini-world's sizes as open_clip model configs (same schema as open_clip's
-# ``model_configs/*.json``). ``head_width`` sets the number of attention heads
-# (width // head_width). The text towers are small; they are only built by
-# ``open_clip.create_model`` / :func:`build_clip` (tiny-CLIP experiments, tests).
-SIZES: dict[str, dict] = {
-    "micro": {  # tests: a few thousand parameters' worth of seconds
-        "embed_dim": 32,
-        "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 32, "layers": 2, "head_width": 16},
-        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
-    },
-    "tiny": {  # the prototype's round-1 model: 0.82 M parameters, 65 tokens
-        "embed_dim": 128,
-        "vision_cfg": {"image_size": 32, "patch_size": 4, "width": 128, "layers": 4, "head_width": 32},
-        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 128, "heads": 4, "layers": 2},
-    },
-    "small": {  # width 192, 6 layers, patch 8 (17 tokens): ~1.8x faster than patch 4
-        "embed_dim": 192,
-        "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 192, "layers": 6, "head_width": 32},
-        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 192, "heads": 6, "layers": 2},
-    },
-    "wide": {  # width 384, 4 layers, patch 8: twice small's width (384 / T directions per task for TSV-M)
-        "embed_dim": 384,
-        "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 384, "layers": 4, "head_width": 64},
-        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 384, "heads": 6, "layers": 2},
-    },
-}
 
 _PREFIX = "acetools-"
 
@@ -238,7 +212,7 @@ class Classifier(nn.Module):
         return self.head(self.encoder(x))
 
 
-def _vision_tower(cfg: dict) -> nn.Module:
+def vision_tower(cfg: dict) -> nn.Module:
     # open_clip's own builder — the one CLIP.__init__ / create_model use for the image tower.
     from open_clip.model import _build_vision_tower
 
@@ -272,7 +246,7 @@ def build_encoder(
         cfg = model_config(size)
         if seed is not None:
             torch.manual_seed(seed)
-        enc = ImageEncoder(_vision_tower(cfg), cfg["vision_cfg"]["image_size"], name=size)
+        enc = ImageEncoder(vision_tower(cfg), cfg["vision_cfg"]["image_size"], name=size)
         return enc.to(resolve_device(device))
     if seed is not None:
         torch.manual_seed(seed)

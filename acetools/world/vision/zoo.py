@@ -49,9 +49,8 @@ import torch
 from torch import Tensor
 
 from ...errors import InputError, InputKeyError, InputTypeError
-from ...files.checkpoints import (  # noqa: F401  (the zoo's checkpoint format, re-exported for compatibility)
+from ...files.checkpoints import (
     CheckpointError,
-    _tensor_bytes,
     config_hash,
     load_checkpoint,
     save_checkpoint,
@@ -116,6 +115,10 @@ def cache_root(root: str | os.PathLike | None = None) -> Path:
     return Path("~/.cache/acetools/zoo").expanduser()
 
 
+def _raw_bytes(t: Tensor) -> memoryview:
+    return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data
+
+
 def data_hash(data) -> str:
     """SHA-256 of a dataset's content (``x``, ``y`` or ``labels``, name, class names).
 
@@ -129,12 +132,12 @@ def data_hash(data) -> str:
     h.update(json.dumps(list(getattr(data, "class_names", None) or [])).encode())
     x = torch.as_tensor(data.x)
     h.update(f"{str(x.dtype)}|{tuple(x.shape)}|".encode())
-    h.update(_tensor_bytes(x))
+    h.update(_raw_bytes(x))
     if hasattr(data, "y"):
-        h.update(_tensor_bytes(torch.as_tensor(data.y)))
+        h.update(_raw_bytes(torch.as_tensor(data.y)))
     for k in sorted(getattr(data, "labels", None) or {}):
         h.update(f"label:{k}:{int(data.head_classes[k])}|".encode())
-        h.update(_tensor_bytes(torch.as_tensor(data.labels[k])))
+        h.update(_raw_bytes(torch.as_tensor(data.labels[k])))
     return h.hexdigest()
 
 

@@ -13,7 +13,7 @@ pretraining pool disjoint from every task's val and test data, and tiny fixtures
 ``TASKS`` holds the offline tasks; ``get_task``/``load_split`` also accept the online
 (``ONLINE_TASKS``) and fixture (``FIXTURE_TASKS``) names. See ``registry.py`` for the
 suites' design, ``pool.py`` for the pool, ``online.py`` for the torchvision path and
-``calibrate.py`` for the proxy checks that every task is learnable but not trivial.
+``benchmarks/calibrate_tasks.py`` for the proxy checks that every task is learnable but not trivial.
 """
 
 from __future__ import annotations

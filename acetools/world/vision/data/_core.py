@@ -60,7 +60,7 @@ class TaskInfo:
     ``generator`` names the image generator (or real source with its split partition);
     tasks with the same ``generator`` see inputs from the same distribution, and when their
     labels differ they are listed in each other's ``conflicts_with`` (the strongest source
-    of interference between task vectors: prototype note, lesson 4).
+    of interference between task vectors: docs/regime.md §The recipe study).
     """
 
     name: str
@@ -99,10 +99,6 @@ class TaskData:
     def digest(self) -> str:
         """SHA-256 of the image and label bytes (to record which data a result used)."""
         return digest_arrays(self.x.numpy(), self.y.numpy())
-
-    def as_float(self, mean: float = 0.5, std: float = 0.5) -> torch.Tensor:
-        """``x`` as float32 in ``[0, 1]``, then ``(x - mean) / std`` (default: ``[-1, 1]``)."""
-        return (self.x.float() / 255.0 - mean) / std
 
     def dataset(self) -> torch.utils.data.TensorDataset:
         """A ``TensorDataset(x, y)`` (uint8 images; convert in the model or a collate fn)."""

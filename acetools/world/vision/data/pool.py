@@ -1,7 +1,7 @@
 """The pretraining pool: images for the base model, disjoint from every task's val and test.
 
 Each source contributes images the tasks never use, labelled with heads that are *related
-to but not the same as* the tasks' labels (prototype note, round 2), so the base learns
+to but not the same as* the tasks' labels (docs/regime.md §The chosen recipe), so the base learns
 useful features without already solving the tasks:
 
 | source | images | head (classes) |

@@ -8,7 +8,7 @@ own counter-based generator (:func:`~acetools.world.vision.data._core.sample_rng
 Tasks that share a ``generator`` see inputs from one distribution; where their labels
 differ they list each other in ``conflicts_with``.
 
-Suites (prototype lesson 4):
+Suites:
 
 - ``tasks8`` — the papers' regime: eight strong tasks from eight different generators,
   no two labelling the same inputs.

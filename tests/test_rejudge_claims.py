@@ -1,5 +1,5 @@
 """The committed claims: every record carries its world and effect fields, and its verdict is
-what today's rules give on the numbers it holds (acetools.course.rejudge, scripts/rejudge_claims.py)."""
+what today's rules give on the numbers it holds (scripts/rejudge_claims.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,26 @@ from pathlib import Path
 import pytest
 
 from acetools.course import claims
-from acetools.course.rejudge import PENDING, RULES, TEXT_FOLDERS, pending_rerun, rejudge
 from acetools.course.verdicts import VERDICTS
 
-FIGURES = Path(__file__).resolve().parents[2] / "figures"
+
+def _script():
+    """``scripts/rejudge_claims.py`` imported as a module."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "rejudge_claims.py"
+    spec = importlib.util.spec_from_file_location("rejudge_claims", path)
+    assert spec is not None and spec.loader is not None, path
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+R = _script()
+PENDING, RULES, TEXT_FOLDERS, pending_rerun, rejudge = R.PENDING, R.RULES, R.TEXT_FOLDERS, R.pending_rerun, R.rejudge
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ROOT / "figures"
 FILES = sorted(FIGURES.glob("*/claims.json"))
 
 
@@ -59,6 +75,7 @@ def test_committed_verdicts_are_todays_rules(tmp_path):
     again = claims.collect(tmp_path / "figures")
     now = claims.collect(FIGURES)
     assert {k: e["verdict"] for k, e in again.items()} == {k: e["verdict"] for k, e in now.items()}
+    assert R.main(["--check", "--figures", str(tmp_path / "figures")]) == 0  # the command line agrees
 
 
 def test_pending_rerun_ends_with_the_rerun():

@@ -1,10 +1,10 @@
-"""Cheap proxies that a task is learnable but not trivial (prototype note, lesson 1).
+"""Cheap proxies that a task is learnable but not trivial.
 
 The real experts are ViTs fine-tuned from the base; these proxies cost seconds per task:
 
 - :func:`ncm_accuracy` / :func:`linear_accuracy` on raw pixels — the "too easy" check: a
-  task a nearest-class-mean or linear classifier on pixels already solves (the prototype's
-  colour task) teaches the merge nothing.
+  task a nearest-class-mean or linear classifier on pixels already solves (a colour
+  task) teaches the merge nothing.
 - :func:`cnn_accuracy` — a small CNN trained for a fixed wall-clock budget on luminance
   images (polarity-normalised): a *lower bound* on what an expert can reach, so a task far
   below 90 % here is suspect (ambiguous classes or too little data).
@@ -12,22 +12,26 @@ The real experts are ViTs fine-tuned from the base; these proxies cost seconds p
   pool's heads, then class means of its features on each task: a proxy for the base with
   frozen class-prototype heads ("not already solved by a generic base").
 
-``python -m acetools.world.vision.data.calibrate --suite tasks20`` prints the table.
+``python3 benchmarks/calibrate_tasks.py --suite tasks20`` prints the table
+(``acetools/world/vision/data/CALIBRATION.md`` reads it).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from acetools.errors import InputError  # absolute: `python -m acetools.data.calibrate` (the old path) runs it too
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's acetools
 
-__all__ = ["luminance", "ncm_accuracy", "linear_accuracy", "proxy_cnn", "cnn_accuracy", "pool_features", "calibrate"]
+from acetools.errors import InputError  # noqa: E402
+from acetools.world.vision.data import SUITES, get_task, load_split, pretraining_pool  # noqa: E402
 
 _LUMA = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
 
@@ -183,12 +187,10 @@ def calibrate(names, root=None, n_train: int = 3000, seconds: float = 45.0, pool
               log=None):
     """The proxy table for ``names`` (a list of tasks); ``pool`` (a PretrainData) adds the
     base-proxy column. Returns a pandas DataFrame. ``log``: a callable for one line per task
-    (default: the ``acetools.world.vision.data.calibrate`` logger at INFO level)."""
+    (default: this script's logger at INFO level)."""
     if log is None:
         log = logging.getLogger(__name__).info
     import pandas as pd
-
-    from . import get_task, load_split
 
     feats = pool_features(pool, seconds=pool_seconds) if pool is not None else None
     rows = []
@@ -212,8 +214,6 @@ def calibrate(names, root=None, n_train: int = 3000, seconds: float = 45.0, pool
 
 
 def main(argv=None):  # pragma: no cover - a command-line wrapper
-    from . import SUITES, pretraining_pool
-
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--suite", default="tasks20")
     p.add_argument("--tasks", nargs="*")
