@@ -16,7 +16,7 @@ FIX = World("fixture", "quick", {3: 1.0}, fixture=True)
 def test_registry_ids_are_unique_and_owned_by_course_notebooks():
     ids = [c.id for c in claims.CLAIMS]
     assert len(ids) == len(set(ids))
-    from acetools.course.report import notebook_paths
+    from acetools.notebooks import notebook_paths
 
     stems = {p.stem for p in notebook_paths()}
     owners = {c.notebook for c in claims.CLAIMS}
