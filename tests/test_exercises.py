@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -23,6 +22,7 @@ import nbformat
 import pytest
 
 from acetools.notebooks import notebook_paths, run_notebook
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((REPO / "notebooks" / "solutions").glob("*.ipynb"))
@@ -32,10 +32,7 @@ LESSONS = ("00_quickstart", "01_theorem1", "02_ace_step_by_step", "03_esm_step_b
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("make_exercises", REPO / "scripts" / "make_exercises.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("make_exercises")
 
 
 def _tags(cell) -> set[str]:

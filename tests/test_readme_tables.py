@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("readme_tables", REPO / "scripts" / "readme_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("readme_tables")
 
 
 def _pages(mod) -> dict[str, str]:
