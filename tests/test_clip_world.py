@@ -449,10 +449,9 @@ def test_course_world_builds_the_clip_world(fakes, tmp_path):
     want = torch.as_tensor(np.array(x))[torch.randperm(len(x), generator=torch.Generator().manual_seed(3))[:1]]
     assert torch.equal(w.proxy_inputs("mnist", 1, seed=3), want)  # the lesson's draw from split("val")
     from acetools.benchmark import Benchmark
-    from acetools.course import esm_step_by_step as ec
 
-    kw = ec.world_merge_kwargs(Benchmark(w))  # what notebook 03's direct ESM merges add
-    assert kw["layout"] == "hf_clip" and len(kw["targets"]) == len(w.matrix_keys())
+    b = Benchmark(w)  # what notebook 03's direct ESM merges add: the layout and ESM's targets
+    assert b.layout_kwargs() == {"layout": "hf_clip"} and len(b.esm_targets()) == len(w.matrix_keys())
     small = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)  # other sizes are resized to the model's (notebook 03's pool)
     got = w.layer_inputs(w.base_state(), small, w.matrix_keys()[:1])
     assert next(iter(got.values())).shape[0] == 2 * (1 + (32 // 8) ** 2)

@@ -1,35 +1,21 @@
-"""ESM stage by stage on a zoo: the helpers of notebook ``03_esm_step_by_step``.
+"""The measurements and verdicts of notebook ``03_esm_step_by_step``.
 
-The merge itself lives in :mod:`acetools.merging.esm` (one public function per stage,
-docs/methods.md §ESM). This module turns those stages into the measurements a lesson shows and the claims of
-:mod:`acetools.course.claims` it decides:
+The lesson writes ESM's stages itself and checks them against :mod:`acetools.merging.esm`
+(docs/methods.md §ESM); this module composes no merge. It keeps what the lesson's tables and
+figures and its appendix (the paper's claims) need:
 
-* **ESD vs SVD** (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)): :func:`layer_energy` (energy of the activation shift
-  captured at every rank by the essential subspace and by the SVD basis, in-sample or on
-  held-out activations), :func:`cka_at_rank` (linear CKA of the full shift with the rank-k
-  reconstructions), :func:`esd_vs_svd` (both over every task and layer), :func:`components_for`;
-* **proxy data** (Step A's 32 images): :data:`PROXY_VARIANTS`, :func:`proxy_images` (the
-  images each variant feeds each expert), :func:`proxy_activations` (their input activations
-  inside each fine-tuned encoder, the ``activations=`` input of ``esm``),
-  :func:`timed_activations` (the same with the seconds the capture took),
-  :func:`subspace_overlap` (how far the essential subspace moves with the proxy set);
-* **runs with alpha chosen on validation**: :func:`esm_path` (one merge, any alpha),
-  :func:`run_esm` (merge once, search alpha on the validation splits with
-  :mod:`acetools.search`, score test; custom activations allowed),
-  :data:`ABLATION` / :func:`ablation_hparams` / :func:`run_ablation` (the paper's grid
-  {SVD, ESD} x {no scaling, layer only, all three levels} plus the reciprocal exponent, and
-  :data:`TSV_M_ROW`, TSV-M itself: the paper's "SVD" row, :func:`run_tsv_m`). Every run
-  reports ESM's merge seconds without the proxy capture, and the capture apart
-  (``inputs_seconds``);
-* **one layer, every stage**: :func:`layer_stages` (P_cat, A_cat, the factors, the whitened
-  factors), :func:`cosine_gram`, :func:`offdiagonal_share`;
-* **polarization factors**: :func:`task_factors` (s_t per layer), :func:`layer_factor_table`;
-* **norm order** (the paper's Figures 3-4): :func:`essential_components`,
-  :func:`load_components`, :func:`norm_order_table`;
-* **claim verdicts**: one ``verdict_*`` function per ESM claim that notebook 03 owns, each
-  returning a :class:`~acetools.course.verdicts.Verdict` and stating its rule against the
-  paper's number; :func:`ablation_verdicts` for the ablation grid. Differences are judged by
-  the course's one rule (:func:`acetools.course.verdicts.compare`): within
+* **ESD vs SVD** (Eq. (ESM.1)): :func:`esd_vs_svd` (energy and CKA of the activation shift kept by
+  the essential subspace and by the SVD basis, every task and layer), :func:`rank_at`,
+  :func:`components_for`;
+* **proxy data**: :data:`PROXY_VARIANTS`, :func:`proxy_images`, :func:`proxy_activations`,
+  :func:`timed_activations`, :func:`heldout_inputs`, :func:`subspace_overlap`;
+* **runs with alpha chosen on validation**: :func:`esm_path`, :func:`run_esm`, :data:`ABLATION`,
+  :func:`run_ablation` (the paper's grid plus :data:`TSV_M_ROW`, TSV-M itself: the paper's "SVD"
+  row), :func:`runs_table`, :func:`plain_runs`;
+* **norm order** (the paper's Figures 3-4): :func:`essential_components`, :func:`load_components`,
+  :func:`norm_order_table`;
+* **claim verdicts**: one ``verdict_*`` function per claim, :func:`ablation_verdicts`. Differences
+  are judged by the course's one rule (:func:`acetools.course.verdicts.compare`): within
   :data:`~acetools.course.verdicts.NOISE` (0.5 points) they are ties.
 """
 
@@ -49,10 +35,8 @@ from torch import Tensor
 
 from ..diagnostics import layer_type, linear_cka
 from ..errors import InputError, InputKeyError
-from ..keys import block_index
 from ..merging import esm as E
 from ..merging import is_matrix_param, merge
-from ..merging._linalg import thin_svd
 from ..search import climb_search, esm_search, grid_search
 from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare
 
@@ -64,16 +48,9 @@ __all__ = [
     "ABLATION",
     "TSV_M_ROW",
     "TSV_M_PATIENCE",
-    "layer_energy",
-    "cka_at_rank",
     "rank_at",
     "esd_vs_svd",
     "components_for",
-    "layer_stages",
-    "cosine_gram",
-    "offdiagonal_share",
-    "task_factors",
-    "layer_factor_table",
     "proxy_images",
     "proxy_activations",
     "timed_activations",
@@ -86,6 +63,8 @@ __all__ = [
     "run_ablation",
     "runs_table",
     "ablation_table",
+    "PLAIN_RUN_COLUMNS",
+    "plain_runs",
     "ablation_text",
     "essential_components",
     "load_components",
@@ -108,84 +87,22 @@ StateDict = dict[str, Tensor]
 
 
 # --------------------------------------------------------------------------- ESD vs SVD
-def _f64(M: Tensor) -> Tensor:
-    return M.detach().to(torch.float64)
-
-
 def _work(M: Tensor) -> Tensor:
     """The decompositions run in the update's own precision (at least float32, like the merge
-    itself: float64 would double the cost of the many SVDs); energies are summed in float64."""
+    itself); energies are summed in float64."""
     return M.detach().to(torch.promote_types(M.dtype, torch.float32))
 
 
-def _rows(X: Tensor, d_in: int, dtype: torch.dtype) -> Tensor:
-    return X.detach().to(dtype).reshape(-1, d_in)
+def _rows(X: Tensor, d_in: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    return X.detach().to(device, dtype).reshape(-1, d_in)
 
 
-def _esd_basis(X_fit: Tensor, delta_W: Tensor) -> tuple[Tensor, int, Tensor]:
-    """The essential subspace of one update: (P, m, P_full).
-
-    :func:`acetools.merging.esm.essential_subspace` pads P with identity columns when
-    N < d_out; those are not orthogonal to the others, so energies use only the first
-    m = min(N, d_out) columns ``P``. ``P_full`` is the padded basis ESM itself uses.
-    """
+def _esd_basis(X_fit: Tensor, delta_W: Tensor) -> tuple[Tensor, Tensor]:
+    """``(P, P_full)``: the genuine directions of the essential subspace (the first
+    m = min(N, d_out) columns, orthonormal) and the identity-completed basis ESM itself uses
+    (:func:`acetools.merging.esm.essential_subspace`, docs/methods.md §ESM, Eq. (ESM.1))."""
     sub = E.essential_subspace(X_fit, delta_W, "esd")
-    m = min(X_fit.shape[0], delta_W.shape[0])
-    return sub.P[:, :m], m, sub.P
-
-
-def _prepare(X_fit: Tensor, delta_W: Tensor, X_eval: Tensor | None):
-    dW = _work(delta_W)
-    d_in = dW.shape[1]
-    Xf = _rows(X_fit, d_in, dW.dtype)
-    X = Xf if X_eval is None else _rows(X_eval, d_in, dW.dtype)
-    return dW, Xf, X
-
-
-def _energy(dO: Tensor, P: Tensor, U: Tensor, kmax: int) -> dict[str, np.ndarray]:
-    total = float((dO.double() ** 2).sum())
-    if total == 0:
-        raise InputError("X @ delta_W.T is zero: no activation shift to decompose")
-    esd = np.cumsum(((dO @ P[:, :kmax]).double() ** 2).sum(0).numpy()) / total
-    svd = np.cumsum(((dO @ U[:, :kmax]).double() ** 2).sum(0).numpy()) / total
-    return {"k": np.arange(1, kmax + 1), "esd": esd, "svd": svd}
-
-
-def _cka(dO: Tensor, P: Tensor, U: Tensor, k: int) -> dict[str, float]:
-    if not 1 <= k <= min(P.shape[1], U.shape[1]):
-        raise InputError(f"k={k} must be in [1, {min(P.shape[1], U.shape[1])}]")
-    Pk, Uk = P[:, :k], U[:, :k]
-    return {"esd": linear_cka(dO, dO @ Pk @ Pk.T), "svd": linear_cka(dO, dO @ Uk @ Uk.T)}
-
-
-def layer_energy(X_fit: Tensor, delta_W: Tensor, X_eval: Tensor | None = None) -> dict[str, np.ndarray]:
-    """Fraction of the activation-shift energy captured at every rank k by ESD and by SVD.
-
-    The bases: ESD's P (principal directions of dO_fit = X_fit delta_W^T, docs/methods.md §ESM,
-    Eqs. (ESM.1)-(ESM.2)) and SVD's U (left singular vectors of delta_W, the TSV-style basis). Their energy is measured
-    on dO = X delta_W^T with ``X = X_eval`` (held-out activations) or ``X_fit`` (in-sample):
-    energy(k) = ||dO B_k||_F^2 / ||dO||_F^2 for the first k columns B_k of each basis.
-
-    In-sample, ESD >= SVD at every k by Eckart-Young (this equals
-    :func:`acetools.diagnostics.energy_capture_curve`); held-out it is a real test. Ranks run
-    1..min(d_out, d_in, N_fit). Returns ``{"k", "esd", "svd"}`` arrays.
-    """
-    dW, Xf, X = _prepare(X_fit, delta_W, X_eval)
-    P, m, _ = _esd_basis(Xf, dW)
-    U = thin_svd(dW)[0]
-    return _energy(X @ dW.T, P, U, min(*dW.shape, m))
-
-
-def cka_at_rank(X_fit: Tensor, delta_W: Tensor, k: int, X_eval: Tensor | None = None) -> dict[str, float]:
-    """Linear CKA between the full activation shift dO = X delta_W^T and its rank-k
-    reconstructions dO P_k P_k^T (ESD) and dO U_k U_k^T (SVD), on ``X_eval`` or ``X_fit``.
-
-    dO P_k P_k^T is exactly the shift of the rank-k update P_k P_k^T delta_W.
-    """
-    dW, Xf, X = _prepare(X_fit, delta_W, X_eval)
-    P, _, _ = _esd_basis(Xf, dW)
-    U = thin_svd(dW)[0]
-    return _cka(X @ dW.T, P, U, k)
+    return sub.P[:, : min(X_fit.shape[0], delta_W.shape[0])], sub.P
 
 
 def rank_at(frac: float, r: int) -> int:
@@ -199,6 +116,11 @@ def components_for(energy: np.ndarray, level: float = 0.9) -> int:
     return int(hit[0]) + 1 if hit.size else len(energy) + 1
 
 
+def _kept(dO: Tensor, B: Tensor, total: float) -> np.ndarray:
+    """Cumulative share of ||dO||_F² kept by the first 1, 2, ... columns of the orthonormal basis ``B``."""
+    return np.cumsum((dO @ B).double().square().sum(0).cpu().numpy()) / total
+
+
 def esd_vs_svd(
     task_vectors: Sequence[Mapping[str, Tensor]],
     activations: Mapping[str, Sequence[Tensor]],
@@ -209,17 +131,22 @@ def esd_vs_svd(
     heldout: Mapping[str, Sequence[Tensor]] | None = None,
     level: float = 0.9,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """ESD against SVD for every task and ESD layer: energy curves and the ``frac`` table.
+    """The essential subspace against the SVD basis for every task and ESD layer (docs/methods.md
+    §ESM, Eq. (ESM.1)): energy curves and the table at retention ``frac``.
 
-    ``activations[key][t]`` are task t's proxy activations (the fit), ``heldout`` (same
-    layout) other images of the same task: both are measured, labelled ``data`` =
-    ``"in-sample"`` / ``"held-out"``. Returns ``(curves, table)``:
+    The bases: ESD's P (principal directions of the shift dO = X_fit tau^T on task t's proxy
+    activations ``activations[key][t]``) and SVD's U (left singular vectors of tau). Each is
+    measured on the shift of the fit rows (``data="in-sample"``, where ESD >= SVD at every k by
+    Eckart-Young) and, with ``heldout`` (same layout: other inputs of the same task), on theirs
+    (``"held-out"``): energy(k) = ||dO B_k||_F² / ||dO||_F², and the linear CKA between dO and its
+    rank-k reconstruction dO B_k B_kᵀ. Ranks run 1..min(d_out, d_in, N_fit): past N_fit the
+    completed basis is not orthonormal. Returns ``(curves, table)``:
 
     * ``curves``: task, key, layer_type, data, k, frac (= k / r), esd, svd (energy fractions);
-    * ``table``: one row per task, key and data with r, k (= :func:`rank_at` ``(frac, r)``),
-      ``energy_esd``/``energy_svd`` and ``cka_esd``/``cka_svd`` at that k,
-      ``k90_esd``/``k90_svd`` (:func:`components_for` at ``level``), and ``coord_norm`` =
-      ||P_t^T tau_t||_F, the norm n_t of the inter-task polarization (docs/methods.md §ESM, Eq. (ESM.4)).
+    * ``table``: one row per task, key and data with r = min(d_out, d_in), k (:func:`rank_at`),
+      ``energy_esd``/``energy_svd`` and ``cka_esd``/``cka_svd`` at k, ``k90_esd``/``k90_svd``
+      (:func:`components_for` at ``level``) and ``coord_norm`` = ||P_tᵀ tau_t||_F, the norm n_t
+      of the task level (Eq. (ESM.4)).
     """
     keys = list(activations) if keys is None else list(keys)
     sources: dict[str, Mapping[str, Sequence[Tensor]] | None] = {"in-sample": None}
@@ -228,110 +155,31 @@ def esd_vs_svd(
     curves, rows = [], []
     for t, task in enumerate(tasks):
         for key in keys:
-            tau = task_vectors[t][key]
-            dW, Xf, _ = _prepare(activations[key][t], tau, None)
-            P, m, P_full = _esd_basis(Xf, dW)
-            U = thin_svd(dW)[0]
-            coord = float(torch.linalg.norm(E.task_coordinates(P_full, dW)))
+            dW = _work(task_vectors[t][key])
+            Xf = _rows(activations[key][t], dW.shape[1], dW.dtype, dW.device)
+            P, P_full = _esd_basis(Xf, dW)
+            U = torch.linalg.svd(dW, full_matrices=False).U
             r = min(dW.shape)
-            kmax = min(r, m)
+            kmax = min(r, P.shape[1])
             k = min(rank_at(frac, r), kmax)
-            lt = layer_type(key)
+            P, U = P[:, :kmax], U[:, :kmax]
+            info = {"task": task, "key": key, "layer_type": layer_type(key)}
             for data, src in sources.items():
-                X = Xf if src is None else _rows(src[key][t], dW.shape[1], dW.dtype)
+                X = Xf if src is None else _rows(src[key][t], dW.shape[1], dW.dtype, dW.device)
                 dO = X @ dW.T
-                en = _energy(dO, P, U, kmax)
-                cka = _cka(dO, P, U, k)
-                curves.append(pd.DataFrame({"task": task, "key": key, "layer_type": lt, "data": data, "k": en["k"],
-                                            "frac": en["k"] / r, "esd": en["esd"], "svd": en["svd"]}))
-                rows.append({"task": task, "key": key, "layer_type": lt, "data": data, "r": r, "k": k,
-                             "energy_esd": float(en["esd"][k - 1]), "energy_svd": float(en["svd"][k - 1]),
-                             "cka_esd": cka["esd"], "cka_svd": cka["svd"],
-                             "k90_esd": components_for(en["esd"], level), "k90_svd": components_for(en["svd"], level),
-                             "coord_norm": coord})
+                total = float(dO.double().square().sum())
+                if total == 0:
+                    raise InputError(f"{key}, task {task}: X @ tau.T is zero: no activation shift to decompose")
+                esd, svd = _kept(dO, P, total), _kept(dO, U, total)
+                ks = np.arange(1, kmax + 1)
+                curves.append(pd.DataFrame({**info, "data": data, "k": ks, "frac": ks / r, "esd": esd, "svd": svd}))
+                Pk, Uk = P[:, :k], U[:, :k]
+                rows.append({**info, "data": data, "r": r, "k": k, "energy_esd": float(esd[k - 1]),
+                             "energy_svd": float(svd[k - 1]), "cka_esd": linear_cka(dO, dO @ Pk @ Pk.T),
+                             "cka_svd": linear_cka(dO, dO @ Uk @ Uk.T), "k90_esd": components_for(esd, level),
+                             "k90_svd": components_for(svd, level),
+                             "coord_norm": float(torch.linalg.norm(E.task_coordinates(P_full, dW)))})
     return pd.concat(curves, ignore_index=True), pd.DataFrame(rows)
-
-
-# --------------------------------------------------------------------------- one layer, every stage
-def layer_stages(taus: Sequence[Tensor], Xs: Sequence[Tensor] | None, *, decomposition: str = "esd",
-                 task_power: float = 2.0, dim_power: float = 2.0, eig_power: float = 0.15,
-                 const: float = 2.0) -> dict[str, Any]:
-    """Every intermediate of ESM on one layer (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.9)), from the stage
-    functions of :mod:`acetools.merging.esm`; ``merged`` equals
-    :func:`~acetools.merging.esm.esm_merge_matrix` with the same switches.
-
-    Returns a dict: ``k`` (rank budget), ``norms`` (n_t), ``s`` (task factors), ``P_cat``,
-    ``A_cat`` (after the task factors), ``c`` (dimension factors), ``A_pol`` (after them),
-    ``P_white``, ``A_white`` (whitened), ``merged`` = const * P_white @ A_white.
-    """
-    T = len(taus)
-    k = E.rank_budget(taus[0].shape[0], T)
-    P_hats, A_hats, norms = [], [], []
-    for t, tau in enumerate(taus):
-        X = None if Xs is None else Xs[t]
-        sub = E.essential_subspace(X, tau, decomposition)
-        A = E.task_coordinates(sub.P, tau)
-        norms.append(torch.linalg.norm(A))
-        P_hat, A_hat = E.truncate_factors(sub, A, E.task_budget(sub, X, tau, k), eig_power)  # k, capped at the rank
-        P_hats.append(P_hat)
-        A_hats.append(A_hat)
-    norms = torch.stack(norms)
-    s = E.polar_scales(norms, task_power)
-    A_hats = E.polarize_tasks(A_hats, task_power, norms=norms)
-    P_cat, A_cat = E.concatenate_factors(P_hats, A_hats)
-    c = E.polar_scales(torch.linalg.norm(A_cat, dim=0), dim_power)
-    A_pol = E.polarize_dimensions(A_cat, dim_power)
-    P_white, A_white = E.whiten(P_cat), E.whiten(A_pol)
-    return {"k": k, "norms": norms, "s": s, "P_cat": P_cat, "A_cat": A_cat, "c": c, "A_pol": A_pol,
-            "P_white": P_white, "A_white": A_white, "merged": const * (P_white @ A_white)}
-
-
-def cosine_gram(M: Tensor) -> Tensor:
-    """The Gram matrix of ``M``'s unit-normalised columns (cosines between its columns;
-    zero columns give zero rows): the overlap between directions, whatever their weights."""
-    M = _f64(M)
-    n = torch.linalg.norm(M, dim=0)
-    U = M / torch.where(n > 0, n, torch.ones_like(n))
-    return U.T @ U
-
-
-def offdiagonal_share(G: Tensor) -> float:
-    """||G - diag(G)||_F / ||G||_F: how far a Gram matrix is from diagonal (0 = orthogonal columns)."""
-    G = _f64(G)
-    total = float(torch.linalg.norm(G))
-    if total == 0:
-        return 0.0
-    return float(torch.linalg.norm(G - torch.diag(torch.diagonal(G)))) / total
-
-
-# --------------------------------------------------------------------------- polarization factors
-def task_factors(table: pd.DataFrame, power: float = 2.0) -> pd.DataFrame:
-    """Inter-task factors s_t = (n_t / mean_i n_i)^power per layer (docs/methods.md §ESM, Eq. (ESM.4)), from the
-    ``coord_norm`` column of :func:`esd_vs_svd`'s table. Returns a task x key DataFrame."""
-    t = table.drop_duplicates(["task", "key"])
-    wide = t.pivot(index="task", columns="key", values="coord_norm")
-    wide = wide.reindex(index=list(dict.fromkeys(t["task"])), columns=list(dict.fromkeys(t["key"])))
-    out = wide.copy()
-    for key in wide.columns:
-        out[key] = E.polar_scales(torch.tensor(wide[key].to_numpy(), dtype=torch.float64), power).numpy()
-    return out
-
-
-def layer_factor_table(updates: Mapping[str, Tensor], keys: Sequence[str] | None = None,
-                       power: float = 2.0, *, layout: str | None = None) -> pd.DataFrame:
-    """The inter-layer factors beta (docs/methods.md §ESM, Eq. (ESM.10), :func:`acetools.merging.esm.layer_scales`)
-    as a table: key, layer_type, block, norm (||dW_l||_F), beta. ``layout``: a key layout preset
-    whose Step-C layer types apply (:data:`acetools.merging.esm.LAYOUT_NAMES`, e.g. the text
-    world's ``bert``; None: the open_clip names, ESM's default)."""
-    names = E.LAYOUT_NAMES.get(layout or "open_clip")
-    if names is None:
-        raise InputError(f"layout={layout!r} has no ESM layer types; known: {sorted(E.LAYOUT_NAMES)}")
-    betas = E.layer_scales(updates, keys, layer_types=names["layer_types"], power=power)
-    rows = []
-    for k, b in betas.items():
-        rows.append({"key": k, "layer_type": layer_type(k), "block": block_index(k, default=-1),
-                     "norm": float(torch.linalg.norm(updates[k].double())), "beta": b})
-    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- proxy data
@@ -473,13 +321,13 @@ def subspace_overlap(X_a: Tensor, delta_W: Tensor, k: int, X_b: Tensor | None = 
 
     dW = _work(delta_W)
     d_in = dW.shape[1]
-    Xa = _rows(X_a, d_in, dW.dtype)
+    Xa = _rows(X_a, d_in, dW.dtype, dW.device)
     dO_a = Xa @ dW.T
     if X_b is None:
         k = max(1, min(k, *dW.shape, Xa.shape[0]))
         Pa, Pb = principal_subspace(dO_a, k, side="right"), principal_subspace(dW, k, side="left")
     else:
-        Xb = _rows(X_b, d_in, dW.dtype)
+        Xb = _rows(X_b, d_in, dW.dtype, dW.device)
         k = max(1, min(k, *dW.shape, Xa.shape[0], Xb.shape[0]))
         Pa, Pb = principal_subspace(dO_a, k, side="right"), principal_subspace(Xb @ dW.T, k, side="right")
     return float(((Pa.T @ Pb) ** 2).sum() / k)
@@ -518,16 +366,6 @@ def alpha_keys(base: Mapping[str, Tensor], hparams: Mapping[str, Any]) -> list[s
     return [k for k in base if is_matrix_param(k, base[k]) and any(re.search(p, k) for p in targets)]
 
 
-def world_merge_kwargs(bench) -> dict[str, Any]:
-    """What ``merge("esm", ...)`` needs from a world beyond the mini-world: its ``layout`` and ESM's
-    ``targets`` (the CLIP world's Hugging Face layer names); ``{}`` for the vision world."""
-    world = getattr(bench, "world", None)
-    if world is None or getattr(world, "kind", "vision") == "vision":
-        return {}
-    targets = getattr(world, "esm_targets", None)
-    return {"layout": world.layout, **({"targets": tuple(targets)} if targets else {})}
-
-
 def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None, **hparams: Any):
     """Merge with ``esm`` once at alpha = 1 and return ``(at, merge_seconds)``, where
     ``at(alpha)`` is the merged state dict at any alpha.
@@ -541,7 +379,8 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
 
     if "alpha" in hparams:
         raise InputError("esm_path varies alpha itself; do not pass it")
-    hp = {**world_merge_kwargs(bench), **hparams}
+    targets = bench.esm_targets()  # the world's layer names (None: ESM's open_clip defaults)
+    hp = {**bench.layout_kwargs(), **({"targets": targets} if targets else {}), **hparams}
     if hp.get("decomposition", "esd") == "esd":
         hp["activations"] = bench.esm_activations() if activations is None else activations
     base = bench.base
@@ -692,6 +531,19 @@ def ablation_table(ablation: Mapping[str, Sequence[Any]]) -> pd.DataFrame:
     return pd.concat([runs_table(runs, suite=s) for s, runs in ablation.items()], ignore_index=True)
 
 
+#: Plain headers, with units, for the tables a lesson shows of :func:`runs_table` (:func:`plain_runs`).
+PLAIN_RUN_COLUMNS: dict[str, str] = {"suite": "suite", "variant": "run", "alpha": "alpha",
+                                     "test_acc": "test accuracy (%)", "test_normalized": "normalized test accuracy (%)",
+                                     "merge_seconds": "merge (s)", "inputs_seconds": "proxy capture (s)"}
+
+
+def plain_runs(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`runs_table`'s columns a reader needs (at most six besides ``suite``), under plain headers
+    with units (:data:`PLAIN_RUN_COLUMNS`)."""
+    cols = [c for c in PLAIN_RUN_COLUMNS if c in table.columns]
+    return table[cols].rename(columns=PLAIN_RUN_COLUMNS)
+
+
 def ablation_text(acc: pd.DataFrame, rows: Sequence[str]) -> str:
     """``acc`` (variant x suite, %) as one line for the ``rows`` compared, e.g.
     ``"tasks8: ESD, no scaling 70.10 / SVD, no scaling 68.30"``."""
@@ -710,8 +562,7 @@ def essential_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor
     for key, X in activations.items():
         tau = _work(expert[key]) - _work(base[key])
         d_out, d_in = tau.shape
-        P, m, _ = _esd_basis(_rows(X, d_in, tau.dtype), tau)
-        P = P[:, : min(d_out, d_in, m)]
+        P = _esd_basis(_rows(X, d_in, tau.dtype, tau.device), tau)[0][:, : min(d_out, d_in)]
         out[key] = (P, P.T @ tau)
     return out
 
@@ -917,9 +768,8 @@ def verdict_layer_first(layer_gain: Mapping[str, float], all_gain: Mapping[str, 
     (ESD, no scaling), per suite. The paper's table has no task-only or dimension-only rows,
     so the layer level is compared with the whole: if three levels add up to ``all_gain`` and
     the layer level contributes the most, it contributes at least a third of it. The paper's
-    own numbers: layer +0.5 / +0.9 of a total +0.9 / +2.1 at 8 / 20 tasks (56 % / 43 %). (The
-    earlier rule — layer gain beyond NOISE and beyond what the other two levels add — failed
-    the paper's table: +0.5 is no gain beyond 0.5, and at 20 tasks the other two add +1.2.)
+    own numbers: layer +0.5 / +0.9 of a total +0.9 / +2.1 at 8 / 20 tasks (56 % / 43 %): they
+    pass the rule.
 
     Rule, per suite: the total gain counts (:func:`~acetools.course.verdicts.compare`) and the
     layer level's gain is at least a third of it. Every suite -> reproduced; the layer level

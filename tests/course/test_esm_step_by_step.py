@@ -17,6 +17,8 @@ from acetools.course import esm_step_by_step as ec
 from acetools.merging import esm as E
 from acetools.utils import make_generator
 
+KEY = "visual.transformer.resblocks.0.mlp.c_fc.weight"
+
 
 def _layer(seed=0, n=40, d_out=12, d_in=8):
     g = torch.Generator().manual_seed(seed)
@@ -25,35 +27,42 @@ def _layer(seed=0, n=40, d_out=12, d_in=8):
     return X, dW
 
 
+def _one(X, dW, X_eval=None, frac=0.25):
+    """esd_vs_svd on one task and one layer: (curves, table) of the held-out rows when X_eval is given."""
+    curves, table = ec.esd_vs_svd([{KEY: dW}], {KEY: [X]}, ["a"], frac=frac,
+                                  heldout=None if X_eval is None else {KEY: [X_eval]})
+    data = "in-sample" if X_eval is None else "held-out"
+    return curves[curves.data == data].reset_index(drop=True), table[table.data == data].iloc[0]
+
+
 # --------------------------------------------------------------------------- ESD vs SVD
 def test_in_sample_energy_is_the_diagnostics_curve_and_esd_dominates():
     X, dW = _layer()
-    en = ec.layer_energy(X, dW)
+    en, _ = _one(X, dW)
     ref = diagnostics.energy_capture_curve(X, dW, [1, 3, 5, 8])
-    assert np.allclose(en["esd"][[0, 2, 4, 7]], ref["esd"], atol=1e-10)
-    assert np.allclose(en["svd"][[0, 2, 4, 7]], ref["svd"], atol=1e-10)
-    assert (en["esd"] >= en["svd"] - 1e-12).all()
-    assert list(en["k"]) == list(range(1, 9))  # r = min(d_out, d_in) = 8
-    assert en["esd"][-1] == pytest.approx(1.0) and en["svd"][-1] == pytest.approx(1.0)
-    assert (np.diff(en["esd"]) >= -1e-12).all()
+    assert np.allclose(en.esd[[0, 2, 4, 7]], ref["esd"], atol=1e-10)
+    assert np.allclose(en.svd[[0, 2, 4, 7]], ref["svd"], atol=1e-10)
+    assert (en.esd >= en.svd - 1e-12).all()
+    assert list(en.k) == list(range(1, 9))  # r = min(d_out, d_in) = 8
+    assert en.esd.iloc[-1] == pytest.approx(1.0) and en.svd.iloc[-1] == pytest.approx(1.0)
+    assert (np.diff(en.esd) >= -1e-12).all()
 
 
 def test_held_out_energy_uses_the_fit_basis_on_other_rows():
     X, dW = _layer()
     X_eval = _layer(seed=5)[0]
-    held = ec.layer_energy(X, dW, X_eval)
-    own = ec.layer_energy(X_eval, dW)
+    held, _ = _one(X, dW, X_eval)
+    own, _ = _one(X_eval, dW)
     # the fit's basis cannot beat the eval set's own PCA (Eckart-Young on the eval rows)
-    assert (held["esd"] <= own["esd"] + 1e-12).all()
-    assert not np.allclose(held["esd"], ec.layer_energy(X, dW)["esd"])
+    assert (held.esd <= own.esd + 1e-12).all()
+    assert not np.allclose(held.esd, _one(X, dW)[0].esd)
     # SVD's basis does not depend on X: evaluated on X_eval it equals X_eval's own svd curve
-    assert np.allclose(held["svd"], own["svd"])
+    assert np.allclose(held.svd, own.svd)
 
 
 def test_energy_stops_at_the_number_of_fit_rows():
     X, dW = _layer(n=3)
-    en = ec.layer_energy(X, dW)
-    assert len(en["k"]) == 3  # only the genuine (orthonormal) ESD directions
+    assert len(_one(X, dW)[0]) == 3  # only the genuine (orthonormal) ESD directions
 
 
 def test_cka_prefers_the_basis_aligned_with_the_inputs():
@@ -62,12 +71,12 @@ def test_cka_prefers_the_basis_aligned_with_the_inputs():
     dW = torch.diag(torch.tensor([10.0, 2.0, 1.5, 1.0], dtype=torch.float64))
     g = torch.Generator().manual_seed(0)
     X = torch.randn(200, d, generator=g, dtype=torch.float64) * torch.tensor([1e-3, 1.0, 1.0, 1.0], dtype=torch.float64)
-    cka = ec.cka_at_rank(X, dW, 1)
-    assert cka["esd"] > cka["svd"] + 0.2
-    full = ec.cka_at_rank(X, dW, d)
-    assert full["esd"] == pytest.approx(1.0) and full["svd"] == pytest.approx(1.0)
-    with pytest.raises(ValueError):
-        ec.cka_at_rank(X, dW, d + 1)
+    one = _one(X, dW, frac=0.25)[1]  # k = 1
+    assert one.k == 1 and one.cka_esd > one.cka_svd + 0.2
+    full = _one(X, dW, frac=1.0)[1]
+    assert full.cka_esd == pytest.approx(1.0) and full.cka_svd == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no activation shift"):
+        _one(X, torch.zeros(d, d, dtype=torch.float64))
 
 
 def test_rank_at_and_components_for():
@@ -93,54 +102,33 @@ def test_esd_vs_svd_tables():
     assert set(table.data) == {"in-sample", "held-out"}
     assert set(table.layer_type) == {"mlp.c_fc.weight", "attn.in_proj_weight"}
     assert (table.k == 2).all() and (table.r == 8).all()  # round(0.25 * 8)
+    X, tau, Xh = acts[keys[1]][1], taus[1][keys[1]], held[keys[1]][1]
+    row = table[(table.task == "b") & (table.key == keys[1]) & (table.data == "in-sample")].iloc[0]
+    ref = diagnostics.energy_capture(X, tau, 2)
+    assert row.energy_esd == pytest.approx(ref["esd"], rel=1e-5)
+    assert row.energy_svd == pytest.approx(ref["svd"], rel=1e-5)
+    # held out: the fit's top-2 directions on the other rows' shift, and the CKA of that reconstruction
+    P2 = E.essential_subspace(X.double(), tau.double()).P[:, :2]
+    dO = Xh.double() @ tau.double().T
     row = table[(table.task == "b") & (table.key == keys[1]) & (table.data == "held-out")].iloc[0]
-    en = ec.layer_energy(acts[keys[1]][1], taus[1][keys[1]], held[keys[1]][1])
-    assert row.energy_esd == pytest.approx(en["esd"][1]) and row.energy_svd == pytest.approx(en["svd"][1])
-    cka = ec.cka_at_rank(acts[keys[1]][1], taus[1][keys[1]], 2, held[keys[1]][1])
-    assert row.cka_esd == pytest.approx(cka["esd"]) and row.cka_svd == pytest.approx(cka["svd"])
-    sub = E.essential_subspace(acts[keys[1]][1].double(), taus[1][keys[1]].double())
-    assert row.coord_norm == pytest.approx(float(torch.linalg.norm(sub.P.T @ taus[1][keys[1]].double())), rel=1e-4)
+    assert row.energy_esd == pytest.approx(float((dO @ P2).square().sum() / dO.square().sum()), rel=1e-4)
+    assert row.cka_esd == pytest.approx(diagnostics.linear_cka(dO, dO @ P2 @ P2.T), rel=1e-4)
+    sub = E.essential_subspace(X.double(), tau.double())
+    assert row.coord_norm == pytest.approx(float(torch.linalg.norm(sub.P.T @ tau.double())), rel=1e-4)
     ins = curves[curves.data == "in-sample"]
     assert (ins.esd >= ins.svd - 1e-5).all()
-    # task factors from the coordinate norms are ESM's polar scales
-    s = ec.task_factors(table)
-    assert list(s.index) == ["a", "b", "c"] and list(s.columns) == keys
-    n = table[table.data == "in-sample"].pivot(index="task", columns="key", values="coord_norm")[keys[0]]
-    assert np.allclose(s[keys[0]], (n / n.mean()) ** 2)
 
 
-# --------------------------------------------------------------------------- one layer, every stage
-def test_layer_stages_compose_to_esm_merge_matrix():
-    keys, taus, acts, _ = _task_layers(T=3)
-    key = keys[1]
-    lt = [tv[key] for tv in taus]
-    st = ec.layer_stages(lt, acts[key])
-    assert torch.allclose(st["merged"], E.esm_merge_matrix(lt, acts[key]), atol=1e-5)
-    assert st["k"] == 8 and st["P_cat"].shape == (24, 24) and st["A_cat"].shape == (24, 8)
-    assert float(torch.sqrt(st["s"]).mean()) == pytest.approx(1.0, abs=1e-6)
-    assert float(torch.sqrt(st["c"]).mean()) == pytest.approx(1.0, abs=1e-6)
-    Pw = st["P_white"]
-    c2 = float(torch.linalg.svdvals(st["P_cat"]).mean()) ** 2
-    assert torch.allclose(Pw.T @ Pw, c2 * torch.eye(Pw.shape[1]), atol=1e-4 * c2)
-    svd = ec.layer_stages(lt, None, decomposition="svd", task_power=-1.0)
-    assert torch.allclose(svd["merged"], E.esm_merge_matrix(lt, None, decomposition="svd", task_power=-1.0), atol=1e-5)
-
-
-def test_offdiagonal_share():
-    assert ec.offdiagonal_share(torch.eye(4)) == 0.0
-    assert ec.offdiagonal_share(torch.ones(3, 3)) == pytest.approx(np.sqrt(6 / 9))
-
-
-def test_layer_factor_table_is_esm_layer_scales():
-    g = torch.Generator().manual_seed(1)
-    upd = {f"visual.transformer.resblocks.{b}.{t}": torch.randn(6, 4, generator=g) * (b + 1)
-           for b in range(3) for t in ("mlp.c_fc.weight", "attn.out_proj.weight")}
-    upd["visual.proj"] = torch.randn(4, 4, generator=g)
-    tab = ec.layer_factor_table(upd)
-    betas = E.layer_scales(upd)
-    assert dict(zip(tab.key, tab.beta)) == pytest.approx(betas)
-    assert "visual.proj" not in set(tab.key) and sorted(tab.block.unique()) == [0, 1, 2]
-    assert set(tab.layer_type) == {"mlp.c_fc.weight", "attn.out_proj.weight"}
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_esd_vs_svd_runs_on_the_tensors_device():
+    """Notebook 03 keeps its tensors on ``device``: the tables are the CPU's, computed on the GPU."""
+    keys, taus, acts, held = _task_layers()
+    cuda = [{k: v.cuda() for k, v in tv.items()} for tv in taus]
+    on = {k: [X.cuda() for X in Xs] for k, Xs in acts.items()}
+    _, cpu = ec.esd_vs_svd(taus, acts, ["a", "b", "c"], keys, frac=0.25)
+    _, gpu = ec.esd_vs_svd(cuda, on, ["a", "b", "c"], keys, frac=0.25)
+    cols = ["energy_esd", "energy_svd", "cka_esd", "cka_svd", "coord_norm"]
+    assert np.allclose(gpu[cols].to_numpy(), cpu[cols].to_numpy(), rtol=1e-4)
 
 
 # --------------------------------------------------------------------------- a fake bench
@@ -327,6 +315,10 @@ def test_run_ablation_reuses_done_runs_and_labels_rows(bench):
     acc = tab.pivot(index="variant", columns="suite", values="test_acc")
     txt = ec.ablation_text(acc, ["ESD, all levels", "SVD, no scaling"])
     assert txt.startswith("x: ESD, all levels ") and " / SVD, no scaling " in txt
+    plain = ec.plain_runs(tab)  # what a lesson shows: plain headers with units, at most six besides the suite
+    assert list(plain.columns) == ["suite", "run", "alpha", "test accuracy (%)", "normalized test accuracy (%)",
+                                   "merge (s)", "proxy capture (s)"]
+    assert plain["test accuracy (%)"].tolist() == tab.test_acc.tolist() and plain.run.tolist() == tab.variant.tolist()
 
 
 def test_run_ablation_default_rows_end_with_tsv_m_and_time_the_capture_apart():
@@ -471,13 +463,6 @@ def test_verdicts_follow_their_rules():
     assert ec.verdict_norm_importance(no).verdict == "partly"
     no.loc[0, "normalized"] = 60.0
     assert ec.verdict_norm_importance(no).verdict == "not reproduced"
-
-
-def test_cosine_gram():
-    M = torch.tensor([[2.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
-    G = ec.cosine_gram(M)
-    assert torch.allclose(torch.diagonal(G)[:2], torch.ones(2, dtype=torch.float64))
-    assert float(G[0, 1]) == pytest.approx(1 / np.sqrt(2)) and float(G[2, 2]) == 0.0
 
 
 def test_subspace_overlap():

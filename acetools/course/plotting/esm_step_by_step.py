@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import InputError
 from ...keys import short_label
-from ...plotting._core import finish
+from ...plotting import finish
 
 __all__ = [
     "energy_curves",
@@ -70,7 +70,7 @@ def energy_curves(ax, curves, *, data: str = "held-out", k_frac: float | None = 
     ax.set_xlabel("components kept (% of rank)")
     ax.set_ylabel("energy captured (%)")
     ax.set_ylim(0, 101)
-    return finish(ax, title or f"activation-shift energy ({data})", legend=True)
+    return finish(ax, title or f"activation-shift energy ({data})", legend=True, fontsize=10)
 
 
 def cka_bars(ax, table, *, data: str = "held-out", title: str | None = None):
@@ -89,19 +89,21 @@ def cka_bars(ax, table, *, data: str = "held-out", title: str | None = None):
     ax.set_ylabel("linear CKA")
     lo = float(np.nanmin(by.to_numpy()))
     ax.set_ylim(max(0.0, lo - 0.5 * (1.0 - lo) - 0.005), 1.0 + 0.1 * (1.0 - lo) + 0.001)  # zoomed: CKAs sit near 1
-    return finish(ax, title or f"CKA at the retention k ({data})", legend=True, fontsize=8)
+    return finish(ax, title or f"CKA at the retention k ({data})", legend=True, fontsize=10)
 
 
-def gram_image(ax, G, *, block: int | None = None, title: str | None = None, vmax: float | None = None):
+def gram_image(ax, G, *, block: int | Sequence[int] | None = None, title: str | None = None,
+               vmax: float | None = None):
     """A Gram matrix (e.g. P_cat^T P_cat) as an image, diverging colours centred at 0; with
-    ``block`` (the per-task rank k) thin lines separate the tasks' blocks."""
+    ``block`` (the per-task rank k, or each task's own k_t) thin lines separate the tasks' blocks."""
     G = np.asarray(G, dtype=float)
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
         raise InputError(f"gram_image needs a square matrix, got shape {G.shape}")
     v = float(np.abs(G).max()) if vmax is None else float(vmax)
     im = ax.imshow(G, cmap="RdBu_r", vmin=-v, vmax=v, interpolation="nearest")
     if block:
-        for b in range(block, G.shape[0], block):
+        ends = range(block, G.shape[0], block) if isinstance(block, int) else np.cumsum(list(block))[:-1]
+        for b in ends:
             ax.axhline(b - 0.5, color="0.3", lw=0.4)
             ax.axvline(b - 0.5, color="0.3", lw=0.4)
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
@@ -111,13 +113,13 @@ def gram_image(ax, G, *, block: int | None = None, title: str | None = None, vma
 
 
 def task_factor_heatmap(ax, factors, *, title: str | None = None):
-    """Inter-task factors s_t (tasks x layers; :func:`acetools.course.esm_step_by_step.task_factors`)."""
+    """Inter-task factors s_t, a task x layer DataFrame (docs/methods.md §ESM, Eq. (ESM.4))."""
     import seaborn as sns
 
     data = factors.rename(columns=short_key)
     # numbers only where a cell can hold them legibly; the colour bar carries no label of its own
     # (the title names s_t), so it cannot run into the next panel's axis label
-    sns.heatmap(data, ax=ax, cmap="vlag", center=1.0, annot=data.size <= 60, fmt=".2f", annot_kws={"size": 8})
+    sns.heatmap(data, ax=ax, cmap="vlag", center=1.0, annot=data.size <= 60, fmt=".2f", annot_kws={"size": 10})
     ax.set_xlabel("layer")
     ax.set_ylabel("task")
     ax.set_title(title or r"inter-task factors $s_t = (n_t / \bar n)^2$")
@@ -135,12 +137,12 @@ def dimension_factor_plot(ax, factors: Mapping[str, Sequence[float]], *, title: 
     ax.set_xlabel("input dimension j (sorted)")
     ax.set_ylabel(r"$c_j$")
     return finish(ax, title or r"inter-dimension factors $c_j = (\Vert a_j \Vert / \mathrm{mean})^2$", legend=True,
-                  fontsize=8)
+                  fontsize=10)
 
 
 def layer_factor_bars(ax, table, *, title: str | None = None):
-    """Inter-layer factors beta per block, one bar per layer type
-    (:func:`acetools.course.esm_step_by_step.layer_factor_table`)."""
+    """Inter-layer factors beta per block, one bar per layer type (docs/methods.md §ESM, Eq. (ESM.10));
+    ``table`` has the columns layer_type, block and beta."""
     _check_columns(table, ["layer_type", "block", "beta"], "layer_factor_bars")
     types = list(dict.fromkeys(table["layer_type"]))
     blocks = sorted(table["block"].unique())
@@ -153,7 +155,7 @@ def layer_factor_bars(ax, table, *, title: str | None = None):
     ax.set_ylabel(r"$\beta_\ell$")
     top = float(np.nanmax(table["beta"].to_numpy(dtype=float))) if len(table) else 1.0
     ax.set_ylim(0, 1.45 * top)  # head room: the legend sits above the bars, not on them
-    ax.legend(fontsize=8, loc="upper left", ncols=2, framealpha=0.9)
+    ax.legend(fontsize=10, loc="upper left", ncols=2, framealpha=0.9)
     default = r"inter-layer factors $\beta_\ell = (\Vert \Delta W_\ell \Vert / \mathrm{mean\ over\ type})^2$"
     return finish(ax, title or default)
 
@@ -172,7 +174,7 @@ def accuracy_bars(ax, values: Mapping[str, float], *, baseline: float | None = N
     ax.set_ylim(max(0.0, min(lo) - span), min(100.0, max(hi) + 0.5 * span))
     if baseline is not None:
         ax.axhline(baseline, color="0.2", ls="--", lw=1, label=baseline_label)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=10)
     if noise is not None and reference is not None:
         r = float(values[reference])
         ax.axhspan(r - noise, r + noise, color="C3", alpha=0.15, lw=0)
@@ -198,7 +200,7 @@ def ablation_bars(ax, df, *, value: str = "test_acc", hue: str = "suite", title:
     ax.set_ylim(max(0.0, np.nanmin(vals) - 0.5 * span), min(100.0, top) if "acc" in value else top)
     ax.set_xticks(np.arange(len(variants)), variants, rotation=25, ha="right")
     ax.set_ylabel(ylabel or value)
-    return finish(ax, title, legend=True, fontsize=8)
+    return finish(ax, title, legend=True, fontsize=10)
 
 
 def search_traces(ax, runs, *, title: str | None = None):
@@ -223,7 +225,7 @@ def search_traces(ax, runs, *, title: str | None = None):
         ax.minorticks_off()
     ax.set_xlabel("alpha")
     ax.set_ylabel("val normalized accuracy (%)")
-    return finish(ax, title or "alpha chosen on validation (star)", legend=True)
+    return finish(ax, title or "alpha chosen on validation (star)", legend=True, fontsize=10)
 
 
 def norm_order_bars(ax, table, *, title: str | None = None):
