@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,6 +39,7 @@ __all__ = [
     "check_parameters",
     "coerce_parameter",
     "ParameterTypeError",
+    "parameter_choices",
     "run_notebook",
     "run_report",
     "UnknownParameterError",
@@ -187,20 +189,35 @@ def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: s
     return value
 
 
-def _known_values() -> dict[str, tuple[str, list[str]]]:
-    """Parameters whose values come from a library registry: name -> (what, allowed names).
-    A list parameter's elements are checked one by one."""
-    from .merging import METHODS
-    from .world.vision.data import SUITES
-    from .world.vision.models import SIZES
-
-    suites, sizes, methods = list(SUITES), list(SIZES), list(METHODS)
-    return {"suite": ("suite", suites), "suites": ("suite", suites), "ablation_suites": ("suite", suites),
-            "size": ("size", sizes), "sweep_method": ("method", methods)}
+#: How a notebook names the registry its parameter's values come from: a comment that says
+#: ``one of acetools.<module>.<NAME>`` (``suite: str = "tasks8"  # task suite, one of
+#: acetools.world.vision.data.SUITES``). The runner learns the allowed values from the notebook
+#: this way and knows no world itself.
+_CHOICES = re.compile(r"\bone of (acetools(?:\.[A-Za-z_]\w*)+)")
 
 
-def _check_known_value(name: str, value: Any, notebook: str) -> None:
-    known = _known_values().get(name)
+def parameter_choices(info: Mapping[str, Any], name: str = "parameter", notebook: str = "the notebook"
+                      ) -> tuple[str, list[str]] | None:
+    """``(what, allowed)`` for a parameter whose comment (``info["help"]``, papermill's inspection)
+    names its registry, ``one of acetools.world.vision.data.SUITES`` -> ``("suite", [...])``; None
+    when it names none. A registry that does not exist is the notebook's error (``InputError``)."""
+    import importlib
+
+    m = _CHOICES.search(str(info.get("help") or ""))
+    if m is None:
+        return None
+    module, _, attr = m.group(1).rpartition(".")
+    try:
+        registry = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        raise InputError(f"parameter {name!r} of {notebook} names {m.group(1)!r}, "
+                         "which acetools does not have") from None
+    what = attr.lower()[:-1] if attr.lower().endswith("s") else attr.lower()
+    return what, [str(k) for k in registry]
+
+
+def _check_known_value(name: str, value: Any, info: Mapping[str, Any], notebook: str) -> None:
+    known = parameter_choices(info, name, notebook)
     if known is None:
         return
     what, allowed = known
@@ -212,8 +229,8 @@ def _check_known_value(name: str, value: Any, notebook: str) -> None:
 def check_parameters(paths: Sequence[str | os.PathLike], parameters: Mapping[str, Any]) -> dict[str, Any]:
     """Check ``parameters`` against every notebook in ``paths`` before anything runs: each name
     must be declared by each notebook (:class:`UnknownParameterError`) and each value must
-    match its annotation (:func:`coerce_parameter`; :class:`ParameterTypeError`) and, for the
-    suite, size and method parameters, name a registered one. Returns the typed values
+    match its annotation (:func:`coerce_parameter`; :class:`ParameterTypeError`) and, where the
+    notebook names the parameter's registry (:func:`parameter_choices`), a registered value. Returns the typed values
     (strings parsed as literals where the parameter is not a ``str``)."""
     out: dict[str, Any] = dict(parameters)
     for path in paths:
@@ -225,7 +242,7 @@ def check_parameters(paths: Sequence[str | os.PathLike], parameters: Mapping[str
                 f"{path.stem} has no parameter(s) {unknown}; its parameters are {sorted(declared)}")
         for name, value in parameters.items():
             out[name] = coerce_parameter(name, value, declared[name], path.stem)
-            _check_known_value(name, out[name], path.stem)
+            _check_known_value(name, out[name], declared[name], path.stem)
     return out
 
 

@@ -1,8 +1,9 @@
 """The course notebooks: hygiene of the committed files and a quick-profile run of each.
 
 Every notebook runs under papermill at ``quick=True`` (the fixture world) through
-``acetools.course.report`` — the same path as ``acetools report --profile quick`` — with a
-session-wide cache, so the fixture world is built once.
+``acetools.notebooks.run_report`` — the same path as ``acetools report --profile quick`` — with a
+session-wide cache, so the fixture world is built once; every page is checked by
+``acetools.course.report.check_report`` (lessons render with their code, docs/style.md §13).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from acetools.course.report import (
+from acetools.course.report import check_report, rendered_code_cells
+from acetools.notebooks import (
+    HIDE_INPUT,
     UnknownParameterError,
-    check_report,
     notebook_parameters,
     notebook_paths,
     run_notebook,
@@ -120,6 +122,15 @@ def test_every_notebook_runs_in_quick_mode(quick_env):
     # maths that did not render and tables wider than the 1280 px page
     problems = [p for r in recs for p in check_report(r["html"], quick_env / "figures" / r["notebook"])]
     assert not problems, "\n".join(problems)
+    # lessons render with their code: every code cell not tagged hide-input shows its input
+    # (check_report fails a page that does not); 02, the longest lesson, shows at least ten
+    for r in recs:
+        nb = nbformat.read(r["executed"], as_version=4)
+        own = [c for c in nb.cells if c.cell_type == "code" and HIDE_INPUT not in c.metadata.get("tags", [])]
+        shown, _ = rendered_code_cells(Path(r["html"]).read_text())
+        assert shown == len(own), f"{r['notebook']}: {shown} code cells shown of {len(own)}"
+        if r["notebook"].startswith("02_"):
+            assert shown >= 10, f"02 renders {shown} code cells"
     # the quick pages say what the quick world is
     for r in recs[:4]:
         assert "fixture world" in Path(r["html"]).read_text(), (
@@ -204,3 +215,16 @@ def test_02_to_04_run_on_the_text_world_and_05_shows_both_worlds(quick_env):
     problems = check_report(rec["html"], figures / "05_claims")
     assert not problems, "\n".join(problems)
     assert status() == before, "a quick run on the text world changed the committed figures"
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("stem", ["00_quickstart", "01_theorem1"])
+def test_lessons_run_on_cuda(quick_env, stem):
+    """docs/style.md §6: every lesson cell runs with device="cuda" (tensors follow the lesson's device)."""
+    path = next(p for p in NOTEBOOKS if p.stem == stem)
+    rec = run_notebook(path, quick_env / "build-cuda", {"quick": True, "device": "cuda",
+                                                         "figures_dir": str(quick_env / "figures-cuda" / stem)},
+                       html=False)
+    executed = nbformat.read(rec["executed"], as_version=4)
+    printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+    assert "cuda" in printed, f"{stem} does not say its tensors are on cuda"

@@ -1,36 +1,17 @@
-"""Theorem 1 of ACE-Merging, measured: does a task vector know its task's input covariance?
+"""Notebook 01's experiment machinery: Theorem 1 of ACE-Merging, measured (docs/methods.md §ACE, Eq. (ACE.2)).
 
-Theorem 1 of ACE-Merging reads Sigma_t ∝ Cov[ΔW_t]: the rows of a fine-tuning update, treated
-as samples, have the covariance of the layer's inputs (the estimator is eqs 5-6, docs/methods.md §ACE,
-Eqs. (ACE.3)-(ACE.4)).
-The proof sketch takes one step of (full-batch) gradient descent on the squared error from W0,
+The lesson builds one expert, ACE's estimate Sigma_hat_t (:func:`acetools.merging.ace.estimate_covariance`)
+and the matrix cosine by hand; this module repeats them over configurations and worlds:
 
-    ΔW_t ≈ -2 η N E[(W0 x - y) xᵀ] = 2 η N B_t Sigma_t,      B_t = W_t* - W0,
-
-so row j of ΔW_t is 2ηN Sigma_t b_j. With rows b_j of B_t isotropic, Cov[rows] ∝ Sigma_t B_tᵀ B_t
-Sigma_t ≈ Sigma_t², which has Sigma_t's eigenvectors and a *squared* spectrum; Sigma_t itself
-appears exactly for the part of the update driven by zero-mean noise (label noise, minibatch
-noise), whose rows sum inputs with random signs. This module measures the estimate
-Sigma_hat_t = :func:`acetools.merging.ace.estimate_covariance` (ΔW_t) against the truth:
-
-* :func:`covariance_agreement`: matrix cosine with Sigma and with Sigma², top-k eigenvector
-  overlap, spectrum correlation, and the cosine the isotropic guess I gets (the baseline);
-* :func:`finetune_two_layer`: a 2-layer network (activation ``linear``/``tanh``/``relu``)
-  fine-tuned by SGD or Adam, to see the estimate for its first layer degrade;
-* :func:`estimate_experiment` / :func:`sweep`: linear-regression tasks
-  (:mod:`acetools.synthetic`) fine-tuned under one configuration / across one knob, as tidy
-  DataFrames (:data:`SWEEP_COLUMNS`);
-* :func:`spectra_frame`: the normalised eigenvalues of Sigma, Sigma² and Sigma_hat;
-* :func:`hooked_covariances`, :func:`vit_agreement`: the same comparison layer by layer on a
-  zoo's ViT, against input covariances captured with hooks (:mod:`acetools.files.activations`);
+* :func:`estimate_experiment` / :func:`sweep`: linear-regression tasks (:mod:`acetools.synthetic`)
+  fine-tuned under one configuration / across one knob, each estimate compared with the truth by
+  :func:`covariance_agreement`; :func:`finetune_two_layer` for the degradation study;
+* :func:`hooked_covariances`, :func:`vit_agreement`: the same comparison layer by layer on a zoo's
+  ViT, against input covariances captured with hooks (:mod:`acetools.files.activations`);
 * :func:`estimator_covariances`, :func:`unified_merges`, :func:`unified_linear`: the unified
-  framework (ACE-Merging §3): one closed form W_bar = (sum_t ΔW_t Sigma_t)(sum_t Sigma_t)^-1
-  fed with Sigma_t = I (weight averaging), WUDI's, ACE's or the true covariance;
-  :func:`wudi_gradient` checks that the WUDI row is WUDI's minimiser;
-* **claim verdicts** (:class:`~acetools.course.verdicts.Verdict`): :func:`verdict_theorem1`,
-  :func:`verdict_theorem1_vit`, :func:`verdict_unified`, with the checks they rest on
-  (:func:`synthetic_checks`, :func:`identity_errors`) and their thresholds
-  (:data:`COSINE_REPRODUCED`, :data:`COSINE_PARTLY`, :data:`TOLERANCES`).
+  framework, the library's closed form fed with Sigma_t = I, WUDI's, ACE's or the true covariance;
+* the claim verdicts of the lesson's appendix (:func:`verdict_theorem1`, :func:`verdict_theorem1_vit`,
+  :func:`verdict_unified`) with the checks and thresholds they rest on.
 """
 
 from __future__ import annotations
@@ -52,12 +33,17 @@ from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index
 from ..merging import merge
 from ..merging.ace import estimate_covariance
+from ..merging.wudi import wudi_grad
 from ..synthetic import RegressionTask, finetune_linear, joint_least_squares, make_regression_tasks
 from ..utils import make_generator
 from .verdicts import Verdict, threshold
 
 __all__ = [
     "AGREEMENT_COLUMNS",
+    "TABLE_METRICS",
+    "SWEEP_METRICS",
+    "VIT_METRICS",
+    "COLUMN_LABELS",
     "DEFAULTS",
     "SWEEP_COLUMNS",
     "ESTIMATOR_LABELS",
@@ -72,7 +58,6 @@ __all__ = [
     "vit_agreement",
     "estimator_covariances",
     "unified_merges",
-    "wudi_gradient",
     "UnifiedResult",
     "unified_linear",
     "GRIDS",
@@ -93,6 +78,24 @@ __all__ = [
     "unified_accuracy",
     "verdict_unified",
 ]
+
+#: The columns of the lesson's tables: one configuration's tasks (:func:`estimate_experiment`), the
+#: sweeps' medians (:func:`sweep`) and the ViT's layer types (:func:`vit_agreement`).
+TABLE_METRICS = ("progress", "cosine", "cosine_sq", "subspace_overlap", "identity_cosine")
+SWEEP_METRICS = ("progress", "cosine", "cosine_sq", "subspace_overlap")
+VIT_METRICS = ("cosine", "cosine_sq", "subspace_overlap", "identity_cosine", "cross_task_cosine")
+#: Plain headers for those columns (cosines have no unit; progress is a share of the base's error).
+COLUMN_LABELS = {
+    "progress": "training progress (share of error removed)",
+    "cosine": "cos(Σ̂, Σ)",
+    "cosine_sq": "cos(Σ̂, Σ²)",
+    "subspace_overlap": "top-k eigenvector overlap",
+    "identity_cosine": "cos(I, Σ): isotropic guess",
+    "cross_task_cosine": "cos(Σ̂, other tasks' Σ)",
+    "label": "covariance in the closed form",
+    "test_acc": "test accuracy (%)",
+    "test_normalized": "normalized test accuracy (%)",
+}
 
 #: What :func:`covariance_agreement` returns, in order.
 AGREEMENT_COLUMNS = ("cosine", "cosine_sq", "subspace_overlap", "spectrum_pearson", "identity_cosine")
@@ -558,21 +561,6 @@ def unified_merges(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Te
     return out
 
 
-def wudi_gradient(W: Tensor, task_vectors: Sequence[Tensor], p: float = 2.0) -> Tensor:
-    """Gradient of WUDI's loss L(W) = sum_t ||(W - τ_t) τ_tᵀ||_F² / ||τ_t||_F^p (docs/methods.md §WUDI):
-    2 sum_t (W - τ_t) τ_tᵀ τ_t / ||τ_t||_F^p. Zero at the closed form with the ``"wudi"``
-    estimator and eps = 0 — the unified framework's claim that WUDI is a norm-weighted
-    outer-product estimator."""
-    W = W.double()
-    grad = torch.zeros_like(W)
-    for tau in task_vectors:
-        t = tau.double()
-        norm = torch.linalg.matrix_norm(t)
-        if norm > 0:
-            grad += 2 * (W - t) @ (t.T @ t) / norm**p
-    return grad
-
-
 @dataclass
 class UnifiedResult:
     """What :func:`unified_linear` returns."""
@@ -775,8 +763,8 @@ def synthetic_checks(exact: UnifiedResult) -> dict[str, float]:
     B = functools.reduce(operator.add, (W @ S for W, S in zip(exact.experts, exact.Sigma)))
     jls_experts = torch.linalg.solve(A.T, B.T).T
     err_given = float((exact.merged["given"] - jls_experts).abs().max())
-    g_wudi = wudi_gradient(exact.merged["wudi"] - exact.W0, taus)
-    rel = float(g_wudi.norm() / wudi_gradient(torch.zeros_like(taus[0]), taus).norm())
+    g_wudi = wudi_grad(exact.merged["wudi"] - exact.W0, taus)  # WUDI's loss gradient (docs/methods.md §WUDI)
+    rel = float(g_wudi.norm() / wudi_grad(torch.zeros_like(taus[0]), taus).norm())
     return {"identity_synthetic": err_identity, "given_jls": err_given, "wudi_gradient": rel}
 
 

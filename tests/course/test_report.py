@@ -221,3 +221,29 @@ def test_the_report_check_fails_prose_that_points_at_hidden_code(tmp_path, prose
     shown.mkdir()
     _, ok = _lesson(shown, prose=prose)
     assert check_html(ok) == []  # the same words are fine where the code is on the page
+
+
+def test_parameter_values_are_checked_against_the_registry_the_notebook_names(tmp_path):
+    """The runner learns a parameter's allowed values from the notebook (its comment names the
+    registry: ``one of acetools.world.vision.data.SUITES``), not from a list of its own."""
+    import nbformat
+
+    from acetools.notebooks import ParameterTypeError, check_parameters, notebook_parameters, parameter_choices
+    from acetools.world.vision.data import SUITES
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell('suite: str = "tasks8"  # task suite, one of acetools.world.vision.data.SUITES\n'
+                                     'name: str = "x"  # free text, any value')
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "00_tiny.ipynb"
+    nbformat.write(nb, str(path))
+    declared = notebook_parameters(path)
+    assert parameter_choices(declared["suite"]) == ("suite", list(SUITES))
+    assert parameter_choices(declared["name"]) is None
+    assert check_parameters([path], {"suite": "tasks20", "name": "nosuch"}) == {"suite": "tasks20", "name": "nosuch"}
+    with pytest.raises(ParameterTypeError, match="unknown suite 'nosuch'"):
+        check_parameters([path], {"suite": "nosuch"})
+    with pytest.raises(ValueError, match="acetools.nowhere.THINGS"):
+        parameter_choices({"help": "one of acetools.nowhere.THINGS"}, "suite")

@@ -61,7 +61,7 @@ def spectra_plot(ax, spectra, *, title: str | None = None, max_index: int | None
     ax.set_yscale("log")
     ax.set_xlabel("eigenvalue index")
     ax.set_ylabel(r"$\lambda_i / \lambda_1$")
-    return finish(ax, title, legend=True, fontsize=8)
+    return finish(ax, title, legend=True, fontsize=10)
 
 
 def _positions(values) -> tuple[np.ndarray, list[str], bool]:
@@ -110,7 +110,7 @@ def sweep_panel(ax, data, param: str, *, metrics: Sequence[str] = ("cosine", "co
     ax.set_ylabel("agreement")
     ax.set_ylim(0, 1.02)
     if legend:
-        return finish(ax, title, legend=True)
+        return finish(ax, title, legend=True, fontsize=10)
 
 
 def progress_panel(ax, data, *, hue: str = "model", metric: str = "cosine", title: str | None = None):
@@ -127,7 +127,7 @@ def progress_panel(ax, data, *, hue: str = "model", metric: str = "cosine", titl
     ax.set_xlabel("training progress (fraction of the error removed)")
     ax.set_ylabel(METRIC_LABELS.get(metric, metric))
     ax.set_ylim(0, 1.02)
-    return finish(ax, title, legend=True)
+    return finish(ax, title, legend=True, fontsize=10)
 
 
 def _short(layer_type: str) -> str:
@@ -158,4 +158,4 @@ def layer_type_bars(ax, data, *, metrics: Sequence[str] = ("cosine", "cross_task
     ax.set_xticks(pos, [_short(t) for t in types])
     ax.set_ylabel("median cosine")
     ax.set_ylim(0, 1.02)
-    return finish(ax, title, legend=True)
+    return finish(ax, title, legend=True, fontsize=10)
