@@ -122,6 +122,20 @@ def title_of(nb: nbformat.NotebookNode, fallback: str) -> str:
     return fallback
 
 
+#: Reading speed of a lesson: its prose in words a minute, its code in lines a minute.
+WORDS_PER_MINUTE, CODE_LINES_PER_MINUTE = 150, 10
+
+
+def reading_minutes(nb: nbformat.NotebookNode) -> int:
+    """Time to read a lesson, rounded to 5 minutes (at least 5): its markdown at
+    :data:`WORDS_PER_MINUTE` plus its code at :data:`CODE_LINES_PER_MINUTE` (the README's course
+    map and docs/teaching.md state these; tests/test_repo.py keeps them in step)."""
+    words = sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+    lines = sum(len(c.source.splitlines()) for c in nb.cells if c.cell_type == "code")
+    minutes = words / WORDS_PER_MINUTE + lines / CODE_LINES_PER_MINUTE
+    return 5 * max(1, round(minutes / 5))
+
+
 def slide_types(nb: nbformat.NotebookNode) -> list[str]:
     """The reveal.js slide type of every cell: a cell's own ``slideshow`` metadata if it has one;
     else ``skip`` for the parameters cells, ``slide`` for a markdown cell that opens with a ``#`` or
@@ -183,7 +197,7 @@ def _index_page(lessons: list[Path], profile: str, timings: dict[str, float]) ->
     for p in lessons:
         nb = nbformat.read(str(p), as_version=4)
         t = timings.get(p.stem)
-        rows.append(f"| [{p.stem[:2]}]({p.stem}.ipynb) | {title_of(nb, p.stem)} | "
+        rows.append(f"| [{p.stem[:2]}]({p.stem}.ipynb) | {title_of(nb, p.stem)} | {reading_minutes(nb)} min | "
                     f"{f'{t:.0f} s' if t is not None else '—'} |")
     where = ("the fixture world of the quick profile: the numbers show that every cell runs, not what the "
              "mini-world measures" if profile == "quick" else "the mini-world (full profile)")
@@ -192,7 +206,7 @@ def _index_page(lessons: list[Path], profile: str, timings: dict[str, float]) ->
         f"The eight lessons of `notebooks/`, executed on {where}. Each page is the notebook as it ran: its "
         "code, its tables and its figures. The exercises and their solutions are in `notebooks/exercises/` "
         "and `notebooks/solutions/`; the syllabus is `docs/teaching.md`.", "",
-        "| lesson | title | executed in |", "|---|---|---|", *rows, ""])
+        "| lesson | title | read | executed in |", "|---|---|---|---|", *rows, ""])
 
 
 def build_book(lessons: list[Path], out: Path, profile: str, timings: dict[str, float]) -> Path:

@@ -156,3 +156,27 @@ def test_every_acetools_command_the_readme_shows_parses():
             elif words[:1] in (["python3"], ["bash"]) and words[1].endswith((".py", ".sh")):
                 assert (ROOT / words[1]).is_file(), f"README runs {words[1]}, which does not exist"
     assert seen >= 8
+
+
+def test_reading_times_are_the_lessons_own():
+    """The README's course map and docs/teaching.md state each lesson's reading time as computed
+    from the notebook (scripts/build_site.py reading_minutes: prose and code, rounded to 5 min)."""
+    import nbformat
+
+    from acetools.notebooks import notebook_paths
+    from tests.scripts import load_script
+
+    minutes = load_script("build_site").reading_minutes
+    readme = (ROOT / "README.md").read_text()
+    teaching = (ROOT / "docs" / "teaching.md").read_text()
+    wrong = []
+    for path in notebook_paths():
+        want = minutes(nbformat.read(str(path), as_version=4))
+        row = re.search(rf"^\| `{path.stem}` \|[^|]*\| (\d+) min \|", readme, re.M)
+        if not row or int(row.group(1)) != want:
+            said = row.group(1) if row else "no"
+            wrong.append(f"README.md course map, {path.stem}: {said} min, the notebook reads in {want} min")
+        for m in re.finditer(rf"`{path.stem}` \(read (\d+) min", teaching):
+            if int(m.group(1)) != want:
+                wrong.append(f"docs/teaching.md, {path.stem}: read {m.group(1)} min, the notebook reads in {want} min")
+    assert not wrong, "\n".join(wrong)
