@@ -1,8 +1,10 @@
-"""Run the course notebooks as parameterised reports (``acetools report``), and check them.
+"""The course's checks of a rendered lesson page (``acetools report``'s output).
 
-The runner is the library's (:mod:`acetools.notebooks`: :func:`run_notebook`,
-:func:`run_report`, parameter checks, HTML rendering), re-exported here; this module adds
-:func:`check_html`, the course's rules for a rendered lesson.
+The runner is the library's, :mod:`acetools.notebooks` (:func:`~acetools.notebooks.run_report`,
+parameter checks, HTML rendering); this module adds what a reader must be able to trust on a page:
+:func:`check_html` (no NaN cells, tracebacks, raw reprs; a lesson shows its code, docs/style.md §13),
+:func:`check_rendered` (maths typeset, tables within the page, in headless Chromium) and
+:func:`check_report` (both, and the figures' overlapping text).
 """
 
 from __future__ import annotations
@@ -12,10 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..notebooks import *  # noqa: F403  (the course's runner is the library's)
-from ..notebooks import __all__ as _RUNNER
-
-__all__ = [*_RUNNER, "check_html", "equation_code_spans", "mathjax_url", "find_chromium", "chromium_layout",
+__all__ = ["check_html", "equation_code_spans", "mathjax_url", "find_chromium", "chromium_layout",
            "check_rendered", "check_report", "figure_problems", "screenshot", "CHROMIUM_FLAGS", "code_problems",
            "rendered_code_cells"]
 

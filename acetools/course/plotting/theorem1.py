@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...errors import InputError
-from ...plotting._core import finish, heatmap
+from ...plotting import finish, heatmap
 
 __all__ = [
     "METRIC_LABELS",
