@@ -8,7 +8,8 @@ task's held-out data by its *normalized gain*
 
 (100: as good as the task's own expert; 0: no better than the unmerged base). Methods with
 a merge coefficient get it chosen on the validation split by the papers' rule (grid or
-golden-section search maximising the average normalized score, :data:`acetools.benchmark.SEARCH`);
+golden-section search maximising the average normalized score: the registry's
+:class:`acetools.merging.Search` run by :mod:`acetools.search`);
 the test split reports. The joint least-squares map, which needs the true covariances, is
 the upper reference.
 """
@@ -22,7 +23,6 @@ import pandas as pd
 import torch
 
 from .merging import METHODS, merge
-from .search import esm_search, golden_section_search, grid_search
 from .synthetic import finetune_linear, joint_least_squares, make_regression_tasks, task_loss
 
 __all__ = ["run_demo"]
@@ -30,14 +30,15 @@ __all__ = ["run_demo"]
 KEY = "lin.weight"
 
 
-def _extra_inputs(method: str, tasks) -> dict:
-    """Inputs that data-based methods need: proxy activations (ESM) and Gram matrices (RegMean)."""
-    if method == "esm":
-        return {"activations": {KEY: [t.X_train[:256].float() for t in tasks]},
-                "targets": (KEY,), "layer_types": (KEY,)}
-    if method == "regmean":
-        return {"grams": [{KEY: (t.X_train.T @ t.X_train / t.X_train.shape[0]).float()} for t in tasks]}
-    return {}
+def _data_inputs(method: str, tasks) -> dict:
+    """The data inputs ``method`` declares in the registry (``MethodInfo.data_inputs``), from the tasks' training
+    inputs: proxy activations, Gram matrices and the one target layer of this model."""
+    available = {
+        "activations": lambda: {KEY: [t.X_train[:256].float() for t in tasks]},
+        "grams": lambda: [{KEY: (t.X_train.T @ t.X_train / t.X_train.shape[0]).float()} for t in tasks],
+        "targets": lambda: (KEY,),
+    }
+    return {name: available[name]() for name in METHODS[method].data_inputs}
 
 
 def run_demo(n_tasks: int = 6, d_in: int = 48, d_out: int = 24, seed: int = 0,
@@ -47,10 +48,10 @@ def run_demo(n_tasks: int = 6, d_in: int = 48, d_out: int = 24, seed: int = 0,
 
     Returns one row per method with the chosen coefficient, the mean and worst-task
     normalized gain on test, and the merge time in milliseconds, best first.
-    ``select=False`` keeps every method at its default hyperparameters.
+    ``select=False`` keeps every method at its default hyperparameters; otherwise the
+    method's registered :class:`acetools.merging.Search` chooses its coefficient on validation
+    (:meth:`acetools.merging.Search.run`, the functions of :mod:`acetools.search`).
     """
-    from .benchmark import SEARCH  # the papers' selection rule per method
-
     W0, tasks = make_regression_tasks(n_tasks, d_in, d_out, seed=seed)
     experts_W = [finetune_linear(W0, t.X_train, t.Y_train, steps=steps, lr=lr, seed=seed + i)
                  for i, t in enumerate(tasks)]
@@ -67,32 +68,23 @@ def run_demo(n_tasks: int = 6, d_in: int = 48, d_out: int = 24, seed: int = 0,
     def merged_weight(m: str, **hp) -> torch.Tensor:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return merge(m, base, experts, **_extra_inputs(m, tasks), **hp)[KEY].double()
+            return merge(m, base, experts, **_data_inputs(m, tasks), **hp)[KEY].double()
 
+    hundred = {f"task{i}": 100.0 for i in range(len(tasks))}  # gains are normalized already
     rows = []
     for m in methods or list(METHODS):
-        search = SEARCH.get(m) if select else None
+        search = METHODS[m].search if select else None
         t0 = time.perf_counter()
-        coef = None
-        if search is None:
-            W = merged_weight(m)
-        else:
-            def score(c: float, m: str = m, search=search) -> dict[str, float]:
-                return gains(merged_weight(m, **{search.param: c}), "val")
-
-            hundred = {f"task{i}": 100.0 for i in range(len(tasks))}  # gains are normalized already
-            if search.kind == "grid":
-                res = grid_search(score, search.grid, reference=hundred)
-            elif search.kind == "esm":
-                res = esm_search(score, hundred, lo=search.bracket[0], hi=search.bracket[1])
-            else:
-                res = golden_section_search(score, *search.bracket, reference=hundred)
-            coef = f"{search.param}={res.best:.3g}"
-            W = merged_weight(m, **{search.param: res.best})
+        hp = {}
+        if search is not None:
+            res = search.run(lambda c, m=m, p=search.param: gains(merged_weight(m, **{p: c}), "val"), hundred)
+            hp = {search.param: res.best}
+        W = merged_weight(m, **hp)
         ms = 1000 * (time.perf_counter() - t0)
         g = list(gains(W, "test").values())
-        rows.append({"method": m, "coefficient": coef or "", "mean_gain": sum(g) / len(g), "worst_task_gain": min(g),
-                     "ms": ms, "uses_data": m in ("esm", "regmean")})
+        rows.append({"method": m, "coefficient": ", ".join(f"{k}={v:.3g}" for k, v in hp.items()),
+                     "mean_gain": sum(g) / len(g), "worst_task_gain": min(g), "ms": ms,
+                     "uses_data": bool(METHODS[m].data_inputs)})
     g = list(gains(joint_least_squares(tasks), "test").values())
     rows.append({"method": "joint least squares (true Sigma_t)", "coefficient": "", "mean_gain": sum(g) / len(g),
                  "worst_task_gain": min(g), "ms": float("nan"), "uses_data": True})

@@ -128,18 +128,57 @@ def test_streaming_equals_in_memory(tmp_path, gpt2_files, method, hp):
         assert torch.equal(a[k], b[k]), k
 
 
+def _data_inputs(method, base_sd, lay, n_tasks):
+    """Random data inputs for whatever ``method`` declares (Grams or activations of its matrix keys)."""
+    import re
+
+    from acetools.merging import METHODS
+
+    g = torch.Generator().manual_seed(5)
+    info = METHODS[method]
+    widths = {k: lay.to_canonical(k, w).shape[1] for k, w in base_sd.items() if lay.is_matrix(k, w)}
+    out = {}
+    if "grams" in info.data_inputs:
+        out["grams"] = [{k: (X := torch.randn(3 * d, d, generator=g)).T @ X / (3 * d) for k, d in widths.items()}
+                        for _ in range(n_tasks)]
+    if "activations" in info.data_inputs:
+        targets = info.resolve({}, layout=lay.name)["targets"]
+        out["activations"] = {k: [torch.randn(12, d, generator=g) for _ in range(n_tasks)] for k, d in widths.items()
+                              if any(re.search(p, k) for p in targets)}
+    return out
+
+
+def test_every_method_in_memory_equals_the_file_merge(tmp_path, gpt2_files):
+    """One driver: ``acetools.merge`` on state dicts and ``acetools merge`` on the files give the same weights, for
+    every registered method (streamed where the method allows it, else its whole-model call)."""
+    from acetools.layouts import get_layout
+    from acetools.merging import METHODS
+
+    base, experts = gpt2_files
+    b, ex = _states(base, experts)
+    lay = get_layout("gpt2", keys=list(b))
+    for method in METHODS:
+        hp = {**({"steps": 3} if method == "wudi" else {}), **_data_inputs(method, b, lay, len(ex))}
+        res = merge_files(method, base, experts, tmp_path / method, hparams=hp)
+        assert res.plan.mode == ("memory" if METHODS[method].key_scope(hp)[0] == "model" else "stream"), method
+        got = open_checkpoint(tmp_path / method).state_dict()
+        ref = merge(method, b, ex, layout="gpt2", **hp)
+        assert got.keys() == ref.keys(), method
+        for k in ref:
+            assert torch.equal(got[k], ref[k]), (method, k)
+
+
 def test_global_ties_threshold_is_exact(tmp_path, gpt2_files):
     """The streamed radix-select threshold equals the sort-based one, also with ties in |tau|."""
-    from acetools.files.merge_files import _radix_thresholds
-    from acetools.merging.ties import trim_threshold
+    from acetools.merging.ties import radix_thresholds, trim_threshold
 
     g = torch.Generator().manual_seed(0)
     parts = {"a": torch.randn(7, 5, generator=g), "b": torch.randn(40, generator=g).round(decimals=1),
              "c": torch.zeros(3), "d": -torch.randn(4, 4, generator=g).double().float()}
     n = sum(p.numel() for p in parts.values())
     for k in (0.5, 10, 20, 33.3, 99, 100):
-        got = _radix_thresholds(list(parts), lambda key: [parts[key], 2 * parts[key]], 2, k, torch.float32, n,
-                                lambda it, desc: it)
+        got = radix_thresholds(list(parts), lambda key: [parts[key], 2 * parts[key]], 2, k, torch.float32, n,
+                               lambda it, desc: it)
         assert got[0].item() == trim_threshold(parts.values(), k).item()
         assert got[1].item() == trim_threshold([2 * p for p in parts.values()], k).item()
 

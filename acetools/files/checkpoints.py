@@ -27,14 +27,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -140,12 +142,15 @@ def _torch_load(path: Path) -> dict[str, Tensor]:
 
 
 class _SafetensorsFile:
-    """One safetensors file read with plain ``pread`` calls, one tensor at a time.
+    """One safetensors file read one tensor at a time, each through a mapping of its own bytes.
 
-    Not memory-mapped on purpose: pages of a mapped file that were read count towards the
-    process's resident memory until unmapped, so a lazy ``safe_open`` over T experts ends up
-    "holding" every file it streamed. Here a tensor's bytes are read into a fresh buffer and
-    nothing else stays in memory. The format (an 8-byte little-endian header length, a JSON
+    Not one mapping of the whole file on purpose: pages of a mapped file that were read count
+    towards the process's resident memory until unmapped, so a lazy ``safe_open`` over T
+    experts ends up "holding" every file it streamed. Here each tensor maps only its own bytes
+    (copy-on-write: the tensor is the caller's to change, the file is never written), and the
+    mapping goes with the tensor: nothing stays in memory after it is freed, and the bytes are
+    not copied on the way in (a tensor whose bytes do not sit at a multiple of its item size is
+    read into a new buffer instead). The format (an 8-byte little-endian header length, a JSON
     header of dtype/shape/data_offsets per key, then the data) is the one ``safetensors``
     writes.
     """
@@ -183,17 +188,25 @@ class _SafetensorsFile:
     def get(self, key: str) -> Tensor:
         a, b = self.offsets[key]
         m = self.meta[key]
+        start = self.start + a
+        if b == a:
+            return torch.empty(m.shape, dtype=m.dtype)
+        if start % _itemsize(m.dtype) == 0:
+            at = start - start % mmap.ALLOCATIONGRANULARITY
+            with open(self.path, "rb") as fh:
+                mapped = mmap.mmap(fh.fileno(), start + (b - a) - at, offset=at, access=mmap.ACCESS_COPY)
+            data = torch.from_numpy(np.frombuffer(mapped, dtype=np.uint8, count=b - a, offset=start - at))
+            return data.view(m.dtype).reshape(m.shape)
         buf = torch.empty(b - a, dtype=torch.uint8)
-        if b > a:
-            with open(self.path, "rb", buffering=0) as fh:
-                fh.seek(self.start + a)
-                view = buf.numpy().data  # a writable memoryview of buf's bytes
-                got = 0
-                while got < b - a:
-                    r = fh.readinto(view[got:])
-                    if not r:
-                        raise InputError(f"{self.path}: file ended while reading {key!r}")
-                    got += r
+        with open(self.path, "rb", buffering=0) as fh:
+            fh.seek(start)
+            view = buf.numpy().data  # a writable memoryview of buf's bytes
+            got = 0
+            while got < b - a:
+                r = fh.readinto(view[got:])
+                if not r:
+                    raise InputError(f"{self.path}: file ended while reading {key!r}")
+                got += r
         return buf.view(m.dtype).reshape(m.shape)
 
 
@@ -439,15 +452,26 @@ class ShardedWriter:
     ``model-0000i-of-0000N.safetensors`` plus ``model.safetensors.index.json``, as Hugging Face
     does) and moves them into ``out`` together. Until then everything lives in a hidden
     temporary folder inside ``out``, removed on error. ``metadata`` (str -> str) goes into
-    every shard's header. The files are the format ``safetensors`` writes and reads.
+    every shard's header; it may be a function returning it, called when the first shard is
+    finished (e.g. once hashes computed meanwhile are known), with ``metadata_hint`` a mapping
+    of the same size in bytes to plan the shards by. ``header_room`` (from :meth:`header_room`
+    over every tensor that will be written) leaves that many bytes for each shard's header in
+    front of its data, so the data is written once, in place; without it (or when a header
+    outgrows it) the data is copied behind the header when a shard is finished. The files are
+    the format ``safetensors`` writes and reads (a header may end in spaces, as safetensors'
+    own padding does).
     """
 
     def __init__(self, out: str | os.PathLike, *, shard_size: int | str = "5GB",
-                 metadata: Mapping[str, str] | None = None, prefix: str = "model"):
+                 metadata: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None, prefix: str = "model",
+                 metadata_hint: Mapping[str, str] | None = None, header_room: int | None = None):
         self.out = Path(out)
         self.shard_size = parse_size(shard_size)
-        self.metadata = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
+        self._late = metadata if callable(metadata) else None
+        known = metadata_hint if callable(metadata) else metadata
+        self.metadata = {"format": "pt", **{str(k): str(v) for k, v in (known or {}).items()}}
         self.prefix = prefix
+        self.room = None if header_room is None else header_room + (-header_room % 8)
         self.out.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix=".acetools-write-", dir=self.out))
         self._data = None
@@ -480,6 +504,8 @@ class ShardedWriter:
             head = len(json.dumps({key: entry}, separators=(",", ":"))) + 1
         if self._data is None:
             self._data = open(self._tmp / f"shard-{len(self._files):05d}.data", "wb")
+            if self.room is not None:
+                self._data.seek(8 + self.room)  # the header goes in front when the shard is finished
         if n:
             self._data.write(t.reshape(-1).view(torch.uint8).numpy().data)
         self._entries[key] = entry
@@ -490,24 +516,56 @@ class ShardedWriter:
 
     def _file_bytes(self, header_entries: int, data: int) -> int:
         """Upper bound on a shard's file size: 8 + header (metadata + entries, padded to 8) + data."""
+        if self.room is not None:
+            return 8 + self.room + data
         return 8 + self._meta_bytes + header_entries + 8 + data
+
+    @staticmethod
+    def header_room(tensors: Iterable[tuple[str, torch.dtype, Sequence[int]]], metadata: Mapping[str, str],
+                    total: int | None = None) -> int:
+        """Bytes that hold the header of any shard of ``tensors`` (``(key, dtype, shape)``, every tensor
+        to be written) with ``metadata``: all of them in one shard, offsets up to ``total`` bytes
+        (default their sum)."""
+        items = list(tensors)
+        if total is None:
+            total = sum(_numel(tuple(s)) * _itemsize(dt) for _, dt, s in items)
+        meta = {"format": "pt", **{str(k): str(v) for k, v in metadata.items()}}
+        n = len(json.dumps({"__metadata__": meta}, separators=(",", ":")))
+        for key, dt, shape in items:
+            n += len(json.dumps({key: {"dtype": _DTYPE_NAMES.get(dt, "F64"), "shape": list(shape),
+                                       "data_offsets": [total, total]}}, separators=(",", ":"))) + 1
+        return n + 8
 
     def _flush(self) -> None:
         if not self._entries:
             return
+        if self._late is not None:
+            self.metadata = {"format": "pt", **{str(k): str(v) for k, v in self._late().items()}}
+            self._late = None
         data = self._data
         assert data is not None, "a shard with entries has its data file open"
         data_path = Path(data.name)
         data.close()
         self._data = None
         header = json.dumps({"__metadata__": self.metadata, **self._entries}, separators=(",", ":")).encode()
-        header += b" " * (-len(header) % 8)
         path = self._tmp / f"shard-{len(self._files):05d}.safetensors"
+        if self.room is not None and len(header) <= self.room:
+            with open(data_path, "r+b") as fh:  # the data sits behind the room left for the header
+                fh.write(self.room.to_bytes(8, "little"))
+                fh.write(header + b" " * (self.room - len(header)))
+            os.replace(data_path, path)
+            self._next_shard(path)
+            return
+        header += b" " * (-len(header) % 8)
         with open(path, "wb") as out, open(data_path, "rb") as src:
             out.write(len(header).to_bytes(8, "little"))
             out.write(header)
+            src.seek(8 + self.room if self.room is not None else 0)
             shutil.copyfileobj(src, out, 1 << 24)
         data_path.unlink()
+        self._next_shard(path)
+
+    def _next_shard(self, path: Path) -> None:
         self._files.append((path, list(self._entries)))
         self._entries = {}
         self._shard_bytes = 0

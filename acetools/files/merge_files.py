@@ -1,19 +1,21 @@
 """Merge checkpoints on disk: ``acetools merge`` in Python (:func:`merge_files`).
 
-Two drivers share one layout (:mod:`acetools.layouts`) and give equal results:
+The files are read by the one merge driver of :func:`acetools.merge`
+(:func:`acetools.merging.driver.run`, over a :class:`acetools.merging.driver.Source` of
+checkpoints), in one of its two ways, with equal results:
 
-- **streaming** (methods whose :func:`acetools.merging.key_scope` is ``"key"``: weight
-  averaging, task arithmetic, TIES/DARE with ``scope="tensor"``, TSV-M, Iso-C, Iso-CTS, CART,
-  WUDI, ACE, RegMean): for each key, read W0 and the T expert tensors from disk (safetensors are
-  read lazily), merge that key (:func:`acetools.merging.merge_key`) and hand the result to a
+- **streaming** (methods whose :func:`acetools.merging.key_scope` is not ``"model"``: weight
+  averaging, task arithmetic, TIES, DARE, TSV-M, Iso-C, Iso-CTS, CART, WUDI, ACE, RegMean): for
+  each key, read W0 and the T expert tensors from disk (safetensors are read lazily), merge that
+  key (:func:`acetools.merging.merge_key`) and hand the result to a
   :class:`acetools.files.checkpoints.ShardedWriter`. Peak memory is about (T + 2) x the largest
   tensor in the compute dtype plus the method's work space for it (the writer holds no
-  shard). TIES and DARE-TIES with ``scope="global"`` stream too, with extra read passes: two
-  (four for float64) for the exact per-task trim threshold over the whole model (a radix
-  select on the float bits: the same value as sorting every entry), one for the majority
-  sign, then the merge pass;
-- **in memory** (ESM, or ``mode="memory"``): the whole base and experts are loaded and
-  :func:`acetools.merge` is called, then written the same way.
+  shard). A method's model-wide step is its registry entry's ``prepare`` hook: TIES and
+  DARE-TIES with ``scope="global"`` read the files in extra passes, two (four for float64) for
+  the exact per-task trim threshold over the whole model (a radix select on the float bits: the
+  same value as sorting every entry) and one for the majority sign, then merge;
+- **in memory** (ESM, or ``mode="memory"``): one call of the method on every key, the task
+  vectors formed key by key as it reads them, then written the same way.
 
 Non-float tensors are carried from the base; tied keys (GPT-2's ``lm_head``/``wte``) are
 merged once and written under every key the base file has; in x out weights are transposed to
@@ -29,7 +31,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +42,9 @@ from torch import Tensor
 from .. import __version__
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import Layout, describe, get_layout
-from ..merging import METHODS, check_same_keys, confirmed_ties, key_scope, merge, merge_key
-from ..merging.esm import with_layout_names
-from ..merging.ties import dare_mask, disjoint_merge, drop_and_rescale, elect_sign, kept_count, resolve_zero_signs
-from ..utils import PROGRESS, jsonable, progress, resolve_device, short_repr
+from ..merging import METHODS, check_same_keys, key_scope
+from ..merging.driver import Source, compute_dtype, format_bytes, run
+from ..utils import jsonable, resolve_device, short_repr
 from .checkpoints import (
     Checkpoint,
     ShardedWriter,
@@ -81,10 +82,6 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if name not in DTYPES:
         raise InputError(f"unknown dtype {dtype!r}; use one of: base, {', '.join(DTYPES)}")
     return DTYPES[name]
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def save_activations(path: str | Path, activations: Mapping[str, Sequence[Tensor]]) -> Path:
@@ -164,7 +161,7 @@ class MergePlan:
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
             *([self.heads.summary()] if self.heads.mode != "merge" else []),
-            *([f"note: {_ALIKE[self.method]}"] if self.method in _ALIKE else []),
+            *([f"note: {self.method} {METHODS[self.method].note}"] if METHODS[self.method].note else []),
             f"memory: {self.memory_text(largest['key'])}",
         ]
         return "\n".join(lines)
@@ -179,18 +176,18 @@ class MergePlan:
         n = 1
         for s in m.shape:
             n *= s
-        big = n * (_compute_dtype(m.dtype) if m.dtype.is_floating_point else m.dtype).itemsize
+        big = n * (compute_dtype(m.dtype) if m.dtype.is_floating_point else m.dtype).itemsize
         if self.mode == "memory":
-            total = self.base.nbytes() * (T + 1)
-            return (f"in memory: base and {T} experts loaded (~{_fmt(total)} as stored), plus T task vectors, "
-                    "the update and the result in float32 while merging")
-        text = (f"streaming: about (T + 2) x the largest tensor ({largest_key}, {_fmt(big)} in the compute dtype) "
-                f"= {_fmt((T + 2) * big)}")
+            w = sum(_bytes(self.base, r["key"], compute=True) for r in self.rows)
+            return (f"in memory: one call of the method on every key, holding W0 and the update of every key in the "
+                    f"compute dtype (~{format_bytes(2 * w)}), the {T} task vectors of the key being merged and the "
+                    "method's work space")
+        text = (f"streaming: about (T + 2) x the largest tensor ({largest_key}, {format_bytes(big)} in the compute "
+                f"dtype) = {format_bytes((T + 2) * big)}")
         widths = [_d_in(r) for r in self.rows if r["path"] == "matrix"]
-        if self.method == "ace" and widths:
-            w = max(widths)
-            text += (f", plus ACE's {T} float64 covariances of the widest input (d_in = {w}: at least "
-                     f"{_fmt(T * w * w * 8)})")
+        note = METHODS[self.method].memory_note
+        if note is not None and widths:
+            text += f", {note(T, max(widths))}"
         return text
 
 
@@ -200,27 +197,14 @@ def _d_in(row: Mapping[str, Any]) -> int:
     return d0 if row["orientation"] == "in_out" else d1
 
 
-_ALIKE = {
-    m: f"{m} treats every float key alike; the matrix/elementwise column does not change its result"
-    for m in ("weight_averaging", "task_arithmetic", "ties", "dare")
-}
-_ALIKE["regmean"] = "regmean merges the keys its Gram matrices name; every other key gets the mean"
-
-
-def _fmt(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n}"
-
-
-def _bytes(ck: Checkpoint, key: str) -> int:
+def _bytes(ck: Checkpoint, key: str, compute: bool = False) -> int:
+    """Bytes of ``key`` as stored (``compute``: in the compute dtype, for float keys)."""
     m = ck.meta(key)
     n = 1
     for s in m.shape:
         n *= s
-    return n * torch.empty((), dtype=m.dtype).element_size()
+    dt = compute_dtype(m.dtype) if compute and m.dtype.is_floating_point else m.dtype
+    return n * torch.empty((), dtype=dt).element_size()
 
 
 @dataclass
@@ -316,25 +300,26 @@ def plan_merge(
         raise InputError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
     if mode not in MODES:
         raise InputError(f"mode={mode!r} must be one of {MODES}")
+    info = METHODS[method]
     hp = dict(hparams or {})
     files = {}
-    if method == "esm" and isinstance(hp.get("activations"), (str, Path)):
-        files["activations"] = str(hp["activations"])
-        hp["activations"] = load_activations(hp["activations"], len(experts))
-    resolved = METHODS[method].resolve(hp)
+    for name in info.per_key:  # a per-key input given as a file (save_activations' format)
+        if isinstance(hp.get(name), (str, Path)):
+            files[name] = str(hp[name])
+            hp[name] = load_activations(hp[name], len(experts))
+    resolved = info.resolve(hp)
     b, ex = _open_all(base, experts)
     _check_expert_list(b, ex)
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
     head_plan = plan_heads(heads, b, ex, lay, names)
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
     _check_compatible(b, ex)
-    if method == "esm":  # ESM's layer names from the layout preset unless given (docs/methods.md §ESM)
-        resolved = METHODS[method].resolve(with_layout_names(hp, lay.name))
+    resolved = info.resolve(hp, layout=lay.name)  # e.g. ESM's layer names per layout preset (docs/methods.md §ESM)
     if resolved.get("in_out_keys"):
         raise InputError("in_out_keys is not used for files: the layout stores the orientation of every key "
                          f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")
     keys = set(b.keys())
-    for name in METHODS[method].per_key:
+    for name in info.per_key:
         value = resolved.get(name)
         if value is None or callable(value):
             continue
@@ -357,188 +342,80 @@ def plan_merge(
                      run, rows, dict(lay.tied), files, head_plan)
 
 
-def _tensor(ck: Checkpoint, key: str, lay: Layout, dev: torch.device, dt: torch.dtype, check: bool = True) -> Tensor:
-    t = ck.get(key)
-    if check and not torch.isfinite(t).all():
-        n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-        raise InputError(f"{ck.path}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
-    return lay.to_canonical(key, t).to(dev, dt).contiguous()
+def _run(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype: torch.dtype | None,
+         show: bool | None) -> dict[str, Any]:
+    """The one driver (:func:`acetools.merging.driver.run`) over the checkpoints, written as it goes:
+    key by key (``mode="stream"``) or one call of the method on every key (``"memory"``)."""
+    models = [plan.base, *plan.experts]
+    src = Source(plan.base, plan.experts, names=[str(ck.path) for ck in models])
+    return run(METHODS[plan.method], plan.hparams, src, plan.layout, writer.add, device=dev,
+               whole_model=plan.mode == "memory", out_dtype=out_dtype, show=show, hparams_text=plan.hparams_text())
 
 
-class _Source:
-    """Reads W0 and the task vectors of one key, in d_out x d_in and the compute dtype.
+class _InputHashes:
+    """The sha256 of every input file, computed in a background thread while the merge reads the same
+    files (hashing is off the merge's critical path; ``hashlib`` releases the GIL).
 
-    Each key's finiteness is checked on its first read only: global TIES reads every key in
-    up to four passes, and the check of every tensor in every pass was 30 % of its time."""
+    A copy of the base or of another expert under another name is an error before any merging when
+    it can be: inputs whose files have equal sizes and equal bytes at a few sampled offsets are
+    hashed at once (:meth:`check_copies`); distinct inputs only differ in :meth:`result`'s check."""
 
-    def __init__(self, plan: MergePlan, dev: torch.device):
-        self.plan, self.dev = plan, dev
-        self._checked: set[str] = set()
+    def __init__(self, plan: MergePlan, enabled: bool):
+        from concurrent.futures import ThreadPoolExecutor
 
-    def w0_taus(self, key: str) -> tuple[Tensor, list[Tensor]]:
-        p = self.plan
-        dt = _compute_dtype(p.base.meta(key).dtype)
-        check = key not in self._checked
-        W0 = _tensor(p.base, key, p.layout, self.dev, dt, check)
-        taus = [_tensor(ck, key, p.layout, self.dev, dt, check) - W0 for ck in p.experts]
-        self._checked.add(key)
-        return W0, taus
+        self.models = [plan.base, *plan.experts]
+        self.extra = list(plan.files.values())
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="acetools-sha256") if enabled else None
+        self._future = self._pool.submit(self._hash) if self._pool is not None else None
 
+    def _hash(self) -> tuple[list[dict[str, str]], dict[str, str]]:
+        return [ck.sha256() for ck in self.models], {f: file_sha256(f) for f in self.extra}
 
-def _confirm_ties(plan: MergePlan) -> dict[str, str]:
-    return confirmed_ties(plan.tie_candidates, plan.base, plan.experts, get=lambda ck, k: ck.get(k))
+    def check_copies(self) -> None:
+        """Wait for the hashes (and raise on a copy) when two inputs look alike by size and sampled bytes."""
+        if self._future is None:
+            return
+        prints = [_fingerprint(ck) for ck in self.models]
+        if len(set(prints)) < len(prints):
+            self.result()
 
+    def result(self) -> dict[str, str] | None:
+        """``{file: sha256}`` of every input (``None`` when hashing is off); a copy among the inputs is an error."""
+        if self._future is None or self._pool is None:
+            return None
+        try:
+            per_ck, extra = self._future.result()
+        finally:
+            self._pool.shutdown()
+        _check_distinct_contents([tuple(sorted(h.values())) for h in per_ck], [ck.path for ck in self.models])
+        return {**{f: h for d in per_ck for f, h in d.items()}, **extra}
 
-def _radix_thresholds(keys: Sequence[str], taus_of: Callable[[str], list[Tensor]], T: int, k: float,
-                      dtype: torch.dtype, n: int, bar: Callable) -> list[Tensor]:
-    """Per task, the ``kept_count``-th largest |tau| over every key: TIES' global trim threshold.
-
-    The same value as :func:`acetools.merging.ties.trim_threshold` on the concatenated task
-    vector, found without holding it: |tau| >= 0 orders like its IEEE bit pattern read as an
-    integer, so a most-significant-first radix select over 16-bit digits (one read pass per
-    digit: 2 for float32, 4 for float64) fixes the value bit by bit. ``n`` is the number of
-    entries over ``keys``.
-    """
-    itype, nbits = (torch.int32, 32) if dtype == torch.float32 else (torch.int64, 64)
-    n_keep = kept_count(n, k)
-    if n_keep == 0:
-        return [torch.tensor(float("inf"), dtype=dtype) for _ in range(T)]
-    rank = [n - n_keep] * T  # 0-based rank, ascending, of the threshold
-    prefix = [0] * T
-    shifts = list(range(nbits - 16, -1, -16))
-    for level, shift in enumerate(shifts):
-        hist = [torch.zeros(1 << 16, dtype=torch.int64) for _ in range(T)]
-        for key in bar(keys, f"TIES threshold pass {level + 1}/{len(shifts)}"):
-            for t, tau in enumerate(taus_of(key)):
-                bits = tau.abs().reshape(-1).view(itype)
-                if level > 0:
-                    bits = bits[(bits >> (shift + 16)) == prefix[t]]
-                hist[t] += torch.bincount(((bits >> shift) & 0xFFFF).to(torch.int64), minlength=1 << 16)
-        for t in range(T):
-            cum = hist[t].cumsum(0)
-            d = int(torch.searchsorted(cum, torch.tensor(rank[t]), right=True))
-            rank[t] -= int(cum[d - 1]) if d > 0 else 0
-            prefix[t] = (prefix[t] << 16) | d
-    return [torch.tensor(p, dtype=itype).view(dtype).clone() for p in prefix]
+    def cancel(self) -> None:
+        if self._future is not None and self._pool is not None:
+            self._future.cancel()
+            self._pool.shutdown(wait=False)
 
 
-def _stream(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype: torch.dtype | None,
-            show: bool | None) -> dict[str, Any]:
-    """The streaming driver: key by key (plus TIES' global passes), written as it goes."""
-    method, hp, lay = plan.method, plan.hparams, plan.layout
-    base, experts = plan.base, plan.experts
-    T = len(experts)
-    tied = _confirm_ties(plan)
-    aliases_of: dict[str, list[str]] = {}
-    for a, c in tied.items():
-        aliases_of.setdefault(c, []).append(a)
-    buffers = [k for k in base.keys() if not base.meta(k).dtype.is_floating_point]
-    keys = [k for k in base.keys() if k not in tied and k not in buffers]
-    src = _Source(plan, dev)
-
-    def bar(it, desc):
-        return progress(list(it), desc=desc, enabled=show)
-
-    def dropped(key: str, taus: list[Tensor]) -> list[Tensor]:
-        """DARE-TIES drops before trimming (the masks depend on seed, task and key only)."""
-        if method != "dare":
-            return taus
-        return [drop_and_rescale(tau, dare_mask(tau.shape, hp["p"], hp["seed"], t, key, tau.device), hp["p"],
-                                 hp["rescale"]) for t, tau in enumerate(taus)]
-
-    def taus_of(key: str) -> list[Tensor]:
-        return dropped(key, src.w0_taus(key)[1])
-
-    ties_state: dict[str, Any] = {}
-    if plan.scope == "global_ties":
-
-        dts = {_compute_dtype(base.meta(k).dtype) for k in keys}
-        if len(dts) != 1:
-            raise InputError("TIES with scope='global' needs one dtype across keys (float64 and others are mixed)")
-        dtype = dts.pop()
-        n = sum(_bytes(base, k) // base.meta(k).dtype.itemsize for k in keys)
-        thr = _radix_thresholds(keys, taus_of, T, hp["k"], dtype, n, bar)
-        total = 0
-        for key in bar(keys, "TIES: elect"):
-            trimmed = torch.stack([torch.where(tau.abs() >= thr[t].to(tau.device), tau, 0) for t, tau in
-                                   enumerate(taus_of(key))])
-            total += int(elect_sign(trimmed).to(torch.int64).sum())
-        ties_state = {"thr": thr, "majority": (total > 0) - (total < 0)}
-
-    info: dict[str, Any] = {"tied": tied, "buffers_changed": {}}
-    token = PROGRESS.set(False)  # the methods' own per-key bars would flicker once per key
-    try:
-        for key in bar(base.keys(), f"{method}: merge"):
-            if key in tied:
-                continue
-            if key in buffers:
-                t0 = base.get(key)
-                differ = [i for i, ck in enumerate(experts) if not torch.equal(ck.get(key), t0)]
-                if differ:
-                    info["buffers_changed"][key] = differ
-                    warnings.warn(f"non-float buffer {key!r} differs from the base in experts {differ}; the merged "
-                                  "model keeps the base's value (buffers are not merged)", UserWarning, stacklevel=3)
-                writer.add(key, t0)
-                continue
-            W0, taus = src.w0_taus(key)
-            if plan.scope == "global_ties":
-                taus = dropped(key, taus)
-                thr = ties_state["thr"]
-                trimmed = torch.stack([torch.where(tau.abs() >= thr[t].to(tau.device), tau, 0)
-                                       for t, tau in enumerate(taus)])
-                gamma = resolve_zero_signs(elect_sign(trimmed).to(torch.int8), ties_state["majority"]).to(trimmed.dtype)
-                delta = hp["lam"] * disjoint_merge(trimmed, gamma, hp["merge"])
-            else:
-                delta = merge_key(method, key, W0, taus, is_matrix=lay.is_matrix(key, W0), hparams=hp)
-            merged = W0 + delta.to(dev, W0.dtype)
-            if not torch.isfinite(merged).all():
-                raise FloatingPointError(f"{method} produced non-finite weights at key {key!r}; check the "
-                                         f"hyperparameters ({plan.hparams_text()}) and the scale of the task vectors")
-            dt = out_dtype or base.meta(key).dtype
-            result = lay.from_canonical(key, merged).to("cpu", dt).contiguous()
-            writer.add(key, result)
-            for alias in aliases_of.get(key, ()):
-                writer.add(alias, result.clone())
-            del W0, taus, merged, delta
-    finally:
-        PROGRESS.reset(token)
-    return info
+def _fingerprint(ck: Checkpoint, samples: int = 16, width: int = 4096) -> tuple:
+    """Sizes and the bytes at ``samples`` evenly spaced offsets of every file: equal for copies."""
+    out = []
+    for f in ck.files:
+        size = Path(f).stat().st_size
+        with open(f, "rb") as fh:
+            parts = []
+            for i in range(samples):
+                fh.seek(size * i // samples)
+                parts.append(fh.read(width))
+        out.append((size, b"".join(parts)))
+    return tuple(out)
 
 
-def _in_memory(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype: torch.dtype | None,
-               show: bool | None) -> dict[str, Any]:
-    """Load everything, :func:`acetools.merge`, write."""
-    base = plan.base.state_dict()
-    experts = [ck.state_dict() for ck in plan.experts]
-    # mixed float dtypes across files: compute every such key in float32/64 (as the streaming driver does)
-    for k, w in base.items():
-        if w.is_floating_point() and any(ex[k].dtype != w.dtype for ex in experts):
-            dt = _compute_dtype(w.dtype)
-            base[k] = w.to(dt)
-            for ex in experts:
-                ex[k] = ex[k].to(dt)
-    out = merge(plan.method, base, experts, device=dev, layout=plan.layout, progress=show, **plan.hparams)
-    for k in plan.base.keys():
-        t = out[k]
-        if t.is_floating_point():
-            t = t.to("cpu", out_dtype or plan.base.meta(k).dtype)
-        writer.add(k, t)
-    changed = {k: [i for i, ex in enumerate(experts) if not torch.equal(ex[k], w)]
-               for k, w in base.items() if not w.is_floating_point()}
-    return {"tied": confirmed_ties(plan.layout.tied, base, experts),
-            "buffers_changed": {k: v for k, v in changed.items() if v}}
-
-
-def _merge_record(method: str, plan: MergePlan, hash_inputs: bool) -> tuple[dict, dict, dict]:
-    """``(inputs, hp_record, meta)``: the inputs (with their hashes), the hyperparameters as the
-    method uses them, and the safetensors metadata of a merge."""
-    inputs = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
-    if hash_inputs:
-        per_ck = [ck.sha256() for ck in [plan.base, *plan.experts]]
-        _check_distinct_contents([tuple(sorted(h.values())) for h in per_ck],
-                                 [ck.path for ck in [plan.base, *plan.experts]])
-        inputs["sha256"] = {f: h for d in per_ck for f, h in d.items()}
-        inputs["sha256"].update({f: file_sha256(f) for f in plan.files.values()})
+def _merge_record(method: str, plan: MergePlan, sha256: Mapping[str, str] | None) -> tuple[dict, dict, dict]:
+    """``(inputs, hp_record, meta)``: the inputs (with their hashes ``sha256`` when given), the
+    hyperparameters as the method uses them, and the safetensors metadata of a merge."""
+    inputs: dict[str, Any] = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
+    if sha256 is not None:
+        inputs["sha256"] = dict(sha256)
     hp_record = {k: plan.files.get(k) or jsonable(v, fallback=short_repr)
                  for k, v in METHODS[method].effective(plan.hparams).items()}
     meta = {
@@ -566,6 +443,47 @@ def _staging_folder(out_dir: Path) -> Path | None:
     os.umask(umask)
     os.chmod(stage, 0o777 & ~umask)  # mkdtemp's 0700 would stay on the renamed folder
     return stage
+
+
+def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device, out_dtype: torch.dtype | None,
+                 show: bool | None, hash_inputs: bool, overwrite: bool) -> dict[str, Any]:
+    """Merge into ``out_dir`` (the staging folder): the weights through the one driver, the inputs hashed
+    meanwhile (:class:`_InputHashes`), the heads and the base's side files; returns what the record needs."""
+    hashes = _InputHashes(plan, hash_inputs)
+    record: dict[str, Any] = {}
+
+    def metadata() -> dict[str, str]:  # the shards' header, once the hashes are known (at the first shard's end)
+        if not record:
+            record["inputs"], record["hparams"], record["meta"] = _merge_record(plan.method, plan, hashes.result())
+        return record["meta"]
+
+    # the header's size before the hashes are known: a sha256 has 64 hex digits
+    files_hashed = [str(f) for ck in [plan.base, *plan.experts] for f in ck.files] + list(plan.files.values())
+    size_hint = _merge_record(plan.method, plan, {f: "0" * 64 for f in files_hashed} if hash_inputs else None)[2]
+    planned = [(k, out_dtype if out_dtype is not None and m.dtype.is_floating_point else m.dtype, m.shape)
+               for k, m in plan.base.metas().items()]
+    head_writer = None
+    try:
+        hashes.check_copies()
+        with ShardedWriter(out_dir, shard_size=size, metadata=metadata, metadata_hint=size_hint,
+                           header_room=ShardedWriter.header_room(planned, size_hint)) as writer:
+            extra = _run(plan, writer, dev, out_dtype, show)
+            metadata()
+            if plan.heads.mode == "per-task":
+                head_writer = HeadWriter(out_dir, plan.heads, record["inputs"].get("sha256"))
+            head_tasks = head_writer.write() if head_writer else {}
+            files = writer.close()
+        if head_writer:
+            head_writer.commit()
+        elif overwrite:
+            remove_stale_heads(out_dir)
+        copied = copy_side_files(plan.base.folder, out_dir)
+    except BaseException:
+        hashes.cancel()
+        if head_writer:
+            head_writer.abort()
+        raise
+    return {"files": files, "extra": extra, "head_tasks": head_tasks, "copied": copied, **record}
 
 
 def merge_files(
@@ -620,30 +538,19 @@ def merge_files(
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
     check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
     t0 = time.perf_counter()
-    inputs, hp_record, meta = _merge_record(method, plan, hash_inputs)
     final_dir, stage = out_dir, _staging_folder(out_dir)
-    if stage is not None:
-        out_dir = stage
-    head_writer = HeadWriter(out_dir, plan.heads, inputs.get("sha256")) if plan.heads.mode == "per-task" else None
     try:
-        with ShardedWriter(out_dir, shard_size=size, metadata=meta) as writer:
-            driver = _stream if plan.mode == "stream" else _in_memory
-            extra = driver(plan, writer, dev, out_dtype, progress)
-            head_tasks = head_writer.write() if head_writer else {}
-            files = writer.close()
-        if head_writer:
-            head_writer.commit()
-        elif overwrite:
-            remove_stale_heads(out_dir)
-        copied = copy_side_files(plan.base.folder, out_dir)
+        done = _write_merge(plan, stage or out_dir, size=size, dev=dev, out_dtype=out_dtype, show=progress,
+                            hash_inputs=hash_inputs, overwrite=overwrite)
     except BaseException:
-        if head_writer:
-            head_writer.abort()
         if stage is not None:
             import shutil
 
             shutil.rmtree(stage, ignore_errors=True)
         raise
+    out_dir = stage or out_dir
+    files, extra, head_tasks, copied = done["files"], done["extra"], done["head_tasks"], done["copied"]
+    inputs, hp_record = done["inputs"], done["hparams"]
     seconds = time.perf_counter() - t0
     info = {
         "method": method, "hparams": hp_record, "layout": plan.layout.name,

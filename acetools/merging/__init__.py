@@ -16,15 +16,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..errors import InputError, InputKeyError, InputTypeError
+from ..errors import InputError, InputTypeError
 from ..layouts import PRESETS, Layout, detect_layout, get_layout
-from ..utils import PROGRESS, resolve_device
+from ..utils import resolve_device
 from ._registry import (
     METHODS,
     REQUIRED,
@@ -35,6 +35,17 @@ from ._registry import (
     methods_table,
     register,
     update_methods_table,
+)
+from .driver import (
+    Source,
+    carried_buffers,
+    check_finite,
+    check_same_keys,
+    compute_dtype,
+    confirmed_ties,
+    merge_key,
+    per_key_entries,
+    run,
 )
 
 log = logging.getLogger("acetools.merging")
@@ -59,6 +70,7 @@ __all__ = [
     "update_methods_table",
     "carried_buffers",
     "confirmed_ties",
+    "compute_dtype",
     "in_out_keys_layout",
 ]
 
@@ -72,32 +84,6 @@ def is_matrix_param(key: str, tensor: Tensor) -> bool:
     Pass another predicate as ``merge(..., is_matrix=...)`` to change it.
     """
     return tensor.ndim == 2 and "text_projection" not in key
-
-
-def _check_finite(name: str, key: str, t: Tensor) -> None:
-    if not torch.isfinite(t).all():
-        n_nan = int(torch.isnan(t).sum())
-        n_inf = int(torch.isinf(t).sum())
-        raise InputError(f"{name}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
-
-
-def check_same_keys(base_keys: Iterable[str], keys: Iterable[str], who: str, base: str = "base") -> None:
-    """Raise a ``KeyError`` unless ``keys`` (an expert's) are exactly ``base_keys``.
-
-    The message names ``who`` and the first key it lacks (in ``base_keys``' order) or adds
-    (sorted), with how many more there are: "experts[2] is missing key 'visual.proj' that
-    base has". The one key check of :func:`merge`, the file merge and the diagnostics.
-    """
-    base_keys = list(base_keys)
-    kset, bset = set(keys), set(base_keys)
-    missing = [k for k in base_keys if k not in kset]
-    extra = sorted(kset - bset)
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise InputKeyError(f"{who} is missing key {missing[0]!r}{more} that {base} has")
-    if extra:
-        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise InputKeyError(f"{who} has key {extra[0]!r}{more} that {base} does not have")
 
 
 def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
@@ -123,7 +109,7 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
         if not isinstance(w, Tensor):
             raise InputTypeError(f"base[{key!r}] is a {type(w).__name__}, not a torch.Tensor")
         if w.is_floating_point():
-            _check_finite("base", key, w)
+            check_finite("base", key, w)
     base_keys = set(base)
     for i, ex in enumerate(experts):
         if not isinstance(ex, Mapping):
@@ -143,11 +129,7 @@ def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
                     "cast every state dict to one dtype before merging"
                 )
             if w.is_floating_point():
-                _check_finite(f"experts[{i}]", key, w)
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+                check_finite(f"experts[{i}]", key, w)
 
 
 def task_vectors(
@@ -172,7 +154,7 @@ def task_vectors(
         for k, w0 in base.items():
             if not w0.is_floating_point():
                 continue
-            dt = dtype or _compute_dtype(w0.dtype)
+            dt = dtype or compute_dtype(w0.dtype)
             tv[k] = ex[k].to(dev, dt) - w0.to(dev, dt)
         out.append(tv)
     return out
@@ -198,43 +180,6 @@ def key_scope(method: str, hparams: Mapping[str, Any] | None = None) -> tuple[st
     registered without ``key_scope``), so it runs in memory.
     """
     return _get_method(method).key_scope(hparams)
-
-
-def per_key_entries(value: Any, key: str) -> Any:
-    """One key's part of a per-key input (``MethodInfo.per_key``): a list with one ``{key: x}``
-    dict per expert (covariances, Grams) is cut to ``[{key: x_t}, ...]`` (``{}`` where an
-    expert has none), a mapping ``key -> x`` (ESM's activations) to ``{key: x}``; ``None``
-    and callables pass unchanged."""
-    if value is None or callable(value):
-        return value
-    if isinstance(value, Mapping):
-        return {key: value[key]} if key in value else {}
-    return [{key: d[key]} if key in d else {} for d in value]
-
-
-def merge_key(
-    method: str,
-    key: str,
-    W0: Tensor,
-    taus: Sequence[Tensor],
-    *,
-    is_matrix: bool,
-    hparams: Mapping[str, Any],
-) -> Tensor:
-    """The merged update of one key: ``method`` called on the one-key state dict ``{key: W0}``.
-
-    ``W0`` and ``taus`` are d_out x d_in for matrices (transpose in x out weights first), in
-    the compute dtype; ``is_matrix`` says whether the key takes the matrix path;
-    ``hparams`` are resolved ones (``METHODS[method].resolve``). For methods whose
-    :func:`key_scope` is ``"key"`` the result equals that key's update from the whole-model
-    call. The method's ``per_key`` inputs (``covariances`` / ``grams``) are cut down to ``key``.
-    """
-    info = _get_method(method)
-    hp = dict(hparams)
-    for name in info.per_key:
-        hp[name] = per_key_entries(hp.get(name), key)
-    out = info.func({key: W0}, [{key: t} for t in taus], is_matrix=lambda k, t: bool(is_matrix), **hp)
-    return out[key]
 
 
 def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
@@ -281,66 +226,6 @@ def in_out_keys_layout(patterns: Sequence[str], lay: Layout, base: StateDict, is
     return dataclasses.replace(lay, in_out=(*lay.in_out, *(fnmatch.translate(p) for p in patterns)))
 
 
-def carried_buffers(base: StateDict, experts: Sequence[StateDict]) -> list[str]:
-    """The non-float keys of ``base`` (carried through unchanged); warns naming the key and
-    the experts whose value differs from the base's (e.g. BatchNorm's ``num_batches_tracked``)."""
-    keys = [k for k, w in base.items() if not w.is_floating_point()]
-    for k in keys:
-        differ = [i for i, ex in enumerate(experts) if not torch.equal(ex[k].cpu(), base[k].cpu())]
-        if differ:
-            warnings.warn(
-                f"non-float buffer {k!r} differs from the base in experts {differ}; the merged model keeps the "
-                "base's value (buffers are not merged)", UserWarning, stacklevel=3,
-            )
-    return keys
-
-
-def confirmed_ties(tied: Mapping[str, str], base: Any, experts: Sequence[Any], *,
-                   get: Callable[[Any, str], Tensor] | None = None) -> dict[str, str]:
-    """The ties of a layout that hold in these models (both keys present and equal in every
-    model); the others are logged and merged as separate keys. The one tie confirmation of
-    :func:`merge`, the file merge and the diagnostics: ``base`` / ``experts`` are state dicts,
-    or objects with ``keys()`` read through ``get(model, key)`` (checkpoints on disk)."""
-    read = get or (lambda m, k: m[k])
-    models = [base, *experts]
-    out = {}
-    for alias, canon in tied.items():
-        if not all(alias in m.keys() and canon in m.keys() for m in models):
-            continue
-        if all(torch.equal(read(m, alias), read(m, canon)) for m in models):
-            out[alias] = canon
-        else:
-            log.info("%s and %s are not tied in these checkpoints (values differ); merging them apart", alias, canon)
-    return out
-
-
-class _KeyByKeyTaskVector(Mapping):
-    """tau_t = W_t - W0 of one expert, formed key by key when a method asks for it (in d_out x
-    d_in and the compute dtype): the in-memory :func:`merge` holds the T task vectors of the key
-    being merged, not of every key. The last key asked for is kept (a method reads a key's
-    task vectors a few times in a row), so a key-by-key method forms each tensor once."""
-
-    def __init__(self, expert: StateDict, W0: Mapping[str, Tensor], lay: Layout, dev: torch.device):
-        self._expert, self._W0, self._lay, self._dev = expert, W0, lay, dev
-        self._key: str | None = None
-        self._value: Tensor | None = None
-
-    def __getitem__(self, key: str) -> Tensor:
-        if key == self._key and self._value is not None:
-            return self._value
-        w0 = self._W0[key]
-        self._key, self._value = None, None  # free the previous key's tensor first
-        value = self._lay.to_canonical(key, self._expert[key]).to(self._dev, w0.dtype).contiguous() - w0
-        self._key, self._value = key, value
-        return value
-
-    def __iter__(self):
-        return iter(self._W0)
-
-    def __len__(self) -> int:
-        return len(self._W0)
-
-
 def merge(
     method: str,
     base: StateDict,
@@ -367,56 +252,24 @@ def merge(
     (ACE's ``covariances``, RegMean's ``grams``, ESM's ``activations``) refer to the d_out x
     d_in orientation. ``progress`` shows a bar over the keys (``None``: only in interactive
     sessions). Inputs are never modified. Memory: the task vectors are formed key by key as
-    the method reads them (:class:`_KeyByKeyTaskVector`), so a method that merges key by key
+    the method reads them (:func:`acetools.merging.driver.run`), so a method that merges key by key
     holds the T task vectors of one key at a time (``benchmarks/merge_speed.py --entry merge``
     measures it).
     """
     info = _get_method(method)
-    resolved = info.resolve(hparams)
+    info.resolve(hparams)  # unknown or bad hyperparameters are refused before any other work
     dev = resolve_device(device)  # up front: a meta or missing device is refused before any work
     if is_matrix is not None and not callable(is_matrix):
         raise InputTypeError("is_matrix must be a callable (key, tensor) -> bool")
     validate_state_dicts(base, experts)
     lay, is_mat = _resolve_layout(layout, base, is_matrix)
-    if resolved.get("in_out_keys"):  # ACE's deprecated alias for a layout
+    resolved = info.resolve(hparams, layout=lay.name if layout is not None else None)
+    if resolved.get("in_out_keys"):  # a deprecated alias for a layout (docs/your-models.md)
         lay = in_out_keys_layout(resolved["in_out_keys"], lay, base, is_mat)
         resolved = {**resolved, "in_out_keys": ()}
-    if info.name == "esm" and layout is not None:  # ESM's layer names from the layout preset (docs/methods.md §ESM)
-        resolved = info.resolve(esm.with_layout_names(hparams, lay.name))
-    buffers = set(carried_buffers(base, experts))
-    tied = confirmed_ties(lay.tied, base, experts)
-    keys = [k for k in base if k not in buffers and k not in tied]
-    W0 = {k: lay.to_canonical(k, base[k]).to(dev, _compute_dtype(base[k].dtype)).contiguous() for k in keys}
-    tvs = [_KeyByKeyTaskVector(ex, W0, lay, dev) for ex in experts]
-    token = PROGRESS.set(progress)
-    try:
-        delta = info.func(W0, tvs, is_matrix=is_mat, **resolved)
-    finally:
-        PROGRESS.reset(token)
-    del tvs  # the last key's task vectors
-    missing = [k for k in keys if k not in delta]
-    if missing:  # a bug in the method, not in the user's input
-        raise RuntimeError(f"{method} returned no update for key {missing[0]!r}")
-    delta = dict(delta)  # ours to empty as the merged weights are formed
     out: dict[str, Tensor] = {}
-    for k, w0 in base.items():
-        if k in buffers:
-            out[k] = w0.to(dev).clone()
-            continue
-        if k in tied:
-            continue
-        d = delta.pop(k)
-        if d.shape != W0[k].shape:
-            raise RuntimeError(f"{method} returned shape {tuple(d.shape)} for key {k!r}, expected {tuple(W0[k].shape)}")
-        merged = W0[k] + d.to(dev, W0[k].dtype)
-        if not torch.isfinite(merged).all():
-            raise FloatingPointError(
-                f"{method} produced non-finite weights at key {k!r}; check the hyperparameters "
-                f"({resolved}) and the scale of the task vectors"
-            )
-        out[k] = lay.from_canonical(k, merged).to(w0.dtype).contiguous()
-    for alias, canon in tied.items():
-        out[alias] = out[canon].clone()
+    run(info, resolved, Source(base, experts, check_finite=False), lay, out.__setitem__, device=dev,
+        is_matrix=is_mat, whole_model=True, out_device=dev, show=progress)
     return {k: out[k] for k in base}
 
 

@@ -10,12 +10,24 @@ from torch import Tensor
 
 from ._registry import LAMBDA_GRID, Param, Search, register
 
-__all__ = ["weight_averaging", "task_arithmetic", "mean_update", "warn_mean_fallback"]
+__all__ = ["weight_averaging", "task_arithmetic", "mean_update", "summed", "warn_mean_fallback"]
+
+#: The plan's note (``acetools merge --dry-run``) for methods that merge every key the same way.
+ALIKE = "treats every float key alike; the matrix/elementwise column does not change its result"
 
 
 def mean_update(task_vectors: Sequence[Mapping[str, Tensor]], key: str) -> Tensor:
     """(1/T) sum_t tau_t[key]: the element-wise mean used for every non-matrix key."""
     return torch.stack([tv[key] for tv in task_vectors]).mean(0)
+
+
+def summed(tensors: Sequence[Tensor]) -> Tensor:
+    """sum_t x_t as a new tensor, added in order ((x_1 + x_2) + x_3 ..., as fusion_bench and a plain loop
+    do), holding one tensor beside the inputs."""
+    out = tensors[0].clone()
+    for x in tensors[1:]:
+        out.add_(x)
+    return out
 
 
 def warn_mean_fallback(method: str, keys: Sequence[str], why: str) -> None:
@@ -29,7 +41,7 @@ def warn_mean_fallback(method: str, keys: Sequence[str], why: str) -> None:
 
 @register("weight_averaging",
           "theta0 + (1/T) sum_t tau_t: plain averaging of the experts (docs/methods.md §Weight averaging)",
-          key_scope="key")
+          key_scope="key", note=ALIKE)
 def weight_averaging(base, task_vectors, *, is_matrix):
     """Weight averaging, docs/methods.md §Weight averaging: theta = (1/T) sum_t theta_t, on every key."""
     return {k: mean_update(task_vectors, k) for k in base}
@@ -39,9 +51,10 @@ def weight_averaging(base, task_vectors, *, is_matrix):
     "task_arithmetic",
     "theta0 + lam * sum_t tau_t (Ilharco et al. 2023; docs/methods.md §Task arithmetic)",
     key_scope="key",
+    note=ALIKE,
     search=Search("lam", "grid", LAMBDA_GRID),
     lam=Param(0.3, "scaling of the summed task vectors", low=0.0),
 )
 def task_arithmetic(base, task_vectors, *, is_matrix, lam):
     """Task arithmetic, docs/methods.md §Task arithmetic: theta = theta0 + lam * sum_t tau_t on every key."""
-    return {k: lam * torch.stack([tv[k] for tv in task_vectors]).sum(0) for k in base}
+    return {k: summed([tv[k] for tv in task_vectors]).mul_(lam) for k in base}

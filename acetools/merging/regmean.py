@@ -21,9 +21,9 @@ from torch import Tensor
 
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import progress
-from ._linalg import check_square, solve_right
 from ._registry import REQUIRED, Param, register
 from .averaging import mean_update, warn_mean_fallback
+from .linalg import check_square, solve_right
 
 __all__ = ["shrink_gram", "regmean_matrix", "validate_grams", "regmean"]
 
@@ -118,6 +118,7 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
     "RegMean: per-layer least squares on the experts' input Gram matrices "
     "(Jin et al. 2023; docs/methods.md §RegMean; needs data)",
     key_scope="key", per_key=("grams",), data_inputs=("grams",), needs_layout=True,  # no search (coefficient 1)
+    note="merges the keys its Gram matrices name; every other key gets the mean",
     # checked by validate_grams (a Param type check would print the whole list of tensors)
     grams=Param(REQUIRED, "list (one per expert) of dicts weight key -> d_in x d_in input Gram matrix"),
     alpha=Param(0.95, "off-diagonal shrink: G~ = alpha G + (1 - alpha) diag(G) (fusion_bench CLIP default 0.95)",

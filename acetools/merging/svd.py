@@ -25,7 +25,7 @@ state dict) the result is exactly zero by the formulas, and the SVDs are skipped
 
 Cheapest exact routes. For float32 (and lower) task vectors the per-task top-k triplets and
 the polar factors go through the eigendecomposition of the smaller float64 Gram matrix
-(:func:`acetools.merging._linalg.gram_top_svd`, :func:`~acetools.merging._linalg.gram_polar`)
+(:func:`acetools.merging.linalg.gram_top_svd`, :func:`~acetools.merging.linalg.gram_polar`)
 instead of float32 SVDs: fewer flops (one ``r² max(d_out, d_in)`` product and an ``r × r``
 eigh) and a *smaller* error against a float64 SVD reference than the float32 SVD had (measured
 in ``docs/performance.md``). Each falls back to the SVD where the spectrum it uses is too spread
@@ -49,7 +49,9 @@ from torch import Tensor
 
 from ..errors import InputError, InputTypeError
 from ..utils import progress
-from ._linalg import (
+from ._registry import ALPHA_GRID, Param, Search, register
+from .averaging import mean_update, warn_mean_fallback
+from .linalg import (
     GRAM_MAX_RATIO,
     _gram_lower,
     gram_polar,
@@ -60,10 +62,9 @@ from ._linalg import (
     syrk_lower_,
     thin_svd,
 )
-from ._registry import ALPHA_GRID, Param, Search, register
-from .averaging import mean_update, warn_mean_fallback
 
 __all__ = [
+    "stack_taus",
     "tsv_rank",
     "tsv_merge_matrix",
     "iso_c_matrix",
@@ -87,8 +88,9 @@ def _where(key: str) -> str:
     return f"key {key!r}: " if key else ""
 
 
-def _stack_taus(taus: Sequence[Tensor] | Tensor, key: str = "") -> Tensor:
-    """The task vectors of one matrix as a ``T x d_out x d_in`` floating tensor (a new view/copy)."""
+def stack_taus(taus: Sequence[Tensor] | Tensor, key: str = "") -> Tensor:
+    """The task vectors of one matrix as a ``T x d_out x d_in`` floating tensor (a new view/copy); errors name
+    ``key``. Shared by the SVD-based methods and WUDI (docs/methods.md §TSV-M, §WUDI)."""
     if isinstance(taus, Tensor):
         X = taus
         if X.ndim != 3:
@@ -184,7 +186,7 @@ def tsv_merge_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tenso
     If k = 0 (min(d_out, d_in) < T) the result is zero, as in the official code, with a warning.
     ``alpha`` is not applied here (see :func:`tsv_m`). Used by ESM for its non-ESD matrices.
     """
-    X = _stack_taus(taus, key)
+    X = stack_taus(taus, key)
     T, d_out, d_in = X.shape
     r = min(d_out, d_in)
     k = tsv_rank(r, T)
@@ -224,7 +226,7 @@ def iso_c_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
     singular value of the result equals that mean (an isotropic spectrum). ``alpha`` is not
     applied here (see :func:`iso_c`).
     """
-    X = _stack_taus(taus, key)
+    X = stack_taus(taus, key)
     D = X.sum(0)
     if not D.any():
         return torch.zeros_like(D)
@@ -272,7 +274,7 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
 
     ``alpha`` is not applied here (see :func:`iso_cts`).
     """
-    X = _stack_taus(taus, key)
+    X = stack_taus(taus, key)
     T, d_out, d_in = X.shape
     r = min(d_out, d_in)
     try:
@@ -418,7 +420,7 @@ def cart_matrix(
     With rank_ratio = 1 (k = r) the truncation is exact, the centred vectors sum to zero and
     the result is the plain average for any ``lam``; with T = 1 the result is tau_1.
     """
-    X = _stack_taus(taus, key)
+    X = stack_taus(taus, key)
     T, d_out, d_in = X.shape
     k = cart_rank(min(d_out, d_in), rank_ratio)
     if not X.any():

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,10 +29,13 @@ from torch import Tensor
 from ..errors import InputError
 from ..utils import make_generator, progress
 from ._registry import LAMBDA_GRID, Param, Search, register
+from .averaging import ALIKE, summed
 
 __all__ = [
     "kept_count",
     "trim_threshold",
+    "radix_thresholds",
+    "global_trim",
     "trim",
     "elect_sign",
     "majority_sign",
@@ -88,6 +92,70 @@ def trim_threshold(tau: Tensor | Iterable[Tensor], k: float) -> Tensor:
         # the same value as torch.kthvalue, about 4x faster on the CPU
         return flat.new_tensor(np.partition(flat.numpy(), idx)[idx])
     return torch.kthvalue(flat, idx + 1).values
+
+
+def radix_thresholds(keys: Sequence[str], taus_of: Callable[[str], Sequence[Tensor]], n_tasks: int, k: float,
+                     dtype: torch.dtype, n: int, bar: Callable[[Iterable, str], Iterable] | None = None
+                     ) -> list[Tensor]:
+    """Per task, the :func:`kept_count`-th largest |tau| over every key: TIES' global trim threshold, streamed.
+
+    The same value as :func:`trim_threshold` on the concatenated task vector, found without
+    holding it: |tau| >= 0 orders like its IEEE bit pattern read as an integer, so a
+    most-significant-first radix select over 16-bit digits (one call of ``taus_of(key)`` per key
+    and digit: 2 passes for float32, 4 for float64) fixes the value bit by bit. ``n`` is the
+    number of entries over ``keys``; ``bar(iterable, desc)`` shows progress.
+    """
+    itype, nbits = (torch.int32, 32) if dtype == torch.float32 else (torch.int64, 64)
+    n_keep = kept_count(n, k)
+    if n_keep == 0:
+        return [torch.tensor(float("inf"), dtype=dtype) for _ in range(n_tasks)]
+    rank = [n - n_keep] * n_tasks  # 0-based rank, ascending, of the threshold
+    prefix = [0] * n_tasks
+    shifts = list(range(nbits - 16, -1, -16))
+    for level, shift in enumerate(shifts):
+        hist = [torch.zeros(1 << 16, dtype=torch.int64) for _ in range(n_tasks)]
+        for key in (bar or (lambda it, desc: it))(keys, f"TIES threshold pass {level + 1}/{len(shifts)}"):
+            for t, tau in enumerate(taus_of(key)):
+                bits = tau.abs().reshape(-1).view(itype)
+                if level > 0:
+                    bits = bits[(bits >> (shift + 16)) == prefix[t]]
+                hist[t] += torch.bincount(((bits >> shift) & 0xFFFF).to(torch.int64), minlength=1 << 16).cpu()
+        for t in range(n_tasks):
+            cum = hist[t].cumsum(0)
+            d = int(torch.searchsorted(cum, torch.tensor(rank[t]), right=True))
+            rank[t] -= int(cum[d - 1]) if d > 0 else 0
+            prefix[t] = (prefix[t] << 16) | d
+    return [torch.tensor(p, dtype=itype).view(dtype).clone() for p in prefix]
+
+
+def global_trim(view: Any, hparams: Mapping[str, Any],
+                drop: Callable[[str, list[Tensor]], list[Tensor]] | None = None) -> dict[str, Any]:
+    """TIES' ``prepare`` hook (:mod:`acetools.merging.driver`): with ``scope="global"``, the per-task
+    trim thresholds over the whole model (:func:`radix_thresholds`) and the majority sign
+    (:func:`majority_sign` of every key's elected sign), read from ``view`` in passes of their own;
+    ``{}`` with ``scope="tensor"``. Returns ``{"global_trim": (thresholds, majority)}`` for
+    :func:`ties`. ``drop(key, taus)`` changes the task vectors first (DARE-TIES)."""
+    if hparams["scope"] != "global":
+        return {}
+    keys = view.keys
+    dts = {view.dtype(key) for key in keys}
+    if len(dts) > 1:
+        raise InputError("TIES with scope='global' needs one dtype across keys (float64 and others are mixed)")
+
+    def taus_of(key: str) -> list[Tensor]:
+        taus = view.taus(key)
+        return drop(key, taus) if drop is not None else taus
+
+    T = view.n_tasks
+    dtype = dts.pop() if dts else torch.float32
+    thr = radix_thresholds(keys, taus_of, T, hparams["k"], dtype, sum(view.numel(key) for key in keys),
+                           view.progress)
+    total = 0
+    for key in view.progress(keys, "TIES: elect"):
+        trimmed = torch.stack([torch.where(tau.abs() >= thr[t].to(tau.device), tau, 0)
+                               for t, tau in enumerate(taus_of(key))])
+        total += int(elect_sign(trimmed).to(torch.int64).sum())
+    return {"global_trim": (thr, (total > 0) - (total < 0))}
 
 
 def _thresholds(task_vectors: TaskVectors, keys: Sequence[str], k: float, scope: str) -> list[dict[str, Tensor]]:
@@ -175,21 +243,24 @@ def disjoint_merge(trimmed: Tensor, gamma: Tensor, merge: str = "mean") -> Tenso
 
 
 def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float, lam: float, scope: str,
-                 merge: str, desc: str) -> dict[str, Tensor]:
-    """lam * v_m for every key: trim, elect, resolve zero signs, disjoint merge."""
-    thr = _thresholds(task_vectors, keys, k, scope)
-    # pass 1: elected signs (int8 to save memory); the global majority needs all of them
-    gammas = {
-        key: elect_sign(_trimmed_stack(task_vectors, thr, key)).to(torch.int8)
-        for key in progress(keys, desc=f"{desc}: elect")
-    }
-    global_majority = majority_sign(gammas.values()) if scope == "global" else None
+                 merge: str, desc: str, given: tuple[Sequence[Tensor], int] | None = None) -> dict[str, Tensor]:
+    """lam * v_m for every key: trim, elect, resolve zero signs, disjoint merge. ``given``:
+    the global thresholds and majority sign of the whole model (:func:`global_trim`)."""
+    if given is not None and scope == "global":
+        thr = [{key: t for key in keys} for t in given[0]]
+    else:
+        thr = _thresholds(task_vectors, keys, k, scope)
+    majority = None
+    if scope == "global":  # one majority sign over the model: a pass over every key's elected sign first
+        majority = given[1] if given is not None else majority_sign(
+            elect_sign(_trimmed_stack(task_vectors, thr, key)).to(torch.int8)
+            for key in progress(keys, desc=f"{desc}: elect"))
     out = {}
     for key in progress(keys, desc=f"{desc}: merge"):
         trimmed = _trimmed_stack(task_vectors, thr, key)
-        maj = majority_sign([gammas[key]]) if global_majority is None else global_majority
-        gamma = resolve_zero_signs(gammas[key], maj).to(trimmed.dtype)
-        out[key] = lam * disjoint_merge(trimmed, gamma, merge)
+        gamma = elect_sign(trimmed).to(torch.int8)
+        gamma = resolve_zero_signs(gamma, majority_sign([gamma]) if majority is None else majority)
+        out[key] = lam * disjoint_merge(trimmed, gamma.to(trimmed.dtype), merge)
     return out
 
 
@@ -212,13 +283,15 @@ def _ties_scope(scope: str) -> tuple[str, str]:
     "ties",
     "TIES-Merging: trim to top-k%, elect sign by mass, disjoint mean; theta0 + lam * v_m (docs/methods.md §TIES)",
     key_scope=lambda hp: _ties_scope(hp["scope"]),
+    prepare=global_trim,
+    note=ALIKE,
     search=Search("lam", "grid", LAMBDA_GRID),
     k=_K,
     lam=Param(1.0, "scaling of the merged task vector v_m", low=0.0),
     scope=_SCOPE,
     merge=_MERGE,
 )
-def ties(base, task_vectors, *, is_matrix, k, lam, scope, merge):
+def ties(base, task_vectors, *, is_matrix, k, lam, scope, merge, global_trim=None):
     """TIES-Merging, docs/methods.md §TIES (Yadav et al. 2023, Algorithm 1), on every key of ``base``.
 
     1. Trim: per task keep the entries with ``|tau_t| >=`` the ``floor(k n / 100)``-th
@@ -233,9 +306,11 @@ def ties(base, task_vectors, *, is_matrix, k, lam, scope, merge):
 
     ``is_matrix`` is unused: TIES treats every key alike. Defaults follow the TSV/Iso code
     (k = 20, dis-mean); fusion_bench uses merge='sum', lam = 0.3 and keeps one entry more.
+    ``global_trim``: the thresholds and majority sign of the whole model from :func:`global_trim`,
+    when ``base`` holds some keys of it (a streamed merge); ``None`` computes them over ``base``.
     """
     keys = list(base)
-    return _ties_update(task_vectors, keys, k=k, lam=lam, scope=scope, merge=merge, desc="TIES")
+    return _ties_update(task_vectors, keys, k=k, lam=lam, scope=scope, merge=merge, desc="TIES", given=global_trim)
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,6 +368,19 @@ def dare_task_vectors(
     return out
 
 
+def _dare_prepare(view: Any, hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """DARE's ``prepare`` hook: DARE-TIES' global trim over the dropped task vectors (:func:`global_trim`)."""
+    if hparams["base_method"] != "ties":
+        return {}
+    p, seed, rescale = hparams["p"], hparams["seed"], hparams["rescale"]
+
+    def drop(key: str, taus: list[Tensor]) -> list[Tensor]:
+        return [drop_and_rescale(tau, dare_mask(tau.shape, p, seed, t, key, tau.device), p, rescale)
+                for t, tau in enumerate(taus)]
+
+    return global_trim(view, hparams, drop)
+
+
 def _check_seed(value) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return f"seed must be an int, got {type(value).__name__}"
@@ -303,6 +391,8 @@ def _check_seed(value) -> str | None:
     "dare",
     "DARE: drop each task-vector entry with prob. p, rescale by 1/(1-p), then TA or TIES (docs/methods.md §DARE)",
     key_scope=lambda hp: _ties_scope(hp["scope"]) if hp["base_method"] == "ties" else ("key", ""),
+    prepare=_dare_prepare,
+    note=ALIKE,
     search=Search("lam", "grid", LAMBDA_GRID),
     p=Param(0.5, "drop rate of the Bernoulli mask, 0 <= p < 1", low=0.0, high=1.0, high_open=True),
     base_method=Param("task_arithmetic", "merge applied after dropping", choices=("task_arithmetic", "ties")),
@@ -313,7 +403,7 @@ def _check_seed(value) -> str | None:
     scope=_SCOPE,
     merge=_MERGE,
 )
-def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k, scope, merge):
+def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k, scope, merge, global_trim=None):
     """DARE, docs/methods.md §DARE (Yu et al. 2024, "Language Models are Super Mario").
 
     Per task t and key: m ~ Bernoulli(p) element-wise, tau_hat_t = (1 - m) * tau_t / (1 - p)
@@ -328,10 +418,11 @@ def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k
 
     Defaults follow fusion_bench's DARE-TA config (p = 0.5, rescale, lam = 0.3); for
     DARE-TIES fusion_bench uses lam = 0.5, k = 20 and merge='sum'. p = 0 is exactly task
-    arithmetic / TIES.
+    arithmetic / TIES. ``global_trim``: as for :func:`ties` (DARE-TIES streamed, :func:`global_trim`
+    of the dropped task vectors).
     """
     dropped = dare_task_vectors(task_vectors, p, seed, rescale)
     keys = list(base)
     if base_method == "task_arithmetic":
-        return {key: lam * torch.stack([tv[key] for tv in dropped]).sum(0) for key in keys}
-    return _ties_update(dropped, keys, k=k, lam=lam, scope=scope, merge=merge, desc="DARE-TIES")
+        return {key: summed([tv[key] for tv in dropped]).mul_(lam) for key in keys}
+    return _ties_update(dropped, keys, k=k, lam=lam, scope=scope, merge=merge, desc="DARE-TIES", given=global_trim)

@@ -30,7 +30,7 @@ from ..errors import InputError
 from ..utils import progress
 from ._registry import Param, register
 from .averaging import mean_update
-from .svd import _stack_taus
+from .svd import stack_taus
 
 __all__ = ["VIT_TARGETS", "wudi_weights", "wudi_loss", "wudi_grad", "wudi_matrix", "is_wudi_target", "wudi"]
 
@@ -42,7 +42,7 @@ _INITS = ("sum", "mean")
 
 def wudi_weights(taus: Sequence[Tensor] | Tensor, p: float = 2.0) -> Tensor:
     """Per-task loss weights w_t = 1 / ||tau_t||_F^p (0 for a zero task vector), shape (T,)."""
-    X = _stack_taus(taus)
+    X = stack_taus(taus)
     norms = X.flatten(1).norm(dim=1)
     safe = torch.where(norms > 0, norms, torch.ones_like(norms))
     return torch.where(norms > 0, safe.pow(-float(p)), torch.zeros_like(norms))
@@ -54,7 +54,7 @@ def wudi_loss(tau_m: Tensor, taus: Sequence[Tensor] | Tensor, p: float = 2.0) ->
     A direct, differentiable transcription (autograd works through it); zero task vectors
     contribute 0.
     """
-    X = _stack_taus(taus)
+    X = stack_taus(taus)
     w = wudi_weights(X, p)
     prod = (tau_m.unsqueeze(0) - X) @ X.transpose(1, 2)
     return (w * prod.pow(2).sum(dim=(1, 2))).sum()
@@ -62,7 +62,7 @@ def wudi_loss(tau_m: Tensor, taus: Sequence[Tensor] | Tensor, p: float = 2.0) ->
 
 def wudi_grad(tau_m: Tensor, taus: Sequence[Tensor] | Tensor, p: float = 2.0) -> Tensor:
     """Analytic gradient of :func:`wudi_loss`: 2 sum_t (tau_m - tau_t) tau_t^T tau_t / ||tau_t||^p."""
-    X = _stack_taus(taus)
+    X = stack_taus(taus)
     w = wudi_weights(X, p)
     return 2 * torch.einsum("t,tij->ij", w, ((tau_m.unsqueeze(0) - X) @ X.transpose(1, 2)) @ X)
 
@@ -109,7 +109,7 @@ def wudi_matrix(
     With ``return_losses=True`` also returns the loss before each step (length ``steps``), from
     the quadratic form tr(tau_m S tau_m^T) - 2 <tau_m, C> + c0, in float64.
     """
-    X = _stack_taus(taus, key)
+    X = stack_taus(taus, key)
     if init not in _INITS:
         raise InputError(f"wudi: init={init!r} is not one of {list(_INITS)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:

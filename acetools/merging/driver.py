@@ -1,0 +1,405 @@
+"""The one merge driver: :func:`acetools.merge` (state dicts) and ``acetools merge`` (checkpoints) run :func:`run`.
+
+A :class:`Source` holds a base and T experts read one tensor at a time (state dicts in memory,
+or :class:`acetools.files.checkpoints.Checkpoint` readers on disk). :func:`run` carries the
+non-float buffers from the base, merges tied keys once, turns in x out weights to d_out x d_in
+around the method (the layout, :mod:`acetools.layouts`), checks every input and every merged
+tensor for NaN/Inf, and hands each merged tensor to ``emit(key, tensor)`` in the base's key
+order. It calls the method in one of two ways (docs/methods.md §Matrix path):
+
+- **whole model**: ``func(W0, task_vectors, is_matrix=..., **hparams)`` once, the task vectors
+  formed key by key as the method reads them (what :func:`acetools.merge` does, and
+  ``acetools merge`` for methods registered with ``key_scope="model"``);
+- **key by key**: ``func({key: W0}, [{key: tau_t}], ...)`` for one key at a time, so a file
+  merge holds about (T + 2) x the largest tensor. A method that needs a model-wide step
+  declares it in its registry entry (:func:`acetools.merging.register`): ``prepare(view,
+  hparams) -> dict`` runs first (TIES' global trim threshold reads the task vectors in passes
+  of its own) and its dict reaches every per-key call as extra keyword arguments;
+  ``finish(updates, view, hparams, prepared) -> updates`` runs on every key's update at the
+  end (the driver then holds one model of updates). :class:`ModelView` is what the hooks see.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, InputKeyError
+from ..layouts import Layout
+from ..utils import PROGRESS, progress
+from ._registry import MethodInfo
+
+__all__ = ["Source", "ModelView", "run", "merge_key", "per_key_entries", "compute_dtype", "is_finite", "check_finite",
+           "check_same_keys", "carried_buffers", "confirmed_ties", "format_bytes"]
+
+log = logging.getLogger("acetools.merging")
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a method computes in for weights stored in ``dtype``: float64 stays, the rest is float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def is_finite(t: Tensor) -> bool:
+    """Whether every entry of ``t`` is finite, in one read: a sum is finite only when every term is (a NaN
+    or Inf makes it NaN or Inf), and only a sum that overflows (or a non-finite one) needs the entry-wise test."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+    return math.isfinite(float(t.sum(dtype=acc))) or bool(torch.isfinite(t).all())
+
+
+def check_finite(name: str, key: str, t: Tensor) -> None:
+    """Raise an ``InputError`` naming ``name[key]`` and its NaN/Inf counts unless ``t`` is finite."""
+    if not is_finite(t):
+        n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        raise InputError(f"{name}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in decimal units: ``"351.0 MB"``."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n}"
+
+
+def check_same_keys(base_keys: Iterable[str], keys: Iterable[str], who: str, base: str = "base") -> None:
+    """Raise a ``KeyError`` unless ``keys`` (an expert's) are exactly ``base_keys``.
+
+    The message names ``who`` and the first key it lacks (in ``base_keys``' order) or adds
+    (sorted), with how many more there are: "experts[2] is missing key 'visual.proj' that
+    base has". The one key check of :func:`acetools.merge`, the file merge and the diagnostics.
+    """
+    base_keys = list(base_keys)
+    kset, bset = set(keys), set(base_keys)
+    missing = [k for k in base_keys if k not in kset]
+    extra = sorted(kset - bset)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise InputKeyError(f"{who} is missing key {missing[0]!r}{more} that {base} has")
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise InputKeyError(f"{who} has key {extra[0]!r}{more} that {base} does not have")
+
+
+def _raw(model: Any, key: str) -> Tensor:
+    """One tensor of a state dict (``model[key]``) or of a checkpoint reader (``model.get(key)``)."""
+    return model[key] if isinstance(model, Mapping) else model.get(key)
+
+
+def confirmed_ties(tied: Mapping[str, str], base: Any, experts: Sequence[Any], *,
+                   get: Callable[[Any, str], Tensor] | None = None) -> dict[str, str]:
+    """The ties of a layout that hold in these models (both keys present and equal in every
+    model); the others are logged and merged as separate keys. The one tie confirmation of
+    :func:`acetools.merge`, the file merge and the diagnostics: ``base`` / ``experts`` are state
+    dicts or checkpoint readers (``keys()`` and ``get(key)``), or anything read through ``get(model, key)``."""
+    read = get or _raw
+    models = [base, *experts]
+    out = {}
+    for alias, canon in tied.items():
+        if not all(alias in m.keys() and canon in m.keys() for m in models):
+            continue
+        if all(torch.equal(read(m, alias), read(m, canon)) for m in models):
+            out[alias] = canon
+        else:
+            log.info("%s and %s are not tied in these checkpoints (values differ); merging them apart", alias, canon)
+    return out
+
+
+def carried_buffers(base: Any, experts: Sequence[Any], *, stacklevel: int = 3) -> dict[str, list[int]]:
+    """The non-float keys of ``base`` (carried through unchanged), each with the experts whose
+    value differs from the base's (e.g. BatchNorm's ``num_batches_tracked``), which a warning
+    names. ``base`` / ``experts`` are state dicts or checkpoint readers."""
+    out: dict[str, list[int]] = {}
+    for k in base.keys():
+        w0 = _raw(base, k)
+        if w0.is_floating_point():
+            continue
+        differ = [i for i, ex in enumerate(experts) if not torch.equal(_raw(ex, k).cpu(), w0.cpu())]
+        if differ:
+            warnings.warn(
+                f"non-float buffer {k!r} differs from the base in experts {differ}; the merged model keeps the "
+                "base's value (buffers are not merged)", UserWarning, stacklevel=stacklevel,
+            )
+        out[k] = differ
+    return out
+
+
+class Source:
+    """A base and T experts, read one tensor at a time.
+
+    ``base`` and each expert are state dicts (mappings key -> Tensor) or checkpoint readers
+    (``keys()``, ``get(key)`` and ``meta(key)`` with ``.shape`` / ``.dtype``, as
+    :class:`acetools.files.checkpoints.Checkpoint`). ``names`` name them in errors (default
+    ``base``, ``experts[0]``, ...); with ``check_finite`` every tensor is checked for NaN/Inf
+    the first time its key is read (a state dict checked up front passes ``False``).
+    """
+
+    def __init__(self, base: Any, experts: Sequence[Any], *, names: Sequence[str] | None = None,
+                 check_finite: bool = True):
+        self.base, self.experts = base, list(experts)
+        self.names = list(names) if names is not None else ["base", *(f"experts[{i}]" for i in range(len(experts)))]
+        self.check = check_finite
+        self._checked: set[tuple[int, str]] = set()
+        # a lazy checkpoint reads every tensor into a new buffer; a state dict's tensors are the caller's
+        self._fresh = [getattr(m, "lazy", False) is True for m in [base, *self.experts]]
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.experts)
+
+    def keys(self) -> list[str]:
+        return list(self.base.keys())
+
+    def dtype(self, key: str) -> torch.dtype:
+        """The base's dtype at ``key`` (read from the header for a checkpoint)."""
+        return self.base[key].dtype if isinstance(self.base, Mapping) else self.base.meta(key).dtype
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self.base[key].shape if isinstance(self.base, Mapping) else self.base.meta(key).shape)
+
+    def raw(self, i: int, key: str) -> Tensor:
+        """Model ``i``'s tensor as stored (0: the base, t + 1: expert t)."""
+        return _raw(self.base if i == 0 else self.experts[i - 1], key)
+
+    def tensor(self, i: int, key: str, layout: Layout, device: torch.device, dtype: torch.dtype | None = None,
+               copy: bool = True) -> Tensor:
+        """Model ``i``'s tensor of ``key`` (0: the base), d_out x d_in, in ``dtype`` (default the key's compute
+        dtype) on ``device``: with ``copy``, a tensor of the caller's own (never the source's memory), which
+        the driver may change in place. NaN/Inf are an error naming the model the first time it is read."""
+        t = self.raw(i, key)
+        if self.check and (i, key) not in self._checked:
+            check_finite(self.names[i], key, t)
+            self._checked.add((i, key))
+        out = layout.to_canonical(key, t).to(device, dtype or compute_dtype(self.dtype(key)), non_blocking=True)
+        if not out.is_contiguous() or (copy and not self._fresh[i] and out.data_ptr() == t.data_ptr()):
+            out = out.contiguous() if not out.is_contiguous() else out.clone()
+        return out
+
+class ModelView:
+    """What a method's ``prepare`` and ``finish`` hooks see of the model (see the module docstring).
+
+    ``keys``: the float keys merged (tied aliases and buffers left out), in the base's order;
+    ``n_tasks``; :meth:`taus` reads a key's task vectors from the source again on every call, so
+    one call per key is one pass over the files.
+    """
+
+    def __init__(self, source: Source, layout: Layout, keys: Sequence[str], device: torch.device,
+                 is_matrix: Callable[[str, Tensor], bool], show: bool | None):
+        self.source, self.layout, self.keys, self.device = source, layout, list(keys), device
+        self._is_matrix, self._show = is_matrix, show
+
+    @property
+    def n_tasks(self) -> int:
+        return self.source.n_tasks
+
+    def dtype(self, key: str) -> torch.dtype:
+        """The compute dtype of ``key``."""
+        return compute_dtype(self.source.dtype(key))
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """``key``'s shape as the method sees it (d_out x d_in for matrices)."""
+        s = self.source.shape(key)
+        return s[::-1] if len(s) == 2 and self.layout.orientation(key) == "in_out" else s
+
+    def numel(self, key: str) -> int:
+        n = 1
+        for s in self.source.shape(key):
+            n *= s
+        return n
+
+    def is_matrix(self, key: str) -> bool:
+        """Whether ``key`` takes the method's matrix path (asked with a shape-only tensor)."""
+        return bool(self._is_matrix(key, torch.empty(self.shape(key), dtype=self.dtype(key), device="meta")))
+
+    def w0_taus(self, key: str) -> tuple[Tensor, list[Tensor]]:
+        """W0 and the T task vectors tau_t = W_t - W0 of ``key`` (d_out x d_in, compute dtype)."""
+        src, lay, dev = self.source, self.layout, self.device
+        W0 = src.tensor(0, key, lay, dev, copy=False)
+        # one expert at a time: W0, the task vectors and one expert's tensor are held (T + 2 tensors)
+        return W0, [src.tensor(t + 1, key, lay, dev, W0.dtype, copy=False) - W0 for t in range(src.n_tasks)]
+
+    def taus(self, key: str) -> list[Tensor]:
+        return self.w0_taus(key)[1]
+
+    def progress(self, iterable: Iterable, desc: str) -> Iterable:
+        """``iterable`` with a progress bar when the merge shows one."""
+        return progress(list(iterable), desc=desc, enabled=self._show)
+
+
+def per_key_entries(value: Any, key: str) -> Any:
+    """One key's part of a per-key input (``MethodInfo.per_key``): a list with one ``{key: x}``
+    dict per expert (covariances, Grams) is cut to ``[{key: x_t}, ...]`` (``{}`` where an
+    expert has none), a mapping ``key -> x`` (ESM's activations) to ``{key: x}``; ``None``
+    and callables pass unchanged."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, Mapping):
+        return {key: value[key]} if key in value else {}
+    return [{key: d[key]} if key in d else {} for d in value]
+
+
+def merge_key(
+    method: str | MethodInfo,
+    key: str,
+    W0: Tensor,
+    taus: Sequence[Tensor],
+    *,
+    is_matrix: bool,
+    hparams: Mapping[str, Any],
+    prepared: Mapping[str, Any] | None = None,
+) -> Tensor:
+    """The merged update of one key: ``method`` called on the one-key state dict ``{key: W0}``.
+
+    ``W0`` and ``taus`` are d_out x d_in for matrices (transpose in x out weights first), in
+    the compute dtype; ``is_matrix`` says whether the key takes the matrix path;
+    ``hparams`` are resolved ones (``METHODS[method].resolve``); ``prepared`` what the method's
+    ``prepare`` hook returned. For methods whose key scope is ``"key"`` the result equals that
+    key's update from the whole-model call. The method's ``per_key`` inputs (``covariances`` /
+    ``grams``) are cut down to ``key``.
+    """
+    from . import METHODS
+
+    info = method if isinstance(method, MethodInfo) else METHODS[method]
+    hp = dict(hparams)
+    for name in info.per_key:
+        hp[name] = per_key_entries(hp.get(name), key)
+    out = info.func({key: W0}, [{key: t} for t in taus], is_matrix=lambda k, t: bool(is_matrix), **hp,
+                    **(prepared or {}))
+    return out[key]
+
+
+class _KeyByKeyTaskVector(Mapping):
+    """tau_t = W_t - W0 of one expert, formed key by key when a method asks for it (in d_out x
+    d_in and the compute dtype): the whole-model call holds the T task vectors of the key
+    being merged, not of every key. The last key asked for is kept (a method reads a key's
+    task vectors a few times in a row), so a key-by-key method forms each tensor once."""
+
+    def __init__(self, source: Source, t: int, W0: Mapping[str, Tensor], layout: Layout, dev: torch.device):
+        self._source, self._t, self._W0, self._lay, self._dev = source, t, W0, layout, dev
+        self._key: str | None = None
+        self._value: Tensor | None = None
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key == self._key and self._value is not None:
+            return self._value
+        w0 = self._W0[key]
+        self._key, self._value = None, None  # free the previous key's tensor first
+        value = self._source.tensor(self._t + 1, key, self._lay, self._dev, w0.dtype, copy=False) - w0
+        self._key, self._value = key, value
+        return value
+
+    def __iter__(self):
+        return iter(self._W0)
+
+    def __len__(self) -> int:
+        return len(self._W0)
+
+
+def run(
+    info: MethodInfo,
+    hparams: Mapping[str, Any],
+    source: Source,
+    layout: Layout,
+    emit: Callable[[str, Tensor], None],
+    *,
+    device: torch.device,
+    is_matrix: Callable[[str, Tensor], bool] | None = None,
+    whole_model: bool = False,
+    out_dtype: torch.dtype | None = None,
+    out_device: str | torch.device = "cpu",
+    show: bool | None = None,
+    hparams_text: str | None = None,
+) -> dict[str, Any]:
+    """Merge ``source`` with the method ``info`` (resolved ``hparams``) and ``emit(key, tensor)`` every key.
+
+    Every key of the base is emitted once, in the base's order: non-float buffers as the base
+    holds them, tied aliases (``layout.tied``, where the models confirm them) right after their
+    canonical key, and every other key as W0 + the merged update, in its stored orientation,
+    in ``out_dtype`` (default: the base's dtype of that key) on ``out_device``. ``whole_model``:
+    one call of the method on every key (see the module docstring); otherwise key by key with
+    the method's ``prepare``/``finish`` hooks. ``is_matrix(key, tensor)`` defaults to the
+    layout's rule; ``show``: progress bars (``None``: interactive sessions only). Returns
+    ``{"tied": {alias: key}, "buffers_changed": {key: [expert indices]}}``.
+    """
+    is_mat = is_matrix or layout.is_matrix
+    T = source.n_tasks
+    buffers = carried_buffers(source.base, source.experts, stacklevel=4)
+    tied = confirmed_ties(layout.tied, source.base, source.experts)
+    aliases_of: dict[str, list[str]] = {}
+    for a, c in tied.items():
+        aliases_of.setdefault(c, []).append(a)
+    order = source.keys()
+    keys = [k for k in order if k not in buffers and k not in tied]
+    view = ModelView(source, layout, keys, device, is_mat, show)
+    name = info.name
+    text = hparams_text if hparams_text is not None else str(dict(hparams))
+
+    def finalize(key: str, W0: Tensor, d: Tensor) -> None:
+        if d.shape != W0.shape:
+            raise RuntimeError(f"{name} returned shape {tuple(d.shape)} for key {key!r}, expected {tuple(W0.shape)}")
+        merged = W0 + d.to(W0.device, W0.dtype)
+        if not is_finite(merged):
+            raise FloatingPointError(f"{name} produced non-finite weights at key {key!r}; check the hyperparameters "
+                                     f"({text}) and the scale of the task vectors")
+        out = layout.from_canonical(key, merged).to(out_device, out_dtype or source.dtype(key)).contiguous()
+        emit(key, out)
+        for alias in aliases_of.get(key, ()):
+            emit(alias, out.clone())
+
+    def carry(key: str) -> None:
+        emit(key, source.raw(0, key).to(out_device).clone())
+
+    token = PROGRESS.set(show if whole_model else False)  # key by key, the methods' own bars would flicker
+    try:
+        if whole_model:
+            W0 = {k: source.tensor(0, k, layout, device) for k in keys}
+            tvs = [_KeyByKeyTaskVector(source, t, W0, layout, device) for t in range(T)]
+            delta = dict(info.func(W0, tvs, is_matrix=is_mat, **hparams))
+            del tvs  # the last key's task vectors
+            missing = [k for k in keys if k not in delta]
+            if missing:  # a bug in the method, not in the user's input
+                raise RuntimeError(f"{name} returned no update for key {missing[0]!r}")
+            for key in order:
+                if key in buffers:
+                    carry(key)
+                elif key not in tied:
+                    finalize(key, W0.pop(key), delta.pop(key))
+            return {"tied": tied, "buffers_changed": {k: v for k, v in buffers.items() if v}}
+        prepared = dict(info.prepare(view, hparams)) if info.prepare is not None else {}
+        held: dict[str, Tensor] | None = {} if info.finish is not None else None
+        for key in progress(order, desc=f"{name}: merge", enabled=show):
+            if key in buffers:
+                if held is None:
+                    carry(key)
+                continue
+            if key in tied:
+                continue
+            W0, taus = view.w0_taus(key)
+            d = merge_key(info, key, W0, taus, is_matrix=bool(is_mat(key, W0)), hparams=hparams, prepared=prepared)
+            del taus
+            if held is not None:
+                held[key] = d
+            else:
+                finalize(key, W0, d)
+            del W0, d
+        if held is not None and info.finish is not None:
+            updates = dict(info.finish(held, view, hparams, prepared))
+            held.clear()
+            for key in order:
+                if key in buffers:
+                    carry(key)
+                elif key not in tied:
+                    finalize(key, source.tensor(0, key, layout, device), updates.pop(key))
+    finally:
+        PROGRESS.reset(token)
+    return {"tied": tied, "buffers_changed": {k: v for k, v in buffers.items() if v}}
+
