@@ -1,22 +1,18 @@
-"""ACE-Merging stage by stage on a zoo: the helpers of notebook ``02_ace_step_by_step``.
+"""Notebook 02 (ACE-Merging step by step): its tables, its ablation and the verdicts of its appendix.
 
-The merge itself lives in :mod:`acetools.merging.ace` (one public function per stage,
-docs/methods.md §ACE). This module turns those stages into tables a lesson can show and claims it can decide:
+The lesson computes every ACE stage itself, in plain torch, and checks it against the stage
+functions of :mod:`acetools.merging.ace` that ``acetools.merge("ace", ...)`` runs
+(docs/methods.md §ACE). This module never composes ACE; it measures what the library returns:
 
-* **heterogeneity** (eq. 7): :func:`gamma_table` (gamma per matrix, with the log-energies it
-  is made of), :func:`gamma_by_type`, :func:`gamma_scaling` (gamma is not scale-invariant);
-* **one layer, every stage**: :func:`layer_stages` -> :class:`LayerStages` (Sigma_hat ->
-  Sigma_tilde / Sigma_reg -> C_agg -> W_bar_pre -> W_fused -> W_bar, plus the refinement at
-  any rank k);
-* **every layer**: :func:`stage_table` (normalisation, prior, spectrum of W_bar_pre, direction
-  cosines of its principal singular subspaces, the final spectrum);
-* **ablation**: :data:`ABLATIONS`, :func:`run_ablation` -> :class:`Ablation` (switch one
-  component off at a time and score the merge on test, absolute and normalized);
-* **claim verdicts**: one ``verdict_*`` function per claim of :mod:`acetools.course.claims`
-  that notebook 02 owns, each returning a :class:`~acetools.course.verdicts.Verdict` and
-  stating its rule against the paper's number; :func:`claim_verdicts` gives them all.
-
-Everything here is float64 on the CPU, like the stage functions.
+* :func:`gamma_by_type`: ACE's gamma (ACE.5) per layer type, from
+  :func:`acetools.diagnostics.heterogeneity_per_layer` (the one gamma table of the course);
+* :func:`layer_table`: per matrix, the spectrum of ``W_pre`` (ACE.10) and of ACE's output, and the
+  cosines between their top singular directions and those of other matrices; :func:`spectrum_view`
+  and :func:`direction_view` show them in at most six plain columns;
+* the ablation: :data:`ABLATIONS`, :func:`run_ablation`, :func:`ablation_over_suites`,
+  :func:`eps_sweep` (each row is one ``merge("ace", ...)`` with one switch changed);
+* the appendix: one ``verdict_*`` function per claim notebook 02 owns
+  (:mod:`acetools.course.claims`), and :func:`claim_verdicts` for all of them.
 """
 
 from __future__ import annotations
@@ -26,20 +22,18 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..diagnostics import condition_number, effective_rank, energy_fraction, layer_type
+from ..diagnostics import condition_number, effective_rank, energy_fraction
 from ..errors import InputError, InputKeyError
-from ..keys import block_index
-from ..merging import METHODS, task_vectors
+from ..keys import block_index, short_name
+from ..merging import METHODS
 from ..merging import ace as A
-from ..merging._linalg import thin_svd
-from ..merging._registry import registered_defaults
 from .verdicts import (
     NOISE,
     NOT_TESTABLE,
@@ -56,58 +50,16 @@ from .verdicts import (
 )
 
 __all__ = [
-    "TAU",
-    "GAMMA_VIT",
-    "NOISE",
-    "world_merge_kwargs",
-    "TOP_FRAC",
-    "PAPER_ENERGY",
-    "PAPER_COND",
-    "FLAG_FRACTION",
-    "matrix_keys",
-    "block_index",
-    "gamma_table",
-    "gamma_by_type",
-    "gamma_scaling",
-    "LayerStages",
-    "layer_stages",
-    "pick_layer",
-    "direction_cosine",
-    "random_subspace_cosine",
-    "hooked_closed_form",
-    "stage_table",
-    "ABLATIONS",
-    "FULL",
-    "GATE_ON",
-    "GATE_ON_NO_REFINE",
-    "GATE_OFF",
-    "NO_PRIOR",
-    "NO_REFINE",
-    "RAW_NUMERATOR",
-    "IDENTITY",
-    "SCALED_LABEL",
-    "Ablation",
-    "run_ablation",
-    "ablation_effects",
-    "ablation_over_suites",
-    "eps_sweep",
-    "verdict_gamma",
-    "PAPER_EPS_VIT",
-    "VIT_STAGE_EFFECT",
-    "ridge_over_prior",
-    "verdict_normalization",
-    "verdict_csp",
-    "verdict_refinement",
-    "verdict_spectrum",
-    "verdict_direction",
-    "claim_verdicts",
-    "decided_at",
-    "with_beside",
-    "diagnose",
+    "TAU", "GAMMA_VIT", "NOISE", "TOP_FRAC", "PAPER_ENERGY", "PAPER_COND", "FLAG_FRACTION", "PAPER_EPS_VIT",
+    "VIT_STAGE_EFFECT", "block_index", "gamma_by_type", "direction_cosine", "random_subspace_cosine",
+    "layer_table", "spectrum_view", "direction_view", "world_merge_kwargs", "ABLATIONS", "FULL", "GATE_ON",
+    "GATE_ON_NO_REFINE", "GATE_OFF", "NO_PRIOR", "NO_REFINE", "RAW_NUMERATOR", "IDENTITY", "SCALED_LABEL",
+    "Ablation", "run_ablation", "ablation_view", "ablation_effects", "ablation_over_suites", "eps_sweep",
+    "verdict_gamma", "ridge_over_prior", "verdict_normalization", "verdict_csp", "verdict_refinement",
+    "verdict_spectrum", "verdict_direction", "claim_verdicts", "decided_at", "with_beside",
 ]
 
-#: ACE's gate threshold (docs/methods.md §ACE): a layer is flagged heterogeneous when gamma > TAU
-#: (read from the registry, ``METHODS["ace"]``).
+#: ACE's gate threshold (docs/methods.md §ACE, (ACE.6)), read from the registry.
 TAU: float = METHODS["ace"].params["tau"].default
 #: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
 GAMMA_VIT = 0.25
@@ -122,231 +74,23 @@ FLAG_FRACTION = 0.1
 StateDict = Mapping[str, Tensor]
 
 
-# --------------------------------------------------------------------------- heterogeneity
+# --------------------------------------------------------------------------- tables
 
 
-def matrix_keys(task_vectors: Sequence[StateDict], is_matrix: Callable[[str, Tensor], bool] | None = None) -> list[str]:
-    """The keys ACE merges in closed form, in order (``is_matrix``, default: docs/methods.md §Matrix path)."""
-    if is_matrix is None:
-        from ..merging import is_matrix_param as is_matrix
-    if isinstance(task_vectors, Mapping) or len(task_vectors) == 0:
-        raise InputError("task_vectors must be a non-empty list of {key: tau_t} dicts")
-    tv0 = task_vectors[0]
-    return [k for k in tv0 if is_matrix(k, tv0[k])]
-
-
-def gamma_table(task_vectors: Sequence[StateDict], *, tau: float = TAU, vit: float = GAMMA_VIT,
-                keys: Sequence[str] | None = None) -> Any:
-    """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per matrix.
-
-    One row per key (default :func:`matrix_keys`): key, layer_type, block, shape, gamma, flag
-    (gamma > ``tau``: ACE normalises and refines this layer), below_vit (gamma < ``vit``, the
-    paper's ViT statement), and the numbers gamma is made of: the mean and (unbiased) standard
-    deviation of l_t = log(||ΔW_t||_F² + 1e-12) over tasks, and the max/min energy ratio.
-    gamma = sd² / (mean² + 1e-12), so it explodes when the mean log-energy is near 0
-    (energies near 1), whatever the spread.
-    """
-    import pandas as pd
-
-    keys = list(keys) if keys is not None else matrix_keys(task_vectors)
-    rows = []
-    for k in keys:
-        mats = [tv[k] for tv in task_vectors]
-        e = A.task_energies(mats)
-        ell = torch.log(e + 1e-12)
-        gamma = A.heterogeneity(mats)
-        rows.append({
-            "key": k, "layer_type": layer_type(k), "block": block_index(k), "shape": tuple(mats[0].shape),
-            "gamma": gamma, "flag": gamma > tau, "below_vit": gamma < vit,
-            "log_energy_mean": float(ell.mean()),
-            "log_energy_sd": float(ell.std(unbiased=True)) if len(mats) > 1 else 0.0,
-            "energy_ratio": float(e.max() / e.min()) if e.min() > 0 else math.inf,
-        })
-    return pd.DataFrame(rows, columns=["key", "layer_type", "block", "shape", "gamma", "flag", "below_vit",
-                                       "log_energy_mean", "log_energy_sd", "energy_ratio"])
-
-
-def gamma_by_type(table: Any) -> Any:
-    """Summary of a :func:`gamma_table` per layer type (first-seen order): number of layers,
-    median / min / max gamma, how many are below the ViT bound and how many are flagged."""
-    g = table.groupby("layer_type", sort=False)
-    out = g.agg(layers=("gamma", "size"), gamma_median=("gamma", "median"), gamma_min=("gamma", "min"),
-                gamma_max=("gamma", "max"), below_vit=("below_vit", "sum"), flagged=("flag", "sum"))
-    return out
-
-
-def gamma_scaling(delta_W: Sequence[Tensor], scales: Sequence[float]) -> Any:
-    """gamma of the rescaled task vectors c·ΔW_t for each c in ``scales`` (one layer).
-
-    Multiplying every ΔW_t by c shifts every l_t by 2 log c: the spread (numerator) stays,
-    the mean (denominator) moves, so gamma depends on the units of the weights.
-    Returns a DataFrame with columns scale, gamma, log_energy_mean.
-    """
-    import pandas as pd
-
-    dWs = [d.double() for d in delta_W]
-    rows = []
-    for c in scales:
-        mats = [float(c) * d for d in dWs]
-        rows.append({"scale": float(c), "gamma": A.heterogeneity(mats),
-                     "log_energy_mean": float(torch.log(A.task_energies(mats) + 1e-12).mean())})
-    return pd.DataFrame(rows, columns=["scale", "gamma", "log_energy_mean"])
-
-
-# --------------------------------------------------------------------------- one layer
-
-
-def _sum(tensors) -> Tensor:
-    """Sum of float64 tensors, accumulated in place."""
-    it = iter(tensors)
-    out = next(it).double().clone()
-    for t in it:
-        out += t
-    return out
-
-
-@dataclass
-class LayerStages:
-    """Every intermediate of ACE on one matrix (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.13)), for a lesson to look at.
-
-    ``W_fused = W_pre + Δ_res = U diag(S) Vh`` is computed on every layer (ACE uses it only
-    on flagged ones) so that :meth:`refined` can show the refinement at any rank k.
-    ``W`` is what ACE returns for the layer (= :func:`acetools.merging.ace.ace_matrix`).
-    """
-
-    name: str
-    delta_W: list[Tensor] = field(repr=False)  # float64, d_out x d_in each
-    gamma: float
-    flag: bool
-    covs: A.NormalizedCovariances = field(repr=False)
-    C_agg: Tensor | None = field(repr=False)
-    numerator: str
-    W_pre: Tensor = field(repr=False)
-    U: Tensor = field(repr=False)
-    S: Tensor = field(repr=False)
-    Vh: Tensor = field(repr=False)
-    k: int  # ACE's refined rank floor(k_frac * r)
-    refined_by_ace: bool  # flag and refine (and k > 0)
-    W: Tensor = field(repr=False)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.W_pre.shape[0], self.W_pre.shape[1])
-
-    @property
-    def rank(self) -> int:
-        """r = min(d_out, d_in), the number of singular values."""
-        return min(self.shape)
-
-    @property
-    def task_sum(self) -> Tensor:
-        """sum_t ΔW_t, the task-arithmetic direction (lam = 1)."""
-        return _sum(self.delta_W)
-
-    @property
-    def W_fused(self) -> Tensor:
-        return (self.U * self.S) @ self.Vh
-
-    def refined(self, k: int) -> Tensor:
-        """W_pre + sigma_iso(k) U_k V_kᵀ with sigma_iso(k) = mean(S[:k]) (eqs 17-19); k = 0: W_pre."""
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= self.rank:
-            raise InputError(f"k={k!r} must be an int in [0, {self.rank}]")
-        return A.Refinement(self.W, self.k, math.nan, self.S, self.U, self.Vh).at_rank(self.W_pre, int(k))
-
-    def refined_spectra(self, ks: Sequence[int]) -> dict[int, np.ndarray]:
-        """Singular values of :meth:`refined` (k) for each k, as numpy arrays (for the rank slider)."""
-        return {int(k): torch.linalg.svdvals(self.refined(int(k))).numpy() for k in ks}
-
-    def spectra(self) -> dict[str, np.ndarray]:
-        """Singular values of W_pre, W_fused, the final W and the task-vector sum."""
-        sv = torch.linalg.svdvals
-        return {"W_pre (closed form)": sv(self.W_pre).numpy(), "W_fused = W_pre + Δ_res": self.S.numpy(),
-                "W (ACE's output)": sv(self.W).numpy(), "sum_t ΔW_t": sv(self.task_sum).numpy()}
-
-    def task_weights(self, names: Sequence[str] | None = None) -> Any:
-        """Each task's share of sum_t Sigma_tilde,t before and after trace normalisation.
-
-        ``trace``: tr_t = Tr(Sigma_hat_t); ``share_raw`` = tr_t / sum tr (the weight of a
-        task in the closed form without normalisation); ``share_used`` = the share in the
-        Sigma_tilde ACE used (1/T when the layer is normalised).
-        """
-        import pandas as pd
-
-        T = len(self.delta_W)
-        names = list(names) if names is not None else [f"task{t}" for t in range(T)]
-        if len(names) != T:
-            raise InputError(f"{len(names)} names for {T} tasks")
-        tr = self.covs.traces.numpy()
-        used = np.array([float(torch.diagonal(S).sum()) for S in self.covs.Sigma_tilde])
-        return pd.DataFrame({"task": names, "trace": tr, "share_raw": tr / tr.sum(), "share_used": used / used.sum()})
-
-    def prior_profile(self) -> Any:
-        """The structural prior against the isotropic ridge, per input column j.
-
-        ``prior``: c_j, the value C_agg adds to every entry of column j (0 without prior);
-        ``cov_diag``: (sum_t Sigma_tilde,t)_jj; ``ridge``: sum_t ridge_t, what the Tikhonov term
-        adds to each diagonal entry (eps·T, or sum_t eps/tr_t on normalised layers).
-        """
-        import pandas as pd
-
-        d_in = self.shape[1]
-        Ssum = _sum(self.covs.Sigma_tilde)
-        c = self.C_agg[0].numpy() if self.C_agg is not None else np.zeros(d_in)
-        return pd.DataFrame({"column": np.arange(d_in), "prior": c, "cov_diag": torch.diagonal(Ssum).numpy(),
-                             "ridge": np.full(d_in, float(self.covs.ridge.sum()))})
-
-
-@registered_defaults("ace")
-def layer_stages(delta_W: Sequence[Tensor], *, tau: float, eps: float, k_frac: float,
-                 gate: str | None, trace_norm: bool, prior: bool | None, refine: bool,
-                 numerator: str | None, name: str = "") -> LayerStages:
-    """Run ACE's stages on one layer's task vectors and keep every intermediate.
-
-    The same composition as :func:`acetools.merging.ace.ace_matrix` with ``estimator="ace"``
-    (gamma -> flag; Sigma_hat_t; trace normalisation and ridge; C_agg, divided by the mean
-    energy on flagged layers; W_bar_pre; refinement on flagged layers), written out with the
-    stage functions so each result can be inspected. Switches and defaults as in ``ace_matrix``
-    (``METHODS["ace"]``).
-    """
-    sw = A.estimator_preset("ace", gate=gate, prior=prior, numerator=numerator)
-    dWs = [d.detach().double().cpu() for d in delta_W]
-    if not dWs or any(d.ndim != 2 or d.shape != dWs[0].shape for d in dWs):
-        raise InputError(f"layer {name!r}: pass a non-empty list of equally shaped 2-D task vectors")
-    energies = A.task_energies(dWs)
-    gamma = A.heterogeneity(dWs)
-    flag = A.gate_flag(gamma, tau, sw.gate)
-    Sigma_hat = [A.estimate_covariance(d) for d in dWs]
-    covs = A.normalize_covariances(Sigma_hat, eps=eps, normalize=flag and trace_norm)
-    C_agg = A.structural_prior(covs.Sigma_tilde, energy=float(energies.mean()) if flag else None) if sw.prior else None
-    nums = [A.center_rows(d) for d in dWs] if sw.numerator == "centered" else dWs
-    W_pre = A.closed_form(nums, covs, C_agg, name=name)
-    # the lesson looks at the refinement's SVD on every layer; ACE applies it on flagged ones
-    with warnings.catch_warnings():
-        if not (flag and refine):
-            warnings.simplefilter("ignore", RuntimeWarning)  # k = 0 matters only where ACE refines
-        ref = A.spectral_refine(W_pre, dWs, covs.Sigma_tilde, covs.mean_reg(), k_frac=k_frac, name=name)
-    refined = bool(flag and refine and ref.k > 0)
-    return LayerStages(name=name, delta_W=dWs, gamma=gamma, flag=flag, covs=covs, C_agg=C_agg,
-                       numerator=sw.numerator, W_pre=W_pre, U=ref.U, S=ref.S_fused, Vh=ref.Vh, k=ref.k,
-                       refined_by_ace=refined, W=ref.W if refined else W_pre)
-
-
-def pick_layer(gtable: Any, layer: str = "") -> str:
-    """The layer a lesson zooms in on: ``layer`` if given (must be a key of the table), else
-    the matrix with the largest gamma (the one most likely to be normalised and refined)."""
-    keys = list(gtable["key"])
-    if layer:
-        if layer not in keys:
-            raise InputKeyError(f"layer {layer!r} is not a matrix key; keys: {keys}")
-        return layer
-    return str(gtable.loc[gtable["gamma"].idxmax(), "key"])
-
-
-# --------------------------------------------------------------------------- directions
+def gamma_by_type(table: Any, *, tau: float = TAU) -> Any:
+    """Per layer type (first-seen order) of a :func:`acetools.diagnostics.heterogeneity_per_layer`
+    table: the number of matrices, the median, smallest and largest gamma, and how many are
+    flagged (gamma > ``tau``). Five plain columns, indexed by the short layer-type name."""
+    g = table.groupby("layer_type", sort=False)["gamma"]
+    out = g.agg(["size", "median", "min", "max"])
+    out["flagged"] = table.assign(f=table["gamma"] > tau).groupby("layer_type", sort=False)["f"].sum()
+    out.columns = ["matrices", "median γ", "smallest γ", "largest γ", f"flagged (γ > {tau:g})"]
+    out.index = [short_name(t) for t in out.index]
+    return out.rename_axis("layer type")
 
 
 def _bases(M: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    U, _, Vh = thin_svd(M.double())
+    U, _, Vh = torch.linalg.svd(M.double(), full_matrices=False)
     return U[:, :k], Vh[:k, :].T
 
 
@@ -357,18 +101,16 @@ def _mean_cos(QA: Tensor, QB: Tensor) -> float:
 def direction_cosine(A_: Tensor, B: Tensor, k: int) -> dict[str, float]:
     """How well the top-``k`` singular directions of two d_out × d_in matrices agree.
 
-    The cosines of the principal angles between the top-k left (output) singular subspaces,
-    and between the right (input) ones, averaged: ``left``, ``right`` and ``mean`` of the two,
-    each in [0, 1] (1: same subspace). Equals
-    :func:`acetools.diagnostics.subspace_similarity` (reduction ``"mean_cos"``) per side.
-    """
+    The mean cosine of the principal angles (docs/glossary.md) between the top-k left (output)
+    singular subspaces, and between the right (input) ones: ``left``, ``right`` and ``mean`` of
+    the two, each in [0, 1] (1: the same subspace)."""
     if A_.shape != B.shape:
         raise InputError(f"shapes differ: {tuple(A_.shape)} vs {tuple(B.shape)}")
     r = min(A_.shape)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= r:
         raise InputError(f"k={k!r} must be an int in [1, {r}]")
     UA, VA = _bases(A_, k)
-    UB, VB = _bases(B, k)
+    UB, VB = _bases(B.to(A_.device), k)
     left, right = _mean_cos(UA, UB), _mean_cos(VA, VB)
     return {"left": left, "right": right, "mean": (left + right) / 2}
 
@@ -388,124 +130,81 @@ def random_subspace_cosine(d: int, k: int, n_draws: int = 32, seed: int = 0) -> 
     return float(np.mean(vals))
 
 
-def hooked_closed_form(delta_W: Sequence[Tensor], Sigma: Sequence[Tensor], *, eps: float = 1e-2,
-                       name: str = "") -> Tensor:
-    """The closed form of eq. 14 under given input covariances: what W_bar_pre estimates.
-
-    ``(sum_t ΔW_t Sigma_reg,t)(sum_t Sigma_reg,t)^-1`` with Sigma_reg,t = Sigma_t + eps I, the
-    raw numerator and no prior: :func:`acetools.merging.ace.ace_matrix` with
-    ``estimator="given"`` (RegMean's solve, docs/methods.md §RegMean; docs/methods.md §ACE,
-    Eq. (ACE.15)). With the true (hooked) input covariances of each task's layer this is the
-    solution that ACE's Theorem 1 lets it estimate from the weights alone, so its principal
-    directions are the "correct" ones the paper's direction claim refers to. float64.
-    """
-    W, _ = A.ace_matrix([d.detach().double().cpu() for d in delta_W], estimator="given",
-                        Sigma=[S.detach().cpu() for S in Sigma], eps=eps, name=name)  # checked in its own dtype
-    return W.double()
-
-
-def _spectrum_stats(S: Tensor, top_frac: float, null: int) -> dict[str, float]:
-    S = S.double()
+def _spectrum(M: Tensor, top_frac: float, null: int = 0) -> dict[str, float]:
+    S = torch.linalg.svdvals(M.double())
     trimmed = S[: S.numel() - null] if null else S
     return {"top_energy": energy_fraction(S, top_frac), "cond": condition_number(S),
             "cond_trim": condition_number(trimmed), "erank": effective_rank(S)}
 
 
-@registered_defaults("ace")
-def stage_table(task_vectors: Sequence[StateDict], keys: Sequence[str] | None = None, *, tau: float,
-                eps: float, k_frac: float, top_frac: float = TOP_FRAC, gate: str | None,
-                prior: bool | None, refine: bool, numerator: str | None,
-                reference: Mapping[str, Tensor] | None = None,
-                covariances: Sequence[Mapping[str, Tensor]] | None = None, progress: bool | None = None) -> Any:
-    """ACE's stages on every matrix (:func:`layer_stages`), one row per layer.
+def layer_table(task_vectors: Sequence[StateDict], W_pre: Mapping[str, Tensor], W: Mapping[str, Tensor],
+                diags: Mapping[str, A.ACEDiagnostics], *, hooked: Mapping[str, Tensor] | None = None,
+                top_frac: float = TOP_FRAC) -> Any:
+    """One row per matrix of ``diags`` (what :func:`acetools.merging.ace.ace_with_diagnostics`
+    returned): the spectra and directions of ACE's results, for the lesson's tables and the
+    appendix's verdicts. Nothing here merges: ``W_pre`` is the library's closed form (ACE.10) per
+    key (``ace_with_diagnostics(..., refine=False)``), ``W`` ACE's output per key, ``hooked`` the
+    closed form under the hooked input covariances (ACE.1; ``estimator="given"``), absent keys NaN.
 
-    Columns:
-
-    * ``key, layer_type, block, shape, gamma, flag, k, refined``;
-    * normalisation: ``trace_ratio`` = max/min tr_t (how unequal the tasks' energies are),
-      ``share_max`` = the largest task's share tr_t / sum tr without normalisation (vs 1/T
-      with it), ``ridge_rel`` = mean_t ridge_t·d_in / Tr(Sigma_tilde,t) = eps·d_in/tr_t (the
-      ridge against the mean eigenvalue: the same in both branches);
-    * prior: ``prior_rel`` = ||C_agg||_F / ||sum_t Sigma_tilde,t||_F, ``ridge_rel_F`` = the same
-      for the ridge sum_t ridge_t I (NaN / 0 when absent);
-    * spectrum of W_bar_pre: ``top_energy_pre`` (energy share of the top ``top_frac`` of its
-      singular values), ``cond_pre`` (sigma_max/sigma_min), ``cond_pre_trim`` (the same without
-      the singular value that the centred numerator forces to 0 when d_out <= d_in: every
-      column of W_bar_pre sums to zero), ``erank_pre``;
-    * directions (k_dir = ceil(top_frac·r) directions, the ones holding the energy):
-      ``cos_sum`` (W_bar_pre vs sum_t ΔW_t), ``cos_fused`` (vs W_fused, whose directions
-      the refinement uses), ``cos_experts`` (mean over t vs ΔW_t), ``cos_random`` (chance
-      level), each the mean of the left and right :func:`direction_cosine`;
-    * with ``covariances`` (one ``{key: Sigma_t}`` dict per task, in task order: the true
-      input covariances hooked in each task's encoder, e.g.
-      :meth:`acetools.benchmark.Benchmark.grams`): ``cos_hooked`` (W_bar_pre vs
-      :func:`hooked_closed_form`, the closed form under the hooked Sigma_t: what W_bar_pre
-      estimates) and ``cos_sum_hooked`` (sum_t ΔW_t vs the same, for context). NaN on keys
-      without covariances (``attn.out_proj`` is called inside attention and cannot be hooked);
-      both NaN when ``covariances`` is None;
-    * the final W_bar: ``top_energy_final``, ``cond_final``, ``erank_final``; for comparison
-      ``top_energy_sum``, the same share for sum_t ΔW_t (is the concentration ACE's own?);
-    * size: ``norm_pre_rel`` = ||W_bar_pre||_F / ||mean_t ΔW_t||_F;
-    * with ``reference`` (a merged update per key, e.g. from
-      :func:`acetools.merging.ace.ace_with_diagnostics` with the same switches):
-      ``ref_err`` = max |W_bar - reference[key]|, to check that the stages compose to ACE.
-    """
+    Columns: ``key, shape, gamma, flag``; the spectrum of ``W_pre``: ``top_energy_pre`` (energy
+    share of the top ``top_frac`` of its singular values), ``cond_pre`` and ``cond_pre_trim`` (the
+    condition number with and without the zero singular value that the centred numerator forces
+    when d_out <= d_in), ``erank_pre``; ``top_energy_sum`` (the same share for the task-vector sum)
+    and ``top_energy_final`` (for ACE's output); directions, k_dir = ceil(top_frac·r):
+    ``cos_sum`` (W_pre vs sum_t ΔW_t), ``cos_experts`` (mean over t vs ΔW_t), ``cos_random``
+    (chance), ``cos_hooked`` (W_pre vs the hooked closed form), ``cos_sum_hooked`` (sum_t ΔW_t vs
+    it); ``ridge_over_prior`` = sum_t ridge_t / ‖c‖₂ (``diag.prior_norm``, the norm of the structural
+    prior's vector c of (ACE.9)): above 1 the isotropic ridge outweighs the prior."""
     import pandas as pd
 
-    from ..utils import progress as bar
-
-    keys = list(keys) if keys is not None else matrix_keys(task_vectors)
-    if covariances is not None and len(covariances) != len(task_vectors):
-        raise InputError(f"covariances has {len(covariances)} dicts for {len(task_vectors)} task vectors; "
-                         "pass one {key: Sigma_t} dict per task, in the same order")
     rows = []
-    for key in bar(keys, desc="stages", enabled=progress):
-        st = layer_stages([tv[key] for tv in task_vectors], tau=tau, eps=eps, k_frac=k_frac, gate=gate,
-                          prior=prior, refine=refine, numerator=numerator, name=key)
-        d_out, d_in = st.shape
-        r = st.rank
-        T = len(st.delta_W)
-        tr = st.covs.traces
-        Ssum = _sum(st.covs.Sigma_tilde)
-        nS = float(torch.linalg.matrix_norm(Ssum))
-        tr_tilde = torch.stack([torch.diagonal(S).sum() for S in st.covs.Sigma_tilde])
-        null = 1 if (st.numerator == "centered" and d_out <= d_in) else 0
-        pre = _spectrum_stats(torch.linalg.svdvals(st.W_pre), top_frac, null)
-        fin = _spectrum_stats(torch.linalg.svdvals(st.W), top_frac, 0)
-        kd = max(1, math.ceil(top_frac * r))
-        UP, VP = _bases(st.W_pre, kd)
-
-        def cos_with(M: Tensor, kd: int = kd, UP: Tensor = UP, VP: Tensor = VP) -> float:
-            UB, VB = _bases(M, kd)
-            return (_mean_cos(UP, UB) + _mean_cos(VP, VB)) / 2
-
-        mean_dW = st.task_sum / T
-        cos_hooked = cos_sum_hooked = math.nan
-        if covariances is not None and all(key in c for c in covariances):
-            W_hooked = hooked_closed_form(st.delta_W, [c[key] for c in covariances], eps=eps, name=key)
-            cos_hooked = cos_with(W_hooked)
-            cos_sum_hooked = direction_cosine(st.task_sum, W_hooked, kd)["mean"]
+    for key, diag in diags.items():
+        dW = [tv[key].double() for tv in task_vectors]
+        task_sum = torch.stack(dW).sum(0)
+        Wp = W_pre[key].double().to(task_sum.device)
+        d_out, d_in = Wp.shape
+        null = 1 if (diag.numerator == "centered" and d_out <= d_in) else 0
+        pre, fin = _spectrum(Wp, top_frac, null), _spectrum(W[key], top_frac)
+        kd = max(1, math.ceil(top_frac * min(d_out, d_in)))
+        cos = {"cos_hooked": math.nan, "cos_sum_hooked": math.nan}
+        if hooked is not None and key in hooked:
+            Wh = hooked[key].double().to(Wp.device)
+            cos = {"cos_hooked": direction_cosine(Wp, Wh, kd)["mean"],
+                   "cos_sum_hooked": direction_cosine(task_sum, Wh, kd)["mean"]}
+        c = diag.prior_norm
         rows.append({
-            "key": key, "layer_type": layer_type(key), "block": block_index(key), "shape": (d_out, d_in),
-            "gamma": st.gamma, "flag": st.flag, "k": st.k, "refined": st.refined_by_ace,
-            "trace_ratio": float(tr.max() / tr.min()), "share_max": float(tr.max() / tr.sum()),
-            "ridge_rel": float((st.covs.ridge * d_in / tr_tilde).mean()),
-            "prior_rel": float(torch.linalg.matrix_norm(st.C_agg)) / nS if st.C_agg is not None else 0.0,
-            "ridge_rel_F": float(st.covs.ridge.sum()) * math.sqrt(d_in) / nS,
+            "key": key, "shape": (d_out, d_in), "gamma": diag.gamma, "flag": diag.flag,
             "top_energy_pre": pre["top_energy"], "cond_pre": pre["cond"], "cond_pre_trim": pre["cond_trim"],
-            "erank_pre": pre["erank"],
-            "k_dir": kd,
-            "cos_sum": cos_with(st.task_sum), "cos_fused": cos_with(st.W_fused),
-            "cos_experts": float(np.mean([cos_with(d) for d in st.delta_W])),
+            "erank_pre": pre["erank"], "top_energy_sum": energy_fraction(task_sum, top_frac),
+            "top_energy_final": fin["top_energy"], "k_dir": kd,
+            "cos_sum": direction_cosine(Wp, task_sum, kd)["mean"],
+            "cos_experts": float(np.mean([direction_cosine(Wp, d, kd)["mean"] for d in dW])),
             "cos_random": (random_subspace_cosine(d_out, kd) + random_subspace_cosine(d_in, kd)) / 2,
-            "cos_hooked": cos_hooked, "cos_sum_hooked": cos_sum_hooked,
-            "top_energy_final": fin["top_energy"], "cond_final": fin["cond"], "erank_final": fin["erank"],
-            "top_energy_sum": energy_fraction(st.task_sum, top_frac),
-            "norm_pre_rel": float(torch.linalg.matrix_norm(st.W_pre) / torch.linalg.matrix_norm(mean_dW)),
+            **cos, "ridge_over_prior": sum(diag.ridge) / c if c > 0 else math.inf,
         })
-        if reference is not None:
-            rows[-1]["ref_err"] = float((st.W - reference[key].detach().double().cpu()).abs().max())
     return pd.DataFrame(rows)
+
+
+def _short(table: Any, columns: Mapping[str, str]) -> Any:
+    from ..keys import short_label
+
+    out = table[list(columns)].rename(columns=columns)
+    out.insert(0, "matrix", [short_label(k, style="dot") for k in table["key"]])
+    return out
+
+
+def spectrum_view(table: Any) -> Any:
+    """:func:`layer_table`'s spectrum in five plain columns (energies in %)."""
+    t = table.assign(**{c: 100 * table[c] for c in ("top_energy_pre", "top_energy_sum", "top_energy_final")})
+    return _short(t, {"top_energy_pre": "W_pre: top-5% energy (%)", "top_energy_sum": "∑ΔW_t: top-5% energy (%)",
+                      "top_energy_final": "ACE output: top-5% energy (%)",
+                      "cond_pre_trim": "W_pre: condition number (no structural zero)"})
+
+
+def direction_view(table: Any) -> Any:
+    """:func:`layer_table`'s direction cosines in five plain columns (1 = the same subspace)."""
+    return _short(table, {"cos_hooked": "W_pre vs true-Σ solution", "cos_sum": "W_pre vs ∑ΔW_t",
+                          "cos_sum_hooked": "∑ΔW_t vs true-Σ solution", "cos_random": "chance"})
 
 
 # --------------------------------------------------------------------------- ablation
@@ -518,6 +217,8 @@ NO_PRIOR = "no structural prior"
 NO_REFINE = "no refinement"
 RAW_NUMERATOR = "raw numerator ΔW_t"
 IDENTITY = "identity estimator (= averaging)"
+
+
 def world_merge_kwargs(bench) -> dict[str, Any]:
     """What ``merge(...)`` needs from a world beyond the vision mini-world: its key ``layout`` (the
     text world's ``bert``, the CLIP world's ``hf_clip``), as the benchmark passes it; ``{}`` for the
@@ -664,6 +365,13 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
     return Ablation(pd.DataFrame(rows), pd.DataFrame(per_task))
 
 
+def ablation_view(table: Any) -> Any:
+    """An :class:`Ablation` table in six plain columns (accuracies in %)."""
+    return table[["suite", "variant", "scaling", "test_acc", "test_normalized", "same_as"]].rename(columns={
+        "scaling": "scaling s", "test_acc": "test accuracy (%)", "test_normalized": "normalized accuracy (%)",
+        "same_as": "same merge as"})
+
+
 def _fmt(hp: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in hp.items()) or "defaults"
 
@@ -674,7 +382,7 @@ def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: i
                          ) -> tuple[Ablation, dict[str, float], Any]:
     """:func:`run_ablation` on every suite of ``suites`` (notebook 02's section 4).
 
-    ``main``: ``(suite, zoo, bench, gamma_table)`` already built for one suite (reused, not
+    ``main``: ``(suite, zoo, bench, gamma table)`` already built for one suite (reused, not
     rebuilt); every other suite's world is built (or loaded from the cache) at ``size`` and
     ``seed`` and released after its ablation. Returns the concatenated :class:`Ablation`, the
     share of flagged matrices per suite (gamma > ``tau``) and a table ``suite, tasks,
@@ -685,6 +393,8 @@ def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: i
     """
     import pandas as pd
 
+    from ..diagnostics import heterogeneity_per_layer
+    from ..merging import task_vectors
     from . import world as course
 
     parts, flagged, rows = [], {}, []
@@ -695,7 +405,7 @@ def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: i
         else:
             z = course.world(s, size, seed=seed, quick=quick, device=device, **dict(world_options or {}))
             b = course.benchmark(z, quick=quick, patience=patience)
-            g = gamma_table(task_vectors(b.base, b.experts), tau=tau)
+            g = heterogeneity_per_layer(task_vectors(b.base, b.experts), tau=tau)
         name = z.suite or s
         flagged[name] = float(g.flag.mean())
         t0 = time.perf_counter()
@@ -764,11 +474,11 @@ def eps_sweep(bench, eps_grid: Sequence[float], *, hparams: Mapping[str, Any] | 
     printed once per layer)."""
     import pandas as pd
 
-    from ..merging import merge, task_vectors
+    from ..merging import is_matrix_param, merge, task_vectors
     from ..utils import progress as bar
 
     taus = task_vectors(bench.base, bench.experts)
-    keys = list(keys) if keys is not None else matrix_keys(taus)
+    keys = list(keys) if keys is not None else [k for k in bench.base if is_matrix_param(k, bench.base[k])]
     tr = {k: np.array([float(A.center_rows(tv[k].double()).pow(2).sum()) for tv in taus]) for k in keys}
     d_in = {k: int(taus[0][k].shape[1]) for k in keys}
     rows = []
@@ -974,31 +684,30 @@ def verdict_spectrum(stable: Any, *, energy: float = PAPER_ENERGY, cond: float =
 def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> Verdict:
     """ace.direction. The paper: the principal directions of W_bar_pre are *correct*, "cosine ≈ 1".
 
-    "Correct" is measured against the solution W_bar_pre estimates: the closed form under each
-    task's true input covariances (:func:`hooked_closed_form`, the covariances hooked in the
-    experts' encoders; Theorem 1 is what lets ACE estimate them from the weights). So the rule
-    is on the median over the hookable layers of ``cos_hooked`` (NaN rows, e.g. attn.out_proj,
-    skipped): >= ``high`` -> reproduced ("≈ 1"); >= ``low`` -> partly (aligned, not identical);
-    else not reproduced. ``cos_sum`` (vs sum_t ΔW_t, task arithmetic's direction: the earlier
-    reference, which is not what the paper calls correct) is reported beside it, with
-    ``cos_fused``, ``cos_experts`` and chance. Without a ``cos_hooked`` value (no covariances
-    were hooked) the same levels apply to ``cos_sum`` and the reason says so.
+    "Correct" is measured against the solution W_bar_pre estimates: the closed form (ACE.1) under
+    each task's true input covariances (the covariances hooked in the experts' encoders; Theorem 1
+    is what lets ACE estimate them from the weights). The rule is on the median over the hookable
+    layers of ``cos_hooked`` (:func:`layer_table`; NaN rows, e.g. attn.out_proj, skipped):
+    >= ``high`` -> reproduced ("≈ 1"); >= ``low`` -> partly (aligned, not identical); else not
+    reproduced. ``cos_sum`` (vs sum_t ΔW_t, task arithmetic's direction, which is not what the
+    paper calls correct) is reported beside it, with ``cos_experts`` and chance. Without a
+    ``cos_hooked`` value (no covariances were hooked) the same levels apply to ``cos_sum`` and
+    the reason says so.
     """
-    m_sum = float(stable["cos_sum"].median())
-    hooked = stable["cos_hooked"] if "cos_hooked" in stable else None
-    n_hooked = int(hooked.notna().sum()) if hooked is not None else 0
-    m_hooked = float(hooked.median()) if hooked is not None and n_hooked else math.nan
+    def med(c: str) -> float:
+        return float(stable[c].median()) if c in stable else math.nan
+
+    m_sum = med("cos_sum")
+    n_hooked = int(stable["cos_hooked"].notna().sum()) if "cos_hooked" in stable else 0
+    m_hooked = med("cos_hooked") if n_hooked else math.nan
     nums = {"median_cos_sum": m_sum, "median_cos_hooked": m_hooked, "n_hooked": n_hooked,
-            "median_cos_sum_hooked": float(stable["cos_sum_hooked"].median())
-            if n_hooked and "cos_sum_hooked" in stable else math.nan,
-            "median_cos_fused": float(stable["cos_fused"].median()),
-            "median_cos_experts": float(stable["cos_experts"].median()),
-            "median_cos_random": float(stable["cos_random"].median()),
+            "median_cos_sum_hooked": med("cos_sum_hooked") if n_hooked else math.nan,
+            "median_cos_experts": med("cos_experts"), "median_cos_random": med("cos_random"),
             "decided_on": "cos_hooked" if n_hooked else "cos_sum"}
     m = m_hooked if n_hooked else m_sum
     v = threshold(m, high, low)
-    context = (f"vs sum_t ΔW_t {m_sum:.2f}, W_fused {nums['median_cos_fused']:.2f}, single experts "
-               f"{nums['median_cos_experts']:.2f}, chance {nums['median_cos_random']:.2f}")
+    context = (f"vs sum_t ΔW_t {m_sum:.2f}, single experts {nums['median_cos_experts']:.2f}, "
+               f"chance {nums['median_cos_random']:.2f}")
     if n_hooked:
         reason = (f"median cosine of W_pre's top singular directions with the closed form under the hooked input "
                   f"covariances: {m_hooked:.2f} over {n_hooked} hookable matrices ({context}; sum_t ΔW_t vs the "
@@ -1008,8 +717,8 @@ def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> Ve
                     f"{m_sum:.2f} (chance {nums['median_cos_random']:.2f})")
     else:
         reason = (f"no hooked input covariances: decided on the cosine with sum_t ΔW_t's directions, {m_sum:.2f} "
-                  f"(W_fused {nums['median_cos_fused']:.2f}, single experts {nums['median_cos_experts']:.2f}, chance "
-                  f"{nums['median_cos_random']:.2f}); rule: >= {high} reproduced, >= {low} partly")
+                  f"(single experts {nums['median_cos_experts']:.2f}, chance {nums['median_cos_random']:.2f}); "
+                  f"rule: >= {high} reproduced, >= {low} partly")
         measured = f"median direction cosine with sum_t ΔW_t {m_sum:.2f} (chance {nums['median_cos_random']:.2f})"
     return Verdict(measured, v, reason, nums, value=m)
 
@@ -1020,11 +729,11 @@ PAPER_EPS_VIT: float = 1e-5
 
 
 def ridge_over_prior(stable: Any) -> float | None:
-    """Median over matrices of ``ridge_rel_F / prior_rel`` (:func:`stage_table`): how much the
-    isotropic ridge outweighs the structural prior (None without those columns)."""
-    if stable is None or not {"ridge_rel_F", "prior_rel"} <= set(stable.columns):
+    """Median over matrices of :func:`layer_table`'s ``ridge_over_prior`` (sum_t ridge_t / ‖c‖₂):
+    how much the isotropic ridge outweighs the structural prior (None without that column)."""
+    if stable is None or "ridge_over_prior" not in stable.columns:
         return None
-    r = (stable["ridge_rel_F"] / stable["prior_rel"].where(stable["prior_rel"] > 0)).dropna()
+    r = stable["ridge_over_prior"].replace(math.inf, np.nan).dropna()
     return float(r.median()) if len(r) else None
 
 
@@ -1078,60 +787,3 @@ def with_beside(v: Verdict, side: Mapping[str, Any]) -> Verdict:
                          f"({side['measured']})", beside=dict(side))
 
 
-def diagnose(gtable: Any, stable: Any, ablation: Ablation | None = None) -> list[str]:
-    """Sentences, computed from the tables, on why a stage behaves as it does in this world.
-
-    ``gtable``: :func:`gamma_table`; ``stable``: :func:`stage_table`; ``ablation``: the
-    :class:`Ablation` (optional). Covers: what makes the flagged layers' gamma (spread of the
-    energies, or a mean log-energy near 0), the structural zero singular value of W_bar_pre,
-    whether W_bar_pre's concentration is already in the task-vector sum, the direction
-    cosines, and which ablation switches changed no weight.
-    """
-    out = []
-    flagged = gtable[gtable["flag"]]
-    if len(flagged):
-        near = flagged[flagged["log_energy_mean"].abs() < 1.0]
-        out.append(
-            f"gamma: {len(flagged)} of {len(gtable)} matrices are flagged; {len(near)} of these have a mean log-energy "
-            f"within ±1 of 0 (energies near 1), where gamma's denominator vanishes, so their gamma reflects the units "
-            f"of the weights more than the spread of the energies (median max/min energy ratio of flagged matrices: "
-            f"{float(flagged['energy_ratio'].median()):.2f}).")
-    else:
-        out.append(
-            f"gamma: no matrix is flagged (largest gamma {float(gtable['gamma'].max()):.3g}): "
-            f"ACE runs as the plain closed form on every layer, as the paper describes for ViTs, "
-            f"and its normalisation and refinement act on nothing.")
-    wide = stable[[s[0] <= s[1] for s in stable["shape"]]]
-    if len(wide):
-        out.append(
-            f"spectrum: {len(wide)} of {len(stable)} matrices have d_out <= d_in; "
-            f"there the centred numerator gives W_pre a zero singular value, "
-            f"so their raw condition number (median {float(wide['cond_pre'].median()):.3g}) is rounding noise; "
-            f"without it the median over all matrices is {float(stable['cond_pre_trim'].median()):.3g}.")
-    out.append(
-        f"spectrum: the top 5% of W_pre's singular values hold "
-        f"{100 * float(stable['top_energy_pre'].median()):.1f}% of its energy (median), "
-        f"against {100 * float(stable['top_energy_sum'].median()):.1f}% for the plain task-vector sum "
-        f"and {100 * float(stable['top_energy_final'].median()):.1f}% for ACE's output.")
-    if "cos_hooked" in stable and stable["cos_hooked"].notna().any():
-        out.append(
-            f"directions: against the closed form under the hooked input covariances (the solution W_pre estimates; "
-            f"{int(stable['cos_hooked'].notna().sum())} hookable matrices), W_pre's top directions sit at median "
-            f"cosine {float(stable['cos_hooked'].median()):.2f} and the task-vector sum's at "
-            f"{float(stable['cos_sum_hooked'].median()):.2f}.")
-    out.append(
-        f"directions: W_pre's top directions match W_fused's (the refinement's) at median cosine "
-        f"{float(stable['cos_fused'].median()):.2f}, the task-vector sum's at {float(stable['cos_sum'].median()):.2f} "
-        f"and single experts' at {float(stable['cos_experts'].median()):.2f} "
-        f"(chance {float(stable['cos_random'].median()):.2f}).")
-    if ablation is not None:
-        sc = ablation.table[ablation.table["variant"] == SCALED_LABEL]
-        if len(sc):
-            out.append("ablation: the scaling chosen on validation is " + ", ".join(
-                f"s = {r.scaling:g} in {r.suite}" for r in sc.itertuples())
-                + " (1 = ACE as published); s < 1 means ACE's merged update is larger than this world wants.")
-        same = ablation.table[ablation.table["same_as"] != ""]
-        if len(same):
-            out.append("ablation: switches that changed no weight: " + "; ".join(
-                f"{r.suite}: {r.variant} (= {r.same_as})" for r in same.itertuples()) + ".")
-    return out

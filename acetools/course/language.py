@@ -5,11 +5,9 @@ tasks) is the BERT/RoBERTa setting of ACE-Merging's language results. This modul
 lesson its tables and decides ACE's language claims:
 
 - :func:`task_table`: the tasks, their sources, classes, sizes and the experts' accuracies;
-- :func:`gamma_table` / :func:`gamma_by_type`: ACE's heterogeneity γ (Eq. 7) per matrix and per
-  layer type, beside two scale-free summaries of the same energies (the coefficient of
-  variation of ‖τ_t‖²_F and the standard deviation of its logarithm), because γ divides by
-  the squared mean log energy and so depends on the units of the weights;
-- :func:`stage_ablation`: ACE's stages where they run — with the gate as the code decides
+- :func:`verdict_gamma`: ACE's heterogeneity γ, (ACE.5) of docs/methods.md §ACE, which the lesson
+  computes itself per matrix with two scale-free views of the same energies beside it;
+- :func:`stage_ablation` (shown by :func:`stage_view`): ACE's stages where they run — with the gate as the code decides
   (``auto``), forced on every matrix (``on``: normalization, prior and refinement run
   everywhere, labelled as forced), and the forced path with one stage switched off;
 - :func:`benchmark_tables`: the committed per-seed tables and their mean over seeds;
@@ -22,7 +20,7 @@ The published anchor is RoBERTa-base on 8 GLUE tasks (:data:`ROBERTA_GLUE`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,8 +30,8 @@ import pandas as pd
 from ..errors import InputError
 from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
-__all__ = ["ROBERTA_GLUE", "ACE_SETTINGS", "task_table", "gamma_table", "gamma_by_type", "stage_ablation",
-           "benchmark_tables", "beside_anchor", "text_world_tables",
+__all__ = ["ROBERTA_GLUE", "ACE_SETTINGS", "task_table", "stage_ablation", "stage_view", "benchmark_tables",
+           "beside_anchor", "text_world_tables",
            "verdict_sota", "verdict_gamma", "verdict_stage", "verdict_spectrum"]
 
 #: RoBERTa-base on 8 GLUE tasks, normalized accuracy (ESM's table; WUDI's README agrees);
@@ -52,7 +50,7 @@ ACE_SETTINGS: dict[str, dict[str, Any]] = {
 
 def task_table(world) -> pd.DataFrame:
     """One row per task: source, classes, texts per class (train / val / test), the expert's
-    validation accuracy (from its sidecar) and the build's training time."""
+    validation accuracy (from its sidecar) and the build's training time: six columns."""
     from ..world.text.sources import SOURCES
 
     rows = []
@@ -63,41 +61,8 @@ def task_table(world) -> pd.DataFrame:
         rows.append({"task": t, "source": SOURCES[spec.source].doc, "classes": len(spec.classes),
                      "per class (train/val/test)": f"{spec.n_train}/{spec.n_val}/{spec.n_test}",
                      "expert val acc (%)": 100 * float(m.get("val_acc", math.nan)),
-                     "train (s)": m.get("seconds"), "train seq/s": m.get("train_seq_per_s")})
+                     "training (s)": m.get("seconds")})
     return pd.DataFrame(rows)
-
-
-def gamma_table(base: Mapping, experts: Sequence[Mapping], tau: float = 0.3) -> pd.DataFrame:
-    """γ per matrix (Eq. 7 of ACE-Merging, unbiased variance as in the code) with its gate flag,
-    and two scale-free views of the same energies e_t = ‖τ_t‖²_F: ``cv`` (sd/mean of e_t) and
-    ``log_sd`` (sd of log e_t). Multiplying every weight by c multiplies e_t by c², which
-    shifts log e_t by 2 log c: ``cv`` and ``log_sd`` do not move, γ does."""
-    from ..diagnostics import heterogeneity_per_layer
-    from ..merging import is_matrix_param, task_vectors
-    from ..merging.ace import task_energies
-
-    taus = task_vectors(base, experts)
-    keys = [k for k in base if is_matrix_param(k, base[k])]
-    df = heterogeneity_per_layer(taus, tau=tau, keys=keys)
-    cv, log_sd = [], []
-    for k in df["key"]:
-        e = task_energies([tv[k] for tv in taus]).double()
-        cv.append(float(e.std(unbiased=True) / e.mean()) if float(e.mean()) > 0 else math.nan)
-        log_sd.append(float(e.clamp_min(1e-300).log().std(unbiased=True)))
-    return df.assign(cv=cv, log_sd=log_sd)
-
-
-def gamma_by_type(gam: pd.DataFrame, tau: float = 0.3) -> pd.DataFrame:
-    """Per layer type: matrices, median γ, the share above τ_γ, median cv and log-sd."""
-    from ..keys import short_name
-
-    g = gam.groupby("layer_type", sort=False)
-    out = pd.DataFrame({"matrices": g.size(), "gamma (median)": g["gamma"].median(),
-                        f"gated (% with gamma > {tau:g})": 100 * g["flag"].mean(),
-                        "cv of energies (median)": g["cv"].median(),
-                        "sd of log energies (median)": g["log_sd"].median()})
-    out.index = [short_name(t) for t in out.index]
-    return out.rename_axis("layer type")
 
 
 #: The stage ablation's rows: (label, ACE hyperparameters) at each eps.
@@ -128,6 +93,13 @@ def stage_ablation(bench, eps: Sequence[float] = (1e-2, 2e-4, 1e-5), rows=STAGE_
                     "val_normalized": s["val_normalized"], "test_normalized": s["test_normalized"],
                     "test_acc": s["test_acc"], "merge_seconds": s["merge_seconds"]})
     return pd.DataFrame(out)
+
+
+def stage_view(abl: pd.DataFrame) -> pd.DataFrame:
+    """:func:`stage_ablation` in five plain columns (accuracies in %)."""
+    return abl[["eps", "setting", "val_normalized", "test_normalized", "test_acc"]].rename(columns={
+        "eps": "ε", "val_normalized": "validation, normalized (%)", "test_normalized": "test, normalized (%)",
+        "test_acc": "test accuracy (%)"})
 
 
 def benchmark_tables(folder: str | Path, suite: str = "text8") -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -251,7 +223,7 @@ def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:
 
 
 def room_by_task(folder: str | Path, suite: str = "text8",
-                 methods: Sequence[str] = ("task_arithmetic", "tsv_m", "iso_cts", "ace (eps 2e-4)")) -> pd.DataFrame:
+                 methods: Sequence[str] = ("task_arithmetic", "tsv_m", "ace (eps 2e-4)")) -> pd.DataFrame:
     """Where the room for structured merges lives: per task, the base and each of ``methods``
     (normalized test accuracy, mean over the committed seeds) and TSV-M minus task arithmetic,
     largest first. The room is the mean of the last column over tasks."""
@@ -311,7 +283,7 @@ def gamma_card_table(card_dir: str | Path, tau: float = 0.3) -> pd.DataFrame:
 
 def text_world_tables(results_dir: str | Path, builds_dir: str | Path, suite: str = "text8",
                       card_dir: str | Path | None = None) -> str:
-    """The README's text-world tables (markdown) from the committed files only: the benchmark
+    """docs/results.md's text-world tables (markdown) from the committed files only: the benchmark
     (mean ± sd over seeds, beside RoBERTa-GLUE), the targets of the text-world issue and, with
     ``card_dir`` (a committed regime card), ACE's γ per layer type."""
     import json

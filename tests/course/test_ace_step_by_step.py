@@ -1,8 +1,9 @@
-"""acetools.course.ace_step_by_step: the stage tables, the ablation runner and the claim verdicts of notebook 02."""
+"""acetools.course.ace_step_by_step: the tables, the ablation runner and the claim verdicts of notebook 02."""
 
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,9 +13,14 @@ import torch
 
 import acetools
 from acetools.course import ace_step_by_step as AC
-from acetools.diagnostics import subspace_similarity
+from acetools.diagnostics import heterogeneity_per_layer, subspace_similarity
 from acetools.merging import task_vectors
-from acetools.merging.ace import ace_matrix, ace_with_diagnostics, heterogeneity, structural_prior
+from acetools.merging.ace import (
+    ace_with_diagnostics,
+    estimate_covariance,
+    normalize_covariances,
+    structural_prior,
+)
 from tests.conftest import make_world
 
 BLOCK = "visual.transformer.resblocks.0."
@@ -37,121 +43,19 @@ def _hetero_world(seed=0):
     return base, out
 
 
-# --------------------------------------------------------------------------- gamma
-
-
-def test_gamma_table_matches_heterogeneity_per_key(world):
-    base, experts = world
-    taus = task_vectors(base, experts)
-    gt = AC.gamma_table(taus, tau=0.3)
-    # matrix keys only: 2-D and not text_projection
-    assert list(gt.key) == [k for k in base if base[k].ndim == 2 and "text_projection" not in k]
-    for _, row in gt.iterrows():
-        mats = [tv[row.key] for tv in taus]
-        assert row.gamma == pytest.approx(heterogeneity(mats), rel=1e-12)
-        assert row.flag == (row.gamma > 0.3)
-        assert row.below_vit == (row.gamma < 0.25)
-        ell = np.log([float(m.double().pow(2).sum()) + 1e-12 for m in mats])
-        assert row.log_energy_mean == pytest.approx(ell.mean())
-        assert row.log_energy_sd == pytest.approx(ell.std(ddof=1))
-        assert row.gamma == pytest.approx(row.log_energy_sd**2 / (row.log_energy_mean**2 + 1e-12), rel=1e-9)
-    assert gt.set_index("key").loc[BLOCK + "mlp.c_fc.weight", "layer_type"] == "mlp.c_fc.weight"
-    assert gt.set_index("key").loc[BLOCK + "mlp.c_fc.weight", "block"] == 0
-
-
-def test_gamma_table_flags_follow_tau():
-    taus = [{"a.weight": d} for d in _layer(scales=[0.1, 1.0, 10.0, 3.0])]
-    g = heterogeneity([tv["a.weight"] for tv in taus])
-    assert AC.gamma_table(taus, tau=g * 0.9).flag.item()
-    assert not AC.gamma_table(taus, tau=g * 1.1).flag.item()
+# --------------------------------------------------------------------------- tables
 
 
 def test_gamma_by_type_counts(world):
-    taus = task_vectors(*world)
-    gt = AC.gamma_table(taus, tau=0.0)  # everything with gamma > 0 is flagged
-    bt = AC.gamma_by_type(gt)
-    assert bt["layers"].sum() == len(gt)
-    assert bt.loc["mlp.c_fc.weight", "layers"] == 1
-    assert bt["flagged"].sum() == int((gt.gamma > 0).sum())
-    assert (bt["gamma_min"] <= bt["gamma_median"]).all() and (bt["gamma_median"] <= bt["gamma_max"]).all()
-
-
-def test_gamma_scaling_is_not_scale_invariant():
-    dWs = _layer(scales=[0.5, 1.0, 2.0, 1.5])
-    df = AC.gamma_scaling(dWs, [0.01, 1.0, 100.0])
-    assert df.gamma[1] == pytest.approx(heterogeneity(dWs))
-    # the mean log-energy moves by 2 log c, the spread does not
-    assert df.log_energy_mean[2] - df.log_energy_mean[1] == pytest.approx(2 * math.log(100.0))
-    sd = math.sqrt(df.gamma[1] * (df.log_energy_mean[1] ** 2 + 1e-12))
-    for i in (0, 2):
-        assert math.sqrt(df.gamma[i] * (df.log_energy_mean[i] ** 2 + 1e-12)) == pytest.approx(sd, rel=1e-6)
-    assert len(set(np.round(df.gamma, 12))) == 3
-
-
-# --------------------------------------------------------------------------- one layer
-
-
-@pytest.mark.parametrize("switches", [{}, {"gate": "on"}, {"gate": "off"}, {"prior": False}, {"refine": False},
-                                      {"numerator": "raw"}, {"gate": "on", "trace_norm": False}])
-@pytest.mark.parametrize("shape", [(12, 6), (6, 12)])
-def test_layer_stages_compose_to_ace_matrix(switches, shape):
-    dWs = _layer(shape=shape, scales=[0.2, 1.0, 4.0, 0.7])
-    st = AC.layer_stages(dWs, eps=1e-2, k_frac=0.3, **switches)
-    W, diag = ace_matrix(dWs, eps=1e-2, k_frac=0.3, **switches)
-    torch.testing.assert_close(st.W, W, rtol=1e-9, atol=1e-12)
-    assert st.flag == diag.flag and st.gamma == pytest.approx(diag.gamma)
-    assert st.refined_by_ace == diag.refined and st.k == int(0.3 * min(shape))
-
-
-def test_layer_stages_intermediates():
-    dWs = _layer(scales=[0.2, 1.0, 4.0, 0.7])
-    st = AC.layer_stages(dWs, gate="on")
-    assert st.flag and st.refined_by_ace
-    # refinement at ACE's k is ACE's output; k = 0 is W_pre
-    torch.testing.assert_close(st.refined(st.k), st.W)
-    torch.testing.assert_close(st.refined(0), st.W_pre)
-    with pytest.raises(ValueError):
-        st.refined(st.rank + 1)
-    # the centred numerator makes every column of W_pre sum to zero
-    assert float(st.W_pre.sum(0).abs().max()) < 1e-10
-    # W_fused = U S Vh reproduces the refinement's input
-    res = sum(d @ S for d, S in zip(st.delta_W, st.covs.Sigma_tilde)) - sum(st.delta_W) @ st.covs.mean_reg()
-    torch.testing.assert_close(st.W_fused, st.W_pre + res)
-    torch.testing.assert_close(st.task_sum, sum(st.delta_W))
-    # normalised: every task weighs 1/T; raw shares follow the traces
-    w = st.task_weights(["a", "b", "c", "d"])
-    np.testing.assert_allclose(w.share_used, 0.25)
-    tr = np.array([float(torch.linalg.matrix_norm(d - d.mean(0)) ** 2) for d in dWs])
-    np.testing.assert_allclose(w.share_raw, tr / tr.sum(), rtol=1e-9)
-    prof = st.prior_profile()
-    np.testing.assert_allclose(prof.prior, st.C_agg[0].numpy())
-    assert prof.ridge.nunique() == 1 and prof.ridge[0] == pytest.approx(float(st.covs.ridge.sum()))
-    spec = st.spectra()
-    assert set(spec) == {"W_pre (closed form)", "W_fused = W_pre + Δ_res", "W (ACE's output)", "sum_t ΔW_t"}
-    rs = st.refined_spectra([1, st.k])
-    np.testing.assert_allclose(rs[st.k], spec["W (ACE's output)"], rtol=1e-9)
-
-
-def test_layer_stages_unnormalised_weights_follow_traces():
-    dWs = _layer(scales=[0.2, 1.0, 4.0, 0.7])
-    st = AC.layer_stages(dWs, gate="off")
-    w = st.task_weights()
-    np.testing.assert_allclose(w.share_used, w.share_raw)
-    assert w.share_used.max() > 0.5  # the big task dominates without normalisation
-    assert not st.refined_by_ace and torch.equal(st.W, st.W_pre)
-    assert AC.layer_stages(dWs, prior=False).prior_profile().prior.abs().max() == 0
-    torch.testing.assert_close(AC.layer_stages(dWs, gate="off").C_agg, structural_prior(st.covs.Sigma_tilde))
-
-
-def test_pick_layer():
-    gt = pd.DataFrame({"key": ["a", "b", "c"], "gamma": [0.1, 3.0, 0.2]})
-    assert AC.pick_layer(gt) == "b"
-    assert AC.pick_layer(gt, "c") == "c"
-    with pytest.raises(KeyError):
-        AC.pick_layer(gt, "zzz")
-
-
-# --------------------------------------------------------------------------- directions
+    base, experts = world
+    gt = heterogeneity_per_layer(task_vectors(base, experts), tau=0.0)  # everything with gamma > 0 is flagged
+    bt = AC.gamma_by_type(gt, tau=0.0)
+    assert bt["matrices"].sum() == len(gt) and bt.shape[1] <= 6
+    assert bt["flagged (γ > 0)"].sum() == int((gt.gamma > 0).sum())
+    c_fc = bt.loc["c_fc"]
+    rows = gt[gt.layer_type == "mlp.c_fc.weight"].gamma
+    assert c_fc["median γ"] == pytest.approx(rows.median()) and c_fc["largest γ"] == pytest.approx(rows.max())
+    assert AC.gamma_by_type(gt, tau=1e9)["flagged (γ > 1e+09)"].sum() == 0
 
 
 def test_direction_cosine_matches_subspace_similarity():
@@ -172,64 +76,81 @@ def test_random_subspace_cosine_chance_level():
     assert AC.random_subspace_cosine(64, 16) > c
 
 
-def test_stage_table_on_a_world():
+@pytest.mark.parametrize("gate", ["on", "off"])
+def test_ridge_over_prior_reads_the_librarys_prior(gate):
+    """ridge_over_prior = sum_t ridge_t / ‖c‖₂, with c the prior (ACE.9) the library built."""
+    dWs = _layer(T=3, shape=(9, 6), scales=[0.5, 1.0, 4.0])
+    taus = [{"w.weight": d} for d in dWs]
+    base = {"w.weight": torch.zeros(9, 6, dtype=torch.float64)}
+    W, W_pre, diags = _tables(taus, base, gate=gate)
+    covs = normalize_covariances([estimate_covariance(d) for d in dWs], normalize=gate == "on")
+    e = float(np.mean([float(d.pow(2).sum()) for d in dWs]))
+    C = structural_prior(covs.Sigma_tilde, energy=e if gate == "on" else None)
+    row = AC.layer_table(taus, W_pre, W, diags).iloc[0]
+    assert row.ridge_over_prior == pytest.approx(float(covs.ridge.sum()) / float(C[0].norm()), rel=1e-9)
+    W, W_pre, diags = _tables(taus, base, gate=gate, prior=False)
+    assert AC.layer_table(taus, W_pre, W, diags).ridge_over_prior.item() == math.inf  # no prior: the ridge alone
+
+
+def _tables(taus, base, **hp):
+    W, diags = ace_with_diagnostics(base, taus, **hp)
+    W_pre, _ = ace_with_diagnostics(base, taus, refine=False, **hp)
+    return W, W_pre, diags
+
+
+def test_layer_table_on_a_world():
     base, experts = _hetero_world()
     taus = task_vectors(base, experts)
-    ref, diags = ace_with_diagnostics(base, taus, eps=1e-2)
-    st = AC.stage_table(taus, reference=ref, eps=1e-2)
-    assert list(st.key) == list(diags)
-    for _, row in st.iterrows():  # the two solve routes differ by the forward error of a stable solve
-        ls = AC.layer_stages([tv[row.key] for tv in taus], eps=1e-2, name=row.key)
-        A = ls.covs.sum_reg() + (ls.C_agg if ls.C_agg is not None else 0.0)
-        tol = A.shape[0] * torch.finfo(torch.float64).eps * float(torch.linalg.cond(A)) * float(ls.W.abs().max())
-        assert row.ref_err <= tol, (row.key, row.ref_err, tol)
-    assert st.flag.any()
+    W, W_pre, diags = _tables(taus, base, eps=1e-2)
+    st = AC.layer_table(taus, W_pre, W, diags)
+    assert list(st.key) == list(diags) and st.flag.any() and not st.flag.all()
     for _, row in st.iterrows():
-        assert row.flag == diags[row.key].flag and row.k == int(0.3 * min(row["shape"]))
+        assert row.flag == diags[row.key].flag and row.gamma == diags[row.key].gamma
         assert 0.0 < row.top_energy_pre <= 1.0 and 0.0 < row.cos_random < 1.0 and 0.0 <= row.cos_sum <= 1.0
         if row["shape"][0] <= row["shape"][1]:  # centred numerator: one structural zero singular value
             assert row.cond_pre > 1e8 * row.cond_pre_trim
         else:
             assert row.cond_pre == pytest.approx(row.cond_pre_trim)
-        assert row.share_max >= 1 / 4
-    # unflagged layers keep W_pre: the final spectrum is W_pre's
-    same = st[~st.refined]
+        d = diags[row.key]
+        assert row.ridge_over_prior == pytest.approx(sum(d.ridge) / d.prior_norm)
+        assert math.isnan(row.cos_hooked)  # no hooked covariances given
+    same = st[~st.flag]  # unflagged layers keep W_pre: the final spectrum is W_pre's
     np.testing.assert_allclose(same.top_energy_final, same.top_energy_pre)
+    refined = st[st.flag]
+    assert (refined.top_energy_final != refined.top_energy_pre).all()
+    assert AC.ridge_over_prior(st) == pytest.approx(float(st.ridge_over_prior.median()))
+    views = AC.spectrum_view(st), AC.direction_view(st)
+    for v in views:  # a student's table: at most six plain columns, no code identifiers
+        assert v.shape[1] <= 6 and not any(re.fullmatch(r"[a-z]+(_[a-z]+)+", c) for c in v.columns), list(v.columns)
 
 
-def test_stage_table_direction_cosine_is_one_for_shared_directions():
+def test_layer_table_direction_cosine_is_one_for_shared_directions():
     # every task vector is the same rank-2 matrix times a task scale: W_pre, the sum and the
     # experts share their principal directions
     g = torch.Generator().manual_seed(1)
     M = torch.randn(20, 2, generator=g, dtype=torch.float64) @ torch.randn(2, 20, generator=g, dtype=torch.float64)
     M = M - M.mean(0)  # centred rows: the estimator sees M itself
     taus = [{"w.weight": c * M} for c in (0.5, 1.0, 2.0)]
-    st = AC.stage_table(taus, top_frac=0.1)
+    base = {"w.weight": torch.zeros(20, 20, dtype=torch.float64)}
+    W, W_pre, diags = _tables(taus, base)
+    st = AC.layer_table(taus, W_pre, W, diags, top_frac=0.1)
     assert st.k_dir.item() == 2
     assert st.cos_sum.item() == pytest.approx(1.0, abs=1e-6)
     assert st.cos_experts.item() == pytest.approx(1.0, abs=1e-6)
     assert st.top_energy_pre.item() == pytest.approx(1.0, abs=1e-6)
 
 
-def test_hooked_closed_form_is_the_given_covariance_solve():
-    dWs = _layer(T=3, shape=(7, 5), scales=[0.5, 1.0, 2.0], seed=3)
-    g = torch.Generator().manual_seed(4)
-    X = [torch.randn(40, 5, generator=g, dtype=torch.float64) * torch.tensor([3.0, 1.0, 0.2, 0.2, 0.1]) for _ in dWs]
-    Sig = [x.T @ x for x in X]
-    eps = 1e-2
-    I5 = torch.eye(5, dtype=torch.float64)
-    brute = sum(d @ (S + eps * I5) for d, S in zip(dWs, Sig)) @ torch.linalg.inv(sum(S + eps * I5 for S in Sig))
-    torch.testing.assert_close(AC.hooked_closed_form(dWs, Sig, eps=eps), brute, rtol=1e-9, atol=1e-12)
-
-
-def test_stage_table_cos_hooked():
+def test_layer_table_cos_hooked():
     base, experts = _hetero_world()
     taus = task_vectors(base, experts)
-    keys = AC.matrix_keys(taus)
+    W, W_pre, diags = _tables(taus, base)
+    keys = list(diags)
     hooked, unhooked = keys[0], keys[1]
-    # identity covariances: the closed form is the task-vector mean, so cos_hooked = cos_sum exactly
+    # identity covariances: the closed form (ACE.1) is the task-vector mean, so cos_hooked = cos_sum exactly
     eye = [{hooked: torch.eye(taus[0][hooked].shape[1], dtype=torch.float64)} for _ in taus]
-    st = AC.stage_table(taus, keys[:2], covariances=eye).set_index("key")
+    given, _ = ace_with_diagnostics(base, taus, is_matrix=lambda k, t: k == hooked, estimator="given",
+                                    covariances=eye)
+    st = AC.layer_table(taus, W_pre, W, diags, hooked={hooked: given[hooked]}).set_index("key")
     assert st.loc[hooked, "cos_hooked"] == pytest.approx(st.loc[hooked, "cos_sum"], abs=1e-9)
     assert st.loc[hooked, "cos_sum_hooked"] == pytest.approx(1.0, abs=1e-9)
     assert math.isnan(st.loc[unhooked, "cos_hooked"]) and math.isnan(st.loc[unhooked, "cos_sum_hooked"])
@@ -240,12 +161,26 @@ def test_stage_table_cos_hooked():
         w = torch.full((d_in,), 1e-3, dtype=torch.float64)
         w[t % d_in] = 1.0
         aniso.append({hooked: torch.diag(w)})
-    st2 = AC.stage_table(taus, [hooked], covariances=aniso)
+    given2, _ = ace_with_diagnostics(base, taus, is_matrix=lambda k, t: k == hooked, estimator="given",
+                                     covariances=aniso)
+    st2 = AC.layer_table(taus, W_pre, W, {hooked: diags[hooked]}, hooked={hooked: given2[hooked]})
     assert st2.cos_sum_hooked.item() < 0.99
     assert st2.cos_hooked.item() != pytest.approx(st2.cos_sum.item(), abs=1e-3)
-    assert AC.stage_table(taus, [hooked]).cos_hooked.isna().all()  # no covariances: NaN
-    with pytest.raises(ValueError, match="one {key: Sigma_t} dict per task"):
-        AC.stage_table(taus, [hooked], covariances=aniso[:2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_layer_table_follows_the_tensors_device():
+    """Notebook 02 keeps its tensors on the GPU: the table runs there and agrees with the CPU's."""
+    base, experts = _hetero_world()
+    taus = task_vectors(base, experts)
+    W, W_pre, diags = _tables(taus, base)
+    on_cpu = AC.layer_table(taus, W_pre, W, diags)
+    gpu_taus = [{k: v.cuda() for k, v in tv.items()} for tv in taus]
+    Wg, Wpg, dg = _tables(gpu_taus, {k: v.cuda() for k, v in base.items()})
+    assert all(w.is_cuda for w in Wg.values())
+    on_gpu = AC.layer_table(gpu_taus, Wpg, Wg, dg)
+    for c in ("top_energy_pre", "cond_pre_trim", "cos_sum", "cos_experts", "ridge_over_prior"):
+        np.testing.assert_allclose(on_gpu[c], on_cpu[c], rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- ablation
@@ -299,7 +234,7 @@ def test_run_ablation_passes_the_switches_through():
 
 def test_run_ablation_reuses_identical_merges_and_adds_the_scaled_row():
     base, experts = make_world(scale=1e-3, dtype=torch.float64)  # energies far below 1: gamma low, nothing flagged
-    assert not AC.gamma_table(task_vectors(base, experts)).flag.any()
+    assert not heterogeneity_per_layer(task_vectors(base, experts)).flag.any()
     bench = StubBench(base, experts)
     ab = AC.run_ablation(bench, hparams={"eps": 0.02}, suite="mine")
     t = ab.table.set_index("variant")
@@ -353,7 +288,7 @@ def test_verdicts_pass_the_papers_own_numbers():
     assert AC.verdict_gamma(pd.DataFrame({"gamma": [0.2] * 10})).verdict == "reproduced"
     paper = pd.DataFrame({"top_energy_pre": [0.99, 0.995], "cond_pre": [9e5, 1e6], "cond_pre_trim": [9e5, 1e6]})
     assert AC.verdict_spectrum(paper).verdict == "reproduced"
-    d = pd.DataFrame({"cos_sum": [1.0, 0.99], "cos_fused": [1.0, 1.0], "cos_experts": [0.5, 0.6],
+    d = pd.DataFrame({"cos_sum": [1.0, 0.99], "cos_experts": [0.5, 0.6],
                       "cos_random": [0.1, 0.1]})
     assert AC.verdict_direction(d).verdict == "reproduced"
     paper = d.assign(cos_hooked=[1.0, 0.99], cos_sum_hooked=[0.9, 0.9])
@@ -426,7 +361,7 @@ def test_verdict_spectrum_and_direction():
     v, nums = r.verdict, r.numbers
     assert v == "partly" and nums["median_cond_raw"] == 1e16
     assert AC.verdict_spectrum(t2.assign(top_energy_pre=[0.5, 0.6])).verdict == "not reproduced"
-    d = pd.DataFrame({"cos_sum": [0.95, 0.92], "cos_fused": [1.0, 1.0], "cos_experts": [0.5, 0.6],
+    d = pd.DataFrame({"cos_sum": [0.95, 0.92], "cos_experts": [0.5, 0.6],
                       "cos_random": [0.1, 0.1]})
     assert AC.verdict_direction(d).verdict == "reproduced"
     assert AC.verdict_direction(d.assign(cos_sum=[0.6, 0.7])).verdict == "partly"
@@ -435,7 +370,7 @@ def test_verdict_spectrum_and_direction():
 
 
 def test_verdict_direction_decides_on_the_hooked_reference():
-    d = pd.DataFrame({"cos_sum": [0.95, 0.92, 0.97], "cos_fused": [1.0, 1.0, 1.0], "cos_experts": [0.5, 0.6, 0.5],
+    d = pd.DataFrame({"cos_sum": [0.95, 0.92, 0.97], "cos_experts": [0.5, 0.6, 0.5],
                       "cos_random": [0.1, 0.1, 0.1], "cos_hooked": [0.3, 0.2, math.nan],
                       "cos_sum_hooked": [0.4, 0.5, math.nan]})
     r = AC.verdict_direction(d)  # aligned with the task sum, not with the solution W_pre estimates
@@ -451,28 +386,6 @@ def test_verdict_direction_decides_on_the_hooked_reference():
     assert r.verdict == "reproduced" and r.numbers["decided_on"] == "cos_sum" and "no hooked" in r.reason
 
 
-def test_diagnose_reports_from_the_tables():
-    base, experts = _hetero_world()
-    taus = task_vectors(base, experts)
-    gt, st = AC.gamma_table(taus), AC.stage_table(taus)
-    ab = AC.Ablation(pd.DataFrame([{"suite": "s", "variant": AC.GATE_OFF, "same_as": AC.FULL, "scaling": 1.0},
-                                   {"suite": "s", "variant": AC.NO_PRIOR, "same_as": "", "scaling": 1.0},
-                                   {"suite": "s", "variant": AC.SCALED_LABEL, "same_as": "", "scaling": 0.7}]),
-                     pd.DataFrame())
-    lines = AC.diagnose(gt, st, ab)
-    assert not any("hooked" in ln for ln in lines)  # no covariances: no hooked sentence
-    hooked = st.assign(cos_hooked=[0.4] + [math.nan] * (len(st) - 1), cos_sum_hooked=0.8)
-    line = next(ln for ln in AC.diagnose(gt, hooked, ab) if "hooked" in ln)
-    assert "1 hookable matrices" in line and "median cosine 0.40" in line
-    assert "s = 0.7 in s" in lines[-2]
-    assert lines[0].startswith(f"gamma: {int(gt.flag.sum())} of {len(gt)} matrices are flagged")
-    n_wide = sum(s[0] <= s[1] for s in st["shape"])
-    assert any(line.startswith(f"spectrum: {n_wide} of {len(st)} matrices have d_out <= d_in") for line in lines)
-    assert lines[-1] == f"ablation: switches that changed no weight: s: {AC.GATE_OFF} (= {AC.FULL})."
-    calm = AC.diagnose(gt.assign(flag=False), st)
-    assert calm[0].startswith("gamma: no matrix is flagged") and not calm[-1].startswith("ablation")
-
-
 def test_claim_verdicts_at_the_papers_eps_with_the_default_beside():
     from acetools.course.verdicts import World
 
@@ -486,7 +399,7 @@ def test_claim_verdicts_at_the_papers_eps_with_the_default_beside():
     assert set(side.table["variant"]) == {AC.FULL, AC.NO_PRIOR} and len(main.table) == 6
     gt = pd.DataFrame({"gamma": [0.1] * 10, "flag": [False] * 10})
     st = pd.DataFrame({"top_energy_pre": [0.8], "cond_pre": [1e3], "cond_pre_trim": [1e2], "cos_sum": [0.9],
-                       "cos_fused": [1.0], "cos_experts": [0.5], "cos_random": [0.1]})
+                       "cos_experts": [0.5], "cos_random": [0.1], "ridge_over_prior": [0.2]})
     v = AC.claim_verdicts(gt, st, main, {"s8": 0.0}, world=World("w", "full", {8: 4.0}), n_tasks={"s8": 8},
                           eps=1e-5, beside={"eps": 0.01, "stable": st, "ablation": side})
     assert v["ace.csp"].verdict == "reproduced" and "eps 1e-05, the paper's ViT setting" in v["ace.csp"].reason

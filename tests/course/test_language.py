@@ -7,6 +7,9 @@ import pytest
 import torch
 
 from acetools.course import language as lesson
+from acetools.course.ace_step_by_step import gamma_by_type
+from acetools.diagnostics import heterogeneity_per_layer
+from acetools.merging import task_vectors
 
 
 def _per_seed(values: dict[str, list[float]]) -> pd.DataFrame:
@@ -33,21 +36,32 @@ def test_sota_rule_partly_and_not():
     assert lesson.verdict_sota(per_seed).verdict == "not reproduced"
 
 
-def test_gamma_scale_free_views_do_not_move_when_the_weights_are_scaled():
+def test_gamma_by_type_names_bert_layers_and_gamma_depends_on_the_units():
+    """The lesson's one gamma table (acetools.diagnostics.heterogeneity_per_layer, summarised by
+    acetools.course.ace_step_by_step.gamma_by_type) on BERT keys; scaling every weight moves gamma."""
     g = torch.Generator().manual_seed(0)
     base = {"encoder.layer.0.attention.self.query.weight": torch.randn(8, 8, generator=g),
             "encoder.layer.0.output.dense.weight": torch.randn(8, 16, generator=g)}
     experts = [{k: v + s * 0.01 * torch.randn(v.shape, generator=g) for k, v in base.items()} for s in (1, 2, 4)]
-    a = lesson.gamma_table(base, experts)
+    a = heterogeneity_per_layer(task_vectors(base, experts))
     c = 100.0
-    scaled = lesson.gamma_table({k: c * v for k, v in base.items()},
-                                [{k: c * v for k, v in e.items()} for e in experts])
-    assert a["cv"].to_numpy() == pytest.approx(scaled["cv"].to_numpy(), rel=1e-4)
-    assert a["log_sd"].to_numpy() == pytest.approx(scaled["log_sd"].to_numpy(), rel=1e-4)
+    scaled = heterogeneity_per_layer(task_vectors({k: c * v for k, v in base.items()},
+                                                  [{k: c * v for k, v in e.items()} for e in experts]))
     assert not a["gamma"].to_numpy() == pytest.approx(scaled["gamma"].to_numpy(), rel=1e-2), \
         "gamma depends on the units"
-    by_type = lesson.gamma_by_type(a)
-    assert list(by_type.index) == ["query", "ffn_out"]
+    assert a["energy_max"].to_numpy() / a["energy_min"].to_numpy() == pytest.approx(
+        scaled["energy_max"].to_numpy() / scaled["energy_min"].to_numpy(), rel=1e-4)  # the spread does not
+    by_type = gamma_by_type(a)
+    assert list(by_type.index) == ["query", "ffn_out"] and by_type.shape[1] <= 6
+
+
+def test_stage_view_is_five_plain_columns():
+    abl = pd.DataFrame([{"eps": 1e-2, "setting": "gate on (forced)", "gate": "on", "val_normalized": 80.0,
+                         "test_normalized": 79.0, "test_acc": 70.0, "merge_seconds": 1.0}])
+    v = lesson.stage_view(abl)
+    assert list(v.columns) == ["ε", "setting", "validation, normalized (%)", "test, normalized (%)",
+                               "test accuracy (%)"]
+    assert v.iloc[0].tolist() == [1e-2, "gate on (forced)", 80.0, 79.0, 70.0]
 
 
 def test_gamma_rule():

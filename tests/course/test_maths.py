@@ -57,7 +57,9 @@ def _render(tmp_path, cells, name="page") -> Path:
     nb = nbformat.v4.new_notebook(cells=cells, metadata=nbformat.read(str(NOTEBOOKS[0]), as_version=4).metadata)
     path = tmp_path / f"{name}.ipynb"
     nbformat.write(nb, str(path))
-    return R.render_html(path)
+    from acetools.notebooks import render_html
+
+    return render_html(path)
 
 
 @pytest.mark.skipif(R.mathjax_url() is None, reason="needs a local MathJax (scripts/setup.sh installs libjs-mathjax)")

@@ -1,8 +1,9 @@
 """Figures of notebook 02 (ACE-Merging step by step): pure functions ``(ax, data, ...) -> ax``.
 
-Inputs are the tables of :mod:`acetools.course.ace_step_by_step` (``gamma_table``, ``stage_table``,
-``LayerStages.task_weights`` / ``prior_profile`` / ``spectra``, ``Ablation.table``); no
-function creates, saves or shows a figure.
+Inputs are :func:`acetools.diagnostics.heterogeneity_per_layer`, the tables of
+:mod:`acetools.course.ace_step_by_step` (``layer_table``, ``Ablation.table``, ``eps_sweep``) and
+small frames the lesson builds from its own tensors; no function creates, saves or shows a
+figure. Text is at least 10 pt, legible on a 1280 px page.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 from ...errors import InputKeyError
 from ...keys import short_label as _short_label
 from ...keys import short_name
-from ...plotting._core import finish
+from ...plotting import finish
 
 __all__ = ["short_label", "gamma_strip", "gamma_scaling", "task_weights", "prior_profile", "spectra",
            "refined_spectrum", "layer_metrics", "ablation_bars", "eps_units"]
@@ -35,9 +36,8 @@ def _wants_log(values, ratio: float = 100.0) -> bool:
 def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | None = None, title: str | None = None):
     """gamma of every matrix (one point each), one column per layer type, against the paper's
     lines: ViT gamma < ``vit`` and ACE's gate tau = ``tau`` (RoBERTa: gamma > tau). Flagged
-    layers (gamma > tau) in red. ``table``: :func:`acetools.course.ace_step_by_step.gamma_table`.
-    ``logy=None``: log scale when gamma spans more than two decades. Also takes
-    :func:`acetools.diagnostics.heterogeneity_per_layer` directly."""
+    layers (gamma > tau) in red. ``table``: :func:`acetools.diagnostics.heterogeneity_per_layer`.
+    ``logy=None``: log scale when gamma spans more than two decades."""
     missing = [c for c in ("layer_type", "gamma") if c not in table.columns]
     if missing:
         raise InputKeyError(f"gamma_strip: the table has no column {missing[0]!r} (columns: {list(table.columns)}); "
@@ -65,8 +65,8 @@ def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | 
 
 
 def gamma_scaling(ax, df, *, tau: float = 0.3, title: str | None = None):
-    """gamma of c·ΔW_t against the scale c (log-log), from
-    :func:`acetools.course.ace_step_by_step.gamma_scaling`; the gate line tau and the actual weights (c = 1)."""
+    """gamma of c·ΔW_t against the scale c (log-log), ``df`` with columns scale and gamma; the
+    gate line tau and the actual weights (c = 1)."""
     d = df.sort_values("scale")
     ax.plot(d["scale"], d["gamma"], marker="o", ms=3, label="gamma(c·ΔW)")
     ax.axhline(tau, color="k", ls=":", lw=1, label=f"gate tau = {tau}")
@@ -81,7 +81,7 @@ def gamma_scaling(ax, df, *, tau: float = 0.3, title: str | None = None):
 
 def task_weights(ax, weights, *, title: str | None = None):
     """Each task's share of sum_t Sigma_tilde,t before (tr_t / sum tr) and after ACE's
-    normalisation (:meth:`acetools.course.ace_step_by_step.LayerStages.task_weights`); line at 1/T."""
+    normalisation (``weights``: columns task, share_raw, share_used); line at 1/T."""
     n = len(weights)
     pos = np.arange(n)
     ax.bar(pos - 0.2, weights["share_raw"], width=0.4, label=r"raw: $\mathrm{tr}_t / \sum_s \mathrm{tr}_s$")
@@ -89,15 +89,15 @@ def task_weights(ax, weights, *, title: str | None = None):
     ax.axhline(1.0 / n, color="k", ls=":", lw=1, label="$1/T$")
     ax.set_xticks(pos, list(weights["task"]), rotation=45, ha="right")
     ax.set_ylabel("share of the summed covariance")
-    ax.legend(fontsize=9, framealpha=0.9)
+    ax.legend(fontsize=10, framealpha=0.9)
     return finish(ax, title)
 
 
 def prior_profile(ax, profile, *, title: str | None = None):
     """The structural prior's column profile |c_j| (markers: positive / negative c_j) against
     the diagonal of sum_t Sigma_tilde,t and the isotropic ridge sum_t eps_t, on a log scale,
-    columns sorted by the covariance diagonal (descending). ``profile``:
-    :meth:`acetools.course.ace_step_by_step.LayerStages.prior_profile`."""
+    columns sorted by the covariance diagonal (descending). ``profile``: columns column, prior
+    (c_j), cov_diag and ridge."""
     p = profile.sort_values("cov_diag", ascending=False).reset_index(drop=True)
     j = np.arange(len(p))
     c = p["prior"].to_numpy(dtype=float)
@@ -110,7 +110,7 @@ def prior_profile(ax, profile, *, title: str | None = None):
     ax.set_xlabel("input column j (sorted by covariance diagonal)")
     ax.set_ylabel("value (log)")
     # a readable legend off the data: below the axes
-    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2, frameon=False)
+    ax.legend(fontsize=10, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2, frameon=False)
     return finish(ax, title)
 
 
@@ -136,8 +136,7 @@ def spectra(ax, spectra: Mapping[str, Sequence[float]], *, top_frac: float | Non
 def refined_spectrum(ax, pre: Sequence[float], refined: Mapping[int, Sequence[float]], k: int, *,
                      k_ace: int | None = None, logy: bool = True):
     """The rank slider's view: the spectrum of W_pre and of W_pre + sigma_iso(k) U_k V_kᵀ for
-    the chosen ``k`` (``refined``: k -> singular values, from
-    :meth:`acetools.course.ace_step_by_step.LayerStages.refined_spectra`); ``k_ace`` marks ACE's own k."""
+    the chosen ``k`` (``refined``: k -> singular values); ``k_ace`` marks ACE's own k."""
     k = int(k)
     if k not in refined:
         raise InputKeyError(
@@ -154,13 +153,13 @@ def refined_spectrum(ax, pre: Sequence[float], refined: Mapping[int, Sequence[fl
     ax.set_xlabel("index i")
     ax.set_ylabel("singular value")
     ax.set_title(f"spectral refinement at rank k = {k}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=10)
     return ax
 
 
 def layer_metrics(ax, table, columns: Mapping[str, str] | Sequence[str], *, hlines: Mapping[str, float] | None = None,
                   logy: bool = False, ylabel: str | None = None, title: str | None = None):
-    """One marker line per column of a per-layer table (``stage_table``), layers on the x axis
+    """One marker line per column of a per-layer table (``layer_table``), layers on the x axis
     (:func:`short_label`); ``columns``: column names or {column: legend label};
     ``hlines``: {label: y} reference lines (e.g. the paper's numbers)."""
     cols = dict(columns) if isinstance(columns, Mapping) else {c: c for c in columns}
@@ -169,12 +168,12 @@ def layer_metrics(ax, table, columns: Mapping[str, str] | Sequence[str], *, hlin
         ax.plot(x, table[c].to_numpy(dtype=float), marker="o", ms=4, lw=1, label=label, color=f"C{i}")
     for j, (label, y) in enumerate((hlines or {}).items()):
         ax.axhline(y, color="k", ls=[":", "--", "-."][j % 3], lw=1, label=label)
-    ax.set_xticks(x, [short_label(k) for k in table["key"]], rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(x, [short_label(k) for k in table["key"]], rotation=60, ha="right", fontsize=10)
     if logy:
         ax.set_yscale("log")
     if ylabel:
         ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return finish(ax, title)
 
 
@@ -205,7 +204,7 @@ def ablation_bars(ax, table, *, column: str = "test_normalized", reference: str 
     ax.set_xlabel(
         {"test_normalized": "normalized test accuracy (%)", "test_acc": "test accuracy (%)"}.get(column, column)
     )
-    ax.legend(fontsize=7, title="suite (band: full ACE ± noise)", title_fontsize=7)
+    ax.legend(fontsize=10, title="suite (band: full ACE ± noise)", title_fontsize=10)
     return finish(ax, title)
 
 
@@ -226,5 +225,5 @@ def eps_units(ax, table, *, paper_eps: float | None = 1e-5, default_eps: float |
     ax.set_xscale("log")
     ax.set_xlabel(r"ridge / mean eigenvalue of the covariance, $\rho = \varepsilon\, d_{\mathrm{in}} / \mathrm{tr}_t$")
     ax.set_ylabel("normalized test accuracy (%)")
-    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    ax.legend(fontsize=10, loc="best", framealpha=0.9)
     return finish(ax, title)

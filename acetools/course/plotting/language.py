@@ -22,7 +22,7 @@ def stage_bars(ax, abl: pd.DataFrame, *, title: str | None = None):
     ax.set_ylabel("test accuracy (% normalized)")
     lo = float(np.nanmin(abl["test_normalized"]))
     ax.set_ylim(max(0.0, lo - 10), None)
-    ax.legend(fontsize=9, loc="lower left", frameon=True)
+    ax.legend(fontsize=10, loc="lower left", frameon=True)
     ax.set_title(title or "ACE's stages on the text world")
     return ax
 
@@ -36,6 +36,6 @@ def anchor_bars(ax, beside: pd.DataFrame, *, title: str | None = None):
     ax.bar(x + 0.2, df["RoBERTa-base GLUE"], width=0.4, label="RoBERTa-base GLUE (papers)")
     ax.set_xticks(x, df["method"], rotation=25, ha="right")
     ax.set_ylabel("test accuracy (% normalized)")
-    ax.legend(fontsize=9, loc="upper left", frameon=True)
+    ax.legend(fontsize=10, loc="upper left", frameon=True)
     ax.set_title(title or "the text world beside RoBERTa-base on GLUE")
     return ax

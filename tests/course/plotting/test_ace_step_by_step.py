@@ -3,6 +3,8 @@ rank slider redraws with the new k."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -16,6 +18,8 @@ from matplotlib.collections import PathCollection
 
 from acetools.course import ace_step_by_step as AC
 from acetools.course.plotting import ace_step_by_step as P
+from acetools.diagnostics import heterogeneity_per_layer
+from acetools.merging import ace as A
 from acetools.merging import task_vectors
 from tests.conftest import make_world
 
@@ -29,16 +33,34 @@ def ax():
 
 @pytest.fixture(scope="module")
 def stages():
+    """One flagged layer's stages, from the library's stage functions (docs/methods.md §ACE), in the
+    small frames notebook 02 builds from its own tensors."""
     g = torch.Generator().manual_seed(0)
     dWs = [s * torch.randn(12, 6, generator=g, dtype=torch.float64) for s in (0.2, 1.0, 4.0)]
-    return AC.layer_stages(dWs, gate="on", name="visual.transformer.resblocks.0.mlp.c_fc.weight")
+    covs = A.normalize_covariances([A.estimate_covariance(d) for d in dWs], normalize=True)
+    e = float(np.mean([float(d.pow(2).sum()) for d in dWs]))
+    C = A.structural_prior(covs.Sigma_tilde, energy=e)
+    W_pre = A.closed_form([A.center_rows(d) for d in dWs], covs, C)
+    ref = A.spectral_refine(W_pre, dWs, covs.Sigma_tilde, covs.mean_reg(), k_frac=0.3)
+    tr = covs.traces.numpy()
+    used = np.array([float(S.trace()) for S in covs.Sigma_tilde])
+    weights = pd.DataFrame({"task": ["a", "b", "c"], "share_raw": tr / tr.sum(), "share_used": used / used.sum()})
+    profile = pd.DataFrame({"column": np.arange(6), "prior": C[0].numpy(),
+                            "cov_diag": sum(covs.Sigma_tilde).diagonal().numpy(), "ridge": float(covs.ridge.sum())})
+    sv = torch.linalg.svdvals
+    spectra = {"W_pre (closed form)": sv(W_pre).numpy(), "W_fused": ref.S_fused.numpy(), "W": sv(ref.W).numpy()}
+    refined = {k: sv(ref.at_rank(W_pre, k)).numpy() for k in range(1, 7)}
+    return SimpleNamespace(W_pre=W_pre, k=ref.k, rank=6, weights=weights, profile=profile, spectra=spectra,
+                           refined=refined)
 
 
 @pytest.fixture(scope="module")
 def world_tables():
     base, experts = make_world(n_tasks=3, scale=1.0)
     taus = task_vectors(base, experts)
-    return AC.gamma_table(taus), AC.stage_table(taus)
+    W, diags = A.ace_with_diagnostics(base, taus)
+    W_pre, _ = A.ace_with_diagnostics(base, taus, refine=False)
+    return heterogeneity_per_layer(taus), AC.layer_table(taus, W_pre, W, diags)
 
 
 def test_short_label():
@@ -75,7 +97,9 @@ def test_gamma_strip_linear_when_narrow(ax, world_tables):
 
 def test_gamma_scaling(ax):
     g = torch.Generator().manual_seed(0)
-    df = AC.gamma_scaling([c * torch.randn(8, 4, generator=g) for c in (0.5, 1.0, 2.0)], np.logspace(-1, 1, 5))
+    dWs = [c * torch.randn(8, 4, generator=g) for c in (0.5, 1.0, 2.0)]
+    scales = np.logspace(-1, 1, 5)
+    df = pd.DataFrame({"scale": scales, "gamma": [A.heterogeneity([float(c) * d for d in dWs]) for c in scales]})
     P.gamma_scaling(ax, df, tau=0.3)
     lines = ax.get_lines()
     assert len(lines) == 3  # the curve, tau, c = 1
@@ -84,7 +108,7 @@ def test_gamma_scaling(ax):
 
 
 def test_task_weights(ax, stages):
-    w = stages.task_weights(["a", "b", "c"])
+    w = stages.weights
     P.task_weights(ax, w)
     assert len(ax.patches) == 6
     heights = [p.get_height() for p in ax.patches]
@@ -95,7 +119,7 @@ def test_task_weights(ax, stages):
 
 
 def test_prior_profile(ax, stages):
-    prof = stages.prior_profile()
+    prof = stages.profile
     P.prior_profile(ax, prof)
     lines = ax.get_lines()
     assert len(lines) == 2  # covariance diagonal, ridge
@@ -110,7 +134,7 @@ def test_prior_profile(ax, stages):
 
 
 def test_spectra(ax, stages):
-    sp = stages.spectra()
+    sp = stages.spectra
     P.spectra(ax, sp, top_frac=0.5)
     lines = ax.get_lines()
     assert len(lines) == len(sp) + 1
@@ -123,14 +147,14 @@ def test_spectra(ax, stages):
 
 def test_refined_spectrum(ax, stages):
     pre = torch.linalg.svdvals(stages.W_pre).numpy()
-    refined = stages.refined_spectra([1, 2, 3])
+    refined = stages.refined
     P.refined_spectrum(ax, pre, refined, 2, k_ace=1)
     lines = ax.get_lines()
     assert len(lines) == 4  # W_pre, refined, k line, ACE's k
     np.testing.assert_allclose(lines[1].get_ydata(), refined[2])
     assert "k = 2" in ax.get_title()
     with pytest.raises(KeyError):
-        P.refined_spectrum(ax, pre, refined, 5)
+        P.refined_spectrum(ax, pre, {k: refined[k] for k in (1, 2, 3)}, 5)
 
 
 def test_layer_metrics(ax, world_tables):
@@ -167,7 +191,7 @@ def test_rank_slider_redraws_with_new_k(stages):
 
     pre = torch.linalg.svdvals(stages.W_pre).numpy()
     ks = list(range(1, stages.rank + 1))
-    refined = stages.refined_spectra(ks)
+    refined = stages.refined
     ex = widgets.rank_slider(P.refined_spectrum, ks, value=stages.k, pre=pre, refined=refined, k_ace=stages.k)
     assert ex.values["k"] == stages.k and ex.draws == 1
     ex.set(k=4)
