@@ -96,9 +96,9 @@ def test_the_site_has_every_lesson_with_code_figures_and_navigation(site):
         assert 'class="highlight' in page, f"{stem}: no code on the page"
         assert re.search(r'<img [^>]*src="_images/', page), f"{stem}: no figure on the page"
         before = lessons[i - 1] if i else "index"
-        assert f'<a class="left-prev" href="{before}.html"' in page, f"{stem} does not lead back to {before}"
+        assert re.search(rf'<a class="left-prev"\s+href="{before}\.html"', page), f"{stem}: no link back to {before}"
         if i + 1 < len(lessons):
-            assert f'<a class="right-next" href="{lessons[i + 1]}.html"' in page, (
+            assert re.search(rf'<a class="right-next"\s+href="{lessons[i + 1]}\.html"', page), (
                 f"{stem} does not lead to {lessons[i + 1]}")
     for page in html.glob("*.html"):
         urls = _script().network_urls(page.read_text())
