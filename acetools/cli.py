@@ -414,7 +414,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if vision:
             world = _zoo(args, seed).build(progress=not args.quiet)
         else:
-            world = get_world(args.world, args.suite, seed, **options).build(False if args.quiet else None)
+            world: Any = get_world(args.world, args.suite, seed, **options)  # a text or CLIP world
+            world = world.build(False if args.quiet else None)
             name, size = world.name, world.size
         bench = Benchmark(world, n_val=args.n_val, n_test=args.n_test, threads=args.threads,
                           patience=None if args.whole_grid else args.patience)

@@ -27,13 +27,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ._protocol import PATIENCE, SHORT_GRID
 from .errors import InputError, InputKeyError, InputTypeError
-from .merging import METHODS
+from .merging import METHODS, Search
 
 __all__ = [
     "PATIENCE",
@@ -52,9 +52,9 @@ __all__ = [
 
 
 # the grids live with the methods that search them (their registry entries)
-LAMBDA_GRID: tuple[float, ...] = METHODS["task_arithmetic"].search.grid
-ALPHA_GRID: tuple[float, ...] = METHODS["tsv_m"].search.grid
-ESM_BRACKET: tuple[float, float] = METHODS["esm"].search.bracket
+LAMBDA_GRID: tuple[float, ...] = cast(Search, METHODS["task_arithmetic"].search).grid
+ALPHA_GRID: tuple[float, ...] = cast(Search, METHODS["tsv_m"].search).grid
+ESM_BRACKET: tuple[float, float] = cast(Search, METHODS["esm"].search).bracket
 
 ScoreFn = Callable[[float], Mapping[str, float]]
 _METRICS = {"normalized": "avg_normalized", "absolute": "avg_absolute"}
