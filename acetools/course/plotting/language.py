@@ -22,7 +22,7 @@ def stage_bars(ax, abl: pd.DataFrame, *, title: str | None = None):
     ax.set_ylabel("test accuracy (% normalized)")
     lo = float(np.nanmin(abl["test_normalized"]))
     ax.set_ylim(max(0.0, lo - 10), None)
-    ax.legend(fontsize=10, loc="lower left", frameon=True)
+    ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=True, title="ridge")
     ax.set_title(title or "ACE's stages on the text world")
     return ax
 
