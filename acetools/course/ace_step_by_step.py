@@ -775,7 +775,7 @@ def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: M
 
 def decided_at(v: Verdict, eps: float | None) -> Verdict:
     """``v`` with the eps it was decided at in its reason and ``numbers["eps"]`` (None: no text):
-    notebook 02's stage claims, and :mod:`acetools.course.rejudge` re-deciding them."""
+    notebook 02's stage claims."""
     at = f" (decided at eps {eps:g}, the paper's ViT setting)" if eps is not None else ""
     return v.with_reason(v.reason + at, eps=eps)
 
