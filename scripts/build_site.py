@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 import nbformat
+from papermill.exceptions import PapermillExecutionError
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repository's acetools, however the script is run
@@ -325,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     except SiteError as err:
         print(f"build_site: error: {err}", file=sys.stderr)
         return 2
+    except PapermillExecutionError as err:  # a lesson failed: name it and its cell, not papermill's traceback
+        print(f"build_site: error: a lesson failed in cell [{err.exec_count}]: {err.ename}: {err.evalue}; "
+              "its partly executed copy is in the output folder's executed/", file=sys.stderr)
+        return 1
     if "site" in rec:
         print(f"site:   {rec['site']}  ({rec['site_seconds']} s)")
     if "slides" in rec:
