@@ -291,9 +291,11 @@ def build(profile: str = "full", out: Path | None = None, *, only: list[str] | N
     if executed is None:
         lessons, timings = execute(profile, out / "executed", only)
         (out / "timings.json").write_text(json.dumps(timings, indent=1))
+        rec["executed"] = str(out / "executed")
     else:
         lessons = executed_lessons(Path(executed), only)
         timings = {}
+        rec["executed"] = str(Path(executed).resolve())
     rec["execute_seconds"] = round(time.perf_counter() - t0, 1)
     rec["lessons"] = [p.stem for p in lessons]
     if site:

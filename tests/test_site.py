@@ -1,10 +1,13 @@
 """The course as a static site and as slides (scripts/build_site.py), built offline.
 
-The build test executes every lesson on the quick profile (papermill, the fixture world: the
-same runs as ``acetools report --profile quick``), builds the Jupyter Book and the reveal.js
+The build test takes every lesson executed on the quick profile (papermill, the fixture world:
+the runs of ``acetools report --profile quick``), builds the Jupyter Book and the reveal.js
 slides, and checks what a reader gets: a page per lesson with its code, figures and the links to
 the previous and next lesson, equations typeset by the local MathJax, and nothing loaded from a
-network. It costs one quick run of the course plus about two minutes of Sphinx.
+network. In a whole-suite run it reuses the lessons tests/test_notebooks.py executed earlier in
+the same session (its ``course*/build`` folder under pytest's session folder, when every lesson
+there ran to the end), so it costs about two minutes of Sphinx and nbconvert; run alone, it
+executes the course itself (one quick run of the course more).
 """
 
 from __future__ import annotations
@@ -70,6 +73,25 @@ def _rendered_dom(page: Path) -> str:
     return res.stdout
 
 
+def _complete(path: Path) -> bool:
+    """A lesson papermill ran to its end without an error."""
+    if not path.is_file():
+        return False
+    nb = nbformat.read(str(path), as_version=4)
+    if nb.metadata.get("papermill", {}).get("duration") is None:
+        return False
+    return not any(o.get("output_type") == "error" for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def executed_earlier(base: Path) -> Path | None:
+    """The folder where tests/test_notebooks.py executed every lesson in this session, or None."""
+    names = [p.name for p in notebook_paths()]
+    for folder in sorted(base.glob("course*/build")):
+        if all(_complete(folder / n) for n in names):
+            return folder
+    return None
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     import importlib.util
@@ -81,7 +103,7 @@ def site(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # a fresh cache: the fixture world is built as CI builds it
         mp.setenv("ACETOOLS_CACHE", str(root / "cache"))
         mp.setenv("ACETOOLS_NUM_THREADS", os.environ.get("ACETOOLS_NUM_THREADS", "1"))
-        yield _script().build("quick", root / "out")
+        yield _script().build("quick", root / "out", executed=executed_earlier(tmp_path_factory.getbasetemp()))
 
 
 @pytest.mark.slow
@@ -131,10 +153,27 @@ def test_slides_are_built_for_every_lesson_offline(site):
     assert dom.count('class="mjx-chtml') > 0, "the slides' equations were not typeset"
 
 
+def test_a_lesson_that_did_not_finish_is_not_reused(tmp_path):
+    folder = tmp_path / "course0" / "build"
+    folder.mkdir(parents=True)
+    assert executed_earlier(tmp_path) is None
+    for p in notebook_paths():
+        nb = nbformat.read(str(p), as_version=4)
+        nb.metadata["papermill"] = {"duration": 1.0}
+        nbformat.write(nb, str(folder / p.name))
+    assert executed_earlier(tmp_path) == folder
+    last = folder / notebook_paths()[-1].name
+    nb = nbformat.read(str(last), as_version=4)
+    next(c for c in nb.cells if c.cell_type == "code").outputs = [
+        nbformat.v4.new_output("error", ename="ValueError", evalue="x", traceback=[])]
+    nbformat.write(nb, str(last))
+    assert executed_earlier(tmp_path) is None
+
+
 @pytest.mark.slow
-def test_the_build_writes_timings_and_can_be_rebuilt_from_executed_lessons(site, tmp_path):
+def test_the_build_can_be_rebuilt_from_executed_lessons(site, tmp_path):
     out = Path(site["out"])
-    assert (out / "timings.json").is_file()
-    rec = _script().build("quick", tmp_path / "again", executed=out / "executed", site=False, only=["00"])
+    assert (out / "build.json").is_file()
+    rec = _script().build("quick", tmp_path / "again", executed=Path(site["executed"]), site=False, only=["00"])
     assert [Path(p).name for p in rec["slides"]] == ["00_quickstart.slides.html"]
     assert "site" not in rec
