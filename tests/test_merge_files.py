@@ -441,3 +441,29 @@ def test_esm_with_an_activations_file_through_the_cli(tmp_path, gpt2_files):
                                          r"tasks \[0, 1, 2\], expected 0..1"):
         load_activations(path, n_tasks=2)
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_streams_through_pinned_memory(tmp_path, gpt2_files, monkeypatch):
+    """``--device cuda``: every tensor read from disk reaches the GPU through the pinned staging buffers, and the
+    merge equals the CPU one (to float32 rounding)."""
+    from acetools.merging import driver
+
+    base, experts = gpt2_files
+    staged = []
+    to = driver.PinnedStaging.to
+
+    def spy(self, t, device):
+        out = to(self, t, device)
+        staged.append(all(b is None or b.is_pinned() for b in self.buffers) and out.device.type == "cuda")
+        return out
+
+    monkeypatch.setattr(driver.PinnedStaging, "to", spy)
+    for method, hp in (("task_arithmetic", {"lam": 0.4}), ("ties", {"k": 30})):
+        merge_files(method, base, experts, tmp_path / f"gpu-{method}", hparams=hp, device="cuda")
+        merge_files(method, base, experts, tmp_path / f"cpu-{method}", hparams=hp)
+        a, b = (open_checkpoint(tmp_path / f"{d}-{method}").state_dict() for d in ("gpu", "cpu"))
+        for k in b:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    n_tensors = len(open_checkpoint(base).keys()) * (1 + len(experts))
+    assert len(staged) >= 2 * n_tensors and all(staged)

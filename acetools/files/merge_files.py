@@ -315,9 +315,6 @@ def plan_merge(
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
     _check_compatible(b, ex)
     resolved = info.resolve(hp, layout=lay.name)  # e.g. ESM's layer names per layout preset (docs/methods.md §ESM)
-    if resolved.get("in_out_keys"):
-        raise InputError("in_out_keys is not used for files: the layout stores the orientation of every key "
-                         f"(layout {lay.name!r}; see --dry-run); pass --layout or a Layout instead")
     keys = set(b.keys())
     for name in info.per_key:
         value = resolved.get(name)

@@ -13,7 +13,6 @@ driver (:mod:`acetools.files.merge_files`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -71,7 +70,6 @@ __all__ = [
     "carried_buffers",
     "confirmed_ties",
     "compute_dtype",
-    "in_out_keys_layout",
 ]
 
 StateDict = Mapping[str, Tensor]
@@ -204,28 +202,6 @@ def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
     return lay, lay.is_matrix
 
 
-def in_out_keys_layout(patterns: Sequence[str], lay: Layout, base: StateDict, is_mat: Callable) -> Layout:
-    """ACE's deprecated ``in_out_keys`` (fnmatch patterns of matrices stored in x out) as what it
-    is: ``lay`` with those keys stored in x out. Each pattern must match a matrix key of
-    ``base`` that ``lay`` does not already transpose (an error naming it otherwise)."""
-    import fnmatch
-
-    warnings.warn("ace: in_out_keys is deprecated; pass a layout (layout='gpt2', or a Layout with in_out "
-                  "patterns) instead: the layout transposes in x out weights for every method", DeprecationWarning,
-                  stacklevel=3)
-    for pat in patterns:
-        hits = [k for k, w in base.items() if fnmatch.fnmatchcase(k, pat) and is_mat(k, w)]
-        if not hits:
-            raise InputError(f"ace: in_out_keys pattern {pat!r} matches no matrix key of base; check the name")
-        both = [k for k in hits if lay.orientation(k) == "in_out"]
-        if both:
-            raise InputError(
-                f"in_out_keys pattern {pat!r} matches {both[0]!r}, which the layout {lay.name!r} already stores "
-                "in x out and transposes; drop in_out_keys (the layout handles orientation)"
-            )
-    return dataclasses.replace(lay, in_out=(*lay.in_out, *(fnmatch.translate(p) for p in patterns)))
-
-
 def merge(
     method: str,
     base: StateDict,
@@ -264,9 +240,6 @@ def merge(
     validate_state_dicts(base, experts)
     lay, is_mat = _resolve_layout(layout, base, is_matrix)
     resolved = info.resolve(hparams, layout=lay.name if layout is not None else None)
-    if resolved.get("in_out_keys"):  # a deprecated alias for a layout (docs/your-models.md)
-        lay = in_out_keys_layout(resolved["in_out_keys"], lay, base, is_mat)
-        resolved = {**resolved, "in_out_keys": ()}
     out: dict[str, Tensor] = {}
     run(info, resolved, Source(base, experts, check_finite=False), lay, out.__setitem__, device=dev,
         is_matrix=is_mat, whole_model=True, out_device=dev, show=progress)

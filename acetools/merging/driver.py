@@ -133,6 +133,37 @@ def carried_buffers(base: Any, experts: Sequence[Any], *, stacklevel: int = 3) -
     return out
 
 
+class PinnedStaging:
+    """Two page-locked (pinned) host buffers that CPU tensors pass through on their way to a CUDA device.
+
+    :meth:`to` copies a tensor into one buffer and starts its transfer without waiting
+    (``non_blocking``); the next call fills the other buffer meanwhile, and a buffer is reused only
+    after its transfer has finished (a CUDA event). So reading from disk overlaps the copies to the
+    device, and only two buffers of the largest tensor are pinned, however many tensors pass.
+    """
+
+    def __init__(self):
+        self.buffers: list[Tensor | None] = [None, None]
+        self._done: list[Any] = [None, None]
+        self._next = 0
+
+    def to(self, t: Tensor, device: torch.device) -> Tensor:
+        i, self._next = self._next, self._next ^ 1
+        if self._done[i] is not None:
+            self._done[i].synchronize()
+        n = t.numel() * t.element_size()
+        buf = self.buffers[i]
+        if buf is None or buf.numel() < n:
+            buf = self.buffers[i] = torch.empty(max(n, 1), dtype=torch.uint8, pin_memory=True)
+        staged = buf[:n].view(t.dtype).reshape(t.shape)
+        staged.copy_(t)
+        out = staged.to(device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._done[i] = done
+        return out
+
+
 class Source:
     """A base and T experts, read one tensor at a time.
 
@@ -151,6 +182,7 @@ class Source:
         self._checked: set[tuple[int, str]] = set()
         # a lazy checkpoint reads every tensor into a new buffer; a state dict's tensors are the caller's
         self._fresh = [getattr(m, "lazy", False) is True for m in [base, *self.experts]]
+        self.staging = PinnedStaging()  # CPU tensors go to a CUDA device through pinned memory
 
     @property
     def n_tasks(self) -> int:
@@ -176,10 +208,12 @@ class Source:
         dtype) on ``device``: with ``copy``, a tensor of the caller's own (never the source's memory), which
         the driver may change in place. NaN/Inf are an error naming the model the first time it is read."""
         t = self.raw(i, key)
+        if device.type == "cuda" and t.device.type == "cpu" and t.numel():
+            t = self.staging.to(t, device)  # a new device tensor of ours: checked there, converted in place
         if self.check and (i, key) not in self._checked:
             check_finite(self.names[i], key, t)
             self._checked.add((i, key))
-        out = layout.to_canonical(key, t).to(device, dtype or compute_dtype(self.dtype(key)), non_blocking=True)
+        out = layout.to_canonical(key, t).to(device, dtype or compute_dtype(self.dtype(key)))
         if not out.is_contiguous() or (copy and not self._fresh[i] and out.data_ptr() == t.data_ptr()):
             out = out.contiguous() if not out.is_contiguous() else out.clone()
         return out
@@ -361,7 +395,7 @@ def run(
     token = PROGRESS.set(show if whole_model else False)  # key by key, the methods' own bars would flicker
     try:
         if whole_model:
-            W0 = {k: source.tensor(0, k, layout, device) for k in keys}
+            W0 = {k: source.tensor(0, k, layout, device, copy=False) for k in keys}
             tvs = [_KeyByKeyTaskVector(source, t, W0, layout, device) for t in range(T)]
             delta = dict(info.func(W0, tvs, is_matrix=is_mat, **hparams))
             del tvs  # the last key's task vectors
@@ -398,7 +432,7 @@ def run(
                 if key in buffers:
                     carry(key)
                 elif key not in tied:
-                    finalize(key, source.tensor(0, key, layout, device), updates.pop(key))
+                    finalize(key, source.tensor(0, key, layout, device, copy=False), updates.pop(key))
     finally:
         PROGRESS.reset(token)
     return {"tied": tied, "buffers_changed": {k: v for k, v in buffers.items() if v}}
