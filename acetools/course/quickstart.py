@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..synthetic import RegressionTask, finetune_linear, make_regression_tasks, task_loss
+from ..utils import cpu_threads
 
 __all__ = ["linear_world", "normalized_gain", "comparison", "summary_sentence"]
 
@@ -35,14 +36,16 @@ def linear_world(n_tasks: int, d_in: int, d_out: int, *, steps: int, lr: float =
     their true input covariances ``task.Sigma`` (:func:`acetools.synthetic.make_regression_tasks`)
     and each task's expert ``W[t]``, ``W0`` fine-tuned by ``steps`` steps of minibatch SGD at ``lr``
     (:func:`acetools.synthetic.finetune_linear`, expert ``t`` seeded ``seed + t``, as in
-    ``acetools demo``). Every tensor is float64 on ``device``."""
+    ``acetools demo``). Every tensor is float64 on ``device``; the training uses the CPU threads
+    ``ACETOOLS_NUM_THREADS`` says (:func:`acetools.utils.cpu_threads`; unset: torch's setting)."""
     W0, tasks = make_regression_tasks(n_tasks, d_in, d_out, seed=seed)
     dev = torch.device(device)
     W0 = W0.to(dev)
     tasks = [replace(t, **{f.name: getattr(t, f.name).to(dev) for f in fields(t)
                            if isinstance(getattr(t, f.name), Tensor)}) for t in tasks]
-    experts = [finetune_linear(W0, t.X_train, t.Y_train, steps=steps, lr=lr, seed=seed + i)
-               for i, t in enumerate(tasks)]
+    with cpu_threads(None, env_default=True):  # ACETOOLS_NUM_THREADS, as the mini-world's training
+        experts = [finetune_linear(W0, t.X_train, t.Y_train, steps=steps, lr=lr, seed=seed + i)
+                   for i, t in enumerate(tasks)]
     return W0, tasks, experts
 
 

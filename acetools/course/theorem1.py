@@ -35,7 +35,7 @@ from ..merging import merge
 from ..merging.ace import estimate_covariance
 from ..merging.wudi import wudi_grad
 from ..synthetic import RegressionTask, finetune_linear, joint_least_squares, make_regression_tasks
-from ..utils import make_generator
+from ..utils import cpu_threads, make_generator
 from .verdicts import Verdict, threshold
 
 __all__ = [
@@ -304,12 +304,23 @@ def _two_layer_loss(A: Tensor, B: Tensor, X: Tensor, Y: Tensor, phi: Callable[[T
     return float(((phi(X @ A.T) @ B.T - Y) ** 2).sum(1).mean())
 
 
+def _env_threads(fn):
+    """``fn`` run with the CPU threads ``ACETOOLS_NUM_THREADS`` says (:func:`acetools.utils.cpu_threads`;
+    unset: torch's setting), as the mini-world's training: the experiments' matrices are tiny."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with cpu_threads(None, env_default=True):
+            return fn(*args, **kwargs)
+    return run
+
+
 @overload
 def estimate_experiment(*, k: int | None = None, return_estimates: Literal[False] = False,
                         **settings: Any) -> pd.DataFrame: ...
 @overload
 def estimate_experiment(*, k: int | None = None, return_estimates: Literal[True],
                         **settings: Any) -> tuple[pd.DataFrame, list[Tensor], list[Tensor]]: ...
+@_env_threads
 def estimate_experiment(*, k: int | None = None, return_estimates: bool = False, **settings: Any):
     """Fine-tune one configuration's tasks and compare each Sigma_hat_t with Sigma_t.
 
@@ -572,6 +583,7 @@ class UnifiedResult:
     Sigma: list[Tensor]  # the true input covariances
 
 
+@_env_threads
 def unified_linear(*, eps: float = 1e-4, **settings: Any) -> UnifiedResult:
     """The unified framework on linear-regression tasks, scored against the joint optimum.
 

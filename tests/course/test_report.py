@@ -247,3 +247,15 @@ def test_parameter_values_are_checked_against_the_registry_the_notebook_names(tm
         check_parameters([path], {"suite": "nosuch"})
     with pytest.raises(ValueError, match="acetools.nowhere.THINGS"):
         parameter_choices({"help": "one of acetools.nowhere.THINGS"}, "suite")
+
+
+def test_only_the_pure_reports_render_without_code():
+    """docs/style.md §13: the shipped diagnose notebook is a pure report (rendered without input);
+    every course notebook is a lesson (rendered with its code)."""
+    import nbformat
+
+    from acetools.files.diagnose import REPORT_NOTEBOOK
+    from acetools.notebooks import shows_code
+
+    assert not shows_code(nbformat.read(str(REPORT_NOTEBOOK), as_version=4))
+    assert all(shows_code(nbformat.read(str(p), as_version=4)) for p in notebook_paths())
