@@ -54,12 +54,12 @@ def acts_for(d_in, T, n, g):
 @contextlib.contextmanager
 def old_float32_routes():
     """Switch the cheap routes off: float32 SVDs everywhere, as before they existed."""
-    saved = (V._gram_ok, E._top_factors, E._GRAM_WHITEN)
-    V._gram_ok, E._top_factors, E._GRAM_WHITEN = (lambda X: False), (lambda *a: None), False
+    saved = (V._gram_ok, E.top_shift_factors, E._GRAM_WHITEN)
+    V._gram_ok, E.top_shift_factors, E._GRAM_WHITEN = (lambda X: False), (lambda *a: None), False
     try:
         yield
     finally:
-        V._gram_ok, E._top_factors, E._GRAM_WHITEN = saved
+        V._gram_ok, E.top_shift_factors, E._GRAM_WHITEN = saved
 
 
 def rel(a, b):

@@ -166,7 +166,7 @@ def test_non_symmetric_given_covariances_are_rejected():
 def test_failed_cholesky_falls_back_to_the_lu_route(monkeypatch):
     """When the Cholesky factorisation reports failure, the solve takes the LU route and the
     result still equals the stage-by-stage composition."""
-    import acetools.merging._linalg as L
+    import acetools.merging.linalg as L
 
     def failing(M, *args, **kwargs):
         return M, torch.ones((), dtype=torch.int32)
@@ -476,28 +476,22 @@ def test_inputs_are_not_modified(world):
             assert torch.equal(tv[k], snap[k])
 
 
-def test_in_out_keys_transpose_around_ace(world64):
-    base, experts = world64
-    tvs = task_vectors(base, experts)
-    key = "visual.proj"
-    with pytest.warns(DeprecationWarning, match="in_out_keys is deprecated; pass a layout"):
-        u, diags = ace_with_diagnostics(base, tvs, in_out_keys=("visual.proj",))
-    W, _ = ace_matrix([tv[key].T for tv in tvs])
-    assert_matrix_close(u[key], W.T, rtol=1e-12)
-    assert diags[key].shape == (8, 16)
-    u0, _ = ace_with_diagnostics(base, tvs)
-    assert not torch.allclose(u0[key], u[key])
-    other = "visual.transformer.resblocks.0.attn.out_proj.weight"
-    assert torch.equal(u0[other], u[other])
-    # the alias is a layout: merge() with in_out_keys equals merge() with a layout that stores the key in x out
+def test_in_x_out_matrices_take_a_layout_not_an_ace_option(world64):
+    """ACE takes matrices as stored; a layout transposes in x out weights around it (docs/methods.md §ACE)."""
     from acetools.layouts import Layout
 
-    with pytest.warns(DeprecationWarning):
-        alias = merge("ace", base, experts, in_out_keys=("visual.proj",))
-    lay = Layout("proj in x out", in_out=(r"^visual\.proj$",))
-    by_layout = merge("ace", base, experts, layout=lay)
-    for k in base:
-        assert torch.equal(alias[k], by_layout[k]), k
+    base, experts = world64
+    with pytest.raises(TypeError, match="unknown hyperparameter.*in_out_keys"):
+        merge("ace", base, experts, in_out_keys=("visual.proj",))
+    key = "visual.proj"
+    by_layout = merge("ace", base, experts, layout=Layout("proj in x out", in_out=(r"^visual\.proj$",)))
+    W, diag = ace_matrix([(ex[key] - base[key]).T for ex in experts], name=key)
+    assert_matrix_close(by_layout[key] - base[key], W.T, rtol=1e-12)
+    assert diag.shape == (8, 16)
+    as_stored = merge("ace", base, experts)
+    assert not torch.allclose(as_stored[key], by_layout[key])
+    other = "visual.transformer.resblocks.0.attn.out_proj.weight"
+    assert torch.equal(as_stored[other], by_layout[other])
 
 
 def test_diagnostics_record(world64):
@@ -530,8 +524,6 @@ def test_bad_hyperparameters_are_rejected(world):
         merge("ace", base, experts, prior="yes")
     with pytest.raises(ValueError, match="estimator"):
         merge("ace", base, experts, estimator="fisher")
-    with pytest.raises(ValueError, match="in_out_keys pattern 'visual.projj'"):
-        merge("ace", base, experts, in_out_keys=("visual.projj",))
 
 
 def test_given_covariances_are_validated(world):
@@ -591,7 +583,7 @@ def test_cuda_matches_cpu():
 
 
 def test_blocked_syrk_equals_the_gram():
-    from acetools.merging._linalg import symmetrize_lower_, syrk_lower_
+    from acetools.merging.linalg import symmetrize_lower_, syrk_lower_
 
     g = torch.Generator().manual_seed(8)
     F = torch.randn(30, 1000, generator=g, dtype=F64)  # 3 column blocks

@@ -492,7 +492,7 @@ def _overlapping_factors(n, T, seed):
     return torch.cat(Ps, dim=1), A
 
 
-def test_whitened_product_float32_takes_the_gram_and_beats_the_float32_svd(monkeypatch):
+def test_whiten_times_float32_takes_the_gram_and_beats_the_float32_svd(monkeypatch):
     """ESM's whitening of a square, ill-conditioned P_cat (docs/performance.md, ESM section): the float64 Gram route
     (never forming polar(P_cat)) is closer to the float64 SVD than the float32 SVD route it replaces."""
     from acetools.merging import esm as E
@@ -504,10 +504,14 @@ def test_whitened_product_float32_takes_the_gram_and_beats_the_float32_svd(monke
     calls = []
     orig = E.gram_polar_times
     monkeypatch.setattr(E, "gram_polar_times", lambda *a, **k: calls.append(a[0].shape) or orig(*a, **k))
-    now = E._whitened_product(P64.float(), A64.float())
+
+    def product(P, A):  # Step B5 as esm_merge_matrix runs it
+        return E.whiten(P, times=E.whiten(A, dtype=torch.float64))
+
+    now = product(P64.float(), A64.float())
     assert calls == [(96, 96)] and now.dtype == torch.float32
     monkeypatch.setattr(E, "_GRAM_WHITEN", False)
-    before = E._whitened_product(P64.float(), A64.float())  # the float32 SVDs
+    before = product(P64.float(), A64.float())  # the float32 SVDs
     err_now = float((now.double() - ref).abs().max() / ref.abs().max())
     err_before = float((before.double() - ref).abs().max() / ref.abs().max())
     assert err_now < 1e-5 and err_now < err_before

@@ -1,11 +1,11 @@
-"""The cheap exact routes of acetools.merging._linalg and where the methods take them."""
+"""The cheap exact routes of acetools.merging.linalg and where the methods take them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from acetools.merging import _linalg as L
+from acetools.merging import linalg as L
 from acetools.merging.svd import iso_c_matrix, iso_cts_matrix, tsv_merge_matrix
 
 F64 = torch.float64

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import acetools
-from acetools.merging import _linalg as L
+from acetools.merging import linalg as L
 from acetools.merging.ace import ace_matrix
 from acetools.merging.esm import esm_merge_matrix, whiten
 from acetools.merging.regmean import regmean_matrix

@@ -13,6 +13,10 @@ module holds the cheaper *exact* routes the merge methods take where the numeric
 * :func:`solve_spd_rank_one`: ``B (M + 1 cᵀ)^-1`` for symmetric positive-definite ``M`` by a
   Cholesky factorisation and the Sherman–Morrison formula (one factorisation, half the flops of
   LU); it reports failure so the caller can take the LU route.
+* :class:`TaskCovariance` and :func:`task_sums`: ACE's covariances kept as the task vectors they
+  are made of, and the one pass over the tasks that forms every sum ACE's stages read, with the
+  cheapest association per shape and two reused buffers (docs/methods.md §ACE,
+  docs/performance.md).
 
 Every solve and factorisation decides singularity from a measured quantity, never from whether
 LAPACK raises (docs/methods.md §Numerics): :func:`rcond_estimate` (LU) and :func:`cholesky_rcond`
@@ -23,9 +27,12 @@ takes :func:`pinv_right` with a warning naming the layer.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -36,7 +43,11 @@ __all__ = [
     "thin_svd", "polar", "solve_right", "top_svd", "check_square", "check_psd",
     "GRAM_MAX_RATIO", "sym_eig", "gram_top_svd", "gram_polar", "gram_polar_times",
     "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_", "spread_ok", "gram_spectrum", "RCOND_MIN",
-    "rcond_estimate", "cholesky_rcond", "pinv_right", "polar_rank",
+    "rcond_estimate", "cholesky_rcond", "pinv_right", "polar_rank", "TaskCovariance", "TaskSums", "StreamedCovariances",
+    "CenteredRows", "sum64", "sq_norms", "solve_task_sums",
+    "NormalizedCovariances", "Refinement", "isotropic_update", "dense_covariance",
+    "SHIFT_RANK_RTOL", "shift_rank", "top_shift_factors", "whiten_svd", "thin_svd_named",
+    "task_sums",
 ]
 
 #: Largest sigma_1 / sigma_j a float64 Gram route accepts for the singular values it uses.
@@ -71,9 +82,14 @@ def polar(M: Tensor) -> Tensor:
     return U @ Vh
 
 
-def top_svd(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The top-``k`` singular triplets ``(U_k, S_k, Vh_k)`` of ``M`` (thin SVD)."""
-    U, S, Vh = thin_svd(M)
+def top_svd(M: Tensor, k: int, *, gram: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """The top-``k`` singular triplets ``(U_k, S_k, Vh_k)`` of ``M`` (thin SVD). ``gram=True``:
+    in float64 through the Gram of the smaller side where sigma_1 / sigma_k allows it
+    (:func:`gram_top_svd`), else the thin SVD of ``M`` in float64."""
+    top = gram_top_svd(M, k) if gram else None
+    if top is not None:
+        return top
+    U, S, Vh = thin_svd(M.double() if gram else M)
     return U[..., :, :k], S[..., :k], Vh[..., :k, :]
 
 
@@ -515,3 +531,392 @@ def gram_spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
         Sk = S[:k]
         Uk = (M @ Vk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
     return S, Uk, Vk
+
+
+# --------------------------------------------------------------------------- ACE's task sums
+
+
+class TaskCovariance(NamedTuple):
+    """Sigma_hat_t of one task kept implicit, as the task vector ``delta_W`` (d_out × d_in) it is
+    made of (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.4)), times ``scale``.
+
+    ``kind``: "ace" (W̃ᵀ W̃, W̃ the row-centred ΔW), "wudi" (ΔWᵀ ΔW / ||ΔW||_F^wudi_p),
+    "identity" (I) or "given" (``matrix``, d_in × d_in). :meth:`dense` forms it (float64);
+    :func:`task_sums` never does for the Gram kinds.
+    """
+
+    delta_W: Tensor  # (d_out, d_in)
+    kind: str
+    wudi_p: float = 2.0
+    matrix: Tensor | None = None  # (d_in, d_in), kind "given"
+    scale: float = 1.0
+
+    def dense(self) -> Tensor:
+        """The d_in × d_in float64 matrix, scale included."""
+        d = self.delta_W.double()
+        if self.kind == "ace":
+            Wc = d - d.mean(dim=0, keepdim=True)
+            S = Wc.T @ Wc
+        elif self.kind == "wudi":
+            norm = torch.linalg.matrix_norm(d)
+            S = d.T @ d / norm**self.wudi_p if norm > 0 else d.new_zeros(d.shape[1], d.shape[1])
+        elif self.kind == "identity":
+            S = torch.eye(d.shape[1], dtype=torch.float64, device=d.device)
+        else:
+            assert self.matrix is not None, "kind 'given' carries its matrix"
+            S = self.matrix.to(d.device, torch.float64)
+        return S if self.scale == 1.0 else S * self.scale
+
+
+class TaskSums(NamedTuple):
+    """The sums over the T tasks that ACE's stages read, from one pass (:func:`task_sums`).
+
+    With W̃_t = ΔW_t - 1 μ_tᵀ (μ_t the mean row) and Σ̃_t = s_t Sigma_hat_t, every product of a
+    numerator with Σ̃_t follows: ΔW_t Σ̃_t = W̃_t Σ̃_t + 1 (Σ̃_tᵀ μ_t)ᵀ.
+    """
+
+    S: Tensor  # sum_t Σ̃_t (d_in, d_in)
+    B: Tensor  # sum_t W̃_t Σ̃_t (d_out, d_in)
+    v: Tensor  # sum_t Σ̃_tᵀ μ_t (d_in,)
+    R: Tensor  # sum_t r_t W̃_t (d_out, d_in), r_t the ridge
+    r_mu: Tensor  # sum_t r_t μ_t (d_in,)
+    task_sum: Tensor  # sum_t ΔW_t (d_out, d_in)
+    traces: Tensor  # (T,) tr_t, float64
+    scales: Tensor  # (T,) s_t, float64
+    ridge: Tensor  # (T,) r_t, float64
+    symmetric: bool  # every Σ̃_t symmetric (a Cholesky may solve)
+    covs: Sequence[TaskCovariance]  # what they were made of (the same pass again in float64)
+    rule: Callable[[float], tuple[float, float, float]]
+
+    def numerator(self, centered: bool) -> Tensor:
+        """sum_t N_t (Σ̃_t + r_t I) (d_out, d_in) for N_t = W̃_t (``centered``) or ΔW_t (eq. 14)."""
+        B = self.B + self.R
+        return B if centered else B.add_(self.v + self.r_mu)
+
+    def residual(self, Sigma_reg_mean: Tensor) -> Tensor:
+        """Δ_res = sum_t ΔW_t Σ̃_t - (sum_t ΔW_t) Σ̄_reg (d_out, d_in), eq. 16 of ACE-Merging."""
+        return (self.B + self.v).addmm_(self.task_sum, Sigma_reg_mean.to(self.B.dtype), alpha=-1.0)
+
+    def made_of(self, delta_W: Sequence[Tensor]) -> bool:
+        """Whether ``delta_W`` are the very task vectors these sums were made of."""
+        return len(delta_W) == len(self.covs) and all(a is c.delta_W for a, c in zip(delta_W, self.covs))
+
+
+def sum64(tensors: Any) -> Tensor:
+    """Sum in float64, accumulated in place (no T-fold stack held in memory)."""
+    it = iter(tensors)
+    out = next(it).double().clone()
+    for t in it:
+        out += t
+    return out
+
+
+def sq_norms(tensors: Sequence[Tensor]) -> Tensor:
+    """||X_t||_F² of each tensor as a float64 vector (float64 dot products; lower precisions are
+    converted into one reused float64 buffer, no fresh temporary per tensor)."""
+    buf: Tensor | None = None
+    out = []
+    for d in tensors:
+        if d.dtype == torch.float64:
+            x = d.reshape(-1)
+        else:
+            if buf is None or buf.numel() != d.numel() or buf.device != d.device:
+                buf = torch.empty(d.numel(), dtype=torch.float64, device=d.device)
+            x = buf.copy_(d.reshape(-1))
+        out.append(torch.dot(x, x))
+    return torch.stack(out)
+
+
+class CenteredRows(Sequence):
+    """The row-centred W̃_t = ΔW_t - 1 μ_tᵀ of ``delta_W`` (μ_t the mean row), each formed when
+    indexed: ACE's centred numerators, which its streamed sums already hold (:class:`TaskSums`)."""
+
+    def __init__(self, delta_W: Sequence[Tensor]):
+        self.delta_W = list(delta_W)
+
+    def __len__(self) -> int:
+        return len(self.delta_W)
+
+    def __getitem__(self, t: Any) -> Any:
+        if isinstance(t, slice):
+            return [d - d.mean(dim=0, keepdim=True) for d in self.delta_W[t]]
+        return self.delta_W[t] - self.delta_W[t].mean(dim=0, keepdim=True)
+
+
+def solve_task_sums(sums: TaskSums, centered: bool, C_agg: Tensor | None = None, *, name: str = "") -> Tensor:
+    """W_bar_pre = (sum_t N_t Sigma_reg,t)(sum_t Sigma_reg,t + C_agg)^-1 (eq. 14 of ACE-Merging) from the
+    sums, float64 (d_out, d_in). A symmetric system with C_agg = 1 cᵀ (or none) by Cholesky with
+    Sherman–Morrison (:func:`solve_spd_rank_one`); otherwise, or where that fails, the sums again in
+    float64 and the LU solve :func:`solve_right` (pseudo-inverse with a warning naming ``name``)."""
+    W = None
+    if sums.symmetric and (C_agg is None or torch.equal(C_agg, C_agg[:1].expand_as(C_agg))):
+        M = sums.S.clone()  # sum_t Sigma_reg,t (d_in, d_in)
+        M.diagonal().add_(sums.ridge.sum())
+        W = solve_spd_rank_one(sums.numerator(centered), M, None if C_agg is None else C_agg[0], overwrite=True)
+    if W is None:
+        if sums.B.dtype != torch.float64:
+            sums = task_sums(sums.covs, sums.rule, dtype=torch.float64)
+        A = sums.S.clone()
+        A.diagonal().add_(float(sums.ridge.sum()))
+        W = solve_right(sums.numerator(centered), A if C_agg is None else A + C_agg.double(), name=name)
+    return W.double()
+
+
+class StreamedCovariances(list):
+    """Σ̃_1..Σ̃_T as :class:`TaskCovariance` (unformed) with ``sums``, the :class:`TaskSums` of their pass."""
+
+    def __init__(self, items: Any, sums: TaskSums):
+        super().__init__(items)
+        self.sums = sums
+
+
+def _sq_norm(F: Tensor) -> float:
+    """||F||_F² accumulated in float64 (a BLAS dot product; float32 ``F`` is converted first)."""
+    x = (F if F.dtype == torch.float64 else F.double()).reshape(-1)
+    return float(torch.dot(x, x))
+
+
+def task_sums(covs: Sequence[TaskCovariance], rule: Callable[[float], tuple[float, float, float]], *,
+              dtype: torch.dtype = torch.float64) -> TaskSums:
+    """One pass over the tasks, holding O(1) matrices in T (docs/methods.md §ACE; docs/performance.md).
+
+    ``rule(trace) -> (tr_t, s_t, r_t)`` turns Tr(Sigma_hat_t) into the trace, scale and ridge of
+    Σ̃_t = s_t Sigma_hat_t (ACE's normalisation; ``covs`` are unscaled). Each task's covariance is made, accumulated and
+    dropped in turn; ΔW_t and W̃_t live in two reused buffers of the working ``dtype``.
+
+    Cheapest association: for the Gram kinds (Sigma_hat_t = q Fᵀ F) W̃ Σ̃ is formed as
+    (W̃ Fᵀ) F, the d_out × d_out association, when 2 d_out < d_in (CLIP's mlp.c_proj: half the
+    flops), else as W̃ G with the d_in × d_in Gram G = Fᵀ F that S needs anyway (a blocked SYRK).
+    """
+    d_out, d_in = covs[0].delta_W.shape
+    dev = covs[0].delta_W.device
+    z = functools.partial(torch.zeros, dtype=dtype, device=dev)
+    S, B, R, task_sum, v, r_mu = z(d_in, d_in), z(d_out, d_in), z(d_out, d_in), z(d_out, d_in), z(d_in), z(d_in)
+    T = len(covs)
+    traces, scales, ridge = (torch.empty(T, dtype=torch.float64, device=dev) for _ in range(3))
+    rows_first = 2 * d_out < d_in
+    d_buf = torch.empty(d_out, d_in, dtype=dtype, device=dev)  # fresh temporaries of this size per task cost
+    c_buf = torch.empty_like(d_buf)  # page faults comparable to their arithmetic
+    symmetric, lower_only = True, False
+    for t, cov in enumerate(covs):
+        d = d_buf.copy_(cov.delta_W)  # ΔW_t (d_out, d_in)
+        mu = d.mean(dim=0)  # (d_in,)
+        N = torch.sub(d, mu, out=c_buf)  # W̃_t (d_out, d_in)
+        task_sum += d
+        if cov.kind in ("ace", "wudi"):
+            F, q = N, 1.0
+            if cov.kind == "wudi":
+                norm = float(torch.linalg.matrix_norm(d.double()))
+                F, q = d, (0.0 if norm == 0 else 1.0 / norm**cov.wudi_p)
+            tr, s, r = rule(q * _sq_norm(F))
+            a = q * s if cov.kind == "wudi" else s  # Σ̃_t = a Fᵀ F
+            if rows_first:  # S += a Fᵀ F (lower triangle), B += a (N Fᵀ) F, v += a Fᵀ (F μ)
+                syrk_lower_(S, F, alpha=a)
+                lower_only = True
+                H = symmetrize_lower_(syrk_lower_(F.new_zeros(d_out, d_out), F.mT)) if N is F else N @ F.mT
+                B.addmm_(H, F, alpha=a)
+                del H
+                v.add_((F @ mu) @ F, alpha=a)
+            else:
+                G = symmetrize_lower_(syrk_lower_(F.new_zeros(d_in, d_in), F))  # (d_in, d_in)
+                S.add_(G, alpha=a)
+                B.addmm_(N, G, alpha=a)
+                v.add_(G @ mu, alpha=a)
+                del G
+        elif cov.kind == "identity":
+            tr, s, r = rule(float(d_in))
+            S.diagonal().add_(s)
+            B.add_(N, alpha=s)
+            v.add_(mu, alpha=s)
+        else:  # "given"
+            assert cov.matrix is not None, "kind 'given' carries its matrix"
+            tr, s, r = rule(float(torch.diagonal(cov.matrix.double()).sum()))
+            Sg = cov.matrix.to(dev, dtype)
+            symmetric = symmetric and bool(torch.allclose(cov.matrix, cov.matrix.mT, rtol=1e-12, atol=0))
+            S.add_(Sg, alpha=s)
+            B.addmm_(N, Sg, alpha=s)
+            v.add_(mu @ Sg, alpha=s)
+        R.add_(N, alpha=r)
+        r_mu.add_(mu, alpha=r)
+        traces[t], scales[t], ridge[t] = tr, s, r
+        del d, N
+    if lower_only:
+        symmetrize_lower_(S)
+    return TaskSums(S, B, v, R, r_mu, task_sum, traces, scales, ridge, symmetric, covs, rule)
+
+
+# --------------------------------------------------------------------------- ESM's Step A
+
+#: A singular value of the activation shift dO = X ΔWᵀ at or below ``SHIFT_RANK_RTOL · sigma_1``
+#: counts as zero (Step A's rank): float32 rounding of the shift leaves about 6e-8 · sqrt(d_in)
+#: (3e-6 at d_in = 3072) in place of an exact zero, e.g. along the mean direction a LayerNorm output
+#: lacks, so a lower limit would make the rank, and with it the merge, depend on the dtype.
+SHIFT_RANK_RTOL = 1e-5
+
+
+def shift_rank(S: Tensor) -> int:
+    """Rank of the activation shift from its singular values ``S`` (descending): how many exceed
+    ``SHIFT_RANK_RTOL · S[0]`` (docs/methods.md §ESM, Step A)."""
+    if S.numel() == 0 or not bool(S[0] > 0):
+        return 0
+    return int((S > SHIFT_RANK_RTOL * S[0]).sum())
+
+
+def top_shift_factors(X: Tensor | None, delta_W: Tensor, k: int, decomposition: str = "esd"
+                      ) -> tuple[Tensor, Tensor, Tensor] | None:
+    """ESM's Step A on its cheapest exact route: the top ``k`` columns of
+    :func:`acetools.merging.esm.essential_subspace`'s ``P``, their ``lam`` and the norm
+    n_t = ||P_tᵀ ΔW_t||_F of the *full* coordinates, without forming P or Pᵀ ΔW in full.
+
+    Exact routes (docs/methods.md §ESM):
+
+    * The activation shift dO = X ΔWᵀ has rank <= d_in. With N >= d_in, X = Q R (QR,
+      R d_in × d_in) gives dO = Q (R ΔWᵀ): the same singular values and right vectors from the
+      d_in × d_out matrix R ΔWᵀ instead of the N × d_out one. With N < d_in (CLIP's c_proj,
+      d_in 3072 > 1600 proxy tokens) dO itself is the smaller matrix.
+    * The top k right vectors then come from the float64 Gram of the smaller side
+      (:func:`gram_top_svd`) for float32 inputs, where
+      sigma_1 / sigma_k allows it; float64 inputs take the float64 SVD of the reduced matrix.
+    * Only rows :k of A_t = P_tᵀ ΔW_t are used after Step B2; its norm follows from the columns
+      of P: the m = min(N, d_out) SVD columns span range(ΔW Xᵀ) = range(ΔW) whenever X has full
+      column rank, so they carry all of ||ΔW||_F² (past rank(dO) they are orthogonal to ΔW),
+      and the identity completion e_{m+1}..e_{d_out} adds the squared norms of rows m+1.. of ΔW:
+      n_t² = ||ΔW||_F² + ||ΔW[m:]||_F². For the "svd" decomposition the same holds with
+      m = min(d_out, d_in).
+
+    Returns ``(P_k, lam_k, n_t)`` in ``delta_W``'s dtype, or ``None`` where the shortcut does
+    not apply (k past the rank bound, X without full column rank while P is completed, or a
+    zero shift): the caller then decomposes in full. Where the shift's rank
+    (:func:`shift_rank`) is below k, ``P_k`` has only that many columns.
+    """
+    d_out, d_in = delta_W.shape
+    gram = delta_W.dtype != torch.float64
+    W64 = delta_W.double()
+    if decomposition == "esd":
+        if X is None:
+            raise InputError("esm: the 'esd' decomposition needs the layer's activations X")
+        X = X.reshape(-1, d_in)  # (N, d_in)
+        n = X.shape[0]
+        m = min(n, d_out)
+        if k > min(n, d_in, d_out) or (m < d_out and n < d_in):
+            return None
+        X64 = X.to(delta_W.device, torch.float64)
+        if n >= d_in:
+            R = torch.linalg.qr(X64, mode="r").R
+            r_diag = R.diagonal().abs()
+            if m < d_out and not bool(r_diag.min() > 1e-10 * r_diag.max()):
+                return None  # X lacks full column rank: the completion's norm would depend on LAPACK's basis
+            C = R @ W64.T
+        else:
+            C = X64 @ W64.T
+        scale = max(n - 1, 1)
+    else:
+        m = min(d_out, d_in)
+        if k > m:
+            return None
+        C, scale = W64.T, 1  # right singular vectors of ΔWᵀ = left ones of ΔW
+    top = gram_top_svd(C, k) if gram else None
+    if top is not None:
+        _, S, Vh_k = top
+    else:
+        _, S, Vh = thin_svd(C.to(delta_W.dtype) if gram else C)
+        S, Vh_k = S[:k].double(), Vh[:k, :].double()
+        if not bool(S[0] > 0):
+            return None
+    r = shift_rank(S)
+    S, Vh_k = S[:r], Vh_k[:r]
+    norm2 = W64.square().sum() + (W64[m:].square().sum() if m < d_out else 0.0)
+    dt = delta_W.dtype
+    return Vh_k.mT.to(dt), (S.square() / scale).to(dt), norm2.sqrt().to(dt)
+
+
+def whiten_svd(M: Tensor, name: str = "") -> Tensor:
+    """ESM's whitening (docs/methods.md §ESM, Eq. (ESM.8)) through the thin SVD of ``M`` in its own
+    dtype: polar(M) times the mean singular value; a rank-deficient ``M`` (:func:`polar_rank`) gets
+    the partial isometry of its rank-r part, with a warning naming ``name``."""
+    if not bool(torch.isfinite(M).all()):
+        raise FloatingPointError(f"esm: layer {name!r}: the matrix to whiten has NaN or Inf entries; the task "
+                                 "vectors or activations overflow (check their scale)")
+    U, S, Vh = thin_svd_named(M, name)
+    if S.numel() == 0 or not bool(S.mean() > 0):
+        return torch.zeros_like(M)
+    r = polar_rank(S, (M.shape[0], M.shape[1]), M.dtype)
+    if r < S.numel():
+        warnings.warn(
+            f"esm: layer {name!r}: the {tuple(M.shape)} matrix to whiten has rank {r} < {S.numel()} (singular "
+            "values at rounding level); its polar factor is not unique, so the rank-r part's U_r V_r^T is used "
+            "(docs/methods.md §ESM, Step B5)", RuntimeWarning, stacklevel=3)
+        return (U[:, :r] @ Vh[:r]) * S.mean()
+    return (U @ Vh) * S.mean()
+
+
+def thin_svd_named(M: Tensor, name: str) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`thin_svd` whose LAPACK failure names the layer ``name`` and the likely cause."""
+    try:
+        return thin_svd(M)
+    except RuntimeError as e:  # torch.linalg.LinAlgError: the SVD did not converge
+        big = float(M.detach().abs().max()) if M.numel() else 0.0
+        raise InputError(
+            f"esm: the SVD for layer {name!r} failed ({type(e).__name__}); the {tuple(M.shape)} matrix has "
+            f"max |entry| {big:.3g}: task vectors or activations this large (or NaN/Inf) overflow "
+            f"{M.dtype} arithmetic. Check the scale of the experts and the capture"
+        ) from e
+
+
+# --------------------------------------------------------------------------- ACE's stage outputs
+
+
+def dense_covariance(S: Tensor | TaskCovariance) -> Tensor:
+    """A covariance as a float64 matrix (a :class:`TaskCovariance` formed)."""
+    return S.dense() if isinstance(S, TaskCovariance) else S.double()
+
+
+@dataclass
+class NormalizedCovariances:
+    """Output of ACE's :func:`acetools.merging.ace.normalize_covariances`: Sigma_reg,t = Σ̃_t + ridge[t] I,
+    kept factored (docs/methods.md §ACE, Eqs. (ACE.7)-(ACE.8))."""
+
+    Sigma_tilde: list[Tensor]  # Σ̃_t (d_in, d_in) = Sigma_hat_t / tr_t when normalized; StreamedCovariances
+    ridge: Tensor  # (T,) eps / tr_t when normalized, else eps
+    traces: Tensor  # (T,) tr_t = Tr(Sigma_hat_t) + 1e-12
+    normalized: bool
+
+    @property
+    def Sigma_reg(self) -> list[Tensor]:
+        """The list of Sigma_reg,t = Σ̃_t + ridge_t I (materialised on request)."""
+        dense = [dense_covariance(S) for S in self.Sigma_tilde]
+        return [S + r * torch.eye(S.shape[-1], dtype=S.dtype, device=S.device) for S, r in zip(dense, self.ridge)]
+
+    def sum_reg(self) -> Tensor:
+        """sum_t Sigma_reg,t (d_in, d_in), a new tensor (in the streamed sums' dtype)."""
+        sums = getattr(self.Sigma_tilde, "sums", None)
+        S = sums.S.clone() if sums is not None else sum64(dense_covariance(S) for S in self.Sigma_tilde)
+        S.diagonal().add_(self.ridge.sum())
+        return S
+
+    def mean_reg(self) -> Tensor:
+        """Σ̄_reg = (1/T) sum_t Sigma_reg,t, including the ridge terms (eq. 15)."""
+        return self.sum_reg().div_(len(self.Sigma_tilde))
+
+
+class Refinement(NamedTuple):
+    """Output of ACE's :func:`acetools.merging.ace.spectral_refine`: the refined matrix and the SVD it came from."""
+
+    W: Tensor  # W_bar = W_bar_pre + sigma_iso U_k V_kᵀ (or W_bar_pre when k = 0), (d_out, d_in)
+    k: int  # refined rank floor(k_frac · r)
+    sigma_iso: float  # mean of the top-k singular values of W_fused (NaN when k = 0)
+    S_fused: Tensor  # singular values of W_fused = W_bar_pre + Δ_res (streamed: the top k)
+    U: Tensor  # left singular vectors of W_fused (d_out, r) (streamed: (d_out, k))
+    Vh: Tensor  # right singular vectors, transposed (r, d_in) (streamed: (k, d_in))
+    W_fused: Tensor | None = None  # (d_out, d_in)
+
+    def at_rank(self, W_pre: Tensor, k: int) -> Tensor:
+        """W_pre + mean(S_fused[:k]) U_k V_kᵀ: the refinement at another rank (k = 0: W_pre)."""
+        if k == 0:
+            return W_pre.clone()
+        return isotropic_update(W_pre, self.U[:, :k] @ self.Vh[:k, :], self.S_fused[:k].mean())
+
+
+def isotropic_update(W_pre: Tensor, UV_k: Tensor, sigma_iso: Tensor | float) -> Tensor:
+    """W_bar = W_bar_pre + sigma_iso U_k V_kᵀ (eq. 19); ``UV_k`` (U_k V_kᵀ) is overwritten."""
+    return UV_k.mul_(sigma_iso).add_(W_pre)

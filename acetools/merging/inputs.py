@@ -1,0 +1,428 @@
+"""The merge methods' options and data inputs, validated: ACE's estimator presets and covariances,
+ESM's activations and layer names (docs/methods.md §ACE, §ESM). Every error names the key, the
+expert and the shape expected."""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, InputKeyError, InputTypeError
+from ._registry import effective_hparams
+from .linalg import TaskCovariance, check_psd, check_square
+
+__all__ = [
+    "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "LAYOUT_NAMES", "with_layout_names",
+    "ESTIMATORS", "PRECISIONS", "EPS_MODES", "GAMMA_MODES", "Switches", "estimator_preset", "given_covariances",
+    "check_prior",
+    "check_task_vectors", "check_given_covariances", "check_ace_covariances",
+    "check_covariances_param", "as_rows", "matches", "finite_number", "str_tuple", "check_activations",
+    "activation_source", "check_targets", "esd_failure",
+]
+
+#: open_clip parameter names of the ESD layers (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2), "Target layers").
+DEFAULT_TARGETS: tuple[str, ...] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+#: The four CLIP block types compared by the inter-layer polarization (docs/methods.md §ESM, Eq. (ESM.10)).
+CLIP_LAYER_TYPES: tuple[str, ...] = (
+    "attn.in_proj_weight",
+    "attn.out_proj.weight",
+    "mlp.c_fc.weight",
+    "mlp.c_proj.weight",
+)
+
+
+def _each(*names: str) -> tuple[str, ...]:
+    return tuple(n + "$" for n in names)
+
+
+#: Per layout preset: ESM's ESD targets (the attention input projections and both MLP
+#: matrices, as ``attn.in_proj_weight``, ``mlp.c_fc``, ``mlp.c_proj`` in open_clip) and the
+#: Step-C layer types (every block matrix kind), as regular expressions searched in the key.
+LAYOUT_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "open_clip": {
+        "targets": ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
+        "layer_types": ("attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
+    },
+    "hf_clip": {
+        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
+        "layer_types": _each(r"self_attn\.q_proj\.weight", r"self_attn\.k_proj\.weight", r"self_attn\.v_proj\.weight",
+                             r"self_attn\.out_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
+    },
+    "gpt2": {
+        "targets": _each(r"attn\.c_attn\.weight", r"mlp\.c_fc\.weight", r"mlp\.c_proj\.weight"),
+        "layer_types": _each(r"attn\.c_attn\.weight", r"attn\.c_proj\.weight", r"mlp\.c_fc\.weight",
+                             r"mlp\.c_proj\.weight"),
+    },
+    "bert": {
+        "targets": _each(r"attention\.self\.(query|key|value)\.weight", r"intermediate\.dense\.weight",
+                         r"layer\.\d+\.output\.dense\.weight"),
+        "layer_types": _each(r"attention\.self\.query\.weight", r"attention\.self\.key\.weight",
+                             r"attention\.self\.value\.weight", r"attention\.output\.dense\.weight",
+                             r"intermediate\.dense\.weight", r"layer\.\d+\.output\.dense\.weight"),
+    },
+    "llama": {
+        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.(gate|up)_proj\.weight", r"mlp\.down_proj\.weight"),
+        "layer_types": _each(*(rf"self_attn\.{p}_proj\.weight" for p in "qkvo"),
+                             *(rf"mlp\.{p}_proj\.weight" for p in ("gate", "up", "down"))),
+    },
+}
+
+
+def with_layout_names(hparams: Mapping[str, Any], layout_name: str | None) -> dict[str, Any]:
+    """``hparams`` with ``targets`` / ``layer_types`` from :data:`LAYOUT_NAMES` for the layout preset
+    ``layout_name`` where the caller gave none (the open_clip names are the registered defaults;
+    a layout without names, e.g. ``generic``, keeps them, so ESM says which names are missing)."""
+    out = dict(hparams)
+    names = LAYOUT_NAMES.get(layout_name or "")
+    if names is not None:
+        for k in ("targets", "layer_types"):
+            out.setdefault(k, names[k])
+    return out
+
+
+# --------------------------------------------------------------------------- ACE
+
+ESTIMATORS = ("ace", "identity", "wudi", "given")
+PRECISIONS = ("float64", "float32")
+#: "absolute" (the paper's eps I, eps/tr_t I on normalised layers) or "relative" (not the paper's).
+EPS_MODES = ("absolute", "relative")
+#: "paper" (eq. 7) or "cv" (scale-invariant, not the paper's; :func:`heterogeneity`).
+GAMMA_MODES = ("paper", "cv")
+
+
+class Switches(NamedTuple):
+    """The component switches an estimator implies (see :func:`estimator_preset`)."""
+
+    gate: str
+    prior: bool
+    numerator: str
+
+
+_PRESETS = {"ace": Switches("auto", True, "centered"), **{e: Switches("off", False, "raw") for e in ESTIMATORS[1:]}}
+
+
+def estimator_preset(estimator: str = "ace", *, gate: str | None = None, prior: bool | None = None,
+                     numerator: str | None = None) -> Switches:
+    """The switches used with ``estimator``; ``None`` means "the estimator's preset"
+    (docs/methods.md §ACE): "ace" = ("auto", True, "centered"), the paper's method; "identity",
+    "wudi" and "given" = ("off", False, "raw"). Explicit values override the preset, so every
+    ablation is reachable (e.g. ``estimator="identity", prior=True``)."""
+    if estimator not in _PRESETS:
+        raise InputError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
+    p = _PRESETS[estimator]
+    out = Switches(gate=p.gate if gate is None else gate, prior=p.prior if prior is None else prior,
+                   numerator=p.numerator if numerator is None else numerator)
+    if out.gate not in ("auto", "on", "off"):
+        raise InputError(f"gate={out.gate!r} is not one of ['auto', 'on', 'off']")
+    if out.numerator not in ("centered", "raw"):
+        raise InputError(f"numerator={out.numerator!r} is not one of ['centered', 'raw']")
+    if not isinstance(out.prior, bool):
+        raise InputTypeError(f"prior={out.prior!r} must be True, False or None")
+    return out
+
+
+@effective_hparams("ace")
+def _effective(hp: dict) -> dict:
+    """ACE's ``gate`` / ``prior`` / ``numerator`` as :func:`estimator_preset` resolves them."""
+    sw = estimator_preset(hp.get("estimator", "ace"), gate=hp.get("gate"), prior=hp.get("prior"),
+                          numerator=hp.get("numerator"))
+    return {**hp, "gate": sw.gate, "prior": sw.prior, "numerator": sw.numerator}
+
+
+def check_prior(C_agg: Tensor | None, d_in: int, name: str) -> Tensor | None:
+    """ACE's C_agg, which must be d_in × d_in (or None)."""
+    if C_agg is not None and C_agg.shape != (d_in, d_in):
+        raise InputError(f"layer {name!r}: C_agg has shape {tuple(C_agg.shape)}, expected {(d_in, d_in)}")
+    return C_agg
+
+
+def given_covariances(Sigma: Sequence[Tensor] | None, estimator: str, dWs: list[Tensor],
+                      name: str) -> list[TaskCovariance] | None:
+    """ACE's ``Sigma`` of one layer as unformed task covariances for ``estimator="given"``
+    (checked: :func:`check_given_covariances`); ``None`` for the other estimators, which take none."""
+    if estimator != "given":
+        if Sigma is not None:
+            raise InputError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
+        return None
+    if Sigma is None:
+        raise InputError(f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)")
+    return [TaskCovariance(d, "given", matrix=S) for d, S in zip(dWs, check_given_covariances(Sigma, dWs, name))]
+
+
+def check_task_vectors(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
+    """The T task vectors of one layer as a list: 2-D tensors (d_out × d_in) of one shape."""
+    if isinstance(delta_W, Tensor) or len(delta_W) == 0:
+        raise InputError(f"layer {name!r}: pass a non-empty list of task vectors (one d_out x d_in tensor per task)")
+    shape = delta_W[0].shape
+    for t, d in enumerate(delta_W):
+        if not isinstance(d, Tensor) or d.ndim != 2:
+            raise InputError(
+                f"layer {name!r}, task {t}: expected a 2-D tensor, got {getattr(d, 'shape', type(d).__name__)}"
+            )
+        if d.shape != shape:
+            raise InputError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's {tuple(shape)}")
+    return list(delta_W)  # converted one task at a time where used: no T float64 copies
+
+
+def check_given_covariances(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[Tensor]:
+    """ACE's given Sigma_t of one layer, one per task: d_in × d_in, finite, symmetric PSD; float64
+    on the task vectors' device."""
+    if len(Sigma) != len(dWs):
+        raise InputError(
+            f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order"
+        )
+    d_in = dWs[0].shape[1]
+    out = []
+    for t, S in enumerate(Sigma):
+        if not isinstance(S, Tensor):
+            raise InputTypeError(
+                f"covariance of task {t} for layer {name!r} is a {type(S).__name__}, not a torch.Tensor")
+        if S.shape != (d_in, d_in):
+            raise InputError(
+                f"covariance of task {t} for layer {name!r} has shape {tuple(S.shape)}; "
+                f"it must be d_in x d_in = {d_in} x {d_in} (the layer's input dimension)"
+            )
+        if not torch.isfinite(S).all():
+            raise InputError(f"covariance of task {t} for layer {name!r} contains NaN or Inf")
+        check_psd(S, f"covariance of task {t} (expert {t}) for layer {name!r}")
+        out.append(S.to(dWs[0].device, torch.float64))
+    return out
+
+
+def check_covariances_param(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, Mapping) or not isinstance(value, Sequence) or isinstance(value, str):
+        return "must be None or a list with one {key: Sigma_t} dict per expert"
+    for t, c in enumerate(value):
+        if not isinstance(c, Mapping):
+            return f"entry {t} is a {type(c).__name__}, not a dict key -> Sigma_t"
+    return None
+
+
+def check_ace_covariances(covariances: Any, estimator: str, base: Mapping[str, Tensor], matrix_keys: Sequence[str],
+                          T: int) -> dict[str, list[Tensor]]:
+    """ACE's ``covariances`` (estimator="given": one {key: Sigma_t} dict per expert) checked and
+    gathered per matrix key; ``{}`` for the other estimators."""
+    if estimator != "given":
+        if covariances is not None:
+            raise InputError(f"ace: covariances are only used with estimator='given' (got estimator={estimator!r})")
+        return {}
+    if covariances is None:
+        raise InputError("ace: estimator='given' needs covariances=[{key: Sigma_t}, ...], one dict per expert")
+    if len(covariances) != T:
+        raise InputError(
+            f"ace: covariances has {len(covariances)} entries for {T} experts; "
+            "pass one dict per expert, in the same order"
+        )
+    mset = set(matrix_keys)
+    for t, c in enumerate(covariances):
+        for k in c:
+            if k not in base:
+                raise InputKeyError(f"ace: covariances[{t}] has key {k!r} that base does not have")
+            if k not in mset:
+                raise InputError(
+                    f"ace: covariances[{t}][{k!r}] is for a parameter that is not a matrix; "
+                    "only matrix keys take Sigma_t"
+                )
+    out: dict[str, list[Tensor]] = {}
+    for k in matrix_keys:
+        have = [k in c for c in covariances]
+        if not any(have):
+            continue
+        if not all(have):
+            missing = have.index(False)
+            raise InputKeyError(
+                f"ace: covariances[{missing}] lacks key {k!r} that other experts' covariances have; "
+                "give it for every expert or for none"
+            )
+        for t, c in enumerate(covariances):
+            check_square(c[k], base[k].shape[1], f"ace: covariances[{t}][{k!r}]")
+        out[k] = [c[k] for c in covariances]
+    return out
+
+
+# --------------------------------------------------------------------------- ESM
+
+
+def as_rows(X: Tensor, d_in: int, where: str = "X") -> Tensor:
+    """Flatten all leading dims of ``X`` into rows and check its width is ``d_in``."""
+    if not isinstance(X, Tensor):
+        raise InputTypeError(f"{where} must be a torch.Tensor of input activations (N x d_in), got {type(X).__name__}")
+    if X.ndim < 2:
+        raise InputError(
+            f"{where} has shape {tuple(X.shape)}; input activations must be N x d_in "
+            "(tokens flattened into rows; leading dims are flattened for you)"
+        )
+    if X.shape[-1] != d_in:
+        raise InputError(
+            f"{where} has d_in={X.shape[-1]} (shape {tuple(X.shape)}) but the weight expects d_in={d_in}; "
+            "capture the *input* of the layer (for attn.in_proj_weight the query input, i.e. the ln_1 output); "
+            "weights stored in x out (GPT-2 Conv1D) must be given as d_out x d_in (acetools.layouts)"
+        )
+    X = X.reshape(-1, d_in)
+    if X.shape[0] < 1:
+        raise InputError(f"{where} has N=0 rows; ESD needs at least one proxy token (the paper uses 32 images)")
+    if not X.is_floating_point():
+        raise InputTypeError(f"{where} has dtype {X.dtype}; input activations must be floating point")
+    return X
+
+
+def matches(pattern: str, key: str) -> bool:
+    """``pattern`` is a regular expression searched anywhere in ``key``; a plain name like
+    ``mlp.c_fc.weight`` therefore acts as a substring ('.' matches itself)."""
+    return re.search(pattern, key) is not None
+
+
+
+def finite_number(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "must be a finite number"
+    return None
+
+
+def str_tuple(allow_empty: bool) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if isinstance(v, str) or not isinstance(v, (tuple, list)):
+            return "must be a tuple of parameter-name patterns, e.g. ('mlp.c_fc.weight',)"
+        if not allow_empty and len(v) == 0:
+            return "must name at least one layer pattern"
+        if not all(isinstance(s, str) and s for s in v):
+            return "every entry must be a non-empty string"
+        for s in v:
+            try:
+                re.compile(s)
+            except re.error as e:
+                return f"pattern {s!r} is not a valid regular expression ({e})"
+        return None
+
+    return check
+
+
+def check_activations(v: Any) -> str | None:
+    if v is None or isinstance(v, Mapping) or callable(v):
+        return None
+    return (
+        "must be a mapping key -> list of tensors (one N x d_in tensor per task) or a callable "
+        "activations(t, key) -> Tensor"
+    )
+
+
+def activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
+                       d_in: Mapping[str, int]) -> Callable[[int, str], Tensor]:
+    """Validate ``activations`` (eagerly for a mapping) and return a getter (t, key) -> X (N x d_in)."""
+    how = (
+        "capture it inside each task's fine-tuned model with acetools.files.activations.capture_inputs, "
+        "or drop the layer from `targets`"
+    )
+    if isinstance(activations, Mapping):
+        for key in esd_keys:
+            if key not in activations:
+                raise InputKeyError(f"esm: activations has no entry for ESD layer {key!r}; {how}")
+            xs = activations[key]
+            if isinstance(xs, Tensor) or not isinstance(xs, Sequence):
+                raise InputTypeError(
+                    f"esm: activations[{key!r}] must be a list with one N x d_in tensor per task, "
+                    f"got {type(xs).__name__}"
+                )
+            if len(xs) != n_tasks:
+                raise InputError(
+                    f"esm: activations[{key!r}] has {len(xs)} tensors but there are {n_tasks} tasks; "
+                    "give one per task, in the order of the experts"
+                )
+            for t, X in enumerate(xs):
+                as_rows(X, d_in[key], where=f"esm: activations[{key!r}][{t}] (expert {t}, task {t})")
+
+        def get(t: int, key: str) -> Tensor:
+            return activations[key][t]
+    else:
+        def get(t: int, key: str) -> Tensor:
+            return activations(t, key)
+
+    def checked(t: int, key: str) -> Tensor:
+        where = f"esm: activations for key {key!r}, task {t} (expert {t})"
+        X = as_rows(get(t, key), d_in[key], where=where)
+        if not torch.isfinite(X).all():
+            raise InputError(f"{where} contain NaN or Inf values; check the capture")
+        return X
+
+    return checked
+
+
+def esd_failure(key: str, taus: Sequence[Tensor], Xs: Sequence[Tensor] | None, e: Exception) -> InputError:
+    """The error for a failed eigensolver or SVD on ESD layer ``key``: the likely cause, with the scales."""
+    big = max(float(t.detach().abs().max()) for t in taus)
+    xbig = max((float(X.detach().abs().max()) for X in Xs), default=0.0) if Xs is not None else 0.0
+    return InputError(
+        f"esm: the eigensolver/SVD failed on layer {key!r} ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+        f"max |task vector| = {big:.3g}, max |activation| = {xbig:.3g}: values this large overflow the "
+        "float32/float64 Gram and shift matrices. Check that the experts and the base are the same model at "
+        "the same scale (a task vector is expert - base) and that the activations are finite and unscaled"
+    )
+
+
+def check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targets: Sequence[str],
+                   activations: Any, layer_types: Sequence[str]) -> list[str]:
+    """The ESD keys, or an error: ESM never turns silently into TSV-M.
+
+    Explicit ``targets`` must each select a matrix key; the default (open_clip names) must
+    select at least one. A mapping of ``activations`` may only name ESD keys. Step C's
+    ``layer_types`` likewise (explicit: each must match; default: a warning if none does).
+    """
+    where = "esm: "
+    esd_keys = [k for k in matrix_keys if any(matches(p, k) for p in targets)]
+    defaults = tuple(targets) == DEFAULT_TARGETS
+    example = next(iter(matrix_keys), next(iter(base), "?"))
+    if not esd_keys:
+        what = f"none of the default targets {list(DEFAULT_TARGETS)} (open_clip names)" if defaults else \
+            f"no pattern of targets={list(targets)}"
+        raise InputError(
+            f"{where}{what} matches a matrix key of the model (e.g. {example!r}); without ESD layers ESM "
+            "would be TSV-M. Pass targets= with your model's layer names (regular expressions searched in "
+            "the key, e.g. targets=('mlp.fc1.weight', 'self_attn.q_proj.weight'))"
+        )
+    if defaults:
+        unmatched = [p for p in targets if not any(matches(p, k) for k in matrix_keys)]
+        if unmatched:
+            warnings.warn(
+                f"{where}the default target(s) {unmatched} (open_clip names) match no matrix key, so ESM runs on "
+                f"{len(esd_keys)} layer(s) only and other matrices take TSV-M; pass targets= with your model's names "
+                "(acetools.files.esm_inputs.esm_names(layout) has them for the layout presets)", RuntimeWarning,
+                stacklevel=4)
+    else:
+        for p in targets:
+            if not any(matches(p, k) for k in matrix_keys):
+                hint = " (it names a key that is not a matrix)" if any(matches(p, k) for k in base) else ""
+                raise InputError(f"{where}target pattern {p!r} matches no matrix key of the model{hint}; "
+                                 f"e.g. {example!r}")
+    if isinstance(activations, Mapping):
+        esd_set = set(esd_keys)
+        for key in activations:
+            if key in esd_set:
+                continue
+            if key not in base:
+                raise InputKeyError(
+                    f"{where}activations are given for key {key!r}, which is not a weight of the model; "
+                               "key activations by the weight's state-dict key (e.g. '...mlp.c_fc.weight')")
+            raise InputKeyError(f"{where}activations are given for key {key!r}, which no ESM target selects, so they "
+                           f"would be ignored; add it to targets (now {list(targets)}) or drop it")
+    if layer_types:
+        typed = [p for p in layer_types if any(matches(p, k) for k in matrix_keys)]
+        if tuple(layer_types) == CLIP_LAYER_TYPES:
+            if not typed:
+                warnings.warn(
+                    f"{where}none of the default layer_types (open_clip names) matches a matrix key, so the "
+                    "inter-layer polarization (Step C) does nothing; pass layer_types= with your model's "
+                    "names or layer_scaling=False", RuntimeWarning, stacklevel=4)
+        else:
+            missing = [p for p in layer_types if p not in typed]
+            if missing:
+                raise InputError(f"{where}layer_types pattern {missing[0]!r} matches no matrix key of the model; "
+                                 f"e.g. {example!r}")
+    return esd_keys
