@@ -570,6 +570,10 @@ def _add_diagnose(sub) -> None:
     g.add_argument("--layout", default="auto", choices=_Lazy(_layouts), metavar="LAYOUT",
                    help="layout preset (default auto: detected from the config or key names): %(choices)s")
     g.add_argument("--names", nargs="+", default=None, help="one name per expert (default: the file names)")
+    g.add_argument("--heads", default="auto", choices=["auto", "merge", "per-task", "drop"],
+                   help="classifier heads (classifier.*, score.weight), as for merge: auto (default: left out for "
+                        "*ForSequenceClassification experts), merge (diagnosed like every key; same shapes only), "
+                        "per-task or drop (left out)")
     g.add_argument("--tau", type=float, default=None,
                    help="ACE's gate threshold on gamma (default: ACE's registered tau, acetools.METHODS['ace'])")
     g.add_argument("--ace", action="store_true",
@@ -589,17 +593,18 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     check_output_folder(args.out, [args.base, *args.experts], weights=False)  # merge's check: never inside an input
     names = args.names or None
     # every file, key and shape is checked before a kernel starts (one-line errors)
-    info = check_inputs(args.base, args.experts, names=names, layout=args.layout)
+    info = check_inputs(args.base, args.experts, names=names, layout=args.layout, heads=args.heads)
     print(f"{info['n_tasks']} experts, layout {info['layout']!r}, {info['n_matrices']} matrices of "
           f"{info['n_keys']} keys", flush=True)
     if args.tables_only:
-        d = diagnose(args.base, args.experts, names=names, layout=args.layout, tau=args.tau, ace=args.ace)
+        d = diagnose(args.base, args.experts, names=names, layout=args.layout, tau=args.tau, ace=args.ace,
+                     heads=args.heads)
         paths = d.save(args.out)
         print(d.summary[["label", "value", "unit"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print(f"tables in {os.path.dirname(os.path.abspath(paths['summary']))} ({d.meta['seconds']:.0f} s)")
         return 0
     rec = run_report(args.base, args.experts, args.out, names=names, layout=args.layout, tau=args.tau, ace=args.ace,
-                     html=not args.no_html, timeout=args.cell_timeout)
+                     html=not args.no_html, timeout=args.cell_timeout, heads=args.heads)
     print(f"report in {rec['seconds']:.0f} s: {rec.get('html', rec['executed'])}")
     return 0
 
@@ -637,13 +642,19 @@ def _add_merge(sub) -> None:
     m.add_argument("--names", nargs="+", default=None, metavar="NAME",
                    help="with --heads per-task: one head folder name per expert (default: the experts' folder names)")
     m.add_argument("--overwrite", action="store_true", help="replace the weights of an earlier merge in --out")
+    m.add_argument("--force", action="store_true",
+                   help="merge even when the base does not look like the experts' parent (relative update size and "
+                        "task-vector cosines measured on a sample of matrices; docs/your-models.md)")
+    m.add_argument("--search", default=None, metavar="FILE.py:FUNCTION",
+                   help="choose the method's coefficient (lambda, alpha, ACE's scaling) with your evaluation "
+                        "FUNCTION(model_folder, task) -> score, by the library's search protocol")
     m.add_argument("--dry-run", action="store_true", help="print the layout and the path of every key; write nothing")
     m.set_defaults(func=_cmd_merge)
 
 
-def _cmd_merge(args: argparse.Namespace) -> int:
-    from .files.merge_files import load_config, merge_files, parse_hparam
-    from .layouts import format_table
+def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The merge's settings: the config file's, overridden by the options given."""
+    from .files.merge_files import load_config, parse_hparam
 
     cfg: dict[str, Any] = load_config(args.config) if args.config else {"hyperparameters": {}}
     for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode", "heads",
@@ -656,12 +667,30 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             raise InputError(f"merge needs --{name} (or '{name}:' in a config file)")
     if not cfg.get("out") and not args.dry_run:
         raise InputError("merge needs --out (or 'out:' in a config file), or --dry-run")
+    if args.search and args.dry_run:
+        raise InputError("--search merges and evaluates; it cannot be combined with --dry-run")
+    return cfg
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from .files.lineage import check_lineage
+    from .files.merge_files import merge_files, plan_merge
+    from .layouts import format_table
+
+    cfg = _merge_config(args)
+    options = {"layout": cfg.get("layout", "auto"), "dtype": cfg.get("dtype"), "device": cfg.get("device", "cpu"),
+               "shard_size": cfg.get("shard_size", "5GB"), "mode": cfg.get("mode", "auto"),
+               "overwrite": args.overwrite or bool(cfg.get("overwrite")), "progress": None,
+               "heads": cfg.get("heads", "auto"), "names": cfg.get("names"),
+               "force_layout": args.force_layout or bool(cfg.get("force_layout"))}
+    plan_options = {k: options[k] for k in ("layout", "mode", "heads", "names", "force_layout")}
+    if not args.dry_run:  # is the base the experts' parent? (a sample of matrices, before anything is written)
+        plan = plan_merge(cfg["method"], cfg["base"], cfg["experts"], hparams=cfg["hyperparameters"], **plan_options)
+        check_lineage(plan.base, plan.experts, plan.layout, force=args.force)
+    if args.search:
+        return _search_merge(args, cfg, options)
     res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"), hparams=cfg["hyperparameters"],
-                      layout=cfg.get("layout", "auto"), dtype=cfg.get("dtype"), device=cfg.get("device", "cpu"),
-                      shard_size=cfg.get("shard_size", "5GB"), mode=cfg.get("mode", "auto"), dry_run=args.dry_run,
-                      overwrite=args.overwrite or bool(cfg.get("overwrite")), progress=None,
-                      heads=cfg.get("heads", "auto"), names=cfg.get("names"),
-                      force_layout=args.force_layout or bool(cfg.get("force_layout")))
+                      dry_run=args.dry_run, **options)
     print(res.plan.summary())
     if args.dry_run:
         print(format_table(res.plan.rows))
@@ -671,6 +700,21 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     if res.info["heads"]["tasks"]:
         print(f"heads of {len(res.info['heads']['tasks'])} tasks in {res.out / 'heads'}: "
               f"{', '.join(res.info['heads']['tasks'])} (acetools.files.heads.load_with_head)")
+    return 0
+
+
+def _search_merge(args: argparse.Namespace, cfg: dict[str, Any], options: dict[str, Any]) -> int:
+    """``acetools merge --search FILE.py:FUNCTION``: the coefficient chosen by the user's evaluation."""
+    from .files.search_merge import load_evaluation, search_merge, searched
+
+    evaluate = load_evaluation(args.search)
+    param = searched(cfg["method"]).param
+    print(f"searching {cfg['method']}'s {param} with {args.search}", flush=True)
+    found = search_merge(cfg["method"], cfg["base"], cfg["experts"], cfg["out"], evaluate,
+                         hparams=cfg["hyperparameters"], report=lambda line: print(line, flush=True), **options)
+    print(found.table())
+    print(f"chosen {param}={found.value:g}; wrote {', '.join(f.name for f in found.merge.files)} to "
+          f"{found.merge.out} (the search is in acetools_merge.json)")
     return 0
 
 

@@ -22,7 +22,10 @@ A :class:`Layout` says, per weight key,
 Presets (:data:`PRESETS`): ``open_clip``, ``hf_clip``, ``gpt2``, ``bert`` (BERT and RoBERTa),
 ``llama`` (LLaMA-style ``q_proj`` ... ``down_proj``; Mistral, Qwen2, Gemma share the names) and
 ``generic``. :func:`detect_layout` picks one from a Hugging Face ``config.json`` or from the key
-names; :func:`get_layout` accepts a name, a :class:`Layout`, ``"auto"`` or ``None``.
+names; :func:`get_layout` accepts a name, a :class:`Layout`, ``"auto"`` or ``None``;
+:func:`default_layout` is what ``acetools.merge()`` and ``acetools merge`` use when no layout is
+given. :func:`align_prefix` matches a bare backbone's keys (``BertModel``) with a task model's
+(``bert.``-prefixed, transformers' ``base_model_prefix``).
 
 The ``open_clip`` preset reproduces the rule of the official TSV, Iso, ESM and ACE code exactly
 (:func:`acetools.merging.is_matrix_param`): every float tensor with ``ndim == 2`` whose key does
@@ -60,6 +63,11 @@ __all__ = [
     "CLASSIFIER_ARCHITECTURES",
     "describe",
     "format_table",
+    "default_layout",
+    "BASE_MODEL_PREFIXES",
+    "base_model_prefix",
+    "PrefixAlignment",
+    "align_prefix",
 ]
 
 log = logging.getLogger("acetools.layouts")
@@ -332,13 +340,14 @@ def get_layout(
     *,
     keys: Iterable[str] | None = None,
     config: Mapping[str, Any] | None = None,
-    fallback: str = "generic",
+    fallback: str = "open_clip",
     force: bool = False,
 ) -> Layout:
     """A bound :class:`Layout` from a preset name, a Layout, ``"auto"`` or ``None``.
 
     ``"auto"``/``None`` detect the preset from ``config`` and ``keys``
-    (:func:`detect_layout`); when nothing matches, ``fallback`` is used and logged. With
+    (:func:`detect_layout`); when nothing matches, ``fallback`` is used and logged (default
+    ``open_clip``: the official code's rule, the default of :func:`default_layout`). With
     ``keys`` the tie rules are resolved (:meth:`Layout.bind`). A preset named explicitly that
     contradicts ``config`` (its ``model_type`` or ``architectures`` say another preset, e.g.
     ``"bert"`` for a GPT-2 ``config.json``, whose Conv1D weights would be read as out x in) is
@@ -370,6 +379,121 @@ def get_layout(
     else:
         raise InputTypeError(f"layout must be a preset name, 'auto' or a Layout, got {type(layout).__name__}")
     return lay.bind(keys, config) if keys is not None else lay
+
+
+def default_layout(keys: Iterable[str], config: Mapping[str, Any] | None = None) -> Layout:
+    """The layout both drivers use when none is given: :func:`detect_layout` from the config and
+    key names, else the ``open_clip`` rule (every 2-D float tensor a matrix, as stored: the rule
+    of the official code, so a model nothing identifies merges as the papers' code merges it).
+
+    ``acetools.merge(layout=None)``, ``merge_files(layout="auto")`` and ``acetools merge``
+    without ``--layout`` all call this, so the Python API and the command line merge alike
+    (docs/your-models.md §Layouts).
+    """
+    return get_layout("auto", keys=list(keys), config=config)
+
+
+#: transformers' ``base_model_prefix`` per ``model_type``: the attribute under which a task model
+#: (``BertForSequenceClassification``) holds its backbone (``BertModel``), hence the prefix of
+#: the backbone's keys in the task model's checkpoint (``bert.encoder...``).
+BASE_MODEL_PREFIXES: dict[str, str] = {
+    "bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "camembert": "roberta", "electra": "electra",
+    "distilbert": "distilbert", "albert": "albert", "deberta": "deberta", "deberta-v2": "deberta",
+    "mpnet": "mpnet", "gpt2": "transformer", "gptj": "transformer", "gpt_neox": "gpt_neox",
+    "llama": "model", "mistral": "model", "mixtral": "model", "qwen2": "model", "qwen3": "model",
+    "gemma": "model", "gemma2": "model", "phi3": "model", "phi": "model", "opt": "model",
+    "vit": "vit", "clip": "clip", "siglip": "siglip",
+}
+
+
+def base_model_prefix(config: Mapping[str, Any] | None) -> str | None:
+    """The backbone's key prefix (:data:`BASE_MODEL_PREFIXES`) from a config's ``model_type``, else
+    from its ``architectures`` (``BertForSequenceClassification`` -> ``bert``); ``None`` if unknown."""
+    if not config:
+        return None
+    mt = str(config.get("model_type", "")).lower()
+    if mt in BASE_MODEL_PREFIXES:
+        return BASE_MODEL_PREFIXES[mt]
+    for arch in config.get("architectures") or ():
+        a = str(arch).lower()
+        for name in sorted(BASE_MODEL_PREFIXES, key=len, reverse=True):
+            if a.startswith(name.replace("-", "")):
+                return BASE_MODEL_PREFIXES[name]
+    return None
+
+
+@dataclass(frozen=True)
+class PrefixAlignment:
+    """How the base's keys map onto the experts' (:func:`align_prefix`).
+
+    ``side``: ``"base"`` (the base is a bare backbone; its keys get ``prefix + "."`` in front)
+    or ``"experts"`` (the experts are bare backbones; the base's keys under ``prefix + "."``
+    lose it and its keys outside the prefix, e.g. a task head, are left out: ``dropped``).
+    ``rename`` maps each key as the experts name it to the base's own key.
+    """
+
+    prefix: str
+    side: str
+    rename: Mapping[str, str]
+    dropped: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line for the dry run."""
+        if self.side == "base":
+            return (f"keys: the base is a bare backbone; its keys are read as the experts' {self.prefix + '.'!r}"
+                    " keys (base_model_prefix)")
+        return (f"keys: the experts are bare backbones; the base's {self.prefix + '.'!r} keys are read without the "
+                f"prefix (base_model_prefix)" + (f", {len(self.dropped)} base key(s) outside it left out"
+                                                 if self.dropped else ""))
+
+
+def _prefixes(keys: Sequence[str]) -> list[str]:
+    """The first dotted components shared by at least half of ``keys`` (candidate prefixes)."""
+    counts: dict[str, int] = {}
+    for k in keys:
+        if "." in k:
+            first = k.split(".", 1)[0]
+            counts[first] = counts.get(first, 0) + 1
+    return [p for p, n in counts.items() if n * 2 >= len(keys)]
+
+
+def _strip(keys: Sequence[str], prefix: str) -> dict[str, str]:
+    """``{key without prefix: key}`` for the keys under ``prefix + "."``."""
+    p = prefix + "."
+    return {k[len(p):]: k for k in keys if k.startswith(p)}
+
+
+def align_prefix(base_keys: Iterable[str], expert_keys: Iterable[str], *,
+                 base_config: Mapping[str, Any] | None = None,
+                 expert_config: Mapping[str, Any] | None = None) -> PrefixAlignment | None:
+    """Match a bare backbone with a task model through the architecture's base-model prefix.
+
+    A ``BertModel`` checkpoint names its keys ``embeddings.word_embeddings.weight``; a
+    ``BertForSequenceClassification`` fine-tuned from it ``bert.embeddings.word_embeddings.weight``
+    (transformers' ``base_model_prefix``). Returns ``None`` when the key sets already share keys
+    (nothing to align) or no prefix makes them share any. Candidates: the configs' prefix
+    (:func:`base_model_prefix`), then any first key component common to at least half of one
+    side's keys. A prefix is taken when, under it, the one side's keys cover at least half of
+    the other side's keys (the ordinary key check then names any key that still differs).
+    ``expert_keys`` are the keys the experts merge (their per-task head keys left out).
+    """
+    base_keys, expert_keys = list(base_keys), list(expert_keys)
+    bset, eset = set(base_keys), set(expert_keys)
+    if not bset or not eset or len(bset & eset) * 2 >= min(len(bset), len(eset)):
+        return None
+    from_config = [p for p in (base_model_prefix(expert_config), base_model_prefix(base_config)) if p]
+    candidates = list(dict.fromkeys(from_config + _prefixes(expert_keys) + _prefixes(base_keys)))
+    for prefix in candidates:
+        under = _strip(expert_keys, prefix)  # the base is bare: expert key = prefix + base key
+        if under and len(set(under) & bset) * 2 >= len(bset):
+            rename = {f"{prefix}.{k}": k for k in base_keys}
+            return PrefixAlignment(prefix, "base", rename)
+        under = _strip(base_keys, prefix)  # the experts are bare: base key = prefix + expert key
+        if under and len(set(under) & eset) * 2 >= len(eset):
+            outside = [k for k in base_keys if not k.startswith(prefix + ".")]
+            rename = {**under, **{k: k for k in outside if k in eset and k not in under}}
+            return PrefixAlignment(prefix, "experts", rename, tuple(k for k in outside if k not in rename))
+    return None
 
 
 def _path(lay: Layout, key: str, m: TensorMeta) -> str:

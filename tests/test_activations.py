@@ -271,3 +271,32 @@ def test_token_statistics_split_the_energy_and_centre_per_position():
         float(x[:, 0].pow(2).sum(-1).mean()) / L / total)
     with pytest.raises(ValueError, match="blocks of tokens"):
         token_statistics(X[:-1], n)
+
+
+def test_padding_tokens_are_not_rows():
+    """A tokenizer's batch with padding: the attention mask selects the rows (one per real token),
+    and they equal each text's rows run alone without padding; mask_padding=False keeps every token."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=24, max_position_embeddings=16)
+    model = transformers.BertModel(cfg).eval()
+    keys = ["encoder.layer.0.attention.self.query.weight", "encoder.layer.0.intermediate.dense.weight"]
+    lengths = (3, 6, 2)
+    ids = torch.zeros(3, 6, dtype=torch.long)
+    mask = torch.zeros(3, 6, dtype=torch.long)
+    g = torch.Generator().manual_seed(1)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(1, 40, (n,), generator=g)
+        mask[i, :n] = 1
+    got = capture_inputs(model, {"input_ids": ids, "attention_mask": mask}, keys)
+    alone = [capture_inputs(model, {"input_ids": ids[i:i + 1, :n], "attention_mask": mask[i:i + 1, :n]}, keys)
+             for i, n in enumerate(lengths)]
+    for k in keys:
+        assert got[k].shape == (sum(lengths), 16)
+        torch.testing.assert_close(got[k], torch.cat([a[k] for a in alone]), rtol=1e-5, atol=1e-5)
+    every = capture_inputs(model, {"input_ids": ids, "attention_mask": mask}, keys, mask_padding=False)
+    assert every[keys[0]].shape == (18, 16)
+    G = gram_matrices(model, {"input_ids": ids, "attention_mask": mask}, keys[:1])[keys[0]]
+    X = got[keys[0]].double()
+    torch.testing.assert_close(G, X.T @ X / X.shape[0])

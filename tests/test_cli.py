@@ -10,8 +10,8 @@ import logging
 import nbformat
 import pytest
 
+from acetools import notebooks as N
 from acetools.cli import main
-from acetools.course import report as R
 
 
 def _one_line_error(capsys, argv, *needles):
@@ -207,7 +207,7 @@ anything = 3  # no annotation
 ])
 def test_check_parameters_parses_by_the_declared_type(tmp_path, raw, expected):
     path = _notebook(tmp_path, PARAMS)
-    got = R.check_parameters([path], raw)
+    got = N.check_parameters([path], raw)
     assert got == expected and all(type(got[k]) is type(v) for k, v in expected.items())
 
 
@@ -225,13 +225,13 @@ def test_check_parameters_parses_by_the_declared_type(tmp_path, raw, expected):
 ])
 def test_check_parameters_rejects_wrong_types(tmp_path, raw, match):
     path = _notebook(tmp_path, PARAMS)
-    with pytest.raises(R.ParameterTypeError, match=match):
-        R.check_parameters([path], raw)
+    with pytest.raises(N.ParameterTypeError, match=match):
+        N.check_parameters([path], raw)
 
 
 def test_parse_parameter_keeps_text_when_asked():
-    assert R.parse_parameter("seed=3", literal=False) == ("seed", "3")
-    assert R.parse_parameter("seed=3") == ("seed", 3)
+    assert N.parse_parameter("seed=3", literal=False) == ("seed", "3")
+    assert N.parse_parameter("seed=3") == ("seed", 3)
 
 
 def test_run_report_checks_every_notebook_before_the_first_runs(tmp_path, monkeypatch):
@@ -244,10 +244,10 @@ def test_run_report_checks_every_notebook_before_the_first_runs(tmp_path, monkey
     nbformat.write(nb, str(folder / "01_other.ipynb"))
     started = []
     monkeypatch.setattr(pm, "execute_notebook", lambda *a, **k: started.append(a))
-    with pytest.raises(R.UnknownParameterError, match="00_tiny.*'lr'"):
-        R.run_report("quick", notebooks=folder, out=tmp_path / "b", html=False, parameters={"lr": 0.2})
-    with pytest.raises(R.ParameterTypeError, match="'seed' of 00_tiny"):
-        R.run_report("quick", notebooks=folder, out=tmp_path / "b", html=False, parameters={"seed": "x"})
+    with pytest.raises(N.UnknownParameterError, match="00_tiny.*'lr'"):
+        N.run_report("quick", notebooks=folder, out=tmp_path / "b", html=False, parameters={"lr": 0.2})
+    with pytest.raises(N.ParameterTypeError, match="'seed' of 00_tiny"):
+        N.run_report("quick", notebooks=folder, out=tmp_path / "b", html=False, parameters={"seed": "x"})
     assert started == []
 
 

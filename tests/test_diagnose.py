@@ -266,7 +266,7 @@ def test_report_notebook_is_clean_and_declares_its_parameters():
     tagged = [c for c in raw["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1
     declared = pm.inspect_notebook(str(REPORT_NOTEBOOK))
-    assert set(declared) == {"base", "experts", "names", "layout", "tau", "ace", "out_dir"}
+    assert set(declared) == {"base", "experts", "names", "layout", "tau", "ace", "out_dir", "heads"}
     assert all(p["help"] for p in declared.values())
 
 
@@ -302,3 +302,20 @@ def test_report_renders_at_tiny_size_through_the_cli(world, tmp_path, capsys):
 def test_run_report_rejects_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         run_report(tmp_path / "base.safetensors", [tmp_path / "e.safetensors"], tmp_path / "out")
+
+
+def test_classifiers_with_different_heads_are_diagnosed_on_their_backbone(tmp_path, capsys):
+    """--heads as for merge: auto leaves the classifier keys of 2-, 3- and 5-label experts out (their
+    backbone is diagnosed, through the bare base's prefix); merge names the head key and the option."""
+    pytest.importorskip("transformers")
+    from tests.test_lineage import _world
+
+    base, experts, _ = _world(tmp_path / "models")
+    argv = ["diagnose", "--base", str(base), "--experts", *map(str, experts), "--tables-only", "-q"]
+    assert cli.main([*argv, "--out", str(tmp_path / "auto")]) == 0
+    norms = Diagnosis.load(tmp_path / "auto").norms
+    assert not norms["key"].str.startswith("classifier.").any() and norms["key"].str.startswith("bert.").all()
+    assert cli.main([*argv, "--out", str(tmp_path / "drop"), "--heads", "drop"]) == 0
+    assert Diagnosis.load(tmp_path / "drop").norms.equals(norms)
+    assert cli.main([*argv, "--out", str(tmp_path / "merge"), "--heads", "merge"]) != 0
+    assert "(task2) has key 'classifier.bias' (and 1 more) that the base does not have" in capsys.readouterr().err

@@ -156,8 +156,9 @@ def test_loader_reproduces_each_experts_logits_on_its_own_backbone(tmp_path, fam
     backbone back exactly, so each task's model must be the expert itself."""
     base, experts, models = _classifiers(tmp_path, family, tune_backbone=False)
     out = tmp_path / "merged"
-    assert main(["merge", "--method", "weight_averaging", "--base", str(base), "--experts", *map(str, experts),
-                 "--out", str(out), "--heads", "per-task", "--names", "a", "b", "c", "-q"]) == 0
+    with pytest.warns(UserWarning, match=r"expert 2 \(.*emo\): the merged part equals the base .*their heads"):
+        assert main(["merge", "--method", "weight_averaging", "--base", str(base), "--experts",
+                     *map(str, experts), "--out", str(out), "--heads", "per-task", "--names", "a", "b", "c", "-q"]) == 0
     for name, expert, n in zip("abc", models, LABELS):
         model = load_with_head(out, name)
         with torch.no_grad():
@@ -258,11 +259,70 @@ def test_same_shaped_heads_merge_when_asked_and_a_failed_merge_leaves_nothing(tm
         list_heads(out)
 
 
-def test_a_bare_backbone_as_base_is_explained(tmp_path):
-    _, experts, models = _classifiers(tmp_path, "bert")
-    models[0].bert.save_pretrained(tmp_path / "bare")  # a BertModel: keys without the 'bert.' prefix
-    with pytest.raises(KeyError, match=r"experts' keys start with 'bert\.'.*BertForSequenceClassification"):
-        merge_files("task_arithmetic", tmp_path / "bare", experts, tmp_path / "o")
+def _bare(folder: Path, family: str, out: Path) -> Path:
+    """The backbone of a saved classifier as the bare model class (BertModel, GPT2Model): keys without
+    the base-model prefix ('bert.', 'transformer.')."""
+    model = getattr(transformers, _CLASS[family]).from_pretrained(folder)
+    getattr(model, model.base_model_prefix).save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_a_bare_backbone_base_merges_with_classifier_experts_and_the_reverse(tmp_path, family):
+    """A BertModel / GPT2Model base with *ForSequenceClassification experts (2, 3, 5 labels) merges through
+    the base-model prefix, exactly as with the classifier base of the same backbone, with the experts'
+    key names; diagnose reads the same folders; the reverse (bare experts, classifier base) too."""
+    base, experts, _ = _classifiers(tmp_path, family, labels=(2, 3, 5))
+    bare = _bare(base, family, tmp_path / "bare")
+    prefix = "bert." if family == "bert" else "transformer."
+    assert not any(k.startswith(prefix) for k in open_checkpoint(bare).keys())
+    out, ref = tmp_path / "from_bare", tmp_path / "from_classifier"
+    assert main(["merge", "--method", "ties", "--base", str(bare), "--experts", *map(str, experts), "--out", str(out),
+                 "-q"]) == 0
+    merge_files("ties", base, experts, ref)
+    got, want = open_checkpoint(out).state_dict(), open_checkpoint(ref).state_dict()
+    assert sorted(got) == sorted(want) and all(k.startswith(prefix) for k in got)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    model = load_with_head(out, "agnews")
+    assert model.config.num_labels == 3 and model(**_ids(family)).logits.shape == (3, 3)
+    assert "base is a bare backbone" in merge_files("ties", bare, experts, dry_run=True).plan.summary()
+    from acetools.files.diagnose import diagnose
+
+    d = diagnose(bare, experts, layout="auto")
+    assert d.meta["n_tasks"] == 3 and all(k.startswith(prefix) for k in d.layers["key"])
+    # the reverse: bare experts, a classifier base: the output has the experts' (bare) names
+    bare_experts = [_bare(e, family, tmp_path / f"bare_{e.name}") for e in experts]
+    rev, ref2 = tmp_path / "reverse", tmp_path / "all_bare"
+    merge_files("ties", base, bare_experts, rev)
+    merge_files("ties", bare, bare_experts, ref2)
+    got, want = open_checkpoint(rev).state_dict(), open_checkpoint(ref2).state_dict()
+    assert sorted(got) == sorted(want) and not any(k.startswith(prefix) for k in got)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_heads_follow_the_umask_and_a_bf16_head_keeps_the_backbone_dtype(tmp_path):
+    base, experts, _ = _classifiers(tmp_path, "bert")
+    sd = open_checkpoint(experts[1]).state_dict()
+    from safetensors.torch import save_file
+
+    save_file({k: (v.bfloat16() if k.startswith("classifier.") else v) for k, v in sd.items()},
+              str(experts[1] / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((experts[1] / "config.json").read_text())
+    (experts[1] / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16", "dtype": "bfloat16"}))
+    import os
+
+    old = os.umask(0o027)
+    try:
+        merge_files("task_arithmetic", base, experts, tmp_path / "merged")
+    finally:
+        os.umask(old)
+    heads = tmp_path / "merged" / "heads"
+    modes = {p.relative_to(heads).as_posix(): p.stat().st_mode & 0o777 for p in [heads, *heads.rglob("*")]}
+    assert all(m == (0o750 if (heads / p).is_dir() else 0o640) for p, m in modes.items()), modes
+    assert load_head(tmp_path / "merged", "agnews")[0]["classifier.weight"].dtype == torch.bfloat16  # as stored
+    model = load_with_head(tmp_path / "merged", "agnews")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert load_with_head(tmp_path / "merged", "agnews", dtype=torch.bfloat16).classifier.weight.dtype == torch.bfloat16
 
 
 def test_config_file_heads_and_names(tmp_path):

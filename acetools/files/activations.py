@@ -74,8 +74,10 @@ def layer_input_spec(model: nn.Module, key: str, prefix: str = "") -> tuple[str,
     return mod_name, module, 0
 
 
-def _rows(module: nn.Module, x: Tensor, d_in: int, key: str = "") -> Tensor:
-    """Flatten ``x`` to (tokens, d_in) rows, batch-major; its last dim must be ``d_in``."""
+def _rows(module: nn.Module, x: Tensor, d_in: int, key: str = "", mask: Tensor | None = None) -> Tensor:
+    """Flatten ``x`` to (tokens, d_in) rows, batch-major; its last dim must be ``d_in``. With ``mask``
+    (the batch's ``attention_mask``, B x L) an input shaped B x L x d_in keeps only the rows of the
+    tokens the mask marks (padding is not a row); other inputs (a pooler's B x d_in) keep every row."""
     if x.shape[-1] != d_in:
         raise RuntimeError(
             f"layer {key!r} ({type(module).__name__}): its input has width {x.shape[-1]} (shape {tuple(x.shape)}) "
@@ -84,6 +86,8 @@ def _rows(module: nn.Module, x: Tensor, d_in: int, key: str = "") -> Tensor:
         )
     if isinstance(module, nn.MultiheadAttention) and x.ndim == 3 and not module.batch_first:
         x = x.transpose(0, 1)  # (L, B, D) -> (B, L, D)
+    if mask is not None and x.ndim == 3 and tuple(x.shape[:2]) == tuple(mask.shape):
+        return x.detach()[mask.to(x.device).bool()]
     return x.detach().reshape(-1, d_in)
 
 
@@ -103,8 +107,11 @@ def orientation_of(module: nn.Module, key: str, layout: Any = None) -> str:
 
 @contextmanager
 def _hooked(model: nn.Module, keys: Sequence[str], prefix: str,
-            on_input: Callable[[str, Tensor], None], layout: Any = None) -> Iterator[dict[str, int]]:
-    """Register forward pre-hooks that call ``on_input(key, rows)``; yield per-key call counts."""
+            on_input: Callable[[str, Tensor], None], layout: Any = None,
+            batch: dict[str, Tensor | None] | None = None) -> Iterator[dict[str, int]]:
+    """Register forward pre-hooks that call ``on_input(key, rows)``; yield per-key call counts.
+    ``batch["mask"]``, set by the caller before each forward pass, is the batch's attention mask."""
+    batch = {} if batch is None else batch
     specs = {key: layer_input_spec(model, key, prefix) for key in keys}
     counts = dict.fromkeys(keys, 0)
     handles = []
@@ -120,7 +127,7 @@ def _hooked(model: nn.Module, keys: Sequence[str], prefix: str,
             else:
                 raise RuntimeError(f"hook for {key!r}: could not find the layer input among the call's arguments")
             counts[key] += 1
-            on_input(key, _rows(module, x, d_in, key))
+            on_input(key, _rows(module, x, d_in, key, batch.get("mask")))
 
         return hook
 
@@ -190,7 +197,16 @@ def _key_list(keys: Sequence[str]) -> list[str]:
     return keys
 
 
-def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout=None) -> None:
+def _mask_of(x: Tensor | dict, use: bool) -> Tensor | None:
+    """The ``attention_mask`` of a keyword batch (a tokenizer's output), when ``use``."""
+    if not use or not isinstance(x, dict):
+        return None
+    m = x.get("attention_mask")
+    return m if isinstance(m, Tensor) and m.ndim == 2 else None
+
+
+def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout=None,
+         mask_padding: bool = True) -> None:
     if not isinstance(model, nn.Module):
         raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     was_training = {m: m.training for m in model.modules()}
@@ -198,10 +214,12 @@ def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, 
         model.eval()
     dev = next((p.device for p in model.parameters()), torch.device("cpu")) if device is None else torch.device(device)
     try:
-        with _hooked(model, keys, prefix, on_input, layout) as counts, torch.no_grad():
+        current: dict[str, Tensor | None] = {}
+        with _hooked(model, keys, prefix, on_input, layout, current) as counts, torch.no_grad():
             n_batches = 0
             for x in _batches(inputs, batch_size):
                 x = _to(x, dev)
+                current["mask"] = _mask_of(x, mask_padding)
                 model(**x) if isinstance(x, dict) else model(x)
                 n_batches += 1
             if n_batches == 0:
@@ -230,6 +248,7 @@ def capture_inputs(
     out_device: str | torch.device = "cpu",
     eval_mode: bool = True,
     layout: Any = None,
+    mask_padding: bool = True,
 ) -> dict[str, Tensor]:
     """Input activations of each named layer, ``{key: X}`` with X of shape N x d_in.
 
@@ -245,7 +264,10 @@ def capture_inputs(
     GPT-2 ``Conv1D`` (stored in x out) d_in is the weight's first dimension. The orientation
     comes from ``layout`` (a layout name or object, see :func:`orientation_of`) or else from
     the module type; an input whose width is not d_in is an error naming the key. A batch may
-    also be a dict of keyword tensors (``model(**batch)``), e.g. a tokenizer's output.
+    also be a dict of keyword tensors (``model(**batch)``), e.g. a tokenizer's output; its
+    ``attention_mask`` (B x L) says which tokens are rows: padding tokens are left out of every
+    layer whose input is B x L x d_in (``mask_padding=False`` keeps them), so X has one row per
+    real token.
     """
     keys = _key_list(keys)
     chunks: dict[str, list[Tensor]] = {k: [] for k in keys}
@@ -253,7 +275,7 @@ def capture_inputs(
     def on_input(key: str, rows: Tensor) -> None:
         chunks[key].append(rows.to(out_device))
 
-    _run(model, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout)
+    _run(model, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout, mask_padding)
     return {k: torch.cat(v) for k, v in chunks.items()}
 
 
@@ -268,12 +290,14 @@ def gram_matrices(
     dtype: torch.dtype = torch.float64,
     eval_mode: bool = True,
     layout: Any = None,
+    mask_padding: bool = True,
 ) -> dict[str, Tensor]:
     """RegMean Gram matrices G = (1/N) X^T X (d_in x d_in) per layer, docs/methods.md §RegMean.
 
     Accumulated over batches without storing X (sums in ``dtype``, default float64, then one
     division by the total row count N, i.e. the running mean over all tokens). Run it on task
-    t's fine-tuned model with task-t data. Arguments as in :func:`capture_inputs`.
+    t's fine-tuned model with task-t data. Arguments as in :func:`capture_inputs` (padding tokens of
+    a keyword batch with an ``attention_mask`` are not rows).
     """
     keys = _key_list(keys)
     sums: dict[str, Tensor] = {}
@@ -285,7 +309,7 @@ def gram_matrices(
         sums[key] = g if key not in sums else sums[key] + g
         counts[key] += r.shape[0]
 
-    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input, layout)
+    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input, layout, mask_padding)
     return {k: (sums[k] / counts[k]).cpu() for k in keys}
 
 
@@ -301,6 +325,7 @@ def input_covariances(
     unbiased: bool = False,
     eval_mode: bool = True,
     layout: Any = None,
+    mask_padding: bool = True,
 ) -> dict[str, Tensor]:
     """Centred input covariance Sigma = (1/N) sum (x - mu)(x - mu)^T per layer (d_in x d_in).
 
@@ -327,7 +352,7 @@ def input_covariances(
         d = mb - ma
         state[key] = (n, ma + d * (nb / n), Ma + Mb + torch.outer(d, d) * (na * nb / n))
 
-    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input, layout)
+    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input, layout, mask_padding)
     out = {}
     for k in keys:
         n, _, M = state[k]

@@ -44,7 +44,7 @@ from ..diagnostics import effective_rank
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index, layer_type
 from ..merging import check_same_keys, confirmed_ties, defaults_from
-from ..merging._linalg import gram_spectrum
+from ..merging.linalg import gram_spectrum
 from ..utils import atomic_write, progress
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
@@ -133,10 +133,23 @@ class _Source:
             raise InputTypeError(f"{self.what} is closed or was never a checkpoint")
         return self._ckpt
 
+    _names: dict[str, str] | None = None  # the key a diagnosis uses -> the model's own key (:meth:`restrict`)
+
+    def restrict(self, names: Mapping[str, str]) -> None:
+        """Show only the keys of ``names`` (new name -> own key): heads left out, a bare backbone's keys
+        under the experts' base-model prefix (:func:`acetools.layouts.align_prefix`)."""
+        self._names = dict(names)
+
+    def _own(self, key: str) -> str:
+        return key if self._names is None else self._names.get(key, key)
+
     def keys(self) -> list[str]:
+        if self._names is not None:
+            return list(self._names)
         return list(self._sd) if self._sd is not None else self._checkpoint().keys()
 
     def shape_dtype(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
+        key = self._own(key)
         if self._sd is not None:
             t = self._sd[key]
             if not isinstance(t, Tensor):
@@ -146,6 +159,7 @@ class _Source:
         return tuple(m.shape), m.dtype
 
     def get(self, key: str) -> Tensor:
+        key = self._own(key)
         return self._sd[key] if self._sd is not None else self._checkpoint().get(key)
 
     def close(self) -> None:
@@ -175,24 +189,58 @@ def _check_keys(base: _Source, experts: Sequence[_Source]) -> list[str]:
     return keys
 
 
-def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None):
-    """The base and the experts as lazily read sources, with the experts' labels."""
+def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None, layout: Any = "auto",
+                  heads: str = "auto"):
+    """The base and the experts as lazily read sources, with the experts' labels, the head keys left
+    out (``heads``, as :func:`acetools.files.merge_files.merge_files` takes it) and the base's keys
+    named as the experts name them (a bare backbone beside task models, or the reverse)."""
     if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
         raise InputTypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
     labels = _names(experts, names)
     src = _Source(base, "base")
-    return src, [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)], labels
+    exs = [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)]
+    _align_heads(src, exs, layout, heads)
+    return src, exs, labels
+
+
+def _align_heads(src: _Source, exs: Sequence[_Source], layout: Any, heads: str) -> None:
+    """Leave the per-task head keys out of every source (``heads`` "per-task"/"drop", or "auto" for
+    classifiers: :func:`acetools.layouts.is_classifier`) and rename the base's keys through the
+    base-model prefix when needed (:func:`acetools.layouts.align_prefix`)."""
+    from ..layouts import align_prefix, get_layout, is_classifier
+    from .heads import HEAD_MODES
+
+    if heads not in HEAD_MODES:
+        raise InputError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
+    lay = get_layout(layout, keys=src.keys(), config=src.config)
+    ekeys = exs[0].keys()
+    hidden: set[str] = set()
+    if heads in ("per-task", "drop") or (heads == "auto" and any(is_classifier(e.keys(), e.config, lay)
+                                                                  for e in exs)):
+        hidden = set(lay.task_head_keys(ekeys))
+        if heads != "auto" and not hidden:
+            raise InputError(f"heads={heads!r}: {exs[0].what} has no key that layout {lay.name!r} calls a task head "
+                             f"(patterns {lay.task_heads or '(none)'}); use heads='merge'")
+    al = align_prefix(src.keys(), [k for k in ekeys if k not in hidden], base_config=src.config,
+                      expert_config=exs[0].config)
+    if al is not None:
+        log.info("diagnose: %s", al.describe())
+    base_names = dict(al.rename) if al is not None else {k: k for k in src.keys()}
+    if hidden or al is not None:
+        src.restrict({k: v for k, v in base_names.items() if k not in hidden})
+        for e in exs:
+            e.restrict({k: k for k in e.keys() if k not in hidden})
 
 
 def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | None = None,
-                 layout: Any = "auto") -> dict[str, Any]:
+                 layout: Any = "auto", heads: str = "auto") -> dict[str, Any]:
     """Check, from the headers only, that ``experts`` can be diagnosed against ``base``: every
-    checkpoint opens, has the base's keys with the same shapes, and some key takes the matrix
-    path under ``layout``. Raises an error naming the file, key or shape; returns
-    ``{"n_tasks", "names", "layout", "n_keys", "n_matrices"}``."""
+    checkpoint opens, has the base's keys with the same shapes (per-task heads left out, see
+    :func:`diagnose`), and some key takes the matrix path under ``layout``. Raises an error
+    naming the file, key or shape; returns ``{"n_tasks", "names", "layout", "n_keys", "n_matrices"}``."""
     from ..layouts import get_layout
 
-    src, exs, labels = _open_sources(base, experts, names)
+    src, exs, labels = _open_sources(base, experts, names, layout, heads)
     try:
         keys = _check_keys(src, exs)
         lay = get_layout(layout, keys=keys, config=src.config)
@@ -251,6 +299,7 @@ def diagnose(
     keys: Sequence[str] | None = None,
     max_singular_values: int | None = 64,
     show_progress: bool | None = None,
+    heads: str = "auto",
 ) -> Diagnosis:
     """The data-free diagnostics of ``experts`` fine-tuned from ``base`` (see the module docstring).
 
@@ -264,13 +313,17 @@ def diagnose(
     solve per matrix). ``keys``: restrict to these keys. ``max_singular_values``: how many
     leading singular values per task and matrix go into ``spectra`` (None: all). Non-float
     buffers are skipped, and so are tied aliases (GPT-2's ``lm_head``) that equal their
-    canonical key in every model.
+    canonical key in every model. ``heads``: as ``acetools merge --heads`` (docs/your-models.md
+    §Per-task heads): ``"auto"`` leaves the task-head keys (``classifier.*``, ``score.*``) of
+    classifiers out, ``"per-task"``/``"drop"`` always, ``"merge"`` keeps them (same shapes only). A
+    bare backbone base (``BertModel``) beside task models (``bert.``-prefixed keys), or the
+    reverse, is read through the base-model prefix, as the merge does.
     """
     t0 = time.perf_counter()
     tau = defaults_from("ace")["tau"] if tau is None else tau
     if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0):
         raise InputError(f"tau={tau!r} must be a finite number >= 0")
-    src, exs, labels = _open_sources(base, experts, names)
+    src, exs, labels = _open_sources(base, experts, names, layout, heads)
     try:
         lay, chosen = _chosen_keys(src, exs, layout, keys)
         walk = _Walk(labels, lay, tau=tau, ace=ace, max_singular_values=max_singular_values)
@@ -487,6 +540,7 @@ def run_report(
     html: bool = True,
     timeout: int | None = None,
     start_timeout: int = 300,
+    heads: str = "auto",
 ) -> dict[str, Any]:
     """Execute the report notebook into ``out`` with papermill (:func:`acetools.notebooks.run_notebook`:
     absolute paths, ``cwd=out``, kernel ``python3``) and render ``diagnose.html`` without code.
@@ -503,7 +557,7 @@ def run_report(
     params = {"base": str(Path(base).resolve()), "experts": [str(Path(e).resolve()) for e in experts],
               "names": list(names) if names is not None else [], "layout": layout,
               "tau": float(defaults_from("ace")["tau"] if tau is None else tau), "ace": bool(ace),
-              "out_dir": str(out)}
+              "out_dir": str(out), "heads": heads}
     declared = set(pm.inspect_notebook(str(REPORT_NOTEBOOK)))
     unknown = sorted(set(params) - declared)
     if unknown:  # a packaging error, not the user's

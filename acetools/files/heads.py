@@ -44,8 +44,9 @@ from torch import Tensor
 
 from .. import __version__
 from ..errors import InputError, InputKeyError, InputTypeError
-from ..layouts import Layout, is_classifier
+from ..layouts import Layout, PrefixAlignment, align_prefix, is_classifier
 from .checkpoints import Checkpoint, file_sha256, open_checkpoint
+from .staging import umask_mode
 
 __all__ = [
     "HEAD_MODES",
@@ -69,17 +70,23 @@ _FORMAT = "acetools.heads/1"
 
 
 class CheckpointView(Checkpoint):
-    """A :class:`~acetools.files.checkpoints.Checkpoint` without some keys (the heads).
+    """A :class:`~acetools.files.checkpoints.Checkpoint` without some keys (the heads), and with its
+    keys renamed (``rename``: the name a merge uses -> the checkpoint's own name; a bare backbone
+    read under the experts' base-model prefix, :func:`acetools.layouts.align_prefix`).
 
     Reads go to the wrapped checkpoint; ``path``, ``files``, ``config``, ``folder`` and
-    :meth:`sha256` are its own, so the merge records the real input files.
+    :meth:`sha256` are its own, so the merge records the real input files. ``hidden`` are names
+    as the view shows them.
     """
 
-    def __init__(self, inner: Checkpoint, hidden: Sequence[str]):  # noqa: D107 - no super().__init__: nothing is read
+    def __init__(self, inner: Checkpoint, hidden: Sequence[str], rename: Mapping[str, str] | None = None):  # noqa: D107 - no super().__init__: nothing is read
         self.inner = inner
         self.hidden = frozenset(hidden)
         self.path, self.files, self.config, self.folder = inner.path, inner.files, inner.config, inner.folder
-        self._meta = {k: m for k, m in inner.metas().items() if k not in self.hidden}
+        names = dict(rename) if rename is not None else {k: k for k in inner.keys()}
+        own = {v: k for k, v in names.items()}
+        self._names = {new: old for old in inner.keys() if (new := own.get(old)) is not None and new not in self.hidden}
+        self._meta = {k: inner.meta(old) for k, old in self._names.items()}
 
     @property
     def lazy(self) -> bool:
@@ -88,7 +95,9 @@ class CheckpointView(Checkpoint):
     def get(self, key: str) -> Tensor:
         if key in self.hidden:
             raise InputKeyError(f"{self.path}: {key!r} is a per-task head key, not part of the merged backbone")
-        return self.inner.get(key)
+        if key not in self._names:
+            raise InputKeyError(f"{self.path}: no tensor named {key!r}")
+        return self.inner.get(self._names[key])
 
     def sha256(self) -> dict[str, str]:
         return self.inner.sha256()
@@ -100,7 +109,9 @@ class CheckpointView(Checkpoint):
         return f"CheckpointView({self.inner!r}, without {len(self.hidden)} head keys)"
 
 
-def _name_of(ck: Checkpoint) -> str:
+def expert_name(ck: Checkpoint) -> str:
+    """An expert's default name (its head folder, its task for ``--search``): the folder name, or the
+    file name without suffix (the parent folder's name for ``model.safetensors`` and the like)."""
     p = Path(ck.path)
     if ck.folder is not None:
         return Path(ck.folder).name
@@ -164,26 +175,51 @@ class HeadPlan:
     experts: list[Checkpoint] = field(default_factory=list)  # the experts with their heads
     labels: list[tuple[int, dict[str, str]]] = field(default_factory=list)  # (num_labels, id2label) per expert
     reason: str = ""
+    alignment: PrefixAlignment | None = None  # a bare backbone matched through the base-model prefix
 
     def summary(self) -> str:
-        """One line for the dry run: the mode, the head keys and each task's label count."""
+        """One line for the dry run: the mode, the head keys and each task's label count (and a second
+        line when the base's keys are matched through the base-model prefix)."""
+        extra = f"\n{self.alignment.describe()}" if self.alignment is not None else ""
         if self.mode == "merge":
-            return f"heads: merged like every other key ({self.reason})"
+            return f"heads: merged like every other key ({self.reason}){extra}"
         keys = ", ".join(self.keys)
         if self.mode == "drop":
-            return f"heads: {keys} left out of the merge and not written ({self.reason})"
+            return f"heads: {keys} left out of the merge and not written ({self.reason}){extra}"
         tasks = ", ".join(f"{n} ({lab[0]} labels)" for n, lab in zip(self.names, self.labels))
-        return f"heads: per task ({self.reason}): {keys} not merged; written to {HEADS_DIR}/<name>/ for {tasks}"
+        return (f"heads: per task ({self.reason}): {keys} not merged; written to {HEADS_DIR}/<name>/ for "
+                f"{tasks}{extra}")
 
     def views(self, base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout
               ) -> tuple[Checkpoint, list[Checkpoint], Layout]:
-        """Base, experts and layout without the head keys (what the method merges)."""
-        if not self.keys:
+        """Base, experts and layout without the head keys (what the method merges), the base's keys
+        named as the experts name them (:attr:`alignment`)."""
+        if not self.keys and self.alignment is None:
             return base, list(experts), layout
+        if self.alignment is not None:
+            base, layout = aligned_base(base, self.alignment, layout)
         b = CheckpointView(base, [k for k in self.keys if k in base])
         ex: list[Checkpoint] = [CheckpointView(ck, self.keys) for ck in experts]
         tied = {a: c for a, c in layout.tied.items() if a in b and c in b}
         return b, ex, dataclasses.replace(layout, tied=tied)
+
+
+def aligned_base(base: Checkpoint, alignment: PrefixAlignment, layout: Layout) -> tuple[Checkpoint, Layout]:
+    """The base under the experts' key names (:func:`acetools.layouts.align_prefix`) and the layout's
+    ties re-bound to those names."""
+    view = CheckpointView(base, (), alignment.rename)
+    back = {old: new for new, old in alignment.rename.items()}
+    tied = {back[a]: back[c] for a, c in layout.tied.items() if a in back and c in back}
+    return view, dataclasses.replace(layout, tied=tied).bind(view.keys(), base.config)
+
+
+def find_alignment(base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout) -> PrefixAlignment | None:
+    """:func:`acetools.layouts.align_prefix` of the base against the first expert's keys (its task-head
+    keys left out); ``None`` when the key names already agree."""
+    ex = experts[0]
+    heads = set(layout.task_head_keys(ex.keys()))
+    return align_prefix(base.keys(), [k for k in ex.keys() if k not in heads], base_config=base.config,
+                        expert_config=ex.config)
 
 
 def _shape_error(key: str, base: Checkpoint, experts: Sequence[Checkpoint], head: bool, layout: Layout) -> str:
@@ -212,20 +248,6 @@ def _check_head_shapes(base: Checkpoint, experts: Sequence[Checkpoint], layout: 
                 raise InputError(_shape_error(key, base, experts, True, layout))
 
 
-def _check_prefix(base: Checkpoint, expert: Checkpoint, head_keys: Sequence[str]) -> None:
-    """A bare backbone as the base (``BertModel``: ``embeddings.*``) beside classifiers (``bert.embeddings.*``)
-    shares no key with them: say so, and how to save the base, instead of a missing-key error."""
-    backbone = [k for k in expert.keys() if k not in head_keys]
-    if not backbone or set(backbone) & set(base.keys()):
-        return
-    prefix = backbone[0].split(".")[0] + "."
-    if all(k.startswith(prefix) for k in backbone) and {k[len(prefix):] for k in backbone} & set(base.keys()):
-        raise InputKeyError(f"the base {base.path} has no key of the experts' backbone: the experts' keys start with "
-                       f"{prefix!r} (e.g. {backbone[0]!r}), the base's do not (e.g. {base.keys()[0]!r}); the base "
-                       "looks like a bare backbone (e.g. BertModel). Save it as the experts' class first, e.g. "
-                       "BertForSequenceClassification.from_pretrained(base).save_pretrained(new_base)")
-
-
 def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout,
                names: Sequence[str] | None = None) -> HeadPlan:
     """Resolve ``heads`` (:data:`HEAD_MODES`) for these checkpoints; errors name the key or the expert.
@@ -241,6 +263,9 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
     if names is not None and (isinstance(names, str) or not isinstance(names, Sequence)):
         raise InputTypeError("names must be a list of strings, one per expert")
     mode, reason = heads, "asked"
+    alignment = find_alignment(base, experts, layout)
+    if alignment is not None:  # a bare backbone beside task models (or the reverse): the experts' key names
+        base = aligned_base(base, alignment, layout)[0]
     if heads == "auto":
         found = [ck for ck in experts if is_classifier(ck.keys(), ck.config, layout)]
         if found and layout.task_head_keys(found[0].keys()):
@@ -256,7 +281,7 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
         _check_head_shapes(base, experts, layout)
         if names is not None:
             log.info("names are only used with heads='per-task'; ignored")
-        return HeadPlan("merge", reason=reason)
+        return HeadPlan("merge", reason=reason, alignment=alignment)
     keys = layout.task_head_keys(experts[0].keys())
     if not keys:
         raise InputError(f"heads={mode!r}: expert {experts[0].path} has no key that layout {layout.name!r} calls a "
@@ -275,10 +300,9 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
             if not ck.meta(key).dtype.is_floating_point:
                 raise InputTypeError(f"heads={mode!r}: head key {key!r} of expert {ck.path} is {ck.meta(key).dtype}, "
                                 "not a float tensor")
-    _check_prefix(base, experts[0], keys)
-    plan = HeadPlan(mode, keys=list(keys), experts=list(experts), reason=reason)
+    plan = HeadPlan(mode, keys=list(keys), experts=list(experts), reason=reason, alignment=alignment)
     if mode == "per-task":
-        plan.names = _check_names(names if names is not None else [_name_of(ck) for ck in experts], experts,
+        plan.names = _check_names(names if names is not None else [expert_name(ck) for ck in experts], experts,
                                   names is not None)
         plan.labels = [_labels(ck, keys) for ck in experts]
     return plan
@@ -321,6 +345,7 @@ class HeadWriter:
         self.out, self.plan, self.sha256 = Path(out), plan, dict(sha256 or {})
         self.out.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix=".acetools-heads-", dir=self.out))
+        os.chmod(self._tmp, umask_mode())  # mkdtemp's 0700 would stay on heads/
         self.tasks: dict[str, str] = {}
 
     def write(self) -> dict[str, str]:
@@ -356,6 +381,8 @@ class HeadWriter:
             index["tasks"][name] = {"folder": f"{HEADS_DIR}/{name}", "num_labels": n_labels}
             self.tasks[name] = f"{HEADS_DIR}/{name}"
         (self._tmp / _INDEX).write_text(json.dumps(index, indent=2))
+        for p in self._tmp.rglob("*"):  # permissions as a plain mkdir / open under the umask give
+            os.chmod(p, umask_mode(0o777 if p.is_dir() else 0o666))
         return dict(self.tasks)
 
     def commit(self) -> Path:
@@ -467,14 +494,31 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def _backbone_dtype(folder: Path) -> torch.dtype:
+    """The dtype of the merged backbone's float tensors (the first one's; float32 if none)."""
+    ck = open_checkpoint(folder)
+    try:
+        return next((m.dtype for m in ck.metas().values() if m.dtype.is_floating_point), torch.float32)
+    finally:
+        ck.close()
+
+
+def _dtype_argument(version: str) -> str:
+    """``from_pretrained``'s name for the dtype: ``dtype`` from transformers 4.56, ``torch_dtype`` before."""
+    major, minor = (int(x) if x.isdigit() else 0 for x in (version.split(".") + ["0"])[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
 def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = None, **kwargs: Any):
     """A ``transformers`` model for task ``task``: the merged backbone in ``folder`` plus that task's head.
 
     The config is the expert's own (``num_labels``, ``id2label``, ``pad_token_id``, ...); the
     class is ``model_class`` or the config's first ``architectures`` entry (default
     ``AutoModelForSequenceClassification``). ``kwargs`` go to ``from_pretrained`` (``dtype``,
-    ``device_map``, ...). Every weight must come from the files: a key the model wants that is
-    neither in the merged backbone nor in the head, or an extra one, is an error naming it.
+    ``device_map``, ...); without a dtype the model, head included, has the merged backbone's dtype
+    (a bf16 expert's head is cast to it, not the model to bf16). Every weight must come from the
+    files: a key the model wants that is neither in the merged backbone nor in the head, or an
+    extra one, is an error naming it.
     Returns the model in eval mode.
     """
     import transformers
@@ -491,6 +535,8 @@ def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = N
         arch = (cfg_dict.get("architectures") or [None])[0]
         model_class = getattr(transformers, arch, None) if arch else None
         model_class = model_class or transformers.AutoModelForSequenceClassification
+    if "dtype" not in kwargs and "torch_dtype" not in kwargs:  # the merged backbone's, not the expert config's
+        kwargs[_dtype_argument(transformers.__version__)] = _backbone_dtype(folder)
     with _quiet_transformers():
         model, info = model_class.from_pretrained(folder, config=config, output_loading_info=True, **kwargs)
     missing = set(info["missing_keys"]) - set(head)

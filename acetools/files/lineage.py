@@ -1,0 +1,174 @@
+"""Is the base the experts' parent? A cheap check before a merge (docs/your-models.md §Bases and experts are checked).
+
+Every merge method adds the experts' task vectors τ_t = W_t − W0 to the base. With a base that the
+experts were not fine-tuned from (a randomly initialised model of the same config, another
+pretraining run) the "task vectors" are the difference of two unrelated models: the merge runs,
+exits 0 and writes nonsense. Two numbers tell the cases apart, measured per expert on a sample of
+the matrices (:func:`sample_keys`: at most :data:`SAMPLE_KEYS` matrix keys spread over the depth,
+a few per cent of the bytes of a large model, read once before the merge):
+
+- the **relative update size** ‖τ_t‖/‖W0‖ (Frobenius norms summed over the sampled keys). A
+  fine-tune moves the weights by a small fraction of their size; a base independent of the
+  expert gives ‖τ‖² ≈ ‖W_t‖² + ‖W0‖², so ‖τ‖/‖W0‖ ≥ 1 whatever the two scales;
+- the **task-vector cosines** cos(τ_t, τ_s): fine-tunes of one base move in nearly orthogonal
+  directions; against a foreign base every τ_t carries the same large part (parent − base),
+  so the cosines approach 1.
+
+:func:`check_lineage` refuses (an :class:`~acetools.errors.InputError` naming the expert and the
+number) when an expert's ratio exceeds :data:`RATIO_LIMIT`, or exceeds :data:`SHARED_RATIO_LIMIT`
+while its mean cosine with the other experts exceeds :data:`COSINE_LIMIT`; ``force=True``
+(``acetools merge --force``) merges anyway with a warning. An expert whose sampled keys all equal
+the base (only its head was trained) gets one warning line. The thresholds and the cases they
+were measured on are in docs/your-models.md §Bases and experts are checked.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+from ..keys import block_index
+from ..layouts import Layout, TensorMeta
+
+__all__ = ["SAMPLE_KEYS", "RATIO_LIMIT", "SHARED_RATIO_LIMIT", "COSINE_LIMIT", "Lineage", "sample_keys",
+           "measure_lineage", "check_lineage"]
+
+#: How many matrix keys are read per model for the check (spread evenly over the model's depth).
+SAMPLE_KEYS = 8
+#: ‖τ_t‖/‖W0‖ above which an expert is refused whatever its cosines.
+RATIO_LIMIT = 2.0
+#: ‖τ_t‖/‖W0‖ above which an expert is refused when its task vector also points where the others' do.
+SHARED_RATIO_LIMIT = 0.5
+#: Mean cosine of an expert's task vector with the other experts' above which (with a ratio above
+#: :data:`SHARED_RATIO_LIMIT`) the experts share one large displacement from the base.
+COSINE_LIMIT = 0.9
+
+
+def _meta(ck: Any, key: str) -> TensorMeta:
+    if isinstance(ck, Mapping):
+        t = ck[key]
+        return TensorMeta(tuple(t.shape), t.dtype)
+    return ck.meta(key)
+
+
+def _keys(ck: Any) -> list[str]:
+    return list(ck) if isinstance(ck, Mapping) else list(ck.keys())
+
+
+def _get(ck: Any, key: str) -> torch.Tensor:
+    return ck[key] if isinstance(ck, Mapping) else ck.get(key)
+
+
+def _where(ck: Any, t: int) -> str:
+    path = getattr(ck, "path", None)
+    return f"expert {t} ({path})" if path is not None else f"expert {t}"
+
+
+def sample_keys(base: Any, layout: Layout, n: int = SAMPLE_KEYS) -> list[str]:
+    """At most ``n`` matrix keys of ``base`` (a Checkpoint or a state dict), evenly spaced over its
+    blocks (keys outside the blocks first, as :mod:`acetools.keys` orders them); tied aliases are
+    skipped. Falls back to the largest 2-D float keys when the layout names no matrix."""
+    keys = [k for k in _keys(base) if k not in layout.tied]
+    metas = {k: _meta(base, k) for k in keys}
+    mats = [k for k in keys if metas[k].dtype.is_floating_point and layout.is_matrix(k, metas[k])]
+    if not mats:
+        mats = [k for k in keys if metas[k].dtype.is_floating_point and metas[k].ndim == 2]
+    if not mats:
+        mats = [k for k in keys if metas[k].dtype.is_floating_point and metas[k].ndim >= 1]
+    mats.sort(key=lambda k: (block_index(k) is not None, block_index(k) or 0))
+    if len(mats) <= n:
+        return mats
+    return [mats[round(i * (len(mats) - 1) / (n - 1))] for i in range(n)] if n > 1 else [mats[len(mats) // 2]]
+
+
+@dataclass
+class Lineage:
+    """What :func:`measure_lineage` measured: per expert ‖τ_t‖/‖W0‖ and the T x T cosines of the task
+    vectors over the sampled ``keys``; ``unchanged``: experts whose sampled keys equal the base."""
+
+    keys: list[str]
+    ratio: list[float]
+    cosine: list[list[float]]
+    unchanged: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+
+    def mean_cosine(self, t: int) -> float:
+        """Mean cosine of expert ``t``'s task vector with the others' (NaN for one expert)."""
+        others = [c for s, c in enumerate(self.cosine[t]) if s != t and math.isfinite(c)]
+        return sum(others) / len(others) if others else math.nan
+
+    def refusal(self) -> str | None:
+        """The one-line reason to refuse the merge, or ``None``."""
+        for t, r in enumerate(self.ratio):
+            c = self.mean_cosine(t)
+            shared = math.isfinite(c) and c > COSINE_LIMIT and r > SHARED_RATIO_LIMIT
+            if r > RATIO_LIMIT or shared:
+                why = (f"‖τ‖/‖W0‖ = {r:.3g} and a mean task-vector cosine of {c:.3f} with the other experts "
+                       f"(limits {SHARED_RATIO_LIMIT} and {COSINE_LIMIT})" if shared and r <= RATIO_LIMIT else
+                       f"‖τ‖/‖W0‖ = {r:.3g} (limit {RATIO_LIMIT})")
+                return (f"the base does not look like the parent of {self.names[t]}: {why} over {len(self.keys)} "
+                        "sampled matrices, where fine-tunes of their own base measured 0.01-0.2 "
+                        "(docs/your-models.md §Bases and experts are checked); check --base, or merge anyway with "
+                        "--force (force=True)")
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready record (kept in ``acetools_merge.json``)."""
+        return {"keys": self.keys, "ratio": [round(r, 6) for r in self.ratio],
+                "cosine": [[round(c, 6) if math.isfinite(c) else None for c in row] for row in self.cosine],
+                "unchanged": self.unchanged,
+                "limits": {"ratio": RATIO_LIMIT, "shared_ratio": SHARED_RATIO_LIMIT, "cosine": COSINE_LIMIT}}
+
+
+def measure_lineage(base: Any, experts: Sequence[Any], layout: Layout, *, keys: Sequence[str] | None = None
+                    ) -> Lineage:
+    """‖τ_t‖/‖W0‖ and the task-vector cosines over :func:`sample_keys` (or ``keys``), in float64,
+    in the layout's orientation. ``base``/``experts``: Checkpoints (read one tensor at a time) or
+    state dicts with the same keys."""
+    keys = list(keys) if keys is not None else sample_keys(base, layout)
+    T = len(experts)
+    G = torch.zeros(T, T, dtype=torch.float64)
+    b2 = 0.0
+    unchanged = [True] * T
+    for key in keys:
+        W0 = _get(base, key).to(torch.float64)
+        taus = [_get(ck, key).to(torch.float64) - W0 for ck in experts]
+        b2 += float(W0.pow(2).sum())
+        F = torch.stack([t.reshape(-1) for t in taus])
+        G += F @ F.T
+        for t, tau in enumerate(taus):
+            unchanged[t] = unchanged[t] and not bool(tau.any())
+    n = G.diagonal().sqrt()
+    ratio = [float(x) / math.sqrt(b2) if b2 > 0 else math.inf for x in n]
+    C = G / torch.outer(n, n).clamp(min=1e-300)
+    cos = [[float(C[i, j]) if n[i] > 0 and n[j] > 0 else math.nan for j in range(T)] for i in range(T)]
+    names = [_where(ck, t) for t, ck in enumerate(experts)]
+    return Lineage(keys, ratio, cos, [t for t, u in enumerate(unchanged) if u and keys], names)
+
+
+def check_lineage(base: Any, experts: Sequence[Any], layout: Layout, *, force: bool = False,
+                  keys: Sequence[str] | None = None) -> Lineage:
+    """:func:`measure_lineage`, then refuse a base that is not the experts' parent (an InputError
+    naming the expert and the number; with ``force`` a warning instead) and warn once about
+    experts whose sampled keys equal the base (a head-only fine-tune: the merge gets nothing from
+    them but their head). Returns the :class:`Lineage`."""
+    lin = measure_lineage(base, experts, layout, keys=keys)
+    why = lin.refusal()
+    if why is not None:
+        if not force:
+            raise InputError(why)
+        warnings.warn(f"merging anyway (force): {why.split('; check --base')[0]}", UserWarning, stacklevel=2)
+    if lin.unchanged:
+        who = ", ".join(lin.names[t] for t in lin.unchanged)
+        one = len(lin.unchanged) == 1
+        warnings.warn(f"{who}: the merged part equals the base on all {len(lin.keys)} sampled matrices (only "
+                      f"{'its head was' if one else 'their heads were'} fine-tuned?); the merge takes nothing from "
+                      f"{'it' if one else 'them'} but {'its head' if one else 'their heads'}", UserWarning,
+                      stacklevel=2)
+    return lin

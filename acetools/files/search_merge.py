@@ -1,0 +1,182 @@
+"""Choose a method's coefficient with your own evaluation: ``acetools merge --search eval.py:function``.
+
+The library's search protocol (:mod:`acetools.search`, docs/methods.md §Benchmark protocol) on
+checkpoints from disk: for each candidate value of the method's searched coefficient (the
+registry's :class:`~acetools.merging.Search` entry: λ of task arithmetic and TIES, α of TSV-M,
+Iso-C and CART, ESM's α; ACE's ``scaling`` on :data:`acetools.benchmark.ACE_SCALED`'s grid) the
+experts are merged into a hidden temporary folder and **your** function scores the merge on every
+task::
+
+    def evaluate(model: pathlib.Path, task: str) -> float:
+        '''model: a merged folder (loads like the base: AutoModel.from_pretrained(model), or, with
+        per-task heads, acetools.files.heads.load_with_head(model, task)); task: an expert's name
+        (its folder name, or --names). Returns a score where higher is better (accuracy, -loss).'''
+
+The search maximises the mean score over the tasks (grid with early stopping after
+:data:`acetools.search.PATIENCE` evaluations without improvement once the curve has risen, as
+the benchmark does; golden section for ESM). The chosen merge is then written to ``out`` like any
+merge, and ``acetools_merge.json`` records the search: the coefficient, its value, and every
+evaluation (docs/your-models.md §Coefficients chosen by your evaluation).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from ..errors import InputError, InputTypeError
+from ..merging import METHODS, Search
+from ..utils import atomic_write
+
+__all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge"]
+
+#: The signature of a user's evaluation: (merged folder, task name) -> score (higher is better).
+Evaluate = Callable[[Path, str], float]
+
+
+def load_evaluation(spec: str) -> Evaluate:
+    """``"path/to/eval.py:function"`` -> that function (the file is imported as a module; errors name
+    the file or the function)."""
+    path, sep, name = str(spec).rpartition(":")
+    if not sep or not path or not name.isidentifier():
+        raise InputError(f"--search {spec!r}: write it as path/to/eval.py:function")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"--search: no evaluation file {file}")
+    module_spec = importlib.util.spec_from_file_location(f"acetools_user_eval_{file.stem}", file)
+    if module_spec is None or module_spec.loader is None:
+        raise InputError(f"--search: {file} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise InputError(f"--search: {file} has no function {name!r}")
+    return cast(Evaluate, fn)
+
+
+def searched(method: str) -> Search:
+    """The coefficient ``method``'s search chooses (its registry entry; ACE: ``scaling`` on
+    :data:`acetools.benchmark.ACE_SCALED`'s grid). An error for methods without one."""
+    if method not in METHODS:
+        raise InputError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
+    own = METHODS[method].search
+    if own is not None:
+        return own
+    if method == "ace":
+        from ..benchmark import ACE_SCALED
+
+        return ACE_SCALED
+    with_search = sorted(m for m, info in METHODS.items() if info.search is not None)
+    raise InputError(f"{method} has no searched coefficient (its coefficient is fixed); --search works with "
+                     f"{', '.join(with_search)} and ace")
+
+
+@dataclass
+class SearchMerge:
+    """The outcome of :func:`search_merge`: the coefficient, its chosen value, the search and the merge."""
+
+    param: str
+    value: float
+    result: Any  # acetools.search.SearchResult
+    merge: Any  # acetools.files.merge_files.MergeResult of the chosen merge
+
+    def record(self) -> dict[str, Any]:
+        """What goes into ``acetools_merge.json`` under ``"search"``."""
+        return {"param": self.param, "value": self.value, "objective": "mean of the user's scores over the tasks",
+                "kind": self.result.method, "stopped_early": self.result.stopped_early,
+                "trace": [{"value": e.alpha, "mean": e.avg_absolute, "scores": e.scores} for e in self.result.trace]}
+
+    def table(self) -> str:
+        """The trace as text: one line per evaluated value, the chosen one marked."""
+        tasks = list(self.result.trace[0].scores) if self.result.trace else []
+        lines = [f"{self.param:>8}  {'mean':>8}  " + "  ".join(f"{t:>10}" for t in tasks)]
+        for e in self.result.trace:
+            mark = "  <- chosen" if e.alpha == self.value else ""
+            lines.append(f"{e.alpha:>8.4g}  {e.avg_absolute:>8.4f}  "
+                         + "  ".join(f"{e.scores[t]:>10.4f}" for t in tasks) + mark)
+        return "\n".join(lines)
+
+
+def _tasks(plan: Any) -> list[str]:
+    from .heads import expert_name
+
+    if plan.heads.names:
+        return list(plan.heads.names)
+    names = [expert_name(ck) for ck in plan.experts]
+    return names if len(set(names)) == len(names) else [f"{n}_{i}" for i, n in enumerate(names)]
+
+
+def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path, evaluate: Evaluate, *,
+                 hparams: Mapping[str, Any] | None = None, patience: int | None = None,
+                 report: Callable[[str], None] | None = None, **merge_options: Any) -> SearchMerge:
+    """Search ``method``'s coefficient (:func:`searched`) with ``evaluate`` and write the chosen merge to ``out``.
+
+    Every candidate is merged with :func:`acetools.files.merge_files.merge_files` (the same
+    ``merge_options``: layout, heads, names, dtype, device, ...) into a hidden temporary folder
+    beside ``out``, scored on each task, and removed. ``patience``: the grid search's early
+    stop (default :data:`acetools.search.PATIENCE`). ``report(line)`` is called after each
+    evaluation. A coefficient given in ``hparams`` is an error (the search chooses it).
+    """
+    from ..search import PATIENCE, golden_section_search, grid_search
+    from .merge_files import merge_files, plan_merge
+
+    if not callable(evaluate):
+        raise InputTypeError("evaluate must be a callable (model folder, task name) -> score")
+    search = searched(method)
+    hp = dict(hparams or {})
+    if search.param in hp:
+        raise InputError(f"--search chooses {method}'s {search.param}; do not also give -p {search.param}=...")
+    plan_keys = {k: merge_options[k] for k in ("layout", "heads", "names", "mode", "force_layout")
+                 if k in merge_options}
+    plan = plan_merge(method, base, experts, hparams=hp, **plan_keys)
+    tasks = _tasks(plan)
+    out = Path(out).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.acetools-search-", dir=out.parent))
+    count = [0]
+
+    def score(value: float) -> dict[str, float]:
+        folder = scratch / f"candidate-{count[0]}"
+        count[0] += 1
+        merge_files(method, base, experts, folder, hparams={**hp, search.param: value}, hash_inputs=False,
+                    **merge_options)
+        try:
+            scores = {}
+            for task in tasks:
+                s = evaluate(folder, task)
+                if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(float(s)):
+                    raise InputError(f"--search: the evaluation returned {s!r} for task {task!r} at "
+                                     f"{search.param}={value:g}; it must return a finite number")
+                scores[task] = float(s)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if report is not None:
+            report(f"{search.param}={value:g}: mean {sum(scores.values()) / len(scores):.4f}")
+        return scores
+
+    try:
+        if search.kind == "grid":
+            res = grid_search(score, search.grid, objective="absolute",
+                              patience=PATIENCE if patience is None else patience)
+        else:  # golden section on the bracket (ESM's rule without experts' reference scores)
+            res = golden_section_search(score, *search.bracket, objective="absolute")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    value = float(res.best)
+    chosen = merge_files(method, base, experts, out, hparams={**hp, search.param: value}, **merge_options)
+    outcome = SearchMerge(search.param, value, res, chosen)
+    assert chosen.out is not None, "merge_files wrote no folder"
+    record = chosen.out / "acetools_merge.json"
+    info = json.loads(record.read_text())
+    info["search"] = outcome.record()
+    with atomic_write(record, "w") as fh:
+        json.dump(info, fh, indent=2)
+    chosen.info["search"] = info["search"]
+    return outcome

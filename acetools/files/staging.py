@@ -1,0 +1,77 @@
+"""The hidden staging folder a new merge output is assembled in (docs/your-models.md §What is written).
+
+A merge into a folder that does not exist yet writes into a hidden sibling,
+``.<out name>.acetools-stage-<pid>-<random>``, and renames it into place when complete, so a
+killed merge leaves no ``--out``. :func:`make_stage` creates that folder with the permissions a
+plain ``mkdir`` would give (the umask's, not ``mkdtemp``'s 0700, which the renamed folder would
+keep), removes the staging folders that killed merges of the same ``--out`` left behind (their
+process id is in the name and that process is gone), and reports a folder it may not write in by
+the user's path, not the hidden one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = ["STAGE_MARK", "make_stage", "stale_stages", "umask_mode"]
+
+log = logging.getLogger("acetools.files.staging")
+
+#: The part of a staging folder's name between the output's name and the process id.
+STAGE_MARK = ".acetools-stage-"
+
+
+def umask_mode(mode: int = 0o777) -> int:
+    """``mode`` with the process's umask applied (what ``mkdir``/``open`` would create)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def stale_stages(out_dir: Path) -> list[Path]:
+    """Staging folders of ``out_dir`` whose merge process no longer runs (killed merges)."""
+    out_dir = Path(out_dir)
+    pattern = re.compile(r"^\." + re.escape(out_dir.name) + re.escape(STAGE_MARK) + r"(\d+)-")
+    found = []
+    if not out_dir.parent.is_dir():
+        return found
+    for p in out_dir.parent.iterdir():
+        m = pattern.match(p.name)
+        if m and p.is_dir() and not p.is_symlink() and not _alive(int(m.group(1))):
+            found.append(p)
+    return sorted(found)
+
+
+def make_stage(out_dir: Path) -> Path:
+    """A new hidden staging folder beside ``out_dir`` (which does not exist yet), after removing the
+    stale ones (:func:`stale_stages`). A folder that cannot be created raises a PermissionError
+    naming ``out_dir``'s parent, the folder the user chose."""
+    out_dir = Path(out_dir)
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        for old in stale_stages(out_dir):
+            shutil.rmtree(old, ignore_errors=True)
+            log.info("removed %s, left by a merge that was killed", old)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{STAGE_MARK}{os.getpid()}-", dir=out_dir.parent))
+    except PermissionError as e:
+        raise PermissionError(e.errno, f"cannot write the merge output {out_dir} (no permission to create files "
+                                       f"in {out_dir.parent})", str(out_dir)) from None
+    os.chmod(stage, umask_mode())  # mkdtemp's 0700 would stay on the renamed folder
+    return stage
