@@ -165,10 +165,21 @@ def _for_pages(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+#: Put in each slide page's head: MathJax without its fast preview (on slides hidden while MathJax
+#: typesets them, the preview stayed beside the typeset maths), and long code lines and wide
+#: equations wrapped or scrolled inside the slide instead of cut off at its edge.
+SLIDES_HEAD = """<script type="text/x-mathjax-config">MathJax.Hub.Config({"fast-preview": {disabled: true},
+  "CommonHTML": {linebreaks: {automatic: true}}, messageStyle: "none"});</script>
+<style>.reveal pre, .reveal pre code { white-space: pre-wrap; word-break: break-word; }
+.reveal .MathJax_CHTML_Display, .reveal .MJXc-display { overflow-x: auto; overflow-y: hidden; }</style>
+"""
+
+
 def _offline(html: str) -> str:
     """The slide page without the template's mermaid import (a CDN module; the lessons draw no
-    mermaid diagrams)."""
-    return re.sub(r'<script type="module">\s*import mermaid from [^<]*</script>', "", html)
+    mermaid diagrams), with :data:`SLIDES_HEAD` at the top of its head."""
+    html = re.sub(r'<script type="module">\s*import mermaid from [^<]*</script>', "", html)
+    return html.replace("<head>", "<head>\n" + SLIDES_HEAD, 1)
 
 
 def network_urls(html: str) -> list[str]:
