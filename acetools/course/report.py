@@ -225,8 +225,9 @@ def check_html(path: str | os.PathLike) -> list[str]:
 
 
 #: Prose that points at code: it needs that code shown on the page.
-_POINTS_AT_CODE = re.compile(r"\b(?:here is the code|here are the|the (?:code|cell)s? (?:below|above)|"
-                             r"the (?:next|following) (?:code )?cells?|this cell|in the code below)\b", re.I)
+_POINTS_AT_CODE = re.compile(r"\b(?:here (?:is|are) the (?:\w+ )?(?:code|cells?|functions?|lines?|calls?)|"
+                             r"the (?:code|cell)s? (?:below|above)|the (?:next|following) (?:code )?cells?|this cell|"
+                             r"in the code below)\b", re.I)
 
 
 def rendered_code_cells(html: str) -> tuple[int, int]:
