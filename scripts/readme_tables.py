@@ -18,7 +18,9 @@ everything between the markers is rewritten, everything else is left alone:
   ``figures/benchmark/text8_minilm_seed*_summary.csv``, ``benchmarks/results/text_world/build_*.json``
   and ACE's γ per layer type from ``figures/regime/text8_seed0/card_per_layer.csv``.
 
-Every generator's block appears exactly once over the pages. ``tests/test_readme_tables.py`` fails
+Every generator's block appears exactly once over the pages. The script also rewrites each
+lesson's reading time where README.md's course map and docs/teaching.md state it
+(:func:`reading_times`, from ``scripts/build_site.py``'s ``reading_minutes``). ``tests/test_readme_tables.py`` fails
 when a block drifts from the files.
 """
 
@@ -132,13 +134,35 @@ def render_pages(texts: dict[str, str], repo: Path = REPO) -> dict[str, str]:
     return {path: render(text, repo, page=path) for path, text in texts.items()}
 
 
+#: The pages that state each lesson's reading time (``| `NN_x` | … | N min |`` and ``(read N min``).
+READING_PAGES = ("README.md", "docs/teaching.md")
+
+
+def reading_times(text: str, repo: Path = REPO) -> str:
+    """``text`` with every lesson's stated reading time set to the one its notebook gives."""
+    import importlib.util
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("build_site", repo / "scripts" / "build_site.py")
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+    for path in sorted((repo / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        n = site.reading_minutes(nbformat.read(str(path), as_version=4))
+        text = re.sub(rf"^(\| `{path.stem}` \|[^|\n]*\| )\d+( min \|)", rf"\g<1>{n}\g<2>", text, flags=re.M)
+        text = re.sub(rf"(`{path.stem}` \(read )\d+( min)", rf"\g<1>{n}\g<2>", text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a page differs from the files")
     args = ap.parse_args(argv)
-    old = {page: (REPO / page).read_text() for page in PAGES}
-    new = render_pages(old)
-    stale = [page for page in PAGES if new[page] != old[page]]
+    pages = sorted(set(PAGES) | set(READING_PAGES))
+    old = {page: (REPO / page).read_text() for page in pages}
+    new = {**old, **render_pages({p: old[p] for p in PAGES})}
+    new.update({p: reading_times(new[p]) for p in READING_PAGES})
+    stale = [page for page in pages if new[page] != old[page]]
     if args.check:
         for page in stale:
             print(f"{page}'s generated tables differ from the committed files: run python3 scripts/readme_tables.py")

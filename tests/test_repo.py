@@ -179,4 +179,4 @@ def test_reading_times_are_the_lessons_own():
         for m in re.finditer(rf"`{path.stem}` \(read (\d+) min", teaching):
             if int(m.group(1)) != want:
                 wrong.append(f"docs/teaching.md, {path.stem}: read {m.group(1)} min, the notebook reads in {want} min")
-    assert not wrong, "\n".join(wrong)
+    assert not wrong, "\n".join(wrong) + "\n(python3 scripts/readme_tables.py rewrites them)"
