@@ -551,3 +551,24 @@ def test_ablation_verdicts_judge_against_tsv_m_and_keep_the_in_pipeline_rows():
     assert ec.ablation_verdicts(_ablation(acc))["esm.esd_alone"].verdict == "partly"
     with pytest.raises(ValueError, match="TSV-M"):
         ec.ablation_verdicts(_ablation({k: a for k, a in acc.items() if k != ec.TSV_M_ROW}))
+
+
+def test_lesson_03_checks_every_tagged_equation_in_code():
+    """Notebook 03 (docs/style.md §1): each tagged (ESM.n) equation is followed, within three code
+    cells, by a cell that computes it in torch and checks it with assert_close against acetools;
+    no cell calls a course function that composes ESM before the student's own version."""
+    import json
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "notebooks" / "03_esm_step_by_step.ipynb"
+    cells = [("".join(c["source"]), c["cell_type"]) for c in json.loads(path.read_text())["cells"]]
+    tagged = [(i, t) for i, (src, kind) in enumerate(cells) if kind == "markdown"
+              for t in re.findall(r"\\tag\{(ESM\.\d+)\}", src)]
+    assert [t for _, t in tagged] == [f"ESM.{n}" for n in range(1, 12)]
+    for i, tag in tagged:
+        following = [src for src, kind in cells[i + 1:] if kind == "code"][:3]
+        assert any("torch.testing.assert_close" in src for src in following), tag
+        assert any("E." in src or "acetools.merge(" in src for src in following), tag
+    code = "\n".join(src for src, kind in cells if kind == "code")
+    assert "layer_stages" not in code and code.index("torch.linalg.svd(dO") < code.index('acetools.merge("esm"')
