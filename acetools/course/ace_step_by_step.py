@@ -166,19 +166,23 @@ def layer_table(task_vectors: Sequence[StateDict], W_pre: Mapping[str, Tensor], 
         null = 1 if (diag.numerator == "centered" and d_out <= d_in) else 0
         pre, fin = _spectrum(Wp, top_frac, null), _spectrum(W[key], top_frac)
         kd = max(1, math.ceil(top_frac * min(d_out, d_in)))
+        UP, VP = _bases(Wp, kd)  # W_pre's top directions, once per matrix
+
+        def with_pre(M: Tensor, UP: Tensor = UP, VP: Tensor = VP, kd: int = kd) -> float:
+            UB, VB = _bases(M.to(UP.device), kd)
+            return (_mean_cos(UP, UB) + _mean_cos(VP, VB)) / 2  # = direction_cosine(W_pre, M, kd)["mean"]
+
         cos = {"cos_hooked": math.nan, "cos_sum_hooked": math.nan}
         if hooked is not None and key in hooked:
             Wh = hooked[key].double().to(Wp.device)
-            cos = {"cos_hooked": direction_cosine(Wp, Wh, kd)["mean"],
-                   "cos_sum_hooked": direction_cosine(task_sum, Wh, kd)["mean"]}
+            cos = {"cos_hooked": with_pre(Wh), "cos_sum_hooked": direction_cosine(task_sum, Wh, kd)["mean"]}
         c = diag.prior_norm
         rows.append({
             "key": key, "shape": (d_out, d_in), "gamma": diag.gamma, "flag": diag.flag,
             "top_energy_pre": pre["top_energy"], "cond_pre": pre["cond"], "cond_pre_trim": pre["cond_trim"],
             "erank_pre": pre["erank"], "top_energy_sum": energy_fraction(task_sum, top_frac),
             "top_energy_final": fin["top_energy"], "k_dir": kd,
-            "cos_sum": direction_cosine(Wp, task_sum, kd)["mean"],
-            "cos_experts": float(np.mean([direction_cosine(Wp, d, kd)["mean"] for d in dW])),
+            "cos_sum": with_pre(task_sum), "cos_experts": float(np.mean([with_pre(d) for d in dW])),
             "cos_random": (random_subspace_cosine(d_out, kd) + random_subspace_cosine(d_in, kd)) / 2,
             **cos, "ridge_over_prior": sum(diag.ridge) / c if c > 0 else math.inf,
         })
