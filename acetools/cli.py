@@ -672,7 +672,36 @@ def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
     return cfg
 
 
+def _collapse_warnings(caught: list) -> None:
+    """Re-emit ``caught`` warnings, one per kind: warnings that differ only in a quoted name and numbers
+    (ESM's per-layer rank notes) become one, naming the other layers."""
+    import re
+    import warnings
+
+    groups: dict[tuple, list[str]] = {}
+    for w in caught:
+        text = str(w.message)
+        groups.setdefault((w.category, re.sub(r"\d+", "#", re.sub(r"'[^']*'", "'…'", text))), []).append(text)
+    for (category, _), texts in groups.items():
+        if len(texts) > 1:
+            names = [m.group(1) for t in texts[1:] if (m := re.search(r"'([^']*)'", t))]
+            texts[0] += f" [and {len(texts) - 1} more like it: {', '.join(names)}]"
+        warnings.warn(texts[0], category, stacklevel=3)
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
+    import warnings
+
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            return _merge(args)
+    finally:
+        _collapse_warnings(caught)  # after the block: the warnings go where they would have gone
+
+
+def _merge(args: argparse.Namespace) -> int:
     from .files.lineage import check_lineage
     from .files.merge_files import merge_files, plan_merge
     from .layouts import format_table
