@@ -32,9 +32,10 @@ from torch import Tensor
 
 from .errors import InputError
 from .merging import METHODS, Search, merge
+from .results import save_correctness
 from .search import esm_search, golden_section_search, grid_search
 from .utils import atomic_write, jsonable
-from .world.base import EvaluatesAll, MultiTaskWorld, SplitData, World, as_world
+from .world.base import EvaluatesAll, MultiTaskWorld, PerExample, SplitData, World, as_world
 
 __all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
 
@@ -114,6 +115,9 @@ class MethodRun:
     #: seconds spent collecting the method's data inputs (ESM's proxy activations, RegMean's
     #: Gram matrices) before merging; not part of ``merge_seconds``. 0 when cached or none.
     inputs_seconds: float = 0.0
+    #: per task, the test examples' correctness (bool array) where the world scores examples
+    #: (:class:`~acetools.world.base.PerExample`); saved as ``<stem>_correct.npz``
+    test_correct: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -250,6 +254,15 @@ class Benchmark:
             return self.world.evaluate_all(state, split, self.cap(split), tasks)
         return {t: self.world.evaluate(state, t, split, self.cap(split)) for t in tasks}
 
+    def scored(self, state: Mapping[str, Tensor], split: str = "test",
+               tasks: Sequence[str] | None = None) -> tuple[dict[str, float], dict[str, np.ndarray] | None]:
+        """Accuracy per task and, where the world scores examples, each example's correctness
+        (the accuracy is then its mean, the same number :meth:`evaluate` gives)."""
+        if not isinstance(self.world, PerExample):
+            return self.evaluate(state, split, tasks), None
+        hits = self.world.correctness(state, split, self.cap(split), list(tasks or self.tasks))
+        return {t: int(h.sum()) / max(1, len(h)) for t, h in hits.items()}, hits
+
     def expert_accuracy(self, split: str = "test") -> dict[str, float]:
         """Each expert on its own task: the reference of normalized accuracy."""
         if split not in self._expert_acc:
@@ -343,12 +356,13 @@ class Benchmark:
             val = self.evaluate(merged, "val")
         else:
             val = dict(res.best_evaluation.scores)
-        test = self.evaluate(merged, "test")
+        test, hits = self.scored(merged, "test")
         hp = {k: v for k, v in hparams.items()}
         if coef_name:
             hp[coef_name] = coef
         return MethodRun(method, hp, coef_name, coef, val, test, self.normalized(val, "val"),
-                         self.normalized(test, "test"), merge_s, trace, label, inputs_seconds=inputs_s)
+                         self.normalized(test, "test"), merge_s, trace, label, inputs_seconds=inputs_s,
+                         test_correct=hits)
 
     def _check_affine(self, method, hparams, param, m1, slope, tol: float = 1e-3) -> None:
         """θ(0.5) must equal m1 - 0.5·slope if the coefficient enters affinely."""
@@ -363,14 +377,12 @@ class Benchmark:
 
     def reference_rows(self) -> list[MethodRun]:
         """Rows for the unmerged base (its frozen heads) and the individual experts."""
-        rows = []
-        for name, val, test in (
-            (getattr(self.world, "base_label", "base"), self.evaluate(self.base, "val"),
-             self.evaluate(self.base, "test")),
-            ("experts (individual)", self.expert_accuracy("val"), self.expert_accuracy("test")),
-        ):
-            rows.append(MethodRun(name, {}, None, None, val, test, self.normalized(val, "val"),
-                                  self.normalized(test, "test"), 0.0))
+        val, (test, hits) = self.evaluate(self.base, "val"), self.scored(self.base, "test")
+        rows = [MethodRun(getattr(self.world, "base_label", "base"), {}, None, None, val, test,
+                          self.normalized(val, "val"), self.normalized(test, "test"), 0.0, test_correct=hits)]
+        val, test = self.expert_accuracy("val"), self.expert_accuracy("test")
+        rows.append(MethodRun("experts (individual)", {}, None, None, val, test, self.normalized(val, "val"),
+                              self.normalized(test, "test"), 0.0))
         if not getattr(self.world, "mtl", False):
             return rows
         if not isinstance(self.world, MultiTaskWorld):
@@ -467,6 +479,9 @@ class Benchmark:
             self.per_task(runs).to_csv(fh, index=False)
         with atomic_write(paths["json"], "w") as fh:
             json.dump(self.record(runs), fh, indent=1, default=str)
+        hits = {r.name: r.test_correct for r in runs if r.test_correct is not None}
+        if hits:
+            paths["correct"] = save_correctness(folder / f"{stem}_correct.npz", hits)
         return paths
 
 

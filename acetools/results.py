@@ -17,7 +17,9 @@ This module reads them back (the course's ``04_benchmark`` lesson decides its ve
 * rank agreement: :func:`kendall_tau` (tau-b, ties allowed), :func:`rank_agreement`;
 * merge times at ViT-B/32 width from ``benchmarks/merge_speed.py``: :func:`load_merge_speed`;
 * writing results on the fixture world: :func:`prefix_world`, :func:`write_results`;
-* rerun rows put into committed tables at their place: :func:`replace_rows`.
+* rerun rows put into committed tables at their place: :func:`replace_rows`;
+* per-example test correctness beside a result (``<stem>_correct.npz``, for paired comparisons,
+  :func:`acetools.stats.paired_bootstrap`): :func:`save_correctness`, :func:`load_correctness`.
 
 All accuracies are percentages, as the CSV files store them.
 """
@@ -41,6 +43,8 @@ from .errors import InputError, InputKeyError
 from .search import PATIENCE
 
 __all__ = [
+    "save_correctness",
+    "load_correctness",
     "REFERENCES",
     "DATA_DEPENDENT",
     "KINDS",
@@ -502,3 +506,32 @@ def to_markdown(df: pd.DataFrame, *, index: bool = False, floatfmt: str = ".2f")
     sep = "|" + "|".join("---" for _ in d.columns) + "|"
     body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in d.itertuples(index=False)]
     return "\n".join([head, sep, *body]) + "\n"
+
+
+def save_correctness(path: str | Path, hits: Mapping[str, Mapping[str, ArrayLike]]) -> Path:
+    """Write ``{row: {task: bool array}}`` (each test example's correctness) to ``path`` as a
+    compressed ``.npz``: one bit per example, an index of (row, task, length); atomically."""
+    from .utils import atomic_write
+
+    index, arrays = [], {}
+    for row, per_task in hits.items():
+        for task, h in per_task.items():
+            b = np.asarray(h).astype(bool).ravel()
+            arrays[f"a{len(index)}"] = np.packbits(b)
+            index.append([str(row), str(task), int(b.size)])
+    path = Path(path)
+    with atomic_write(path, "wb") as fh:
+        np.savez_compressed(fh, index=np.array(json.dumps(index)), **arrays)
+    return path
+
+
+def load_correctness(path: str | Path) -> dict[str, dict[str, np.ndarray]]:
+    """Read :func:`save_correctness`'s file back as ``{row: {task: bool array}}``."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no per-example results at {path}; rerun the benchmark that wrote its tables")
+    with np.load(path) as z:
+        out: dict[str, dict[str, np.ndarray]] = {}
+        for i, (row, task, n) in enumerate(json.loads(str(z["index"]))):
+            out.setdefault(row, {})[task] = np.unpackbits(z[f"a{i}"])[:n].astype(bool)
+    return out

@@ -199,3 +199,24 @@ def test_wudi_step_size_study(bench):
         assert df[c].between(0, 200).all()
     with pytest.raises(ValueError, match="lrs"):
         wudi_step_size(bench, [0.0])
+
+
+def test_test_rows_carry_per_example_correctness_saved_beside_the_tables(bench, tmp_path):
+    import numpy as np
+
+    from acetools.results import load_correctness
+
+    run = bench.run("weight_averaging")
+    base = bench.reference_rows()[0]
+    for r in (run, base):
+        assert r.test_correct is not None and set(r.test_correct) == {"a", "b", "c"}
+        for t, hits in r.test_correct.items():
+            assert hits.dtype == bool and len(hits) == len(bench.data(t, "test").y)
+            assert int(hits.sum()) / len(hits) == r.test[t]  # the accuracy is the examples' mean
+    merged = bench._merge("weight_averaging", {})
+    assert bench.evaluate(merged, "test") == run.test  # the accuracy-only path agrees
+    paths = bench.save([base, run], tmp_path, "micro", regime=False)
+    back = load_correctness(paths["correct"])
+    assert set(back) == {base.name, "weight_averaging"}
+    for t in ("a", "b", "c"):
+        np.testing.assert_array_equal(back["weight_averaging"][t], run.test_correct[t])

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..errors import InputTypeError
 
-__all__ = ["EvaluatesAll", "MultiTaskWorld", "SplitData", "World", "as_world", "check_world"]
+__all__ = ["EvaluatesAll", "MultiTaskWorld", "PerExample", "SplitData", "World", "as_world", "check_world"]
 
 StateDict = dict[str, Tensor]
 
@@ -108,6 +108,18 @@ class EvaluatesAll(Protocol):
     def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
                      tasks: Sequence[str] | None = None) -> dict[str, float]:
         """Accuracy (fraction) per task of ``tasks`` (default: all) on ``split`` (first ``n`` examples)."""
+        ...
+
+
+@runtime_checkable
+class PerExample(Protocol):
+    """A world that scores every test example, so that two merges can be compared example by
+    example (:func:`acetools.stats.paired_bootstrap`; docs/course.md §Claim rules)."""
+
+    def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
+                    tasks: Sequence[str] | None = None) -> dict[str, Any]:
+        """Per task of ``tasks`` (default: all), a bool array with one entry per example of the
+        first ``n`` of ``split``, in the split's order: whether the top-1 prediction is right."""
         ...
 
 

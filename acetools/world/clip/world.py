@@ -498,6 +498,15 @@ class ClipWorld:
         pred = self.logits(f, task).argmax(-1).cpu().numpy()
         return float((pred == np.asarray(y)).mean())
 
+    def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
+                    tasks: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Per-example correctness per task (:class:`~acetools.world.base.PerExample`)."""
+        out = {}
+        for t in tasks or self.tasks:
+            f, y = self.features(state, t, split, n)
+            out[t] = self.logits(f, t).argmax(-1).cpu().numpy() == np.asarray(y)
+        return out
+
     def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
                      tasks: Sequence[str] | None = None) -> dict[str, float]:
         return {t: self.evaluate(state, t, split, n) for t in (tasks or self.tasks)}

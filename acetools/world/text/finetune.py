@@ -147,22 +147,33 @@ def finetune_text(encoder: TextEncoder, head: nn.Linear, data: TextData, tok, cf
 
 
 @torch.no_grad()
-def evaluate_text(encoder: TextEncoder, head: nn.Linear, data: TextData, tok, *, max_length: int = 48,
-                  batch_size: int = 256, bf16: bool = True, device: torch.device | str = "cpu",
-                  n: int | None = None) -> float:
-    """Top-1 accuracy (fraction) of ``head(encoder(text))`` on the first ``n`` texts of ``data``."""
+def text_correctness(encoder: TextEncoder, head: nn.Linear, data: TextData, tok, *, max_length: int = 48,
+                     batch_size: int = 256, bf16: bool = True, device: torch.device | str = "cpu",
+                     n: int | None = None) -> Tensor:
+    """Per-example top-1 correctness (bool, in ``data``'s order) of ``head(encoder(text))`` on the
+    first ``n`` texts of ``data``."""
     device = torch.device(device)
     encoder.to(device).eval()
     head.to(device)
     texts, y = data.texts[:n], torch.tensor(data.y[:n])
     # batches of texts of similar length pad less (the masks make the order immaterial)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    correct = 0
+    hits = torch.zeros(len(texts), dtype=torch.bool)  # (n_texts,)
     for idx, ids, mask in encode_batches(tok, texts, max_length, batch_size, order):
         with _autocast(bf16, device):
             logits = head(encoder(ids.to(device), mask.to(device)))
-        correct += int((logits.float().argmax(-1).cpu() == y[idx]).sum())
-    return correct / max(1, len(texts))
+        hits[idx] = logits.float().argmax(-1).cpu() == y[idx]
+    return hits
+
+
+def evaluate_text(encoder: TextEncoder, head: nn.Linear, data: TextData, tok, *, max_length: int = 48,
+                  batch_size: int = 256, bf16: bool = True, device: torch.device | str = "cpu",
+                  n: int | None = None) -> float:
+    """Top-1 accuracy (fraction) of ``head(encoder(text))`` on the first ``n`` texts of ``data``:
+    the mean of :func:`text_correctness` (same arguments)."""
+    hits = text_correctness(encoder, head, data, tok, max_length=max_length, batch_size=batch_size, bf16=bf16,
+                            device=device, n=n)
+    return int(hits.sum()) / max(1, len(hits))
 
 
 @torch.no_grad()

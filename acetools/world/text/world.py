@@ -26,12 +26,21 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ...errors import InputError, InputKeyError
 from ...utils import atomic_write, cpu_threads, progress, resolve_device
-from .finetune import TextFinetuneConfig, evaluate_text, finetune_text, head_from_state, head_state, zeroshot_head
+from .finetune import (
+    TextFinetuneConfig,
+    evaluate_text,
+    finetune_text,
+    head_from_state,
+    head_state,
+    text_correctness,
+    zeroshot_head,
+)
 from .model import TextEncoder, load_tokenizer, merged_keys
 from .tasks import SUITES, TASKS, TextData, TextTask, build_task, task_provenance
 
@@ -315,6 +324,15 @@ class TextWorld:
                                        max_length=self.config.max_length, bf16=self.config.bf16,
                                        device=self.device, n=n)
         return out
+
+    def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
+                    tasks: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Per-example correctness per task (:class:`~acetools.world.base.PerExample`)."""
+        enc = self.encoder(state)
+        with cpu_threads(self.threads, env_default=False):
+            return {t: text_correctness(enc, self.head(t), self.split(t, split), self.tokenizer,
+                                        max_length=self.config.max_length, bf16=self.config.bf16,
+                                        device=self.device, n=n).numpy() for t in tasks or self.tasks}
 
     # ----------------------------------------------------------------- data inputs of ESM and RegMean
     def matrix_keys(self) -> list[str]:

@@ -676,7 +676,7 @@ def _augment_mixed(xb, tb, tasks, augment, g):
 
 
 @torch.no_grad()
-def evaluate(
+def correctness(
     model: ImageEncoder | Classifier | Mapping[str, Tensor],
     head: ClassificationHead | None,
     data,
@@ -685,8 +685,8 @@ def evaluate(
     batch_size: int = 512,
     device: str | torch.device = "cpu",
     threads: int | None = None,
-) -> float:
-    """Top-1 accuracy (fraction in [0, 1]) of ``head(model(x))`` on ``data`` (``x``, ``y``).
+) -> Tensor:
+    """Per-example top-1 correctness (bool, in ``data``'s order) of ``head(model(x))`` on ``data`` (``x``, ``y``).
 
     ``model`` is an :class:`ImageEncoder`, a :class:`Classifier` (then ``head`` may be
     ``None``), or an encoder state dict (then ``size`` names its architecture).
@@ -707,10 +707,26 @@ def evaluate(
     clf.eval()
     x = _as_tensor(data.x)
     y = _as_tensor(data.y, torch.long)
-    correct = 0
+    hits = []
     with num_threads(threads):
         for i in range(0, len(x), batch_size):
             pred = clf(x[i : i + batch_size].to(dev)).argmax(-1).cpu()
-            correct += int((pred == y[i : i + batch_size]).sum())
+            hits.append(pred == y[i : i + batch_size])  # (batch,) bool
     clf.train(was_training)
-    return correct / max(1, len(y))
+    return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
+
+
+def evaluate(
+    model: ImageEncoder | Classifier | Mapping[str, Tensor],
+    head: ClassificationHead | None,
+    data,
+    *,
+    size: str | Callable[[], ImageEncoder] | None = None,
+    batch_size: int = 512,
+    device: str | torch.device = "cpu",
+    threads: int | None = None,
+) -> float:
+    """Top-1 accuracy (fraction in [0, 1]) of ``head(model(x))`` on ``data``: the mean of
+    :func:`correctness` (same arguments)."""
+    hits = correctness(model, head, data, size=size, batch_size=batch_size, device=device, threads=threads)
+    return int(hits.sum()) / max(1, len(hits))

@@ -107,6 +107,15 @@ class VisionWorld:
         return {t: evaluate(enc, self.zoo.head(t), self.data(t, split, n), batch_size=self.batch_size,
                             threads=self.threads) for t in (tasks or self.tasks)}
 
+    def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
+                    tasks: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Per-example correctness per task, one encoder built for ``state`` (``world.base.PerExample``)."""
+        from .finetune import correctness
+
+        enc = self.zoo.encoder(state)
+        return {t: correctness(enc, self.zoo.head(t), self.data(t, split, n), batch_size=self.batch_size,
+                               threads=self.threads).numpy() for t in (tasks or self.tasks)}
+
     # data inputs --------------------------------------------------------------
     def matrix_keys(self) -> list[str]:
         return [k for k in self.base_state() if any(p in k for p in VISION_MATRICES)]
