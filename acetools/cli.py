@@ -702,8 +702,11 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from .files.lineage import check_lineage
     from .files.merge_files import merge_files, plan_merge
+    from .files.staging import STAGE_MARK, remove_stale_stages
     from .layouts import format_table
 
     cfg = _merge_config(args)
@@ -718,8 +721,16 @@ def _merge(args: argparse.Namespace) -> int:
         check_lineage(plan.base, plan.experts, plan.layout, force=args.force)
     if args.search:
         return _search_merge(args, cfg, options)
-    res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"), hparams=cfg["hyperparameters"],
-                      dry_run=args.dry_run, **options)
+    if cfg.get("out") and not args.dry_run:  # staging folders of merges into --out that were killed
+        remove_stale_stages(Path(cfg["out"]).expanduser())
+    try:
+        res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"),
+                          hparams=cfg["hyperparameters"], dry_run=args.dry_run, **options)
+    except PermissionError as e:  # name the user's --out, not the hidden staging folder
+        if STAGE_MARK not in str(e.filename or ""):
+            raise
+        raise PermissionError(e.errno, f"cannot write the merge output {cfg['out']} ({e.strerror})",
+                              str(cfg["out"])) from None
     print(res.plan.summary())
     if args.dry_run:
         print(format_table(res.plan.rows))

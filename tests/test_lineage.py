@@ -183,3 +183,23 @@ def test_a_folder_without_permission_is_named_by_the_users_path(tmp_path, monkey
     with pytest.raises(PermissionError) as e:
         make_stage(tmp_path / "merged")
     assert str(tmp_path / "merged") in str(e.value) and STAGE_MARK not in str(e.value)
+
+
+def test_the_merge_command_cleans_a_killed_merges_staging_folder_and_names_out(world, tmp_path, monkeypatch,
+                                                                                capsys):
+    base, experts, _ = world
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f".merged{STAGE_MARK}{int(dead.stdout)}-abc"
+    left.mkdir()
+    argv = ["merge", "--method", "task_arithmetic", "--base", str(base), "--experts", *map(str, experts), "-q"]
+    assert main([*argv, "--out", str(tmp_path / "merged")]) == 0
+    assert not left.exists() and (tmp_path / "merged" / "model.safetensors").is_file()
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", f"{kwargs.get('dir', '?')}/.other{STAGE_MARK}1-abc")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    assert main([*argv, "--out", str(tmp_path / "other")]) != 0
+    err = capsys.readouterr().err
+    assert str(tmp_path / "other") in err and STAGE_MARK not in err, err

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["STAGE_MARK", "make_stage", "stale_stages", "umask_mode"]
+__all__ = ["STAGE_MARK", "make_stage", "stale_stages", "remove_stale_stages", "umask_mode"]
 
 log = logging.getLogger("acetools.files.staging")
 
@@ -59,6 +59,15 @@ def stale_stages(out_dir: Path) -> list[Path]:
     return sorted(found)
 
 
+def remove_stale_stages(out_dir: Path) -> list[Path]:
+    """Remove the staging folders killed merges of ``out_dir`` left (:func:`stale_stages`); returns them."""
+    gone = stale_stages(out_dir)
+    for old in gone:
+        shutil.rmtree(old, ignore_errors=True)
+        log.info("removed %s, left by a merge that was killed", old)
+    return gone
+
+
 def make_stage(out_dir: Path) -> Path:
     """A new hidden staging folder beside ``out_dir`` (which does not exist yet), after removing the
     stale ones (:func:`stale_stages`). A folder that cannot be created raises a PermissionError
@@ -66,9 +75,7 @@ def make_stage(out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        for old in stale_stages(out_dir):
-            shutil.rmtree(old, ignore_errors=True)
-            log.info("removed %s, left by a merge that was killed", old)
+        remove_stale_stages(out_dir)
         stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{STAGE_MARK}{os.getpid()}-", dir=out_dir.parent))
     except PermissionError as e:
         raise PermissionError(e.errno, f"cannot write the merge output {out_dir} (no permission to create files "
