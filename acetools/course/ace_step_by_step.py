@@ -90,8 +90,14 @@ def gamma_by_type(table: Any, *, tau: float = TAU) -> Any:
 
 
 def _bases(M: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    U, _, Vh = torch.linalg.svd(M.double(), full_matrices=False)
-    return U[:, :k], Vh[:k, :].T
+    """Orthonormal bases of the top-k left and right singular subspaces of M, from the float64
+    eigendecomposition of the Gram of its smaller side (a thin SVD computes all r vectors)."""
+    M = M.double()
+    if M.shape[0] >= M.shape[1]:
+        V = torch.linalg.eigh(M.T @ M)[1][:, -k:].flip(-1)  # (d_in, k)
+        return torch.linalg.qr(M @ V)[0], V
+    U = torch.linalg.eigh(M @ M.T)[1][:, -k:].flip(-1)  # (d_out, k)
+    return U, torch.linalg.qr(M.T @ U)[0]
 
 
 def _mean_cos(QA: Tensor, QB: Tensor) -> float:
