@@ -165,11 +165,11 @@ def _for_pages(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-#: Put in each slide page's head: MathJax without its fast preview (on slides hidden while MathJax
-#: typesets them, the preview stayed beside the typeset maths), and long code lines and wide
-#: equations wrapped or scrolled inside the slide instead of cut off at its edge.
+#: Put in each slide page's head: MathJax without its fast preview and its hidden MathML copy (on
+#: slides, which are hidden while MathJax typesets them, both showed beside the typeset maths), and
+#: long code lines and wide equations wrapped or scrolled inside the slide, not cut off at its edge.
 SLIDES_HEAD = """<script type="text/x-mathjax-config">MathJax.Hub.Config({"fast-preview": {disabled: true},
-  "CommonHTML": {linebreaks: {automatic: true}}, messageStyle: "none"});</script>
+  menuSettings: {assistiveMML: false}, "CommonHTML": {linebreaks: {automatic: true}}, messageStyle: "none"});</script>
 <style>.reveal pre, .reveal pre code { white-space: pre-wrap; word-break: break-word; }
 .reveal .MathJax_CHTML_Display, .reveal .MJXc-display { overflow-x: auto; overflow-y: hidden; }</style>
 """
