@@ -123,12 +123,22 @@ def _gpt2_world(n_tasks=3, seed=0):
     return base, experts
 
 
-def test_merge_default_rule_warns_on_other_architectures():
+def test_merge_without_a_layout_detects_it_as_the_cli_does():
+    import warnings
+
+    from acetools.layouts import default_layout
     from acetools.merging import merge
 
     base, experts = _gpt2_world()
-    with pytest.warns(UserWarning, match="look like a gpt2 model.*layout='gpt2'"):
-        merge("task_arithmetic", base, experts)
+    assert default_layout(base).name == "gpt2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "uses the open_clip rule" warning any more
+        out = merge("tsv_m", base, experts)
+    ref = merge("tsv_m", base, experts, layout="gpt2")
+    assert all(torch.equal(out[k], ref[k]) for k in base)
+    # a model nothing recognises keeps the open_clip rule (every 2-D tensor a matrix, as stored)
+    plain = {"w": torch.randn(4, 3)}
+    assert default_layout(plain).name == "open_clip"
 
 
 def test_merge_tied_keys_merged_once():

@@ -14,7 +14,6 @@ driver (:mod:`acetools.files.merge_files`).
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InputTypeError
-from ..layouts import PRESETS, Layout, detect_layout, get_layout
+from ..layouts import Layout, default_layout, get_layout
 from ..utils import resolve_device
 from ._registry import (
     METHODS,
@@ -181,24 +180,15 @@ def key_scope(method: str, hparams: Mapping[str, Any] | None = None) -> tuple[st
 
 
 def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
-    """(layout, is_matrix predicate) for merge(): a given layout, the legacy predicate or the open_clip rule."""
+    """(layout, is_matrix predicate) for merge(): a given layout, the legacy predicate, or the layout
+    detected from the keys as ``acetools merge`` detects it (:func:`acetools.layouts.default_layout`:
+    the open_clip rule where nothing is recognised), so the API and the CLI merge alike."""
     keys = list(base)
     if is_matrix is not None:
         if layout is not None:
             raise InputError("pass either layout= or is_matrix=, not both (a layout decides which keys are matrices)")
         return Layout("is_matrix"), is_matrix
-    if layout is None:
-        found = detect_layout(keys)
-        if found not in (None, "open_clip"):
-            warnings.warn(
-                f"the keys look like a {found} model, but merge() uses the open_clip rule by default "
-                f"(every 2-D tensor a matrix, as stored); pass layout={found!r} or layout='auto' so that "
-                "embeddings, heads, in x out weights and tied keys are handled",
-                UserWarning, stacklevel=3,
-            )
-        lay = PRESETS["open_clip"].bind(keys)
-    else:
-        lay = get_layout(layout, keys=keys)
+    lay = default_layout(keys) if layout is None else get_layout(layout, keys=keys)
     return lay, lay.is_matrix
 
 
@@ -239,7 +229,7 @@ def merge(
         raise InputTypeError("is_matrix must be a callable (key, tensor) -> bool")
     validate_state_dicts(base, experts)
     lay, is_mat = _resolve_layout(layout, base, is_matrix)
-    resolved = info.resolve(hparams, layout=lay.name if layout is not None else None)
+    resolved = info.resolve(hparams, layout=lay.name)
     out: dict[str, Tensor] = {}
     run(info, resolved, Source(base, experts, check_finite=False), lay, out.__setitem__, device=dev,
         is_matrix=is_mat, whole_model=True, out_device=dev, show=progress)
