@@ -714,13 +714,15 @@ def _merge(args: argparse.Namespace) -> int:
                "shard_size": cfg.get("shard_size", "5GB"), "mode": cfg.get("mode", "auto"),
                "overwrite": args.overwrite or bool(cfg.get("overwrite")), "progress": None,
                "heads": cfg.get("heads", "auto"), "names": cfg.get("names"),
-               "force_layout": args.force_layout or bool(cfg.get("force_layout"))}
-    plan_options = {k: options[k] for k in ("layout", "mode", "heads", "names", "force_layout")}
-    if not args.dry_run:  # is the base the experts' parent? (a sample of matrices, before anything is written)
-        plan = plan_merge(cfg["method"], cfg["base"], cfg["experts"], hparams=cfg["hyperparameters"], **plan_options)
-        check_lineage(plan.base, plan.experts, plan.layout, force=args.force)
+               "force_layout": args.force_layout or bool(cfg.get("force_layout")),
+               "force": args.force or bool(cfg.get("force"))}
     if args.search:
-        return _search_merge(args, cfg, options)
+        if not args.dry_run:  # is the base the experts' parent? once, before the search's merges
+            plan_options = {k: options[k] for k in ("layout", "mode", "heads", "names", "force_layout")}
+            plan = plan_merge(cfg["method"], cfg["base"], cfg["experts"], hparams=cfg["hyperparameters"],
+                              **plan_options)
+            check_lineage(plan.base, plan.experts, plan.layout, force=options["force"])
+        return _search_merge(args, cfg, {**options, "force": True})
     if cfg.get("out") and not args.dry_run:  # staging folders of merges into --out that were killed
         remove_stale_stages(Path(cfg["out"]).expanduser())
     try:

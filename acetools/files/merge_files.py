@@ -55,6 +55,8 @@ from .checkpoints import (
     parse_size,
 )
 from .heads import HEAD_MODES, HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
+from .lineage import check_lineage
+from .staging import make_stage
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
            "load_activations"]
@@ -432,14 +434,7 @@ def _staging_folder(out_dir: Path) -> Path | None:
     (empty, or overwritten) folder gets its files moved in at the end instead (None)."""
     if out_dir.exists():
         return None
-    import tempfile
-
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.acetools-stage-", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(stage, 0o777 & ~umask)  # mkdtemp's 0700 would stay on the renamed folder
-    return stage
+    return make_stage(out_dir)  # also removes the staging folders of killed merges into out_dir
 
 
 def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device, out_dtype: torch.dtype | None,
@@ -502,6 +497,7 @@ def merge_files(
     heads: str = "auto",
     names: Sequence[str] | None = None,
     force_layout: bool = False,
+    force: bool = False,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out``.
 
@@ -519,7 +515,9 @@ def merge_files(
     ``"merge"``, ``"per-task"`` (merge the backbone, write each expert's head to
     ``<out>/heads/<name>/``; load one task with :func:`acetools.files.heads.load_with_head`) or
     ``"drop"`` (the backbone only); ``names``: the experts' head folder names (default: their
-    folder names). See :mod:`acetools.files.heads`. Returns a :class:`MergeResult`.
+    folder names). See :mod:`acetools.files.heads`. Before anything is written the base is checked
+    to be the experts' parent (:func:`acetools.files.lineage.check_lineage` on a sample of matrices;
+    ``force=True`` merges anyway, with a warning). Returns a :class:`MergeResult`.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     if heads not in HEAD_MODES:
@@ -534,6 +532,7 @@ def merge_files(
         raise InputError("out is required: the folder the merged checkpoint is written to")
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
     check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
+    lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force)
     t0 = time.perf_counter()
     final_dir, stage = out_dir, _staging_folder(out_dir)
     try:
@@ -556,6 +555,7 @@ def merge_files(
         "acetools_version": __version__, "inputs": inputs,
         "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
         "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys, "tasks": head_tasks},
+        "lineage": lineage.as_dict(),
     }
     with_info = out_dir / "acetools_merge.json"
     from ..utils import atomic_write
@@ -571,7 +571,7 @@ def merge_files(
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "heads", "names", "force_layout")
+               "mode", "overwrite", "heads", "names", "force_layout", "force")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
