@@ -59,7 +59,11 @@ def _hf_clip_world(n: int = 3):
 
 def test_esm_with_hf_clip_names_and_default_targets_is_an_error_not_tsv_m():
     base, experts, acts = _hf_clip_world()
+    # under the official code's rule (open_clip names) the default targets match nothing here
     with pytest.raises(ValueError, match=r"default targets.*targets="):
+        acetools.merge("esm", base, experts, activations=acts, layout="open_clip")
+    # detected as HF CLIP (the default), ESM targets HF CLIP's layers and names the missing capture
+    with pytest.raises(ValueError, match=r"no entry for ESD layer .*k_proj.*capture_inputs"):
         acetools.merge("esm", base, experts, activations=acts)
     # with the model's names ESM runs, and differs from TSV-M on the ESD layers
     targets = (r"q_proj\.weight", r"fc1\.weight")
@@ -95,9 +99,10 @@ def test_esm_layer_types_that_match_nothing_warn_or_raise():
     base = {k: v for k, v in base.items() if "out_proj" not in k}
     experts = [{k: v for k, v in e.items() if "out_proj" not in k} for e in experts]
     with pytest.warns(RuntimeWarning, match="Step C"):
-        acetools.merge("esm", base, experts, activations=acts, targets=targets)
+        acetools.merge("esm", base, experts, activations=acts, targets=targets, layout="open_clip")
     with pytest.raises(ValueError, match="'c_fc'"):
-        acetools.merge("esm", base, experts, activations=acts, targets=targets, layer_types=("fc1", "c_fc"))
+        acetools.merge("esm", base, experts, activations=acts, targets=targets, layer_types=("fc1", "c_fc"),
+                       layout="open_clip")
 
 
 # --------------------------------------------------------------------------- capture honours Conv1D
@@ -139,7 +144,8 @@ def test_capture_takes_dict_batches():
 
 
 def test_esm_on_gpt2_as_stored_rejects_the_captured_width():
-    """Conv1D weights given in x out to ESM (no layout): the activation width is checked, not reshaped."""
+    """Conv1D weights given in x out to ESM under the open_clip rule (as stored): the activation width is
+    checked, not reshaped."""
     model = tiny_gpt2()
     base = float_state(model)
     experts = perturbed(base, 2)
@@ -147,7 +153,7 @@ def test_esm_on_gpt2_as_stored_rejects_the_captured_width():
     X = capture_inputs(model, torch.randint(0, 40, (2, 6)), [key])[key]
     with pytest.raises(ValueError, match=r"c_attn\.weight.*expert 0.*d_in=16.*expects d_in=48"):
         acetools.merge("esm", {key: base[key]}, [{key: e[key]} for e in experts],
-                       activations={key: [X, X]}, targets=("c_attn",), layer_scaling=False)
+                       activations={key: [X, X]}, targets=("c_attn",), layer_scaling=False, layout="open_clip")
 
 
 # --------------------------------------------------------------------------- PSD covariances and Grams
@@ -774,19 +780,21 @@ def test_printed_hyperparameters_are_the_resolved_values(gpt2_folders, capsys):
 
 
 def test_streamed_global_ties_checks_each_input_tensor_once(gpt2_folders, tmp_path, monkeypatch):
-    """Global TIES reads every file in four passes; ``torch.isfinite`` re-checked every tensor in each
-    (3.5 s of 12.4 s). Now: once per input tensor, plus once per merged key."""
+    """Global TIES reads every file in four passes; the finiteness check once ran on every tensor in each
+    (3.5 s of 12.4 s). Now: once per input tensor, plus once per merged key (merging.driver.is_finite)."""
+    from acetools.merging import driver
+
     base, experts = gpt2_folders["base"], gpt2_folders["experts"]
     ck = open_checkpoint(base)
     n_float = sum(1 for k in ck.keys() if ck.meta(k).dtype.is_floating_point)  # each merged once, checked once
     calls = [0]
-    real = torch.isfinite
+    real = driver.is_finite
 
     def counting(t):
         calls[0] += 1
         return real(t)
 
-    monkeypatch.setattr(torch, "isfinite", counting)
+    monkeypatch.setattr(driver, "is_finite", counting)
     res = merge_files("ties", base, experts, tmp_path / "o", progress=False, hash_inputs=False)
     monkeypatch.undo()
     assert res.plan.scope == "global_ties"
