@@ -716,17 +716,9 @@ def correctness(
     return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
 
 
-def evaluate(
-    model: ImageEncoder | Classifier | Mapping[str, Tensor],
-    head: ClassificationHead | None,
-    data,
-    *,
-    size: str | Callable[[], ImageEncoder] | None = None,
-    batch_size: int = 512,
-    device: str | torch.device = "cpu",
-    threads: int | None = None,
-) -> float:
+def evaluate(model: ImageEncoder | Classifier | Mapping[str, Tensor], head: ClassificationHead | None, data,
+             **options: Any) -> float:
     """Top-1 accuracy (fraction in [0, 1]) of ``head(model(x))`` on ``data``: the mean of
-    :func:`correctness` (same arguments)."""
-    hits = correctness(model, head, data, size=size, batch_size=batch_size, device=device, threads=threads)
+    :func:`correctness` (the same keyword options: ``size``, ``batch_size``, ``device``, ``threads``)."""
+    hits = correctness(model, head, data, **options)
     return int(hits.sum()) / max(1, len(hits))
