@@ -1,5 +1,5 @@
 """Every notebook reads as a lesson: objectives first, "What we learned" last, the audit after it
-in a marked appendix (docs/style.md §13b)."""
+in a marked appendix (the lesson shape docs/style.md asks for)."""
 
 import json
 import re
