@@ -1,7 +1,7 @@
 """Run notebooks as parameterised reports: the one papermill runner of acetools.
 
 ``acetools report`` (the course notebooks) and ``acetools diagnose`` (the shipped report notebook,
-:mod:`acetools.files.diagnose`) use :func:`run_notebook`; :mod:`acetools.course.report` checks the pages.
+:mod:`acetools.files.diagnose`) use :func:`run_notebook`; tests/report_checks.py checks the pages.
 Each notebook in ``notebooks/`` (``NN_name.ipynb``) is executed with papermill into a
 build folder — never in place (docs/style.md §13) — with explicit ``cwd`` and ``kernel_name``, then
 rendered to HTML: a lesson with its code (setup and plotting cells tagged ``hide-input`` show only

@@ -64,7 +64,7 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
 fi
 echo "==> MathJax and a headless browser for the HTML reports"
 # the reports typeset their equations with a local MathJax (never a CDN), and the report checks
-# render them in headless Chromium (acetools.course.report.check_rendered)
+# render them in headless Chromium (tests/report_checks.py: check_rendered)
 # (and require.js for the course's slides, scripts/build_site.py)
 if [ ! -f /usr/share/javascript/mathjax/MathJax.js ] || [ ! -f /usr/share/javascript/requirejs/require.min.js ] \
     || ! command -v chromium >/dev/null 2>&1; then

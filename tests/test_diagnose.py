@@ -286,11 +286,11 @@ def test_report_renders_at_tiny_size_through_the_cli(world, tmp_path, capsys):
     executed = json.loads((out / "diagnose.ipynb").read_text())
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
     assert not [o for o in outputs if o["output_type"] == "error" or o.get("name") == "stderr"]
-    from acetools.course.report import check_html  # the course's checks of a rendered page
+    from tests.report_checks import check_html  # the course's checks of a rendered page
 
     assert check_html(out / "diagnose.html") == []
     assert "cdnjs" not in html and not re.search(r'<script[^>]+src="https?://', html)  # offline
-    from acetools.course.report import check_rendered, find_chromium
+    from tests.report_checks import check_rendered, find_chromium
 
     if find_chromium() is not None:  # at 1280 px: no table wider than the page
         assert check_rendered(out / "diagnose.html") == []

@@ -3,7 +3,7 @@
 Every notebook runs under papermill at ``quick=True`` (the fixture world) through
 ``acetools.notebooks.run_report`` — the same path as ``acetools report --profile quick`` — with a
 session-wide cache, so the fixture world is built once; every page is checked by
-``acetools.course.report.check_report`` (lessons render with their code, docs/style.md §13).
+``tests/report_checks.check_report`` (lessons render with their code, docs/style.md §13).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from acetools.course.report import check_report, rendered_code_cells
 from acetools.notebooks import (
     HIDE_INPUT,
     UnknownParameterError,
@@ -24,6 +23,7 @@ from acetools.notebooks import (
     run_notebook,
     run_report,
 )
+from tests.report_checks import check_report, rendered_code_cells
 
 NOTEBOOKS = notebook_paths()
 IDS = [p.stem for p in NOTEBOOKS]

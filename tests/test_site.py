@@ -19,8 +19,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from acetools.course.report import CHROMIUM_FLAGS, find_chromium
 from acetools.notebooks import notebook_paths
+from tests.report_checks import CHROMIUM_FLAGS, find_chromium
 from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]

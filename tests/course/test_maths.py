@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from acetools.course import report as R
+from tests import report_checks as R
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))

@@ -1,4 +1,4 @@
-"""acetools.course.report and the `acetools report` CLI: parameters, selection, profiles."""
+"""The checks of a rendered page (tests/report_checks.py) and `acetools report`: parameters, selection, profiles."""
 
 from __future__ import annotations
 
@@ -109,8 +109,8 @@ def test_render_html_takes_alt_text_from_the_figure_and_adds_the_page_css(tmp_pa
     import nbformat
 
     from acetools.course.page import REPORT_CSS
-    from acetools.course.report import check_html
     from acetools.notebooks import render_html
+    from tests.report_checks import check_html
 
     png = base64.b64encode(b"\x89PNG fake").decode()
     out = [nbformat.v4.new_output("display_data", data={"image/png": png},
@@ -125,7 +125,7 @@ def test_render_html_takes_alt_text_from_the_figure_and_adds_the_page_css(tmp_pa
 
 
 def test_check_html_finds_what_a_reader_cannot_trust(tmp_path):
-    from acetools.course.report import check_html
+    from tests.report_checks import check_html
 
     page = tmp_path / "bad.html"
     page.write_text('<table><tr><td>NaN</td><td>1.0</td></tr></table><pre>{8: 1.0568946612521204}</pre>'
@@ -145,10 +145,10 @@ def test_check_html_finds_what_a_reader_cannot_trust(tmp_path):
 
 def test_no_committed_figure_overprints_its_own_text():
     """Every figures.json under figures/ (written by plotting.save_figure in the full runs) lists
-    no figure with overlapping text (acetools.course.report.figure_problems)."""
+    no figure with overlapping text (tests/report_checks.figure_problems)."""
     from pathlib import Path
 
-    from acetools.course.report import figure_problems
+    from tests.report_checks import figure_problems
 
     root = Path(__file__).resolve().parents[2] / "figures"
     folders = sorted({p.parent for p in root.rglob("figures.json")})
@@ -184,7 +184,7 @@ def test_a_lesson_renders_with_its_code_and_hides_only_tagged_cells(tmp_path):
     plotting) show only their output; a pure report renders without input."""
     from bs4 import BeautifulSoup
 
-    from acetools.course.report import check_html, rendered_code_cells
+    from tests.report_checks import check_html, rendered_code_cells
 
     def words(page) -> str:
         return BeautifulSoup(page.read_text(), features="html.parser").get_text()
@@ -201,8 +201,8 @@ def test_a_lesson_renders_with_its_code_and_hides_only_tagged_cells(tmp_path):
 
 
 def test_the_report_check_fails_a_lesson_without_its_code(tmp_path):
-    from acetools.course.report import check_html
     from acetools.notebooks import render_html
+    from tests.report_checks import check_html
 
     path, _ = _lesson(tmp_path)
     html = render_html(path, require_mathjax=False, code=False)  # as nbconvert --no-input would
@@ -212,7 +212,7 @@ def test_the_report_check_fails_a_lesson_without_its_code(tmp_path):
 
 @pytest.mark.parametrize("prose", ["Here is the code:", "The cell below computes it.", "The next cell does it."])
 def test_the_report_check_fails_prose_that_points_at_hidden_code(tmp_path, prose):
-    from acetools.course.report import check_html
+    from tests.report_checks import check_html
 
     _, html = _lesson(tmp_path, prose=prose, hide_second=True)
     problems = "\n".join(check_html(html))

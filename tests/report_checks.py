@@ -1,4 +1,4 @@
-"""The course's checks of a rendered lesson page (``acetools report``'s output).
+"""The tests' checks of a rendered lesson page (``acetools report``'s output), docs/style.md §13.
 
 The runner is the library's, :mod:`acetools.notebooks` (:func:`~acetools.notebooks.run_report`,
 parameter checks, HTML rendering); this module adds what a reader must be able to trust on a page:
@@ -59,7 +59,7 @@ def equation_code_spans(markdown: str) -> list[str]:
 
 def mathjax_url() -> str | None:
     """The local MathJax of the HTML reports (:func:`acetools.utils.local_mathjax_url`), or None."""
-    from ..utils import local_mathjax_url
+    from acetools.utils import local_mathjax_url
 
     return local_mathjax_url()
 
@@ -246,7 +246,7 @@ def code_problems(executed: str | os.PathLike, html: str) -> list[str]:
     the next code cell's input is not on the page, are problems."""
     import nbformat
 
-    from ..notebooks import HIDE_INPUT, shows_code
+    from acetools.notebooks import HIDE_INPUT, shows_code
 
     nb = nbformat.read(str(executed), as_version=4)
     name = Path(executed).with_suffix(".html").name
