@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import torch
 from torch import Tensor
 
 from .errors import InputError
@@ -37,7 +36,7 @@ from .search import esm_search, golden_section_search, grid_search
 from .utils import atomic_write, jsonable
 from .world.base import EvaluatesAll, MultiTaskWorld, PerExample, SplitData, World, as_world
 
-__all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "wudi_step_size"]
+__all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds"]
 
 StateDict = dict[str, Tensor]
 log = logging.getLogger("acetools.benchmark")
@@ -515,53 +514,3 @@ def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
                         "test_normalized_min": span["min"], "test_normalized_max": span["max"],
                         "coef_mean": agg["coef"], "merge_seconds": agg["merge_seconds"]})
     return out.rename_axis("method").reset_index()
-
-
-def wudi_step_size(bench: Benchmark, lrs: Sequence[float] = (1e-5, 1e-4, 1e-3), *, steps: int = 300,
-                   progress: bool | None = None) -> pd.DataFrame:
-    """How far WUDI's Adam gets from its start: one row for its starting point (task
-    arithmetic at lambda = 1, the sum of the task vectors) and one per learning rate in
-    ``lrs`` (WUDI with ``steps`` Adam steps, other settings at their defaults).
-
-    Columns: ``variant``, ``method``, ``lam`` / ``lr``, ``merge_seconds``, for WUDI rows the
-    medians over its target matrices of ``rms_start`` (RMS entry of the sum),
-    ``rms_move`` (RMS entry of the change Adam made) and ``loss_ratio`` (interference loss
-    after / at the start), and val / test accuracy (``*_acc``, ``*_normalized``, percent,
-    averaged over tasks). An Adam step moves an entry by about ``lr``, so ``rms_move`` stays
-    below about ``steps * lr``: when that is small against ``rms_start`` WUDI ends near its
-    start. ``benchmarks/wudi_step_size.py`` runs it on the mini-world.
-    """
-    from .merging import is_matrix_param, task_vectors
-    from .merging.wudi import is_wudi_target, wudi_loss
-    from .utils import progress as bar
-
-    lrs = [float(lr) for lr in lrs]
-    if not lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in lrs):
-        raise InputError(f"lrs={lrs!r}: give one or more positive learning rates")
-    base = bench.base
-    taus = task_vectors(base, bench.experts)
-    variants = [("task arithmetic, lambda = 1 (WUDI's start)", "task_arithmetic", {"lam": 1.0})]
-    variants += [(f"wudi, lr {lr:g}" + (" (default)" if lr == METHODS["wudi"].hparams["lr"] else ""), "wudi",
-                  {"lr": lr, "steps": steps}) for lr in lrs]
-    rows = []
-    for label, method, hp in bar(variants, desc="WUDI step size", enabled=progress):
-        t0 = time.perf_counter()
-        merged = bench._merge(method, hp)
-        row: dict[str, Any] = {"variant": label, "method": method, **hp, "merge_seconds": time.perf_counter() - t0}
-        if method == "wudi":
-            stats = []
-            for k, W0 in base.items():
-                if is_wudi_target(k, W0, "matrix", is_matrix_param):
-                    X = torch.stack([t[k] for t in taus]).double()
-                    start, tau_m = X.sum(0), (merged[k] - W0).double()
-                    stats.append({"rms_start": float(start.pow(2).mean().sqrt()),
-                                  "rms_move": float((tau_m - start).pow(2).mean().sqrt()),
-                                  "loss_ratio": float(wudi_loss(tau_m, X) / wudi_loss(start, X))})
-            row.update({str(c): v for c, v in pd.DataFrame(stats).median().items()})
-        for split in ("val", "test"):
-            acc = bench.evaluate(merged, split)
-            norm = bench.normalized(acc, split)
-            row[f"{split}_acc"] = 100 * float(np.mean(list(acc.values())))
-            row[f"{split}_normalized"] = 100 * float(np.mean(list(norm.values())))
-        rows.append(row)
-    return pd.DataFrame(rows)

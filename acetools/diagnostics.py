@@ -8,8 +8,7 @@ floats, small dataclasses or ``pandas`` DataFrames for notebooks:
 * two matrices: :func:`subspace_similarity` (principal singular subspaces);
 * ESD vs SVD (ESM, docs/methods.md §ESM): :func:`energy_capture`, :func:`energy_capture_curve`;
 * activations: :func:`linear_cka` (Kornblith et al. 2019);
-* task vectors: :func:`task_vector_cosine` (whole model), :func:`task_vector_cosine_per_layer`,
-  :func:`heterogeneity_per_layer` (ACE's gamma, eq. 7);
+* task vectors: :func:`task_vector_cosine`, :func:`heterogeneity_per_layer` (ACE's gamma, eq. 7);
 * Theorem 1 of ACE-Merging (estimated vs true input covariance): :func:`compare_covariances`.
 """
 
@@ -36,7 +35,6 @@ __all__ = [
     "energy_capture_curve",
     "linear_cka",
     "task_vector_cosine",
-    "task_vector_cosine_per_layer",
     "layer_type",
     "relative_update_norms",
     "heterogeneity_per_layer",
@@ -249,30 +247,6 @@ def task_vector_cosine(
     C = G / (n[:, None] * n[None, :])
     labels = _names(T, names)
     return pd.DataFrame(C.numpy(), index=labels, columns=labels)
-
-
-def task_vector_cosine_per_layer(
-    task_vectors: Sequence[Mapping[str, Tensor]],
-    names: Sequence[str] | None = None,
-    keys: Iterable[str] | None = None,
-):
-    """Pairwise cosines per key: a long DataFrame with columns key, task_i, task_j, cosine
-    (one row per pair i < j; NaN where a task vector is zero). Pivot it for a heatmap."""
-    import pandas as pd
-
-    keys = _select_keys(task_vectors, keys)
-    labels = _names(len(task_vectors), names)
-    rows = []
-    for k in keys:
-        F = torch.stack([tv[k].detach().double().reshape(-1).cpu() for tv in task_vectors])
-        G = F @ F.T
-        n = G.diagonal().sqrt()
-        for i in range(len(labels)):
-            for j in range(i + 1, len(labels)):
-                denom = float(n[i] * n[j])
-                rows.append({"key": k, "task_i": labels[i], "task_j": labels[j],
-                             "cosine": float(G[i, j]) / denom if denom > 0 else math.nan})
-    return pd.DataFrame(rows, columns=["key", "task_i", "task_j", "cosine"])
 
 
 def relative_update_norms(

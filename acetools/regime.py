@@ -39,7 +39,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from ._protocol import PATIENCE
 from .errors import InputError, InputKeyError
 from .utils import atomic_write, jsonable
 
-__all__ = ["CARD_METHODS", "CLIP_B32", "RegimeCard", "clip_reference", "regime_card", "summary_row"]
+__all__ = ["CARD_METHODS", "CLIP_B32", "RegimeCard", "clip_reference", "regime_card"]
 
 log = logging.getLogger("acetools.regime")
 
@@ -567,16 +567,6 @@ def _recipe(zoo) -> dict[str, Any]:
                                                                             "n_images", "steps")}
     except (AttributeError, KeyError, OSError, RuntimeError) as err:  # a zoo-like object without sidecars
         log.debug("no base sidecar for the card's recipe: %s", err)
-    return out
-
-
-def summary_row(card: RegimeCard, name: str, metrics: Sequence[str] | None = None) -> dict[str, Any]:
-    """One flat row ``{"recipe": name, metric: value, ...}`` for a study's summary table."""
-    wanted = set(metrics) if metrics is not None else None
-    out: dict[str, Any] = {"recipe": name}
-    for r in card.rows:
-        if wanted is None or r["metric"] in wanted:
-            out[r["metric"]] = r["value"]
     return out
 
 

@@ -44,7 +44,6 @@ __all__ = [
     "Evaluation",
     "SearchResult",
     "grid_search",
-    "replay_grid_search",
     "golden_section_search",
     "esm_search",
     "climb_search",
@@ -247,35 +246,6 @@ def grid_search(
                 break
     best = _pick(ev.trace, objective)
     return SearchResult(best.alpha, best.metric(objective), objective, objective, "grid", ev.trace, stopped)
-
-
-def replay_grid_search(trace: Sequence[Mapping[str, Any]], grid: Sequence[float], **search: Any) -> SearchResult:
-    """:func:`grid_search` again, at another ``patience`` (or ``short``), on evaluations a search
-    already made: ``trace`` is its record (:meth:`SearchResult.to_frame` rows, as a benchmark's
-    JSON stores them, with ``alpha`` and ``<task>:top1`` columns), ``grid`` the grid it searched
-    and ``search`` :func:`grid_search`'s keywords (``reference``, ``objective``, ``patience``,
-    ``short``).
-
-    Evaluation is deterministic, so the result is what a fresh search at that patience gives
-    whenever it only needs coefficients the trace holds: a smaller patience stops on a prefix of
-    the same curve. When it needs one the first search never evaluated (a larger patience
-    walking past its stop), this raises :class:`InputError` naming it: rerun the search."""
-    stored: dict[float, dict[str, float]] = {}
-    for row in trace:
-        if "alpha" not in row:
-            raise InputError(f"trace row {dict(row)!r} has no 'alpha': pass the rows of SearchResult.to_frame()")
-        scores = {k[: -len(":top1")]: float(v) for k, v in row.items() if k.endswith(":top1")}
-        if not scores:
-            raise InputError(f"trace row at alpha={row['alpha']} has no '<task>:top1' scores to replay")
-        stored[float(row["alpha"])] = scores
-
-    def score(alpha: float) -> dict[str, float]:
-        if alpha not in stored:
-            raise InputError(f"the replay needs alpha={alpha:g}, which the recorded search never evaluated "
-                             f"(it stopped at {max(stored):g}): rerun the search at this patience instead")
-        return stored[alpha]
-
-    return grid_search(score, grid, **search)
 
 
 def golden_section_search(

@@ -5,7 +5,7 @@
 
 A benchmark JSON keeps every grid search's trace (each coefficient it evaluated, with every
 task's validation accuracy). Evaluation is deterministic, so a search at a *smaller* patience
-is the same search stopped earlier: :func:`acetools.search.replay_grid_search` runs
+is the same search stopped earlier: :func:`replay_grid_search` runs
 :func:`acetools.search.grid_search` on the recorded evaluations. Each searched row is
 
 * ``same``: the replay picks the recorded coefficient, so the row (validation and test
@@ -27,12 +27,45 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # text_world's variant rows
+
+
+def replay_grid_search(trace: Sequence[Mapping[str, Any]], grid: Sequence[float], **search: Any):
+    """:func:`acetools.search.grid_search` again, at another ``patience`` (or ``short``), on evaluations a search
+    already made: ``trace`` is its record (:meth:`acetools.search.SearchResult.to_frame` rows, as a benchmark's
+    JSON stores them, with ``alpha`` and ``<task>:top1`` columns), ``grid`` the grid it searched
+    and ``search`` the keywords of ``grid_search`` (``reference``, ``objective``, ``patience``,
+    ``short``).
+
+    Evaluation is deterministic, so the result is what a fresh search at that patience gives
+    whenever it only needs coefficients the trace holds: a smaller patience stops on a prefix of
+    the same curve. When it needs one the first search never evaluated (a larger patience
+    walking past its stop), this raises ``InputError`` naming it: rerun the search."""
+    from acetools.errors import InputError
+    from acetools.search import grid_search
+
+    stored: dict[float, dict[str, float]] = {}
+    for row in trace:
+        if "alpha" not in row:
+            raise InputError(f"trace row {dict(row)!r} has no 'alpha': pass the rows of SearchResult.to_frame()")
+        scores = {k[: -len(":top1")]: float(v) for k, v in row.items() if k.endswith(":top1")}
+        if not scores:
+            raise InputError(f"trace row at alpha={row['alpha']} has no '<task>:top1' scores to replay")
+        stored[float(row["alpha"])] = scores
+
+    def score(alpha: float) -> dict[str, float]:
+        if alpha not in stored:
+            raise InputError(f"the replay needs alpha={alpha:g}, which the recorded search never evaluated "
+                             f"(it stopped at {max(stored):g}): rerun the search at this patience instead")
+        return stored[alpha]
+
+    return grid_search(score, grid, **search)
 
 
 def _base_method(label: str) -> tuple[str, Any]:
@@ -55,7 +88,6 @@ def _base_method(label: str) -> tuple[str, Any]:
 def replay_file(path: Path, patience: int | None) -> tuple[dict, list[dict]]:
     """``(new record, report rows)`` for one benchmark JSON at ``patience``."""
     from acetools.errors import InputError
-    from acetools.search import replay_grid_search
 
     rec = json.loads(path.read_text())
     old = rec.get("patience")

@@ -25,13 +25,14 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from acetools.regime import RegimeCard, regime_card, summary_row  # noqa: E402
+from acetools.regime import RegimeCard, regime_card  # noqa: E402
 from acetools.utils import atomic_write  # noqa: E402
 from acetools.world.vision.zoo import Zoo  # noqa: E402
 
@@ -77,6 +78,15 @@ SUMMARY_METRICS = ["experts_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm
                    "overlap_right", "overlap_random", "act_overlap", "act_topk_energy", "tau_in_act",
                    "cosine_mean", "wpre_top5_energy"]
 
+
+def summary_row(card: RegimeCard, name: str, metrics: list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:
+    """One flat row ``{"recipe": name, metric: value, ...}`` for a study's summary table."""
+    wanted = set(metrics) if metrics is not None else None
+    out: dict[str, Any] = {"recipe": name}
+    for r in card.rows:
+        if wanted is None or r["metric"] in wanted:
+            out[r["metric"]] = r["value"]
+    return out
 
 def make_zoo(name: str, *, suite: str = "tasks8", seed: int = 0, threads: int | None = 1, root=None) -> Zoo:
     if name not in RECIPES:

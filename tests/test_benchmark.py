@@ -183,8 +183,10 @@ def test_seed_aggregation_reads_every_seed_file(bench, tmp_path):
 
 
 def test_wudi_step_size_study(bench):
-    from acetools.benchmark import wudi_step_size
+    """benchmarks/wudi_step_size.py's measurement: WUDI's start and how far Adam moves from it."""
+    from tests.conftest import load_script
 
+    wudi_step_size = load_script("wudi_step_size").wudi_step_size
     df = wudi_step_size(bench, [1e-6, 1e-4], steps=20)
     assert list(df["method"]) == ["task_arithmetic", "wudi", "wudi"]
     assert df.loc[0, "lam"] == 1.0 and list(df["lr"].iloc[1:]) == [1e-6, 1e-4]

@@ -18,7 +18,6 @@ from acetools.diagnostics import (
     linear_cka,
     subspace_similarity,
     task_vector_cosine,
-    task_vector_cosine_per_layer,
 )
 from acetools.merging import task_vectors
 from acetools.merging.ace import heterogeneity
@@ -137,11 +136,6 @@ def test_task_vector_cosines():
     assert list(df.index) == ["A", "B", "C"]
     assert df.loc["A", "B"] == pytest.approx(0.0) and df.loc["A", "C"] == pytest.approx(1 / math.sqrt(2))
     assert df.loc["C", "C"] == pytest.approx(1.0) and df.loc["B", "C"] == df.loc["C", "B"]
-    per = task_vector_cosine_per_layer([e1, e2, e3], names=["A", "B", "C"])
-    assert len(per) == 6  # 2 keys x 3 pairs
-    w = per[per["key"] == "w"].set_index(["task_i", "task_j"])["cosine"]
-    assert w[("A", "C")] == pytest.approx(1 / math.sqrt(2))
-    assert per[per["key"] == "b"]["cosine"].isna().all()  # zero task vectors
 
 
 def test_task_vector_cosine_matches_flattened(world):

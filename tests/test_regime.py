@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from acetools.regime import RegimeCard, clip_reference, regime_card, summary_row
+from acetools.regime import RegimeCard, clip_reference, regime_card
 from acetools.search import LAMBDA_GRID
 from acetools.world.vision.zoo import Zoo
 from tests.test_benchmark import bench  # noqa: F401  (the module-scoped micro-world benchmark)
@@ -119,7 +119,6 @@ def test_save_and_load_round_trip(card, tmp_path):
     assert back.value("tsv_norm") == pytest.approx(card.value("tsv_norm"))
     assert back.meta["n_tasks"] == 3 and back.meta["recipe"]["finetune"]["lr"] == 3e-3
     assert back.meta["recipe"]["pretrain"]["epochs"] == 4  # a trained base records its pretraining
-    assert summary_row(back, "x", ["tsv_norm"]) == {"recipe": "x", "tsv_norm": back.value("tsv_norm")}
     with pytest.raises(FileNotFoundError, match="card.json"):
         RegimeCard.load(tmp_path / "nowhere")
     with pytest.raises(KeyError, match="no row 'nope'"):
@@ -187,6 +186,7 @@ def test_recipe_study_recipes_are_valid_and_the_summary_collects_cards(card, tmp
         Zoo(["fashion"], size="small", root=tmp_path / "zoo").finetune_config
     with pytest.raises(KeyError, match="unknown recipe"):
         mod.make_zoo("nope")
+    assert mod.summary_row(card, "x", ["tsv_norm"]) == {"recipe": "x", "tsv_norm": card.value("tsv_norm")}
     card.save(tmp_path / "cards" / "first_world")
     card.save(tmp_path / "cards" / "gentle")
     df = mod.summarize(tmp_path / "cards")

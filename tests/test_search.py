@@ -208,10 +208,11 @@ def test_climb_search_walks_to_the_peak_and_stops():
 
 
 def test_replay_at_a_smaller_patience_is_the_fresh_search_at_that_patience():
-    """replay_grid_search on a patience-5 record equals grid_search run afresh at 3 and at 5
-    (a noisy curve that dips, rises again and falls, so patience 3 and 5 stop at different places)."""
-    from acetools.search import replay_grid_search
+    """benchmarks/patience_replay.py's replay_grid_search on a patience-5 record equals grid_search run afresh
+    at 3 and at 5 (a noisy curve that dips, rises again and falls, so patience 3 and 5 stop at different places)."""
+    from tests.conftest import load_script
 
+    replay_grid_search = load_script("patience_replay").replay_grid_search
     rng = np.random.default_rng(0)
     grid = [round(0.1 * i, 10) for i in range(1, 31)]
     curve = {a: 0.5 + 0.3 * np.sin(a) - 0.2 * (a > 1.2) * (a < 1.6) + 0.02 * rng.standard_normal() for a in grid}
@@ -231,7 +232,9 @@ def test_replay_at_a_smaller_patience_is_the_fresh_search_at_that_patience():
 
 
 def test_replay_refuses_a_coefficient_the_record_never_evaluated():
-    from acetools.search import replay_grid_search
+    from tests.conftest import load_script
+
+    replay_grid_search = load_script("patience_replay").replay_grid_search
 
     grid = [0.1 * i for i in range(1, 21)]
 
