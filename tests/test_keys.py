@@ -88,11 +88,10 @@ def test_unknown_style_is_named():
 def test_the_lessons_use_the_one_parser():
     """The lesson helpers are the keys helpers (same labels and block conventions as before)."""
     from acetools import diagnostics
-    from acetools.course import ace_step_by_step as AC
     from acetools.course.plotting import ace_step_by_step as PA
     from acetools.course.plotting import esm_step_by_step as PE
 
     key = OC.format(3, "mlp.c_fc.weight")
-    assert diagnostics.layer_type is K.layer_type and AC.block_index is K.block_index
+    assert diagnostics.layer_type is K.layer_type
     assert PA.short_label(key) == "3.c_fc" and PE.short_key(key) == "b3 c_fc"
     assert PE.short_key("visual.proj") == "visual.proj" and PA.short_label("visual.positional_embedding") == "pos_emb"

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..diagnostics import condition_number, effective_rank, energy_fraction
 from ..errors import InputError, InputKeyError
-from ..keys import block_index, short_name
+from ..keys import short_name
 from ..merging import METHODS
 from ..merging import ace as A
 from .verdicts import (
@@ -48,16 +48,6 @@ from .verdicts import (
     effect,
     threshold,
 )
-
-__all__ = [
-    "TAU", "GAMMA_VIT", "NOISE", "TOP_FRAC", "PAPER_ENERGY", "PAPER_COND", "FLAG_FRACTION", "PAPER_EPS_VIT",
-    "VIT_STAGE_EFFECT", "block_index", "gamma_by_type", "direction_cosine", "random_subspace_cosine",
-    "layer_table", "spectrum_view", "direction_view", "world_merge_kwargs", "ABLATIONS", "FULL", "GATE_ON",
-    "GATE_ON_NO_REFINE", "GATE_OFF", "NO_PRIOR", "NO_REFINE", "RAW_NUMERATOR", "IDENTITY", "SCALED_LABEL",
-    "Ablation", "run_ablation", "ablation_view", "ablation_effects", "ablation_over_suites", "eps_sweep",
-    "verdict_gamma", "ridge_over_prior", "verdict_normalization", "verdict_csp", "verdict_refinement",
-    "verdict_spectrum", "verdict_direction", "claim_verdicts", "decided_at", "with_beside",
-]
 
 #: ACE's gate threshold (docs/methods.md §ACE, (ACE.6)), read from the registry.
 TAU: float = METHODS["ace"].params["tau"].default

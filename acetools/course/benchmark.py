@@ -40,32 +40,6 @@ from .verdicts import (
     threshold,
 )
 
-__all__ = [
-    "paired_difference",
-    "data_free_methods",
-    "assess_beats",
-    "assess_grows",
-    "assess_vs_wudi",
-    "assess_cost",
-    "assess_ordering",
-    "assess_overhead",
-    "merge_time_table",
-    "mini_world_targets",
-    "QUICK_METHODS",
-    "GROWS_RIVALS",
-    "BenchmarkData",
-    "load_benchmark",
-    "ACE_VARIANT_ROWS",
-    "with_ace_rows",
-    "claim_verdicts",
-    "tau_floor",
-    "PAPER_ACE_ROW",
-    "vit_width_checks",
-    "rank_agreement_table",
-    "method_ranks",
-    "method_means",
-    "wudi_lr_summary",
-]
 
 # --------------------------------------------------------------------------- differences that count
 def paired_difference(summary: pd.DataFrame, suite: str, a: str, b: str, metric: str = "test_normalized",

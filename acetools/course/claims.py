@@ -36,10 +36,6 @@ from ..utils import atomic_write
 from .verdicts import VERDICTS, Verdict, World
 from .world import TEXT_CLAIM_WORLDS
 
-__all__ = ["Claim", "CLAIMS", "VERDICTS", "claim", "record", "show", "collect", "claims_table", "styled_table",
-           "verdict_counts", "RECORD_FIELDS", "MixedWorldsError", "LANGUAGE_CLAIMS", "is_text_world_name",
-           "is_analogue", "Gathered", "gather", "side_by_side"]
-
 #: The effect fields of every claim record (numbers or None; see :meth:`Verdict.record_fields`).
 RECORD_FIELDS: tuple[str, ...] = ("predicted_effect", "noise_floor", "measured_effect", "paper_effect")
 

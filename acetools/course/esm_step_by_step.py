@@ -40,49 +40,6 @@ from ..merging import is_matrix_param, merge
 from ..search import climb_search, esm_search, grid_search
 from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare
 
-__all__ = [
-    "NOISE",
-    "PROXY_VARIANTS",
-    "proxy_variants",
-    "heldout_inputs",
-    "ABLATION",
-    "TSV_M_ROW",
-    "TSV_M_PATIENCE",
-    "rank_at",
-    "esd_vs_svd",
-    "components_for",
-    "proxy_images",
-    "proxy_activations",
-    "timed_activations",
-    "subspace_overlap",
-    "ablation_hparams",
-    "alpha_keys",
-    "esm_path",
-    "run_esm",
-    "run_tsv_m",
-    "run_ablation",
-    "runs_table",
-    "ablation_table",
-    "PLAIN_RUN_COLUMNS",
-    "plain_runs",
-    "ablation_text",
-    "essential_components",
-    "load_components",
-    "norm_order_table",
-    "FEWER",
-    "RECIPROCAL_DROP",
-    "ABLATION_CLAIMS",
-    "verdict_energy",
-    "verdict_cka",
-    "verdict_proxy",
-    "verdict_four",
-    "verdict_gain",
-    "verdict_layer_first",
-    "verdict_reciprocal",
-    "verdict_norm_importance",
-    "ablation_verdicts",
-]
-
 StateDict = dict[str, Tensor]
 
 

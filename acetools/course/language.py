@@ -30,10 +30,6 @@ import pandas as pd
 from ..errors import InputError
 from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
-__all__ = ["ROBERTA_GLUE", "ACE_SETTINGS", "task_table", "stage_ablation", "stage_view", "benchmark_tables",
-           "beside_anchor", "text_world_tables",
-           "verdict_sota", "verdict_gamma", "verdict_stage", "verdict_spectrum"]
-
 #: RoBERTa-base on 8 GLUE tasks, normalized accuracy (ESM's table; WUDI's README agrees);
 #: ACE's 90.4 is ACE-Merging's own table (docs/text-world.md).
 ROBERTA_GLUE: dict[str, float] = {

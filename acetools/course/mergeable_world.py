@@ -29,8 +29,6 @@ from ..merging import METHODS
 from ..regime import RegimeCard
 from ..search import PATIENCE
 
-__all__ = ["KEY_ROWS", "EXPLAIN_ROWS", "load_cards", "card_table", "room_budget", "targets", "fixture_card"]
-
 #: The card's key rows, in order (docs/regime.md §How the card is measured).
 KEY_ROWS: tuple[str, ...] = ("experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm",
                              "iso_cts_norm", "tsv_minus_ta", "tsv_gap_share", "ace_gamma_median",

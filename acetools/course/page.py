@@ -16,12 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NA", "REPORT_CSS", "setup", "alt_text", "table"]
-
 #: How a missing value reads in a table.
 NA = "—"
 
-from ..notebooks import REPORT_CSS  # noqa: E402  (the report's CSS, defined with its renderer)
 
 
 def alt_text(fig: Any) -> str:

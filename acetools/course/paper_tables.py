@@ -27,25 +27,6 @@ import pandas as pd
 
 from ..errors import InputError, InputKeyError
 
-__all__ = [
-    "NAME_MAP",
-    "REFERENCE_MAP",
-    "VISION",
-    "ESM_ABLATION",
-    "LANGUAGE",
-    "COMPARISONS",
-    "ACE_CLAIMED_RANKS",
-    "registry_name",
-    "vision_long",
-    "paper_column",
-    "comparison_columns",
-    "paper_room",
-    "paper_lead",
-    "table_rivals",
-    "ACE_STAGE_ABLATION",
-    "beside_papers",
-]
-
 #: Paper method name -> our registry name (``None``: not in acetools).
 NAME_MAP: dict[str, str | None] = {
     "Weight Averaging": "weight_averaging",

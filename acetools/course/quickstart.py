@@ -27,8 +27,6 @@ from torch import Tensor
 from ..synthetic import RegressionTask, finetune_linear, make_regression_tasks, task_loss
 from ..utils import cpu_threads
 
-__all__ = ["linear_world", "normalized_gain", "comparison", "summary_sentence"]
-
 
 def linear_world(n_tasks: int, d_in: int, d_out: int, *, steps: int, lr: float = 0.02, seed: int = 0,
                  device: str | torch.device = "cpu") -> tuple[Tensor, list[RegressionTask], list[Tensor]]:

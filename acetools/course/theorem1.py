@@ -38,47 +38,6 @@ from ..synthetic import RegressionTask, finetune_linear, joint_least_squares, ma
 from ..utils import cpu_threads, make_generator
 from .verdicts import Verdict, threshold
 
-__all__ = [
-    "AGREEMENT_COLUMNS",
-    "TABLE_METRICS",
-    "SWEEP_METRICS",
-    "VIT_METRICS",
-    "COLUMN_LABELS",
-    "DEFAULTS",
-    "SWEEP_COLUMNS",
-    "ESTIMATOR_LABELS",
-    "matrix_cosine",
-    "covariance_agreement",
-    "two_layer_teacher",
-    "finetune_two_layer",
-    "estimate_experiment",
-    "sweep",
-    "spectra_frame",
-    "hooked_covariances",
-    "vit_agreement",
-    "estimator_covariances",
-    "unified_merges",
-    "UnifiedResult",
-    "unified_linear",
-    "GRIDS",
-    "QUICK_GRIDS",
-    "CURVE_STEPS",
-    "QUICK_CURVE_STEPS",
-    "degradation_models",
-    "settings",
-    "COSINE_REPRODUCED",
-    "COSINE_PARTLY",
-    "BEATS_IDENTITY",
-    "TOLERANCES",
-    "median_cosine",
-    "verdict_theorem1",
-    "verdict_theorem1_vit",
-    "synthetic_checks",
-    "identity_errors",
-    "unified_accuracy",
-    "verdict_unified",
-]
-
 #: The columns of the lesson's tables: one configuration's tasks (:func:`estimate_experiment`), the
 #: sweeps' medians (:func:`sweep`) and the ViT's layer types (:func:`vit_agreement`).
 TABLE_METRICS = ("progress", "cosine", "cosine_sq", "subspace_overlap", "identity_cosine")

@@ -39,28 +39,6 @@ from typing import Any
 
 from ..errors import InputError, InputKeyError
 
-__all__ = [
-    "NOISE",
-    "TIE",
-    "UNDECIDABLE",
-    "NOT_TESTABLE",
-    "VERDICTS",
-    "SCALING_RULE",
-    "World",
-    "Effect",
-    "effect",
-    "predict",
-    "decide",
-    "OUTCOMES",
-    "Verdict",
-    "margin",
-    "compare",
-    "counts",
-    "agreement",
-    "criteria",
-    "threshold",
-]
-
 #: The smallest difference (percentage points of accuracy, or of energy / CKA x 100) that
 #: counts, whatever the seeds say: the seed-to-seed noise of a mean accuracy in the
 #: mini-world. The papers' smallest effects that their claims rest on are larger (ESM's

@@ -22,8 +22,6 @@ from typing import Any
 
 from ..errors import InputError, InputKeyError
 
-__all__ = ["Explorer", "rank_slider", "alpha_slider", "task_picker", "in_frontend"]
-
 
 def in_frontend() -> bool:
     """Whether this process is a Jupyter kernel (a notebook, papermill, VS Code): only there

@@ -39,11 +39,6 @@ from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["QUICK", "FULL_EVAL", "QUICK_EVAL", "TEXT_EVAL", "WORLDS", "TEXT_CLAIM_WORLDS", "text_worlds",
-           "is_text_world", "text_suite", "world", "world_options", "clip_suite", "benchmark",
-           "figures_path", "suite_tasks", "describe", "repo_root", "default_figures_root", "claim_world", "note_world",
-           "MANIFEST", "display_path"]
-
 #: The file in each figures folder that says which notebook, profile and world wrote it.
 MANIFEST: str = "figures.json"
 

@@ -108,8 +108,7 @@ def test_render_html_takes_alt_text_from_the_figure_and_adds_the_page_css(tmp_pa
 
     import nbformat
 
-    from acetools.course.page import REPORT_CSS
-    from acetools.notebooks import render_html
+    from acetools.notebooks import REPORT_CSS, render_html
     from tests.report_checks import check_html
 
     png = base64.b64encode(b"\x89PNG fake").decode()

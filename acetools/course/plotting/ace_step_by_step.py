@@ -17,9 +17,6 @@ from ...keys import short_label as _short_label
 from ...keys import short_name
 from ...plotting import finish
 
-__all__ = ["short_label", "gamma_strip", "gamma_scaling", "task_weights", "prior_profile", "spectra",
-           "refined_spectrum", "layer_metrics", "ablation_bars", "eps_units"]
-
 
 def short_label(key: str) -> str:
     """A compact layer name for tick labels: ``visual.transformer.resblocks.3.mlp.c_fc.weight``

@@ -15,19 +15,6 @@ import pandas as pd
 from ...errors import InputError
 from ...plotting import bar_plot, finish, heatmap, label_points
 
-__all__ = [
-    "VERDICT_COLORS",
-    "method_bars",
-    "per_task_heatmap",
-    "accuracy_vs_tasks",
-    "merge_time",
-    "wudi_step_size",
-    "rank_scatter",
-    "sweep_at",
-    "task_bars",
-    "verdict_counts",
-]
-
 #: One colour per verdict (05's table and bars).
 VERDICT_COLORS: dict[str, str] = {
     "reproduced": "#4daf4a",

@@ -19,21 +19,6 @@ from ...errors import InputError
 from ...keys import short_label
 from ...plotting import finish
 
-__all__ = [
-    "energy_curves",
-    "energy_curves_at_rank",
-    "cka_bars",
-    "gram_image",
-    "task_factor_heatmap",
-    "dimension_factor_plot",
-    "layer_factor_bars",
-    "accuracy_bars",
-    "ablation_bars",
-    "search_traces",
-    "norm_order_bars",
-    "short_key",
-]
-
 
 def short_key(key: str) -> str:
     """``visual.transformer.resblocks.3.mlp.c_fc.weight`` -> ``b3 c_fc`` (labels of plots)."""

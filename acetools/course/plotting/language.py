@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["stage_bars", "anchor_bars"]
-
 
 def stage_bars(ax, abl: pd.DataFrame, *, title: str | None = None):
     """ACE's stage ablation (:func:`acetools.course.language.stage_ablation`): test normalized

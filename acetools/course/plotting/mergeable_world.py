@@ -14,8 +14,6 @@ import pandas as pd
 from ...errors import InputError
 from ...plotting import finish
 
-__all__ = ["merges_vs_clip", "room_budget", "subspace_overlap"]
-
 
 def merges_vs_clip(ax, cards: Mapping, *, target: float = 10.0):
     """Task arithmetic, TSV-M and Iso-CTS (normalized) per recipe, with CLIP ViT-B/32's

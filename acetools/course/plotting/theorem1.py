@@ -13,16 +13,6 @@ import numpy as np
 from ...errors import InputError
 from ...plotting import finish, heatmap
 
-__all__ = [
-    "METRIC_LABELS",
-    "covariance_image",
-    "spectra_plot",
-    "sweep_panel",
-    "progress_panel",
-    "layer_heatmap",
-    "layer_type_bars",
-]
-
 #: Axis/legend names of the agreement metrics.
 METRIC_LABELS = {
     "cosine": r"cos($\hat\Sigma$, $\Sigma$)",
