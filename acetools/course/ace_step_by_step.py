@@ -1,19 +1,8 @@
-"""Notebook 02 (ACE-Merging step by step): its tables, its ablation and the verdicts of its appendix.
+"""Notebook 02 (docs/course.md §02_ace_step_by_step): its tables, its ablation and its claim verdicts.
 
-The lesson computes every ACE stage itself, in plain torch, and checks it against the stage
-functions of :mod:`acetools.merging.ace` that ``acetools.merge("ace", ...)`` runs
-(docs/methods.md §ACE). This module never composes ACE; it measures what the library returns:
-
-* :func:`gamma_by_type`: ACE's gamma (ACE.5) per layer type, from
-  :func:`acetools.diagnostics.heterogeneity_per_layer` (the one gamma table of the course);
-* :func:`layer_table`: per matrix, the spectrum of ``W_pre`` (ACE.10) and of ACE's output, and the
-  cosines between their top singular directions and those of other matrices; :func:`spectrum_view`
-  and :func:`direction_view` show them in at most six plain columns;
-* the ablation: :data:`ABLATIONS`, :func:`run_ablation`, :func:`ablation_over_suites`,
-  :func:`eps_sweep` (each row is one ``merge("ace", ...)`` with one switch changed);
-* the appendix: one ``verdict_*`` function per claim notebook 02 owns
-  (:mod:`acetools.course.claims`), and :func:`claim_verdicts` for all of them.
-"""
+The lesson computes every ACE stage itself and checks it against :mod:`acetools.merging.ace`
+(docs/methods.md §ACE); this module never composes ACE, it measures what ``merge("ace", ...)``
+returns. The rules of the verdicts: docs/course.md §Claim rules."""
 
 from __future__ import annotations
 
@@ -95,11 +84,8 @@ def _mean_cos(QA: Tensor, QB: Tensor) -> float:
 
 
 def direction_cosine(A_: Tensor, B: Tensor, k: int) -> dict[str, float]:
-    """How well the top-``k`` singular directions of two d_out × d_in matrices agree.
-
-    The mean cosine of the principal angles (docs/glossary.md) between the top-k left (output)
-    singular subspaces, and between the right (input) ones: ``left``, ``right`` and ``mean`` of
-    the two, each in [0, 1] (1: the same subspace)."""
+    """Mean principal-angle cosine of the top-``k`` left and right singular subspaces of two matrices:
+    ``left``, ``right`` and their ``mean`` (1: the same subspace; docs/glossary.md)."""
     if A_.shape != B.shape:
         raise InputError(f"shapes differ: {tuple(A_.shape)} vs {tuple(B.shape)}")
     r = min(A_.shape)
@@ -136,21 +122,14 @@ def _spectrum(M: Tensor, top_frac: float, null: int = 0) -> dict[str, float]:
 def layer_table(task_vectors: Sequence[StateDict], W_pre: Mapping[str, Tensor], W: Mapping[str, Tensor],
                 diags: Mapping[str, A.ACEDiagnostics], *, hooked: Mapping[str, Tensor] | None = None,
                 top_frac: float = TOP_FRAC) -> Any:
-    """One row per matrix of ``diags`` (what :func:`acetools.merging.ace.ace_with_diagnostics`
-    returned): the spectra and directions of ACE's results, for the lesson's tables and the
-    appendix's verdicts. Nothing here merges: ``W_pre`` is the library's closed form (ACE.10) per
-    key (``ace_with_diagnostics(..., refine=False)``), ``W`` ACE's output per key, ``hooked`` the
-    closed form under the hooked input covariances (ACE.1; ``estimator="given"``), absent keys NaN.
+    """One row per matrix of ``diags`` (:func:`acetools.merging.ace.ace_with_diagnostics`): spectra and directions.
 
-    Columns: ``key, shape, gamma, flag``; the spectrum of ``W_pre``: ``top_energy_pre`` (energy
-    share of the top ``top_frac`` of its singular values), ``cond_pre`` and ``cond_pre_trim`` (the
-    condition number with and without the zero singular value that the centred numerator forces
-    when d_out <= d_in), ``erank_pre``; ``top_energy_sum`` (the same share for the task-vector sum)
-    and ``top_energy_final`` (for ACE's output); directions, k_dir = ceil(top_frac·r):
-    ``cos_sum`` (W_pre vs sum_t ΔW_t), ``cos_experts`` (mean over t vs ΔW_t), ``cos_random``
-    (chance), ``cos_hooked`` (W_pre vs the hooked closed form), ``cos_sum_hooked`` (sum_t ΔW_t vs
-    it); ``ridge_over_prior`` = sum_t ridge_t / ‖c‖₂ (``diag.prior_norm``, the norm of the structural
-    prior's vector c of (ACE.9)): above 1 the isotropic ridge outweighs the prior."""
+    ``W_pre`` is the closed form (ACE.10), ``W`` ACE's output, ``hooked`` the closed form under the
+    hooked covariances (ACE.1), absent keys NaN. Columns: key, shape, gamma, flag; ``top_energy_*``
+    (share of the top ``top_frac`` singular values), ``cond_pre`` / ``cond_pre_trim`` (without the
+    structural zero of the centred numerator), ``erank_pre``; mean principal cosines at
+    k_dir = ceil(top_frac·r): ``cos_sum``, ``cos_experts``, ``cos_random``, ``cos_hooked``,
+    ``cos_sum_hooked``; ``ridge_over_prior`` = sum_t ridge_t / ‖c‖₂ (c of (ACE.9))."""
     import pandas as pd
 
     rows = []
@@ -304,19 +283,9 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
                  search=None, hparams: Mapping[str, Any] | None = None, suite: str | None = None,
                  merge: Callable[..., StateDict] | None = None,
                  progress: bool | None = None) -> Ablation:
-    """Merge with ACE once per variant of ``variants`` (label -> hyperparameters, default
-    :data:`ABLATIONS`) and score each merge on the test splits.
-
-    Each variant: ``merged = merge("ace", bench.base, bench.experts, **hparams, **variant)``
-    (``hparams``: settings shared by every variant, e.g. ``eps``; a variant overrides them);
-    ``acc = bench.evaluate(merged, "test")`` and ``bench.normalized(acc, "test")`` (accuracy
-    over the expert's). A merge identical to an earlier variant's is not evaluated again: it
-    gets that variant's scores and its label in ``same_as`` (the switch changed no weight).
-    With ``scaled``, one more row: ``bench.run("ace", search=search)`` (default
-    :data:`acetools.benchmark.ACE_SCALED`: ACE's scaling chosen on validation), labelled
-    :data:`SCALED_LABEL`, with the shared ``hparams``. ``suite`` names the rows (default
-    ``bench.zoo.suite``).
-    """
+    """Merge with ACE once per variant (label -> hyperparameters, default :data:`ABLATIONS`, over the
+    shared ``hparams``) and score each on test. A merge equal to an earlier one reuses its scores
+    (``same_as``). ``scaled`` adds ``bench.run("ace", search=search)`` as :data:`SCALED_LABEL`."""
     import pandas as pd
 
     from ..utils import progress as bar
@@ -380,17 +349,9 @@ def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: i
                          hparams: Mapping[str, Any], tau: float = TAU, patience: int | None = None,
                          beside_eps: float | None = None, world_options: Mapping[str, Any] | None = None
                          ) -> tuple[Ablation, dict[str, float], Any]:
-    """:func:`run_ablation` on every suite of ``suites`` (notebook 02's section 4).
-
-    ``main``: ``(suite, zoo, bench, gamma table)`` already built for one suite (reused, not
-    rebuilt); every other suite's world is built (or loaded from the cache) at ``size`` and
-    ``seed`` and released after its ablation. Returns the concatenated :class:`Ablation`, the
-    share of flagged matrices per suite (gamma > ``tau``) and a table ``suite, tasks,
-    flagged (%), seconds``. ``beside_eps``: also run :data:`FULL` and :data:`NO_PRIOR` at that
-    eps (the code's default beside the paper's), labelled ``"<variant> @ eps <beside_eps>"``
-    (:meth:`Ablation.beside` reads them back). ``world_options``: :func:`acetools.course.world.world_options` (the
-    CLIP world's), passed to every world built.
-    """
+    """:func:`run_ablation` on every suite of ``suites``, reusing ``main`` = (suite, zoo, bench, gamma
+    table) for its suite. Returns the :class:`Ablation`, the flagged share per suite and a table of
+    suites. ``beside_eps`` also runs :data:`FULL` and :data:`NO_PRIOR` at that eps (:meth:`Ablation.beside`)."""
     import pandas as pd
 
     from ..diagnostics import heterogeneity_per_layer
@@ -423,22 +384,11 @@ def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: i
 
 def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float],
                      flag_fraction: float = FLAG_FRACTION) -> dict[str, list[dict[str, Any]]]:
-    """The differences (normalized points) the ablation claims are decided on, per suite.
-
-    ``frac_flagged``: suite -> share of its matrices with gamma > tau. Returns
-    ``{"normalization": [...], "csp": [...], "refinement": [...]}``, the inputs of
-    :func:`verdict_normalization`, :func:`verdict_csp` and :func:`verdict_refinement`:
-
-    * normalization (both without refinement, which the gate also switches): ``d_auto`` =
-      "no refinement" (ACE's gate normalises the flagged layers) - gate off, ``d_forced`` =
-      gate on without refinement (every layer normalised: the gate forced) - gate off;
-    * csp: ``d`` = full - no structural prior;
-    * refinement, decided only where the stage runs: where more than ``flag_fraction`` of the
-      matrices are flagged, ``d`` = full - no refinement (ACE refines its flagged layers);
-      elsewhere ACE's refinement acts on few or no layers, so ``d`` = gate on - gate on without
-      refinement (the gate forced: every layer refined), labelled so in ``what``
-      (``gate_forced``); ``d_ace_gate`` keeps full - no refinement beside it.
-    """
+    """The differences (normalized points) the stage claims are decided on, per suite:
+    ``{"normalization": [...], "csp": [...], "refinement": [...]}`` for :func:`verdict_normalization`,
+    :func:`verdict_csp` and :func:`verdict_refinement` (which rows: docs/course.md §Claim rules).
+    Refinement uses full - no refinement where more than ``flag_fraction`` is flagged, else the
+    gate forced (``gate_forced``), with ``d_ace_gate`` beside it."""
     out: dict[str, list[dict[str, Any]]] = {"normalization": [], "csp": [], "refinement": []}
     for suite, f in frac_flagged.items():
         def e(a: str, b: str, suite: str = suite) -> float:
@@ -460,18 +410,11 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float],
 def eps_sweep(bench, eps_grid: Sequence[float], *, hparams: Mapping[str, Any] | None = None,
               modes: Sequence[str] = ("absolute", "relative"), keys: Sequence[str] | None = None,
               progress: bool | None = None) -> Any:
-    """ACE's test accuracy against the ridge in the covariance's units (notebook 02, "eps in units").
+    """ACE's test accuracy per ``eps`` of ``eps_grid`` and ``eps_mode`` of ``modes`` (notebook 02, "eps in units").
 
-    For each ``eps`` of ``eps_grid`` and each ``eps_mode`` of ``modes``: merge with ACE
-    (``hparams`` shared; ``eps`` and ``eps_mode`` set here), score on test, and record the
-    ridge relative to the mean covariance eigenvalue that this eps means, ``ridge_rel`` =
-    median over the matrices ``keys`` (default every matrix ACE merges) of mean_t
-    eps·d_in/tr_t for the absolute eps (the paper's: its meaning depends on the layer's scale)
-    and eps itself for the relative one (eps_mode="relative", not the paper's: eps·tr_t/d_in is
-    the ridge, so ridge_rel = eps everywhere). Columns: eps_mode, eps, ridge_rel, test_acc,
-    test_normalized (%), and ``pinv_layers``: how many matrices' systems were singular at that
-    ridge and solved with the pseudo-inverse (the merge's own warning, counted here instead of
-    printed once per layer)."""
+    ``ridge_rel``: median over ``keys`` of the ridge relative to the mean covariance eigenvalue
+    (mean_t eps·d_in/tr_t for absolute eps; eps itself for relative); ``pinv_layers``: matrices whose
+    system was singular at that ridge (the merge's warnings, counted)."""
     import pandas as pd
 
     from ..merging import is_matrix_param, merge, task_vectors
@@ -570,22 +513,9 @@ def _better_everywhere(name: str, per_suite: Sequence[Mapping[str, Any]], noise:
 
 def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE,
                           flag_fraction: float = FLAG_FRACTION) -> Verdict:
-    """ace.normalization. ``per_suite``: dicts with ``suite``, ``frac_flagged`` (share of
-    matrices with gamma > tau), ``d_auto`` = normalized acc of ACE without refinement (the
-    gate normalises the flagged layers) minus "gate off", ``d_forced`` = "gate on, no
-    refinement" (the gate forced: every layer normalised) minus "gate off"; refinement is off
-    in all three, so the differences are the normalisation's (:func:`ablation_effects`).
-
-    The claim has two halves and the paper gives no ablation number for either, only the
-    direction. *High gamma*: normalisation matters — decided where the stage runs, on suites
-    with more than ``flag_fraction`` of the matrices flagged: agree if ``d_auto`` counts as a
-    gain (:func:`~acetools.course.verdicts.compare`). *ViTs (low gamma)*: it can be skipped —
-    a claim of no difference, decided with the gate forced (labelled so): agree if forcing it
-    everywhere is no gain. A claim of no difference is decided on the measurement (a tie
-    agrees, a gain beyond the floor refutes); it predicts nothing to scale. Verdict:
-    :func:`~acetools.course.verdicts.agreement` over the suites; where no suite has high gamma
-    that half is not testable here, and agreement on the other half alone is ``partly``.
-    """
+    """ace.normalization (rule: docs/course.md §Claim rules). ``per_suite``: dicts with ``suite``,
+    ``frac_flagged``, ``d_auto`` and ``d_forced`` (:func:`ablation_effects`); a half with no
+    high-gamma suite is not testable here."""
     agree, parts, effects = [], [], []
     high = [s for s in per_suite if s["frac_flagged"] > flag_fraction]
     for s in per_suite:
@@ -615,14 +545,8 @@ def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: floa
 
 def verdict_csp(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE, ridge_over_prior: float | None = None,
                 eps: float | None = None) -> Verdict:
-    """ace.csp. ``per_suite``: dicts with ``suite`` and ``d`` = full ACE minus "no structural
-    prior", at ``eps``. The paper gives no ablation number, only that the prior is the better
-    regulariser. The stage acts only where the prior is not swamped by the isotropic ridge:
-    ``ridge_over_prior`` = median over matrices of ``ridge_rel_F / prior_rel``
-    (:func:`stage_table`: ‖Σ_t ε_t I‖_F against ‖C_agg‖_F); above 1 the ridge dominates, the two
-    variants regularise alike, and the claim is ``not testable here`` at this eps (decide it
-    at the paper's eps, 1e-5 on ViTs). Otherwise: the prior helps in a suite when ``d`` counts
-    as a gain (:func:`~acetools.course.verdicts.compare`); agreement over the suites."""
+    """ace.csp (rule: docs/course.md §Claim rules). ``per_suite``: dicts with ``suite`` and ``d``;
+    ``ridge_over_prior`` above 1 (the ridge swamps the prior) makes the claim not testable at ``eps``."""
     at = f" at eps {eps:g}" if eps is not None else ""
     if ridge_over_prior is not None and ridge_over_prior > 1:
         v = _better_everywhere("full - no prior", per_suite, noise, label="full − no prior")
@@ -639,17 +563,9 @@ def verdict_csp(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE,
 def verdict_refinement(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE, world: World | None = None,
                        n_tasks: Mapping[str, int] | None = None,
                        paper_effect: float | None = VIT_STAGE_EFFECT["refinement"]) -> Verdict:
-    """ace.refinement. ``per_suite``: dicts with ``suite``, ``d`` and ``what``
-    (:func:`ablation_effects`): full ACE minus "no refinement" where ACE's gate flags enough
-    layers for the stage to run, else the gate forced (refined minus not refined, every layer),
-    labelled so. Rule: helps when ``d`` counts as a gain; agreement over suites — on the
-    suites where the paper's effect, scaled to ``world``'s room, exceeds the floor
-    (:func:`~acetools.course.verdicts.decide`). ``paper_effect``: the paper's effect of the
-    stage in this kind of world; in a vision world the paper's own ViT-B/16 ablation,
-    90.60 → 90.60 (0.0, :data:`VIT_STAGE_EFFECT`), so the claim is ``undecidable here``
-    whatever we measure (the paper's ViT row passes no "gain that counts" rule either). A
-    world with flagged layers (a language world) passes ``paper_effect=None`` until a paper
-    number is known, and is decided on the measurement."""
+    """ace.refinement (rule: docs/course.md §Claim rules). ``per_suite``: dicts with ``suite``, ``d``,
+    ``what`` (:func:`ablation_effects`); ``paper_effect`` (default the ViT-B/16 ablation,
+    :data:`VIT_STAGE_EFFECT`) is scaled to ``world``'s room (docs/course.md §Scaling rule)."""
     base = _better_everywhere("refine - no refine", per_suite, noise)
     effects = [_stage_effect(s, s["d"], world=world, n_tasks=n_tasks, paper=paper_effect, noise=noise)
                for s in per_suite]
@@ -663,11 +579,7 @@ def verdict_refinement(per_suite: Sequence[Mapping[str, Any]], *, noise: float =
 
 
 def verdict_spectrum(stable: Any, *, energy: float = PAPER_ENERGY, cond: float = PAPER_COND) -> Verdict:
-    """ace.spectrum. The paper: W_bar_pre's top 5% singular values hold 99%+ of the energy and
-    its condition number exceeds 8.7e5. Rule on the medians over layers of W_bar_pre's top-5%
-    energy share and of its condition number without the structural zero
-    (``cond_pre_trim``): both at the paper's level (>= ``energy``, > ``cond``) -> reproduced;
-    one -> partly; none -> not reproduced."""
+    """ace.spectrum (rule: docs/course.md §Claim rules), on the medians of ``top_energy_pre`` and ``cond_pre_trim``."""
     e = float(stable["top_energy_pre"].median())
     c = float(stable["cond_pre_trim"].median())
     craw = float(stable["cond_pre"].median())
@@ -682,18 +594,8 @@ def verdict_spectrum(stable: Any, *, energy: float = PAPER_ENERGY, cond: float =
 
 
 def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> Verdict:
-    """ace.direction. The paper: the principal directions of W_bar_pre are *correct*, "cosine ≈ 1".
-
-    "Correct" is measured against the solution W_bar_pre estimates: the closed form (ACE.1) under
-    each task's true input covariances (the covariances hooked in the experts' encoders; Theorem 1
-    is what lets ACE estimate them from the weights). The rule is on the median over the hookable
-    layers of ``cos_hooked`` (:func:`layer_table`; NaN rows, e.g. attn.out_proj, skipped):
-    >= ``high`` -> reproduced ("≈ 1"); >= ``low`` -> partly (aligned, not identical); else not
-    reproduced. ``cos_sum`` (vs sum_t ΔW_t, task arithmetic's direction, which is not what the
-    paper calls correct) is reported beside it, with ``cos_experts`` and chance. Without a
-    ``cos_hooked`` value (no covariances were hooked) the same levels apply to ``cos_sum`` and
-    the reason says so.
-    """
+    """ace.direction (rule: docs/course.md §Claim rules) on the median ``cos_hooked`` of :func:`layer_table`
+    (NaN rows skipped), ``cos_sum`` and chance beside; without hooked values, on ``cos_sum`` (said so)."""
     def med(c: str) -> float:
         return float(stable[c].median()) if c in stable else math.nan
 
@@ -740,13 +642,9 @@ def ridge_over_prior(stable: Any) -> float | None:
 def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: Mapping[str, float], *,
                    tau: float = TAU, world: World | None = None, n_tasks: Mapping[str, int] | None = None,
                    eps: float | None = None, beside: Mapping[str, Any] | None = None) -> dict[str, Verdict]:
-    """The verdicts of the claims notebook 02 owns, by claim id, from its tables.
-
-    ``stable``, ``ablation`` are at ``eps`` (the paper's, :data:`PAPER_EPS_VIT`, in the
-    course); ``world`` and ``n_tasks`` (suite -> number of tasks) scale the paper's stage
-    effects (:func:`verdict_refinement`). ``beside``: ``{"eps": e, "stable": table,
-    "ablation": ablation}`` at the code's default eps: ace.csp and ace.spectrum are decided
-    there too and shown beside (their reason and ``numbers["beside"]``), not judged."""
+    """The verdicts of notebook 02's claims, by id. ``world`` and ``n_tasks`` scale the paper's stage
+    effects; ``beside`` = ``{"eps", "stable", "ablation"}`` at the code's default eps, where ace.csp and
+    ace.spectrum are decided too and shown beside, not judged."""
     effects = ablation_effects(ablation, frac_flagged)
     out = {
         "ace.gamma_vit": verdict_gamma(gtable, tau=tau),

@@ -1,17 +1,7 @@
-"""Lesson 04 (``notebooks/04_benchmark``): which differences count, and the verdicts of the
-claims the benchmark owns.
+"""Lesson 04 (docs/course.md §04_benchmark): which differences count, and the verdicts of its claims.
 
-* differences that count: :func:`paired_difference` — the course's one comparison rule
-  (:func:`acetools.course.verdicts.compare`) on paired per-seed differences: a difference
-  between two methods is real when it exceeds ``max(NOISE, spread over seeds of the paired
-  difference)`` (:data:`~acetools.course.verdicts.NOISE` = 0.5 points is the only guard with
-  one seed);
-* verdicts from the numbers (:func:`assess_beats`, :func:`assess_grows`, :func:`assess_vs_wudi`,
-  :func:`assess_cost`, :func:`assess_ordering`, :func:`assess_overhead`) and the mini-world
-  targets (:func:`mini_world_targets`).
-
-The result files themselves are read by the library module :mod:`acetools.results`.
-"""
+Differences are judged by :func:`paired_difference` (docs/course.md §Noise rule), the claims by
+the ``assess_*`` rules (docs/course.md §Claim rules). The result files are read by :mod:`acetools.results`."""
 
 from __future__ import annotations
 
@@ -100,23 +90,12 @@ def _n_tasks(summary: pd.DataFrame, suite: str) -> int:
 def assess_beats(summary: pd.DataFrame, winner: str, rivals: Sequence[str], *, suites: Sequence[str] | None = None,
                  metric: str = "test_normalized", floor: float = NOISE, paper: PaperSettings | None = None,
                  world: World | None = None, shown: Sequence[str] = ()) -> Verdict:
-    """Does ``winner`` beat every one of ``rivals`` on every suite?
+    """Does ``winner`` beat every one of ``rivals`` (the paper's own table) on every suite? ace.sota and
+    esm.sota (rule: docs/course.md §Claim rules).
 
-    ``rivals`` must be exactly the methods of the paper's own table (:func:`acetools.course.
-    paper_tables.table_rivals`); ``shown``: other rivals, reported beside the verdict, never
-    judged. The papers' own numbers pass it: ACE over the best rival of its table +2.0 / +1.5 /
-    +1.6 at 8 / 14 / 20 tasks, ESM over Iso-CTS on ViT-B/16 +0.7 / +1.0 / +2.5, all beyond
-    :data:`~acetools.course.verdicts.NOISE` (on ViT-L/14 ESM's +0.1 to +0.3 over Iso-CTS are
-    ties: the claim rests on ViT-B/16).
-
-    Per suite, ``winner`` is compared with the best rival (by mean) through
-    :func:`paired_difference`. With ``paper`` ({suite: (paper lead, paper room)}) and
-    ``world``, each suite's lead is predicted by the scaling rule and suites where the
-    prediction does not exceed the floor are undecidable (no decidable suite ->
-    ``undecidable here``). Verdict on the decidable suites: ``reproduced`` when it is better
-    beyond the margin on every one; ``partly`` when it is not worse beyond the margin on at
-    least half of them; ``not reproduced`` otherwise.
-    """
+    Per suite, the best rival by mean is compared through :func:`paired_difference`. ``shown``: other
+    rivals, reported, never judged. ``paper`` = {suite: (lead, room)} with ``world`` scales the lead
+    (docs/course.md §Scaling rule); suites whose prediction is at or below the floor are undecidable."""
     rows, effects = [], []
     for s in _suites(summary, suites):
         present = set(summary.loc[summary["suite"] == s, "method"])
@@ -175,26 +154,11 @@ def assess_beats(summary: pd.DataFrame, winner: str, rivals: Sequence[str], *, s
 def assess_grows(summary: pd.DataFrame, method: str, rivals: Sequence[str], *, suites: Sequence[str] | None = None,
                  metric: str = "test_normalized", floor: float = NOISE, paper: tuple[float, float] | None = None,
                  world: World | None = None) -> Verdict:
-    """Does ``method``'s lead over ``rivals`` (the best of them at each T) grow with the number of tasks?
+    """Does ``method``'s lead over the best of ``rivals`` grow with the number of tasks? ace.grows (rule
+    and why the rival is task arithmetic, :data:`GROWS_RIVALS`: docs/course.md §Claim rules).
 
-    gap(T) = ``method`` - best of ``rivals`` at T (per seed). The claim ace.grows is decided
-    with ``rivals=["task_arithmetic"]`` (:data:`GROWS_RIVALS`, see :func:`claim_verdicts`):
-    the paper's own numbers show the lead growing only over the interference-prone baselines
-    — on ViT-B/16 (the one backbone with ACE at 8, 14 and 20 tasks) ACE minus task arithmetic
-    is +15.2 → +15.6 → +16.3 — while its lead over the best rival does not grow (ACE's table:
-    +2.0 → +1.5 → +1.6; over TSV-M on ViT-B/16: +1.6 → +1.5 → +1.5), so a best-rival rule
-    would fail the paper's own table.
-
-    ``paper``: (the paper's growth of the gap from the fewest to the most tasks, the paper's
-    room at the most tasks); with ``world`` the growth is predicted by the scaling rule at the
-    most tasks, and a prediction at or below the floor of the change makes the claim
-    ``undecidable here``. Otherwise: ``reproduced`` when the gap at the most tasks exceeds
-    the gap at the fewest by more than the margin (the seed spread of that change, at least
-    ``floor``), never drops by more than the margin from one suite to the next, and
-    ``method`` is ahead of the rival at the most tasks; ``partly`` when it grows but within the
-    margin, not monotonically, or while ``method`` is still behind the rival at the most tasks
-    (a deficit that narrows is no lead that grows); ``not reproduced`` when it does not grow.
-    """
+    ``paper`` = (the paper's growth of the gap, its room at the most tasks) with ``world`` predicts the
+    growth (docs/course.md §Scaling rule); a deficit that narrows is no lead that grows (``partly``)."""
     gaps = []
     for s in _suites(summary, suites):
         present = set(summary.loc[summary["suite"] == s, "method"])
@@ -258,18 +222,9 @@ def _time_ratio(agg: pd.DataFrame, suite: str, a: str, b: str) -> float:
 def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str = "wudi",
                    suites: Sequence[str] | None = None, metric: str = "test_normalized",
                    floor: float = NOISE, step_size: pd.DataFrame | None = None) -> Verdict:
-    """Is the closed form (``method``) more stable and cheaper than WUDI (``rival``)?
-
-    The claim's own two words, on every suite with both: *cheaper* (mean merge time below
-    WUDI's) and, with two or more seeds, *stable* (over-seed sd of accuracy not above WUDI's by
-    more than ``floor``); and *not worse* (accuracy not below WUDI's beyond the seed spread),
-    without which a cheaper merge says nothing. With ``step_size``
-    (:func:`load_wudi_step_size`: WUDI at several Adam learning rates) the measurement also
-    shows ACE against WUDI at the learning rate chosen on validation, and WUDI's range over
-    learning rates: shown, not judged (the claim compares with WUDI as published, not with a
-    tuned WUDI). Verdict: all measurable criteria met -> ``reproduced``; some -> ``partly``;
-    none -> ``not reproduced``.
-    """
+    """ace.vs_wudi (rule: docs/course.md §Claim rules): cheaper, stable (two or more seeds) and not worse
+    than WUDI (``rival``) on every suite with both. ``step_size`` (:func:`load_wudi_step_size`): WUDI
+    at several learning rates, shown beside, not judged."""
     agg = aggregate(summary)
     rows = []
     for s in _suites(summary, suites):
@@ -344,13 +299,8 @@ def _loglog_slope(n_tasks: Sequence[float], seconds: Sequence[float]) -> float:
 
 def assess_cost(summary: pd.DataFrame, *, method: str = "ace", svd_method: str = "tsv_m",
                 suites: Sequence[str] | None = None, max_ratio: float = 2.0, max_slope: float = 1.5) -> Verdict:
-    """Does ``method`` cost about what the SVD-based ``svd_method`` does, growing linearly in T?
-
-    Criteria: *matching* (mean merge time at most ``max_ratio`` × the SVD method's on every
-    suite) and *linear in T* (log-log slope of merge time against T at most ``max_slope``;
-    the claimed O(L·T·n³) has slope 1). Both -> ``reproduced``, one -> ``partly``. The paper
-    gives the complexity, not times: "matching" SVD methods is read as within ×2 of TSV-M.
-    """
+    """ace.cost (rule: docs/course.md §Claim rules): merge time at most ``max_ratio`` × ``svd_method``'s
+    on every suite, and the log-log slope against T at most ``max_slope``."""
     rows = _time_rows(summary, method, svd_method, suites)
     slope = _loglog_slope([r["n_tasks"] for r in rows], [r["seconds"] for r in rows])
     crit = {"matching": all(r["ratio"] <= max_ratio for r in rows)}
@@ -369,17 +319,9 @@ def assess_cost(summary: pd.DataFrame, *, method: str = "ace", svd_method: str =
 
 def assess_overhead(summary: pd.DataFrame, *, method: str = "esm", ref: str = "tsv_m",
                     suites: Sequence[str] | None = None, small: float = 3.0, large: float = 10.0) -> Verdict:
-    """Is ``method``'s extra cost over ``ref`` small? Merge-time ratio on every suite:
-    at most ``small`` -> ``reproduced``; at most ``large`` -> ``partly``; else ``not reproduced``.
-    The paper: PCA 1.39 s per task plus 13.89 s of orthogonalisation on ViT-B/16, "small"; it
-    gives no TSV-M time, so "small" is read as at most ×3 TSV-M's merge time.
-
-    The ratio is on ``merge_seconds``: the paper's overhead is the PCA and the
-    orthogonalisation, not the forward passes over the proxy images. Result files with
-    ``inputs_seconds`` time ESM's proxy capture apart: it is reported beside the ratio
-    (``capture_seconds``, and ``worst_ratio_with_capture``), not part of it. Older files have
-    no ``inputs_seconds``; their ESM merge time includes half of the capture (the harness
-    timed two merges, the first capturing), and the reason says so."""
+    """esm.overhead (rule: docs/course.md §Claim rules): ``method``'s merge-time ratio over ``ref`` per
+    suite (``small`` / ``large``). ESM's proxy capture (``inputs_seconds``) is reported beside the ratio;
+    files without it include half the capture in ESM's merge time, and the reason says so."""
     rows = _time_rows(summary, method, ref, suites)
     worst = max(r["ratio"] for r in rows)
     verdict = threshold(worst, small, large, higher=False)
@@ -402,16 +344,11 @@ def assess_overhead(summary: pd.DataFrame, *, method: str = "esm", ref: str = "t
 
 
 def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
-    """Seconds per merge, method × suite (means over seeds), and whether the data inputs were
-    timed apart.
+    """Seconds per merge, method × suite (means over seeds), and whether the data inputs were timed apart.
 
-    Rows as :func:`acetools.results.wide` (variants after the methods). Where the result files
-    have ``inputs_seconds`` (ESM's proxy capture, RegMean's Gram matrices, timed apart from
-    the merge), each data-dependent method (:data:`acetools.results.DATA_DEPENDENT`; the others
-    record 0, or a few microseconds in files written before that) gets two more rows after its own:
-    ``"<method>: data capture"`` and ``"<method>: merge + capture"``. Older files lack the
-    column: no extra rows, the flag is False, and ESM's merge time there includes half of its
-    capture."""
+    Rows as :func:`acetools.results.wide`; with ``inputs_seconds`` in the files each data-dependent
+    method (:data:`acetools.results.DATA_DEPENDENT`) gets ``"<method>: data capture"`` and
+    ``"<method>: merge + capture"`` rows after its own."""
     from ..results import wide
 
     t = wide(agg, "merge_seconds")
@@ -431,11 +368,8 @@ def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
 
 
 def tau_floor(paper: pd.Series, *, alpha: float = 0.05) -> float:
-    """The Kendall tau-b an ordering of ``len(paper)`` methods must exceed to differ from a random
-    one: the smallest ``t`` with P(tau >= t) <= ``alpha`` for a uniformly random ordering of
-    distinct scores against ``paper`` (ties in ``paper`` kept), by enumeration up to 8 methods
-    and the normal approximation above. 5 methods with distinct paper scores: 0.8 (p = 0.04);
-    against the claimed ranking with its one tie: 0.95, its largest tau (p = 0.017)."""
+    """The Kendall tau-b an ordering of ``len(paper)`` methods must reach to differ from a random one at
+    level ``alpha`` (ties in ``paper`` kept): by enumeration up to 8 methods, normal approximation above."""
     from itertools import permutations
 
     from ..results import kendall_tau
@@ -457,18 +391,9 @@ def tau_floor(paper: pd.Series, *, alpha: float = 0.05) -> float:
 def assess_ordering(summary: pd.DataFrame, paper: Mapping[int, pd.Series] | pd.Series, *,
                     suites: Sequence[str] | None = None, metric: str = "test_normalized",
                     paper_tau: float | None = None, alpha: float = 0.05) -> Verdict:
-    """Kendall tau-b of our method ordering (means over seeds) against a paper's.
-
-    ``paper``: one Series (the same ordering for every suite) or ``{n_tasks: Series}``.
-    Also computes tau per seed (its spread shows how stable our ordering is). The floor of a
-    suite is :func:`tau_floor`: the tau a random ordering of that many methods exceeds with
-    probability at most ``alpha`` (5 methods: 0.95 against the claimed ranking, whose CART ≈
-    TSV-M tie it keeps: only the claimed order itself), so a tau of 0.2 over 5 methods (p ≈ 0.8)
-    is no agreement. A suite agrees when its tau is at or above the floor; then every suite -> ``reproduced``, some ->
-    ``partly``, none -> ``not reproduced``. ``paper_tau``: the paper's own table against the
-    claimed ordering (0.95 at 8, 14 and 20 tasks, above the floor): recorded as the predicted
-    effect; tau needs no scaling (it is the same in any unit).
-    """
+    """ace.ordering (rule: docs/course.md §Claim rules): Kendall tau-b of our ordering against ``paper``
+    (a Series, or ``{n_tasks: Series}``) per suite, against :func:`tau_floor`; tau per seed beside.
+    ``paper_tau``: the paper's own table against the claimed order, recorded as the predicted effect."""
     rows = []
     for s in _suites(summary, suites):
         d = summary[summary["suite"] == s]
@@ -505,16 +430,8 @@ def assess_ordering(summary: pd.DataFrame, paper: Mapping[int, pd.Series] | pd.S
 # --------------------------------------------------------------------------- mini-world targets
 def mini_world_targets(summary: pd.DataFrame, *, small: str = "tasks8", large: str = "tasks20",
                        lam_grid_min: float | None = None) -> pd.DataFrame:
-    """The mini-world's design targets (docs/course.md §04_benchmark), one row each: ``target, suite, measured,
-    threshold, passed`` (``passed`` is ``None`` when the data to check it are missing).
-
-    1. experts >= 85 % on ``small`` and the base >= 20 points below them (absolute accuracy);
-    2. TSV-M >= 85 % normalized on ``small``;
-    3. the best merge >= 10 normalized points over the base, on every suite;
-    4. task arithmetic's chosen lam above the smallest grid value (1/30) in every run;
-    5. task arithmetic on ``large`` >= 5 normalized points below ``small``;
-    6. on ``large``, best and worst merge methods >= 10 normalized points apart.
-    """
+    """The mini-world's design targets (docs/course.md §04_benchmark), one row each: ``target, suite,
+    measured, threshold, passed`` (``passed`` is None when the data to check it are missing)."""
     from ..search import LAMBDA_GRID
 
     lam_min = LAMBDA_GRID[0] if lam_grid_min is None else lam_grid_min
@@ -571,14 +488,8 @@ GROWS_RIVALS: tuple[str, ...] = ("task_arithmetic",)
 
 @dataclass
 class BenchmarkData:
-    """What notebook 04 reads: the result files and the tables made from them.
-
-    ``world``: one sentence saying which world the numbers come from; ``suites`` in order of
-    T; ``main_suite`` the suite of the per-task views; ``paper_n``: suite -> the T of the
-    paper column it is compared with; ``paper_cols``: (table, suite) -> that column;
-    ``speed`` / ``step_size``: the ViT-width timings and WUDI's learning-rate study (empty in
-    the quick profile: they are full-world files).
-    """
+    """What notebook 04 reads: the result files and the tables made from them (``paper_n``: suite -> the
+    T of the paper column it is compared with; ``speed`` / ``step_size`` empty in the quick profile)."""
 
     world: str
     res_dir: Path
@@ -603,24 +514,10 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
                    device: str = "auto", world_options: dict | None = None) -> BenchmarkData:
     """Notebook 04's setup: read (or, with ``quick`` / ``recompute``, first write) the result files.
 
-    Full profile: the files of ``suites`` at ``size`` in ``results_dir`` (``recompute`` reruns
-    the benchmark for ``seed`` first, ~30 min per suite on 2 CPU cores). Quick profile: the
-    fixture world's 3 tasks, merged as the first 2 and all 3 (suites ``tiny2``, ``tiny3``: the
-    "more tasks" axis), one seed, :data:`QUICK_METHODS` and the variant rows of
-    :data:`acetools.benchmark.VARIANTS`, written under
-    ``<figures_dir>/results``; the paper columns of 8 and 14 tasks stand in for them only to
-    exercise the code, and the full-world timing and WUDI files are not read.
-
-    ``world_options`` (:func:`acetools.course.world.world_options`) of the CLIP world: the files of
-    ``acetools bench --world clip-vit-b32`` (size ``clip-vit-b32``, suites ``clip8`` ...), compared
-    with the papers' ViT-B/32 columns (the papers' own models); ``recompute`` reruns them.
-
-    ``world_options`` of a text world (``{"kind": "text8"}``): the files of
-    ``benchmarks/text_world.py bench`` (size ``minilm``, the one suite of the world), compared with
-    the vision tables' columns of as many tasks (analogues: the papers' tables are vision ones);
-    quick: the fixture text world's 3 tasks as 2 and 3 (suites ``fixture2``, ``fixture3``).
-    ``recompute`` is refused there (the text benchmark has its own script and variant rows).
-    """
+    Full profile: ``suites`` at ``size`` in ``results_dir``. Quick: the fixture world's 3 tasks as 2
+    and 3 (the "more tasks" axis), under ``<figures_dir>/results``. ``world_options``
+    (:func:`acetools.course.world.world_options`) selects the CLIP world's files or a text world's
+    (``recompute`` is refused there); docs/course.md §04_benchmark."""
     from .. import results
     from ..benchmark import ACE_SCALED_ROW, VARIANTS
     from ..search import PATIENCE
@@ -743,16 +640,9 @@ def _ace_replaced(summary: pd.DataFrame, row: str) -> pd.DataFrame:
 
 
 def with_ace_rows(assess, summary: pd.DataFrame) -> Verdict:
-    """An ACE claim decided at the paper's setting, with the code-default row beside.
-
-    ``assess``: the claim's rule as a function of a summary frame (with an ``"ace"`` row).
-    The claim is decided on :data:`PAPER_ACE_ROW` (eps 1e-5, the eps the paper reports for
-    ViTs) in the ``"ace"`` row's place when the result files have it, else on the ``"ace"``
-    row (the code's defaults) and the reason says the paper's row is missing (pending a rerun
-    with ``acetools bench --variants``). Every other row of :data:`ACE_VARIANT_ROWS` and the
-    code-default row are decided by the same rule and shown beside (``numbers``:
-    ``ace_row``, ``ace_variant_rows`` = {row: {verdict, measured}}).
-    """
+    """An ACE claim decided at the paper's setting (:data:`PAPER_ACE_ROW`, else the ``"ace"`` row and the
+    reason says so), the code-default and :data:`ACE_VARIANT_ROWS` rows decided by the same ``assess``
+    and shown beside (docs/course.md §Claim rules, "Which ACE row")."""
     present = set(summary["method"])
     decide_row = PAPER_ACE_ROW if PAPER_ACE_ROW in present else "ace"
     v = assess(_ace_replaced(summary, decide_row) if decide_row != "ace" else summary)
@@ -781,17 +671,9 @@ def with_ace_rows(assess, summary: pd.DataFrame) -> Verdict:
 
 
 def claim_verdicts(data: BenchmarkData, world: World | None = None) -> dict[str, Verdict]:
-    """The verdicts of the claims notebook 04 owns, by claim id (ace.grows only with two or
-    more suites), judged in ``world`` (its room scales the papers' effects; None: no
-    predictions, every suite decided on its measurement).
-
-    Rivals are exactly those of each paper's own table (:func:`acetools.course.paper_tables.
-    table_rivals`): ACE's table has weight averaging, task arithmetic, CART and TSV-M; ESM's
-    has task arithmetic, TSV-M and Iso-CTS. Other data-free methods are shown beside ACE's
-    comparison, not judged. ace.grows uses :data:`GROWS_RIVALS` and the paper's ViT-B/16
-    numbers (the one backbone with ACE at 8, 14 and 20 tasks). The cost claims carry the
-    ViT-width cross-check in their numbers. Every ACE claim is decided at the paper's
-    setting with the code-default row beside (:func:`with_ace_rows`)."""
+    """The verdicts of notebook 04's claims by id (ace.grows needs two suites), in ``world`` (None: no
+    predictions). Rivals are those of each paper's table (:func:`acetools.course.paper_tables.table_rivals`);
+    rules: docs/course.md §Claim rules."""
     from . import paper_tables as P
 
     summary, speed = data.summary, data.speed

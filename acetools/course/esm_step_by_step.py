@@ -1,23 +1,8 @@
-"""The measurements and verdicts of notebook ``03_esm_step_by_step``.
+"""The measurements and verdicts of notebook ``03_esm_step_by_step`` (docs/course.md §03_esm_step_by_step).
 
 The lesson writes ESM's stages itself and checks them against :mod:`acetools.merging.esm`
-(docs/methods.md §ESM); this module composes no merge. It keeps what the lesson's tables and
-figures and its appendix (the paper's claims) need:
-
-* **ESD vs SVD** (Eq. (ESM.1)): :func:`esd_vs_svd` (energy and CKA of the activation shift kept by
-  the essential subspace and by the SVD basis, every task and layer), :func:`rank_at`,
-  :func:`components_for`;
-* **proxy data**: :data:`PROXY_VARIANTS`, :func:`proxy_images`, :func:`proxy_activations`,
-  :func:`timed_activations`, :func:`heldout_inputs`, :func:`subspace_overlap`;
-* **runs with alpha chosen on validation**: :func:`esm_path`, :func:`run_esm`, :data:`ABLATION`,
-  :func:`run_ablation` (the paper's grid plus :data:`TSV_M_ROW`, TSV-M itself: the paper's "SVD"
-  row), :func:`runs_table`, :func:`plain_runs`;
-* **norm order** (the paper's Figures 3-4): :func:`essential_components`, :func:`load_components`,
-  :func:`norm_order_table`;
-* **claim verdicts**: one ``verdict_*`` function per claim, :func:`ablation_verdicts`. Differences
-  are judged by the course's one rule (:func:`acetools.course.verdicts.compare`): within
-  :data:`~acetools.course.verdicts.NOISE` (0.5 points) they are ties.
-"""
+(docs/methods.md §ESM); this module composes no merge: ESD vs SVD, proxy data, runs with alpha
+chosen on validation, the norm order, and one ``verdict_*`` per claim (docs/course.md §Claim rules)."""
 
 from __future__ import annotations
 
@@ -88,23 +73,13 @@ def esd_vs_svd(
     heldout: Mapping[str, Sequence[Tensor]] | None = None,
     level: float = 0.9,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The essential subspace against the SVD basis for every task and ESD layer (docs/methods.md
-    §ESM, Eq. (ESM.1)): energy curves and the table at retention ``frac``.
+    """ESD's basis P against SVD's U for every task and key (docs/methods.md §ESM, Eq. (ESM.1)).
 
-    The bases: ESD's P (principal directions of the shift dO = X_fit tau^T on task t's proxy
-    activations ``activations[key][t]``) and SVD's U (left singular vectors of tau). Each is
-    measured on the shift of the fit rows (``data="in-sample"``, where ESD >= SVD at every k by
-    Eckart-Young) and, with ``heldout`` (same layout: other inputs of the same task), on theirs
-    (``"held-out"``): energy(k) = ||dO B_k||_F² / ||dO||_F², and the linear CKA between dO and its
-    rank-k reconstruction dO B_k B_kᵀ. Ranks run 1..min(d_out, d_in, N_fit): past N_fit the
-    completed basis is not orthonormal. Returns ``(curves, table)``:
-
-    * ``curves``: task, key, layer_type, data, k, frac (= k / r), esd, svd (energy fractions);
-    * ``table``: one row per task, key and data with r = min(d_out, d_in), k (:func:`rank_at`),
-      ``energy_esd``/``energy_svd`` and ``cka_esd``/``cka_svd`` at k, ``k90_esd``/``k90_svd``
-      (:func:`components_for` at ``level``) and ``coord_norm`` = ||P_tᵀ tau_t||_F, the norm n_t
-      of the task level (Eq. (ESM.4)).
-    """
+    Energy kept, ||dO B_k||_F² / ||dO||_F² with dO = X tau^T, and the CKA of dO with its rank-k
+    reconstruction, on the fit rows (``data="in-sample"``) and, with ``heldout``, on other inputs of
+    the task (``"held-out"``). Returns ``(curves, table)``: curves per k (esd, svd energy), and per
+    task/key/data the values at k = :func:`rank_at` ``(frac, r)``, ``k90_*`` (:func:`components_for`
+    at ``level``) and ``coord_norm`` = ||P_tᵀ tau_t||_F (Eq. (ESM.4))."""
     keys = list(activations) if keys is None else list(keys)
     sources: dict[str, Mapping[str, Sequence[Tensor]] | None] = {"in-sample": None}
     if heldout is not None:
@@ -177,20 +152,12 @@ def heldout_inputs(bench, n: int | None = None) -> dict[str, Any]:
 
 def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | None = None,
                  n_few: int = 4, seed: int | None = None) -> dict[str, Any]:
-    """The proxy images (in the text world: texts, a list per task) each task's expert sees under
-    ``variant`` (:data:`PROXY_VARIANTS`; the text world has no "pretraining pool", :func:`proxy_variants`).
+    """The proxy inputs each task's expert sees under ``variant`` (:data:`PROXY_VARIANTS`; texts in the text world).
 
-    ``n`` images per task (default ``bench.n_proxy``), drawn without replacement with a
-    generator seeded by ``seed`` (default ``bench.proxy_seed``), the scheme of
-    :meth:`acetools.benchmark.Benchmark.proxy_batch` (so ``"in-distribution"`` equals it):
-
-    * ``"in-distribution"``: ``n`` validation images of the task itself (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2));
-    * ``"other task"``: ``n`` validation images of the next task in the suite (cyclic);
-    * ``"pretraining pool"``: the same ``n`` images of ``pool`` (required) for every task;
-    * ``"one class"``: ``n`` validation images of the task's most frequent class (the
-      smallest label on ties; all of them if the class has fewer);
-    * ``"4 samples"``: the first ``n_few`` in-distribution images.
-    """
+    ``n`` per task (default ``bench.n_proxy``), drawn with ``seed`` (default ``bench.proxy_seed``) as
+    :meth:`acetools.benchmark.Benchmark.proxy_batch` draws them: the task's validation inputs, the
+    next task's, ``pool`` (required for "pretraining pool"), the task's most frequent class, or the
+    first ``n_few`` in-distribution ones (docs/course.md §03_esm_step_by_step)."""
     if variant not in PROXY_VARIANTS:
         raise InputError(f"unknown proxy variant {variant!r}; variants: {list(PROXY_VARIANTS)}")
     n = bench.n_proxy if n is None else int(n)
@@ -249,12 +216,8 @@ def timed_activations(bench, images: Mapping[str, Tensor] | None = None,
                       keys: Sequence[str] | None = None) -> tuple[dict[str, list[Tensor]], float]:
     """ESM's proxy capture, timed: ``(activations, seconds)``.
 
-    With ``images``: :func:`proxy_activations` of those images (``keys`` as there). Without:
-    the bench's own proxy activations, ``bench.esm_activations()`` (the bench keeps them, so
-    the seconds are those of the first call and 0 once it holds them, as in
-    :meth:`acetools.benchmark.Benchmark.run`). The seconds are reported as a run's
-    ``inputs_seconds``, apart from its ``merge_seconds`` (:func:`run_esm`).
-    """
+    With ``images``: :func:`proxy_activations`; without: ``bench.esm_activations()`` (0 s once the
+    bench holds them). :func:`run_esm` reports the seconds as ``inputs_seconds``."""
     t0 = time.perf_counter()
     if images is None:
         if keys is not None:
@@ -266,14 +229,8 @@ def timed_activations(bench, images: Mapping[str, Tensor] | None = None,
 
 
 def subspace_overlap(X_a: Tensor, delta_W: Tensor, k: int, X_b: Tensor | None = None) -> float:
-    """How much two rank-k bases of one update agree: the mean cos^2 of the principal angles
-    (:func:`acetools.diagnostics.subspace_similarity`, 1 = the same subspace).
-
-    Compares the essential subspace found from proxy activations ``X_a`` (the top-k right
-    singular vectors of X_a delta_W^T) with the one found from ``X_b`` or, without ``X_b``,
-    with the SVD basis (the top-k left singular vectors of delta_W). ``k`` is capped at the
-    number of rows and at min(d_out, d_in).
-    """
+    """Mean cos² of the principal angles between the rank-k essential subspace from ``X_a`` and the
+    one from ``X_b`` or, without it, the SVD basis of ``delta_W`` (:func:`acetools.diagnostics.subspace_similarity`)."""
     from ..diagnostics import principal_subspace
 
     dW = _work(delta_W)
@@ -324,14 +281,10 @@ def alpha_keys(base: Mapping[str, Tensor], hparams: Mapping[str, Any]) -> list[s
 
 
 def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None, **hparams: Any):
-    """Merge with ``esm`` once at alpha = 1 and return ``(at, merge_seconds)``, where
-    ``at(alpha)`` is the merged state dict at any alpha.
+    """Merge with ``esm`` once at alpha = 1: ``(at, merge_seconds)``, ``at(alpha)`` the merge at any alpha.
 
-    alpha enters linearly on :func:`alpha_keys` only (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)), so
-    theta(alpha) = W0 + alpha (theta(1) - W0) there and theta(1) elsewhere: one merge serves a
-    whole search. ``activations`` default to ``bench.esm_activations()`` (unused with
-    ``decomposition="svd"``); ``hparams`` are the other ``esm`` switches (not ``alpha``).
-    """
+    alpha is linear on :func:`alpha_keys` (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)), so one merge
+    serves a whole search. ``activations`` default to ``bench.esm_activations()``."""
     import warnings
 
     if "alpha" in hparams:
@@ -358,23 +311,11 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
 def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
             grid: Sequence[float] | None = None, search: str = "climb", patience: int | None = 1,
             label: str | None = None, inputs_seconds: float | None = None, **hparams: Any):
-    """ESM on ``bench`` with alpha chosen on validation, scored on test: a
-    :class:`acetools.benchmark.MethodRun` (``method="esm"``, ``label``, the search trace).
+    """ESM on ``bench`` with alpha chosen on validation, scored on test: a :class:`acetools.benchmark.MethodRun`.
 
-    One merge (:func:`esm_path`), then the search for the best average normalized validation
-    accuracy: with ``grid=None`` the paper's rule (:func:`acetools.search.esm_search`: golden
-    section on [0, 2], then the best normalized); else over ``grid`` by ``search="climb"``
-    (:func:`acetools.search.climb_search` from alpha = 1, ``patience``) or ``"grid"``
-    (:func:`acetools.search.grid_search` in order, optional ``patience``). ``activations``:
-    the proxy activations (default ``bench.esm_activations()``); ``hparams``: the other
-    ``esm`` switches.
-
-    Time: the run's ``merge_seconds`` is the merge alone; ``inputs_seconds`` the proxy capture
-    it needs, timed apart: ``inputs_seconds`` when given (the caller captured ``activations``,
-    e.g. with :func:`timed_activations`); else, without ``activations``, the time of
-    ``bench.esm_activations()`` here (0 when the bench already holds them); 0 with
-    ``decomposition="svd"`` (no data) or with ``activations`` given and no ``inputs_seconds``.
-    """
+    ``grid=None``: the paper's search (:func:`acetools.search.esm_search`); else ``search="climb"``
+    or ``"grid"`` over ``grid``. ``merge_seconds`` is the merge alone; ``inputs_seconds`` the proxy
+    capture (given, or timed here when ``activations`` is None; 0 for ``decomposition="svd"``)."""
     from ..benchmark import MethodRun
 
     if search not in ("climb", "grid"):
@@ -436,16 +377,9 @@ def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None,
                  patience: int | None = 1, done: Mapping[str, Any] | None = None,
                  progress: bool | None = None, inputs_seconds: float | None = None,
                  tsv_m_patience: int | None = TSV_M_PATIENCE) -> list:
-    """:func:`run_esm` for each ablation row in ``names`` (default all of :data:`ABLATION`, then
-    :data:`TSV_M_ROW`), labelled by row name, with the same search for every ESM row;
-    :data:`TSV_M_ROW` runs :func:`run_tsv_m` (patience ``tsv_m_patience``). ``done``: runs
-    already made on this bench with that row's switches (row name -> MethodRun) are reused,
-    relabelled, instead of rerun.
-
-    The proxy capture is made once for every ESD row (``activations``, default the bench's
-    own, timed by :func:`timed_activations`); each ESD row reports it as ``inputs_seconds``
-    (or the given ``inputs_seconds``: the capture time of ``activations`` when the caller
-    made them), the SVD rows and TSV-M 0 (they use no data)."""
+    """:func:`run_esm` for each row in ``names`` (default :data:`ABLATION`, then :data:`TSV_M_ROW`, run
+    by :func:`run_tsv_m`). ``done`` (row -> MethodRun) reuses runs already made. The proxy capture is
+    made once and reported as every ESD row's ``inputs_seconds``."""
     from ..utils import progress as bar
 
     names = list(ABLATION) + [TSV_M_ROW] if names is None else list(names)
@@ -510,11 +444,8 @@ def ablation_text(acc: pd.DataFrame, rows: Sequence[str]) -> str:
 # --------------------------------------------------------------------------- norm order
 def essential_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor],
                          activations: Mapping[str, Tensor]) -> dict[str, tuple[Tensor, Tensor]]:
-    """The essential components of an expert's update in each layer of ``activations``:
-    ``{key: (P, A)}`` with P (d_out x r) the genuine directions of the task's essential
-    subspace (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2), from ``activations[key]`` = X) and A = P^T tau (r x d_in), so
-    that tau's shift on X is sum_i p_i a_i^T; r = min(d_out, d_in, N) (past that rank the
-    components vanish). In the update's precision (at least float32)."""
+    """``{key: (P, A)}``: P (d_out x r) the genuine directions of the task's essential subspace from
+    ``activations[key]``, A = P^T tau: tau's shift is sum_i p_i a_i^T (docs/methods.md §ESM, Eq. (ESM.1))."""
     out = {}
     for key, X in activations.items():
         tau = _work(expert[key]) - _work(base[key])
@@ -527,14 +458,9 @@ def essential_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor
 def load_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor],
                     components: Mapping[str, tuple[Tensor, Tensor]], budget: Mapping[str, int] | int, *,
                     order: str = "norm", equal_norms: bool = False) -> StateDict:
-    """``expert`` with each layer of ``components`` (:func:`essential_components`) replaced by
-    W0 plus only ``budget`` of its essential components p_i a_i^T, chosen by norm ||a_i||.
-
-    ``order="norm"`` keeps the ``budget`` largest ||a_i||, ``"reverse"`` the smallest.
-    ``equal_norms``: every kept row is rescaled to the mean norm of all r rows, so both orders
-    load the same total norm and differ only in direction (the paper's "even after
-    normalising the norms"). Other keys keep the expert's values.
-    """
+    """``expert`` with each layer of ``components`` replaced by W0 plus ``budget`` of its components
+    p_i a_i^T: the largest ||a_i|| (``order="norm"``) or the smallest (``"reverse"``); with
+    ``equal_norms`` every kept row has the mean norm (the paper's "even after normalising the norms")."""
     if order not in ("norm", "reverse"):
         raise InputError(f"order={order!r} must be 'norm' or 'reverse'")
     out = dict(expert)
@@ -552,13 +478,9 @@ def load_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor],
 
 def norm_order_table(bench, activations: Mapping[str, Sequence[Tensor]] | None = None, *,
                      budget: str = "esm", split: str = "test") -> pd.DataFrame:
-    """Each expert with its ESD layers reduced to a budget of components loaded in norm order
-    or in reverse order (raw and equal norms), scored on its own task (:func:`load_components`).
-
-    ``budget="esm"``: ESM's per-task rank k = int(d_out / T) (:func:`acetools.merging.esm.rank_budget`)
-    per layer, capped at r. Reference rows: ``"none"`` (ESD layers at W0, the rest the
-    expert's) and ``"all"`` (the expert). Columns: task, order, equal_norms, accuracy,
-    normalized (both %)."""
+    """Each expert with its ESD layers cut to ``budget`` components in norm or reverse order, raw and
+    equal norms (:func:`load_components`), scored on its own task; ``budget="esm"`` is
+    :func:`acetools.merging.esm.rank_budget`. Reference rows ``"none"`` and ``"all"``."""
     acts = bench.esm_activations() if activations is None else activations
     keys = list(acts)
     base, T = bench.base, len(bench.tasks)
@@ -598,14 +520,8 @@ FEWER: float = 0.5
 
 
 def verdict_energy(table: pd.DataFrame, data: str = "held-out", *, retention: float | None = None) -> Verdict:
-    """esm.energy. The paper gives no number: ESD captures the same energy with "far fewer"
-    components than SVD. Rule: at the table's retention k, ESD's mean captured energy beats
-    SVD's (:func:`~acetools.course.verdicts.compare`, in points) *and* ESD needs at most
-    :data:`FEWER` (half) as many components for 90 % of the energy (mean over layers) ->
-    reproduced; only the first -> partly; otherwise not reproduced. Measured on ``data``
-    (held-out by default: in-sample, ESD >= SVD holds by construction); the in-sample
-    numbers are reported beside them. ``retention``: the fraction of components the table
-    keeps (for the measurement's words)."""
+    """esm.energy (rule: docs/course.md §Claim rules), measured on ``data`` (held-out by default:
+    in-sample, ESD >= SVD by construction; in-sample numbers are reported beside)."""
     def numbers(d: str) -> dict[str, Any]:
         m = _mean_by(table, d, ["energy_esd", "energy_svd", "k90_esd", "k90_svd"]).loc["all layers"]
         return {"energy_esd": float(100 * m["energy_esd"]), "energy_svd": float(100 * m["energy_svd"]),
@@ -657,11 +573,7 @@ def verdict_cka(table: pd.DataFrame, data: str = "held-out", *, retention: float
 
 def verdict_proxy(acc: Mapping[str, float], reference: str = "in-distribution",
                   others: Sequence[str] = ("other task", "pretraining pool", "one class")) -> Verdict:
-    """esm.proxy. The paper: out-of-distribution and one-class proxies are < 0.1 % from
-    in-distribution ones, which is a :data:`~acetools.course.verdicts.TIE` under our rule.
-    Rule: every alternative proxy set ties with the in-distribution one (test accuracy, %;
-    we cannot resolve the paper's 0.1 %) -> reproduced; some -> partly; none -> not
-    reproduced. ``acc``: test accuracy per proxy variant (other entries are reported)."""
+    """esm.proxy (rule: docs/course.md §Claim rules). ``acc``: test accuracy per proxy variant."""
     diffs = {o: float(acc[o] - acc[reference]) for o in others}
     ties = [o for o, d in diffs.items() if compare(d) == TIE]
     worst = max(diffs, key=lambda o: abs(diffs[o]))
@@ -680,13 +592,8 @@ def verdict_proxy(acc: Mapping[str, float], reference: str = "in-distribution",
 
 
 def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | None = None) -> Verdict:
-    """esm.four. The paper: 4 proxy samples already beat the SVD baseline, its "SVD" row, which
-    is TSV-M (ViT-B/16 89.0 / 80.6 at 8 / 20 tasks; no 4-sample number). Rule: ESM with 4
-    proxies minus TSV-M (alpha chosen on validation, :func:`run_tsv_m`) is better
-    (:func:`~acetools.course.verdicts.compare`) -> reproduced; a tie -> partly (no worse, not
-    better); worse -> not reproduced. ``acc_inpipeline_svd``: the in-pipeline "SVD, no scaling"
-    row (ESM's pipeline on the SVD basis), reported beside it (``diff_vs_inpipeline_svd``) and
-    not judged."""
+    """esm.four (rule: docs/course.md §Claim rules): 4-sample ESM minus TSV-M (:func:`run_tsv_m`).
+    ``acc_inpipeline_svd`` (the "SVD, no scaling" row) is reported beside it, not judged."""
     d = float(acc_four - acc_tsv_m)
     nums = {"esm_4_samples": float(acc_four), "tsv_m": float(acc_tsv_m), "diff_points": d}
     c = compare(d)
@@ -703,12 +610,8 @@ def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | 
 
 
 def verdict_gain(gains: Mapping[str, float], what: str, measured: str = "") -> Verdict:
-    """A gain claim over one or more suites, against TSV-M (the paper's "SVD" row, ViT-B/16
-    89.0 / 80.6 at 8 / 20 tasks). esm.esd_alone: the paper's (ESD, no scaling) minus TSV-M is
-    +1.9 / +2.2 at 8 / 20 tasks; esm.ps_on_svd: its "SVD + PS" row minus TSV-M +0.6 / +1.5 —
-    both count as gains under our rule (> NOISE = 0.5). Rule: the gain counts on every suite
-    -> reproduced; on some -> partly; none -> not reproduced. (:func:`ablation_verdicts`
-    says which of our rows stand for the paper's.)"""
+    """esm.esd_alone / esm.ps_on_svd (rule: docs/course.md §Claim rules): ``gains`` per suite against
+    TSV-M, the paper's "SVD" row."""
     res = {s: compare(g) for s, g in gains.items()}
     txt = ", ".join(f"{s} {g:+.2f}" for s, g in gains.items())
     nums = {f"gain_{s}": float(g) for s, g in gains.items()}
@@ -719,20 +622,8 @@ def verdict_gain(gains: Mapping[str, float], what: str, measured: str = "") -> V
 
 
 def verdict_layer_first(layer_gain: Mapping[str, float], all_gain: Mapping[str, float], measured: str = "") -> Verdict:
-    """esm.layer_first: "layer-level scaling contributes the most of the three levels".
-
-    ``layer_gain`` = (ESD, layer only) - (ESD, no scaling); ``all_gain`` = (ESD, all levels) -
-    (ESD, no scaling), per suite. The paper's table has no task-only or dimension-only rows,
-    so the layer level is compared with the whole: if three levels add up to ``all_gain`` and
-    the layer level contributes the most, it contributes at least a third of it. The paper's
-    own numbers: layer +0.5 / +0.9 of a total +0.9 / +2.1 at 8 / 20 tasks (56 % / 43 %): they
-    pass the rule.
-
-    Rule, per suite: the total gain counts (:func:`~acetools.course.verdicts.compare`) and the
-    layer level's gain is at least a third of it. Every suite -> reproduced; the layer level
-    alone counts as a gain, or the rule holds, on some suite -> partly; otherwise not
-    reproduced.
-    """
+    """esm.layer_first (rule: docs/course.md §Claim rules), per suite: ``layer_gain`` = (ESD, layer
+    only) - (ESD, no scaling) against ``all_gain`` = (ESD, all levels) - (ESD, no scaling)."""
     nums, ok, some = {}, [], []
     for s in layer_gain:
         lg, tg = float(layer_gain[s]), float(all_gain[s])
@@ -770,11 +661,7 @@ def verdict_reciprocal(drops: Mapping[str, float], big: float = RECIPROCAL_DROP,
 
 
 def verdict_norm_importance(table: pd.DataFrame) -> Verdict:
-    """esm.norm_importance, from :func:`norm_order_table`. The paper (Figures 3-4): loading
-    components in norm order is always best, even with equalised norms (no number). Rule:
-    the mean normalized accuracy with components kept in norm order beats reverse order
-    (:func:`~acetools.course.verdicts.compare`) both with raw norms and with equal norms ->
-    reproduced; with raw norms only -> partly; otherwise not reproduced."""
+    """esm.norm_importance from :func:`norm_order_table` (rule: docs/course.md §Claim rules)."""
     m = table.groupby(["order", "equal_norms"])["normalized"].mean()
     raw = float(m[("norm", False)] - m[("reverse", False)])
     eq = float(m[("norm", True)] - m[("reverse", True)])
@@ -869,29 +756,12 @@ def _redecide(cid: str, gains: Mapping[str, float], v: Verdict) -> str:
 
 def ablation_verdicts(ab_table: pd.DataFrame, *, world: Any = None,
                       n_tasks: Mapping[str, int] | None = None) -> dict[str, Verdict]:
-    """The verdicts of the ablation-grid claims from :func:`runs_table` rows with a ``suite``
-    column (test accuracy, points), by claim id (:data:`ABLATION_CLAIMS`).
+    """The ablation-grid verdicts (:data:`ABLATION_CLAIMS`) from :func:`runs_table` rows with a ``suite`` column.
 
-    The paper's "SVD" row is TSV-M, so the SVD side of each claim is :data:`TSV_M_ROW`:
-
-    * esm.esd_alone: (ESD, no scaling) - TSV-M (paper +1.9 / +2.2);
-    * esm.ps_on_svd: the paper's "SVD + PS" row is TSV-M's SVD basis with polarized scaling
-      added; our closest row is the in-pipeline "SVD, all levels" (ESM's pipeline on the SVD
-      basis, all three levels), so the gain is (SVD, all levels) - TSV-M (paper +0.6 / +1.5).
-      It includes what ESM's pipeline adds to TSV-M besides the scaling (the e^0.15 weights,
-      the constant 2, alpha on the ESD layers only); so, on our reading, does the paper's
-      gain, whose "SVD" row is TSV-M's number from its main table;
-    * esm.layer_first, esm.reciprocal: within the ESD rows, as before.
-
-    With ``world`` (:class:`~acetools.course.verdicts.World`) and ``n_tasks`` (suite -> number
-    of tasks), each paper effect (:data:`PAPER_ABLATION_EFFECTS`) is scaled to the world's room
-    in absolute points, and a claim whose prediction does not exceed the floor on any suite is
-    ``undecidable here`` (the measurement still shown).
-
-    The in-pipeline comparisons stay in each verdict's numbers, not judged:
-    ``gain_vs_inpipeline_svd_<suite>`` = (ESD, no scaling) - (SVD, no scaling) for
-    esm.esd_alone and (SVD, all levels) - (SVD, no scaling) for esm.ps_on_svd.
-    """
+    The paper's "SVD" row is TSV-M (:data:`TSV_M_ROW`); "SVD + PS" is our "SVD, all levels" row
+    (docs/course.md §Claim rules). With ``world`` and ``n_tasks`` (suite -> tasks) each paper effect
+    is scaled to the world's room (docs/course.md §Scaling rule). The in-pipeline gains stay in the
+    numbers as ``gain_vs_inpipeline_svd_<suite>``, not judged."""
     acc = ab_table.pivot(index="variant", columns="suite", values="test_acc")
     needed = list(dict.fromkeys(r for rows in ABLATION_CLAIMS.values() for r in rows))
     missing = [r for r in needed if r not in acc.index]

@@ -1,18 +1,9 @@
-"""Notebook 01's experiment machinery: Theorem 1 of ACE-Merging, measured (docs/methods.md §ACE, Eq. (ACE.2)).
+"""Notebook 01's experiments: Theorem 1 of ACE-Merging measured (docs/course.md §01_theorem1, docs/methods.md §ACE).
 
-The lesson builds one expert, ACE's estimate Sigma_hat_t (:func:`acetools.merging.ace.estimate_covariance`)
-and the matrix cosine by hand; this module repeats them over configurations and worlds:
-
-* :func:`estimate_experiment` / :func:`sweep`: linear-regression tasks (:mod:`acetools.synthetic`)
-  fine-tuned under one configuration / across one knob, each estimate compared with the truth by
-  :func:`covariance_agreement`; :func:`finetune_two_layer` for the degradation study;
-* :func:`hooked_covariances`, :func:`vit_agreement`: the same comparison layer by layer on a zoo's
-  ViT, against input covariances captured with hooks (:mod:`acetools.files.activations`);
-* :func:`estimator_covariances`, :func:`unified_merges`, :func:`unified_linear`: the unified
-  framework, the library's closed form fed with Sigma_t = I, WUDI's, ACE's or the true covariance;
-* the claim verdicts of the lesson's appendix (:func:`verdict_theorem1`, :func:`verdict_theorem1_vit`,
-  :func:`verdict_unified`) with the checks and thresholds they rest on.
-"""
+The lesson builds one estimate by hand; this module repeats it over configurations (synthetic
+linear and 2-layer tasks), over the ViT's layers against hooked covariances, and over the
+estimators of the unified framework, and holds the verdicts of ace.theorem1, ace.theorem1_vit
+and ace.unified (docs/course.md §Claim rules)."""
 
 from __future__ import annotations
 
@@ -115,19 +106,9 @@ def matrix_cosine(A: Tensor, B: Tensor) -> float:
 
 
 def covariance_agreement(Sigma_hat: Tensor, Sigma: Tensor, k: int | None = None) -> dict[str, float]:
-    """How well ``Sigma_hat`` matches the true ``Sigma`` (both d × d), scale-free.
-
-    * ``cosine``: the matrix cosine of Sigma_hat and Sigma (Theorem 1 says ∝, so 1 is perfect);
-    * ``cosine_sq``: the matrix cosine with Sigma² — what one step of gradient descent from
-      isotropic targets predicts (module docstring);
-    * ``subspace_overlap``: ||U_kᵀ V_k||_F² / k for the top-``k`` eigenvectors (default
-      k = max(1, d // 10)), :func:`acetools.diagnostics.compare_covariances`;
-    * ``spectrum_pearson``: correlation of the two sorted eigenvalue lists;
-    * ``identity_cosine``: the cosine that the isotropic guess I gets, tr(Sigma) / (√d ||Sigma||_F)
-      — the bar any informative estimate must clear.
-
-    Returns a dict with these keys (:data:`AGREEMENT_COLUMNS`) and ``k``.
-    """
+    """How well ``Sigma_hat`` matches the true ``Sigma`` (d × d), scale-free: ``cosine``, ``cosine_sq``
+    (with Sigma²), ``subspace_overlap`` and ``spectrum_pearson`` (:func:`acetools.diagnostics.compare_covariances`,
+    top ``k``), ``identity_cosine`` (the isotropic guess's, the bar to clear) and ``k``."""
     for what, M in (("Sigma_hat", Sigma_hat), ("Sigma", Sigma)):
         if not isinstance(M, Tensor) or M.ndim != 2 or M.shape[0] != M.shape[1]:
             raise InputError(f"{what} must be a square matrix, got {getattr(M, 'shape', type(M).__name__)}")
@@ -161,16 +142,9 @@ def _phi(activation: str) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor]
 def two_layer_teacher(task: RegressionTask, d_hidden: int, activation: str, *, gain: float = 1.0,
                       shift: float = 1.0, seed: int = 0,
                       base: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A 2-layer task ``y = W2* phi(W1* x) + noise`` on ``task``'s inputs; returns
-    ``(W1_0, W2_0, Y_train, F_test)`` with noisy training targets and the noiseless teacher
-    output F_test on ``task.X_test``.
-
-    The base (W1_0, W2_0) is drawn from ``seed`` unless given (pass one base to every task, as
-    a shared pretrained model); W1_0 = gain · N(0, 1) / √tr(Sigma), so pre-activations have
-    standard deviation ≈ ``gain``; W2_0 = N(0, 1) / √d_hidden. The teacher adds
-    ``shift``-scaled Gaussian perturbations of the same scales (drawn from ``seed + 1``), like
-    :func:`acetools.synthetic.make_regression_tasks`. Noise level is ``task.noise``.
-    """
+    """A 2-layer task ``y = W2* phi(W1* x) + noise``: ``(W1_0, W2_0, Y_train, F_test)``. The base is drawn
+    from ``seed`` unless given (pre-activations of sd ≈ ``gain``); the teacher adds ``shift``-scaled
+    perturbations, like :func:`acetools.synthetic.make_regression_tasks`."""
     phi, _ = _phi(activation)
     d_in, d_out = task.Sigma.shape[0], task.W_star.shape[0]
     s1 = gain / float(torch.trace(task.Sigma)) ** 0.5
@@ -194,15 +168,8 @@ def two_layer_teacher(task: RegressionTask, d_hidden: int, activation: str, *, g
 def finetune_two_layer(W1: Tensor, W2: Tensor, X: Tensor, Y: Tensor, *, activation: str = "tanh",
                        steps: int = 200, lr: float = 0.05, batch_size: int = 64, optimizer: str = "sgd",
                        seed: int = 0, betas: tuple[float, float] = (0.9, 0.999)) -> tuple[Tensor, Tensor]:
-    """Fine-tune both layers of ``x -> W2 phi(W1 x)`` on mean_i ||W2 phi(W1 x_i) - y_i||² with
-    minibatch SGD or Adam, written out by hand like :func:`acetools.synthetic.finetune_linear`
-    (same batching, same Adam). The gradients are
-
-        dW2 = 2 E[e hᵀ],    dW1 = 2 E[(W2ᵀ e ⊙ phi'(W1 x)) xᵀ],    e = W2 h - y, h = phi(W1 x),
-
-    so the error signal reaching W1 depends on x and on W2 — what Theorem 1's single linear
-    layer leaves out. Returns new (W1, W2); deterministic given ``seed``.
-    """
+    """Fine-tune both layers of ``x -> W2 phi(W1 x)`` by SGD or Adam, as :func:`acetools.synthetic.finetune_linear`:
+    dW1 = 2 E[(W2ᵀ e ⊙ phi'(W1 x)) xᵀ] depends on x and W2, what Theorem 1's linear layer leaves out."""
     phi, dphi = _phi(activation)
     if optimizer not in ("sgd", "adam"):
         raise InputError(f"optimizer={optimizer!r} must be 'sgd' or 'adam'")
@@ -281,18 +248,9 @@ def estimate_experiment(*, k: int | None = None, return_estimates: Literal[True]
                         **settings: Any) -> tuple[pd.DataFrame, list[Tensor], list[Tensor]]: ...
 @_env_threads
 def estimate_experiment(*, k: int | None = None, return_estimates: bool = False, **settings: Any):
-    """Fine-tune one configuration's tasks and compare each Sigma_hat_t with Sigma_t.
-
-    ``settings`` override :data:`DEFAULTS` (unknown names are a ``TypeError``). Tasks come
-    from :func:`acetools.synthetic.make_regression_tasks` (x ~ N(0, Sigma_t), Sigma_t with
-    ``subspace_dim`` dominant directions; ``n_test`` = 1000). With ``activation="none"`` the
-    linear map W0 is fine-tuned by :func:`~acetools.synthetic.finetune_linear` on the task's
-    targets y = W_t* x + noise; otherwise a 2-layer network (:func:`two_layer_teacher`,
-    :func:`finetune_two_layer`) and the estimate is its first layer's. ``k`` (default
-    ``subspace_dim``): eigenvectors compared. Returns a DataFrame with :data:`SWEEP_COLUMNS`
-    (``param``/``value`` empty), one row per task; with ``return_estimates`` also the lists of
-    Sigma_hat_t and Sigma_t.
-    """
+    """Fine-tune one configuration's tasks (``settings`` over :data:`DEFAULTS`) and compare each
+    Sigma_hat_t with Sigma_t: linear (``activation="none"``) or 2-layer. One row per task
+    (:data:`SWEEP_COLUMNS`); with ``return_estimates`` also the lists of Sigma_hat_t and Sigma_t."""
     cfg = _config(settings)
     k = cfg["subspace_dim"] if k is None else k
     W0, tasks = make_regression_tasks(cfg["n_tasks"], cfg["d_in"], cfg["d_out"], n_train=cfg["n_train"], n_val=1,
@@ -358,12 +316,8 @@ def sweep(param: str, values: Sequence[Any], *, k: int | None = None, **settings
 
 
 def spectra_frame(matrices: Mapping[str, Tensor]) -> pd.DataFrame:
-    """Eigenvalues of each named symmetric matrix, descending and divided by the largest.
-
-    Long DataFrame: ``source``, ``index`` (1-based), ``eigenvalue`` — for a log-scale line
-    plot of Sigma, Sigma² and Sigma_hat side by side (the *shape* of the spectrum is what
-    Theorem 1's proportionality is about).
-    """
+    """Eigenvalues of each named symmetric matrix, descending, over the largest: long DataFrame
+    ``source, index, eigenvalue`` (the shape of the spectrum is what Theorem 1 is about)."""
     rows = []
     for name, M in matrices.items():
         lam = torch.linalg.eigvalsh(_sym(M)).flip(0).clamp(min=0)
@@ -380,17 +334,9 @@ def spectra_frame(matrices: Mapping[str, Tensor]) -> pd.DataFrame:
 def hooked_covariances(zoo, keys: Sequence[str], *, n_images: int = 256, source: str = "expert",
                        kind: str = "covariance", split: str = "train",
                        batch_size: int = 128) -> list[dict[str, Tensor]]:
-    """True input covariances of ``keys``, one dict per task of ``zoo``, from hooks.
-
-    For task t: the first ``n_images`` images of its ``split`` run through the expert's encoder
-    (``source="expert"``, the model the task vector came from; RegMean's choice) or the base's
-    (``"base"``). ``kind="covariance"``: :func:`acetools.files.activations.input_covariances`, the
-    centred covariance (d_in × d_in, float64) of each layer's inputs with every token a row;
-    ``kind="gram"``: :func:`acetools.files.activations.gram_matrices`, the uncentred second moment
-    (1/N) XᵀX that RegMean uses (docs/methods.md §RegMean) — the matrix a least-squares merge needs when the
-    inputs do not have zero mean (LayerNorm outputs do not). ``attn.in_proj_weight`` records
-    the attention's query input; ``attn.out_proj`` cannot be hooked.
-    """
+    """True input covariances of ``keys`` per task of ``zoo``, from hooks on the expert's (``source``)
+    encoder over ``n_images`` of ``split``: ``kind="covariance"`` (centred) or ``"gram"`` (RegMean's
+    (1/N) XᵀX, docs/methods.md §RegMean). ``attn.out_proj`` cannot be hooked."""
     import numpy as np
 
     from ..files.activations import gram_matrices, input_covariances
@@ -418,16 +364,9 @@ def _block(key: str) -> int:
 def vit_agreement(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Tensor]],
                   covariances: Sequence[Mapping[str, Tensor]], *, tasks: Sequence[str] | None = None,
                   keys: Sequence[str] | None = None, k: int | None = None, eigen: bool = True) -> pd.DataFrame:
-    """Sigma_hat_t of each layer (from τ_t = W_t - W0) against the hooked Sigma_t.
-
-    ``covariances``: one ``{key: Sigma_t}`` dict per expert (:func:`hooked_covariances`);
-    ``keys`` default to the first dict's. One row per (task, key): ``task``, ``key``,
-    ``block``, ``layer_type``, ``d_in``, :data:`AGREEMENT_COLUMNS` (top-``k`` eigenvectors,
-    default d_in // 10) and ``cross_task_cosine``: the mean cosine of Sigma_hat_t with the
-    *other* tasks' Sigma_s at the same layer — if it matches ``cosine`` the estimate carries
-    no task-specific information. ``eigen=False`` skips the eigendecompositions
-    (``subspace_overlap``, ``spectrum_pearson`` and ``k`` are then NaN): cheaper on wide layers.
-    """
+    """Sigma_hat_t of each layer against the hooked Sigma_t (:func:`hooked_covariances`): one row per
+    (task, key) with :data:`AGREEMENT_COLUMNS` and ``cross_task_cosine`` (against the other tasks'
+    Sigma_s). ``eigen=False`` skips the eigendecompositions (those columns NaN)."""
     if len(experts) != len(covariances):
         raise InputError(f"{len(experts)} experts but {len(covariances)} covariance dicts; pass one per expert")
     names = list(tasks) if tasks is not None else [str(i) for i in range(len(experts))]
@@ -465,15 +404,9 @@ def estimator_covariances(base: Mapping[str, Tensor], experts: Sequence[Mapping[
                           keys: Sequence[str], estimator: str, *,
                           given: Sequence[Mapping[str, Tensor]] | None = None,
                           rescale: bool = True) -> list[dict[str, Tensor]]:
-    """Sigma_t per key for one estimator of the unified framework, one dict per expert.
-
-    ``estimator``: ``"identity"`` (I), ``"wudi"`` (τᵀτ / ||τ||_F²), ``"ace"`` (W̃ᵀW̃, row-centred
-    τ) — :func:`acetools.merging.ace.estimate_covariance` — or ``"given"`` (the dicts in
-    ``given``, e.g. :func:`hooked_covariances`). With ``rescale`` every layer's T matrices are
-    divided by their mean trace / d_in (one factor per layer, so the tasks' relative weights
-    are kept): the closed form is then unchanged for eps = 0, and a ridge eps means the same
-    thing — eps relative to the average eigenvalue — whatever the estimator's scale.
-    """
+    """Sigma_t per key for one estimator (``"identity"``, ``"wudi"``, ``"ace"``:
+    :func:`acetools.merging.ace.estimate_covariance`; or ``"given"``), one dict per expert. ``rescale``
+    divides each layer's T matrices by their mean trace / d_in, so eps means the same for every estimator."""
     if estimator not in ("identity", "wudi", "ace", "given"):
         raise InputError(f"estimator={estimator!r} must be 'identity', 'wudi', 'ace' or 'given'")
     if estimator == "given" and given is None:
@@ -500,16 +433,9 @@ def unified_merges(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Te
                    given: Sequence[Mapping[str, Tensor]] | None = None, eps: float = 1e-4,
                    estimators: Sequence[str] = ("identity", "wudi", "ace", "given", "ace_full"),
                    ace_hparams: Mapping[str, Any] | None = None) -> dict[str, dict[str, Tensor]]:
-    """Merged state dicts of the unified framework, ``{estimator: state}``.
-
-    Every estimator except ``"ace_full"`` goes through the *same* closed form,
-    ``merge("ace", ..., estimator="given", covariances=...)`` with raw numerator, no prior, no
-    gate (eq. 14 = RegMean's solve), on the matrices ``keys`` only; every other parameter is
-    averaged, so the rows differ only in Sigma_t (:func:`estimator_covariances`, rescaled;
-    ridge ``eps`` relative). ``"ace_full"`` is the paper's method as registered
-    (``merge("ace", ...)`` with ``ace_hparams``: every matrix, official eps, prior, centred
-    numerator, gate) for reference. ``given`` is needed for ``"given"``.
-    """
+    """``{estimator: state}``: every estimator through one closed form (``merge("ace", estimator="given",
+    ...)``, raw numerator, no prior, no gate) on ``keys``, the rest averaged; ``"ace_full"`` is ACE as
+    registered (``ace_hparams``), for reference."""
     unknown = [e for e in estimators if e not in ESTIMATOR_LABELS]
     if unknown:
         raise InputError(f"unknown estimator(s) {unknown}; choose from {list(ESTIMATOR_LABELS)}")
@@ -544,18 +470,9 @@ class UnifiedResult:
 
 @_env_threads
 def unified_linear(*, eps: float = 1e-4, **settings: Any) -> UnifiedResult:
-    """The unified framework on linear-regression tasks, scored against the joint optimum.
-
-    Fine-tunes the tasks of ``settings`` (over :data:`DEFAULTS`; a single linear layer, so
-    ``activation`` must be ``"none"``), merges them with :func:`unified_merges` (true Sigma_t
-    for ``"given"``) and scores each merged map W0 + W_bar by its mean noiseless test error
-    E||(W - W_t*) x||² over the tasks and its mean *normalized gain* 100 (L_base - L) /
-    (L_base - L_expert) (100 = as good as each task's own expert). Reference rows: ``base``
-    (W0), ``experts`` (each on its own task) and ``joint least squares`` (sum_t W_t* Sigma_t)
-    (sum_t Sigma_t)^-1, the best single linear map for all tasks. ``table`` has the columns
-    ``method, label, loss, gain, cosine`` (``cosine``: mean matrix cosine of the estimator's
-    Sigma_t with the true one).
-    """
+    """The unified framework on linear tasks: :func:`unified_merges` scored by the noiseless test error and
+    the normalized gain, beside ``base``, ``experts`` and ``joint least squares``. ``table``: method,
+    label, loss, gain, cosine."""
     cfg = _config(settings)
     if cfg["activation"] != "none":
         raise InputError("unified_linear merges one linear layer: activation must be 'none'")
@@ -664,15 +581,8 @@ def median_cosine(frame: pd.DataFrame, column: str = "cosine", **where: Any) -> 
 
 
 def verdict_theorem1(regime: pd.DataFrame, curves: pd.DataFrame, adam: pd.DataFrame, *, steps: int) -> Verdict:
-    """ace.theorem1 in the Theorem's own regime (SGD, one linear layer, ``steps`` steps).
-
-    ``regime``: :func:`estimate_experiment` there; ``curves``: :func:`sweep` over ``steps``
-    with a ``model`` column (``"linear layer, SGD"`` and ``"2-layer ReLU"`` are read at the
-    longest training); ``adam``: :func:`estimate_experiment` with Adam. Rule on the median
-    over tasks of cos(Sigma_hat, Sigma): >= :data:`COSINE_REPRODUCED` -> reproduced, >=
-    :data:`COSINE_PARTLY` -> partly (the paper's "∝" is cosine 1). The degradations are
-    reported with it.
-    """
+    """ace.theorem1 (rule: docs/course.md §Claim rules) on ``regime`` (:func:`estimate_experiment`);
+    ``curves`` (:func:`sweep` with a ``model`` column) and ``adam`` are the degradations reported with it."""
     cos, cos_sq = median_cosine(regime), median_cosine(regime, "cosine_sq")
     overlap, identity = median_cosine(regime, "subspace_overlap"), median_cosine(regime, "identity_cosine")
     last = int(curves["steps"].max())
@@ -693,11 +603,8 @@ def verdict_theorem1(regime: pd.DataFrame, curves: pd.DataFrame, adam: pd.DataFr
 
 def verdict_theorem1_vit(vit: pd.DataFrame, *, vit_base: pd.DataFrame, vit_gram: pd.DataFrame, n_images: int,
                          suite: str, size: str) -> Verdict:
-    """ace.theorem1_vit from :func:`vit_agreement` tables (expert-side covariances ``vit``,
-    base-side ``vit_base``, uncentred Gram ``vit_gram``). Rule: the median cosine reaches
-    :data:`COSINE_REPRODUCED` in every layer type -> reproduced; otherwise the estimate beats
-    the isotropic guess in at least :data:`BEATS_IDENTITY` of the layer × task cells ->
-    partly; else not reproduced."""
+    """ace.theorem1_vit (rule: docs/course.md §Claim rules) from :func:`vit_agreement` tables
+    (``vit``; ``vit_base`` and ``vit_gram`` beside)."""
     med_type = vit.groupby("layer_type", sort=False)["cosine"].median()
     beats_identity = float((vit["cosine"] > vit["identity_cosine"]).mean())
     beats_cross = float((vit["cosine"] > vit["cross_task_cosine"]).mean())
@@ -723,11 +630,8 @@ def verdict_theorem1_vit(vit: pd.DataFrame, *, vit_base: pd.DataFrame, vit_gram:
 
 
 def synthetic_checks(exact: UnifiedResult) -> dict[str, float]:
-    """The framework's equivalences on a :func:`unified_linear` result without ridge (``eps=0``):
-    ``identity_synthetic`` (identity row - W0 - the mean task vector, max abs), ``given_jls``
-    (the "given" row against the experts' joint least squares (sum_t W_t Sigma_t)(sum_t
-    Sigma_t)^-1) and ``wudi_gradient`` (WUDI's loss gradient at the WUDI row, relative to
-    its value at zero)."""
+    """The framework's equivalences on an ``eps=0`` :func:`unified_linear` result: ``identity_synthetic``,
+    ``given_jls`` (against the joint least squares) and ``wudi_gradient`` (relative)."""
     taus = [W - exact.W0 for W in exact.experts]
     err_identity = float((exact.merged["identity"] - exact.W0 - sum(taus) / len(taus)).abs().max())
     A = functools.reduce(operator.add, exact.Sigma)  # sum_t Sigma_t (the same additions as sum())
@@ -761,11 +665,8 @@ def unified_accuracy(bench, merged: Mapping[str, Mapping[str, Tensor]], labels: 
 
 def verdict_unified(checks: Mapping[str, float], vit_unified: pd.DataFrame, early: pd.Series, converged: pd.Series,
                     *, eps: float) -> Verdict:
-    """ace.unified: the framework's equivalences, from :func:`synthetic_checks` and
-    :func:`identity_errors` (``checks``, merged). Rule: every check within its
-    :data:`TOLERANCES` -> reproduced, else not reproduced (an equivalence holds or it does
-    not). ``vit_unified`` (:func:`unified_accuracy`) and the synthetic gains ``early`` /
-    ``converged`` (method -> normalized gain) show what each estimator is worth."""
+    """ace.unified (rule: docs/course.md §Claim rules): every check of ``checks`` within its
+    :data:`TOLERANCES`; ``vit_unified``, ``early`` and ``converged`` are shown beside."""
     acc = dict(zip(vit_unified["method"], vit_unified["test_normalized"]))
     vit_err = max(checks["identity_vit"], checks["identity_route"])
     holds = (vit_err <= TOLERANCES["identity_vit"] and checks["identity_synthetic"] <= TOLERANCES["identity_synthetic"]
