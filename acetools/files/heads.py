@@ -99,9 +99,6 @@ class CheckpointView(Checkpoint):
             raise InputKeyError(f"{self.path}: no tensor named {key!r}")
         return self.inner.get(self._names[key])
 
-    def sha256(self) -> dict[str, str]:
-        return self.inner.sha256()
-
     def close(self) -> None:
         self.inner.close()
 

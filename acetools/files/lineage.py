@@ -5,7 +5,7 @@ experts were not fine-tuned from (a randomly initialised model of the same confi
 pretraining run) the "task vectors" are the difference of two unrelated models: the merge runs,
 exits 0 and writes nonsense. Two numbers tell the cases apart, measured per expert on a sample of
 the matrices (:func:`sample_keys`: at most :data:`SAMPLE_KEYS` matrix keys spread over the depth,
-a few per cent of the bytes of a large model, read once before the merge):
+each at most :data:`SAMPLE_ENTRIES` entries in evenly spaced rows, read once before the merge):
 
 - the **relative update size** ‖τ_t‖/‖W0‖ (Frobenius norms summed over the sampled keys). A
   fine-tune moves the weights by a small fraction of their size; a base independent of the
@@ -36,11 +36,14 @@ from ..errors import InputError
 from ..keys import block_index
 from ..layouts import Layout, TensorMeta
 
-__all__ = ["SAMPLE_KEYS", "RATIO_LIMIT", "SHARED_RATIO_LIMIT", "COSINE_LIMIT", "Lineage", "sample_keys",
-           "measure_lineage", "check_lineage"]
+__all__ = ["SAMPLE_KEYS", "SAMPLE_ENTRIES", "RATIO_LIMIT", "SHARED_RATIO_LIMIT", "COSINE_LIMIT", "Lineage",
+           "sample_keys", "measure_lineage", "check_lineage"]
 
 #: How many matrix keys are read per model for the check (spread evenly over the model's depth).
 SAMPLE_KEYS = 8
+#: At most this many entries of each sampled key are read (whole rows, evenly spaced), so the check costs the
+#: same on any model size.
+SAMPLE_ENTRIES = 1 << 16
 #: ‖τ_t‖/‖W0‖ above which an expert is refused whatever its cosines.
 RATIO_LIMIT = 2.0
 #: ‖τ_t‖/‖W0‖ above which an expert is refused when its task vector also points where the others' do.
@@ -68,6 +71,16 @@ def _get(ck: Any, key: str) -> torch.Tensor:
 def _where(ck: Any, t: int) -> str:
     path = getattr(ck, "path", None)
     return f"expert {t} ({path})" if path is not None else f"expert {t}"
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """At most :data:`SAMPLE_ENTRIES` entries of ``t``: whole rows, evenly spaced (only their pages are read
+    from a lazily read checkpoint)."""
+    m = t.reshape(t.shape[0], -1) if t.ndim >= 2 else t.reshape(1, -1)
+    n = max(1, min(m.shape[0], SAMPLE_ENTRIES // max(1, m.shape[1])))
+    if n == m.shape[0]:
+        return m
+    return m[torch.linspace(0, m.shape[0] - 1, n).round().long()]
 
 
 def sample_keys(base: Any, layout: Layout, n: int = SAMPLE_KEYS) -> list[str]:
@@ -137,13 +150,13 @@ def measure_lineage(base: Any, experts: Sequence[Any], layout: Layout, *, keys: 
     b2 = 0.0
     unchanged = [True] * T
     for key in keys:
-        W0 = _get(base, key).to(torch.float64)
-        taus = [_get(ck, key).to(torch.float64) - W0 for ck in experts]
+        W0 = _rows(_get(base, key)).to(torch.float64).reshape(-1)
         b2 += float(W0.pow(2).sum())
-        F = torch.stack([t.reshape(-1) for t in taus])
+        F = torch.empty(T, W0.numel(), dtype=torch.float64)  # the T task vectors, one row each
+        for t, ck in enumerate(experts):
+            F[t].copy_(_rows(_get(ck, key)).reshape(-1)).sub_(W0)
+            unchanged[t] = unchanged[t] and not bool(F[t].any())
         G += F @ F.T
-        for t, tau in enumerate(taus):
-            unchanged[t] = unchanged[t] and not bool(tau.any())
     n = G.diagonal().sqrt()
     ratio = [float(x) / math.sqrt(b2) if b2 > 0 else math.inf for x in n]
     C = G / torch.outer(n, n).clamp(min=1e-300)

@@ -352,8 +352,9 @@ def _run(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype: t
 
 
 class _InputHashes:
-    """The sha256 of every input file, computed in a background thread while the merge reads the same
-    files (hashing is off the merge's critical path; ``hashlib`` releases the GIL).
+    """The sha256 of every input file, computed by background threads (one file each, up to one per CPU)
+    while the merge reads the same files: hashing is off the merge's critical path where a core is
+    free (``hashlib`` releases the GIL; the files are hashed from a memory map, not copied).
 
     A copy of the base or of another expert under another name is an error before any merging when
     it can be: inputs whose files have equal sizes and equal bytes at a few sampled offsets are
@@ -363,16 +364,14 @@ class _InputHashes:
         from concurrent.futures import ThreadPoolExecutor
 
         self.models = [plan.base, *plan.experts]
-        self.extra = list(plan.files.values())
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="acetools-sha256") if enabled else None
-        self._future = self._pool.submit(self._hash) if self._pool is not None else None
-
-    def _hash(self) -> tuple[list[dict[str, str]], dict[str, str]]:
-        return [ck.sha256() for ck in self.models], {f: file_sha256(f) for f in self.extra}
+        files = [str(f) for ck in self.models for f in ck.files] + list(plan.files.values())
+        self._pool = (ThreadPoolExecutor(min(len(files), os.cpu_count() or 1), thread_name_prefix="acetools-sha256")
+                      if enabled else None)
+        self._futures = {f: self._pool.submit(file_sha256, f) for f in files} if self._pool is not None else {}
 
     def check_copies(self) -> None:
         """Wait for the hashes (and raise on a copy) when two inputs look alike by size and sampled bytes."""
-        if self._future is None:
+        if self._pool is None:
             return
         prints = [_fingerprint(ck) for ck in self.models]
         if len(set(prints)) < len(prints):
@@ -380,19 +379,19 @@ class _InputHashes:
 
     def result(self) -> dict[str, str] | None:
         """``{file: sha256}`` of every input (``None`` when hashing is off); a copy among the inputs is an error."""
-        if self._future is None or self._pool is None:
+        if self._pool is None:
             return None
         try:
-            per_ck, extra = self._future.result()
+            out = {f: fut.result() for f, fut in self._futures.items()}
         finally:
             self._pool.shutdown()
-        _check_distinct_contents([tuple(sorted(h.values())) for h in per_ck], [ck.path for ck in self.models])
-        return {**{f: h for d in per_ck for f, h in d.items()}, **extra}
+        _check_distinct_contents([tuple(sorted(out[str(f)] for f in ck.files)) for ck in self.models],
+                                 [ck.path for ck in self.models])
+        return out
 
     def cancel(self) -> None:
-        if self._future is not None and self._pool is not None:
-            self._future.cancel()
-            self._pool.shutdown(wait=False)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _fingerprint(ck: Checkpoint, samples: int = 16, width: int = 4096) -> tuple:
