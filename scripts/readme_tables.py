@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repository's acetools, however the script is run
 
 from acetools import results  # noqa: E402
+from acetools.course.language import ROBERTA_GLUE, benchmark_tables, growth_table  # noqa: E402
 from acetools.course.verdicts import VERDICTS  # noqa: E402
 
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /generated: (?P=name) -->)", re.S)
@@ -91,9 +93,76 @@ def claims_table(repo: Path = REPO) -> str:
     return (results.to_markdown(counts.reset_index().rename(columns={"paper": f"paper ({worlds})"}), floatfmt=".0f"))
 
 
-def text_world_table(repo: Path = REPO) -> str:
-    from acetools.course.language import text_world_tables
+#: "Structured" methods for the room target: every merge that is not weight averaging or task arithmetic.
+UNSTRUCTURED = ("weight_averaging", "task_arithmetic")
 
+
+def gamma_card_table(card_dir: str | Path, tau: float = 0.3) -> pd.DataFrame:
+    """ACE's γ per layer type from a committed regime card (``card_per_layer.csv``): the median
+    γ, the share of matrices above τ_γ, and the mean and sd of the log energies that γ is made
+    of (γ = Var / Mean² of the log energies, so small updates give a small γ)."""
+    per_layer = pd.read_csv(Path(card_dir) / "card_per_layer.csv")
+    out = per_layer[["layer_type", "n_matrices", "gamma_median", "gated_fraction", "log_energy_mean",
+                     "log_energy_sd"]].copy()
+    out["layer_type"] = out["layer_type"].str.replace(".weight", "", regex=False)
+    out["gated_fraction"] = 100 * out["gated_fraction"]  # the card stores a fraction per layer type
+    return out.rename(columns={"gamma_median": "γ median", "gated_fraction": f"share above τ_γ = {tau:g} (%)",
+                               "log_energy_mean": "mean log energy", "log_energy_sd": "sd of log energies"})
+
+
+def text_world_tables(results_dir: str | Path, builds_dir: str | Path, suite: str = "text8",
+                      card_dir: str | Path | None = None) -> str:
+    """docs/results.md's text-world tables (markdown) from the committed files only: the benchmark
+    (mean ± sd over seeds, beside RoBERTa-GLUE), the targets of the text-world issue and, with
+    ``card_dir`` (a committed regime card), ACE's γ per layer type."""
+    per_seed, mean = benchmark_tables(results_dir, suite)
+    m = mean.set_index("method")
+    n = int(m["n_seeds"].max())
+
+    def cell(method: str) -> str:
+        r = m.loc[method]
+        sd = lambda c: "" if math.isnan(r[f"{c}_sd"]) else f" ± {r[f'{c}_sd']:.1f}"  # noqa: E731
+        return f"{r['test_acc']:.1f}{sd('test_acc')} / {r['test_normalized']:.1f}{sd('test_normalized')}"
+
+    out = [f"| method | {suite}: absolute / normalized ({n} seed{'s' if n > 1 else ''}) | RoBERTa-base GLUE "
+           "(normalized) |", "|---|---|---|"]
+    for method in m.index:
+        anchor = ROBERTA_GLUE.get("pretrained" if str(method).startswith("base (") else method)
+        kind = "variant: " if m.loc[method, "kind"] == "variant" else ""
+        out.append(f"| {kind}{method} | {cell(method)} | {'' if anchor is None else f'{anchor:.1f}'} |")
+    base = next(x for x in m.index if str(x).startswith("base ("))
+    norm = m["test_normalized"]
+    structured = norm[[x for x in norm.index if m.loc[x, "kind"] != "reference" and
+                       str(x).split(" (")[0] not in UNSTRUCTURED]]
+    best = structured.idxmax()
+    builds = [json.loads(p.read_text()) for p in sorted(Path(builds_dir).glob(f"build_{suite}_seed*.json"))]
+    build_min = [b["build_seconds_recorded"] / 60 for b in builds]
+    rows = [("experts, absolute (%)", m.loc["experts (individual)", "test_acc"], "≥ 85", lambda v: v >= 85),
+            ("base (zero-shot heads) below the experts (normalized points)", 100 - norm[base], "≥ 25",
+             lambda v: v >= 25),
+            ("TSV-M − task arithmetic (normalized points)", norm["tsv_m"] - norm["task_arithmetic"], "≥ 10",
+             lambda v: v >= 10),
+            (f"best structured ({best}) − task arithmetic", norm[best] - norm["task_arithmetic"], "≥ 15",
+             lambda v: v >= 15),
+            ("eight experts built (min, seed 0 as recorded)", build_min[0] if build_min else math.nan, "≤ 40",
+             lambda v: v <= 40)]
+    out += ["", "| target | measured | threshold | met |", "|---|---|---|---|"]
+    out += [f"| {name} | {v:.1f} | {th} | {'yes' if ok(v) else 'no'} |" for name, v, th, ok in rows]
+    growth = growth_table(results_dir, [suite, "text12"] if suite == "text8" else [suite])
+    if growth.shape[1] > 2:
+        out += ["", "| lead over task arithmetic (normalized points) | " + " | ".join(growth.columns[1:]) + " |",
+                "|---|" + "---|" * (growth.shape[1] - 1)]
+        out += ["| " + " | ".join([str(r[0])] + [f"{v:.1f}" for v in r[1:]]) + " |"
+                for r in growth.itertuples(index=False)]
+    if card_dir is not None and (Path(card_dir) / "card_per_layer.csv").is_file():
+        g = gamma_card_table(card_dir)
+        out += ["", "| " + " | ".join(g.columns) + " |", "|" + "---|" * len(g.columns)]
+        out += ["| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r) + " |"
+                for r in g.itertuples(index=False)]
+    return "\n".join(out)
+
+
+def text_world_table(repo: Path = REPO) -> str:
     return text_world_tables(repo / "figures" / "benchmark", repo / "benchmarks" / "results" / "text_world", "text8",
                              repo / "figures" / "regime" / "text8_seed0")
 

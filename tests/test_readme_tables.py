@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tests.scripts import load_script
@@ -48,3 +49,13 @@ def test_pages_carry_no_raw_reprs():
     for page in _pages(_script()).values():
         assert "{'tasks8'" not in page and "TSV-M - TA:" not in page
         assert "no orthogonalisation can separate them" not in page
+
+
+def test_gamma_card_table_reads_a_cards_layer_types(tmp_path):
+    pd.DataFrame({"layer_type": ["attention.self.query.weight", "output.dense.weight"], "n_matrices": [6, 6],
+                  "gamma_median": [0.07, 0.4], "gated_fraction": [0.0, 0.5], "log_energy_mean": [-2.3, -1.0],
+                  "log_energy_sd": [0.6, 0.7], "tau_ratio": [0.01, 0.02]}).to_csv(tmp_path / "card_per_layer.csv",
+                                                                                   index=False)
+    g = _script().gamma_card_table(tmp_path)
+    assert g["layer_type"].tolist() == ["attention.self.query", "output.dense"]
+    assert g["γ median"].tolist() == [0.07, 0.4] and g["share above τ_γ = 0.3 (%)"].tolist() == [0.0, 50.0]

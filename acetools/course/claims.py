@@ -1,24 +1,8 @@
-"""Every quantitative claim of the two papers, and where the course measures it.
+"""Every quantitative claim of the two papers and where the course measures it (docs/course.md §Verdicts).
 
-:data:`CLAIMS` lists the claims of the paper summaries (docs/methods.md §Sources: ACE-Merging
-arXiv 2603.02945, ESM arXiv 2602.20208) with a stable id and the notebook that owns the
-measurement. A notebook that measures a claim calls :func:`record`, which writes the
-measurement and a verdict into ``<figures_dir>/claims.json``; ``05_claims`` gathers every
-notebook's file with :func:`collect` and shows one table, listing claims nobody measured.
-
-Verdicts (:data:`VERDICTS`, from :mod:`acetools.course.verdicts`): ``reproduced``,
-``partly``, ``not reproduced``, ``undecidable here`` (the effect the paper predicts in this
-world, scaled by its room, is at or below the noise floor: a correct paper would tie here) and
-``not testable here`` (the claim needs models or data this world does not have, e.g. GPT-2 on
-GLUE, or a stage that does not run in it); each comes with a one-line reason. A lesson's check
-returns a :class:`~acetools.course.verdicts.Verdict`, which :func:`record` stores as it is.
-
-Every record carries the world it was judged in (:class:`~acetools.course.verdicts.World`:
-name, profile, room), and ``predicted_effect``, ``noise_floor``, ``measured_effect`` and
-``paper_effect`` (numbers, or null where not applicable) with the ``scaling`` that made the
-prediction. A claim is judged per world: :func:`collect` keys records by ``(world, id)`` and
-refuses to put a fixture world's records beside a real world's.
-"""
+:data:`CLAIMS` lists them with a stable id and the owning notebook; a notebook calls :func:`record`
+to write its verdict into ``<figures_dir>/claims.json``, and ``05_claims`` gathers every file
+(:func:`collect`), keyed by ``(world, id)``; a fixture world's records never sit beside a real world's."""
 
 from __future__ import annotations
 
@@ -173,18 +157,9 @@ def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdic
            measured_effect: float | None = None, **numbers: Any) -> dict[str, Any]:
     """Store our measurement of ``claim_id`` in ``<figures_dir>/claims.json`` and show the verdict.
 
-    Either ``record(fig_dir, claim_id, v, world=w, **extra)`` with a
-    :class:`~acetools.course.verdicts.Verdict` ``v`` (``extra`` numbers are stored beside
-    ``v.numbers``), or ``record(fig_dir, claim_id, measured, verdict, reason, world=w,
-    **numbers)`` with ``measured`` the measurement in words with its numbers, ``verdict`` one
-    of :data:`VERDICTS`, ``reason`` why (one line) and ``numbers`` the raw values (JSON-able).
-    ``world`` (required): the :class:`~acetools.course.verdicts.World` the claim was judged
-    in; its name and profile are stored with the entry, and a file holds one world only
-    (recording another world's claim into it is an error). Re-recording a claim replaces its
-    entry. The verdict is shown once, as one wrapped line (Markdown in a notebook, the log
-    elsewhere) unless ``show_verdict`` is False (a page that shows it in a table anyway).
-    Returns the entry.
-    """
+    ``record(fig_dir, claim_id, v, world=w, **extra)`` with a :class:`~acetools.course.verdicts.Verdict`,
+    or ``record(fig_dir, claim_id, measured, verdict, reason, world=w, **numbers)``. A file holds one
+    world's claims; re-recording replaces the entry. Returns the entry."""
     c = claim(claim_id)
     if not isinstance(world, World):
         raise InputTypeError(f"record({claim_id!r}): world= must be the World the claim was judged in, got {world!r}")

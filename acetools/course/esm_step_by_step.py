@@ -365,7 +365,7 @@ def run_tsv_m(bench, *, patience: int | None = TSV_M_PATIENCE, label: str = TSV_
     ``patience``), labelled ``label``: the paper's "SVD" row of ESM's ablation."""
     import copy
 
-    from ..benchmark import check_patience
+    from ..search import check_patience
 
     check_patience(patience)
     b = copy.copy(bench)  # shares the bench's caches; only the search's patience differs

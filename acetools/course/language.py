@@ -1,21 +1,6 @@
-"""Lesson 07 (``notebooks/07_language.ipynb``): merging language models.
-
-The text world (:mod:`acetools.world.text`: all-MiniLM-L6-v2 fine-tuned on real offline text
-tasks) is the BERT/RoBERTa setting of ACE-Merging's language results. This module gives the
-lesson its tables and decides ACE's language claims:
-
-- :func:`task_table`: the tasks, their sources, classes, sizes and the experts' accuracies;
-- :func:`verdict_gamma`: ACE's heterogeneity γ, (ACE.5) of docs/methods.md §ACE, which the lesson
-  computes itself per matrix with two scale-free views of the same energies beside it;
-- :func:`stage_ablation` (shown by :func:`stage_view`): ACE's stages where they run — with the gate as the code decides
-  (``auto``), forced on every matrix (``on``: normalization, prior and refinement run
-  everywhere, labelled as forced), and the forced path with one stage switched off;
-- :func:`benchmark_tables`: the committed per-seed tables and their mean over seeds;
-- ``verdict_*``: the language claims, decided with the course's one verdict rule
-  (:mod:`acetools.course.verdicts`).
-
-The published anchor is RoBERTa-base on 8 GLUE tasks (:data:`ROBERTA_GLUE`).
-"""
+"""Lesson 07 (docs/course.md §07_language): merging language models on the text world
+(:mod:`acetools.world.text`), its tables and ACE's language claims (docs/course.md §Claim rules),
+beside the published anchor RoBERTa-base on 8 GLUE tasks (:data:`ROBERTA_GLUE`)."""
 
 from __future__ import annotations
 
@@ -36,13 +21,6 @@ ROBERTA_GLUE: dict[str, float] = {
     "pretrained": 41.7, "weight_averaging": 52.6, "task_arithmetic": 68.1, "ties": 64.7, "tsv_m": 79.0,
     "wudi": 85.3, "esm": 89.6, "ace": 90.4,
 }
-
-#: The ACE settings of the text world's tables: the official code's defaults (eps 1e-2), the
-#: paper's RoBERTa eps (2e-4), and eps 1e-5 (the paper's "others").
-ACE_SETTINGS: dict[str, dict[str, Any]] = {
-    "ace": {}, "ace (eps 2e-4)": {"eps": 2e-4}, "ace (eps 1e-5)": {"eps": 1e-5},
-}
-
 
 def task_table(world) -> pd.DataFrame:
     """One row per task: source, classes, texts per class (train / val / test), the expert's
@@ -122,17 +100,9 @@ def _paired(per_seed: pd.DataFrame, a: str, b: str) -> tuple[float, float, int]:
 def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
                  rivals: Sequence[str] = ("wudi", "ties", "tsv_m"), *, world: World | None = None,
                  n_tasks: int = 8) -> Verdict:
-    """"ACE beats WUDI, TIES and TSV-M on language": ACE at the paper's RoBERTa setting
-    (``ace_row``) against each rival of the claim, paired over seeds; a lead counts when it
-    exceeds :func:`~acetools.course.verdicts.margin` (NOISE or the seed spread). Reproduced when
-    ACE leads every rival, partly when some, not reproduced when none. On RoBERTa-GLUE the
-    paper's numbers give ACE 90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count.
-
-    With ``world`` (the text world's :class:`~acetools.course.verdicts.World`, its room at
-    ``n_tasks``) each of the paper's leads is carried into the world by the course's scaling rule
-    (docs/course.md §Scaling rule): RoBERTa-GLUE's room is TSV-M − task arithmetic = 10.9 points,
-    and a rival whose scaled lead does not clear the margin is undecidable here; none left ->
-    ``undecidable here``."""
+    """ace.language_sota: ACE (``ace_row``) against each rival of the claim, paired over seeds (rule:
+    docs/course.md §Claim rules); with ``world`` the paper's RoBERTa-GLUE leads are scaled to the
+    world's room at ``n_tasks`` (docs/course.md §Scaling rule)."""
     diffs = {r: _paired(per_seed, ace_row, r) for r in rivals}
     outcome = {r: compare(d, sd) for r, (d, sd, _) in diffs.items()}
     n = max(n for _, _, n in diffs.values())
@@ -258,74 +228,3 @@ def growth_table(folder: str | Path, suites: Sequence[str] = ("text8", "text12")
         cols[f"{suite} (T = {n_tasks}, {n_seeds} seed{'s' if n_seeds > 1 else ''})"] = {
             f"{x} − task_arithmetic": float(m[x] - m["task_arithmetic"]) for x in methods if x in m.index}
     return pd.DataFrame(cols).rename_axis("lead").reset_index() if cols else pd.DataFrame()
-
-
-#: "Structured" methods for the room target: every merge that is not weight averaging or task arithmetic.
-UNSTRUCTURED = ("weight_averaging", "task_arithmetic")
-
-
-def gamma_card_table(card_dir: str | Path, tau: float = 0.3) -> pd.DataFrame:
-    """ACE's γ per layer type from a committed regime card (``card_per_layer.csv``): the median
-    γ, the share of matrices above τ_γ, and the mean and sd of the log energies that γ is made
-    of (γ = Var / Mean² of the log energies, so small updates give a small γ)."""
-    per_layer = pd.read_csv(Path(card_dir) / "card_per_layer.csv")
-    out = per_layer[["layer_type", "n_matrices", "gamma_median", "gated_fraction", "log_energy_mean",
-                     "log_energy_sd"]].copy()
-    out["layer_type"] = out["layer_type"].str.replace(".weight", "", regex=False)
-    out["gated_fraction"] = 100 * out["gated_fraction"]  # the card stores a fraction per layer type
-    return out.rename(columns={"gamma_median": "γ median", "gated_fraction": f"share above τ_γ = {tau:g} (%)",
-                               "log_energy_mean": "mean log energy", "log_energy_sd": "sd of log energies"})
-
-
-def text_world_tables(results_dir: str | Path, builds_dir: str | Path, suite: str = "text8",
-                      card_dir: str | Path | None = None) -> str:
-    """docs/results.md's text-world tables (markdown) from the committed files only: the benchmark
-    (mean ± sd over seeds, beside RoBERTa-GLUE), the targets of the text-world issue and, with
-    ``card_dir`` (a committed regime card), ACE's γ per layer type."""
-    import json
-
-    per_seed, mean = benchmark_tables(results_dir, suite)
-    m = mean.set_index("method")
-    n = int(m["n_seeds"].max())
-
-    def cell(method: str) -> str:
-        r = m.loc[method]
-        sd = lambda c: "" if math.isnan(r[f"{c}_sd"]) else f" ± {r[f'{c}_sd']:.1f}"  # noqa: E731
-        return f"{r['test_acc']:.1f}{sd('test_acc')} / {r['test_normalized']:.1f}{sd('test_normalized')}"
-
-    out = [f"| method | {suite}: absolute / normalized ({n} seed{'s' if n > 1 else ''}) | RoBERTa-base GLUE "
-           "(normalized) |", "|---|---|---|"]
-    for method in m.index:
-        anchor = ROBERTA_GLUE.get("pretrained" if str(method).startswith("base (") else method)
-        kind = "variant: " if m.loc[method, "kind"] == "variant" else ""
-        out.append(f"| {kind}{method} | {cell(method)} | {'' if anchor is None else f'{anchor:.1f}'} |")
-    base = next(x for x in m.index if str(x).startswith("base ("))
-    norm = m["test_normalized"]
-    structured = norm[[x for x in norm.index if m.loc[x, "kind"] != "reference" and
-                       str(x).split(" (")[0] not in UNSTRUCTURED]]
-    best = structured.idxmax()
-    builds = [json.loads(p.read_text()) for p in sorted(Path(builds_dir).glob(f"build_{suite}_seed*.json"))]
-    build_min = [b["build_seconds_recorded"] / 60 for b in builds]
-    rows = [("experts, absolute (%)", m.loc["experts (individual)", "test_acc"], "≥ 85", lambda v: v >= 85),
-            ("base (zero-shot heads) below the experts (normalized points)", 100 - norm[base], "≥ 25",
-             lambda v: v >= 25),
-            ("TSV-M − task arithmetic (normalized points)", norm["tsv_m"] - norm["task_arithmetic"], "≥ 10",
-             lambda v: v >= 10),
-            (f"best structured ({best}) − task arithmetic", norm[best] - norm["task_arithmetic"], "≥ 15",
-             lambda v: v >= 15),
-            ("eight experts built (min, seed 0 as recorded)", build_min[0] if build_min else math.nan, "≤ 40",
-             lambda v: v <= 40)]
-    out += ["", "| target | measured | threshold | met |", "|---|---|---|---|"]
-    out += [f"| {name} | {v:.1f} | {th} | {'yes' if ok(v) else 'no'} |" for name, v, th, ok in rows]
-    growth = growth_table(results_dir, [suite, "text12"] if suite == "text8" else [suite])
-    if growth.shape[1] > 2:
-        out += ["", "| lead over task arithmetic (normalized points) | " + " | ".join(growth.columns[1:]) + " |",
-                "|---|" + "---|" * (growth.shape[1] - 1)]
-        out += ["| " + " | ".join([str(r[0])] + [f"{v:.1f}" for v in r[1:]]) + " |"
-                for r in growth.itertuples(index=False)]
-    if card_dir is not None and (Path(card_dir) / "card_per_layer.csv").is_file():
-        g = gamma_card_table(card_dir)
-        out += ["", "| " + " | ".join(g.columns) + " |", "|" + "---|" * len(g.columns)]
-        out += ["| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r) + " |"
-                for r in g.itertuples(index=False)]
-    return "\n".join(out)

@@ -1,18 +1,5 @@
-"""Lesson 06 (``notebooks/06_mergeable_world``): what makes a world mergeable.
-
-The regime card (:mod:`acetools.regime`, docs/regime.md) of a world says whether it has room
-for structured merges (TSV-M − task arithmetic) and where that room comes from. This module
-reads the committed cards of the recipe study (``figures/regime/<recipe>/card.json``) and
-turns them into the lesson's tables:
-
-* :func:`load_cards` — every card under a folder, in the study's order;
-* :func:`card_table` — chosen rows of several cards side by side with CLIP ViT-B/32;
-* :func:`room_budget` — the two paths from the experts to a merge: task arithmetic (experts →
-  each task alone at λ_TA → with the other tasks) and TSV-M (experts → truncated to rank
-  ⌊r/T⌋ → merged), with what each step costs;
-* :func:`targets` — the regime targets (docs/regime.md §Targets) against a card (measured, threshold, passed);
-* :func:`fixture_card` — the card of the quick profile's fixture world (for the tests).
-"""
+"""Lesson 06 (docs/course.md §06_mergeable_world): what makes a world mergeable, from the committed
+regime cards of the recipe study (:mod:`acetools.regime`, docs/regime.md)."""
 
 from __future__ import annotations
 
@@ -76,14 +63,9 @@ def card_table(cards: Mapping[str, RegimeCard], rows: Sequence[str] = KEY_ROWS, 
 
 
 def room_budget(card: RegimeCard) -> pd.DataFrame:
-    """The two paths from the experts (100 % normalized) to a merge, as steps with their cost.
-
-    Task arithmetic: experts → each task alone at W0 + λ_TA τ_t (``scaled_norm``: what
-    under-applying costs) → task arithmetic (``ta_norm``: what the other tasks add or cost).
-    TSV-M: experts → each task truncated to rank ⌊r/T⌋ (``trunc_norm``: what the truncation
-    costs) → TSV-M (``tsv_norm``: what merging the truncated pieces costs).
-    Columns: path, step, normalized, cost (points lost by this step; negative = gained).
-    """
+    """The two paths from the experts (100 % normalized) to a merge, as steps with their cost: task
+    arithmetic (each task alone at λ_TA, then with the others) and TSV-M (truncated to rank ⌊r/T⌋,
+    then merged). Columns: path, step, normalized, cost (points lost; negative = gained)."""
     v = card.value
     rows = []
     for path, steps in (("task arithmetic", [("experts", 100.0), ("each task alone at λ_TA", v("scaled_norm")),
@@ -106,15 +88,8 @@ def _timing_minutes(card: RegimeCard, kind: str) -> float:
 def targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, small: str | None = None,
                    large: str = "tasks20") -> pd.DataFrame:
     """The mini-world's regime targets (docs/regime.md §Targets), one row each: ``target, suite,
-    measured, threshold, passed, source``; ``passed`` is ``None`` where the data are missing.
-
-    Accuracy rows come from ``summary`` (the benchmark's per-seed table,
-    :func:`acetools.results.load_summary`; means over its seeds) when given, else from
-    ``card`` (the ``small`` suite only). ACE's gate and the build times come from the card:
-    the gate's share of matrices with γ ≤ τ, the sum of the recorded build seconds of the
-    card's experts (one ``small`` expert set) and of its base. ``small`` defaults to the card's
-    suite (``tasks8`` when the card does not say).
-    """
+    measured, threshold, passed, source`` (``passed`` None where data are missing). Accuracies from
+    ``summary`` when given, else from ``card``; ACE's gate and build times from the card."""
     from ..results import aggregate
 
     small = small or str(card.meta.get("suite") or "tasks8")

@@ -1,15 +1,5 @@
-"""How a lesson's page shows things: tables with meaningful digits, figures with alt text.
-
-Every course notebook calls :func:`setup` once (it also sets the plotting theme) and shows
-tables through :func:`table`, so the rendered reports (``acetools report``, HTML via
-:func:`acetools.notebooks.render_html`) read the same everywhere:
-
-* :func:`table` — a styled DataFrame: numbers to ``digits`` decimals (or a per-column
-  format), missing values as ``—`` instead of ``NaN``, optional caption; wide tables scroll
-  inside the page (the CSS :data:`REPORT_CSS` that ``render_html`` adds);
-* :func:`setup` — registers, for matplotlib figures shown inline, the figure's title as the
-  image's alt text (:func:`alt_text`), which ``render_html`` writes into the page's ``<img>``.
-"""
+"""How a lesson's page shows things: :func:`table` (meaningful digits, ``—`` for missing values,
+scrolling wide tables) and :func:`setup` (the plotting theme, figure titles as alt text)."""
 
 from __future__ import annotations
 
@@ -74,13 +64,8 @@ def setup() -> None:
 
 def table(df: Any, digits: int | Mapping[str, int | str] = 2, *, caption: str | None = None, index: bool = True,
           na: str = NA) -> Any:
-    """``df`` styled for a report: floats to ``digits`` decimals (an int, or per column an int
-    or a format string such as ``"{:.3g}"``), missing values as ``na``, an optional caption,
-    the index hidden when ``index`` is False. Returns a pandas ``Styler`` (shown as HTML).
-
-    One header row, however the frame was made: columns of a pivot over several values
-    (a MultiIndex) are flattened to ``"value · column"``, and the index's name moves to the
-    header's corner instead of a row of its own."""
+    """``df`` styled for a report: floats to ``digits`` decimals (or per-column formats), missing as
+    ``na``, an optional caption; a MultiIndex header is flattened to ``"value · column"``. A ``Styler``."""
     import numpy as np
     import pandas as pd
 

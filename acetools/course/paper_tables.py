@@ -1,25 +1,9 @@
-"""The papers' published result tables, as data, with their method names mapped to ours.
+"""The papers' published result tables as data, their method names mapped to ours (docs/methods.md §Published numbers).
 
-Sources (kept next to every number, column ``source``):
-
-* ``seed:ACE`` — the ACE-Merging summaries (docs/methods.md §Sources; arXiv 2603.02945): the vision
-  table on three backbone/suite pairs (ViT-B/32 8 tasks, ViT-B/16 14 tasks, ViT-L/14 20 tasks)
-  and the language headline numbers.
-* ``seed:ESM`` — the ESM summary (arXiv 2602.20208): ViT-B/16 and ViT-L/14 at 8/14/20 tasks
-  and the SVD/ESD × polarized-scaling ablation.
-* ``spec:5`` — the collected table of docs/methods.md §Published numbers, which merges
-  the Iso table (arXiv 2502.04959, reused by ESM and ACE), the ESM and ACE rows and CART.
-
-Every number is an average **absolute** test accuracy in percent over the tasks of the
-setting (CLIP ViT, the 8/14/20-task suites of docs/methods.md §Benchmark protocol), except the language table (GLUE
-average or normalized, see its ``metric`` column).
-
-:data:`NAME_MAP` maps the papers' method names to the :data:`acetools.merging.METHODS`
-registry names (``None``: not implemented here, e.g. Consensus TA); :data:`REFERENCE_MAP`
-maps the papers' reference rows to ours (``Zero-shot`` → our base with its frozen
-prototype heads, which is an analogue, not a zero-shot model). :data:`COMPARISONS` says
-which paper column each of our suites is compared with.
-"""
+Every number is an average absolute test accuracy in percent (the language table: see its
+``metric`` column), with its ``source``. :data:`NAME_MAP` / :data:`REFERENCE_MAP` map the papers'
+names to :data:`acetools.merging.METHODS` and our reference rows; :data:`COMPARISONS` says which
+paper column each of our suites is compared with."""
 
 from __future__ import annotations
 
@@ -245,14 +229,9 @@ ACE_STAGE_ABLATION: dict[str, dict[str, float]] = {
 
 def beside_papers(summary: pd.DataFrame, n_tasks: int, backbone: str = "ViT-B/32", table: str = "spec",
                   base_label: str = "base (zero-shot heads)") -> pd.DataFrame:
-    """The measured summary (:meth:`acetools.benchmark.Benchmark.summary`) beside the papers'
-    numbers of ``backbone`` at ``n_tasks`` tasks (``table``; docs/methods.md §Published numbers).
-
-    One row per measured method: ``method``, ``test_acc`` (ours, %), ``paper_acc`` (NaN where the
-    papers give none), ``diff`` (ours − paper) and ``paper``; the reference rows map the papers'
-    Zero-shot to ``base_label`` and Fine-tuned to ``experts (individual)``. For the CLIP world,
-    whose models are the papers' own, the two columns should agree up to evaluation details
-    (docs/clip-world.md)."""
+    """The measured summary beside the papers' numbers of ``backbone`` at ``n_tasks`` tasks: ``method``,
+    ``test_acc``, ``paper_acc``, ``diff`` and ``paper`` (docs/methods.md §Published numbers; for the
+    CLIP world the two should agree, docs/clip-world.md)."""
     df = vision_long(table)
     df = df[(df["backbone"] == backbone) & (df["n_tasks"] == n_tasks)]
     paper: dict[str, float] = {}

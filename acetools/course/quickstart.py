@@ -1,17 +1,5 @@
-"""Lesson 00 (``notebooks/00_quickstart``): merging on a world whose answer we know, then in one call.
-
-The lesson's own cells compute the merges; this module gives them their world and their score:
-
-* :func:`linear_world` — the linear world of ``acetools demo`` (:mod:`acetools.synthetic`): a
-  base map, regression tasks with known input covariances, and one SGD-fine-tuned expert per
-  task, on the lesson's device;
-* :func:`normalized_gain` — how much of each expert's improvement over the base a merged map
-  keeps, on a split (100: as good as each task's own expert; 0: no better than the base);
-* :func:`comparison`, :func:`summary_sentence` — the mini-world's ACE against task arithmetic (its
-  coefficient chosen on validation), between the floor and the ceiling, as a table and in words.
-
-The notebook makes no claim of the papers: it measures these worlds.
-"""
+"""Lesson 00 (docs/course.md §00_quickstart): the linear world of ``acetools demo``, the normalized
+gain, and the mini-world's ACE against task arithmetic as a table and in words."""
 
 from __future__ import annotations
 
@@ -30,12 +18,8 @@ from ..utils import cpu_threads
 
 def linear_world(n_tasks: int, d_in: int, d_out: int, *, steps: int, lr: float = 0.02, seed: int = 0,
                  device: str | torch.device = "cpu") -> tuple[Tensor, list[RegressionTask], list[Tensor]]:
-    """``(W0, tasks, W)``: the base map (``d_out × d_in``), ``n_tasks`` regression tasks with
-    their true input covariances ``task.Sigma`` (:func:`acetools.synthetic.make_regression_tasks`)
-    and each task's expert ``W[t]``, ``W0`` fine-tuned by ``steps`` steps of minibatch SGD at ``lr``
-    (:func:`acetools.synthetic.finetune_linear`, expert ``t`` seeded ``seed + t``, as in
-    ``acetools demo``). Every tensor is float64 on ``device``; the training uses the CPU threads
-    ``ACETOOLS_NUM_THREADS`` says (:func:`acetools.utils.cpu_threads`; unset: torch's setting)."""
+    """``(W0, tasks, W)``: a base map, ``n_tasks`` regression tasks with their true ``task.Sigma`` and
+    one SGD-fine-tuned expert per task (seeded ``seed + t``, as ``acetools demo``), float64 on ``device``."""
     W0, tasks = make_regression_tasks(n_tasks, d_in, d_out, seed=seed)
     dev = torch.device(device)
     W0 = W0.to(dev)

@@ -1,34 +1,9 @@
-"""One verdict type and one comparison rule for every claim the course decides.
+"""One verdict type and one comparison rule for every claim the course decides (docs/course.md §Verdicts).
 
-Every lesson decides the claims it owns (:mod:`acetools.course.claims`) with the helpers
-here, so that a reader learns one rule:
-
-* :class:`Verdict` — what a claim's check returns: ``measured`` (the measurement in words,
-  with its numbers), ``verdict`` (one of :data:`VERDICTS`), ``reason`` (one line: the rule
-  and how the numbers met it) and ``numbers`` (the raw values, JSON-able).
-  ``claims.record(fig_dir, claim_id, v)`` stores it.
-* **the comparison rule** (:func:`compare`): a difference between two measurements, in
-  percentage points, *counts* when it exceeds :func:`margin` = ``max(NOISE, seed spread)``;
-  otherwise it is a :data:`TIE`. :data:`NOISE` (0.5 points) is the only guard where there is
-  one seed (or no seed spread to measure), and the spread over seeds of the paired difference
-  takes over where it is larger.
-* **turning checks into a verdict**: :func:`agreement` (every setting agrees -> reproduced,
-  some -> partly, none -> not reproduced), :func:`criteria` (the same over named criteria),
-  :func:`threshold` (a value against a reproduced / partly threshold).
-* **what the paper predicts here** (:class:`World`, :class:`Effect`, :func:`effect`,
-  :func:`decide`): a comparative claim's paper effect is scaled to this world by the rule
-  :data:`SCALING_RULE`, ``predicted = paper effect × world room / paper room`` (room =
-  TSV-M − task arithmetic at the same number of tasks); a setting whose ``|predicted|`` does
-  not exceed its noise floor (:func:`margin`) is *undecidable*, and a claim none of whose
-  settings is decidable gets :data:`UNDECIDABLE` ("undecidable here"), whatever the
-  measurement says (the measurement is still shown). A claim is judged per world: each world
-  (the vision mini-world, a fixture world, a text world) brings its own room and noise.
-
-Each lesson's ``verdict_*`` / ``assess_*`` functions state their thresholds against the
-paper's own number (see their docstrings, and ``docs/course.md §Claim rules``); a rule that the
-paper's own table would fail is a wrong rule, and the tests check each rule on the paper's
-numbers (``tests/course/test_verdicts.py`` and the lessons' tests).
-"""
+:class:`Verdict` is what a claim's check returns; :func:`compare` and :func:`margin` are the
+comparison rule (docs/course.md §Noise rule); :func:`agreement`, :func:`criteria` and
+:func:`threshold` turn checks into a verdict; :class:`World`, :class:`Effect`, :func:`effect` and
+:func:`decide` scale a paper's effect to this world (:data:`SCALING_RULE`, docs/course.md §Scaling rule)."""
 
 from __future__ import annotations
 
@@ -74,12 +49,8 @@ SCALING_RULE: str = (
 
 @dataclass(frozen=True)
 class Verdict:
-    """A claim's measurement and its verdict.
-
-    ``measured``: the measurement in words with its numbers; ``verdict``: one of
-    :data:`VERDICTS`; ``reason``: one line, the rule and how the numbers met it;
-    ``numbers``: the raw values (JSON-able), stored with the verdict in ``claims.json``.
-    """
+    """A claim's measurement in words, its verdict (:data:`VERDICTS`), a one-line reason and the raw
+    ``numbers`` (JSON-able), stored in ``claims.json``."""
 
     measured: str
     verdict: str
@@ -159,15 +130,9 @@ def _num(x: Any) -> float | None:
 
 @dataclass(frozen=True)
 class World:
-    """The world a claim is judged in.
-
-    ``name``: which world (``"mini-world"`` for the vision mini-world, ``"fixture"`` for the
-    quick profile's procedural world, ``"text"`` for a language world, …); ``profile``:
-    ``"full"`` or ``"quick"``; ``room``: ``{n_tasks: TSV-M − task arithmetic}`` in the world's
-    normalized points (mean over seeds); ``noise``: the world's :data:`NOISE`; ``fixture``:
-    True for worlds whose numbers check the code and are not results (05 refuses to count them
-    with a real world's); ``description``: one sentence for the page.
-    """
+    """The world a claim is judged in: ``name``, ``profile``, ``room`` = ``{n_tasks: TSV-M − task
+    arithmetic}`` (normalized points), ``noise``, ``fixture`` (numbers that check code, not results)
+    and a ``description`` for the page."""
 
     name: str
     profile: str

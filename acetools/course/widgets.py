@@ -1,19 +1,7 @@
 """Interactive explorers: thin ipywidgets wrappers around pure plotting functions (docs/style.md §11).
 
-An :class:`Explorer` owns one matplotlib figure and a pure function
-``plot_fn(ax, **values) -> ax``; each control change clears the axes and calls the function
-again. The same function draws the static figure that headless runs save, so a notebook
-does::
-
-    ex = widgets.rank_slider(plot_spectrum, ranks=range(1, 33), value=8, data=sv)
-    plotting.save_figure(ex.figure, "spectrum", fig_dir)    # always
-    if interactive:
-        display(ex.widget)                                  # only in a live notebook
-
-ipywidgets is imported when a widget is first built, never at import time. Outside a live
-frontend (a plain Python process, pytest) a redraw only redraws the figure: nothing is
-printed (no ``Figure(600x360)`` per change).
-"""
+An :class:`Explorer` redraws one figure with ``plot_fn(ax, **values)`` on each control change;
+the same function draws the static figure headless runs save. ipywidgets is imported lazily."""
 
 from __future__ import annotations
 
@@ -35,12 +23,8 @@ def in_frontend() -> bool:
 
 
 class Explorer:
-    """A figure redrawn by ``plot_fn(ax, **fixed, **values)`` whenever a control changes.
-
-    ``controls``: ``{name: ipywidgets control}``; their ``value`` is passed to ``plot_fn``
-    under the same name. ``set(name=value)`` changes a control programmatically (tests do
-    this) and triggers the redraw; ``values`` holds the values last drawn.
-    """
+    """A figure redrawn by ``plot_fn(ax, **fixed, **values)`` whenever a control of ``controls`` changes;
+    ``set(name=value)`` changes one programmatically, ``values`` holds the values last drawn."""
 
     def __init__(self, plot_fn: Callable[..., Any], controls: dict[str, Any], *, figsize=(6.0, 3.6), **fixed: Any):
         import ipywidgets as w

@@ -1,35 +1,14 @@
-"""What the course notebooks share: the world they run on and where their figures go.
+"""What the course notebooks share: their world and where their figures go (docs/course.md §Running the course).
 
-Every notebook has the same core parameters (``quick``, ``suite``, ``size``, ``seed``,
-``device``, ``interactive``, ``figures_dir``) and calls :func:`world` and :func:`benchmark`
-with them, so a lesson reads the same at the full size and in the tests::
+Every notebook has the same core parameters (``quick``, ``suite``, ``size``, ``seed``, ``device``,
+``interactive``, ``figures_dir``) and calls :func:`world` and :func:`benchmark` with them::
 
     zoo = course.world(suite, size, seed=seed, quick=quick)       # built or loaded from the cache
     bench = course.benchmark(zoo, quick=quick)
 
-``world="clip-vit-b32"`` (notebooks 02, 03 and 04: their ``world`` parameter) runs the lesson on the
-papers' own CLIP ViT-B/32 and the public experts instead (:mod:`acetools.world.clip`, a GPU and a
-filled cache: docs/clip-world.md); a mini-world suite name maps to the CLIP suite of as many
-tasks (``tasks8`` → ``clip8``). ``world="text8"`` (any suite of :data:`acetools.world.text.tasks.SUITES`,
-:func:`text_worlds`) runs it on the text world (:mod:`acetools.world.text`, docs/text-world.md):
-MiniLM's experts on that suite in the full profile, the fixture text world (MiniLM's first
-layer, three small tasks) in the quick one. Its figures and claims go to ``<folder>-<world>``
-beside the mini-world's (:func:`figures_path`), and its claims are judged in the text world
-(:func:`claim_world`), as analogues of the vision claims (lesson 05 labels them so).
-
-``quick=True`` swaps in the fixture world (:data:`QUICK`): the three ``tiny`` procedural
-tasks at size ``micro`` with its own small pretrained base, built from nothing in well
-under a minute on 2 CPU cores. The numbers it gives are for checking that the notebook
-runs, not for reading.
-
-Where a notebook writes (:func:`figures_path`) depends on its profile however it is run
-(papermill, JupyterLab, the report command): an empty ``figures_dir`` means
-``<repo>/figures/<notebook>`` in the full profile and ``<repo>/build/quick/figures/<notebook>``
-in the quick one, so a quick run never touches the committed results; the folder's
-``figures.json`` records the notebook, profile and world, and every figure saved there
-carries them (:func:`acetools.plotting.save_figure`). :func:`claim_world` is the
-:class:`~acetools.course.verdicts.World` a notebook judges its claims in.
-"""
+``world="clip-vit-b32"`` runs a lesson on the papers' CLIP ViT-B/32 (docs/clip-world.md), a text
+``world`` (:func:`text_worlds`) on the text world (docs/text-world.md); ``quick=True`` swaps in
+the fixture world (:data:`QUICK`), whose numbers check the code and are not results."""
 
 from __future__ import annotations
 
@@ -122,18 +101,12 @@ def world(
     models_root: str | os.PathLike | None = None,
     data_root: str | os.PathLike | None = None,
 ):
-    """The built :class:`~acetools.world.vision.zoo.Zoo` of ``suite`` at ``size`` (expert seed ``seed``),
-    or with ``kind="clip-vit-b32"`` the loaded :class:`~acetools.world.clip.world.ClipWorld` of
-    :func:`clip_suite` (``suite``) from ``models_root`` / ``data_root`` (None or "": the caches;
-    ``quick`` caps its images at :data:`QUICK_EVAL`; ``size`` is not used), or with a text world
-    ``kind`` (:func:`text_worlds`) the built :class:`~acetools.world.text.world.TextWorld` of
-    :func:`text_suite` (``kind``), the fixture text world when ``quick`` (``suite``, ``size``
-    not used; ``root``: the cache, default ``$ACETOOLS_CACHE/text``).
-
-    Loads what the cache holds and builds the rest (the full-size base is shipped; experts
-    take about a minute each on 2 CPU cores). ``quick`` ignores ``suite``/``size`` and
-    uses :data:`QUICK`. ``device``: where to train anything missing (``"auto"`` allowed).
-    """
+    """The built world of ``suite`` at ``size`` (expert seed ``seed``): the vision
+    :class:`~acetools.world.vision.zoo.Zoo`; with ``kind="clip-vit-b32"`` the
+    :class:`~acetools.world.clip.world.ClipWorld` of :func:`clip_suite` (from ``models_root`` /
+    ``data_root``); with a text ``kind`` the :class:`~acetools.world.text.world.TextWorld` of
+    :func:`text_suite` (``root``: its cache). ``quick``: the fixture world (:data:`QUICK`, or the
+    fixture text world); ``device``: where to train anything missing."""
     from ..utils import resolve_device
     from ..world.vision.zoo import Zoo
 
@@ -221,19 +194,10 @@ def default_figures_root(quick: bool, start: str | os.PathLike | None = None) ->
 
 def figures_path(figures_dir: str | os.PathLike = "", *, notebook: str | None = None, quick: bool | None = None,
                  world: str = "mini") -> Path:
-    """The folder a notebook writes its figures to, as an absolute path, created if missing.
-
-    ``figures_dir`` given: that folder (the report command passes one per profile). Empty:
-    the profile's default, :func:`default_figures_root` / ``notebook`` — which needs
-    ``notebook`` (the notebook's stem) and ``quick``. With ``quick`` given, the folder's
-    :data:`MANIFEST` records the notebook and the profile (:func:`note_world` adds the world).
-    A quick run asked to write into the committed ``<repo>/figures`` is refused: a fixture
-    world's numbers would overwrite the results.
-
-    ``world``: the notebook's ``world`` parameter. A text world (:func:`text_worlds`) writes
-    beside the mini-world's folder, in ``<folder>-<world>`` (``figures/02_ace_step_by_step-text8``),
-    whether the folder is the default or given (the report command gives ``<figures>/<stem>``):
-    one ``claims.json`` holds one world's claims, and lesson 05 reads both folders."""
+    """The folder a notebook writes its figures to, absolute, created if missing: ``figures_dir``, or the
+    profile's default (:func:`default_figures_root` / ``notebook``). A quick run into the committed
+    ``<repo>/figures`` is refused; a text ``world`` writes to ``<folder>-<world>``; with ``quick`` the
+    folder's :data:`MANIFEST` records notebook and profile."""
     _check_world(world)
     if str(figures_dir) == "":
         if notebook is None or quick is None:
@@ -278,22 +242,11 @@ def note_world(folder: str | os.PathLike, world: Any) -> None:
 
 def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLike | None = None,
                 size: str = "small", summary: Any = None, kind: str = "mini", description: str | None = None):
-    """The :class:`~acetools.course.verdicts.World` a notebook judges its claims in.
+    """The :class:`~acetools.course.verdicts.World` a notebook judges its claims in (docs/course.md §Scaling rule).
 
-    Full profile: the vision mini-world, its room (TSV-M − task arithmetic per number of
-    tasks, normalized and absolute, mean over seeds) read from the committed benchmark files
-    (``results_dir``, default ``<repo>/figures/benchmark``; ``summary``: an already loaded
-    summary frame instead). Quick profile: the fixture world (``fixture=True``), its room
-    measured on ``bench`` (task arithmetic and TSV-M with their coefficients on validation,
-    seconds on the fixture) or taken from ``summary``; without either it has no room, and
-    comparative claims are decided on their measurements alone.
-
-    ``kind``: a text world (:func:`text_worlds`) gives the text world's claim world instead,
-    named :data:`TEXT_CLAIM_WORLDS` (as lesson 07's): in the full profile its room comes from
-    the text benchmark's files (``results_dir``, default ``<repo>/figures/benchmark``, suite
-    :func:`text_suite`), in the quick one it is measured on ``bench`` (the fixture text world)
-    or read from ``summary``. ``description``: the page's sentence about the world (default:
-    one per world)."""
+    Full profile: the mini-world, its room from the committed benchmark files (``results_dir``) or
+    ``summary``; quick: the fixture world, its room measured on ``bench`` or from ``summary`` (none:
+    claims are decided on their measurements). A text ``kind`` gives the text world's claim world."""
     if is_text_world(kind):
         return _text_claim_world(quick=quick, bench=bench, results_dir=results_dir, summary=summary,
                                  suite=text_suite(kind), description=description)

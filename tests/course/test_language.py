@@ -127,16 +127,6 @@ def test_growth_table_reads_each_suites_lead_over_task_arithmetic(tmp_path):
     assert lesson.growth_table(tmp_path / "none").empty
 
 
-def test_gamma_card_table_reads_a_cards_layer_types(tmp_path):
-    pd.DataFrame({"layer_type": ["attention.self.query.weight", "output.dense.weight"], "n_matrices": [6, 6],
-                  "gamma_median": [0.07, 0.4], "gated_fraction": [0.0, 0.5], "log_energy_mean": [-2.3, -1.0],
-                  "log_energy_sd": [0.6, 0.7], "tau_ratio": [0.01, 0.02]}).to_csv(tmp_path / "card_per_layer.csv",
-                                                                                   index=False)
-    g = lesson.gamma_card_table(tmp_path)
-    assert g["layer_type"].tolist() == ["attention.self.query", "output.dense"]
-    assert g["γ median"].tolist() == [0.07, 0.4] and g["share above τ_γ = 0.3 (%)"].tolist() == [0.0, 50.0]
-
-
 def test_room_by_task_ranks_the_tasks_by_tsv_m_over_task_arithmetic(tmp_path):
     _write_run(tmp_path, "text8", 0, ["a", "b"], {"base (zero-shot heads)": 50.0, "task_arithmetic": 80.0,
                                                   "tsv_m": 90.0})
