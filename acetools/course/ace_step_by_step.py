@@ -198,16 +198,6 @@ RAW_NUMERATOR = "raw numerator ΔW_t"
 IDENTITY = "identity estimator (= averaging)"
 
 
-def world_merge_kwargs(bench) -> dict[str, Any]:
-    """What ``merge(...)`` needs from a world beyond the vision mini-world: its key ``layout`` (the
-    text world's ``bert``, the CLIP world's ``hf_clip``), as the benchmark passes it; ``{}`` for the
-    vision world."""
-    world = getattr(bench, "world", None)
-    if world is None or getattr(world, "kind", "vision") == "vision" or not getattr(world, "layout", None):
-        return {}
-    return {"layout": world.layout}
-
-
 #: The ablation of notebook 02: one ACE component changed at a time (``merge("ace", ...)``
 #: hyperparameters; see :func:`acetools.merging.ace.ace_matrix`). "gate on" also switches on
 #: the refinement of every layer, so "gate on, no refinement" isolates the normalisation.
@@ -294,7 +284,7 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
     if merge is None:
         from ..merging import merge
 
-        layout = world_merge_kwargs(bench)
+        layout = bench.layout_kwargs()
     variants = dict(ABLATIONS if variants is None else variants)
     if suite is None:
         suite = getattr(getattr(bench, "zoo", None), "suite", None) or ""
@@ -430,7 +420,7 @@ def eps_sweep(bench, eps_grid: Sequence[float], *, hparams: Mapping[str, Any] | 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             merged = merge("ace", bench.base, bench.experts, **shared, eps=eps, eps_mode=mode,
-                           **world_merge_kwargs(bench))
+                           **bench.layout_kwargs())
         pinv = [w for w in caught if issubclass(w.category, RuntimeWarning) and "pseudo-inverse" in str(w.message)]
         for w in caught:  # every other warning as it was
             if w not in pinv:
@@ -444,9 +434,7 @@ def eps_sweep(bench, eps_grid: Sequence[float], *, hparams: Mapping[str, Any] | 
     return pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------- verdicts
-# Every rule below uses the course's one comparison rule (acetools.course.verdicts): a
-# difference counts when it exceeds max(NOISE, seed spread), else it is a tie.
+# --------------------------------------------------------------------------- verdicts (docs/course.md §Claim rules)
 
 
 def _agree_reason(parts: Sequence[str], noise: float) -> str:

@@ -502,9 +502,7 @@ def norm_order_table(bench, activations: Mapping[str, Sequence[Tensor]] | None =
     return pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------- verdicts
-# Every rule uses the course's one comparison rule (acetools.course.verdicts.compare): a
-# difference counts when it exceeds max(NOISE, seed spread), else it is a tie.
+# --------------------------------------------------------------------------- verdicts (docs/course.md §Claim rules)
 
 
 def _mean_by(table: pd.DataFrame, data: str, cols: Sequence[str]) -> pd.DataFrame:

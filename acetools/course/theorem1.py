@@ -552,20 +552,14 @@ def settings(*, quick: bool, n_tasks: int, d_in: int, d_out: int, seed: int, the
 
 
 # --------------------------------------------------------------------------- verdicts
-#: ace.theorem1 / ace.theorem1_vit: the paper states proportionality, Sigma_t ∝ Cov(ΔW_t),
-#: i.e. a matrix cosine of 1 (cosines are scale-free, which is all "∝" claims). We call it
-#: reproduced at a median cosine of at least 0.9 and partly at 0.7; the isotropic guess I is
-#: reported as the baseline (0.43 in the synthetic regime, 0.22 on the mini-world's ViT).
+#: ace.theorem1 / ace.theorem1_vit: the levels of the median cosine (docs/course.md §Claim rules).
 COSINE_REPRODUCED: float = 0.9
 COSINE_PARTLY: float = 0.7
 #: ace.theorem1_vit, partly: the estimate beats the isotropic guess I in at least this share of
 #: the layer × task cells (it carries covariance information where it is not proportional).
 BEATS_IDENTITY: float = 0.5
-#: ace.unified: the paper's equivalences are exact (weight averaging *is* the closed form with
-#: Sigma_t = kI; WUDI's solution is the closed form's stationary point), so they must hold to
-#: numerical precision: max abs difference on the mini-world (float32 merges), on the float64
-#: synthetic layer, the relative WUDI loss gradient, and the closed form without ridge against
-#: the experts' joint least squares.
+#: ace.unified: the equivalences are exact, so they hold to numerical precision (float32 merges
+#: on the mini-world, float64 on the synthetic layer).
 TOLERANCES: dict[str, float] = {"identity_vit": 1e-6, "identity_synthetic": 1e-10, "wudi_gradient": 1e-8,
                                 "given_jls": 1e-8}
 

@@ -14,11 +14,7 @@ from typing import Any
 
 from ..errors import InputError, InputKeyError
 
-#: The smallest difference (percentage points of accuracy, or of energy / CKA x 100) that
-#: counts, whatever the seeds say: the seed-to-seed noise of a mean accuracy in the
-#: mini-world. The papers' smallest effects that their claims rest on are larger (ESM's
-#: "PS helps SVD too" is +0.6 at 8 tasks, ACE's lead over TSV-M +1.5 to +2.0), so every
-#: claim that the papers' tables support passes this floor on the papers' own numbers.
+#: The smallest difference (points) that counts, whatever the seeds say (docs/course.md §Noise rule).
 NOISE: float = 0.5
 
 #: The word for a difference within the margin, everywhere in the course.
@@ -27,9 +23,7 @@ TIE: str = "tie"
 #: The outcomes of :func:`compare`.
 OUTCOMES: tuple[str, str, str] = ("better", TIE, "worse")
 
-#: The verdict for a claim whose predicted effect in this world is at or below the noise floor
-#: on every setting: a correct paper would give a tie or a small loss here, so the
-#: measurement cannot decide it either way (it is still shown).
+#: The verdict of a claim whose predicted effect is at or below the floor everywhere (docs/course.md §Scaling rule).
 UNDECIDABLE: str = "undecidable here"
 #: The verdict for a claim that needs models or data this world does not have (e.g. GPT-2 on
 #: GLUE in the vision world), or a stage that does not run in it.

@@ -205,6 +205,9 @@ class StubBench:
     def normalized(self, acc, split):
         return {t: a / 0.8 for t, a in acc.items()}
 
+    def layout_kwargs(self):
+        return {}
+
     def run(self, method, *, search="default", label=None, **hparams):
         self.runs.append((method, search, label, hparams))
         return SimpleNamespace(coef_name="scaling", coef=1.3, test={"a": 0.4, "b": 0.6},

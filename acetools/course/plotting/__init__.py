@@ -1,5 +1,1 @@
-"""The lessons' figures, one module per lesson (``acetools.course.plotting.<lesson>``).
-
-Each function draws on the axes it is given; the theme, the saver and the generic heatmap /
-bar / line helpers are the library's :mod:`acetools.plotting`.
-"""
+"""The lessons' figures, one module per lesson; the theme, saver and generic helpers are :mod:`acetools.plotting`."""

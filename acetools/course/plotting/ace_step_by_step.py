@@ -1,10 +1,5 @@
-"""Figures of notebook 02 (ACE-Merging step by step): pure functions ``(ax, data, ...) -> ax``.
-
-Inputs are :func:`acetools.diagnostics.heterogeneity_per_layer`, the tables of
-:mod:`acetools.course.ace_step_by_step` (``layer_table``, ``Ablation.table``, ``eps_sweep``) and
-small frames the lesson builds from its own tensors; no function creates, saves or shows a
-figure. Text is at least 10 pt, legible on a 1280 px page.
-"""
+"""Figures of notebook 02: pure functions ``(ax, data, ...) -> ax`` on the tables of
+:mod:`acetools.course.ace_step_by_step` and :func:`acetools.diagnostics.heterogeneity_per_layer`."""
 
 from __future__ import annotations
 
@@ -31,10 +26,8 @@ def _wants_log(values, ratio: float = 100.0) -> bool:
 
 
 def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | None = None, title: str | None = None):
-    """gamma of every matrix (one point each), one column per layer type, against the paper's
-    lines: ViT gamma < ``vit`` and ACE's gate tau = ``tau`` (RoBERTa: gamma > tau). Flagged
-    layers (gamma > tau) in red. ``table``: :func:`acetools.diagnostics.heterogeneity_per_layer`.
-    ``logy=None``: log scale when gamma spans more than two decades."""
+    """gamma of every matrix, one column per layer type, against the paper's ViT line ``vit`` and ACE's
+    gate ``tau`` (flagged layers in red); ``logy=None``: log scale when gamma spans two decades."""
     missing = [c for c in ("layer_type", "gamma") if c not in table.columns]
     if missing:
         raise InputKeyError(f"gamma_strip: the table has no column {missing[0]!r} (columns: {list(table.columns)}); "
@@ -91,10 +84,8 @@ def task_weights(ax, weights, *, title: str | None = None):
 
 
 def prior_profile(ax, profile, *, title: str | None = None):
-    """The structural prior's column profile |c_j| (markers: positive / negative c_j) against
-    the diagonal of sum_t Sigma_tilde,t and the isotropic ridge sum_t eps_t, on a log scale,
-    columns sorted by the covariance diagonal (descending). ``profile``: columns column, prior
-    (c_j), cov_diag and ridge."""
+    """The prior's column profile |c_j| against the diagonal of sum_t Sigma_tilde,t and the ridge, log
+    scale, columns sorted by the diagonal. ``profile``: columns column, prior, cov_diag, ridge."""
     p = profile.sort_values("cov_diag", ascending=False).reset_index(drop=True)
     j = np.arange(len(p))
     c = p["prior"].to_numpy(dtype=float)

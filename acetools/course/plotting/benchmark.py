@@ -1,9 +1,5 @@
-"""Figures of notebooks 04 (benchmark) and 05 (claims): pure functions ``(ax, data, ...) -> ax``.
-
-The data are the tidy frames of :mod:`acetools.results` (percentages): ``agg`` from
-:func:`~acetools.results.aggregate`, traces from :func:`~acetools.results.search_traces`,
-per-task scores from :func:`~acetools.results.task_scores`.
-"""
+"""Figures of notebooks 04 and 05: pure functions ``(ax, data, ...) -> ax`` on the tidy frames of
+:mod:`acetools.results` (percentages)."""
 
 from __future__ import annotations
 
@@ -88,11 +84,8 @@ def accuracy_vs_tasks(ax, agg: pd.DataFrame, *, metric: str = "test_normalized",
 
 def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None,
                highlight: Sequence[str] = ("ace", "esm")):
-    """Merge seconds against the number of tasks per method (log scale; the time of one merge,
-    the search's evaluations excluded). Where ``agg`` has ``inputs_seconds`` (data inputs
-    timed apart: ESM's proxy capture, RegMean's Gram matrices), each data-dependent method
-    (:data:`acetools.results.DATA_DEPENDENT`) gets a dashed line of its capture time in its
-    own colour."""
+    """Merge seconds against the number of tasks per method (log scale); where ``agg`` has
+    ``inputs_seconds``, each data-dependent method's capture time is a dashed line in its colour."""
     from ...results import DATA_DEPENDENT
 
     ax = accuracy_vs_tasks(ax, agg, metric="merge_seconds", methods=methods, highlight=highlight, legend=False)
@@ -113,10 +106,8 @@ def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None,
 
 
 def wudi_step_size(ax, df: pd.DataFrame, *, value: str = "test_normalized", default_lr: float | None = None):
-    """WUDI's accuracy after its 300 Adam steps against the learning rate (log x), one line per
-    suite (and seed); the dashed line of the same colour is task arithmetic at lambda = 1,
-    WUDI's starting point; the default learning rate (``default_lr``, default: the
-    registry's) is marked. ``df``: :func:`acetools.results.load_wudi_step_size`."""
+    """WUDI's accuracy against its Adam learning rate (log x), one line per suite and seed, task
+    arithmetic at lambda = 1 dashed, ``default_lr`` marked. ``df``: :func:`acetools.results.load_wudi_step_size`."""
     if default_lr is None:
         from ...merging import METHODS
 

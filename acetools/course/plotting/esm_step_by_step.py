@@ -1,13 +1,5 @@
-"""Figures of notebook 03 (ESM step by step): pure functions ``(ax, data, ...) -> ax``.
-
-* ESD vs SVD: :func:`energy_curves`, :func:`cka_bars`;
-* whitening and the three polarization levels: :func:`gram_image`, :func:`task_factor_heatmap`,
-  :func:`dimension_factor_plot`, :func:`layer_factor_bars`;
-* accuracies: :func:`accuracy_bars` (proxy sets), :func:`ablation_bars`, :func:`search_traces`,
-  :func:`norm_order_bars`.
-
-The inputs are the tables of :mod:`acetools.course.esm_step_by_step`.
-"""
+"""Figures of notebook 03: pure functions ``(ax, data, ...) -> ax`` on the tables of
+:mod:`acetools.course.esm_step_by_step`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Figures of notebook 06 (what makes a world mergeable): pure functions ``(ax, data, ...) -> ax``.
-
-The data are regime cards (:class:`acetools.regime.RegimeCard`) and the tables of
-:mod:`acetools.course.mergeable_world`.
-"""
+"""Figures of notebook 06: pure functions ``(ax, data, ...) -> ax`` on regime cards and the tables of
+:mod:`acetools.course.mergeable_world`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Figures of notebook 01 (Theorem 1 of ACE-Merging): pure ``(ax, data, ...) -> ax`` functions.
-
-They read the tidy DataFrames of :mod:`acetools.course.theorem1` (sweeps, ViT agreement, the unified
-framework) and never create or show a figure.
-"""
+"""Figures of notebook 01: pure functions ``(ax, data, ...) -> ax`` on the frames of :mod:`acetools.course.theorem1`."""
 
 from __future__ import annotations
 
@@ -65,13 +61,8 @@ def _positions(values) -> tuple[np.ndarray, list[str], bool]:
 def sweep_panel(ax, data, param: str, *, metrics: Sequence[str] = ("cosine", "cosine_sq"),
                 baseline: str | None = "identity_cosine", logx: bool | None = None, title: str | None = None,
                 legend: bool = True):
-    """Agreement against one swept knob: the median over tasks of each metric, with a
-    min–max band; the isotropic guess's cosine dashed (``baseline``).
-
-    ``data`` is a :func:`acetools.course.theorem1.sweep` frame; rows with ``param`` equal to the
-    argument are used. Numeric knobs get a log x axis when they span more than a factor 20
-    (``logx=None``); categorical knobs (optimizer, activation) get one tick each.
-    """
+    """Median over tasks of each metric against one swept knob (``param``) of a :func:`acetools.course.theorem1.sweep`
+    frame, with a min–max band and the isotropic guess dashed; ``logx=None``: log x past a factor 20."""
     d = data[data["param"] == param] if "param" in data else data
     if d.empty:
         raise InputError(f"no rows with param == {param!r}; swept knobs: {sorted(set(data['param']))}")
