@@ -23,6 +23,7 @@ from ..errors import InputError, InputKeyError
 from ..keys import short_name
 from ..merging import METHODS
 from ..merging import ace as A
+from .paper_tables import ACE_STAGE_ABLATION, paper_room
 from .verdicts import (
     NOISE,
     NOT_TESTABLE,
@@ -464,15 +465,12 @@ def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> V
     return Verdict(measured, v, reason, nums, value=nums["median_gamma"])
 
 
-#: The paper's ViT setting (ViT-B/16): the effect each stage has there, per ACE's own ablation
-#: and its gate (docs/methods.md §ACE): refinement 90.60 -> 90.60, and gamma < 0.25 keeps the
-#: gate off. These are what a vision world's stage claims predict.
-VIT_STAGE_EFFECT: dict[str, float] = {"refinement": 0.0}
+#: The effect each stage has in the paper's ViT setting (:data:`acetools.course.paper_tables.ACE_STAGE_ABLATION`):
+#: what a vision world's stage claims predict.
+VIT_STAGE_EFFECT: dict[str, float] = {k: v["effect"] for k, v in ACE_STAGE_ABLATION.items()}
 
 
 def _paper_room_vit(n_tasks: int) -> float:
-    from .paper_tables import paper_room
-
     return paper_room("spec", n_tasks if n_tasks in (8, 14, 20) else 8)
 
 

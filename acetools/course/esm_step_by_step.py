@@ -23,7 +23,8 @@ from ..errors import InputError, InputKeyError
 from ..merging import esm as E
 from ..merging import is_matrix_param, merge
 from ..search import climb_search, esm_search, grid_search
-from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare
+from .paper_tables import ESM_ABLATION, paper_room
+from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare, decide, effect
 
 StateDict = dict[str, Tensor]
 
@@ -696,13 +697,17 @@ def _also(v: Verdict, gains: Mapping[str, float], what: str) -> Verdict:
     return Verdict(v.measured, v.verdict, f"{v.reason}; {what}: {txt} (not judged)", nums)
 
 
-#: The paper's effects on ViT-B/16 (ESM's ablation, absolute points at 8 / 20 tasks) that the
-#: ablation claims predict: ESD alone over TSV-M, SVD + PS over TSV-M, the layer level's gain
-#: over ESD alone, and the reciprocal's cost ("5+ points").
+def _ablation_gain(a: tuple[str, str], b: tuple[str, str]) -> dict[int, float]:
+    """Row ``a`` minus row ``b`` of the paper's ESM ablation (:data:`acetools.course.paper_tables.ESM_ABLATION`)."""
+    t = ESM_ABLATION.set_index(["decomposition", "scaling"])
+    return {n: float(t.loc[a, f"tasks{n}"] - t.loc[b, f"tasks{n}"]) for n in (8, 20)}
+
+
+#: The paper's ViT-B/16 ablation effects (absolute points at 8 / 20 tasks) the ablation claims predict.
 PAPER_ABLATION_EFFECTS: dict[str, dict[int, float]] = {
-    "esm.esd_alone": {8: 90.9 - 89.0, 20: 82.8 - 80.6},
-    "esm.ps_on_svd": {8: 89.6 - 89.0, 20: 82.1 - 80.6},
-    "esm.layer_first": {8: 91.4 - 90.9, 20: 83.7 - 82.8},
+    "esm.esd_alone": _ablation_gain(("ESD", "none"), ("SVD", "none")),
+    "esm.ps_on_svd": _ablation_gain(("SVD", "all"), ("SVD", "none")),
+    "esm.layer_first": _ablation_gain(("ESD", "layer"), ("ESD", "none")),
     "esm.reciprocal": {8: RECIPROCAL_DROP, 20: RECIPROCAL_DROP},
 }
 
@@ -719,9 +724,6 @@ def _with_effects(v: Verdict, cid: str, gains: Mapping[str, float], world: Any, 
     ablation effect scaled to ``world``'s absolute room, :data:`PAPER_ABLATION_EFFECTS`), and
     the verdict ``undecidable here`` where no suite's prediction exceeds the floor
     (otherwise the rule's verdict on the suites where it does, by the same agreement)."""
-    from .paper_tables import paper_room
-    from .verdicts import decide, effect
-
     if world is None or n_tasks is None:
         return Verdict(v.measured, v.verdict, v.reason, v.numbers,
                        [effect(s, g, noise=noise) for s, g in gains.items()])
