@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -376,7 +376,3 @@ def styled_table(table: Any) -> Any:
                      for c in ("predicted_effect", "noise_floor", "measured_effect")})
             .apply(lambda col: colours, subset=["verdict"], axis=0)
             .set_properties(subset=["measured", "reason"], **{"text-align": "left"}))
-
-
-def as_dict(c: Claim) -> dict[str, str]:
-    return asdict(c)

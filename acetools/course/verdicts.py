@@ -20,9 +20,6 @@ NOISE: float = 0.5
 #: The word for a difference within the margin, everywhere in the course.
 TIE: str = "tie"
 
-#: The outcomes of :func:`compare`.
-OUTCOMES: tuple[str, str, str] = ("better", TIE, "worse")
-
 #: The verdict of a claim whose predicted effect is at or below the floor everywhere (docs/course.md §Scaling rule).
 UNDECIDABLE: str = "undecidable here"
 #: The verdict for a claim that needs models or data this world does not have (e.g. GPT-2 on
@@ -288,11 +285,6 @@ def compare(diff: float, spread: float | None = None, noise: float = NOISE) -> s
     if diff < -m:
         return "worse"
     return TIE
-
-
-def counts(diff: float, spread: float | None = None, noise: float = NOISE) -> bool:
-    """Whether ``diff`` is a gain that counts (``compare(...) == "better"``)."""
-    return compare(diff, spread, noise) == "better"
 
 
 def agreement(agree: Sequence[bool]) -> str:

@@ -13,7 +13,7 @@ from acetools.course.claims import VERDICTS
 def test_one_vocabulary():
     assert V.VERDICTS == VERDICTS == ("reproduced", "partly", "not reproduced", "undecidable here",
                                       "not testable here")
-    assert V.TIE == "tie" and V.OUTCOMES == ("better", "tie", "worse")
+    assert V.TIE == "tie"
     assert V.NOISE == 0.5
 
 
@@ -35,7 +35,6 @@ def test_compare_counts_only_beyond_the_margin():
     assert V.compare(0.5) == "tie" and V.compare(-0.5) == "tie"  # exactly the margin is a tie
     assert V.compare(0.8, spread=1.0) == "tie" and V.compare(1.1, spread=1.0) == "better"
     assert V.compare(0.3, noise=0.2) == "better"
-    assert V.counts(0.6) and not V.counts(0.4)
     with pytest.raises(ValueError, match="finite"):
         V.compare(float("nan"))
     # the smallest effects the papers' claims rest on count: ESM's "PS helps SVD too" +0.6 at 8 tasks,
