@@ -139,15 +139,16 @@ def ridge_of(trace: float, *, eps: float, normalize: bool, eps_mode: str = "abso
 
 
 def normalize_covariances(Sigma_hat: Sequence[Tensor | TaskCovariance], *, eps: float = 1e-2, normalize: bool = False,
-                          eps_mode: str = "absolute", precision: str = "float64") -> NormalizedCovariances:
+                          eps_mode: str = "absolute", precision: str = "float64", numerator: str = "centered",
+                          refine: bool = True) -> NormalizedCovariances:
     """Trace normalisation and Tikhonov regularisation (eqs 8-10; docs/methods.md §ACE, Eqs. (ACE.7)-(ACE.8)).
 
     tr_t = Tr(Sigma_hat_t) + 1e-12. If ``normalize`` (a flagged layer with ``trace_norm``):
     Σ̃_t = Sigma_hat_t / tr_t, Sigma_reg,t = Σ̃_t + (eps / tr_t) I; else Sigma_reg,t = Sigma_hat_t + eps I
-    (``eps_mode="relative"``, not the paper's: :func:`ridge_of`). Given unformed covariances
-    (``estimate_covariance(..., factored=True)``) the tasks are streamed here, once
-    (:func:`acetools.merging.linalg.task_sums`, in ``precision``), into the sums that
-    :func:`structural_prior`, :func:`closed_form` and :func:`spectral_refine` read.
+    (``eps_mode="relative"``: :func:`ridge_of`). Unformed covariances (``estimate_covariance(..., factored=True)``)
+    are streamed here, once (:func:`acetools.merging.linalg.task_sums`, in ``precision``), into the sums that
+    :func:`structural_prior`, :func:`closed_form` (for ``numerator``) and :func:`spectral_refine` (if
+    ``refine``) read; given other inputs, a stage computes its sums as written.
     """
     if len(Sigma_hat) == 0:
         raise InputError("normalize_covariances needs at least one covariance")
@@ -165,7 +166,8 @@ def normalize_covariances(Sigma_hat: Sequence[Tensor | TaskCovariance], *, eps: 
 
     covs = [S for S in Sigma_hat if isinstance(S, TaskCovariance)]
     if len(covs) == len(Sigma_hat):
-        sums = linalg.task_sums(covs, rule, dtype=torch.float64 if precision == "float64" else torch.float32)
+        sums = linalg.task_sums(covs, rule, dtype=torch.float64 if precision == "float64" else torch.float32,
+                                centered=numerator == "centered", refine=refine)
         tildes = linalg.StreamedCovariances((c._replace(scale=float(s)) for c, s in zip(covs, sums.scales)), sums)
         return NormalizedCovariances(tildes, sums.ridge, sums.traces, bool(normalize))
     S64 = [dense_covariance(S) for S in Sigma_hat]
@@ -214,8 +216,9 @@ def closed_form(numerators: Sequence[Tensor], Sigma_reg: NormalizedCovariances |
     tildes = Sigma_reg.Sigma_tilde if isinstance(Sigma_reg, NormalizedCovariances) else Sigma_reg
     sums = _sums_of(tildes)
     centered = isinstance(numerators, linalg.CenteredRows)
-    if sums is not None and sums.made_of(numerators.delta_W if centered else numerators):  # type: ignore[attr-defined]
-        return linalg.solve_task_sums(sums, centered, check_prior(C_agg, sums.S.shape[0], name), name=name)
+    dWs = numerators.delta_W if centered else numerators  # type: ignore[attr-defined]
+    if sums is not None and sums.centered == centered and sums.made_of(dWs):
+        return linalg.solve_task_sums(sums, check_prior(C_agg, sums.S.shape[0], name), name=name)
     nums = [N.double() for N in numerators]  # T x (d_out, d_in)
     covs = [dense_covariance(S) for S in tildes]  # T x (d_in, d_in)
     if len(covs) != len(nums):
@@ -260,7 +263,7 @@ def spectral_refine(W_pre: Tensor, delta_W: Sequence[Tensor], Sigma_tilde: Seque
         raise InputError(f"layer {name!r}: {len(delta_W)} task vectors but {len(Sigma_tilde)} covariances")
     Wp = W_pre.double()  # (d_out, d_in)
     sums = _sums_of(Sigma_tilde)
-    streamed = sums is not None and sums.made_of(delta_W)
+    streamed = sums is not None and sums.task_sum is not None and sums.made_of(delta_W)
     if streamed:
         assert sums is not None
         res = sums.residual(Sigma_reg_mean)  # Δ_res (d_out, d_in)
@@ -342,7 +345,7 @@ def ace_matrix(delta_W: Sequence[Tensor], *, tau: float, eps: float, k_frac: flo
     if Sigma_hat is None:
         Sigma_hat = [estimate_covariance(d, estimator, wudi_p=wudi_p, factored=True) for d in dWs]
     norm = normalize_covariances(Sigma_hat, eps=eps, normalize=flag and trace_norm, eps_mode=eps_mode,
-                                 precision=precision)
+                                 precision=precision, numerator=sw.numerator, refine=flag and refine)
     C_agg = structural_prior(norm.Sigma_tilde, energy=float(energies.mean()) if flag else None) if sw.prior else None
     numerators = linalg.CenteredRows(dWs) if sw.numerator == "centered" else dWs  # T x (d_out, d_in)
     W_pre = closed_form(numerators, norm, C_agg, name=name)  # (d_out, d_in), float64

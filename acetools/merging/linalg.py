@@ -571,31 +571,32 @@ class TaskCovariance(NamedTuple):
 class TaskSums(NamedTuple):
     """The sums over the T tasks that ACE's stages read, from one pass (:func:`task_sums`).
 
-    With W̃_t = ΔW_t - 1 μ_tᵀ (μ_t the mean row) and Σ̃_t = s_t Sigma_hat_t, every product of a
-    numerator with Σ̃_t follows: ΔW_t Σ̃_t = W̃_t Σ̃_t + 1 (Σ̃_tᵀ μ_t)ᵀ.
+    N_t is the numerator the pass was made for (W̃_t = ΔW_t - 1 μ_tᵀ if ``centered``, else ΔW_t;
+    μ_t the mean row) and Σ̃_t = s_t Sigma_hat_t. For the refinement ΔW_t Σ̃_t = W̃_t Σ̃_t + 1 (Σ̃_tᵀ μ_t)ᵀ.
     """
 
     S: Tensor  # sum_t Σ̃_t (d_in, d_in)
-    B: Tensor  # sum_t W̃_t Σ̃_t (d_out, d_in)
-    v: Tensor  # sum_t Σ̃_tᵀ μ_t (d_in,)
-    R: Tensor  # sum_t r_t W̃_t (d_out, d_in), r_t the ridge
-    r_mu: Tensor  # sum_t r_t μ_t (d_in,)
-    task_sum: Tensor  # sum_t ΔW_t (d_out, d_in)
+    B: Tensor  # sum_t N_t Σ̃_t (d_out, d_in); sum_t N_t (Σ̃_t + r_t I) when R is None (the ridge folded in)
+    R: Tensor | None  # sum_t r_t N_t (d_out, d_in), kept apart for the refinement
+    v: Tensor | None  # sum_t Σ̃_tᵀ μ_t (d_in,): centred numerator with the refinement
+    task_sum: Tensor | None  # sum_t ΔW_t (d_out, d_in): with the refinement
     traces: Tensor  # (T,) tr_t, float64
     scales: Tensor  # (T,) s_t, float64
     ridge: Tensor  # (T,) r_t, float64
     symmetric: bool  # every Σ̃_t symmetric (a Cholesky may solve)
     covs: Sequence[TaskCovariance]  # what they were made of (the same pass again in float64)
     rule: Callable[[float], tuple[float, float, float]]
+    centered: bool  # N_t = W̃_t (else ΔW_t)
 
-    def numerator(self, centered: bool) -> Tensor:
-        """sum_t N_t (Σ̃_t + r_t I) (d_out, d_in) for N_t = W̃_t (``centered``) or ΔW_t (eq. 14)."""
-        B = self.B + self.R
-        return B if centered else B.add_(self.v + self.r_mu)
+    def numerator(self) -> Tensor:
+        """sum_t N_t (Σ̃_t + r_t I) (d_out, d_in), the numerator of eq. 14 (a new tensor when R is kept)."""
+        return self.B if self.R is None else self.B + self.R
 
     def residual(self, Sigma_reg_mean: Tensor) -> Tensor:
-        """Δ_res = sum_t ΔW_t Σ̃_t - (sum_t ΔW_t) Σ̄_reg (d_out, d_in), eq. 16 of ACE-Merging."""
-        return (self.B + self.v).addmm_(self.task_sum, Sigma_reg_mean.to(self.B.dtype), alpha=-1.0)
+        """Δ_res = sum_t ΔW_t Σ̃_t - (sum_t ΔW_t) Σ̄_reg (d_out, d_in), eq. 16 of ACE-Merging (a new tensor)."""
+        assert self.task_sum is not None, "task_sums(..., refine=True) keeps what the residual reads"
+        res = self.B + self.v if self.v is not None else self.B.clone()  # sum_t ΔW_t Σ̃_t
+        return res.addmm_(self.task_sum, Sigma_reg_mean.to(self.B.dtype), alpha=-1.0)
 
     def made_of(self, delta_W: Sequence[Tensor]) -> bool:
         """Whether ``delta_W`` are the very task vectors these sums were made of."""
@@ -643,7 +644,7 @@ class CenteredRows(Sequence):
         return self.delta_W[t] - self.delta_W[t].mean(dim=0, keepdim=True)
 
 
-def solve_task_sums(sums: TaskSums, centered: bool, C_agg: Tensor | None = None, *, name: str = "") -> Tensor:
+def solve_task_sums(sums: TaskSums, C_agg: Tensor | None = None, *, name: str = "") -> Tensor:
     """W_bar_pre = (sum_t N_t Sigma_reg,t)(sum_t Sigma_reg,t + C_agg)^-1 (eq. 14 of ACE-Merging) from the
     sums, float64 (d_out, d_in). A symmetric system with C_agg = 1 cᵀ (or none) by Cholesky with
     Sherman–Morrison (:func:`solve_spd_rank_one`); otherwise, or where that fails, the sums again in
@@ -651,14 +652,14 @@ def solve_task_sums(sums: TaskSums, centered: bool, C_agg: Tensor | None = None,
     W = None
     if sums.symmetric and (C_agg is None or torch.equal(C_agg, C_agg[:1].expand_as(C_agg))):
         M = sums.S.clone()  # sum_t Sigma_reg,t (d_in, d_in)
-        M.diagonal().add_(sums.ridge.sum())
-        W = solve_spd_rank_one(sums.numerator(centered), M, None if C_agg is None else C_agg[0], overwrite=True)
+        M.diagonal().add_(float(sums.ridge.sum()))
+        W = solve_spd_rank_one(sums.numerator(), M, None if C_agg is None else C_agg[0], overwrite=True)
     if W is None:
-        if sums.B.dtype != torch.float64:
-            sums = task_sums(sums.covs, sums.rule, dtype=torch.float64)
+        if sums.B.dtype != torch.float64 or sums.R is not None:  # the float64 sums with the ridge folded in
+            sums = task_sums(sums.covs, sums.rule, dtype=torch.float64, centered=sums.centered, refine=False)
         A = sums.S.clone()
         A.diagonal().add_(float(sums.ridge.sum()))
-        W = solve_right(sums.numerator(centered), A if C_agg is None else A + C_agg.double(), name=name)
+        W = solve_right(sums.numerator(), A if C_agg is None else A + C_agg.double(), name=name)
     return W.double()
 
 
@@ -677,21 +678,27 @@ def _sq_norm(F: Tensor) -> float:
 
 
 def task_sums(covs: Sequence[TaskCovariance], rule: Callable[[float], tuple[float, float, float]], *,
-              dtype: torch.dtype = torch.float64) -> TaskSums:
+              dtype: torch.dtype = torch.float64, centered: bool = True, refine: bool = True) -> TaskSums:
     """One pass over the tasks, holding O(1) matrices in T (docs/methods.md §ACE; docs/performance.md).
 
     ``rule(trace) -> (tr_t, s_t, r_t)`` turns Tr(Sigma_hat_t) into the trace, scale and ridge of
-    Σ̃_t = s_t Sigma_hat_t (ACE's normalisation; ``covs`` are unscaled). Each task's covariance is made, accumulated and
-    dropped in turn; ΔW_t and W̃_t live in two reused buffers of the working ``dtype``.
+    Σ̃_t = s_t Sigma_hat_t (ACE's normalisation; ``covs`` are unscaled). Each task's covariance is made,
+    accumulated and dropped in turn; ΔW_t and W̃_t live in two reused buffers of the working ``dtype``.
+    ``centered``: the numerator N_t is W̃_t (else ΔW_t); ``refine``: also keep what the refinement
+    reads (sum_t r_t N_t apart, sum_t ΔW_t and, centred, sum_t Σ̃_t μ_t); without it the ridge is
+    folded into B and those d_out × d_in sums are not held.
 
-    Cheapest association: for the Gram kinds (Sigma_hat_t = q Fᵀ F) W̃ Σ̃ is formed as
-    (W̃ Fᵀ) F, the d_out × d_out association, when 2 d_out < d_in (CLIP's mlp.c_proj: half the
-    flops), else as W̃ G with the d_in × d_in Gram G = Fᵀ F that S needs anyway (a blocked SYRK).
+    Cheapest association: for the Gram kinds (Sigma_hat_t = q Fᵀ F) N Σ̃ is formed as
+    (N Fᵀ) F, the d_out × d_out association, when 2 d_out < d_in (CLIP's mlp.c_proj: half the
+    flops), else as N G with the d_in × d_in Gram G = Fᵀ F that S needs anyway (a blocked SYRK).
     """
     d_out, d_in = covs[0].delta_W.shape
     dev = covs[0].delta_W.device
     z = functools.partial(torch.zeros, dtype=dtype, device=dev)
-    S, B, R, task_sum, v, r_mu = z(d_in, d_in), z(d_out, d_in), z(d_out, d_in), z(d_out, d_in), z(d_in), z(d_in)
+    S, B = z(d_in, d_in), z(d_out, d_in)
+    R = z(d_out, d_in) if refine else B  # R is B: each r_t N_t lands in B
+    v = z(d_in) if refine and centered else None
+    task_sum = z(d_out, d_in) if refine else None
     T = len(covs)
     traces, scales, ridge = (torch.empty(T, dtype=torch.float64, device=dev) for _ in range(3))
     rows_first = 2 * d_out < d_in
@@ -701,33 +708,37 @@ def task_sums(covs: Sequence[TaskCovariance], rule: Callable[[float], tuple[floa
     for t, cov in enumerate(covs):
         d = d_buf.copy_(cov.delta_W)  # ΔW_t (d_out, d_in)
         mu = d.mean(dim=0)  # (d_in,)
-        N = torch.sub(d, mu, out=c_buf)  # W̃_t (d_out, d_in)
-        task_sum += d
+        N = torch.sub(d, mu, out=c_buf) if centered else d  # N_t (d_out, d_in)
+        if task_sum is not None:
+            task_sum += d
         if cov.kind in ("ace", "wudi"):
-            F, q = N, 1.0
+            F, q = (N if centered else torch.sub(d, mu, out=c_buf)), 1.0  # Sigma_hat_t = q Fᵀ F
             if cov.kind == "wudi":
                 norm = float(torch.linalg.matrix_norm(d.double()))
                 F, q = d, (0.0 if norm == 0 else 1.0 / norm**cov.wudi_p)
             tr, s, r = rule(q * _sq_norm(F))
-            a = q * s if cov.kind == "wudi" else s  # Σ̃_t = a Fᵀ F
+            a = q * s  # Σ̃_t = a Fᵀ F
             if rows_first:  # S += a Fᵀ F (lower triangle), B += a (N Fᵀ) F, v += a Fᵀ (F μ)
                 syrk_lower_(S, F, alpha=a)
                 lower_only = True
                 H = symmetrize_lower_(syrk_lower_(F.new_zeros(d_out, d_out), F.mT)) if N is F else N @ F.mT
                 B.addmm_(H, F, alpha=a)
                 del H
-                v.add_((F @ mu) @ F, alpha=a)
+                if v is not None:
+                    v.add_((F @ mu) @ F, alpha=a)
             else:
                 G = symmetrize_lower_(syrk_lower_(F.new_zeros(d_in, d_in), F))  # (d_in, d_in)
                 S.add_(G, alpha=a)
                 B.addmm_(N, G, alpha=a)
-                v.add_(G @ mu, alpha=a)
+                if v is not None:
+                    v.add_(G @ mu, alpha=a)
                 del G
         elif cov.kind == "identity":
             tr, s, r = rule(float(d_in))
             S.diagonal().add_(s)
             B.add_(N, alpha=s)
-            v.add_(mu, alpha=s)
+            if v is not None:
+                v.add_(mu, alpha=s)
         else:  # "given"
             assert cov.matrix is not None, "kind 'given' carries its matrix"
             tr, s, r = rule(float(torch.diagonal(cov.matrix.double()).sum()))
@@ -735,14 +746,14 @@ def task_sums(covs: Sequence[TaskCovariance], rule: Callable[[float], tuple[floa
             symmetric = symmetric and bool(torch.allclose(cov.matrix, cov.matrix.mT, rtol=1e-12, atol=0))
             S.add_(Sg, alpha=s)
             B.addmm_(N, Sg, alpha=s)
-            v.add_(mu @ Sg, alpha=s)
+            if v is not None:
+                v.add_(mu @ Sg, alpha=s)
         R.add_(N, alpha=r)
-        r_mu.add_(mu, alpha=r)
         traces[t], scales[t], ridge[t] = tr, s, r
         del d, N
     if lower_only:
         symmetrize_lower_(S)
-    return TaskSums(S, B, v, R, r_mu, task_sum, traces, scales, ridge, symmetric, covs, rule)
+    return TaskSums(S, B, R if refine else None, v, task_sum, traces, scales, ridge, symmetric, covs, rule, centered)
 
 
 # --------------------------------------------------------------------------- ESM's Step A
