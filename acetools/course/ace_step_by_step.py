@@ -23,6 +23,7 @@ from ..errors import InputError, InputKeyError
 from ..keys import short_name
 from ..merging import METHODS
 from ..merging import ace as A
+from ..merging.linalg import top_svd
 from .paper_tables import ACE_STAGE_ABLATION, paper_room
 from .verdicts import (
     NOISE,
@@ -70,14 +71,9 @@ def gamma_by_type(table: Any, *, tau: float = TAU) -> Any:
 
 
 def _bases(M: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Orthonormal bases of the top-k left and right singular subspaces of M, from the float64
-    eigendecomposition of the Gram of its smaller side (a thin SVD computes all r vectors)."""
-    M = M.double()
-    if M.shape[0] >= M.shape[1]:
-        V = torch.linalg.eigh(M.T @ M)[1][:, -k:].flip(-1)  # (d_in, k)
-        return torch.linalg.qr(M @ V)[0], V
-    U = torch.linalg.eigh(M @ M.T)[1][:, -k:].flip(-1)  # (d_out, k)
-    return U, torch.linalg.qr(M.T @ U)[0]
+    """Orthonormal bases (float64) of the top-k left and right singular subspaces of M."""
+    U, _, Vh = top_svd(M, k, gram=True)
+    return U, Vh.mT
 
 
 def _mean_cos(QA: Tensor, QB: Tensor) -> float:
