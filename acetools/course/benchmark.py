@@ -546,27 +546,20 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     elif text:
         res_dir, run_size, main_suite, world = _text_files(str(options["kind"]), seed, results_dir, recompute)
         run_suites = [main_suite]
-    elif world_options:
+    else:  # the mini-world, or the CLIP world with world_options
         res_dir = Path(results_dir).expanduser().resolve()
-        run_size, main_suite = "clip-vit-b32", course.clip_suite(suite)
-        run_suites = list(dict.fromkeys(course.clip_suite(s) for s in suites))
+        clip = bool(world_options)
+        run_size, main_suite = ("clip-vit-b32", course.clip_suite(suite)) if clip else (size, suite)
+        run_suites = list(dict.fromkeys(course.clip_suite(s) for s in suites)) if clip else list(suites)
         if recompute:
             for s in run_suites:
-                full_bench = course.benchmark(course.world(s, size, seed=seed, device=device, **world_options),
+                full_bench = course.benchmark(course.world(s, size, seed=seed, device=device, **options),
                                               patience=PATIENCE)
                 results.write_results(full_bench, res_dir, f"{s}_{run_size}_seed{seed}", progress=True,
-                                      extra={**ACE_SCALED_ROW, **VARIANTS})
-        world = (f"the papers' CLIP ViT-B/32 with the public experts: suites {', '.join(run_suites)}, compared "
-                 "with the papers' ViT-B/32 columns")
-    else:
-        res_dir = Path(results_dir).expanduser().resolve()
-        run_size, run_suites, main_suite = size, list(suites), suite
-        if recompute:
-            for s in run_suites:
-                full_bench = course.benchmark(course.world(s, size, seed=seed, device=device), patience=PATIENCE)
-                results.write_results(full_bench, res_dir, f"{s}_{size}_seed{seed}", progress=True,
                                       extra={**ACE_SCALED_ROW, **VARIANTS})  # as benchmarks/mini_world.sh
-        world = f"the mini-world: suites {', '.join(run_suites)} at model size {size}"
+        world = (f"the papers' CLIP ViT-B/32 with the public experts: suites {', '.join(run_suites)}, compared "
+                 "with the papers' ViT-B/32 columns" if clip
+                 else f"the mini-world: suites {', '.join(run_suites)} at model size {size}")
     runs = results.require_results(res_dir, run_suites, run_size)
     summary = results.load_summary(runs)
     agg = aggregate(summary)
