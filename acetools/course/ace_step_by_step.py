@@ -439,10 +439,8 @@ def _agree_reason(parts: Sequence[str], noise: float) -> str:
 
 
 def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> Verdict:
-    """ace.gamma_vit. The paper: ViT-B/16 has gamma < 0.25 (so ACE skips normalisation on
-    ViTs), RoBERTa gamma > 0.3. Rule: ``reproduced`` if at least 90% of our ViT's matrices
-    have gamma < ``vit`` (the paper's 0.25); ``partly`` if the median gamma is below ``vit``
-    (most layers, not all); else ``not reproduced``. The RoBERTa half is not testable here."""
+    """ace.gamma_vit (rule: docs/course.md §Claim rules) at the paper's ViT level ``vit``; the RoBERTa
+    half is not testable in a vision world."""
     g = gtable["gamma"].to_numpy(dtype=float)
     frac_below = float(np.mean(g < vit))
     nums = {"median_gamma": float(np.median(g)), "frac_below_vit": frac_below,

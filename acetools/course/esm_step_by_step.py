@@ -549,10 +549,8 @@ def verdict_energy(table: pd.DataFrame, data: str = "held-out", *, retention: fl
 
 
 def verdict_cka(table: pd.DataFrame, data: str = "held-out", *, retention: float | None = None) -> Verdict:
-    """esm.cka. The paper: at 5 % retention ESD's reconstruction has "much higher" CKA than
-    SVD's (no number). Rule (CKA in points, x100): ESD's mean CKA at the retention k beats
-    SVD's (:func:`~acetools.course.verdicts.compare`) in every layer type -> reproduced; on
-    the average but not in every type -> partly; otherwise not reproduced."""
+    """esm.cka (rule: docs/course.md §Claim rules): ESD's mean CKA minus SVD's (points) per layer type
+    of ``data`` in :func:`esd_vs_svd`'s table."""
     by = _mean_by(table, data, ["cka_esd", "cka_svd"])
     diffs = 100 * (by["cka_esd"] - by["cka_svd"])
     per_type = {k: float(v) for k, v in diffs.items() if k != "all layers"}
@@ -641,10 +639,8 @@ RECIPROCAL_DROP: float = 5.0
 
 
 def verdict_reciprocal(drops: Mapping[str, float], big: float = RECIPROCAL_DROP, measured: str = "") -> Verdict:
-    """esm.reciprocal. ``drops`` = (exponent +2) - (exponent -1), test accuracy points per
-    suite. The paper: the reciprocal costs 5+ points. Rule: every drop >= ``big`` (the
-    paper's 5) -> reproduced; every drop counts (beyond NOISE) but not all that big ->
-    partly; otherwise not reproduced."""
+    """esm.reciprocal (rule: docs/course.md §Claim rules): ``drops`` = (exponent +2) - (exponent -1)
+    per suite, against the paper's ``big``."""
     nums = {f"drop_{s}": float(d) for s, d in drops.items()}
     txt = ", ".join(f"{s} {d:+.2f}" for s, d in drops.items())
     what = f"the paper's exponent (+2) minus the reciprocal (-1): {txt} points"
