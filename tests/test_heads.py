@@ -294,6 +294,7 @@ def test_a_bare_backbone_base_merges_with_classifier_experts_and_the_reverse(tmp
     bare_experts = [_bare(e, family, tmp_path / f"bare_{e.name}") for e in experts]
     rev, ref2 = tmp_path / "reverse", tmp_path / "all_bare"
     merge_files("ties", base, bare_experts, rev)
+    assert "the experts are bare backbones" in merge_files("ties", base, bare_experts, dry_run=True).plan.summary()
     merge_files("ties", bare, bare_experts, ref2)
     got, want = open_checkpoint(rev).state_dict(), open_checkpoint(ref2).state_dict()
     assert sorted(got) == sorted(want) and not any(k.startswith(prefix) for k in got)

@@ -1,27 +1,9 @@
-"""Merge checkpoints on disk: ``acetools merge`` in Python (:func:`merge_files`).
+"""Merge checkpoints on disk: ``acetools merge`` in Python (:func:`merge_files`; docs/your-models.md).
 
-The files are read by the one merge driver of :func:`acetools.merge`
-(:func:`acetools.merging.driver.run`, over a :class:`acetools.merging.driver.Source` of
-checkpoints), in one of its two ways, with equal results:
-
-- **streaming** (methods whose :func:`acetools.merging.key_scope` is not ``"model"``: weight
-  averaging, task arithmetic, TIES, DARE, TSV-M, Iso-C, Iso-CTS, CART, WUDI, ACE, RegMean): for
-  each key, read W0 and the T expert tensors from disk (safetensors are read lazily), merge that
-  key (:func:`acetools.merging.merge_key`) and hand the result to a
-  :class:`acetools.files.checkpoints.ShardedWriter`. Peak memory is about (T + 2) x the largest
-  tensor in the compute dtype plus the method's work space for it (the writer holds no
-  shard). A method's model-wide step is its registry entry's ``prepare`` hook: TIES and
-  DARE-TIES with ``scope="global"`` read the files in extra passes, two (four for float64) for
-  the exact per-task trim threshold over the whole model (a radix select on the float bits: the
-  same value as sorting every entry) and one for the majority sign, then merge;
-- **in memory** (ESM, or ``mode="memory"``): one call of the method on every key, the task
-  vectors formed key by key as it reads them, then written the same way.
-
-Non-float tensors are carried from the base; tied keys (GPT-2's ``lm_head``/``wte``) are
-merged once and written under every key the base file has; in x out weights are transposed to
-d_out x d_in around the method. Classifier heads of different shapes (``num_labels``) stay per task
-(``heads="per-task"``, the default for classifiers: :mod:`acetools.files.heads`). See
-docs/your-models.md.
+The files go through the one merge driver of :func:`acetools.merge` (:func:`acetools.merging.driver.run`
+over checkpoints), streamed key by key for every method whose key scope allows it (peak memory about
+(T + 2) x the largest tensor plus the method's work space), else in memory (docs/your-models.md
+§Memory: streaming and what each method holds); heads as :mod:`acetools.files.heads` plans them.
 """
 
 from __future__ import annotations
@@ -162,7 +144,7 @@ class MergePlan:
             f"layout {self.layout.name}: {self.layout.description}",
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
-            *([self.heads.summary()] if self.heads.mode != "merge" else []),
+            *([self.heads.summary()] if self.heads.mode != "merge" or self.heads.alignment is not None else []),
             *([f"note: {self.method} {METHODS[self.method].note}"] if METHODS[self.method].note else []),
             f"memory: {self.memory_text(largest['key'])}",
         ]
@@ -498,25 +480,15 @@ def merge_files(
     force_layout: bool = False,
     force: bool = False,
 ) -> MergeResult:
-    """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out``.
+    """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
 
-    ``base``/``experts``: paths (files or folders; see :mod:`acetools.files.checkpoints`).
-    ``hparams``: the method's hyperparameters (``METHODS[method].hparams``). ``layout``: a
-    preset name, ``"auto"`` (from the base's config.json or key names) or a Layout. ``dtype``:
-    output dtype of the float tensors (default: each key's dtype in the base); merging is done
-    in float32 (float64 stays float64). ``device``: where each key is merged. ``shard_size``:
-    the largest output file (e.g. ``"5GB"``). ``mode``: ``"auto"`` streams when the method
-    allows it, ``"stream"`` insists, ``"memory"`` loads everything. ``dry_run``: plan only,
-    write nothing. ``out`` must not hold an input or earlier weights (``overwrite=True`` to
-    replace a previous merge); the base folder's config and tokenizer files are copied next
-    to the weights, so the result loads like the base. ``heads``: ``"auto"`` (default:
-    ``"per-task"`` for classifiers such as ``*ForSequenceClassification``, else ``"merge"``),
-    ``"merge"``, ``"per-task"`` (merge the backbone, write each expert's head to
-    ``<out>/heads/<name>/``; load one task with :func:`acetools.files.heads.load_with_head`) or
-    ``"drop"`` (the backbone only); ``names``: the experts' head folder names (default: their
-    folder names). See :mod:`acetools.files.heads`. Before anything is written the base is checked
-    to be the experts' parent (:func:`acetools.files.lineage.check_lineage` on a sample of matrices;
-    ``force=True`` merges anyway, with a warning). Returns a :class:`MergeResult`.
+    ``layout``: a preset name, ``"auto"`` (config.json or key names) or a Layout. ``dtype``: of the
+    float outputs (default each key's in the base); merging is in float32 (float64 stays).
+    ``mode``: ``"auto"`` streams when the method allows it, ``"stream"`` insists, ``"memory"``
+    loads everything. ``out`` must not hold an input or earlier weights (``overwrite``); the base
+    folder's config and tokenizer files are copied beside the weights. ``heads``/``names``: see
+    docs/your-models.md §Per-task heads. ``force``: merge a base that fails the lineage check
+    (docs/your-models.md §Bases and experts are checked) with a warning.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     if heads not in HEAD_MODES:
