@@ -521,7 +521,7 @@ CASES: list[Case] = [
         layer_types=()), "error", ValueError, r"'l\.weight', task 0.*NaN"),
     Case("api-esm-activation-count", lambda c: acetools.merge(
         "esm", c.base, c.ex, activations={"l.weight": [torch.randn(4, 5)] * 2}, targets=("l.weight",)), "error",
-         ValueError, r"has 2 tensors but there are 3 tasks"),
+         ValueError, r"has 2 tensors for 3 experts"),
     Case("api-esm-target-matches-nothing", lambda c: acetools.merge(
         "esm", c.base, c.ex, activations=c.acts, targets=("nothing",)), "error", ValueError, "'nothing'"),
     Case("api-regmean-gram-shape", lambda c: acetools.merge("regmean", c.base, c.ex, grams=[{"l.weight": torch.eye(4)}]

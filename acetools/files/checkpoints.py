@@ -1,25 +1,9 @@
-"""Checkpoints on disk: read one tensor at a time, write sharded safetensors atomically.
+"""Checkpoints on disk: read one tensor at a time, write sharded safetensors atomically (docs/your-models.md
+§What can be read, §What is written).
 
-Reading (:func:`open_checkpoint`) accepts
-
-- a ``.safetensors`` file, or a sharded set through its ``*.safetensors.index.json``;
-- a Hugging Face model folder (``config.json`` plus ``model.safetensors`` or
-  ``model.safetensors.index.json``; ``pytorch_model.bin`` folders as a fallback);
-- an open_clip checkpoint: a folder with ``open_clip_config.json`` and
-  ``open_clip_model.safetensors`` / ``open_clip_pytorch_model.bin``, or a ``.pt``/``.bin``
-  state-dict file, with the ``{"state_dict": ...}`` nesting and ``module.`` prefixes of
-  training checkpoints removed;
-- any plain state-dict file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``), loaded only with
-  ``torch.load(weights_only=True)`` (memory-mapped when the file allows): pickled modules are
-  refused, as they break across library versions and can run code.
-
-Safetensors are read lazily, one tensor per :meth:`Checkpoint.get` (plain reads, not a memory map); shapes
-and dtypes come from the headers without reading data (:meth:`Checkpoint.meta`).
-
-Writing (:class:`ShardedWriter`): safetensors shards of at most ``shard_size`` bytes named
-as Hugging Face does (``model.safetensors``, or ``model-00001-of-0000N.safetensors`` with a
-``model.safetensors.index.json``), each carrying the merge's metadata; files are written into
-a temporary folder inside the output folder and moved into place only when all are written.
+:func:`open_checkpoint` reads safetensors lazily (shapes and dtypes from the headers) and other
+state-dict files with ``torch.load(weights_only=True)`` only; :class:`ShardedWriter` writes shards named
+as Hugging Face does; :func:`save_checkpoint` / :func:`load_checkpoint` are the hashed cache format.
 """
 
 from __future__ import annotations
@@ -145,18 +129,10 @@ def _torch_load(path: Path) -> dict[str, Tensor]:
 
 
 class _SafetensorsFile:
-    """One safetensors file read one tensor at a time, each through a mapping of its own bytes.
-
-    Not one mapping of the whole file on purpose: pages of a mapped file that were read count
-    towards the process's resident memory until unmapped, so a lazy ``safe_open`` over T
-    experts ends up "holding" every file it streamed. Here each tensor maps only its own bytes
-    (copy-on-write: the tensor is the caller's to change, the file is never written), and the
-    mapping goes with the tensor: nothing stays in memory after it is freed, and the bytes are
-    not copied on the way in (a tensor whose bytes do not sit at a multiple of its item size is
-    read into a new buffer instead). The format (an 8-byte little-endian header length, a JSON
-    header of dtype/shape/data_offsets per key, then the data) is the one ``safetensors``
-    writes.
-    """
+    """One safetensors file read one tensor at a time, each through a copy-on-write mapping of its own
+    bytes (not one mapping of the file: pages read through a mapping count as resident until it is
+    unmapped, so a merge would seem to hold every file it streamed; a tensor's mapping goes with it).
+    A tensor whose bytes are not aligned to its item size is read into a new buffer instead."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -445,24 +421,14 @@ def copy_side_files(src: Path | None, out: Path, max_bytes: int = 50_000_000) ->
 
 
 class ShardedWriter:
-    """Write tensors into safetensors shards of at most ``shard_size`` bytes (file size, header
-    included), atomically.
+    """Write tensors into safetensors shards of at most ``shard_size`` bytes (header included), atomically.
 
-    ``add(key, tensor)`` appends the tensor's bytes to the current shard's data file at once
-    (a tensor larger than ``shard_size`` gets a shard of its own), so no tensor is held after
-    ``add`` returns; a shard is finished by writing its header and copying its data after it.
-    :meth:`close` names the shards (``model.safetensors`` if one, else
-    ``model-0000i-of-0000N.safetensors`` plus ``model.safetensors.index.json``, as Hugging Face
-    does) and moves them into ``out`` together. Until then everything lives in a hidden
-    temporary folder inside ``out``, removed on error. ``metadata`` (str -> str) goes into
-    every shard's header; it may be a function returning it, called when the first shard is
-    finished (e.g. once hashes computed meanwhile are known), with ``metadata_hint`` a mapping
-    of the same size in bytes to plan the shards by. ``header_room`` (from :meth:`header_room`
-    over every tensor that will be written) leaves that many bytes for each shard's header in
-    front of its data, so the data is written once, in place; without it (or when a header
-    outgrows it) the data is copied behind the header when a shard is finished. The files are
-    the format ``safetensors`` writes and reads (a header may end in spaces, as safetensors'
-    own padding does).
+    ``add`` writes a tensor's bytes at once (nothing is held); :meth:`close` names the shards as
+    Hugging Face does and moves them into ``out`` together (until then they live in a hidden
+    folder inside ``out``, removed on error). ``metadata`` may be a function, called when the first
+    shard is finished (hashes computed meanwhile), with ``metadata_hint`` a mapping of its size.
+    ``header_room`` (:meth:`header_room`) leaves room for each header in front of the data, so the
+    data is written once, in place.
     """
 
     def __init__(self, out: str | os.PathLike, *, shard_size: int | str = "5GB",

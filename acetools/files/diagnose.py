@@ -1,26 +1,10 @@
 """Diagnose your models: the data-free signals of a base and its experts, as tables and a report.
 
-:func:`diagnose` reads a base and T experts (state dicts, or checkpoint files / folders read one
-tensor at a time through :mod:`acetools.files.checkpoints`), walks the keys once, and returns a
-:class:`Diagnosis` of ``pandas`` DataFrames (docs/diagnose.md says how to read each):
-
-- ``norms``: per task and key, ‖τ_t‖_F, ‖W0‖_F, their ratio and the energy ‖ΔW_t‖²_F;
-- ``layers``: per matrix (in the layout's d_out x d_in orientation), the mean ratio and energy,
-  ACE's heterogeneity γ (Eq. 7 of ACE-Merging) and its gate (γ > τ: ACE normalises and refines),
-  the mean and SD of the log energies γ is made of, TSV-M's per-task rank k = ⌊r/T⌋ and the share
-  of each τ_t's energy in its top k (and top 5 %) singular directions, the entropy effective
-  rank, the overlap of different tasks' top-k singular subspaces beside that of random
-  subspaces (k/d), the mean pairwise cosine, ‖Σ_t τ_t‖²/Σ_t ‖τ_t‖² (1 for orthogonal task
-  vectors, T for identical ones) and, with ``ace=True``, the top-5 % energy of ACE's
-  preliminary closed form W̄_pre;
-- ``cosine``: the T x T cosine of the flattened task vectors; ``cosine_per_layer`` the pairs per matrix;
-- ``overlap``: the pairs per matrix; ``spectra``: every τ_t's singular values per matrix;
-- ``summary``: one row per signal with its value and how to read it (the regime card's names,
-  docs/regime.md, where the signal is the same).
-
-Every table feeds :mod:`acetools.plotting.diagnose` directly. :func:`run_report` executes the
-report notebook (``acetools/reports/diagnose.ipynb``) with papermill and renders HTML without
-code; ``acetools diagnose --base B --experts E1 E2 ... --out DIR`` does both.
+:func:`diagnose` reads a base and T experts (state dicts, or checkpoints read one tensor at a time),
+walks the keys once and returns a :class:`Diagnosis` of DataFrames (``norms``, ``layers``,
+``cosine``, ``cosine_per_layer``, ``overlap``, ``spectra``, ``summary``; docs/diagnose.md §The
+signals says how to read each), which :mod:`acetools.plotting.diagnose` draws. :func:`run_report`
+executes the report notebook; ``acetools diagnose`` does both.
 """
 
 from __future__ import annotations

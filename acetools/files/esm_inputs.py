@@ -1,29 +1,11 @@
-"""ESM for your own model in one call: proxy activations captured inside each expert.
+"""ESM for your own model in one call: proxy activations captured inside each expert (docs/your-models.md
+§ESM on your own model, end to end).
 
-ESM (docs/methods.md §ESM) needs, for every ESD layer, the input activations X_t that task t's
-*fine-tuned* model sees on a few proxy inputs. This module runs the inputs through each expert
-(an ``nn.Module``, a factory returning one, or a state dict / checkpoint file loaded into a
-factory's module), one expert at a time, and returns ``{weight key: [X_1, ..., X_T]}`` with
-X_t of width d_in of the canonical d_out x d_in matrix, whatever the storage (GPT-2 ``Conv1D``
-weights are in x out; the layout says so, :mod:`acetools.layouts`).
-
-- :func:`esm_names`: ESM's target layers and Step-C layer types in a layout's names;
-- :func:`esm_activations`: the activations, keyed by weight key;
-- :func:`merge_esm`: capture and merge in one call, returning the merged state dict.
-
-For example, three GPT-2 experts on disk and a few proxy token batches per task::
-
-    from transformers import GPT2LMHeadModel
-    from acetools.files.esm_inputs import merge_esm
-
-    factory = lambda: GPT2LMHeadModel.from_pretrained("base/")        # the architecture
-    merged = merge_esm("base/model.safetensors", ["a.safetensors", "b.safetensors", "c.safetensors"],
-                       lambda t: proxy_ids[t], factory=factory, layout="gpt2", alpha=1.0)
-
-ESM uses the activations of each *fine-tuned* model (docs/methods.md §ESM); the base only gives W0.
-To merge from the command line instead, save the activations with
-:func:`acetools.files.merge_files.save_activations` and pass ``-p activations=FILE`` together with
-``-p targets=...`` / ``-p layer_types=...`` from :func:`esm_names` to ``acetools merge --method esm``.
+ESM (docs/methods.md §ESM) needs, per ESD layer, the inputs X_t that task t's *fine-tuned* model sees
+on a few proxy inputs. :func:`esm_activations` runs them through each expert (an ``nn.Module``, a
+factory, or a checkpoint loaded into a factory's module), one at a time, and returns ``{weight key:
+[X_1, ..., X_T]}`` with X_t of width d_in of the canonical d_out x d_in matrix (:mod:`acetools.layouts`);
+:func:`esm_names` gives ESM's layer names in a layout's names; :func:`merge_esm` captures and merges.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
-"""Per-task heads: merge a classifier's backbone, keep each expert's head (``acetools merge --heads``).
+"""Per-task heads: merge a classifier's backbone, keep each expert's head (docs/your-models.md §Per-task heads).
 
-Language experts fine-tuned from one base usually have heads of different shapes (``num_labels``
-2, 4, 5, ...): the GLUE protocol of the language merging papers merges the backbone and gives
-every task its own head. :func:`acetools.files.merge_files.merge_files` takes ``heads=``:
-
-- ``"auto"`` (default): ``"per-task"`` for classifiers (:func:`acetools.layouts.is_classifier`:
-  a Hugging Face ``*ForSequenceClassification`` config, or keys matching the layout's
-  :attr:`~acetools.layouts.Layout.task_heads` when there is no config), else ``"merge"``;
-- ``"merge"``: every key is merged, heads included (same-shaped heads only; heads of different
-  shapes are an error that names the key, the shapes and this option);
-- ``"per-task"``: the head keys (:meth:`~acetools.layouts.Layout.task_head_keys`) are left out of
-  the merge, and each expert's head is written beside the merged backbone;
-- ``"drop"``: the head keys are left out and nothing is written for them (the backbone only).
-
-The merged backbone is exactly the method's merge of the backbone keys alone. With
-``"per-task"`` the output folder holds ``heads/index.json`` and, per expert,
-``heads/<name>/head.safetensors`` (its head tensors exactly as stored), ``heads/<name>/head.json``
-(label count, ``id2label``, source folder, the sha256 of ``head.safetensors`` and of the expert's
-weight files) and the expert's ``config.json``. Everything is written into a hidden temporary
-folder and moved into place with the merged weights.
-
-:func:`load_with_head` gives a ``transformers`` model for one task (the merged backbone plus that
-task's head, with its ``num_labels`` and ``id2label``); :func:`task_state_dict` the same as a
-state dict and config, without transformers. See docs/your-models.md §Per-task heads.
+``heads=`` of :func:`acetools.files.merge_files.merge_files` (``acetools merge --heads``) is one of
+:data:`HEAD_MODES`: ``"auto"`` (``"per-task"`` for classifiers, :func:`acetools.layouts.is_classifier`,
+else ``"merge"``), ``"merge"``, ``"per-task"`` (heads written to ``heads/<name>/`` beside the merged
+backbone) or ``"drop"``. :func:`load_with_head` gives one task's ``transformers`` model,
+:func:`task_state_dict` the same as a state dict and config.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Is the base the experts' parent? A cheap check before a merge (docs/your-models.md §Bases and experts are checked).
 
-Every merge method adds the experts' task vectors τ_t = W_t − W0 to the base. With a base that the
-experts were not fine-tuned from (a randomly initialised model of the same config, another
-pretraining run) the "task vectors" are the difference of two unrelated models: the merge runs,
-exits 0 and writes nonsense. Two numbers tell the cases apart, measured per expert on a sample of
-the matrices (:func:`sample_keys`: at most :data:`SAMPLE_KEYS` matrix keys spread over the depth,
-each at most :data:`SAMPLE_ENTRIES` entries in evenly spaced rows, read once before the merge):
-
-- the **relative update size** ‖τ_t‖/‖W0‖ (Frobenius norms summed over the sampled keys). A
-  fine-tune moves the weights by a small fraction of their size; a base independent of the
-  expert gives ‖τ‖² ≈ ‖W_t‖² + ‖W0‖², so ‖τ‖/‖W0‖ ≥ 1 whatever the two scales;
-- the **task-vector cosines** cos(τ_t, τ_s): fine-tunes of one base move in nearly orthogonal
-  directions; against a foreign base every τ_t carries the same large part (parent − base),
-  so the cosines approach 1.
-
-:func:`check_lineage` refuses (an :class:`~acetools.errors.InputError` naming the expert and the
-number) when an expert's ratio exceeds :data:`RATIO_LIMIT`, or exceeds :data:`SHARED_RATIO_LIMIT`
-while its mean cosine with the other experts exceeds :data:`COSINE_LIMIT`; ``force=True``
-(``acetools merge --force``) merges anyway with a warning. An expert whose sampled keys all equal
-the base (only its head was trained) gets one warning line. The thresholds and the cases they
-were measured on are in docs/your-models.md §Bases and experts are checked.
+Per expert, on :func:`sample_keys` (at most :data:`SAMPLE_KEYS` matrix keys spread over the depth,
+each at most :data:`SAMPLE_ENTRIES` entries in evenly spaced rows): the relative update size
+‖τ_t‖/‖W0‖ (≥ 1 against an unrelated base) and the task-vector cosines (near 1 when every τ_t
+carries the same parent − base part). :func:`check_lineage` refuses above :data:`RATIO_LIMIT`, or
+above :data:`SHARED_RATIO_LIMIT` with a mean cosine above :data:`COSINE_LIMIT` (``force=True``
+warns instead), and warns once about experts whose sampled keys equal the base.
 """
 
 from __future__ import annotations

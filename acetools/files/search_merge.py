@@ -1,22 +1,13 @@
-"""Choose a method's coefficient with your own evaluation: ``acetools merge --search eval.py:function``.
+"""Choose a method's coefficient with your own evaluation: ``acetools merge --search eval.py:function``
+(docs/your-models.md §Coefficients chosen by your evaluation).
 
-The library's search protocol (:mod:`acetools.search`, docs/methods.md §Benchmark protocol) on
-checkpoints from disk: for each candidate value of the method's searched coefficient (the
-registry's :class:`~acetools.merging.Search` entry: λ of task arithmetic and TIES, α of TSV-M,
-Iso-C and CART, ESM's α; ACE's ``scaling`` on :data:`acetools.benchmark.ACE_SCALED`'s grid) the
-experts are merged into a hidden temporary folder and **your** function scores the merge on every
-task::
+The library's search protocol (:mod:`acetools.search`, docs/methods.md §Benchmark protocol) over the
+method's searched coefficient (:func:`searched`), each candidate merged into a hidden temporary
+folder and scored by **your** function on every task::
 
-    def evaluate(model: pathlib.Path, task: str) -> float:
-        '''model: a merged folder (loads like the base: AutoModel.from_pretrained(model), or, with
-        per-task heads, acetools.files.heads.load_with_head(model, task)); task: an expert's name
-        (its folder name, or --names). Returns a score where higher is better (accuracy, -loss).'''
+    def evaluate(model: pathlib.Path, task: str) -> float:  # higher is better
 
-The search maximises the mean score over the tasks (grid with early stopping after
-:data:`acetools.search.PATIENCE` evaluations without improvement once the curve has risen, as
-the benchmark does; golden section for ESM). The chosen merge is then written to ``out`` like any
-merge, and ``acetools_merge.json`` records the search: the coefficient, its value, and every
-evaluation (docs/your-models.md §Coefficients chosen by your evaluation).
+The chosen merge is written to ``out``; ``acetools_merge.json`` records the search and every evaluation.
 """
 
 from __future__ import annotations

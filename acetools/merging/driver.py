@@ -1,22 +1,11 @@
 """The one merge driver: :func:`acetools.merge` (state dicts) and ``acetools merge`` (checkpoints) run :func:`run`.
 
-A :class:`Source` holds a base and T experts read one tensor at a time (state dicts in memory,
-or :class:`acetools.files.checkpoints.Checkpoint` readers on disk). :func:`run` carries the
-non-float buffers from the base, merges tied keys once, turns in x out weights to d_out x d_in
-around the method (the layout, :mod:`acetools.layouts`), checks every input and every merged
-tensor for NaN/Inf, and hands each merged tensor to ``emit(key, tensor)`` in the base's key
-order. It calls the method in one of two ways (docs/methods.md §Matrix path):
-
-- **whole model**: ``func(W0, task_vectors, is_matrix=..., **hparams)`` once, the task vectors
-  formed key by key as the method reads them (what :func:`acetools.merge` does, and
-  ``acetools merge`` for methods registered with ``key_scope="model"``);
-- **key by key**: ``func({key: W0}, [{key: tau_t}], ...)`` for one key at a time, so a file
-  merge holds about (T + 2) x the largest tensor. A method that needs a model-wide step
-  declares it in its registry entry (:func:`acetools.merging.register`): ``prepare(view,
-  hparams) -> dict`` runs first (TIES' global trim threshold reads the task vectors in passes
-  of its own) and its dict reaches every per-key call as extra keyword arguments;
-  ``finish(updates, view, hparams, prepared) -> updates`` runs on every key's update at the
-  end (the driver then holds one model of updates). :class:`ModelView` is what the hooks see.
+A :class:`Source` holds a base and T experts read one tensor at a time. :func:`run` carries the
+non-float buffers, merges tied keys once, turns in x out weights to d_out x d_in around the method,
+checks every input and merged tensor for NaN/Inf and emits each merged key in the base's order:
+either one call of the method on the whole model (task vectors formed key by key as it reads
+them), or key by key (about (T + 2) x the largest tensor held) with the registry's ``prepare`` /
+``finish`` hooks for model-wide steps (:mod:`acetools.merging._registry`; docs/methods.md §Matrix path).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ __all__ = [
     "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "LAYOUT_NAMES", "with_layout_names",
     "ESTIMATORS", "PRECISIONS", "EPS_MODES", "GAMMA_MODES", "Switches", "estimator_preset", "given_covariances",
     "check_prior",
-    "check_task_vectors", "check_given_covariances", "check_ace_covariances",
+    "check_task_vectors", "check_given_covariances", "check_ace_covariances", "check_one_per_expert",
     "check_covariances_param", "as_rows", "matches", "finite_number", "str_tuple", "check_activations",
     "activation_source", "check_targets", "esd_failure",
 ]
@@ -195,6 +195,16 @@ def check_given_covariances(Sigma: Sequence[Tensor], dWs: list[Tensor], name: st
     return out
 
 
+def check_one_per_expert(value: Any, n_tasks: int, where: str, item: str, items: str) -> None:
+    """A per-expert input (RegMean's Grams, ACE's covariances, ESM's activations of one layer) is a list of
+    ``n_tasks`` entries in the experts' order; errors name ``where``: "... has 2 Gram dicts for 3 experts"."""
+    if isinstance(value, (Mapping, str, Tensor)) or not isinstance(value, Sequence):
+        raise InputTypeError(f"{where} must be a list with one {item} per expert, got {type(value).__name__}")
+    if len(value) != n_tasks:
+        raise InputError(f"{where} has {len(value)} {items} for {n_tasks} experts; give one per expert, in the "
+                         "order of the experts")
+
+
 def check_covariances_param(value: Any) -> str | None:
     if value is None:
         return None
@@ -216,11 +226,7 @@ def check_ace_covariances(covariances: Any, estimator: str, base: Mapping[str, T
         return {}
     if covariances is None:
         raise InputError("ace: estimator='given' needs covariances=[{key: Sigma_t}, ...], one dict per expert")
-    if len(covariances) != T:
-        raise InputError(
-            f"ace: covariances has {len(covariances)} entries for {T} experts; "
-            "pass one dict per expert, in the same order"
-        )
+    check_one_per_expert(covariances, T, "ace: covariances", "{key: Sigma_t} dict", "entries")
     mset = set(matrix_keys)
     for t, c in enumerate(covariances):
         for k in c:
@@ -326,16 +332,7 @@ def activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
             if key not in activations:
                 raise InputKeyError(f"esm: activations has no entry for ESD layer {key!r}; {how}")
             xs = activations[key]
-            if isinstance(xs, Tensor) or not isinstance(xs, Sequence):
-                raise InputTypeError(
-                    f"esm: activations[{key!r}] must be a list with one N x d_in tensor per task, "
-                    f"got {type(xs).__name__}"
-                )
-            if len(xs) != n_tasks:
-                raise InputError(
-                    f"esm: activations[{key!r}] has {len(xs)} tensors but there are {n_tasks} tasks; "
-                    "give one per task, in the order of the experts"
-                )
+            check_one_per_expert(xs, n_tasks, f"esm: activations[{key!r}]", "N x d_in tensor", "tensors")
             for t, X in enumerate(xs):
                 as_rows(X, d_in[key], where=f"esm: activations[{key!r}][{t}] (expert {t}, task {t})")
 

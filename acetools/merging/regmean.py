@@ -23,6 +23,7 @@ from ..errors import InputError, InputKeyError, InputTypeError
 from ..utils import progress
 from ._registry import REQUIRED, Param, register
 from .averaging import mean_update, warn_mean_fallback
+from .inputs import check_one_per_expert
 from .linalg import check_square, solve_right
 
 __all__ = ["shrink_gram", "regmean_matrix", "validate_grams", "regmean"]
@@ -71,16 +72,7 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
     Every task must give the same keys; each key must be a 2-D tensor of ``base``; each Gram
     must be a finite floating tensor of the right shape. Errors name the key and task index.
     """
-    if isinstance(grams, Mapping) or not isinstance(grams, Sequence):
-        raise InputTypeError(
-            "regmean: grams must be a list with one dict (weight key -> Gram matrix) per task, "
-            f"got {type(grams).__name__}"
-        )
-    if len(grams) != n_tasks:
-        raise InputError(
-            f"regmean: got {len(grams)} Gram dicts for {n_tasks} experts; "
-            "pass exactly one per expert, in the same order"
-        )
+    check_one_per_expert(grams, n_tasks, "regmean: grams", "dict (weight key -> Gram matrix)", "Gram dicts")
     for t, g in enumerate(grams):
         if not isinstance(g, Mapping):
             raise InputTypeError(

@@ -1,42 +1,13 @@
-"""The SVD family: TSV-M (docs/methods.md §TSV-M), Iso-C and Iso-CTS (docs/methods.md §Iso-C, §Iso-CTS) and CART
-(docs/methods.md §CART).
+"""The SVD family: TSV-M, Iso-C, Iso-CTS and CART (docs/methods.md §TSV-M, §Iso-C, §Iso-CTS, §CART).
 
-Each method is a per-matrix stage plus a registered state-dict function:
-
-=========  ==========================  =============================================  ==========
-method     per-matrix helper           what it returns for one matrix                 registered
-=========  ==========================  =============================================  ==========
-TSV-M      :func:`tsv_merge_matrix`    polar(U_cat) diag(s_cat) polar(V_cat)           ``tsv_m``
-Iso-C      :func:`iso_c_matrix`        mean(S) U V^T of the summed task vectors       ``iso_c``
-Iso-CTS    :func:`iso_cts_matrix`      sigma_bar polar(U) polar(V), common + specific  ``iso_cts``
-CART       :func:`cart_matrix`         mean_t tau_t + lam sum_t LR_k(tau_t - mean)     ``cart``
-=========  ==========================  =============================================  ==========
-
-The helpers take the T task vectors of one matrix (a list of ``d_out x d_in`` tensors or one
-``T x d_out x d_in`` stack), never modify them, and return the merged update for that matrix
-*without* the method's outer coefficient (``alpha`` for TSV-M/Iso; CART's ``lam`` is part of
-:func:`cart_matrix` because it only scales the low-rank term). The rank rules are public too
-(:func:`tsv_rank`, :func:`iso_cts_ranks`, :func:`cart_rank`) so a notebook can print them.
-
-Numerics. SVDs are thin (``full_matrices=False``) and run in the task vectors' dtype: float32
-by default, float64 when the inputs are float64 (cast them to get float64 SVDs). When every
-task vector of a matrix is exactly zero (e.g. CLIP's text-side ``token_embedding`` left in the
-state dict) the result is exactly zero by the formulas, and the SVDs are skipped.
-
-Cheapest exact routes. For float32 (and lower) task vectors the per-task top-k triplets and
-the polar factors go through the eigendecomposition of the smaller float64 Gram matrix
-(:func:`acetools.merging.linalg.gram_top_svd`, :func:`~acetools.merging.linalg.gram_polar`)
-instead of float32 SVDs: fewer flops (one ``r² max(d_out, d_in)`` product and an ``r × r``
-eigh) and a *smaller* error against a float64 SVD reference than the float32 SVD had (measured
-in ``docs/performance.md``). Each falls back to the SVD where the spectrum it uses is too spread
-for the Gram (sigma_1 / sigma_j > 1e4). float64 task vectors keep the float64 SVD, whose
-round-off the Gram route would exceed. Iso-CTS's float32 route (:func:`_iso_cts_gram`) also takes
-each task's residual through the complement of the common subspace without forming it and
-orthogonalises only the task block of U.
-
-Caveat shared with the official code: when a task vector has rank below the per-task budget,
-its trailing singular vectors are an arbitrary basis chosen by LAPACK; they enter U_cat/V_cat
-and so the polar factors, so TSV-M/Iso-CTS results are then defined only up to that choice.
+Each method is a per-matrix helper (:func:`tsv_merge_matrix`, :func:`iso_c_matrix`,
+:func:`iso_cts_matrix`, :func:`cart_matrix`: the T task vectors of one matrix in, never modified,
+the merged update out without the outer coefficient ``alpha``) plus a registered state-dict
+function; the rank rules (:func:`tsv_rank`, :func:`iso_cts_ranks`, :func:`cart_rank`) are public.
+SVDs are thin and run in the task vectors' dtype; all-zero task vectors give exactly zero. For
+float32 inputs the top-k triplets and polar factors go through the float64 Gram matrix
+(:func:`acetools.merging.linalg.gram_top_svd`, :func:`~acetools.merging.linalg.gram_polar`), with the
+SVD as fallback where the spectrum is too spread (docs/methods.md §Numerics).
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """WUDI-Merging (Cheng et al., ICML 2025, arXiv 2503.08099), docs/methods.md §WUDI.
 
-Per linear weight, WUDI finds the merged task vector tau_m by minimising the interference
-loss (docs/methods.md §WUDI, Eq. (WUDI.1))::
-
-    L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p
-
-with Adam (weight decay 0), starting from the sum of the task vectors. The stages are public:
-:func:`wudi_loss` (a direct transcription of L), :func:`wudi_grad` (its analytic gradient
-2 sum_t (tau_m - tau_t) tau_t^T tau_t / ||tau_t||^p), :func:`wudi_matrix` (the optimisation
-for one matrix) and the registered method :func:`wudi`.
-
-Speed. L is quadratic in tau_m: with S = sum_t w_t tau_t^T tau_t (d_in x d_in) and
-C = sum_t w_t tau_t tau_t^T tau_t (d_out x d_in), w_t = ||tau_t||^-p, the gradient is
-2 (tau_m S - C). :func:`wudi_matrix` precomputes S and C once (in float64) and then needs one
-d_out x d_in x d_in product per step instead of the 3 T products of autograd; a test checks
-it against autograd on the direct loss.
-
-A task vector that is exactly zero contributes nothing to L (its 0/0 weight is taken as 0).
+Per linear weight, Adam minimises L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p
+(Eq. (WUDI.1)) from the sum of the task vectors. Stages: :func:`wudi_loss`, :func:`wudi_grad` (its
+analytic gradient 2 (tau_m S - C), with S and C precomputed once in float64, checked against
+autograd by a test), :func:`wudi_matrix` and the registered :func:`wudi`. A zero task vector
+contributes nothing (its 0/0 weight is taken as 0).
 """
 
 from __future__ import annotations
