@@ -387,15 +387,13 @@ def test_pool_heads_and_disjointness(root):
             assert not (ph & _hashes(load_split(name, split, root=root, n=200).x)), (name, split)
 
 
-# ---------------------------------------------------------------- previews and calibration helpers
-def test_contact_sheet_and_calibration_helpers():
+# ---------------------------------------------------------------- calibration helpers
+def test_calibration_helpers():
     from tests.conftest import load_script
 
     calibrate = load_script("calibrate_tasks")
 
     d = D.tiny_task(n_classes=3, n=90, seed=0)
-    sheet = D.contact_sheet(d.x, d.y, d.class_names, per_class=5, scale=2)
-    assert sheet.size == (90 + 5 * (64 + 2), 3 * (64 + 2))
     t = D.tiny_task(n_classes=3, n=60, seed=0, split="test")
     f = torch.nn.functional.one_hot(d.y, 3).float() * 5 + torch.randn(90, 3, generator=torch.Generator().manual_seed(0))
     assert calibrate.ncm_accuracy(f, d.y, f, d.y) > 0.9 and calibrate.ncm_accuracy(f, d.y, f, d.y, cosine=True) > 0.9

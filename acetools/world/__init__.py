@@ -1,20 +1,12 @@
-"""The worlds a benchmark runs on: vision (the mini-world), text (MiniLM), ...
-
-The registry (:data:`WORLDS`, :func:`get_world`) names each world, the class that builds it
-(``"module:attribute"``, imported only when the world is asked for, so listing worlds and
-validating a command line stay light) and its suites:
-
-- ``"vision"``: the image mini-world, :class:`acetools.world.vision.VisionWorld` around a
-  :class:`~acetools.world.vision.zoo.Zoo` (suites of :data:`acetools.world.vision.data.SUITES`);
-- ``"text"``: all-MiniLM-L6-v2 on offline text tasks, :class:`acetools.world.text.world.TextWorld`;
-- ``"clip-vit-b32"``: the papers' CLIP ViT-B/32 with the public experts,
-  :class:`acetools.world.clip.world.ClipWorld` (docs/clip-world.md).
+"""The worlds a benchmark runs on, by name (:data:`WORLDS`, :func:`get_world`): ``"vision"`` (the image
+mini-world, docs/vision-world.md), ``"text"`` (all-MiniLM-L6-v2, docs/text-world.md) and
+``"clip-vit-b32"`` (the papers' CLIP ViT-B/32, docs/clip-world.md). Each entry names its class and its
+suites as ``"module:attribute"``, imported only when asked for, so listing worlds stays light.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,38 +17,34 @@ __all__ = ["WorldEntry", "WORLDS", "world_names", "world_suites", "get_world"]
 
 @dataclass(frozen=True)
 class WorldEntry:
-    """One registered world: its class (``"module:attribute"``), its suites and one line about it."""
+    """One registered world: its class and its suites (``"module:attribute"``), extra suites, one line about it."""
 
     name: str
     target: str
-    suites: Callable[[], list[str]]
+    suite_table: str
     default_suite: str
     about: str
+    extra_suites: tuple[str, ...] = ()
 
     def load(self) -> Any:
-        module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return _resolve(self.target)
+
+    def suites(self) -> list[str]:
+        return [*_resolve(self.suite_table), *self.extra_suites]
 
 
-def _vision_suites() -> list[str]:
-    from .vision.data import SUITES
-
-    return list(SUITES)
-
-
-def _clip_suites() -> list[str]:
-    from .clip.tasks import CLIP_SUITES  # JSON only: no torch
-
-    return list(CLIP_SUITES)
+def _resolve(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 WORLDS: dict[str, WorldEntry] = {
-    "vision": WorldEntry("vision", "acetools.world.vision.world:VisionWorld", _vision_suites, "tasks8",
-                         "the image mini-world (shipped ViT base, experts built and cached)"),
-    # --- the text world (acetools/world/text), imported lazily
-    "text": WorldEntry("text", "acetools.world.text.world:TextWorld", lambda: [*_text_suites(), "fixture"], "text8",
-                       "all-MiniLM-L6-v2 on offline text tasks (fixture: profile='quick')"),
-    "clip-vit-b32": WorldEntry("clip-vit-b32", "acetools.world.clip.world:ClipWorld", _clip_suites, "clip8",
+    "vision": WorldEntry("vision", "acetools.world.vision.world:VisionWorld", "acetools.world.vision.data:SUITES",
+                         "tasks8", "the image mini-world (shipped ViT base, experts built and cached)"),
+    "text": WorldEntry("text", "acetools.world.text.world:TextWorld", "acetools.world.text.tasks:SUITES", "text8",
+                       "all-MiniLM-L6-v2 on offline text tasks (fixture: profile='quick')", ("fixture",)),
+    "clip-vit-b32": WorldEntry("clip-vit-b32", "acetools.world.clip.world:ClipWorld",
+                               "acetools.world.clip.tasks:CLIP_SUITES", "clip8",
                                "CLIP ViT-B/32 and the public fine-tuned experts (the papers' setting; a GPU)"),
 }
 
@@ -98,9 +86,3 @@ def get_world(name: str, suite: str | None = None, seed: int = 0, **options: Any
 
         return VisionWorld(Zoo(suite, seed=seed, **options))
     return entry.load()(suite, seed, **options)
-
-
-def _text_suites() -> list[str]:
-    from .text.tasks import SUITES
-
-    return list(SUITES)

@@ -1,33 +1,23 @@
-"""The world interface: what the benchmark, the regime card, the claims and the notebooks
-need from a world, whatever its model and data.
-
-A *world* is a base model, one expert per task fine-tuned from it, and a way to score a
-merged model on each task. Three implementations:
-
-- :class:`acetools.world.vision.VisionWorld`: the image mini-world (:class:`~acetools.world.vision.zoo.Zoo`:
-  a shipped ViT base and frozen prototype heads);
-- :class:`acetools.world.text.TextWorld`: all-MiniLM-L6-v2 on real offline text tasks, with
-  heads per task;
-- :class:`acetools.world.clip.world.ClipWorld`: CLIP ViT-B/32 and the public experts, for users
-  with a GPU (docs/clip-world.md).
-
-The merge engine never sees a world: the harness asks the world for state dicts (of the
-*merged part*: the parameters that fine-tuning changed and merging combines) and for the
-data inputs of ESM (proxy activations) and RegMean (Gram matrices), then hands tensors to
-:func:`acetools.merge`.
+"""The world interface: what the benchmark, the regime card, the claims and the notebooks need from a
+world (a base model, one expert per task, and a way to score a merged model on each task), whatever its
+model and data. The merge engine never sees a world: the harness asks it for state dicts of the *merged
+part* and for ESM's and RegMean's data inputs, then hands tensors to :func:`acetools.merge`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from ..errors import InputTypeError
+from ..errors import InputKeyError, InputTypeError
 
-__all__ = ["EvaluatesAll", "MultiTaskWorld", "PerExample", "SplitData", "World", "as_world", "check_world"]
+__all__ = ["WorldBase", "cache_dir", "EvaluatesAll", "MultiTaskWorld", "PerExample", "SplitData", "World", "as_world",
+           "check_world"]
 
 StateDict = dict[str, Tensor]
 
@@ -139,6 +129,40 @@ class MultiTaskWorld(Protocol):
     def mtl_state(self) -> StateDict:
         """The merged part of the model trained on all tasks at once."""
         ...
+
+
+class WorldBase:
+    """What the worlds share: the task check, ``experts()``, and accuracy as the mean of :meth:`correctness`."""
+
+    tasks: list[str]
+
+    def expert_state(self, task: str) -> StateDict: ...
+
+    def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
+                    tasks: Sequence[str] | None = None) -> dict[str, Any]: ...
+
+    def _check_task(self, task: str) -> None:
+        if task not in self.tasks:
+            raise InputKeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
+
+    def experts(self) -> dict[str, StateDict]:
+        return {t: self.expert_state(t) for t in self.tasks}
+
+    def evaluate(self, state: Mapping[str, Tensor], task: str, split: str = "test", n: int | None = None) -> float:
+        return self.evaluate_all(state, split, n, [task])[task]
+
+    def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
+                     tasks: Sequence[str] | None = None) -> dict[str, float]:
+        """Top-1 accuracy (fraction) per task of ``tasks`` (default: all) on the first ``n`` of ``split``."""
+        return {t: int(c.sum()) / max(1, len(c)) for t, c in self.correctness(state, split, n, tasks).items()}
+
+
+def cache_dir(name: str, root: str | os.PathLike | None = None) -> Path:
+    """A world's cache folder: ``root``, else ``$ACETOOLS_CACHE/<name>``, else ``~/.cache/acetools/<name>``."""
+    if root is not None:
+        return Path(root).expanduser()
+    env = os.environ.get("ACETOOLS_CACHE")
+    return (Path(env).expanduser() if env else Path("~/.cache/acetools").expanduser()) / name
 
 
 def as_world(obj: Any, **vision_options: Any) -> World:

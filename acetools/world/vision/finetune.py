@@ -1,28 +1,15 @@
-"""Training loops of the mini-world: base pretraining, expert fine-tuning, the MTL reference.
+"""Training loops of the mini-world: base pretraining (:func:`pretrain_base`), expert fine-tuning
+(:func:`finetune_expert`), the MTL reference (:func:`train_multitask`) and top-1 evaluation.
 
-* :func:`pretrain_base` — supervised multi-head pretraining of a fresh encoder on the
-  pretraining pool (one linear head per pool label set, masked loss for ``-1`` labels).
-  Far better per CPU-second than a tiny CLIP for the mini-world.
-* :func:`finetune_expert` — the whole image encoder fine-tuned on one task with its head
-  frozen (docs/methods.md §Benchmark protocol (fine-tuning recipe): AdamW, warm-up + cosine, frozen head; the
-  learning rate is the knob that keeps task vectors small).
-* :func:`train_multitask` — the papers' "MTL" row: one encoder trained jointly on all tasks
-  with mixed batches, each task scored by its own frozen head.
-* :func:`evaluate` — top-1 accuracy (a fraction in [0, 1]), batched, without gradients.
-
-Data come as objects with ``x`` (``uint8 [N, 3, H, W]``) and ``y`` (``int64 [N]``), like
-``acetools.world.vision.data.TaskData``; the pool like ``acetools.world.vision.data.PretrainData`` (``x``, ``labels``:
-head -> ``int64 [N]`` with ``-1`` = not applicable, ``head_classes``: head -> n).
-
-Every loop is deterministic given ``seed`` and the thread count: it seeds the global RNGs
-(:func:`acetools.utils.seed_everything`) and draws batches and augmentations from its own
-``torch.Generator``. Each returns ``(state_dict, recipe)``: the encoder's weights (CPU,
-float32, detached copies) and a JSON-able dict with every hyperparameter, the step count,
-the wall time, throughput and the final training loss/accuracy.
+Data have ``x`` (uint8 ``[N, 3, H, W]``) and ``y`` (int64 ``[N]``), the pool ``x``, ``labels`` (head ->
+int64 ``[N]``, ``-1`` = not applicable) and ``head_classes``. Each loop is deterministic given
+``seed`` and the thread count and returns ``(state dict, recipe)`` (docs/vision-world.md §Training).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import time
@@ -36,23 +23,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...errors import InputError
-from ...utils import cpu_threads, make_generator, resolve_device, seed_everything
+from ...utils import atomic_write, cpu_threads, make_generator, resolve_device, seed_everything, strip_ansi
 from ...utils import progress as _progress
 from .models import ClassificationHead, Classifier, ImageEncoder, build_encoder, load_encoder
 
-__all__ = [
-    "PretrainConfig",
-    "FinetuneConfig",
-    "pretrain_base",
-    "finetune_expert",
-    "train_multitask",
-    "evaluate",
-    "augment_batch",
-    "warmup_cosine",
-    "num_threads",
-    "key_config",
-    "KEY_OPTIONAL",
-]
+__all__ = ["PretrainConfig", "FinetuneConfig", "pretrain_base", "finetune_expert", "train_multitask", "correctness",
+           "evaluate", "augment_batch", "warmup_cosine", "num_threads", "key_config", "KEY_OPTIONAL"]
 
 StateDict = dict[str, Tensor]
 
@@ -61,12 +37,9 @@ StateDict = dict[str, Tensor]
 class PretrainConfig:
     """Hyperparameters of :func:`pretrain_base` (all go into the recipe and the zoo key).
 
-    ``precision``: ``"fp32"`` or ``"bf16"`` autocast, as in :class:`FinetuneConfig`.
-
-    ``steps`` overrides ``epochs`` when given. ``head_type``: ``"linear"`` (a linear layer on
-    the raw feature) or ``"cosine"`` (L2-normalised feature and class weights times
-    ``logit_scale``, the form of the frozen heads used downstream). Weight decay skips 1-D
-    parameters and the class/positional embeddings (open_clip's training convention).
+    ``steps`` overrides ``epochs`` when given. ``head_type``: ``"linear"`` or ``"cosine"``
+    (normalised features and class weights times ``logit_scale``). Weight decay skips 1-D
+    parameters and the class/positional embeddings (open_clip's convention).
     """
 
     epochs: int = 10
@@ -85,20 +58,11 @@ class PretrainConfig:
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """Hyperparameters of :func:`finetune_expert` and :func:`train_multitask`.
+    """Hyperparameters of :func:`finetune_expert` and :func:`train_multitask` (docs/vision-world.md §Training).
 
-    Defaults: lr 4e-4, batch 64, weight decay 0.1, warm-up + cosine (experts at 93 % with
-    ||tau||/||W0|| ~ 0.06-0.08), 3 epochs: at the default size (``small``, ~170 training
-    images/s per CPU thread) 5 epochs of 5,000 images cost ~2 min per expert, over 15 min for
-    ``tasks8``; 3 epochs take ~85 s. Lower ``lr`` keeps task vectors smaller. ``warmup_steps``: an int is a step
-    count, a float in [0, 1) a fraction of all steps. Weight decay applies to every encoder
-    parameter, as ``torch.optim.AdamW(model.parameters(), ...)`` in the papers' fine-tuning
-    code. ``augment``: random crop with 4-px zero padding (a translation — not label-safe
-    for position tasks); ``hflip``: random horizontal flip (not label-safe for glyphs or
-    orientation); both off by default. No label smoothing. ``precision``: ``"fp32"`` or
-    ``"bf16"`` (forward and backward under ``torch.autocast("cpu", torch.bfloat16)``; master
-    weights, optimizer state and the returned task vectors stay float32; 1.65-2.15x faster
-    training on AVX-512-bf16 CPUs, see docs/regime.md).
+    ``warmup_steps``: an int is a step count, a float in [0, 1) a fraction of all steps. Weight
+    decay applies to every encoder parameter, as in the papers' code; no label smoothing.
+    ``augment`` / ``hflip``: random 4-px crop / horizontal flip; ``precision``: ``"fp32"`` or ``"bf16"``.
     """
 
     lr: float = 4e-4
@@ -112,9 +76,7 @@ class FinetuneConfig:
     precision: str = "fp32"
 
 
-#: Config fields added after the first caches were built, with the default that leaves a
-#: result unchanged: :func:`key_config` leaves them out of cache keys at that default, so
-#: existing checkpoints keep their keys.
+#: Config fields added after the first caches were built, left out of cache keys at this default.
 KEY_OPTIONAL: dict[str, Any] = {"precision": "fp32"}
 PRECISIONS = ("fp32", "bf16")
 
@@ -132,15 +94,8 @@ def _autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-# --------------------------------------------------------------------------- helpers
-
-
 def num_threads(n: int | None = None) -> AbstractContextManager[int]:
-    """Run the block with ``torch.set_num_threads(n)``; restore the old value afterwards.
-
-    ``n=None`` reads ``ACETOOLS_NUM_THREADS``; when that is unset too, torch's setting is
-    left alone (:func:`acetools.utils.cpu_threads` with ``env_default=True``).
-    """
+    """:func:`acetools.utils.cpu_threads` with ``env_default=True`` (``n=None`` reads ``ACETOOLS_NUM_THREADS``)."""
     return cpu_threads(n, env_default=True)
 
 
@@ -159,13 +114,9 @@ def warmup_cosine(total_steps: int, warmup_steps: int | float) -> Callable[[int]
     return factor
 
 
-def augment_batch(
-    x: Tensor, generator: torch.Generator, *, crop: bool = True, hflip: bool = False, pad: int = 4
-) -> Tensor:
-    """Random crop with ``pad``-pixel zero padding and/or random horizontal flip, per image.
-
-    Works on ``uint8`` or float ``[B, C, H, W]``; all randomness from ``generator``.
-    """
+def augment_batch(x: Tensor, generator: torch.Generator, *, crop: bool = True, hflip: bool = False,
+                  pad: int = 4) -> Tensor:
+    """Random crop with ``pad``-pixel zero padding and/or random horizontal flip per image of ``[B, C, H, W]``."""
     b, c, h, w = x.shape
     if crop and pad > 0:
         padded = F.pad(x, (pad, pad, pad, pad))
@@ -233,9 +184,6 @@ def _optimizer(params_decay, params_no_decay, lr, wd):
 
 def _fingerprint(cfg, seed, size, n, head_classes, labels, x) -> str:
     """What a resume checkpoint must match: config, seed, size, pool shape, heads, label sums."""
-    import hashlib
-    import json
-
     size_name = size if isinstance(size, str) else getattr(size, "__name__", "custom")
     doc = {"config": asdict(cfg), "seed": seed, "size": size_name, "n": n, "head_classes": head_classes,
            "labels": {k: int(v.sum()) for k, v in labels.items()}, "x": [int(x[:64].sum()), int(x[-64:].sum())]}
@@ -247,11 +195,7 @@ def _save_resume(path, fingerprint, step, enc, heads, opt, sched, g, window, sec
     the encoder, the heads, the optimizer's per-parameter state and the generator state, and whose
     ``__metadata__["acetools.resume"]`` is JSON (step, fingerprint, scheduler, optimizer hyperparameters,
     loss window). Atomic (:func:`acetools.utils.atomic_write`)."""
-    import json
-
     from safetensors.torch import save
-
-    from ...utils import atomic_write
 
     tensors = {f"encoder/{k}": v for k, v in enc.state_dict().items()}
     tensors |= {f"heads/{k}": v for k, v in heads.state_dict().items()}
@@ -275,8 +219,6 @@ def _save_resume(path, fingerprint, step, enc, heads, opt, sched, g, window, sec
 
 def _read_resume(path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """The tensors and the JSON document of a :func:`_save_resume` file; never unpickles."""
-    import json
-
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
@@ -294,8 +236,6 @@ def _resume(path, fingerprint, enc, heads, opt, sched, g, window):
     try:
         tensors, doc = _read_resume(path)
     except Exception as err:  # a truncated file cannot happen (atomic writes) but a foreign one can
-        from ...utils import strip_ansi
-
         first = strip_ansi((str(err).splitlines() or [""])[0])
         raise RuntimeError(f"resume checkpoint {path} is unreadable ({type(err).__name__}: {first}); "
                            "delete it to start over") from None
@@ -342,32 +282,16 @@ class _PoolHeads(nn.Module):
         return {k: h(feats) for k, h in self.heads.items()}
 
 
-def pretrain_base(
-    pool,
-    size: str = "tiny",
-    config: PretrainConfig | None = None,
-    *,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    threads: int | None = None,
-    progress: bool | None = None,
-    checkpoint: str | os.PathLike | None = None,
-    **overrides: Any,
-) -> tuple[StateDict, dict]:
-    """Supervised multi-head pretraining of a fresh ``size`` encoder on ``pool``.
+def pretrain_base(pool, size: str = "tiny", config: PretrainConfig | None = None, *, seed: int = 0,
+                  device: str | torch.device = "cpu", threads: int | None = None, progress: bool | None = None,
+                  checkpoint: str | os.PathLike | None = None, **overrides: Any) -> tuple[StateDict, dict]:
+    """Supervised multi-head pretraining of a fresh ``size`` encoder on ``pool``; returns the encoder's
+    state (the pool heads are dropped) and the recipe.
 
-    One head per entry of ``pool.labels`` (``head_classes[name]`` outputs); an image counts
-    for a head only where its label is not ``-1``. Loss: the mean over heads (present in the
-    batch) of each head's mean cross-entropy over its labelled images. AdamW with linear
-    warm-up and cosine decay; ``config`` fields can be overridden by keyword
-    (``pretrain_base(pool, steps=2000)``). Returns the encoder's state dict (the pool heads
-    are dropped: downstream heads are built from the base, docs/methods.md §Benchmark protocol) and the
-    recipe.
-
-    ``checkpoint``: a file for resuming. At the end of every epoch the encoder, heads,
-    optimizer, schedule and batch generator are saved there (atomically); a later call with
-    the same pool, size, config and seed continues from the last saved epoch and gives the
-    same weights as an uninterrupted run. The file is deleted when training finishes.
+    Loss: the mean over the heads present in a batch of each head's cross-entropy over its labelled
+    images; ``config`` fields can be overridden by keyword (``steps=2000``). ``checkpoint``: a resume
+    file written every epoch; a later call with the same pool, size, config and seed continues from it
+    and gives the same weights as an uninterrupted run; it is deleted at the end.
     """
     cfg = replace(config or PretrainConfig(), **overrides)
     dev = resolve_device(device)
@@ -468,22 +392,18 @@ def _pretrain_recipe(size, cfg, seed, n, head_classes, total, per_epoch, seconds
         for k, (c, m) in hits.items():
             a, b = head_acc.get(k, (0, 0))
             head_acc[k] = (a + c, b + m)
-    return {
-        "kind": "base",
-        "size": size if isinstance(size, str) else getattr(size, "__name__", "custom"),
-        "config": asdict(cfg),
-        "seed": seed,
-        "n_images": n,
-        "head_classes": head_classes,
-        "steps": total,
-        "steps_per_epoch": per_epoch,
-        "seconds": round(seconds, 2),
-        "images_per_s": round(total * cfg.batch_size / max(seconds, 1e-9), 1),
-        "threads": n_threads,
-        "final_loss": sum(loss for loss, _ in window) / max(1, len(window)),
-        "final_train_acc": {k: c / max(1, m) for k, (c, m) in head_acc.items()},
-        "versions": _versions(),
-    }
+    return _recipe("base", size, cfg, seed, n, total, per_epoch, seconds, n_threads,
+                   sum(loss for loss, _ in window) / max(1, len(window)),
+                   {k: c / max(1, m) for k, (c, m) in head_acc.items()}, head_classes=head_classes)
+
+
+def _recipe(kind, size, cfg, seed, n, total, per_epoch, seconds, n_threads, loss, acc, **extra) -> dict:
+    """A training recipe: config, data and schedule sizes, time and speed, the last epoch's loss and accuracy."""
+    name = size if isinstance(size, str) else getattr(size, "__name__", "custom")
+    return {"kind": kind, "size": name, "config": asdict(cfg), "seed": seed, **extra, "n_images": n,
+            "steps": total, "steps_per_epoch": per_epoch, "seconds": round(seconds, 2),
+            "images_per_s": round(total * cfg.batch_size / max(seconds, 1e-9), 1), "threads": n_threads,
+            "final_loss": loss, "final_train_acc": acc, "versions": _versions()}
 
 
 # --------------------------------------------------------------------------- fine-tuning
@@ -494,87 +414,39 @@ def _freeze_head(head: ClassificationHead | Tensor) -> ClassificationHead:
     return head if isinstance(head, ClassificationHead) else ClassificationHead(_as_tensor(head))
 
 
-def finetune_expert(
-    base_state: Mapping[str, Tensor],
-    head: ClassificationHead,
-    data,
-    config: FinetuneConfig | None = None,
-    *,
-    size: str | Callable[[], ImageEncoder] = "tiny",
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    threads: int | None = None,
-    progress: bool | None = None,
-    **overrides: Any,
-) -> tuple[StateDict, dict]:
-    """Fine-tune the whole image encoder on one task with ``head`` frozen (docs/methods.md §Benchmark protocol).
+def finetune_expert(base_state: Mapping[str, Tensor], head: ClassificationHead, data,
+                    config: FinetuneConfig | None = None, *, size: str | Callable[[], ImageEncoder] = "tiny",
+                    seed: int = 0, device: str | torch.device = "cpu", threads: int | None = None,
+                    progress: bool | None = None, **overrides: Any) -> tuple[StateDict, dict]:
+    """Fine-tune the whole image encoder from ``base_state`` on ``data`` (``x``, ``y``) with ``head`` frozen
+    (docs/methods.md §Benchmark protocol); returns the expert's state W_t and the recipe.
 
-    ``base_state`` (W0) is loaded into a ``size`` encoder (a size name or a zero-argument
-    callable that returns an :class:`ImageEncoder`); ``data`` has ``x`` and ``y``. Cross-
-    entropy of ``head(encoder(x))``, AdamW on the encoder's parameters only, warm-up +
-    cosine; ``config`` fields can be overridden by keyword (``lr=1e-4``). The head's
-    weight is never updated (it has ``requires_grad=False`` and is not in the optimizer).
-    Returns the expert's state dict W_t and the recipe.
+    ``size``: a size name or a zero-argument callable returning an :class:`ImageEncoder`; ``config``
+    fields can be overridden by keyword (``lr=1e-4``); the head is never in the optimizer.
     """
     cfg = replace(config or FinetuneConfig(), **overrides)
-    return _train_heads(
-        base_state,
-        {"task": _freeze_head(head)},
-        {"task": data},
-        cfg,
-        size=size,
-        seed=seed,
-        device=device,
-        threads=threads,
-        progress=progress,
-        desc=f"finetune {getattr(data, 'name', '') or 'task'}",
-        kind="expert",
-        augment={"task": (cfg.augment, cfg.hflip)},
-    )
+    return _train_heads(base_state, {"task": _freeze_head(head)}, {"task": data}, cfg, size=size, seed=seed,
+                        device=device, threads=threads, progress=progress,
+                        desc=f"finetune {getattr(data, 'name', '') or 'task'}", kind="expert",
+                        augment={"task": (cfg.augment, cfg.hflip)})
 
 
-def train_multitask(
-    base_state: Mapping[str, Tensor],
-    heads: Mapping[str, ClassificationHead],
-    datasets: Mapping[str, Any],
-    config: FinetuneConfig | None = None,
-    *,
-    size: str | Callable[[], ImageEncoder] = "tiny",
-    seed: int = 0,
-    augment: Mapping[str, bool] | None = None,
-    hflip: Mapping[str, bool] | None = None,
-    device: str | torch.device = "cpu",
-    threads: int | None = None,
-    progress: bool | None = None,
-    **overrides: Any,
-) -> tuple[StateDict, dict]:
-    """The multi-task reference ("MTL"): one encoder trained on all tasks at once.
-
-    Mixed batches: each epoch shuffles the union of all tasks' training images; every
-    image is scored by its own task's frozen head and the loss is the mean cross-entropy
-    over the batch. An epoch is one pass over every task's data (so ``epochs`` matches the
-    experts'). ``augment``/``hflip`` give per-task flags (default: ``config``'s for all).
-    """
+def train_multitask(base_state: Mapping[str, Tensor], heads: Mapping[str, ClassificationHead],
+                    datasets: Mapping[str, Any], config: FinetuneConfig | None = None, *,
+                    size: str | Callable[[], ImageEncoder] = "tiny", seed: int = 0,
+                    augment: Mapping[str, bool] | None = None, hflip: Mapping[str, bool] | None = None,
+                    device: str | torch.device = "cpu", threads: int | None = None, progress: bool | None = None,
+                    **overrides: Any) -> tuple[StateDict, dict]:
+    """The multi-task reference ("MTL"): one encoder trained on mixed batches of all tasks, each image
+    scored by its own task's frozen head. An epoch is one pass over every task's data;
+    ``augment``/``hflip`` give per-task flags (default: ``config``'s)."""
     cfg = replace(config or FinetuneConfig(), **overrides)
     if set(heads) != set(datasets):
         raise InputError(f"heads {sorted(heads)} and datasets {sorted(datasets)} name different tasks")
-    aug = {
-        t: ((augment or {}).get(t, cfg.augment), (hflip or {}).get(t, cfg.hflip)) for t in datasets
-    }
-    return _train_heads(
-        base_state,
-        {t: _freeze_head(heads[t]) for t in datasets},
-        dict(datasets),
-        cfg,
-        size=size,
-        seed=seed,
-        device=device,
-        threads=threads,
-        progress=progress,
-        desc=f"multitask ({len(datasets)} tasks)",
-        kind="mtl",
-        augment=aug,
-    )
+    aug = {t: ((augment or {}).get(t, cfg.augment), (hflip or {}).get(t, cfg.hflip)) for t in datasets}
+    return _train_heads(base_state, {t: _freeze_head(heads[t]) for t in datasets}, dict(datasets), cfg, size=size,
+                        seed=seed, device=device, threads=threads, progress=progress,
+                        desc=f"multitask ({len(datasets)} tasks)", kind="mtl", augment=aug)
 
 
 def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, threads, progress, desc, kind, augment):
@@ -635,26 +507,10 @@ def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, thread
             if set_postfix is not None:
                 set_postfix(loss=f"{loss.item():.3f}")
         seconds = time.perf_counter() - t0
-    recipe = {
-        "kind": kind,
-        "size": size if isinstance(size, str) else getattr(size, "__name__", "custom"),
-        "config": asdict(cfg),
-        "seed": seed,
-        "tasks": [getattr(datasets[t], "name", t) for t in tasks] if kind == "mtl" else None,
-        "augment": {t: list(a) for t, a in augment.items()} if kind == "mtl" else None,
-        "n_images": n,
-        "steps": total,
-        "steps_per_epoch": per_epoch,
-        "seconds": round(seconds, 2),
-        "images_per_s": round(total * cfg.batch_size / max(seconds, 1e-9), 1),
-        "threads": n_threads,
-        "final_loss": last_loss / max(1, seen),
-        "final_train_acc": correct / max(1, seen),
-        "versions": _versions(),
-    }
-    if kind != "mtl":
-        recipe = {k: v for k, v in recipe.items() if v is not None}
-    return _state(enc), recipe
+    extra = {"tasks": [getattr(datasets[t], "name", t) for t in tasks],
+             "augment": {t: list(a) for t, a in augment.items()}} if kind == "mtl" else {}
+    return _state(enc), _recipe(kind, size, cfg, seed, n, total, per_epoch, seconds, n_threads,
+                                last_loss / max(1, seen), correct / max(1, seen), **extra)
 
 
 def _augment_mixed(xb, tb, tasks, augment, g):
@@ -676,20 +532,13 @@ def _augment_mixed(xb, tb, tasks, augment, g):
 
 
 @torch.no_grad()
-def correctness(
-    model: ImageEncoder | Classifier | Mapping[str, Tensor],
-    head: ClassificationHead | None,
-    data,
-    *,
-    size: str | Callable[[], ImageEncoder] | None = None,
-    batch_size: int = 512,
-    device: str | torch.device = "cpu",
-    threads: int | None = None,
-) -> Tensor:
-    """Per-example top-1 correctness (bool, in ``data``'s order) of ``head(model(x))`` on ``data`` (``x``, ``y``).
+def correctness(model: ImageEncoder | Classifier | Mapping[str, Tensor], head: ClassificationHead | None, data, *,
+                size: str | Callable[[], ImageEncoder] | None = None, batch_size: int = 512,
+                device: str | torch.device = "cpu", threads: int | None = None) -> Tensor:
+    """Per-example top-1 correctness (bool, in ``data``'s order) of ``head(model(x))`` on ``data``.
 
-    ``model`` is an :class:`ImageEncoder`, a :class:`Classifier` (then ``head`` may be
-    ``None``), or an encoder state dict (then ``size`` names its architecture).
+    ``model``: an :class:`ImageEncoder`, a :class:`Classifier` (``head`` may be None), or an
+    encoder state dict (``size`` names its architecture).
     """
     dev = resolve_device(device)
     if isinstance(model, Mapping):

@@ -1,33 +1,16 @@
 """Image encoders built with open_clip's own classes, and the frozen heads that read them.
 
-The mini-world's encoders are open_clip ``VisionTransformer``s made from model configs
-registered in open_clip's own registry (``open_clip.get_model_config("acetools-tiny")``,
-``open_clip.create_model("acetools-tiny")`` both work once :func:`register_model_configs`
-has run), so parameter names are open_clip's and the layer rules of docs/methods.md §Matrix path (CLIP parameter
-inventory; "is it a matrix?") apply unchanged. An :class:`ImageEncoder` wraps the tower in
-an attribute called ``visual``; its state dict therefore carries exactly the keys of the
-``visual.*`` part of a CLIP state dict, e.g. ``visual.transformer.resblocks.0.attn.in_proj_weight``
-(the text-side leftovers of the papers' ``ImageEncoder`` — zero task vectors — are absent).
-
-Heads follow docs/methods.md §Benchmark protocol (heads): a frozen, bias-free linear layer that L2-normalises the image
-feature and whose rows are unit class vectors times a logit scale. Two ways to make one:
-
-* :func:`prototype_head` — normalised class means of the base encoder's features (the
-  mini-world default, logit scale 30);
-* :func:`zeroshot_head` — the papers' zero-shot text heads: templates filled with class
-  names, encoded by a CLIP text tower, normalised, averaged, normalised again, times
-  ``exp(logit_scale)``.
-
-Images enter as ``uint8`` ``[N, 3, H, W]`` (or float in ``[0, 1]``); the encoder converts,
-resizes to its input size when needed and normalises with fixed mean/std constants
-(OpenAI CLIP's), so callers never pre-process.
+Encoders are open_clip vision towers of configs registered in open_clip's registry, held as
+``visual`` so state dicts carry CLIP's ``visual.*`` keys; they take uint8 images and pre-process
+themselves. Heads are frozen, bias-free and read L2-normalised features; the mini-world's are class
+prototypes (:func:`prototype_head`). docs/vision-world.md §The models.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 import torch
@@ -39,28 +22,9 @@ from ...utils import progress as _progress
 from ...utils import resolve_device
 from .sizes import SIZES
 
-__all__ = [
-    "MODEL_VERSION",
-    "SIZES",
-    "IMAGE_MEAN",
-    "IMAGE_STD",
-    "DEFAULT_LOGIT_SCALE",
-    "DEFAULT_TEMPLATES",
-    "register_model_configs",
-    "model_config",
-    "ImageEncoder",
-    "ClassificationHead",
-    "Classifier",
-    "build_encoder",
-    "build_clip",
-    "encoder_from_clip",
-    "load_encoder",
-    "count_parameters",
-    "encode",
-    "prototype_head",
-    "zeroshot_head",
-    "head_from_state",
-]
+__all__ = ["MODEL_VERSION", "SIZES", "IMAGE_MEAN", "IMAGE_STD", "DEFAULT_LOGIT_SCALE", "register_model_configs",
+           "model_config", "ImageEncoder", "ClassificationHead", "Classifier", "build_encoder", "build_clip",
+           "encoder_from_clip", "load_encoder", "encode", "prototype_head"]
 
 #: Bumped whenever a change here alters what a given config and seed produce (init,
 #: pre-processing, head maths). Part of every zoo cache key.
@@ -73,27 +37,12 @@ IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
 #: Logit scale of prototype heads (CLIP's trained value is 100).
 DEFAULT_LOGIT_SCALE = 30.0
 
-#: Generic zero-shot templates (the per-dataset templates of the TALL/TSV code can be passed).
-DEFAULT_TEMPLATES = (
-    "a photo of a {}.",
-    "a low resolution photo of a {}.",
-    "a photo of the {}.",
-    "a close-up photo of a {}.",
-    "a blurry photo of a {}.",
-)
-
 _PREFIX = "acetools-"
 
 
 def register_model_configs() -> list[str]:
-    """Put the mini-world sizes into open_clip's model-config registry; idempotent.
-
-    Afterwards ``open_clip.list_models()`` lists ``acetools-micro``, ``acetools-tiny`` and
-    ``acetools-small`` and ``open_clip.create_model("acetools-tiny")`` builds a full
-    (tiny) CLIP. The configs are added to the same dict that ``open_clip.add_model_config``
-    fills from JSON files (``open_clip.factory._MODEL_CONFIGS``; its rescans keep them).
-    Returns the registered names.
-    """
+    """Put the mini-world sizes into open_clip's model-config registry (``acetools-<size>``, the dict
+    ``open_clip.add_model_config`` fills); idempotent. Returns the registered names."""
     from open_clip import factory
 
     names = []
@@ -124,23 +73,13 @@ def model_config(size: str) -> dict:
 class ImageEncoder(nn.Module):
     """An open_clip vision tower under the attribute ``visual``, with its pre-processing.
 
-    ``forward(x)`` takes ``uint8`` images ``[N, 3, H, W]`` in 0..255 (or floats in [0, 1]),
-    converts them to float, resizes them to ``image_size`` if they differ (bicubic, as
-    CLIP's transform) and normalises with ``mean``/``std``, then returns the projected
-    image features ``[N, embed_dim]`` (not normalised; heads normalise).
-
-    ``mean``/``std`` are non-persistent buffers, so ``state_dict()`` holds only the
-    ``visual.*`` parameters — the keys the merge methods see.
+    ``forward(x)``: uint8 ``[N, 3, H, W]`` (or floats in [0, 1]) resized (bicubic) to ``image_size``
+    when needed and normalised with ``mean``/``std`` (non-persistent buffers: ``state_dict()`` holds
+    only ``visual.*``) -> projected features ``[N, embed_dim]``, not normalised.
     """
 
-    def __init__(
-        self,
-        visual: nn.Module,
-        image_size: int,
-        mean: Sequence[float] = IMAGE_MEAN,
-        std: Sequence[float] = IMAGE_STD,
-        name: str | None = None,
-    ):
+    def __init__(self, visual: nn.Module, image_size: int, mean: Sequence[float] = IMAGE_MEAN,
+                 std: Sequence[float] = IMAGE_STD, name: str | None = None):
         super().__init__()
         self.visual = visual
         self.image_size = int(image_size)
@@ -174,13 +113,8 @@ class ImageEncoder(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    """A frozen, bias-free linear head on L2-normalised features (docs/methods.md §Benchmark protocol (heads)).
-
-    ``weight`` is ``[n_classes, embed_dim]``: unit class vectors times the logit scale.
-    ``logits = normalize(features) @ weight.T``. Its parameter is created with
-    ``requires_grad=False``; fine-tuning never changes it. ``state_dict()`` is
-    ``{"weight": ...}``.
-    """
+    """A frozen, bias-free head: ``logits = normalize(features) @ weight.T`` with ``weight``
+    ``[n_classes, embed_dim]`` unit class vectors times the logit scale (docs/methods.md §Benchmark protocol)."""
 
     def __init__(self, weight: Tensor, normalize: bool = True, class_names: Sequence[str] | None = None):
         super().__init__()
@@ -219,25 +153,12 @@ def vision_tower(cfg: dict) -> nn.Module:
     return _build_vision_tower(cfg["embed_dim"], cfg["vision_cfg"], quick_gelu=cfg.get("quick_gelu", False))
 
 
-def build_encoder(
-    size: str = "tiny",
-    *,
-    pretrained: str | None = None,
-    seed: int | None = None,
-    device: str | torch.device = "cpu",
-    cache_dir: str | None = None,
-    allow_download: bool = False,
-) -> ImageEncoder:
-    """A fresh :class:`ImageEncoder` of a mini-world ``size`` or an open_clip model.
-
-    * ``size`` in :data:`SIZES` (``"micro"``, ``"tiny"``, ``"small"``): the vision tower of
-      the registered open_clip config, randomly initialised (``seed`` seeds torch's global
-      RNG first when given); ``pretrained`` must be ``None``.
-    * any other open_clip name, e.g. ``"ViT-B-32"``: ``open_clip.create_model(size,
-      pretrained=...)`` and its ``visual`` tower (see :func:`build_clip`, which never
-      downloads unless ``allow_download``; the text tower is dropped). Input size and
-      mean/std come from the model's pre-processing config.
-    """
+def build_encoder(size: str = "tiny", *, pretrained: str | None = None, seed: int | None = None,
+                  device: str | torch.device = "cpu", cache_dir: str | None = None,
+                  allow_download: bool = False) -> ImageEncoder:
+    """A fresh :class:`ImageEncoder` of a mini-world ``size`` (randomly initialised; ``seed`` seeds
+    torch first) or of an open_clip model such as ``"ViT-B-32"`` (:func:`build_clip`'s image tower,
+    with the model's input size and mean/std)."""
     if size in SIZES or size.startswith(_PREFIX):
         if pretrained is not None:
             raise InputError(
@@ -255,12 +176,8 @@ def build_encoder(
 
 
 def _cached_checkpoint(tag_cfg: dict, cache_dir: str | None) -> str | None:
-    """The local file of an open_clip pretrained tag if it is already cached, else ``None``.
-
-    Looks where ``open_clip.pretrained.download_pretrained`` would put it: the Hugging Face
-    cache (``open_clip_model.safetensors`` / ``open_clip_pytorch_model.bin`` or the named file)
-    and open_clip's URL cache (``~/.cache/clip``). Never touches the network.
-    """
+    """The local file of an open_clip pretrained tag where ``open_clip.pretrained.download_pretrained``
+    would have put it (the Hugging Face cache, or ``~/.cache/clip``), else ``None``; never online."""
     if tag_cfg.get("file"):
         return tag_cfg["file"] if os.path.isfile(tag_cfg["file"]) else None
     hub = tag_cfg.get("hf_hub", "")
@@ -287,22 +204,13 @@ def _cached_checkpoint(tag_cfg: dict, cache_dir: str | None) -> str | None:
     return None
 
 
-def build_clip(
-    name: str = "ViT-B-32",
-    *,
-    pretrained: str | None = "openai",
-    device: str | torch.device = "cpu",
-    cache_dir: str | None = None,
-    allow_download: bool = False,
-) -> nn.Module:
-    """A full open_clip CLIP model (image and text towers), e.g. the papers' ViT-B/32.
+def build_clip(name: str = "ViT-B-32", *, pretrained: str | None = "openai", device: str | torch.device = "cpu",
+               cache_dir: str | None = None, allow_download: bool = False) -> nn.Module:
+    """A full open_clip CLIP model, e.g. the papers' ViT-B/32 (docs/vision-world.md §The models).
 
-    ``pretrained`` is an open_clip tag (``"openai"``), a local checkpoint file, or ``None``
-    for random weights. With ``allow_download=False`` (the default) nothing is downloaded:
-    a tag's weights must already be in open_clip's caches (Hugging Face cache or
-    ``~/.cache/clip``, or ``cache_dir``), else a ``RuntimeError`` says how to get them.
-    For OpenAI weights the model uses QuickGELU, as those weights need (docs/methods.md §Benchmark protocol,
-    "Backbones" pitfall). Mini-world names (``"tiny"``) build the registered tiny CLIP.
+    ``pretrained``: an open_clip tag (``"openai"``), a local checkpoint file, or ``None`` (random).
+    Without ``allow_download`` a tag's weights must already be in open_clip's caches, else a
+    RuntimeError says how to get them. OpenAI weights get QuickGELU (docs/methods.md §Benchmark protocol).
     """
     import open_clip
 
@@ -363,9 +271,8 @@ def encoder_from_clip(clip: nn.Module, name: str | None = None) -> ImageEncoder:
     return ImageEncoder(visual, size, mean=mean, std=std, name=name)
 
 
-def load_encoder(
-    state: Mapping[str, Tensor], size: str = "tiny", *, device: str | torch.device = "cpu"
-) -> ImageEncoder:
+def load_encoder(state: Mapping[str, Tensor], size: str = "tiny", *,
+                 device: str | torch.device = "cpu") -> ImageEncoder:
     """An encoder of ``size`` with ``state`` loaded (strictly: same keys and shapes)."""
     enc = build_encoder(size, device="cpu")
     missing, unexpected = enc.load_state_dict(dict(state), strict=False)
@@ -377,20 +284,9 @@ def load_encoder(
     return enc.to(resolve_device(device))
 
 
-def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
-    """Number of parameters (all, or only those with ``requires_grad``)."""
-    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
-
-
 @torch.no_grad()
-def encode(
-    encoder: nn.Module,
-    x: Tensor,
-    *,
-    batch_size: int = 512,
-    device: str | torch.device | None = None,
-    progress: bool | None = False,
-) -> Tensor:
+def encode(encoder: nn.Module, x: Tensor, *, batch_size: int = 512, device: str | torch.device | None = None,
+           progress: bool | None = False) -> Tensor:
     """Image features ``[N, embed_dim]`` (float32, CPU) of ``x``, batched, in eval mode."""
     x = torch.as_tensor(x)
     dev = resolve_device(device) if device is not None else next(encoder.parameters()).device
@@ -408,25 +304,12 @@ def encode(
     return torch.cat(out)
 
 
-def prototype_head(
-    encoder: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    n_classes: int,
-    *,
-    logit_scale: float = DEFAULT_LOGIT_SCALE,
-    class_names: Sequence[str] | None = None,
-    batch_size: int = 512,
-    device: str | torch.device | None = None,
-) -> ClassificationHead:
-    """A class-prototype head: normalised class means of the encoder's features.
-
-    Each image feature is L2-normalised, the unit features of a class are averaged and the
-    mean is L2-normalised again (the image analogue of the zero-shot text head of docs/methods.md §Benchmark protocol,
-    where each prompt embedding is normalised, averaged and normalised again); the rows are
-    then multiplied by ``logit_scale``. Built from the *base* encoder only; every class needs
-    at least one image.
-    """
+def prototype_head(encoder: nn.Module, x: Tensor, y: Tensor, n_classes: int, *,
+                   logit_scale: float = DEFAULT_LOGIT_SCALE, class_names: Sequence[str] | None = None,
+                   batch_size: int = 512, device: str | torch.device | None = None) -> ClassificationHead:
+    """A class-prototype head: per class the normalised mean of the normalised features of its images
+    under the *base* encoder, times ``logit_scale`` (the image analogue of the papers' zero-shot
+    head, docs/methods.md §Benchmark protocol); every class needs an image."""
     feats = F.normalize(encode(encoder, x, batch_size=batch_size, device=device), dim=-1)
     y = torch.as_tensor(y).long().cpu()
     if y.shape[0] != feats.shape[0]:
@@ -439,53 +322,3 @@ def prototype_head(
     sums = torch.zeros(n_classes, feats.shape[1]).index_add_(0, y, feats)
     protos = F.normalize(sums / counts[:, None], dim=-1)
     return ClassificationHead(protos * logit_scale, class_names=class_names)
-
-
-def _fill(template: str | Callable[[str], str], name: str) -> str:
-    return template(name) if callable(template) else template.format(name)
-
-
-@torch.no_grad()
-def zeroshot_head(
-    clip: nn.Module,
-    class_names: Sequence[str],
-    templates: Sequence[str | Callable[[str], str]] = DEFAULT_TEMPLATES,
-    *,
-    tokenizer: Callable | None = None,
-    model_name: str | None = None,
-    logit_scale: float | None = None,
-    device: str | torch.device | None = None,
-) -> ClassificationHead:
-    """The papers' zero-shot text head (docs/methods.md §Benchmark protocol (heads), ``build_classification_head``).
-
-    For every class, each template (a ``"... {} ..."`` string or a callable) is filled with
-    the class name and encoded by ``clip``'s text tower; the embeddings are L2-normalised,
-    averaged and normalised again; the stacked class vectors are multiplied by
-    ``exp(clip.logit_scale)`` (or by ``logit_scale`` when given). ``tokenizer`` defaults to
-    ``open_clip.get_tokenizer(model_name)`` (the bundled BPE tokenizer; offline).
-    """
-    import open_clip
-
-    if tokenizer is None:
-        register_model_configs()
-        tokenizer = open_clip.get_tokenizer(model_name or "ViT-B-32")
-    dev = resolve_device(device) if device is not None else next(clip.parameters()).device
-    was_training = clip.training
-    clip.eval()
-    # open_clip's CLIP members (nn.Module's dynamic attributes are untyped)
-    encode_text = cast(Callable[[Tensor], Tensor], clip.encode_text)
-    rows = []
-    try:
-        for name in class_names:
-            tokens = tokenizer([_fill(t, name) for t in templates]).to(dev)
-            emb = F.normalize(encode_text(tokens).float(), dim=-1)
-            rows.append(F.normalize(emb.mean(0), dim=-1))
-    finally:
-        clip.train(was_training)
-    scale = float(cast(Tensor, clip.logit_scale).exp()) if logit_scale is None else float(logit_scale)
-    return ClassificationHead(torch.stack(rows).cpu() * scale, class_names=class_names)
-
-
-def head_from_state(state: Mapping[str, Tensor], class_names: Sequence[str] | None = None) -> ClassificationHead:
-    """Rebuild a :class:`ClassificationHead` from its ``{"weight": ...}`` state dict."""
-    return ClassificationHead(state["weight"], class_names=class_names)

@@ -1,9 +1,5 @@
-"""The image mini-world behind the world interface (:mod:`acetools.world.base`).
-
-:class:`VisionWorld` wraps a :class:`~acetools.world.vision.zoo.Zoo` (the shipped ViT base, frozen
-prototype heads, experts per task) and adds what the interface asks: evaluation of a merged
-state per task, ESM's proxy images and RegMean's training images, and the layers whose
-inputs are captured.
+"""The image mini-world behind the world interface (:mod:`acetools.world.base`): a
+:class:`~acetools.world.vision.zoo.Zoo` plus evaluation, ESM's and RegMean's inputs and the captured layers.
 """
 
 from __future__ import annotations
@@ -17,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ...utils import make_generator
+from ..base import WorldBase
 
 __all__ = ["VisionWorld", "VISION_MATRICES"]
 
@@ -24,7 +21,7 @@ __all__ = ["VisionWorld", "VISION_MATRICES"]
 VISION_MATRICES = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-class VisionWorld:
+class VisionWorld(WorldBase):
     """A :class:`~acetools.world.vision.zoo.Zoo` as a world; ``zoo`` stays reachable for course code."""
 
     kind = "vision"
@@ -94,18 +91,6 @@ class VisionWorld:
         if n is None or n >= len(d.y):
             return d
         return SimpleNamespace(x=d.x[:n], y=d.y[:n], name=task, split=split)
-
-    def evaluate(self, state: Mapping[str, Tensor], task: str, split: str = "test", n: int | None = None) -> float:
-        return self.evaluate_all(state, split, n, [task])[task]
-
-    def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
-                     tasks: Sequence[str] | None = None) -> dict[str, float]:
-        """Accuracy per task with one encoder built for ``state``."""
-        from .finetune import evaluate
-
-        enc = self.zoo.encoder(state)
-        return {t: evaluate(enc, self.zoo.head(t), self.data(t, split, n), batch_size=self.batch_size,
-                            threads=self.threads) for t in (tasks or self.tasks)}
 
     def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
                     tasks: Sequence[str] | None = None) -> dict[str, np.ndarray]:

@@ -1,34 +1,8 @@
 """The model zoo: a base, frozen heads, one expert per task and the MTL reference, cached.
 
-A :class:`Zoo` names a world — tasks, model size, fine-tuning recipe, seed — and builds
-what is missing::
-
-    zoo = Zoo(["fashion", "digits", "letters"], size="tiny", seed=0).build()
-    W0 = zoo.base_state(); heads = zoo.heads(); taus = zoo.task_vectors()
-
-Every checkpoint is a safetensors file of a state dict (never a pickled module; docs/style.md §7)
-with a JSON sidecar next to it holding the recipe, metrics, timing, the cache key with the
-fields it hashes, and the SHA-256 of the tensors (:func:`state_hash`). The key is a SHA-256
-of everything that determines the result — the config dict, the data's hash, the seed,
-:data:`acetools.world.vision.models.MODEL_VERSION`, and the hashes of the checkpoints it starts from
-(an expert's key holds its base's and its head's content hashes) — so a changed recipe,
-dataset or base gets new files and nothing stale is reused. Writes are atomic (tensors
-first, sidecar last); an entry is valid only if its sidecar parses, names the expected key,
-and the tensors load and hash to the recorded value. An interrupted build therefore
-resumes: valid entries are loaded, missing, partial or corrupt ones are (re)built, and
-nothing cached is retrained.
-
-Layout under the cache root (``root=``, else ``$ACETOOLS_CACHE/zoo``, else
-``~/.cache/acetools/zoo``)::
-
-    <size>/base/base-<key16>.safetensors   (+ .json)
-    <size>/heads/<task>-<key16>.safetensors
-    <size>/experts/<task>-seed<seed>-<key16>.safetensors
-    <size>/mtl/mtl-<n>tasks-seed<seed>-<key16>.safetensors
-
-A base may instead be shipped with the package as ``acetools/world/vision/assets/base_<size>.safetensors``
-plus ``base_<size>.json`` (recipe, content hash, the command that rebuilds it; see
-:meth:`Zoo.export_base`); ``base="auto"`` uses it when present.
+``Zoo(["fashion", "digits"], size="tiny", seed=0).build()`` loads what is cached and builds the rest.
+Checkpoints are safetensors state dicts with a JSON sidecar (recipe, metrics, cache key and the
+fields it hashes, content SHA-256); keys, file layout and resuming: docs/vision-world.md §The zoo.
 """
 
 from __future__ import annotations
@@ -59,6 +33,7 @@ from ...files.checkpoints import (
 )
 from ...utils import atomic_write
 from ...utils import progress as _progress
+from ..base import cache_dir
 from . import finetune as _ft
 from .finetune import FinetuneConfig, PretrainConfig
 from .models import (
@@ -73,26 +48,13 @@ from .models import (
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "Zoo",
-    "ASSETS",
-    "cache_root",
-    "state_hash",
-    "data_hash",
-    "config_hash",
-    "save_checkpoint",
-    "load_checkpoint",
-    "CheckpointError",
-]
+__all__ = ["Zoo", "ASSETS", "WORLD_FINETUNE", "data_hash"]
 
 #: Where shipped base checkpoints live: ``base_<size>.safetensors`` + ``base_<size>.json``.
 ASSETS = Path(__file__).resolve().parent / "assets"
 
-#: The expert recipe of each size's shipped world: overrides of
-#: :class:`~acetools.world.vision.finetune.FinetuneConfig`'s defaults that :class:`Zoo` applies where its
-#: ``finetune`` argument leaves a field unset. ``small`` fine-tunes gently (lr 1e-4 instead of
-#: 4e-4, so updates stay small and ACE's gamma sits in the ViT regime) under bf16 autocast (half
-#: the time); docs/regime.md §The chosen recipe gives the measurements behind it.
+#: Per size, overrides of ``FinetuneConfig``'s defaults where ``Zoo(finetune=...)`` leaves a field
+#: unset (docs/regime.md §The chosen recipe).
 WORLD_FINETUNE: dict[str, dict[str, Any]] = {"small": {"lr": 1e-4, "precision": "bf16"}}
 
 StateDict = dict[str, Tensor]
@@ -102,28 +64,12 @@ class _NotCached(Exception):
     """Raised inside :meth:`Zoo.missing` instead of building an entry."""
 
 
-# --------------------------------------------------------------------------- hashing and files
-
-
-def cache_root(root: str | os.PathLike | None = None) -> Path:
-    """The zoo's cache folder: ``root``, else ``$ACETOOLS_CACHE/zoo``, else ``~/.cache/acetools/zoo``."""
-    if root is not None:
-        return Path(root).expanduser()
-    env = os.environ.get("ACETOOLS_CACHE")
-    if env:
-        return Path(env).expanduser() / "zoo"
-    return Path("~/.cache/acetools/zoo").expanduser()
-
-
 def _raw_bytes(t: Tensor) -> memoryview:
     return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data
 
 
 def data_hash(data) -> str:
-    """SHA-256 of a dataset's content (``x``, ``y`` or ``labels``, name, class names).
-
-    Uses ``data.sha256`` when the dataset carries one.
-    """
+    """SHA-256 of a dataset's content (``x``, ``y`` or ``labels``, name, class names), or its ``sha256``."""
     given = getattr(data, "sha256", None)
     if isinstance(given, str) and given:
         return given
@@ -153,57 +99,36 @@ def _safe(name: str) -> str:
 
 
 class Zoo:
-    """Base, heads, experts and MTL model of one world, built once and cached.
+    """Base, heads, experts and MTL model of one world, built once and cached (docs/vision-world.md §The zoo).
 
     Parameters
     ----------
     tasks: task names (or a suite name from ``acetools.world.vision.data.SUITES``), in merge order.
-    size: model size (``"micro"``, ``"tiny"``, ``"small"``; :data:`acetools.world.vision.models.SIZES`).
+    size: model size (:data:`acetools.world.vision.models.SIZES`).
     seed: seed of the experts' and the MTL model's fine-tuning.
-    root: cache folder (see :func:`cache_root`).
-    base: ``"auto"`` (the shipped ``assets/base_<size>`` if present, else pretrain),
-        ``"train"`` (pretrain, cached), or a path to a base safetensors file (with an
-        optional JSON sidecar holding ``content_sha256`` and ``recipe``; without one the file's
-        hash is recorded on first use and checked on later ones, :meth:`_user_base`).
+    root: cache folder (:func:`acetools.world.base.cache_dir`).
+    base: ``"auto"`` (the shipped ``assets/base_<size>`` if present, else pretrain), ``"train"``
+        (pretrain, cached), or a path to a base safetensors file (:meth:`_user_base`).
     base_seed, pool_seed: seeds of base pretraining and of the pretraining pool.
-    pretrain, finetune: :class:`~acetools.world.vision.finetune.PretrainConfig` /
-        :class:`~acetools.world.vision.finetune.FinetuneConfig` or dicts of overrides.
+    pretrain, finetune: a ``PretrainConfig`` / ``FinetuneConfig`` or a dict of overrides.
     mtl: build the multi-task reference; ``mtl_finetune`` its config (default ``finetune``).
-    augment, hflip: per-task augmentation flags (default off; see ``FinetuneConfig``).
-    logit_scale: of the prototype heads (heads are built from the base on each task's
-        training split; docs/methods.md §Benchmark protocol (heads)).
-    load_split, pretraining_pool: data functions (default ``acetools.world.vision.data``'s); pass your
-        own to build a world from other data (tests use tiny synthetic tasks).
-    pool_kwargs: extra keyword arguments of ``pretraining_pool`` (e.g. ``n_per_source``);
-        the pool's content hash is part of the base's key either way.
+    augment, hflip: per-task augmentation flags (default: the config's).
+    logit_scale: of the prototype heads (docs/methods.md §Benchmark protocol).
+    load_split, pretraining_pool, pool_kwargs: data functions (default ``acetools.world.vision.data``'s)
+        and the pool's extra arguments; pass your own to build a world from other data.
     evaluate_val: record validation accuracy of heads (base), experts and MTL in sidecars.
     device, threads: where and with how many CPU threads to train.
     """
 
-    def __init__(
-        self,
-        tasks: Sequence[str] | str,
-        size: str = "tiny",
-        seed: int = 0,
-        root: str | os.PathLike | None = None,
-        *,
-        base: str | os.PathLike = "auto",
-        base_seed: int = 0,
-        pool_seed: int = 0,
-        pretrain: PretrainConfig | Mapping[str, Any] | None = None,
-        finetune: FinetuneConfig | Mapping[str, Any] | None = None,
-        mtl: bool = True,
-        mtl_finetune: FinetuneConfig | Mapping[str, Any] | None = None,
-        augment: Mapping[str, bool] | None = None,
-        hflip: Mapping[str, bool] | None = None,
-        logit_scale: float = DEFAULT_LOGIT_SCALE,
-        load_split: Callable[[str, str], Any] | None = None,
-        pretraining_pool: Callable[..., Any] | None = None,
-        pool_kwargs: Mapping[str, Any] | None = None,
-        evaluate_val: bool = True,
-        device: str | torch.device = "cpu",
-        threads: int | None = None,
-    ):
+    def __init__(self, tasks: Sequence[str] | str, size: str = "tiny", seed: int = 0,
+                 root: str | os.PathLike | None = None, *, base: str | os.PathLike = "auto", base_seed: int = 0,
+                 pool_seed: int = 0, pretrain: PretrainConfig | Mapping[str, Any] | None = None,
+                 finetune: FinetuneConfig | Mapping[str, Any] | None = None, mtl: bool = True,
+                 mtl_finetune: FinetuneConfig | Mapping[str, Any] | None = None,
+                 augment: Mapping[str, bool] | None = None, hflip: Mapping[str, bool] | None = None,
+                 logit_scale: float = DEFAULT_LOGIT_SCALE, load_split: Callable[[str, str], Any] | None = None,
+                 pretraining_pool: Callable[..., Any] | None = None, pool_kwargs: Mapping[str, Any] | None = None,
+                 evaluate_val: bool = True, device: str | torch.device = "cpu", threads: int | None = None):
         self._load_split_fn = load_split
         self._pool_fn = pretraining_pool
         self.pool_kwargs = dict(pool_kwargs or {})
@@ -221,7 +146,7 @@ class Zoo:
         self.size = size
         model_config(size)  # fail early on an unknown size
         self.seed = int(seed)
-        self.root = cache_root(root)
+        self.root = cache_dir("zoo", root)
         self.base_source = base
         self.base_seed = int(base_seed)
         self.pool_seed = int(pool_seed)
@@ -229,9 +154,8 @@ class Zoo:
         world = WORLD_FINETUNE.get(size, {})
         self.finetune_config = self._config(FinetuneConfig, finetune, world)
         self.mtl = bool(mtl)
-        self.mtl_config = (
-            self._config(FinetuneConfig, mtl_finetune, world) if mtl_finetune is not None else self.finetune_config
-        )
+        self.mtl_config = self._config(FinetuneConfig, mtl_finetune, world) if mtl_finetune is not None \
+            else self.finetune_config
         self.augment = {t: bool((augment or {}).get(t, self.finetune_config.augment)) for t in self.tasks}
         self.hflip = {t: bool((hflip or {}).get(t, self.finetune_config.hflip)) for t in self.tasks}
         self.logit_scale = float(logit_scale)
@@ -276,12 +200,8 @@ class Zoo:
         return self.root / _safe(self.size)
 
     def _data_module(self):
-        try:
-            from . import data
-        except ImportError as err:  # pragma: no cover - depends on the data package
-            raise ImportError(
-                "acetools.world.vision.data is not available; pass load_split= and pretraining_pool= to Zoo"
-            ) from err
+        from . import data
+
         return data
 
     def split(self, task: str, split: str = "train"):
@@ -334,17 +254,9 @@ class Zoo:
                 raise _NotCached(ident)
             t0 = time.perf_counter()
             state, recipe, metrics = make()
-            meta = {
-                "kind": kind,
-                "task": task,
-                "key": key,
-                "key_fields": key_fields,
-                "recipe": recipe,
-                "metrics": metrics,
-                "seconds": round(time.perf_counter() - t0, 2),
-                "created": _now(),
-                "acetools_model_version": MODEL_VERSION,
-            }
+            meta = {"kind": kind, "task": task, "key": key, "key_fields": key_fields, "recipe": recipe,
+                    "metrics": metrics, "seconds": round(time.perf_counter() - t0, 2), "created": _now(),
+                    "acetools_model_version": MODEL_VERSION}
             side = save_checkpoint(path, state, meta)
             self.built.append(ident)
             log.info("built %s%s in %.1f s: %s", kind, f" {task}" if task else "", meta["seconds"], path)
@@ -370,10 +282,9 @@ class Zoo:
         return p
 
     def _user_base(self, path: Path) -> tuple[StateDict, dict]:
-        """A base file of the user's (``Zoo(..., base=path)``): verified against the hash its sidecar or
-        metadata records, if any; without one (the sidecar is optional) its hash is recorded on first
-        use in the cache (``base/user_bases.json``); a later change is logged, and never mixes with
-        experts of the old file (every cache key below the base holds its hash)."""
+        """A base file of the user's (``base=path``): checked against the hash its sidecar or metadata
+        records; without one, its hash is recorded on first use (``base/user_bases.json``) and a later
+        change is logged (every cache key below the base holds its hash)."""
         from safetensors import safe_open
 
         try:
@@ -431,16 +342,9 @@ class Zoo:
             self._states[ident], self._sides[ident], self._paths[ident] = state, side, shipped
             self.loaded.append(ident)
             return state
-        fields = {
-            "kind": "base",
-            "size": self.size,
-            "model_config": model_config(self.size),
-            "pretrain": _ft.key_config(self.pretrain_config),
-            "pool": self._data_hash("__pool__"),
-            "pool_seed": self.pool_seed,
-            "seed": self.base_seed,
-            "model_version": MODEL_VERSION,
-        }
+        fields = {"kind": "base", "size": self.size, "model_config": model_config(self.size),
+                  "pretrain": _ft.key_config(self.pretrain_config), "pool": self._data_hash("__pool__"),
+                  "pool_seed": self.pool_seed, "seed": self.base_seed, "model_version": MODEL_VERSION}
 
         def make():
             # epoch checkpoints next to the final file, so an interrupted pretraining resumes
@@ -465,15 +369,8 @@ class Zoo:
         features on the task's training split, times ``logit_scale``)."""
         self._check_task(task)
         data = self.split(task, "train")
-        fields = {
-            "kind": "head",
-            "head_type": "prototype",
-            "task": task,
-            "logit_scale": self.logit_scale,
-            "base": self.base_hash(),
-            "data": self._data_hash(task),
-            "model_version": MODEL_VERSION,
-        }
+        fields = {"kind": "head", "head_type": "prototype", "task": task, "logit_scale": self.logit_scale,
+                  "base": self.base_hash(), "data": self._data_hash(task), "model_version": MODEL_VERSION}
 
         def make():
             enc = self.encoder()
@@ -513,17 +410,10 @@ class Zoo:
         """W_t: the encoder fine-tuned on ``task`` from the base with its head frozen."""
         self._check_task(task)
         head = self.head(task)
-        fields = {
-            "kind": "expert",
-            "size": self.size,
-            "task": task,
-            "finetune": self._ft_fields(self.finetune_config, [task]),
-            "data": self._data_hash(task),
-            "base": self.base_hash(),
-            "head": self._head_hash(task),
-            "seed": self.seed,
-            "model_version": MODEL_VERSION,
-        }
+        fields = {"kind": "expert", "size": self.size, "task": task,
+                  "finetune": self._ft_fields(self.finetune_config, [task]), "data": self._data_hash(task),
+                  "base": self.base_hash(), "head": self._head_hash(task), "seed": self.seed,
+                  "model_version": MODEL_VERSION}
 
         def make():
             state, recipe = _ft.finetune_expert(
@@ -548,17 +438,11 @@ class Zoo:
     def mtl_state(self) -> StateDict:
         """The multi-task reference encoder, trained jointly on all tasks (mixed batches)."""
         heads = self.heads()
-        fields = {
-            "kind": "mtl",
-            "size": self.size,
-            "tasks": self.tasks,
-            "finetune": self._ft_fields(self.mtl_config, self.tasks),
-            "data": [self._data_hash(t) for t in self.tasks],
-            "base": self.base_hash(),
-            "heads": [self._head_hash(t) for t in self.tasks],
-            "seed": self.seed,
-            "model_version": MODEL_VERSION,
-        }
+        fields = {"kind": "mtl", "size": self.size, "tasks": self.tasks,
+                  "finetune": self._ft_fields(self.mtl_config, self.tasks),
+                  "data": [self._data_hash(t) for t in self.tasks], "base": self.base_hash(),
+                  "heads": [self._head_hash(t) for t in self.tasks], "seed": self.seed,
+                  "model_version": MODEL_VERSION}
 
         def make():
             datasets = {t: self.split(t, "train") for t in self.tasks}
@@ -585,11 +469,8 @@ class Zoo:
     # ----------------------------------------------------------------- build and views
 
     def build(self, progress: bool | None = None, *, mtl: bool | None = None) -> Zoo:
-        """Make sure the base, every head, every expert and (if asked) the MTL model exist.
-
-        Loads what is cached and valid, builds the rest; returns ``self``. ``progress``
-        shows a bar over the steps and inside each training loop (``None``: automatic).
-        """
+        """Load what is cached and valid, build the rest (base, heads, experts, the MTL model if asked);
+        returns ``self``. ``progress``: bars over the steps and inside each loop (``None``: automatic)."""
         self._progress = progress
         steps = self._steps(mtl)
         for kind, task in _progress(steps, desc=f"zoo {self.size}", total=len(steps), enabled=progress):
@@ -616,14 +497,9 @@ class Zoo:
         return steps
 
     def missing(self, *, mtl: bool | None = None) -> list[tuple[str, str | None]]:
-        """What :meth:`build` would have to compute: ``(kind, task or None)`` for every entry
-        with no valid cached file, in build order, **without building anything**.
-
-        Valid entries are loaded on the way (as :meth:`build` would). An entry that starts
-        from a missing one (a head or expert when the base is missing, an expert when its
-        head is) is listed too: its cache key depends on what it starts from. Heads are
-        cheap (class means of base features); experts and the MTL model are trained.
-        """
+        """What :meth:`build` would compute, ``(kind, task or None)`` in build order, without building:
+        entries with no valid cached file, and those that start from one (their keys hold its hash).
+        Valid entries are loaded on the way."""
         out = []
         self._dry = True
         try:
@@ -665,19 +541,14 @@ class Zoo:
         return self._sides[(kind, task)]
 
     def records(self) -> list[dict]:
-        """One row per entry loaded or built so far: kind, task, file, key, content hash,
-        seconds, metrics — for reports (docs/style.md §14: checkpoint hashes)."""
+        """One row per entry loaded or built so far: kind, task, file, key, content hash, seconds, metrics
+        (docs/style.md §14)."""
         rows = []
         for (kind, task), side in self._sides.items():
-            rows.append({
-                "kind": kind,
-                "task": task,
-                "file": str(self._paths[(kind, task)]),
-                "key": side.get("key"),
-                "content_sha256": side.get("content_sha256"),
-                "seconds": side.get("seconds", (side.get("recipe") or {}).get("seconds")),
-                "metrics": side.get("metrics", {}),
-            })
+            rows.append({"kind": kind, "task": task, "file": str(self._paths[(kind, task)]), "key": side.get("key"),
+                         "content_sha256": side.get("content_sha256"),
+                         "seconds": side.get("seconds", (side.get("recipe") or {}).get("seconds")),
+                         "metrics": side.get("metrics", {})})
         return rows
 
     def export_base(self, folder: str | os.PathLike | None = None, command: str | None = None) -> Path:
@@ -688,10 +559,7 @@ class Zoo:
         folder = Path(folder) if folder is not None else ASSETS
         path = folder / f"base_{self.size}.safetensors"
         meta = {
-            "kind": "base",
-            "size": self.size,
-            "recipe": side.get("recipe"),
-            "key_fields": side.get("key_fields"),
+            "kind": "base", "size": self.size, "recipe": side.get("recipe"), "key_fields": side.get("key_fields"),
             "model_version": MODEL_VERSION,
             "command": command or (
                 f"python -c \"from acetools.world.vision.zoo import Zoo; Zoo({self.tasks[:1]!r}, size={self.size!r}, "

@@ -1,16 +1,5 @@
-"""Shared types and plumbing of ``acetools.world.vision.data``: records, errors, seeds, ordering, cache.
-
-Nothing here knows a particular task. The pieces every builder uses:
-
-- :class:`TaskInfo`, :class:`TaskData`, :class:`PretrainData` and :class:`DataSourceError`;
-- :func:`sample_rng` — one NumPy generator per (stream, sample index), so the first ``n``
-  rows of a split never depend on how many rows are built (``load_split(..., n=k)`` is the
-  prefix of the full split);
-- :func:`balanced_labels` — labels in blocks of ``n_classes``, each block a seeded
-  permutation, so every prefix is class-balanced to within one block;
-- :func:`data_root` and the ``.npz`` cache, keyed by a hash of the builder's version and
-  parameters and written atomically.
-"""
+"""Shared types and plumbing of ``acetools.world.vision.data``: records, errors, per-sample seeds
+(prefix-stable builders), balanced labels and the ``.npz`` cache (docs/vision-world.md §The tasks)."""
 
 from __future__ import annotations
 
@@ -34,19 +23,8 @@ SPLITS: tuple[str, ...] = ("train", "val", "test")
 SPLIT_ID = {"train": 0, "val": 1, "test": 2}
 IMAGE_SIZE = 32
 
-__all__ = [
-    "SPLITS",
-    "IMAGE_SIZE",
-    "DataSourceError",
-    "TaskInfo",
-    "TaskData",
-    "PretrainData",
-    "data_root",
-    "stable_int",
-    "sample_rng",
-    "balanced_labels",
-    "digest_arrays",
-]
+__all__ = ["SPLITS", "IMAGE_SIZE", "DataSourceError", "TaskInfo", "TaskData", "PretrainData", "data_root", "stable_int",
+           "sample_rng", "balanced_labels", "digest_arrays"]
 
 
 class DataSourceError(AcetoolsError, RuntimeError):
@@ -55,13 +33,8 @@ class DataSourceError(AcetoolsError, RuntimeError):
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """What a task is. The data itself comes from :func:`acetools.world.vision.data.load_split`.
-
-    ``generator`` names the image generator (or real source with its split partition);
-    tasks with the same ``generator`` see inputs from the same distribution, and when their
-    labels differ they are listed in each other's ``conflicts_with`` (the strongest source
-    of interference between task vectors: docs/regime.md §The recipe study).
-    """
+    """What a task is (its data: :func:`acetools.world.vision.data.load_split`). Tasks with the same
+    ``generator`` share an input distribution; ``conflicts_with`` names those that label it otherwise."""
 
     name: str
     n_classes: int
@@ -100,10 +73,6 @@ class TaskData:
         """SHA-256 of the image and label bytes (to record which data a result used)."""
         return digest_arrays(self.x.numpy(), self.y.numpy())
 
-    def dataset(self) -> torch.utils.data.TensorDataset:
-        """A ``TensorDataset(x, y)`` (uint8 images; convert in the model or a collate fn)."""
-        return torch.utils.data.TensorDataset(self.x, self.y)
-
     def __repr__(self) -> str:
         return (f"TaskData(name={self.name!r}, split={self.split!r}, n={len(self)}, "
                 f"n_classes={self.n_classes}, x={tuple(self.x.shape)} {self.x.dtype})")
@@ -132,12 +101,8 @@ class PretrainData:
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """The data folder: ``root``, else ``$ACETOOLS_DATA``, else ``~/.cache/acetools/data``.
-
-    It holds the generated-task cache (``cache/``), optional copies of offline sources
-    (``fashion-mnist/``, ``animal-mnist/``, ``fonts/``) and torchvision downloads
-    (``torchvision/``).
-    """
+    """The data folder: ``root``, else ``$ACETOOLS_DATA``, else ``~/.cache/acetools/data`` (the task cache
+    ``cache/``, optional copies of offline sources, torchvision downloads ``torchvision/``)."""
     if root is not None:
         return Path(root).expanduser()
     env = os.environ.get("ACETOOLS_DATA")
@@ -160,14 +125,9 @@ def _philox_state(stream: int, index: int) -> dict:
 
 
 def sample_rng(stream: int, index: int) -> np.random.Generator:
-    """The generator for sample ``index`` of the stream ``stream`` (see :func:`stable_int`).
-
-    Counter-based (Philox, key = stream, counter = index in the top word), so samples are
-    independent of each other and of the order in which they are drawn.
-    """
-    g = np.random.Generator(np.random.Philox(key=0))
-    g.bit_generator.state = _philox_state(stream, index)
-    return g
+    """The generator of sample ``index`` of ``stream``: counter-based (Philox, key = stream, counter =
+    index), so samples are independent of each other and of the order they are drawn in."""
+    return SampleStream(stream).rng(index)
 
 
 class SampleStream:
@@ -184,10 +144,7 @@ class SampleStream:
 
 
 def balanced_labels(stream: int, n: int, n_classes: int) -> np.ndarray:
-    """``n`` labels in blocks of ``n_classes``, each block a permutation seeded by its index.
-
-    The first ``k`` labels are the same for every ``n >= k``.
-    """
+    """``n`` labels in blocks of ``n_classes``, each a permutation seeded by its index (prefix-stable)."""
     n_blocks = -(-n // n_classes)
     ss = SampleStream(stable_int("labels", stream))
     blocks = [ss.rng(b).permutation(n_classes) for b in range(n_blocks)]

@@ -1,11 +1,5 @@
-"""``get_task``, ``load_split`` and ``prepare``: from a task name to cached tensors.
-
-A task is built whole (train, val and test together, checked for images shared between
-splits) the first time it is asked for, and stored as one compressed ``.npz`` under
-``<root>/cache/`` keyed by a hash of its builder version and parameters. ``load_split(...,
-n=k)`` without a cache builds only the first ``k`` rows of that split — the same rows as
-the full split's first ``k`` — and caches nothing.
-"""
+"""``get_task``, ``load_split`` and ``prepare``: from a task name to cached tensors (built whole,
+checked for images shared between splits, cached as one ``.npz``; docs/vision-world.md §The tasks)."""
 
 from __future__ import annotations
 
@@ -26,7 +20,6 @@ from ._core import (
     SPLITS,
     TaskData,
     TaskInfo,
-    cache_key,
     cache_path,
     check_split_args,
     data_root,
@@ -44,7 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["get_task", "load_split", "prepare", "fingerprint", "build_task", "all_task_names"]
+__all__ = ["get_task", "load_split", "prepare", "build_task", "all_task_names"]
 
 
 def _registries():
@@ -129,23 +122,10 @@ def build_task(name: str, root=None, allow_download: bool = False, write: bool =
 
 def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, allow_download: bool = False,
                n: int | None = None) -> TaskData:
-    """Images and labels of one split of one task.
-
-    Args:
-        name: a task of :data:`TASKS`, an online task (``SUITES["online8"]`` ...) or a fixture.
-        split: ``"train"``, ``"val"`` or ``"test"``.
-        root: the data folder (default ``$ACETOOLS_DATA`` or ``~/.cache/acetools/data``).
-        allow_download: let torchvision download a missing source (never otherwise).
-        n: only the first ``n`` rows (class-balanced to within one block of classes).
-
-    Returns:
-        :class:`TaskData` with ``x`` uint8 ``[N, 3, 32, 32]`` and ``y`` int64 ``[N]``; the
-        same bytes on every call.
-
-    Raises:
-        ValueError: unknown task or split, or ``n`` larger than the split.
-        DataSourceError: a source is missing; the message says how to get it.
-    """
+    """Split ``split`` of task ``name`` (offline, online or fixture) as :class:`TaskData` (``x`` uint8
+    ``[N, 3, 32, 32]``, ``y`` int64), the same bytes on every call; ``n``: only the first ``n`` rows;
+    ``allow_download``: let torchvision download a missing source. A missing source raises
+    :class:`DataSourceError` saying how to get it."""
     check_split_args(split, n)
     spec = _spec(name)
     from . import online
@@ -175,17 +155,6 @@ def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, 
         x, y = x[:n], y[:n]
     return TaskData(x=torch.from_numpy(np.ascontiguousarray(x)), y=torch.from_numpy(np.ascontiguousarray(y)),
                     class_names=info.class_names, name=name, split=split)
-
-
-def fingerprint(name: str) -> str:
-    """A short hash of everything that determines a task's bytes (builder version and
-    parameters, sizes) — known without building it; use it to key models trained on it."""
-    spec = _spec(name)
-    from . import online
-
-    if isinstance(spec, online.OnlineSpec):  # (its info says online)
-        return cache_key(spec.key_params)
-    return cache_key(_key_params(spec))
 
 
 def _build_missing(args) -> tuple[str, float]:

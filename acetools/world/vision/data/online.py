@@ -1,15 +1,6 @@
-"""The online suites: torchvision datasets as 32×32 RGB uint8 tasks (``SUITES["online8"]`` ...).
-
-These are the papers' benchmarks (docs/methods.md §Benchmark protocol) for users with internet and a GPU. Nothing is
-ever downloaded unless the caller passes ``allow_download=True``; without it each dataset
-is opened from ``<root>/torchvision/`` with ``download=False`` and a missing one raises
-:class:`DataSourceError` saying how to get it.
-
-Splits: ``test`` is the official test split (or, for datasets without one, a fixed 20 %
-hold-out of the data); ``val`` is 10 % of the training data, at most 5000 images, drawn with
-a fixed seed; ``train`` is the rest. Each split is stored in a seeded random order, so
-``n=k`` gives a random sample of ``k``. Images are converted once (RGB, shorter side resized to
-32 px with antialiasing, centre crop) and cached like the offline tasks.
+"""The online suites: torchvision datasets as 32×32 RGB uint8 tasks (``SUITES["online8"]`` ...), the papers'
+benchmarks for users with internet and a GPU. Nothing downloads unless ``allow_download=True``; a missing
+dataset raises :class:`DataSourceError` saying how to get it (splits: docs/vision-world.md §The tasks).
 """
 
 from __future__ import annotations
@@ -38,7 +29,7 @@ from ._core import (
 )
 
 ONLINE_VERSION = 1
-VAL_FRACTION, VAL_MAX, TEST_FRACTION = 0.1, 5000, 0.2
+VAL_MAX, TEST_FRACTION = 5000, 0.2  # val: a tenth of the training data, at most VAL_MAX
 
 _DIGITS = tuple(str(i) for i in range(10))
 _GTSRB = (

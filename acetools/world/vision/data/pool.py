@@ -1,22 +1,6 @@
-"""The pretraining pool: images for the base model, disjoint from every task's val and test.
-
-Each source contributes images the tasks never use, labelled with heads that are *related
-to but not the same as* the tasks' labels (docs/regime.md §The chosen recipe), so the base learns
-useful features without already solving the tasks:
-
-| source | images | head (classes) |
-|---|---|---|
-| fashion | Fashion-MNIST training images in no task split (incl. shirts) | ``fashion_coarse``: top / long / footwear / bag |
-| animals | Animal-MNIST images in no task split | ``animal_coarse``: bird / hoofed / carnivore / elephant |
-| glyphs | A–Z, a–z, 0–9 in :data:`~acetools.world.vision.data.glyphs.POOL_FONTS` (no task font) | ``typeface``: sans / mono / serif |
-| polygons | regular polygons, fresh seeds | ``polygon``: 3–8 sides |
-| counting | 1–9 small squares, fresh seeds | ``coarse_count``: 1–3 / 4–6 / 7–9 |
-| textures | six texture families no task uses | ``texture_pool`` (6) |
-
-Every image also has a ``domain`` label (its source). Nothing labels a glyph's character,
-position, size, orientation, frequency, dot size, parity, rotation or the tasks' texture
-families.
-"""  # noqa: E501 (rows of the Markdown table above cannot be wrapped)
+"""The pretraining pool: images for the base model, disjoint from every task's val and test, labelled
+with heads related to but not the same as the tasks' labels (docs/vision-world.md §The pretraining pool).
+"""
 
 from __future__ import annotations
 
@@ -107,13 +91,8 @@ def _real(source: str, n: int, seed: int, root, allow_download: bool) -> tuple[n
 
 def pretraining_pool(*, root: str | os.PathLike | None = None, seed: int = 0, n_per_source: int = 5000,
                      allow_download: bool = False, sources: tuple[str, ...] = POOL_SOURCES) -> PretrainData:
-    """The pretraining pool (see the module docstring), ``n_per_source`` images per source
-    (Animal-MNIST has about 4,200 spare images: it gives at most that), shuffled with ``seed``.
-
-    Returns :class:`PretrainData`: ``x`` uint8 ``[N, 3, 32, 32]``; ``labels[head]`` int64
-    ``[N]`` with -1 where a head does not apply; ``head_classes[head]`` = its class count.
-    Cached under ``<root>/cache/`` like the tasks.
-    """
+    """The pool: ``n_per_source`` images per source (Animal-MNIST gives at most its ~4,200 spare ones),
+    shuffled with ``seed``, cached like the tasks; ``labels[head]`` is -1 where a head does not apply."""
     unknown = set(sources) - set(POOL_SOURCES)
     if unknown:
         raise InputError(f"unknown pool sources {sorted(unknown)}; known: {POOL_SOURCES}")
@@ -152,11 +131,8 @@ def pretraining_pool(*, root: str | os.PathLike | None = None, seed: int = 0, n_
         except OSError:  # pragma: no cover - read-only data folder
             pass
     used_heads = ["domain"] + [_SOURCE_HEAD[s] for s in sources]
-    return PretrainData(
-        x=torch.from_numpy(arrays["x"]),
-        labels={h: torch.from_numpy(arrays[f"label_{h}"]) for h in used_heads},
-        head_classes={h: len(HEADS[h]) for h in used_heads},
-        head_class_names={h: HEADS[h] for h in used_heads},
-        source=torch.from_numpy(arrays["source"]),
-        sources=POOL_SOURCES,
-    )
+    return PretrainData(x=torch.from_numpy(arrays["x"]),
+                        labels={h: torch.from_numpy(arrays[f"label_{h}"]) for h in used_heads},
+                        head_classes={h: len(HEADS[h]) for h in used_heads},
+                        head_class_names={h: HEADS[h] for h in used_heads},
+                        source=torch.from_numpy(arrays["source"]), sources=POOL_SOURCES)

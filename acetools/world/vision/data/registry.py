@@ -1,22 +1,6 @@
-"""The offline task registry: every task's :class:`TaskInfo` and the function that builds it.
-
-A builder maps ``(split, n, root, allow_download)`` to ``n`` images and labels. It is
-*prefix-stable*: the first ``k`` rows do not depend on ``n``, because labels come in
-seeded blocks (:func:`~acetools.world.vision.data._core.balanced_labels`) and sample ``i`` draws from its
-own counter-based generator (:func:`~acetools.world.vision.data._core.sample_rng`).
-
-Tasks that share a ``generator`` see inputs from one distribution; where their labels
-differ they list each other in ``conflicts_with``.
-
-Suites:
-
-- ``tasks8`` — the papers' regime: eight strong tasks from eight different generators,
-  no two labelling the same inputs.
-- ``tasks14`` adds four tasks that relabel ``tasks8`` inputs (size of the shapes, grating
-  frequency, digit parity, dot size) and two that agree with it (printed digits, lowercase).
-- ``tasks20`` adds four more conflicting tasks (shape position, texture scale, and the
-  rotation / turned-letter pair) and two new glyph domains (Greek, symbols).
-"""
+"""The offline task registry: every task's :class:`TaskInfo` and the prefix-stable function that builds
+it from ``(split, n, root, allow_download)``; the suites ``tasks8`` / ``tasks14`` / ``tasks20``
+(docs/vision-world.md §The tasks)."""
 
 from __future__ import annotations
 
@@ -52,29 +36,28 @@ def _stream(name: str, split: str, *extra) -> int:
 
 
 # ---------------------------------------------------------------- builders
-def procedural(name: str, image_fn: Callable, factor: str, n_classes: int, **fixed) -> Builder:
-    """Label = the class index of ``factor`` of ``image_fn``; the other factors are random."""
+def _sampled(name: str, n_classes: int, image: Callable, setup: Callable[[Path], Any] = lambda root: None) -> Builder:
+    """Balanced labels; sample ``i`` is ``image(rng_i, label, setup(root))`` with its own generator."""
 
     def build(split: str, n: int, root: Path, allow_download: bool):
+        ctx = setup(root)
         labels = balanced_labels(_stream(name, split), n, n_classes)
         ss = SampleStream(_stream(name, split, "samples"))
-        x = np.stack([image_fn(ss.rng(i), **{factor: int(c)}, **fixed) for i, c in enumerate(labels)]) \
+        x = np.stack([image(ss.rng(i), int(c), ctx) for i, c in enumerate(labels)]) \
             if n else np.zeros((0, 32, 32, 3), np.uint8)
         return x, labels
 
     return build
+
+
+def procedural(name: str, image_fn: Callable, factor: str, n_classes: int, **fixed) -> Builder:
+    """Label = the class index of ``factor`` of ``image_fn``; the other factors are random."""
+    return _sampled(name, n_classes, lambda rng, c, _: image_fn(rng, **{factor: c}, **fixed))
 
 
 def glyph_task(name: str, chars: tuple[str, ...], fonts: tuple[str, ...], **kw) -> Builder:
-    def build(split: str, n: int, root: Path, allow_download: bool):
-        paths = glyphs.resolve_fonts(fonts, root)
-        labels = balanced_labels(_stream(name, split), n, len(chars))
-        ss = SampleStream(_stream(name, split, "samples"))
-        x = np.stack([glyphs.glyph_image(ss.rng(i), chars[c], paths, **kw) for i, c in enumerate(labels)]) \
-            if n else np.zeros((0, 32, 32, 3), np.uint8)
-        return x, labels
-
-    return build
+    return _sampled(name, len(chars), lambda rng, c, paths: glyphs.glyph_image(rng, chars[c], paths, **kw),
+                    lambda root: glyphs.resolve_fonts(fonts, root))
 
 
 QUARTER_TURNS: tuple[str, ...] = ("0", "90", "180", "270")
@@ -95,15 +78,8 @@ def turned_letter_image(rng: np.random.Generator, paths: tuple[str, ...], letter
 
 
 def turned_task(name: str, factor: str, n_classes: int) -> Builder:
-    def build(split: str, n: int, root: Path, allow_download: bool):
-        paths = glyphs.resolve_fonts(glyphs.TASK_FONTS, root)
-        labels = balanced_labels(_stream(name, split), n, n_classes)
-        ss = SampleStream(_stream(name, split, "samples"))
-        x = np.stack([turned_letter_image(ss.rng(i), paths, **{factor: int(c)}) for i, c in enumerate(labels)]) \
-            if n else np.zeros((0, 32, 32, 3), np.uint8)
-        return x, labels
-
-    return build
+    return _sampled(name, n_classes, lambda rng, c, paths: turned_letter_image(rng, paths, **{factor: c}),
+                    lambda root: glyphs.resolve_fonts(glyphs.TASK_FONTS, root))
 
 
 # -- real sources ---------------------------------------------------------------------------

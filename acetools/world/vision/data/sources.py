@@ -25,8 +25,6 @@ from PIL import Image
 from ....errors import InputError
 from ._core import DataSourceError, stable_int
 
-FASHION_CLASSES: tuple[str, ...] = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
-                                    "Sneaker", "Bag", "Ankle boot")
 ANIMAL_CLASSES: tuple[str, ...] = ("bear", "bird", "cat", "cow", "dog", "elephant", "giraffe", "horse", "sheep",
                                    "zebra")
 FASHION_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
