@@ -1,15 +1,10 @@
-"""The benchmark harness: merge a zoo's experts with any method and evaluate on every task.
+"""The benchmark harness: merge a world's experts with any method and evaluate on every task.
 
-One :class:`Benchmark` wraps a world (:mod:`acetools.world.base`: base, experts, evaluation per
-task; a :class:`~acetools.world.vision.zoo.Zoo` is wrapped as the vision world) and gives
-everything the merge methods need — proxy batches and activations for ESM, Gram matrices
-for RegMean — plus evaluation (absolute and normalized accuracy per task and on average)
-and the papers' coefficient selection on validation (docs/methods.md §Benchmark protocol): a grid or golden-section
-search maximising the average normalized accuracy, then test accuracy at the chosen value.
-
-Every method's coefficient enters its merged update affinely (θ(c) = θ0 + U0 + c·U1 for
-task arithmetic, TIES, DARE, TSV-M, Iso, CART, ACE's scaling and ESM's α), so a search
-merges twice and evaluates many; :meth:`Benchmark.run` checks that assumption on each run.
+:class:`Benchmark` wraps a world (:mod:`acetools.world.base`), collects the data inputs methods
+declare (ESM's activations, RegMean's Grams) and chooses each method's coefficient on validation
+by the papers' rule (docs/methods.md §Benchmark protocol), then reports test. Every coefficient
+enters the merge affinely, so a search merges twice and evaluates many; :meth:`Benchmark.run`
+checks that on each run.
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ from torch import Tensor
 from .errors import InputError
 from .merging import METHODS, Search, merge
 from .results import save_correctness
-from .search import esm_search, golden_section_search, grid_search
+from .search import check_patience, golden_section_search
 from .utils import atomic_write, jsonable
 from .world.base import EvaluatesAll, MultiTaskWorld, PerExample, SplitData, World, as_world
 
@@ -43,8 +38,7 @@ log = logging.getLogger("acetools.benchmark")
 
 
 class _SearchView(Mapping):
-    """:data:`SEARCH`: method name -> its :class:`Search` (or ``None``), read from the registry
-    (``@register(..., search=...)``) on every access, so a method registered later is in it."""
+    """:data:`SEARCH`: method name -> its registered :class:`Search` (or None), read on every access."""
 
     def __getitem__(self, method: str) -> Search | None:
         return METHODS[method].search
@@ -59,28 +53,19 @@ class _SearchView(Mapping):
         return f"SEARCH({dict(self)!r})"
 
 
-#: The papers' selection rule per method (docs/methods.md §Benchmark protocol, §ACE, §ESM and each method's section),
-#: a view of the registry. ``None``: no search (weight averaging's fixed 1/T; WUDI, RegMean and ACE use their
-#: coefficient 1).
+#: The papers' selection rule per method (docs/methods.md §Benchmark protocol), a view of the registry; None: no search.
 SEARCH: Mapping[str, Search | None] = _SearchView()
 #: A searched variant of ACE ("ace" + scaling chosen on validation): does a global scale help ACE?
 ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20), 2).tolist()))
 #: Its labelled row, as ``acetools bench --ace-scaled`` and the lesson's recompute add it.
 ACE_SCALED_ROW: dict[str, dict[str, Any]] = {"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED}}
 
-#: The labelled variant rows ``acetools bench --variants`` adds:
-#: ACE in the paper's ViT setting (the gate off: ViT gamma < 0.25 never crosses tau = 0.3) and
-#: at the paper's eps = 1e-5 beside the official code's 1e-2 (docs/methods.md §ACE).
+#: The variant rows of ``acetools bench --variants``: ACE with the gate off (the paper's ViT setting) and at
+#: the paper's eps = 1e-5 beside the code's 1e-2 (docs/methods.md §ACE).
 VARIANTS: dict[str, dict[str, Any]] = {
     "ace (gate off)": {"method": "ace", "search": None, "gate": "off"},
     "ace (eps 1e-5)": {"method": "ace", "search": None, "eps": 1e-5},
 }
-
-
-def check_patience(patience: Any) -> None:
-    """A grid search's ``patience`` is ``None`` or a positive int (ValueError naming it otherwise)."""
-    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-        raise InputError(f"patience={patience!r} must be None or a positive int")
 
 
 def package_versions() -> dict[str, str]:
@@ -111,11 +96,9 @@ class MethodRun:
     merge_seconds: float
     search: pd.DataFrame | None = field(default=None, repr=False)
     label: str | None = None
-    #: seconds spent collecting the method's data inputs (ESM's proxy activations, RegMean's
-    #: Gram matrices) before merging; not part of ``merge_seconds``. 0 when cached or none.
+    #: seconds collecting the method's data inputs (not in ``merge_seconds``; 0 when cached or none)
     inputs_seconds: float = 0.0
-    #: per task, the test examples' correctness (bool array) where the world scores examples
-    #: (:class:`~acetools.world.base.PerExample`); saved as ``<stem>_correct.npz``
+    #: per task, the test examples' correctness where the world scores examples (``<stem>_correct.npz``)
     test_correct: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     @property
@@ -123,26 +106,15 @@ class MethodRun:
         return self.label or self.method
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "method": self.name,
-            "coef_name": self.coef_name,
-            "coef": self.coef,
-            "test_acc": 100 * float(np.mean(list(self.test.values()))),
-            "test_normalized": 100 * float(np.mean(list(self.test_normalized.values()))),
-            "val_normalized": 100 * float(np.mean(list(self.val_normalized.values()))),
-            "merge_seconds": self.merge_seconds,
-            "inputs_seconds": self.inputs_seconds,
-        }
+        mean = lambda d: 100 * float(np.mean(list(d.values())))  # noqa: E731
+        return {"method": self.name, "coef_name": self.coef_name, "coef": self.coef, "test_acc": mean(self.test),
+                "test_normalized": mean(self.test_normalized), "val_normalized": mean(self.val_normalized),
+                "merge_seconds": self.merge_seconds, "inputs_seconds": self.inputs_seconds}
 
 
 class Benchmark:
-    """Merge-and-evaluate on one zoo (a suite at one model size and expert seed).
-
-    ``n_val``/``n_test`` cap the per-task examples used (``None``: the whole split);
-    ``n_proxy`` is ESM's number of proxy images per task (32 in the paper), taken from
-    the validation split with seed ``proxy_seed``; ``n_gram`` the RegMean examples per task
-    from the training split.
-    """
+    """Merge-and-evaluate on one world: ``n_val``/``n_test`` cap the examples per task (None: all);
+    ``n_proxy`` ESM's validation proxies per task (seed ``proxy_seed``), ``n_gram`` RegMean's training examples."""
 
     def __init__(self, world, *, n_val: int | None = None, n_test: int | None = None, n_proxy: int = 32,
                  n_gram: int = 256, proxy_seed: int = 0, batch_size: int = 512, threads: int | None = None,
@@ -160,7 +132,7 @@ class Benchmark:
 
     @property
     def zoo(self):
-        """The vision world's :class:`~acetools.world.vision.zoo.Zoo` (course code reads its splits), else the world."""
+        """The vision world's ``Zoo``, else the world."""
         return getattr(self.world, "zoo", self.world)
 
     # ------------------------------------------------------------------ ingredients
@@ -184,8 +156,7 @@ class Benchmark:
         return self.world.data(task, split, self.cap(split))
 
     def proxy_batch(self, task: str):
-        """ESM's proxies: ``n_proxy`` validation inputs of ``task`` drawn without
-        replacement with a seeded generator (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2))."""
+        """ESM's proxies: ``n_proxy`` seeded validation inputs of ``task`` (docs/methods.md §ESM, Eq. (ESM.1))."""
         return self.world.proxy_inputs(task, self.n_proxy, self.proxy_seed)
 
     def matrix_keys(self) -> list[str]:
@@ -204,9 +175,8 @@ class Benchmark:
         return self._esm_acts
 
     def grams(self) -> list[dict[str, Tensor]]:
-        """RegMean's per-task Gram matrices of each hookable linear layer's inputs (docs/methods.md §RegMean),
-        from ``n_gram`` training examples in the task's fine-tuned model. In the vision world
-        ``attn.out_proj`` is called functionally inside attention and cannot be hooked: it takes the mean."""
+        """RegMean's per-task Gram matrices of each hookable layer's inputs in the task's fine-tuned model
+        (docs/methods.md §RegMean)."""
         if self._grams is None:
             keys = self.matrix_keys()
             out = []
@@ -222,13 +192,11 @@ class Benchmark:
         return tuple(targets) if targets else None
 
     def layout_kwargs(self) -> dict[str, Any]:
-        """What ``merge(...)`` needs to know of the world's keys: ``{"layout": world.layout}`` (the
-        text world's ``bert``, the CLIP world's ``hf_clip``); ``{}`` in the vision world."""
+        """``{"layout": world.layout}`` for ``merge(...)`` (text: ``bert``, CLIP: ``hf_clip``); ``{}`` for vision."""
         layout = getattr(self.world, "layout", None)
         return {} if self.world.kind == "vision" or not layout else {"layout": layout}
 
-    #: How the harness fills each data input a method declares (``@register(..., data_inputs=...)``):
-    #: the name of the method collecting it; a collector returning None leaves the method's default.
+    #: The collector of each data input a method declares (returning None leaves the method's default).
     DATA_INPUTS: Mapping[str, str] = {"activations": "esm_activations", "grams": "grams", "targets": "esm_targets"}
 
     def method_inputs(self, method: str) -> dict[str, Any]:
@@ -255,8 +223,7 @@ class Benchmark:
 
     def scored(self, state: Mapping[str, Tensor], split: str = "test",
                tasks: Sequence[str] | None = None) -> tuple[dict[str, float], dict[str, np.ndarray] | None]:
-        """Accuracy per task and, where the world scores examples, each example's correctness
-        (the accuracy is then its mean, the same number :meth:`evaluate` gives)."""
+        """Accuracy per task and, where the world scores examples, each example's correctness."""
         if not isinstance(self.world, PerExample):
             return self.evaluate(state, split, tasks), None
         hits = self.world.correctness(state, split, self.cap(split), list(tasks or self.tasks))
@@ -288,10 +255,8 @@ class Benchmark:
 
     def run(self, method: str, *, search: Search | Literal["default"] | None = "default", label: str | None = None,
             **hparams: Any) -> MethodRun:
-        """Merge with ``method``, choose its coefficient on validation, evaluate on test.
-
-        ``search="default"`` uses :data:`SEARCH`; ``None`` keeps the hyperparameters as given.
-        """
+        """Merge with ``method``, choose its coefficient on validation (``"default"``: :data:`SEARCH`; None:
+        the hyperparameters as given), evaluate on test."""
         if method not in METHODS:
             raise InputError(f"unknown method {method!r}; valid: {sorted(METHODS)}")
         if search == "default":
@@ -334,18 +299,13 @@ class Benchmark:
             def score(c: float) -> dict[str, float]:
                 return self.evaluate(at(c), "val", tasks=search_tasks)
 
-            if not ref:
-                res = (grid_search(score, search.grid, objective="absolute", patience=self.patience)
-                       if search.kind == "grid" else
-                       golden_section_search(score, *search.bracket, objective="absolute"))
-            elif search.kind == "grid":
-                res = grid_search(score, search.grid, reference=ref, patience=self.patience)
-            elif search.kind == "golden":
-                res = golden_section_search(score, *search.bracket, reference=ref)
-            elif search.kind == "esm":
-                res = esm_search(score, ref, lo=search.bracket[0], hi=search.bracket[1])
-            else:  # pragma: no cover
-                raise InputError(search.kind)
+            opts = {"patience": self.patience} if search.kind == "grid" else {}
+            if ref:
+                res = search.run(score, ref, **opts)
+            elif search.kind == "esm":  # no reference: ESM's bracket searched on the absolute accuracy
+                res = golden_section_search(score, *search.bracket, objective="absolute")
+            else:
+                res = search.run(score, None, objective="absolute", **opts)
             coef_name, coef = search.param, float(res.best)
             merged = at(coef)
             trace = res.to_frame()
@@ -394,8 +354,7 @@ class Benchmark:
 
     def run_all(self, methods: Sequence[str] | None = None, *, references: bool = True,
                 progress: bool | None = None, extra: Mapping[str, dict] | None = None) -> list[MethodRun]:
-        """Run ``methods`` (default: every registered one) plus ``extra`` labelled variants
-        (``{label: {"method": ..., "search": ..., **hparams}}``)."""
+        """Run ``methods`` (default all) plus ``extra`` variants ``{label: {"method", "search", **hparams}}``."""
         from .utils import progress as bar
 
         jobs: list[tuple[str, dict]] = [(m, {"method": m}) for m in (methods or list(METHODS))]
@@ -421,33 +380,22 @@ class Benchmark:
         return pd.DataFrame(rows)
 
     def record(self, runs: Sequence[MethodRun]) -> dict[str, Any]:
-        """Everything needed to reproduce the runs: hyperparameters, search traces, seeds,
-        versions, checkpoint hashes (docs/style.md §14)."""
+        """Everything needed to reproduce the runs (docs/style.md §14)."""
+        w = self.world
         return {
-            "world": self.world.kind,
-            "world_description": self.world.describe(),
-            "profile": getattr(self.world, "profile", None),
-            "suite": getattr(self.world, "suite", None),
-            "tasks": self.tasks,
-            "size": self.world.size,
-            "expert_seed": self.world.seed,
-            "proxy_seed": self.proxy_seed,
-            "n_val": self.n_val, "n_test": self.n_test, "n_proxy": self.n_proxy, "n_gram": self.n_gram,
-            "patience": self.patience,
-            "versions": package_versions(),
-            "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in self.world.records()],
+            "world": w.kind, "world_description": w.describe(), "profile": getattr(w, "profile", None),
+            "suite": getattr(w, "suite", None), "tasks": self.tasks, "size": w.size, "expert_seed": w.seed,
+            "proxy_seed": self.proxy_seed, "n_val": self.n_val, "n_test": self.n_test, "n_proxy": self.n_proxy,
+            "n_gram": self.n_gram, "patience": self.patience, "versions": package_versions(),
+            "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in w.records()],
             "runs": [{**r.summary(), "hparams": jsonable(r.hparams, finite=True, summarize=True),
                       "search_trace": None if r.search is None else r.search.to_dict(orient="records"),
                       "val": r.val, "test": r.test} for r in runs],
         }
 
     def regime(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The zoo's regime (docs/regime.md): ``(norms, cosine)``.
-
-        ``norms``: mean ||tau_t||_F/||W0||_F over the matrices of each layer type, one row per
-        task (columns: layer types, plus ``all matrices``). ``cosine``: the T x T cosine
-        matrix of the task vectors flattened over all parameters.
-        """
+        """``(norms, cosine)``: mean ||tau_t||_F/||W0||_F per task and layer type (and ``all matrices``), and
+        the T x T task-vector cosines (docs/regime.md)."""
         from .diagnostics import relative_update_norms, task_vector_cosine
         from .merging import is_matrix_param, task_vectors
 
@@ -461,8 +409,8 @@ class Benchmark:
         return norms, task_vector_cosine(taus, self.tasks)
 
     def save(self, runs: Sequence[MethodRun], folder: str | Path, stem: str, *, regime: bool = True) -> dict[str, Path]:
-        """Write ``<stem>_summary.csv``, ``<stem>_per_task.csv``, ``<stem>.json`` and (with
-        ``regime``) ``<stem>_norms.csv`` / ``<stem>_cosine.csv`` (:meth:`regime`), atomically."""
+        """Write ``<stem>_summary.csv``, ``_per_task.csv``, ``.json``, ``_correct.npz`` and (``regime``)
+        ``_norms.csv`` / ``_cosine.csv``, atomically."""
         folder = Path(folder)
         paths = {"summary": folder / f"{stem}_summary.csv", "per_task": folder / f"{stem}_per_task.csv",
                  "json": folder / f"{stem}.json"}
@@ -485,27 +433,15 @@ class Benchmark:
 
 
 def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
-    """Mean, standard deviation, min and max over expert seeds of every method's summary
-    row, read from the ``<suite>_<size>_seed<k>_summary.csv`` files in ``folder``
-    (written by :meth:`Benchmark.save`). Methods keep their first file's order. The means
-    and sds are :func:`acetools.results.aggregate`'s (one aggregation in acetools); this adds
-    the min / max and reads the summary files alone."""
-    import re
+    """Mean, sd (:func:`acetools.results.aggregate`), min and max over seeds of every method's row in
+    ``folder``'s ``<suite>_<size>_seed<k>_summary.csv`` files."""
+    from .results import aggregate, find_results, row_kind  # the one aggregation over seeds
 
-    folder = Path(folder)
-    files = sorted(folder.glob(f"{suite}_{size}_seed*_summary.csv"))
-    pat = re.compile(rf"^{re.escape(suite)}_{re.escape(size)}_seed(\d+)_summary\.csv$")
-    frames = []
-    for f in files:
-        m = pat.match(f.name)
-        if m:
-            frames.append(pd.read_csv(f).assign(seed=int(m.group(1))))
-    if not frames:
+    runs = find_results(folder, [suite], size)
+    if not runs:
         raise FileNotFoundError(f"no {suite}_{size}_seed*_summary.csv in {folder}; run `acetools bench "
                                 f"--suite {suite} --size {size} --out {folder}` first")
-    df = pd.concat(frames, ignore_index=True)
-    from .results import aggregate, row_kind  # the one aggregation over seeds
-
+    df = pd.concat([pd.read_csv(r.summary).assign(seed=r.seed) for r in runs], ignore_index=True)
     summary = df.assign(suite=suite, n_tasks=math.nan, kind=[row_kind(m) for m in df["method"]])
     agg = aggregate(summary).set_index("method")
     span = df.groupby("method", sort=False)["test_normalized"].agg(["min", "max"])

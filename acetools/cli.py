@@ -1,26 +1,12 @@
-"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench``, ``report``, ``merge`` and ``regime``.
+"""The ``acetools`` command line: ``demo``, ``zoo build``, ``bench``, ``report``, ``diagnose``, ``merge``, ``regime``.
 
-Every bad argument ends in **one line** on stderr, ``acetools: error: <what> ...``, and exit
-status 2; ``--debug`` (anywhere on the line) shows the traceback instead. ``--quiet`` and
-``--verbose`` set the level of the library's ``logging`` messages (loggers ``acetools.<module>``).
-
-Conventions for a subcommand (``merge``, ``diagnose``, ``regime``, ... are added this way):
-
-* one ``_cmd_<name>(args) -> int`` function that calls a library module, plus, next to it, one
-  ``_add_<name>(sub)`` function (listed in :func:`build_parser`) whose ``add_parser`` block ends
-  in ``set_defaults(func=_cmd_<name>)``;
-  the block gets ``--debug`` / ``--quiet`` / ``--verbose`` and the one-line parse errors
-  without asking (``args.debug``, ``args.quiet``, ``args.verbose`` are always set);
-* validate what argparse can at parse time: ``choices=`` from the library's registries
-  (:data:`SUITE_CHOICES`, :data:`SIZE_CHOICES`, :data:`METHOD_CHOICES`; read lazily, so
-  ``--help`` stays fast), ``type=`` :func:`positive_int` / :func:`nonnegative_int` / :func:`existing_file`;
-* for anything else raise :class:`acetools.errors.InputError` / ``InputKeyError`` /
-  ``InputTypeError`` (or ``OSError``: ``FileNotFoundError`` ...) with a message that names the
-  offending key, file or parameter, or :class:`CLIError`: :func:`main` turns these into the one-line form (exit 2)
-  for every subcommand; nothing per command. Other exceptions (bugs) keep their traceback;
-  Ctrl-C exits with 130 and one line (``report`` also shows a failing notebook as one line,
-  exit 1);
-* print results to stdout; progress and messages go through ``logging`` / tqdm (stderr).
+A bad argument ends in one line on stderr, ``acetools: error: <what> ...``, exit status 2 (``--debug``:
+the traceback). A subcommand is one ``_add_<name>(sub)`` parser (listed in :func:`build_parser`, ending in
+``set_defaults(func=_cmd_<name>)``) beside its ``_cmd_<name>(args) -> int``; it gets ``--debug`` /
+``--quiet`` / ``--verbose`` and the one-line errors without asking. Validate at parse time where
+argparse can (``choices=`` read lazily from the registries, ``type=`` :func:`positive_int` ...), else
+raise :class:`acetools.errors.InputError` (or ``OSError``, :class:`CLIError`) naming the key, file or
+parameter. Results go to stdout; progress and messages through ``logging`` / tqdm (stderr).
 """
 
 from __future__ import annotations
@@ -37,10 +23,8 @@ from .errors import AcetoolsError, InputError
 
 __all__ = ["main", "build_parser", "CLIError", "USER_ERRORS", "positive_int", "nonnegative_int", "existing_file"]
 
-#: Exceptions that mean "bad input": :func:`main` prints them as one line and exits with 2. The
-#: project's own types (:mod:`acetools.errors`: every input check raises one), and ``OSError``: a
-#: file the user named that cannot be read or written (the OS names it). A built-in
-#: ``ValueError`` / ``KeyError`` / ``TypeError`` from elsewhere is a bug and keeps its traceback.
+#: Exceptions that mean bad input (one line, exit 2): acetools' own and ``OSError`` (a file the user named).
+#: A built-in ``ValueError`` / ``KeyError`` / ``TypeError`` from elsewhere is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (AcetoolsError, OSError)
 
 
@@ -53,8 +37,7 @@ class CLIError(AcetoolsError):
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line: ``acetools: error: <sub>: <message>``."""
 
-    #: a callable giving the text after the options, read when the help is shown (so building
-    #: the parser imports nothing heavy): ``merge --help`` lists the registered methods this way
+    #: the text after the options, read when the help is shown (``merge --help`` lists the methods)
     lazy_epilog: Callable[[], str] | None = None
 
     def format_help(self) -> str:
@@ -70,8 +53,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Lazy:
-    """``choices=`` for argparse read from a library registry on first use (so building the
-    parser imports nothing heavy). Supports ``in``, iteration and ``len`` as argparse needs."""
+    """argparse ``choices=`` read from a registry on first use (building the parser imports nothing heavy)."""
 
     def __init__(self, load: Callable[[], Iterable[str]]):
         self._load, self._names = load, None
@@ -92,28 +74,11 @@ class _Lazy:
         return len(self.names)
 
 
-def _suites() -> list[str]:
-    from .world.vision.data import SUITES
+def _registry(module: str, name: str) -> _Lazy:
+    """The names in ``acetools.<module>.<name>``, read on first use."""
+    import importlib
 
-    return list(SUITES)
-
-
-def _sizes() -> list[str]:
-    from .world.vision.sizes import SIZES
-
-    return list(SIZES)
-
-
-def _layouts() -> list[str]:
-    from .layouts import PRESETS
-
-    return ["auto", *PRESETS]
-
-
-def _methods() -> list[str]:
-    from .merging import METHODS
-
-    return list(METHODS)
+    return _Lazy(lambda: list(getattr(importlib.import_module(f".{module}", __package__), name)))
 
 
 def _methods_epilog() -> str:
@@ -127,14 +92,12 @@ def _methods_epilog() -> str:
     return "\n".join(lines)
 
 
-#: Task suites (:data:`acetools.world.vision.data.SUITES`), model sizes (:data:`acetools.world.vision.models.SIZES`) and
-#: merge methods (:data:`acetools.METHODS`) accepted by ``--suite``, ``--size``, ``--methods``.
-SUITE_CHOICES, SIZE_CHOICES, METHOD_CHOICES = _Lazy(_suites), _Lazy(_sizes), _Lazy(_methods)
+#: The vision suites and merge methods ``--suite`` and ``--methods`` accept.
+SUITE_CHOICES, METHOD_CHOICES = _registry("world.vision.data", "SUITES"), _registry("merging", "METHODS")
 
 
 def _open_clip_names() -> list[str]:
-    """open_clip's built-in model names, from its ``model_configs`` folder (without importing open_clip,
-    which takes seconds)."""
+    """open_clip's built-in model names, from its ``model_configs`` folder (importing it takes seconds)."""
     import importlib.util
     from pathlib import Path
 
@@ -146,8 +109,7 @@ def _open_clip_names() -> list[str]:
 
 
 def model_size(text: str) -> str:
-    """``--size``: a registered mini-world size or an open_clip model name (``ViT-B-32``). Checked without
-    importing torch or open_clip, so a bad value stops at once."""
+    """``--size``: a registered mini-world size or an open_clip model name (``ViT-B-32``), checked without torch."""
     from .world.vision.sizes import SIZES
 
     if text in SIZES or text.removeprefix("acetools-") in SIZES or text in _open_clip_names():
@@ -186,8 +148,7 @@ def existing_file(text: str) -> str:
 
 
 class _Once(argparse.Action):
-    """``nargs="+"`` for an option that may be given once: ``--experts a --experts b`` is an error
-    (argparse would keep only the last list, merging one expert)."""
+    """``nargs="+"`` given once: ``--experts a --experts b`` is an error (argparse would keep the last list)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         if getattr(namespace, f"_seen_{self.dest}", False):
@@ -198,9 +159,8 @@ class _Once(argparse.Action):
 
 
 def _add_output_options(p: argparse.ArgumentParser, *, top: bool) -> None:
-    """``--debug`` / ``--quiet`` / ``--verbose``. Below the top level the defaults are SUPPRESS,
-    so ``acetools --debug report ...`` and ``acetools report ... --debug`` both work and a
-    subcommand never undoes a flag given before it."""
+    """``--debug`` / ``--quiet`` / ``--verbose``; SUPPRESS below the top level, so a subcommand never
+    undoes a flag given before it."""
     default = False if top else argparse.SUPPRESS
     p.add_argument("--debug", action="store_true", default=default,
                    help="show the full traceback of an error instead of one line")
@@ -212,8 +172,7 @@ def _add_output_options(p: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def _add_output_options_everywhere(parser: argparse.ArgumentParser) -> None:
-    """Give every (sub)subcommand the output options, so a new ``add_parser`` block needs nothing
-    (:func:`main` calls this on :func:`build_parser`'s result)."""
+    """Give every (sub)subcommand the output options (:func:`main` calls this on :func:`build_parser`'s result)."""
     for action in parser._actions:  # argparse keeps subcommands in a _SubParsersAction
         if isinstance(action, argparse._SubParsersAction):
             for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
@@ -223,8 +182,7 @@ def _add_output_options_everywhere(parser: argparse.ArgumentParser) -> None:
 
 
 def _folder_for_output(path: str | None, option: str) -> None:
-    """Fail before any work when ``path`` cannot become a writable folder: it or a parent is
-    a file, or its nearest existing parent is not writable."""
+    """Fail before any work when ``path`` cannot become a writable folder (a file, or no permission)."""
     if path is None:
         return
     p = os.path.abspath(os.path.expanduser(path))
@@ -241,9 +199,8 @@ def _folder_for_output(path: str | None, option: str) -> None:
 
 
 def _check_split_sizes(suite: str, **wanted: int | None) -> None:
-    """``n_val=100`` etc. must not exceed any task's split (else the whole split would be used
-    while the results record the number asked for). Tasks whose sizes are not known up front
-    (online sources) are not checked."""
+    """``n_val=100`` etc. must not exceed any task's split whose size is known (else the results would
+    record the number asked for while the whole split was used)."""
     from .world.vision.data import SUITES, get_task
 
     for option, n in wanted.items():
@@ -265,8 +222,7 @@ def _one_line(text: str) -> str:
 
 
 def _message(err: BaseException) -> str:
-    """The one-line text of an exception; a KeyError's message without repr quotes; an
-    OSError's file name when its message lacks it."""
+    """The one-line text of an exception (a KeyError's without repr quotes, an OSError's with its file)."""
     if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str):
         text = err.args[0]
     elif isinstance(err, OSError) and err.strerror and err.filename is not None:
@@ -279,7 +235,6 @@ def _message(err: BaseException) -> str:
 # --------------------------------------------------------------------------- commands
 
 def _add_demo(sub) -> None:
-    """``acetools demo``'s parser."""
     d = sub.add_parser("demo", help="merge small generated experts with every method and print a table")
     d.add_argument("--tasks", type=positive_int, default=6, help="number of experts (default 6)")
     d.add_argument("--seed", type=nonnegative_int, default=0)
@@ -306,21 +261,24 @@ def _zoo(args: argparse.Namespace, seed: int):
     return Zoo(args.suite, size=args.size, seed=seed, root=args.root, mtl=not args.no_mtl, threads=args.threads)
 
 
-def _world_args(p: argparse.ArgumentParser) -> None:
-    """The world options of ``zoo build`` and ``bench``."""
+def _world_args(p: argparse.ArgumentParser, *, one_seed: bool = False) -> None:
+    """The world options of ``zoo build``, ``bench`` and (``one_seed``: ``--seed``, no ``--no-mtl``) ``regime``."""
     p.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
                    help="task suite (default tasks8): %(choices)s")
     p.add_argument("--size", default="small", type=model_size, metavar="SIZE",
                    help="model size (default small): micro, tiny, small (acetools.world.vision.models.SIZES), "
                         "or an open_clip model name such as ViT-B-32 (pretrained CLIP, for the online suites)")
-    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="expert fine-tuning seeds")
+    if one_seed:
+        p.add_argument("--seed", type=nonnegative_int, default=0, help="expert fine-tuning seed (default 0)")
+    else:
+        p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="expert fine-tuning seeds")
     p.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
-    p.add_argument("--no-mtl", action="store_true", help="skip the multi-task reference model")
+    if not one_seed:
+        p.add_argument("--no-mtl", action="store_true", help="skip the multi-task reference model")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
 
 
 def _add_zoo(sub) -> None:
-    """``acetools zoo build``'s parser."""
     z = sub.add_parser("zoo", help="build the mini-world's base, heads and experts")
     zsub = z.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")
     zb = zsub.add_parser("build", help="build (or load from the cache) a suite's zoo")
@@ -369,7 +327,6 @@ def _zoo_check(args: argparse.Namespace) -> int:
 
 
 def _add_bench(sub) -> None:
-    """``acetools bench``'s parser."""
     b = sub.add_parser("bench", help="merge a zoo with methods, select coefficients on val, report test")
     _world_args(b)
     b.add_argument("--methods", nargs="+", default=None, choices=METHOD_CHOICES, metavar="METHOD",
@@ -470,12 +427,6 @@ def _bench_world_check(args: argparse.Namespace) -> None:
             raise CLIError(f"{flag(opt)} {p!r} is not a folder")
 
 
-def _world_names() -> list[str]:
-    from .world import world_names
-
-    return world_names()
-
-
 def _all_suites() -> list[str]:
     from .world import WORLDS
 
@@ -489,7 +440,7 @@ def _bench_world_options(b: argparse.ArgumentParser) -> None:
         if action.dest == "suite":
             action.choices, action.default = _Lazy(_all_suites), None
             action.help = "task suite (default: the world's first; vision tasks8, clip-vit-b32 clip8): %(choices)s"
-    b.add_argument("--world", default="vision", choices=_Lazy(_world_names), metavar="WORLD",
+    b.add_argument("--world", default="vision", choices=_registry("world", "WORLDS"), metavar="WORLD",
                    help="the world to merge in (default vision, the mini-world): %(choices)s")
     b.add_argument("--models-root", default=None, metavar="DIR",
                    help="clip-vit-b32: read DIR/<model id>/ (DIR/openai/clip-vit-base-patch32/, "
@@ -505,7 +456,6 @@ def _bench_world_options(b: argparse.ArgumentParser) -> None:
 
 
 def _add_report(sub) -> None:
-    """``acetools report``'s parser."""
     r = sub.add_parser("report", help="run the course notebooks with papermill and render HTML reports")
     r.add_argument("--profile", choices=["quick", "full"], default="quick",
                    help="quick: fixture world, minutes (CI); full: the mini-world at its default size")
@@ -560,14 +510,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _add_diagnose(sub) -> None:
-    """``acetools diagnose``'s parser."""
     g = sub.add_parser("diagnose",
                        help="diagnose a base and its experts from their checkpoints: tables and an HTML report")
     g.add_argument("--base", required=True,
                    help="base checkpoint (safetensors file, HF or open_clip folder, state dict)")
     g.add_argument("--experts", required=True, nargs="+", action=_Once, help="fine-tuned checkpoints, one per task")
     g.add_argument("--out", required=True, help="output folder: diagnose.html, the executed notebook, CSV tables")
-    g.add_argument("--layout", default="auto", choices=_Lazy(_layouts), metavar="LAYOUT",
+    g.add_argument("--layout", default="auto", metavar="LAYOUT",
+                   choices=_Lazy(lambda: ["auto", *_registry("layouts", "PRESETS")]),
                    help="layout preset (default auto: detected from the config or key names): %(choices)s")
     g.add_argument("--names", nargs="+", default=None, help="one name per expert (default: the file names)")
     g.add_argument("--heads", default="auto", choices=["auto", "merge", "per-task", "drop"],
@@ -610,7 +560,6 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def _add_merge(sub) -> None:
-    """``acetools merge``'s parser (its help lists the registered methods)."""
     m = sub.add_parser("merge", help="merge checkpoints on disk (safetensors, HF folders, open_clip) into safetensors",
                        description="Merge expert checkpoints fine-tuned from one base; streams key by key when the "
                                    "method allows. Options override a config file's values. See docs/your-models.md.")
@@ -652,13 +601,17 @@ def _add_merge(sub) -> None:
     m.set_defaults(func=_cmd_merge)
 
 
+#: ``acetools merge``'s options that a config file may set too, with their defaults.
+_MERGE_DEFAULTS: dict[str, Any] = {"layout": "auto", "dtype": None, "device": "cpu", "shard_size": "5GB",
+                                   "mode": "auto", "heads": "auto", "names": None}
+
+
 def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
     """The merge's settings: the config file's, overridden by the options given."""
     from .files.merge_files import load_config, parse_hparam
 
     cfg: dict[str, Any] = load_config(args.config) if args.config else {"hyperparameters": {}}
-    for name in ("method", "base", "experts", "out", "layout", "dtype", "device", "shard_size", "mode", "heads",
-                 "names"):
+    for name in ("method", "base", "experts", "out", *_MERGE_DEFAULTS):
         if getattr(args, name) is not None:
             cfg[name] = getattr(args, name)
     cfg["hyperparameters"].update(dict(parse_hparam(p) for p in args.param))
@@ -710,12 +663,8 @@ def _merge(args: argparse.Namespace) -> int:
     from .layouts import format_table
 
     cfg = _merge_config(args)
-    options = {"layout": cfg.get("layout", "auto"), "dtype": cfg.get("dtype"), "device": cfg.get("device", "cpu"),
-               "shard_size": cfg.get("shard_size", "5GB"), "mode": cfg.get("mode", "auto"),
-               "overwrite": args.overwrite or bool(cfg.get("overwrite")), "progress": None,
-               "heads": cfg.get("heads", "auto"), "names": cfg.get("names"),
-               "force_layout": args.force_layout or bool(cfg.get("force_layout")),
-               "force": args.force or bool(cfg.get("force"))}
+    options: dict[str, Any] = {k: cfg.get(k, default) for k, default in _MERGE_DEFAULTS.items()} | {"progress": None}
+    options |= {k: getattr(args, k) or bool(cfg.get(k)) for k in ("overwrite", "force_layout", "force")}
     if args.search:
         if not args.dry_run:  # is the base the experts' parent? once, before the search's merges
             plan_options = {k: options[k] for k in ("layout", "mode", "heads", "names", "force_layout")}
@@ -761,16 +710,8 @@ def _search_merge(args: argparse.Namespace, cfg: dict[str, Any], options: dict[s
 
 
 def _add_regime(sub) -> None:
-    """``acetools regime``'s parser."""
     rg = sub.add_parser("regime", help="measure a zoo's regime card (room for structured merges) beside CLIP's")
-    rg.add_argument("--suite", default="tasks8", choices=SUITE_CHOICES, metavar="SUITE",
-                    help="task suite (default tasks8): %(choices)s")
-    rg.add_argument("--size", default="small", type=model_size, metavar="SIZE",
-                    help="model size (default small): a registered size (acetools.world.vision.models.SIZES) or an "
-                         "open_clip model name such as ViT-B-32")
-    rg.add_argument("--seed", type=nonnegative_int, default=0, help="expert fine-tuning seed (default 0)")
-    rg.add_argument("--root", default=None, help="cache folder (default $ACETOOLS_CACHE or ~/.cache/acetools)")
-    rg.add_argument("--threads", type=positive_int, default=None, help="CPU threads for training/evaluation")
+    _world_args(rg, one_seed=True)
     rg.add_argument("--n-val", type=positive_int, default=100, help="validation images per task (default 100)")
     rg.add_argument("--n-test", type=positive_int, default=500, help="test images per task (default 500)")
     rg.add_argument("--patience", type=positive_int, default=PATIENCE,

@@ -1,17 +1,8 @@
-"""The end-to-end demo: merge linear-regression experts with every method and score them.
+"""The end-to-end demo: merge linear-regression experts (:mod:`acetools.synthetic`) with every method.
 
-Ground truth is known here (see :mod:`acetools.synthetic`): each task has its own input
-covariance, each expert is W0 fine-tuned by SGD on its task, and a merge is scored on every
-task's held-out data by its *normalized gain*
-
-    100 * (L_base - L_merged) / (L_base - L_expert)
-
-(100: as good as the task's own expert; 0: no better than the unmerged base). Methods with
-a merge coefficient get it chosen on the validation split by the papers' rule (grid or
-golden-section search maximising the average normalized score: the registry's
-:class:`acetools.merging.Search` run by :mod:`acetools.search`);
-the test split reports. The joint least-squares map, which needs the true covariances, is
-the upper reference.
+A merge is scored on each task's test data by its normalized gain
+100 * (L_base - L_merged) / (L_base - L_expert); coefficients are chosen on validation by each
+method's registered search. The joint least-squares map (true covariances) is the upper reference.
 """
 
 from __future__ import annotations
@@ -31,8 +22,7 @@ KEY = "lin.weight"
 
 
 def _data_inputs(method: str, tasks) -> dict:
-    """The data inputs ``method`` declares in the registry (``MethodInfo.data_inputs``), from the tasks' training
-    inputs: proxy activations, Gram matrices and the one target layer of this model."""
+    """The data inputs ``method`` declares, from the tasks' training inputs."""
     available = {
         "activations": lambda: {KEY: [t.X_train[:256].float() for t in tasks]},
         "grams": lambda: [{KEY: (t.X_train.T @ t.X_train / t.X_train.shape[0]).float()} for t in tasks],
@@ -44,14 +34,9 @@ def _data_inputs(method: str, tasks) -> dict:
 def run_demo(n_tasks: int = 6, d_in: int = 48, d_out: int = 24, seed: int = 0,
              methods: list[str] | None = None, steps: int = 300, lr: float = 0.02,
              select: bool = True) -> pd.DataFrame:
-    """Build ``n_tasks`` regression experts, merge them with ``methods`` (default: all).
-
-    Returns one row per method with the chosen coefficient, the mean and worst-task
-    normalized gain on test, and the merge time in milliseconds, best first.
-    ``select=False`` keeps every method at its default hyperparameters; otherwise the
-    method's registered :class:`acetools.merging.Search` chooses its coefficient on validation
-    (:meth:`acetools.merging.Search.run`, the functions of :mod:`acetools.search`).
-    """
+    """Merge ``n_tasks`` regression experts with ``methods`` (default all); one row per method, best first:
+    the coefficient (chosen on validation by its registered search unless ``select=False``), the mean
+    and worst-task normalized gain on test, and the merge time in ms."""
     W0, tasks = make_regression_tasks(n_tasks, d_in, d_out, seed=seed)
     experts_W = [finetune_linear(W0, t.X_train, t.Y_train, steps=steps, lr=lr, seed=seed + i)
                  for i, t in enumerate(tasks)]

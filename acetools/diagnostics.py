@@ -1,15 +1,6 @@
 """Diagnostics for merging: spectra, subspaces, CKA, task-vector geometry and Theorem 1 checks.
 
-Pure functions on tensors (any float dtype and device; computed in float64) returning Python
-floats, small dataclasses or ``pandas`` DataFrames for notebooks:
-
-* spectra of one matrix: :func:`energy_fraction`, :func:`condition_number`,
-  :func:`effective_rank`;
-* two matrices: :func:`subspace_similarity` (principal singular subspaces);
-* ESD vs SVD (ESM, docs/methods.md §ESM): :func:`energy_capture`, :func:`energy_capture_curve`;
-* activations: :func:`linear_cka` (Kornblith et al. 2019);
-* task vectors: :func:`task_vector_cosine`, :func:`heterogeneity_per_layer` (ACE's gamma, eq. 7);
-* Theorem 1 of ACE-Merging (estimated vs true input covariance): :func:`compare_covariances`.
+Pure functions on tensors (computed in float64) returning floats, small dataclasses or DataFrames.
 """
 
 from __future__ import annotations
@@ -24,23 +15,10 @@ from torch import Tensor
 from .errors import InputError, InputKeyError, InputTypeError
 from .keys import block_index, layer_type  # layer_type re-exported: the public name lessons use
 
-__all__ = [
-    "singular_values",
-    "energy_fraction",
-    "condition_number",
-    "effective_rank",
-    "principal_subspace",
-    "subspace_similarity",
-    "energy_capture",
-    "energy_capture_curve",
-    "linear_cka",
-    "task_vector_cosine",
-    "layer_type",
-    "relative_update_norms",
-    "heterogeneity_per_layer",
-    "CovarianceComparison",
-    "compare_covariances",
-]
+__all__ = ["singular_values", "energy_fraction", "condition_number", "effective_rank", "principal_subspace",
+           "subspace_similarity", "energy_capture", "energy_capture_curve", "linear_cka", "task_vector_cosine",
+           "layer_type", "relative_update_norms", "heterogeneity_per_layer", "CovarianceComparison",
+           "compare_covariances"]
 
 
 def _matrix(M: Tensor, what: str = "M") -> Tensor:
@@ -62,12 +40,8 @@ def singular_values(M: Tensor) -> Tensor:
 
 
 def energy_fraction(M: Tensor, frac: float = 0.05) -> float:
-    """Fraction of the energy sum σ_i² held by the top ``frac`` of the singular values.
-
-    k = max(1, ceil(frac · r)) with r = number of singular values (min(d_out, d_in)); e.g. the
-    ACE paper's "top 5% of singular values hold 99%+ of the energy" of W_bar_pre is
-    ``energy_fraction(W, 0.05)``. ``M`` may be a matrix or a 1-D spectrum. NaN for a zero matrix.
-    """
+    """Share of Σσ_i² in the top k = max(1, ceil(frac · r)) singular values of a matrix or 1-D spectrum
+    (ACE's "top 5 % hold 99 %+" is ``energy_fraction(W_pre, 0.05)``); NaN for a zero matrix."""
     if not 0.0 < frac <= 1.0:
         raise InputError(f"frac={frac!r} must be in (0, 1] (0.05 = top 5%)")
     S = singular_values(M)
@@ -86,10 +60,7 @@ def condition_number(M: Tensor) -> float:
 
 
 def effective_rank(M: Tensor) -> float:
-    """Entropy effective rank (Roy & Vetterli 2007): exp(H(p)), p_i = σ_i / sum_j σ_j.
-
-    Between 1 (rank one) and r; the identity of size n gives n. 0 for a zero matrix.
-    """
+    """Entropy effective rank (Roy & Vetterli 2007): exp(H(p)), p_i = σ_i / Σ_j σ_j; 0 for a zero matrix."""
     S = singular_values(M)
     total = S.sum()
     if total == 0:
@@ -100,11 +71,8 @@ def effective_rank(M: Tensor) -> float:
 
 
 def principal_subspace(M: Tensor, k: int, side: str = "left") -> Tensor:
-    """Orthonormal basis (d × k) of the top-``k`` singular subspace of ``M``.
-
-    ``side="left"``: the column space U_k (output directions of a d_out × d_in weight);
-    ``"right"``: V_k (input directions). Not unique when σ_k = σ_{k+1}.
-    """
+    """Orthonormal basis (d × k) of the top-``k`` singular subspace of ``M``: ``"left"`` U_k (outputs),
+    ``"right"`` V_k (inputs)."""
     M = _matrix(M)
     if side not in ("left", "right"):
         raise InputError(f"side={side!r} must be 'left' or 'right'")
@@ -116,17 +84,8 @@ def principal_subspace(M: Tensor, k: int, side: str = "left") -> Tensor:
 
 
 def subspace_similarity(A: Tensor, B: Tensor, k: int, *, side: str = "left", reduction: str = "projection") -> float:
-    """Similarity in [0, 1] of the top-``k`` singular subspaces of ``A`` and ``B``.
-
-    With orthonormal bases U_A, U_B (:func:`principal_subspace`), the cosines of the
-    principal angles θ_i are the singular values of U_Aᵀ U_B.
-
-    * ``"projection"`` (default): ||U_Aᵀ U_B||_F² / k = mean_i cos² θ_i (the normalised
-      projection overlap; basis-free, no extra SVD).
-    * ``"mean_cos"``: mean_i cos θ_i.
-
-    Both are 1 for identical subspaces and 0 for orthogonal ones.
-    """
+    """Similarity in [0, 1] of the top-``k`` singular subspaces of ``A`` and ``B`` (θ_i their principal
+    angles): ``"projection"`` ||U_Aᵀ U_B||_F² / k = mean cos² θ_i, or ``"mean_cos"`` mean cos θ_i."""
     if reduction not in ("projection", "mean_cos"):
         raise InputError(f"reduction={reduction!r} must be 'projection' or 'mean_cos'")
     UA, UB = principal_subspace(A, k, side), principal_subspace(B, k, side)
@@ -139,18 +98,8 @@ def subspace_similarity(A: Tensor, B: Tensor, k: int, *, side: str = "left", red
 
 
 def energy_capture(X: Tensor, delta_W: Tensor, k: int) -> dict[str, float]:
-    """Energy of the activation shift ΔO = X ΔWᵀ kept at rank ``k`` by ESD and by SVD (docs/methods.md §ESM).
-
-    ``X`` (N × d_in) are input activations of the layer, ``delta_W`` (d_out × d_in) its task
-    vector. Returns fractions of ||ΔO||_F²:
-
-    * ``"esd"``: projecting ΔO on its top-k principal output directions (uncentred PCA of
-      ΔO, as ESM's essential subspace decomposition) = sum of the top-k σ_i(ΔO)²;
-    * ``"svd"``: projecting on the top-k left singular vectors U_k of ΔW (TSV-style
-      truncation): ||ΔO U_k||_F².
-
-    ESD ≥ SVD always (Eckart–Young); they are equal when XᵀX ∝ I.
-    """
+    """Share of ||ΔO||_F², ΔO = X ΔWᵀ, kept at rank ``k`` by ESD (ΔO's top-k output directions) and by
+    SVD (ΔW's top-k left singular vectors); ESD ≥ SVD (docs/methods.md §ESM). ``X`` is N × d_in."""
     X, dW = _matrix(X, "X"), _matrix(delta_W, "delta_W")
     if X.shape[1] != dW.shape[1]:
         raise InputError(f"X has {X.shape[1]} features but delta_W has d_in = {dW.shape[1]}")
@@ -179,12 +128,8 @@ def energy_capture_curve(X: Tensor, delta_W: Tensor, ks: Iterable[int]):
 
 
 def linear_cka(X: Tensor, Y: Tensor) -> float:
-    """Linear CKA (Kornblith et al. 2019) between two activation sets on the same N examples.
-
-    X (N × p), Y (N × q), columns centred: CKA = ||Y_cᵀ X_c||_F² / (||X_cᵀ X_c||_F ||Y_cᵀ Y_c||_F).
-    In [0, 1]; invariant to orthogonal transforms and isotropic scaling of either side (not to
-    general invertible maps). Uses the N × N Gram form when N < p + q.
-    """
+    """Linear CKA (Kornblith et al. 2019) of X (N × p) and Y (N × q) on the same examples, columns
+    centred: ||Y_cᵀ X_c||_F² / (||X_cᵀ X_c||_F ||Y_cᵀ Y_c||_F), in [0, 1]."""
     X, Y = _matrix(X, "X"), _matrix(Y, "Y")
     if X.shape[0] != Y.shape[0]:
         raise InputError(f"X and Y need the same number of rows (examples): {X.shape[0]} vs {Y.shape[0]}")
@@ -225,16 +170,10 @@ def _select_keys(task_vectors: Sequence[Mapping[str, Tensor]], keys: Iterable[st
     return keys
 
 
-def task_vector_cosine(
-    task_vectors: Sequence[Mapping[str, Tensor]],
-    names: Sequence[str] | None = None,
-    keys: Iterable[str] | None = None,
-):
-    """T × T cosine similarity of the task vectors flattened over ``keys`` (default: all).
-
-    Accumulated key by key in float64 (no concatenation). A zero task vector gives NaN.
-    Returns a DataFrame indexed and labelled by ``names`` (default task0, task1, ...).
-    """
+def task_vector_cosine(task_vectors: Sequence[Mapping[str, Tensor]], names: Sequence[str] | None = None,
+                       keys: Iterable[str] | None = None):
+    """T × T cosines of the task vectors flattened over ``keys`` (default all), a DataFrame labelled by
+    ``names``; NaN for a zero task vector."""
     import pandas as pd
 
     keys = _select_keys(task_vectors, keys)
@@ -249,16 +188,10 @@ def task_vector_cosine(
     return pd.DataFrame(C.numpy(), index=labels, columns=labels)
 
 
-def relative_update_norms(
-    base: Mapping[str, Tensor],
-    task_vectors: Sequence[Mapping[str, Tensor]],
-    names: Sequence[str] | None = None,
-    keys: Iterable[str] | None = None,
-):
-    """||tau_t[k]||_F / ||W0[k]||_F for every task and key, the regime of a zoo
-    (docs/regime.md: task vectors small relative to the base). Long DataFrame: task, key, layer_type,
-    tau_norm, base_norm, ratio (NaN where the base tensor is zero). Summarise with
-    ``df.pivot_table(index="task", columns="layer_type", values="ratio")``."""
+def relative_update_norms(base: Mapping[str, Tensor], task_vectors: Sequence[Mapping[str, Tensor]],
+                          names: Sequence[str] | None = None, keys: Iterable[str] | None = None):
+    """||tau_t[k]||_F / ||W0[k]||_F per task and key (docs/regime.md): columns task, key, layer_type,
+    tau_norm, base_norm, ratio (NaN where the base tensor is zero)."""
     import pandas as pd
 
     keys = _select_keys(task_vectors, keys)
@@ -279,22 +212,14 @@ def relative_update_norms(
     return pd.DataFrame(rows, columns=["task", "key", "layer_type", "tau_norm", "base_norm", "ratio"])
 
 
-def heterogeneity_per_layer(
-    task_vectors: Sequence[Mapping[str, Tensor]],
-    *,
-    tau: float | None = None,
-    is_matrix: Callable[[str, Tensor], bool] | None = None,
-    keys: Iterable[str] | None = None,
-):
-    """ACE's heterogeneity gamma (eq. 7, :func:`acetools.merging.ace.heterogeneity`) per layer:
-    the one γ table of the library, the lessons and the reports.
+def heterogeneity_per_layer(task_vectors: Sequence[Mapping[str, Tensor]], *, tau: float | None = None,
+                            is_matrix: Callable[[str, Tensor], bool] | None = None, keys: Iterable[str] | None = None):
+    """ACE's heterogeneity γ (Eq. 7, :func:`acetools.merging.ace.heterogeneity`) per matrix key: the one
+    γ table of the library, the lessons and the reports.
 
-    One row per matrix key (``is_matrix``, default the rule of docs/methods.md §Matrix path; or the given ``keys``):
-    key, layer_type (:func:`layer_type`), block (:func:`acetools.keys.block_index`), shape, gamma, flag
-    (gamma > ``tau``; None: ACE's registered default, ``METHODS["ace"]``), the energies e_t = ||τ_t||_F²
-    (energy_mean/min/max, energy_ratio = max/min), what gamma is made of (log_energy_mean and the
-    unbiased log_energy_sd of l_t = log(e_t + 1e-12)) and the scale-free cv = sd/mean of e_t.
-    Feeds ``gamma_strip`` directly.
+    Columns: key, layer_type, block, shape, gamma, flag (γ > ``tau``, default ACE's registered one),
+    the energies e_t = ||τ_t||_F² (mean/min/max/ratio), log_energy_mean / log_energy_sd of
+    log(e_t + 1e-12) and cv = sd/mean of e_t.
     """
     import pandas as pd
 
@@ -326,10 +251,7 @@ def heterogeneity_per_layer(
 
 @dataclass(frozen=True)
 class CovarianceComparison:
-    """How well an estimated covariance matches the true one (Theorem 1 of ACE-Merging).
-
-    All fields are scale-invariant, as Theorem 1 only claims Sigma ∝ Cov[ΔW].
-    """
+    """How well an estimated covariance matches the true one (Theorem 1 of ACE-Merging; scale-invariant)."""
 
     cosine: float  # <A, B>_F / (||A||_F ||B||_F)
     subspace_overlap: float  # ||U_kᵀ V_k||_F² / k for the top-k eigenvectors
@@ -368,18 +290,10 @@ def _ranks(a: Tensor) -> Tensor:
 
 
 def compare_covariances(Sigma_hat: Tensor, Sigma: Tensor, k: int | None = None) -> CovarianceComparison:
-    """Compare an estimated covariance ``Sigma_hat`` with the true ``Sigma`` (both d × d).
-
-    * ``cosine``: matrix cosine <Sigma_hat, Sigma>_F / (||Sigma_hat||_F ||Sigma||_F);
-    * ``subspace_overlap``: ||U_kᵀ V_k||_F² / k for the top-``k`` eigenvectors (default
-      k = max(1, d // 10)); 1 = same principal subspace;
-    * ``spectrum_pearson``: Pearson correlation of the two eigenvalue lists, each sorted
-      descending (shape of the spectrum; NaN if either is flat);
-    * ``direction_spearman``: Spearman correlation between the true eigenvalues λ_i and the
-      estimated variance u_iᵀ Sigma_hat u_i along the same true eigenvectors u_i — do both
-      rank the directions alike? (A Spearman of two sorted spectra would be 1 by
-      construction, hence this form.)
-    """
+    """Compare an estimated covariance ``Sigma_hat`` with the true ``Sigma`` (both d × d): the fields of
+    :class:`CovarianceComparison` (``k`` default max(1, d // 10)). ``direction_spearman`` ranks the
+    true eigenvalues against ``Sigma_hat``'s variance along the same eigenvectors (two sorted spectra
+    would agree by construction)."""
     A, B = _symmetric(Sigma_hat, "Sigma_hat"), _symmetric(Sigma, "Sigma")
     if A.shape != B.shape:
         raise InputError(f"Sigma_hat {tuple(A.shape)} and Sigma {tuple(B.shape)} differ in shape")

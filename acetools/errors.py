@@ -1,9 +1,7 @@
 """The project's own error types: what the command line prints as one line of bad input.
 
-Every check of a user's input in acetools (a key, a shape, a file, a parameter) raises one of
-these; they subclass the built-in type they replace, so ``except ValueError`` and
-``pytest.raises(KeyError)`` keep working. Anything else that escapes (a ``TypeError`` from a
-bug, an ``IndexError``) is a library bug and keeps its traceback (:data:`acetools.cli.USER_ERRORS`).
+They subclass the built-in type they replace (``except ValueError`` keeps working); anything
+else that escapes is a bug and keeps its traceback (:data:`acetools.cli.USER_ERRORS`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Weight keys of transformer checkpoints: block index, layer type and a short label.
 
-One parser for every checkpoint layout the toolkit reads. A key inside a transformer block
-has the form ``<prefix>.<container>.<i>.<layer type>``, where the container is
-
-==========================  =================================================================
-``resblocks``               open_clip (``visual.transformer.resblocks.3.mlp.c_fc.weight``)
-``layers``                  HF CLIP, LLaMA, Mistral (``model.layers.3.self_attn.q_proj.weight``)
-``layer``                   BERT / RoBERTa (``roberta.encoder.layer.3.attention.self.query.weight``)
-``h``                       GPT-2 (``transformer.h.3.attn.c_attn.weight``)
-``blocks``                  timm ViT (``blocks.3.attn.qkv.weight``)
-==========================  =================================================================
-
-The first (leftmost) match counts, so a nested index (``layers.3.mlp.experts.2.w1.weight``)
-stays part of the layer type. Keys outside the blocks have no block index
-(:func:`block_index` returns ``default``); their layer type is the key without open_clip's
-tower prefix ``visual.``.
-
-Labels (:func:`short_label`) are for the tick labels and column names of plots: a short name
-per layer type (:data:`SHORT_NAMES`; unknown types keep their full name, so labels stay
-unique) combined with the block index, in the style ``"3.c_fc"`` or ``"b3 c_fc"``.
+A key inside a block reads ``<prefix>.<container>.<i>.<layer type>`` with the container one of
+:data:`BLOCK_CONTAINERS` (open_clip ``resblocks``, HF CLIP / LLaMA ``layers``, BERT ``layer``,
+GPT-2 ``h``, timm ``blocks``); the first match counts. Keys outside the blocks have no block and
+lose only open_clip's ``visual.`` prefix.
 """
 
 from __future__ import annotations
@@ -29,18 +14,16 @@ from typing import Literal, overload
 
 from .errors import InputError
 
-__all__ = ["BLOCK_CONTAINERS", "SHORT_NAMES", "KeyParts", "parse_key", "block_index", "layer_type",
-           "short_name", "short_label"]
+__all__ = ["BLOCK_CONTAINERS", "SHORT_NAMES", "KeyParts", "parse_key", "block_index", "layer_type", "short_name",
+           "short_label"]
 
 #: Names of the module lists that hold a model's transformer blocks (see the module docstring).
 BLOCK_CONTAINERS: tuple[str, ...] = ("resblocks", "layers", "layer", "h", "blocks")
 
 _BLOCK = re.compile(r"(?:^|\.)(?:" + "|".join(map(re.escape, BLOCK_CONTAINERS)) + r")\.(\d+)\.(.+)$")
 
-#: Short names of layer types for labels. Names shared across layouts mean the same layer
-#: (``c_fc`` is the MLP's first matrix in open_clip and GPT-2); types whose last part is
-#: ambiguous inside one layout (GPT-2 ``attn.c_proj`` vs ``mlp.c_proj``, BERT's three
-#: ``dense``) get a name that says which.
+#: Short names of layer types for labels (a name shared across layouts means the same layer; GPT-2's two
+#: ``c_proj`` and BERT's three ``dense`` get names that say which).
 SHORT_NAMES: dict[str, str] = {
     # open_clip
     "attn.in_proj_weight": "in_proj", "attn.out_proj.weight": "out_proj", "mlp.c_fc.weight": "c_fc",
@@ -103,13 +86,8 @@ def short_name(layer_type: str) -> str:
 
 
 def short_label(key: str, style: Literal["dot", "b"] = "dot") -> str:
-    """A compact layer name for plots.
-
-    ``style="dot"``: ``visual.transformer.resblocks.3.mlp.c_fc.weight`` -> ``3.c_fc``,
-    ``visual.positional_embedding`` -> ``pos_emb``, other types keep their name
-    (``3.ln_1.weight``). ``style="b"``: ``b3 c_fc``, and the full key for anything that is not
-    a named matrix inside a block.
-    """
+    """A compact layer name for plots: ``"dot"`` ``3.c_fc`` / ``pos_emb`` (other types keep their name),
+    ``"b"`` ``b3 c_fc`` (the full key for anything but a named matrix inside a block)."""
     p = parse_key(key)
     if style == "dot":
         name = short_name(p.layer_type)

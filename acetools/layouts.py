@@ -1,40 +1,12 @@
-"""Layouts: what each weight of a checkpoint is, for every merge method.
+"""Layouts: what each weight of a checkpoint is, for every merge method (docs/your-models.md §Layouts).
 
-A :class:`Layout` says, per weight key,
-
-- its **role**: ``"matrix"`` (takes a method's matrix path: TSV-M, Iso, CART, WUDI, ACE, ESM),
-  ``"embedding"`` / ``"head"`` (2-D, but merged with the method's elementwise rule, as the TSV
-  and ACE code do), ``"other"`` (vectors, norms, convolutions, ... : the elementwise rule) or
-  ``"buffer"`` (non-float tensors such as ``position_ids`` or ``num_batches_tracked``: carried
-  through from the base unchanged);
-- its **orientation**: ``"out_in"`` (PyTorch ``nn.Linear``, ``y = x W^T``) or ``"in_out"``
-  (GPT-2's ``Conv1D``, ``y = x W``). The merge driver transposes ``in_out`` weights to
-  d_out x d_in before a method sees them and back afterwards, so every method in
-  :mod:`acetools.merging` works on d_out x d_in matrices only;
-- **tied** keys (alias -> canonical), e.g. GPT-2's ``lm_head.weight`` and
-  ``transformer.wte.weight``: merged once, written with identical values;
-- its **task heads** (:attr:`Layout.task_heads`): the keys of a classifier's output layer, whose
-  shape follows each task's label count (BERT's ``classifier.*``, RoBERTa's ``classifier.dense`` /
-  ``classifier.out_proj``, GPT-2's and LLaMA's ``score.weight``). In a checkpoint that
-  :func:`is_classifier` recognises (a Hugging Face ``*ForSequenceClassification`` config) the file
-  merge keeps them per task instead of merging them (:mod:`acetools.files.heads`).
-
-Presets (:data:`PRESETS`): ``open_clip``, ``hf_clip``, ``gpt2``, ``bert`` (BERT and RoBERTa),
-``llama`` (LLaMA-style ``q_proj`` ... ``down_proj``; Mistral, Qwen2, Gemma share the names) and
-``generic``. :func:`detect_layout` picks one from a Hugging Face ``config.json`` or from the key
-names; :func:`get_layout` accepts a name, a :class:`Layout`, ``"auto"`` or ``None``;
-:func:`default_layout` is what ``acetools.merge()`` and ``acetools merge`` use when no layout is
-given. :func:`align_prefix` matches a bare backbone's keys (``BertModel``) with a task model's
-(``bert.``-prefixed, transformers' ``base_model_prefix``).
-
-The ``open_clip`` preset reproduces the rule of the official TSV, Iso, ESM and ACE code exactly
-(:func:`acetools.merging.is_matrix_param`): every float tensor with ``ndim == 2`` whose key does
-not contain ``text_projection`` takes the matrix path, as stored. That includes the visual
-``proj`` (stored in x out, ``x @ proj``), ``positional_embedding`` and the text tower's
-``token_embedding``: the official code treats them as matrices, so the preset does too, and
-every existing result is unchanged. Build another layout
-(``dataclasses.replace(PRESETS["open_clip"], in_out=(r"(^|\\.)proj$",))``) to change that.
-See docs/your-models.md for the table of presets.
+A :class:`Layout` gives each key a role (``matrix``, ``embedding``, ``head``, ``other``,
+``buffer``), an orientation (``out_in`` or GPT-2's ``in_out``: transposed to d_out x d_in before
+a method sees it), tied keys (merged once) and the task-head keys of a classifier. Presets:
+:data:`PRESETS` (docs/your-models.md §Presets); :func:`detect_layout` picks one from a config or
+the key names, :func:`default_layout` is what ``acetools.merge()`` and ``acetools merge`` use.
+The ``open_clip`` preset is the official TSV/Iso/ESM/ACE rule: every 2-D float tensor except
+``text_projection`` takes the matrix path, as stored.
 """
 
 from __future__ import annotations
@@ -51,24 +23,9 @@ from torch import Tensor
 
 from .errors import InputError, InputTypeError
 
-__all__ = [
-    "ROLES",
-    "ORIENTATIONS",
-    "TensorMeta",
-    "Layout",
-    "PRESETS",
-    "get_layout",
-    "detect_layout",
-    "is_classifier",
-    "CLASSIFIER_ARCHITECTURES",
-    "describe",
-    "format_table",
-    "default_layout",
-    "BASE_MODEL_PREFIXES",
-    "base_model_prefix",
-    "PrefixAlignment",
-    "align_prefix",
-]
+__all__ = ["ROLES", "ORIENTATIONS", "TensorMeta", "Layout", "PRESETS", "get_layout", "detect_layout", "is_classifier",
+           "CLASSIFIER_ARCHITECTURES", "describe", "format_table", "default_layout", "BASE_MODEL_PREFIXES",
+           "base_model_prefix", "PrefixAlignment", "align_prefix"]
 
 log = logging.getLogger("acetools.layouts")
 
@@ -112,17 +69,12 @@ def _compiled_check(value: Any, name: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Layout:
-    """Per-key role, orientation and ties of one architecture (see the module docstring).
+    """Per-key role, orientation and ties of one architecture; patterns are ``re.search``-ed in the key.
 
-    Patterns are regular expressions searched in the key (``re.search``). The role of a float
-    tensor is decided in this order: ``embedding`` patterns, ``head`` patterns, then
-    ``matrix`` if it is 2-D, matches ``matrix`` (default: every key) and no ``not_matrix``
-    pattern, else ``other``. Non-float tensors are ``buffer``. ``matrix_embeddings`` /
-    ``matrix_heads`` send 2-D embeddings / heads down the matrix path after all (their role
-    stays as named). ``tie_rules`` are (alias pattern, canonical pattern) pairs; :meth:`bind`
-    resolves them against a checkpoint's keys into :attr:`tied`. ``task_heads`` name the keys
-    of a classifier's output layer (one per task, shaped by its label count): see
-    :meth:`task_head_keys` and :func:`is_classifier`.
+    A float tensor's role: ``embedding``, then ``head`` patterns, then ``matrix`` if 2-D, matching
+    ``matrix`` (default every key) and no ``not_matrix``; else ``other``. ``matrix_embeddings`` /
+    ``matrix_heads`` send 2-D embeddings / heads down the matrix path. ``tie_rules``: (alias, canonical)
+    pattern pairs that :meth:`bind` resolves into :attr:`tied`.
     """
 
     name: str
@@ -188,13 +140,9 @@ class Layout:
 
     # ------------------------------------------------------------------ whole checkpoint
     def bind(self, keys: Iterable[str], config: Mapping[str, Any] | None = None) -> Layout:
-        """This layout with :attr:`tied` resolved against ``keys`` (a new Layout).
-
-        A tie rule applies when exactly one key matches its alias and one its canonical
-        pattern, and the config does not say ``tie_word_embeddings: false``. Ties declared
-        here are candidates: the merge driver checks that the two tensors are equal in every
-        model before merging them once (and merges them apart, with a log line, if not).
-        """
+        """This layout with :attr:`tied` resolved against ``keys``: a rule applies when exactly one key
+        matches each side and the config does not say ``tie_word_embeddings: false`` (candidates: the
+        merge driver checks the tensors are equal)."""
         keys = list(keys)
         tied = dict(self.tied)
         if config is None or config.get("tie_word_embeddings", True):
@@ -207,10 +155,6 @@ class Layout:
             if canon in tied:
                 raise InputError(f"Layout {self.name!r}: tied key {alias!r} -> {canon!r} points at another alias")
         return dataclasses.replace(self, tied=tied)
-
-    def describe(self, tensors: Mapping[str, Tensor | TensorMeta]) -> list[dict[str, Any]]:
-        """One row per key: key, shape, dtype, role, orientation and the path it takes."""
-        return describe(self, tensors)
 
 
 def _suffix(*names: str) -> str:
@@ -282,11 +226,7 @@ _MODEL_TYPES = {
 
 
 def detect_layout(keys: Iterable[str], config: Mapping[str, Any] | None = None) -> str | None:
-    """The preset name for a checkpoint, from its config (``model_type``, ``architectures``) or keys.
-
-    Returns ``None`` when nothing identifies the architecture (callers then choose
-    ``generic`` or ``open_clip`` and say so).
-    """
+    """The preset name of a checkpoint from its config (``model_type``, ``architectures``) or keys; None if unknown."""
     if config:
         if "model_cfg" in config and "vision_cfg" in config.get("model_cfg", {}):
             return "open_clip"  # open_clip_config.json
@@ -323,35 +263,20 @@ CLASSIFIER_ARCHITECTURES = ("ForSequenceClassification", "ForTokenClassification
 
 
 def is_classifier(keys: Iterable[str], config: Mapping[str, Any] | None, layout: Layout) -> bool:
-    """Whether a checkpoint is a classifier whose task heads (:attr:`Layout.task_heads`) are its own.
-
-    From the config's ``architectures`` when it names any (a class ending in one of
-    :data:`CLASSIFIER_ARCHITECTURES`, e.g. ``BertForSequenceClassification``), else from the
-    keys: some key matches the layout's ``task_heads`` (``classifier.weight``, ``score.weight``).
-    """
+    """Whether a checkpoint is a classifier with its own task heads: from the config's ``architectures``
+    (:data:`CLASSIFIER_ARCHITECTURES`), else whether a key matches the layout's ``task_heads``."""
     archs = [str(a) for a in (config or {}).get("architectures") or ()]
     if archs:
         return any(a.endswith(CLASSIFIER_ARCHITECTURES) for a in archs)
     return bool(layout.task_head_keys(keys))
 
 
-def get_layout(
-    layout: str | Layout | None = "auto",
-    *,
-    keys: Iterable[str] | None = None,
-    config: Mapping[str, Any] | None = None,
-    fallback: str = "open_clip",
-    force: bool = False,
-) -> Layout:
+def get_layout(layout: str | Layout | None = "auto", *, keys: Iterable[str] | None = None,
+               config: Mapping[str, Any] | None = None, fallback: str = "open_clip", force: bool = False) -> Layout:
     """A bound :class:`Layout` from a preset name, a Layout, ``"auto"`` or ``None``.
 
-    ``"auto"``/``None`` detect the preset from ``config`` and ``keys``
-    (:func:`detect_layout`); when nothing matches, ``fallback`` is used and logged (default
-    ``open_clip``: the official code's rule, the default of :func:`default_layout`). With
-    ``keys`` the tie rules are resolved (:meth:`Layout.bind`). A preset named explicitly that
-    contradicts ``config`` (its ``model_type`` or ``architectures`` say another preset, e.g.
-    ``"bert"`` for a GPT-2 ``config.json``, whose Conv1D weights would be read as out x in) is
-    an error unless ``force``.
+    ``"auto"``/``None`` detect the preset (:func:`detect_layout`), else ``fallback`` (logged). With
+    ``keys`` the tie rules are resolved. A preset that contradicts ``config`` is an error unless ``force``.
     """
     keys = list(keys) if keys is not None else None
     if isinstance(layout, Layout):
@@ -382,20 +307,12 @@ def get_layout(
 
 
 def default_layout(keys: Iterable[str], config: Mapping[str, Any] | None = None) -> Layout:
-    """The layout both drivers use when none is given: :func:`detect_layout` from the config and
-    key names, else the ``open_clip`` rule (every 2-D float tensor a matrix, as stored: the rule
-    of the official code, so a model nothing identifies merges as the papers' code merges it).
-
-    ``acetools.merge(layout=None)``, ``merge_files(layout="auto")`` and ``acetools merge``
-    without ``--layout`` all call this, so the Python API and the command line merge alike
-    (docs/your-models.md §Layouts).
-    """
+    """The layout ``acetools.merge()`` and ``acetools merge`` use when none is given: :func:`detect_layout`,
+    else the official code's ``open_clip`` rule (docs/your-models.md §Layouts)."""
     return get_layout("auto", keys=list(keys), config=config)
 
 
-#: transformers' ``base_model_prefix`` per ``model_type``: the attribute under which a task model
-#: (``BertForSequenceClassification``) holds its backbone (``BertModel``), hence the prefix of
-#: the backbone's keys in the task model's checkpoint (``bert.encoder...``).
+#: transformers' ``base_model_prefix`` per ``model_type``: a task model's prefix of its backbone's keys.
 BASE_MODEL_PREFIXES: dict[str, str] = {
     "bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "camembert": "roberta", "electra": "electra",
     "distilbert": "distilbert", "albert": "albert", "deberta": "deberta", "deberta-v2": "deberta",
@@ -424,13 +341,9 @@ def base_model_prefix(config: Mapping[str, Any] | None) -> str | None:
 
 @dataclass(frozen=True)
 class PrefixAlignment:
-    """How the base's keys map onto the experts' (:func:`align_prefix`).
-
-    ``side``: ``"base"`` (the base is a bare backbone; its keys get ``prefix + "."`` in front)
-    or ``"experts"`` (the experts are bare backbones; the base's keys under ``prefix + "."``
-    lose it and its keys outside the prefix, e.g. a task head, are left out: ``dropped``).
-    ``rename`` maps each key as the experts name it to the base's own key.
-    """
+    """How the base's keys map onto the experts' (:func:`align_prefix`): ``side`` is the bare backbone
+    (``"base"`` or ``"experts"``), ``rename`` maps an expert's key to the base's, ``dropped`` the base
+    keys outside the prefix."""
 
     prefix: str
     side: str
@@ -466,16 +379,11 @@ def _strip(keys: Sequence[str], prefix: str) -> dict[str, str]:
 def align_prefix(base_keys: Iterable[str], expert_keys: Iterable[str], *,
                  base_config: Mapping[str, Any] | None = None,
                  expert_config: Mapping[str, Any] | None = None) -> PrefixAlignment | None:
-    """Match a bare backbone with a task model through the architecture's base-model prefix.
+    """Match a bare backbone with a task model through the base-model prefix (docs/your-models.md §Bare
+    backbones and task models); None when the keys already match or no prefix makes them.
 
-    A ``BertModel`` checkpoint names its keys ``embeddings.word_embeddings.weight``; a
-    ``BertForSequenceClassification`` fine-tuned from it ``bert.embeddings.word_embeddings.weight``
-    (transformers' ``base_model_prefix``). Returns ``None`` when the key sets already share keys
-    (nothing to align) or no prefix makes them share any. Candidates: the configs' prefix
-    (:func:`base_model_prefix`), then any first key component common to at least half of one
-    side's keys. A prefix is taken when, under it, the one side's keys cover at least half of
-    the other side's keys (the ordinary key check then names any key that still differs).
-    ``expert_keys`` are the keys the experts merge (their per-task head keys left out).
+    Candidates: the configs' prefix, then a first key component of at least half of one side's keys;
+    taken when, under it, one side covers at least half of the other's keys.
     """
     base_keys, expert_keys = list(base_keys), list(expert_keys)
     bset, eset = set(base_keys), set(expert_keys)
@@ -505,12 +413,8 @@ def _path(lay: Layout, key: str, m: TensorMeta) -> str:
 
 
 def describe(layout: Layout, tensors: Mapping[str, Tensor | TensorMeta]) -> list[dict[str, Any]]:
-    """Rows ``{key, shape, dtype, role, orientation, path}`` for every key of ``tensors``.
-
-    ``path`` is ``"matrix"`` (the method's matrix rule), ``"elementwise"`` (its rule for
-    other keys, e.g. the mean of the task vectors), ``"carried from base"`` (buffers) or
-    ``"tied to <key>"``.
-    """
+    """Rows ``{key, shape, dtype, role, orientation, path}``; ``path``: ``matrix``, ``elementwise``,
+    ``carried from base`` or ``tied to <key>``."""
     rows = []
     for key, t in tensors.items():
         m = _meta(t)

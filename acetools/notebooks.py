@@ -1,20 +1,8 @@
-"""Run notebooks as parameterised reports: the one papermill runner of acetools.
+"""Run notebooks as parameterised reports: the one papermill runner of acetools (docs/style.md §13).
 
-``acetools report`` (the course notebooks) and ``acetools diagnose`` (the shipped report notebook,
-:mod:`acetools.files.diagnose`) use :func:`run_notebook`; tests/report_checks.py checks the pages.
-Each notebook in ``notebooks/`` (``NN_name.ipynb``) is executed with papermill into a
-build folder — never in place (docs/style.md §13) — with explicit ``cwd`` and ``kernel_name``, then
-rendered to HTML: a lesson with its code (setup and plotting cells tagged ``hide-input`` show only
-their output), a pure report such as diagnose without (:func:`render_html`). Figures go to
-``<figures>/<notebook-stem>/``: the repository's ``figures/`` for the full profile, the
-build folder for the quick one (so a quick run never overwrites the committed figures).
-
-Profiles:
-
-* ``quick`` — every notebook on the fixture world (``quick=True``); what CI runs.
-* ``full`` — the notebooks' own defaults (the mini-world at size ``small``).
-
-Parameters a notebook does not declare are an error, not a warning (docs/style.md §13).
+``acetools report`` (the course, profiles :data:`PROFILES`) and ``acetools diagnose`` run notebooks
+with :func:`run_notebook` into a build folder, never in place, and render HTML with
+:func:`render_html`. Parameters a notebook does not declare, or of the wrong type, are an error.
 """
 
 from __future__ import annotations
@@ -30,33 +18,16 @@ from typing import Any
 
 from .errors import InputError
 
-__all__ = [
-    "PROFILES",
-    "REPO",
-    "notebook_paths",
-    "notebook_parameters",
-    "parse_parameter",
-    "check_parameters",
-    "coerce_parameter",
-    "ParameterTypeError",
-    "parameter_choices",
-    "run_notebook",
-    "run_report",
-    "UnknownParameterError",
-    "render_html",
-    "REPORT_CSS",
-    "START_TIMEOUT",
-    "HIDE_INPUT",
-    "shows_code",
-]
+__all__ = ["PROFILES", "REPO", "notebook_paths", "notebook_parameters", "parse_parameter", "check_parameters",
+           "coerce_parameter", "ParameterTypeError", "parameter_choices", "run_notebook", "run_report",
+           "UnknownParameterError", "render_html", "REPORT_CSS", "START_TIMEOUT", "HIDE_INPUT", "shows_code"]
 
 log = logging.getLogger(__name__)
 
 #: The repository root (the parent of the ``acetools`` package).
 REPO = Path(__file__).resolve().parents[1]
 
-#: CSS added to every rendered report: wide tables scroll inside their output instead of being
-#: cut off, long text lines wrap at word boundaries, figures fit the page.
+#: CSS of every rendered report: wide tables scroll, long lines wrap at words, figures fit the page.
 REPORT_CSS = """
 .jp-OutputArea-output { overflow-x: auto; max-width: 100%; }
 .jp-RenderedHTMLCommon table { display: block; max-width: 100%; overflow-x: auto; }
@@ -127,9 +98,7 @@ _TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": 
 
 
 def _declared_types(type_name: str | None) -> list[str] | None:
-    """``"int"`` -> ``["int"]``; ``"int | None"`` / ``"Optional[int]"`` -> ``["int", "None"]``;
-    ``None`` for annotations it cannot check (then any literal passes); papermill reports an
-    unannotated parameter as ``"None"``."""
+    """``"int | None"`` / ``"Optional[int]"`` -> ``["int", "None"]``; None where it cannot check."""
     if not type_name or type_name == "None":
         return None
     t = type_name.replace(" ", "")
@@ -141,11 +110,9 @@ def _declared_types(type_name: str | None) -> list[str] | None:
 
 
 def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: str = "the notebook") -> Any:
-    """``value`` for parameter ``name`` checked against its declaration ``info`` (an entry of
-    :func:`notebook_parameters`: ``inferred_type_name``, ``default``). A string is parsed as
-    a Python literal unless the parameter is a ``str``; an ``int`` for a ``float`` becomes a
-    float; ``list`` elements must have the types of the default's elements. Raises
-    :class:`ParameterTypeError` naming the parameter, the notebook and the expected type."""
+    """``value`` checked against its declaration ``info`` (:func:`notebook_parameters`); a string is parsed
+    as a literal unless the parameter is a ``str``, list elements take the default's element type.
+    :class:`ParameterTypeError` names the parameter, the notebook and the expected type."""
     kinds = _declared_types(info.get("inferred_type_name"))
     text = value if isinstance(value, str) else None
     if text is not None and not (kinds and "str" in kinds):
@@ -189,18 +156,15 @@ def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: s
     return value
 
 
-#: How a notebook names the registry its parameter's values come from: a comment that says
-#: ``one of acetools.<module>.<NAME>`` (``suite: str = "tasks8"  # task suite, one of
-#: acetools.world.vision.data.SUITES``). The runner learns the allowed values from the notebook
-#: this way and knows no world itself.
+#: A parameter's comment ``one of acetools.<module>.<NAME>`` names the registry of its values (the
+#: runner learns them from the notebook and knows no world itself).
 _CHOICES = re.compile(r"\bone of (acetools(?:\.[A-Za-z_]\w*)+)")
 
 
 def parameter_choices(info: Mapping[str, Any], name: str = "parameter", notebook: str = "the notebook"
                       ) -> tuple[str, list[str]] | None:
-    """``(what, allowed)`` for a parameter whose comment (``info["help"]``, papermill's inspection)
-    names its registry, ``one of acetools.world.vision.data.SUITES`` -> ``("suite", [...])``; None
-    when it names none. A registry that does not exist is the notebook's error (``InputError``)."""
+    """``(what, allowed)`` for a parameter whose comment names its registry (``one of
+    acetools.world.vision.data.SUITES`` -> ``("suite", [...])``), else None."""
     import importlib
 
     m = _CHOICES.search(str(info.get("help") or ""))
@@ -226,37 +190,28 @@ def _check_known_value(name: str, value: Any, info: Mapping[str, Any], notebook:
             raise ParameterTypeError(f"parameter {name!r} of {notebook}: unknown {what} {v!r}; {what}s: {allowed}")
 
 
+def _check_names(path: Path, params: Mapping[str, Any], declared: Mapping[str, Any]) -> None:
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise UnknownParameterError(f"{path.stem} has no parameter(s) {unknown}; its parameters are {sorted(declared)}")
+
+
 def check_parameters(paths: Sequence[str | os.PathLike], parameters: Mapping[str, Any]) -> dict[str, Any]:
-    """Check ``parameters`` against every notebook in ``paths`` before anything runs: each name
-    must be declared by each notebook (:class:`UnknownParameterError`) and each value must
-    match its annotation (:func:`coerce_parameter`; :class:`ParameterTypeError`) and, where the
-    notebook names the parameter's registry (:func:`parameter_choices`), a registered value. Returns the typed values
-    (strings parsed as literals where the parameter is not a ``str``)."""
+    """Check ``parameters`` against every notebook in ``paths`` before anything runs (names declared,
+    values typed by :func:`coerce_parameter` and registered where :func:`parameter_choices` says);
+    returns the typed values."""
     out: dict[str, Any] = dict(parameters)
     for path in paths:
         path = Path(path)
         declared = notebook_parameters(path)
-        unknown = sorted(set(parameters) - set(declared))
-        if unknown:
-            raise UnknownParameterError(
-                f"{path.stem} has no parameter(s) {unknown}; its parameters are {sorted(declared)}")
+        _check_names(path, parameters, declared)
         for name, value in parameters.items():
             out[name] = coerce_parameter(name, value, declared[name], path.stem)
             _check_known_value(name, out[name], declared[name], path.stem)
     return out
 
 
-def _check_parameters(path: Path, params: Mapping[str, Any]) -> None:
-    declared = notebook_parameters(path)
-    unknown = sorted(set(params) - set(declared))
-    if unknown:
-        raise UnknownParameterError(
-            f"{path.name} has no parameter(s) {unknown}; its parameters are {sorted(declared)}"
-        )
-
-
-#: The kernel's matplotlib backend: figures become outputs of their cells (a test process's
-#: ``MPLBACKEND=Agg`` would otherwise leave every figure off the page).
+#: The kernel's matplotlib backend: figures become cell outputs (whatever this process's MPLBACKEND).
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 #: Seconds to wait for a notebook kernel to start (see :func:`run_notebook`).
@@ -268,21 +223,15 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
                  start_timeout: int = START_TIMEOUT, cwd: str | os.PathLike | None = None,
                  output_name: str | None = None, require_mathjax: bool = True,
                  code: bool | None = None) -> dict[str, Any]:
-    """Execute one notebook with papermill into ``out_dir`` (and render HTML); return a record
+    """Execute one notebook with papermill into ``out_dir`` (never in place) and render HTML; return
     ``{"notebook", "seconds", "executed"[, "html"]}``.
 
-    Never in place: the executed copy is ``out_dir/<output_name or the notebook's name>``;
-    ``cwd`` is where its cells run (default: the notebook's folder). The kernel imports the
-    same acetools as this process (its checkout goes first on ``PYTHONPATH``), draws figures inline
-    (:data:`INLINE_BACKEND`), and progress bars are off unless ``ACETOOLS_PROGRESS`` says otherwise
-    (a report is a document). ``timeout``:
-    seconds one cell may run (``None``: no limit). ``start_timeout``: seconds to wait for the
-    kernel to start (papermill's default of 60 s is too short on a loaded 2-core machine,
-    where importing torch in a fresh kernel can take longer). ``code``: as in :func:`render_html`.
-
-    Raises :class:`UnknownParameterError` before running when a parameter is not declared,
-    and papermill's ``PapermillExecutionError`` when a cell fails (the partly executed
-    notebook is still written to ``out_dir`` for inspection).
+    The kernel imports this process's acetools, draws figures inline and shows no progress bars
+    unless ``ACETOOLS_PROGRESS`` says so. ``cwd``: where cells run (default the notebook's folder);
+    ``timeout``: seconds per cell (None: no limit); ``start_timeout``: seconds for the kernel to start
+    (papermill's 60 s is short on a loaded machine). An undeclared parameter raises
+    :class:`UnknownParameterError` before running; a failing cell papermill's
+    ``PapermillExecutionError`` (the partly executed notebook stays in ``out_dir``).
     """
     import papermill as pm
 
@@ -290,7 +239,7 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     params = dict(parameters or {})
-    _check_parameters(path, params)
+    _check_names(path, params, notebook_parameters(path))
     out_nb = out_dir / (output_name or path.name)
     t0 = time.perf_counter()
     saved = {k: os.environ.get(k) for k in ("ACETOOLS_PROGRESS", "PYTHONPATH", "MPLBACKEND")}
@@ -315,9 +264,7 @@ def run_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, parameters
 
 
 def _image_alts(nb) -> dict[str, str]:
-    """The alt text of every PNG output of an executed notebook, keyed by its base64 data:
-    the figure's title (``metadata["image/png"]["alt"]``, set by
-    :func:`acetools.course.page.setup`), else the heading of the section it is in."""
+    """Alt text per PNG output (keyed by its base64 data): the figure's title, else its section's heading."""
     alts: dict[str, str] = {}
     section = nb.metadata.get("title", "") or "the notebook"
     for cell in nb.cells:
@@ -333,32 +280,23 @@ def _image_alts(nb) -> dict[str, str]:
     return alts
 
 
-#: Cell tag that hides a cell's input in the rendered page (its output stays): setup and plotting
-#: cells of a lesson (docs/style.md §13). A lesson's own cells carry no such tag.
+#: Cell tag that hides a cell's input in the rendered page, its output kept (docs/style.md §13).
 HIDE_INPUT = "hide-input"
 
 
 def shows_code(nb: Any) -> bool:
-    """Whether a notebook renders with its code: a lesson does (docs/style.md §13); a pure report,
-    whose metadata says ``{"acetools": {"kind": "report"}}`` (the shipped diagnose notebook), does not."""
+    """Whether a notebook renders with its code: a lesson does; a report (metadata ``acetools.kind``) does not."""
     return (nb.metadata.get("acetools") or {}).get("kind") != "report"
 
 
 def render_html(executed: str | os.PathLike, *, require_mathjax: bool = True, code: bool | None = None) -> Path:
     """HTML of an executed notebook, next to it (``jupyter nbconvert --to html``).
 
-    ``code``: render the input cells (None: as the notebook says, :func:`shows_code`: lessons with
-    their code, pure reports without, like ``nbconvert --no-input``). With code, the input of cells
-    tagged :data:`HIDE_INPUT` (setup, plotting) is left out and their output kept.
-
-    Three additions make the page readable: every figure's ``<img>`` gets its alt text from the
-    figure's title (:func:`_image_alts`; nbconvert's default says "No description has been
-    provided"), the CSS :data:`REPORT_CSS` lets wide tables scroll
-    inside the page and long lines wrap at word boundaries, and the equations are typeset by a
-    local MathJax (:func:`acetools.utils.local_mathjax_url`), never one from a CDN; the template's
-    other scripts from CDNs (require.js, mermaid; the reports use neither) are dropped, so a page
-    reads the same without network. Without a local MathJax this raises ``FileNotFoundError``
-    unless ``require_mathjax=False`` (the page then keeps nbconvert's default MathJax setting).
+    ``code``: render the input cells (None: :func:`shows_code`); cells tagged :data:`HIDE_INPUT` keep
+    only their output. Figures get their alt text (:func:`_image_alts`), :data:`REPORT_CSS` lets wide
+    tables scroll, equations use a local MathJax (:func:`acetools.utils.local_mathjax_url`) and no
+    script comes from a CDN. Without a local MathJax: ``FileNotFoundError`` unless
+    ``require_mathjax=False``.
     """
     import nbformat
     from bs4 import BeautifulSoup
@@ -410,11 +348,9 @@ def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
                on_result=None) -> list[dict[str, Any]]:
     """Run the course (or ``only`` some notebooks) under ``profile``; return one record each.
 
-    ``out``: build folder (default ``build/report/<profile>`` in the repository).
-    ``figures``: figure root (default ``figures/`` for ``full``, ``<out>/figures`` for
-    ``quick``); each notebook gets ``figures_dir=<figures>/<stem>``. ``parameters`` apply
-    to every notebook selected and must be declared by each. ``timeout`` /
-    ``start_timeout``: per cell / kernel start, as in :func:`run_notebook`.
+    ``out``: build folder (default ``build/report/<profile>``); ``figures``: figure root (default
+    ``figures/`` for ``full``, ``<out>/figures`` for ``quick``), each notebook gets
+    ``figures_dir=<figures>/<stem>``. ``parameters`` apply to every notebook and must be declared by each.
     """
     if profile not in PROFILES:
         raise InputError(f"unknown profile {profile!r}; profiles: {sorted(PROFILES)}")

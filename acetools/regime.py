@@ -1,35 +1,9 @@
-"""The regime card of a world: is it in the papers' regime, and if not, why not?
+"""The regime card of a world: is it in the papers' regime, and if not, why not (docs/regime.md).
 
-One call measures, for a built world (:mod:`acetools.world`: the vision mini-world's
-:class:`~acetools.world.vision.zoo.Zoo`, the text world), the signature that separates
-CLIP ViT-B/32 (where structured merges such as TSV-M beat task arithmetic by ~16
-normalized points) from a world where they cannot (docs/regime.md)::
-
-    card = regime_card(zoo)             # searches on val, reports test
-    card.to_frame()                     # metric, value, clip, clip_note, unit, how
-    card.save("figures/regime/first_world")
-
-Rows (all test accuracies in percent; "normalized" = accuracy / the task's expert accuracy,
-averaged over tasks; coefficients chosen on validation with :class:`acetools.benchmark.Benchmark`):
-
-* the key rows: experts and base (absolute), base, task arithmetic (with its chosen
-  λ), TSV-M and Iso-CTS (normalized), TSV-M − TA, ACE's heterogeneity γ (Eq. 7 of
-  ACE-Merging; median over matrices) and the fraction of matrices it gates (γ > τ);
-* the regime: ‖τ_t‖/‖W0‖ and ‖ΔW_t‖²_F per layer type, the mean and spread of the log
-  energies that γ is made of, the top-5 % energy of ACE's preliminary solution W̄_pre,
-  the task vectors' cosines (mean and max off the diagonal), and the share of the
-  base→expert gap TSV-M recovers;
-* why (the room explained): each expert with its task vector truncated to TSV-M's rank
-  k = ⌊r/T⌋ per matrix (what TSV-M's truncation costs), each task at W0 + λ_TA·τ_t alone
-  (what task arithmetic's scaling costs before any interference), the share of τ_t's
-  energy in its top-k singular directions, and the overlap of different tasks' top-k
-  singular subspaces (mean cos² of the principal angles) beside the overlap of random
-  k-dimensional subspaces (k/d), and the base's input activations behind it: how much
-  different tasks' top-k activation subspaces overlap, how much of the activation energy
-  they hold, and how much of each τ_t's input side lies in them.
-
-Each row carries the CLIP ViT-B/32 value where a paper gives one (:data:`CLIP_B32`, the papers'
-collected table at 8/14/20 tasks) and a note where the papers say it only in words.
+``regime_card(zoo)`` searches coefficients on validation (:class:`acetools.benchmark.Benchmark`),
+reports test, and measures the rows of docs/regime.md §How the card is measured, each beside
+CLIP ViT-B/32's value where a paper gives one (:data:`CLIP_B32`; docs/regime.md §CLIP ViT-B/32
+reference values). ``card.to_frame()``, ``card.save(folder)``, ``RegimeCard.load(folder)``.
 """
 
 from __future__ import annotations
@@ -64,10 +38,8 @@ CARD_METHODS: tuple[str, ...] = ("task_arithmetic", "tsv_m", "iso_cts")
 # --------------------------------------------------------------------------- CLIP reference
 
 
-#: CLIP ViT-B/32's average absolute test accuracy (%) at 8 / 14 / 20 tasks in the papers'
-#: collected vision table (the Iso-CTS paper's table, reused by ESM and ACE-Merging; the same
-#: numbers as ``acetools.course.paper_tables.VISION``, table "spec", which tests/test_regime.py
-#: checks). The library keeps its own copy: it never imports the course.
+#: CLIP ViT-B/32's average absolute test accuracy (%) at 8 / 14 / 20 tasks in the papers' collected
+#: vision table (the course's ``paper_tables.VISION`` "spec" holds the same; tests/test_regime.py checks).
 CLIP_B32: dict[str, dict[int, float]] = {
     "Fine-tuned": {8: 92.8, 14: 90.9, 20: 91.3},
     "Zero-shot": {8: 48.3, 14: 57.2, 20: 56.1},
@@ -78,27 +50,14 @@ CLIP_B32: dict[str, dict[int, float]] = {
 
 
 def clip_reference(n_tasks: int) -> dict[str, float]:
-    """CLIP ViT-B/32's numbers at ``n_tasks`` (8, 14 or 20; else all NaN) from :data:`CLIP_B32`.
-
-    Normalized values are the paper's average accuracy divided by its fine-tuned average
-    (task arithmetic: 76.3 / 71.8 / 66.3; docs/regime.md §CLIP ViT-B/32 reference values)."""
-    keys = ("experts_abs", "base_abs", "base_norm", "ta_norm", "tsv_norm", "iso_cts_norm", "tsv_minus_ta",
-            "tsv_gap_share")
-    if n_tasks not in CLIP_B32["Fine-tuned"]:
-        return {k: math.nan for k in keys}
-    col = {name: v[n_tasks] for name, v in CLIP_B32.items()}
-    ft, zs = col["Fine-tuned"], col["Zero-shot"]
-    ta, tsv, iso = col["Task Arithmetic"], col["TSV-M"], col["Iso-CTS"]
-    return {
-        "experts_abs": ft,
-        "base_abs": zs,
-        "base_norm": 100 * zs / ft,
-        "ta_norm": 100 * ta / ft,
-        "tsv_norm": 100 * tsv / ft,
-        "iso_cts_norm": 100 * iso / ft,
-        "tsv_minus_ta": 100 * (tsv - ta) / ft,
-        "tsv_gap_share": 100 * (tsv - zs) / (ft - zs),
-    }
+    """CLIP ViT-B/32's rows at ``n_tasks`` (8, 14 or 20; else all NaN) from :data:`CLIP_B32`; normalized =
+    average accuracy / fine-tuned average (docs/regime.md §CLIP ViT-B/32 reference values)."""
+    n = n_tasks if n_tasks in CLIP_B32["Fine-tuned"] else 8
+    ft, zs, ta, tsv, iso = (v[n] for v in CLIP_B32.values())
+    out = {"experts_abs": ft, "base_abs": zs, "base_norm": 100 * zs / ft, "ta_norm": 100 * ta / ft,
+           "tsv_norm": 100 * tsv / ft, "iso_cts_norm": 100 * iso / ft, "tsv_minus_ta": 100 * (tsv - ta) / ft,
+           "tsv_gap_share": 100 * (tsv - zs) / (ft - zs)}
+    return out if n == n_tasks else dict.fromkeys(out, math.nan)
 
 
 # Rows whose CLIP value the papers give in words only (or as a bound): value, note.
@@ -141,7 +100,7 @@ class RegimeCard:
         raise InputKeyError(f"no row {metric!r} in the card; rows: {[r['metric'] for r in self.rows]}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"meta": self.meta, "rows": [_clean(r) for r in self.rows],
+        return {"meta": self.meta, "rows": jsonable(self.rows, finite=True),
                 "per_task": _records(self.per_task), "per_layer": _records(self.per_layer)}
 
     def save(self, folder: str | os.PathLike, stem: str = "card") -> dict[str, Path]:
@@ -168,42 +127,27 @@ class RegimeCard:
         return cls(rows, pd.DataFrame(d["per_task"]), pd.DataFrame(d["per_layer"]), d.get("meta", {}))
 
 
-def _clean(v: Any) -> Any:
-    """JSON's types, NaN as null (:func:`acetools.utils.jsonable`)."""
-    return jsonable(v, finite=True)
-
-
 def _records(df: pd.DataFrame) -> list[dict]:
-    return [_clean(r) for r in df.to_dict(orient="records")]
+    return [jsonable(r, finite=True) for r in df.to_dict(orient="records")]
 
 
 def _mean(d: Mapping[str, float]) -> float:
     return 100 * float(np.mean(list(d.values())))
 
 
-def regime_card(
-    world,
-    *,
-    n_val: int | None = 100,
-    n_test: int | None = 500,
-    patience: int | None = PATIENCE,
-    tau: float | None = None,
-    threads: int | None = None,
-    progress: bool | None = None,
-    bench=None,
-    n_act: int = 128,
-) -> RegimeCard:
-    """Measure the regime card of ``world`` (a world of :mod:`acetools.world`, or a
-    :class:`~acetools.world.vision.zoo.Zoo`; built or buildable: it is built if needed).
+def _avg(values: list[float], scale: float = 1.0) -> float:
+    """``scale`` times the mean of ``values`` without NaNs; NaN for none."""
+    return scale * float(np.nanmean(values)) if values else math.nan
 
-    ``n_val`` / ``n_test`` images per task (prefixes of the splits), ``patience`` of the grid
-    searches, as in :class:`acetools.benchmark.Benchmark` (pass ``bench`` to reuse one);
-    ``tau`` is ACE's gate threshold (None: ACE's registered default, the paper's 0.3); ``n_act``
-    training images per task give the input-activation rows. Returns a :class:`RegimeCard`.
 
-    Steps: the accuracies (:func:`_card_accuracies`), the spectra (:func:`_spectra_rows`), the
-    activations (:func:`_activation_rows`), the per-matrix and per-layer tables
-    (:func:`_layer_tables`), the per-task table and the card's rows (:func:`_card_rows`).
+def regime_card(world, *, n_val: int | None = 100, n_test: int | None = 500, patience: int | None = PATIENCE,
+                tau: float | None = None, threads: int | None = None, progress: bool | None = None, bench=None,
+                n_act: int = 128) -> RegimeCard:
+    """The regime card of ``world`` (a world of :mod:`acetools.world` or a vision ``Zoo``, built if needed).
+
+    ``n_val`` / ``n_test`` / ``patience`` as in :class:`acetools.benchmark.Benchmark` (or pass ``bench``);
+    ``tau``: ACE's gate threshold (None: its registered default); ``n_act``: training images per task
+    for the input-activation rows.
     """
     from .benchmark import Benchmark
     from .merging import METHODS, is_matrix_param, task_vectors
@@ -248,13 +192,12 @@ def regime_card(
         "seconds": round(time.perf_counter() - t_start, 1),
         "clip_source": "acetools.regime.CLIP_B32 (the papers' collected table, ViT-B/32) and docs/regime.md",
     }
-    return RegimeCard(rows, per_task, per_layer, _clean(meta))
+    return RegimeCard(rows, per_task, per_layer, jsonable(meta, finite=True))
 
 
 def _card_accuracies(bench, base, taus, mats, tau: float, it) -> dict[str, Any]:
-    """References, the searched merges (Benchmark.run), ACE at its defaults (gamma, gate, W_pre's
-    spectrum, accuracy: Eq. 7 and Step 3 of ACE-Merging), and the per-task explanations: each
-    expert truncated to TSV-M's rank, and each task at TA's lambda without interference."""
+    """References, the searched merges, ACE at its defaults (γ, gate, W_pre's spectrum), each expert
+    truncated to TSV-M's rank and each task at task arithmetic's λ alone."""
     from .diagnostics import heterogeneity_per_layer
     from .merging.ace import ace_with_diagnostics
     from .merging.svd import low_rank, tsv_rank
@@ -296,8 +239,7 @@ def _spectra_rows(base, taus, mats, diags, T: int) -> list[dict[str, Any]]:
     for k in mats:
         r = min(base[k].shape)
         kk = tsv_rank(r, T)
-        energy_top, overlaps, rand, by_side = [], [], [], {"left": [], "right": []}
-        bases = {"left": [], "right": []}
+        energy_top, bases = [], {"left": [], "right": []}
         for tv in taus:
             S = singular_values(tv[k])
             tot = float((S**2).sum())
@@ -305,22 +247,12 @@ def _spectra_rows(base, taus, mats, diags, T: int) -> list[dict[str, Any]]:
             if kk > 0 and tot > 0:
                 for side in bases:
                     bases[side].append(principal_subspace(tv[k].double(), kk, side))
-        for side, Us in bases.items():
-            if len(Us) < 2:
-                continue
-            d = Us[0].shape[0]
-            for i in range(len(Us)):
-                for j in range(i + 1, len(Us)):
-                    overlaps.append(float((Us[i].T @ Us[j]).pow(2).sum()) / kk)
-                    by_side[side].append(overlaps[-1])
-                    rand.append(kk / d)
+        by_side = {side: _pair_overlaps(Us, kk) for side, Us in bases.items()}
+        rand = [kk / base[k].shape[i] for i, side in enumerate(by_side) for _ in by_side[side]]  # k / d per pair
         layer_rows.append({
             "key": k, "layer_type": layer_type(k), "shape": "x".join(map(str, base[k].shape)), "rank_k": kk,
-            "energy_topk": float(np.nanmean(energy_top)) if energy_top else math.nan,
-            "overlap_topk": float(np.mean(overlaps)) if overlaps else math.nan,
-            "overlap_random": float(np.mean(rand)) if rand else math.nan,
-            "overlap_left": float(np.mean(by_side["left"])) if by_side["left"] else math.nan,
-            "overlap_right": float(np.mean(by_side["right"])) if by_side["right"] else math.nan,
+            "energy_topk": _avg(energy_top), "overlap_topk": _avg(by_side["left"] + by_side["right"]),
+            "overlap_random": _avg(rand), **{f"overlap_{side}": _avg(v) for side, v in by_side.items()},
             "wpre_top5_energy": _top_energy(diags[k].spectrum_pre, 0.05),
         })
     return layer_rows
@@ -451,8 +383,7 @@ def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, worl
     return rows
 
 
-#: The card's subspace-overlap rows: metric (its value the mean over matrices of that column of the
-#: spectra table, in mean cos²), label, how it is measured.
+#: The subspace-overlap rows (metric: a column of the spectra table, mean over matrices), label, how.
 _SUBSPACE_ROWS = (
     ("overlap_topk", "overlap of tasks' top-k subspaces",
      "‖U_sᵀU_t‖²_F / k over task pairs, both sides, mean over matrices (1 = same subspace)"),
@@ -461,8 +392,7 @@ _SUBSPACE_ROWS = (
      "the same on the input side only: shared input directions (activation statistics) show here"),
 )
 
-#: The card's activation rows: metric (its value that entry of :func:`_activation_rows` /
-#: :func:`_token_activation_rows`), label, unit, how it is measured.
+#: The activation rows (metric: an entry of :func:`_activation_rows` / :func:`_token_activation_rows`).
 _ACTIVATION_ROWS = (
     ("act_overlap", "overlap of tasks' top-k input-activation subspaces", "mean cos²",
      "top-k eigenvectors of each task's input Gram matrix at W0 (hookable matrices), mean over task pairs"),
@@ -510,9 +440,8 @@ def _pair_overlaps(bases: list[Tensor], kk: int) -> list[float]:
 
 
 def _activation_rows(bench, base, taus, tasks, *, n_images: int) -> dict[str, float]:
-    """Input-activation statistics at W0 of the hookable matrices (``bench.matrix_keys()``):
-    overlap of different tasks' top-k Gram eigenvectors, their energy share, and how much of
-    each τ_t's top-k right singular subspace lies in its own task's top-k activations."""
+    """Input-activation rows at W0 of the hookable matrices: overlap of tasks' top-k Gram eigenvectors,
+    their energy share, and how much of each τ_t's top-k input side lies in its task's."""
     from .diagnostics import principal_subspace
     from .merging.svd import tsv_rank
 
@@ -533,9 +462,7 @@ def _activation_rows(bench, base, taus, tasks, *, n_images: int) -> dict[str, fl
         for i, tv in enumerate(taus):
             if bool(tv[k].any()):
                 inside.append(float((principal_subspace(tv[k].double(), kk, "right").T @ A[i]).pow(2).sum()) / kk)
-    return {"act_overlap": float(np.mean(ov)) if ov else math.nan,
-            "act_topk_energy": 100 * float(np.nanmean(energy)) if energy else math.nan,
-            "tau_in_act": float(np.mean(inside)) if inside else math.nan}
+    return {"act_overlap": _avg(ov), "act_topk_energy": _avg(energy, 100), "tau_in_act": _avg(inside)}
 
 
 def _top_energy(spectrum: Tensor | None, frac: float) -> float:
@@ -572,11 +499,8 @@ def _recipe(zoo) -> dict[str, Any]:
 
 def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, float]:
     """The centred, token-aware counterparts of :func:`_activation_rows` at W0
-    (:func:`acetools.files.activations.token_statistics` per hooked matrix and task): overlap and
-    top-k energy of the centred patch-token Grams, and the shares of the raw input energy in the
-    global mean, the positional component and the CLS rows (in %). The raw rows stay beside.
-    NaN in a world whose examples do not all have the same number of tokens (a text world's
-    padded sentences): there a token position is no shared component."""
+    (:func:`acetools.files.activations.token_statistics`) and the shares of the input energy in the
+    global mean, the positional component and the CLS rows (%). NaN where examples differ in length."""
     from .files.activations import token_statistics
     from .merging.svd import tsv_rank
 
@@ -601,17 +525,10 @@ def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, fl
         kk = tsv_rank(min(base[k].shape), T)
         if kk < 1:
             continue
-        A = _top_eigvecs([stats[t][k].centred for t in tasks], kk, energy)
-        for t in tasks:
-            st = stats[t][k]
-            shares["mean"].append(st.mean_share)
-            shares["pos"].append(st.pos_share)
-            shares["cls"].append(st.cls_share)
-        ov += _pair_overlaps(A, kk)
-    if ov:
-        out["act_overlap_centred"] = float(np.mean(ov))
-        out["act_topk_energy_centred"] = 100 * float(np.nanmean(energy))
-        out["act_mean_share"] = 100 * float(np.nanmean(shares["mean"]))
-        out["act_pos_share"] = 100 * float(np.nanmean(shares["pos"]))
-        out["act_cls_share"] = 100 * float(np.nanmean(shares["cls"]))
+        ov += _pair_overlaps(_top_eigvecs([stats[t][k].centred for t in tasks], kk, energy), kk)
+        for name, values in shares.items():
+            values += [getattr(stats[t][k], f"{name}_share") for t in tasks]
+    if ov:  # else (one task) every row stays NaN
+        out = {"act_overlap_centred": _avg(ov), "act_topk_energy_centred": _avg(energy, 100),
+               **{f"act_{name}_share": _avg(values, 100) for name, values in shares.items()}}
     return out

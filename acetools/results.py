@@ -1,27 +1,9 @@
-"""Benchmark result files as tidy tables and rank agreement with the papers.
+"""Benchmark result files (``acetools bench --out DIR``, :meth:`acetools.benchmark.Benchmark.save`)
+read back as tidy tables, aggregated over seeds, and ranked against the papers (docs/results.md).
 
-``acetools bench --out DIR`` (:meth:`acetools.benchmark.Benchmark.save`) writes, per suite,
-size and expert seed, ``<suite>_<size>_seed<k>_summary.csv`` (one row per method),
-``..._per_task.csv`` (method × task × split), ``..._seed<k>.json`` (hyperparameters, search
-traces, versions, checkpoint hashes), ``..._norms.csv`` and ``..._cosine.csv`` (the regime).
-This module reads them back (the course's ``04_benchmark`` lesson decides its verdicts in
-:mod:`acetools.course.benchmark`):
-
-* row kinds: :func:`row_kind` — ``reference`` (base, experts, MTL), ``method`` (a registered
-  merge method) or ``variant`` (a labelled setting of one, e.g. ``ace (gate off)`` from
-  ``acetools bench --variants``; shown after the methods and left out of rankings);
-* loading: :func:`find_results`, :func:`load_summary`, :func:`load_per_task`,
-  :func:`load_records`, :func:`search_traces`, :func:`load_regime`;
-* aggregation over seeds: :func:`aggregate`, :func:`table1` (the papers' Table 1 layout,
-  mean ± sd), :func:`wide`, :func:`per_task_matrix`, :func:`task_scores`;
-* rank agreement: :func:`kendall_tau` (tau-b, ties allowed), :func:`rank_agreement`;
-* merge times at ViT-B/32 width from ``benchmarks/merge_speed.py``: :func:`load_merge_speed`;
-* writing results on the fixture world: :func:`prefix_world`, :func:`write_results`;
-* rerun rows put into committed tables at their place: :func:`replace_rows`;
-* per-example test correctness beside a result (``<stem>_correct.npz``, for paired comparisons,
-  :func:`acetools.stats.paired_bootstrap`): :func:`save_correctness`, :func:`load_correctness`.
-
-All accuracies are percentages, as the CSV files store them.
+Files per suite, size and seed: ``<suite>_<size>_seed<k>_summary.csv``, ``..._per_task.csv``,
+``..._seed<k>.json``, ``..._norms.csv``, ``..._cosine.csv`` and ``..._correct.npz`` (per-example
+correctness). Row kinds: :func:`row_kind`. All accuracies are percentages, as the files store them.
 """
 
 from __future__ import annotations
@@ -42,36 +24,11 @@ from numpy.typing import ArrayLike
 from .errors import InputError, InputKeyError
 from .search import PATIENCE
 
-__all__ = [
-    "save_correctness",
-    "load_correctness",
-    "REFERENCES",
-    "DATA_DEPENDENT",
-    "KINDS",
-    "row_kind",
-    "ResultFiles",
-    "bench_command",
-    "find_results",
-    "require_results",
-    "load_summary",
-    "load_per_task",
-    "load_records",
-    "search_traces",
-    "load_regime",
-    "load_wudi_step_size",
-    "aggregate",
-    "table1",
-    "wide",
-    "per_task_matrix",
-    "task_scores",
-    "kendall_tau",
-    "rank_agreement",
-    "load_merge_speed",
-    "prefix_world",
-    "write_results",
-    "replace_rows",
-    "to_markdown",
-]
+__all__ = ["save_correctness", "load_correctness", "REFERENCES", "DATA_DEPENDENT", "KINDS", "row_kind", "ResultFiles",
+           "bench_command", "find_results", "require_results", "load_summary", "load_per_task", "load_records",
+           "search_traces", "load_regime", "load_wudi_step_size", "aggregate", "table1", "wide", "per_task_matrix",
+           "task_scores", "kendall_tau", "rank_agreement", "load_merge_speed", "prefix_world", "write_results",
+           "to_markdown"]
 
 #: Reference rows of a summary (not merge methods).
 #: The base row is named for its heads: the vision world's frozen prototype heads, the text
@@ -90,10 +47,8 @@ _VARIANT = re.compile(r"^(?P<method>[a-z0-9_]+) \((?P<setting>.+)\)$")
 
 
 def row_kind(method: str) -> str:
-    """``reference`` for :data:`REFERENCES`; ``variant`` for a labelled setting of a registered
-    merge method, ``"<method> (<setting>)"`` (``ace (gate off)``, ``ace (eps 1e-5)``,
-    ``ace (scaling on val)``: :data:`acetools.benchmark.VARIANTS` and the CLI's
-    ``--ace-scaled``); ``method`` otherwise."""
+    """``reference`` (:data:`REFERENCES`), ``variant`` (``"<registered method> (<setting>)"``, e.g.
+    ``ace (gate off)``) or ``method``."""
     from .merging import METHODS
 
     if method in REFERENCES:
@@ -136,10 +91,7 @@ class ResultFiles:
 def find_results(
     folder: str | os.PathLike, suites: Sequence[str] | None = None, size: str | None = None
 ) -> list[ResultFiles]:
-    """Every run in ``folder`` (one per ``*_summary.csv``), ordered by ``suites`` then seed.
-
-    ``suites``/``size`` filter (``None``: all found; suites then sorted by name).
-    """
+    """Every run in ``folder`` (one per ``*_summary.csv``), filtered by ``suites`` / ``size`` and ordered by them."""
     folder = Path(folder)
     found = []
     for f in sorted(folder.glob("*_seed*_summary.csv")) if folder.is_dir() else []:
@@ -159,8 +111,7 @@ def find_results(
 
 
 def require_results(folder: str | os.PathLike, suites: Sequence[str], size: str) -> list[ResultFiles]:
-    """:func:`find_results`, raising ``FileNotFoundError`` that names the command to run when
-    a suite has no result file (or a run lacks its per-task file)."""
+    """:func:`find_results`; ``FileNotFoundError`` naming the command to run where a suite or per-task file lacks."""
     runs = find_results(folder, suites, size)
     missing = [s for s in suites if not any(r.suite == s for r in runs)]
     incomplete = [r.stem for r in runs if r.per_task is None]
@@ -182,41 +133,33 @@ def _n_tasks(files: ResultFiles) -> int:
     raise FileNotFoundError(f"{files.stem}: neither a per-task nor a JSON file tells the number of tasks")
 
 
-def load_summary(runs: Sequence[ResultFiles]) -> pd.DataFrame:
-    """One row per (suite, seed, method): ``suite, n_tasks, size, seed, method, kind``
-    (:func:`row_kind`: ``reference``, ``method`` or ``variant``) and the summary columns
-    (``coef_name, coef, test_acc, test_normalized, val_normalized, merge_seconds`` and, in
-    files written since the data inputs are timed apart, ``inputs_seconds``: ESM's proxy
-    capture / RegMean's Grams, not part of ``merge_seconds``; older files lack it, and their
-    ESM ``merge_seconds`` includes half of its capture)."""
+def _stacked(runs: Sequence[ResultFiles], file: str, front) -> pd.DataFrame:
+    """Each run's ``file`` (a :class:`ResultFiles` field) read and stacked, ``front(run)``'s columns first."""
+    if not runs:
+        raise InputError("no result files given")
     frames = []
     for r in runs:
-        df = pd.read_csv(r.summary)
-        df.insert(0, "seed", r.seed)
-        df.insert(0, "size", r.size)
-        df.insert(0, "n_tasks", _n_tasks(r))
-        df.insert(0, "suite", r.suite)
+        if getattr(r, file) is None:
+            raise FileNotFoundError(f"{r.stem}: no {file.replace('_', '-')} file")
+        df = pd.read_csv(getattr(r, file))
+        for i, (name, value) in enumerate(front(r).items()):
+            df.insert(i, name, value)
         frames.append(df)
-    if not frames:
-        raise InputError("no result files given")
-    out = pd.concat(frames, ignore_index=True)
-    out.insert(out.columns.get_loc("method") + 1, "kind", [row_kind(m) for m in out["method"]])
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_summary(runs: Sequence[ResultFiles]) -> pd.DataFrame:
+    """One row per (suite, seed, method): ``suite, n_tasks, size, seed, method, kind`` (:func:`row_kind`)
+    and the summary columns (``inputs_seconds``, the data inputs' capture, only in newer files)."""
+    out = _stacked(runs, "summary", lambda r: {"suite": r.suite, "n_tasks": _n_tasks(r), "size": r.size,
+                                                "seed": r.seed})
+    out.insert(list(out.columns).index("method") + 1, "kind", [row_kind(m) for m in out["method"]])
     return out
 
 
 def load_per_task(runs: Sequence[ResultFiles]) -> pd.DataFrame:
     """One row per (suite, seed, method, task, split): ``accuracy`` and ``normalized`` (%)."""
-    frames = []
-    for r in runs:
-        if r.per_task is None:
-            raise FileNotFoundError(f"{r.stem}: no per-task file")
-        df = pd.read_csv(r.per_task)
-        df.insert(0, "seed", r.seed)
-        df.insert(0, "suite", r.suite)
-        frames.append(df)
-    if not frames:
-        raise InputError("no result files given")
-    return pd.concat(frames, ignore_index=True)
+    return _stacked(runs, "per_task", lambda r: {"suite": r.suite, "seed": r.seed})
 
 
 def load_records(runs: Sequence[ResultFiles]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -225,9 +168,8 @@ def load_records(runs: Sequence[ResultFiles]) -> dict[tuple[str, int], dict[str,
 
 
 def search_traces(record: Mapping[str, Any]) -> pd.DataFrame:
-    """Every validation search of one JSON record, long format: ``method, coef_name, alpha,
-    step, is_best, task`` (``"mean"`` for the task average), ``accuracy``, ``normalized`` (%).
-    Methods without a search (no trace) are absent."""
+    """Every validation search of one JSON record, long: ``method, coef_name, alpha, step, is_best, task``
+    (``"mean"``: the average), ``accuracy``, ``normalized`` (%)."""
     rows = []
     for run in record.get("runs", []):
         trace = run.get("search_trace")
@@ -263,11 +205,9 @@ _METRICS = ("test_acc", "test_normalized", "val_normalized", "merge_seconds", "i
 
 
 def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
-    """Mean and standard deviation over seeds per (suite, method): columns ``suite, n_tasks,
-    method, kind, n_seeds``, ``<metric>`` and ``<metric>_sd`` for test_acc, test_normalized,
-    val_normalized, merge_seconds, inputs_seconds (those present), and ``coef`` (mean). Order: suites and
-    methods as first seen. The sd is NaN with one seed. The one aggregation over seeds in
-    acetools (:func:`acetools.benchmark.aggregate_seeds` uses it for the CLI's table)."""
+    """Mean and sd over seeds per (suite, method), in first-seen order: ``n_seeds``, ``coef`` (mean) and
+    ``<metric>`` / ``<metric>_sd`` of each metric present (sd NaN with one seed). The one aggregation
+    over seeds in acetools."""
     keys = ["suite", "n_tasks", "method", "kind"]
     g = summary.groupby(keys, sort=False, dropna=False)  # n_tasks may be unknown (NaN): keep those rows
     out = g.agg(n_seeds=("seed", "nunique"))
@@ -332,36 +272,26 @@ def task_scores(per_task: pd.DataFrame, suite: str, *, split: str = "test", valu
 
 
 # --------------------------------------------------------------------------- rank agreement
+def _pair_signs(x: np.ndarray) -> np.ndarray:
+    """sign(x_i - x_j) for every pair i < j."""
+    return np.sign(np.subtract.outer(x, x))[np.triu_indices(len(x), 1)]
+
+
 def kendall_tau(x: ArrayLike, y: ArrayLike) -> float:
-    """Kendall's tau-b of two paired sequences (ties in either count as neither concordant
-    nor discordant): (C - D) / sqrt((n0 - n1)(n0 - n2)). NaN when either has no variation."""
+    """Kendall's tau-b of two paired sequences: (C - D) / sqrt((C + D + T_x)(C + D + T_y)), T_x the pairs
+    tied in x only; NaN when either has no variation."""
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if xa.shape != ya.shape or xa.ndim != 1:
         raise InputError(f"x and y must be 1-D of the same length, got {xa.shape} and {ya.shape}")
-    n = len(xa)
-    c = d = tx = ty = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            sx, sy = np.sign(xa[i] - xa[j]), np.sign(ya[i] - ya[j])
-            if sx == 0 and sy == 0:
-                continue
-            if sx == 0:
-                tx += 1
-            elif sy == 0:
-                ty += 1
-            elif sx == sy:
-                c += 1
-            else:
-                d += 1
-    denom = math.sqrt((c + d + tx) * (c + d + ty))
+    sx, sy = _pair_signs(xa), _pair_signs(ya)
+    c, d = int(np.sum(sx * sy > 0)), int(np.sum(sx * sy < 0))
+    denom = math.sqrt((c + d + np.sum((sx == 0) & (sy != 0))) * (c + d + np.sum((sy == 0) & (sx != 0))))
     return (c - d) / denom if denom > 0 else math.nan
 
 
 def rank_agreement(ours: pd.Series | Mapping[str, float], paper: pd.Series | Mapping[str, float]) -> dict[str, Any]:
-    """Kendall tau-b between our scores and a paper's on the methods both have (higher is
-    better in both). Returns ``methods`` (in the paper's order, best first), ``n``, ``tau``,
-    ``p_value`` (scipy's, NaN below 3 methods), ``concordant``/``discordant`` pair counts and
-    both orderings."""
+    """Kendall tau-b of our scores against a paper's on the methods both have: ``methods`` (paper's order),
+    ``n``, ``tau``, ``p_value`` (scipy's; NaN below 3), ``concordant``, ``discordant`` and both orderings."""
     ours, paper = pd.Series(ours, dtype=float).dropna(), pd.Series(paper, dtype=float).dropna()
     common = [m for m in paper.sort_values(ascending=False, kind="stable").index if m in ours.index]
     x, y = ours[common].to_numpy(), paper[common].to_numpy()
@@ -372,8 +302,7 @@ def rank_agreement(ours: pd.Series | Mapping[str, float], paper: pd.Series | Map
 
         res = cast(Any, kendalltau(x, y))  # scipy's axis/nan-policy decorator hides its SignificanceResult type
         p = float(res.pvalue)
-    sx = np.sign(np.subtract.outer(x, x))[np.triu_indices(len(x), 1)]
-    sy = np.sign(np.subtract.outer(y, y))[np.triu_indices(len(y), 1)]
+    sx, sy = _pair_signs(x), _pair_signs(y)
     return {"methods": common, "n": len(common), "tau": tau, "p_value": p,
             "concordant": int(np.sum(sx * sy > 0)), "discordant": int(np.sum(sx * sy < 0)),
             "ours_order": list(ours[common].sort_values(ascending=False, kind="stable").index), "paper_order": common}
@@ -381,18 +310,12 @@ def rank_agreement(ours: pd.Series | Mapping[str, float], paper: pd.Series | Map
 
 # --------------------------------------------------------------------------- merge speed at ViT width
 def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame:
-    """Merge times of ``benchmarks/merge_speed.py`` (random task vectors in ViT-B/32's shapes)
-    from every ``<folder>/*/merge_speed.csv`` run with ``blocks`` transformer blocks, as a
-    summary-like frame (``suite`` = ``"T<n>"``, ``n_tasks``, ``seed`` 0, ``method``, ``kind``,
-    ``merge_seconds``, ``blocks``, ``width``, ``source``) that :func:`assess_cost` and
-    :func:`assess_overhead` accept. Only rows of today's code (``code`` "now", not a ``--before``
-    tree), the default variant (``variant`` "-"), the log-normal world (ACE's flagged path) and
-    the method on precomputed task vectors (``entry`` "func", not ``--entry merge``) count.
+    """Merge times of ``benchmarks/merge_speed.py`` from every ``<folder>/*/merge_speed.csv`` at ``blocks``
+    blocks as a summary-like frame (``suite`` "T<n>", ``merge_seconds``, ``source``, ...); empty if none.
 
-    Times are compared as ratios to TSV-M's, so for each T one session decides: the last file
-    (by name) that times ``tsv_m`` at that T gives every method it times; a method it lacks
-    comes from the last file (by name) that times it (``source`` says which file each row is
-    from). Empty when there are none."""
+    Only today's code, the default variant, the log-normal world and the function entry count. Times
+    are compared as ratios to TSV-M's, so per T the last file (by name) timing ``tsv_m`` gives every
+    method it times, and the last file timing a method it lacks gives that one."""
     cols = ["suite", "n_tasks", "seed", "method", "kind", "merge_seconds", "blocks", "width", "source"]
     frames = []
     for order, f in enumerate(sorted(Path(folder).glob("*/merge_speed.csv"))):
@@ -422,10 +345,8 @@ def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame
 
 # --------------------------------------------------------------------------- writing results
 def load_wudi_step_size(folder: str | os.PathLike, size: str | None = None) -> pd.DataFrame:
-    """The rows of every ``<folder>/wudi_step_size_<suite>_<size>_seed<k>.csv`` written by
-    ``benchmarks/wudi_step_size.py`` (task arithmetic at lambda = 1, WUDI's start, and WUDI
-    after 300 Adam steps at several learning rates), ordered by number of tasks, seed and
-    learning rate. Empty when there are none."""
+    """The rows of every ``<folder>/wudi_step_size_*_<size>_seed<k>.csv`` of ``benchmarks/wudi_step_size.py``,
+    ordered by tasks, seed and learning rate; empty when there are none."""
     frames = []
     for f in sorted(Path(folder).glob(f"wudi_step_size_*_{size or '*'}_seed*.csv")):
         d = pd.read_csv(f)
@@ -442,9 +363,8 @@ def load_wudi_step_size(folder: str | os.PathLike, size: str | None = None) -> p
 
 
 def prefix_world(zoo, n_tasks: int):
-    """A view of ``zoo`` with only its first ``n_tasks`` tasks (sharing its loaded states and
-    cache: experts are cached per task, so nothing is rebuilt). Its MTL model is switched off
-    (the cached one was trained on all tasks). For the quick profile's "more tasks" axis."""
+    """A view of ``zoo`` with its first ``n_tasks`` tasks (its cache shared, no MTL model), for the quick
+    profile's "more tasks" axis."""
     import copy
 
     if not 1 <= n_tasks <= len(zoo.tasks):
@@ -456,35 +376,10 @@ def prefix_world(zoo, n_tasks: int):
     return sub
 
 
-def replace_rows(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], *,
-                 key: str = "method") -> tuple[list[dict[str, Any]], list[str]]:
-    """``(rows, appended)``: ``old``'s rows (a table's records or a JSON's runs) with the rows of
-    each ``key`` value in ``new`` put where that value's rows were, so a table keeps its order
-    when some of its methods are rerun; the values ``old`` has no rows of are appended at the
-    end and listed in ``appended``."""
-    fresh: dict[Any, list[dict[str, Any]]] = {}
-    for r in new:
-        fresh.setdefault(r[key], []).append(dict(r))
-    rows: list[dict[str, Any]] = []
-    done: set = set()
-    for r in old:
-        k = r.get(key)
-        if k not in fresh:
-            rows.append(dict(r))
-        elif k not in done:
-            rows += fresh[k]
-            done.add(k)
-    appended = [k for k in fresh if k not in done]
-    return rows + [r for k in appended for r in fresh[k]], appended
-
-
 def write_results(bench, folder: str | os.PathLike, stem: str, methods: Sequence[str] | None = None,
                   progress: bool | None = False, extra: Mapping[str, dict] | None = None) -> dict[str, Path]:
-    """Run ``methods`` (default all) plus the reference rows and the labelled ``extra`` rows
-    (:meth:`~acetools.benchmark.Benchmark.run_all`, e.g. :data:`acetools.benchmark.VARIANTS`)
-    on ``bench`` and save them with :meth:`~acetools.benchmark.Benchmark.save` as
-    ``<folder>/<stem>_*`` (``stem`` must look like ``<suite>_<size>_seed<k>`` for
-    :func:`find_results`)."""
+    """Run ``methods`` (default all), the references and ``extra`` rows on ``bench`` and save them as
+    ``<folder>/<stem>_*`` (``stem``: ``<suite>_<size>_seed<k>``)."""
     if not _STEM.match(f"{stem}_summary.csv"):
         raise InputError(f"stem {stem!r} must look like '<suite>_<size>_seed<k>'")
     folder = Path(folder)
@@ -509,8 +404,8 @@ def to_markdown(df: pd.DataFrame, *, index: bool = False, floatfmt: str = ".2f")
 
 
 def save_correctness(path: str | Path, hits: Mapping[str, Mapping[str, ArrayLike]]) -> Path:
-    """Write ``{row: {task: bool array}}`` (each test example's correctness) to ``path`` as a
-    compressed ``.npz``: one bit per example, an index of (row, task, length); atomically."""
+    """Write ``{row: {task: bool array}}`` (each test example's correctness) to a compressed ``.npz``, one bit
+    per example, atomically."""
     from .utils import atomic_write
 
     index, arrays = [], {}

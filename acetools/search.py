@@ -1,24 +1,9 @@
-"""Coefficient search shared by every merge method: grid and golden-section (docs/methods.md §Benchmark protocol, §ESM).
+"""Coefficient search shared by every merge method (docs/methods.md §Benchmark protocol, §ESM).
 
-A search calls ``score_fn(alpha)`` — typically "merge with coefficient alpha and evaluate on
-the validation splits" — which returns the **absolute** accuracy per task::
-
-    score_fn(alpha) -> {"MNIST": 0.97, "SVHN": 0.81, ...}
-
-With ``reference`` (task -> fine-tuned expert accuracy, same units) each evaluation also
-gets normalized accuracies acc / reference[task]. The search maximises the average of one
-of the two (``objective``: ``"normalized"``, the protocol of TSV/Iso, or ``"absolute"``)
-and picks the reported coefficient by ``select`` (default: the same metric) among *all*
-evaluated coefficients, the first one attaining the maximum (strict ``>``, as the official
-``find_optimal_coef``). :func:`climb_search` is a cheap hill climb over a grid for
-unimodal curves (fewer evaluations than a full grid). ESM's rule (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)) is
-golden-section on the absolute
-average, then the evaluated alpha with the best normalized average: :func:`esm_search`.
-
-Every evaluation is kept in :attr:`SearchResult.trace`; :meth:`SearchResult.to_frame`
-turns it into a DataFrame with official-style columns (``<task>:top1``,
-``<task>:normalized_top1``, ``avg_top1``, ``avg_normalized_top1``). Repeated
-coefficients are evaluated once.
+``score_fn(alpha) -> {task: absolute accuracy}``; with ``reference`` (task -> expert accuracy)
+normalized accuracies too. A search maximises the average of one (``objective``) and reports the
+first evaluated coefficient with the best ``select`` metric (strict ``>``, as the official
+``find_optimal_coef``). Every evaluation is kept in :attr:`SearchResult.trace`.
 """
 
 from __future__ import annotations
@@ -35,19 +20,8 @@ from ._protocol import PATIENCE, SHORT_GRID
 from .errors import InputError, InputKeyError, InputTypeError
 from .merging import METHODS, Search
 
-__all__ = [
-    "PATIENCE",
-    "SHORT_GRID",
-    "LAMBDA_GRID",
-    "ALPHA_GRID",
-    "ESM_BRACKET",
-    "Evaluation",
-    "SearchResult",
-    "grid_search",
-    "golden_section_search",
-    "esm_search",
-    "climb_search",
-]
+__all__ = ["PATIENCE", "SHORT_GRID", "LAMBDA_GRID", "ALPHA_GRID", "ESM_BRACKET", "Evaluation", "SearchResult",
+           "check_patience", "grid_search", "golden_section_search", "esm_search", "climb_search"]
 
 
 # the grids live with the methods that search them (their registry entries)
@@ -97,22 +71,15 @@ class SearchResult:
         return [e.alpha for e in self.trace]
 
     def to_frame(self):
-        """The trace as a ``pandas.DataFrame``, one row per evaluated coefficient.
-
-        Columns: ``step``, ``alpha``, ``avg_top1``, ``avg_normalized_top1`` (NaN without a
-        reference), ``is_best``, then ``<task>:top1`` and ``<task>:normalized_top1``.
-        """
+        """The trace, one row per coefficient: ``step``, ``alpha``, ``avg_top1``, ``avg_normalized_top1``,
+        ``is_best``, ``<task>:top1``, ``<task>:normalized_top1`` (the official code's columns)."""
         import pandas as pd
 
         rows = []
         for i, e in enumerate(self.trace):
-            row: dict[str, Any] = {
-                "step": i,
-                "alpha": e.alpha,
-                "avg_top1": e.avg_absolute,
-                "avg_normalized_top1": math.nan if e.avg_normalized is None else e.avg_normalized,
-                "is_best": e.alpha == self.best,
-            }
+            avg_norm = math.nan if e.avg_normalized is None else e.avg_normalized
+            row: dict[str, Any] = {"step": i, "alpha": e.alpha, "avg_top1": e.avg_absolute,
+                                   "avg_normalized_top1": avg_norm, "is_best": e.alpha == self.best}
             row.update({f"{t}:top1": v for t, v in e.scores.items()})
             if e.normalized is not None:
                 row.update({f"{t}:normalized_top1": v for t, v in e.normalized.items()})
@@ -195,26 +162,19 @@ def _pick(trace: list[Evaluation], metric: str) -> Evaluation:
     return best
 
 
-def grid_search(
-    score_fn: ScoreFn,
-    grid: Sequence[float],
-    *,
-    reference: Mapping[str, float] | None = None,
-    objective: str = "normalized",
-    patience: int | None = None,
-    short: int = SHORT_GRID,
-) -> SearchResult:
+def check_patience(patience: Any) -> None:
+    """A grid search's ``patience`` is ``None`` or a positive int (``InputError`` naming it otherwise)."""
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
+        raise InputError(f"patience={patience!r} must be None or a positive int (the ISO code uses 3)")
+
+
+def grid_search(score_fn: ScoreFn, grid: Sequence[float], *, reference: Mapping[str, float] | None = None,
+                objective: str = "normalized", patience: int | None = None, short: int = SHORT_GRID) -> SearchResult:
     """Evaluate ``score_fn`` on ``grid`` in order and keep the best coefficient (docs/methods.md §Benchmark protocol).
 
-    ``objective`` ("normalized", needs ``reference``; or "absolute") picks the best alpha:
-    the first one with the highest average. ``patience``: stop after that many consecutive
-    evaluations without a strict improvement of the **average absolute** accuracy, as
-    [ISO-code] does with patience 3 (:data:`PATIENCE`) — but only once the curve has
-    *risen*: evaluations before the first one that beats the grid's first value do not count,
-    so a flat start (TIES at small lambda, where the merge is still the base) never stops the
-    search at the grid's smallest value. A grid of at most ``short`` (:data:`SHORT_GRID`)
-    coefficients is searched whole. ``None`` (default, as [TSV-code]) evaluates the whole
-    grid. Standard grids: :data:`LAMBDA_GRID`, :data:`ALPHA_GRID`.
+    ``patience``: stop after that many evaluations without a strict gain of the average absolute
+    accuracy, counted only once the curve has risen above its first value (None: the whole grid).
+    A grid of at most ``short`` coefficients is searched whole.
     """
     _check_metric("objective", objective, reference)
     grid = [float(a) for a in grid]
@@ -222,8 +182,7 @@ def grid_search(
         raise InputError("grid is empty: pass at least one coefficient (e.g. acetools.search.LAMBDA_GRID)")
     if not all(math.isfinite(a) for a in grid):
         raise InputError("grid contains a non-finite coefficient")
-    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-        raise InputError(f"patience={patience!r} must be None or a positive int (the ISO code uses 3)")
+    check_patience(patience)
     if isinstance(short, bool) or not isinstance(short, int) or short < 0:
         raise InputError(f"short={short!r} must be an int >= 0")
     if len(grid) <= short:
@@ -248,30 +207,13 @@ def grid_search(
     return SearchResult(best.alpha, best.metric(objective), objective, objective, "grid", ev.trace, stopped)
 
 
-def golden_section_search(
-    score_fn: ScoreFn,
-    lo: float,
-    hi: float,
-    *,
-    tol: float = 0.01,
-    max_iter: int = 15,
-    reference: Mapping[str, float] | None = None,
-    objective: str = "normalized",
-    select: str | None = None,
-) -> SearchResult:
-    """Golden-section search for the alpha in [lo, hi] maximising the ``objective`` average.
-
-    The scheme of [ESM-code] ``evaluate_task_vector_search`` (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)): evaluate
-    the two
-    interior points c = hi - g (hi - lo), d = lo + g (hi - lo) with g = (√5 - 1)/2; then, up
-    to ``max_iter`` times, drop the part of the bracket beyond the worse point (if
-    f(c) > f(d) keep [lo, d], else [c, hi]), evaluate one new point, and stop once
-    hi - lo < ``tol``. At most ``max_iter + 2`` evaluations; for a unimodal objective the
-    kept point is within ``tol`` of the maximiser.
-
-    ``select`` (default: ``objective``) is the metric that picks the reported ``best``
-    among **all** evaluated alphas. ESM's rule is ``objective="absolute",
-    select="normalized"`` (:func:`esm_search`).
+def golden_section_search(score_fn: ScoreFn, lo: float, hi: float, *, tol: float = 0.01, max_iter: int = 15,
+                          reference: Mapping[str, float] | None = None, objective: str = "normalized",
+                          select: str | None = None) -> SearchResult:
+    """Golden-section search for the alpha in [lo, hi] maximising the ``objective`` average, as the ESM
+    code's ``evaluate_task_vector_search`` (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)): at most
+    ``max_iter + 2`` evaluations, stopping once the bracket is narrower than ``tol``. ``select``
+    (default ``objective``) picks the reported ``best`` among all evaluated alphas.
     """
     select = objective if select is None else select
     _check_metric("objective", objective, reference)
@@ -303,42 +245,20 @@ def golden_section_search(
     return SearchResult(best.alpha, best.metric(select), objective, select, "golden_section", ev.trace)
 
 
-def esm_search(
-    score_fn: ScoreFn,
-    reference: Mapping[str, float],
-    *,
-    lo: float = ESM_BRACKET[0],
-    hi: float = ESM_BRACKET[1],
-    tol: float = 0.01,
-    max_iter: int = 15,
-) -> SearchResult:
-    """ESM's alpha rule (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)): golden section on [0, 2] (tol 0.01, ≤ 15
-    iterations)
-    driven by the average **absolute** accuracy, then the evaluated alpha with the best
-    average **normalized** accuracy."""
+def esm_search(score_fn: ScoreFn, reference: Mapping[str, float], *, lo: float = ESM_BRACKET[0],
+               hi: float = ESM_BRACKET[1], tol: float = 0.01, max_iter: int = 15) -> SearchResult:
+    """ESM's alpha rule (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)): golden section driven by the
+    average absolute accuracy, then the evaluated alpha with the best average normalized accuracy."""
     return golden_section_search(
         score_fn, lo, hi, tol=tol, max_iter=max_iter, reference=reference, objective="absolute", select="normalized"
     )
 
 
-def climb_search(
-    score_fn: ScoreFn,
-    grid: Sequence[float],
-    *,
-    reference: Mapping[str, float] | None = None,
-    objective: str = "normalized",
-    start: float = 1.0,
-    patience: int = 1,
-) -> SearchResult:
-    """A hill climb over the sorted ``grid``: cheaper than :func:`grid_search` when the
-    ``objective`` average is unimodal in alpha (typically 4-5 evaluations on a 9-point grid).
-
-    Starts at the grid value nearest ``start`` and evaluates its two neighbours; if one is
-    strictly better, walks that way while the objective improves, stopping after
-    ``patience`` consecutive steps without a strict improvement or at the grid's end. The
-    reported ``best`` is the first evaluated alpha attaining the maximum; an optimum at a
-    grid end shows as a chosen end value (widen the grid then). Not part of any paper's
-    protocol: the notebooks use it where many merges each need an alpha.
+def climb_search(score_fn: ScoreFn, grid: Sequence[float], *, reference: Mapping[str, float] | None = None,
+                 objective: str = "normalized", start: float = 1.0, patience: int = 1) -> SearchResult:
+    """A hill climb over the sorted ``grid`` for a unimodal objective (not a paper's protocol; the
+    notebooks use it where many merges each need an alpha): from the value nearest ``start`` towards
+    the better neighbour, stopping after ``patience`` steps without a strict gain or at the grid's end.
     """
     _check_metric("objective", objective, reference)
     g = sorted({float(a) for a in grid})

@@ -1,16 +1,9 @@
 """Paired differences with their test-set and seed noise (docs/course.md §Claim rules).
 
-A difference between two merge methods' accuracies has two sources of noise: the experts' seed
-(a second fine-tuning gives other experts) and the test set (a finite sample of examples). The
-worlds' test sets are fixed across seeds, so the spread over seeds alone contains no test-sampling
-noise; :func:`paired_bootstrap` resamples both, pairing the two methods example by example.
-
-* :func:`paired_bootstrap` — the difference ``mean(A) - mean(B)`` (percentage points of the mean
-  over tasks of per-task accuracy, averaged over seeds), its bootstrap standard error and a
-  percentile interval.
-* :func:`ceiling_prediction` — a paper's effect scaled to a world by its room, capped by the
-  headroom left above the rival (no method can gain more than the rival leaves).
-* :func:`has_power` — whether a predicted effect is large enough to be decided at a margin.
+The worlds' test sets are fixed across seeds, so the seed spread holds no test-sampling noise;
+:func:`paired_bootstrap` resamples both, pairing two methods example by example.
+:func:`ceiling_prediction` caps a paper's scaled effect by the headroom; :func:`has_power` says
+whether a predicted effect can be decided at a margin.
 """
 
 from __future__ import annotations

@@ -20,13 +20,7 @@ from torch import Tensor
 from .errors import InputError
 from .utils import make_generator
 
-__all__ = [
-    "RegressionTask",
-    "make_regression_tasks",
-    "finetune_linear",
-    "task_loss",
-    "joint_least_squares",
-]
+__all__ = ["RegressionTask", "make_regression_tasks", "finetune_linear", "task_loss", "joint_least_squares"]
 
 
 @dataclass
@@ -49,20 +43,9 @@ def _random_rotation(d: int, g: torch.Generator) -> Tensor:
     return Q * torch.sign(torch.diagonal(R))  # Haar-distributed
 
 
-def make_regression_tasks(
-    n_tasks: int = 4,
-    d_in: int = 32,
-    d_out: int = 16,
-    *,
-    n_train: int = 2000,
-    n_val: int = 500,
-    n_test: int = 1000,
-    subspace_dim: int = 6,
-    floor: float = 0.02,
-    shift: float = 1.0,
-    noise: float = 0.05,
-    seed: int = 0,
-) -> tuple[Tensor, list[RegressionTask]]:
+def make_regression_tasks(n_tasks: int = 4, d_in: int = 32, d_out: int = 16, *, n_train: int = 2000, n_val: int = 500,
+                          n_test: int = 1000, subspace_dim: int = 6, floor: float = 0.02, shift: float = 1.0,
+                          noise: float = 0.05, seed: int = 0) -> tuple[Tensor, list[RegressionTask]]:
     """Base weight W0 and ``n_tasks`` regression tasks with task-specific covariances.
 
     Sigma_t = Q_t diag(s) Q_t^T with a random rotation Q_t and a spectrum that puts most
@@ -97,18 +80,8 @@ def make_regression_tasks(
     return W0, tasks
 
 
-def finetune_linear(
-    W0: Tensor,
-    X: Tensor,
-    Y: Tensor,
-    *,
-    steps: int = 200,
-    lr: float = 0.05,
-    batch_size: int = 64,
-    optimizer: str = "sgd",
-    seed: int = 0,
-    betas: tuple[float, float] = (0.9, 0.999),
-) -> Tensor:
+def finetune_linear(W0: Tensor, X: Tensor, Y: Tensor, *, steps: int = 200, lr: float = 0.05, batch_size: int = 64,
+                    optimizer: str = "sgd", seed: int = 0, betas: tuple[float, float] = (0.9, 0.999)) -> Tensor:
     """Fine-tune ``W0`` on (X, Y) with mini-batch SGD or Adam on the squared error.
 
     The loss is mean_i ||W x_i - y_i||^2, so the gradient is 2 (W X_bᵀ - Y_bᵀ) X_b / B: the

@@ -1,9 +1,5 @@
-"""Small shared helpers: seeding, devices, progress bars, atomic writes and JSON records.
-
-Everything random in acetools draws from :func:`seed_everything` or from a
-``torch.Generator`` built by :func:`make_generator`, so the same seed gives the same
-merged weights on the CPU.
-"""
+"""Small shared helpers: seeding (:func:`seed_everything`, :func:`make_generator`), devices, progress
+bars, atomic writes and JSON records."""
 
 from __future__ import annotations
 
@@ -30,25 +26,12 @@ T = TypeVar("T")
 # Set by acetools.merge(progress=...) for the duration of one call; None = decide automatically.
 PROGRESS: contextvars.ContextVar[bool | None] = contextvars.ContextVar("acetools_progress", default=None)
 
-__all__ = [
-    "seed_everything",
-    "make_generator",
-    "resolve_device",
-    "progress",
-    "atomic_write",
-    "jsonable",
-    "short_repr",
-    "local_mathjax_url",
-    "strip_ansi",
-]
+__all__ = ["seed_everything", "make_generator", "resolve_device", "progress", "atomic_write", "jsonable", "short_repr",
+           "local_mathjax_url", "strip_ansi"]
 
 
 def seed_everything(seed: int) -> torch.Generator:
-    """Seed Python, NumPy and torch (CPU and CUDA) with ``seed``.
-
-    Returns a fresh CPU ``torch.Generator`` seeded with the same value, for code that
-    prefers an explicit generator over global state.
-    """
+    """Seed Python, NumPy and torch (CPU and CUDA); returns a CPU ``torch.Generator`` seeded alike."""
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise InputTypeError(f"seed must be an int, got {type(seed).__name__}")
     random.seed(seed)
@@ -67,11 +50,8 @@ def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Gener
 
 
 def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
-    """Turn ``"auto"``/``None``/a string into a ``torch.device``.
-
-    ``"auto"`` picks CUDA when available, else the CPU. Asking for CUDA on a machine
-    without it raises a ``ValueError`` that says so.
-    """
+    """``"auto"``/``None`` (CUDA when available, else the CPU) or a device name as a ``torch.device``;
+    ``InputError`` for a device that is not there or cannot compute."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -114,19 +94,10 @@ def _interactive() -> bool:
     return sys.stderr.isatty()
 
 
-def progress(
-    iterable: Iterable[T],
-    desc: str | None = None,
-    total: int | None = None,
-    enabled: bool | None = None,
-    **kwargs,
-) -> Iterator[T]:
-    """Wrap ``iterable`` in a ``tqdm.auto`` bar when the session is interactive.
-
-    ``enabled=None`` shows the bar in a terminal or a notebook and hides it in CI, in
-    papermill runs and when output is redirected (set ``ACETOOLS_PROGRESS=1``/``0`` to
-    force it).
-    """
+def progress(iterable: Iterable[T], desc: str | None = None, total: int | None = None, enabled: bool | None = None,
+             **kwargs) -> Iterator[T]:
+    """``iterable`` in a ``tqdm.auto`` bar; ``enabled=None``: in a terminal or notebook, not in CI,
+    papermill or redirected output (``ACETOOLS_PROGRESS=1``/``0`` forces it)."""
     if enabled is None:
         enabled = PROGRESS.get()
     show = _interactive() if enabled is None else enabled
@@ -139,18 +110,9 @@ def progress(
 
 @contextmanager
 def cpu_threads(n: int | None = None, *, env_default: bool = False) -> Iterator[int]:
-    """Run the block with torch's CPU threads set to ``n`` (``torch.set_num_threads``) and give torch
-    its previous setting back afterwards; yields the number of threads in force inside.
-
-    ``n=None`` or ``n <= 0`` leaves torch's setting alone. With ``env_default=True``, ``n=None``
-    first takes the environment variable ``ACETOOLS_NUM_THREADS`` (an integer; unset or empty:
-    torch's setting). The default is ``env_default=False``; each call site says which it wants:
-
-    - the vision mini-world's training and evaluation read the variable
-      (:func:`acetools.world.vision.finetune.num_threads`, ``env_default=True``);
-    - the text world does not (``env_default=False``): its ``threads`` is decided by its profile
-      (1 thread for the quick fixture, torch's setting for the full world), or given.
-    """
+    """Run the block with torch's CPU threads set to ``n`` (None or <= 0: unchanged), restored afterwards;
+    yields the threads in force. ``env_default``: ``n=None`` takes ``$ACETOOLS_NUM_THREADS`` (the vision
+    mini-world does; the text world's profile decides its own)."""
     if n is None and env_default:
         raw = os.environ.get("ACETOOLS_NUM_THREADS", "").strip()
         if raw:
@@ -170,10 +132,7 @@ def cpu_threads(n: int | None = None, *, env_default: bool = False) -> Iterator[
 
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb"):
-    """Open a temporary file next to ``path`` and move it into place on success.
-
-    A crash mid-write leaves the old file (if any) untouched and no partial file behind.
-    """
+    """Write through a temporary file next to ``path``, moved into place on success (no partial file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -195,14 +154,10 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
 
 def jsonable(obj: Any, *, finite: bool = False, summarize: bool = False,
              fallback: Callable[[Any], Any] | None = None) -> Any:
-    """``obj`` in JSON's types, for records, sidecars and config hashes (the one converter).
+    """``obj`` in JSON's types, recursively (the one converter for records, sidecars and config hashes).
 
-    Mappings become dicts with string keys, lists and tuples lists, dataclass instances dicts,
-    paths strings and NumPy scalars Python's, recursively. ``finite``: NaN and ±inf become
-    ``None`` (JSON has no such numbers). ``summarize``: tensors and callables become short
-    descriptions (``"<tensor (4, 3)>"``, ``"<callable f>"``: hyperparameters that hold data).
-    ``fallback``: ``obj`` unchanged if ``json.dumps`` takes it as it is, else ``fallback(obj)``
-    (no recursion: e.g. :func:`short_repr` for a merge's record).
+    ``finite``: NaN and ±inf become None; ``summarize``: tensors and callables become short descriptions;
+    ``fallback``: ``obj`` as it is if ``json.dumps`` takes it, else ``fallback(obj)`` (no recursion).
     """
     if fallback is not None:
         try:
@@ -231,18 +186,17 @@ def jsonable(obj: Any, *, finite: bool = False, summarize: bool = False,
 
 
 def short_repr(v: Any) -> str:
-    """A value in a few characters: ``"<3 entries>"`` for a list of non-scalars, ``"<5 keys>"``
-    for a mapping, else its ``repr`` (strings) or ``str``."""
+    """A value in a few characters (``"<3 entries>"``, ``"<5 keys>"``, else its repr or str)."""
     if isinstance(v, (list, tuple)) and v and not isinstance(v[0], (str, int, float)):
         return f"<{len(v)} entries>"
     if isinstance(v, Mapping):
         return f"<{len(v)} keys>"
     return repr(v) if isinstance(v, str) else str(v)
+
+
 def local_mathjax_url() -> str | None:
-    """A local MathJax 2 for HTML reports, as a ``file://`` URL with its TeX config, or None:
-    ``$ACETOOLS_MATHJAX`` (the path of a ``MathJax.js``), else Debian's ``libjs-mathjax``
-    (``/usr/share/javascript/mathjax``, installed by ``scripts/setup.sh``) or ``/usr/share/mathjax``.
-    Never a CDN: a report reads the same without network."""
+    """A local MathJax 2 as a ``file://`` URL (``$ACETOOLS_MATHJAX``, else Debian's ``libjs-mathjax``), or
+    None; never a CDN."""
     for c in (os.environ.get("ACETOOLS_MATHJAX", ""), "/usr/share/javascript/mathjax/MathJax.js",
               "/usr/share/mathjax/MathJax.js"):
         if c and Path(c).is_file():

@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -32,12 +34,33 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repository's acetools, however the script is run
 
 from acetools.benchmark import aggregate_seeds  # noqa: E402
-from acetools.results import replace_rows  # noqa: E402
 from acetools.utils import atomic_write  # noqa: E402
 
 #: Settings a rerun must share with the committed file for its rows to sit in the same table.
 SAME = ("world", "suite", "tasks", "size", "expert_seed", "proxy_seed", "n_val", "n_test", "n_proxy", "n_gram",
         "patience")
+
+
+def replace_rows(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], *,
+                 key: str = "method") -> tuple[list[dict[str, Any]], list[str]]:
+    """``(rows, appended)``: ``old``'s rows (a table's records or a JSON's runs) with the rows of
+    each ``key`` value in ``new`` put where that value's rows were, so a table keeps its order
+    when some of its methods are rerun; the values ``old`` has no rows of are appended at the
+    end and listed in ``appended``."""
+    fresh: dict[Any, list[dict[str, Any]]] = {}
+    for r in new:
+        fresh.setdefault(r[key], []).append(dict(r))
+    rows: list[dict[str, Any]] = []
+    done: set = set()
+    for r in old:
+        k = r.get(key)
+        if k not in fresh:
+            rows.append(dict(r))
+        elif k not in done:
+            rows += fresh[k]
+            done.add(k)
+    appended = [k for k in fresh if k not in done]
+    return rows + [r for k in appended for r in fresh[k]], appended
 
 
 def _replace_rows(committed: pd.DataFrame, rerun: pd.DataFrame, methods: list[str]) -> pd.DataFrame:

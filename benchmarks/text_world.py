@@ -127,7 +127,9 @@ def _add_rows(args, b, stem: str) -> list:
     and the norms and cosine tables, stay as they are."""
     import pandas as pd
 
-    from acetools.results import replace_rows
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # merge_rows beside this script
+    from merge_rows import replace_rows
+
     from acetools.utils import atomic_write
 
     out = Path(args.out)
@@ -204,7 +206,8 @@ def card(args) -> None:
 
 def tables(args) -> str:
     """The README's text-world tables (markdown), from the committed files only."""
-    from acetools.course.language import text_world_tables
+    sys.path.insert(0, str(ROOT / "scripts"))  # the docs' table generator beside this folder
+    from readme_tables import text_world_tables
 
     text = text_world_tables(args.out, args.results, args.suite)
     print(text)

@@ -160,3 +160,23 @@ def test_a_bad_argument_stops_before_the_heavy_imports():
     assert "unknown model size 'bogus'" in r.stderr, r.stderr[-2000:]
     assert r.stdout.split() == ["2"], f"imported for a one-line argument error: {r.stdout.split()[1:]}"
 
+
+
+def _lines(paths) -> int:
+    """Lines as the budgets count them (``find <dir> -name '*.py' | xargs cat | wc -l``)."""
+    return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in paths)
+
+
+@pytest.mark.xfail(strict=False, reason="the course and the whole package are still over their line budgets while "
+                   "their parts are being cut (this check turns green when they are under)")
+def test_the_package_stays_walkable():
+    """Line budgets of a package a student can walk: the whole package, the course, and ACE's and ESM's
+    modules (counted as the budgets are: every line of every ``.py`` file)."""
+    pkg = ROOT / "acetools"
+    counts = {"acetools/": _lines(pkg.rglob("*.py")), "acetools/course/": _lines((pkg / "course").rglob("*.py")),
+              "acetools/merging/ace.py": _lines([pkg / "merging" / "ace.py"]),
+              "acetools/merging/esm.py": _lines([pkg / "merging" / "esm.py"])}
+    budgets = {"acetools/": 20_000, "acetools/course/": 4_000, "acetools/merging/ace.py": 450,
+               "acetools/merging/esm.py": 450}
+    over = {k: f"{counts[k]} > {budgets[k]}" for k in budgets if counts[k] > budgets[k]}
+    assert not over, f"over budget (lines): {over}"

@@ -315,7 +315,10 @@ def test_load_merge_speed_takes_each_t_from_the_last_session_that_times_tsv_m(tm
 
 
 def test_replace_rows_keeps_the_tables_order_and_appends_new_methods():
-    from acetools.results import replace_rows
+    """benchmarks/merge_rows.py's replace_rows (benchmarks/text_world.py's --add uses it too)."""
+    from tests.conftest import load_script
+
+    replace_rows = load_script("merge_rows").replace_rows
 
     old = [{"method": "a", "v": 1}, {"method": "b", "v": 2}, {"method": "b", "v": 3}, {"method": "c", "v": 4}]
     new = [{"method": "d", "v": 9}, {"method": "b", "v": 20}, {"method": "b", "v": 30}, {"method": "b", "v": 40}]

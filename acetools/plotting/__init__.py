@@ -1,13 +1,6 @@
-"""Plotting basics: pure plotting functions ``(ax, data, ...) -> ax`` and one saver.
+"""Plotting basics: pure functions ``(ax, data, ...) -> ax``, one theme and one saver.
 
-Every function draws on the axes it is given (it never creates a figure or shows one), so
-notebooks, widgets (:mod:`acetools.course.widgets`) and reports share them. :func:`set_theme`
-applies the one seaborn theme; :func:`save_figure` writes ``<folder>/<name>.png``
-atomically with deterministic metadata.
-
-:mod:`._core` holds the theme, the saver, :func:`finish` (title, legend, tick sizes) and the
-generic heatmap / bar / line helpers, all imported from here; each lesson's own figures are in
-:mod:`acetools.course.plotting`.
+Each lesson's own figures are in :mod:`acetools.course.plotting`; a diagnosis's in :mod:`.diagnose`.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -33,9 +34,8 @@ def new_axes(nrows: int = 1, ncols: int = 1, *, width: float = 5.0, height: floa
 
 
 def _drawn_texts(fig) -> list:
-    """The texts matplotlib draws (what its tight bbox measures): each axes' titles, axis
-    labels, offset texts and the tick labels of the ticks it draws (``Axis._update_ticks``:
-    not the ones outside the view), its texts and annotations, legends, and the figure's own."""
+    """The texts matplotlib draws (what its tight bbox measures): titles, axis labels, the drawn ticks'
+    labels, texts, annotations and legends of every axes, and the figure's own."""
     out = []
 
     def legend_texts(leg):
@@ -59,8 +59,7 @@ def _drawn_texts(fig) -> list:
 
 
 def _text_extent(t, renderer):
-    """The drawn box of text ``t`` (px); for an annotation the text alone, not its arrow or
-    leader line (which :meth:`Annotation.get_window_extent` includes)."""
+    """The drawn box of text ``t`` (px); for an annotation the text alone, without its leader line."""
     from matplotlib.text import Annotation, Text
 
     if isinstance(t, Annotation):
@@ -70,9 +69,8 @@ def _text_extent(t, renderer):
 
 
 def _text_quad(t, renderer) -> np.ndarray:
-    """The drawn rectangle of text ``t`` as 4 corners (px): its box before rotation, turned by its
-    rotation about the centre of its drawn extent (for a rotated label the axis-aligned extent
-    is much larger than the glyphs, and neighbours' extents overlap where their glyphs do not)."""
+    """The drawn rectangle of text ``t`` as 4 corners (px), rotated as the text is (a rotated label's
+    axis-aligned extent is much larger than its glyphs)."""
     bb = _text_extent(t, renderer)
     theta = np.deg2rad(t.get_rotation() % 180.0)
     if np.isclose(np.sin(2 * theta), 0.0, atol=1e-6):  # 0 or 90 degrees: the extent is the rectangle
@@ -109,10 +107,8 @@ def _quads_overlap(a: np.ndarray, b: np.ndarray, min_px: float) -> bool:
 
 
 def text_overlaps(fig, *, min_px: float = 2.0, min_font: float = 0.0) -> list[tuple[str, str]]:
-    """Pairs of drawn texts of ``fig`` whose boxes overlap (matplotlib's own extents, as
-    ``bbox_inches="tight"`` measures them): a colour-bar label over the next panel's title,
-    crowded tick labels, heatmap numbers over each other. Boxes must overlap by more than
-    ``min_px`` pixels both ways; texts smaller than ``min_font`` points are left out."""
+    """Pairs of drawn texts of ``fig`` whose boxes overlap by more than ``min_px`` pixels both ways
+    (crowded ticks, a label over a title); texts under ``min_font`` points are left out."""
     fig.canvas.draw()  # lay the figure out at its own size and dpi: extents from a stale draw mislead
     renderer = fig.canvas.get_renderer()
     boxes = []
@@ -140,14 +136,10 @@ def text_overlaps(fig, *, min_px: float = 2.0, min_font: float = 0.0) -> list[tu
 
 
 def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, close: bool = False) -> Path:
-    """Write ``fig`` to ``<folder>/<name>.png`` atomically; return the path.
+    """Write ``fig`` to ``<folder>/<name>.png`` atomically (no timestamp: reruns give identical files).
 
-    ``name`` is a file stem (letters, digits, ``_.-``), so figure names stay deterministic.
-    The PNG carries no timestamp or software tag, so reruns give identical files when the
-    pixels are the same; where ``folder`` has a ``figures.json`` (the course's record of the
-    notebook, profile and world that write there) its entries are stored as PNG text
-    ``acetools:<key>``, and the figure's overlapping texts (:func:`text_overlaps`) are listed
-    there under ``text_overlaps`` (and logged) for the report checks.
+    Where ``folder`` has a ``figures.json`` (the course's record) its entries become PNG text
+    ``acetools:<key>`` and the figure's overlapping texts (:func:`text_overlaps`) are listed there.
     """
     if not isinstance(name, str) or not _NAME.match(name) or name.endswith(".png"):
         raise InputError(f"figure name {name!r} must be a file stem of letters, digits and _.- (no extension)")
@@ -156,8 +148,6 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
     meta: dict[str, str | None] = {"Software": None}
     manifest = Path(folder) / "figures.json"  # acetools.course.world.MANIFEST: notebook, profile, world
     if manifest.is_file():
-        import json
-
         for k, v in sorted(json.loads(manifest.read_text()).items()):
             meta[f"acetools:{k}"] = str(v)
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata=meta)
@@ -170,10 +160,6 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
         logging.getLogger("acetools.plotting").warning("figure %s: %d overlapping text pair(s), e.g. %r", name,
                                                        len(overlaps), overlaps[0])
     if manifest.is_file():  # the course's record: the report checks fail on any overlap it lists
-        import json
-
-        from ..utils import atomic_write as _aw
-
         m = json.loads(manifest.read_text())
         got = dict(m.get("text_overlaps", {}))
         if overlaps:
@@ -185,7 +171,7 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
                 m["text_overlaps"] = got
             else:
                 m.pop("text_overlaps", None)
-            with _aw(manifest, "w") as fh:
+            with atomic_write(manifest, "w") as fh:
                 json.dump(m, fh, indent=1, sort_keys=True)
     if close:
         import matplotlib.pyplot as plt
@@ -195,13 +181,9 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
 
 
 def label_points(ax, x, y, labels: Sequence[str], *, fontsize: float = 7, pad_px: float = 2.0) -> list:
-    """Label each point ``(x[i], y[i])`` of ``ax`` with ``labels[i]`` where the label overprints
-    no point, no text already drawn and no label placed before it (greedy, in the given order,
-    so the result is deterministic).
-
-    A label tries eight spots around its point, then spots on a grid up to 90 points away
-    (nearest first) with a thin leader line, each inside the axes; when every spot collides it
-    takes the first one. Returns the annotations."""
+    """Label each point ``(x[i], y[i])`` with ``labels[i]`` where it overprints no point, text or earlier
+    label (greedy, deterministic): eight spots beside the point, then spots up to 90 points away with a
+    leader line, else the first spot. Returns the annotations."""
     xs, ys = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
     labels = [str(s) for s in labels]
     if not (len(xs) == len(ys) == len(labels)):
@@ -252,8 +234,7 @@ def label_points(ax, x, y, labels: Sequence[str], *, fontsize: float = 7, pad_px
 
 
 def finish(ax, title: str | None = None, *, legend: bool = False, fontsize: int = 7):
-    """The common ending of every plotting function: a small legend (``legend=True``) and
-    the ``title`` if given; returns ``ax``."""
+    """The common ending of every plotting function: a small legend and the ``title``; returns ``ax``."""
     if legend:
         ax.legend(fontsize=fontsize)
     if title:
@@ -315,10 +296,8 @@ def bar_plot(ax, values, *, labels: Sequence[str] | None = None, errors=None, ti
 
 
 def _tick_rotation(ax, n: int) -> tuple[int, float]:
-    """The rotation and font size (points) of ``n`` category labels under bars of ``ax`` that
-    keep neighbouring labels apart: slanted at 45 degrees while a bar's width holds a line
-    of text along the diagonal, upright at 90 when only its width holds it, and smaller type
-    (down to 6 points) when not even that."""
+    """Rotation and font size of ``n`` bar labels that keep neighbours apart: 45 degrees while a bar's
+    width holds a line diagonally, else 90, with smaller type (down to 6 points) when needed."""
     import matplotlib as mpl
     from matplotlib.font_manager import FontProperties
 

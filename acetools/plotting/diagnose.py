@@ -1,11 +1,8 @@
 """Figures of a diagnosis (:mod:`acetools.files.diagnose`): pure functions ``(ax, table, ...) -> ax``.
 
-Each takes one table of :class:`acetools.files.diagnose.Diagnosis` as it is (or the matching
-:mod:`acetools.diagnostics` table: :func:`~acetools.diagnostics.heterogeneity_per_layer` for
-:func:`gamma_by_layer` and :func:`energy_by_layer`, :func:`~acetools.diagnostics.relative_update_norms` for
-:func:`ratio_by_layer`, :func:`~acetools.diagnostics.task_vector_cosine` for
-:func:`cosine_heatmap`) and raises a ``KeyError`` naming a missing column otherwise. Layers are
-on the x axis in the table's order, labelled ``block.type``.
+Each takes one table of :class:`acetools.files.diagnose.Diagnosis` (or the matching
+:mod:`acetools.diagnostics` table) and names a missing column; layers are on the x axis in the
+table's order, labelled ``block.type``.
 """
 
 from __future__ import annotations
@@ -16,10 +13,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import InputError, InputKeyError, InputTypeError
+from ..keys import short_label
 from ._core import finish, heatmap
 
-__all__ = ["layer_label", "ratio_by_layer", "energy_by_layer", "gamma_by_layer", "cosine_heatmap",
-           "spectra_by_type", "energy_concentration", "overlap_by_layer", "show"]
+__all__ = ["ratio_by_layer", "energy_by_layer", "gamma_by_layer", "cosine_heatmap", "spectra_by_type",
+           "energy_concentration", "overlap_by_layer", "show"]
 
 
 def _need(table, cols: Sequence[str], what: str) -> None:
@@ -30,18 +28,11 @@ def _need(table, cols: Sequence[str], what: str) -> None:
                            "acetools.files.diagnose.diagnose(...)")
 
 
-def layer_label(key: str) -> str:
-    """The tick label of a key: :func:`acetools.keys.short_label` (``3.c_fc``, ``pos_emb``)."""
-    from ..keys import short_label
-
-    return short_label(key)
-
-
 def _xticks(ax, keys, max_labels: int = 60) -> np.ndarray:
     keys = list(keys)
     x = np.arange(len(keys))
     step = max(1, math.ceil(len(keys) / max_labels))
-    ax.set_xticks(x[::step], [layer_label(k) for k in keys][::step], rotation=90, fontsize=6)
+    ax.set_xticks(x[::step], [short_label(k) for k in keys][::step], rotation=90, fontsize=6)
     return x
 
 
@@ -52,9 +43,7 @@ def _per_key(table, value: str) -> tuple[list[str], np.ndarray, np.ndarray, np.n
 
 
 def ratio_by_layer(ax, norms, *, matrices_only: bool = True, title: str | None = None):
-    """‖τ_t‖/‖W0‖ per layer: mean over tasks (line) and the tasks' range (band). ``norms``:
-    ``Diagnosis.norms`` (or :func:`~acetools.diagnostics.relative_update_norms`); with a
-    ``role`` column, ``matrices_only`` keeps the matrix keys."""
+    """‖τ_t‖/‖W0‖ per layer: mean over tasks (line) and their range (band); ``matrices_only`` by ``role``."""
     _need(norms, ["key", "ratio"], "ratio_by_layer")
     t = norms[norms["role"] == "matrix"] if matrices_only and "role" in norms.columns else norms
     keys, m, lo, hi = _per_key(t, "ratio")
@@ -66,8 +55,7 @@ def ratio_by_layer(ax, norms, *, matrices_only: bool = True, title: str | None =
 
 
 def energy_by_layer(ax, layers, *, logy: bool = True, title: str | None = None):
-    """‖ΔW_t‖²_F per matrix: mean (line) and the tasks' min-max (band). ``layers``: ``Diagnosis.layers``
-    or :func:`~acetools.diagnostics.heterogeneity_per_layer` (its ``energy_mean``)."""
+    """‖ΔW_t‖²_F per matrix: mean (line) and the tasks' min-max (band)."""
     mean = "energy_mean" if "energy_mean" in getattr(layers, "columns", []) else "energy"
     _need(layers, ["key", mean, "energy_min", "energy_max"], "energy_by_layer")
     x = _xticks(ax, layers["key"])
@@ -81,9 +69,7 @@ def energy_by_layer(ax, layers, *, logy: bool = True, title: str | None = None):
 
 
 def gamma_by_layer(ax, layers, *, tau: float | None = None, vit: float | None = 0.25, title: str | None = None):
-    """ACE's γ per matrix (Eq. 7 of ACE-Merging) against the gate τ (None: ACE's registered
-    default, ``METHODS["ace"]``); gated matrices (γ > τ) in red. ``layers``: ``Diagnosis.layers``
-    or :func:`~acetools.diagnostics.heterogeneity_per_layer`."""
+    """ACE's γ per matrix (Eq. 7) against the gate τ (None: ACE's registered default), gated ones in red."""
     _need(layers, ["key", "gamma"], "gamma_by_layer")
     if tau is None:
         from ..merging import METHODS
@@ -108,8 +94,7 @@ def gamma_by_layer(ax, layers, *, tau: float | None = None, vit: float | None = 
 
 
 def cosine_heatmap(ax, cosine, *, title: str | None = None):
-    """The T x T task-vector cosine matrix (``Diagnosis.cosine`` or
-    :func:`~acetools.diagnostics.task_vector_cosine`), centred at 0."""
+    """The T x T task-vector cosine matrix, centred at 0."""
     import pandas as pd
 
     if not isinstance(cosine, pd.DataFrame) or cosine.shape[0] != cosine.shape[1]:
@@ -118,8 +103,7 @@ def cosine_heatmap(ax, cosine, *, title: str | None = None):
 
 
 def spectra_by_type(ax, spectra, *, relative: bool = True, logy: bool = True, title: str | None = None):
-    """Singular values of τ_t against their index, mean over tasks and blocks, one line per layer
-    type (divided by σ_1 when ``relative``). ``spectra``: ``Diagnosis.spectra``."""
+    """Singular values of τ_t (over σ_1 when ``relative``), mean over tasks and blocks, one line per layer type."""
     col = "sigma_rel" if relative else "sigma"
     _need(spectra, ["layer_type", "index", col], "spectra_by_type")
     for i, (lt, g) in enumerate(spectra.groupby("layer_type", sort=False)):
@@ -133,8 +117,7 @@ def spectra_by_type(ax, spectra, *, relative: bool = True, logy: bool = True, ti
 
 
 def energy_concentration(ax, layers, *, title: str | None = None):
-    """Share of each τ_t's energy in its top-k directions (k = TSV-M's ⌊r/T⌋) and in its top 5 %,
-    mean over tasks, per matrix. ``layers``: ``Diagnosis.layers``."""
+    """Share of τ_t's energy in its top ⌊r/T⌋ directions and its top 5 %, mean over tasks, per matrix."""
     _need(layers, ["key", "energy_topk", "energy_top5"], "energy_concentration")
     x = _xticks(ax, layers["key"])
     ax.plot(x, 100 * layers["energy_topk"], marker=".", label="top ⌊r/T⌋ (TSV-M's rank budget)")
@@ -145,9 +128,7 @@ def energy_concentration(ax, layers, *, title: str | None = None):
 
 
 def overlap_by_layer(ax, layers, *, title: str | None = None):
-    """Overlap of different tasks' top-k singular subspaces (mean cos² of the principal angles,
-    left and right) per matrix, beside random k-dimensional subspaces (k/d). ``layers``:
-    ``Diagnosis.layers``."""
+    """Overlap of tasks' top-k singular subspaces (mean cos²) per matrix, beside random ones (k/d)."""
     _need(layers, ["key", "overlap_topk", "overlap_random"], "overlap_by_layer")
     x = _xticks(ax, layers["key"])
     ax.plot(x, layers["overlap_topk"], marker=".", color="C4", label="tasks' top-k subspaces")
@@ -158,8 +139,7 @@ def overlap_by_layer(ax, layers, *, title: str | None = None):
 
 
 def show(fig, alt: str, *, name: str | None = None, folder=None, dpi: int = 110):
-    """Display ``fig`` in a notebook as an image with alt text ``alt`` (an HTML ``<img>``, kept
-    by ``nbconvert --no-input``), optionally saved as ``<folder>/<name>.png`` first; closes it."""
+    """Display ``fig`` as an ``<img>`` with alt text ``alt`` (saved as ``<folder>/<name>.png`` too); closes it."""
     import base64
     import html
     import io
