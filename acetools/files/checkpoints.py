@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import mmap
 import os
 import re
@@ -79,8 +80,8 @@ def parse_size(size: int | float | str) -> int:
     return n
 
 
-def file_sha256(path: str | os.PathLike, window: int = 1 << 26) -> str:
-    """Hex SHA-256 of a file, hashed straight from read-only memory maps of 64 MiB windows (no copies; one
+def file_sha256(path: str | os.PathLike, window: int = 1 << 24) -> str:
+    """Hex SHA-256 of a file, hashed straight from read-only memory maps of 16 MiB windows (no copies; one
     window mapped at a time, so the pages read do not pile up in the resident memory)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -158,7 +159,7 @@ class _SafetensorsFile:
                 raise InputError(f"{path}: key {k!r} has dtype {dt}, which acetools cannot read")
             shape = tuple(int(x) for x in v["shape"])
             a, b = (int(x) for x in v["data_offsets"])
-            if not 0 <= a <= b or self.start + b > size or b - a != _numel(shape) * _itemsize(_ST_DTYPES[dt]):
+            if not 0 <= a <= b or self.start + b > size or b - a != math.prod(shape) * _ST_DTYPES[dt].itemsize:
                 raise InputError(f"{path}: key {k!r} has data offsets {[a, b]} that do not fit its shape {shape} "
                                  "or the file; the file is damaged")
             self.meta[k] = TensorMeta(shape, _ST_DTYPES[dt])
@@ -170,7 +171,7 @@ class _SafetensorsFile:
         start = self.start + a
         if b == a:
             return torch.empty(m.shape, dtype=m.dtype)
-        if start % _itemsize(m.dtype) == 0:
+        if start % m.dtype.itemsize == 0:
             at = start - start % mmap.ALLOCATIONGRANULARITY
             with open(self.path, "rb") as fh:
                 mapped = mmap.mmap(fh.fileno(), start + (b - a) - at, offset=at, access=mmap.ACCESS_COPY)
@@ -274,9 +275,6 @@ class Checkpoint:
         """Every tensor, loaded (the whole model in memory)."""
         return {k: self.get(k) for k in self._meta}
 
-    def nbytes(self) -> int:
-        return sum(_numel(m.shape) * _itemsize(m.dtype) for m in self._meta.values())
-
     def sha256(self) -> dict[str, str]:
         """``{file name: sha256}`` of the weight files."""
         return {str(f): file_sha256(f) for f in self.files}
@@ -288,17 +286,6 @@ class Checkpoint:
     def __repr__(self) -> str:
         kind = "safetensors" if self.lazy else "state dict"
         return f"Checkpoint({str(self.path)!r}, {len(self)} tensors, {kind}, {len(self.files)} file(s))"
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _read_json(path: Path) -> dict:
@@ -342,7 +329,7 @@ def _folder_files(folder: Path) -> list[Path]:
 
 
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Open a checkpoint file or folder for reading (see the module docstring for formats)."""
+    """Open a checkpoint file or folder for reading (formats: docs/your-models.md §What can be read)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"checkpoint not found: {p}")
@@ -497,7 +484,7 @@ class ShardedWriter:
         (default their sum)."""
         items = list(tensors)
         if total is None:
-            total = sum(_numel(tuple(s)) * _itemsize(dt) for _, dt, s in items)
+            total = sum(math.prod(s) * dt.itemsize for _, dt, s in items)
         meta = {"format": "pt", **{str(k): str(v) for k, v in metadata.items()}}
         n = len(json.dumps({"__metadata__": meta}, separators=(",", ":")))
         for key, dt, shape in items:

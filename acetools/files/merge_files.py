@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 import warnings
@@ -127,7 +128,6 @@ class MergePlan:
     scope_reason: str
     mode: str
     rows: list[dict[str, Any]]
-    tie_candidates: dict[str, str]
     files: dict[str, str] = field(default_factory=dict)  # hyperparameters read from files: name -> path
     heads: HeadPlan = field(default_factory=lambda: HeadPlan("merge"))  # what happens to classifier heads
 
@@ -156,11 +156,7 @@ class MergePlan:
 
     def memory_text(self, largest_key: str) -> str:
         T = len(self.experts)
-        m = self.base.meta(largest_key)
-        n = 1
-        for s in m.shape:
-            n *= s
-        big = n * (compute_dtype(m.dtype) if m.dtype.is_floating_point else m.dtype).itemsize
+        big = _bytes(self.base, largest_key, compute=True)
         if self.mode == "memory":
             w = sum(_bytes(self.base, r["key"], compute=True) for r in self.rows)
             return (f"in memory: one call of the method on every key, holding W0 and the update of every key in the "
@@ -184,11 +180,7 @@ def _d_in(row: Mapping[str, Any]) -> int:
 def _bytes(ck: Checkpoint, key: str, compute: bool = False) -> int:
     """Bytes of ``key`` as stored (``compute``: in the compute dtype, for float keys)."""
     m = ck.meta(key)
-    n = 1
-    for s in m.shape:
-        n *= s
-    dt = compute_dtype(m.dtype) if compute and m.dtype.is_floating_point else m.dtype
-    return n * torch.empty((), dtype=dt).element_size()
+    return math.prod(m.shape) * (compute_dtype(m.dtype) if compute and m.dtype.is_floating_point else m.dtype).itemsize
 
 
 @dataclass
@@ -320,7 +312,7 @@ def plan_merge(
     metas = b.metas()
     rows = describe(lay, metas)
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, rows, dict(lay.tied), files, head_plan)
+                     run, rows, files, head_plan)
 
 
 def _run(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype: torch.dtype | None,

@@ -1,14 +1,8 @@
 """The merge engine: ``merge()``, ``task_vectors()`` and the ``METHODS`` registry.
 
-Every method family lives in its own module (``averaging``, ``ties``, ``svd``, ``wudi``,
-``regmean``, ``ace``, ``esm``) as a pure function on state dicts; this module validates
-inputs, builds task vectors, calls the method and adds its merged update to W0.
-
-A layout (:mod:`acetools.layouts`) tells the driver which keys take a method's matrix path,
-which are stored in x out (transposed to d_out x d_in around the method, so every method sees
-d_out x d_in matrices only), which are tied (merged once) and which are non-float buffers
-(carried from the base). :func:`merge_key` merges one key on its own, for the streaming
-driver (:mod:`acetools.files.merge_files`).
+Every method family lives in its own module (``averaging``, ``ties``, ``svd``, ``wudi``, ``regmean``,
+``ace``, ``esm``) as a pure function on state dicts; :func:`merge` validates the inputs and runs the
+one driver (:mod:`acetools.merging.driver`), which :mod:`acetools.files.merge_files` runs on files.
 """
 
 from __future__ import annotations
@@ -165,17 +159,10 @@ def _get_method(method: str) -> MethodInfo:
 
 
 def key_scope(method: str, hparams: Mapping[str, Any] | None = None) -> tuple[str, str]:
-    """How far the merged update of one key reaches, with ``hparams``: ``(scope, why)``.
-
-    Read from the registry (:meth:`MethodInfo.key_scope`, declared with ``@register(...,
-    key_scope=...)``). ``"key"``: it depends only on that key's W0 and task vectors (plus that
-    key's entries of the method's ``per_key`` inputs, e.g. ``covariances`` / ``grams``), so
-    :func:`merge_key` can merge key by key, streaming from disk. ``"global_ties"``: TIES (or
-    DARE-TIES) with ``scope="global"`` needs, per task, one trim threshold over the whole model
-    and one majority sign: a streaming driver computes them in extra passes first.
-    ``"model"``: the method needs every key at once (ESM's inter-layer polarization; methods
-    registered without ``key_scope``), so it runs in memory.
-    """
+    """How far the merged update of one key reaches, with ``hparams``: ``(scope, why)`` (the registry's
+    ``key_scope``): ``"key"`` (that key alone: streamed key by key), ``"global_ties"`` (TIES' whole-model
+    trim threshold and majority sign, computed in extra passes first) or ``"model"`` (every key at once:
+    in memory)."""
     return _get_method(method).key_scope(hparams)
 
 
@@ -203,24 +190,15 @@ def merge(
     progress: bool | None = None,
     **hparams: Any,
 ) -> dict[str, Tensor]:
-    """Merge ``experts`` fine-tuned from ``base`` with ``method``; return full weights.
+    """Merge ``experts`` fine-tuned from ``base`` with ``method``; return full weights W0 + update.
 
-    Returns W0 + merged update for every key of ``base``, in the dtype of ``base`` and on
-    ``device`` (default CPU). ``layout`` (a preset name such as ``"gpt2"``, ``"auto"`` or a
-    :class:`acetools.layouts.Layout`) says which keys take the matrix path, which are stored
-    in x out (transposed to d_out x d_in around the method and back) and which are tied
-    (merged once, both keys returned with equal values). Default ``None``: the open_clip rule
-    :func:`is_matrix_param` (docs/methods.md §Matrix path), as stored, with a warning when the keys look like another
-    architecture. ``is_matrix(key, tensor)`` (instead of a layout) keeps the old predicate
-    interface. Non-float buffers are carried from the base (a warning names any that an
-    expert changed). ``hparams`` are the method's hyperparameters, listed with defaults in
-    ``METHODS[method].hparams``; unknown or out-of-range ones raise. Per-key inputs
-    (ACE's ``covariances``, RegMean's ``grams``, ESM's ``activations``) refer to the d_out x
-    d_in orientation. ``progress`` shows a bar over the keys (``None``: only in interactive
-    sessions). Inputs are never modified. Memory: the task vectors are formed key by key as
-    the method reads them (:func:`acetools.merging.driver.run`), so a method that merges key by key
-    holds the T task vectors of one key at a time (``benchmarks/merge_speed.py --entry merge``
-    measures it).
+    Every key of ``base`` is returned in its dtype on ``device``. ``layout`` (a preset name, ``"auto"``
+    or a :class:`acetools.layouts.Layout`; default ``None``: detected from the keys as ``acetools
+    merge`` does) says which keys take the matrix path, are stored in x out or are tied
+    (docs/methods.md §Matrix path); ``is_matrix(key, tensor)`` instead keeps the old predicate
+    interface. Non-float buffers are carried from the base. ``hparams``: ``METHODS[method].hparams``;
+    per-key inputs (``covariances``, ``grams``, ``activations``) are in d_out x d_in orientation.
+    Inputs are never modified; task vectors are formed key by key (:func:`acetools.merging.driver.run`).
     """
     info = _get_method(method)
     info.resolve(hparams)  # unknown or bad hyperparameters are refused before any other work

@@ -234,10 +234,7 @@ class ModelView:
         return s[::-1] if len(s) == 2 and self.layout.orientation(key) == "in_out" else s
 
     def numel(self, key: str) -> int:
-        n = 1
-        for s in self.source.shape(key):
-            n *= s
-        return n
+        return math.prod(self.source.shape(key))
 
     def is_matrix(self, key: str) -> bool:
         """Whether ``key`` takes the method's matrix path (asked with a shape-only tensor)."""

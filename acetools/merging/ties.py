@@ -292,22 +292,10 @@ def _ties_scope(scope: str) -> tuple[str, str]:
     merge=_MERGE,
 )
 def ties(base, task_vectors, *, is_matrix, k, lam, scope, merge, global_trim=None):
-    """TIES-Merging, docs/methods.md §TIES (Yadav et al. 2023, Algorithm 1), on every key of ``base``.
-
-    1. Trim: per task keep the entries with ``|tau_t| >=`` the ``floor(k n / 100)``-th
-       largest magnitude (ties kept; :func:`kept_count`, :func:`trim_threshold`).
-       ``scope="global"`` (default, docs/methods.md §TIES) ranks the whole flattened task
-       vector, all keys together, as TIES and the TALL/TSV code do; ``"tensor"`` ranks per key.
-    2. Elect: gamma = sign(sum_t tau_hat_t); coordinates with gamma = 0 take the majority
-       sign, i.e. the sign of the sum of all elected signs over the model (``"global"``) or
-       over the tensor (``"tensor"``).
-    3. Disjoint merge: mean (default) or sum of the trimmed values agreeing with gamma.
-    4. Update = lam * v_m (default lam = 1.0; the benchmarks select lam on validation).
-
-    ``is_matrix`` is unused: TIES treats every key alike. Defaults follow the TSV/Iso code
-    (k = 20, dis-mean); fusion_bench uses merge='sum', lam = 0.3 and keeps one entry more.
-    ``global_trim``: the thresholds and majority sign of the whole model from :func:`global_trim`,
-    when ``base`` holds some keys of it (a streamed merge); ``None`` computes them over ``base``.
+    """TIES-Merging, docs/methods.md §TIES (Yadav et al. 2023, Algorithm 1), on every key of ``base``:
+    trim each task to its top-k % magnitudes (``scope="global"`` over the whole model, ``"tensor"``
+    per key), elect the sign, disjoint mean or sum, times ``lam``. ``global_trim``: the whole model's
+    thresholds and majority sign (:func:`global_trim`) when ``base`` holds part of it (a streamed merge).
     """
     keys = list(base)
     return _ties_update(task_vectors, keys, k=k, lam=lam, scope=scope, merge=merge, desc="TIES", given=global_trim)
@@ -404,22 +392,10 @@ def _check_seed(value) -> str | None:
     merge=_MERGE,
 )
 def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k, scope, merge, global_trim=None):
-    """DARE, docs/methods.md §DARE (Yu et al. 2024, "Language Models are Super Mario").
-
-    Per task t and key: m ~ Bernoulli(p) element-wise, tau_hat_t = (1 - m) * tau_t / (1 - p)
-    (no division when ``rescale=False``), on every key of ``base``. Then
-    ``base_method="task_arithmetic"`` (default) returns lam * sum_t tau_hat_t and
-    ``base_method="ties"`` returns TIES (:func:`ties`, with ``k``, ``scope`` and ``merge``;
-    they are ignored for task arithmetic) on the tau_hat_t, scaled by lam.
-
-    Seeds (docs/methods.md §DARE): the mask of task t at a key is drawn
-    on the CPU from a generator seeded with :func:`dare_seed` ``(seed, t, key)``, so the same
-    ``seed`` gives the same merged weights whatever the device, dtype or key order.
-
-    Defaults follow fusion_bench's DARE-TA config (p = 0.5, rescale, lam = 0.3); for
-    DARE-TIES fusion_bench uses lam = 0.5, k = 20 and merge='sum'. p = 0 is exactly task
-    arithmetic / TIES. ``global_trim``: as for :func:`ties` (DARE-TIES streamed, :func:`global_trim`
-    of the dropped task vectors).
+    """DARE, docs/methods.md §DARE (Yu et al. 2024): drop each task vector's entries with probability ``p``
+    (rescaled by 1/(1 - p) unless ``rescale=False``; masks seeded per (task, key) by :func:`dare_seed`, so
+    the result does not depend on device, dtype or key order), then task arithmetic or TIES
+    (``base_method``), scaled by ``lam``. ``global_trim``: as for :func:`ties`.
     """
     dropped = dare_task_vectors(task_vectors, p, seed, rescale)
     keys = list(base)
