@@ -1,10 +1,5 @@
-"""Small generated data for tests and the ``micro`` world.
-
-- :func:`tiny_task` — an in-memory :class:`TaskData` of oriented gratings (``n_classes``
-  orientations), built in milliseconds from a seed; for unit tests of other modules.
-- ``SUITES["tiny"]`` — three easy procedural tasks (``tiny_shapes``, ``tiny_orient``,
-  ``tiny_count``; 3 classes, 240 / 60 / 120 images) that go through the same
-  ``load_split`` path as the real tasks, are never cached, and build in well under a second.
+"""Small generated data for tests and the ``micro`` world: :func:`tiny_task` (in-memory gratings from a
+seed, in milliseconds) and ``SUITES["tiny"]`` (three easy procedural tasks through ``load_split``, never cached).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Glyphs rendered with PIL from the TrueType fonts that matplotlib ships.
-
-Tasks and the pretraining pool use disjoint font sets (:data:`TASK_FONTS`,
-:data:`POOL_FONTS`), so the pool's glyphs are never a task's images. Each glyph is rendered
-once per font at a large size, then placed with a random scale, aspect, rotation and shift
-by one affine resampling at 4× and box-filtered to 32 px.
-
-Note: glyph bytes depend on the FreeType build behind PIL; the cache records a content hash,
-so a different build shows up as a different digest rather than silently.
+"""Glyphs rendered with PIL from matplotlib's TrueType fonts (tasks and pool use disjoint fonts), placed
+with a random scale, aspect, rotation and shift by one affine resampling at 4× and box-filtered to 32 px.
+Glyph bytes depend on PIL's FreeType build: the cache's content hash shows a different one.
 """
 
 from __future__ import annotations

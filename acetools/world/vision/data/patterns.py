@@ -1,8 +1,5 @@
-"""Full-field patterns: sine gratings (orientation / frequency tasks) and textures
-(texture family / texture scale tasks), plus the pretraining pool's other texture families.
-
-Patterns are computed on a coordinate grid (supersampled and box-filtered where edges are
-hard), rotated and shifted at random, and painted with two random colours.
+"""Full-field patterns: sine gratings (orientation / frequency), textures (family / scale) and the
+pool's other texture families, on a rotated, shifted coordinate grid painted with two random colours.
 """
 
 from __future__ import annotations

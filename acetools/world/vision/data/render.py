@@ -1,9 +1,6 @@
-"""Drawing helpers shared by the procedural generators: colours, masks, compositing.
-
-Every procedural image is a coverage mask ``alpha`` in ``[0, 1]`` (drawn at
-``SUPERSAMPLE``× resolution and box-filtered down to 32 px, so edges are anti-aliased)
-painted with a foreground colour over a background colour, plus a little pixel noise.
-Colours are random with a minimum luminance contrast, so colour carries no label.
+"""Drawing helpers of the procedural generators: a coverage mask drawn at ``SUPERSAMPLE``× and
+box-filtered to 32 px, painted with a foreground over a background colour (random, with a minimum
+luminance contrast, so colour carries no label), plus a little pixel noise.
 """
 
 from __future__ import annotations

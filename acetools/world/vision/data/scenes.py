@@ -1,10 +1,6 @@
-"""Object scenes: one shape (shape / size / position tasks), dots (count / dot size), and the
-pretraining pool's regular polygons and counted squares.
-
-Each ``*_image`` function draws one 32×32 RGB uint8 image from a NumPy generator and the
-factors it is told to fix; the factors it is not told are drawn at random, so tasks that
-label the same generator by different factors see inputs from one distribution
-(conflicting labels on shared inputs).
+"""Object scenes: one shape (shape / size / position tasks), dots (count / dot size), and the pool's
+polygons and counted squares. Each ``*_image`` draws the factors it is not told at random, so tasks that
+label one generator by different factors share its input distribution.
 """
 
 from __future__ import annotations

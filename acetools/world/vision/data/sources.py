@@ -1,10 +1,6 @@
-"""The offline real-image sources, found on disk without downloading or importing their
-packages: Fashion-MNIST (Debian ``dataset-fashion-mnist``), Animal-MNIST (PyPI
-``animal-mnist``, data files only) and scikit-learn's bundled 8×8 digits.
-
-Each source is deduplicated by image bytes (an image that occurs twice keeps one copy; one
-that occurs with two labels is dropped) and cut into fixed, disjoint partitions — task
-train / val / test and the pretraining pool — so no image can sit in two of them.
+"""The offline real-image sources, found on disk without downloading or importing their packages:
+Fashion-MNIST (Debian ``dataset-fashion-mnist``), Animal-MNIST (PyPI ``animal-mnist``'s data files) and
+scikit-learn's 8×8 digits; each deduplicated by image bytes and cut into fixed, disjoint partitions.
 """
 
 from __future__ import annotations
