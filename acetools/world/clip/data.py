@@ -1,12 +1,6 @@
-"""The CLIP world's images: sources (ImageFolder or ``datasets``), CLIP preprocessing and the
-content-hashed cache of preprocessed images.
-
-Preprocessing is CLIP's (``CLIPImageProcessor`` of openai/clip-vit-base-patch32): RGB, bicubic
-resize of the short side to ``size`` (224), centre crop ``size`` × ``size``; the crop is kept as
-uint8 and :func:`normalize` applies ``/255`` and CLIP's mean and std on the device, batch by
-batch. Crops are cached under ``<root>/pixels`` as ``.npy`` (150 KB an image at 224 px) keyed
-by the source's fingerprint, the indices and the preprocessing; the sidecar holds the
-crops' SHA-256, which keys the cached features.
+"""The CLIP world's images: sources (ImageFolder or ``datasets``), CLIP's preprocessing (bicubic
+short-side resize, centre crop, kept as uint8; :func:`normalize` on the device) and the content-hashed
+cache of crops (docs/clip-world.md §Heads and preprocessing, §Caches).
 """
 
 from __future__ import annotations

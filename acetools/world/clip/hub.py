@@ -1,16 +1,7 @@
-"""Where the CLIP world's models and datasets come from: the Hugging Face cache, a
-``--models-root`` / ``--data-root`` folder, or (online only) a download.
-
-Models resolve, in order, to ``models_root/<repo id>/`` (when ``models_root`` is given: the
-folder must hold ``config.json`` and the weights), else to the Hugging Face cache
-(``huggingface_hub.snapshot_download(..., local_files_only=True)``, so a pre-filled cache works
-offline), else, when the hub is online, to a download into that cache. Datasets resolve to
-``data_root/<task>/<split>/<class name>/*.png|jpg`` when ``data_root`` is given, else through
-``datasets.load_dataset`` (its cache works offline the same way).
-
-A model or dataset that is missing while offline raises :class:`MissingResource`: one line
-that names the id and how to get it (the CLI prints it as ``acetools: error: ...``).
-:func:`fetch` fills the caches on a machine with internet (docs/clip-world.md).
+"""Where the CLIP world's models and datasets come from: ``--models-root`` / ``--data-root`` folders,
+else the Hugging Face caches (offline when pre-filled), else, online only, a download (docs/clip-world.md
+§What is where). A resource missing offline raises :class:`MissingResource` naming how to get it;
+:func:`fetch` fills the caches on a machine with internet.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """The CLIP world's models: the Hugging Face CLIP ViT-B/32 (base ``CLIPModel``, experts
-``CLIPVisionModel``) and the open_clip checkpoint layout of the TSV-M / Iso / ESM code.
-
-**The merged part** is the vision tower. In the Hugging Face layout that is every key of the
-experts' ``CLIPVisionModel`` state dict, ``vision_model.*`` (embeddings, ``pre_layrnorm``,
-the 12 encoder layers, ``post_layernorm``); the base's ``visual_projection`` and text tower
-stay the base's (they make the zero-shot heads). In the open_clip layout it is ``visual.*``
-(the image encoder's keys, ``visual.proj`` included, as the official code merges them).
-
-**Zero-shot heads** (:func:`zeroshot_head`): per class, each template filled with the class
-name goes through the text tower and ``text_projection``; each result is L2-normalised, the
-results are averaged over templates and normalised again. Logits are ``logit_scale.exp()``
-times the cosine with the projected image embedding. Prompts are tokenised with the base
-folder's tokenizer when it has one (``vocab.json`` + ``merges.txt``), else with open_clip's
-copy of CLIP's BPE (the same vocabulary and merges as OpenAI's tokenizer).
-
-**open_clip layout** (:func:`load_openclip_state`): ``{root}/ViT-B-32/{Task}Val/nonlinear_finetuned.pt``,
-``{root}/ViT-B-32/MNISTVal/nonlinear_zeroshot.pt`` (the base) and ``{root}/ViT-B-32/head_{Task}Val.pt``,
-read with ``torch.load(weights_only=True)`` only: a state dict loads, a pickled module is
-refused with a message that says how to convert it on a trusted machine.
+``CLIPVisionModel``), its zero-shot heads, and the open_clip checkpoint layout of the TSV-M / Iso / ESM
+code, read with ``torch.load(weights_only=True)`` only (docs/clip-world.md §What is merged, §Heads and
+preprocessing).
 """
 
 from __future__ import annotations

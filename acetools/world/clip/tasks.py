@@ -1,22 +1,6 @@
-"""The CLIP world's tasks as data: FusionBench's dataset ids, splits, class names and templates.
-
-``tasks.json`` (next to this module) is a copy of what fusion-bench 0.2.33 says per task
-(``fusion_bench_config/dataset/image_classification/{train,val,test}/<task>.yaml`` and
-``fusion_bench.tasks.clip_classification.<task>``), written by
-``scripts/clip_tasks_from_fusionbench.py``; the oracle test
-``tests/test_clip_world.py::test_task_table_matches_fusionbench`` checks the copy against an
-installed fusion-bench, so the class lists and templates are verified offline *as FusionBench's*.
-
-What cannot be verified offline: that each class list's order is the integer label order of
-the Hugging Face dataset (FusionBench relies on it; the lists come with its configs). A
-``--data-root`` ImageFolder is read by folder name: when its class folders are exactly the
-task's class names (spaces or underscores), labels follow the task's list; otherwise the
-sorted folder names are the classes and their names go into the zero-shot templates (said
-once in the log).
-
-Validation: FusionBench's 8-task configs take 10 % of the training split with
-``torch.utils.data.random_split`` seeded 0; the other 12 tasks have no val config there, and
-the same rule is used (``val["note"]`` says so).
+"""The CLIP world's tasks as data: FusionBench's dataset ids, splits, class names and templates, in
+``tasks.json``, a copy of fusion-bench 0.2.33's written by ``scripts/clip_tasks_from_fusionbench.py`` and
+checked by ``tests/test_clip_world.py::test_task_table_matches_fusionbench`` (docs/clip-world.md §What is where).
 """
 
 from __future__ import annotations

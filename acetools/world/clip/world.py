@@ -1,21 +1,6 @@
-"""The papers' own benchmark: CLIP ViT-B/32, the public fine-tuned experts and FusionBench's
-datasets, behind the world interface (:mod:`acetools.world.base`).
-
-:class:`ClipWorld` (world name ``"clip-vit-b32"``; suites ``clip8``, ``clip14``, ``clip20``):
-
-- base ``openai/clip-vit-base-patch32`` and experts ``tanganke/clip-vit-base-patch32_<task>``
-  (Hugging Face layout, :mod:`.hub`), or the open_clip checkpoints of the TSV-M / Iso / ESM
-  code (``openclip_root``; :mod:`.models`);
-- the merged part is the vision tower (``vision_model.*``, or ``visual.*`` in the open_clip layout);
-- zero-shot heads from the base's text tower (or the layout's ``head_{Task}Val.pt``);
-- test splits as FusionBench names them, validation 10 % of train (seed 0), RegMean's and
-  ESM's inputs from the training images;
-- heads, preprocessed images and the base's and experts' image features cached under
-  ``<root>`` (``$ACETOOLS_CACHE/clip``) with content hashes; ``n_test`` / ``n_val`` cap the
-  images per task (a seeded draw, the same for every method);
-- everything on ``device`` (``"auto"``: CUDA when present), the states handed to the merges too.
-
-docs/clip-world.md: layouts, how to fill a cache offline, what is merged, expected time.
+"""The papers' own benchmark behind the world interface: CLIP ViT-B/32, the public fine-tuned experts
+and FusionBench's datasets (:class:`ClipWorld`, world ``"clip-vit-b32"``, suites ``clip8`` / ``clip14`` /
+``clip20``). Layouts, what is merged, heads, caches and time: docs/clip-world.md.
 """
 
 from __future__ import annotations
@@ -33,24 +18,19 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import InputError, InputKeyError
-from ...utils import make_generator, progress, resolve_device
+from ...files.activations import capture_inputs, gram_matrices
+from ...files.checkpoints import CheckpointError, config_hash, load_checkpoint, save_checkpoint, state_hash
+from ...utils import atomic_write, make_generator, progress, resolve_device
+from ..base import WorldBase, cache_dir
 from .data import ImageSource, cached_pixels, hf_source, image_folder, normalize
 from .tasks import BASE_ID, CLIP_SUITES, CLIP_TASKS, TASK_SOURCE, ClipTask
 
-__all__ = ["ClipWorld", "clip_cache_root", "CLIP_WORLD_VERSION"]
+__all__ = ["ClipWorld", "CLIP_WORLD_VERSION"]
 
 log = logging.getLogger(__name__)
 StateDict = dict[str, Tensor]
 CLIP_WORLD_VERSION = 1
 _HF_MATRIX = re.compile(r"^vision_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|out)_proj|mlp\.fc[12])\.weight$")
-
-
-def clip_cache_root(root: str | os.PathLike | None = None) -> Path:
-    """``root``, else ``$ACETOOLS_CACHE/clip``, else ``~/.cache/acetools/clip``."""
-    if root is not None:
-        return Path(root).expanduser()
-    env = os.environ.get("ACETOOLS_CACHE")
-    return (Path(env).expanduser() if env else Path("~/.cache/acetools").expanduser()) / "clip"
 
 
 def _cap(n: int | None, name: str) -> int | None:
@@ -59,7 +39,7 @@ def _cap(n: int | None, name: str) -> int | None:
     return None if n is None else int(n)
 
 
-class ClipWorld:
+class ClipWorld(WorldBase):
     """CLIP ViT-B/32 and its public experts on one suite (see the module docstring).
 
     Parameters
@@ -70,7 +50,7 @@ class ClipWorld:
     data_root: ImageFolder tasks ``DIR/<task>/<split>/<class name>/*.png`` instead of ``datasets``.
     openclip_root: read the open_clip layout (``{root}/ViT-B-32/...``) instead of the HF models.
     n_test, n_val: images per task (None: the whole split).
-    device: ``"auto"``, ``"cuda"`` or ``"cpu"``; root: the cache folder (:func:`clip_cache_root`);
+    device: ``"auto"``, ``"cuda"`` or ``"cpu"``; root: the cache folder (:func:`acetools.world.base.cache_dir`);
     batch_size: images per forward pass; cache: write heads, images and features to ``root``.
     """
 
@@ -110,7 +90,7 @@ class ClipWorld:
         self.layout = "open_clip" if self.openclip_root is not None else "hf_clip"
         self.device = resolve_device(device)
         self.batch_size = batch_size
-        self.root = clip_cache_root(root)
+        self.root = cache_dir("clip", root)
         self.cache = bool(cache)
         self.profile = "quick" if (self.n_test or self.n_val) else "full"
         self._base_model = None
@@ -160,8 +140,6 @@ class ClipWorld:
     def base_state(self) -> StateDict:
         """W0 of the merged part (on ``device``)."""
         if self._base is None:
-            from ...files.checkpoints import state_hash
-
             if self.openclip_root is not None:
                 from .models import load_openclip_state, openclip_paths
 
@@ -182,8 +160,6 @@ class ClipWorld:
         """Task ``task``'s expert (the same keys as :meth:`base_state`, on ``device``)."""
         self._check_task(task)
         if task not in self._experts:
-            from ...files.checkpoints import state_hash
-
             base = self.base_state()
             if self.openclip_root is not None:
                 from .models import load_openclip_state, openclip_paths
@@ -208,9 +184,6 @@ class ClipWorld:
             self._experts[task] = self._to_device(state)
         return self._experts[task]
 
-    def experts(self) -> dict[str, StateDict]:
-        return {t: self.expert_state(t) for t in self.tasks}
-
     def build(self, progress_bar: bool | None = None) -> ClipWorld:
         """Load the base, every expert and every head (what a benchmark needs before merging)."""
         self.base_state()
@@ -221,10 +194,6 @@ class ClipWorld:
 
     def records(self) -> list[dict]:
         return [self._records[k] for k in ["base", *self.tasks] if k in self._records]
-
-    def _check_task(self, task: str) -> None:
-        if task not in self.specs:
-            raise InputKeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
 
     # ----------------------------------------------------------------- encoder
     def _image_size(self) -> int:
@@ -381,14 +350,11 @@ class ClipWorld:
     def split(self, task: str, split: str = "train") -> SimpleNamespace:
         """A whole split as the mini-world's zoo gives it: ``x`` (uint8 crops, N x 3 x 224 x 224, a
         read-only memory map when cached), ``y`` (labels), ``class_names``; preprocessed on first use."""
-        _, idx = self.split_indices(task, split)
-        x, y, digest = self.pixels(task, split, indices=idx)
-        return SimpleNamespace(x=x, y=y, name=task, split=split, class_names=list(self.classnames(task)),
-                               sha256=digest)
+        return self.data(task, split, indices=self.split_indices(task, split)[1])
 
-    def data(self, task: str, split: str, n: int | None = None) -> SimpleNamespace:
-        """The evaluated images of a split (:meth:`eval_indices`), as :meth:`split` gives them."""
-        x, y, digest = self.pixels(task, split, n=n)
+    def data(self, task: str, split: str, n: int | None = None, indices: np.ndarray | None = None) -> SimpleNamespace:
+        """The evaluated images of a split (:meth:`eval_indices`), or ``indices``, as :meth:`split` gives them."""
+        x, y, digest = self.pixels(task, split, indices=indices, n=n)
         return SimpleNamespace(x=x, y=y, name=task, split=split, class_names=list(self.classnames(task)),
                                sha256=digest)
 
@@ -411,8 +377,6 @@ class ClipWorld:
         return self._heads[task]
 
     def _zeroshot_head(self, task: str) -> tuple[Tensor, float, None]:
-        from ...files.checkpoints import CheckpointError, config_hash, load_checkpoint, save_checkpoint
-
         spec, classes = self.specs[task], self.classnames(task)
         self.base_state()
         model = self._base_hf()
@@ -420,8 +384,6 @@ class ClipWorld:
         assert base_folder is not None, "set by _base_hf()"
         text_hash = self._hashes.get("text")
         if text_hash is None:
-            from ...files.checkpoints import state_hash
-
             text = {k: v for k, v in model.state_dict().items() if not k.startswith("vision_model.")}
             text_hash = self._hashes["text"] = state_hash(text)
         fields = {"text_tower": text_hash, "classes": list(classes), "templates": list(spec.templates),
@@ -461,8 +423,6 @@ class ClipWorld:
         ident = self._identity(state)
         path = None
         if ident is not None and self.cache:
-            from ...files.checkpoints import config_hash
-
             key = config_hash({"model": self._hashes[ident], "pixels": digest, "layout": self.layout,
                                "version": CLIP_WORLD_VERSION})
             path = self.root / "features" / f"{task}-{split}-{ident}-{key[:16]}.pt"
@@ -478,8 +438,6 @@ class ClipWorld:
         if path is not None:
             from safetensors.torch import save
 
-            from ...utils import atomic_write
-
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_write(path) as fh:
                 fh.write(save({"features": f.detach().cpu().contiguous()}))
@@ -490,26 +448,16 @@ class ClipWorld:
         out = scale * nn.functional.normalize(features, dim=-1) @ W.t()
         return out if b is None else out + b
 
-    def evaluate(self, state: Mapping[str, Tensor], task: str, split: str = "test", n: int | None = None) -> float:
-        """Top-1 accuracy (fraction) of the merged vision tower ``state`` with ``task``'s zero-shot head."""
-        f, y = self.features(state, task, split, n)
-        if len(y) == 0:
-            raise InputError(f"task {task} split {split} has no images")
-        pred = self.logits(f, task).argmax(-1).cpu().numpy()
-        return float((pred == np.asarray(y)).mean())
-
     def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
                     tasks: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Per-example correctness per task (:class:`~acetools.world.base.PerExample`)."""
         out = {}
         for t in tasks or self.tasks:
             f, y = self.features(state, t, split, n)
+            if len(y) == 0:
+                raise InputError(f"task {t} split {split} has no images")
             out[t] = self.logits(f, t).argmax(-1).cpu().numpy() == np.asarray(y)
         return out
-
-    def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
-                     tasks: Sequence[str] | None = None) -> dict[str, float]:
-        return {t: self.evaluate(state, t, split, n) for t in (tasks or self.tasks)}
 
     # ----------------------------------------------------------------- ESM's and RegMean's inputs
     def matrix_keys(self) -> list[str]:
@@ -541,13 +489,9 @@ class ClipWorld:
         return torch.from_numpy(np.array(self.pixels(task, "train", indices=idx[:n])[0]))
 
     def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
-        from ...files.activations import capture_inputs
-
         enc = self.encoder(state)
         return capture_inputs(enc, self._batches(inputs), list(keys))
 
     def gram_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
-        from ...files.activations import gram_matrices
-
         enc = self.encoder(state)
         return gram_matrices(enc, self._batches(inputs), list(keys))

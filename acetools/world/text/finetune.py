@@ -1,15 +1,6 @@
-"""Fine-tuning and evaluation on text tasks.
-
-One expert per task: the weight matrices of the encoder's transformer layers
-(:func:`acetools.world.text.model.merged_keys`; everything else frozen) are trained with AdamW
-(linear warm-up then linear decay) through a head on the mean-pooled embedding: a frozen
-zero-shot head (the default, the CLIP protocol) or a trained linear head (the GLUE protocol).
-Batches are padded to their longest text
-(``max_length`` caps it). ``bf16=True`` runs the forward and backward passes under bfloat16
-autocast (weights and optimizer state stay float32), which is 2-4x faster on CPUs with
-bf16 units and changes accuracies by round-off only (the recipe study measures it).
-
-:func:`evaluate` is deterministic: the same weights give the same accuracy.
+"""Fine-tuning and evaluation on text tasks (docs/text-world.md §Recipe): the transformer layers'
+matrices (:func:`acetools.world.text.model.merged_keys`) trained with AdamW through a frozen zero-shot
+head (default) or a trained linear head, optionally under bfloat16 autocast; evaluation is deterministic.
 """
 
 from __future__ import annotations
@@ -27,7 +18,7 @@ from ...utils import make_generator, progress
 from .model import PARAM_SETS, TextEncoder, merged_keys
 from .tasks import TextData
 
-__all__ = ["TextFinetuneConfig", "finetune_text", "evaluate_text", "encode_batches", "train_head"]
+__all__ = ["TextFinetuneConfig", "finetune_text", "evaluate_text", "encode_batches"]
 
 
 @dataclass(frozen=True)
@@ -186,21 +177,6 @@ def embed_texts(encoder: TextEncoder, tok, texts: list[str], *, max_length: int 
         with _autocast(bf16, device):
             out.append(encoder(ids.to(device), mask.to(device)).float().cpu())
     return torch.cat(out) if out else torch.zeros(0, encoder.width)
-
-
-def train_head(features: Tensor, y: list[int], n_classes: int, *, steps: int = 300, lr: float = 1e-2,
-               weight_decay: float = 1e-4, seed: int = 0) -> nn.Linear:
-    """A linear head fitted on fixed features by full-batch AdamW (a warm start for an expert)."""
-    torch.manual_seed(seed)
-    head = nn.Linear(features.shape[1], n_classes)
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
-    yt = torch.tensor(y)
-    for _ in range(steps):
-        loss = nn.functional.cross_entropy(head(features), yt)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return head.requires_grad_(False)
 
 
 def zeroshot_head(encoder: TextEncoder, tok, prompts: list[str], *, bf16: bool = True,

