@@ -83,13 +83,15 @@ def parse_parameter(text: str, *, literal: bool = True) -> tuple[str, Any]:
     key = key.strip()
     if not key.isidentifier():
         raise InputError(f"parameter name {key!r} is not a Python identifier")
-    if not literal:
-        return key, raw
+    return key, _literal(raw, raw) if literal else raw
+
+
+def _literal(text: str, fallback: Any) -> Any:
+    """``text`` as a Python literal (``3``, ``0.5``, ``[1, 2]``), else ``fallback``."""
     try:
-        value = ast.literal_eval(raw)
+        return ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        value = raw
-    return key, value
+        return fallback
 
 
 _TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (float, int), "str": (str,),
@@ -116,10 +118,7 @@ def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: s
     kinds = _declared_types(info.get("inferred_type_name"))
     text = value if isinstance(value, str) else None
     if text is not None and not (kinds and "str" in kinds):
-        try:
-            value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError):
-            value = text
+        value = _literal(text.strip(), text)
     if kinds is None:
         return value
     want = " | ".join(kinds)
@@ -140,10 +139,7 @@ def coerce_parameter(name: str, value: Any, info: Mapping[str, Any], notebook: s
         value = float(value)
     if ok[0] in ("list", "tuple") and isinstance(value, (list, tuple)):  # (ok[0]'s types)
         value = list(value) if ok[0] == "list" else tuple(value)
-        try:
-            ref = ast.literal_eval(default) if isinstance(default, str) else default
-        except (ValueError, SyntaxError):
-            ref = None
+        ref = _literal(default, None) if isinstance(default, str) else default
         elem = {type(v) for v in ref} if isinstance(ref, (list, tuple)) and ref else set()
         if len(elem) == 1:
             (et,) = elem
