@@ -106,26 +106,27 @@ def _quads_overlap(a: np.ndarray, b: np.ndarray, min_px: float) -> bool:
     return True
 
 
-def text_overlaps(fig, *, min_px: float = 2.0, min_font: float = 0.0) -> list[tuple[str, str]]:
-    """Pairs of drawn texts of ``fig`` whose boxes overlap by more than ``min_px`` pixels both ways
-    (crowded ticks, a label over a title); texts under ``min_font`` points are left out."""
-    fig.canvas.draw()  # lay the figure out at its own size and dpi: extents from a stale draw mislead
-    renderer = fig.canvas.get_renderer()
-    boxes = []
+def _shown_texts(fig, renderer):
+    """``(text, drawn box)`` of each visible, non-empty text of ``fig`` (:func:`_drawn_texts`), once each."""
     seen = set()
     for t in _drawn_texts(fig):
         if id(t) in seen or not t.get_visible() or not t.get_text().strip() or t.get_alpha() == 0:
             continue
         seen.add(id(t))
-        if t.get_fontsize() < min_font:
-            continue
         try:
             bb = _text_extent(t, renderer)
         except (RuntimeError, ValueError):  # pragma: no cover - a text that cannot be laid out
             continue
-        if bb.width <= 0 or bb.height <= 0:
-            continue
-        boxes.append((t, _text_quad(t, renderer)))
+        if bb.width > 0 and bb.height > 0:
+            yield t, bb
+
+
+def text_overlaps(fig, *, min_px: float = 2.0, min_font: float = 0.0) -> list[tuple[str, str]]:
+    """Pairs of drawn texts of ``fig`` whose boxes overlap by more than ``min_px`` pixels both ways
+    (crowded ticks, a label over a title); texts under ``min_font`` points are left out."""
+    fig.canvas.draw()  # lay the figure out at its own size and dpi: extents from a stale draw mislead
+    renderer = fig.canvas.get_renderer()
+    boxes = [(t, _text_quad(t, renderer)) for t, _ in _shown_texts(fig, renderer) if t.get_fontsize() >= min_font]
     out = []
     for i in range(len(boxes)):
         ti, a = boxes[i]
@@ -201,12 +202,7 @@ def label_points(ax, x, y, labels: Sequence[str], *, fontsize: float = 7, pad_px
     spots = near + [((dx, dy), "left" if dx > 0 else "right" if dx < 0 else "center", "center") for dx, dy in grid]
     inside = ax.get_window_extent(renderer)
     placed: list = []
-    boxes: list = []  # the texts already drawn (titles, ticks, earlier labels) are obstacles too
-    for t in _drawn_texts(fig):
-        if t.get_visible() and t.get_text().strip():
-            bb = _text_extent(t, renderer)
-            if bb.width > 0 and bb.height > 0:
-                boxes.append(bb)
+    boxes = [bb for _, bb in _shown_texts(fig, renderer)]  # the texts already drawn are obstacles too
     from matplotlib.transforms import Bbox
 
     r = 4.0 * fig.dpi / 72.0  # the points themselves (a default marker's half-width) are obstacles too
