@@ -197,7 +197,8 @@ class Checkpoint:
     ``open_clip_config.json``) if there is one; ``files`` the weight files read.
     """
 
-    def __init__(self, path: Path, files: list[Path], config: dict | None, folder: Path | None):
+    def __init__(self, path: Path, files: list[Path], config: dict | None, folder: Path | None,
+                 tensors: Mapping[str, Tensor] | None = None):  # tensors: a state dict in memory (no files)
         self.path = path
         self.files = files
         self.config = config
@@ -206,7 +207,7 @@ class Checkpoint:
         self._where: dict[str, Path] = {}
         self._tensors: dict[str, Tensor] | None = None
         self._meta: dict[str, TensorMeta] = {}
-        if all(f.suffix == ".safetensors" for f in files):
+        if tensors is None and all(f.suffix == ".safetensors" for f in files):
             for f in files:
                 h = _SafetensorsFile(f)
                 self._handles[f] = h
@@ -216,15 +217,15 @@ class Checkpoint:
                     self._where[k] = f
                     self._meta[k] = m
         else:
-            tensors: dict[str, Tensor] = {}
+            loaded: dict[str, Tensor] = {}
             for f in files:
                 part = _torch_load(f) if f.suffix != ".safetensors" else self._load_st(f)
                 for k in part:
-                    if k in tensors:
+                    if k in loaded:
                         raise InputError(f"{path}: key {k!r} is in two files")
-                tensors.update(part)
-            self._tensors = tensors
-            self._meta = {k: TensorMeta(tuple(v.shape), v.dtype) for k, v in tensors.items()}
+                loaded.update(part)
+            self._tensors = dict(tensors) if tensors is not None else loaded
+            self._meta = {k: TensorMeta(tuple(v.shape), v.dtype) for k, v in self._tensors.items()}
         if not self._meta:
             raise InputError(f"{path}: the checkpoint holds no tensors")
 

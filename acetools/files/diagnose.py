@@ -27,9 +27,12 @@ from torch import Tensor
 from ..diagnostics import effective_rank
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index, layer_type
+from ..layouts import TensorMeta, align_prefix, get_layout, is_classifier
 from ..merging import check_same_keys, confirmed_ties, defaults_from
 from ..merging.linalg import gram_spectrum
 from ..utils import atomic_write, progress
+from .checkpoints import Checkpoint, check_output_folder, open_checkpoint
+from .heads import HEAD_MODES, CheckpointView
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
 
@@ -91,64 +94,20 @@ class Diagnosis:
 
 
 # --------------------------------------------------------------------------- sources
-class _Source:
-    """One model: keys, shape/dtype without reading, one tensor at a time."""
+def _open(obj: Any, what: str) -> Checkpoint:
+    """A state dict or a checkpoint path as a :class:`~acetools.files.checkpoints.Checkpoint`."""
+    if isinstance(obj, Mapping):
+        bad = next((k for k, v in obj.items() if not isinstance(v, Tensor)), None)
+        if bad is not None:
+            raise InputTypeError(f"{what}[{bad!r}] is a {type(obj[bad]).__name__}, not a torch.Tensor")
+        return Checkpoint(Path(what), [], None, None, tensors=obj)
+    if isinstance(obj, (str, os.PathLike)):
+        return open_checkpoint(obj)
+    raise InputTypeError(f"{what} is a {type(obj).__name__}; give a state dict or a checkpoint path")
 
-    def __init__(self, obj: Any, what: str):
-        self.what = what
-        self.config = None
-        self.path = None
-        if isinstance(obj, Mapping):
-            self._sd = obj
-            self._ckpt = None
-        elif isinstance(obj, (str, os.PathLike)):
-            from .checkpoints import open_checkpoint
 
-            self._ckpt = open_checkpoint(obj)
-            self._sd = None
-            self.config = self._ckpt.config
-            self.path = str(obj)
-        else:
-            raise InputTypeError(f"{what} is a {type(obj).__name__}; give a state dict or a checkpoint path")
-
-    def _checkpoint(self):
-        """The open checkpoint (a source is a state dict or a checkpoint)."""
-        if self._ckpt is None:
-            raise InputTypeError(f"{self.what} is closed or was never a checkpoint")
-        return self._ckpt
-
-    _names: dict[str, str] | None = None  # the key a diagnosis uses -> the model's own key (:meth:`restrict`)
-
-    def restrict(self, names: Mapping[str, str]) -> None:
-        """Show only the keys of ``names`` (new name -> own key): heads left out, a bare backbone's keys
-        under the experts' base-model prefix (:func:`acetools.layouts.align_prefix`)."""
-        self._names = dict(names)
-
-    def _own(self, key: str) -> str:
-        return key if self._names is None else self._names.get(key, key)
-
-    def keys(self) -> list[str]:
-        if self._names is not None:
-            return list(self._names)
-        return list(self._sd) if self._sd is not None else self._checkpoint().keys()
-
-    def shape_dtype(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
-        key = self._own(key)
-        if self._sd is not None:
-            t = self._sd[key]
-            if not isinstance(t, Tensor):
-                raise InputTypeError(f"{self.what}[{key!r}] is a {type(t).__name__}, not a torch.Tensor")
-            return tuple(t.shape), t.dtype
-        m = self._checkpoint().meta(key)
-        return tuple(m.shape), m.dtype
-
-    def get(self, key: str) -> Tensor:
-        key = self._own(key)
-        return self._sd[key] if self._sd is not None else self._checkpoint().get(key)
-
-    def close(self) -> None:
-        if self._ckpt is not None:
-            self._ckpt.close()
+def _what(i: int, labels: Sequence[str]) -> str:
+    return f"experts[{i}] ({labels[i]})"
 
 
 def _names(experts: Sequence[Any], names: Sequence[str] | None) -> list[str]:
@@ -166,10 +125,10 @@ def _names(experts: Sequence[Any], names: Sequence[str] | None) -> list[str]:
     return out
 
 
-def _check_keys(base: _Source, experts: Sequence[_Source]) -> list[str]:
+def _check_keys(base: Checkpoint, experts: Sequence[Checkpoint], labels: Sequence[str]) -> list[str]:
     keys = base.keys()
-    for e in experts:
-        check_same_keys(sorted(keys), e.keys(), e.what, "the base")
+    for i, e in enumerate(experts):
+        check_same_keys(sorted(keys), e.keys(), _what(i, labels), "the base")
     return keys
 
 
@@ -181,19 +140,16 @@ def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None
     if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
         raise InputTypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
     labels = _names(experts, names)
-    src = _Source(base, "base")
-    exs = [_Source(e, f"experts[{i}] ({labels[i]})") for i, e in enumerate(experts)]
-    _align_heads(src, exs, layout, heads)
-    return src, exs, labels
+    src = _open(base, "base")
+    exs = [_open(e, _what(i, labels)) for i, e in enumerate(experts)]
+    return (*_align_heads(src, exs, layout, heads, labels), labels)
 
 
-def _align_heads(src: _Source, exs: Sequence[_Source], layout: Any, heads: str) -> None:
+def _align_heads(src: Checkpoint, exs: list[Checkpoint], layout: Any, heads: str, labels: Sequence[str]
+                 ) -> tuple[Checkpoint, list[Checkpoint]]:
     """Leave the per-task head keys out of every source (``heads`` "per-task"/"drop", or "auto" for
     classifiers: :func:`acetools.layouts.is_classifier`) and rename the base's keys through the
     base-model prefix when needed (:func:`acetools.layouts.align_prefix`)."""
-    from ..layouts import align_prefix, get_layout, is_classifier
-    from .heads import HEAD_MODES
-
     if heads not in HEAD_MODES:
         raise InputError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
     lay = get_layout(layout, keys=src.keys(), config=src.config)
@@ -203,17 +159,16 @@ def _align_heads(src: _Source, exs: Sequence[_Source], layout: Any, heads: str) 
                                                                   for e in exs)):
         hidden = set(lay.task_head_keys(ekeys))
         if heads != "auto" and not hidden:
-            raise InputError(f"heads={heads!r}: {exs[0].what} has no key that layout {lay.name!r} calls a task head "
-                             f"(patterns {lay.task_heads or '(none)'}); use heads='merge'")
+            raise InputError(f"heads={heads!r}: {_what(0, labels)} has no key that layout {lay.name!r} calls a task "
+                             f"head (patterns {lay.task_heads or '(none)'}); use heads='merge'")
     al = align_prefix(src.keys(), [k for k in ekeys if k not in hidden], base_config=src.config,
                       expert_config=exs[0].config)
     if al is not None:
         log.info("diagnose: %s", al.describe())
-    base_names = dict(al.rename) if al is not None else {k: k for k in src.keys()}
     if hidden or al is not None:
-        src.restrict({k: v for k, v in base_names.items() if k not in hidden})
-        for e in exs:
-            e.restrict({k: k for k in e.keys() if k not in hidden})
+        src = CheckpointView(src, list(hidden), al.rename if al is not None else None)
+        exs = [CheckpointView(e, list(hidden)) for e in exs]
+    return src, exs
 
 
 def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | None = None,
@@ -222,20 +177,14 @@ def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | No
     checkpoint opens, has the base's keys with the same shapes (per-task heads left out, see
     :func:`diagnose`), and some key takes the matrix path under ``layout``. Raises an error
     naming the file, key or shape; returns ``{"n_tasks", "names", "layout", "n_keys", "n_matrices"}``."""
-    from ..layouts import get_layout
-
     src, exs, labels = _open_sources(base, experts, names, layout, heads)
     try:
-        keys = _check_keys(src, exs)
+        keys = _check_keys(src, exs, labels)
         lay = get_layout(layout, keys=keys, config=src.config)
         n_mat = 0
         for key in keys:
-            shape, dtype = src.shape_dtype(key)
-            for e in exs:
-                es, _ = e.shape_dtype(key)
-                if es != shape:
-                    raise InputError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
-            n_mat += dtype.is_floating_point and key not in lay.tied and lay.is_matrix(key, _meta(shape, dtype))
+            m = _check_shapes(key, src, exs, labels)
+            n_mat += m.dtype.is_floating_point and key not in lay.tied and lay.is_matrix(key, m)
     finally:
         src.close()
         for e in exs:
@@ -309,13 +258,13 @@ def diagnose(
         raise InputError(f"tau={tau!r} must be a finite number >= 0")
     src, exs, labels = _open_sources(base, experts, names, layout, heads)
     try:
-        lay, chosen = _chosen_keys(src, exs, layout, keys)
+        lay, chosen = _chosen_keys(src, exs, layout, keys, labels)
         walk = _Walk(labels, lay, tau=tau, ace=ace, max_singular_values=max_singular_values)
         tied = confirmed_ties(lay.tied, src, exs, get=lambda m, k: m.get(k))  # aliases equal to their key everywhere
         for key in progress(chosen, desc="diagnose", enabled=show_progress):
-            shape, dtype = src.shape_dtype(key)
-            if dtype.is_floating_point and key not in tied:
-                walk.add(key, shape, dtype, *_w0_taus(key, shape, src, exs, lay))
+            m = src.meta(key)
+            if m.dtype.is_floating_point and key not in tied:
+                walk.add(key, m, *_w0_taus(key, src, exs, lay, labels))
     finally:
         src.close()
         for e in exs:
@@ -323,12 +272,11 @@ def diagnose(
     return walk.diagnosis(src, exs, n_keys=len(chosen), seconds=round(time.perf_counter() - t0, 2))
 
 
-def _chosen_keys(src: _Source, exs: Sequence[_Source], layout: Any, keys: Sequence[str] | None):
+def _chosen_keys(src: Checkpoint, exs: Sequence[Checkpoint], layout: Any, keys: Sequence[str] | None,
+                 labels: Sequence[str]):
     """The layout and the keys to walk, in block order (files may store keys sorted as text:
     0, 1, 10, 11, 2, ...; stable otherwise)."""
-    from ..layouts import get_layout
-
-    all_keys = _check_keys(src, exs)
+    all_keys = _check_keys(src, exs, labels)
     lay = get_layout(layout, keys=all_keys, config=src.config)
     chosen = all_keys if keys is None else list(keys)
     for k in chosen:
@@ -337,17 +285,25 @@ def _chosen_keys(src: _Source, exs: Sequence[_Source], layout: Any, keys: Sequen
     return lay, sorted(chosen, key=lambda k: (block_index(k) is not None, block_index(k) or 0))
 
 
-def _w0_taus(key: str, shape, src: _Source, exs: Sequence[_Source], lay) -> tuple[Tensor, list[Tensor]]:
+def _check_shapes(key: str, src: Checkpoint, exs: Sequence[Checkpoint], labels: Sequence[str]) -> TensorMeta:
+    """The base's shape and dtype of ``key``; an expert with another shape is an error naming it."""
+    m = src.meta(key)
+    for i, e in enumerate(exs):
+        if tuple(e.meta(key).shape) != tuple(m.shape):
+            raise InputError(f"shape mismatch at key {key!r}: base has {tuple(m.shape)}, {_what(i, labels)} has "
+                             f"{tuple(e.meta(key).shape)}")
+    return m
+
+
+def _w0_taus(key: str, src: Checkpoint, exs: Sequence[Checkpoint], lay, labels: Sequence[str]
+             ) -> tuple[Tensor, list[Tensor]]:
     """W0 and the task vectors of ``key`` in float64, d_out x d_in; errors name the expert."""
-    for e in exs:
-        es, _ = e.shape_dtype(key)
-        if es != shape:
-            raise InputError(f"shape mismatch at key {key!r}: base has {shape}, {e.what} has {es}")
+    _check_shapes(key, src, exs, labels)
     W0 = lay.to_canonical(key, src.get(key)).to(torch.float64)
     taus = [lay.to_canonical(key, e.get(key)).to(torch.float64) - W0 for e in exs]
-    for t, e in zip(taus, exs):
+    for i, t in enumerate(taus):
         if not torch.isfinite(t).all():
-            raise InputError(f"{e.what}[{key!r}] contains NaN or Inf")
+            raise InputError(f"{_what(i, labels)}[{key!r}] contains NaN or Inf")
     return W0, taus
 
 
@@ -361,19 +317,19 @@ class _Walk:
         self.G = torch.zeros(T, T, dtype=torch.float64)
         self.iu = torch.triu_indices(T, T, 1).T.tolist()
 
-    def add(self, key: str, shape, dtype, W0: Tensor, taus: list[Tensor]) -> None:
+    def add(self, key: str, m: TensorMeta, W0: Tensor, taus: list[Tensor]) -> None:
         """Norm rows for every float key; the per-matrix tables for matrices."""
         F = torch.stack([t.reshape(-1) for t in taus])
         Gk = F @ F.T
         self.G += Gk
         b = float(W0.norm())
-        role = self.lay.role(key, _meta(shape, dtype))
+        role = self.lay.role(key, m)
         for name, e2 in zip(self.labels, Gk.diagonal().tolist()):
             tn = math.sqrt(e2)
             self.norm_rows.append({"task": name, "key": key, "layer_type": layer_type(key), "block": block_index(key),
                                    "role": role, "tau_norm": tn, "base_norm": b,
                                    "ratio": tn / b if b > 0 else math.nan, "energy": e2})
-        if self.lay.is_matrix(key, _meta(shape, dtype)) and W0.ndim == 2:
+        if self.lay.is_matrix(key, m) and W0.ndim == 2:
             self._matrix(key, W0.shape, b, taus, Gk)
 
     def _where(self, key: str) -> dict[str, Any]:
@@ -437,7 +393,7 @@ class _Walk:
             row["wpre_top5_energy"] = _wpre_top5(taus, key, self.tau)
         self.layer_rows.append(row)
 
-    def diagnosis(self, src: _Source, exs: Sequence[_Source], *, n_keys: int, seconds: float) -> Diagnosis:
+    def diagnosis(self, src: Checkpoint, exs: Sequence[Checkpoint], *, n_keys: int, seconds: float) -> Diagnosis:
         if not self.layer_rows:
             raise InputError(f"no key takes the matrix path under layout {self.lay.name!r}; nothing to diagnose "
                              "(check --layout, or the keys you selected)")
@@ -448,7 +404,7 @@ class _Walk:
         layers = pd.DataFrame(self.layer_rows)
         meta = {"n_tasks": len(labels), "names": labels, "layout": self.lay.name, "tau": self.tau, "ace": self.ace,
                 "n_keys": n_keys, "n_matrices": len(layers), "seconds": seconds,
-                "base": src.path or "state dict", "experts": [e.path or "state dict" for e in exs]}
+                "base": _path(src), "experts": [_path(e) for e in exs]}
         pair = ["key", "layer_type", "block", "task_i", "task_j"]
         d = Diagnosis(
             summary=pd.DataFrame(), layers=layers,
@@ -467,10 +423,8 @@ class _Walk:
         return d
 
 
-def _meta(shape, dtype):
-    from ..layouts import TensorMeta
-
-    return TensorMeta(tuple(shape), dtype)
+def _path(ck: Checkpoint) -> str:
+    return str(ck.path) if ck.files else "state dict"
 
 
 def _summary(d: Diagnosis) -> pd.DataFrame:
@@ -531,7 +485,6 @@ def run_report(
     The tables are saved next to it (:meth:`Diagnosis.save`). Returns ``{"executed", "html", "seconds"}``."""
     import papermill as pm
 
-    from .checkpoints import check_output_folder
 
     for p in [base, *experts]:
         if not Path(p).exists():
