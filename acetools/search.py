@@ -162,6 +162,15 @@ def _pick(trace: list[Evaluation], metric: str) -> Evaluation:
     return best
 
 
+def _check_grid(grid: Sequence[float]) -> list[float]:
+    grid = [float(a) for a in grid]
+    if not grid:
+        raise InputError("grid is empty: pass at least one coefficient (e.g. acetools.search.LAMBDA_GRID)")
+    if not all(math.isfinite(a) for a in grid):
+        raise InputError("grid contains a non-finite coefficient")
+    return grid
+
+
 def check_patience(patience: Any) -> None:
     """A grid search's ``patience`` is ``None`` or a positive int (``InputError`` naming it otherwise)."""
     if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
@@ -177,11 +186,7 @@ def grid_search(score_fn: ScoreFn, grid: Sequence[float], *, reference: Mapping[
     A grid of at most ``short`` coefficients is searched whole.
     """
     _check_metric("objective", objective, reference)
-    grid = [float(a) for a in grid]
-    if not grid:
-        raise InputError("grid is empty: pass at least one coefficient (e.g. acetools.search.LAMBDA_GRID)")
-    if not all(math.isfinite(a) for a in grid):
-        raise InputError("grid contains a non-finite coefficient")
+    grid = _check_grid(grid)
     check_patience(patience)
     if isinstance(short, bool) or not isinstance(short, int) or short < 0:
         raise InputError(f"short={short!r} must be an int >= 0")
@@ -261,11 +266,7 @@ def climb_search(score_fn: ScoreFn, grid: Sequence[float], *, reference: Mapping
     the better neighbour, stopping after ``patience`` steps without a strict gain or at the grid's end.
     """
     _check_metric("objective", objective, reference)
-    g = sorted({float(a) for a in grid})
-    if not g:
-        raise InputError("grid is empty: pass at least one coefficient")
-    if not all(math.isfinite(a) for a in g):
-        raise InputError("grid contains a non-finite coefficient")
+    g = sorted(set(_check_grid(grid)))
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
         raise InputError(f"patience={patience!r} must be a positive int")
     if isinstance(start, bool) or not isinstance(start, Real) or not math.isfinite(start):
