@@ -205,35 +205,30 @@ def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Check
 
 
 def _check_expert_list(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
-    """The expert list from the paths alone: the base among the experts or an expert listed twice
-    is an error (a zero task vector, or one task counted twice, silently changes every method's
-    weights); a single expert gets a warning (a merge of one is well defined: the base plus the
-    method's rescaled task vector, e.g. to check a coefficient, but is usually a typo)."""
-    where = {base.path.expanduser().resolve(): "the base"}
-    for t, ck in enumerate(experts):
-        p = ck.path.expanduser().resolve()
-        if p in where:
-            raise InputError(f"expert {t} ({ck.path}) is the same checkpoint as {where[p]}; "
-                             + ("the base is not an expert (its task vector is zero)" if where[p] == "the base" else
-                                "list every expert once (a duplicate counts its task twice)"))
-        where[p] = f"expert {t} ({ck.path})"
+    """The expert list from the paths alone (:func:`_check_distinct`); a single expert gets a warning
+    (a merge of one is well defined: the base plus the method's rescaled task vector, e.g. to check a
+    coefficient, but is usually a typo)."""
+    models = [base, *experts]
+    _check_distinct([ck.path.expanduser().resolve() for ck in models], [ck.path for ck in models],
+                    "is the same checkpoint as")
     if len(experts) == 1:
         warnings.warn(f"only one expert ({experts[0].path}): the merge is the base plus the method's rescaled task "
                       "vector of that expert; pass every fine-tuned checkpoint to merge them", UserWarning,
                       stacklevel=4)
 
 
-def _check_distinct_contents(hashes: Sequence[tuple[str, ...]], paths: Sequence[Path]) -> None:
-    """Same as :func:`_check_expert_list` by content hash (``hashes[0]`` the base's): a copy of the
-    base or of another expert under a different name is an error."""
-    seen: dict[tuple[str, ...], int] = {}
-    for i, h in enumerate(hashes):
+def _check_distinct(ids: Sequence[Any], paths: Sequence[Path], same: str) -> None:
+    """The base among the experts, or an expert listed twice, by ``ids`` (resolved paths or content
+    hashes; ``ids[0]`` the base's), is an error: a zero task vector, or one task counted twice,
+    silently changes every method's weights."""
+    seen: dict[Any, int] = {}
+    for i, h in enumerate(ids):
         if h in seen:
             j = seen[h]
             what = "the base" if j == 0 else f"expert {j - 1} ({paths[j]})"
             fix = ("the base is not an expert (its task vector is zero)" if j == 0 else
                    "list every expert once (a duplicate counts its task twice)")
-            raise InputError(f"expert {i - 1} ({paths[i]}) has the same content (sha256) as {what}; {fix}")
+            raise InputError(f"expert {i - 1} ({paths[i]}) {same} {what}; {fix}")
         seen[h] = i
 
 
@@ -359,8 +354,8 @@ class _InputHashes:
             out = {f: fut.result() for f, fut in self._futures.items()}
         finally:
             self._pool.shutdown()
-        _check_distinct_contents([tuple(sorted(out[str(f)] for f in ck.files)) for ck in self.models],
-                                 [ck.path for ck in self.models])
+        _check_distinct([tuple(sorted(out[str(f)] for f in ck.files)) for ck in self.models],
+                        [ck.path for ck in self.models], "has the same content (sha256) as")
         return out
 
     def cancel(self) -> None:
