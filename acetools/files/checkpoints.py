@@ -32,6 +32,7 @@ from ..utils import atomic_write, jsonable, strip_ansi
 __all__ = [
     "Checkpoint",
     "open_checkpoint",
+    "as_checkpoint",
     "ShardedWriter",
     "parse_size",
     "file_sha256",
@@ -352,6 +353,21 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
             config = _read_json(cdir / name)
             break
     return Checkpoint(p, files, config, folder)
+
+
+def as_checkpoint(obj: Any, name: str = "state dict") -> Checkpoint:
+    """``obj`` as a :class:`Checkpoint`: itself, a path (:func:`open_checkpoint`), or a state dict in memory
+    (``path`` is ``name``, no files); errors name ``name``."""
+    if isinstance(obj, Checkpoint):
+        return obj
+    if isinstance(obj, Mapping):
+        bad = next((k for k, v in obj.items() if not isinstance(v, Tensor)), None)
+        if bad is not None:
+            raise InputTypeError(f"{name}[{bad!r}] is a {type(obj[bad]).__name__}, not a torch.Tensor")
+        return Checkpoint(Path(name), [], None, None, tensors=obj)
+    if isinstance(obj, (str, os.PathLike)):
+        return open_checkpoint(obj)
+    raise InputTypeError(f"{name} is a {type(obj).__name__}; give a state dict or a checkpoint path")
 
 
 def _input_places(ck: Checkpoint | str | os.PathLike) -> tuple[set[Path], set[Path]]:

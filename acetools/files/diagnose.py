@@ -31,7 +31,7 @@ from ..layouts import TensorMeta, align_prefix, get_layout, is_classifier
 from ..merging import check_same_keys, confirmed_ties, defaults_from
 from ..merging.linalg import gram_spectrum
 from ..utils import atomic_write, progress
-from .checkpoints import Checkpoint, check_output_folder, open_checkpoint
+from .checkpoints import Checkpoint, as_checkpoint, check_output_folder
 from .heads import HEAD_MODES, CheckpointView
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
@@ -94,18 +94,6 @@ class Diagnosis:
 
 
 # --------------------------------------------------------------------------- sources
-def _open(obj: Any, what: str) -> Checkpoint:
-    """A state dict or a checkpoint path as a :class:`~acetools.files.checkpoints.Checkpoint`."""
-    if isinstance(obj, Mapping):
-        bad = next((k for k, v in obj.items() if not isinstance(v, Tensor)), None)
-        if bad is not None:
-            raise InputTypeError(f"{what}[{bad!r}] is a {type(obj[bad]).__name__}, not a torch.Tensor")
-        return Checkpoint(Path(what), [], None, None, tensors=obj)
-    if isinstance(obj, (str, os.PathLike)):
-        return open_checkpoint(obj)
-    raise InputTypeError(f"{what} is a {type(obj).__name__}; give a state dict or a checkpoint path")
-
-
 def _what(i: int, labels: Sequence[str]) -> str:
     return f"experts[{i}] ({labels[i]})"
 
@@ -140,8 +128,8 @@ def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None
     if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
         raise InputTypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
     labels = _names(experts, names)
-    src = _open(base, "base")
-    exs = [_open(e, _what(i, labels)) for i, e in enumerate(experts)]
+    src = as_checkpoint(base, "base")
+    exs = [as_checkpoint(e, _what(i, labels)) for i, e in enumerate(experts)]
     return (*_align_heads(src, exs, layout, heads, labels), labels)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,8 @@ import torch
 
 from ..errors import InputError
 from ..keys import block_index
-from ..layouts import Layout, TensorMeta
+from ..layouts import Layout
+from .checkpoints import Checkpoint, as_checkpoint
 
 __all__ = ["SAMPLE_KEYS", "SAMPLE_ENTRIES", "RATIO_LIMIT", "SHARED_RATIO_LIMIT", "COSINE_LIMIT", "Lineage",
            "sample_keys", "measure_lineage", "check_lineage"]
@@ -39,24 +40,8 @@ SHARED_RATIO_LIMIT = 0.5
 COSINE_LIMIT = 0.9
 
 
-def _meta(ck: Any, key: str) -> TensorMeta:
-    if isinstance(ck, Mapping):
-        t = ck[key]
-        return TensorMeta(tuple(t.shape), t.dtype)
-    return ck.meta(key)
-
-
-def _keys(ck: Any) -> list[str]:
-    return list(ck) if isinstance(ck, Mapping) else list(ck.keys())
-
-
-def _get(ck: Any, key: str) -> torch.Tensor:
-    return ck[key] if isinstance(ck, Mapping) else ck.get(key)
-
-
-def _where(ck: Any, t: int) -> str:
-    path = getattr(ck, "path", None)
-    return f"expert {t} ({path})" if path is not None else f"expert {t}"
+def _where(ck: Checkpoint, t: int) -> str:
+    return f"expert {t} ({ck.path})" if ck.files else f"expert {t}"
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -73,8 +58,9 @@ def sample_keys(base: Any, layout: Layout, n: int = SAMPLE_KEYS) -> list[str]:
     """At most ``n`` matrix keys of ``base`` (a Checkpoint or a state dict), evenly spaced over its
     blocks (keys outside the blocks first, as :mod:`acetools.keys` orders them); tied aliases are
     skipped. Falls back to the largest 2-D float keys when the layout names no matrix."""
-    keys = [k for k in _keys(base) if k not in layout.tied]
-    metas = {k: _meta(base, k) for k in keys}
+    base = as_checkpoint(base)
+    keys = [k for k in base.keys() if k not in layout.tied]
+    metas = base.metas()
     mats = [k for k in keys if metas[k].dtype.is_floating_point and layout.is_matrix(k, metas[k])]
     if not mats:
         mats = [k for k in keys if metas[k].dtype.is_floating_point and metas[k].ndim == 2]
@@ -130,17 +116,18 @@ def measure_lineage(base: Any, experts: Sequence[Any], layout: Layout, *, keys: 
     """‖τ_t‖/‖W0‖ and the task-vector cosines over :func:`sample_keys` (or ``keys``), in float64,
     in the layout's orientation. ``base``/``experts``: Checkpoints (read one tensor at a time) or
     state dicts with the same keys."""
+    base, experts = as_checkpoint(base), [as_checkpoint(e) for e in experts]
     keys = list(keys) if keys is not None else sample_keys(base, layout)
     T = len(experts)
     G = torch.zeros(T, T, dtype=torch.float64)
     b2 = 0.0
     unchanged = [True] * T
     for key in keys:
-        W0 = _rows(_get(base, key)).to(torch.float64).reshape(-1)
+        W0 = _rows(base.get(key)).to(torch.float64).reshape(-1)
         b2 += float(W0.pow(2).sum())
         F = torch.empty(T, W0.numel(), dtype=torch.float64)  # the T task vectors, one row each
         for t, ck in enumerate(experts):
-            F[t].copy_(_rows(_get(ck, key)).reshape(-1)).sub_(W0)
+            F[t].copy_(_rows(ck.get(key)).reshape(-1)).sub_(W0)
             unchanged[t] = unchanged[t] and not bool(F[t].any())
         G += F @ F.T
     n = G.diagonal().sqrt()
