@@ -3,6 +3,8 @@ inputs."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -225,6 +227,21 @@ def test_float32_close_to_float64():
 
 
 # --------------------------------------------------------------------------- Step D and the switches
+def test_rank_notes_warn_once_per_merge_naming_the_other_layers():
+    """Budgets k = 4-16 above the shift's rank (3 rows) on all 6 ESD layers: merge() warns once, naming the
+    other five layers; esm_merge_matrix alone warns for its layer."""
+    base, experts, acts = world(n_rows=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        acetools.merge("esm", base, experts, activations=acts)
+    notes = [str(w.message) for w in caught if "exceeds the rank" in str(w.message)]
+    assert len(notes) == 1 and "[and 5 more like it: " in notes[0], notes
+    assert all(k in notes[0] for k in acts)
+    key = next(iter(acts))
+    with pytest.warns(RuntimeWarning, match=rf"'{key}'.*exceeds the rank"):
+        esm_merge_matrix([e[key] - base[key] for e in experts], acts[key], name=key)
+
+
 def test_alpha_scope_switch():
     base, experts, acts = world()
     one = update(acetools.merge("esm", base, experts, activations=acts), base)
@@ -593,7 +610,7 @@ def test_bad_activations_name_key_and_task():
     with pytest.raises(KeyError, match="resblocks.1.mlp.c_proj.weight"):
         acetools.merge("esm", base, experts, activations=missing)
     short = {**acts, key: acts[key][:3]}
-    with pytest.raises(ValueError, match=r"has 3 tensors but there are 4 tasks"):
+    with pytest.raises(ValueError, match=r"has 3 tensors for 4 experts"):
         acetools.merge("esm", base, experts, activations=short)
     wrong = {**acts, key: [*acts[key][:2], torch.randn(10, 16, dtype=torch.float64), acts[key][3]]}
     with pytest.raises(ValueError, match=r"c_proj\.weight.*task 2.*d_in=16.*expects d_in=64"):

@@ -256,14 +256,16 @@ def whiten(M: Tensor, *, name: str = "", times: Tensor | None = None, dtype: tor
 
 def esm_merge_matrix(taus: Sequence[Tensor], Xs: Sequence[Tensor] | None = None, *, decomposition: str = "esd",
                      task_scaling: bool = True, task_power: float = 2.0, dim_scaling: bool = True,
-                     dim_power: float = 2.0, eig_power: float = 0.15, const: float = 2.0, name: str = "") -> Tensor:
+                     dim_power: float = 2.0, eig_power: float = 0.15, const: float = 2.0, name: str = "",
+                     notes: list[tuple[str, str]] | None = None) -> Tensor:
     """Merged update of one ESD layer, docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.9) (no beta, no alpha).
 
     ``taus``: the T task vectors (d_out x d_in), ``Xs`` their proxy input activations (N_t x d_in;
     unused for ``decomposition="svd"``). Returns const * whiten(P_cat) @ whiten(A_cat) (defaults:
     the official code's). Where the budget k exceeds the rank r_t of task t's activation shift
     (:func:`shift_rank`), task t keeps its top r_t directions and a ``RuntimeWarning`` names the
-    layer ``name`` (past the rank the basis is arbitrary; docs/methods.md §ESM, Step A).
+    layer ``name`` (past the rank the basis is arbitrary; docs/methods.md §ESM, Step A); given a list
+    ``notes``, ``(name, warning text)`` is appended to it instead (:func:`esm` warns once per merge).
     """
     T = len(taus)
     if T == 0:
@@ -289,12 +291,14 @@ def esm_merge_matrix(taus: Sequence[Tensor], Xs: Sequence[Tensor] | None = None,
         A_hats.append(A_hat)
         norms.append(sub.norm)
     if short:
-        warnings.warn(
-            f"esm: layer {name!r}: the rank budget k = {k} exceeds the rank of the activation shift X dW^T for "
-            + ", ".join(f"task {t} (rank {r})" for t, r in short)
-            + "; those tasks keep only their top-rank directions (past the rank the basis is arbitrary and the "
-            "merge would depend on the dtype and the CPU's LAPACK; docs/methods.md §ESM, Step A)",
-            RuntimeWarning, stacklevel=2)
+        note = (f"esm: layer {name!r}: the rank budget k = {k} exceeds the rank of the activation shift X dW^T for "
+                + ", ".join(f"task {t} (rank {r})" for t, r in short)
+                + "; those tasks keep only their top-rank directions (past the rank the basis is arbitrary and the "
+                "merge would depend on the dtype and the CPU's LAPACK; docs/methods.md §ESM, Step A)")
+        if notes is None:
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
+        else:
+            notes.append((name, note))
     if task_scaling:
         A_hats = polarize_tasks(A_hats, task_power, norms=torch.stack(norms))
     P_cat, A_cat = concatenate_factors(P_hats, A_hats)
@@ -385,30 +389,21 @@ def esm(base: Mapping[str, Tensor], task_vectors: Sequence[Mapping[str, Tensor]]
         task_scaling: bool, task_power: float, dim_scaling: bool, dim_power: float, layer_scaling: bool,
         layer_power: float, eig_power: float, const: float, targets: Sequence[str], layer_types: Sequence[str],
         ) -> dict[str, Tensor]:
-    r"""ESM merged update for every key, docs/methods.md §ESM (defaults: ``METHODS["esm"]``, written once there;
-    call it as ``merge("esm", ...)`` or with :func:`acetools.merging.defaults_from`).
+    r"""ESM merged update for every key, docs/methods.md §ESM (defaults: ``METHODS["esm"]``, the official ViT
+    code's; call it as ``merge("esm", ...)`` or with :func:`acetools.merging.defaults_from`).
 
-    - ESD layers: matrix keys (``is_matrix``) whose name contains one of ``targets``
-      (default ``attn.in_proj_weight``, ``mlp.c_fc.weight``, ``mlp.c_proj.weight``) get
-      :func:`esm_merge_matrix` with the proxy activations ``activations`` (``X_t`` for task
-      t, the layer's input inside task t's fine-tuned model; ``t`` counts from 0 in the order
-      of the experts).
-    - Other matrix keys get TSV-M (docs/methods.md §TSV-M, :func:`acetools.merging.svd.tsv_merge_matrix`;
-      no polarized scaling at this stage), non-matrix keys the mean (1/T) sum_t tau_t.
-    - Step C: if ``layer_scaling``, every matrix key whose name contains one of
-      ``layer_types`` (default the four CLIP block types) is multiplied by its beta
-      (:func:`polarize_layers`); other keys get no beta.
-    - Step D: ``alpha`` multiplies the ESD layers only (``alpha_scope="esd"``, the default:
-      the evaluation code that produced the reported numbers; docs/methods.md §ESM) or every
-      key (``alpha_scope="all"``, the saved fused model).
+    - ESD layers (matrix keys matching ``targets``, regular expressions searched in the key; default
+      ``attn.in_proj_weight``, ``mlp.c_fc.weight``, ``mlp.c_proj.weight``) get :func:`esm_merge_matrix`
+      with ``activations`` (X_t: the layer's input inside task t's fine-tuned model, t counting from 0 in
+      the order of the experts); other matrix keys TSV-M (:func:`acetools.merging.svd.tsv_merge_matrix`),
+      non-matrix keys the mean (1/T) sum_t tau_t.
+    - Step C (``layer_scaling``): every matrix key matching ``layer_types`` times its beta
+      (:func:`polarize_layers`). Step D: ``alpha`` multiplies the ESD layers (``alpha_scope="esd"``, the
+      evaluation code's) or every key (``"all"``, the saved fused model).
 
-    Defaults are the official ViT code's: exponent 2 at every polarization level (-1: the
-    "reciprocal" ablation), e^0.15, const 2, alpha 1. ``targets`` and ``layer_types`` are regular
-    expressions searched in the key (plain names act as substrings); several towers' types are
-    compared across towers. ESM never turns silently into TSV-M: patterns that match nothing and
-    activations for keys that are not ESD layers are errors naming them
-    (:func:`acetools.merging.inputs.check_targets`); for other architectures see
-    :func:`acetools.files.esm_inputs.esm_names`.
+    ESM never turns silently into TSV-M: patterns that match nothing and activations for keys that are not
+    ESD layers are errors naming them (:func:`acetools.merging.inputs.check_targets`); other architectures:
+    :func:`acetools.files.esm_inputs.esm_names`. Rank notes (:func:`esm_merge_matrix`) come as one warning.
     """
     T = len(task_vectors)
     matrix_keys = [k for k in base if is_matrix(k, base[k])]
@@ -429,18 +424,21 @@ def esm(base: Mapping[str, Tensor], task_vectors: Sequence[Mapping[str, Tensor]]
                                                                   {k: base[k].shape[1] for k in esd_keys})
     esd_set, matrix_set = set(esd_keys), set(matrix_keys)
     out: dict[str, Tensor] = {}
+    notes: list[tuple[str, str]] = []  # (layer, rank note): one warning per merge, naming the other layers
     for key in progress(list(base), desc="esm"):
         taus = [tv[key] for tv in task_vectors]
         if key in esd_set:
             Xs = [get_X(t, key) for t in range(T)] if get_X is not None else None  # T x (N_t, d_in)
             out[key] = _esd_layer(key, taus, Xs, decomposition=decomposition, task_scaling=task_scaling,
                                   task_power=task_power, dim_scaling=dim_scaling, dim_power=dim_power,
-                                  eig_power=eig_power, const=const)
+                                  eig_power=eig_power, const=const, notes=notes)
         elif key in matrix_set:
             out[key] = tsv_merge_matrix(taus, key=key)
         else:
             out[key] = mean_update(task_vectors, key)
-
+    if notes:
+        more = f" [and {len(notes) - 1} more like it: {', '.join(n for n, _ in notes[1:])}]" if notes[1:] else ""
+        warnings.warn(notes[0][1] + more, RuntimeWarning, stacklevel=2)
     if layer_scaling:
         out = polarize_layers(out, keys=matrix_keys, layer_types=layer_types, power=layer_power)
     for key in esd_keys if alpha_scope == "esd" else list(out):  # Step D

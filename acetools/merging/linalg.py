@@ -1,27 +1,16 @@
 """Linear-algebra helpers shared by the merge methods: polar factor, safe solve, input checks.
 
-Besides the plain LAPACK routes (:func:`thin_svd`, :func:`polar`, :func:`solve_right`) this
-module holds the cheaper *exact* routes the merge methods take where the numerics allow them
-(measured in ``docs/performance.md``):
-
-* :func:`gram_top_svd`, :func:`gram_polar`: top singular triplets and polar factors through the
-  eigendecomposition of the smaller float64 Gram matrix. The Gram squares the condition number,
-  so each checks the spectrum it needs and falls back to the SVD where float64 would lose more
-  than the float32 SVD it replaces (``GRAM_MAX_RATIO``).
-* :func:`gram_polar_times`: ``polar(M) @ B`` through the same Gram without forming the square
-  polar factor of a tall ``M`` when ``B`` is narrower than ``M`` (ESM's whitening of P_cat).
-* :func:`solve_spd_rank_one`: ``B (M + 1 cᵀ)^-1`` for symmetric positive-definite ``M`` by a
-  Cholesky factorisation and the Sherman–Morrison formula (one factorisation, half the flops of
-  LU); it reports failure so the caller can take the LU route.
-* :class:`TaskCovariance` and :func:`task_sums`: ACE's covariances kept as the task vectors they
-  are made of, and the one pass over the tasks that forms every sum ACE's stages read, with the
-  cheapest association per shape and two reused buffers (docs/methods.md §ACE,
-  docs/performance.md).
+Beside the plain LAPACK routes (:func:`thin_svd`, :func:`polar`, :func:`solve_right`), the cheaper
+*exact* routes the methods take where the numerics allow (docs/performance.md): top singular
+triplets and polar factors through the smaller float64 Gram (:func:`gram_top_svd`, :func:`gram_polar`,
+:func:`gram_polar_times`; each checks the spectrum it needs against ``GRAM_MAX_RATIO`` and otherwise
+leaves it to the SVD), Cholesky with Sherman–Morrison (:func:`solve_spd_rank_one`), and ACE's one
+pass over the tasks (:class:`TaskCovariance`, :func:`task_sums`; docs/methods.md §ACE).
 
 Every solve and factorisation decides singularity from a measured quantity, never from whether
 LAPACK raises (docs/methods.md §Numerics): :func:`rcond_estimate` (LU) and :func:`cholesky_rcond`
 (pivot ratio, then the same 1-norm estimate) against ``RCOND_MIN``; below it :func:`solve_right`
-takes :func:`pinv_right` with a warning naming the layer.
+takes the pseudo-inverse with a warning naming the layer.
 """
 
 from __future__ import annotations
@@ -43,10 +32,10 @@ __all__ = [
     "thin_svd", "polar", "solve_right", "top_svd", "check_square", "check_psd",
     "GRAM_MAX_RATIO", "sym_eig", "gram_top_svd", "gram_polar", "gram_polar_times",
     "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_", "spread_ok", "gram_spectrum", "RCOND_MIN",
-    "rcond_estimate", "cholesky_rcond", "pinv_right", "polar_rank", "TaskCovariance", "TaskSums", "StreamedCovariances",
+    "rcond_estimate", "cholesky_rcond", "polar_rank", "TaskCovariance", "TaskSums", "StreamedCovariances",
     "CenteredRows", "sum64", "sq_norms", "solve_task_sums",
     "NormalizedCovariances", "Refinement", "isotropic_update", "dense_covariance",
-    "SHIFT_RANK_RTOL", "shift_rank", "top_shift_factors", "whiten_svd", "thin_svd_named",
+    "SHIFT_RANK_RTOL", "shift_rank", "top_shift_factors", "whiten_svd",
     "task_sums",
 ]
 
@@ -197,19 +186,13 @@ def _warn_singular(name: str, what: str, rcond: float, stacklevel: int) -> None:
     )
 
 
-def pinv_right(B: Tensor, A: Tensor) -> Tensor:
-    """``B @ pinv(A)`` with singular values below ``RCOND_MIN · sigma_1`` dropped: the fallback
-    of :func:`solve_right` (the minimum-norm least-squares solution of ``X A = B``)."""
-    return B @ torch.linalg.pinv(A, rtol=RCOND_MIN)
-
-
 def solve_right(B: Tensor, A: Tensor, *, name: str = "") -> Tensor:
     """``B @ inv(A)`` computed as a solve; falls back to the pseudo-inverse with a warning.
 
     Singularity is decided from a measured quantity, not from whether LAPACK raises: the LU
     factorisation's estimated reciprocal condition number (:func:`rcond_estimate`) must be at
-    least ``RCOND_MIN`` and the solution finite. Otherwise the result is :func:`pinv_right`
-    (``B @ pinv(A)``, singular values below ``RCOND_MIN · sigma_1`` dropped) and a
+    least ``RCOND_MIN`` and the solution finite. Otherwise the result is ``B @ pinv(A)`` with singular
+    values below ``RCOND_MIN · sigma_1`` dropped (the minimum-norm least-squares solution) and a
     ``RuntimeWarning`` names the layer (``name``) so a user can see which matrix was singular.
     """
     rcond = 0.0
@@ -224,7 +207,7 @@ def solve_right(B: Tensor, A: Tensor, *, name: str = "") -> Tensor:
     elif A.shape[-1] == 0:
         return B.new_zeros(B.shape)
     _warn_singular(name, "using the pseudo-inverse", rcond, stacklevel=2)
-    return pinv_right(B, A)
+    return B @ torch.linalg.pinv(A, rtol=RCOND_MIN)
 
 
 def check_psd(S: Tensor, where: str, rtol: float | None = None) -> None:
@@ -456,7 +439,7 @@ def solve_spd_rank_one(B: Tensor, M: Tensor, c: Tensor | None = None, *, overwri
         denom = 1.0 + z.sum()
         if not bool(torch.isfinite(denom)) or abs(float(denom)) < RCOND_MIN * (1.0 + float(z.abs().sum())):
             return None
-        Y = Y - torch.outer(Y.sum(dim=1) / denom, z)
+        Y.sub_(torch.outer(Y.sum(dim=1) / denom, z))  # in place: one d_out x d_in buffer fewer
     if not bool(torch.isfinite(Y).all()):
         return None
     return Y
@@ -515,22 +498,13 @@ def gram_spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     times faster on a CPU for 3072 x 768); singular values are accurate to ~1e-3 of sigma_1
     (squared: ~1e-7 of the energy), ample for energy shares, spectra and subspaces."""
     M = M.to(torch.float32)
-    d_out, d_in = M.shape
-    if d_out <= d_in:
-        lam, U = torch.linalg.eigh(M @ M.T)
-        lam, U = lam.flip(0).clamp(min=0), U.flip(1)
-        S = lam.sqrt()
-        Uk = U[:, :k]
-        Sk = S[:k]
-        Vk = (M.T @ Uk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
-    else:
-        lam, V = torch.linalg.eigh(M.T @ M)
-        lam, V = lam.flip(0).clamp(min=0), V.flip(1)
-        S = lam.sqrt()
-        Vk = V[:, :k]
-        Sk = S[:k]
-        Uk = (M @ Vk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))
-    return S, Uk, Vk
+    wide = M.shape[0] <= M.shape[1]
+    A = M if wide else M.T  # the Gram A Aᵀ of the smaller side
+    lam, Q = torch.linalg.eigh(A @ A.T)
+    S = lam.flip(0).clamp(min=0).sqrt()
+    Qk, Sk = Q.flip(1)[:, :k], S[:k]
+    Ok = (A.T @ Qk) / torch.where(Sk > 0, Sk, torch.ones_like(Sk))  # the other side's vectors
+    return (S, Qk, Ok) if wide else (S, Ok, Qk)
 
 
 # --------------------------------------------------------------------------- ACE's task sums
@@ -651,7 +625,7 @@ def solve_task_sums(sums: TaskSums, C_agg: Tensor | None = None, *, name: str = 
     float64 and the LU solve :func:`solve_right` (pseudo-inverse with a warning naming ``name``)."""
     W = None
     if sums.symmetric and (C_agg is None or torch.equal(C_agg, C_agg[:1].expand_as(C_agg))):
-        M = sums.S.clone()  # sum_t Sigma_reg,t (d_in, d_in)
+        M = sums.S.clone()  # sum_t Sigma_reg,t (d_in, d_in); S stays for the refinement's Σ̄_reg
         M.diagonal().add_(float(sums.ridge.sum()))
         W = solve_spd_rank_one(sums.numerator(), M, None if C_agg is None else C_agg[0], overwrite=True)
     if W is None:
@@ -848,7 +822,13 @@ def whiten_svd(M: Tensor, name: str = "") -> Tensor:
     if not bool(torch.isfinite(M).all()):
         raise FloatingPointError(f"esm: layer {name!r}: the matrix to whiten has NaN or Inf entries; the task "
                                  "vectors or activations overflow (check their scale)")
-    U, S, Vh = thin_svd_named(M, name)
+    try:
+        U, S, Vh = thin_svd(M)
+    except RuntimeError as e:  # torch.linalg.LinAlgError: the SVD did not converge
+        raise InputError(
+            f"esm: the SVD for layer {name!r} failed ({type(e).__name__}); the {tuple(M.shape)} matrix has "
+            f"max |entry| {float(M.detach().abs().max()):.3g}: task vectors or activations this large (or NaN/Inf) "
+            f"overflow {M.dtype} arithmetic. Check the scale of the experts and the capture") from e
     if S.numel() == 0 or not bool(S.mean() > 0):
         return torch.zeros_like(M)
     r = polar_rank(S, (M.shape[0], M.shape[1]), M.dtype)
@@ -859,19 +839,6 @@ def whiten_svd(M: Tensor, name: str = "") -> Tensor:
             "(docs/methods.md §ESM, Step B5)", RuntimeWarning, stacklevel=3)
         return (U[:, :r] @ Vh[:r]) * S.mean()
     return (U @ Vh) * S.mean()
-
-
-def thin_svd_named(M: Tensor, name: str) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`thin_svd` whose LAPACK failure names the layer ``name`` and the likely cause."""
-    try:
-        return thin_svd(M)
-    except RuntimeError as e:  # torch.linalg.LinAlgError: the SVD did not converge
-        big = float(M.detach().abs().max()) if M.numel() else 0.0
-        raise InputError(
-            f"esm: the SVD for layer {name!r} failed ({type(e).__name__}); the {tuple(M.shape)} matrix has "
-            f"max |entry| {big:.3g}: task vectors or activations this large (or NaN/Inf) overflow "
-            f"{M.dtype} arithmetic. Check the scale of the experts and the capture"
-        ) from e
 
 
 # --------------------------------------------------------------------------- ACE's stage outputs
