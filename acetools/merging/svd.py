@@ -148,14 +148,9 @@ def tsv_rank(r: int, n_tasks: int) -> int:
 
 
 def tsv_merge_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
-    """TSV-M for one matrix: M = polar(U_cat) diag(s_cat) polar(V_cat) (docs/methods.md §TSV-M).
-
-    For each task t, the top k = :func:`tsv_rank` (r, T) singular triplets of tau_t are written
-    into slots [t k, (t+1) k) of zero-initialised U_cat (d_out x r), s_cat (r) and V_cat
-    (r x d_in); a tail beyond T k stays zero. U_cat and V_cat are replaced by their polar
-    factors and the *original* singular values are kept. With T = 1, k = r and M = tau_1.
-    If k = 0 (min(d_out, d_in) < T) the result is zero, as in the official code, with a warning.
-    ``alpha`` is not applied here (see :func:`tsv_m`). Used by ESM for its non-ESD matrices.
+    """TSV-M for one matrix: M = polar(U_cat) diag(s_cat) polar(V_cat), docs/methods.md §TSV-M
+    (steps 1-3; k = :func:`tsv_rank`; zero with a warning when k = 0). ``alpha`` is not applied
+    here (see :func:`tsv_m`). Used by ESM for its non-ESD matrices.
     """
     X = stack_taus(taus, key)
     T, d_out, d_in = X.shape
@@ -191,12 +186,7 @@ def tsv_merge_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tenso
 # --------------------------------------------------------------------------- Iso-C (docs/methods.md §Iso-C)
 def iso_c_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
     """Iso-C for one matrix: Delta_iso = mean(S) U V^T, with U S V^T = sum_t tau_t (docs/methods.md §Iso-C,
-    Eq. (Iso-C.1)).
-
-    The mean runs over all r = min(d_out, d_in) singular values of the *sum*, so every
-    singular value of the result equals that mean (an isotropic spectrum). ``alpha`` is not
-    applied here (see :func:`iso_c`).
-    """
+    Eq. (Iso-C.1)). ``alpha`` is not applied here (see :func:`iso_c`)."""
     X = stack_taus(taus, key)
     D = X.sum(0)
     if not D.any():
@@ -211,13 +201,8 @@ def iso_c_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
 
 # --------------------------------------------------------------------------- Iso-CTS (docs/methods.md §Iso-CTS)
 def iso_cts_ranks(r: int, n_tasks: int, common_fraction: float = 0.8) -> tuple[int, int]:
-    """Iso-CTS rank split ``(k_c, s)``: common rank and per-task rank (docs/methods.md §Iso-CTS, Eq. (Iso-CTS.1)).
-
-    k_c = int(common_fraction * r); m = round((r - k_c) / T) * T (Python's round, as the
-    official code); then k_c = r - m and s = m / T, so that k_c + T s = r exactly.
-    r = 768 gives (616, 19) for T = 8, (614, 11) for T = 14 and (608, 8) for T = 20.
-    Raises if the adjustment leaves k_c < 0 (r too small for T tasks at this fraction).
-    """
+    """Iso-CTS rank split ``(k_c, s)``, k_c + T s = r: docs/methods.md §Iso-CTS, Eq. (Iso-CTS.1) (Python's
+    round, as the official code); an error when r is too small for T tasks at this fraction."""
     if n_tasks < 1:
         raise InputError(f"n_tasks must be >= 1, got {n_tasks}")
     if not 0.0 <= common_fraction <= 1.0:
@@ -234,16 +219,8 @@ def iso_cts_ranks(r: int, n_tasks: int, common_fraction: float = 0.8) -> tuple[i
 
 
 def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8, *, key: str = "") -> Tensor:
-    """Iso-CTS for one matrix (docs/methods.md §Iso-CTS).
-
-    1. (k_c, s) = :func:`iso_cts_ranks` (r, T, common_fraction).
-    2. Common subspace: top-k_c triplets (U_c, S_c, V_c) of sum_t tau_t.
-    3. Per task: R_t = tau_t - U_c U_c^T tau_t, top-s triplets.
-    4. Stack the task blocks at slots [t s, (t+1) s), then the common block, into U (d_out x r),
-       a singular-value vector (r) and V (r x d_in).
-    5-6. Delta = sigma_bar polar(U) polar(V), sigma_bar = mean of the r stacked singular values.
-
-    ``alpha`` is not applied here (see :func:`iso_cts`).
+    """Iso-CTS for one matrix: Delta = sigma_bar polar(U) polar(V), docs/methods.md §Iso-CTS (steps 1-4;
+    (k_c, s) = :func:`iso_cts_ranks`). ``alpha`` is not applied here (see :func:`iso_cts`).
     """
     X = stack_taus(taus, key)
     T, d_out, d_in = X.shape
@@ -284,25 +261,10 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
 
 
 def _iso_cts_gram(X: Tensor, k_c: int, s: int) -> Tensor | None:
-    """:func:`iso_cts_matrix` for float32 inputs on its cheapest exact route, in float64.
-
-    The same maths as the generic path, three savings (docs/performance.md §Iso-CTS on float32 inputs):
-
-    * Wide or square matrices (d_out <= d_in): the float64 Gram D Dᵀ of the summed task
-      vector D is eigendecomposed in full anyway (k_c > r/4), so its trailing eigenvectors
-      U_perp (d_out x T s) span the complement of U_c exactly. Then
-      R_t = (I - U_c U_cᵀ) tau_t = U_perp (U_perpᵀ tau_t) and the top-s triplets of R_t are
-      U_perp times those of the small (T s) x d_in matrix U_perpᵀ tau_t: one thin product
-      instead of two d_out x k_c x d_in ones and a d_out² Gram.
-    * Tall matrices: Rᵀ R = tau_tᵀ tau_t - Yᵀ Y with Y = U_cᵀ tau_t (U_c orthonormal), so R_t
-      is never formed (one d_out x k_c x d_in product instead of two). The subtraction loses
-      ~1e-16 ||tau_t||_F² absolute, so it is taken only where ||tau_t||_F / sigma_s(R_t) <=
-      ``GRAM_MAX_RATIO`` (the bound the Gram routes keep); otherwise R_t is formed as before.
-    * The task blocks U_t lie in the complement of U_c, so Uᵀ U = blockdiag(U_tasksᵀ U_tasks, I)
-      and polar(U) = [polar(U_tasks), U_c]: a d_out x T s polar factor instead of d_out x r.
-
-    Returns ``None`` where the summed task vector's spectrum is too spread for its Gram
-    (sigma_1 / sigma_k_c > ``GRAM_MAX_RATIO``); the caller then takes the generic path.
+    """:func:`iso_cts_matrix` for float32 inputs on its cheapest exact route, in float64 (the three
+    savings: docs/performance.md §Iso-CTS on float32 inputs). ``None`` where the summed task vector's
+    spectrum is too spread for its Gram (sigma_1 / sigma_k_c > ``GRAM_MAX_RATIO``): the caller then
+    takes the generic path.
     """
     T, d_out, d_in = X.shape
     n = T * s
@@ -406,6 +368,7 @@ def cart_matrix(
 
 # --------------------------------------------------------------------------- registered methods
 def _per_key(name, base, task_vectors, is_matrix, matrix_fn, desc):
+    """``matrix_fn(taus, key)`` on the keys ``is_matrix(key, W0)`` takes, the mean update on the rest."""
     out = {}
     for key in progress(list(base), desc=desc):
         if is_matrix(key, base[key]):
@@ -429,12 +392,8 @@ _ALPHA_ON_A_GRID: dict = {"key_scope": "key", "needs_layout": True, "search": Se
     alpha=Param(1.0, "coefficient on every key, matrices and means alike (grid 0.1..3.0 in the paper code)", low=0.0),
 )
 def tsv_m(base, task_vectors, *, is_matrix, alpha):
-    """TSV-M, docs/methods.md §TSV-M: :func:`tsv_merge_matrix` on matrix keys, the mean on the rest.
-
-    theta = theta0 + alpha * M for **all** keys (the 1-D means are also multiplied by alpha,
-    as in the official code). Default alpha = 1 (fusion_bench's default); the paper selects
-    alpha on validation over {0.1, ..., 3.0}.
-    """
+    """TSV-M, docs/methods.md §TSV-M: :func:`tsv_merge_matrix` on matrix keys, the mean on the rest, all times
+    alpha (Eq. (TSV-M.3), the 1-D means too, as in the official code)."""
     out = _per_key("tsv_m", base, task_vectors, is_matrix, lambda taus, k: tsv_merge_matrix(taus, key=k), "TSV-M")
     return {k: alpha * v for k, v in out.items()}
 
@@ -500,11 +459,5 @@ def cart(base, task_vectors, *, is_matrix, rank_ratio, lam, targets):
     missed = [k for k in base if is_matrix(k, base[k]) and block_index(k) is not None and not low_rank_key(k)]
     warn_mean_fallback("cart", missed, "names without 'attn'/'mlp' (CART's name rule; targets='blocks' takes every "
                        "block matrix) inside the blocks")
-    out = {}
-    for key in progress(list(base), desc="CART"):
-        if low_rank_key(key) and is_matrix(key, base[key]):
-            _check_matrix_key("cart", key, base[key])
-            out[key] = cart_matrix([tv[key] for tv in task_vectors], rank_ratio, lam, key=key)
-        else:
-            out[key] = mean_update(task_vectors, key)
-    return out
+    return _per_key("cart", base, task_vectors, lambda k, w: low_rank_key(k) and is_matrix(k, w),
+                    lambda taus, k: cart_matrix(taus, rank_ratio, lam, key=k), "CART")

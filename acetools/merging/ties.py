@@ -1,16 +1,8 @@
 """TIES-Merging and DARE (docs/methods.md §TIES, §DARE).
 
-TIES (Yadav et al., NeurIPS 2023) merges task vectors in three steps, each exposed here so a
-notebook can stop after any of them:
-
-1. :func:`trim` keeps, per task, the top-k% entries of tau_t by magnitude
-   (:func:`kept_count`, :func:`trim_threshold`);
-2. :func:`elect_sign` picks, per coordinate, the sign of the summed trimmed values ("mass"),
-   and :func:`resolve_zero_signs` gives coordinates whose sum is zero the majority sign;
-3. :func:`disjoint_merge` averages (or sums) the trimmed values that agree with that sign.
-
-DARE (Yu et al., ICML 2024) drops each entry of each task vector with probability p and
-rescales the survivors by 1/(1 - p) (:func:`dare_mask`, :func:`drop_and_rescale`,
+TIES' three steps are public so a notebook can stop after any of them: :func:`trim` (with
+:func:`kept_count`, :func:`trim_threshold`), :func:`elect_sign` (and :func:`resolve_zero_signs`),
+:func:`disjoint_merge`. DARE drops and rescales (:func:`dare_mask`, :func:`drop_and_rescale`,
 :func:`dare_task_vectors`) before task arithmetic or TIES.
 """
 
