@@ -33,13 +33,17 @@ method's algorithm (:func:`model_flops`), ``gflops_per_s`` the achieved rate and
 against the GEMM peak of the run's own arithmetic (float32 for ``precision=float32`` and for
 fusion-bench's float32 SVDs).
 
-``--before TREE`` also runs the methods with the ``acetools`` package found in TREE (e.g. a
-``git archive main acetools | tar -x -C TREE`` of the main branch), labelled ``code=before``,
-so before/after ratios come from one session.
+``--before TREE`` also runs the methods with the ``acetools`` package found in TREE (a folder, or a git
+revision of this repository whose ``acetools`` is extracted to a temporary folder), labelled
+``code=before``, so before/after ratios come from one session. ``--interleave N`` runs each
+before/after pair N times alternately (now, before, now, before, ...: a shared machine's load
+drifts alike over both) and saves the min and median per method, world and code with the
+now/before ratios in merge_speed_interleaved.csv.
 
     python benchmarks/merge_speed.py --blocks 12 --methods ace tsv_m iso_cts esm    # the targets run
     python benchmarks/merge_speed.py --blocks 1 --tasks 20 --methods ace --no-theirs # ACE memory, one block
     python benchmarks/merge_speed.py --quick                                        # a fast smoke run
+    python benchmarks/merge_speed.py --blocks 1 --methods ace esm --no-theirs --before 1bc37d5 --interleave 5
 
 Results are printed as a table and saved to ``--out`` (default benchmarks/results/):
 merge_speed.csv (ours, with ratios), merge_speed_raw.csv (every run) and merge_speed.json.
@@ -55,6 +59,8 @@ import os
 import platform
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -388,7 +394,8 @@ def _run_key(row: dict) -> tuple:
     """What identifies one timed run (the GEMM probe is one run whatever its other fields)."""
     if row["method"] == "gemm":
         return ("gemm",)
-    return (row["method"], int(row["n_tasks"]), row["world"], row["code"], row["variant"], row.get("entry", "func"))
+    return (row["method"], int(row["n_tasks"]), row["world"], row["code"], row["variant"], row.get("entry", "func"),
+            row.get("rep", 0))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -407,8 +414,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ace-worlds", nargs="+", default=["lognormal", "equal"], choices=list(WORLDS),
                     help="worlds ACE runs on (lognormal: flagged path; equal: unflagged path)")
     ap.add_argument("--ace-float32", action="store_true", help="also time ACE with precision='float32'")
-    ap.add_argument("--before", type=Path, default=None,
-                    help="a folder holding another acetools package (e.g. main's): also time its methods")
+    ap.add_argument("--before", default=None,
+                    help="a folder holding another acetools package, or a git revision: also time its methods")
+    ap.add_argument("--interleave", type=int, default=1,
+                    help="with --before: N alternating now/before runs per method; min, median and ratios saved")
     ap.add_argument("--entry", nargs="+", default=["func"], choices=["func", "merge"],
                     help="func: the method on precomputed task vectors (default); merge: acetools.merge on the "
                          "state dicts, with its extra memory against (T + 2) x the largest tensor")
@@ -431,22 +440,52 @@ def _parser() -> argparse.ArgumentParser:
 def _plan(args: argparse.Namespace, methods: list[str]) -> list[tuple]:
     """The runs, ``(method, T, world, tree, variant, entry)``: ours and theirs back to back, so that both see the
     same machine load; the GEMM probe first."""
-    trees = ["-"] + ([str(args.before.resolve())] if args.before else [])
-    runs = [("gemm", 0, "lognormal", "-", "-", "func")]
+    trees = ["-"] + ([args.before] if args.before else [])
+    runs = [("gemm", 0, "lognormal", "-", "-", "func", 0)]
+    pairs = []
     for t in args.tasks:
         for m in methods:
             worlds = args.ace_worlds if m == "ace" else ["lognormal"]
             for entry in args.entry:
-                for tree in trees:
-                    for world in worlds:
-                        runs.append((m, t, world, tree, "-", entry))
-                        if m == "ace" and args.ace_float32 and tree == "-":
-                            runs.append((m, t, world, tree, "precision=float32", entry))
+                for world in worlds:
+                    pairs.append([(m, t, world, tree, "-", entry) for tree in trees])
+                    if m == "ace" and args.ace_float32:
+                        pairs.append([(m, t, world, "-", "precision=float32", entry)])
             if m in THEIRS and not args.no_theirs and THEIRS[m] in args.theirs:
-                runs.append((THEIRS[m], t, "lognormal", "-", "-", "func"))
-        if not args.no_theirs and "fb_tsv_m" not in [r[0] for r in runs]:
-            runs.append(("fb_tsv_m", t, "lognormal", "-", "-", "func"))
+                pairs.append([(THEIRS[m], t, "lognormal", "-", "-", "func")])
+        if not args.no_theirs and "fb_tsv_m" not in [p[0][0] for p in pairs]:
+            pairs.append([("fb_tsv_m", t, "lognormal", "-", "-", "func")])
+    for pair in pairs:  # now, before, now, before, ... for each pair in turn
+        runs += [run + (i,) for i in range(max(1, args.interleave)) for run in pair]
     return runs
+
+
+def _before_tree(before: str | None) -> str | None:
+    """``--before`` as a folder: itself; as a git revision: its ``acetools`` extracted to a temporary folder."""
+    if before is None or Path(before).is_dir():
+        return None if before is None else str(Path(before).resolve())
+    tar = subprocess.run(["git", "-C", str(HERE.parent), "archive", before, "acetools"], capture_output=True)
+    if tar.returncode != 0:
+        raise SystemExit(f"--before {before}: neither a folder nor a git revision ({tar.stderr.decode().strip()})")
+    tree = tempfile.mkdtemp(prefix=f"merge_speed_{before}_")
+    with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as tf:
+        tf.extractall(tree, filter="data")
+    return tree
+
+
+def interleaved_summary(rows: list[dict]):
+    """Min and median seconds, CPU seconds and peak per method, world, variant and code, with now/before ratios."""
+    import pandas as pd
+
+    df = pd.DataFrame([r for r in rows if r["method"] != "gemm" and "error" not in r])
+    keys = ["method", "world", "variant", "entry", "n_tasks", "code"]
+    out = df.groupby(keys).agg(runs=("seconds", "size"), **{f"{c}_{f}": (c, f) for c in
+                               ("seconds", "cpu_seconds", "peak_extra_mb") for f in ("min", "median")}).reset_index()
+    now, before = (out[out.code == c].set_index(keys[:-1]) for c in ("now", "before"))
+    for c in ("seconds_min", "seconds_median", "cpu_seconds_min", "cpu_seconds_median", "peak_extra_mb_min"):
+        out[f"ratio_{c}"] = [now[c].get(k, float("nan")) / before[c].get(k, float("nan")) if code == "now"
+                             else float("nan") for k, code in zip(map(tuple, out[keys[:-1]].values), out.code)]
+    return out
 
 
 def _execute(args: argparse.Namespace, runs: list[tuple]) -> tuple[list[dict], set]:
@@ -463,15 +502,15 @@ def _execute(args: argparse.Namespace, runs: list[tuple]) -> tuple[list[dict], s
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                    MKL_NUM_THREADS=str(args.threads))
-    for m, t, world, tree, variant, entry in runs:
+    for m, t, world, tree, variant, entry, i in runs:
         code = "now" if tree == "-" else "before"
         if _run_key({"method": m, "n_tasks": t, "world": world, "code": code, "variant": variant,
-                     "entry": entry}) in done:
+                     "entry": entry, "rep": i}) in done:
             continue
         cmd = [sys.executable, __file__, "--worker", m, str(t), str(args.blocks), str(args.wudi_steps),
                str(args.esm_tokens), str(args.width), world, tree, str(args.norm_spread), variant, str(args.repeat),
                entry]
-        label = f"{m} T={t} world={world} code={code} {variant} entry={entry}"
+        label = f"{m} T={t} world={world} code={code} {variant} entry={entry} run={i}"
         print(f"  running {label} ...", file=sys.stderr, flush=True)
         res = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if res.returncode != 0:
@@ -481,7 +520,7 @@ def _execute(args: argparse.Namespace, runs: list[tuple]) -> tuple[list[dict], s
                          "peak_extra_mb": float("nan"),
                          "error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "failed"})
             continue
-        row = json.loads(res.stdout.strip().splitlines()[-1])
+        row = {**json.loads(res.stdout.strip().splitlines()[-1]), "rep": i}
         rows.append(row)
         args.out.mkdir(parents=True, exist_ok=True)  # rows so far, in case the session is cut short
         partial.write_text(json.dumps(rows, indent=2))
@@ -498,7 +537,7 @@ def _table(args: argparse.Namespace, rows: list[dict], gemm: dict):
     df = pd.DataFrame([r for r in rows if r["method"] != "gemm"])
     if "entry" not in df:
         df["entry"] = "func"
-    theirs = df[df.method.str.startswith("fb_")].set_index(["method", "n_tasks"]).seconds
+    theirs = df[df.method.str.startswith("fb_")].groupby(["method", "n_tasks"]).seconds.min()
     df["fusion_bench_seconds"] = [theirs.get((THEIRS.get(m, ""), t), float("nan"))
                                   for m, t in zip(df.method, df.n_tasks)]
     df["ours/theirs"] = df.seconds / df.fusion_bench_seconds
@@ -535,6 +574,11 @@ def _save_and_print(args: argparse.Namespace, df, rows: list[dict], gemm: dict, 
                         "peak_extra_mb", "peak_sampled_mb", "out_mb", "bound_mb", "ours/theirs", "ratio_vs_fb_tsv_m",
                         "gflop", "gflops_per_s", "pct_f64_gemm", "pct_gemm_own_dtype")
             if c in df]
+    if args.before and args.interleave > 1:
+        summary = interleaved_summary(rows)
+        summary.to_csv(args.out / "merge_speed_interleaved.csv", index=False)
+        with pd.option_context("display.width", 250, "display.max_columns", 30):
+            print(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(f"GEMM peak: float64 {gemm.get('gemm_f64', float('nan')):.0f} GFLOP/s, "
           f"float32 {gemm.get('gemm_f32', float('nan')):.0f} GFLOP/s")
     with pd.option_context("display.width", 250, "display.max_columns", 30):
@@ -561,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         ap.error(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
+    args.before = _before_tree(args.before)
     rows, done = _execute(args, _plan(args, methods))
     gemm = next((r for r in rows if r["method"] == "gemm" and "gemm_f64" in r), {})
     _save_and_print(args, _table(args, rows, gemm), rows, gemm, len(done))
