@@ -1,15 +1,9 @@
 """RegMean (Jin et al., ICLR 2023), docs/methods.md §RegMean: data-dependent, the reference point for ACE.
 
-For each linear weight W_t (d_out x d_in, y = W x) with input Gram matrix
-G_t = (1/N_t) X_t^T X_t (d_in x d_in) of task t's fine-tuned model on task-t data::
-
-    G~_t = alpha G_t + (1 - alpha) diag(G_t)             (off-diagonal shrink)
-    W*   = ([sum_t G~_t]^-1 sum_t G~_t W_t^T)^T          (docs/methods.md §RegMean, Eq. (RegMean.3))
-
-W* minimises sum_t ||X~_t W^T - X~_t W_t^T||^2 for the shrunk Grams; it merges *full* weights
-W_t = W0 + tau_t, not task vectors. Keys without Gram matrices take the plain mean.
-The Gram matrices are collected by the caller (``acetools.files.activations``); this module only
-does the algebra: :func:`shrink_gram`, :func:`regmean_matrix` and the registered :func:`regmean`.
+It merges *full* weights W_t = W0 + tau_t through their input Gram matrices (Eq. (RegMean.3));
+keys without Gram matrices take the plain mean. The Grams are collected by the caller
+(:func:`acetools.files.activations.gram_matrices`); this module does the algebra:
+:func:`shrink_gram`, :func:`regmean_matrix` and the registered :func:`regmean`.
 """
 
 from __future__ import annotations
@@ -41,10 +35,9 @@ def regmean_matrix(W: Sequence[Tensor], grams: Sequence[Tensor], alpha: float = 
     """RegMean for one linear layer: W* = (sum_t W_t G~_t^T) (sum_t G~_t^T)^-1 (docs/methods.md §RegMean).
 
     ``W`` are the T *full* weights (d_out x d_in) and ``grams`` their d_in x d_in input Gram
-    matrices. Computed in float64 (returned in float64) as a linear solve; if sum_t G~_t is
-    singular or ill-conditioned (its estimated rcond below ``RCOND_MIN``, docs/methods.md §Numerics),
-    falls back to the pseudo-inverse with a RuntimeWarning naming ``key``.
-    This is the transpose of (sum G~_t)^-1 sum G~_t W_t^T, written as a right solve.
+    matrices. Computed in float64 (returned in float64) as a right solve; an ill-conditioned
+    sum_t G~_t falls back to the pseudo-inverse with a RuntimeWarning naming ``key``
+    (docs/methods.md §Numerics).
     """
     if len(W) != len(grams) or len(W) == 0:
         raise InputError(f"key {key!r}: got {len(W)} weights and {len(grams)} Gram matrices; need one Gram per weight")
