@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import tomllib
 import yaml
 
@@ -180,3 +181,36 @@ def test_reading_times_are_the_lessons_own():
             if int(m.group(1)) != want:
                 wrong.append(f"docs/teaching.md, {path.stem}: read {m.group(1)} min, the notebook reads in {want} min")
     assert not wrong, "\n".join(wrong) + "\n(python3 scripts/readme_tables.py rewrites them)"
+
+
+def _acetools_imports(path: Path) -> list[tuple[str, str | None]]:
+    """``(module, name)`` for every ``import acetools…`` / ``from acetools… import name`` in a file."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "acetools":
+            found += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, None) for a in node.names if a.name.split(".")[0] == "acetools"]
+    return found
+
+
+SCRIPTS = sorted([*ROOT.glob("benchmarks/*.py"), *ROOT.glob("scripts/*.py")])
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_script_imports_names_the_package_still_has(path):
+    """A script under benchmarks/ or scripts/ breaks silently when the package moves a name; each
+    of its acetools imports must resolve (without running the script)."""
+    import importlib
+
+    missing = []
+    for module, name in _acetools_imports(path):
+        mod = importlib.import_module(module)
+        if name is not None and name != "*" and not hasattr(mod, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+            except ImportError:
+                missing.append(f"{module}.{name}")
+    assert not missing, f"{path.name} imports what acetools no longer has: {missing}"
