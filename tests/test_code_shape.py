@@ -168,16 +168,33 @@ def _lines(paths) -> int:
     return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in paths)
 
 
-@pytest.mark.xfail(strict=False, reason="the course and the whole package are still over their line budgets while "
-                   "their parts are being cut (this check turns green when they are under)")
-def test_the_package_stays_walkable():
-    """Line budgets of a package a student can walk: the whole package, the course, and ACE's and ESM's
-    modules (counted as the budgets are: every line of every ``.py`` file)."""
+#: The budgets of a package a student can walk: ACE and ESM in 450 lines each, the course in 4,000, all in 20,000.
+BUDGETS = {"acetools/": 20_000, "acetools/course/": 4_000, "acetools/merging/ace.py": 450,
+           "acetools/merging/esm.py": 450}
+#: Where the package stands while it is cut towards BUDGETS: a ceiling that only comes down (lower
+#: it when code goes; code that comes in must push other code out). 2026-12-02: 24,891 and 5,794.
+CEILINGS = {"acetools/": 24_900, "acetools/course/": 5_800}
+
+
+def _counts() -> dict[str, int]:
     pkg = ROOT / "acetools"
-    counts = {"acetools/": _lines(pkg.rglob("*.py")), "acetools/course/": _lines((pkg / "course").rglob("*.py")),
-              "acetools/merging/ace.py": _lines([pkg / "merging" / "ace.py"]),
-              "acetools/merging/esm.py": _lines([pkg / "merging" / "esm.py"])}
-    budgets = {"acetools/": 20_000, "acetools/course/": 4_000, "acetools/merging/ace.py": 450,
-               "acetools/merging/esm.py": 450}
-    over = {k: f"{counts[k]} > {budgets[k]}" for k in budgets if counts[k] > budgets[k]}
+    return {"acetools/": _lines(pkg.rglob("*.py")), "acetools/course/": _lines((pkg / "course").rglob("*.py")),
+            "acetools/merging/ace.py": _lines([pkg / "merging" / "ace.py"]),
+            "acetools/merging/esm.py": _lines([pkg / "merging" / "esm.py"])}
+
+
+def test_ace_and_esm_each_fit_in_450_lines():
+    """ACE and ESM as a student reads them: one module each, at most 450 lines (every line of the file)."""
+    counts = _counts()
+    over = {k: f"{counts[k]} > {BUDGETS[k]}" for k in ("acetools/merging/ace.py", "acetools/merging/esm.py")
+            if counts[k] > BUDGETS[k]}
     assert not over, f"over budget (lines): {over}"
+
+
+def test_the_package_only_shrinks_towards_its_budget():
+    """The whole package and the course stay under their ceilings, which come down to the budgets
+    (20,000 and 4,000 lines) as code is cut; once a ceiling reaches its budget, the budget holds."""
+    counts = _counts()
+    limits = {k: max(BUDGETS[k], CEILINGS[k]) for k in CEILINGS}
+    over = {k: f"{counts[k]} > {limits[k]} (budget {BUDGETS[k]})" for k in limits if counts[k] > limits[k]}
+    assert not over, f"the package grew back (lines): {over}"
