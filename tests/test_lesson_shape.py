@@ -90,3 +90,22 @@ def test_an_equation_without_a_check_is_seen(tmp_path):
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(nb))
     assert equation_checks(path) == [("ACE.1", False), ("ACE.2", True)]
+
+
+#: Calls that run a whole method, and the equation the student has written out by hand before one.
+WHOLE_METHOD = re.compile(r"acetools\.merge\(|\bace_matrix\(|\bace_with_diagnostics\(|\besm_merge_matrix\(")
+OWN_VERSION_FIRST = {"02_ace_step_by_step": "ACE.10", "03_esm_step_by_step": "ESM.5"}
+
+
+@pytest.mark.parametrize("stem", sorted(OWN_VERSION_FIRST))
+def test_the_whole_method_runs_only_after_the_students_own_version(stem):
+    """docs/style.md §1: the student composes the method (the closed form of ACE, the merge of ESM in
+    the essential subspace) and checks it before the lesson calls the packaged method."""
+    cells = json.loads(next(p for p in NOTEBOOKS if p.stem == stem).read_text())["cells"]
+    sources = ["".join(c["source"]) for c in cells]
+    tag = OWN_VERSION_FIRST[stem]
+    at = next(i for i, s in enumerate(sources) if f"\\tag{{{tag}}}" in s)
+    checked = next(i for i in range(at + 1, len(cells)) if cells[i]["cell_type"] == "code" and
+                   "assert_close(" in sources[i])
+    first = next(i for i, s in enumerate(sources) if cells[i]["cell_type"] == "code" and WHOLE_METHOD.search(s))
+    assert first > checked, f"{stem}: cell {first} runs the whole method before the student's ({tag}) in cell {checked}"
