@@ -162,7 +162,6 @@ def test_a_bad_argument_stops_before_the_heavy_imports():
     assert r.stdout.split() == ["2"], f"imported for a one-line argument error: {r.stdout.split()[1:]}"
 
 
-
 def _lines(paths) -> int:
     """Lines as the budgets count them (``find <dir> -name '*.py' | xargs cat | wc -l``)."""
     return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in paths)

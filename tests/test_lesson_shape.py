@@ -10,10 +10,14 @@ import pytest
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
+def _cells(path: Path) -> list[tuple[str, str]]:
+    """A notebook's cells as ``(source, cell_type)``."""
+    return [("".join(c["source"]), c["cell_type"]) for c in json.loads(path.read_text())["cells"]]
+
+
 def _headings(path: Path) -> list[str]:
-    cells = json.loads(path.read_text())["cells"]
-    return [line.strip() for c in cells if c["cell_type"] == "markdown"
-            for line in "".join(c["source"]).splitlines() if re.match(r"#{1,3} ", line)]
+    return [line.strip() for src, kind in _cells(path) if kind == "markdown"
+            for line in src.splitlines() if re.match(r"#{1,3} ", line)]
 
 
 def test_there_are_eight_lessons():
@@ -54,7 +58,7 @@ def _library_names(code: str) -> set[str]:
 def equation_checks(path: Path) -> list[tuple[str, bool]]:
     """Each tagged equation of a lesson and whether one of the next three code cells checks it: the
     cell calls ``assert_close`` and names something acetools computed."""
-    cells = [("".join(c["source"]), c["cell_type"]) for c in json.loads(path.read_text())["cells"]]
+    cells = _cells(path)
     lib = _library_names("\n".join(src for src, kind in cells if kind == "code"))
     uses_lib = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(lib))) + r")\b")
     out = []
@@ -101,11 +105,9 @@ OWN_VERSION_FIRST = {"02_ace_step_by_step": "ACE.10", "03_esm_step_by_step": "ES
 def test_the_whole_method_runs_only_after_the_students_own_version(stem):
     """docs/style.md §1: the student composes the method (the closed form of ACE, the merge of ESM in
     the essential subspace) and checks it before the lesson calls the packaged method."""
-    cells = json.loads(next(p for p in NOTEBOOKS if p.stem == stem).read_text())["cells"]
-    sources = ["".join(c["source"]) for c in cells]
+    cells = _cells(next(p for p in NOTEBOOKS if p.stem == stem))
     tag = OWN_VERSION_FIRST[stem]
-    at = next(i for i, s in enumerate(sources) if f"\\tag{{{tag}}}" in s)
-    checked = next(i for i in range(at + 1, len(cells)) if cells[i]["cell_type"] == "code" and
-                   "assert_close(" in sources[i])
-    first = next(i for i, s in enumerate(sources) if cells[i]["cell_type"] == "code" and WHOLE_METHOD.search(s))
+    at = next(i for i, (src, _) in enumerate(cells) if f"\\tag{{{tag}}}" in src)
+    checked = next(i for i, (src, kind) in enumerate(cells) if i > at and kind == "code" and "assert_close(" in src)
+    first = next(i for i, (src, kind) in enumerate(cells) if kind == "code" and WHOLE_METHOD.search(src))
     assert first > checked, f"{stem}: cell {first} runs the whole method before the student's ({tag}) in cell {checked}"
