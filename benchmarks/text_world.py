@@ -55,10 +55,11 @@ TEXT_VARIANTS = {
 
 
 def _world(args, seed):
+    from acetools.world.text.finetune import PROTOCOLS
     from acetools.world.text.world import TextWorld
 
     return TextWorld(args.suite, seed=seed, profile=args.profile, threads=args.threads, device=args.device,
-                     finetune={"heads": args.heads})
+                     finetune=PROTOCOLS[args.heads])
 
 
 def _tag(args) -> str:

@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +19,7 @@ from ...utils import make_generator, progress
 from .model import PARAM_SETS, TextEncoder, merged_keys
 from .tasks import TextData
 
-__all__ = ["TextFinetuneConfig", "finetune_text", "evaluate_text", "encode_batches"]
+__all__ = ["PROTOCOLS", "TextFinetuneConfig", "finetune_text", "evaluate_text", "encode_batches"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,13 @@ class TextFinetuneConfig:
                 del d[name]
         return d
 
+
+#: The two head protocols as recipe overrides (docs/text-world.md §Head protocols). The trained
+#: heads' world trains in float32: on a CPU without bfloat16 units (AVX2 only) autocast falls back
+#: to a generic GEMM, 10x slower (55 against 5.6 training sequences per second, one thread, one
+#: AMD EPYC), and float32 gives every machine the same arithmetic.
+PROTOCOLS: dict[str, dict[str, Any]] = {"zeroshot": {"heads": "zeroshot"},
+                                        "trained": {"heads": "trained", "bf16": False}}
 
 #: Options added after TEXT_WORLD_VERSION 2, with their defaults (see ``to_dict``).
 _LATER_OPTIONS = {"params": "matrices"}
