@@ -1,22 +1,26 @@
-"""Paired differences with their test-set and seed noise (docs/course.md §Claim rules).
+"""Paired differences with their test-set and seed noise, and the power rule (docs/course.md §Claim rules).
 
-The worlds' test sets are fixed across seeds, so the seed spread holds no test-sampling noise;
-:func:`paired_bootstrap` resamples both, pairing two methods example by example.
-:func:`ceiling_prediction` caps a paper's scaled effect by the headroom; :func:`has_power` says
-whether a predicted effect can be decided at a margin.
+The worlds' test sets are fixed across seeds, so the seed spread holds no test-sampling noise:
+:func:`paired_bootstrap` resamples both, pairing two rows example by example (their
+``<stem>_correct.npz``, :func:`correctness`). :func:`ceiling_prediction` caps a paper's scaled
+effect by the headroom; :func:`has_power` says whether a predicted effect can be decided at a margin.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
+import torch
 
 from .errors import InputError
+from .utils import make_generator
 
-__all__ = ["PairedDifference", "paired_bootstrap", "ceiling_prediction", "has_power", "POWER_FACTOR", "Z_95"]
+__all__ = ["PairedDifference", "paired_bootstrap", "correctness", "ceiling_prediction", "has_power", "POWER_FACTOR",
+           "Z_95"]
 
 #: The normal quantile of a two-sided 95 % interval: the margin is ``Z_95`` standard errors.
 Z_95: float = 1.959964
@@ -27,7 +31,7 @@ Z_95: float = 1.959964
 #: above it only half the time.
 POWER_FACTOR: float = 2.0
 
-#: Correctness of one method: ``{seed: {task: bool array over the task's test examples}}``.
+#: Correctness of one row: ``{seed: {task: bool array over the task's test examples}}``.
 Correctness = Mapping[int, Mapping[str, "np.ndarray"]]
 
 
@@ -45,6 +49,10 @@ class PairedDifference:
     n_examples: int
     n_boot: int
 
+    def margin(self, noise: float) -> float:
+        """The margin a difference must exceed to count: ``max(noise, Z_95 * se)``."""
+        return max(float(noise), Z_95 * self.se)
+
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
 
@@ -55,7 +63,7 @@ def _stack(a: Correctness, b: Correctness) -> tuple[list[int], list[str], list[n
     if not seeds:
         raise InputError("paired_bootstrap: no seeds given")
     if sorted(b) != seeds:
-        raise InputError(f"paired_bootstrap: the two methods have different seeds: {seeds} and {sorted(b)}")
+        raise InputError(f"paired_bootstrap: the two rows have different seeds: {seeds} and {sorted(b)}")
     tasks = sorted(a[seeds[0]])
     if not tasks:
         raise InputError(f"paired_bootstrap: seed {seeds[0]} has no tasks")
@@ -65,7 +73,7 @@ def _stack(a: Correctness, b: Correctness) -> tuple[list[int], list[str], list[n
         for s in seeds:
             for who, c in (("A", a), ("B", b)):
                 if sorted(c[s]) != tasks:
-                    raise InputError(f"paired_bootstrap: method {who} at seed {s} has tasks {sorted(c[s])}, "
+                    raise InputError(f"paired_bootstrap: row {who} at seed {s} has tasks {sorted(c[s])}, "
                                      f"expected {tasks}")
             xa, xb = np.asarray(a[s][t], dtype=float), np.asarray(b[s][t], dtype=float)
             if xa.ndim != 1 or xa.shape != xb.shape or xa.size == 0:
@@ -79,41 +87,71 @@ def _stack(a: Correctness, b: Correctness) -> tuple[list[int], list[str], list[n
     return seeds, tasks, diffs
 
 
-def paired_bootstrap(a: Correctness, b: Correctness, *, scale: Mapping[str, float] | None = None,
-                     n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> PairedDifference:
-    """The paired difference of two methods' accuracy, with test-set and seed noise.
+def _weights(scale: Mapping | None, seeds: list[int], tasks: list[str]) -> np.ndarray:
+    """``100 / scale`` per (seed, task), divided by the number of tasks: (n_seeds, n_tasks)."""
+    if not scale:
+        return np.full((len(seeds), len(tasks)), 100.0 / len(tasks))
+    per_seed = all(isinstance(v, Mapping) for v in scale.values())
+    w = np.empty((len(seeds), len(tasks)))
+    for i, s in enumerate(seeds):
+        row = scale.get(s) if per_seed else scale
+        if row is None:
+            raise InputError(f"paired_bootstrap: scale has no entry for seed {s}")
+        for j, t in enumerate(tasks):
+            if t not in row:
+                raise InputError(f"paired_bootstrap: scale has no entry for task {t!r}")
+            w[i, j] = 100.0 / float(row[t]) / len(tasks) if float(row[t]) != 0 else math.inf
+    if not np.all(np.isfinite(w)):
+        raise InputError(f"paired_bootstrap: scale must be finite and non-zero; got {dict(scale)}")
+    return w
+
+
+def paired_bootstrap(a: Correctness, b: Correctness, *, scale: Mapping | None = None, n_boot: int = 2000,
+                     level: float = 0.95, seed: int = 0) -> PairedDifference:
+    """The paired difference of two rows' accuracy, with test-set and seed noise.
 
     ``a`` and ``b`` hold per-example correctness ``{seed: {task: array}}`` of the same tasks,
-    seeds and examples. The statistic is ``100 * mean_seed mean_task (acc_A - acc_B) / scale[task]``
-    (``scale`` the experts' accuracy per task for normalized points; 1 by default). Each bootstrap
-    draw resamples the seeds with replacement and, per task, the test examples with replacement,
-    the same examples for both methods and for every seed (the test set is one sample, shared by
-    the seeds). Deterministic for a given ``seed``.
+    seeds and examples. The statistic is ``100 * mean_seed mean_task (acc_A - acc_B) / scale``,
+    ``scale`` = ``{task: x}`` or ``{seed: {task: x}}`` (the experts' accuracy for normalized
+    points; 1 by default). Each bootstrap draw resamples the seeds with replacement and, per task,
+    the test examples with replacement, the same examples for both rows and for every seed (the
+    test set is one sample, shared by the seeds). Deterministic for a given ``seed``.
     """
     if n_boot < 2:
         raise InputError(f"n_boot={n_boot}: at least 2 bootstrap draws are needed")
     if not 0 < level < 1:
         raise InputError(f"level={level}: choose a number between 0 and 1")
     seeds, tasks, diffs = _stack(a, b)
-    scale = dict(scale or {})
-    missing = [t for t in tasks if scale and t not in scale]
-    if missing:
-        raise InputError(f"paired_bootstrap: scale has no entry for task {missing[0]!r}")
-    w = np.array([100.0 / float(scale.get(t, 1.0)) for t in tasks]) / len(tasks)  # (n_tasks,)
-    if not np.all(np.isfinite(w)):
-        raise InputError(f"paired_bootstrap: scale must be finite and non-zero; got {scale}")
-    rng = np.random.default_rng(seed)
+    w = _weights(scale, seeds, tasks)  # (n_seeds, n_tasks)
+    g = make_generator(seed)
     n_s = len(seeds)
     per_seed = np.zeros((n_boot, n_s))  # (n_boot, n_seeds): the task-weighted difference per seed
-    for w_t, d in zip(w, diffs):  # d: (n_seeds, n_examples)
-        idx = rng.integers(0, d.shape[1], size=(n_boot, d.shape[1]))  # one example draw per bootstrap
-        per_seed += w_t * d[:, idx].mean(axis=2).T  # d[:, idx]: (n_seeds, n_boot, n_examples)
-    pick = rng.integers(0, n_s, size=(n_boot, n_s))  # seeds drawn with replacement
+    for j, d in enumerate(diffs):  # d: (n_seeds, n_examples)
+        idx = torch.randint(0, d.shape[1], (n_boot, d.shape[1]), generator=g).numpy()  # one draw per bootstrap
+        per_seed += w[:, j] * d[:, idx].mean(axis=2).T  # d[:, idx]: (n_seeds, n_boot, n_examples)
+    pick = torch.randint(0, n_s, (n_boot, n_s), generator=g).numpy()  # seeds drawn with replacement
     boot = np.take_along_axis(per_seed, pick, axis=1).mean(axis=1)  # (n_boot,)
-    diff = float(sum(w_t * d.mean() for w_t, d in zip(w, diffs)))
+    diff = float(sum((w[:, j] * d.mean(axis=1)).mean() for j, d in enumerate(diffs)))
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
     return PairedDifference(diff, float(boot.std(ddof=1)), float(lo), float(hi), float(level), n_s,
                             int(sum(d.shape[1] for d in diffs)), int(n_boot))
+
+
+def correctness(files: Mapping[int, str | Path], row: str, tasks: Sequence[str] | None = None) -> Correctness | None:
+    """``row``'s per-example correctness ``{seed: {task: array}}`` from each seed's ``<stem>_correct.npz``
+    (``files``: ``{seed: path}``), restricted to ``tasks``; None where a file or the row is missing (a
+    result written before per-example results were saved, or a world that does not score examples)."""
+    from .results import load_correctness
+
+    out = {}
+    for s, path in files.items():
+        if not Path(path).is_file():
+            return None
+        hits = load_correctness(path).get(row)
+        if hits is None or (tasks is not None and not set(tasks) <= set(hits)):
+            return None
+        out[int(s)] = {t: hits[t] for t in (tasks if tasks is not None else hits)}
+    return out or None
 
 
 def ceiling_prediction(paper_effect: float, paper_room: float, world_room: float,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from acetools.errors import InputError
-from acetools.stats import POWER_FACTOR, Z_95, ceiling_prediction, has_power, paired_bootstrap
+from acetools.stats import POWER_FACTOR, Z_95, ceiling_prediction, correctness, has_power, paired_bootstrap
 
 
 def _bernoulli(rng, p, n):
@@ -16,14 +16,20 @@ def _bernoulli(rng, p, n):
 
 def test_one_seed_one_task_matches_the_analytic_paired_standard_error():
     rng = np.random.default_rng(1)
-    n = 400
-    a, b = _bernoulli(rng, 0.8, n), _bernoulli(rng, 0.7, n)
-    r = paired_bootstrap({0: {"t": a}}, {0: {"t": b}}, n_boot=4000, seed=0)
+    n, n_boot, (pa, pb) = 400, 4000, (0.8, 0.7)
+    a, b = _bernoulli(rng, pa, n), _bernoulli(rng, pb, n)
+    r = paired_bootstrap({0: {"t": a}}, {0: {"t": b}}, n_boot=n_boot, seed=0)
     d = 100 * (a.astype(float) - b.astype(float))
     assert r.diff == pytest.approx(d.mean())
-    analytic = d.std(ddof=1) / math.sqrt(n)  # the paired standard error of a mean difference
-    assert r.se == pytest.approx(analytic, rel=0.08)
+    # the bootstrap se estimates d.std(ddof=0) / sqrt(n); its own relative sd is 1 / sqrt(2 (B - 1)):
+    # four of those, and the ddof factor, bound the distance
+    analytic = d.std(ddof=1) / math.sqrt(n)
+    assert r.se == pytest.approx(analytic, rel=4 / math.sqrt(2 * (n_boot - 1)) + 1 / n)
+    # independent Bernoulli rows: the known difference is recovered within three standard errors
+    true_se = 100 * math.sqrt((pa * (1 - pa) + pb * (1 - pb)) / n)
+    assert abs(r.diff - 100 * (pa - pb)) < 3 * true_se
     assert r.low < r.diff < r.high and r.n_seeds == 1 and r.n_examples == n
+    assert r.margin(0.5) == pytest.approx(max(0.5, Z_95 * r.se)) and r.margin(99.0) == 99.0
 
 
 def test_the_interval_covers_the_true_difference_about_95_percent_of_the_time():
@@ -67,6 +73,25 @@ def test_scale_gives_normalized_points():
     assert paired_bootstrap(a, b, scale={"t": 0.5}).diff == pytest.approx(50.0)
     with pytest.raises(InputError, match="'t'"):
         paired_bootstrap(a, b, scale={"u": 0.5})
+    # per seed: each seed's experts normalize that seed's difference (25 / 0.5 and 25 / 0.25)
+    a2, b2 = {**a, 1: a[0]}, {**b, 1: b[0]}
+    assert paired_bootstrap(a2, b2, scale={0: {"t": 0.5}, 1: {"t": 0.25}}).diff == pytest.approx(75.0)
+    with pytest.raises(InputError, match="seed 1"):
+        paired_bootstrap(a2, b2, scale={0: {"t": 0.5}})
+
+
+def test_correctness_reads_the_saved_rows_and_says_none_where_they_lack(tmp_path):
+    from acetools.results import save_correctness
+
+    hits = {"ace": {"t": np.array([1, 0, 1], bool), "u": np.array([0, 1], bool)}, "tsv_m": {"t": np.ones(3, bool)}}
+    files = {0: save_correctness(tmp_path / "s_seed0_correct.npz", hits),
+             1: save_correctness(tmp_path / "s_seed1_correct.npz", hits)}
+    got = correctness(files, "ace", ["t"])
+    assert got is not None and sorted(got) == [0, 1] and list(got[1]) == ["t"]
+    np.testing.assert_array_equal(got[0]["t"], hits["ace"]["t"])
+    assert correctness(files, "tsv_m", ["t", "u"]) is None  # a task the row lacks
+    assert correctness(files, "wudi") is None  # a row the files lack
+    assert correctness({**files, 2: tmp_path / "s_seed2_correct.npz"}, "ace") is None  # an old result: no file
 
 
 @pytest.mark.parametrize("b, match", [
