@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,8 +20,13 @@ import torch
 from .errors import InputError
 from .utils import make_generator
 
-__all__ = ["PairedDifference", "paired_bootstrap", "correctness", "ceiling_prediction", "has_power", "POWER_FACTOR",
-           "Z_95"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .results import ResultFiles
+
+__all__ = ["PairedDifference", "paired_bootstrap", "correctness", "paired_rows", "ceiling_prediction", "has_power",
+           "POWER_FACTOR", "Z_95"]
 
 #: The normal quantile of a two-sided 95 % interval: the margin is ``Z_95`` standard errors.
 Z_95: float = 1.959964
@@ -152,6 +158,24 @@ def correctness(files: Mapping[int, str | Path], row: str, tasks: Sequence[str] 
             return None
         out[int(s)] = {t: hits[t] for t in (tasks if tasks is not None else hits)}
     return out or None
+
+
+def paired_rows(runs: Sequence[ResultFiles], suite: str, a: str, b: str, *, per_task: pd.DataFrame | None = None,
+                **kw) -> PairedDifference | None:
+    """:func:`paired_bootstrap` of rows ``a`` and ``b`` on ``suite`` from the runs' ``<stem>_correct.npz``
+    (:func:`acetools.results.find_results`); None where a seed lacks them. With ``per_task``
+    (:func:`acetools.results.load_per_task`) the difference is in normalized points, each seed's and
+    task's experts as the scale; without, in absolute points. ``kw`` go to :func:`paired_bootstrap`."""
+    files = {r.seed: r.summary.with_name(f"{r.stem}_correct.npz") for r in runs if r.suite == suite}
+    ca, cb = correctness(files, a), correctness(files, b)
+    if ca is None or cb is None:
+        return None
+    scale = None
+    if per_task is not None:
+        e = per_task[(per_task["suite"] == suite) & (per_task["method"] == "experts (individual)")
+                     & (per_task["split"] == "test")]
+        scale = {int(s): dict(zip(g["task"], g["accuracy"] / 100.0)) for s, g in e.groupby("seed")}
+    return paired_bootstrap(ca, cb, scale=scale, **kw)
 
 
 def ceiling_prediction(paper_effect: float, paper_room: float, world_room: float,

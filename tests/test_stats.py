@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 
 from acetools.errors import InputError
-from acetools.stats import POWER_FACTOR, Z_95, ceiling_prediction, correctness, has_power, paired_bootstrap
+from acetools.stats import (
+    POWER_FACTOR,
+    Z_95,
+    ceiling_prediction,
+    correctness,
+    has_power,
+    paired_bootstrap,
+    paired_rows,
+)
 
 
 def _bernoulli(rng, p, n):
@@ -128,3 +136,26 @@ def test_power_needs_twice_the_margin():
     assert not has_power(None, 0.5)
     with pytest.raises(InputError, match="margin"):
         has_power(1.0, float("nan"))
+
+
+def test_paired_rows_pairs_a_suites_saved_rows_in_normalized_points(tmp_path):
+    import pandas as pd
+
+    from acetools.results import find_results, save_correctness
+
+    rng = np.random.default_rng(5)
+    tasks, rows = ("t", "u"), []
+    hits = {s: {m: {t: rng.random(60) < p for t in tasks} for m, p in (("ace", 0.8), ("tsv_m", 0.7))} for s in (0, 1)}
+    for s in (0, 1):
+        (tmp_path / f"tasks2_tiny_seed{s}_summary.csv").write_text("method\nace\n")
+        save_correctness(tmp_path / f"tasks2_tiny_seed{s}_correct.npz", hits[s])
+        rows += [{"suite": "tasks2", "seed": s, "method": "experts (individual)", "task": t, "split": "test",
+                  "accuracy": 90.0 - 10 * s} for t in tasks]
+    runs = find_results(tmp_path)
+    expected = np.mean([np.mean([(hits[s]["ace"][t].mean() - hits[s]["tsv_m"][t].mean()) / (0.9 - 0.1 * s)
+                                 for t in tasks]) for s in (0, 1)])
+    r = paired_rows(runs, "tasks2", "ace", "tsv_m", per_task=pd.DataFrame(rows), n_boot=200)
+    assert r is not None and r.diff == pytest.approx(100 * expected) and r.n_seeds == 2 and r.n_examples == 120
+    absolute = paired_rows(runs, "tasks2", "ace", "tsv_m", n_boot=200)
+    assert absolute is not None and absolute.diff < r.diff  # experts below 100 % stretch normalized points
+    assert paired_rows(runs, "tasks2", "ace", "wudi") is None
