@@ -216,9 +216,9 @@ def _check_split_sizes(suite: str, **wanted: int | None) -> None:
 
 def _one_line(text: str) -> str:
     """One line, without terminal escape sequences (an error message may quote a library's coloured text)."""
-    import re
+    from .utils import strip_ansi
 
-    return " ".join(re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", str(text)).split())
+    return " ".join(strip_ansi(str(text)).split())
 
 
 def _message(err: BaseException) -> str:

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -204,14 +205,9 @@ def local_mathjax_url() -> str | None:
     return None
 
 
-_ANSI = None
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 def strip_ansi(text: str) -> str:
     """``text`` without terminal escape sequences (torch's unpickling errors colour their advice)."""
-    global _ANSI
-    if _ANSI is None:
-        import re
-
-        _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
     return _ANSI.sub("", text)

@@ -22,7 +22,7 @@ from acetools.world.vision.data import (
     registry,
     sources,
 )
-from acetools.world.vision.data._core import balanced_labels, row_hashes, sample_rng
+from acetools.world.vision.data._core import SampleStream, balanced_labels, row_hashes
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +121,10 @@ def test_tiny_task_fixture():
 
 # ---------------------------------------------------------------- determinism and prefixes
 def test_rng_streams_are_counter_based():
-    a = sample_rng(7, 3).random(4)
-    assert np.array_equal(a, sample_rng(7, 3).random(4))
-    assert not np.array_equal(a, sample_rng(7, 4).random(4))
-    assert not np.array_equal(a, sample_rng(8, 3).random(4))
+    a = SampleStream(7).rng(3).random(4)
+    assert np.array_equal(a, SampleStream(7).rng(3).random(4))
+    assert not np.array_equal(a, SampleStream(7).rng(4).random(4))
+    assert not np.array_equal(a, SampleStream(8).rng(3).random(4))
     lab = balanced_labels(5, 23, 4)
     assert np.array_equal(lab[:10], balanced_labels(5, 10, 4))
     assert np.bincount(lab[:20]).tolist() == [5] * 4

@@ -29,8 +29,7 @@ def new_axes(nrows: int = 1, ncols: int = 1, *, width: float = 5.0, height: floa
     """A figure and its axes (squeezed), sized per panel; for notebooks and tests."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=True, **kw)
-    return fig, axes
+    return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=True, **kw)
 
 
 def _drawn_texts(fig) -> list:
@@ -146,11 +145,9 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
         raise InputError(f"figure name {name!r} must be a file stem of letters, digits and _.- (no extension)")
     path = Path(folder) / f"{name}.png"
     buf = io.BytesIO()
-    meta: dict[str, str | None] = {"Software": None}
     manifest = Path(folder) / "figures.json"  # acetools.course.world.MANIFEST: notebook, profile, world
-    if manifest.is_file():
-        for k, v in sorted(json.loads(manifest.read_text()).items()):
-            meta[f"acetools:{k}"] = str(v)
+    m = json.loads(manifest.read_text()) if manifest.is_file() else None
+    meta = {"Software": None} | {f"acetools:{k}": str(v) for k, v in sorted((m or {}).items())}
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata=meta)
     with atomic_write(path, "wb") as fh:
         fh.write(buf.getvalue())
@@ -160,20 +157,12 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
 
         logging.getLogger("acetools.plotting").warning("figure %s: %d overlapping text pair(s), e.g. %r", name,
                                                        len(overlaps), overlaps[0])
-    if manifest.is_file():  # the course's record: the report checks fail on any overlap it lists
-        m = json.loads(manifest.read_text())
-        got = dict(m.get("text_overlaps", {}))
-        if overlaps:
-            got[name] = [list(o) for o in overlaps]
-        else:
-            got.pop(name, None)
-        if got != m.get("text_overlaps", {}):
-            if got:
-                m["text_overlaps"] = got
-            else:
-                m.pop("text_overlaps", None)
+    if m is not None:  # the course's record: the report checks fail on any overlap it lists
+        old = m.pop("text_overlaps", {})
+        got = {k: v for k, v in old.items() if k != name} | ({name: [list(o) for o in overlaps]} if overlaps else {})
+        if got != old:
             with atomic_write(manifest, "w") as fh:
-                json.dump(m, fh, indent=1, sort_keys=True)
+                json.dump(m | ({"text_overlaps": got} if got else {}), fh, indent=1, sort_keys=True)
     if close:
         import matplotlib.pyplot as plt
 
@@ -300,8 +289,7 @@ def _tick_rotation(ax, n: int) -> tuple[int, float]:
     fig = ax.figure
     width_px = ax.get_position().width * fig.get_figwidth() * fig.dpi
     pitch = width_px / max(n, 1)  # pixels from one bar's label to the next
-    size = mpl.rcParams["xtick.labelsize"]
-    size = float(FontProperties(size=size).get_size_in_points())
+    size = float(FontProperties(size=mpl.rcParams["xtick.labelsize"]).get_size_in_points())
     line = 1.25 * size * fig.dpi / 72.0  # a line of text, in pixels, with its leading
     if pitch * np.sin(np.pi / 4) >= line:
         return 45, size

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["WorldEntry", "WORLDS", "world_names", "world_suites", "get_world"]
+__all__ = ["WorldEntry", "WORLDS", "world_suites", "get_world"]
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,6 @@ WORLDS: dict[str, WorldEntry] = {
                                "acetools.world.clip.tasks:CLIP_SUITES", "clip8",
                                "CLIP ViT-B/32 and the public fine-tuned experts (the papers' setting; a GPU)"),
 }
-
-
-def world_names() -> list[str]:
-    return list(WORLDS)
 
 
 def _entry(name: str) -> WorldEntry:

@@ -18,12 +18,13 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import InputError
+from ...files.checkpoints import open_checkpoint
 from ...utils import progress
 
 if TYPE_CHECKING:
     from transformers import CLIPModel
 
-__all__ = ["HFImageEncoder", "load_hf_base", "load_hf_expert", "read_weights", "zeroshot_head", "tokenize",
+__all__ = ["HFImageEncoder", "load_hf_base", "load_hf_expert", "zeroshot_head", "tokenize",
            "OPENCLIP_NAMES", "load_openclip_state", "openclip_encoder", "openclip_paths", "UnsafeCheckpoint"]
 
 log = logging.getLogger(__name__)
@@ -70,32 +71,12 @@ def load_hf_base(folder: Path) -> CLIPModel:
     return model.eval()
 
 
-def read_weights(folder: Path) -> StateDict:
-    """Every tensor of a model folder: ``model.safetensors``, a sharded safetensors index, or
-    ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)`` only)."""
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
-    if (folder / "model.safetensors").is_file():
-        return load_file(str(folder / "model.safetensors"))
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        out: StateDict = {}
-        for f in files:
-            out.update(load_file(str(folder / f)))
-        return out
-    if (folder / "pytorch_model.bin").is_file():
-        return _load_safe(folder / "pytorch_model.bin")
-    raise FileNotFoundError(f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
-
-
 def load_hf_expert(folder: Path, reference: Mapping[str, Tensor]) -> StateDict:
     """An expert's vision tower as ``vision_model.*`` (from a ``CLIPVisionModel`` folder, whatever
     transformers version wrote it, or a full ``CLIPModel``); its keys and shapes must be the
     base's (``reference``), else a ValueError names the key."""
     cfg = _check_config(folder, ("clip_vision_model", "clip"))
-    raw = read_weights(folder)
+    raw = open_checkpoint(folder).state_dict()
     if cfg["model_type"] == "clip":
         state = {k: v for k, v in raw.items() if k.startswith("vision_model.")}
     else:  # transformers 4 saved "vision_model.*", transformers 5 saves the tower's own names

@@ -391,9 +391,6 @@ class Zoo:
         names = self._sides[("head", task)].get("recipe", {}).get("class_names") or None
         return ClassificationHead(state["weight"], class_names=names)
 
-    def heads(self) -> dict[str, ClassificationHead]:
-        return {t: self.head(t) for t in self.tasks}
-
     def _head_hash(self, task: str) -> str:
         self.head(task)
         return self._sides[("head", task)]["content_sha256"]
@@ -437,7 +434,7 @@ class Zoo:
 
     def mtl_state(self) -> StateDict:
         """The multi-task reference encoder, trained jointly on all tasks (mixed batches)."""
-        heads = self.heads()
+        heads = {t: self.head(t) for t in self.tasks}
         fields = {"kind": "mtl", "size": self.size, "tasks": self.tasks,
                   "finetune": self._ft_fields(self.mtl_config, self.tasks),
                   "data": [self._data_hash(t) for t in self.tasks], "base": self.base_hash(),
@@ -519,14 +516,6 @@ class Zoo:
     def encoder(self, state: Mapping[str, Tensor] | None = None) -> ImageEncoder:
         """An encoder of this zoo's size holding ``state`` (default: the base)."""
         return load_encoder(self.base_state() if state is None else state, self.size, device=self.device)
-
-    def task_vectors(self) -> dict[str, StateDict]:
-        """``{task: tau_t}`` with tau_t = W_t - W0 for every key (float32)."""
-        from ...merging import task_vectors
-
-        base = self.base_state()
-        experts = self.experts()
-        return dict(zip(self.tasks, task_vectors(base, list(experts.values()))))
 
     def path(self, kind: str, task: str | None = None) -> Path:
         """The file of a built or loaded entry (``kind`` in base/head/expert/mtl)."""

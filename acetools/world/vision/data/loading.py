@@ -82,11 +82,6 @@ def _load_cached(path: str, mtime_ns: int) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _as_images(x: np.ndarray) -> np.ndarray:
-    """Builder output (NHW or NHWC) → NCHW uint8 with three channels."""
-    return to_tensor_images(x).numpy()
-
-
 def build_task(name: str, root=None, allow_download: bool = False, write: bool = True) -> dict[str, np.ndarray]:
     """Build every split of ``name`` at full size, check that no image is in two splits, and
     (with ``write``) cache it. Returns ``{"x_train": ..., "y_train": ..., ...}`` (NCHW)."""
@@ -100,7 +95,7 @@ def build_task(name: str, root=None, allow_download: bool = False, write: bool =
     arrays: dict[str, np.ndarray] = {}
     for split in SPLITS:
         x, y = spec.build(split, int(spec.info.sizes[split]), root, allow_download)
-        arrays[f"x_{split}"] = _as_images(x)
+        arrays[f"x_{split}"] = to_tensor_images(x).numpy()
         arrays[f"y_{split}"] = np.asarray(y, dtype=np.int64)
     seen: dict[bytes, str] = {}
     for split in SPLITS:
@@ -144,24 +139,17 @@ def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, 
         x, y = arrays[f"x_{split}"][:n].copy(), arrays[f"y_{split}"][:n].copy()
     elif not spec.cache:  # fixtures: build just this split (or its first n rows)
         x, y = spec.build(split, full if n is None else int(n), root_p, allow_download)
-        x, y = _as_images(x), np.asarray(y, dtype=np.int64)
+        x, y = to_tensor_images(x).numpy(), np.asarray(y, dtype=np.int64)
     elif n is None or n == full:
         arrays = build_task(name, root_p, allow_download, write=spec.cache)
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
     else:  # only the first n rows: the same bytes as the full split's prefix, not cached
         x, y = spec.build(split, int(n), root_p, allow_download)
-        x, y = _as_images(x), np.asarray(y, dtype=np.int64)
+        x, y = to_tensor_images(x).numpy(), np.asarray(y, dtype=np.int64)
     if n is not None:
         x, y = x[:n], y[:n]
     return TaskData(x=torch.from_numpy(np.ascontiguousarray(x)), y=torch.from_numpy(np.ascontiguousarray(y)),
                     class_names=info.class_names, name=name, split=split)
-
-
-def _build_missing(args) -> tuple[str, float]:
-    name, root, allow_download = args
-    t0 = time.perf_counter()
-    build_task(name, root, allow_download)
-    return name, time.perf_counter() - t0
 
 
 def prepare(names: Iterable[str] | str = "tasks20", root: str | os.PathLike | None = None,
@@ -198,13 +186,13 @@ def prepare(names: Iterable[str] | str = "tasks20", root: str | os.PathLike | No
     jobs = [(name, root_p, allow_download) for name in todo]
     if workers == 1:
         for job in progress(jobs, desc="building tasks", enabled=show_progress):
-            _build_missing(job)
+            build_task(*job)
     else:
         import concurrent.futures as cf
         import multiprocessing as mp
 
         with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-            futures = [ex.submit(_build_missing, job) for job in jobs]
+            futures = [ex.submit(build_task, *job) for job in jobs]
             for f in progress(cf.as_completed(futures), desc="building tasks", total=len(futures),
                               enabled=show_progress):
                 f.result()
