@@ -359,8 +359,7 @@ class Zoo:
         return self._entry("base", None, fields, self.folder / "base" / "base", make)
 
     def base_hash(self) -> str:
-        self.base_state()
-        return self._sides[("base", None)]["content_sha256"]
+        return self.sidecar("base")["content_sha256"]
 
     # ----------------------------------------------------------------- heads
 
@@ -391,10 +390,6 @@ class Zoo:
         names = self._sides[("head", task)].get("recipe", {}).get("class_names") or None
         return ClassificationHead(state["weight"], class_names=names)
 
-    def _head_hash(self, task: str) -> str:
-        self.head(task)
-        return self._sides[("head", task)]["content_sha256"]
-
     # ----------------------------------------------------------------- experts and MTL
 
     def _ft_fields(self, cfg: FinetuneConfig, tasks: Sequence[str]) -> dict:
@@ -409,7 +404,7 @@ class Zoo:
         head = self.head(task)
         fields = {"kind": "expert", "size": self.size, "task": task,
                   "finetune": self._ft_fields(self.finetune_config, [task]), "data": self._data_hash(task),
-                  "base": self.base_hash(), "head": self._head_hash(task), "seed": self.seed,
+                  "base": self.base_hash(), "head": self.sidecar("head", task)["content_sha256"], "seed": self.seed,
                   "model_version": MODEL_VERSION}
 
         def make():
@@ -438,7 +433,7 @@ class Zoo:
         fields = {"kind": "mtl", "size": self.size, "tasks": self.tasks,
                   "finetune": self._ft_fields(self.mtl_config, self.tasks),
                   "data": [self._data_hash(t) for t in self.tasks], "base": self.base_hash(),
-                  "heads": [self._head_hash(t) for t in self.tasks], "seed": self.seed,
+                  "heads": [self.sidecar("head", t)["content_sha256"] for t in self.tasks], "seed": self.seed,
                   "model_version": MODEL_VERSION}
 
         def make():
