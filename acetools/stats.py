@@ -175,6 +175,9 @@ def paired_rows(runs: Sequence[ResultFiles], suite: str, a: str, b: str, *, per_
         e = per_task[(per_task["suite"] == suite) & (per_task["method"] == "experts (individual)")
                      & (per_task["split"] == "test")]
         scale = {int(s): dict(zip(g["task"], g["accuracy"] / 100.0)) for s, g in e.groupby("seed")}
+        if not scale:
+            raise InputError(f"paired_rows: per_task has no test rows of 'experts (individual)' on suite {suite!r}: "
+                             "no scale for normalized points")
     return paired_bootstrap(ca, cb, scale=scale, **kw)
 
 

@@ -159,3 +159,5 @@ def test_paired_rows_pairs_a_suites_saved_rows_in_normalized_points(tmp_path):
     absolute = paired_rows(runs, "tasks2", "ace", "tsv_m", n_boot=200)
     assert absolute is not None and absolute.diff < r.diff  # experts below 100 % stretch normalized points
     assert paired_rows(runs, "tasks2", "ace", "wudi") is None
+    with pytest.raises(InputError, match="experts"):
+        paired_rows(runs, "tasks2", "ace", "tsv_m", per_task=pd.DataFrame(rows).assign(suite="other"))
