@@ -21,7 +21,7 @@ from typing import Any
 from ._protocol import PATIENCE
 from .errors import AcetoolsError, InputError
 
-__all__ = ["main", "build_parser", "CLIError", "USER_ERRORS", "positive_int", "nonnegative_int", "existing_file"]
+__all__ = ["main", "build_parser", "CLIError", "USER_ERRORS", "positive_int", "nonnegative_int"]
 
 #: Exceptions that mean bad input (one line, exit 2): acetools' own and ``OSError`` (a file the user named).
 #: A built-in ``ValueError`` / ``KeyError`` / ``TypeError`` from elsewhere is a bug and keeps its traceback.
@@ -137,14 +137,6 @@ def positive_int(text: str) -> int:
 def nonnegative_int(text: str) -> int:
     """argparse ``type=``: an integer >= 0."""
     return _int_at_least(text, 0, "an integer >= 0")
-
-
-def existing_file(text: str) -> str:
-    """argparse ``type=``: a path to an existing file."""
-    if not os.path.isfile(text):
-        raise argparse.ArgumentTypeError(f"no file at {text!r}" if not os.path.exists(text) else
-                                         f"{text!r} is not a file")
-    return text
 
 
 class _Once(argparse.Action):
