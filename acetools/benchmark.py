@@ -31,7 +31,7 @@ from .search import check_patience, golden_section_search
 from .utils import atomic_write, jsonable
 from .world.base import EvaluatesAll, MultiTaskWorld, PerExample, SplitData, World, as_world
 
-__all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds"]
+__all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "head_protocol"]
 
 StateDict = dict[str, Tensor]
 log = logging.getLogger("acetools.benchmark")
@@ -66,6 +66,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ace (gate off)": {"method": "ace", "search": None, "gate": "off"},
     "ace (eps 1e-5)": {"method": "ace", "search": None, "eps": 1e-5},
 }
+
+
+def head_protocol(world) -> str | None:
+    """The world's head protocol where it has one: ``"zeroshot"`` (frozen heads from the base) or ``"trained"``
+    (per-task heads trained with the experts, the GLUE protocol; docs/text-world.md §Benchmark)."""
+    return getattr(getattr(world, "config", None), "heads", None)
 
 
 def package_versions() -> dict[str, str]:
@@ -250,8 +256,9 @@ class Benchmark:
     def _merge(self, method: str, hparams: Mapping[str, Any]) -> StateDict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            return merge(method, self.base, self.experts, **self.method_inputs(method), **self.layout_kwargs(),
-                         **hparams)
+            # a hyperparameter given (e.g. a variant's ESM targets) wins over the world's data input
+            return merge(method, self.base, self.experts, **{**self.method_inputs(method), **self.layout_kwargs(),
+                                                             **hparams})
 
     def run(self, method: str, *, search: Search | Literal["default"] | None = "default", label: str | None = None,
             **hparams: Any) -> MethodRun:
@@ -384,9 +391,9 @@ class Benchmark:
         w = self.world
         return {
             "world": w.kind, "world_description": w.describe(), "profile": getattr(w, "profile", None),
-            "suite": getattr(w, "suite", None), "tasks": self.tasks, "size": w.size, "expert_seed": w.seed,
-            "proxy_seed": self.proxy_seed, "n_val": self.n_val, "n_test": self.n_test, "n_proxy": self.n_proxy,
-            "n_gram": self.n_gram, "patience": self.patience, "versions": package_versions(),
+            "suite": getattr(w, "suite", None), "heads": head_protocol(w), "tasks": self.tasks, "size": w.size,
+            "expert_seed": w.seed, "proxy_seed": self.proxy_seed, "n_val": self.n_val, "n_test": self.n_test,
+            "n_proxy": self.n_proxy, "n_gram": self.n_gram, "patience": self.patience, "versions": package_versions(),
             "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in w.records()],
             "runs": [{**r.summary(), "hparams": jsonable(r.hparams, finite=True, summarize=True),
                       "search_trace": None if r.search is None else r.search.to_dict(orient="records"),

@@ -30,14 +30,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from acetools.benchmark import ACE_SCALED_ROW, Search  # noqa: E402
+from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID  # noqa: E402
 from acetools.search import PATIENCE  # noqa: E402
 
 #: The text world's labelled variant rows (docs/text-world.md §Benchmark): ACE at the
 #: official code's eps 1e-2 (the plain "ace" row), at the paper's RoBERTa eps 2e-4 and at
-#: 1e-5, the gate off, issue 23's relative ridge and scale-free gamma; WUDI at its default
-#: step size (the plain row) and at larger ones, the tuned one chosen on validation afterwards
-#: (results.tuned_wudi).
+#: 1e-5, the gate off, issue 23's relative ridge and scale-free gamma, and with its scale chosen
+#: on validation as every rival's coefficient is; ESM as its RoBERTa code configures it; CART on
+#: every block matrix; WUDI at its default step size (the plain row) and at larger ones (the
+#: course picks the one with the best validation score among the three).
 TEXT_VARIANTS = {
+    **ACE_SCALED_ROW,
+    # the plain "esm" row runs the ViT code's configuration; this one the RoBERTa code's
+    "esm (roberta)": {"method": "esm", "search": Search("alpha", "grid", ROBERTA_ALPHA_GRID), **ROBERTA},
     "ace (eps 2e-4)": {"method": "ace", "search": None, "eps": 2e-4},
     "ace (eps 1e-5)": {"method": "ace", "search": None, "eps": 1e-5},
     "ace (gate off)": {"method": "ace", "search": None, "gate": "off"},
@@ -182,7 +188,8 @@ def bench(args) -> None:
         runs = b.run_all(methods, extra=_variants(args), progress=True)
         paths = b.save(runs, args.out, stem)
         # the run's cost: wall time, peak memory, and each method's merge and input time
-        rec = {"suite": args.suite, "seed": seed, "threads": args.threads, "load_avg_1min": os.getloadavg()[0],
+        rec = {"suite": args.suite, "heads": args.heads, "seed": seed, "threads": args.threads,
+               "load_avg_1min": os.getloadavg()[0],
                "wall_seconds": round(time.perf_counter() - t0, 1), "peak_rss_mib": _peak_rss_mib(),
                "methods": {r.name: {"merge_seconds": round(r.merge_seconds, 2),
                                     "inputs_seconds": round(r.inputs_seconds, 2)} for r in runs}}

@@ -222,3 +222,16 @@ def test_test_rows_carry_per_example_correctness_saved_beside_the_tables(bench, 
     assert set(back) == {base.name, "weight_averaging"}
     for t in ("a", "b", "c"):
         np.testing.assert_array_equal(back["weight_averaging"][t], run.test_correct[t])
+
+
+def test_a_given_hyperparameter_wins_over_the_worlds_data_input(bench, monkeypatch):
+    """A variant's ESM targets (esm (roberta)) replace the world's, which would otherwise be passed twice."""
+    import acetools
+    from acetools.merging.esm import DEFAULT_TARGETS
+
+    monkeypatch.setattr(bench, "esm_targets", lambda: ("matches no key",))
+    run = bench.run("esm", search=None, targets=DEFAULT_TARGETS, alpha=0.5)
+    direct = acetools.merge("esm", bench.base, bench.experts, activations=bench.esm_activations(),
+                            targets=DEFAULT_TARGETS, alpha=0.5)
+    assert bench.evaluate(direct, "test") == pytest.approx(run.test)
+    assert bench.record([run])["heads"] is None  # the vision zoo names no head protocol

@@ -697,3 +697,66 @@ def test_device_cuda_matches_cpu():
         assert g[k].device.type == "cuda"
         assert ((g[k].cpu().double() - c[k].double()).norm()
                 <= 1e-4 * (c[k].double() - base[k].double()).norm() + 1e-6), k
+
+
+# --------------------------------------------------------------------------- the RoBERTa variant
+BERT_TYPES = ("attention.self.query.weight", "attention.self.key.weight", "attention.self.value.weight",
+              "attention.output.dense.weight", "intermediate.dense.weight", "output.dense.weight")  # merge.py's order
+BERT_SHAPES = {}
+for _i in range(2):
+    _b = f"encoder.layer.{_i}."
+    BERT_SHAPES.update({_b + t: (8, 8) for t in BERT_TYPES[:4]})
+    BERT_SHAPES.update({_b + "intermediate.dense.weight": (16, 8), _b + "output.dense.weight": (8, 16),
+                        _b + "output.LayerNorm.weight": (8,)})
+
+
+def np_esm_roberta(base, experts, acts, alpha):
+    """[ESM-code] ESM-RoBERTa/merge.py as docs/methods.md §ESM states it: per matrix P_hat = P[:, :k] diag(e),
+    A_hat = diag(e) (P^T dW)[:k], Procrustes x mean sigma on both concatenations, no polarization, no x2;
+    1-D: the mean; inter-layer beta over the six types (first match in merge.py's order); alpha on every key."""
+    out = {}
+    for key, w in base.items():
+        taus = [(ex[key] - w).double().numpy() for ex in experts]
+        if w.ndim != 2:
+            out[key] = np.mean(taus, axis=0)
+            continue
+        k = max(1, int(w.shape[0] * (1 / len(taus))))
+        Ps, As = [], []
+        for dW, X in zip(taus, acts[key]):
+            P, lam = np_basis(X.double().numpy(), dW, "esd")
+            e = (lam[:k] / lam[:k].mean()) ** 0.15
+            e = e / e.mean()
+            Ps.append(P[:, :k] * e[None, :])
+            As.append((P.T @ dW)[:k] * e[:, None])
+        out[key] = np_polar_scaled(np.hstack(Ps)) @ np_polar_scaled(np.vstack(As))
+    groups = {}
+    for key in out:
+        ty = next((t for t in BERT_TYPES if t in key), None)
+        if ty is not None and base[key].ndim == 2:
+            groups.setdefault(ty, []).append(key)
+    for members in groups.values():
+        m = np.mean([np.linalg.norm(out[k]) for k in members])
+        for k in members:
+            out[k] = out[k] * (np.linalg.norm(out[k]) / m) ** 2
+    return {k: alpha * v for k, v in out.items()}
+
+
+def test_roberta_variant_matches_the_roberta_codes_equations():
+    from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID
+
+    base, experts = make_world(n_tasks=4, seed=3, rank=64, dtype=torch.float64, shapes=BERT_SHAPES)
+    g = torch.Generator().manual_seed(7)
+    acts = {k: [torch.randn(40, w.shape[1], generator=g, dtype=torch.float64) for _ in experts]
+            for k, w in base.items() if w.ndim == 2}
+    got = update(acetools.merge("esm", base, experts, activations=acts, alpha=1.7, **ROBERTA), base)
+    want = np_esm_roberta(base, experts, acts, alpha=1.7)
+    assert_close_dict(got, want)
+    # attention.output.dense is an ESD layer here (not TSV-M, as with the ViT targets); the ViT row differs
+    assert len([k for k in acts if "attention.output.dense" in k]) == 2
+    vit = update(acetools.merge("esm", base, experts, activations=acts, alpha=1.7, targets=ROBERTA["targets"],
+                                layer_types=ROBERTA["layer_types"]), base)
+    assert not np.allclose(vit["encoder.layer.0.intermediate.dense.weight"].numpy(),
+                           want["encoder.layer.0.intermediate.dense.weight"])
+    # alpha multiplies every key, the 1-D mean too; its grid is the official search's (0, 5] at step 0.1
+    assert not np.allclose(want["encoder.layer.1.output.LayerNorm.weight"], 0)
+    assert ROBERTA_ALPHA_GRID[0] == 0.1 and ROBERTA_ALPHA_GRID[-1] == 5.0 and len(ROBERTA_ALPHA_GRID) == 50

@@ -48,10 +48,9 @@ from .svd import tsv_merge_matrix
 
 __all__ = [
     "task_budget", "LAYOUT_NAMES", "with_layout_names", "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "Subspace",
-    "TopSubspace",
-    "essential_subspace", "task_coordinates", "rank_budget", "polar_scales", "polarize_tasks", "eigen_weights",
-    "truncate_factors", "concatenate_factors", "polarize_dimensions", "whiten", "esm_merge_matrix", "layer_scales",
-    "polarize_layers", "esm", "shift_rank",
+    "TopSubspace", "essential_subspace", "task_coordinates", "rank_budget", "polar_scales", "polarize_tasks",
+    "eigen_weights", "truncate_factors", "concatenate_factors", "polarize_dimensions", "whiten", "esm_merge_matrix",
+    "layer_scales", "polarize_layers", "esm", "shift_rank", "ROBERTA", "ROBERTA_ALPHA_GRID",
 ]
 
 _DECOMPOSITIONS = ("esd", "svd")
@@ -60,6 +59,14 @@ _GRAM_WHITEN = True  # float32 whitening through the float64 Gram (see :func:`wh
 #: eps64 kappa² (the float32 SVD's like eps32 kappa), so the limit sits where eps64 kappa² ≈ 1e-4; measured
 #: on ESM's P_cat and A_cat it was 24-60000x more accurate than the float32 SVD (docs/performance.md).
 WHITEN_GRAM_MAX_RATIO = 1e6
+#: ESM-RoBERTa as its official code configures it (docs/methods.md §ESM, "RoBERTa variant"): ESD on all six block
+#: matrix types (``attention.output.dense`` included), no inter-task or inter-dimension polarization, no x2, Step C
+#: over the six types, alpha on every key; ``merge("esm", ..., **ROBERTA)``, alpha on :data:`ROBERTA_ALPHA_GRID`.
+ROBERTA: dict[str, Any] = {"task_scaling": False, "dim_scaling": False, "const": 1.0, "alpha_scope": "all",
+                           "targets": LAYOUT_NAMES["bert"]["layer_types"],
+                           "layer_types": LAYOUT_NAMES["bert"]["layer_types"]}
+#: Its alpha candidates: (0, 5] in steps of 0.1, the official ternary search's bracket and tolerance.
+ROBERTA_ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(1, 51))
 
 
 class Subspace(NamedTuple):
@@ -95,7 +102,6 @@ def essential_subspace(X: Tensor | None, delta_W: Tensor, decomposition: str = "
 
     ``X`` is N x d_in (leading dims flattened into rows), ``delta_W`` d_out x d_in; both are left
     untouched. Past rank(X delta_W^T) the directions are an arbitrary null-space basis (Step A).
-
     ``k`` (the rank budget, as :func:`esm_merge_matrix` passes it): only the top ``k`` columns of
     ``P`` and ``lam`` (fewer where :func:`shift_rank` is below ``k``) and ``norm`` = ||Pᵀ delta_W||_F
     of the *full* coordinates (Step B1), on the cheapest exact route where it applies
@@ -177,13 +183,9 @@ def polar_scales(norms: Tensor, power: float = 2.0) -> Tensor:
 
 def polarize_tasks(A: Sequence[Tensor], power: float = 2.0,
                    norms: Sequence[float] | Tensor | None = None) -> list[Tensor]:
-    """Inter-task polarization, docs/methods.md §ESM, Eq. (ESM.4).
-
-    A_t <- s_t A_t, s_t = (n_t / mean_i n_i)^power.
-
-    n_t = ||A_t||_F of the *full* coordinates, as in the code; pass ``norms`` when ``A`` holds
-    truncated factors (as :func:`esm_merge_matrix` does). Returns new tensors.
-    """
+    """Inter-task polarization A_t <- (n_t / mean_i n_i)^power A_t, docs/methods.md §ESM, Eq. (ESM.4); n_t =
+    ||A_t||_F of the *full* coordinates, as in the code: pass ``norms`` when ``A`` holds truncated factors (as
+    :func:`esm_merge_matrix` does). Returns new tensors."""
     if norms is None:
         norms = torch.stack([torch.linalg.norm(a) for a in A])
     norms = torch.as_tensor(norms, dtype=A[0].dtype, device=A[0].device)

@@ -1,0 +1,63 @@
+"""The text world's bench rows under the papers' language protocol (docs/text-world.md §Benchmark):
+the variant rows, the head protocol in every record and file name."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import load_script
+
+
+@pytest.fixture(scope="module")
+def text_world():
+    return load_script("text_world")
+
+
+@pytest.fixture(scope="module")
+def fixture_world(tmp_path_factory):
+    from acetools.world.text.world import TextWorld
+
+    root = tmp_path_factory.mktemp("cache") / "text"
+    return TextWorld("fixture", seed=0, profile="quick", root=root, threads=1).build(progress_bar=False)
+
+
+def test_trained_heads_get_their_own_files_and_the_build_recipe(text_world, tmp_path, monkeypatch):
+    """``bench`` builds its world as ``build`` does (PROTOCOLS), and the trained tables are text8_trained_*."""
+    from acetools.world.text.finetune import PROTOCOLS
+
+    monkeypatch.setenv("ACETOOLS_CACHE", str(tmp_path))
+    args = {h: SimpleNamespace(suite="text8", heads=h, profile="full", threads=1, device="cpu") for h in PROTOCOLS}
+    assert text_world._tag(args["zeroshot"]) == "text8" and text_world._tag(args["trained"]) == "text8_trained"
+    for heads, recipe in PROTOCOLS.items():
+        w = text_world._world(args[heads], 0)
+        assert all(getattr(w.config, k) == v for k, v in recipe.items()) and w.config.heads == heads
+    assert not text_world._world(args["trained"], 0).config.bf16  # the trained world trains in float32
+
+
+def test_the_language_rows_are_variants_of_the_registered_methods(text_world):
+    from acetools.benchmark import ACE_SCALED
+    from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID
+
+    rows = text_world.TEXT_VARIANTS
+    esm = dict(rows["esm (roberta)"])
+    assert esm.pop("method") == "esm" and esm.pop("search").grid == ROBERTA_ALPHA_GRID and esm == ROBERTA
+    assert rows["ace (scaling on val)"] == {"method": "ace", "search": ACE_SCALED}
+    assert rows["cart (block matrices)"]["targets"] == "blocks"
+    assert {"wudi (lr 1e-4)", "wudi (lr 1e-3)"} <= set(rows)
+
+
+def test_roberta_esm_and_scaled_ace_rows_run_on_the_text_world(text_world, fixture_world):
+    import acetools
+    from acetools.benchmark import Benchmark
+    from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID
+
+    b = Benchmark(fixture_world, n_val=8, n_test=12, n_proxy=8, threads=1)
+    esm, ace = (b.run(**{**text_world.TEXT_VARIANTS[k], "label": k}) for k in ("esm (roberta)", "ace (scaling on val)"))
+    assert esm.name == "esm (roberta)" and esm.coef_name == "alpha" and esm.coef in ROBERTA_ALPHA_GRID
+    direct = acetools.merge("esm", b.base, b.experts, activations=b.esm_activations(), layout="bert",
+                            alpha=esm.coef, **ROBERTA)
+    assert b.evaluate(direct, "test") == pytest.approx(esm.test)
+    assert ace.method == "ace" and ace.coef_name == "scaling" and ace.coef is not None
+    assert b.record([esm, ace])["heads"] == "zeroshot"
