@@ -27,10 +27,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
-sys.path.insert(0, str(REPO))  # the repository's acetools, however the script is run
+sys.path[:0] = [str(REPO), str(REPO / "notebooks")]  # the repository's acetools and claimkit, however it is run
 
-from acetools.course import claims as C  # noqa: E402
-from acetools.course.verdicts import Verdict, World  # noqa: E402
+from claimkit import claims as C  # noqa: E402
+from claimkit.verdicts import Verdict, World  # noqa: E402
 
 #: The reruns the committed numbers wait for, by claim id, while a record is still from before
 #: them (:func:`pending_rerun`).
@@ -69,7 +69,7 @@ def _per_suite(numbers: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _at_paper_eps(numbers: Mapping[str, Any]) -> bool:
-    from acetools.course.ace_step_by_step import PAPER_EPS_VIT
+    from claimkit.ace_step_by_step import PAPER_EPS_VIT
 
     eps = numbers.get("eps")
     return eps is not None and abs(float(eps) - PAPER_EPS_VIT) <= 1e-12
@@ -94,7 +94,7 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
     """Notebook 02's claims from their stored numbers. A record decided at the paper's eps (a
     notebook run since issue 23) keeps that eps, its ridge/prior size and the code default's
     verdict beside it; an older one is decided at the code default eps 1e-2 it was measured at."""
-    from acetools.course import ace_step_by_step as A
+    from claimkit import ace_step_by_step as A
 
     out: dict[str, Verdict] = {}
     n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
@@ -142,7 +142,7 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
 
 
 def _esm_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
-    from acetools.course import esm_step_by_step as E
+    from claimkit import esm_step_by_step as E
 
     out: dict[str, Verdict] = {}
     n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
@@ -209,12 +209,13 @@ def _benchmark_verdicts(figures_root: Path, world: World, folder: str = "04_benc
     ``world=kind``: the mini-world's tables, or a text world's (its claims as analogues)."""
     from acetools.course import benchmark as lesson
     from acetools.course import world as course
+    from claimkit import benchmark as bench_claims
 
     bd = lesson.load_benchmark(quick=False, suites=["tasks8", "tasks14", "tasks20"], size="small", suite="tasks8",
                                seed=0, results_dir=figures_root / "benchmark", figures_dir=figures_root / folder,
                                speed_dir=figures_root.parent / "benchmarks" / "results",
                                wudi_dir=figures_root / "benchmark", world_options=course.world_options(kind))
-    return lesson.claim_verdicts(bd, world=world)
+    return bench_claims.claim_verdicts(bd, world=world)
 
 
 def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Path) -> dict[str, Verdict]:
@@ -223,16 +224,17 @@ def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Pat
     stored verdicts are carried over (a 07 run decides them afresh)."""
     from acetools.course import language as lesson
     from acetools.regime import RegimeCard
+    from claimkit import language as lang_claims
 
     out: dict[str, Verdict] = {}
     suite = "text8"
     if "ace.language_sota" in entries:
         per_seed, _ = lesson.benchmark_tables(figures_root / "benchmark", suite)
         n_text = int(per_seed["n_tasks"].iloc[0])
-        out["ace.language_sota"] = lesson.verdict_sota(per_seed, world=world, n_tasks=n_text)
+        out["ace.language_sota"] = lang_claims.verdict_sota(per_seed, world=world, n_tasks=n_text)
     if "ace.spectrum_language" in entries:
         card = RegimeCard.load(figures_root / "regime" / f"{suite}_seed0")
-        out["ace.spectrum_language"] = lesson.verdict_spectrum(card.value("wpre_top5_energy"))
+        out["ace.spectrum_language"] = lang_claims.verdict_spectrum(card.value("wpre_top5_energy"))
     for cid in ("ace.gamma_bert", "ace.normalization_language", "ace.csp_language", "ace.refinement_language"):
         if cid in entries:
             e = entries[cid]
@@ -266,12 +268,10 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
     ``world``: the world the committed numbers come from (default: the mini-world, its room
     from ``<figures_root>/benchmark``). Returns one row per claim: ``id, notebook, before,
     after, changed`` and the reason; with ``write`` each ``claims.json`` is rewritten (atomically,
-    through :func:`acetools.course.claims.record`), with ``numbers["pending_rerun"]`` where
+    through :func:`claimkit.claims.record`), with ``numbers["pending_rerun"]`` where
     a record still waits for the rerun :data:`PENDING` names (:func:`pending_rerun`)."""
-    from acetools.course import world as course
-
     figures_root = Path(figures_root).resolve()
-    mini = world or course.claim_world(quick=False, results_dir=figures_root / "benchmark")
+    mini = world or C.claim_world(quick=False, results_dir=figures_root / "benchmark")
     text = None
     rows = []
     for folder, rule in RULES.items():
@@ -282,7 +282,7 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
         if folder in TEXT_FOLDERS:
             if text is None:  # the text world's room, from its committed tables (as 04 and 07 judge)
                 described = next(iter(entries.values()), {}).get("world", {}).get("description")
-                text = course.claim_world(quick=False, results_dir=figures_root / "benchmark", kind="text8",
+                text = C.claim_world(quick=False, results_dir=figures_root / "benchmark", kind="text8",
                                           description=described)
             world = text
         else:

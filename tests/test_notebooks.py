@@ -181,7 +181,7 @@ def test_02_to_04_run_on_the_text_world_and_05_shows_both_worlds(quick_env):
 
     import pandas as pd
 
-    from acetools.course import claims
+    from claimkit import claims
 
     repo = Path(__file__).resolve().parents[1]
 

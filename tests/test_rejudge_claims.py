@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from acetools.course import claims
-from acetools.course.verdicts import VERDICTS
+from claimkit import claims
+from claimkit.verdicts import VERDICTS
 
 
 def _script():

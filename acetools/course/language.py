@@ -7,13 +7,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from ..errors import InputError
-from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
 #: RoBERTa-base on 8 GLUE tasks, normalized accuracy (ESM's table; WUDI's README agrees);
 #: ACE's 90.4 is ACE-Merging's own table (docs/text-world.md).
@@ -90,96 +87,6 @@ def benchmark_tables(folder: str | Path, suite: str = "text8") -> tuple[pd.DataF
 
 
 # --------------------------------------------------------------------------- verdicts
-def _paired(per_seed: pd.DataFrame, a: str, b: str) -> tuple[float, float, int]:
-    """Mean and sd over seeds of test_normalized(a) − test_normalized(b), and the seed count."""
-    p = per_seed.pivot_table(index="seed", columns="method", values="test_normalized")
-    d = (p[a] - p[b]).dropna()
-    return float(d.mean()), float(d.std(ddof=1)) if len(d) > 1 else math.nan, len(d)
-
-
-def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
-                 rivals: Sequence[str] = ("wudi", "ties", "tsv_m"), *, world: World | None = None,
-                 n_tasks: int = 8) -> Verdict:
-    """"ACE beats WUDI, TIES and TSV-M on language": ACE at the paper's RoBERTa setting
-    (``ace_row``) against each rival of the claim, paired over seeds; a lead counts when it
-    exceeds :func:`~acetools.course.verdicts.margin` (NOISE or the seed spread). Reproduced when
-    ACE leads every rival, partly when some, not reproduced when none. On RoBERTa-GLUE the
-    paper's numbers give ACE 90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count.
-
-    With ``world`` (the text world's :class:`~acetools.course.verdicts.World`, its room at
-    ``n_tasks``) each of the paper's leads is carried into the world by the course's scaling rule
-    (docs/course.md §Scaling rule): RoBERTa-GLUE's room is TSV-M − task arithmetic = 10.9 points,
-    and a rival whose scaled lead does not clear the margin is undecidable here; none left ->
-    ``undecidable here``."""
-    diffs = {r: _paired(per_seed, ace_row, r) for r in rivals}
-    outcome = {r: compare(d, sd) for r, (d, sd, _) in diffs.items()}
-    n = max(n for _, _, n in diffs.values())
-    measured = f"{ace_row} minus " + ", ".join(f"{r} {d:+.1f}" for r, (d, _, _) in diffs.items()) + \
-        f" normalized points (mean over {n} seed{'s' if n > 1 else ''})"
-    agree = [o == "better" for o in outcome.values()]
-    reason = "; ".join(f"{r}: {o} (margin {margin(diffs[r][1]):.1f})" for r, o in outcome.items())
-    if world is not None:
-        room_p = ROBERTA_GLUE["tsv_m"] - ROBERTA_GLUE["task_arithmetic"]
-        effects = [effect(r, d, paper=ROBERTA_GLUE["ace"] - ROBERTA_GLUE[r], paper_room=room_p,
-                          world_room=world.room_at(n_tasks), spread=sd, noise=world.noise)
-                   for r, (d, sd, _) in diffs.items()]
-        v, note = decide(effects, agree)
-        reason += f"; {note}" if note else ""
-    else:
-        effects = [effect(r, d, spread=sd) for r, (d, sd, _) in diffs.items()]
-        v = agreement(agree)
-    return Verdict(measured, v, reason, {"diffs": {r: d for r, (d, _, _) in diffs.items()},
-                                         "sd": {r: s for r, (_, s, _) in diffs.items()}, "ace_row": ace_row},
-                   effects)
-
-
-def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:
-    """"RoBERTa has high heterogeneity (γ > 0.3)": reproduced when the median γ over matrices
-    exceeds τ_γ, partly when some layer type's median does, not reproduced otherwise. The
-    scale-free views are reported beside (they say whether the energies differ at all)."""
-    med = float(gam["gamma"].median())
-    by_type = gam.groupby("layer_type")["gamma"].median()
-    above = [str(t) for t, g in by_type.items() if g > tau]
-    v = "reproduced" if med > tau else ("partly" if above else "not reproduced")
-    measured = (f"median γ {med:.3g} over {len(gam)} matrices, {100 * gam['flag'].mean():.0f} % above τ_γ = {tau:g}; "
-                f"cv of the energies {gam['cv'].median():.2f}, sd of their logs {gam['log_sd'].median():.2f}")
-    reason = (f"median γ {'>' if med > tau else '≤'} τ_γ" + (f"; above it: {', '.join(above)}" if above else
-                                                            "; no layer type above it"))
-    return Verdict(measured, v, reason, {"gamma_median": med, "flagged_share": float(gam["flag"].mean()),
-                                         "cv_median": float(gam["cv"].median()),
-                                         "log_sd_median": float(gam["log_sd"].median())}, value=med)
-
-
-def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | None = None,
-                  forced: bool = True) -> Verdict:
-    """A stage "improves the merge" / "matters": ``gate on (forced)`` minus ``without`` (the
-    forced path with the stage off) at ``eps`` (default: every eps in ``abl``); a gain counts
-    above NOISE (one ablation per eps, no seed spread). Reproduced when the gain counts at
-    every eps, partly at some, not reproduced at none. ``forced`` labels a world where the
-    code's gate flags no matrix, so the stage runs only because the gate was forced."""
-    sub = abl if eps is None else abl[abl["eps"] == eps]
-    gains = {}
-    for e, g in sub.groupby("eps", sort=False):
-        on = g.loc[g["setting"] == "gate on (forced)", "test_normalized"]
-        off = g.loc[g["setting"] == without, "test_normalized"]
-        if len(on) and len(off):
-            gains[float(cast(float, e))] = float(on.iloc[0] - off.iloc[0])  # eps: a numeric column
-    if not gains:
-        raise InputError(f"the ablation has no rows 'gate on (forced)' and {without!r}")
-    v = agreement([compare(d) == "better" for d in gains.values()])
-    label = " (gate forced on every matrix)" if forced else ""
-    measured = f"{stage}{label}: " + ", ".join(f"eps {e:g}: {d:+.1f}" for e, d in gains.items()) + " normalized points"
-    reason = f"a gain counts above {margin():.1f} point" + ("s" if margin() != 1 else "")
-    return Verdict(measured, v, reason, {"gains": gains, "forced": forced},
-                   [effect(f"eps {e:g}" + (" (gate forced)" if forced else ""), d) for e, d in gains.items()])
-
-
-def verdict_spectrum(top5: float, cond: float | None = None) -> Verdict:
-    """"W_pre's top 5 % singular values hold 99 %+ of the energy": reproduced at ≥ 99 %,
-    partly at ≥ 90 %, not reproduced below (``top5`` in percent, median over matrices)."""
-    v = "reproduced" if top5 >= 99 else ("partly" if top5 >= 90 else "not reproduced")
-    return Verdict(f"W_pre's top-5 % energy {top5:.1f} % (median over matrices)", v,
-                   "reproduced at ≥ 99 %, partly at ≥ 90 %", {"top5_energy": top5, "condition": cond}, value=top5)
 
 
 def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:

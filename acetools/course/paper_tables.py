@@ -194,7 +194,7 @@ def paper_room(table: str, n_tasks: int) -> float:
     """The paper's room at ``n_tasks`` in ``table``: TSV-M − task arithmetic in the column our
     ``n_tasks``-task suite is compared with (:func:`comparison_columns`), in that table's
     absolute points. The denominator of the course's scaling rule
-    (:data:`acetools.course.verdicts.SCALING_RULE`)."""
+    (``claimkit.verdicts.SCALING_RULE``)."""
     col = comparison_columns(table, n_tasks)
     missing = [m for m in ("tsv_m", "task_arithmetic") if m not in col.index]
     if missing:

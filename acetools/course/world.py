@@ -25,11 +25,6 @@ MANIFEST: str = "figures.json"
 #: world (:func:`text_worlds`: its suites are read from the text world, not listed here).
 WORLDS = ("mini", "clip-vit-b32")
 
-#: The names of the text world's claim worlds (:class:`~acetools.course.verdicts.World`) by
-#: profile: lesson 07's and the text runs of 02-04 record under the same name, so lesson 05
-#: shows them in one column.
-TEXT_CLAIM_WORLDS: dict[str, str] = {"full": "text", "quick": "text fixture"}
-
 
 def text_worlds() -> list[str]:
     """The text worlds a notebook's ``world`` parameter takes: ``"text"`` (the default suite)
@@ -235,77 +230,9 @@ def _write_manifest(folder: Path, update: dict[str, Any]) -> None:
 
 
 def note_world(folder: str | os.PathLike, world: Any) -> None:
-    """Record ``world`` (a :class:`~acetools.course.verdicts.World`) in ``folder``'s
+    """Record ``world`` (a claim world, ``claimkit.verdicts.World``) in ``folder``'s
     :data:`MANIFEST`, so that every figure saved there from now on carries it."""
     _write_manifest(Path(folder), {"world": world.name, "profile": world.profile, "fixture": world.fixture})
-
-
-def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLike | None = None,
-                size: str = "small", summary: Any = None, kind: str = "mini", description: str | None = None):
-    """The :class:`~acetools.course.verdicts.World` a notebook judges its claims in (docs/course.md §Scaling rule).
-
-    Full profile: the mini-world, its room from the committed benchmark files (``results_dir``) or
-    ``summary``; quick: the fixture world, its room measured on ``bench`` or from ``summary`` (none:
-    claims are decided on their measurements). A text ``kind`` gives the text world's claim world."""
-    if is_text_world(kind):
-        return _text_claim_world(quick=quick, bench=bench, results_dir=results_dir, summary=summary,
-                                 suite=text_suite(kind), description=description)
-    from .verdicts import World
-
-    if quick:
-        desc = description or "the quick profile's fixture world: numbers for checking the code, not results"
-        return _quick_world("fixture", desc, bench, summary)
-    desc = description or f"the vision mini-world (small ViT, suites tasks8/14/20, model size {size})"
-    if summary is None:
-        from .. import results
-
-        folder = Path(results_dir) if results_dir is not None else repo_root() / "figures" / "benchmark"
-        runs = results.find_results(folder, None, size)
-        if not runs:
-            raise FileNotFoundError(f"no benchmark results (*_{size}_seed*_summary.csv) in {folder.resolve()}: the "
-                                    "mini-world's room comes from them (bash benchmarks/mini_world.sh)")
-        summary = results.load_summary(runs)
-    return World.from_summary(summary, "mini-world", "full", description=desc)
-
-
-def _quick_world(name: str, desc: str, bench: Any, summary: Any):
-    """A quick profile's fixture claim world: its room from ``summary``, or measured on ``bench``
-    (task arithmetic and TSV-M with their coefficients on validation), or none."""
-    import numpy as np
-
-    from .verdicts import World
-
-    if summary is not None:
-        return World.from_summary(summary, name, "quick", fixture=True, description=desc)
-    if bench is None:
-        return World(name, "quick", fixture=True, description=desc)
-    runs = {m: bench.run(m) for m in ("task_arithmetic", "tsv_m")}
-    n = len(bench.tasks)
-
-    def mean(r, attr):
-        return 100 * float(np.mean(list(getattr(r, attr).values())))
-
-    return World(name, "quick", {n: mean(runs["tsv_m"], "test_normalized")
-                                 - mean(runs["task_arithmetic"], "test_normalized")},
-                 fixture=True, description=desc,
-                 room_abs={n: mean(runs["tsv_m"], "test") - mean(runs["task_arithmetic"], "test")})
-
-
-def _text_claim_world(*, quick: bool, bench: Any, results_dir: Any, summary: Any, suite: str,
-                      description: str | None):
-    from .verdicts import World
-
-    if quick:
-        desc = description or ("the quick profile's fixture text world (MiniLM's first layer, three small tasks): "
-                               "numbers for checking the code, not results")
-        return _quick_world(TEXT_CLAIM_WORLDS["quick"], desc, bench, summary)
-    if summary is None:
-        from .language import benchmark_tables
-
-        folder = Path(results_dir) if results_dir is not None else repo_root() / "figures" / "benchmark"
-        summary, _ = benchmark_tables(folder, suite)
-    desc = description or f"the text world {suite!r} (all-MiniLM-L6-v2 experts on real offline text tasks)"
-    return World.from_summary(summary, TEXT_CLAIM_WORLDS["full"], "full", description=desc)
 
 
 def display_path(path: str | os.PathLike) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -404,67 +403,6 @@ def test_norm_order_table(bench):
     assert np.allclose(allrow.normalized, 100.0)
 
 
-# --------------------------------------------------------------------------- verdicts
-def _table(e_esd, e_svd, k_esd, k_svd, c_esd, c_svd):
-    rows = []
-    for lt in ("mlp.c_fc.weight", "attn.in_proj_weight"):
-        rows.append({"data": "held-out", "layer_type": lt, "energy_esd": e_esd, "energy_svd": e_svd,
-                     "k90_esd": k_esd, "k90_svd": k_svd, "cka_esd": c_esd[lt], "cka_svd": c_svd})
-    return pd.DataFrame(rows)
-
-
-def test_verdicts_follow_their_rules():
-    both = {"mlp.c_fc.weight": 0.9, "attn.in_proj_weight": 0.9}
-    one = {"mlp.c_fc.weight": 0.9, "attn.in_proj_weight": 0.5}
-    assert ec.verdict_energy(_table(0.8, 0.6, 2, 5, both, 0.5)).verdict == "reproduced"
-    assert ec.verdict_energy(_table(0.8, 0.6, 4, 5, both, 0.5)).verdict == "partly"
-    assert ec.verdict_energy(_table(0.602, 0.6, 2, 5, both, 0.5)).verdict == "not reproduced"  # +0.2 points: a tie
-    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, both, 0.5)).verdict == "reproduced"
-    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, one, 0.5)).verdict == "partly"  # in_proj ties
-    assert ec.verdict_cka(_table(0.8, 0.6, 2, 5, {k: 0.5 for k in both}, 0.5)).verdict == "not reproduced"
-    acc = {"in-distribution": 80.0, "other task": 80.3, "pretraining pool": 79.8, "one class": 80.0, "4 samples": 79.0}
-    assert ec.verdict_proxy(acc).verdict == "reproduced"
-    assert ec.verdict_proxy({**acc, "other task": 80.09, "one class": 79.91}).verdict == "reproduced"  # paper: < 0.1
-    assert ec.verdict_proxy({**acc, "one class": 78.0}).verdict == "partly"
-    proxies = {**acc, "one class": 78.0, "other task": 82, "pretraining pool": 70}
-    assert ec.verdict_proxy(proxies).verdict == "not reproduced"
-    assert [ec.verdict_four(a, 80.0).verdict for a in (81.0, 80.2, 79.0)] == ["reproduced", "partly", "not reproduced"]
-    # esm.four is judged against TSV-M; the in-pipeline SVD row is reported, not judged
-    four = ec.verdict_four(81.0, 80.0, 82.0)
-    assert four.verdict == "reproduced" and four.numbers["tsv_m"] == 80.0
-    assert four.numbers["diff_vs_inpipeline_svd"] == pytest.approx(-1.0) and "in-pipeline" in four.reason
-    assert ec.verdict_four(79.0, 80.0, 70.0).verdict == "not reproduced"
-    assert ec.verdict_gain({"t8": 1.0, "t20": 2.0}, "x").verdict == "reproduced"
-    assert ec.verdict_gain({"t8": 1.0, "t20": 0.3}, "x").verdict == "partly"
-    assert ec.verdict_gain({"t8": -1.0}, "x").verdict == "not reproduced"
-    # the paper's own gains (ViT-B/16 ablation): ESD alone +1.9 / +2.2, PS on SVD +0.6 / +1.5
-    assert ec.verdict_gain({"t8": 90.9 - 89.0, "t20": 82.8 - 80.6}, "x").verdict == "reproduced"
-    assert ec.verdict_gain({"t8": 89.6 - 89.0, "t20": 82.1 - 80.6}, "x").verdict == "reproduced"
-    # layer_first(layer gain, gain of all three levels): the paper's own ablation (ViT-B/16) passes
-    paper = ec.verdict_layer_first({"t8": 91.4 - 90.9, "t20": 83.7 - 82.8}, {"t8": 91.8 - 90.9, "t20": 84.9 - 82.8})
-    assert paper.verdict == "reproduced", paper.reason
-    assert ec.verdict_layer_first({"t8": 2.0}, {"t8": 2.5}).verdict == "reproduced"
-    assert ec.verdict_layer_first({"t8": 0.5}, {"t8": 3.0}).verdict == "not reproduced"  # a sixth of the total
-    assert ec.verdict_layer_first({"t8": 1.0, "t20": 0.2}, {"t8": 1.0, "t20": -1.0}).verdict == "partly"
-    assert ec.verdict_layer_first({"t8": 0.2}, {"t8": 0.3}).verdict == "not reproduced"  # all within noise
-    assert ec.verdict_reciprocal({"t8": 6.0, "t20": 9.0}).verdict == "reproduced"
-    assert ec.verdict_reciprocal({"t8": ec.RECIPROCAL_DROP}).verdict == "reproduced"  # the paper's "5+"
-    assert ec.verdict_reciprocal({"t8": 2.0, "t20": 9.0}).verdict == "partly"
-    r = ec.verdict_reciprocal({"t8": 0.2})
-    v, why, _ = r.verdict, r.reason, r.numbers
-    assert v == "not reproduced" and "no drop beyond noise" in why
-    r = ec.verdict_reciprocal({"t8": -0.9, "t20": -0.8})
-    v, why, _ = r.verdict, r.reason, r.numbers
-    assert v == "not reproduced" and "reciprocal exponent is better" in why
-    no = pd.DataFrame({"order": ["norm", "reverse", "norm", "reverse"], "equal_norms": [False, False, True, True],
-                       "normalized": [90.0, 60.0, 85.0, 70.0]})
-    assert ec.verdict_norm_importance(no).verdict == "reproduced"
-    no.loc[2, "normalized"] = 70.2
-    assert ec.verdict_norm_importance(no).verdict == "partly"
-    no.loc[0, "normalized"] = 60.0
-    assert ec.verdict_norm_importance(no).verdict == "not reproduced"
-
-
 def test_subspace_overlap():
     X, dW = _layer(n=60)
     assert ec.subspace_overlap(X, dW, 3, X) == pytest.approx(1.0)
@@ -477,80 +415,6 @@ def test_subspace_overlap():
     Xs = torch.randn(100, 4, dtype=torch.float64) * torch.tensor([1e-3, 1.0, 1.0, 1.0], dtype=torch.float64)
     assert ec.subspace_overlap(Xs, d, 1) < 0.1
     assert ec.subspace_overlap(X, dW, 50, X[:5]) <= 1.0 + 1e-9  # k capped at 5 rows
-
-
-
-def _ablation(acc, suites=("t8", "t20")):
-    """A runs_table-like ablation table: {variant: (test_acc per suite)}."""
-    return pd.DataFrame([{"variant": v, "suite": s, "test_acc": a} for v, accs in acc.items()
-                         for s, a in zip(suites, accs)])
-
-
-#: The paper's ablation (ViT-B/16, 8 / 20 tasks): its "SVD" row is TSV-M (89.0 / 80.6, TSV-M's
-#: main-table numbers); the reciprocal costs "5+" points. Our in-pipeline "SVD, no scaling" row
-#: has no counterpart there: set to TSV-M's.
-PAPER_ABLATION = {
-    ec.TSV_M_ROW: (89.0, 80.6), "SVD, no scaling": (89.0, 80.6), "SVD, layer only": (89.3, 81.3),
-    "SVD, all levels": (89.6, 82.1), "ESD, no scaling": (90.9, 82.8), "ESD, layer only": (91.4, 83.7),
-    "ESD, all levels": (91.8, 84.9), "ESD, reciprocal (-1)": (91.8 - 5.0, 84.9 - 5.0),
-}
-
-
-def test_ablation_verdicts_pass_the_papers_table():
-    from acetools.course import paper_tables as pt
-
-    ab = pt.ESM_ABLATION.set_index(["decomposition", "scaling"])
-    assert PAPER_ABLATION[ec.TSV_M_ROW] == tuple(ab.loc[("SVD", "none"), ["tasks8", "tasks20"]])
-    assert PAPER_ABLATION["SVD, all levels"] == tuple(ab.loc[("SVD", "all"), ["tasks8", "tasks20"]])
-    v = ec.ablation_verdicts(_ablation(PAPER_ABLATION))
-    assert {k: x.verdict for k, x in v.items()} == {k: "reproduced" for k in ec.ABLATION_CLAIMS}
-    assert v["esm.esd_alone"].numbers["gain_t8"] == pytest.approx(1.9)
-    assert v["esm.ps_on_svd"].numbers["gain_t20"] == pytest.approx(1.5)
-    # in the paper's own world (its room), every prediction is the paper's effect and the rules still pass
-    from acetools.course.verdicts import World
-
-    own = World("paper esm", "full", room_abs={8: pt.paper_room("esm", 8), 20: pt.paper_room("esm", 20)})
-    w = ec.ablation_verdicts(_ablation(PAPER_ABLATION), world=own, n_tasks={"t8": 8, "t20": 20})
-    assert {k: x.verdict for k, x in w.items()} == {k: "reproduced" for k in ec.ABLATION_CLAIMS}
-    assert w["esm.esd_alone"].predicted_effect == pytest.approx(2.2)  # the most decidable suite: 20 tasks
-
-
-def test_ablation_verdicts_are_undecidable_where_the_room_is_small():
-    from acetools.course.verdicts import World
-
-    # the mini-world's absolute room (about 3 points): ESD alone predicts 1.9 * 3 / 13.6 = 0.42 at 8 tasks
-    # and 2.2 * 3 / 14.8 = 0.45 at 20, both below NOISE; the reciprocal's 5 points predict 1.1 and 1.0
-    small = World("mini", "full", room_abs={8: 3.0, 20: 3.0})
-    w = ec.ablation_verdicts(_ablation(PAPER_ABLATION), world=small, n_tasks={"t8": 8, "t20": 20})
-    assert w["esm.esd_alone"].verdict == "undecidable here" and w["esm.ps_on_svd"].verdict == "undecidable here"
-    assert w["esm.layer_first"].verdict == "undecidable here"
-    assert w["esm.reciprocal"].verdict == "reproduced"  # still decided: its prediction clears the floor
-    assert w["esm.esd_alone"].measured_effect == pytest.approx(2.2)  # the measurement is still shown
-
-
-def test_ablation_verdicts_judge_against_tsv_m_and_keep_the_in_pipeline_rows():
-    # the in-pipeline SVD row is weak (ESD and scaling beat it by 3), TSV-M is strong (ties ESD)
-    acc = dict(PAPER_ABLATION)
-    acc[ec.TSV_M_ROW] = (90.8, 82.7)
-    acc["SVD, no scaling"] = (87.0, 79.0)
-    acc["SVD, all levels"] = (90.0, 82.0)
-    v = ec.ablation_verdicts(_ablation(acc))
-    esd, ps = v["esm.esd_alone"], v["esm.ps_on_svd"]
-    assert esd.verdict == "not reproduced" and ps.verdict == "not reproduced"  # ties / losses against TSV-M
-    assert esd.numbers["gain_t8"] == pytest.approx(0.1) and ps.numbers["gain_t20"] == pytest.approx(-0.7)
-    assert esd.numbers["gain_vs_inpipeline_svd_t8"] == pytest.approx(3.9)
-    assert ps.numbers["gain_vs_inpipeline_svd_t20"] == pytest.approx(3.0)
-    assert "TSV-M" in esd.measured and "SVD, no scaling" in esd.measured and "in-pipeline" in esd.reason
-    # and the other way round: a weak TSV-M gives the gains, whatever the in-pipeline row says
-    acc[ec.TSV_M_ROW], acc["SVD, no scaling"] = (87.0, 79.0), (92.0, 84.0)
-    v = ec.ablation_verdicts(_ablation(acc))
-    assert v["esm.esd_alone"].verdict == "reproduced" and v["esm.ps_on_svd"].verdict == "reproduced"
-    assert v["esm.esd_alone"].numbers["gain_vs_inpipeline_svd_t8"] == pytest.approx(90.9 - 92.0)
-    # some suites only -> partly
-    acc[ec.TSV_M_ROW] = (87.0, 82.5)
-    assert ec.ablation_verdicts(_ablation(acc))["esm.esd_alone"].verdict == "partly"
-    with pytest.raises(ValueError, match="TSV-M"):
-        ec.ablation_verdicts(_ablation({k: a for k, a in acc.items() if k != ec.TSV_M_ROW}))
 
 
 def test_lesson_03_checks_every_tagged_equation_in_code():

@@ -12,30 +12,6 @@ from acetools.diagnostics import heterogeneity_per_layer
 from acetools.merging import task_vectors
 
 
-def _per_seed(values: dict[str, list[float]]) -> pd.DataFrame:
-    rows = [{"seed": s, "method": m, "test_normalized": v, "suite": "text8"}
-            for m, vs in values.items() for s, v in enumerate(vs)]
-    return pd.DataFrame(rows)
-
-
-def test_the_papers_roberta_table_passes_its_own_sota_rule():
-    g = lesson.ROBERTA_GLUE
-    per_seed = _per_seed({"ace (eps 2e-4)": [g["ace"]], "wudi": [g["wudi"]], "ties": [g["ties"]],
-                          "tsv_m": [g["tsv_m"]]})
-    v = lesson.verdict_sota(per_seed)
-    assert v.verdict == "reproduced", v
-    assert v.numbers["diffs"]["wudi"] == pytest.approx(90.4 - 85.3)
-
-
-def test_sota_rule_partly_and_not():
-    per_seed = _per_seed({"ace (eps 2e-4)": [80, 81, 80], "wudi": [79, 80, 79.5], "ties": [60, 61, 60],
-                          "tsv_m": [82, 83, 82]})
-    v = lesson.verdict_sota(per_seed)
-    assert v.verdict == "partly" and "wudi: better" in v.reason and "tsv_m: worse" in v.reason
-    per_seed = _per_seed({"ace (eps 2e-4)": [70, 71], "wudi": [75, 75], "ties": [70.2, 71.1], "tsv_m": [80, 80]})
-    assert lesson.verdict_sota(per_seed).verdict == "not reproduced"
-
-
 def test_gamma_by_type_names_bert_layers_and_gamma_depends_on_the_units():
     """The lesson's one gamma table (acetools.diagnostics.heterogeneity_per_layer, summarised by
     acetools.course.ace_step_by_step.gamma_by_type) on BERT keys; scaling every weight moves gamma."""
@@ -62,44 +38,6 @@ def test_stage_view_is_five_plain_columns():
     assert list(v.columns) == ["ε", "setting", "validation, normalized (%)", "test, normalized (%)",
                                "test accuracy (%)"]
     assert v.iloc[0].tolist() == [1e-2, "gate on (forced)", 80.0, 79.0, 70.0]
-
-
-def test_gamma_rule():
-    gam = pd.DataFrame({"layer_type": ["q", "q", "v"], "gamma": [0.5, 0.6, 0.1], "flag": [True, True, False],
-                        "cv": [1, 1, 1], "log_sd": [1, 1, 1]})
-    assert lesson.verdict_gamma(gam).verdict == "reproduced"
-    gam = pd.DataFrame({"layer_type": ["q", "q", "v", "v", "v"], "gamma": [0.35, 0.4, 0.1, 0.1, 0.1],
-                        "flag": [True, True, False, False, False], "cv": 1.0, "log_sd": 1.0})
-    v = lesson.verdict_gamma(gam)  # median over matrices 0.1, but layer type q's median 0.375 > 0.3
-    assert v.verdict == "partly" and "above it: q" in v.reason
-    gam["gamma"] = [0.01, 0.02, 0.01, 0.01, 0.01]
-    assert lesson.verdict_gamma(gam).verdict == "not reproduced"
-
-
-def test_stage_rule_reads_the_forced_path():
-    abl = pd.DataFrame([
-        {"eps": 1e-2, "setting": "gate on (forced)", "test_normalized": 80.0},
-        {"eps": 1e-2, "setting": "gate on, no refinement", "test_normalized": 78.0},
-        {"eps": 1e-5, "setting": "gate on (forced)", "test_normalized": 80.0},
-        {"eps": 1e-5, "setting": "gate on, no refinement", "test_normalized": 79.8},
-    ])
-    v = lesson.verdict_stage(abl, "gate on, no refinement", "refinement")
-    assert v.verdict == "partly" and v.numbers["gains"] == {0.01: pytest.approx(2.0), 1e-5: pytest.approx(0.2)}
-    assert "gate forced" in v.measured
-    with pytest.raises(ValueError, match="no rows"):
-        lesson.verdict_stage(abl, "gate on, no prior", "the prior")
-
-
-def test_spectrum_rule_and_the_anchor_table():
-    assert lesson.verdict_spectrum(99.5).verdict == "reproduced"
-    assert lesson.verdict_spectrum(95.0).verdict == "partly"
-    assert lesson.verdict_spectrum(50.0).verdict == "not reproduced"
-    mean = pd.DataFrame({"suite": "text8", "method": ["base (zero-shot heads)", "task_arithmetic", "tsv_m", "wudi"],
-                         "test_normalized": [60.0, 70.0, 85.0, 80.0]})
-    t = lesson.beside_anchor(mean).set_index("method")
-    assert t.loc["pretrained", "text world"] == 60.0
-    assert t.loc["tsv_m − task_arithmetic", "text world"] == pytest.approx(15.0)
-    assert t.loc["tsv_m − task_arithmetic", "RoBERTa-base GLUE"] == pytest.approx(79.0 - 68.1)
 
 
 def _write_run(folder, suite, seed, tasks, normalized):

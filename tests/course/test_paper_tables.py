@@ -7,10 +7,10 @@ import re
 import pandas as pd
 import pytest
 
-from acetools.course import claims
 from acetools.course import paper_tables as pt
 from acetools.merging import METHODS
 from acetools.results import REFERENCES, kendall_tau
+from claimkit import claims
 
 
 def test_every_name_maps_to_a_registered_method_or_reference():

@@ -44,7 +44,7 @@ def test_the_default_figures_folder_depends_on_the_profile(tmp_path, monkeypatch
         course.figures_path("../figures/02_x", notebook="02_x", quick=True)
     with pytest.raises(ValueError, match="notebook= and quick="):
         course.figures_path("")
-    from acetools.course.verdicts import World
+    from claimkit.verdicts import World
 
     course.note_world(quick, World("fixture", "quick", fixture=True))
     fig, ax = plotting.new_axes()
@@ -68,7 +68,7 @@ def test_the_text_world_is_a_notebook_world(tmp_path, monkeypatch):
         course.world_options("text99")
     with pytest.raises(ValueError, match="not a text world"):
         course.text_suite("mini")
-    # its figures and claims go beside the mini-world's, for a default and for a given folder
+    # its figures go beside the mini-world's, for a default and for a given folder
     repo = tmp_path / "repo"
     (repo / "notebooks").mkdir(parents=True)
     (repo / "pyproject.toml").write_text("")
@@ -83,17 +83,6 @@ def test_the_text_world_is_a_notebook_world(tmp_path, monkeypatch):
     assert course.figures_path(tmp_path / "figs" / "02_x", world="mini") == (tmp_path / "figs" / "02_x").resolve()
     with pytest.raises(ValueError, match="committed figures"):
         course.figures_path("../figures/02_x", notebook="02_x", quick=True, world=suite)
-    cw = course.claim_world(quick=True, kind=suite)
-    assert cw.name == course.TEXT_CLAIM_WORLDS["quick"] and cw.fixture and not cw.room
-
-
-def test_claim_world_reads_the_mini_worlds_room():
-    w = course.claim_world(quick=False)  # the committed benchmark files
-    assert w.name == "mini-world" and w.profile == "full" and not w.fixture
-    assert sorted(w.room) == [8, 14, 20] and all(0 < r < 10 for r in w.room.values())
-    assert sorted(w.room_abs) == [8, 14, 20]
-    q = course.claim_world(quick=True)
-    assert q.fixture and q.profile == "quick" and q.room == {}
 
 
 def test_save_figure_is_atomic_deterministic_and_checks_names(tmp_path):

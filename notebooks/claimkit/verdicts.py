@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError, InputKeyError
+from acetools.errors import InputError, InputKeyError
 
 #: The smallest difference (points) that counts, whatever the seeds say (docs/course.md §Noise rule).
 NOISE: float = 0.5

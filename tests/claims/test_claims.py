@@ -1,4 +1,4 @@
-"""acetools.course.claims: the registry, recording verdicts, and the collected table."""
+"""claimkit.claims: the registry, recording verdicts, and the collected table."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from acetools.course import claims
-from acetools.course.verdicts import World
+from claimkit import claims
+from claimkit.verdicts import World
 
 W = World("mini-world", "full", {8: 4.1})
 FIX = World("fixture", "quick", {3: 1.0}, fixture=True)
@@ -25,7 +25,7 @@ def test_registry_ids_are_unique_and_owned_by_course_notebooks():
 
 
 def test_record_writes_merges_and_validates(tmp_path, caplog):
-    caplog.set_level("INFO", logger="acetools.course.claims")
+    caplog.set_level("INFO", logger="claimkit.claims")
     d = tmp_path / "02_ace_step_by_step"
     claims.record(d, "ace.csp", "prior +0.3 pts", "partly", "within noise", world=W, delta=0.3)
     claims.record(d, "ace.refinement", "refine +1.2 pts", "reproduced", "above noise", world=W, delta=1.2)
@@ -76,7 +76,7 @@ def test_a_claim_is_judged_per_world_and_fixture_worlds_do_not_mix(tmp_path):
 
 
 def test_record_takes_a_verdict(tmp_path):
-    from acetools.course.verdicts import Verdict
+    from claimkit.verdicts import Verdict
 
     v = Verdict("prior +0.3 pts", "partly", "within the margin", {"delta": 0.3})
     entry = claims.record(tmp_path / "02_ace_step_by_step", "ace.csp", v, world=W, suite="tasks8")
@@ -91,9 +91,8 @@ TEXT_FIX = World("text fixture", "quick", {3: 2.0}, fixture=True)
 
 
 def test_the_text_worlds_claim_names_are_the_lessons():
-    from acetools.course import world as course
-
-    assert course.claim_world(quick=True, kind="text8").name == course.TEXT_CLAIM_WORLDS["quick"] == TEXT_FIX.name
+    cw = claims.claim_world(quick=True, kind="text8")
+    assert cw.name == claims.TEXT_CLAIM_WORLDS["quick"] == TEXT_FIX.name and cw.fixture and not cw.room
     assert claims.is_text_world_name(TEXT.name) and claims.is_text_world_name(TEXT_FIX.name)
     assert not claims.is_text_world_name(W.name) and not claims.is_text_world_name(FIX.name)
     assert claims.is_analogue("esm.sota", "text") and claims.is_analogue("ace.gamma_vit", "text fixture")
@@ -141,3 +140,12 @@ def test_gather_says_when_the_text_claims_are_missing_or_from_a_fixture(tmp_path
     assert g.worlds == ["fixture", "text fixture"] and len(g.notes) == 1 and "fixture text world" in g.notes[0]
     both = claims.side_by_side(claims.claims_table(quick, records=g.records))
     assert both.set_index("id").loc["ace.sota", "text fixture"] == "reproduced (analogue)"
+
+
+def test_claim_world_reads_the_mini_worlds_room():
+    w = claims.claim_world(quick=False)  # the committed benchmark files
+    assert w.name == "mini-world" and w.profile == "full" and not w.fixture
+    assert sorted(w.room) == [8, 14, 20] and all(0 < r < 10 for r in w.room.values())
+    assert sorted(w.room_abs) == [8, 14, 20]
+    q = claims.claim_world(quick=True)
+    assert q.fixture and q.profile == "quick" and q.room == {}

@@ -15,19 +15,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, InputKeyError, InputTypeError
-from ..utils import atomic_write
+from acetools.course.world import is_text_world, repo_root, text_suite
+from acetools.errors import InputError, InputKeyError, InputTypeError
+from acetools.utils import atomic_write
+
 from .verdicts import VERDICTS, Verdict, World
-from .world import TEXT_CLAIM_WORLDS
 
 #: The effect fields of every claim record (numbers or None; see :meth:`Verdict.record_fields`).
 RECORD_FIELDS: tuple[str, ...] = ("predicted_effect", "noise_floor", "measured_effect", "paper_effect")
+
+#: The names of the text world's claim worlds (:class:`~claimkit.verdicts.World`) by
+#: profile: lesson 07's and the text runs of 02-04 record under the same name, so lesson 05
+#: shows them in one column.
+TEXT_CLAIM_WORLDS: dict[str, str] = {"full": "text", "quick": "text fixture"}
 
 
 class MixedWorldsError(ValueError):
     """A fixture world's claims were found beside a real world's."""
 
-log = logging.getLogger("acetools.course.claims")
+log = logging.getLogger("claimkit.claims")
 
 
 @dataclass(frozen=True)
@@ -157,7 +163,7 @@ def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdic
            measured_effect: float | None = None, **numbers: Any) -> dict[str, Any]:
     """Store our measurement of ``claim_id`` in ``<figures_dir>/claims.json`` and show the verdict.
 
-    ``record(fig_dir, claim_id, v, world=w, **extra)`` with a :class:`~acetools.course.verdicts.Verdict`,
+    ``record(fig_dir, claim_id, v, world=w, **extra)`` with a :class:`~claimkit.verdicts.Verdict`,
     or ``record(fig_dir, claim_id, measured, verdict, reason, world=w, **numbers)``. A file holds one
     world's claims; re-recording replaces the entry. Returns the entry."""
     c = claim(claim_id)
@@ -202,7 +208,7 @@ def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdic
 
 def show(entry: dict[str, Any]) -> None:
     """Show a recorded verdict once: a Markdown line in a notebook (it wraps at word
-    boundaries), the ``acetools.course.claims`` log elsewhere."""
+    boundaries), the ``claimkit.claims`` log elsewhere."""
     text = f"[{entry['verdict']}] {entry['id']}: {entry['measured']} — {entry['reason']}"
     try:
         from IPython.core.getipython import get_ipython
@@ -363,7 +369,7 @@ def side_by_side(table: Any):
 def styled_table(table: Any) -> Any:
     """Lesson 05's view of :func:`claims_table`: id, paper, notebook, verdict (coloured as in
     :data:`acetools.course.plotting.benchmark.VERDICT_COLORS`), measurement and reason, left-aligned."""
-    from .plotting.benchmark import VERDICT_COLORS
+    from acetools.course.plotting.benchmark import VERDICT_COLORS
 
     show_cols = table[["id", "paper", "world", "verdict", "predicted_effect", "noise_floor", "measured_effect",
                        "measured", "reason"]]
@@ -376,3 +382,67 @@ def styled_table(table: Any) -> Any:
                      for c in ("predicted_effect", "noise_floor", "measured_effect")})
             .apply(lambda col: colours, subset=["verdict"], axis=0)
             .set_properties(subset=["measured", "reason"], **{"text-align": "left"}))
+
+
+
+
+def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLike | None = None,
+                size: str = "small", summary: Any = None, kind: str = "mini", description: str | None = None):
+    """The :class:`~claimkit.verdicts.World` a notebook judges its claims in (docs/course.md §Scaling rule).
+
+    Full profile: the mini-world, its room from the committed benchmark files (``results_dir``) or
+    ``summary``; quick: the fixture world, its room measured on ``bench`` or from ``summary`` (none:
+    claims are decided on their measurements). A text ``kind`` gives the text world's claim world."""
+    if is_text_world(kind):
+        return _text_claim_world(quick=quick, bench=bench, results_dir=results_dir, summary=summary,
+                                 suite=text_suite(kind), description=description)
+    if quick:
+        desc = description or "the quick profile's fixture world: numbers for checking the code, not results"
+        return _quick_world("fixture", desc, bench, summary)
+    desc = description or f"the vision mini-world (small ViT, suites tasks8/14/20, model size {size})"
+    if summary is None:
+        from acetools import results
+
+        folder = Path(results_dir) if results_dir is not None else repo_root() / "figures" / "benchmark"
+        runs = results.find_results(folder, None, size)
+        if not runs:
+            raise FileNotFoundError(f"no benchmark results (*_{size}_seed*_summary.csv) in {folder.resolve()}: the "
+                                    "mini-world's room comes from them (bash benchmarks/mini_world.sh)")
+        summary = results.load_summary(runs)
+    return World.from_summary(summary, "mini-world", "full", description=desc)
+
+
+def _quick_world(name: str, desc: str, bench: Any, summary: Any):
+    """A quick profile's fixture claim world: its room from ``summary``, or measured on ``bench``
+    (task arithmetic and TSV-M with their coefficients on validation), or none."""
+    import numpy as np
+
+    if summary is not None:
+        return World.from_summary(summary, name, "quick", fixture=True, description=desc)
+    if bench is None:
+        return World(name, "quick", fixture=True, description=desc)
+    runs = {m: bench.run(m) for m in ("task_arithmetic", "tsv_m")}
+    n = len(bench.tasks)
+
+    def mean(r, attr):
+        return 100 * float(np.mean(list(getattr(r, attr).values())))
+
+    return World(name, "quick", {n: mean(runs["tsv_m"], "test_normalized")
+                                 - mean(runs["task_arithmetic"], "test_normalized")},
+                 fixture=True, description=desc,
+                 room_abs={n: mean(runs["tsv_m"], "test") - mean(runs["task_arithmetic"], "test")})
+
+
+def _text_claim_world(*, quick: bool, bench: Any, results_dir: Any, summary: Any, suite: str,
+                      description: str | None):
+    if quick:
+        desc = description or ("the quick profile's fixture text world (MiniLM's first layer, three small tasks): "
+                               "numbers for checking the code, not results")
+        return _quick_world(TEXT_CLAIM_WORLDS["quick"], desc, bench, summary)
+    if summary is None:
+        from acetools.course.language import benchmark_tables
+
+        folder = Path(results_dir) if results_dir is not None else repo_root() / "figures" / "benchmark"
+        summary, _ = benchmark_tables(folder, suite)
+    desc = description or f"the text world {suite!r} (all-MiniLM-L6-v2 experts on real offline text tasks)"
+    return World.from_summary(summary, TEXT_CLAIM_WORLDS["full"], "full", description=desc)
