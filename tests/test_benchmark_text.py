@@ -37,13 +37,14 @@ def test_trained_heads_get_their_own_files_and_the_build_recipe(text_world, tmp_
 
 
 def test_the_language_rows_are_variants_of_the_registered_methods(text_world):
-    from acetools.benchmark import ACE_SCALED
     from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID
 
     rows = text_world.TEXT_VARIANTS
     esm = dict(rows["esm (roberta)"])
     assert esm.pop("method") == "esm" and esm.pop("search").grid == ROBERTA_ALPHA_GRID and esm == ROBERTA
-    assert rows["ace (scaling on val)"] == {"method": "ace", "search": ACE_SCALED}
+    ace = rows["ace (scale searched)"]
+    assert ace["method"] == "ace" and ace["search"].param == "scaling" and len(ace) == 2  # the paper's ACE, scaled
+    assert ace["search"].grid[0] == 0.1 and ace["search"].grid[-1] == 5.0
     assert rows["cart (block matrices)"]["targets"] == "blocks"
     assert {"wudi (lr 1e-4)", "wudi (lr 1e-3)"} <= set(rows)
 
@@ -54,10 +55,30 @@ def test_roberta_esm_and_scaled_ace_rows_run_on_the_text_world(text_world, fixtu
     from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID
 
     b = Benchmark(fixture_world, n_val=8, n_test=12, n_proxy=8, threads=1)
-    esm, ace = (b.run(**{**text_world.TEXT_VARIANTS[k], "label": k}) for k in ("esm (roberta)", "ace (scaling on val)"))
+    esm, ace = (b.run(**{**text_world.TEXT_VARIANTS[k], "label": k}) for k in ("esm (roberta)", "ace (scale searched)"))
     assert esm.name == "esm (roberta)" and esm.coef_name == "alpha" and esm.coef in ROBERTA_ALPHA_GRID
     direct = acetools.merge("esm", b.base, b.experts, activations=b.esm_activations(), layout="bert",
                             alpha=esm.coef, **ROBERTA)
     assert b.evaluate(direct, "test") == pytest.approx(esm.test)
     assert ace.method == "ace" and ace.coef_name == "scaling" and ace.coef is not None
     assert b.record([esm, ace])["heads"] == "zeroshot"
+
+
+def test_the_bench_adds_wudi_at_its_validation_step_size_and_names_the_heads(text_world, fixture_world, tmp_path,
+                                                                            monkeypatch):
+    import json
+
+    import pandas as pd
+
+    monkeypatch.setenv("ACETOOLS_CACHE", str(fixture_world.root.parent))
+    text_world.main(["bench", "--suite", "fixture", "--profile", "quick", "--threads", "1", "--n-val", "8",
+                     "--n-test", "12", "--methods", "wudi", "--variants", "wudi (lr 1e-4)", "wudi (lr 1e-3)",
+                     "--out", str(tmp_path / "t"), "--results", str(tmp_path / "r")])
+    stem = "fixture_minilm-1layer_seed0"
+    s = pd.read_csv(tmp_path / "t" / f"{stem}_summary.csv").set_index("method")
+    members = s.loc[["wudi", "wudi (lr 1e-4)", "wudi (lr 1e-3)"]]
+    best = members["val_normalized"].idxmax()
+    assert s.loc["wudi (lr on val)", "test_normalized"] == s.loc[best, "test_normalized"]
+    assert s.loc["wudi (lr on val)", "coef"] == {"wudi": 1e-5, "wudi (lr 1e-4)": 1e-4, "wudi (lr 1e-3)": 1e-3}[best]
+    assert json.loads((tmp_path / "t" / f"{stem}.json").read_text())["heads"] == "zeroshot"
+    assert json.loads((tmp_path / "r" / f"bench_{stem}.json").read_text())["heads"] == "zeroshot"
