@@ -1,8 +1,8 @@
-"""Notebook 02 (docs/course.md §02_ace_step_by_step): its tables, its ablation and its claim verdicts.
+"""Notebook 02 (docs/course.md §02_ace_step_by_step): its tables and its ablation.
 
 The lesson computes every ACE stage itself and checks it against :mod:`acetools.merging.ace`
 (docs/methods.md §ACE); this module never composes ACE, it measures what ``merge("ace", ...)``
-returns. The rules of the verdicts: docs/course.md §Claim rules."""
+returns. Its claims' verdicts are ``claimkit.ace_step_by_step``'s (docs/course.md §Claim rules)."""
 
 from __future__ import annotations
 

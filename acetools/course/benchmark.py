@@ -1,7 +1,5 @@
-"""Lesson 04 (docs/course.md §04_benchmark): which differences count, and the verdicts of its claims.
-
-Differences are judged by :func:`paired_difference` (docs/course.md §Noise rule), the claims by
-the ``assess_*`` rules (docs/course.md §Claim rules). The result files are read by :mod:`acetools.results`."""
+"""Lesson 04 (docs/course.md §04_benchmark): its data and tables. The result files are read by
+:mod:`acetools.results`; which differences count and the claims' verdicts are ``claimkit.benchmark``'s."""
 
 from __future__ import annotations
 
@@ -15,8 +13,6 @@ import pandas as pd
 
 from ..errors import InputError
 from ..results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
-
-# --------------------------------------------------------------------------- differences that count
 
 
 def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
@@ -43,10 +39,6 @@ def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     return out, True
 
 
-# --------------------------------------------------------------------------- mini-world targets
-
-
-# --------------------------------------------------------------------------- the lesson's data and verdicts
 #: The methods the quick profile runs on the fixture world.
 QUICK_METHODS: tuple[str, ...] = ("weight_averaging", "task_arithmetic", "tsv_m", "iso_cts", "cart", "wudi", "ace",
                                   "esm")

@@ -1,8 +1,8 @@
-"""The measurements and verdicts of notebook ``03_esm_step_by_step`` (docs/course.md §03_esm_step_by_step).
+"""The measurements of notebook ``03_esm_step_by_step`` (docs/course.md §03_esm_step_by_step).
 
 The lesson writes ESM's stages itself and checks them against :mod:`acetools.merging.esm`
 (docs/methods.md §ESM); this module composes no merge: ESD vs SVD, proxy data, runs with alpha
-chosen on validation, the norm order, and one ``verdict_*`` per claim (docs/course.md §Claim rules)."""
+chosen on validation, the norm order; its claims' verdicts are ``claimkit.esm_step_by_step``'s."""
 
 from __future__ import annotations
 
@@ -499,8 +499,5 @@ def norm_order_table(bench, activations: Mapping[str, Sequence[Tensor]] | None =
             rows.append({"task": task, "order": order, "equal_norms": eq, "accuracy": 100 * acc,
                          "normalized": 100 * acc / ref[task] if ref[task] > 0 else math.nan})
     return pd.DataFrame(rows)
-
-
-# --------------------------------------------------------------------------- verdicts (docs/course.md §Claim rules)
 
 

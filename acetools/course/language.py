@@ -1,5 +1,5 @@
 """Lesson 07 (docs/course.md §07_language): merging language models on the text world
-(:mod:`acetools.world.text`), its tables and ACE's language claims (each verdict's rule in its docstring),
+(:mod:`acetools.world.text`), its tables (the verdicts of ACE's language claims: ``claimkit.language``),
 beside the published anchor RoBERTa-base on 8 GLUE tasks (:data:`ROBERTA_GLUE`)."""
 
 from __future__ import annotations
@@ -84,9 +84,6 @@ def benchmark_tables(folder: str | Path, suite: str = "text8") -> tuple[pd.DataF
                                 f"`python3 benchmarks/text_world.py bench --suite {suite} --seeds 0 1 2`")
     per_seed = load_summary(runs)
     return per_seed, aggregate(per_seed)
-
-
-# --------------------------------------------------------------------------- verdicts
 
 
 def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:

@@ -2,8 +2,8 @@
 
 The lesson builds one estimate by hand; this module repeats it over configurations (synthetic
 linear and 2-layer tasks), over the ViT's layers against hooked covariances, and over the
-estimators of the unified framework, and holds the verdicts of ace.theorem1, ace.theorem1_vit
-and ace.unified (docs/course.md §Claim rules)."""
+estimators of the unified framework; the verdicts of ace.theorem1, ace.theorem1_vit and
+ace.unified are ``claimkit.theorem1``'s (docs/course.md §Claim rules)."""
 
 from __future__ import annotations
 
@@ -550,7 +550,7 @@ def settings(*, quick: bool, n_tasks: int, d_in: int, d_out: int, seed: int, the
     return synth, grids, curve, dict(synth, steps=theorem_steps)
 
 
-# --------------------------------------------------------------------------- verdicts
+# --------------------------------------------------------------------------- checks of the unified framework
 
 
 def synthetic_checks(exact: UnifiedResult) -> dict[str, float]:

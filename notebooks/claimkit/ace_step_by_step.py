@@ -113,7 +113,7 @@ def _paper_room_vit(n_tasks: int) -> float:
 
 def _stage_effect(s: Mapping[str, Any], d: float, *, world: World | None, n_tasks: Mapping[str, int] | None,
                   paper: float | None, noise: float) -> Effect:
-    """A stage claim's :class:`Effect` at one suite: with ``world`` and ``paper`` (the paper's
+    """A stage claim's :class:`~claimkit.verdicts.Effect` at one suite: with ``world`` and ``paper`` (the paper's
     effect on its ViT-B/16 ablation) the prediction is scaled to the world's room."""
     if world is None or paper is None:
         return effect(s["suite"], d, noise=noise)
@@ -217,7 +217,7 @@ def verdict_spectrum(stable: Any, *, energy: float = PAPER_ENERGY, cond: float =
 
 
 def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> Verdict:
-    """ace.direction (rule: docs/course.md §Claim rules) on the median ``cos_hooked`` of :func:`layer_table`
+    """ace.direction (rule: docs/course.md §Claim rules) on the median ``cos_hooked`` of ``layer_table``
     (NaN rows skipped), ``cos_sum`` and chance beside; without hooked values, on ``cos_sum`` (said so)."""
     def med(c: str) -> float:
         return float(stable[c].median()) if c in stable else math.nan
@@ -254,7 +254,7 @@ PAPER_EPS_VIT: float = 1e-5
 
 
 def ridge_over_prior(stable: Any) -> float | None:
-    """Median over matrices of :func:`layer_table`'s ``ridge_over_prior`` (sum_t ridge_t / ‖c‖₂):
+    """Median over matrices of ``layer_table``'s ``ridge_over_prior`` (sum_t ridge_t / ‖c‖₂):
     how much the isotropic ridge outweighs the structural prior (None without that column)."""
     if stable is None or "ridge_over_prior" not in stable.columns:
         return None

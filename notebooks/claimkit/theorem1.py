@@ -41,8 +41,8 @@ def median_cosine(frame: pd.DataFrame, column: str = "cosine", **where: Any) -> 
 
 
 def verdict_theorem1(regime: pd.DataFrame, curves: pd.DataFrame, adam: pd.DataFrame, *, steps: int) -> Verdict:
-    """ace.theorem1 (rule: docs/course.md §Claim rules) on ``regime`` (:func:`estimate_experiment`);
-    ``curves`` (:func:`sweep` with a ``model`` column) and ``adam`` are the degradations reported with it."""
+    """ace.theorem1 (rule: docs/course.md §Claim rules) on ``regime`` (``estimate_experiment``);
+    ``curves`` (``sweep`` with a ``model`` column) and ``adam`` are the degradations reported with it."""
     cos, cos_sq = median_cosine(regime), median_cosine(regime, "cosine_sq")
     overlap, identity = median_cosine(regime, "subspace_overlap"), median_cosine(regime, "identity_cosine")
     last = int(curves["steps"].max())
@@ -63,7 +63,7 @@ def verdict_theorem1(regime: pd.DataFrame, curves: pd.DataFrame, adam: pd.DataFr
 
 def verdict_theorem1_vit(vit: pd.DataFrame, *, vit_base: pd.DataFrame, vit_gram: pd.DataFrame, n_images: int,
                          suite: str, size: str) -> Verdict:
-    """ace.theorem1_vit (rule: docs/course.md §Claim rules) from :func:`vit_agreement` tables
+    """ace.theorem1_vit (rule: docs/course.md §Claim rules) from ``vit_agreement`` tables
     (``vit``; ``vit_base`` and ``vit_gram`` beside)."""
     med_type = vit.groupby("layer_type", sort=False)["cosine"].median()
     beats_identity = float((vit["cosine"] > vit["identity_cosine"]).mean())
