@@ -443,6 +443,40 @@ def test_esm_with_an_activations_file_through_the_cli(tmp_path, gpt2_files):
 
 
 
+def test_streamed_task_arithmetic_checks_its_output_and_names_a_bad_input(tmp_path):
+    """The streamed sum checks only the merged tensor for NaN/Inf; a bad one names the first input that has
+    any (the base before the experts), or the method and key when every input is finite but the sum
+    overflows. Chunks of any size give the same bits as task arithmetic on the task vectors."""
+    from acetools.merging.averaging import summed
+    from acetools.merging.driver import Source
+
+    g = torch.Generator().manual_seed(0)
+    base = {"w": torch.randn(37, 11, generator=g), "b": torch.randn(5, generator=g), "s": torch.tensor(2.0)}
+    experts = [{k: v + 1e-3 * torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(4)]
+    src = Source(base, experts)
+    for k, w0 in base.items():
+        ref = w0 + summed([ex[k] - w0 for ex in experts]).mul_(0.3)
+        for chunk in (1, 7, 1 << 18):
+            assert torch.equal(src.summed(k, 0.3, torch.device("cpu"), chunk=chunk), ref)
+
+    def world(name, values):
+        for i, v in enumerate(values):
+            with ShardedWriter(tmp_path / name / f"m{i}") as w:
+                w.add("w", v)
+        return tmp_path / name / "m0", [tmp_path / name / f"m{i}" for i in range(1, len(values))]
+
+    ones = torch.ones(6)
+    b, ex = world("nan", [ones, ones + 1, torch.tensor([1.0, float("nan"), 2, float("inf"), 1, float("nan")]),
+                          ones.clone().fill_(float("nan"))])
+    with pytest.raises(ValueError, match=r"nan/m2\['w'\] contains 2 NaN and 1 Inf values"):
+        merge_files("task_arithmetic", b, ex, tmp_path / "o1", force=True, hash_inputs=False)
+    b, ex = world("big", [ones * -3e38, ones * 3e38, ones * 3e38])
+    with pytest.raises(FloatingPointError, match="task_arithmetic produced non-finite weights at key 'w'"), \
+            pytest.warns(UserWarning, match="merging anyway"):
+        merge_files("task_arithmetic", b, ex, tmp_path / "o2", force=True, hash_inputs=False)
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_streams_through_pinned_memory(tmp_path, gpt2_files, monkeypatch):
     """``--device cuda``: every tensor read from disk reaches the GPU through the pinned staging buffers, and the

@@ -81,13 +81,16 @@ def parse_size(size: int | float | str) -> int:
     return n
 
 
-def file_sha256(path: str | os.PathLike, window: int = 1 << 24) -> str:
+def file_sha256(path: str | os.PathLike, window: int = 1 << 24, stop: Callable[[], bool] | None = None) -> str:
     """Hex SHA-256 of a file, hashed straight from read-only memory maps of 16 MiB windows (no copies; one
-    window mapped at a time, so the pages read do not pile up in the resident memory)."""
+    window mapped at a time, so the pages read do not pile up in the resident memory). ``stop()`` true
+    before a window gives up (returns ``""``)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         for at in range(0, size, window):
+            if stop is not None and stop():
+                return ""
             with mmap.mmap(fh.fileno(), min(window, size - at), offset=at, access=mmap.ACCESS_READ) as mapped:
                 h.update(mapped)
     return h.hexdigest()

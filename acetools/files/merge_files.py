@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -336,7 +337,10 @@ class _InputHashes:
         files = [str(f) for ck in self.models for f in ck.files] + list(plan.files.values())
         self._pool = (ThreadPoolExecutor(min(len(files), os.cpu_count() or 1), thread_name_prefix="acetools-sha256")
                       if enabled else None)
-        self._futures = {f: self._pool.submit(file_sha256, f) for f in files} if self._pool is not None else {}
+        self._stop = threading.Event()
+        self._futures = ({f: self._pool.submit(file_sha256, f, stop=self._stop.is_set) for f in files}
+                         if self._pool is not None else {})
+        self.on = enabled
 
     def check_copies(self) -> None:
         """Wait for the hashes (and raise on a copy) when two inputs look alike by size and sampled bytes."""
@@ -359,6 +363,7 @@ class _InputHashes:
         return out
 
     def cancel(self) -> None:
+        self._stop.set()  # a file being hashed stops at its next window
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -406,10 +411,9 @@ def _staging_folder(out_dir: Path) -> Path | None:
 
 
 def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device, out_dtype: torch.dtype | None,
-                 show: bool | None, hash_inputs: bool, overwrite: bool) -> dict[str, Any]:
+                 show: bool | None, hashes: _InputHashes, overwrite: bool) -> dict[str, Any]:
     """Merge into ``out_dir`` (the staging folder): the weights through the one driver, the inputs hashed
-    meanwhile (:class:`_InputHashes`), the heads and the base's side files; returns what the record needs."""
-    hashes = _InputHashes(plan, hash_inputs)
+    meanwhile (``hashes``), the heads and the base's side files; returns what the record needs."""
     record: dict[str, Any] = {}
 
     def metadata() -> dict[str, str]:  # the shards' header, once the hashes are known (at the first shard's end)
@@ -419,7 +423,7 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
 
     # the header's size before the hashes are known: a sha256 has 64 hex digits
     files_hashed = [str(f) for ck in [plan.base, *plan.experts] for f in ck.files] + list(plan.files.values())
-    size_hint = _merge_record(plan.method, plan, {f: "0" * 64 for f in files_hashed} if hash_inputs else None)[2]
+    size_hint = _merge_record(plan.method, plan, {f: "0" * 64 for f in files_hashed} if hashes.on else None)[2]
     planned = [(k, out_dtype if out_dtype is not None and m.dtype.is_floating_point else m.dtype, m.shape)
                for k, m in plan.base.metas().items()]
     head_writer = None
@@ -439,7 +443,6 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
             remove_stale_heads(out_dir)
         copied = copy_side_files(plan.base.folder, out_dir)
     except BaseException:
-        hashes.cancel()
         if head_writer:
             head_writer.abort()
         raise
@@ -490,13 +493,16 @@ def merge_files(
         raise InputError("out is required: the folder the merged checkpoint is written to")
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
     check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
-    lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force)
-    t0 = time.perf_counter()
-    final_dir, stage = out_dir, _staging_folder(out_dir)
+    hashes = _InputHashes(plan, hash_inputs)  # from here on, beside the lineage check and the merge
+    final_dir, stage = out_dir, None
     try:
+        lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force)
+        t0 = time.perf_counter()
+        stage = _staging_folder(out_dir)
         done = _write_merge(plan, stage or out_dir, size=size, dev=dev, out_dtype=out_dtype, show=progress,
-                            hash_inputs=hash_inputs, overwrite=overwrite)
+                            hashes=hashes, overwrite=overwrite)
     except BaseException:
+        hashes.cancel()
         if stage is not None:
             import shutil
 

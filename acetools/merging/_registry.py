@@ -17,6 +17,9 @@
   hparams) -> dict`` runs before the key-by-key pass (TIES' global trim threshold) and its
   dict reaches every per-key call as extra keyword arguments; ``finish(updates, view,
   hparams, prepared) -> updates`` runs on every key's merged update after it;
+- ``summed(hparams) -> c``: the update is c x the experts' task vectors summed in order
+  (:func:`acetools.merging.averaging.summed`), so a streaming driver forms it in one buffer as it
+  reads the experts and checks only the merged tensor for NaN/Inf (any in an input reaches it);
 - ``layout_hparams(layout_name) -> dict``: defaults that depend on the layout preset (ESM's
   layer names), under the values the user gives; ``memory_note(n_tasks, widest_d_in) -> str``
   and ``note``: what the ``acetools merge --dry-run`` plan says about the method.
@@ -175,6 +178,7 @@ class MethodInfo:
     layout_hparams: Callable[[str | None], Mapping[str, Any]] | None = field(default=None, repr=False)
     memory_note: Callable[[int, int], str] | None = field(default=None, repr=False)
     note: str = ""
+    summed: Callable[[Mapping[str, Any]], float] | None = field(default=None, repr=False)
 
     def key_scope(self, hparams: Mapping[str, Any] | None = None) -> tuple[str, str]:
         """``(scope, why)`` with ``hparams`` (resolved here): ``"key"`` (the update of a key
@@ -260,7 +264,8 @@ def register(name: str, description: str, *, key_scope: Scope = "model", per_key
              prepare: Callable[..., Mapping[str, Any]] | None = None,
              finish: Callable[..., Mapping[str, Any]] | None = None,
              layout_hparams: Callable[[str | None], Mapping[str, Any]] | None = None,
-             memory_note: Callable[[int, int], str] | None = None, note: str = "", **params: Param):
+             memory_note: Callable[[int, int], str] | None = None, note: str = "",
+             summed: Callable[[Mapping[str, Any]], float] | None = None, **params: Param):
     """Decorator adding a merge function to :data:`METHODS` under ``name`` (module docstring).
 
     Checks the declaration: ``per_key``, ``data_inputs`` and ``search.param`` must name
@@ -284,7 +289,7 @@ def register(name: str, description: str, *, key_scope: Scope = "model", per_key
                              "holds it (drop the default from the signature)")
         _REGISTRY[name] = MethodInfo(name, description, MappingProxyType(dict(params)), fn, key_scope,
                                      tuple(per_key), tuple(data_inputs), search, bool(needs_layout), prepare,
-                                     finish, layout_hparams, memory_note, note)
+                                     finish, layout_hparams, memory_note, note, summed)
         return _with_defaults(fn, params, sig)
 
     return deco

@@ -52,6 +52,7 @@ def weight_averaging(base, task_vectors, *, is_matrix):
     "theta0 + lam * sum_t tau_t (Ilharco et al. 2023; docs/methods.md §Task arithmetic)",
     key_scope="key",
     note=ALIKE,
+    summed=lambda hp: hp["lam"],
     search=Search("lam", "grid", LAMBDA_GRID),
     lam=Param(0.3, "scaling of the summed task vectors", low=0.0),
 )

@@ -6,6 +6,8 @@ checks every input and merged tensor for NaN/Inf and emits each merged key in th
 either one call of the method on the whole model (task vectors formed key by key as it reads
 them), or key by key (about (T + 2) x the largest tensor held) with the registry's ``prepare`` /
 ``finish`` hooks for model-wide steps (:mod:`acetools.merging._registry`; docs/methods.md §Matrix path).
+A method registered with ``summed`` (task arithmetic) streams through :meth:`Source.summed`, every
+input read once, and its inputs are checked only when the merged tensor is not finite.
 """
 
 from __future__ import annotations
@@ -191,14 +193,18 @@ class Source:
         """Model ``i``'s tensor as stored (0: the base, t + 1: expert t)."""
         return _raw(self.base if i == 0 else self.experts[i - 1], key)
 
+    def _read(self, i: int, key: str, device: torch.device) -> Tensor:
+        t = self.raw(i, key)
+        if device.type == "cuda" and t.device.type == "cpu" and t.numel():
+            t = self.staging.to(t, device)  # a new device tensor of ours: checked there, converted in place
+        return t
+
     def tensor(self, i: int, key: str, layout: Layout, device: torch.device, dtype: torch.dtype | None = None,
                copy: bool = True) -> Tensor:
         """Model ``i``'s tensor of ``key`` (0: the base), d_out x d_in, in ``dtype`` (default the key's compute
         dtype) on ``device``: with ``copy``, a tensor of the caller's own (never the source's memory), which
         the driver may change in place. NaN/Inf are an error naming the model the first time it is read."""
-        t = self.raw(i, key)
-        if device.type == "cuda" and t.device.type == "cpu" and t.numel():
-            t = self.staging.to(t, device)  # a new device tensor of ours: checked there, converted in place
+        t = self._read(i, key, device)
         if self.check and (i, key) not in self._checked:
             check_finite(self.names[i], key, t)
             self._checked.add((i, key))
@@ -206,6 +212,34 @@ class Source:
         if not out.is_contiguous() or (copy and not self._fresh[i] and out.data_ptr() == t.data_ptr()):
             out = out.contiguous() if not out.is_contiguous() else out.clone()
         return out
+
+    def check_key(self, key: str, device: torch.device) -> None:
+        """Check every model's ``key`` not checked yet for NaN/Inf (an error naming the first with any)."""
+        for i in range(self.n_tasks + 1):
+            if self.check and (i, key) not in self._checked:
+                check_finite(self.names[i], key, self._read(i, key, device))
+                self._checked.add((i, key))
+
+    def summed(self, key: str, scale: float, device: torch.device, chunk: int = 1 << 18) -> Tensor:
+        """W0 + scale x sum_t (W_t - W0) of ``key`` as stored (every step elementwise, so the orientation does
+        not matter), in the compute dtype: the same bits as :func:`acetools.merging.averaging.summed` of the
+        task vectors, in one new tensor. On the CPU it goes ``chunk`` entries at a time through every expert,
+        so each task vector passes through a buffer that stays in the cache and every input is read once.
+        Nothing is checked for NaN/Inf here (see :meth:`check_key`)."""
+        dt = compute_dtype(self.dtype(key))
+        W0, *Ws = (self._read(i, key, device).to(device, dt).reshape(-1) for i in range(self.n_tasks + 1))
+        n = W0.numel()
+        step = max(1, min(n, chunk) if device.type == "cpu" else n)
+        acc = torch.empty_like(W0)
+        tmp = torch.empty(step, dtype=dt, device=device)
+        for a in range(0, n, step):
+            w0, out = W0[a:a + step], acc[a:a + step]
+            torch.sub(Ws[0][a:a + step], w0, out=out)
+            for W in Ws[1:]:
+                out.add_(torch.sub(W[a:a + step], w0, out=tmp[:out.numel()]))
+            out.mul_(scale).add_(w0)
+        return acc.view(self.shape(key))
+
 
 class ModelView:
     """What a method's ``prepare`` and ``finish`` hooks see of the model (see the module docstring).
@@ -351,7 +385,6 @@ def run(
     ``{"tied": {alias: key}, "buffers_changed": {key: [expert indices]}}``.
     """
     is_mat = is_matrix or layout.is_matrix
-    T = source.n_tasks
     buffers = carried_buffers(source.base, source.experts, stacklevel=4)
     tied = confirmed_ties(layout.tied, source.base, source.experts)
     aliases_of: dict[str, list[str]] = {}
@@ -366,42 +399,49 @@ def run(
     def finalize(key: str, W0: Tensor, d: Tensor) -> None:
         if d.shape != W0.shape:
             raise RuntimeError(f"{name} returned shape {tuple(d.shape)} for key {key!r}, expected {tuple(W0.shape)}")
-        merged = W0 + d.to(W0.device, W0.dtype)
+        put(key, layout.from_canonical(key, checked(key, W0 + d.to(W0.device, W0.dtype))))
+
+    def checked(key: str, merged: Tensor) -> Tensor:
         if not is_finite(merged):
+            source.check_key(key, device)  # a NaN/Inf input is named first
             raise FloatingPointError(f"{name} produced non-finite weights at key {key!r}; check the hyperparameters "
                                      f"({text}) and the scale of the task vectors")
-        out = layout.from_canonical(key, merged).to(out_device, out_dtype or source.dtype(key)).contiguous()
+        return merged
+
+    def put(key: str, merged: Tensor) -> None:  # merged: W0 + update, as stored
+        out = merged.to(out_device, out_dtype or source.dtype(key)).contiguous()
         emit(key, out)
         for alias in aliases_of.get(key, ()):
             emit(alias, out.clone())
 
-    def carry(key: str) -> None:
-        emit(key, source.raw(0, key).to(out_device).clone())
+    def emit_all(w0_of: Callable[[str], Tensor], updates: dict[str, Tensor]) -> None:  # every key, in order
+        for key in order:
+            if key in buffers:
+                emit(key, source.raw(0, key).to(out_device).clone())
+            elif key not in tied:
+                finalize(key, w0_of(key), updates.pop(key))
 
     token = PROGRESS.set(show if whole_model else False)  # key by key, the methods' own bars would flicker
     try:
         if whole_model:
             W0 = {k: source.tensor(0, k, layout, device, copy=False) for k in keys}
-            tvs = [_KeyByKeyTaskVector(source, t, W0, layout, device) for t in range(T)]
+            tvs = [_KeyByKeyTaskVector(source, t, W0, layout, device) for t in range(source.n_tasks)]
             delta = dict(info.func(W0, tvs, is_matrix=is_mat, **hparams))
             del tvs  # the last key's task vectors
             missing = [k for k in keys if k not in delta]
             if missing:  # a bug in the method, not in the user's input
                 raise RuntimeError(f"{name} returned no update for key {missing[0]!r}")
-            for key in order:
-                if key in buffers:
-                    carry(key)
-                elif key not in tied:
-                    finalize(key, W0.pop(key), delta.pop(key))
+            emit_all(W0.pop, delta)
             return {"tied": tied, "buffers_changed": {k: v for k, v in buffers.items() if v}}
         prepared = dict(info.prepare(view, hparams)) if info.prepare is not None else {}
         held: dict[str, Tensor] | None = {} if info.finish is not None else None
         for key in progress(order, desc=f"{name}: merge", enabled=show):
-            if key in buffers:
-                if held is None:
-                    carry(key)
+            if key in buffers or key in tied:
+                if key in buffers and held is None:
+                    emit(key, source.raw(0, key).to(out_device).clone())  # carried: the base's value
                 continue
-            if key in tied:
+            if info.summed is not None and held is None:
+                put(key, checked(key, source.summed(key, info.summed(hparams), device)))
                 continue
             W0, taus = view.w0_taus(key)
             d = merge_key(info, key, W0, taus, is_matrix=bool(is_mat(key, W0)), hparams=hparams, prepared=prepared)
@@ -414,11 +454,7 @@ def run(
         if held is not None and info.finish is not None:
             updates = dict(info.finish(held, view, hparams, prepared))
             held.clear()
-            for key in order:
-                if key in buffers:
-                    carry(key)
-                elif key not in tied:
-                    finalize(key, source.tensor(0, key, layout, device, copy=False), updates.pop(key))
+            emit_all(lambda k: source.tensor(0, k, layout, device, copy=False), updates)
     finally:
         PROGRESS.reset(token)
     return {"tied": tied, "buffers_changed": {k: v for k, v in buffers.items() if v}}
