@@ -4,6 +4,7 @@ read come from :func:`acetools.course.benchmark.load_benchmark`."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from acetools.course import paper_tables as P
 from acetools.course.benchmark import BenchmarkData, suite_order
 from acetools.errors import InputError, InputKeyError
 from acetools.results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
+from acetools.stats import Z_95, PairedDifference, paired_rows
 
 from .verdicts import (
     NOISE,
@@ -30,12 +32,18 @@ from .verdicts import (
     threshold,
 )
 
+#: ``(suite, a, b)`` -> the rows' paired bootstrap over test examples and seeds, None where the result
+#: files have no per-example results (:func:`acetools.stats.paired_rows` bound to the runs).
+Pairs = Callable[[str, str, str], "PairedDifference | None"]
+
 
 def paired_difference(summary: pd.DataFrame, suite: str, a: str, b: str, metric: str = "test_normalized",
-                      floor: float = NOISE) -> dict[str, Any]:
-    """``a - b`` on ``suite``: per-seed differences on the seeds both have, their mean, the
-    margin ``max(floor, sd over seeds)`` and the outcome ``"better"`` / ``"tie"`` / ``"worse"``
-    (``|mean| <= margin`` is a tie)."""
+                      floor: float = NOISE, pairs: Pairs | None = None) -> dict[str, Any]:
+    """``a - b`` on ``suite``: per-seed differences on the seeds both have, their mean, the margin and
+    the outcome ``"better"`` / ``"tie"`` / ``"worse"`` (``|mean| <= margin`` is a tie). The margin is
+    ``max(floor, 1.96 se)`` with ``pairs``' paired bootstrap standard error, ``max(floor, sd over
+    seeds)`` without per-example results (``margin_source`` says which; docs/course.md §Margin, power
+    and rivals). ``summary.attrs["rows"]`` maps a row standing in for another to its own name."""
     d = summary[summary["suite"] == suite].pivot_table(index="seed", columns="method", values=metric)
     for m in (a, b):
         if m not in d.columns:
@@ -45,8 +53,14 @@ def paired_difference(summary: pd.DataFrame, suite: str, a: str, b: str, metric:
         raise InputError(f"{a} and {b} share no seed on {suite}")
     sd = float(diffs.std(ddof=1)) if len(diffs) > 1 else math.nan
     mean = float(diffs.mean())
-    return {"suite": suite, "a": a, "b": b, "diff": mean, "sd": sd, "margin": margin(sd, floor), "n_seeds": len(diffs),
-            "outcome": compare(mean, sd, floor), "per_seed": {int(k): float(v) for k, v in diffs.items()}}
+    rows = summary.attrs.get("rows", {})
+    pb = None if pairs is None else pairs(suite, rows.get(a, a), rows.get(b, b))
+    spread = sd if pb is None else Z_95 * pb.se
+    return {"suite": suite, "a": a, "b": b, "diff": mean, "sd": sd, "margin": margin(spread, floor),
+            "n_seeds": len(diffs), "outcome": compare(mean, spread, floor),
+            "per_seed": {int(k): float(v) for k, v in diffs.items()}, "se": None if pb is None else pb.se,
+            "interval": None if pb is None else [pb.low, pb.high],
+            "margin_source": "seeds" if pb is None else "paired bootstrap"}
 
 
 def data_free_methods(methods: Iterable[str]) -> list[str]:
@@ -68,15 +82,37 @@ def _best(summary: pd.DataFrame, suite: str, methods: Sequence[str], metric: str
 PaperSettings = Mapping[str, tuple[float, float]]
 
 
-def _effect_for(suite: str, measured: float, spread: float | None, paper: PaperSettings | None,
-                world: World | None, n_tasks: int, floor: float) -> Effect:
-    """One suite's :class:`~claimkit.verdicts.Effect`: with ``paper`` and ``world`` the
-    paper's effect at that suite is scaled by the world's room at ``n_tasks``."""
+def _effect_for(r: dict[str, Any], paper: PaperSettings | None, world: World | None, n_tasks: int, floor: float,
+                headroom: float | None = None) -> Effect:
+    """One suite's :class:`~claimkit.verdicts.Effect` from its :func:`paired_difference` ``r``: with ``paper``
+    and ``world`` the paper's effect at that suite is scaled by the world's room at ``n_tasks`` and capped
+    at ``headroom``."""
+    suite, kw = r["suite"], {"spread": r["sd"], "noise": floor, "se": r.get("se")}
     if paper is not None and suite in paper and world is not None:
         pe, proom = paper[suite]
-        return effect(suite, measured, paper=pe, paper_room=proom, world_room=world.room_at(n_tasks), spread=spread,
-                      noise=floor)
-    return effect(suite, measured, spread=spread, noise=floor)
+        return effect(suite, r["diff"], paper=pe, paper_room=proom, world_room=world.room_at(n_tasks),
+                      headroom=headroom, **kw)
+    return effect(suite, r["diff"], **kw)
+
+
+def competing_rivals(summary: pd.DataFrame, suite: str, rivals: Sequence[str],
+                     metric: str) -> tuple[list[str], list[str]]:
+    """``rivals`` split into those that may judge and those at or below weight averaging on ``suite``
+    (docs/course.md §Margin, power and rivals): such a row is not the method its name says (plain
+    ``cart`` on BERT is weight averaging) or no competitor. Weight averaging itself stays."""
+    means = summary[summary["suite"] == suite].groupby("method")[metric].mean()
+    if "weight_averaging" not in means.index:
+        return list(rivals), []
+    wa = float(means["weight_averaging"])
+    out = [r for r in rivals if r != "weight_averaging" and float(means.get(r, math.inf)) <= wa + 1e-9]
+    return [r for r in rivals if r not in out], out
+
+
+def _headroom(summary: pd.DataFrame, suite: str, rival: str, metric: str) -> float | None:
+    """The experts' level minus ``rival``'s on ``suite`` (100 minus it in normalized points)."""
+    means = summary[summary["suite"] == suite].groupby("method")[metric].mean()
+    top = means.get("experts (individual)", 100.0 if "normalized" in metric else None)
+    return None if top is None else float(top) - float(means[rival])
 
 
 def _n_tasks(summary: pd.DataFrame, suite: str) -> int:
@@ -85,39 +121,44 @@ def _n_tasks(summary: pd.DataFrame, suite: str) -> int:
 
 def assess_beats(summary: pd.DataFrame, winner: str, rivals: Sequence[str], *, suites: Sequence[str] | None = None,
                  metric: str = "test_normalized", floor: float = NOISE, paper: PaperSettings | None = None,
-                 world: World | None = None, shown: Sequence[str] = ()) -> Verdict:
+                 world: World | None = None, shown: Sequence[str] = (), pairs: Pairs | None = None) -> Verdict:
     """Does ``winner`` beat every one of ``rivals`` (the paper's own table) on every suite? ace.sota and
     esm.sota (rule: docs/course.md §Claim rules).
 
-    Per suite, the best rival by mean is compared through :func:`paired_difference`. ``shown``: other
-    rivals, reported, never judged. ``paper`` = {suite: (lead, room)} with ``world`` scales the lead
-    (docs/course.md §Scaling rule); suites whose prediction is at or below the floor are undecidable."""
-    rows, effects = [], []
+    Per suite, the best rival by mean that competes (above weight averaging) is compared through
+    :func:`paired_difference` (``pairs``: per-example results). ``shown``: other rivals, reported, never
+    judged. ``paper`` = {suite: (lead, room)} with ``world`` scales the lead, capped at the headroom
+    above the rival (docs/course.md §Scaling rule); suites whose prediction is below twice the margin
+    are undecidable (docs/course.md §Margin, power and rivals)."""
+    rows, effects, left = [], [], {}
     for s in suite_order(summary, suites):
         present = set(summary.loc[summary["suite"] == s, "method"])
         if winner not in present:
             continue
-        rv = [r for r in rivals if r in present and r != winner]
+        rv, out = competing_rivals(summary, s, [r for r in rivals if r in present and r != winner], metric)
+        if out:
+            left[s] = out
         if not rv:
             continue
         best = _best(summary, s, rv, metric)
-        r = paired_difference(summary, s, winner, best, metric, floor)
+        r = paired_difference(summary, s, winner, best, metric, floor, pairs)
         extra = [m for m in shown if m in present and m != winner and m not in rivals]
         if extra:
             xb = _best(summary, s, extra, metric)
-            xd = paired_difference(summary, s, winner, xb, metric, floor)
+            xd = paired_difference(summary, s, winner, xb, metric, floor, pairs)
             r["shown"] = {k: xd[k] for k in ("b", "diff", "outcome")}
         rows.append(r)
-        effects.append(_effect_for(s, r["diff"], r["sd"], paper, world, _n_tasks(summary, s), floor))
+        effects.append(_effect_for(r, paper, world, _n_tasks(summary, s), floor, _headroom(summary, s, best, metric)))
     if not rows:
-        raise InputError(f"{winner} and none of {list(rivals)} ran together on any suite")
+        raise InputError(f"{winner} and none of {list(rivals)} ran together on any suite"
+                         + (f" above weight averaging (left out: {left})" if left else ""))
     dec = [(r, e) for r, e in zip(rows, effects) if e.decidable]
     undecided = [e for e in effects if not e.decidable]
-    note = ("; undecidable: " + ", ".join(f"{e.setting} (predicted {e.predicted:+.2f} ≤ floor {e.floor:.2f})"
+    note = ("; undecidable: " + ", ".join(f"{e.setting} (predicted {e.predicted:+.2f}, needs ≥ {e.needed:.2f})"
                                           for e in undecided)) if undecided else ""
     if not dec:
         verdict = UNDECIDABLE
-        why = (f"the paper's lead, scaled to this world's room, is at or below the noise floor on every suite"
+        why = (f"the paper's lead, scaled to this world's room, is below twice the margin on every suite"
                f"{note}")
     else:
         wins = sum(r["outcome"] == "better" for r, _ in dec)
@@ -134,6 +175,9 @@ def assess_beats(summary: pd.DataFrame, winner: str, rivals: Sequence[str], *, s
             why = f"beaten beyond the margin on {n - not_worse} of {n} decidable suites"
         why += note
     why += f"; rivals: the paper's table ({', '.join(rivals)})"
+    if left:
+        why += "; left out, at or below weight averaging: " + ", ".join(f"{', '.join(v)} on {k}"
+                                                                          for k, v in left.items())
     if any("shown" in r for r in rows):
         why += "; other rivals shown, not judged"
 
@@ -144,7 +188,8 @@ def assess_beats(summary: pd.DataFrame, winner: str, rivals: Sequence[str], *, s
         return txt
 
     return Verdict("; ".join(one(r) for r in rows), verdict, why,
-                   {"metric": metric, "comparisons": rows, "rivals": list(rivals), "shown": list(shown)}, effects)
+                   {"metric": metric, "comparisons": rows, "rivals": list(rivals), "shown": list(shown),
+                    "left_out": left}, effects)
 
 
 def assess_grows(summary: pd.DataFrame, method: str, rivals: Sequence[str], *, suites: Sequence[str] | None = None,
@@ -188,7 +233,7 @@ def assess_grows(summary: pd.DataFrame, method: str, rivals: Sequence[str], *, s
     if not eff.decidable:
         verdict = UNDECIDABLE
         why = (f"the paper's growth of the gap, scaled to this world's room, predicts {eff.predicted:+.2f} here, "
-               f"at or below the floor {eff.floor:.2f} of the change; measured {total:+.1f}")
+               f"below {eff.needed:.2f}, twice the floor {eff.floor:.2f} of the change; measured {total:+.1f}")
     elif total > total_margin and monotone and leads:
         verdict = "reproduced"
         why = f"the lead over {rival} grows by {total:+.1f} (> {total_margin:.1f}) from the fewest to the most tasks"
@@ -487,6 +532,7 @@ def _ace_replaced(summary: pd.DataFrame, row: str) -> pd.DataFrame:
     """``summary`` with the ``row`` rows standing in for ``"ace"``."""
     out = summary[summary["method"] != "ace"].copy()
     out.loc[out["method"] == row, "method"] = "ace"
+    out.attrs["rows"] = {"ace": row}  # the per-example results keep the row's own name
     return out
 
 
@@ -545,9 +591,12 @@ def claim_verdicts(data: BenchmarkData, world: World | None = None) -> dict[str,
     esm_rivals = [m for m in P.table_rivals("esm", 8, "esm")]
     esm_paper = {s: (P.paper_lead("esm", n, "esm")[0], P.paper_room("esm", n)) for s, n in paper_n.items()}
     shown = [m for m in data_free if m not in ace_rivals]
+    runs = getattr(data, "runs", None)
+    pairs = None if runs is None else functools.partial(paired_rows, runs, per_task=getattr(data, "per_task", None))
 
     ace_rules: dict[str, Callable[[pd.DataFrame], Verdict]] = {
-        "ace.sota": lambda s: assess_beats(s, "ace", ace_rivals, paper=ace_paper, world=world, shown=shown)}
+        "ace.sota": lambda s: assess_beats(s, "ace", ace_rivals, paper=ace_paper, world=world, shown=shown,
+                                           pairs=pairs)}
     if len(data.suites) >= 2:
         ns = sorted(paper_n.values())
         if len(ns) >= 2:
@@ -567,6 +616,6 @@ def claim_verdicts(data: BenchmarkData, world: World | None = None) -> dict[str,
     out["ace.vs_wudi"] = extra(out["ace.vs_wudi"], vit_width_time_ratio=wudi_ratio)
     out["ace.cost"] = extra(out["ace.cost"], vit_width=width.get("ace.cost"))
     out["esm.sota"] = assess_beats(summary, "esm", esm_rivals, paper=esm_paper, world=world,
-                                   shown=[m for m in data_free if m not in esm_rivals and m != "esm"])
+                                   shown=[m for m in data_free if m not in esm_rivals and m != "esm"], pairs=pairs)
     out["esm.overhead"] = extra(assess_overhead(summary), vit_width=width.get("esm.overhead"))
     return out

@@ -227,7 +227,7 @@ def _with_effects(v: Verdict, cid: str, gains: Mapping[str, float], world: Any, 
                   noise: float = NOISE) -> Verdict:
     """``v`` with each suite's :class:`~claimkit.verdicts.Effect` (the paper's
     ablation effect scaled to ``world``'s absolute room, :data:`PAPER_ABLATION_EFFECTS`), and
-    the verdict ``undecidable here`` where no suite's prediction exceeds the floor
+    the verdict ``undecidable here`` where no suite's prediction reaches twice the floor
     (otherwise the rule's verdict on the suites where it does, by the same agreement)."""
     if world is None or n_tasks is None:
         return Verdict(v.measured, v.verdict, v.reason, v.numbers,
@@ -240,8 +240,8 @@ def _with_effects(v: Verdict, cid: str, gains: Mapping[str, float], world: Any, 
         agree.append(compare(g, noise=noise) == "better")
     verdict, note = decide(effs, agree)
     if verdict == UNDECIDABLE:
-        return Verdict(v.measured, UNDECIDABLE, f"the paper's ablation effect scaled to this world's room is at or "
-                       f"below the floor on every suite ({note}); measured: {v.reason}", v.numbers, effs)
+        return Verdict(v.measured, UNDECIDABLE, f"the paper's ablation effect scaled to this world's room is below "
+                       f"twice the floor on every suite ({note}); measured: {v.reason}", v.numbers, effs)
     if note:  # decided on fewer suites than the rule saw: re-decide on the decidable ones with the rule
         sub = {e.setting: g for e, g in zip(effs, gains.values()) if e.decidable}
         return Verdict(v.measured, v.verdict if len(sub) == len(gains) else _redecide(cid, sub, v),

@@ -3,59 +3,70 @@ rules); the tables they read come from :mod:`acetools.course.language`."""
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Sequence
+from pathlib import Path
 from typing import cast
 
 import pandas as pd
 
 from acetools.course.language import ROBERTA_GLUE
 from acetools.errors import InputError
+from acetools.results import find_results, load_per_task
+from acetools.stats import paired_rows
 
+from .benchmark import competing_rivals, paired_difference
 from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
-
-
-def _paired(per_seed: pd.DataFrame, a: str, b: str) -> tuple[float, float, int]:
-    """Mean and sd over seeds of test_normalized(a) − test_normalized(b), and the seed count."""
-    p = per_seed.pivot_table(index="seed", columns="method", values="test_normalized")
-    d = (p[a] - p[b]).dropna()
-    return float(d.mean()), float(d.std(ddof=1)) if len(d) > 1 else math.nan, len(d)
 
 
 def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
                  rivals: Sequence[str] = ("wudi", "ties", "tsv_m"), *, world: World | None = None,
-                 n_tasks: int = 8) -> Verdict:
+                 n_tasks: int = 8, folder: str | Path | None = None) -> Verdict:
     """"ACE beats WUDI, TIES and TSV-M on language": ACE at the paper's RoBERTa setting
-    (``ace_row``) against each rival of the claim, paired over seeds; a lead counts when it
-    exceeds :func:`~claimkit.verdicts.margin` (NOISE or the seed spread). Reproduced when
-    ACE leads every rival, partly when some, not reproduced when none. On RoBERTa-GLUE the
-    paper's numbers give ACE 90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count.
+    (``ace_row``) against each rival of the claim that competes (above weight averaging), paired
+    (:func:`~claimkit.benchmark.paired_difference`: over test examples and seeds where ``folder`` holds
+    the per-example results, else over seeds). Reproduced when ACE leads every rival beyond the
+    margin, partly when some, not reproduced when none. On RoBERTa-GLUE the paper's numbers give ACE
+    90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count.
 
-    With ``world`` (the text world's :class:`~claimkit.verdicts.World`, its room at
-    ``n_tasks``) each of the paper's leads is carried into the world by the course's scaling rule
-    (docs/course.md §Scaling rule): RoBERTa-GLUE's room is TSV-M − task arithmetic = 10.9 points,
-    and a rival whose scaled lead does not clear the margin is undecidable here; none left ->
-    ``undecidable here``."""
-    diffs = {r: _paired(per_seed, ace_row, r) for r in rivals}
-    outcome = {r: compare(d, sd) for r, (d, sd, _) in diffs.items()}
-    n = max(n for _, _, n in diffs.values())
-    measured = f"{ace_row} minus " + ", ".join(f"{r} {d:+.1f}" for r, (d, _, _) in diffs.items()) + \
+    With ``world`` (the text world's :class:`~claimkit.verdicts.World`, its room at ``n_tasks``) each
+    of the paper's leads is carried into the world by the course's scaling rule, capped at the
+    headroom above the rival (docs/course.md §Scaling rule; RoBERTa-GLUE's room is TSV-M − task
+    arithmetic = 10.9 points); a rival whose prediction is short of twice the margin is undecidable
+    here (docs/course.md §Margin, power and rivals); none left -> ``undecidable here``."""
+    per_seed = per_seed if "suite" in per_seed else per_seed.assign(suite="text")
+    suite = str(per_seed["suite"].iloc[0])
+    pairs = None
+    if folder is not None:
+        runs = find_results(folder, suites=[suite])
+        pairs = functools.partial(paired_rows, runs, per_task=load_per_task(runs))
+    judged, left = competing_rivals(per_seed, suite, list(rivals), "test_normalized")
+    if not judged:
+        raise InputError(f"{suite}: none of {list(rivals)} is above weight averaging (left out: {left})")
+    diffs = {r: paired_difference(per_seed, suite, ace_row, r, pairs=pairs) for r in judged}
+    n = max(d["n_seeds"] for d in diffs.values())
+    measured = f"{ace_row} minus " + ", ".join(f"{r} {d['diff']:+.1f}" for r, d in diffs.items()) + \
         f" normalized points (mean over {n} seed{'s' if n > 1 else ''})"
-    agree = [o == "better" for o in outcome.values()]
-    reason = "; ".join(f"{r}: {o} (margin {margin(diffs[r][1]):.1f})" for r, o in outcome.items())
+    agree = [d["outcome"] == "better" for d in diffs.values()]
+    reason = "; ".join(f"{r}: {d['outcome']} (margin {d['margin']:.1f}, {d['margin_source']})"
+                       for r, d in diffs.items())
+    if left:
+        reason += f"; left out, at or below weight averaging: {', '.join(left)}"
+    means = per_seed[per_seed["suite"] == suite].groupby("method")["test_normalized"].mean()
     if world is not None:
         room_p = ROBERTA_GLUE["tsv_m"] - ROBERTA_GLUE["task_arithmetic"]
-        effects = [effect(r, d, paper=ROBERTA_GLUE["ace"] - ROBERTA_GLUE[r], paper_room=room_p,
-                          world_room=world.room_at(n_tasks), spread=sd, noise=world.noise)
-                   for r, (d, sd, _) in diffs.items()]
+        effects = [effect(r, d["diff"], paper=ROBERTA_GLUE["ace"] - ROBERTA_GLUE[r], paper_room=room_p,
+                          world_room=world.room_at(n_tasks), spread=d["sd"], noise=world.noise, se=d["se"],
+                          headroom=100.0 - float(means[r]))
+                   for r, d in diffs.items()]
         v, note = decide(effects, agree)
         reason += f"; {note}" if note else ""
     else:
-        effects = [effect(r, d, spread=sd) for r, (d, sd, _) in diffs.items()]
+        effects = [effect(r, d["diff"], spread=d["sd"], se=d["se"]) for r, d in diffs.items()]
         v = agreement(agree)
-    return Verdict(measured, v, reason, {"diffs": {r: d for r, (d, _, _) in diffs.items()},
-                                         "sd": {r: s for r, (_, s, _) in diffs.items()}, "ace_row": ace_row},
-                   effects)
+    return Verdict(measured, v, reason, {"diffs": {r: d["diff"] for r, d in diffs.items()},
+                                         "sd": {r: d["sd"] for r, d in diffs.items()}, "ace_row": ace_row,
+                                         "comparisons": list(diffs.values()), "left_out": left}, effects)
 
 
 def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from acetools.errors import InputError, InputKeyError
+from acetools.stats import POWER_FACTOR, Z_95, ceiling_prediction, has_power
 
 #: The smallest difference (points) that counts, whatever the seeds say (docs/course.md §Noise rule).
 NOISE: float = 0.5
@@ -34,8 +35,11 @@ SCALING_RULE: str = (
     "predicted = paper effect × (world room ÷ paper room), where room = TSV-M − task arithmetic at the same "
     "number of tasks (the paper's in the table column the claim comes from, in that table's points; the "
     "world's in its normalized points, mean over seeds), so predicted is in the world's normalized points; "
-    "a setting is decidable when |predicted| > noise floor = max(NOISE, seed sd of the paired difference); "
-    "a claim with no decidable setting is 'undecidable here', whatever the measurement says")
+    "its size capped at the headroom left above the rival (the experts' level minus the rival); a setting is "
+    "decidable when |predicted| >= 2 × margin, margin = max(NOISE, 1.96 × the paired bootstrap standard error "
+    "over test examples and seeds), or max(NOISE, seed sd of the paired difference) where the result files "
+    "have no per-example results; a claim with no decidable setting is 'undecidable here', whatever the "
+    "measurement says")
 
 
 @dataclass(frozen=True)
@@ -62,11 +66,11 @@ class Verdict:
 
     def _headline(self) -> Effect | None:
         """The setting that speaks for the claim: the most decidable one (largest
-        ``|predicted| - floor``; settings without a prediction last)."""
+        ``|predicted| - needed``; settings without a prediction last)."""
         if not self.effects:
             return None
         return max(self.effects, key=lambda e: (e.predicted is not None,
-                                                 -math.inf if e.predicted is None else abs(e.predicted) - e.floor))
+                                                 -math.inf if e.predicted is None else abs(e.predicted) - e.needed))
 
     @property
     def predicted_effect(self) -> float | None:
@@ -92,11 +96,14 @@ class Verdict:
         """The fields every claim record carries (``claims.json``): ``predicted_effect``,
         ``noise_floor``, ``measured_effect``, ``paper_effect`` (numbers or None), ``scaling``
         (the rule with this claim's numbers, or None), ``effect_setting`` (the setting these
-        come from) and ``effects`` (every setting's)."""
+        come from), ``standard_error`` and ``margin_rule`` (how the floor was set: docs/course.md
+        §Margin, power and rivals) and ``effects`` (every setting's)."""
         e = self._headline()
         return {"predicted_effect": _num(self.predicted_effect), "noise_floor": _num(self.noise_floor),
                 "measured_effect": _num(self.measured_effect), "paper_effect": _num(self.paper_effect),
                 "scaling": None if e is None else e.scaling(), "effect_setting": None if e is None else e.setting,
+                "standard_error": None if e is None else _num(e.se),
+                "margin_rule": None if e is None or e.measured is None else e.margin_rule(),
                 "effects": [x.as_dict() for x in self.effects]}
 
     def with_reason(self, reason: str, **numbers: Any) -> Verdict:
@@ -200,12 +207,32 @@ class Effect:
     predicted: float | None
     floor: float
     measured: float | None
+    #: the paired bootstrap standard error of the measurement (None: the floor is the seed rule's)
+    se: float | None = None
+
+    @property
+    def scaled(self) -> bool:
+        return self.paper_room is not None and self.world_room is not None
+
+    @property
+    def needed(self) -> float:
+        """The smallest prediction that decides here: ``POWER_FACTOR × floor`` for a scaled prediction
+        (:func:`acetools.stats.has_power`), the floor for a unit-free one."""
+        return POWER_FACTOR * self.floor if self.scaled else self.floor
 
     @property
     def decidable(self) -> bool:
-        """Whether the paper's prediction here exceeds the floor (no prediction: decidable,
-        the claim is judged on the measurement alone)."""
-        return self.predicted is None or abs(self.predicted) > self.floor
+        """Whether the paper's prediction here can decide (docs/course.md §Margin, power and rivals): a
+        scaled one at least twice the floor, a unit-free one beyond it; no prediction: decided on the
+        measurement alone."""
+        if self.predicted is None:
+            return True
+        return has_power(self.predicted, self.floor) if self.scaled else abs(self.predicted) > self.floor
+
+    def margin_rule(self) -> str:
+        if self.se is None:
+            return f"max(NOISE, sd over seeds) = {self.floor:.2f}: no per-example results"
+        return f"max(NOISE, 1.96 × {self.se:.2f}) = {self.floor:.2f}: paired bootstrap over test examples and seeds"
 
     def scaling(self) -> str:
         if self.predicted is None:
@@ -213,39 +240,39 @@ class Effect:
         if self.paper_room is None or self.world_room is None:
             return (f"{self.setting}: the paper's {self.paper:+.2f}, a unit-free measure, not scaled "
                     f"(floor {self.floor:.2f}: {'decidable' if self.decidable else 'undecidable'})")
-        return (f"{self.setting}: {self.paper:+.2f} × {self.world_room:.2f} / {self.paper_room:.2f} = "
-                f"{self.predicted:+.2f} (floor {self.floor:.2f}: {'decidable' if self.decidable else 'undecidable'})")
+        return (f"{self.setting}: {self.paper:+.2f} × {self.world_room:.2f} / {self.paper_room:.2f}, capped at the "
+                f"headroom = {self.predicted:+.2f} (needs ≥ {self.needed:.2f}, twice the floor {self.floor:.2f}: "
+                f"{'decidable' if self.decidable else 'undecidable'})")
 
     def as_dict(self) -> dict[str, Any]:
         return {"setting": self.setting, "paper": _num(self.paper), "paper_room": _num(self.paper_room),
                 "world_room": _num(self.world_room), "predicted": _num(self.predicted), "floor": _num(self.floor),
-                "measured": _num(self.measured), "decidable": self.decidable}
+                "measured": _num(self.measured), "se": _num(self.se), "decidable": self.decidable}
 
 
 def predict(paper_effect: float, paper_room: float, world_room: float) -> float:
     """The effect a paper predicts in a world: ``paper_effect * world_room / paper_room``
     (:data:`SCALING_RULE`). ``paper_room`` must be positive; a world without room (``<= 0``)
     predicts no effect."""
-    if not (math.isfinite(paper_room) and paper_room > 0):
-        raise InputError(f"paper_room={paper_room!r} must be a positive number")
-    if not math.isfinite(world_room):
-        raise InputError(f"world_room={world_room!r} is not a finite number")
-    return float(paper_effect) * max(float(world_room), 0.0) / float(paper_room)
+    return ceiling_prediction(paper_effect, paper_room, world_room)
 
 
 def effect(setting: str, measured: float | None, *, paper: float | None = None, paper_room: float | None = None,
-           world_room: float | None = None, spread: float | None = None, noise: float = NOISE) -> Effect:
+           world_room: float | None = None, spread: float | None = None, noise: float = NOISE,
+           headroom: float | None = None, se: float | None = None) -> Effect:
     # world_room and measured must be in the same unit (normalized or absolute points)
     """One :class:`Effect`: with ``paper``, ``paper_room`` and ``world_room`` the prediction is
-    scaled by :func:`predict`; without a paper effect there is no prediction. The floor is
-    :func:`margin` ``(spread, noise)``."""
+    scaled and capped at ``headroom`` (:func:`acetools.stats.ceiling_prediction`); without a paper effect
+    there is no prediction. The floor is ``max(noise, 1.96 se)`` with a paired bootstrap standard error
+    ``se``, else :func:`margin` ``(spread, noise)``."""
     pred = None
     if paper is not None:
         if paper_room is None or world_room is None:
             raise InputError(f"{setting}: a paper effect needs paper_room and world_room to be scaled")
-        pred = predict(paper, paper_room, world_room)
+        pred = ceiling_prediction(paper, paper_room, world_room, headroom)
+    se = _num(se)
     return Effect(setting, None if paper is None else float(paper), _num(paper_room), _num(world_room), pred,
-                  margin(spread, noise), _num(measured))
+                  margin(spread, noise) if se is None else max(float(noise), Z_95 * se), _num(measured), se)
 
 
 def decide(effects: Sequence[Effect], agree: Sequence[bool]) -> tuple[str, str]:
@@ -259,7 +286,7 @@ def decide(effects: Sequence[Effect], agree: Sequence[bool]) -> tuple[str, str]:
     keep = [a for e, a in zip(effects, agree) if e.decidable]
     out = [e for e in effects if not e.decidable]
     note = "" if not out else (
-        "undecidable: " + ", ".join(f"{e.setting} (predicted {e.predicted:+.2f} ≤ floor {e.floor:.2f})" for e in out))
+        "undecidable: " + ", ".join(f"{e.setting} (predicted {e.predicted:+.2f}, needs ≥ {e.needed:.2f})" for e in out))
     if not keep:
         return UNDECIDABLE, note
     return agreement(keep), note

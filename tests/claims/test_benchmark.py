@@ -264,15 +264,18 @@ def test_the_rules_pass_the_papers_own_tables():
 def test_beats_is_undecidable_where_the_scaled_lead_is_below_the_floor():
     from claimkit.verdicts import World
 
-    # the mini-world's room (4.1 / 3.1 / 3.1) against ACE's table's (15.1 / 14.1 / 13.7): predicted
-    # +0.54 / +0.33 / +0.36; only the 8-task suite is decidable, and there ACE loses
+    # rooms 8.0 / 3.1 / 3.1 against ACE's table's (15.1 / 14.1 / 13.7): predicted +1.06 / +0.33 / +0.36;
+    # only the 8-task suite has power (at least twice the 0.5 margin), and there ACE loses
     s = three_suites([{"ace": [80, 80.2], "tsv_m": [83, 83.1]}] * 3)
     lead = {f"t{n}": (paper_tables.paper_lead("ace", n, "ace")[0], paper_tables.paper_room("ace", n))
             for n in (8, 14, 20)}
-    w = World("mini", "full", {8: 4.1, 14: 3.1, 20: 3.1})
+    w = World("mini", "full", {8: 8.0, 14: 3.1, 20: 3.1})
     a = BV.assess_beats(s, "ace", ["tsv_m"], paper=lead, world=w)
     assert a.verdict == "not reproduced" and "undecidable: t14" in a.reason
     assert [e.decidable for e in a.effects] == [True, False, False]
+    # the mini-world's room 4.1 predicts +0.54 at 8 tasks: beyond the margin, but short of twice it
+    mini = BV.assess_beats(s, "ace", ["tsv_m"], paper=lead, world=World("mini", "full", {8: 4.1, 14: 3.1, 20: 3.1}))
+    assert mini.verdict == "undecidable here" and "needs ≥ 1.00" in mini.reason
     tiny = World("mini", "full", {8: 2.0, 14: 3.1, 20: 3.1})  # 2.0 * 2 / 15.1 = 0.26 < 0.5
     u = BV.assess_beats(s, "ace", ["tsv_m"], paper=lead, world=tiny)
     assert u.verdict == "undecidable here" and u.measured_effect is not None and u.measured_effect < -2

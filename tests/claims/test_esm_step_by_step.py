@@ -95,12 +95,14 @@ def test_ablation_verdicts_pass_the_papers_table():
     assert {k: x.verdict for k, x in v.items()} == {k: "reproduced" for k in EV.ABLATION_CLAIMS}
     assert v["esm.esd_alone"].numbers["gain_t8"] == pytest.approx(1.9)
     assert v["esm.ps_on_svd"].numbers["gain_t20"] == pytest.approx(1.5)
-    # in the paper's own world (its room), every prediction is the paper's effect and the rules still pass
+    # in the paper's own world (its room), every prediction is the paper's effect and the rules still pass,
+    # except that the layer level's own gains (+0.5 / +0.9) are short of twice the 0.5 margin: undecidable
     from claimkit.verdicts import World
 
     own = World("paper esm", "full", room_abs={8: pt.paper_room("esm", 8), 20: pt.paper_room("esm", 20)})
     w = EV.ablation_verdicts(_ablation(PAPER_ABLATION), world=own, n_tasks={"t8": 8, "t20": 20})
-    assert {k: x.verdict for k, x in w.items()} == {k: "reproduced" for k in EV.ABLATION_CLAIMS}
+    assert {k: x.verdict for k, x in w.items()} == {k: "undecidable here" if k == "esm.layer_first" else "reproduced"
+                                                    for k in EV.ABLATION_CLAIMS}
     assert w["esm.esd_alone"].predicted_effect == pytest.approx(2.2)  # the most decidable suite: 20 tasks
 
 

@@ -66,15 +66,17 @@ def test_predict_scales_by_the_rooms():
 
 
 def test_effect_decidable_and_decide():
-    e = V.effect("t8", -3.0, paper=2.0, paper_room=15.1, world_room=4.1)  # predicted 0.54 > 0.5
+    e = V.effect("t8", -3.0, paper=2.0, paper_room=15.1, world_room=8.0)  # predicted 1.06 >= 2 x 0.5
     assert e.decidable and e.floor == 0.5 and e.measured == -3.0
-    u = V.effect("t14", 1.0, paper=1.5, paper_room=14.1, world_room=3.1)  # 0.33 <= 0.5
+    u = V.effect("t14", 1.0, paper=1.5, paper_room=14.1, world_room=3.1)  # 0.33 < 1.0
     assert not u.decidable
-    assert not V.effect("t8", 0.0, paper=2.0, paper_room=15.1, world_room=4.1, spread=0.9).decidable  # sd wins
+    # predicted 0.54 beyond the 0.5 floor, but a true effect there is measured beyond it only half the time
+    assert not V.effect("t8", 0.0, paper=2.0, paper_room=15.1, world_room=4.1).decidable
+    assert not V.effect("t8", 0.0, paper=2.0, paper_room=15.1, world_room=8.0, spread=0.9).decidable  # sd wins
     assert V.effect("t8", 0.0).decidable and V.effect("t8", 0.0).predicted is None
     with pytest.raises(ValueError, match="paper_room"):
         V.effect("t8", 0.0, paper=1.0)
-    assert V.decide([e, u], [False, True]) == ("not reproduced", "undecidable: t14 (predicted +0.33 ≤ floor 0.50)")
+    assert V.decide([e, u], [False, True]) == ("not reproduced", "undecidable: t14 (predicted +0.33, needs ≥ 1.00)")
     assert V.decide([u], [True])[0] == V.UNDECIDABLE  # whatever the measurement says
     with pytest.raises(ValueError):
         V.decide([e], [True, False])
