@@ -177,17 +177,17 @@ class Zoo:
     # ----------------------------------------------------------------- configuration
 
     @staticmethod
-    def _config(cls, value, world: Mapping[str, Any] | None = None):
+    def _config(config_type, value, world: Mapping[str, Any] | None = None):
         """A config from ``value`` (a config, used as is, or a dict of overrides) over ``world``'s
         overrides of the class defaults."""
-        if isinstance(value, cls):
+        if isinstance(value, config_type):
             return value
         values = dict(world or {}) | dict(value or {})
-        names = [f.name for f in dataclasses.fields(cls)]
+        names = [f.name for f in dataclasses.fields(config_type)]
         unknown = sorted(set(values) - set(names))
         if unknown:
-            raise InputTypeError(f"{cls.__name__} has no field(s) {unknown}; fields: {names}")
-        return replace(cls(), **values)
+            raise InputTypeError(f"{config_type.__name__} has no field(s) {unknown}; fields: {names}")
+        return replace(config_type(), **values)
 
     def __repr__(self) -> str:
         return (
