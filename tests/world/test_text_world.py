@@ -81,6 +81,22 @@ def test_a_text_under_two_labels_is_dropped_and_a_small_class_is_an_error(monkey
         build_task(TextTask("toy", "toy", ("a", "nope"), n_train=1, n_val=1, n_test=1))
 
 
+def test_splits_follow_the_hash_order_of_the_texts_of_one_label(monkeypatch):
+    """docs/text-world.md §The tasks: per class, the distinct texts of that label only, ordered by
+    SHA-256 of (task, text), cut into val, test, train (then each split shuffled by its own seed)."""
+    import hashlib
+
+    raw = {"a": [f"t{i % 40}" for i in range(70)] + ["s1", "s2"], "b": [f"u{i}" for i in range(30)] + ["s1", "s2"]}
+    monkeypatch.setitem(sources.SOURCES, "toy", sources.Source("toy", lambda: raw))
+    spec = TextTask("toy", "toy", ("a", "b"), n_train=12, n_val=3, n_test=5)
+    d = build_task(spec)
+    for i, c in enumerate(spec.classes):
+        order = sorted(set(raw[c]) - {"s1", "s2"}, key=lambda t: hashlib.sha256(f"toy\0{t}".encode()).digest())
+        for split, (lo, hi) in {"val": (0, 3), "test": (3, 8), "train": (8, 20)}.items():
+            got = [t for t, y in zip(d[split].texts, d[split].y) if y == i]
+            assert sorted(got) == sorted(order[lo:hi]), (c, split)
+
+
 def test_a_source_that_loses_one_text_moves_only_that_text(monkeypatch):
     raw = {"a": [f"text {i}" for i in range(60)], "b": [f"other {i}" for i in range(60)]}
     spec = TextTask("toy", "toy", ("a", "b"), n_train=20, n_val=5, n_test=10)

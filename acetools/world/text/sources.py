@@ -17,10 +17,11 @@ import importlib
 import inspect
 import re
 import subprocess
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 
 __all__ = ["Source", "SOURCES", "SourceMissing", "provenance", "debian_version", "WORDNET_LEXNAMES"]
@@ -216,10 +217,7 @@ def _words() -> dict[str, list[str]]:
     for lang, (fname, pkg) in WORD_LISTS.items():
         text = _need(f"/usr/share/dict/{fname}", pkg).read_text(encoding="utf-8", errors="replace")
         sets[lang] = {w.lower() for w in text.split() if len(w) >= 6 and w.isalpha() and "'" not in w}
-    count: dict[str, int] = defaultdict(int)
-    for s in sets.values():
-        for w in s:
-            count[w] += 1
+    count = Counter(chain.from_iterable(sets.values()))
     return {lang: sorted(w for w in s if count[w] == 1) for lang, s in sets.items()}
 
 

@@ -11,10 +11,13 @@ only. The result is a :class:`TextData` per split with a content hash.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 from ...errors import InputError
 from .sources import (
@@ -84,20 +87,18 @@ def build_task(task: TextTask) -> dict[str, TextData]:
     if missing:
         raise InputError(f"task {task.name!r}: source {task.source!r} has no class {missing[0]!r} "
                          f"(it has {sorted(raw)[:12]}...)")
-    owner: dict[str, set[str]] = {}
-    for c in task.classes:
-        for t in raw[c]:
-            owner.setdefault(t, set()).add(c)
+    distinct = {c: set(raw[c]) for c in task.classes}
+    n_classes = Counter(chain.from_iterable(distinct.values()))  # how many classes each text occurs under
     need = task.n_train + task.n_val + task.n_test
     splits: dict[str, tuple[list[str], list[int]]] = {s: ([], []) for s in ("train", "val", "test")}
     for i, c in enumerate(task.classes):
-        texts = sorted({t for t in raw[c] if len(owner[t]) == 1})
+        texts = [t for t in distinct[c] if n_classes[t] == 1]
         if len(texts) < need:
             raise InputError(f"task {task.name!r}: class {c!r} has {len(texts)} distinct texts, "
                              f"{need} needed (n_train + n_val + n_test per class)")
-        # order by a hash of (task, text): a source that gains or loses a few texts (a Debian
-        # point release) moves only those texts, not the whole class's split
-        texts.sort(key=lambda t: hashlib.sha256(f"{task.name}\0{t}".encode()).digest())
+        # the first `need` in the order of a hash of (task, text): a source that gains or loses a few
+        # texts (a Debian point release) moves only those texts, not the whole class's split
+        texts = heapq.nsmallest(need, texts, key=lambda t: hashlib.sha256(f"{task.name}\0{t}".encode()).digest())
         cuts = {"val": texts[: task.n_val], "test": texts[task.n_val: task.n_val + task.n_test],
                 "train": texts[task.n_val + task.n_test: need]}
         for s, part in cuts.items():

@@ -58,7 +58,9 @@ FIXTURE_TASKS: dict[str, TextTask] = {t.name: t for t in (
     replace(TASKS["wordnet_noun"], name="fx_noun", classes=TASKS["wordnet_noun"].classes[:5], n_train=24, n_val=8,
             n_test=12),
 )}
-FIXTURE_FINETUNE = TextFinetuneConfig(epochs=4, lr=2e-4, head_lr=3e-3, batch_size=16, max_length=24)
+#: The fixture's recipe trains and evaluates in float32: bf16 autocast on a CPU without bf16 units
+#: (AVX2 only, as CI's) is 3-10x slower (docs/text-world.md §Recipe).
+FIXTURE_FINETUNE = TextFinetuneConfig(epochs=4, lr=2e-4, head_lr=3e-3, batch_size=16, max_length=24, bf16=False)
 #: The fixture's model: MiniLM's first layer (width 384, 1.8 M merged parameters).
 FIXTURE_LAYERS = 1
 
