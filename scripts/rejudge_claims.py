@@ -231,7 +231,8 @@ def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Pat
     if "ace.language_sota" in entries:
         per_seed, _ = lesson.benchmark_tables(figures_root / "benchmark", suite)
         n_text = int(per_seed["n_tasks"].iloc[0])
-        out["ace.language_sota"] = lang_claims.verdict_sota(per_seed, world=world, n_tasks=n_text)
+        out["ace.language_sota"] = lang_claims.verdict_sota(per_seed, world=world, n_tasks=n_text,
+                                                            folder=figures_root / "benchmark")
     if "ace.spectrum_language" in entries:
         card = RegimeCard.load(figures_root / "regime" / f"{suite}_seed0")
         out["ace.spectrum_language"] = lang_claims.verdict_spectrum(card.value("wpre_top5_energy"))
