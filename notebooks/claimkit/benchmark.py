@@ -260,12 +260,19 @@ def _time_ratio(agg: pd.DataFrame, suite: str, a: str, b: str) -> float:
     return float(t[a] / t[b])
 
 
-def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str = "wudi",
+#: WUDI with its step size chosen on validation (the text bench's row): the rival where the files have it.
+TUNED_WUDI_ROW: str = "wudi (lr on val)"
+
+
+def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str | None = None,
                    suites: Sequence[str] | None = None, metric: str = "test_normalized",
                    floor: float = NOISE, step_size: pd.DataFrame | None = None) -> Verdict:
     """ace.vs_wudi (rule: docs/course.md §Claim rules): cheaper, stable (two or more seeds) and not worse
-    than WUDI (``rival``) on every suite with both. ``step_size`` (:func:`load_wudi_step_size`): WUDI
-    at several learning rates, shown beside, not judged."""
+    than WUDI (``rival``; default :data:`TUNED_WUDI_ROW` where ``summary`` has it, else ``"wudi"``) on
+    every suite with both. ``step_size`` (:func:`load_wudi_step_size`): WUDI at several learning rates,
+    shown beside, not judged."""
+    if rival is None:
+        rival = TUNED_WUDI_ROW if TUNED_WUDI_ROW in set(summary["method"]) else "wudi"
     agg = aggregate(summary)
     rows = []
     for s in suite_order(summary, suites):

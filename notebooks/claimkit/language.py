@@ -15,7 +15,7 @@ from acetools.errors import InputError
 from acetools.results import find_results, load_per_task
 from acetools.stats import paired_rows
 
-from .benchmark import competing_rivals, paired_difference
+from .benchmark import TUNED_WUDI_ROW, competing_rivals, paired_difference
 from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
 
@@ -26,7 +26,8 @@ def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
     (``ace_row``) against each rival of the claim that competes (above weight averaging), paired
     (:func:`~claimkit.benchmark.paired_difference`: over test examples and seeds where ``folder`` holds
     the per-example results, else over seeds). Reproduced when ACE leads every rival beyond the
-    margin, partly when some, not reproduced when none. On RoBERTa-GLUE the paper's numbers give ACE
+    margin, partly when some, not reproduced when none; WUDI is :data:`~claimkit.benchmark.TUNED_WUDI_ROW`
+    where ``per_seed`` has it. On RoBERTa-GLUE the paper's numbers give ACE
     90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count.
 
     With ``world`` (the text world's :class:`~claimkit.verdicts.World`, its room at ``n_tasks``) each
@@ -40,7 +41,9 @@ def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
     if folder is not None:
         runs = find_results(folder, suites=[suite])
         pairs = functools.partial(paired_rows, runs, per_task=load_per_task(runs))
-    judged, left = competing_rivals(per_seed, suite, list(rivals), "test_normalized")
+    present = set(per_seed["method"])  # WUDI with its step size chosen on validation, where the files have it
+    rivals = [TUNED_WUDI_ROW if r == "wudi" and TUNED_WUDI_ROW in present else r for r in rivals]
+    judged, left = competing_rivals(per_seed, suite, rivals, "test_normalized")
     if not judged:
         raise InputError(f"{suite}: none of {list(rivals)} is above weight averaging (left out: {left})")
     diffs = {r: paired_difference(per_seed, suite, ace_row, r, pairs=pairs) for r in judged}
@@ -55,7 +58,7 @@ def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
     means = per_seed[per_seed["suite"] == suite].groupby("method")["test_normalized"].mean()
     if world is not None:
         room_p = ROBERTA_GLUE["tsv_m"] - ROBERTA_GLUE["task_arithmetic"]
-        effects = [effect(r, d["diff"], paper=ROBERTA_GLUE["ace"] - ROBERTA_GLUE[r], paper_room=room_p,
+        effects = [effect(r, d["diff"], paper=ROBERTA_GLUE["ace"] - ROBERTA_GLUE[r.split(" ")[0]], paper_room=room_p,
                           world_room=world.room_at(n_tasks), spread=d["sd"], noise=world.noise, se=d["se"],
                           headroom=100.0 - float(means[r]))
                    for r, d in diffs.items()]
@@ -91,8 +94,8 @@ def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | N
     """A stage "improves the merge" / "matters": ``gate on (forced)`` minus ``without`` (the
     forced path with the stage off) at ``eps`` (default: every eps in ``abl``); a gain counts
     above NOISE (one ablation per eps, no seed spread). Reproduced when the gain counts at
-    every eps, partly at some, not reproduced at none. ``forced`` labels a world where the
-    code's gate flags no matrix, so the stage runs only because the gate was forced."""
+    every eps, partly at some, not reproduced at none. ``forced``: the compared rows ran with the
+    gate forced on every matrix (lesson 07 reads it from the ablation rows)."""
     sub = abl if eps is None else abl[abl["eps"] == eps]
     gains = {}
     for e, g in sub.groupby("eps", sort=False):

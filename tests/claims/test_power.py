@@ -135,3 +135,19 @@ def test_the_language_claim_leaves_out_rivals_below_weight_averaging_and_caps_it
     w = V.World("text", "full", {8: 10.9})
     c = LV.verdict_sota(per_seed({"ace (eps 2e-4)": 96.0, "wudi": 90.0, "ties": 80.0, "tsv_m": 95.5}), world=w)
     assert {e.setting: e.predicted for e in c.effects}["tsv_m"] == pytest.approx(4.5 - 0.1)  # 100 - 95.6
+
+
+def test_wudi_with_its_step_size_on_validation_is_the_rival_where_the_files_have_it():
+    from claimkit import language as LV
+    from tests.test_results import summary_rows
+
+    scores = {"ace": 80.0, "wudi": 70.0, BV.TUNED_WUDI_ROW: 82.0}
+    sec = {("text8", m): t for m, t in (("ace", 1.0), ("wudi", 10.0), (BV.TUNED_WUDI_ROW, 30.0))}
+    summ = summary_rows({("text8", 8): {m: [v + 0.1 * s for s in (0, 1, 2)] for m, v in scores.items()}}, seconds=sec)
+    # WUDI at its default step size is 10 points behind; with its step size on validation it leads by 2
+    assert BV.assess_vs_wudi(summ).numbers["criteria"]["not worse"] is False
+    assert BV.assess_vs_wudi(summ, rival="wudi").numbers["criteria"]["not worse"] is True
+    per_seed = summ.assign(method=summ["method"].replace({"ace": "ace (eps 2e-4)"}))
+    per_seed = pd.concat([per_seed, per_seed[per_seed["method"] == "wudi"].assign(method="tsv_m")])
+    v = LV.verdict_sota(per_seed, rivals=("wudi", "tsv_m"))
+    assert set(v.numbers["diffs"]) == {BV.TUNED_WUDI_ROW, "tsv_m"} and v.verdict == "partly"
