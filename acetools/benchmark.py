@@ -247,12 +247,6 @@ class Benchmark:
         ref = self.expert_accuracy(split)
         return {t: acc[t] / ref[t] if ref[t] > 0 else float("nan") for t in acc}
 
-    def table(self, acc: Mapping[str, float], split: str = "test", name: str = "") -> pd.DataFrame:
-        """Tidy rows (method, task, split, accuracy, normalized) in percent."""
-        norm = self.normalized(acc, split)
-        return pd.DataFrame([{"method": name, "task": t, "split": split, "accuracy": 100 * acc[t],
-                              "normalized": 100 * norm[t]} for t in acc])
-
     # ------------------------------------------------------------------ running methods
     def _merge(self, method: str, hparams: Mapping[str, Any]) -> StateDict:
         with warnings.catch_warnings():
