@@ -27,7 +27,11 @@ RECORD_FIELDS: tuple[str, ...] = ("predicted_effect", "noise_floor", "measured_e
 #: The names of the text world's claim worlds (:class:`~claimkit.verdicts.World`) by
 #: profile: lesson 07's and the text runs of 02-04 record under the same name, so lesson 05
 #: shows them in one column.
-TEXT_CLAIM_WORLDS: dict[str, str] = {"full": "text", "quick": "text fixture"}
+#: The text world's claim worlds, per profile and head protocol (docs/text-world.md §Head protocols):
+#: a protocol other than the zero-shot heads is part of the name, so lesson 05 counts it apart.
+TEXT_CLAIM_WORLDS: dict[str, str] = {"full": "text", "quick": "text fixture",
+                                     "full trained": "text (trained heads)",
+                                     "quick trained": "text fixture (trained heads)"}
 
 
 class MixedWorldsError(ValueError):
@@ -387,15 +391,22 @@ def styled_table(table: Any) -> Any:
 
 
 def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLike | None = None,
-                size: str = "small", summary: Any = None, kind: str = "mini", description: str | None = None):
+                size: str = "small", summary: Any = None, kind: str = "mini", description: str | None = None,
+                heads: str = "zeroshot"):
     """The :class:`~claimkit.verdicts.World` a notebook judges its claims in (docs/course.md §Scaling rule).
 
     Full profile: the mini-world, its room from the committed benchmark files (``results_dir``) or
     ``summary``; quick: the fixture world, its room measured on ``bench`` or from ``summary`` (none:
-    claims are decided on their measurements). A text ``kind`` gives the text world's claim world."""
+    claims are decided on their measurements). A text ``kind`` gives the text world's claim world,
+    named after its head protocol ``heads`` ("zeroshot" or "trained")."""
     if is_text_world(kind):
+        profile = "quick" if quick else "full"
+        key = profile if heads == "zeroshot" else f"{profile} {heads}"
+        if key not in TEXT_CLAIM_WORLDS:
+            raise ValueError(f"heads={heads!r}: choose 'zeroshot' or 'trained'")
         return _text_claim_world(quick=quick, bench=bench, results_dir=results_dir, summary=summary,
-                                 suite=text_suite(kind), description=description)
+                                 suite=text_suite(kind) if heads == "zeroshot" else f"{text_suite(kind)}_{heads}",
+                                 description=description, name=TEXT_CLAIM_WORLDS[key])
     if quick:
         desc = description or "the quick profile's fixture world: numbers for checking the code, not results"
         return _quick_world("fixture", desc, bench, summary)
@@ -434,15 +445,15 @@ def _quick_world(name: str, desc: str, bench: Any, summary: Any):
 
 
 def _text_claim_world(*, quick: bool, bench: Any, results_dir: Any, summary: Any, suite: str,
-                      description: str | None):
+                      description: str | None, name: str):
     if quick:
         desc = description or ("the quick profile's fixture text world (MiniLM's first layer, three small tasks): "
                                "numbers for checking the code, not results")
-        return _quick_world(TEXT_CLAIM_WORLDS["quick"], desc, bench, summary)
+        return _quick_world(name, desc, bench, summary)
     if summary is None:
         from acetools.course.language import benchmark_tables
 
         folder = Path(results_dir) if results_dir is not None else repo_root() / "figures" / "benchmark"
         summary, _ = benchmark_tables(folder, suite)
     desc = description or f"the text world {suite!r} (all-MiniLM-L6-v2 experts on real offline text tasks)"
-    return World.from_summary(summary, TEXT_CLAIM_WORLDS["full"], "full", description=desc)
+    return World.from_summary(summary, name, "full", description=desc)

@@ -100,6 +100,14 @@ def test_the_text_worlds_claim_names_are_the_lessons():
     assert claims.LANGUAGE_CLAIMS == {c.id for c in claims.CLAIMS if c.notebook == "07_language"} | {"ace.language"}
 
 
+def test_a_text_claim_world_names_its_head_protocol():
+    zs, tr = claims.claim_world(quick=True, kind="text8"), claims.claim_world(quick=True, kind="text8", heads="trained")
+    assert tr.name == claims.TEXT_CLAIM_WORLDS["quick trained"] != zs.name and claims.is_text_world_name(tr.name)
+    assert claims.is_text_world_name(claims.TEXT_CLAIM_WORLDS["full trained"])
+    with pytest.raises(ValueError, match="heads='glue'"):
+        claims.claim_world(quick=True, kind="text8", heads="glue")
+
+
 def test_side_by_side_shows_both_worlds_and_labels_analogues(tmp_path):
     claims.record(tmp_path / "04_benchmark", "ace.sota", "a", "undecidable here", "small room", world=W)
     claims.record(tmp_path / "04_benchmark", "esm.sota", "b", "not reproduced", "r", world=W)
