@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from torch import Tensor
 
 from ..errors import AcetoolsError, InputError, InputKeyError, InputTypeError
@@ -223,7 +224,7 @@ class Checkpoint:
         else:
             loaded: dict[str, Tensor] = {}
             for f in files:
-                part = _torch_load(f) if f.suffix != ".safetensors" else self._load_st(f)
+                part = _torch_load(f) if f.suffix != ".safetensors" else load_file(str(f))
                 for k in part:
                     if k in loaded:
                         raise InputError(f"{path}: key {k!r} is in two files")
@@ -232,12 +233,6 @@ class Checkpoint:
             self._meta = {k: TensorMeta(tuple(v.shape), v.dtype) for k, v in self._tensors.items()}
         if not self._meta:
             raise InputError(f"{path}: the checkpoint holds no tensors")
-
-    @staticmethod
-    def _load_st(f: Path) -> dict[str, Tensor]:
-        from safetensors.torch import load_file
-
-        return load_file(str(f))
 
     @property
     def lazy(self) -> bool:
@@ -603,18 +598,13 @@ class CheckpointError(AcetoolsError, RuntimeError):
 StateDict = dict[str, Tensor]
 
 
-def _tensor_bytes(t: Tensor) -> memoryview:
-    t = t.detach().to("cpu").contiguous()
-    return t.reshape(-1).view(torch.uint8).numpy().data
-
-
 def state_hash(state: Mapping[str, Tensor]) -> str:
     """SHA-256 of a state dict's contents: every key (sorted), dtype, shape and raw bytes."""
     h = hashlib.sha256()
     for k in sorted(state):
         t = state[k]
         h.update(f"{k}|{str(t.dtype)}|{tuple(t.shape)}|".encode())
-        h.update(_tensor_bytes(t))
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 
@@ -659,7 +649,6 @@ def load_checkpoint(
     sidecar's ``content_sha256``, else the file's own metadata).
     """
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     path = Path(path)
     if not path.is_file():

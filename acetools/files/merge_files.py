@@ -401,15 +401,6 @@ def _merge_record(method: str, plan: MergePlan, sha256: Mapping[str, str] | None
     return inputs, hp_record, meta
 
 
-def _staging_folder(out_dir: Path) -> Path | None:
-    """A new output folder is assembled as a hidden sibling and renamed into place at the end, so a
-    merge that is killed leaves no folder at ``out`` (only the hidden staging folder); an existing
-    (empty, or overwritten) folder gets its files moved in at the end instead (None)."""
-    if out_dir.exists():
-        return None
-    return make_stage(out_dir)  # also removes the staging folders of killed merges into out_dir
-
-
 def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device, out_dtype: torch.dtype | None,
                  show: bool | None, hashes: _InputHashes, overwrite: bool) -> dict[str, Any]:
     """Merge into ``out_dir`` (the staging folder): the weights through the one driver, the inputs hashed
@@ -498,7 +489,9 @@ def merge_files(
     try:
         lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force)
         t0 = time.perf_counter()
-        stage = _staging_folder(out_dir)
+        # a new folder is assembled as a hidden sibling (make_stage, which also removes the staging folders of
+        # killed merges into it) and renamed into place at the end; an existing one gets its files moved in
+        stage = None if out_dir.exists() else make_stage(out_dir)
         done = _write_merge(plan, stage or out_dir, size=size, dev=dev, out_dtype=out_dtype, show=progress,
                             hashes=hashes, overwrite=overwrite)
     except BaseException:
