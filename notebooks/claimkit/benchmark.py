@@ -281,18 +281,23 @@ def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str | N
             cmp = paired_difference(summary, s, method, rival, metric, floor)
             a = agg[agg["suite"] == s].set_index("method")
             rows.append({"suite": s, "diff": cmp["diff"], "margin": cmp["margin"], "outcome": cmp["outcome"],
+                         "competes": bool(competing_rivals(summary, s, [rival], metric)[0]),
                          "time_ratio": _time_ratio(agg, s, method, rival),
                          "sd": float(a.loc[method, f"{metric}_sd"]), "sd_rival": float(a.loc[rival, f"{metric}_sd"])})
     if not rows:
         raise InputError(f"{method} and {rival} never ran on the same suite")
-    crit = {"not worse": all(r["outcome"] != "worse" for r in rows),
-            "cheaper": all(r["time_ratio"] < 1 for r in rows)}
+    # a WUDI row at or below weight averaging is no competitor (docs/course.md §Margin, power and rivals)
+    judged = [r for r in rows if r["competes"]]
+    crit = {"not worse": all(r["outcome"] != "worse" for r in judged)} if judged else {}
+    crit["cheaper"] = all(r["time_ratio"] < 1 for r in rows)
     if all(np.isfinite(r["sd"]) and np.isfinite(r["sd_rival"]) for r in rows):
         crit["stable"] = all(r["sd"] <= r["sd_rival"] + floor for r in rows)
     tuned = _tuned_wudi(summary, step_size, method, metric) if step_size is not None and len(step_size) else []
     met, verdict = criteria(crit)
     why = (f"met: {', '.join(met) or 'none'}; missed: {', '.join(k for k, v in crit.items() if not v) or 'none'}"
            + ("" if "stable" in crit else " (stability needs two or more seeds)")
+           + ("" if len(judged) == len(rows) else "; accuracy not judged where WUDI is at or below weight averaging: "
+              + ", ".join(r["suite"] for r in rows if not r["competes"]))
            + ("; WUDI at its validation-chosen learning rate shown, not judged" if tuned else ""))
     measured = "; ".join(f"{r['suite']}: {r['diff']:+.1f} ± {r['margin']:.1f} points, time ×{r['time_ratio']:.2f}"
                          + (f", sd {r['sd']:.1f} vs {r['sd_rival']:.1f}" if np.isfinite(r["sd"]) else "") for r in rows)

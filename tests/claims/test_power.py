@@ -151,3 +151,16 @@ def test_wudi_with_its_step_size_on_validation_is_the_rival_where_the_files_have
     per_seed = pd.concat([per_seed, per_seed[per_seed["method"] == "wudi"].assign(method="tsv_m")])
     v = LV.verdict_sota(per_seed, rivals=("wudi", "tsv_m"))
     assert set(v.numbers["diffs"]) == {BV.TUNED_WUDI_ROW, "tsv_m"} and v.verdict == "partly"
+
+
+def test_wudi_at_or_below_weight_averaging_judges_no_accuracy():
+    from tests.test_results import summary_rows
+
+    sec = {(s, m): t for s in ("t8", "t20") for m, t in (("ace", 1.0), ("wudi", 10.0), ("weight_averaging", 0.1))}
+    summ = summary_rows({("t8", 8): {"ace": [80, 80], "wudi": [79, 79], "weight_averaging": [70, 70]},
+                         ("t20", 20): {"ace": [60, 60], "wudi": [50, 50], "weight_averaging": [65, 65]}}, seconds=sec)
+    v = BV.assess_vs_wudi(summ)
+    assert [r["competes"] for r in v.numbers["rows"]] == [True, False] and "t20" in v.reason
+    assert v.numbers["criteria"]["not worse"] is True and v.verdict == "reproduced"
+    below = summ[summ["suite"] == "t20"]
+    assert "not worse" not in BV.assess_vs_wudi(below).numbers["criteria"]
