@@ -403,7 +403,7 @@ def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLik
         profile = "quick" if quick else "full"
         key = profile if heads == "zeroshot" else f"{profile} {heads}"
         if key not in TEXT_CLAIM_WORLDS:
-            raise ValueError(f"heads={heads!r}: choose 'zeroshot' or 'trained'")
+            raise InputError(f"heads={heads!r}: choose 'zeroshot' or 'trained'")
         return _text_claim_world(quick=quick, bench=bench, results_dir=results_dir, summary=summary,
                                  suite=text_suite(kind) if heads == "zeroshot" else f"{text_suite(kind)}_{heads}",
                                  description=description, name=TEXT_CLAIM_WORLDS[key])
