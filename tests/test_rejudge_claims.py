@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from acetools.stats import POWER_FACTOR
 from claimkit import claims
 from claimkit.verdicts import VERDICTS
 
@@ -47,8 +48,12 @@ def test_every_committed_record_carries_world_and_effects(path):
             assert e[f] is None or isinstance(e[f], (int, float)), (cid, f, e[f])
         if e["predicted_effect"] is not None:  # a prediction comes with its floor, measurement and rule
             assert e["noise_floor"] is not None and e["measured_effect"] is not None and e["scaling"], cid
-        if e["verdict"] == "undecidable here":
-            assert abs(e["predicted_effect"]) <= e["noise_floor"] + 1e-12, cid
+        if e["predicted_effect"] is not None:  # a scaled prediction decides only at >= POWER_FACTOR x its margin
+            need = e["noise_floor"] * (1.0 if "unit-free" in e["scaling"] else POWER_FACTOR)
+            if e["verdict"] == "undecidable here":
+                assert abs(e["predicted_effect"]) < need + 1e-12, cid
+            elif e["verdict"] in ("reproduced", "partly", "not reproduced") and "unit-free" not in e["scaling"]:
+                assert abs(e["predicted_effect"]) >= need - 1e-12, (cid, e["predicted_effect"], need)
         waits = pending_rerun(cid, e)
         if waits:
             assert "pending rerun" in e["reason"] and e["numbers"]["pending_rerun"] == waits, cid
