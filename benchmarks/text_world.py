@@ -75,9 +75,9 @@ def _world(args, seed):
 
 
 def _tag(args) -> str:
-    """The suite's name in file names: ``text8`` with the zero-shot heads, ``text8_trained`` with
-    per-task heads trained beside the experts (the GLUE protocol, docs/text-world.md)."""
-    return args.suite if args.heads == "zeroshot" else f"{args.suite}_{args.heads}"
+    from acetools.world.text.finetune import protocol_tag
+
+    return protocol_tag(args.suite, args.heads)
 
 
 def build(args) -> None:

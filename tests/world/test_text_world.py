@@ -13,7 +13,7 @@ import torch
 
 from acetools.world.base import check_world
 from acetools.world.text import sources, tasks
-from acetools.world.text.finetune import TextFinetuneConfig, finetune_text
+from acetools.world.text.finetune import TextFinetuneConfig, finetune_text, protocol_tag
 from acetools.world.text.model import TextEncoder, load_tokenizer, merged_keys, minilm_folder, tiny_bert_config
 from acetools.world.text.tasks import TASKS, TextTask, build_task
 from acetools.world.text.world import FIXTURE_TASKS, TextWorld
@@ -198,6 +198,13 @@ def test_finetune_config_rejects_bad_values():
         TextFinetuneConfig(lr=0)
     with pytest.raises(ValueError, match="params='embeddings'"):
         TextFinetuneConfig(params="embeddings")
+
+
+def test_protocol_tag_names_each_head_protocol_s_files():
+    assert protocol_tag("text8", "zeroshot") == "text8"
+    assert protocol_tag("text12", "trained") == "text12_trained"
+    with pytest.raises(ValueError, match="heads='both'"):
+        protocol_tag("text8", "both")
 
 
 # --------------------------------------------------------------------------- the fixture world

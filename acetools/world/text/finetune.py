@@ -19,7 +19,7 @@ from ...utils import make_generator, progress
 from .model import PARAM_SETS, TextEncoder, merged_keys
 from .tasks import TextData
 
-__all__ = ["PROTOCOLS", "TextFinetuneConfig", "finetune_text", "evaluate_text", "encode_batches"]
+__all__ = ["PROTOCOLS", "protocol_tag", "TextFinetuneConfig", "finetune_text", "evaluate_text", "encode_batches"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,16 @@ class TextFinetuneConfig:
 #: AMD EPYC), and float32 gives every machine the same arithmetic.
 PROTOCOLS: dict[str, dict[str, Any]] = {"zeroshot": {"heads": "zeroshot"},
                                         "trained": {"heads": "trained", "bf16": False}}
+
+
+
+def protocol_tag(suite: str, heads: str) -> str:
+    """A suite's name in the file names of a head protocol's results: ``"text8"`` with the zero-shot
+    heads, ``"text8_trained"`` with trained ones (docs/text-world.md §Head protocols)."""
+    if heads not in PROTOCOLS:
+        raise InputError(f"heads={heads!r}: choose one of {sorted(PROTOCOLS)}")
+    return suite if heads == "zeroshot" else f"{suite}_{heads}"
+
 
 #: Options added after TEXT_WORLD_VERSION 2, with their defaults (see ``to_dict``).
 _LATER_OPTIONS = {"params": "matrices"}
