@@ -18,6 +18,7 @@ from typing import Any
 from acetools.course.world import is_text_world, repo_root, text_suite
 from acetools.errors import InputError, InputKeyError, InputTypeError
 from acetools.utils import atomic_write
+from acetools.world.text.finetune import protocol_tag
 
 from .verdicts import VERDICTS, Verdict, World
 
@@ -405,7 +406,7 @@ def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLik
         if key not in TEXT_CLAIM_WORLDS:
             raise InputError(f"heads={heads!r}: choose 'zeroshot' or 'trained'")
         return _text_claim_world(quick=quick, bench=bench, results_dir=results_dir, summary=summary,
-                                 suite=text_suite(kind) if heads == "zeroshot" else f"{text_suite(kind)}_{heads}",
+                                 suite=protocol_tag(text_suite(kind), heads),
                                  description=description, name=TEXT_CLAIM_WORLDS[key])
     if quick:
         desc = description or "the quick profile's fixture world: numbers for checking the code, not results"
