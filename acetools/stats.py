@@ -1,18 +1,15 @@
-"""Paired differences with their test-set and seed noise, and the power rule (docs/course.md §Claim rules).
+"""Paired differences with their test-set and seed noise (docs/course.md §Margin, power and rivals).
 
 The worlds' test sets are fixed across seeds, so the seed spread holds no test-sampling noise:
 :func:`paired_bootstrap` resamples both, pairing two rows example by example (their
-``<stem>_correct.npz``, :func:`correctness`). :func:`ceiling_prediction` caps a paper's scaled
-effect by the headroom; :func:`has_power` says whether a predicted effect can be decided at a margin.
+``<stem>_correct.npz``). The power rule that uses it is the claims' (``notebooks/claimkit/power.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,22 +17,10 @@ import torch
 from .errors import InputError
 from .utils import make_generator
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-    from .results import ResultFiles
-
-__all__ = ["PairedDifference", "paired_bootstrap", "correctness", "paired_rows", "ceiling_prediction", "has_power",
-           "POWER_FACTOR", "Z_95"]
+__all__ = ["PairedDifference", "paired_bootstrap", "Correctness", "Z_95"]
 
 #: The normal quantile of a two-sided 95 % interval: the margin is ``Z_95`` standard errors.
 Z_95: float = 1.959964
-
-#: A claim is decided only where ``|predicted| >= POWER_FACTOR * margin``: with the margin at
-#: 1.96 standard errors, a true effect of twice the margin is measured above the margin with
-#: probability ``Phi(1.96) = 0.975`` (normal approximation), where one at the margin is measured
-#: above it only half the time.
-POWER_FACTOR: float = 2.0
 
 #: Correctness of one row: ``{seed: {task: bool array over the task's test examples}}``.
 Correctness = Mapping[int, Mapping[str, "np.ndarray"]]
@@ -141,70 +126,3 @@ def paired_bootstrap(a: Correctness, b: Correctness, *, scale: Mapping | None = 
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
     return PairedDifference(diff, float(boot.std(ddof=1)), float(lo), float(hi), float(level), n_s,
                             int(sum(d.shape[1] for d in diffs)), int(n_boot))
-
-
-def correctness(files: Mapping[int, str | Path], row: str, tasks: Sequence[str] | None = None) -> Correctness | None:
-    """``row``'s per-example correctness ``{seed: {task: array}}`` from each seed's ``<stem>_correct.npz``
-    (``files``: ``{seed: path}``), restricted to ``tasks``; None where a file or the row is missing (a
-    result written before per-example results were saved, or a world that does not score examples)."""
-    from .results import load_correctness
-
-    out = {}
-    for s, path in files.items():
-        if not Path(path).is_file():
-            return None
-        hits = load_correctness(path).get(row)
-        if hits is None or (tasks is not None and not set(tasks) <= set(hits)):
-            return None
-        out[int(s)] = {t: hits[t] for t in (tasks if tasks is not None else hits)}
-    return out or None
-
-
-def paired_rows(runs: Sequence[ResultFiles], suite: str, a: str, b: str, *, per_task: pd.DataFrame | None = None,
-                **kw) -> PairedDifference | None:
-    """:func:`paired_bootstrap` of rows ``a`` and ``b`` on ``suite`` from the runs' ``<stem>_correct.npz``
-    (:func:`acetools.results.find_results`); None where a seed lacks them. With ``per_task``
-    (:func:`acetools.results.load_per_task`) the difference is in normalized points, each seed's and
-    task's experts as the scale; without, in absolute points. ``kw`` go to :func:`paired_bootstrap`."""
-    files = {r.seed: r.summary.with_name(f"{r.stem}_correct.npz") for r in runs if r.suite == suite}
-    ca, cb = correctness(files, a), correctness(files, b)
-    if ca is None or cb is None:
-        return None
-    scale = None
-    if per_task is not None:
-        e = per_task[(per_task["suite"] == suite) & (per_task["method"] == "experts (individual)")
-                     & (per_task["split"] == "test")]
-        scale = {int(s): dict(zip(g["task"], g["accuracy"] / 100.0)) for s, g in e.groupby("seed")}
-        if not scale:
-            raise InputError(f"paired_rows: per_task has no test rows of 'experts (individual)' on suite {suite!r}: "
-                             "no scale for normalized points")
-    return paired_bootstrap(ca, cb, scale=scale, **kw)
-
-
-def ceiling_prediction(paper_effect: float, paper_room: float, world_room: float,
-                       headroom: float | None = None) -> float:
-    """A paper's effect scaled to a world, ``paper_effect * world_room / paper_room``, with its
-    size capped at ``headroom`` (the points left above the rival, e.g. 100 minus the rival's
-    normalized accuracy): a method cannot beat its rival by more than the rival leaves.
-    ``paper_room`` must be positive; a world without room predicts no effect."""
-    for name, v in (("paper_effect", paper_effect), ("paper_room", paper_room), ("world_room", world_room)):
-        if not math.isfinite(v):
-            raise InputError(f"{name}={v!r} is not a finite number")
-    if paper_room <= 0:
-        raise InputError(f"paper_room={paper_room!r} must be positive")
-    pred = float(paper_effect) * max(float(world_room), 0.0) / float(paper_room)
-    if headroom is None:
-        return pred
-    if not math.isfinite(headroom):
-        raise InputError(f"headroom={headroom!r} is not a finite number")
-    return math.copysign(min(abs(pred), max(float(headroom), 0.0)), pred)
-
-
-def has_power(predicted: float | None, margin: float, factor: float = POWER_FACTOR) -> bool:
-    """Whether a claim predicted at ``predicted`` can be decided at ``margin``:
-    ``|predicted| >= factor * margin`` (:data:`POWER_FACTOR`)."""
-    if predicted is None or not math.isfinite(predicted):
-        return False
-    if not (math.isfinite(margin) and margin >= 0):
-        raise InputError(f"margin={margin!r} must be a non-negative number")
-    return abs(float(predicted)) >= factor * float(margin)

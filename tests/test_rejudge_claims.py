@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from acetools.stats import POWER_FACTOR
 from claimkit import claims
+from claimkit.power import POWER_FACTOR
 from claimkit.verdicts import VERDICTS
 
 

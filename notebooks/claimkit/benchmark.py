@@ -16,8 +16,9 @@ from acetools.course import paper_tables as P
 from acetools.course.benchmark import BenchmarkData, suite_order
 from acetools.errors import InputError, InputKeyError
 from acetools.results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
-from acetools.stats import Z_95, PairedDifference, paired_rows
+from acetools.stats import Z_95, PairedDifference
 
+from .power import paired_rows
 from .verdicts import (
     NOISE,
     UNDECIDABLE,
@@ -33,7 +34,7 @@ from .verdicts import (
 )
 
 #: ``(suite, a, b)`` -> the rows' paired bootstrap over test examples and seeds, None where the result
-#: files have no per-example results (:func:`acetools.stats.paired_rows` bound to the runs).
+#: files have no per-example results (:func:`claimkit.power.paired_rows` bound to the runs).
 Pairs = Callable[[str, str, str], "PairedDifference | None"]
 
 

@@ -13,9 +13,9 @@ import pandas as pd
 from acetools.course.language import ROBERTA_GLUE
 from acetools.errors import InputError
 from acetools.results import find_results, load_per_task
-from acetools.stats import paired_rows
 
 from .benchmark import TUNED_WUDI_ROW, competing_rivals, paired_difference
+from .power import paired_rows
 from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
 

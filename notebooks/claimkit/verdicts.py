@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from acetools.errors import InputError, InputKeyError
-from acetools.stats import POWER_FACTOR, Z_95, ceiling_prediction, has_power
+from acetools.stats import Z_95
+
+from .power import POWER_FACTOR, ceiling_prediction, has_power
 
 #: The smallest difference (points) that counts, whatever the seeds say (docs/course.md §Noise rule).
 NOISE: float = 0.5
@@ -217,7 +219,7 @@ class Effect:
     @property
     def needed(self) -> float:
         """The smallest prediction that decides here: ``POWER_FACTOR × floor`` for a scaled prediction
-        (:func:`acetools.stats.has_power`), the floor for a unit-free one."""
+        (:func:`claimkit.power.has_power`), the floor for a unit-free one."""
         return POWER_FACTOR * self.floor if self.scaled else self.floor
 
     @property
@@ -262,7 +264,7 @@ def effect(setting: str, measured: float | None, *, paper: float | None = None, 
            headroom: float | None = None, se: float | None = None) -> Effect:
     # world_room and measured must be in the same unit (normalized or absolute points)
     """One :class:`Effect`: with ``paper``, ``paper_room`` and ``world_room`` the prediction is
-    scaled and capped at ``headroom`` (:func:`acetools.stats.ceiling_prediction`); without a paper effect
+    scaled and capped at ``headroom`` (:func:`claimkit.power.ceiling_prediction`); without a paper effect
     there is no prediction. The floor is ``max(noise, 1.96 se)`` with a paired bootstrap standard error
     ``se``, else :func:`margin` ``(spread, noise)``."""
     pred = None
