@@ -175,17 +175,34 @@ def _batches(n: int, batch_size: int, total_steps: int, g: torch.Generator, star
             step += 1
 
 
-def _optimizer(params_decay, params_no_decay, lr, wd):
-    groups = [{"params": params_decay, "weight_decay": wd}]
+def _optimizer(params_decay, params_no_decay, cfg, total_steps: int):
+    """AdamW (no weight decay on ``params_no_decay``) and its warm-up-cosine schedule."""
+    groups = [{"params": params_decay, "weight_decay": cfg.weight_decay}]
     if params_no_decay:
         groups.append({"params": params_no_decay, "weight_decay": 0.0})
-    return torch.optim.AdamW(groups, lr=lr)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total_steps, cfg.warmup_steps))
+
+
+def _step(loss: Tensor, enc: nn.Module, opt, grad_clip: float | None, bar) -> None:
+    """One optimizer step on ``loss`` (gradients of ``enc`` clipped to ``grad_clip``), shown on a tqdm ``bar``."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        nn.utils.clip_grad_norm_(enc.parameters(), grad_clip)
+    opt.step()
+    set_postfix = getattr(bar, "set_postfix", None)  # a tqdm bar (or a plain iterator)
+    if set_postfix is not None:
+        set_postfix(loss=f"{loss.item():.3f}")
+
+
+def _size_name(size: str | Callable[[], ImageEncoder]) -> str:
+    return size if isinstance(size, str) else getattr(size, "__name__", "custom")
 
 
 def _fingerprint(cfg, seed, size, n, head_classes, labels, x) -> str:
     """What a resume checkpoint must match: config, seed, size, pool shape, heads, label sums."""
-    size_name = size if isinstance(size, str) else getattr(size, "__name__", "custom")
-    doc = {"config": asdict(cfg), "seed": seed, "size": size_name, "n": n, "head_classes": head_classes,
+    doc = {"config": asdict(cfg), "seed": seed, "size": _size_name(size), "n": n, "head_classes": head_classes,
            "labels": {k: int(v.sum()) for k, v in labels.items()}, "x": [int(x[:64].sum()), int(x[-64:].sum())]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -217,24 +234,17 @@ def _save_resume(path, fingerprint, step, enc, heads, opt, sched, g, window, sec
         fh.write(blob)
 
 
-def _read_resume(path) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """The tensors and the JSON document of a :func:`_save_resume` file; never unpickles."""
+def _resume(path, fingerprint, enc, heads, opt, sched, g):
+    """Load a :func:`_save_resume` file (never unpickled) into the training objects:
+    ``(start_step, seconds, window)``."""
+    if path is None or not os.path.exists(path):
+        return 0, 0.0, []
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    if "acetools.resume" not in meta:
-        raise InputError("it has no 'acetools.resume' metadata (not written by acetools' pretraining)")
-    return tensors, json.loads(meta["acetools.resume"])
-
-
-def _resume(path, fingerprint, enc, heads, opt, sched, g, window):
-    """Load a resume checkpoint into the training objects: ``(start_step, seconds, window)``."""
-    if path is None or not os.path.exists(path):
-        return 0, 0.0, window
     try:
-        tensors, doc = _read_resume(path)
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            doc = json.loads((f.metadata() or {})["acetools.resume"])
     except Exception as err:  # a truncated file cannot happen (atomic writes) but a foreign one can
         first = strip_ansi((str(err).splitlines() or [""])[0])
         raise RuntimeError(f"resume checkpoint {path} is unreadable ({type(err).__name__}: {first}); "
@@ -308,14 +318,13 @@ def pretrain_base(pool, size: str = "tiny", config: PretrainConfig | None = None
         for name, p in list(enc.named_parameters()) + list(heads.named_parameters()):
             skip = p.ndim < 2 or "positional_embedding" in name or "class_embedding" in name
             (no_decay if skip else decay).append(p)
-        opt = _optimizer(decay, no_decay, cfg.lr, cfg.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, cfg.warmup_steps))
+        opt, sched = _optimizer(decay, no_decay, cfg, total)
         enc.train()
         heads.train()
         t0 = time.perf_counter()
-        window: list[tuple[float, dict[str, tuple[int, int]]]] = []
         fingerprint = _fingerprint(cfg, seed, size, n, head_classes, labels, x)
-        start, done_s, window = _resume(checkpoint, fingerprint, enc, heads, opt, sched, g, window)
+        window: list[tuple[float, dict[str, tuple[int, int]]]]
+        start, done_s, window = _resume(checkpoint, fingerprint, enc, heads, opt, sched, g)
         step = start
         autocast = _autocast(cfg.precision, dev)
         bar = _progress(_batches(n, cfg.batch_size, total, g, start=start), desc=f"pretrain {size}",
@@ -325,15 +334,10 @@ def pretrain_base(pool, size: str = "tiny", config: PretrainConfig | None = None
             xb = x[idx]
             if cfg.augment or cfg.hflip:
                 xb = augment_batch(xb, g, crop=cfg.augment, hflip=cfg.hflip)
-            got = _pretrain_step(enc, heads, opt, xb, {k: lab[idx] for k, lab in labels.items()}, dev, autocast,
-                                 cfg.grad_clip)
-            if got is not None:  # else no image of this batch is labelled for any head
-                loss, hits = got
-                window.append((loss.item(), hits))
-                window = window[-per_epoch:]
-                set_postfix = getattr(bar, "set_postfix", None)  # a tqdm bar (or a plain iterator)
-                if set_postfix is not None:
-                    set_postfix(loss=f"{loss.item():.3f}")
+            got = _pretrain_loss(enc, heads, xb, {k: lab[idx] for k, lab in labels.items()}, dev, autocast)
+            if got is not None:  # else no image of this batch is labelled for any head: no step
+                _step(got[0], enc, opt, cfg.grad_clip, bar)
+                window = [*window, (got[0].item(), got[1])][-per_epoch:]
             sched.step()
             if checkpoint is not None and step % per_epoch == 0 and step < total:
                 _save_resume(checkpoint, fingerprint, step, enc, heads, opt, sched, g, window,
@@ -341,8 +345,13 @@ def pretrain_base(pool, size: str = "tiny", config: PretrainConfig | None = None
         seconds = done_s + time.perf_counter() - t0
         if checkpoint is not None and os.path.exists(checkpoint):
             os.remove(checkpoint)
-    return _state(enc), _pretrain_recipe(size, cfg, seed, n, head_classes, total, per_epoch, seconds, n_threads,
-                                         window)
+    head_acc: dict[str, tuple[int, int]] = {}
+    for _, hits in window:  # the last epoch's accuracy per head
+        for k, (c, m) in hits.items():
+            head_acc[k] = (head_acc.get(k, (0, 0))[0] + c, head_acc.get(k, (0, 0))[1] + m)
+    return _state(enc), _recipe("base", size, cfg, seed, n, total, per_epoch, seconds, n_threads,
+                                sum(loss for loss, _ in window) / max(1, len(window)),
+                                {k: c / max(1, m) for k, (c, m) in head_acc.items()}, head_classes=head_classes)
 
 
 def _pool_tensors(pool) -> tuple[Tensor, dict[str, Tensor], dict[str, int]]:
@@ -360,10 +369,9 @@ def _pool_tensors(pool) -> tuple[Tensor, dict[str, Tensor], dict[str, int]]:
     return x, labels, head_classes
 
 
-def _pretrain_step(enc, heads, opt, xb: Tensor, yb: Mapping[str, Tensor], dev, autocast, grad_clip):
-    """One optimizer step on a batch: the mean over heads present in the batch of each head's
-    cross-entropy over its labelled images; ``(loss, hits per head)``, or None when no image of
-    the batch is labelled for any head (no step)."""
+def _pretrain_loss(enc, heads, xb: Tensor, yb: Mapping[str, Tensor], dev, autocast):
+    """The mean over heads present in the batch of each head's cross-entropy over its labelled
+    images: ``(loss, hits per head)``, or None when no image of the batch is labelled for any head."""
     with autocast:
         logits = heads(enc(xb.to(dev)))
     logits = {k: v.float() for k, v in logits.items()}
@@ -374,33 +382,12 @@ def _pretrain_step(enc, heads, opt, xb: Tensor, yb: Mapping[str, Tensor], dev, a
         if m.any():
             losses.append(F.cross_entropy(lg[m], y[m]))
             hits[k] = (int((lg[m].argmax(-1) == y[m]).sum()), int(m.sum()))
-    if not losses:
-        return None
-    loss = torch.stack(losses).mean()
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if grad_clip:
-        nn.utils.clip_grad_norm_(enc.parameters(), grad_clip)
-    opt.step()
-    return loss, hits
-
-
-def _pretrain_recipe(size, cfg, seed, n, head_classes, total, per_epoch, seconds, n_threads, window) -> dict:
-    """The base's recipe: config, data and schedule sizes, time, and the last epoch's loss and accuracies."""
-    head_acc = {}
-    for _, hits in window:
-        for k, (c, m) in hits.items():
-            a, b = head_acc.get(k, (0, 0))
-            head_acc[k] = (a + c, b + m)
-    return _recipe("base", size, cfg, seed, n, total, per_epoch, seconds, n_threads,
-                   sum(loss for loss, _ in window) / max(1, len(window)),
-                   {k: c / max(1, m) for k, (c, m) in head_acc.items()}, head_classes=head_classes)
+    return (torch.stack(losses).mean(), hits) if losses else None
 
 
 def _recipe(kind, size, cfg, seed, n, total, per_epoch, seconds, n_threads, loss, acc, **extra) -> dict:
     """A training recipe: config, data and schedule sizes, time and speed, the last epoch's loss and accuracy."""
-    name = size if isinstance(size, str) else getattr(size, "__name__", "custom")
-    return {"kind": kind, "size": name, "config": asdict(cfg), "seed": seed, **extra, "n_images": n,
+    return {"kind": kind, "size": _size_name(size), "config": asdict(cfg), "seed": seed, **extra, "n_images": n,
             "steps": total, "steps_per_epoch": per_epoch, "seconds": round(seconds, 2),
             "images_per_s": round(total * cfg.batch_size / max(seconds, 1e-9), 1), "threads": n_threads,
             "final_loss": loss, "final_train_acc": acc, "versions": _versions()}
@@ -472,8 +459,7 @@ def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, thread
         aug_g = make_generator(seed + 1)
         enc = _make_encoder(size, base_state).to(dev)
         enc.train()
-        opt = _optimizer([p for p in enc.parameters() if p.requires_grad], [], cfg.lr, cfg.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, cfg.warmup_steps))
+        opt, sched = _optimizer([p for p in enc.parameters() if p.requires_grad], [], cfg, total)
         t0 = time.perf_counter()
         autocast = _autocast(cfg.precision, dev)
         last_loss, correct, seen, step = 0.0, 0, 0, 0
@@ -493,19 +479,12 @@ def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, thread
                     if step >= total - per_epoch:
                         correct += int((lg.argmax(-1) == yb[m]).sum())
             loss = loss / len(idx)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip:
-                nn.utils.clip_grad_norm_(enc.parameters(), cfg.grad_clip)
-            opt.step()
+            _step(loss, enc, opt, cfg.grad_clip, bar)
             sched.step()
             if step >= total - per_epoch:
                 last_loss += loss.item() * len(idx)
                 seen += len(idx)
             step += 1
-            set_postfix = getattr(bar, "set_postfix", None)  # a tqdm bar (or a plain iterator)
-            if set_postfix is not None:
-                set_postfix(loss=f"{loss.item():.3f}")
         seconds = time.perf_counter() - t0
     extra = {"tasks": [getattr(datasets[t], "name", t) for t in tasks],
              "augment": {t: list(a) for t, a in augment.items()}} if kind == "mtl" else {}

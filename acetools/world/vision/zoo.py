@@ -111,12 +111,11 @@ class Zoo:
         (pretrain, cached), or a path to a base safetensors file (:meth:`_user_base`).
     base_seed, pool_seed: seeds of base pretraining and of the pretraining pool.
     pretrain, finetune: a ``PretrainConfig`` / ``FinetuneConfig`` or a dict of overrides.
-    mtl: build the multi-task reference; ``mtl_finetune`` its config (default ``finetune``).
+    mtl: build the multi-task reference (with the ``finetune`` config).
     augment, hflip: per-task augmentation flags (default: the config's).
     logit_scale: of the prototype heads (docs/methods.md §Benchmark protocol).
     load_split, pretraining_pool, pool_kwargs: data functions (default ``acetools.world.vision.data``'s)
         and the pool's extra arguments; pass your own to build a world from other data.
-    evaluate_val: record validation accuracy of heads (base), experts and MTL in sidecars.
     device, threads: where and with how many CPU threads to train.
     """
 
@@ -124,11 +123,10 @@ class Zoo:
                  root: str | os.PathLike | None = None, *, base: str | os.PathLike = "auto", base_seed: int = 0,
                  pool_seed: int = 0, pretrain: PretrainConfig | Mapping[str, Any] | None = None,
                  finetune: FinetuneConfig | Mapping[str, Any] | None = None, mtl: bool = True,
-                 mtl_finetune: FinetuneConfig | Mapping[str, Any] | None = None,
                  augment: Mapping[str, bool] | None = None, hflip: Mapping[str, bool] | None = None,
                  logit_scale: float = DEFAULT_LOGIT_SCALE, load_split: Callable[[str, str], Any] | None = None,
                  pretraining_pool: Callable[..., Any] | None = None, pool_kwargs: Mapping[str, Any] | None = None,
-                 evaluate_val: bool = True, device: str | torch.device = "cpu", threads: int | None = None):
+                 device: str | torch.device = "cpu", threads: int | None = None):
         self._load_split_fn = load_split
         self._pool_fn = pretraining_pool
         self.pool_kwargs = dict(pool_kwargs or {})
@@ -151,15 +149,11 @@ class Zoo:
         self.base_seed = int(base_seed)
         self.pool_seed = int(pool_seed)
         self.pretrain_config = self._config(PretrainConfig, pretrain)
-        world = WORLD_FINETUNE.get(size, {})
-        self.finetune_config = self._config(FinetuneConfig, finetune, world)
+        self.finetune_config = self._config(FinetuneConfig, finetune, WORLD_FINETUNE.get(size, {}))
         self.mtl = bool(mtl)
-        self.mtl_config = self._config(FinetuneConfig, mtl_finetune, world) if mtl_finetune is not None \
-            else self.finetune_config
         self.augment = {t: bool((augment or {}).get(t, self.finetune_config.augment)) for t in self.tasks}
         self.hflip = {t: bool((hflip or {}).get(t, self.finetune_config.hflip)) for t in self.tasks}
         self.logit_scale = float(logit_scale)
-        self.evaluate_val = evaluate_val
         self.device = device
         self.threads = threads
         #: what this object trained or computed, in order: ``(kind, task or None)``.
@@ -224,13 +218,13 @@ class Zoo:
             self._data_hashes[key] = data_hash(self._pool() if task == "__pool__" else self.split(task, split))
         return self._data_hashes[key]
 
-    def _val(self, task: str):
-        if not self.evaluate_val:
-            return None
+    def _val_acc(self, model, head: ClassificationHead, task: str) -> float | None:
+        """Accuracy of ``head(model)`` on ``task``'s validation split (None: the task has none)."""
         try:
-            return self.split(task, "val")
+            val = self.split(task, "val")
         except (KeyError, ValueError, FileNotFoundError):
             return None
+        return _ft.evaluate(model, head, val, size=self.size, device=self.device, threads=self.threads)
 
     # ----------------------------------------------------------------- generic entry handling
 
@@ -378,10 +372,8 @@ class Zoo:
             )
             with _ft.num_threads(self.threads):
                 h = prototype_head(enc, data.x, data.y, n_classes, logit_scale=self.logit_scale, device=self.device)
-            metrics = {}
-            val = self._val(task)
-            if val is not None:
-                metrics["base_val_acc"] = _ft.evaluate(enc, h, val, device=self.device, threads=self.threads)
+            acc = self._val_acc(enc, h, task)
+            metrics = {} if acc is None else {"base_val_acc": acc}
             recipe = {"head_type": "prototype", "logit_scale": self.logit_scale, "n_classes": n_classes,
                       "class_names": list(getattr(data, "class_names", None) or [])}
             return {"weight": h.weight.detach().clone()}, recipe, metrics
@@ -413,13 +405,8 @@ class Zoo:
                 size=self.size, seed=self.seed, device=self.device, threads=self.threads,
                 progress=self._progress, augment=self.augment[task], hflip=self.hflip[task],
             )
-            metrics = {}
-            val = self._val(task)
-            if val is not None:
-                metrics["val_acc"] = _ft.evaluate(
-                    state, head, val, size=self.size, device=self.device, threads=self.threads
-                )
-            return state, recipe, metrics
+            acc = self._val_acc(state, head, task)
+            return state, recipe, {} if acc is None else {"val_acc": acc}
 
         return self._entry("expert", task, fields, self.folder / "experts" / f"{_safe(task)}-seed{self.seed}", make)
 
@@ -431,7 +418,7 @@ class Zoo:
         """The multi-task reference encoder, trained jointly on all tasks (mixed batches)."""
         heads = {t: self.head(t) for t in self.tasks}
         fields = {"kind": "mtl", "size": self.size, "tasks": self.tasks,
-                  "finetune": self._ft_fields(self.mtl_config, self.tasks),
+                  "finetune": self._ft_fields(self.finetune_config, self.tasks),
                   "data": [self._data_hash(t) for t in self.tasks], "base": self.base_hash(),
                   "heads": [self.sidecar("head", t)["content_sha256"] for t in self.tasks], "seed": self.seed,
                   "model_version": MODEL_VERSION}
@@ -439,21 +426,12 @@ class Zoo:
         def make():
             datasets = {t: self.split(t, "train") for t in self.tasks}
             state, recipe = _ft.train_multitask(
-                self.base_state(), heads, datasets, self.mtl_config, size=self.size, seed=self.seed,
+                self.base_state(), heads, datasets, self.finetune_config, size=self.size, seed=self.seed,
                 augment=self.augment, hflip=self.hflip, device=self.device, threads=self.threads,
                 progress=self._progress,
             )
-            metrics = {}
-            if self.evaluate_val:
-                accs = {}
-                for t in self.tasks:
-                    val = self._val(t)
-                    if val is not None:
-                        accs[t] = _ft.evaluate(
-                            state, heads[t], val, size=self.size, device=self.device, threads=self.threads
-                        )
-                metrics["val_acc"] = accs
-            return state, recipe, metrics
+            accs = {t: self._val_acc(state, heads[t], t) for t in self.tasks}
+            return state, recipe, {"val_acc": {t: a for t, a in accs.items() if a is not None}}
 
         name = f"mtl-{len(self.tasks)}tasks-seed{self.seed}"
         return self._entry("mtl", None, fields, self.folder / "mtl" / name, make)
@@ -471,15 +449,10 @@ class Zoo:
 
     def _get(self, kind: str, task: str | None):
         """Load or build one entry by ``kind`` (base/head/expert/mtl)."""
-        if kind == "base":
-            return self.base_state()
-        if kind in ("head", "expert"):
-            if task is None:
-                raise InputKeyError(f"a {kind} entry needs its task")
-            return self.head(task) if kind == "head" else self.expert_state(task)
-        if kind == "mtl":
-            return self.mtl_state()
-        raise InputKeyError(f"unknown entry kind {kind!r}; kinds: base, head, expert, mtl")
+        getters = {"base": self.base_state, "head": self.head, "expert": self.expert_state, "mtl": self.mtl_state}
+        if kind not in getters:
+            raise InputKeyError(f"unknown entry kind {kind!r}; kinds: {', '.join(getters)}")
+        return getters[kind](task) if kind in ("head", "expert") else getters[kind]()
 
     def _steps(self, mtl: bool | None) -> list[tuple[str, str | None]]:
         steps: list[tuple[str, str | None]] = [("base", None)]
