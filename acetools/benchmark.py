@@ -31,8 +31,7 @@ from .search import check_patience, golden_section_search
 from .utils import atomic_write, jsonable
 from .world.base import EvaluatesAll, MultiTaskWorld, PerExample, SplitData, World, as_world
 
-__all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "head_protocol",
-           "best_on_val"]
+__all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "head_protocol"]
 
 StateDict = dict[str, Tensor]
 log = logging.getLogger("acetools.benchmark")
@@ -318,9 +317,7 @@ class Benchmark:
         else:
             val = dict(res.best_evaluation.scores)
         test, hits = self.scored(merged, "test")
-        hp = {k: v for k, v in hparams.items()}
-        if coef_name:
-            hp[coef_name] = coef
+        hp = {**hparams, **({coef_name: coef} if coef_name else {})}
         return MethodRun(method, hp, coef_name, coef, val, test, self.normalized(val, "val"),
                          self.normalized(test, "test"), merge_s, trace, label, inputs_seconds=inputs_s,
                          test_correct=hits)
@@ -432,26 +429,6 @@ class Benchmark:
         if hits:
             paths["correct"] = save_correctness(folder / f"{stem}_correct.npz", hits)
         return paths
-
-
-def best_on_val(runs: Sequence[MethodRun], members: Sequence[str], label: str, param: str) -> MethodRun:
-    """The row of ``members`` (run names, one method at several values of ``param``, a hyperparameter that does not
-    enter the merge affinely, e.g. WUDI's step size) with the best mean normalized validation accuracy, as the
-    row ``label``: its test is that row's, its coefficient that value of ``param``, its merge time the members'
-    sum (choosing needed every merge)."""
-    from dataclasses import replace
-
-    from .merging import METHODS
-
-    by_name = {r.name: r for r in runs}
-    missing = [m for m in members if m not in by_name]
-    if missing:
-        raise InputError(f"best_on_val({label!r}): no run named {missing[0]!r} among {sorted(by_name)}")
-    rows = [by_name[m] for m in members]
-    best = max(rows, key=lambda r: float(np.mean(list(r.val_normalized.values()))))  # the first of equals
-    value = best.hparams.get(param, METHODS[best.method].hparams[param])
-    return replace(best, label=label, coef_name=param, coef=float(value), hparams={**best.hparams, param: value},
-                   merge_seconds=sum(r.merge_seconds for r in rows), search=None)
 
 
 def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:

@@ -16,7 +16,7 @@ from .errors import InputError, InputKeyError, InputTypeError
 from .keys import block_index, layer_type  # layer_type re-exported: the public name lessons use
 
 __all__ = ["singular_values", "energy_fraction", "condition_number", "effective_rank", "principal_subspace",
-           "subspace_similarity", "energy_capture", "energy_capture_curve", "linear_cka", "task_vector_cosine",
+           "subspace_similarity", "energy_capture", "linear_cka", "task_vector_cosine",
            "layer_type", "relative_update_norms", "heterogeneity_per_layer", "CovarianceComparison",
            "compare_covariances"]
 
@@ -118,13 +118,6 @@ def energy_capture(X: Tensor, delta_W: Tensor, k: int) -> dict[str, float]:
         "esd": float((S_out[:k] ** 2).sum()) / total,
         "svd": float(((dO @ Uk) ** 2).sum()) / total,
     }
-
-
-def energy_capture_curve(X: Tensor, delta_W: Tensor, ks: Iterable[int]):
-    """:func:`energy_capture` for several ranks, as a DataFrame with columns k, esd, svd."""
-    import pandas as pd
-
-    return pd.DataFrame([energy_capture(X, delta_W, int(k)) for k in ks])
 
 
 def linear_cka(X: Tensor, Y: Tensor) -> float:

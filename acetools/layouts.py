@@ -404,14 +404,6 @@ def align_prefix(base_keys: Iterable[str], expert_keys: Iterable[str], *,
     return None
 
 
-def _path(lay: Layout, key: str, m: TensorMeta) -> str:
-    if key in lay.tied:
-        return f"tied to {lay.tied[key]}"
-    if not m.dtype.is_floating_point:
-        return "carried from base"
-    return "matrix" if lay.is_matrix(key, m) else "elementwise"
-
-
 def describe(layout: Layout, tensors: Mapping[str, Tensor | TensorMeta]) -> list[dict[str, Any]]:
     """Rows ``{key, shape, dtype, role, orientation, path}``; ``path``: ``matrix``, ``elementwise``,
     ``carried from base`` or ``tied to <key>``."""
@@ -424,7 +416,8 @@ def describe(layout: Layout, tensors: Mapping[str, Tensor | TensorMeta]) -> list
             "dtype": str(m.dtype).replace("torch.", ""),
             "role": layout.role(key, m),
             "orientation": layout.orientation(key) if m.ndim == 2 else "",
-            "path": _path(layout, key, m),
+            "path": f"tied to {layout.tied[key]}" if key in layout.tied else "carried from base"
+            if not m.dtype.is_floating_point else "matrix" if layout.is_matrix(key, m) else "elementwise",
         })
     return rows
 

@@ -27,8 +27,7 @@ from .search import PATIENCE
 __all__ = ["save_correctness", "load_correctness", "REFERENCES", "DATA_DEPENDENT", "KINDS", "row_kind", "ResultFiles",
            "bench_command", "find_results", "require_results", "load_summary", "load_per_task", "load_records",
            "search_traces", "load_regime", "load_wudi_step_size", "aggregate", "table1", "wide", "per_task_matrix",
-           "task_scores", "kendall_tau", "rank_agreement", "load_merge_speed", "prefix_world", "write_results",
-           "to_markdown"]
+           "task_scores", "kendall_tau", "rank_agreement", "load_merge_speed", "prefix_world", "to_markdown"]
 
 #: Reference rows of a summary (not merge methods).
 #: The base row is named for its heads: the vision world's frozen prototype heads, the text
@@ -223,15 +222,10 @@ def wide(agg: pd.DataFrame, metric: str = "test_normalized") -> pd.DataFrame:
     """``metric`` as a method × suite table (suites in ``n_tasks`` order; rows as first seen,
     references, then methods, then variants: :data:`KINDS`)."""
     suites = agg.drop_duplicates("suite").sort_values("n_tasks", kind="stable")["suite"].tolist()
-    t = agg.pivot(index="method", columns="suite", values=metric)
-    return t.reindex(index=_row_order(agg), columns=suites)
-
-
-def _row_order(agg: pd.DataFrame) -> list[str]:
-    methods = list(dict.fromkeys(agg["method"]))
     kinds = agg.drop_duplicates("method").set_index("method")["kind"] if "kind" in agg else {}
     rank = {k: i for i, k in enumerate(KINDS)}
-    return sorted(methods, key=lambda m: rank.get(kinds.get(m, row_kind(m)), 1))  # stable: first seen within a kind
+    rows = sorted(dict.fromkeys(agg["method"]), key=lambda m: rank.get(kinds.get(m, row_kind(m)), 1))  # stable
+    return agg.pivot(index="method", columns="suite", values=metric).reindex(index=rows, columns=suites)
 
 
 def table1(agg: pd.DataFrame, metric: str = "test_normalized", digits: int = 1) -> pd.DataFrame:
@@ -374,18 +368,6 @@ def prefix_world(zoo, n_tasks: int):
     sub.mtl = False
     sub.suite = None  # not a registered suite any more
     return sub
-
-
-def write_results(bench, folder: str | os.PathLike, stem: str, methods: Sequence[str] | None = None,
-                  progress: bool | None = False, extra: Mapping[str, dict] | None = None) -> dict[str, Path]:
-    """Run ``methods`` (default all), the references and ``extra`` rows on ``bench`` and save them as
-    ``<folder>/<stem>_*`` (``stem``: ``<suite>_<size>_seed<k>``)."""
-    if not _STEM.match(f"{stem}_summary.csv"):
-        raise InputError(f"stem {stem!r} must look like '<suite>_<size>_seed<k>'")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    runs = bench.run_all(methods, progress=progress, extra=extra)
-    return bench.save(runs, folder, stem)
 
 
 def to_markdown(df: pd.DataFrame, *, index: bool = False, floatfmt: str = ".2f") -> str:

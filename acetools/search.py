@@ -44,10 +44,7 @@ class Evaluation:
     avg_normalized: float | None
 
     def metric(self, name: str) -> float:
-        value = getattr(self, _METRICS[name])
-        if value is None:  # pragma: no cover - guarded by _check_metric
-            raise InputError("normalized accuracy needs reference=")
-        return value
+        return getattr(self, _METRICS[name])  # a normalized one needs reference= (_check_metric)
 
 
 @dataclass
@@ -94,7 +91,12 @@ class _Evaluator:
         if not callable(score_fn):
             raise InputTypeError("score_fn must be a callable alpha -> {task: accuracy}")
         self.score_fn = score_fn
-        self.reference = _check_reference(reference)
+        if reference is not None and not isinstance(reference, Mapping):
+            raise InputTypeError("reference must be a dict task -> fine-tuned expert accuracy")
+        for t, v in (reference or {}).items():
+            if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v <= 0:
+                raise InputError(f"reference[{t!r}] = {v!r}; expert accuracies must be positive finite numbers")
+        self.reference = None if reference is None else {str(t): float(v) for t, v in reference.items()}
         self.trace: list[Evaluation] = []
         self._cache: dict[float, Evaluation] = {}
         self._tasks: set[str] | None = None
@@ -129,19 +131,6 @@ class _Evaluator:
         self._cache[alpha] = ev
         self.trace.append(ev)
         return ev
-
-
-def _check_reference(reference: Mapping[str, float] | None) -> dict[str, float] | None:
-    if reference is None:
-        return None
-    if not isinstance(reference, Mapping):
-        raise InputTypeError("reference must be a dict task -> fine-tuned expert accuracy")
-    out = {}
-    for t, v in reference.items():
-        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v <= 0:
-            raise InputError(f"reference[{t!r}] = {v!r}; expert accuracies must be positive finite numbers")
-        out[str(t)] = float(v)
-    return out
 
 
 def _check_metric(argname: str, value: str, reference) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,9 +43,6 @@ class PairedDifference:
     def margin(self, noise: float) -> float:
         """The margin a difference must exceed to count: ``max(noise, Z_95 * se)``."""
         return max(float(noise), Z_95 * self.se)
-
-    def as_dict(self) -> dict[str, float | int]:
-        return asdict(self)
 
 
 def _stack(a: Correctness, b: Correctness) -> tuple[list[int], list[str], list[np.ndarray]]:

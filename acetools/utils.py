@@ -59,19 +59,14 @@ def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise InputError(f"device={device!r} is not a device torch knows ({e}); use 'cpu', 'cuda' or 'auto'") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(
-            f"device={str(device)!r} was requested but no CUDA device is available; "
-            "use device='cpu' or device='auto'."
-        )
     if dev.type not in _COMPUTE_DEVICES:
         why = _NOT_COMPUTE.get(dev.type, "not a compute device here")
         raise InputError(f"device={str(device)!r} cannot compute a merge ({why}); use device='cpu', 'cuda' or 'auto'")
-    if dev.type != "cpu" and dev.type != "cuda":
-        backend = getattr(torch, dev.type, None) if dev.type != "mps" else getattr(torch.backends, "mps", None)
-        if backend is None or not backend.is_available():
-            raise InputError(f"device={str(device)!r} was requested but no {dev.type} device is available; "
-                             "use device='cpu' or device='auto'.")
+    backend = getattr(torch, dev.type, None) if dev.type != "mps" else getattr(torch.backends, "mps", None)
+    if dev.type != "cpu" and (backend is None or not backend.is_available()):
+        name = "CUDA" if dev.type == "cuda" else dev.type
+        raise InputError(f"device={str(device)!r} was requested but no {name} device is available; "
+                         "use device='cpu' or device='auto'.")
     return dev
 
 

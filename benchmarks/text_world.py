@@ -25,12 +25,18 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from acetools.benchmark import Search  # noqa: E402
+from acetools.benchmark import MethodRun, Search  # noqa: E402
+from acetools.errors import InputError  # noqa: E402
+from acetools.merging import METHODS  # noqa: E402
 from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID  # noqa: E402
 from acetools.search import PATIENCE  # noqa: E402
 
@@ -62,7 +68,7 @@ TEXT_VARIANTS = {
     "wudi (lr 1e-3)": {"method": "wudi", "search": None, "lr": 1e-3},
 }
 #: Rows chosen on validation among variant rows of a hyperparameter that does not enter the merge affinely
-#: (acetools.benchmark.best_on_val): label -> (hyperparameter, the rows it picks from).
+#: (:func:`best_on_val`): label -> (hyperparameter, the rows it picks from).
 PICKED = {"wudi (lr on val)": ("lr", ("wudi", "wudi (lr 1e-4)", "wudi (lr 1e-3)"))}
 
 
@@ -178,8 +184,24 @@ def _add_rows(args, b, stem: str) -> list:
     return runs
 
 
+def best_on_val(runs: Sequence[MethodRun], members: Sequence[str], label: str, param: str) -> MethodRun:
+    """The row of ``members`` (run names, one method at several values of ``param``, a hyperparameter that does not
+    enter the merge affinely, e.g. WUDI's step size) with the best mean normalized validation accuracy, as the
+    row ``label``: its test is that row's, its coefficient that value of ``param``, its merge time the members'
+    sum (choosing needed every merge)."""
+    by_name = {r.name: r for r in runs}
+    missing = [m for m in members if m not in by_name]
+    if missing:
+        raise InputError(f"best_on_val({label!r}): no run named {missing[0]!r} among {sorted(by_name)}")
+    rows = [by_name[m] for m in members]
+    best = max(rows, key=lambda r: float(np.mean(list(r.val_normalized.values()))))  # the first of equals
+    value = best.hparams.get(param, METHODS[best.method].hparams[param])
+    return replace(best, label=label, coef_name=param, coef=float(value), hparams={**best.hparams, param: value},
+                   merge_seconds=sum(r.merge_seconds for r in rows), search=None)
+
+
 def bench(args) -> None:
-    from acetools.benchmark import Benchmark, best_on_val
+    from acetools.benchmark import Benchmark
 
     for seed in args.seeds:
         t0 = time.perf_counter()

@@ -235,21 +235,3 @@ def test_a_given_hyperparameter_wins_over_the_worlds_data_input(bench, monkeypat
                             targets=DEFAULT_TARGETS, alpha=0.5)
     assert bench.evaluate(direct, "test") == pytest.approx(run.test)
     assert bench.record([run])["heads"] is None  # the vision zoo names no head protocol
-
-
-def test_best_on_val_picks_the_member_with_the_best_validation_not_test():
-    from acetools.benchmark import MethodRun, best_on_val
-
-    def row(label, lr, val, test, secs):
-        hp = {} if lr is None else {"lr": lr}
-        return MethodRun("wudi", hp, None, None, {"a": val}, {"a": test}, {"a": val}, {"a": test}, secs, label=label)
-
-    runs = [row(None, None, 0.5, 0.9, 1.0), row("wudi (lr 1e-4)", 1e-4, 0.8, 0.6, 2.0),
-            row("wudi (lr 1e-3)", 1e-3, 0.7, 0.95, 3.0)]
-    picked = best_on_val(runs, ["wudi", "wudi (lr 1e-4)", "wudi (lr 1e-3)"], "wudi (lr on val)", "lr")
-    assert picked.name == "wudi (lr on val)" and picked.coef_name == "lr" and picked.coef == 1e-4
-    assert picked.test == {"a": 0.6} and picked.merge_seconds == 6.0  # test at the val choice; every merge paid
-    runs[0].val_normalized["a"] = 0.9  # the plain row (the registered default lr) wins
-    assert best_on_val(runs, ["wudi", "wudi (lr 1e-4)"], "x", "lr").coef == 1e-5
-    with pytest.raises(ValueError, match="no run named 'wudi .lr 1e-2.'"):
-        best_on_val(runs, ["wudi (lr 1e-2)"], "x", "lr")

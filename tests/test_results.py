@@ -240,11 +240,9 @@ def test_load_wudi_step_size(tmp_path):
 
 
 # ----------------------------------------------------------------------------- helpers
-def test_bench_command_and_write_results_stem():
+def test_bench_command():
     cmd = results.bench_command(["tasks8", "tasks14"], "small", (0, 1))
     assert cmd.count("acetools bench") == 2 and "--seeds 0 1" in cmd and "--out figures/benchmark" in cmd
-    with pytest.raises(ValueError, match="stem"):
-        results.write_results(object(), "/tmp", "no-seed-here")
 
 
 def test_prefix_world_keeps_first_tasks_only():

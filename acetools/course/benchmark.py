@@ -101,7 +101,8 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
             # on the text fixture (MiniLM's width) WUDI's 300 Adam steps are the slowest merge: the
             # smaller suite, there for the "more tasks" axis (ACE against task arithmetic), goes without
             methods = [m for m in QUICK_METHODS if not (text and n < len(zoo.tasks) and m == "wudi")]
-            results.write_results(sub_bench, res_dir, f"{name}_{run_size}_seed{seed}", methods, extra=VARIANTS)
+            rows = sub_bench.run_all(methods, progress=False, extra=VARIANTS)
+            sub_bench.save(rows, res_dir, f"{name}_{run_size}_seed{seed}")
         main_suite = run_suites[-1]
         kind = "fixture text world: its 3 small text tasks" if text else "fixture world: its 3 procedural tasks"
         world = (f"the quick profile's {kind} ({', '.join(zoo.tasks)}) "
@@ -119,8 +120,8 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
             for s in run_suites:
                 full_bench = course.benchmark(course.world(s, size, seed=seed, device=device, **options),
                                               patience=PATIENCE)
-                results.write_results(full_bench, res_dir, f"{s}_{run_size}_seed{seed}", progress=True,
-                                      extra={**ACE_SCALED_ROW, **VARIANTS})  # as benchmarks/mini_world.sh
+                rows = full_bench.run_all(progress=True, extra={**ACE_SCALED_ROW, **VARIANTS})  # as mini_world.sh
+                full_bench.save(rows, res_dir, f"{s}_{run_size}_seed{seed}")
         world = (f"the papers' CLIP ViT-B/32 with the public experts: suites {', '.join(run_suites)}, compared "
                  "with the papers' ViT-B/32 columns" if clip
                  else f"the mini-world: suites {', '.join(run_suites)} at model size {size}")

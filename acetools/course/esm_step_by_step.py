@@ -434,6 +434,12 @@ def plain_runs(table: pd.DataFrame) -> pd.DataFrame:
     return table[cols].rename(columns=PLAIN_RUN_COLUMNS)
 
 
+def ablation_text(acc: pd.DataFrame, rows: Sequence[str]) -> str:
+    """``acc`` (variant x suite, %) as one line for the ``rows`` compared, e.g.
+    ``"tasks8: ESD, no scaling 70.10 / SVD, no scaling 68.30"``."""
+    return "; ".join(f"{s}: " + " / ".join(f"{r} {acc.loc[r, s]:.2f}" for r in rows) for s in acc.columns)
+
+
 # --------------------------------------------------------------------------- norm order
 def essential_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor],
                          activations: Mapping[str, Tensor]) -> dict[str, tuple[Tensor, Tensor]]:

@@ -19,9 +19,9 @@ from acetools.course.ace_step_by_step import (
     TAU,
     Ablation,
 )
+from acetools.course.paper_tables import ACE_STAGE_ABLATION, paper_room
 from acetools.errors import InputKeyError
 
-from .paper_tables import ACE_STAGE_ABLATION, paper_room
 from .verdicts import (
     NOISE,
     NOT_TESTABLE,
@@ -102,7 +102,7 @@ def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> V
     return Verdict(measured, v, reason, nums, value=nums["median_gamma"])
 
 
-#: The effect each stage has in the paper's ViT setting (:data:`claimkit.paper_tables.ACE_STAGE_ABLATION`):
+#: The effect each stage has in the paper's ViT setting (:data:`acetools.course.paper_tables.ACE_STAGE_ABLATION`):
 #: what a vision world's stage claims predict.
 VIT_STAGE_EFFECT: dict[str, float] = {k: v["effect"] for k, v in ACE_STAGE_ABLATION.items()}
 
