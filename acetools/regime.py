@@ -27,7 +27,7 @@ from ._protocol import PATIENCE
 from .errors import InputError, InputKeyError
 from .utils import atomic_write, jsonable
 
-__all__ = ["CARD_METHODS", "CLIP_B32", "RegimeCard", "clip_reference", "regime_card"]
+__all__ = ["CARD_METHODS", "CLIP_B32", "RegimeCard", "activation_rows", "clip_reference", "regime_card"]
 
 log = logging.getLogger("acetools.regime")
 
@@ -177,12 +177,18 @@ def regime_card(world, *, n_val: int | None = 100, n_test: int | None = 500, pat
     close = getattr(bar, "close", None)  # a tqdm bar (a plain iterator when progress is off)
     if close is not None:
         close()
-    act = _activation_rows(bench, base, taus, tasks, n_images=n_act)
-    act.update(_token_activation_rows(bench, base, tasks, n_images=n_act))
+    act = activation_rows(bench, base, taus, tasks, n_images=n_act)
     per_key, per_layer = _layer_tables(base, taus, tasks, mats, acc["het"], spec)
-    per_task = _per_task_table(tasks, acc)
-    rows = _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau, world)
     runs = acc["runs"]
+    per_task = pd.DataFrame({
+        "task": tasks, "expert_acc": [100 * acc["expert_run"].test[t] for t in tasks],
+        "base_acc": [100 * acc["base_run"].test[t] for t in tasks],
+        "base_norm": [100 * acc["base_run"].test_normalized[t] for t in tasks],
+        **{f"{m}_norm": [100 * runs[m].test_normalized[t] for t in tasks] for m in CARD_METHODS},
+        **{f"{name}_norm": [100 * acc[f"{key}_norm"][t] for t in tasks]
+           for name, key in (("ace", "ace"), ("truncated", "trunc"), ("scaled", "scaled"))},
+    })
+    rows = _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau, world)
     meta = {
         "suite": getattr(zoo, "suite", None), "tasks": tasks, "n_tasks": len(tasks), "size": getattr(zoo, "size", None),
         "seed": getattr(zoo, "seed", None), "tau": tau, "n_val": bench.n_val, "n_test": bench.n_test,
@@ -232,11 +238,12 @@ def _card_accuracies(bench, base, taus, mats, tau: float, it) -> dict[str, Any]:
 
 def _spectra_rows(base, taus, mats, diags, T: int) -> list[dict[str, Any]]:
     """Per matrix: energy in the top-k directions and the overlap of different tasks' subspaces."""
-    from .diagnostics import layer_type, principal_subspace, singular_values
+    from .diagnostics import energy_fraction, layer_type, principal_subspace, singular_values
     from .merging.svd import tsv_rank
 
     layer_rows = []
     for k in mats:
+        pre = diags[k].spectrum_pre
         r = min(base[k].shape)
         kk = tsv_rank(r, T)
         energy_top, bases = [], {"left": [], "right": []}
@@ -253,7 +260,7 @@ def _spectra_rows(base, taus, mats, diags, T: int) -> list[dict[str, Any]]:
             "key": k, "layer_type": layer_type(k), "shape": "x".join(map(str, base[k].shape)), "rank_k": kk,
             "energy_topk": _avg(energy_top), "overlap_topk": _avg(by_side["left"] + by_side["right"]),
             "overlap_random": _avg(rand), **{f"overlap_{side}": _avg(v) for side, v in by_side.items()},
-            "wpre_top5_energy": _top_energy(diags[k].spectrum_pre, 0.05),
+            "wpre_top5_energy": energy_fraction(pre, 0.05) if pre is not None and bool((pre > 0).any()) else math.nan,
         })
     return layer_rows
 
@@ -281,20 +288,6 @@ def _layer_tables(base, taus, tasks, mats, het, spec) -> tuple[pd.DataFrame, pd.
     ).reset_index()
     per_layer["gated_fraction"] = per_layer["gated_fraction"].astype(float)
     return per_key, per_layer
-
-
-def _per_task_table(tasks, acc) -> pd.DataFrame:
-    base_run, expert_run, runs = acc["base_run"], acc["expert_run"], acc["runs"]
-    return pd.DataFrame({
-        "task": tasks,
-        "expert_acc": [100 * expert_run.test[t] for t in tasks],
-        "base_acc": [100 * base_run.test[t] for t in tasks],
-        "base_norm": [100 * base_run.test_normalized[t] for t in tasks],
-        **{f"{m}_norm": [100 * runs[m].test_normalized[t] for t in tasks] for m in CARD_METHODS},
-        "ace_norm": [100 * acc["ace_norm"][t] for t in tasks],
-        "truncated_norm": [100 * acc["trunc_norm"][t] for t in tasks],
-        "scaled_norm": [100 * acc["scaled_norm"][t] for t in tasks],
-    })
 
 
 def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, world) -> list[dict[str, Any]]:
@@ -328,8 +321,10 @@ def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, worl
                      "unit": unit, "how": how})
 
     row("experts_abs", "experts (absolute)", experts_abs, "% absolute", "mean test accuracy of each expert on its task")
-    row("base_abs", "base (absolute)", base_abs, "% absolute",
-        f"W0 with {_heads_phrase(world)} (the zero-shot analogue)")
+    label = getattr(world, "base_label", "base (frozen heads)")
+    heads = {"base (frozen heads)": "the frozen prototype heads", "base (experts' heads)": "each expert's trained head",
+             "base (zero-shot heads)": "the frozen zero-shot heads"}.get(label, label)
+    row("base_abs", "base (absolute)", base_abs, "% absolute", f"W0 with {heads} (the zero-shot analogue)")
     row("base_norm", "base (normalized)", _mean(base_run.test_normalized), "% normalized",
         "base accuracy / expert accuracy")
     row("ta_norm", "task arithmetic (normalized)", ta_norm, "% normalized", "W0 + λ Σ τ_t, λ chosen on validation")
@@ -392,7 +387,7 @@ _SUBSPACE_ROWS = (
      "the same on the input side only: shared input directions (activation statistics) show here"),
 )
 
-#: The activation rows (metric: an entry of :func:`_activation_rows` / :func:`_token_activation_rows`).
+#: The activation rows (metric: an entry of :func:`activation_rows`).
 _ACTIVATION_ROWS = (
     ("act_overlap", "overlap of tasks' top-k input-activation subspaces", "mean cos²",
      "top-k eigenvectors of each task's input Gram matrix at W0 (hookable matrices), mean over task pairs"),
@@ -417,12 +412,6 @@ _ACTIVATION_ROWS = (
 )
 
 
-def _heads_phrase(world) -> str:
-    label = getattr(world, "base_label", "base (frozen heads)")
-    return {"base (frozen heads)": "the frozen prototype heads", "base (experts' heads)": "each expert's trained head",
-            "base (zero-shot heads)": "the frozen zero-shot heads"}.get(label, label)
-
-
 def _top_eigvecs(grams: list[Tensor], kk: int, energy: list[float]) -> list[Tensor]:
     """Each Gram's top-``kk`` eigenvectors (d x kk); appends each one's top-``kk`` energy share to ``energy``."""
     out = []
@@ -437,40 +426,6 @@ def _pair_overlaps(bases: list[Tensor], kk: int) -> list[float]:
     """‖A_iᵀ A_j‖_F² / kk for every pair i < j of orthonormal d x kk bases (1: the same subspace)."""
     T = len(bases)
     return [float((bases[i].T @ bases[j]).pow(2).sum()) / kk for i in range(T) for j in range(i + 1, T)]
-
-
-def _activation_rows(bench, base, taus, tasks, *, n_images: int) -> dict[str, float]:
-    """Input-activation rows at W0 of the hookable matrices: overlap of tasks' top-k Gram eigenvectors,
-    their energy share, and how much of each τ_t's top-k input side lies in its task's."""
-    from .diagnostics import principal_subspace
-    from .merging.svd import tsv_rank
-
-    keys = bench.matrix_keys()
-    out = {"act_overlap": math.nan, "act_topk_energy": math.nan, "tau_in_act": math.nan}
-    if not keys or n_images < 1:
-        return out
-    world = bench.world
-    grams = {t: world.gram_inputs(base, world.gram_examples(t, n_images), keys) for t in tasks}
-    T = len(tasks)
-    ov, energy, inside = [], [], []
-    for k in keys:
-        kk = tsv_rank(min(base[k].shape), T)
-        if kk < 1:
-            continue
-        A = _top_eigvecs([grams[t][k].double() for t in tasks], kk, energy)
-        ov += _pair_overlaps(A, kk)
-        for i, tv in enumerate(taus):
-            if bool(tv[k].any()):
-                inside.append(float((principal_subspace(tv[k].double(), kk, "right").T @ A[i]).pow(2).sum()) / kk)
-    return {"act_overlap": _avg(ov), "act_topk_energy": _avg(energy, 100), "tau_in_act": _avg(inside)}
-
-
-def _top_energy(spectrum: Tensor | None, frac: float) -> float:
-    from .diagnostics import energy_fraction
-
-    if spectrum is None or spectrum.numel() == 0 or not bool((spectrum > 0).any()):
-        return math.nan
-    return energy_fraction(spectrum, frac)
 
 
 def _recipe(zoo) -> dict[str, Any]:
@@ -497,19 +452,33 @@ def _recipe(zoo) -> dict[str, Any]:
     return out
 
 
-def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, float]:
-    """The centred, token-aware counterparts of :func:`_activation_rows` at W0
-    (:func:`acetools.files.activations.token_statistics`) and the shares of the input energy in the
-    global mean, the positional component and the CLS rows (%). NaN where examples differ in length."""
+def activation_rows(bench, base, taus, tasks, *, n_images: int) -> dict[str, float]:
+    """The card's input-activation rows at W0 of the hookable matrices (:data:`_ACTIVATION_ROWS`): overlap of
+    tasks' top-k Gram eigenvectors, their energy share, how much of each τ_t's top-k input side lies in its
+    task's, and their centred, token-aware counterparts with the shares of the input energy in the global
+    mean, the positional component and the CLS rows (:func:`acetools.files.activations.token_statistics`;
+    NaN where examples differ in length)."""
+    from .diagnostics import principal_subspace
     from .files.activations import token_statistics
     from .merging.svd import tsv_rank
 
-    names = ("act_overlap_centred", "act_topk_energy_centred", "act_mean_share", "act_pos_share", "act_cls_share")
-    out: dict[str, float] = dict.fromkeys(names, math.nan)
-    keys = bench.matrix_keys()
+    out: dict[str, float] = dict.fromkeys([name for name, *_ in _ACTIVATION_ROWS], math.nan)
+    keys, world, T = bench.matrix_keys(), bench.world, len(tasks)
     if not keys or n_images < 1:
         return out
-    world = bench.world
+    grams = {t: world.gram_inputs(base, world.gram_examples(t, n_images), keys) for t in tasks}
+    ov, energy, inside = [], [], []
+    for k in keys:
+        kk = tsv_rank(min(base[k].shape), T)
+        if kk < 1:
+            continue
+        A = _top_eigvecs([grams[t][k].double() for t in tasks], kk, energy)
+        ov += _pair_overlaps(A, kk)
+        for i, tv in enumerate(taus):
+            if bool(tv[k].any()):
+                inside.append(float((principal_subspace(tv[k].double(), kk, "right").T @ A[i]).pow(2).sum()) / kk)
+    out.update({"act_overlap": _avg(ov), "act_topk_energy": _avg(energy, 100), "tau_in_act": _avg(inside)})
+    del grams
     stats = {}
     for t in tasks:
         ex = world.gram_examples(t, n_images)
@@ -519,7 +488,6 @@ def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, fl
             return out
         stats[t] = {k: token_statistics(X[k], n) for k in keys}
         del X
-    T = len(tasks)
     ov, energy, shares = [], [], {"mean": [], "pos": [], "cls": []}
     for k in keys:
         kk = tsv_rank(min(base[k].shape), T)
@@ -528,7 +496,7 @@ def _token_activation_rows(bench, base, tasks, *, n_images: int) -> dict[str, fl
         ov += _pair_overlaps(_top_eigvecs([stats[t][k].centred for t in tasks], kk, energy), kk)
         for name, values in shares.items():
             values += [getattr(stats[t][k], f"{name}_share") for t in tasks]
-    if ov:  # else (one task) every row stays NaN
-        out = {"act_overlap_centred": _avg(ov), "act_topk_energy_centred": _avg(energy, 100),
-               **{f"act_{name}_share": _avg(values, 100) for name, values in shares.items()}}
+    if ov:  # else (one task) the token-aware rows stay NaN
+        out.update({"act_overlap_centred": _avg(ov), "act_topk_energy_centred": _avg(energy, 100),
+                    **{f"act_{name}_share": _avg(values, 100) for name, values in shares.items()}})
     return out

@@ -25,7 +25,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from acetools.benchmark import Benchmark  # noqa: E402
-from acetools.regime import _activation_rows, _token_activation_rows  # noqa: E402
+from acetools.regime import activation_rows  # noqa: E402
 from acetools.utils import atomic_write  # noqa: E402
 from acetools.world.vision.models import build_encoder  # noqa: E402
 from acetools.world.vision.zoo import Zoo  # noqa: E402
@@ -69,13 +69,11 @@ def main(argv: list[str] | None = None) -> int:
             keys = [k for k in bench.matrix_keys() if types is None or any(t in k for t in types)]
             b = _Keys(bench, keys)
             no_update = [{k: torch.zeros(()) for k in keys} for _ in tasks]
-            raw = _activation_rows(b, state, no_update, tasks, n_images=args.n_act)
-            tok = _token_activation_rows(b, state, tasks, n_images=args.n_act)
+            act = activation_rows(b, state, no_update, tasks, n_images=args.n_act)
             rows.append({"encoder": name, "matrices": what, "n_matrices": len(keys),
-                         "act_overlap": raw["act_overlap"], "act_overlap_centred": tok["act_overlap_centred"],
-                         "act_topk_energy": raw["act_topk_energy"],
-                         "act_topk_energy_centred": tok["act_topk_energy_centred"],
-                         **{k: tok[k] for k in ("act_mean_share", "act_pos_share", "act_cls_share")}})
+                         **{k: act[k] for k in ("act_overlap", "act_overlap_centred", "act_topk_energy",
+                                                "act_topk_energy_centred", "act_mean_share", "act_pos_share",
+                                                "act_cls_share")}})
     df = pd.DataFrame(rows)
     with atomic_write(Path(args.out), "w") as fh:
         df.to_csv(fh, index=False, float_format="%.4g")
