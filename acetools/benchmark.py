@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import pickle
 import platform
+import re
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -352,17 +354,32 @@ class Benchmark:
         return rows
 
     def run_all(self, methods: Sequence[str] | None = None, *, references: bool = True,
-                progress: bool | None = None, extra: Mapping[str, dict] | None = None) -> list[MethodRun]:
-        """Run ``methods`` (default all) plus ``extra`` variants ``{label: {"method", "search", **hparams}}``."""
+                progress: bool | None = None, extra: Mapping[str, dict] | None = None,
+                store: str | Path | None = None) -> list[MethodRun]:
+        """Run ``methods`` (default all) plus ``extra`` variants ``{label: {"method", "search", **hparams}}``.
+
+        ``store``: a folder that keeps each finished row (one pickle per row) and hands it back on the next
+        call, so a killed run resumes with the row it was on. Name it after everything the rows depend on
+        (world, seed, protocol, code version): rows found there are not recomputed."""
         from .utils import progress as bar
 
         jobs: list[tuple[str, dict]] = [(m, {"method": m}) for m in (methods or list(METHODS))]
         jobs += [(label, dict(spec)) for label, spec in (extra or {}).items()]
         runs = self.reference_rows() if references else []
         for label, spec in bar(jobs, desc="methods", total=len(jobs), enabled=progress):
+            kept = Path(store) / f"{re.sub(r'[^A-Za-z0-9.-]+', '_', label)}.pkl" if store else None
+            if kept is not None and kept.is_file():
+                run = pickle.loads(kept.read_bytes())
+                if not isinstance(run, MethodRun) or run.name != label:
+                    raise InputError(f"{kept} does not hold the row {label!r}: delete it to recompute the row")
+                runs.append(run)
+                continue
             spec = dict(spec)
             m = spec.pop("method")
             runs.append(self.run(m, label=None if label == m else label, **spec))
+            if kept is not None:
+                with atomic_write(kept, "wb") as fh:
+                    pickle.dump(runs[-1], fh)
         return runs
 
     # ------------------------------------------------------------------ reporting

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ from acetools.errors import InputError  # noqa: E402
 from acetools.merging import METHODS  # noqa: E402
 from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID  # noqa: E402
 from acetools.search import PATIENCE  # noqa: E402
+from acetools.world.base import cache_dir  # noqa: E402
 
 #: ACE's scale candidates here: (0, 5] in steps of 0.1 (the vision row's 0.1-2.0 grid, ACE_SCALED, ends where
 #: a vision seed already chose 2.0; the grid search stops PATIENCE points after its best).
@@ -200,6 +202,22 @@ def best_on_val(runs: Sequence[MethodRun], members: Sequence[str], label: str, p
                    merge_seconds=sum(r.merge_seconds for r in rows), search=None)
 
 
+def _row_store(args, w, stem: str) -> Path:
+    """Where ``bench`` keeps each finished row until the seed's tables are saved, so a stopped run resumes
+    with its next row (``Benchmark.run_all``'s ``store``). The folder is named after the protocol and the
+    code (the git commit, plus the diff of acetools/ and this script from it), so a resumed run never
+    mixes rows of two code versions."""
+    import hashlib
+    import subprocess
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout
+
+    code = git("rev-parse", "HEAD").strip() + git("diff", "HEAD", "--", "acetools", "benchmarks/text_world.py")
+    key = json.dumps([stem, args.n_val, args.n_test, args.n_gram, args.patience, w.config.to_dict(), code])
+    return cache_dir("bench_rows") / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
 def bench(args) -> None:
     from acetools.benchmark import Benchmark
 
@@ -213,14 +231,16 @@ def bench(args) -> None:
             runs = _add_rows(args, b, stem)
             continue
         methods = args.methods or None
-        runs = b.run_all(methods, extra=_variants(args), progress=True)
+        store = _row_store(args, w, stem)
+        resumed = len(list(store.glob("*.pkl"))) if store.is_dir() else 0  # rows kept by a run that was stopped
+        runs = b.run_all(methods, extra=_variants(args), progress=True, store=store)
         names = {r.name for r in runs}
         runs += [best_on_val(runs, members, label, param) for label, (param, members) in PICKED.items()
                  if names.issuperset(members)]
         paths = b.save(runs, args.out, stem)
         # the run's cost: wall time, peak memory, and each method's merge and input time
         rec = {"suite": args.suite, "heads": args.heads, "seed": seed, "threads": args.threads,
-               "load_avg_1min": os.getloadavg()[0],
+               "load_avg_1min": os.getloadavg()[0], "rows_resumed": resumed,
                "wall_seconds": round(time.perf_counter() - t0, 1), "peak_rss_mib": _peak_rss_mib(),
                "methods": {r.name: {"merge_seconds": round(r.merge_seconds, 2),
                                     "inputs_seconds": round(r.inputs_seconds, 2)} for r in runs}}
@@ -228,6 +248,7 @@ def bench(args) -> None:
         (Path(args.results) / f"bench_{stem}.json").write_text(json.dumps(rec, indent=1))
         print(b.summary(runs)[["method", "test_acc", "test_normalized", "coef", "merge_seconds"]].to_string())
         print("->", paths["summary"], flush=True)
+        shutil.rmtree(store, ignore_errors=True)  # every row is in the saved tables now
 
 
 def card(args) -> None:
