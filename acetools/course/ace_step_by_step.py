@@ -1,8 +1,7 @@
 """Notebook 02 (docs/course.md §02_ace_step_by_step): its tables and its ablation.
 
-The lesson computes every ACE stage itself and checks it against :mod:`acetools.merging.ace`
-(docs/methods.md §ACE); this module never composes ACE, it measures what ``merge("ace", ...)``
-returns. Its claims' verdicts are ``claimkit.ace_step_by_step``'s (docs/course.md §Claim rules)."""
+The lesson computes every ACE stage itself (docs/methods.md §ACE); this module only measures what
+``merge("ace", ...)`` returns. The verdicts are ``claimkit.ace_step_by_step``'s."""
 
 from __future__ import annotations
 
@@ -37,9 +36,8 @@ StateDict = Mapping[str, Tensor]
 
 
 def gamma_by_type(table: Any, *, tau: float = TAU) -> Any:
-    """Per layer type (first-seen order) of a :func:`acetools.diagnostics.heterogeneity_per_layer`
-    table: the number of matrices, the median, smallest and largest gamma, and how many are
-    flagged (gamma > ``tau``). Five plain columns, indexed by the short layer-type name."""
+    """Per layer type of a :func:`acetools.diagnostics.heterogeneity_per_layer` table: matrices, median,
+    smallest and largest gamma, and how many are flagged (gamma > ``tau``)."""
     g = table.groupby("layer_type", sort=False)["gamma"]
     out = g.agg(["size", "median", "min", "max"])
     out["flagged"] = table.assign(f=table["gamma"] > tau).groupby("layer_type", sort=False)["f"].sum()
@@ -50,7 +48,7 @@ def gamma_by_type(table: Any, *, tau: float = TAU) -> Any:
 
 def _bases(M: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Orthonormal bases (float64) of the top-k left and right singular subspaces of M."""
-    U, _, Vh = top_svd(M, k, gram=True)
+    U, _, Vh = top_svd(M.double(), k, gram=True)
     return U, Vh.mT
 
 
@@ -74,8 +72,7 @@ def direction_cosine(A_: Tensor, B: Tensor, k: int) -> dict[str, float]:
 
 @functools.lru_cache(maxsize=256)
 def random_subspace_cosine(d: int, k: int, n_draws: int = 32, seed: int = 0) -> float:
-    """The chance level of :func:`direction_cosine` on one side: the mean principal-angle
-    cosine between two random k-dimensional subspaces of R^d (Monte Carlo, seeded)."""
+    """The chance level of :func:`direction_cosine` on one side: two random k-dim subspaces of R^d (Monte Carlo)."""
     if not 1 <= k <= d:
         raise InputError(f"need 1 <= k <= d, got k={k}, d={d}")
     g = torch.Generator().manual_seed(seed)
@@ -192,16 +189,13 @@ SCALED_LABEL = "ACE, scaling chosen on val"
 
 @dataclass
 class Ablation:
-    """Result of :func:`run_ablation`: ``table`` (one row per variant: suite, variant, hparams,
-    scaling, test_acc, test_normalized in %, same_as, seconds) and ``per_task`` (suite,
-    variant, task, accuracy, normalized in %)."""
+    """Result of :func:`run_ablation`: ``table`` (one row per variant) and ``per_task`` (one per variant and task)."""
 
     table: Any
     per_task: Any
 
     def effect(self, a: str, b: str, column: str = "test_normalized", suite: str | None = None) -> float:
-        """``column`` of variant ``a`` minus that of ``b`` (in one ``suite``, needed when the
-        table holds several)."""
+        """``column`` of variant ``a`` minus that of ``b`` (in ``suite``, needed when the table holds several)."""
         t = self.table
         if suite is not None:
             t = t[t["suite"] == suite]
@@ -214,8 +208,7 @@ class Ablation:
         return float(v[a] - v[b])
 
     def beside(self, eps: float) -> Ablation:
-        """The rows run at another ``eps`` (variants labelled ``"<variant> @ eps <eps>"`` by
-        :func:`ablation_over_suites`), under their plain variant names."""
+        """The rows :func:`ablation_over_suites` ran at another ``eps``, under their plain variant names."""
         tag = f" @ eps {eps:g}"
         t = self.table[self.table["variant"].str.endswith(tag)].copy()
         t["variant"] = t["variant"].str[: -len(tag)]
@@ -267,6 +260,15 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
     done: list[tuple[str, StateDict, dict, dict]] = []
     rows, per_task = [], []
     shared = dict(hparams or {})
+
+    def add(label: str, hp: str, scaling: Any, acc: dict, norm: dict, same_as: str, t0: float) -> None:
+        rows.append({"suite": suite, "variant": label, "hparams": hp, "scaling": scaling,
+                     "test_acc": 100 * float(np.mean(list(acc.values()))),
+                     "test_normalized": 100 * float(np.mean(list(norm.values()))),
+                     "same_as": same_as, "seconds": time.perf_counter() - t0})
+        per_task.extend({"suite": suite, "variant": label, "task": t, "accuracy": 100 * acc[t],
+                         "normalized": 100 * norm[t]} for t in acc)
+
     for label, hp in bar(list(variants.items()), desc="ablation", enabled=progress):
         hp = {**shared, **dict(hp)}
         t0 = time.perf_counter()
@@ -278,24 +280,14 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
             done.append((label, merged, acc, norm))
         else:
             acc, norm = same[2], same[3]
-        rows.append({"suite": suite, "variant": label, "hparams": _fmt(dict(variants[label])),
-                     "scaling": hp.get("scaling", 1.0),
-                     "test_acc": 100 * float(np.mean(list(acc.values()))),
-                     "test_normalized": 100 * float(np.mean(list(norm.values()))),
-                     "same_as": same[0] if same else "", "seconds": time.perf_counter() - t0})
-        per_task += [{"suite": suite, "variant": label, "task": t, "accuracy": 100 * acc[t],
-                      "normalized": 100 * norm[t]} for t in acc]
+        add(label, ", ".join(f"{k}={v!r}" for k, v in variants[label].items()) or "defaults",
+            hp.get("scaling", 1.0), acc, norm, same[0] if same else "", t0)
     if scaled:
         if search is None:
             from ..benchmark import ACE_SCALED as search
         t0 = time.perf_counter()
         run = bench.run("ace", search=search, label=SCALED_LABEL, **shared)
-        rows.append({"suite": suite, "variant": SCALED_LABEL, "hparams": f"{run.coef_name} on val",
-                     "scaling": run.coef, "test_acc": 100 * float(np.mean(list(run.test.values()))),
-                     "test_normalized": 100 * float(np.mean(list(run.test_normalized.values()))),
-                     "same_as": "", "seconds": time.perf_counter() - t0})
-        per_task += [{"suite": suite, "variant": SCALED_LABEL, "task": t, "accuracy": 100 * run.test[t],
-                      "normalized": 100 * run.test_normalized[t]} for t in run.test]
+        add(SCALED_LABEL, f"{run.coef_name} on val", run.coef, run.test, run.test_normalized, "", t0)
     return Ablation(pd.DataFrame(rows), pd.DataFrame(per_task))
 
 
@@ -306,17 +298,13 @@ def ablation_view(table: Any) -> Any:
         "same_as": "same merge as"})
 
 
-def _fmt(hp: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in hp.items()) or "defaults"
-
-
 def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: int, quick: bool, device: str,
                          hparams: Mapping[str, Any], tau: float = TAU, patience: int | None = None,
                          beside_eps: float | None = None, world_options: Mapping[str, Any] | None = None
                          ) -> tuple[Ablation, dict[str, float], Any]:
-    """:func:`run_ablation` on every suite of ``suites``, reusing ``main`` = (suite, zoo, bench, gamma
-    table) for its suite. Returns the :class:`Ablation`, the flagged share per suite and a table of
-    suites. ``beside_eps`` also runs :data:`FULL` and :data:`NO_PRIOR` at that eps (:meth:`Ablation.beside`)."""
+    """:func:`run_ablation` on every suite (``main`` = (suite, zoo, bench, gamma table) reused for its own):
+    the :class:`Ablation`, the flagged share per suite, a table of suites. ``beside_eps``: also :data:`FULL`
+    and :data:`NO_PRIOR` at that eps."""
     import pandas as pd
 
     from ..diagnostics import heterogeneity_per_layer
@@ -350,11 +338,8 @@ def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: i
 def eps_sweep(bench, eps_grid: Sequence[float], *, hparams: Mapping[str, Any] | None = None,
               modes: Sequence[str] = ("absolute", "relative"), keys: Sequence[str] | None = None,
               progress: bool | None = None) -> Any:
-    """ACE's test accuracy per ``eps`` of ``eps_grid`` and ``eps_mode`` of ``modes`` (notebook 02, "eps in units").
-
-    ``ridge_rel``: median over ``keys`` of the ridge relative to the mean covariance eigenvalue
-    (mean_t eps·d_in/tr_t for absolute eps; eps itself for relative); ``pinv_layers``: matrices whose
-    system was singular at that ridge (the merge's warnings, counted)."""
+    """ACE's test accuracy per ``eps`` and ``eps_mode`` (notebook 02, "eps in units"): ``ridge_rel`` is the median
+    ridge over the mean covariance eigenvalue, ``pinv_layers`` the matrices whose system was singular."""
     import pandas as pd
 
     from ..merging import is_matrix_param, merge, task_vectors

@@ -16,11 +16,8 @@ from ..results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
 
 
 def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
-    """Seconds per merge, method × suite (means over seeds), and whether the data inputs were timed apart.
-
-    Rows as :func:`acetools.results.wide`; with ``inputs_seconds`` in the files each data-dependent
-    method (:data:`acetools.results.DATA_DEPENDENT`) gets ``"<method>: data capture"`` and
-    ``"<method>: merge + capture"`` rows after its own."""
+    """Seconds per merge, method × suite (means over seeds), and whether the data inputs were timed apart:
+    then each data-dependent method gets ``"<method>: data capture"`` and ``"<method>: merge + capture"`` rows."""
     from ..results import wide
 
     t = wide(agg, "merge_seconds")
@@ -165,8 +162,7 @@ def _text_files(kind: str, seed: int, results_dir: str | Path, recompute: bool) 
 
 
 def rank_agreement_table(data: BenchmarkData) -> pd.DataFrame:
-    """Kendall tau-b of our method ordering (normalized test accuracy) against every paper
-    column a suite is compared with: one row per (suite, table)."""
+    """Kendall tau-b of our method ordering against every paper column a suite is compared with."""
     rows = []
     for (table, s), col in data.paper_cols.items():
         ours = method_means(data.agg, s)
@@ -184,8 +180,7 @@ def method_means(agg: pd.DataFrame, suite: str, metric: str = "test_normalized")
 
 def method_ranks(agg: pd.DataFrame, methods: Sequence[str] = ("ace", "esm"), *,
                  metric: str = "test_normalized") -> pd.DataFrame:
-    """Per suite: the best method and its score, and the score and rank (1 = best, ties share
-    the better rank) of each of ``methods`` among all merge methods."""
+    """Per suite: the best method and its score, and the score and rank (1 = best) of each of ``methods``."""
     rows = []
     for s in suite_order(agg, None):
         a = method_means(agg, s, metric)
@@ -202,9 +197,8 @@ def method_ranks(agg: pd.DataFrame, methods: Sequence[str] = ("ace", "esm"), *,
 
 
 def wudi_lr_summary(step_size: pd.DataFrame) -> pd.DataFrame:
-    """Per (suite, seed) of WUDI's learning-rate study: the default learning rate (read from
-    the method registry), how far it moves the entries (RMS) from its start, its score, and
-    the learning rate with the best validation accuracy with its score."""
+    """Per (suite, seed) of WUDI's learning-rate study: the default lr, how far it moves the entries (RMS), its
+    score, and the lr best on validation with its score."""
     from ..merging import METHODS
 
     default_lr = METHODS["wudi"].hparams["lr"]

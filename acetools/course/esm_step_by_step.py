@@ -1,8 +1,7 @@
 """The measurements of notebook ``03_esm_step_by_step`` (docs/course.md §03_esm_step_by_step).
 
-The lesson writes ESM's stages itself and checks them against :mod:`acetools.merging.esm`
-(docs/methods.md §ESM); this module composes no merge: ESD vs SVD, proxy data, runs with alpha
-chosen on validation, the norm order; its claims' verdicts are ``claimkit.esm_step_by_step``'s."""
+The lesson writes ESM's stages itself (docs/methods.md §ESM); this module composes no merge: ESD vs SVD,
+proxy data, runs with alpha chosen on validation, the norm order (verdicts: ``claimkit.esm_step_by_step``)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ StateDict = dict[str, Tensor]
 
 # --------------------------------------------------------------------------- ESD vs SVD
 def _work(M: Tensor) -> Tensor:
-    """The decompositions run in the update's own precision (at least float32, like the merge
-    itself); energies are summed in float64."""
+    """The update in its own precision, at least float32 (as the merge); energies are summed in float64."""
     return M.detach().to(torch.promote_types(M.dtype, torch.float32))
 
 
@@ -39,9 +37,8 @@ def _rows(X: Tensor, d_in: int, dtype: torch.dtype, device: torch.device) -> Ten
 
 
 def _esd_basis(X_fit: Tensor, delta_W: Tensor) -> tuple[Tensor, Tensor]:
-    """``(P, P_full)``: the genuine directions of the essential subspace (the first
-    m = min(N, d_out) columns, orthonormal) and the identity-completed basis ESM itself uses
-    (:func:`acetools.merging.esm.essential_subspace`, docs/methods.md §ESM, Eq. (ESM.1))."""
+    """``(P, P_full)``: the essential subspace's genuine directions (first min(N, d_out) columns) and the
+    identity-completed basis ESM uses (:func:`acetools.merging.esm.essential_subspace`, Eq. (ESM.1))."""
     sub = E.essential_subspace(X_fit, delta_W, "esd")
     return sub.P[:, : min(X_fit.shape[0], delta_W.shape[0])], sub.P
 
@@ -130,8 +127,7 @@ def _is_text(bench) -> bool:
 
 
 def proxy_variants(bench) -> tuple[str, ...]:
-    """The proxy sets of :data:`PROXY_VARIANTS` a world has: all five for an image world; the text
-    world has no generic pretraining pool of texts, so "pretraining pool" is left out there."""
+    """The proxy sets of :data:`PROXY_VARIANTS` a world has (the text world has no pretraining pool)."""
     return tuple(v for v in PROXY_VARIANTS if not (_is_text(bench) and v == "pretraining pool"))
 
 
@@ -141,8 +137,7 @@ def _take(x: Any, idx: Tensor) -> Any:
 
 
 def heldout_inputs(bench, n: int | None = None) -> dict[str, Any]:
-    """The first ``n`` (default ``bench.n_proxy``) test inputs of each task, which ESD never
-    sees: images (a tensor) in an image world, texts (a list) in the text world."""
+    """The first ``n`` (default ``bench.n_proxy``) test inputs of each task, which ESD never sees."""
     n = bench.n_proxy if n is None else int(n)
     if _is_text(bench):
         return {t: bench.world.split(t, "test").texts[:n] for t in bench.tasks}
@@ -199,9 +194,8 @@ def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | No
 
 def proxy_activations(bench, images: Mapping[str, Tensor],
                       keys: Sequence[str] | None = None) -> dict[str, list[Tensor]]:
-    """Input activations of ``keys`` (default ``bench.matrix_keys()``, ESM's targets) inside
-    each task's fine-tuned encoder when it sees ``images[task]``: the ``activations=`` input
-    of ``acetools.merge("esm", ...)`` (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)), like ``bench.esm_activations()``."""
+    """Input activations of ``keys`` (default ``bench.matrix_keys()``) in each task's expert on ``images[task]``:
+    ``merge("esm", activations=...)``'s input, as ``bench.esm_activations()`` (docs/methods.md §ESM)."""
     keys = list(bench.matrix_keys() if keys is None else keys)
     acts: dict[str, list[Tensor]] = {k: [] for k in keys}
     for task, state in zip(bench.tasks, bench.experts):
@@ -213,10 +207,8 @@ def proxy_activations(bench, images: Mapping[str, Tensor],
 
 def timed_activations(bench, images: Mapping[str, Tensor] | None = None,
                       keys: Sequence[str] | None = None) -> tuple[dict[str, list[Tensor]], float]:
-    """ESM's proxy capture, timed: ``(activations, seconds)``.
-
-    With ``images``: :func:`proxy_activations`; without: ``bench.esm_activations()`` (0 s once the
-    bench holds them). :func:`run_esm` reports the seconds as ``inputs_seconds``."""
+    """ESM's proxy capture, timed: ``(activations, seconds)``, of ``images`` (:func:`proxy_activations`) or
+    else ``bench.esm_activations()`` (0 s once the bench holds them)."""
     t0 = time.perf_counter()
     if images is None:
         if keys is not None:
@@ -271,8 +263,7 @@ def ablation_hparams(name: str) -> dict[str, Any]:
 
 
 def alpha_keys(base: Mapping[str, Tensor], hparams: Mapping[str, Any]) -> list[str]:
-    """The keys alpha multiplies in ``esm`` with ``hparams``: the ESD layers (matrix keys
-    matching ``targets``) for ``alpha_scope="esd"`` (default), every key for ``"all"``."""
+    """The keys alpha multiplies in ``esm`` with ``hparams``: the ESD layers (``alpha_scope="esd"``) or all."""
     if hparams.get("alpha_scope", "esd") == "all":
         return list(base)
     targets = hparams.get("targets", E.DEFAULT_TARGETS)
@@ -359,9 +350,8 @@ TSV_M_PATIENCE: int | None = 3
 
 
 def run_tsv_m(bench, *, patience: int | None = TSV_M_PATIENCE, label: str = TSV_M_ROW):
-    """TSV-M on ``bench`` as the benchmark runs it (:meth:`acetools.benchmark.Benchmark.run`:
-    alpha on :data:`acetools.search.ALPHA_GRID` chosen on validation, here with grid-search
-    ``patience``), labelled ``label``: the paper's "SVD" row of ESM's ablation."""
+    """TSV-M as the benchmark runs it (alpha on :data:`acetools.search.ALPHA_GRID`, grid-search ``patience``),
+    labelled ``label``: the paper's "SVD" row of ESM's ablation."""
     import copy
 
     from ..search import check_patience
@@ -402,10 +392,8 @@ def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None,
 
 
 def runs_table(runs: Sequence[Any], **columns: Any) -> pd.DataFrame:
-    """One row per run: label, alpha, test/validation accuracy (absolute and normalized, %),
-    ``merge_seconds`` (the merge alone) and ``inputs_seconds`` (the proxy capture ESM needs,
-    timed apart; 0 for methods without data), plus constant ``columns`` (e.g.
-    ``suite="tasks8"``)."""
+    """One row per run: label, alpha, test/validation accuracy (absolute and normalized, %), ``merge_seconds``
+    and ``inputs_seconds`` (the proxy capture, timed apart), plus constant ``columns`` (e.g. ``suite="tasks8"``)."""
     rows = []
     for r in runs:
         s = r.summary()
@@ -428,16 +416,9 @@ PLAIN_RUN_COLUMNS: dict[str, str] = {"suite": "suite", "variant": "run", "alpha"
 
 
 def plain_runs(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`runs_table`'s columns a reader needs (at most six besides ``suite``), under plain headers
-    with units (:data:`PLAIN_RUN_COLUMNS`)."""
+    """:func:`runs_table`'s columns a reader needs, under plain headers with units (:data:`PLAIN_RUN_COLUMNS`)."""
     cols = [c for c in PLAIN_RUN_COLUMNS if c in table.columns]
     return table[cols].rename(columns=PLAIN_RUN_COLUMNS)
-
-
-def ablation_text(acc: pd.DataFrame, rows: Sequence[str]) -> str:
-    """``acc`` (variant x suite, %) as one line for the ``rows`` compared, e.g.
-    ``"tasks8: ESD, no scaling 70.10 / SVD, no scaling 68.30"``."""
-    return "; ".join(f"{s}: " + " / ".join(f"{r} {acc.loc[r, s]:.2f}" for r in rows) for s in acc.columns)
 
 
 # --------------------------------------------------------------------------- norm order

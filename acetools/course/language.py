@@ -20,8 +20,7 @@ ROBERTA_GLUE: dict[str, float] = {
 }
 
 def task_table(world) -> pd.DataFrame:
-    """One row per task: source, classes, texts per class (train / val / test), the expert's
-    validation accuracy (from its sidecar) and the build's training time: six columns."""
+    """One row per task: source, classes, texts per class, the expert's validation accuracy and training time."""
     from ..world.text.sources import SOURCES
 
     rows = []
@@ -49,10 +48,8 @@ STAGE_ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
 
 def stage_ablation(bench, eps: Sequence[float] = (1e-2, 2e-4, 1e-5), rows=STAGE_ROWS,
                    progress: bool | None = None) -> pd.DataFrame:
-    """ACE's stages on the text world: each of :data:`STAGE_ROWS` at each ``eps``, merged once
-    (ACE has no searched coefficient) and scored on validation and test. Columns: ``eps``,
-    ``setting``, the hyperparameters, ``val_normalized``, ``test_normalized`` (mean over tasks,
-    percent), ``test_acc``, ``gated`` (the share of matrices on the flagged path)."""
+    """ACE's stages on the text world: each of :data:`STAGE_ROWS` at each ``eps``, merged once and scored on
+    validation and test (means over tasks, %)."""
     from ..utils import progress as bar
 
     jobs = [(e, label, hp) for e in eps for label, hp in rows]
@@ -74,8 +71,7 @@ def stage_view(abl: pd.DataFrame) -> pd.DataFrame:
 
 
 def benchmark_tables(folder: str | Path, suite: str = "text8") -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(per_seed, mean)``: the committed summaries of ``suite`` in ``folder`` (one row per seed
-    and method) and their mean / sd over seeds (:func:`acetools.results.aggregate`)."""
+    """``(per_seed, mean)``: the committed summaries of ``suite`` in ``folder`` and their mean / sd over seeds."""
     from ..results import aggregate, find_results, load_summary
 
     runs = find_results(folder, suites=[suite])
@@ -87,9 +83,8 @@ def benchmark_tables(folder: str | Path, suite: str = "text8") -> tuple[pd.DataF
 
 
 def beside_anchor(mean: pd.DataFrame, suite: str = "text8") -> pd.DataFrame:
-    """The text world's normalized accuracies beside RoBERTa-base GLUE's (:data:`ROBERTA_GLUE`),
-    method by method, with the two rooms (TSV-M and WUDI minus task arithmetic) as last rows.
-    ``mean``: :func:`benchmark_tables`' second table; the base row stands for "pretrained"."""
+    """The text world's normalized accuracies (``mean`` of :func:`benchmark_tables`) beside RoBERTa-base GLUE's,
+    with the two rooms (TSV-M and WUDI minus task arithmetic) as last rows."""
     ours = mean[mean["suite"] == suite].set_index("method")["test_normalized"]
     base = next((b for b in ours.index if str(b).startswith("base (")), None)
     rows = [{"method": m, "text world": float(ours.get(base if m == "pretrained" else m, np.nan)),
@@ -124,10 +119,8 @@ def room_by_task(folder: str | Path, suite: str = "text8",
 def growth_table(folder: str | Path, suites: Sequence[str] = ("text8", "text12"),
                  methods: Sequence[str] = ("tsv_m", "iso_cts", "esm", "wudi", "ace", "ace (eps 2e-4)",
                                            "ace (eps 1e-5)")) -> pd.DataFrame:
-    """Each method's lead over task arithmetic (normalized points, mean over the seeds each suite
-    has) in every suite of ``suites`` found in ``folder``: how the room and the leads move as T
-    grows. One column per suite, named with its T and seed count; a suite with no committed
-    results is left out (an empty frame when none has)."""
+    """Each method's lead over task arithmetic (normalized points, mean over seeds) per suite of ``suites``
+    found in ``folder``: how the leads move as T grows (an empty frame when no suite has results)."""
     from ..results import find_results
 
     cols = {}

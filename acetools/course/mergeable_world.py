@@ -25,9 +25,7 @@ EXPLAIN_ROWS: tuple[str, ...] = ("trunc_norm", "trunc_energy", "scaled_norm", "t
 
 
 def load_cards(folder: str | os.PathLike, order: Sequence[str] | None = None) -> dict[str, RegimeCard]:
-    """``{recipe: card}`` for every ``<folder>/<recipe>/card.json``; ``order`` first (names
-    it lists that have no card are skipped), the rest alphabetically. FileNotFoundError naming
-    the folder and the command when there is none."""
+    """``{recipe: card}`` for every ``<folder>/<recipe>/card.json``, ``order`` first, the rest alphabetically."""
     folder = Path(folder)
     found = sorted(p.parent.name for p in folder.glob("*/card.json"))
     if not found:
@@ -38,8 +36,7 @@ def load_cards(folder: str | os.PathLike, order: Sequence[str] | None = None) ->
 
 
 def card_table(cards: Mapping[str, RegimeCard], rows: Sequence[str] = KEY_ROWS, *, clip: bool = True) -> pd.DataFrame:
-    """Rows ``rows`` (labels as index) of every card as columns, plus the CLIP ViT-B/32 column
-    (of the first card; NaN where the papers give no number). A row a card lacks is NaN."""
+    """Rows ``rows`` of every card as columns, plus the CLIP ViT-B/32 column (NaN where no number)."""
     if not cards:
         raise InputError("card_table needs at least one card")
     first = next(iter(cards.values())).to_frame().set_index("metric")
@@ -80,8 +77,7 @@ def room_budget(card: RegimeCard) -> pd.DataFrame:
 
 def benchmark_summary(results_dir: str | os.PathLike, suites: Sequence[str] = ("tasks8", "tasks14", "tasks20"),
                       size: str = "small") -> pd.DataFrame | None:
-    """The benchmark's per-seed table from ``results_dir`` (``figures/benchmark``), or ``None``
-    when it holds no result of ``suites`` at ``size``."""
+    """The benchmark's per-seed table from ``results_dir``, or ``None`` without results of ``suites``."""
     from ..results import find_results, load_summary
 
     runs = find_results(results_dir, list(suites), size)
@@ -89,8 +85,7 @@ def benchmark_summary(results_dir: str | os.PathLike, suites: Sequence[str] = ("
 
 
 def fixture_card(*, seed: int = 0, device: str = "cpu", progress: bool | None = False) -> RegimeCard:
-    """The regime card of the quick profile's fixture world (3 tiny tasks, micro model): for
-    checking that the lesson runs, not for reading."""
+    """The regime card of the quick profile's fixture world: for checking that the lesson runs."""
     from ..regime import regime_card
     from . import world as course
 

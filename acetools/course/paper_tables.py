@@ -1,9 +1,8 @@
 """The papers' published result tables as data, their method names mapped to ours (docs/methods.md §Published numbers).
 
-Every number is an average absolute test accuracy in percent (the language table: see its
-``metric`` column), with its ``source``. :data:`NAME_MAP` / :data:`REFERENCE_MAP` map the papers'
-names to :data:`acetools.merging.METHODS` and our reference rows; :data:`COMPARISONS` says which
-paper column each of our suites is compared with."""
+Every number is an average absolute test accuracy in percent, with its ``source``. :data:`NAME_MAP` /
+:data:`REFERENCE_MAP` map the papers' names to :data:`acetools.merging.METHODS` and our reference rows;
+:data:`COMPARISONS` says which paper column each of our suites is compared with."""
 
 from __future__ import annotations
 
@@ -102,38 +101,6 @@ VISION: pd.DataFrame = pd.DataFrame(
     + _rows("spec", "spec:5", _SPEC_COLS, _SPEC)
 )
 
-#: ESM's ablation (ViT-B/16, absolute accuracy %): decomposition × polarized scaling.
-ESM_ABLATION: pd.DataFrame = pd.DataFrame(
-    [
-        {"decomposition": "SVD", "scaling": "none", "tasks8": 89.0, "tasks20": 80.6, "note": "baseline (TSV-M)"},
-        {"decomposition": "SVD", "scaling": "all", "tasks8": 89.6, "tasks20": 82.1, "note": "PS helps SVD too"},
-        {"decomposition": "ESD", "scaling": "none", "tasks8": 90.9, "tasks20": 82.8, "note": "ESD alone +1.9/+2.2"},
-        {"decomposition": "ESD", "scaling": "layer", "tasks8": 91.4, "tasks20": 83.7,
-         "note": "layer level matters most"},
-        {"decomposition": "ESD", "scaling": "all", "tasks8": 91.8, "tasks20": 84.9, "note": "ESM"},
-    ]
-)
-
-#: ACE's language headline numbers (not testable in the mini-world: no language models).
-LANGUAGE: pd.DataFrame = pd.DataFrame(
-    [
-        {"model": "GPT-2", "benchmark": "GLUE (7 tasks)", "metric": "average", "method_paper": "ACE-Merging",
-         "value": 74.1, "note": "seed 001"},
-        {"model": "GPT-2", "benchmark": "GLUE (7 tasks)", "metric": "average", "method_paper": "TSV-M",
-         "value": 70.2, "note": "74.1 - 3.9 (seed 001; docs/methods.md §Published numbers)"},
-        {"model": "GPT-2", "benchmark": "GLUE (7 tasks)", "metric": "average", "method_paper": "TIES",
-         "value": 70.0, "note": "74.1 - 4.1 (seed 001 names TIES, docs/methods.md §Published numbers names TA)"},
-        {"model": "RoBERTa-Base", "benchmark": "GLUE", "metric": "normalized", "method_paper": "ACE-Merging",
-         "value": 90.4, "note": "seed 001"},
-        {"model": "RoBERTa-Base", "benchmark": "GLUE", "metric": "normalized", "method_paper": "WUDI-Merging",
-         "value": 85.3, "note": "90.4 - 5.1 (seed 001; docs/methods.md §Published numbers)"},
-        {"model": "RoBERTa-Large", "benchmark": "GLUE", "metric": "normalized", "method_paper": "ACE-Merging",
-         "value": 91.7, "note": "seed 001"},
-        {"model": "RoBERTa-Large", "benchmark": "GLUE", "metric": "normalized", "method_paper": "WUDI-Merging",
-         "value": 88.8, "note": "91.7 - 2.9 (derived from seed 001)"},
-    ]
-)
-
 #: For each paper table, which (backbone, n_tasks) column our suite of that many tasks is
 #: compared with: ACE's table has one suite per backbone; ESM's and docs/methods.md §Published numbers use ViT-B/16,
 #: the only backbone with every method at 8, 14 and 20 tasks.
@@ -142,14 +109,6 @@ COMPARISONS: dict[str, dict[int, tuple[str, int]]] = {
     "esm": {8: ("ViT-B/16", 8), 14: ("ViT-B/16", 14), 20: ("ViT-B/16", 20)},
     "spec": {8: ("ViT-B/16", 8), 14: ("ViT-B/16", 14), 20: ("ViT-B/16", 20)},
 }
-
-#: The vision ordering the ACE claim states in words ("weight averaging < task arithmetic <
-#: CART ≈ TSV-M < ACE"), as ranks (1 = worst); CART and TSV-M share the mean rank 3.5.
-ACE_CLAIMED_RANKS: pd.Series = pd.Series(
-    {"weight_averaging": 1.0, "task_arithmetic": 2.0, "cart": 3.5, "tsv_m": 3.5, "ace": 5.0},
-    name="ACE claim: WA < TA < CART ≈ TSV-M < ACE",
-)
-
 
 def vision_long(table: str | None = None) -> pd.DataFrame:
     """:data:`VISION` (a copy), optionally only ``table`` (``"ace"``, ``"esm"`` or ``"spec"``)."""
@@ -188,43 +147,6 @@ def comparison_columns(table: str, n_tasks: int) -> pd.Series:
         raise InputKeyError(f"no comparison of table {table!r} at {n_tasks} tasks; "
                        f"have {{{', '.join(f'{k}: {sorted(v)}' for k, v in COMPARISONS.items())}}}") from None
     return paper_column(table, backbone, n)
-
-
-def paper_room(table: str, n_tasks: int) -> float:
-    """The paper's room at ``n_tasks`` in ``table``: TSV-M − task arithmetic in the column our
-    ``n_tasks``-task suite is compared with (:func:`comparison_columns`), in that table's
-    absolute points. The denominator of the course's scaling rule
-    (``claimkit.verdicts.SCALING_RULE``)."""
-    col = comparison_columns(table, n_tasks)
-    missing = [m for m in ("tsv_m", "task_arithmetic") if m not in col.index]
-    if missing:
-        raise InputKeyError(f"{col.name} has no {missing}: no room to scale by")
-    return float(col["tsv_m"] - col["task_arithmetic"])
-
-
-def table_rivals(table: str, n_tasks: int, winner: str) -> list[str]:
-    """The methods of the paper's own table column (for our ``n_tasks``) other than ``winner``:
-    exactly the rivals the paper's claim is made against."""
-    return [m for m in comparison_columns(table, n_tasks).index if m != winner]
-
-
-def paper_lead(table: str, n_tasks: int, winner: str, rivals: list[str] | None = None) -> tuple[float, str]:
-    """``winner`` minus the best of ``rivals`` (default: :func:`table_rivals`) in the paper's
-    column for ``n_tasks``, and that rival's name."""
-    col = comparison_columns(table, n_tasks)
-    rv = [m for m in (rivals if rivals is not None else table_rivals(table, n_tasks, winner)) if m in col.index]
-    if winner not in col.index or not rv:
-        raise InputKeyError(f"{col.name}: need {winner} and one of {rivals}; has {list(col.index)}")
-    best = max(rv, key=lambda m: col[m])
-    return float(col[winner] - col[best]), best
-
-
-#: ACE's stage ablation as the paper reports it for ViT-B/16 (8 tasks): spectral refinement
-#: changes nothing (90.60 → 90.60), and with gamma < 0.25 the gate never normalises a ViT
-#: layer (docs/methods.md §ACE): the effect a stage claim predicts on a ViT is 0.
-ACE_STAGE_ABLATION: dict[str, dict[str, float]] = {
-    "refinement": {"with": 90.60, "without": 90.60, "effect": 0.0},
-}
 
 
 def beside_papers(summary: pd.DataFrame, n_tasks: int, backbone: str = "ViT-B/32", table: str = "spec",

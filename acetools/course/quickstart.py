@@ -33,10 +33,8 @@ def linear_world(n_tasks: int, d_in: int, d_out: int, *, steps: int, lr: float =
 
 def normalized_gain(W: Tensor, W0: Tensor, tasks: Sequence[RegressionTask], experts: Sequence[Tensor],
                     split: str = "test") -> float:
-    """Mean over tasks of ``100 (L_base - L) / (L_base - L_expert)``, the squared error ``L`` of a map
-    on a task's ``split`` (:func:`acetools.synthetic.task_loss`) for the base ``W0``, the merged ``W``
-    and the task's own expert: 100 is as good as each expert on its own task, 0 no better than the
-    base (``acetools demo``'s score)."""
+    """Mean over tasks of ``100 (L_base - L) / (L_base - L_expert)`` (``L``: :func:`acetools.synthetic.task_loss`
+    on ``split``): 100 as good as each expert on its task, 0 no better than the base (``acetools demo``'s score)."""
     gains = []
     for task, W_t in zip(tasks, experts, strict=True):
         base, expert, merged = (task_loss(M, task, split) for M in (W0, W_t, W))
@@ -45,9 +43,8 @@ def normalized_gain(W: Tensor, W0: Tensor, tasks: Sequence[RegressionTask], expe
 
 
 def comparison(bench, methods: Sequence[str] = ("task_arithmetic", "ace")) -> pd.DataFrame:
-    """The floor, the ceiling and ``methods`` (each run by ``bench.run``: coefficient chosen on
-    validation where the method has one), with the coefficient in words (``lam = 0.30``, or
-    ``none`` for a method without one) and test accuracy, absolute and normalized (%)."""
+    """The floor, the ceiling and ``methods`` (``bench.run``), with the coefficient in words (``lam = 0.30``
+    or ``none``) and test accuracy, absolute and normalized (%)."""
     runs = bench.reference_rows()[:2] + [bench.run(m) for m in methods]
     t = bench.summary(runs)
 

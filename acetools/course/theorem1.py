@@ -1,9 +1,7 @@
 """Notebook 01's experiments: Theorem 1 of ACE-Merging measured (docs/course.md §01_theorem1, docs/methods.md §ACE).
 
-The lesson builds one estimate by hand; this module repeats it over configurations (synthetic
-linear and 2-layer tasks), over the ViT's layers against hooked covariances, and over the
-estimators of the unified framework; the verdicts of ace.theorem1, ace.theorem1_vit and
-ace.unified are ``claimkit.theorem1``'s (docs/course.md §Claim rules)."""
+The lesson builds one estimate by hand; this module repeats it over synthetic configurations, the ViT's
+layers (against hooked covariances) and the unified framework's estimators (verdicts: ``claimkit.theorem1``)."""
 
 from __future__ import annotations
 
@@ -49,10 +47,8 @@ COLUMN_LABELS = {
 #: What :func:`covariance_agreement` returns, in order.
 AGREEMENT_COLUMNS = ("cosine", "cosine_sq", "subspace_overlap", "spectrum_pearson", "identity_cosine")
 
-#: The default configuration of :func:`estimate_experiment` (Theorem 1's regime: SGD, a
-#: single linear layer, early training). ``d_out`` is the number of rows of the studied
-#: matrix for ``activation="none"``; the 2-layer networks study their first layer, with
-#: ``d_hidden`` rows. ``gain`` sets the 2-layer net's pre-activation standard deviation.
+#: The default configuration of :func:`estimate_experiment` (Theorem 1's regime: SGD, one linear layer, early
+#: training); a 2-layer net studies its first layer (``d_hidden`` rows, pre-activation sd ``gain``).
 DEFAULTS: dict[str, Any] = {
     "n_tasks": 4,
     "d_in": 32,
@@ -71,10 +67,8 @@ DEFAULTS: dict[str, Any] = {
 }
 _ACTIVATIONS = ("none", "linear", "tanh", "relu")
 
-#: Columns of :func:`estimate_experiment` and :func:`sweep`: the knob swept and its value,
-#: the task, the full configuration, the training ``progress`` (fraction of the base's
-#: noiseless test error, E||f(x) - f*(x)||², that fine-tuning removed: 0 = untrained,
-#: 1 = converged), ``k`` and :data:`AGREEMENT_COLUMNS`.
+#: Columns of :func:`estimate_experiment` and :func:`sweep`: knob and value, task, configuration, ``progress``
+#: (share of the base's noiseless test error E||f(x) - f*(x)||² removed: 0 untrained, 1 converged), ``k``, agreement.
 SWEEP_COLUMNS = ("param", "value", "task", *DEFAULTS, "progress", "k", *AGREEMENT_COLUMNS)
 
 #: Labels of the unified framework's rows (:func:`unified_merges`).
@@ -104,24 +98,22 @@ def matrix_cosine(A: Tensor, B: Tensor) -> float:
     return float((A * B).sum()) / den if den > 0 else math.nan
 
 
-def covariance_agreement(Sigma_hat: Tensor, Sigma: Tensor, k: int | None = None) -> dict[str, float]:
+def covariance_agreement(Sigma_hat: Tensor, Sigma: Tensor, k: int | None = None, *,
+                         eigen: bool = True) -> dict[str, float]:
     """How well ``Sigma_hat`` matches the true ``Sigma`` (d × d), scale-free: ``cosine``, ``cosine_sq``
     (with Sigma²), ``subspace_overlap`` and ``spectrum_pearson`` (:func:`acetools.diagnostics.compare_covariances`,
-    top ``k``), ``identity_cosine`` (the isotropic guess's, the bar to clear) and ``k``."""
+    top ``k``; NaN with ``eigen=False``), ``identity_cosine`` (the isotropic guess's, the bar to clear) and ``k``."""
     for what, M in (("Sigma_hat", Sigma_hat), ("Sigma", Sigma)):
         if not isinstance(M, Tensor) or M.ndim != 2 or M.shape[0] != M.shape[1]:
             raise InputError(f"{what} must be a square matrix, got {getattr(M, 'shape', type(M).__name__)}")
     A, S = _sym(Sigma_hat), _sym(Sigma)
-    c = compare_covariances(A, S, k)
-    d = S.shape[0]
-    return {
-        "cosine": c.cosine,
-        "cosine_sq": matrix_cosine(A, S @ S),
-        "subspace_overlap": c.subspace_overlap,
-        "spectrum_pearson": c.spectrum_pearson,
-        "identity_cosine": matrix_cosine(torch.eye(d, dtype=torch.float64, device=S.device), S),
-        "k": c.k,
-    }
+    eye = torch.eye(S.shape[0], dtype=torch.float64, device=S.device)
+    out = {"cosine": matrix_cosine(A, S), "cosine_sq": matrix_cosine(A, S @ S), "subspace_overlap": math.nan,
+           "spectrum_pearson": math.nan, "identity_cosine": matrix_cosine(eye, S), "k": math.nan}
+    if eigen:
+        c = compare_covariances(A, S, k)
+        out.update(cosine=c.cosine, subspace_overlap=c.subspace_overlap, spectrum_pearson=c.spectrum_pearson, k=c.k)
+    return out
 
 
 # --------------------------------------------------------------------------- 2-layer networks
@@ -141,9 +133,8 @@ def _phi(activation: str) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor]
 def two_layer_teacher(task: RegressionTask, d_hidden: int, activation: str, *, gain: float = 1.0,
                       shift: float = 1.0, seed: int = 0,
                       base: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A 2-layer task ``y = W2* phi(W1* x) + noise``: ``(W1_0, W2_0, Y_train, F_test)``. The base is drawn
-    from ``seed`` unless given (pre-activations of sd ≈ ``gain``); the teacher adds ``shift``-scaled
-    perturbations, like :func:`acetools.synthetic.make_regression_tasks`."""
+    """A 2-layer task ``y = W2* phi(W1* x) + noise``: ``(W1_0, W2_0, Y_train, F_test)``, the base drawn from
+    ``seed`` unless given (pre-activation sd ≈ ``gain``), the teacher ``shift``-scaled away from it."""
     phi, _ = _phi(activation)
     d_in, d_out = task.Sigma.shape[0], task.W_star.shape[0]
     s1 = gain / float(torch.trace(task.Sigma)) ** 0.5
@@ -247,9 +238,8 @@ def estimate_experiment(*, k: int | None = None, return_estimates: Literal[True]
                         **settings: Any) -> tuple[pd.DataFrame, list[Tensor], list[Tensor]]: ...
 @_env_threads
 def estimate_experiment(*, k: int | None = None, return_estimates: bool = False, **settings: Any):
-    """Fine-tune one configuration's tasks (``settings`` over :data:`DEFAULTS`) and compare each
-    Sigma_hat_t with Sigma_t: linear (``activation="none"``) or 2-layer. One row per task
-    (:data:`SWEEP_COLUMNS`); with ``return_estimates`` also the lists of Sigma_hat_t and Sigma_t."""
+    """Fine-tune one configuration's tasks (``settings`` over :data:`DEFAULTS`) and compare each Sigma_hat_t
+    with Sigma_t: one row per task (:data:`SWEEP_COLUMNS`); ``return_estimates`` adds both lists of matrices."""
     cfg = _config(settings)
     k = cfg["subspace_dim"] if k is None else k
     W0, tasks = make_regression_tasks(cfg["n_tasks"], cfg["d_in"], cfg["d_out"], n_train=cfg["n_train"], n_val=1,
@@ -296,10 +286,8 @@ def estimate_experiment(*, k: int | None = None, return_estimates: bool = False,
 
 
 def sweep(param: str, values: Sequence[Any], *, k: int | None = None, **settings: Any) -> pd.DataFrame:
-    """:func:`estimate_experiment` for each of ``values`` of the setting ``param``, the others at
-    ``settings`` (over :data:`DEFAULTS`). Tidy: one row per (value, task) with
-    :data:`SWEEP_COLUMNS`; ``param`` names the knob, ``value`` its value (also in the column
-    of that name, e.g. ``df.steps``). Plot with ``x=param``."""
+    """:func:`estimate_experiment` for each of ``values`` of the setting ``param`` (the others: ``settings``
+    over :data:`DEFAULTS`): one row per (value, task), :data:`SWEEP_COLUMNS`. Plot with ``x=param``."""
     if param not in DEFAULTS:
         raise InputError(f"param={param!r} is not a setting; choose one of {sorted(DEFAULTS)}")
     if param in settings:
@@ -333,9 +321,8 @@ def spectra_frame(matrices: Mapping[str, Tensor]) -> pd.DataFrame:
 def hooked_covariances(zoo, keys: Sequence[str], *, n_images: int = 256, source: str = "expert",
                        kind: str = "covariance", split: str = "train",
                        batch_size: int = 128) -> list[dict[str, Tensor]]:
-    """True input covariances of ``keys`` per task of ``zoo``, from hooks on the expert's (``source``)
-    encoder over ``n_images`` of ``split``: ``kind="covariance"`` (centred) or ``"gram"`` (RegMean's
-    (1/N) XᵀX, docs/methods.md §RegMean). ``attn.out_proj`` cannot be hooked."""
+    """True input covariances of ``keys`` per task, hooked in the expert's (or base's) encoder over ``n_images``
+    of ``split``: centred, or ``kind="gram"`` (RegMean's (1/N) XᵀX). ``attn.out_proj`` cannot be hooked."""
     import numpy as np
 
     from ..files.activations import gram_matrices, input_covariances
@@ -356,16 +343,11 @@ def hooked_covariances(zoo, keys: Sequence[str], *, n_images: int = 256, source:
     return out
 
 
-def _block(key: str) -> int:
-    return block_index(key, default=-1)
-
-
 def vit_agreement(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Tensor]],
                   covariances: Sequence[Mapping[str, Tensor]], *, tasks: Sequence[str] | None = None,
                   keys: Sequence[str] | None = None, k: int | None = None, eigen: bool = True) -> pd.DataFrame:
-    """Sigma_hat_t of each layer against the hooked Sigma_t (:func:`hooked_covariances`): one row per
-    (task, key) with :data:`AGREEMENT_COLUMNS` and ``cross_task_cosine`` (against the other tasks'
-    Sigma_s). ``eigen=False`` skips the eigendecompositions (those columns NaN)."""
+    """Sigma_hat_t of each layer against the hooked Sigma_t: one row per (task, key), :data:`AGREEMENT_COLUMNS`
+    and ``cross_task_cosine`` (against the other tasks'); ``eigen=False`` skips the eigendecompositions."""
     if len(experts) != len(covariances):
         raise InputError(f"{len(experts)} experts but {len(covariances)} covariance dicts; pass one per expert")
     names = list(tasks) if tasks is not None else [str(i) for i in range(len(experts))]
@@ -379,17 +361,9 @@ def vit_agreement(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Ten
                 raise InputKeyError(f"covariances[{t}] has no entry for {key!r}")
         for t, (name, ex) in enumerate(zip(names, experts)):
             S_hat = estimate_covariance(ex[key].double() - base[key].double())
-            S = covariances[t][key]
-            if eigen:
-                agree = covariance_agreement(S_hat, S, k)
-            else:
-                S = _sym(S)
-                eye = torch.eye(S.shape[0], dtype=torch.float64)
-                agree = {"cosine": matrix_cosine(S_hat, S), "cosine_sq": matrix_cosine(S_hat, S @ S),
-                         "subspace_overlap": math.nan, "spectrum_pearson": math.nan,
-                         "identity_cosine": matrix_cosine(eye, S), "k": math.nan}
+            agree = covariance_agreement(S_hat, covariances[t][key], k, eigen=eigen)
             others = [matrix_cosine(S_hat, covariances[s][key]) for s in range(len(experts)) if s != t]
-            rows.append({"task": name, "key": key, "block": _block(key), "layer_type": layer_type(key),
+            rows.append({"task": name, "key": key, "block": block_index(key, default=-1), "layer_type": layer_type(key),
                          "d_in": S_hat.shape[0], **agree,
                          "cross_task_cosine": sum(others) / len(others) if others else math.nan})
     cols = ["task", "key", "block", "layer_type", "d_in", *AGREEMENT_COLUMNS, "k", "cross_task_cosine"]
@@ -403,9 +377,8 @@ def estimator_covariances(base: Mapping[str, Tensor], experts: Sequence[Mapping[
                           keys: Sequence[str], estimator: str, *,
                           given: Sequence[Mapping[str, Tensor]] | None = None,
                           rescale: bool = True) -> list[dict[str, Tensor]]:
-    """Sigma_t per key for one estimator (``"identity"``, ``"wudi"``, ``"ace"``:
-    :func:`acetools.merging.ace.estimate_covariance`; or ``"given"``), one dict per expert. ``rescale``
-    divides each layer's T matrices by their mean trace / d_in, so eps means the same for every estimator."""
+    """Sigma_t per key for one estimator (``"identity"``, ``"wudi"``, ``"ace"`` or ``"given"``), one dict per expert;
+    ``rescale`` divides a layer's T matrices by their mean trace / d_in (eps then means the same for all)."""
     if estimator not in ("identity", "wudi", "ace", "given"):
         raise InputError(f"estimator={estimator!r} must be 'identity', 'wudi', 'ace' or 'given'")
     if estimator == "given" and given is None:
@@ -470,8 +443,7 @@ class UnifiedResult:
 @_env_threads
 def unified_linear(*, eps: float = 1e-4, **settings: Any) -> UnifiedResult:
     """The unified framework on linear tasks: :func:`unified_merges` scored by the noiseless test error and
-    the normalized gain, beside ``base``, ``experts`` and ``joint least squares``. ``table``: method,
-    label, loss, gain, cosine."""
+    the normalized gain, beside ``base``, ``experts`` and ``joint least squares``."""
     cfg = _config(settings)
     if cfg["activation"] != "none":
         raise InputError("unified_linear merges one linear layer: activation must be 'none'")
@@ -538,9 +510,8 @@ def degradation_models(adam_lr: float) -> dict[str, dict[str, Any]]:
 
 def settings(*, quick: bool, n_tasks: int, d_in: int, d_out: int, seed: int, theorem_steps: int
              ) -> tuple[dict[str, Any], dict[str, list], list[int], dict[str, Any]]:
-    """Notebook 01's synthetic setting: ``(synth, grids, curve_steps, regime)``. ``synth``: the
-    tasks (the quick profile: 2 tasks, d_in 16, d_out 32, a 4-dimensional dominant subspace,
-    500 samples); ``regime``: ``synth`` at ``theorem_steps`` SGD steps, Theorem 1's regime."""
+    """Notebook 01's synthetic setting: ``(synth, grids, curve_steps, regime)``, ``regime`` being ``synth`` at
+    ``theorem_steps`` SGD steps (Theorem 1's regime)."""
     if quick:
         synth = dict(n_tasks=2, d_in=16, d_out=32, d_hidden=32, subspace_dim=4, n_train=500, seed=seed)
         grids, curve = {k: list(v) for k, v in QUICK_GRIDS.items()}, list(QUICK_CURVE_STEPS)
@@ -554,8 +525,7 @@ def settings(*, quick: bool, n_tasks: int, d_in: int, d_out: int, seed: int, the
 
 
 def synthetic_checks(exact: UnifiedResult) -> dict[str, float]:
-    """The framework's equivalences on an ``eps=0`` :func:`unified_linear` result: ``identity_synthetic``,
-    ``given_jls`` (against the joint least squares) and ``wudi_gradient`` (relative)."""
+    """The framework's equivalences on an ``eps=0`` :func:`unified_linear` result (max errors; WUDI's relative)."""
     taus = [W - exact.W0 for W in exact.experts]
     err_identity = float((exact.merged["identity"] - exact.W0 - sum(taus) / len(taus)).abs().max())
     A = functools.reduce(operator.add, exact.Sigma)  # sum_t Sigma_t (the same additions as sum())
@@ -569,9 +539,8 @@ def synthetic_checks(exact: UnifiedResult) -> dict[str, float]:
 
 def identity_errors(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Tensor]],
                     identity_route: Mapping[str, Tensor]) -> dict[str, float]:
-    """Max abs difference from weight averaging over the whole state dict, of the registered
-    ``merge("ace", estimator="identity")`` (``identity_vit``) and of the unified route's
-    identity row ``identity_route`` (``identity_route``)."""
+    """Max abs difference from weight averaging of ``merge("ace", estimator="identity")`` (``identity_vit``)
+    and of the unified route's identity row (``identity_route``), over the whole state dict."""
     wa = merge("weight_averaging", base, experts)
     ace_identity = merge("ace", base, experts, estimator="identity")
     return {"identity_vit": max(float((ace_identity[k].double() - wa[k].double()).abs().max()) for k in wa),
@@ -579,8 +548,7 @@ def identity_errors(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, T
 
 
 def unified_accuracy(bench, merged: Mapping[str, Mapping[str, Tensor]], labels: Mapping[str, str]) -> pd.DataFrame:
-    """Test accuracy of the base and every merge of ``merged`` on ``bench``: ``method, label,
-    test_acc, test_normalized`` (means over tasks, %)."""
+    """Test accuracy of the base and every merge of ``merged`` on ``bench`` (means over tasks, %)."""
     accs = {m: bench.evaluate(state, "test") for m, state in {"base": bench.base, **merged}.items()}
     return pd.DataFrame([{"method": m, "label": labels[m], "test_acc": 100 * pd.Series(a).mean(),
                           "test_normalized": 100 * pd.Series(bench.normalized(a, "test")).mean()}

@@ -67,17 +67,23 @@ class Explorer:
             self.controls[k].value = v
 
 
+def _checked(options: list, value: Any, default: Any, noun: str) -> Any:
+    """``value`` (``default`` when None), which must be one of ``options`` (the errors name the ``noun``)."""
+    if not options:
+        raise InputError(f"{noun}s is empty")
+    value = default if value is None else value
+    if value not in options:
+        raise InputError(f"unknown {noun} {value!r}; {noun}s: {options}")
+    return value
+
+
 def rank_slider(plot_fn: Callable[..., Any], ranks: Sequence[int], value: int | None = None, *,
                 name: str = "k", description: str = "rank k", **fixed: Any) -> Explorer:
     """A rank / spectrum explorer: an integer slider over ``ranks`` feeding ``plot_fn(ax, k=...)``."""
     import ipywidgets as w
 
     ranks = [int(r) for r in ranks]
-    if not ranks:
-        raise InputError("ranks is empty")
-    value = ranks[len(ranks) // 2] if value is None else int(value)
-    if value not in ranks:
-        raise InputError(f"value {value} is not one of the ranks {ranks[0]}..{ranks[-1]}")
+    value = _checked(ranks, None if value is None else int(value), ranks[len(ranks) // 2] if ranks else None, "rank")
     step = ranks[1] - ranks[0] if len(ranks) > 1 else 1
     slider = w.IntSlider(value=value, min=ranks[0], max=ranks[-1], step=step, description=description,
                          continuous_update=False)
@@ -91,11 +97,8 @@ def alpha_slider(plot_fn: Callable[..., Any], alphas: Sequence[float], value: fl
     import ipywidgets as w
 
     alphas = [float(a) for a in alphas]
-    if not alphas:
-        raise InputError("alphas is empty")
-    value = alphas[len(alphas) // 2] if value is None else float(value)
-    if value not in alphas:
-        raise InputError(f"value {value} is not one of the swept coefficients")
+    value = _checked(alphas, None if value is None else float(value), alphas[len(alphas) // 2] if alphas else None,
+                     "swept coefficient")
     slider = w.SelectionSlider(options=[(f"{a:g}", a) for a in alphas], value=value, description=description,
                                continuous_update=False)
     return Explorer(plot_fn, {name: slider}, **fixed)
@@ -107,9 +110,5 @@ def task_picker(plot_fn: Callable[..., Any], tasks: Sequence[str], value: str | 
     import ipywidgets as w
 
     tasks = [str(t) for t in tasks]
-    if not tasks:
-        raise InputError("tasks is empty")
-    value = tasks[0] if value is None else value
-    if value not in tasks:
-        raise InputError(f"unknown task {value!r}; tasks: {tasks}")
+    value = _checked(tasks, value, tasks[0] if tasks else None, "task")
     return Explorer(plot_fn, {name: w.Dropdown(options=tasks, value=value, description=description)}, **fixed)

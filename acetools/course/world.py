@@ -27,8 +27,7 @@ WORLDS = ("mini", "clip-vit-b32")
 
 
 def text_worlds() -> list[str]:
-    """The text worlds a notebook's ``world`` parameter takes: ``"text"`` (the default suite)
-    and every suite of :data:`acetools.world.text.tasks.SUITES` (``"text8"``, ...)."""
+    """The text worlds a notebook's ``world`` parameter takes: ``"text"`` (the default suite) and every suite."""
     from ..world.text.tasks import SUITES
 
     return ["text", *SUITES]
@@ -65,9 +64,7 @@ QUICK: dict[str, Any] = {
 FULL_EVAL: dict[str, int] = {"n_val": 100, "n_test": 500}
 QUICK_EVAL: dict[str, int] = {"n_val": 40, "n_test": 60}
 #: The text world's evaluation sizes (texts per task) in the full profile: its benchmark's
-#: (``benchmarks/text_world.py bench``, docs/text-world.md), so a lesson's numbers and the room
-#: its claims are judged by come from the same evaluation. (The quick profile's :data:`QUICK_EVAL`
-#: is the fixture text world's whole splits.)
+#: (``benchmarks/text_world.py bench``), so a lesson and the room its claims are judged by agree.
 TEXT_EVAL: dict[str, int] = {"n_val": 100, "n_test": 300}
 
 
@@ -97,11 +94,8 @@ def world(
     data_root: str | os.PathLike | None = None,
 ):
     """The built world of ``suite`` at ``size`` (expert seed ``seed``): the vision
-    :class:`~acetools.world.vision.zoo.Zoo`; with ``kind="clip-vit-b32"`` the
-    :class:`~acetools.world.clip.world.ClipWorld` of :func:`clip_suite` (from ``models_root`` /
-    ``data_root``); with a text ``kind`` the :class:`~acetools.world.text.world.TextWorld` of
-    :func:`text_suite` (``root``: its cache). ``quick``: the fixture world (:data:`QUICK`, or the
-    fixture text world); ``device``: where to train anything missing."""
+    :class:`~acetools.world.vision.zoo.Zoo`, or by ``kind`` the CLIP world of :func:`clip_suite` or the text
+    world of :func:`text_suite`. ``quick``: the fixture world; ``device``: where to train anything missing."""
     from ..utils import resolve_device
     from ..world.vision.zoo import Zoo
 
@@ -166,10 +160,8 @@ def benchmark(zoo, *, quick: bool = False, **overrides: Any):
 
 
 def repo_root(start: str | os.PathLike | None = None) -> Path:
-    """The repository the notebooks live in: the first folder, from ``start`` (default the
-    working directory) upwards, with ``pyproject.toml`` and ``notebooks/``; else the folder
-    above the installed package when it has ``notebooks/`` (an editable install); else
-    ``start`` itself."""
+    """The repository the notebooks live in: the first folder from ``start`` (default: the working directory)
+    upwards with ``pyproject.toml`` and ``notebooks/``; else an editable install's; else ``start``."""
     here = Path(start or os.getcwd()).resolve()
     for d in (here, *here.parents):
         if (d / "pyproject.toml").is_file() and (d / "notebooks").is_dir():
@@ -189,10 +181,8 @@ def default_figures_root(quick: bool, start: str | os.PathLike | None = None) ->
 
 def figures_path(figures_dir: str | os.PathLike = "", *, notebook: str | None = None, quick: bool | None = None,
                  world: str = "mini") -> Path:
-    """The folder a notebook writes its figures to, absolute, created if missing: ``figures_dir``, or the
-    profile's default (:func:`default_figures_root` / ``notebook``). A quick run into the committed
-    ``<repo>/figures`` is refused; a text ``world`` writes to ``<folder>-<world>``; with ``quick`` the
-    folder's :data:`MANIFEST` records notebook and profile."""
+    """The folder a notebook writes its figures to, created: ``figures_dir`` or the profile's default
+    (``<folder>-<world>`` for a text world). A quick run into the committed ``<repo>/figures`` is refused."""
     _check_world(world)
     if str(figures_dir) == "":
         if notebook is None or quick is None:
@@ -236,8 +226,7 @@ def note_world(folder: str | os.PathLike, world: Any) -> None:
 
 
 def display_path(path: str | os.PathLike) -> str:
-    """``path`` as a page shows it: relative to the repository when inside it (``figures/benchmark``),
-    else ``…/<parent>/<name>`` — never a machine's absolute build path."""
+    """``path`` as a page shows it: relative to the repository, else ``…/<parent>/<name>``."""
     p = Path(path).resolve()
     root = repo_root()
     try:
@@ -247,8 +236,7 @@ def display_path(path: str | os.PathLike) -> str:
 
 
 def describe(zoo, quick: bool) -> str:
-    """One sentence saying which world a notebook runs on: the quick profile's fixture world
-    (how many tasks, which) or the mini-world's suite, with the model size."""
+    """One sentence saying which world a notebook runs on."""
     tasks = ", ".join(zoo.tasks)
     if getattr(zoo, "kind", None) == "text":
         if quick:

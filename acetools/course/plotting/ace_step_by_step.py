@@ -8,15 +8,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ...errors import InputKeyError
-from ...keys import short_label as _short_label
-from ...keys import short_name
+from ...keys import short_label, short_name  # short_label: ``...resblocks.3.mlp.c_fc.weight`` -> ``3.c_fc``
 from ...plotting import finish
-
-
-def short_label(key: str) -> str:
-    """A compact layer name for tick labels: ``visual.transformer.resblocks.3.mlp.c_fc.weight``
-    -> ``3.c_fc``; ``visual.positional_embedding`` -> ``pos_emb`` (:func:`acetools.keys.short_label`)."""
-    return _short_label(key, style="dot")
 
 
 def _wants_log(values, ratio: float = 100.0) -> bool:
@@ -27,7 +20,7 @@ def _wants_log(values, ratio: float = 100.0) -> bool:
 
 def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | None = None, title: str | None = None):
     """gamma of every matrix, one column per layer type, against the paper's ViT line ``vit`` and ACE's
-    gate ``tau`` (flagged layers in red); ``logy=None``: log scale when gamma spans two decades."""
+    gate ``tau``; ``logy=None``: log scale when gamma spans two decades."""
     missing = [c for c in ("layer_type", "gamma") if c not in table.columns]
     if missing:
         raise InputKeyError(f"gamma_strip: the table has no column {missing[0]!r} (columns: {list(table.columns)}); "
@@ -55,8 +48,7 @@ def gamma_strip(ax, table, *, vit: float = 0.25, tau: float = 0.3, logy: bool | 
 
 
 def gamma_scaling(ax, df, *, tau: float = 0.3, title: str | None = None):
-    """gamma of c·ΔW_t against the scale c (log-log), ``df`` with columns scale and gamma; the
-    gate line tau and the actual weights (c = 1)."""
+    """gamma of c·ΔW_t against the scale c (log-log; ``df``: scale, gamma), the gate tau and c = 1 marked."""
     d = df.sort_values("scale")
     ax.plot(d["scale"], d["gamma"], marker="o", ms=3, label="gamma(c·ΔW)")
     ax.axhline(tau, color="k", ls=":", lw=1, label=f"gate tau = {tau}")
@@ -104,8 +96,7 @@ def prior_profile(ax, profile, *, title: str | None = None):
 
 def spectra(ax, spectra: Mapping[str, Sequence[float]], *, top_frac: float | None = 0.05, logy: bool = True,
             title: str | None = None):
-    """Singular values (descending, against their index) of several matrices, one line each;
-    a vertical line where the top ``top_frac`` of the singular values ends."""
+    """Singular values (descending) of several matrices, one line each; a line where the top ``top_frac`` ends."""
     r = 0
     for label, s in spectra.items():
         s = np.sort(np.asarray(s, dtype=float))[::-1]
@@ -147,9 +138,8 @@ def refined_spectrum(ax, pre: Sequence[float], refined: Mapping[int, Sequence[fl
 
 def layer_metrics(ax, table, columns: Mapping[str, str] | Sequence[str], *, hlines: Mapping[str, float] | None = None,
                   logy: bool = False, ylabel: str | None = None, title: str | None = None):
-    """One marker line per column of a per-layer table (``layer_table``), layers on the x axis
-    (:func:`short_label`); ``columns``: column names or {column: legend label};
-    ``hlines``: {label: y} reference lines (e.g. the paper's numbers)."""
+    """One marker line per column (names or {column: legend label}) of a per-layer table (``layer_table``),
+    layers on the x axis; ``hlines``: {label: y} reference lines (e.g. the paper's numbers)."""
     cols = dict(columns) if isinstance(columns, Mapping) else {c: c for c in columns}
     x = np.arange(len(table))
     for i, (c, label) in enumerate(cols.items()):
@@ -167,9 +157,8 @@ def layer_metrics(ax, table, columns: Mapping[str, str] | Sequence[str], *, hlin
 
 def ablation_bars(ax, table, *, column: str = "test_normalized", reference: str = "ACE (full)", noise: float = 0.5,
                   title: str | None = None):
-    """Horizontal bars of ``column`` per ablation variant, one colour per suite, with the band
-    reference ± ``noise`` (differences inside it count as no effect). ``table``:
-    :attr:`acetools.course.ace_step_by_step.Ablation.table`."""
+    """Horizontal bars of ``column`` per variant of an ``Ablation.table``, one colour per suite, with the
+    band reference ± ``noise`` (differences inside it count as no effect)."""
     suites = list(dict.fromkeys(table["suite"]))
     variants = list(dict.fromkeys(table["variant"]))
     h = 0.8 / len(suites)
@@ -198,9 +187,8 @@ def ablation_bars(ax, table, *, column: str = "test_normalized", reference: str 
 
 def eps_units(ax, table, *, paper_eps: float | None = 1e-5, default_eps: float | None = 1e-2,
               title: str | None = None):
-    """ACE's normalized test accuracy against the ridge in the covariance's units, eps·d_in/tr
-    (:func:`acetools.course.ace_step_by_step.eps_sweep`), one line per ``eps_mode``; the
-    absolute eps values of the paper (ViT) and of the code default are marked where they fall."""
+    """ACE's normalized test accuracy against the ridge in the covariance's units, eps·d_in/tr (``eps_sweep``),
+    one line per ``eps_mode``; the paper's (ViT) and the code's default eps marked."""
     for i, (mode, d) in enumerate(table.groupby("eps_mode", sort=False)):
         d = d.sort_values("ridge_rel")
         ax.plot(d["ridge_rel"], d["test_normalized"], "o-", color=f"C{i}", ms=4,

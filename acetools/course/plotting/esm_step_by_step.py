@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -11,10 +12,8 @@ from ...errors import InputError
 from ...keys import short_label
 from ...plotting import finish
 
-
-def short_key(key: str) -> str:
-    """``visual.transformer.resblocks.3.mlp.c_fc.weight`` -> ``b3 c_fc`` (labels of plots)."""
-    return short_label(key, style="b")
+#: Plot labels: ``visual.transformer.resblocks.3.mlp.c_fc.weight`` -> ``b3 c_fc``.
+short_key = functools.partial(short_label, style="b")
 
 
 def _check_columns(df, cols, what):
@@ -29,9 +28,8 @@ def energy_curves_at_rank(ax, k: int, *, curves, r_max: int, data: str = "held-o
 
 
 def energy_curves(ax, curves, *, data: str = "held-out", k_frac: float | None = None, title: str | None = None):
-    """Mean activation-shift energy captured against the share of components kept, one colour
-    per layer type, ESD solid and SVD dashed (``curves`` of :func:`acetools.course.esm_step_by_step.esd_vs_svd`,
-    rows with ``data``). ``k_frac`` draws a marker line at that retention."""
+    """Mean activation-shift energy captured against the share of components kept (``esd_vs_svd``'s curves),
+    one colour per layer type, ESD solid and SVD dashed; ``k_frac`` marks that retention."""
     _check_columns(curves, ["layer_type", "data", "frac", "esd", "svd"], "energy_curves")
     sub = curves[curves["data"] == data]
     if sub.empty:
@@ -51,8 +49,7 @@ def energy_curves(ax, curves, *, data: str = "held-out", k_frac: float | None = 
 
 
 def cka_bars(ax, table, *, data: str = "held-out", title: str | None = None):
-    """Mean linear CKA of the rank-k reconstruction with the full shift, ESD vs SVD, per layer
-    type and over all layers (``table`` of :func:`acetools.course.esm_step_by_step.esd_vs_svd`)."""
+    """Mean linear CKA of the rank-k reconstruction with the full shift, ESD vs SVD, per layer type and overall."""
     _check_columns(table, ["layer_type", "data", "cka_esd", "cka_svd"], "cka_bars")
     sub = table[table["data"] == data]
     if sub.empty:
@@ -71,8 +68,8 @@ def cka_bars(ax, table, *, data: str = "held-out", title: str | None = None):
 
 def gram_image(ax, G, *, block: int | Sequence[int] | None = None, title: str | None = None,
                vmax: float | None = None):
-    """A Gram matrix (e.g. P_cat^T P_cat) as an image, diverging colours centred at 0; with
-    ``block`` (the per-task rank k, or each task's own k_t) thin lines separate the tasks' blocks."""
+    """A Gram matrix (e.g. P_cat^T P_cat) as an image centred at 0; ``block`` (the rank k, or each task's k_t)
+    draws lines between the tasks' blocks."""
     G = np.asarray(G, dtype=float)
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
         raise InputError(f"gram_image needs a square matrix, got shape {G.shape}")
@@ -104,8 +101,7 @@ def task_factor_heatmap(ax, factors, *, title: str | None = None):
 
 
 def dimension_factor_plot(ax, factors: Mapping[str, Sequence[float]], *, title: str | None = None):
-    """Inter-dimension factors c_j of one or more layers, sorted descending (log scale);
-    ``factors``: label -> the d_in factors of that layer."""
+    """Inter-dimension factors c_j (label -> the layer's d_in factors), sorted descending, log scale."""
     for label, c in factors.items():
         c = np.sort(np.asarray(c, dtype=float))[::-1]
         ax.plot(np.arange(1, len(c) + 1), c, label=label)
@@ -118,8 +114,7 @@ def dimension_factor_plot(ax, factors: Mapping[str, Sequence[float]], *, title: 
 
 
 def layer_factor_bars(ax, table, *, title: str | None = None):
-    """Inter-layer factors beta per block, one bar per layer type (docs/methods.md §ESM, Eq. (ESM.10));
-    ``table`` has the columns layer_type, block and beta."""
+    """Inter-layer factors beta per block (columns layer_type, block, beta), docs/methods.md §ESM, Eq. (ESM.10)."""
     _check_columns(table, ["layer_type", "block", "beta"], "layer_factor_bars")
     types = list(dict.fromkeys(table["layer_type"]))
     blocks = sorted(table["block"].unique())
@@ -140,8 +135,7 @@ def layer_factor_bars(ax, table, *, title: str | None = None):
 def accuracy_bars(ax, values: Mapping[str, float], *, baseline: float | None = None, baseline_label: str = "baseline",
                   ylabel: str = "test accuracy (%)", title: str | None = None, noise: float | None = None,
                   reference: str | None = None):
-    """Bars of ``values`` (label -> %) with the axis zoomed on them; optional ``baseline``
-    line and a ``noise`` band of +-noise around ``values[reference]``."""
+    """Bars of ``values`` (label -> %), zoomed; a ``baseline`` line and a ±``noise`` band at ``values[reference]``."""
     labels, vals = list(values), np.array([float(v) for v in values.values()])
     pos = np.arange(len(vals))
     ax.bar(pos, vals, color=["C3" if lab == reference else "C0" for lab in labels])
@@ -162,8 +156,7 @@ def accuracy_bars(ax, values: Mapping[str, float], *, baseline: float | None = N
 
 def ablation_bars(ax, df, *, value: str = "test_acc", hue: str = "suite", title: str | None = None,
                   ylabel: str | None = None):
-    """Grouped bars of ``value`` per ablation variant, one colour per ``hue`` (suite);
-    ``df`` as :func:`acetools.course.esm_step_by_step.runs_table` with a ``suite`` column."""
+    """Grouped bars of ``value`` per ablation variant (``runs_table`` rows), one colour per ``hue``."""
     _check_columns(df, ["variant", value, hue], "ablation_bars")
     variants = list(dict.fromkeys(df["variant"]))
     hues = list(dict.fromkeys(df[hue]))
@@ -181,8 +174,7 @@ def ablation_bars(ax, df, *, value: str = "test_acc", hue: str = "suite", title:
 
 
 def search_traces(ax, runs, *, title: str | None = None):
-    """Average normalized validation accuracy against alpha for each run's search (a list of
-    :class:`acetools.benchmark.MethodRun`), the chosen alpha marked."""
+    """Normalized validation accuracy against alpha of each run's search (``MethodRun``), the chosen alpha marked."""
     for i, r in enumerate(runs):
         tr = r.search.sort_values("alpha")
         ax.plot(tr["alpha"], 100 * tr["avg_normalized_top1"], marker=".", color=f"C{i % 10}", label=r.name)
@@ -206,9 +198,8 @@ def search_traces(ax, runs, *, title: str | None = None):
 
 
 def norm_order_bars(ax, table, *, title: str | None = None):
-    """Mean normalized accuracy of the experts with their ESD layers reduced to ESM's budget,
-    components kept in norm or reverse order (raw / equal norms), plus the ``none`` and
-    ``all`` references (:func:`acetools.course.esm_step_by_step.norm_order_table`)."""
+    """Mean normalized accuracy of the experts cut to ESM's budget in norm or reverse order (raw / equal norms),
+    beside the ``none`` and ``all`` references (``norm_order_table``)."""
     _check_columns(table, ["order", "equal_norms", "normalized"], "norm_order_bars")
     m = table.groupby(["order", "equal_norms"], sort=False)["normalized"].mean()
     labels, vals, colors = [], [], []
