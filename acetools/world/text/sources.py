@@ -1,15 +1,7 @@
-"""Real, offline labelled text from Debian packages and the Python installation.
-
-Each *source* reads one kind of text from files that a Debian package installs (or from
-docstrings of installed Python libraries) and returns ``{label: [text, ...]}``. The tasks in
-:mod:`acetools.world.text.tasks` pick classes from a source, balance them and cut fixed
-train / val / test splits.
-
-Every source names the Debian packages (or Python distributions) it reads, so the task
-cache key can record their installed versions (:func:`provenance`). A missing package is a
-:class:`SourceMissing` error that says which package to install; ``scripts/setup.sh``
-installs them all.
-"""
+"""Real, offline labelled text: each :class:`Source` reads files of Debian packages (or docstrings of
+installed Python libraries) as ``{label: [text, ...]}`` and names what it reads, so a task's cache key
+records their versions (:func:`provenance`); a missing package is a :class:`SourceMissing` error naming
+it (docs/text-world.md §The tasks)."""
 
 from __future__ import annotations
 
@@ -20,7 +12,7 @@ import subprocess
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import chain
 from pathlib import Path
 
@@ -260,14 +252,6 @@ def _debian_descriptions() -> dict[str, list[str]]:
     return dict(out)
 
 
-def _debian_names() -> dict[str, list[str]]:
-    out: dict[str, list[str]] = defaultdict(list)
-    for pkg, sec, _ in _dumpavail():
-        if sec not in DEB_SECTIONS_EXCLUDED:
-            out[sec].append(pkg.replace("-", " "))
-    return dict(out)
-
-
 # --------------------------------------------------------------------------- WordNet hypernyms
 
 def _wordnet_hypernym_classes(lexname: str, classes: tuple[str, ...]) -> dict[str, list[str]]:
@@ -421,17 +405,10 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("words", _words, tuple(pkg for _, pkg in WORD_LISTS.values()), doc="words -> language"),
     Source("debian_description", _debian_descriptions, ("apt",),
            doc="Debian package short descriptions -> archive section"),
-    Source("debian_name", _debian_names, ("apt",), doc="Debian package names -> archive section"),
-    Source("wordnet_animal", lambda: _wordnet_hypernym_classes("noun.animal", ANIMAL_CLASSES), ("wordnet-base",),
-           doc="WordNet animal glosses -> the animal class above them (mammal, bird, ...)"),
-    Source("wordnet_plant", lambda: _wordnet_hypernym_classes("noun.plant", PLANT_CLASSES), ("wordnet-base",),
-           doc="WordNet plant glosses -> the plant kind above them (tree, herb, ...)"),
-    Source("wordnet_artifact", lambda: _wordnet_hypernym_classes("noun.artifact", ARTIFACT_CLASSES),
-           ("wordnet-base",), doc="WordNet artifact glosses -> the artifact kind above them (tool, vehicle, ...)"),
-    Source("wordnet_person", lambda: _wordnet_hypernym_classes("noun.person", PERSON_CLASSES), ("wordnet-base",),
-           doc="WordNet person glosses -> the kind of person above them (worker, writer, ...)"),
-    Source("wordnet_food", lambda: _wordnet_hypernym_classes("noun.food", FOOD_CLASSES), ("wordnet-base",),
-           doc="WordNet food glosses -> the kind of food above them (dish, meat, ...)"),
+    *(Source(f"wordnet_{kind}", partial(_wordnet_hypernym_classes, f"noun.{kind}", classes), ("wordnet-base",),
+             doc=f"WordNet {kind} glosses -> the kind of {kind} above them ({classes[0]}, {classes[1]}, ...)")
+      for kind, classes in (("animal", ANIMAL_CLASSES), ("plant", PLANT_CLASSES), ("artifact", ARTIFACT_CLASSES),
+                            ("person", PERSON_CLASSES), ("food", FOOD_CLASSES))),
     Source("code", _code_lines, tuple(p for pat, _, _ in CODE_PACKAGES.values() for p in pat.split()),
            doc="lines of source code from Debian packages -> programming language"),
     Source("docstrings", _docstrings, pydists=tuple(_DIST.get(d, d) for d in DOC_LIBRARIES),

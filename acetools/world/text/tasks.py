@@ -1,12 +1,5 @@
-"""The text world's tasks: classes picked from a source, balanced, with fixed splits.
-
-A :class:`TextTask` names its source (:mod:`acetools.world.text.sources`), its classes and how
-many texts per class go to train / val / test. :func:`build_task` reads the source, removes
-duplicate texts (a text that occurs under two labels is dropped), orders each class by a hash
-of its texts, and cuts the splits class by class. So every split is balanced, the splits never
-share a text, and a source that changes by a few texts changes the splits by those texts
-only. The result is a :class:`TextData` per split with a content hash.
-"""
+"""The text world's tasks: classes picked from a source (:mod:`acetools.world.text.sources`), balanced,
+cut into fixed train / val / test splits that share no text (docs/text-world.md §The tasks)."""
 
 from __future__ import annotations
 

@@ -29,25 +29,20 @@ from ...utils import atomic_write, cpu_threads, make_generator, progress, resolv
 from ..base import WorldBase, cache_dir
 from .finetune import (
     TextFinetuneConfig,
-    evaluate_text,
     finetune_text,
     head_from_state,
-    head_state,
     text_correctness,
     zeroshot_head,
 )
 from .model import TextEncoder, load_tokenizer, merged_keys
 from .tasks import SUITES, TASKS, TextData, TextTask, build_task, task_provenance
 
-__all__ = ["TextWorld", "TEXT_SUITES", "FIXTURE_TASKS"]
+__all__ = ["TextWorld", "FIXTURE_TASKS"]
 
 log = logging.getLogger(__name__)
 StateDict = dict[str, Tensor]
 #: Part of every cache key: bump it when the data splits or the expert recipe change meaning.
 TEXT_WORLD_VERSION = 2
-
-#: The full profile's suites (:data:`acetools.world.text.tasks.SUITES`).
-TEXT_SUITES: dict[str, tuple[str, ...]] = SUITES
 
 #: The quick profile's tasks: three small ones from the same sources.
 FIXTURE_TASKS: dict[str, TextTask] = {t.name: t for t in (
@@ -70,7 +65,7 @@ class TextWorld(WorldBase):
 
     Parameters
     ----------
-    suite: a name in :data:`TEXT_SUITES` (``"text8"``, ``"text12"``; ``"fixture"`` with
+    suite: a name in :data:`acetools.world.text.tasks.SUITES` (``"text8"``, ``"text12"``; ``"fixture"`` with
         ``profile="quick"``), or a list of task names.
     seed: the experts' fine-tuning seed.
     profile: ``"full"`` (MiniLM from its wheel) or ``"quick"`` (the fixture world).
@@ -92,7 +87,7 @@ class TextWorld(WorldBase):
         self.profile = profile
         catalogue = FIXTURE_TASKS if profile == "quick" else TASKS
         if isinstance(suite, str):
-            suites = {"fixture": tuple(FIXTURE_TASKS)} if profile == "quick" else TEXT_SUITES
+            suites = {"fixture": tuple(FIXTURE_TASKS)} if profile == "quick" else SUITES
             if suite not in suites:
                 raise InputError(f"unknown text suite {suite!r} for profile {profile!r}; valid: {sorted(suites)}")
             self.suite: str | None = suite
@@ -238,12 +233,12 @@ class TextWorld(WorldBase):
             metrics = finetune_text(enc, head, self.split(task, "train"), self.tokenizer, self.config,
                                     seed=self._task_seed(task),
                                     device=self.device, desc=f"expert {task}")
-            metrics["val_acc"] = evaluate_text(enc, head, self.split(task, "val"), self.tokenizer,
-                                               max_length=self.config.max_length, bf16=self.config.bf16,
-                                               device=self.device)
+            hits = text_correctness(enc, head, self.split(task, "val"), self.tokenizer,
+                                    max_length=self.config.max_length, bf16=self.config.bf16, device=self.device)
+            metrics["val_acc"] = int(hits.sum()) / max(1, len(hits))
         full = enc.state()
         state = {k: full[k] for k in merged_keys(full, self.config.params)}
-        state.update({f"head.{k}": v for k, v in head_state(head).items()})
+        state.update({f"head.{k}": v.detach().clone() for k, v in head.state_dict().items()})
         meta = {"kind": "text_expert", "task": task, "key": key, "key_fields": fields, "metrics": metrics,
                 "seconds": round(time.perf_counter() - t0, 2)}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -321,14 +316,13 @@ class TextWorld(WorldBase):
             b = self.tokenizer([t], truncation=True, max_length=self.config.max_length, return_tensors="pt")
             yield {"input_ids": b["input_ids"].to(self.device), "attention_mask": b["attention_mask"].to(self.device)}
 
-    def layer_inputs(self, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str]) -> dict[str, Tensor]:
+    def layer_inputs(self, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str],
+                     capture=capture_inputs) -> dict[str, Tensor]:
         """Input activations (tokens x d_in) of ``keys`` inside the encoder with ``state``."""
         enc = self.encoder(state)
         with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
-            return capture_inputs(enc.bert, self._batches(texts), list(keys))
+            return capture(enc.bert, self._batches(texts), list(keys))
 
     def gram_inputs(self, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str]) -> dict[str, Tensor]:
         """RegMean's Grams XᵀX of ``keys``' inputs over the tokens of ``texts``."""
-        enc = self.encoder(state)
-        with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
-            return gram_matrices(enc.bert, self._batches(texts), list(keys))
+        return self.layer_inputs(state, texts, keys, capture=gram_matrices)
