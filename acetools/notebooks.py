@@ -176,16 +176,6 @@ def parameter_choices(info: Mapping[str, Any], name: str = "parameter", notebook
     return what, [str(k) for k in registry]
 
 
-def _check_known_value(name: str, value: Any, info: Mapping[str, Any], notebook: str) -> None:
-    known = parameter_choices(info, name, notebook)
-    if known is None:
-        return
-    what, allowed = known
-    for v in value if isinstance(value, (list, tuple)) else [value]:
-        if isinstance(v, str) and v not in allowed:
-            raise ParameterTypeError(f"parameter {name!r} of {notebook}: unknown {what} {v!r}; {what}s: {allowed}")
-
-
 def _check_names(path: Path, params: Mapping[str, Any], declared: Mapping[str, Any]) -> None:
     unknown = sorted(set(params) - set(declared))
     if unknown:
@@ -203,7 +193,11 @@ def check_parameters(paths: Sequence[str | os.PathLike], parameters: Mapping[str
         _check_names(path, parameters, declared)
         for name, value in parameters.items():
             out[name] = coerce_parameter(name, value, declared[name], path.stem)
-            _check_known_value(name, out[name], declared[name], path.stem)
+            what, allowed = parameter_choices(declared[name], name, path.stem) or ("", None)
+            for v in out[name] if isinstance(out[name], (list, tuple)) else [out[name]]:
+                if allowed is not None and isinstance(v, str) and v not in allowed:
+                    raise ParameterTypeError(f"parameter {name!r} of {path.stem}: unknown {what} {v!r}; "
+                                             f"{what}s: {allowed}")
     return out
 
 
