@@ -75,10 +75,8 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
                    device: str = "auto", world_options: dict | None = None) -> BenchmarkData:
     """Notebook 04's setup: read (or, with ``quick`` / ``recompute``, first write) the result files.
 
-    Full profile: ``suites`` at ``size`` in ``results_dir``. Quick: the fixture world's 3 tasks as 2
-    and 3 (the "more tasks" axis), under ``<figures_dir>/results``. ``world_options``
-    (:func:`acetools.course.world.world_options`) selects the CLIP world's files or a text world's
-    (``recompute`` is refused there); docs/course.md §04_benchmark."""
+    Full profile: ``suites`` at ``size`` in ``results_dir``; quick: the fixture world as 2 and 3 tasks under
+    ``<figures_dir>/results``; ``world_options`` selects the CLIP or a text world (docs/course.md §04_benchmark)."""
     from .. import results
     from ..benchmark import ACE_SCALED_ROW, VARIANTS
     from ..search import PATIENCE

@@ -69,13 +69,10 @@ def esd_vs_svd(
     heldout: Mapping[str, Sequence[Tensor]] | None = None,
     level: float = 0.9,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """ESD's basis P against SVD's U for every task and key (docs/methods.md §ESM, Eq. (ESM.1)).
-
-    Energy kept, ||dO B_k||_F² / ||dO||_F² with dO = X tau^T, and the CKA of dO with its rank-k
-    reconstruction, on the fit rows (``data="in-sample"``) and, with ``heldout``, on other inputs of
-    the task (``"held-out"``). Returns ``(curves, table)``: curves per k (esd, svd energy), and per
-    task/key/data the values at k = :func:`rank_at` ``(frac, r)``, ``k90_*`` (:func:`components_for`
-    at ``level``) and ``coord_norm`` = ||P_tᵀ tau_t||_F (Eq. (ESM.4))."""
+    """ESD's basis P against SVD's U for every task and key (docs/methods.md §ESM, Eq. (ESM.1)): the energy kept,
+    ||dO B_k||_F² / ||dO||_F² with dO = X tau^T, and the CKA of dO with its rank-k reconstruction, on the fit rows
+    (``"in-sample"``) and on ``heldout`` inputs. Returns ``(curves, table)``: curves per k, and per task/key/data
+    the values at k = :func:`rank_at` ``(frac, r)``, ``k90_*`` and ``coord_norm`` = ||P_tᵀ tau_t||_F (Eq. (ESM.4))."""
     keys = list(activations) if keys is None else list(keys)
     sources: dict[str, Mapping[str, Sequence[Tensor]] | None] = {"in-sample": None}
     if heldout is not None:
@@ -146,12 +143,9 @@ def heldout_inputs(bench, n: int | None = None) -> dict[str, Any]:
 
 def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | None = None,
                  n_few: int = 4, seed: int | None = None) -> dict[str, Any]:
-    """The proxy inputs each task's expert sees under ``variant`` (:data:`PROXY_VARIANTS`; texts in the text world).
-
-    ``n`` per task (default ``bench.n_proxy``), drawn with ``seed`` (default ``bench.proxy_seed``) as
-    :meth:`acetools.benchmark.Benchmark.proxy_batch` draws them: the task's validation inputs, the
-    next task's, ``pool`` (required for "pretraining pool"), the task's most frequent class, or the
-    first ``n_few`` in-distribution ones (docs/course.md §03_esm_step_by_step)."""
+    """The proxy inputs each task's expert sees under ``variant`` (:data:`PROXY_VARIANTS`): ``n`` per task drawn
+    with ``seed`` (defaults: the bench's) from the task's validation inputs, the next task's, ``pool`` (required
+    for "pretraining pool"), its most frequent class, or ``n_few`` of them (docs/course.md §03_esm_step_by_step)."""
     if variant not in PROXY_VARIANTS:
         raise InputError(f"unknown proxy variant {variant!r}; variants: {list(PROXY_VARIANTS)}")
     n = bench.n_proxy if n is None else int(n)
@@ -271,10 +265,8 @@ def alpha_keys(base: Mapping[str, Tensor], hparams: Mapping[str, Any]) -> list[s
 
 
 def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None, **hparams: Any):
-    """Merge with ``esm`` once at alpha = 1: ``(at, merge_seconds)``, ``at(alpha)`` the merge at any alpha.
-
-    alpha is linear on :func:`alpha_keys` (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)), so one merge
-    serves a whole search. ``activations`` default to ``bench.esm_activations()``."""
+    """Merge with ``esm`` once at alpha = 1: ``(at, merge_seconds)``, ``at(alpha)`` the merge at any alpha
+    (alpha is linear on :func:`alpha_keys`, docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12))."""
     import warnings
 
     if "alpha" in hparams:
@@ -301,11 +293,8 @@ def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None
 def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
             grid: Sequence[float] | None = None, search: str = "climb", patience: int | None = 1,
             label: str | None = None, inputs_seconds: float | None = None, **hparams: Any):
-    """ESM on ``bench`` with alpha chosen on validation, scored on test: a :class:`acetools.benchmark.MethodRun`.
-
-    ``grid=None``: the paper's search (:func:`acetools.search.esm_search`); else ``search="climb"``
-    or ``"grid"`` over ``grid``. ``merge_seconds`` is the merge alone; ``inputs_seconds`` the proxy
-    capture (given, or timed here when ``activations`` is None; 0 for ``decomposition="svd"``)."""
+    """ESM on ``bench`` with alpha chosen on validation (``grid=None``: the paper's ``esm_search``; else a climb
+    or grid over ``grid``), scored on test: a ``MethodRun``; ``inputs_seconds``: the proxy capture's."""
     from ..benchmark import MethodRun
 
     if search not in ("climb", "grid"):
@@ -366,9 +355,8 @@ def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None,
                  patience: int | None = 1, done: Mapping[str, Any] | None = None,
                  progress: bool | None = None, inputs_seconds: float | None = None,
                  tsv_m_patience: int | None = TSV_M_PATIENCE) -> list:
-    """:func:`run_esm` for each row in ``names`` (default :data:`ABLATION`, then :data:`TSV_M_ROW`, run
-    by :func:`run_tsv_m`). ``done`` (row -> MethodRun) reuses runs already made. The proxy capture is
-    made once and reported as every ESD row's ``inputs_seconds``."""
+    """:func:`run_esm` for each row in ``names`` (default :data:`ABLATION`, then :data:`TSV_M_ROW`), reusing the
+    runs of ``done`` (row -> MethodRun); the proxy capture is made once, every ESD row's ``inputs_seconds``."""
     from ..utils import progress as bar
 
     names = list(ABLATION) + [TSV_M_ROW] if names is None else list(names)
@@ -438,9 +426,8 @@ def essential_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor
 def load_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor],
                     components: Mapping[str, tuple[Tensor, Tensor]], budget: Mapping[str, int] | int, *,
                     order: str = "norm", equal_norms: bool = False) -> StateDict:
-    """``expert`` with each layer of ``components`` replaced by W0 plus ``budget`` of its components
-    p_i a_i^T: the largest ||a_i|| (``order="norm"``) or the smallest (``"reverse"``); with
-    ``equal_norms`` every kept row has the mean norm (the paper's "even after normalising the norms")."""
+    """``expert`` with each layer of ``components`` cut to W0 plus ``budget`` components p_i a_i^T, largest ||a_i||
+    first (``order="norm"``) or smallest (``"reverse"``); ``equal_norms`` gives every kept row the mean norm."""
     if order not in ("norm", "reverse"):
         raise InputError(f"order={order!r} must be 'norm' or 'reverse'")
     out = dict(expert)
@@ -458,9 +445,8 @@ def load_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor],
 
 def norm_order_table(bench, activations: Mapping[str, Sequence[Tensor]] | None = None, *,
                      budget: str = "esm", split: str = "test") -> pd.DataFrame:
-    """Each expert with its ESD layers cut to ``budget`` components in norm or reverse order, raw and
-    equal norms (:func:`load_components`), scored on its own task; ``budget="esm"`` is
-    :func:`acetools.merging.esm.rank_budget`. Reference rows ``"none"`` and ``"all"``."""
+    """Each expert with its ESD layers cut to ESM's rank budget in norm or reverse order, raw and equal norms
+    (:func:`load_components`), scored on its own task, beside the references ``"none"`` and ``"all"``."""
     acts = bench.esm_activations() if activations is None else activations
     keys = list(acts)
     base, T = bench.base, len(bench.tasks)
