@@ -13,7 +13,8 @@ The real experts are ViTs fine-tuned from the base; these proxies cost seconds p
   frozen class-prototype heads ("not already solved by a generic base").
 
 ``python3 benchmarks/calibrate_tasks.py --suite tasks20`` prints the table
-(``acetools/world/vision/data/CALIBRATION.md`` reads it).
+(``acetools/world/vision/data/CALIBRATION.md`` reads it); ``--prepare`` first builds and caches the suite's
+tasks in two processes (:func:`prepare`).
 """
 
 from __future__ import annotations
@@ -213,6 +214,19 @@ def calibrate(names, root=None, n_train: int = 3000, seconds: float = 45.0, pool
     return pd.DataFrame(rows)
 
 
+def prepare(names, root=None, allow_download: bool = False, workers: int = 2) -> None:
+    """Build and cache every task of ``names`` that is not cached yet, ``workers`` tasks at a time
+    (:func:`acetools.world.vision.data.load_split` builds a whole task and caches it)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    from functools import partial
+
+    build = partial(load_split, split="test", root=root, allow_download=allow_download)
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        for name, _ in zip(names, ex.map(build, names)):
+            print("cached", name)
+
+
 def main(argv=None):  # pragma: no cover - a command-line wrapper
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--suite", default="tasks20")
@@ -224,7 +238,10 @@ def main(argv=None):  # pragma: no cover - a command-line wrapper
     p.add_argument("--pool-seconds", type=float, default=300.0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", help="CSV file for the table")
+    p.add_argument("--prepare", action="store_true", help="first build and cache the tasks in two processes")
     a = p.parse_args(argv)
+    if a.prepare:
+        prepare(a.tasks or SUITES[a.suite], root=a.root)
     torch.set_num_threads(a.threads)
     pool = pretraining_pool(root=a.root) if a.pool else None
     df = calibrate(a.tasks or SUITES[a.suite], root=a.root, n_train=a.n_train, seconds=a.seconds, pool=pool,

@@ -17,13 +17,11 @@ __all__ = ["WorldEntry", "WORLDS", "world_suites", "get_world"]
 
 @dataclass(frozen=True)
 class WorldEntry:
-    """One registered world: its class and its suites (``"module:attribute"``), extra suites, one line about it."""
+    """One registered world: its class and its suite table (``"module:attribute"``), default and extra suites."""
 
-    name: str
     target: str
     suite_table: str
     default_suite: str
-    about: str
     extra_suites: tuple[str, ...] = ()
 
     def load(self) -> Any:
@@ -39,13 +37,10 @@ def _resolve(target: str) -> Any:
 
 
 WORLDS: dict[str, WorldEntry] = {
-    "vision": WorldEntry("vision", "acetools.world.vision.world:VisionWorld", "acetools.world.vision.data:SUITES",
-                         "tasks8", "the image mini-world (shipped ViT base, experts built and cached)"),
-    "text": WorldEntry("text", "acetools.world.text.world:TextWorld", "acetools.world.text.tasks:SUITES", "text8",
-                       "all-MiniLM-L6-v2 on offline text tasks (fixture: profile='quick')", ("fixture",)),
-    "clip-vit-b32": WorldEntry("clip-vit-b32", "acetools.world.clip.world:ClipWorld",
-                               "acetools.world.clip.tasks:CLIP_SUITES", "clip8",
-                               "CLIP ViT-B/32 and the public fine-tuned experts (the papers' setting; a GPU)"),
+    "vision": WorldEntry("acetools.world.vision.world:VisionWorld", "acetools.world.vision.data:SUITES", "tasks8"),
+    "text": WorldEntry("acetools.world.text.world:TextWorld", "acetools.world.text.tasks:SUITES", "text8",
+                       ("fixture",)),
+    "clip-vit-b32": WorldEntry("acetools.world.clip.world:ClipWorld", "acetools.world.clip.tasks:CLIP_SUITES", "clip8"),
 }
 
 

@@ -134,9 +134,6 @@ class ClipWorld(WorldBase):
             self._base_model = load_hf_base(self._base_folder)
         return self._base_model
 
-    def _to_device(self, state: StateDict) -> StateDict:
-        return {k: v.to(self.device) for k, v in state.items()}
-
     def base_state(self) -> StateDict:
         """W0 of the merged part (on ``device``)."""
         if self._base is None:
@@ -153,7 +150,7 @@ class ClipWorld(WorldBase):
             self._hashes["base"] = state_hash(state)
             self._records["base"] = {"kind": "clip_base", "id": BASE_ID, "layout": self.layout, "path": src,
                                      "content_sha256": self._hashes["base"]}
-            self._base = self._to_device(state)
+            self._base = {k: v.to(self.device) for k, v in state.items()}
         return self._base
 
     def expert_state(self, task: str) -> StateDict:
@@ -165,11 +162,7 @@ class ClipWorld(WorldBase):
                 from .models import load_openclip_state, openclip_paths
 
                 path = openclip_paths(self.openclip_root, task)["state"]
-                state = load_openclip_state(path)
-                missing = [k for k in base if k not in state]
-                if missing or len(state) != len(base):
-                    odd = missing[:1] or sorted(set(state) - set(base))[:1]
-                    raise InputError(f"{path}: keys differ from the zero-shot base (e.g. {odd})")
+                state = self._check_keys(load_openclip_state(path), f"{path}")
                 src, rid = str(path), f"open_clip {task}"
             else:
                 from .hub import model_folder
@@ -181,7 +174,7 @@ class ClipWorld(WorldBase):
             self._hashes[task] = state_hash(state)
             self._records[task] = {"kind": "clip_expert", "task": task, "id": rid, "layout": self.layout,
                                    "path": src, "content_sha256": self._hashes[task]}
-            self._experts[task] = self._to_device(state)
+            self._experts[task] = {k: v.to(self.device) for k, v in state.items()}
         return self._experts[task]
 
     def build(self, progress_bar: bool | None = None) -> ClipWorld:
@@ -220,22 +213,22 @@ class ClipWorld(WorldBase):
             self._encoder = enc.to(self.device).eval().requires_grad_(False)
         state = self.base_state() if state is None else state
         if self._loaded is not state:
-            self._load(self._encoder, state)
+            prefix = "visual" if self.openclip_root is not None else "vision_model"
+            with torch.no_grad():
+                self._encoder.get_submodule(prefix).load_state_dict(
+                    {k[len(prefix) + 1:]: v for k, v in self._check_keys(state, "state for the CLIP world").items()})
+            self._loaded = state
         return self._encoder
 
-    def _load(self, encoder: nn.Module, state: Mapping[str, Tensor]) -> None:
+    def _check_keys(self, state: Mapping[str, Tensor], what: str) -> Mapping[str, Tensor]:
+        """``state``, or a KeyError naming a key that it lacks or has beyond the base's."""
         base = self.base_state()
         missing = [k for k in base if k not in state]
         extra = [k for k in state if k not in base]
         if missing or extra:
-            what = f"lacks {missing[0]!r}" if missing else f"has {extra[0]!r}"
-            raise InputKeyError(f"state for the CLIP world {what} (the merged part is {self.layout}'s vision tower, "
-                           f"{len(base)} keys)")
-        prefix = "visual." if self.openclip_root is not None else "vision_model."
-        tower = encoder.get_submodule("visual" if self.openclip_root is not None else "vision_model")
-        with torch.no_grad():
-            tower.load_state_dict({k[len(prefix):]: v for k, v in state.items()}, strict=True)
-        self._loaded = state
+            odd = f"lacks {missing[0]!r}" if missing else f"has {extra[0]!r}"
+            raise InputKeyError(f"{what} {odd} (the merged part is {self.layout}'s vision tower, {len(base)} keys)")
+        return state
 
     def _batches(self, pixels):
         """Batches of uint8 crops (N, 3, S, S) as the encoder's input on ``device``; images of another
@@ -262,15 +255,9 @@ class ClipWorld(WorldBase):
         return torch.cat(out) if out else torch.empty(0)
 
     # ----------------------------------------------------------------- data
-    def _split_source(self, task: str, which: str) -> ImageSource:
-        """:meth:`_source` of ``"test"`` or ``"train"``, which every task has."""
-        src = self._source(task, which)
-        if src is None:
-            raise InputError(f"dataset {task}: no {which!r} split")
-        return src
-
     def _source(self, task: str, which: str) -> ImageSource | None:
-        """The raw ``"test"``, ``"train"`` or ``"val"`` (ImageFolder only) source of ``task``."""
+        """The raw ``"test"``, ``"train"`` (never None: missing is an error) or ``"val"`` (ImageFolder
+        only) source of ``task``."""
         key = (task, which)
         if key not in self._sources:
             spec = self.specs[task]
@@ -303,7 +290,7 @@ class ClipWorld(WorldBase):
         key = (task, split)
         if key not in self._splits:
             if split == "test":
-                src = self._split_source(task, "test")
+                src = cast(ImageSource, self._source(task, "test"))
                 self._splits[key] = (src, np.arange(len(src)))
             else:
                 own_val = self._source(task, "val")
@@ -311,7 +298,7 @@ class ClipWorld(WorldBase):
                         (self.data_root / task / n).is_dir() for n in ("train", self.specs[task].train_split)):
                     log.warning("%s: no train folder; RegMean's training images are the val folder's", task)
                     self._sources[(task, "train")] = own_val
-                train = self._split_source(task, "train")
+                train = cast(ImageSource, self._source(task, "train"))
                 if own_val is not None:
                     self._splits[(task, "val")] = (own_val, np.arange(len(own_val)))
                     self._splits[(task, "train")] = (train, np.arange(len(train)))

@@ -10,8 +10,8 @@ torchvision datasets as online suites, a pretraining pool and tiny fixtures (doc
 from __future__ import annotations
 
 from ._core import SPLITS, DataSourceError, PretrainData, TaskData, TaskInfo, data_root, row_hashes
-from .fixtures import FIXTURE_SUITES, FIXTURE_TASKS, tiny_task
-from .loading import all_task_names, build_task, get_task, load_split, prepare
+from .fixtures import FIXTURE_SUITES, FIXTURE_TASKS
+from .loading import all_task_names, build_task, get_task, load_split
 from .online import ONLINE_SUITES, ONLINE_TASKS
 from .pool import POOL_SOURCES, pretraining_pool
 from .registry import OFFLINE_SUITES, TASKS, VERSION
@@ -21,6 +21,6 @@ SUITES: dict[str, list[str]] = {**OFFLINE_SUITES, **ONLINE_SUITES, **FIXTURE_SUI
 __all__ = [
     "TASKS", "SUITES", "ONLINE_TASKS", "FIXTURE_TASKS", "SPLITS", "VERSION", "POOL_SOURCES",
     "TaskInfo", "TaskData", "PretrainData", "DataSourceError",
-    "get_task", "load_split", "prepare", "build_task", "all_task_names", "pretraining_pool", "tiny_task",
+    "get_task", "load_split", "build_task", "all_task_names", "pretraining_pool",
     "data_root", "row_hashes",
 ]

@@ -20,7 +20,6 @@ from ....errors import AcetoolsError, InputError
 from ....utils import atomic_write
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-SPLIT_ID = {"train": 0, "val": 1, "test": 2}
 IMAGE_SIZE = 32
 
 __all__ = ["SPLITS", "IMAGE_SIZE", "DataSourceError", "TaskInfo", "TaskData", "PretrainData", "data_root", "stable_int",

@@ -16,7 +16,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ....errors import InputError
 from ._core import DataSourceError
-from .render import BIG, SUPERSAMPLE, composite, downsample, random_colours
+from .render import BIG, SUPERSAMPLE, downsample, paint
 
 # Fonts of tasks (upright and a few italics) and of the pool (obliques and other cuts).
 TASK_FONTS: tuple[str, ...] = (
@@ -117,5 +117,4 @@ def glyph_image(rng: np.random.Generator, ch: str, font_paths: tuple[str, ...],
     path = font_paths[int(rng.integers(len(font_paths)))]
     alpha = glyph_alpha(ch, path, rng.uniform(*size), rng.uniform(-max_angle, max_angle),
                         *rng.uniform(-max_shift, max_shift, 2), aspect=rng.uniform(0.9, 1.1))
-    fg, bg = random_colours(rng)
-    return composite(alpha, fg, bg, rng, noise=rng.uniform(0, 8))
+    return paint(alpha, rng)

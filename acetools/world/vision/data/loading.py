@@ -1,4 +1,4 @@
-"""``get_task``, ``load_split`` and ``prepare``: from a task name to cached tensors (built whole,
+"""``get_task`` and ``load_split``: from a task name to cached tensors (built whole,
 checked for images shared between splits, cached as one ``.npz``; docs/vision-world.md §The tasks)."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +14,6 @@ import numpy as np
 import torch
 
 from ....errors import InputError, InputTypeError
-from ....utils import progress
 from ._core import (
     SPLITS,
     TaskData,
@@ -37,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["get_task", "load_split", "prepare", "build_task", "all_task_names"]
+__all__ = ["get_task", "load_split", "build_task", "all_task_names"]
 
 
 def _registries():
@@ -150,50 +148,3 @@ def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, 
         x, y = x[:n], y[:n]
     return TaskData(x=torch.from_numpy(np.ascontiguousarray(x)), y=torch.from_numpy(np.ascontiguousarray(y)),
                     class_names=info.class_names, name=name, split=split)
-
-
-def prepare(names: Iterable[str] | str = "tasks20", root: str | os.PathLike | None = None,
-            allow_download: bool = False, show_progress: bool | None = None,
-            workers: int | None = None) -> dict[str, Path]:
-    """Build and cache every task of a suite (or list of names) that is not cached yet.
-
-    ``workers`` processes build tasks in parallel (default: up to 2, one per CPU core);
-    ``workers=1`` builds in this process. Online tasks are converted in this process.
-    Returns ``{name: cache file}``.
-    """
-    from . import SUITES
-
-    if isinstance(names, str):
-        names = SUITES[names] if names in SUITES else [names]
-    names = list(names)
-    root_p = data_root(root)
-    out: dict[str, Path] = {}
-    todo = []
-    for name in names:
-        spec = _spec(name)
-        if spec.info.online:
-            from . import online
-
-            out[name] = online.prepare(name, root_p, allow_download)
-            continue
-        path = cache_path(root_p, name, _key_params(spec))
-        out[name] = path
-        if spec.cache and not path.is_file():
-            todo.append(name)
-    if workers is None:
-        workers = min(2, os.cpu_count() or 1)
-    workers = max(1, min(workers, len(todo)))
-    jobs = [(name, root_p, allow_download) for name in todo]
-    if workers == 1:
-        for job in progress(jobs, desc="building tasks", enabled=show_progress):
-            build_task(*job)
-    else:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-
-        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-            futures = [ex.submit(build_task, *job) for job in jobs]
-            for f in progress(cf.as_completed(futures), desc="building tasks", total=len(futures),
-                              enabled=show_progress):
-                f.result()
-    return out

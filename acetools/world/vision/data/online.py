@@ -252,11 +252,6 @@ def _cached(name: str, root: Path, allow_download: bool) -> tuple[dict[str, np.n
     return arrays, meta
 
 
-def prepare(name: str, root: Path, allow_download: bool = False) -> Path:
-    _cached(name, root, allow_download)
-    return cache_path(root, name, ONLINE_SPECS[name].key_params)
-
-
 def load_split(name: str, split: str, *, root: Path, allow_download: bool = False, n: int | None = None) -> TaskData:
     arrays, meta = _cached(name, root, allow_download)
     x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]

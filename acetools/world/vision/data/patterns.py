@@ -10,7 +10,7 @@ import numpy as np
 
 from ....errors import InputError
 from ._core import IMAGE_SIZE
-from .render import SUPERSAMPLE, box_reduce, composite, downsample, new_mask, pixel_grid, random_colours
+from .render import SUPERSAMPLE, box_reduce, downsample, new_mask, paint, pixel_grid
 
 # ---------------------------------------------------------------- gratings
 ORIENTATIONS: tuple[float, ...] = tuple(22.5 * k for k in range(8))  # degrees, 0 = vertical bars
@@ -28,8 +28,7 @@ def grating_image(rng: np.random.Generator, orient: int | None = None, freq: int
     x, y = pixel_grid(1)
     phase = rng.uniform(0, 2 * math.pi)
     alpha = 0.5 + 0.5 * np.sin(2 * math.pi * (x * math.cos(theta) + y * math.sin(theta)) / period + phase)
-    fg, bg = random_colours(rng)
-    return composite(alpha, fg, bg, rng, noise=rng.uniform(0, 8))
+    return paint(alpha, rng)
 
 
 # ---------------------------------------------------------------- textures
@@ -148,8 +147,7 @@ def texture_image(rng: np.random.Generator, family: int | None = None, scale: in
     scale = int(rng.integers(len(SCALE_BINS))) if scale is None else scale
     period = rng.uniform(*SCALE_BINS[scale])
     alpha = texture_alpha(TEXTURES[family], period, rng)
-    fg, bg = random_colours(rng)
-    return composite(alpha, fg, bg, rng, noise=rng.uniform(0, 8))
+    return paint(alpha, rng)
 
 
 def pool_texture_image(rng: np.random.Generator, family: int | None = None) -> np.ndarray:
@@ -157,8 +155,7 @@ def pool_texture_image(rng: np.random.Generator, family: int | None = None) -> n
     family = int(rng.integers(len(POOL_TEXTURES))) if family is None else family
     period = rng.uniform(5.0, 16.0)
     alpha = texture_alpha(POOL_TEXTURES[family], period, rng)
-    fg, bg = random_colours(rng)
-    return composite(alpha, fg, bg, rng, noise=rng.uniform(0, 8))
+    return paint(alpha, rng)
 
 
 __all__ = ["grating_image", "texture_image", "pool_texture_image", "texture_alpha", "ORIENTATIONS", "PERIODS",

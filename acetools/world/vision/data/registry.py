@@ -15,7 +15,7 @@ import numpy as np
 
 from . import glyphs, patterns, scenes, sources
 from ._core import SampleStream, TaskInfo, balanced_labels, stable_int
-from .render import composite, random_colours
+from .render import paint
 
 VERSION = 3  # bump when any builder's bytes change (it keys the cache)
 
@@ -73,8 +73,7 @@ def turned_letter_image(rng: np.random.Generator, paths: tuple[str, ...], letter
     alpha = glyphs.glyph_alpha(TURNED_LETTERS[letter], path, rng.uniform(22.0, 28.0),
                                90.0 * turn + rng.uniform(-8, 8), *rng.uniform(-2.5, 2.5, 2),
                                aspect=rng.uniform(0.9, 1.1))
-    fg, bg = random_colours(rng)
-    return composite(alpha, fg, bg, rng, noise=rng.uniform(0, 8))
+    return paint(alpha, rng)
 
 
 def turned_task(name: str, factor: str, n_classes: int) -> Builder:
@@ -115,10 +114,12 @@ def fashion_partition(root: Path, allow_download: bool) -> dict:
     return {"x": x_all, "y": y_all, "train": tr["train"], "val": tr["val"], "test": te["test"], "pool": pool}
 
 
-def fashion_builder(name: str) -> Builder:
+def real_builder(name: str, partition: Callable[[Path, bool], dict], n_classes: int) -> Builder:
+    """Balanced labels; the k-th image of a class is the k-th of that class in ``partition``'s split."""
+
     def build(split: str, n: int, root: Path, allow_download: bool):
-        part = fashion_partition(root, allow_download)
-        labels = balanced_labels(_stream(name, split), n, len(FASHION_TASK_CLASSES))
+        part = partition(root, allow_download)
+        labels = balanced_labels(_stream(name, split), n, n_classes)
         idx = sources.take_balanced(part[split], labels, cycle=False)
         return sources.pad28(part["x"][idx]), labels
 
@@ -131,16 +132,6 @@ def animal_partition(root: Path) -> dict:
     keep = sources.dedupe(a["x"], a["y"])
     parts = sources.partition(a["y"], keep, {**ANIMAL_PER_CLASS, "pool": -1}, "animals")
     return {"x": a["x"], "y": a["y"], **parts}
-
-
-def animal_builder(name: str) -> Builder:
-    def build(split: str, n: int, root: Path, allow_download: bool):
-        part = animal_partition(root)
-        labels = balanced_labels(_stream(name, split), n, len(sources.ANIMAL_CLASSES))
-        idx = sources.take_balanced(part[split], labels, cycle=False)
-        return sources.pad28(part["x"][idx]), labels
-
-    return build
 
 
 @functools.lru_cache(maxsize=1)
@@ -197,10 +188,13 @@ def _specs() -> dict[str, TaskSpec]:
     # real images
     add(_info("fashion", [c for c, _ in FASHION_TASK_CLASSES], "clothing photos", "fashion-mnist",
               "Fashion-MNIST, 28 px grey padded to 32; Shirt dropped, Pullover+Coat merged (8 classes).",
-              "fashion-mnist"), fashion_builder("fashion"), classes=FASHION_TASK_CLASSES, per_class=FASHION_PER_CLASS)
+              "fashion-mnist"), real_builder("fashion", fashion_partition, len(FASHION_TASK_CLASSES)),
+        classes=FASHION_TASK_CLASSES, per_class=FASHION_PER_CLASS)
     add(_info("animals", sources.ANIMAL_CLASSES, "animal silhouettes", "animal-mnist",
               "Animal-MNIST silhouettes (PyPI animal-mnist data files), 28 px padded to 32.", "animal-mnist",
-              sizes={"train": 4000, "val": 500, "test": 1000}), animal_builder("animals"), per_class=ANIMAL_PER_CLASS)
+              sizes={"train": 4000, "val": 500, "test": 1000}),
+        real_builder("animals", lambda root, _: animal_partition(root), len(sources.ANIMAL_CLASSES)),
+        per_class=ANIMAL_PER_CLASS)
     add(_info("digits", digits10, "handwriting", "sklearn-digits",
               "scikit-learn's 8x8 handwritten digits upsampled to 32 px with random scale, rotation, shear and "
               "shift; train/val/test use disjoint source images (70/10/20 %).", "handwritten", conflicts=("parity",)),
@@ -236,35 +230,31 @@ def _specs() -> dict[str, TaskSpec]:
                             f"(bins {S.SIZE_BINS} px)"),
                    "position": ("quadrant", S.QUADRANTS, "the `shapes` images labelled by the quadrant of the "
                                 "shape's centroid (at least 2 px off each mid-line)")}
-    for name, (factor, classes, what) in shape_tasks.items():
-        add(_info(name, classes, "geometry", "procedural", f"{what}; random colours, rotation, noise.", "shapes",
-                  conflicts=tuple(k for k in shape_tasks if k != name)),
-            procedural(name, S.shapes_image, factor, len(classes)),
-            shapes=S.SHAPES, size_bins=S.SIZE_BINS)
     dot_tasks = {"count": ("count", tuple(str(c) for c in S.COUNTS), "1-6 non-overlapping dots; labelled by count"),
                  "dotsize": ("dot_size", S.SIZE_NAMES,
                              f"the `count` images labelled by dot radius (bins {S.DOT_BINS} px)")}
-    for name, (factor, classes, what) in dot_tasks.items():
-        add(_info(name, classes, "counting", "procedural", f"{what}; random colours, noise.", "dots",
-                  conflicts=tuple(k for k in dot_tasks if k != name)),
-            procedural(name, S.dots_image, factor, len(classes)), counts=S.COUNTS, dot_bins=S.DOT_BINS)
-
     # patterns
     grating_tasks = {"orient": ("orient", tuple(f"{o:g} deg" for o in P.ORIENTATIONS),
                                 "sine gratings; labelled by orientation (8 classes 22.5° apart, ±4° jitter)"),
                      "freq": ("freq", tuple(f"{p:g} px" for p in P.PERIODS),
                               "the `orient` images labelled by period (4 classes, ratio 1.5, ±6 % jitter)")}
-    for name, (factor, classes, what) in grating_tasks.items():
-        add(_info(name, classes, "gratings", "procedural", f"{what}; random phase, colours, noise.", "gratings",
-                  conflicts=tuple(k for k in grating_tasks if k != name)),
-            procedural(name, P.grating_image, factor, len(classes)), orientations=P.ORIENTATIONS, periods=P.PERIODS)
     texture_tasks = {"texture": ("family", P.TEXTURES, "textures; labelled by family"),
                      "texscale": ("scale", P.SCALE_NAMES,
                                   f"the `texture` images labelled by period (bins {P.SCALE_BINS} px)")}
-    for name, (factor, classes, what) in texture_tasks.items():
-        add(_info(name, classes, "textures", "procedural", f"{what}; random rotation, offset, colours, noise.",
-                  "textures", conflicts=tuple(k for k in texture_tasks if k != name)),
-            procedural(name, P.texture_image, factor, len(classes)), families=P.TEXTURES, scale_bins=P.SCALE_BINS)
+    # tasks that label one generator's images by different factors: (domain, generator, image function,
+    # what else is random, the generator's parameters, {task: (factor, classes, what)})
+    for domain, gen, image, rest, params, group in (
+            ("geometry", "shapes", S.shapes_image, "colours, rotation", {"shapes": S.SHAPES, "size_bins": S.SIZE_BINS},
+             shape_tasks),
+            ("counting", "dots", S.dots_image, "colours", {"counts": S.COUNTS, "dot_bins": S.DOT_BINS}, dot_tasks),
+            ("gratings", "gratings", P.grating_image, "phase, colours",
+             {"orientations": P.ORIENTATIONS, "periods": P.PERIODS}, grating_tasks),
+            ("textures", "textures", P.texture_image, "rotation, offset, colours",
+             {"families": P.TEXTURES, "scale_bins": P.SCALE_BINS}, texture_tasks)):
+        for name, (factor, classes, what) in group.items():
+            add(_info(name, classes, domain, "procedural", f"{what}; random {rest}, noise.", gen,
+                      conflicts=tuple(k for k in group if k != name)),
+                procedural(name, image, factor, len(classes)), **params)
     return {s.info.name: s for s in specs}
 
 

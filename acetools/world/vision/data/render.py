@@ -43,6 +43,12 @@ def composite(alpha: np.ndarray, fg: np.ndarray, bg: np.ndarray, rng: np.random.
     return np.rint(img, out=img).astype(np.uint8)
 
 
+def paint(alpha: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``alpha`` in :func:`random_colours` with luminance noise of a random std in [0, 8)."""
+    fg, bg = random_colours(rng)
+    return composite(alpha, fg, bg, rng, noise=rng.uniform(0, 8))
+
+
 def new_mask() -> tuple[Image.Image, ImageDraw.ImageDraw]:
     """A black ``BIG``×``BIG`` 8-bit mask and a drawing context for it."""
     m = Image.new("L", (BIG, BIG), 0)

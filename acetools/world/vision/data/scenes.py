@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from .render import SUPERSAMPLE, composite, downsample, new_mask, random_colours
+from .render import SUPERSAMPLE, downsample, new_mask, paint
 
 # ---------------------------------------------------------------- shapes
 SHAPES: tuple[str, ...] = ("circle", "triangle", "square", "star", "cross", "ring", "crescent", "semicircle")
@@ -120,9 +120,7 @@ def shapes_image(rng: np.random.Generator, shape: int | None = None, size: int |
     cx = sx * rng.uniform(MIN_OFFSET, EDGE - radius)
     cy = sy * rng.uniform(MIN_OFFSET, EDGE - radius)
     angle = rng.uniform(0, 2 * math.pi)
-    fg, bg = random_colours(rng)
-    alpha = shape_alpha(SHAPES[shape], radius, cx, cy, angle)
-    return composite(alpha, fg, bg, rng, noise=rng.uniform(0, 8))
+    return paint(shape_alpha(SHAPES[shape], radius, cx, cy, angle), rng)
 
 
 # ---------------------------------------------------------------- dots
@@ -156,8 +154,7 @@ def dots_image(rng: np.random.Generator, count: int | None = None, dot_size: int
         box = [(16 + x - r_i) * SUPERSAMPLE, (16 + y - r_i) * SUPERSAMPLE,
                (16 + x + r_i) * SUPERSAMPLE, (16 + y + r_i) * SUPERSAMPLE]
         draw.ellipse(box, fill=255)
-    fg, bg = random_colours(rng)
-    return composite(downsample(mask), fg, bg, rng, noise=rng.uniform(0, 8))
+    return paint(downsample(mask), rng)
 
 
 # ---------------------------------------------------------------- pretraining-pool scenes
@@ -173,8 +170,7 @@ def polygon_image(rng: np.random.Generator, sides: int | None = None) -> np.ndar
     parts = [(_regular(POLYGON_SIDES[sides]), 255)]
     mask, draw = new_mask()
     _draw_parts(draw, parts, rng.uniform(0, 2 * math.pi), radius, cx, cy)
-    fg, bg = random_colours(rng)
-    return composite(downsample(mask), fg, bg, rng, noise=rng.uniform(0, 8))
+    return paint(downsample(mask), rng)
 
 
 COARSE_COUNTS: tuple[str, ...] = ("1-3", "4-6", "7-9")
@@ -190,5 +186,4 @@ def squares_count_image(rng: np.random.Generator, coarse: int | None = None) -> 
     square = [(_regular(4, math.pi / 4), 255)]
     for x, y in centres:
         _draw_parts(draw, square, rng.uniform(0, 2 * math.pi), half * 1.42, x, y)
-    fg, bg = random_colours(rng)
-    return composite(downsample(mask), fg, bg, rng, noise=rng.uniform(0, 8))
+    return paint(downsample(mask), rng)
