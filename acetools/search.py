@@ -1,9 +1,8 @@
 """Coefficient search shared by every merge method (docs/methods.md §Benchmark protocol, §ESM).
 
 ``score_fn(alpha) -> {task: absolute accuracy}``; with ``reference`` (task -> expert accuracy)
-normalized accuracies too. A search maximises the average of one (``objective``) and reports the
-first evaluated coefficient with the best ``select`` metric (strict ``>``, as the official
-``find_optimal_coef``). Every evaluation is kept in :attr:`SearchResult.trace`.
+normalized accuracies too. The first evaluated coefficient with the best ``select`` metric wins
+(strict ``>``, as the official ``find_optimal_coef``); every evaluation is in :attr:`SearchResult.trace`.
 """
 
 from __future__ import annotations

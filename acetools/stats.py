@@ -96,15 +96,11 @@ def _weights(scale: Mapping | None, seeds: list[int], tasks: list[str]) -> np.nd
 
 def paired_bootstrap(a: Correctness, b: Correctness, *, scale: Mapping | None = None, n_boot: int = 2000,
                      level: float = 0.95, seed: int = 0) -> PairedDifference:
-    """The paired difference of two rows' accuracy, with test-set and seed noise.
-
-    ``a`` and ``b`` hold per-example correctness ``{seed: {task: array}}`` of the same tasks,
-    seeds and examples. The statistic is ``100 * mean_seed mean_task (acc_A - acc_B) / scale``,
-    ``scale`` = ``{task: x}`` or ``{seed: {task: x}}`` (the experts' accuracy for normalized
-    points; 1 by default). Each bootstrap draw resamples the seeds with replacement and, per task,
-    the test examples with replacement, the same examples for both rows and for every seed (the
-    test set is one sample, shared by the seeds). Deterministic for a given ``seed``.
-    """
+    """The paired difference (V.3) of two rows' accuracy with test-set and seed noise, resampled as
+    docs/course.md §Margin, power and rivals says: ``a`` and ``b`` are per-example correctness
+    ``{seed: {task: array}}`` of the same tasks, seeds and examples; ``scale`` is ``{task: x}`` or
+    ``{seed: {task: x}}`` (the experts' accuracy for normalized points; 1 by default). Deterministic
+    for a given ``seed``."""
     if n_boot < 2:
         raise InputError(f"n_boot={n_boot}: at least 2 bootstrap draws are needed")
     if not 0 < level < 1:
