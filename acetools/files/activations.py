@@ -1,28 +1,16 @@
-"""Input activations of named linear layers, captured with forward hooks.
+"""Input activations of named linear layers, captured with forward hooks (removed afterwards, also on error).
 
-Three readers over one hook mechanism, for any ``nn.Module``:
-
-- :func:`capture_inputs`: the input rows X (N x d_in, tokens flattened) of each layer, the
-  proxy activations of ESM (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2); run it on task t's *fine-tuned* model);
-- :func:`gram_matrices`: running means (1/N) X^T X, RegMean's Gram matrices (docs/methods.md §RegMean);
-- :func:`input_covariances`: centred input covariances Sigma, for Theorem 1 comparisons.
-
-Layers are named by their *parameter* name, as in a state dict:
-``visual.transformer.resblocks.0.mlp.c_fc.weight`` hooks the module
-``visual.transformer.resblocks.0.mlp.c_fc`` and records its input;
-``...attn.in_proj_weight`` hooks the ``nn.MultiheadAttention`` and records its *query*
-input (open_clip's ``ResidualAttentionBlock`` calls ``attn(q_x, k_x, v_x, ...)`` with
-``q_x = ln_1(x)``; ``k_proj_weight``/``v_proj_weight`` record the key/value input). Rows
-are ordered batch-major (sample, then token) whatever the module's ``batch_first``.
-
-Hooks are always removed afterwards, also when the forward pass raises.
+:func:`capture_inputs` gives the input rows X (N x d_in; ESM's proxy activations, docs/methods.md §ESM),
+:func:`gram_matrices` RegMean's (1/N) X^T X (docs/methods.md §RegMean), :func:`input_covariances` the
+centred covariances of Theorem 1 (docs/methods.md §ACE). Layers are named by their parameter name
+(``...mlp.c_fc.weight`` hooks ``...mlp.c_fc``); an ``nn.MultiheadAttention``'s ``in_proj_weight``
+records its query input (``k_proj_weight``/``v_proj_weight`` the key/value). Rows are batch-major.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,12 +28,8 @@ _MHA_NAMES = ("query", "key", "value")
 
 
 def layer_input_spec(model: nn.Module, key: str, prefix: str = "") -> tuple[str, nn.Module, int]:
-    """Resolve a parameter name to ``(module_name, module, argument_index)``.
-
-    ``prefix`` is stripped from ``key`` first (e.g. ``"visual."`` when ``model`` is the
-    visual tower but the keys are the full CLIP state dict's). Raises a ``KeyError`` that
-    names the key when the module or parameter does not exist.
-    """
+    """Resolve a parameter name to ``(module_name, module, argument_index)``, after stripping ``prefix``
+    (e.g. ``"visual."`` for the visual tower); a ``KeyError`` names a missing module or parameter."""
     if not isinstance(key, str):
         raise InputTypeError(f"layer keys must be parameter-name strings, got {type(key).__name__}")
     if prefix and not key.startswith(prefix):
@@ -75,9 +59,8 @@ def layer_input_spec(model: nn.Module, key: str, prefix: str = "") -> tuple[str,
 
 
 def _rows(module: nn.Module, x: Tensor, d_in: int, key: str = "", mask: Tensor | None = None) -> Tensor:
-    """Flatten ``x`` to (tokens, d_in) rows, batch-major; its last dim must be ``d_in``. With ``mask``
-    (the batch's ``attention_mask``, B x L) an input shaped B x L x d_in keeps only the rows of the
-    tokens the mask marks (padding is not a row); other inputs (a pooler's B x d_in) keep every row."""
+    """Flatten ``x`` to (tokens, d_in) rows, batch-major; its last dim must be ``d_in``. With ``mask`` (B x L)
+    a B x L x d_in input keeps only the marked tokens' rows (padding is not a row)."""
     if x.shape[-1] != d_in:
         raise RuntimeError(
             f"layer {key!r} ({type(module).__name__}): its input has width {x.shape[-1]} (shape {tuple(x.shape)}) "
@@ -92,29 +75,68 @@ def _rows(module: nn.Module, x: Tensor, d_in: int, key: str = "", mask: Tensor |
 
 
 def orientation_of(module: nn.Module, key: str, layout: Any = None) -> str:
-    """``"out_in"`` (``nn.Linear``: y = x W^T) or ``"in_out"`` (GPT-2 ``Conv1D``: y = x W) for
-    the weight ``key`` of ``module``: the layout's word if one is given (a name such as
-    ``"gpt2"`` or a :class:`acetools.layouts.Layout`), else the module type's
-    (``transformers``' ``Conv1D`` is in x out, everything else out x in)."""
-    if layout is not None:
-        if isinstance(layout, str):
-            from ..layouts import get_layout
+    """``"out_in"`` (``nn.Linear``: y = x W^T) or ``"in_out"`` (GPT-2 ``Conv1D``: y = x W) for the weight
+    ``key`` of ``module``: the layout's (a name or a :class:`acetools.layouts.Layout`), else the module type's."""
+    if layout is None:
+        return "in_out" if type(module).__name__ == "Conv1D" else "out_in"
+    if isinstance(layout, str):
+        from ..layouts import get_layout
 
-            layout = get_layout(layout)
-        return layout.orientation(key)
-    return "in_out" if type(module).__name__ == "Conv1D" else "out_in"
+        layout = get_layout(layout)
+    return layout.orientation(key)
 
 
-@contextmanager
-def _hooked(model: nn.Module, keys: Sequence[str], prefix: str,
-            on_input: Callable[[str, Tensor], None], layout: Any = None,
-            batch: dict[str, Tensor | None] | None = None) -> Iterator[dict[str, int]]:
-    """Register forward pre-hooks that call ``on_input(key, rows)``; yield per-key call counts.
-    ``batch["mask"]``, set by the caller before each forward pass, is the batch's attention mask."""
-    batch = {} if batch is None else batch
+def _d_in(module: nn.Module, key: str, orientation: str) -> int:
+    """d_in of the canonical d_out x d_in matrix: dim 1 of an out x in weight, dim 0 of an in x out one."""
+    W = getattr(module, key.rpartition(".")[2])
+    if W.ndim != 2:
+        raise InputKeyError(
+            f"key {key!r}: the weight has shape {tuple(W.shape)}; only 2-D (linear) weights can be captured")
+    if orientation not in ("out_in", "in_out"):
+        raise InputError(f"key {key!r}: orientation {orientation!r} is not 'out_in' or 'in_out'")
+    return W.shape[0] if orientation == "in_out" else W.shape[1]
+
+
+def _batches(inputs, batch_size: int | None) -> Iterator[Tensor | dict[str, Tensor]]:
+    if isinstance(inputs, (Tensor, Mapping)):  # one tensor, or one dict of keyword tensors (a tokenizer's output)
+        vals = [inputs] if isinstance(inputs, Tensor) else list(inputs.values())
+        if not vals or not all(isinstance(v, Tensor) for v in vals):
+            raise InputTypeError("a dict of inputs must map argument names to Tensors (e.g. {'input_ids': ...})")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise InputError(f"batch_size={batch_size!r} must be a positive int")
+        n = vals[0].shape[0]
+        step = max(n if batch_size is None else batch_size, 1)
+        for i in range(0, n, step):
+            yield inputs[i:i + step] if isinstance(inputs, Tensor) else {k: v[i:i + step] for k, v in inputs.items()}
+        return
+    if not isinstance(inputs, Iterable):
+        raise InputTypeError(f"inputs must be a Tensor or an iterable of batches, got {type(inputs).__name__}")
+    for b in inputs:
+        if isinstance(b, (tuple, list)):  # (images, labels, ...) from a DataLoader
+            b = b[0]
+        if isinstance(b, Mapping) and all(isinstance(v, Tensor) for v in b.values()):
+            yield dict(b)  # keyword inputs, e.g. a tokenizer's {"input_ids": ..., "attention_mask": ...}
+        elif isinstance(b, Tensor):
+            yield b
+        else:
+            raise InputTypeError("each batch must be a Tensor, a dict of Tensors or a (Tensor, ...) tuple, "
+                                 f"got {type(b).__name__}")
+
+
+def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout=None,
+         mask_padding: bool = True) -> list[str]:
+    """Run ``model`` on every batch with forward pre-hooks that call ``on_input(key, rows)`` (removed, and the
+    train/eval modes restored, afterwards); returns the keys. A key whose module never ran is an error."""
+    if not isinstance(model, nn.Module):
+        raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(keys, str):
+        raise InputTypeError("keys must be a list of parameter names, not a single string")
+    keys = list(dict.fromkeys(keys))  # drop duplicates, keep order
+    if not keys:
+        raise InputError("keys is empty: name at least one layer, e.g. '...mlp.c_fc.weight'")
     specs = {key: layer_input_spec(model, key, prefix) for key in keys}
     counts = dict.fromkeys(keys, 0)
-    handles = []
+    batch: dict[str, Tensor | None] = {}  # the attention mask of the batch being run
 
     def make_hook(key: str, idx: int, d_in: int):
         def hook(module, args, kwargs):
@@ -131,110 +153,37 @@ def _hooked(model: nn.Module, keys: Sequence[str], prefix: str,
 
         return hook
 
+    was_training = {m: m.training for m in model.modules()}
+    dev = next((p.device for p in model.parameters()), torch.device("cpu")) if device is None else torch.device(device)
+    handles = []
     try:
         for key, (_, module, idx) in specs.items():
             d_in = _d_in(module, key, orientation_of(module, key, layout))
             handles.append(module.register_forward_pre_hook(make_hook(key, idx, d_in), with_kwargs=True))
-        yield counts
+        if eval_mode:
+            model.eval()
+        n_batches = 0
+        with torch.no_grad():
+            for x in _batches(inputs, batch_size):
+                x = {k: v.to(dev) for k, v in x.items()} if isinstance(x, dict) else x.to(dev)
+                mask = x.get("attention_mask") if mask_padding and isinstance(x, dict) else None
+                batch["mask"] = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
+                model(**x) if isinstance(x, dict) else model(x)
+                n_batches += 1
+        if n_batches == 0:
+            raise InputError("inputs yielded no batch; give at least one input")
     finally:
         for h in handles:
             h.remove()
-
-
-def _d_in(module: nn.Module, key: str, orientation: str) -> int:
-    """d_in of the canonical d_out x d_in matrix: dim 1 of an out x in weight, dim 0 of an in x out one."""
-    W = getattr(module, key.rpartition(".")[2])
-    if W.ndim != 2:
-        raise InputKeyError(
-            f"key {key!r}: the weight has shape {tuple(W.shape)}; only 2-D (linear) weights can be captured")
-    if orientation not in ("out_in", "in_out"):
-        raise InputError(f"key {key!r}: orientation {orientation!r} is not 'out_in' or 'in_out'")
-    return W.shape[0] if orientation == "in_out" else W.shape[1]
-
-
-def _batches(inputs, batch_size: int | None) -> Iterator[Tensor | dict[str, Tensor]]:
-    if isinstance(inputs, Tensor):
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise InputError(f"batch_size={batch_size!r} must be a positive int")
-        n = inputs.shape[0]
-        step = n if batch_size is None else batch_size
-        for i in range(0, n, max(step, 1)):
-            yield inputs[i:i + step]
-        return
-    if isinstance(inputs, Mapping):  # one dict of keyword tensors (e.g. a tokenizer's output), sliced by rows
-        vals = list(inputs.values())
-        if not vals or not all(isinstance(v, Tensor) for v in vals):
-            raise InputTypeError("a dict of inputs must map argument names to Tensors (e.g. {'input_ids': ...})")
-        n = vals[0].shape[0]
-        step = n if batch_size is None else batch_size
-        for i in range(0, n, max(step, 1)):
-            yield {k: v[i:i + step] for k, v in inputs.items()}
-        return
-    if not isinstance(inputs, Iterable):
-        raise InputTypeError(f"inputs must be a Tensor or an iterable of batches, got {type(inputs).__name__}")
-    for b in inputs:
-        if isinstance(b, (tuple, list)):  # (images, labels, ...) from a DataLoader
-            b = b[0]
-        if isinstance(b, Mapping) and all(isinstance(v, Tensor) for v in b.values()):
-            yield dict(b)  # keyword inputs, e.g. a tokenizer's {"input_ids": ..., "attention_mask": ...}
-            continue
-        if not isinstance(b, Tensor):
-            raise InputTypeError("each batch must be a Tensor, a dict of Tensors or a (Tensor, ...) tuple, "
-                            f"got {type(b).__name__}")
-        yield b
-
-
-def _to(x: Tensor | dict, dev: torch.device):
-    return {k: v.to(dev) for k, v in x.items()} if isinstance(x, dict) else x.to(dev)
-
-
-def _key_list(keys: Sequence[str]) -> list[str]:
-    if isinstance(keys, str):
-        raise InputTypeError("keys must be a list of parameter names, not a single string")
-    keys = list(dict.fromkeys(keys))  # drop duplicates, keep order
-    if not keys:
-        raise InputError("keys is empty: name at least one layer, e.g. '...mlp.c_fc.weight'")
-    return keys
-
-
-def _mask_of(x: Tensor | dict, use: bool) -> Tensor | None:
-    """The ``attention_mask`` of a keyword batch (a tokenizer's output), when ``use``."""
-    if not use or not isinstance(x, dict):
-        return None
-    m = x.get("attention_mask")
-    return m if isinstance(m, Tensor) and m.ndim == 2 else None
-
-
-def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout=None,
-         mask_padding: bool = True) -> None:
-    if not isinstance(model, nn.Module):
-        raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    was_training = {m: m.training for m in model.modules()}
-    if eval_mode:
-        model.eval()
-    dev = next((p.device for p in model.parameters()), torch.device("cpu")) if device is None else torch.device(device)
-    try:
-        current: dict[str, Tensor | None] = {}
-        with _hooked(model, keys, prefix, on_input, layout, current) as counts, torch.no_grad():
-            n_batches = 0
-            for x in _batches(inputs, batch_size):
-                x = _to(x, dev)
-                current["mask"] = _mask_of(x, mask_padding)
-                model(**x) if isinstance(x, dict) else model(x)
-                n_batches += 1
-            if n_batches == 0:
-                raise InputError("inputs yielded no batch; give at least one input")
-        silent = [k for k, c in counts.items() if c == 0]
-        if silent:
-            raise RuntimeError(
-                f"the forward pass never ran the module of {silent[0]!r}"
-                + (f" (and {len(silent) - 1} more)" if len(silent) > 1 else "")
-                + "; its input cannot be captured with a module hook"
-            )
-    finally:
         if eval_mode:
             for m, flag in was_training.items():
                 m.train(flag)
+    silent = [k for k, c in counts.items() if c == 0]
+    if silent:
+        raise RuntimeError(f"the forward pass never ran the module of {silent[0]!r}"
+                           + (f" (and {len(silent) - 1} more)" if len(silent) > 1 else "")
+                           + "; its input cannot be captured with a module hook")
+    return keys
 
 
 def capture_inputs(
@@ -250,33 +199,25 @@ def capture_inputs(
     layout: Any = None,
     mask_padding: bool = True,
 ) -> dict[str, Tensor]:
-    """Input activations of each named layer, ``{key: X}`` with X of shape N x d_in.
+    """Input activations of each named layer, ``{key: X}`` with X of shape N x d_in (ESM's proxy activations
+    when ``model`` is task t's fine-tuned model, docs/methods.md §ESM).
 
-    ``inputs`` is a tensor (split into chunks of ``batch_size``; all at once if None) or an
-    iterable of batches (tensors or ``(tensor, ...)`` tuples). The model runs under
-    ``torch.no_grad()`` on ``device`` (default: where its parameters are), in eval mode unless
-    ``eval_mode=False`` (the previous modes are restored). Every token of every sample is a
-    row, batch-major. These are ESM's proxy activations when ``model`` is task t's fine-tuned
-    model (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)).
-    Rows are stored on ``out_device`` in the model's dtype.
-
-    X has the width d_in of the *canonical* d_out x d_in matrix whatever the storage: for a
-    GPT-2 ``Conv1D`` (stored in x out) d_in is the weight's first dimension. The orientation
-    comes from ``layout`` (a layout name or object, see :func:`orientation_of`) or else from
-    the module type; an input whose width is not d_in is an error naming the key. A batch may
-    also be a dict of keyword tensors (``model(**batch)``), e.g. a tokenizer's output; its
-    ``attention_mask`` (B x L) says which tokens are rows: padding tokens are left out of every
-    layer whose input is B x L x d_in (``mask_padding=False`` keeps them), so X has one row per
-    real token.
+    ``inputs``: a tensor (split into chunks of ``batch_size``; all at once if None), a dict of keyword
+    tensors (``model(**batch)``, e.g. a tokenizer's output) or an iterable of such batches (or of
+    ``(tensor, ...)`` tuples). The model runs under ``torch.no_grad()`` on ``device`` (default: where its
+    parameters are), in eval mode unless ``eval_mode=False``. Rows (every token of every sample,
+    batch-major) are stored on ``out_device`` in the model's dtype. X has the width d_in of the canonical
+    d_out x d_in matrix; the orientation comes from ``layout`` (:func:`orientation_of`) or the module
+    type. A keyword batch's ``attention_mask`` leaves padding tokens out of every B x L x d_in input
+    (``mask_padding=False`` keeps them).
     """
-    keys = _key_list(keys)
-    chunks: dict[str, list[Tensor]] = {k: [] for k in keys}
+    chunks: dict[str, list[Tensor]] = {}
 
     def on_input(key: str, rows: Tensor) -> None:
-        chunks[key].append(rows.to(out_device))
+        chunks.setdefault(key, []).append(rows.to(out_device))
 
-    _run(model, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout, mask_padding)
-    return {k: torch.cat(v) for k, v in chunks.items()}
+    keys = _run(model, inputs, keys, prefix, batch_size, device, eval_mode, on_input, layout, mask_padding)
+    return {k: torch.cat(chunks[k]) for k in keys}
 
 
 def gram_matrices(
@@ -292,24 +233,19 @@ def gram_matrices(
     layout: Any = None,
     mask_padding: bool = True,
 ) -> dict[str, Tensor]:
-    """RegMean Gram matrices G = (1/N) X^T X (d_in x d_in) per layer, docs/methods.md §RegMean.
-
-    Accumulated over batches without storing X (sums in ``dtype``, default float64, then one
-    division by the total row count N, i.e. the running mean over all tokens). Run it on task
-    t's fine-tuned model with task-t data. Arguments as in :func:`capture_inputs` (padding tokens of
-    a keyword batch with an ``attention_mask`` are not rows).
-    """
-    keys = _key_list(keys)
+    """RegMean Gram matrices G = (1/N) X^T X (d_in x d_in) per layer, docs/methods.md §RegMean: summed in
+    ``dtype`` over batches without storing X, divided once by the row count N. Run it on task t's
+    fine-tuned model with task-t data; arguments as in :func:`capture_inputs`."""
     sums: dict[str, Tensor] = {}
-    counts = dict.fromkeys(keys, 0)
+    counts: dict[str, int] = {}
 
     def on_input(key: str, rows: Tensor) -> None:
         r = rows.to(dtype)
         g = r.T @ r
         sums[key] = g if key not in sums else sums[key] + g
-        counts[key] += r.shape[0]
+        counts[key] = counts.get(key, 0) + r.shape[0]
 
-    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input, layout, mask_padding)
+    keys = _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input, layout, mask_padding)
     return {k: (sums[k] / counts[k]).cpu() for k in keys}
 
 
@@ -327,13 +263,9 @@ def input_covariances(
     layout: Any = None,
     mask_padding: bool = True,
 ) -> dict[str, Tensor]:
-    """Centred input covariance Sigma = (1/N) sum (x - mu)(x - mu)^T per layer (d_in x d_in).
-
-    The true input covariance that Theorem 1 of ACE-Merging (docs/methods.md §ACE) relates to the task
-    vectors. Merged batch by batch with Chan's update (mean and centred scatter in ``dtype``,
-    default float64), so no X is stored. ``unbiased=True`` divides by N - 1 instead of N.
-    """
-    keys = _key_list(keys)
+    """Centred input covariance Sigma = (1/N) sum (x - mu)(x - mu)^T per layer (d_in x d_in), the one of
+    Theorem 1 (docs/methods.md §ACE); merged batch by batch with Chan's update in ``dtype``, so no X is
+    stored. ``unbiased=True`` divides by N - 1."""
     state: dict[str, tuple[int, Tensor, Tensor]] = {}
 
     def on_input(key: str, rows: Tensor) -> None:
@@ -352,7 +284,7 @@ def input_covariances(
         d = mb - ma
         state[key] = (n, ma + d * (nb / n), Ma + Mb + torch.outer(d, d) * (na * nb / n))
 
-    _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input, layout, mask_padding)
+    keys = _run(model, batches, keys, prefix, batch_size, device, eval_mode, on_input, layout, mask_padding)
     out = {}
     for k in keys:
         n, _, M = state[k]
@@ -365,12 +297,9 @@ def input_covariances(
 
 @dataclass(frozen=True)
 class TokenStatistics:
-    """A layer's input rows split into what every token shares and what a task brings
-    (:func:`token_statistics`). ``raw``: the uncentred Gram over every row (RegMean's,
-    :func:`gram_matrices`); ``centred``: the covariance of the patch rows with each token
-    position's mean removed (CLS rows left out); the shares split ``tr(raw)`` = E‖x‖² into the
-    global mean ‖μ‖², the positional component mean_l ‖μ_l − μ‖² (each position's mean about the
-    global one), and the per-sample residual; ``cls_share`` is the CLS rows' part of E‖x‖²."""
+    """A layer's input rows split into what every token shares and what a task brings (:func:`token_statistics`;
+    docs/regime.md). ``raw``: the uncentred Gram; ``centred``: the patch rows' covariance about each
+    position's mean; the shares of E‖x‖² in the global mean, the positional component, the residual, the CLS rows."""
 
     raw: Tensor
     centred: Tensor
@@ -382,15 +311,12 @@ class TokenStatistics:
 
 
 def token_statistics(X: Tensor, n_samples: int, *, cls_token: bool = True) -> TokenStatistics:
-    """Centred, token-aware statistics of one layer's input rows ``X`` (``n_samples · L`` × d,
-    batch-major as :func:`capture_inputs` returns them: the L tokens of sample 0, then of
-    sample 1, …; with ``cls_token`` token 0 is the class token).
+    """Centred, token-aware statistics of one layer's input rows ``X`` (``n_samples · L`` × d, batch-major as
+    :func:`capture_inputs` returns them; with ``cls_token`` token 0 is the class token), in float64.
 
-    With x_{n,l} the input of token l of sample n, μ the mean over every row and μ_l the mean of
-    position l over the samples: E‖x‖² = ‖μ‖² + mean_l ‖μ_l − μ‖² + E‖x − μ_l‖² exactly (the
-    cross terms vanish), reported as shares of E‖x‖². An uncentred Gram over all tokens counts
-    the first two, which every task shares by construction (the same positional embeddings, the
-    same mean), as overlap between tasks; ``centred`` leaves them and the CLS rows out. float64."""
+    With μ the mean over every row and μ_l the mean of position l: E‖x‖² = ‖μ‖² + mean_l ‖μ_l − μ‖² +
+    E‖x − μ_l‖² exactly, reported as shares of E‖x‖²; ``centred`` leaves the first two (which every
+    task shares) and the CLS rows out."""
     if X.ndim != 2 or n_samples < 1 or X.shape[0] % n_samples:
         raise InputError(f"token_statistics: X of shape {tuple(X.shape)} is not n_samples={n_samples} blocks of tokens")
     L = X.shape[0] // n_samples

@@ -1,9 +1,6 @@
-"""Checkpoints on disk: read one tensor at a time, write sharded safetensors atomically (docs/your-models.md
-§What can be read, §What is written).
-
-:func:`open_checkpoint` reads safetensors lazily (shapes and dtypes from the headers) and other
-state-dict files with ``torch.load(weights_only=True)`` only; :class:`ShardedWriter` writes shards named
-as Hugging Face does; :func:`save_checkpoint` / :func:`load_checkpoint` are the hashed cache format.
+"""Checkpoints on disk: read one tensor at a time (:func:`open_checkpoint`), write sharded safetensors atomically
+(:class:`ShardedWriter`; docs/your-models.md §What can be read, §What is written), and the hashed cache format
+(:func:`save_checkpoint` / :func:`load_checkpoint`).
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ from torch import Tensor
 
 from ..errors import AcetoolsError, InputError, InputKeyError, InputTypeError
 from ..layouts import TensorMeta
+from ..merging import check_same_keys
 from ..utils import atomic_write, jsonable, strip_ansi
 
 __all__ = [
@@ -39,6 +37,7 @@ __all__ = [
     "file_sha256",
     "copy_side_files",
     "check_output_folder",
+    "check_compatible",
     "WEIGHT_SUFFIXES",
     "CheckpointError",
     "state_hash",
@@ -83,9 +82,8 @@ def parse_size(size: int | float | str) -> int:
 
 
 def file_sha256(path: str | os.PathLike, window: int = 1 << 24, stop: Callable[[], bool] | None = None) -> str:
-    """Hex SHA-256 of a file, hashed straight from read-only memory maps of 16 MiB windows (no copies; one
-    window mapped at a time, so the pages read do not pile up in the resident memory). ``stop()`` true
-    before a window gives up (returns ``""``)."""
+    """Hex SHA-256 of a file, hashed from read-only memory maps of 16 MiB windows, one at a time; ``stop()``
+    true before a window gives up (returns ``""``)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -135,10 +133,8 @@ def _torch_load(path: Path) -> dict[str, Tensor]:
 
 
 class _SafetensorsFile:
-    """One safetensors file read one tensor at a time, each through a copy-on-write mapping of its own
-    bytes (not one mapping of the file: pages read through a mapping count as resident until it is
-    unmapped, so a merge would seem to hold every file it streamed; a tensor's mapping goes with it).
-    A tensor whose bytes are not aligned to its item size is read into a new buffer instead."""
+    """One safetensors file read one tensor at a time, each through a copy-on-write mapping of its own bytes
+    (pages read through one mapping of the file would count as resident until it is unmapped)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -176,31 +172,18 @@ class _SafetensorsFile:
         start = self.start + a
         if b == a:
             return torch.empty(m.shape, dtype=m.dtype)
-        if start % m.dtype.itemsize == 0:
-            at = start - start % mmap.ALLOCATIONGRANULARITY
-            with open(self.path, "rb") as fh:
-                mapped = mmap.mmap(fh.fileno(), start + (b - a) - at, offset=at, access=mmap.ACCESS_COPY)
-            data = torch.from_numpy(np.frombuffer(mapped, dtype=np.uint8, count=b - a, offset=start - at))
-            return data.view(m.dtype).reshape(m.shape)
-        buf = torch.empty(b - a, dtype=torch.uint8)
-        with open(self.path, "rb", buffering=0) as fh:
-            fh.seek(start)
-            view = buf.numpy().data  # a writable memoryview of buf's bytes
-            got = 0
-            while got < b - a:
-                r = fh.readinto(view[got:])
-                if not r:
-                    raise InputError(f"{self.path}: file ended while reading {key!r}")
-                got += r
-        return buf.view(m.dtype).reshape(m.shape)
+        at = start - start % mmap.ALLOCATIONGRANULARITY
+        with open(self.path, "rb") as fh:
+            mapped = mmap.mmap(fh.fileno(), start + (b - a) - at, offset=at, access=mmap.ACCESS_COPY)
+        data = torch.from_numpy(np.frombuffer(mapped, dtype=np.uint8, count=b - a, offset=start - at))
+        if start % m.dtype.itemsize:
+            data = data.clone()  # bytes not aligned to the item size: copied into a new buffer
+        return data.view(m.dtype).reshape(m.shape)
 
 
 class Checkpoint:
-    """A read-only checkpoint: its keys, per-key shape and dtype, and one tensor at a time.
-
-    Use :func:`open_checkpoint`. ``config`` is the folder's ``config.json`` (or
-    ``open_clip_config.json``) if there is one; ``files`` the weight files read.
-    """
+    """A read-only checkpoint (:func:`open_checkpoint`): keys, per-key shape and dtype, one tensor at a time;
+    ``config`` is the folder's ``config.json`` (or ``open_clip_config.json``), ``files`` the weight files."""
 
     def __init__(self, path: Path, files: list[Path], config: dict | None, folder: Path | None,
                  tensors: Mapping[str, Tensor] | None = None):  # tensors: a state dict in memory (no files)
@@ -208,18 +191,16 @@ class Checkpoint:
         self.files = files
         self.config = config
         self.folder = folder
-        self._handles: dict[Path, Any] = {}
-        self._where: dict[str, Path] = {}
+        self._where: dict[str, _SafetensorsFile] = {}  # key -> the file holding it
         self._tensors: dict[str, Tensor] | None = None
         self._meta: dict[str, TensorMeta] = {}
         if tensors is None and all(f.suffix == ".safetensors" for f in files):
             for f in files:
                 h = _SafetensorsFile(f)
-                self._handles[f] = h
                 for k, m in h.meta.items():
                     if k in self._where:
-                        raise InputError(f"{path}: key {k!r} is in two shards ({self._where[k].name}, {f.name})")
-                    self._where[k] = f
+                        raise InputError(f"{path}: key {k!r} is in two shards ({self._where[k].path.name}, {f.name})")
+                    self._where[k] = h
                     self._meta[k] = m
         else:
             loaded: dict[str, Tensor] = {}
@@ -269,7 +250,7 @@ class Checkpoint:
             return self._tensors[key]
         if key not in self._where:
             raise InputKeyError(f"{self.path}: no tensor named {key!r}")
-        return self._handles[self._where[key]].get(key)
+        return self._where[key].get(key)
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every tensor, loaded (the whole model in memory)."""
@@ -280,7 +261,7 @@ class Checkpoint:
         return {str(f): file_sha256(f) for f in self.files}
 
     def close(self) -> None:
-        self._handles.clear()
+        self._where.clear()
         self._tensors = None
 
     def __repr__(self) -> str:
@@ -368,30 +349,38 @@ def as_checkpoint(obj: Any, name: str = "state dict") -> Checkpoint:
     raise InputTypeError(f"{name} is a {type(obj).__name__}; give a state dict or a checkpoint path")
 
 
-def _input_places(ck: Checkpoint | str | os.PathLike) -> tuple[set[Path], set[Path]]:
-    """``(folders, file_dirs)`` of one input: the checkpoint folder (nothing may be written in it or
-    below it) and the folders holding its files (nothing may be written in them)."""
-    if not isinstance(ck, Checkpoint):
-        p = Path(ck).expanduser().resolve()
-        return ({p}, set()) if p.is_dir() else (set(), {p.parent})
-    folders = {ck.folder.resolve()} if ck.folder else set()
-    return folders, {f.resolve().parent for f in ck.files}
+def check_compatible(base: Checkpoint, experts: Sequence[Checkpoint], who: Sequence[str] | None = None,
+                     base_name: str | None = None) -> None:
+    """Every expert has the base's keys and shapes, float tensors where the base has floats and the same
+    dtype elsewhere; errors name the key, both shapes or dtypes and the expert (``who``, default its path)."""
+    bname = base_name or f"base {base.path}"
+    for i, ck in enumerate(experts):
+        name = who[i] if who is not None else f"expert {ck.path}"
+        check_same_keys(base.keys(), ck.keys(), name, f"the {bname}")
+        for k in base.keys():
+            mb, me = base.meta(k), ck.meta(k)
+            if mb.shape != me.shape:
+                raise InputError(f"shape mismatch at key {k!r}: {bname} has {tuple(mb.shape)}, {name} has "
+                                 f"{tuple(me.shape)}")
+            if mb.dtype.is_floating_point != me.dtype.is_floating_point or (
+                    not mb.dtype.is_floating_point and mb.dtype != me.dtype):
+                raise InputTypeError(f"dtype mismatch at key {k!r}: {bname} has {mb.dtype}, {name} has {me.dtype}")
 
 
 def check_output_folder(out: str | os.PathLike, inputs: Sequence[Checkpoint | str | os.PathLike],
                         overwrite: bool = False, *, weights: bool = True, option: str = "--out") -> Path:
-    """The output folder, refused when writing there could touch an input or earlier weights.
-
-    The one output check of every command that writes next to checkpoints (``merge``,
-    ``diagnose``): ``out`` must not be an input checkpoint folder or lie inside one, nor be the
-    folder holding an input file. With ``weights`` (merges) a folder that already holds weight
-    files is refused unless ``overwrite``. ``inputs`` are :class:`Checkpoint` s or paths."""
+    """The output folder of ``merge`` or ``diagnose``, refused when it is an input checkpoint folder or inside one,
+    or the folder holding an input file; with ``weights``, a folder holding weights unless ``overwrite``."""
     out = Path(out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output {out} exists and is not a folder")
     for ck in inputs:
-        folders, file_dirs = _input_places(ck)
-        name = ck.path if isinstance(ck, Checkpoint) else ck
+        if isinstance(ck, Checkpoint):  # its folder (nothing written in or below it), its files' folders
+            name, folders = ck.path, {ck.folder.resolve()} if ck.folder else set()
+            file_dirs = {f.resolve().parent for f in ck.files}
+        else:
+            name, p = ck, Path(ck).expanduser().resolve()
+            folders, file_dirs = ({p}, set()) if p.is_dir() else (set(), {p.parent})
         for f in folders:
             if f in out.parents:
                 raise InputError(f"{option} {out} is inside the input checkpoint folder {f} ({name}); choose a folder "
@@ -423,14 +412,14 @@ def copy_side_files(src: Path | None, out: Path, max_bytes: int = 50_000_000) ->
 
 
 class ShardedWriter:
-    """Write tensors into safetensors shards of at most ``shard_size`` bytes (header included), atomically.
+    """Write tensors into safetensors shards of at most ``shard_size`` bytes (header included), atomically
+    (docs/your-models.md §What is written).
 
-    ``add`` writes a tensor's bytes at once (nothing is held); :meth:`close` names the shards as
-    Hugging Face does and moves them into ``out`` together (until then they live in a hidden
-    folder inside ``out``, removed on error). ``metadata`` may be a function, called when the first
-    shard is finished (hashes computed meanwhile), with ``metadata_hint`` a mapping of its size.
-    ``header_room`` (:meth:`header_room`) leaves room for each header in front of the data, so the
-    data is written once, in place.
+    ``add`` writes a tensor's bytes at once; :meth:`close` names the shards as Hugging Face does and
+    moves them into ``out`` together (until then they live in a hidden folder inside ``out``).
+    ``metadata`` may be a function, called when the first shard is finished, with ``metadata_hint`` a
+    mapping of its size. ``header_room`` (:meth:`header_room`) leaves room for each header in front of
+    the data, so the data is written once, in place.
     """
 
     def __init__(self, out: str | os.PathLike, *, shard_size: int | str = "5GB",
@@ -466,10 +455,10 @@ class ShardedWriter:
         n = t.numel() * t.element_size()
         entry = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
                  "data_offsets": [self._shard_bytes, self._shard_bytes + n]}
-        # the shard's file size, header included: 8 length bytes, the JSON header (its entries grow by
-        # one key each) padded to 8, then the data
         head = len(json.dumps({key: entry}, separators=(",", ":"))) + 1
-        if self._entries and self._file_bytes(self._header_bytes + head, self._shard_bytes + n) > self.shard_size:
+        # the shard's file size, at most: 8 length bytes, the header (metadata + entries, padded to 8), the data
+        room = self.room if self.room is not None else self._meta_bytes + self._header_bytes + head + 8
+        if self._entries and 8 + room + self._shard_bytes + n > self.shard_size:
             self._flush()
             entry["data_offsets"] = [0, n]
             head = len(json.dumps({key: entry}, separators=(",", ":"))) + 1
@@ -485,21 +474,12 @@ class ShardedWriter:
         self._header_bytes += head
         self.total_size += n
 
-    def _file_bytes(self, header_entries: int, data: int) -> int:
-        """Upper bound on a shard's file size: 8 + header (metadata + entries, padded to 8) + data."""
-        if self.room is not None:
-            return 8 + self.room + data
-        return 8 + self._meta_bytes + header_entries + 8 + data
-
     @staticmethod
-    def header_room(tensors: Iterable[tuple[str, torch.dtype, Sequence[int]]], metadata: Mapping[str, str],
-                    total: int | None = None) -> int:
-        """Bytes that hold the header of any shard of ``tensors`` (``(key, dtype, shape)``, every tensor
-        to be written) with ``metadata``: all of them in one shard, offsets up to ``total`` bytes
-        (default their sum)."""
+    def header_room(tensors: Iterable[tuple[str, torch.dtype, Sequence[int]]], metadata: Mapping[str, str]) -> int:
+        """Bytes that hold the header of any shard of ``tensors`` (``(key, dtype, shape)``, every tensor to be
+        written) with ``metadata``."""
         items = list(tensors)
-        if total is None:
-            total = sum(math.prod(s) * dt.itemsize for _, dt, s in items)
+        total = sum(math.prod(s) * dt.itemsize for _, dt, s in items)
         meta = {"format": "pt", **{str(k): str(v) for k, v in metadata.items()}}
         n = len(json.dumps({"__metadata__": meta}, separators=(",", ":")))
         for key, dt, shape in items:
@@ -525,18 +505,14 @@ class ShardedWriter:
                 fh.write(self.room.to_bytes(8, "little"))
                 fh.write(header + b" " * (self.room - len(header)))
             os.replace(data_path, path)
-            self._next_shard(path)
-            return
-        header += b" " * (-len(header) % 8)
-        with open(path, "wb") as out, open(data_path, "rb") as src:
-            out.write(len(header).to_bytes(8, "little"))
-            out.write(header)
-            src.seek(8 + self.room if self.room is not None else 0)
-            shutil.copyfileobj(src, out, 1 << 24)
-        data_path.unlink()
-        self._next_shard(path)
-
-    def _next_shard(self, path: Path) -> None:
+        else:
+            header += b" " * (-len(header) % 8)
+            with open(path, "wb") as out, open(data_path, "rb") as src:
+                out.write(len(header).to_bytes(8, "little"))
+                out.write(header)
+                src.seek(8 + self.room if self.room is not None else 0)
+                shutil.copyfileobj(src, out, 1 << 24)
+            data_path.unlink()
         self._files.append((path, list(self._entries)))
         self._entries = {}
         self._shard_bytes = 0
@@ -550,10 +526,9 @@ class ShardedWriter:
             raise InputError("nothing to write: no tensors were added")
         names = ([f"{self.prefix}.safetensors"] if n == 1
                  else [f"{self.prefix}-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
-        written = []
-        for (tmp, _), name in zip(self._files, names):
-            os.replace(tmp, self.out / name)
-            written.append(self.out / name)
+        written = [self.out / name for name in names]
+        for (tmp, _), dest in zip(self._files, written):
+            os.replace(tmp, dest)
         if n > 1:
             index = {"metadata": {"total_size": self.total_size, **self.metadata},
                      "weight_map": {k: name for (_, keys), name in zip(self._files, names) for k in keys}}
@@ -619,11 +594,8 @@ def sidecar_path(path: Path) -> Path:
 
 
 def save_checkpoint(path: str | os.PathLike, state: Mapping[str, Tensor], meta: Mapping[str, Any]) -> dict:
-    """Write ``state`` as safetensors and ``meta`` (+ ``content_sha256``) as a JSON sidecar.
-
-    Both writes are atomic; the tensors go first, so a sidecar exists only next to a
-    complete tensor file. Returns the sidecar dict.
-    """
+    """Write ``state`` as safetensors, then ``meta`` (+ ``content_sha256``) as a JSON sidecar, both atomically;
+    returns the sidecar dict."""
     from safetensors.torch import save
 
     path = Path(path)
@@ -643,13 +615,8 @@ def save_checkpoint(path: str | os.PathLike, state: Mapping[str, Tensor], meta: 
 def load_checkpoint(
     path: str | os.PathLike, *, expected_hash: str | None = None, verify: bool = True
 ) -> tuple[StateDict, dict]:
-    """Load a checkpoint and its sidecar; raise :class:`CheckpointError` if anything is off.
-
-    With ``verify`` the tensors are hashed and compared to ``expected_hash`` (default: the
-    sidecar's ``content_sha256``, else the file's own metadata).
-    """
-    from safetensors import safe_open
-
+    """Load a checkpoint and its sidecar (:class:`CheckpointError` if anything is off); with ``verify`` the
+    tensors' hash must be ``expected_hash`` (default: the sidecar's ``content_sha256``, else the file's)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
@@ -661,8 +628,7 @@ def load_checkpoint(
             raise CheckpointError(f"unreadable sidecar {sidecar_path(path)}: {err}") from err
     try:
         state = load_file(str(path))
-        with safe_open(str(path), "pt") as f:
-            file_meta = f.metadata() or {}
+        file_meta = _SafetensorsFile(path).metadata
     except Exception as err:  # safetensors raises its own error types for truncated files
         raise CheckpointError(f"unreadable checkpoint {path}: {err}") from err
     if verify:

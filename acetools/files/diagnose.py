@@ -1,10 +1,5 @@
-"""Diagnose your models: the data-free signals of a base and its experts, as tables and a report.
-
-:func:`diagnose` reads a base and T experts (state dicts, or checkpoints read one tensor at a time),
-walks the keys once and returns a :class:`Diagnosis` of DataFrames (``norms``, ``layers``,
-``cosine``, ``cosine_per_layer``, ``overlap``, ``spectra``, ``summary``; docs/diagnose.md §The
-signals says how to read each), which :mod:`acetools.plotting.diagnose` draws. :func:`run_report`
-executes the report notebook; ``acetools diagnose`` does both.
+"""Diagnose your models: the data-free signals of a base and its experts as tables (:func:`diagnose`) and a
+report (:func:`run_report`); docs/diagnose.md §The signals says how to read each.
 """
 
 from __future__ import annotations
@@ -27,12 +22,12 @@ from torch import Tensor
 from ..diagnostics import effective_rank
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index, layer_type
-from ..layouts import TensorMeta, align_prefix, get_layout, is_classifier
-from ..merging import check_same_keys, confirmed_ties, defaults_from
+from ..layouts import TensorMeta, get_layout
+from ..merging import confirmed_ties, defaults_from
 from ..merging.linalg import gram_spectrum
 from ..utils import atomic_write, progress
-from .checkpoints import Checkpoint, as_checkpoint, check_output_folder
-from .heads import HEAD_MODES, CheckpointView
+from .checkpoints import Checkpoint, as_checkpoint, check_compatible, check_output_folder
+from .heads import plan_heads
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
 
@@ -73,10 +68,9 @@ class Diagnosis:
         folder = Path(folder)
         paths = {}
         for name in _TABLES:
-            df = getattr(self, name)
             paths[name] = folder / f"{name}.csv"
             with atomic_write(paths[name], "w") as fh:
-                df.to_csv(fh, index=(name == "cosine"), float_format="%.6g")
+                getattr(self, name).to_csv(fh, index=(name == "cosine"), float_format="%.6g")
         paths["meta"] = folder / "meta.json"
         with atomic_write(paths["meta"], "w") as fh:
             json.dump(self.meta, fh, indent=1, default=str)
@@ -113,74 +107,37 @@ def _names(experts: Sequence[Any], names: Sequence[str] | None) -> list[str]:
     return out
 
 
-def _check_keys(base: Checkpoint, experts: Sequence[Checkpoint], labels: Sequence[str]) -> list[str]:
-    keys = base.keys()
-    for i, e in enumerate(experts):
-        check_same_keys(sorted(keys), e.keys(), _what(i, labels), "the base")
-    return keys
-
-
 def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None, layout: Any = "auto",
                   heads: str = "auto"):
-    """The base and the experts as lazily read sources, with the experts' labels, the head keys left
-    out (``heads``, as :func:`acetools.files.merge_files.merge_files` takes it) and the base's keys
-    named as the experts name them (a bare backbone beside task models, or the reverse)."""
+    """The base and the experts as lazily read sources with the experts' labels, heads and base-model
+    prefix handled as the merge does (:func:`acetools.files.heads.plan_heads`), checked against each other."""
     if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
         raise InputTypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
     labels = _names(experts, names)
     src = as_checkpoint(base, "base")
     exs = [as_checkpoint(e, _what(i, labels)) for i, e in enumerate(experts)]
-    return (*_align_heads(src, exs, layout, heads, labels), labels)
-
-
-def _align_heads(src: Checkpoint, exs: list[Checkpoint], layout: Any, heads: str, labels: Sequence[str]
-                 ) -> tuple[Checkpoint, list[Checkpoint]]:
-    """Leave the per-task head keys out of every source (``heads`` "per-task"/"drop", or "auto" for
-    classifiers: :func:`acetools.layouts.is_classifier`) and rename the base's keys through the
-    base-model prefix when needed (:func:`acetools.layouts.align_prefix`)."""
-    if heads not in HEAD_MODES:
-        raise InputError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
     lay = get_layout(layout, keys=src.keys(), config=src.config)
-    ekeys = exs[0].keys()
-    hidden: set[str] = set()
-    if heads in ("per-task", "drop") or (heads == "auto" and any(is_classifier(e.keys(), e.config, lay)
-                                                                  for e in exs)):
-        hidden = set(lay.task_head_keys(ekeys))
-        if heads != "auto" and not hidden:
-            raise InputError(f"heads={heads!r}: {_what(0, labels)} has no key that layout {lay.name!r} calls a task "
-                             f"head (patterns {lay.task_heads or '(none)'}); use heads='merge'")
-    al = align_prefix(src.keys(), [k for k in ekeys if k not in hidden], base_config=src.config,
-                      expert_config=exs[0].config)
-    if al is not None:
-        log.info("diagnose: %s", al.describe())
-    if hidden or al is not None:
-        src = CheckpointView(src, list(hidden), al.rename if al is not None else None)
-        exs = [CheckpointView(e, list(hidden)) for e in exs]
-    return src, exs
+    plan = plan_heads(heads, src, exs, lay, write=False)
+    if plan.alignment is not None:
+        log.info("diagnose: %s", plan.alignment.describe())
+    src, exs, _ = plan.views(src, exs, lay)
+    check_compatible(src, exs, [_what(i, labels) for i in range(len(exs))], "base")
+    return src, exs, labels
 
 
 def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | None = None,
                  layout: Any = "auto", heads: str = "auto") -> dict[str, Any]:
-    """Check, from the headers only, that ``experts`` can be diagnosed against ``base``: every
-    checkpoint opens, has the base's keys with the same shapes (per-task heads left out, see
-    :func:`diagnose`), and some key takes the matrix path under ``layout``. Raises an error
-    naming the file, key or shape; returns ``{"n_tasks", "names", "layout", "n_keys", "n_matrices"}``."""
+    """Check, from the headers only, that ``experts`` can be diagnosed against ``base`` (the checks of
+    :func:`diagnose`, and some key takes the matrix path under ``layout``); errors name the file, key or
+    shape. Returns ``{"n_tasks", "names", "layout", "n_keys", "n_matrices"}``."""
     src, exs, labels = _open_sources(base, experts, names, layout, heads)
-    try:
-        keys = _check_keys(src, exs, labels)
-        lay = get_layout(layout, keys=keys, config=src.config)
-        n_mat = 0
-        for key in keys:
-            m = _check_shapes(key, src, exs, labels)
-            n_mat += m.dtype.is_floating_point and key not in lay.tied and lay.is_matrix(key, m)
-    finally:
-        src.close()
-        for e in exs:
-            e.close()
+    lay = get_layout(layout, keys=src.keys(), config=src.config)
+    metas = src.metas()
+    n_mat = sum(m.dtype.is_floating_point and k not in lay.tied and lay.is_matrix(k, m) for k, m in metas.items())
     if n_mat == 0:
         raise InputError(f"no key takes the matrix path under layout {lay.name!r}; nothing to diagnose "
                          "(check --layout)")
-    return {"n_tasks": len(exs), "names": labels, "layout": lay.name, "n_keys": len(keys), "n_matrices": int(n_mat)}
+    return {"n_tasks": len(exs), "names": labels, "layout": lay.name, "n_keys": len(metas), "n_matrices": int(n_mat)}
 
 
 # --------------------------------------------------------------------------- per matrix
@@ -222,23 +179,15 @@ def diagnose(
     show_progress: bool | None = None,
     heads: str = "auto",
 ) -> Diagnosis:
-    """The data-free diagnostics of ``experts`` fine-tuned from ``base`` (see the module docstring).
+    """The data-free diagnostics of ``experts`` fine-tuned from ``base`` (docs/diagnose.md §Which weights are
+    analysed).
 
-    ``base`` / ``experts``: state dicts or checkpoint paths (any format
-    :func:`acetools.files.checkpoints.open_checkpoint` reads; safetensors are read one tensor at a
-    time, so memory holds one key of every model). ``names``: one per expert (default: file
-    stems or task0, task1, ...). ``layout``: which keys are matrices and how they are stored
-    (:func:`acetools.layouts.get_layout`; ``"auto"`` detects it from the config or key names);
-    matrices are analysed as d_out x d_in. ``tau``: ACE's gate threshold (None: ACE's registered
-    default). ``ace=True`` also runs ACE's closed form per matrix for W̄_pre's top-5 % energy (slower: a d_in x d_in
-    solve per matrix). ``keys``: restrict to these keys. ``max_singular_values``: how many
-    leading singular values per task and matrix go into ``spectra`` (None: all). Non-float
-    buffers are skipped, and so are tied aliases (GPT-2's ``lm_head``) that equal their
-    canonical key in every model. ``heads``: as ``acetools merge --heads`` (docs/your-models.md
-    §Per-task heads): ``"auto"`` leaves the task-head keys (``classifier.*``, ``score.*``) of
-    classifiers out, ``"per-task"``/``"drop"`` always, ``"merge"`` keeps them (same shapes only). A
-    bare backbone base (``BertModel``) beside task models (``bert.``-prefixed keys), or the
-    reverse, is read through the base-model prefix, as the merge does.
+    ``base`` / ``experts``: state dicts or checkpoint paths (read one tensor at a time). ``names``: one
+    per expert (default: file stems or task0, task1, ...). ``layout``: :func:`acetools.layouts.get_layout`.
+    ``tau``: ACE's gate threshold (None: ACE's default). ``ace=True`` also runs ACE's closed form per
+    matrix for W̄_pre's top-5 % energy (slower). ``keys``: restrict to these keys.
+    ``max_singular_values``: per task and matrix in ``spectra`` (None: all). ``heads``: as
+    ``acetools merge --heads`` (docs/your-models.md §Per-task heads).
     """
     t0 = time.perf_counter()
     tau = defaults_from("ace")["tau"] if tau is None else tau
@@ -246,7 +195,7 @@ def diagnose(
         raise InputError(f"tau={tau!r} must be a finite number >= 0")
     src, exs, labels = _open_sources(base, experts, names, layout, heads)
     try:
-        lay, chosen = _chosen_keys(src, exs, layout, keys, labels)
+        lay, chosen = _chosen_keys(src, layout, keys)
         walk = _Walk(labels, lay, tau=tau, ace=ace, max_singular_values=max_singular_values)
         tied = confirmed_ties(lay.tied, src, exs, get=lambda m, k: m.get(k))  # aliases equal to their key everywhere
         for key in progress(chosen, desc="diagnose", enabled=show_progress):
@@ -260,33 +209,21 @@ def diagnose(
     return walk.diagnosis(src, exs, n_keys=len(chosen), seconds=round(time.perf_counter() - t0, 2))
 
 
-def _chosen_keys(src: Checkpoint, exs: Sequence[Checkpoint], layout: Any, keys: Sequence[str] | None,
-                 labels: Sequence[str]):
+def _chosen_keys(src: Checkpoint, layout: Any, keys: Sequence[str] | None):
     """The layout and the keys to walk, in block order (files may store keys sorted as text:
     0, 1, 10, 11, 2, ...; stable otherwise)."""
-    all_keys = _check_keys(src, exs, labels)
+    all_keys = src.keys()
     lay = get_layout(layout, keys=all_keys, config=src.config)
     chosen = all_keys if keys is None else list(keys)
     for k in chosen:
-        if k not in set(all_keys):
+        if k not in src:
             raise InputKeyError(f"key {k!r} is not in the base")
     return lay, sorted(chosen, key=lambda k: (block_index(k) is not None, block_index(k) or 0))
-
-
-def _check_shapes(key: str, src: Checkpoint, exs: Sequence[Checkpoint], labels: Sequence[str]) -> TensorMeta:
-    """The base's shape and dtype of ``key``; an expert with another shape is an error naming it."""
-    m = src.meta(key)
-    for i, e in enumerate(exs):
-        if tuple(e.meta(key).shape) != tuple(m.shape):
-            raise InputError(f"shape mismatch at key {key!r}: base has {tuple(m.shape)}, {_what(i, labels)} has "
-                             f"{tuple(e.meta(key).shape)}")
-    return m
 
 
 def _w0_taus(key: str, src: Checkpoint, exs: Sequence[Checkpoint], lay, labels: Sequence[str]
              ) -> tuple[Tensor, list[Tensor]]:
     """W0 and the task vectors of ``key`` in float64, d_out x d_in; errors name the expert."""
-    _check_shapes(key, src, exs, labels)
     W0 = lay.to_canonical(key, src.get(key)).to(torch.float64)
     taus = [lay.to_canonical(key, e.get(key)).to(torch.float64) - W0 for e in exs]
     for i, t in enumerate(taus):
@@ -468,11 +405,9 @@ def run_report(
     start_timeout: int = 300,
     heads: str = "auto",
 ) -> dict[str, Any]:
-    """Execute the report notebook into ``out`` with papermill (:func:`acetools.notebooks.run_notebook`:
-    absolute paths, ``cwd=out``, kernel ``python3``) and render ``diagnose.html`` without code.
-    The tables are saved next to it (:meth:`Diagnosis.save`). Returns ``{"executed", "html", "seconds"}``."""
+    """Execute the report notebook into ``out`` (:func:`acetools.notebooks.run_notebook`), render
+    ``diagnose.html`` without code and save the tables beside it. Returns ``{"executed", "html", "seconds"}``."""
     import papermill as pm
-
 
     for p in [base, *experts]:
         if not Path(p).exists():

@@ -1,11 +1,5 @@
 """ESM for your own model in one call: proxy activations captured inside each expert (docs/your-models.md
-§ESM on your own model, end to end).
-
-ESM (docs/methods.md §ESM) needs, per ESD layer, the inputs X_t that task t's *fine-tuned* model sees
-on a few proxy inputs. :func:`esm_activations` runs them through each expert (an ``nn.Module``, a
-factory, or a checkpoint loaded into a factory's module), one at a time, and returns ``{weight key:
-[X_1, ..., X_T]}`` with X_t of width d_in of the canonical d_out x d_in matrix (:mod:`acetools.layouts`);
-:func:`esm_names` gives ESM's layer names in a layout's names; :func:`merge_esm` captures and merges.
+§ESM on your own model, end to end; docs/methods.md §ESM).
 """
 
 from __future__ import annotations
@@ -20,8 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, InputKeyError, InputTypeError
+from ..layouts import get_layout
 from ..merging.esm import LAYOUT_NAMES
 from .activations import capture_inputs
+from .checkpoints import open_checkpoint
 
 __all__ = ["ESM_NAMES", "esm_names", "esm_activations", "merge_esm"]
 
@@ -34,9 +30,8 @@ ESM_NAMES = LAYOUT_NAMES
 
 
 def esm_names(layout: Any) -> dict[str, tuple[str, ...]]:
-    """``{"targets": ..., "layer_types": ...}`` for ``layout`` (a preset name or Layout), to
-    pass to ``merge("esm", ..., **esm_names(layout))``. The ``generic`` layout has none: name
-    your model's layers yourself."""
+    """``{"targets": ..., "layer_types": ...}`` for ``layout`` (a preset name or Layout), to pass to
+    ``merge("esm", ..., **esm_names(layout))``; the ``generic`` layout has none."""
     name = layout if isinstance(layout, str) else getattr(layout, "name", None)
     if name not in ESM_NAMES:
         raise InputError(
@@ -46,21 +41,7 @@ def esm_names(layout: Any) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in ESM_NAMES[name].items()}
 
 
-def _load_file(path: str | os.PathLike) -> dict[str, Tensor]:
-    from .checkpoints import (
-        open_checkpoint,  # every supported format, weights_only for pickles
-    )
-
-    ckpt = open_checkpoint(path)
-    try:
-        return ckpt.state_dict()
-    finally:
-        ckpt.close()
-
-
 def _strip(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    if not prefix:
-        return dict(state)
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
@@ -83,7 +64,7 @@ def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str
     if isinstance(item, nn.Module):
         return item
     if isinstance(item, (str, os.PathLike)):
-        item = _load_file(item)
+        item = open_checkpoint(item).state_dict()
     if isinstance(item, Mapping):
         if factory is None:
             raise InputTypeError(f"{where} is a state dict or file: pass factory= (a callable returning the model's "
@@ -109,7 +90,7 @@ def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str
 def _state_of(item: Any, factory, prefix: str, where: str) -> dict[str, Tensor]:
     """The state dict (keys with ``prefix``) of a module, factory, state dict or file."""
     if isinstance(item, (str, os.PathLike)):
-        return _load_file(item)
+        return open_checkpoint(item).state_dict()
     if isinstance(item, Mapping):
         return dict(item)
     model = _materialise(item, factory, prefix, where)
@@ -117,8 +98,6 @@ def _state_of(item: Any, factory, prefix: str, where: str) -> dict[str, Tensor]:
 
 
 def _default_keys(state: Mapping[str, Tensor], layout: Any, targets: Sequence[str] | None, prefix: str):
-    from ..layouts import get_layout
-
     lay = get_layout(layout, keys=list(state))
     pats = tuple(targets) if targets is not None else esm_names(lay)["targets"]
     keys = [k for k, v in state.items()
@@ -142,20 +121,15 @@ def esm_activations(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, list[Tensor]]:
-    """ESM's proxy activations ``{key: [X_1, ..., X_T]}`` for the ``experts``.
+    """ESM's proxy activations ``{key: [X_1, ..., X_T]}`` for the ``experts``, X_t of width d_in of the
+    canonical d_out x d_in matrix, on the CPU in ``dtype``.
 
-    ``experts``: one entry per fine-tuned model, each an ``nn.Module`` (Hugging Face,
-    open_clip or any), a zero-argument factory returning one, or a state dict / checkpoint
-    path loaded into ``factory()`` (strict key check). Entries are materialised one at a time,
-    so a list of factories or files holds one expert in memory.
-    ``inputs``: the proxy batch(es) every expert sees (a tensor, an iterable of batches, or a
-    dict of keyword tensors such as a tokenizer's output), or a callable ``inputs(t)`` giving
-    expert t its own data (ESM's setting: task t's proxy images in expert t).
-    ``keys``: weight keys to capture (with ``prefix`` if the module is a sub-tower, e.g. the
-    open_clip visual tower with ``prefix="visual."``); default: the layout's matrix keys that
-    match ``targets`` (default :func:`esm_names` of the layout, detected from the key names
-    with ``layout="auto"``). X_t has width d_in of the canonical d_out x d_in matrix (the
-    layout gives each weight's orientation) and is stored on the CPU in ``dtype``.
+    ``experts``: one per fine-tuned model, each an ``nn.Module``, a zero-argument factory returning
+    one, or a state dict / checkpoint path loaded into ``factory()`` (strict key check); materialised
+    one at a time. ``inputs``: the proxy batch(es) every expert sees (as :func:`capture_inputs` takes
+    them), or a callable ``inputs(t)`` giving expert t its own. ``keys``: weight keys to capture (with
+    ``prefix`` for a sub-tower, e.g. ``"visual."``); default: the layout's matrix keys matching
+    ``targets`` (default :func:`esm_names` of the layout).
     """
     if isinstance(experts, (Mapping, nn.Module, str)) or not isinstance(experts, Sequence) or not experts:
         raise InputTypeError("experts must be a non-empty list (one model, factory, state dict or file per expert)")
@@ -169,8 +143,6 @@ def esm_activations(
             lay, keys = _default_keys(state, layout, targets, prefix)
             log.info("esm_activations: layout %r, %d ESD layers", lay.name, len(keys))
         elif lay is None:
-            from ..layouts import get_layout
-
             lay = get_layout(layout, keys=[prefix + k for k in model.state_dict()])
         batch = inputs(t) if callable(inputs) and not isinstance(inputs, (Tensor, nn.Module)) else inputs
         # a callable's result is the caller's (capture_inputs checks what it gets)
@@ -194,17 +166,10 @@ def merge_esm(
     device: str | torch.device | None = None,
     **hparams: Any,
 ) -> dict[str, Tensor]:
-    """ESM on your model in one call: capture the proxy activations in each expert
-    (:func:`esm_activations`) and ``merge("esm", ...)`` with the layout's target names
-    (:func:`esm_names`, unless ``targets`` / ``layer_types`` are in ``hparams``).
-
-    ``base`` and ``experts`` are ``nn.Module`` s, factories, state dicts or files (the latter
-    two with ``factory``). Returns the merged state dict with the base's keys (with
-    ``prefix``; non-float buffers carried from the base). ``hparams`` go to ESM (``alpha``,
-    ``const``, ...). A layout without ESM names (``generic``) needs ``targets`` and
-    ``layer_types`` in ``hparams``.
-    """
-    from ..layouts import get_layout
+    """:func:`esm_activations` in each expert, then ``merge("esm", ...)`` with the layout's names
+    (:func:`esm_names`) unless ``hparams`` (ESM's: ``alpha``, ``const``, ...) give ``targets`` and
+    ``layer_types`` (a ``generic`` layout must). ``base``/``experts`` as :func:`esm_activations` takes
+    experts. Returns the merged state dict with the base's keys (with ``prefix``)."""
     from ..merging import merge
 
     base_sd = _state_of(base, factory, prefix, "base")

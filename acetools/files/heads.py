@@ -1,10 +1,7 @@
 """Per-task heads: merge a classifier's backbone, keep each expert's head (docs/your-models.md §Per-task heads).
 
-``heads=`` of :func:`acetools.files.merge_files.merge_files` (``acetools merge --heads``) is one of
-:data:`HEAD_MODES`: ``"auto"`` (``"per-task"`` for classifiers, :func:`acetools.layouts.is_classifier`,
-else ``"merge"``), ``"merge"``, ``"per-task"`` (heads written to ``heads/<name>/`` beside the merged
-backbone) or ``"drop"``. :func:`load_with_head` gives one task's ``transformers`` model,
-:func:`task_state_dict` the same as a state dict and config.
+:func:`plan_heads` resolves ``heads=`` (:data:`HEAD_MODES`); :func:`load_with_head` gives one task's
+``transformers`` model, :func:`task_state_dict` the same as a state dict and config.
 """
 
 from __future__ import annotations
@@ -52,14 +49,9 @@ _FORMAT = "acetools.heads/1"
 
 
 class CheckpointView(Checkpoint):
-    """A :class:`~acetools.files.checkpoints.Checkpoint` without some keys (the heads), and with its
-    keys renamed (``rename``: the name a merge uses -> the checkpoint's own name; a bare backbone
-    read under the experts' base-model prefix, :func:`acetools.layouts.align_prefix`).
-
-    Reads go to the wrapped checkpoint; ``path``, ``files``, ``config``, ``folder`` and
-    :meth:`sha256` are its own, so the merge records the real input files. ``hidden`` are names
-    as the view shows them.
-    """
+    """A :class:`~acetools.files.checkpoints.Checkpoint` without the ``hidden`` keys (the heads) and with
+    its keys renamed (``rename``: the merge's name -> the checkpoint's own; docs/your-models.md §Bare
+    backbones and task models). ``path``, ``files``, ``config`` and ``folder`` are the wrapped one's."""
 
     def __init__(self, inner: Checkpoint, hidden: Sequence[str], rename: Mapping[str, str] | None = None):  # noqa: D107 - no super().__init__: nothing is read
         self.inner = inner
@@ -89,8 +81,8 @@ class CheckpointView(Checkpoint):
 
 
 def expert_name(ck: Checkpoint) -> str:
-    """An expert's default name (its head folder, its task for ``--search``): the folder name, or the
-    file name without suffix (the parent folder's name for ``model.safetensors`` and the like)."""
+    """An expert's default name (its head folder, its task for ``--search``): the folder name, or the file
+    name without suffix (the parent folder's name for ``model.safetensors`` and the like)."""
     p = Path(ck.path)
     if ck.folder is not None:
         return Path(ck.folder).name
@@ -118,12 +110,8 @@ def _check_names(names: Sequence[str], experts: Sequence[Checkpoint], given: boo
 
 
 def _labels(ck: Checkpoint, keys: Sequence[str]) -> tuple[int, dict[str, str]]:
-    """``(num_labels, id2label)`` of one expert: from its config, else from its head's output size.
-
-    Without a config, the label count is the output size (first dimension) of the last head
-    weight in key order (``classifier.weight``, ``classifier.out_proj.weight``, ``score.weight``).
-    With one, a config whose label count no head tensor has is an error.
-    """
+    """``(num_labels, id2label)`` of one expert: from its config (which some head tensor must fit), else
+    the output size of the last head weight in key order (``classifier.out_proj.weight``, ``score.weight``)."""
     cfg = ck.config or {}
     metas = {k: ck.meta(k) for k in keys}
     if cfg.get("id2label") or cfg.get("num_labels"):
@@ -157,8 +145,7 @@ class HeadPlan:
     alignment: PrefixAlignment | None = None  # a bare backbone matched through the base-model prefix
 
     def summary(self) -> str:
-        """One line for the dry run: the mode, the head keys and each task's label count (and a second
-        line when the base's keys are matched through the base-model prefix)."""
+        """The dry run's line(s): the mode, the head keys, each task's label count, the prefix matching."""
         extra = f"\n{self.alignment.describe()}" if self.alignment is not None else ""
         if self.mode == "merge":
             return f"heads: merged like every other key ({self.reason}){extra}"
@@ -171,8 +158,7 @@ class HeadPlan:
 
     def views(self, base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout
               ) -> tuple[Checkpoint, list[Checkpoint], Layout]:
-        """Base, experts and layout without the head keys (what the method merges), the base's keys
-        named as the experts name them (:attr:`alignment`)."""
+        """Base, experts and layout without the head keys, the base's keys named as the experts'."""
         if not self.keys and self.alignment is None:
             return base, list(experts), layout
         if self.alignment is not None:
@@ -184,8 +170,7 @@ class HeadPlan:
 
 
 def aligned_base(base: Checkpoint, alignment: PrefixAlignment, layout: Layout) -> tuple[Checkpoint, Layout]:
-    """The base under the experts' key names (:func:`acetools.layouts.align_prefix`) and the layout's
-    ties re-bound to those names."""
+    """The base under the experts' key names (:func:`acetools.layouts.align_prefix`), ties re-bound."""
     view = CheckpointView(base, (), alignment.rename)
     back = {old: new for new, old in alignment.rename.items()}
     tied = {back[a]: back[c] for a, c in layout.tied.items() if a in back and c in back}
@@ -193,49 +178,35 @@ def aligned_base(base: Checkpoint, alignment: PrefixAlignment, layout: Layout) -
 
 
 def find_alignment(base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout) -> PrefixAlignment | None:
-    """:func:`acetools.layouts.align_prefix` of the base against the first expert's keys (its task-head
-    keys left out); ``None`` when the key names already agree."""
+    """:func:`acetools.layouts.align_prefix` of the base against the first expert's non-head keys (``None``:
+    the names agree)."""
     ex = experts[0]
     heads = set(layout.task_head_keys(ex.keys()))
     return align_prefix(base.keys(), [k for k in ex.keys() if k not in heads], base_config=base.config,
                         expert_config=ex.config)
 
 
-def _shape_error(key: str, base: Checkpoint, experts: Sequence[Checkpoint], head: bool, layout: Layout) -> str:
-    shapes = [f"base {base.path}: {tuple(base.meta(key).shape)}"] if key in base else []
-    shapes += [f"expert {ck.path}: {tuple(ck.meta(key).shape)}" for ck in experts]
-    text = f"shape mismatch at key {key!r}: " + "; ".join(shapes)
-    if head:
-        text += (". Classifiers whose heads differ in shape (different num_labels) are merged with "
-                 "heads='per-task' (--heads per-task): the backbone is merged and each expert's head is written "
-                 f"beside it under {HEADS_DIR}/; heads='drop' (--heads drop) keeps the backbone only")
-    elif layout.task_heads:
-        text += f" (layout {layout.name!r}: not a per-task head key; its task-head patterns are {layout.task_heads})"
-    return text
-
-
 def _check_head_shapes(base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout) -> None:
-    """For ``heads="merge"``: a key whose shape differs between the models and that is a head is an
-    error naming it, every shape and ``--heads per-task`` (other keys: :func:`merge_files`'s check)."""
+    """For ``heads="merge"``: a head key whose shape differs between the models is an error naming it,
+    every shape and ``--heads per-task``."""
     for key in base.keys():
         if not all(key in ck for ck in experts):
             continue
         shapes = {tuple(base.meta(key).shape), *(tuple(ck.meta(key).shape) for ck in experts)}
-        if len(shapes) > 1:
-            head = bool(layout.task_head_keys([key])) or layout.role(key, base.meta(key)) == "head"
-            if head:
-                raise InputError(_shape_error(key, base, experts, True, layout))
+        if len(shapes) > 1 and (layout.task_head_keys([key]) or layout.role(key, base.meta(key)) == "head"):
+            each = [f"base {base.path}: {tuple(base.meta(key).shape)}"]
+            each += [f"expert {ck.path}: {tuple(ck.meta(key).shape)}" for ck in experts]
+            raise InputError(f"shape mismatch at key {key!r}: " + "; ".join(each) + ". Classifiers whose heads "
+                             "differ in shape (different num_labels) are merged with heads='per-task' (--heads "
+                             "per-task): the backbone is merged and each expert's head is written beside it under "
+                             f"{HEADS_DIR}/; heads='drop' (--heads drop) keeps the backbone only")
 
 
 def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout,
-               names: Sequence[str] | None = None) -> HeadPlan:
-    """Resolve ``heads`` (:data:`HEAD_MODES`) for these checkpoints; errors name the key or the expert.
-
-    ``"auto"`` is ``"per-task"`` when an expert is a classifier (:func:`acetools.layouts.is_classifier`),
-    else ``"merge"``. ``"per-task"`` and ``"drop"`` need head keys (the layout's ``task_heads``
-    patterns among the experts' keys), the same in every expert; the base may have them (they
-    are not used) or not. ``names``: one folder name per expert (default: the experts' folder
-    or file names).
+               names: Sequence[str] | None = None, *, write: bool = True) -> HeadPlan:
+    """Resolve ``heads`` (:data:`HEAD_MODES`, docs/your-models.md §Per-task heads) for these checkpoints;
+    errors name the key or the expert. ``names``: one folder name per expert (default: the experts'
+    folder or file names). ``write=False`` (diagnose): heads left out, not written (no names, labels).
     """
     if heads not in HEAD_MODES:
         raise InputError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
@@ -280,7 +251,7 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
                 raise InputTypeError(f"heads={mode!r}: head key {key!r} of expert {ck.path} is {ck.meta(key).dtype}, "
                                 "not a float tensor")
     plan = HeadPlan(mode, keys=list(keys), experts=list(experts), reason=reason, alignment=alignment)
-    if mode == "per-task":
+    if mode == "per-task" and write:
         plan.names = _check_names(names if names is not None else [expert_name(ck) for ck in experts], experts,
                                   names is not None)
         plan.labels = [_labels(ck, keys) for ck in experts]
@@ -296,8 +267,8 @@ def _ours(folder: Path) -> bool:
 
 
 def check_heads_folder(out: Path, inputs: Sequence[Checkpoint], overwrite: bool, writing: bool) -> None:
-    """Refuse ``<out>/heads`` when it holds or is inside an input, or holds an earlier merge's heads
-    (unless ``overwrite``), or something acetools did not write. ``writing``: heads will be written."""
+    """Refuse ``<out>/heads`` when it holds or is inside an input, holds an earlier merge's heads (unless
+    ``overwrite``), or something acetools did not write. ``writing``: heads will be written."""
     target = (Path(out).expanduser().resolve()) / HEADS_DIR
     for ck in inputs:
         places = [Path(f).resolve() for f in ck.files] + ([Path(ck.folder).resolve()] if ck.folder else [])
@@ -390,31 +361,26 @@ def remove_stale_heads(out: Path) -> bool:
 
 
 # --------------------------------------------------------------------------- reading
-def _heads_folder(folder: str | os.PathLike) -> Path:
+def _heads_folder(folder: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     root = Path(folder).expanduser()
     target = root / HEADS_DIR
     if not (target / _INDEX).is_file() or not _ours(target):
         raise FileNotFoundError(f"{root} holds no per-task heads ({HEADS_DIR}/{_INDEX}); merge with "
                                 "heads='per-task' (acetools merge --heads per-task)")
-    return target
+    return target, json.loads((target / _INDEX).read_text())
 
 
 def list_heads(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """``{task name: head.json record}`` of a merge written with ``heads="per-task"``."""
-    target = _heads_folder(folder)
-    index = json.loads((target / _INDEX).read_text())
+    target, index = _heads_folder(folder)
     return {name: json.loads((target / name / "head.json").read_text()) for name in index["tasks"]}
 
 
 def load_head(folder: str | os.PathLike, task: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Task ``task``'s head tensors and its ``head.json`` record, after checking its sha256.
-
-    Errors name the task and the tasks there are, or the file whose content changed.
-    """
+    """Task ``task``'s head tensors and its ``head.json`` record, after checking its sha256."""
     from safetensors.torch import load_file
 
-    target = _heads_folder(folder)
-    index = json.loads((target / _INDEX).read_text())
+    target, index = _heads_folder(folder)
     if task not in index["tasks"]:
         raise InputKeyError(f"{Path(folder)} has no head for task {task!r}; its tasks are: {', '.join(index['tasks'])}")
     record = json.loads((target / task / "head.json").read_text())
@@ -430,8 +396,7 @@ def load_head(folder: str | os.PathLike, task: str) -> tuple[dict[str, Tensor], 
 
 
 def _config(folder: Path, task: str, record: Mapping[str, Any]) -> dict[str, Any]:
-    """The task's config: the expert's own ``config.json`` if it had one, else the merged folder's with
-    the task's label count and names."""
+    """The expert's own ``config.json``, else the merged folder's with the task's labels."""
     own = folder / HEADS_DIR / task / "config.json"
     if record.get("config") and own.is_file():
         return json.loads(own.read_text())
@@ -444,10 +409,8 @@ def _config(folder: Path, task: str, record: Mapping[str, Any]) -> dict[str, Any
 
 
 def task_state_dict(folder: str | os.PathLike, task: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """The state dict of task ``task`` (the merged backbone plus its head) and its config as a dict.
-
-    Needs no ``transformers``: load it into your model with ``model.load_state_dict(sd)``.
-    """
+    """The state dict of task ``task`` (the merged backbone plus its head) and its config as a dict
+    (no ``transformers`` needed)."""
     folder = Path(folder).expanduser()
     head, record = load_head(folder, task)
     sd = open_checkpoint(folder).state_dict()
@@ -473,15 +436,6 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _backbone_dtype(folder: Path) -> torch.dtype:
-    """The dtype of the merged backbone's float tensors (the first one's; float32 if none)."""
-    ck = open_checkpoint(folder)
-    try:
-        return next((m.dtype for m in ck.metas().values() if m.dtype.is_floating_point), torch.float32)
-    finally:
-        ck.close()
-
-
 def _dtype_argument(version: str) -> str:
     """``from_pretrained``'s name for the dtype: ``dtype`` from transformers 4.56, ``torch_dtype`` before."""
     major, minor = (int(x) if x.isdigit() else 0 for x in (version.split(".") + ["0"])[:2])
@@ -489,16 +443,12 @@ def _dtype_argument(version: str) -> str:
 
 
 def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = None, **kwargs: Any):
-    """A ``transformers`` model for task ``task``: the merged backbone in ``folder`` plus that task's head.
+    """A ``transformers`` model (eval mode) for task ``task``: the merged backbone in ``folder`` plus that
+    task's head, with the expert's own config (docs/your-models.md §Per-task heads).
 
-    The config is the expert's own (``num_labels``, ``id2label``, ``pad_token_id``, ...); the
-    class is ``model_class`` or the config's first ``architectures`` entry (default
-    ``AutoModelForSequenceClassification``). ``kwargs`` go to ``from_pretrained`` (``dtype``,
-    ``device_map``, ...); without a dtype the model, head included, has the merged backbone's dtype
-    (a bf16 expert's head is cast to it, not the model to bf16). Every weight must come from the
-    files: a key the model wants that is neither in the merged backbone nor in the head, or an
-    extra one, is an error naming it.
-    Returns the model in eval mode.
+    The class is ``model_class`` or the config's first ``architectures`` entry (default
+    ``AutoModelForSequenceClassification``); ``kwargs`` go to ``from_pretrained``; without a dtype the
+    model has the merged backbone's. A weight missing from the files, or an extra one, is an error.
     """
     import transformers
 
@@ -515,7 +465,9 @@ def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = N
         model_class = getattr(transformers, arch, None) if arch else None
         model_class = model_class or transformers.AutoModelForSequenceClassification
     if "dtype" not in kwargs and "torch_dtype" not in kwargs:  # the merged backbone's, not the expert config's
-        kwargs[_dtype_argument(transformers.__version__)] = _backbone_dtype(folder)
+        metas = open_checkpoint(folder).metas().values()
+        kwargs[_dtype_argument(transformers.__version__)] = next(
+            (m.dtype for m in metas if m.dtype.is_floating_point), torch.float32)
     with _quiet_transformers():
         model, info = model_class.from_pretrained(folder, config=config, output_loading_info=True, **kwargs)
     missing = set(info["missing_keys"]) - set(head)

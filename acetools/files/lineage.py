@@ -1,11 +1,7 @@
 """Is the base the experts' parent? A cheap check before a merge (docs/your-models.md §Bases and experts are checked).
 
-Per expert, on :func:`sample_keys` (at most :data:`SAMPLE_KEYS` matrix keys spread over the depth,
-each at most :data:`SAMPLE_ENTRIES` entries in evenly spaced rows): the relative update size
-‖τ_t‖/‖W0‖ (≥ 1 against an unrelated base) and the task-vector cosines (near 1 when every τ_t
-carries the same parent − base part). :func:`check_lineage` refuses above :data:`RATIO_LIMIT`, or
-above :data:`SHARED_RATIO_LIMIT` with a mean cosine above :data:`COSINE_LIMIT` (``force=True``
-warns instead), and warns once about experts whose sampled keys equal the base.
+Per expert, on a few sampled matrices: ‖τ_t‖/‖W0‖ and the task-vector cosines; :func:`check_lineage`
+refuses (or, with ``force``, warns) on the limits below.
 """
 
 from __future__ import annotations
@@ -45,8 +41,7 @@ def _where(ck: Checkpoint, t: int) -> str:
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    """At most :data:`SAMPLE_ENTRIES` entries of ``t``: whole rows, evenly spaced (only their pages are read
-    from a lazily read checkpoint)."""
+    """At most :data:`SAMPLE_ENTRIES` entries of ``t``: whole rows, evenly spaced."""
     m = t.reshape(t.shape[0], -1) if t.ndim >= 2 else t.reshape(1, -1)
     n = max(1, min(m.shape[0], SAMPLE_ENTRIES // max(1, m.shape[1])))
     if n == m.shape[0]:
@@ -55,9 +50,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def sample_keys(base: Any, layout: Layout, n: int = SAMPLE_KEYS) -> list[str]:
-    """At most ``n`` matrix keys of ``base`` (a Checkpoint or a state dict), evenly spaced over its
-    blocks (keys outside the blocks first, as :mod:`acetools.keys` orders them); tied aliases are
-    skipped. Falls back to the largest 2-D float keys when the layout names no matrix."""
+    """At most ``n`` matrix keys of ``base`` (a Checkpoint or a state dict), evenly spaced over its blocks,
+    tied aliases skipped; 2-D float keys, then any float keys, when the layout names no matrix."""
     base = as_checkpoint(base)
     keys = [k for k in base.keys() if k not in layout.tied]
     metas = base.metas()
@@ -74,8 +68,8 @@ def sample_keys(base: Any, layout: Layout, n: int = SAMPLE_KEYS) -> list[str]:
 
 @dataclass
 class Lineage:
-    """What :func:`measure_lineage` measured: per expert ‖τ_t‖/‖W0‖ and the T x T cosines of the task
-    vectors over the sampled ``keys``; ``unchanged``: experts whose sampled keys equal the base."""
+    """Per expert ‖τ_t‖/‖W0‖ and the T x T task-vector cosines over the sampled ``keys``; ``unchanged``:
+    experts whose sampled keys equal the base."""
 
     keys: list[str]
     ratio: list[float]
@@ -111,13 +105,11 @@ class Lineage:
                 "limits": {"ratio": RATIO_LIMIT, "shared_ratio": SHARED_RATIO_LIMIT, "cosine": COSINE_LIMIT}}
 
 
-def measure_lineage(base: Any, experts: Sequence[Any], layout: Layout, *, keys: Sequence[str] | None = None
-                    ) -> Lineage:
-    """‖τ_t‖/‖W0‖ and the task-vector cosines over :func:`sample_keys` (or ``keys``), in float64,
-    in the layout's orientation. ``base``/``experts``: Checkpoints (read one tensor at a time) or
-    state dicts with the same keys."""
+def measure_lineage(base: Any, experts: Sequence[Any], layout: Layout) -> Lineage:
+    """:class:`Lineage` over :func:`sample_keys` in float64; ``base``/``experts``: Checkpoints
+    or state dicts with the same keys."""
     base, experts = as_checkpoint(base), [as_checkpoint(e) for e in experts]
-    keys = list(keys) if keys is not None else sample_keys(base, layout)
+    keys = sample_keys(base, layout)
     T = len(experts)
     G = torch.zeros(T, T, dtype=torch.float64)
     b2 = 0.0
@@ -138,13 +130,10 @@ def measure_lineage(base: Any, experts: Sequence[Any], layout: Layout, *, keys: 
     return Lineage(keys, ratio, cos, [t for t, u in enumerate(unchanged) if u and keys], names)
 
 
-def check_lineage(base: Any, experts: Sequence[Any], layout: Layout, *, force: bool = False,
-                  keys: Sequence[str] | None = None) -> Lineage:
-    """:func:`measure_lineage`, then refuse a base that is not the experts' parent (an InputError
-    naming the expert and the number; with ``force`` a warning instead) and warn once about
-    experts whose sampled keys equal the base (a head-only fine-tune: the merge gets nothing from
-    them but their head). Returns the :class:`Lineage`."""
-    lin = measure_lineage(base, experts, layout, keys=keys)
+def check_lineage(base: Any, experts: Sequence[Any], layout: Layout, *, force: bool = False) -> Lineage:
+    """:func:`measure_lineage`, then refuse a base that is not the experts' parent (with ``force`` a
+    warning) and warn once about experts whose sampled keys equal the base (head-only fine-tunes)."""
+    lin = measure_lineage(base, experts, layout)
     why = lin.refusal()
     if why is not None:
         if not force:

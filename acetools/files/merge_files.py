@@ -1,9 +1,7 @@
 """Merge checkpoints on disk: ``acetools merge`` in Python (:func:`merge_files`; docs/your-models.md).
 
-The files go through the one merge driver of :func:`acetools.merge` (:func:`acetools.merging.driver.run`
-over checkpoints), streamed key by key for every method whose key scope allows it (peak memory about
-(T + 2) x the largest tensor plus the method's work space), else in memory (docs/your-models.md
-§Memory: streaming and what each method holds); heads as :mod:`acetools.files.heads` plans them.
+The files go through the one merge driver (:func:`acetools.merging.driver.run`), streamed key by key
+where the method allows it (docs/your-models.md §Memory: streaming and what each method holds).
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import threading
 import time
 import warnings
@@ -26,19 +25,20 @@ from torch import Tensor
 from .. import __version__
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import Layout, describe, get_layout
-from ..merging import METHODS, check_same_keys, key_scope
+from ..merging import METHODS, key_scope
 from ..merging.driver import Source, compute_dtype, format_bytes, run
-from ..utils import jsonable, resolve_device, short_repr
+from ..utils import atomic_write, jsonable, resolve_device, short_repr
 from .checkpoints import (
     Checkpoint,
     ShardedWriter,
+    check_compatible,
     check_output_folder,
     copy_side_files,
     file_sha256,
     open_checkpoint,
     parse_size,
 )
-from .heads import HEAD_MODES, HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
+from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
 from .staging import make_stage
 
@@ -71,15 +71,9 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 
 
 def save_activations(path: str | Path, activations: Mapping[str, Sequence[Tensor]]) -> Path:
-    """Save ESM's proxy activations ``{weight key: [X_1, ..., X_T]}`` as one safetensors file.
-
-    Tensor names are ``"<weight key>@<t>"`` (t from 0, in the order of the experts), so that
-    ``acetools merge --method esm -p activations=FILE`` (or ``activations: FILE`` in a config)
-    can read them back (:func:`load_activations`). Written atomically.
-    """
+    """Save ESM's proxy activations ``{weight key: [X_1, ..., X_T]}`` as one safetensors file (atomically),
+    tensors named ``"<weight key>@<t>"``, for ``acetools merge --method esm -p activations=FILE``."""
     from safetensors.torch import save
-
-    from ..utils import atomic_write
 
     flat = {}
     for key, xs in activations.items():
@@ -94,10 +88,8 @@ def save_activations(path: str | Path, activations: Mapping[str, Sequence[Tensor
 
 
 def load_activations(path: str | Path, n_tasks: int | None = None) -> dict[str, list[Tensor]]:
-    """Read a :func:`save_activations` file back into ``{weight key: [X_1, ..., X_T]}``.
-
-    Every key must have the same tasks 0..T-1 (``T = n_tasks`` when given); errors name the key.
-    """
+    """Read a :func:`save_activations` file back into ``{weight key: [X_1, ..., X_T]}``; every key must have
+    tasks 0..T-1 (``T = n_tasks`` when given)."""
     ck = open_checkpoint(path)
     per: dict[str, dict[int, Tensor]] = {}
     for name in ck.keys():
@@ -196,19 +188,14 @@ class MergeResult:
 
 
 def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Checkpoint]]:
+    """The base and the experts opened; the same path twice is an error (:func:`_check_distinct`), a single
+    expert (usually a typo) a warning."""
     if isinstance(experts, (str, Path)) or not isinstance(experts, Sequence):
         raise InputTypeError("experts must be a list of checkpoint paths (one per fine-tuned model)")
     if len(experts) == 0:
         raise InputError("no experts given: pass at least one fine-tuned checkpoint")
-    b = base if isinstance(base, Checkpoint) else open_checkpoint(base)
-    ex = [e if isinstance(e, Checkpoint) else open_checkpoint(e) for e in experts]
-    return b, ex
-
-
-def _check_expert_list(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
-    """The expert list from the paths alone (:func:`_check_distinct`); a single expert gets a warning
-    (a merge of one is well defined: the base plus the method's rescaled task vector, e.g. to check a
-    coefficient, but is usually a typo)."""
+    base = base if isinstance(base, Checkpoint) else open_checkpoint(base)
+    experts = [e if isinstance(e, Checkpoint) else open_checkpoint(e) for e in experts]
     models = [base, *experts]
     _check_distinct([ck.path.expanduser().resolve() for ck in models], [ck.path for ck in models],
                     "is the same checkpoint as")
@@ -216,12 +203,12 @@ def _check_expert_list(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
         warnings.warn(f"only one expert ({experts[0].path}): the merge is the base plus the method's rescaled task "
                       "vector of that expert; pass every fine-tuned checkpoint to merge them", UserWarning,
                       stacklevel=4)
+    return base, list(experts)
 
 
 def _check_distinct(ids: Sequence[Any], paths: Sequence[Path], same: str) -> None:
     """The base among the experts, or an expert listed twice, by ``ids`` (resolved paths or content
-    hashes; ``ids[0]`` the base's), is an error: a zero task vector, or one task counted twice,
-    silently changes every method's weights."""
+    hashes; ``ids[0]`` the base's), is an error."""
     seen: dict[Any, int] = {}
     for i, h in enumerate(ids):
         if h in seen:
@@ -231,23 +218,6 @@ def _check_distinct(ids: Sequence[Any], paths: Sequence[Path], same: str) -> Non
                    "list every expert once (a duplicate counts its task twice)")
             raise InputError(f"expert {i - 1} ({paths[i]}) {same} {what}; {fix}")
         seen[h] = i
-
-
-def _check_compatible(base: Checkpoint, experts: Sequence[Checkpoint]) -> None:
-    """Same keys and shapes; float tensors where the base has floats, the same dtype elsewhere."""
-    bkeys = base.keys()
-    for ck in experts:
-        check_same_keys(bkeys, ck.keys(), f"expert {ck.path}", f"the base {base.path}")
-        for k in bkeys:
-            mb, me = base.meta(k), ck.meta(k)
-            if mb.shape != me.shape:
-                raise InputError(f"shape mismatch at key {k!r}: base {base.path} has {mb.shape}, expert {ck.path} has "
-                                 f"{me.shape}")
-            if mb.dtype.is_floating_point != me.dtype.is_floating_point or (
-                    not mb.dtype.is_floating_point and mb.dtype != me.dtype):
-                raise InputTypeError(
-                    f"dtype mismatch at key {k!r}: base {base.path} has {mb.dtype}, expert {ck.path} has "
-                                f"{me.dtype}")
 
 
 def plan_merge(
@@ -262,12 +232,8 @@ def plan_merge(
     names: Sequence[str] | None = None,
     force_layout: bool = False,
 ) -> MergePlan:
-    """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data.
-
-    ``heads``/``names``: see :func:`merge_files` and :func:`acetools.files.heads.plan_heads`. A
-    ``layout`` preset that contradicts the base's ``config.json`` is an error unless
-    ``force_layout`` (:func:`acetools.layouts.get_layout`).
-    """
+    """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data
+    (arguments as :func:`merge_files`'s)."""
     if method not in METHODS:
         raise InputError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
     if mode not in MODES:
@@ -279,13 +245,12 @@ def plan_merge(
         if isinstance(hp.get(name), (str, Path)):
             files[name] = str(hp[name])
             hp[name] = load_activations(hp[name], len(experts))
-    resolved = info.resolve(hp)
+    info.resolve(hp)  # bad hyperparameters fail before any file is opened
     b, ex = _open_all(base, experts)
-    _check_expert_list(b, ex)
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
     head_plan = plan_heads(heads, b, ex, lay, names)
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
-    _check_compatible(b, ex)
+    check_compatible(b, ex)
     resolved = info.resolve(hp, layout=lay.name)  # e.g. ESM's layer names per layout preset (docs/methods.md §ESM)
     keys = set(b.keys())
     for name in info.per_key:
@@ -305,16 +270,13 @@ def plan_merge(
         raise InputError(f"{method} cannot stream: {why}; use mode='memory'")
     else:
         run = mode
-    metas = b.metas()
-    rows = describe(lay, metas)
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, rows, files, head_plan)
+                     run, describe(lay, b.metas()), files, head_plan)
 
 
 def _run(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype: torch.dtype | None,
          show: bool | None) -> dict[str, Any]:
-    """The one driver (:func:`acetools.merging.driver.run`) over the checkpoints, written as it goes:
-    key by key (``mode="stream"``) or one call of the method on every key (``"memory"``)."""
+    """The one driver (:func:`acetools.merging.driver.run`) over the checkpoints, written as it goes."""
     models = [plan.base, *plan.experts]
     src = Source(plan.base, plan.experts, names=[str(ck.path) for ck in models])
     return run(METHODS[plan.method], plan.hparams, src, plan.layout, writer.add, device=dev,
@@ -322,25 +284,20 @@ def _run(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype: t
 
 
 class _InputHashes:
-    """The sha256 of every input file, computed by background threads (one file each, up to one per CPU)
-    while the merge reads the same files: hashing is off the merge's critical path where a core is
-    free (``hashlib`` releases the GIL; the files are hashed from a memory map, not copied).
-
-    A copy of the base or of another expert under another name is an error before any merging when
-    it can be: inputs whose files have equal sizes and equal bytes at a few sampled offsets are
-    hashed at once (:meth:`check_copies`); distinct inputs only differ in :meth:`result`'s check."""
+    """The sha256 of every input file, computed by background threads while the merge reads the same files.
+    A copy among the inputs is an error before any merging when sizes and sampled bytes already say
+    so (:meth:`check_copies`), else at :meth:`result`."""
 
     def __init__(self, plan: MergePlan, enabled: bool):
         from concurrent.futures import ThreadPoolExecutor
 
         self.models = [plan.base, *plan.experts]
-        files = [str(f) for ck in self.models for f in ck.files] + list(plan.files.values())
-        self._pool = (ThreadPoolExecutor(min(len(files), os.cpu_count() or 1), thread_name_prefix="acetools-sha256")
-                      if enabled else None)
+        self.files = [str(f) for ck in self.models for f in ck.files] + list(plan.files.values())
+        self._pool = (ThreadPoolExecutor(min(len(self.files), os.cpu_count() or 1),
+                                         thread_name_prefix="acetools-sha256") if enabled else None)
         self._stop = threading.Event()
-        self._futures = ({f: self._pool.submit(file_sha256, f, stop=self._stop.is_set) for f in files}
+        self._futures = ({f: self._pool.submit(file_sha256, f, stop=self._stop.is_set) for f in self.files}
                          if self._pool is not None else {})
-        self.on = enabled
 
     def check_copies(self) -> None:
         """Wait for the hashes (and raise on a copy) when two inputs look alike by size and sampled bytes."""
@@ -383,8 +340,8 @@ def _fingerprint(ck: Checkpoint, samples: int = 16, width: int = 4096) -> tuple:
 
 
 def _merge_record(method: str, plan: MergePlan, sha256: Mapping[str, str] | None) -> tuple[dict, dict, dict]:
-    """``(inputs, hp_record, meta)``: the inputs (with their hashes ``sha256`` when given), the
-    hyperparameters as the method uses them, and the safetensors metadata of a merge."""
+    """``(inputs, hp_record, meta)`` of a merge: the inputs (with ``sha256`` when given), the hyperparameters
+    as the method uses them, and the safetensors metadata."""
     inputs: dict[str, Any] = {"base": str(plan.base.path), "experts": [str(ck.path) for ck in plan.experts]}
     if sha256 is not None:
         inputs["sha256"] = dict(sha256)
@@ -403,8 +360,8 @@ def _merge_record(method: str, plan: MergePlan, sha256: Mapping[str, str] | None
 
 def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device, out_dtype: torch.dtype | None,
                  show: bool | None, hashes: _InputHashes, overwrite: bool) -> dict[str, Any]:
-    """Merge into ``out_dir`` (the staging folder): the weights through the one driver, the inputs hashed
-    meanwhile (``hashes``), the heads and the base's side files; returns what the record needs."""
+    """Merge into ``out_dir`` (the staging folder): weights, heads and the base's side files; returns what the
+    record needs."""
     record: dict[str, Any] = {}
 
     def metadata() -> dict[str, str]:  # the shards' header, once the hashes are known (at the first shard's end)
@@ -413,8 +370,7 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
         return record["meta"]
 
     # the header's size before the hashes are known: a sha256 has 64 hex digits
-    files_hashed = [str(f) for ck in [plan.base, *plan.experts] for f in ck.files] + list(plan.files.values())
-    size_hint = _merge_record(plan.method, plan, {f: "0" * 64 for f in files_hashed} if hashes.on else None)[2]
+    size_hint = _merge_record(plan.method, plan, dict.fromkeys(hashes.files, "0" * 64) if hashes._pool else None)[2]
     planned = [(k, out_dtype if out_dtype is not None and m.dtype.is_floating_point else m.dtype, m.shape)
                for k, m in plan.base.metas().items()]
     head_writer = None
@@ -463,17 +419,13 @@ def merge_files(
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
 
-    ``layout``: a preset name, ``"auto"`` (config.json or key names) or a Layout. ``dtype``: of the
-    float outputs (default each key's in the base); merging is in float32 (float64 stays).
-    ``mode``: ``"auto"`` streams when the method allows it, ``"stream"`` insists, ``"memory"``
-    loads everything. ``out`` must not hold an input or earlier weights (``overwrite``); the base
-    folder's config and tokenizer files are copied beside the weights. ``heads``/``names``: see
-    docs/your-models.md §Per-task heads. ``force``: merge a base that fails the lineage check
-    (docs/your-models.md §Bases and experts are checked) with a warning.
+    ``layout``: a preset name, ``"auto"`` or a Layout (``force_layout``: over the base's config).
+    ``dtype``: of the float outputs (default each key's in the base). ``mode``: ``"auto"`` streams
+    when the method allows it, ``"stream"`` insists, ``"memory"`` loads everything. ``out`` must not
+    hold an input or earlier weights (``overwrite``). ``heads``/``names``: docs/your-models.md
+    §Per-task heads. ``force``: merge a base that fails the lineage check, with a warning.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
-    if heads not in HEAD_MODES:
-        raise InputError(f"heads={heads!r} must be one of {', '.join(HEAD_MODES)}")
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
     plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names,
@@ -497,27 +449,20 @@ def merge_files(
     except BaseException:
         hashes.cancel()
         if stage is not None:
-            import shutil
-
             shutil.rmtree(stage, ignore_errors=True)
         raise
-    out_dir = stage or out_dir
-    files, extra, head_tasks, copied = done["files"], done["extra"], done["head_tasks"], done["copied"]
-    inputs, hp_record = done["inputs"], done["hparams"]
-    seconds = time.perf_counter() - t0
+    out_dir, files, extra, seconds = stage or out_dir, done["files"], done["extra"], time.perf_counter() - t0
     info = {
-        "method": method, "hparams": hp_record, "layout": plan.layout.name,
+        "method": method, "hparams": done["hparams"], "layout": plan.layout.name,
         "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
-        "shard_size": size, "files": [f.name for f in files], "copied": copied, "seconds": round(seconds, 3),
-        "acetools_version": __version__, "inputs": inputs,
+        "shard_size": size, "files": [f.name for f in files], "copied": done["copied"], "seconds": round(seconds, 3),
+        "acetools_version": __version__, "inputs": done["inputs"],
         "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
-        "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys, "tasks": head_tasks},
+        "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
+                  "tasks": done["head_tasks"]},
         "lineage": lineage.as_dict(),
     }
-    with_info = out_dir / "acetools_merge.json"
-    from ..utils import atomic_write
-
-    with atomic_write(with_info, "w") as fh:
+    with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
         json.dump(info, fh, indent=2)
     if stage is not None:
         os.rename(stage, final_dir)  # atomic: the folder appears complete or not at all
@@ -553,12 +498,8 @@ def parse_hparam(text: str) -> tuple[str, Any]:
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Read a merge config (YAML; schema in docs/your-models.md); paths relative to the file.
-
-    Keys: ``method``, ``base``, ``experts`` (list), ``out``, ``hyperparameters`` (mapping),
-    ``layout``, ``dtype``, ``device``, ``shard_size``, ``mode``, ``overwrite``, ``heads``,
-    ``names`` (list). Unknown keys are an error naming them.
-    """
+    """Read a merge config (YAML, :data:`CONFIG_KEYS`; docs/your-models.md §Config file); paths relative to
+    the file, unknown keys an error naming them."""
     try:
         import yaml
     except ImportError:  # pragma: no cover - PyYAML is a dependency
@@ -577,10 +518,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
     if unknown:
         raise InputError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}")
     cfg = dict(data)
-    if "experts" in cfg and (isinstance(cfg["experts"], str) or not isinstance(cfg["experts"], list)):
-        raise InputError(f"{p}: experts must be a list of paths")
-    if "names" in cfg and (isinstance(cfg["names"], str) or not isinstance(cfg["names"], list)):
-        raise InputError(f"{p}: names must be a list, one per expert")
+    for k, what in (("experts", "a list of paths"), ("names", "a list, one per expert")):
+        if k in cfg and not isinstance(cfg[k], list):
+            raise InputError(f"{p}: {k} must be {what}")
     if "hyperparameters" in cfg and not isinstance(cfg["hyperparameters"] or {}, Mapping):
         raise InputError(f"{p}: hyperparameters must be a mapping name: value")
 

@@ -1,13 +1,5 @@
 """Choose a method's coefficient with your own evaluation: ``acetools merge --search eval.py:function``
-(docs/your-models.md §Coefficients chosen by your evaluation).
-
-The library's search protocol (:mod:`acetools.search`, docs/methods.md §Benchmark protocol) over the
-method's searched coefficient (:func:`searched`), each candidate merged into a hidden temporary
-folder and scored by **your** function on every task::
-
-    def evaluate(model: pathlib.Path, task: str) -> float:  # higher is better
-
-The chosen merge is written to ``out``; ``acetools_merge.json`` records the search and every evaluation.
+(docs/your-models.md §Coefficients chosen by your evaluation), by the protocol of :mod:`acetools.search`.
 """
 
 from __future__ import annotations
@@ -33,8 +25,7 @@ Evaluate = Callable[[Path, str], float]
 
 
 def load_evaluation(spec: str) -> Evaluate:
-    """``"path/to/eval.py:function"`` -> that function (the file is imported as a module; errors name
-    the file or the function)."""
+    """``"path/to/eval.py:function"`` -> that function (the file is imported as a module)."""
     path, sep, name = str(spec).rpartition(":")
     if not sep or not path or not name.isidentifier():
         raise InputError(f"--search {spec!r}: write it as path/to/eval.py:function")
@@ -107,13 +98,12 @@ def _tasks(plan: Any) -> list[str]:
 def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path, evaluate: Evaluate, *,
                  hparams: Mapping[str, Any] | None = None, patience: int | None = None,
                  report: Callable[[str], None] | None = None, **merge_options: Any) -> SearchMerge:
-    """Search ``method``'s coefficient (:func:`searched`) with ``evaluate`` and write the chosen merge to ``out``.
+    """Search ``method``'s coefficient (:func:`searched`) with ``evaluate(model folder, task) -> score`` (higher
+    is better) and write the chosen merge to ``out``.
 
-    Every candidate is merged with :func:`acetools.files.merge_files.merge_files` (the same
-    ``merge_options``: layout, heads, names, dtype, device, ...) into a hidden temporary folder
-    beside ``out``, scored on each task, and removed. ``patience``: the grid search's early
-    stop (default :data:`acetools.search.PATIENCE`). ``report(line)`` is called after each
-    evaluation. A coefficient given in ``hparams`` is an error (the search chooses it).
+    Every candidate is merged with :func:`acetools.files.merge_files.merge_files` (``merge_options``)
+    into a hidden temporary folder beside ``out``, scored on each task, and removed. ``patience``:
+    the grid search's early stop. ``report(line)`` is called after each evaluation.
     """
     from ..search import PATIENCE, golden_section_search, grid_search
     from .merge_files import merge_files, plan_merge

@@ -1,12 +1,5 @@
-"""The hidden staging folder a new merge output is assembled in (docs/your-models.md §What is written).
-
-A merge into a folder that does not exist yet writes into a hidden sibling,
-``.<out name>.acetools-stage-<pid>-<random>``, and renames it into place when complete, so a
-killed merge leaves no ``--out``. :func:`make_stage` creates that folder with the permissions a
-plain ``mkdir`` would give (the umask's, not ``mkdtemp``'s 0700, which the renamed folder would
-keep), removes the staging folders that killed merges of the same ``--out`` left behind (their
-process id is in the name and that process is gone), and reports a folder it may not write in by
-the user's path, not the hidden one.
+"""The hidden staging folder ``.<out name>.acetools-stage-<pid>-<random>`` a new merge output is assembled in
+and renamed into place when complete (docs/your-models.md §What is written).
 """
 
 from __future__ import annotations
@@ -69,9 +62,8 @@ def remove_stale_stages(out_dir: Path) -> list[Path]:
 
 
 def make_stage(out_dir: Path) -> Path:
-    """A new hidden staging folder beside ``out_dir`` (which does not exist yet), after removing the
-    stale ones (:func:`stale_stages`). A folder that cannot be created raises a PermissionError
-    naming ``out_dir``'s parent, the folder the user chose."""
+    """A new hidden staging folder beside ``out_dir`` (which does not exist yet), with a plain ``mkdir``'s
+    permissions, after removing the stale ones; a PermissionError names ``out_dir``'s parent."""
     out_dir = Path(out_dir)
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
