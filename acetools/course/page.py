@@ -10,10 +10,8 @@ from typing import Any
 NA = "—"
 
 
-
 def alt_text(fig: Any) -> str:
-    """A figure's description for screen readers and the report: its suptitle and its axes'
-    titles (or axis labels where an axes has no title)."""
+    """A figure's description for screen readers: its suptitle and axes' titles (else their axis labels)."""
     parts = []
     sup = getattr(fig, "_suptitle", None)
     if sup is not None and sup.get_text():

@@ -18,6 +18,7 @@ from acetools.errors import InputError, InputKeyError
 from acetools.results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
 from acetools.stats import Z_95, PairedDifference
 
+from .paper_tables import ACE_CLAIMED_RANKS, paper_lead, paper_room, table_rivals
 from .power import paired_rows
 from .verdicts import (
     NOISE,
@@ -68,8 +69,6 @@ def data_free_methods(methods: Iterable[str]) -> list[str]:
     """The merge methods among ``methods`` that use nothing but the weights (no references,
     nothing in :data:`DATA_DEPENDENT`)."""
     return [m for m in methods if m not in REFERENCES and m.split(" ")[0] not in DATA_DEPENDENT]
-
-
 
 
 def _best(summary: pd.DataFrame, suite: str, methods: Sequence[str], metric: str) -> str:
@@ -582,7 +581,7 @@ def with_ace_rows(assess, summary: pd.DataFrame) -> Verdict:
 
 def claim_verdicts(data: BenchmarkData, world: World | None = None) -> dict[str, Verdict]:
     """The verdicts of notebook 04's claims by id (ace.grows needs two suites), in ``world`` (None: no
-    predictions). Rivals are those of each paper's table (:func:`acetools.course.paper_tables.table_rivals`);
+    predictions). Rivals are those of each paper's table (:func:`claimkit.paper_tables.table_rivals`);
     rules: docs/course.md §Claim rules."""
     summary, speed = data.summary, data.speed
     data_free = [m for m in data_free_methods(data.methods) if m.split(" ")[0] != "ace"]
@@ -599,10 +598,10 @@ def claim_verdicts(data: BenchmarkData, world: World | None = None) -> dict[str,
 
     given_n = getattr(data, "paper_n", None) or {s: _n_tasks(summary, s) for s in data.suites}
     paper_n = {s: given_n[s] for s in data.suites if given_n.get(s) in P.COMPARISONS["ace"]}
-    ace_rivals = P.table_rivals("ace", 8, "ace")
-    ace_paper = {s: (P.paper_lead("ace", n, "ace")[0], P.paper_room("ace", n)) for s, n in paper_n.items()}
-    esm_rivals = [m for m in P.table_rivals("esm", 8, "esm")]
-    esm_paper = {s: (P.paper_lead("esm", n, "esm")[0], P.paper_room("esm", n)) for s, n in paper_n.items()}
+    ace_rivals = table_rivals("ace", 8, "ace")
+    ace_paper = {s: (paper_lead("ace", n, "ace")[0], paper_room("ace", n)) for s, n in paper_n.items()}
+    esm_rivals = [m for m in table_rivals("esm", 8, "esm")]
+    esm_paper = {s: (paper_lead("esm", n, "esm")[0], paper_room("esm", n)) for s, n in paper_n.items()}
     shown = [m for m in data_free if m not in ace_rivals]
     runs = getattr(data, "runs", None)
     pairs = None if runs is None else functools.partial(paired_rows, runs, per_task=getattr(data, "per_task", None))
@@ -622,9 +621,9 @@ def claim_verdicts(data: BenchmarkData, world: World | None = None) -> dict[str,
         ace_rules["ace.grows"] = lambda s: assess_grows(s, "ace", list(GROWS_RIVALS), paper=grow_paper, world=world)
     ace_rules["ace.vs_wudi"] = lambda s: assess_vs_wudi(s, step_size=data.step_size)
     ace_rules["ace.cost"] = assess_cost
-    paper_tau = float(np.mean([rank_agreement(P.comparison_columns("ace", n), P.ACE_CLAIMED_RANKS)["tau"]
+    paper_tau = float(np.mean([rank_agreement(P.comparison_columns("ace", n), ACE_CLAIMED_RANKS)["tau"]
                                for n in P.COMPARISONS["ace"]]))
-    ace_rules["ace.ordering"] = lambda s: assess_ordering(s, P.ACE_CLAIMED_RANKS, paper_tau=paper_tau)
+    ace_rules["ace.ordering"] = lambda s: assess_ordering(s, ACE_CLAIMED_RANKS, paper_tau=paper_tau)
     out = {cid: with_ace_rows(rule, summary) for cid, rule in ace_rules.items()}
     out["ace.vs_wudi"] = extra(out["ace.vs_wudi"], vit_width_time_ratio=wudi_ratio)
     out["ace.cost"] = extra(out["ace.cost"], vit_width=width.get("ace.cost"))

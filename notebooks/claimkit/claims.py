@@ -389,8 +389,6 @@ def styled_table(table: Any) -> Any:
             .set_properties(subset=["measured", "reason"], **{"text-align": "left"}))
 
 
-
-
 def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLike | None = None,
                 size: str = "small", summary: Any = None, kind: str = "mini", description: str | None = None,
                 heads: str = "zeroshot"):

@@ -7,8 +7,7 @@ import pandas as pd
 
 
 def stage_bars(ax, abl: pd.DataFrame, *, title: str | None = None):
-    """ACE's stage ablation (:func:`acetools.course.language.stage_ablation`): test normalized
-    accuracy per setting, one group of bars per eps (log-spaced labels)."""
+    """ACE's stage ablation (``stage_ablation``): test normalized accuracy per setting, one group per eps."""
     settings = list(dict.fromkeys(abl["setting"]))
     eps = list(dict.fromkeys(abl["eps"]))
     w = 0.8 / len(eps)
@@ -26,8 +25,7 @@ def stage_bars(ax, abl: pd.DataFrame, *, title: str | None = None):
 
 
 def anchor_bars(ax, beside: pd.DataFrame, *, title: str | None = None):
-    """The text world's normalized accuracies beside RoBERTa-base GLUE's, method by method
-    (:func:`acetools.course.language.beside_anchor`; the room rows are left out)."""
+    """The text world's normalized accuracies beside RoBERTa-base GLUE's (``beside_anchor``, without the rooms)."""
     df = beside[~beside["method"].str.contains("−")]
     x = np.arange(len(df))
     ax.bar(x - 0.2, df["text world"], width=0.4, label="text world (MiniLM)")

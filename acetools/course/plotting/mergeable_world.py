@@ -13,8 +13,7 @@ from ...plotting import finish
 
 
 def merges_vs_clip(ax, cards: Mapping, *, target: float = 10.0):
-    """Task arithmetic, TSV-M and Iso-CTS (normalized) per recipe, with CLIP ViT-B/32's
-    values as dashed lines and each recipe's room (TSV-M − TA) written above its bars."""
+    """Task arithmetic, TSV-M and Iso-CTS (normalized) per recipe, CLIP ViT-B/32's dashed, each room above."""
     if not cards:
         raise InputError("merges_vs_clip needs at least one card")
     names = list(cards)
@@ -38,8 +37,7 @@ def merges_vs_clip(ax, cards: Mapping, *, target: float = 10.0):
 
 
 def room_budget(ax, budget: pd.DataFrame, *, title: str | None = None):
-    """The two paths of :func:`acetools.course.mergeable_world.room_budget` as lines: experts
-    → intermediate → merge, one line per path, the cost of each step written on it."""
+    """The two paths of ``room_budget`` (experts → intermediate → merge) as lines, each step's cost on it."""
     for i, (path, g) in enumerate(budget.groupby("path", sort=False)):
         xs = np.arange(len(g))
         ax.plot(xs, g["normalized"], marker="o", color=f"C{i}", label=path)
@@ -54,8 +52,7 @@ def room_budget(ax, budget: pd.DataFrame, *, title: str | None = None):
 
 
 def subspace_overlap(ax, cards: Mapping):
-    """Per recipe: the overlap of different tasks' top-k update subspaces (output and input
-    side), of their top-k input activations at W0, and of random k-dim subspaces."""
+    """Per recipe: the overlap of tasks' top-k update subspaces (both sides), activations at W0, and chance."""
     names = list(cards)
     x = np.arange(len(names))
     keys = (("overlap_left", "τ output side"), ("overlap_right", "τ input side"), ("act_overlap", "activations at W0"),

@@ -21,8 +21,7 @@ METRIC_LABELS = {
 
 
 def covariance_image(ax, M, *, title: str | None = None, cbar: bool = False):
-    """A covariance matrix as an image, divided by its largest |entry| (so shapes compare
-    across matrices of different scale), diverging colour map centred at 0."""
+    """A covariance matrix as an image divided by its largest |entry| (shapes compare across scales), centred at 0."""
     A = np.asarray(M.detach().cpu().double() if hasattr(M, "detach") else M, dtype=float)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise InputError(f"covariance_image needs a square matrix, got shape {A.shape}")
@@ -95,9 +94,8 @@ def sweep_panel(ax, data, param: str, *, metrics: Sequence[str] = ("cosine", "co
 
 
 def progress_panel(ax, data, *, hue: str = "model", metric: str = "cosine", title: str | None = None):
-    """``metric`` against training ``progress`` (0 = untrained, 1 = converged), one line per
-    ``hue`` value (median over tasks at each swept value, in sweep order): separates *how far*
-    training went from *how* it went (optimizer, depth, non-linearity)."""
+    """``metric`` against training ``progress`` (0 untrained, 1 converged), one line per ``hue`` value (median
+    over tasks): separates *how far* training went from *how* (optimizer, depth, non-linearity)."""
     if hue not in data:
         raise InputError(f"data has no column {hue!r}; add one naming each curve")
     for key, g in data.groupby(hue, sort=False):
@@ -116,8 +114,7 @@ def _short(layer_type: str) -> str:
 
 
 def layer_heatmap(ax, data, *, value: str = "cosine", title: str | None = None, cbar: bool = True):
-    """Layers (block · type, in network order) × tasks heatmap of ``value`` from
-    :func:`acetools.course.theorem1.vit_agreement`, on a fixed 0–1 scale."""
+    """Layers × tasks heatmap of ``value`` from :func:`acetools.course.theorem1.vit_agreement` (0–1 scale)."""
     d = data.assign(layer=[f"{b}·{_short(t)}" for b, t in zip(data["block"], data["layer_type"])])
     rows = list(dict.fromkeys(d.sort_values(["block", "layer_type"])["layer"]))
     table = d.pivot_table(index="layer", columns="task", values=value, sort=False).reindex(rows)
@@ -128,8 +125,7 @@ def layer_heatmap(ax, data, *, value: str = "cosine", title: str | None = None, 
 
 def layer_type_bars(ax, data, *, metrics: Sequence[str] = ("cosine", "cross_task_cosine", "identity_cosine"),
                     title: str | None = None):
-    """Median over blocks and tasks of each metric per layer type, as grouped bars: the
-    estimate's own task, other tasks, and the isotropic guess side by side."""
+    """Median over blocks and tasks of each metric per layer type: own task, other tasks, isotropic guess."""
     types = list(dict.fromkeys(data["layer_type"]))
     med = data.groupby("layer_type", sort=False)[list(metrics)].median().reindex(types)
     width = 0.8 / len(metrics)
