@@ -1,10 +1,7 @@
 """Training loops of the mini-world: base pretraining (:func:`pretrain_base`), expert fine-tuning
-(:func:`finetune_expert`), the MTL reference (:func:`train_multitask`) and top-1 evaluation.
-
-Data have ``x`` (uint8 ``[N, 3, H, W]``) and ``y`` (int64 ``[N]``), the pool ``x``, ``labels`` (head ->
-int64 ``[N]``, ``-1`` = not applicable) and ``head_classes``. Each loop is deterministic given
-``seed`` and the thread count and returns ``(state dict, recipe)`` (docs/vision-world.md §Training).
-"""
+(:func:`finetune_expert`), the MTL reference (:func:`train_multitask`) and top-1 evaluation, each
+deterministic given the seed and the thread count (docs/vision-world.md §Training). Data have ``x``
+(uint8 ``[N, 3, H, W]``) and ``y`` (int64 ``[N]``); the pool ``labels`` per head (``-1``: not applicable)."""
 
 from __future__ import annotations
 
