@@ -7,7 +7,6 @@ one driver (:mod:`acetools.merging.driver`), which :mod:`acetools.files.merge_fi
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,17 +29,13 @@ from ._registry import (
 )
 from .driver import (
     Source,
-    carried_buffers,
     check_finite,
     check_same_keys,
     compute_dtype,
     confirmed_ties,
     merge_key,
-    per_key_entries,
     run,
 )
-
-log = logging.getLogger("acetools.merging")
 
 __all__ = [
     "merge",
@@ -55,12 +50,10 @@ __all__ = [
     "check_same_keys",
     "merge_key",
     "key_scope",
-    "per_key_entries",
     "Search",
     "defaults_from",
     "methods_table",
     "update_methods_table",
-    "carried_buffers",
     "confirmed_ties",
     "compute_dtype",
 ]
@@ -69,22 +62,13 @@ StateDict = Mapping[str, Tensor]
 
 
 def is_matrix_param(key: str, tensor: Tensor) -> bool:
-    """The "is it a matrix?" rule of docs/methods.md §Matrix path: ``ndim == 2`` and not ``text_projection``.
-
-    This is the rule of the TSV, Iso, ESM and ACE code (docs/methods.md §Matrix path).
-    Pass another predicate as ``merge(..., is_matrix=...)`` to change it.
-    """
+    """The "is it a matrix?" rule of docs/methods.md §Matrix path: ``ndim == 2`` and not ``text_projection``."""
     return tensor.ndim == 2 and "text_projection" not in key
 
 
 def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:
-    """Raise a clear error unless ``experts`` are mergeable with ``base``.
-
-    Checks: a non-empty list of mappings; the same keys and shapes as ``base`` (naming the
-    key and the expert index); one dtype per key across base and experts; no NaN/Inf in
-    floating tensors. Non-float tensors (integer or bool buffers such as ``position_ids`` or
-    ``num_batches_tracked``) are allowed: :func:`merge` carries them from the base.
-    """
+    """Raise a clear error unless ``experts`` (a non-empty list of state dicts) are mergeable with ``base``: the
+    same keys, shapes and dtypes, no NaN/Inf in floating tensors (non-float buffers are carried from the base)."""
     if not isinstance(base, Mapping):
         raise InputTypeError(f"base must be a mapping of key -> Tensor (a state dict), got {type(base).__name__}")
     if isinstance(experts, Mapping) or not isinstance(experts, Sequence):
@@ -131,11 +115,8 @@ def task_vectors(
     dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> list[dict[str, Tensor]]:
-    """Task vectors tau_t = W_t - W0 for every floating key, one dict per expert (docs/methods.md §Notation).
-
-    Computed in float32 (float64 inputs stay float64) unless ``dtype`` is given; new
-    tensors, inputs untouched. Non-float buffers have no task vector and are left out.
-    """
+    """Task vectors tau_t = W_t - W0 for every floating key, one dict per expert (docs/methods.md §Notation), in
+    float32 (float64 stays) unless ``dtype`` is given."""
     if validate:
         validate_state_dicts(base, experts)
     dev = resolve_device(device)
@@ -159,17 +140,14 @@ def _get_method(method: str) -> MethodInfo:
 
 
 def key_scope(method: str, hparams: Mapping[str, Any] | None = None) -> tuple[str, str]:
-    """How far the merged update of one key reaches, with ``hparams``: ``(scope, why)`` (the registry's
-    ``key_scope``): ``"key"`` (that key alone: streamed key by key), ``"global_ties"`` (TIES' whole-model
-    trim threshold and majority sign, computed in extra passes first) or ``"model"`` (every key at once:
-    in memory)."""
+    """How far the merged update of one key reaches, with ``hparams``: ``(scope, why)``
+    (:meth:`acetools.merging.MethodInfo.key_scope`)."""
     return _get_method(method).key_scope(hparams)
 
 
 def _resolve_layout(layout: Any, base: StateDict, is_matrix: Callable | None):
     """(layout, is_matrix predicate) for merge(): a given layout, the legacy predicate, or the layout
-    detected from the keys as ``acetools merge`` detects it (:func:`acetools.layouts.default_layout`:
-    the open_clip rule where nothing is recognised), so the API and the CLI merge alike."""
+    detected from the keys as ``acetools merge`` does (:func:`acetools.layouts.default_layout`)."""
     keys = list(base)
     if is_matrix is not None:
         if layout is not None:
@@ -193,12 +171,10 @@ def merge(
     """Merge ``experts`` fine-tuned from ``base`` with ``method``; return full weights W0 + update.
 
     Every key of ``base`` is returned in its dtype on ``device``. ``layout`` (a preset name, ``"auto"``
-    or a :class:`acetools.layouts.Layout`; default ``None``: detected from the keys as ``acetools
-    merge`` does) says which keys take the matrix path, are stored in x out or are tied
-    (docs/methods.md §Matrix path); ``is_matrix(key, tensor)`` instead keeps the old predicate
-    interface. Non-float buffers are carried from the base. ``hparams``: ``METHODS[method].hparams``;
-    per-key inputs (``covariances``, ``grams``, ``activations``) are in d_out x d_in orientation.
-    Inputs are never modified; task vectors are formed key by key (:func:`acetools.merging.driver.run`).
+    or a :class:`acetools.layouts.Layout`; default: detected from the keys) says which keys take the
+    matrix path, are stored in x out or are tied (docs/methods.md §Matrix path); ``is_matrix(key,
+    tensor)`` is the older predicate interface. ``hparams``: ``METHODS[method].hparams``; per-key inputs
+    (``covariances``, ``grams``, ``activations``) are d_out x d_in. Inputs are never modified.
     """
     info = _get_method(method)
     info.resolve(hparams)  # unknown or bad hyperparameters are refused before any other work

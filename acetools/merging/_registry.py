@@ -1,38 +1,23 @@
-"""The method registry: the one place that knows a merge method.
+"""The method registry: the one place that knows a merge method (CONTRIBUTING.md, "Add a merge method").
 
-``@register(name, description, **params)`` declares, next to the function:
+``@register(name, description, **params)`` declares, next to the function, its hyperparameters
+(:class:`Param`; the function's signature has no defaults of its own) and:
 
-- its hyperparameters (:class:`Param`: default, doc, allowed values; the function's own
-  signature carries no defaults of its own, see :func:`defaults_from`);
-- ``key_scope``: how far one key's merged update reaches (``"key"``: that key alone, so a
-  driver can stream key by key; ``"model"``: every key at once; or a function of the
-  resolved hyperparameters returning ``(scope, why)``);
-- ``per_key``: the hyperparameters that hold per-key inputs (covariances, Grams,
-  activations), cut to one key when a driver merges key by key;
-- ``data_inputs``: the hyperparameters a harness fills from its data (``"activations"``,
-  ``"grams"``, ``"targets"``: see :meth:`acetools.benchmark.Benchmark.method_inputs`);
-- ``search``: the coefficient chosen on validation and its grid (:class:`Search`);
-- ``needs_layout``: whether the method takes a matrix path (so a layout decides its result);
-- model-wide steps of a streamed merge (:mod:`acetools.merging.driver`): ``prepare(view,
-  hparams) -> dict`` runs before the key-by-key pass (TIES' global trim threshold) and its
-  dict reaches every per-key call as extra keyword arguments; ``finish(updates, view,
-  hparams, prepared) -> updates`` runs on every key's merged update after it;
-- ``summed(hparams) -> c``: the update is c x the experts' task vectors summed in order
-  (:func:`acetools.merging.averaging.summed`), so a streaming driver forms it in one buffer as it
-  reads the experts and checks only the merged tensor for NaN/Inf (any in an input reaches it);
-- ``layout_hparams(layout_name) -> dict``: defaults that depend on the layout preset (ESM's
-  layer names), under the values the user gives; ``memory_note(n_tasks, widest_d_in) -> str``
-  and ``note``: what the ``acetools merge --dry-run`` plan says about the method.
+- ``key_scope``: ``"key"`` (one key's update needs only that key: streamed), ``"model"``, or a
+  function of the resolved hyperparameters returning ``(scope, why)``;
+- ``per_key``: hyperparameters holding per-key inputs, cut to one key when merging key by key;
+  ``data_inputs``: those a harness fills from its data (:meth:`acetools.benchmark.Benchmark.method_inputs`);
+- ``search`` (:class:`Search`); ``needs_layout``: it takes a matrix path;
+- streamed merges (:mod:`acetools.merging.driver`): ``prepare(view, hparams) -> dict`` runs before the
+  key-by-key pass (its dict reaches every per-key call as keyword arguments); ``summed(hparams) -> c``:
+  the update is c x the summed task vectors, formed in one buffer;
+- ``layout_hparams(layout_name) -> dict``: defaults per layout preset; ``presets(resolved) -> resolved``:
+  the values a ``None`` hyperparameter stands for (:meth:`MethodInfo.effective`); ``memory_note`` and
+  ``note``: what ``acetools merge --dry-run`` says.
 
-A merge method is a pure function::
-
-    fn(base, task_vectors, *, is_matrix, **hparams) -> dict[str, Tensor]
-
-``base`` maps every key to the pretrained weight W0 (already on the compute device, in the
-compute dtype), ``task_vectors`` is a list with one ``{key: tau_t}`` dict per expert, and
-``is_matrix(key, tensor)`` says which keys take the matrix path. It returns the merged
-*update* (a task-vector-shaped dict with every key of ``base``); :func:`acetools.merge`
-adds it to W0. Methods never modify their inputs.
+A merge method is a pure function ``fn(base, task_vectors, *, is_matrix, **hparams) -> dict``: ``base``
+maps every key to W0 (on the compute device, in the compute dtype), ``task_vectors`` holds one
+``{key: tau_t}`` dict per expert; it returns the merged *update* for every key of ``base``, inputs untouched.
 """
 
 from __future__ import annotations
@@ -74,12 +59,8 @@ REQUIRED: Any = _Required()
 
 @dataclass(frozen=True)
 class Param:
-    """One hyperparameter: default, one-line doc and what values are allowed.
-
-    ``low``/``high`` bound numbers (inclusive unless ``low_open``/``high_open``);
-    ``choices`` lists the allowed values; ``types`` the accepted Python types;
-    ``check`` is an extra predicate ``value -> error message or None``.
-    """
+    """One hyperparameter: default, one-line doc and the values allowed (``low``/``high`` inclusive unless
+    ``low_open``/``high_open``; ``choices``; ``types``; ``check(value) -> error message or None``)."""
 
     default: Any
     doc: str
@@ -123,11 +104,8 @@ class Param:
 
 @dataclass(frozen=True)
 class Search:
-    """How a method's coefficient is chosen on validation (docs/methods.md §Benchmark protocol).
-
-    ``kind``: ``"grid"`` (every value of ``grid``), ``"golden"`` (golden section on
-    ``bracket``) or ``"esm"`` (golden section, then the best normalized point).
-    """
+    """How a method's coefficient is chosen on validation (docs/methods.md §Benchmark protocol): ``kind``
+    ``"grid"`` (every value of ``grid``), ``"golden"`` (golden section on ``bracket``) or ``"esm"``."""
 
     param: str  # the hyperparameter searched
     kind: str
@@ -142,10 +120,8 @@ class Search:
 
     def run(self, score_fn: Callable[[float], Mapping[str, float]], reference: Mapping[str, float] | None = None,
             **options: Any) -> Any:
-        """Choose the coefficient: :func:`acetools.search.grid_search` over ``grid``,
-        :func:`~acetools.search.golden_section_search` or :func:`~acetools.search.esm_search` on
-        ``bracket``, by ``kind``. ``score_fn(c)`` returns the validation score per task; ``options``
-        go to the search function. Returns its :class:`acetools.search.SearchResult`."""
+        """Choose the coefficient with :mod:`acetools.search`'s function for ``kind``; ``score_fn(c)`` returns
+        the validation score per task, ``options`` go to the search function."""
         from .. import search  # the search module imports the grids from here
 
         if self.kind == "grid":
@@ -174,17 +150,15 @@ class MethodInfo:
     search: Search | None = None
     needs_layout: bool = False
     prepare: Callable[..., Mapping[str, Any]] | None = field(default=None, repr=False)
-    finish: Callable[..., Mapping[str, Any]] | None = field(default=None, repr=False)
     layout_hparams: Callable[[str | None], Mapping[str, Any]] | None = field(default=None, repr=False)
     memory_note: Callable[[int, int], str] | None = field(default=None, repr=False)
     note: str = ""
     summed: Callable[[Mapping[str, Any]], float] | None = field(default=None, repr=False)
+    presets: Callable[[dict], dict] | None = field(default=None, repr=False)
 
     def key_scope(self, hparams: Mapping[str, Any] | None = None) -> tuple[str, str]:
-        """``(scope, why)`` with ``hparams`` (resolved here): ``"key"`` (the update of a key
-        depends only on that key's W0, task vectors and ``per_key`` entries), ``"global_ties"``
-        (TIES' global trim: a streaming driver computes thresholds and signs in extra passes
-        first) or ``"model"`` (every key at once: runs in memory); ``why`` says why not ``"key"``."""
+        """``(scope, why)`` with ``hparams`` (resolved here): ``"key"``, ``"global_ties"`` (TIES' global trim:
+        extra passes first) or ``"model"`` (in memory); ``why`` says why not ``"key"``."""
         scope = self.scope
         if callable(scope):
             scope = scope(self.resolve(dict(hparams or {})))
@@ -197,8 +171,7 @@ class MethodInfo:
         return scope
 
     def scope_label(self) -> str:
-        """The scope at the default hyperparameters (:meth:`key_scope`); ``"model"`` when the
-        scope is a function and a required parameter leaves the defaults incomplete."""
+        """The scope at the default hyperparameters; ``"model"`` where a required one leaves them incomplete."""
         try:
             return self.key_scope()[0]
         except TypeError:
@@ -233,26 +206,10 @@ class MethodInfo:
             out[name] = value
         return out
 
-
     def effective(self, resolved: Mapping[str, Any]) -> dict[str, Any]:
-        """``resolved`` (from :meth:`resolve`) with every "use the preset" ``None`` replaced by the value
-        the method will use (e.g. ACE's ``gate=None`` -> ``"auto"`` for the "ace" estimator): what a
-        printed or recorded hyperparameter line shows."""
-        hook = _EFFECTIVE.get(self.name)
-        return dict(resolved) if hook is None else hook(dict(resolved))
-
-
-_EFFECTIVE: dict[str, Callable[[dict], dict]] = {}
-
-
-def effective_hparams(name: str):
-    """Decorator registering ``fn(resolved) -> resolved`` as :meth:`MethodInfo.effective` of ``name``."""
-
-    def deco(fn):
-        _EFFECTIVE[name] = fn
-        return fn
-
-    return deco
+        """``resolved`` with every "use the preset" ``None`` replaced by the value the method will use (the
+        ``presets`` hook; e.g. ACE's ``gate=None`` -> ``"auto"``): what a recorded hyperparameter line shows."""
+        return dict(resolved) if self.presets is None else self.presets(dict(resolved))
 
 
 _REGISTRY: dict[str, MethodInfo] = {}
@@ -262,17 +219,12 @@ METHODS: Mapping[str, MethodInfo] = MappingProxyType(_REGISTRY)
 def register(name: str, description: str, *, key_scope: Scope = "model", per_key: tuple[str, ...] = (),
              data_inputs: tuple[str, ...] = (), search: Search | None = None, needs_layout: bool = False,
              prepare: Callable[..., Mapping[str, Any]] | None = None,
-             finish: Callable[..., Mapping[str, Any]] | None = None,
              layout_hparams: Callable[[str | None], Mapping[str, Any]] | None = None,
              memory_note: Callable[[int, int], str] | None = None, note: str = "",
-             summed: Callable[[Mapping[str, Any]], float] | None = None, **params: Param):
-    """Decorator adding a merge function to :data:`METHODS` under ``name`` (module docstring).
-
-    Checks the declaration: ``per_key``, ``data_inputs`` and ``search.param`` must name
-    parameters; the function must not give a parameter a default of its own
-    (:func:`defaults_from` reads them from here); a method registered without ``key_scope``
-    runs in memory (``"model"``).
-    """
+             summed: Callable[[Mapping[str, Any]], float] | None = None,
+             presets: Callable[[dict], dict] | None = None, **params: Param):
+    """Decorator adding a merge function to :data:`METHODS` under ``name`` (module docstring); checks that
+    ``per_key``, ``data_inputs`` and ``search.param`` name parameters and that the function repeats no default."""
 
     def deco(fn):
         if name in _REGISTRY:
@@ -289,7 +241,7 @@ def register(name: str, description: str, *, key_scope: Scope = "model", per_key
                              "holds it (drop the default from the signature)")
         _REGISTRY[name] = MethodInfo(name, description, MappingProxyType(dict(params)), fn, key_scope,
                                      tuple(per_key), tuple(data_inputs), search, bool(needs_layout), prepare,
-                                     finish, layout_hparams, memory_note, note, summed)
+                                     layout_hparams, memory_note, note, summed, presets)
         return _with_defaults(fn, params, sig)
 
     return deco
@@ -309,9 +261,8 @@ def _with_defaults(fn: Callable, params: Mapping[str, Param], sig: inspect.Signa
 
 
 def registered_defaults(method: str) -> Callable[[Callable], Callable]:
-    """Decorator: the keyword-only parameters of a stage function that share a name with one of
-    ``method``'s registered parameters take their default from the registry (read at call
-    time; the function's signature gives them none), so a default is written once."""
+    """Decorator: a stage function's keyword-only parameters without a default take ``method``'s registered
+    default of the same name (read at call time), so a default is written once."""
 
     def deco(fn):
         names = [q.name for q in inspect.signature(fn).parameters.values()
@@ -331,9 +282,7 @@ def registered_defaults(method: str) -> Callable[[Callable], Callable]:
 
 
 def defaults_from(method: str, **overrides: Any) -> dict[str, Any]:
-    """The registered defaults of ``method``'s parameters, overlaid with ``overrides`` (unknown
-    names rejected): how a stage function or a diagnostic reads e.g. ACE's ``tau`` without
-    writing it again."""
+    """The registered defaults of ``method``'s parameters, overlaid with ``overrides`` (unknown names rejected)."""
     info = _REGISTRY[method]
     unknown = sorted(set(overrides) - set(info.params))
     if unknown:
@@ -357,10 +306,8 @@ def _cell(value: Any) -> str:
 
 
 def methods_table(methods: Mapping[str, MethodInfo] | None = None) -> str:
-    """The registry as a Markdown table: one row per method with its scope (``key``: streamed key
-    by key), per-key inputs, data inputs a harness collects, searched coefficient and whether a
-    layout decides its result. docs/methods.md carries it between :data:`TABLE_BEGIN` and
-    :data:`TABLE_END` (a test keeps it current: :func:`update_methods_table` rewrites it)."""
+    """The registry as a Markdown table, one row per method (docs/methods.md §Methods at a glance carries it
+    between :data:`TABLE_BEGIN` and :data:`TABLE_END`; :func:`update_methods_table` rewrites it)."""
     methods = _REGISTRY if methods is None else methods
     rows = ["| method | scope (defaults) | per-key inputs | data inputs | searched on validation | layout |",
             "|---|---|---|---|---|---|"]
@@ -372,8 +319,7 @@ def methods_table(methods: Mapping[str, MethodInfo] | None = None) -> str:
 
 
 def update_methods_table(path: str | None = None) -> bool:
-    """Rewrite the generated table in ``path`` (default the repository's docs/methods.md);
-    True when the file changed."""
+    """Rewrite the generated table in ``path`` (default docs/methods.md); True when the file changed."""
     from pathlib import Path
 
     target = Path(path) if path else Path(__file__).resolve().parents[2] / "docs" / "methods.md"

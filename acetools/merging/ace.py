@@ -10,13 +10,8 @@ with Sigma_reg,t a regularised estimate of task t's input covariance made from t
 (ACE.3)-(ACE.4); :func:`normalize_covariances` (ACE.7)-(ACE.8); :func:`structural_prior` (ACE.9);
 :func:`closed_form` (ACE.10); :func:`spectral_refine` (ACE.11)-(ACE.13). :func:`ace_matrix` is
 their composition, and what ``merge("ace")`` and ``acetools merge`` run on every matrix.
-
-Speed lives inside the stages (docs/performance.md): ``estimate_covariance(..., factored=True)``
-keeps Sigma_hat_t as its task vector; :func:`normalize_covariances` streams the tasks once into
-the sums the later stages read (:func:`acetools.merging.linalg.task_sums`: memory independent of
-T); :func:`closed_form` solves by Cholesky with Sherman–Morrison. Given plain lists of tensors the
-same functions compute each sum as written. Maths in float64 (``precision="float32"``: the
-accumulation and the solve in float32). ``estimator``: the unified framework (:func:`estimator_preset`).
+Speed lives inside the stages (docs/performance.md, ACE); given plain lists of tensors they compute
+each sum as written.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 import torch
@@ -35,6 +30,7 @@ from ..utils import progress
 from . import linalg
 from ._registry import METHODS, Param, register, registered_defaults
 from .averaging import mean_update, warn_mean_fallback
+from .driver import format_bytes
 from .inputs import (
     EPS_MODES,
     ESTIMATORS,
@@ -46,13 +42,14 @@ from .inputs import (
     check_task_vectors,
     estimator_preset,
     given_covariances,
+    preset_switches,
 )
-from .linalg import NormalizedCovariances, Refinement, TaskCovariance, TaskSums, dense_covariance, isotropic_update
+from .linalg import NormalizedCovariances, Refinement, TaskCovariance, dense_covariance, isotropic_update
 
 __all__ = [
     "ESTIMATORS", "EPS_MODES", "GAMMA_MODES", "PRECISIONS", "estimator_preset", "center_rows",
     "task_energies", "heterogeneity", "gate_flag", "estimate_covariance", "NormalizedCovariances",
-    "normalize_covariances", "ridge_of", "structural_prior", "prior_vector", "closed_form", "Refinement",
+    "normalize_covariances", "ridge_of", "structural_prior", "closed_form", "Refinement",
     "refined_rank", "isotropic_update", "spectral_refine", "ACEDiagnostics", "ace_matrix", "ace_with_diagnostics",
     "ace",
 ]
@@ -76,11 +73,8 @@ def task_energies(delta_W: Sequence[Tensor]) -> Tensor:
 
 
 def heterogeneity(delta_W: Sequence[Tensor], mode: str = "paper") -> float:
-    """The heterogeneity gamma of one layer (eq. 7; docs/methods.md §ACE, Eqs. (ACE.5)-(ACE.6)).
-
-    gamma = Var_t(l_t) / (Mean_t(l_t)² + 1e-12), l_t = log(||ΔW_t||_F² + 1e-12), unbiased (T-1) variance
-    as the official code; 0 for T = 1. ``mode="cv"`` (not the paper's): the scale-invariant
-    Var_t(e_t) / Mean_t(e_t)² of the energies."""
+    """The heterogeneity gamma of one layer: Var_t(l_t) / (Mean_t(l_t)² + 1e-12), l_t = log(||ΔW_t||_F² + 1e-12)
+    (docs/methods.md §ACE, Eqs. (ACE.5)-(ACE.6)); 0 for T = 1. ``mode="cv"``: Var_t(e_t) / Mean_t(e_t)²."""
     if len(delta_W) == 0:
         raise InputError("heterogeneity needs at least one task vector")
     if mode not in GAMMA_MODES:
@@ -96,8 +90,7 @@ def heterogeneity(delta_W: Sequence[Tensor], mode: str = "paper") -> float:
 
 
 def gate_flag(gamma: float, tau: float, gate: str) -> bool:
-    """The gate (eq. 7): "auto" flags the layer when gamma > tau, "on" always, "off" never.
-    A flagged layer is trace-normalised and refined."""
+    """The gate (eq. 7): "auto" flags the layer when gamma > tau, "on" always, "off" never."""
     return bool({"auto": gamma > tau, "on": True, "off": False}[gate])
 
 
@@ -109,14 +102,9 @@ def estimate_covariance(delta_W: Tensor, estimator: str = ..., *, wudi_p: float 
                         factored: Literal[True]) -> TaskCovariance: ...
 def estimate_covariance(delta_W: Tensor, estimator: str = "ace", *, wudi_p: float = 2.0,
                         factored: bool = False) -> Tensor | TaskCovariance:
-    """Sigma_hat_t (d_in × d_in, float64) from one task vector ΔW_t (d_out × d_in), docs/methods.md
-    §ACE, Eqs. (ACE.3)-(ACE.4).
-
-    "ace": W̃ᵀ W̃ with W̃ = :func:`center_rows` (ΔW), no 1/(d_out - 1) factor (official code);
-    "identity": I; "wudi": ΔWᵀ ΔW / ||ΔW||_F^wudi_p (zero for a zero ΔW). ``factored=True``
-    returns it unformed, as a :class:`acetools.merging.linalg.TaskCovariance` (what
-    :func:`ace_matrix` passes on, so the d_in × d_in matrix is never held per task).
-    """
+    """Sigma_hat_t (d_in × d_in, float64) from one task vector ΔW_t (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.4)):
+    "ace": W̃ᵀ W̃ (W̃ = :func:`center_rows` (ΔW)); "identity": I; "wudi": ΔWᵀ ΔW / ||ΔW||_F^wudi_p.
+    ``factored=True``: unformed, a :class:`acetools.merging.linalg.TaskCovariance`."""
     if delta_W.ndim != 2:
         raise InputError(f"estimate_covariance needs a 2-D task vector, got shape {tuple(delta_W.shape)}")
     if estimator == "given":
@@ -125,10 +113,6 @@ def estimate_covariance(delta_W: Tensor, estimator: str = "ace", *, wudi_p: floa
         raise InputError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
     cov = TaskCovariance(delta_W, estimator, wudi_p)
     return cov if factored else cov.dense()
-
-
-def _sums_of(Sigma_tilde: Any) -> TaskSums | None:
-    return getattr(Sigma_tilde, "sums", None)
 
 
 def ridge_of(trace: float, *, eps: float, normalize: bool, eps_mode: str = "absolute", d_in: int = 1) -> float:
@@ -141,14 +125,11 @@ def ridge_of(trace: float, *, eps: float, normalize: bool, eps_mode: str = "abso
 def normalize_covariances(Sigma_hat: Sequence[Tensor | TaskCovariance], *, eps: float = 1e-2, normalize: bool = False,
                           eps_mode: str = "absolute", precision: str = "float64", numerator: str = "centered",
                           refine: bool = True) -> NormalizedCovariances:
-    """Trace normalisation and Tikhonov regularisation (eqs 8-10; docs/methods.md §ACE, Eqs. (ACE.7)-(ACE.8)).
+    """Trace normalisation and Tikhonov regularisation (docs/methods.md §ACE, Eqs. (ACE.7)-(ACE.8)).
 
-    tr_t = Tr(Sigma_hat_t) + 1e-12. If ``normalize`` (a flagged layer with ``trace_norm``):
-    Σ̃_t = Sigma_hat_t / tr_t, Sigma_reg,t = Σ̃_t + (eps / tr_t) I; else Sigma_reg,t = Sigma_hat_t + eps I
-    (``eps_mode="relative"``: :func:`ridge_of`). Unformed covariances (``estimate_covariance(..., factored=True)``)
-    are streamed here, once (:func:`acetools.merging.linalg.task_sums`, in ``precision``), into the sums that
-    :func:`structural_prior`, :func:`closed_form` (for ``numerator``) and :func:`spectral_refine` (if
-    ``refine``) read; given other inputs, a stage computes its sums as written.
+    ``normalize``: Σ̃_t = Sigma_hat_t / tr_t, Sigma_reg,t = Σ̃_t + (eps / tr_t) I; else Sigma_hat_t + eps I
+    (:func:`ridge_of`). Unformed covariances are streamed once (:func:`acetools.merging.linalg.task_sums`,
+    in ``precision``) into the sums the later stages read (for ``numerator``; the refinement's if ``refine``).
     """
     if len(Sigma_hat) == 0:
         raise InputError("normalize_covariances needs at least one covariance")
@@ -179,42 +160,29 @@ def normalize_covariances(Sigma_hat: Sequence[Tensor | TaskCovariance], *, eps: 
 
 
 def structural_prior(Sigma_tilde: Sequence[Tensor], *, energy: float | None = None) -> Tensor:
-    """C_agg = 1 cᵀ (eqs 11-13; docs/methods.md §ACE, Eq. (ACE.9)), d_in × d_in.
-
-    c = :func:`prior_vector`: the column means of sum_t Σ̃_t (unregularised), divided by
-    ``energy + 1e-12`` when ``energy`` is given (ACE: the mean uncentred energy, flagged layers).
-    Every row equals c (an expanded view, not a copy), so C_agg is not symmetric.
-    """
+    """C_agg = 1 cᵀ (d_in × d_in, an expanded view; docs/methods.md §ACE, Eq. (ACE.9)): c the column means of
+    sum_t Σ̃_t, over ``energy + 1e-12`` if given."""
     if len(Sigma_tilde) == 0:
         raise InputError("structural_prior needs at least one covariance")
-    sums = _sums_of(Sigma_tilde)
+    sums = getattr(Sigma_tilde, "sums", None)
     S = sums.S if sums is not None else linalg.sum64(dense_covariance(S) for S in Sigma_tilde)  # (d_in, d_in)
-    c = prior_vector(S, energy=energy)
+    c = S.mean(dim=0) if energy is None else S.mean(dim=0) / (float(energy) + _ENERGY_FLOOR)
     return c.unsqueeze(0).expand(S.shape[0], -1)  # a view: every row is c, no d_in x d_in copy
-
-
-def prior_vector(Sigma_tilde_sum: Tensor, *, energy: float | None = None) -> Tensor:
-    """c of C_agg = 1 cᵀ (eqs 11-13): the column means of sum_t Σ̃_t, over ``energy + 1e-12`` if given."""
-    c = Sigma_tilde_sum.mean(dim=0)
-    return c if energy is None else c / (float(energy) + _ENERGY_FLOOR)
 
 
 def closed_form(numerators: Sequence[Tensor], Sigma_reg: NormalizedCovariances | Sequence[Tensor],
                 C_agg: Tensor | None = None, *, name: str = "") -> Tensor:
-    """W_bar_pre = (sum_t N_t Sigma_reg,t)(sum_t Sigma_reg,t + C_agg)^-1 (eq. 14; docs/methods.md §ACE, Eq. (ACE.10)).
+    """W_bar_pre = (sum_t N_t Sigma_reg,t)(sum_t Sigma_reg,t + C_agg)^-1, float64 (docs/methods.md §ACE, Eq. (ACE.10)).
 
-    ``numerators``: the N_t, row-centred W̃_t in ACE (every column of the result then sums to zero)
-    or the raw ΔW_t; ``Sigma_reg``: a :class:`NormalizedCovariances` or a list of Sigma_reg,t.
-    Returns float64 (d_out, d_in). Streamed covariances with the numerators they were made of
-    (:class:`acetools.merging.linalg.CenteredRows` or the task vectors) are solved from their sums
-    (:func:`acetools.merging.linalg.solve_task_sums`: Cholesky with Sherman–Morrison); else the LU
-    solve (:func:`acetools.merging.linalg.solve_right`; the pseudo-inverse with a warning naming
-    ``name`` below ``RCOND_MIN``, docs/methods.md §Numerics).
+    ``numerators``: the N_t (row-centred W̃_t in ACE, or the raw ΔW_t); ``Sigma_reg``: a
+    :class:`NormalizedCovariances` or a list of Sigma_reg,t. Streamed covariances with the numerators they
+    were made of are solved from their sums (:func:`acetools.merging.linalg.solve_task_sums`); else the LU
+    solve (:func:`acetools.merging.linalg.solve_right`, docs/methods.md §Numerics).
     """
     if len(numerators) == 0:
         raise InputError(f"closed_form for layer {name!r} needs at least one task")
     tildes = Sigma_reg.Sigma_tilde if isinstance(Sigma_reg, NormalizedCovariances) else Sigma_reg
-    sums = _sums_of(tildes)
+    sums = getattr(tildes, "sums", None)
     centered = isinstance(numerators, linalg.CenteredRows)
     dWs = numerators.delta_W if centered else numerators  # type: ignore[attr-defined]
     if sums is not None and sums.centered == centered and sums.made_of(dWs):
@@ -236,8 +204,7 @@ def closed_form(numerators: Sequence[Tensor], Sigma_reg: NormalizedCovariances |
 
 
 def refined_rank(k_frac: float, shape: Sequence[int], name: str = "", *, stacklevel: int = 3) -> int:
-    """k = floor(k_frac · min(d_out, d_in)) (eq. 18); k = 0 warns (a ``RuntimeWarning`` naming
-    the layer: the official code would return NaN there, here the layer stays unrefined)."""
+    """k = floor(k_frac · min(d_out, d_in)) (eq. 18); k = 0 warns, naming the layer (it stays unrefined)."""
     k = int(k_frac * min(shape))
     if k == 0:
         warnings.warn(f"spectral refinement skipped for layer {name!r}: k = floor({k_frac} * {min(shape)}) = 0 "
@@ -248,21 +215,16 @@ def refined_rank(k_frac: float, shape: Sequence[int], name: str = "", *, stackle
 
 def spectral_refine(W_pre: Tensor, delta_W: Sequence[Tensor], Sigma_tilde: Sequence[Tensor], Sigma_reg_mean: Tensor,
                     *, k_frac: float = 0.3, name: str = "") -> Refinement:
-    """Spectral refinement (eqs 15-19; docs/methods.md §ACE, Eqs. (ACE.11)-(ACE.13)).
-
-    Δ_res = sum_t ΔW_t (Σ̃_t - Σ̄_reg) with the *uncentred* ΔW_t, the unregularised Σ̃_t and
-    Σ̄_reg = mean_t Sigma_reg,t; W_fused = W_bar_pre + Δ_res = U S Vᵀ; k = floor(k_frac ·
-    min(d_out, d_in)); W_bar = W_bar_pre + mean(S[:k]) U[:, :k] V[:, :k]ᵀ: Δ_res only chooses the
-    directions. k = 0 leaves the layer unrefined with a ``RuntimeWarning`` naming ``name``.
-    Streamed ``Sigma_tilde`` (with their task vectors): Δ_res from the sums and only the top k
-    (:func:`acetools.merging.linalg.top_svd` through the float64 Gram where it is exact enough).
+    """Spectral refinement (docs/methods.md §ACE, Eqs. (ACE.11)-(ACE.13)): W_fused = W_bar_pre + Δ_res = U S Vᵀ,
+    Δ_res = sum_t ΔW_t (Σ̃_t - Σ̄_reg); W_bar = W_bar_pre + mean(S[:k]) U_k V_kᵀ, k = :func:`refined_rank`.
+    Streamed ``Sigma_tilde``: Δ_res from the sums and only the top k (:func:`acetools.merging.linalg.top_svd`).
     """
     if not 0.0 <= k_frac <= 1.0:
         raise InputError(f"k_frac={k_frac!r} must be in [0, 1]")
     if len(delta_W) != len(Sigma_tilde):
         raise InputError(f"layer {name!r}: {len(delta_W)} task vectors but {len(Sigma_tilde)} covariances")
     Wp = W_pre.double()  # (d_out, d_in)
-    sums = _sums_of(Sigma_tilde)
+    sums = getattr(Sigma_tilde, "sums", None)
     streamed = sums is not None and sums.task_sum is not None and sums.made_of(delta_W)
     if streamed:
         assert sums is not None
@@ -309,16 +271,7 @@ class ACEDiagnostics:
     prior_norm: float = 0.0  # ||c||_2 of C_agg = 1 cᵀ (after the flagged division; 0 without the prior)
     cond: float | None = None  # 2-norm condition number of sum_t Sigma_reg,t + C_agg
     spectrum_pre: Tensor | None = field(default=None, repr=False)  # singular values of W_bar_pre
-    spectrum_fused: Tensor | None = field(default=None, repr=False)  # of W_bar_pre + Δ_res (refined only)
     spectrum: Tensor | None = field(default=None, repr=False)  # of the final W_bar
-
-    def to_row(self) -> dict[str, Any]:
-        """Scalars plus mean/min/max energy: a DataFrame row."""
-        row = {f.name: getattr(self, f.name) for f in fields(self)
-               if not isinstance(getattr(self, f.name), (list, Tensor)) and getattr(self, f.name) is not None}
-        e = self.energies
-        row.update(energy_mean=sum(e) / len(e), energy_min=min(e), energy_max=max(e))
-        return row
 
 
 @registered_defaults("ace")
@@ -329,10 +282,8 @@ def ace_matrix(delta_W: Sequence[Tensor], *, tau: float, eps: float, k_frac: flo
     """ACE-Merging for one matrix: the composition of the stages (docs/methods.md §ACE).
 
     ``delta_W``: the T task vectors ΔW_t (d_out × d_in); ``Sigma``: their covariances for
-    ``estimator="given"``. Returns W_bar (before ``scaling``; input dtype) and an
-    :class:`ACEDiagnostics`. Defaults: ``METHODS["ace"]``'s (the official code's) and the
-    estimator's preset (:func:`estimator_preset`). The prior's division by the mean energy
-    follows the flag, not ``trace_norm``.
+    ``estimator="given"``. Returns W_bar (before ``scaling``; input dtype) and an :class:`ACEDiagnostics`.
+    Defaults: ``METHODS["ace"]``'s and the estimator's preset (:func:`estimator_preset`).
     """
     METHODS["ace"].resolve(dict(tau=tau, eps=eps, k_frac=k_frac, wudi_p=wudi_p, trace_norm=trace_norm, refine=refine,
                                 estimator=estimator, precision=precision, eps_mode=eps_mode, gamma_mode=gamma_mode))
@@ -365,19 +316,10 @@ def ace_matrix(delta_W: Sequence[Tensor], *, tau: float, eps: float, k_frac: flo
         sA = torch.linalg.svdvals(norm.sum_reg().double() + (C_agg.double() if C_agg is not None else 0.0))
         diag.cond = float(sA[0] / sA[-1]) if sA[-1] > 0 else math.inf
         diag.spectrum_pre, diag.spectrum = torch.linalg.svdvals(W_pre).cpu(), torch.linalg.svdvals(W).cpu()
-        if ref is not None and ref.W_fused is not None:
-            diag.spectrum_fused = torch.linalg.svdvals(ref.W_fused).cpu()
     return W.to(delta_W[0].dtype), diag
 
 
 # --------------------------------------------------------------------------- state dicts
-
-
-def _memory_note(d_in: int) -> str:
-    from .driver import format_bytes
-
-    return (f"plus ACE's work space, independent of T: two d_in x d_in float64 matrices of the widest input "
-            f"(d_in = {d_in}: {format_bytes(2 * d_in * d_in * 8)}; linalg.task_sums)")
 
 
 @register(
@@ -385,7 +327,8 @@ def _memory_note(d_in: int) -> str:
     "ACE-Merging: closed-form merge with covariances estimated from the task vectors "
     "(Xu et al. 2026; docs/methods.md §ACE)",
     key_scope="key", per_key=("covariances",), needs_layout=True,  # no search: ACE uses scaling 1 (ACE_SCALED)
-    memory_note=lambda T, d_in: _memory_note(d_in),
+    presets=preset_switches, memory_note=lambda T, d_in: "plus ACE's work space, independent of T: two d_in x d_in "
+    f"float64 matrices of the widest input (d_in = {d_in}: {format_bytes(2 * d_in * d_in * 8)}; linalg.task_sums)",
     tau=Param(0.3, "heterogeneity threshold: the layer is flagged when gamma > tau (eq. 7)", low=0.0),
     eps=Param(1e-2, "Tikhonov strength (eqs 9-10): eps I, or eps/tr_t I on normalised layers", low=0.0),
     k_frac=Param(0.3, "refined rank k = floor(k_frac * min(d_out, d_in)) (eq. 18)", low=0.0, high=1.0),
@@ -419,12 +362,9 @@ def ace(base, task_vectors, *, is_matrix, **hparams):
 def ace_with_diagnostics(base: Mapping[str, Tensor], task_vectors: Sequence[Mapping[str, Tensor]], *,
                          is_matrix: Callable[[str, Tensor], bool] | None = None, spectra: bool = False,
                          **hparams: Any) -> tuple[dict[str, Tensor], dict[str, ACEDiagnostics]]:
-    """ACE's merged update for every key of ``base`` and an :class:`ACEDiagnostics` per matrix.
-
-    Matrix keys (``is_matrix``, default :func:`acetools.merging.is_matrix_param`) get :func:`ace_matrix`
-    as stored (d_out × d_in; a layout transposes in × out weights), the others the mean; all times
-    ``scaling``. ``covariances`` (estimator "given"): one {key: Sigma_t} dict per expert; keys
-    absent from every dict get the mean, as RegMean does.
+    """ACE's merged update for every key of ``base`` and an :class:`ACEDiagnostics` per matrix: :func:`ace_matrix`
+    on matrix keys (``is_matrix``, default :func:`acetools.merging.is_matrix_param`), the mean on the others
+    (and, for "given", on keys without covariances), all times ``scaling``.
     """
     if is_matrix is None:
         from . import is_matrix_param as is_matrix

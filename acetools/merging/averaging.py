@@ -22,8 +22,7 @@ def mean_update(task_vectors: Sequence[Mapping[str, Tensor]], key: str) -> Tenso
 
 
 def summed(tensors: Sequence[Tensor]) -> Tensor:
-    """sum_t x_t as a new tensor, added in order ((x_1 + x_2) + x_3 ..., as fusion_bench and a plain loop
-    do), holding one tensor beside the inputs."""
+    """sum_t x_t as a new tensor, added in order ((x_1 + x_2) + x_3 ..., as fusion_bench does)."""
     out = tensors[0].clone()
     for x in tensors[1:]:
         out.add_(x)
@@ -31,8 +30,7 @@ def summed(tensors: Sequence[Tensor]) -> Tensor:
 
 
 def warn_mean_fallback(method: str, keys: Sequence[str], why: str) -> None:
-    """Say loudly (a RuntimeWarning) that matrix ``keys`` take the mean of the task vectors
-    instead of ``method``'s matrix merge, because they have ``why`` (e.g. "no Gram matrices")."""
+    """Warn that matrix ``keys`` take the mean instead of ``method``'s matrix merge because they have ``why``."""
     if keys:
         more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
         warnings.warn(f"{method}: {len(keys)} matrix key(s) have {why} and take the mean of the task vectors "

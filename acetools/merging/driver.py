@@ -1,13 +1,11 @@
 """The one merge driver: :func:`acetools.merge` (state dicts) and ``acetools merge`` (checkpoints) run :func:`run`.
 
 A :class:`Source` holds a base and T experts read one tensor at a time. :func:`run` carries the
-non-float buffers, merges tied keys once, turns in x out weights to d_out x d_in around the method,
-checks every input and merged tensor for NaN/Inf and emits each merged key in the base's order:
-either one call of the method on the whole model (task vectors formed key by key as it reads
-them), or key by key (about (T + 2) x the largest tensor held) with the registry's ``prepare`` /
-``finish`` hooks for model-wide steps (:mod:`acetools.merging._registry`; docs/methods.md §Matrix path).
-A method registered with ``summed`` (task arithmetic) streams through :meth:`Source.summed`, every
-input read once, and its inputs are checked only when the merged tensor is not finite.
+non-float buffers, emits tied aliases after their key, turns in x out weights to d_out x d_in around the
+method, checks inputs and merged tensors for NaN/Inf and emits every key in the base's order: one call
+of the method on the whole model, or key by key ((T + 2) x the largest tensor held) after the registry's
+``prepare`` hook (docs/methods.md §Matrix path); a ``summed`` method through :meth:`Source.summed`, every
+input read once.
 """
 
 from __future__ import annotations
@@ -38,8 +36,8 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def is_finite(t: Tensor) -> bool:
-    """Whether every entry of ``t`` is finite, in one read: a sum is finite only when every term is (a NaN
-    or Inf makes it NaN or Inf), and only a sum that overflows (or a non-finite one) needs the entry-wise test."""
+    """Whether every entry of ``t`` is finite, in one read: only a sum that is not finite (a NaN/Inf term,
+    or overflow) needs the entry-wise test."""
     if not t.is_floating_point() or t.numel() == 0:
         return True
     acc = torch.float64 if t.dtype == torch.float64 else torch.float32
@@ -63,12 +61,8 @@ def format_bytes(n: float) -> str:
 
 
 def check_same_keys(base_keys: Iterable[str], keys: Iterable[str], who: str, base: str = "base") -> None:
-    """Raise a ``KeyError`` unless ``keys`` (an expert's) are exactly ``base_keys``.
-
-    The message names ``who`` and the first key it lacks (in ``base_keys``' order) or adds
-    (sorted), with how many more there are: "experts[2] is missing key 'visual.proj' that
-    base has". The one key check of :func:`acetools.merge`, the file merge and the diagnostics.
-    """
+    """Raise a ``KeyError`` unless ``keys`` (an expert's) are exactly ``base_keys``, naming ``who`` and the
+    first key it lacks or adds: "experts[2] is missing key 'visual.proj' that base has"."""
     base_keys = list(base_keys)
     kset, bset = set(keys), set(base_keys)
     missing = [k for k in base_keys if k not in kset]
@@ -88,10 +82,9 @@ def _raw(model: Any, key: str) -> Tensor:
 
 def confirmed_ties(tied: Mapping[str, str], base: Any, experts: Sequence[Any], *,
                    get: Callable[[Any, str], Tensor] | None = None) -> dict[str, str]:
-    """The ties of a layout that hold in these models (both keys present and equal in every
-    model); the others are logged and merged as separate keys. The one tie confirmation of
-    :func:`acetools.merge`, the file merge and the diagnostics: ``base`` / ``experts`` are state
-    dicts or checkpoint readers (``keys()`` and ``get(key)``), or anything read through ``get(model, key)``."""
+    """The ties of a layout that hold in these models (both keys present and equal in every model); the
+    others are logged and merged apart. ``base`` / ``experts``: state dicts or checkpoint readers, or
+    anything read through ``get(model, key)``."""
     read = get or _raw
     models = [base, *experts]
     out = {}
@@ -125,13 +118,9 @@ def carried_buffers(base: Any, experts: Sequence[Any], *, stacklevel: int = 3) -
 
 
 class PinnedStaging:
-    """Two page-locked (pinned) host buffers that CPU tensors pass through on their way to a CUDA device.
-
-    :meth:`to` copies a tensor into one buffer and starts its transfer without waiting
-    (``non_blocking``); the next call fills the other buffer meanwhile, and a buffer is reused only
-    after its transfer has finished (a CUDA event). So reading from disk overlaps the copies to the
-    device, and only two buffers of the largest tensor are pinned, however many tensors pass.
-    """
+    """Two pinned host buffers that CPU tensors pass through on their way to a CUDA device: :meth:`to`
+    starts a non-blocking transfer from one while the next call fills the other (reused once a CUDA event
+    says its transfer finished), so reading overlaps the copies and only two buffers are pinned."""
 
     def __init__(self):
         self.buffers: list[Tensor | None] = [None, None]
@@ -156,14 +145,9 @@ class PinnedStaging:
 
 
 class Source:
-    """A base and T experts, read one tensor at a time.
-
-    ``base`` and each expert are state dicts (mappings key -> Tensor) or checkpoint readers
-    (``keys()``, ``get(key)`` and ``meta(key)`` with ``.shape`` / ``.dtype``, as
-    :class:`acetools.files.checkpoints.Checkpoint`). ``names`` name them in errors (default
-    ``base``, ``experts[0]``, ...); with ``check_finite`` every tensor is checked for NaN/Inf
-    the first time its key is read (a state dict checked up front passes ``False``).
-    """
+    """A base and T experts, read one tensor at a time: state dicts or checkpoint readers (``keys()``,
+    ``get(key)``, ``meta(key)``: :class:`acetools.files.checkpoints.Checkpoint`). ``names`` name them in
+    errors; with ``check_finite`` each tensor is checked for NaN/Inf the first time its key is read."""
 
     def __init__(self, base: Any, experts: Sequence[Any], *, names: Sequence[str] | None = None,
                  check_finite: bool = True):
@@ -171,8 +155,6 @@ class Source:
         self.names = list(names) if names is not None else ["base", *(f"experts[{i}]" for i in range(len(experts)))]
         self.check = check_finite
         self._checked: set[tuple[int, str]] = set()
-        # a lazy checkpoint reads every tensor into a new buffer; a state dict's tensors are the caller's
-        self._fresh = [getattr(m, "lazy", False) is True for m in [base, *self.experts]]
         self.staging = PinnedStaging()  # CPU tensors go to a CUDA device through pinned memory
 
     @property
@@ -199,33 +181,30 @@ class Source:
             t = self.staging.to(t, device)  # a new device tensor of ours: checked there, converted in place
         return t
 
-    def tensor(self, i: int, key: str, layout: Layout, device: torch.device, dtype: torch.dtype | None = None,
-               copy: bool = True) -> Tensor:
-        """Model ``i``'s tensor of ``key`` (0: the base), d_out x d_in, in ``dtype`` (default the key's compute
-        dtype) on ``device``: with ``copy``, a tensor of the caller's own (never the source's memory), which
-        the driver may change in place. NaN/Inf are an error naming the model the first time it is read."""
+    def tensor(self, i: int, key: str, layout: Layout, device: torch.device, dtype: torch.dtype | None = None
+               ) -> Tensor:
+        """Model ``i``'s tensor of ``key`` (0: the base), d_out x d_in, contiguous, in ``dtype`` (default the
+        key's compute dtype) on ``device``; it may share the source's memory. NaN/Inf are an error naming
+        the model the first time it is read."""
         t = self._read(i, key, device)
+        self._check(i, key, t)
+        return layout.to_canonical(key, t).to(device, dtype or compute_dtype(self.dtype(key))).contiguous()
+
+    def _check(self, i: int, key: str, t: Tensor) -> None:
         if self.check and (i, key) not in self._checked:
             check_finite(self.names[i], key, t)
             self._checked.add((i, key))
-        out = layout.to_canonical(key, t).to(device, dtype or compute_dtype(self.dtype(key)))
-        if not out.is_contiguous() or (copy and not self._fresh[i] and out.data_ptr() == t.data_ptr()):
-            out = out.contiguous() if not out.is_contiguous() else out.clone()
-        return out
 
     def check_key(self, key: str, device: torch.device) -> None:
         """Check every model's ``key`` not checked yet for NaN/Inf (an error naming the first with any)."""
         for i in range(self.n_tasks + 1):
             if self.check and (i, key) not in self._checked:
-                check_finite(self.names[i], key, self._read(i, key, device))
-                self._checked.add((i, key))
+                self._check(i, key, self._read(i, key, device))
 
     def summed(self, key: str, scale: float, device: torch.device, chunk: int = 1 << 18) -> Tensor:
-        """W0 + scale x sum_t (W_t - W0) of ``key`` as stored (every step elementwise, so the orientation does
-        not matter), in the compute dtype: the same bits as :func:`acetools.merging.averaging.summed` of the
-        task vectors, in one new tensor. On the CPU it goes ``chunk`` entries at a time through every expert,
-        so each task vector passes through a buffer that stays in the cache and every input is read once.
-        Nothing is checked for NaN/Inf here (see :meth:`check_key`)."""
+        """W0 + scale x sum_t (W_t - W0) of ``key`` as stored, in the compute dtype: the bits of
+        :func:`acetools.merging.averaging.summed`, every input read once (on the CPU ``chunk`` entries at a
+        time, through a buffer that stays in the cache). Not checked for NaN/Inf (see :meth:`check_key`)."""
         dt = compute_dtype(self.dtype(key))
         W0, *Ws = (self._read(i, key, device).to(device, dt).reshape(-1) for i in range(self.n_tasks + 1))
         n = W0.numel()
@@ -242,17 +221,11 @@ class Source:
 
 
 class ModelView:
-    """What a method's ``prepare`` and ``finish`` hooks see of the model (see the module docstring).
+    """What a method's ``prepare`` hook sees of the model: ``keys`` (the float keys merged, in the base's
+    order), ``n_tasks``; :meth:`w0_taus` reads a key's task vectors again on every call."""
 
-    ``keys``: the float keys merged (tied aliases and buffers left out), in the base's order;
-    ``n_tasks``; :meth:`taus` reads a key's task vectors from the source again on every call, so
-    one call per key is one pass over the files.
-    """
-
-    def __init__(self, source: Source, layout: Layout, keys: Sequence[str], device: torch.device,
-                 is_matrix: Callable[[str, Tensor], bool], show: bool | None):
-        self.source, self.layout, self.keys, self.device = source, layout, list(keys), device
-        self._is_matrix, self._show = is_matrix, show
+    def __init__(self, source: Source, layout: Layout, keys: Sequence[str], device: torch.device, show: bool | None):
+        self.source, self.layout, self.keys, self.device, self._show = source, layout, list(keys), device, show
 
     @property
     def n_tasks(self) -> int:
@@ -262,27 +235,15 @@ class ModelView:
         """The compute dtype of ``key``."""
         return compute_dtype(self.source.dtype(key))
 
-    def shape(self, key: str) -> tuple[int, ...]:
-        """``key``'s shape as the method sees it (d_out x d_in for matrices)."""
-        s = self.source.shape(key)
-        return s[::-1] if len(s) == 2 and self.layout.orientation(key) == "in_out" else s
-
     def numel(self, key: str) -> int:
         return math.prod(self.source.shape(key))
-
-    def is_matrix(self, key: str) -> bool:
-        """Whether ``key`` takes the method's matrix path (asked with a shape-only tensor)."""
-        return bool(self._is_matrix(key, torch.empty(self.shape(key), dtype=self.dtype(key), device="meta")))
 
     def w0_taus(self, key: str) -> tuple[Tensor, list[Tensor]]:
         """W0 and the T task vectors tau_t = W_t - W0 of ``key`` (d_out x d_in, compute dtype)."""
         src, lay, dev = self.source, self.layout, self.device
-        W0 = src.tensor(0, key, lay, dev, copy=False)
+        W0 = src.tensor(0, key, lay, dev)
         # one expert at a time: W0, the task vectors and one expert's tensor are held (T + 2 tensors)
-        return W0, [src.tensor(t + 1, key, lay, dev, W0.dtype, copy=False) - W0 for t in range(src.n_tasks)]
-
-    def taus(self, key: str) -> list[Tensor]:
-        return self.w0_taus(key)[1]
+        return W0, [src.tensor(t + 1, key, lay, dev, W0.dtype) - W0 for t in range(src.n_tasks)]
 
     def progress(self, iterable: Iterable, desc: str) -> Iterable:
         """``iterable`` with a progress bar when the merge shows one."""
@@ -290,10 +251,9 @@ class ModelView:
 
 
 def per_key_entries(value: Any, key: str) -> Any:
-    """One key's part of a per-key input (``MethodInfo.per_key``): a list with one ``{key: x}``
-    dict per expert (covariances, Grams) is cut to ``[{key: x_t}, ...]`` (``{}`` where an
-    expert has none), a mapping ``key -> x`` (ESM's activations) to ``{key: x}``; ``None``
-    and callables pass unchanged."""
+    """One key's part of a per-key input (``MethodInfo.per_key``): one dict per expert (covariances, Grams)
+    -> ``[{key: x_t}, ...]`` (``{}`` where an expert has none); a mapping ``key -> x`` -> ``{key: x}``;
+    ``None`` and callables pass unchanged."""
     if value is None or callable(value):
         return value
     if isinstance(value, Mapping):
@@ -313,12 +273,9 @@ def merge_key(
 ) -> Tensor:
     """The merged update of one key: ``method`` called on the one-key state dict ``{key: W0}``.
 
-    ``W0`` and ``taus`` are d_out x d_in for matrices (transpose in x out weights first), in
-    the compute dtype; ``is_matrix`` says whether the key takes the matrix path;
-    ``hparams`` are resolved ones (``METHODS[method].resolve``); ``prepared`` what the method's
-    ``prepare`` hook returned. For methods whose key scope is ``"key"`` the result equals that
-    key's update from the whole-model call. The method's ``per_key`` inputs (``covariances`` /
-    ``grams``) are cut down to ``key``.
+    ``W0`` and ``taus``: d_out x d_in for matrices, in the compute dtype; ``hparams``: resolved
+    (``METHODS[method].resolve``); ``prepared``: what the ``prepare`` hook returned. For key scope
+    ``"key"`` it equals that key's update from the whole-model call.
     """
     from . import METHODS
 
@@ -332,10 +289,8 @@ def merge_key(
 
 
 class _KeyByKeyTaskVector(Mapping):
-    """tau_t = W_t - W0 of one expert, formed key by key when a method asks for it (in d_out x
-    d_in and the compute dtype): the whole-model call holds the T task vectors of the key
-    being merged, not of every key. The last key asked for is kept (a method reads a key's
-    task vectors a few times in a row), so a key-by-key method forms each tensor once."""
+    """tau_t = W_t - W0 of one expert, formed when a method asks for a key (d_out x d_in, compute dtype):
+    the whole-model call holds the task vectors of one key. The last key asked for is kept."""
 
     def __init__(self, source: Source, t: int, W0: Mapping[str, Tensor], layout: Layout, dev: torch.device):
         self._source, self._t, self._W0, self._lay, self._dev = source, t, W0, layout, dev
@@ -347,7 +302,7 @@ class _KeyByKeyTaskVector(Mapping):
             return self._value
         w0 = self._W0[key]
         self._key, self._value = None, None  # free the previous key's tensor first
-        value = self._source.tensor(self._t + 1, key, self._lay, self._dev, w0.dtype, copy=False) - w0
+        value = self._source.tensor(self._t + 1, key, self._lay, self._dev, w0.dtype) - w0
         self._key, self._value = key, value
         return value
 
@@ -375,14 +330,11 @@ def run(
 ) -> dict[str, Any]:
     """Merge ``source`` with the method ``info`` (resolved ``hparams``) and ``emit(key, tensor)`` every key.
 
-    Every key of the base is emitted once, in the base's order: non-float buffers as the base
-    holds them, tied aliases (``layout.tied``, where the models confirm them) right after their
-    canonical key, and every other key as W0 + the merged update, in its stored orientation,
-    in ``out_dtype`` (default: the base's dtype of that key) on ``out_device``. ``whole_model``:
-    one call of the method on every key (see the module docstring); otherwise key by key with
-    the method's ``prepare``/``finish`` hooks. ``is_matrix(key, tensor)`` defaults to the
-    layout's rule; ``show``: progress bars (``None``: interactive sessions only). Returns
-    ``{"tied": {alias: key}, "buffers_changed": {key: [expert indices]}}``.
+    Every key of the base once, in its order (module docstring): W0 + the merged update as stored, in
+    ``out_dtype`` (default: the base's dtype of that key) on ``out_device``. ``whole_model``: one call of
+    the method; otherwise key by key. ``is_matrix(key, tensor)`` defaults to the layout's rule; ``show``:
+    progress bars (``None``: interactive sessions only). Returns ``{"tied": {alias: key},
+    "buffers_changed": {key: [expert indices]}}``.
     """
     is_mat = is_matrix or layout.is_matrix
     buffers = carried_buffers(source.base, source.experts, stacklevel=4)
@@ -392,14 +344,9 @@ def run(
         aliases_of.setdefault(c, []).append(a)
     order = source.keys()
     keys = [k for k in order if k not in buffers and k not in tied]
-    view = ModelView(source, layout, keys, device, is_mat, show)
+    view = ModelView(source, layout, keys, device, show)
     name = info.name
     text = hparams_text if hparams_text is not None else str(dict(hparams))
-
-    def finalize(key: str, W0: Tensor, d: Tensor) -> None:
-        if d.shape != W0.shape:
-            raise RuntimeError(f"{name} returned shape {tuple(d.shape)} for key {key!r}, expected {tuple(W0.shape)}")
-        put(key, layout.from_canonical(key, checked(key, W0 + d.to(W0.device, W0.dtype))))
 
     def checked(key: str, merged: Tensor) -> Tensor:
         if not is_finite(merged):
@@ -408,53 +355,52 @@ def run(
                                      f"({text}) and the scale of the task vectors")
         return merged
 
-    def put(key: str, merged: Tensor) -> None:  # merged: W0 + update, as stored
-        out = merged.to(out_device, out_dtype or source.dtype(key)).contiguous()
-        emit(key, out)
-        for alias in aliases_of.get(key, ()):
-            emit(alias, out.clone())
+    def stored(key: str, W0: Tensor, d: Tensor) -> Tensor:  # W0 + update, checked, as stored
+        if d.shape != W0.shape:
+            raise RuntimeError(f"{name} returned shape {tuple(d.shape)} for key {key!r}, expected {tuple(W0.shape)}")
+        return layout.from_canonical(key, checked(key, W0 + d.to(W0.device, W0.dtype)))
 
-    def emit_all(w0_of: Callable[[str], Tensor], updates: dict[str, Tensor]) -> None:  # every key, in order
-        for key in order:
+    def emit_in_order(merged_of: Callable[[str], Tensor], bar: bool = False) -> None:
+        """Every key in the base's order: buffers carried from the base, tied aliases after their key."""
+        for key in progress(order, desc=f"{name}: merge", enabled=show if bar else False):
             if key in buffers:
                 emit(key, source.raw(0, key).to(out_device).clone())
             elif key not in tied:
-                finalize(key, w0_of(key), updates.pop(key))
+                out = merged_of(key).to(out_device, out_dtype or source.dtype(key)).contiguous()
+                emit(key, out)
+                for alias in aliases_of.get(key, ()):
+                    emit(alias, out.clone())
+
+    def one_call() -> None:  # one call of the method; task vectors formed key by key as it reads them
+        W0 = {k: source.tensor(0, k, layout, device) for k in keys}
+        tvs = [_KeyByKeyTaskVector(source, t, W0, layout, device) for t in range(source.n_tasks)]
+        delta = dict(info.func(W0, tvs, is_matrix=is_mat, **hparams))
+        del tvs  # the last key's task vectors
+        missing = [k for k in keys if k not in delta]
+        if missing:  # a bug in the method, not in the user's input
+            raise RuntimeError(f"{name} returned no update for key {missing[0]!r}")
+        emit_in_order(lambda k: stored(k, W0.pop(k), delta.pop(k)))
+
+    def key_by_key() -> None:  # one call per key, after the registry's prepare hook
+        prepared = dict(info.prepare(view, hparams)) if info.prepare is not None else {}
+        scale = None if info.summed is None else info.summed(hparams)
+
+        def merged(key: str) -> Tensor:  # T + 2 tensors held
+            if scale is not None:  # every input read once, into one buffer
+                return checked(key, source.summed(key, scale, device))
+            W0, taus = view.w0_taus(key)
+            d = merge_key(info, key, W0, taus, is_matrix=bool(is_mat(key, W0)), hparams=hparams, prepared=prepared)
+            del taus
+            return stored(key, W0, d)
+
+        emit_in_order(merged, bar=True)
 
     token = PROGRESS.set(show if whole_model else False)  # key by key, the methods' own bars would flicker
     try:
         if whole_model:
-            W0 = {k: source.tensor(0, k, layout, device, copy=False) for k in keys}
-            tvs = [_KeyByKeyTaskVector(source, t, W0, layout, device) for t in range(source.n_tasks)]
-            delta = dict(info.func(W0, tvs, is_matrix=is_mat, **hparams))
-            del tvs  # the last key's task vectors
-            missing = [k for k in keys if k not in delta]
-            if missing:  # a bug in the method, not in the user's input
-                raise RuntimeError(f"{name} returned no update for key {missing[0]!r}")
-            emit_all(W0.pop, delta)
-            return {"tied": tied, "buffers_changed": {k: v for k, v in buffers.items() if v}}
-        prepared = dict(info.prepare(view, hparams)) if info.prepare is not None else {}
-        held: dict[str, Tensor] | None = {} if info.finish is not None else None
-        for key in progress(order, desc=f"{name}: merge", enabled=show):
-            if key in buffers or key in tied:
-                if key in buffers and held is None:
-                    emit(key, source.raw(0, key).to(out_device).clone())  # carried: the base's value
-                continue
-            if info.summed is not None and held is None:
-                put(key, checked(key, source.summed(key, info.summed(hparams), device)))
-                continue
-            W0, taus = view.w0_taus(key)
-            d = merge_key(info, key, W0, taus, is_matrix=bool(is_mat(key, W0)), hparams=hparams, prepared=prepared)
-            del taus
-            if held is not None:
-                held[key] = d
-            else:
-                finalize(key, W0, d)
-            del W0, d
-        if held is not None and info.finish is not None:
-            updates = dict(info.finish(held, view, hparams, prepared))
-            held.clear()
-            emit_all(lambda k: source.tensor(0, k, layout, device, copy=False), updates)
+            one_call()
+        else:
+            key_by_key()
     finally:
         PROGRESS.reset(token)
     return {"tied": tied, "buffers_changed": {k: v for k, v in buffers.items() if v}}

@@ -8,12 +8,9 @@ concatenation (:func:`concatenate_factors`), inter-dimension polarization
 (:func:`polarize_dimensions`), whitening (:func:`whiten`) and the constant 2, composed for one
 matrix by :func:`esm_merge_matrix`; Step C, inter-layer polarization (:func:`layer_scales`,
 :func:`polarize_layers`); Step D, ``alpha``. :func:`esm`, registered as ``"esm"``, is their
-composition and what ``merge("esm")`` and ``acetools merge`` run. Speed lives inside the stages:
-``essential_subspace(..., k=k)`` takes the top k on the cheapest exact route
-(:func:`acetools.merging.linalg.top_shift_factors`), ``whiten(..., times=...)`` never forms the
-square polar factor. ESM needs the proxy input activations X_t of every target layer, captured
-in task t's *fine-tuned* model (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2);
-:func:`acetools.files.activations.capture_inputs`).
+composition. Speed lives inside the stages (docs/performance.md, ESM). ESM needs the proxy input
+activations X_t of every target layer, captured in task t's *fine-tuned* model
+(:func:`acetools.files.activations.capture_inputs`).
 """
 
 from __future__ import annotations
@@ -41,13 +38,12 @@ from .inputs import (
     finite_number,
     matches,
     str_tuple,
-    with_layout_names,
 )
 from .linalg import gram_polar, gram_polar_times, shift_rank, thin_svd, top_shift_factors, whiten_svd
 from .svd import tsv_merge_matrix
 
 __all__ = [
-    "task_budget", "LAYOUT_NAMES", "with_layout_names", "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "Subspace",
+    "task_budget", "LAYOUT_NAMES", "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "Subspace",
     "TopSubspace", "essential_subspace", "task_coordinates", "rank_budget", "polar_scales", "polarize_tasks",
     "eigen_weights", "truncate_factors", "concatenate_factors", "polarize_dimensions", "whiten", "esm_merge_matrix",
     "layer_scales", "polarize_layers", "esm", "shift_rank", "ROBERTA", "ROBERTA_ALPHA_GRID",
@@ -55,9 +51,8 @@ __all__ = [
 
 _DECOMPOSITIONS = ("esd", "svd")
 _GRAM_WHITEN = True  # float32 whitening through the float64 Gram (see :func:`whiten`; off: the float32 SVD)
-#: Largest sigma_1 / sigma_min for which :func:`whiten` takes the float64 Gram route: its error grows like
-#: eps64 kappa² (the float32 SVD's like eps32 kappa), so the limit sits where eps64 kappa² ≈ 1e-4; measured
-#: on ESM's P_cat and A_cat it was 24-60000x more accurate than the float32 SVD (docs/performance.md).
+#: Largest sigma_1 / sigma_min for which :func:`whiten` takes the float64 Gram route (error ~eps64 kappa²;
+#: docs/performance.md, ESM).
 WHITEN_GRAM_MAX_RATIO = 1e6
 #: ESM-RoBERTa as its official code configures it (docs/methods.md §ESM, "RoBERTa variant"): ESD on all six block
 #: matrix types (``attention.output.dense`` included), no inter-task or inter-dimension polarization, no x2, Step C
@@ -87,25 +82,14 @@ class TopSubspace(NamedTuple):
 # --------------------------------------------------------------------------- Step A
 def essential_subspace(X: Tensor | None, delta_W: Tensor, decomposition: str = "esd", *, k: int | None = None
                        ) -> Subspace | TopSubspace:
-    """Essential Subspace Decomposition of one task's update, docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2).
+    """Essential Subspace Decomposition of one task's update (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2)).
 
-    ``decomposition="esd"`` (default): uncentred PCA of the activation shift
-    dO = X delta_W^T (N x d_out) via the thin SVD dO = U S V^T; ``P = V``, ``lam = S^2/(N-1)``
-    (with N = 1 the divisor is 1; the scale of ``lam`` never matters to ESM, only ratios).
-    If N < d_out, ``P`` is completed with the identity columns e_{m+1}..e_{d_out} and ``lam``
-    with zeros, as in the official code (the completion is not orthogonal to the first
-    columns; only the top k are used).
-
-    ``decomposition="svd"``: the ablation's SVD basis: ``P`` = left singular vectors of
-    delta_W and ``lam`` = its squared singular values (``X`` is ignored and may be None),
-    completed the same way when d_in < d_out.
-
-    ``X`` is N x d_in (leading dims flattened into rows), ``delta_W`` d_out x d_in; both are left
-    untouched. Past rank(X delta_W^T) the directions are an arbitrary null-space basis (Step A).
-    ``k`` (the rank budget, as :func:`esm_merge_matrix` passes it): only the top ``k`` columns of
-    ``P`` and ``lam`` (fewer where :func:`shift_rank` is below ``k``) and ``norm`` = ||Pᵀ delta_W||_F
-    of the *full* coordinates (Step B1), on the cheapest exact route where it applies
-    (:func:`acetools.merging.linalg.top_shift_factors`: P and Pᵀ ΔW are never formed in full).
+    ``"esd"``: uncentred PCA of the activation shift dO = X delta_W^T via its thin SVD: ``P = V``,
+    ``lam = S^2/(N-1)``; ``"svd"`` (the ablation): the left singular vectors of delta_W (``X`` unused). Fewer
+    than d_out columns are completed with identity columns and zero ``lam``, as in the official code.
+    ``X``: N x d_in (leading dims flattened). ``k``: only the top ``k`` columns (fewer where :func:`shift_rank`
+    is below ``k``) and ``norm`` = ||Pᵀ delta_W||_F of the full coordinates, a :class:`TopSubspace`, on the
+    cheapest exact route (:func:`acetools.merging.linalg.top_shift_factors`).
     """
     if decomposition not in _DECOMPOSITIONS:
         raise InputError(f"decomposition={decomposition!r} is not one of {list(_DECOMPOSITIONS)}")
@@ -160,19 +144,16 @@ def task_budget(sub: Subspace | TopSubspace, X: Tensor | None, tau: Tensor, k: i
 
 # --------------------------------------------------------------------------- Step B
 def rank_budget(d_out: int, n_tasks: int) -> int:
-    """Per-task rank k = ``int(d_out * (1/n_tasks))``, docs/methods.md §ESM, Eq. (ESM.3): the official
-    ``int(vec.shape[0] * (1/T))`` (not always floor(d_out/T): 98 with T = 49 gives 1), raised to 1
-    where it would be 0 (d_out < T), as in the RoBERTa code."""
+    """Per-task rank k = ``int(d_out * (1/n_tasks))`` as the official code, at least 1 (docs/methods.md §ESM,
+    Eq. (ESM.3))."""
     if n_tasks < 1:
         raise InputError(f"n_tasks={n_tasks} must be >= 1")
     return max(1, int(d_out * (1.0 / n_tasks)))
 
 
 def polar_scales(norms: Tensor, power: float = 2.0) -> Tensor:
-    """Polarized scaling factors (n_i / mean_i n_i)^power, docs/methods.md §ESM, Eqs. (ESM.4), (ESM.7), (ESM.10).
-
-    ``power=2``: the paper's default at every level; ``-1``: its "reciprocal" ablation; ``0``: off.
-    An entry with n_i = 0 gets 0 (nothing to scale), so negative powers stay finite."""
+    """Polarized scaling factors (n_i / mean_i n_i)^power (docs/methods.md §ESM, Eqs. (ESM.4), (ESM.7), (ESM.10));
+    ``power=-1``: the "reciprocal" ablation. An entry with n_i = 0 gets 0."""
     norms = torch.as_tensor(norms)
     mean = norms.mean()
     if not bool(mean > 0):
@@ -183,9 +164,8 @@ def polar_scales(norms: Tensor, power: float = 2.0) -> Tensor:
 
 def polarize_tasks(A: Sequence[Tensor], power: float = 2.0,
                    norms: Sequence[float] | Tensor | None = None) -> list[Tensor]:
-    """Inter-task polarization A_t <- (n_t / mean_i n_i)^power A_t, docs/methods.md §ESM, Eq. (ESM.4); n_t =
-    ||A_t||_F of the *full* coordinates, as in the code: pass ``norms`` when ``A`` holds truncated factors (as
-    :func:`esm_merge_matrix` does). Returns new tensors."""
+    """Inter-task polarization A_t <- (n_t / mean_i n_i)^power A_t (docs/methods.md §ESM, Eq. (ESM.4)); n_t =
+    ||A_t||_F, or ``norms`` (those of the full coordinates) when ``A`` holds truncated factors."""
     if norms is None:
         norms = torch.stack([torch.linalg.norm(a) for a in A])
     norms = torch.as_tensor(norms, dtype=A[0].dtype, device=A[0].device)
@@ -196,10 +176,8 @@ def polarize_tasks(A: Sequence[Tensor], power: float = 2.0,
 
 
 def eigen_weights(lam: Tensor, power: float = 0.15) -> Tensor:
-    """Eigenvalue weights e = (lam / mean lam)^power renormalized to mean 1, docs/methods.md §ESM, Eq. (ESM.5).
-
-    ``lam``: one task's top-k eigenvalues; ``power=0.15`` is the code's (the paper omits the step;
-    0 switches it off). All-zero eigenvalues give weights 1 (the official code: NaN)."""
+    """Eigenvalue weights e = (lam / mean lam)^power renormalized to mean 1 (docs/methods.md §ESM, Eq. (ESM.5));
+    all-zero eigenvalues give weights 1."""
     mean = lam.mean()
     if not bool(mean > 0):
         return torch.ones_like(lam)
@@ -228,22 +206,12 @@ def polarize_dimensions(A_cat: Tensor, power: float = 2.0) -> Tensor:
 
 
 def whiten(M: Tensor, *, name: str = "", times: Tensor | None = None, dtype: torch.dtype | None = None) -> Tensor:
-    """Whitening, docs/methods.md §ESM, Eq. (ESM.8): polar(M) times the mean singular value of M.
+    """Whitening, polar(M) times the mean singular value of M (docs/methods.md §ESM, Eq. (ESM.8)).
 
-    The result has orthonormal columns (or rows) up to that scale c: for a tall full-rank
-    M, whiten(M)^T whiten(M) = c^2 I.
-
-    A rank-deficient M has no unique polar factor (singular values at rounding level,
-    :func:`acetools.merging.linalg.polar_rank`): the rank-r part's U_r V_rᵀ is used with a
-    ``RuntimeWarning`` naming the layer ``name`` (:func:`acetools.merging.linalg.whiten_svd`).
-
-    For float32 inputs the polar factor comes from the float64 Gram of the smaller side
-    (:func:`acetools.merging.linalg.gram_polar`) where sigma_1 / sigma_min <=
-    ``WHITEN_GRAM_MAX_RATIO`` (more accurate than the float32 SVD at every conditioning measured,
-    docs/performance.md); else, and for float64, the SVD. ``times``: whiten(M) @ times (Step B5),
-    for float32 ``M`` without forming the square polar factor of a tall M
-    (:func:`acetools.merging.linalg.gram_polar_times`), in float64 until the final cast.
-    ``dtype``: the result's (default ``M``'s).
+    A rank-deficient M gets its rank-r part's U_r V_rᵀ with a warning naming ``name``
+    (:func:`acetools.merging.linalg.whiten_svd`). Float32 inputs go through the float64 Gram where
+    sigma_1 / sigma_min <= ``WHITEN_GRAM_MAX_RATIO`` (docs/performance.md, ESM). ``times``: whiten(M) @ times
+    (Step B5) without forming a tall M's square polar factor. ``dtype``: the result's (default ``M``'s).
     """
     gram = M.dtype != torch.float64 and _GRAM_WHITEN and M.numel() > 0
     if times is not None:
@@ -260,14 +228,10 @@ def esm_merge_matrix(taus: Sequence[Tensor], Xs: Sequence[Tensor] | None = None,
                      task_scaling: bool = True, task_power: float = 2.0, dim_scaling: bool = True,
                      dim_power: float = 2.0, eig_power: float = 0.15, const: float = 2.0, name: str = "",
                      notes: list[tuple[str, str]] | None = None) -> Tensor:
-    """Merged update of one ESD layer, docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.9) (no beta, no alpha).
-
-    ``taus``: the T task vectors (d_out x d_in), ``Xs`` their proxy input activations (N_t x d_in;
-    unused for ``decomposition="svd"``). Returns const * whiten(P_cat) @ whiten(A_cat) (defaults:
-    the official code's). Where the budget k exceeds the rank r_t of task t's activation shift
-    (:func:`shift_rank`), task t keeps its top r_t directions and a ``RuntimeWarning`` names the
-    layer ``name`` (past the rank the basis is arbitrary; docs/methods.md §ESM, Step A); given a list
-    ``notes``, ``(name, warning text)`` is appended to it instead (:func:`esm` warns once per merge).
+    """Merged update of one ESD layer, const * whiten(P_cat) @ whiten(A_cat) (docs/methods.md §ESM, Eqs.
+    (ESM.1)-(ESM.9); no beta, no alpha). ``taus``: the T task vectors, ``Xs`` their proxy input activations
+    (N_t x d_in). Where the budget k exceeds task t's :func:`shift_rank`, it keeps its top r_t directions and a
+    ``RuntimeWarning`` names the layer; given a list ``notes``, ``(name, text)`` is appended to it instead.
     """
     T = len(taus)
     if T == 0:
@@ -311,24 +275,11 @@ def esm_merge_matrix(taus: Sequence[Tensor], Xs: Sequence[Tensor] | None = None,
     return const * whiten(P_cat, times=whiten(A_cat, name=name, dtype=torch.float64), name=name)  # (d_out, d_in)
 
 
-def _esd_layer(key: str, taus: Sequence[Tensor], Xs: Sequence[Tensor] | None, **kw: Any) -> Tensor:
-    """:func:`esm_merge_matrix` for ``key``; a failing eigensolver or SVD names the key and the likely cause."""
-    try:
-        return esm_merge_matrix(taus, Xs, name=key, **kw)
-    except (RuntimeError, ArithmeticError, ValueError) as e:  # torch's and numpy's LinAlgError among them
-        if str(e).startswith("esm: "):
-            raise
-        raise esd_failure(key, taus, Xs, e) from e
-
-
 # --------------------------------------------------------------------------- Step C
 def layer_scales(updates: Mapping[str, Tensor], keys: Sequence[str] | None = None,
                  layer_types: Sequence[str] = CLIP_LAYER_TYPES, power: float = 2.0) -> dict[str, float]:
-    """Inter-layer factors beta_l = (||dW_l||_F / m_type)^power, docs/methods.md §ESM, Eq. (ESM.10).
-
-    m_type: the mean norm over the keys of ``keys`` (default all) of that type (the first pattern
-    of ``layer_types`` found in the key). ``{key: beta}`` for the typed keys only.
-    """
+    """Inter-layer factors beta_l = (||dW_l||_F / m_type)^power (docs/methods.md §ESM, Eq. (ESM.10)), m_type the
+    mean norm over the ``keys`` (default all) of the type (first pattern of ``layer_types`` in the key)."""
     keys = list(updates) if keys is None else list(keys)
     groups: dict[str, list[str]] = {}
     for key in keys:
@@ -391,21 +342,11 @@ def esm(base: Mapping[str, Tensor], task_vectors: Sequence[Mapping[str, Tensor]]
         task_scaling: bool, task_power: float, dim_scaling: bool, dim_power: float, layer_scaling: bool,
         layer_power: float, eig_power: float, const: float, targets: Sequence[str], layer_types: Sequence[str],
         ) -> dict[str, Tensor]:
-    r"""ESM merged update for every key, docs/methods.md §ESM (defaults: ``METHODS["esm"]``, the official ViT
-    code's; call it as ``merge("esm", ...)`` or with :func:`acetools.merging.defaults_from`).
-
-    - ESD layers (matrix keys matching ``targets``, regular expressions searched in the key; default
-      ``attn.in_proj_weight``, ``mlp.c_fc.weight``, ``mlp.c_proj.weight``) get :func:`esm_merge_matrix`
-      with ``activations`` (X_t: the layer's input inside task t's fine-tuned model, t counting from 0 in
-      the order of the experts); other matrix keys TSV-M (:func:`acetools.merging.svd.tsv_merge_matrix`),
-      non-matrix keys the mean (1/T) sum_t tau_t.
-    - Step C (``layer_scaling``): every matrix key matching ``layer_types`` times its beta
-      (:func:`polarize_layers`). Step D: ``alpha`` multiplies the ESD layers (``alpha_scope="esd"``, the
-      evaluation code's) or every key (``"all"``, the saved fused model).
-
-    ESM never turns silently into TSV-M: patterns that match nothing and activations for keys that are not
-    ESD layers are errors naming them (:func:`acetools.merging.inputs.check_targets`); other architectures:
-    :func:`acetools.files.esm_inputs.esm_names`. Rank notes (:func:`esm_merge_matrix`) come as one warning.
+    r"""ESM merged update for every key (docs/methods.md §ESM; defaults: ``METHODS["esm"]``, the official ViT
+    code's). ESD layers (matrix keys matching ``targets``) get :func:`esm_merge_matrix` with ``activations``
+    (X_t: the layer's input inside expert t's fine-tuned model), other matrix keys TSV-M, the rest the mean;
+    then Step C (:func:`polarize_layers`) and Step D (``alpha``). Targets that match nothing are errors
+    (:func:`acetools.merging.inputs.check_targets`; other architectures: :func:`acetools.files.esm_inputs.esm_names`).
     """
     T = len(task_vectors)
     matrix_keys = [k for k in base if is_matrix(k, base[k])]
@@ -431,9 +372,14 @@ def esm(base: Mapping[str, Tensor], task_vectors: Sequence[Mapping[str, Tensor]]
         taus = [tv[key] for tv in task_vectors]
         if key in esd_set:
             Xs = [get_X(t, key) for t in range(T)] if get_X is not None else None  # T x (N_t, d_in)
-            out[key] = _esd_layer(key, taus, Xs, decomposition=decomposition, task_scaling=task_scaling,
-                                  task_power=task_power, dim_scaling=dim_scaling, dim_power=dim_power,
-                                  eig_power=eig_power, const=const, notes=notes)
+            try:
+                out[key] = esm_merge_matrix(taus, Xs, decomposition=decomposition, task_scaling=task_scaling,
+                                            task_power=task_power, dim_scaling=dim_scaling, dim_power=dim_power,
+                                            eig_power=eig_power, const=const, name=key, notes=notes)
+            except (RuntimeError, ArithmeticError, ValueError) as e:  # torch's and numpy's LinAlgError among them
+                if str(e).startswith("esm: "):
+                    raise
+                raise esd_failure(key, taus, Xs, e) from e  # the key and the likely cause
         elif key in matrix_set:
             out[key] = tsv_merge_matrix(taus, key=key)
         else:

@@ -1,6 +1,5 @@
-"""The merge methods' options and data inputs, validated: ACE's estimator presets and covariances,
-ESM's activations and layer names (docs/methods.md §ACE, §ESM). Every error names the key, the
-expert and the shape expected."""
+"""The merge methods' options and data inputs, validated: ACE's estimator presets and covariances, ESM's
+activations and layer names (docs/methods.md §ACE, §ESM). Errors name the key, the expert and the shape."""
 
 from __future__ import annotations
 
@@ -14,16 +13,13 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InputKeyError, InputTypeError
-from ._registry import effective_hparams
 from .linalg import TaskCovariance, check_psd, check_square
 
 __all__ = [
-    "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "LAYOUT_NAMES", "with_layout_names",
-    "ESTIMATORS", "PRECISIONS", "EPS_MODES", "GAMMA_MODES", "Switches", "estimator_preset", "given_covariances",
-    "check_prior",
-    "check_task_vectors", "check_given_covariances", "check_ace_covariances", "check_one_per_expert",
-    "check_covariances_param", "as_rows", "matches", "finite_number", "str_tuple", "check_activations",
-    "activation_source", "check_targets", "esd_failure",
+    "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "LAYOUT_NAMES", "ESTIMATORS", "PRECISIONS", "EPS_MODES", "GAMMA_MODES",
+    "Switches", "estimator_preset", "preset_switches", "given_covariances", "check_prior", "check_task_vectors",
+    "check_ace_covariances", "check_one_per_expert", "check_covariances_param", "as_rows", "matches", "finite_number",
+    "str_tuple", "check_activations", "activation_source", "check_targets", "esd_failure",
 ]
 
 #: open_clip parameter names of the ESD layers (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2), "Target layers").
@@ -41,14 +37,9 @@ def _each(*names: str) -> tuple[str, ...]:
     return tuple(n + "$" for n in names)
 
 
-#: Per layout preset: ESM's ESD targets (the attention input projections and both MLP
-#: matrices, as ``attn.in_proj_weight``, ``mlp.c_fc``, ``mlp.c_proj`` in open_clip) and the
-#: Step-C layer types (every block matrix kind), as regular expressions searched in the key.
+#: Per layout preset: ESM's ESD targets and Step-C layer types, regular expressions searched in the key.
 LAYOUT_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
-    "open_clip": {
-        "targets": ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
-        "layer_types": ("attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
-    },
+    "open_clip": {"targets": DEFAULT_TARGETS, "layer_types": CLIP_LAYER_TYPES},
     "hf_clip": {
         "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
         "layer_types": _each(r"self_attn\.q_proj\.weight", r"self_attn\.k_proj\.weight", r"self_attn\.v_proj\.weight",
@@ -74,18 +65,6 @@ LAYOUT_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
-def with_layout_names(hparams: Mapping[str, Any], layout_name: str | None) -> dict[str, Any]:
-    """``hparams`` with ``targets`` / ``layer_types`` from :data:`LAYOUT_NAMES` for the layout preset
-    ``layout_name`` where the caller gave none (the open_clip names are the registered defaults;
-    a layout without names, e.g. ``generic``, keeps them, so ESM says which names are missing)."""
-    out = dict(hparams)
-    names = LAYOUT_NAMES.get(layout_name or "")
-    if names is not None:
-        for k in ("targets", "layer_types"):
-            out.setdefault(k, names[k])
-    return out
-
-
 # --------------------------------------------------------------------------- ACE
 
 ESTIMATORS = ("ace", "identity", "wudi", "given")
@@ -109,10 +88,8 @@ _PRESETS = {"ace": Switches("auto", True, "centered"), **{e: Switches("off", Fal
 
 def estimator_preset(estimator: str = "ace", *, gate: str | None = None, prior: bool | None = None,
                      numerator: str | None = None) -> Switches:
-    """The switches used with ``estimator``; ``None`` means "the estimator's preset"
-    (docs/methods.md §ACE): "ace" = ("auto", True, "centered"), the paper's method; "identity",
-    "wudi" and "given" = ("off", False, "raw"). Explicit values override the preset, so every
-    ablation is reachable (e.g. ``estimator="identity", prior=True``)."""
+    """The switches used with ``estimator`` (docs/methods.md §ACE): "ace" = ("auto", True, "centered"), the
+    others ("off", False, "raw"); explicit values (not ``None``) override the preset."""
     if estimator not in _PRESETS:
         raise InputError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
     p = _PRESETS[estimator]
@@ -127,9 +104,8 @@ def estimator_preset(estimator: str = "ace", *, gate: str | None = None, prior: 
     return out
 
 
-@effective_hparams("ace")
-def _effective(hp: dict) -> dict:
-    """ACE's ``gate`` / ``prior`` / ``numerator`` as :func:`estimator_preset` resolves them."""
+def preset_switches(hp: dict) -> dict:
+    """ACE's resolved ``hp`` with ``gate`` / ``prior`` / ``numerator`` as :func:`estimator_preset` resolves them."""
     sw = estimator_preset(hp.get("estimator", "ace"), gate=hp.get("gate"), prior=hp.get("prior"),
                           numerator=hp.get("numerator"))
     return {**hp, "gate": sw.gate, "prior": sw.prior, "numerator": sw.numerator}
@@ -144,15 +120,23 @@ def check_prior(C_agg: Tensor | None, d_in: int, name: str) -> Tensor | None:
 
 def given_covariances(Sigma: Sequence[Tensor] | None, estimator: str, dWs: list[Tensor],
                       name: str) -> list[TaskCovariance] | None:
-    """ACE's ``Sigma`` of one layer as unformed task covariances for ``estimator="given"``
-    (checked: :func:`check_given_covariances`); ``None`` for the other estimators, which take none."""
+    """ACE's ``Sigma`` of one layer (one per task, :func:`check_square`) as unformed float64 task covariances for
+    ``estimator="given"``; ``None`` for the other estimators, which take none."""
     if estimator != "given":
         if Sigma is not None:
             raise InputError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
         return None
     if Sigma is None:
         raise InputError(f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)")
-    return [TaskCovariance(d, "given", matrix=S) for d, S in zip(dWs, check_given_covariances(Sigma, dWs, name))]
+    if len(Sigma) != len(dWs):
+        raise InputError(
+            f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order"
+        )
+    for t, S in enumerate(Sigma):
+        check_square(S, dWs[0].shape[1], f"covariance of task {t} for layer {name!r}", " (the layer's input dimension)",
+                     psd=False)
+        check_psd(S, f"covariance of task {t} (expert {t}) for layer {name!r}")
+    return [TaskCovariance(d, "given", matrix=S.to(d.device, torch.float64)) for d, S in zip(dWs, Sigma)]
 
 
 def check_task_vectors(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
@@ -170,34 +154,9 @@ def check_task_vectors(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
     return list(delta_W)  # converted one task at a time where used: no T float64 copies
 
 
-def check_given_covariances(Sigma: Sequence[Tensor], dWs: list[Tensor], name: str) -> list[Tensor]:
-    """ACE's given Sigma_t of one layer, one per task: d_in × d_in, finite, symmetric PSD; float64
-    on the task vectors' device."""
-    if len(Sigma) != len(dWs):
-        raise InputError(
-            f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order"
-        )
-    d_in = dWs[0].shape[1]
-    out = []
-    for t, S in enumerate(Sigma):
-        if not isinstance(S, Tensor):
-            raise InputTypeError(
-                f"covariance of task {t} for layer {name!r} is a {type(S).__name__}, not a torch.Tensor")
-        if S.shape != (d_in, d_in):
-            raise InputError(
-                f"covariance of task {t} for layer {name!r} has shape {tuple(S.shape)}; "
-                f"it must be d_in x d_in = {d_in} x {d_in} (the layer's input dimension)"
-            )
-        if not torch.isfinite(S).all():
-            raise InputError(f"covariance of task {t} for layer {name!r} contains NaN or Inf")
-        check_psd(S, f"covariance of task {t} (expert {t}) for layer {name!r}")
-        out.append(S.to(dWs[0].device, torch.float64))
-    return out
-
-
 def check_one_per_expert(value: Any, n_tasks: int, where: str, item: str, items: str) -> None:
-    """A per-expert input (RegMean's Grams, ACE's covariances, ESM's activations of one layer) is a list of
-    ``n_tasks`` entries in the experts' order; errors name ``where``: "... has 2 Gram dicts for 3 experts"."""
+    """A per-expert input (Grams, covariances, activations of one layer) is a list of ``n_tasks`` entries;
+    errors name ``where``: "... has 2 Gram dicts for 3 experts"."""
     if isinstance(value, (Mapping, str, Tensor)) or not isinstance(value, Sequence):
         raise InputTypeError(f"{where} must be a list with one {item} per expert, got {type(value).__name__}")
     if len(value) != n_tasks:
@@ -281,8 +240,7 @@ def as_rows(X: Tensor, d_in: int, where: str = "X") -> Tensor:
 
 
 def matches(pattern: str, key: str) -> bool:
-    """``pattern`` is a regular expression searched anywhere in ``key``; a plain name like
-    ``mlp.c_fc.weight`` therefore acts as a substring ('.' matches itself)."""
+    """``pattern`` is a regular expression searched anywhere in ``key`` (a plain name acts as a substring)."""
     return re.search(pattern, key) is not None
 
 
@@ -366,12 +324,9 @@ def esd_failure(key: str, taus: Sequence[Tensor], Xs: Sequence[Tensor] | None, e
 
 def check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], targets: Sequence[str],
                    activations: Any, layer_types: Sequence[str]) -> list[str]:
-    """The ESD keys, or an error: ESM never turns silently into TSV-M.
-
-    Explicit ``targets`` must each select a matrix key; the default (open_clip names) must
-    select at least one. A mapping of ``activations`` may only name ESD keys. Step C's
-    ``layer_types`` likewise (explicit: each must match; default: a warning if none does).
-    """
+    """The ESD keys, or an error (ESM never turns silently into TSV-M): explicit ``targets`` and ``layer_types``
+    must each match a matrix key, the defaults at least one (else a warning for ``layer_types``); a mapping
+    of ``activations`` may only name ESD keys."""
     where = "esm: "
     esd_keys = [k for k in matrix_keys if any(matches(p, k) for p in targets)]
     defaults = tuple(targets) == DEFAULT_TARGETS

@@ -1,16 +1,11 @@
-"""Linear-algebra helpers shared by the merge methods: polar factor, safe solve, input checks.
+"""Linear algebra shared by the merge methods: polar factor, safe solves, input checks.
 
 Beside the plain LAPACK routes (:func:`thin_svd`, :func:`polar`, :func:`solve_right`), the cheaper
-*exact* routes the methods take where the numerics allow (docs/performance.md): top singular
-triplets and polar factors through the smaller float64 Gram (:func:`gram_top_svd`, :func:`gram_polar`,
-:func:`gram_polar_times`; each checks the spectrum it needs against ``GRAM_MAX_RATIO`` and otherwise
-leaves it to the SVD), Cholesky with Sherman–Morrison (:func:`solve_spd_rank_one`), and ACE's one
-pass over the tasks (:class:`TaskCovariance`, :func:`task_sums`; docs/methods.md §ACE).
-
-Every solve and factorisation decides singularity from a measured quantity, never from whether
-LAPACK raises (docs/methods.md §Numerics): :func:`rcond_estimate` (LU) and :func:`cholesky_rcond`
-(pivot ratio, then the same 1-norm estimate) against ``RCOND_MIN``; below it :func:`solve_right`
-takes the pseudo-inverse with a warning naming the layer.
+*exact* routes the methods take where the numerics allow (docs/performance.md): the float64 Gram of
+the smaller side (:func:`gram_top_svd`, :func:`gram_polar`, :func:`gram_polar_times`, each checked
+against ``GRAM_MAX_RATIO``), Cholesky with Sherman–Morrison (:func:`solve_spd_rank_one`) and ACE's one
+pass over the tasks (:func:`task_sums`). Singularity is decided from a measured condition number
+against ``RCOND_MIN``, never from whether LAPACK raises (docs/methods.md §Numerics).
 """
 
 from __future__ import annotations
@@ -39,21 +34,14 @@ __all__ = [
     "task_sums",
 ]
 
-#: Largest sigma_1 / sigma_j a float64 Gram route accepts for the singular values it uses.
-#: Eigenvalues of the Gram carry an absolute error ~1e-16 sigma_1^2, i.e. a relative error
-#: ~1e-16 (sigma_1/sigma_j)^2 on sigma_j: at the limit 1e4 that is 1e-8, below the float32
-#: SVD's own ~1e-7 relative error, so the Gram route is never less accurate than the route
-#: it replaces for float32 inputs.
+#: Largest sigma_1 / sigma_j a float64 Gram route accepts: its relative error ~1e-16 (sigma_1/sigma_j)^2
+#: stays below the float32 SVD's ~1e-7 (docs/performance.md, TSV-M and Iso).
 GRAM_MAX_RATIO = 1e4
 
 
 def thin_svd(M: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Thin SVD ``M = U diag(S) Vh``.
-
-    A wide matrix is decomposed through its (tall) transpose: the same factors up to the
-    usual sign ambiguity, and faster on the CPU (768 x 3072, float32, one thread,
-    torch 2.14 + MKL: 0.9 s instead of 2.2 s).
-    """
+    """Thin SVD ``M = U diag(S) Vh``; a wide matrix through its transpose (faster on the CPU: 768 x 3072,
+    float32, one thread: 0.9 s instead of 2.2 s)."""
     if M.shape[-2] < M.shape[-1]:
         U, S, Vh = torch.linalg.svd(M.mT, full_matrices=False)
         return Vh.mT, S, U.mT
@@ -61,42 +49,32 @@ def thin_svd(M: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def polar(M: Tensor) -> Tensor:
-    """Orthogonal polar factor P Q^T of ``M = P S Q^T`` (thin SVD).
-
-    The closest matrix to ``M`` with orthonormal rows or columns (docs/methods.md §Notation: the
-    papers' "whitening", "orthogonalization" or "Procrustes"). Invariant to the SVD's
-    sign/rotation ambiguity.
-    """
+    """Orthogonal polar factor P Q^T of ``M = P S Q^T`` (thin SVD): the closest matrix with orthonormal
+    rows or columns (docs/methods.md §Notation)."""
     U, _, Vh = thin_svd(M)
     return U @ Vh
 
 
 def top_svd(M: Tensor, k: int, *, gram: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """The top-``k`` singular triplets ``(U_k, S_k, Vh_k)`` of ``M`` (thin SVD). ``gram=True``:
-    in float64 through the Gram of the smaller side where sigma_1 / sigma_k allows it
-    (:func:`gram_top_svd`), else the thin SVD of ``M`` in float64."""
-    top = gram_top_svd(M, k) if gram else None
-    if top is not None:
-        return top
-    U, S, Vh = thin_svd(M.double() if gram else M)
+    """The top-``k`` singular triplets ``(U_k, S_k, Vh_k)`` of ``M``: with ``gram``, in float64 through the
+    Gram of the smaller side where sigma_1 / sigma_k allows it (:func:`gram_top_svd`), else the thin SVD."""
+    if gram and 0 < k <= min(M.shape):
+        top = gram_top_svd(M, k)
+        if top is not None:
+            return top
+    U, S, Vh = thin_svd(M)
     return U[..., :, :k], S[..., :k], Vh[..., :k, :]
 
 
-#: Smallest reciprocal condition number (1-norm, :func:`rcond_estimate`) at which a solve,
-#: inverse or Cholesky factorisation of the engine is trusted. A float64 solve has a relative
-#: error of about cond · 1.1e-16, so at the limit 1e10 that is 1e-6, the size of the float32
-#: rounding of the merged weights: below it the answer no longer depends on the CPU's kernels
-#: (MKL's LU on an exactly singular matrix may find a pivot of 1e-16 instead of 0 and return a
-#: finite but arbitrary solution). Below it the engine takes the pseudo-inverse with singular
-#: values under ``RCOND_MIN · sigma_1`` dropped (docs/methods.md §Numerics).
+#: Smallest reciprocal condition number (1-norm, :func:`rcond_estimate`) at which a solve or factorisation
+#: is trusted; below it the pseudo-inverse (docs/methods.md §Numerics).
 RCOND_MIN = 1e-10
 
 
 def _inv_norm1_estimate(solve: Any, solve_t: Any, n: int, like: Tensor) -> float:
-    """Lower bound on ``||A^-1||_1`` from a few solves (Hager 1984; Higham 1988, Alg. 4.1, as
-    LAPACK's ``xLACON``): ``solve(x) = A^-1 x`` and ``solve_t(x) = A^-T x`` for ``n x 1``
-    columns. At most 5 iterations plus Higham's alternative vector; O(n²) per solve, so
-    cheap next to the factorisation. Deterministic (no random start)."""
+    """Lower bound on ``||A^-1||_1`` from a few solves ``solve(x) = A^-1 x``, ``solve_t(x) = A^-T x``
+    (Hager 1984; Higham 1988, Alg. 4.1, as LAPACK's ``xLACON``): at most 5 iterations plus Higham's
+    alternative vector, deterministic."""
     x = like.new_full((n, 1), 1.0 / n)
     est = 0.0
     j_old = -1
@@ -127,11 +105,8 @@ def _inv_norm1_estimate(solve: Any, solve_t: Any, n: int, like: Tensor) -> float
 
 
 def rcond_estimate(A: Tensor, factor: tuple[Tensor, Tensor] | None = None) -> float:
-    """Estimated reciprocal condition number ``1 / (||A||_1 ||A^-1||_1)`` of a square ``A``
-    from its LU factorisation (``factor = torch.linalg.lu_factor(A)``, computed here if not
-    given), like LAPACK's ``xGECON``. 0 for an exactly singular ``A`` (a zero pivot) or a
-    non-finite one; never above the true value by more than the estimator's usual factor
-    (within 3 in practice, and never below it)."""
+    """Estimated ``1 / (||A||_1 ||A^-1||_1)`` of a square ``A`` from its LU factorisation (``factor``, computed
+    here if not given), like LAPACK's ``xGECON``; 0 for a zero pivot or a non-finite ``A``."""
     n = A.shape[-1]
     if n == 0:
         return 1.0
@@ -154,11 +129,9 @@ def rcond_estimate(A: Tensor, factor: tuple[Tensor, Tensor] | None = None) -> fl
 
 
 def cholesky_rcond(L: Tensor, norm1: float) -> float:
-    """Estimated reciprocal condition number of a symmetric positive-definite ``A`` from its
-    Cholesky factor ``L`` and ``norm1 = ||A||_1`` (like LAPACK's ``xPOCON``). First the pivot
-    ratio ``(min L_ii / max L_ii)²``: every pivot L_ii² lies in [lambda_min, lambda_max], so a
-    ratio below ``RCOND_MIN`` proves cond > 1 / RCOND_MIN without a solve; otherwise the 1-norm
-    estimate through two triangular solves per step."""
+    """Estimated reciprocal condition number of an SPD ``A`` from its Cholesky factor ``L`` and
+    ``norm1 = ||A||_1`` (like ``xPOCON``): the pivot ratio ``(min L_ii / max L_ii)²`` where it is below
+    ``RCOND_MIN`` (a proof), else the 1-norm estimate."""
     n = L.shape[-1]
     if n == 0:
         return 1.0
@@ -169,11 +142,7 @@ def cholesky_rcond(L: Tensor, norm1: float) -> float:
     pivot_ratio = (float(d.min()) / dmax) ** 2
     if pivot_ratio < RCOND_MIN:
         return pivot_ratio
-
-    def solve(x: Tensor) -> Tensor:
-        return torch.cholesky_solve(x, L)
-
-    inv = _inv_norm1_estimate(solve, solve, n, L)
+    inv = _inv_norm1_estimate(lambda x: torch.cholesky_solve(x, L), lambda x: torch.cholesky_solve(x, L), n, L)
     return 0.0 if inv == math.inf or inv == 0.0 else 1.0 / (norm1 * inv)
 
 
@@ -187,14 +156,9 @@ def _warn_singular(name: str, what: str, rcond: float, stacklevel: int) -> None:
 
 
 def solve_right(B: Tensor, A: Tensor, *, name: str = "") -> Tensor:
-    """``B @ inv(A)`` computed as a solve; falls back to the pseudo-inverse with a warning.
-
-    Singularity is decided from a measured quantity, not from whether LAPACK raises: the LU
-    factorisation's estimated reciprocal condition number (:func:`rcond_estimate`) must be at
-    least ``RCOND_MIN`` and the solution finite. Otherwise the result is ``B @ pinv(A)`` with singular
-    values below ``RCOND_MIN · sigma_1`` dropped (the minimum-norm least-squares solution) and a
-    ``RuntimeWarning`` names the layer (``name``) so a user can see which matrix was singular.
-    """
+    """``B @ inv(A)`` as an LU solve where :func:`rcond_estimate` >= ``RCOND_MIN`` and the result is finite;
+    else ``B @ pinv(A)`` (singular values below ``RCOND_MIN · sigma_1`` dropped) with a ``RuntimeWarning``
+    naming the layer ``name`` (docs/methods.md §Numerics)."""
     rcond = 0.0
     if A.shape[-1] > 0 and bool(torch.isfinite(A).all()):
         LU, piv, info = torch.linalg.lu_factor_ex(A)
@@ -211,15 +175,8 @@ def solve_right(B: Tensor, A: Tensor, *, name: str = "") -> Tensor:
 
 
 def check_psd(S: Tensor, where: str, rtol: float | None = None) -> None:
-    """Raise unless ``S`` is symmetric positive semi-definite within a relative tolerance.
-
-    Symmetric: ||S - S^T||_F <= rtol ||S||_F. PSD: S + rtol * max|diag S| * I has a Cholesky
-    factor (float64), i.e. no eigenvalue below -rtol * max|diag S| (the largest eigenvalue of
-    a PSD matrix is at least its largest diagonal entry, so this tolerance is relative to the
-    spectrum). ``rtol`` defaults to 1e-6 for float64 and 1e-4 for lower precisions (Gram
-    matrices summed in float32). One Cholesky costs d^3/3 flops: 0.7 s at d = 3072 on one core.
-    The error names ``where`` and the most negative eigenvalue.
-    """
+    """Raise (naming ``where``) unless ``S`` is symmetric PSD within ``rtol`` (default 1e-6 for float64, 1e-4
+    below): ||S - S^T||_F <= rtol ||S||_F and S + rtol max|diag S| I has a float64 Cholesky factor."""
     if rtol is None:
         rtol = 1e-6 if S.dtype == torch.float64 else 1e-4
     S64 = S.detach().to(torch.float64)
@@ -246,11 +203,9 @@ def check_psd(S: Tensor, where: str, rtol: float | None = None) -> None:
 
 
 def check_square(S: Any, d_in: int, where: str, hint: str = "", *, psd: bool = True) -> None:
-    """Validate one user-given d_in x d_in matrix (a covariance or Gram): a floating-point
-    Tensor of that shape with finite entries, symmetric PSD within tolerance (:func:`check_psd`;
-    ``psd=False`` skips that). ``where`` names it in the error, e.g.
-    ``"ace: covariances[2]['blocks.0.mlp.c_fc.weight']"`` (expert 2, that key); ``hint`` is
-    appended to the shape error."""
+    """Validate one user-given d_in x d_in matrix (a covariance or Gram): a finite floating Tensor of that
+    shape, symmetric PSD (:func:`check_psd`; not with ``psd=False``). ``where`` names it in the error, e.g.
+    ``"ace: covariances[2]['blocks.0.mlp.c_fc.weight']"``; ``hint`` is appended to the shape error."""
     if not isinstance(S, Tensor):
         raise InputTypeError(f"{where} is a {type(S).__name__}, not a torch.Tensor")
     if tuple(S.shape) != (d_in, d_in):
@@ -277,66 +232,50 @@ def _gram_lower(M64: Tensor, wide: bool) -> Tensor:
 
 _SUBSET_MAX_FRACTION = 0.25  # :func:`sym_eig` takes LAPACK's subset driver for at most this share of the spectrum
 
-#: :func:`sym_eig` runs SciPy's LAPACK on one thread up to this size. Its symmetric eigensolver
-#: gains nothing from a second thread there (768²: 0.41 s for eight subset calls on two threads,
-#: 0.42 s on one), while OpenBLAS's idle worker threads keep spinning after each call and take
-#: the cores from the PyTorch products that follow: one ViT-B/32 block of TSV-M took 5.7 s with
-#: two OpenBLAS threads and 4.0 s with one (docs/performance.md). Larger matrices (ESM's 3072²
-#: Gram: 5.4 s on one thread, 2.8 s on two) keep the library's own thread count.
+#: :func:`sym_eig` runs SciPy's LAPACK on one thread up to this size (docs/performance.md §One OpenBLAS
+#: thread for small eigenproblems).
 _ONE_THREAD_MAX_N = 1024
 _OPENBLAS: Any = None  # threadpoolctl's controller over the loaded OpenBLAS libraries, once found
 
 
 def _blas_threads_for(n: int) -> Any:
-    """A context manager that holds SciPy's OpenBLAS to one thread for an ``n x n`` eigenproblem
-    (``n <= _ONE_THREAD_MAX_N``); a no-op for larger ones or where threadpoolctl is missing."""
+    """A context manager holding SciPy's OpenBLAS to one thread for an ``n x n`` eigenproblem
+    (``n <= _ONE_THREAD_MAX_N``); a no-op for larger ones."""
     global _OPENBLAS
     if n > _ONE_THREAD_MAX_N:
         return contextlib.nullcontext()
     if _OPENBLAS is None:
-        try:
-            from threadpoolctl import ThreadpoolController
+        from threadpoolctl import ThreadpoolController
 
-            _OPENBLAS = ThreadpoolController().select(internal_api="openblas")
-        except Exception:  # pragma: no cover - threadpoolctl comes with scikit-learn
-            _OPENBLAS = False
+        _OPENBLAS = ThreadpoolController().select(internal_api="openblas")
     return _OPENBLAS.limit(limits=1) if _OPENBLAS else contextlib.nullcontext()
 
 
 def sym_eig(G: Tensor, top: int | None = None, *, overwrite: bool = False) -> tuple[Tensor, Tensor]:
     """Eigenvalues (descending) and eigenvectors of the symmetric ``G`` from its lower triangle.
 
-    ``top``: only the largest ``top`` eigenpairs. On the CPU this calls LAPACK through SciPy
-    (``syevd``, or ``syevr`` for a subset of at most a quarter of the spectrum: for more, the full
-    ``syevd`` is faster; 768², one thread: 0.08 s for all against 0.14 s for the top 384 and
-    0.05 s for the top 96), 2-3x faster here than ``torch.linalg.eigh`` on the same matrices
-    (torch 2.14 + MKL, 2 threads: 0.7 s instead of 2.1 s for a 768² Gram); on other devices
-    ``torch.linalg.eigh``. ``overwrite``: LAPACK may destroy ``G`` (a Gram made for this call),
-    which saves one n x n copy (72 MiB for ESM's 3072² Gram). Up to n = ``_ONE_THREAD_MAX_N``
-    SciPy's OpenBLAS runs on one thread for the call (docs/performance.md §One OpenBLAS thread
-    for small eigenproblems).
+    ``top``: only the largest ``top`` eigenpairs. On the CPU through SciPy's LAPACK (``syevd``, or
+    ``syevr`` for at most a quarter of the spectrum), 2-3x faster than ``torch.linalg.eigh``
+    (docs/performance.md, TSV-M and Iso); elsewhere ``torch.linalg.eigh``. ``overwrite``: LAPACK
+    may destroy ``G`` (saves an n x n copy).
     """
     n = G.shape[-1]
     if G.device.type == "cpu" and G.ndim == 2 and n > 0:
-        try:
-            import scipy.linalg as sl
-        except ImportError:  # pragma: no cover - scipy is a dependency
-            sl = None
-        if sl is not None:
-            # the transpose of a row-major G is a column-major (Fortran) array LAPACK takes without a
-            # copy; its upper triangle is G's lower one
-            a = G.detach().numpy().T
-            kw = dict(lower=False, overwrite_a=overwrite and G.is_contiguous(), check_finite=False)
-            with _blas_threads_for(n):
-                if top is not None and top <= n * _SUBSET_MAX_FRACTION:
-                    lam, Q = sl.eigh(a, driver="evr", subset_by_index=[n - top, n - 1], **kw)
-                else:
-                    lam, Q = sl.eigh(a, driver="evd", **kw)
-            if top is not None and lam.shape[0] > top:
-                lam, Q = lam[n - top:], Q[:, n - top:]
-            lam = torch.from_numpy(lam[::-1].copy()).to(G.dtype)
-            Q = torch.from_numpy(Q[:, ::-1].copy(order="C")).to(G.dtype)
-            return lam, Q
+        import scipy.linalg as sl
+
+        # the transpose of a row-major G is a column-major array LAPACK takes without a copy; its upper
+        # triangle is G's lower one
+        a = G.detach().numpy().T
+        kw = dict(lower=False, overwrite_a=overwrite and G.is_contiguous(), check_finite=False)
+        with _blas_threads_for(n):
+            if top is not None and top <= n * _SUBSET_MAX_FRACTION:
+                lam, Q = sl.eigh(a, driver="evr", subset_by_index=[n - top, n - 1], **kw)
+            else:
+                lam, Q = sl.eigh(a, driver="evd", **kw)
+        if top is not None and lam.shape[0] > top:
+            lam, Q = lam[n - top:], Q[:, n - top:]
+        lam = torch.from_numpy(lam[::-1].copy()).to(G.dtype)
+        return lam, torch.from_numpy(Q[:, ::-1].copy(order="C")).to(G.dtype)
     lam, Q = torch.linalg.eigh(G)
     lam, Q = lam.flip(-1), Q.flip(-1)
     if top is not None:
@@ -344,86 +283,70 @@ def sym_eig(G: Tensor, top: int | None = None, *, overwrite: bool = False) -> tu
     return lam, Q
 
 
-def gram_top_svd(M: Tensor, k: int, *, max_ratio: float = GRAM_MAX_RATIO) -> tuple[Tensor, Tensor, Tensor] | None:
-    """The top-``k`` singular triplets of ``M`` through the float64 Gram of its smaller side.
+def _gram_eig(M64: Tensor, wide: bool, max_ratio: float, top: int | None = None) -> tuple[Tensor, Tensor] | None:
+    """Eigenvectors Q and singular values S of ``M64`` (the ``top`` largest) from its Gram; ``None`` unless the
+    smallest passes :func:`spread_ok`."""
+    lam, Q = sym_eig(_gram_lower(M64, wide), top=top, overwrite=True)
+    S = lam.clamp_min(0).sqrt()
+    return None if S.numel() == 0 or not spread_ok(S, -1, max_ratio) else (Q, S)
 
-    With ``G = M Mᵀ`` (wide ``M``) or ``Mᵀ M`` (tall) and its top-``k`` eigenpairs
-    ``G q = lam q`` (:func:`sym_eig`): sigma = sqrt(lam) and the other side's vectors are
-    ``Mᵀ q / sigma`` (or ``M q / sigma``). Costs one ``min(m, n)² max(m, n)`` SYRK and a partial
-    ``min(m, n)`` eigendecomposition instead of an SVD. Returns ``(U_k, S_k, Vh_k)`` in float64,
-    or ``None`` when sigma_1 / sigma_k > ``max_ratio`` (or sigma_k = 0), where the caller must
-    take the SVD.
-    """
+
+def gram_top_svd(M: Tensor, k: int, *, max_ratio: float = GRAM_MAX_RATIO) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The top-``k`` singular triplets ``(U_k, S_k, Vh_k)`` of ``M`` in float64 through the top-``k``
+    eigenpairs of the Gram of its smaller side (sigma = sqrt(lam), the other side's vectors ``Mᵀ q /
+    sigma``); ``None`` when sigma_1 / sigma_k > ``max_ratio`` or sigma_k = 0 (take the SVD)."""
     M64 = M.double()
     wide = M64.shape[-2] <= M64.shape[-1]
     if k < 1 or k > min(M64.shape):
         raise InputError(f"gram_top_svd: k={k} must be in 1..{min(M64.shape)}")
-    lam, Q = sym_eig(_gram_lower(M64, wide), top=k, overwrite=True)
-    S = lam.clamp_min(0).sqrt()
-    if not spread_ok(S, k - 1, max_ratio):
+    QS = _gram_eig(M64, wide, max_ratio, top=k)  # S[-1] is sigma_k
+    if QS is None:
         return None
+    Q, S = QS
     if wide:
         return Q, S, (Q.mT @ M64) / S[:, None]
     return (M64 @ Q) / S, S, Q.mT
 
 
 def gram_polar(M: Tensor, *, max_ratio: float = GRAM_MAX_RATIO) -> tuple[Tensor, Tensor] | None:
-    """Polar factor and singular values of ``M`` through the float64 Gram of its smaller side.
-
-    ``polar(M) = M Q diag(1/sigma) Qᵀ`` (tall; ``Q diag(1/sigma) Qᵀ M`` wide) with
-    ``Mᵀ M = Q diag(sigma²) Qᵀ``. Returns ``(polar(M), S)`` in float64 or ``None`` when
-    ``M`` is too ill-conditioned for the Gram (sigma_1 / sigma_min > ``max_ratio``, including
-    rank-deficient ``M``, whose polar factor is not unique); the caller then takes the SVD.
-    """
+    """``(polar(M), S)`` in float64 through the Gram of the smaller side, ``Mᵀ M = Q diag(sigma²) Qᵀ``:
+    ``polar(M) = M Q diag(1/sigma) Qᵀ`` (tall; ``Q diag(1/sigma) Qᵀ M`` wide). ``None`` when sigma_1 /
+    sigma_min > ``max_ratio`` (a rank-deficient ``M`` included): take the SVD."""
     M64 = M.double()
     wide = M64.shape[-2] < M64.shape[-1]
-    lam, Q = sym_eig(_gram_lower(M64, wide), overwrite=True)
-    S = lam.clamp_min(0).sqrt()
-    if S.numel() == 0 or not spread_ok(S, -1, max_ratio):
+    QS = _gram_eig(M64, wide, max_ratio)
+    if QS is None:
         return None
+    Q, S = QS
     W = (Q / S) @ Q.mT  # (M^T M)^(-1/2) or (M M^T)^(-1/2)
     return (W @ M64 if wide else M64 @ W), S
 
 
 def gram_polar_times(M: Tensor, B: Tensor, *, max_ratio: float = GRAM_MAX_RATIO) -> tuple[Tensor, Tensor] | None:
-    """``polar(M) @ B`` and the singular values of ``M`` through the float64 Gram of ``M``.
-
-    For tall or square ``M`` (m x n, m >= n) with ``Mᵀ M = Q diag(sigma²) Qᵀ``:
-    ``polar(M) @ B = M (Q (diag(1/sigma) (Qᵀ B)))`` when ``B`` (n x p) has fewer columns than
-    ``M`` (4 n² p + 2 m n p flops instead of forming the n x n factor, 2 n³ + 2 m n² + 2 m n p:
-    ESM's 3072² P_cat times its 3072 x 768 whitened coordinates), else through the formed
-    ``(Mᵀ M)^(-1/2)``. A wide ``M`` goes through :func:`gram_polar`. Returns ``(polar(M) @ B, S)``
-    in float64, or ``None`` when sigma_1 / sigma_min > ``max_ratio`` or ``M`` is rank-deficient
-    (the caller takes the SVD).
-    """
+    """``(polar(M) @ B, S)`` in float64 as :func:`gram_polar` (``None`` where it is), for a tall ``M`` as
+    ``M (Q (diag(1/sigma) (Qᵀ B)))`` when ``B`` has fewer columns than ``M`` (the n x n factor never
+    formed: ESM's 3072² P_cat times its 3072 x 768 coordinates)."""
     if M.shape[-1] != B.shape[-2]:
         raise InputError(f"gram_polar_times: M is {tuple(M.shape)} but B is {tuple(B.shape)}")
     if M.shape[-2] < M.shape[-1]:
         out = gram_polar(M, max_ratio=max_ratio)
         return None if out is None else (out[0] @ B.double(), out[1])
     M64, B64 = M.double(), B.double()
-    lam, Q = sym_eig(_gram_lower(M64, False), overwrite=True)
-    S = lam.clamp_min(0).sqrt()
-    if S.numel() == 0 or not spread_ok(S, -1, max_ratio):
+    QS = _gram_eig(M64, False, max_ratio)
+    if QS is None:
         return None
+    Q, S = QS
     if B64.shape[-1] < M64.shape[-1]:
         return M64 @ (Q @ ((Q.mT @ B64) / S[:, None])), S
     return (M64 @ ((Q / S) @ Q.mT)) @ B64, S
 
 
 def solve_spd_rank_one(B: Tensor, M: Tensor, c: Tensor | None = None, *, overwrite: bool = False) -> Tensor | None:
-    """``B (M + 1 cᵀ)^-1`` for symmetric positive-definite ``M``: Cholesky plus Sherman–Morrison.
-
-    With ``Y = B M^-1`` (two triangular solves against the Cholesky factor) and
-    ``z = M^-1 c``: ``B (M + 1 cᵀ)^-1 = Y - (Y 1) zᵀ / (1 + zᵀ 1)``. Only the lower triangle of
-    ``M`` is read, so ``M`` must be symmetric. ``c = None`` solves ``B M^-1``. With
-    ``overwrite`` the factor replaces ``M`` in place (no second d×d buffer). Returns ``None``
-    when the system is not well conditioned, so the caller can fall back to
-    :func:`solve_right` (which measures again on the LU route and warns): the Cholesky fails,
-    ``M``'s estimated reciprocal condition number (:func:`cholesky_rcond`: pivot ratio, then a
-    1-norm estimate) is below ``RCOND_MIN``, the rank-one update's denominator is too small
-    (``|1 + zᵀ 1| < RCOND_MIN (1 + ||z||_1)``), or the result is not finite.
-    """
+    """``B (M + 1 cᵀ)^-1`` for symmetric positive-definite ``M`` (lower triangle read; ``c = None``: ``B M^-1``):
+    Cholesky and Sherman–Morrison, ``Y - (Y 1) zᵀ / (1 + zᵀ 1)`` with ``Y = B M^-1``, ``z = M^-1 c``.
+    ``overwrite``: the factor replaces ``M``. ``None`` where the Cholesky fails, :func:`cholesky_rcond` <
+    ``RCOND_MIN``, ``|1 + zᵀ 1| < RCOND_MIN (1 + ||z||_1)`` or the result is not finite (docs/methods.md
+    §Numerics): the caller falls back to :func:`solve_right`."""
     norm1 = float(torch.linalg.matrix_norm(M, ord=1))  # M's lower triangle is all a Cholesky reads: M symmetric
     if overwrite:
         L, info = torch.linalg.cholesky_ex(M, out=(M, torch.empty((), dtype=torch.int32, device=M.device)))
@@ -446,9 +369,8 @@ def solve_spd_rank_one(B: Tensor, M: Tensor, c: Tensor | None = None, *, overwri
 
 
 def polar_rank(S: Tensor, dims: tuple[int, int], dtype: torch.dtype) -> int:
-    """How many singular values ``S`` (descending) of an ``m x n`` matrix of ``dtype`` are
-    above rounding: ``S_j > max(m, n) · eps(dtype) · S_0`` (the rule of ``torch.linalg.matrix_rank``).
-    Past it the singular vectors, and so an SVD's polar factor, depend on the CPU's kernels."""
+    """How many singular values ``S`` (descending) of an ``m x n`` matrix of ``dtype`` are above rounding,
+    ``S_j > max(m, n) · eps(dtype) · S_0`` (``torch.linalg.matrix_rank``'s rule)."""
     if S.numel() == 0 or not bool(S[0] > 0):
         return 0
     tol = max(dims) * torch.finfo(dtype).eps * float(S[0])
@@ -465,14 +387,8 @@ def _blocks(n: int) -> list[tuple[int, int]]:
 
 
 def syrk_lower_(S: Tensor, F: Tensor, alpha: float = 1.0) -> Tensor:
-    """``S += alpha Fᵀ F`` on the lower block triangle of ``S`` only (a blocked SYRK).
-
-    PyTorch has no symmetric rank-k update; computing only the column blocks on and below
-    the diagonal does (nb + 1) / (2 nb) of the GEMM's flops (62 % for a 1536-wide Gram,
-    56 % for 3072). The strictly upper blocks of ``S`` are left untouched: call
-    :func:`symmetrize_lower_` before using ``S`` as a full matrix (a Cholesky factorisation
-    reads the lower triangle only).
-    """
+    """``S += alpha Fᵀ F`` on the lower block triangle of ``S`` only (a blocked SYRK: (nb + 1) / (2 nb) of a
+    GEMM's flops); the upper blocks are left untouched (see :func:`symmetrize_lower_`)."""
     for lo, hi in _blocks(S.shape[-1]):
         S[lo:, lo:hi].addmm_(F[:, lo:].mT, F[:, lo:hi], alpha=alpha)
     return S
@@ -490,13 +406,8 @@ def symmetrize_lower_(S: Tensor) -> Tensor:
 
 
 def gram_spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """All singular values (descending) of M and its top-k left/right singular vectors, in float32:
-    the diagnostics' Gram route (``acetools diagnose``), beside :func:`gram_top_svd` (the merge
-    methods' float64 top-k route with its spread check).
-
-    Through the eigendecomposition of the smaller Gram matrix instead of an SVD (several
-    times faster on a CPU for 3072 x 768); singular values are accurate to ~1e-3 of sigma_1
-    (squared: ~1e-7 of the energy), ample for energy shares, spectra and subspaces."""
+    """All singular values (descending) of M and its top-k left/right singular vectors in float32, through
+    the smaller Gram (``acetools diagnose``; accurate to ~1e-3 of sigma_1, ample for energy shares)."""
     M = M.to(torch.float32)
     wide = M.shape[0] <= M.shape[1]
     A = M if wide else M.T  # the Gram A Aᵀ of the smaller side
@@ -511,13 +422,9 @@ def gram_spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 class TaskCovariance(NamedTuple):
-    """Sigma_hat_t of one task kept implicit, as the task vector ``delta_W`` (d_out × d_in) it is
-    made of (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.4)), times ``scale``.
-
-    ``kind``: "ace" (W̃ᵀ W̃, W̃ the row-centred ΔW), "wudi" (ΔWᵀ ΔW / ||ΔW||_F^wudi_p),
-    "identity" (I) or "given" (``matrix``, d_in × d_in). :meth:`dense` forms it (float64);
-    :func:`task_sums` never does for the Gram kinds.
-    """
+    """Sigma_hat_t of one task kept as the task vector ``delta_W`` (d_out × d_in) it is made of, times
+    ``scale`` (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.4)). ``kind``: "ace" (W̃ᵀ W̃, W̃ the row-centred ΔW),
+    "wudi" (ΔWᵀ ΔW / ||ΔW||_F^wudi_p), "identity" or "given" (``matrix``). :meth:`dense` forms it."""
 
     delta_W: Tensor  # (d_out, d_in)
     kind: str
@@ -543,11 +450,8 @@ class TaskCovariance(NamedTuple):
 
 
 class TaskSums(NamedTuple):
-    """The sums over the T tasks that ACE's stages read, from one pass (:func:`task_sums`).
-
-    N_t is the numerator the pass was made for (W̃_t = ΔW_t - 1 μ_tᵀ if ``centered``, else ΔW_t;
-    μ_t the mean row) and Σ̃_t = s_t Sigma_hat_t. For the refinement ΔW_t Σ̃_t = W̃_t Σ̃_t + 1 (Σ̃_tᵀ μ_t)ᵀ.
-    """
+    """The sums over the T tasks that ACE's stages read, from one pass (:func:`task_sums`): N_t the numerator
+    (W̃_t = ΔW_t - 1 μ_tᵀ if ``centered``, else ΔW_t), Σ̃_t = s_t Sigma_hat_t."""
 
     S: Tensor  # sum_t Σ̃_t (d_in, d_in)
     B: Tensor  # sum_t N_t Σ̃_t (d_out, d_in); sum_t N_t (Σ̃_t + r_t I) when R is None (the ridge folded in)
@@ -587,8 +491,7 @@ def sum64(tensors: Any) -> Tensor:
 
 
 def sq_norms(tensors: Sequence[Tensor]) -> Tensor:
-    """||X_t||_F² of each tensor as a float64 vector (float64 dot products; lower precisions are
-    converted into one reused float64 buffer, no fresh temporary per tensor)."""
+    """||X_t||_F² of each tensor as a float64 vector (dot products through one reused float64 buffer)."""
     buf: Tensor | None = None
     out = []
     for d in tensors:
@@ -603,8 +506,8 @@ def sq_norms(tensors: Sequence[Tensor]) -> Tensor:
 
 
 class CenteredRows(Sequence):
-    """The row-centred W̃_t = ΔW_t - 1 μ_tᵀ of ``delta_W`` (μ_t the mean row), each formed when
-    indexed: ACE's centred numerators, which its streamed sums already hold (:class:`TaskSums`)."""
+    """The row-centred W̃_t = ΔW_t - 1 μ_tᵀ of ``delta_W``, each formed when indexed: ACE's centred
+    numerators, which its streamed sums already hold (:class:`TaskSums`)."""
 
     def __init__(self, delta_W: Sequence[Tensor]):
         self.delta_W = list(delta_W)
@@ -612,17 +515,13 @@ class CenteredRows(Sequence):
     def __len__(self) -> int:
         return len(self.delta_W)
 
-    def __getitem__(self, t: Any) -> Any:
-        if isinstance(t, slice):
-            return [d - d.mean(dim=0, keepdim=True) for d in self.delta_W[t]]
+    def __getitem__(self, t: Any) -> Any:  # an int index: no slices
         return self.delta_W[t] - self.delta_W[t].mean(dim=0, keepdim=True)
 
 
 def solve_task_sums(sums: TaskSums, C_agg: Tensor | None = None, *, name: str = "") -> Tensor:
-    """W_bar_pre = (sum_t N_t Sigma_reg,t)(sum_t Sigma_reg,t + C_agg)^-1 (eq. 14 of ACE-Merging) from the
-    sums, float64 (d_out, d_in). A symmetric system with C_agg = 1 cᵀ (or none) by Cholesky with
-    Sherman–Morrison (:func:`solve_spd_rank_one`); otherwise, or where that fails, the sums again in
-    float64 and the LU solve :func:`solve_right` (pseudo-inverse with a warning naming ``name``)."""
+    """W_bar_pre of eq. 14 from the sums, float64 (d_out, d_in): :func:`solve_spd_rank_one` for a symmetric
+    system with C_agg = 1 cᵀ (or none); otherwise, or where that fails, the float64 sums and :func:`solve_right`."""
     W = None
     if sums.symmetric and (C_agg is None or torch.equal(C_agg, C_agg[:1].expand_as(C_agg))):
         M = sums.S.clone()  # sum_t Sigma_reg,t (d_in, d_in); S stays for the refinement's Σ̄_reg
@@ -645,26 +544,13 @@ class StreamedCovariances(list):
         self.sums = sums
 
 
-def _sq_norm(F: Tensor) -> float:
-    """||F||_F² accumulated in float64 (a BLAS dot product; float32 ``F`` is converted first)."""
-    x = (F if F.dtype == torch.float64 else F.double()).reshape(-1)
-    return float(torch.dot(x, x))
-
-
 def task_sums(covs: Sequence[TaskCovariance], rule: Callable[[float], tuple[float, float, float]], *,
               dtype: torch.dtype = torch.float64, centered: bool = True, refine: bool = True) -> TaskSums:
-    """One pass over the tasks, holding O(1) matrices in T (docs/methods.md §ACE; docs/performance.md).
+    """One pass over the tasks, memory independent of T (docs/performance.md, ACE).
 
-    ``rule(trace) -> (tr_t, s_t, r_t)`` turns Tr(Sigma_hat_t) into the trace, scale and ridge of
-    Σ̃_t = s_t Sigma_hat_t (ACE's normalisation; ``covs`` are unscaled). Each task's covariance is made,
-    accumulated and dropped in turn; ΔW_t and W̃_t live in two reused buffers of the working ``dtype``.
-    ``centered``: the numerator N_t is W̃_t (else ΔW_t); ``refine``: also keep what the refinement
-    reads (sum_t r_t N_t apart, sum_t ΔW_t and, centred, sum_t Σ̃_t μ_t); without it the ridge is
-    folded into B and those d_out × d_in sums are not held.
-
-    Cheapest association: for the Gram kinds (Sigma_hat_t = q Fᵀ F) N Σ̃ is formed as
-    (N Fᵀ) F, the d_out × d_out association, when 2 d_out < d_in (CLIP's mlp.c_proj: half the
-    flops), else as N G with the d_in × d_in Gram G = Fᵀ F that S needs anyway (a blocked SYRK).
+    ``rule(trace) -> (tr_t, s_t, r_t)``: the trace, scale and ridge of Σ̃_t = s_t Sigma_hat_t (``covs``
+    unscaled). ``centered``: N_t = W̃_t (else ΔW_t); ``refine``: also keep what the refinement reads
+    (sum_t r_t N_t apart, sum_t ΔW_t and, centred, sum_t Σ̃_t μ_t); else the ridge is folded into B.
     """
     d_out, d_in = covs[0].delta_W.shape
     dev = covs[0].delta_W.device
@@ -690,7 +576,7 @@ def task_sums(covs: Sequence[TaskCovariance], rule: Callable[[float], tuple[floa
             if cov.kind == "wudi":
                 norm = float(torch.linalg.matrix_norm(d.double()))
                 F, q = d, (0.0 if norm == 0 else 1.0 / norm**cov.wudi_p)
-            tr, s, r = rule(q * _sq_norm(F))
+            tr, s, r = rule(q * float(sq_norms([F])[0]))
             a = q * s  # Σ̃_t = a Fᵀ F
             if rows_first:  # S += a Fᵀ F (lower triangle), B += a (N Fᵀ) F, v += a Fᵀ (F μ)
                 syrk_lower_(S, F, alpha=a)
@@ -732,10 +618,8 @@ def task_sums(covs: Sequence[TaskCovariance], rule: Callable[[float], tuple[floa
 
 # --------------------------------------------------------------------------- ESM's Step A
 
-#: A singular value of the activation shift dO = X ΔWᵀ at or below ``SHIFT_RANK_RTOL · sigma_1``
-#: counts as zero (Step A's rank): float32 rounding of the shift leaves about 6e-8 · sqrt(d_in)
-#: (3e-6 at d_in = 3072) in place of an exact zero, e.g. along the mean direction a LayerNorm output
-#: lacks, so a lower limit would make the rank, and with it the merge, depend on the dtype.
+#: A singular value of the activation shift dO = X ΔWᵀ at or below ``SHIFT_RANK_RTOL · sigma_1`` counts as
+#: zero: float32 rounding leaves ~6e-8 sqrt(d_in) in place of an exact zero (docs/methods.md §ESM, Step A).
 SHIFT_RANK_RTOL = 1e-5
 
 
@@ -749,30 +633,14 @@ def shift_rank(S: Tensor) -> int:
 
 def top_shift_factors(X: Tensor | None, delta_W: Tensor, k: int, decomposition: str = "esd"
                       ) -> tuple[Tensor, Tensor, Tensor] | None:
-    """ESM's Step A on its cheapest exact route: the top ``k`` columns of
-    :func:`acetools.merging.esm.essential_subspace`'s ``P``, their ``lam`` and the norm
-    n_t = ||P_tᵀ ΔW_t||_F of the *full* coordinates, without forming P or Pᵀ ΔW in full.
+    """ESM's Step A on its cheapest exact route (docs/performance.md, ESM): the top ``k`` columns of
+    :func:`acetools.merging.esm.essential_subspace`'s ``P``, their ``lam`` and n_t = ||P_tᵀ ΔW_t||_F of the
+    *full* coordinates, P and Pᵀ ΔW never formed: the QR-reduced shift R ΔWᵀ (N >= d_in), the float64 Gram
+    for float32 inputs, and n_t² = ||ΔW||_F² + ||ΔW[m:]||_F² (m = min(N, d_out); "svd": min(d_out, d_in)).
 
-    Exact routes (docs/methods.md §ESM):
-
-    * The activation shift dO = X ΔWᵀ has rank <= d_in. With N >= d_in, X = Q R (QR,
-      R d_in × d_in) gives dO = Q (R ΔWᵀ): the same singular values and right vectors from the
-      d_in × d_out matrix R ΔWᵀ instead of the N × d_out one. With N < d_in (CLIP's c_proj,
-      d_in 3072 > 1600 proxy tokens) dO itself is the smaller matrix.
-    * The top k right vectors then come from the float64 Gram of the smaller side
-      (:func:`gram_top_svd`) for float32 inputs, where
-      sigma_1 / sigma_k allows it; float64 inputs take the float64 SVD of the reduced matrix.
-    * Only rows :k of A_t = P_tᵀ ΔW_t are used after Step B2; its norm follows from the columns
-      of P: the m = min(N, d_out) SVD columns span range(ΔW Xᵀ) = range(ΔW) whenever X has full
-      column rank, so they carry all of ||ΔW||_F² (past rank(dO) they are orthogonal to ΔW),
-      and the identity completion e_{m+1}..e_{d_out} adds the squared norms of rows m+1.. of ΔW:
-      n_t² = ||ΔW||_F² + ||ΔW[m:]||_F². For the "svd" decomposition the same holds with
-      m = min(d_out, d_in).
-
-    Returns ``(P_k, lam_k, n_t)`` in ``delta_W``'s dtype, or ``None`` where the shortcut does
-    not apply (k past the rank bound, X without full column rank while P is completed, or a
-    zero shift): the caller then decomposes in full. Where the shift's rank
-    (:func:`shift_rank`) is below k, ``P_k`` has only that many columns.
+    Returns ``(P_k, lam_k, n_t)`` in ``delta_W``'s dtype (fewer than k columns where :func:`shift_rank` is
+    below k), or ``None`` where the shortcut does not apply (k past the rank bound, X without full column
+    rank while P is completed, or a zero shift): the caller then decomposes in full.
     """
     d_out, d_in = delta_W.shape
     gram = delta_W.dtype != torch.float64
@@ -816,9 +684,8 @@ def top_shift_factors(X: Tensor | None, delta_W: Tensor, k: int, decomposition: 
 
 
 def whiten_svd(M: Tensor, name: str = "") -> Tensor:
-    """ESM's whitening (docs/methods.md §ESM, Eq. (ESM.8)) through the thin SVD of ``M`` in its own
-    dtype: polar(M) times the mean singular value; a rank-deficient ``M`` (:func:`polar_rank`) gets
-    the partial isometry of its rank-r part, with a warning naming ``name``."""
+    """ESM's whitening (docs/methods.md §ESM, Eq. (ESM.8)) through the thin SVD of ``M``: polar(M) times the
+    mean singular value; a rank-deficient ``M`` (:func:`polar_rank`) gets its rank-r part's, with a warning."""
     if not bool(torch.isfinite(M).all()):
         raise FloatingPointError(f"esm: layer {name!r}: the matrix to whiten has NaN or Inf entries; the task "
                                  "vectors or activations overflow (check their scale)")
@@ -851,8 +718,7 @@ def dense_covariance(S: Tensor | TaskCovariance) -> Tensor:
 
 @dataclass
 class NormalizedCovariances:
-    """Output of ACE's :func:`acetools.merging.ace.normalize_covariances`: Sigma_reg,t = Σ̃_t + ridge[t] I,
-    kept factored (docs/methods.md §ACE, Eqs. (ACE.7)-(ACE.8))."""
+    """Output of :func:`acetools.merging.ace.normalize_covariances`: Sigma_reg,t = Σ̃_t + ridge[t] I, factored."""
 
     Sigma_tilde: list[Tensor]  # Σ̃_t (d_in, d_in) = Sigma_hat_t / tr_t when normalized; StreamedCovariances
     ridge: Tensor  # (T,) eps / tr_t when normalized, else eps

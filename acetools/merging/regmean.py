@@ -1,9 +1,5 @@
-"""RegMean (Jin et al., ICLR 2023), docs/methods.md §RegMean: data-dependent, the reference point for ACE.
-
-It merges *full* weights W_t = W0 + tau_t through their input Gram matrices (Eq. (RegMean.3));
-keys without Gram matrices take the plain mean. The Grams are collected by the caller
-(:func:`acetools.files.activations.gram_matrices`); this module does the algebra:
-:func:`shrink_gram`, :func:`regmean_matrix` and the registered :func:`regmean`.
+"""RegMean (Jin et al., ICLR 2023), docs/methods.md §RegMean: the full weights W_t = W0 + tau_t merged through
+their input Gram matrices (:func:`acetools.files.activations.gram_matrices` collects them).
 """
 
 from __future__ import annotations
@@ -32,12 +28,8 @@ def shrink_gram(G: Tensor, alpha: float) -> Tensor:
 
 
 def regmean_matrix(W: Sequence[Tensor], grams: Sequence[Tensor], alpha: float = 0.95, *, key: str = "") -> Tensor:
-    """RegMean for one linear layer: W* = (sum_t W_t G~_t^T) (sum_t G~_t^T)^-1 (docs/methods.md §RegMean).
-
-    ``W`` are the T *full* weights (d_out x d_in) and ``grams`` their d_in x d_in input Gram
-    matrices. Computed in float64 (returned in float64) as a right solve; an ill-conditioned
-    sum_t G~_t falls back to the pseudo-inverse with a RuntimeWarning naming ``key``
-    (docs/methods.md §Numerics).
+    """RegMean for one linear layer: W* = (sum_t W_t G~_t^T) (sum_t G~_t^T)^-1 in float64 (docs/methods.md
+    §RegMean; :func:`acetools.merging.linalg.solve_right`). ``W``: the T *full* weights, ``grams`` their Grams.
     """
     if len(W) != len(grams) or len(W) == 0:
         raise InputError(f"key {key!r}: got {len(W)} weights and {len(grams)} Gram matrices; need one Gram per weight")
@@ -58,13 +50,8 @@ def regmean_matrix(W: Sequence[Tensor], grams: Sequence[Tensor], alpha: float = 
 
 
 def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]:
-    """Check RegMean's ``grams`` against ``base``; return the sorted keys that have Gram matrices.
-
-    ``grams`` must be a list with one dict per task, mapping a weight's state-dict key (e.g.
-    ``"visual.transformer.resblocks.0.mlp.c_fc.weight"``) to its d_in x d_in Gram matrix.
-    Every task must give the same keys; each key must be a 2-D tensor of ``base``; each Gram
-    must be a finite floating tensor of the right shape. Errors name the key and task index.
-    """
+    """Check RegMean's ``grams`` (one dict weight key -> d_in x d_in Gram per task, the same keys for every task)
+    against ``base``; return the sorted keys that have Grams. Errors name the key and the task."""
     check_one_per_expert(grams, n_tasks, "regmean: grams", "dict (weight key -> Gram matrix)", "Gram dicts")
     for t, g in enumerate(grams):
         if not isinstance(g, Mapping):
@@ -110,14 +97,8 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
                 low=0.0, high=1.0),
 )
 def regmean(base, task_vectors, *, is_matrix, grams, alpha):
-    """RegMean, docs/methods.md §RegMean: :func:`regmean_matrix` on the full weights of every key with Grams.
-
-    Which keys are merged by RegMean is decided by ``grams``: keys absent from every Gram
-    dict take the mean of the task vectors (a RuntimeWarning lists the ``is_matrix`` keys
-    among them, e.g. ``attn.out_proj``, which no module hook sees); a key present for
-    some tasks but not others is an error. The update returned is W* - W0, computed in
-    float64 and cast to the compute dtype. Default alpha = 0.95 (fusion_bench's CLIP config).
-    """
+    """RegMean (docs/methods.md §RegMean): :func:`regmean_matrix` on every key with Grams; the other keys take the
+    mean (a RuntimeWarning lists the matrix keys among them)."""
     keys = set(validate_grams(base, grams, len(task_vectors)))
     warn_mean_fallback("regmean", [k for k in base if k not in keys and is_matrix(k, base[k])], "no Gram matrices")
     out = {}

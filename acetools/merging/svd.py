@@ -1,13 +1,9 @@
 """The SVD family: TSV-M, Iso-C, Iso-CTS and CART (docs/methods.md §TSV-M, §Iso-C, §Iso-CTS, §CART).
 
-Each method is a per-matrix helper (:func:`tsv_merge_matrix`, :func:`iso_c_matrix`,
-:func:`iso_cts_matrix`, :func:`cart_matrix`: the T task vectors of one matrix in, never modified,
-the merged update out without the outer coefficient ``alpha``) plus a registered state-dict
-function; the rank rules (:func:`tsv_rank`, :func:`iso_cts_ranks`, :func:`cart_rank`) are public.
-SVDs are thin and run in the task vectors' dtype; all-zero task vectors give exactly zero. For
-float32 inputs the top-k triplets and polar factors go through the float64 Gram matrix
-(:func:`acetools.merging.linalg.gram_top_svd`, :func:`~acetools.merging.linalg.gram_polar`), with the
-SVD as fallback where the spectrum is too spread (docs/methods.md §Numerics).
+Each method is a per-matrix helper (the T task vectors of one matrix in, the merged update out,
+without ``alpha``) plus a registered state-dict function; the rank rules are public. For float32
+inputs the top-k triplets and polar factors go through the float64 Gram where the spectrum allows
+(docs/performance.md, TSV-M and Iso); all-zero task vectors give exactly zero.
 """
 
 from __future__ import annotations
@@ -26,16 +22,17 @@ from .linalg import (
     GRAM_MAX_RATIO,
     _gram_lower,
     gram_polar,
-    gram_top_svd,
     polar,
     spread_ok,
     sym_eig,
     syrk_lower_,
     thin_svd,
+    top_svd,
 )
 
 __all__ = [
     "stack_taus",
+    "check_matrix_key",
     "tsv_rank",
     "tsv_merge_matrix",
     "iso_c_matrix",
@@ -61,7 +58,7 @@ def _where(key: str) -> str:
 
 def stack_taus(taus: Sequence[Tensor] | Tensor, key: str = "") -> Tensor:
     """The task vectors of one matrix as a ``T x d_out x d_in`` floating tensor (a new view/copy); errors name
-    ``key``. Shared by the SVD-based methods and WUDI (docs/methods.md §TSV-M, §WUDI)."""
+    ``key``."""
     if isinstance(taus, Tensor):
         X = taus
         if X.ndim != 3:
@@ -99,7 +96,8 @@ def stack_taus(taus: Sequence[Tensor] | Tensor, key: str = "") -> Tensor:
     return X
 
 
-def _check_matrix_key(method: str, key: str, W0: Tensor) -> None:
+def check_matrix_key(method: str, key: str, W0: Tensor) -> None:
+    """Refuse a key the matrix path selected that is not 2-D, naming ``method`` and ``key``."""
     if W0.ndim != 2:
         raise InputError(
             f"{method}: is_matrix selected key {key!r} with shape {tuple(W0.shape)}, but the matrix "
@@ -110,20 +108,6 @@ def _check_matrix_key(method: str, key: str, W0: Tensor) -> None:
 def _gram_ok(X: Tensor) -> bool:
     """The Gram routes serve float32 (and lower) inputs; float64 inputs keep the float64 SVD."""
     return X.dtype != torch.float64
-
-
-def _top(M: Tensor, k: int, gram: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Top-``k`` singular triplets ``(U_k, S_k, Vh_k)`` of one matrix on its cheapest exact route.
-
-    With ``gram`` (float32 inputs): Gram/eigh in float64 where sigma_1/sigma_k allows it, with
-    float64 factors; otherwise (or when it does not) the thin SVD in ``M``'s dtype.
-    """
-    if gram and 0 < k <= min(M.shape):
-        top = gram_top_svd(M, k)
-        if top is not None:
-            return top
-    U, S, Vh = thin_svd(M)
-    return U[:, :k], S[:k], Vh[:k, :]
 
 
 def _polar(M: Tensor, gram: bool) -> Tensor:
@@ -137,21 +121,16 @@ def _polar(M: Tensor, gram: bool) -> Tensor:
 
 # --------------------------------------------------------------------------- TSV-M (docs/methods.md §TSV-M)
 def tsv_rank(r: int, n_tasks: int) -> int:
-    """Per-task rank budget of TSV-M, k = floor(r * (1/T)) (docs/methods.md §TSV-M, Eq. (TSV-M.1)).
-
-    Computed literally as ``int(r * (1.0 / n_tasks))``, the official formula. It equals
-    r // T for every CLIP shape but can be one less in floating point (r = T = 49 gives 0).
-    """
+    """Per-task rank budget of TSV-M, ``int(r * (1.0 / n_tasks))`` as the official code (docs/methods.md
+    §TSV-M, Eq. (TSV-M.1)): r // T for every CLIP shape, one less in floating point for r = T = 49."""
     if n_tasks < 1:
         raise InputError(f"n_tasks must be >= 1, got {n_tasks}")
     return int(r * (1.0 / n_tasks))
 
 
 def tsv_merge_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
-    """TSV-M for one matrix: M = polar(U_cat) diag(s_cat) polar(V_cat), docs/methods.md §TSV-M
-    (steps 1-3; k = :func:`tsv_rank`; zero with a warning when k = 0). ``alpha`` is not applied
-    here (see :func:`tsv_m`). Used by ESM for its non-ESD matrices.
-    """
+    """TSV-M for one matrix: polar(U_cat) diag(s_cat) polar(V_cat) (docs/methods.md §TSV-M; k =
+    :func:`tsv_rank`; zero with a warning when k = 0). Also ESM's for its non-ESD matrices."""
     X = stack_taus(taus, key)
     T, d_out, d_in = X.shape
     r = min(d_out, d_in)
@@ -175,7 +154,7 @@ def tsv_merge_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tenso
     s_cat = X.new_zeros(n, dtype=work)
     V_cat = X.new_zeros(n, d_in, dtype=work)
     for t in range(T):
-        U, S, Vh = _top(X[t], k, gram)
+        U, S, Vh = top_svd(X[t], k, gram=gram)
         sl = slice(t * k, (t + 1) * k)
         U_cat[:, sl] = U
         s_cat[sl] = S
@@ -185,8 +164,7 @@ def tsv_merge_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tenso
 
 # --------------------------------------------------------------------------- Iso-C (docs/methods.md §Iso-C)
 def iso_c_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tensor:
-    """Iso-C for one matrix: Delta_iso = mean(S) U V^T, with U S V^T = sum_t tau_t (docs/methods.md §Iso-C,
-    Eq. (Iso-C.1)). ``alpha`` is not applied here (see :func:`iso_c`)."""
+    """Iso-C for one matrix: mean(S) U V^T with U S V^T = sum_t tau_t (docs/methods.md §Iso-C, Eq. (Iso-C.1))."""
     X = stack_taus(taus, key)
     D = X.sum(0)
     if not D.any():
@@ -219,9 +197,7 @@ def iso_cts_ranks(r: int, n_tasks: int, common_fraction: float = 0.8) -> tuple[i
 
 
 def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8, *, key: str = "") -> Tensor:
-    """Iso-CTS for one matrix: Delta = sigma_bar polar(U) polar(V), docs/methods.md §Iso-CTS (steps 1-4;
-    (k_c, s) = :func:`iso_cts_ranks`). ``alpha`` is not applied here (see :func:`iso_cts`).
-    """
+    """Iso-CTS for one matrix: sigma_bar polar(U) polar(V) (docs/methods.md §Iso-CTS; :func:`iso_cts_ranks`)."""
     X = stack_taus(taus, key)
     T, d_out, d_in = X.shape
     r = min(d_out, d_in)
@@ -239,7 +215,7 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
             return out.to(X.dtype)
         common_gram = False  # the same spread check on the same Gram refused: take the SVD directly
     work = torch.float64 if gram else X.dtype
-    U_c, S_c, V_c = _top(X.sum(0), k_c, common_gram) if k_c > 0 else (
+    U_c, S_c, V_c = top_svd(X.sum(0), k_c, gram=common_gram) if k_c > 0 else (
         X.new_zeros(d_out, 0), X.new_zeros(0), X.new_zeros(0, d_in))
     U_c, S_c, V_c = U_c.to(work), S_c.to(work), V_c.to(work)
     U_all = X.new_zeros(d_out, r, dtype=work)
@@ -248,7 +224,7 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
     if s > 0:
         for t in range(T):
             Xt = X[t].to(work)
-            Ut, St, Vht = _top(Xt - U_c @ (U_c.T @ Xt), s, gram)
+            Ut, St, Vht = top_svd(Xt - U_c @ (U_c.T @ Xt), s, gram=gram)
             sl = slice(t * s, (t + 1) * s)
             U_all[:, sl] = Ut
             s_all[sl] = St
@@ -261,11 +237,8 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
 
 
 def _iso_cts_gram(X: Tensor, k_c: int, s: int) -> Tensor | None:
-    """:func:`iso_cts_matrix` for float32 inputs on its cheapest exact route, in float64 (the three
-    savings: docs/performance.md §Iso-CTS on float32 inputs). ``None`` where the summed task vector's
-    spectrum is too spread for its Gram (sigma_1 / sigma_k_c > ``GRAM_MAX_RATIO``): the caller then
-    takes the generic path.
-    """
+    """:func:`iso_cts_matrix` for float32 inputs in float64 (docs/performance.md §Iso-CTS on float32 inputs);
+    ``None`` where sigma_1 / sigma_k_c of the summed task vector > ``GRAM_MAX_RATIO`` (the generic path)."""
     T, d_out, d_in = X.shape
     n = T * s
     D = X.sum(0).double()
@@ -288,11 +261,11 @@ def _iso_cts_gram(X: Tensor, k_c: int, s: int) -> Tensor | None:
     for t in range(T):
         Xt = X[t].double()
         if wide:
-            A, St, Vht = _top(U_perp.mT @ Xt, s, True)
+            A, St, Vht = top_svd(U_perp.mT @ Xt, s, gram=True)
             Ut = U_perp @ A
         else:
             top = _tall_residual_top(Xt, U_c, s)
-            Ut, St, Vht = top if top is not None else _top(Xt - U_c @ (U_c.mT @ Xt), s, True)
+            Ut, St, Vht = top if top is not None else top_svd(Xt - U_c @ (U_c.mT @ Xt), s, gram=True)
         sl = slice(t * s, (t + 1) * s)
         U_tasks[:, sl] = Ut
         s_all[sl] = St
@@ -304,9 +277,8 @@ def _iso_cts_gram(X: Tensor, k_c: int, s: int) -> Tensor | None:
 
 
 def _tall_residual_top(Xt: Tensor, U_c: Tensor, s: int) -> tuple[Tensor, Tensor, Tensor] | None:
-    """Top-``s`` triplets of R = (I - U_c U_cᵀ) Xt for tall float64 ``Xt`` without forming R
-    (Rᵀ R = Xtᵀ Xt - Yᵀ Y, Y = U_cᵀ Xt); ``None`` where the subtraction could lose more than the
-    Gram routes allow (||Xt||_F > ``GRAM_MAX_RATIO`` sigma_s(R)) or sigma_s(R) = 0."""
+    """Top-``s`` triplets of R = (I - U_c U_cᵀ) Xt for tall float64 ``Xt`` from Rᵀ R = Xtᵀ Xt - Yᵀ Y, Y = U_cᵀ Xt;
+    ``None`` where ||Xt||_F > ``GRAM_MAX_RATIO`` sigma_s(R) or sigma_s(R) = 0."""
     Y = U_c.mT @ Xt
     G = _gram_lower(Xt, False)
     fro2 = float(G.diagonal().sum())
@@ -346,13 +318,8 @@ def low_rank(M: Tensor, k: int) -> Tensor:
 def cart_matrix(
     taus: Sequence[Tensor] | Tensor, rank_ratio: float = 0.12, lam: float = 2.0, *, key: str = ""
 ) -> Tensor:
-    """CART for one matrix: mean_t tau_t + lam sum_t LR_k(tau_t - mean_i tau_i) (docs/methods.md §CART).
-
-    The centred vectors tau_t - mean are the experts' offsets from the weight average
-    theta_avg; each is truncated to rank k = :func:`cart_rank` (min(d_out, d_in), rank_ratio).
-    With rank_ratio = 1 (k = r) the truncation is exact, the centred vectors sum to zero and
-    the result is the plain average for any ``lam``; with T = 1 the result is tau_1.
-    """
+    """CART for one matrix: mean_t tau_t + lam sum_t LR_k(tau_t - mean_i tau_i), k = :func:`cart_rank`
+    (docs/methods.md §CART)."""
     X = stack_taus(taus, key)
     T, d_out, d_in = X.shape
     k = cart_rank(min(d_out, d_in), rank_ratio)
@@ -367,66 +334,54 @@ def cart_matrix(
 
 
 # --------------------------------------------------------------------------- registered methods
-def _per_key(name, base, task_vectors, is_matrix, matrix_fn, desc):
-    """``matrix_fn(taus, key)`` on the keys ``is_matrix(key, W0)`` takes, the mean update on the rest."""
+def _per_key(name, base, task_vectors, is_matrix, matrix_fn, desc, alpha=None):
+    """``matrix_fn(taus, key)`` on the keys ``is_matrix(key, W0)`` takes, the mean update on the rest; times
+    ``alpha`` where given."""
     out = {}
     for key in progress(list(base), desc=desc):
         if is_matrix(key, base[key]):
-            _check_matrix_key(name, key, base[key])
+            check_matrix_key(name, key, base[key])
             out[key] = matrix_fn([tv[key] for tv in task_vectors], key)
         else:
             out[key] = mean_update(task_vectors, key)
+        if alpha is not None:
+            out[key] = alpha * out[key]
     return out
 
 
-#: What TSV-M, Iso-C and Iso-CTS declare alike: merged key by key on their matrix path, alpha
+#: What TSV-M, Iso-C and Iso-CTS declare alike: merged key by key on their matrix path, alpha on every key
 #: chosen on validation over ALPHA_GRID (docs/methods.md §Benchmark protocol).
-_ALPHA_ON_A_GRID: dict = {"key_scope": "key", "needs_layout": True, "search": Search("alpha", "grid", ALPHA_GRID)}
+_ALPHA_ON_A_GRID: dict = {"key_scope": "key", "needs_layout": True, "search": Search("alpha", "grid", ALPHA_GRID),
+                          "alpha": Param(1.0, "coefficient on every key, matrices and means alike (grid 0.1..3.0 "
+                                         "in the paper code)", low=0.0)}
 
 
-@register(
-    "tsv_m",
-    "TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar "
-    "(Gargiulo et al. 2025; docs/methods.md §TSV-M)",
-    **_ALPHA_ON_A_GRID,
-    alpha=Param(1.0, "coefficient on every key, matrices and means alike (grid 0.1..3.0 in the paper code)", low=0.0),
-)
+@register("tsv_m", "TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar "
+          "(Gargiulo et al. 2025; docs/methods.md §TSV-M)", **_ALPHA_ON_A_GRID)
 def tsv_m(base, task_vectors, *, is_matrix, alpha):
-    """TSV-M, docs/methods.md §TSV-M: :func:`tsv_merge_matrix` on matrix keys, the mean on the rest, all times
-    alpha (Eq. (TSV-M.3), the 1-D means too, as in the official code)."""
-    out = _per_key("tsv_m", base, task_vectors, is_matrix, lambda taus, k: tsv_merge_matrix(taus, key=k), "TSV-M")
-    return {k: alpha * v for k, v in out.items()}
+    """TSV-M (docs/methods.md §TSV-M): :func:`tsv_merge_matrix` on matrix keys, the mean on the rest, times alpha."""
+    return _per_key("tsv_m", base, task_vectors, is_matrix, lambda taus, k: tsv_merge_matrix(taus, key=k), "TSV-M",
+                    alpha)
 
 
-@register(
-    "iso_c",
-    "Iso-C: the summed task vector with a flat (isotropic) spectrum (Marczak et al. 2025; docs/methods.md §Iso-C)",
-    **_ALPHA_ON_A_GRID,
-    alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
-)
+@register("iso_c", "Iso-C: the summed task vector with a flat (isotropic) spectrum (Marczak et al. 2025; "
+          "docs/methods.md §Iso-C)", **_ALPHA_ON_A_GRID)
 def iso_c(base, task_vectors, *, is_matrix, alpha):
-    """Iso-C, docs/methods.md §Iso-C: :func:`iso_c_matrix` on matrix keys, the mean on the rest, all times alpha."""
-    out = _per_key("iso_c", base, task_vectors, is_matrix, lambda taus, k: iso_c_matrix(taus, key=k), "Iso-C")
-    return {k: alpha * v for k, v in out.items()}
+    """Iso-C (docs/methods.md §Iso-C): :func:`iso_c_matrix` on matrix keys, the mean on the rest, times alpha."""
+    return _per_key("iso_c", base, task_vectors, is_matrix, lambda taus, k: iso_c_matrix(taus, key=k), "Iso-C", alpha)
 
 
 @register(
     "iso_cts",
-    "Iso-CTS: common + task-specific subspaces with a flat spectrum "
-    "(Marczak et al. 2025; docs/methods.md §Iso-CTS)",
+    "Iso-CTS: common + task-specific subspaces with a flat spectrum (Marczak et al. 2025; docs/methods.md §Iso-CTS)",
     **_ALPHA_ON_A_GRID,
-    alpha=Param(1.0, "coefficient on every key (grid 0.1..3.0 in the paper code)", low=0.0),
     common_fraction=Param(0.8, "fraction of the rank given to the common subspace before the T-divisibility adjustment",
                           low=0.0, high=1.0),
 )
 def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
-    """Iso-CTS, docs/methods.md §Iso-CTS: :func:`iso_cts_matrix` on matrix keys, the mean on the rest, all times
-    alpha."""
-    out = _per_key(
-        "iso_cts", base, task_vectors, is_matrix,
-        lambda taus, k: iso_cts_matrix(taus, common_fraction, key=k), "Iso-CTS",
-    )
-    return {k: alpha * v for k, v in out.items()}
+    """Iso-CTS (docs/methods.md §Iso-CTS): :func:`iso_cts_matrix` on matrix keys, the mean on the rest, times alpha."""
+    return _per_key("iso_cts", base, task_vectors, is_matrix,
+                    lambda taus, k: iso_cts_matrix(taus, common_fraction, key=k), "Iso-CTS", alpha)
 
 
 @register(
@@ -443,14 +398,8 @@ def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
                   "the official rule misses)", choices=("names", "blocks")),
 )
 def cart(base, task_vectors, *, is_matrix, rank_ratio, lam, targets):
-    """CART, docs/methods.md §CART: theta = theta_avg + lam sum_t LR_k(tau_t - mean tau).
-
-    Keys that satisfy :func:`is_cart_key` (``attn``/``mlp``, not ``ln``/``bias``; with
-    ``targets="blocks"``: any key inside a transformer block) *and* ``is_matrix`` take
-    :func:`cart_matrix`; every other key keeps its full centred vectors, which sum to zero, so
-    it ends at the average. Defaults (rank_ratio 0.12, lam 2.0) are the official ViT-B/32 8-task
-    config; 14 tasks use (0.16, 1.5) and 20 tasks (0.32, 1.9).
-    """
+    """CART (docs/methods.md §CART): :func:`cart_matrix` on the matrix keys :func:`is_cart_key` selects (with
+    ``targets="blocks"``: every key inside a transformer block); every other key ends at the average."""
     from ..keys import block_index
 
     def low_rank_key(key: str) -> bool:

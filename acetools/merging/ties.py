@@ -1,9 +1,5 @@
-"""TIES-Merging and DARE (docs/methods.md §TIES, §DARE).
-
-TIES' three steps are public so a notebook can stop after any of them: :func:`trim` (with
-:func:`kept_count`, :func:`trim_threshold`), :func:`elect_sign` (and :func:`resolve_zero_signs`),
-:func:`disjoint_merge`. DARE drops and rescales (:func:`dare_mask`, :func:`drop_and_rescale`,
-:func:`dare_task_vectors`) before task arithmetic or TIES.
+"""TIES-Merging and DARE (docs/methods.md §TIES, §DARE): TIES' steps :func:`trim`, :func:`elect_sign`,
+:func:`disjoint_merge`; DARE's :func:`dare_mask` and :func:`drop_and_rescale` before task arithmetic or TIES.
 """
 
 from __future__ import annotations
@@ -44,32 +40,19 @@ __all__ = [
 TaskVectors = Sequence[dict[str, Tensor]]
 
 
-# --------------------------------------------------------------------------------------------
-# TIES step 1: trim
-# --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------- TIES step 1: trim
 
 def kept_count(n: int, k: float) -> int:
-    """How many of ``n`` entries the top-``k``% trim keeps (before ties): floor(k * n / 100).
-
-    ``k`` is read as the decimal it prints as (``repr``), so ``k=29`` on ``n=100`` keeps
-    exactly 29 although ``0.29 * 100 == 28.999...`` in floating point. This is the count of
-    peft and mergekit (``int(density * n)``; mergekit keeps at least one). fusion_bench and
-    the TSV/TALL code keep ``floor(k * n / 100) + 1`` (docs/methods.md §TIES, §Oracles). With a small
-    ``n`` the count can be 0, which trims the whole tensor.
-    """
+    """How many of ``n`` entries the top-``k``% trim keeps (before ties): floor(k * n / 100), ``k`` read as the
+    decimal it prints as (``k=29`` on ``n=100`` keeps 29); peft's and mergekit's count (docs/methods.md §TIES)."""
     if not 0 < k <= 100:
         raise InputError(f"TIES k={k!r} is the percent of entries kept: it must be in (0, 100]")
     return min(n, math.floor(Fraction(repr(float(k))) * n / 100))
 
 
 def trim_threshold(tau: Tensor | Iterable[Tensor], k: float) -> Tensor:
-    """The k-th value threshold of docs/methods.md §TIES: the ``kept_count``-th largest ``|tau|``.
-
-    ``tau`` is one tensor or several (e.g. every key of one task vector, for the global
-    scope); they are flattened together. Entries with ``|tau| >= threshold`` are kept, so
-    entries tied with the threshold are all kept. Returns a 0-d tensor; ``inf`` when nothing
-    is kept.
-    """
+    """The :func:`kept_count`-th largest ``|tau|`` over one tensor or several flattened together (docs/methods.md
+    §TIES): a 0-d tensor, ``inf`` when nothing is kept. Entries with ``|tau| >= threshold`` are kept."""
     parts = [tau] if isinstance(tau, Tensor) else list(tau)
     if not parts:
         raise InputError("trim_threshold needs at least one tensor")
@@ -89,14 +72,9 @@ def trim_threshold(tau: Tensor | Iterable[Tensor], k: float) -> Tensor:
 def radix_thresholds(keys: Sequence[str], taus_of: Callable[[str], Sequence[Tensor]], n_tasks: int, k: float,
                      dtype: torch.dtype, n: int, bar: Callable[[Iterable, str], Iterable] | None = None
                      ) -> list[Tensor]:
-    """Per task, the :func:`kept_count`-th largest |tau| over every key: TIES' global trim threshold, streamed.
-
-    The same value as :func:`trim_threshold` on the concatenated task vector, found without
-    holding it: |tau| >= 0 orders like its IEEE bit pattern read as an integer, so a
-    most-significant-first radix select over 16-bit digits (one call of ``taus_of(key)`` per key
-    and digit: 2 passes for float32, 4 for float64) fixes the value bit by bit. ``n`` is the
-    number of entries over ``keys``; ``bar(iterable, desc)`` shows progress.
-    """
+    """Per task, :func:`trim_threshold` of the concatenated task vector without holding it: |tau| orders like
+    its IEEE bits read as an integer, so a radix select over 16-bit digits (a call of ``taus_of(key)`` per key
+    and digit) fixes it. ``n``: the entries over ``keys``; ``bar(iterable, desc)`` shows progress."""
     itype, nbits = (torch.int32, 32) if dtype == torch.float32 else (torch.int64, 64)
     n_keep = kept_count(n, k)
     if n_keep == 0:
@@ -122,11 +100,9 @@ def radix_thresholds(keys: Sequence[str], taus_of: Callable[[str], Sequence[Tens
 
 def global_trim(view: Any, hparams: Mapping[str, Any],
                 drop: Callable[[str, list[Tensor]], list[Tensor]] | None = None) -> dict[str, Any]:
-    """TIES' ``prepare`` hook (:mod:`acetools.merging.driver`): with ``scope="global"``, the per-task
-    trim thresholds over the whole model (:func:`radix_thresholds`) and the majority sign
-    (:func:`majority_sign` of every key's elected sign), read from ``view`` in passes of their own;
-    ``{}`` with ``scope="tensor"``. Returns ``{"global_trim": (thresholds, majority)}`` for
-    :func:`ties`. ``drop(key, taus)`` changes the task vectors first (DARE-TIES)."""
+    """TIES' ``prepare`` hook: with ``scope="global"``, ``{"global_trim": (thresholds, majority)}``, the per-task
+    :func:`radix_thresholds` and the majority sign over the whole model, read from ``view``; ``{}`` for
+    ``"tensor"``. ``drop(key, taus)`` changes the task vectors first (DARE-TIES)."""
     if hparams["scope"] != "global":
         return {}
     keys = view.keys
@@ -135,19 +111,17 @@ def global_trim(view: Any, hparams: Mapping[str, Any],
         raise InputError("TIES with scope='global' needs one dtype across keys (float64 and others are mixed)")
 
     def taus_of(key: str) -> list[Tensor]:
-        taus = view.taus(key)
+        taus = view.w0_taus(key)[1]
         return drop(key, taus) if drop is not None else taus
 
     T = view.n_tasks
     dtype = dts.pop() if dts else torch.float32
     thr = radix_thresholds(keys, taus_of, T, hparams["k"], dtype, sum(view.numel(key) for key in keys),
                            view.progress)
-    total = 0
-    for key in view.progress(keys, "TIES: elect"):
-        trimmed = torch.stack([torch.where(tau.abs() >= thr[t].to(tau.device), tau, 0)
-                               for t, tau in enumerate(taus_of(key))])
-        total += int(elect_sign(trimmed).to(torch.int64).sum())
-    return {"global_trim": (thr, (total > 0) - (total < 0))}
+    majority = majority_sign(elect_sign(torch.stack([torch.where(tau.abs() >= thr[t].to(tau.device), tau, 0)
+                                                     for t, tau in enumerate(taus_of(key))]))
+                             for key in view.progress(keys, "TIES: elect"))
+    return {"global_trim": (thr, majority)}
 
 
 def _thresholds(task_vectors: TaskVectors, keys: Sequence[str], k: float, scope: str) -> list[dict[str, Tensor]]:
@@ -172,12 +146,8 @@ def _trimmed_stack(task_vectors: TaskVectors, thresholds: list[dict[str, Tensor]
 
 
 def trim(task_vectors: TaskVectors, k: float = 20, scope: str = "global") -> list[dict[str, Tensor]]:
-    """TIES step 1 (docs/methods.md §TIES, Eq. (TIES.1)): keep the top-``k``% entries of each tau_t by magnitude.
-
-    ``scope="global"`` (default, docs/methods.md §TIES; TIES and TALL/TSV) ranks the entries of
-    the whole flattened task vector, every key together; ``scope="tensor"`` ranks each key
-    on its own (peft, mergekit). Ties with the threshold are kept. Returns new dicts.
-    """
+    """TIES step 1 (docs/methods.md §TIES, Eq. (TIES.1)): keep the top-``k``% entries of each tau_t by magnitude,
+    ranked over the whole task vector (``scope="global"``) or per key (``"tensor"``). New dicts."""
     if len(task_vectors) == 0:
         raise InputError("trim needs at least one task vector")
     keys = list(task_vectors[0])
@@ -188,16 +158,11 @@ def trim(task_vectors: TaskVectors, k: float = 20, scope: str = "global") -> lis
     ]
 
 
-# --------------------------------------------------------------------------------------------
-# TIES step 2: elect
-# --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------- TIES step 2: elect
 
 def elect_sign(trimmed: Tensor) -> Tensor:
-    """gamma = sign(sum_t tau_hat_t) per coordinate (the "mass" rule, docs/methods.md §TIES, Eq. (TIES.2)).
-
-    ``trimmed`` is a (T, ...) stack. Coordinates whose sum is exactly zero get 0 here; see
-    :func:`resolve_zero_signs`.
-    """
+    """gamma = sign(sum_t tau_hat_t) over a (T, ...) stack (docs/methods.md §TIES, Eq. (TIES.2)); 0 where the sum
+    is 0 (:func:`resolve_zero_signs`)."""
     return torch.sign(trimmed.sum(0))
 
 
@@ -212,19 +177,12 @@ def resolve_zero_signs(gamma: Tensor, majority: int) -> Tensor:
     return torch.where(gamma == 0, torch.full_like(gamma, majority), gamma)
 
 
-# --------------------------------------------------------------------------------------------
-# TIES step 3: disjoint merge
-# --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------- TIES step 3: disjoint merge
 
 def disjoint_merge(trimmed: Tensor, gamma: Tensor, merge: str = "mean") -> Tensor:
-    """Disjoint merge (docs/methods.md §TIES, Eq. (TIES.3)) of a (T, ...) stack of trimmed task vectors.
-
-    Per coordinate, the tasks whose trimmed value is non-zero and has the sign ``gamma``
-    are selected; ``merge="mean"`` divides their sum by their count clamped at >= 1 (the
-    paper's "dis-mean", default), ``merge="sum"`` returns the sum (fusion_bench's default).
-    Where ``gamma`` is 0 nothing is selected and the result is 0 (fusion_bench would select
-    the negative values there; this only happens when the majority sign is itself 0).
-    """
+    """Disjoint merge of a (T, ...) stack of trimmed task vectors (docs/methods.md §TIES, Eq. (TIES.3)): per
+    coordinate, the mean (``merge="mean"``) or sum of the non-zero values with the sign ``gamma`` (0 where
+    ``gamma`` is 0)."""
     agree = (torch.sign(trimmed) == gamma) & (trimmed != 0)
     total = torch.where(agree, trimmed, 0).sum(0)
     if merge == "sum":
@@ -284,40 +242,25 @@ def _ties_scope(scope: str) -> tuple[str, str]:
     merge=_MERGE,
 )
 def ties(base, task_vectors, *, is_matrix, k, lam, scope, merge, global_trim=None):
-    """TIES-Merging, docs/methods.md §TIES (Yadav et al. 2023, Algorithm 1), on every key of ``base``:
-    trim each task to its top-k % magnitudes (``scope="global"`` over the whole model, ``"tensor"``
-    per key), elect the sign, disjoint mean or sum, times ``lam``. ``global_trim``: the whole model's
-    thresholds and majority sign (:func:`global_trim`) when ``base`` holds part of it (a streamed merge).
-    """
+    """TIES-Merging (docs/methods.md §TIES): trim, elect, disjoint merge, times ``lam``, on every key.
+    ``global_trim``: the whole model's thresholds and majority sign (:func:`global_trim`) in a streamed merge."""
     keys = list(base)
     return _ties_update(task_vectors, keys, k=k, lam=lam, scope=scope, merge=merge, desc="TIES", given=global_trim)
 
 
-# --------------------------------------------------------------------------------------------
-# DARE
-# --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------- DARE
 
 def dare_seed(seed: int, task: int, key: str) -> int:
-    """The seed of the DARE mask of task ``task`` (0-based expert index) at ``key``.
-
-    The first 8 bytes (little-endian, top bit cleared) of
-    ``sha256(f"acetools.dare:{seed}:{task}:{key}")``. It depends only on these three values,
-    so a mask does not change with the order of the keys, the other keys, the device or the
-    dtype (docs/methods.md §DARE: the seed is fixed per task). Reordering the experts changes
-    which mask each one gets.
-    """
+    """The seed of the DARE mask of expert ``task`` at ``key`` (docs/methods.md §DARE): the first 8 bytes
+    (little-endian, top bit cleared) of ``sha256(f"acetools.dare:{seed}:{task}:{key}")``."""
     digest = hashlib.sha256(f"acetools.dare:{int(seed)}:{int(task)}:{key}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
 def dare_mask(shape: Sequence[int] | torch.Size, p: float, seed: int, task: int, key: str,
               device: str | torch.device = "cpu") -> Tensor:
-    """Boolean DARE drop mask m ~ Bernoulli(p) (True = dropped), docs/methods.md §DARE.
-
-    Drawn on the CPU from ``make_generator(dare_seed(seed, task, key))`` as
-    ``torch.rand(shape) < p`` in float32, then moved to ``device``: the same seed gives the
-    same mask on every device and for every input dtype.
-    """
+    """Boolean DARE drop mask m ~ Bernoulli(p) (True = dropped; docs/methods.md §DARE), drawn on the CPU from
+    :func:`dare_seed` as float32 ``torch.rand(shape) < p``, so the same on every device and dtype."""
     if not 0 <= p < 1:
         raise InputError(f"DARE drop rate p={p!r} must be in [0, 1)")
     g = make_generator(dare_seed(seed, task, key))
@@ -325,10 +268,7 @@ def dare_mask(shape: Sequence[int] | torch.Size, p: float, seed: int, task: int,
 
 
 def drop_and_rescale(tau: Tensor, dropped: Tensor, p: float, rescale: bool = True) -> Tensor:
-    """tau_hat = (1 - m) * tau / (1 - p) (docs/methods.md §DARE) for a given boolean drop mask ``m``.
-
-    Without ``rescale`` the survivors keep their values. Returns a new tensor.
-    """
+    """tau_hat = (1 - m) * tau / (1 - p) for a boolean drop mask ``m`` (without ``rescale``: no division)."""
     if dropped.shape != tau.shape:
         raise InputError(f"DARE mask shape {tuple(dropped.shape)} does not match the task vector {tuple(tau.shape)}")
     kept = torch.where(dropped.to(tau.device), 0, tau)
@@ -384,11 +324,8 @@ def _check_seed(value) -> str | None:
     merge=_MERGE,
 )
 def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k, scope, merge, global_trim=None):
-    """DARE, docs/methods.md §DARE (Yu et al. 2024): drop each task vector's entries with probability ``p``
-    (rescaled by 1/(1 - p) unless ``rescale=False``; masks seeded per (task, key) by :func:`dare_seed`, so
-    the result does not depend on device, dtype or key order), then task arithmetic or TIES
-    (``base_method``), scaled by ``lam``. ``global_trim``: as for :func:`ties`.
-    """
+    """DARE (docs/methods.md §DARE): :func:`dare_task_vectors`, then task arithmetic or TIES (``base_method``),
+    times ``lam``. ``global_trim``: as for :func:`ties`."""
     dropped = dare_task_vectors(task_vectors, p, seed, rescale)
     keys = list(base)
     if base_method == "task_arithmetic":

@@ -1,10 +1,6 @@
-"""WUDI-Merging (Cheng et al., ICML 2025, arXiv 2503.08099), docs/methods.md §WUDI.
-
-Per linear weight, Adam minimises L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p
-(Eq. (WUDI.1)) from the sum of the task vectors. Stages: :func:`wudi_loss`, :func:`wudi_grad` (its
-analytic gradient 2 (tau_m S - C), with S and C precomputed once in float64, checked against
-autograd by a test), :func:`wudi_matrix` and the registered :func:`wudi`. A zero task vector
-contributes nothing (its 0/0 weight is taken as 0).
+"""WUDI-Merging (Cheng et al., ICML 2025), docs/methods.md §WUDI: per linear weight, Adam on
+L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p (:func:`wudi_loss`, its analytic gradient
+:func:`wudi_grad`) from the summed task vectors. A zero task vector contributes nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from ..errors import InputError
 from ..utils import progress
 from ._registry import Param, register
 from .averaging import mean_update
-from .svd import stack_taus
+from .svd import check_matrix_key, stack_taus
 
 __all__ = ["VIT_TARGETS", "wudi_weights", "wudi_loss", "wudi_grad", "wudi_matrix", "is_wudi_target", "wudi"]
 
@@ -37,11 +33,8 @@ def wudi_weights(taus: Sequence[Tensor] | Tensor, p: float = 2.0) -> Tensor:
 
 
 def wudi_loss(tau_m: Tensor, taus: Sequence[Tensor] | Tensor, p: float = 2.0) -> Tensor:
-    """L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p (docs/methods.md §WUDI, Eq. (WUDI.1)).
-
-    A direct, differentiable transcription (autograd works through it); zero task vectors
-    contribute 0.
-    """
+    """L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p (docs/methods.md §WUDI, Eq. (WUDI.1)), as
+    written (differentiable)."""
     X = stack_taus(taus)
     w = wudi_weights(X, p)
     prod = (tau_m.unsqueeze(0) - X) @ X.transpose(1, 2)
@@ -87,15 +80,9 @@ def wudi_matrix(
     key: str = "",
     return_losses: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """WUDI for one matrix: ``steps`` Adam steps (betas 0.9/0.999, eps 1e-8, weight decay 0) on L.
-
-    Adam is the textbook update, in torch.optim.Adam's operation order (see :func:`_adam_step`).
-
-    tau_m starts at sum_t tau_t (``init="sum"``, the paper and official code) or at the mean
-    (``init="mean"``). The gradient is the analytic 2 (tau_m S - C) (see the module docstring),
-    evaluated in the task vectors' dtype with S and C built in float64. Deterministic.
-    With ``return_losses=True`` also returns the loss before each step (length ``steps``), from
-    the quadratic form tr(tau_m S tau_m^T) - 2 <tau_m, C> + c0, in float64.
+    """WUDI for one matrix: ``steps`` Adam steps (betas 0.9/0.999, eps 1e-8) on L from the sum (``init="sum"``)
+    or the mean of the task vectors, with the gradient 2 (tau_m S - C) (S, C built in float64). With
+    ``return_losses`` also the float64 loss before each step.
     """
     X = stack_taus(taus, key)
     if init not in _INITS:
@@ -127,11 +114,8 @@ _BETA1, _BETA2, _EPS = 0.9, 0.999, 1e-8
 
 
 def _adam_step(x: Tensor, grad: Tensor, m: Tensor, v: Tensor, step: int, lr: float) -> None:
-    """One in-place Adam step (Kingma & Ba, Alg. 1; betas 0.9/0.999, eps 1e-8, no weight decay).
-
-    Written in the operation order of ``torch.optim.Adam``'s single-tensor path, so the two
-    agree to rounding, without importing torch.optim (whose first step imports torch._dynamo).
-    """
+    """One in-place Adam step in ``torch.optim.Adam``'s operation order, without importing torch.optim (whose
+    first step imports torch._dynamo)."""
     m.lerp_(grad, 1 - _BETA1)
     v.mul_(_BETA2).addcmul_(grad, grad, value=1 - _BETA2)
     step_size = lr / (1 - _BETA1**step)
@@ -163,13 +147,8 @@ def is_wudi_target(key: str, tensor: Tensor, targets: str, is_matrix) -> bool:
                   choices=("matrix", "vit")),
 )
 def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
-    """WUDI-Merging, docs/methods.md §WUDI: theta = theta0 + tau_m, tau_m from :func:`wudi_matrix` per target key.
-
-    Defaults (docs/methods.md §WUDI): p = 2, 300 steps, lr 1e-5, init at the sum; every
-    ``is_matrix`` key optimised and the other keys averaged (``targets="matrix"``,
-    ``others="mean"``, fusion_bench style). The official ViT script corresponds to
-    ``p=1, targets="vit", others="base"`` (non-target keys stay at W0).
-    """
+    """WUDI-Merging (docs/methods.md §WUDI): :func:`wudi_matrix` on every target key, the others averaged or at W0;
+    the official ViT script is ``p=1, targets="vit", others="base"``."""
     if targets == "vit" and not any(is_wudi_target(k, w, targets, is_matrix) for k, w in base.items()):
         raise InputError(
             f"wudi: targets='vit' selects keys ending in {list(VIT_TARGETS)} (open_clip names) and none matches, so "
@@ -179,11 +158,7 @@ def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
     for key in progress(list(base), desc="WUDI"):
         W0 = base[key]
         if is_wudi_target(key, W0, targets, is_matrix):
-            if W0.ndim != 2:
-                raise InputError(
-                    f"wudi: is_matrix selected key {key!r} with shape {tuple(W0.shape)}, but WUDI needs "
-                    "2-D tensors; return False for it from is_matrix"
-                )
+            check_matrix_key("wudi", key, W0)
             out[key] = wudi_matrix([tv[key] for tv in task_vectors], steps=steps, lr=lr, p=p, init=init, key=key)
         elif others == "mean":
             out[key] = mean_update(task_vectors, key)
