@@ -19,23 +19,11 @@ from acetools.course.ace_step_by_step import (
     TAU,
     Ablation,
 )
-from acetools.course.paper_tables import ACE_STAGE_ABLATION, paper_room
 from acetools.errors import InputKeyError
 
-from .verdicts import (
-    NOISE,
-    NOT_TESTABLE,
-    TIE,
-    UNDECIDABLE,
-    Effect,
-    Verdict,
-    World,
-    agreement,
-    compare,
-    decide,
-    effect,
-    threshold,
-)
+from . import verdicts as V
+from .paper_tables import ACE_STAGE_ABLATION, paper_room
+from .verdicts import NOISE  # the lesson reads it here (ace_claims.NOISE)
 
 #: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
 GAMMA_VIT = 0.25
@@ -78,10 +66,10 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float],
 
 
 def _agree_reason(parts: Sequence[str], noise: float) -> str:
-    return "; ".join(parts) + f" (normalized points; within ±{noise} = {TIE})"
+    return "; ".join(parts) + f" (normalized points; within ±{noise} = {V.TIE})"
 
 
-def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> Verdict:
+def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> V.Verdict:
     """ace.gamma_vit (rule: docs/course.md §Claim rules) at the paper's ViT level ``vit``; the RoBERTa
     half is not testable in a vision world."""
     g = gtable["gamma"].to_numpy(dtype=float)
@@ -99,10 +87,10 @@ def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> V
               f"-> partly; the RoBERTa half is not testable here")
     measured = (f"median gamma {nums['median_gamma']:.3g}, {100 * nums['frac_below_vit']:.0f}% of "
                 f"matrices < {vit:g}, {100 * nums['frac_flagged']:.0f}% > {tau}")
-    return Verdict(measured, v, reason, nums, value=nums["median_gamma"])
+    return V.Verdict(measured, v, reason, nums, value=nums["median_gamma"])
 
 
-#: The effect each stage has in the paper's ViT setting (:data:`acetools.course.paper_tables.ACE_STAGE_ABLATION`):
+#: The effect each stage has in the paper's ViT setting (:data:`claimkit.paper_tables.ACE_STAGE_ABLATION`):
 #: what a vision world's stage claims predict.
 VIT_STAGE_EFFECT: dict[str, float] = {k: v["effect"] for k, v in ACE_STAGE_ABLATION.items()}
 
@@ -111,31 +99,31 @@ def _paper_room_vit(n_tasks: int) -> float:
     return paper_room("spec", n_tasks if n_tasks in (8, 14, 20) else 8)
 
 
-def _stage_effect(s: Mapping[str, Any], d: float, *, world: World | None, n_tasks: Mapping[str, int] | None,
-                  paper: float | None, noise: float) -> Effect:
+def _stage_effect(s: Mapping[str, Any], d: float, *, world: V.World | None, n_tasks: Mapping[str, int] | None,
+                  paper: float | None, noise: float) -> V.Effect:
     """A stage claim's :class:`~claimkit.verdicts.Effect` at one suite: with ``world`` and ``paper`` (the paper's
     effect on its ViT-B/16 ablation) the prediction is scaled to the world's room."""
     if world is None or paper is None:
-        return effect(s["suite"], d, noise=noise)
+        return V.effect(s["suite"], d, noise=noise)
     if n_tasks is None or s["suite"] not in n_tasks:
         raise InputKeyError(f"suite {s['suite']!r}: n_tasks= must give its number of tasks to scale the paper's effect")
     n = int(n_tasks[s["suite"]])
-    return effect(s["suite"], d, paper=paper, paper_room=_paper_room_vit(n), world_room=world.room_at(n), noise=noise)
+    return V.effect(s["suite"], d, paper=paper, paper_room=_paper_room_vit(n), world_room=world.room_at(n), noise=noise)
 
 
 def _better_everywhere(name: str, per_suite: Sequence[Mapping[str, Any]], noise: float,
-                       label: str | None = None) -> Verdict:
-    agree = [compare(s["d"], noise=noise) == "better" for s in per_suite]
-    parts = [f"{s['suite']}: {s.get('what', name)} = {s['d']:+.2f} ({compare(s['d'], noise=noise)})"
+                       label: str | None = None) -> V.Verdict:
+    agree = [V.compare(s["d"], noise=noise) == "better" for s in per_suite]
+    parts = [f"{s['suite']}: {s.get('what', name)} = {s['d']:+.2f} ({V.compare(s['d'], noise=noise)})"
              for s in per_suite]
     nums = {s["suite"]: dict(s) for s in per_suite}
     measured = "; ".join(f"{s['suite']}: {label or s.get('what', name)} {s['d']:+.2f}" for s in per_suite)
-    return Verdict(measured, agreement(agree), _agree_reason(parts, noise), nums,
-                   [effect(s["suite"], s["d"], noise=noise) for s in per_suite])
+    return V.Verdict(measured, V.agreement(agree), _agree_reason(parts, noise), nums,
+                   [V.effect(s["suite"], s["d"], noise=noise) for s in per_suite])
 
 
 def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE,
-                          flag_fraction: float = FLAG_FRACTION) -> Verdict:
+                          flag_fraction: float = FLAG_FRACTION) -> V.Verdict:
     """ace.normalization (rule: docs/course.md §Claim rules). ``per_suite``: dicts with ``suite``,
     ``frac_flagged``, ``d_auto`` and ``d_forced`` (:func:`ablation_effects`); a half with no
     high-gamma suite is not testable here."""
@@ -143,18 +131,18 @@ def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: floa
     high = [s for s in per_suite if s["frac_flagged"] > flag_fraction]
     for s in per_suite:
         if s["frac_flagged"] > flag_fraction:
-            ok = compare(s["d_auto"], noise=noise) == "better"
+            ok = V.compare(s["d_auto"], noise=noise) == "better"
             parts.append(f"{s['suite']}: high gamma ({100 * s['frac_flagged']:.0f}% flagged), "
                          f"normalise flagged - never = {s['d_auto']:+.2f}")
-            effects.append(effect(f"{s['suite']} (flagged layers)", s["d_auto"], noise=noise))
+            effects.append(V.effect(f"{s['suite']} (flagged layers)", s["d_auto"], noise=noise))
         else:
-            ok = compare(s["d_forced"], noise=noise) != "better"
+            ok = V.compare(s["d_forced"], noise=noise) != "better"
             parts.append(f"{s['suite']}: low gamma ({100 * s['frac_flagged']:.0f}% flagged), gate forced: "
                          f"always - never normalise = {s['d_forced']:+.2f}")
-            effects.append(effect(f"{s['suite']} (gate forced)", s["d_forced"], noise=noise))
+            effects.append(V.effect(f"{s['suite']} (gate forced)", s["d_forced"], noise=noise))
         agree.append(ok)
     nums = {s["suite"]: dict(s) for s in per_suite}
-    v = agreement(agree)
+    v = V.agreement(agree)
     reason = _agree_reason(parts, noise)
     if not high:
         reason += ("; the high-gamma half is not testable here (no suite has more than "
@@ -163,45 +151,45 @@ def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: floa
             v = "partly"
     measured = "; ".join(f"{s['suite']}: normalise flagged − never {s['d_auto']:+.2f}, normalise all (gate forced) − "
                          f"never {s['d_forced']:+.2f}" for s in per_suite)
-    return Verdict(measured, v, reason, nums, effects)
+    return V.Verdict(measured, v, reason, nums, effects)
 
 
-def verdict_csp(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE, ridge_over_prior: float | None = None,
-                eps: float | None = None) -> Verdict:
+def verdict_csp(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE,
+                ridge_over_prior: float | None = None, eps: float | None = None) -> V.Verdict:
     """ace.csp (rule: docs/course.md §Claim rules). ``per_suite``: dicts with ``suite`` and ``d``;
     ``ridge_over_prior`` above 1 (the ridge swamps the prior) makes the claim not testable at ``eps``."""
     at = f" at eps {eps:g}" if eps is not None else ""
     if ridge_over_prior is not None and ridge_over_prior > 1:
         v = _better_everywhere("full - no prior", per_suite, noise, label="full − no prior")
-        return Verdict(v.measured, NOT_TESTABLE,
+        return V.Verdict(v.measured, V.NOT_TESTABLE,
                        f"the isotropic ridge{at} is {ridge_over_prior:.3g}× the structural prior (median over "
                        f"matrices): the prior does not act, so prior and no prior regularise alike; measured beside: "
                        f"{v.reason}", {**v.numbers, "ridge_over_prior": ridge_over_prior, "eps": eps}, v.effects)
     v = _better_everywhere("full - no prior", per_suite, noise, label="full − no prior")
     extra = {"ridge_over_prior": ridge_over_prior, "eps": eps}
     why = v.reason + (f"; ridge/prior {ridge_over_prior:.3g}{at}" if ridge_over_prior is not None else "")
-    return Verdict(v.measured, v.verdict, why, {**v.numbers, **extra}, v.effects)
+    return V.Verdict(v.measured, v.verdict, why, {**v.numbers, **extra}, v.effects)
 
 
-def verdict_refinement(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE, world: World | None = None,
+def verdict_refinement(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE, world: V.World | None = None,
                        n_tasks: Mapping[str, int] | None = None,
-                       paper_effect: float | None = VIT_STAGE_EFFECT["refinement"]) -> Verdict:
+                       paper_effect: float | None = VIT_STAGE_EFFECT["refinement"]) -> V.Verdict:
     """ace.refinement (rule: docs/course.md §Claim rules). ``per_suite``: dicts with ``suite``, ``d``,
     ``what`` (:func:`ablation_effects`); ``paper_effect`` (default the ViT-B/16 ablation,
     :data:`VIT_STAGE_EFFECT`) is scaled to ``world``'s room (docs/course.md §Scaling rule)."""
     base = _better_everywhere("refine - no refine", per_suite, noise)
     effects = [_stage_effect(s, s["d"], world=world, n_tasks=n_tasks, paper=paper_effect, noise=noise)
                for s in per_suite]
-    agree = [compare(s["d"], noise=noise) == "better" for s in per_suite]
-    v, note = decide(effects, agree)
+    agree = [V.compare(s["d"], noise=noise) == "better" for s in per_suite]
+    v, note = V.decide(effects, agree)
     reason = base.reason + (f"; {note}" if note else "")
-    if v == UNDECIDABLE:
+    if v == V.UNDECIDABLE:
         reason = ("the paper's own ViT-B/16 ablation has refinement at 90.60 → 90.60, so the effect it predicts here "
                   f"is {effects[0].predicted:+.2f}, at or below the floor: measured " + base.reason)
-    return Verdict(base.measured, v, reason, base.numbers, effects)
+    return V.Verdict(base.measured, v, reason, base.numbers, effects)
 
 
-def verdict_spectrum(stable: Any, *, energy: float = PAPER_ENERGY, cond: float = PAPER_COND) -> Verdict:
+def verdict_spectrum(stable: Any, *, energy: float = PAPER_ENERGY, cond: float = PAPER_COND) -> V.Verdict:
     """ace.spectrum (rule: docs/course.md §Claim rules), on the medians of ``top_energy_pre`` and ``cond_pre_trim``."""
     e = float(stable["top_energy_pre"].median())
     c = float(stable["cond_pre_trim"].median())
@@ -209,14 +197,14 @@ def verdict_spectrum(stable: Any, *, energy: float = PAPER_ENERGY, cond: float =
     nums = {"median_top5_energy": e, "median_cond_trim": c, "median_cond_raw": craw,
             "frac_top5_ge_paper": float((stable["top_energy_pre"] >= energy).mean()),
             "frac_cond_gt_paper": float((stable["cond_pre_trim"] > cond).mean())}
-    v = agreement([e >= energy, c > cond])
+    v = V.agreement([e >= energy, c > cond])
     reason = (f"median over {len(stable)} matrices: top-5% energy {100 * e:.1f}% (paper 99%+), condition number "
               f"{c:.3g} without the centring's structural zero ({craw:.3g} with it; paper > {cond:.3g})")
     measured = f"median top-5% energy {100 * e:.1f}%, condition number {c:.3g} (raw {craw:.3g})"
-    return Verdict(measured, v, reason, nums, value=100 * e)
+    return V.Verdict(measured, v, reason, nums, value=100 * e)
 
 
-def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> Verdict:
+def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> V.Verdict:
     """ace.direction (rule: docs/course.md §Claim rules) on the median ``cos_hooked`` of ``layer_table``
     (NaN rows skipped), ``cos_sum`` and chance beside; without hooked values, on ``cos_sum`` (said so)."""
     def med(c: str) -> float:
@@ -230,7 +218,7 @@ def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> Ve
             "median_cos_experts": med("cos_experts"), "median_cos_random": med("cos_random"),
             "decided_on": "cos_hooked" if n_hooked else "cos_sum"}
     m = m_hooked if n_hooked else m_sum
-    v = threshold(m, high, low)
+    v = V.threshold(m, high, low)
     context = (f"vs sum_t ΔW_t {m_sum:.2f}, single experts {nums['median_cos_experts']:.2f}, "
                f"chance {nums['median_cos_random']:.2f}")
     if n_hooked:
@@ -245,7 +233,7 @@ def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> Ve
                   f"(single experts {nums['median_cos_experts']:.2f}, chance {nums['median_cos_random']:.2f}); "
                   f"rule: >= {high} reproduced, >= {low} partly")
         measured = f"median direction cosine with sum_t ΔW_t {m_sum:.2f} (chance {nums['median_cos_random']:.2f})"
-    return Verdict(measured, v, reason, nums, value=m)
+    return V.Verdict(measured, v, reason, nums, value=m)
 
 
 #: The eps the paper reports for ViTs; the stage claims are decided there (the code's default,
@@ -263,8 +251,8 @@ def ridge_over_prior(stable: Any) -> float | None:
 
 
 def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: Mapping[str, float], *,
-                   tau: float = TAU, world: World | None = None, n_tasks: Mapping[str, int] | None = None,
-                   eps: float | None = None, beside: Mapping[str, Any] | None = None) -> dict[str, Verdict]:
+                   tau: float = TAU, world: V.World | None = None, n_tasks: Mapping[str, int] | None = None,
+                   eps: float | None = None, beside: Mapping[str, Any] | None = None) -> dict[str, V.Verdict]:
     """The verdicts of notebook 02's claims, by id. ``world`` and ``n_tasks`` scale the paper's stage
     effects; ``beside`` = ``{"eps", "stable", "ablation"}`` at the code's default eps, where ace.csp and
     ace.spectrum are decided too and shown beside, not judged."""
@@ -294,14 +282,14 @@ def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: M
     return out
 
 
-def decided_at(v: Verdict, eps: float | None) -> Verdict:
+def decided_at(v: V.Verdict, eps: float | None) -> V.Verdict:
     """``v`` with the eps it was decided at in its reason and ``numbers["eps"]`` (None: no text):
     notebook 02's stage claims."""
     at = f" (decided at eps {eps:g}, the paper's ViT setting)" if eps is not None else ""
     return v.with_reason(v.reason + at, eps=eps)
 
 
-def with_beside(v: Verdict, side: Mapping[str, Any]) -> Verdict:
+def with_beside(v: V.Verdict, side: Mapping[str, Any]) -> V.Verdict:
     """``v`` with the verdict at the code default eps shown beside it (not judged): ``side`` =
     ``{"eps", "verdict", "measured", "reason"}``, stored as ``numbers["beside"]``."""
     return v.with_reason(f"{v.reason}; beside it, the code default eps {side['eps']:g}: {side['verdict']} "

@@ -8,10 +8,10 @@ from typing import Any
 
 import pandas as pd
 
-from acetools.course.esm_step_by_step import TSV_M_ROW, ablation_text
-from acetools.course.paper_tables import ESM_ABLATION, paper_room
+from acetools.course.esm_step_by_step import TSV_M_ROW
 from acetools.errors import InputError
 
+from .paper_tables import ESM_ABLATION, paper_room
 from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare, decide, effect
 
 
@@ -27,6 +27,14 @@ def _mean_by(table: pd.DataFrame, data: str, cols: Sequence[str]) -> pd.DataFram
 FEWER: float = 0.5
 
 
+def _ladder(full: bool, better: bool, reproduced: str, partly: str, worse: str) -> tuple[str, str]:
+    """``(verdict, reason)`` of an "ESD beats SVD" claim: reproduced when ``full`` holds, partly when
+    only ``better`` does, else not reproduced."""
+    if full:
+        return "reproduced", reproduced
+    return ("partly", partly) if better else ("not reproduced", worse)
+
+
 def verdict_energy(table: pd.DataFrame, data: str = "held-out", *, retention: float | None = None) -> Verdict:
     """esm.energy (rule: docs/course.md §Claim rules), measured on ``data`` (held-out by default:
     in-sample, ESD >= SVD by construction; in-sample numbers are reported beside)."""
@@ -39,12 +47,10 @@ def verdict_energy(table: pd.DataFrame, data: str = "held-out", *, retention: fl
     nums = numbers(data)
     diff, ratio = nums["diff_points"], nums["k90_ratio"]
     more = f"ESD keeps {diff:+.1f} points more energy"
-    if compare(diff) == "better" and ratio <= FEWER:
-        v, why = "reproduced", f"{more} and needs {ratio:.2f}x the components for 90 %"
-    elif compare(diff) == "better":
-        v, why = "partly", f"{more} but needs {ratio:.2f}x (not <= {FEWER}x) the components for 90 %"
-    else:
-        v, why = "not reproduced", f"ESD minus SVD energy {diff:+.1f} points is within noise or negative"
+    v, why = _ladder(compare(diff) == "better" and ratio <= FEWER, compare(diff) == "better",
+                     f"{more} and needs {ratio:.2f}x the components for 90 %",
+                     f"{more} but needs {ratio:.2f}x (not <= {FEWER}x) the components for 90 %",
+                     f"ESD minus SVD energy {diff:+.1f} points is within noise or negative")
     at = f" at {100 * retention:g} % of the components" if retention is not None else ""
     measured = (f"energy{at} ({data}): ESD {nums['energy_esd']:.1f} % vs SVD {nums['energy_svd']:.1f} %; components "
                 f"for 90 %: {nums['k90_esd']:.1f} vs {nums['k90_svd']:.1f}")
@@ -66,12 +72,10 @@ def verdict_cka(table: pd.DataFrame, data: str = "held-out", *, retention: float
     avg = float(diffs["all layers"])
     nums = {"cka_esd": float(by["cka_esd"]["all layers"]), "cka_svd": float(by["cka_svd"]["all layers"]),
             "diff_points": avg, "diff_by_type": per_type, "data": data}
-    if all(compare(d) == "better" for d in per_type.values()):
-        v, why = "reproduced", f"ESD's CKA is higher by {avg:+.1f} points on average and in every layer type"
-    elif compare(avg) == "better":
-        v, why = "partly", f"ESD's CKA is higher by {avg:+.1f} points on average but not in every layer type"
-    else:
-        v, why = "not reproduced", f"ESD minus SVD CKA {avg:+.1f} points is within noise or negative"
+    v, why = _ladder(all(compare(d) == "better" for d in per_type.values()), compare(avg) == "better",
+                     f"ESD's CKA is higher by {avg:+.1f} points on average and in every layer type",
+                     f"ESD's CKA is higher by {avg:+.1f} points on average but not in every layer type",
+                     f"ESD minus SVD CKA {avg:+.1f} points is within noise or negative")
     at = f" at {100 * retention:g} %" if retention is not None else ""
     measured = f"linear CKA{at} ({data}): ESD {nums['cka_esd']:.3f} vs SVD {nums['cka_svd']:.3f}"
     return Verdict(measured, v, why, nums, value=avg)
@@ -203,7 +207,7 @@ def _also(v: Verdict, gains: Mapping[str, float], what: str) -> Verdict:
 
 
 def _ablation_gain(a: tuple[str, str], b: tuple[str, str]) -> dict[int, float]:
-    """Row ``a`` minus row ``b`` of the paper's ESM ablation (:data:`acetools.course.paper_tables.ESM_ABLATION`)."""
+    """Row ``a`` minus row ``b`` of the paper's ESM ablation (:data:`claimkit.paper_tables.ESM_ABLATION`)."""
     t = ESM_ABLATION.set_index(["decomposition", "scaling"])
     return {n: float(t.loc[a, f"tasks{n}"] - t.loc[b, f"tasks{n}"]) for n in (8, 20)}
 
@@ -278,8 +282,10 @@ def ablation_verdicts(ab_table: pd.DataFrame, *, world: Any = None,
     def gain(a: str, b: str) -> dict[str, float]:
         return {s: float(acc.loc[a, s] - acc.loc[b, s]) for s in acc.columns}
 
-    def words(cid: str) -> str:
-        return "test accuracy (%) " + ablation_text(acc, list(ABLATION_CLAIMS[cid]))
+    def words(cid: str) -> str:  # e.g. "test accuracy (%) tasks8: ESD, no scaling 70.10 / TSV-M ... 68.30"
+        rows = ABLATION_CLAIMS[cid]
+        return "test accuracy (%) " + "; ".join(f"{s}: " + " / ".join(f"{r} {acc.loc[r, s]:.2f}" for r in rows)
+                                                for s in acc.columns)
 
     g = {"esm.esd_alone": gain("ESD, no scaling", TSV_M_ROW), "esm.ps_on_svd": gain("SVD, all levels", TSV_M_ROW),
          "esm.layer_first": gain("ESD, layer only", "ESD, no scaling"),

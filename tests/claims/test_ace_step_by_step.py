@@ -86,7 +86,7 @@ def test_verdict_csp_and_refinement():
 
 
 def test_refinement_in_a_vision_world_is_undecidable_as_the_papers_own_vit_row():
-    from acetools.course import paper_tables
+    from claimkit import paper_tables
     from claimkit.verdicts import World
 
     w = World("mini-world", "full", {8: 4.1, 20: 3.1})

@@ -14,6 +14,7 @@ from acetools.course import benchmark as lesson
 from acetools.course import paper_tables
 from claimkit import benchmark as BV
 from claimkit import claims
+from claimkit.paper_tables import ACE_CLAIMED_RANKS, paper_lead, paper_room, table_rivals
 from claimkit.verdicts import NOISE
 from tests.course.test_benchmark import three_suites
 from tests.test_results import summary_rows
@@ -32,7 +33,7 @@ def _paper_world(table: str):
     """The paper's own world: its room is the paper's, so every prediction is the paper's effect."""
     from claimkit.verdicts import World
 
-    return World(f"paper {table}", "full", {n: paper_tables.paper_room(table, n) for n in (8, 14, 20)})
+    return World(f"paper {table}", "full", {n: paper_room(table, n) for n in (8, 14, 20)})
 
 
 def _variant_data(summary):
@@ -233,21 +234,21 @@ def test_targets_without_data_say_so():
 
 def test_the_rules_pass_the_papers_own_tables():
     ace = _paper_summary("ace", {8: "ViT-B/32", 14: "ViT-B/16", 20: "ViT-L/14"})
-    rivals = paper_tables.table_rivals("ace", 8, "ace")
+    rivals = table_rivals("ace", 8, "ace")
     assert sorted(rivals) == sorted(m for m in set(ace["method"]) if m != "ace")  # exactly the paper's table
-    lead = {f"t{n}": (paper_tables.paper_lead("ace", n, "ace")[0], paper_tables.paper_room("ace", n))
+    lead = {f"t{n}": (paper_lead("ace", n, "ace")[0], paper_room("ace", n))
             for n in (8, 14, 20)}
     a = BV.assess_beats(ace, "ace", rivals, paper=lead, world=_paper_world("ace"))
     assert a.verdict == "reproduced"  # +2.0 / +1.5 / +1.6, each its own prediction, all above NOISE
     assert [e.predicted for e in a.effects] == pytest.approx([2.0, 1.5, 1.6])
-    assert BV.assess_ordering(ace, paper_tables.ACE_CLAIMED_RANKS).verdict == "reproduced"
+    assert BV.assess_ordering(ace, ACE_CLAIMED_RANKS).verdict == "reproduced"
     # the wider collected table has Iso-CTS and ESM above ACE: a rule with that rival set fails the paper
     spec = _paper_summary("spec", {8: "ViT-B/16", 14: "ViT-B/16", 20: "ViT-B/16"})
-    assert BV.assess_beats(spec, "ace", paper_tables.table_rivals("spec", 8, "ace")).verdict == "not reproduced"
+    assert BV.assess_beats(spec, "ace", table_rivals("spec", 8, "ace")).verdict == "not reproduced"
     esm = _paper_summary("esm", {8: "ViT-B/16", 14: "ViT-B/16", 20: "ViT-B/16"})
-    esm_rivals = paper_tables.table_rivals("esm", 8, "esm")
+    esm_rivals = table_rivals("esm", 8, "esm")
     assert sorted(esm_rivals) == ["iso_cts", "task_arithmetic", "tsv_m"]
-    esm_lead = {f"t{n}": (paper_tables.paper_lead("esm", n, "esm")[0], paper_tables.paper_room("esm", n))
+    esm_lead = {f"t{n}": (paper_lead("esm", n, "esm")[0], paper_room("esm", n))
                 for n in (8, 14, 20)}
     e = BV.assess_beats(esm, "esm", esm_rivals, paper=esm_lead, world=_paper_world("esm"))
     assert e.verdict == "reproduced"  # +0.7 / +1.0 / +2.5
@@ -267,7 +268,7 @@ def test_beats_is_undecidable_where_the_scaled_lead_is_below_the_floor():
     # rooms 8.0 / 3.1 / 3.1 against ACE's table's (15.1 / 14.1 / 13.7): predicted +1.06 / +0.33 / +0.36;
     # only the 8-task suite has power (at least twice the 0.5 margin), and there ACE loses
     s = three_suites([{"ace": [80, 80.2], "tsv_m": [83, 83.1]}] * 3)
-    lead = {f"t{n}": (paper_tables.paper_lead("ace", n, "ace")[0], paper_tables.paper_room("ace", n))
+    lead = {f"t{n}": (paper_lead("ace", n, "ace")[0], paper_room("ace", n))
             for n in (8, 14, 20)}
     w = World("mini", "full", {8: 8.0, 14: 3.1, 20: 3.1})
     a = BV.assess_beats(s, "ace", ["tsv_m"], paper=lead, world=w)

@@ -86,7 +86,7 @@ def test_verdicts_follow_their_rules():
 
 
 def test_ablation_verdicts_pass_the_papers_table():
-    from acetools.course import paper_tables as pt
+    from claimkit import paper_tables as pt
 
     ab = pt.ESM_ABLATION.set_index(["decomposition", "scaling"])
     assert PAPER_ABLATION[ec.TSV_M_ROW] == tuple(ab.loc[("SVD", "none"), ["tasks8", "tasks20"]])
@@ -132,6 +132,8 @@ def test_ablation_verdicts_judge_against_tsv_m_and_keep_the_in_pipeline_rows():
     assert esd.numbers["gain_vs_inpipeline_svd_t8"] == pytest.approx(3.9)
     assert ps.numbers["gain_vs_inpipeline_svd_t20"] == pytest.approx(3.0)
     assert "TSV-M" in esd.measured and "SVD, no scaling" in esd.measured and "in-pipeline" in esd.reason
+    assert esd.measured.startswith("test accuracy (%) t20: ESD, no scaling 82.80 / TSV-M")
+    assert "; t8: ESD, no scaling 90.90 / TSV-M (the paper's SVD row) 90.80 / SVD, no scaling 87.00" in esd.measured
     # and the other way round: a weak TSV-M gives the gains, whatever the in-pipeline row says
     acc[ec.TSV_M_ROW], acc["SVD, no scaling"] = (87.0, 79.0), (92.0, 84.0)
     v = EV.ablation_verdicts(_ablation(acc))

@@ -15,6 +15,7 @@ from acetools.results import find_results, save_correctness
 from acetools.stats import Z_95
 from claimkit import benchmark as BV
 from claimkit import verdicts as V
+from claimkit.paper_tables import table_rivals
 from claimkit.power import paired_rows
 
 
@@ -35,13 +36,13 @@ def _beats(winner: str, rivals: list[str], columns: dict[int, pd.Series]) -> V.V
 def test_the_papers_own_tables_pass_the_power_rule():
     # ACE over its table's best rival: +2.0 / +1.5 / +1.6, every lead at least twice the 0.5 floor
     ace_cols = {n: P.comparison_columns("ace", n) for n in (8, 14, 20)}
-    ace = _beats("ace", P.table_rivals("ace", 8, "ace"), ace_cols)
+    ace = _beats("ace", table_rivals("ace", 8, "ace"), ace_cols)
     assert ace.verdict == "reproduced" and [e.decidable for e in ace.effects] == [True, True, True]
     assert [round(e.predicted, 2) for e in ace.effects] == [2.0, 1.5, 1.6]
     # ESM over Iso-CTS on ViT-B/16: +0.7 (below 2 x 0.5: undecidable, a tie the table cannot resolve),
     # +1.0 and +2.5 decided and reproduced
     esm_cols = {n: P.comparison_columns("esm", n) for n in (8, 14, 20)}
-    esm = _beats("esm", P.table_rivals("esm", 8, "esm"), esm_cols)
+    esm = _beats("esm", table_rivals("esm", 8, "esm"), esm_cols)
     assert [e.decidable for e in esm.effects] == [False, True, True] and esm.verdict == "reproduced"
     assert "needs" in esm.reason and "tasks8" in esm.reason
     # ESM on ViT-L/14: +0.1 / +0.3 / +0.3 over Iso-CTS, undecidable everywhere

@@ -312,9 +312,6 @@ def test_run_ablation_reuses_done_runs_and_labels_rows(bench):
     tab = ec.runs_table(runs, suite="x")
     assert list(tab.variant) == ["SVD, no scaling", "ESD, all levels"] and (tab.suite == "x").all()
     assert tab.test_acc.iloc[0] == pytest.approx(100 * np.mean(list(runs[0].test.values())))
-    acc = tab.pivot(index="variant", columns="suite", values="test_acc")
-    txt = ec.ablation_text(acc, ["ESD, all levels", "SVD, no scaling"])
-    assert txt.startswith("x: ESD, all levels ") and " / SVD, no scaling " in txt
     plain = ec.plain_runs(tab)  # what a lesson shows: plain headers with units, at most six besides the suite
     assert list(plain.columns) == ["suite", "run", "alpha", "test accuracy (%)", "normalized test accuracy (%)",
                                    "merge (s)", "proxy capture (s)"]

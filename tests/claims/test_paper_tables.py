@@ -1,4 +1,5 @@
-"""acetools.course.paper_tables: the published numbers, their name mapping and internal consistency."""
+"""acetools.course.paper_tables and claimkit.paper_tables: the published numbers, their name mapping and internal
+consistency."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from acetools.course import paper_tables as pt
 from acetools.merging import METHODS
 from acetools.results import REFERENCES, kendall_tau
 from claimkit import claims
+from claimkit import paper_tables as cpt
 
 
 def test_every_name_maps_to_a_registered_method_or_reference():
@@ -76,7 +78,7 @@ def test_comparisons_and_claimed_ranks():
     with pytest.raises(ValueError):
         pt.vision_long("nope")
     # the claimed ranks agree with ACE's own table (up to the CART/TSV-M near-tie)
-    r = pt.ACE_CLAIMED_RANKS
+    r = cpt.ACE_CLAIMED_RANKS
     for n in (8, 14, 20):
         col = pt.comparison_columns("ace", n)
         assert kendall_tau(col[r.index].to_numpy(), r.to_numpy()) >= 0.9
@@ -84,7 +86,7 @@ def test_comparisons_and_claimed_ranks():
 
 
 def test_esm_ablation_matches_main_table_and_claims():
-    ab = pt.ESM_ABLATION.set_index(["decomposition", "scaling"])
+    ab = cpt.ESM_ABLATION.set_index(["decomposition", "scaling"])
     assert ab.loc[("SVD", "none"), "tasks8"] == pt.paper_column("esm", "ViT-B/16", 8)["tsv_m"]
     assert ab.loc[("ESD", "all"), "tasks20"] == pt.paper_column("esm", "ViT-B/16", 20)["esm"]
     gain = ab.loc[("ESD", "none")] [["tasks8", "tasks20"]] - ab.loc[("SVD", "none")][["tasks8", "tasks20"]]
@@ -93,7 +95,7 @@ def test_esm_ablation_matches_main_table_and_claims():
 
 
 def test_language_table():
-    lang = pt.LANGUAGE
+    lang = cpt.LANGUAGE
     assert isinstance(lang, pd.DataFrame)
     ace = lang[lang["method_paper"] == "ACE-Merging"].set_index("model")["value"]
     assert ace["GPT-2"] == 74.1 and ace["RoBERTa-Base"] == 90.4 and ace["RoBERTa-Large"] == 91.7
