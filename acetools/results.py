@@ -306,10 +306,8 @@ def rank_agreement(ours: pd.Series | Mapping[str, float], paper: pd.Series | Map
 def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame:
     """Merge times of ``benchmarks/merge_speed.py`` from every ``<folder>/*/merge_speed.csv`` at ``blocks``
     blocks as a summary-like frame (``suite`` "T<n>", ``merge_seconds``, ``source``, ...); empty if none.
-
-    Only today's code, the default variant, the log-normal world and the function entry count. Times
-    are compared as ratios to TSV-M's, so per T the last file (by name) timing ``tsv_m`` gives every
-    method it times, and the last file timing a method it lacks gives that one."""
+    Times are read as ratios to TSV-M's: per T the last file (by name) timing ``tsv_m`` gives every method
+    it times, the last file timing a method it lacks gives that one."""
     cols = ["suite", "n_tasks", "seed", "method", "kind", "merge_seconds", "blocks", "width", "source"]
     frames = []
     for order, f in enumerate(sorted(Path(folder).glob("*/merge_speed.csv"))):
@@ -317,8 +315,8 @@ def load_merge_speed(folder: str | os.PathLike, blocks: int = 1) -> pd.DataFrame
         if "error" in d.columns:
             d = d[d["error"].isna()]
         d = d[(d["blocks"] == blocks) & d["seconds"].notna()]
-        # one row per method: today's code (not a --before tree), the default variant, and ACE on
-        # the log-normal world (its gate fires there, as on real task vectors)
+        # today's code (not a --before tree), the default variant, the function entry, and the log-normal
+        # world (ACE's gate fires there, as on real task vectors)
         for col, keep in (("code", "now"), ("variant", "-"), ("world", "lognormal"), ("entry", "func")):
             if col in d.columns:
                 d = d[d[col].fillna(keep).astype(str) == keep]
