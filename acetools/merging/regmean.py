@@ -33,8 +33,7 @@ def regmean_matrix(W: Sequence[Tensor], grams: Sequence[Tensor], alpha: float = 
     """
     if len(W) != len(grams) or len(W) == 0:
         raise InputError(f"key {key!r}: got {len(W)} weights and {len(grams)} Gram matrices; need one Gram per weight")
-    A = None
-    B = None
+    A = B = None
     for t, (W_t, G_t) in enumerate(zip(W, grams)):
         G = shrink_gram(G_t.to(W_t.device, torch.float64), alpha)
         W64 = W_t.to(torch.float64)

@@ -301,12 +301,6 @@ def _dare_prepare(view: Any, hparams: Mapping[str, Any]) -> dict[str, Any]:
     return global_trim(view, hparams, drop)
 
 
-def _check_seed(value) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return f"seed must be an int, got {type(value).__name__}"
-    return None
-
-
 @register(
     "dare",
     "DARE: drop each task-vector entry with prob. p, rescale by 1/(1-p), then TA or TIES (docs/methods.md §DARE)",
@@ -316,7 +310,9 @@ def _check_seed(value) -> str | None:
     search=Search("lam", "grid", LAMBDA_GRID),
     p=Param(0.5, "drop rate of the Bernoulli mask, 0 <= p < 1", low=0.0, high=1.0, high_open=True),
     base_method=Param("task_arithmetic", "merge applied after dropping", choices=("task_arithmetic", "ties")),
-    seed=Param(0, "seed of the masks; each (task, key) mask is seeded from it (dare_seed)", check=_check_seed),
+    seed=Param(0, "seed of the masks; each (task, key) mask is seeded from it (dare_seed)",
+               check=lambda v: None if isinstance(v, int) and not isinstance(v, bool) else
+               f"seed must be an int, got {type(v).__name__}"),
     lam=Param(0.3, "scaling of the merged task vector", low=0.0),
     rescale=Param(True, "divide the kept entries by 1 - p", types=(bool,)),
     k=_K,
