@@ -94,14 +94,11 @@ def _spectrum(M: Tensor, top_frac: float, null: int = 0) -> dict[str, float]:
 def layer_table(task_vectors: Sequence[StateDict], W_pre: Mapping[str, Tensor], W: Mapping[str, Tensor],
                 diags: Mapping[str, A.ACEDiagnostics], *, hooked: Mapping[str, Tensor] | None = None,
                 top_frac: float = TOP_FRAC) -> Any:
-    """One row per matrix of ``diags`` (:func:`acetools.merging.ace.ace_with_diagnostics`): spectra and directions.
-
-    ``W_pre`` is the closed form (ACE.10), ``W`` ACE's output, ``hooked`` the closed form under the
-    hooked covariances (ACE.1), absent keys NaN. Columns: key, shape, gamma, flag; ``top_energy_*``
-    (share of the top ``top_frac`` singular values), ``cond_pre`` / ``cond_pre_trim`` (without the
-    structural zero of the centred numerator), ``erank_pre``; mean principal cosines at
-    k_dir = ceil(top_frac·r): ``cos_sum``, ``cos_experts``, ``cos_random``, ``cos_hooked``,
-    ``cos_sum_hooked``; ``ridge_over_prior`` = sum_t ridge_t / ‖c‖₂ (c of (ACE.9))."""
+    """One row per matrix of ``diags`` (``ace_with_diagnostics``): spectra and directions of ``W_pre`` (ACE.10),
+    ``W`` (ACE's output) and ``hooked`` (the closed form under hooked covariances, ACE.1; absent keys NaN).
+    ``top_energy_*``: share of the top ``top_frac`` singular values; ``cond_pre_trim``: without the centred
+    numerator's structural zero; ``cos_*``: mean principal cosines at k_dir = ceil(top_frac·r);
+    ``ridge_over_prior`` = sum_t ridge_t / ‖c‖₂ (c of (ACE.9))."""
     import pandas as pd
 
     rows = []

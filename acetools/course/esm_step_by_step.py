@@ -233,9 +233,8 @@ def subspace_overlap(X_a: Tensor, delta_W: Tensor, k: int, X_b: Tensor | None = 
 
 
 # --------------------------------------------------------------------------- runs and ablation
-#: The paper's ablation grid (its table: SVD/ESD x PS none / layer only / all) plus the
-#: reciprocal exponent, as switches of the registered ``"esm"`` method. Everything not named
-#: keeps ESM's default (e^0.15 eigenvalue weights, whitening, const 2, alpha on ESD layers).
+#: The paper's ablation grid (SVD/ESD x PS none / layer only / all) plus the reciprocal exponent, as
+#: switches of the registered ``"esm"`` method (everything not named keeps ESM's default).
 ABLATION: dict[str, dict[str, Any]] = {
     "SVD, no scaling": {"decomposition": "svd", "task_scaling": False, "dim_scaling": False, "layer_scaling": False},
     "SVD, layer only": {"decomposition": "svd", "task_scaling": False, "dim_scaling": False, "layer_scaling": True},
@@ -328,13 +327,11 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
                      bench.normalized(test, "test"), merge_s, res.to_frame(), label, inputs_seconds=capture_s)
 
 
-#: The label of TSV-M's row in the ablation table: the paper's "SVD" row (ViT-B/16: 89.0 / 80.6
-#: at 8 / 20 tasks, TSV-M's numbers in its main table). The in-pipeline rows "SVD, ..." of
-#: :data:`ABLATION` (ESM's pipeline with the SVD basis) stay beside it as extra rows.
+#: The label of TSV-M's row in the ablation table: the paper's "SVD" row (TSV-M's main-table numbers);
+#: the in-pipeline rows "SVD, ..." of :data:`ABLATION` stay beside it.
 TSV_M_ROW: str = "TSV-M (the paper's SVD row)"
 
-#: The grid-search patience of TSV-M's alpha on :data:`acetools.search.ALPHA_GRID`: the shipped
-#: benchmark's (``benchmarks/mini_world.sh``, ``--patience 3``, as the Iso code).
+#: The grid-search patience of TSV-M's alpha: the shipped benchmark's (``--patience 3``, as the Iso code).
 TSV_M_PATIENCE: int | None = 3
 
 

@@ -1,14 +1,12 @@
 """What the course notebooks share: their world and where their figures go (docs/course.md §Running the course).
 
-Every notebook has the same core parameters (``quick``, ``suite``, ``size``, ``seed``, ``device``,
-``interactive``, ``figures_dir``) and calls :func:`world` and :func:`benchmark` with them::
+Every notebook calls :func:`world` and :func:`benchmark` with its core parameters::
 
     zoo = course.world(suite, size, seed=seed, quick=quick)       # built or loaded from the cache
     bench = course.benchmark(zoo, quick=quick)
 
-``world="clip-vit-b32"`` runs a lesson on the papers' CLIP ViT-B/32 (docs/clip-world.md), a text
-``world`` (:func:`text_worlds`) on the text world (docs/text-world.md); ``quick=True`` swaps in
-the fixture world (:data:`QUICK`), whose numbers check the code and are not results."""
+``world`` picks the mini-world, the papers' CLIP ViT-B/32 (docs/clip-world.md) or a text world
+(docs/text-world.md); ``quick=True`` swaps in the fixture world, whose numbers check the code."""
 
 from __future__ import annotations
 
