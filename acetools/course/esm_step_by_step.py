@@ -335,27 +335,18 @@ TSV_M_ROW: str = "TSV-M (the paper's SVD row)"
 TSV_M_PATIENCE: int | None = 3
 
 
-def run_tsv_m(bench, *, patience: int | None = TSV_M_PATIENCE, label: str = TSV_M_ROW):
-    """TSV-M as the benchmark runs it (alpha on :data:`acetools.search.ALPHA_GRID`, grid-search ``patience``),
-    labelled ``label``: the paper's "SVD" row of ESM's ablation."""
-    import copy
-
-    from ..search import check_patience
-
-    check_patience(patience)
-    b = copy.copy(bench)  # shares the bench's caches; only the search's patience differs
-    b.patience = patience
-    return b.run("tsv_m", label=label)
-
-
 def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None, grid=None, search: str = "climb",
                  patience: int | None = 1, done: Mapping[str, Any] | None = None,
                  progress: bool | None = None, inputs_seconds: float | None = None,
                  tsv_m_patience: int | None = TSV_M_PATIENCE) -> list:
-    """:func:`run_esm` for each row in ``names`` (default :data:`ABLATION`, then :data:`TSV_M_ROW`), reusing the
+    """:func:`run_esm` for each row in ``names`` (default :data:`ABLATION`, then TSV-M's :data:`TSV_M_ROW`), reusing the
     runs of ``done`` (row -> MethodRun); the proxy capture is made once, every ESD row's ``inputs_seconds``."""
+    import copy
+
+    from ..search import check_patience
     from ..utils import progress as bar
 
+    check_patience(tsv_m_patience)
     names = list(ABLATION) + [TSV_M_ROW] if names is None else list(names)
     for name in names:
         if name != TSV_M_ROW:
@@ -368,8 +359,10 @@ def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None,
     for name in bar(names, desc="ablation", enabled=progress):
         if done is not None and name in done:
             runs.append(dataclasses.replace(done[name], label=name))
-        elif name == TSV_M_ROW:
-            runs.append(run_tsv_m(bench, patience=tsv_m_patience, label=name))
+        elif name == TSV_M_ROW:  # as the benchmark runs it: alpha on ALPHA_GRID chosen on validation
+            b = copy.copy(bench)  # shares the bench's caches; only the search's patience differs
+            b.patience = tsv_m_patience
+            runs.append(b.run("tsv_m", label=name))
         else:
             runs.append(run_esm(bench, activations=activations, grid=grid, search=search, patience=patience,
                                 label=name, inputs_seconds=inputs_seconds, **ablation_hparams(name)))

@@ -102,7 +102,7 @@ def verdict_proxy(acc: Mapping[str, float], reference: str = "in-distribution",
 
 
 def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | None = None) -> Verdict:
-    """esm.four (rule: docs/course.md §Claim rules): 4-sample ESM minus TSV-M (:func:`run_tsv_m`).
+    """esm.four (rule: docs/course.md §Claim rules): 4-sample ESM minus TSV-M (:data:`TSV_M_ROW`).
     ``acc_inpipeline_svd`` (the "SVD, no scaling" row) is reported beside it, not judged."""
     d = float(acc_four - acc_tsv_m)
     nums = {"esm_4_samples": float(acc_four), "tsv_m": float(acc_tsv_m), "diff_points": d}

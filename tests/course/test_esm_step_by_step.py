@@ -343,7 +343,7 @@ def test_run_ablation_default_rows_end_with_tsv_m_and_time_the_capture_apart():
     with pytest.raises(KeyError, match="rows"):
         ec.run_ablation(fresh, ["ESD, task only"], grid=[1.0], progress=False)
     with pytest.raises(ValueError, match="patience"):
-        ec.run_tsv_m(fresh, patience=0)
+        ec.run_ablation(fresh, [ec.TSV_M_ROW], tsv_m_patience=0, progress=False)
 
 
 def test_run_esm_reports_the_capture_apart_from_the_merge():
