@@ -46,17 +46,9 @@ def _strip(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
 
 
 def _tied_aliases(model: nn.Module) -> set[str]:
-    """State-dict keys of ``model`` whose tensor shares its storage with an earlier key (tied weights
-    such as GPT-2's ``lm_head.weight`` = ``transformer.wte.weight``, which Hugging Face stores once)."""
-    seen: dict[tuple[int, int], str] = {}
-    out = set()
-    for k, v in model.state_dict(keep_vars=True).items():
-        sig = (v.untyped_storage().data_ptr(), v.storage_offset()) if v.numel() else (id(v), 0)
-        if sig in seen:
-            out.add(k)
-        else:
-            seen[sig] = k
-    return out
+    """State-dict keys of ``model`` that name an earlier parameter again (tied weights such as GPT-2's
+    ``lm_head.weight`` = ``transformer.wte.weight``, which Hugging Face stores once)."""
+    return set(model.state_dict()) - {n for n, _ in [*model.named_parameters(), *model.named_buffers()]}
 
 
 def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str, where: str) -> nn.Module:
