@@ -296,7 +296,6 @@ class HeadWriter:
         self.out.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix=".acetools-heads-", dir=self.out))
         os.chmod(self._tmp, umask_mode())  # mkdtemp's 0700 would stay on heads/
-        self.tasks: dict[str, str] = {}
 
     def write(self) -> dict[str, str]:
         """Write the heads; returns ``{name: "heads/<name>"}``."""
@@ -329,11 +328,10 @@ class HeadWriter:
             }
             (folder / "head.json").write_text(json.dumps(record, indent=2))
             index["tasks"][name] = {"folder": f"{HEADS_DIR}/{name}", "num_labels": n_labels}
-            self.tasks[name] = f"{HEADS_DIR}/{name}"
         (self._tmp / _INDEX).write_text(json.dumps(index, indent=2))
         for p in self._tmp.rglob("*"):  # permissions as a plain mkdir / open under the umask give
             os.chmod(p, umask_mode(0o777 if p.is_dir() else 0o666))
-        return dict(self.tasks)
+        return {name: f"{HEADS_DIR}/{name}" for name in self.plan.names}
 
     def commit(self) -> Path:
         target = self.out / HEADS_DIR

@@ -17,7 +17,7 @@ import torch
 from ..errors import InputError
 from ..keys import block_index
 from ..layouts import Layout
-from .checkpoints import Checkpoint, as_checkpoint
+from .checkpoints import as_checkpoint
 
 __all__ = ["SAMPLE_KEYS", "SAMPLE_ENTRIES", "RATIO_LIMIT", "SHARED_RATIO_LIMIT", "COSINE_LIMIT", "Lineage",
            "sample_keys", "measure_lineage", "check_lineage"]
@@ -34,10 +34,6 @@ SHARED_RATIO_LIMIT = 0.5
 #: Mean cosine of an expert's task vector with the other experts' above which (with a ratio above
 #: :data:`SHARED_RATIO_LIMIT`) the experts share one large displacement from the base.
 COSINE_LIMIT = 0.9
-
-
-def _where(ck: Checkpoint, t: int) -> str:
-    return f"expert {t} ({ck.path})" if ck.files else f"expert {t}"
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -126,7 +122,7 @@ def measure_lineage(base: Any, experts: Sequence[Any], layout: Layout) -> Lineag
     ratio = [float(x) / math.sqrt(b2) if b2 > 0 else math.inf for x in n]
     C = G / torch.outer(n, n).clamp(min=1e-300)
     cos = [[float(C[i, j]) if n[i] > 0 and n[j] > 0 else math.nan for j in range(T)] for i in range(T)]
-    names = [_where(ck, t) for t, ck in enumerate(experts)]
+    names = [f"expert {t} ({ck.path})" if ck.files else f"expert {t}" for t, ck in enumerate(experts)]
     return Lineage(keys, ratio, cos, [t for t, u in enumerate(unchanged) if u and keys], names)
 
 
