@@ -244,13 +244,8 @@ class Checkpoint:
 
     def get(self, key: str) -> Tensor:
         """The tensor ``key`` (read from disk now for safetensors; a CPU tensor)."""
-        if self._tensors is not None:
-            if key not in self._tensors:
-                raise InputKeyError(f"{self.path}: no tensor named {key!r}")
-            return self._tensors[key]
-        if key not in self._where:
-            raise InputKeyError(f"{self.path}: no tensor named {key!r}")
-        return self._where[key].get(key)
+        self.meta(key)  # an unknown key is an error naming it
+        return self._tensors[key] if self._tensors is not None else self._where[key].get(key)
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every tensor, loaded (the whole model in memory)."""

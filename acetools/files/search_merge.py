@@ -17,6 +17,7 @@ from typing import Any, cast
 from ..errors import InputError, InputTypeError
 from ..merging import METHODS, Search
 from ..utils import atomic_write
+from .heads import expert_name
 
 __all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge"]
 
@@ -87,8 +88,6 @@ class SearchMerge:
 
 
 def _tasks(plan: Any) -> list[str]:
-    from .heads import expert_name
-
     if plan.heads.names:
         return list(plan.heads.names)
     names = [expert_name(ck) for ck in plan.experts]
