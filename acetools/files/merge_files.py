@@ -14,6 +14,7 @@ import shutil
 import threading
 import time
 import warnings
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,11 +127,8 @@ class MergePlan:
 
     def summary(self) -> str:
         """Human-readable lines: inputs, layout, driver, counts per path."""
-        paths: dict[str, int] = {}
-        for r in self.rows:
-            p = "tied" if r["path"].startswith("tied") else r["path"]
-            paths[p] = paths.get(p, 0) + 1
-        largest = max((r for r in self.rows), key=lambda r: _bytes(self.base, r["key"]))
+        paths = Counter("tied" if r["path"].startswith("tied") else r["path"] for r in self.rows)
+        largest = max(self.rows, key=lambda r: _bytes(self.base, r["key"]))
         lines = [
             f"method {self.method} {self.hparams_text()}",
             f"base {self.base.path} ({len(self.base)} tensors); {len(self.experts)} experts",
