@@ -41,10 +41,6 @@ def esm_names(layout: Any) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in ESM_NAMES[name].items()}
 
 
-def _strip(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-
-
 def _tied_aliases(model: nn.Module) -> set[str]:
     """State-dict keys of ``model`` that name an earlier parameter again (tied weights such as GPT-2's
     ``lm_head.weight`` = ``transformer.wte.weight``, which Hugging Face stores once)."""
@@ -62,7 +58,8 @@ def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str
             raise InputTypeError(f"{where} is a state dict or file: pass factory= (a callable returning the model's "
                             "nn.Module) to load it into")
         model = factory()
-        missing, unexpected = model.load_state_dict(_strip(item, prefix), strict=False)
+        own = {k[len(prefix):]: v for k, v in item.items() if k.startswith(prefix)}  # the names in the module
+        missing, unexpected = model.load_state_dict(own, strict=False)
         missing = [k for k in missing if k not in _tied_aliases(model)]  # HF saves a tied head once
         if missing or unexpected:
             bad = (missing or unexpected)[0]
