@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, InputKeyError, InputTypeError
+from ..layouts import get_layout
 
 __all__ = ["capture_inputs", "gram_matrices", "input_covariances", "layer_input_spec", "orientation_of",
            "TokenStatistics", "token_statistics"]
@@ -80,8 +81,6 @@ def orientation_of(module: nn.Module, key: str, layout: Any = None) -> str:
     if layout is None:
         return "in_out" if type(module).__name__ == "Conv1D" else "out_in"
     if isinstance(layout, str):
-        from ..layouts import get_layout
-
         layout = get_layout(layout)
     return layout.orientation(key)
 

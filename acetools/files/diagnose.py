@@ -83,8 +83,7 @@ class Diagnosis:
         if not (folder / "meta.json").is_file():
             raise FileNotFoundError(f"no diagnosis in {folder} (meta.json missing); write one with Diagnosis.save")
         tables = {n: pd.read_csv(folder / f"{n}.csv", index_col=0 if n == "cosine" else None) for n in _TABLES}
-        meta = json.loads((folder / "meta.json").read_text())
-        return cls(**tables, meta=meta)
+        return cls(**tables, meta=json.loads((folder / "meta.json").read_text()))
 
 
 # --------------------------------------------------------------------------- sources
