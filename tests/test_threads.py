@@ -77,8 +77,17 @@ def test_text_world_uses_the_helper_without_the_variable():
     """The text world's blocks go through cpu_threads with env_default=False (its ``threads``
     comes from its profile), and it keeps no thread helper of its own."""
     tree = ast.parse((ROOT / "acetools/world/text/world.py").read_text())
+    methods = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+
+    def threaded(name: str) -> bool:  # the method runs its work inside `with cpu_threads(...)`
+        return any(isinstance(w, ast.With) and "cpu_threads(" in ast.unparse(w.items[0].context_expr)
+                   for w in ast.walk(methods[name]))
+
+    # every method that runs the encoder: training, scoring, and the layer captures (the Grams go through
+    # layer_inputs)
+    assert [m for m in ("expert_state", "correctness", "layer_inputs") if not threaded(m)] == []
+    assert "self.layer_inputs(" in ast.unparse(methods["gram_inputs"])
     calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "cpu_threads"]
-    assert len(calls) >= 4
     for c in calls:
         kw = {k.arg: k.value for k in c.keywords}
         assert isinstance(kw.get("env_default"), ast.Constant) and kw["env_default"].value is False
