@@ -1,39 +1,23 @@
 """The papers' published result tables as data, their method names mapped to ours (docs/methods.md §Published numbers).
 
-Every number is an average absolute test accuracy in percent, with its ``source``. :data:`NAME_MAP` /
-:data:`REFERENCE_MAP` map the papers' names to :data:`acetools.merging.METHODS` and our reference rows;
-:data:`COMPARISONS` says which paper column each of our suites is compared with."""
+The numbers live in ``paper_tables.json`` (average absolute test accuracy in percent, each with its ``source``).
+:data:`NAME_MAP` / :data:`REFERENCE_MAP` map the papers' names to :data:`acetools.merging.METHODS` and our reference
+rows; :data:`COMPARISONS` says which paper column each of our suites is compared with."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pandas as pd
 
 from ..errors import InputError, InputKeyError
 
+_DATA = json.loads(Path(__file__).with_name("paper_tables.json").read_text(encoding="utf-8"))
 #: Paper method name -> our registry name (``None``: not in acetools).
-NAME_MAP: dict[str, str | None] = {
-    "Weight Averaging": "weight_averaging",
-    "Weight Avg": "weight_averaging",
-    "Task Arithmetic": "task_arithmetic",
-    "TIES": "ties",
-    "Ties-Merging": "ties",
-    "DARE": "dare",
-    "Consensus TA": None,
-    "TSV-M": "tsv_m",
-    "Iso-C": "iso_c",
-    "Iso-CTS": "iso_cts",
-    "CART": "cart",
-    "WUDI-Merging": "wudi",
-    "RegMean": "regmean",
-    "ESM": "esm",
-    "ESM (Ours)": "esm",
-    "ACE-Merging": "ace",
-}
+NAME_MAP: dict[str, str | None] = _DATA["names"]
 #: Paper reference rows -> our reference rows (as written by ``Benchmark.reference_rows``).
-REFERENCE_MAP: dict[str, str] = {
-    "Zero-shot": "base (frozen heads)",
-    "Fine-tuned": "experts (individual)",
-}
+REFERENCE_MAP: dict[str, str] = _DATA["references"]
 
 
 def registry_name(paper_name: str) -> str | None:
@@ -45,61 +29,23 @@ def registry_name(paper_name: str) -> str | None:
     raise InputKeyError(f"unknown paper method {paper_name!r}; known: {sorted(NAME_MAP) + sorted(REFERENCE_MAP)}")
 
 
-def _rows(table: str, source: str, backbones_tasks: list[tuple[str, int]], data: dict[str, list]) -> list[dict]:
+def _rows(part: dict) -> list[dict]:
+    """One ``tables`` entry of paper_tables.json in long format (a ``None`` cell: not published)."""
     out = []
-    for method, values in data.items():
-        if len(values) != len(backbones_tasks):  # pragma: no cover - guards the literals below
-            raise InputError(f"{table}/{method}: {len(values)} values for {len(backbones_tasks)} columns")
-        for (backbone, n_tasks), v in zip(backbones_tasks, values):
+    for method, values in part["rows"].items():
+        if len(values) != len(part["columns"]):  # pragma: no cover - guards the data file
+            raise InputError(f"paper_tables.json, {part['table']}/{method}: {len(values)} values for "
+                             f"{len(part['columns'])} columns")
+        for (backbone, n_tasks), v in zip(part["columns"], values):
             if v is None:
                 continue
-            out.append({"table": table, "source": source, "backbone": backbone, "n_tasks": n_tasks,
+            out.append({"table": part["table"], "source": part["source"], "backbone": backbone, "n_tasks": n_tasks,
                         "method_paper": method, "method": registry_name(method), "accuracy": float(v)})
     return out
 
 
-_ACE_COLS = [("ViT-B/32", 8), ("ViT-B/16", 14), ("ViT-L/14", 20)]
-_ACE = {  # seed 000 (table) and 001 (20-task ViT-L/14 TSV-M gap)
-    "Weight Avg": [66.3, 69.5, 71.6],
-    "Task Arithmetic": [70.8, 70.5, 74.0],
-    "CART": [84.7, 84.1, 87.9],
-    "TSV-M": [85.9, 84.6, 87.7],
-    "ACE-Merging": [87.9, 86.1, 89.5],
-}
-_ESM_B16 = {
-    "Task Arithmetic": [75.4, 70.5, 65.8],
-    "TSV-M": [89.0, 84.6, 80.6],
-    "Iso-CTS": [91.1, 86.4, 82.4],
-    "ESM (Ours)": [91.8, 87.4, 84.9],
-}
-_ESM_L14 = {
-    "TSV-M": [93.0, 89.2, 87.7],
-    "Iso-CTS": [94.7, 91.0, 90.1],
-    "ESM (Ours)": [94.8, 91.3, 90.4],
-}
-_SPEC_COLS = [(b, n) for b in ("ViT-B/32", "ViT-B/16", "ViT-L/14") for n in (8, 14, 20)]
-_SPEC = {  # docs/methods.md §Published numbers; CART's B/32 and L/14 cells use other 8-task checkpoints (note *)
-    "Zero-shot": [48.3, 57.2, 56.1, 55.3, 61.3, 59.7, 64.7, 68.2, 65.2],
-    "Fine-tuned": [92.8, 90.9, 91.3, 94.6, 92.8, 93.2, 95.8, 94.3, 94.7],
-    "Weight Averaging": [66.3, 64.3, 61.0, 72.2, 69.5, 65.3, 79.6, 76.7, 71.6],
-    "Task Arithmetic": [70.8, 65.3, 60.5, 75.4, 70.5, 65.8, 84.9, 79.4, 74.0],
-    "TIES": [75.1, 68.0, 63.4, 79.7, 73.2, 68.2, 86.9, 79.5, 75.7],
-    "Consensus TA": [75.0, 70.4, 65.4, 79.4, 74.4, 69.8, 86.3, 82.2, 79.0],
-    "TSV-M": [85.9, 80.1, 77.1, 89.0, 84.6, 80.6, 93.0, 89.2, 87.7],
-    "Iso-C": [86.3, 80.3, 75.5, 90.6, 84.8, 79.6, 94.2, 89.3, 87.6],
-    "Iso-CTS": [86.2, 81.7, 78.1, 91.1, 86.4, 82.4, 94.7, 91.0, 90.1],
-    "CART": [84.7, 79.5, 76.3, 88.3, 84.1, 80.5, 92.6, 88.7, 87.9],
-    "ESM": [None, None, None, 91.8, 87.4, 84.9, 94.8, 91.3, 90.4],  # B/32 20 ≈81.3 is derived: left out
-    "ACE-Merging": [87.9, None, None, 90.6, 86.1, 82.1, None, None, 89.5],
-}
-
 #: Every vision number, long format: table, source, backbone, n_tasks, method_paper, method, accuracy.
-VISION: pd.DataFrame = pd.DataFrame(
-    _rows("ace", "seed:ACE", _ACE_COLS, _ACE)
-    + _rows("esm", "seed:ESM", [("ViT-B/16", n) for n in (8, 14, 20)], _ESM_B16)
-    + _rows("esm", "seed:ESM", [("ViT-L/14", n) for n in (8, 14, 20)], _ESM_L14)
-    + _rows("spec", "spec:5", _SPEC_COLS, _SPEC)
-)
+VISION: pd.DataFrame = pd.DataFrame([row for part in _DATA["tables"] for row in _rows(part)])
 
 #: For each paper table, which (backbone, n_tasks) column our suite of that many tasks is
 #: compared with: ACE's table has one suite per backbone; ESM's and docs/methods.md §Published numbers use ViT-B/16,
