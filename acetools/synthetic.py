@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ from torch import Tensor
 from .errors import InputError
 from .utils import make_generator
 
-__all__ = ["RegressionTask", "make_regression_tasks", "finetune_linear", "task_loss", "joint_least_squares"]
+__all__ = ["RegressionTask", "make_regression_tasks", "descend", "finetune_linear", "task_loss", "joint_least_squares"]
 
 
 @dataclass
@@ -80,38 +81,49 @@ def make_regression_tasks(n_tasks: int = 4, d_in: int = 32, d_out: int = 16, *, 
     return W0, tasks
 
 
-def finetune_linear(W0: Tensor, X: Tensor, Y: Tensor, *, steps: int = 200, lr: float = 0.05, batch_size: int = 64,
-                    optimizer: str = "sgd", seed: int = 0, betas: tuple[float, float] = (0.9, 0.999)) -> Tensor:
-    """Fine-tune ``W0`` on (X, Y) with mini-batch SGD or Adam on the squared error.
-
-    The loss is mean_i ||W x_i - y_i||^2, so the gradient is 2 (W X_bᵀ - Y_bᵀ) X_b / B: the
-    quantity whose accumulation Theorem 1 reads as a covariance (2 (W - W*) Sigma in
-    expectation). Written out by hand (no autograd) so a reader sees every step. Returns
-    the fine-tuned weight (a new tensor); deterministic given ``seed``.
-    """
+def descend(params: list[Tensor], grad: Callable[[list[Tensor], Tensor, Tensor], list[Tensor]], X: Tensor, Y: Tensor, *,
+            steps: int = 200, lr: float = 0.05, batch_size: int = 64, optimizer: str = "sgd", seed: int = 0,
+            betas: tuple[float, float] = (0.9, 0.999)) -> list[Tensor]:
+    """Mini-batch SGD or Adam on copies of ``params``: ``grad(params, X_b, Y_b)`` gives one gradient per
+    parameter on a batch drawn with replacement. Written out by hand (no autograd) so a reader sees every
+    step; deterministic given ``seed``. Returns the fitted parameters (new tensors)."""
     if optimizer not in ("sgd", "adam"):
         raise InputError(f"optimizer={optimizer!r} must be 'sgd' or 'adam'")
     if X.shape[0] != Y.shape[0]:
         raise InputError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}")
     g = make_generator(seed)
-    W = W0.detach().clone()
-    m = torch.zeros_like(W)
-    v = torch.zeros_like(W)
+    params = [p.detach().clone() for p in params]
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
     n = X.shape[0]
     b = min(batch_size, n)
     for step in range(1, steps + 1):
         idx = torch.randint(0, n, (b,), generator=g)
-        Xb, Yb = X[idx], Y[idx]
-        grad = 2.0 * (Xb @ W.T - Yb).T @ Xb / b
-        if optimizer == "sgd":
-            W -= lr * grad
-        else:  # Adam (Kingma & Ba), bias-corrected
-            m.mul_(betas[0]).add_(grad, alpha=1 - betas[0])
-            v.mul_(betas[1]).addcmul_(grad, grad, value=1 - betas[1])
-            m_hat = m / (1 - betas[0] ** step)
-            v_hat = v / (1 - betas[1] ** step)
-            W -= lr * m_hat / (v_hat.sqrt() + 1e-8)
-    return W
+        for p, G, (m, v) in zip(params, grad(params, X[idx], Y[idx]), moments):
+            if optimizer == "sgd":
+                p -= lr * G
+            else:  # Adam (Kingma & Ba), bias-corrected
+                m.mul_(betas[0]).add_(G, alpha=1 - betas[0])
+                v.mul_(betas[1]).addcmul_(G, G, value=1 - betas[1])
+                m_hat = m / (1 - betas[0] ** step)
+                v_hat = v / (1 - betas[1] ** step)
+                p -= lr * m_hat / (v_hat.sqrt() + 1e-8)
+    return params
+
+
+def finetune_linear(W0: Tensor, X: Tensor, Y: Tensor, *, steps: int = 200, lr: float = 0.05, batch_size: int = 64,
+                    optimizer: str = "sgd", seed: int = 0, betas: tuple[float, float] = (0.9, 0.999)) -> Tensor:
+    """Fine-tune ``W0`` on (X, Y) with mini-batch SGD or Adam (:func:`descend`) on the squared error.
+
+    The loss is mean_i ||W x_i - y_i||^2, so the gradient is 2 (W X_bᵀ - Y_bᵀ) X_b / B: the
+    quantity whose accumulation Theorem 1 reads as a covariance (2 (W - W*) Sigma in
+    expectation). Returns the fine-tuned weight (a new tensor).
+    """
+
+    def gradient(params: list[Tensor], Xb: Tensor, Yb: Tensor) -> list[Tensor]:
+        return [2.0 * (Xb @ params[0].T - Yb).T @ Xb / Xb.shape[0]]
+
+    return descend([W0], gradient, X, Y, steps=steps, lr=lr, batch_size=batch_size, optimizer=optimizer, seed=seed,
+                   betas=betas)[0]
 
 
 def task_loss(W: Tensor, task: RegressionTask, split: str = "test") -> float:

@@ -23,7 +23,7 @@ from ..keys import block_index
 from ..merging import merge
 from ..merging.ace import estimate_covariance
 from ..merging.wudi import wudi_grad
-from ..synthetic import RegressionTask, finetune_linear, joint_least_squares, make_regression_tasks
+from ..synthetic import RegressionTask, descend, finetune_linear, joint_least_squares, make_regression_tasks
 from ..utils import cpu_threads, make_generator
 
 #: The columns of the lesson's tables: one configuration's tasks (:func:`estimate_experiment`), the
@@ -158,34 +158,20 @@ def two_layer_teacher(task: RegressionTask, d_hidden: int, activation: str, *, g
 def finetune_two_layer(W1: Tensor, W2: Tensor, X: Tensor, Y: Tensor, *, activation: str = "tanh",
                        steps: int = 200, lr: float = 0.05, batch_size: int = 64, optimizer: str = "sgd",
                        seed: int = 0, betas: tuple[float, float] = (0.9, 0.999)) -> tuple[Tensor, Tensor]:
-    """Fine-tune both layers of ``x -> W2 phi(W1 x)`` by SGD or Adam, as :func:`acetools.synthetic.finetune_linear`:
+    """Fine-tune both layers of ``x -> W2 phi(W1 x)`` by SGD or Adam (:func:`acetools.synthetic.descend`):
     dW1 = 2 E[(W2ᵀ e ⊙ phi'(W1 x)) xᵀ] depends on x and W2, what Theorem 1's linear layer leaves out."""
     phi, dphi = _phi(activation)
-    if optimizer not in ("sgd", "adam"):
-        raise InputError(f"optimizer={optimizer!r} must be 'sgd' or 'adam'")
-    if X.shape[0] != Y.shape[0]:
-        raise InputError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}")
-    g = make_generator(seed)
-    params = [W1.detach().clone(), W2.detach().clone()]
-    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
-    n = X.shape[0]
-    b = min(batch_size, n)
-    for step in range(1, steps + 1):
-        idx = torch.randint(0, n, (b,), generator=g)
-        Xb, Yb = X[idx], Y[idx]
+
+    def gradient(params: list[Tensor], Xb: Tensor, Yb: Tensor) -> list[Tensor]:
         A, B = params
         Z = Xb @ A.T
         H = phi(Z)
-        E = 2.0 * (H @ B.T - Yb) / b  # d loss / d output, per row
-        grads = [((E @ B) * dphi(Z)).T @ Xb, E.T @ H]
-        for p, grad, (m, v) in zip(params, grads, moments):
-            if optimizer == "sgd":
-                p -= lr * grad
-            else:
-                m.mul_(betas[0]).add_(grad, alpha=1 - betas[0])
-                v.mul_(betas[1]).addcmul_(grad, grad, value=1 - betas[1])
-                p -= lr * (m / (1 - betas[0] ** step)) / ((v / (1 - betas[1] ** step)).sqrt() + 1e-8)
-    return params[0], params[1]
+        E = 2.0 * (H @ B.T - Yb) / Xb.shape[0]  # d loss / d output, per row
+        return [((E @ B) * dphi(Z)).T @ Xb, E.T @ H]
+
+    W1, W2 = descend([W1, W2], gradient, X, Y, steps=steps, lr=lr, batch_size=batch_size, optimizer=optimizer,
+                     seed=seed, betas=betas)
+    return W1, W2
 
 
 # --------------------------------------------------------------------------- synthetic sweeps
