@@ -38,15 +38,17 @@ CARD_METHODS: tuple[str, ...] = ("task_arithmetic", "tsv_m", "iso_cts")
 # --------------------------------------------------------------------------- CLIP reference
 
 
+#: The card's rows (metric, label, unit, how) and CLIP's reference values, a data file beside this module.
+_CARD: dict[str, Any] = json.loads(Path(__file__).with_name("regime.json").read_text(encoding="utf-8"))
 #: CLIP ViT-B/32's average absolute test accuracy (%) at 8 / 14 / 20 tasks in the papers' collected
 #: vision table (the course's ``paper_tables.VISION`` "spec" holds the same; tests/test_regime.py checks).
-CLIP_B32: dict[str, dict[int, float]] = {
-    "Fine-tuned": {8: 92.8, 14: 90.9, 20: 91.3},
-    "Zero-shot": {8: 48.3, 14: 57.2, 20: 56.1},
-    "Task Arithmetic": {8: 70.8, 14: 65.3, 20: 60.5},
-    "TSV-M": {8: 85.9, 14: 80.1, 20: 77.1},
-    "Iso-CTS": {8: 86.2, 14: 81.7, 20: 78.1},
-}
+CLIP_B32: dict[str, dict[int, float]] = {row: {int(n): v for n, v in by_n.items()}
+                                         for row, by_n in _CARD["clip_b32"].items()}
+# Rows whose CLIP value the papers give in words only (or as a bound): value (NaN: none), note.
+_CLIP_WORDS: dict[str, tuple[float, str]] = {m: (math.nan if v is None else v, note)
+                                             for m, (v, note) in _CARD["clip_words"].items()}
+#: The activation rows, entries of :func:`activation_rows`.
+_ACTIVATION_METRICS = [r["metric"] for r in _CARD["rows"] if r.get("from") == "activation_rows"]
 
 
 def clip_reference(n_tasks: int) -> dict[str, float]:
@@ -58,22 +60,6 @@ def clip_reference(n_tasks: int) -> dict[str, float]:
            "tsv_norm": 100 * tsv / ft, "iso_cts_norm": 100 * iso / ft, "tsv_minus_ta": 100 * (tsv - ta) / ft,
            "tsv_gap_share": 100 * (tsv - zs) / (ft - zs)}
     return out if n == n_tasks else dict.fromkeys(out, math.nan)
-
-
-# Rows whose CLIP value the papers give in words only (or as a bound): value, note.
-_CLIP_WORDS: dict[str, tuple[float, str]] = {
-    "ta_lambda": (0.3, "≈0.3: λ chosen on validation for 8 ViT-B/32 tasks (task-arithmetic practice)"),
-    "ace_gamma_median": (0.25, "upper bound: ACE-Merging reports γ < 0.25 for ViTs"),
-    "ace_gated_fraction": (0.0, "none: with γ < 0.25 < τ = 0.3 no ViT matrix is gated (ACE-Merging)"),
-    "wpre_top5_energy": (99.0, "≥ 99 %: ACE-Merging, top 5 % of W̄_pre's singular values (condition number > 8.7e5)"),
-    "cosine_mean": (math.nan, "≈ 0: task vectors of CLIP fine-tunes are nearly orthogonal (Ilharco et al. 2023)"),
-    "cosine_max": (math.nan, "small: nearly orthogonal task vectors (Ilharco et al. 2023)"),
-    "trunc_norm": (math.nan, "≈ 100: task matrices are low-rank; a few % of singular components keep the accuracy "
-                             "(TSV-M paper)"),
-    "trunc_energy": (math.nan, "high: low-rank task matrices (TSV-M paper)"),
-    "overlap_topk": (math.nan, "low: TSV-M's premise is that tasks' singular subspaces interfere little after "
-                               "orthogonalisation"),
-}
 
 
 # --------------------------------------------------------------------------- the card
@@ -291,12 +277,12 @@ def _layer_tables(base, taus, tasks, mats, het, spec) -> tuple[pd.DataFrame, pd.
 
 
 def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, world) -> list[dict[str, Any]]:
-    """The card's rows (metric, label, value, CLIP's value, note, unit, how)."""
+    """The card's rows (metric, label, value, CLIP's value, note, unit, how), in the order and with the
+    words of ``regime.json``'s ``rows``."""
     from .diagnostics import task_vector_cosine
 
     T = len(tasks)
     base_run, expert_run, runs, lam = acc["base_run"], acc["expert_run"], acc["runs"], acc["lam"]
-    ace_norm, trunc_norm, scaled_norm = acc["ace_norm"], acc["trunc_norm"], acc["scaled_norm"]
     clip = clip_reference(T)
     experts_abs, base_abs = _mean(expert_run.test), _mean(base_run.test)
     ta_norm = runs["task_arithmetic"].summary()["test_normalized"]
@@ -306,6 +292,25 @@ def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, worl
     off = cos[~np.eye(T, dtype=bool)] if T > 1 else np.array([math.nan])
     gammas = acc["het"]["gamma"].to_numpy(dtype=float)
     gap = experts_abs - base_abs
+    values = {
+        "experts_abs": experts_abs, "base_abs": base_abs, "base_norm": _mean(base_run.test_normalized),
+        "ta_norm": ta_norm, "ta_lambda": lam, "tsv_norm": tsv_norm,
+        "iso_cts_norm": runs["iso_cts"].summary()["test_normalized"], "tsv_minus_ta": tsv_norm - ta_norm,
+        "tsv_gap_share": 100 * (tsv_abs - base_abs) / gap if gap else math.nan, "ace_norm": _mean(acc["ace_norm"]),
+        "ace_gamma_median": float(np.median(gammas)), "ace_gated_fraction": 100 * float(np.mean(gammas > tau)),
+        **{m: float(per_key[m].median()) for m in ("log_energy_mean", "log_energy_sd")},
+        **{m: float(per_key[m].mean()) for m in ("tau_ratio", "energy")},
+        "wpre_top5_energy": 100 * float(np.nanmedian(spec["wpre_top5_energy"])),
+        "cosine_mean": float(np.mean(off)), "cosine_max": float(np.max(off)),
+        "trunc_norm": _mean(acc["trunc_norm"]), "scaled_norm": _mean(acc["scaled_norm"]),
+        "ta_interference": _mean(acc["scaled_norm"]) - ta_norm,
+        "trunc_energy": 100 * float(np.nanmean(spec["energy_topk"])),
+        **{m: float(np.nanmean(spec[m])) for m in ("overlap_topk", "overlap_left", "overlap_right", "overlap_random")},
+        **act,
+    }
+    label = getattr(world, "base_label", "base (frozen heads)")
+    heads = {"base (frozen heads)": "the frozen prototype heads", "base (experts' heads)": "each expert's trained head",
+             "base (zero-shot heads)": "the frozen zero-shot heads"}.get(label, label)
     rows: list[dict[str, Any]] = []
 
     def row(metric, label, value, unit, how):
@@ -320,96 +325,16 @@ def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, worl
         rows.append({"metric": metric, "label": label, "value": float(value), "clip": float(c), "clip_note": note,
                      "unit": unit, "how": how})
 
-    row("experts_abs", "experts (absolute)", experts_abs, "% absolute", "mean test accuracy of each expert on its task")
-    label = getattr(world, "base_label", "base (frozen heads)")
-    heads = {"base (frozen heads)": "the frozen prototype heads", "base (experts' heads)": "each expert's trained head",
-             "base (zero-shot heads)": "the frozen zero-shot heads"}.get(label, label)
-    row("base_abs", "base (absolute)", base_abs, "% absolute", f"W0 with {heads} (the zero-shot analogue)")
-    row("base_norm", "base (normalized)", _mean(base_run.test_normalized), "% normalized",
-        "base accuracy / expert accuracy")
-    row("ta_norm", "task arithmetic (normalized)", ta_norm, "% normalized", "W0 + λ Σ τ_t, λ chosen on validation")
-    row("ta_lambda", "task arithmetic's λ", lam, "coefficient", "the λ the validation grid chose")
-    row("tsv_norm", "TSV-M (normalized)", tsv_norm, "% normalized", "TSV-M, α chosen on validation")
-    row("iso_cts_norm", "Iso-CTS (normalized)", runs["iso_cts"].summary()["test_normalized"], "% normalized",
-        "Iso-CTS, α chosen on validation")
-    row("tsv_minus_ta", "TSV-M − task arithmetic", tsv_norm - ta_norm, "normalized points",
-        "the room for structured merges")
-    row("tsv_gap_share", "share of the base→expert gap TSV-M recovers",
-        100 * (tsv_abs - base_abs) / gap if gap else math.nan,
-        "%", "(TSV-M − base) / (experts − base), absolute accuracies")
-    row("ace_norm", "ACE, defaults (normalized)", _mean(ace_norm), "% normalized",
-        "ACE-Merging at its defaults (scaling 1)")
-    row("ace_gamma_median", "ACE's γ (median over matrices)", float(np.median(gammas)), "γ",
-        "γ = Var_t(log e_t) / Mean_t(log e_t)², e_t = ‖ΔW_t‖²_F (Eq. 7 of ACE-Merging)")
-    row("ace_gated_fraction", f"matrices ACE gates (γ > {tau:g})", 100 * float(np.mean(gammas > tau)), "% of matrices",
-        "fraction of matrices on the heterogeneous branch")
-    row("log_energy_mean", "mean log ‖ΔW_t‖²_F", float(per_key["log_energy_mean"].median()), "log energy",
-        "median over matrices of Mean_t(log e_t): γ is small only when this is far from 0")
-    row("log_energy_sd", "spread of log ‖ΔW_t‖²_F", float(per_key["log_energy_sd"].median()), "log energy",
-        "median over matrices of SD_t(log e_t)")
-    row("tau_ratio", "‖τ‖/‖W0‖ (all matrices)", float(per_key["tau_ratio"].mean()), "ratio",
-        "mean over matrices and tasks; per layer type in per_layer.csv")
-    row("energy", "‖ΔW‖²_F (all matrices)", float(per_key["energy"].mean()), "energy",
-        "mean over matrices and tasks; per layer type in per_layer.csv")
-    for _, lr in per_layer.iterrows():
-        row(f"tau_ratio[{lr.layer_type}]", f"‖τ‖/‖W0‖, {lr.layer_type}", lr.tau_ratio, "ratio",
-            "mean over its matrices and tasks")
-        row(f"energy[{lr.layer_type}]", f"‖ΔW‖²_F, {lr.layer_type}", lr.energy, "energy",
-            "mean over its matrices and tasks")
-    row("wpre_top5_energy", "W̄_pre's top-5 % energy", 100 * float(np.nanmedian(spec["wpre_top5_energy"])), "%",
-        "ACE's preliminary closed form: share of Σσ² in the top 5 % singular values (median over matrices)")
-    row("cosine_mean", "task-vector cosine (mean)", float(np.mean(off)), "cosine",
-        "off-diagonal pairs, all parameters flattened")
-    row("cosine_max", "task-vector cosine (max)", float(np.max(off)), "cosine", "off-diagonal pairs")
-    row("trunc_norm", "experts truncated to rank ⌊r/T⌋ (normalized)", _mean(trunc_norm), "% normalized",
-        "W0 + LR_k(τ_t) on task t, k = TSV-M's per-task rank: what its truncation costs")
-    row("scaled_norm", "each task at W0 + λ_TA τ_t (normalized)", _mean(scaled_norm), "% normalized",
-        "task arithmetic's scaling alone, without the other tasks: what under-applying costs")
-    row("ta_interference", "task arithmetic's interference", _mean(scaled_norm) - ta_norm, "normalized points",
-        "(W0 + λ τ_t alone) − task arithmetic: what the other tasks' vectors cost at λ")
-    row("trunc_energy", "energy of τ_t in its top-⌊r/T⌋ directions", 100 * float(np.nanmean(spec["energy_topk"])), "%",
-        "Σ_{i≤k} σ_i² / Σ σ_i², mean over matrices and tasks")
-    for name, label, how in _SUBSPACE_ROWS:
-        row(name, label, float(np.nanmean(spec[name])), "mean cos²", how)
-    for name, label, unit, how in _ACTIVATION_ROWS:
-        row(name, label, act[name], unit, how)
-    row("overlap_random", "…of random k-dim subspaces", float(np.nanmean(spec["overlap_random"])), "mean cos²",
-        "k / d: the expected overlap of random subspaces, for scale")
+    for r in _CARD["rows"]:
+        if "per_layer_type" not in r:
+            row(r["metric"], r["label"].replace("{tau}", f"{tau:g}"), values[r["metric"]], r["unit"],
+                r["how"].replace("{heads}", heads))
+            continue
+        for _, lr in per_layer.iterrows():  # each layer type's rows, from per_layer
+            for p in r["per_layer_type"]:
+                row(f"{p['metric']}[{lr.layer_type}]", f"{p['label']}, {lr.layer_type}", lr[p["metric"]], p["unit"],
+                    p["how"])
     return rows
-
-
-#: The subspace-overlap rows (metric: a column of the spectra table, mean over matrices), label, how.
-_SUBSPACE_ROWS = (
-    ("overlap_topk", "overlap of tasks' top-k subspaces",
-     "‖U_sᵀU_t‖²_F / k over task pairs, both sides, mean over matrices (1 = same subspace)"),
-    ("overlap_left", "…output side (left singular vectors)", "the same on the output side only"),
-    ("overlap_right", "…input side (right singular vectors)",
-     "the same on the input side only: shared input directions (activation statistics) show here"),
-)
-
-#: The activation rows (metric: an entry of :func:`activation_rows`).
-_ACTIVATION_ROWS = (
-    ("act_overlap", "overlap of tasks' top-k input-activation subspaces", "mean cos²",
-     "top-k eigenvectors of each task's input Gram matrix at W0 (hookable matrices), mean over task pairs"),
-    ("act_topk_energy", "activation energy in the top-k directions", "%",
-     "share of each task's input Gram trace in its top k eigenvalues at W0: how low-dimensional the base's "
-     "features are"),
-    # centred and token-aware
-    ("act_overlap_centred", "…the same, centred and token-aware", "mean cos²",
-     "as act_overlap on the patch tokens with each position's mean removed (CLS apart): what the tasks share "
-     "beyond the mean, positional and CLS components every input has"),
-    ("act_topk_energy_centred", "…energy in the top-k directions, centred and token-aware", "%",
-     "as act_topk_energy on the centred, token-aware Gram"),
-    ("act_mean_share", "input energy in the global mean", "%",
-     "‖μ‖² / E‖x‖² of the raw Gram's trace, mean over matrices and tasks (files.activations.token_statistics)"),
-    ("act_pos_share", "input energy in the positional component", "%",
-     "mean_l ‖μ_l − μ‖² / E‖x‖²: each token position's mean about the global one"),
-    ("act_cls_share", "input energy in the CLS token's rows", "%",
-     "the class token's part of E‖x‖² (one token of L); these five rows are NaN where examples differ in "
-     "length (text)"),
-    ("tau_in_act", "τ_t's input side inside its task's top activations", "mean cos²",
-     "‖V_tᵀA_t‖²_F / k: updates follow the inputs' dominant directions (gradients are δxᵀ)"),
-)
 
 
 def _top_eigvecs(grams: list[Tensor], kk: int, energy: list[float]) -> list[Tensor]:
@@ -453,7 +378,7 @@ def _recipe(zoo) -> dict[str, Any]:
 
 
 def activation_rows(bench, base, taus, tasks, *, n_images: int) -> dict[str, float]:
-    """The card's input-activation rows at W0 of the hookable matrices (:data:`_ACTIVATION_ROWS`): overlap of
+    """The card's input-activation rows at W0 of the hookable matrices (:data:`_ACTIVATION_METRICS`): overlap of
     tasks' top-k Gram eigenvectors, their energy share, how much of each τ_t's top-k input side lies in its
     task's, and their centred, token-aware counterparts with the shares of the input energy in the global
     mean, the positional component and the CLS rows (:func:`acetools.files.activations.token_statistics`;
@@ -462,7 +387,7 @@ def activation_rows(bench, base, taus, tasks, *, n_images: int) -> dict[str, flo
     from .files.activations import token_statistics
     from .merging.svd import tsv_rank
 
-    out: dict[str, float] = dict.fromkeys([name for name, *_ in _ACTIVATION_ROWS], math.nan)
+    out: dict[str, float] = dict.fromkeys(_ACTIVATION_METRICS, math.nan)
     keys, world, T = bench.matrix_keys(), bench.world, len(tasks)
     if not keys or n_images < 1:
         return out
