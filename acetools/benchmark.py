@@ -33,30 +33,12 @@ from .search import check_patience, golden_section_search
 from .utils import atomic_write, jsonable
 from .world.base import EvaluatesAll, MultiTaskWorld, PerExample, SplitData, World, as_world
 
-__all__ = ["Benchmark", "MethodRun", "Search", "SEARCH", "package_versions", "aggregate_seeds", "head_protocol"]
+__all__ = ["Benchmark", "MethodRun", "Search", "package_versions", "aggregate_seeds", "head_protocol"]
 
 StateDict = dict[str, Tensor]
 log = logging.getLogger("acetools.benchmark")
 
 
-class _SearchView(Mapping):
-    """:data:`SEARCH`: method name -> its registered :class:`Search` (or None), read on every access."""
-
-    def __getitem__(self, method: str) -> Search | None:
-        return METHODS[method].search
-
-    def __iter__(self):
-        return iter(METHODS)
-
-    def __len__(self) -> int:
-        return len(METHODS)
-
-    def __repr__(self) -> str:
-        return f"SEARCH({dict(self)!r})"
-
-
-#: The papers' selection rule per method (docs/methods.md §Benchmark protocol), a view of the registry; None: no search.
-SEARCH: Mapping[str, Search | None] = _SearchView()
 #: A searched variant of ACE ("ace" + scaling chosen on validation): does a global scale help ACE?
 ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20), 2).tolist()))
 #: Its labelled row, as ``acetools bench --ace-scaled`` and the lesson's recompute add it.
@@ -258,12 +240,13 @@ class Benchmark:
 
     def run(self, method: str, *, search: Search | Literal["default"] | None = "default", label: str | None = None,
             **hparams: Any) -> MethodRun:
-        """Merge with ``method``, choose its coefficient on validation (``"default"``: :data:`SEARCH`; None:
-        the hyperparameters as given), evaluate on test."""
+        """Merge with ``method``, choose its coefficient on validation (``"default"``: its registered search,
+        ``METHODS[method].search``, the papers' rule of docs/methods.md §Benchmark protocol; None: the
+        hyperparameters as given), evaluate on test."""
         if method not in METHODS:
             raise InputError(f"unknown method {method!r}; valid: {sorted(METHODS)}")
         if search == "default":
-            search = SEARCH.get(method)
+            search = METHODS[method].search
         elif search is not None and not isinstance(search, Search):
             raise InputError(f"{method}: search must be a Search, None or 'default', not {search!r}")
         # data inputs (ESM's activations, RegMean's Grams) are collected once and timed apart

@@ -72,16 +72,16 @@ def _base_method(label: str) -> tuple[str, Any]:
     """The registered method of a row label and its search (variant rows name theirs)."""
     from text_world import TEXT_VARIANTS
 
-    from acetools.benchmark import ACE_SCALED_ROW, SEARCH, VARIANTS
+    from acetools.benchmark import ACE_SCALED_ROW, VARIANTS
     from acetools.merging import METHODS
 
     if label in METHODS:
-        return label, SEARCH[label]
+        return label, METHODS[label].search
     for table in (TEXT_VARIANTS, VARIANTS, ACE_SCALED_ROW):
         if label in table:
             spec = table[label]
             search = spec.get("search", "default")
-            return spec["method"], SEARCH[spec["method"]] if search == "default" else search
+            return spec["method"], METHODS[spec["method"]].search if search == "default" else search
     raise SystemExit(f"row {label!r}: not a registered method or a known variant row; cannot find its grid")
 
 

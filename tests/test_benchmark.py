@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from acetools.benchmark import SEARCH, Benchmark, Search
+from acetools.benchmark import Benchmark, Search
 from acetools.search import LAMBDA_GRID
 from tests.test_zoo import FINETUNE, PRETRAIN, load_split, pretraining_pool  # the zoo tests' 3-task world
 
@@ -109,10 +109,9 @@ def test_save_writes_tables_and_a_reproducible_record(bench, tmp_path):
 def test_every_searched_method_is_registered():
     from acetools.merging import METHODS
 
-    for m, s in SEARCH.items():
-        assert m in METHODS
-        if s is not None:
-            assert s.param in METHODS[m].params, (m, s.param)
+    for m, info in METHODS.items():
+        if info.search is not None:
+            assert info.search.param in info.params, (m, info.search.param)
 
 
 def test_micro_world_from_the_data_registry_builds_and_merges(tmp_path):
