@@ -18,10 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, InputKeyError, InputTypeError
-from ..layouts import get_layout
+from ..layouts import Layout, get_layout
 
-__all__ = ["capture_inputs", "gram_matrices", "input_covariances", "layer_input_spec", "orientation_of",
-           "TokenStatistics", "token_statistics"]
+__all__ = ["capture_inputs", "gram_matrices", "input_covariances", "layer_input_spec", "TokenStatistics",
+           "token_statistics"]
 
 # nn.MultiheadAttention parameters and which forward argument feeds them.
 _MHA_INPUTS = {"in_proj_weight": 0, "q_proj_weight": 0, "k_proj_weight": 1, "v_proj_weight": 2}
@@ -75,25 +75,15 @@ def _rows(module: nn.Module, x: Tensor, d_in: int, key: str = "", mask: Tensor |
     return x.detach().reshape(-1, d_in)
 
 
-def orientation_of(module: nn.Module, key: str, layout: Any = None) -> str:
-    """``"out_in"`` (``nn.Linear``: y = x W^T) or ``"in_out"`` (GPT-2 ``Conv1D``: y = x W) for the weight
-    ``key`` of ``module``: the layout's (a name or a :class:`acetools.layouts.Layout`), else the module type's."""
-    if layout is None:
-        return "in_out" if type(module).__name__ == "Conv1D" else "out_in"
-    if isinstance(layout, str):
-        layout = get_layout(layout)
-    return layout.orientation(key)
-
-
-def _d_in(module: nn.Module, key: str, orientation: str) -> int:
-    """d_in of the canonical d_out x d_in matrix: dim 1 of an out x in weight, dim 0 of an in x out one."""
+def _d_in(module: nn.Module, key: str, layout: Layout | None) -> int:
+    """d_in of the canonical d_out x d_in matrix: dim 1 of an out x in weight, dim 0 of an in x out one, as
+    ``layout`` orients ``key``, else as the module type does (GPT-2 ``Conv1D``: y = x W; ``nn.Linear``: y = x W^T)."""
     W = getattr(module, key.rpartition(".")[2])
     if W.ndim != 2:
         raise InputKeyError(
             f"key {key!r}: the weight has shape {tuple(W.shape)}; only 2-D (linear) weights can be captured")
-    if orientation not in ("out_in", "in_out"):
-        raise InputError(f"key {key!r}: orientation {orientation!r} is not 'out_in' or 'in_out'")
-    return W.shape[0] if orientation == "in_out" else W.shape[1]
+    in_out = type(module).__name__ == "Conv1D" if layout is None else layout.orientation(key) == "in_out"
+    return W.shape[0] if in_out else W.shape[1]
 
 
 def _batches(inputs, batch_size: int | None) -> Iterator[Tensor | dict[str, Tensor]]:
@@ -154,10 +144,11 @@ def _run(model: nn.Module, inputs, keys, prefix, batch_size, device, eval_mode, 
 
     was_training = {m: m.training for m in model.modules()}
     dev = next((p.device for p in model.parameters()), torch.device("cpu")) if device is None else torch.device(device)
+    lay = get_layout(layout) if isinstance(layout, str) else layout
     handles = []
     try:
         for key, (_, module, idx) in specs.items():
-            d_in = _d_in(module, key, orientation_of(module, key, layout))
+            d_in = _d_in(module, key, lay)
             handles.append(module.register_forward_pre_hook(make_hook(key, idx, d_in), with_kwargs=True))
         if eval_mode:
             model.eval()
@@ -206,8 +197,8 @@ def capture_inputs(
     ``(tensor, ...)`` tuples). The model runs under ``torch.no_grad()`` on ``device`` (default: where its
     parameters are), in eval mode unless ``eval_mode=False``. Rows (every token of every sample,
     batch-major) are stored on ``out_device`` in the model's dtype. X has the width d_in of the canonical
-    d_out x d_in matrix; the orientation comes from ``layout`` (:func:`orientation_of`) or the module
-    type. A keyword batch's ``attention_mask`` leaves padding tokens out of every B x L x d_in input
+    d_out x d_in matrix, oriented by ``layout`` (a name or Layout), else by the module type
+    (``Conv1D`` in x out). A keyword batch's ``attention_mask`` leaves padding tokens out of every B x L x d_in input
     (``mask_padding=False`` keeps them).
     """
     chunks: dict[str, list[Tensor]] = {}

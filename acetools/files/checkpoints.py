@@ -50,15 +50,12 @@ __all__ = [
 log = logging.getLogger("acetools.files.checkpoints")
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
-_ST_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"), ("U16", "uint16"),
-                     ("U32", "uint32"), ("U64", "uint64")):
-    if hasattr(torch, _attr):
-        _ST_DTYPES[_name] = getattr(torch, _attr)
+# safetensors' dtype names; the float8 and wide unsigned ones where this torch has them
+_ST_DTYPES = {name: getattr(torch, attr) for name, attr in (
+    ("F64", "float64"), ("F32", "float32"), ("F16", "float16"), ("BF16", "bfloat16"), ("I64", "int64"),
+    ("I32", "int32"), ("I16", "int16"), ("I8", "int8"), ("U8", "uint8"), ("BOOL", "bool"),
+    ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"), ("U16", "uint16"), ("U32", "uint32"),
+    ("U64", "uint64")) if hasattr(torch, attr)}
 _DTYPE_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 
@@ -99,7 +96,7 @@ def _unwrap_state_dict(obj: Any, path: Path) -> dict[str, Tensor]:
     """The tensors of a loaded checkpoint: ``state_dict`` nesting and ``module.`` prefixes removed."""
     if isinstance(obj, Mapping):
         for nest in ("state_dict", "model_state_dict", "model"):
-            if nest in obj and isinstance(obj[nest], Mapping) and not isinstance(obj.get(nest), Tensor):
+            if isinstance(obj.get(nest), Mapping):
                 obj = obj[nest]
                 break
     if not isinstance(obj, Mapping):
@@ -215,11 +212,6 @@ class Checkpoint:
         if not self._meta:
             raise InputError(f"{path}: the checkpoint holds no tensors")
 
-    @property
-    def lazy(self) -> bool:
-        """True when tensors are read from disk one at a time (safetensors)."""
-        return self._tensors is None
-
     def keys(self) -> list[str]:
         return list(self._meta)
 
@@ -260,7 +252,7 @@ class Checkpoint:
         self._tensors = None
 
     def __repr__(self) -> str:
-        kind = "safetensors" if self.lazy else "state dict"
+        kind = "safetensors" if self._tensors is None else "state dict"
         return f"Checkpoint({str(self.path)!r}, {len(self)} tensors, {kind}, {len(self.files)} file(s))"
 
 

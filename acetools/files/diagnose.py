@@ -27,7 +27,7 @@ from ..merging import confirmed_ties, defaults_from
 from ..merging.linalg import gram_spectrum
 from ..utils import atomic_write, progress
 from .checkpoints import Checkpoint, as_checkpoint, check_compatible, check_output_folder
-from .heads import plan_heads
+from .heads import expert_names, plan_heads
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
 
@@ -91,19 +91,15 @@ def _what(i: int, labels: Sequence[str]) -> str:
     return f"experts[{i}] ({labels[i]})"
 
 
-def _names(experts: Sequence[Any], names: Sequence[str] | None) -> list[str]:
-    if names is not None:
-        names = [str(n) for n in names]
-        if len(names) != len(experts):
-            raise InputError(f"{len(names)} names for {len(experts)} experts")
-        if len(set(names)) != len(names):
-            raise InputError(f"expert names must be distinct, got {names}")
-        return names
-    out = []
-    for i, e in enumerate(experts):
-        n = Path(e).stem if isinstance(e, (str, os.PathLike)) else f"task{i}"
-        out.append(n if n not in out else f"{n}_{i}")
-    return out
+def _names(experts: Sequence[Checkpoint], names: Sequence[str] | None) -> list[str]:
+    if names is None:
+        return expert_names(experts)
+    names = [str(n) for n in names]
+    if len(names) != len(experts):
+        raise InputError(f"{len(names)} names for {len(experts)} experts")
+    if len(set(names)) != len(names):
+        raise InputError(f"expert names must be distinct, got {names}")
+    return names
 
 
 def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None, layout: Any = "auto",
@@ -112,9 +108,9 @@ def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None
     prefix handled as the merge does (:func:`acetools.files.heads.plan_heads`), checked against each other."""
     if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
         raise InputTypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
-    labels = _names(experts, names)
     src = as_checkpoint(base, "base")
-    exs = [as_checkpoint(e, _what(i, labels)) for i, e in enumerate(experts)]
+    exs = [as_checkpoint(e, f"experts[{i}]") for i, e in enumerate(experts)]
+    labels = _names(exs, names)
     lay = get_layout(layout, keys=src.keys(), config=src.config)
     plan = plan_heads(heads, src, exs, lay, write=False)
     if plan.alignment is not None:

@@ -62,10 +62,6 @@ class CheckpointView(Checkpoint):
         self._names = {new: old for old in inner.keys() if (new := own.get(old)) is not None and new not in self.hidden}
         self._meta = {k: inner.meta(old) for k, old in self._names.items()}
 
-    @property
-    def lazy(self) -> bool:
-        return self.inner.lazy
-
     def get(self, key: str) -> Tensor:
         if key in self.hidden:
             raise InputKeyError(f"{self.path}: {key!r} is a per-task head key, not part of the merged backbone")
@@ -80,18 +76,32 @@ class CheckpointView(Checkpoint):
         return f"CheckpointView({self.inner!r}, without {len(self.hidden)} head keys)"
 
 
-def expert_name(ck: Checkpoint) -> str:
-    """An expert's default name (its head folder, its task for ``--search``): the folder name, or the file
-    name without suffix (the parent folder's name for ``model.safetensors`` and the like)."""
+def expert_name(ck: Checkpoint, i: int = 0) -> str:
+    """Expert ``i``'s default name (its head folder, its task for ``--search``, its label in diagnose): the
+    folder name, or the file name without suffix (the parent folder's name for ``model.safetensors`` and the
+    like); ``task<i>`` for a state dict in memory."""
     p = Path(ck.path)
     if ck.folder is not None:
         return Path(ck.folder).name
+    if not ck.files:
+        return f"task{i}"
     stem = p.name.split(".")[0]
     return p.parent.name if stem in ("model", "pytorch_model", "open_clip_model", "open_clip_pytorch_model") else stem
 
 
-def _check_names(names: Sequence[str], experts: Sequence[Checkpoint], given: bool) -> list[str]:
-    names = [str(n) for n in names]
+def expert_names(experts: Sequence[Checkpoint]) -> list[str]:
+    """:func:`expert_name` of every expert, with the index appended to a name an earlier expert has."""
+    out: list[str] = []
+    for i, ck in enumerate(experts):
+        n = expert_name(ck, i)
+        out.append(n if n not in out else f"{n}_{i}")
+    return out
+
+
+def _check_names(names: Sequence[str] | None, experts: Sequence[Checkpoint]) -> list[str]:
+    """``names`` (default: each expert's :func:`expert_name`) checked as one distinct folder name per expert."""
+    given = names is not None
+    names = [str(n) for n in names] if names is not None else [expert_name(ck, i) for i, ck in enumerate(experts)]
     if len(names) != len(experts):
         raise InputError(f"names: {len(names)} name(s) for {len(experts)} experts; give one name per expert")
     for n, ck in zip(names, experts):
@@ -252,8 +262,7 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
                                 "not a float tensor")
     plan = HeadPlan(mode, keys=list(keys), experts=list(experts), reason=reason, alignment=alignment)
     if mode == "per-task" and write:
-        plan.names = _check_names(names if names is not None else [expert_name(ck) for ck in experts], experts,
-                                  names is not None)
+        plan.names = _check_names(names, experts)
         plan.labels = [_labels(ck, keys) for ck in experts]
     return plan
 
@@ -482,8 +491,5 @@ def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = N
             raise InputError(f"head key {k!r} of task {task!r} has shape {tuple(t.shape)}, {model_class.__name__} "
                              f"with num_labels={config.num_labels} wants {tuple(params[k].shape)}")
     with torch.no_grad():
-        result = model.load_state_dict(head, strict=False)
-    if result.unexpected_keys:
-        raise InputKeyError(
-            f"{model_class.__name__} did not take head key {result.unexpected_keys[0]!r} of task {task!r}")
+        model.load_state_dict(head, strict=False)  # every head key is one of the model's (checked above)
     return model.eval()

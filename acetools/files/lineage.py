@@ -49,13 +49,10 @@ def sample_keys(base: Any, layout: Layout, n: int = SAMPLE_KEYS) -> list[str]:
     """At most ``n`` matrix keys of ``base`` (a Checkpoint or a state dict), evenly spaced over its blocks,
     tied aliases skipped; 2-D float keys, then any float keys, when the layout names no matrix."""
     base = as_checkpoint(base)
-    keys = [k for k in base.keys() if k not in layout.tied]
     metas = base.metas()
-    mats = [k for k in keys if metas[k].dtype.is_floating_point and layout.is_matrix(k, metas[k])]
-    if not mats:
-        mats = [k for k in keys if metas[k].dtype.is_floating_point and metas[k].ndim == 2]
-    if not mats:
-        mats = [k for k in keys if metas[k].dtype.is_floating_point and metas[k].ndim >= 1]
+    floats = [k for k in base.keys() if k not in layout.tied and metas[k].dtype.is_floating_point]
+    mats = ([k for k in floats if layout.is_matrix(k, metas[k])] or [k for k in floats if metas[k].ndim == 2]
+            or [k for k in floats if metas[k].ndim >= 1])
     mats.sort(key=lambda k: (block_index(k) is not None, block_index(k) or 0))
     if len(mats) <= n:
         return mats

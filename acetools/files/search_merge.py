@@ -17,7 +17,7 @@ from typing import Any, cast
 from ..errors import InputError, InputTypeError
 from ..merging import METHODS, Search
 from ..utils import atomic_write
-from .heads import expert_name
+from .heads import expert_names
 
 __all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge"]
 
@@ -87,13 +87,6 @@ class SearchMerge:
         return "\n".join(lines)
 
 
-def _tasks(plan: Any) -> list[str]:
-    if plan.heads.names:
-        return list(plan.heads.names)
-    names = [expert_name(ck) for ck in plan.experts]
-    return names if len(set(names)) == len(names) else [f"{n}_{i}" for i, n in enumerate(names)]
-
-
 def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path, evaluate: Evaluate, *,
                  hparams: Mapping[str, Any] | None = None, patience: int | None = None,
                  report: Callable[[str], None] | None = None, **merge_options: Any) -> SearchMerge:
@@ -116,7 +109,7 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
     plan_keys = {k: merge_options[k] for k in ("layout", "heads", "names", "mode", "force_layout")
                  if k in merge_options}
     plan = plan_merge(method, base, experts, hparams=hp, **plan_keys)
-    tasks = _tasks(plan)
+    tasks = list(plan.heads.names) or expert_names(plan.experts)
     out = Path(out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.acetools-search-", dir=out.parent))
