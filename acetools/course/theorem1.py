@@ -201,6 +201,12 @@ def _config(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def _noiseless_loss(M: Tensor, task: RegressionTask) -> float:
+    """The linear map M's test error without the label noise: E||(M - W*) x||² = tr(D Sigma Dᵀ), D = M - W*."""
+    D = M - task.W_star
+    return float(torch.trace(D @ task.Sigma @ D.T))
+
+
 def _two_layer_loss(A: Tensor, B: Tensor, X: Tensor, Y: Tensor, phi: Callable[[Tensor], Tensor]) -> float:
     """Test MSE of the 2-layer net (A, B) against the noiseless teacher outputs ``Y``."""
     return float(((phi(X @ A.T) @ B.T - Y) ** 2).sum(1).mean())
@@ -238,12 +244,7 @@ def estimate_experiment(*, k: int | None = None, return_estimates: bool = False,
         if cfg["activation"] == "none":
             W = finetune_linear(W0, task.X_train, task.Y_train, seed=seed, **fit)
             delta = W - W0
-
-            def loss(M: Tensor, task: RegressionTask = task) -> float:  # noiseless: E||(M - W*) x||²
-                D = M - task.W_star
-                return float(torch.trace(D @ task.Sigma @ D.T))
-
-            before, after = loss(W0), loss(W)
+            before, after = _noiseless_loss(W0, task), _noiseless_loss(W, task)
         else:
             act = cfg["activation"]
             W1_0, W2_0, Y_tr, F_te = two_layer_teacher(task, cfg["d_hidden"], act, gain=cfg["gain"],
@@ -444,11 +445,7 @@ def unified_linear(*, eps: float = 1e-4, **settings: Any) -> UnifiedResult:
     maps = {"base": W0, "experts": None, **merged, "joint least squares": joint_least_squares(tasks)}
 
     def errors(W: Tensor | None) -> list[float]:
-        out = []
-        for Wt, t in zip(Ws, tasks):
-            D = (Wt if W is None else W) - t.W_star
-            out.append(float(torch.trace(D @ t.Sigma @ D.T)))
-        return out
+        return [_noiseless_loss(Wt if W is None else W, t) for Wt, t in zip(Ws, tasks)]
 
     L_base, L_exp = errors(W0), errors(None)
     rows = []
