@@ -12,10 +12,11 @@ parameter. Results go to stdout; progress and messages through ``logging`` / tqd
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ._protocol import PATIENCE
@@ -52,23 +53,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"acetools: error: {where}{_one_line(message)}{hint}\n")
 
 
-class _Lazy:
+class _Lazy(Sequence):
     """argparse ``choices=`` read from a registry on first use (building the parser imports nothing heavy)."""
 
     def __init__(self, load: Callable[[], Iterable[str]]):
-        self._load, self._names = load, None
+        self._load = load
 
-    @property
+    @functools.cached_property
     def names(self) -> list[str]:
-        if self._names is None:
-            self._names = list(self._load())
-        return self._names
+        return list(self._load())
 
-    def __contains__(self, item: object) -> bool:
-        return item in self.names
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
+    def __getitem__(self, i):
+        return self.names[i]
 
     def __len__(self) -> int:
         return len(self.names)
@@ -208,9 +204,9 @@ def _check_split_sizes(suite: str, **wanted: int | None) -> None:
 
 def _one_line(text: str) -> str:
     """One line, without terminal escape sequences (an error message may quote a library's coloured text)."""
-    import re
+    from .utils import strip_ansi
 
-    return " ".join(re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", str(text)).split())
+    return " ".join(strip_ansi(str(text)).split())
 
 
 def _message(err: BaseException) -> str:
@@ -712,18 +708,16 @@ def _add_regime(sub) -> None:
                     help="ACE's gate threshold on gamma (default: ACE's registered tau, the paper's)")
     rg.add_argument("--out", default=None,
                     help="folder for card.csv/json (default figures/regime/<suite>_<size>_seed<k>)")
-    rg.set_defaults(func=_cmd_regime)
+    rg.set_defaults(func=_cmd_regime, no_mtl=True)  # the card needs no multi-task model
 
 
 def _cmd_regime(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .regime import regime_card
-    from .world.vision.zoo import Zoo
 
     _folder_for_output(args.out, "--out")
-    zoo = Zoo(args.suite, size=args.size, seed=args.seed, root=args.root, mtl=False, threads=args.threads)
-    zoo.build(progress=True)
+    zoo = _zoo(args, args.seed).build(progress=True)
     card = regime_card(zoo, n_val=args.n_val, n_test=args.n_test, patience=args.patience, tau=args.tau,
                        threads=args.threads, progress=True)
     out = Path(args.out) if args.out else Path("figures") / "regime" / f"{args.suite}_{args.size}_seed{args.seed}"
