@@ -14,15 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor
 
-from ..diagnostics import condition_number, effective_rank, energy_fraction
+from .. import merging
+from ..diagnostics import condition_number, effective_rank, energy_fraction, heterogeneity_per_layer
 from ..errors import InputError, InputKeyError
-from ..keys import short_name
-from ..merging import METHODS
+from ..keys import short_label, short_name
+from ..merging import METHODS, is_matrix_param, task_vectors
 from ..merging import ace as A
 from ..merging.linalg import top_svd
+from ..utils import progress as bar
+from . import world as course
 
 #: ACE's gate threshold (docs/methods.md §ACE, (ACE.6)), read from the registry.
 TAU: float = METHODS["ace"].params["tau"].default
@@ -99,8 +103,6 @@ def layer_table(task_vectors: Sequence[StateDict], W_pre: Mapping[str, Tensor], 
     ``top_energy_*``: share of the top ``top_frac`` singular values; ``cond_pre_trim``: without the centred
     numerator's structural zero; ``cos_*``: mean principal cosines at k_dir = ceil(top_frac·r);
     ``ridge_over_prior`` = sum_t ridge_t / ‖c‖₂ (c of (ACE.9))."""
-    import pandas as pd
-
     rows = []
     for key, diag in diags.items():
         dW = [tv[key].double() for tv in task_vectors]
@@ -134,8 +136,6 @@ def layer_table(task_vectors: Sequence[StateDict], W_pre: Mapping[str, Tensor], 
 
 
 def _short(table: Any, columns: Mapping[str, str]) -> Any:
-    from ..keys import short_label
-
     out = table[list(columns)].rename(columns=columns)
     out.insert(0, "matrix", [short_label(k, style="dot") for k in table["key"]])
     return out
@@ -224,8 +224,6 @@ class Ablation:
 
     @staticmethod
     def concat(parts: Sequence[Ablation]) -> Ablation:
-        import pandas as pd
-
         return Ablation(pd.concat([p.table for p in parts], ignore_index=True),
                         pd.concat([p.per_task for p in parts], ignore_index=True))
 
@@ -241,15 +239,8 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
     """Merge with ACE once per variant (label -> hyperparameters, default :data:`ABLATIONS`, over the
     shared ``hparams``) and score each on test. A merge equal to an earlier one reuses its scores
     (``same_as``). ``scaled`` adds ``bench.run("ace", search=search)`` as :data:`SCALED_LABEL`."""
-    import pandas as pd
-
-    from ..utils import progress as bar
-
-    layout = {}
-    if merge is None:
-        from ..merging import merge
-
-        layout = bench.layout_kwargs()
+    layout = bench.layout_kwargs() if merge is None else {}
+    merge = merging.merge if merge is None else merge
     variants = dict(ABLATIONS if variants is None else variants)
     if suite is None:
         suite = getattr(getattr(bench, "zoo", None), "suite", None) or ""
@@ -302,12 +293,6 @@ def ablation_over_suites(suites: Sequence[str], *, main: Any, size: str, seed: i
     """:func:`run_ablation` on every suite (``main`` = (suite, zoo, bench, gamma table) reused for its own):
     the :class:`Ablation`, the flagged share per suite, a table of suites. ``beside_eps``: also :data:`FULL`
     and :data:`NO_PRIOR` at that eps."""
-    import pandas as pd
-
-    from ..diagnostics import heterogeneity_per_layer
-    from ..merging import task_vectors
-    from . import world as course
-
     parts, flagged, rows = [], {}, []
     main_suite, main_zoo, main_bench, main_gt = main
     for s in suites:
@@ -337,11 +322,6 @@ def eps_sweep(bench, eps_grid: Sequence[float], *, hparams: Mapping[str, Any] | 
               progress: bool | None = None) -> Any:
     """ACE's test accuracy per ``eps`` and ``eps_mode`` (notebook 02, "eps in units"): ``ridge_rel`` is the median
     ridge over the mean covariance eigenvalue, ``pinv_layers`` the matrices whose system was singular."""
-    import pandas as pd
-
-    from ..merging import is_matrix_param, merge, task_vectors
-    from ..utils import progress as bar
-
     taus = task_vectors(bench.base, bench.experts)
     keys = list(keys) if keys is not None else [k for k in bench.base if is_matrix_param(k, bench.base[k])]
     tr = {k: np.array([float(A.center_rows(tv[k].double()).pow(2).sum()) for tv in taus]) for k in keys}
@@ -351,7 +331,7 @@ def eps_sweep(bench, eps_grid: Sequence[float], *, hparams: Mapping[str, Any] | 
     for mode, eps in bar([(m, float(e)) for m in modes for e in eps_grid], desc="eps sweep", enabled=progress):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            merged = merge("ace", bench.base, bench.experts, **shared, eps=eps, eps_mode=mode,
+            merged = merging.merge("ace", bench.base, bench.experts, **shared, eps=eps, eps_mode=mode,
                            **bench.layout_kwargs())
         pinv = [w for w in caught if issubclass(w.category, RuntimeWarning) and "pseudo-inverse" in str(w.message)]
         for w in caught:  # every other warning as it was
