@@ -25,13 +25,15 @@ class SourceMissing(FileNotFoundError):
 
 @dataclass(frozen=True)
 class Source:
-    """A reader of labelled text: ``read() -> {label: [texts]}`` from ``debs`` / ``pydists``."""
+    """A reader of labelled text: ``read() -> {label: [texts]}`` from ``debs`` / ``pydists``; ``classes``: its
+    labels where the source fixes them."""
 
     name: str
     read: Callable[[], dict[str, list[str]]]
     debs: tuple[str, ...] = ()
     pydists: tuple[str, ...] = ()
     doc: str = ""
+    classes: tuple[str, ...] = ()
 
 
 def debian_version(package: str) -> str | None:
@@ -406,11 +408,12 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("debian_description", _debian_descriptions, ("apt",),
            doc="Debian package short descriptions -> archive section"),
     *(Source(f"wordnet_{kind}", partial(_wordnet_hypernym_classes, f"noun.{kind}", classes), ("wordnet-base",),
-             doc=f"WordNet {kind} glosses -> the kind of {kind} above them ({classes[0]}, {classes[1]}, ...)")
+             doc=f"WordNet {kind} glosses -> the kind of {kind} above them ({classes[0]}, {classes[1]}, ...)",
+             classes=classes)
       for kind, classes in (("animal", ANIMAL_CLASSES), ("plant", PLANT_CLASSES), ("artifact", ARTIFACT_CLASSES),
                             ("person", PERSON_CLASSES), ("food", FOOD_CLASSES))),
     Source("code", _code_lines, tuple(p for pat, _, _ in CODE_PACKAGES.values() for p in pat.split()),
-           doc="lines of source code from Debian packages -> programming language"),
+           doc="lines of source code from Debian packages -> programming language", classes=tuple(CODE_PACKAGES)),
     Source("docstrings", _docstrings, pydists=tuple(_DIST.get(d, d) for d in DOC_LIBRARIES),
            doc="docstrings of installed libraries -> library"),
 )}

@@ -1,5 +1,6 @@
 """The text world's tasks: classes picked from a source (:mod:`acetools.world.text.sources`), balanced,
-cut into fixed train / val / test splits that share no text (docs/text-world.md §The tasks)."""
+cut into fixed train / val / test splits that share no text; the tasks and suites are data, in ``tasks.json``
+(docs/text-world.md §The tasks)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from pathlib import Path
 
 from ...errors import InputError
-from .sources import (
-    ANIMAL_CLASSES,
-    ARTIFACT_CLASSES,
-    CODE_PACKAGES,
-    FOOD_CLASSES,
-    PERSON_CLASSES,
-    PLANT_CLASSES,
-    SOURCES,
-    provenance,
-)
+from .sources import SOURCES, provenance
 
 __all__ = ["TextTask", "TextData", "TASKS", "SUITES", "build_task", "suite_tasks"]
 
@@ -110,54 +103,18 @@ def task_provenance(task: TextTask) -> dict:
     return provenance(SOURCES[task.source])
 
 
-_FORTUNE = ("art", "computers", "definitions", "men-women", "politics", "science", "songs-poems", "work", "zippy")
-_DEB = ("admin", "fonts", "games", "graphics", "math", "net", "science", "sound", "text", "web")
-_NOUN = ("noun.act", "noun.animal", "noun.artifact", "noun.attribute", "noun.body", "noun.cognition",
-         "noun.communication", "noun.food", "noun.location", "noun.person", "noun.plant", "noun.substance")
-_VERB = ("verb.body", "verb.change", "verb.cognition", "verb.communication", "verb.contact", "verb.creation",
-         "verb.motion", "verb.perception", "verb.possession", "verb.social")
-_DOMAIN = ("law", "military", "computer science", "chemistry", "music", "biology", "physics", "botany")
-_EMOJI = ("Smileys & Emotion", "Animals & Nature", "Food & Drink", "Travel & Places", "Objects", "Symbols", "Flags")
-_SYMBOLS = ("Mathematical Operators", "Miscellaneous Technical", "Miscellaneous Symbols", "Dingbats",
-            "Miscellaneous Symbols and Pictographs", "Supplemental Symbols and Pictographs")
+def _task(t: dict) -> TextTask:
+    """A task of ``tasks.json``; without ``classes``, every class of its source."""
+    sizes = {k: t[k] for k in ("n_train", "n_val", "n_test") if k in t}
+    return TextTask(t["name"], t["source"], tuple(t.get("classes") or SOURCES[t["source"]].classes), doc=t["doc"],
+                    **sizes)
 
-TASKS: dict[str, TextTask] = {t.name: t for t in (
-    TextTask("debian_section", "debian_description", _DEB, doc="package short description -> Debian section"),
-    TextTask("wordnet_noun", "wordnet_noun", _NOUN, doc="noun gloss -> WordNet lexicographer file"),
-    TextTask("wordnet_verb", "wordnet_verb", _VERB, n_train=150, doc="verb gloss -> WordNet lexicographer file"),
-    TextTask("fortune_topic", "fortunes", _FORTUNE, doc="fortune quote -> fortune file"),
-    TextTask("word_language", "words", ("english", "german", "french", "spanish", "italian", "portuguese", "dutch"),
-             doc="word -> language of the word list"),
-    TextTask("docstring_library", "docstrings", ("numpy", "scipy", "pandas", "torch", "matplotlib", "sklearn",
-                                                  "sympy", "networkx"), n_train=170,
-             doc="first docstring paragraph -> Python library"),
-    TextTask("wordnet_domain", "wordnet_domain", _DOMAIN, n_train=90, n_val=20, n_test=40,
-             doc="gloss -> WordNet topic domain"),
-    TextTask("emoji_group", "emoji", _EMOJI, n_train=80, n_val=20, n_test=30, doc="emoji name -> emoji group"),
-    TextTask("unicode_symbol", "unicode_block", _SYMBOLS, n_train=110, n_val=20, n_test=60,
-             doc="symbol name -> Unicode block"),
-    TextTask("code_language", "code", tuple(CODE_PACKAGES), doc="line of source code -> programming language"),
-    TextTask("wordnet_animal", "wordnet_animal", ANIMAL_CLASSES, n_train=200,
-             doc="animal gloss -> the animal class above it in WordNet (mammal, bird, ...)"),
-    TextTask("wordnet_plant", "wordnet_plant", PLANT_CLASSES, n_train=100, n_val=20, n_test=40,
-             doc="plant gloss -> the plant kind above it in WordNet (tree, herb, ...)"),
-    TextTask("wordnet_artifact", "wordnet_artifact", ARTIFACT_CLASSES, n_train=130, n_val=20, n_test=40,
-             doc="artifact gloss -> the artifact kind above it in WordNet (tool, vehicle, ...)"),
-    TextTask("wordnet_person", "wordnet_person", PERSON_CLASSES, n_train=120, n_val=20, n_test=40,
-             doc="person gloss -> the kind of person above it in WordNet (worker, writer, ...)"),
-    TextTask("wordnet_food", "wordnet_food", FOOD_CLASSES, n_train=70, n_val=14, n_test=20,
-             doc="food gloss -> the kind of food above it in WordNet (dish, meat, ...)"),
-)}
 
-#: text8: eight tasks of five sources (WordNet four times, at different cuts), each with 6-12 balanced classes.
-SUITES: dict[str, tuple[str, ...]] = {
-    "text8": ("debian_section", "wordnet_noun", "wordnet_domain", "emoji_group", "code_language",
-              "wordnet_artifact", "fortune_topic", "wordnet_person"),
-    # text12: text8 and four more, so that growth with T can be measured
-    "text12": ("debian_section", "wordnet_noun", "wordnet_domain", "emoji_group", "code_language",
-               "wordnet_artifact", "fortune_topic", "wordnet_person", "wordnet_animal", "wordnet_plant",
-               "docstring_library", "wordnet_food"),
-}
+_RAW = json.loads(Path(__file__).with_name("tasks.json").read_text(encoding="utf-8"))
+TASKS: dict[str, TextTask] = {t["name"]: _task(t) for t in _RAW["tasks"]}
+#: text8: eight tasks of five sources (WordNet four times, at different cuts), each with 6-12 balanced classes;
+#: text12: text8 and four more, so that growth with T can be measured.
+SUITES: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in _RAW["suites"].items()}
 
 
 def suite_tasks(suite: str) -> tuple[str, ...]:
