@@ -5,10 +5,12 @@ proxy data, runs with alpha chosen on validation, the norm order (verdicts: ``cl
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import re
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,11 +19,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..diagnostics import layer_type, linear_cka
+from ..benchmark import MethodRun
+from ..diagnostics import layer_type, linear_cka, principal_subspace, subspace_similarity
 from ..errors import InputError, InputKeyError
 from ..merging import esm as E
 from ..merging import is_matrix_param, merge
-from ..search import climb_search, esm_search, grid_search
+from ..search import check_patience, climb_search, esm_search, grid_search
+from ..utils import progress as bar
 
 StateDict = dict[str, Tensor]
 
@@ -216,19 +220,14 @@ def timed_activations(bench, images: Mapping[str, Tensor] | None = None,
 def subspace_overlap(X_a: Tensor, delta_W: Tensor, k: int, X_b: Tensor | None = None) -> float:
     """Mean cos² of the principal angles between the rank-k essential subspace from ``X_a`` and the
     one from ``X_b`` or, without it, the SVD basis of ``delta_W`` (:func:`acetools.diagnostics.subspace_similarity`)."""
-    from ..diagnostics import principal_subspace
-
     dW = _work(delta_W)
-    d_in = dW.shape[1]
-    Xa = _rows(X_a, d_in, dW.dtype, dW.device)
-    dO_a = Xa @ dW.T
-    if X_b is None:
-        k = max(1, min(k, *dW.shape, Xa.shape[0]))
-        Pa, Pb = principal_subspace(dO_a, k, side="right"), principal_subspace(dW, k, side="left")
-    else:
-        Xb = _rows(X_b, d_in, dW.dtype, dW.device)
+    Xa = _rows(X_a, dW.shape[1], dW.dtype, dW.device)
+    if X_b is not None:
+        Xb = _rows(X_b, dW.shape[1], dW.dtype, dW.device)
         k = max(1, min(k, *dW.shape, Xa.shape[0], Xb.shape[0]))
-        Pa, Pb = principal_subspace(dO_a, k, side="right"), principal_subspace(Xb @ dW.T, k, side="right")
+        return subspace_similarity(Xa @ dW.T, Xb @ dW.T, k, side="right")
+    k = max(1, min(k, *dW.shape, Xa.shape[0]))
+    Pa, Pb = principal_subspace(Xa @ dW.T, k, side="right"), principal_subspace(dW, k, side="left")
     return float(((Pa.T @ Pb) ** 2).sum() / k)
 
 
@@ -266,8 +265,6 @@ def alpha_keys(base: Mapping[str, Tensor], hparams: Mapping[str, Any]) -> list[s
 def esm_path(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None, **hparams: Any):
     """Merge with ``esm`` once at alpha = 1: ``(at, merge_seconds)``, ``at(alpha)`` the merge at any alpha
     (alpha is linear on :func:`alpha_keys`, docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12))."""
-    import warnings
-
     if "alpha" in hparams:
         raise InputError("esm_path varies alpha itself; do not pass it")
     targets = bench.esm_targets()  # the world's layer names (None: ESM's open_clip defaults)
@@ -294,8 +291,6 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
             label: str | None = None, inputs_seconds: float | None = None, **hparams: Any):
     """ESM on ``bench`` with alpha chosen on validation (``grid=None``: the paper's ``esm_search``; else a climb
     or grid over ``grid``), scored on test: a ``MethodRun``; ``inputs_seconds``: the proxy capture's."""
-    from ..benchmark import MethodRun
-
     if search not in ("climb", "grid"):
         raise InputError(f"search={search!r} must be 'climb' or 'grid'")
     if inputs_seconds is not None and not (math.isfinite(inputs_seconds) and inputs_seconds >= 0):
@@ -321,9 +316,7 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
     alpha = float(res.best)
     val = dict(res.best_evaluation.scores)
     test = bench.evaluate(at(alpha), "test")
-    kept = dict(hparams)
-    kept["alpha"] = alpha
-    return MethodRun("esm", kept, "alpha", alpha, val, test, bench.normalized(val, "val"),
+    return MethodRun("esm", {**hparams, "alpha": alpha}, "alpha", alpha, val, test, bench.normalized(val, "val"),
                      bench.normalized(test, "test"), merge_s, res.to_frame(), label, inputs_seconds=capture_s)
 
 
@@ -341,11 +334,6 @@ def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None,
                  tsv_m_patience: int | None = TSV_M_PATIENCE) -> list:
     """:func:`run_esm` for each row in ``names`` (default :data:`ABLATION`, then TSV-M's :data:`TSV_M_ROW`), reusing the
     runs of ``done`` (row -> MethodRun); the proxy capture is made once, every ESD row's ``inputs_seconds``."""
-    import copy
-
-    from ..search import check_patience
-    from ..utils import progress as bar
-
     check_patience(tsv_m_patience)
     names = list(ABLATION) + [TSV_M_ROW] if names is None else list(names)
     for name in names:
