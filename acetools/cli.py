@@ -204,9 +204,9 @@ def _check_split_sizes(suite: str, **wanted: int | None) -> None:
 
 def _one_line(text: str) -> str:
     """One line, without terminal escape sequences (an error message may quote a library's coloured text)."""
-    from .utils import strip_ansi
+    import re
 
-    return " ".join(strip_ansi(str(text)).split())
+    return " ".join(re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", str(text)).split())
 
 
 def _message(err: BaseException) -> str:
