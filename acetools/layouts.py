@@ -3,7 +3,7 @@
 A :class:`Layout` gives each key a role (``matrix``, ``embedding``, ``head``, ``other``,
 ``buffer``), an orientation (``out_in`` or GPT-2's ``in_out``: transposed to d_out x d_in before
 a method sees it), tied keys (merged once) and the task-head keys of a classifier. Presets:
-:data:`PRESETS` (docs/your-models.md §Presets); :func:`detect_layout` picks one from a config or
+:data:`PRESETS` (``layouts.json``; docs/your-models.md §Presets); :func:`detect_layout` picks one from a config or
 the key names, :func:`default_layout` is what ``acetools.merge()`` and ``acetools merge`` use.
 The ``open_clip`` preset is the official TSV/Iso/ESM/ACE rule: every 2-D float tensor except
 ``text_projection`` takes the matrix path, as stored.
@@ -12,10 +12,12 @@ The ``open_clip`` preset is the official TSV/Iso/ESM/ACE rule: every 2-D float t
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -162,67 +164,20 @@ def _suffix(*names: str) -> str:
     return r"(^|\.)(" + "|".join(re.escape(n) for n in names) + r")(\.|$)"
 
 
-PRESETS: dict[str, Layout] = {
-    "open_clip": Layout(
-        "open_clip",
-        not_matrix=(r"text_projection",),
-        description="open_clip CLIP: every 2-D float tensor except text_projection, as stored (the official "
-                    "TSV/Iso/ESM/ACE rule; visual.proj, positional_embedding and token_embedding included)",
-    ),
-    "hf_clip": Layout(
-        "hf_clip",
-        embedding=(_suffix("position_embedding", "token_embedding", "patch_embedding", "class_embedding"),),
-        head=(_suffix("text_projection"),),
-        task_heads=(r"^classifier\.",),
-        description="Hugging Face CLIP (CLIPModel, CLIPVisionModel, CLIPTextModel): nn.Linear weights are "
-                    "matrices; embeddings and text_projection merged elementwise",
-    ),
-    "gpt2": Layout(
-        "gpt2",
-        embedding=(_suffix("wte", "wpe"),),
-        head=(_suffix("lm_head", "score"),),
-        in_out=(r"(^|\.)(c_attn|q_attn|c_fc|c_proj)\.weight$",),
-        tie_rules=((r"(^|\.)lm_head\.weight$", r"(^|\.)wte\.weight$"),),
-        task_heads=(r"^score\.",),
-        description="GPT-2: Conv1D weights (c_attn, c_fc, c_proj) stored in x out; wte/wpe embeddings; "
-                    "lm_head tied to wte",
-    ),
-    "bert": Layout(
-        "bert",
-        embedding=(_suffix("word_embeddings", "position_embeddings", "token_type_embeddings"),),
-        head=(_suffix("pooler", "classifier", "cls", "lm_head", "qa_outputs"),),
-        tie_rules=((r"(^|\.)(lm_head|cls\.predictions)\.decoder\.weight$", r"(^|\.)word_embeddings\.weight$"),),
-        task_heads=(r"^classifier\.",),
-        description="BERT / RoBERTa: word, position and token-type embeddings; pooler, classifier and LM "
-                    "heads merged elementwise; MLM decoder tied to the word embeddings",
-    ),
-    "llama": Layout(
-        "llama",
-        embedding=(_suffix("embed_tokens"),),
-        head=(_suffix("lm_head", "score"),),
-        tie_rules=((r"(^|\.)lm_head\.weight$", r"(^|\.)embed_tokens\.weight$"),),
-        task_heads=(r"^score\.",),
-        description="LLaMA-style decoders (q/k/v/o_proj, gate/up/down_proj): embed_tokens and lm_head merged "
-                    "elementwise; tied when the config says tie_word_embeddings",
-    ),
-    "generic": Layout(
-        "generic",
-        embedding=(r"(^|\.)[^.]*(embed|embedding|embeddings|wte|wpe)[^.]*(\.|$)",),
-        head=(_suffix("lm_head", "classifier", "score", "head", "pooler", "text_projection"),),
-        tie_rules=((r"(^|\.)lm_head\.weight$", r"(^|\.)(wte|embed_tokens|word_embeddings)\.weight$"),),
-        task_heads=(r"^(classifier|score)\.",),
-        description="any model with nn.Linear weights: 2-D tensors are matrices (d_out x d_in) except keys "
-                    "named like embeddings or heads",
-    ),
-}
+def _preset(name: str, spec: Mapping[str, Any]) -> Layout:
+    """A preset of ``layouts.json``: a pattern is a regular expression, or a list of names (:func:`_suffix`)."""
+    def patterns(field: str) -> tuple[str, ...]:
+        return tuple(p if isinstance(p, str) else _suffix(*p) for p in spec.get(field, ()))
 
-_MODEL_TYPES = {
-    "clip": "hf_clip", "clip_vision_model": "hf_clip", "clip_text_model": "hf_clip", "siglip": "hf_clip",
-    "gpt2": "gpt2",
-    "bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "electra": "bert",
-    "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "llama", "qwen3": "llama",
-    "gemma": "llama", "gemma2": "llama", "phi3": "llama",
-}
+    fields = ("embedding", "head", "matrix", "not_matrix", "in_out", "task_heads")
+    return Layout(name, **{f: patterns(f) for f in fields}, tie_rules=tuple(map(tuple, spec.get("tie_rules", ()))),
+                  **{k: spec[k] for k in ("matrix_embeddings", "matrix_heads", "description") if k in spec})
+
+
+#: The presets, their config and key names, a data file beside this module (docs/your-models.md §Presets).
+_DATA: dict[str, Any] = json.loads(Path(__file__).with_name("layouts.json").read_text(encoding="utf-8"))
+PRESETS: dict[str, Layout] = {name: _preset(name, spec) for name, spec in _DATA["presets"].items()}
+_MODEL_TYPES: dict[str, str] = _DATA["model_types"]
 
 
 def detect_layout(keys: Iterable[str], config: Mapping[str, Any] | None = None) -> str | None:
@@ -235,8 +190,7 @@ def detect_layout(keys: Iterable[str], config: Mapping[str, Any] | None = None) 
             return _MODEL_TYPES[mt]
         for arch in config.get("architectures") or ():
             a = str(arch).lower()
-            for prefix, name in (("gpt2", "gpt2"), ("clip", "hf_clip"), ("roberta", "bert"), ("bert", "bert"),
-                                 ("llama", "llama"), ("mistral", "llama"), ("qwen2", "llama")):
+            for prefix, name in _DATA["architecture_prefixes"]:
                 if a.startswith(prefix):
                     return name
     keys = list(keys)
@@ -313,14 +267,7 @@ def default_layout(keys: Iterable[str], config: Mapping[str, Any] | None = None)
 
 
 #: transformers' ``base_model_prefix`` per ``model_type``: a task model's prefix of its backbone's keys.
-BASE_MODEL_PREFIXES: dict[str, str] = {
-    "bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "camembert": "roberta", "electra": "electra",
-    "distilbert": "distilbert", "albert": "albert", "deberta": "deberta", "deberta-v2": "deberta",
-    "mpnet": "mpnet", "gpt2": "transformer", "gptj": "transformer", "gpt_neox": "gpt_neox",
-    "llama": "model", "mistral": "model", "mixtral": "model", "qwen2": "model", "qwen3": "model",
-    "gemma": "model", "gemma2": "model", "phi3": "model", "phi": "model", "opt": "model",
-    "vit": "vit", "clip": "clip", "siglip": "siglip",
-}
+BASE_MODEL_PREFIXES: dict[str, str] = _DATA["base_model_prefixes"]
 
 
 def base_model_prefix(config: Mapping[str, Any] | None) -> str | None:
