@@ -214,3 +214,17 @@ def test_every_script_imports_names_the_package_still_has(path):
             except ImportError:
                 missing.append(f"{module}.{name}")
     assert not missing, f"{path.name} imports what acetools no longer has: {missing}"
+
+
+def test_every_data_file_of_the_package_ships_in_the_wheel():
+    """A table read at run time (``tasks.json``, ``regime.json``, ...) that pyproject's package-data
+    misses works from a checkout and fails from an installed wheel."""
+    from fnmatch import fnmatch
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["acetools"]
+    package = ROOT / "acetools"
+    data = [p.relative_to(package).as_posix() for p in package.rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    assert data, "the package holds no data files: the walk is wrong"
+    missing = [f for f in data if not any(fnmatch(f, pat) for pat in patterns)]
+    assert not missing, f"add these to [tool.setuptools.package-data] in pyproject.toml: {missing}"
