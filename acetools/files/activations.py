@@ -197,9 +197,9 @@ def capture_inputs(
     ``(tensor, ...)`` tuples). The model runs under ``torch.no_grad()`` on ``device`` (default: where its
     parameters are), in eval mode unless ``eval_mode=False``. Rows (every token of every sample,
     batch-major) are stored on ``out_device`` in the model's dtype. X has the width d_in of the canonical
-    d_out x d_in matrix, oriented by ``layout`` (a name or Layout), else by the module type
-    (``Conv1D`` in x out). A keyword batch's ``attention_mask`` leaves padding tokens out of every B x L x d_in input
-    (``mask_padding=False`` keeps them).
+    d_out x d_in matrix, oriented by ``layout`` (a name or Layout), else by the module type (``Conv1D``
+    in x out). A keyword batch's ``attention_mask`` leaves padding tokens out of every B x L x d_in
+    input (``mask_padding=False`` keeps them).
     """
     chunks: dict[str, list[Tensor]] = {}
 

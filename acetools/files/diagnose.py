@@ -23,7 +23,7 @@ from ..diagnostics import effective_rank
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index, layer_type
 from ..layouts import TensorMeta, get_layout
-from ..merging import confirmed_ties, defaults_from
+from ..merging import check_finite, confirmed_ties, defaults_from
 from ..merging.linalg import gram_spectrum
 from ..utils import atomic_write, progress
 from .checkpoints import Checkpoint, as_checkpoint, check_compatible, check_output_folder
@@ -178,7 +178,7 @@ def diagnose(
     analysed).
 
     ``base`` / ``experts``: state dicts or checkpoint paths (read one tensor at a time). ``names``: one
-    per expert (default: file stems or task0, task1, ...). ``layout``: :func:`acetools.layouts.get_layout`.
+    per expert (default: :func:`acetools.files.heads.expert_names`). ``layout``: :func:`acetools.layouts.get_layout`.
     ``tau``: ACE's gate threshold (None: ACE's default). ``ace=True`` also runs ACE's closed form per
     matrix for W̄_pre's top-5 % energy (slower). ``keys``: restrict to these keys.
     ``max_singular_values``: per task and matrix in ``spectra`` (None: all). ``heads``: as
@@ -222,8 +222,7 @@ def _w0_taus(key: str, src: Checkpoint, exs: Sequence[Checkpoint], lay, labels: 
     W0 = lay.to_canonical(key, src.get(key)).to(torch.float64)
     taus = [lay.to_canonical(key, e.get(key)).to(torch.float64) - W0 for e in exs]
     for i, t in enumerate(taus):
-        if not torch.isfinite(t).all():
-            raise InputError(f"{_what(i, labels)}[{key!r}] contains NaN or Inf")
+        check_finite(_what(i, labels), key, t)
     return W0, taus
 
 
@@ -402,23 +401,16 @@ def run_report(
 ) -> dict[str, Any]:
     """Execute the report notebook into ``out`` (:func:`acetools.notebooks.run_notebook`), render
     ``diagnose.html`` without code and save the tables beside it. Returns ``{"executed", "html", "seconds"}``."""
-    import papermill as pm
+    from ..notebooks import run_notebook  # the one papermill runner (an undeclared parameter is an error)
 
     for p in [base, *experts]:
         if not Path(p).exists():
             raise FileNotFoundError(f"no checkpoint at {p}")
     out = check_output_folder(out, [base, *experts], weights=False)  # the merge command's check
-    out.mkdir(parents=True, exist_ok=True)
     params = {"base": str(Path(base).resolve()), "experts": [str(Path(e).resolve()) for e in experts],
               "names": list(names) if names is not None else [], "layout": layout,
               "tau": float(defaults_from("ace")["tau"] if tau is None else tau), "ace": bool(ace),
               "out_dir": str(out), "heads": heads}
-    declared = set(pm.inspect_notebook(str(REPORT_NOTEBOOK)))
-    unknown = sorted(set(params) - declared)
-    if unknown:  # a packaging error, not the user's
-        raise RuntimeError(f"{REPORT_NOTEBOOK.name} does not declare {unknown}")
-    from ..notebooks import run_notebook  # the one papermill runner
-
     rec = run_notebook(REPORT_NOTEBOOK, out, params, html=html, timeout=timeout, start_timeout=start_timeout,
                        cwd=out, output_name="diagnose.ipynb", require_mathjax=False)
     return {k: rec[k] for k in ("executed", "html", "seconds") if k in rec}

@@ -272,15 +272,6 @@ def plan_merge(
                      run, describe(lay, b.metas()), files, head_plan)
 
 
-def _run(plan: MergePlan, writer: ShardedWriter, dev: torch.device, out_dtype: torch.dtype | None,
-         show: bool | None) -> dict[str, Any]:
-    """The one driver (:func:`acetools.merging.driver.run`) over the checkpoints, written as it goes."""
-    models = [plan.base, *plan.experts]
-    src = Source(plan.base, plan.experts, names=[str(ck.path) for ck in models])
-    return run(METHODS[plan.method], plan.hparams, src, plan.layout, writer.add, device=dev,
-               whole_model=plan.mode == "memory", out_dtype=out_dtype, show=show, hparams_text=plan.hparams_text())
-
-
 class _InputHashes:
     """The sha256 of every input file, computed by background threads while the merge reads the same files.
     A copy among the inputs is an error before any merging when sizes and sampled bytes already say
@@ -376,7 +367,10 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
         hashes.check_copies()
         with ShardedWriter(out_dir, shard_size=size, metadata=metadata, metadata_hint=size_hint,
                            header_room=ShardedWriter.header_room(planned, size_hint)) as writer:
-            extra = _run(plan, writer, dev, out_dtype, show)
+            src = Source(plan.base, plan.experts, names=[str(ck.path) for ck in (plan.base, *plan.experts)])
+            extra = run(METHODS[plan.method], plan.hparams, src, plan.layout, writer.add, device=dev,  # the one driver
+                        whole_model=plan.mode == "memory", out_dtype=out_dtype, show=show,
+                        hparams_text=plan.hparams_text())
             metadata()
             if plan.heads.mode == "per-task":
                 head_writer = HeadWriter(out_dir, plan.heads, record["inputs"].get("sha256"))
@@ -475,24 +469,15 @@ CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", 
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
-    """``"key=value"`` -> ``(key, value)``: a Python literal (``20``, ``0.3``, ``True``, ``(1, 2)``),
-    ``true``/``false``/``none``/``null``, else the string (``scope=tensor``)."""
-    import ast
+    """``"key=value"`` -> ``(key, value)``: ``true``/``false``/``none``/``null``, else as
+    :func:`acetools.notebooks.parse_parameter` reads it (a literal: ``20``, ``(1, 2)``; else the string)."""
+    from ..notebooks import parse_parameter
 
-    if "=" not in text:
-        raise InputError(f"hyperparameter {text!r} must look like key=value (e.g. -p lam=0.3)")
-    key, raw = (s.strip() for s in text.split("=", 1))
-    if not key.isidentifier():
-        raise InputError(f"hyperparameter name {key!r} is not a Python identifier")
-    low = raw.lower()
-    if low in ("true", "false"):
-        return key, low == "true"
-    if low in ("none", "null"):
-        return key, None
-    try:
-        return key, ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return key, raw
+    key, raw = parse_parameter(text, literal=False)
+    low = raw.strip().lower()
+    if low in ("true", "false", "none", "null"):
+        return key, low == "true" if low in ("true", "false") else None
+    return parse_parameter(f"{key}={raw.strip()}")
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

@@ -146,10 +146,7 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
     chosen = merge_files(method, base, experts, out, hparams={**hp, search.param: value}, **merge_options)
     outcome = SearchMerge(search.param, value, res, chosen)
     assert chosen.out is not None, "merge_files wrote no folder"
-    record = chosen.out / "acetools_merge.json"
-    info = json.loads(record.read_text())
-    info["search"] = outcome.record()
-    with atomic_write(record, "w") as fh:
-        json.dump(info, fh, indent=2)
-    chosen.info["search"] = info["search"]
+    chosen.info["search"] = outcome.record()  # chosen.info is what acetools_merge.json holds
+    with atomic_write(chosen.out / "acetools_merge.json", "w") as fh:
+        json.dump(chosen.info, fh, indent=2)
     return outcome
