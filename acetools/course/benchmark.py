@@ -11,15 +11,19 @@ from typing import Any, cast
 
 import pandas as pd
 
+from .. import results
+from ..benchmark import ACE_SCALED_ROW, VARIANTS
 from ..errors import InputError
-from ..results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
+from ..merging import METHODS
+from ..results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement, wide
+from ..search import PATIENCE
+from . import paper_tables
+from . import world as course
 
 
 def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     """Seconds per merge, method × suite (means over seeds), and whether the data inputs were timed apart:
     then each data-dependent method gets ``"<method>: data capture"`` and ``"<method>: merge + capture"`` rows."""
-    from ..results import wide
-
     t = wide(agg, "merge_seconds")
     if "inputs_seconds" not in agg.columns:
         return t, False
@@ -77,12 +81,6 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
 
     Full profile: ``suites`` at ``size`` in ``results_dir``; quick: the fixture world as 2 and 3 tasks under
     ``<figures_dir>/results``; ``world_options`` selects the CLIP or a text world (docs/course.md §04_benchmark)."""
-    from .. import results
-    from ..benchmark import ACE_SCALED_ROW, VARIANTS
-    from ..search import PATIENCE
-    from . import paper_tables
-    from . import world as course
-
     options: dict[str, Any] = dict(world_options or {})
     text = bool(options) and course.is_text_world(str(options.get("kind", "")))
     if quick:
@@ -147,7 +145,6 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
 def _text_files(kind: str, seed: int, results_dir: str | Path, recompute: bool) -> tuple[Path, str, str, str]:
     """:func:`load_benchmark`'s full profile on a text world: ``(folder, size, suite, world sentence)``."""
     from ..world.text.world import TextWorld
-    from . import world as course
 
     suite = course.text_suite(kind)
     if recompute:
@@ -197,8 +194,6 @@ def method_ranks(agg: pd.DataFrame, methods: Sequence[str] = ("ace", "esm"), *,
 def wudi_lr_summary(step_size: pd.DataFrame) -> pd.DataFrame:
     """Per (suite, seed) of WUDI's learning-rate study: the default lr, how far it moves the entries (RMS), its
     score, and the lr best on validation with its score."""
-    from ..merging import METHODS
-
     default_lr = METHODS["wudi"].hparams["lr"]
     rows = []
     for (s, sd), d in step_size.groupby(["suite", "seed"], sort=False):

@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..results import aggregate, find_results, load_per_task, load_summary
+from ..utils import progress as bar
+
 #: RoBERTa-base on 8 GLUE tasks, normalized accuracy (ESM's table; WUDI's README agrees);
 #: ACE's 90.4 is ACE-Merging's own table (docs/text-world.md).
 ROBERTA_GLUE: dict[str, float] = {
@@ -50,8 +53,6 @@ def stage_ablation(bench, eps: Sequence[float] = (1e-2, 2e-4, 1e-5), rows=STAGE_
                    progress: bool | None = None) -> pd.DataFrame:
     """ACE's stages on the text world: each of :data:`STAGE_ROWS` at each ``eps``, merged once and scored on
     validation and test (means over tasks, %)."""
-    from ..utils import progress as bar
-
     jobs = [(e, label, hp) for e in eps for label, hp in rows]
     out = []
     for e, label, hp in bar(jobs, desc="ACE stages", enabled=progress):
@@ -72,8 +73,6 @@ def stage_view(abl: pd.DataFrame) -> pd.DataFrame:
 
 def benchmark_tables(folder: str | Path, suite: str = "text8") -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(per_seed, mean)``: the committed summaries of ``suite`` in ``folder`` and their mean / sd over seeds."""
-    from ..results import aggregate, find_results, load_summary
-
     runs = find_results(folder, suites=[suite])
     if not runs:
         raise FileNotFoundError(f"no {suite}_*_seed*_summary.csv in {folder}: run "
@@ -100,8 +99,6 @@ def room_by_task(folder: str | Path, suite: str = "text8",
     """Where the room for structured merges lives: per task, the base and each of ``methods``
     (normalized test accuracy, mean over the committed seeds) and TSV-M minus task arithmetic,
     largest first. The room is the mean of the last column over tasks."""
-    from ..results import find_results, load_per_task
-
     runs = find_results(folder, suites=[suite])
     if not runs:
         raise FileNotFoundError(f"no {suite}_*_seed*_per_task.csv in {folder}")
@@ -121,8 +118,6 @@ def growth_table(folder: str | Path, suites: Sequence[str] = ("text8", "text12")
                                            "ace (eps 1e-5)")) -> pd.DataFrame:
     """Each method's lead over task arithmetic (normalized points, mean over seeds) per suite of ``suites``
     found in ``folder``: how the leads move as T grows (an empty frame when no suite has results)."""
-    from ..results import find_results
-
     cols = {}
     for suite in suites:
         if not find_results(folder, suites=[suite]):

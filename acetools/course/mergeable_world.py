@@ -11,8 +11,10 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import InputError, InputKeyError
-from ..regime import RegimeCard
+from ..regime import RegimeCard, regime_card
+from ..results import find_results, load_summary
 from ..search import PATIENCE
+from . import world as course
 
 #: The card's key rows, in order (docs/regime.md §How the card is measured).
 KEY_ROWS: tuple[str, ...] = ("experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "tsv_norm",
@@ -78,17 +80,12 @@ def room_budget(card: RegimeCard) -> pd.DataFrame:
 def benchmark_summary(results_dir: str | os.PathLike, suites: Sequence[str] = ("tasks8", "tasks14", "tasks20"),
                       size: str = "small") -> pd.DataFrame | None:
     """The benchmark's per-seed table from ``results_dir``, or ``None`` without results of ``suites``."""
-    from ..results import find_results, load_summary
-
     runs = find_results(results_dir, list(suites), size)
     return load_summary(runs) if runs else None
 
 
 def fixture_card(*, seed: int = 0, device: str = "cpu", progress: bool | None = False) -> RegimeCard:
     """The regime card of the quick profile's fixture world: for checking that the lesson runs."""
-    from ..regime import regime_card
-    from . import world as course
-
     zoo = course.world(quick=True, seed=seed, device=device)
     bench = course.benchmark(zoo, quick=True, patience=PATIENCE)
     return regime_card(zoo, bench=bench, progress=progress, n_act=64)
