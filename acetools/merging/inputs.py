@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -18,8 +18,8 @@ from .linalg import TaskCovariance, check_psd, check_square
 __all__ = [
     "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "LAYOUT_NAMES", "ESTIMATORS", "PRECISIONS", "EPS_MODES", "GAMMA_MODES",
     "Switches", "estimator_preset", "preset_switches", "given_covariances", "check_prior", "check_task_vectors",
-    "check_ace_covariances", "check_one_per_expert", "check_covariances_param", "as_rows", "matches", "finite_number",
-    "str_tuple", "check_activations", "activation_source", "check_targets", "esd_failure",
+    "check_ace_covariances", "check_key_matrices", "check_one_per_expert", "check_covariances_param", "as_rows",
+    "matches", "finite_number", "str_tuple", "check_activations", "activation_source", "check_targets", "esd_failure",
 ]
 
 #: open_clip parameter names of the ESD layers (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2), "Target layers").
@@ -140,17 +140,20 @@ def given_covariances(Sigma: Sequence[Tensor] | None, estimator: str, dWs: list[
 
 
 def check_task_vectors(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
-    """The T task vectors of one layer as a list: 2-D tensors (d_out × d_in) of one shape."""
+    """The T task vectors of one matrix as a list: a non-empty list of 2-D tensors (d_out × d_in) of one shape;
+    errors name the layer ``name``."""
     if isinstance(delta_W, Tensor) or len(delta_W) == 0:
-        raise InputError(f"layer {name!r}: pass a non-empty list of task vectors (one d_out x d_in tensor per task)")
-    shape = delta_W[0].shape
+        raise InputError(f"layer {name!r}: pass a non-empty list of task vectors (at least one; one d_out x d_in "
+                         "tensor per task)")
     for t, d in enumerate(delta_W):
-        if not isinstance(d, Tensor) or d.ndim != 2:
-            raise InputError(
-                f"layer {name!r}, task {t}: expected a 2-D tensor, got {getattr(d, 'shape', type(d).__name__)}"
-            )
-        if d.shape != shape:
-            raise InputError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's {tuple(shape)}")
+        if not isinstance(d, Tensor):
+            raise InputTypeError(f"layer {name!r}, task {t}: the task vector is a {type(d).__name__}, not a Tensor")
+        if d.ndim != 2:
+            raise InputError(f"layer {name!r}, task {t}: shape {tuple(d.shape)}; the matrix path needs 2-D "
+                             "(d_out x d_in) tensors (average other tensors, or change is_matrix)")
+        if d.shape != delta_W[0].shape:
+            raise InputError(f"layer {name!r}, task {t}: shape {tuple(d.shape)} differs from task 0's "
+                             f"{tuple(delta_W[0].shape)}; all experts must share the shape")
     return list(delta_W)  # converted one task at a time where used: no T float64 copies
 
 
@@ -175,42 +178,47 @@ def check_covariances_param(value: Any) -> str | None:
     return None
 
 
+def check_key_matrices(value: Any, base: Mapping[str, Tensor], n_tasks: int, where: str, item: str, items: str,
+                       noun: str, matrix_keys: Collection[str] | None = None) -> dict[str, list[Tensor]]:
+    """Per-expert d_in x d_in inputs (ACE's covariances, RegMean's Grams): one ``{key: matrix}`` dict per expert
+    with the same keys, each key a 2-D weight of ``base`` (one of ``matrix_keys`` where given), each matrix
+    valid (:func:`check_square`). Returns key -> the experts' matrices, keys sorted; errors name ``where``."""
+    check_one_per_expert(value, n_tasks, where, item, items)
+    for t, c in enumerate(value):
+        if not isinstance(c, Mapping):
+            raise InputTypeError(f"{where}[{t}] is a {type(c).__name__}, not a dict of weight key -> {noun}")
+    keys = sorted(set().union(*map(set, value)))
+    for t, c in enumerate(value):
+        missing = [k for k in keys if k not in c]
+        if missing:
+            raise InputKeyError(f"{where}[{t}] lacks key {missing[0]!r} that other experts' {items} have; give it "
+                                "for every expert or for none")
+    for k in keys:
+        if k not in base:
+            hint = next((f"; did you mean {k + s!r}? they are keyed by the weight's state-dict key"
+                         for s in (".weight", "_weight") if k + s in base), "")
+            raise InputKeyError(f"{where} has key {k!r}, which base does not have{hint}")
+        W0 = base[k]
+        if W0.ndim != 2 or (matrix_keys is not None and k not in matrix_keys):
+            raise InputError(f"{where} has key {k!r} for a parameter of shape {tuple(W0.shape)}, which is not a "
+                             f"matrix: only 2-D (d_out x d_in) weights on the matrix path take a {noun}")
+        for t, c in enumerate(value):
+            check_square(c[k], W0.shape[1], f"{where}[{t}][{k!r}]", f" for a weight of shape {tuple(W0.shape)}")
+    return {k: [c[k] for c in value] for k in keys}
+
+
 def check_ace_covariances(covariances: Any, estimator: str, base: Mapping[str, Tensor], matrix_keys: Sequence[str],
                           T: int) -> dict[str, list[Tensor]]:
-    """ACE's ``covariances`` (estimator="given": one {key: Sigma_t} dict per expert) checked and
-    gathered per matrix key; ``{}`` for the other estimators."""
+    """ACE's ``covariances`` (estimator="given": one {key: Sigma_t} dict per expert) checked
+    (:func:`check_key_matrices`) and gathered per matrix key; ``{}`` for the other estimators."""
     if estimator != "given":
         if covariances is not None:
             raise InputError(f"ace: covariances are only used with estimator='given' (got estimator={estimator!r})")
         return {}
     if covariances is None:
         raise InputError("ace: estimator='given' needs covariances=[{key: Sigma_t}, ...], one dict per expert")
-    check_one_per_expert(covariances, T, "ace: covariances", "{key: Sigma_t} dict", "entries")
-    mset = set(matrix_keys)
-    for t, c in enumerate(covariances):
-        for k in c:
-            if k not in base:
-                raise InputKeyError(f"ace: covariances[{t}] has key {k!r} that base does not have")
-            if k not in mset:
-                raise InputError(
-                    f"ace: covariances[{t}][{k!r}] is for a parameter that is not a matrix; "
-                    "only matrix keys take Sigma_t"
-                )
-    out: dict[str, list[Tensor]] = {}
-    for k in matrix_keys:
-        have = [k in c for c in covariances]
-        if not any(have):
-            continue
-        if not all(have):
-            missing = have.index(False)
-            raise InputKeyError(
-                f"ace: covariances[{missing}] lacks key {k!r} that other experts' covariances have; "
-                "give it for every expert or for none"
-            )
-        for t, c in enumerate(covariances):
-            check_square(c[k], base[k].shape[1], f"ace: covariances[{t}][{k!r}]")
-        out[k] = [c[k] for c in covariances]
-    return out
+    return check_key_matrices(covariances, base, T, "ace: covariances", "{key: Sigma_t} dict", "entries", "Sigma_t",
+                              set(matrix_keys))
 
 
 # --------------------------------------------------------------------------- ESM

@@ -9,12 +9,12 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import InputError, InputKeyError, InputTypeError
+from ..errors import InputError
 from ..utils import progress
 from ._registry import REQUIRED, Param, register
 from .averaging import mean_update, warn_mean_fallback
-from .inputs import check_one_per_expert
-from .linalg import check_square, solve_right
+from .inputs import check_key_matrices
+from .linalg import solve_right
 
 __all__ = ["shrink_gram", "regmean_matrix", "validate_grams", "regmean"]
 
@@ -49,39 +49,10 @@ def regmean_matrix(W: Sequence[Tensor], grams: Sequence[Tensor], alpha: float = 
 
 
 def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]:
-    """Check RegMean's ``grams`` (one dict weight key -> d_in x d_in Gram per task, the same keys for every task)
-    against ``base``; return the sorted keys that have Grams. Errors name the key and the task."""
-    check_one_per_expert(grams, n_tasks, "regmean: grams", "dict (weight key -> Gram matrix)", "Gram dicts")
-    for t, g in enumerate(grams):
-        if not isinstance(g, Mapping):
-            raise InputTypeError(
-                f"regmean: grams[{t}] is a {type(g).__name__}, not a dict of weight key -> Gram matrix")
-    keys = set(grams[0]) if grams else set()
-    for t, g in enumerate(grams):
-        missing = sorted(set().union(*map(set, grams)) - set(g))
-        if missing:
-            raise InputKeyError(
-                f"regmean: grams[{t}] has no Gram matrix for key {missing[0]!r}, which other tasks have; "
-                "give every task a Gram for the same keys (or none)"
-            )
-    for key in sorted(keys):
-        if key not in base:
-            hint = ""
-            for suffix in (".weight", "_weight"):
-                if key + suffix in base:
-                    hint = f"; did you mean {key + suffix!r}? Grams are keyed by the weight's state-dict key"
-            raise InputKeyError(f"regmean: Gram matrices given for key {key!r}, which is not in the state dict{hint}")
-        W0 = base[key]
-        if W0.ndim != 2:
-            raise InputError(
-                f"regmean: Gram matrices given for key {key!r} of shape {tuple(W0.shape)}; "
-                "RegMean needs a 2-D (d_out x d_in) weight"
-            )
-        d_in = W0.shape[1]
-        for t, g in enumerate(grams):
-            check_square(g[key], d_in, f"regmean: grams[{t}][{key!r}]",
-                         f" for a weight of shape {tuple(W0.shape)} (d_out x d_in)")
-    return sorted(keys)
+    """Check RegMean's ``grams``, one dict weight key -> d_in x d_in Gram per task with the same keys
+    (:func:`acetools.merging.inputs.check_key_matrices`); return the sorted keys that have Grams."""
+    return list(check_key_matrices(grams, base, n_tasks, "regmean: grams", "dict (weight key -> Gram matrix)",
+                                   "Gram dicts", "Gram matrix"))
 
 
 @register(

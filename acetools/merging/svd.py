@@ -18,6 +18,7 @@ from ..errors import InputError, InputTypeError
 from ..utils import progress
 from ._registry import ALPHA_GRID, Param, Search, register
 from .averaging import mean_update, warn_mean_fallback
+from .inputs import check_task_vectors
 from .linalg import (
     GRAM_MAX_RATIO,
     _gram_lower,
@@ -66,22 +67,7 @@ def stack_taus(taus: Sequence[Tensor] | Tensor, key: str = "") -> Tensor:
                 f"{_where(key)}expected a T x d_out x d_in stack of task vectors, got shape {tuple(X.shape)}"
             )
     else:
-        taus = list(taus)
-        if not taus:
-            raise InputError(f"{_where(key)}no task vectors given: pass at least one")
-        for t, tau in enumerate(taus):
-            if not isinstance(tau, Tensor):
-                raise InputTypeError(f"{_where(key)}task vector {t} is a {type(tau).__name__}, not a Tensor")
-            if tau.ndim != 2:
-                raise InputError(
-                    f"{_where(key)}task vector {t} has shape {tuple(tau.shape)}; the matrix path needs "
-                    "2-D (d_out x d_in) tensors (average other tensors, or change is_matrix)"
-                )
-            if tau.shape != taus[0].shape:
-                raise InputError(
-                    f"{_where(key)}task vector {t} has shape {tuple(tau.shape)} but task vector 0 has "
-                    f"{tuple(taus[0].shape)}; all experts must share the shape"
-                )
+        taus = check_task_vectors(list(taus), key)
         if not any(bool(tau.any()) for tau in taus):
             # all zero (e.g. CLIP's 49408 x 512 text token_embedding): a zero-stride view, no copy
             X = taus[0].new_zeros(()).expand(len(taus), *taus[0].shape)
@@ -108,6 +94,15 @@ def check_matrix_key(method: str, key: str, W0: Tensor) -> None:
 def _gram_ok(X: Tensor) -> bool:
     """The Gram routes serve float32 (and lower) inputs; float64 inputs keep the float64 SVD."""
     return X.dtype != torch.float64
+
+
+def _side_by_side(triplets: Sequence[tuple[Tensor, Tensor, Tensor]], dtype: torch.dtype
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """Triplets ``(U_i, S_i, Vh_i)`` concatenated in order, in ``dtype``: U_cat = [U_1 | U_2 | ...], s_cat, V_cat
+    = [Vh_1; Vh_2; ...]."""
+    Us, Ss, Vhs = zip(*triplets)
+    return (torch.cat([U.to(dtype) for U in Us], dim=1), torch.cat([S.to(dtype) for S in Ss]),
+            torch.cat([Vh.to(dtype) for Vh in Vhs], dim=0))
 
 
 def _polar(M: Tensor, gram: bool) -> Tensor:
@@ -147,18 +142,9 @@ def tsv_merge_matrix(taus: Sequence[Tensor] | Tensor, *, key: str = "") -> Tenso
         return X.new_zeros(d_out, d_in)
     # only the T k filled slots: the zero tail of U_cat / V_cat meets zero singular values, so
     # it drops out of polar(U_cat) diag(s_cat) polar(V_cat) (and the Gram route needs full rank)
-    n = T * k
     gram = _gram_ok(X)
-    work = torch.float64 if gram else X.dtype
-    U_cat = X.new_zeros(d_out, n, dtype=work)
-    s_cat = X.new_zeros(n, dtype=work)
-    V_cat = X.new_zeros(n, d_in, dtype=work)
-    for t in range(T):
-        U, S, Vh = top_svd(X[t], k, gram=gram)
-        sl = slice(t * k, (t + 1) * k)
-        U_cat[:, sl] = U
-        s_cat[sl] = S
-        V_cat[sl, :] = Vh
+    U_cat, s_cat, V_cat = _side_by_side([top_svd(X[t], k, gram=gram) for t in range(T)],
+                                        torch.float64 if gram else X.dtype)  # (d_out, T k), (T k,), (T k, d_in)
     return ((_polar(U_cat, gram) * s_cat) @ _polar(V_cat, gram)).to(X.dtype)
 
 
@@ -218,21 +204,9 @@ def iso_cts_matrix(taus: Sequence[Tensor] | Tensor, common_fraction: float = 0.8
     U_c, S_c, V_c = top_svd(X.sum(0), k_c, gram=common_gram) if k_c > 0 else (
         X.new_zeros(d_out, 0), X.new_zeros(0), X.new_zeros(0, d_in))
     U_c, S_c, V_c = U_c.to(work), S_c.to(work), V_c.to(work)
-    U_all = X.new_zeros(d_out, r, dtype=work)
-    s_all = X.new_zeros(r, dtype=work)
-    V_all = X.new_zeros(r, d_in, dtype=work)
-    if s > 0:
-        for t in range(T):
-            Xt = X[t].to(work)
-            Ut, St, Vht = top_svd(Xt - U_c @ (U_c.T @ Xt), s, gram=gram)
-            sl = slice(t * s, (t + 1) * s)
-            U_all[:, sl] = Ut
-            s_all[sl] = St
-            V_all[sl, :] = Vht
-    sl = slice(T * s, T * s + k_c)
-    U_all[:, sl] = U_c
-    s_all[sl] = S_c
-    V_all[sl, :] = V_c
+    residuals = (Xt - U_c @ (U_c.T @ Xt) for Xt in (X[t].to(work) for t in range(T)))  # one task at a time
+    tops = [top_svd(R, s, gram=gram) for R in residuals] if s > 0 else []
+    U_all, s_all, V_all = _side_by_side([*tops, (U_c, S_c, V_c)], work)  # (d_out, r), (r,), (r, d_in)
     return (s_all.mean() * (_polar(U_all, gram) @ _polar(V_all, gram))).to(X.dtype)
 
 
@@ -255,23 +229,17 @@ def _iso_cts_gram(X: Tensor, k_c: int, s: int) -> Tensor | None:
         V_c = Q[:, :k_c].mT
         U_c = (D @ Q[:, :k_c]) / S_c
     del D, Q
-    U_tasks = U_c.new_empty(d_out, n)
-    s_all = U_c.new_empty(n + k_c)
-    V_all = U_c.new_empty(n + k_c, d_in)
+    tops = []
     for t in range(T):
         Xt = X[t].double()
         if wide:
             A, St, Vht = top_svd(U_perp.mT @ Xt, s, gram=True)
-            Ut = U_perp @ A
+            tops.append((U_perp @ A, St, Vht))
         else:
             top = _tall_residual_top(Xt, U_c, s)
-            Ut, St, Vht = top if top is not None else top_svd(Xt - U_c @ (U_c.mT @ Xt), s, gram=True)
-        sl = slice(t * s, (t + 1) * s)
-        U_tasks[:, sl] = Ut
-        s_all[sl] = St
-        V_all[sl, :] = Vht
-    s_all[n:] = S_c
-    V_all[n:, :] = V_c
+            tops.append(top if top is not None else top_svd(Xt - U_c @ (U_c.mT @ Xt), s, gram=True))
+    # U_tasks (d_out, n) holds the task columns only: the common ones enter below as U_c @ PV[n:]
+    U_tasks, s_all, V_all = _side_by_side([*tops, (U_c[:, :0], S_c, V_c)], torch.float64)
     PV = _polar(V_all, True)
     return s_all.mean() * torch.addmm(U_c @ PV[n:], _polar(U_tasks, True), PV[:n])
 
