@@ -8,8 +8,10 @@ lose only open_clip's ``visual.`` prefix.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, overload
 
 from .errors import InputError
@@ -17,29 +19,15 @@ from .errors import InputError
 __all__ = ["BLOCK_CONTAINERS", "SHORT_NAMES", "KeyParts", "parse_key", "block_index", "layer_type", "short_name",
            "short_label"]
 
+_NAMES = json.loads(Path(__file__).with_name("architectures.json").read_text(encoding="utf-8"))
 #: Names of the module lists that hold a model's transformer blocks (see the module docstring).
-BLOCK_CONTAINERS: tuple[str, ...] = ("resblocks", "layers", "layer", "h", "blocks")
+BLOCK_CONTAINERS: tuple[str, ...] = tuple(_NAMES["block_containers"])
 
 _BLOCK = re.compile(r"(?:^|\.)(?:" + "|".join(map(re.escape, BLOCK_CONTAINERS)) + r")\.(\d+)\.(.+)$")
 
 #: Short names of layer types for labels (a name shared across layouts means the same layer; GPT-2's two
-#: ``c_proj`` and BERT's three ``dense`` get names that say which).
-SHORT_NAMES: dict[str, str] = {
-    # open_clip
-    "attn.in_proj_weight": "in_proj", "attn.out_proj.weight": "out_proj", "mlp.c_fc.weight": "c_fc",
-    "mlp.c_proj.weight": "c_proj", "positional_embedding": "pos_emb",
-    # HF CLIP, LLaMA / Mistral
-    "self_attn.q_proj.weight": "q_proj", "self_attn.k_proj.weight": "k_proj", "self_attn.v_proj.weight": "v_proj",
-    "self_attn.out_proj.weight": "out_proj", "self_attn.o_proj.weight": "o_proj", "mlp.fc1.weight": "fc1",
-    "mlp.fc2.weight": "fc2", "mlp.gate_proj.weight": "gate_proj", "mlp.up_proj.weight": "up_proj",
-    "mlp.down_proj.weight": "down_proj",
-    # GPT-2
-    "attn.c_attn.weight": "c_attn", "attn.c_proj.weight": "attn_c_proj",
-    # BERT / RoBERTa
-    "attention.self.query.weight": "query", "attention.self.key.weight": "key",
-    "attention.self.value.weight": "value", "attention.output.dense.weight": "attn_out",
-    "intermediate.dense.weight": "ffn_in", "output.dense.weight": "ffn_out",
-}
+#: ``c_proj`` and BERT's three ``dense`` get names that say which), from ``architectures.json``.
+SHORT_NAMES: dict[str, str] = _NAMES["short_names"]
 
 
 @dataclass(frozen=True)

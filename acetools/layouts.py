@@ -3,7 +3,7 @@
 A :class:`Layout` gives each key a role (``matrix``, ``embedding``, ``head``, ``other``,
 ``buffer``), an orientation (``out_in`` or GPT-2's ``in_out``: transposed to d_out x d_in before
 a method sees it), tied keys (merged once) and the task-head keys of a classifier. Presets:
-:data:`PRESETS` (``layouts.json``; docs/your-models.md §Presets); :func:`detect_layout` picks one from a config or
+:data:`PRESETS` (``architectures.json``; docs/your-models.md §Presets); :func:`detect_layout` picks one from a config or
 the key names, :func:`default_layout` is what ``acetools.merge()`` and ``acetools merge`` use.
 The ``open_clip`` preset is the official TSV/Iso/ESM/ACE rule: every 2-D float tensor except
 ``text_projection`` takes the matrix path, as stored.
@@ -165,7 +165,7 @@ def _suffix(*names: str) -> str:
 
 
 def _preset(name: str, spec: Mapping[str, Any]) -> Layout:
-    """A preset of ``layouts.json``: a pattern is a regular expression, or a list of names (:func:`_suffix`)."""
+    """A preset of ``architectures.json``: a pattern is a regular expression, or a list of names (:func:`_suffix`)."""
     def patterns(field: str) -> tuple[str, ...]:
         return tuple(p if isinstance(p, str) else _suffix(*p) for p in spec.get(field, ()))
 
@@ -175,7 +175,7 @@ def _preset(name: str, spec: Mapping[str, Any]) -> Layout:
 
 
 #: The presets, their config and key names, a data file beside this module (docs/your-models.md §Presets).
-_DATA: dict[str, Any] = json.loads(Path(__file__).with_name("layouts.json").read_text(encoding="utf-8"))
+_DATA: dict[str, Any] = json.loads(Path(__file__).with_name("architectures.json").read_text(encoding="utf-8"))
 PRESETS: dict[str, Layout] = {name: _preset(name, spec) for name, spec in _DATA["presets"].items()}
 _MODEL_TYPES: dict[str, str] = _DATA["model_types"]
 
