@@ -95,9 +95,11 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
 
     Every candidate is merged with :func:`acetools.files.merge_files.merge_files` (``merge_options``)
     into a hidden temporary folder beside ``out``, scored on each task, and removed. ``patience``:
-    the grid search's early stop. ``report(line)`` is called after each evaluation.
+    the grid search's early stop. ``report(line)`` is called after each evaluation. The lineage check
+    (``force``) runs once, before the candidates.
     """
     from ..search import PATIENCE, golden_section_search, grid_search
+    from .lineage import check_lineage
     from .merge_files import merge_files, plan_merge
 
     if not callable(evaluate):
@@ -109,6 +111,9 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
     plan_keys = {k: merge_options[k] for k in ("layout", "heads", "names", "mode", "force_layout")
                  if k in merge_options}
     plan = plan_merge(method, base, experts, hparams=hp, **plan_keys)
+    # is the base the experts' parent? checked once here, not for every candidate
+    check_lineage(plan.base, plan.experts, plan.layout, force=merge_options.get("force", False))
+    merge_options = {**merge_options, "force": True}
     tasks = list(plan.heads.names) or expert_names(plan.experts)
     out = Path(out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
