@@ -31,39 +31,15 @@ class VisionWorld(WorldBase):
     def __init__(self, zoo, *, batch_size: int = 512, threads: int | None = None):
         self.zoo = zoo
         self.batch_size, self.threads = batch_size, threads
-
-    # identity -----------------------------------------------------------------
-    @property
-    def tasks(self) -> list[str]:
-        return list(self.zoo.tasks)
-
-    @property
-    def seed(self) -> int:
-        return self.zoo.seed
-
-    @property
-    def size(self) -> str:
-        return self.zoo.size
-
-    @property
-    def suite(self) -> str | None:
-        return getattr(self.zoo, "suite", None)
-
-    @property
-    def device(self) -> torch.device | str:
-        return self.zoo.device
-
-    @property
-    def mtl(self) -> bool:
-        return getattr(self.zoo, "mtl", False)
-
-    @property
-    def profile(self) -> str:
-        return "quick" if self.zoo.size in ("micro", "tiny") else "full"
-
-    @property
-    def name(self) -> str:
-        return self.suite or "custom"
+        # the zoo's identity (fixed when the zoo is made; a duck-typed zoo may lack suite, mtl and device)
+        self.tasks: list[str] = list(zoo.tasks)
+        self.seed: int = zoo.seed
+        self.size: str = zoo.size
+        self.device: torch.device | str = getattr(zoo, "device", "cpu")
+        self.suite: str | None = getattr(zoo, "suite", None)
+        self.mtl: bool = getattr(zoo, "mtl", False)
+        self.profile = "quick" if self.size in ("micro", "tiny") else "full"
+        self.name = self.suite or "custom"
 
     def describe(self) -> str:
         return (f"vision mini-world {self.name!r}: {len(self.tasks)} tasks, ViT size {self.size}, "
