@@ -6,6 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
+from ..plotting import set_theme
+
 #: How a missing value reads in a table.
 NA = "—"
 
@@ -28,8 +33,6 @@ def alt_text(fig: Any) -> str:
 
 def setup() -> None:
     """The plotting theme, and alt text for inline figures (inside IPython only)."""
-    from ..plotting import set_theme
-
     set_theme()
     try:
         from IPython.core.getipython import get_ipython
@@ -64,9 +67,6 @@ def table(df: Any, digits: int | Mapping[str, int | str] = 2, *, caption: str | 
           na: str = NA) -> Any:
     """``df`` styled for a report: floats to ``digits`` decimals (or per-column formats), missing as
     ``na``, an optional caption; a MultiIndex header is flattened to ``"value · column"``. A ``Styler``."""
-    import numpy as np
-    import pandas as pd
-
     if isinstance(df, pd.Series):
         df = df.to_frame()
     if isinstance(df.columns, pd.MultiIndex):

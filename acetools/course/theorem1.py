@@ -13,12 +13,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
 from ..diagnostics import compare_covariances, layer_type
 from ..errors import InputError, InputKeyError, InputTypeError
+from ..files.activations import gram_matrices, input_covariances
 from ..keys import block_index
 from ..merging import merge
 from ..merging.ace import estimate_covariance
@@ -310,10 +312,6 @@ def hooked_covariances(zoo, keys: Sequence[str], *, n_images: int = 256, source:
                        batch_size: int = 128) -> list[dict[str, Tensor]]:
     """True input covariances of ``keys`` per task, hooked in the expert's (or base's) encoder over ``n_images``
     of ``split``: centred, or ``kind="gram"`` (RegMean's (1/N) XᵀX). ``attn.out_proj`` cannot be hooked."""
-    import numpy as np
-
-    from ..files.activations import gram_matrices, input_covariances
-
     if source not in ("expert", "base"):
         raise InputError(f"source={source!r} must be 'expert' or 'base'")
     if kind not in ("covariance", "gram"):

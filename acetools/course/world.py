@@ -10,11 +10,14 @@ Every notebook calls :func:`world` and :func:`benchmark` with its core parameter
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+from ..benchmark import Benchmark
 from ..errors import InputError
+from ..utils import atomic_write, resolve_device
 
 #: The file in each figures folder that says which notebook, profile and world wrote it.
 MANIFEST: str = "figures.json"
@@ -94,7 +97,6 @@ def world(
     """The built world of ``suite`` at ``size`` (expert seed ``seed``): the vision
     :class:`~acetools.world.vision.zoo.Zoo`, or by ``kind`` the CLIP world of :func:`clip_suite` or the text
     world of :func:`text_suite`. ``quick``: the fixture world; ``device``: where to train anything missing."""
-    from ..utils import resolve_device
     from ..world.vision.zoo import Zoo
 
     _check_world(kind)
@@ -147,8 +149,6 @@ def world_options(world: str = "mini", models_root: str = "", data_root: str = "
 def benchmark(zoo, *, quick: bool = False, **overrides: Any):
     """A :class:`~acetools.benchmark.Benchmark` on ``zoo`` with the profile's evaluation sizes
     (on the text world: :data:`TEXT_EVAL` in the full profile)."""
-    from ..benchmark import Benchmark
-
     full = TEXT_EVAL if getattr(zoo, "kind", None) == "text" else FULL_EVAL
     kw = dict(QUICK_EVAL if quick else full)
     if quick:
@@ -205,10 +205,6 @@ def figures_path(figures_dir: str | os.PathLike = "", *, notebook: str | None = 
 
 
 def _write_manifest(folder: Path, update: dict[str, Any]) -> None:
-    import json
-
-    from ..utils import atomic_write
-
     path = folder / MANIFEST
     old = json.loads(path.read_text()) if path.is_file() else {}
     new = {**old, **update}

@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 
 from ...errors import InputError
+from ...merging import METHODS
 from ...plotting import bar_plot, finish, heatmap, label_points
+from ...results import DATA_DEPENDENT
 
 #: One colour per verdict (05's table and bars).
 VERDICT_COLORS: dict[str, str] = {
@@ -86,8 +88,6 @@ def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None,
                highlight: Sequence[str] = ("ace", "esm")):
     """Merge seconds against the number of tasks per method (log scale); where ``agg`` has
     ``inputs_seconds``, each data-dependent method's capture time is a dashed line in its colour."""
-    from ...results import DATA_DEPENDENT
-
     ax = accuracy_vs_tasks(ax, agg, metric="merge_seconds", methods=methods, highlight=highlight, legend=False)
     if "inputs_seconds" in agg.columns:
         d = agg[agg["kind"] == "method"]
@@ -109,8 +109,6 @@ def wudi_step_size(ax, df: pd.DataFrame, *, value: str = "test_normalized", defa
     """WUDI's accuracy against its Adam learning rate (log x), one line per suite and seed, task
     arithmetic at lambda = 1 dashed, ``default_lr`` marked. ``df``: :func:`acetools.results.load_wudi_step_size`."""
     if default_lr is None:
-        from ...merging import METHODS
-
         default_lr = float(METHODS["wudi"].hparams["lr"])
     for i, ((suite, seed), d) in enumerate(df.groupby(["suite", "seed"], sort=False)):
         color = f"C{i % 10}"
