@@ -6,6 +6,7 @@ part* and for ESM's and RegMean's data inputs, then hands tensors to :func:`acet
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,8 +17,8 @@ from torch import Tensor
 
 from ..errors import InputKeyError, InputTypeError
 
-__all__ = ["WorldBase", "cache_dir", "EvaluatesAll", "MultiTaskWorld", "PerExample", "SplitData", "World", "as_world",
-           "check_world"]
+__all__ = ["WorldBase", "cache_dir", "config_from", "EvaluatesAll", "MultiTaskWorld", "PerExample", "SplitData",
+           "World", "as_world", "check_world"]
 
 StateDict = dict[str, Tensor]
 
@@ -155,6 +156,18 @@ class WorldBase:
                      tasks: Sequence[str] | None = None) -> dict[str, float]:
         """Top-1 accuracy (fraction) per task of ``tasks`` (default: all) on the first ``n`` of ``split``."""
         return {t: int(c.sum()) / max(1, len(c)) for t, c in self.correctness(state, split, n, tasks).items()}
+
+
+def config_from(default: Any, value: Any) -> Any:
+    """``value`` when it is a config of ``default``'s (dataclass) type, else ``default`` with ``value``'s
+    overrides (a dict or None); an unknown field is an error naming the fields."""
+    if isinstance(value, type(default)):
+        return value
+    names = [f.name for f in dataclasses.fields(default)]
+    unknown = sorted(set(value or {}) - set(names))
+    if unknown:
+        raise InputTypeError(f"{type(default).__name__} has no field(s) {unknown}; fields: {names}")
+    return dataclasses.replace(default, **dict(value or {}))
 
 
 def cache_dir(name: str, root: str | os.PathLike | None = None) -> Path:

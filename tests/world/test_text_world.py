@@ -271,7 +271,7 @@ def test_bad_world_arguments_name_the_problem(tmp_path):
         TextWorld("text99", root=tmp_path)
     with pytest.raises(ValueError, match="profile='fast'"):
         TextWorld("fixture", profile="fast", root=tmp_path)
-    with pytest.raises(ValueError, match="unknown fine-tuning option 'epoch'"):
+    with pytest.raises(ValueError, match=r"TextFinetuneConfig has no field\(s\) \['epoch'\]"):
         TextWorld("fixture", profile="quick", finetune={"epoch": 2}, root=tmp_path)
     with pytest.raises(ValueError, match="distinct names"):
         TextWorld(["fx_emoji", "fx_emoji"], profile="quick", root=tmp_path)

@@ -14,7 +14,7 @@ import re
 import time
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from ...errors import InputError
 from ...files.activations import capture_inputs, gram_matrices
 from ...files.checkpoints import CheckpointError, config_hash, load_checkpoint, save_checkpoint, state_hash
 from ...utils import atomic_write, cpu_threads, make_generator, progress, resolve_device
-from ..base import WorldBase, cache_dir
+from ..base import WorldBase, cache_dir, config_from
 from .finetune import (
     TextFinetuneConfig,
     finetune_text,
@@ -100,17 +100,7 @@ class TextWorld(WorldBase):
         self.tasks: list[str] = names
         self.task_specs = {t: catalogue[t] for t in names}
         self.seed = int(seed)
-        default = FIXTURE_FINETUNE if profile == "quick" else TextFinetuneConfig()
-        if finetune is None:
-            self.config = default
-        elif isinstance(finetune, TextFinetuneConfig):
-            self.config = finetune
-        else:
-            valid = sorted(f.name for f in fields(default))
-            bad = set(finetune) - set(valid)
-            if bad:
-                raise InputError(f"unknown fine-tuning option {sorted(bad)[0]!r}; valid: {valid}")
-            self.config = replace(default, **finetune)
+        self.config = config_from(FIXTURE_FINETUNE if profile == "quick" else TextFinetuneConfig(), finetune)
         self.root = cache_dir("text", root)
         self.device = resolve_device(device)
         # the fixture's tiny batches run fastest on one thread (OpenMP's spinning workers cost

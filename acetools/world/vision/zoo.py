@@ -7,7 +7,6 @@ fields it hashes, content SHA-256); keys, file layout and resuming: docs/vision-
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...errors import InputError, InputKeyError, InputTypeError
+from ...errors import InputError, InputKeyError
 from ...files.checkpoints import (
     CheckpointError,
     config_hash,
@@ -33,7 +32,7 @@ from ...files.checkpoints import (
 )
 from ...utils import atomic_write
 from ...utils import progress as _progress
-from ..base import cache_dir
+from ..base import cache_dir, config_from
 from . import finetune as _ft
 from .finetune import FinetuneConfig, PretrainConfig
 from .models import (
@@ -148,8 +147,8 @@ class Zoo:
         self.base_source = base
         self.base_seed = int(base_seed)
         self.pool_seed = int(pool_seed)
-        self.pretrain_config = self._config(PretrainConfig, pretrain)
-        self.finetune_config = self._config(FinetuneConfig, finetune, WORLD_FINETUNE.get(size, {}))
+        self.pretrain_config = config_from(PretrainConfig(), pretrain)
+        self.finetune_config = config_from(replace(FinetuneConfig(), **WORLD_FINETUNE.get(size, {})), finetune)
         self.mtl = bool(mtl)
         self.augment = {t: bool((augment or {}).get(t, self.finetune_config.augment)) for t in self.tasks}
         self.hflip = {t: bool((hflip or {}).get(t, self.finetune_config.hflip)) for t in self.tasks}
@@ -169,19 +168,6 @@ class Zoo:
         self._dry = False  # True inside missing(): never build
 
     # ----------------------------------------------------------------- configuration
-
-    @staticmethod
-    def _config(config_type, value, world: Mapping[str, Any] | None = None):
-        """A config from ``value`` (a config, used as is, or a dict of overrides) over ``world``'s
-        overrides of the class defaults."""
-        if isinstance(value, config_type):
-            return value
-        values = dict(world or {}) | dict(value or {})
-        names = [f.name for f in dataclasses.fields(config_type)]
-        unknown = sorted(set(values) - set(names))
-        if unknown:
-            raise InputTypeError(f"{config_type.__name__} has no field(s) {unknown}; fields: {names}")
-        return replace(config_type(), **values)
 
     def __repr__(self) -> str:
         return (
