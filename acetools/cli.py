@@ -645,21 +645,15 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 def _merge(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .files.lineage import check_lineage
-    from .files.merge_files import merge_files, plan_merge
+    from .files.merge_files import merge_files
     from .files.staging import STAGE_MARK, remove_stale_stages
     from .layouts import format_table
 
     cfg = _merge_config(args)
     options: dict[str, Any] = {k: cfg.get(k, default) for k, default in _MERGE_DEFAULTS.items()} | {"progress": None}
     options |= {k: getattr(args, k) or bool(cfg.get(k)) for k in ("overwrite", "force_layout", "force")}
-    if args.search:
-        if not args.dry_run:  # is the base the experts' parent? once, before the search's merges
-            plan_options = {k: options[k] for k in ("layout", "mode", "heads", "names", "force_layout")}
-            plan = plan_merge(cfg["method"], cfg["base"], cfg["experts"], hparams=cfg["hyperparameters"],
-                              **plan_options)
-            check_lineage(plan.base, plan.experts, plan.layout, force=options["force"])
-        return _search_merge(args, cfg, {**options, "force": True})
+    if args.search:  # search_merge checks the lineage once, before its candidates
+        return _search_merge(args, cfg, options)
     if cfg.get("out") and not args.dry_run:  # staging folders of merges into --out that were killed
         remove_stale_stages(Path(cfg["out"]).expanduser())
     try:
