@@ -3,10 +3,12 @@ activations and layer names (docs/methods.md §ACE, §ESM). Errors name the key,
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -22,47 +24,16 @@ __all__ = [
     "matches", "finite_number", "str_tuple", "check_activations", "activation_source", "check_targets", "esd_failure",
 ]
 
-#: open_clip parameter names of the ESD layers (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2), "Target layers").
-DEFAULT_TARGETS: tuple[str, ...] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-#: The four CLIP block types compared by the inter-layer polarization (docs/methods.md §ESM, Eq. (ESM.10)).
-CLIP_LAYER_TYPES: tuple[str, ...] = (
-    "attn.in_proj_weight",
-    "attn.out_proj.weight",
-    "mlp.c_fc.weight",
-    "mlp.c_proj.weight",
-)
-
-
-def _each(*names: str) -> tuple[str, ...]:
-    return tuple(n + "$" for n in names)
-
-
-#: Per layout preset: ESM's ESD targets and Step-C layer types, regular expressions searched in the key.
+#: Per layout preset: ESM's ESD targets and Step-C layer types, regular expressions searched in the key
+#: (``esm_layers.json``; docs/methods.md §ESM, "Target layers").
 LAYOUT_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
-    "open_clip": {"targets": DEFAULT_TARGETS, "layer_types": CLIP_LAYER_TYPES},
-    "hf_clip": {
-        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
-        "layer_types": _each(r"self_attn\.q_proj\.weight", r"self_attn\.k_proj\.weight", r"self_attn\.v_proj\.weight",
-                             r"self_attn\.out_proj\.weight", r"mlp\.fc1\.weight", r"mlp\.fc2\.weight"),
-    },
-    "gpt2": {
-        "targets": _each(r"attn\.c_attn\.weight", r"mlp\.c_fc\.weight", r"mlp\.c_proj\.weight"),
-        "layer_types": _each(r"attn\.c_attn\.weight", r"attn\.c_proj\.weight", r"mlp\.c_fc\.weight",
-                             r"mlp\.c_proj\.weight"),
-    },
-    "bert": {
-        "targets": _each(r"attention\.self\.(query|key|value)\.weight", r"intermediate\.dense\.weight",
-                         r"layer\.\d+\.output\.dense\.weight"),
-        "layer_types": _each(r"attention\.self\.query\.weight", r"attention\.self\.key\.weight",
-                             r"attention\.self\.value\.weight", r"attention\.output\.dense\.weight",
-                             r"intermediate\.dense\.weight", r"layer\.\d+\.output\.dense\.weight"),
-    },
-    "llama": {
-        "targets": _each(r"self_attn\.[qkv]_proj\.weight", r"mlp\.(gate|up)_proj\.weight", r"mlp\.down_proj\.weight"),
-        "layer_types": _each(*(rf"self_attn\.{p}_proj\.weight" for p in "qkvo"),
-                             *(rf"mlp\.{p}_proj\.weight" for p in ("gate", "up", "down"))),
-    },
-}
+    preset: {what: tuple(patterns) for what, patterns in names.items()}
+    for preset, names in json.loads(Path(__file__).with_name("esm_layers.json").read_text(encoding="utf-8")).items()
+    if preset != "about"}
+#: open_clip parameter names of the ESD layers (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2), "Target layers").
+DEFAULT_TARGETS: tuple[str, ...] = LAYOUT_NAMES["open_clip"]["targets"]
+#: The four CLIP block types compared by the inter-layer polarization (docs/methods.md §ESM, Eq. (ESM.10)).
+CLIP_LAYER_TYPES: tuple[str, ...] = LAYOUT_NAMES["open_clip"]["layer_types"]
 
 
 # --------------------------------------------------------------------------- ACE
