@@ -214,23 +214,13 @@ def _two_layer_loss(A: Tensor, B: Tensor, X: Tensor, Y: Tensor, phi: Callable[[T
     return float(((phi(X @ A.T) @ B.T - Y) ** 2).sum(1).mean())
 
 
-def _env_threads(fn):
-    """``fn`` run with the CPU threads ``ACETOOLS_NUM_THREADS`` says (:func:`acetools.utils.cpu_threads`;
-    unset: torch's setting), as the mini-world's training: the experiments' matrices are tiny."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with cpu_threads(None, env_default=True):
-            return fn(*args, **kwargs)
-    return run
-
-
 @overload
 def estimate_experiment(*, k: int | None = None, return_estimates: Literal[False] = False,
                         **settings: Any) -> pd.DataFrame: ...
 @overload
 def estimate_experiment(*, k: int | None = None, return_estimates: Literal[True],
                         **settings: Any) -> tuple[pd.DataFrame, list[Tensor], list[Tensor]]: ...
-@_env_threads
+@cpu_threads(None, env_default=True)  # ACETOOLS_NUM_THREADS, as the mini-world's training
 def estimate_experiment(*, k: int | None = None, return_estimates: bool = False, **settings: Any):
     """Fine-tune one configuration's tasks (``settings`` over :data:`DEFAULTS`) and compare each Sigma_hat_t
     with Sigma_t: one row per task (:data:`SWEEP_COLUMNS`); ``return_estimates`` adds both lists of matrices."""
@@ -425,7 +415,7 @@ class UnifiedResult:
     Sigma: list[Tensor]  # the true input covariances
 
 
-@_env_threads
+@cpu_threads(None, env_default=True)  # ACETOOLS_NUM_THREADS, as the mini-world's training
 def unified_linear(*, eps: float = 1e-4, **settings: Any) -> UnifiedResult:
     """The unified framework on linear tasks: :func:`unified_merges` scored by the noiseless test error and
     the normalized gain, beside ``base``, ``experts`` and ``joint least squares``."""
