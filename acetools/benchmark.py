@@ -411,18 +411,14 @@ class Benchmark:
         """Write ``<stem>_summary.csv``, ``_per_task.csv``, ``.json``, ``_correct.npz`` and (``regime``)
         ``_norms.csv`` / ``_cosine.csv``, atomically."""
         folder = Path(folder)
-        paths = {"summary": folder / f"{stem}_summary.csv", "per_task": folder / f"{stem}_per_task.csv",
-                 "json": folder / f"{stem}.json"}
+        tables = {"summary": (self.summary(runs), False), "per_task": (self.per_task(runs), False)}  # (frame, index)
         if regime:
             norms, cos = self.regime()
-            for name, df in (("norms", norms), ("cosine", cos)):
-                paths[name] = folder / f"{stem}_{name}.csv"
-                with atomic_write(paths[name], "w") as fh:
-                    df.to_csv(fh)
-        with atomic_write(paths["summary"], "w") as fh:
-            self.summary(runs).to_csv(fh, index=False)
-        with atomic_write(paths["per_task"], "w") as fh:
-            self.per_task(runs).to_csv(fh, index=False)
+            tables |= {"norms": (norms, True), "cosine": (cos, True)}
+        paths = {name: folder / f"{stem}_{name}.csv" for name in tables} | {"json": folder / f"{stem}.json"}
+        for name, (df, index) in tables.items():
+            with atomic_write(paths[name], "w") as fh:
+                df.to_csv(fh, index=index)
         with atomic_write(paths["json"], "w") as fh:
             json.dump(self.record(runs), fh, indent=1, default=str)
         hits = {r.name: r.test_correct for r in runs if r.test_correct is not None}
