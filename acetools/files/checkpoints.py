@@ -312,12 +312,9 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     else:
         raise InputError(f"{p}: unknown checkpoint type; expected a folder, .safetensors, .index.json, .pt, .pth, "
                          ".bin or .ckpt")
-    config = None
-    cdir = folder or p.parent
-    for name in ("config.json", "open_clip_config.json"):
-        if (cdir / name).is_file() and (folder is not None or name == "open_clip_config.json"):
-            config = _read_json(cdir / name)
-            break
+    cdir = folder or p.parent  # beside a lone file only open_clip's config is taken as the file's
+    names = ("config.json", "open_clip_config.json") if folder is not None else ("open_clip_config.json",)
+    config = next((_read_json(cdir / name) for name in names if (cdir / name).is_file()), None)
     return Checkpoint(p, files, config, folder)
 
 

@@ -109,13 +109,12 @@ def _check_names(names: Sequence[str] | None, experts: Sequence[Checkpoint]) -> 
                 or n == _INDEX):
             raise InputError(f"head name {n!r} (expert {ck.path}) cannot be a folder name under {HEADS_DIR}/; "
                              "pass names=[...] / --names with plain names such as sst2")
-    seen: dict[str, Checkpoint] = {}
-    for n, ck in zip(names, experts):
-        if n in seen:
+    for j, n in enumerate(names):
+        if n in names[:j]:
             how = "names" if given else "expert folder names"
-            raise InputError(f"two experts have the head name {n!r} ({seen[n].path} and {ck.path}, from their {how}); "
-                             "pass one distinct name per expert with names=[...] / --names")
-        seen[n] = ck
+            raise InputError(f"two experts have the head name {n!r} ({experts[names.index(n)].path} and "
+                             f"{experts[j].path}, from their {how}); pass one distinct name per expert with "
+                             "names=[...] / --names")
     return names
 
 
@@ -124,22 +123,20 @@ def _labels(ck: Checkpoint, keys: Sequence[str]) -> tuple[int, dict[str, str]]:
     the output size of the last head weight in key order (``classifier.out_proj.weight``, ``score.weight``)."""
     cfg = ck.config or {}
     metas = {k: ck.meta(k) for k in keys}
-    if cfg.get("id2label") or cfg.get("num_labels"):
-        id2label = {str(k): str(v) for k, v in (cfg.get("id2label") or {}).items()}
-        n = len(id2label) if id2label else int(cfg["num_labels"])
-        if not id2label:
-            id2label = {str(i): f"LABEL_{i}" for i in range(n)}
+    id2label = {str(k): str(v) for k, v in (cfg.get("id2label") or {}).items()}
+    if id2label or cfg.get("num_labels"):
+        n = len(id2label) or int(cfg["num_labels"])
         if not any(m.ndim >= 1 and m.shape[0] == n for m in metas.values()):
             shapes = ", ".join(f"{k} {tuple(m.shape)}" for k, m in metas.items())
             raise InputError(f"expert {ck.path}: its config.json has {n} labels, but no head tensor has {n} outputs "
                              f"({shapes}); is the config the one of these weights?")
-        return n, id2label
-    weights = [k for k in sorted(keys) if k.endswith("weight") and metas[k].ndim >= 1]
-    if not weights:
-        raise InputError(f"expert {ck.path}: cannot tell its label count: no config.json and no head weight among "
-                         f"{sorted(keys)}")
-    n = int(metas[weights[-1]].shape[0])
-    return n, {str(i): f"LABEL_{i}" for i in range(n)}
+    else:
+        weights = [k for k in sorted(keys) if k.endswith("weight") and metas[k].ndim >= 1]
+        if not weights:
+            raise InputError(f"expert {ck.path}: cannot tell its label count: no config.json and no head weight "
+                             f"among {sorted(keys)}")
+        n = int(metas[weights[-1]].shape[0])
+    return n, id2label or {str(i): f"LABEL_{i}" for i in range(n)}
 
 
 @dataclass
