@@ -27,14 +27,8 @@ log = logging.getLogger(__name__)
 #: The repository root (the parent of the ``acetools`` package).
 REPO = Path(__file__).resolve().parents[1]
 
-#: CSS of every rendered report: wide tables scroll, long lines wrap at words, figures fit the page.
-REPORT_CSS = """
-.jp-OutputArea-output { overflow-x: auto; max-width: 100%; }
-.jp-RenderedHTMLCommon table { display: block; max-width: 100%; overflow-x: auto; }
-.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal; max-width: 42em; }
-.jp-OutputArea-output pre { white-space: pre-wrap; overflow-wrap: break-word; word-break: normal; }
-.jp-RenderedImage img { max-width: 100%; height: auto; }
-"""
+#: The CSS of every rendered report (``reports/report.css``: wide tables scroll, figures fit the page).
+REPORT_CSS = (Path(__file__).parent / "reports" / "report.css").read_text(encoding="utf-8")
 #: Parameter overrides per profile.
 PROFILES: dict[str, dict[str, Any]] = {"quick": {"quick": True}, "full": {}}
 
