@@ -57,13 +57,14 @@ def test_wordnet_hypernym_classes_follow_the_tree():
     """A gloss is labelled by the one class synset above it; the class synsets themselves and
     glosses below two classes are left out."""
     rows = {off: (lf, lemmas, gloss) for off, lf, lemmas, _, gloss in sources._wordnet_rows("noun")}
-    animals = sources._wordnet_hypernym_classes("noun.animal", sources.ANIMAL_CLASSES)
-    assert sorted(animals) == sorted(sources.ANIMAL_CLASSES)
+    classes = sources.HYPERNYM_CLASSES["animal"]
+    animals = sources._wordnet_hypernym_classes("noun.animal", classes)
+    assert sorted(animals) == sorted(classes)
     glosses = {sources._definition(g): lemmas for lf, lemmas, g in rows.values()}
     dog = next(t for t, lemmas in glosses.items() if lemmas[0] == "dog" and t in set(animals["mammal"]))
     assert dog in animals["mammal"] and all(dog not in animals[c] for c in animals if c != "mammal")
     every = [t for texts in animals.values() for t in texts]
-    assert not any(glosses.get(t, ("",))[0] in sources.ANIMAL_CLASSES for t in every), "a class synset is a text"
+    assert not any(glosses.get(t, ("",))[0] in classes for t in every), "a class synset is a text"
     with pytest.raises(sources.SourceMissing, match="no noun.animal synset named 'unicorn'"):
         sources._wordnet_hypernym_classes("noun.animal", ("mammal", "unicorn"))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 import subprocess
 from collections import Counter, defaultdict
@@ -17,6 +18,10 @@ from itertools import chain
 from pathlib import Path
 
 __all__ = ["Source", "SOURCES", "SourceMissing", "provenance", "debian_version", "WORDNET_LEXNAMES"]
+
+#: The sources' static tables (WordNet's lexicographer files, word lists, hypernym classes, code packages,
+#: documented libraries).
+_DATA = json.loads(Path(__file__).with_name("sources.json").read_text(encoding="utf-8"))
 
 
 class SourceMissing(FileNotFoundError):
@@ -76,17 +81,8 @@ def _clean(text: str) -> str:
 
 # --------------------------------------------------------------------------- WordNet
 
-#: The 45 lexicographer files of WordNet 3.0, by number (lexnames(5WN)); the Debian package
-#: stores only the numbers in its data files.
-WORDNET_LEXNAMES = (
-    "adj.all", "adj.pert", "adv.all", "noun.Tops", "noun.act", "noun.animal", "noun.artifact", "noun.attribute",
-    "noun.body", "noun.cognition", "noun.communication", "noun.event", "noun.feeling", "noun.food", "noun.group",
-    "noun.location", "noun.motive", "noun.object", "noun.person", "noun.phenomenon", "noun.plant",
-    "noun.possession", "noun.process", "noun.quantity", "noun.relation", "noun.shape", "noun.state",
-    "noun.substance", "noun.time", "verb.body", "verb.change", "verb.cognition", "verb.communication",
-    "verb.competition", "verb.consumption", "verb.contact", "verb.creation", "verb.emotion", "verb.motion",
-    "verb.perception", "verb.possession", "verb.social", "verb.stative", "verb.weather", "adj.ppl",
-)
+#: The 45 lexicographer files of WordNet 3.0 by number (the Debian package stores only the numbers).
+WORDNET_LEXNAMES: tuple[str, ...] = tuple(_DATA["wordnet_lexnames"])
 WORDNET = "/usr/share/wordnet"
 
 
@@ -199,10 +195,8 @@ def _unicode_blocks() -> dict[str, list[str]]:
 
 # --------------------------------------------------------------------------- word lists
 
-WORD_LISTS = {"english": ("american-english", "wamerican"), "german": ("ngerman", "wngerman"),
-              "french": ("french", "wfrench"), "spanish": ("spanish", "wspanish"),
-              "italian": ("italian", "witalian"), "portuguese": ("portuguese", "wportuguese"),
-              "dutch": ("dutch", "wdutch")}
+#: language -> (/usr/share/dict file, Debian package)
+WORD_LISTS: dict[str, tuple[str, str]] = {k: (f, pkg) for k, (f, pkg) in _DATA["word_lists"].items()}
 
 
 def _words() -> dict[str, list[str]]:
@@ -295,25 +289,15 @@ def _wordnet_hypernym_classes(lexname: str, classes: tuple[str, ...]) -> dict[st
     return dict(out)
 
 
-ANIMAL_CLASSES = ("mammal", "bird", "fish", "insect", "reptile")
-PLANT_CLASSES = ("tree", "herb", "shrub", "fungus", "vine", "fern")
-ARTIFACT_CLASSES = ("device", "clothing", "container", "drug", "tool", "building", "fabric", "vehicle", "furniture")
-FOOD_CLASSES = ("dish", "meat", "edible fruit", "vegetable", "bread", "beverage")
-PERSON_CLASSES = ("worker", "leader", "writer", "scientist", "artist", "expert", "religious person", "athlete",
-                  "relative")
+#: The classes of the WordNet hypernym sources (``wordnet_<kind>``).
+HYPERNYM_CLASSES: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in _DATA["hypernym_classes"].items()}
 
 
 # --------------------------------------------------------------------------- source code
 
 #: language -> (Debian package pattern, file suffixes, path parts to skip)
-CODE_PACKAGES = {
-    "python": ("libpython3.*-stdlib", (".py",), ("test", "tests", "idlelib")),
-    "perl": ("perl-modules-5.*", (".pm", ".pl"), ("unicore",)),
-    "c": ("libc6-dev", (".h",), ()),
-    "javascript": ("libjs-jquery libjs-underscore libjs-mathjax", (".js",), ("fonts", "localization", "test")),
-    "tcl": ("tcl8.6 libtk8.6", (".tcl",), ("demos",)),
-    "shell": ("bash-completion", ("",), ()),
-}
+CODE_PACKAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    lang: (pattern, tuple(suffixes), tuple(skip)) for lang, (pattern, suffixes, skip) in _DATA["code_packages"].items()}
 _CODE_MARKS = set("(){}[]=$;<>@&|\\")
 
 
@@ -360,8 +344,8 @@ def _code_lines() -> dict[str, list[str]]:
 
 # --------------------------------------------------------------------------- docstrings
 
-DOC_LIBRARIES = ("numpy", "scipy", "pandas", "torch", "matplotlib", "sklearn", "sympy", "networkx")
-_DIST = {"sklearn": "scikit-learn"}
+DOC_LIBRARIES: tuple[str, ...] = tuple(_DATA["doc_libraries"])
+_DIST: dict[str, str] = _DATA["distributions"]
 
 
 def _docstrings() -> dict[str, list[str]]:
@@ -410,8 +394,7 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
     *(Source(f"wordnet_{kind}", partial(_wordnet_hypernym_classes, f"noun.{kind}", classes), ("wordnet-base",),
              doc=f"WordNet {kind} glosses -> the kind of {kind} above them ({classes[0]}, {classes[1]}, ...)",
              classes=classes)
-      for kind, classes in (("animal", ANIMAL_CLASSES), ("plant", PLANT_CLASSES), ("artifact", ARTIFACT_CLASSES),
-                            ("person", PERSON_CLASSES), ("food", FOOD_CLASSES))),
+      for kind, classes in HYPERNYM_CLASSES.items()),
     Source("code", _code_lines, tuple(p for pat, _, _ in CODE_PACKAGES.values() for p in pat.split()),
            doc="lines of source code from Debian packages -> programming language", classes=tuple(CODE_PACKAGES)),
     Source("docstrings", _docstrings, pydists=tuple(_DIST.get(d, d) for d in DOC_LIBRARIES),
