@@ -9,7 +9,7 @@ import functools
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,13 +234,11 @@ def _same_state(a: StateDict, b: StateDict) -> bool:
 
 def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None, *, scaled: bool = True,
                  search=None, hparams: Mapping[str, Any] | None = None, suite: str | None = None,
-                 merge: Callable[..., StateDict] | None = None,
                  progress: bool | None = None) -> Ablation:
     """Merge with ACE once per variant (label -> hyperparameters, default :data:`ABLATIONS`, over the
     shared ``hparams``) and score each on test. A merge equal to an earlier one reuses its scores
     (``same_as``). ``scaled`` adds ``bench.run("ace", search=search)`` as :data:`SCALED_LABEL`."""
-    layout = bench.layout_kwargs() if merge is None else {}
-    merge = merging.merge if merge is None else merge
+    layout = bench.layout_kwargs()
     variants = dict(ABLATIONS if variants is None else variants)
     if suite is None:
         suite = getattr(getattr(bench, "zoo", None), "suite", None) or ""
@@ -260,7 +258,7 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
     for label, hp in bar(list(variants.items()), desc="ablation", enabled=progress):
         hp = {**shared, **dict(hp)}
         t0 = time.perf_counter()
-        merged = merge("ace", base, experts, **hp, **layout)
+        merged = merging.merge("ace", base, experts, **hp, **layout)
         same = next((d for d in done if _same_state(d[1], merged)), None)
         if same is None:
             acc = bench.evaluate(merged, "test")

@@ -422,14 +422,12 @@ def load_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor],
 
 
 def norm_order_table(bench, activations: Mapping[str, Sequence[Tensor]] | None = None, *,
-                     budget: str = "esm", split: str = "test") -> pd.DataFrame:
-    """Each expert with its ESD layers cut to ESM's rank budget in norm or reverse order, raw and equal norms
-    (:func:`load_components`), scored on its own task, beside the references ``"none"`` and ``"all"``."""
+                     split: str = "test") -> pd.DataFrame:
+    """Each expert with its ESD layers cut to ESM's rank budget int(d_out / T) in norm or reverse order, raw and
+    equal norms (:func:`load_components`), scored on its own task, beside the references ``"none"`` and ``"all"``."""
     acts = bench.esm_activations() if activations is None else activations
     keys = list(acts)
     base, T = bench.base, len(bench.tasks)
-    if budget != "esm":
-        raise InputError("budget must be 'esm' (ESM's rank budget int(d_out / T))")
     ks = {k: E.rank_budget(base[k].shape[0], T) for k in keys}
     ref = bench.expert_accuracy(split)
     rows = []
