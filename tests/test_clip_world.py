@@ -84,7 +84,8 @@ def test_preprocessing_is_clips():
     from PIL import Image
     from transformers import CLIPImageProcessor
 
-    from acetools.world.clip.data import CLIP_STD, normalize, preprocess
+    from acetools.world.clip.data import normalize, preprocess
+    from acetools.world.vision.models import IMAGE_STD
 
     rng = np.random.default_rng(0)
     for shape in ((50, 37, 3), (31, 80, 3), (224, 224, 3)):
@@ -95,7 +96,7 @@ def test_preprocessing_is_clips():
         # the same geometry; PIL's and transformers' resampling round a few pixels differently
         # (at most 2 grey levels of 255, on < 1 % of the pixels)
         d = (ours - ref.float()).abs()
-        assert float(d.max()) <= 2.5 / 255 / min(CLIP_STD) and float((d > 1e-4).float().mean()) < 0.01, shape
+        assert float(d.max()) <= 2.5 / 255 / min(IMAGE_STD) and float((d > 1e-4).float().mean()) < 0.01, shape
 
 
 def test_heads_and_logits_are_transformers_clip(fakes, tmp_path):

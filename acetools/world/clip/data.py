@@ -19,14 +19,13 @@ from torch import Tensor
 
 from ...errors import InputError
 from ...utils import atomic_write, progress
+from ..vision.models import IMAGE_MEAN, IMAGE_STD
 
-__all__ = ["CLIP_MEAN", "CLIP_STD", "IMAGE_EXTENSIONS", "ImageSource", "image_folder", "hf_source", "preprocess",
+__all__ = ["IMAGE_EXTENSIONS", "ImageSource", "image_folder", "hf_source", "preprocess",
            "normalize", "cached_pixels", "PREPROCESS_VERSION"]
 
 log = logging.getLogger(__name__)
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 PREPROCESS_VERSION = 1
 
@@ -134,11 +133,11 @@ def preprocess(image, size: int = 224) -> np.ndarray:
 
 
 def normalize(pixels: np.ndarray, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Tensor:
-    """uint8 crops (N, 3, S, S) as CLIP's normalised input on ``device``."""
+    """uint8 crops (N, 3, S, S) as CLIP's normalised input on ``device`` (OpenAI CLIP's mean and std)."""
     x = torch.from_numpy(np.array(pixels, dtype=np.uint8))  # a copy: the cache is a read-only memory map
     x = x.to(device=device, dtype=dtype) / 255.0
-    mean = torch.tensor(CLIP_MEAN, device=device, dtype=dtype).view(1, 3, 1, 1)
-    std = torch.tensor(CLIP_STD, device=device, dtype=dtype).view(1, 3, 1, 1)
+    mean = torch.tensor(IMAGE_MEAN, device=device, dtype=dtype).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGE_STD, device=device, dtype=dtype).view(1, 3, 1, 1)
     return (x - mean) / std
 
 
