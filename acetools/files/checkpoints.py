@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save
 from torch import Tensor
 
 from ..errors import AcetoolsError, InputError, InputKeyError, InputTypeError
@@ -580,8 +580,6 @@ def sidecar_path(path: Path) -> Path:
 def save_checkpoint(path: str | os.PathLike, state: Mapping[str, Tensor], meta: Mapping[str, Any]) -> dict:
     """Write ``state`` as safetensors, then ``meta`` (+ ``content_sha256``) as a JSON sidecar, both atomically;
     returns the sidecar dict."""
-    from safetensors.torch import save
-
     path = Path(path)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     digest = state_hash(tensors)

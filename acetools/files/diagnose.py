@@ -19,12 +19,15 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..diagnostics import effective_rank
+from ..diagnostics import effective_rank, energy_fraction
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index, layer_type
 from ..layouts import TensorMeta, get_layout
 from ..merging import check_finite, confirmed_ties, defaults_from
+from ..merging.ace import ace_matrix, heterogeneity
 from ..merging.linalg import gram_spectrum
+from ..merging.svd import tsv_rank
+from ..notebooks import run_notebook  # the one papermill runner (an undeclared parameter is an error)
 from ..utils import atomic_write, progress
 from .checkpoints import Checkpoint, as_checkpoint, check_compatible, check_output_folder
 from .heads import expert_names, plan_heads
@@ -153,9 +156,6 @@ def _energy_share(S: Tensor, k: int) -> float:
 
 def _wpre_top5(taus: Sequence[Tensor], key: str, tau: float) -> float:
     """Top-5 % energy of ACE's preliminary closed form W̄_pre (before spectral refinement)."""
-    from ..diagnostics import energy_fraction
-    from ..merging.ace import ace_matrix
-
     _, dg = ace_matrix(list(taus), name=key, spectra=True, tau=tau)
     s = dg.spectrum_pre
     if s is None or s.numel() == 0 or not bool((s > 0).any()):
@@ -278,9 +278,6 @@ class _Walk:
         return cos_pairs, overlaps
 
     def _matrix(self, key: str, shape, b: float, taus: list[Tensor], Gk: Tensor) -> None:
-        from ..merging.ace import heterogeneity
-        from ..merging.svd import tsv_rank
-
         d_out, d_in = shape
         r, T = min(d_out, d_in), len(taus)
         k = tsv_rank(r, T)
@@ -386,8 +383,6 @@ def run_report(
 ) -> dict[str, Any]:
     """Execute the report notebook into ``out`` (:func:`acetools.notebooks.run_notebook`), render
     ``diagnose.html`` without code and save the tables beside it. Returns ``{"executed", "html", "seconds"}``."""
-    from ..notebooks import run_notebook  # the one papermill runner (an undeclared parameter is an error)
-
     for p in [base, *experts]:
         if not Path(p).exists():
             raise FileNotFoundError(f"no checkpoint at {p}")

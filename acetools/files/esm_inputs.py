@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import get_layout
+from ..merging import merge
 from ..merging.esm import LAYOUT_NAMES
 from .activations import capture_inputs
 from .checkpoints import open_checkpoint
@@ -159,8 +160,6 @@ def merge_esm(
     (:func:`esm_names`) unless ``hparams`` (ESM's: ``alpha``, ``const``, ...) give ``targets`` and
     ``layer_types`` (a ``generic`` layout must). ``base``/``experts`` as :func:`esm_activations` takes
     experts. Returns the merged state dict with the base's keys (with ``prefix``)."""
-    from ..merging import merge
-
     base_sd = _state_of(base, factory, prefix, "base")
     lay = get_layout(layout, keys=list(base_sd))
     if "targets" not in hparams or "layer_types" not in hparams:

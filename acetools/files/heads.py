@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .. import __version__
@@ -305,8 +306,6 @@ class HeadWriter:
 
     def write(self) -> dict[str, str]:
         """Write the heads; returns ``{name: "heads/<name>"}``."""
-        from safetensors.torch import save_file
-
         p = self.plan
         index: dict[str, Any] = {"format": _FORMAT, "acetools_version": __version__, "keys": p.keys, "tasks": {}}
         for name, ck, (n_labels, id2label) in zip(p.names, p.experts, p.labels):
@@ -382,8 +381,6 @@ def list_heads(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 def load_head(folder: str | os.PathLike, task: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Task ``task``'s head tensors and its ``head.json`` record, after checking its sha256."""
-    from safetensors.torch import load_file
-
     target, index = _heads_folder(folder)
     if task not in index["tasks"]:
         raise InputKeyError(f"{Path(folder)} has no head for task {task!r}; its tasks are: {', '.join(index['tasks'])}")

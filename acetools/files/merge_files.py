@@ -16,11 +16,14 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from safetensors.torch import save
 from torch import Tensor
 
 from .. import __version__
@@ -28,6 +31,7 @@ from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import Layout, describe, get_layout
 from ..merging import METHODS, key_scope
 from ..merging.driver import Source, compute_dtype, format_bytes, run
+from ..notebooks import parse_parameter
 from ..utils import atomic_write, jsonable, resolve_device, short_repr
 from .checkpoints import (
     Checkpoint,
@@ -74,8 +78,6 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 def save_activations(path: str | Path, activations: Mapping[str, Sequence[Tensor]]) -> Path:
     """Save ESM's proxy activations ``{weight key: [X_1, ..., X_T]}`` as one safetensors file (atomically),
     tensors named ``"<weight key>@<t>"``, for ``acetools merge --method esm -p activations=FILE``."""
-    from safetensors.torch import save
-
     flat = {}
     for key, xs in activations.items():
         if "@" in key:
@@ -278,8 +280,6 @@ class _InputHashes:
     so (:meth:`check_copies`), else at :meth:`result`."""
 
     def __init__(self, plan: MergePlan, enabled: bool):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.models = [plan.base, *plan.experts]
         self.files = [str(f) for ck in self.models for f in ck.files] + list(plan.files.values())
         self._pool = (ThreadPoolExecutor(min(len(self.files), os.cpu_count() or 1),
@@ -471,8 +471,6 @@ CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", 
 def parse_hparam(text: str) -> tuple[str, Any]:
     """``"key=value"`` -> ``(key, value)``: ``true``/``false``/``none``/``null``, else as
     :func:`acetools.notebooks.parse_parameter` reads it (a literal: ``20``, ``(1, 2)``; else the string)."""
-    from ..notebooks import parse_parameter
-
     key, raw = parse_parameter(text, literal=False)
     low = raw.strip().lower()
     if low in ("true", "false", "none", "null"):
@@ -483,10 +481,6 @@ def parse_hparam(text: str) -> tuple[str, Any]:
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read a merge config (YAML, :data:`CONFIG_KEYS`; docs/your-models.md §Config file); paths relative to
     the file, unknown keys an error naming them."""
-    try:
-        import yaml
-    except ImportError:  # pragma: no cover - PyYAML is a dependency
-        raise ImportError("reading a merge config needs PyYAML: pip install pyyaml") from None
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"merge config not found: {p}")

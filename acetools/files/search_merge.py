@@ -16,8 +16,11 @@ from typing import Any, cast
 
 from ..errors import InputError, InputTypeError
 from ..merging import METHODS, Search
+from ..search import PATIENCE, golden_section_search, grid_search
 from ..utils import atomic_write
 from .heads import expert_names
+from .lineage import check_lineage
+from .merge_files import merge_files, plan_merge
 
 __all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge"]
 
@@ -98,10 +101,6 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
     the grid search's early stop. ``report(line)`` is called after each evaluation. The lineage check
     (``force``) runs once, before the candidates.
     """
-    from ..search import PATIENCE, golden_section_search, grid_search
-    from .lineage import check_lineage
-    from .merge_files import merge_files, plan_merge
-
     if not callable(evaluate):
         raise InputTypeError("evaluate must be a callable (model folder, task name) -> score")
     search = searched(method)
