@@ -18,18 +18,20 @@ from ....errors import InputError
 from ._core import DataSourceError
 from .render import BIG, SUPERSAMPLE, downsample, paint
 
-# Fonts of tasks (upright and a few italics) and of the pool (obliques and other cuts).
+# Fonts of tasks (upright and a few italics) and of the pool (obliques and other cuts), the pool's by the
+# typeface its glyphs are labelled with (pool.py).
 TASK_FONTS: tuple[str, ...] = (
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf",
     "DejaVuSerif.ttf", "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf",
     "STIXGeneral.ttf", "STIXGeneralBol.ttf", "STIXGeneralItalic.ttf",
     "cmr10.ttf", "cmss10.ttf", "cmtt10.ttf",
 )
-POOL_FONTS: tuple[str, ...] = (
-    "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf", "DejaVuSansMono-Oblique.ttf",
-    "DejaVuSansMono-BoldOblique.ttf", "DejaVuSerif-BoldItalic.ttf", "STIXGeneralBolIta.ttf",
-    "cmb10.ttf", "cmti10.ttf",
-)
+POOL_TYPEFACES: dict[str, tuple[str, ...]] = {
+    "sans": ("DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf"),
+    "mono": ("DejaVuSansMono-Oblique.ttf", "DejaVuSansMono-BoldOblique.ttf"),
+    "serif": ("DejaVuSerif-BoldItalic.ttf", "STIXGeneralBolIta.ttf", "cmb10.ttf", "cmti10.ttf"),
+}
+POOL_FONTS: tuple[str, ...] = tuple(f for fonts in POOL_TYPEFACES.values() for f in fonts)
 # Greek letters and symbols exist only in the DejaVu and STIX fonts (the Computer Modern
 # fonts map them elsewhere). No task's Greek or symbol glyph is in the pool.
 UNICODE_FONTS: tuple[str, ...] = tuple(f for f in TASK_FONTS + POOL_FONTS if not f.startswith("cm"))

@@ -37,12 +37,7 @@ GLYPHS62: tuple[str, ...] = tuple(string.ascii_letters + string.digits)
 # only the 18 letters no task uses) the base's class-prototype heads already solved the
 # glyph tasks in the proxy calibration (letters 91 %, symbols 97 %); with the typeface head
 # they sit near the no-glyph level (see acetools/world/vision/data/CALIBRATION.md).
-TYPEFACES: dict[str, tuple[str, ...]] = {
-    "sans": ("DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf"),
-    "mono": ("DejaVuSansMono-Oblique.ttf", "DejaVuSansMono-BoldOblique.ttf"),
-    "serif": ("DejaVuSerif-BoldItalic.ttf", "STIXGeneralBolIta.ttf", "cmb10.ttf", "cmti10.ttf"),
-}
-assert sorted(f for fs in TYPEFACES.values() for f in fs) == sorted(glyphs.POOL_FONTS)
+TYPEFACES: dict[str, tuple[str, ...]] = glyphs.POOL_TYPEFACES
 FASHION_COARSE = ("top", "long", "footwear", "bag")
 _FASHION_TO_COARSE = np.array([0, 1, 0, 1, 0, 2, 0, 2, 3, 2])  # T-shirt, trouser, pullover, dress, coat, ...
 ANIMAL_COARSE = ("bird", "hoofed", "carnivore", "elephant")
