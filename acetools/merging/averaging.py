@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
+from ..errors import InputError
+from ..utils import progress
 from ._registry import LAMBDA_GRID, Param, Search, register
 
-__all__ = ["weight_averaging", "task_arithmetic", "mean_update", "summed", "warn_mean_fallback"]
+__all__ = ["weight_averaging", "task_arithmetic", "mean_update", "summed", "warn_mean_fallback", "check_matrix_key",
+           "matrix_or_mean"]
 
 #: The plan's note (``acetools merge --dry-run``) for methods that merge every key the same way.
 ALIKE = "treats every float key alike; the matrix/elementwise column does not change its result"
@@ -35,6 +38,32 @@ def warn_mean_fallback(method: str, keys: Sequence[str], why: str) -> None:
         more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
         warnings.warn(f"{method}: {len(keys)} matrix key(s) have {why} and take the mean of the task vectors "
                       f"instead: {keys[0]!r}{more}", RuntimeWarning, stacklevel=3)
+
+
+def check_matrix_key(method: str, key: str, W0: Tensor) -> None:
+    """Refuse a key the matrix path selected that is not 2-D, naming ``method`` and ``key``."""
+    if W0.ndim != 2:
+        raise InputError(
+            f"{method}: is_matrix selected key {key!r} with shape {tuple(W0.shape)}, but the matrix "
+            "path needs 2-D tensors; return False for it from is_matrix"
+        )
+
+
+def matrix_or_mean(method: str, base: Mapping[str, Tensor], task_vectors: Sequence[Mapping[str, Tensor]],
+                   takes: Callable[[str, Tensor], bool], matrix_fn: Callable[[list[Tensor], str], Tensor], desc: str,
+                   *, alpha: float | None = None, rest: Callable[[str], Tensor] | None = None) -> dict[str, Tensor]:
+    """``matrix_fn(taus, key)`` on the keys ``takes(key, W0)`` selects (:func:`check_matrix_key`), the mean
+    update (or ``rest(key)``) on the others; every key times ``alpha`` where given."""
+    out = {}
+    for key in progress(list(base), desc=desc):
+        if takes(key, base[key]):
+            check_matrix_key(method, key, base[key])
+            out[key] = matrix_fn([tv[key] for tv in task_vectors], key)
+        else:
+            out[key] = mean_update(task_vectors, key) if rest is None else rest(key)
+        if alpha is not None:
+            out[key] = alpha * out[key]
+    return out
 
 
 @register("weight_averaging",

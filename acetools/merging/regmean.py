@@ -10,9 +10,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..utils import progress
 from ._registry import REQUIRED, Param, register
-from .averaging import mean_update, warn_mean_fallback
+from .averaging import matrix_or_mean, warn_mean_fallback
 from .inputs import check_key_matrices
 from .linalg import solve_right
 
@@ -71,13 +70,10 @@ def regmean(base, task_vectors, *, is_matrix, grams, alpha):
     mean (a RuntimeWarning lists the matrix keys among them)."""
     keys = set(validate_grams(base, grams, len(task_vectors)))
     warn_mean_fallback("regmean", [k for k in base if k not in keys and is_matrix(k, base[k])], "no Gram matrices")
-    out = {}
-    for key in progress(list(base), desc="RegMean"):
-        if key in keys:
-            W0 = base[key].to(torch.float64)
-            W = [W0 + tv[key].to(torch.float64) for tv in task_vectors]
-            W_star = regmean_matrix(W, [g[key] for g in grams], alpha, key=key)
-            out[key] = (W_star - W0).to(base[key].dtype)
-        else:
-            out[key] = mean_update(task_vectors, key)
-    return out
+
+    def merged(taus: list[Tensor], key: str) -> Tensor:  # W* - W0 of the full weights W_t = W0 + tau_t
+        W0 = base[key].to(torch.float64)
+        W_star = regmean_matrix([W0 + tau.to(torch.float64) for tau in taus], [g[key] for g in grams], alpha, key=key)
+        return (W_star - W0).to(base[key].dtype)
+
+    return matrix_or_mean("regmean", base, task_vectors, lambda k, w: k in keys, merged, "RegMean")

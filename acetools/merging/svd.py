@@ -15,9 +15,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InputTypeError
-from ..utils import progress
 from ._registry import ALPHA_GRID, Param, Search, register
-from .averaging import mean_update, warn_mean_fallback
+from .averaging import matrix_or_mean, warn_mean_fallback
 from .inputs import check_task_vectors
 from .linalg import (
     GRAM_MAX_RATIO,
@@ -33,7 +32,6 @@ from .linalg import (
 
 __all__ = [
     "stack_taus",
-    "check_matrix_key",
     "tsv_rank",
     "tsv_merge_matrix",
     "iso_c_matrix",
@@ -80,15 +78,6 @@ def stack_taus(taus: Sequence[Tensor] | Tensor, key: str = "") -> Tensor:
     if X.dtype not in (torch.float32, torch.float64):  # SVD needs float32/64
         X = X.float()
     return X
-
-
-def check_matrix_key(method: str, key: str, W0: Tensor) -> None:
-    """Refuse a key the matrix path selected that is not 2-D, naming ``method`` and ``key``."""
-    if W0.ndim != 2:
-        raise InputError(
-            f"{method}: is_matrix selected key {key!r} with shape {tuple(W0.shape)}, but the matrix "
-            "path needs 2-D tensors; return False for it from is_matrix"
-        )
 
 
 def _gram_ok(X: Tensor) -> bool:
@@ -302,21 +291,6 @@ def cart_matrix(
 
 
 # --------------------------------------------------------------------------- registered methods
-def _per_key(name, base, task_vectors, is_matrix, matrix_fn, desc, alpha=None):
-    """``matrix_fn(taus, key)`` on the keys ``is_matrix(key, W0)`` takes, the mean update on the rest; times
-    ``alpha`` where given."""
-    out = {}
-    for key in progress(list(base), desc=desc):
-        if is_matrix(key, base[key]):
-            check_matrix_key(name, key, base[key])
-            out[key] = matrix_fn([tv[key] for tv in task_vectors], key)
-        else:
-            out[key] = mean_update(task_vectors, key)
-        if alpha is not None:
-            out[key] = alpha * out[key]
-    return out
-
-
 #: What TSV-M, Iso-C and Iso-CTS declare alike: merged key by key on their matrix path, alpha on every key
 #: chosen on validation over ALPHA_GRID (docs/methods.md §Benchmark protocol).
 _ALPHA_ON_A_GRID: dict = {"key_scope": "key", "needs_layout": True, "search": Search("alpha", "grid", ALPHA_GRID),
@@ -328,15 +302,16 @@ _ALPHA_ON_A_GRID: dict = {"key_scope": "key", "needs_layout": True, "search": Se
           "(Gargiulo et al. 2025; docs/methods.md §TSV-M)", **_ALPHA_ON_A_GRID)
 def tsv_m(base, task_vectors, *, is_matrix, alpha):
     """TSV-M (docs/methods.md §TSV-M): :func:`tsv_merge_matrix` on matrix keys, the mean on the rest, times alpha."""
-    return _per_key("tsv_m", base, task_vectors, is_matrix, lambda taus, k: tsv_merge_matrix(taus, key=k), "TSV-M",
-                    alpha)
+    return matrix_or_mean("tsv_m", base, task_vectors, is_matrix, lambda taus, k: tsv_merge_matrix(taus, key=k),
+                          "TSV-M", alpha=alpha)
 
 
 @register("iso_c", "Iso-C: the summed task vector with a flat (isotropic) spectrum (Marczak et al. 2025; "
           "docs/methods.md §Iso-C)", **_ALPHA_ON_A_GRID)
 def iso_c(base, task_vectors, *, is_matrix, alpha):
     """Iso-C (docs/methods.md §Iso-C): :func:`iso_c_matrix` on matrix keys, the mean on the rest, times alpha."""
-    return _per_key("iso_c", base, task_vectors, is_matrix, lambda taus, k: iso_c_matrix(taus, key=k), "Iso-C", alpha)
+    return matrix_or_mean("iso_c", base, task_vectors, is_matrix, lambda taus, k: iso_c_matrix(taus, key=k), "Iso-C",
+                          alpha=alpha)
 
 
 @register(
@@ -348,8 +323,8 @@ def iso_c(base, task_vectors, *, is_matrix, alpha):
 )
 def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
     """Iso-CTS (docs/methods.md §Iso-CTS): :func:`iso_cts_matrix` on matrix keys, the mean on the rest, times alpha."""
-    return _per_key("iso_cts", base, task_vectors, is_matrix,
-                    lambda taus, k: iso_cts_matrix(taus, common_fraction, key=k), "Iso-CTS", alpha)
+    return matrix_or_mean("iso_cts", base, task_vectors, is_matrix,
+                          lambda taus, k: iso_cts_matrix(taus, common_fraction, key=k), "Iso-CTS", alpha=alpha)
 
 
 @register(
@@ -376,5 +351,5 @@ def cart(base, task_vectors, *, is_matrix, rank_ratio, lam, targets):
     missed = [k for k in base if is_matrix(k, base[k]) and block_index(k) is not None and not low_rank_key(k)]
     warn_mean_fallback("cart", missed, "names without 'attn'/'mlp' (CART's name rule; targets='blocks' takes every "
                        "block matrix) inside the blocks")
-    return _per_key("cart", base, task_vectors, lambda k, w: low_rank_key(k) and is_matrix(k, w),
-                    lambda taus, k: cart_matrix(taus, rank_ratio, lam, key=k), "CART")
+    return matrix_or_mean("cart", base, task_vectors, lambda k, w: low_rank_key(k) and is_matrix(k, w),
+                          lambda taus, k: cart_matrix(taus, rank_ratio, lam, key=k), "CART")

@@ -11,10 +11,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..utils import progress
 from ._registry import Param, register
-from .averaging import mean_update
-from .svd import check_matrix_key, stack_taus
+from .averaging import matrix_or_mean
+from .svd import stack_taus
 
 __all__ = ["VIT_TARGETS", "wudi_weights", "wudi_loss", "wudi_grad", "wudi_matrix", "is_wudi_target", "wudi"]
 
@@ -154,14 +153,6 @@ def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
             f"wudi: targets='vit' selects keys ending in {list(VIT_TARGETS)} (open_clip names) and none matches, so "
             "nothing would be optimised; use targets='matrix' (every matrix of the layout)"
         )
-    out = {}
-    for key in progress(list(base), desc="WUDI"):
-        W0 = base[key]
-        if is_wudi_target(key, W0, targets, is_matrix):
-            check_matrix_key("wudi", key, W0)
-            out[key] = wudi_matrix([tv[key] for tv in task_vectors], steps=steps, lr=lr, p=p, init=init, key=key)
-        elif others == "mean":
-            out[key] = mean_update(task_vectors, key)
-        else:
-            out[key] = torch.zeros_like(W0)
-    return out
+    return matrix_or_mean("wudi", base, task_vectors, lambda k, w: is_wudi_target(k, w, targets, is_matrix),
+                          lambda taus, k: wudi_matrix(taus, steps=steps, lr=lr, p=p, init=init, key=k), "WUDI",
+                          rest=None if others == "mean" else lambda k: torch.zeros_like(base[k]))
