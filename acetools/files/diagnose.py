@@ -23,7 +23,7 @@ from ..diagnostics import effective_rank, energy_fraction
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index, layer_type
 from ..layouts import TensorMeta, get_layout
-from ..merging import check_finite, confirmed_ties, defaults_from
+from ..merging import METHODS, check_finite, confirmed_ties, defaults_from
 from ..merging.ace import ace_matrix, heterogeneity
 from ..merging.linalg import gram_spectrum
 from ..merging.svd import tsv_rank
@@ -188,9 +188,7 @@ def diagnose(
     ``acetools merge --heads`` (docs/your-models.md §Per-task heads).
     """
     t0 = time.perf_counter()
-    tau = defaults_from("ace")["tau"] if tau is None else tau
-    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0):
-        raise InputError(f"tau={tau!r} must be a finite number >= 0")
+    tau = METHODS["ace"].resolve({} if tau is None else {"tau": tau})["tau"]  # ACE's default and checks
     src, exs, labels = _open_sources(base, experts, names, layout, heads)
     try:
         lay, chosen = _chosen_keys(src, layout, keys)
