@@ -87,17 +87,6 @@ def _state_of(item: Any, factory, prefix: str, where: str) -> dict[str, Tensor]:
     return {prefix + k: v.detach() for k, v in model.state_dict().items()}
 
 
-def _default_keys(state: Mapping[str, Tensor], layout: Any, targets: Sequence[str] | None, prefix: str):
-    lay = get_layout(layout, keys=list(state))
-    pats = tuple(targets) if targets is not None else esm_names(lay)["targets"]
-    keys = [k for k, v in state.items()
-            if k.startswith(prefix) and lay.is_matrix(k, v) and any(re.search(p, k) for p in pats)]
-    if not keys:
-        raise InputError(f"no matrix key of the model matches the ESM targets {list(pats)} (layout {lay.name!r}); "
-                         "pass keys= or targets=")
-    return lay, keys
-
-
 def esm_activations(
     experts: Sequence[Any],
     inputs: Tensor | Iterable | Mapping | Callable[[int], Any],
@@ -128,12 +117,16 @@ def esm_activations(
     for t, item in enumerate(experts):
         where = f"experts[{t}]"
         model = _materialise(item, factory, prefix, where)
-        if keys is None:
+        if lay is None:  # from the first expert: the layout and, by default, the keys
             state = {prefix + k: v for k, v in model.state_dict().items()}
-            lay, keys = _default_keys(state, layout, targets, prefix)
-            log.info("esm_activations: layout %r, %d ESD layers", lay.name, len(keys))
-        elif lay is None:
-            lay = get_layout(layout, keys=[prefix + k for k in model.state_dict()])
+            lay = get_layout(layout, keys=list(state))
+            if keys is None:
+                pats = tuple(targets) if targets is not None else esm_names(lay)["targets"]
+                keys = [k for k, v in state.items() if lay.is_matrix(k, v) and any(re.search(p, k) for p in pats)]
+                if not keys:
+                    raise InputError(f"no matrix key of the model matches the ESM targets {list(pats)} (layout "
+                                     f"{lay.name!r}); pass keys= or targets=")
+                log.info("esm_activations: layout %r, %d ESD layers", lay.name, len(keys))
         batch = inputs(t) if callable(inputs) and not isinstance(inputs, (Tensor, nn.Module)) else inputs
         # a callable's result is the caller's (capture_inputs checks what it gets)
         got = capture_inputs(model, cast("Tensor | Iterable", batch), list(keys), batch_size, prefix=prefix,
