@@ -113,9 +113,9 @@ def spectra(ax, spectra: Mapping[str, Sequence[float]], *, top_frac: float | Non
 
 
 def refined_spectrum(ax, pre: Sequence[float], refined: Mapping[int, Sequence[float]], k: int, *,
-                     k_ace: int | None = None, logy: bool = True):
+                     k_ace: int | None = None):
     """The rank slider's view: the spectrum of W_pre and of W_pre + sigma_iso(k) U_k V_kᵀ for
-    the chosen ``k`` (``refined``: k -> singular values); ``k_ace`` marks ACE's own k."""
+    the chosen ``k`` (``refined``: k -> singular values; log scale); ``k_ace`` marks ACE's own k."""
     k = int(k)
     if k not in refined:
         raise InputKeyError(
@@ -127,8 +127,7 @@ def refined_spectrum(ax, pre: Sequence[float], refined: Mapping[int, Sequence[fl
     ax.axvline(k, color="C1", ls="--", lw=1)
     if k_ace is not None:
         ax.axvline(int(k_ace), color="k", ls=":", lw=1, label=f"ACE's k = {int(k_ace)}")
-    if logy:
-        ax.set_yscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel("index i")
     ax.set_ylabel("singular value")
     ax.set_title(f"spectral refinement at rank k = {k}")

@@ -20,28 +20,22 @@ METRIC_LABELS = {
 }
 
 
-def covariance_image(ax, M, *, title: str | None = None, cbar: bool = False):
+def covariance_image(ax, M, *, title: str | None = None):
     """A covariance matrix as an image divided by its largest |entry| (shapes compare across scales), centred at 0."""
     A = np.asarray(M.detach().cpu().double() if hasattr(M, "detach") else M, dtype=float)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise InputError(f"covariance_image needs a square matrix, got shape {A.shape}")
     scale = np.abs(A).max()
-    im = ax.imshow(A / scale if scale > 0 else A, cmap="RdBu_r", vmin=-1, vmax=1)
+    ax.imshow(A / scale if scale > 0 else A, cmap="RdBu_r", vmin=-1, vmax=1)
     ax.set_xticks([])
     ax.set_yticks([])
-    if title:
-        ax.set_title(title)
-    if cbar:
-        ax.figure.colorbar(im, ax=ax, fraction=0.046)
-    return ax
+    return finish(ax, title)
 
 
-def spectra_plot(ax, spectra, *, title: str | None = None, max_index: int | None = None):
+def spectra_plot(ax, spectra, *, title: str | None = None):
     """Normalised eigenvalues (:func:`acetools.course.theorem1.spectra_frame`) per ``source``, log scale."""
     for name, g in spectra.groupby("source", sort=False):
         g = g.sort_values("index")
-        if max_index is not None:
-            g = g[g["index"] <= max_index]
         ax.plot(g["index"], g["eigenvalue"].clip(lower=1e-12), marker=".", label=str(name))
     ax.set_yscale("log")
     ax.set_xlabel("eigenvalue index")
