@@ -130,7 +130,21 @@ def test_docs_methods_table_is_the_registry():
     text = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
     block = text.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0].strip()
     assert block == methods_table(), ("docs/methods.md's methods table is out of date: run "
-                                      "python3 -c 'from acetools.merging import update_methods_table as u; u()'")
+                                      "python3 scripts/methods_table.py")
+
+
+def test_methods_table_script_rewrites_only_the_block(tmp_path):
+    from tests.scripts import load_script
+
+    update = load_script("methods_table").update_methods_table
+    doc = tmp_path / "methods.md"
+    doc.write_text(f"intro\n{TABLE_BEGIN}\n| stale |\n{TABLE_END}\noutro\n", encoding="utf-8")
+    assert update(doc) is True
+    assert doc.read_text(encoding="utf-8") == f"intro\n{TABLE_BEGIN}\n{methods_table()}\n{TABLE_END}\noutro\n"
+    assert update(doc) is False
+    doc.write_text("no block", encoding="utf-8")
+    with pytest.raises(ValueError, match="no .* block"):
+        update(doc)
 
 
 def test_a_declaration_names_real_parameters_and_writes_defaults_once():

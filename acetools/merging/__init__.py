@@ -25,7 +25,6 @@ from ._registry import (
     defaults_from,
     methods_table,
     register,
-    update_methods_table,
 )
 from .driver import (
     Source,
@@ -53,7 +52,6 @@ __all__ = [
     "Search",
     "defaults_from",
     "methods_table",
-    "update_methods_table",
     "confirmed_ties",
     "compute_dtype",
 ]

@@ -35,8 +35,7 @@ import numpy as np
 from ..errors import InputError, InputTypeError
 
 __all__ = ["Param", "MethodInfo", "Search", "register", "METHODS", "REQUIRED", "SCOPES", "LAMBDA_GRID",
-           "ALPHA_GRID", "ESM_BRACKET", "defaults_from", "registered_defaults", "methods_table",
-           "update_methods_table"]
+           "ALPHA_GRID", "ESM_BRACKET", "defaults_from", "registered_defaults", "methods_table"]
 
 #: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (docs/methods.md §Benchmark protocol).
 LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
@@ -307,7 +306,7 @@ def _cell(value: Any) -> str:
 
 def methods_table(methods: Mapping[str, MethodInfo] | None = None) -> str:
     """The registry as a Markdown table, one row per method (docs/methods.md §Methods at a glance carries it
-    between :data:`TABLE_BEGIN` and :data:`TABLE_END`; :func:`update_methods_table` rewrites it)."""
+    between :data:`TABLE_BEGIN` and :data:`TABLE_END`; ``scripts/methods_table.py`` rewrites it)."""
     methods = _REGISTRY if methods is None else methods
     rows = ["| method | scope (defaults) | per-key inputs | data inputs | searched on validation | layout |",
             "|---|---|---|---|---|---|"]
@@ -317,18 +316,3 @@ def methods_table(methods: Mapping[str, MethodInfo] | None = None) -> str:
                     f"{'yes' if info.needs_layout else 'no'} |")
     return "\n".join(rows)
 
-
-def update_methods_table(path: str | None = None) -> bool:
-    """Rewrite the generated table in ``path`` (default docs/methods.md); True when the file changed."""
-    from pathlib import Path
-
-    target = Path(path) if path else Path(__file__).resolve().parents[2] / "docs" / "methods.md"
-    text = target.read_text(encoding="utf-8")
-    head, _, rest = text.partition(TABLE_BEGIN)
-    _, _, tail = rest.partition(TABLE_END)
-    if TABLE_BEGIN not in text or TABLE_END not in rest:
-        raise InputError(f"{target} has no {TABLE_BEGIN!r} ... {TABLE_END!r} block")
-    new = f"{head}{TABLE_BEGIN}\n{methods_table()}\n{TABLE_END}{tail}"
-    if new != text:
-        target.write_text(new, encoding="utf-8")
-    return new != text
