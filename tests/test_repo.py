@@ -218,13 +218,13 @@ def test_every_script_imports_names_the_package_still_has(path):
 
 def test_every_data_file_of_the_package_ships_in_the_wheel():
     """A table read at run time (``tasks.json``, ``regime.json``, ...) that pyproject's package-data
-    misses works from a checkout and fails from an installed wheel."""
-    from fnmatch import fnmatch
-
+    misses works from a checkout and fails from an installed wheel. The patterns are globbed as
+    setuptools globs them (``*`` stays inside one folder)."""
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["acetools"]
     package = ROOT / "acetools"
-    data = [p.relative_to(package).as_posix() for p in package.rglob("*")
-            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    data = {p.relative_to(package).as_posix() for p in package.rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
     assert data, "the package holds no data files: the walk is wrong"
-    missing = [f for f in data if not any(fnmatch(f, pat) for pat in patterns)]
+    shipped = {p.relative_to(package).as_posix() for pat in patterns for p in package.glob(pat)}
+    missing = sorted(data - shipped)
     assert not missing, f"add these to [tool.setuptools.package-data] in pyproject.toml: {missing}"
