@@ -168,13 +168,10 @@ def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | No
 
     out: dict[str, Any] = {}
     for i, task in enumerate(tasks):
-        if variant in ("in-distribution", "4 samples"):
-            x, _ = val(task)
-            m = n if variant == "in-distribution" else min(n_few, n)
+        if variant in ("in-distribution", "4 samples", "other task"):
+            x, _ = val(tasks[(i + 1) % len(tasks)] if variant == "other task" else task)
+            m = min(n_few, n) if variant == "4 samples" else n
             out[task] = _take(x, _draw(len(x), n, seed)[:m])
-        elif variant == "other task":
-            x, _ = val(tasks[(i + 1) % len(tasks)])
-            out[task] = _take(x, _draw(len(x), n, seed))
         elif variant == "pretraining pool":
             if pool is None:
                 raise InputError("proxy variant 'pretraining pool' needs pool= (images N x C x H x W), e.g. "
