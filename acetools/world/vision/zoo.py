@@ -167,8 +167,6 @@ class Zoo:
         self._progress: bool | None = None
         self._dry = False  # True inside missing(): never build
 
-    # ----------------------------------------------------------------- configuration
-
     def __repr__(self) -> str:
         return (
             f"Zoo(tasks={self.tasks}, size={self.size!r}, seed={self.seed}, root={str(self.root)!r}, "
@@ -486,13 +484,10 @@ class Zoo:
     def records(self) -> list[dict]:
         """One row per entry loaded or built so far: kind, task, file, key, content hash, seconds, metrics
         (docs/style.md §14)."""
-        rows = []
-        for (kind, task), side in self._sides.items():
-            rows.append({"kind": kind, "task": task, "file": str(self._paths[(kind, task)]), "key": side.get("key"),
-                         "content_sha256": side.get("content_sha256"),
-                         "seconds": side.get("seconds", (side.get("recipe") or {}).get("seconds")),
-                         "metrics": side.get("metrics", {})})
-        return rows
+        return [{"kind": kind, "task": task, "file": str(self._paths[(kind, task)]), "key": side.get("key"),
+                 "content_sha256": side.get("content_sha256"),
+                 "seconds": side.get("seconds", (side.get("recipe") or {}).get("seconds")),
+                 "metrics": side.get("metrics", {})} for (kind, task), side in self._sides.items()]
 
     def export_base(self, folder: str | os.PathLike | None = None, command: str | None = None) -> Path:
         """Write the base as ``base_<size>.safetensors`` + ``.json`` (recipe, content hash,

@@ -45,10 +45,7 @@ def _registries():
 
 
 def all_task_names() -> list[str]:
-    names: list[str] = []
-    for reg in _registries():
-        names.extend(reg)
-    return names
+    return [name for reg in _registries() for name in reg]
 
 
 def _spec(name: str) -> TaskSpec | OnlineSpec:
