@@ -110,8 +110,9 @@ def _names(experts: Sequence[Checkpoint], names: Sequence[str] | None) -> list[s
 
 def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None, layout: Any = "auto",
                   heads: str = "auto"):
-    """The base and the experts as lazily read sources with the experts' labels, heads and base-model
-    prefix handled as the merge does (:func:`acetools.files.heads.plan_heads`), checked against each other."""
+    """The base and the experts as lazily read sources with the experts' labels and the layout, heads and
+    base-model prefix handled as the merge does (:func:`acetools.files.heads.plan_heads`), checked against
+    each other."""
     if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
         raise InputTypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
     src = as_checkpoint(base, "base")
@@ -123,7 +124,7 @@ def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None
         log.info("diagnose: %s", plan.alignment.describe())
     src, exs, _ = plan.views(src, exs, lay)
     check_compatible(src, exs, [_what(i, labels) for i in range(len(exs))], "base")
-    return src, exs, labels
+    return src, exs, labels, get_layout(layout, keys=src.keys(), config=src.config)  # the layout of the view
 
 
 def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | None = None,
@@ -131,8 +132,7 @@ def check_inputs(base: Any, experts: Sequence[Any], *, names: Sequence[str] | No
     """Check, from the headers only, that ``experts`` can be diagnosed against ``base`` (the checks of
     :func:`diagnose`, and some key takes the matrix path under ``layout``); errors name the file, key or
     shape. Returns ``{"n_tasks", "names", "layout", "n_keys", "n_matrices"}``."""
-    src, exs, labels = _open_sources(base, experts, names, layout, heads)
-    lay = get_layout(layout, keys=src.keys(), config=src.config)
+    src, exs, labels, lay = _open_sources(base, experts, names, layout, heads)
     metas = src.metas()
     n_mat = sum(m.dtype.is_floating_point and k not in lay.tied and lay.is_matrix(k, m) for k, m in metas.items())
     if n_mat == 0:
@@ -189,9 +189,9 @@ def diagnose(
     """
     t0 = time.perf_counter()
     tau = METHODS["ace"].resolve({} if tau is None else {"tau": tau})["tau"]  # ACE's default and checks
-    src, exs, labels = _open_sources(base, experts, names, layout, heads)
+    src, exs, labels, lay = _open_sources(base, experts, names, layout, heads)
     try:
-        lay, chosen = _chosen_keys(src, layout, keys)
+        chosen = _chosen_keys(src, keys)
         walk = _Walk(labels, lay, tau=tau, ace=ace, max_singular_values=max_singular_values)
         tied = confirmed_ties(lay.tied, src, exs, get=lambda m, k: m.get(k))  # aliases equal to their key everywhere
         for key in progress(chosen, desc="diagnose", enabled=show_progress):
@@ -205,16 +205,14 @@ def diagnose(
     return walk.diagnosis(src, exs, n_keys=len(chosen), seconds=round(time.perf_counter() - t0, 2))
 
 
-def _chosen_keys(src: Checkpoint, layout: Any, keys: Sequence[str] | None):
-    """The layout and the keys to walk, in block order (files may store keys sorted as text:
-    0, 1, 10, 11, 2, ...; stable otherwise)."""
-    all_keys = src.keys()
-    lay = get_layout(layout, keys=all_keys, config=src.config)
-    chosen = all_keys if keys is None else list(keys)
+def _chosen_keys(src: Checkpoint, keys: Sequence[str] | None) -> list[str]:
+    """The keys to walk, in block order (files may store keys sorted as text: 0, 1, 10, 11, 2, ...; stable
+    otherwise)."""
+    chosen = src.keys() if keys is None else list(keys)
     for k in chosen:
         if k not in src:
             raise InputKeyError(f"key {k!r} is not in the base")
-    return lay, sorted(chosen, key=lambda k: (block_index(k) is not None, block_index(k) or 0))
+    return sorted(chosen, key=lambda k: (block_index(k) is not None, block_index(k) or 0))
 
 
 def _w0_taus(key: str, src: Checkpoint, exs: Sequence[Checkpoint], lay, labels: Sequence[str]
