@@ -378,17 +378,14 @@ def unified_merges(base: Mapping[str, Tensor], experts: Sequence[Mapping[str, Te
     missing = sorted(keyset - set(base))
     if missing:
         raise InputKeyError(f"base has no key {missing[0]!r}")
-
-    def only_keys(key: str, tensor: Tensor) -> bool:
-        return key in keyset
-
     out = {}
     for e in estimators:
         if e == "ace_full":
             out[e] = merge("ace", base, list(experts), **dict(ace_hparams or {}))
             continue
         covs = estimator_covariances(base, experts, keys, e, given=given)
-        out[e] = merge("ace", base, list(experts), is_matrix=only_keys, estimator="given", covariances=covs, eps=eps)
+        out[e] = merge("ace", base, list(experts), is_matrix=lambda key, _tensor: key in keyset, estimator="given",
+                       covariances=covs, eps=eps)
     return out
 
 

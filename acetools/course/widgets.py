@@ -39,11 +39,8 @@ class Explorer:
         self.values: dict[str, Any] = {}
         self.draws = 0
         for c in self.controls.values():
-            c.observe(self._changed, names="value")
+            c.observe(lambda _change: self.redraw(), names="value")
         self.widget = w.VBox([w.HBox(list(self.controls.values())), self.output])
-        self.redraw()
-
-    def _changed(self, _change) -> None:
         self.redraw()
 
     def redraw(self) -> None:

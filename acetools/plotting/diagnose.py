@@ -36,20 +36,15 @@ def _xticks(ax, keys, max_labels: int = 60) -> np.ndarray:
     return x
 
 
-def _per_key(table, value: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, min and max of ``value`` per key (several rows per key in a long table)."""
-    g = table.groupby("key", sort=False)[value]
-    return list(g.mean().index), g.mean().to_numpy(float), g.min().to_numpy(float), g.max().to_numpy(float)
-
-
 def ratio_by_layer(ax, norms, *, matrices_only: bool = True, title: str | None = None):
     """‖τ_t‖/‖W0‖ per layer: mean over tasks (line) and their range (band); ``matrices_only`` by ``role``."""
     _need(norms, ["key", "ratio"], "ratio_by_layer")
     t = norms[norms["role"] == "matrix"] if matrices_only and "role" in norms.columns else norms
-    keys, m, lo, hi = _per_key(t, "ratio")
-    x = _xticks(ax, keys)
-    ax.fill_between(x, lo, hi, alpha=0.3, color="C0", label="range over tasks")
-    ax.plot(x, m, marker=".", color="C0", label="mean over tasks")
+    g = t.groupby("key", sort=False)["ratio"]  # one row per (key, task)
+    x = _xticks(ax, list(g.mean().index))
+    ax.fill_between(x, g.min().to_numpy(float), g.max().to_numpy(float), alpha=0.3, color="C0",
+                    label="range over tasks")
+    ax.plot(x, g.mean().to_numpy(float), marker=".", color="C0", label="mean over tasks")
     ax.set_ylabel("‖τ_t‖_F / ‖W0‖_F")
     return finish(ax, title, legend=True)
 
