@@ -241,39 +241,28 @@ def register(name: str, description: str, *, key_scope: Scope = "model", per_key
         _REGISTRY[name] = MethodInfo(name, description, MappingProxyType(dict(params)), fn, key_scope,
                                      tuple(per_key), tuple(data_inputs), search, bool(needs_layout), prepare,
                                      layout_hparams, memory_note, note, summed, presets)
-        return _with_defaults(fn, params, sig)
+        call = registered_defaults(name)(fn)
+        call.__signature__ = sig.replace(parameters=[  # type: ignore[attr-defined]  # it shows the defaults
+            q.replace(default=params[q.name].default) if q.name in params and not params[q.name].required else q
+            for q in sig.parameters.values()])
+        return call
 
     return deco
 
 
-def _with_defaults(fn: Callable, params: Mapping[str, Param], sig: inspect.Signature) -> Callable:
-    """``fn`` callable on its own with the registered defaults (its signature shows them)."""
-    defaults = {n: p.default for n, p in params.items() if not p.required}
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        return fn(*args, **{**defaults, **kwargs})
-
-    call.__signature__ = sig.replace(parameters=[  # type: ignore[attr-defined]
-        q.replace(default=defaults[q.name]) if q.name in defaults else q for q in sig.parameters.values()])
-    return call
-
-
 def registered_defaults(method: str) -> Callable[[Callable], Callable]:
-    """Decorator: a stage function's keyword-only parameters without a default take ``method``'s registered
-    default of the same name (read at call time), so a default is written once."""
+    """Decorator: ``fn``'s parameters that ``method`` registers (every one when ``fn`` takes ``**hparams``) take
+    its registered default when not given, read at call time, so a default is written once."""
 
     def deco(fn):
-        names = [q.name for q in inspect.signature(fn).parameters.values()
-                 if q.kind is inspect.Parameter.KEYWORD_ONLY and q.default is inspect.Parameter.empty]
+        sig = inspect.signature(fn)
+        takes_all = any(q.kind is inspect.Parameter.VAR_KEYWORD for q in sig.parameters.values())
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            params = _REGISTRY[method].params
-            for n in names:
-                if n not in kwargs and n in params and not params[n].required:
-                    kwargs[n] = params[n].default
-            return fn(*args, **kwargs)
+            defaults = {n: p.default for n, p in _REGISTRY[method].params.items()
+                        if not p.required and (takes_all or n in sig.parameters)}
+            return fn(*args, **{**defaults, **kwargs})
 
         return call
 
