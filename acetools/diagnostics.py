@@ -272,21 +272,13 @@ def _pearson(a: Tensor, b: Tensor) -> float:
     return float((a * b).sum()) / den if den > 0 else math.nan
 
 
-def _ranks(a: Tensor) -> Tensor:
-    """Ranks 1..n, ties sharing their average rank (as scipy.stats.rankdata)."""
-    a = a.detach().double().cpu()
-    ranks = torch.empty_like(a)
-    ranks[a.argsort()] = torch.arange(1, a.numel() + 1, dtype=torch.float64)
-    _, inverse = torch.unique(a, return_inverse=True)
-    sums = torch.zeros(int(inverse.max()) + 1, dtype=torch.float64).index_add_(0, inverse, ranks)
-    return (sums / torch.bincount(inverse).double())[inverse]
-
-
 def compare_covariances(Sigma_hat: Tensor, Sigma: Tensor, k: int | None = None) -> CovarianceComparison:
     """Compare an estimated covariance ``Sigma_hat`` with the true ``Sigma`` (both d × d): the fields of
     :class:`CovarianceComparison` (``k`` default max(1, d // 10)). ``direction_spearman`` ranks the
     true eigenvalues against ``Sigma_hat``'s variance along the same eigenvectors (two sorted spectra
     would agree by construction)."""
+    from scipy.stats import rankdata
+
     A, B = _symmetric(Sigma_hat, "Sigma_hat"), _symmetric(Sigma, "Sigma")
     if A.shape != B.shape:
         raise InputError(f"Sigma_hat {tuple(A.shape)} and Sigma {tuple(B.shape)} differ in shape")
@@ -302,10 +294,11 @@ def compare_covariances(Sigma_hat: Tensor, Sigma: Tensor, k: int | None = None) 
     lA, UA, lB, UB = lA.flip(0), UA.flip(1), lB.flip(0), UB.flip(1)
     overlap = float(((UA[:, :k].T @ UB[:, :k]) ** 2).sum() / k)
     along = ((A @ UB) * UB).sum(0)  # u_iᵀ Sigma_hat u_i
+    ranks = [torch.from_numpy(rankdata(x.detach().cpu().numpy())) for x in (lB, along)]  # ties: their mean rank
     return CovarianceComparison(
         cosine=float((A * B).sum() / (nA * nB)),
         subspace_overlap=overlap,
         k=k,
         spectrum_pearson=_pearson(lA, lB),
-        direction_spearman=_pearson(_ranks(lB), _ranks(along)),
+        direction_spearman=_pearson(*ranks),
     )
