@@ -23,7 +23,7 @@ from ..diagnostics import effective_rank, energy_fraction
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import block_index, layer_type
 from ..layouts import TensorMeta, get_layout
-from ..merging import METHODS, check_finite, confirmed_ties, defaults_from
+from ..merging import METHODS, check_finite, confirmed_ties
 from ..merging.ace import ace_matrix, heterogeneity
 from ..merging.linalg import gram_spectrum
 from ..merging.svd import tsv_rank
@@ -38,9 +38,6 @@ log = logging.getLogger("acetools.files.diagnose")
 
 #: The report notebook (package data), run by :func:`run_report`.
 REPORT_NOTEBOOK = Path(__file__).resolve().parents[1] / "reports" / "diagnose.ipynb"
-
-#: The summary's signals in order: metric, label, unit and how to read the value (docs/diagnose.md §The signals).
-SIGNALS: list[dict[str, str]] = json.loads(Path(__file__).with_name("diagnose_signals.json").read_text("utf-8"))
 
 _TABLES = ("summary", "layers", "norms", "cosine", "cosine_per_layer", "overlap", "spectra")
 
@@ -188,12 +185,12 @@ def diagnose(
     ``acetools merge --heads`` (docs/your-models.md §Per-task heads).
     """
     t0 = time.perf_counter()
-    tau = METHODS["ace"].resolve({} if tau is None else {"tau": tau})["tau"]  # ACE's default and checks
+    gate_tau = METHODS["ace"].resolve({} if tau is None else {"tau": tau})["tau"]  # ACE's default and checks
     src, exs, labels, lay = _open_sources(base, experts, names, layout, heads)
     try:
         chosen = _chosen_keys(src, keys)
-        walk = _Walk(labels, lay, tau=tau, ace=ace, max_singular_values=max_singular_values)
-        tied = confirmed_ties(lay.tied, src, exs, get=lambda m, k: m.get(k))  # aliases equal to their key everywhere
+        walk = _Walk(labels, lay, tau=gate_tau, ace=ace, max_singular_values=max_singular_values)
+        tied = confirmed_ties(lay.tied, src, exs)  # aliases equal to their key everywhere
         for key in progress(chosen, desc="diagnose", enabled=show_progress):
             m = src.meta(key)
             if m.dtype.is_floating_point and key not in tied:
@@ -343,22 +340,40 @@ def _path(ck: Checkpoint) -> str:
 
 
 def _summary(d: Diagnosis) -> pd.DataFrame:
-    """One row per signal of :data:`SIGNALS`: metric, label, value, unit, reading (docs/diagnose.md)."""
+    """One row per signal: metric, label, value, unit, reading (docs/diagnose.md)."""
     L, T = d.layers, d.meta["n_tasks"]
     off = d.cosine.to_numpy()[~np.eye(T, dtype=bool)] if T > 1 else np.array([math.nan])
+    rows = []
+
+    def row(metric, label, value, unit, reading):
+        rows.append({"metric": metric, "label": label, "value": float(value), "unit": unit, "reading": reading})
+
+    row("tau_ratio", "‖τ_t‖/‖W0‖ (median over matrices)", L["tau_ratio"].median(), "ratio",
+        "how far the experts moved; small values are the regime where task vectors add almost linearly")
+    row("energy", "‖ΔW_t‖²_F (median over matrices)", L["energy"].median(), "",
+        "the size ACE's γ is computed from; near 1 the log-energies are near 0 and γ explodes")
+    row("ace_gamma_median", "ACE's γ (median over matrices)", L["gamma"].median(), "",
+        "spread of the tasks' log-energies (Eq. 7 of ACE-Merging); CLIP ViTs: < 0.25")
+    row("ace_gated_fraction", f"matrices ACE gates (γ > τ = {d.meta['tau']})", 100 * L["flag"].mean(), "%",
+        "share of matrices where ACE normalises the covariances and refines the spectrum")
+    row("cosine_mean", "task-vector cosine (mean off the diagonal)", _nanmean(off), "",
+        "≈ 0: nearly orthogonal task vectors, the usual case for fine-tunes of one base")
     finite = off[np.isfinite(off)]
-    values = {
-        "tau_ratio": L["tau_ratio"].median(), "energy": L["energy"].median(), "ace_gamma_median": L["gamma"].median(),
-        "ace_gated_fraction": 100 * L["flag"].mean(), "cosine_mean": _nanmean(off),
-        "cosine_max": float(finite.max()) if finite.size else math.nan,
-        "sum_energy_ratio": L["sum_energy_ratio"].median(), "trunc_energy": 100 * L["energy_topk"].mean(),
-        "energy_top5": 100 * L["energy_top5"].mean(), "overlap_topk": L["overlap_topk"].mean(),
-        "overlap_random": L["overlap_random"].mean(),
-    }
+    row("cosine_max", "task-vector cosine (max off the diagonal)", float(finite.max()) if finite.size else math.nan,
+        "", "a large value names two experts that moved the same way (they reinforce in task arithmetic)")
+    row("sum_energy_ratio", "‖Σ_t τ_t‖² / Σ_t ‖τ_t‖² (median over matrices)", L["sum_energy_ratio"].median(), "",
+        f"1 for orthogonal task vectors, T = {T} for identical ones; between, how much they add up")
+    row("trunc_energy", "energy of τ_t in its top-⌊r/T⌋ directions (mean)", 100 * L["energy_topk"].mean(), "%",
+        "what TSV-M's per-task rank budget keeps; high: the task matrices are low-rank and TSV-M loses little")
+    row("energy_top5", "energy of τ_t in its top 5 % directions (mean)", 100 * L["energy_top5"].mean(), "%",
+        "energy concentration of each task's update")
+    row("overlap_topk", "overlap of tasks' top-k subspaces (mean cos²)", L["overlap_topk"].mean(), "",
+        "near the random value: tasks use different directions, so structured merges (TSV-M, ACE, ESM) have room "
+        "over task arithmetic; near 1: they compete for the same directions")
+    row("overlap_random", "…of random k-dim subspaces (k/d)", L["overlap_random"].mean(), "", "for scale")
     if "wpre_top5_energy" in L.columns:
-        values["wpre_top5_energy"] = 100 * L["wpre_top5_energy"].median()
-    rows = [{"metric": s["metric"], "label": s["label"].format(tau=d.meta["tau"]), "value": float(values[s["metric"]]),
-             "unit": s["unit"], "reading": s["reading"].format(T=T)} for s in SIGNALS if s["metric"] in values]
+        row("wpre_top5_energy", "W̄_pre's top-5 % energy (median)", 100 * L["wpre_top5_energy"].median(), "%",
+            "ACE's preliminary closed form; CLIP ViTs: ≥ 99 % (ACE-Merging)")
     return pd.DataFrame(rows, columns=["metric", "label", "value", "unit", "reading"])
 
 
@@ -385,7 +400,7 @@ def run_report(
     out = check_output_folder(out, [base, *experts], weights=False)  # the merge command's check
     params = {"base": str(Path(base).resolve()), "experts": [str(Path(e).resolve()) for e in experts],
               "names": list(names) if names is not None else [], "layout": layout,
-              "tau": float(defaults_from("ace")["tau"] if tau is None else tau), "ace": bool(ace),
+              "tau": float(METHODS["ace"].hparams["tau"] if tau is None else tau), "ace": bool(ace),
               "out_dir": str(out), "heads": heads}
     rec = run_notebook(REPORT_NOTEBOOK, out, params, html=html, timeout=timeout, start_timeout=start_timeout,
                        cwd=out, output_name="diagnose.ipynb", require_mathjax=False)

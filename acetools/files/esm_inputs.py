@@ -127,6 +127,7 @@ def esm_activations(
                     raise InputError(f"no matrix key of the model matches the ESM targets {list(pats)} (layout "
                                      f"{lay.name!r}); pass keys= or targets=")
                 log.info("esm_activations: layout %r, %d ESD layers", lay.name, len(keys))
+        assert keys is not None, "the keys are given or set from the first expert"
         batch = inputs(t) if callable(inputs) and not isinstance(inputs, (Tensor, nn.Module)) else inputs
         # a callable's result is the caller's (capture_inputs checks what it gets)
         got = capture_inputs(model, cast("Tensor | Iterable", batch), list(keys), batch_size, prefix=prefix,
