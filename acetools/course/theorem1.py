@@ -45,22 +45,7 @@ AGREEMENT_COLUMNS = ("cosine", "cosine_sq", "subspace_overlap", "spectrum_pearso
 
 #: The default configuration of :func:`estimate_experiment` (Theorem 1's regime: SGD, one linear layer, early
 #: training); a 2-layer net studies its first layer (``d_hidden`` rows, pre-activation sd ``gain``).
-DEFAULTS: dict[str, Any] = {
-    "n_tasks": 4,
-    "d_in": 32,
-    "d_out": 64,
-    "d_hidden": 64,
-    "subspace_dim": 6,
-    "n_train": 2000,
-    "steps": 50,
-    "lr": 0.02,
-    "batch_size": 64,
-    "noise": 0.05,
-    "optimizer": "sgd",
-    "activation": "none",
-    "gain": 1.0,
-    "seed": 0,
-}
+DEFAULTS: dict[str, Any] = _DATA["defaults"]
 _ACTIVATIONS = ("none", "linear", "tanh", "relu")
 
 #: Columns of :func:`estimate_experiment` and :func:`sweep`: knob and value, task, configuration, ``progress``
