@@ -476,9 +476,7 @@ class ClipWorld(WorldBase):
         return torch.from_numpy(np.array(self.pixels(task, "train", indices=idx[:n])[0]))
 
     def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
-        enc = self.encoder(state)
-        return capture_inputs(enc, self._batches(inputs), list(keys))
+        return capture_inputs(self.encoder(state), self._batches(inputs), list(keys))
 
     def gram_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
-        enc = self.encoder(state)
-        return gram_matrices(enc, self._batches(inputs), list(keys))
+        return gram_matrices(self.encoder(state), self._batches(inputs), list(keys))

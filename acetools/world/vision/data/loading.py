@@ -121,8 +121,7 @@ def load_split(name: str, split: str, *, root: str | os.PathLike | None = None, 
     from . import online
 
     info = spec.info
-    if info.online or isinstance(spec, online.OnlineSpec):
-
+    if isinstance(spec, online.OnlineSpec):
         return online.load_split(name, split, root=data_root(root), allow_download=allow_download, n=n)
     full = int(info.sizes[split])
     if n is not None and n > full:
