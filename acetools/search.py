@@ -142,12 +142,7 @@ def _check_metric(argname: str, value: str, reference) -> None:
 
 
 def _pick(trace: list[Evaluation], metric: str) -> Evaluation:
-    best = None
-    for e in trace:  # first maximum wins (strict >), as find_optimal_coef
-        if best is None or e.metric(metric) > best.metric(metric):
-            best = e
-    assert best is not None
-    return best
+    return max(trace, key=lambda e: e.metric(metric))  # the first maximum wins (strict >), as find_optimal_coef
 
 
 def _check_grid(grid: Sequence[float]) -> list[float]:
