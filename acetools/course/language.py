@@ -14,13 +14,8 @@ import pandas as pd
 
 from ..results import aggregate, find_results, load_per_task, load_summary
 from ..utils import progress as bar
+from .paper_tables import ROBERTA_GLUE  # the published anchor, RoBERTa-base on 8 GLUE tasks
 
-#: RoBERTa-base on 8 GLUE tasks, normalized accuracy (ESM's table; WUDI's README agrees);
-#: ACE's 90.4 is ACE-Merging's own table (docs/text-world.md).
-ROBERTA_GLUE: dict[str, float] = {
-    "pretrained": 41.7, "weight_averaging": 52.6, "task_arithmetic": 68.1, "ties": 64.7, "tsv_m": 79.0,
-    "wudi": 85.3, "esm": 89.6, "ace": 90.4,
-}
 
 def task_table(world) -> pd.DataFrame:
     """One row per task: source, classes, texts per class, the expert's validation accuracy and training time."""

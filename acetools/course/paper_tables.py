@@ -18,6 +18,9 @@ _DATA = json.loads(Path(__file__).with_name("paper_tables.json").read_text(encod
 NAME_MAP: dict[str, str | None] = _DATA["names"]
 #: Paper reference rows -> our reference rows (as written by ``Benchmark.reference_rows``).
 REFERENCE_MAP: dict[str, str] = _DATA["references"]
+#: RoBERTa-base on 8 GLUE tasks, normalized accuracy (ESM's table; WUDI's README agrees); ACE's 90.4 is
+#: ACE-Merging's own table (docs/text-world.md). Lesson 07's anchor (:mod:`acetools.course.language`).
+ROBERTA_GLUE: dict[str, float] = _DATA["roberta_glue"]
 
 
 def registry_name(paper_name: str) -> str | None:
