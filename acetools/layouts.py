@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,11 +310,7 @@ class PrefixAlignment:
 
 def _prefixes(keys: Sequence[str]) -> list[str]:
     """The first dotted components shared by at least half of ``keys`` (candidate prefixes)."""
-    counts: dict[str, int] = {}
-    for k in keys:
-        if "." in k:
-            first = k.split(".", 1)[0]
-            counts[first] = counts.get(first, 0) + 1
+    counts = Counter(k.split(".", 1)[0] for k in keys if "." in k)
     return [p for p, n in counts.items() if n * 2 >= len(keys)]
 
 
