@@ -561,7 +561,7 @@ def test_ace_matrix_input_errors():
         ace_matrix([torch.zeros(4, 3), torch.zeros(3, 4)], name="L")
     with pytest.raises(ValueError, match="non-empty list"):
         ace_matrix([], name="L")
-    with pytest.raises(ValueError, match="covariance of task 0 for layer 'L' has shape"):
+    with pytest.raises(ValueError, match=r"covariance of task 0 \(expert 0\) for layer 'L' has shape"):
         ace_matrix([torch.ones(4, 3)], estimator="given", Sigma=[torch.eye(4)], name="L")
     with pytest.raises(ValueError, match="'given' has no estimate"):
         estimate_covariance(torch.ones(4, 3), "given")

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InputKeyError, InputTypeError
-from .linalg import TaskCovariance, check_psd, check_square
+from .linalg import TaskCovariance, check_square
 
 __all__ = [
     "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "LAYOUT_NAMES", "ESTIMATORS", "PRECISIONS", "EPS_MODES", "GAMMA_MODES",
@@ -77,9 +77,8 @@ def estimator_preset(estimator: str = "ace", *, gate: str | None = None, prior: 
 
 def preset_switches(hp: dict) -> dict:
     """ACE's resolved ``hp`` with ``gate`` / ``prior`` / ``numerator`` as :func:`estimator_preset` resolves them."""
-    sw = estimator_preset(hp.get("estimator", "ace"), gate=hp.get("gate"), prior=hp.get("prior"),
-                          numerator=hp.get("numerator"))
-    return {**hp, "gate": sw.gate, "prior": sw.prior, "numerator": sw.numerator}
+    return {**hp, **estimator_preset(hp.get("estimator", "ace"), gate=hp.get("gate"), prior=hp.get("prior"),
+                                     numerator=hp.get("numerator"))._asdict()}
 
 
 def check_prior(C_agg: Tensor | None, d_in: int, name: str) -> Tensor | None:
@@ -104,9 +103,8 @@ def given_covariances(Sigma: Sequence[Tensor] | None, estimator: str, dWs: list[
             f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order"
         )
     for t, S in enumerate(Sigma):
-        check_square(S, dWs[0].shape[1], f"covariance of task {t} for layer {name!r}", " (the layer's input dimension)",
-                     psd=False)
-        check_psd(S, f"covariance of task {t} (expert {t}) for layer {name!r}")
+        check_square(S, dWs[0].shape[1], f"covariance of task {t} (expert {t}) for layer {name!r}",
+                     " (the layer's input dimension)")
     return [TaskCovariance(d, "given", matrix=S.to(d.device, torch.float64)) for d, S in zip(dWs, Sigma)]
 
 

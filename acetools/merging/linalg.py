@@ -71,17 +71,17 @@ def top_svd(M: Tensor, k: int, *, gram: bool = False) -> tuple[Tensor, Tensor, T
 RCOND_MIN = 1e-10
 
 
-def _inv_norm1_estimate(solve: Any, solve_t: Any, n: int, like: Tensor) -> float:
-    """Lower bound on ``||A^-1||_1`` from a few solves ``solve(x) = A^-1 x``, ``solve_t(x) = A^-T x``
-    (Hager 1984; Higham 1988, Alg. 4.1, as LAPACK's ``xLACON``): at most 5 iterations plus Higham's
-    alternative vector, deterministic."""
+def _rcond_from_solves(solve: Any, solve_t: Any, n: int, like: Tensor, norm1: float) -> float:
+    """``1 / (norm1 ||A^-1||_1)``, ``||A^-1||_1`` estimated from below by a few solves ``solve(x) = A^-1 x``,
+    ``solve_t(x) = A^-T x`` (Hager 1984; Higham 1988, Alg. 4.1, as LAPACK's ``xLACON``): at most 5 iterations
+    plus Higham's alternative vector, deterministic; 0 where a solve is not finite."""
     x = like.new_full((n, 1), 1.0 / n)
     est = 0.0
     j_old = -1
     for it in range(5):
         y = solve(x)
         if not bool(torch.isfinite(y).all()):
-            return math.inf
+            return 0.0
         new = float(y.abs().sum())
         if it > 0 and new <= est:
             break
@@ -89,7 +89,7 @@ def _inv_norm1_estimate(solve: Any, solve_t: Any, n: int, like: Tensor) -> float
         xi = torch.where(y >= 0, 1.0, -1.0).to(like.dtype)
         z = solve_t(xi)
         if not bool(torch.isfinite(z).all()):
-            return math.inf
+            return 0.0
         j = int(z.abs().argmax())
         if it > 0 and (j == j_old or float(z.abs().max()) <= float((z * x).sum())):
             break
@@ -100,8 +100,9 @@ def _inv_norm1_estimate(solve: Any, solve_t: Any, n: int, like: Tensor) -> float
     b = ((-1.0) ** i * (1.0 + i / max(n - 1, 1))).reshape(n, 1)
     yb = solve(b)
     if not bool(torch.isfinite(yb).all()):
-        return math.inf
-    return max(est, 2.0 * float(yb.abs().sum()) / (3.0 * n))
+        return 0.0
+    inv = max(est, 2.0 * float(yb.abs().sum()) / (3.0 * n))
+    return 0.0 if inv == 0.0 else 1.0 / (norm1 * inv)
 
 
 def rcond_estimate(A: Tensor, factor: tuple[Tensor, Tensor] | None = None) -> float:
@@ -123,9 +124,8 @@ def rcond_estimate(A: Tensor, factor: tuple[Tensor, Tensor] | None = None) -> fl
         LU, piv = factor
     if not bool(LU.diagonal().ne(0).all()):
         return 0.0
-    inv = _inv_norm1_estimate(lambda x: torch.linalg.lu_solve(LU, piv, x),
-                              lambda x: torch.linalg.lu_solve(LU, piv, x, adjoint=True), n, A)
-    return 0.0 if inv == math.inf or inv == 0.0 else 1.0 / (norm1 * inv)
+    return _rcond_from_solves(lambda x: torch.linalg.lu_solve(LU, piv, x),
+                              lambda x: torch.linalg.lu_solve(LU, piv, x, adjoint=True), n, A, norm1)
 
 
 def cholesky_rcond(L: Tensor, norm1: float) -> float:
@@ -142,8 +142,7 @@ def cholesky_rcond(L: Tensor, norm1: float) -> float:
     pivot_ratio = (float(d.min()) / dmax) ** 2
     if pivot_ratio < RCOND_MIN:
         return pivot_ratio
-    inv = _inv_norm1_estimate(lambda x: torch.cholesky_solve(x, L), lambda x: torch.cholesky_solve(x, L), n, L)
-    return 0.0 if inv == math.inf or inv == 0.0 else 1.0 / (norm1 * inv)
+    return _rcond_from_solves(lambda x: torch.cholesky_solve(x, L), lambda x: torch.cholesky_solve(x, L), n, L, norm1)
 
 
 def _warn_singular(name: str, what: str, rcond: float, stacklevel: int) -> None:
@@ -202,9 +201,9 @@ def check_psd(S: Tensor, where: str, rtol: float | None = None) -> None:
         )
 
 
-def check_square(S: Any, d_in: int, where: str, hint: str = "", *, psd: bool = True) -> None:
+def check_square(S: Any, d_in: int, where: str, hint: str = "") -> None:
     """Validate one user-given d_in x d_in matrix (a covariance or Gram): a finite floating Tensor of that
-    shape, symmetric PSD (:func:`check_psd`; not with ``psd=False``). ``where`` names it in the error, e.g.
+    shape, symmetric PSD (:func:`check_psd`). ``where`` names it in the error, e.g.
     ``"ace: covariances[2]['blocks.0.mlp.c_fc.weight']"``; ``hint`` is appended to the shape error."""
     if not isinstance(S, Tensor):
         raise InputTypeError(f"{where} is a {type(S).__name__}, not a torch.Tensor")
@@ -214,8 +213,7 @@ def check_square(S: Any, d_in: int, where: str, hint: str = "", *, psd: bool = T
         raise InputTypeError(f"{where} has dtype {S.dtype}; it must be floating point")
     if not torch.isfinite(S).all():
         raise InputError(f"{where} contains NaN or Inf")
-    if psd:
-        check_psd(S, where)
+    check_psd(S, where)
 
 
 def spread_ok(S: Tensor, j: int, max_ratio: float = GRAM_MAX_RATIO) -> bool:
