@@ -162,6 +162,22 @@ def test_files_equal_state_dicts_and_save_load(world, diag, tmp_path):
     assert back.meta["names"] == d.meta["names"]
 
 
+def test_default_names_are_the_experts_names_as_merge_gives_them(world, tmp_path):
+    """One rule with merge's heads and --search (acetools.files.heads.expert_names): a folder's name, also for
+    its model.safetensors; a repeated name gets the expert's index; task<i> for a state dict."""
+    from safetensors.torch import save_file
+
+    base, experts = world
+    paths = []
+    for name in ("sst2", "mnli", "sst2"):
+        folder = tmp_path / f"run{len(paths)}" / name
+        folder.mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in experts[len(paths)].items()}, str(folder / "model.safetensors"))
+        paths.append(folder if len(paths) != 1 else folder / "model.safetensors")
+    assert check_inputs(base, [str(p) for p in paths], layout="open_clip")["names"] == ["sst2", "mnli", "sst2_2"]
+    assert check_inputs(base, [experts[0], str(paths[1])], layout="open_clip")["names"] == ["task0", "mnli"]
+
+
 def test_layers_come_in_block_order_whatever_the_file_order():
     shapes = {f"visual.transformer.resblocks.{i}.mlp.c_fc.weight": (6, 4) for i in (10, 2, 0, 1)}
     shapes["visual.proj"] = (4, 3)
