@@ -231,16 +231,12 @@ def subspace_overlap(X_a: Tensor, delta_W: Tensor, k: int, X_b: Tensor | None = 
 # --------------------------------------------------------------------------- runs and ablation
 #: The paper's ablation grid (SVD/ESD x PS none / layer only / all) plus the reciprocal exponent, as
 #: switches of the registered ``"esm"`` method (everything not named keeps ESM's default).
+_LEVELS = {"no scaling": (False, False), "layer only": (False, True), "all levels": (True, True)}  # (task/dim, layer)
 ABLATION: dict[str, dict[str, Any]] = {
-    "SVD, no scaling": {"decomposition": "svd", "task_scaling": False, "dim_scaling": False, "layer_scaling": False},
-    "SVD, layer only": {"decomposition": "svd", "task_scaling": False, "dim_scaling": False, "layer_scaling": True},
-    "SVD, all levels": {"decomposition": "svd", "task_scaling": True, "dim_scaling": True, "layer_scaling": True},
-    "ESD, no scaling": {"decomposition": "esd", "task_scaling": False, "dim_scaling": False, "layer_scaling": False},
-    "ESD, layer only": {"decomposition": "esd", "task_scaling": False, "dim_scaling": False, "layer_scaling": True},
-    "ESD, all levels": {"decomposition": "esd", "task_scaling": True, "dim_scaling": True, "layer_scaling": True},
-    "ESD, reciprocal (-1)": {"decomposition": "esd", "task_scaling": True, "dim_scaling": True,
-                             "layer_scaling": True, "task_power": -1.0, "dim_power": -1.0, "layer_power": -1.0},
-}
+    f"{d.upper()}, {level}": {"decomposition": d, "task_scaling": td, "dim_scaling": td, "layer_scaling": layer}
+    for d in ("svd", "esd") for level, (td, layer) in _LEVELS.items()}
+ABLATION["ESD, reciprocal (-1)"] = {**ABLATION["ESD, all levels"], "task_power": -1.0, "dim_power": -1.0,
+                                    "layer_power": -1.0}
 
 
 def ablation_hparams(name: str) -> dict[str, Any]:

@@ -74,8 +74,7 @@ def sweep_panel(ax, data, param: str, *, metrics: Sequence[str] = ("cosine", "co
                    label=METRIC_LABELS.get(baseline, baseline))
     if numeric:
         if logx is None:
-            pos_x = x[x > 0]
-            logx = len(pos_x) == len(x) and x.max() / x.min() > 20
+            logx = bool((x > 0).all()) and x.max() / x.min() > 20
         if logx:
             ax.set_xscale("log")
     else:
