@@ -465,15 +465,13 @@ def _add_report(sub) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .notebooks import check_parameters, notebook_paths, parse_parameter, run_report
+    from .notebooks import notebook_paths, parse_parameter, run_report
 
     if args.list:
         for p in notebook_paths(args.notebooks):
             print(p.stem)
         return 0
-    raw = dict(parse_parameter(p, literal=False) for p in args.parameter)
-    # every selection, name and value is checked before the first kernel starts
-    params = check_parameters(notebook_paths(args.notebooks, args.only), raw)
+    params = dict(parse_parameter(p, literal=False) for p in args.parameter)  # typed by run_report's check
     _folder_for_output(args.out, "--out")
     _folder_for_output(args.figures, "--figures")
 
