@@ -44,9 +44,6 @@ class HFImageEncoder(nn.Module):
         self.visual_projection = copy.deepcopy(base.visual_projection)
         self.requires_grad_(False)
 
-    def merged_keys(self) -> list[str]:
-        return [k for k in self.state_dict() if k.startswith("vision_model.")]
-
     def forward(self, pixel_values: Tensor) -> Tensor:
         return self.visual_projection(self.vision_model(pixel_values=pixel_values).pooler_output)
 

@@ -493,9 +493,6 @@ def _augment_mixed(xb, tb, tasks, augment, g):
     flags = [augment[t] for t in tasks]
     if not any(c or f for c, f in flags):
         return xb
-    if len(tasks) == 1:
-        crop, flip = flags[0]
-        return augment_batch(xb, g, crop=crop, hflip=flip)
     out = xb.clone()
     for i, (crop, flip) in enumerate(flags):
         m = tb == i
