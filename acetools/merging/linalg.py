@@ -326,17 +326,15 @@ def gram_polar_times(M: Tensor, B: Tensor, *, max_ratio: float = GRAM_MAX_RATIO)
     formed: ESM's 3072² P_cat times its 3072 x 768 coordinates)."""
     if M.shape[-1] != B.shape[-2]:
         raise InputError(f"gram_polar_times: M is {tuple(M.shape)} but B is {tuple(B.shape)}")
-    if M.shape[-2] < M.shape[-1]:
+    if M.shape[-2] < M.shape[-1] or B.shape[-1] >= M.shape[-1]:  # the polar factor first
         out = gram_polar(M, max_ratio=max_ratio)
         return None if out is None else (out[0] @ B.double(), out[1])
-    M64, B64 = M.double(), B.double()
+    M64 = M.double()
     QS = _gram_eig(M64, False, max_ratio)
     if QS is None:
         return None
     Q, S = QS
-    if B64.shape[-1] < M64.shape[-1]:
-        return M64 @ (Q @ ((Q.mT @ B64) / S[:, None])), S
-    return (M64 @ ((Q / S) @ Q.mT)) @ B64, S
+    return M64 @ (Q @ ((Q.mT @ B.double()) / S[:, None])), S
 
 
 def solve_spd_rank_one(B: Tensor, M: Tensor, c: Tensor | None = None, *, overwrite: bool = False) -> Tensor | None:
