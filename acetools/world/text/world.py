@@ -115,7 +115,6 @@ class TextWorld(WorldBase):
         self._sides: dict[str, dict] = {}
         self._base: StateDict | None = None
         self._encoder: TextEncoder | None = None
-        self._tok = None
 
     # ----------------------------------------------------------------- identity
     @property
@@ -134,9 +133,7 @@ class TextWorld(WorldBase):
     # ----------------------------------------------------------------- model and data
     @property
     def tokenizer(self):
-        if self._tok is None:
-            self._tok = load_tokenizer()
-        return self._tok
+        return load_tokenizer()  # loaded once (lru_cache)
 
     def _fresh_encoder(self) -> TextEncoder:
         return TextEncoder.minilm(None if self.profile == "full" else FIXTURE_LAYERS)
