@@ -6,6 +6,7 @@ L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p (:func:`wudi_lo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -154,5 +155,5 @@ def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
             "nothing would be optimised; use targets='matrix' (every matrix of the layout)"
         )
     return matrix_or_mean("wudi", base, task_vectors, lambda k, w: is_wudi_target(k, w, targets, is_matrix),
-                          lambda taus, k: wudi_matrix(taus, steps=steps, lr=lr, p=p, init=init, key=k), "WUDI",
-                          rest=None if others == "mean" else lambda k: torch.zeros_like(base[k]))
+                          lambda taus, k: cast(Tensor, wudi_matrix(taus, steps=steps, lr=lr, p=p, init=init, key=k)),
+                          "WUDI", rest=None if others == "mean" else lambda k: torch.zeros_like(base[k]))
