@@ -461,10 +461,9 @@ def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = N
         raise InputError(f"{folder}: no model_type in the config of task {task!r}; use task_state_dict() and your "
                          "own model class")
     config = transformers.AutoConfig.for_model(**cfg_dict)
-    if model_class is None:
-        arch = (cfg_dict.get("architectures") or [None])[0]
-        model_class = getattr(transformers, arch, None) if arch else None
-        model_class = model_class or transformers.AutoModelForSequenceClassification
+    if model_class is None:  # the config's first architecture, else a sequence classifier
+        arch = (cfg_dict.get("architectures") or [""])[0]
+        model_class = getattr(transformers, arch, None) or transformers.AutoModelForSequenceClassification
     if "dtype" not in kwargs and "torch_dtype" not in kwargs:  # the merged backbone's, not the expert config's
         metas = open_checkpoint(folder).metas().values()
         kwargs[_dtype_argument(transformers.__version__)] = next(
