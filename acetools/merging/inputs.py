@@ -24,16 +24,22 @@ __all__ = [
     "matches", "finite_number", "str_tuple", "check_activations", "activation_source", "check_targets", "esd_failure",
 ]
 
-#: Per layout preset: ESM's ESD targets and Step-C layer types, regular expressions searched in the key
-#: (``esm_layers.json``; docs/methods.md §ESM, "Target layers").
-LAYOUT_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
-    preset: {what: tuple(patterns) for what, patterns in names.items()}
-    for preset, names in json.loads(Path(__file__).with_name("esm_layers.json").read_text(encoding="utf-8")).items()
-    if preset != "about"}
 #: open_clip parameter names of the ESD layers (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2), "Target layers").
-DEFAULT_TARGETS: tuple[str, ...] = LAYOUT_NAMES["open_clip"]["targets"]
+DEFAULT_TARGETS: tuple[str, ...] = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 #: The four CLIP block types compared by the inter-layer polarization (docs/methods.md §ESM, Eq. (ESM.10)).
-CLIP_LAYER_TYPES: tuple[str, ...] = LAYOUT_NAMES["open_clip"]["layer_types"]
+CLIP_LAYER_TYPES: tuple[str, ...] = (
+    "attn.in_proj_weight",
+    "attn.out_proj.weight",
+    "mlp.c_fc.weight",
+    "mlp.c_proj.weight",
+)
+#: Per layout preset: ESM's ESD targets and Step-C layer types, regular expressions searched in the key (open_clip:
+#: the defaults above; the other architectures' names in ``esm_layers.json``).
+LAYOUT_NAMES: dict[str, dict[str, tuple[str, ...]]] = {"open_clip": {"targets": DEFAULT_TARGETS,
+                                                                     "layer_types": CLIP_LAYER_TYPES}}
+for _preset, _names in json.loads(Path(__file__).with_name("esm_layers.json").read_text(encoding="utf-8")).items():
+    if _preset != "about":
+        LAYOUT_NAMES[_preset] = {what: tuple(patterns) for what, patterns in _names.items()}
 
 
 # --------------------------------------------------------------------------- ACE
