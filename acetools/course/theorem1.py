@@ -6,13 +6,11 @@ layers (against hooked covariances) and the unified framework's estimators (verd
 from __future__ import annotations
 
 import functools
-import json
 import math
 import operator
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -30,22 +28,45 @@ from ..merging.wudi import wudi_grad
 from ..synthetic import RegressionTask, descend, finetune_linear, joint_least_squares, make_regression_tasks
 from ..utils import cpu_threads, make_generator
 
-#: The lesson's tables (headers, row labels, sweep grids), data read from theorem1.json beside this module.
-_DATA = json.loads(Path(__file__).with_name("theorem1.json").read_text(encoding="utf-8"))
 #: The columns of the lesson's tables: one configuration's tasks (:func:`estimate_experiment`), the
 #: sweeps' medians (:func:`sweep`) and the ViT's layer types (:func:`vit_agreement`).
 TABLE_METRICS = ("progress", "cosine", "cosine_sq", "subspace_overlap", "identity_cosine")
 SWEEP_METRICS = ("progress", "cosine", "cosine_sq", "subspace_overlap")
 VIT_METRICS = ("cosine", "cosine_sq", "subspace_overlap", "identity_cosine", "cross_task_cosine")
 #: Plain headers for those columns (cosines have no unit; progress is a share of the base's error).
-COLUMN_LABELS: dict[str, str] = _DATA["column_labels"]
+COLUMN_LABELS = {
+    "progress": "training progress (share of error removed)",
+    "cosine": "cos(Σ̂, Σ)",
+    "cosine_sq": "cos(Σ̂, Σ²)",
+    "subspace_overlap": "top-k eigenvector overlap",
+    "identity_cosine": "cos(I, Σ): isotropic guess",
+    "cross_task_cosine": "cos(Σ̂, other tasks' Σ)",
+    "label": "covariance in the closed form",
+    "test_acc": "test accuracy (%)",
+    "test_normalized": "normalized test accuracy (%)",
+}
 
 #: What :func:`covariance_agreement` returns, in order.
 AGREEMENT_COLUMNS = ("cosine", "cosine_sq", "subspace_overlap", "spectrum_pearson", "identity_cosine")
 
 #: The default configuration of :func:`estimate_experiment` (Theorem 1's regime: SGD, one linear layer, early
 #: training); a 2-layer net studies its first layer (``d_hidden`` rows, pre-activation sd ``gain``).
-DEFAULTS: dict[str, Any] = _DATA["defaults"]
+DEFAULTS: dict[str, Any] = {
+    "n_tasks": 4,
+    "d_in": 32,
+    "d_out": 64,
+    "d_hidden": 64,
+    "subspace_dim": 6,
+    "n_train": 2000,
+    "steps": 50,
+    "lr": 0.02,
+    "batch_size": 64,
+    "noise": 0.05,
+    "optimizer": "sgd",
+    "activation": "none",
+    "gain": 1.0,
+    "seed": 0,
+}
 _ACTIVATIONS = ("none", "linear", "tanh", "relu")
 
 #: Columns of :func:`estimate_experiment` and :func:`sweep`: knob and value, task, configuration, ``progress``
@@ -53,7 +74,13 @@ _ACTIVATIONS = ("none", "linear", "tanh", "relu")
 SWEEP_COLUMNS = ("param", "value", "task", *DEFAULTS, "progress", "k", *AGREEMENT_COLUMNS)
 
 #: Labels of the unified framework's rows (:func:`unified_merges`).
-ESTIMATOR_LABELS: dict[str, str] = _DATA["estimator_labels"]
+ESTIMATOR_LABELS = {
+    "identity": "identity (= weight averaging)",
+    "wudi": "WUDI estimator",
+    "ace": "ACE estimator",
+    "given": "true covariance (RegMean-like)",
+    "ace_full": "ACE (full method)",
+}
 
 
 # --------------------------------------------------------------------------- comparing
@@ -421,12 +448,21 @@ def unified_linear(*, eps: float = 1e-4, **settings: Any) -> UnifiedResult:
 
 
 # --------------------------------------------------------------------------- the lesson's settings
-#: The knobs notebook 01 sweeps, and their values (full / quick profile).
-GRIDS: dict[str, list] = _DATA["grids"]
-QUICK_GRIDS: dict[str, list] = _DATA["quick_grids"]
+#: The knobs notebook 01 sweeps, and their values (full profile).
+GRIDS: dict[str, list] = {
+    "steps": [3, 10, 30, 100, 300, 1000, 3000],
+    "lr": [0.001, 0.003, 0.01, 0.03, 0.1],
+    "d_out": [8, 16, 32, 64, 128, 256],
+    "d_in": [8, 16, 32, 64, 128],
+    "noise": [0.0, 0.1, 0.3, 1.0, 3.0],
+    "batch_size": [1, 4, 16, 64, 256],
+}
+#: The same knobs on coarser grids (quick profile).
+QUICK_GRIDS: dict[str, list] = {"steps": [3, 30, 300], "lr": [0.003, 0.03], "d_out": [8, 64], "d_in": [8, 16],
+                                "noise": [0.0, 1.0], "batch_size": [4, 64]}
 #: Training lengths of the degradation curves (full / quick profile).
-CURVE_STEPS: list[int] = _DATA["curve_steps"]
-QUICK_CURVE_STEPS: list[int] = _DATA["quick_curve_steps"]
+CURVE_STEPS: list[int] = [3, 10, 30, 100, 300, 1000]
+QUICK_CURVE_STEPS: list[int] = [3, 30, 300]
 
 
 def degradation_models(adam_lr: float) -> dict[str, dict[str, Any]]:
