@@ -22,7 +22,6 @@ from ._registry import (
     MethodInfo,
     Param,
     Search,
-    defaults_from,
     methods_table,
     register,
 )
@@ -50,7 +49,6 @@ __all__ = [
     "merge_key",
     "key_scope",
     "Search",
-    "defaults_from",
     "methods_table",
     "confirmed_ties",
     "compute_dtype",

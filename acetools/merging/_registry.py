@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import InputError, InputTypeError
 
 __all__ = ["Param", "MethodInfo", "Search", "register", "METHODS", "REQUIRED", "SCOPES", "LAMBDA_GRID",
-           "ALPHA_GRID", "ESM_BRACKET", "defaults_from", "registered_defaults", "methods_table"]
+           "ALPHA_GRID", "ESM_BRACKET", "registered_defaults", "methods_table"]
 
 #: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (docs/methods.md §Benchmark protocol).
 LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
@@ -267,15 +267,6 @@ def registered_defaults(method: str) -> Callable[[Callable], Callable]:
         return call
 
     return deco
-
-
-def defaults_from(method: str, **overrides: Any) -> dict[str, Any]:
-    """The registered defaults of ``method``'s parameters, overlaid with ``overrides`` (unknown names rejected)."""
-    info = _REGISTRY[method]
-    unknown = sorted(set(overrides) - set(info.params))
-    if unknown:
-        raise InputTypeError(f"{method}: unknown hyperparameter(s) {unknown}")
-    return {**info.hparams, **overrides}
 
 
 #: The markers around the generated table in docs/methods.md (:func:`methods_table`).

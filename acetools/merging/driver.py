@@ -80,18 +80,15 @@ def _raw(model: Any, key: str) -> Tensor:
     return model[key] if isinstance(model, Mapping) else model.get(key)
 
 
-def confirmed_ties(tied: Mapping[str, str], base: Any, experts: Sequence[Any], *,
-                   get: Callable[[Any, str], Tensor] | None = None) -> dict[str, str]:
+def confirmed_ties(tied: Mapping[str, str], base: Any, experts: Sequence[Any]) -> dict[str, str]:
     """The ties of a layout that hold in these models (both keys present and equal in every model); the
-    others are logged and merged apart. ``base`` / ``experts``: state dicts or checkpoint readers, or
-    anything read through ``get(model, key)``."""
-    read = get or _raw
+    others are logged and merged apart. ``base`` / ``experts``: state dicts or checkpoint readers."""
     models = [base, *experts]
     out = {}
     for alias, canon in tied.items():
         if not all(alias in m.keys() and canon in m.keys() for m in models):
             continue
-        if all(torch.equal(read(m, alias), read(m, canon)) for m in models):
+        if all(torch.equal(_raw(m, alias), _raw(m, canon)) for m in models):
             out[alias] = canon
         else:
             log.info("%s and %s are not tied in these checkpoints (values differ); merging them apart", alias, canon)
