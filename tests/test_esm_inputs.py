@@ -1,4 +1,5 @@
-"""ESM for your model in one call: activations from tiny Hugging Face models, orientation via the layout."""
+"""ESM for your model: activations from tiny Hugging Face models (modules, factories, state dicts, files),
+orientation via the layout, merged by acetools.merge("esm", ...)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import acetools
-from acetools.files.esm_inputs import ESM_NAMES, esm_activations, esm_names, merge_esm
+from acetools.files.esm_inputs import ESM_NAMES, esm_activations, esm_names
 from acetools.layouts import PRESETS
 
 transformers = pytest.importorskip("transformers")
@@ -47,6 +48,13 @@ def ids_for(t: int):
     return torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(10 + t))
 
 
+def esm_merge(base, experts, inputs, layout="auto", **hparams):
+    """The documented two steps: ESM's activations captured in each expert module, then merge("esm")."""
+    acts = esm_activations(experts, inputs, layout=layout)
+    return acetools.merge("esm", base.state_dict(), [e.state_dict() for e in experts], layout=layout,
+                          activations=acts, **hparams)
+
+
 def test_gpt2_activations_are_each_experts_layer_inputs_in_d_in_width():
     base, experts = zoo(gpt2_factory)
     acts = esm_activations(experts, ids_for, layout="gpt2")
@@ -63,9 +71,9 @@ def test_gpt2_activations_are_each_experts_layer_inputs_in_d_in_width():
         assert acts["transformer.h.0.mlp.c_proj.weight"][t].shape == (12, 64)
 
 
-def test_merge_esm_on_gpt2_equals_esm_on_transposed_weights():
+def test_esm_on_gpt2_equals_esm_on_transposed_weights():
     base, experts = zoo(gpt2_factory)
-    merged = merge_esm(base, experts, ids_for, layout="gpt2")
+    merged = esm_merge(base, experts, ids_for, layout="gpt2")
     # reference: the same merge on state dicts whose Conv1D weights we transposed by hand
     gpt2 = PRESETS["gpt2"]
     canon = dataclasses.replace(gpt2, in_out=())
@@ -89,14 +97,14 @@ def test_merge_esm_on_gpt2_equals_esm_on_transposed_weights():
     assert not torch.allclose(merged["transformer.h.0.attn.c_attn.weight"], tsv["transformer.h.0.attn.c_attn.weight"])
 
 
-def test_merge_esm_on_hf_clip_vision_from_state_dicts_and_a_factory():
+def test_esm_on_hf_clip_vision_from_state_dicts_and_a_factory():
     base, experts = zoo(clip_factory)
     pixels = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(3))
     acts = esm_activations([e.state_dict() for e in experts], pixels, factory=clip_factory, layout="hf_clip")
     names = esm_names("hf_clip")
     assert len(acts) == 2 * 5  # q, k, v, fc1, fc2 in 2 layers
     assert all(len(v) == 3 and v[0].shape == (3 * 5, 16 if "fc2" not in k else 32) for k, v in acts.items())
-    merged = merge_esm(base, experts, pixels, layout="hf_clip", alpha=0.7)
+    merged = esm_merge(base, experts, pixels, layout="hf_clip", alpha=0.7)  # the layout's names by default
     ref = acetools.merge("esm", base.state_dict(), [e.state_dict() for e in experts], layout="hf_clip",
                          activations=acts, alpha=0.7, **names)
     for k in ref:
@@ -116,13 +124,13 @@ def test_names_cover_the_presets_and_errors_name_the_problem():
         esm_activations([bad], ids_for, factory=gpt2_factory)
 
 
-def test_open_clip_encoder_in_one_call_equals_capture_then_merge():
+def test_open_clip_encoder_activations_equal_capture_then_merge():
     from acetools.files.activations import capture_inputs
     from acetools.world.vision.models import build_encoder
 
     base, experts = zoo(lambda: build_encoder("micro"), n=2)
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4))
-    merged = merge_esm(base, experts, images)  # layout detected: open_clip
+    merged = esm_merge(base, experts, images)  # layout detected: open_clip
     keys = [k for k in base.state_dict() if any(t in k for t in ESM_NAMES["open_clip"]["targets"])]
     acts = {k: [] for k in keys}
     for e in experts:
@@ -138,6 +146,8 @@ def test_open_clip_encoder_in_one_call_equals_capture_then_merge():
 def test_files_give_the_same_activations_and_merge_as_modules(tmp_path):
     from safetensors.torch import save_file
 
+    from acetools.files.checkpoints import open_checkpoint
+
     base, experts = zoo(gpt2_factory, n=2)
     paths = []
     for i, m in enumerate([base, *experts]):
@@ -149,14 +159,15 @@ def test_files_give_the_same_activations_and_merge_as_modules(tmp_path):
     for k in a:
         for x, y in zip(a[k], b[k]):
             torch.testing.assert_close(x, y)
-    m_files = merge_esm(str(paths[0]), [str(p) for p in paths[1:]], ids_for, factory=gpt2_factory, layout="gpt2")
-    m_mods = merge_esm(base, experts, ids_for, layout="gpt2")
+    m_files = acetools.merge("esm", open_checkpoint(paths[0]).state_dict(),
+                             [open_checkpoint(p).state_dict() for p in paths[1:]], layout="gpt2", activations=a)
+    m_mods = esm_merge(base, experts, ids_for, layout="gpt2")
     for k in m_mods:
         torch.testing.assert_close(m_files[k], m_mods[k])
 
 
 def test_captured_activations_feed_the_merge_command(tmp_path):
-    """Capture in Python, merge from the command line: the same weights as merge_esm."""
+    """Capture in Python, merge from the command line: the same weights as merge("esm") in Python."""
     from safetensors.torch import save_file
 
     from acetools import cli
@@ -184,6 +195,6 @@ def test_captured_activations_feed_the_merge_command(tmp_path):
     rank = [str(w.message) for w in caught if "exceeds the rank" in str(w.message)]
     assert len(rank) == 1 and "[and 3 more like it: transformer.h.0.mlp.c_fc.weight" in rank[0], rank
     out = open_checkpoint(tmp_path / "out").state_dict()
-    ref = merge_esm(base, experts, ids_for, layout="gpt2")
+    ref = esm_merge(base, experts, ids_for, layout="gpt2")
     for k in ref:
         torch.testing.assert_close(out[k], ref[k])

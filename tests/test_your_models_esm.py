@@ -67,9 +67,10 @@ def test_the_documented_esm_example_runs_and_the_cli_equals_merge(tmp_path, monk
     assert not torch.allclose(got["transformer.h.0.mlp.c_fc.weight"], base["transformer.h.0.mlp.c_fc.weight"])
 
 
-def test_merge_esm_accepts_hf_files_whose_tied_head_is_not_stored(tmp_path):
-    """The merge_esm docstring's case: GPT-2 safetensors files without lm_head.weight (tied to wte)."""
-    from acetools.files.esm_inputs import merge_esm
+def test_esm_activations_load_hf_files_whose_tied_head_is_not_stored(tmp_path):
+    """GPT-2 safetensors files without lm_head.weight (tied to wte, stored once) load into the factory's model,
+    and the merge of the files takes their activations."""
+    from acetools.files.esm_inputs import esm_activations
 
     _folders(tmp_path)
     files = [tmp_path / n / "model.safetensors" for n in ("base", "ft_a", "ft_b", "ft_c")]
@@ -77,8 +78,10 @@ def test_merge_esm_accepts_hf_files_whose_tied_head_is_not_stored(tmp_path):
     g = torch.Generator().manual_seed(1)
     ids = [torch.randint(0, 50, (4, 12), generator=g) for _ in range(3)]
     factory = lambda: transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "base")  # noqa: E731
+    acts = esm_activations([str(f) for f in files[1:]], lambda t: ids[t], factory=factory, layout="gpt2")
     with pytest.warns(RuntimeWarning, match="exceeds the rank"):
-        merged = merge_esm(str(files[0]), [str(f) for f in files[1:]], lambda t: ids[t], factory=factory,
-                           layout="gpt2", alpha=1.0)
+        merged = acetools.merge("esm", open_checkpoint(files[0]).state_dict(),
+                                [open_checkpoint(f).state_dict() for f in files[1:]], layout="gpt2",
+                                activations=acts, alpha=1.0)
     assert set(merged) == set(open_checkpoint(files[0]).keys())
     assert all(torch.isfinite(v).all() for v in merged.values() if v.is_floating_point())

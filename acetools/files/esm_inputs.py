@@ -1,5 +1,5 @@
-"""ESM for your own model in one call: proxy activations captured inside each expert (docs/your-models.md
-§ESM on your own model, end to end; docs/methods.md §ESM).
+"""ESM's proxy activations for your own model, captured inside each expert (docs/your-models.md §ESM on your
+own model, end to end; docs/methods.md §ESM); ``acetools merge`` or ``acetools.merge("esm", ...)`` takes them.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from torch import Tensor, nn
 
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import get_layout
-from ..merging import merge
 from ..merging.esm import LAYOUT_NAMES
 from .activations import capture_inputs
 from .checkpoints import open_checkpoint
 
-__all__ = ["ESM_NAMES", "esm_names", "esm_activations", "merge_esm"]
+__all__ = ["ESM_NAMES", "esm_names", "esm_activations"]
 
 log = logging.getLogger("acetools.files.esm_inputs")
 
@@ -77,16 +76,6 @@ def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str
         f"{where} is a {type(item).__name__}; give an nn.Module, a factory, a state dict or a file path")
 
 
-def _state_of(item: Any, factory, prefix: str, where: str) -> dict[str, Tensor]:
-    """The state dict (keys with ``prefix``) of a module, factory, state dict or file."""
-    if isinstance(item, (str, os.PathLike)):
-        return open_checkpoint(item).state_dict()
-    if isinstance(item, Mapping):
-        return dict(item)
-    model = _materialise(item, factory, prefix, where)
-    return {prefix + k: v.detach() for k, v in model.state_dict().items()}
-
-
 def esm_activations(
     experts: Sequence[Any],
     inputs: Tensor | Iterable | Mapping | Callable[[int], Any],
@@ -137,29 +126,3 @@ def esm_activations(
         del model, got
     return acts
 
-
-def merge_esm(
-    base: Any,
-    experts: Sequence[Any],
-    inputs: Tensor | Iterable | Mapping | Callable[[int], Any],
-    *,
-    layout: Any = "auto",
-    factory: Callable[[], nn.Module] | None = None,
-    prefix: str = "",
-    batch_size: int | None = None,
-    device: str | torch.device | None = None,
-    **hparams: Any,
-) -> dict[str, Tensor]:
-    """:func:`esm_activations` in each expert, then ``merge("esm", ...)`` with the layout's names
-    (:func:`esm_names`) unless ``hparams`` (ESM's: ``alpha``, ``const``, ...) give ``targets`` and
-    ``layer_types`` (a ``generic`` layout must). ``base``/``experts`` as :func:`esm_activations` takes
-    experts. Returns the merged state dict with the base's keys (with ``prefix``)."""
-    base_sd = _state_of(base, factory, prefix, "base")
-    lay = get_layout(layout, keys=list(base_sd))
-    if "targets" not in hparams or "layer_types" not in hparams:
-        names = esm_names(lay)
-        hparams = {**names, **hparams}
-    acts = esm_activations(experts, inputs, targets=hparams["targets"], layout=lay, factory=factory, prefix=prefix,
-                           batch_size=batch_size, device=device)
-    expert_sds = [_state_of(e, factory, prefix, f"experts[{t}]") for t, e in enumerate(experts)]
-    return merge("esm", base_sd, expert_sds, layout=lay, activations=acts, **hparams)
