@@ -103,15 +103,15 @@ def test_a_random_base_is_refused_with_one_line_naming_the_expert_and_the_number
 def test_the_numbers_separate_real_fine_tunes_from_foreign_bases(world):
     base, experts, random = world
     cks = [open_checkpoint(e) for e in experts]
-    from acetools.files.heads import CheckpointView, find_alignment
+    from acetools.files.heads import plan_heads
 
     lay = default_layout(open_checkpoint(base).keys(), open_checkpoint(base).config)
     for b in (base, random):
         ck = open_checkpoint(b)
-        al = find_alignment(ck, cks, lay)
-        assert al is not None and al.prefix == "bert"
-        view = CheckpointView(ck, (), al.rename)
-        heads = [CheckpointView(e, ("classifier.weight", "classifier.bias")) for e in cks]
+        plan = plan_heads("drop", ck, cks, lay)
+        assert plan.alignment is not None and plan.alignment.prefix == "bert"
+        assert sorted(plan.keys) == ["classifier.bias", "classifier.weight"]
+        view, heads, _ = plan.views(ck, cks, lay)
         lin = measure_lineage(view, heads, lay)
         if b == base:
             assert max(lin.ratio) < SHARED_RATIO_LIMIT and all(abs(lin.mean_cosine(t)) < 0.2 for t in range(3))

@@ -185,15 +185,6 @@ def aligned_base(base: Checkpoint, alignment: PrefixAlignment, layout: Layout) -
     return view, dataclasses.replace(layout, tied=tied).bind(view.keys(), base.config)
 
 
-def find_alignment(base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout) -> PrefixAlignment | None:
-    """:func:`acetools.layouts.align_prefix` of the base against the first expert's non-head keys (``None``:
-    the names agree)."""
-    ex = experts[0]
-    heads = set(layout.task_head_keys(ex.keys()))
-    return align_prefix(base.keys(), [k for k in ex.keys() if k not in heads], base_config=base.config,
-                        expert_config=ex.config)
-
-
 def _check_head_shapes(base: Checkpoint, experts: Sequence[Checkpoint], layout: Layout) -> None:
     """For ``heads="merge"``: a head key whose shape differs between the models is an error naming it,
     every shape and ``--heads per-task``."""
@@ -221,7 +212,10 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
     if names is not None and (isinstance(names, str) or not isinstance(names, Sequence)):
         raise InputTypeError("names must be a list of strings, one per expert")
     mode, reason = heads, "asked"
-    alignment = find_alignment(base, experts, layout)
+    ex = experts[0]  # the base's key names against the first expert's non-head ones (align_prefix)
+    own_heads = set(layout.task_head_keys(ex.keys()))
+    alignment = align_prefix(base.keys(), [k for k in ex.keys() if k not in own_heads], base_config=base.config,
+                             expert_config=ex.config)
     if alignment is not None:  # a bare backbone beside task models (or the reverse): the experts' key names
         base = aligned_base(base, alignment, layout)[0]
     if heads == "auto":
