@@ -23,9 +23,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InputTypeError
-from ..utils import progress
 from ._registry import ESM_BRACKET, Param, Search, register
-from .averaging import mean_update
+from .averaging import matrix_or_mean, mean_update
 from .inputs import (
     CLIP_LAYER_TYPES,
     DEFAULT_TARGETS,
@@ -366,24 +365,22 @@ def esm(base: Mapping[str, Tensor], task_vectors: Sequence[Mapping[str, Tensor]]
     get_X = None if decomposition != "esd" else activation_source(activations, esd_keys, T,
                                                                   {k: base[k].shape[1] for k in esd_keys})
     esd_set, matrix_set = set(esd_keys), set(matrix_keys)
-    out: dict[str, Tensor] = {}
     notes: list[tuple[str, str]] = []  # (layer, rank note): one warning per merge, naming the other layers
-    for key in progress(list(base), desc="esm"):
-        taus = [tv[key] for tv in task_vectors]
-        if key in esd_set:
-            Xs = [get_X(t, key) for t in range(T)] if get_X is not None else None  # T x (N_t, d_in)
-            try:
-                out[key] = esm_merge_matrix(taus, Xs, decomposition=decomposition, task_scaling=task_scaling,
-                                            task_power=task_power, dim_scaling=dim_scaling, dim_power=dim_power,
-                                            eig_power=eig_power, const=const, name=key, notes=notes)
-            except (RuntimeError, ArithmeticError, ValueError) as e:  # torch's and numpy's LinAlgError among them
-                if str(e).startswith("esm: "):
-                    raise
-                raise esd_failure(key, taus, Xs, e) from e  # the key and the likely cause
-        elif key in matrix_set:
-            out[key] = tsv_merge_matrix(taus, key=key)
-        else:
-            out[key] = mean_update(task_vectors, key)
+
+    def merged(taus: list[Tensor], key: str) -> Tensor:  # an ESD layer (Steps A-B), else TSV-M
+        if key not in esd_set:
+            return tsv_merge_matrix(taus, key=key)
+        Xs = [get_X(t, key) for t in range(T)] if get_X is not None else None  # T x (N_t, d_in)
+        try:
+            return esm_merge_matrix(taus, Xs, decomposition=decomposition, task_scaling=task_scaling,
+                                    task_power=task_power, dim_scaling=dim_scaling, dim_power=dim_power,
+                                    eig_power=eig_power, const=const, name=key, notes=notes)
+        except (RuntimeError, ArithmeticError, ValueError) as e:  # torch's and numpy's LinAlgError among them
+            if str(e).startswith("esm: "):
+                raise
+            raise esd_failure(key, taus, Xs, e) from e  # the key and the likely cause
+
+    out = matrix_or_mean("esm", base, task_vectors, lambda k, w: k in matrix_set, merged, "esm")
     if notes:
         more = f" [and {len(notes) - 1} more like it: {', '.join(n for n, _ in notes[1:])}]" if notes[1:] else ""
         warnings.warn(notes[0][1] + more, RuntimeWarning, stacklevel=2)

@@ -277,15 +277,10 @@ def activation_source(activations: Any, esd_keys: Sequence[str], n_tasks: int,
             for t, X in enumerate(xs):
                 as_rows(X, d_in[key], where=f"esm: activations[{key!r}][{t}] (expert {t}, task {t})")
 
-        def get(t: int, key: str) -> Tensor:
-            return activations[key][t]
-    else:
-        def get(t: int, key: str) -> Tensor:
-            return activations(t, key)
-
     def checked(t: int, key: str) -> Tensor:
         where = f"esm: activations for key {key!r}, task {t} (expert {t})"
-        X = as_rows(get(t, key), d_in[key], where=where)
+        X = activations[key][t] if isinstance(activations, Mapping) else activations(t, key)
+        X = as_rows(X, d_in[key], where=where)
         if not torch.isfinite(X).all():
             raise InputError(f"{where} contain NaN or Inf values; check the capture")
         return X
@@ -322,20 +317,17 @@ def check_targets(base: Mapping[str, Tensor], matrix_keys: Sequence[str], target
             "would be TSV-M. Pass targets= with your model's layer names (regular expressions searched in "
             "the key, e.g. targets=('mlp.fc1.weight', 'self_attn.q_proj.weight'))"
         )
-    if defaults:
-        unmatched = [p for p in targets if not any(matches(p, k) for k in matrix_keys)]
-        if unmatched:
-            warnings.warn(
-                f"{where}the default target(s) {unmatched} (open_clip names) match no matrix key, so ESM runs on "
-                f"{len(esd_keys)} layer(s) only and other matrices take TSV-M; pass targets= with your model's names "
-                "(acetools.files.esm_inputs.esm_names(layout) has them for the layout presets)", RuntimeWarning,
-                stacklevel=4)
-    else:
-        for p in targets:
-            if not any(matches(p, k) for k in matrix_keys):
-                hint = " (it names a key that is not a matrix)" if any(matches(p, k) for k in base) else ""
-                raise InputError(f"{where}target pattern {p!r} matches no matrix key of the model{hint}; "
-                                 f"e.g. {example!r}")
+    unmatched = [p for p in targets if not any(matches(p, k) for k in matrix_keys)]
+    if unmatched and defaults:
+        warnings.warn(
+            f"{where}the default target(s) {unmatched} (open_clip names) match no matrix key, so ESM runs on "
+            f"{len(esd_keys)} layer(s) only and other matrices take TSV-M; pass targets= with your model's names "
+            "(acetools.files.esm_inputs.esm_names(layout) has them for the layout presets)", RuntimeWarning,
+            stacklevel=4)
+    elif unmatched:
+        hint = " (it names a key that is not a matrix)" if any(matches(unmatched[0], k) for k in base) else ""
+        raise InputError(f"{where}target pattern {unmatched[0]!r} matches no matrix key of the model{hint}; "
+                         f"e.g. {example!r}")
     if isinstance(activations, Mapping):
         esd_set = set(esd_keys)
         for key in activations:
