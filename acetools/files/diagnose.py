@@ -188,7 +188,12 @@ def diagnose(
     gate_tau = METHODS["ace"].resolve({} if tau is None else {"tau": tau})["tau"]  # ACE's default and checks
     src, exs, labels, lay = _open_sources(base, experts, names, layout, heads)
     try:
-        chosen = _chosen_keys(src, keys)
+        chosen = src.keys() if keys is None else list(keys)
+        for k in chosen:
+            if k not in src:
+                raise InputKeyError(f"key {k!r} is not in the base")
+        # block order: files may store keys sorted as text (0, 1, 10, 11, 2, ...); stable otherwise
+        chosen.sort(key=lambda k: (block_index(k) is not None, block_index(k) or 0))
         walk = _Walk(labels, lay, tau=gate_tau, ace=ace, max_singular_values=max_singular_values)
         tied = confirmed_ties(lay.tied, src, exs)  # aliases equal to their key everywhere
         for key in progress(chosen, desc="diagnose", enabled=show_progress):
@@ -200,16 +205,6 @@ def diagnose(
         for e in exs:
             e.close()
     return walk.diagnosis(src, exs, n_keys=len(chosen), seconds=round(time.perf_counter() - t0, 2))
-
-
-def _chosen_keys(src: Checkpoint, keys: Sequence[str] | None) -> list[str]:
-    """The keys to walk, in block order (files may store keys sorted as text: 0, 1, 10, 11, 2, ...; stable
-    otherwise)."""
-    chosen = src.keys() if keys is None else list(keys)
-    for k in chosen:
-        if k not in src:
-            raise InputKeyError(f"key {k!r} is not in the base")
-    return sorted(chosen, key=lambda k: (block_index(k) is not None, block_index(k) or 0))
 
 
 def _w0_taus(key: str, src: Checkpoint, exs: Sequence[Checkpoint], lay, labels: Sequence[str]

@@ -431,12 +431,6 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _dtype_argument(version: str) -> str:
-    """``from_pretrained``'s name for the dtype: ``dtype`` from transformers 4.56, ``torch_dtype`` before."""
-    major, minor = (int(x) if x.isdigit() else 0 for x in (version.split(".") + ["0"])[:2])
-    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-
-
 def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = None, **kwargs: Any):
     """A ``transformers`` model (eval mode) for task ``task``: the merged backbone in ``folder`` plus that
     task's head, with the expert's own config (docs/your-models.md §Per-task heads).
@@ -460,7 +454,8 @@ def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = N
         model_class = getattr(transformers, arch, None) or transformers.AutoModelForSequenceClassification
     if "dtype" not in kwargs and "torch_dtype" not in kwargs:  # the merged backbone's, not the expert config's
         metas = open_checkpoint(folder).metas().values()
-        kwargs[_dtype_argument(transformers.__version__)] = next(
+        version = tuple(int(x) if x.isdigit() else 0 for x in (transformers.__version__.split(".") + ["0"])[:2])
+        kwargs["dtype" if version >= (4, 56) else "torch_dtype"] = next(  # renamed in transformers 4.56
             (m.dtype for m in metas if m.dtype.is_floating_point), torch.float32)
     with _quiet_transformers():
         model, info = model_class.from_pretrained(folder, config=config, output_loading_info=True, **kwargs)

@@ -157,17 +157,12 @@ class MergePlan:
                     "method's work space")
         text = (f"streaming: about (T + 2) x the largest tensor ({largest_key}, {format_bytes(big)} in the compute "
                 f"dtype) = {format_bytes((T + 2) * big)}")
-        widths = [_d_in(r) for r in self.rows if r["path"] == "matrix"]
+        widths = [self.base.meta(r["key"]).shape[0 if r["orientation"] == "in_out" else 1]  # d_in of each matrix
+                  for r in self.rows if r["path"] == "matrix"]
         note = METHODS[self.method].memory_note
         if note is not None and widths:
             text += f", {note(T, max(widths))}"
         return text
-
-
-def _d_in(row: Mapping[str, Any]) -> int:
-    """d_in of a 2-D key from its :func:`acetools.layouts.describe` row (in x out keys flipped)."""
-    d0, d1 = (int(x) for x in row["shape"].split("x"))
-    return d0 if row["orientation"] == "in_out" else d1
 
 
 def _bytes(ck: Checkpoint, key: str, compute: bool = False) -> int:
