@@ -332,7 +332,7 @@ class HeadWriter:
             os.chmod(p, umask_mode(0o777 if p.is_dir() else 0o666))
         return {name: f"{HEADS_DIR}/{name}" for name in self.plan.names}
 
-    def commit(self) -> Path:
+    def commit(self) -> None:
         target = self.out / HEADS_DIR
         old = None
         if target.exists():
@@ -341,20 +341,17 @@ class HeadWriter:
         os.replace(self._tmp, target)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        return target
 
     def abort(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-def remove_stale_heads(out: Path) -> bool:
+def remove_stale_heads(out: Path) -> None:
     """After an overwriting merge without per-task heads: remove an earlier merge's ``heads/``."""
     target = Path(out) / HEADS_DIR
     if target.is_dir() and _ours(target):
         shutil.rmtree(target)
         log.info("removed the per-task heads of the earlier merge in %s", target)
-        return True
-    return False
 
 
 # --------------------------------------------------------------------------- reading

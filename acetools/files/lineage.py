@@ -40,9 +40,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     """At most :data:`SAMPLE_ENTRIES` entries of ``t``: whole rows, evenly spaced."""
     m = t.reshape(t.shape[0], -1) if t.ndim >= 2 else t.reshape(1, -1)
     n = max(1, min(m.shape[0], SAMPLE_ENTRIES // max(1, m.shape[1])))
-    if n == m.shape[0]:
-        return m
-    return m[torch.linspace(0, m.shape[0] - 1, n).round().long()]
+    return m[torch.linspace(0, m.shape[0] - 1, n).round().long()]  # every row when they fit
 
 
 def sample_keys(base: Any, layout: Layout, n: int = SAMPLE_KEYS) -> list[str]:
