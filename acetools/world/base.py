@@ -105,7 +105,7 @@ class EvaluatesAll(Protocol):
 @runtime_checkable
 class PerExample(Protocol):
     """A world that scores every test example, so that two merges can be compared example by
-    example (:func:`acetools.stats.paired_bootstrap`; docs/course.md §Claim rules)."""
+    example (the claims' ``claimkit.stats.paired_bootstrap``; docs/course.md §Claim rules)."""
 
     def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
                     tasks: Sequence[str] | None = None) -> dict[str, Any]:
@@ -178,17 +178,13 @@ def cache_dir(name: str, root: str | os.PathLike | None = None) -> Path:
     return (Path(env).expanduser() if env else Path("~/.cache/acetools").expanduser()) / name
 
 
-def as_world(obj: Any, **vision_options: Any) -> World:
-    """``obj`` as a :class:`World`: a world is returned as is; a zoo (anything with the
-    :class:`~acetools.world.vision.zoo.Zoo`'s ``split``, ``head`` and ``expert_state``) is wrapped
-    in a :class:`~acetools.world.vision.world.VisionWorld` (``vision_options``: its
-    ``batch_size`` and ``threads``); anything else is a TypeError naming what it lacks."""
-    if not hasattr(obj, "kind") and all(hasattr(obj, m) for m in ("split", "head", "expert_state")):
-        from .vision.world import VisionWorld
-
-        return VisionWorld(obj, **vision_options)
+def as_world(obj: Any, **eval_options: Any) -> World:
+    """``obj`` as a :class:`World`: a world is returned as is, the vision
+    :class:`~acetools.world.vision.zoo.Zoo` as its view scoring with ``eval_options`` (a benchmark's
+    ``batch_size`` and ``threads``: ``Zoo.evaluated_with``); anything else is a TypeError naming what it lacks."""
     check_world(obj)
-    return obj
+    evaluated_with = getattr(obj, "evaluated_with", None)
+    return obj if evaluated_with is None else evaluated_with(**eval_options)
 
 
 def check_world(obj: Any) -> None:

@@ -16,10 +16,10 @@ from acetools.course import paper_tables as P
 from acetools.course.benchmark import BenchmarkData, suite_order
 from acetools.errors import InputError, InputKeyError
 from acetools.results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
-from acetools.stats import Z_95, PairedDifference
 
 from .paper_tables import ACE_CLAIMED_RANKS, paper_lead, paper_room, table_rivals
 from .power import paired_rows
+from .stats import Z_95, PairedDifference
 from .verdicts import (
     NOISE,
     UNDECIDABLE,

@@ -1,6 +1,6 @@
 """Power before deciding and paired rows from result files (docs/course.md §Margin, power and rivals).
 
-:func:`paired_rows` pairs two rows of a suite example by example (:func:`acetools.stats.paired_bootstrap`
+:func:`paired_rows` pairs two rows of a suite example by example (:func:`claimkit.stats.paired_bootstrap`
 on the runs' ``<stem>_correct.npz``); :func:`ceiling_prediction` caps a paper's scaled effect by the
 headroom; :func:`has_power` says whether a predicted effect can be decided at a margin.
 """
@@ -15,7 +15,8 @@ import pandas as pd
 
 from acetools.errors import InputError
 from acetools.results import ResultFiles, load_correctness
-from acetools.stats import Correctness, PairedDifference, paired_bootstrap
+
+from .stats import Correctness, PairedDifference, paired_bootstrap
 
 #: A claim is decided only where ``|predicted| >= POWER_FACTOR * margin``: with the margin at
 #: 1.96 standard errors, a true effect of twice the margin is measured above the margin with
@@ -41,7 +42,7 @@ def correctness(files: Mapping[int, str | Path], row: str, tasks: Sequence[str] 
 
 def paired_rows(runs: Sequence[ResultFiles], suite: str, a: str, b: str, *, per_task: pd.DataFrame | None = None,
                 **kw) -> PairedDifference | None:
-    """:func:`acetools.stats.paired_bootstrap` of rows ``a`` and ``b`` on ``suite`` from the runs'
+    """:func:`claimkit.stats.paired_bootstrap` of rows ``a`` and ``b`` on ``suite`` from the runs'
     ``<stem>_correct.npz`` (:func:`acetools.results.find_results`); None where a seed lacks them. With
     ``per_task`` (:func:`acetools.results.load_per_task`) the difference is in normalized points, each
     seed's and task's experts as the scale; without, in absolute points."""

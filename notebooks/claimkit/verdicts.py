@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from acetools.errors import InputError, InputKeyError
-from acetools.stats import Z_95
 
 from .power import POWER_FACTOR, ceiling_prediction, has_power
+from .stats import Z_95
 
 #: The smallest difference (points) that counts, whatever the seeds say (docs/course.md §Noise rule).
 NOISE: float = 0.5

@@ -12,11 +12,11 @@ import pytest
 
 from acetools.course import paper_tables as P
 from acetools.results import find_results, save_correctness
-from acetools.stats import Z_95
 from claimkit import benchmark as BV
 from claimkit import verdicts as V
 from claimkit.paper_tables import table_rivals
 from claimkit.power import paired_rows
+from claimkit.stats import Z_95
 
 
 def _summary(columns: dict[int, pd.Series], metric: str = "test_acc") -> pd.DataFrame:

@@ -7,8 +7,8 @@ import pytest
 
 from acetools.errors import InputError
 from acetools.results import find_results, save_correctness
-from acetools.stats import Z_95
 from claimkit.power import POWER_FACTOR, ceiling_prediction, correctness, has_power, paired_rows
+from claimkit.stats import Z_95
 
 
 def test_correctness_reads_the_saved_rows_and_says_none_where_they_lack(tmp_path):

@@ -2,7 +2,7 @@
 
 The worlds' test sets are fixed across seeds, so the seed spread holds no test-sampling noise:
 :func:`paired_bootstrap` resamples both, pairing two rows example by example (their
-``<stem>_correct.npz``). The power rule that uses it is the claims' (``notebooks/claimkit/power.py``).
+``<stem>_correct.npz``). It is the claims' margin; the power rule that uses it is :mod:`claimkit.power`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import InputError
-from .utils import make_generator
+from acetools.errors import InputError
+from acetools.utils import make_generator
 
 __all__ = ["PairedDifference", "paired_bootstrap", "Correctness", "Z_95"]
 

@@ -1,4 +1,4 @@
-"""acetools.stats: the paired bootstrap on synthetic data with a known answer (docs/course.md §Claim rules)."""
+"""claimkit.stats: the paired bootstrap on synthetic data with a known answer (docs/course.md §Claim rules)."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from acetools.errors import InputError
-from acetools.stats import Z_95, paired_bootstrap
+from claimkit.stats import Z_95, paired_bootstrap
 
 
 def _bernoulli(rng, p, n):
