@@ -232,6 +232,28 @@ def test_task_vectors_and_accessors(built):
     assert _equal(enc.state_dict(), ex)
 
 
+def test_a_benchmark_scores_the_zoo_with_its_own_batch_size_and_threads(built, monkeypatch):
+    """The zoo is the vision world; a benchmark's view of it evaluates with the benchmark's settings."""
+    from acetools.benchmark import Benchmark
+    from acetools.world.base import check_world
+
+    _, zoo = built
+    check_world(zoo)
+    seen, real = [], ft.correctness
+
+    def correctness(*a, **k):
+        seen.append((k["batch_size"], k["threads"]))
+        return real(*a, **k)
+
+    monkeypatch.setattr(ft, "correctness", correctness)
+    bench = Benchmark(zoo, n_test=20, batch_size=7, threads=2)
+    assert bench.world is not zoo and bench.world._states is zoo._states  # one cache
+    assert (zoo.eval_batch_size, zoo.eval_threads, zoo.threads) == (512, None, THREADS)  # the zoo's own unchanged
+    bench.evaluate(zoo.base_state(), "test")
+    assert seen == [(7, 2)] * len(zoo.tasks)
+    assert zoo.describe() == "vision mini-world 'custom': 3 tasks, ViT size micro, expert seed 0"
+
+
 def test_shipped_base_is_used_and_verified(built, tmp_path, monkeypatch):
     _, zoo = built
     path = zoo.export_base(tmp_path / "assets")

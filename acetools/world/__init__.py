@@ -37,7 +37,7 @@ def _resolve(target: str) -> Any:
 
 
 WORLDS: dict[str, WorldEntry] = {
-    "vision": WorldEntry("acetools.world.vision.world:VisionWorld", "acetools.world.vision.data:SUITES", "tasks8"),
+    "vision": WorldEntry("acetools.world.vision.zoo:Zoo", "acetools.world.vision.data:SUITES", "tasks8"),
     "text": WorldEntry("acetools.world.text.world:TextWorld", "acetools.world.text.tasks:SUITES", "text8",
                        ("fixture",)),
     "clip-vit-b32": WorldEntry("acetools.world.clip.world:ClipWorld", "acetools.world.clip.tasks:CLIP_SUITES", "clip8"),
@@ -59,10 +59,10 @@ def get_world(name: str, suite: str | None = None, seed: int = 0, **options: Any
     """World ``name`` on ``suite`` (default: the world's first) with expert seed ``seed``.
 
     ``options`` go to the world's class: for ``"vision"`` to :class:`~acetools.world.vision.zoo.Zoo`
-    (``size``, ``root``, ``mtl``, ...; the zoo is wrapped in a VisionWorld, not built: call
-    ``world.zoo.build()``), for ``"text"`` to ``TextWorld`` (``profile``, ``root``, ``device``, ...),
-    for ``"clip-vit-b32"`` to :class:`~acetools.world.clip.world.ClipWorld` (``models_root``,
-    ``data_root``, ``n_test``, ``n_val``, ``device``, ``tasks``, ...).
+    (``size``, ``root``, ``mtl``, ...; not built: call ``world.build()``), for ``"text"`` to ``TextWorld``
+    (``profile``, ``root``, ``device``, ...), for ``"clip-vit-b32"`` to
+    :class:`~acetools.world.clip.world.ClipWorld` (``models_root``, ``data_root``, ``n_test``, ``n_val``,
+    ``device``, ``tasks``, ...).
     """
     entry = _entry(name)
     suite = entry.default_suite if suite is None else suite
@@ -71,9 +71,4 @@ def get_world(name: str, suite: str | None = None, seed: int = 0, **options: Any
         raise InputError(f"unknown suite {suite!r} for world {name!r}; valid: {', '.join(suites)}")
     if name == "text" and suite == "fixture":
         options.setdefault("profile", "quick")
-    if name == "vision":
-        from .vision.world import VisionWorld
-        from .vision.zoo import Zoo
-
-        return VisionWorld(Zoo(suite, seed=seed, **options))
-    return entry.load()(suite, seed, **options)
+    return entry.load()(suite, seed=seed, **options)

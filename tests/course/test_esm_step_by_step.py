@@ -16,6 +16,7 @@ from acetools.benchmark import Benchmark
 from acetools.course import esm_step_by_step as ec
 from acetools.merging import esm as E
 from acetools.utils import make_generator
+from acetools.world.vision.zoo import Zoo
 
 KEY = "visual.transformer.resblocks.0.mlp.c_fc.weight"
 
@@ -132,13 +133,13 @@ def test_esd_vs_svd_runs_on_the_tensors_device():
 
 
 # --------------------------------------------------------------------------- a fake bench
-class FakeZoo:
-    """A micro encoder with low-rank expert updates and random heads: no training."""
+class FakeZoo(Zoo):
+    """A micro encoder with low-rank expert updates and random heads: no training (the zoo's cache unused)."""
 
     def __init__(self, tasks=("a", "b", "c"), n_val=60, n_test=40, seed=0):
         from acetools.world.vision.models import ClassificationHead, build_encoder
 
-        self.tasks, self.size, self.seed, self.suite, self.device = list(tasks), "micro", seed, None, "cpu"
+        super().__init__(list(tasks), size="micro", seed=seed, mtl=False)
         torch.manual_seed(seed)
         enc = build_encoder("micro")
         self._base = {k: v.detach().clone() for k, v in enc.state_dict().items()}
@@ -174,11 +175,6 @@ class FakeZoo:
 
     def head(self, t):
         return self._heads[t]
-
-    def encoder(self, state=None):
-        from acetools.world.vision.models import load_encoder
-
-        return load_encoder(self._base if state is None else state, "micro")
 
 
 @pytest.fixture(scope="module")

@@ -451,7 +451,7 @@ class ClipWorld(WorldBase):
         """ESM's and RegMean's target matrices: the encoder layers' linear weights (HF: q/k/v/out_proj,
         fc1, fc2; open_clip: attn.in_proj_weight, mlp.c_fc, mlp.c_proj)."""
         if self.openclip_root is not None:
-            from ..vision.world import VISION_MATRICES
+            from ..vision.zoo import VISION_MATRICES
 
             return [k for k in self.base_state() if any(p in k for p in VISION_MATRICES)]
         return [k for k in self.base_state() if _HF_MATRIX.match(k)]

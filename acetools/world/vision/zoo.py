@@ -1,4 +1,5 @@
-"""The model zoo: a base, frozen heads, one expert per task and the MTL reference, cached.
+"""The model zoo: a base, frozen heads, one expert per task and the MTL reference, cached; the image
+mini-world behind the world interface (:mod:`acetools.world.base`).
 
 ``Zoo(["fashion", "digits"], size="tiny", seed=0).build()`` loads what is cached and builds the rest.
 Checkpoints are safetensors state dicts with a JSON sidecar (recipe, metrics, cache key and the
@@ -7,6 +8,7 @@ fields it hashes, content SHA-256); keys, file layout and resuming: docs/vision-
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import hashlib
 import json
@@ -16,8 +18,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -30,9 +34,9 @@ from ...files.checkpoints import (
     sidecar_path,
     state_hash,
 )
-from ...utils import atomic_write
+from ...utils import atomic_write, make_generator
 from ...utils import progress as _progress
-from ..base import cache_dir, config_from
+from ..base import WorldBase, cache_dir, config_from
 from . import finetune as _ft
 from .finetune import FinetuneConfig, PretrainConfig
 from .models import (
@@ -47,7 +51,7 @@ from .models import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Zoo", "ASSETS", "WORLD_FINETUNE", "data_hash"]
+__all__ = ["Zoo", "ASSETS", "VISION_MATRICES", "WORLD_FINETUNE", "data_hash"]
 
 #: Where shipped base checkpoints live: ``base_<size>.safetensors`` + ``base_<size>.json``.
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -55,6 +59,9 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 #: Per size, overrides of ``FinetuneConfig``'s defaults where ``Zoo(finetune=...)`` leaves a field
 #: unset (docs/regime.md §The chosen recipe).
 WORLD_FINETUNE: dict[str, dict[str, Any]] = {"small": {"lr": 1e-4, "precision": "bf16"}}
+
+#: ESM's and RegMean's target matrices in the mini-world's ViT (open_clip names).
+VISION_MATRICES = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 StateDict = dict[str, Tensor]
 
@@ -97,8 +104,9 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-class Zoo:
-    """Base, heads, experts and MTL model of one world, built once and cached (docs/vision-world.md §The zoo).
+class Zoo(WorldBase):
+    """Base, heads, experts and MTL model of one world, built once and cached (docs/vision-world.md §The zoo),
+    and that world's evaluation, ESM's and RegMean's inputs and captured layers (:mod:`acetools.world.base`).
 
     Parameters
     ----------
@@ -117,6 +125,13 @@ class Zoo:
         and the pool's extra arguments; pass your own to build a world from other data.
     device, threads: where and with how many CPU threads to train.
     """
+
+    kind = "vision"
+    layout = "open_clip"
+    base_label = "base (frozen heads)"
+    #: evaluation's batch size and CPU threads (a benchmark's own: :meth:`evaluated_with`)
+    eval_batch_size: int = 512
+    eval_threads: int | None = None
 
     def __init__(self, tasks: Sequence[str] | str, size: str = "tiny", seed: int = 0,
                  root: str | os.PathLike | None = None, *, base: str | os.PathLike = "auto", base_seed: int = 0,
@@ -172,6 +187,18 @@ class Zoo:
             f"Zoo(tasks={self.tasks}, size={self.size!r}, seed={self.seed}, root={str(self.root)!r}, "
             f"base={str(self.base_source)!r})"
         )
+
+    def describe(self) -> str:
+        return (f"vision mini-world {self.name!r}: {len(self.tasks)} tasks, ViT size {self.size}, "
+                f"expert seed {self.seed}")
+
+    @property
+    def profile(self) -> str:
+        return "quick" if self.size in ("micro", "tiny") else "full"
+
+    @property
+    def name(self) -> str:
+        return self.suite or "custom"
 
     @property
     def folder(self) -> Path:
@@ -394,10 +421,6 @@ class Zoo:
 
         return self._entry("expert", task, fields, self.folder / "experts" / f"{_safe(task)}-seed{self.seed}", make)
 
-    def experts(self) -> dict[str, StateDict]:
-        """``{task: W_t}`` in task order."""
-        return {t: self.expert_state(t) for t in self.tasks}
-
     def mtl_state(self) -> StateDict:
         """The multi-task reference encoder, trained jointly on all tasks (mixed batches)."""
         heads = {t: self.head(t) for t in self.tasks}
@@ -461,10 +484,6 @@ class Zoo:
             self._dry = False
         return out
 
-    def _check_task(self, task: str) -> None:
-        if task not in self.tasks:
-            raise InputKeyError(f"task {task!r} is not in this zoo; tasks: {self.tasks}")
-
     def encoder(self, state: Mapping[str, Tensor] | None = None) -> ImageEncoder:
         """An encoder of this zoo's size holding ``state`` (default: the base)."""
         return load_encoder(self.base_state() if state is None else state, self.size, device=self.device)
@@ -488,6 +507,50 @@ class Zoo:
                  "content_sha256": side.get("content_sha256"),
                  "seconds": side.get("seconds", (side.get("recipe") or {}).get("seconds")),
                  "metrics": side.get("metrics", {})} for (kind, task), side in self._sides.items()]
+
+    # ----------------------------------------------------------------- the world: evaluation and data inputs
+
+    def evaluated_with(self, batch_size: int = 512, threads: int | None = None) -> Zoo:
+        """This zoo (its caches shared) scoring with ``batch_size`` and ``threads`` CPU threads: a benchmark's
+        (:func:`acetools.world.base.as_world`); training keeps the zoo's ``threads``."""
+        view = copy.copy(self)
+        view.eval_batch_size, view.eval_threads = batch_size, threads
+        return view
+
+    def data(self, task: str, split: str, n: int | None = None):
+        d = self.split(task, split)
+        if n is None or n >= len(d.y):
+            return d
+        return SimpleNamespace(x=d.x[:n], y=d.y[:n], name=task, split=split)
+
+    def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
+                    tasks: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Per-example correctness per task, one encoder built for ``state`` (``world.base.PerExample``)."""
+        enc = self.encoder(state)
+        return {t: _ft.correctness(enc, self.head(t), self.data(t, split, n), batch_size=self.eval_batch_size,
+                                   threads=self.eval_threads).numpy() for t in (tasks or self.tasks)}
+
+    def matrix_keys(self) -> list[str]:
+        return [k for k in self.base_state() if any(p in k for p in VISION_MATRICES)]
+
+    def proxy_inputs(self, task: str, n: int, seed: int = 0) -> Tensor:
+        """``n`` validation images of ``task`` drawn without replacement (docs/methods.md §ESM)."""
+        d = self.split(task, "val")
+        idx = torch.randperm(len(d.y), generator=make_generator(seed))[:n]
+        return torch.as_tensor(np.asarray(d.x))[idx]
+
+    def gram_examples(self, task: str, n: int) -> Tensor:
+        return torch.as_tensor(np.asarray(self.split(task, "train").x[:n]))
+
+    def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
+        from ...files.activations import capture_inputs
+
+        return capture_inputs(self.encoder(state), inputs, list(keys))
+
+    def gram_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
+        from ...files.activations import gram_matrices
+
+        return gram_matrices(self.encoder(state), inputs, list(keys), batch_size=128)
 
     def export_base(self, folder: str | os.PathLike | None = None, command: str | None = None) -> Path:
         """Write the base as ``base_<size>.safetensors`` + ``.json`` (recipe, content hash,
