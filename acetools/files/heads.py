@@ -58,8 +58,7 @@ class CheckpointView(Checkpoint):
         self.inner = inner
         self.hidden = frozenset(hidden)
         self.path, self.files, self.config, self.folder = inner.path, inner.files, inner.config, inner.folder
-        names = dict(rename) if rename is not None else {k: k for k in inner.keys()}
-        own = {v: k for k, v in names.items()}
+        own = {v: k for k, v in rename.items()} if rename is not None else {k: k for k in inner.keys()}  # own -> ours
         self._names = {new: old for old in inner.keys() if (new := own.get(old)) is not None and new not in self.hidden}
         self._meta = {k: inner.meta(old) for k, old in self._names.items()}
 
