@@ -38,7 +38,7 @@ from .inputs import (
     matches,
     str_tuple,
 )
-from .linalg import gram_polar, gram_polar_times, shift_rank, thin_svd, top_shift_factors, whiten_svd
+from .linalg import gram_polar, gram_polar_times, polar_rank, shift_rank, thin_svd, top_shift_factors
 from .svd import tsv_merge_matrix
 
 __all__ = [
@@ -207,8 +207,8 @@ def polarize_dimensions(A_cat: Tensor, power: float = 2.0) -> Tensor:
 def whiten(M: Tensor, *, name: str = "", times: Tensor | None = None, dtype: torch.dtype | None = None) -> Tensor:
     """Whitening, polar(M) times the mean singular value of M (docs/methods.md §ESM, Eq. (ESM.8)).
 
-    A rank-deficient M gets its rank-r part's U_r V_rᵀ with a warning naming ``name``
-    (:func:`acetools.merging.linalg.whiten_svd`). Float32 inputs go through the float64 Gram where
+    A rank-deficient M (:func:`acetools.merging.linalg.polar_rank`) gets its rank-r part's U_r V_rᵀ with a warning
+    naming ``name``. Float32 inputs go through the float64 Gram where
     sigma_1 / sigma_min <= ``WHITEN_GRAM_MAX_RATIO`` (docs/performance.md, ESM). ``times``: whiten(M) @ times
     (Step B5) without forming a tall M's square polar factor. ``dtype``: the result's (default ``M``'s).
     """
@@ -220,7 +220,28 @@ def whiten(M: Tensor, *, name: str = "", times: Tensor | None = None, dtype: tor
         W = whiten(M, name=name, dtype=times.dtype)
         return (W @ times).to(dtype or M.dtype)
     out = gram_polar(M, max_ratio=WHITEN_GRAM_MAX_RATIO) if gram else None  # (polar(M), S) in float64
-    return (out[0] * out[1].mean() if out is not None else whiten_svd(M, name)).to(dtype or M.dtype)
+    if out is not None:
+        return (out[0] * out[1].mean()).to(dtype or M.dtype)
+    if not bool(torch.isfinite(M).all()):
+        raise FloatingPointError(f"esm: layer {name!r}: the matrix to whiten has NaN or Inf entries; the task "
+                                 "vectors or activations overflow (check their scale)")
+    try:
+        U, S, Vh = thin_svd(M)
+    except RuntimeError as e:  # torch.linalg.LinAlgError: the SVD did not converge
+        raise InputError(
+            f"esm: the SVD for layer {name!r} failed ({type(e).__name__}); the {tuple(M.shape)} matrix has "
+            f"max |entry| {float(M.detach().abs().max()):.3g}: task vectors or activations this large (or NaN/Inf) "
+            f"overflow {M.dtype} arithmetic. Check the scale of the experts and the capture") from e
+    if S.numel() == 0 or not bool(S.mean() > 0):
+        return torch.zeros_like(M).to(dtype or M.dtype)
+    r = polar_rank(S, (M.shape[0], M.shape[1]), M.dtype)
+    if r < S.numel():
+        warnings.warn(
+            f"esm: layer {name!r}: the {tuple(M.shape)} matrix to whiten has rank {r} < {S.numel()} (singular "
+            "values at rounding level); its polar factor is not unique, so the rank-r part's U_r V_r^T is used "
+            "(docs/methods.md §ESM, Step B5)", RuntimeWarning, stacklevel=2)
+        U, Vh = U[:, :r], Vh[:r]
+    return ((U @ Vh) * S.mean()).to(dtype or M.dtype)
 
 
 def esm_merge_matrix(taus: Sequence[Tensor], Xs: Sequence[Tensor] | None = None, *, decomposition: str = "esd",

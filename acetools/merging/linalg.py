@@ -30,7 +30,7 @@ __all__ = [
     "rcond_estimate", "cholesky_rcond", "polar_rank", "TaskCovariance", "TaskSums", "StreamedCovariances",
     "CenteredRows", "sum64", "sq_norms", "solve_task_sums",
     "NormalizedCovariances", "Refinement", "isotropic_update", "dense_covariance",
-    "SHIFT_RANK_RTOL", "shift_rank", "top_shift_factors", "whiten_svd",
+    "SHIFT_RANK_RTOL", "shift_rank", "top_shift_factors",
     "task_sums",
 ]
 
@@ -677,31 +677,6 @@ def top_shift_factors(X: Tensor | None, delta_W: Tensor, k: int, decomposition: 
     norm2 = W64.square().sum() + (W64[m:].square().sum() if m < d_out else 0.0)
     dt = delta_W.dtype
     return Vh_k.mT.to(dt), (S.square() / scale).to(dt), norm2.sqrt().to(dt)
-
-
-def whiten_svd(M: Tensor, name: str = "") -> Tensor:
-    """ESM's whitening (docs/methods.md §ESM, Eq. (ESM.8)) through the thin SVD of ``M``: polar(M) times the
-    mean singular value; a rank-deficient ``M`` (:func:`polar_rank`) gets its rank-r part's, with a warning."""
-    if not bool(torch.isfinite(M).all()):
-        raise FloatingPointError(f"esm: layer {name!r}: the matrix to whiten has NaN or Inf entries; the task "
-                                 "vectors or activations overflow (check their scale)")
-    try:
-        U, S, Vh = thin_svd(M)
-    except RuntimeError as e:  # torch.linalg.LinAlgError: the SVD did not converge
-        raise InputError(
-            f"esm: the SVD for layer {name!r} failed ({type(e).__name__}); the {tuple(M.shape)} matrix has "
-            f"max |entry| {float(M.detach().abs().max()):.3g}: task vectors or activations this large (or NaN/Inf) "
-            f"overflow {M.dtype} arithmetic. Check the scale of the experts and the capture") from e
-    if S.numel() == 0 or not bool(S.mean() > 0):
-        return torch.zeros_like(M)
-    r = polar_rank(S, (M.shape[0], M.shape[1]), M.dtype)
-    if r < S.numel():
-        warnings.warn(
-            f"esm: layer {name!r}: the {tuple(M.shape)} matrix to whiten has rank {r} < {S.numel()} (singular "
-            "values at rounding level); its polar factor is not unique, so the rank-r part's U_r V_r^T is used "
-            "(docs/methods.md §ESM, Step B5)", RuntimeWarning, stacklevel=3)
-        return (U[:, :r] @ Vh[:r]) * S.mean()
-    return (U @ Vh) * S.mean()
 
 
 # --------------------------------------------------------------------------- ACE's stage outputs
