@@ -269,13 +269,11 @@ def _index_files(index: Path) -> list[Path]:
     wm = data.get("weight_map")
     if not isinstance(wm, Mapping) or not wm:
         raise InputError(f"{index}: has no weight_map; is it a sharded checkpoint index?")
-    files = []
-    for name in dict.fromkeys(wm.values()):
-        f = index.parent / name
-        if not f.is_file():
-            raise FileNotFoundError(f"{index}: shard {name!r} is listed in the index but missing")
-        files.append(f)
-    return files
+    names = list(dict.fromkeys(wm.values()))  # each shard once, in order
+    missing = [name for name in names if not (index.parent / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{index}: shard {missing[0]!r} is listed in the index but missing")
+    return [index.parent / name for name in names]
 
 
 def _folder_files(folder: Path) -> list[Path]:

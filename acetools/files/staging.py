@@ -40,14 +40,10 @@ def stale_stages(out_dir: Path) -> list[Path]:
     """Staging folders of ``out_dir`` whose merge process no longer runs (killed merges)."""
     out_dir = Path(out_dir)
     pattern = re.compile(r"^\." + re.escape(out_dir.name) + re.escape(STAGE_MARK) + r"(\d+)-")
-    found = []
     if not out_dir.parent.is_dir():
-        return found
-    for p in out_dir.parent.iterdir():
-        m = pattern.match(p.name)
-        if m and p.is_dir() and not p.is_symlink() and not _alive(int(m.group(1))):
-            found.append(p)
-    return sorted(found)
+        return []
+    return sorted(p for p in out_dir.parent.iterdir()
+                  if (m := pattern.match(p.name)) and p.is_dir() and not p.is_symlink() and not _alive(int(m.group(1))))
 
 
 def remove_stale_stages(out_dir: Path) -> list[Path]:
