@@ -41,12 +41,6 @@ def esm_names(layout: Any) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in ESM_NAMES[name].items()}
 
 
-def _tied_aliases(model: nn.Module) -> set[str]:
-    """State-dict keys of ``model`` that name an earlier parameter again (tied weights such as GPT-2's
-    ``lm_head.weight`` = ``transformer.wte.weight``, which Hugging Face stores once)."""
-    return set(model.state_dict()) - {n for n, _ in [*model.named_parameters(), *model.named_buffers()]}
-
-
 def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str, where: str) -> nn.Module:
     """An ``nn.Module`` from a module, a zero-argument factory, or a state dict / file (+ ``factory``)."""
     if isinstance(item, nn.Module):
@@ -60,7 +54,10 @@ def _materialise(item: Any, factory: Callable[[], nn.Module] | None, prefix: str
         model = factory()
         own = {k[len(prefix):]: v for k, v in item.items() if k.startswith(prefix)}  # the names in the module
         missing, unexpected = model.load_state_dict(own, strict=False)
-        missing = [k for k in missing if k not in _tied_aliases(model)]  # HF saves a tied head once
+        # tied aliases (GPT-2's lm_head.weight = transformer.wte.weight) are keys no parameter is named by: HF
+        # stores them once, so they are not missing
+        tied = set(model.state_dict()) - {n for n, _ in [*model.named_parameters(), *model.named_buffers()]}
+        missing = [k for k in missing if k not in tied]
         if missing or unexpected:
             bad = (missing or unexpected)[0]
             raise InputKeyError(f"{where} does not fit the factory's model: key {bad!r} is "

@@ -307,7 +307,6 @@ class HeadWriter:
             tensors = {k: ck.get(k).contiguous() for k in p.keys}
             save_file(tensors, str(folder / "head.safetensors"),
                       metadata={"format": "pt", "acetools.task": name, "acetools.source": str(ck.path)})
-            cfg = dict(ck.config or {})
             if ck.config is not None and ck.folder is not None and (Path(ck.folder) / "config.json").is_file():
                 shutil.copyfile(Path(ck.folder) / "config.json", folder / "config.json")
             record = {
@@ -315,7 +314,7 @@ class HeadWriter:
                 "num_labels": n_labels,
                 "id2label": id2label,
                 "label2id": {v: int(k) for k, v in id2label.items()},
-                "architectures": list(cfg.get("architectures") or []),
+                "architectures": list((ck.config or {}).get("architectures") or []),
                 "source": str(ck.path),
                 "source_sha256": {f: self.sha256[f] for f in map(str, ck.files) if f in self.sha256},
                 "keys": {k: {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}

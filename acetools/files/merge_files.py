@@ -78,12 +78,11 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 def save_activations(path: str | Path, activations: Mapping[str, Sequence[Tensor]]) -> Path:
     """Save ESM's proxy activations ``{weight key: [X_1, ..., X_T]}`` as one safetensors file (atomically),
     tensors named ``"<weight key>@<t>"``, for ``acetools merge --method esm -p activations=FILE``."""
-    flat = {}
-    for key, xs in activations.items():
+    for key in activations:
         if "@" in key:
             raise InputError(f"activation key {key!r} contains '@', which the file format uses as separator")
-        for t, x in enumerate(xs):
-            flat[f"{key}@{t}"] = x.detach().to("cpu").contiguous()
+    flat = {f"{key}@{t}": x.detach().to("cpu").contiguous()
+            for key, xs in activations.items() for t, x in enumerate(xs)}
     path = Path(path)
     with atomic_write(path) as fh:
         fh.write(save(flat))
