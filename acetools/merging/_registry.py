@@ -215,20 +215,18 @@ _REGISTRY: dict[str, MethodInfo] = {}
 METHODS: Mapping[str, MethodInfo] = MappingProxyType(_REGISTRY)
 
 
-def register(name: str, description: str, *, key_scope: Scope = "model", per_key: tuple[str, ...] = (),
-             data_inputs: tuple[str, ...] = (), search: Search | None = None, needs_layout: bool = False,
-             prepare: Callable[..., Mapping[str, Any]] | None = None,
-             layout_hparams: Callable[[str | None], Mapping[str, Any]] | None = None,
-             memory_note: Callable[[int, int], str] | None = None, note: str = "",
-             summed: Callable[[Mapping[str, Any]], float] | None = None,
-             presets: Callable[[dict], dict] | None = None, **params: Param):
-    """Decorator adding a merge function to :data:`METHODS` under ``name`` (module docstring); checks that
-    ``per_key``, ``data_inputs`` and ``search.param`` name parameters and that the function repeats no default."""
+def register(name: str, description: str, *, key_scope: Scope = "model", **options: Any):
+    """Decorator adding a merge function to :data:`METHODS` under ``name``: ``options`` are the other fields of
+    :class:`MethodInfo` (module docstring) and a :class:`Param` per hyperparameter; checks that ``per_key``,
+    ``data_inputs`` and ``search.param`` name parameters and that the function repeats no default."""
+    params = {k: v for k, v in options.items() if isinstance(v, Param)}
+    fields = {k: v for k, v in options.items() if not isinstance(v, Param)}
+    search = fields.get("search")
 
     def deco(fn):
         if name in _REGISTRY:
             raise InputError(f"merge method {name!r} is registered twice")
-        for what, names in (("per_key", per_key), ("data_inputs", data_inputs),
+        for what, names in (("per_key", fields.get("per_key", ())), ("data_inputs", fields.get("data_inputs", ())),
                             ("search", (search.param,) if search else ())):
             unknown = [n for n in names if n not in params]
             if unknown:
@@ -238,9 +236,7 @@ def register(name: str, description: str, *, key_scope: Scope = "model", per_key
         if twice:
             raise InputError(f"register({name!r}): {fn.__name__} repeats the default of {twice[0]!r}; the Param "
                              "holds it (drop the default from the signature)")
-        _REGISTRY[name] = MethodInfo(name, description, MappingProxyType(dict(params)), fn, key_scope,
-                                     tuple(per_key), tuple(data_inputs), search, bool(needs_layout), prepare,
-                                     layout_hparams, memory_note, note, summed, presets)
+        _REGISTRY[name] = MethodInfo(name, description, MappingProxyType(params), fn, key_scope, **fields)
         call = registered_defaults(name)(fn)
         call.__signature__ = sig.replace(parameters=[  # type: ignore[attr-defined]  # it shows the defaults
             q.replace(default=params[q.name].default) if q.name in params and not params[q.name].required else q
