@@ -120,11 +120,6 @@ class Benchmark:
         self._esm_acts: dict | None = None
         self._grams: list | None = None
 
-    @property
-    def zoo(self):
-        """The vision world's ``Zoo``, else the world."""
-        return getattr(self.world, "zoo", self.world)
-
     # ------------------------------------------------------------------ ingredients
     @property
     def base(self) -> StateDict:

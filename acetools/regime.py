@@ -147,7 +147,6 @@ def regime_card(world, *, n_val: int | None = 100, n_test: int | None = 500, pat
     if bench is None:
         bench = Benchmark(world, n_val=n_val, n_test=n_test, threads=threads, patience=patience)
     world = bench.world
-    zoo = getattr(world, "zoo", world)
     tasks = list(bench.tasks)
     base = bench.base
     taus = task_vectors(base, bench.experts)
@@ -176,11 +175,12 @@ def regime_card(world, *, n_val: int | None = 100, n_test: int | None = 500, pat
     })
     rows = _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau, world)
     meta = {
-        "suite": getattr(zoo, "suite", None), "tasks": tasks, "n_tasks": len(tasks), "size": getattr(zoo, "size", None),
-        "seed": getattr(zoo, "seed", None), "tau": tau, "n_val": bench.n_val, "n_test": bench.n_test,
-        "patience": bench.patience, "coefficients": {m: runs[m].coef for m in CARD_METHODS},
+        "suite": getattr(world, "suite", None), "tasks": tasks, "n_tasks": len(tasks),
+        "size": getattr(world, "size", None), "seed": getattr(world, "seed", None), "tau": tau, "n_val": bench.n_val,
+        "n_test": bench.n_test, "patience": bench.patience, "coefficients": {m: runs[m].coef for m in CARD_METHODS},
         "world": world.kind, "world_description": world.describe(), "profile": getattr(world, "profile", None),
-        "recipe": _recipe(zoo), "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in zoo.records()],
+        "recipe": _recipe(world),
+        "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in world.records()],
         "seconds": round(time.perf_counter() - t_start, 1),
         "clip_source": "acetools.regime.CLIP_B32 (the papers' collected table, ViT-B/32) and docs/regime.md",
     }

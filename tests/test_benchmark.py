@@ -57,7 +57,7 @@ def test_methods_needing_data_get_it(bench):
 
 
 def test_data_inputs_are_timed_apart_from_the_merge(bench, monkeypatch):
-    fresh = Benchmark(bench.zoo, n_val=60, n_proxy=8, n_gram=64, threads=1)
+    fresh = Benchmark(bench.world, n_val=60, n_proxy=8, n_gram=64, threads=1)
     collected = []
     real = fresh.world.gram_inputs
     monkeypatch.setattr(fresh.world, "gram_inputs", lambda *a, **k: collected.append(1) or real(*a, **k))
@@ -136,12 +136,12 @@ def test_patience_stops_the_grid_early_and_is_recorded(bench):
     run = bench.run("task_arithmetic")
     from acetools.benchmark import Benchmark
 
-    b2 = Benchmark(bench.zoo, n_val=60, n_proxy=8, n_gram=64, threads=1, patience=2)
+    b2 = Benchmark(bench.world, n_val=60, n_proxy=8, n_gram=64, threads=1, patience=2)
     r2 = b2.run("task_arithmetic")
     assert len(r2.search) < len(run.search) or r2.coef == run.coef
     assert b2.record([r2])["patience"] == 2
     with pytest.raises(ValueError, match="patience"):
-        Benchmark(bench.zoo, patience=0)
+        Benchmark(bench.world, patience=0)
 
 
 def test_regime_tables_match_a_direct_computation(bench):
@@ -151,9 +151,9 @@ def test_regime_tables_match_a_direct_computation(bench):
     assert list(norms.index) == bench.tasks and list(cos.index) == bench.tasks
     key = next(k for k in bench.base if k.endswith("mlp.c_fc.weight"))
     t = bench.tasks[1]
-    tau = bench.zoo.expert_state(t)[key] - bench.base[key]
+    tau = bench.world.expert_state(t)[key] - bench.base[key]
     layer_keys = [k for k in bench.base if k.endswith("mlp.c_fc.weight")]
-    want = sum(float((bench.zoo.expert_state(t)[k] - bench.base[k]).norm() / bench.base[k].norm())
+    want = sum(float((bench.world.expert_state(t)[k] - bench.base[k]).norm() / bench.base[k].norm())
                for k in layer_keys) / len(layer_keys)
     assert norms.loc[t, "mlp.c_fc.weight"] == pytest.approx(want, rel=1e-6)
     assert float(tau.norm()) > 0

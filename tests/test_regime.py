@@ -23,7 +23,7 @@ ISSUE_ROWS = ["experts_abs", "base_abs", "base_norm", "ta_norm", "ta_lambda", "t
 
 @pytest.fixture(scope="module")
 def card(bench):  # noqa: F811
-    return regime_card(bench.zoo, bench=bench, progress=False)
+    return regime_card(bench.world, bench=bench, progress=False)
 
 
 def test_card_has_every_row_of_the_issue_and_per_layer_type_rows(card, bench):  # noqa: F811
@@ -91,7 +91,7 @@ def test_overlap_is_one_for_identical_task_vectors(bench, tmp_path):  # noqa: F8
 
     from acetools.benchmark import Benchmark
 
-    zoo = bench.zoo
+    zoo = bench.world
     twin = copy.copy(zoo)  # the zoo's cache, two tasks that are both task "a"
     e = zoo.expert_state("a")
     twin.tasks = ["a", "a2"]
@@ -144,7 +144,7 @@ def test_clip_reference_is_the_paper_table_normalized():
 
 def test_bad_tau_is_refused(bench):  # noqa: F811
     with pytest.raises(ValueError, match="tau"):
-        regime_card(bench.zoo, bench=bench, tau=0.0, progress=False)
+        regime_card(bench.world, bench=bench, tau=0.0, progress=False)
 
 
 def test_cli_regime_writes_the_card(bench, tmp_path, monkeypatch, capsys):  # noqa: F811
@@ -155,7 +155,7 @@ def test_cli_regime_writes_the_card(bench, tmp_path, monkeypatch, capsys):  # no
 
     def fake_zoo(suite, **kw):
         seen.update(kw, suite=suite)
-        return bench.zoo
+        return bench.world
 
     monkeypatch.setattr(zoo_mod, "Zoo", fake_zoo)
     rc = main(["regime", "--suite", "tiny", "--size", "micro", "--seed", "0", "--out", str(tmp_path / "c"),

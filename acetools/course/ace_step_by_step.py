@@ -241,7 +241,7 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
     layout = bench.layout_kwargs()
     variants = dict(ABLATIONS if variants is None else variants)
     if suite is None:
-        suite = getattr(getattr(bench, "zoo", None), "suite", None) or ""
+        suite = getattr(bench.world, "suite", None) or ""
     base, experts = bench.base, bench.experts
     done: list[tuple[str, StateDict, dict, dict]] = []
     rows, per_task = [], []

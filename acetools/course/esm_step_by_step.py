@@ -162,7 +162,7 @@ def proxy_images(bench, variant: str, *, pool: Tensor | None = None, n: int | No
                          f"{list(proxy_variants(bench))}")
 
     def val(task):
-        d = bench.zoo.split(task, "val")
+        d = bench.world.split(task, "val")
         x = list(d.texts) if text else torch.as_tensor(np.asarray(d.x))
         return x, torch.as_tensor(np.asarray(d.y))
 

@@ -168,7 +168,7 @@ class StubBench:
         self.base, self.experts = base, experts
         self.evaluated: list[dict] = []
         self.runs: list[tuple] = []
-        self.zoo = SimpleNamespace(suite="stub")
+        self.world = SimpleNamespace(suite="stub")
 
     def evaluate(self, state, split="test"):
         assert split == "test"

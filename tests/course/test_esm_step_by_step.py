@@ -201,7 +201,7 @@ def test_proxy_variants_give_the_requested_images(bench):
         assert owners == {((i + 1) % 3, 1)}  # validation images of the next task
     one = ec.proxy_images(bench, "one class", n=5)
     for t in bench.tasks:
-        y = bench.zoo.split(t, "val").y
+        y = bench.world.split(t, "val").y
         ids = [_owner(img)[2] for img in one[t]]
         assert len(ids) == 5 and len(set(ids)) == 5
         assert {int(y[j]) for j in ids} == {0}  # class 0 is the most frequent (n // 2)
