@@ -168,3 +168,34 @@ def test_merge_validation_and_inputs_untouched():
              steps=1, lr=1e-5, p=2.0, init="sum", others="mean", targets="matrix")
     with pytest.raises(ValueError, match="init"):
         wudi_matrix(_taus(2, 3, 3), init="median")
+
+
+def test_vit_targets_stream_key_by_key_as_in_memory(tmp_path):
+    """``targets="vit"`` is checked on the whole model: a streamed merge reads one key at a time (most match
+    no ViT target) and must equal the in-memory merge; a model with no target at all is refused both ways."""
+    from safetensors.torch import load_file, save_file
+
+    from acetools.errors import InputError
+    from acetools.files.merge_files import merge_files
+
+    base, experts = make_world(n_tasks=2, seed=12)
+    paths = []
+    for name, sd in [("base", base)] + [(f"e{i}", e) for i, e in enumerate(experts)]:
+        save_file({k: v.contiguous() for k, v in sd.items()}, tmp_path / f"{name}.safetensors")
+        paths.append(tmp_path / f"{name}.safetensors")
+    hp = dict(steps=3, lr=1e-3, targets="vit")
+    want = acetools.merge("wudi", base, experts, **hp)
+    merge_files("wudi", paths[0], paths[1:], tmp_path / "out", hparams=hp, progress=False)
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    lone = {"visual.proj": base["visual.proj"]}
+    lone_experts = [{"visual.proj": e["visual.proj"]} for e in experts]
+    with pytest.raises(InputError, match="targets='vit'"):
+        acetools.merge("wudi", lone, lone_experts, **hp)
+    for name, sd in [("lb", lone), ("l0", lone_experts[0]), ("l1", lone_experts[1])]:
+        save_file({k: v.contiguous() for k, v in sd.items()}, tmp_path / f"{name}.safetensors")
+    with pytest.raises(InputError, match="targets='vit'"):
+        merge_files("wudi", tmp_path / "lb.safetensors", [tmp_path / "l0.safetensors", tmp_path / "l1.safetensors"],
+                    tmp_path / "out2", hparams=hp, progress=False)

@@ -5,8 +5,8 @@ L(tau_m) = sum_t ||(tau_m - tau_t) tau_t^T||_F^2 / ||tau_t||_F^p (:func:`wudi_lo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -131,10 +131,24 @@ def is_wudi_target(key: str, tensor: Tensor, targets: str, is_matrix) -> bool:
     return bool(is_matrix(key, tensor))
 
 
+def _check_vit_targets(targets: str, keys_ndim: list[tuple[str, int]]) -> None:
+    if targets == "vit" and not any(n == 2 and any(k.endswith(s) for s in VIT_TARGETS) for k, n in keys_ndim):
+        raise InputError(
+            f"wudi: targets='vit' selects keys ending in {list(VIT_TARGETS)} (open_clip names) and none matches, so "
+            "nothing would be optimised; use targets='matrix' (every matrix of the layout)"
+        )
+
+
+def _prepare(view: Any, hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """WUDI's ``prepare`` hook: the targets checked on the whole model before a key-by-key merge."""
+    _check_vit_targets(hparams["targets"], [(k, len(view.source.shape(k))) for k in view.keys])
+    return {"model_checked": True}
+
+
 @register(
     "wudi",
     "WUDI: per-matrix Adam on the task-vector interference loss (Cheng et al. 2025; docs/methods.md §WUDI)",
-    key_scope="key", needs_layout=True,  # no search: its coefficient is 1
+    key_scope="key", needs_layout=True, prepare=_prepare,  # no search: its coefficient is 1
     steps=Param(300, "Adam iterations per matrix (official 300; fusion_bench 400)", low=0, types=(int,)),
     lr=Param(1e-5, "Adam learning rate", low=0.0, low_open=True),
     p=Param(2.0, "exponent of ||tau_t||_F in the loss weights (2: paper/RoBERTa/fusion_bench; 1: official ViT script)",
@@ -146,14 +160,12 @@ def is_wudi_target(key: str, tensor: Tensor, targets: str, is_matrix) -> bool:
                   "or 'vit' = attn.in_proj/out_proj, mlp.c_fc/c_proj only (official ViT script)",
                   choices=("matrix", "vit")),
 )
-def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets):
+def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets, model_checked=False):
     """WUDI-Merging (docs/methods.md §WUDI): :func:`wudi_matrix` on every target key, the others averaged or at W0;
-    the official ViT script is ``p=1, targets="vit", others="base"``."""
-    if targets == "vit" and not any(is_wudi_target(k, w, targets, is_matrix) for k, w in base.items()):
-        raise InputError(
-            f"wudi: targets='vit' selects keys ending in {list(VIT_TARGETS)} (open_clip names) and none matches, so "
-            "nothing would be optimised; use targets='matrix' (every matrix of the layout)"
-        )
+    the official ViT script is ``p=1, targets="vit", others="base"``. ``model_checked``: the streamed merge's
+    ``prepare`` hook has checked the targets on the whole model (one key alone may match none)."""
+    if not model_checked:
+        _check_vit_targets(targets, [(k, w.ndim) for k, w in base.items()])
     return matrix_or_mean("wudi", base, task_vectors, lambda k, w: is_wudi_target(k, w, targets, is_matrix),
                           lambda taus, k: cast(Tensor, wudi_matrix(taus, steps=steps, lr=lr, p=p, init=init, key=k)),
                           "WUDI", rest=None if others == "mean" else lambda k: torch.zeros_like(base[k]))
