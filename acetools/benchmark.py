@@ -33,7 +33,7 @@ from .search import check_patience, golden_section_search
 from .utils import atomic_write, jsonable
 from .world.base import EvaluatesAll, MultiTaskWorld, PerExample, SplitData, World, as_world
 
-__all__ = ["Benchmark", "MethodRun", "Search", "package_versions", "aggregate_seeds", "head_protocol"]
+__all__ = ["Benchmark", "MethodRun", "Search", "package_versions", "aggregate_seeds"]
 
 StateDict = dict[str, Tensor]
 log = logging.getLogger("acetools.benchmark")
@@ -50,12 +50,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ace (gate off)": {"method": "ace", "search": None, "gate": "off"},
     "ace (eps 1e-5)": {"method": "ace", "search": None, "eps": 1e-5},
 }
-
-
-def head_protocol(world) -> str | None:
-    """The world's head protocol where it has one: ``"zeroshot"`` (frozen heads from the base) or ``"trained"``
-    (per-task heads trained with the experts, the GLUE protocol; docs/text-world.md §Benchmark)."""
-    return getattr(getattr(world, "config", None), "heads", None)
 
 
 def package_versions() -> dict[str, str]:
@@ -315,21 +309,19 @@ class Benchmark:
 
     def reference_rows(self) -> list[MethodRun]:
         """Rows for the unmerged base (its frozen heads) and the individual experts."""
-        val, (test, hits) = self.evaluate(self.base, "val"), self.scored(self.base, "test")
-        rows = [MethodRun(getattr(self.world, "base_label", "base"), {}, None, None, val, test,
-                          self.normalized(val, "val"), self.normalized(test, "test"), 0.0, test_correct=hits)]
-        val, test = self.expert_accuracy("val"), self.expert_accuracy("test")
-        rows.append(MethodRun("experts (individual)", {}, None, None, val, test, self.normalized(val, "val"),
-                              self.normalized(test, "test"), 0.0))
+        def row(name: str, val: dict[str, float], test: dict[str, float], hits=None) -> MethodRun:
+            return MethodRun(name, {}, None, None, val, test, self.normalized(val, "val"),
+                             self.normalized(test, "test"), 0.0, test_correct=hits)
+
+        rows = [row(getattr(self.world, "base_label", "base"), self.evaluate(self.base, "val"),
+                    *self.scored(self.base, "test")),
+                row("experts (individual)", self.expert_accuracy("val"), self.expert_accuracy("test"))]
         if not getattr(self.world, "mtl", False):
             return rows
         if not isinstance(self.world, MultiTaskWorld):
             raise InputError(f"the {self.world.kind} world {self.world.name!r} says mtl=True but has no mtl_state()")
         mtl = self.world.mtl_state()
-        val, test = self.evaluate(mtl, "val"), self.evaluate(mtl, "test")
-        rows.append(MethodRun("multi-task (MTL)", {}, None, None, val, test, self.normalized(val, "val"),
-                              self.normalized(test, "test"), 0.0))
-        return rows
+        return [*rows, row("multi-task (MTL)", self.evaluate(mtl, "val"), self.evaluate(mtl, "test"))]
 
     def run_all(self, methods: Sequence[str] | None = None, *, references: bool = True,
                 progress: bool | None = None, extra: Mapping[str, dict] | None = None,
@@ -378,7 +370,9 @@ class Benchmark:
         w = self.world
         return {
             "world": w.kind, "world_description": w.describe(), "profile": getattr(w, "profile", None),
-            "suite": getattr(w, "suite", None), "heads": head_protocol(w), "tasks": self.tasks, "size": w.size,
+            "suite": getattr(w, "suite", None),
+            # the head protocol: "zeroshot" (frozen, from the base) or "trained" (docs/text-world.md §Benchmark)
+            "heads": getattr(getattr(w, "config", None), "heads", None), "tasks": self.tasks, "size": w.size,
             "expert_seed": w.seed, "proxy_seed": self.proxy_seed, "n_val": self.n_val, "n_test": self.n_test,
             "n_proxy": self.n_proxy, "n_gram": self.n_gram, "patience": self.patience, "versions": package_versions(),
             "checkpoints": [{k: v for k, v in r.items() if k != "metrics"} for r in w.records()],

@@ -150,23 +150,17 @@ def benchmark(zoo, *, quick: bool = False, **overrides: Any):
     """A :class:`~acetools.benchmark.Benchmark` on ``zoo`` with the profile's evaluation sizes
     (on the text world: :data:`TEXT_EVAL` in the full profile)."""
     full = TEXT_EVAL if getattr(zoo, "kind", None) == "text" else FULL_EVAL
-    kw = dict(QUICK_EVAL if quick else full)
-    if quick:
-        kw.update(n_proxy=8, n_gram=64)
-    kw.update(overrides)
-    return Benchmark(zoo, **kw)
+    kw = {**QUICK_EVAL, "n_proxy": 8, "n_gram": 64} if quick else full
+    return Benchmark(zoo, **{**kw, **overrides})
 
 
 def repo_root(start: str | os.PathLike | None = None) -> Path:
     """The repository the notebooks live in: the first folder from ``start`` (default: the working directory)
     upwards with ``pyproject.toml`` and ``notebooks/``; else an editable install's; else ``start``."""
     here = Path(start or os.getcwd()).resolve()
-    for d in (here, *here.parents):
+    for d in (here, *here.parents, Path(__file__).resolve().parents[2]):
         if (d / "pyproject.toml").is_file() and (d / "notebooks").is_dir():
             return d
-    pkg = Path(__file__).resolve().parents[2]
-    if (pkg / "notebooks").is_dir() and (pkg / "pyproject.toml").is_file():
-        return pkg
     return here
 
 
