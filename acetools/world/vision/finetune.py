@@ -146,12 +146,6 @@ def _make_encoder(size: str | Callable[[], ImageEncoder], state: Mapping[str, Te
     return build_encoder(size) if state is None else load_encoder(state, size)
 
 
-def _versions() -> dict[str, str]:
-    import open_clip
-
-    return {"torch": torch.__version__, "open_clip": open_clip.__version__}
-
-
 def _n_steps(n: int, batch_size: int, epochs: int) -> tuple[int, int]:
     per_epoch = max(1, math.ceil(n / batch_size))
     return per_epoch, per_epoch * epochs
@@ -170,27 +164,6 @@ def _batches(n: int, batch_size: int, total_steps: int, g: torch.Generator, star
                 return
             yield perm[i : i + batch_size]
             step += 1
-
-
-def _optimizer(params_decay, params_no_decay, cfg, total_steps: int):
-    """AdamW (no weight decay on ``params_no_decay``) and its warm-up-cosine schedule."""
-    groups = [{"params": params_decay, "weight_decay": cfg.weight_decay}]
-    if params_no_decay:
-        groups.append({"params": params_no_decay, "weight_decay": 0.0})
-    opt = torch.optim.AdamW(groups, lr=cfg.lr)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total_steps, cfg.warmup_steps))
-
-
-def _step(loss: Tensor, enc: nn.Module, opt, grad_clip: float | None, bar) -> None:
-    """One optimizer step on ``loss`` (gradients of ``enc`` clipped to ``grad_clip``), shown on a tqdm ``bar``."""
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if grad_clip:
-        nn.utils.clip_grad_norm_(enc.parameters(), grad_clip)
-    opt.step()
-    set_postfix = getattr(bar, "set_postfix", None)  # a tqdm bar (or a plain iterator)
-    if set_postfix is not None:
-        set_postfix(loss=f"{loss.item():.3f}")
 
 
 def _size_name(size: str | Callable[[], ImageEncoder]) -> str:
@@ -267,6 +240,42 @@ def _resume(path, fingerprint, enc, heads, opt, sched, g):
     return int(doc["step"]), float(doc["seconds"]), win
 
 
+def _train(enc: nn.Module, heads: nn.Module, decay: list, no_decay: list, cfg, loss_of, g: torch.Generator, *,
+           n: int, total: int, per_epoch: int, desc: str, progress: bool | None, checkpoint=None,
+           fingerprint: str = "") -> tuple[list[tuple[float, dict[str, tuple[int, int]]]], float]:
+    """The one training loop: AdamW (no weight decay on ``no_decay``) with the warm-up-cosine schedule over
+    ``total`` steps of index batches from :func:`_batches` (drawn from ``g``), one step per batch on
+    ``loss_of(idx) -> (loss, hits per head) | None`` (None: no step), gradients of ``enc`` clipped to
+    ``cfg.grad_clip``. With a ``checkpoint`` file it resumes from it, rewrites it every epoch and deletes it
+    at the end. Returns the last ``per_epoch`` steps' ``(loss, hits)`` and the seconds trained."""
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    opt = torch.optim.AdamW(groups, lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, cfg.warmup_steps))
+    enc.train()
+    t0 = time.perf_counter()
+    start, done_s, window = _resume(checkpoint, fingerprint, enc, heads, opt, sched, g)
+    bar = _progress(_batches(n, cfg.batch_size, total, g, start=start), desc=desc, total=total - start,
+                    enabled=progress)
+    for step, idx in enumerate(bar, start + 1):
+        got = loss_of(idx)
+        if got is not None:
+            opt.zero_grad(set_to_none=True)
+            got[0].backward()
+            if cfg.grad_clip:
+                nn.utils.clip_grad_norm_(enc.parameters(), cfg.grad_clip)
+            opt.step()
+            window = [*window, (got[0].item(), got[1])][-per_epoch:]
+        sched.step()
+        if checkpoint is not None and step % per_epoch == 0 and step < total:
+            _save_resume(checkpoint, fingerprint, step, enc, heads, opt, sched, g, window,
+                         done_s + time.perf_counter() - t0)
+    if checkpoint is not None and os.path.exists(checkpoint):
+        os.remove(checkpoint)
+    return window, done_s + time.perf_counter() - t0
+
+
 # --------------------------------------------------------------------------- pretraining
 
 
@@ -315,33 +324,17 @@ def pretrain_base(pool, size: str = "tiny", config: PretrainConfig | None = None
         for name, p in list(enc.named_parameters()) + list(heads.named_parameters()):
             skip = p.ndim < 2 or "positional_embedding" in name or "class_embedding" in name
             (no_decay if skip else decay).append(p)
-        opt, sched = _optimizer(decay, no_decay, cfg, total)
-        enc.train()
-        heads.train()
-        t0 = time.perf_counter()
-        fingerprint = _fingerprint(cfg, seed, size, n, head_classes, labels, x)
-        window: list[tuple[float, dict[str, tuple[int, int]]]]
-        start, done_s, window = _resume(checkpoint, fingerprint, enc, heads, opt, sched, g)
-        step = start
         autocast = _autocast(cfg.precision, dev)
-        bar = _progress(_batches(n, cfg.batch_size, total, g, start=start), desc=f"pretrain {size}",
-                        total=total - start, enabled=progress)
-        for idx in bar:
-            step += 1
+
+        def loss_of(idx):
             xb = x[idx]
             if cfg.augment or cfg.hflip:
                 xb = augment_batch(xb, g, crop=cfg.augment, hflip=cfg.hflip)
-            got = _pretrain_loss(enc, heads, xb, {k: lab[idx] for k, lab in labels.items()}, dev, autocast)
-            if got is not None:  # else no image of this batch is labelled for any head: no step
-                _step(got[0], enc, opt, cfg.grad_clip, bar)
-                window = [*window, (got[0].item(), got[1])][-per_epoch:]
-            sched.step()
-            if checkpoint is not None and step % per_epoch == 0 and step < total:
-                _save_resume(checkpoint, fingerprint, step, enc, heads, opt, sched, g, window,
-                             done_s + time.perf_counter() - t0)
-        seconds = done_s + time.perf_counter() - t0
-        if checkpoint is not None and os.path.exists(checkpoint):
-            os.remove(checkpoint)
+            return _pretrain_loss(enc, heads, xb, {k: lab[idx] for k, lab in labels.items()}, dev, autocast)
+
+        window, seconds = _train(enc, heads, decay, no_decay, cfg, loss_of, g, n=n, total=total, per_epoch=per_epoch,
+                                 desc=f"pretrain {size}", progress=progress, checkpoint=checkpoint,
+                                 fingerprint=_fingerprint(cfg, seed, size, n, head_classes, labels, x))
     head_acc: dict[str, tuple[int, int]] = {}
     for _, hits in window:  # the last epoch's accuracy per head
         for k, (c, m) in hits.items():
@@ -384,18 +377,16 @@ def _pretrain_loss(enc, heads, xb: Tensor, yb: Mapping[str, Tensor], dev, autoca
 
 def _recipe(kind, size, cfg, seed, n, total, per_epoch, seconds, n_threads, loss, acc, **extra) -> dict:
     """A training recipe: config, data and schedule sizes, time and speed, the last epoch's loss and accuracy."""
+    import open_clip
+
     return {"kind": kind, "size": _size_name(size), "config": asdict(cfg), "seed": seed, **extra, "n_images": n,
             "steps": total, "steps_per_epoch": per_epoch, "seconds": round(seconds, 2),
             "images_per_s": round(total * cfg.batch_size / max(seconds, 1e-9), 1), "threads": n_threads,
-            "final_loss": loss, "final_train_acc": acc, "versions": _versions()}
+            "final_loss": loss, "final_train_acc": acc,
+            "versions": {"torch": torch.__version__, "open_clip": open_clip.__version__}}
 
 
 # --------------------------------------------------------------------------- fine-tuning
-
-
-def _freeze_head(head: ClassificationHead | Tensor) -> ClassificationHead:
-    """Accept a ClassificationHead or a bare ``[n_classes, d]`` weight (training uses a frozen copy)."""
-    return head if isinstance(head, ClassificationHead) else ClassificationHead(_as_tensor(head))
 
 
 def finetune_expert(base_state: Mapping[str, Tensor], head: ClassificationHead, data,
@@ -409,7 +400,7 @@ def finetune_expert(base_state: Mapping[str, Tensor], head: ClassificationHead, 
     fields can be overridden by keyword (``lr=1e-4``); the head is never in the optimizer.
     """
     cfg = replace(config or FinetuneConfig(), **overrides)
-    return _train_heads(base_state, {"task": _freeze_head(head)}, {"task": data}, cfg, size=size, seed=seed,
+    return _train_heads(base_state, {"task": head}, {"task": data}, cfg, size=size, seed=seed,
                         device=device, threads=threads, progress=progress,
                         desc=f"finetune {getattr(data, 'name', '') or 'task'}", kind="expert",
                         augment={"task": (cfg.augment, cfg.hflip)})
@@ -428,7 +419,7 @@ def train_multitask(base_state: Mapping[str, Tensor], heads: Mapping[str, Classi
     if set(heads) != set(datasets):
         raise InputError(f"heads {sorted(heads)} and datasets {sorted(datasets)} name different tasks")
     aug = {t: ((augment or {}).get(t, cfg.augment), (hflip or {}).get(t, cfg.hflip)) for t in datasets}
-    return _train_heads(base_state, {t: _freeze_head(heads[t]) for t in datasets}, dict(datasets), cfg, size=size,
+    return _train_heads(base_state, {t: heads[t] for t in datasets}, dict(datasets), cfg, size=size,
                         seed=seed, device=device, threads=threads, progress=progress,
                         desc=f"multitask ({len(datasets)} tasks)", kind="mtl", augment=aug)
 
@@ -438,10 +429,14 @@ def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, thread
     tasks = list(datasets)
     xs = [_as_tensor(datasets[t].x) for t in tasks]
     ys = [_as_tensor(datasets[t].y, torch.long) for t in tasks]
-    for t, x, y in zip(tasks, xs, ys):
+    # private frozen copies on the device (a bare [n_classes, d] weight becomes a head): the caller's heads never change
+    head_list = nn.ModuleList([ClassificationHead(h.weight, normalize=h.normalize) if isinstance(h, ClassificationHead)
+                               else ClassificationHead(_as_tensor(h)) for h in (heads[t] for t in tasks)])
+    head_list.to(dev).eval()
+    for t, x, y, head in zip(tasks, xs, ys, head_list):
         if x.shape[0] != y.shape[0]:
             raise InputError(f"task {t!r}: {x.shape[0]} images but {y.shape[0]} labels")
-        n_cls = heads[t].n_classes
+        n_cls = head.n_classes
         if y.numel() and (y.min() < 0 or y.max() >= n_cls):
             raise InputError(f"task {t!r}: labels must be in 0..{n_cls - 1}")
     x_all = torch.cat(xs) if len(xs) > 1 else xs[0]
@@ -449,44 +444,34 @@ def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, thread
     t_all = torch.cat([torch.full((len(y),), i, dtype=torch.long) for i, y in enumerate(ys)])
     n = x_all.shape[0]
     per_epoch, total = _n_steps(n, cfg.batch_size, cfg.epochs)
-    # private frozen copies on the device: the caller's heads are never moved or changed
-    head_list = [ClassificationHead(heads[t].weight, normalize=heads[t].normalize).to(dev).eval() for t in tasks]
     with num_threads(threads) as n_threads:
         g = seed_everything(seed)
         aug_g = make_generator(seed + 1)
         enc = _make_encoder(size, base_state).to(dev)
-        enc.train()
-        opt, sched = _optimizer([p for p in enc.parameters() if p.requires_grad], [], cfg, total)
-        t0 = time.perf_counter()
         autocast = _autocast(cfg.precision, dev)
-        last_loss, correct, seen, step = 0.0, 0, 0, 0
-        bar = _progress(_batches(n, cfg.batch_size, total, g), desc=desc, total=total, enabled=progress)
-        for idx in bar:
-            xb, yb, tb = x_all[idx], y_all[idx], t_all[idx]
-            xb = _augment_mixed(xb, tb, tasks, augment, aug_g)
+
+        def loss_of(idx):
+            xb = _augment_mixed(x_all[idx], t_all[idx], tasks, augment, aug_g)
             with autocast:
                 feats = enc(xb.to(dev)).float()
-            yb, tb = yb.to(dev), tb.to(dev)
-            loss = feats.new_zeros(())
+            yb, tb = y_all[idx].to(dev), t_all[idx].to(dev)
+            loss, correct = feats.new_zeros(()), 0
             for i, h in enumerate(head_list):
                 m = tb == i
                 if m.any():
                     lg = h(feats[m])
                     loss = loss + F.cross_entropy(lg, yb[m], reduction="sum")
-                    if step >= total - per_epoch:
-                        correct += int((lg.argmax(-1) == yb[m]).sum())
-            loss = loss / len(idx)
-            _step(loss, enc, opt, cfg.grad_clip, bar)
-            sched.step()
-            if step >= total - per_epoch:
-                last_loss += loss.item() * len(idx)
-                seen += len(idx)
-            step += 1
-        seconds = time.perf_counter() - t0
+                    correct += int((lg.argmax(-1) == yb[m]).sum())
+            return loss / len(idx), {"all": (correct, len(idx))}
+
+        window, seconds = _train(enc, head_list, [p for p in enc.parameters() if p.requires_grad], [], cfg, loss_of, g,
+                                 n=n, total=total, per_epoch=per_epoch, desc=desc, progress=progress)
+    seen = sum(h["all"][1] for _, h in window)
     extra = {"tasks": [getattr(datasets[t], "name", t) for t in tasks],
              "augment": {t: list(a) for t, a in augment.items()}} if kind == "mtl" else {}
     return _state(enc), _recipe(kind, size, cfg, seed, n, total, per_epoch, seconds, n_threads,
-                                last_loss / max(1, seen), correct / max(1, seen), **extra)
+                                sum(loss * h["all"][1] for loss, h in window) / max(1, seen),
+                                sum(h["all"][0] for _, h in window) / max(1, seen), **extra)
 
 
 def _augment_mixed(xb, tb, tasks, augment, g):
