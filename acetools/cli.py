@@ -164,8 +164,7 @@ def _add_output_options_everywhere(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:  # argparse keeps subcommands in a _SubParsersAction
         if isinstance(action, argparse._SubParsersAction):
             for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
-                if "--debug" not in sub._option_string_actions:
-                    _add_output_options(sub, top=False)
+                _add_output_options(sub, top=False)
                 _add_output_options_everywhere(sub)
 
 
@@ -740,12 +739,9 @@ def configure_logging(quiet: bool = False, verbose: bool = False) -> logging.Han
     unless an application configures logging."""
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
     logger = logging.getLogger("acetools")
-    for h in [h for h in logger.handlers if getattr(h, "_acetools_cli", False)]:
-        logger.removeHandler(h)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(name)s: %(message)s" if not verbose
                                            else "%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler._acetools_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(level)
     return handler
@@ -770,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["ACETOOLS_PROGRESS"] = "0"
     try:
         return args.func(args)
-    except (CLIError, *USER_ERRORS) as err:
+    except USER_ERRORS as err:  # CLIError among them
         if args.debug:
             raise
         print(f"acetools: error: {_message(err)} (run with --debug for the traceback)", file=sys.stderr)

@@ -48,7 +48,7 @@ def notebook_paths(folder: str | os.PathLike | None = None, only: Sequence[str] 
     if not folder.is_dir():
         raise FileNotFoundError(f"no notebooks folder at {folder}; run from a clone of the acetools repository "
                                 "or pass --notebooks DIR")
-    paths = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("."))
+    paths = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
     if not only:
         return paths
     chosen = []
@@ -166,7 +166,7 @@ def parameter_choices(info: Mapping[str, Any], name: str = "parameter", notebook
     except (ImportError, AttributeError):
         raise InputError(f"parameter {name!r} of {notebook} names {m.group(1)!r}, "
                          "which acetools does not have") from None
-    what = attr.lower()[:-1] if attr.lower().endswith("s") else attr.lower()
+    what = attr.lower().removesuffix("s")
     return what, [str(k) for k in registry]
 
 
@@ -346,9 +346,9 @@ def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
     parameters = check_parameters(paths, parameters or {})  # every name and type before the first kernel
     records = []
     for path in paths:
-        params = {**PROFILES[profile], "figures_dir": str(figures / path.stem), **dict(parameters or {})}
+        params = {**PROFILES[profile], "figures_dir": str(figures / path.stem), **parameters}
         declared = notebook_parameters(path)
-        params = {k: v for k, v in params.items() if k in declared or k in (parameters or {})}
+        params = {k: v for k, v in params.items() if k in declared or k in parameters}
         log.info("running %s (%s profile) into %s", path.stem, profile, out)
         rec = run_notebook(path, out, params, html=html, timeout=timeout, start_timeout=start_timeout)
         rec["profile"] = profile

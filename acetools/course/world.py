@@ -114,13 +114,9 @@ def world(
                       n_test=caps.get("n_test"), n_val=caps.get("n_val"), device=device,
                       root=None if root is None else Path(root) / "clip")
         return w.build(progress)
-    dev = resolve_device(device)
-    if quick:
-        q = QUICK
-        zoo = Zoo(q["suite"], size=q["size"], seed=seed, root=root, base=q["base"], pool_kwargs=q["pool_kwargs"],
-                  pretrain=q["pretrain"], finetune=q["finetune"], mtl=mtl, device=dev, threads=threads)
-    else:
-        zoo = Zoo(suite, size=size, seed=seed, root=root, mtl=mtl, device=dev, threads=threads)
+    recipe: dict[str, Any] = dict(QUICK) if quick else {"suite": suite, "size": size}
+    zoo = Zoo(recipe.pop("suite"), seed=seed, root=root, mtl=mtl, device=resolve_device(device), threads=threads,
+              **recipe)
     return zoo.build(progress=progress)
 
 
