@@ -128,11 +128,6 @@ def augment_batch(x: Tensor, generator: torch.Generator, *, crop: bool = True, h
     return x
 
 
-def _as_tensor(a, dtype=None) -> Tensor:
-    t = torch.as_tensor(a)
-    return t.to(dtype) if dtype is not None else t
-
-
 def _state(module: nn.Module) -> StateDict:
     return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in module.state_dict().items()}
 
@@ -327,10 +322,20 @@ def pretrain_base(pool, size: str = "tiny", config: PretrainConfig | None = None
         autocast = _autocast(cfg.precision, dev)
 
         def loss_of(idx):
+            """The batch's loss (above) and hits per head, or None when no image of it is labelled for any head."""
             xb = x[idx]
             if cfg.augment or cfg.hflip:
                 xb = augment_batch(xb, g, crop=cfg.augment, hflip=cfg.hflip)
-            return _pretrain_loss(enc, heads, xb, {k: lab[idx] for k, lab in labels.items()}, dev, autocast)
+            with autocast:
+                logits = heads(enc(xb.to(dev)))
+            losses, hits = [], {}
+            for k, lg in logits.items():
+                lg, y = lg.float(), labels[k][idx].to(dev)
+                m = y >= 0
+                if m.any():
+                    losses.append(F.cross_entropy(lg[m], y[m]))
+                    hits[k] = (int((lg[m].argmax(-1) == y[m]).sum()), int(m.sum()))
+            return (torch.stack(losses).mean(), hits) if losses else None
 
         window, seconds = _train(enc, heads, decay, no_decay, cfg, loss_of, g, n=n, total=total, per_epoch=per_epoch,
                                  desc=f"pretrain {size}", progress=progress, checkpoint=checkpoint,
@@ -346,8 +351,8 @@ def pretrain_base(pool, size: str = "tiny", config: PretrainConfig | None = None
 
 def _pool_tensors(pool) -> tuple[Tensor, dict[str, Tensor], dict[str, int]]:
     """``(x, labels per head, classes per head)`` of a pretraining pool, checked (errors name the head)."""
-    x = _as_tensor(pool.x)
-    labels = {k: _as_tensor(v, torch.long) for k, v in pool.labels.items()}
+    x = torch.as_tensor(pool.x)
+    labels = {k: torch.as_tensor(v, dtype=torch.long) for k, v in pool.labels.items()}
     head_classes = {k: int(v) for k, v in pool.head_classes.items()}
     if set(labels) != set(head_classes):
         raise InputError(f"pool.labels heads {sorted(labels)} differ from head_classes {sorted(head_classes)}")
@@ -357,22 +362,6 @@ def _pool_tensors(pool) -> tuple[Tensor, dict[str, Tensor], dict[str, int]]:
         if lab.max() >= head_classes[k]:
             raise InputError(f"head {k!r}: label {int(lab.max())} >= head_classes {head_classes[k]}")
     return x, labels, head_classes
-
-
-def _pretrain_loss(enc, heads, xb: Tensor, yb: Mapping[str, Tensor], dev, autocast):
-    """The mean over heads present in the batch of each head's cross-entropy over its labelled
-    images: ``(loss, hits per head)``, or None when no image of the batch is labelled for any head."""
-    with autocast:
-        logits = heads(enc(xb.to(dev)))
-    logits = {k: v.float() for k, v in logits.items()}
-    losses, hits = [], {}
-    for k, lg in logits.items():
-        y = yb[k].to(dev)
-        m = y >= 0
-        if m.any():
-            losses.append(F.cross_entropy(lg[m], y[m]))
-            hits[k] = (int((lg[m].argmax(-1) == y[m]).sum()), int(m.sum()))
-    return (torch.stack(losses).mean(), hits) if losses else None
 
 
 def _recipe(kind, size, cfg, seed, n, total, per_epoch, seconds, n_threads, loss, acc, **extra) -> dict:
@@ -427,11 +416,11 @@ def train_multitask(base_state: Mapping[str, Tensor], heads: Mapping[str, Classi
 def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, threads, progress, desc, kind, augment):
     dev = resolve_device(device)
     tasks = list(datasets)
-    xs = [_as_tensor(datasets[t].x) for t in tasks]
-    ys = [_as_tensor(datasets[t].y, torch.long) for t in tasks]
+    xs = [torch.as_tensor(datasets[t].x) for t in tasks]
+    ys = [torch.as_tensor(datasets[t].y, dtype=torch.long) for t in tasks]
     # private frozen copies on the device (a bare [n_classes, d] weight becomes a head): the caller's heads never change
     head_list = nn.ModuleList([ClassificationHead(h.weight, normalize=h.normalize) if isinstance(h, ClassificationHead)
-                               else ClassificationHead(_as_tensor(h)) for h in (heads[t] for t in tasks)])
+                               else ClassificationHead(torch.as_tensor(h)) for h in (heads[t] for t in tasks)])
     head_list.to(dev).eval()
     for t, x, y, head in zip(tasks, xs, ys, head_list):
         if x.shape[0] != y.shape[0]:
@@ -512,8 +501,8 @@ def correctness(model: ImageEncoder | Classifier | Mapping[str, Tensor], head: C
     clf = clf.to(dev)
     was_training = clf.training
     clf.eval()
-    x = _as_tensor(data.x)
-    y = _as_tensor(data.y, torch.long)
+    x = torch.as_tensor(data.x)
+    y = torch.as_tensor(data.y, dtype=torch.long)
     hits = []
     with num_threads(threads):
         for i in range(0, len(x), batch_size):
