@@ -191,9 +191,8 @@ class Benchmark:
         return out
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(
-        self, state: Mapping[str, Tensor], split: str = "test", tasks: Sequence[str] | None = None
-    ) -> dict[str, float]:
+    def evaluate(self, state: Mapping[str, Tensor], split: str = "test",
+                 tasks: Sequence[str] | None = None) -> dict[str, float]:
         """Absolute top-1 accuracy (fraction) per task of the merged part ``state``."""
         tasks = list(tasks or self.tasks)
         if isinstance(self.world, EvaluatesAll):
@@ -344,8 +343,7 @@ class Benchmark:
                     raise InputError(f"{kept} does not hold the row {label!r}: delete it to recompute the row")
                 runs.append(run)
                 continue
-            spec = dict(spec)
-            m = spec.pop("method")
+            m = spec.pop("method")  # spec: this job's own dict
             runs.append(self.run(m, label=None if label == m else label, **spec))
             if kept is not None:
                 with atomic_write(kept, "wb") as fh:

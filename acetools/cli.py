@@ -49,8 +49,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         sub = self.prog.partition(" ")[2]
         where = f"{sub}: " if sub else ""
-        hint = f" (see 'acetools {sub + ' ' if sub else ''}--help')"
-        self.exit(2, f"acetools: error: {where}{_one_line(message)}{hint}\n")
+        self.exit(2, f"acetools: error: {where}{_one_line(message)} (see '{self.prog} --help')\n")
 
 
 class _Lazy(Sequence):
@@ -172,14 +171,11 @@ def _folder_for_output(path: str | None, option: str) -> None:
     """Fail before any work when ``path`` cannot become a writable folder (a file, or no permission)."""
     if path is None:
         return
-    p = os.path.abspath(os.path.expanduser(path))
-    while not os.path.exists(p):
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
+    full = p = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(p) and os.path.dirname(p) != p:  # up to the nearest thing that exists
+        p = os.path.dirname(p)
     if not os.path.isdir(p):
-        what = "is a file" if p == os.path.abspath(os.path.expanduser(path)) else f"is inside the file {p!r}"
+        what = "is a file" if p == full else f"is inside the file {p!r}"
         raise CLIError(f"{option} {path!r} {what}, not a folder")
     if not os.access(p, os.W_OK | os.X_OK):
         raise CLIError(f"{option} {path!r}: no permission to write in {p!r}")
@@ -526,20 +522,19 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
     _folder_for_output(args.out, "--out")
     check_output_folder(args.out, [args.base, *args.experts], weights=False)  # merge's check: never inside an input
-    names = args.names or None
     # every file, key and shape is checked before a kernel starts (one-line errors)
-    info = check_inputs(args.base, args.experts, names=names, layout=args.layout, heads=args.heads)
+    info = check_inputs(args.base, args.experts, names=args.names, layout=args.layout, heads=args.heads)
     print(f"{info['n_tasks']} experts, layout {info['layout']!r}, {info['n_matrices']} matrices of "
           f"{info['n_keys']} keys", flush=True)
     if args.tables_only:
-        d = diagnose(args.base, args.experts, names=names, layout=args.layout, tau=args.tau, ace=args.ace,
+        d = diagnose(args.base, args.experts, names=args.names, layout=args.layout, tau=args.tau, ace=args.ace,
                      heads=args.heads)
         paths = d.save(args.out)
         print(d.summary[["label", "value", "unit"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print(f"tables in {os.path.dirname(os.path.abspath(paths['summary']))} ({d.meta['seconds']:.0f} s)")
         return 0
-    rec = run_report(args.base, args.experts, args.out, names=names, layout=args.layout, tau=args.tau, ace=args.ace,
-                     html=not args.no_html, timeout=args.cell_timeout, heads=args.heads)
+    rec = run_report(args.base, args.experts, args.out, names=args.names, layout=args.layout, tau=args.tau,
+                     ace=args.ace, html=not args.no_html, timeout=args.cell_timeout, heads=args.heads)
     print(f"report in {rec['seconds']:.0f} s: {rec.get('html', rec['executed'])}")
     return 0
 

@@ -212,9 +212,8 @@ def note_world(folder: str | os.PathLike, world: Any) -> None:
 def display_path(path: str | os.PathLike) -> str:
     """``path`` as a page shows it: relative to the repository, else ``…/<parent>/<name>``."""
     p = Path(path).resolve()
-    root = repo_root()
     try:
-        return str(p.relative_to(root))
+        return str(p.relative_to(repo_root()))
     except ValueError:
         return f"…/{p.parent.name}/{p.name}"
 
