@@ -408,7 +408,7 @@ def train_multitask(base_state: Mapping[str, Tensor], heads: Mapping[str, Classi
     if set(heads) != set(datasets):
         raise InputError(f"heads {sorted(heads)} and datasets {sorted(datasets)} name different tasks")
     aug = {t: ((augment or {}).get(t, cfg.augment), (hflip or {}).get(t, cfg.hflip)) for t in datasets}
-    return _train_heads(base_state, {t: heads[t] for t in datasets}, dict(datasets), cfg, size=size,
+    return _train_heads(base_state, heads, dict(datasets), cfg, size=size,
                         seed=seed, device=device, threads=threads, progress=progress,
                         desc=f"multitask ({len(datasets)} tasks)", kind="mtl", augment=aug)
 
@@ -419,9 +419,8 @@ def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, thread
     xs = [torch.as_tensor(datasets[t].x) for t in tasks]
     ys = [torch.as_tensor(datasets[t].y, dtype=torch.long) for t in tasks]
     # private frozen copies on the device (a bare [n_classes, d] weight becomes a head): the caller's heads never change
-    head_list = nn.ModuleList([ClassificationHead(h.weight, normalize=h.normalize) if isinstance(h, ClassificationHead)
-                               else ClassificationHead(torch.as_tensor(h)) for h in (heads[t] for t in tasks)])
-    head_list.to(dev).eval()
+    head_list = [(ClassificationHead(h.weight, normalize=h.normalize) if isinstance(h, ClassificationHead)
+                  else ClassificationHead(torch.as_tensor(h))).to(dev).eval() for h in (heads[t] for t in tasks)]
     for t, x, y, head in zip(tasks, xs, ys, head_list):
         if x.shape[0] != y.shape[0]:
             raise InputError(f"task {t!r}: {x.shape[0]} images but {y.shape[0]} labels")
@@ -453,8 +452,9 @@ def _train_heads(base_state, heads, datasets, cfg, *, size, seed, device, thread
                     correct += int((lg.argmax(-1) == yb[m]).sum())
             return loss / len(idx), {"all": (correct, len(idx))}
 
-        window, seconds = _train(enc, head_list, [p for p in enc.parameters() if p.requires_grad], [], cfg, loss_of, g,
-                                 n=n, total=total, per_epoch=per_epoch, desc=desc, progress=progress)
+        decay = [p for p in enc.parameters() if p.requires_grad]
+        window, seconds = _train(enc, nn.ModuleList(head_list), decay, [], cfg, loss_of, g, n=n, total=total,
+                                 per_epoch=per_epoch, desc=desc, progress=progress)
     seen = sum(h["all"][1] for _, h in window)
     extra = {"tasks": [getattr(datasets[t], "name", t) for t in tasks],
              "augment": {t: list(a) for t, a in augment.items()}} if kind == "mtl" else {}
