@@ -16,7 +16,11 @@ from safetensors.torch import save_file
 
 import acetools
 from acetools.merging import _registry
-from acetools.merging._registry import TABLE_BEGIN, TABLE_END, Param, Search, methods_table, register
+from acetools.merging._registry import Param, Search, register
+from tests.scripts import load_script
+
+TABLE = load_script("methods_table")
+TABLE_BEGIN, TABLE_END, methods_table = TABLE.TABLE_BEGIN, TABLE.TABLE_END, TABLE.methods_table
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"blocks.0.mlp.weight": (4, 3), "blocks.0.mlp.bias": (4,)}
@@ -134,9 +138,7 @@ def test_docs_methods_table_is_the_registry():
 
 
 def test_methods_table_script_rewrites_only_the_block(tmp_path):
-    from tests.scripts import load_script
-
-    update = load_script("methods_table").update_methods_table
+    update = TABLE.update_methods_table
     doc = tmp_path / "methods.md"
     doc.write_text(f"intro\n{TABLE_BEGIN}\n| stale |\n{TABLE_END}\noutro\n", encoding="utf-8")
     assert update(doc) is True

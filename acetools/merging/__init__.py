@@ -22,7 +22,6 @@ from ._registry import (
     MethodInfo,
     Param,
     Search,
-    methods_table,
     register,
 )
 from .driver import (
@@ -49,7 +48,6 @@ __all__ = [
     "merge_key",
     "key_scope",
     "Search",
-    "methods_table",
     "confirmed_ties",
     "compute_dtype",
 ]
