@@ -7,19 +7,24 @@ part* and for ESM's and RegMean's data inputs, then hands tensors to :func:`acet
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..errors import InputKeyError, InputTypeError
+from ..errors import InputError, InputKeyError, InputTypeError
+from ..files.activations import capture_inputs, gram_matrices
+from ..files.checkpoints import CheckpointError, config_hash, load_checkpoint
 
 __all__ = ["WorldBase", "cache_dir", "config_from", "EvaluatesAll", "MultiTaskWorld", "PerExample", "SplitData",
-           "World", "as_world", "check_world"]
+           "World", "as_world", "check_world", "cached_checkpoint"]
 
+log = logging.getLogger(__name__)
 StateDict = dict[str, Tensor]
 
 
@@ -133,18 +138,31 @@ class MultiTaskWorld(Protocol):
 
 
 class WorldBase:
-    """What the worlds share: the task check, ``experts()``, and accuracy as the mean of :meth:`correctness`."""
+    """What the worlds share: the task check, ``experts()``, accuracy as the mean of :meth:`correctness`,
+    :meth:`matrix_keys` and ESM's targets from :attr:`matrix_pattern`, the layer captures (the World protocol's
+    docstrings) over :meth:`encoder` and :meth:`_batches`."""
 
     tasks: list[str]
+    layout: str | None
+    #: ESM's and RegMean's target matrices: the keys of :meth:`base_state` this regular expression finds
+    matrix_pattern: str
+    #: RegMean's Grams: inputs per forward pass (None: all at once, or as :meth:`_batches` cuts them)
+    gram_batch_size: int | None = None
+
+    def base_state(self) -> StateDict: ...
 
     def expert_state(self, task: str) -> StateDict: ...
+
+    def encoder(self, state: Mapping[str, Tensor] | None = None) -> nn.Module: ...
 
     def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
                     tasks: Sequence[str] | None = None) -> dict[str, Any]: ...
 
-    def _check_task(self, task: str) -> None:
+    def _check_task(self, task: str, split: str | None = None) -> None:
         if task not in self.tasks:
             raise InputKeyError(f"task {task!r} is not in this world; tasks: {self.tasks}")
+        if split is not None and split not in ("train", "val", "test"):
+            raise InputError(f"split={split!r}: choose 'train', 'val' or 'test'")
 
     def experts(self) -> dict[str, StateDict]:
         return {t: self.expert_state(t) for t in self.tasks}
@@ -157,6 +175,30 @@ class WorldBase:
         """Top-1 accuracy (fraction) per task of ``tasks`` (default: all) on the first ``n`` of ``split``."""
         return {t: int(c.sum()) / max(1, len(c)) for t, c in self.correctness(state, split, n, tasks).items()}
 
+    def matrix_keys(self) -> list[str]:
+        return [k for k in self.base_state() if re.search(self.matrix_pattern, k)]
+
+    @property
+    def esm_targets(self) -> tuple[str, ...]:
+        """ESM's targets as the regular expressions it takes: every matrix of :meth:`matrix_keys` (none in
+        the open_clip layout, where ESM's defaults are these matrices)."""
+        return () if self.layout == "open_clip" else tuple(re.escape(k) + "$" for k in self.matrix_keys())
+
+    def _batches(self, inputs: Any) -> Any:
+        """``inputs`` as the batches :meth:`encoder` takes (default: as given)."""
+        return inputs
+
+    def _capture(self, fn: Any, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str],
+                 **options: Any) -> dict[str, Tensor]:
+        """``fn`` (``capture_inputs`` or ``gram_matrices``) over the encoder with ``state`` and ``inputs``' batches."""
+        return fn(self.encoder(state), self._batches(inputs), list(keys), **options)
+
+    def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
+        return self._capture(capture_inputs, state, inputs, keys)
+
+    def gram_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
+        return self._capture(gram_matrices, state, inputs, keys, batch_size=self.gram_batch_size)
+
 
 def config_from(default: Any, value: Any) -> Any:
     """``value`` when it is a config of ``default``'s (dataclass) type, else ``default`` with ``value``'s
@@ -168,6 +210,23 @@ def config_from(default: Any, value: Any) -> Any:
     if unknown:
         raise InputTypeError(f"{type(default).__name__} has no field(s) {unknown}; fields: {names}")
     return dataclasses.replace(default, **dict(value or {}))
+
+
+def cached_checkpoint(stem: Path, fields: Mapping[str, Any], read: bool = True,
+                      ) -> tuple[Path, str, tuple[StateDict, dict] | None]:
+    """A world's cache entry: the file ``<stem>-<key[:16]>.safetensors`` for the cache key of ``fields``
+    (:func:`~acetools.files.checkpoints.config_hash`), the key, and ``(state, sidecar)`` when ``read`` and that
+    file was saved with this key in its sidecar (None: absent, stale, or unreadable, which is logged; build it)."""
+    key = config_hash(fields)
+    path = stem.with_name(f"{stem.name}-{key[:16]}.safetensors")
+    if read and path.is_file():
+        try:
+            state, side = load_checkpoint(path)
+            if side.get("key") == key:
+                return path, key, (state, side)
+        except CheckpointError as err:
+            log.warning("rebuilding %s: %s", path, err)
+    return path, key, None
 
 
 def cache_dir(name: str, root: str | os.PathLike | None = None) -> Path:

@@ -245,7 +245,7 @@ def test_fixture_world_loads_from_the_cache_and_resumes(fixture_world):
     for t in w.tasks:
         assert all(torch.equal(again.expert_state(t)[k], w.expert_state(t)[k]) for k in w.base_state())
     # a build killed after two experts: the third file is missing, only it is built again
-    path, _, _ = again._expert_path(w.tasks[2])
+    path = again._expert_entry(w.tasks[2])[0]
     moved = path.with_suffix(".bak")
     path.rename(moved)
     try:
@@ -259,11 +259,11 @@ def test_fixture_world_loads_from_the_cache_and_resumes(fixture_world):
 def test_another_seed_or_recipe_is_another_cache_entry(fixture_world):
     w = fixture_world
     other = TextWorld("fixture", seed=1, profile="quick", root=w.root)
-    assert other._expert_path(w.tasks[0])[1] != w._expert_path(w.tasks[0])[1]
+    assert other._expert_entry(w.tasks[0])[1] != w._expert_entry(w.tasks[0])[1]
     lr = TextWorld("fixture", seed=0, profile="quick", root=w.root, finetune={"lr": 1e-3})
-    assert lr._expert_path(w.tasks[0])[1] != w._expert_path(w.tasks[0])[1]
+    assert lr._expert_entry(w.tasks[0])[1] != w._expert_entry(w.tasks[0])[1]
     layers = TextWorld("fixture", seed=0, profile="quick", root=w.root, finetune={"params": "layers"})
-    assert layers._expert_path(w.tasks[0])[1] != w._expert_path(w.tasks[0])[1]
+    assert layers._expert_entry(w.tasks[0])[1] != w._expert_entry(w.tasks[0])[1]
     assert len(layers.base_state()) > len(w.base_state())
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,19 +17,20 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import InputError, InputKeyError
-from ...files.activations import capture_inputs, gram_matrices
-from ...files.checkpoints import CheckpointError, config_hash, load_checkpoint, save_checkpoint, state_hash
+from ...files.checkpoints import config_hash, save_checkpoint, state_hash
 from ...utils import atomic_write, make_generator, progress, resolve_device
-from ..base import WorldBase, cache_dir
+from ..base import StateDict, WorldBase, cache_dir, cached_checkpoint
+from ..vision.zoo import VISION_MATRICES
 from .data import ImageSource, cached_pixels, hf_source, image_folder, normalize
 from .tasks import BASE_ID, CLIP_SUITES, CLIP_TASKS, TASK_SOURCE, ClipTask
 
 __all__ = ["ClipWorld", "CLIP_WORLD_VERSION"]
 
 log = logging.getLogger(__name__)
-StateDict = dict[str, Tensor]
 CLIP_WORLD_VERSION = 1
-_HF_MATRIX = re.compile(r"^vision_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|out)_proj|mlp\.fc[12])\.weight$")
+#: ESM's and RegMean's target matrices in the HF layout: the encoder layers' q/k/v/out_proj, fc1 and fc2
+#: (open_clip: the vision world's, :data:`~acetools.world.vision.zoo.VISION_MATRICES`).
+_HF_MATRIX = r"^vision_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|out)_proj|mlp\.fc[12])\.weight$"
 
 
 def _cap(n: int | None, name: str) -> int | None:
@@ -88,6 +88,7 @@ class ClipWorld(WorldBase):
             if p is not None and not p.is_dir():
                 raise FileNotFoundError(f"{opt}: no folder {p}")
         self.layout = "open_clip" if self.openclip_root is not None else "hf_clip"
+        self.matrix_pattern = VISION_MATRICES if self.openclip_root is not None else _HF_MATRIX
         self.device = resolve_device(device)
         self.batch_size = batch_size
         self.root = cache_dir("clip", root)
@@ -284,9 +285,7 @@ class ClipWorld(WorldBase):
         """``(source, indices)`` of a whole split: test as is; val and train from the training
         split by FusionBench's rule (``random_split`` seeded ``val_seed``, ``val_fraction`` of it
         to val, at least one image), unless an ImageFolder has its own ``val`` folder."""
-        self._check_task(task)
-        if split not in ("train", "val", "test"):
-            raise InputError(f"split={split!r}: choose 'train', 'val' or 'test'")
+        self._check_task(task, split)
         key = (task, split)
         if key not in self._splits:
             if split == "test":
@@ -376,22 +375,15 @@ class ClipWorld(WorldBase):
         fields = {"text_tower": text_hash, "classes": list(classes), "templates": list(spec.templates),
                   "tokenizer": "hf" if (base_folder / "vocab.json").is_file() else "open_clip",
                   "version": CLIP_WORLD_VERSION}
-        key = config_hash(fields)
-        path = self.root / "heads" / f"{task}-{key[:16]}.safetensors"
-        if self.cache and path.is_file():
-            try:
-                st, side = load_checkpoint(path)
-                if side.get("key") == key:
-                    return st["weight"].to(self.device), float(side["scale"]), None
-            except CheckpointError as err:
-                log.warning("rebuilding the head %s: %s", path, err)
+        path, key, cached = cached_checkpoint(self.root / "heads" / task, fields, read=self.cache)
+        if cached is not None:
+            return cached[0]["weight"].to(self.device), float(cached[1]["scale"]), None
         from .models import zeroshot_head
 
         W, scale = zeroshot_head(model, base_folder, spec.prompts(classes), device=self.device,
                                  desc=f"{task}: zero-shot head")
         model.cpu()
         if self.cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
             save_checkpoint(path, {"weight": W}, {"kind": "clip_head", "task": task, "key": key, "key_fields": fields,
                                                   "scale": scale, "source": TASK_SOURCE})
         return W.to(self.device), scale, None
@@ -425,7 +417,6 @@ class ClipWorld(WorldBase):
         if path is not None:
             from safetensors.torch import save
 
-            path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_write(path) as fh:
                 fh.write(save({"features": f.detach().cpu().contiguous()}))
         return f, labels
@@ -447,22 +438,6 @@ class ClipWorld(WorldBase):
         return out
 
     # ----------------------------------------------------------------- ESM's and RegMean's inputs
-    def matrix_keys(self) -> list[str]:
-        """ESM's and RegMean's target matrices: the encoder layers' linear weights (HF: q/k/v/out_proj,
-        fc1, fc2; open_clip: attn.in_proj_weight, mlp.c_fc, mlp.c_proj)."""
-        if self.openclip_root is not None:
-            from ..vision.zoo import VISION_MATRICES
-
-            return [k for k in self.base_state() if any(p in k for p in VISION_MATRICES)]
-        return [k for k in self.base_state() if _HF_MATRIX.match(k)]
-
-    @property
-    def esm_targets(self) -> tuple[str, ...]:
-        """ESM's targets as regular expressions: :meth:`matrix_keys` (HF layout; open_clip: ESM's defaults)."""
-        if self.openclip_root is not None:
-            return ()
-        return tuple(re.escape(k) + "$" for k in self.matrix_keys())
-
     def proxy_inputs(self, task: str, n: int, seed: int = 0) -> Tensor:
         """ESM's ``n`` proxy images of ``task`` (uint8 crops): validation images drawn without
         replacement with a generator seeded ``seed`` (docs/methods.md §ESM)."""
@@ -474,9 +449,3 @@ class ClipWorld(WorldBase):
         """RegMean's ``n`` training images of ``task`` (the first ``n`` of the shuffled train part)."""
         _, idx = self.split_indices(task, "train")
         return torch.from_numpy(np.array(self.pixels(task, "train", indices=idx[:n])[0]))
-
-    def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
-        return capture_inputs(self.encoder(state), self._batches(inputs), list(keys))
-
-    def gram_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
-        return gram_matrices(self.encoder(state), self._batches(inputs), list(keys))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -23,10 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import InputError
-from ...files.activations import capture_inputs, gram_matrices
-from ...files.checkpoints import CheckpointError, config_hash, load_checkpoint, save_checkpoint, state_hash
+from ...files.checkpoints import config_hash, save_checkpoint, state_hash
 from ...utils import atomic_write, cpu_threads, make_generator, progress, resolve_device
-from ..base import WorldBase, cache_dir, config_from
+from ..base import StateDict, WorldBase, cache_dir, cached_checkpoint, config_from
 from .finetune import (
     TextFinetuneConfig,
     finetune_text,
@@ -40,7 +38,6 @@ from .tasks import SUITES, TASKS, TextData, TextTask, build_task, task_provenanc
 __all__ = ["TextWorld", "FIXTURE_TASKS"]
 
 log = logging.getLogger(__name__)
-StateDict = dict[str, Tensor]
 #: Part of every cache key: bump it when the data splits or the expert recipe change meaning.
 TEXT_WORLD_VERSION = 2
 
@@ -77,6 +74,8 @@ class TextWorld(WorldBase):
 
     kind = "text"
     layout = "bert"
+    #: every linear layer of the transformer layers (BERT's query/key/value and dense weights)
+    matrix_pattern = r"\.(query|key|value|dense)\.weight$"
 
     def __init__(self, suite: str | Sequence[str] = "text8", seed: int = 0, *, profile: str = "full",
                  finetune: TextFinetuneConfig | Mapping[str, Any] | None = None,
@@ -154,9 +153,7 @@ class TextWorld(WorldBase):
 
     def split(self, task: str, split: str = "train") -> TextData:
         """A task's split (cached as JSON keyed by its spec and its sources' versions)."""
-        self._check_task(task)
-        if split not in ("train", "val", "test"):
-            raise InputError(f"split={split!r}: choose 'train', 'val' or 'test'")
+        self._check_task(task, split)
         if task not in self._data:
             self._data[task] = self._load_task(self.task_specs[task])
         return self._data[task][split]
@@ -175,18 +172,17 @@ class TextWorld(WorldBase):
         data = build_task(spec)
         payload = {"key": key, "key_fields": key_fields, "classes": list(spec.classes),
                    "splits": {s: {"texts": d.texts, "y": d.y, "hash": d.hash} for s, d in data.items()}}
-        path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(path, "w") as fh:
             json.dump(payload, fh, ensure_ascii=False)
         return data
 
     # ----------------------------------------------------------------- experts
-    def _expert_path(self, task: str) -> tuple[Path, str, dict]:
+    def _expert_entry(self, task: str) -> tuple[Path, str, tuple[StateDict, dict] | None, dict]:
+        """``task``'s expert file, cache key, cached ``(state, sidecar)`` or None, and the key's fields."""
         data = {s: self.split(task, s).hash for s in ("train", "val", "test")}
         fields = {"task": task, "base": self.base_hash(), "data": data, "recipe": self.config.to_dict(),
                   "seed": self.seed, "version": TEXT_WORLD_VERSION}
-        key = config_hash(fields)
-        return self.root / "experts" / f"{task}-seed{self.seed}-{key[:16]}.safetensors", key, fields
+        return *cached_checkpoint(self.root / "experts" / f"{task}-seed{self.seed}", fields), fields
 
     def _head_for_base(self, task: str, encoder: TextEncoder) -> nn.Linear:
         spec = self.task_specs[task]
@@ -205,14 +201,9 @@ class TextWorld(WorldBase):
         self._check_task(task)
         if task in self._experts:
             return self._experts[task]
-        path, key, fields = self._expert_path(task)
-        if path.is_file():
-            try:
-                state, side = load_checkpoint(path)
-                if side.get("key") == key:
-                    return self._keep(task, state, side, built=False)
-            except CheckpointError as err:
-                log.warning("rebuilding %s: %s", path, err)
+        path, key, cached, fields = self._expert_entry(task)
+        if cached is not None:
+            return self._keep(task, *cached, built=False)
         t0 = time.perf_counter()
         enc = self._fresh_encoder()
         head = self._head_for_base(task, enc)
@@ -228,7 +219,6 @@ class TextWorld(WorldBase):
         state.update({f"head.{k}": v.detach().clone() for k, v in head.state_dict().items()})
         meta = {"kind": "text_expert", "task": task, "key": key, "key_fields": fields, "metrics": metrics,
                 "seconds": round(time.perf_counter() - t0, 2)}
-        path.parent.mkdir(parents=True, exist_ok=True)
         side = save_checkpoint(path, state, meta)
         return self._keep(task, state, side, built=True)
 
@@ -274,10 +264,6 @@ class TextWorld(WorldBase):
                                         device=self.device, n=n).numpy() for t in tasks or self.tasks}
 
     # ----------------------------------------------------------------- data inputs of ESM and RegMean
-    def matrix_keys(self) -> list[str]:
-        """ESM's and RegMean's target matrices: every linear layer of the transformer layers."""
-        return [k for k, v in self.base_state().items() if k.endswith(".weight") and v.ndim == 2]
-
     @property
     def base_label(self) -> str:
         return "base (zero-shot heads)" if self.config.heads == "zeroshot" else "base (experts' heads)"
@@ -285,11 +271,6 @@ class TextWorld(WorldBase):
     def gram_examples(self, task: str, n: int) -> list[str]:
         """RegMean's ``n`` training texts of ``task`` (the first ``n``: the split is shuffled)."""
         return self.split(task, "train").texts[:n]
-
-    @property
-    def esm_targets(self) -> tuple[str, ...]:
-        """ESM's targets as the regular expressions it takes: every matrix of :meth:`matrix_keys`."""
-        return tuple(re.escape(k) + "$" for k in self.matrix_keys())
 
     def proxy_inputs(self, task: str, n: int, seed: int = 0) -> list[str]:
         """``n`` validation texts of ``task`` drawn without replacement (ESM's proxies)."""
@@ -303,13 +284,9 @@ class TextWorld(WorldBase):
             b = self.tokenizer([t], truncation=True, max_length=self.config.max_length, return_tensors="pt")
             yield {"input_ids": b["input_ids"].to(self.device), "attention_mask": b["attention_mask"].to(self.device)}
 
-    def layer_inputs(self, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str],
-                     capture=capture_inputs) -> dict[str, Tensor]:
-        """Input activations (tokens x d_in) of ``keys`` inside the encoder with ``state``."""
+    def _capture(self, fn: Any, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str],
+                 **options: Any) -> dict[str, Tensor]:
+        """``fn`` over the BERT with ``state`` (rows: the tokens of ``texts``), on the world's threads."""
         enc = self.encoder(state)
         with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
-            return capture(enc.bert, self._batches(texts), list(keys))
-
-    def gram_inputs(self, state: Mapping[str, Tensor], texts: list[str], keys: Sequence[str]) -> dict[str, Tensor]:
-        """RegMean's Grams XᵀX of ``keys``' inputs over the tokens of ``texts``."""
-        return self.layer_inputs(state, texts, keys, capture=gram_matrices)
+            return fn(enc.bert, self._batches(texts), list(keys), **options)

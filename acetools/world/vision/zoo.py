@@ -36,7 +36,7 @@ from ...files.checkpoints import (
 )
 from ...utils import atomic_write, make_generator
 from ...utils import progress as _progress
-from ..base import WorldBase, cache_dir, config_from
+from ..base import StateDict, WorldBase, cache_dir, cached_checkpoint, config_from
 from . import finetune as _ft
 from .finetune import FinetuneConfig, PretrainConfig
 from .models import (
@@ -60,10 +60,9 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 #: unset (docs/regime.md §The chosen recipe).
 WORLD_FINETUNE: dict[str, dict[str, Any]] = {"small": {"lr": 1e-4, "precision": "bf16"}}
 
-#: ESM's and RegMean's target matrices in the mini-world's ViT (open_clip names).
-VISION_MATRICES = ("attn.in_proj_weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-StateDict = dict[str, Tensor]
+#: ESM's and RegMean's target matrices in the mini-world's ViT (open_clip names, ESM's default targets), as
+#: the regular expression :meth:`WorldBase.matrix_keys` searches.
+VISION_MATRICES = r"attn\.in_proj_weight|mlp\.c_fc\.weight|mlp\.c_proj\.weight"
 
 
 class _NotCached(Exception):
@@ -129,6 +128,8 @@ class Zoo(WorldBase):
     kind = "vision"
     layout = "open_clip"
     base_label = "base (frozen heads)"
+    matrix_pattern = VISION_MATRICES
+    gram_batch_size = 128
     #: evaluation's batch size and CPU threads (a benchmark's own: :meth:`evaluated_with`)
     eval_batch_size: int = 512
     eval_threads: int | None = None
@@ -244,17 +245,8 @@ class Zoo(WorldBase):
         ident = (kind, task)
         if ident in self._states:
             return self._states[ident]
-        key = config_hash(key_fields)
-        path = path.with_name(f"{path.name}-{key[:16]}.safetensors")
-        side = None
-        if path.is_file() and sidecar_path(path).is_file():
-            try:
-                state, side = load_checkpoint(path)
-                if side.get("key") != key:
-                    side = None
-            except CheckpointError:
-                side = None
-        if side is None:
+        path, key, cached = cached_checkpoint(path, key_fields)
+        if cached is None:
             if self._dry:
                 raise _NotCached(ident)
             t0 = time.perf_counter()
@@ -266,6 +258,7 @@ class Zoo(WorldBase):
             self.built.append(ident)
             log.info("built %s%s in %.1f s: %s", kind, f" {task}" if task else "", meta["seconds"], path)
         else:
+            state, side = cached
             self.loaded.append(ident)
             log.debug("loaded %s%s from %s", kind, f" {task}" if task else "", path)
         self._states[ident] = state
@@ -530,9 +523,6 @@ class Zoo(WorldBase):
         return {t: _ft.correctness(enc, self.head(t), self.data(t, split, n), batch_size=self.eval_batch_size,
                                    threads=self.eval_threads).numpy() for t in (tasks or self.tasks)}
 
-    def matrix_keys(self) -> list[str]:
-        return [k for k in self.base_state() if any(p in k for p in VISION_MATRICES)]
-
     def proxy_inputs(self, task: str, n: int, seed: int = 0) -> Tensor:
         """``n`` validation images of ``task`` drawn without replacement (docs/methods.md §ESM)."""
         d = self.split(task, "val")
@@ -541,16 +531,6 @@ class Zoo(WorldBase):
 
     def gram_examples(self, task: str, n: int) -> Tensor:
         return torch.as_tensor(np.asarray(self.split(task, "train").x[:n]))
-
-    def layer_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
-        from ...files.activations import capture_inputs
-
-        return capture_inputs(self.encoder(state), inputs, list(keys))
-
-    def gram_inputs(self, state: Mapping[str, Tensor], inputs: Any, keys: Sequence[str]) -> dict[str, Tensor]:
-        from ...files.activations import gram_matrices
-
-        return gram_matrices(self.encoder(state), inputs, list(keys), batch_size=128)
 
     def export_base(self, folder: str | os.PathLike | None = None, command: str | None = None) -> Path:
         """Write the base as ``base_<size>.safetensors`` + ``.json`` (recipe, content hash,
