@@ -389,17 +389,13 @@ class ClipWorld(WorldBase):
         return W.to(self.device), scale, None
 
     # ----------------------------------------------------------------- evaluation
-    def _identity(self, state: Mapping[str, Tensor]) -> str | None:
-        if state is self._base:
-            return "base"
-        return next((t for t, s in self._experts.items() if s is state), None)
-
     def features(self, state: Mapping[str, Tensor], task: str, split: str,
                  n: int | None = None) -> tuple[Tensor, np.ndarray]:
         """``(image embeddings on device, labels)``; the base's and the experts' are cached on disk
         keyed by the model's and the images' content hashes."""
         pixels, labels, digest = self.pixels(task, split, n=n)
-        ident = self._identity(state)
+        # the base's or an expert's state (by identity) has cached features; a merged state has not
+        ident = "base" if state is self._base else next((t for t, s in self._experts.items() if s is state), None)
         path = None
         if ident is not None and self.cache:
             key = config_hash({"model": self._hashes[ident], "pixels": digest, "layout": self.layout,
