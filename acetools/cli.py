@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
+import importlib.util
 import logging
 import os
+import re
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ._protocol import PATIENCE
@@ -71,8 +76,6 @@ class _Lazy(Sequence):
 
 def _registry(module: str, name: str) -> _Lazy:
     """The names in ``acetools.<module>.<name>``, read on first use."""
-    import importlib
-
     return _Lazy(lambda: list(getattr(importlib.import_module(f".{module}", __package__), name)))
 
 
@@ -93,9 +96,6 @@ SUITE_CHOICES, METHOD_CHOICES = _registry("world.vision.data", "SUITES"), _regis
 
 def _open_clip_names() -> list[str]:
     """open_clip's built-in model names, from its ``model_configs`` folder (importing it takes seconds)."""
-    import importlib.util
-    from pathlib import Path
-
     spec = importlib.util.find_spec("open_clip")
     if spec is None or not spec.submodule_search_locations:
         return []
@@ -199,8 +199,6 @@ def _check_split_sizes(suite: str, **wanted: int | None) -> None:
 
 def _one_line(text: str) -> str:
     """One line, without terminal escape sequences (an error message may quote a library's coloured text)."""
-    import re
-
     return " ".join(re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", str(text)).split())
 
 
@@ -331,8 +329,6 @@ def _add_bench(sub) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     """``acetools bench``: the same tables in every world, one run per seed (the papers' numbers
     beside them are the course's: notebook 04, ``paper_tables.beside_papers``)."""
-    from pathlib import Path
-
     from .benchmark import ACE_SCALED_ROW, VARIANTS, Benchmark, aggregate_seeds
     from .utils import atomic_write
     from .world import get_world
@@ -608,9 +604,6 @@ def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
 def _collapse_warnings(caught: list) -> None:
     """Re-emit ``caught`` warnings, one per kind: warnings that differ only in a quoted name and numbers
     (ESM's per-layer rank notes) become one, naming the other layers."""
-    import re
-    import warnings
-
     groups: dict[tuple, list[str]] = {}
     for w in caught:
         text = str(w.message)
@@ -623,8 +616,6 @@ def _collapse_warnings(caught: list) -> None:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    import warnings
-
     caught: list = []
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -635,8 +626,6 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .files.merge_files import merge_files
     from .files.staging import STAGE_MARK, remove_stale_stages
     from .layouts import format_table
@@ -698,8 +687,6 @@ def _add_regime(sub) -> None:
 
 
 def _cmd_regime(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .regime import regime_card
 
     _folder_for_output(args.out, "--out")
