@@ -19,6 +19,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,11 +27,13 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
+from .diagnostics import relative_update_norms, task_vector_cosine
 from .errors import InputError
-from .merging import METHODS, Search, merge
-from .results import save_correctness
+from .merging import METHODS, Search, is_matrix_param, merge, task_vectors
+from .results import aggregate, find_results, row_kind, save_correctness  # aggregate: the one over seeds
 from .search import check_patience, golden_section_search
 from .utils import atomic_write, jsonable
+from .utils import progress as bar
 from .world.base import EvaluatesAll, MultiTaskWorld, PerExample, SplitData, World, as_world
 
 __all__ = ["Benchmark", "MethodRun", "Search", "package_versions", "aggregate_seeds"]
@@ -54,8 +57,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def package_versions() -> dict[str, str]:
     """Versions of the packages that shape a result (docs/style.md §14)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {"python": platform.python_version()}
     for p in ("acetools", "torch", "open_clip_torch", "numpy"):
         try:
@@ -330,8 +331,6 @@ class Benchmark:
         ``store``: a folder that keeps each finished row (one pickle per row) and hands it back on the next
         call, so a killed run resumes with the row it was on. Name it after everything the rows depend on
         (world, seed, protocol, code version): rows found there are not recomputed."""
-        from .utils import progress as bar
-
         jobs: list[tuple[str, dict]] = [(m, {"method": m}) for m in (methods or list(METHODS))]
         jobs += [(label, dict(spec)) for label, spec in (extra or {}).items()]
         runs = self.reference_rows() if references else []
@@ -382,9 +381,6 @@ class Benchmark:
     def regime(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``(norms, cosine)``: mean ||tau_t||_F/||W0||_F per task and layer type (and ``all matrices``), and
         the T x T task-vector cosines (docs/regime.md)."""
-        from .diagnostics import relative_update_norms, task_vector_cosine
-        from .merging import is_matrix_param, task_vectors
-
         base = self.base
         taus = task_vectors(base, self.experts)
         mats = [k for k in base if is_matrix_param(k, base[k])]
@@ -417,8 +413,6 @@ class Benchmark:
 def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
     """Mean, sd (:func:`acetools.results.aggregate`), min and max over seeds of every method's row in
     ``folder``'s ``<suite>_<size>_seed<k>_summary.csv`` files."""
-    from .results import aggregate, find_results, row_kind  # the one aggregation over seeds
-
     runs = find_results(folder, [suite], size)
     if not runs:
         raise FileNotFoundError(f"no {suite}_{size}_seed*_summary.csv in {folder}; run `acetools bench "

@@ -8,6 +8,7 @@ correctness). Row kinds: :func:`row_kind`. All accuracies are percentages, as th
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -22,7 +23,9 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from .errors import InputError, InputKeyError
+from .merging import METHODS
 from .search import PATIENCE
+from .utils import atomic_write
 
 __all__ = ["save_correctness", "load_correctness", "REFERENCES", "DATA_DEPENDENT", "KINDS", "row_kind", "ResultFiles",
            "bench_command", "find_results", "require_results", "load_summary", "load_per_task", "load_records",
@@ -48,8 +51,6 @@ _VARIANT = re.compile(r"^(?P<method>[a-z0-9_]+) \((?P<setting>.+)\)$")
 def row_kind(method: str) -> str:
     """``reference`` (:data:`REFERENCES`), ``variant`` (``"<registered method> (<setting>)"``, e.g.
     ``ace (gate off)``) or ``method``."""
-    from .merging import METHODS
-
     if method in REFERENCES:
         return "reference"
     m = _VARIANT.match(method)
@@ -357,8 +358,6 @@ def load_wudi_step_size(folder: str | os.PathLike, size: str | None = None) -> p
 def prefix_world(zoo, n_tasks: int):
     """A view of ``zoo`` with its first ``n_tasks`` tasks (its cache shared, no MTL model), for the quick
     profile's "more tasks" axis."""
-    import copy
-
     if not 1 <= n_tasks <= len(zoo.tasks):
         raise InputError(f"n_tasks={n_tasks} must be in 1..{len(zoo.tasks)}")
     sub = copy.copy(zoo)
@@ -386,8 +385,6 @@ def to_markdown(df: pd.DataFrame, *, index: bool = False, floatfmt: str = ".2f")
 def save_correctness(path: str | Path, hits: Mapping[str, Mapping[str, ArrayLike]]) -> Path:
     """Write ``{row: {task: bool array}}`` (each test example's correctness) to a compressed ``.npz``, one bit
     per example, atomically."""
-    from .utils import atomic_write
-
     index, arrays = [], {}
     for row, per_task in hits.items():
         for task, h in per_task.items():
