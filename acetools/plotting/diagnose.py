@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..keys import short_label
-from ._core import finish, heatmap
+from ._core import finish, heatmap, save_figure
 
 __all__ = ["ratio_by_layer", "energy_by_layer", "gamma_by_layer", "cosine_heatmap", "spectra_by_type",
            "energy_concentration", "overlap_by_layer", "show"]
@@ -146,8 +146,6 @@ def show(fig, alt: str, *, name: str | None = None, folder=None, dpi: int = 110)
     if not isinstance(alt, str) or not alt.strip():
         raise InputError("show: give every figure a non-empty alt text that says what it shows")
     if name is not None and folder is not None:
-        from ._core import save_figure
-
         save_figure(fig, name, folder, dpi=dpi)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
