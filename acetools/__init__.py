@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import importlib as _importlib  # noqa: E402
 import logging as _logging  # noqa: E402
 
 # A quiet library: messages go to the ``acetools.<module>`` loggers and are shown only when an
@@ -19,16 +20,12 @@ _LAZY = {"METHODS": ".merging", "merge": ".merging", "task_vectors": ".merging",
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
         globals()[name] = value
         return value
     if not name.startswith("_"):  # a submodule, as ``acetools.merging`` was before the lazy imports
-        import importlib
-
         try:
-            return importlib.import_module(f".{name}", __name__)
+            return _importlib.import_module(f".{name}", __name__)
         except ModuleNotFoundError as e:
             if e.name != f"{__name__}.{name}":
                 raise
