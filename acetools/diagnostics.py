@@ -9,11 +9,14 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+import pandas as pd
 import torch
 from torch import Tensor
 
 from .errors import InputError, InputKeyError, InputTypeError
 from .keys import block_index, layer_type  # layer_type re-exported: the public name lessons use
+from .merging import METHODS, is_matrix_param
+from .merging.ace import heterogeneity, task_energies
 
 __all__ = ["singular_values", "energy_fraction", "condition_number", "effective_rank", "principal_subspace",
            "subspace_similarity", "energy_capture", "linear_cka", "task_vector_cosine",
@@ -167,8 +170,6 @@ def task_vector_cosine(task_vectors: Sequence[Mapping[str, Tensor]], names: Sequ
                        keys: Iterable[str] | None = None):
     """T × T cosines of the task vectors flattened over ``keys`` (default all), a DataFrame labelled by
     ``names``; NaN for a zero task vector."""
-    import pandas as pd
-
     keys = _select_keys(task_vectors, keys)
     T = len(task_vectors)
     G = torch.zeros(T, T, dtype=torch.float64)
@@ -185,8 +186,6 @@ def relative_update_norms(base: Mapping[str, Tensor], task_vectors: Sequence[Map
                           names: Sequence[str] | None = None, keys: Iterable[str] | None = None):
     """||tau_t[k]||_F / ||W0[k]||_F per task and key (docs/regime.md): columns task, key, layer_type,
     tau_norm, base_norm, ratio (NaN where the base tensor is zero)."""
-    import pandas as pd
-
     keys = _select_keys(task_vectors, keys)
     labels = _names(len(task_vectors), names)
     rows = []
@@ -214,11 +213,6 @@ def heterogeneity_per_layer(task_vectors: Sequence[Mapping[str, Tensor]], *, tau
     the energies e_t = ||τ_t||_F² (mean/min/max/ratio), log_energy_mean / log_energy_sd of
     log(e_t + 1e-12) and cv = sd/mean of e_t.
     """
-    import pandas as pd
-
-    from .merging import METHODS, is_matrix_param
-    from .merging.ace import heterogeneity, task_energies
-
     tau = float(METHODS["ace"].params["tau"].default) if tau is None else tau
     is_matrix = is_matrix or is_matrix_param
     chosen = _select_keys(task_vectors, keys)
