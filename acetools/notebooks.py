@@ -296,8 +296,7 @@ def render_html(executed: str | os.PathLike, *, require_mathjax: bool = True, co
                                 "(scripts/setup.sh does) or set ACETOOLS_MATHJAX to a MathJax.js; reports never "
                                 "load it from a CDN")
     kw: dict[str, Any] = {"mathjax_url": mj} if mj else {}
-    if code is None:
-        code = shows_code(nb)
+    code = shows_code(nb) if code is None else code
     if code:
         from traitlets.config import Config
 

@@ -150,8 +150,7 @@ def regime_card(world, *, n_val: int | None = 100, n_test: int | None = 500, pat
     ``tau``: ACE's gate threshold (None: its registered default); ``n_act``: training images per task
     for the input-activation rows.
     """
-    if tau is None:
-        tau = float(METHODS["ace"].params["tau"].default)
+    tau = float(METHODS["ace"].resolve({} if tau is None else {"tau": tau})["tau"])  # ACE's default and checks
     if not tau > 0:
         raise InputError(f"tau={tau!r} must be positive (ACE's gate threshold, 0.3 in the paper)")
     t_start = time.perf_counter()

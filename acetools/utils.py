@@ -94,8 +94,7 @@ def progress(iterable: Iterable[T], desc: str | None = None, total: int | None =
              **kwargs) -> Iterator[T]:
     """``iterable`` in a ``tqdm.auto`` bar; ``enabled=None``: in a terminal or notebook, not in CI,
     papermill or redirected output (``ACETOOLS_PROGRESS=1``/``0`` forces it)."""
-    if enabled is None:
-        enabled = PROGRESS.get()
+    enabled = PROGRESS.get() if enabled is None else enabled
     show = _interactive() if enabled is None else enabled
     if not show:
         return iter(iterable)

@@ -592,11 +592,9 @@ def save_checkpoint(path: str | os.PathLike, state: Mapping[str, Tensor], meta: 
     return side
 
 
-def load_checkpoint(
-    path: str | os.PathLike, *, expected_hash: str | None = None, verify: bool = True
-) -> tuple[StateDict, dict]:
+def load_checkpoint(path: str | os.PathLike, *, verify: bool = True) -> tuple[StateDict, dict]:
     """Load a checkpoint and its sidecar (:class:`CheckpointError` if anything is off); with ``verify`` the
-    tensors' hash must be ``expected_hash`` (default: the sidecar's ``content_sha256``, else the file's)."""
+    tensors' hash must be the one recorded (the sidecar's ``content_sha256``, else the file's)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
@@ -612,7 +610,7 @@ def load_checkpoint(
     except Exception as err:  # safetensors raises its own error types for truncated files
         raise CheckpointError(f"unreadable checkpoint {path}: {err}") from err
     if verify:
-        want = expected_hash or side.get("content_sha256") or file_meta.get("content_sha256")
+        want = side.get("content_sha256") or file_meta.get("content_sha256")
         got = state_hash(state)
         if want is None:
             raise CheckpointError(f"{path} has no recorded content hash to verify against")

@@ -243,8 +243,7 @@ def heatmap(ax, matrix, *, labels: Sequence[str] | None = None, col_labels: Sequ
         cols = col_labels if col_labels is not None else labels
         data = pd.DataFrame(arr, index=None if labels is None else list(labels),
                             columns=None if cols is None else list(cols))
-    if annot is None:
-        annot = data.size <= 400
+    annot = (data.size <= 400) if annot is None else annot
     sns.heatmap(data, ax=ax, annot=annot, fmt=fmt, cmap=cmap, center=center, vmin=vmin, vmax=vmax, cbar=cbar,
                 annot_kws={"size": 7})
     return finish(ax, title)

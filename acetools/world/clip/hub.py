@@ -93,7 +93,7 @@ def load_hf_dataset(task, split: str):
     return ds
 
 
-def fetch(suite: str = "clip8", tasks: Sequence[str] | None = None, *, datasets_too: bool = True,
+def fetch(suite: str = "clip8", tasks: Sequence[str] | None = None, *,
           progress: bool | None = None) -> list[str]:  # pragma: no cover - needs the network
     """On a machine with internet: download the base, the experts of ``suite`` (or ``tasks``) and
     their datasets' train and test splits into the Hugging Face caches. Returns what was fetched."""
@@ -107,8 +107,7 @@ def fetch(suite: str = "clip8", tasks: Sequence[str] | None = None, *, datasets_
     for t in bar(names, desc="experts and datasets", enabled=progress):
         task = CLIP_TASKS[t]
         done.append(str(snapshot_download(task.expert, allow_patterns=MODEL_FILES)))
-        if datasets_too:
-            for split in (task.train_split, task.test_split):
-                load_hf_dataset(task, split)
-                done.append(f"{task.dataset}:{split}")
+        for split in (task.train_split, task.test_split):
+            load_hf_dataset(task, split)
+            done.append(f"{task.dataset}:{split}")
     return done
