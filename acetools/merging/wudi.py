@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..layouts import TensorMeta
 from ._registry import Param, register
 from .averaging import matrix_or_mean
 from .svd import stack_taus
@@ -123,7 +124,7 @@ def _adam_step(x: Tensor, grad: Tensor, m: Tensor, v: Tensor, step: int, lr: flo
     x.addcdiv_(m, denom, value=-step_size)
 
 
-def is_wudi_target(key: str, tensor: Tensor, targets: str, is_matrix) -> bool:
+def is_wudi_target(key: str, tensor: Tensor | TensorMeta, targets: str, is_matrix) -> bool:
     """Whether WUDI optimises ``key``: every ``is_matrix`` key (``targets="matrix"``) or only
     the official ViT block weights :data:`VIT_TARGETS` (``targets="vit"``)."""
     if targets == "vit":
@@ -131,8 +132,8 @@ def is_wudi_target(key: str, tensor: Tensor, targets: str, is_matrix) -> bool:
     return bool(is_matrix(key, tensor))
 
 
-def _check_vit_targets(targets: str, keys_ndim: list[tuple[str, int]]) -> None:
-    if targets == "vit" and not any(n == 2 and any(k.endswith(s) for s in VIT_TARGETS) for k, n in keys_ndim):
+def _check_vit_targets(targets: str, tensors: Mapping[str, Tensor | TensorMeta]) -> None:
+    if targets == "vit" and not any(is_wudi_target(k, t, targets, None) for k, t in tensors.items()):
         raise InputError(
             f"wudi: targets='vit' selects keys ending in {list(VIT_TARGETS)} (open_clip names) and none matches, so "
             "nothing would be optimised; use targets='matrix' (every matrix of the layout)"
@@ -141,7 +142,7 @@ def _check_vit_targets(targets: str, keys_ndim: list[tuple[str, int]]) -> None:
 
 def _prepare(view: Any, hparams: Mapping[str, Any]) -> dict[str, Any]:
     """WUDI's ``prepare`` hook: the targets checked on the whole model before a key-by-key merge."""
-    _check_vit_targets(hparams["targets"], [(k, len(view.source.shape(k))) for k in view.keys])
+    _check_vit_targets(hparams["targets"], {k: TensorMeta(view.source.shape(k), view.dtype(k)) for k in view.keys})
     return {"model_checked": True}
 
 
@@ -165,7 +166,7 @@ def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets, 
     the official ViT script is ``p=1, targets="vit", others="base"``. ``model_checked``: the streamed merge's
     ``prepare`` hook has checked the targets on the whole model (one key alone may match none)."""
     if not model_checked:
-        _check_vit_targets(targets, [(k, w.ndim) for k, w in base.items()])
+        _check_vit_targets(targets, base)
     return matrix_or_mean("wudi", base, task_vectors, lambda k, w: is_wudi_target(k, w, targets, is_matrix),
                           lambda taus, k: cast(Tensor, wudi_matrix(taus, steps=steps, lr=lr, p=p, init=init, key=k)),
                           "WUDI", rest=None if others == "mean" else lambda k: torch.zeros_like(base[k]))
