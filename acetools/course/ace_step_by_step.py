@@ -243,17 +243,20 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
     if suite is None:
         suite = getattr(bench.world, "suite", None) or ""
     base, experts = bench.base, bench.experts
-    done: list[tuple[str, StateDict, dict, dict]] = []
+    done: list[tuple[str, StateDict, dict, dict, dict | None]] = []
     rows, per_task = [], []
     shared = dict(hparams or {})
 
-    def add(label: str, hp: str, scaling: Any, acc: dict, norm: dict, same_as: str, t0: float) -> None:
+    def add(label: str, hp: str, scaling: Any, acc: dict, norm: dict, hits: dict | None, same_as: str,
+            t0: float) -> None:
         rows.append({"suite": suite, "variant": label, "hparams": hp, "scaling": scaling,
                      "test_acc": 100 * float(np.mean(list(acc.values()))),
                      "test_normalized": 100 * float(np.mean(list(norm.values()))),
                      "same_as": same_as, "seconds": time.perf_counter() - t0})
+        # per task: each test example's correctness where the world scores examples (paired margins)
         per_task.extend({"suite": suite, "variant": label, "task": t, "accuracy": 100 * acc[t],
-                         "normalized": 100 * norm[t]} for t in acc)
+                         "normalized": 100 * norm[t], "expert": 100 * bench.expert_accuracy("test")[t],
+                         "correct": None if hits is None else hits[t]} for t in acc)
 
     for label, hp in bar(list(variants.items()), desc="ablation", enabled=progress):
         hp = {**shared, **dict(hp)}
@@ -261,19 +264,18 @@ def run_ablation(bench, variants: Mapping[str, Mapping[str, Any]] | None = None,
         merged = merging.merge("ace", base, experts, **hp, **layout)
         same = next((d for d in done if _same_state(d[1], merged)), None)
         if same is None:
-            acc = bench.evaluate(merged, "test")
-            norm = bench.normalized(acc, "test")
-            done.append((label, merged, acc, norm))
-        else:
-            acc, norm = same[2], same[3]
+            acc, hits = bench.scored(merged, "test")
+            done.append((label, merged, acc, bench.normalized(acc, "test"), hits))
+        _, _, acc, norm, hits = same or done[-1]
         add(label, ", ".join(f"{k}={v!r}" for k, v in variants[label].items()) or "defaults",
-            hp.get("scaling", 1.0), acc, norm, same[0] if same else "", t0)
+            hp.get("scaling", 1.0), acc, norm, hits, same[0] if same else "", t0)
     if scaled:
         if search is None:
             from ..benchmark import ACE_SCALED as search
         t0 = time.perf_counter()
         run = bench.run("ace", search=search, label=SCALED_LABEL, **shared)
-        add(SCALED_LABEL, f"{run.coef_name} on val", run.coef, run.test, run.test_normalized, "", t0)
+        add(SCALED_LABEL, f"{run.coef_name} on val", run.coef, run.test, run.test_normalized, run.test_correct, "",
+            t0)
     return Ablation(pd.DataFrame(rows), pd.DataFrame(per_task))
 
 

@@ -308,9 +308,10 @@ def run_esm(bench, *, activations: Mapping[str, Sequence[Tensor]] | None = None,
         res = grid_search(score, grid, reference=ref, patience=patience)
     alpha = float(res.best)
     val = dict(res.best_evaluation.scores)
-    test = bench.evaluate(at(alpha), "test")
+    test, hits = bench.scored(at(alpha), "test")
     return MethodRun("esm", {**hparams, "alpha": alpha}, "alpha", alpha, val, test, bench.normalized(val, "val"),
-                     bench.normalized(test, "test"), merge_s, res.to_frame(), label, inputs_seconds=capture_s)
+                     bench.normalized(test, "test"), merge_s, res.to_frame(), label, inputs_seconds=capture_s,
+                     test_correct=hits)
 
 
 #: The label of TSV-M's row in the ablation table: the paper's "SVD" row (TSV-M's main-table numbers);
@@ -351,15 +352,17 @@ def run_ablation(bench, names: Sequence[str] | None = None, *, activations=None,
 
 
 def runs_table(runs: Sequence[Any], **columns: Any) -> pd.DataFrame:
-    """One row per run: label, alpha, test/validation accuracy (absolute and normalized, %), ``merge_seconds``
-    and ``inputs_seconds`` (the proxy capture, timed apart), plus constant ``columns`` (e.g. ``suite="tasks8"``)."""
+    """One row per run: label, alpha, test/validation accuracy (absolute and normalized, %), ``merge_seconds``,
+    ``inputs_seconds`` (the proxy capture, timed apart) and ``correct`` (each test example's correctness per
+    task, or None), plus constant ``columns`` (e.g. ``suite="tasks8"``)."""
     rows = []
     for r in runs:
         s = r.summary()
         rows.append({**columns, "variant": s["method"], "alpha": s["coef"],
                      "val_acc": 100 * float(np.mean(list(r.val.values()))), "val_normalized": s["val_normalized"],
                      "test_acc": s["test_acc"], "test_normalized": s["test_normalized"],
-                     "merge_seconds": s["merge_seconds"], "inputs_seconds": float(s.get("inputs_seconds", 0.0))})
+                     "merge_seconds": s["merge_seconds"], "inputs_seconds": float(s.get("inputs_seconds", 0.0)),
+                     "correct": r.test_correct})
     return pd.DataFrame(rows)
 
 

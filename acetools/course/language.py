@@ -47,7 +47,8 @@ STAGE_ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
 def stage_ablation(bench, eps: Sequence[float] = (1e-2, 2e-4, 1e-5), rows=STAGE_ROWS,
                    progress: bool | None = None) -> pd.DataFrame:
     """ACE's stages on the text world: each of :data:`STAGE_ROWS` at each ``eps``, merged once and scored on
-    validation and test (means over tasks, %)."""
+    validation and test (means over tasks, %; ``correct``: each test example's correctness per task, and
+    ``attrs["experts"]`` the experts' test accuracy, for paired margins)."""
     jobs = [(e, label, hp) for e in eps for label, hp in rows]
     out = []
     for e, label, hp in bar(jobs, desc="ACE stages", enabled=progress):
@@ -55,8 +56,10 @@ def stage_ablation(bench, eps: Sequence[float] = (1e-2, 2e-4, 1e-5), rows=STAGE_
         s = run.summary()
         out.append({"eps": e, "setting": label, **{k: str(v) for k, v in hp.items()},
                     "val_normalized": s["val_normalized"], "test_normalized": s["test_normalized"],
-                    "test_acc": s["test_acc"], "merge_seconds": s["merge_seconds"]})
-    return pd.DataFrame(out)
+                    "test_acc": s["test_acc"], "merge_seconds": s["merge_seconds"], "correct": run.test_correct})
+    table = pd.DataFrame(out)
+    table.attrs["experts"] = bench.expert_accuracy("test")
+    return table
 
 
 def stage_view(abl: pd.DataFrame) -> pd.DataFrame:

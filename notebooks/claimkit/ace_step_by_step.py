@@ -23,6 +23,8 @@ from acetools.errors import InputKeyError
 
 from . import verdicts as V
 from .paper_tables import ACE_STAGE_ABLATION, paper_room
+from .power import paired_runs
+from .stats import Z_95
 from .verdicts import NOISE  # the lesson reads it here (ace_claims.NOISE)
 
 #: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
@@ -46,27 +48,54 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float],
     ``{"normalization": [...], "csp": [...], "refinement": [...]}`` for :func:`verdict_normalization`,
     :func:`verdict_csp` and :func:`verdict_refinement` (which rows: docs/course.md §Claim rules).
     Refinement uses full - no refinement where more than ``flag_fraction`` is flagged, else the
-    gate forced (``gate_forced``), with ``d_ace_gate`` beside it."""
+    gate forced (``gate_forced``), with ``d_ace_gate`` beside it. Each difference ``d…`` has its paired
+    bootstrap standard error ``se…`` over the test examples (None where the world does not score
+    examples): the margin of docs/course.md §Margin, power and rivals."""
     out: dict[str, list[dict[str, Any]]] = {"normalization": [], "csp": [], "refinement": []}
     for suite, f in frac_flagged.items():
         def e(a: str, b: str, suite: str = suite) -> float:
             return ablation.effect(a, b, suite=suite)
 
+        def se(a: str, b: str, suite: str = suite) -> float | None:
+            pt = ablation.per_task
+            if "correct" not in pt:
+                return None
+            pt = pt[pt["suite"] == suite]
+            hits = {v: {str(t): c for t, c in zip(g["task"], g["correct"]) if c is not None}
+                    for v, g in pt[pt["variant"].isin([a, b])].groupby("variant")}
+            scale = {str(t): x / 100 for t, x in zip(pt["task"], pt["expert"])}
+            if any(len(hits.get(v, {})) < len(scale) for v in (a, b)):
+                return None
+            pb = paired_runs(hits[a], hits[b], scale)
+            return None if pb is None else pb.se
+
         out["normalization"].append({"suite": suite, "frac_flagged": float(f), "d_auto": e(NO_REFINE, GATE_OFF),
-                                     "d_forced": e(GATE_ON_NO_REFINE, GATE_OFF)})
-        out["csp"].append({"suite": suite, "d": e(FULL, NO_PRIOR), "what": "full - no prior"})
+                                     "se_auto": se(NO_REFINE, GATE_OFF), "d_forced": e(GATE_ON_NO_REFINE, GATE_OFF),
+                                     "se_forced": se(GATE_ON_NO_REFINE, GATE_OFF)})
+        out["csp"].append({"suite": suite, "d": e(FULL, NO_PRIOR), "se": se(FULL, NO_PRIOR), "what": "full - no prior"})
         if f > flag_fraction:
-            out["refinement"].append({"suite": suite, "d": e(FULL, NO_REFINE), "what": "full - no refinement",
-                                      "frac_flagged": float(f), "gate_forced": False})
+            out["refinement"].append({"suite": suite, "d": e(FULL, NO_REFINE), "se": se(FULL, NO_REFINE),
+                                      "what": "full - no refinement", "frac_flagged": float(f), "gate_forced": False})
         else:
             out["refinement"].append({"suite": suite, "d": e(GATE_ON, GATE_ON_NO_REFINE),
+                                      "se": se(GATE_ON, GATE_ON_NO_REFINE),
                                       "what": "gate forced: refined - not refined", "frac_flagged": float(f),
                                       "gate_forced": True, "d_ace_gate": e(FULL, NO_REFINE)})
     return out
 
 
+def _spread(se: float | None) -> float | None:
+    """The margin's spread from a paired standard error (``compare(d, _spread(se), noise)``)."""
+    return None if se is None else Z_95 * se
+
+
 def _agree_reason(parts: Sequence[str], noise: float) -> str:
-    return "; ".join(parts) + f" (normalized points; within ±{noise} = {V.TIE})"
+    return "; ".join(parts) + f" (normalized points; within the margin, max({noise}, 1.96 se), = {V.TIE})"
+
+
+def _outcome(d: float, se: float | None, noise: float) -> str:
+    """``d``'s outcome against its margin, with the margin named: ``"better, margin 0.62"``."""
+    return f"{V.compare(d, _spread(se), noise)}, margin {V.margin(_spread(se), noise):.2f}"
 
 
 def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> V.Verdict:
@@ -101,25 +130,27 @@ def _paper_room_vit(n_tasks: int) -> float:
 
 def _stage_effect(s: Mapping[str, Any], d: float, *, world: V.World | None, n_tasks: Mapping[str, int] | None,
                   paper: float | None, noise: float) -> V.Effect:
-    """A stage claim's :class:`~claimkit.verdicts.Effect` at one suite: with ``world`` and ``paper`` (the paper's
-    effect on its ViT-B/16 ablation) the prediction is scaled to the world's room."""
+    """A stage claim's :class:`~claimkit.verdicts.Effect` at one suite (its paired ``se`` where ``s`` has one):
+    with ``world`` and ``paper`` (the paper's effect on its ViT-B/16 ablation) the prediction is scaled to the
+    world's room."""
     if world is None or paper is None:
-        return V.effect(s["suite"], d, noise=noise)
+        return V.effect(s["suite"], d, noise=noise, se=s.get("se"))
     if n_tasks is None or s["suite"] not in n_tasks:
         raise InputKeyError(f"suite {s['suite']!r}: n_tasks= must give its number of tasks to scale the paper's effect")
     n = int(n_tasks[s["suite"]])
-    return V.effect(s["suite"], d, paper=paper, paper_room=_paper_room_vit(n), world_room=world.room_at(n), noise=noise)
+    return V.effect(s["suite"], d, paper=paper, paper_room=_paper_room_vit(n), world_room=world.room_at(n), noise=noise,
+                    se=s.get("se"))
 
 
 def _better_everywhere(name: str, per_suite: Sequence[Mapping[str, Any]], noise: float,
                        label: str | None = None) -> V.Verdict:
-    agree = [V.compare(s["d"], noise=noise) == "better" for s in per_suite]
-    parts = [f"{s['suite']}: {s.get('what', name)} = {s['d']:+.2f} ({V.compare(s['d'], noise=noise)})"
+    agree = [V.compare(s["d"], _spread(s.get("se")), noise) == "better" for s in per_suite]
+    parts = [f"{s['suite']}: {s.get('what', name)} = {s['d']:+.2f} ({_outcome(s['d'], s.get('se'), noise)})"
              for s in per_suite]
     nums = {s["suite"]: dict(s) for s in per_suite}
     measured = "; ".join(f"{s['suite']}: {label or s.get('what', name)} {s['d']:+.2f}" for s in per_suite)
     return V.Verdict(measured, V.agreement(agree), _agree_reason(parts, noise), nums,
-                   [V.effect(s["suite"], s["d"], noise=noise) for s in per_suite])
+                   [V.effect(s["suite"], s["d"], noise=noise, se=s.get("se")) for s in per_suite])
 
 
 def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE,
@@ -131,15 +162,17 @@ def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: floa
     high = [s for s in per_suite if s["frac_flagged"] > flag_fraction]
     for s in per_suite:
         if s["frac_flagged"] > flag_fraction:
-            ok = V.compare(s["d_auto"], noise=noise) == "better"
+            ok = V.compare(s["d_auto"], _spread(s.get("se_auto")), noise) == "better"
             parts.append(f"{s['suite']}: high gamma ({100 * s['frac_flagged']:.0f}% flagged), "
-                         f"normalise flagged - never = {s['d_auto']:+.2f}")
-            effects.append(V.effect(f"{s['suite']} (flagged layers)", s["d_auto"], noise=noise))
+                         f"normalise flagged - never = {s['d_auto']:+.2f} "
+                         f"({_outcome(s['d_auto'], s.get('se_auto'), noise)})")
+            effects.append(V.effect(f"{s['suite']} (flagged layers)", s["d_auto"], noise=noise, se=s.get("se_auto")))
         else:
-            ok = V.compare(s["d_forced"], noise=noise) != "better"
+            ok = V.compare(s["d_forced"], _spread(s.get("se_forced")), noise) != "better"
             parts.append(f"{s['suite']}: low gamma ({100 * s['frac_flagged']:.0f}% flagged), gate forced: "
-                         f"always - never normalise = {s['d_forced']:+.2f}")
-            effects.append(V.effect(f"{s['suite']} (gate forced)", s["d_forced"], noise=noise))
+                         f"always - never normalise = {s['d_forced']:+.2f} "
+                         f"({_outcome(s['d_forced'], s.get('se_forced'), noise)})")
+            effects.append(V.effect(f"{s['suite']} (gate forced)", s["d_forced"], noise=noise, se=s.get("se_forced")))
         agree.append(ok)
     nums = {s["suite"]: dict(s) for s in per_suite}
     v = V.agreement(agree)
@@ -180,7 +213,7 @@ def verdict_refinement(per_suite: Sequence[Mapping[str, Any]], *, noise: float =
     base = _better_everywhere("refine - no refine", per_suite, noise)
     effects = [_stage_effect(s, s["d"], world=world, n_tasks=n_tasks, paper=paper_effect, noise=noise)
                for s in per_suite]
-    agree = [V.compare(s["d"], noise=noise) == "better" for s in per_suite]
+    agree = [V.compare(s["d"], _spread(s.get("se")), noise) == "better" for s in per_suite]
     v, note = V.decide(effects, agree)
     reason = base.reason + (f"; {note}" if note else "")
     if v == V.UNDECIDABLE:

@@ -266,26 +266,27 @@ TUNED_WUDI_ROW: str = "wudi (lr on val)"
 
 def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str | None = None,
                    suites: Sequence[str] | None = None, metric: str = "test_normalized",
-                   floor: float = NOISE, step_size: pd.DataFrame | None = None) -> Verdict:
+                   floor: float = NOISE, step_size: pd.DataFrame | None = None, pairs: Pairs | None = None) -> Verdict:
     """ace.vs_wudi (rule: docs/course.md §Claim rules): cheaper, stable (two or more seeds) and not worse
-    than WUDI (``rival``; default :data:`TUNED_WUDI_ROW` where ``summary`` has it, else ``"wudi"``) on
-    every suite with both. ``step_size`` (:func:`load_wudi_step_size`): WUDI at several learning rates,
-    shown beside, not judged."""
-    if rival is None:
-        rival = TUNED_WUDI_ROW if TUNED_WUDI_ROW in set(summary["method"]) else "wudi"
+    than WUDI (``rival``; default, per suite, :data:`TUNED_WUDI_ROW` where the suite has it, else ``"wudi"``)
+    on every suite with both, paired by example where ``pairs`` finds per-example results
+    (:func:`paired_difference`). ``step_size`` (:func:`load_wudi_step_size`): WUDI at several learning
+    rates, shown beside, not judged."""
     agg = aggregate(summary)
     rows = []
     for s in suite_order(summary, suites):
         present = set(summary.loc[summary["suite"] == s, "method"])
-        if {method, rival} <= present:
-            cmp = paired_difference(summary, s, method, rival, metric, floor)
+        r_s = rival or (TUNED_WUDI_ROW if TUNED_WUDI_ROW in present else "wudi")
+        if {method, r_s} <= present:
+            cmp = paired_difference(summary, s, method, r_s, metric, floor, pairs=pairs)
             a = agg[agg["suite"] == s].set_index("method")
-            rows.append({"suite": s, "diff": cmp["diff"], "margin": cmp["margin"], "outcome": cmp["outcome"],
-                         "competes": bool(competing_rivals(summary, s, [rival], metric)[0]),
-                         "time_ratio": _time_ratio(agg, s, method, rival),
-                         "sd": float(a.loc[method, f"{metric}_sd"]), "sd_rival": float(a.loc[rival, f"{metric}_sd"])})
+            rows.append({"suite": s, "rival": r_s, "diff": cmp["diff"], "margin": cmp["margin"],
+                         "se": cmp["se"], "outcome": cmp["outcome"],
+                         "competes": bool(competing_rivals(summary, s, [r_s], metric)[0]),
+                         "time_ratio": _time_ratio(agg, s, method, r_s),
+                         "sd": float(a.loc[method, f"{metric}_sd"]), "sd_rival": float(a.loc[r_s, f"{metric}_sd"])})
     if not rows:
-        raise InputError(f"{method} and {rival} never ran on the same suite")
+        raise InputError(f"{method} and {rival or 'wudi'} never ran on the same suite")
     # a WUDI row at or below weight averaging is no competitor (docs/course.md §Margin, power and rivals)
     judged = [r for r in rows if r["competes"]]
     crit = {"not worse": all(r["outcome"] != "worse" for r in judged)} if judged else {}
@@ -299,14 +300,16 @@ def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str | N
            + ("" if len(judged) == len(rows) else "; accuracy not judged where WUDI is at or below weight averaging: "
               + ", ".join(r["suite"] for r in rows if not r["competes"]))
            + ("; WUDI at its validation-chosen learning rate shown, not judged" if tuned else ""))
-    measured = "; ".join(f"{r['suite']}: {r['diff']:+.1f} ± {r['margin']:.1f} points, time ×{r['time_ratio']:.2f}"
+    measured = "; ".join(f"{r['suite']}: {r['diff']:+.1f} ± {r['margin']:.1f} points vs {r['rival']}, "
+                         f"time ×{r['time_ratio']:.2f}"
                          + (f", sd {r['sd']:.1f} vs {r['sd_rival']:.1f}" if np.isfinite(r["sd"]) else "") for r in rows)
     if tuned:
         measured += "; not judged, WUDI's Adam learning rate chosen on val: " + "; ".join(
             f"{t['suite']} seed {t['seed']}: lr {t['lr']:g} gives {t['tuned']:.1f} (range over lr "
             f"{t['lo']:.1f}–{t['hi']:.1f}), {method} {t['ours']:.1f} ({t['diff']:+.1f})" for t in tuned)
-    effects = [effect(r["suite"], r["diff"], spread=None, noise=r["margin"]) for r in rows]
-    return Verdict(f"{method} vs {rival}: {measured}", verdict, why,
+    effects = [effect(r["suite"], r["diff"], noise=floor, se=r["se"]) if r["se"] is not None
+               else effect(r["suite"], r["diff"], spread=None, noise=r["margin"]) for r in rows]
+    return Verdict(f"{method} vs WUDI: {measured}", verdict, why,
                    {"criteria": crit, "rows": rows, "tuned_wudi": tuned}, effects)
 
 
@@ -619,7 +622,7 @@ def claim_verdicts(data: BenchmarkData, world: World | None = None) -> dict[str,
         else:
             grow_paper = None
         ace_rules["ace.grows"] = lambda s: assess_grows(s, "ace", list(GROWS_RIVALS), paper=grow_paper, world=world)
-    ace_rules["ace.vs_wudi"] = lambda s: assess_vs_wudi(s, step_size=data.step_size)
+    ace_rules["ace.vs_wudi"] = lambda s: assess_vs_wudi(s, step_size=data.step_size, pairs=pairs)
     ace_rules["ace.cost"] = assess_cost
     paper_tau = float(np.mean([rank_agreement(P.comparison_columns("ace", n), ACE_CLAIMED_RANKS)["tau"]
                                for n in P.COMPARISONS["ace"]]))

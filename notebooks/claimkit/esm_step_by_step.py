@@ -12,6 +12,8 @@ from acetools.course.esm_step_by_step import TSV_M_ROW
 from acetools.errors import InputError
 
 from .paper_tables import ESM_ABLATION, paper_room
+from .power import paired_runs
+from .stats import Z_95
 from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare, decide, effect
 
 
@@ -119,10 +121,19 @@ def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | 
     return Verdict(measured, v, why, nums, value=d)
 
 
-def verdict_gain(gains: Mapping[str, float], what: str, measured: str = "") -> Verdict:
+#: Per suite, the paired bootstrap standard error of a gain (None: no per-example results).
+SEs = Mapping[str, "float | None"]
+
+
+def _cmp(d: float, se: float | None) -> str:
+    """:func:`~claimkit.verdicts.compare` at the margin ``max(NOISE, 1.96 se)`` (NOISE without ``se``)."""
+    return compare(d, None if se is None else Z_95 * se)
+
+
+def verdict_gain(gains: Mapping[str, float], what: str, measured: str = "", se: SEs | None = None) -> Verdict:
     """esm.esd_alone / esm.ps_on_svd (rule: docs/course.md §Claim rules): ``gains`` per suite against
-    TSV-M, the paper's "SVD" row."""
-    res = {s: compare(g) for s, g in gains.items()}
+    TSV-M, the paper's "SVD" row; ``se`` their paired standard errors."""
+    res = {s: _cmp(g, (se or {}).get(s)) for s, g in gains.items()}
     txt = ", ".join(f"{s} {g:+.2f}" for s, g in gains.items())
     nums = {f"gain_{s}": float(g) for s, g in gains.items()}
     v = agreement([c == "better" for c in res.values()])
@@ -131,16 +142,18 @@ def verdict_gain(gains: Mapping[str, float], what: str, measured: str = "") -> V
     return Verdict(measured or f"{what}: {txt} points", v, why, nums)
 
 
-def verdict_layer_first(layer_gain: Mapping[str, float], all_gain: Mapping[str, float], measured: str = "") -> Verdict:
+def verdict_layer_first(layer_gain: Mapping[str, float], all_gain: Mapping[str, float], measured: str = "",
+                        se: SEs | None = None, se_all: SEs | None = None) -> Verdict:
     """esm.layer_first (rule: docs/course.md §Claim rules), per suite: ``layer_gain`` = (ESD, layer
-    only) - (ESD, no scaling) against ``all_gain`` = (ESD, all levels) - (ESD, no scaling)."""
+    only) - (ESD, no scaling) against ``all_gain`` = (ESD, all levels) - (ESD, no scaling); ``se`` and
+    ``se_all`` their paired standard errors."""
     nums, ok, some = {}, [], []
     for s in layer_gain:
         lg, tg = float(layer_gain[s]), float(all_gain[s])
         nums[f"layer_gain_{s}"], nums[f"all_gain_{s}"] = lg, tg
-        holds = compare(tg) == "better" and lg >= tg / 3
+        holds = _cmp(tg, (se_all or {}).get(s)) == "better" and lg >= tg / 3
         ok.append(holds)
-        some.append(holds or compare(lg) == "better")
+        some.append(holds or _cmp(lg, (se or {}).get(s)) == "better")
     txt = ", ".join(f"{s}: layer {layer_gain[s]:+.2f} of all three {all_gain[s]:+.2f}" for s in layer_gain)
     rule = "rule: all three levels gain and the layer level gives at least a third of it"
     v = "reproduced" if all(ok) else ("partly" if any(some) else "not reproduced")
@@ -151,17 +164,19 @@ def verdict_layer_first(layer_gain: Mapping[str, float], all_gain: Mapping[str, 
 RECIPROCAL_DROP: float = 5.0
 
 
-def verdict_reciprocal(drops: Mapping[str, float], big: float = RECIPROCAL_DROP, measured: str = "") -> Verdict:
+def verdict_reciprocal(drops: Mapping[str, float], big: float = RECIPROCAL_DROP, measured: str = "",
+                       se: SEs | None = None) -> Verdict:
     """esm.reciprocal (rule: docs/course.md §Claim rules): ``drops`` = (exponent +2) - (exponent -1)
-    per suite, against the paper's ``big``."""
+    per suite, against the paper's ``big``; ``se`` their paired standard errors."""
+    se = se or {}
     nums = {f"drop_{s}": float(d) for s, d in drops.items()}
     txt = ", ".join(f"{s} {d:+.2f}" for s, d in drops.items())
     what = f"the paper's exponent (+2) minus the reciprocal (-1): {txt} points"
     if all(d >= big for d in drops.values()):
         v, why = "reproduced", what
-    elif all(compare(d) == "better" for d in drops.values()):
+    elif all(_cmp(d, se.get(s)) == "better" for s, d in drops.items()):
         v, why = "partly", f"{what} (a drop, but less than {big:g} somewhere)"
-    elif all(compare(d) == "worse" for d in drops.values()):
+    elif all(_cmp(d, se.get(s)) == "worse" for s, d in drops.items()):
         v, why = "not reproduced", f"{what}: the reciprocal exponent is better here"
     else:
         v, why = "not reproduced", f"{what} (no drop beyond noise)"
@@ -228,39 +243,42 @@ def _paper_n(n: int) -> int:
 
 
 def _with_effects(v: Verdict, cid: str, gains: Mapping[str, float], world: Any, n_tasks: Mapping[str, int] | None,
-                  noise: float = NOISE) -> Verdict:
+                  noise: float = NOISE, se: SEs | None = None) -> Verdict:
     """``v`` with each suite's :class:`~claimkit.verdicts.Effect` (the paper's
     ablation effect scaled to ``world``'s absolute room, :data:`PAPER_ABLATION_EFFECTS`), and
     the verdict ``undecidable here`` where no suite's prediction reaches twice the floor
-    (otherwise the rule's verdict on the suites where it does, by the same agreement)."""
+    (otherwise the rule's verdict on the suites where it does, by the same agreement). ``se``: each
+    suite's paired standard error (the floor ``max(noise, 1.96 se)``)."""
+    se = dict(se or {})
     if world is None or n_tasks is None:
         return Verdict(v.measured, v.verdict, v.reason, v.numbers,
-                       [effect(s, g, noise=noise) for s, g in gains.items()])
+                       [effect(s, g, noise=noise, se=se.get(s)) for s, g in gains.items()])
     effs, agree = [], []
     for s, g in gains.items():
         pn = _paper_n(int(n_tasks[s]))
         effs.append(effect(s, g, paper=PAPER_ABLATION_EFFECTS[cid][pn], paper_room=paper_room("esm", pn),
-                           world_room=world.room_at(int(n_tasks[s]), "absolute"), noise=noise))
-        agree.append(compare(g, noise=noise) == "better")
+                           world_room=world.room_at(int(n_tasks[s]), "absolute"), noise=noise, se=se.get(s)))
+        agree.append(compare(g, None if se.get(s) is None else Z_95 * se[s], noise) == "better")
     verdict, note = decide(effs, agree)
     if verdict == UNDECIDABLE:
         return Verdict(v.measured, UNDECIDABLE, f"the paper's ablation effect scaled to this world's room is below "
                        f"twice the floor on every suite ({note}); measured: {v.reason}", v.numbers, effs)
     if note:  # decided on fewer suites than the rule saw: re-decide on the decidable ones with the rule
         sub = {e.setting: g for e, g in zip(effs, gains.values()) if e.decidable}
-        return Verdict(v.measured, v.verdict if len(sub) == len(gains) else _redecide(cid, sub, v),
+        return Verdict(v.measured, v.verdict if len(sub) == len(gains) else _redecide(cid, sub, v, se),
                        f"{v.reason}; {note}", v.numbers, effs)
     return Verdict(v.measured, v.verdict, v.reason, v.numbers, effs)
 
 
-def _redecide(cid: str, gains: Mapping[str, float], v: Verdict) -> str:
+def _redecide(cid: str, gains: Mapping[str, float], v: Verdict, se: SEs) -> str:
     """The rule of ``cid`` on the decidable suites' gains only."""
     if cid == "esm.reciprocal":
-        return verdict_reciprocal(gains).verdict
+        return verdict_reciprocal(gains, se=se).verdict
     if cid == "esm.layer_first":
         allg = {s: v.numbers[f"all_gain_{s}"] for s in gains}
-        return verdict_layer_first(gains, allg).verdict
-    return verdict_gain(gains, cid).verdict
+        se_all = {s: v.numbers.get(f"se_all_{s}") for s in gains}
+        return verdict_layer_first(gains, allg, se=se, se_all=se_all).verdict
+    return verdict_gain(gains, cid, se=se).verdict
 
 
 def ablation_verdicts(ab_table: pd.DataFrame, *, world: Any = None,
@@ -282,25 +300,38 @@ def ablation_verdicts(ab_table: pd.DataFrame, *, world: Any = None,
     def gain(a: str, b: str) -> dict[str, float]:
         return {s: float(acc.loc[a, s] - acc.loc[b, s]) for s in acc.columns}
 
+    hits = ab_table.set_index(["variant", "suite"])["correct"] if "correct" in ab_table else None
+
+    def se(a: str, b: str) -> dict[str, float | None]:  # absolute points, the rows paired example by example
+        pb = {s: None if hits is None else paired_runs(hits.get((a, s)), hits.get((b, s))) for s in acc.columns}
+        return {s: None if p is None else p.se for s, p in pb.items()}
+
     def words(cid: str) -> str:  # e.g. "test accuracy (%) tasks8: ESD, no scaling 70.10 / TSV-M ... 68.30"
         rows = ABLATION_CLAIMS[cid]
         return "test accuracy (%) " + "; ".join(f"{s}: " + " / ".join(f"{r} {acc.loc[r, s]:.2f}" for r in rows)
                                                 for s in acc.columns)
 
-    g = {"esm.esd_alone": gain("ESD, no scaling", TSV_M_ROW), "esm.ps_on_svd": gain("SVD, all levels", TSV_M_ROW),
-         "esm.layer_first": gain("ESD, layer only", "ESD, no scaling"),
-         "esm.reciprocal": gain("ESD, all levels", "ESD, reciprocal (-1)")}
+    pairs = {"esm.esd_alone": ("ESD, no scaling", TSV_M_ROW), "esm.ps_on_svd": ("SVD, all levels", TSV_M_ROW),
+             "esm.layer_first": ("ESD, layer only", "ESD, no scaling"),
+             "esm.reciprocal": ("ESD, all levels", "ESD, reciprocal (-1)")}
+    g = {cid: gain(*ab) for cid, ab in pairs.items()}
+    ses = {cid: se(*ab) for cid, ab in pairs.items()}
+    se_all = se("ESD, all levels", "ESD, no scaling")
     out = {
         "esm.esd_alone": _also(verdict_gain(g["esm.esd_alone"], "ESD (no scaling) minus TSV-M",
-                                            words("esm.esd_alone")),
+                                            words("esm.esd_alone"), ses["esm.esd_alone"]),
                                gain("ESD, no scaling", "SVD, no scaling"), "minus the in-pipeline SVD row"),
         "esm.ps_on_svd": _also(verdict_gain(g["esm.ps_on_svd"], "SVD with all levels minus TSV-M",
-                                            words("esm.ps_on_svd")),
+                                            words("esm.ps_on_svd"), ses["esm.ps_on_svd"]),
                                gain("SVD, all levels", "SVD, no scaling"), "minus the in-pipeline SVD, no scaling"),
         "esm.layer_first": verdict_layer_first(g["esm.layer_first"], gain("ESD, all levels", "ESD, no scaling"),
-                                               words("esm.layer_first")),
-        "esm.reciprocal": verdict_reciprocal(g["esm.reciprocal"], measured=words("esm.reciprocal")),
+                                               words("esm.layer_first"), ses["esm.layer_first"], se_all),
+        "esm.reciprocal": verdict_reciprocal(g["esm.reciprocal"], measured=words("esm.reciprocal"),
+                                             se=ses["esm.reciprocal"]),
     }
     suites = list(acc.columns)
-    out = {k: Verdict(v.measured, v.verdict, v.reason, {"suites": suites, **v.numbers}) for k, v in out.items()}
-    return {k: _with_effects(v, k, g[k], world, n_tasks) for k, v in out.items()}
+    extra = {f"se_all_{s}": x for s, x in se_all.items()}
+    out = {k: Verdict(v.measured, v.verdict, v.reason,
+                      {"suites": suites, **v.numbers, **{f"se_{s}": x for s, x in ses[k].items()},
+                       **(extra if k == "esm.layer_first" else {})}) for k, v in out.items()}
+    return {k: _with_effects(v, k, g[k], world, n_tasks, se=ses[k]) for k, v in out.items()}

@@ -15,7 +15,8 @@ from acetools.errors import InputError
 from acetools.results import find_results, load_per_task
 
 from .benchmark import TUNED_WUDI_ROW, competing_rivals, paired_difference
-from .power import paired_rows
+from .power import paired_rows, paired_runs
+from .stats import Z_95
 from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
 
@@ -92,25 +93,34 @@ def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:
 def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | None = None,
                   forced: bool = True) -> Verdict:
     """A stage "improves the merge" / "matters": ``gate on (forced)`` minus ``without`` (the
-    forced path with the stage off) at ``eps`` (default: every eps in ``abl``); a gain counts
-    above NOISE (one ablation per eps, no seed spread). Reproduced when the gain counts at
-    every eps, partly at some, not reproduced at none. ``forced``: the compared rows ran with the
-    gate forced on every matrix (lesson 07 reads it from the ablation rows)."""
+    forced path with the stage off) at ``eps`` (default: every eps in ``abl``). One ablation per
+    eps on one seed: the margin is ``max(NOISE, 1.96 se)`` with the paired bootstrap over the test
+    examples where ``abl`` keeps each row's ``correct`` (and ``attrs["experts"]``), else NOISE.
+    Reproduced when the gain counts at every eps, partly at some, not reproduced at none.
+    ``forced``: the compared rows ran with the gate forced on every matrix (lesson 07 reads it from
+    the ablation rows)."""
     sub = abl if eps is None else abl[abl["eps"] == eps]
-    gains = {}
+    experts = abl.attrs.get("experts")
+    gains, ses = {}, {}
     for e, g in sub.groupby("eps", sort=False):
-        on = g.loc[g["setting"] == "gate on (forced)", "test_normalized"]
-        off = g.loc[g["setting"] == without, "test_normalized"]
+        on, off = g[g["setting"] == "gate on (forced)"], g[g["setting"] == without]
         if len(on) and len(off):
-            gains[float(cast(float, e))] = float(on.iloc[0] - off.iloc[0])  # eps: a numeric column
+            key = float(cast(float, e))  # eps: a numeric column
+            gains[key] = float(on["test_normalized"].iloc[0] - off["test_normalized"].iloc[0])
+            pb = None if experts is None or "correct" not in g else \
+                paired_runs(on["correct"].iloc[0], off["correct"].iloc[0], experts)
+            ses[key] = None if pb is None else pb.se
     if not gains:
         raise InputError(f"the ablation has no rows 'gate on (forced)' and {without!r}")
-    v = agreement([compare(d) == "better" for d in gains.values()])
+    outcomes = {e: compare(d, None if ses[e] is None else Z_95 * ses[e]) for e, d in gains.items()}
+    v = agreement([o == "better" for o in outcomes.values()])
     label = " (gate forced on every matrix)" if forced else ""
     measured = f"{stage}{label}: " + ", ".join(f"eps {e:g}: {d:+.1f}" for e, d in gains.items()) + " normalized points"
-    reason = f"a gain counts above {margin():.1f} point" + ("s" if margin() != 1 else "")
-    return Verdict(measured, v, reason, {"gains": gains, "forced": forced},
-                   [effect(f"eps {e:g}" + (" (gate forced)" if forced else ""), d) for e, d in gains.items()])
+    reason = "a gain counts above its margin: " + ", ".join(
+        f"eps {e:g}: {outcomes[e]} (margin {margin(None if ses[e] is None else Z_95 * ses[e]):.2f})" for e in gains)
+    return Verdict(measured, v, reason, {"gains": gains, "se": ses, "forced": forced},
+                   [effect(f"eps {e:g}" + (" (gate forced)" if forced else ""), d, se=ses[e])
+                    for e, d in gains.items()])
 
 
 def verdict_spectrum(top5: float, cond: float | None = None) -> Verdict:

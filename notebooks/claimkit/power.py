@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from acetools.errors import InputError
@@ -59,6 +60,16 @@ def paired_rows(runs: Sequence[ResultFiles], suite: str, a: str, b: str, *, per_
             raise InputError(f"paired_rows: per_task has no test rows of 'experts (individual)' on suite {suite!r}: "
                              "no scale for normalized points")
     return paired_bootstrap(ca, cb, scale=scale, **kw)
+
+
+def paired_runs(a: Mapping[str, np.ndarray] | None, b: Mapping[str, np.ndarray] | None,
+                scale: Mapping[str, float] | None = None, **kw) -> PairedDifference | None:
+    """Two runs on one seed's world (an ablation's rows), ``{task: correctness}`` each, paired example by
+    example (:func:`claimkit.stats.paired_bootstrap` with one seed: the test examples resampled); ``scale``
+    ``{task: expert accuracy}`` for normalized points. None where either run lacks per-example results."""
+    if a is None or b is None:
+        return None
+    return paired_bootstrap({0: a}, {0: b}, scale=scale, **kw)
 
 
 def ceiling_prediction(paper_effect: float, paper_room: float, world_room: float,

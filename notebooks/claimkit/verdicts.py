@@ -232,6 +232,8 @@ class Effect:
         return has_power(self.predicted, self.floor) if self.scaled else abs(self.predicted) > self.floor
 
     def margin_rule(self) -> str:
+        if self.predicted is not None and not self.scaled:  # Kendall tau against its chance floor
+            return f"the chance floor {self.floor:.2f} of a unit-free measure (no paired difference to resample)"
         if self.se is None:
             return f"max(NOISE, sd over seeds) = {self.floor:.2f}: no per-example results"
         return f"max(NOISE, 1.96 × {self.se:.2f}) = {self.floor:.2f}: paired bootstrap over test examples and seeds"

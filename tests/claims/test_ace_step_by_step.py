@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -15,7 +16,8 @@ from tests.course.test_ace_step_by_step import two_suite_ablation
 def test_ablation_effects():
     ab = two_suite_ablation()
     eff = AV.ablation_effects(ab, {"s8": 0.0, "s20": 0.5})
-    assert eff["normalization"][0] == {"suite": "s8", "frac_flagged": 0.0, "d_auto": -2.0, "d_forced": 1.0}
+    assert eff["normalization"][0] == {"suite": "s8", "frac_flagged": 0.0, "d_auto": -2.0, "d_forced": 1.0,
+                                       "se_auto": None, "se_forced": None}  # no per-example results: no se
     assert eff["csp"][1]["d"] == 4.0
     # nothing flagged in s8: refinement is judged with the gate forced (labelled); s20 with ACE as is
     assert eff["refinement"][0]["d"] == 1.0 and "gate forced" in eff["refinement"][0]["what"]
@@ -24,6 +26,30 @@ def test_ablation_effects():
     few = AV.ablation_effects(ab, {"s8": 0.08, "s20": 0.5})
     assert few["refinement"][0]["gate_forced"] and not few["refinement"][1]["gate_forced"]
     assert eff["refinement"][1]["d"] == 5.0 and eff["refinement"][1]["what"] == "full - no refinement"
+
+
+def _paired_ablation(n: int) -> AC.Ablation:
+    """One suite, one task of ``n`` test examples (expert accuracy 1): "ACE (full)" gets the first 60 % right,
+    "no structural prior" the first 50 %: the prior gains 10 points on ``n / 10`` examples."""
+    variants = (AC.FULL, AC.GATE_ON, AC.GATE_ON_NO_REFINE, AC.GATE_OFF, AC.NO_PRIOR, AC.NO_REFINE)
+    right = {AC.FULL: 0.6, AC.NO_PRIOR: 0.5}
+    table = pd.DataFrame([{"suite": "s", "variant": v, "test_normalized": 100 * right.get(v, 0.55)} for v in variants])
+    per_task = pd.DataFrame([{"suite": "s", "variant": v, "task": "t", "expert": 100.0,
+                              "correct": np.arange(n) < round(right.get(v, 0.55) * n)} for v in variants])
+    return AC.Ablation(table, per_task)
+
+
+def test_stage_margins_carry_the_test_noise():
+    # 10 points gained on 2 of 20 examples: the paired se is 100 * sqrt(0.1 * 0.9 / 20) = 6.7, so the
+    # margin (13.1) swallows the gain: a tie, where the bare 0.5-point floor would call it a gain
+    small = AV.ablation_effects(_paired_ablation(20), {"s": 0.0})["csp"]
+    assert small[0]["d"] == pytest.approx(10.0) and small[0]["se"] == pytest.approx(6.7, abs=1.0)
+    v = AV.verdict_csp(small)
+    assert v.verdict == "not reproduced" and "tie" in v.reason and v.effects[0].se == small[0]["se"]
+    assert AV.verdict_csp([{**small[0], "se": None}]).verdict == "reproduced"
+    # the same gain on 2,000 examples: se 0.67, margin 1.3: the gain counts
+    large = AV.ablation_effects(_paired_ablation(2000), {"s": 0.0})["csp"]
+    assert large[0]["se"] == pytest.approx(0.67, abs=0.1) and AV.verdict_csp(large).verdict == "reproduced"
 
 
 def test_ridge_over_prior_is_the_median_over_matrices():
@@ -78,7 +104,7 @@ def test_verdict_csp_and_refinement():
     assert AV.verdict_csp([{"suite": "a", "d": -2.0}]).verdict == "not reproduced"
     r = AV.verdict_refinement([{"suite": "a", "d": 0.0, "what": "gate forced: refined - not refined"}])
     v, reason, _ = r.verdict, r.reason, r.numbers
-    assert v == "not reproduced" and "gate forced" in reason and "(tie)" in reason  # no world: the measurement decides
+    assert v == "not reproduced" and "gate forced" in reason and "(tie, margin 0.50)" in reason  # no world: the measurement decides
     # the ridge swamps the prior (eps 1e-2 in the mini-world): the stage does not act, nothing to decide
     sw = AV.verdict_csp([{"suite": "a", "d": 0.1}], ridge_over_prior=12.0, eps=1e-2)
     assert sw.verdict == "not testable here" and "12× the structural prior" in sw.reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -144,3 +145,18 @@ def test_ablation_verdicts_judge_against_tsv_m_and_keep_the_in_pipeline_rows():
     assert EV.ablation_verdicts(_ablation(acc))["esm.esd_alone"].verdict == "partly"
     with pytest.raises(ValueError, match="TSV-M"):
         EV.ablation_verdicts(_ablation({k: a for k, a in acc.items() if k != ec.TSV_M_ROW}))
+
+
+def test_ablation_margins_pair_the_rows_by_example():
+    # the reciprocal costs 2 points on a 50-example task (1 example): se 100 * sqrt(0.02 * 0.98 / 50) = 1.98,
+    # margin 3.9: no drop beyond noise, where the bare 0.5-point floor would call 2 points a drop
+    acc = dict(PAPER_ABLATION)
+    acc["ESD, reciprocal (-1)"] = (91.8 - 2.0, 84.9 - 2.0)
+    table = _ablation(acc)
+    n = 50
+    table["correct"] = [{"t": np.arange(n) < round(a / 100 * n)} for a in table["test_acc"]]
+    v = EV.ablation_verdicts(table)["esm.reciprocal"]
+    assert v.numbers["se_t8"] == pytest.approx(1.98, abs=0.3) and v.verdict == "not reproduced"
+    assert "no drop beyond noise" in v.reason and {e.setting: e.se for e in v.effects}["t8"] == v.numbers["se_t8"]
+    # without per-example results the seed rule's 0.5-point floor decides: a drop, smaller than the paper's
+    assert EV.ablation_verdicts(table.drop(columns="correct"))["esm.reciprocal"].verdict == "partly"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -57,6 +58,22 @@ def test_stage_rule_reads_the_forced_path():
     assert "gate forced" in v.measured
     with pytest.raises(ValueError, match="no rows"):
         LV.verdict_stage(abl, "gate on, no prior", "the prior")
+
+
+def test_stage_rule_pairs_the_rows_by_example():
+    # eps 1e-2: 10 points gained on 2 of 20 examples of one task: se 6.7, margin 13.1: a tie, not a gain;
+    # eps 1e-5: the same gain on 2,000 examples counts (se 0.67)
+    rows = []
+    for eps, n in ((1e-2, 20), (1e-5, 2000)):
+        for setting, p in (("gate on (forced)", 0.6), ("gate on, no refinement", 0.5)):
+            rows.append({"eps": eps, "setting": setting, "test_normalized": 100 * p,
+                         "correct": {"t": np.arange(n) < round(p * n)}})
+    abl = pd.DataFrame(rows)
+    abl.attrs["experts"] = {"t": 1.0}
+    v = LV.verdict_stage(abl, "gate on, no refinement", "refinement")
+    assert v.numbers["se"][0.01] == pytest.approx(6.7, abs=1.0) and v.numbers["se"][1e-5] == pytest.approx(0.67, abs=0.1)
+    assert v.verdict == "partly" and "eps 0.01: tie" in v.reason and "eps 1e-05: better" in v.reason
+    assert [e.se for e in v.effects] == [v.numbers["se"][0.01], v.numbers["se"][1e-5]]
 
 
 def test_spectrum_rule_and_the_anchor_table():

@@ -166,3 +166,28 @@ def test_wudi_at_or_below_weight_averaging_judges_no_accuracy():
     assert v.numbers["criteria"]["not worse"] is True and v.verdict == "reproduced"
     below = summ[summ["suite"] == "t20"]
     assert "not worse" not in BV.assess_vs_wudi(below).numbers["criteria"]
+
+
+def test_vs_wudi_takes_the_tuned_row_per_suite_and_pairs_by_example():
+    from claimkit.stats import PairedDifference
+    from tests.test_results import summary_rows
+
+    sec = {(s, m): t for s in ("t8", "t20") for m, t in (("ace", 1.0), ("wudi", 10.0), (BV.TUNED_WUDI_ROW, 30.0),
+                                                          ("weight_averaging", 0.1))}
+    summ = summary_rows({("t8", 8): {"ace": [80, 80], "wudi": [70, 70], BV.TUNED_WUDI_ROW: [79, 79],
+                                     "weight_averaging": [60, 60]},
+                         ("t20", 20): {"ace": [60, 60], "wudi": [55, 55], "weight_averaging": [50, 50]}}, seconds=sec)
+    calls = []
+
+    def pairs(suite, a, b):  # a paired bootstrap's answer: se 1 point
+        calls.append((suite, a, b))
+        return PairedDifference(1.0, 1.0, -1.0, 3.0, 0.95, 2, 100, 2000)
+
+    v = BV.assess_vs_wudi(summ, pairs=pairs)
+    rows = {r["suite"]: r for r in v.numbers["rows"]}
+    # t8 has WUDI with its step size on validation, t20 only the default: each suite its own rival
+    assert rows["t8"]["rival"] == BV.TUNED_WUDI_ROW and rows["t20"]["rival"] == "wudi"
+    assert calls == [("t8", "ace", BV.TUNED_WUDI_ROW), ("t20", "ace", "wudi")]
+    # the margin is 1.96 se: +1 point over tuned WUDI is a tie, not a lead
+    assert rows["t8"]["margin"] == pytest.approx(1.959964) and rows["t8"]["outcome"] == "tie"
+    assert {e.setting: e.se for e in v.effects} == {"t8": 1.0, "t20": 1.0}

@@ -176,6 +176,14 @@ class StubBench:
         v = float(sum(w.double().abs().sum() for w in state.values()))
         return {"a": (v % 1.0) / 2, "b": 0.5}
 
+    def scored(self, state, split="test"):
+        """Per task, which of 10 examples are right (the first 10·acc of evaluate()), and their accuracy."""
+        hits = {t: np.arange(10) < round(10 * a) for t, a in self.evaluate(state, split).items()}
+        return {t: float(h.mean()) for t, h in hits.items()}, hits
+
+    def expert_accuracy(self, split="test"):
+        return {"a": 0.8, "b": 0.8}
+
     def normalized(self, acc, split):
         return {t: a / 0.8 for t, a in acc.items()}
 
@@ -185,7 +193,8 @@ class StubBench:
     def run(self, method, *, search="default", label=None, **hparams):
         self.runs.append((method, search, label, hparams))
         return SimpleNamespace(coef_name="scaling", coef=1.3, test={"a": 0.4, "b": 0.6},
-                               test_normalized={"a": 0.5, "b": 0.75})
+                               test_normalized={"a": 0.5, "b": 0.75},
+                               test_correct={"a": np.arange(10) < 4, "b": np.arange(10) < 6})
 
 
 def test_run_ablation_passes_the_switches_through():
@@ -202,10 +211,13 @@ def test_run_ablation_passes_the_switches_through():
     other = acetools.merge("ace", base, experts)
     assert not all(torch.equal(bench.evaluated[0][k], other[k]) for k in other)
     assert set(ab.per_task.task) == {"a", "b"} and len(ab.per_task) == 2 * len(variants)
+    # each test example's correctness and the experts' accuracy travel with the per-task rows (paired margins)
+    for _, r in ab.per_task.iterrows():
+        assert r.expert == 80.0 and r.correct.dtype == bool and r.correct.mean() == pytest.approx(r.accuracy / 100)
     row = ab.table.set_index("variant").loc["no prior"]
     assert row.hparams == "prior=False" and row.suite == "stub"
     accs = [bench.evaluate(s)["a"] for s in list(bench.evaluated)]
-    np.testing.assert_allclose(ab.table.test_acc, [100 * (a + 0.5) / 2 for a in accs])
+    np.testing.assert_allclose(ab.table.test_acc, [100 * (round(10 * a) / 10 + 0.5) / 2 for a in accs])
     np.testing.assert_allclose(ab.table.test_normalized, ab.table.test_acc / 0.8)
 
 
@@ -226,6 +238,11 @@ def test_run_ablation_reuses_identical_merges_and_adds_the_scaled_row():
     assert bench.runs == [("ace", ACE_SCALED, AC.SCALED_LABEL, {"eps": 0.02})]
     assert t.loc[AC.SCALED_LABEL, "scaling"] == 1.3
     assert t.loc[AC.SCALED_LABEL, "test_normalized"] == pytest.approx(62.5)
+    scaled = ab.per_task[ab.per_task.variant == AC.SCALED_LABEL].set_index("task")["correct"]
+    assert scaled["a"].sum() == 4 and scaled["b"].sum() == 6
+    # a reused merge reuses its per-example results too
+    pt = ab.per_task.set_index(["variant", "task"])["correct"]
+    assert all(np.array_equal(pt[AC.GATE_OFF, t], pt[AC.FULL, t]) for t in ("a", "b"))
     assert (ab.table.suite == "mine").all()
 
 
