@@ -18,7 +18,7 @@ import re
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
@@ -48,11 +48,17 @@ ACE_SCALED = Search("scaling", "grid", tuple(np.round(np.linspace(0.1, 2.0, 20),
 ACE_SCALED_ROW: dict[str, dict[str, Any]] = {"ace (scaling on val)": {"method": "ace", "search": ACE_SCALED}}
 
 #: The variant rows of ``acetools bench --variants``: ACE with the gate off (the paper's ViT setting) and at
-#: the paper's eps = 1e-5 beside the code's 1e-2 (docs/methods.md §ACE).
+#: the paper's eps = 1e-5 beside the code's 1e-2 (docs/methods.md §ACE); WUDI at two larger step sizes, which
+#: :data:`PICKED` chooses among on validation.
 VARIANTS: dict[str, dict[str, Any]] = {
     "ace (gate off)": {"method": "ace", "search": None, "gate": "off"},
     "ace (eps 1e-5)": {"method": "ace", "search": None, "eps": 1e-5},
+    "wudi (lr 1e-4)": {"method": "wudi", "search": None, "lr": 1e-4},
+    "wudi (lr 1e-3)": {"method": "wudi", "search": None, "lr": 1e-3},
 }
+#: Rows chosen on validation among variant rows of a hyperparameter that does not enter the merge affinely
+#: (:func:`best_on_val`): label -> (hyperparameter, the rows it picks from).
+PICKED = {"wudi (lr on val)": ("lr", ("wudi", "wudi (lr 1e-4)", "wudi (lr 1e-3)"))}
 
 
 def package_versions() -> dict[str, str]:
@@ -426,3 +432,26 @@ def aggregate_seeds(folder: str | Path, suite: str, size: str) -> pd.DataFrame:
                         "test_normalized_min": span["min"], "test_normalized_max": span["max"],
                         "coef_mean": agg["coef"], "merge_seconds": agg["merge_seconds"]})
     return out.rename_axis("method").reset_index()
+
+
+def best_on_val(runs: Sequence[MethodRun], members: Sequence[str], label: str, param: str) -> MethodRun:
+    """The row of ``members`` (run names, one method at several values of ``param``, a hyperparameter that does not
+    enter the merge affinely, e.g. WUDI's step size) with the best mean normalized validation accuracy, as the
+    row ``label``: its test is that row's, its coefficient that value of ``param``, its merge time the members'
+    sum (choosing needed every merge)."""
+    by_name = {r.name: r for r in runs}
+    missing = [m for m in members if m not in by_name]
+    if missing:
+        raise InputError(f"best_on_val({label!r}): no run named {missing[0]!r} among {sorted(by_name)}")
+    rows = [by_name[m] for m in members]
+    best = max(rows, key=lambda r: float(np.mean(list(r.val_normalized.values()))))  # the first of equals
+    value = best.hparams.get(param, METHODS[best.method].hparams[param])
+    return replace(best, label=label, coef_name=param, coef=float(value), hparams={**best.hparams, param: value},
+                   merge_seconds=sum(r.merge_seconds for r in rows), search=None)
+
+
+def picked_rows(runs: Sequence[MethodRun]) -> list[MethodRun]:
+    """The :data:`PICKED` rows whose members all ran (:func:`best_on_val`)."""
+    names = {r.name for r in runs}
+    return [best_on_val(runs, members, label, param) for label, (param, members) in PICKED.items()
+            if names.issuperset(members)]

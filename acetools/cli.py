@@ -320,7 +320,8 @@ def _add_bench(sub) -> None:
     b.add_argument("--whole-grid", action="store_true", help="search every coefficient of the grid (no patience)")
     b.add_argument("--ace-scaled", action="store_true", help="also run ACE with its scaling chosen on val")
     b.add_argument("--variants", action="store_true",
-                   help="also run the variant rows (ACE with the gate off, ACE at eps 1e-5)")
+                   help="also run the variant rows (ACE with the gate off, ACE at eps 1e-5, WUDI at lr 1e-4 "
+                        "and 1e-3, and WUDI at the lr chosen on validation)")
     b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
     _bench_world_options(b)
     b.set_defaults(func=_cmd_bench)
@@ -329,7 +330,7 @@ def _add_bench(sub) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     """``acetools bench``: the same tables in every world, one run per seed (the papers' numbers
     beside them are the course's: notebook 04, ``paper_tables.beside_papers``)."""
-    from .benchmark import ACE_SCALED_ROW, VARIANTS, Benchmark, aggregate_seeds
+    from .benchmark import ACE_SCALED_ROW, VARIANTS, Benchmark, aggregate_seeds, picked_rows
     from .utils import atomic_write
     from .world import get_world
 
@@ -356,6 +357,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         bench = Benchmark(world, n_val=args.n_val, n_test=args.n_test, threads=args.threads,
                           patience=None if args.whole_grid else args.patience)
         runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
+        runs += picked_rows(runs)  # e.g. WUDI at the step size of its variant rows chosen on validation
         stem = f"{name}_{size}_seed{seed}"
         if args.out:
             bench.save(runs, Path(args.out), stem)

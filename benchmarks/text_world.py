@@ -26,18 +26,12 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from acetools.benchmark import MethodRun, Search  # noqa: E402
-from acetools.errors import InputError  # noqa: E402
-from acetools.merging import METHODS  # noqa: E402
+from acetools.benchmark import Search, picked_rows  # noqa: E402
 from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID  # noqa: E402
 from acetools.search import PATIENCE  # noqa: E402
 from acetools.world.base import cache_dir  # noqa: E402
@@ -69,9 +63,6 @@ TEXT_VARIANTS = {
     "wudi (lr 1e-4)": {"method": "wudi", "search": None, "lr": 1e-4},
     "wudi (lr 1e-3)": {"method": "wudi", "search": None, "lr": 1e-3},
 }
-#: Rows chosen on validation among variant rows of a hyperparameter that does not enter the merge affinely
-#: (:func:`best_on_val`): label -> (hyperparameter, the rows it picks from).
-PICKED = {"wudi (lr on val)": ("lr", ("wudi", "wudi (lr 1e-4)", "wudi (lr 1e-3)"))}
 
 
 def _world(args, seed):
@@ -186,22 +177,6 @@ def _add_rows(args, b, stem: str) -> list:
     return runs
 
 
-def best_on_val(runs: Sequence[MethodRun], members: Sequence[str], label: str, param: str) -> MethodRun:
-    """The row of ``members`` (run names, one method at several values of ``param``, a hyperparameter that does not
-    enter the merge affinely, e.g. WUDI's step size) with the best mean normalized validation accuracy, as the
-    row ``label``: its test is that row's, its coefficient that value of ``param``, its merge time the members'
-    sum (choosing needed every merge)."""
-    by_name = {r.name: r for r in runs}
-    missing = [m for m in members if m not in by_name]
-    if missing:
-        raise InputError(f"best_on_val({label!r}): no run named {missing[0]!r} among {sorted(by_name)}")
-    rows = [by_name[m] for m in members]
-    best = max(rows, key=lambda r: float(np.mean(list(r.val_normalized.values()))))  # the first of equals
-    value = best.hparams.get(param, METHODS[best.method].hparams[param])
-    return replace(best, label=label, coef_name=param, coef=float(value), hparams={**best.hparams, param: value},
-                   merge_seconds=sum(r.merge_seconds for r in rows), search=None)
-
-
 def _row_store(args, w, stem: str) -> Path:
     """Where ``bench`` keeps each finished row until the seed's tables are saved, so a stopped run resumes
     with its next row (``Benchmark.run_all``'s ``store``). The folder is named after the protocol and the
@@ -234,9 +209,7 @@ def bench(args) -> None:
         store = _row_store(args, w, stem)
         resumed = len(list(store.glob("*.pkl"))) if store.is_dir() else 0  # rows kept by a run that was stopped
         runs = b.run_all(methods, extra=_variants(args), progress=True, store=store)
-        names = {r.name for r in runs}
-        runs += [best_on_val(runs, members, label, param) for label, (param, members) in PICKED.items()
-                 if names.issuperset(members)]
+        runs += picked_rows(runs)
         paths = b.save(runs, args.out, stem)
         # the run's cost: wall time, peak memory, and each method's merge and input time
         rec = {"suite": args.suite, "heads": args.heads, "seed": seed, "threads": args.threads,

@@ -72,11 +72,12 @@ def test_variant_rows_are_the_labelled_merges(bench):
     import acetools
     from acetools.benchmark import VARIANTS
 
-    runs = bench.run_all(["ace"], references=False, extra=VARIANTS)
-    assert [r.name for r in runs] == ["ace", "ace (gate off)", "ace (eps 1e-5)"]
-    for r, hp in zip(runs[1:], ({"gate": "off"}, {"eps": 1e-5})):
-        assert r.method == "ace" and r.coef is None and r.hparams == hp
-        direct = acetools.merge("ace", bench.base, bench.experts, **hp)
+    runs = bench.run_all(["ace", "wudi"], references=False, extra=VARIANTS)
+    assert [r.name for r in runs] == ["ace", "wudi", "ace (gate off)", "ace (eps 1e-5)", "wudi (lr 1e-4)",
+                                      "wudi (lr 1e-3)"]
+    for r, hp in zip(runs[2:], ({"gate": "off"}, {"eps": 1e-5}, {"lr": 1e-4}, {"lr": 1e-3})):
+        assert r.method == r.name.split(" ")[0] and r.coef is None and r.hparams == hp
+        direct = acetools.merge(r.method, bench.base, bench.experts, **hp)
         assert bench.evaluate(direct, "test") == pytest.approx(r.test)
 
 

@@ -84,10 +84,8 @@ def test_the_bench_adds_wudi_at_its_validation_step_size_and_names_the_heads(tex
     assert json.loads((tmp_path / "r" / f"bench_{stem}.json").read_text())["heads"] == "zeroshot"
 
 
-def test_best_on_val_picks_the_member_with_the_best_validation_not_test(text_world):
-    from acetools.benchmark import MethodRun
-
-    best_on_val = text_world.best_on_val
+def test_best_on_val_picks_the_member_with_the_best_validation_not_test():
+    from acetools.benchmark import MethodRun, best_on_val, picked_rows
 
     def row(label, lr, val, test, secs):
         hp = {} if lr is None else {"lr": lr}
@@ -102,3 +100,5 @@ def test_best_on_val_picks_the_member_with_the_best_validation_not_test(text_wor
     assert best_on_val(runs, ["wudi", "wudi (lr 1e-4)"], "x", "lr").coef == 1e-5
     with pytest.raises(ValueError, match="no run named 'wudi .lr 1e-2.'"):
         best_on_val(runs, ["wudi (lr 1e-2)"], "x", "lr")
+    # the drivers add every PICKED row whose members all ran, and none otherwise
+    assert [r.name for r in picked_rows(runs)] == ["wudi (lr on val)"] and picked_rows(runs[:2]) == []
