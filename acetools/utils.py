@@ -13,7 +13,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
@@ -79,14 +79,12 @@ def _interactive() -> bool:
         return True
     if os.environ.get("ACETOOLS_PROGRESS") == "0" or os.environ.get("CI"):
         return False
-    try:  # inside Jupyter
+    with suppress(Exception):  # inside Jupyter (IPython may be missing)
         from IPython import get_ipython  # type: ignore
 
         ip = get_ipython()
         if ip is not None and "IPKernelApp" in getattr(ip, "config", {}):
             return True
-    except Exception:  # pragma: no cover - IPython missing
-        pass
     return sys.stderr.isatty()
 
 
@@ -140,10 +138,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 
