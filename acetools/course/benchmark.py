@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -127,10 +128,8 @@ def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str,
     for s in run_suites:
         for table in paper_tables.COMPARISONS:
             if world_options and not quick and not text:  # the papers' own backbone
-                try:
+                with contextlib.suppress(KeyError):  # a table may have no ViT-B/32 column at this many tasks
                     paper_cols[table, s] = paper_tables.paper_column(table, "ViT-B/32", paper_n[s])
-                except KeyError:  # this table has no ViT-B/32 column at this many tasks
-                    pass
             elif paper_n[s] in paper_tables.COMPARISONS[table]:
                 paper_cols[table, s] = paper_tables.comparison_columns(table, paper_n[s])
     speed = pd.DataFrame() if quick else results.load_merge_speed(speed_dir)

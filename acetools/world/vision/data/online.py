@@ -5,6 +5,7 @@ dataset raises :class:`DataSourceError` saying how to get it (splits: docs/visio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Mapping
@@ -187,10 +188,8 @@ def _cached(name: str, root: Path, allow_download: bool) -> tuple[dict[str, np.n
     if path.is_file():
         return load_npz(path)
     arrays, meta = build_online(name, root, allow_download)
-    try:
+    with contextlib.suppress(OSError):  # a read-only data folder
         save_npz(path, arrays, meta)
-    except OSError:  # pragma: no cover - read-only data folder
-        pass
     return arrays, meta
 
 

@@ -4,6 +4,7 @@ with heads related to but not the same as the tasks' labels (docs/vision-world.m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import string
 import time
@@ -121,10 +122,8 @@ def pretraining_pool(*, root: str | os.PathLike | None = None, seed: int = 0, n_
             arrays[f"label_{h}"] = np.concatenate(heads[h])[order]
         meta = {"params": params, "seconds": round(time.perf_counter() - t0, 3),
                 "digest": digest_arrays(arrays["x"])}
-        try:
+        with contextlib.suppress(OSError):  # a read-only data folder
             save_npz(path, arrays, meta)
-        except OSError:  # pragma: no cover - read-only data folder
-            pass
     used_heads = ["domain"] + [_SOURCE_HEAD[s] for s in sources]
     return PretrainData(x=torch.from_numpy(arrays["x"]),
                         labels={h: torch.from_numpy(arrays[f"label_{h}"]) for h in used_heads},
