@@ -34,10 +34,7 @@ def alt_text(fig: Any) -> str:
 def setup() -> None:
     """The plotting theme, and alt text for inline figures (inside IPython only)."""
     set_theme()
-    try:
-        from IPython.core.getipython import get_ipython
-    except ImportError:  # pragma: no cover - IPython is a course dependency
-        return
+    from IPython.core.getipython import get_ipython  # ipykernel, a dependency, brings IPython
     shell = get_ipython()
     if shell is None:
         return

@@ -14,10 +14,7 @@ from ..errors import InputError, InputKeyError
 def in_frontend() -> bool:
     """Whether this process is a Jupyter kernel (a notebook, papermill, VS Code): only there
     can a widget's output be shown; elsewhere ``display`` would print the figure's repr."""
-    try:
-        from IPython.core.getipython import get_ipython
-    except ImportError:  # pragma: no cover - IPython ships with ipywidgets
-        return False
+    from IPython.core.getipython import get_ipython  # IPython ships with ipywidgets, a dependency
     ip = get_ipython()
     return ip is not None and getattr(ip, "kernel", None) is not None
 

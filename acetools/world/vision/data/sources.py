@@ -144,10 +144,7 @@ def _read_animals(d: str) -> dict[str, np.ndarray]:
 
 def sklearn_digits() -> dict[str, np.ndarray]:
     """scikit-learn's bundled 8×8 digits: ``x [1797,8,8]`` float in 0..16 and ``y``."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:  # pragma: no cover - sklearn is a dependency
-        raise DataSourceError("scikit-learn's digits are needed: `pip install scikit-learn`") from e
+    from sklearn.datasets import load_digits  # scikit-learn is a dependency of acetools
     d = cast(Any, load_digits())  # a Bunch (sklearn types the return_X_y=True tuple beside it)
     return {"x": d.images.astype(np.float64), "y": d.target.astype(np.int64)}
 
