@@ -182,19 +182,16 @@ def _cached_checkpoint(tag_cfg: dict, cache_dir: str | None) -> str | None:
         return tag_cfg["file"] if os.path.isfile(tag_cfg["file"]) else None
     hub = tag_cfg.get("hf_hub", "")
     if hub:
-        try:
-            from huggingface_hub import try_to_load_from_cache
-        except ImportError:  # pragma: no cover - huggingface_hub is an open_clip dependency
-            try_to_load_from_cache = None
-        if try_to_load_from_cache is not None:
-            model_id, filename = os.path.split(hub)
-            names = [filename] if filename else ["open_clip_pytorch_model.bin"]
-            names = [n.rsplit(".", 1)[0] + ".safetensors" for n in names] + names
-            names = ["open_clip_model.safetensors"] * (not filename) + names
-            for name in names:
-                found = try_to_load_from_cache(model_id, name, cache_dir=cache_dir)
-                if isinstance(found, str) and os.path.isfile(found):
-                    return found
+        from huggingface_hub import try_to_load_from_cache  # an open_clip (and transformers) dependency
+
+        model_id, filename = os.path.split(hub)
+        names = [filename] if filename else ["open_clip_pytorch_model.bin"]
+        names = [n.rsplit(".", 1)[0] + ".safetensors" for n in names] + names
+        names = ["open_clip_model.safetensors"] * (not filename) + names
+        for name in names:
+            found = try_to_load_from_cache(model_id, name, cache_dir=cache_dir)
+            if isinstance(found, str) and os.path.isfile(found):
+                return found
     url = tag_cfg.get("url", "")
     if url:
         root = cache_dir or os.path.expanduser("~/.cache/clip")
