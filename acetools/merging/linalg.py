@@ -725,12 +725,6 @@ class Refinement(NamedTuple):
     Vh: Tensor  # right singular vectors, transposed (r, d_in) (streamed: (k, d_in))
     W_fused: Tensor | None = None  # (d_out, d_in)
 
-    def at_rank(self, W_pre: Tensor, k: int) -> Tensor:
-        """W_pre + mean(S_fused[:k]) U_k V_kᵀ: the refinement at another rank (k = 0: W_pre)."""
-        if k == 0:
-            return W_pre.clone()
-        return isotropic_update(W_pre, self.U[:, :k] @ self.Vh[:k, :], self.S_fused[:k].mean())
-
 
 def isotropic_update(W_pre: Tensor, UV_k: Tensor, sigma_iso: Tensor | float) -> Tensor:
     """W_bar = W_bar_pre + sigma_iso U_k V_kᵀ (eq. 19); ``UV_k`` (U_k V_kᵀ) is overwritten."""

@@ -49,7 +49,8 @@ def stages():
                             "cov_diag": sum(covs.Sigma_tilde).diagonal().numpy(), "ridge": float(covs.ridge.sum())})
     sv = torch.linalg.svdvals
     spectra = {"W_pre (closed form)": sv(W_pre).numpy(), "W_fused": ref.S_fused.numpy(), "W": sv(ref.W).numpy()}
-    refined = {k: sv(ref.at_rank(W_pre, k)).numpy() for k in range(1, 7)}
+    refined = {k: sv(A.isotropic_update(W_pre, ref.U[:, :k] @ ref.Vh[:k, :], ref.S_fused[:k].mean())).numpy()
+               for k in range(1, 7)}
     return SimpleNamespace(W_pre=W_pre, k=ref.k, rank=6, weights=weights, profile=profile, spectra=spectra,
                            refined=refined)
 
