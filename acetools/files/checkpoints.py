@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import mmap
 import os
@@ -46,8 +45,6 @@ __all__ = [
     "load_checkpoint",
     "sidecar_path",
 ]
-
-log = logging.getLogger("acetools.files.checkpoints")
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
 # safetensors' dtype names; the float8 and wide unsigned ones where this torch has them

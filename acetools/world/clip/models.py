@@ -7,7 +7,6 @@ preprocessing).
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["HFImageEncoder", "load_hf_base", "load_hf_expert", "zeroshot_head", "tokenize",
            "OPENCLIP_NAMES", "load_openclip_state", "openclip_encoder", "openclip_paths", "UnsafeCheckpoint"]
 
-log = logging.getLogger(__name__)
 StateDict = dict[str, Tensor]
 
 
