@@ -26,13 +26,11 @@ from torch import Tensor
 
 from .errors import InputError, InputTypeError
 
-__all__ = ["ORIENTATIONS", "TensorMeta", "Layout", "PRESETS", "get_layout", "detect_layout", "is_classifier",
+__all__ = ["TensorMeta", "Layout", "PRESETS", "get_layout", "detect_layout", "is_classifier",
            "CLASSIFIER_ARCHITECTURES", "describe", "format_table", "default_layout", "BASE_MODEL_PREFIXES",
            "base_model_prefix", "PrefixAlignment", "align_prefix"]
 
 log = logging.getLogger("acetools.layouts")
-
-ORIENTATIONS = ("out_in", "in_out")
 
 
 class TensorMeta(NamedTuple):
