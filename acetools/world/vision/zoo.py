@@ -95,10 +95,6 @@ def data_hash(data) -> str:
 # --------------------------------------------------------------------------- the zoo
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
@@ -252,7 +248,8 @@ class Zoo(WorldBase):
             t0 = time.perf_counter()
             state, recipe, metrics = make()
             meta = {"kind": kind, "task": task, "key": key, "key_fields": key_fields, "recipe": recipe,
-                    "metrics": metrics, "seconds": round(time.perf_counter() - t0, 2), "created": _now(),
+                    "metrics": metrics, "seconds": round(time.perf_counter() - t0, 2),
+                    "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     "acetools_model_version": MODEL_VERSION}
             side = save_checkpoint(path, state, meta)
             self.built.append(ident)
