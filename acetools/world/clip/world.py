@@ -57,7 +57,6 @@ class ClipWorld(WorldBase):
     kind = "clip"
     size = "clip-vit-b32"
     base_label = "base (zero-shot heads)"
-    mtl = False
 
     def __init__(self, suite: str = "clip8", seed: int = 0, *, tasks: Sequence[str] | None = None,
                  models_root: str | os.PathLike | None = None, data_root: str | os.PathLike | None = None,
