@@ -125,9 +125,9 @@ def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | 
 SEs = Mapping[str, "float | None"]
 
 
-def _cmp(d: float, se: float | None) -> str:
-    """:func:`~claimkit.verdicts.compare` at the margin ``max(NOISE, 1.96 se)`` (NOISE without ``se``)."""
-    return compare(d, None if se is None else Z_95 * se)
+def _cmp(d: float, se: float | None, noise: float = NOISE) -> str:
+    """:func:`~claimkit.verdicts.compare` at the margin ``max(noise, 1.96 se)`` (``noise`` without ``se``)."""
+    return compare(d, None if se is None else Z_95 * se, noise)
 
 
 def verdict_gain(gains: Mapping[str, float], what: str, measured: str = "", se: SEs | None = None) -> Verdict:
@@ -258,7 +258,7 @@ def _with_effects(v: Verdict, cid: str, gains: Mapping[str, float], world: Any, 
         pn = _paper_n(int(n_tasks[s]))
         effs.append(effect(s, g, paper=PAPER_ABLATION_EFFECTS[cid][pn], paper_room=paper_room("esm", pn),
                            world_room=world.room_at(int(n_tasks[s]), "absolute"), noise=noise, se=se.get(s)))
-        agree.append(compare(g, None if se.get(s) is None else Z_95 * se[s], noise) == "better")
+        agree.append(_cmp(g, se.get(s), noise) == "better")
     verdict, note = decide(effs, agree)
     if verdict == UNDECIDABLE:
         return Verdict(v.measured, UNDECIDABLE, f"the paper's ablation effect scaled to this world's room is below "

@@ -104,7 +104,8 @@ def test_verdict_csp_and_refinement():
     assert AV.verdict_csp([{"suite": "a", "d": -2.0}]).verdict == "not reproduced"
     r = AV.verdict_refinement([{"suite": "a", "d": 0.0, "what": "gate forced: refined - not refined"}])
     v, reason, _ = r.verdict, r.reason, r.numbers
-    assert v == "not reproduced" and "gate forced" in reason and "(tie, margin 0.50)" in reason  # no world: the measurement decides
+    # no world: the measurement decides
+    assert v == "not reproduced" and "gate forced" in reason and "(tie, margin 0.50)" in reason
     # the ridge swamps the prior (eps 1e-2 in the mini-world): the stage does not act, nothing to decide
     sw = AV.verdict_csp([{"suite": "a", "d": 0.1}], ridge_over_prior=12.0, eps=1e-2)
     assert sw.verdict == "not testable here" and "12× the structural prior" in sw.reason

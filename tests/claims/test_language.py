@@ -71,7 +71,8 @@ def test_stage_rule_pairs_the_rows_by_example():
     abl = pd.DataFrame(rows)
     abl.attrs["experts"] = {"t": 1.0}
     v = LV.verdict_stage(abl, "gate on, no refinement", "refinement")
-    assert v.numbers["se"][0.01] == pytest.approx(6.7, abs=1.0) and v.numbers["se"][1e-5] == pytest.approx(0.67, abs=0.1)
+    se = v.numbers["se"]
+    assert se[0.01] == pytest.approx(6.7, abs=1.0) and se[1e-5] == pytest.approx(0.67, abs=0.1)
     assert v.verdict == "partly" and "eps 0.01: tie" in v.reason and "eps 1e-05: better" in v.reason
     assert [e.se for e in v.effects] == [v.numbers["se"][0.01], v.numbers["se"][1e-5]]
 
