@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "notebooks")]  # the repository's acetools and claimkit, however it is run
 
 from claimkit import claims as C  # noqa: E402
-from claimkit.verdicts import Verdict, World  # noqa: E402
+from claimkit.verdicts import Effect, Verdict, World  # noqa: E402
 
 #: The reruns the committed numbers wait for, by claim id, while a record is still from before
 #: them (:func:`pending_rerun`).
@@ -57,10 +57,12 @@ def _base(text: str) -> str:
 
 def _carried(e: Mapping[str, Any], value: Any = None, *, reason: str | None = None) -> Verdict:
     """A committed record's verdict carried over as it stands (its stored numbers cannot decide
-    it again, or today's rule for it is the one it was decided with); ``reason`` replaces the
-    stored one."""
+    it again, or today's rule for it is the one it was decided with), with its stored effects (their
+    margins and standard errors); ``reason`` replaces the stored one."""
+    keep = ("setting", "paper", "paper_room", "world_room", "predicted", "floor", "measured", "se")
+    effects = [Effect(**{k: x.get(k) for k in keep}) for x in e.get("effects") or []]
     return Verdict(e["measured"], e["verdict"], e["reason"] if reason is None else reason, dict(e["numbers"]),
-                   value=value)
+                   effects, value=value)
 
 
 def _per_suite(numbers: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -151,27 +153,35 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
         return {k[len(prefix):]: float(v) for k, v in nums.items()
                 if k.startswith(prefix) and not k.startswith(prefix + "vs_")}
 
+    def ses(nums: Mapping[str, Any], prefix: str = "se_") -> dict[str, float | None]:
+        """The paired standard errors a record keeps per suite: ``se_<suite>`` (or ``se_all_<suite>``)."""
+        other = "se_all_" if prefix == "se_" else None
+        return {k[len(prefix):]: v for k, v in nums.items()
+                if k.startswith(prefix) and not (other and k.startswith(other))}
+
     for cid, what in (("esm.esd_alone", "ESD (no scaling) minus TSV-M"), ("esm.ps_on_svd",
                                                                           "SVD with all levels minus TSV-M")):
         if cid in entries:
             e = entries[cid]
             g = suites_of(e["numbers"], "gain_")
-            v = E.verdict_gain(g, what, e["measured"])
+            v = E.verdict_gain(g, what, e["measured"], ses(e["numbers"]))
             inpipe = {k: v_ for k, v_ in e["numbers"].items() if k.startswith("gain_vs_inpipeline_svd_")}
             v = Verdict(v.measured, v.verdict, v.reason, {**e["numbers"], **v.numbers, **inpipe})
-            out[cid] = E._with_effects(v, cid, g, world, {s: n_of[s] for s in g})
+            out[cid] = E._with_effects(v, cid, g, world, {s: n_of[s] for s in g}, se=ses(e["numbers"]))
     if "esm.layer_first" in entries:
         e = entries["esm.layer_first"]
         lg, ag = suites_of(e["numbers"], "layer_gain_"), suites_of(e["numbers"], "all_gain_")
-        v = E.verdict_layer_first(lg, ag, e["measured"])
+        v = E.verdict_layer_first(lg, ag, e["measured"], ses(e["numbers"]), ses(e["numbers"], "se_all_"))
         v = Verdict(v.measured, v.verdict, v.reason, {**e["numbers"], **v.numbers})
-        out["esm.layer_first"] = E._with_effects(v, "esm.layer_first", lg, world, {s: n_of[s] for s in lg})
+        out["esm.layer_first"] = E._with_effects(v, "esm.layer_first", lg, world, {s: n_of[s] for s in lg},
+                                                 se=ses(e["numbers"]))
     if "esm.reciprocal" in entries:
         e = entries["esm.reciprocal"]
         d = suites_of(e["numbers"], "drop_")
-        v = E.verdict_reciprocal(d, measured=e["measured"])
+        v = E.verdict_reciprocal(d, measured=e["measured"], se=ses(e["numbers"]))
         v = Verdict(v.measured, v.verdict, v.reason, {**e["numbers"], **v.numbers})
-        out["esm.reciprocal"] = E._with_effects(v, "esm.reciprocal", d, world, {s: n_of[s] for s in d})
+        out["esm.reciprocal"] = E._with_effects(v, "esm.reciprocal", d, world, {s: n_of[s] for s in d},
+                                                se=ses(e["numbers"]))
     if "esm.proxy" in entries:
         n = entries["esm.proxy"]["numbers"]
         acc = {k: float(v) for k, v in n.items() if k != "diffs"}
@@ -224,10 +234,11 @@ def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Pat
     stored verdicts are carried over (a 07 run decides them afresh)."""
     from acetools.course import language as lesson
     from acetools.regime import RegimeCard
+    from acetools.world.text.finetune import protocol_tag
     from claimkit import language as lang_claims
 
     out: dict[str, Verdict] = {}
-    suite = "text8"
+    suite = protocol_tag("text8", _heads(world.name))  # the tables of the head protocol the claims were judged in
     if "ace.language_sota" in entries:
         per_seed, _ = lesson.benchmark_tables(figures_root / "benchmark", suite)
         n_text = int(per_seed["n_tasks"].iloc[0])
@@ -263,6 +274,11 @@ RULES: dict[str, Callable[[Mapping[str, Any], World, Path], dict[str, Verdict]]]
 TEXT_FOLDERS: frozenset[str] = frozenset({"04_benchmark-text8", "07_language"})
 
 
+def _heads(world_name: str | None) -> str:
+    """The head protocol a text claim world's name says: "trained" for "text (trained heads)", else "zeroshot"."""
+    return "trained" if world_name and "trained heads" in world_name else "zeroshot"
+
+
 def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool = True) -> list[dict[str, Any]]:
     """Re-decide every committed claim under ``figures_root`` with today's rules.
 
@@ -273,19 +289,16 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
     a record still waits for the rerun :data:`PENDING` names (:func:`pending_rerun`)."""
     figures_root = Path(figures_root).resolve()
     mini = world or C.claim_world(quick=False, results_dir=figures_root / "benchmark")
-    text = None
     rows = []
     for folder, rule in RULES.items():
         path = figures_root / folder / "claims.json"
         if not path.is_file():
             continue
         entries = json.loads(path.read_text())
-        if folder in TEXT_FOLDERS:
-            if text is None:  # the text world's room, from its committed tables (as 04 and 07 judge)
-                described = next(iter(entries.values()), {}).get("world", {}).get("description")
-                text = C.claim_world(quick=False, results_dir=figures_root / "benchmark", kind="text8",
-                                          description=described)
-            world = text
+        if folder in TEXT_FOLDERS:  # the text world's room, from the committed tables of its head protocol
+            recorded = next(iter(entries.values()), {}).get("world", {})
+            world = C.claim_world(quick=False, results_dir=figures_root / "benchmark", kind="text8",
+                                  description=recorded.get("description"), heads=_heads(recorded.get("name")))
         else:
             world = mini
         new = rule(entries, world, figures_root)
