@@ -188,7 +188,7 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
         out["esm.proxy"] = E.verdict_proxy(acc)
     if "esm.four" in entries:
         n = entries["esm.four"]["numbers"]
-        out["esm.four"] = E.verdict_four(n["esm_4_samples"], n["tsv_m"], n.get("svd_inpipeline"))
+        out["esm.four"] = E.verdict_four(n["esm_4_samples"], n["tsv_m"], n.get("svd_inpipeline"), se=n.get("se"))
     for cid, key in (("esm.energy", None), ("esm.cka", "diff_points"), ("esm.norm_importance", "gap_raw")):
         if cid in entries:
             e = entries[cid]

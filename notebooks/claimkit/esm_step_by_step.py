@@ -14,7 +14,7 @@ from acetools.errors import InputError
 from .paper_tables import ESM_ABLATION, paper_room
 from .power import paired_runs
 from .stats import Z_95
-from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare, decide, effect
+from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare, decide, effect, margin
 
 
 def _mean_by(table: pd.DataFrame, data: str, cols: Sequence[str]) -> pd.DataFrame:
@@ -103,22 +103,31 @@ def verdict_proxy(acc: Mapping[str, float], reference: str = "in-distribution",
                    value=gap)
 
 
-def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | None = None) -> Verdict:
-    """esm.four (rule: docs/course.md §Claim rules): 4-sample ESM minus TSV-M (:data:`TSV_M_ROW`).
+def paired_se(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> float | None:
+    """The paired bootstrap standard error (absolute points) of run ``a`` minus run ``b`` of one seed,
+    from their per-task correctness (:func:`claimkit.power.paired_runs`); None without it."""
+    pb = paired_runs(a, b)
+    return None if pb is None else pb.se
+
+
+def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | None = None,
+                 se: float | None = None) -> Verdict:
+    """esm.four (rule: docs/course.md §Claim rules): 4-sample ESM minus TSV-M (:data:`TSV_M_ROW`), at the
+    margin ``max(NOISE, 1.96 se)`` with the difference's paired standard error ``se`` (:func:`paired_se`).
     ``acc_inpipeline_svd`` (the "SVD, no scaling" row) is reported beside it, not judged."""
     d = float(acc_four - acc_tsv_m)
-    nums = {"esm_4_samples": float(acc_four), "tsv_m": float(acc_tsv_m), "diff_points": d}
-    c = compare(d)
+    nums = {"esm_4_samples": float(acc_four), "tsv_m": float(acc_tsv_m), "diff_points": d, "se": se}
+    c = _cmp(d, se)
     v = {"better": "reproduced", TIE: "partly", "worse": "not reproduced"}[c]
     measured = f"ESM with 4 proxy images {acc_four:.2f} % vs TSV-M (the paper's SVD baseline) {acc_tsv_m:.2f} %"
-    why = f"4-sample ESM minus TSV-M: {d:+.2f} points ({c})"
+    why = f"4-sample ESM minus TSV-M: {d:+.2f} points ({c}, margin {margin(None if se is None else Z_95 * se):.2f})"
     if acc_inpipeline_svd is not None:
         d_in = float(acc_four - acc_inpipeline_svd)
         nums.update(svd_inpipeline=float(acc_inpipeline_svd), diff_vs_inpipeline_svd=d_in)
         measured += f" (in-pipeline SVD, no scaling {acc_inpipeline_svd:.2f} %)"
         why += f"; minus the in-pipeline SVD row {d_in:+.2f} (not judged)"
     why += "; the paper gives no 4-sample number to scale: decided on the measurement"
-    return Verdict(measured, v, why, nums, value=d)
+    return Verdict(measured, v, why, nums, [effect("4 samples minus TSV-M", d, se=se)], value=d)
 
 
 #: Per suite, the paired bootstrap standard error of a gain (None: no per-example results).
@@ -303,8 +312,7 @@ def ablation_verdicts(ab_table: pd.DataFrame, *, world: Any = None,
     hits = ab_table.set_index(["variant", "suite"])["correct"] if "correct" in ab_table else None
 
     def se(a: str, b: str) -> dict[str, float | None]:  # absolute points, the rows paired example by example
-        pb = {s: None if hits is None else paired_runs(hits.get((a, s)), hits.get((b, s))) for s in acc.columns}
-        return {s: None if p is None else p.se for s, p in pb.items()}
+        return {s: None if hits is None else paired_se(hits.get((a, s)), hits.get((b, s))) for s in acc.columns}
 
     def words(cid: str) -> str:  # e.g. "test accuracy (%) tasks8: ESD, no scaling 70.10 / TSV-M ... 68.30"
         rows = ABLATION_CLAIMS[cid]

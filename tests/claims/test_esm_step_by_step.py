@@ -55,6 +55,12 @@ def test_verdicts_follow_their_rules():
     assert four.verdict == "reproduced" and four.numbers["tsv_m"] == 80.0
     assert four.numbers["diff_vs_inpipeline_svd"] == pytest.approx(-1.0) and "in-pipeline" in four.reason
     assert EV.verdict_four(79.0, 80.0, 70.0).verdict == "not reproduced"
+    # with the paired standard error of the two runs the margin is 1.96 se: one point ahead at se 1 is a tie
+    hits = {"t": np.arange(100) < 81}, {"t": np.arange(100) < 80}  # 1 example of 100 apart: se ~1 point
+    se = EV.paired_se(*hits)
+    assert se == pytest.approx(1.0, abs=0.2) and EV.paired_se(hits[0], None) is None
+    paired = EV.verdict_four(81.0, 80.0, se=se)
+    assert paired.verdict == "partly" and paired.effects[0].se == se and paired.numbers["se"] == se
     assert EV.verdict_gain({"t8": 1.0, "t20": 2.0}, "x").verdict == "reproduced"
     assert EV.verdict_gain({"t8": 1.0, "t20": 0.3}, "x").verdict == "partly"
     assert EV.verdict_gain({"t8": -1.0}, "x").verdict == "not reproduced"
