@@ -24,7 +24,6 @@ from acetools.errors import InputKeyError
 from . import verdicts as V
 from .paper_tables import ACE_STAGE_ABLATION, paper_room
 from .power import paired_runs
-from .stats import Z_95
 from .verdicts import NOISE  # the lesson reads it here (ace_claims.NOISE)
 
 #: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
@@ -84,18 +83,13 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float],
     return out
 
 
-def _spread(se: float | None) -> float | None:
-    """The margin's spread from a paired standard error (``compare(d, _spread(se), noise)``)."""
-    return None if se is None else Z_95 * se
-
-
 def _agree_reason(parts: Sequence[str], noise: float) -> str:
     return "; ".join(parts) + f" (normalized points; within the margin, max({noise}, 1.96 se), = {V.TIE})"
 
 
 def _outcome(d: float, se: float | None, noise: float) -> str:
     """``d``'s outcome against its margin, with the margin named: ``"better, margin 0.62"``."""
-    return f"{V.compare(d, _spread(se), noise)}, margin {V.margin(_spread(se), noise):.2f}"
+    return f"{V.compare(d, noise=noise, se=se)}, margin {V.margin(noise=noise, se=se):.2f}"
 
 
 def verdict_gamma(gtable: Any, *, vit: float = GAMMA_VIT, tau: float = TAU) -> V.Verdict:
@@ -144,7 +138,7 @@ def _stage_effect(s: Mapping[str, Any], d: float, *, world: V.World | None, n_ta
 
 def _better_everywhere(name: str, per_suite: Sequence[Mapping[str, Any]], noise: float,
                        label: str | None = None) -> V.Verdict:
-    agree = [V.compare(s["d"], _spread(s.get("se")), noise) == "better" for s in per_suite]
+    agree = [V.compare(s["d"], noise=noise, se=s.get("se")) == "better" for s in per_suite]
     parts = [f"{s['suite']}: {s.get('what', name)} = {s['d']:+.2f} ({_outcome(s['d'], s.get('se'), noise)})"
              for s in per_suite]
     nums = {s["suite"]: dict(s) for s in per_suite}
@@ -162,13 +156,13 @@ def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: floa
     high = [s for s in per_suite if s["frac_flagged"] > flag_fraction]
     for s in per_suite:
         if s["frac_flagged"] > flag_fraction:
-            ok = V.compare(s["d_auto"], _spread(s.get("se_auto")), noise) == "better"
+            ok = V.compare(s["d_auto"], noise=noise, se=s.get("se_auto")) == "better"
             parts.append(f"{s['suite']}: high gamma ({100 * s['frac_flagged']:.0f}% flagged), "
                          f"normalise flagged - never = {s['d_auto']:+.2f} "
                          f"({_outcome(s['d_auto'], s.get('se_auto'), noise)})")
             effects.append(V.effect(f"{s['suite']} (flagged layers)", s["d_auto"], noise=noise, se=s.get("se_auto")))
         else:
-            ok = V.compare(s["d_forced"], _spread(s.get("se_forced")), noise) != "better"
+            ok = V.compare(s["d_forced"], noise=noise, se=s.get("se_forced")) != "better"
             parts.append(f"{s['suite']}: low gamma ({100 * s['frac_flagged']:.0f}% flagged), gate forced: "
                          f"always - never normalise = {s['d_forced']:+.2f} "
                          f"({_outcome(s['d_forced'], s.get('se_forced'), noise)})")
@@ -213,7 +207,7 @@ def verdict_refinement(per_suite: Sequence[Mapping[str, Any]], *, noise: float =
     base = _better_everywhere("refine - no refine", per_suite, noise)
     effects = [_stage_effect(s, s["d"], world=world, n_tasks=n_tasks, paper=paper_effect, noise=noise)
                for s in per_suite]
-    agree = [V.compare(s["d"], _spread(s.get("se")), noise) == "better" for s in per_suite]
+    agree = [V.compare(s["d"], noise=noise, se=s.get("se")) == "better" for s in per_suite]
     v, note = V.decide(effects, agree)
     reason = base.reason + (f"; {note}" if note else "")
     if v == V.UNDECIDABLE:

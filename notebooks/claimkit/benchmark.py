@@ -19,7 +19,7 @@ from acetools.results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreeme
 
 from .paper_tables import ACE_CLAIMED_RANKS, paper_lead, paper_room, table_rivals
 from .power import paired_rows
-from .stats import Z_95, PairedDifference
+from .stats import PairedDifference
 from .verdicts import (
     NOISE,
     UNDECIDABLE,
@@ -57,10 +57,10 @@ def paired_difference(summary: pd.DataFrame, suite: str, a: str, b: str, metric:
     mean = float(diffs.mean())
     rows = summary.attrs.get("rows", {})
     pb = None if pairs is None else pairs(suite, rows.get(a, a), rows.get(b, b))
-    spread = sd if pb is None else Z_95 * pb.se
-    return {"suite": suite, "a": a, "b": b, "diff": mean, "sd": sd, "margin": margin(spread, floor),
-            "n_seeds": len(diffs), "outcome": compare(mean, spread, floor),
-            "per_seed": {int(k): float(v) for k, v in diffs.items()}, "se": None if pb is None else pb.se,
+    se = None if pb is None else pb.se
+    return {"suite": suite, "a": a, "b": b, "diff": mean, "sd": sd, "margin": margin(sd, floor, se=se),
+            "n_seeds": len(diffs), "outcome": compare(mean, sd, floor, se=se),
+            "per_seed": {int(k): float(v) for k, v in diffs.items()}, "se": se,
             "interval": None if pb is None else [pb.low, pb.high],
             "margin_source": "seeds" if pb is None else "paired bootstrap"}
 
@@ -307,8 +307,7 @@ def assess_vs_wudi(summary: pd.DataFrame, *, method: str = "ace", rival: str | N
         measured += "; not judged, WUDI's Adam learning rate chosen on val: " + "; ".join(
             f"{t['suite']} seed {t['seed']}: lr {t['lr']:g} gives {t['tuned']:.1f} (range over lr "
             f"{t['lo']:.1f}–{t['hi']:.1f}), {method} {t['ours']:.1f} ({t['diff']:+.1f})" for t in tuned)
-    effects = [effect(r["suite"], r["diff"], noise=floor, se=r["se"]) if r["se"] is not None
-               else effect(r["suite"], r["diff"], spread=None, noise=r["margin"]) for r in rows]
+    effects = [effect(r["suite"], r["diff"], noise=r["margin"], se=r["se"]) for r in rows]
     return Verdict(f"{method} vs WUDI: {measured}", verdict, why,
                    {"criteria": crit, "rows": rows, "tuned_wudi": tuned}, effects)
 

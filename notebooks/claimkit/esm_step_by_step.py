@@ -13,7 +13,6 @@ from acetools.errors import InputError
 
 from .paper_tables import ESM_ABLATION, paper_room
 from .power import paired_runs
-from .stats import Z_95
 from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare, decide, effect, margin
 
 
@@ -117,10 +116,10 @@ def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | 
     ``acc_inpipeline_svd`` (the "SVD, no scaling" row) is reported beside it, not judged."""
     d = float(acc_four - acc_tsv_m)
     nums = {"esm_4_samples": float(acc_four), "tsv_m": float(acc_tsv_m), "diff_points": d, "se": se}
-    c = _cmp(d, se)
+    c = compare(d, se=se)
     v = {"better": "reproduced", TIE: "partly", "worse": "not reproduced"}[c]
     measured = f"ESM with 4 proxy images {acc_four:.2f} % vs TSV-M (the paper's SVD baseline) {acc_tsv_m:.2f} %"
-    why = f"4-sample ESM minus TSV-M: {d:+.2f} points ({c}, margin {margin(None if se is None else Z_95 * se):.2f})"
+    why = f"4-sample ESM minus TSV-M: {d:+.2f} points ({c}, margin {margin(se=se):.2f})"
     if acc_inpipeline_svd is not None:
         d_in = float(acc_four - acc_inpipeline_svd)
         nums.update(svd_inpipeline=float(acc_inpipeline_svd), diff_vs_inpipeline_svd=d_in)
@@ -134,15 +133,10 @@ def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | 
 SEs = Mapping[str, "float | None"]
 
 
-def _cmp(d: float, se: float | None, noise: float = NOISE) -> str:
-    """:func:`~claimkit.verdicts.compare` at the margin ``max(noise, 1.96 se)`` (``noise`` without ``se``)."""
-    return compare(d, None if se is None else Z_95 * se, noise)
-
-
 def verdict_gain(gains: Mapping[str, float], what: str, measured: str = "", se: SEs | None = None) -> Verdict:
     """esm.esd_alone / esm.ps_on_svd (rule: docs/course.md §Claim rules): ``gains`` per suite against
     TSV-M, the paper's "SVD" row; ``se`` their paired standard errors."""
-    res = {s: _cmp(g, (se or {}).get(s)) for s, g in gains.items()}
+    res = {s: compare(g, se=(se or {}).get(s)) for s, g in gains.items()}
     txt = ", ".join(f"{s} {g:+.2f}" for s, g in gains.items())
     nums = {f"gain_{s}": float(g) for s, g in gains.items()}
     v = agreement([c == "better" for c in res.values()])
@@ -160,9 +154,9 @@ def verdict_layer_first(layer_gain: Mapping[str, float], all_gain: Mapping[str, 
     for s in layer_gain:
         lg, tg = float(layer_gain[s]), float(all_gain[s])
         nums[f"layer_gain_{s}"], nums[f"all_gain_{s}"] = lg, tg
-        holds = _cmp(tg, (se_all or {}).get(s)) == "better" and lg >= tg / 3
+        holds = compare(tg, se=(se_all or {}).get(s)) == "better" and lg >= tg / 3
         ok.append(holds)
-        some.append(holds or _cmp(lg, (se or {}).get(s)) == "better")
+        some.append(holds or compare(lg, se=(se or {}).get(s)) == "better")
     txt = ", ".join(f"{s}: layer {layer_gain[s]:+.2f} of all three {all_gain[s]:+.2f}" for s in layer_gain)
     rule = "rule: all three levels gain and the layer level gives at least a third of it"
     v = "reproduced" if all(ok) else ("partly" if any(some) else "not reproduced")
@@ -183,9 +177,9 @@ def verdict_reciprocal(drops: Mapping[str, float], big: float = RECIPROCAL_DROP,
     what = f"the paper's exponent (+2) minus the reciprocal (-1): {txt} points"
     if all(d >= big for d in drops.values()):
         v, why = "reproduced", what
-    elif all(_cmp(d, se.get(s)) == "better" for s, d in drops.items()):
+    elif all(compare(d, se=se.get(s)) == "better" for s, d in drops.items()):
         v, why = "partly", f"{what} (a drop, but less than {big:g} somewhere)"
-    elif all(_cmp(d, se.get(s)) == "worse" for s, d in drops.items()):
+    elif all(compare(d, se=se.get(s)) == "worse" for s, d in drops.items()):
         v, why = "not reproduced", f"{what}: the reciprocal exponent is better here"
     else:
         v, why = "not reproduced", f"{what} (no drop beyond noise)"
@@ -267,7 +261,7 @@ def _with_effects(v: Verdict, cid: str, gains: Mapping[str, float], world: Any, 
         pn = _paper_n(int(n_tasks[s]))
         effs.append(effect(s, g, paper=PAPER_ABLATION_EFFECTS[cid][pn], paper_room=paper_room("esm", pn),
                            world_room=world.room_at(int(n_tasks[s]), "absolute"), noise=noise, se=se.get(s)))
-        agree.append(_cmp(g, se.get(s), noise) == "better")
+        agree.append(compare(g, noise=noise, se=se.get(s)) == "better")
     verdict, note = decide(effs, agree)
     if verdict == UNDECIDABLE:
         return Verdict(v.measured, UNDECIDABLE, f"the paper's ablation effect scaled to this world's room is below "

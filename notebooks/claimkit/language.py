@@ -16,7 +16,6 @@ from acetools.results import find_results, load_per_task
 
 from .benchmark import TUNED_WUDI_ROW, competing_rivals, paired_difference
 from .power import paired_rows, paired_runs
-from .stats import Z_95
 from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
 
@@ -112,12 +111,12 @@ def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | N
             ses[key] = None if pb is None else pb.se
     if not gains:
         raise InputError(f"the ablation has no rows 'gate on (forced)' and {without!r}")
-    outcomes = {e: compare(d, None if ses[e] is None else Z_95 * ses[e]) for e, d in gains.items()}
+    outcomes = {e: compare(d, se=ses[e]) for e, d in gains.items()}
     v = agreement([o == "better" for o in outcomes.values()])
     label = " (gate forced on every matrix)" if forced else ""
     measured = f"{stage}{label}: " + ", ".join(f"eps {e:g}: {d:+.1f}" for e, d in gains.items()) + " normalized points"
     reason = "a gain counts above its margin: " + ", ".join(
-        f"eps {e:g}: {outcomes[e]} (margin {margin(None if ses[e] is None else Z_95 * ses[e]):.2f})" for e in gains)
+        f"eps {e:g}: {outcomes[e]} (margin {margin(se=ses[e]):.2f})" for e in gains)
     return Verdict(measured, v, reason, {"gains": gains, "se": ses, "forced": forced},
                    [effect(f"eps {e:g}" + (" (gate forced)" if forced else ""), d, se=ses[e])
                     for e, d in gains.items()])

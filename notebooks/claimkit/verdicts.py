@@ -276,7 +276,7 @@ def effect(setting: str, measured: float | None, *, paper: float | None = None, 
         pred = ceiling_prediction(paper, paper_room, world_room, headroom)
     se = _num(se)
     return Effect(setting, None if paper is None else float(paper), _num(paper_room), _num(world_room), pred,
-                  margin(spread, noise) if se is None else max(float(noise), Z_95 * se), _num(measured), se)
+                  margin(spread, noise, se=se), _num(measured), se)
 
 
 def decide(effects: Sequence[Effect], agree: Sequence[bool]) -> tuple[str, str]:
@@ -296,21 +296,24 @@ def decide(effects: Sequence[Effect], agree: Sequence[bool]) -> tuple[str, str]:
     return agreement(keep), note
 
 
-def margin(spread: float | None = None, noise: float = NOISE) -> float:
-    """The margin a difference must exceed to count: ``max(noise, spread)``; ``spread`` (the
-    standard deviation over seeds of the paired difference) is ignored when it is missing or
-    not finite (one seed)."""
+def margin(spread: float | None = None, noise: float = NOISE, *, se: float | None = None) -> float:
+    """The margin a difference must exceed to count: ``max(noise, 1.96 se)`` with the paired bootstrap
+    standard error ``se`` (docs/course.md §Margin, power and rivals), else ``max(noise, spread)``;
+    ``spread`` (the standard deviation over seeds of the paired difference) is ignored when it is
+    missing or not finite (one seed)."""
+    if se is not None:
+        return max(float(noise), Z_95 * float(se))
     if spread is None or not math.isfinite(spread):
         return float(noise)
     return max(float(noise), float(spread))
 
 
-def compare(diff: float, spread: float | None = None, noise: float = NOISE) -> str:
+def compare(diff: float, spread: float | None = None, noise: float = NOISE, *, se: float | None = None) -> str:
     """``"better"`` if ``diff`` > :func:`margin`, ``"worse"`` if ``diff`` < -margin, else
     :data:`TIE`. ``diff`` must be a finite number."""
     if diff is None or not math.isfinite(diff):
         raise InputError(f"diff={diff!r} is not a finite number")
-    m = margin(spread, noise)
+    m = margin(spread, noise, se=se)
     if diff > m:
         return "better"
     if diff < -m:
