@@ -40,10 +40,6 @@ class PairedDifference:
     n_examples: int
     n_boot: int
 
-    def margin(self, noise: float) -> float:
-        """The margin a difference must exceed to count: ``max(noise, Z_95 * se)``."""
-        return max(float(noise), Z_95 * self.se)
-
 
 def _stack(a: Correctness, b: Correctness) -> tuple[list[int], list[str], list[np.ndarray]]:
     """Per task, the paired difference ``A - B`` as a float array (n_seeds, n_examples)."""

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from acetools.errors import InputError
+from claimkit import verdicts as V
 from claimkit.stats import Z_95, paired_bootstrap
 
 
@@ -28,7 +29,9 @@ def test_one_seed_one_task_matches_the_analytic_paired_standard_error():
     true_se = 100 * math.sqrt((pa * (1 - pa) + pb * (1 - pb)) / n)
     assert abs(r.diff - 100 * (pa - pb)) < 3 * true_se
     assert r.low < r.diff < r.high and r.n_seeds == 1 and r.n_examples == n
-    assert r.margin(0.5) == pytest.approx(max(0.5, Z_95 * r.se)) and r.margin(99.0) == 99.0
+    # the verdict's margin takes this se (claimkit.verdicts.margin)
+    assert V.margin(noise=0.5, se=r.se) == pytest.approx(max(0.5, Z_95 * r.se))
+    assert V.margin(noise=99.0, se=r.se) == 99.0
 
 
 def test_the_interval_covers_the_true_difference_about_95_percent_of_the_time():
