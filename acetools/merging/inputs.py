@@ -227,7 +227,6 @@ def matches(pattern: str, key: str) -> bool:
     return re.search(pattern, key) is not None
 
 
-
 def finite_number(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return "must be a finite number"

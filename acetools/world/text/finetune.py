@@ -69,7 +69,6 @@ PROTOCOLS: dict[str, dict[str, Any]] = {"zeroshot": {"heads": "zeroshot"},
                                         "trained": {"heads": "trained", "bf16": False}}
 
 
-
 def protocol_tag(suite: str, heads: str) -> str:
     """A suite's name in the file names of a head protocol's results: ``"text8"`` with the zero-shot
     heads, ``"text8_trained"`` with trained ones (docs/text-world.md §Head protocols)."""
