@@ -61,29 +61,46 @@ def test_every_committed_record_carries_world_and_effects(path):
             assert "pending rerun" not in e["reason"] and "pending_rerun" not in e["numbers"], cid
 
 
-#: Decided comparisons still on the seed margin, each with the rerun that gives it a paired standard
-#: error: result files written before per-example results were saved (docs/course.md §Margin, power and
-#: rivals). The list only shrinks.
-SEED_MARGIN_PENDING: dict[tuple[str, str], str] = {
-    ("04_benchmark-text8", "ace.vs_wudi"): "the zero-shot text8 records, rebuilt with per-example results "
-                                           "(benchmarks/text_world.py build/bench --heads zeroshot --seeds 0 1 2)",
-}
-
-
 @pytest.mark.parametrize("path", FILES, ids=[p.parent.name for p in FILES])
 def test_decided_comparisons_carry_a_paired_standard_error(path):
     """Issue 28: a decided claim that compares two measurements has the paired bootstrap's standard error
-    (its margin counts the test set's noise), unless it waits for the rerun named in SEED_MARGIN_PENDING."""
+    (its margin counts the test set's noise): every committed record of a comparison rests on result files
+    with per-example results (test_committed_records_keep_per_example_results)."""
     for cid, e in json.loads(path.read_text()).items():
         key = (path.parent.name, cid)
         if e["verdict"] not in ("reproduced", "partly", "not reproduced") or e["margin_rule"] is None \
                 or "chance floor" in e["margin_rule"]:
             continue
-        if key in SEED_MARGIN_PENDING:
-            assert e["standard_error"] is None, f"{key} has its standard error now: drop it from SEED_MARGIN_PENDING"
-            continue
         assert e["standard_error"] is not None and "paired bootstrap" in e["margin_rule"], (key, e["margin_rule"])
 
+
+
+#: The suites whose committed records keep each test example's correctness (issue 28): the vision
+#: tasks8 and the text8 world under both head protocols.
+PER_EXAMPLE_SUITES = ("tasks8", "text8", "text8_trained")
+
+
+@pytest.mark.parametrize("suite", PER_EXAMPLE_SUITES)
+def test_committed_records_keep_per_example_results(suite):
+    """Every committed record of these suites (three seeds) has its ``_correct.npz``, with every merged or
+    reference row on every task, and each row's per-task test accuracy is the mean of its examples."""
+    import numpy as np
+    import pandas as pd
+
+    from acetools.results import find_results, load_correctness
+
+    runs = find_results(FIGURES / "benchmark", [suite])
+    assert sorted(r.seed for r in runs) == [0, 1, 2], (suite, [r.stem for r in runs])
+    for r in runs:
+        path = r.summary.with_name(r.summary.name.replace("_summary.csv", "_correct.npz"))
+        assert path.is_file(), f"{path.name} lacks: rerun the bench that wrote {r.summary.name}"
+        hits = load_correctness(path)
+        assert r.per_task is not None, r.stem
+        test = pd.read_csv(r.per_task).query("split == 'test' and method != 'experts (individual)'")
+        assert set(test["method"]) == set(hits), (path.name, set(test["method"]) ^ set(hits))
+        for row in test.itertuples():
+            assert 100 * np.mean(hits[row.method][row.task]) == pytest.approx(row.accuracy, abs=1e-9), \
+                (path.name, row.method, row.task)
 
 def test_committed_verdicts_are_todays_rules(tmp_path):
     import shutil
