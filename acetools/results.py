@@ -82,6 +82,7 @@ class ResultFiles:
     record: Path | None
     norms: Path | None
     cosine: Path | None
+    correct: Path | None = None  # per-example correctness (save_correctness)
 
     @property
     def stem(self) -> str:
@@ -105,7 +106,7 @@ def find_results(
             return p if p.is_file() else None
 
         found.append(ResultFiles(m["suite"], m["size"], int(m["seed"]), f, opt("_per_task.csv"), opt(".json"),
-                                 opt("_norms.csv"), opt("_cosine.csv")))
+                                 opt("_norms.csv"), opt("_cosine.csv"), opt("_correct.npz")))
     order = {s: i for i, s in enumerate(suites)} if suites is not None else {}
     return sorted(found, key=lambda r: (order.get(r.suite, len(order)), r.suite, r.size, r.seed))
 

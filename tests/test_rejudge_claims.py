@@ -74,7 +74,6 @@ def test_decided_comparisons_carry_a_paired_standard_error(path):
         assert e["standard_error"] is not None and "paired bootstrap" in e["margin_rule"], (key, e["margin_rule"])
 
 
-
 #: The suites whose committed records keep each test example's correctness (issue 28): the vision
 #: tasks8 and the text8 world under both head protocols.
 PER_EXAMPLE_SUITES = ("tasks8", "text8", "text8_trained")
@@ -92,15 +91,15 @@ def test_committed_records_keep_per_example_results(suite):
     runs = find_results(FIGURES / "benchmark", [suite])
     assert sorted(r.seed for r in runs) == [0, 1, 2], (suite, [r.stem for r in runs])
     for r in runs:
-        path = r.summary.with_name(r.summary.name.replace("_summary.csv", "_correct.npz"))
-        assert path.is_file(), f"{path.name} lacks: rerun the bench that wrote {r.summary.name}"
-        hits = load_correctness(path)
+        assert r.correct is not None, f"{r.stem}_correct.npz lacks: rerun the bench that wrote {r.summary.name}"
+        hits = load_correctness(r.correct)
         assert r.per_task is not None, r.stem
         test = pd.read_csv(r.per_task).query("split == 'test' and method != 'experts (individual)'")
-        assert set(test["method"]) == set(hits), (path.name, set(test["method"]) ^ set(hits))
+        assert set(test["method"]) == set(hits), (r.stem, set(test["method"]) ^ set(hits))
         for row in test.itertuples():
             assert 100 * np.mean(hits[row.method][row.task]) == pytest.approx(row.accuracy, abs=1e-9), \
-                (path.name, row.method, row.task)
+                (r.stem, row.method, row.task)
+
 
 def test_committed_verdicts_are_todays_rules(tmp_path):
     import shutil

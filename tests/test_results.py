@@ -72,6 +72,9 @@ def test_find_results_orders_by_suites_then_seed_and_finds_optional_files(folder
     runs = results.find_results(folder, ["tasks14", "tasks8"], "small")
     assert [(r.suite, r.seed) for r in runs] == [("tasks14", 0), ("tasks8", 0), ("tasks8", 1)]
     assert runs[0].record is None and runs[1].record is not None and runs[1].norms is not None
+    assert all(r.correct is None for r in runs)  # written before per-example results were saved
+    saved = results.save_correctness(folder / "tasks8_small_seed1_correct.npz", {"ace": {"a": [True, False]}})
+    assert [r.correct for r in results.find_results(folder, ["tasks8"], "small")] == [None, saved]
     assert results.find_results(folder, ["tasks8"], "tiny") == []
     assert results.find_results(folder / "missing") == []
 

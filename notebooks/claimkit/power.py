@@ -26,13 +26,14 @@ from .stats import Correctness, PairedDifference, paired_bootstrap
 POWER_FACTOR: float = 2.0
 
 
-def correctness(files: Mapping[int, str | Path], row: str, tasks: Sequence[str] | None = None) -> Correctness | None:
+def correctness(files: Mapping[int, str | Path | None], row: str,
+                tasks: Sequence[str] | None = None) -> Correctness | None:
     """``row``'s per-example correctness ``{seed: {task: array}}`` from each seed's ``<stem>_correct.npz``
-    (``files``: ``{seed: path}``), restricted to ``tasks``; None where a file or the row is missing (a
-    result written before per-example results were saved, or a world that does not score examples)."""
+    (``files``: ``{seed: path}``, None for none), restricted to ``tasks``; None where a file or the row is
+    missing (a result written before per-example results were saved, or a world that does not score examples)."""
     out = {}
     for s, path in files.items():
-        if not Path(path).is_file():
+        if path is None or not Path(path).is_file():
             return None
         hits = load_correctness(path).get(row)
         if hits is None or (tasks is not None and not set(tasks) <= set(hits)):
@@ -47,7 +48,7 @@ def paired_rows(runs: Sequence[ResultFiles], suite: str, a: str, b: str, *, per_
     ``<stem>_correct.npz`` (:func:`acetools.results.find_results`); None where a seed lacks them. With
     ``per_task`` (:func:`acetools.results.load_per_task`) the difference is in normalized points, each
     seed's and task's experts as the scale; without, in absolute points."""
-    files = {r.seed: r.summary.with_name(f"{r.stem}_correct.npz") for r in runs if r.suite == suite}
+    files = {r.seed: r.correct for r in runs if r.suite == suite}
     ca, cb = correctness(files, a), correctness(files, b)
     if ca is None or cb is None:
         return None
@@ -70,6 +71,14 @@ def paired_runs(a: Mapping[str, np.ndarray] | None, b: Mapping[str, np.ndarray] 
     if a is None or b is None:
         return None
     return paired_bootstrap({0: a}, {0: b}, scale=scale, **kw)
+
+
+def paired_se(a: Mapping[str, np.ndarray] | None, b: Mapping[str, np.ndarray] | None,
+              scale: Mapping[str, float] | None = None) -> float | None:
+    """The standard error of :func:`paired_runs` (points: absolute, or normalized with ``scale``); None where
+    either run lacks per-example results."""
+    pb = paired_runs(a, b, scale)
+    return None if pb is None else pb.se
 
 
 def ceiling_prediction(paper_effect: float, paper_room: float, world_room: float,
