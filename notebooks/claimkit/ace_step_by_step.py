@@ -23,7 +23,7 @@ from acetools.errors import InputKeyError
 
 from . import verdicts as V
 from .paper_tables import ACE_STAGE_ABLATION, paper_room
-from .power import paired_runs
+from .power import paired_se
 from .verdicts import NOISE  # the lesson reads it here (ace_claims.NOISE)
 
 #: The paper's statement for ViT-B/16: gamma < 0.25 (RoBERTa: gamma > 0.3 = TAU).
@@ -65,8 +65,7 @@ def ablation_effects(ablation: Ablation, frac_flagged: Mapping[str, float],
             scale = {str(t): x / 100 for t, x in zip(pt["task"], pt["expert"])}
             if any(len(hits.get(v, {})) < len(scale) for v in (a, b)):
                 return None
-            pb = paired_runs(hits[a], hits[b], scale)
-            return None if pb is None else pb.se
+            return paired_se(hits[a], hits[b], scale)
 
         out["normalization"].append({"suite": suite, "frac_flagged": float(f), "d_auto": e(NO_REFINE, GATE_OFF),
                                      "se_auto": se(NO_REFINE, GATE_OFF), "d_forced": e(GATE_ON_NO_REFINE, GATE_OFF),

@@ -12,7 +12,7 @@ from acetools.course.esm_step_by_step import TSV_M_ROW
 from acetools.errors import InputError
 
 from .paper_tables import ESM_ABLATION, paper_room
-from .power import paired_runs
+from .power import paired_se  # lesson 03 calls it here too (esm_claims.paired_se)
 from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare, decide, effect, margin
 
 
@@ -100,13 +100,6 @@ def verdict_proxy(acc: Mapping[str, float], reference: str = "in-distribution",
                        f"({txt})", nums, value=gap)
     return Verdict(measured, "not reproduced", f"no alternative proxy within ±{NOISE} points ({txt})", nums,
                    value=gap)
-
-
-def paired_se(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> float | None:
-    """The paired bootstrap standard error (absolute points) of run ``a`` minus run ``b`` of one seed,
-    from their per-task correctness (:func:`claimkit.power.paired_runs`); None without it."""
-    pb = paired_runs(a, b)
-    return None if pb is None else pb.se
 
 
 def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | None = None,

@@ -15,7 +15,7 @@ from acetools.errors import InputError
 from acetools.results import find_results, load_per_task
 
 from .benchmark import TUNED_WUDI_ROW, competing_rivals, paired_difference
-from .power import paired_rows, paired_runs
+from .power import paired_rows, paired_se
 from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
 
 
@@ -106,9 +106,8 @@ def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | N
         if len(on) and len(off):
             key = float(cast(float, e))  # eps: a numeric column
             gains[key] = float(on["test_normalized"].iloc[0] - off["test_normalized"].iloc[0])
-            pb = None if experts is None or "correct" not in g else \
-                paired_runs(on["correct"].iloc[0], off["correct"].iloc[0], experts)
-            ses[key] = None if pb is None else pb.se
+            ses[key] = None if experts is None or "correct" not in g else \
+                paired_se(on["correct"].iloc[0], off["correct"].iloc[0], experts)
     if not gains:
         raise InputError(f"the ablation has no rows 'gate on (forced)' and {without!r}")
     outcomes = {e: compare(d, se=ses[e]) for e, d in gains.items()}
