@@ -275,8 +275,11 @@ TEXT_FOLDERS: frozenset[str] = frozenset({"04_benchmark-text8", "07_language"})
 
 
 def _heads(world_name: str | None) -> str:
-    """The head protocol a text claim world's name says: "trained" for "text (trained heads)", else "zeroshot"."""
-    return "trained" if world_name and "trained heads" in world_name else "zeroshot"
+    """The head protocol a text claim world's name stands for, read back from the names ``claim_world`` gives
+    (:data:`claimkit.claims.TEXT_CLAIM_WORLDS`: key ``"<profile>"`` for zero-shot heads, ``"<profile> <heads>"``
+    otherwise); "zeroshot" for a name it does not give."""
+    key = next((k for k, v in C.TEXT_CLAIM_WORLDS.items() if v == world_name), "")
+    return key.partition(" ")[2] or "zeroshot"
 
 
 def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool = True) -> list[dict[str, Any]]:
