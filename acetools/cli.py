@@ -587,11 +587,18 @@ _MERGE_DEFAULTS: dict[str, Any] = {"layout": "auto", "dtype": None, "device": "c
 def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
     """The merge's settings: the config file's, overridden by the options given."""
     from .files.merge_files import load_config, parse_hparam
+    from .files.per_expert import per_expert_hparams
 
     cfg: dict[str, Any] = load_config(args.config) if args.config else {"hyperparameters": {}}
+    if args.experts is not None and cfg.get("per_expert"):
+        raise InputError(f"--experts replaces the experts of {args.config}, whose {' and '.join(cfg['per_expert'])} "
+                         "would no longer match them; give them per expert with -p weights=[...] instead")
     for name in ("method", "base", "experts", "out", *_MERGE_DEFAULTS):
         if getattr(args, name) is not None:
             cfg[name] = getattr(args, name)
+    if cfg.get("per_expert") and cfg.get("method"):  # the experts' weight/density (docs/your-models.md)
+        cfg["hyperparameters"] = per_expert_hparams(cfg["method"], cfg.pop("per_expert"), cfg["hyperparameters"],
+                                                    str(args.config))
     cfg["hyperparameters"].update(dict(parse_hparam(p) for p in args.param))
     for name in ("method", "base", "experts"):
         if not cfg.get(name):

@@ -45,6 +45,7 @@ from .checkpoints import (
 )
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
+from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
 from .staging import make_stage
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
@@ -246,6 +247,7 @@ def plan_merge(
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
     check_compatible(b, ex)
     resolved = info.resolve(hp, layout=lay.name)  # e.g. ESM's layer names per layout preset (docs/methods.md §ESM)
+    info.check_per_expert(resolved, len(ex))  # weights=[...], k=[...]: one value per expert
     keys = set(b.keys())
     for name in info.per_key:
         value = resolved.get(name)
@@ -459,7 +461,7 @@ def merge_files(
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "heads", "names", "force_layout", "force")
+               "mode", "overwrite", "heads", "names", "force_layout", "force", "models")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
@@ -474,7 +476,9 @@ def parse_hparam(text: str) -> tuple[str, Any]:
 
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read a merge config (YAML, :data:`CONFIG_KEYS`; docs/your-models.md §Config file); paths relative to
-    the file, unknown keys an error naming them."""
+    the file, unknown keys an error naming them. Expert entries may carry ``weight`` and ``density``
+    (docs/your-models.md §Coming from mergekit), returned under ``"per_expert"`` for
+    :func:`acetools.files.per_expert.per_expert_hparams`; ``models:`` is mergekit's name for ``experts:``."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"merge config not found: {p}")
@@ -487,8 +491,13 @@ def load_config(path: str | Path) -> dict[str, Any]:
                          f"got {type(data).__name__}")
     unknown = sorted(set(data) - set(CONFIG_KEYS))
     if unknown:
-        raise InputError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}")
+        hints = "".join(f"; {mergekit_key_hint(k)}" for k in unknown if k in MERGEKIT_KEYS)
+        raise InputError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}{hints}")
     cfg = dict(data)
+    if "models" in cfg:  # mergekit's spelling of the experts' list
+        if "experts" in cfg:
+            raise InputError(f"{p}: give the experts once, as experts: or as mergekit's models:")
+        cfg["experts"] = cfg.pop("models")
     for k, what in (("experts", "a list of paths"), ("names", "a list, one per expert")):
         if k in cfg and not isinstance(cfg[k], list):
             raise InputError(f"{p}: {k} must be {what}")
@@ -503,6 +512,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
         if cfg.get(k) is not None:
             cfg[k] = rel(cfg[k])
     if cfg.get("experts"):
-        cfg["experts"] = [rel(e) for e in cfg["experts"]]
+        paths, per_expert = read_experts(cfg["experts"], str(p))
+        cfg["experts"] = [rel(e) for e in paths]
+        if per_expert:
+            cfg["per_expert"] = per_expert
     cfg["hyperparameters"] = dict(cfg.get("hyperparameters") or {})
     return cfg
