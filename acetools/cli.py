@@ -552,7 +552,8 @@ def _add_merge(sub) -> None:
                    help="fine-tuned checkpoints, files or folders (after one --experts)")
     m.add_argument("--out", default=None, help="output folder (must not hold an input)")
     m.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="method hyperparameter (repeatable), e.g. -p lam=0.3 -p scope=tensor")
+                   help="method hyperparameter (repeatable), e.g. -p lam=0.3 -p scope=tensor; per expert: "
+                        "-p weights=[0.7,0.3] (docs/your-models.md §Coming from mergekit)")
     m.add_argument("--layout", default=None, help="auto (default), open_clip, hf_clip, gpt2, bert, llama, generic")
     m.add_argument("--force-layout", dest="force_layout", action="store_true",
                    help="use --layout even where it contradicts the base's config.json")

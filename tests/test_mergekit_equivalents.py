@@ -402,3 +402,23 @@ def test_dare_matches_mergekit_with_its_masks_replayed(world, method, base_metho
             plain = merge(base_method, {key: base[key]}, [{key: e[key]} for e in experts], weights=W, lam=0.6,
                           layout="generic", **hp)[key]
             assert not torch.allclose(plain, ref, rtol=1e-3)
+
+
+@pytest.mark.oracle
+def test_density_one_dare_and_normalized_task_arithmetic_match_mergekit(world):
+    """The table's other exact rows: dare_linear and dare_ties at density 1 (nothing dropped), task_arithmetic
+    with normalize: true (the weights divided by their sum)."""
+    api = pytest.importorskip("mergekit.merge_methods.api")
+    base, experts = world
+    experts = experts[:3]
+    linear = merge("dare", base, experts, p=[0.0] * 3, weights=W, lam=0.6)
+    ties_sum = merge("dare", base, experts, p=0.0, base_method="ties", k=100, scope="tensor", merge="sum",
+                     weights=W, lam=0.6)
+    normalized = merge("task_arithmetic", base, experts, weights=[w / sum(W) for w in W], lam=0.6)
+    for key in base:
+        tensors = [base[key]] + [e[key] for e in experts]
+        one = {"weight": W, "density": 1.0, "lambda": 0.6}
+        for ours, method, params in ((linear, "dare_linear", one), (ties_sum, "dare_ties", one),
+                                     (normalized, "task_arithmetic", {"weight": W, "lambda": 0.6, "normalize": True})):
+            ref = api.merge_tensors(tensors, method, base_index=0, parameters=params)
+            assert_rel_close(ours[key] - base[key], ref - base[key])
