@@ -241,6 +241,7 @@ def test_config_reads_both_spellings_and_maps_density(tmp_path):
      r"unknown key\(s\) \['base_model', 'merge_method'\].*'base_model' is mergekit's; acetools' key is 'base'; "
      r"'merge_method' is mergekit's; acetools' key is 'method'"),
     ("method: ties\nbase: b\nexperts: [x]\nmodels: [{model: y}]\n", r"give the experts once"),
+    ("method: ties\nbase: b\nexperts: [x]\nslices: []\n", r"'slices' is mergekit's, with no acetools equivalent"),
 ])
 def test_config_refusals_name_the_method_and_parameter(tmp_path, capsys, text, msg):
     _one_line_error(capsys, ["merge", str(_config(tmp_path, text)), "--dry-run"], msg)
@@ -407,7 +408,7 @@ def test_dare_matches_mergekit_with_its_masks_replayed(world, method, base_metho
 @pytest.mark.oracle
 def test_density_one_dare_and_normalized_task_arithmetic_match_mergekit(world):
     """The table's other exact rows: dare_linear and dare_ties at density 1 (nothing dropped), task_arithmetic
-    with normalize: true (the weights divided by their sum)."""
+    with normalize: true (the weights divided by their sum), linear with normalize: false (weights summing to 1)."""
     api = pytest.importorskip("mergekit.merge_methods.api")
     base, experts = world
     experts = experts[:3]
@@ -415,7 +416,11 @@ def test_density_one_dare_and_normalized_task_arithmetic_match_mergekit(world):
     ties_sum = merge("dare", base, experts, p=0.0, base_method="ties", k=100, scope="tensor", merge="sum",
                      weights=W, lam=0.6)
     normalized = merge("task_arithmetic", base, experts, weights=[w / sum(W) for w in W], lam=0.6)
+    unit = [0.5, 0.2, 0.3]  # weights that sum to 1: linear with normalize: false is the weighted mean
+    mean = merge("weight_averaging", base, experts, weights=unit)
     for key in base:
+        ref = api.merge_tensors([e[key] for e in experts], "linear", parameters={"weight": unit, "normalize": False})
+        assert_rel_close(mean[key], ref)
         tensors = [base[key]] + [e[key] for e in experts]
         one = {"weight": W, "density": 1.0, "lambda": 0.6}
         for ours, method, params in ((linear, "dare_linear", one), (ties_sum, "dare_ties", one),
