@@ -244,7 +244,7 @@ def plan_merge(
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
     head_plan = plan_heads(heads, b, ex, lay, names)
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
-    check_compatible(b, ex)
+    check_compatible(b, ex, layout=lay)
     resolved = info.resolve(hp, layout=lay.name)  # e.g. ESM's layer names per layout preset (docs/methods.md §ESM)
     keys = set(b.keys())
     for name in info.per_key:
