@@ -188,3 +188,31 @@ def test_stale_folders_of_any_output_and_search_scratch_are_found_but_nothing_el
     assert remove_stale_stages(tmp_path / "anything") == sorted(stale)
     assert not any(d.exists() for d in stale) and all(d.is_dir() for d in kept)
     assert (tmp_path / f".f{STAGE_MARK}{dead}-file").is_file()
+
+
+def test_a_stage_whose_output_is_locked_is_kept_even_when_its_pid_is_not_seen(tmp_path):
+    """A merge in another container on the same folder: its pid is not ours to see, but it holds the lock."""
+    left = tmp_path / f".a{STAGE_MARK}{_dead_pid()}-x1"
+    left.mkdir()
+    with lock_output(tmp_path / "a"):
+        assert stale_stages(tmp_path / "b") == []
+    assert stale_stages(tmp_path / "b") == [left]
+
+
+def test_an_existing_out_in_a_folder_without_write_permission_holds_its_own_lock(tmp_path, monkeypatch):
+    out = tmp_path / "merged"
+    out.mkdir()
+    real_open = os.open
+
+    def refuse(path, *args, **kwargs):  # the parent folder may not be written to
+        if Path(path).parent == tmp_path:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
+    with lock_output(out) as lock:
+        assert lock == out / LOCK_MARK and lock.read_text().strip() == str(os.getpid())
+    assert not lock.exists()
+    with pytest.raises(PermissionError, match=rf"cannot write the merge output {tmp_path / 'new'} \(no permission"):
+        with lock_output(tmp_path / "new"):
+            pass

@@ -19,6 +19,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,7 +39,8 @@ SEARCH_MARK = ".acetools-search-"
 #: The end of the lock file's name: ``.<out name>.acetools-lock``.
 LOCK_MARK = ".acetools-lock"
 #: A folder left by a merge process: ``.<out name><mark><pid>-<random>``.
-_LEFT = re.compile(r"^\..+(" + re.escape(STAGE_MARK) + "|" + re.escape(SEARCH_MARK) + r")(\d+)-[A-Za-z0-9_]+$")
+_LEFT = re.compile(r"^\.(?P<out>.+)(" + re.escape(STAGE_MARK) + "|" + re.escape(SEARCH_MARK)
+                   + r")(?P<pid>\d+)-[A-Za-z0-9_]+$")
 
 
 class OutputLocked(InputError):
@@ -83,7 +85,24 @@ def stale_stages(out_dir: Path) -> list[Path]:
     if not parent.is_dir():
         return []
     return sorted(p for p in parent.iterdir()
-                  if (m := _LEFT.match(p.name)) and p.is_dir() and not p.is_symlink() and not _alive(int(m.group(2))))
+                  if (m := _LEFT.match(p.name)) and p.is_dir() and not p.is_symlink() and not _alive(int(m["pid"]))
+                  and not _lock_held(parent / f".{m['out']}{LOCK_MARK}"))
+
+
+def _lock_held(path: Path) -> bool:
+    """Whether some process holds the lock file ``path`` (a merge running, maybe where its pid is not seen:
+    another container on this folder); asked by taking a shared lock and dropping it at once."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def remove_stale_stages(out_dir: Path) -> list[Path]:
@@ -93,7 +112,7 @@ def remove_stale_stages(out_dir: Path) -> list[Path]:
     for old in gone:
         size = _size(old)
         shutil.rmtree(old, ignore_errors=True)
-        pid = _LEFT.match(old.name).group(2)  # type: ignore[union-attr]  # stale_stages matched it
+        pid = _LEFT.match(old.name)["pid"]  # type: ignore[index]  # stale_stages matched it
         log.info("removed %s (%s), left by a merge (pid %s) that was killed", old, format_bytes(size), pid)
     return gone
 
@@ -123,7 +142,8 @@ def lock_output(out_dir: str | os.PathLike) -> Iterator[Path]:
     Another process holding it is an :class:`OutputLocked` error at once, naming its pid and the lock file.
     Nested calls in one thread (``--search``'s final merge) share the lock; another thread is refused too.
     The lock file is removed when the lock is released; one that a killed merge left is taken over (the
-    kernel released its lock when the process died).
+    kernel released its lock when the process died). An existing ``out_dir`` in a folder that may not be
+    written to holds its lock file itself (``.acetools-lock``).
     """
     out_dir = Path(out_dir).expanduser().resolve()
     path = lock_path(out_dir)
@@ -144,7 +164,13 @@ def lock_output(out_dir: str | os.PathLike) -> Iterator[Path]:
     except PermissionError as e:
         raise PermissionError(e.errno, f"cannot write the merge output {out_dir} (no permission to create "
                                        f"{out_dir.parent})", str(out_dir)) from None
-    fd = _acquire(path, out_dir)
+    try:
+        fd = _acquire(path, out_dir)
+    except PermissionError:
+        if not out_dir.is_dir():
+            raise
+        path = out_dir / LOCK_MARK  # a folder you may write in, in one you may not: the lock goes inside
+        fd = _acquire(path, out_dir)
     with _held_guard:
         _held[mine] = 1
     try:
@@ -167,14 +193,18 @@ def _acquire(path: Path, out_dir: Path) -> int:
         except PermissionError as e:
             raise PermissionError(e.errno, f"cannot write the merge output {out_dir} (no permission to create "
                                            f"files in {out_dir.parent})", str(out_dir)) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            raise OutputLocked(f"another merge ({_holder(path)}) is writing {out_dir}: it holds the lock {path}; "
-                               "wait for it to finish or choose another --out") from None
+        for wait in (0.01, 0.05, 0.2, None):  # a moment for a stale_stages probe, which holds it in passing
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) or wait is None:
+                    os.close(fd)
+                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                        raise
+                    raise OutputLocked(f"another merge ({_holder(path)}) is writing {out_dir}: it holds the lock "
+                                       f"{path}; wait for it to finish or choose another --out") from None
+                time.sleep(wait)
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
