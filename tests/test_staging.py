@@ -194,9 +194,22 @@ def test_a_stage_whose_output_is_locked_is_kept_even_when_its_pid_is_not_seen(tm
     """A merge in another container on the same folder: its pid is not ours to see, but it holds the lock."""
     left = tmp_path / f".a{STAGE_MARK}{_dead_pid()}-x1"
     left.mkdir()
-    with lock_output(tmp_path / "a"):
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(lock_path(tmp_path / "a"))], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         assert stale_stages(tmp_path / "b") == []
+        with pytest.raises(OutputLocked, match=r"another merge \(an unknown process\) is writing"):
+            with lock_output(tmp_path / "a"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
     assert stale_stages(tmp_path / "b") == [left]
+    with lock_output(tmp_path / "a"):  # its own output's lock, held by this merge, is no other merge's
+        assert stale_stages(tmp_path / "a") == [left]
 
 
 def test_an_existing_out_in_a_folder_without_write_permission_holds_its_own_lock(tmp_path, monkeypatch):

@@ -5,8 +5,9 @@ A merge holds :func:`lock_output` on ``--out`` (an advisory ``fcntl.flock`` on t
 rename; a second merge into the same ``--out`` is refused at once, naming that pid. The kernel drops the
 lock of a process that dies, so a lock file a killed merge left is no lock. A new output is assembled in
 ``.<out name>.acetools-stage-<pid>-<random>`` and renamed into place when complete; the staging folders
-(and ``--search`` scratch folders, ``.acetools-search-<pid>-``) whose process no longer runs, of any output
-in the same parent folder, are removed by the next merge writing there (:func:`remove_stale_stages`).
+(and ``--search`` scratch folders, ``.acetools-search-<pid>-``) whose process no longer runs and whose
+output's lock nobody holds, of any output in the same parent folder, are removed by the next merge
+writing there (:func:`remove_stale_stages`).
 """
 
 from __future__ import annotations
@@ -91,7 +92,11 @@ def stale_stages(out_dir: Path) -> list[Path]:
 
 def _lock_held(path: Path) -> bool:
     """Whether some process holds the lock file ``path`` (a merge running, maybe where its pid is not seen:
-    another container on this folder); asked by taking a shared lock and dropping it at once."""
+    another container on this folder); asked by taking a shared lock and dropping it at once. A lock this
+    process holds is not another merge's."""
+    with _held_guard:
+        if any(path == held for held, _ in _held):
+            return False
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
