@@ -12,7 +12,6 @@ writing there (:func:`remove_stale_stages`).
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -202,11 +201,9 @@ def _acquire(path: Path, out_dir: Path) -> int:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) or wait is None:
+            except BlockingIOError:
+                if wait is None:
                     os.close(fd)
-                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                        raise
                     raise OutputLocked(f"another merge ({_holder(path)}) is writing {out_dir}: it holds the lock "
                                        f"{path}; wait for it to finish or choose another --out") from None
                 time.sleep(wait)
