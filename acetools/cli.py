@@ -637,7 +637,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 def _merge(args: argparse.Namespace) -> int:
     from .files.merge_files import merge_files
-    from .files.staging import STAGE_MARK, remove_stale_stages
+    from .files.staging import STAGE_MARK
     from .layouts import format_table
 
     cfg = _merge_config(args)
@@ -645,8 +645,6 @@ def _merge(args: argparse.Namespace) -> int:
     options |= {k: getattr(args, k) or bool(cfg.get(k)) for k in ("overwrite", "force_layout", "force")}
     if args.search:  # search_merge checks the lineage once, before its candidates
         return _search_merge(args, cfg, options)
-    if cfg.get("out") and not args.dry_run:  # staging folders of merges into --out that were killed
-        remove_stale_stages(Path(cfg["out"]).expanduser())
     try:
         res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"),
                           hparams=cfg["hyperparameters"], dry_run=args.dry_run, **options)

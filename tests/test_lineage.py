@@ -161,15 +161,17 @@ def test_a_killed_merges_staging_folder_is_removed_by_the_next_run(tmp_path):
     (left / "model.safetensors").write_bytes(b"partial")
     mine = tmp_path / f".merged{STAGE_MARK}{os.getpid()}-xyz"  # a live merge's folder stays
     mine.mkdir()
-    other = tmp_path / f".other{STAGE_MARK}{int(dead.stdout)}-abc"  # another output's folder stays
+    other = tmp_path / f".other{STAGE_MARK}{int(dead.stdout)}-abc"  # a killed merge of another output: removed
     other.mkdir()
-    assert stale_stages(out) == [left]
+    hidden = tmp_path / ".other"  # an unrelated hidden folder stays
+    hidden.mkdir()
+    assert stale_stages(out) == sorted([left, other])
     old = os.umask(0o022)
     try:
         stage = make_stage(out)
     finally:
         os.umask(old)
-    assert not left.exists() and mine.exists() and other.exists() and stage.is_dir()
+    assert not left.exists() and not other.exists() and mine.exists() and hidden.exists() and stage.is_dir()
     assert stage.stat().st_mode & 0o777 == 0o755 and stage.name.startswith(f".merged{STAGE_MARK}{os.getpid()}-")
 
 

@@ -120,7 +120,7 @@ def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None
     if plan.alignment is not None:
         log.info("diagnose: %s", plan.alignment.describe())
     src, exs, _ = plan.views(src, exs, lay)
-    check_compatible(src, exs, [_what(i, labels) for i in range(len(exs))], "base")
+    check_compatible(src, exs, [_what(i, labels) for i in range(len(exs))], "base", layout=lay)
     return src, exs, labels, get_layout(layout, keys=src.keys(), config=src.config)  # the layout of the view
 
 

@@ -46,7 +46,7 @@ from .checkpoints import (
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
 from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
-from .staging import make_stage
+from .staging import lock_output, make_stage, remove_stale_stages
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
            "load_activations"]
@@ -245,7 +245,7 @@ def plan_merge(
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
     head_plan = plan_heads(heads, b, ex, lay, names)
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
-    check_compatible(b, ex)
+    check_compatible(b, ex, layout=lay)
     resolved = info.resolve(hp, layout=lay.name)  # e.g. ESM's layer names per layout preset (docs/methods.md §ESM)
     info.check_per_expert(resolved, len(ex))  # weights=[...], k=[...]: one value per expert
     keys = set(b.keys())
@@ -422,41 +422,46 @@ def merge_files(
         return MergeResult(plan)
     if out is None:
         raise InputError("out is required: the folder the merged checkpoint is written to")
-    out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
-    check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
-    hashes = _InputHashes(plan, hash_inputs)  # from here on, beside the lineage check and the merge
-    final_dir, stage = out_dir, None
-    try:
-        lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force)
-        t0 = time.perf_counter()
-        # a new folder is assembled as a hidden sibling (make_stage, which also removes the staging folders of
-        # killed merges into it) and renamed into place at the end; an existing one gets its files moved in
-        stage = None if out_dir.exists() else make_stage(out_dir)
-        done = _write_merge(plan, stage or out_dir, size=size, dev=dev, out_dtype=out_dtype, show=progress,
-                            hashes=hashes, overwrite=overwrite)
-    except BaseException:
-        hashes.cancel()
+    out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)  # before a lock is written
+    with lock_output(out_dir):  # held until the output is in place: a second merge into it is refused at once
+        remove_stale_stages(out_dir)  # the folders killed merges left beside it (docs/your-models.md §What is written)
+        # checked again under the lock: a merge into it may have finished meanwhile
+        out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
+        check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
+        hashes = _InputHashes(plan, hash_inputs)  # from here on, beside the lineage check and the merge
+        final_dir, stage = out_dir, None
+        try:
+            lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force)
+            t0 = time.perf_counter()
+            # a new folder is assembled as a hidden sibling (make_stage) and renamed into place at the end; an
+            # existing one gets its files moved in
+            stage = None if out_dir.exists() else make_stage(out_dir)
+            done = _write_merge(plan, stage or out_dir, size=size, dev=dev, out_dtype=out_dtype, show=progress,
+                                hashes=hashes, overwrite=overwrite)
+        except BaseException:
+            hashes.cancel()
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
+            raise
+        out_dir, files, extra, seconds = stage or out_dir, done["files"], done["extra"], time.perf_counter() - t0
+        info = {
+            "method": method, "hparams": done["hparams"], "layout": plan.layout.name,
+            "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
+            "shard_size": size, "files": [f.name for f in files], "copied": done["copied"],
+            "seconds": round(seconds, 3),
+            "acetools_version": __version__, "inputs": done["inputs"],
+            "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
+            "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
+                      "tasks": done["head_tasks"]},
+            "lineage": lineage.as_dict(),
+        }
+        with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
+            json.dump(info, fh, indent=2)
         if stage is not None:
-            shutil.rmtree(stage, ignore_errors=True)
-        raise
-    out_dir, files, extra, seconds = stage or out_dir, done["files"], done["extra"], time.perf_counter() - t0
-    info = {
-        "method": method, "hparams": done["hparams"], "layout": plan.layout.name,
-        "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
-        "shard_size": size, "files": [f.name for f in files], "copied": done["copied"], "seconds": round(seconds, 3),
-        "acetools_version": __version__, "inputs": done["inputs"],
-        "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
-        "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
-                  "tasks": done["head_tasks"]},
-        "lineage": lineage.as_dict(),
-    }
-    with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
-        json.dump(info, fh, indent=2)
-    if stage is not None:
-        os.rename(stage, final_dir)  # atomic: the folder appears complete or not at all
-        files = [final_dir / f.name for f in files]
-    log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, final_dir, seconds)
-    return MergeResult(plan, final_dir, files, seconds, info)
+            os.rename(stage, final_dir)  # atomic: the folder appears complete or not at all
+            files = [final_dir / f.name for f in files]
+        log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, final_dir, seconds)
+        return MergeResult(plan, final_dir, files, seconds, info)
 
 
 # --------------------------------------------------------------------------- command line and config files
