@@ -569,6 +569,9 @@ def _add_merge(sub) -> None:
                         "drop (the backbone only)")
     m.add_argument("--names", nargs="+", default=None, metavar="NAME",
                    help="with --heads per-task: one head folder name per expert (default: the experts' folder names)")
+    m.add_argument("--vocab", default=None, choices=["base", "union"],
+                   help="experts with tokens the base lacks (added tokens): base (default: the base's vocabulary, "
+                        "their extra rows left out) or union (every token kept, with a tokenizer that has them)")
     m.add_argument("--overwrite", action="store_true", help="replace the weights of an earlier merge in --out")
     m.add_argument("--force", action="store_true",
                    help="merge even when the base does not look like the experts' parent (relative update size and "
@@ -582,7 +585,7 @@ def _add_merge(sub) -> None:
 
 #: ``acetools merge``'s options that a config file may set too, with their defaults.
 _MERGE_DEFAULTS: dict[str, Any] = {"layout": "auto", "dtype": None, "device": "cpu", "shard_size": "5GB",
-                                   "mode": "auto", "heads": "auto", "names": None}
+                                   "mode": "auto", "heads": "auto", "names": None, "vocab": None}
 
 
 def _merge_config(args: argparse.Namespace) -> dict[str, Any]:

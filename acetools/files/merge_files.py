@@ -47,6 +47,7 @@ from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_
 from .lineage import check_lineage
 from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
 from .staging import lock_output, make_stage, remove_stale_stages
+from .vocab import VocabPlan, plan_vocab
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
            "load_activations"]
@@ -126,6 +127,7 @@ class MergePlan:
     rows: list[dict[str, Any]]
     files: dict[str, str] = field(default_factory=dict)  # hyperparameters read from files: name -> path
     heads: HeadPlan = field(default_factory=lambda: HeadPlan("merge"))  # what happens to classifier heads
+    vocab: VocabPlan = field(default_factory=lambda: VocabPlan("same"))  # rows only some models have
 
     def summary(self) -> str:
         """Human-readable lines: inputs, layout, driver, counts per path."""
@@ -138,6 +140,7 @@ class MergePlan:
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
             *([self.heads.summary()] if self.heads.mode != "merge" or self.heads.alignment is not None else []),
+            *([self.vocab.summary()] if self.vocab.mode != "same" else []),
             *([f"note: {self.method} {METHODS[self.method].note}"] if METHODS[self.method].note else []),
             f"memory: {self.memory_text(largest['key'])}",
         ]
@@ -226,6 +229,7 @@ def plan_merge(
     heads: str = "auto",
     names: Sequence[str] | None = None,
     force_layout: bool = False,
+    vocab: str | None = None,
 ) -> MergePlan:
     """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data
     (arguments as :func:`merge_files`'s)."""
@@ -243,6 +247,8 @@ def plan_merge(
     info.resolve(hp)  # bad hyperparameters fail before any file is opened
     b, ex = _open_all(base, experts)
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
+    vocab_plan = plan_vocab(vocab, b, ex, lay)  # docs/your-models.md §Vocabularies
+    b, ex = vocab_plan.views(b, ex)  # the experts' rows of the base's tokens
     head_plan = plan_heads(heads, b, ex, lay, names)
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
     check_compatible(b, ex, layout=lay)
@@ -267,7 +273,7 @@ def plan_merge(
     else:
         run = mode
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, describe(lay, b.metas()), files, head_plan)
+                     run, describe(lay, b.metas()), files, head_plan, vocab_plan)
 
 
 class _InputHashes:
@@ -357,14 +363,15 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
     # the header's size before the hashes are known: a sha256 has 64 hex digits
     size_hint = _merge_record(plan.method, plan, dict.fromkeys(hashes.files, "0" * 64) if hashes._pool else None)[2]
     planned = [(k, out_dtype if out_dtype is not None and m.dtype.is_floating_point else m.dtype, m.shape)
-               for k, m in plan.base.metas().items()]
+               for k, m in plan.vocab.out_metas(plan.base.metas()).items()]
     head_writer = None
     try:
         hashes.check_copies()
         with ShardedWriter(out_dir, shard_size=size, metadata=metadata, metadata_hint=size_hint,
                            header_room=ShardedWriter.header_room(planned, size_hint)) as writer:
             src = Source(plan.base, plan.experts, names=[str(ck.path) for ck in (plan.base, *plan.experts)])
-            extra = run(METHODS[plan.method], plan.hparams, src, plan.layout, writer.add, device=dev,  # the one driver
+            add = plan.vocab.emit(writer.add)  # union: the rows only some experts have appended
+            extra = run(METHODS[plan.method], plan.hparams, src, plan.layout, add, device=dev,  # the one driver
                         whole_model=plan.mode == "memory", out_dtype=out_dtype, show=show,
                         hparams_text=plan.hparams_text())
             metadata()
@@ -377,6 +384,7 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
         elif overwrite:
             remove_stale_heads(out_dir)
         copied = copy_side_files(plan.base.folder, out_dir)
+        plan.vocab.write_files(out_dir)  # union's tokenizer, config.json's vocab_size
     except BaseException:
         if head_writer:
             head_writer.abort()
@@ -404,6 +412,7 @@ def merge_files(
     names: Sequence[str] | None = None,
     force_layout: bool = False,
     force: bool = False,
+    vocab: str | None = None,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
 
@@ -411,13 +420,15 @@ def merge_files(
     ``dtype``: of the float outputs (default each key's in the base). ``mode``: ``"auto"`` streams
     when the method allows it, ``"stream"`` insists, ``"memory"`` loads everything. ``out`` must not
     hold an input or earlier weights (``overwrite``). ``heads``/``names``: docs/your-models.md
-    §Per-task heads. ``force``: merge a base that fails the lineage check, with a warning.
+    §Per-task heads. ``force``: merge a base that fails the lineage check, with a warning. ``vocab``:
+    ``"base"`` or ``"union"``, for experts whose vocabulary differs from the base's (docs/your-models.md
+    §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks).
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
     plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names,
-                      force_layout=force_layout)
+                      force_layout=force_layout, vocab=vocab)
     if dry_run:
         return MergeResult(plan)
     if out is None:
@@ -454,6 +465,7 @@ def merge_files(
             "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
                       "tasks": done["head_tasks"]},
             "lineage": lineage.as_dict(),
+            **({"vocab": plan.vocab.as_dict()} if plan.vocab.mode != "same" else {}),
         }
         with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
             json.dump(info, fh, indent=2)
@@ -466,7 +478,7 @@ def merge_files(
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "heads", "names", "force_layout", "force", "models")
+               "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
