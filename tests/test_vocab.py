@@ -292,3 +292,33 @@ def test_cli_and_config_file(tmp_path, worlds, capsys):
                    "out: merged\nvocab: base\n")
     assert main(["merge", str(cfg)]) == 0
     assert open_checkpoint(tmp_path / "merged").meta(w.embed).shape[0] == w.n
+
+
+@pytest.mark.parametrize("kind", ["llama_untied", "gpt2"])
+def test_union_equals_mergekit_task_arithmetic(tmp_path, worlds, kind):
+    """mergekit's ``tokenizer_source: union`` (its union tokenizer and PermutedVocabulary's rows for tokens only
+    some models have) followed by task arithmetic gives our union merge's token-indexed keys."""
+    build = pytest.importorskip("mergekit.tokenizer.build")
+    embed = pytest.importorskip("mergekit.tokenizer.embed")
+    from mergekit.common import ModelReference
+
+    w = worlds[kind]
+    paths = [w.base, *w.experts]
+    refs = [ModelReference.parse(str(p)) for p in paths]
+    info = build.build_tokenizer(base_model=refs[0], referenced_models=refs, tokenizer_source="union",
+                                 trust_remote_code=False, add_tokens=[])
+    permuted = embed.PermutedVocabulary.model_construct(tokens=None, pad_to_multiple_of=None, base_model=refs[0],
+                                                        vocabulary_axis=0)
+    lam = 0.3
+    res = merge_files("task_arithmetic", w.base, w.experts, tmp_path / "out", vocab="union", hparams={"lam": lam},
+                      hash_inputs=False)
+    ours = open_checkpoint(res.out)
+    tok = transformers.AutoTokenizer.from_pretrained(res.out)
+    assert tok.get_vocab() == info.tokenizer.get_vocab()
+    keys = [k for k in ours.keys() if ours.meta(k).shape[0] == w.n + 3]
+    assert w.embed in keys and (kind != "llama_untied" or "lm_head.weight" in keys)
+    for key in keys:
+        rows = permuted.execute(tokenizer_info=info, tensors={r: open_checkpoint(p).get(key) for r, p in
+                                                              zip(refs, paths)})
+        want = rows[refs[0]] + lam * sum(rows[r] - rows[refs[0]] for r in refs[1:])
+        torch.testing.assert_close(ours.get(key), want, rtol=0, atol=1e-6)
