@@ -276,6 +276,10 @@ def test_errors_name_the_key_and_sizes(tmp_path, worlds):
     with pytest.raises(InputError, match=rf"expert \S+bare has {w.n} rows at key 'model.embed_tokens.weight', "
                                          rf"the base \S+ {w.n + 2}; without tokenizers"):
         plan_merge("task_arithmetic", w.experts[1], [bare, w.experts[0]])
+    untied = worlds["llama_untied"].experts[1]
+    with pytest.raises(InputError, match=r"key 'lm_head.weight' has one row per token in expert \S+expert1 but not "
+                                         r"in expert \S+expert2; the experts must store the same"):
+        plan_merge("task_arithmetic", w.base, [untied, w.experts[2]])
     with pytest.raises(InputError, match="vocab='all' must be one of base, union"):
         plan_merge("task_arithmetic", w.base, w.experts, vocab="all")
 
@@ -322,3 +326,19 @@ def test_union_equals_mergekit_task_arithmetic(tmp_path, worlds, kind):
                                                               zip(refs, paths)})
         want = rows[refs[0]] + lam * sum(rows[r] - rows[refs[0]] for r in refs[1:])
         torch.testing.assert_close(ours.get(key), want, rtol=0, atol=1e-6)
+
+
+def test_bare_base_with_causal_lm_experts(tmp_path, worlds):
+    """A bare ``LlamaModel`` base (keys without ``model.``) beside ``LlamaForCausalLM`` experts with added tokens."""
+    w = worlds["llama"]
+    bare = tmp_path / "bare"
+    transformers.AutoModelForCausalLM.from_pretrained(w.base).model.save_pretrained(bare)
+    transformers.AutoTokenizer.from_pretrained(w.base).save_pretrained(bare)
+    assert "embed_tokens.weight" in open_checkpoint(bare).keys()
+    res = merge_files("ties", bare, w.experts, tmp_path / "out", vocab="union", hash_inputs=False)
+    ref = merge_files("ties", w.base, w.experts, tmp_path / "ref", vocab="union", hash_inputs=False)
+    got, want = open_checkpoint(res.out).state_dict(), open_checkpoint(ref.out).state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    assert _load(res.out, "llama").config.vocab_size == w.n + 3

@@ -287,13 +287,12 @@ def plan_vocab(vocab: str | None, base: Checkpoint, experts: Sequence[Checkpoint
                  next(f for f in folders if not _has_tokenizer(f)), sizes[0])
     if not extra and all(torch.equal(r, torch.arange(sizes[0])) for r in rows) and len(set(sizes)) == 1:
         return VocabPlan("same")  # tokenizer files differ in bytes, not in tokens
-    base_keys = set(_vocab_keys(base, layout, sizes[0]))
-    for ck, ks in zip(experts, keys):
-        if set(ks) != base_keys:
-            odd = sorted(set(ks) ^ base_keys)[0]
-            where, other = ("the base", f"expert {ck.path}") if odd in base_keys else (f"expert {ck.path}", "the base")
-            raise InputKeyError(f"vocabulary: key {odd!r} has one row per token in {where} but not in {other}; "
-                                "base and experts must store the same embedding and output keys")
+    for ck, ks in zip(experts[1:], keys[1:]):  # the experts' names (a bare base's differ: §Bare backbones)
+        if set(ks) != set(keys[0]):
+            odd = sorted(set(ks) ^ set(keys[0]))[0]
+            one, other = (experts[0].path, ck.path) if odd in keys[0] else (ck.path, experts[0].path)
+            raise InputKeyError(f"vocabulary: key {odd!r} has one row per token in expert {one} but not in expert "
+                                f"{other}; the experts must store the same embedding and output keys")
     mode, reason = vocab or "base", "asked" if vocab else "the default"
     if vocab is None and extra:
         warnings.warn(f"vocabulary: experts have {len(extra)} rows the base lacks (e.g. "
