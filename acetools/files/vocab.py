@@ -43,25 +43,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 _EMBEDDING = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embed_in|shared)\.weight$")
 
 
-def _vocab_rows(ck: Checkpoint, layout: Layout) -> tuple[str, int] | None:
+def _vocab_rows(ck: Checkpoint) -> tuple[str, int] | None:
     """``(key, rows)`` of the input token embedding of ``ck`` (None: none found)."""
-    for key in ck.keys():
-        m = ck.meta(key)
-        if _EMBEDDING.search(key) and len(m.shape) == 2 and m.dtype.is_floating_point:
-            return key, int(m.shape[0])
-    return None
+    return next(((k, int(m.shape[0])) for k, m in ck.metas().items()
+                 if _EMBEDDING.search(k) and len(m.shape) == 2 and m.dtype.is_floating_point), None)
 
 
 def _vocab_keys(ck: Checkpoint, layout: Layout, rows: int) -> list[str]:
     """The keys of ``ck`` indexed by token on dim 0: embeddings and output heads (weights and biases) with
     ``rows`` rows."""
-    out = []
-    for key in ck.keys():
-        m = ck.meta(key)
-        if (m.dtype.is_floating_point and len(m.shape) in (1, 2) and m.shape[0] == rows
-                and (_EMBEDDING.search(key) or layout.role(key, m) in ("embedding", "head"))):
-            out.append(key)
-    return out
+    return [k for k, m in ck.metas().items() if m.dtype.is_floating_point and len(m.shape) in (1, 2)
+            and m.shape[0] == rows and (_EMBEDDING.search(k) or layout.role(k, m) in ("embedding", "head"))]
 
 
 def _has_tokenizer(folder: Path | None) -> bool:
@@ -266,7 +258,7 @@ def plan_vocab(vocab: str | None, base: Checkpoint, experts: Sequence[Checkpoint
     Errors name the expert, the key and the sizes."""
     if vocab is not None and vocab not in VOCAB_MODES:
         raise InputError(f"vocab={vocab!r} must be one of {', '.join(VOCAB_MODES)}")
-    found = [_vocab_rows(ck, layout) for ck in (base, *experts)]
+    found = [_vocab_rows(ck) for ck in (base, *experts)]
     if found[0] is None or any(f is None for f in found):
         return VocabPlan("same")
     key, sizes = found[0][0], [f[1] for f in found if f is not None]
