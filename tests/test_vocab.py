@@ -342,3 +342,13 @@ def test_bare_base_with_causal_lm_experts(tmp_path, worlds):
     for k in want:
         assert torch.equal(got[k], want[k]), k
     assert _load(res.out, "llama").config.vocab_size == w.n + 3
+
+
+def test_diagnose_reads_the_base_rows(tmp_path, worlds):
+    """``acetools diagnose`` on experts with added tokens: the rows of the base's tokens, as a merge sees them."""
+    from acetools.files.diagnose import check_inputs, diagnose
+
+    w = worlds["llama"]
+    assert check_inputs(w.base, w.experts)["n_tasks"] == 3
+    got, want = diagnose(w.base, w.experts), diagnose(w.base, w.truncated)
+    assert got.summary["value"].tolist() == want.summary["value"].tolist()
