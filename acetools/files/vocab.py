@@ -279,7 +279,8 @@ def plan_vocab(vocab: str | None, base: Checkpoint, experts: Sequence[Checkpoint
                  next(f for f in folders if not _has_tokenizer(f)), sizes[0])
     if not extra and all(torch.equal(r, torch.arange(sizes[0])) for r in rows) and len(set(sizes)) == 1:
         return VocabPlan("same")  # tokenizer files differ in bytes, not in tokens
-    for ck, ks in zip(experts[1:], keys[1:]):  # the experts' names (a bare base's differ: §Bare backbones)
+    # compared among the experts: a bare base's names differ (docs/your-models.md §Bare backbones and task models)
+    for ck, ks in zip(experts[1:], keys[1:]):
         if set(ks) != set(keys[0]):
             odd = sorted(set(ks) ^ set(keys[0]))[0]
             one, other = (experts[0].path, ck.path) if odd in keys[0] else (ck.path, experts[0].path)
