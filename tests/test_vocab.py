@@ -352,3 +352,16 @@ def test_diagnose_reads_the_base_rows(tmp_path, worlds):
     assert check_inputs(w.base, w.experts)["n_tasks"] == 3
     got, want = diagnose(w.base, w.experts), diagnose(w.base, w.truncated)
     assert got.summary["value"].tolist() == want.summary["value"].tolist()
+
+
+def test_union_sharded_bf16(tmp_path, worlds):
+    """Union rows in bf16 shards: the index lists them and the model loads with the union's row count."""
+    w = worlds["llama_untied"]
+    res = merge_files("ties", w.base, w.experts, tmp_path / "out", vocab="union", dtype="bf16", shard_size="8KB",
+                      hash_inputs=False)
+    assert len(res.files) > 2 and res.files[-1].name == "model.safetensors.index.json"
+    ck = open_checkpoint(res.out)
+    assert ck.meta("lm_head.weight").shape == (w.n + 3, 32) and ck.meta("lm_head.weight").dtype == torch.bfloat16
+    e1 = open_checkpoint(w.experts[1]).get("lm_head.weight")
+    assert torch.equal(ck.get("lm_head.weight")[w.n], e1[w.n].to(torch.bfloat16))
+    assert _load(res.out, "llama_untied").config.vocab_size == w.n + 3

@@ -212,23 +212,18 @@ def _token_rows(base: Checkpoint, experts: Sequence[Checkpoint], sizes: Sequence
     assert len(toks) == len(experts) + 1, "tokenizers live in folders"
     vocabs = [{t: i for t, i in tok.get_vocab().items() if i < n}  # ids past the rows: padding (mergekit ignores)
               for tok, n in zip(toks, sizes)]
-    base_of_row: dict[int, str] = {i: t for t, i in vocabs[0].items()}
+    base_of_row = [None] * sizes[0]  # a base row no token names (padding) is matched by index
+    for t, i in vocabs[0].items():
+        base_of_row[i] = t
     rows = []
     for e, (ck, voc) in enumerate(zip(experts, vocabs[1:])):
-        idx = []
-        for r in range(sizes[0]):
-            tok = base_of_row.get(r)
-            if tok is None:  # a base row no token names (padding): the expert's row of the same index
-                if r >= sizes[e + 1]:
-                    raise InputError(f"vocabulary: expert {ck.path} has {sizes[e + 1]} rows at key {key!r}, the base "
-                                     f"{base.path} {sizes[0]}; the base's row {r} (no token) has no match")
-                idx.append(r)
-            elif tok in voc:
-                idx.append(voc[tok])
-            else:
-                raise InputError(f"vocabulary: expert {ck.path} lacks the base's token {tok!r} (row {r} of key "
-                                 f"{key!r}; base {sizes[0]} rows, expert {sizes[e + 1]}); every expert must keep the "
-                                 "base's tokens (vocab base/union only add or drop the experts' own tokens)")
+        idx = [r if t is None else voc.get(t, -1) for r, t in enumerate(base_of_row)]
+        bad = next((r for r, i in enumerate(idx) if i < 0 or i >= sizes[e + 1]), None)
+        if bad is not None:
+            what = f"token {base_of_row[bad]!r}" if base_of_row[bad] is not None else "padding row (no token)"
+            raise InputError(f"vocabulary: expert {ck.path} lacks the base's {what} (row {bad} of key {key!r}; base "
+                             f"{sizes[0]} rows, expert {sizes[e + 1]}); every expert must keep the base's tokens "
+                             "(vocab base/union only add or drop the experts' own tokens)")
         rows.append(torch.tensor(idx, dtype=torch.long))
     extra: dict[str, list[tuple[int, int]]] = {}
     for e, voc in enumerate(vocabs[1:]):
