@@ -365,3 +365,20 @@ def test_union_sharded_bf16(tmp_path, worlds):
     e1 = open_checkpoint(w.experts[1]).get("lm_head.weight")
     assert torch.equal(ck.get("lm_head.weight")[w.n], e1[w.n].to(torch.bfloat16))
     assert _load(res.out, "llama_untied").config.vocab_size == w.n + 3
+
+
+def test_padding_rows_of_the_base(tmp_path, worlds):
+    """A base whose embedding has rows no token names (padded) matches them by index; ``union`` cannot put new
+    tokens after them and says so."""
+    w = worlds["llama"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(w.base)
+    model.resize_token_embeddings(w.n + 2, mean_resizing=False)  # rows n, n + 1: no token
+    padded = _save(model, transformers.AutoTokenizer.from_pretrained(w.base), tmp_path / "padded")
+    plan = plan_merge("task_arithmetic", padded, w.experts[1:], vocab="base")
+    assert plan.vocab.base_rows == w.n + 2 and plan.vocab.dropped == 3
+    assert [r[w.n:].tolist() for r in plan.vocab.rows] == [[w.n, w.n + 1]] * 2
+    with pytest.raises(InputError, match=rf"vocab='union': the base's tokenizer has {w.n} tokens for {w.n + 2} "
+                                         "embedding rows"):
+        plan_merge("task_arithmetic", padded, w.experts[1:], vocab="union")
+    with pytest.raises(InputError, match=rf"lacks the base's padding row \(no token\) \(row {w.n} of key "):
+        plan_merge("task_arithmetic", padded, [w.experts[0], w.experts[1]], vocab="base")
