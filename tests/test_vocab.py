@@ -19,7 +19,7 @@ import torch
 from acetools.cli import main
 from acetools.errors import InputError
 from acetools.files.checkpoints import open_checkpoint
-from acetools.files.merge_files import merge_files, plan_merge
+from acetools.files.merge_files import load_config, merge_files, plan_merge
 from acetools.files.vocab import TOKENIZER_FILES
 from acetools.merging import METHODS
 
@@ -296,6 +296,9 @@ def test_cli_and_config_file(tmp_path, worlds, capsys):
                    "out: merged\nvocab: base\n")
     assert main(["merge", str(cfg)]) == 0
     assert open_checkpoint(tmp_path / "merged").meta(w.embed).shape[0] == w.n
+    cfg.write_text(cfg.read_text().replace("vocab: base", "tokenizer_source: union"))
+    with pytest.raises(InputError, match="'tokenizer_source' is mergekit's; acetools' key is 'vocab'"):
+        load_config(cfg)
 
 
 @pytest.mark.parametrize("kind", ["llama_untied", "gpt2"])

@@ -25,7 +25,7 @@ PER_EXPERT = ("weight", "density")
 
 #: mergekit's top-level config keys with acetools' counterpart (None: no equivalent).
 MERGEKIT_KEYS = {"merge_method": "method", "base_model": "base", "parameters": "hyperparameters", "slices": None,
-                 "out_dtype": "dtype"}
+                 "out_dtype": "dtype", "tokenizer_source": "vocab"}
 
 _ENTRY_KEYS = ("path", "model", "parameters", *PER_EXPERT)
 
