@@ -182,6 +182,31 @@ def vision_micro(zoo: Path) -> list[dict]:
     return _cases(base, experts, "vision-micro")
 
 
+def summary(rows: list[dict]) -> list[str]:
+    """One markdown table row per case and base: ranges over the experts (swapped: over the swaps), the
+    largest central gap, the mean cosine of the task vectors from the base, and what was refused."""
+    def span(values: list[float], fmt: str) -> str:
+        lo, hi = min(values), max(values)
+        return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}} – {hi:{fmt}}"
+
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["case"], "swapped" if r["base"].startswith("swapped") else r["base"]), []).append(r)
+    lines = []
+    for (case, base), rs in groups.items():
+        sets: dict[str, list[dict]] = {}
+        for r in rs:
+            sets.setdefault(r["base"], []).append(r)
+        gaps = [max(r["central_gap"] for r in one) for one in sets.values()]
+        refused = sorted({str(r["refused"] or "no") for r in rs})
+        n_ref = sum(one[0]["refused"] is not None for one in sets.values())
+        lines.append(f"| {case} | {base} | {span([r['ratio'] for r in rs], '.3g')} | "
+                     f"{span([r['mean_cosine'] for r in rs], '.3f')} | {span(gaps, '.3f')} | "
+                     f"{span([one[0]['cosine_from_base'] for one in sets.values()], '.2f')} | "
+                     f"{'/'.join(refused)}{f' ({n_ref} of {len(sets)})' if len(sets) > 1 else ''} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--work", default="/tmp/acetools-lineage", help="folder for the experts and the text world's cache")
@@ -190,7 +215,11 @@ def main() -> None:
     ap.add_argument("--few-epochs", type=float, default=0.5, help="epochs of the text world's few-step experts")
     ap.add_argument("--zoo", default=None, help="a vision micro zoo folder (<cache>/zoo/micro)")
     ap.add_argument("--skip-minilm", action="store_true")
+    ap.add_argument("--summary", action="store_true", help="print the summary table of the last results and stop")
     args = ap.parse_args()
+    if args.summary:
+        print("\n".join(summary(json.loads(OUT.read_text())["rows"])))
+        return
     t0 = time.perf_counter()
     rows, info = [], {}
     if not args.skip_minilm:
@@ -211,6 +240,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['case']:<18} {r['base']:<18} {r['expert']:>6} {r['ratio']:>9.4g} {r['mean_cosine']:>7.3f} "
               f"{r['central_gap']:>7.3f} {r['cosine_from_base']:>6.2f} {r['refused']}")
+    print("\n".join(summary(rows)))
     print(f"written {OUT} ({record['seconds']} s)")
 
 

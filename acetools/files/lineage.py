@@ -189,6 +189,10 @@ def _contradiction(base: Checkpoint, experts: Sequence[Checkpoint], names: Seque
 
 
 # --------------------------------------------------------------------------- what the weights say
+def _2f(x: float) -> str:
+    return f"{x:.2f}".replace("-0.00", "0.00")
+
+
 @dataclass
 class Lineage:
     """Per expert ‖τ_t‖/‖W0‖ and the T x T task-vector cosines over the sampled ``keys``; ``unchanged``:
@@ -244,10 +248,11 @@ class Lineage:
             s0, st = self.dist_sum[0], self.dist_sum[t + 1]
             return (f"{self.base_name} is not the most central of the models given: {self.names[t]} is (summed "
                     f"distance to the others {st:.4g} against the base's {s0:.4g}, {self.central_gap(t):.1%} less, "
-                    f"limit {CENTRAL_MARGIN:.0%}; mean task-vector cosine {self.cosine_from[0]:.2f} from the base, "
-                    f"{self.cosine_from[t + 1]:.2f} from it) over {len(self.keys)} sampled matrices: is it the "
-                    "base, and the base one of its fine-tunes? (docs/your-models.md §Bases and experts are "
-                    "checked); check --base, or merge anyway with --force (force=True)")
+                    f"limit {CENTRAL_MARGIN:.0%}; mean task-vector cosine {_2f(self.cosine_from[0])} from the base, "
+                    f"{_2f(self.cosine_from[t + 1])} from it) over {len(self.keys)} sampled matrices: is it the "
+                    "base, and the base one of its fine-tunes? "
+                    "(docs/your-models.md §Bases and experts are checked); check --base, or merge anyway with "
+                    "--force (force=True)")
         return self.contradiction
 
     def as_dict(self) -> dict[str, Any]:
