@@ -419,9 +419,30 @@ def test_one_expert_swapped_is_told_by_its_config_when_the_weights_cannot(backbo
                  "--out", str(tmp_path / "merged"), "-q"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and (f"the base ({swapped}) says it was fine-tuned from expert 0 ({base}) "
-                              f"(config.json _name_or_path '{base}'): is expert 0 ({base}) the base?") in err[0], err
+                              f"(config.json _name_or_path '{base}'): is it the base?") in err[0], err
     sibling = _claiming(experts[1], tmp_path / "ft2", str(experts[0]))
     with pytest.raises(InputError, match=rf"expert 1 \({sibling}\) says it was fine-tuned from '{experts[0]}', given "
                                          r"as expert 0 "):
         check_lineage(open_checkpoint(experts[2]), [open_checkpoint(experts[0]), open_checkpoint(sibling)],
                       PRESETS["bert"])
+
+
+def test_the_committed_calibration_separates_true_swapped_and_foreign_bases_at_todays_limits():
+    """benchmarks/results/lineage/thresholds.json (docs/your-models.md §Bases and experts are checked): its
+    limits are the module's, and at them every true base passes, every foreign base is refused as unrelated
+    and every swap of the text world's and MiniLM's experts as swapped, the margin between the two gaps."""
+    record = json.loads((Path(__file__).parents[1] / "benchmarks/results/lineage/thresholds.json").read_text())
+    assert record["limits"] == {"ratio": RATIO_LIMIT, "shared_ratio": SHARED_RATIO_LIMIT, "cosine": COSINE_LIMIT,
+                                "central_margin": CENTRAL_MARGIN}
+    rows = record["rows"]
+    assert {r["case"] for r in rows} >= {"minilm-12", "minilm-mixed", "text-quick", "text-quick-few",
+                                         "text-quick-mixed", "text-quick-mixed-rev"}
+    kinds = {"true parent": None, "random-init": "unrelated", "random-matched": "unrelated", "swapped": "swapped"}
+    for r in rows:
+        assert r["refused"] == kinds[r["base"].split(":")[0]], r
+    true_gap = max(r["central_gap"] for r in rows if r["base"] == "true parent")
+    swap_gaps = {(r["case"], r["base"]): 0.0 for r in rows if r["base"].startswith("swapped")}
+    for r in rows:
+        if r["base"].startswith("swapped"):
+            swap_gaps[r["case"], r["base"]] = max(swap_gaps[r["case"], r["base"]], r["central_gap"])
+    assert true_gap < 0 < CENTRAL_MARGIN < min(swap_gaps.values()) and len(swap_gaps) == 18
