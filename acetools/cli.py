@@ -574,8 +574,9 @@ def _add_merge(sub) -> None:
                         "their extra rows left out) or union (every token kept, with a tokenizer that has them)")
     m.add_argument("--overwrite", action="store_true", help="replace the weights of an earlier merge in --out")
     m.add_argument("--force", action="store_true",
-                   help="merge even when the base does not look like the experts' parent (relative update size and "
-                        "task-vector cosines measured on a sample of matrices; docs/your-models.md)")
+                   help="merge even when the base does not look like the experts' parent: unrelated (relative update "
+                        "size and task-vector cosines on a sample of matrices), swapped (another model given is more "
+                        "central) or contradicted by a config's _name_or_path (docs/your-models.md)")
     m.add_argument("--search", default=None, metavar="FILE.py:FUNCTION",
                    help="choose the method's coefficient (lambda, alpha, ACE's scaling) with your evaluation "
                         "FUNCTION(model_folder, task) -> score, by the library's search protocol")
