@@ -402,6 +402,28 @@ def test_small_helpers(tmp_path):
     assert list((tmp_path / "x").iterdir()) == []
 
 
+def test_get_flat_reads_part_of_a_tensor_as_get_gives_it(tmp_path):
+    """Checkpoint.get_flat (what diagnose reads large keys with): entries a:b of the flattened tensor, equal to
+    get(); from a file at any offset and dtype, a state dict and a view; a range outside is an error naming it."""
+    from safetensors.torch import save_file
+
+    from acetools.files.checkpoints import as_checkpoint
+    from acetools.files.heads import CheckpointView
+
+    g = torch.Generator().manual_seed(0)
+    sd = {"a": torch.arange(7, dtype=torch.int8), "h": torch.randn(4, 6, generator=g).bfloat16(),
+          "w": torch.randn(5, 3, generator=g), "z": torch.zeros(0)}
+    save_file(sd, str(tmp_path / "m.safetensors"))
+    disk = open_checkpoint(tmp_path / "m.safetensors")
+    for ck in (disk, as_checkpoint(sd, "sd"), CheckpointView(disk, ["a"])):
+        for key, a, b in (("w", 0, 15), ("w", 4, 11), ("h", 5, 6), ("h", 3, 3), ("z", 0, 0)):
+            assert torch.equal(ck.get_flat(key, a, b), ck.get(key).reshape(-1)[a:b]), (ck, key, a, b)
+    with pytest.raises(ValueError, match=r"entries 10:16 are outside 'w' \(15 entries\)"):
+        disk.get_flat("w", 10, 16)
+    with pytest.raises(KeyError, match="per-task head key"):
+        CheckpointView(disk, ["a"]).get_flat("a", 0, 1)
+
+
 def test_cli_bad_input_is_one_line(tmp_path, gpt2_files, capsys):
     base, experts = gpt2_files
     assert main(["merge", "--method", "ties", "--base", str(base), "--experts", str(tmp_path / "missing"),
