@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 
 import pytest
@@ -249,6 +250,27 @@ def test_clip_vision_ace_and_dry_run(tmp_path, capsys):
     assert all(torch.equal(model.state_dict()[k], v) for k, v in ref.items())
     x = torch.randn(1, 3, 16, 16)
     assert torch.isfinite(model(pixel_values=x).pooler_output).all()
+
+
+def test_dry_run_memory_estimate_adds_the_process_the_tensors_and_the_hashing(tmp_path, gpt2_files, monkeypatch):
+    """The dry run's peak estimate (docs/your-models.md §Memory): the process's resident size now + (T + 2) x the
+    largest tensor streamed (W0 and the update of every key in memory) + one hashing window per thread."""
+    import re
+
+    import acetools.files.merge_files as mf
+
+    base, experts = gpt2_files
+    assert 10e6 < mf.resident_bytes() < 1e12  # this test process, torch loaded
+    monkeypatch.setattr(mf, "resident_bytes", lambda: 500_000_000)
+    monkeypatch.setattr(mf.os, "cpu_count", lambda: 2)
+    largest = 4 * 64 * 16  # wte, 64 x 16 float32
+    model = sum(4 * math.prod(m.shape) for m in open_checkpoint(base).metas().values() if m.dtype.is_floating_point)
+    for method, held in (("ties", 5 * largest), ("tsv_m", None)):
+        plan = merge_files(method, base, experts, dry_run=True, mode="memory" if held is None else "auto").plan
+        text = plan.memory_text("transformer.wte.weight")
+        total = 500_000_000 + (held if held is not None else 2 * model + 3 * largest) + 2 * (1 << 24)
+        assert re.match(rf"about {total / 1e6:.1f} MB at the peak: this process now \(Python, torch, acetools\) "
+                        rf"500.0 MB \+ .* \+ hashing the inputs 33.6 MB \(2 x 16.8 MB windows\)", text), text
 
 
 def test_roberta_embeddings_and_head_are_not_matrices(tmp_path):

@@ -75,7 +75,11 @@ def parse_size(size: int | float | str) -> int:
     return n
 
 
-def file_sha256(path: str | os.PathLike, window: int = 1 << 24, stop: Callable[[], bool] | None = None) -> str:
+#: Bytes of a file that :func:`file_sha256` maps at a time.
+HASH_WINDOW = 1 << 24
+
+
+def file_sha256(path: str | os.PathLike, window: int = HASH_WINDOW, stop: Callable[[], bool] | None = None) -> str:
     """Hex SHA-256 of a file, hashed from read-only memory maps of 16 MiB windows, one at a time; ``stop()``
     true before a window gives up (returns ``""``)."""
     h = hashlib.sha256()
