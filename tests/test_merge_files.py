@@ -253,8 +253,9 @@ def test_clip_vision_ace_and_dry_run(tmp_path, capsys):
 
 
 def test_dry_run_memory_estimate_adds_the_process_the_tensors_and_the_hashing(tmp_path, gpt2_files, monkeypatch):
-    """The dry run's peak estimate (docs/your-models.md §Memory): the process's resident size now + (T + 2) x the
-    largest tensor streamed (W0 and the update of every key in memory) + one hashing window per thread."""
+    """The dry run's peak estimate (docs/your-models.md §Memory: streaming and what each method holds): the
+    process's resident size now + (T + 2) x the largest tensor streamed (W0 and the update of every key in
+    memory) + one hashing window per thread."""
     import re
 
     import acetools.files.merge_files as mf

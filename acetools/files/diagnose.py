@@ -42,7 +42,8 @@ log = logging.getLogger("acetools.files.diagnose")
 REPORT_NOTEBOOK = Path(__file__).resolve().parents[1] / "reports" / "diagnose.ipynb"
 
 #: Entries read at a time from a non-matrix key larger than this (an embedding table): diagnose holds float64
-#: copies of one part of it, not of the whole key (docs/your-models.md §Memory).
+#: copies of one part of it, not of the whole key (docs/your-models.md §Memory: streaming and what each
+#: method holds).
 PART = 1 << 18
 #: Keys of at most this many entries (and the parts of larger non-matrix keys) are diagnosed on one CPU thread:
 #: threads gain little on them, and on a busy machine their waits made ``diagnose`` many times slower

@@ -149,10 +149,10 @@ class MergePlan:
         return " ".join(f"{k}={short_repr(v)}" for k, v in METHODS[self.method].effective(self.hparams).items())
 
     def memory_text(self, largest_key: str) -> str:
-        """The dry run's estimate of the merge's peak resident memory (docs/your-models.md §Memory): this process
-        as it is now (Python, torch and acetools loaded: most of a small model's peak), what the driver holds
-        (streamed: (T + 2) x the largest tensor; in memory: W0 and the update of every key besides) and the
-        hashing threads' file windows."""
+        """The dry run's estimate of the merge's peak resident memory (docs/your-models.md §Memory: streaming and
+        what each method holds): this process as it is now (Python, torch and acetools loaded: most of a small
+        model's peak), what the driver holds (streamed: (T + 2) x the largest tensor; in memory: W0 and the
+        update of every key besides) and the hashing threads' file windows."""
         T = len(self.experts)
         big = _bytes(self.base, largest_key, compute=True)
         now = resident_bytes()

@@ -210,7 +210,7 @@ class Source:
         acc = torch.empty_like(W0)
         tmp = torch.empty(step, dtype=dt, device=device)
         # one CPU thread: torch splits a cached chunk over two threads at most, and on a busy machine the waits
-        # of those many short parallel regions made this loop ~10x slower (docs/performance.md)
+        # of those many short parallel regions made this loop ~10x slower (docs/performance.md §Cache-sized parts)
         with cpu_threads(1) if device.type == "cpu" else contextlib.nullcontext():
             for a in range(0, n, step):
                 w0, out = W0[a:a + step], acc[a:a + step]

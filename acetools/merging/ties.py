@@ -41,9 +41,10 @@ TaskVectors = Sequence[dict[str, Tensor]]
 
 #: Entries of a key that TIES' histogram, election and disjoint merge handle at a time (elementwise once the
 #: thresholds are known): their work space is a few (T, PART) tensors besides the task vectors, not a few
-#: copies of them (docs/your-models.md §Memory). The result does not depend on it. The parts run on one CPU
-#: thread: torch splits so few entries over two threads at most, and on a busy machine the waits of those
-#: thousands of short parallel regions made TIES ~10x slower (docs/performance.md).
+#: copies of them (docs/your-models.md §Memory: streaming and what each method holds). The result does not
+#: depend on it. The parts run on one CPU thread: torch splits so few entries over two threads at most, and on
+#: a busy machine the waits of those thousands of short parallel regions made TIES ~10x slower
+#: (docs/performance.md §Cache-sized parts).
 PART = 1 << 16
 
 
