@@ -62,12 +62,19 @@ class CheckpointView(Checkpoint):
         self._names = {new: old for old in inner.keys() if (new := own.get(old)) is not None and new not in self.hidden}
         self._meta = {k: inner.meta(old) for k, old in self._names.items()}
 
-    def get(self, key: str) -> Tensor:
+    def _own(self, key: str) -> str:
+        """The wrapped checkpoint's name of ``key``."""
         if key in self.hidden:
             raise InputKeyError(f"{self.path}: {key!r} is a per-task head key, not part of the merged backbone")
         if key not in self._names:
             raise InputKeyError(f"{self.path}: no tensor named {key!r}")
-        return self.inner.get(self._names[key])
+        return self._names[key]
+
+    def get(self, key: str) -> Tensor:
+        return self.inner.get(self._own(key))
+
+    def get_flat(self, key: str, start: int, stop: int) -> Tensor:
+        return self.inner.get_flat(self._own(key), start, stop)
 
     def close(self) -> None:
         self.inner.close()
