@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "notebooks")]  # the repository's acetools and claimkit, however it is run
 
 from claimkit import claims as C  # noqa: E402
-from claimkit.verdicts import Effect, Verdict, World  # noqa: E402
+from claimkit.verdicts import Effect, Verdict, World, power_rule  # noqa: E402
 
 #: The reruns the committed numbers wait for, by claim id, while a record is still from before
 #: them (:func:`pending_rerun`).
@@ -308,6 +308,7 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
         if write:
             path.unlink()  # one file, one world: rewritten whole
         for cid, v in new.items():
+            v = power_rule(v)  # the one rule (V.7), as claimkit.claims.record applies it
             before = entries.get(cid, {}).get("verdict")
             extra: dict[str, Any] = {}
             waits = pending_rerun(cid, entries.get(cid, {}))
@@ -324,7 +325,7 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
     ap.add_argument("--figures", default=str(REPO / "figures"),
                     help="the figures root (default: the repository's figures/)")
