@@ -38,10 +38,11 @@ SCALING_RULE: str = (
     "number of tasks (the paper's in the table column the claim comes from, in that table's points; the "
     "world's in its normalized points, mean over seeds), so predicted is in the world's normalized points; "
     "its size capped at the headroom left above the rival (the experts' level minus the rival); a setting is "
-    "decidable when |predicted| >= 2 × margin, margin = max(NOISE, 1.96 × the paired bootstrap standard error "
-    "over test examples and seeds), or max(NOISE, seed sd of the paired difference) where the result files "
-    "have no per-example results; a claim with no decidable setting is 'undecidable here', whatever the "
-    "measurement says")
+    "decidable when |predicted| >= 2 × margin, margin = max(NOISE, the 95 % half-width of the paired difference: "
+    "a bootstrap over the test examples combined with a t interval over the seeds, (V.8)), or max(NOISE, seed sd "
+    "of the paired difference) where the result files have no per-example results; a setting without a paper "
+    "number decides nothing, and a claim with no deciding setting is 'undecidable here', whatever the "
+    "measurement says (V.7)")
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,8 @@ class Effect:
             return f"the chance floor {self.floor:.2f} of a unit-free measure (no paired difference to resample)"
         if self.se is None:
             return f"max(NOISE, sd over seeds) = {self.floor:.2f}: no per-example results"
-        return f"max(NOISE, 1.96 × {self.se:.2f}) = {self.floor:.2f}: paired bootstrap over test examples and seeds"
+        return (f"max(NOISE, 1.96 × {self.se:.2f}) = {self.floor:.2f}: paired bootstrap over the test examples, with "
+                "a t interval over the seeds where there are several (V.8)")
 
     def scaling(self) -> str:
         if self.predicted is None:
