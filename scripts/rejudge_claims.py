@@ -308,13 +308,13 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
         if write:
             path.unlink()  # one file, one world: rewritten whole
         for cid, v in new.items():
-            v = power_rule(v)  # the one rule (V.7), as claimkit.claims.record applies it
             before = entries.get(cid, {}).get("verdict")
             extra: dict[str, Any] = {}
             waits = pending_rerun(cid, entries.get(cid, {}))
             if waits:
                 v = v.with_reason(f"{_base(v.reason)}; pending rerun: {waits}")
                 extra["pending_rerun"] = waits
+            v = power_rule(v)  # the one rule (V.7), last, as claimkit.claims.record applies it
             rows.append({"id": cid, "notebook": folder, "before": before, "after": v.verdict,
                          "changed": before != v.verdict, "reason": v.reason,
                          "predicted_effect": v.predicted_effect, "noise_floor": v.noise_floor,

@@ -190,7 +190,7 @@ def test_every_decided_comparative_claim_has_the_power_and_no_contradicting_sett
         rule = e["numbers"]["power_rule"]
         assert rule["settings"] == len(effects) and rule["deciding"] == [x["setting"] for x in deciding], cid
         if e["verdict"] == "undecidable here":
-            assert not deciding and f"at least {rule['needed']:.2f} points" in e["reason"], cid
+            assert not deciding and f"would need an effect of at least {rule['needed']:.2f}" in e["reason"], cid
             continue
         assert deciding, f"{cid} ({path.parent.name}) is {e['verdict']!r} without a setting that has the power"
         assert f"judged at {len(deciding)} of {len(effects)} settings" in e["reason"], cid

@@ -308,7 +308,7 @@ def decide(effects: Sequence[Effect], agree: Sequence[bool]) -> tuple[str, str]:
     return agreement(keep), note
 
 
-#: The words :func:`power_rule` adds to a reason; a reason that has them already is not extended again.
+#: The words that open what :func:`power_rule` adds to a reason; an earlier addition is cut there and rewritten.
 POWER_RULE_MARK: str = "; one rule (V.7):"
 
 
@@ -317,6 +317,12 @@ def _opposite(e: Effect) -> bool:
     if e.predicted is None or e.measured is None or e.predicted == 0:
         return False
     return e.measured * math.copysign(1.0, e.predicted) < -e.floor
+
+
+def _needed(e: Effect) -> float:
+    """The prediction setting ``e`` would need to decide: twice its margin, or its chance floor for a unit-free
+    prediction (Kendall τ)."""
+    return e.floor if (e.predicted is not None and not e.scaled) else POWER_FACTOR * e.floor
 
 
 def power_rule(v: Verdict) -> Verdict:
@@ -338,23 +344,24 @@ def power_rule(v: Verdict) -> Verdict:
         verdict = UNDECIDABLE
     elif against and verdict in ("reproduced", "partly"):
         verdict = "not reproduced"
-    need = min(v.effects, key=lambda e: POWER_FACTOR * e.floor)
+    need = min(v.effects, key=_needed)
     rule = {"settings": len(v.effects), "deciding": [e.setting for e in deciding],
-            "against": [e.setting for e in against], "needed": POWER_FACTOR * need.floor,
+            "against": [e.setting for e in against], "needed": _needed(need),
             "needed_at": need.setting, "before": v.numbers.get("power_rule", {}).get("before", v.verdict)}
-    reason = v.reason
-    if POWER_RULE_MARK not in reason:
-        if not deciding:
-            unpredicted = sum(e.predicted is None for e in v.effects)
-            why = (f"no setting has a paper prediction of at least {POWER_FACTOR:g}× its margin"
-                   + (f" ({unpredicted} of {len(v.effects)} have no paper number to scale)" if unpredicted else "")
-                   + f"; this world would need an effect of at least {rule['needed']:.2f} points "
-                   f"({POWER_FACTOR:g} × the margin {need.floor:.2f} at {need.setting})")
-        else:
-            why = f"judged at {len(deciding)} of {len(v.effects)} settings ({', '.join(rule['deciding'])})"
-            if against:
-                why += f"; {', '.join(rule['against'])} decides the opposite sign"
-        reason = f"{reason}{POWER_RULE_MARK} {why}"
+    if not deciding:
+        unpredicted = sum(e.predicted is None for e in v.effects)
+        why = ("no setting has a paper prediction with the power to decide (at least "
+               f"{POWER_FACTOR:g}× its margin; a unit-free one beyond its chance floor)"
+               + (f" ({unpredicted} of {len(v.effects)} have no paper number to scale)" if unpredicted else "")
+               + f"; this world would need an effect of at least {rule['needed']:.2f} "
+               + (f"points ({POWER_FACTOR:g} × the margin {need.floor:.2f} at {need.setting})"
+                  if _needed(need) != need.floor else
+                  f"(a unit-free prediction beyond its chance floor at {need.setting})"))
+    else:
+        why = f"judged at {len(deciding)} of {len(v.effects)} settings ({', '.join(rule['deciding'])})"
+        if against:
+            why += f"; {', '.join(rule['against'])} decides the opposite sign"
+    reason = f"{v.reason.split(POWER_RULE_MARK)[0]}{POWER_RULE_MARK} {why}"  # rewritten each time: idempotent
     return Verdict(v.measured, verdict, reason, {**v.numbers, "power_rule": rule}, v.effects, v.value)
 
 

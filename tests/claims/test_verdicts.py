@@ -143,6 +143,12 @@ def test_power_rule_decides_only_where_a_prediction_has_power():
     judged = V.power_rule(V.Verdict("m", "partly", "r", {}, (strong, weak, bare)))
     assert judged.verdict == "partly" and "judged at 1 of 3 settings (t8)" in judged.reason
     assert V.power_rule(judged) == judged  # idempotent: record() applies it to what rejudge already ruled
+    # a unit-free prediction (Kendall tau) needs to exceed its chance floor, not twice it: the claimed order's own
+    # tau, 0.95, at a floor of 0.95 decides nothing (ace.ordering)
+    tau = V.Effect("T=8", 0.95, None, None, 0.95, 0.95, 0.53)
+    ordering = V.power_rule(V.Verdict("tau 0.53", "not reproduced", "r", {}, (tau,)))
+    assert ordering.verdict == V.UNDECIDABLE and ordering.numbers["power_rule"]["needed"] == 0.95
+    assert "beyond its chance floor at T=8" in ordering.reason
 
 
 def test_power_rule_a_contradicting_setting_makes_a_claim_not_reproduced():
