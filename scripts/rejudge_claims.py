@@ -55,12 +55,15 @@ def _base(text: str) -> str:
     return text
 
 
-def _carried(e: Mapping[str, Any], value: Any = None, *, reason: str | None = None) -> Verdict:
+def _carried(e: Mapping[str, Any], value: Any = None, *, reason: str | None = None, seeds: int | None = None
+             ) -> Verdict:
     """A committed record's verdict carried over as it stands (its stored numbers cannot decide
     it again, or today's rule for it is the one it was decided with), with its stored effects (their
-    margins and standard errors); ``reason`` replaces the stored one."""
-    keep = ("setting", "paper", "paper_room", "world_room", "predicted", "floor", "measured", "se")
-    effects = [Effect(**{k: x.get(k) for k in keep}) for x in e.get("effects") or []]
+    margins and standard errors); ``reason`` replaces the stored one; ``seeds`` the expert seeds its settings rest
+    on, where the stored effects do not say (a stage ablation's one)."""
+    keep = ("setting", "paper", "paper_room", "world_room", "predicted", "floor", "measured", "se", "seeds")
+    effects = [Effect(**{**{k: x.get(k) for k in keep}, **({"seeds": seeds} if x.get("seeds") is None else {})})
+               for x in e.get("effects") or []]
     return Verdict(e["measured"], e["verdict"], e["reason"] if reason is None else reason, dict(e["numbers"]),
                    effects, value=value)
 
@@ -250,7 +253,7 @@ def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Pat
     for cid in ("ace.gamma_bert", "ace.normalization_language", "ace.csp_language", "ace.refinement_language"):
         if cid in entries:
             e = entries[cid]
-            out[cid] = _carried(e, e.get("measured_effect"))
+            out[cid] = _carried(e, e.get("measured_effect"), seeds=1)  # the stage ablation: one expert seed
     return out
 
 

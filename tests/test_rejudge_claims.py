@@ -198,3 +198,23 @@ def test_every_decided_comparative_claim_has_the_power_and_no_contradicting_sett
             against = [x["setting"] for x in deciding if x["measured"] is not None
                        and x["measured"] * (1 if x["predicted"] > 0 else -1) < -x["floor"]]
             assert not against, f"{cid} ({path.parent.name}) is {e['verdict']!r}, contradicted at {against}"
+
+
+#: The claims decided on a stage ablation, which runs on one expert seed (docs/course.md §Margin, power and rivals).
+ONE_SEED = {"ace.normalization", "ace.csp", "ace.refinement", "esm.four", "esm.esd_alone", "esm.ps_on_svd",
+            "esm.layer_first", "esm.reciprocal", "ace.normalization_language", "ace.csp_language",
+            "ace.refinement_language"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.parent.name for p in FILES])
+def test_one_seed_claims_say_so_in_their_record(path):
+    """A stage ablation's settings rest on one expert seed: each effect says ``seeds: 1`` and a margin from per-example
+    results says that the seeds' noise is not measured; a multi-seed comparison never says so."""
+    for cid, e in json.loads(path.read_text()).items():
+        effects = e.get("effects") or []
+        if cid in ONE_SEED:
+            assert effects and all(x["seeds"] == 1 for x in effects), cid
+            if e["standard_error"] is not None:
+                assert "one expert seed" in e["margin_rule"], cid
+        elif e.get("margin_rule"):
+            assert "one expert seed" not in e["margin_rule"], cid

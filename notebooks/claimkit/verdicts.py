@@ -212,6 +212,8 @@ class Effect:
     measured: float | None
     #: the paired bootstrap standard error of the measurement (None: the floor is the seed rule's)
     se: float | None = None
+    #: the expert seeds the measurement rests on, where the verdict knows them (1: a stage ablation's one seed)
+    seeds: int | None = None
 
     @property
     def scaled(self) -> bool:
@@ -244,6 +246,9 @@ class Effect:
             return f"the chance floor {self.floor:.2f} of a unit-free measure (no paired difference to resample)"
         if self.se is None:
             return f"max(NOISE, sd over seeds) = {self.floor:.2f}: no per-example results"
+        if self.seeds == 1:
+            return (f"max(NOISE, 1.96 × {self.se:.2f}) = {self.floor:.2f}: paired bootstrap over the test examples of "
+                    "one expert seed (the seeds' noise is not measured; (V.8) with S = 1)")
         return (f"max(NOISE, 1.96 × {self.se:.2f}) = {self.floor:.2f}: paired bootstrap over the test examples, with "
                 "a t interval over the seeds where there are several (V.8)")
 
@@ -261,7 +266,7 @@ class Effect:
     def as_dict(self) -> dict[str, Any]:
         return {"setting": self.setting, "paper": _num(self.paper), "paper_room": _num(self.paper_room),
                 "world_room": _num(self.world_room), "predicted": _num(self.predicted), "floor": _num(self.floor),
-                "measured": _num(self.measured), "se": _num(self.se), "decidable": self.decides}
+                "measured": _num(self.measured), "se": _num(self.se), "decidable": self.decides, "seeds": self.seeds}
 
 
 def predict(paper_effect: float, paper_room: float, world_room: float) -> float:
@@ -273,7 +278,7 @@ def predict(paper_effect: float, paper_room: float, world_room: float) -> float:
 
 def effect(setting: str, measured: float | None, *, paper: float | None = None, paper_room: float | None = None,
            world_room: float | None = None, spread: float | None = None, noise: float = NOISE,
-           headroom: float | None = None, se: float | None = None) -> Effect:
+           headroom: float | None = None, se: float | None = None, seeds: int | None = None) -> Effect:
     # world_room and measured must be in the same unit (normalized or absolute points)
     """One :class:`Effect`: with ``paper``, ``paper_room`` and ``world_room`` the prediction is
     scaled and capped at ``headroom`` (:func:`claimkit.power.ceiling_prediction`); without a paper effect
@@ -286,7 +291,7 @@ def effect(setting: str, measured: float | None, *, paper: float | None = None, 
         pred = ceiling_prediction(paper, paper_room, world_room, headroom)
     se = _num(se)
     return Effect(setting, None if paper is None else float(paper), _num(paper_room), _num(world_room), pred,
-                  margin(spread, noise, se=se), _num(measured), se)
+                  margin(spread, noise, se=se), _num(measured), se, seeds)
 
 
 def decide(effects: Sequence[Effect], agree: Sequence[bool]) -> tuple[str, str]:
