@@ -44,7 +44,14 @@ from .inputs import (
     given_covariances,
     preset_switches,
 )
-from .linalg import NormalizedCovariances, Refinement, TaskCovariance, center_rows, dense_covariance, isotropic_update
+from .linalg import (
+    NormalizedCovariances,
+    Refinement,
+    TaskCovariance,
+    center_rows,
+    dense_covariance,
+    isotropic_update,
+)
 
 __all__ = [
     "ESTIMATORS", "EPS_MODES", "GAMMA_MODES", "PRECISIONS", "estimator_preset", "center_rows",

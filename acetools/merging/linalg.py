@@ -418,7 +418,8 @@ def gram_spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def center_rows(delta_W: Tensor, *, out: Tensor | None = None) -> Tensor:
-    """W̃ = ΔW - 1 μᵀ, μ the mean row (docs/methods.md §ACE, Eq. (ACE.3)), new or in ``out``: ACE's one centring."""
+    """W̃ = ΔW - 1 μᵀ, μ the mean row (docs/methods.md §ACE, Eq. (ACE.3); rows are samples): a new tensor, or
+    ``out``. ACE's one centring: :class:`TaskCovariance`, :class:`CenteredRows` and :func:`task_sums` run it."""
     return torch.sub(delta_W, delta_W.mean(dim=0, keepdim=True), out=out)
 
 
