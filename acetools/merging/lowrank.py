@@ -18,11 +18,12 @@ space LAPACK returns; here those zero-singular-value slots are dropped (Core Spa
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -71,6 +72,28 @@ class Truncation(NamedTuple):
     update: LowRankUpdate
     S: Tensor
     discarded: float
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _one_thread(fn: _F) -> _F:
+    """Run ``fn`` with one torch thread: the span's matrices are d x R (R = sum_t r_t) and R x R, small enough that a
+    second thread costs more in synchronisation than it saves (docs/performance.md §LoRA updates in their own
+    rank: 0.05 s on one thread against 0.3-1.8 s on two for TSV-M at 512 x 512 on the loaded 2-core machine)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        n = torch.get_num_threads()
+        if n == 1:
+            return fn(*args, **kwargs)
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(n)
+
+    return call  # type: ignore[return-value]
 
 
 def _where(key: str) -> str:
@@ -135,6 +158,7 @@ def _scaled(factors: Sequence[tuple[Tensor, Tensor]], coef: Sequence[float]) -> 
 
 
 # --------------------------------------------------------------------------- the linear rules
+@_one_thread
 def task_arithmetic_lowrank(factors: Sequence[tuple[Tensor, Tensor]], *, lam: float | None = None,
                             weights: Sequence[float] | None = None, key: str = "") -> LowRankUpdate:
     """Task arithmetic as factors of rank sum_t r_t: lam sum_t w_t B_t A_t = [lam w_1 B_1 | ...] [A_1; ...]
@@ -146,6 +170,7 @@ def task_arithmetic_lowrank(factors: Sequence[tuple[Tensor, Tensor]], *, lam: fl
     return _scaled(factors, [lam * wt for wt in w])
 
 
+@_one_thread
 def weight_averaging_lowrank(factors: Sequence[tuple[Tensor, Tensor]], *, weights: Sequence[float] | None = None,
                              key: str = "") -> LowRankUpdate:
     """Weight averaging as factors of rank sum_t r_t: sum_t w_t B_t A_t / sum_t w_t (Eq. (LR.2)); exact."""
@@ -169,6 +194,7 @@ def _task_triplets(B: Tensor, A: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return Q_b @ u[:, :n], s[:n], vh[:n] @ Q_a.mT
 
 
+@_one_thread
 def tsv_m_lowrank(factors: Sequence[tuple[Tensor, Tensor]], *, alpha: float = 1.0, key: str = "") -> LowRankUpdate:
     """TSV-M in the span (docs/methods.md §Low-rank updates, Eq. (LR.4)): each task's top k_t = min(k, rank
     B_t A_t) triplets, k = :func:`acetools.merging.svd.tsv_rank`, orthogonalised by polar in the bases'
@@ -196,6 +222,7 @@ def tsv_m_lowrank(factors: Sequence[tuple[Tensor, Tensor]], *, alpha: float = 1.
     return LowRankUpdate((alpha * (Q_B @ (PU * s_cat))).to(dt), (PV @ Q_A.mT).to(dt))
 
 
+@_one_thread
 def iso_c_lowrank(factors: Sequence[tuple[Tensor, Tensor]], *, alpha: float = 1.0, key: str = "") -> LowRankUpdate:
     """Iso-C in the span (Eq. (LR.5)): sum_t B_t A_t = Q_B (u S vh) Q_Aᵀ; sigma_bar = sum(S) / min(d_out, d_in)
     (the zero singular values counted, as in full space) times (Q_B u_rho)(vh_rho Q_Aᵀ), rho = the rank. The
@@ -228,6 +255,7 @@ class ACESpanInfo:
     null_rank: int = 0  # k minus the rank of W_fused: the refinement's directions outside the span (omitted)
 
 
+@_one_thread
 def ace_lowrank(factors: Sequence[tuple[Tensor, Tensor]], *, key: str = "", **hparams: Any
                 ) -> tuple[LowRankUpdate, ACESpanInfo]:
     """ACE-Merging of one matrix in the row span of the A_t (docs/methods.md §Low-rank updates, Eqs. (LR.6)-(LR.9)).
@@ -306,6 +334,7 @@ def ace_lowrank(factors: Sequence[tuple[Tensor, Tensor]], *, key: str = "", **hp
 
 
 # --------------------------------------------------------------------------- output rank
+@_one_thread
 def to_rank(update: LowRankUpdate, rank: int) -> Truncation:
     """The best rank-``rank`` factors of ``update`` (Eckart–Young, Eq. (LR.10)): B = Q_b R_b, Aᵀ = Q_a R_a,
     R_b R_aᵀ = u s vh; B' = Q_b u_k diag(s_k), A' = vh_k Q_aᵀ; discarded = sum_{j>k} s_j² / sum_j s_j²."""
