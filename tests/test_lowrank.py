@@ -190,3 +190,18 @@ def test_bad_inputs_are_one_line_errors():
         lr.ace_lowrank(f, estimator="identity")
     with pytest.raises(InputError, match="weights"):
         lr.weight_averaging_lowrank(f, weights=[1.0, -1.0])
+
+
+def test_the_benchmark_times_both_paths_and_sums_the_layer():
+    from tests.conftest import load_script
+
+    bench = load_script("lora_lowrank")
+    rows = [bench.worker(m, p, 24, 40, 3, 4, 1, 0) for m in bench.METHODS for p in bench.PATHS]
+    assert all(r["status"] == "ok" and r["wall_s"] >= 0 for r in rows)
+    assert {r["out_rank"] for r in rows if r["path"] == "lowrank" and r["method"] == "task_arithmetic"} == {12}
+    table = bench.layer_table(rows, {"x": ((24, 40), 3)})
+    for row in table:
+        got = {r["path"]: r["wall_s"] for r in rows if r["method"] == row["method"]}
+        assert row["lowrank_s"] == pytest.approx(3 * got["lowrank"], abs=1e-3)
+        assert row["full_s"] == pytest.approx(3 * got["full"], abs=1e-3)
+    assert bench.layer_table(rows[:1], {"x": ((24, 40), 1)})[0]["full_s"] is None  # a missing case: no total
