@@ -79,8 +79,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def _one_thread(fn: _F) -> _F:
     """Run ``fn`` with one torch thread: the span's matrices are d x R (R = sum_t r_t) and R x R, small enough that a
-    second thread costs more in synchronisation than it saves (docs/performance.md §LoRA updates in their own
-    rank: 0.05 s on one thread against 0.3-1.8 s on two for TSV-M at 512 x 512 on the loaded 2-core machine)."""
+    second thread costs more in synchronisation than it saves: 0.05 s on one thread against 0.3-1.8 s on two for
+    TSV-M at 512 x 512 on the loaded 2-core machine (docs/performance.md §LoRA factors)."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
