@@ -89,7 +89,7 @@ def test_tsv_m_past_the_ranks_drops_the_null_slots_and_is_rotation_equivariant()
     assert _rel(engine[1], engine[0]) > 1e-3  # the full-space result is not a function of the updates here
 
 
-@pytest.mark.parametrize("d_out,d_in,ranks", SHAPES)
+@pytest.mark.parametrize("d_out,d_in,ranks", [*SHAPES, (30, 50, (3, 4, 5)), (50, 30, (2, 6, 4))])
 def test_iso_c_equals_the_engine_on_the_span_and_the_rest_is_a_null_partial_isometry(d_out, d_in, ranks):
     f = _factors(d_out, d_in, ranks, seed=4, dtype=torch.float64)
     up = lr.iso_c_lowrank(f)
