@@ -45,6 +45,7 @@ from .checkpoints import (
 )
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
+from .lora import open_expert, write_adapter_output
 from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
 from .staging import lock_output, make_stage, remove_stale_stages
 from .vocab import VocabPlan, plan_vocab
@@ -193,7 +194,7 @@ def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Check
     if len(experts) == 0:
         raise InputError("no experts given: pass at least one fine-tuned checkpoint")
     base = base if isinstance(base, Checkpoint) else open_checkpoint(base)
-    experts = [e if isinstance(e, Checkpoint) else open_checkpoint(e) for e in experts]
+    experts = [open_expert(e, base) for e in experts]  # a LoRA adapter folded onto the base (lora.py)
     models = [base, *experts]
     _check_distinct([ck.path.expanduser().resolve() for ck in models], [ck.path for ck in models],
                     "is the same checkpoint as")
@@ -413,6 +414,7 @@ def merge_files(
     force_layout: bool = False,
     force: bool = False,
     vocab: str | None = None,
+    lora_out: str | Path | None = None,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
 
@@ -422,7 +424,9 @@ def merge_files(
     hold an input or earlier weights (``overwrite``). ``heads``/``names``: docs/your-models.md
     §Per-task heads. ``force``: merge a base that fails the lineage check, with a warning. ``vocab``:
     ``"base"`` or ``"union"``, for experts whose vocabulary differs from the base's (docs/your-models.md
-    §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks).
+    §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks). ``lora_out``:
+    a folder for the merge of LoRA experts as one adapter (linear rules; docs/your-models.md §LoRA adapters as
+    experts), written instead of ``out`` or beside it.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     out_dtype = parse_dtype(dtype)
@@ -431,6 +435,14 @@ def merge_files(
                       force_layout=force_layout, vocab=vocab)
     if dry_run:
         return MergeResult(plan)
+    if lora_out is not None:  # the exact linear merge as one adapter of rank sum_t r_t (lora.py)
+        t0 = time.perf_counter()
+        folder, written, tasks = write_adapter_output(plan, lora_out, overwrite=overwrite, dtype=out_dtype)
+        if out is None:
+            info = {"method": method, "lora_out": str(folder), "files": [f.name for f in written],
+                    "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
+                              "tasks": tasks}}
+            return MergeResult(plan, folder, written, time.perf_counter() - t0, info)
     if out is None:
         raise InputError("out is required: the folder the merged checkpoint is written to")
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)  # before a lock is written
@@ -478,7 +490,7 @@ def merge_files(
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab")
+               "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab", "lora_out")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
@@ -525,7 +537,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
         q = Path(str(x)).expanduser()
         return str(q if q.is_absolute() else p.parent / q)
 
-    for k in ("base", "out"):
+    for k in ("base", "out", "lora_out"):
         if cfg.get(k) is not None:
             cfg[k] = rel(cfg[k])
     if cfg.get("experts"):

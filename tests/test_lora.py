@@ -1,0 +1,352 @@
+"""peft LoRA adapters as experts (docs/your-models.md §LoRA adapters as experts): folded as peft's
+merge_and_unload() folds them, merged by every method as their folded checkpoints are, the linear merge
+written back as an adapter, and every bad adapter refused in one line. peft is the oracle; the models are
+tiny and built here (nothing downloaded)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from acetools.cli import main
+from acetools.errors import InputError
+from acetools.files.checkpoints import open_checkpoint
+from acetools.files.diagnose import check_inputs
+from acetools.files.heads import load_head, task_state_dict
+from acetools.files.lora import LoraCheckpoint, open_expert
+from acetools.files.merge_files import merge_files
+from acetools.merging import METHODS
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+
+HPARAMS = {"dare": {"seed": 0}}  # the methods that need per-key inputs (ESM, RegMean) are left to their own tests
+NEEDS_INPUTS = {name for name, info in METHODS.items() if info.per_key and name != "ace"}
+
+
+def _randomize_b(model, seed: int) -> None:
+    """LoRA's B starts at zero: give every factor random values, as training would."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name or "modules_to_save" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * (0.03 if "lora_" in name else 0.1))
+
+
+def _adapter(model_fn, base_dir: Path, out: Path, seed: int, **lora) -> Path:
+    model = model_fn()
+    model.name_or_path = str(base_dir)
+    pm = peft.get_peft_model(model, peft.LoraConfig(**lora))
+    _randomize_b(pm, seed)
+    pm.save_pretrained(str(out))
+    return out
+
+
+def _folded(model_fn, adapter: Path, out: Path) -> Path:
+    """The oracle: peft's own fold of the adapter, saved as a full checkpoint."""
+    pm = peft.PeftModel.from_pretrained(model_fn(), str(adapter))
+    pm.merge_and_unload().save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    """A tiny BERT classifier base, its bare backbone, three adapters (ranks 4 / 2 with rank and alpha patterns /
+    rsLoRA) with modules_to_save=["classifier"], and peft's folds of them."""
+    root = tmp_path_factory.mktemp("bert")
+    cfg = transformers.BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=32, num_labels=3)
+    torch.manual_seed(0)
+    base = transformers.BertForSequenceClassification(cfg)
+    base.save_pretrained(root / "base")
+    base.bert.save_pretrained(root / "bare")
+
+    def fresh():
+        return transformers.BertForSequenceClassification.from_pretrained(root / "base")
+
+    common = {"modules_to_save": ["classifier"], "task_type": "SEQ_CLS"}
+    ads = [
+        _adapter(fresh, root / "base", root / "ad_a", 1, r=4, lora_alpha=8, target_modules=["query", "value"],
+                 **common),
+        _adapter(fresh, root / "base", root / "ad_b", 2, r=4, lora_alpha=16, target_modules=["query", "dense"],
+                 rank_pattern={"output.dense": 2}, alpha_pattern={"output.dense": 3}, **common),
+        _adapter(fresh, root / "base", root / "ad_c", 3, r=2, lora_alpha=4, use_rslora=True,
+                 target_modules=["key", "value", "dense"], **common),
+    ]
+    folded = [_folded(fresh, a, root / f"fold_{a.name}") for a in ads]
+    return {"root": root, "base": root / "base", "bare": root / "bare", "adapters": ads, "folded": folded,
+            "fresh": fresh}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A tiny Llama (LlamaConfig, causal LM) and two adapters on attention, MLP and the embedding."""
+    root = tmp_path_factory.mktemp("llama")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(root / "base")
+
+    def fresh():
+        return transformers.LlamaForCausalLM.from_pretrained(root / "base")
+
+    ads = [
+        _adapter(fresh, root / "base", root / "ad_0", 4, r=4, lora_alpha=8,
+                 target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]),
+        _adapter(fresh, root / "base", root / "ad_1", 5, r=2, lora_alpha=2,
+                 target_modules=["q_proj", "k_proj", "o_proj", "gate_proj", "embed_tokens"]),
+    ]
+    folded = [_folded(fresh, a, root / f"fold_{a.name}") for a in ads]
+    return {"root": root, "base": root / "base", "adapters": ads, "folded": folded, "fresh": fresh}
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return open_checkpoint(folder).state_dict()
+
+
+def _assert_same_merge(a: Path, b: Path, rtol: float = 1e-6) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        scale = max(float(wb[k].float().abs().max()), 1e-12)
+        assert float((wa[k].float() - wb[k].float()).abs().max()) <= rtol * scale + 1e-7, k
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("world", ["bert", "llama"])
+def test_fold_equals_peft_merge_and_unload(world, request):
+    w = request.getfixturevalue(world)
+    base = open_checkpoint(w["base"])
+    for ad, fold in zip(w["adapters"], w["folded"]):
+        ck = open_expert(ad, base)
+        assert isinstance(ck, LoraCheckpoint)
+        want = _weights(fold)
+        assert set(ck.keys()) == set(want)
+        for k in want:
+            torch.testing.assert_close(ck.get(k), want[k], rtol=0, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+        assert ck.meta(next(iter(ck.targets))).shape == want[next(iter(ck.targets))].shape
+
+
+def test_fold_equation_scales(bert):
+    """scale = lora_alpha / r, alpha_pattern / rank_pattern per module, lora_alpha / sqrt(r) with rsLoRA."""
+    base = open_checkpoint(bert["base"])
+    b = open_expert(bert["adapters"][1], base)
+    t = b.targets["bert.encoder.layer.0.attention.output.dense.weight"]
+    assert (t.rank, t.scale) == (2, 3 / 2)
+    assert b.targets["bert.encoder.layer.0.attention.self.query.weight"].scale == 16 / 4
+    c = open_expert(bert["adapters"][2], base)
+    assert c.targets["bert.encoder.layer.1.attention.self.key.weight"].scale == 4 / math.sqrt(2)
+    key = "bert.encoder.layer.1.attention.self.key.weight"
+    A = c._factor(c.targets[key].a)
+    B = c._factor(c.targets[key].b)
+    torch.testing.assert_close(c.get(key), base.get(key) + 4 / math.sqrt(2) * B @ A)
+
+
+def test_fold_fan_in_fan_out_gpt2(tmp_path):
+    """GPT-2's Conv1D stores W as d_in x d_out: peft's fan_in_fan_out folds (B A)^T, and so does the view."""
+    cfg = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=16)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "base")
+
+    def fresh():
+        return transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "base")
+
+    ad = _adapter(fresh, tmp_path / "base", tmp_path / "ad", 7, r=2, lora_alpha=4, target_modules=["c_attn", "c_fc"],
+                  fan_in_fan_out=True)
+    want = _weights(_folded(fresh, ad, tmp_path / "fold"))
+    ck = open_expert(ad, open_checkpoint(tmp_path / "base"))
+    assert ck.targets["transformer.h.0.attn.c_attn.weight"].transpose
+    for k in ck.targets:
+        torch.testing.assert_close(ck.get(k), want[k], rtol=0, atol=1e-6)
+
+
+def test_bare_base_takes_the_adapters_prefix(bert, tmp_path):
+    """A bare BertModel base with adapters of BertForSequenceClassification: the merge of the backbone equals
+    the one against the classifier base, and the heads are the adapters' classifiers."""
+    # the adapters name the classifier folder as their base: copies that name none (no check)
+    ads = [str(_copy(a, tmp_path, a.name, base_model_name_or_path=None)) for a in bert["adapters"][:2]]
+    cls = merge_files("task_arithmetic", bert["base"], ads, tmp_path / "cls")
+    bare = merge_files("task_arithmetic", bert["bare"], ads, tmp_path / "bare")
+    assert bare.plan.heads.mode == "per-task" and bare.info["heads"]["tasks"]
+    wc, wb = _weights(cls.out), _weights(bare.out)
+    assert set(wb) == set(wc) and all(k.startswith("bert.") for k in wb)  # the task model's names
+    for k, v in wb.items():
+        torch.testing.assert_close(v, wc[k], rtol=0, atol=0)
+    sd, _ = task_state_dict(bare.out, "ad_b")
+    want = _weights(bert["folded"][1])
+    torch.testing.assert_close(sd["classifier.weight"], want["classifier.weight"])
+
+
+@pytest.mark.oracle
+@pytest.mark.slow
+@pytest.mark.parametrize("world", ["bert", "llama"])
+def test_every_method_adapters_equal_fold_then_merge(world, request, tmp_path):
+    """Merging the adapters directly equals merging peft's folds of them, for every method (heads per task)."""
+    w = request.getfixturevalue(world)
+    for method in sorted(set(METHODS) - NEEDS_INPUTS):
+        hp = HPARAMS.get(method, {})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a = merge_files(method, w["base"], [str(p) for p in w["adapters"]], tmp_path / f"{method}_a", hparams=hp)
+            b = merge_files(method, w["base"], [str(p) for p in w["folded"]], tmp_path / f"{method}_b", hparams=hp)
+        _assert_same_merge(a.out, b.out, rtol=1e-5)
+        assert len(a.info["heads"]["tasks"]) == len(b.info["heads"]["tasks"]) == (3 if world == "bert" else 0)
+        if world == "bert":
+            for ta, tb in zip(a.info["heads"]["tasks"], b.info["heads"]["tasks"]):
+                ha, _ = task_state_dict(a.out, ta)
+                hb, _ = task_state_dict(b.out, tb)
+                torch.testing.assert_close(ha["classifier.weight"], hb["classifier.weight"])
+
+
+def test_adapters_and_full_checkpoints_mixed(bert, tmp_path):
+    experts = [str(bert["adapters"][0]), str(bert["folded"][1]), str(bert["adapters"][2])]
+    a = merge_files("ties", bert["base"], experts, tmp_path / "mixed")
+    b = merge_files("ties", bert["base"], [str(p) for p in bert["folded"]], tmp_path / "folded")
+    _assert_same_merge(a.out, b.out)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("method,hp", [("task_arithmetic", {"lam": 0.7}), ("weight_averaging", {}),
+                                       ("task_arithmetic", {"lam": 0.5, "weights": [1.0, -0.5]})])
+def test_lora_out_equals_full_merge(llama, tmp_path, method, hp):
+    """The adapter output (rank sum_t r_t), loaded by peft and folded, equals the full-space merge to 1e-6."""
+    ads = [str(p) for p in llama["adapters"]]
+    full = merge_files(method, llama["base"], ads, tmp_path / "full", hparams=hp)
+    res = merge_files(method, llama["base"], ads, None, hparams=hp, lora_out=tmp_path / "lora")
+    cfg = json.loads((res.out / "adapter_config.json").read_text())
+    assert cfg["r"] == 4 + 2 and cfg["rank_pattern"]  # modules updated by both adapters have rank 6, others 4 or 2
+    pm = peft.PeftModel.from_pretrained(llama["fresh"](), str(res.out))
+    got = pm.merge_and_unload().state_dict()
+    want = _weights(full.out)
+    for k, v in want.items():
+        rel = float((got[k] - v).norm() / v.norm().clamp_min(1e-12))
+        assert rel <= 1e-6, (k, rel)
+
+
+@pytest.mark.oracle
+def test_lora_out_matches_peft_cat_and_peft_linear_mixes_factors(llama, tmp_path):
+    """peft's add_weighted_adapter: "cat" is our task arithmetic adapter exactly; "linear" in the installed
+    peft forms (sum_t sqrt(w_t s_t) B_t)(sum_t sqrt(w_t s_t) A_t), whose cross terms B_t A_u (t != u) make it
+    differ from the task-arithmetic merge when the adapters share a module (the factor-mixing issue)."""
+    ads = [str(p) for p in llama["adapters"]]
+    res = merge_files("task_arithmetic", llama["base"], ads, None, hparams={"lam": 0.6}, lora_out=tmp_path / "ours")
+    pm = peft.PeftModel.from_pretrained(llama["fresh"](), ads[0], adapter_name="a0")
+    pm.load_adapter(ads[1], adapter_name="a1")
+    pm.add_weighted_adapter(["a0", "a1"], [0.6, 0.6], "cat", combination_type="cat")
+    key = "model.layers.0.self_attn.q_proj"
+    mod = pm.base_model.model.model.layers[0].self_attn.q_proj
+    ours = LoraCheckpoint(res.out, open_checkpoint(llama["base"]))
+    torch.testing.assert_close(mod.get_delta_weight("cat"), ours.delta(f"{key}.weight"), rtol=1e-6, atol=1e-7)
+    a0, a1 = (open_expert(p, open_checkpoint(llama["base"])) for p in ads)
+    exact = 0.6 * (a0.delta(f"{key}.weight") + a1.delta(f"{key}.weight"))
+    torch.testing.assert_close(mod.get_delta_weight("cat"), exact, rtol=1e-6, atol=1e-7)
+    # "linear" needs equal ranks: two adapters of rank 2 on q_proj
+    pm2 = peft.PeftModel.from_pretrained(llama["fresh"](), ads[1], adapter_name="b0")
+    other = _adapter(llama["fresh"], llama["base"], tmp_path / "ad_r2", 9, r=2, lora_alpha=2, target_modules=["q_proj"])
+    pm2.load_adapter(str(other), adapter_name="b1")
+    pm2.add_weighted_adapter(["b0", "b1"], [0.6, 0.6], "lin", combination_type="linear")
+    q = pm2.base_model.model.model.layers[0].self_attn.q_proj
+    b0, b1 = (open_expert(p, open_checkpoint(llama["base"])) for p in (ads[1], other))
+    t0, t1 = b0.targets[f"{key}.weight"], b1.targets[f"{key}.weight"]
+    c0, c1 = math.sqrt(0.6 * t0.scale), math.sqrt(0.6 * t1.scale)
+    mixed = (c0 * b0._factor(t0.b) + c1 * b1._factor(t1.b)) @ (c0 * b0._factor(t0.a) + c1 * b1._factor(t1.a))
+    lin = q.get_delta_weight("lin")
+    torch.testing.assert_close(lin, mixed * q.scaling["lin"], rtol=1e-5, atol=1e-7)
+    exact = 0.6 * (b0.delta(f"{key}.weight") + b1.delta(f"{key}.weight"))
+    assert float((lin - exact).norm() / exact.norm()) > 1e-2
+
+
+def test_lora_out_with_heads_cli(bert, tmp_path, capsys):
+    """``acetools merge --lora-out``: the adapter plus each task's head; base + adapter + head = the full merge's
+    task model."""
+    ads = [str(p) for p in bert["adapters"]]
+    assert main(["merge", "--method", "task_arithmetic", "--base", str(bert["base"]), "--experts", *ads,
+                 "--lora-out", str(tmp_path / "lora"), "--out", str(tmp_path / "full")]) == 0
+    assert "merged LoRA adapter" in capsys.readouterr().out
+    full_sd, _ = task_state_dict(tmp_path / "full", "ad_c")
+    head, _ = load_head(tmp_path / "lora", "ad_c")
+    torch.testing.assert_close(head["classifier.weight"], full_sd["classifier.weight"], rtol=0, atol=0)
+    lora = LoraCheckpoint(tmp_path / "lora", open_checkpoint(bert["base"]))
+    for k in lora.targets:
+        torch.testing.assert_close(lora.get(k), full_sd[k], rtol=1e-6, atol=1e-6)
+    idx = json.loads((tmp_path / "lora" / "heads" / "index.json").read_text())
+    assert set(idx["tasks"]) == {"ad_a", "ad_b", "ad_c"}
+
+
+def test_diagnose_reads_adapters(bert):
+    out = check_inputs(bert["base"], [str(p) for p in bert["adapters"]])
+    assert out["n_tasks"] == 3 and out["n_matrices"] > 0
+
+
+# --------------------------------------------------------------------------- bad adapters: one line each
+def _copy(ad: Path, tmp: Path, name: str, **cfg) -> Path:
+    out = tmp / name
+    shutil.copytree(ad, out)
+    data = json.loads((out / "adapter_config.json").read_text())
+    data.update(cfg)
+    (out / "adapter_config.json").write_text(json.dumps(data))
+    return out
+
+
+@pytest.mark.parametrize("change,expect", [
+    ({"use_dora": True}, "DoRA"),
+    ({"peft_type": "IA3"}, "peft_type 'IA3'"),
+    ({"peft_type": "LOHA"}, "peft_type 'LOHA'"),
+    ({"base_model_name_or_path": "meta-llama/Llama-3-8B"}, "'meta-llama/Llama-3-8B'"),
+    ({"r": 0}, "r=0"),
+    ({"r": 8}, "rank 4"),
+    ({"target_parameters": ["experts.gate_up_proj"]}, "target_parameters"),
+])
+def test_bad_adapter_one_line(bert, tmp_path, change, expect):
+    bad = _copy(bert["adapters"][0], tmp_path, "bad", **change)
+    with pytest.raises((InputError, TypeError, KeyError)) as e:
+        merge_files("task_arithmetic", bert["base"], [str(bad), str(bert["adapters"][1])], tmp_path / "out")
+    msg = str(e.value).strip("'\"")
+    assert expect in msg and "\n" not in msg and str(bad) in msg
+
+
+def test_bad_adapter_files_one_line(bert, llama, tmp_path):
+    base = open_checkpoint(bert["base"])
+    cases = []
+    no_w = _copy(bert["adapters"][0], tmp_path, "no_weights")
+    (no_w / "adapter_model.safetensors").unlink()
+    cases.append((no_w, "no adapter_model.safetensors"))
+    bad_json = _copy(bert["adapters"][0], tmp_path, "bad_json")
+    (bad_json / "adapter_config.json").write_text("{r: 4")
+    cases.append((bad_json, "not valid JSON"))
+    from safetensors.torch import load_file, save_file
+    half = _copy(bert["adapters"][0], tmp_path, "half")
+    sd = load_file(half / "adapter_model.safetensors")
+    save_file({k: v for k, v in sd.items() if "query.lora_B" not in k}, half / "adapter_model.safetensors")
+    cases.append((half, "lora_B.weight beside it"))
+    dora = _copy(bert["adapters"][0], tmp_path, "magnitude")
+    magnitude = "base_model.model.bert.encoder.layer.0.attention.self.query.lora_magnitude_vector"
+    save_file({**sd, magnitude: torch.ones(16)}, dora / "adapter_model.safetensors")
+    cases.append((dora, "lora_magnitude_vector"))
+    other = _copy(llama["adapters"][0], tmp_path, "llama_on_bert", base_model_name_or_path=None)
+    cases.append((other, "does not have"))
+    for path, expect in cases:
+        with pytest.raises((InputError, FileNotFoundError, KeyError)) as e:
+            open_expert(path, base)
+        msg = str(e.value).strip("'\"")
+        assert expect in msg and "\n" not in msg and str(path) in msg, msg
+    with pytest.raises(InputError, match="is a peft adapter, not a checkpoint"):
+        open_checkpoint(bert["adapters"][0])
+
+
+def test_lora_out_refusals(bert, tmp_path):
+    ads = [str(p) for p in bert["adapters"]]
+    with pytest.raises(InputError, match="ties is not linear"):
+        merge_files("ties", bert["base"], ads, None, lora_out=tmp_path / "x")
+    with pytest.raises(InputError, match="is a full checkpoint"):
+        merge_files("task_arithmetic", bert["base"], [ads[0], str(bert["folded"][1])], None, lora_out=tmp_path / "y")
+    with pytest.raises(InputError, match="holds the input checkpoint"):
+        merge_files("task_arithmetic", bert["base"], ads, None, lora_out=bert["adapters"][0])
