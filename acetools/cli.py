@@ -553,8 +553,8 @@ def _add_merge(sub) -> None:
     m.add_argument("--out", default=None, help="output folder (must not hold an input)")
     m.add_argument("--lora-out", dest="lora_out", default=None, metavar="DIR",
                    help="LoRA adapter experts, task_arithmetic / weight_averaging: write the exact merge as one peft "
-                        "adapter of rank sum_t r_t to DIR (instead of --out, or beside it; docs/your-models.md §LoRA "
-                        "adapters as experts)")
+                        "adapter of rank sum_t r_t to DIR (instead of --out, or beside it; "
+                        "docs/your-models.md §LoRA adapters as experts)")
     m.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                    help="method hyperparameter (repeatable), e.g. -p lam=0.3 -p scope=tensor; per expert: "
                         "-p weights=[0.7,0.3] (docs/your-models.md §Coming from mergekit)")

@@ -145,8 +145,8 @@ def test_fold_equation_scales(bert):
     c = open_expert(bert["adapters"][2], base)
     assert c.targets["bert.encoder.layer.1.attention.self.key.weight"].scale == 4 / math.sqrt(2)
     key = "bert.encoder.layer.1.attention.self.key.weight"
-    A = c._factor(c.targets[key].a)
-    B = c._factor(c.targets[key].b)
+    A = c.factor(c.targets[key].a)
+    B = c.factor(c.targets[key].b)
     torch.testing.assert_close(c.get(key), base.get(key) + 4 / math.sqrt(2) * B @ A)
 
 
@@ -257,7 +257,7 @@ def test_lora_out_matches_peft_cat_and_peft_linear_mixes_factors(llama, tmp_path
     b0, b1 = (open_expert(p, open_checkpoint(llama["base"])) for p in (ads[1], other))
     t0, t1 = b0.targets[f"{key}.weight"], b1.targets[f"{key}.weight"]
     c0, c1 = math.sqrt(0.6 * t0.scale), math.sqrt(0.6 * t1.scale)
-    mixed = (c0 * b0._factor(t0.b) + c1 * b1._factor(t1.b)) @ (c0 * b0._factor(t0.a) + c1 * b1._factor(t1.a))
+    mixed = (c0 * b0.factor(t0.b) + c1 * b1.factor(t1.b)) @ (c0 * b0.factor(t0.a) + c1 * b1.factor(t1.a))
     lin = q.get_delta_weight("lin")
     torch.testing.assert_close(lin, mixed * q.scaling["lin"], rtol=1e-5, atol=1e-7)
     exact = 0.6 * (b0.delta(f"{key}.weight") + b1.delta(f"{key}.weight"))

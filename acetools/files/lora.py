@@ -111,7 +111,8 @@ class LoraCheckpoint(Checkpoint):
         self.config = _view_config(base.config, cfg)
         self._where = {}
 
-    def _factor(self, key: str) -> Tensor:
+    def factor(self, key: str) -> Tensor:
+        """A tensor of the adapter's file (a LoRA factor, a modules_to_save tensor) by its own key."""
         return self._file.get(key) if self._file is not None else (self._tensors or {})[key]
 
     def _check_shapes(self) -> None:
@@ -136,10 +137,10 @@ class LoraCheckpoint(Checkpoint):
         t = self.targets.get(key)
         if t is None:
             return None
-        B = self._factor(t.b)
+        B = self.factor(t.b)
         if t.b.endswith(".bias"):  # lora_bias: peft adds scale * lora_B.bias to the layer's bias
             return B.to(torch.promote_types(B.dtype, torch.float32)) * t.scale
-        A = self._factor(t.a)
+        A = self.factor(t.a)
         dt = torch.promote_types(torch.promote_types(A.dtype, B.dtype), torch.float32)
         d = B.to(dt) @ A.to(dt)
         return (d.T if t.transpose else d) * t.scale
@@ -148,10 +149,10 @@ class LoraCheckpoint(Checkpoint):
         """The folded tensor ``key``: ``W0 + scale * B @ A`` for a LoRA target (in the base's dtype, as peft's
         ``merge_and_unload`` adds it), a ``modules_to_save`` tensor, else the base's."""
         if key in self.saved:
-            return self._factor(self.saved[key])
+            return self.factor(self.saved[key])
         if key not in self.rename:
             raise InputKeyError(f"{self.path}: no tensor named {key!r}")
-        W0 = self._factor(self.stored_w0[key]) if key in self.stored_w0 else self.base.get(self.rename[key])
+        W0 = self.factor(self.stored_w0[key]) if key in self.stored_w0 else self.base.get(self.rename[key])
         d = self.delta(key)
         return W0 if d is None else W0 + d.to(W0.dtype)
 
@@ -361,8 +362,8 @@ def write_merged_adapter(method: str, hparams: Mapping[str, Any], base: Checkpoi
     ranks: dict[str, int] = {}
     for bkey, items in per_base.items():
         module, kind = module_of[bkey]
-        As = [ads[t]._factor(tg.a).to(torch.float64) * (c[t] * tg.scale) for t, tg in items]
-        Bs = [ads[t]._factor(tg.b).to(torch.float64) for t, tg in items]
+        As = [ads[t].factor(tg.a).to(torch.float64) * (c[t] * tg.scale) for t, tg in items]
+        Bs = [ads[t].factor(tg.b).to(torch.float64) for t, tg in items]
         dt = dtype or ads[items[0][0]].ameta[items[0][1].a].dtype
         A, B = torch.cat(As, 0).to(dt), torch.cat(Bs, 1).to(dt)
         if kind == "lora":
@@ -376,7 +377,7 @@ def write_merged_adapter(method: str, hparams: Mapping[str, Any], base: Checkpoi
         bkey = ads[holders[0]].rename.get(name)
         if len(holders) == len(ads) and bkey is not None:  # sum_t c_t (M_t - W0) on the base's tensor
             W0 = base.get(bkey).to(torch.float64)
-            merged = W0 + sum(c[t] * (ads[t]._factor(ads[t].saved[name]).to(torch.float64) - W0) for t in holders)
+            merged = W0 + sum(c[t] * (ads[t].factor(ads[t].saved[name]).to(torch.float64) - W0) for t in holders)
         elif len(holders) == 1 and bkey is None:
             raise InputError(f"{name!r} is a modules_to_save tensor of {ads[holders[0]].path} only, and the base has "
                              "none: it is a task head; merge with heads='per-task' / --heads per-task and write the "
