@@ -615,6 +615,9 @@ def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
         cfg["lora_out"] = args.lora_out
     if not cfg.get("out") and not cfg.get("lora_out") and not args.dry_run:
         raise InputError("merge needs --out (or 'out:' in a config file), or --dry-run")
+    if args.search and cfg.get("lora_out"):
+        raise InputError("--search writes the full model of the chosen coefficient; it cannot write --lora-out "
+                         "(merge again with the chosen coefficient and --lora-out)")
     if args.search and args.dry_run:
         raise InputError("--search merges and evaluates; it cannot be combined with --dry-run")
     return cfg

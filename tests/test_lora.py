@@ -340,6 +340,17 @@ def test_bad_adapter_files_one_line(bert, llama, tmp_path):
         assert expect in msg and "\n" not in msg and str(path) in msg, msg
     with pytest.raises(InputError, match="is a peft adapter, not a checkpoint"):
         open_checkpoint(bert["adapters"][0])
+    with pytest.raises(InputError, match="is a peft adapter, not a checkpoint"):
+        merge_files("ties", bert["adapters"][0], [str(p) for p in bert["folded"]], tmp_path / "as_base")
+
+
+def test_adapter_file_paths_name_their_folder(bert):
+    """adapter_config.json or adapter_model.safetensors given as the expert: the adapter of their folder."""
+    base = open_checkpoint(bert["base"])
+    folder = bert["adapters"][0]
+    for p in (folder / "adapter_config.json", folder / "adapter_model.safetensors"):
+        ck = open_expert(str(p), base)
+        assert isinstance(ck, LoraCheckpoint) and ck.folder == folder
 
 
 def test_lora_out_refusals(bert, tmp_path):

@@ -44,9 +44,12 @@ _UNFOLDABLE = {"use_dora": "DoRA (use_dora=true: a learned magnitude vector resc
 
 
 def is_adapter(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a peft adapter folder (it holds ``adapter_config.json``) or that file itself."""
+    """Whether ``path`` is a peft adapter folder (it holds ``adapter_config.json``), that file or the adapter's
+    weight file beside it."""
     p = Path(path).expanduser()
-    return (p.is_dir() and (p / ADAPTER_CONFIG).is_file()) or (p.name == ADAPTER_CONFIG and p.is_file())
+    if p.is_dir():
+        return (p / ADAPTER_CONFIG).is_file()
+    return p.is_file() and p.name in (ADAPTER_CONFIG, *_WEIGHTS) and (p.parent / ADAPTER_CONFIG).is_file()
 
 
 def _pattern(patterns: Mapping[str, Any], module: str, default: Any) -> Any:
@@ -78,7 +81,7 @@ class LoraCheckpoint(Checkpoint):
 
     def __init__(self, folder: str | os.PathLike, base: Checkpoint):  # noqa: D107 - no super().__init__: nothing is read
         folder = Path(folder).expanduser()
-        if folder.name == ADAPTER_CONFIG:
+        if folder.is_file():  # adapter_config.json or the weight file: the folder holding them
             folder = folder.parent
         self.path, self.folder, self.base = folder, folder, base
         self.adapter_config = cfg = _read_config(folder)

@@ -437,9 +437,11 @@ def merge_files(
         return MergeResult(plan)
     if lora_out is not None:  # the exact linear merge as one adapter of rank sum_t r_t (lora.py)
         t0 = time.perf_counter()
+        lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force) if out is None else None
         folder, written, tasks = write_adapter_output(plan, lora_out, overwrite=overwrite, dtype=out_dtype)
-        if out is None:
+        if out is None and lineage is not None:
             info = {"method": method, "lora_out": str(folder), "files": [f.name for f in written],
+                    "lineage": lineage.as_dict(),
                     "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
                               "tasks": tasks}}
             return MergeResult(plan, folder, written, time.perf_counter() - t0, info)
