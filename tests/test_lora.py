@@ -321,6 +321,10 @@ def test_bad_adapter_one_line(hand, tmp_path, change, expect):
         merge_files("task_arithmetic", hand["base"], [str(bad), str(hand["adapters"][1])], tmp_path / "out")
     msg = str(e.value).strip("'\"")
     assert expect in msg and "\n" not in msg and str(bad) in msg
+    if "base_model_name_or_path" in change:  # the same model under another name: --force merges, with a warning
+        with pytest.warns(UserWarning, match="merge anyway with --force"):
+            merge_files("task_arithmetic", hand["base"], [str(bad), str(hand["adapters"][1])], tmp_path / "forced",
+                        force=True)
 
 
 def test_bad_adapter_files_one_line(bert, llama, tmp_path):

@@ -11,9 +11,11 @@ becomes a :class:`LoraCheckpoint`: the base's keys under the adapter's model nam
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,8 @@ from .checkpoints import Checkpoint, _SafetensorsFile, _torch_load, open_checkpo
 
 __all__ = ["ADAPTER_CONFIG", "is_adapter", "LoraCheckpoint", "open_expert", "write_merged_adapter",
            "LINEAR_COEFFICIENTS"]
+
+log = logging.getLogger("acetools.files.lora")
 
 ADAPTER_CONFIG = "adapter_config.json"
 _WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -271,9 +275,9 @@ def _view_config(base_config: Mapping[str, Any] | None, cfg: Mapping[str, Any]) 
     return out
 
 
-def _check_base_name(ck: LoraCheckpoint, base: Checkpoint) -> None:
+def _check_base_name(ck: LoraCheckpoint, base: Checkpoint, force: bool = False) -> None:
     """The adapter's ``base_model_name_or_path`` against ``base``: the same folder (resolved), or the same last
-    path component; no field, no check."""
+    path component; no field, no check; ``force``: a warning instead of the error."""
     name = ck.adapter_config.get("base_model_name_or_path")
     if not name or not isinstance(name, str):
         return
@@ -288,19 +292,24 @@ def _check_base_name(ck: LoraCheckpoint, base: Checkpoint) -> None:
     known = {bpath.name, Path(base.path).name, Path(str((base.config or {}).get("_name_or_path", ""))).name}
     if last in known:
         return
-    raise InputError(f"LoRA adapter {ck.path} was trained on base_model_name_or_path {name!r}, but the base is "
-                     f"{base.path}; pass that model as --base (or correct {ADAPTER_CONFIG} if it is the same model)")
+    why = (f"LoRA adapter {ck.path} was trained on base_model_name_or_path {name!r}, but the base is {base.path}; "
+           "pass that model as --base, or merge anyway with --force (force=True) if it is the same model")
+    if not force:
+        raise InputError(why)
+    warnings.warn(why, UserWarning, stacklevel=4)
 
 
-def open_expert(obj: Any, base: Checkpoint) -> Checkpoint:
+def open_expert(obj: Any, base: Checkpoint, *, force: bool = False) -> Checkpoint:
     """An expert: a :class:`Checkpoint` as it is, a LoRA adapter folder folded onto ``base``
-    (:class:`LoraCheckpoint`, its ``base_model_name_or_path`` checked against ``base``), else
-    :func:`~acetools.files.checkpoints.open_checkpoint`."""
+    (:class:`LoraCheckpoint`, its ``base_model_name_or_path`` checked against ``base``; ``force``: a warning),
+    else :func:`~acetools.files.checkpoints.open_checkpoint`."""
     if isinstance(obj, Checkpoint):
         return obj
     if isinstance(obj, (str, os.PathLike)) and is_adapter(obj):
         ck = LoraCheckpoint(obj, base)
-        _check_base_name(ck, base)
+        _check_base_name(ck, base, force)
+        log.info("%s: a LoRA adapter (%d matrices, ranks %s) folded onto %s", ck.path, len(ck.targets),
+                 sorted({t.rank for t in ck.targets.values()}), base.path)
         return ck
     return open_checkpoint(obj)
 

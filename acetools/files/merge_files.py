@@ -186,15 +186,16 @@ class MergeResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Checkpoint]]:
-    """The base and the experts opened; the same path twice is an error (:func:`_check_distinct`), a single
-    expert (usually a typo) a warning."""
+def _open_all(base: Any, experts: Sequence[Any], force: bool = False) -> tuple[Checkpoint, list[Checkpoint]]:
+    """The base and the experts opened (LoRA adapters folded onto the base, ``force``: one naming another base
+    with a warning); the same path twice is an error (:func:`_check_distinct`), a single expert (usually a
+    typo) a warning."""
     if isinstance(experts, (str, Path)) or not isinstance(experts, Sequence):
         raise InputTypeError("experts must be a list of checkpoint paths (one per fine-tuned model)")
     if len(experts) == 0:
         raise InputError("no experts given: pass at least one fine-tuned checkpoint")
     base = base if isinstance(base, Checkpoint) else open_checkpoint(base)
-    experts = [open_expert(e, base) for e in experts]  # a LoRA adapter folded onto the base (lora.py)
+    experts = [open_expert(e, base, force=force) for e in experts]  # a LoRA adapter folded onto the base (lora.py)
     models = [base, *experts]
     _check_distinct([ck.path.expanduser().resolve() for ck in models], [ck.path for ck in models],
                     "is the same checkpoint as")
@@ -231,6 +232,7 @@ def plan_merge(
     names: Sequence[str] | None = None,
     force_layout: bool = False,
     vocab: str | None = None,
+    force: bool = False,
 ) -> MergePlan:
     """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data
     (arguments as :func:`merge_files`'s)."""
@@ -246,7 +248,7 @@ def plan_merge(
             files[name] = str(hp[name])
             hp[name] = load_activations(hp[name], len(experts))
     info.resolve(hp)  # bad hyperparameters fail before any file is opened
-    b, ex = _open_all(base, experts)
+    b, ex = _open_all(base, experts, force)
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
     vocab_plan = plan_vocab(vocab, b, ex, lay)  # docs/your-models.md §Vocabularies
     b, ex = vocab_plan.views(b, ex)  # the experts' rows of the base's tokens
@@ -432,7 +434,7 @@ def merge_files(
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
     plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names,
-                      force_layout=force_layout, vocab=vocab)
+                      force_layout=force_layout, vocab=vocab, force=force)
     if dry_run:
         return MergeResult(plan)
     if lora_out is not None:  # the exact linear merge as one adapter of rank sum_t r_t (lora.py)
