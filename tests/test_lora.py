@@ -507,3 +507,22 @@ def test_hand_lora_out_equals_full_merge(hand, tmp_path, method, hp):
     for k, v in want.items():
         rel = float((got.get(k) - v).norm() / v.norm())
         assert rel <= 1e-6, (k, rel)
+
+
+def test_stored_embedding_base_layer_is_w0(llama, tmp_path):
+    """peft saves an embedding's base layer with the adapter and loads it over the base's: the fold uses it, and
+    an adapter output, which cannot carry it, refuses one that differs from the base's."""
+    from safetensors.torch import load_file, save_file
+    ad = _copy(llama["adapters"][1], tmp_path, "own_w0")
+    sd = load_file(ad / "adapter_model.safetensors")
+    key = "base_model.model.model.embed_tokens.base_layer.weight"
+    sd[key] = sd[key] + 1.0
+    save_file(sd, ad / "adapter_model.safetensors")
+    base = open_checkpoint(llama["base"])
+    ck = open_expert(ad, base)
+    assert isinstance(ck, LoraCheckpoint)
+    want = sd[key] + ck.delta("model.embed_tokens.weight")
+    torch.testing.assert_close(ck.get("model.embed_tokens.weight"), want, rtol=0, atol=0)
+    with pytest.raises(InputError, match="stores its own"):
+        merge_files("task_arithmetic", llama["base"], [str(llama["adapters"][0]), str(ad)], None,
+                    lora_out=tmp_path / "out")

@@ -356,6 +356,12 @@ def write_merged_adapter(method: str, hparams: Mapping[str, Any], base: Checkpoi
             raise InputError(f"an adapter output needs every expert to be a LoRA adapter; {ck.path} is a full "
                              "checkpoint: write the full model (out / --out)")
     ads = [lo for lo in loras if lo is not None]
+    for a in ads:  # an embedding W0 saved with the adapter (peft's base_layer) must be the base's own
+        for key, own_key in a.stored_w0.items():
+            if not torch.equal(a.factor(own_key), base.get(a.rename[key])):
+                raise InputError(f"LoRA adapter {a.path} stores its own {own_key!r}, which differs from the base's "
+                                 f"{a.rename[key]!r}; an adapter output cannot carry it: write the full model "
+                                 "(out / --out)")
     fans = {bool(a.adapter_config.get("fan_in_fan_out")) for a in ads}
     if len(fans) > 1:
         raise InputError("the adapters disagree on fan_in_fan_out; an adapter output needs one orientation")
