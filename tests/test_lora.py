@@ -18,7 +18,7 @@ from acetools.cli import main
 from acetools.errors import InputError
 from acetools.files.checkpoints import open_checkpoint
 from acetools.files.diagnose import check_inputs
-from acetools.files.heads import load_head, task_state_dict
+from acetools.files.heads import load_head, load_with_head, task_state_dict
 from acetools.files.lora import LoraCheckpoint, open_expert
 from acetools.files.merge_files import merge_files
 from acetools.merging import METHODS
@@ -280,7 +280,10 @@ def test_lora_out_with_heads_cli(bert, tmp_path, capsys):
     ads = [str(p) for p in bert["adapters"]]
     assert main(["merge", "--method", "task_arithmetic", "--base", str(bert["base"]), "--experts", *ads,
                  "--lora-out", str(tmp_path / "lora"), "--out", str(tmp_path / "full")]) == 0
-    assert "merged LoRA adapter" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "merged LoRA adapter" in printed and "experts: 3 LoRA adapters" in printed
+    model = load_with_head(tmp_path / "full", "ad_c")  # the full merge loads back as the task's model
+    assert model.config.num_labels == 3
     full_sd, _ = task_state_dict(tmp_path / "full", "ad_c")
     head, _ = load_head(tmp_path / "lora", "ad_c")
     torch.testing.assert_close(head["classifier.weight"], full_sd["classifier.weight"], rtol=0, atol=0)

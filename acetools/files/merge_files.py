@@ -45,7 +45,7 @@ from .checkpoints import (
 )
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
-from .lora import open_expert, write_adapter_output
+from .lora import adapter_of, open_expert, write_adapter_output
 from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
 from .staging import lock_output, make_stage, remove_stale_stages
 from .vocab import VocabPlan, plan_vocab
@@ -137,6 +137,8 @@ class MergePlan:
         lines = [
             f"method {self.method} {self.hparams_text()}",
             f"base {self.base.path} ({len(self.base)} tensors); {len(self.experts)} experts",
+            *([f"experts: {n} LoRA adapters, folded onto the base key by key"] if (n := sum(
+                adapter_of(ck) is not None for ck in self.experts)) else []),
             f"layout {self.layout.name}: {self.layout.description}",
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
