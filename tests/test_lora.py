@@ -529,3 +529,29 @@ def test_stored_embedding_base_layer_is_w0(llama, tmp_path):
     with pytest.raises(InputError, match="stores its own"):
         merge_files("task_arithmetic", llama["base"], [str(llama["adapters"][0]), str(ad)], None,
                     lora_out=tmp_path / "out")
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("extra", [{"lora_bias": True}, {"bias": "all"}, {"bias": "lora_only"}])
+def test_fold_biases_as_peft(bert, tmp_path, extra):
+    """lora_bias (s * lora_B.bias added to the bias) and bias="all" / "lora_only" (the biases trained and saved
+    with the adapter) fold as peft's merge_and_unload() folds them."""
+    ad = _adapter(bert["fresh"], bert["base"], tmp_path / "ad", 11, r=2, lora_alpha=4, target_modules=["query"],
+                  modules_to_save=["classifier"], **extra)
+    g = torch.Generator().manual_seed(3)
+    if extra.get("bias"):  # trained biases differ from the base's
+        from safetensors.torch import load_file, save_file
+        sd = load_file(ad / "adapter_model.safetensors")
+        save_file({k: v + 0.1 * torch.randn(v.shape, generator=g) if k.endswith(".bias") else v for k, v in sd.items()},
+                  ad / "adapter_model.safetensors")
+    want = _weights(_folded(bert["fresh"], ad, tmp_path / "fold"))
+    ck = open_expert(ad, open_checkpoint(bert["base"]))
+    base = _weights(bert["base"])
+    changed = [k for k in want if k.endswith(".bias") and not torch.equal(want[k], base[k])]
+    assert any("query" in k for k in changed)
+    for k in want:
+        torch.testing.assert_close(ck.get(k), want[k], rtol=0, atol=1e-6)
+    if extra.get("bias"):
+        with pytest.raises(InputError, match="an adapter output cannot carry it"):  # trained biases
+            merge_files("task_arithmetic", bert["base"], [str(ad), str(bert["adapters"][0])], None,
+                        lora_out=tmp_path / "lora")

@@ -210,9 +210,6 @@ def _parse_keys(folder: Path, cfg: Mapping[str, Any], own: Mapping[str, TensorMe
         m = re.fullmatch(r"(.+)\.(lora_A\.weight|lora_embedding_A|lora_B\.weight|lora_embedding_B|lora_B\.bias|"
                          r"lora_[A-Za-z_]+(?:\.[A-Za-z_]+)?)", name)
         if m is None:
-            if ".modules_to_save." in name or ".original_module." in name:
-                raise InputKeyError(f"LoRA adapter {folder}: key {k!r} is in a peft wrapper's inner name; re-save "
-                                    "the adapter with peft's save_pretrained()")
             saved[name] = k
             continue
         module, part = m.group(1), m.group(2)
@@ -238,6 +235,13 @@ def _parse_keys(folder: Path, cfg: Mapping[str, Any], own: Mapping[str, TensorMe
         targets[f"{module}.{attr}"] = _Target(f"{module}.{attr}", module, k, b, scale, r, emb or fan, emb)
     if not targets:
         raise InputError(f"LoRA adapter {folder}: its weight file holds no LoRA factors (lora_A / lora_B keys)")
+    # bias="all" also saves a modules_to_save wrapper's inner copies; peft loads the plain name
+    for name in [n for n in saved if ".modules_to_save." in n or ".original_module." in n]:
+        plain = name.replace(".modules_to_save.", ".").replace(".original_module.", ".")
+        if plain not in saved:
+            raise InputKeyError(f"LoRA adapter {folder}: key {saved[name]!r} is a peft wrapper's inner name without "
+                                f"its plain one ({plain!r}); re-save the adapter with peft's save_pretrained()")
+        del saved[name]
     return targets, saved
 
 
@@ -393,6 +397,12 @@ def write_merged_adapter(method: str, hparams: Mapping[str, Any], base: Checkpoi
     for name in dict.fromkeys(k for a in ads for k in a.saved if k not in skip):
         holders = [t for t, a in enumerate(ads) if name in a.saved]
         bkey = ads[holders[0]].rename.get(name)
+        module = name.rsplit(".", 1)[0]
+        listed = ads[holders[0]].adapter_config.get("modules_to_save") or []
+        if not any(module == m or module.endswith(f".{m}") for m in listed):  # bias="all" / "lora_only"
+            raise InputError(f"LoRA adapter {ads[holders[0]].path} saves {name!r} outside its modules_to_save "
+                             "(bias='all' or 'lora_only'); an adapter output cannot carry it: write the full model "
+                             "(out / --out)")
         if len(holders) == len(ads) and bkey is not None:  # sum_t c_t (M_t - W0) on the base's tensor
             W0 = base.get(bkey).to(torch.float64)
             merged = W0 + sum(c[t] * (ads[t].factor(ads[t].saved[name]).to(torch.float64) - W0) for t in holders)
