@@ -317,6 +317,8 @@ def _copy(ad: Path, tmp: Path, name: str, **cfg) -> Path:
     ({"r": 0}, "r=0"),
     ({"r": 8}, "rank 3"),
     ({"target_parameters": ["experts.gate_up_proj"]}, "target_parameters"),
+    ({"init_lora_weights": "pissa_niter_4"}, "init_lora_weights='pissa_niter_4'"),
+    ({"init_lora_weights": "olora"}, "init_lora_weights='olora'"),
 ])
 def test_bad_adapter_one_line(hand, tmp_path, change, expect):
     bad = _copy(hand["adapters"][0], tmp_path, "bad", **change)

@@ -187,6 +187,12 @@ def _read_config(folder: Path) -> dict[str, Any]:
         if cfg.get(name) not in (None, False, [], {}):
             raise InputTypeError(f"LoRA adapter {folder}: {what} cannot be folded exactly as W0 + scale * B A; "
                                  "fold it with peft's merge_and_unload() and pass the full checkpoint")
+    init = cfg.get("init_lora_weights")
+    if isinstance(init, str) and init.lower().startswith(("pissa", "olora", "corda", "loftq")):
+        raise InputTypeError(f"LoRA adapter {folder}: init_lora_weights={init!r} trains on a changed base (the "
+                             "residual of the pretrained weights), so it does not fold onto the pretrained base as "
+                             "W0 + scale * B A; save it converted (peft's path_initial_model_for_weight_conversion) or "
+                             "fold it with merge_and_unload() and pass the full checkpoint")
     for name in ("r", "lora_alpha"):
         v = cfg.get(name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
