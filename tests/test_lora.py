@@ -11,13 +11,14 @@ import shutil
 import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 from acetools.cli import main
 from acetools.errors import InputError
 from acetools.files.checkpoints import open_checkpoint
-from acetools.files.diagnose import check_inputs
+from acetools.files.diagnose import check_inputs, diagnose
 from acetools.files.heads import load_head, load_with_head, task_state_dict
 from acetools.files.lora import LoraCheckpoint, open_expert
 from acetools.files.merge_files import merge_files
@@ -297,6 +298,15 @@ def test_lora_out_with_heads_cli(bert, tmp_path, capsys):
 def test_diagnose_reads_adapters(bert):
     out = check_inputs(bert["base"], [str(p) for p in bert["adapters"]])
     assert out["n_tasks"] == 3 and out["n_matrices"] > 0
+
+
+def test_diagnose_adapters_equals_their_folds(hand):
+    """``acetools diagnose`` on adapters measures what it measures on their folded checkpoints."""
+    a = diagnose(hand["base"], [str(p) for p in hand["adapters"]], names=["t0", "t1"])
+    b = diagnose(hand["base"], [str(p) for p in hand["folded"]], names=["t0", "t1"])
+    for name in ("layers", "norms", "cosine"):
+        pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), rtol=1e-5)
+    assert len(a.layers) > 0
 
 
 # --------------------------------------------------------------------------- bad adapters: one line each
