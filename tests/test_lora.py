@@ -402,9 +402,9 @@ def _hand_world(root: Path) -> dict:
             "lm_head.weight": torch.randn(v, d, generator=g), "model.norm.weight": torch.ones(d)}
     for i in range(2):
         p = f"model.layers.{i}."
-        base |= {p + "self_attn.q_proj.weight": torch.randn(d, d, generator=g),
-                 p + "self_attn.v_proj.weight": torch.randn(d, d, generator=g),
-                 p + "mlp.up_proj.weight": torch.randn(f, d, generator=g),
+        base |= {p + f"self_attn.{m}_proj.weight": torch.randn(d, d, generator=g) for m in "qkvo"}
+        base |= {p + "mlp.up_proj.weight": torch.randn(f, d, generator=g),
+                 p + "mlp.gate_proj.weight": torch.randn(f, d, generator=g),
                  p + "mlp.down_proj.weight": torch.randn(d, f, generator=g),
                  p + "input_layernorm.weight": torch.ones(d)}
     from safetensors.torch import save_file
@@ -482,13 +482,35 @@ def test_hand_adapters_fold_by_the_equation(hand):
     assert open_expert(hand["adapters"][0], base).targets["model.layers.1.mlp.down_proj.weight"].scale == 6 / 2
 
 
+def _data_inputs(method: str, base: Path, n_tasks: int) -> dict:
+    """Random Grams (RegMean) or proxy activations (ESM) of every matrix key, for the methods that need them."""
+    import re
+
+    from acetools.layouts import get_layout
+    ck = open_checkpoint(base)
+    lay = get_layout("auto", keys=ck.keys(), config=ck.config)
+    g = torch.Generator().manual_seed(5)
+    widths = {k: m.shape[1] for k, m in ck.metas().items() if lay.is_matrix(k, m)}
+    info = METHODS[method]
+    out: dict = {}
+    if "grams" in info.data_inputs:
+        out["grams"] = [{k: (X := torch.randn(3 * d, d, generator=g)).T @ X / (3 * d) for k, d in widths.items()}
+                        for _ in range(n_tasks)]
+    if "activations" in info.data_inputs:
+        targets = info.resolve({}, layout=lay.name)["targets"]
+        out["activations"] = {k: [torch.randn(12, d, generator=g) for _ in range(n_tasks)] for k, d in widths.items()
+                              if any(re.search(p, k) for p in targets)}
+    return out
+
+
 def test_hand_adapters_every_method_equals_fold_then_merge(hand, tmp_path):
-    """Every method on the adapters equals it on their folds. (Iso-C and Iso-CTS give the zero singular values
-    of a low-rank update the mean's weight, so their result hangs on the rounding of the fold: the fold here is
-    the same arithmetic as peft's, bit for bit.)"""
+    """Every method on the adapters equals it on their folds, RegMean and ESM with the same random Grams and
+    activations. (Iso-C and Iso-CTS give the zero singular values of a low-rank update the mean's weight, so
+    their result hangs on the rounding of the fold: the fold here is the same arithmetic as peft's, bit for
+    bit.)"""
     ads, folded = [str(p) for p in hand["adapters"]], [str(p) for p in hand["folded"]]
-    for method in sorted(set(METHODS) - NEEDS_INPUTS):
-        hp = HPARAMS.get(method, {})
+    for method in sorted(METHODS):
+        hp = {**HPARAMS.get(method, {}), **_data_inputs(method, hand["base"], len(ads))}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             a = merge_files(method, hand["base"], ads, tmp_path / f"{method}_a", hparams=hp, heads="merge")
