@@ -194,6 +194,13 @@ def test_bare_base_takes_the_adapters_prefix(bert, tmp_path):
     sd, _ = task_state_dict(bare.out, "ad_b")
     want = _weights(bert["folded"][1])
     torch.testing.assert_close(sd["classifier.weight"], want["classifier.weight"])
+    # the adapter output against the bare base: the same factors, the heads beside them
+    la = merge_files("task_arithmetic", bert["bare"], ads, None, lora_out=tmp_path / "lora_bare")
+    lc = merge_files("task_arithmetic", bert["base"], ads, None, lora_out=tmp_path / "lora_cls")
+    assert set(la.info["heads"]["tasks"]) == {"ad_a", "ad_b"}
+    from safetensors.torch import load_file
+    fa, fc = load_file(la.out / "adapter_model.safetensors"), load_file(lc.out / "adapter_model.safetensors")
+    assert fa.keys() == fc.keys() and all(torch.equal(fa[k], fc[k]) for k in fa)
 
 
 @pytest.mark.oracle

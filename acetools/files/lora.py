@@ -340,6 +340,9 @@ def _lam(method: str, hp: Mapping[str, Any], n: int) -> list[float]:
     w = [1.0] * n if w is None else [float(x) for x in w]
     if method == "task_arithmetic":
         return [float(hp["lam"]) * x for x in w]
+    if sum(w) == 0:
+        raise InputError(f"weight_averaging: weights={w!r} sum to 0, so the weighted mean is undefined; give weights "
+                         "with a non-zero sum")
     return [x / sum(w) for x in w]
 
 
@@ -348,14 +351,15 @@ def _lam(method: str, hp: Mapping[str, Any], n: int) -> list[float]:
 LINEAR_COEFFICIENTS = {"task_arithmetic": _lam, "weight_averaging": _lam}
 
 
-def write_merged_adapter(method: str, hparams: Mapping[str, Any], base: Checkpoint, experts: Sequence[Checkpoint],
+def write_merged_adapter(method: str, hparams: Mapping[str, Any], experts: Sequence[Checkpoint],
                          out: str | os.PathLike, *, dtype: torch.dtype | None = None, skip: Sequence[str] = ()
                          ) -> list[Path]:
-    """Write the merge ``W0 + sum_t c_t tau_t`` of LoRA experts as one peft adapter (docs/your-models.md §LoRA
-    adapters as experts): per module ``B = [B_1, ..., B_T]``, ``A = [c_1 s_1 A_1; ...; c_T s_T A_T]`` (rank
-    sum_t r_t over the adapters that update it, ``lora_alpha = r``), exact; ``modules_to_save`` tensors merged
-    by the same rule, except the keys in ``skip`` (per-task heads, written beside it). ``out`` is a new or
-    empty folder; returns the written files."""
+    """Write the merge ``W0 + sum_t c_t tau_t`` of LoRA experts (each a :class:`LoraCheckpoint` or a view of
+    one) as one peft adapter (docs/your-models.md §LoRA adapters as experts): per module
+    ``B = [B_1, ..., B_T]``, ``A = [c_1 s_1 A_1; ...; c_T s_T A_T]`` (rank sum_t r_t over the adapters that
+    update it, ``lora_alpha = r``), exact; ``modules_to_save`` tensors merged by the same rule, except the
+    keys in ``skip`` (per-task heads, written beside it). ``out`` is a new or empty folder; returns the
+    written files."""
     if method not in LINEAR_COEFFICIENTS:
         raise InputError(f"an adapter output (lora_out / --lora-out) is written for the linear rules "
                          f"({', '.join(LINEAR_COEFFICIENTS)}), whose merge is a sum of the adapters; {method} is not "
@@ -368,7 +372,7 @@ def write_merged_adapter(method: str, hparams: Mapping[str, Any], base: Checkpoi
     ads = [lo for lo in loras if lo is not None]
     for a in ads:  # an embedding W0 saved with the adapter (peft's base_layer) must be the base's own
         for key, own_key in a.stored_w0.items():
-            if not torch.equal(a.factor(own_key), base.get(a.rename[key])):
+            if not torch.equal(a.factor(own_key), a.base.get(a.rename[key])):
                 raise InputError(f"LoRA adapter {a.path} stores its own {own_key!r}, which differs from the base's "
                                  f"{a.rename[key]!r}; an adapter output cannot carry it: write the full model "
                                  "(out / --out)")
@@ -409,13 +413,13 @@ def write_merged_adapter(method: str, hparams: Mapping[str, Any], base: Checkpoi
             raise InputError(f"LoRA adapter {ads[holders[0]].path} saves {name!r} outside its modules_to_save "
                              "(bias='all' or 'lora_only'); an adapter output cannot carry it: write the full model "
                              "(out / --out)")
-        if len(holders) == len(ads) and bkey is not None:  # sum_t c_t (M_t - W0) on the base's tensor
-            W0 = base.get(bkey).to(torch.float64)
+        if bkey is None:
+            raise InputError(f"{name!r} is a modules_to_save tensor of {ads[holders[0]].path} that the base does not "
+                             "have: a task head; merge with heads='per-task' / --heads per-task (its heads are written "
+                             "beside the adapter)")
+        if len(holders) == len(ads):  # sum_t c_t (M_t - W0) on the base's tensor
+            W0 = ads[holders[0]].base.get(bkey).to(torch.float64)
             merged = W0 + sum(c[t] * (ads[t].factor(ads[t].saved[name]).to(torch.float64) - W0) for t in holders)
-        elif len(holders) == 1 and bkey is None:
-            raise InputError(f"{name!r} is a modules_to_save tensor of {ads[holders[0]].path} only, and the base has "
-                             "none: it is a task head; merge with heads='per-task' / --heads per-task and write the "
-                             "full model, or train the adapters with the same modules_to_save")
         else:
             raise InputError(f"{name!r} is saved by {len(holders)} of the {len(ads)} adapters (modules_to_save); "
                              "an adapter output needs the same modules_to_save in every adapter")
@@ -464,7 +468,7 @@ def write_adapter_output(plan: Any, lora_out: str | os.PathLike, *, overwrite: b
     with lock_output(out):
         per_task = plan.heads.mode == "per-task"
         check_heads_folder(out, inputs, overwrite, writing=per_task)
-        files = write_merged_adapter(plan.method, plan.hparams, plan.base, plan.experts, out, dtype=dtype,
+        files = write_merged_adapter(plan.method, plan.hparams, plan.experts, out, dtype=dtype,
                                      skip=plan.heads.keys)
         tasks: dict[str, str] = {}
         if per_task:
