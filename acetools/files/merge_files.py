@@ -47,6 +47,7 @@ from .checkpoints import (
 )
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
+from .lora import adapter_of, open_expert, write_adapter_output
 from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
 from .staging import lock_output, make_stage, remove_stale_stages
 from .vocab import VocabPlan, plan_vocab
@@ -138,6 +139,8 @@ class MergePlan:
         lines = [
             f"method {self.method} {self.hparams_text()}",
             f"base {self.base.path} ({len(self.base)} tensors); {len(self.experts)} experts",
+            *([f"experts: {n} LoRA adapters, folded onto the base key by key"] if (n := sum(
+                adapter_of(ck) is not None for ck in self.experts)) else []),
             f"layout {self.layout.name}: {self.layout.description}",
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
@@ -212,15 +215,16 @@ class MergeResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Checkpoint]]:
-    """The base and the experts opened; the same path twice is an error (:func:`_check_distinct`), a single
-    expert (usually a typo) a warning."""
+def _open_all(base: Any, experts: Sequence[Any], force: bool = False) -> tuple[Checkpoint, list[Checkpoint]]:
+    """The base and the experts opened (LoRA adapters folded onto the base, ``force``: one naming another base
+    with a warning); the same path twice is an error (:func:`_check_distinct`), a single expert (usually a
+    typo) a warning."""
     if isinstance(experts, (str, Path)) or not isinstance(experts, Sequence):
         raise InputTypeError("experts must be a list of checkpoint paths (one per fine-tuned model)")
     if len(experts) == 0:
         raise InputError("no experts given: pass at least one fine-tuned checkpoint")
     base = base if isinstance(base, Checkpoint) else open_checkpoint(base)
-    experts = [e if isinstance(e, Checkpoint) else open_checkpoint(e) for e in experts]
+    experts = [open_expert(e, base, force=force) for e in experts]  # a LoRA adapter folded onto the base (lora.py)
     models = [base, *experts]
     _check_distinct([ck.path.expanduser().resolve() for ck in models], [ck.path for ck in models],
                     "is the same checkpoint as")
@@ -257,6 +261,7 @@ def plan_merge(
     names: Sequence[str] | None = None,
     force_layout: bool = False,
     vocab: str | None = None,
+    force: bool = False,
 ) -> MergePlan:
     """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data
     (arguments as :func:`merge_files`'s)."""
@@ -272,7 +277,7 @@ def plan_merge(
             files[name] = str(hp[name])
             hp[name] = load_activations(hp[name], len(experts))
     info.resolve(hp)  # bad hyperparameters fail before any file is opened
-    b, ex = _open_all(base, experts)
+    b, ex = _open_all(base, experts, force)
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
     vocab_plan = plan_vocab(vocab, b, ex, lay)  # docs/your-models.md §Vocabularies
     b, ex = vocab_plan.views(b, ex)  # the experts' rows of the base's tokens
@@ -440,6 +445,7 @@ def merge_files(
     force_layout: bool = False,
     force: bool = False,
     vocab: str | None = None,
+    lora_out: str | Path | None = None,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
 
@@ -449,15 +455,27 @@ def merge_files(
     hold an input or earlier weights (``overwrite``). ``heads``/``names``: docs/your-models.md
     §Per-task heads. ``force``: merge a base that fails the lineage check, with a warning. ``vocab``:
     ``"base"`` or ``"union"``, for experts whose vocabulary differs from the base's (docs/your-models.md
-    §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks).
+    §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks). ``lora_out``:
+    a folder for the merge of LoRA experts as one adapter (linear rules; docs/your-models.md §LoRA adapters as
+    experts), written instead of ``out`` or beside it.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
     plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names,
-                      force_layout=force_layout, vocab=vocab)
+                      force_layout=force_layout, vocab=vocab, force=force)
     if dry_run:
         return MergeResult(plan)
+    if lora_out is not None:  # the exact linear merge as one adapter of rank sum_t r_t (lora.py)
+        t0 = time.perf_counter()
+        lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force) if out is None else None
+        folder, written, tasks = write_adapter_output(plan, lora_out, overwrite=overwrite, dtype=out_dtype)
+        if out is None and lineage is not None:
+            info = {"method": method, "lora_out": str(folder), "files": [f.name for f in written],
+                    "lineage": lineage.as_dict(),
+                    "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
+                              "tasks": tasks}}
+            return MergeResult(plan, folder, written, time.perf_counter() - t0, info)
     if out is None:
         raise InputError("out is required: the folder the merged checkpoint is written to")
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)  # before a lock is written
@@ -505,7 +523,7 @@ def merge_files(
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab")
+               "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab", "lora_out")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
@@ -552,7 +570,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
         q = Path(str(x)).expanduser()
         return str(q if q.is_absolute() else p.parent / q)
 
-    for k in ("base", "out"):
+    for k in ("base", "out", "lora_out"):
         if cfg.get(k) is not None:
             cfg[k] = rel(cfg[k])
     if cfg.get("experts"):
