@@ -17,9 +17,10 @@ are measured at the start (a GEMM of the dtype and a large copy, on the device: 
 not the data sheet), or given (``--peak-gflops``, ``--peak-gbs``); :data:`DATASHEET` is printed
 beside them for the GPUs it knows.
 
-The GPU run (``-- all``: 3 shapes x 3 T x 2 dtypes x every method) stops starting new runs after
-``--budget`` seconds (default 450, so it ends within 8 minutes) and skips a world whose tensors would
-not fit in 60 % of the device's memory; both are listed as not run. WUDI runs ``--wudi-steps`` Adam
+The GPU run (3 shapes x 3 T x 2 dtypes x every method; small worlds and cheap methods first) stops
+starting new runs after ``--budget`` seconds (default 450, so it ends within 8 minutes; ``--quick``
+240) and skips a world whose tensors would not fit in 60 % of the device's memory; both are listed
+as not run, and the CSV is written after every run. WUDI runs ``--wudi-steps`` Adam
 steps (default 20; the official 300 take 15 x as long: its time is linear in the steps).
 
     python benchmarks/gpu_merge_time.py --device cuda                 # the GPU table (<= 8 min)
@@ -212,8 +213,10 @@ def measure_peaks(device, dtype_name: str) -> tuple[float, float]:
     return 2 * n**3 / gemm / 1e9, 2 * x.numel() * x.element_size() / copy / 1e9
 
 
-def run_one(method: str, shapes: dict, T: int, dtype_name: str, device, wudi_steps: int, layout: str) -> float:
-    """Wall seconds of ``method``'s registered function on one block of T experts (tensors made first)."""
+def run_one(method: str, shapes: dict, T: int, dtype_name: str, device, wudi_steps: int,
+            layout: str) -> tuple[float, float]:
+    """Wall and process CPU seconds of ``method``'s registered function on one block of T experts (tensors made
+    first; on a loaded CPU the CPU seconds are the steadier figure)."""
     import torch
 
     import acetools
@@ -230,15 +233,15 @@ def run_one(method: str, shapes: dict, T: int, dtype_name: str, device, wudi_ste
     hp = info.resolve(kwargs, layout=layout)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     out = info.func(base, tvs, is_matrix=acetools.merging.is_matrix_param, **hp)
     sync()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     del out, base, tvs, kwargs
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return wall
+    return wall, cpu
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -252,7 +255,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--wudi-steps", type=int, default=20, help="WUDI's Adam steps (official 300; time is linear)")
     ap.add_argument("--peak-gflops", type=float, default=None, help="the device's peak GFLOP/s (default: measured)")
     ap.add_argument("--peak-gbs", type=float, default=None, help="the device's peak GB/s (default: measured)")
-    ap.add_argument("--budget", type=float, default=450.0, help="start no run after this many seconds")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="start no run after this many seconds (default 450; --quick 240)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--out", default=str(HERE / "results" / "gpu_merge_time"))
     ap.add_argument("--note", default="", help="a note saved with the results (e.g. the machine's load)")
@@ -276,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = args.tasks or ([8] if args.quick else list(N_TASKS))
     dtypes = args.dtypes or (["float32"] if args.quick else list(DTYPES))
     methods = args.methods or list(METHODS)
+    budget = args.budget if args.budget is not None else 240.0 if args.quick else 450.0
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
     sheet = next((v for k, v in DATASHEET.items() if k in name), None)
     peaks = {}
@@ -288,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
                                                         if sheet else ")"), flush=True)
     limit = torch.cuda.get_device_properties(device).total_memory * 0.6 if device.type == "cuda" else math.inf
     plan = [(a, T, dt, m) for a in archs for T in tasks for dt in dtypes for m in methods]
-    plan.sort(key=lambda r: (sum(math.prod(s) for s in ARCHS[r[0]][0]().values()) * r[1], r[2]))  # small first
+    # small worlds first, and within one the cheapest methods by their flop bound (so a budget cuts the dearest)
+    plan.sort(key=lambda r: (sum(math.prod(s) for s in ARCHS[r[0]][0]().values()) * r[1], r[2],
+                             bounds(r[3], ARCHS[r[0]][0](), r[1], 4, args.wudi_steps)[0]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{args.device}{'_quick' if args.quick else ''}"
     warmed: set[str] = set()
     rows, start = [], time.perf_counter()
     for arch, T, dt, method in plan:
@@ -301,14 +311,14 @@ def main(argv: list[str] | None = None) -> int:
         if need > limit:
             rows.append({**row, "status": "skipped: memory"})
             continue
-        if time.perf_counter() - start > args.budget:
+        if time.perf_counter() - start > budget:
             rows.append({**row, "status": "not run: budget"})
             continue
         try:
             if device.type == "cuda" and method not in warmed:  # CUDA context, cuSOLVER handles
                 run_one(method, ARCHS["clip-vit-b32"][0](), 2, dt, device, min(args.wudi_steps, 2), "open_clip")
                 warmed.add(method)
-            wall = run_one(method, shapes, T, dt, device, args.wudi_steps, layout)
+            wall, cpu = run_one(method, shapes, T, dt, device, args.wudi_steps, layout)
         except torch.cuda.OutOfMemoryError:
             gc.collect()
             torch.cuda.empty_cache()
@@ -316,21 +326,20 @@ def main(argv: list[str] | None = None) -> int:
             continue
         p = peaks[dt]
         t_flop, t_mem = gflop / p["gflops"], gb / p["gbs"]
-        rows.append({**row, "status": "ok", "seconds": wall, "flop_bound_s": t_flop, "mem_bound_s": t_mem,
-                     "ratio": wall / max(t_flop, t_mem), "bound": "flops" if t_flop >= t_mem else "memory"})
+        rows.append({**row, "status": "ok", "seconds": wall, "cpu_seconds": cpu, "flop_bound_s": t_flop,
+                     "mem_bound_s": t_mem, "ratio": wall / max(t_flop, t_mem),
+                     "bound": "flops" if t_flop >= t_mem else "memory"})
         print(f"{arch:>13} T={T:<2} {dt:<7} {method:>16}: {wall:8.3f} s  flop bound {t_flop:8.4f} s  "
               f"memory bound {t_mem:8.4f} s  ratio {rows[-1]['ratio']:8.1f}", flush=True)
+        pd.DataFrame(rows).to_csv(out / f"{stem}.csv", index=False)  # after every run: a killed run keeps its rows
     df = pd.DataFrame(rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"{args.device}{'_quick' if args.quick else ''}"
     df.to_csv(out / f"{stem}.csv", index=False)
     meta = {"device": name, "torch": torch.__version__, "threads": torch.get_num_threads(), "peaks": peaks,
             "datasheet": sheet, "wudi_steps": args.wudi_steps, "esm_tokens": ESM_TOKENS, "note": args.note,
             "seconds": time.perf_counter() - start, "argv": sys.argv[1:] if argv is None else argv}
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     ok = df[df["status"] == "ok"] if "status" in df else df
-    cols = ["arch", "n_tasks", "dtype", "method", "seconds", "flop_bound_s", "mem_bound_s", "ratio"]
+    cols = ["arch", "n_tasks", "dtype", "method", "seconds", "cpu_seconds", "flop_bound_s", "mem_bound_s", "ratio"]
     table = ok[cols].to_markdown(index=False, floatfmt=".4g") if len(ok) else "(no run)"
     (out / f"{stem}.md").write_text(f"{name}; {meta['threads']} threads; {args.note}\n\n{table}\n")
     print(table)
