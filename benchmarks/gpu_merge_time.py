@@ -19,7 +19,7 @@ beside them for the GPUs it knows.
 
 The GPU run (3 shapes x 3 T x 2 dtypes x every method; small worlds and cheap methods first) stops
 starting new runs after ``--budget`` seconds (default 450, so it ends within 8 minutes; ``--quick``
-240) and skips a world whose tensors would not fit in 60 % of the device's memory; both are listed
+150) and skips a world whose tensors would not fit in 60 % of the device's memory; both are listed
 as not run, and the CSV is written after every run. WUDI runs ``--wudi-steps`` Adam
 steps (default 20; the official 300 take 15 x as long: its time is linear in the steps).
 
@@ -256,7 +256,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--peak-gflops", type=float, default=None, help="the device's peak GFLOP/s (default: measured)")
     ap.add_argument("--peak-gbs", type=float, default=None, help="the device's peak GB/s (default: measured)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="start no run after this many seconds (default 450; --quick 240)")
+                    help="start no run after this many seconds (default 450; --quick 150)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--out", default=str(HERE / "results" / "gpu_merge_time"))
     ap.add_argument("--note", default="", help="a note saved with the results (e.g. the machine's load)")
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = args.tasks or ([8] if args.quick else list(N_TASKS))
     dtypes = args.dtypes or (["float32"] if args.quick else list(DTYPES))
     methods = args.methods or list(METHODS)
-    budget = args.budget if args.budget is not None else 240.0 if args.quick else 450.0
+    budget = args.budget if args.budget is not None else 150.0 if args.quick else 450.0
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
     sheet = next((v for k, v in DATASHEET.items() if k in name), None)
     peaks = {}
