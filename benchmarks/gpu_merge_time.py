@@ -7,7 +7,9 @@ benchmarks/merge_speed.py's world) in the shapes of one transformer block of CLI
 float32 and float64, on ``--device cuda`` or ``cpu``. Each method's registered function runs on
 task vectors already on the device (the merge alone, no file reading), after an untimed warm-up run
 of the same method on the smallest world (CUDA context, cuSOLVER handles); CUDA is synchronised
-around the clock.
+around the clock. Each world (shape, T, dtype) is made once on the device and every method runs on
+it in a row; an out-of-memory or other runtime error is recorded in the run's ``status`` and the
+other runs go on.
 
 Per run it prints the wall time, the flop bound (the method's flops, :func:`matrix_flops`, at the
 device's peak rate for the dtype) and the memory-traffic bound (the bytes its algorithm must move,
@@ -213,8 +215,22 @@ def measure_peaks(device, dtype_name: str) -> tuple[float, float]:
     return 2 * n**3 / gemm / 1e9, 2 * x.numel() * x.element_size() / copy / 1e9
 
 
+#: The last world made, ``(arch, T, dtype) -> (base, task vectors)`` on the device: the plan is sorted so every
+#: method of one world runs in a row, and the methods leave their inputs untouched (the registry's contract).
+_WORLD: dict = {}
+
+
+def world_for(key: tuple, shapes: dict, T: int, dtype, device):
+    """:func:`make_world` once per ``key``; the previous world is freed first."""
+    if key not in _WORLD:
+        _WORLD.clear()
+        gc.collect()
+        _WORLD[key] = make_world(shapes, T, dtype, device)
+    return _WORLD[key]
+
+
 def run_one(method: str, shapes: dict, T: int, dtype_name: str, device, wudi_steps: int,
-            layout: str) -> tuple[float, float]:
+            layout: str, key: tuple | None = None) -> tuple[float, float]:
     """Wall and process CPU seconds of ``method``'s registered function on one block of T experts (tensors made
     first; on a loaded CPU the CPU seconds are the steadier figure)."""
     import torch
@@ -223,7 +239,7 @@ def run_one(method: str, shapes: dict, T: int, dtype_name: str, device, wudi_ste
     from acetools.merging import METHODS
 
     dtype = getattr(torch, dtype_name)
-    base, tvs = make_world(shapes, T, dtype, device)
+    base, tvs = make_world(shapes, T, dtype, device) if key is None else world_for(key, shapes, T, dtype, device)
     kwargs = data_inputs(method, base, T, dtype, device)
     if method == "wudi":
         kwargs["steps"] = wudi_steps
@@ -318,11 +334,16 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda" and method not in warmed:  # CUDA context, cuSOLVER handles
                 run_one(method, ARCHS["clip-vit-b32"][0](), 2, dt, device, min(args.wudi_steps, 2), "open_clip")
                 warmed.add(method)
-            wall, cpu = run_one(method, shapes, T, dt, device, args.wudi_steps, layout)
+            wall, cpu = run_one(method, shapes, T, dt, device, args.wudi_steps, layout, key=(arch, T, dt))
         except torch.cuda.OutOfMemoryError:
+            _WORLD.clear()
             gc.collect()
             torch.cuda.empty_cache()
             rows.append({**row, "status": "out of memory"})
+            continue
+        except RuntimeError as e:  # e.g. a cuSOLVER failure: recorded, the other runs go on
+            rows.append({**row, "status": f"error: {str(e).splitlines()[0][:100]}"})
+            print(f"{arch} T={T} {dt} {method}: {rows[-1]['status']}", flush=True)
             continue
         p = peaks[dt]
         t_flop, t_mem = gflop / p["gflops"], gb / p["gbs"]
