@@ -545,8 +545,9 @@ def _add_merge(sub) -> None:
     m.lazy_epilog = _methods_epilog
     m.add_argument("config", nargs="?", default=None,
                    help="YAML config (method, base, experts, out, hyperparameters, ...)")
-    m.add_argument("--method", default=None, choices=METHOD_CHOICES, metavar="METHOD",
-                   help="merge method (acetools.METHODS), e.g. ace, ties, tsv_m")
+    m.add_argument("--method", default=None, choices=[*METHOD_CHOICES, "auto"], metavar="METHOD",
+                   help="merge method (acetools.METHODS), e.g. ace, ties, tsv_m; auto: chosen by --search with "
+                        "--searcher tpe")
     m.add_argument("--base", default=None, help="pretrained checkpoint: file or folder")
     m.add_argument("--experts", nargs="+", default=None, action=_Once,
                    help="fine-tuned checkpoints, files or folders (after one --experts)")
@@ -584,6 +585,13 @@ def _add_merge(sub) -> None:
     m.add_argument("--search", default=None, metavar="FILE.py:FUNCTION",
                    help="choose the method's coefficient (lambda, alpha, ACE's scaling) with your evaluation "
                         "FUNCTION(model_folder, task) -> score, by the library's search protocol")
+    m.add_argument("--searcher", default="grid", choices=["grid", "tpe"],
+                   help="with --search: grid (default: the method's one coefficient, its grid or golden section) "
+                        "or tpe (Optuna's TPE over several hyperparameters, and the method with --method auto; "
+                        "pip install 'acetools[search]')")
+    m.add_argument("--trials", type=positive_int, default=None,
+                   help="with --searcher tpe: evaluations (default 6 per method searched)")
+    m.add_argument("--seed", type=nonnegative_int, default=0, help="with --searcher tpe: the sampler's seed")
     m.add_argument("--dry-run", action="store_true", help="print the layout and the path of every key; write nothing")
     m.set_defaults(func=_cmd_merge)
 
@@ -621,6 +629,10 @@ def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
                          "(merge again with the chosen coefficient and --lora-out)")
     if args.search and args.dry_run:
         raise InputError("--search merges and evaluates; it cannot be combined with --dry-run")
+    if cfg["method"] == "auto" and not (args.search and args.searcher == "tpe"):
+        raise InputError("--method auto is chosen by your evaluation: add --search FILE.py:FUNCTION --searcher tpe")
+    if (args.searcher != "grid" or args.trials is not None) and not args.search:
+        raise InputError("--searcher and --trials choose how --search searches; add --search FILE.py:FUNCTION")
     return cfg
 
 
@@ -686,6 +698,8 @@ def _search_merge(args: argparse.Namespace, cfg: dict[str, Any], options: dict[s
     from .files.search_merge import load_evaluation, search_merge, searched
 
     evaluate = load_evaluation(args.search)
+    if args.searcher == "tpe":
+        return _tpe_search_merge(args, cfg, options, evaluate)
     param = searched(cfg["method"]).param
     print(f"searching {cfg['method']}'s {param} with {args.search}", flush=True)
     found = search_merge(cfg["method"], cfg["base"], cfg["experts"], cfg["out"], evaluate,
@@ -693,6 +707,22 @@ def _search_merge(args: argparse.Namespace, cfg: dict[str, Any], options: dict[s
     print(found.table())
     print(f"chosen {param}={found.value:g}; wrote {', '.join(f.name for f in found.merge.files)} to "
           f"{found.merge.out} (the search is in acetools_merge.json)")
+    return 0
+
+
+def _tpe_search_merge(args: argparse.Namespace, cfg: dict[str, Any], options: dict[str, Any], evaluate) -> int:
+    """``acetools merge --search FILE.py:FUNCTION --searcher tpe``: hyperparameters (and with ``--method auto``
+    the method) chosen by the user's evaluation (docs/your-models.md §Several hyperparameters at once: TPE)."""
+    from .files.tpe_merge import tpe_search_merge
+
+    print(f"searching {cfg['method']} with {args.search} (TPE, seed {args.seed})", flush=True)
+    found = tpe_search_merge(cfg["method"], cfg["base"], cfg["experts"], cfg["out"], evaluate, trials=args.trials,
+                             seed=args.seed, hparams=cfg["hyperparameters"],
+                             report=lambda line: print(line, flush=True), **options)
+    print(found.table())
+    hp = ", ".join(f"{k}={v:g}" for k, v in found.hparams.items())
+    print(f"chosen {found.method} {hp}; wrote {', '.join(f.name for f in found.merge.files)} to {found.merge.out} "
+          "(the search is in acetools_merge.json)")
     return 0
 
 

@@ -28,3 +28,20 @@ def vit_b32_visual_shapes(blocks: int = 12, width: int = WIDTH, *, whole: bool =
     if whole:
         shapes.update({"visual.ln_post.weight": (w,), "visual.ln_post.bias": (w,)})
     return shapes
+
+
+def llama3_8b_layer_shapes(layers: int = 1) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of ``layers`` decoder layers of Llama-3-8B (hidden 4096, 32 query / 8 key-value heads of
+    128, MLP 14336), Hugging Face names, PyTorch's d_out x d_in."""
+    h, kv, f = 4096, 1024, 14336
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, h),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h), p + "mlp.down_proj.weight": (h, f),
+        })
+    return shapes
