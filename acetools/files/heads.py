@@ -50,19 +50,23 @@ _FORMAT = "acetools.heads/1"
 
 
 class CheckpointView(Checkpoint):
-    """A :class:`~acetools.files.checkpoints.Checkpoint` without the ``hidden`` keys (the heads) and with
+    """A :class:`~acetools.files.checkpoints.Checkpoint` without the ``hidden`` keys (the heads), with
     its keys renamed (``rename``: the merge's name -> the checkpoint's own; docs/your-models.md §Bare
-    backbones and task models). ``path``, ``files``, ``config`` and ``folder`` are the wrapped one's."""
+    backbones and task models) and the keys of ``extra`` (key -> the checkpoint read for it) after its own.
+    ``path``, ``files``, ``config`` and ``folder`` are the wrapped one's."""
 
-    def __init__(self, inner: Checkpoint, hidden: Sequence[str], rename: Mapping[str, str] | None = None):  # noqa: D107 - no super().__init__: nothing is read
-        self.inner = inner
-        self.hidden = frozenset(hidden)
+    def __init__(self, inner: Checkpoint, hidden: Sequence[str], rename: Mapping[str, str] | None = None,  # noqa: D107 - no super().__init__: nothing is read
+                 extra: Mapping[str, Checkpoint] | None = None):
+        self.inner, self.hidden, self.extra = inner, frozenset(hidden), dict(extra or {})
         self.path, self.files, self.config, self.folder = inner.path, inner.files, inner.config, inner.folder
         own = {v: k for k, v in rename.items()} if rename is not None else {k: k for k in inner.keys()}  # own -> ours
         self._names = {new: old for old in inner.keys() if (new := own.get(old)) is not None and new not in self.hidden}
-        self._meta = {k: inner.meta(old) for k, old in self._names.items()}
+        self._meta = {**{k: inner.meta(old) for k, old in self._names.items()},
+                      **{k: ck.meta(k) for k, ck in self.extra.items()}}
 
     def get(self, key: str) -> Tensor:
+        if key in self.extra:
+            return self.extra[key].get(key)
         if key in self.hidden:
             raise InputKeyError(f"{self.path}: {key!r} is a per-task head key, not part of the merged backbone")
         if key not in self._names:
@@ -385,7 +389,7 @@ def load_head(folder: str | os.PathLike, task: str) -> tuple[dict[str, Tensor], 
     return tensors, record
 
 
-def _config(folder: Path, task: str, record: Mapping[str, Any]) -> dict[str, Any]:
+def task_config(folder: Path, task: str, record: Mapping[str, Any]) -> dict[str, Any]:
     """The expert's own ``config.json``, else the merged folder's with the task's labels."""
     own = folder / HEADS_DIR / task / "config.json"
     if record.get("config") and own.is_file():
@@ -408,7 +412,7 @@ def task_state_dict(folder: str | os.PathLike, task: str) -> tuple[dict[str, Ten
     if clash:
         raise InputError(f"{folder}: the merged weights already hold head key {clash[0]!r}; not a per-task merge?")
     sd.update(head)
-    return sd, _config(folder, task, record)
+    return sd, task_config(folder, task, record)
 
 
 @contextlib.contextmanager
@@ -438,7 +442,7 @@ def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = N
 
     folder = Path(folder).expanduser()
     head, record = load_head(folder, task)
-    cfg_dict = _config(folder, task, record)
+    cfg_dict = task_config(folder, task, record)
     model_type = cfg_dict.get("model_type")
     if not model_type:
         raise InputError(f"{folder}: no model_type in the config of task {task!r}; use task_state_dict() and your "

@@ -33,6 +33,7 @@ from ..merging import METHODS, key_scope
 from ..merging.driver import Source, compute_dtype, format_bytes, run
 from ..notebooks import parse_parameter
 from ..utils import atomic_write, jsonable, resolve_device, short_repr
+from .buffers import carry_missing_buffers
 from .checkpoints import (
     Checkpoint,
     ShardedWriter,
@@ -45,6 +46,7 @@ from .checkpoints import (
 )
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
+from .outputs import check_task_folders, commit_task_folders, rewrite_config, stage_task_folders, written_dtype
 from .staging import make_stage
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
@@ -125,6 +127,7 @@ class MergePlan:
     rows: list[dict[str, Any]]
     files: dict[str, str] = field(default_factory=dict)  # hyperparameters read from files: name -> path
     heads: HeadPlan = field(default_factory=lambda: HeadPlan("merge"))  # what happens to classifier heads
+    buffers_carried: dict[str, str] = field(default_factory=dict)  # non-persistent buffer -> the model it came from
 
     def summary(self) -> str:
         """Human-readable lines: inputs, layout, driver, counts per path."""
@@ -137,6 +140,9 @@ class MergePlan:
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
             *([self.heads.summary()] if self.heads.mode != "merge" or self.heads.alignment is not None else []),
+            *([f"buffers: {len(self.buffers_carried)} non-persistent buffer(s) missing from some models, carried "
+               f"from the models that have them ({', '.join(sorted(self.buffers_carried))})"]
+              if self.buffers_carried else []),
             *([f"note: {self.method} {METHODS[self.method].note}"] if METHODS[self.method].note else []),
             f"memory: {self.memory_text(largest['key'])}",
         ]
@@ -244,6 +250,7 @@ def plan_merge(
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
     head_plan = plan_heads(heads, b, ex, lay, names)
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
+    b, ex, carried = carry_missing_buffers(b, ex)  # non-persistent buffers one side did not save
     check_compatible(b, ex)
     resolved = info.resolve(hp, layout=lay.name)  # e.g. ESM's layer names per layout preset (docs/methods.md §ESM)
     keys = set(b.keys())
@@ -265,7 +272,7 @@ def plan_merge(
     else:
         run = mode
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, describe(lay, b.metas()), files, head_plan)
+                     run, describe(lay, b.metas()), files, head_plan, carried)
 
 
 class _InputHashes:
@@ -375,6 +382,7 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
         elif overwrite:
             remove_stale_heads(out_dir)
         copied = copy_side_files(plan.base.folder, out_dir)
+        rewrite_config(out_dir, written_dtype((dt, shape) for _, dt, shape in planned))  # the dtype written
     except BaseException:
         if head_writer:
             head_writer.abort()
@@ -402,6 +410,7 @@ def merge_files(
     names: Sequence[str] | None = None,
     force_layout: bool = False,
     force: bool = False,
+    per_task_out: str | Path | None = None,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
 
@@ -409,7 +418,8 @@ def merge_files(
     ``dtype``: of the float outputs (default each key's in the base). ``mode``: ``"auto"`` streams
     when the method allows it, ``"stream"`` insists, ``"memory"`` loads everything. ``out`` must not
     hold an input or earlier weights (``overwrite``). ``heads``/``names``: docs/your-models.md
-    §Per-task heads. ``force``: merge a base that fails the lineage check, with a warning.
+    §Per-task heads; ``per_task_out``: a folder for one full model per task (``<per_task_out>/<name>/``).
+    ``force``: merge a base that fails the lineage check, with a warning.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     out_dtype = parse_dtype(dtype)
@@ -422,6 +432,11 @@ def merge_files(
         raise InputError("out is required: the folder the merged checkpoint is written to")
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
     check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
+    if per_task_out is not None and plan.heads.mode != "per-task":
+        raise InputError(f"--per-task-out writes one model per task head, but heads are {plan.heads.mode!r} "
+                         f"({plan.heads.reason}); merge classifiers with --heads per-task, or leave it out")
+    tasks_dir = None if per_task_out is None else check_task_folders(
+        per_task_out, out_dir, plan.heads.names, [plan.base, *plan.experts], overwrite)
     hashes = _InputHashes(plan, hash_inputs)  # from here on, beside the lineage check and the merge
     final_dir, stage = out_dir, None
     try:
@@ -444,22 +459,31 @@ def merge_files(
         "shard_size": size, "files": [f.name for f in files], "copied": done["copied"], "seconds": round(seconds, 3),
         "acetools_version": __version__, "inputs": done["inputs"],
         "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
+        "buffers_carried": plan.buffers_carried,
         "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
                   "tasks": done["head_tasks"]},
         "lineage": lineage.as_dict(),
+        "per_task_out": [str(tasks_dir / n) for n in plan.heads.names] if tasks_dir is not None else [],
     }
     with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
         json.dump(info, fh, indent=2)
+    try:  # one full model per task, staged beside its folder and renamed into place after --out
+        staged = stage_task_folders(out_dir, tasks_dir, plan.heads, shard_size=size) if tasks_dir else []
+    except BaseException:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        raise
     if stage is not None:
         os.rename(stage, final_dir)  # atomic: the folder appears complete or not at all
         files = [final_dir / f.name for f in files]
+    commit_task_folders(staged)
     log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, final_dir, seconds)
     return MergeResult(plan, final_dir, files, seconds, info)
 
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "heads", "names", "force_layout", "force")
+               "mode", "overwrite", "heads", "names", "force_layout", "force", "per_task_out")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
@@ -499,7 +523,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
         q = Path(str(x)).expanduser()
         return str(q if q.is_absolute() else p.parent / q)
 
-    for k in ("base", "out"):
+    for k in ("base", "out", "per_task_out"):
         if cfg.get(k) is not None:
             cfg[k] = rel(cfg[k])
     if cfg.get("experts"):
