@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ def test_buffers_missing_from_the_experts_come_from_the_base(tmp_path, caplog):
     assert list(out) == list(open_checkpoint(base).keys())  # the base's keys, in its order
     assert torch.equal(out["embeddings.position_ids"], extra["embeddings.position_ids"])
     assert torch.equal(out["h.0.attn.bias"], mask) and out["h.0.attn.masked_bias"].item() == -1e4
+    carried = [r["key"] for r in res.plan.rows if r["path"] == "carried from base"]
+    assert sorted(carried) == sorted(extra)  # the float masked_bias too: never merged
     assert res.info["buffers_carried"] == dict.fromkeys(extra, "the base")
     assert "buffers: 3 non-persistent buffer(s) missing from some models" in res.plan.summary()
 
@@ -122,6 +125,43 @@ def test_carry_on_checkpoints_and_in_diagnose(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="acetools.files.buffers"):
         info = check_inputs(base, experts, layout="gpt2")
     assert info["n_tasks"] == 2 and any("carried from the base" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_a_gpt2_base_saved_with_its_masks_merges_like_one_without_them(tmp_path):
+    """A GPT-2 base as the first GPT-2 checkpoints were saved (float ``attn.bias`` masks and ``masked_bias``
+    in the file) with experts saved by the installed transformers: every method gives the weights it gives
+    on the base without them, the masks are written as the base has them, and the output loads back."""
+    transformers = pytest.importorskip("transformers")
+    from acetools.layouts import get_layout
+
+    from .test_merge_files import _data_inputs, _hf_world
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2)
+    with _quiet():
+        plain, experts = _hf_world(tmp_path, transformers.GPT2LMHeadModel(cfg).eval())
+    old = tmp_path / "old"
+    shutil.copytree(plain, old)
+    sd = open_checkpoint(plain).state_dict()
+    masks = {f"transformer.h.{i}.attn.{k}": v for i in range(2) for k, v in (
+        ("bias", torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)), ("masked_bias", torch.tensor(-1e4)))}
+    save_file({**sd, **masks}, old / "model.safetensors", metadata={"format": "pt"})
+    lay = get_layout("gpt2", keys=list(sd))
+    for method in METHODS:
+        hp = {**({"steps": 3} if method == "wudi" else {}), **_data_inputs(method, sd, lay, len(experts))}
+        got = merge_files(method, old, experts, tmp_path / f"{method}-old", hparams=hp, hash_inputs=False)
+        assert got.info["buffers_carried"] == dict.fromkeys(masks, "the base"), method
+        ref = open_checkpoint(merge_files(method, plain, experts, tmp_path / method, hparams=hp,
+                                          hash_inputs=False).out).state_dict()
+        out = open_checkpoint(tmp_path / f"{method}-old").state_dict()
+        assert out.keys() == {*ref, *masks}, method
+        assert all(torch.equal(out[k], ref[k]) for k in ref), method
+        assert all(torch.equal(out[k], v) for k, v in masks.items()), method
+        with _quiet():
+            _, info = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / f"{method}-old",
+                                                                   output_loading_info=True)
+        assert not info["missing_keys"] and not info["mismatched_keys"], (method, info)
 
 
 # --------------------------------------------------------------------------- the shipped MiniLM, transformers 5

@@ -20,7 +20,7 @@ from ..layouts import TensorMeta
 from .checkpoints import Checkpoint
 from .heads import CheckpointView
 
-__all__ = ["NON_PERSISTENT_BUFFERS", "is_non_persistent", "carry_missing_buffers"]
+__all__ = ["NON_PERSISTENT_BUFFERS", "is_non_persistent", "non_persistent", "carry_missing_buffers"]
 
 log = logging.getLogger("acetools.files.buffers")
 
@@ -42,6 +42,12 @@ def is_non_persistent(key: str, meta: TensorMeta) -> bool:
     kind = "bool" if dt == torch.bool else "float" if dt.is_floating_point else "int"
     return any(kind in kinds and (ndims is None or len(meta.shape) in ndims) and re.search(pattern, key)
                for pattern, kinds, ndims, _ in NON_PERSISTENT_BUFFERS)
+
+
+def non_persistent(ck: Checkpoint) -> list[str]:
+    """The keys of ``ck`` that are non-persistent buffers: carried from the base, never merged (a float mask
+    would count in TIES' global trim)."""
+    return [k for k, m in ck.metas().items() if is_non_persistent(k, m)]
 
 
 def carry_missing_buffers(base: Checkpoint, experts: Sequence[Checkpoint], *, who: Sequence[str] | None = None

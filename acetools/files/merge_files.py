@@ -33,7 +33,7 @@ from ..merging import METHODS, key_scope
 from ..merging.driver import Source, compute_dtype, format_bytes, run
 from ..notebooks import parse_parameter
 from ..utils import atomic_write, jsonable, resolve_device, short_repr
-from .buffers import carry_missing_buffers
+from .buffers import carry_missing_buffers, non_persistent
 from .checkpoints import (
     Checkpoint,
     ShardedWriter,
@@ -271,8 +271,10 @@ def plan_merge(
         raise InputError(f"{method} cannot stream: {why}; use mode='memory'")
     else:
         run = mode
+    carry = set(non_persistent(b))  # non-persistent buffers are never merged, whatever their dtype
+    rows = [{**r, "path": "carried from base"} if r["key"] in carry else r for r in describe(lay, b.metas())]
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, describe(lay, b.metas()), files, head_plan, carried)
+                     run, rows, files, head_plan, carried)
 
 
 class _InputHashes:
@@ -371,7 +373,7 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
             src = Source(plan.base, plan.experts, names=[str(ck.path) for ck in (plan.base, *plan.experts)])
             extra = run(METHODS[plan.method], plan.hparams, src, plan.layout, writer.add, device=dev,  # the one driver
                         whole_model=plan.mode == "memory", out_dtype=out_dtype, show=show,
-                        hparams_text=plan.hparams_text())
+                        hparams_text=plan.hparams_text(), carry=non_persistent(plan.base))
             metadata()
             if plan.heads.mode == "per-task":
                 head_writer = HeadWriter(out_dir, plan.heads, record["inputs"].get("sha256"))
