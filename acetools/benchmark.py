@@ -9,16 +9,16 @@ checks that on each run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
-import pickle
 import platform
 import re
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
@@ -30,13 +30,13 @@ from torch import Tensor
 from .diagnostics import relative_update_norms, task_vector_cosine
 from .errors import InputError
 from .merging import METHODS, Search, is_matrix_param, merge, task_vectors
-from .results import aggregate, find_results, row_kind, save_correctness  # aggregate: the one over seeds
+from .results import aggregate, find_results, load_correctness, row_kind, save_correctness  # aggregate: over seeds
 from .search import check_patience, golden_section_search
 from .utils import atomic_write, jsonable
 from .utils import progress as bar
 from .world.base import EvaluatesAll, MultiTaskWorld, PerExample, SplitData, World, as_world
 
-__all__ = ["Benchmark", "MethodRun", "Search", "package_versions", "aggregate_seeds"]
+__all__ = ["Benchmark", "MethodRun", "Search", "package_versions", "aggregate_seeds", "save_row", "load_row"]
 
 StateDict = dict[str, Tensor]
 log = logging.getLogger("acetools.benchmark")
@@ -334,25 +334,27 @@ class Benchmark:
                 store: str | Path | None = None) -> list[MethodRun]:
         """Run ``methods`` (default all) plus ``extra`` variants ``{label: {"method", "search", **hparams}}``.
 
-        ``store``: a folder that keeps each finished row (one pickle per row) and hands it back on the next
-        call, so a killed run resumes with the row it was on. Name it after everything the rows depend on
-        (world, seed, protocol, code version): rows found there are not recomputed."""
+        ``store``: a folder that keeps each finished row (:func:`save_row`: JSON, and the test examples'
+        correctness in an ``.npz``; nothing that can run code) and hands it back on the next call, so a killed
+        run resumes with the row it was on. Name it after everything the rows depend on (world, seed, protocol,
+        code version): rows found there are not recomputed. A row an older version kept as a pickle is never
+        loaded: it is computed again, with a warning."""
         jobs: list[tuple[str, dict]] = [(m, {"method": m}) for m in (methods or list(METHODS))]
         jobs += [(label, dict(spec)) for label, spec in (extra or {}).items()]
         runs = self.reference_rows() if references else []
         for label, spec in bar(jobs, desc="methods", total=len(jobs), enabled=progress):
-            kept = Path(store) / f"{re.sub(r'[^A-Za-z0-9.-]+', '_', label)}.pkl" if store else None
+            kept = row_path(store, label) if store else None
             if kept is not None and kept.is_file():
-                run = pickle.loads(kept.read_bytes())
-                if not isinstance(run, MethodRun) or run.name != label:
-                    raise InputError(f"{kept} does not hold the row {label!r}: delete it to recompute the row")
-                runs.append(run)
+                runs.append(load_row(kept, label))
                 continue
+            if kept is not None and kept.with_suffix(".pkl").is_file():
+                warnings.warn(f"{kept.with_suffix('.pkl')}: a row kept as a pickle by an older acetools, which is "
+                              "never loaded (a pickle can run code); computing the row again (delete the file)",
+                              UserWarning, stacklevel=2)
             m = spec.pop("method")  # spec: this job's own dict
             runs.append(self.run(m, label=None if label == m else label, **spec))
             if kept is not None:
-                with atomic_write(kept, "wb") as fh:
-                    pickle.dump(runs[-1], fh)
+                save_row(kept, runs[-1])
         return runs
 
     # ------------------------------------------------------------------ reporting
@@ -455,3 +457,70 @@ def picked_rows(runs: Sequence[MethodRun]) -> list[MethodRun]:
     names = {r.name for r in runs}
     return [best_on_val(runs, members, label, param) for label, (param, members) in PICKED.items()
             if names.issuperset(members)]
+
+
+# --------------------------------------------------------------------------- the resume store of run_all
+#: The version of :func:`save_row`'s format, recorded in each row's JSON.
+ROW_FORMAT = "acetools.benchmark.row/1"
+
+
+def row_path(store: str | Path, label: str) -> Path:
+    """The JSON file that keeps the row ``label`` in the resume store ``store``."""
+    return Path(store) / f"{re.sub(r'[^A-Za-z0-9.-]+', '_', label)}.json"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def save_row(path: str | Path, run: MethodRun) -> Path:
+    """Keep a finished row: its fields as JSON at ``path`` and, where the world scores examples, the test
+    examples' correctness beside it (``.npz``, :func:`acetools.results.save_correctness`, whose sha256 the
+    JSON records); both atomic, the JSON last (a row counts as kept once its JSON is there)."""
+    path = Path(path)
+    values = {f.name: getattr(run, f.name) for f in fields(run)}
+    search, hits = values.pop("search"), values.pop("test_correct")
+    record: dict[str, Any] = {"format": ROW_FORMAT, "name": run.name, **jsonable(values)}
+    if search is not None:
+        record["search"] = {"columns": [str(c) for c in search.columns],
+                            "dtypes": [str(t) for t in search.dtypes],
+                            "data": jsonable(search.to_numpy(dtype=object).tolist())}
+    if hits is not None:
+        npz = save_correctness(path.with_suffix(".npz"), {run.name: hits})
+        record["test_correct"] = {"file": npz.name, "sha256": _sha256(npz)}
+    with atomic_write(path, "w") as fh:
+        json.dump(record, fh, indent=1)
+    return path
+
+
+def load_row(path: str | Path, label: str) -> MethodRun:
+    """The row ``label`` kept by :func:`save_row` at ``path`` (JSON and ``.npz``, never unpickled); a file that
+    holds another row, another format or a correctness file that changed is an error naming it."""
+    path = Path(path)
+    fix = "delete it to recompute the row"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: not a kept benchmark row ({type(e).__name__}); {fix}") from None
+    if not isinstance(record, dict) or record.get("format") != ROW_FORMAT:
+        raise InputError(f"{path}: not a kept benchmark row of format {ROW_FORMAT}; {fix}")
+    if record.get("name") != label:
+        raise InputError(f"{path} does not hold the row {label!r} (it holds {record.get('name')!r}); {fix}")
+    search = record.pop("search", None)
+    correct = record.pop("test_correct", None)
+    hits = None
+    if correct is not None:
+        npz = path.parent / correct["file"]
+        if not npz.is_file() or _sha256(npz) != correct["sha256"]:
+            raise InputError(f"{npz}: the test correctness of the kept row {label!r} is missing or changed since "
+                             f"{path.name} was written; {fix}")
+        hits = load_correctness(npz).get(label)
+    names = {f.name for f in fields(MethodRun)}
+    frame = None
+    if search is not None:
+        frame = pd.DataFrame(search["data"], columns=search["columns"])
+        frame = frame.astype(dict(zip(search["columns"], search["dtypes"])))
+    try:
+        return MethodRun(**{k: v for k, v in record.items() if k in names}, search=frame, test_correct=hits)
+    except TypeError as e:
+        raise InputError(f"{path}: not a kept benchmark row ({e}); {fix}") from None

@@ -552,7 +552,8 @@ def _add_merge(sub) -> None:
                    help="fine-tuned checkpoints, files or folders (after one --experts)")
     m.add_argument("--out", default=None, help="output folder (must not hold an input)")
     m.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="method hyperparameter (repeatable), e.g. -p lam=0.3 -p scope=tensor")
+                   help="method hyperparameter (repeatable), e.g. -p lam=0.3 -p scope=tensor; per expert: "
+                        "-p weights=[0.7,0.3] (docs/your-models.md §Coming from mergekit)")
     m.add_argument("--layout", default=None, help="auto (default), open_clip, hf_clip, gpt2, bert, llama, generic")
     m.add_argument("--force-layout", dest="force_layout", action="store_true",
                    help="use --layout even where it contradicts the base's config.json")
@@ -574,10 +575,14 @@ def _add_merge(sub) -> None:
                    help="with --heads per-task: also write DIR/NAME/, one full model per task (merged backbone, "
                         "that task's head, config and tokenizer) that AutoModelForSequenceClassification."
                         "from_pretrained(DIR/NAME) loads")
+    m.add_argument("--vocab", default=None, choices=["base", "union"],
+                   help="experts with tokens the base lacks (added tokens): base (default: the base's vocabulary, "
+                        "their extra rows left out) or union (every token kept, with a tokenizer that has them)")
     m.add_argument("--overwrite", action="store_true", help="replace the weights of an earlier merge in --out")
     m.add_argument("--force", action="store_true",
-                   help="merge even when the base does not look like the experts' parent (relative update size and "
-                        "task-vector cosines measured on a sample of matrices; docs/your-models.md)")
+                   help="merge even when the base does not look like the experts' parent: unrelated (relative update "
+                        "size and task-vector cosines on a sample of matrices), swapped (another model given is more "
+                        "central) or contradicted by a config's _name_or_path (docs/your-models.md)")
     m.add_argument("--search", default=None, metavar="FILE.py:FUNCTION",
                    help="choose the method's coefficient (lambda, alpha, ACE's scaling) with your evaluation "
                         "FUNCTION(model_folder, task) -> score, by the library's search protocol")
@@ -587,17 +592,25 @@ def _add_merge(sub) -> None:
 
 #: ``acetools merge``'s options that a config file may set too, with their defaults.
 _MERGE_DEFAULTS: dict[str, Any] = {"layout": "auto", "dtype": None, "device": "cpu", "shard_size": "5GB",
-                                   "mode": "auto", "heads": "auto", "names": None, "per_task_out": None}
+                                   "mode": "auto", "heads": "auto", "names": None, "vocab": None,
+                                   "per_task_out": None}
 
 
 def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
     """The merge's settings: the config file's, overridden by the options given."""
     from .files.merge_files import load_config, parse_hparam
+    from .files.per_expert import per_expert_hparams
 
     cfg: dict[str, Any] = load_config(args.config) if args.config else {"hyperparameters": {}}
+    if args.experts is not None and cfg.get("per_expert"):
+        raise InputError(f"--experts replaces the experts of {args.config}, whose {' and '.join(cfg['per_expert'])} "
+                         "would no longer match them; give them per expert with -p weights=[...] instead")
     for name in ("method", "base", "experts", "out", *_MERGE_DEFAULTS):
         if getattr(args, name) is not None:
             cfg[name] = getattr(args, name)
+    if cfg.get("per_expert") and cfg.get("method"):  # the experts' weight/density (docs/your-models.md)
+        cfg["hyperparameters"] = per_expert_hparams(cfg["method"], cfg.pop("per_expert"), cfg["hyperparameters"],
+                                                    str(args.config))
     cfg["hyperparameters"].update(dict(parse_hparam(p) for p in args.param))
     for name in ("method", "base", "experts"):
         if not cfg.get(name):
@@ -635,7 +648,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 def _merge(args: argparse.Namespace) -> int:
     from .files.merge_files import merge_files
-    from .files.staging import STAGE_MARK, remove_stale_stages
+    from .files.staging import STAGE_MARK
     from .layouts import format_table
 
     cfg = _merge_config(args)
@@ -643,8 +656,6 @@ def _merge(args: argparse.Namespace) -> int:
     options |= {k: getattr(args, k) or bool(cfg.get(k)) for k in ("overwrite", "force_layout", "force")}
     if args.search:  # search_merge checks the lineage once, before its candidates
         return _search_merge(args, cfg, options)
-    if cfg.get("out") and not args.dry_run:  # staging folders of merges into --out that were killed
-        remove_stale_stages(Path(cfg["out"]).expanduser())
     try:
         res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"),
                           hparams=cfg["hyperparameters"], dry_run=args.dry_run, **options)

@@ -42,8 +42,9 @@ if [ "${ACETOOLS_NO_ORACLE:-0}" = "1" ]; then
   $PIP -e ".[dev,course]"
 else
   $PIP -e ".[dev,course,oracle]"
-  # mergekit 0.1.5 pins old dependencies; its merge functions work without them.
-  $PIP --no-deps mergekit==0.1.5
+  # mergekit 0.1.5 pins old dependencies; its merge functions work without them. Its YAML runner
+  # (mergekit.config, run_merge: tests/test_mergekit_equivalents.py) needs immutables too (a 100 KB wheel).
+  $PIP --no-deps mergekit==0.1.5 immutables==0.21
 fi
 # pyright (dev extra; tests/test_pyright.py) once now, so that the tests download nothing: the wrapper
 # uses the type checker bundled in its wheel (an older one fetches its npm package here) and the

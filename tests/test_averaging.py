@@ -44,7 +44,7 @@ def test_task_arithmetic_equation(world64, lam):
 
 def test_task_arithmetic_default_lam_is_0_3(world64):
     base, experts = world64
-    assert METHODS["task_arithmetic"].hparams == {"lam": 0.3}
+    assert METHODS["task_arithmetic"].hparams == {"lam": 0.3, "weights": None}
     a = merge("task_arithmetic", base, experts)
     b = merge("task_arithmetic", base, experts, lam=0.3)
     assert all(torch.equal(a[k], b[k]) for k in base)
@@ -191,7 +191,7 @@ def test_unknown_hyperparameter_lists_valid_ones(world):
     with pytest.raises(TypeError, match=r"unknown hyperparameter\(s\) \['scaling_factor'\]") as e:
         merge("task_arithmetic", base, experts, scaling_factor=0.3)
     assert "lam" in str(e.value)
-    with pytest.raises(TypeError, match="valid ones are: \\(none\\)"):
+    with pytest.raises(TypeError, match="valid ones are: weights \\(plus"):
         merge("weight_averaging", base, experts, lam=0.3)
 
 

@@ -317,7 +317,7 @@ def test_ties_sum_is_mean_times_count(world64):
 
 
 def test_ties_defaults():
-    assert METHODS["ties"].hparams == {"k": 20, "lam": 1.0, "scope": "global", "merge": "mean"}
+    assert METHODS["ties"].hparams == {"k": 20, "lam": 1.0, "scope": "global", "merge": "mean", "weights": None}
 
 
 @pytest.mark.parametrize("method", ["ties", "dare"])
@@ -351,7 +351,8 @@ def test_ties_bad_hyperparameters(world, hp, exc, msg):
 
 def test_dare_defaults():
     assert METHODS["dare"].hparams == {"p": 0.5, "base_method": "task_arithmetic", "seed": 0, "lam": 0.3,
-                                       "rescale": True, "k": 20, "scope": "global", "merge": "mean"}
+                                       "rescale": True, "k": 20, "scope": "global", "merge": "mean",
+                                       "weights": None}
 
 
 def test_dare_seed_derivation_is_fixed():

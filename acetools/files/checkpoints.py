@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save
 from torch import Tensor
 
 from ..errors import AcetoolsError, InputError, InputKeyError, InputTypeError
-from ..layouts import TensorMeta
+from ..layouts import Layout, TensorMeta
 from ..merging import check_same_keys
 from ..utils import atomic_write, jsonable, strip_ansi
 
@@ -37,6 +37,7 @@ __all__ = [
     "copy_side_files",
     "check_output_folder",
     "check_compatible",
+    "check_ties",
     "WEIGHT_SUFFIXES",
     "CheckpointError",
     "state_hash",
@@ -270,7 +271,32 @@ def _index_files(index: Path) -> list[Path]:
     missing = [name for name in names if not (index.parent / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{index}: shard {missing[0]!r} is listed in the index but missing")
-    return [index.parent / name for name in names]
+    files = [index.parent / name for name in names]
+    if all(f.suffix == ".safetensors" for f in files):
+        _check_weight_map(index, wm, files)
+    return files
+
+
+def _check_weight_map(index: Path, weight_map: Mapping[str, str], files: Sequence[Path]) -> None:
+    """Every key of an index's ``weight_map`` is in the shard it names, by the shards' headers (no tensor
+    data is read); else an error naming the first wrong entry and the shard that holds the key (a listed one
+    or another ``*.safetensors`` file of the folder), or that no shard holds it."""
+    held = {f.name: set(_SafetensorsFile(f).meta) for f in files}
+    wrong = [(k, name) for k, name in weight_map.items() if k not in held[name]]
+    if not wrong:
+        return
+    others = sorted(p for p in index.parent.glob("*.safetensors") if p.name not in held and not p.name.startswith("."))
+    for f in others:
+        try:
+            held[f.name] = set(_SafetensorsFile(f).meta)
+        except InputError:  # not a readable safetensors file: it holds nothing
+            held[f.name] = set()
+    key, name = wrong[0]
+    where = [n for n, keys in held.items() if key in keys]
+    found = f"it is in shard {where[0]!r}" if where else f"no shard in {index.parent} holds it"
+    more = f" (and {len(wrong) - 1} more entries like it)" if len(wrong) > 1 else ""
+    raise InputError(f"index {index} maps key {key!r} to shard {name!r}, which does not hold it ({found}){more}; "
+                     "the index does not match its shards: re-save the model (save_pretrained) or fix the weight_map")
 
 
 def _folder_files(folder: Path) -> list[Path]:
@@ -329,12 +355,15 @@ def as_checkpoint(obj: Any, name: str = "state dict") -> Checkpoint:
 
 
 def check_compatible(base: Checkpoint, experts: Sequence[Checkpoint], who: Sequence[str] | None = None,
-                     base_name: str | None = None) -> None:
+                     base_name: str | None = None, layout: Layout | None = None) -> None:
     """Every expert has the base's keys and shapes, float tensors where the base has floats and the same
-    dtype elsewhere; errors name the key, both shapes or dtypes and the expert (``who``, default its path)."""
+    dtype elsewhere; errors name the key, both shapes or dtypes and the expert (``who``, default its path).
+    With ``layout``, a key that one side stores and the other ties away (:func:`check_ties`) is named so."""
     bname = base_name or f"base {base.path}"
     for i, ck in enumerate(experts):
         name = who[i] if who is not None else f"expert {ck.path}"
+        if layout is not None:
+            check_ties(base, ck, layout, name, f"the {bname}")
         check_same_keys(base.keys(), ck.keys(), name, f"the {bname}")
         for k in base.keys():
             mb, me = base.meta(k), ck.meta(k)
@@ -344,6 +373,31 @@ def check_compatible(base: Checkpoint, experts: Sequence[Checkpoint], who: Seque
             if mb.dtype.is_floating_point != me.dtype.is_floating_point or (
                     not mb.dtype.is_floating_point and mb.dtype != me.dtype):
                 raise InputTypeError(f"dtype mismatch at key {k!r}: {bname} has {mb.dtype}, {name} has {me.dtype}")
+
+
+def check_ties(base: Checkpoint, expert: Checkpoint, layout: Layout, who: str, base_name: str) -> None:
+    """An error when ``expert`` stores a key that ``base`` ties away, or the other way round, by ``layout``'s
+    tie rules (e.g. GPT-2's ``lm_head.weight``, the alias of ``transformer.wte.weight``, which ``save_pretrained``
+    leaves out of a tied model's file): it names the alias, the key it is tied to, which side stores it untied
+    and whether its values equal that key's, and how to re-save (docs/your-models.md §What can be read)."""
+    for alias_p, canon_p in layout.tie_rules:
+        for untied, tied, u_name, t_name in ((expert, base, who, base_name), (base, expert, base_name, who)):
+            aliases = [k for k in untied.keys() if k not in tied and re.search(alias_p, k)]
+            canons = [k for k in tied.keys() if re.search(canon_p, k)]
+            if len(aliases) != 1 or len(canons) != 1 or canons[0] not in untied:
+                continue
+            alias, canon = aliases[0], canons[0]
+            same = untied.meta(alias).shape == untied.meta(canon).shape and torch.equal(untied.get(alias),
+                                                                                          untied.get(canon))
+            tie_flag = (tied.config or {}).get("tie_word_embeddings")
+            says = f" (config tie_word_embeddings={tie_flag})" if tie_flag is not None else ""
+            fix = (f"its values equal its {canon!r}, so it is tied in all but the file: re-save it tied "
+                   "(config tie_word_embeddings=true, model.tie_weights(), save_pretrained)" if same else
+                   f"its values differ from its {canon!r} (trained untied): re-save the "
+                   f"{'base' if untied is expert else 'experts'} untied (config tie_word_embeddings=false, "
+                   f"save_pretrained) to merge {alias!r} apart")
+            raise InputKeyError(f"{u_name} stores {alias!r} untied, but in {t_name} it is the tied alias of "
+                                f"{canon!r}{says}, which its file holds alone; {fix}")
 
 
 def check_output_folder(out: str | os.PathLike, inputs: Sequence[Checkpoint | str | os.PathLike],

@@ -32,6 +32,7 @@ from ..utils import atomic_write, progress
 from .buffers import carry_missing_buffers
 from .checkpoints import Checkpoint, as_checkpoint, check_compatible, check_output_folder
 from .heads import expert_names, plan_heads
+from .vocab import plan_vocab
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
 
@@ -117,13 +118,17 @@ def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None
     exs = [as_checkpoint(e, f"experts[{i}]") for i, e in enumerate(experts)]
     labels = _names(exs, names)
     lay = get_layout(layout, keys=src.keys(), config=src.config)
+    vocab = plan_vocab("base", src, exs, lay)  # the rows of the base's tokens (docs/your-models.md §Vocabularies)
+    if vocab.mode != "same":
+        log.info("diagnose: %s", vocab.summary())
+    src, exs = vocab.views(src, exs)
     plan = plan_heads(heads, src, exs, lay, write=False)
     if plan.alignment is not None:
         log.info("diagnose: %s", plan.alignment.describe())
     src, exs, _ = plan.views(src, exs, lay)
     who = [_what(i, labels) for i in range(len(exs))]
     src, exs, _ = carry_missing_buffers(src, exs, who=who)  # non-persistent buffers one side did not save
-    check_compatible(src, exs, [_what(i, labels) for i in range(len(exs))], "base")
+    check_compatible(src, exs, who, "base", layout=lay)
     return src, exs, labels, get_layout(layout, keys=src.keys(), config=src.config)  # the layout of the view
 
 

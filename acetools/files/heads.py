@@ -219,6 +219,7 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
     own_heads = set(layout.task_head_keys(ex.keys()))
     alignment = align_prefix(base.keys(), [k for k in ex.keys() if k not in own_heads], base_config=base.config,
                              expert_config=ex.config)
+    given = base
     if alignment is not None:  # a bare backbone beside task models (or the reverse): the experts' key names
         base = aligned_base(base, alignment, layout)[0]
     if heads == "auto":
@@ -238,6 +239,11 @@ def plan_heads(heads: str, base: Checkpoint, experts: Sequence[Checkpoint], layo
             log.info("names are only used with heads='per-task'; ignored")
         return HeadPlan("merge", reason=reason, alignment=alignment)
     keys = layout.task_head_keys(experts[0].keys())
+    bare = next((ck for ck in experts if not layout.task_head_keys(ck.keys())), None)
+    if bare is not None and layout.task_head_keys(given.keys()):  # the base a task model, an expert bare
+        raise InputError(f"heads={mode!r}: expert {bare.path} has no task head and the base {given.path} has one "
+                         f"({layout.task_head_keys(given.keys())[0]}): are --base and --experts swapped? "
+                         "(docs/your-models.md §Bases and experts are checked)")
     if not keys:
         raise InputError(f"heads={mode!r}: expert {experts[0].path} has no key that layout {layout.name!r} calls a "
                          f"task head (patterns {layout.task_heads or '(none)'}); pass a Layout with task_heads=(...) "

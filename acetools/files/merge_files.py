@@ -47,7 +47,9 @@ from .checkpoints import (
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
 from .outputs import check_task_folders, commit_task_folders, rewrite_config, stage_task_folders, written_dtype
-from .staging import make_stage
+from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
+from .staging import lock_output, make_stage, remove_stale_stages
+from .vocab import VocabPlan, plan_vocab
 
 __all__ = ["merge_files", "plan_merge", "MergePlan", "MergeResult", "parse_dtype", "DTYPES", "save_activations",
            "load_activations"]
@@ -127,6 +129,7 @@ class MergePlan:
     rows: list[dict[str, Any]]
     files: dict[str, str] = field(default_factory=dict)  # hyperparameters read from files: name -> path
     heads: HeadPlan = field(default_factory=lambda: HeadPlan("merge"))  # what happens to classifier heads
+    vocab: VocabPlan = field(default_factory=lambda: VocabPlan("same"))  # rows only some models have
     buffers_carried: dict[str, str] = field(default_factory=dict)  # non-persistent buffer -> the model it came from
 
     def summary(self) -> str:
@@ -140,6 +143,7 @@ class MergePlan:
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
             *([self.heads.summary()] if self.heads.mode != "merge" or self.heads.alignment is not None else []),
+            *([self.vocab.summary()] if self.vocab.mode != "same" else []),
             *([f"buffers: {len(self.buffers_carried)} non-persistent buffer(s) missing from some models, carried "
                f"from the models that have them ({', '.join(sorted(self.buffers_carried))})"]
               if self.buffers_carried else []),
@@ -231,6 +235,7 @@ def plan_merge(
     heads: str = "auto",
     names: Sequence[str] | None = None,
     force_layout: bool = False,
+    vocab: str | None = None,
 ) -> MergePlan:
     """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data
     (arguments as :func:`merge_files`'s)."""
@@ -248,11 +253,14 @@ def plan_merge(
     info.resolve(hp)  # bad hyperparameters fail before any file is opened
     b, ex = _open_all(base, experts)
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
+    vocab_plan = plan_vocab(vocab, b, ex, lay)  # docs/your-models.md §Vocabularies
+    b, ex = vocab_plan.views(b, ex)  # the experts' rows of the base's tokens
     head_plan = plan_heads(heads, b, ex, lay, names)
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
     b, ex, carried = carry_missing_buffers(b, ex)  # non-persistent buffers one side did not save
-    check_compatible(b, ex)
+    check_compatible(b, ex, layout=lay)
     resolved = info.resolve(hp, layout=lay.name)  # e.g. ESM's layer names per layout preset (docs/methods.md §ESM)
+    info.check_per_expert(resolved, len(ex))  # weights=[...], k=[...]: one value per expert
     keys = set(b.keys())
     for name in info.per_key:
         value = resolved.get(name)
@@ -274,7 +282,7 @@ def plan_merge(
     carry = set(non_persistent(b))  # non-persistent buffers are never merged, whatever their dtype
     rows = [{**r, "path": "carried from base"} if r["key"] in carry else r for r in describe(lay, b.metas())]
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, rows, files, head_plan, carried)
+                     run, rows, files, head_plan, vocab_plan, carried)
 
 
 class _InputHashes:
@@ -364,14 +372,15 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
     # the header's size before the hashes are known: a sha256 has 64 hex digits
     size_hint = _merge_record(plan.method, plan, dict.fromkeys(hashes.files, "0" * 64) if hashes._pool else None)[2]
     planned = [(k, out_dtype if out_dtype is not None and m.dtype.is_floating_point else m.dtype, m.shape)
-               for k, m in plan.base.metas().items()]
+               for k, m in plan.vocab.out_metas(plan.base.metas()).items()]
     head_writer = None
     try:
         hashes.check_copies()
         with ShardedWriter(out_dir, shard_size=size, metadata=metadata, metadata_hint=size_hint,
                            header_room=ShardedWriter.header_room(planned, size_hint)) as writer:
             src = Source(plan.base, plan.experts, names=[str(ck.path) for ck in (plan.base, *plan.experts)])
-            extra = run(METHODS[plan.method], plan.hparams, src, plan.layout, writer.add, device=dev,  # the one driver
+            add = plan.vocab.emit(writer.add)  # union: the rows only some experts have appended
+            extra = run(METHODS[plan.method], plan.hparams, src, plan.layout, add, device=dev,  # the one driver
                         whole_model=plan.mode == "memory", out_dtype=out_dtype, show=show,
                         hparams_text=plan.hparams_text(), carry=non_persistent(plan.base))
             metadata()
@@ -384,6 +393,7 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
         elif overwrite:
             remove_stale_heads(out_dir)
         copied = copy_side_files(plan.base.folder, out_dir)
+        plan.vocab.write_files(out_dir)  # union's tokenizer, config.json's vocab_size
         rewrite_config(out_dir, written_dtype((dt, shape) for _, dt, shape in planned))  # the dtype written
     except BaseException:
         if head_writer:
@@ -412,6 +422,7 @@ def merge_files(
     names: Sequence[str] | None = None,
     force_layout: bool = False,
     force: bool = False,
+    vocab: str | None = None,
     per_task_out: str | Path | None = None,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
@@ -421,71 +432,79 @@ def merge_files(
     when the method allows it, ``"stream"`` insists, ``"memory"`` loads everything. ``out`` must not
     hold an input or earlier weights (``overwrite``). ``heads``/``names``: docs/your-models.md
     §Per-task heads; ``per_task_out``: a folder for one full model per task (``<per_task_out>/<name>/``).
-    ``force``: merge a base that fails the lineage check, with a warning.
+    ``force``: merge a base that fails the lineage check, with a warning. ``vocab``:
+    ``"base"`` or ``"union"``, for experts whose vocabulary differs from the base's (docs/your-models.md
+    §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks).
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
     plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names,
-                      force_layout=force_layout)
+                      force_layout=force_layout, vocab=vocab)
     if dry_run:
         return MergeResult(plan)
     if out is None:
         raise InputError("out is required: the folder the merged checkpoint is written to")
-    out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
-    check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
-    if per_task_out is not None and plan.heads.mode != "per-task":
-        raise InputError(f"--per-task-out writes one model per task head, but heads are {plan.heads.mode!r} "
-                         f"({plan.heads.reason}); merge classifiers with --heads per-task, or leave it out")
-    tasks_dir = None if per_task_out is None else check_task_folders(
-        per_task_out, out_dir, plan.heads.names, [plan.base, *plan.experts], overwrite)
-    hashes = _InputHashes(plan, hash_inputs)  # from here on, beside the lineage check and the merge
-    final_dir, stage = out_dir, None
-    try:
-        lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force)
-        t0 = time.perf_counter()
-        # a new folder is assembled as a hidden sibling (make_stage, which also removes the staging folders of
-        # killed merges into it) and renamed into place at the end; an existing one gets its files moved in
-        stage = None if out_dir.exists() else make_stage(out_dir)
-        done = _write_merge(plan, stage or out_dir, size=size, dev=dev, out_dtype=out_dtype, show=progress,
-                            hashes=hashes, overwrite=overwrite)
-    except BaseException:
-        hashes.cancel()
+    out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)  # before a lock is written
+    with lock_output(out_dir):  # held until the output is in place: a second merge into it is refused at once
+        remove_stale_stages(out_dir)  # the folders killed merges left beside it (docs/your-models.md §What is written)
+        # checked again under the lock: a merge into it may have finished meanwhile
+        out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
+        check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
+        if per_task_out is not None and plan.heads.mode != "per-task":
+            raise InputError(f"--per-task-out writes one model per task head, but heads are {plan.heads.mode!r} "
+                             f"({plan.heads.reason}); merge classifiers with --heads per-task, or leave it out")
+        tasks_dir = None if per_task_out is None else check_task_folders(
+            per_task_out, out_dir, plan.heads.names, [plan.base, *plan.experts], overwrite)
+        hashes = _InputHashes(plan, hash_inputs)  # from here on, beside the lineage check and the merge
+        final_dir, stage = out_dir, None
+        try:
+            lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force)
+            t0 = time.perf_counter()
+            # a new folder is assembled as a hidden sibling (make_stage) and renamed into place at the end; an
+            # existing one gets its files moved in
+            stage = None if out_dir.exists() else make_stage(out_dir)
+            done = _write_merge(plan, stage or out_dir, size=size, dev=dev, out_dtype=out_dtype, show=progress,
+                                hashes=hashes, overwrite=overwrite)
+        except BaseException:
+            hashes.cancel()
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
+            raise
+        out_dir, files, extra, seconds = stage or out_dir, done["files"], done["extra"], time.perf_counter() - t0
+        info = {
+            "method": method, "hparams": done["hparams"], "layout": plan.layout.name,
+            "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
+            "shard_size": size, "files": [f.name for f in files], "copied": done["copied"],
+            "seconds": round(seconds, 3),
+            "acetools_version": __version__, "inputs": done["inputs"],
+            "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
+            "buffers_carried": plan.buffers_carried,
+            "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
+                      "tasks": done["head_tasks"]},
+            "lineage": lineage.as_dict(),
+            **({"vocab": plan.vocab.as_dict()} if plan.vocab.mode != "same" else {}),
+            "per_task_out": [str(tasks_dir / n) for n in plan.heads.names] if tasks_dir is not None else [],
+        }
+        with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
+            json.dump(info, fh, indent=2)
+        try:  # one full model per task, staged beside its folder and renamed into place after --out
+            staged = stage_task_folders(out_dir, tasks_dir, plan.heads, shard_size=size) if tasks_dir else []
+        except BaseException:
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
+            raise
         if stage is not None:
-            shutil.rmtree(stage, ignore_errors=True)
-        raise
-    out_dir, files, extra, seconds = stage or out_dir, done["files"], done["extra"], time.perf_counter() - t0
-    info = {
-        "method": method, "hparams": done["hparams"], "layout": plan.layout.name,
-        "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
-        "shard_size": size, "files": [f.name for f in files], "copied": done["copied"], "seconds": round(seconds, 3),
-        "acetools_version": __version__, "inputs": done["inputs"],
-        "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
-        "buffers_carried": plan.buffers_carried,
-        "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
-                  "tasks": done["head_tasks"]},
-        "lineage": lineage.as_dict(),
-        "per_task_out": [str(tasks_dir / n) for n in plan.heads.names] if tasks_dir is not None else [],
-    }
-    with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
-        json.dump(info, fh, indent=2)
-    try:  # one full model per task, staged beside its folder and renamed into place after --out
-        staged = stage_task_folders(out_dir, tasks_dir, plan.heads, shard_size=size) if tasks_dir else []
-    except BaseException:
-        if stage is not None:
-            shutil.rmtree(stage, ignore_errors=True)
-        raise
-    if stage is not None:
-        os.rename(stage, final_dir)  # atomic: the folder appears complete or not at all
-        files = [final_dir / f.name for f in files]
-    commit_task_folders(staged)
-    log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, final_dir, seconds)
-    return MergeResult(plan, final_dir, files, seconds, info)
+            os.rename(stage, final_dir)  # atomic: the folder appears complete or not at all
+            files = [final_dir / f.name for f in files]
+        commit_task_folders(staged)
+        log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, final_dir, seconds)
+        return MergeResult(plan, final_dir, files, seconds, info)
 
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "heads", "names", "force_layout", "force", "per_task_out")
+               "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab", "per_task_out")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
@@ -500,7 +519,9 @@ def parse_hparam(text: str) -> tuple[str, Any]:
 
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read a merge config (YAML, :data:`CONFIG_KEYS`; docs/your-models.md §Config file); paths relative to
-    the file, unknown keys an error naming them."""
+    the file, unknown keys an error naming them. Expert entries may carry ``weight`` and ``density``
+    (docs/your-models.md §Coming from mergekit), returned under ``"per_expert"`` for
+    :func:`acetools.files.per_expert.per_expert_hparams`; ``models:`` is mergekit's name for ``experts:``."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"merge config not found: {p}")
@@ -513,8 +534,13 @@ def load_config(path: str | Path) -> dict[str, Any]:
                          f"got {type(data).__name__}")
     unknown = sorted(set(data) - set(CONFIG_KEYS))
     if unknown:
-        raise InputError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}")
+        hints = "".join(f"; {mergekit_key_hint(k)}" for k in unknown if k in MERGEKIT_KEYS)
+        raise InputError(f"{p}: unknown key(s) {unknown}; valid keys are: {', '.join(CONFIG_KEYS)}{hints}")
     cfg = dict(data)
+    if "models" in cfg:  # mergekit's spelling of the experts' list
+        if "experts" in cfg:
+            raise InputError(f"{p}: give the experts once, as experts: or as mergekit's models:")
+        cfg["experts"] = cfg.pop("models")
     for k, what in (("experts", "a list of paths"), ("names", "a list, one per expert")):
         if k in cfg and not isinstance(cfg[k], list):
             raise InputError(f"{p}: {k} must be {what}")
@@ -529,6 +555,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
         if cfg.get(k) is not None:
             cfg[k] = rel(cfg[k])
     if cfg.get("experts"):
-        cfg["experts"] = [rel(e) for e in cfg["experts"]]
+        paths, per_expert = read_experts(cfg["experts"], str(p))
+        cfg["experts"] = [rel(e) for e in paths]
+        if per_expert:
+            cfg["per_expert"] = per_expert
     cfg["hyperparameters"] = dict(cfg.get("hyperparameters") or {})
     return cfg

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -18,9 +19,11 @@ from ..errors import InputError, InputTypeError
 from ..merging import METHODS, Search
 from ..search import PATIENCE, golden_section_search, grid_search
 from ..utils import atomic_write
+from .checkpoints import check_output_folder
 from .heads import expert_names
 from .lineage import check_lineage
 from .merge_files import merge_files, plan_merge
+from .staging import SEARCH_MARK, lock_output, remove_stale_stages
 
 __all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge"]
 
@@ -107,50 +110,51 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
     hp = dict(hparams or {})
     if search.param in hp:
         raise InputError(f"--search chooses {method}'s {search.param}; do not also give -p {search.param}=...")
-    plan_keys = {k: merge_options[k] for k in ("layout", "heads", "names", "mode", "force_layout")
+    plan_keys = {k: merge_options[k] for k in ("layout", "heads", "names", "mode", "force_layout", "vocab")
                  if k in merge_options}
     plan = plan_merge(method, base, experts, hparams=hp, **plan_keys)
     # is the base the experts' parent? checked once here, not for every candidate
     check_lineage(plan.base, plan.experts, plan.layout, force=merge_options.get("force", False))
     merge_options = {**merge_options, "force": True}
     tasks = list(plan.heads.names) or expert_names(plan.experts)
-    out = Path(out).expanduser()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.acetools-search-", dir=out.parent))
-    count = [0]
+    out = check_output_folder(out, [plan.base, *plan.experts], overwrite=merge_options.get("overwrite", False))
+    with lock_output(out):  # the whole search: a second merge into out is refused at once
+        remove_stale_stages(out)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}{SEARCH_MARK}{os.getpid()}-", dir=out.parent))
+        count = [0]
 
-    def score(value: float) -> dict[str, float]:
-        folder = scratch / f"candidate-{count[0]}"
-        count[0] += 1
-        merge_files(method, base, experts, folder, hparams={**hp, search.param: value}, hash_inputs=False,
-                    **{**merge_options, "per_task_out": None})  # the task folders of the chosen merge only
+        def score(value: float) -> dict[str, float]:
+            folder = scratch / f"candidate-{count[0]}"
+            count[0] += 1
+            merge_files(method, base, experts, folder, hparams={**hp, search.param: value}, hash_inputs=False,
+                        **{**merge_options, "per_task_out": None})  # the task folders of the chosen merge only
+            try:
+                scores = {}
+                for task in tasks:
+                    s = evaluate(folder, task)
+                    if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(float(s)):
+                        raise InputError(f"--search: the evaluation returned {s!r} for task {task!r} at "
+                                         f"{search.param}={value:g}; it must return a finite number")
+                    scores[task] = float(s)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            if report is not None:
+                report(f"{search.param}={value:g}: mean {sum(scores.values()) / len(scores):.4f}")
+            return scores
+
         try:
-            scores = {}
-            for task in tasks:
-                s = evaluate(folder, task)
-                if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(float(s)):
-                    raise InputError(f"--search: the evaluation returned {s!r} for task {task!r} at "
-                                     f"{search.param}={value:g}; it must return a finite number")
-                scores[task] = float(s)
+            if search.kind == "grid":
+                res = grid_search(score, search.grid, objective="absolute",
+                                  patience=PATIENCE if patience is None else patience)
+            else:  # golden section on the bracket (ESM's rule without experts' reference scores)
+                res = golden_section_search(score, *search.bracket, objective="absolute")
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        if report is not None:
-            report(f"{search.param}={value:g}: mean {sum(scores.values()) / len(scores):.4f}")
-        return scores
-
-    try:
-        if search.kind == "grid":
-            res = grid_search(score, search.grid, objective="absolute",
-                              patience=PATIENCE if patience is None else patience)
-        else:  # golden section on the bracket (ESM's rule without experts' reference scores)
-            res = golden_section_search(score, *search.bracket, objective="absolute")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    value = float(res.best)
-    chosen = merge_files(method, base, experts, out, hparams={**hp, search.param: value}, **merge_options)
-    outcome = SearchMerge(search.param, value, res, chosen)
-    assert chosen.out is not None, "merge_files wrote no folder"
-    chosen.info["search"] = outcome.record()  # chosen.info is what acetools_merge.json holds
-    with atomic_write(chosen.out / "acetools_merge.json", "w") as fh:
-        json.dump(chosen.info, fh, indent=2)
-    return outcome
+            shutil.rmtree(scratch, ignore_errors=True)
+        value = float(res.best)
+        chosen = merge_files(method, base, experts, out, hparams={**hp, search.param: value}, **merge_options)
+        outcome = SearchMerge(search.param, value, res, chosen)
+        assert chosen.out is not None, "merge_files wrote no folder"
+        chosen.info["search"] = outcome.record()  # chosen.info is what acetools_merge.json holds
+        with atomic_write(chosen.out / "acetools_merge.json", "w") as fh:
+            json.dump(chosen.info, fh, indent=2)
+        return outcome

@@ -178,6 +178,7 @@ def merge(
     validate_state_dicts(base, experts)
     lay, is_mat = _resolve_layout(layout, base, is_matrix)
     resolved = info.resolve(hparams, layout=lay.name)
+    info.check_per_expert(resolved, len(experts))  # weights=[...], k=[...]: one value per expert
     out: dict[str, Tensor] = {}
     run(info, resolved, Source(base, experts, check_finite=False), lay, out.__setitem__, device=dev,
         is_matrix=is_mat, whole_model=True, out_device=dev, show=progress)

@@ -10,7 +10,7 @@
 - ``search`` (:class:`Search`); ``needs_layout``: it takes a matrix path;
 - streamed merges (:mod:`acetools.merging.driver`): ``prepare(view, hparams) -> dict`` runs before the
   key-by-key pass (its dict reaches every per-key call as keyword arguments); ``summed(hparams) -> c``:
-  the update is c x the summed task vectors, formed in one buffer;
+  the update is c x the summed task vectors, formed in one buffer (``None``: not with these hyperparameters);
 - ``layout_hparams(layout_name) -> dict``: defaults per layout preset; ``presets(resolved) -> resolved``:
   the values a ``None`` hyperparameter stands for (:meth:`MethodInfo.effective`); ``memory_note`` and
   ``note``: what ``acetools merge --dry-run`` says.
@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import InputError, InputTypeError
 
 __all__ = ["Param", "MethodInfo", "Search", "register", "METHODS", "REQUIRED", "SCOPES", "LAMBDA_GRID",
-           "ALPHA_GRID", "ESM_BRACKET", "registered_defaults"]
+           "ALPHA_GRID", "ESM_BRACKET", "registered_defaults", "per_expert_values"]
 
 #: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (docs/methods.md §Benchmark protocol).
 LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
@@ -59,7 +59,9 @@ REQUIRED: Any = _Required()
 @dataclass(frozen=True)
 class Param:
     """One hyperparameter: default, one-line doc and the values allowed (``low``/``high`` inclusive unless
-    ``low_open``/``high_open``; ``choices``; ``types``; ``check(value) -> error message or None``)."""
+    ``low_open``/``high_open``; ``choices``; ``types``; ``check(value) -> error message or None``).
+    ``per_expert``: a list or tuple with one such value per expert is accepted too, each value checked
+    (docs/your-models.md §Coming from mergekit); ``scalar=False``: only such a list, or ``None``."""
 
     default: Any
     doc: str
@@ -70,12 +72,28 @@ class Param:
     high_open: bool = False
     types: tuple[type, ...] | None = None
     check: Callable[[Any], str | None] | None = None
+    per_expert: bool = False
+    scalar: bool = True
 
     @property
     def required(self) -> bool:
         return self.default is REQUIRED
 
     def validate(self, method: str, name: str, value: Any) -> None:
+        if self.per_expert and isinstance(value, (list, tuple)):
+            if not value:
+                raise InputError(f"{method}: hyperparameter {name}=[] is empty: give one value per expert")
+            for t, v in enumerate(value):
+                self._validate_one(method, f"{name}[{t}]", v)
+            return
+        if not self.scalar:
+            if value is not None:
+                raise InputTypeError(f"{method}: hyperparameter {name}={value!r} must be a list with one value per "
+                                     "expert, or None")
+            return
+        self._validate_one(method, name, value)
+
+    def _validate_one(self, method: str, name: str, value: Any) -> None:
         where = f"{method}: hyperparameter {name}={value!r}"
         if self.choices is not None:
             if value not in self.choices:
@@ -152,7 +170,7 @@ class MethodInfo:
     layout_hparams: Callable[[str | None], Mapping[str, Any]] | None = field(default=None, repr=False)
     memory_note: Callable[[int, int], str] | None = field(default=None, repr=False)
     note: str = ""
-    summed: Callable[[Mapping[str, Any]], float] | None = field(default=None, repr=False)
+    summed: Callable[[Mapping[str, Any]], float | None] | None = field(default=None, repr=False)
     presets: Callable[[dict], dict] | None = field(default=None, repr=False)
 
     def key_scope(self, hparams: Mapping[str, Any] | None = None) -> tuple[str, str]:
@@ -205,10 +223,30 @@ class MethodInfo:
             out[name] = value
         return out
 
+    def check_per_expert(self, resolved: Mapping[str, Any], n_tasks: int) -> None:
+        """Refuse a per-expert list (a :class:`Param` with ``per_expert``) whose length is not ``n_tasks``, in one
+        line naming the method, the hyperparameter and both counts."""
+        for name, p in self.params.items():
+            value = resolved.get(name)
+            if p.per_expert and isinstance(value, (list, tuple)) and len(value) != n_tasks:
+                raise InputError(f"{self.name}: hyperparameter {name} has {len(value)} values but {n_tasks} experts "
+                                 f"are given; give one value per expert, in the experts' order")
+
     def effective(self, resolved: Mapping[str, Any]) -> dict[str, Any]:
         """``resolved`` with every "use the preset" ``None`` replaced by the value the method will use (the
         ``presets`` hook; e.g. ACE's ``gate=None`` -> ``"auto"``): what a recorded hyperparameter line shows."""
         return dict(resolved) if self.presets is None else self.presets(dict(resolved))
+
+
+def per_expert_values(method: str, name: str, value: Any, n_tasks: int, default: Any = None) -> list[Any]:
+    """A hyperparameter that may be given per expert as ``n_tasks`` values: the list itself, or ``value``
+    (``default`` where it is ``None``) repeated; another length is an error naming both counts."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n_tasks:
+            raise InputError(f"{method}: hyperparameter {name} has {len(value)} values but {n_tasks} experts are "
+                             "given; give one value per expert, in the experts' order")
+        return list(value)
+    return [default if value is None else value] * n_tasks
 
 
 _REGISTRY: dict[str, MethodInfo] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
@@ -10,10 +11,22 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..utils import progress
-from ._registry import LAMBDA_GRID, Param, Search, register
+from ._registry import LAMBDA_GRID, Param, Search, per_expert_values, register
 
-__all__ = ["weight_averaging", "task_arithmetic", "mean_update", "summed", "warn_mean_fallback", "check_matrix_key",
-           "matrix_or_mean"]
+__all__ = ["weight_averaging", "task_arithmetic", "mean_update", "summed", "weighted_sum", "warn_mean_fallback",
+           "check_matrix_key", "matrix_or_mean", "WEIGHTS"]
+
+
+def _finite_number(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "must be a finite number"
+    return None
+
+
+#: The per-expert weights w_t of the methods that take them (mergekit's ``weight``; docs/your-models.md
+#: §Coming from mergekit): ``None`` (every w_t = 1, the unweighted method) or one finite number per expert.
+WEIGHTS = Param(None, "per-expert weights w_t, one number per expert (None: every w_t = 1)",
+                per_expert=True, scalar=False, check=_finite_number)
 
 #: The plan's note (``acetools merge --dry-run``) for methods that merge every key the same way.
 ALIKE = "treats every float key alike; the matrix/elementwise column does not change its result"
@@ -29,6 +42,16 @@ def summed(tensors: Sequence[Tensor]) -> Tensor:
     out = tensors[0].clone()
     for x in tensors[1:]:
         out.add_(x)
+    return out
+
+
+def weighted_sum(tensors: Sequence[Tensor], weights: Sequence[float] | None) -> Tensor:
+    """sum_t w_t x_t as a new tensor, added in order; :func:`summed` itself when ``weights`` is ``None``."""
+    if weights is None:
+        return summed(tensors)
+    out = tensors[0] * weights[0]
+    for x, w in zip(tensors[1:], weights[1:]):
+        out.add_(x, alpha=w)
     return out
 
 
@@ -66,12 +89,24 @@ def matrix_or_mean(method: str, base: Mapping[str, Tensor], task_vectors: Sequen
     return out
 
 
+def _check_weight_sum(weights: Sequence[float] | None) -> None:
+    if weights is not None and sum(weights) == 0:
+        raise InputError(f"weight_averaging: hyperparameter weights={list(weights)!r} sum to 0, so the weighted mean "
+                         "sum_t w_t theta_t / sum_t w_t is undefined; give weights with a non-zero sum")
+
+
 @register("weight_averaging",
           "theta0 + (1/T) sum_t tau_t: plain averaging of the experts (docs/methods.md §Weight averaging)",
-          key_scope="key", note=ALIKE)
-def weight_averaging(base, task_vectors, *, is_matrix):
-    """Weight averaging, docs/methods.md §Weight averaging: theta = (1/T) sum_t theta_t, on every key."""
-    return {k: mean_update(task_vectors, k) for k in base}
+          key_scope="key", note=ALIKE, weights=WEIGHTS)
+def weight_averaging(base, task_vectors, *, is_matrix, weights):
+    """Weight averaging, docs/methods.md §Weight averaging: theta = (1/T) sum_t theta_t, on every key; with
+    ``weights``, the weighted mean sum_t w_t theta_t / sum_t w_t (Eq. (WA.2), mergekit's ``linear``)."""
+    if weights is None:
+        return {k: mean_update(task_vectors, k) for k in base}
+    w = per_expert_values("weight_averaging", "weights", weights, len(task_vectors))
+    _check_weight_sum(w)
+    total = sum(w)
+    return {k: weighted_sum([tv[k] for tv in task_vectors], w).div_(total) for k in base}
 
 
 @register(
@@ -79,10 +114,13 @@ def weight_averaging(base, task_vectors, *, is_matrix):
     "theta0 + lam * sum_t tau_t (Ilharco et al. 2023; docs/methods.md §Task arithmetic)",
     key_scope="key",
     note=ALIKE,
-    summed=lambda hp: hp["lam"],
+    summed=lambda hp: hp["lam"] if hp["weights"] is None else None,
     search=Search("lam", "grid", LAMBDA_GRID),
     lam=Param(0.3, "scaling of the summed task vectors", low=0.0),
+    weights=WEIGHTS,
 )
-def task_arithmetic(base, task_vectors, *, is_matrix, lam):
-    """Task arithmetic, docs/methods.md §Task arithmetic: theta = theta0 + lam * sum_t tau_t on every key."""
-    return {k: summed([tv[k] for tv in task_vectors]).mul_(lam) for k in base}
+def task_arithmetic(base, task_vectors, *, is_matrix, lam, weights):
+    """Task arithmetic, docs/methods.md §Task arithmetic: theta = theta0 + lam * sum_t tau_t on every key; with
+    ``weights``, theta0 + lam * sum_t w_t tau_t (Eq. (TA.2), mergekit's ``task_arithmetic``)."""
+    w = None if weights is None else per_expert_values("task_arithmetic", "weights", weights, len(task_vectors))
+    return {k: weighted_sum([tv[k] for tv in task_vectors], w).mul_(lam) for k in base}

@@ -16,8 +16,8 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..utils import make_generator, progress
-from ._registry import LAMBDA_GRID, Param, Search, register
-from .averaging import ALIKE, summed
+from ._registry import LAMBDA_GRID, Param, Search, per_expert_values, register
+from .averaging import ALIKE, WEIGHTS, weighted_sum
 
 __all__ = [
     "kept_count",
@@ -69,17 +69,18 @@ def trim_threshold(tau: Tensor | Iterable[Tensor], k: float) -> Tensor:
     return torch.kthvalue(flat, idx + 1).values
 
 
-def radix_thresholds(keys: Sequence[str], taus_of: Callable[[str], Sequence[Tensor]], n_tasks: int, k: float,
-                     dtype: torch.dtype, n: int, bar: Callable[[Iterable, str], Iterable] | None = None
-                     ) -> list[Tensor]:
+def radix_thresholds(keys: Sequence[str], taus_of: Callable[[str], Sequence[Tensor]], n_tasks: int,
+                     k: float | Sequence[float], dtype: torch.dtype, n: int,
+                     bar: Callable[[Iterable, str], Iterable] | None = None) -> list[Tensor]:
     """Per task, :func:`trim_threshold` of the concatenated task vector without holding it: |tau| orders like
     its IEEE bits read as an integer, so a radix select over 16-bit digits (a call of ``taus_of(key)`` per key
-    and digit) fixes it. ``n``: the entries over ``keys``; ``bar(iterable, desc)`` shows progress."""
+    and digit) fixes it. ``k``: one percent for every task or one per task; ``n``: the entries over ``keys``;
+    ``bar(iterable, desc)`` shows progress."""
     itype, nbits = (torch.int32, 32) if dtype == torch.float32 else (torch.int64, 64)
-    n_keep = kept_count(n, k)
-    if n_keep == 0:
+    n_keep = [kept_count(n, k_t) for k_t in per_expert_values("TIES", "k", k, n_tasks)]
+    if not any(n_keep):
         return [torch.tensor(float("inf"), dtype=dtype) for _ in range(n_tasks)]
-    rank = [n - n_keep] * n_tasks  # 0-based rank, ascending, of the threshold
+    rank = [n - m if m else 0 for m in n_keep]  # 0-based rank, ascending, of the threshold (any for m = 0)
     prefix = [0] * n_tasks
     shifts = list(range(nbits - 16, -1, -16))
     for level, shift in enumerate(shifts):
@@ -95,7 +96,8 @@ def radix_thresholds(keys: Sequence[str], taus_of: Callable[[str], Sequence[Tens
             d = int(torch.searchsorted(cum, torch.tensor(rank[t]), right=True))
             rank[t] -= int(cum[d - 1]) if d > 0 else 0
             prefix[t] = (prefix[t] << 16) | d
-    return [torch.tensor(p, dtype=itype).view(dtype).clone() for p in prefix]
+    return [torch.tensor(p, dtype=itype).view(dtype).clone() if m else torch.tensor(float("inf"), dtype=dtype)
+            for p, m in zip(prefix, n_keep)]
 
 
 def global_trim(view: Any, hparams: Mapping[str, Any],
@@ -118,21 +120,32 @@ def global_trim(view: Any, hparams: Mapping[str, Any],
     dtype = dts.pop() if dts else torch.float32
     thr = radix_thresholds(keys, taus_of, T, hparams["k"], dtype, sum(view.numel(key) for key in keys),
                            view.progress)
-    majority = majority_sign(elect_sign(torch.stack([torch.where(tau.abs() >= thr[t].to(tau.device), tau, 0)
-                                                     for t, tau in enumerate(taus_of(key))]))
+    weights = hparams.get("weights")
+    majority = majority_sign(elect_sign(_weighted(torch.stack([torch.where(tau.abs() >= thr[t].to(tau.device), tau, 0)
+                                                               for t, tau in enumerate(taus_of(key))]), weights))
                              for key in view.progress(keys, "TIES: elect"))
     return {"global_trim": (thr, majority)}
 
 
-def _thresholds(task_vectors: TaskVectors, keys: Sequence[str], k: float, scope: str) -> list[dict[str, Tensor]]:
-    """Per task, the trim threshold of every key (one shared value when ``scope='global'``)."""
+def _weighted(stack: Tensor, weights: Sequence[float] | None) -> Tensor:
+    """The (T, ...) ``stack`` with row t times w_t (the stack itself when ``weights`` is ``None``)."""
+    if weights is None:
+        return stack
+    w = torch.tensor(list(weights), dtype=stack.dtype, device=stack.device)
+    return stack * w.reshape(-1, *([1] * (stack.ndim - 1)))
+
+
+def _thresholds(task_vectors: TaskVectors, keys: Sequence[str], k: float | Sequence[float], scope: str
+                ) -> list[dict[str, Tensor]]:
+    """Per task, the trim threshold of every key (one shared value when ``scope='global'``); ``k`` one percent
+    for every task or one per task."""
     out = []
-    for tv in task_vectors:
+    for tv, k_t in zip(task_vectors, per_expert_values("TIES", "k", k, len(task_vectors))):
         if scope == "global":
-            thr = trim_threshold((tv[key] for key in keys), k)
+            thr = trim_threshold((tv[key] for key in keys), k_t)
             out.append({key: thr for key in keys})
         elif scope == "tensor":
-            out.append({key: trim_threshold(tv[key], k) for key in keys})
+            out.append({key: trim_threshold(tv[key], k_t) for key in keys})
         else:
             raise InputError(f"TIES scope={scope!r} must be 'global' (whole model) or 'tensor' (per key)")
     return out
@@ -145,9 +158,11 @@ def _trimmed_stack(task_vectors: TaskVectors, thresholds: list[dict[str, Tensor]
     )
 
 
-def trim(task_vectors: TaskVectors, k: float = 20, scope: str = "global") -> list[dict[str, Tensor]]:
-    """TIES step 1 (docs/methods.md §TIES, Eq. (TIES.1)): keep the top-``k``% entries of each tau_t by magnitude,
-    ranked over the whole task vector (``scope="global"``) or per key (``"tensor"``). New dicts."""
+def trim(task_vectors: TaskVectors, k: float | Sequence[float] = 20, scope: str = "global"
+         ) -> list[dict[str, Tensor]]:
+    """TIES step 1 (docs/methods.md §TIES, Eq. (TIES.1)): keep the top-``k``% entries of each tau_t by magnitude
+    (``k`` one percent, or one per task), ranked over the whole task vector (``scope="global"``) or per key
+    (``"tensor"``). New dicts."""
     if len(task_vectors) == 0:
         raise InputError("trim needs at least one task vector")
     keys = list(task_vectors[0])
@@ -179,23 +194,30 @@ def resolve_zero_signs(gamma: Tensor, majority: int) -> Tensor:
 
 # --------------------------------------------------------------------------- TIES step 3: disjoint merge
 
-def disjoint_merge(trimmed: Tensor, gamma: Tensor, merge: str = "mean") -> Tensor:
+def disjoint_merge(trimmed: Tensor, gamma: Tensor, merge: str = "mean", weights: Sequence[float] | None = None
+                   ) -> Tensor:
     """Disjoint merge of a (T, ...) stack of trimmed task vectors (docs/methods.md §TIES, Eq. (TIES.3)): per
     coordinate, the mean (``merge="mean"``) or sum of the non-zero values with the sign ``gamma`` (0 where
-    ``gamma`` is 0)."""
+    ``gamma`` is 0). With ``weights``, ``trimmed`` holds the weighted w_t tau_hat_t and the mean divides by
+    the agreeing tasks' summed weights, 1 where that is 0 (Eq. (TIES.5))."""
     agree = (torch.sign(trimmed) == gamma) & (trimmed != 0)
     total = torch.where(agree, trimmed, 0).sum(0)
     if merge == "sum":
         return total
+    if merge == "mean" and weights is not None:
+        divisor = _weighted(agree.to(total.dtype), weights).sum(0)
+        return total / torch.where(divisor == 0, 1, divisor)
     if merge == "mean":
         return total / agree.sum(0).clamp(min=1).to(total.dtype)
     raise InputError(f"TIES merge={merge!r} must be 'mean' (disjoint mean) or 'sum'")
 
 
-def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float, lam: float, scope: str,
-                 merge: str, desc: str, given: tuple[Sequence[Tensor], int] | None = None) -> dict[str, Tensor]:
+def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float | Sequence[float], lam: float,
+                 scope: str, merge: str, desc: str, given: tuple[Sequence[Tensor], int] | None = None,
+                 weights: Sequence[float] | None = None) -> dict[str, Tensor]:
     """lam * v_m for every key: trim, elect, resolve zero signs, disjoint merge. ``given``:
-    the global thresholds and majority sign of the whole model (:func:`global_trim`)."""
+    the global thresholds and majority sign of the whole model (:func:`global_trim`); ``weights``: w_t, each
+    trimmed tau_t weighted before the election (Eq. (TIES.5))."""
     if given is not None and scope == "global":
         thr = [{key: t for key in keys} for t in given[0]]
     else:
@@ -203,19 +225,19 @@ def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float, la
     majority = None
     if scope == "global":  # one majority sign over the model: a pass over every key's elected sign first
         majority = given[1] if given is not None else majority_sign(
-            elect_sign(_trimmed_stack(task_vectors, thr, key)).to(torch.int8)
+            elect_sign(_weighted(_trimmed_stack(task_vectors, thr, key), weights)).to(torch.int8)
             for key in progress(keys, desc=f"{desc}: elect"))
     out = {}
     for key in progress(keys, desc=f"{desc}: merge"):
-        trimmed = _trimmed_stack(task_vectors, thr, key)
+        trimmed = _weighted(_trimmed_stack(task_vectors, thr, key), weights)
         gamma = elect_sign(trimmed).to(torch.int8)
         gamma = resolve_zero_signs(gamma, majority_sign([gamma]) if majority is None else majority)
-        out[key] = lam * disjoint_merge(trimmed, gamma.to(trimmed.dtype), merge)
+        out[key] = lam * disjoint_merge(trimmed, gamma.to(trimmed.dtype), merge, weights)
     return out
 
 
-_K = Param(20, "percent of entries KEPT per task by the magnitude trim, 0 < k <= 100",
-           low=0.0, high=100.0, low_open=True)
+_K = Param(20, "percent of entries KEPT per task by the magnitude trim, 0 < k <= 100 (or one per expert)",
+           low=0.0, high=100.0, low_open=True, per_expert=True)
 _SCOPE = Param("global", "trim over the whole flattened model ('global') or per tensor ('tensor')",
                choices=("global", "tensor"))
 _MERGE = Param("mean", "disjoint 'mean' (paper, TSV/Iso code) or 'sum' (fusion_bench)", choices=("mean", "sum"))
@@ -240,12 +262,23 @@ def _ties_scope(scope: str) -> tuple[str, str]:
     lam=Param(1.0, "scaling of the merged task vector v_m", low=0.0),
     scope=_SCOPE,
     merge=_MERGE,
+    weights=WEIGHTS,
 )
-def ties(base, task_vectors, *, is_matrix, k, lam, scope, merge, global_trim=None):
+def ties(base, task_vectors, *, is_matrix, k, lam, scope, merge, weights, global_trim=None):
     """TIES-Merging (docs/methods.md §TIES): trim, elect, disjoint merge, times ``lam``, on every key.
-    ``global_trim``: the whole model's thresholds and majority sign (:func:`global_trim`) in a streamed merge."""
+    ``global_trim``: the whole model's thresholds and majority sign (:func:`global_trim`) in a streamed merge;
+    ``weights``: per-expert w_t (Eq. (TIES.5), mergekit's ``weight``)."""
     keys = list(base)
-    return _ties_update(task_vectors, keys, k=k, lam=lam, scope=scope, merge=merge, desc="TIES", given=global_trim)
+    k, w = _per_expert_k_weights("ties", k, weights, len(task_vectors))
+    return _ties_update(task_vectors, keys, k=k, lam=lam, scope=scope, merge=merge, desc="TIES", given=global_trim,
+                        weights=w)
+
+
+def _per_expert_k_weights(method: str, k: Any, weights: Any, n_tasks: int) -> tuple[Any, list[float] | None]:
+    """``k`` and ``weights`` with a per-expert list checked against ``n_tasks`` (an error naming both counts)."""
+    if isinstance(k, (list, tuple)):
+        k = per_expert_values(method, "k", k, n_tasks)
+    return k, None if weights is None else per_expert_values(method, "weights", weights, n_tasks)
 
 
 # --------------------------------------------------------------------------- DARE
@@ -276,13 +309,14 @@ def drop_and_rescale(tau: Tensor, dropped: Tensor, p: float, rescale: bool = Tru
 
 
 def dare_task_vectors(
-    task_vectors: TaskVectors, p: float, seed: int = 0, rescale: bool = True
+    task_vectors: TaskVectors, p: float | Sequence[float], seed: int = 0, rescale: bool = True
 ) -> list[dict[str, Tensor]]:
-    """DARE applied to every key of every task vector (new dicts; masks from :func:`dare_mask`)."""
+    """DARE applied to every key of every task vector (new dicts; masks from :func:`dare_mask`); ``p`` one drop
+    rate, or one per task."""
     out = []
-    for t, tv in enumerate(task_vectors):
+    for t, (tv, p_t) in enumerate(zip(task_vectors, per_expert_values("dare", "p", p, len(task_vectors)))):
         out.append({
-            key: drop_and_rescale(tau, dare_mask(tau.shape, p, seed, t, key, tau.device), p, rescale)
+            key: drop_and_rescale(tau, dare_mask(tau.shape, p_t, seed, t, key, tau.device), p_t, rescale)
             for key, tau in progress(tv.items(), desc=f"DARE: task {t}", total=len(tv))
         })
     return out
@@ -292,11 +326,12 @@ def _dare_prepare(view: Any, hparams: Mapping[str, Any]) -> dict[str, Any]:
     """DARE's ``prepare`` hook: DARE-TIES' global trim over the dropped task vectors (:func:`global_trim`)."""
     if hparams["base_method"] != "ties":
         return {}
-    p, seed, rescale = hparams["p"], hparams["seed"], hparams["rescale"]
+    seed, rescale = hparams["seed"], hparams["rescale"]
+    ps = per_expert_values("dare", "p", hparams["p"], view.n_tasks)
 
     def drop(key: str, taus: list[Tensor]) -> list[Tensor]:
         return [drop_and_rescale(tau, dare_mask(tau.shape, p, seed, t, key, tau.device), p, rescale)
-                for t, tau in enumerate(taus)]
+                for t, (tau, p) in enumerate(zip(taus, ps))]
 
     return global_trim(view, hparams, drop)
 
@@ -308,7 +343,8 @@ def _dare_prepare(view: Any, hparams: Mapping[str, Any]) -> dict[str, Any]:
     prepare=_dare_prepare,
     note=ALIKE,
     search=Search("lam", "grid", LAMBDA_GRID),
-    p=Param(0.5, "drop rate of the Bernoulli mask, 0 <= p < 1", low=0.0, high=1.0, high_open=True),
+    p=Param(0.5, "drop rate of the Bernoulli mask, 0 <= p < 1 (or one per expert)", low=0.0, high=1.0,
+            high_open=True, per_expert=True),
     base_method=Param("task_arithmetic", "merge applied after dropping", choices=("task_arithmetic", "ties")),
     seed=Param(0, "seed of the masks; each (task, key) mask is seeded from it (dare_seed)",
                check=lambda v: None if isinstance(v, int) and not isinstance(v, bool) else
@@ -318,12 +354,16 @@ def _dare_prepare(view: Any, hparams: Mapping[str, Any]) -> dict[str, Any]:
     k=_K,
     scope=_SCOPE,
     merge=_MERGE,
+    weights=WEIGHTS,
 )
-def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k, scope, merge, global_trim=None):
+def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k, scope, merge, weights,
+         global_trim=None):
     """DARE (docs/methods.md §DARE): :func:`dare_task_vectors`, then task arithmetic or TIES (``base_method``),
-    times ``lam``. ``global_trim``: as for :func:`ties`."""
-    dropped = dare_task_vectors(task_vectors, p, seed, rescale)
+    times ``lam``; ``weights`` as for task arithmetic or TIES. ``global_trim``: as for :func:`ties`."""
+    k, w = _per_expert_k_weights("dare", k, weights, len(task_vectors))
+    dropped = dare_task_vectors(task_vectors, per_expert_values("dare", "p", p, len(task_vectors)), seed, rescale)
     keys = list(base)
     if base_method == "task_arithmetic":
-        return {key: summed([tv[key] for tv in dropped]).mul_(lam) for key in keys}
-    return _ties_update(dropped, keys, k=k, lam=lam, scope=scope, merge=merge, desc="DARE-TIES", given=global_trim)
+        return {key: weighted_sum([tv[key] for tv in dropped], w).mul_(lam) for key in keys}
+    return _ties_update(dropped, keys, k=k, lam=lam, scope=scope, merge=merge, desc="DARE-TIES", given=global_trim,
+                        weights=w)
