@@ -162,3 +162,25 @@ def test_per_task_out_from_the_command_line_and_a_config_file(world, tmp_path, c
     assert main(["merge", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--per-task-out DIR" in text and "config.json records it" in text
+
+
+@pytest.mark.parametrize("vocab", ["base", "union"])
+def test_per_task_out_with_an_expert_that_added_tokens(world, tmp_path, vocab):
+    """An expert with two added tokens (``resize_token_embeddings``): each task folder's config has the
+    merged rows' count, so it loads with from_pretrained as load_with_head loads it (docs/your-models.md
+    §Vocabularies)."""
+    base, experts = world
+    with _quiet():
+        grown = transformers.BertForSequenceClassification.from_pretrained(experts[2])
+    grown.resize_token_embeddings(66)
+    with _quiet():
+        grown.save_pretrained(tmp_path / "task5")
+    merge_files("task_arithmetic", base, [*experts[:2], tmp_path / "task5"], tmp_path / "m", vocab=vocab,
+                per_task_out=tmp_path / "tasks", hash_inputs=False)
+    for task in LABELS:
+        with _quiet():
+            model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "tasks" / task)
+        ref = load_with_head(tmp_path / "m", task)
+        assert model.config.vocab_size == ref.config.vocab_size == (66 if vocab == "union" else 64)
+        mine, theirs = model.state_dict(), ref.state_dict()
+        assert all(torch.equal(mine[k], theirs[k]) for k in theirs)

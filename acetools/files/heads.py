@@ -396,12 +396,15 @@ def load_head(folder: str | os.PathLike, task: str) -> tuple[dict[str, Tensor], 
 
 
 def task_config(folder: Path, task: str, record: Mapping[str, Any]) -> dict[str, Any]:
-    """The expert's own ``config.json``, else the merged folder's with the task's labels."""
+    """The expert's own ``config.json`` (with the merged folder's ``vocab_size``), else the merged folder's with
+    the task's labels."""
     own = folder / HEADS_DIR / task / "config.json"
-    if record.get("config") and own.is_file():
-        return json.loads(own.read_text())
     base = folder / "config.json"
-    cfg = json.loads(base.read_text()) if base.is_file() else {}
+    merged = json.loads(base.read_text()) if base.is_file() else {}
+    if record.get("config") and own.is_file():  # with the merged rows' count (--vocab: docs/your-models.md)
+        cfg = json.loads(own.read_text())
+        return {**cfg, **({"vocab_size": merged["vocab_size"]} if "vocab_size" in merged else {})}
+    cfg = dict(merged)
     cfg.update({"num_labels": record["num_labels"], "id2label": record["id2label"], "label2id": record["label2id"]})
     if record.get("architectures"):
         cfg["architectures"] = record["architectures"]
