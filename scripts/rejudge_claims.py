@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "notebooks")]  # the repository's acetools and claimkit, however it is run
 
 from claimkit import claims as C  # noqa: E402
-from claimkit.verdicts import Effect, Verdict, World  # noqa: E402
+from claimkit.verdicts import Effect, Verdict, World, power_rule  # noqa: E402
 
 #: The reruns the committed numbers wait for, by claim id, while a record is still from before
 #: them (:func:`pending_rerun`).
@@ -55,12 +55,15 @@ def _base(text: str) -> str:
     return text
 
 
-def _carried(e: Mapping[str, Any], value: Any = None, *, reason: str | None = None) -> Verdict:
+def _carried(e: Mapping[str, Any], value: Any = None, *, reason: str | None = None, seeds: int | None = None
+             ) -> Verdict:
     """A committed record's verdict carried over as it stands (its stored numbers cannot decide
     it again, or today's rule for it is the one it was decided with), with its stored effects (their
-    margins and standard errors); ``reason`` replaces the stored one."""
-    keep = ("setting", "paper", "paper_room", "world_room", "predicted", "floor", "measured", "se")
-    effects = [Effect(**{k: x.get(k) for k in keep}) for x in e.get("effects") or []]
+    margins and standard errors); ``reason`` replaces the stored one; ``seeds`` the expert seeds its settings rest
+    on, where the stored effects do not say (a stage ablation's one)."""
+    keep = ("setting", "paper", "paper_room", "world_room", "predicted", "floor", "measured", "se", "seeds")
+    effects = [Effect(**{**{k: x.get(k) for k in keep}, **({"seeds": seeds} if x.get("seeds") is None else {})})
+               for x in e.get("effects") or []]
     return Verdict(e["measured"], e["verdict"], e["reason"] if reason is None else reason, dict(e["numbers"]),
                    effects, value=value)
 
@@ -250,7 +253,7 @@ def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Pat
     for cid in ("ace.gamma_bert", "ace.normalization_language", "ace.csp_language", "ace.refinement_language"):
         if cid in entries:
             e = entries[cid]
-            out[cid] = _carried(e, e.get("measured_effect"))
+            out[cid] = _carried(e, e.get("measured_effect"), seeds=1)  # the stage ablation: one expert seed
     return out
 
 
@@ -314,6 +317,7 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
             if waits:
                 v = v.with_reason(f"{_base(v.reason)}; pending rerun: {waits}")
                 extra["pending_rerun"] = waits
+            v = power_rule(v)  # the one rule (V.7), last, as claimkit.claims.record applies it
             rows.append({"id": cid, "notebook": folder, "before": before, "after": v.verdict,
                          "changed": before != v.verdict, "reason": v.reason,
                          "predicted_effect": v.predicted_effect, "noise_floor": v.noise_floor,
@@ -324,7 +328,7 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
     ap.add_argument("--figures", default=str(REPO / "figures"),
                     help="the figures root (default: the repository's figures/)")

@@ -162,6 +162,45 @@ def test_files_equal_state_dicts_and_save_load(world, diag, tmp_path):
     assert back.meta["names"] == d.meta["names"]
 
 
+@pytest.mark.parametrize("on_disk", [True, False])
+def test_large_keys_read_in_parts_give_the_whole_keys_numbers(world, tmp_path, monkeypatch, on_disk):
+    """A non-matrix key over PART entries (an embedding table) is read PART entries at a time, from files and
+    from state dicts: its norms and the cosines equal the whole-key reads to 1e-12 relative (sums in another
+    order), every matrix table is unchanged (docs/performance.md §diagnose)."""
+    import acetools.files.diagnose as D
+
+    base, experts = world
+    b, es = save_world(tmp_path / "ckpt", base, experts) if on_disk else (base, experts)
+    args = (str(b), [str(p) for p in es]) if on_disk else (b, es)
+    whole = diagnose(*args, layout="open_clip")
+    read = []
+    real = D._gram_in_parts
+    monkeypatch.setattr(D, "_gram_in_parts", lambda key, *a: read.append(key) or real(key, *a))
+    monkeypatch.setattr(D, "PART", 7)  # conv1 (768 entries), the class embedding and the biases go in parts
+    parts = diagnose(*args, layout="open_clip")
+    assert {"visual.conv1.weight", "visual.class_embedding", "visual.ln_pre.bias"} <= set(read)
+    assert not set(read) & set(whole.layers["key"])  # matrices are read whole
+    for name in ("layers", "overlap", "spectra", "cosine_per_layer"):
+        assert parts.__dict__[name].equals(whole.__dict__[name]), name
+    assert list(parts.norms["key"]) == list(whole.norms["key"])
+    for col in ("tau_norm", "base_norm", "ratio", "energy"):
+        np.testing.assert_allclose(parts.norms[col].to_numpy(), whole.norms[col].to_numpy(), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(parts.cosine.to_numpy(), whole.cosine.to_numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_a_nan_in_a_key_read_in_parts_is_named_with_the_whole_keys_counts(world, tmp_path, monkeypatch):
+    import acetools.files.diagnose as D
+
+    base, experts = world
+    bad = {k: v.clone() for k, v in experts[1].items()}
+    bad["visual.conv1.weight"].view(-1)[[3, 500, 700]] = torch.tensor([math.nan, math.nan, math.inf],
+                                                                         dtype=torch.float64)
+    b, es = save_world(tmp_path / "ckpt", base, [experts[0], bad])
+    monkeypatch.setattr(D, "PART", 100)  # the three are in different parts
+    with pytest.raises(ValueError, match=r"experts\[1\] \(expert1\)\['visual.conv1.weight'\] contains 2 NaN and 1 Inf"):
+        diagnose(str(b), [str(p) for p in es], layout="open_clip")
+
+
 def test_default_names_are_the_experts_names_as_merge_gives_them(world, tmp_path):
     """One rule with merge's heads and --search (acetools.files.heads.expert_names): a folder's name, also for
     its model.safetensors; a repeated name gets the expert's index; task<i> for a state dict."""

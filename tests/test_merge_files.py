@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 
 import pytest
@@ -251,6 +252,28 @@ def test_clip_vision_ace_and_dry_run(tmp_path, capsys):
     assert torch.isfinite(model(pixel_values=x).pooler_output).all()
 
 
+def test_dry_run_memory_estimate_adds_the_process_the_tensors_and_the_hashing(tmp_path, gpt2_files, monkeypatch):
+    """The dry run's peak estimate (docs/your-models.md §Memory: streaming and what each method holds): the
+    process's resident size now + (T + 2) x the largest tensor streamed (W0 and the update of every key in
+    memory) + one hashing window per thread."""
+    import re
+
+    import acetools.files.merge_files as mf
+
+    base, experts = gpt2_files
+    assert 10e6 < mf.resident_bytes() < 1e12  # this test process, torch loaded
+    monkeypatch.setattr(mf, "resident_bytes", lambda: 500_000_000)
+    monkeypatch.setattr(mf.os, "cpu_count", lambda: 2)
+    largest = 4 * 64 * 16  # wte, 64 x 16 float32
+    model = sum(4 * math.prod(m.shape) for m in open_checkpoint(base).metas().values() if m.dtype.is_floating_point)
+    for method, held in (("ties", 5 * largest), ("tsv_m", None)):
+        plan = merge_files(method, base, experts, dry_run=True, mode="memory" if held is None else "auto").plan
+        text = plan.memory_text("transformer.wte.weight")
+        total = 500_000_000 + (held if held is not None else 2 * model + 3 * largest) + 2 * (1 << 24)
+        assert re.match(rf"about {total / 1e6:.1f} MB at the peak: this process now \(Python, torch, acetools\) "
+                        rf"500.0 MB \+ .* \+ hashing the inputs 33.6 MB \(2 x 16.8 MB windows\)", text), text
+
+
 def test_roberta_embeddings_and_head_are_not_matrices(tmp_path):
     torch.manual_seed(2)
     cfg = transformers.RobertaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
@@ -400,6 +423,28 @@ def test_small_helpers(tmp_path):
         w.add("a", torch.zeros(3))
         raise RuntimeError("boom")
     assert list((tmp_path / "x").iterdir()) == []
+
+
+def test_get_flat_reads_part_of_a_tensor_as_get_gives_it(tmp_path):
+    """Checkpoint.get_flat (what diagnose reads large keys with): entries a:b of the flattened tensor, equal to
+    get(); from a file at any offset and dtype, a state dict and a view; a range outside is an error naming it."""
+    from safetensors.torch import save_file
+
+    from acetools.files.checkpoints import as_checkpoint
+    from acetools.files.heads import CheckpointView
+
+    g = torch.Generator().manual_seed(0)
+    sd = {"a": torch.arange(7, dtype=torch.int8), "h": torch.randn(4, 6, generator=g).bfloat16(),
+          "w": torch.randn(5, 3, generator=g), "z": torch.zeros(0)}
+    save_file(sd, str(tmp_path / "m.safetensors"))
+    disk = open_checkpoint(tmp_path / "m.safetensors")
+    for ck in (disk, as_checkpoint(sd, "sd"), CheckpointView(disk, ["a"])):
+        for key, a, b in (("w", 0, 15), ("w", 4, 11), ("h", 5, 6), ("h", 3, 3), ("z", 0, 0)):
+            assert torch.equal(ck.get_flat(key, a, b), ck.get(key).reshape(-1)[a:b]), (ck, key, a, b)
+    with pytest.raises(ValueError, match=r"entries 10:16 are outside 'w' \(15 entries\)"):
+        disk.get_flat("w", 10, 16)
+    with pytest.raises(KeyError, match="per-task head key"):
+        CheckpointView(disk, ["a"]).get_flat("a", 0, 1)
 
 
 def test_cli_bad_input_is_one_line(tmp_path, gpt2_files, capsys):

@@ -172,3 +172,49 @@ def test_a_record_decided_at_the_papers_eps_keeps_it(tmp_path):
     # the records not rerun still wait, at the code default eps
     n = json.loads(path.read_text())["ace.normalization"]
     assert n["numbers"]["pending_rerun"] == PENDING["ace.normalization"] and n["numbers"]["eps"] == 0.01
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.parent.name for p in FILES])
+def test_every_decided_comparative_claim_has_the_power_and_no_contradicting_setting(path):
+    """The one rule (V.7) on the committed records: a comparative claim (one with settings) decided reproduced,
+    partly or not reproduced has a setting with a paper prediction of at least twice its margin; one decided
+    reproduced or partly has no deciding setting measured beyond its margin against the predicted sign; an
+    undecidable one names the effect the world would need, and every one says at how many settings it was judged."""
+    for cid, e in json.loads(path.read_text()).items():
+        effects = e.get("effects") or []
+        if not effects or e["verdict"] == "not testable here":
+            continue
+        deciding = [x for x in effects if x["predicted"] is not None
+                    and (abs(x["predicted"]) >= POWER_FACTOR * x["floor"] if x["paper_room"] is not None
+                         else abs(x["predicted"]) > x["floor"])]
+        rule = e["numbers"]["power_rule"]
+        assert rule["settings"] == len(effects) and rule["deciding"] == [x["setting"] for x in deciding], cid
+        if e["verdict"] == "undecidable here":
+            assert not deciding and f"would need an effect of at least {rule['needed']:.2f}" in e["reason"], cid
+            continue
+        assert deciding, f"{cid} ({path.parent.name}) is {e['verdict']!r} without a setting that has the power"
+        assert f"judged at {len(deciding)} of {len(effects)} settings" in e["reason"], cid
+        if e["verdict"] in ("reproduced", "partly"):
+            against = [x["setting"] for x in deciding if x["measured"] is not None
+                       and x["measured"] * (1 if x["predicted"] > 0 else -1) < -x["floor"]]
+            assert not against, f"{cid} ({path.parent.name}) is {e['verdict']!r}, contradicted at {against}"
+
+
+#: The claims decided on a stage ablation, which runs on one expert seed (docs/course.md §Margin, power and rivals).
+ONE_SEED = {"ace.normalization", "ace.csp", "ace.refinement", "esm.four", "esm.esd_alone", "esm.ps_on_svd",
+            "esm.layer_first", "esm.reciprocal", "ace.normalization_language", "ace.csp_language",
+            "ace.refinement_language"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.parent.name for p in FILES])
+def test_one_seed_claims_say_so_in_their_record(path):
+    """A stage ablation's settings rest on one expert seed: each effect says ``seeds: 1`` and a margin from per-example
+    results says that the seeds' noise is not measured; a multi-seed comparison never says so."""
+    for cid, e in json.loads(path.read_text()).items():
+        effects = e.get("effects") or []
+        if cid in ONE_SEED:
+            assert effects and all(x["seeds"] == 1 for x in effects), cid
+            if e["standard_error"] is not None:
+                assert "one expert seed" in e["margin_rule"], cid
+        elif e.get("margin_rule"):
+            assert "one expert seed" not in e["margin_rule"], cid

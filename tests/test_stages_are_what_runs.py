@@ -111,3 +111,33 @@ def test_patching_essential_subspace_changes_esm_in_memory_and_from_files(tmp_pa
     assert not torch.allclose(before[key], mem[key])
     seen.clear()
     _assert_same(mem, _streamed(tmp_path, "esm", base, experts, activations=acts))
+
+
+def test_center_rows_is_the_one_centring_the_pipeline_runs(tmp_path, world, monkeypatch):
+    """(ACE.3) is one function, :func:`acetools.merging.linalg.center_rows` (``A.center_rows`` is it): its ``out=``
+    form equals the new tensor, and patching it changes the dense covariance, the centred numerators, the streamed
+    sums, merge() and the file merge alike."""
+    from acetools.merging import linalg
+
+    assert A.center_rows is linalg.center_rows
+    d = torch.randn(7, 5, generator=torch.Generator().manual_seed(3), dtype=F64)
+    want = d - d.mean(dim=0, keepdim=True)
+    torch.testing.assert_close(A.center_rows(d), want, rtol=0, atol=0)
+    buf = torch.empty_like(d)
+    assert A.center_rows(d, out=buf) is buf
+    torch.testing.assert_close(buf, want, rtol=0, atol=0)
+    base, experts = world
+    before = acetools.merge("ace", base, experts, layout="open_clip")
+    calls = []
+
+    def uncentred(delta_W, *, out=None):  # no centring at all
+        calls.append(tuple(delta_W.shape))
+        return delta_W.clone() if out is None else out.copy_(delta_W)
+
+    monkeypatch.setattr(linalg, "center_rows", uncentred)
+    torch.testing.assert_close(linalg.TaskCovariance(d, "ace").dense(), d.T @ d, rtol=0, atol=0)
+    torch.testing.assert_close(linalg.CenteredRows([d])[0], d, rtol=0, atol=0)
+    mem = acetools.merge("ace", base, experts, layout="open_clip")
+    assert calls, "merge() did not run center_rows"
+    assert not torch.equal(before[MATRIX], mem[MATRIX])
+    _assert_same(mem, _streamed(tmp_path, "ace", base, experts))

@@ -95,3 +95,30 @@ def test_text_world_uses_the_helper_without_the_variable():
         kw = {k.arg: k.value for k in c.keywords}
         assert isinstance(kw.get("env_default"), ast.Constant) and kw["env_default"].value is False
     assert not any("set_num_threads" in ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call))
+
+
+def test_part_loops_run_on_one_thread_and_give_torchs_threads_back(torch_threads, monkeypatch):
+    """Streamed task arithmetic's chunks, TIES' parts and diagnose's small keys run on one CPU thread
+    (docs/performance.md §Checkpoints on disk) and leave torch's thread count as it was."""
+    import acetools.merging.ties as ties_module
+    from acetools.files.diagnose import diagnose
+    from acetools.merging import merge
+    from acetools.merging.driver import Source
+    from tests.conftest import make_world
+
+    old, _ = torch_threads
+    torch.set_num_threads(2)
+    seen: list[int] = []
+    real = ties_module.disjoint_merge
+    monkeypatch.setattr(ties_module, "disjoint_merge", lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    base, experts = make_world(n_tasks=3)
+    merge("ties", base, experts, k=20)
+    assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+    src = Source(base, experts)
+    monkeypatch.setattr(torch.Tensor, "mul_", lambda t, s: seen.append(-torch.get_num_threads()) or t.mul(s))
+    src.summed("visual.proj", 0.3, torch.device("cpu"))
+    assert -1 in seen and -2 not in seen and torch.get_num_threads() == 2
+    monkeypatch.undo()
+    diagnose(base, experts, layout="open_clip")
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(old)

@@ -226,6 +226,32 @@ def test_ties_random_matches_brute_force(scope, merge_func, k):
                                    rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("scope", ["global", "tensor"])
+@pytest.mark.parametrize("merge_func", ["mean", "sum"])
+def test_ties_in_parts_is_bitwise_the_whole_key(monkeypatch, scope, merge_func):
+    """TIES' histogram, election and disjoint merge go PART entries of a key at a time (the streamed merge's
+    work space); the result does not depend on PART, bit for bit, nor do the radix thresholds."""
+    import acetools.merging.ties as ties_module
+    from acetools.merging.ties import radix_thresholds
+
+    tvs = _random_tvs(seed=5, shapes=(("m", (13, 11)), ("v", (37,)), ("c", (3, 4, 5))))
+    for tv in tvs:
+        tv["v"][::3] = 0.0  # zero sums: the majority sign decides
+    whole = _run("ties", tvs, dtype=torch.float32, k=30, scope=scope, merge=merge_func)
+    thr = radix_thresholds(list(tvs[0]), lambda key: [tv[key] for tv in tvs], 3, 30, torch.float32,
+                           sum(v.numel() for v in tvs[0].values()))
+    monkeypatch.setattr(ties_module, "PART", 7)  # parts that end inside every key
+    parts = _run("ties", tvs, dtype=torch.float32, k=30, scope=scope, merge=merge_func)
+    for key in whole:
+        assert torch.equal(parts[key], whole[key]), key
+    assert radix_thresholds(list(tvs[0]), lambda key: [tv[key] for tv in tvs], 3, 30, torch.float32,
+                            sum(v.numel() for v in tvs[0].values())) == thr
+    ref = ties_brute_force(_as_lists(tvs), 30, scope, merge_func)
+    for key in ref:
+        torch.testing.assert_close(parts[key].reshape(-1), torch.tensor(ref[key], dtype=torch.float32),
+                                   rtol=1e-6, atol=1e-7)
+
+
 def test_ties_on_clip_world_matches_brute_force(world64):
     base, experts = world64
     tvs = task_vectors(base, experts)

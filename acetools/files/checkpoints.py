@@ -76,7 +76,11 @@ def parse_size(size: int | float | str) -> int:
     return n
 
 
-def file_sha256(path: str | os.PathLike, window: int = 1 << 24, stop: Callable[[], bool] | None = None) -> str:
+#: Bytes of a file that :func:`file_sha256` maps at a time.
+HASH_WINDOW = 1 << 24
+
+
+def file_sha256(path: str | os.PathLike, window: int = HASH_WINDOW, stop: Callable[[], bool] | None = None) -> str:
     """Hex SHA-256 of a file, hashed from read-only memory maps of 16 MiB windows, one at a time; ``stop()``
     true before a window gives up (returns ``""``)."""
     h = hashlib.sha256()
@@ -175,6 +179,17 @@ class _SafetensorsFile:
             data = data.clone()  # bytes not aligned to the item size: copied into a new buffer
         return data.view(m.dtype).reshape(m.shape)
 
+    def get_flat(self, key: str, start: int, stop: int) -> Tensor:
+        """Entries ``start:stop`` of ``key`` flattened, read into a new buffer (nothing stays mapped)."""
+        a = self.offsets[key][0]
+        dt = self.meta[key].dtype
+        buf = bytearray((stop - start) * dt.itemsize)
+        with open(self.path, "rb", buffering=0) as fh:
+            got = os.preadv(fh.fileno(), [buf], self.start + a + start * dt.itemsize) if buf else 0
+        if got != len(buf):
+            raise InputError(f"{self.path}: key {key!r} ends before its data offsets say; the file is damaged")
+        return torch.frombuffer(buf, dtype=dt) if buf else torch.empty(0, dtype=dt)
+
 
 class Checkpoint:
     """A read-only checkpoint (:func:`open_checkpoint`): keys, per-key shape and dtype, one tensor at a time;
@@ -236,6 +251,16 @@ class Checkpoint:
         """The tensor ``key`` (read from disk now for safetensors; a CPU tensor)."""
         self.meta(key)  # an unknown key is an error naming it
         return self._tensors[key] if self._tensors is not None else self._where[key].get(key)
+
+    def get_flat(self, key: str, start: int, stop: int) -> Tensor:
+        """Entries ``start:stop`` of the tensor ``key`` flattened in its stored order (a part of a large tensor
+        read from disk now for safetensors, without reading or mapping the rest)."""
+        n = math.prod(self.meta(key).shape)
+        if not 0 <= start <= stop <= n:
+            raise InputError(f"{self.path}: entries {start}:{stop} are outside {key!r} ({n} entries)")
+        if self._tensors is not None:
+            return self._tensors[key].reshape(-1)[start:stop]
+        return self._where[key].get_flat(key, start, stop)
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every tensor, loaded (the whole model in memory)."""

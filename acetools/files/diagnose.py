@@ -4,6 +4,7 @@ report (:func:`run_report`); docs/diagnose.md §The signals says how to read eac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -25,10 +26,11 @@ from ..keys import block_index, layer_type
 from ..layouts import TensorMeta, get_layout
 from ..merging import METHODS, check_finite, confirmed_ties
 from ..merging.ace import ace_matrix, heterogeneity
+from ..merging.driver import is_finite
 from ..merging.linalg import gram_spectrum
 from ..merging.svd import tsv_rank
 from ..notebooks import run_notebook  # the one papermill runner (an undeclared parameter is an error)
-from ..utils import atomic_write, progress
+from ..utils import atomic_write, cpu_threads, progress
 from .buffers import carry_missing_buffers
 from .checkpoints import Checkpoint, as_checkpoint, check_compatible, check_output_folder
 from .heads import expert_names, plan_heads
@@ -40,6 +42,15 @@ log = logging.getLogger("acetools.files.diagnose")
 
 #: The report notebook (package data), run by :func:`run_report`.
 REPORT_NOTEBOOK = Path(__file__).resolve().parents[1] / "reports" / "diagnose.ipynb"
+
+#: Entries read at a time from a non-matrix key larger than this (an embedding table): diagnose holds float64
+#: copies of one part of it, not of the whole key (docs/your-models.md §Memory: streaming and what each
+#: method holds).
+PART = 1 << 18
+#: Keys of at most this many entries (and the parts of larger non-matrix keys) are diagnosed on one CPU thread:
+#: threads gain little on them, and on a busy machine their waits made ``diagnose`` many times slower
+#: (docs/performance.md §diagnose). Float32 spectra differ in their last bits with the thread count.
+ONE_THREAD = 1 << 22
 
 _TABLES = ("summary", "layers", "norms", "cosine", "cosine_per_layer", "overlap", "spectra")
 
@@ -206,8 +217,14 @@ def diagnose(
         tied = confirmed_ties(lay.tied, src, exs)  # aliases equal to their key everywhere
         for key in progress(chosen, desc="diagnose", enabled=show_progress):
             m = src.meta(key)
-            if m.dtype.is_floating_point and key not in tied:
-                walk.add(key, m, *_w0_taus(key, src, exs, lay, labels))
+            if not m.dtype.is_floating_point or key in tied:
+                continue
+            parts = math.prod(m.shape) > PART and not walk.is_matrix(key, m)
+            with cpu_threads(1) if parts or math.prod(m.shape) <= ONE_THREAD else contextlib.nullcontext():
+                if parts:
+                    walk.add_norms(key, m, *_gram_in_parts(key, src, exs, lay, labels))
+                else:
+                    walk.add(key, m, *_w0_taus(key, src, exs, lay, labels))
     finally:
         src.close()
         for e in exs:
@@ -225,6 +242,24 @@ def _w0_taus(key: str, src: Checkpoint, exs: Sequence[Checkpoint], lay, labels: 
     return W0, taus
 
 
+def _gram_in_parts(key: str, src: Checkpoint, exs: Sequence[Checkpoint], lay, labels: Sequence[str]
+                   ) -> tuple[Tensor, float]:
+    """The Gram matrix of the task vectors of ``key`` and ||W0||, in float64 from :data:`PART` entries of every
+    model at a time (the sums of :meth:`_Walk.add` in another order: equal to ~1e-15 relative)."""
+    n, T = math.prod(src.meta(key).shape), len(exs)
+    Gk = torch.zeros(T, T, dtype=torch.float64)
+    w0_sq = torch.zeros((), dtype=torch.float64)
+    for a in range(0, n, PART):
+        w0 = src.get_flat(key, a, min(n, a + PART)).to(torch.float64)
+        taus = [e.get_flat(key, a, min(n, a + PART)).to(torch.float64) - w0 for e in exs]
+        if not all(is_finite(t) for t in taus):
+            _w0_taus(key, src, exs, lay, labels)  # the error names the expert and counts the whole key
+        F = torch.stack(taus)
+        Gk += F @ F.T
+        w0_sq += w0 @ w0
+    return Gk, math.sqrt(float(w0_sq))
+
+
 class _Walk:
     """The tables :func:`diagnose` fills key by key, and the :class:`Diagnosis` they make."""
 
@@ -235,20 +270,28 @@ class _Walk:
         self.G = torch.zeros(T, T, dtype=torch.float64)
         self.iu = torch.triu_indices(T, T, 1).T.tolist()
 
+    def is_matrix(self, key: str, m: TensorMeta) -> bool:
+        """Whether ``key`` gets the per-matrix tables."""
+        return bool(self.lay.is_matrix(key, m)) and len(m.shape) == 2
+
     def add(self, key: str, m: TensorMeta, W0: Tensor, taus: list[Tensor]) -> None:
         """Norm rows for every float key; the per-matrix tables for matrices."""
         F = torch.stack([t.reshape(-1) for t in taus])
         Gk = F @ F.T
-        self.G += Gk
         b = float(W0.norm())
+        self.add_norms(key, m, Gk, b)
+        if self.is_matrix(key, m):
+            self._matrix(key, W0.shape, b, taus, Gk)
+
+    def add_norms(self, key: str, m: TensorMeta, Gk: Tensor, b: float) -> None:
+        """The norm rows of ``key`` from its task vectors' Gram matrix ``Gk`` and ``b`` = ||W0||."""
+        self.G += Gk
         role = self.lay.role(key, m)
         for name, e2 in zip(self.labels, Gk.diagonal().tolist()):
             tn = math.sqrt(e2)
             self.norm_rows.append({"task": name, "key": key, "layer_type": layer_type(key), "block": block_index(key),
                                    "role": role, "tau_norm": tn, "base_norm": b,
                                    "ratio": tn / b if b > 0 else math.nan, "energy": e2})
-        if self.lay.is_matrix(key, m) and W0.ndim == 2:
-            self._matrix(key, W0.shape, b, taus, Gk)
 
     def _where(self, key: str) -> dict[str, Any]:
         return {"key": key, "layer_type": layer_type(key), "block": block_index(key)}

@@ -64,14 +64,21 @@ class CheckpointView(Checkpoint):
         self._meta = {**{k: inner.meta(old) for k, old in self._names.items()},
                       **{k: ck.meta(k) for k, ck in self.extra.items()}}
 
-    def get(self, key: str) -> Tensor:
-        if key in self.extra:
-            return self.extra[key].get(key)
+    def _own(self, key: str) -> str:
+        """The wrapped checkpoint's name of ``key``."""
         if key in self.hidden:
             raise InputKeyError(f"{self.path}: {key!r} is a per-task head key, not part of the merged backbone")
         if key not in self._names:
             raise InputKeyError(f"{self.path}: no tensor named {key!r}")
-        return self.inner.get(self._names[key])
+        return self._names[key]
+
+    def get(self, key: str) -> Tensor:
+        return self.extra[key].get(key) if key in self.extra else self.inner.get(self._own(key))
+
+    def get_flat(self, key: str, start: int, stop: int) -> Tensor:
+        if key in self.extra:
+            return self.extra[key].get_flat(key, start, stop)
+        return self.inner.get_flat(self._own(key), start, stop)
 
     def close(self) -> None:
         self.inner.close()

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import threading
 import time
 import warnings
@@ -35,6 +36,7 @@ from ..notebooks import parse_parameter
 from ..utils import atomic_write, jsonable, resolve_device, short_repr
 from .buffers import carry_missing_buffers, non_persistent
 from .checkpoints import (
+    HASH_WINDOW,
     Checkpoint,
     ShardedWriter,
     check_compatible,
@@ -157,21 +159,46 @@ class MergePlan:
         return " ".join(f"{k}={short_repr(v)}" for k, v in METHODS[self.method].effective(self.hparams).items())
 
     def memory_text(self, largest_key: str) -> str:
+        """The dry run's estimate of the merge's peak resident memory (docs/your-models.md §Memory: streaming and
+        what each method holds): this process as it is now (Python, torch and acetools loaded: most of a small
+        model's peak), what the driver holds (streamed: (T + 2) x the largest tensor; in memory: W0 and the
+        update of every key besides) and the hashing threads' file windows."""
         T = len(self.experts)
         big = _bytes(self.base, largest_key, compute=True)
+        now = resident_bytes()
+        n_files = sum(len(ck.files) for ck in (self.base, *self.experts))
+        threads = min(n_files, os.cpu_count() or 1)
+        hashing = threads * HASH_WINDOW
         if self.mode == "memory":
             w = sum(_bytes(self.base, r["key"], compute=True) for r in self.rows)
-            return (f"in memory: one call of the method on every key, holding W0 and the update of every key in the "
-                    f"compute dtype (~{format_bytes(2 * w)}), the {T} task vectors of the key being merged and the "
-                    "method's work space")
-        text = (f"streaming: about (T + 2) x the largest tensor ({largest_key}, {format_bytes(big)} in the compute "
-                f"dtype) = {format_bytes((T + 2) * big)}")
+            held = 2 * w + T * big
+            how = (f"in memory, one call of the method on every key: W0 and the update of every key and the {T} "
+                   f"task vectors of the key being merged, in the compute dtype, ~{format_bytes(held)}")
+        else:
+            held = (T + 2) * big
+            how = (f"streaming: (T + 2) x the largest tensor ({largest_key}, {format_bytes(big)} in the compute "
+                   f"dtype) = {format_bytes(held)}")
+        text = (f"about {format_bytes(now + held + hashing)} at the peak: this process now (Python, torch, acetools) "
+                f"{format_bytes(now)} + {how} + hashing the inputs {format_bytes(hashing)} ({threads} x "
+                f"{format_bytes(HASH_WINDOW)} windows)")
         widths = [self.base.meta(r["key"]).shape[0 if r["orientation"] == "in_out" else 1]  # d_in of each matrix
                   for r in self.rows if r["path"] == "matrix"]
         note = METHODS[self.method].memory_note
         if note is not None and widths:
             text += f", {note(T, max(widths))}"
         return text
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux ``/proc/self/statm``; elsewhere its peak so far)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
 def _bytes(ck: Checkpoint, key: str, compute: bool = False) -> int:

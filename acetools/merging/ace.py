@@ -44,7 +44,14 @@ from .inputs import (
     given_covariances,
     preset_switches,
 )
-from .linalg import NormalizedCovariances, Refinement, TaskCovariance, dense_covariance, isotropic_update
+from .linalg import (
+    NormalizedCovariances,
+    Refinement,
+    TaskCovariance,
+    center_rows,
+    dense_covariance,
+    isotropic_update,
+)
 
 __all__ = [
     "ESTIMATORS", "EPS_MODES", "GAMMA_MODES", "PRECISIONS", "estimator_preset", "center_rows",
@@ -60,11 +67,6 @@ _ENERGY_FLOOR = 1e-12  # flagged prior divided by mean energy + 1e-12 (docs/meth
 
 
 # --------------------------------------------------------------------------- stages
-
-
-def center_rows(delta_W: Tensor) -> Tensor:
-    """W̃ = ΔW - 1 μᵀ, μ the mean row (eq. 5; rows are samples). New tensor."""
-    return delta_W - delta_W.mean(dim=0, keepdim=True)
 
 
 def task_energies(delta_W: Sequence[Tensor]) -> Tensor:

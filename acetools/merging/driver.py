@@ -10,6 +10,7 @@ input read once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
@@ -21,7 +22,7 @@ from torch import Tensor
 
 from ..errors import InputError, InputKeyError
 from ..layouts import Layout
-from ..utils import PROGRESS, progress
+from ..utils import PROGRESS, cpu_threads, progress
 from ._registry import MethodInfo
 
 __all__ = ["Source", "ModelView", "run", "merge_key", "per_key_entries", "compute_dtype", "is_finite", "check_finite",
@@ -210,12 +211,15 @@ class Source:
         step = max(1, min(n, chunk) if device.type == "cpu" else n)
         acc = torch.empty_like(W0)
         tmp = torch.empty(step, dtype=dt, device=device)
-        for a in range(0, n, step):
-            w0, out = W0[a:a + step], acc[a:a + step]
-            torch.sub(Ws[0][a:a + step], w0, out=out)
-            for W in Ws[1:]:
-                out.add_(torch.sub(W[a:a + step], w0, out=tmp[:out.numel()]))
-            out.mul_(scale).add_(w0)
+        # one CPU thread: torch splits a cached chunk over two threads at most, and on a busy machine the waits
+        # of those many short parallel regions made this loop ~10x slower (docs/performance.md §Cache-sized parts)
+        with cpu_threads(1) if device.type == "cpu" else contextlib.nullcontext():
+            for a in range(0, n, step):
+                w0, out = W0[a:a + step], acc[a:a + step]
+                torch.sub(Ws[0][a:a + step], w0, out=out)
+                for W in Ws[1:]:
+                    out.add_(torch.sub(W[a:a + step], w0, out=tmp[:out.numel()]))
+                out.mul_(scale).add_(w0)
         return acc.view(self.shape(key))
 
 

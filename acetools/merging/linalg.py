@@ -417,6 +417,12 @@ def gram_spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
 # --------------------------------------------------------------------------- ACE's task sums
 
 
+def center_rows(delta_W: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """W̃ = ΔW - 1 μᵀ, μ the mean row (docs/methods.md §ACE, Eq. (ACE.3); rows are samples): a new tensor, or
+    ``out``. ACE's one centring: :class:`TaskCovariance`, :class:`CenteredRows` and :func:`task_sums` run it."""
+    return torch.sub(delta_W, delta_W.mean(dim=0, keepdim=True), out=out)
+
+
 class TaskCovariance(NamedTuple):
     """Sigma_hat_t of one task kept as the task vector ``delta_W`` (d_out × d_in) it is made of, times
     ``scale`` (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.4)). ``kind``: "ace" (W̃ᵀ W̃, W̃ the row-centred ΔW),
@@ -432,7 +438,7 @@ class TaskCovariance(NamedTuple):
         """The d_in × d_in float64 matrix, scale included."""
         d = self.delta_W.double()
         if self.kind == "ace":
-            Wc = d - d.mean(dim=0, keepdim=True)
+            Wc = center_rows(d)
             S = Wc.T @ Wc
         elif self.kind == "wudi":
             norm = torch.linalg.matrix_norm(d)
@@ -512,7 +518,7 @@ class CenteredRows(Sequence):
         return len(self.delta_W)
 
     def __getitem__(self, t: Any) -> Any:  # an int index: no slices
-        return self.delta_W[t] - self.delta_W[t].mean(dim=0, keepdim=True)
+        return center_rows(self.delta_W[t])
 
 
 def solve_task_sums(sums: TaskSums, C_agg: Tensor | None = None, *, name: str = "") -> Tensor:
@@ -564,11 +570,11 @@ def task_sums(covs: Sequence[TaskCovariance], rule: Callable[[float], tuple[floa
     for t, cov in enumerate(covs):
         d = d_buf.copy_(cov.delta_W)  # ΔW_t (d_out, d_in)
         mu = d.mean(dim=0)  # (d_in,)
-        N = torch.sub(d, mu, out=c_buf) if centered else d  # N_t (d_out, d_in)
+        N = center_rows(d, out=c_buf) if centered else d  # N_t (d_out, d_in)
         if task_sum is not None:
             task_sum += d
         if cov.kind in ("ace", "wudi"):
-            F, q = (N if centered else torch.sub(d, mu, out=c_buf)), 1.0  # Sigma_hat_t = q Fᵀ F
+            F, q = (N if centered else center_rows(d, out=c_buf)), 1.0  # Sigma_hat_t = q Fᵀ F
             if cov.kind == "wudi":
                 norm = float(torch.linalg.matrix_norm(d.double()))
                 F, q = d, (0.0 if norm == 0 else 1.0 / norm**cov.wudi_p)

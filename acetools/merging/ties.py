@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..utils import make_generator, progress
+from ..utils import cpu_threads, make_generator, progress
 from ._registry import LAMBDA_GRID, Param, Search, per_expert_values, register
 from .averaging import ALIKE, WEIGHTS, weighted_sum
 
@@ -38,6 +38,17 @@ __all__ = [
 ]
 
 TaskVectors = Sequence[dict[str, Tensor]]
+#: Entries of a key that TIES' histogram, election and disjoint merge handle at a time (elementwise once the
+#: thresholds are known): their work space is a few (T, PART) tensors besides the task vectors, not a few
+#: copies of them (docs/your-models.md §Memory: streaming and what each method holds). The result does not
+#: depend on it. The parts run on one CPU thread: torch splits so few entries over two threads at most, and on
+#: a busy machine the waits of those thousands of short parallel regions made TIES ~10x slower
+#: (docs/performance.md §Cache-sized parts).
+PART = 1 << 16
+
+
+def _parts(n: int) -> range:
+    return range(0, n, PART)
 
 
 # --------------------------------------------------------------------------- TIES step 1: trim
@@ -83,21 +94,33 @@ def radix_thresholds(keys: Sequence[str], taus_of: Callable[[str], Sequence[Tens
     rank = [n - m if m else 0 for m in n_keep]  # 0-based rank, ascending, of the threshold (any for m = 0)
     prefix = [0] * n_tasks
     shifts = list(range(nbits - 16, -1, -16))
+    with cpu_threads(1):  # PART entries at a time (see PART)
+        _radix_select(keys, taus_of, itype, shifts, rank, prefix, bar)
+    return [torch.tensor(p, dtype=itype).view(dtype).clone() if m else torch.tensor(float("inf"), dtype=dtype)
+            for p, m in zip(prefix, n_keep)]
+
+
+def _radix_select(keys: Sequence[str], taus_of: Callable[[str], Sequence[Tensor]], itype: torch.dtype,
+                  shifts: list[int], rank: list[int], prefix: list[int],
+                  bar: Callable[[Iterable, str], Iterable] | None) -> None:
+    """The passes of :func:`radix_thresholds`: one 16-bit digit of every task's threshold per pass, into
+    ``prefix`` (``rank``: what is left of each task's rank below the digits fixed so far)."""
+    n_tasks = len(rank)
     for level, shift in enumerate(shifts):
         hist = [torch.zeros(1 << 16, dtype=torch.int64) for _ in range(n_tasks)]
         for key in (bar or (lambda it, desc: it))(keys, f"TIES threshold pass {level + 1}/{len(shifts)}"):
             for t, tau in enumerate(taus_of(key)):
-                bits = tau.abs().reshape(-1).view(itype)
-                if level > 0:
-                    bits = bits[(bits >> (shift + 16)) == prefix[t]]
-                hist[t] += torch.bincount(((bits >> shift) & 0xFFFF).to(torch.int64), minlength=1 << 16).cpu()
+                flat = tau.reshape(-1)
+                for a in _parts(flat.numel()):
+                    bits = flat[a:a + PART].abs().view(itype)
+                    if level > 0:
+                        bits = bits[(bits >> (shift + 16)) == prefix[t]]
+                    hist[t] += torch.bincount(((bits >> shift) & 0xFFFF).to(torch.int64), minlength=1 << 16).cpu()
         for t in range(n_tasks):
             cum = hist[t].cumsum(0)
             d = int(torch.searchsorted(cum, torch.tensor(rank[t]), right=True))
             rank[t] -= int(cum[d - 1]) if d > 0 else 0
             prefix[t] = (prefix[t] << 16) | d
-    return [torch.tensor(p, dtype=itype).view(dtype).clone() if m else torch.tensor(float("inf"), dtype=dtype)
-            for p, m in zip(prefix, n_keep)]
 
 
 def global_trim(view: Any, hparams: Mapping[str, Any],
@@ -121,9 +144,8 @@ def global_trim(view: Any, hparams: Mapping[str, Any],
     thr = radix_thresholds(keys, taus_of, T, hparams["k"], dtype, sum(view.numel(key) for key in keys),
                            view.progress)
     weights = hparams.get("weights")
-    majority = majority_sign(elect_sign(_weighted(torch.stack([torch.where(tau.abs() >= thr[t].to(tau.device), tau, 0)
-                                                               for t, tau in enumerate(taus_of(key))]), weights))
-                             for key in view.progress(keys, "TIES: elect"))
+    with cpu_threads(1):  # PART entries at a time (see PART)
+        majority = majority_sign(_elected(taus_of(key), thr, weights) for key in view.progress(keys, "TIES: elect"))
     return {"global_trim": (thr, majority)}
 
 
@@ -149,13 +171,6 @@ def _thresholds(task_vectors: TaskVectors, keys: Sequence[str], k: float | Seque
         else:
             raise InputError(f"TIES scope={scope!r} must be 'global' (whole model) or 'tensor' (per key)")
     return out
-
-
-def _trimmed_stack(task_vectors: TaskVectors, thresholds: list[dict[str, Tensor]], key: str) -> Tensor:
-    """(T, *shape) stack of the trimmed tau_t[key] (entries below the threshold set to 0)."""
-    return torch.stack(
-        [torch.where(tv[key].abs() >= thr[key], tv[key], 0) for tv, thr in zip(task_vectors, thresholds)]
-    )
 
 
 def trim(task_vectors: TaskVectors, k: float | Sequence[float] = 20, scope: str = "global"
@@ -212,6 +227,41 @@ def disjoint_merge(trimmed: Tensor, gamma: Tensor, merge: str = "mean", weights:
     raise InputError(f"TIES merge={merge!r} must be 'mean' (disjoint mean) or 'sum'")
 
 
+def _trimmed_part(flat: Sequence[Tensor], thr: Sequence[Tensor], a: int, weights: Sequence[float] | None
+                  ) -> Tensor:
+    """(T, PART) stack of the trimmed entries a:a+PART of the flattened task vectors ``flat``, row t times w_t
+    when ``weights`` are given (Eq. (TIES.5))."""
+    return _weighted(torch.stack([torch.where(f[a:a + PART].abs() >= th.to(f.device), f[a:a + PART], 0)
+                                  for f, th in zip(flat, thr)]), weights)
+
+
+def _elected(taus: Sequence[Tensor], thr: Sequence[Tensor], weights: Sequence[float] | None = None) -> Tensor:
+    """The elected sign (int8, flattened) of one key's task vectors trimmed at ``thr`` (one per task) and
+    weighted by ``weights``, PART entries at a time."""
+    flat = [t.reshape(-1) for t in taus]
+    gamma = torch.empty(flat[0].numel(), dtype=torch.int8, device=flat[0].device)
+    for a in _parts(gamma.numel()):
+        gamma[a:a + PART] = elect_sign(_trimmed_part(flat, thr, a, weights))
+    return gamma
+
+
+def _ties_key(taus: Sequence[Tensor], thr: Sequence[Tensor], majority: int | None, merge: str,
+              weights: Sequence[float] | None = None) -> Tensor:
+    """v_m of one key (Eqs. (TIES.1)-(TIES.3), (TIES.5) with ``weights``) from its task vectors trimmed at
+    ``thr``: elect, zero signs to ``majority`` (None: the key's own), disjoint merge; PART entries at a time,
+    in two passes."""
+    gamma = _elected(taus, thr, weights)
+    if majority is None:
+        majority = majority_sign([gamma])
+    flat = [t.reshape(-1) for t in taus]
+    out = torch.empty_like(flat[0])
+    for a in _parts(out.numel()):
+        trimmed = _trimmed_part(flat, thr, a, weights)
+        g = resolve_zero_signs(gamma[a:a + PART], majority).to(trimmed.dtype)
+        out[a:a + PART] = disjoint_merge(trimmed, g, merge, weights)
+    return out.view(taus[0].shape)
+
+
 def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float | Sequence[float], lam: float,
                  scope: str, merge: str, desc: str, given: tuple[Sequence[Tensor], int] | None = None,
                  weights: Sequence[float] | None = None) -> dict[str, Tensor]:
@@ -223,16 +273,15 @@ def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float | S
     else:
         thr = _thresholds(task_vectors, keys, k, scope)
     majority = None
-    if scope == "global":  # one majority sign over the model: a pass over every key's elected sign first
-        majority = given[1] if given is not None else majority_sign(
-            elect_sign(_weighted(_trimmed_stack(task_vectors, thr, key), weights)).to(torch.int8)
-            for key in progress(keys, desc=f"{desc}: elect"))
     out = {}
-    for key in progress(keys, desc=f"{desc}: merge"):
-        trimmed = _weighted(_trimmed_stack(task_vectors, thr, key), weights)
-        gamma = elect_sign(trimmed).to(torch.int8)
-        gamma = resolve_zero_signs(gamma, majority_sign([gamma]) if majority is None else majority)
-        out[key] = lam * disjoint_merge(trimmed, gamma.to(trimmed.dtype), merge, weights)
+    with cpu_threads(1):  # PART entries at a time (see PART)
+        if scope == "global":  # one majority sign over the model: a pass over every key's elected sign first
+            majority = given[1] if given is not None else majority_sign(
+                _elected([tv[key] for tv in task_vectors], [t[key] for t in thr], weights)
+                for key in progress(keys, desc=f"{desc}: elect"))
+        for key in progress(keys, desc=f"{desc}: merge"):
+            out[key] = _ties_key([tv[key] for tv in task_vectors], [t[key] for t in thr], majority, merge,
+                                 weights).mul_(lam)
     return out
 
 

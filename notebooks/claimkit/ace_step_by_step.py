@@ -127,12 +127,12 @@ def _stage_effect(s: Mapping[str, Any], d: float, *, world: V.World | None, n_ta
     with ``world`` and ``paper`` (the paper's effect on its ViT-B/16 ablation) the prediction is scaled to the
     world's room."""
     if world is None or paper is None:
-        return V.effect(s["suite"], d, noise=noise, se=s.get("se"))
+        return V.effect(s["suite"], d, noise=noise, se=s.get("se"), seeds=1)
     if n_tasks is None or s["suite"] not in n_tasks:
         raise InputKeyError(f"suite {s['suite']!r}: n_tasks= must give its number of tasks to scale the paper's effect")
     n = int(n_tasks[s["suite"]])
     return V.effect(s["suite"], d, paper=paper, paper_room=_paper_room_vit(n), world_room=world.room_at(n), noise=noise,
-                    se=s.get("se"))
+                    se=s.get("se"), seeds=1)
 
 
 def _better_everywhere(name: str, per_suite: Sequence[Mapping[str, Any]], noise: float,
@@ -143,7 +143,7 @@ def _better_everywhere(name: str, per_suite: Sequence[Mapping[str, Any]], noise:
     nums = {s["suite"]: dict(s) for s in per_suite}
     measured = "; ".join(f"{s['suite']}: {label or s.get('what', name)} {s['d']:+.2f}" for s in per_suite)
     return V.Verdict(measured, V.agreement(agree), _agree_reason(parts, noise), nums,
-                   [V.effect(s["suite"], s["d"], noise=noise, se=s.get("se")) for s in per_suite])
+                   [V.effect(s["suite"], s["d"], noise=noise, se=s.get("se"), seeds=1) for s in per_suite])
 
 
 def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: float = NOISE,
@@ -159,13 +159,15 @@ def verdict_normalization(per_suite: Sequence[Mapping[str, Any]], *, noise: floa
             parts.append(f"{s['suite']}: high gamma ({100 * s['frac_flagged']:.0f}% flagged), "
                          f"normalise flagged - never = {s['d_auto']:+.2f} "
                          f"({_outcome(s['d_auto'], s.get('se_auto'), noise)})")
-            effects.append(V.effect(f"{s['suite']} (flagged layers)", s["d_auto"], noise=noise, se=s.get("se_auto")))
+            effects.append(V.effect(f"{s['suite']} (flagged layers)", s["d_auto"], noise=noise, se=s.get("se_auto"),
+                                    seeds=1))
         else:
             ok = V.compare(s["d_forced"], noise=noise, se=s.get("se_forced")) != "better"
             parts.append(f"{s['suite']}: low gamma ({100 * s['frac_flagged']:.0f}% flagged), gate forced: "
                          f"always - never normalise = {s['d_forced']:+.2f} "
                          f"({_outcome(s['d_forced'], s.get('se_forced'), noise)})")
-            effects.append(V.effect(f"{s['suite']} (gate forced)", s["d_forced"], noise=noise, se=s.get("se_forced")))
+            effects.append(V.effect(f"{s['suite']} (gate forced)", s["d_forced"], noise=noise,
+                                    se=s.get("se_forced"), seeds=1))
         agree.append(ok)
     nums = {s["suite"]: dict(s) for s in per_suite}
     v = V.agreement(agree)

@@ -87,7 +87,7 @@ def _effect_for(r: dict[str, Any], paper: PaperSettings | None, world: World | N
     """One suite's :class:`~claimkit.verdicts.Effect` from its :func:`paired_difference` ``r``: with ``paper``
     and ``world`` the paper's effect at that suite is scaled by the world's room at ``n_tasks`` and capped
     at ``headroom``."""
-    suite, kw = r["suite"], {"spread": r["sd"], "noise": floor, "se": r.get("se")}
+    suite, kw = r["suite"], {"spread": r["sd"], "noise": floor, "se": r.get("se"), "seeds": r.get("n_seeds")}
     if paper is not None and suite in paper and world is not None:
         pe, proom = paper[suite]
         return effect(suite, r["diff"], paper=pe, paper_room=proom, world_room=world.room_at(n_tasks),

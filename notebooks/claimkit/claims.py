@@ -20,7 +20,7 @@ from acetools.errors import InputError, InputKeyError, InputTypeError
 from acetools.utils import atomic_write
 from acetools.world.text.finetune import protocol_tag
 
-from .verdicts import VERDICTS, Verdict, World
+from .verdicts import VERDICTS, Verdict, World, power_rule
 
 #: The effect fields of every claim record (numbers or None; see :meth:`Verdict.record_fields`).
 RECORD_FIELDS: tuple[str, ...] = ("predicted_effect", "noise_floor", "measured_effect", "paper_effect")
@@ -186,6 +186,7 @@ def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdic
         v = Verdict(measured, verdict, reason, {}, (), measured_effect)
     if measured_effect is not None and v.value is None and not v.effects:
         v = Verdict(v.measured, v.verdict, v.reason, v.numbers, v.effects, float(measured_effect))
+    v = power_rule(v)  # the one rule of every comparative claim (docs/course.md §One rule, (V.7))
     folder = Path(figures_dir)
     path = folder / "claims.json"
     entries = json.loads(path.read_text()) if path.is_file() else {}

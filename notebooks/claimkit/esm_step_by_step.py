@@ -118,8 +118,8 @@ def verdict_four(acc_four: float, acc_tsv_m: float, acc_inpipeline_svd: float | 
         nums.update(svd_inpipeline=float(acc_inpipeline_svd), diff_vs_inpipeline_svd=d_in)
         measured += f" (in-pipeline SVD, no scaling {acc_inpipeline_svd:.2f} %)"
         why += f"; minus the in-pipeline SVD row {d_in:+.2f} (not judged)"
-    why += "; the paper gives no 4-sample number to scale: decided on the measurement"
-    return Verdict(measured, v, why, nums, [effect("4 samples minus TSV-M", d, se=se)], value=d)
+    why += "; the paper gives no 4-sample number to scale (V.7)"
+    return Verdict(measured, v, why, nums, [effect("4 samples minus TSV-M", d, se=se, seeds=1)], value=d)
 
 
 #: Per suite, the paired bootstrap standard error of a gain (None: no per-example results).
@@ -248,12 +248,12 @@ def _with_effects(v: Verdict, cid: str, gains: Mapping[str, float], world: Any, 
     se = dict(se or {})
     if world is None or n_tasks is None:
         return Verdict(v.measured, v.verdict, v.reason, v.numbers,
-                       [effect(s, g, noise=noise, se=se.get(s)) for s, g in gains.items()])
+                       [effect(s, g, noise=noise, se=se.get(s), seeds=1) for s, g in gains.items()])
     effs, agree = [], []
     for s, g in gains.items():
         pn = _paper_n(int(n_tasks[s]))
         effs.append(effect(s, g, paper=PAPER_ABLATION_EFFECTS[cid][pn], paper_room=paper_room("esm", pn),
-                           world_room=world.room_at(int(n_tasks[s]), "absolute"), noise=noise, se=se.get(s)))
+                           world_room=world.room_at(int(n_tasks[s]), "absolute"), noise=noise, se=se.get(s), seeds=1))
         agree.append(compare(g, noise=noise, se=se.get(s)) == "better")
     verdict, note = decide(effs, agree)
     if verdict == UNDECIDABLE:

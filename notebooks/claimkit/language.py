@@ -60,12 +60,12 @@ def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
         room_p = ROBERTA_GLUE["tsv_m"] - ROBERTA_GLUE["task_arithmetic"]
         effects = [effect(r, d["diff"], paper=ROBERTA_GLUE["ace"] - ROBERTA_GLUE[r.split(" ")[0]], paper_room=room_p,
                           world_room=world.room_at(n_tasks), spread=d["sd"], noise=world.noise, se=d["se"],
-                          headroom=100.0 - float(means[r]))
+                          headroom=100.0 - float(means[r]), seeds=d.get("n_seeds"))
                    for r, d in diffs.items()]
         v, note = decide(effects, agree)
         reason += f"; {note}" if note else ""
     else:
-        effects = [effect(r, d["diff"], spread=d["sd"], se=d["se"]) for r, d in diffs.items()]
+        effects = [effect(r, d["diff"], spread=d["sd"], se=d["se"], seeds=d.get("n_seeds")) for r, d in diffs.items()]
         v = agreement(agree)
     return Verdict(measured, v, reason, {"diffs": {r: d["diff"] for r, d in diffs.items()},
                                          "sd": {r: d["sd"] for r, d in diffs.items()}, "ace_row": ace_row,
@@ -117,7 +117,7 @@ def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | N
     reason = "a gain counts above its margin: " + ", ".join(
         f"eps {e:g}: {outcomes[e]} (margin {margin(se=ses[e]):.2f})" for e in gains)
     return Verdict(measured, v, reason, {"gains": gains, "se": ses, "forced": forced},
-                   [effect(f"eps {e:g}" + (" (gate forced)" if forced else ""), d, se=ses[e])
+                   [effect(f"eps {e:g}" + (" (gate forced)" if forced else ""), d, se=ses[e], seeds=1)
                     for e, d in gains.items()])
 
 

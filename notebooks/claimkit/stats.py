@@ -1,7 +1,8 @@
 """Paired differences with their test-set and seed noise (docs/course.md §Margin, power and rivals).
 
 The worlds' test sets are fixed across seeds, so the seed spread holds no test-sampling noise:
-:func:`paired_bootstrap` resamples both, pairing two rows example by example (their
+:func:`paired_bootstrap` resamples the test examples and adds the seeds' spread by a t interval ((V.8)), pairing
+two rows example by example (their
 ``<stem>_correct.npz``). It is the claims' margin; the power rule that uses it is :mod:`claimkit.power`.
 """
 
@@ -28,8 +29,11 @@ Correctness = Mapping[int, Mapping[str, "np.ndarray"]]
 
 @dataclass(frozen=True)
 class PairedDifference:
-    """``diff`` = A - B in points; ``se`` its bootstrap standard error; ``low``/``high`` the
-    percentile interval at ``level``; the counts it rests on."""
+    """``diff`` = A - B in points and its 95 % interval of (V.8) (docs/course.md §Margin, power and rivals):
+    ``se_test`` the bootstrap standard error over the test examples, ``se_seed`` the t standard error over the
+    seeds (0 with one seed), ``df`` their Welch–Satterthwaite degrees of freedom (inf with one seed). ``se`` is the
+    normal-equivalent standard error, the 95 % half-width over ``Z_95``, so that every margin
+    ``max(NOISE, Z_95 se)`` is that half-width; ``low``/``high`` the interval at ``level``; the counts it rests on."""
 
     diff: float
     se: float
@@ -39,6 +43,30 @@ class PairedDifference:
     n_seeds: int
     n_examples: int
     n_boot: int
+    se_test: float = 0.0
+    se_seed: float = 0.0
+    df: float = math.inf
+
+
+def t_quantile(q: float, df: float) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (the normal's for ``df`` = inf)."""
+    from scipy.stats import norm, t
+
+    return float(norm.ppf(q) if math.isinf(df) else t.ppf(q, df))
+
+
+def combined_interval(diff: float, se_test: float, per_seed: np.ndarray, level: float = 0.95
+                      ) -> tuple[float, float, float, float]:
+    """(V.8): the test examples' bootstrap standard error ``se_test`` combined with the t standard error of the
+    ``per_seed`` differences, ``se_seed = sd(per_seed) / sqrt(S)``: ``se^2 = se_seed^2 + se_test^2`` with the
+    Welch–Satterthwaite degrees of freedom ``df = se^4 (S - 1) / se_seed^4`` (the bootstrap part counts as
+    infinite). Returns ``(half_width at level, se_seed, df, half_width at 95 %)``."""
+    S = int(np.size(per_seed))
+    se_seed = float(np.std(per_seed, ddof=1) / math.sqrt(S)) if S > 1 else 0.0
+    var = se_seed**2 + float(se_test) ** 2
+    df = math.inf if se_seed == 0.0 else var**2 * (S - 1) / se_seed**4
+    half = t_quantile((1 + level) / 2, df) * math.sqrt(var)
+    return half, se_seed, df, t_quantile(0.975, df) * math.sqrt(var)
 
 
 def _stack(a: Correctness, b: Correctness) -> tuple[list[int], list[str], list[np.ndarray]]:
@@ -92,8 +120,9 @@ def _weights(scale: Mapping | None, seeds: list[int], tasks: list[str]) -> np.nd
 
 def paired_bootstrap(a: Correctness, b: Correctness, *, scale: Mapping | None = None, n_boot: int = 2000,
                      level: float = 0.95, seed: int = 0) -> PairedDifference:
-    """The paired difference (V.3) of two rows' accuracy with test-set and seed noise, resampled as
-    docs/course.md §Margin, power and rivals says: ``a`` and ``b`` are per-example correctness
+    """The paired difference (V.3) of two rows' accuracy with test-set and seed noise, (V.8) of
+    docs/course.md §Margin, power and rivals: the test examples resampled (the same for A, B and every seed),
+    the seeds by a t interval (:func:`combined_interval`). ``a`` and ``b`` are per-example correctness
     ``{seed: {task: array}}`` of the same tasks, seeds and examples; ``scale`` is ``{task: x}`` or
     ``{seed: {task: x}}`` (the experts' accuracy for normalized points; 1 by default). Deterministic
     for a given ``seed``."""
@@ -109,9 +138,9 @@ def paired_bootstrap(a: Correctness, b: Correctness, *, scale: Mapping | None = 
     for j, d in enumerate(diffs):  # d: (n_seeds, n_examples)
         idx = torch.randint(0, d.shape[1], (n_boot, d.shape[1]), generator=g).numpy()  # one draw per bootstrap
         per_seed += w[:, j] * d[:, idx].mean(axis=2).T  # d[:, idx]: (n_seeds, n_boot, n_examples)
-    pick = torch.randint(0, n_s, (n_boot, n_s), generator=g).numpy()  # seeds drawn with replacement
-    boot = np.take_along_axis(per_seed, pick, axis=1).mean(axis=1)  # (n_boot,)
-    diff = float(sum((w[:, j] * d.mean(axis=1)).mean() for j, d in enumerate(diffs)))
-    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
-    return PairedDifference(diff, float(boot.std(ddof=1)), float(lo), float(hi), float(level), n_s,
-                            int(sum(d.shape[1] for d in diffs)), int(n_boot))
+    se_test = float(per_seed.mean(axis=1).std(ddof=1))  # the test examples resampled, the seeds as they are
+    point = sum(w[:, j] * d.mean(axis=1) for j, d in enumerate(diffs))  # (n_seeds,) each seed's difference
+    diff = float(np.mean(point))
+    half, se_seed, df, half95 = combined_interval(diff, se_test, np.asarray(point), level)
+    return PairedDifference(diff, half95 / Z_95, diff - half, diff + half, float(level), n_s,
+                            int(sum(d.shape[1] for d in diffs)), int(n_boot), se_test, se_seed, df)

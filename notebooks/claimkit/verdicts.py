@@ -38,10 +38,11 @@ SCALING_RULE: str = (
     "number of tasks (the paper's in the table column the claim comes from, in that table's points; the "
     "world's in its normalized points, mean over seeds), so predicted is in the world's normalized points; "
     "its size capped at the headroom left above the rival (the experts' level minus the rival); a setting is "
-    "decidable when |predicted| >= 2 × margin, margin = max(NOISE, 1.96 × the paired bootstrap standard error "
-    "over test examples and seeds), or max(NOISE, seed sd of the paired difference) where the result files "
-    "have no per-example results; a claim with no decidable setting is 'undecidable here', whatever the "
-    "measurement says")
+    "decidable when |predicted| >= 2 × margin, margin = max(NOISE, the 95 % half-width of the paired difference: "
+    "a bootstrap over the test examples combined with a t interval over the seeds, (V.8)), or max(NOISE, seed sd "
+    "of the paired difference) where the result files have no per-example results; a setting without a paper "
+    "number decides nothing, and a claim with no deciding setting is 'undecidable here', whatever the "
+    "measurement says (V.7)")
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,8 @@ class Effect:
     measured: float | None
     #: the paired bootstrap standard error of the measurement (None: the floor is the seed rule's)
     se: float | None = None
+    #: the expert seeds the measurement rests on, where the verdict knows them (1: a stage ablation's one seed)
+    seeds: int | None = None
 
     @property
     def scaled(self) -> bool:
@@ -224,23 +227,35 @@ class Effect:
 
     @property
     def decidable(self) -> bool:
-        """Whether the paper's prediction here can decide (docs/course.md §Margin, power and rivals): a
-        scaled one at least twice the floor, a unit-free one beyond it; no prediction: decided on the
-        measurement alone."""
+        """Whether the paper's prediction here has the power to decide (docs/course.md §Margin, power and rivals): a
+        scaled one at least twice the floor, a unit-free one beyond it. Without a prediction there is nothing to
+        lack power (True here), but such a setting decides nothing under the one rule ((V.7), :func:`power_rule`):
+        :attr:`decides`."""
         if self.predicted is None:
             return True
         return has_power(self.predicted, self.floor) if self.scaled else abs(self.predicted) > self.floor
+
+    @property
+    def decides(self) -> bool:
+        """Whether this setting decides its claim under the one rule ((V.7), :func:`power_rule`): a paper
+        prediction here, with the power to decide (:attr:`decidable`)."""
+        return self.predicted is not None and self.decidable
 
     def margin_rule(self) -> str:
         if self.predicted is not None and not self.scaled:  # Kendall tau against its chance floor
             return f"the chance floor {self.floor:.2f} of a unit-free measure (no paired difference to resample)"
         if self.se is None:
             return f"max(NOISE, sd over seeds) = {self.floor:.2f}: no per-example results"
-        return f"max(NOISE, 1.96 × {self.se:.2f}) = {self.floor:.2f}: paired bootstrap over test examples and seeds"
+        if self.seeds == 1:
+            return (f"max(NOISE, 1.96 × {self.se:.2f}) = {self.floor:.2f}: paired bootstrap over the test examples of "
+                    "one expert seed (the seeds' noise is not measured; (V.8) with S = 1)")
+        return (f"max(NOISE, 1.96 × {self.se:.2f}) = {self.floor:.2f}: paired bootstrap over the test examples, with "
+                "a t interval over the seeds where there are several (V.8)")
 
     def scaling(self) -> str:
         if self.predicted is None:
-            return "no paper effect to scale: decided on the measurement"
+            return (f"{self.setting}: no paper effect to scale, so no prediction: this setting decides nothing "
+                    f"(V.7); it would need a measured effect of at least {POWER_FACTOR * self.floor:.2f}")
         if self.paper_room is None or self.world_room is None:
             return (f"{self.setting}: the paper's {self.paper:+.2f}, a unit-free measure, not scaled "
                     f"(floor {self.floor:.2f}: {'decidable' if self.decidable else 'undecidable'})")
@@ -251,7 +266,7 @@ class Effect:
     def as_dict(self) -> dict[str, Any]:
         return {"setting": self.setting, "paper": _num(self.paper), "paper_room": _num(self.paper_room),
                 "world_room": _num(self.world_room), "predicted": _num(self.predicted), "floor": _num(self.floor),
-                "measured": _num(self.measured), "se": _num(self.se), "decidable": self.decidable}
+                "measured": _num(self.measured), "se": _num(self.se), "decidable": self.decides, "seeds": self.seeds}
 
 
 def predict(paper_effect: float, paper_room: float, world_room: float) -> float:
@@ -263,7 +278,7 @@ def predict(paper_effect: float, paper_room: float, world_room: float) -> float:
 
 def effect(setting: str, measured: float | None, *, paper: float | None = None, paper_room: float | None = None,
            world_room: float | None = None, spread: float | None = None, noise: float = NOISE,
-           headroom: float | None = None, se: float | None = None) -> Effect:
+           headroom: float | None = None, se: float | None = None, seeds: int | None = None) -> Effect:
     # world_room and measured must be in the same unit (normalized or absolute points)
     """One :class:`Effect`: with ``paper``, ``paper_room`` and ``world_room`` the prediction is
     scaled and capped at ``headroom`` (:func:`claimkit.power.ceiling_prediction`); without a paper effect
@@ -276,7 +291,7 @@ def effect(setting: str, measured: float | None, *, paper: float | None = None, 
         pred = ceiling_prediction(paper, paper_room, world_room, headroom)
     se = _num(se)
     return Effect(setting, None if paper is None else float(paper), _num(paper_room), _num(world_room), pred,
-                  margin(spread, noise, se=se), _num(measured), se)
+                  margin(spread, noise, se=se), _num(measured), se, seeds)
 
 
 def decide(effects: Sequence[Effect], agree: Sequence[bool]) -> tuple[str, str]:
@@ -290,10 +305,69 @@ def decide(effects: Sequence[Effect], agree: Sequence[bool]) -> tuple[str, str]:
     keep = [a for e, a in zip(effects, agree) if e.decidable]
     out = [e for e in effects if not e.decidable]
     note = "" if not out else (
-        "undecidable: " + ", ".join(f"{e.setting} (predicted {e.predicted:+.2f}, needs ≥ {e.needed:.2f})" for e in out))
+        "undecidable: " + ", ".join(f"{e.setting} (" + ("no paper number" if e.predicted is None else
+                                                       f"predicted {e.predicted:+.2f}") + f", needs ≥ {e.needed:.2f})"
+                                    for e in out))
     if not keep:
         return UNDECIDABLE, note
     return agreement(keep), note
+
+
+#: The words that open what :func:`power_rule` adds to a reason; an earlier addition is cut there and rewritten.
+POWER_RULE_MARK: str = "; one rule (V.7):"
+
+
+def _opposite(e: Effect) -> bool:
+    """Whether setting ``e`` decides the sign opposite to its prediction: measured beyond its margin the other way."""
+    if e.predicted is None or e.measured is None or e.predicted == 0:
+        return False
+    return e.measured * math.copysign(1.0, e.predicted) < -e.floor
+
+
+def _needed(e: Effect) -> float:
+    """The prediction setting ``e`` would need to decide: twice its margin, or its chance floor for a unit-free
+    prediction (Kendall τ)."""
+    return e.floor if (e.predicted is not None and not e.scaled) else POWER_FACTOR * e.floor
+
+
+def power_rule(v: Verdict) -> Verdict:
+    """The one rule every comparative claim passes (docs/course.md §One rule, (V.7)); a claim is comparative when its
+    verdict carries settings (``effects``). A setting decides only where the paper predicts an effect there (scaled and
+    capped, (V.1), (V.6)) of at least :data:`~claimkit.power.POWER_FACTOR` × its margin ((V.5); a unit-free prediction
+    beyond its chance floor); a setting without a paper number decides nothing. No deciding setting: ``undecidable
+    here``, the reason naming the effect the world would need. A verdict of ``reproduced`` or ``partly`` with a
+    deciding setting measured beyond its margin against the predicted sign becomes ``not reproduced``. The reason
+    says at how many settings the claim was judged; ``numbers["power_rule"]`` holds the counts. ``not testable
+    here`` and claims without settings pass unchanged; the rule is idempotent (:func:`claimkit.claims.record`
+    applies it to every record, scripts/rejudge_claims.py before comparing)."""
+    if not v.effects or v.verdict == NOT_TESTABLE:
+        return v
+    deciding = [e for e in v.effects if e.decides]
+    against = [e for e in deciding if _opposite(e)]
+    verdict = v.verdict
+    if not deciding:
+        verdict = UNDECIDABLE
+    elif against and verdict in ("reproduced", "partly"):
+        verdict = "not reproduced"
+    need = min(v.effects, key=_needed)
+    rule = {"settings": len(v.effects), "deciding": [e.setting for e in deciding],
+            "against": [e.setting for e in against], "needed": _needed(need),
+            "needed_at": need.setting, "before": v.numbers.get("power_rule", {}).get("before", v.verdict)}
+    if not deciding:
+        unpredicted = sum(e.predicted is None for e in v.effects)
+        why = ("no setting has a paper prediction with the power to decide (at least "
+               f"{POWER_FACTOR:g}× its margin; a unit-free one beyond its chance floor)"
+               + (f" ({unpredicted} of {len(v.effects)} have no paper number to scale)" if unpredicted else "")
+               + f"; this world would need an effect of at least {rule['needed']:.2f} "
+               + (f"points ({POWER_FACTOR:g} × the margin {need.floor:.2f} at {need.setting})"
+                  if _needed(need) != need.floor else
+                  f"(a unit-free prediction beyond its chance floor at {need.setting})"))
+    else:
+        why = f"judged at {len(deciding)} of {len(v.effects)} settings ({', '.join(rule['deciding'])})"
+        if against:
+            why += f"; {', '.join(rule['against'])} decides the opposite sign"
+    reason = f"{v.reason.split(POWER_RULE_MARK)[0]}{POWER_RULE_MARK} {why}"  # rewritten each time: idempotent
+    return Verdict(v.measured, verdict, reason, {**v.numbers, "power_rule": rule}, v.effects, v.value)
 
 
 def margin(spread: float | None = None, noise: float = NOISE, *, se: float | None = None) -> float:

@@ -96,3 +96,42 @@ def test_test_sets_must_be_the_same_across_seeds():
     a = {0: {"t": np.ones(4)}, 1: {"t": np.ones(5)}}
     with pytest.raises(InputError, match="fixed across seeds"):
         paired_bootstrap(a, a)
+
+
+def _seeded_rows(rng, n: int, S: int, seed_sd: float) -> tuple[dict, dict, float]:
+    """Two rows on one test set of ``n`` examples at ``S`` seeds: example difficulty z_i shared by the seeds and
+    the rows, a seed effect u_s on the difference (sd ``seed_sd`` in probit units), Bernoulli outcomes. The true
+    difference (points) over examples and seeds is 100 (Phi(0.7 / k) - Phi(0.6 / k)), k = sqrt(2 + seed_sd^2 / 4)."""
+    from scipy.stats import norm
+
+    z, u = rng.standard_normal(n), seed_sd * rng.standard_normal(S)
+    a = {s: {"t": rng.random(n) < norm.cdf(0.7 + u[s] / 2 - z)} for s in range(S)}
+    b = {s: {"t": rng.random(n) < norm.cdf(0.6 - u[s] / 2 - z)} for s in range(S)}
+    k = math.sqrt(2 + seed_sd**2 / 4)
+    return a, b, 100 * float(norm.cdf(0.7 / k) - norm.cdf(0.6 / k))
+
+
+@pytest.mark.parametrize("seed_sd, low, high", [(0.3, 0.9, 0.99), (0.0, 0.93, 1.0)],
+                         ids=["seeds dominate", "no seed effect"])
+def test_three_seeds_the_t_interval_covers_about_95_percent(seed_sd, low, high):
+    """(V.8) with 3 seeds on synthetic rows with a known difference: near 95 % where the seeds dominate (the seed
+    standard error twice the test one), wide (never short) where they add nothing; the seed part's t quantile
+    at few degrees of freedom is wider than the normal one in every draw."""
+    rng, covered, reps, t_wider = np.random.default_rng(11), 0, 200, 0
+    for k in range(reps):
+        a, b, true = _seeded_rows(rng, 300, 3, seed_sd)
+        r = paired_bootstrap(a, b, n_boot=200, seed=k)
+        covered += r.low <= true <= r.high
+        assert r.n_seeds == 3 and math.isfinite(r.df) and r.df >= 2 and r.se_seed > 0 and r.se_test > 0
+        normal = Z_95 * math.hypot(r.se_seed, r.se_test)
+        t_wider += r.high - r.diff > normal
+    assert low <= covered / reps <= high
+    assert t_wider == reps  # the t quantile at df < inf is always wider than the normal one
+
+
+def test_one_seed_the_interval_is_the_bootstrap_over_examples():
+    rng = np.random.default_rng(4)
+    a, b, _ = _seeded_rows(rng, 200, 1, 0.3)
+    r = paired_bootstrap(a, b, n_boot=300)
+    assert r.se_seed == 0.0 and math.isinf(r.df) and r.se == pytest.approx(r.se_test)
+    assert (r.low, r.high) == pytest.approx((r.diff - Z_95 * r.se_test, r.diff + Z_95 * r.se_test))

@@ -73,7 +73,10 @@ def test_effect_decidable_and_decide():
     # predicted 0.54 beyond the 0.5 floor, but a true effect there is measured beyond it only half the time
     assert not V.effect("t8", 0.0, paper=2.0, paper_room=15.1, world_room=4.1).decidable
     assert not V.effect("t8", 0.0, paper=2.0, paper_room=15.1, world_room=8.0, spread=0.9).decidable  # sd wins
-    assert V.effect("t8", 0.0).decidable and V.effect("t8", 0.0).predicted is None
+    # no paper number, no prediction: nothing lacks power, but the setting decides nothing (the one rule, (V.7))
+    bare = V.effect("t8", 0.0)
+    assert bare.decidable and not bare.decides and bare.predicted is None and not bare.as_dict()["decidable"]
+    assert e.decides and not u.decides
     with pytest.raises(ValueError, match="paper_room"):
         V.effect("t8", 0.0, paper=1.0)
     assert V.decide([e, u], [False, True]) == ("not reproduced", "undecidable: t14 (predicted +0.33, needs ≥ 1.00)")
@@ -125,3 +128,41 @@ def test_the_text_world_plugs_into_the_same_machinery():
     tight = V.World("text", "full", {8: 0.5})  # WUDI's +5.1 predicts 0.23 here: undecidable; TIES, TSV-M decide
     t = lang.verdict_sota(per_seed, world=tight)
     assert "undecidable: wudi" in t.reason and t.verdict == "reproduced"
+
+
+def test_power_rule_decides_only_where_a_prediction_has_power():
+    """(V.7): settings without a paper number or without power decide nothing; the claim then is undecidable here
+    and names the effect the world would need; otherwise it is judged at its deciding settings and says how many."""
+    strong = V.effect("t8", 1.5, paper=2.0, paper_room=4.0, world_room=4.0)  # predicted 2.0 >= 2 x 0.5
+    weak = V.effect("t14", 1.5, paper=0.5, paper_room=4.0, world_room=4.0)  # predicted 0.5 < 1.0
+    bare = V.effect("t20", 3.0, se=0.4)  # no paper number; margin 1.96 x 0.4 = 0.78
+    none = V.power_rule(V.Verdict("m", "reproduced", "r", {}, (weak, bare)))
+    assert none.verdict == V.UNDECIDABLE and none.numbers["power_rule"]["deciding"] == []
+    assert "at least 1.00 points" in none.reason and "(1 of 2 have no paper number" in none.reason
+    assert none.numbers["power_rule"]["before"] == "reproduced"
+    judged = V.power_rule(V.Verdict("m", "partly", "r", {}, (strong, weak, bare)))
+    assert judged.verdict == "partly" and "judged at 1 of 3 settings (t8)" in judged.reason
+    assert V.power_rule(judged) == judged  # idempotent: record() applies it to what rejudge already ruled
+    # a unit-free prediction (Kendall tau) needs to exceed its chance floor, not twice it: the claimed order's own
+    # tau, 0.95, at a floor of 0.95 decides nothing (ace.ordering)
+    tau = V.Effect("T=8", 0.95, None, None, 0.95, 0.95, 0.53)
+    ordering = V.power_rule(V.Verdict("tau 0.53", "not reproduced", "r", {}, (tau,)))
+    assert ordering.verdict == V.UNDECIDABLE and ordering.numbers["power_rule"]["needed"] == 0.95
+    assert "beyond its chance floor at T=8" in ordering.reason
+
+
+def test_power_rule_a_contradicting_setting_makes_a_claim_not_reproduced():
+    """A claim judged at several settings is reproduced or partly only if no deciding setting is measured beyond its
+    margin against the predicted sign; an undecidable one (no power) cannot contradict it."""
+    up = V.effect("eps 1e-2", 2.3, paper=2.0, paper_room=4.0, world_room=4.0)
+    down = V.effect("eps 1e-5", -1.9, paper=2.0, paper_room=4.0, world_room=4.0)
+    weak_down = V.effect("eps 2e-4", -1.9, paper=0.4, paper_room=4.0, world_room=4.0)
+    v = V.power_rule(V.Verdict("m", "partly", "r", {}, (up, down)))
+    assert v.verdict == "not reproduced" and v.numbers["power_rule"]["against"] == ["eps 1e-5"]
+    assert "eps 1e-5 decides the opposite sign" in v.reason
+    assert V.power_rule(V.Verdict("m", "reproduced", "r", {}, (up, weak_down))).verdict == "reproduced"
+    # not testable and non-comparative verdicts pass unchanged
+    nt = V.Verdict("m", V.NOT_TESTABLE, "r", {}, (down,))
+    assert V.power_rule(nt) is nt
+    plain = V.Verdict("cos 0.96", "reproduced", "r", value=0.96)
+    assert V.power_rule(plain) is plain
