@@ -551,6 +551,10 @@ def _add_merge(sub) -> None:
     m.add_argument("--experts", nargs="+", default=None, action=_Once,
                    help="fine-tuned checkpoints, files or folders (after one --experts)")
     m.add_argument("--out", default=None, help="output folder (must not hold an input)")
+    m.add_argument("--lora-out", dest="lora_out", default=None, metavar="DIR",
+                   help="LoRA adapter experts, task_arithmetic / weight_averaging: write the exact merge as one peft "
+                        "adapter of rank sum_t r_t to DIR (instead of --out, or beside it; "
+                        "docs/your-models.md §LoRA adapters as experts)")
     m.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                    help="method hyperparameter (repeatable), e.g. -p lam=0.3 -p scope=tensor; per expert: "
                         "-p weights=[0.7,0.3] (docs/your-models.md §Coming from mergekit)")
@@ -615,8 +619,13 @@ def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("method", "base", "experts"):
         if not cfg.get(name):
             raise InputError(f"merge needs --{name} (or '{name}:' in a config file)")
-    if not cfg.get("out") and not args.dry_run:
+    if args.lora_out is not None:
+        cfg["lora_out"] = args.lora_out
+    if not cfg.get("out") and not cfg.get("lora_out") and not args.dry_run:
         raise InputError("merge needs --out (or 'out:' in a config file), or --dry-run")
+    if args.search and cfg.get("lora_out"):
+        raise InputError("--search writes the full model of the chosen coefficient; it cannot write --lora-out "
+                         "(merge again with the chosen coefficient and --lora-out)")
     if args.search and args.dry_run:
         raise InputError("--search merges and evaluates; it cannot be combined with --dry-run")
     return cfg
@@ -658,7 +667,8 @@ def _merge(args: argparse.Namespace) -> int:
         return _search_merge(args, cfg, options)
     try:
         res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"),
-                          hparams=cfg["hyperparameters"], dry_run=args.dry_run, **options)
+                          hparams=cfg["hyperparameters"], dry_run=args.dry_run, lora_out=cfg.get("lora_out"),
+                          **options)
     except PermissionError as e:  # name the user's --out, not the hidden staging folder
         if STAGE_MARK not in str(e.filename or ""):
             raise
@@ -669,6 +679,8 @@ def _merge(args: argparse.Namespace) -> int:
         print(format_table(res.plan.rows))
         return 0
     assert res.out is not None, "merge_files wrote no folder outside a dry run"
+    if cfg.get("lora_out"):
+        print(f"wrote the merged LoRA adapter to {cfg['lora_out']}")
     print(f"wrote {', '.join(f.name for f in res.files)} to {res.out} in {res.seconds:.1f} s")
     if res.info["heads"]["tasks"]:
         print(f"heads of {len(res.info['heads']['tasks'])} tasks in {res.out / 'heads'}: "

@@ -348,6 +348,10 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if not p.exists():
         raise FileNotFoundError(f"checkpoint not found: {p}")
     folder = p if p.is_dir() else None
+    if (p / "adapter_config.json").is_file() or p.name in ("adapter_config.json", "adapter_model.safetensors"):
+        raise InputError(f"{p}: is a peft adapter, not a checkpoint; give its folder as an expert beside the base "
+                         "it was trained on, which acetools folds it onto "
+                         "(docs/your-models.md §LoRA adapters as experts)")
     if p.is_dir():
         files = _folder_files(p)
     elif p.name.endswith(".index.json"):

@@ -34,6 +34,7 @@ from ..utils import atomic_write, cpu_threads, progress
 from .buffers import carry_missing_buffers
 from .checkpoints import Checkpoint, as_checkpoint, check_compatible, check_output_folder
 from .heads import expert_names, plan_heads
+from .lora import is_adapter, open_expert
 from .vocab import plan_vocab
 
 __all__ = ["Diagnosis", "diagnose", "check_inputs", "REPORT_NOTEBOOK", "run_report"]
@@ -126,7 +127,8 @@ def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None
     if isinstance(experts, (Mapping, str, os.PathLike)) or not isinstance(experts, Sequence) or not experts:
         raise InputTypeError("experts must be a non-empty list of state dicts or checkpoint paths, one per expert")
     src = as_checkpoint(base, "base")
-    exs = [as_checkpoint(e, f"experts[{i}]") for i, e in enumerate(experts)]
+    exs = [open_expert(e, src) if isinstance(e, (str, os.PathLike)) and is_adapter(e)  # folded (lora.py)
+           else as_checkpoint(e, f"experts[{i}]") for i, e in enumerate(experts)]
     labels = _names(exs, names)
     lay = get_layout(layout, keys=src.keys(), config=src.config)
     vocab = plan_vocab("base", src, exs, lay)  # the rows of the base's tokens (docs/your-models.md §Vocabularies)

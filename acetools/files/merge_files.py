@@ -48,6 +48,7 @@ from .checkpoints import (
 )
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
+from .lora import adapter_of, open_expert, write_adapter_output
 from .outputs import check_task_folders, commit_task_folders, rewrite_config, stage_task_folders, written_dtype
 from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
 from .staging import lock_output, make_stage, remove_stale_stages
@@ -141,6 +142,8 @@ class MergePlan:
         lines = [
             f"method {self.method} {self.hparams_text()}",
             f"base {self.base.path} ({len(self.base)} tensors); {len(self.experts)} experts",
+            *([f"experts: {n} LoRA adapters, folded onto the base key by key"] if (n := sum(
+                adapter_of(ck) is not None for ck in self.experts)) else []),
             f"layout {self.layout.name}: {self.layout.description}",
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
@@ -218,15 +221,16 @@ class MergeResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _open_all(base: Any, experts: Sequence[Any]) -> tuple[Checkpoint, list[Checkpoint]]:
-    """The base and the experts opened; the same path twice is an error (:func:`_check_distinct`), a single
-    expert (usually a typo) a warning."""
+def _open_all(base: Any, experts: Sequence[Any], force: bool = False) -> tuple[Checkpoint, list[Checkpoint]]:
+    """The base and the experts opened (LoRA adapters folded onto the base, ``force``: one naming another base
+    with a warning); the same path twice is an error (:func:`_check_distinct`), a single expert (usually a
+    typo) a warning."""
     if isinstance(experts, (str, Path)) or not isinstance(experts, Sequence):
         raise InputTypeError("experts must be a list of checkpoint paths (one per fine-tuned model)")
     if len(experts) == 0:
         raise InputError("no experts given: pass at least one fine-tuned checkpoint")
     base = base if isinstance(base, Checkpoint) else open_checkpoint(base)
-    experts = [e if isinstance(e, Checkpoint) else open_checkpoint(e) for e in experts]
+    experts = [open_expert(e, base, force=force) for e in experts]  # a LoRA adapter folded onto the base (lora.py)
     models = [base, *experts]
     _check_distinct([ck.path.expanduser().resolve() for ck in models], [ck.path for ck in models],
                     "is the same checkpoint as")
@@ -263,6 +267,7 @@ def plan_merge(
     names: Sequence[str] | None = None,
     force_layout: bool = False,
     vocab: str | None = None,
+    force: bool = False,
 ) -> MergePlan:
     """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data
     (arguments as :func:`merge_files`'s)."""
@@ -278,7 +283,7 @@ def plan_merge(
             files[name] = str(hp[name])
             hp[name] = load_activations(hp[name], len(experts))
     info.resolve(hp)  # bad hyperparameters fail before any file is opened
-    b, ex = _open_all(base, experts)
+    b, ex = _open_all(base, experts, force)
     lay = get_layout(layout, keys=b.keys(), config=b.config, force=force_layout)
     vocab_plan = plan_vocab(vocab, b, ex, lay)  # docs/your-models.md §Vocabularies
     b, ex = vocab_plan.views(b, ex)  # the experts' rows of the base's tokens
@@ -429,6 +434,18 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
     return {"files": files, "extra": extra, "head_tasks": head_tasks, "copied": copied, **record}
 
 
+def _stage_tasks(plan: MergePlan, out_dir: Path, tasks_dir: Path | None, size: int, stage: Path | None
+                 ) -> list[tuple[Path, Path]]:
+    """The per-task folders of ``--per-task-out`` (:func:`acetools.files.outputs.stage_task_folders`), staged
+    from the merge in ``out_dir``; on failure the merge's own staging folder ``stage`` is removed too."""
+    try:
+        return stage_task_folders(out_dir, tasks_dir, plan.heads, shard_size=size) if tasks_dir else []
+    except BaseException:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
 def merge_files(
     method: str,
     base: str | Path | Checkpoint,
@@ -450,26 +467,38 @@ def merge_files(
     force_layout: bool = False,
     force: bool = False,
     vocab: str | None = None,
+    lora_out: str | Path | None = None,
     per_task_out: str | Path | None = None,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
 
-    ``layout``: a preset name, ``"auto"`` or a Layout (``force_layout``: over the base's config).
-    ``dtype``: of the float outputs (default each key's in the base). ``mode``: ``"auto"`` streams
-    when the method allows it, ``"stream"`` insists, ``"memory"`` loads everything. ``out`` must not
-    hold an input or earlier weights (``overwrite``). ``heads``/``names``: docs/your-models.md
-    §Per-task heads; ``per_task_out``: a folder for one full model per task (``<per_task_out>/<name>/``).
-    ``force``: merge a base that fails the lineage check, with a warning. ``vocab``:
-    ``"base"`` or ``"union"``, for experts whose vocabulary differs from the base's (docs/your-models.md
-    §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks).
+    ``layout``: a preset name, ``"auto"`` or a Layout (``force_layout``: over the base's config). ``dtype``: of
+    the float outputs (default each key's in the base). ``mode``: ``"auto"`` streams when the method allows it,
+    ``"stream"`` insists, ``"memory"`` loads everything. ``out`` must not hold an input or earlier weights
+    (``overwrite``). ``heads``/``names``: docs/your-models.md §Per-task heads (``per_task_out``: one full model
+    per task in ``<per_task_out>/<name>/``). ``force``: merge a base that fails the lineage check, with a warning.
+    ``vocab``: ``"base"`` or ``"union"``, for experts whose vocabulary differs from the base's (docs/your-models.md
+    §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks). ``lora_out``: a
+    folder for the merge of LoRA experts as one adapter (linear rules; docs/your-models.md §LoRA adapters as
+    experts), written instead of ``out`` or beside it.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
     plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names,
-                      force_layout=force_layout, vocab=vocab)
+                      force_layout=force_layout, vocab=vocab, force=force)
     if dry_run:
         return MergeResult(plan)
+    if lora_out is not None:  # the exact linear merge as one adapter of rank sum_t r_t (lora.py)
+        t0 = time.perf_counter()
+        lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force) if out is None else None
+        folder, written, tasks = write_adapter_output(plan, lora_out, overwrite=overwrite, dtype=out_dtype)
+        if out is None and lineage is not None:
+            info = {"method": method, "lora_out": str(folder), "files": [f.name for f in written],
+                    "lineage": lineage.as_dict(),
+                    "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
+                              "tasks": tasks}}
+            return MergeResult(plan, folder, written, time.perf_counter() - t0, info)
     if out is None:
         raise InputError("out is required: the folder the merged checkpoint is written to")
     out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)  # before a lock is written
@@ -478,11 +507,7 @@ def merge_files(
         # checked again under the lock: a merge into it may have finished meanwhile
         out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
         check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
-        if per_task_out is not None and plan.heads.mode != "per-task":
-            raise InputError(f"--per-task-out writes one model per task head, but heads are {plan.heads.mode!r} "
-                             f"({plan.heads.reason}); merge classifiers with --heads per-task, or leave it out")
-        tasks_dir = None if per_task_out is None else check_task_folders(
-            per_task_out, out_dir, plan.heads.names, [plan.base, *plan.experts], overwrite)
+        tasks_dir = check_task_folders(per_task_out, out_dir, plan.heads, [plan.base, *plan.experts], overwrite)
         hashes = _InputHashes(plan, hash_inputs)  # from here on, beside the lineage check and the merge
         final_dir, stage = out_dir, None
         try:
@@ -503,8 +528,7 @@ def merge_files(
             "method": method, "hparams": done["hparams"], "layout": plan.layout.name,
             "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
             "shard_size": size, "files": [f.name for f in files], "copied": done["copied"],
-            "seconds": round(seconds, 3),
-            "acetools_version": __version__, "inputs": done["inputs"],
+            "seconds": round(seconds, 3), "acetools_version": __version__, "inputs": done["inputs"],
             "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
             "buffers_carried": plan.buffers_carried,
             "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
@@ -515,12 +539,7 @@ def merge_files(
         }
         with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
             json.dump(info, fh, indent=2)
-        try:  # one full model per task, staged beside its folder and renamed into place after --out
-            staged = stage_task_folders(out_dir, tasks_dir, plan.heads, shard_size=size) if tasks_dir else []
-        except BaseException:
-            if stage is not None:
-                shutil.rmtree(stage, ignore_errors=True)
-            raise
+        staged = _stage_tasks(plan, out_dir, tasks_dir, size, stage)  # renamed into place after --out
         if stage is not None:
             os.rename(stage, final_dir)  # atomic: the folder appears complete or not at all
             files = [final_dir / f.name for f in files]
@@ -531,7 +550,8 @@ def merge_files(
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab", "per_task_out")
+               "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab", "lora_out",
+               "per_task_out")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
@@ -578,7 +598,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
         q = Path(str(x)).expanduser()
         return str(q if q.is_absolute() else p.parent / q)
 
-    for k in ("base", "out", "per_task_out"):
+    for k in ("base", "out", "lora_out", "per_task_out"):
         if cfg.get(k) is not None:
             cfg[k] = rel(cfg[k])
     if cfg.get("experts"):

@@ -57,12 +57,17 @@ def rewrite_config(folder: Path, dtype: torch.dtype | None) -> None:
             json.dump(record_dtype(cfg, dtype), fh, indent=2, sort_keys=True)
 
 
-def check_task_folders(folder: str | os.PathLike, out: Path, names: Sequence[str], inputs: Sequence[Checkpoint],
-                       overwrite: bool) -> Path:
-    """``--per-task-out`` checked as ``--out`` is (no input in or around it; ``DIR/<name>`` holding anything
-    only with ``overwrite``), and apart from ``out``; returns it resolved."""
+def check_task_folders(folder: str | os.PathLike | None, out: Path, heads: HeadPlan, inputs: Sequence[Checkpoint],
+                       overwrite: bool) -> Path | None:
+    """``--per-task-out`` (``None``: not asked) checked as ``--out`` is (no input in or around it; ``DIR/<name>``
+    holding anything only with ``overwrite``), apart from ``out``, and with per-task heads; returns it resolved."""
+    if folder is None:
+        return None
+    if heads.mode != "per-task":
+        raise InputError(f"--per-task-out writes one model per task head, but heads are {heads.mode!r} "
+                         f"({heads.reason}); merge classifiers with --heads per-task, or leave it out")
     where = check_output_folder(folder, inputs, overwrite, weights=False, option="--per-task-out")
-    for name in names:
+    for name in heads.names:
         task = check_output_folder(where / name, inputs, overwrite, option="--per-task-out")
         if task == out or out in task.parents or task in out.parents:
             raise InputError(f"--per-task-out folder {task} and --out {out} overlap; give them separate folders")

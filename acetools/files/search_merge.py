@@ -110,7 +110,7 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
     hp = dict(hparams or {})
     if search.param in hp:
         raise InputError(f"--search chooses {method}'s {search.param}; do not also give -p {search.param}=...")
-    plan_keys = {k: merge_options[k] for k in ("layout", "heads", "names", "mode", "force_layout", "vocab")
+    plan_keys = {k: merge_options[k] for k in ("layout", "heads", "names", "mode", "force_layout", "vocab", "force")
                  if k in merge_options}
     plan = plan_merge(method, base, experts, hparams=hp, **plan_keys)
     # is the base the experts' parent? checked once here, not for every candidate
