@@ -562,7 +562,9 @@ def _add_merge(sub) -> None:
     m.add_argument("--layout", default=None, help="auto (default), open_clip, hf_clip, gpt2, bert, llama, generic")
     m.add_argument("--force-layout", dest="force_layout", action="store_true",
                    help="use --layout even where it contradicts the base's config.json")
-    m.add_argument("--dtype", default=None, help="output dtype of float tensors: base (default), float32, bf16, fp16")
+    m.add_argument("--dtype", default=None,
+                   help="output dtype of float tensors: base (default), float32, bf16, fp16; the written config.json "
+                        "records it (dtype, and torch_dtype where the base's config has it)")
     m.add_argument("--device", default=None, help="where each key is merged: cpu (default), cuda, auto")
     m.add_argument("--shard-size", dest="shard_size", default=None, help="largest output file, e.g. 5GB (default)")
     m.add_argument("--mode", default=None, choices=["auto", "stream", "memory"],
@@ -574,6 +576,10 @@ def _add_merge(sub) -> None:
                         "drop (the backbone only)")
     m.add_argument("--names", nargs="+", default=None, metavar="NAME",
                    help="with --heads per-task: one head folder name per expert (default: the experts' folder names)")
+    m.add_argument("--per-task-out", dest="per_task_out", default=None, metavar="DIR",
+                   help="with --heads per-task: also write DIR/NAME/, one full model per task (merged backbone, "
+                        "that task's head, config and tokenizer) that AutoModelForSequenceClassification."
+                        "from_pretrained(DIR/NAME) loads")
     m.add_argument("--vocab", default=None, choices=["base", "union"],
                    help="experts with tokens the base lacks (added tokens): base (default: the base's vocabulary, "
                         "their extra rows left out) or union (every token kept, with a tokenizer that has them)")
@@ -598,7 +604,8 @@ def _add_merge(sub) -> None:
 
 #: ``acetools merge``'s options that a config file may set too, with their defaults.
 _MERGE_DEFAULTS: dict[str, Any] = {"layout": "auto", "dtype": None, "device": "cpu", "shard_size": "5GB",
-                                   "mode": "auto", "heads": "auto", "names": None, "vocab": None}
+                                   "mode": "auto", "heads": "auto", "names": None, "vocab": None,
+                                   "per_task_out": None}
 
 
 def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -690,6 +697,8 @@ def _merge(args: argparse.Namespace) -> int:
     if res.info["heads"]["tasks"]:
         print(f"heads of {len(res.info['heads']['tasks'])} tasks in {res.out / 'heads'}: "
               f"{', '.join(res.info['heads']['tasks'])} (acetools.files.heads.load_with_head)")
+    if res.info["per_task_out"]:
+        print(f"one model per task (from_pretrained): {', '.join(res.info['per_task_out'])}")
     return 0
 
 

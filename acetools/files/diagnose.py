@@ -31,6 +31,7 @@ from ..merging.linalg import gram_spectrum
 from ..merging.svd import tsv_rank
 from ..notebooks import run_notebook  # the one papermill runner (an undeclared parameter is an error)
 from ..utils import atomic_write, cpu_threads, progress
+from .buffers import carry_missing_buffers
 from .checkpoints import Checkpoint, as_checkpoint, check_compatible, check_output_folder
 from .heads import expert_names, plan_heads
 from .lora import is_adapter, open_expert
@@ -138,7 +139,9 @@ def _open_sources(base: Any, experts: Sequence[Any], names: Sequence[str] | None
     if plan.alignment is not None:
         log.info("diagnose: %s", plan.alignment.describe())
     src, exs, _ = plan.views(src, exs, lay)
-    check_compatible(src, exs, [_what(i, labels) for i in range(len(exs))], "base", layout=lay)
+    who = [_what(i, labels) for i in range(len(exs))]
+    src, exs, _ = carry_missing_buffers(src, exs, who=who)  # non-persistent buffers one side did not save
+    check_compatible(src, exs, who, "base", layout=lay)
     return src, exs, labels, get_layout(layout, keys=src.keys(), config=src.config)  # the layout of the view
 
 

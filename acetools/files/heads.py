@@ -50,17 +50,19 @@ _FORMAT = "acetools.heads/1"
 
 
 class CheckpointView(Checkpoint):
-    """A :class:`~acetools.files.checkpoints.Checkpoint` without the ``hidden`` keys (the heads) and with
+    """A :class:`~acetools.files.checkpoints.Checkpoint` without the ``hidden`` keys (the heads), with
     its keys renamed (``rename``: the merge's name -> the checkpoint's own; docs/your-models.md §Bare
-    backbones and task models). ``path``, ``files``, ``config`` and ``folder`` are the wrapped one's."""
+    backbones and task models) and the keys of ``extra`` (key -> the checkpoint read for it) after its own.
+    ``path``, ``files``, ``config`` and ``folder`` are the wrapped one's."""
 
-    def __init__(self, inner: Checkpoint, hidden: Sequence[str], rename: Mapping[str, str] | None = None):  # noqa: D107 - no super().__init__: nothing is read
-        self.inner = inner
-        self.hidden = frozenset(hidden)
+    def __init__(self, inner: Checkpoint, hidden: Sequence[str], rename: Mapping[str, str] | None = None,  # noqa: D107 - no super().__init__: nothing is read
+                 extra: Mapping[str, Checkpoint] | None = None):
+        self.inner, self.hidden, self.extra = inner, frozenset(hidden), dict(extra or {})
         self.path, self.files, self.config, self.folder = inner.path, inner.files, inner.config, inner.folder
         own = {v: k for k, v in rename.items()} if rename is not None else {k: k for k in inner.keys()}  # own -> ours
         self._names = {new: old for old in inner.keys() if (new := own.get(old)) is not None and new not in self.hidden}
-        self._meta = {k: inner.meta(old) for k, old in self._names.items()}
+        self._meta = {**{k: inner.meta(old) for k, old in self._names.items()},
+                      **{k: ck.meta(k) for k, ck in self.extra.items()}}
 
     def _own(self, key: str) -> str:
         """The wrapped checkpoint's name of ``key``."""
@@ -71,9 +73,11 @@ class CheckpointView(Checkpoint):
         return self._names[key]
 
     def get(self, key: str) -> Tensor:
-        return self.inner.get(self._own(key))
+        return self.extra[key].get(key) if key in self.extra else self.inner.get(self._own(key))
 
     def get_flat(self, key: str, start: int, stop: int) -> Tensor:
+        if key in self.extra:
+            return self.extra[key].get_flat(key, start, stop)
         return self.inner.get_flat(self._own(key), start, stop)
 
     def close(self) -> None:
@@ -398,13 +402,16 @@ def load_head(folder: str | os.PathLike, task: str) -> tuple[dict[str, Tensor], 
     return tensors, record
 
 
-def _config(folder: Path, task: str, record: Mapping[str, Any]) -> dict[str, Any]:
-    """The expert's own ``config.json``, else the merged folder's with the task's labels."""
+def task_config(folder: Path, task: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    """The expert's own ``config.json`` (with the merged folder's ``vocab_size``), else the merged folder's with
+    the task's labels."""
     own = folder / HEADS_DIR / task / "config.json"
-    if record.get("config") and own.is_file():
-        return json.loads(own.read_text())
     base = folder / "config.json"
-    cfg = json.loads(base.read_text()) if base.is_file() else {}
+    merged = json.loads(base.read_text()) if base.is_file() else {}
+    if record.get("config") and own.is_file():  # with the merged rows' count (--vocab: docs/your-models.md)
+        cfg = json.loads(own.read_text())
+        return {**cfg, **({"vocab_size": merged["vocab_size"]} if "vocab_size" in merged else {})}
+    cfg = dict(merged)
     cfg.update({"num_labels": record["num_labels"], "id2label": record["id2label"], "label2id": record["label2id"]})
     if record.get("architectures"):
         cfg["architectures"] = record["architectures"]
@@ -421,7 +428,7 @@ def task_state_dict(folder: str | os.PathLike, task: str) -> tuple[dict[str, Ten
     if clash:
         raise InputError(f"{folder}: the merged weights already hold head key {clash[0]!r}; not a per-task merge?")
     sd.update(head)
-    return sd, _config(folder, task, record)
+    return sd, task_config(folder, task, record)
 
 
 @contextlib.contextmanager
@@ -451,7 +458,7 @@ def load_with_head(folder: str | os.PathLike, task: str, *, model_class: Any = N
 
     folder = Path(folder).expanduser()
     head, record = load_head(folder, task)
-    cfg_dict = _config(folder, task, record)
+    cfg_dict = task_config(folder, task, record)
     model_type = cfg_dict.get("model_type")
     if not model_type:
         raise InputError(f"{folder}: no model_type in the config of task {task!r}; use task_state_dict() and your "

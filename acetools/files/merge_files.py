@@ -34,6 +34,7 @@ from ..merging import METHODS, key_scope
 from ..merging.driver import Source, compute_dtype, format_bytes, run
 from ..notebooks import parse_parameter
 from ..utils import atomic_write, jsonable, resolve_device, short_repr
+from .buffers import carry_missing_buffers, non_persistent
 from .checkpoints import (
     HASH_WINDOW,
     Checkpoint,
@@ -48,6 +49,7 @@ from .checkpoints import (
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
 from .lora import adapter_of, open_expert, write_adapter_output
+from .outputs import check_task_folders, commit_task_folders, rewrite_config, stage_task_folders, written_dtype
 from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
 from .staging import lock_output, make_stage, remove_stale_stages
 from .vocab import VocabPlan, plan_vocab
@@ -131,6 +133,7 @@ class MergePlan:
     files: dict[str, str] = field(default_factory=dict)  # hyperparameters read from files: name -> path
     heads: HeadPlan = field(default_factory=lambda: HeadPlan("merge"))  # what happens to classifier heads
     vocab: VocabPlan = field(default_factory=lambda: VocabPlan("same"))  # rows only some models have
+    buffers_carried: dict[str, str] = field(default_factory=dict)  # non-persistent buffer -> the model it came from
 
     def summary(self) -> str:
         """Human-readable lines: inputs, layout, driver, counts per path."""
@@ -146,6 +149,9 @@ class MergePlan:
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
             *([self.heads.summary()] if self.heads.mode != "merge" or self.heads.alignment is not None else []),
             *([self.vocab.summary()] if self.vocab.mode != "same" else []),
+            *([f"buffers: {len(self.buffers_carried)} non-persistent buffer(s) missing from some models, carried "
+               f"from the models that have them ({', '.join(sorted(self.buffers_carried))})"]
+              if self.buffers_carried else []),
             *([f"note: {self.method} {METHODS[self.method].note}"] if METHODS[self.method].note else []),
             f"memory: {self.memory_text(largest['key'])}",
         ]
@@ -283,6 +289,7 @@ def plan_merge(
     b, ex = vocab_plan.views(b, ex)  # the experts' rows of the base's tokens
     head_plan = plan_heads(heads, b, ex, lay, names)
     b, ex, lay = head_plan.views(b, ex, lay)  # per-task / drop: the head keys are not merged
+    b, ex, carried = carry_missing_buffers(b, ex)  # non-persistent buffers one side did not save
     check_compatible(b, ex, layout=lay)
     resolved = info.resolve(hp, layout=lay.name)  # e.g. ESM's layer names per layout preset (docs/methods.md §ESM)
     info.check_per_expert(resolved, len(ex))  # weights=[...], k=[...]: one value per expert
@@ -304,8 +311,10 @@ def plan_merge(
         raise InputError(f"{method} cannot stream: {why}; use mode='memory'")
     else:
         run = mode
+    carry = set(non_persistent(b))  # non-persistent buffers are never merged, whatever their dtype
+    rows = [{**r, "path": "carried from base"} if r["key"] in carry else r for r in describe(lay, b.metas())]
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, describe(lay, b.metas()), files, head_plan, vocab_plan)
+                     run, rows, files, head_plan, vocab_plan, carried)
 
 
 class _InputHashes:
@@ -405,7 +414,7 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
             add = plan.vocab.emit(writer.add)  # union: the rows only some experts have appended
             extra = run(METHODS[plan.method], plan.hparams, src, plan.layout, add, device=dev,  # the one driver
                         whole_model=plan.mode == "memory", out_dtype=out_dtype, show=show,
-                        hparams_text=plan.hparams_text())
+                        hparams_text=plan.hparams_text(), carry=non_persistent(plan.base))
             metadata()
             if plan.heads.mode == "per-task":
                 head_writer = HeadWriter(out_dir, plan.heads, record["inputs"].get("sha256"))
@@ -417,11 +426,24 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
             remove_stale_heads(out_dir)
         copied = copy_side_files(plan.base.folder, out_dir)
         plan.vocab.write_files(out_dir)  # union's tokenizer, config.json's vocab_size
+        rewrite_config(out_dir, written_dtype((dt, shape) for _, dt, shape in planned))  # the dtype written
     except BaseException:
         if head_writer:
             head_writer.abort()
         raise
     return {"files": files, "extra": extra, "head_tasks": head_tasks, "copied": copied, **record}
+
+
+def _stage_tasks(plan: MergePlan, out_dir: Path, tasks_dir: Path | None, size: int, stage: Path | None
+                 ) -> list[tuple[Path, Path]]:
+    """The per-task folders of ``--per-task-out`` (:func:`acetools.files.outputs.stage_task_folders`), staged
+    from the merge in ``out_dir``; on failure the merge's own staging folder ``stage`` is removed too."""
+    try:
+        return stage_task_folders(out_dir, tasks_dir, plan.heads, shard_size=size) if tasks_dir else []
+    except BaseException:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        raise
 
 
 def merge_files(
@@ -446,17 +468,18 @@ def merge_files(
     force: bool = False,
     vocab: str | None = None,
     lora_out: str | Path | None = None,
+    per_task_out: str | Path | None = None,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
 
-    ``layout``: a preset name, ``"auto"`` or a Layout (``force_layout``: over the base's config).
-    ``dtype``: of the float outputs (default each key's in the base). ``mode``: ``"auto"`` streams
-    when the method allows it, ``"stream"`` insists, ``"memory"`` loads everything. ``out`` must not
-    hold an input or earlier weights (``overwrite``). ``heads``/``names``: docs/your-models.md
-    §Per-task heads. ``force``: merge a base that fails the lineage check, with a warning. ``vocab``:
-    ``"base"`` or ``"union"``, for experts whose vocabulary differs from the base's (docs/your-models.md
-    §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks). ``lora_out``:
-    a folder for the merge of LoRA experts as one adapter (linear rules; docs/your-models.md §LoRA adapters as
+    ``layout``: a preset name, ``"auto"`` or a Layout (``force_layout``: over the base's config). ``dtype``: of
+    the float outputs (default each key's in the base). ``mode``: ``"auto"`` streams when the method allows it,
+    ``"stream"`` insists, ``"memory"`` loads everything. ``out`` must not hold an input or earlier weights
+    (``overwrite``). ``heads``/``names``: docs/your-models.md §Per-task heads (``per_task_out``: one full model
+    per task in ``<per_task_out>/<name>/``). ``force``: merge a base that fails the lineage check, with a warning.
+    ``vocab``: ``"base"`` or ``"union"``, for experts whose vocabulary differs from the base's (docs/your-models.md
+    §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks). ``lora_out``: a
+    folder for the merge of LoRA experts as one adapter (linear rules; docs/your-models.md §LoRA adapters as
     experts), written instead of ``out`` or beside it.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
@@ -484,6 +507,7 @@ def merge_files(
         # checked again under the lock: a merge into it may have finished meanwhile
         out_dir = check_output_folder(out, [plan.base, *plan.experts], overwrite=overwrite)
         check_heads_folder(out_dir, [plan.base, *plan.experts], overwrite, writing=plan.heads.mode == "per-task")
+        tasks_dir = check_task_folders(per_task_out, out_dir, plan.heads, [plan.base, *plan.experts], overwrite)
         hashes = _InputHashes(plan, hash_inputs)  # from here on, beside the lineage check and the merge
         final_dir, stage = out_dir, None
         try:
@@ -504,26 +528,30 @@ def merge_files(
             "method": method, "hparams": done["hparams"], "layout": plan.layout.name,
             "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
             "shard_size": size, "files": [f.name for f in files], "copied": done["copied"],
-            "seconds": round(seconds, 3),
-            "acetools_version": __version__, "inputs": done["inputs"],
+            "seconds": round(seconds, 3), "acetools_version": __version__, "inputs": done["inputs"],
             "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
+            "buffers_carried": plan.buffers_carried,
             "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
                       "tasks": done["head_tasks"]},
             "lineage": lineage.as_dict(),
             **({"vocab": plan.vocab.as_dict()} if plan.vocab.mode != "same" else {}),
+            "per_task_out": [str(tasks_dir / n) for n in plan.heads.names] if tasks_dir is not None else [],
         }
         with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
             json.dump(info, fh, indent=2)
+        staged = _stage_tasks(plan, out_dir, tasks_dir, size, stage)  # renamed into place after --out
         if stage is not None:
             os.rename(stage, final_dir)  # atomic: the folder appears complete or not at all
             files = [final_dir / f.name for f in files]
+        commit_task_folders(staged)
         log.info("merged %d experts with %s into %s in %.1f s", len(plan.experts), method, final_dir, seconds)
         return MergeResult(plan, final_dir, files, seconds, info)
 
 
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
-               "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab", "lora_out")
+               "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab", "lora_out",
+               "per_task_out")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
@@ -570,7 +598,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
         q = Path(str(x)).expanduser()
         return str(q if q.is_absolute() else p.parent / q)
 
-    for k in ("base", "out", "lora_out"):
+    for k in ("base", "out", "lora_out", "per_task_out"):
         if cfg.get(k) is not None:
             cfg[k] = rel(cfg[k])
     if cfg.get("experts"):

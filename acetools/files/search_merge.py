@@ -127,7 +127,7 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
             folder = scratch / f"candidate-{count[0]}"
             count[0] += 1
             merge_files(method, base, experts, folder, hparams={**hp, search.param: value}, hash_inputs=False,
-                        **merge_options)
+                        **{**merge_options, "per_task_out": None})  # the task folders of the chosen merge only
             try:
                 scores = {}
                 for task in tasks:

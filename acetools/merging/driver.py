@@ -96,14 +96,16 @@ def confirmed_ties(tied: Mapping[str, str], base: Any, experts: Sequence[Any]) -
     return out
 
 
-def carried_buffers(base: Any, experts: Sequence[Any], *, stacklevel: int = 3) -> dict[str, list[int]]:
-    """The non-float keys of ``base`` (carried through unchanged), each with the experts whose
-    value differs from the base's (e.g. BatchNorm's ``num_batches_tracked``), which a warning
+def carried_buffers(base: Any, experts: Sequence[Any], *, stacklevel: int = 3, carry: Iterable[str] = ()
+                    ) -> dict[str, list[int]]:
+    """The non-float keys of ``base`` and the keys in ``carry`` (carried through unchanged), each with the
+    experts whose value differs from the base's (e.g. BatchNorm's ``num_batches_tracked``), which a warning
     names. ``base`` / ``experts`` are state dicts or checkpoint readers."""
     out: dict[str, list[int]] = {}
+    carry = set(carry)
     for k in base.keys():
         w0 = _raw(base, k)
-        if w0.is_floating_point():
+        if w0.is_floating_point() and k not in carry:
             continue
         differ = [i for i, ex in enumerate(experts) if not torch.equal(_raw(ex, k).cpu(), w0.cpu())]
         if differ:
@@ -328,17 +330,19 @@ def run(
     out_device: str | torch.device = "cpu",
     show: bool | None = None,
     hparams_text: str | None = None,
+    carry: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Merge ``source`` with the method ``info`` (resolved ``hparams``) and ``emit(key, tensor)`` every key.
 
     Every key of the base once, in its order (module docstring): W0 + the merged update as stored, in
     ``out_dtype`` (default: the base's dtype of that key) on ``out_device``. ``whole_model``: one call of
     the method; otherwise key by key. ``is_matrix(key, tensor)`` defaults to the layout's rule; ``show``:
-    progress bars (``None``: interactive sessions only). Returns ``{"tied": {alias: key},
+    progress bars (``None``: interactive sessions only); ``carry``: float keys carried from the base like the
+    non-float ones (non-persistent buffers). Returns ``{"tied": {alias: key},
     "buffers_changed": {key: [expert indices]}}``.
     """
     is_mat = is_matrix or layout.is_matrix
-    buffers = carried_buffers(source.base, source.experts, stacklevel=4)
+    buffers = carried_buffers(source.base, source.experts, stacklevel=4, carry=carry)
     tied = confirmed_ties(layout.tied, source.base, source.experts)
     aliases_of: dict[str, list[str]] = {}
     for a, c in tied.items():
