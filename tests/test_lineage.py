@@ -23,7 +23,7 @@ import torch
 
 from acetools.cli import main
 from acetools.errors import InputError
-from acetools.files.checkpoints import open_checkpoint
+from acetools.files.checkpoints import Checkpoint, open_checkpoint
 from acetools.files.heads import load_with_head
 from acetools.files.lineage import (
     CENTRAL_MARGIN,
@@ -402,12 +402,17 @@ def test_a_config_naming_another_parent_is_refused(backbones, tmp_path, capsys, 
 
 
 def test_an_adapters_base_model_is_checked_too(backbones, tmp_path):
+    """A folder with adapter_config.json is read as a LoRA adapter (acetools.files.lora, whose own refusal of a
+    foreign base_model_name_or_path tests/test_lora.py checks); the lineage check reads the same field from the
+    folder of any checkpoint it is given, here a full checkpoint opened beside such a file."""
     base, experts = backbones
     claim = _claiming(experts[0], tmp_path / "lora", "meta-llama/Llama-3.2-3B", "base_model_name_or_path")
+    full = open_checkpoint(claim / "model.safetensors")
+    ck = Checkpoint(claim, full.files, full.config, claim)
+    assert claimed_parents(ck) == [("adapter_config.json base_model_name_or_path", "meta-llama/Llama-3.2-3B")]
     with pytest.raises(InputError, match=r"expert 0 \(.*lora\) says it was fine-tuned from 'meta-llama/Llama-3.2-3B' "
                                          r"\(adapter_config.json base_model_name_or_path\)"):
-        check_lineage(open_checkpoint(base), [open_checkpoint(claim), open_checkpoint(experts[1])],
-                      PRESETS["bert"])
+        check_lineage(open_checkpoint(base), [ck, open_checkpoint(experts[1])], PRESETS["bert"])
 
 
 def test_one_expert_swapped_is_told_by_its_config_when_the_weights_cannot(backbones, tmp_path, capsys):
