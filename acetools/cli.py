@@ -545,7 +545,7 @@ def _add_merge(sub) -> None:
     m.lazy_epilog = _methods_epilog
     m.add_argument("config", nargs="?", default=None,
                    help="YAML config (method, base, experts, out, hyperparameters, ...)")
-    m.add_argument("--method", default=None, choices=[*METHOD_CHOICES, "auto"], metavar="METHOD",
+    m.add_argument("--method", default=None, choices=_Lazy(lambda: [*METHOD_CHOICES, "auto"]), metavar="METHOD",
                    help="merge method (acetools.METHODS), e.g. ace, ties, tsv_m; auto: chosen by --search with "
                         "--searcher tpe")
     m.add_argument("--base", default=None, help="pretrained checkpoint: file or folder")

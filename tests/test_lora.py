@@ -23,6 +23,7 @@ from acetools.files.heads import load_head, load_with_head, task_state_dict
 from acetools.files.lora import LoraCheckpoint, open_expert
 from acetools.files.merge_files import merge_files
 from acetools.merging import METHODS
+from tests.merge_helpers import random_data_inputs
 
 try:
     import peft
@@ -491,23 +492,11 @@ def test_hand_adapters_fold_by_the_equation(hand):
 
 def _data_inputs(method: str, base: Path, n_tasks: int) -> dict:
     """Random Grams (RegMean) or proxy activations (ESM) of every matrix key, for the methods that need them."""
-    import re
-
     from acetools.layouts import get_layout
     ck = open_checkpoint(base)
     lay = get_layout("auto", keys=ck.keys(), config=ck.config)
-    g = torch.Generator().manual_seed(5)
     widths = {k: m.shape[1] for k, m in ck.metas().items() if lay.is_matrix(k, m)}
-    info = METHODS[method]
-    out: dict = {}
-    if "grams" in info.data_inputs:
-        out["grams"] = [{k: (X := torch.randn(3 * d, d, generator=g)).T @ X / (3 * d) for k, d in widths.items()}
-                        for _ in range(n_tasks)]
-    if "activations" in info.data_inputs:
-        targets = info.resolve({}, layout=lay.name)["targets"]
-        out["activations"] = {k: [torch.randn(12, d, generator=g) for _ in range(n_tasks)] for k, d in widths.items()
-                              if any(re.search(p, k) for p in targets)}
-    return out
+    return random_data_inputs(method, widths, lay.name, n_tasks)
 
 
 def test_hand_adapters_every_method_equals_fold_then_merge(hand, tmp_path):

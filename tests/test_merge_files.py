@@ -6,7 +6,6 @@ library saves it, merged through ``acetools merge`` and loaded back with strict 
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -18,20 +17,12 @@ from acetools.cli import main
 from acetools.files.checkpoints import ShardedWriter, open_checkpoint, parse_size
 from acetools.files.merge_files import load_config, merge_files, parse_hparam
 from acetools.merging import merge
+from tests.merge_helpers import perturbed, random_data_inputs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 N_EXPERTS = 3
-
-
-def _perturbed(model, seed, scale=0.02):
-    m = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g))
-    return m
 
 
 def _save_hf(model, root, name):
@@ -42,7 +33,7 @@ def _save_hf(model, root, name):
 
 def _hf_world(tmp_path, model):
     base = _save_hf(model, tmp_path, "base")
-    experts = [_save_hf(_perturbed(model, 10 + t), tmp_path, f"expert{t}") for t in range(N_EXPERTS)]
+    experts = [_save_hf(perturbed(model, 10 + t), tmp_path, f"expert{t}") for t in range(N_EXPERTS)]
     return base, experts
 
 
@@ -131,22 +122,8 @@ def test_streaming_equals_in_memory(tmp_path, gpt2_files, method, hp):
 
 def _data_inputs(method, base_sd, lay, n_tasks):
     """Random data inputs for whatever ``method`` declares (Grams or activations of its matrix keys)."""
-    import re
-
-    from acetools.merging import METHODS
-
-    g = torch.Generator().manual_seed(5)
-    info = METHODS[method]
     widths = {k: lay.to_canonical(k, w).shape[1] for k, w in base_sd.items() if lay.is_matrix(k, w)}
-    out = {}
-    if "grams" in info.data_inputs:
-        out["grams"] = [{k: (X := torch.randn(3 * d, d, generator=g)).T @ X / (3 * d) for k, d in widths.items()}
-                        for _ in range(n_tasks)]
-    if "activations" in info.data_inputs:
-        targets = info.resolve({}, layout=lay.name)["targets"]
-        out["activations"] = {k: [torch.randn(12, d, generator=g) for _ in range(n_tasks)] for k, d in widths.items()
-                              if any(re.search(p, k) for p in targets)}
-    return out
+    return random_data_inputs(method, widths, lay.name, n_tasks)
 
 
 def test_every_method_in_memory_equals_the_file_merge(tmp_path, gpt2_files):
@@ -329,7 +306,7 @@ def test_open_clip_pt_and_safetensors_default_rule(tmp_path):
     torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in sd.items()}}, tmp_path / "base.pt")
     experts = []
     for t in range(N_EXPERTS):
-        e = {k: v.clone().contiguous() for k, v in _perturbed(model, 20 + t).state_dict().items()}
+        e = {k: v.clone().contiguous() for k, v in perturbed(model, 20 + t).state_dict().items()}
         save_file(e, tmp_path / f"e{t}.safetensors")
         experts.append(tmp_path / f"e{t}.safetensors")
     _cli("--method", "ace", "--base", tmp_path / "base.pt", "--experts", *experts, "--out", tmp_path / "merged")

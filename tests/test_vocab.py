@@ -22,6 +22,7 @@ from acetools.files.checkpoints import open_checkpoint
 from acetools.files.merge_files import load_config, merge_files, plan_merge
 from acetools.files.vocab import TOKENIZER_FILES
 from acetools.merging import METHODS
+from tests.merge_helpers import perturbed
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -67,15 +68,6 @@ def _model(kind, n_tokens):
     return transformers.BertForMaskedLM(cfg)
 
 
-def _perturbed(model, seed, scale=0.02):
-    m = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g))
-    return m
-
-
 def _save(model, tok, path):
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -106,7 +98,7 @@ class World:
             if t:
                 tk.add_tokens(ADDED[t - 1])
                 m.resize_token_embeddings(len(tk), mean_resizing=False)
-            self.experts.append(_save(_perturbed(m, 10 + t), tk, root / f"expert{t}"))
+            self.experts.append(_save(perturbed(m, 10 + t), tk, root / f"expert{t}"))
         self.truncated = [_truncated(e, self.base, root / f"truncated{t}") for t, e in enumerate(self.experts)]
         self.embed = EMBED[kind]
 
