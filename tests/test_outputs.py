@@ -184,3 +184,29 @@ def test_per_task_out_with_an_expert_that_added_tokens(world, tmp_path, vocab):
         assert model.config.vocab_size == ref.config.vocab_size == (66 if vocab == "union" else 64)
         mine, theirs = model.state_dict(), ref.state_dict()
         assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
+@pytest.mark.parametrize("searcher", ["grid", "tpe"])
+def test_a_search_writes_the_task_folders_of_the_chosen_merge_only(world, tmp_path, searcher):
+    """Every candidate of --search is merged without --per-task-out (acetools.files.search_merge.score_candidate):
+    the folders are written once, for the chosen merge, whichever searcher chose it."""
+    base, experts = world
+    seen = []
+
+    def evaluate(folder, task):
+        seen.append(folder)
+        assert not (tmp_path / "tasks").exists()  # nothing written there while the candidates are scored
+        return float(open_checkpoint(folder).get("bert.pooler.dense.bias").sum())
+
+    options = dict(per_task_out=tmp_path / "tasks", heads="per-task")
+    if searcher == "grid":
+        from acetools.files.search_merge import search_merge
+
+        found = search_merge("task_arithmetic", base, experts, tmp_path / "merged", evaluate, **options)
+    else:
+        pytest.importorskip("optuna")
+        from acetools.files.tpe_merge import tpe_search_merge
+
+        found = tpe_search_merge("ties", base, experts, tmp_path / "merged", evaluate, trials=3, seed=0, **options)
+    assert len(set(seen)) > 1
+    assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == sorted(found.merge.info["heads"]["tasks"])

@@ -25,7 +25,7 @@ from .lineage import check_lineage
 from .merge_files import merge_files, plan_merge
 from .staging import SEARCH_MARK, lock_output, remove_stale_stages
 
-__all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge"]
+__all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge", "score_candidate"]
 
 #: The signature of a user's evaluation: (merged folder, task name) -> score (higher is better).
 Evaluate = Callable[[Path, str], float]
@@ -93,6 +93,27 @@ class SearchMerge:
         return "\n".join(lines)
 
 
+def score_candidate(folder: Path, method: str, base: Any, experts: Sequence[Any], hparams: Mapping[str, Any],
+                    merge_options: Mapping[str, Any], tasks: Sequence[str], evaluate: Evaluate, where: str
+                    ) -> dict[str, float]:
+    """One candidate of a search: merged into the scratch ``folder`` (no input hashes, and no per-task folders,
+    which only the chosen merge writes), scored by ``evaluate`` on every task, then removed; a score that is not
+    a finite number is an error naming the task and the candidate (``where``)."""
+    merge_files(method, base, experts, folder, hparams=dict(hparams), hash_inputs=False,
+                **{**merge_options, "per_task_out": None})
+    try:
+        scores = {}
+        for task in tasks:
+            s = evaluate(folder, task)
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(float(s)):
+                raise InputError(f"--search: the evaluation returned {s!r} for task {task!r} at {where}; it must "
+                                 "return a finite number")
+            scores[task] = float(s)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return scores
+
+
 def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path, evaluate: Evaluate, *,
                  hparams: Mapping[str, Any] | None = None, patience: int | None = None,
                  report: Callable[[str], None] | None = None, **merge_options: Any) -> SearchMerge:
@@ -126,18 +147,8 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
         def score(value: float) -> dict[str, float]:
             folder = scratch / f"candidate-{count[0]}"
             count[0] += 1
-            merge_files(method, base, experts, folder, hparams={**hp, search.param: value}, hash_inputs=False,
-                        **{**merge_options, "per_task_out": None})  # the task folders of the chosen merge only
-            try:
-                scores = {}
-                for task in tasks:
-                    s = evaluate(folder, task)
-                    if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(float(s)):
-                        raise InputError(f"--search: the evaluation returned {s!r} for task {task!r} at "
-                                         f"{search.param}={value:g}; it must return a finite number")
-                    scores[task] = float(s)
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
+            scores = score_candidate(folder, method, base, experts, {**hp, search.param: value}, merge_options,
+                                     tasks, evaluate, f"{search.param}={value:g}")
             if report is not None:
                 report(f"{search.param}={value:g}: mean {sum(scores.values()) / len(scores):.4f}")
             return scores

@@ -6,7 +6,6 @@ once: TPE; the space is :data:`acetools.tpe.SPACES`).
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -22,7 +21,7 @@ from .checkpoints import check_output_folder
 from .heads import expert_names
 from .lineage import check_lineage
 from .merge_files import merge_files, plan_merge
-from .search_merge import Evaluate
+from .search_merge import Evaluate, score_candidate
 from .staging import SEARCH_MARK, lock_output, remove_stale_stages
 
 __all__ = ["DEFAULT_TRIALS", "TPEMerge", "fitting_methods", "tpe_search_merge"]
@@ -125,18 +124,8 @@ def tpe_search_merge(method: str, base: Any, experts: Sequence[Any], out: str | 
         def score(m: str, values: dict[str, float]) -> dict[str, float]:
             folder = scratch / f"candidate-{count[0]}"
             count[0] += 1
-            merge_files(m, base, experts, folder, hparams={**hp, **values}, hash_inputs=False, **merge_options)
-            try:
-                scores = {}
-                for task in tasks:
-                    s = evaluate(folder, task)
-                    if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(float(s)):
-                        raise InputError(f"--search: the evaluation returned {s!r} for task {task!r} at {m} "
-                                         f"{values}; it must return a finite number")
-                    scores[task] = float(s)
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-            return scores
+            return score_candidate(folder, m, base, experts, {**hp, **values}, merge_options, tasks, evaluate,
+                                   f"{m} {values}")
 
         def line(t: Trial) -> None:
             if report is not None:
