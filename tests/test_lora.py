@@ -5,6 +5,7 @@ tiny and built here (nothing downloaded)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -585,3 +586,29 @@ def test_fold_biases_as_peft(bert, tmp_path, extra):
         with pytest.raises(InputError, match="an adapter output cannot carry it"):  # trained biases
             merge_files("task_arithmetic", bert["base"], [str(ad), str(bert["adapters"][0])], None,
                         lora_out=tmp_path / "lora")
+
+
+@pytest.mark.parametrize("searcher", ["grid", "tpe"])
+def test_a_search_takes_force_for_an_adapters_base_name(hand, tmp_path, searcher):
+    """--force reaches the plan a search checks once (acetools.files.search_merge.PLAN_KEYS) for either searcher:
+    an adapter that names another base is refused without it and merged, with a warning, with it."""
+    from acetools.files.search_merge import search_merge
+
+    bad = _copy(hand["adapters"][0], tmp_path, "renamed", base_model_name_or_path="meta-llama/Llama-3-8B")
+    experts = [str(bad), str(hand["adapters"][1])]
+
+    def evaluate(folder, task):
+        return 1.0
+
+    if searcher == "grid":
+        run = functools.partial(search_merge, "task_arithmetic", hand["base"], experts)
+    else:
+        pytest.importorskip("optuna")
+        from acetools.files.tpe_merge import tpe_search_merge
+
+        run = functools.partial(tpe_search_merge, "task_arithmetic", hand["base"], experts, trials=2, seed=0)
+    with pytest.raises(InputError, match="meta-llama/Llama-3-8B"):
+        run(tmp_path / "refused", evaluate)
+    with pytest.warns(UserWarning, match="merge anyway with --force"):
+        found = run(tmp_path / "forced", evaluate, force=True)
+    assert found.merge.out == (tmp_path / "forced").resolve()

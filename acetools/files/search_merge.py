@@ -25,7 +25,11 @@ from .lineage import check_lineage
 from .merge_files import merge_files, plan_merge
 from .staging import SEARCH_MARK, lock_output, remove_stale_stages
 
-__all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge", "score_candidate"]
+__all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge", "score_candidate", "PLAN_KEYS"]
+
+#: The options of a merge that its plan reads (:func:`acetools.files.merge_files.plan_merge`), which a search
+#: checks once before its candidates (``force``: an adapter's base name, docs/your-models.md §LoRA adapters as experts).
+PLAN_KEYS = ("layout", "heads", "names", "mode", "force_layout", "vocab", "force")
 
 #: The signature of a user's evaluation: (merged folder, task name) -> score (higher is better).
 Evaluate = Callable[[Path, str], float]
@@ -131,8 +135,7 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
     hp = dict(hparams or {})
     if search.param in hp:
         raise InputError(f"--search chooses {method}'s {search.param}; do not also give -p {search.param}=...")
-    plan_keys = {k: merge_options[k] for k in ("layout", "heads", "names", "mode", "force_layout", "vocab", "force")
-                 if k in merge_options}
+    plan_keys = {k: merge_options[k] for k in PLAN_KEYS if k in merge_options}
     plan = plan_merge(method, base, experts, hparams=hp, **plan_keys)
     # is the base the experts' parent? checked once here, not for every candidate
     check_lineage(plan.base, plan.experts, plan.layout, force=merge_options.get("force", False))

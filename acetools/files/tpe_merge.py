@@ -21,15 +21,13 @@ from .checkpoints import check_output_folder
 from .heads import expert_names
 from .lineage import check_lineage
 from .merge_files import merge_files, plan_merge
-from .search_merge import Evaluate, score_candidate
+from .search_merge import PLAN_KEYS, Evaluate, score_candidate
 from .staging import SEARCH_MARK, lock_output, remove_stale_stages
 
 __all__ = ["DEFAULT_TRIALS", "TPEMerge", "fitting_methods", "tpe_search_merge"]
 
 #: Trials when none are given: a fifth of a 30-value grid, per method searched.
 DEFAULT_TRIALS = 6
-
-_PLAN_KEYS = ("layout", "heads", "names", "mode", "force_layout", "vocab")
 
 
 @dataclass
@@ -98,7 +96,7 @@ def tpe_search_merge(method: str, base: Any, experts: Sequence[Any], out: str | 
         raise InputTypeError("evaluate must be a callable (model folder, task name) -> score")
     require_optuna()  # before any file is opened
     hp = dict(hparams or {})
-    plan_keys = {k: merge_options[k] for k in _PLAN_KEYS if k in merge_options}
+    plan_keys = {k: merge_options[k] for k in PLAN_KEYS if k in merge_options}
     if method == "auto":
         if hp:
             raise InputError(f"--method auto chooses every method's hyperparameters; drop -p {next(iter(hp))}=...")
