@@ -10,7 +10,6 @@ beside ``acetools merge``, and mergekit's tensor functions on the cases the pair
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import shlex
@@ -26,6 +25,7 @@ from acetools.files.merge_files import load_config, merge_files, plan_merge
 from acetools.files.per_expert import per_expert_hparams
 from acetools.merging import merge, task_vectors
 from acetools.merging.ties import dare_mask, dare_task_vectors, drop_and_rescale, kept_count
+from tests.merge_helpers import perturbed
 
 from .conftest import make_world
 
@@ -265,12 +265,7 @@ def _llama_folders(root: Path) -> None:
     model = transformers.LlamaForCausalLM(cfg).eval()
     model.save_pretrained(root / "base")
     for t, name in enumerate(("math", "code")):
-        m = copy.deepcopy(model)
-        g = torch.Generator().manual_seed(10 + t)
-        with torch.no_grad():
-            for p in m.parameters():
-                p.add_(0.02 * torch.randn(p.shape, generator=g))
-        m.save_pretrained(root / name)
+        perturbed(model, 10 + t).save_pretrained(root / name)
 
 
 def _doc_pairs() -> dict[str, dict[str, str]]:

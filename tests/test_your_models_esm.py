@@ -4,7 +4,6 @@ names, so ``-p activations=...`` failed on a detected GPT-2 layout)."""
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import shlex
@@ -17,6 +16,7 @@ import acetools
 from acetools.cli import main
 from acetools.files.checkpoints import open_checkpoint
 from acetools.files.merge_files import load_activations
+from tests.merge_helpers import perturbed
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -37,12 +37,7 @@ def _folders(root: Path) -> None:
     model = transformers.GPT2LMHeadModel(cfg).eval()
     model.save_pretrained(root / "base")
     for t, name in enumerate(("ft_a", "ft_b", "ft_c")):
-        m = copy.deepcopy(model)
-        g = torch.Generator().manual_seed(10 + t)
-        with torch.no_grad():
-            for p in m.parameters():
-                p.add_(0.02 * torch.randn(p.shape, generator=g))
-        m.save_pretrained(root / name)
+        perturbed(model, 10 + t).save_pretrained(root / name)
 
 
 def test_the_documented_esm_example_runs_and_the_cli_equals_merge(tmp_path, monkeypatch):
