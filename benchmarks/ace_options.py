@@ -25,16 +25,15 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from acetools.benchmark import Benchmark
+from acetools.merging import METHODS, merge, task_vectors
+from acetools.merging.ace import ace_with_diagnostics
+from acetools.utils import atomic_write
+from acetools.world.vision.zoo import Zoo
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-
-from acetools.benchmark import Benchmark  # noqa: E402
-from acetools.merging import METHODS, merge, task_vectors  # noqa: E402
-from acetools.merging.ace import ace_with_diagnostics  # noqa: E402
-from acetools.utils import atomic_write  # noqa: E402
-from acetools.world.vision.zoo import Zoo  # noqa: E402
 
 OUT = ROOT / "figures" / "benchmark" / "ace_options"
 

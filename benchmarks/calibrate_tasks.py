@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's acetools
-
-from acetools.errors import InputError  # noqa: E402
-from acetools.world.vision.data import SUITES, get_task, load_split, pretraining_pool  # noqa: E402
+from acetools.errors import InputError
+from acetools.world.vision.data import SUITES, get_task, load_split, pretraining_pool
 
 _LUMA = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
 

@@ -196,7 +196,6 @@ def main() -> None:
         base, _ = build_minilm(Path(args.build))
         (Path(args.build) / "world.json").write_text(json.dumps({"base": str(base)}))
         return None
-    sys.path.insert(0, str(ROOT))
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="acetools-checkpoint-speed-"))
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
@@ -204,7 +203,7 @@ def main() -> None:
     try:
         # built in a subprocess: this process stays small, as the rows' rusage counts its size at each fork
         subprocess.run([sys.executable, __file__, "--build", str(work)], check=True, cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'notebooks'}", HF_HUB_OFFLINE="1"))
+                       env=dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1"))
         base, experts = Path(json.loads((work / "world.json").read_text())["base"]), [
             work / f"expert{t}" for t in range(3)]
         sides = {"after": ROOT} | ({"before": Path(args.before).resolve()} if args.before else {})
@@ -251,7 +250,7 @@ def main() -> None:
             cmd = [sys.executable, str(HERE / "merge_files.py"), "--only", "task_arithmetic", "--drivers", "plain",
                    "stream", "stream, no hash", "--repeats", str(args.vit_repeats), "--work", str(work / "vit"),
                    "--out", str(vit_out), *(["--reuse"] if (work / "vit" / "world.json").is_file() else [])]
-            subprocess.run(cmd, check=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'notebooks'}"))
+            subprocess.run(cmd, check=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
             vit = json.loads((vit_out / "results.json").read_text())["meta"]["over_plain"]
             checks["vit_task_arithmetic_over_plain"] = vit
         import torch

@@ -46,7 +46,6 @@ from pathlib import Path
 from _shapes import llama3_8b_layer_shapes, vit_b32_visual_shapes  # benchmarks/_shapes.py, beside this script
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # this checkout's acetools (a script's sys.path starts at benchmarks/)
 
 #: One block (layer) per architecture, and the blocks the whole model has.
 ARCHS = {

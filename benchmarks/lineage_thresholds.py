@@ -37,24 +37,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout, as the other benchmark scripts do
-
-from acetools.files.checkpoints import open_checkpoint  # noqa: E402
-from acetools.files.lineage import (  # noqa: E402
+from acetools.files.checkpoints import open_checkpoint
+from acetools.files.lineage import (
     CENTRAL_MARGIN,
     COSINE_LIMIT,
     RATIO_LIMIT,
     SHARED_RATIO_LIMIT,
     measure_lineage,
 )
-from acetools.layouts import default_layout  # noqa: E402
+from acetools.layouts import default_layout
+
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = ROOT / "benchmarks" / "results" / "lineage" / "thresholds.json"
 

@@ -265,7 +265,6 @@ def main() -> None:
         return child(args)
     if args.quick:
         args.tasks, args.blocks, args.width = 3, 1, 64
-    sys.path.insert(0, str(ROOT))
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="acetools-merge-files-"))
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(Path(args.acetools).resolve()),

@@ -30,11 +30,10 @@ from typing import Any
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the repository's acetools, however the script is run
+from acetools.benchmark import aggregate_seeds
+from acetools.utils import atomic_write
 
-from acetools.benchmark import aggregate_seeds  # noqa: E402
-from acetools.utils import atomic_write  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 #: Settings a rerun must share with the committed file for its rows to sit in the same table.
 SAME = ("world", "suite", "tasks", "size", "expert_seed", "proxy_seed", "n_val", "n_test", "n_proxy", "n_gram",

@@ -225,10 +225,7 @@ def worker(method: str, n_tasks: int, blocks: int, wudi_steps: int, esm_tokens: 
     target for ``peak_extra_mb - out_mb`` beside the method's own work."""
     if method == "gemm":
         return {"method": "gemm", **gemm_rates()}
-    # this checkout's acetools (a script's sys.path starts at benchmarks/, not at the repository),
-    # or another checkout's (e.g. main's, for before/after)
-    sys.path.insert(0, str(HERE.parent) if tree == "-" else tree)
-    import torch
+    import torch  # acetools: this checkout's or another's (``tree``), on the PYTHONPATH _execute gives the worker
 
     import acetools
     from acetools.merging import METHODS
@@ -512,7 +509,9 @@ def _execute(args: argparse.Namespace, runs: list[tuple]) -> tuple[list[dict], s
                entry]
         label = f"{m} T={t} world={world} code={code} {variant} entry={entry} run={i}"
         print(f"  running {label} ...", file=sys.stderr, flush=True)
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        # this checkout's acetools, or another checkout's (e.g. main's, for before/after)
+        tree_path = os.pathsep.join(x for x in (str(HERE.parent) if tree == "-" else tree, env.get("PYTHONPATH")) if x)
+        res = subprocess.run(cmd, capture_output=True, text=True, env={**env, "PYTHONPATH": tree_path})
         if res.returncode != 0:
             print(f"  {label} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
             rows.append({"method": m, "world": world, "code": code, "variant": variant, "entry": entry,
@@ -597,7 +596,6 @@ def main(argv: list[str] | None = None) -> int:
         args.blocks, args.width, args.wudi_steps = 1, min(args.width, 192), min(args.wudi_steps, 5)
         args.esm_tokens = min(args.esm_tokens, 400)
 
-    sys.path.insert(0, str(HERE.parent))
     import acetools  # noqa: F401  (fail early if the package is missing)
     from acetools.merging import METHODS
 

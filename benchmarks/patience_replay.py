@@ -32,8 +32,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # text_world's variant rows
 
 
 def replay_grid_search(trace: Sequence[Mapping[str, Any]], grid: Sequence[float], **search: Any):

@@ -29,12 +29,11 @@ from typing import Any
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from acetools.regime import RegimeCard, regime_card
+from acetools.utils import atomic_write
+from acetools.world.vision.zoo import Zoo
 
-from acetools.regime import RegimeCard, regime_card  # noqa: E402
-from acetools.utils import atomic_write  # noqa: E402
-from acetools.world.vision.zoo import Zoo  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = ROOT / "figures" / "regime"
 

@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from acetools.merging import ace as A
+from acetools.merging import esm as E
+from acetools.merging import svd as V
 
-from acetools.merging import ace as A  # noqa: E402
-from acetools.merging import esm as E  # noqa: E402
-from acetools.merging import svd as V  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 def taus_for(shape, T, g, spread=1.0, rank=16):

@@ -26,12 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from acetools.regime import RegimeCard, regime_card
+from acetools.search import PATIENCE
+from acetools.world.text.world import TextWorld
 
-from acetools.regime import RegimeCard, regime_card  # noqa: E402
-from acetools.search import PATIENCE  # noqa: E402
-from acetools.world.text.world import TextWorld  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = ROOT / "figures" / "regime" / "text_recipes"
 STUDY_TASKS = ("emoji_group", "wordnet_domain", "code_language", "wordnet_artifact")

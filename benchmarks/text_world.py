@@ -21,20 +21,19 @@ writes the regime card (:func:`acetools.regime.regime_card`) to ``figures/regime
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from acetools.benchmark import Search, picked_rows
+from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID
+from acetools.search import PATIENCE
+from acetools.world.base import cache_dir
 
-from acetools.benchmark import Search, picked_rows  # noqa: E402
-from acetools.merging.esm import ROBERTA, ROBERTA_ALPHA_GRID  # noqa: E402
-from acetools.search import PATIENCE  # noqa: E402
-from acetools.world.base import cache_dir  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 #: ACE's scale candidates here: (0, 5] in steps of 0.1 (the vision row's 0.1-2.0 grid, ACE_SCALED, ends where
 #: a vision seed already chose 2.0; the grid search stops PATIENCE points after its best).
@@ -138,9 +137,7 @@ def _add_rows(args, b, stem: str) -> list:
     ``<stem>`` tables (summary, per-task, JSON), replacing rows of the same name; every other row,
     and the norms and cosine tables, stay as they are."""
     import pandas as pd
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # merge_rows beside this script
-    from merge_rows import replace_rows
+    from merge_rows import replace_rows  # beside this script (a script's sys.path starts at its folder)
 
     from acetools.utils import atomic_write
 
@@ -239,8 +236,11 @@ def card(args) -> None:
 
 def tables(args) -> str:
     """The README's text-world tables (markdown), from the committed files only."""
-    sys.path.insert(0, str(ROOT / "scripts"))  # the docs' table generator beside this folder
-    from readme_tables import text_world_tables
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
+    assert spec is not None and spec.loader is not None  # the docs' table generator, a script beside this folder
+    readme_tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(readme_tables)
+    text_world_tables = readme_tables.text_world_tables
 
     text = text_world_tables(args.out, args.results, args.suite)
     print(text)

@@ -18,17 +18,16 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
+import torch
+
+from acetools.benchmark import Benchmark
+from acetools.regime import activation_rows
+from acetools.utils import atomic_write
+from acetools.world.vision.models import build_encoder
+from acetools.world.vision.zoo import Zoo
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-
-from acetools.benchmark import Benchmark  # noqa: E402
-from acetools.regime import activation_rows  # noqa: E402
-from acetools.utils import atomic_write  # noqa: E402
-from acetools.world.vision.models import build_encoder  # noqa: E402
-from acetools.world.vision.zoo import Zoo  # noqa: E402
 
 OUT = ROOT / "figures" / "regime" / "token_rows_random_init.csv"
 SETS = {"every hooked matrix": None, "in_proj and c_fc": ("attn.in_proj_weight", "mlp.c_fc.weight")}

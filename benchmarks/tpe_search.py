@@ -4,7 +4,7 @@ Per method, the grid evaluates every pair of its two searched hyperparameters (T
 ε; :data:`GRIDS`) on validation; TPE (Optuna, seeded) gets at most a fifth of the grid's evaluations
 (``--fraction``), for each of ``--seeds``. The grid's best and TPE's best are compared example by example
 on the validation set: the difference counts as a tie when it is within the paired margin
-max(0.5 points, 1.96 x the paired bootstrap standard error) (notebooks/claimkit/verdicts.py:margin,
+max(0.5 points, 1.96 x the paired bootstrap standard error) (acetools_course/verdicts.py:margin,
 docs/course.md §Margin, power and rivals). Scores are mean absolute validation accuracy over the tasks.
 
     python3 benchmarks/tpe_search.py                        # the table of docs/performance.md
@@ -23,12 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "notebooks")]
+from acetools.benchmark import ACE_SCALED, Benchmark
+from acetools.search import LAMBDA_GRID
+from acetools.tpe import tpe_search
 
-from acetools.benchmark import ACE_SCALED, Benchmark  # noqa: E402
-from acetools.search import LAMBDA_GRID  # noqa: E402
-from acetools.tpe import tpe_search  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 #: The grid per method: its two searched hyperparameters (acetools.tpe.SPACES), every third value of the registry's
 #: coefficient grid (every second of ACE's scaling grid) by two values of the other: one evaluation (a merge of the
@@ -57,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     from acetools.world.text.world import TextWorld
-    from claimkit.power import paired_se
-    from claimkit.verdicts import margin
+    from acetools_course.power import paired_se
+    from acetools_course.verdicts import margin
 
     args = _parser().parse_args(argv)
     t0 = time.perf_counter()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,16 +31,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository's acetools, however the script is run
+from acetools.benchmark import Benchmark
+from acetools.errors import InputError
+from acetools.merging import METHODS, is_matrix_param, task_vectors
+from acetools.merging.wudi import is_wudi_target, wudi_loss
+from acetools.utils import atomic_write
+from acetools.utils import progress as bar
+from acetools.world.vision.zoo import Zoo
 
-from acetools.benchmark import Benchmark  # noqa: E402
-from acetools.errors import InputError  # noqa: E402
-from acetools.merging import METHODS, is_matrix_param, task_vectors  # noqa: E402
-from acetools.merging.wudi import is_wudi_target, wudi_loss  # noqa: E402
-from acetools.utils import atomic_write  # noqa: E402
-from acetools.utils import progress as bar  # noqa: E402
-from acetools.world.vision.zoo import Zoo  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def wudi_step_size(bench: Benchmark, lrs: Sequence[float] = (1e-5, 1e-4, 1e-3), *, steps: int = 300,

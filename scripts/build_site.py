@@ -44,11 +44,10 @@ from pathlib import Path
 import nbformat
 from papermill.exceptions import PapermillExecutionError
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the repository's acetools, however the script is run
+from acetools.notebooks import notebook_paths, run_report
+from acetools.utils import local_mathjax_url
 
-from acetools.notebooks import notebook_paths, run_report  # noqa: E402
-from acetools.utils import local_mathjax_url  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 REVEAL_VERSION = "4.6.0"  # npm's reveal.js, the 4.x layout nbconvert's template expects (dist/, plugin/)
 VENDOR = REPO / "build" / "vendor" / "node_modules"

@@ -35,12 +35,11 @@ from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "notebooks")]  # the repository's acetools and claimkit, however it is run
+from acetools import results
+from acetools_course.lesson07_language import ROBERTA_GLUE, benchmark_tables, growth_table
+from acetools_course.verdicts import VERDICTS
 
-from acetools import results  # noqa: E402
-from acetools.course.language import ROBERTA_GLUE, benchmark_tables, growth_table  # noqa: E402
-from claimkit.verdicts import VERDICTS  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /generated: (?P=name) -->)", re.S)
 

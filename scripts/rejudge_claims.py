@@ -25,12 +25,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from acetools_course import claims as C
+from acetools_course.verdicts import Effect, Verdict, World, power_rule
+
 REPO = Path(__file__).resolve().parents[1]
-
-sys.path[:0] = [str(REPO), str(REPO / "notebooks")]  # the repository's acetools and claimkit, however it is run
-
-from claimkit import claims as C  # noqa: E402
-from claimkit.verdicts import Effect, Verdict, World, power_rule  # noqa: E402
 
 #: The reruns the committed numbers wait for, by claim id, while a record is still from before
 #: them (:func:`pending_rerun`).
@@ -74,7 +72,7 @@ def _per_suite(numbers: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _at_paper_eps(numbers: Mapping[str, Any]) -> bool:
-    from claimkit.ace_step_by_step import PAPER_EPS_VIT
+    from acetools_course.lesson02_ace_step_by_step import PAPER_EPS_VIT
 
     eps = numbers.get("eps")
     return eps is not None and abs(float(eps) - PAPER_EPS_VIT) <= 1e-12
@@ -99,7 +97,7 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
     """Notebook 02's claims from their stored numbers. A record decided at the paper's eps (a
     notebook run since issue 23) keeps that eps, its ridge/prior size and the code default's
     verdict beside it; an older one is decided at the code default eps 1e-2 it was measured at."""
-    from claimkit import ace_step_by_step as A
+    from acetools_course import lesson02_ace_step_by_step as A
 
     out: dict[str, Verdict] = {}
     n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
@@ -147,7 +145,7 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
 
 
 def _esm_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
-    from claimkit import esm_step_by_step as E
+    from acetools_course import lesson03_esm_step_by_step as E
 
     out: dict[str, Verdict] = {}
     n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
@@ -220,9 +218,9 @@ def _benchmark_verdicts(figures_root: Path, world: World, folder: str = "04_benc
                         kind: str = "mini") -> dict[str, Verdict]:
     """Notebook 04's claims from the benchmark's result files, as the notebook decides them with
     ``world=kind``: the mini-world's tables, or a text world's (its claims as analogues)."""
-    from acetools.course import benchmark as lesson
-    from acetools.course import world as course
-    from claimkit import benchmark as bench_claims
+    from acetools_course import lesson04_benchmark as bench_claims
+    from acetools_course import lesson04_benchmark as lesson
+    from acetools_course import lesson_worlds as course
 
     bd = lesson.load_benchmark(quick=False, suites=["tasks8", "tasks14", "tasks20"], size="small", suite="tasks8",
                                seed=0, results_dir=figures_root / "benchmark", figures_dir=figures_root / folder,
@@ -235,10 +233,10 @@ def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Pat
     """Lesson 07's claims: the benchmark claim from the committed text tables, the spectrum from
     the committed regime card; γ and the stage ablation need the experts' weights, so their
     stored verdicts are carried over (a 07 run decides them afresh)."""
-    from acetools.course import language as lesson
     from acetools.regime import RegimeCard
     from acetools.world.text.finetune import protocol_tag
-    from claimkit import language as lang_claims
+    from acetools_course import lesson07_language as lang_claims
+    from acetools_course import lesson07_language as lesson
 
     out: dict[str, Verdict] = {}
     suite = protocol_tag("text8", _heads(world.name))  # the tables of the head protocol the claims were judged in
@@ -279,7 +277,7 @@ TEXT_FOLDERS: frozenset[str] = frozenset({"04_benchmark-text8", "07_language"})
 
 def _heads(world_name: str | None) -> str:
     """The head protocol a text claim world's name stands for, read back from the names ``claim_world`` gives
-    (:data:`claimkit.claims.TEXT_CLAIM_WORLDS`: key ``"<profile>"`` for zero-shot heads, ``"<profile> <heads>"``
+    (:data:`acetools_course.claims.TEXT_CLAIM_WORLDS`: key ``"<profile>"`` for zero-shot heads, ``"<profile> <heads>"``
     otherwise); "zeroshot" for a name it does not give."""
     key = next((k for k, v in C.TEXT_CLAIM_WORLDS.items() if v == world_name), "")
     return key.partition(" ")[2] or "zeroshot"
@@ -291,7 +289,7 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
     ``world``: the world the committed numbers come from (default: the mini-world, its room
     from ``<figures_root>/benchmark``). Returns one row per claim: ``id, notebook, before,
     after, changed`` and the reason; with ``write`` each ``claims.json`` is rewritten (atomically,
-    through :func:`claimkit.claims.record`), with ``numbers["pending_rerun"]`` where
+    through :func:`acetools_course.claims.record`), with ``numbers["pending_rerun"]`` where
     a record still waits for the rerun :data:`PENDING` names (:func:`pending_rerun`)."""
     figures_root = Path(figures_root).resolve()
     mini = world or C.claim_world(quick=False, results_dir=figures_root / "benchmark")
@@ -317,7 +315,7 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
             if waits:
                 v = v.with_reason(f"{_base(v.reason)}; pending rerun: {waits}")
                 extra["pending_rerun"] = waits
-            v = power_rule(v)  # the one rule (V.7), last, as claimkit.claims.record applies it
+            v = power_rule(v)  # the one rule (V.7), last, as acetools_course.claims.record applies it
             rows.append({"id": cid, "notebook": folder, "before": before, "after": v.verdict,
                          "changed": before != v.verdict, "reason": v.reason,
                          "predicted_effect": v.predicted_effect, "noise_floor": v.noise_floor,

@@ -32,7 +32,7 @@ _BAD = {
 #: A Python list or numpy array printed as such (``['a', 'b']``, ``[2]``, ``[1.14 1.05]``), in printed output.
 _ITEM = r"(?:&#x27;[^&]*&#x27;|'[^']*'|-?\d+(?:\.\d+)?(?:e-?\d+)?)"
 _LIST_REPR = re.compile(rf"\[{_ITEM}(?:,? +{_ITEM})*\]")
-#: A verdict line as :func:`claimkit.claims.show` renders it, and as plain text.
+#: A verdict line as :func:`acetools_course.claims.show` renders it, and as plain text.
 _VERDICT_LINE = re.compile(r"</strong> · <code>([a-z0-9_]+\.[a-z0-9_]+)</code>:")
 _VERDICT_TEXT = re.compile(r"\[(?:reproduced|partly|not reproduced|undecidable here|not testable here)\] "
                            r"([a-z0-9_]+\.[a-z0-9_]+):")

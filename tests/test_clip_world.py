@@ -407,14 +407,14 @@ def test_the_issue_command_line(fakes, tmp_path, capsys):
         assert {"task_arithmetic", "tsv_m", "ace"} <= set(summary["method"])
         per_task = pd.read_csv(out / f"{stem}_per_task.csv")
         assert set(per_task["task"]) == set(CLIP8)
-        from acetools.course.paper_tables import beside_papers  # the course sets the papers' numbers beside
+        from acetools_course.paper_tables import beside_papers  # the course sets the papers' numbers beside
 
         paper = beside_papers(summary, 8, base_label="base (zero-shot heads)").set_index("method")
         assert paper.loc["tsv_m", "paper_acc"] == 85.9 and paper.loc["experts (individual)", "paper_acc"] == 92.8
 
         # notebook 04 reads these files for world="clip-vit-b32" beside the papers' ViT-B/32 columns
-        from acetools.course import benchmark as lesson
-        from acetools.course import world as course
+        from acetools_course import lesson04_benchmark as lesson
+        from acetools_course import lesson_worlds as course
 
         opts = course.world_options("clip-vit-b32", str(models), str(data))
         bd = lesson.load_benchmark(quick=False, suites=["tasks8"], size="small", suite="tasks8", seed=0,
@@ -435,8 +435,8 @@ def test_the_issue_command_line(fakes, tmp_path, capsys):
 
 
 def test_course_world_builds_the_clip_world(fakes, tmp_path):
-    from acetools.course import world as course
     from acetools.world.clip import ClipWorld
+    from acetools_course import lesson_worlds as course
 
     assert course.world_options() == {} and course.clip_suite("tasks20") == "clip20"
     with pytest.raises(ValueError, match="no CLIP ViT-B/32 counterpart"):

@@ -88,8 +88,8 @@ def test_unknown_style_is_named():
 def test_the_lessons_use_the_one_parser():
     """The lesson helpers are the keys helpers (same labels and block conventions as before)."""
     from acetools import diagnostics
-    from acetools.course.plotting import ace_step_by_step as PA
-    from acetools.course.plotting import esm_step_by_step as PE
+    from acetools_course import lesson02_ace_step_by_step as PA
+    from acetools_course import lesson03_esm_step_by_step as PE
 
     key = OC.format(3, "mlp.c_fc.weight")
     assert diagnostics.layer_type is K.layer_type

@@ -215,8 +215,8 @@ def test_mean_fallbacks_are_announced():
 def test_gamma_strip_takes_heterogeneity_per_layer():
     import matplotlib.pyplot as plt
 
-    from acetools.course.plotting.ace_step_by_step import gamma_strip
     from acetools.diagnostics import heterogeneity_per_layer
+    from acetools_course.lesson02_ace_step_by_step import gamma_strip
 
     for model in (tiny_gpt2(), tiny_clip_vision()):
         base = float_state(model)

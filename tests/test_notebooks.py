@@ -182,7 +182,7 @@ def test_02_to_04_run_on_the_text_world_and_05_shows_both_worlds(quick_env):
 
     import pandas as pd
 
-    from claimkit import claims
+    from acetools_course import claims
 
     repo = Path(__file__).resolve().parents[1]
 

@@ -124,8 +124,8 @@ def test_save_and_load_round_trip(card, tmp_path):
 
 
 def test_clip_reference_is_the_paper_table_normalized():
-    from acetools.course.paper_tables import paper_column
     from acetools.regime import CLIP_B32
+    from acetools_course.paper_tables import paper_column
 
     for n in (8, 14, 20):
         col = paper_column("spec", "ViT-B/32", n, methods_only=False)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from claimkit import claims
-from claimkit.power import POWER_FACTOR
-from claimkit.verdicts import VERDICTS
+from acetools_course import claims
+from acetools_course.power import POWER_FACTOR
+from acetools_course.verdicts import VERDICTS
 
 
 def _script():

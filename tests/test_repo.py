@@ -184,15 +184,16 @@ def test_reading_times_are_the_lessons_own():
 
 
 def _acetools_imports(path: Path) -> list[tuple[str, str | None]]:
-    """``(module, name)`` for every ``import acetools…`` / ``from acetools… import name`` in a file."""
+    """``(module, name)`` for every ``import acetools…`` / ``from acetools… import name`` in a file (the library's
+    and the course's, ``acetools_course``)."""
     import ast
 
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "acetools":
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("acetools", "acetools_course"):
             found += [(node.module, a.name) for a in node.names]
         elif isinstance(node, ast.Import):
-            found += [(a.name, None) for a in node.names if a.name.split(".")[0] == "acetools"]
+            found += [(a.name, None) for a in node.names if a.name.split(".")[0] in ("acetools", "acetools_course")]
     return found
 
 
@@ -216,12 +217,13 @@ def test_every_script_imports_names_the_package_still_has(path):
     assert not missing, f"{path.name} imports what acetools no longer has: {missing}"
 
 
-def test_every_data_file_of_the_package_ships_in_the_wheel():
-    """A table read at run time (``tasks.json``, ``regime.json``, ...) that pyproject's package-data
-    misses works from a checkout and fails from an installed wheel. The patterns are globbed as
-    setuptools globs them (``*`` stays inside one folder)."""
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["acetools"]
-    package = ROOT / "acetools"
+@pytest.mark.parametrize("name", ["acetools", "acetools_course"])
+def test_every_data_file_of_the_package_ships_in_the_wheel(name):
+    """A table read at run time (``tasks.json``, ``regime.json``, the course's ``paper_tables.json``, ...) that
+    pyproject's package-data misses works from a checkout and fails from an installed wheel. The patterns are
+    globbed as setuptools globs them (``*`` stays inside one folder)."""
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][name]
+    package = ROOT / name
     data = {p.relative_to(package).as_posix() for p in package.rglob("*")
             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
     assert data, "the package holds no data files: the walk is wrong"

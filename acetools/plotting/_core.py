@@ -145,7 +145,7 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
         raise InputError(f"figure name {name!r} must be a file stem of letters, digits and _.- (no extension)")
     path = Path(folder) / f"{name}.png"
     buf = io.BytesIO()
-    manifest = Path(folder) / "figures.json"  # acetools.course.world.MANIFEST: notebook, profile, world
+    manifest = Path(folder) / "figures.json"  # acetools_course.lesson_worlds.MANIFEST: notebook, profile, world
     m = json.loads(manifest.read_text()) if manifest.is_file() else None
     meta = {"Software": None} | {f"acetools:{k}": str(v) for k, v in sorted((m or {}).items())}
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata=meta)

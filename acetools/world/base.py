@@ -110,7 +110,7 @@ class EvaluatesAll(Protocol):
 @runtime_checkable
 class PerExample(Protocol):
     """A world that scores every test example, so that two merges can be compared example by
-    example (the claims' ``claimkit.stats.paired_bootstrap``; docs/course.md §Claim rules)."""
+    example (the claims' ``acetools_course.stats.paired_bootstrap``; docs/course.md §Claim rules)."""
 
     def correctness(self, state: Mapping[str, Tensor], split: str = "test", n: int | None = None,
                     tasks: Sequence[str] | None = None) -> dict[str, Any]:

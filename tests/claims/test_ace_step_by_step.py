@@ -1,4 +1,4 @@
-"""claimkit.ace_step_by_step: the claim verdicts of notebook 02."""
+"""acetools_course.lesson02_ace_step_by_step: the claim verdicts of notebook 02."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from acetools.course import ace_step_by_step as AC
-from claimkit import ace_step_by_step as AV
+from acetools_course import lesson02_ace_step_by_step as AC
+from acetools_course import lesson02_ace_step_by_step as AV
 from tests.course.test_ace_step_by_step import two_suite_ablation
 
 
@@ -113,8 +113,8 @@ def test_verdict_csp_and_refinement():
 
 
 def test_refinement_in_a_vision_world_is_undecidable_as_the_papers_own_vit_row():
-    from claimkit import paper_tables
-    from claimkit.verdicts import World
+    from acetools_course import paper_tables
+    from acetools_course.verdicts import World
 
     w = World("mini-world", "full", {8: 4.1, 20: 3.1})
     big = [{"suite": "s8", "d": 3.0, "what": "gate forced: refined - not refined"}]
@@ -164,7 +164,7 @@ def test_verdict_direction_decides_on_the_hooked_reference():
 
 
 def test_claim_verdicts_at_the_papers_eps_with_the_default_beside():
-    from claimkit.verdicts import World
+    from acetools_course.verdicts import World
 
     rows = []
     for v, acc in ((AC.FULL, 80), (AC.GATE_ON, 79), (AC.GATE_ON_NO_REFINE, 78), (AC.GATE_OFF, 77),

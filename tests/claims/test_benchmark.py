@@ -1,4 +1,4 @@
-"""claimkit.benchmark (lesson 04): differences that count, the claim verdicts (each checked on the
+"""acetools_course.lesson04_benchmark (lesson 04): differences that count, the claim verdicts (each checked on the
 paper's own numbers) and the mini-world targets."""
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ import pandas as pd
 import pytest
 
 from acetools import results
-from acetools.course import benchmark as lesson
-from acetools.course import paper_tables
-from claimkit import benchmark as BV
-from claimkit import claims
-from claimkit.paper_tables import ACE_CLAIMED_RANKS, paper_lead, paper_room, table_rivals
-from claimkit.verdicts import NOISE
+from acetools_course import claims, paper_tables
+from acetools_course import lesson04_benchmark as BV
+from acetools_course import lesson04_benchmark as lesson
+from acetools_course.paper_tables import ACE_CLAIMED_RANKS, paper_lead, paper_room, table_rivals
+from acetools_course.verdicts import NOISE
 from tests.course.test_benchmark import three_suites
 from tests.test_results import summary_rows
 
@@ -31,7 +30,7 @@ def _paper_summary(table: str, backbone_by_n: dict[int, str]) -> pd.DataFrame:
 
 def _paper_world(table: str):
     """The paper's own world: its room is the paper's, so every prediction is the paper's effect."""
-    from claimkit.verdicts import World
+    from acetools_course.verdicts import World
 
     return World(f"paper {table}", "full", {n: paper_room(table, n) for n in (8, 14, 20)})
 
@@ -102,7 +101,7 @@ def test_assess_grows():
 
 
 def test_grows_is_undecidable_where_the_scaled_growth_is_below_the_floor():
-    from claimkit.verdicts import World
+    from acetools_course.verdicts import World
 
     grows = three_suites([{"ace": [86, 86], "tsv_m": [85, 85]}, {"ace": [84, 84], "tsv_m": [81, 81]},
                           {"ace": [82, 82], "tsv_m": [75, 75]}])
@@ -263,7 +262,7 @@ def test_the_rules_pass_the_papers_own_tables():
 
 
 def test_beats_is_undecidable_where_the_scaled_lead_is_below_the_floor():
-    from claimkit.verdicts import World
+    from acetools_course.verdicts import World
 
     # rooms 8.0 / 3.1 / 3.1 against ACE's table's (15.1 / 14.1 / 13.7): predicted +1.06 / +0.33 / +0.36;
     # only the 8-task suite has power (at least twice the 0.5 margin), and there ACE loses
@@ -340,9 +339,9 @@ def test_notebook_04_reads_the_text_worlds_files_and_judges_analogues(tmp_path):
     world (its room from the same files). Reading only: no model runs."""
     from pathlib import Path
 
-    from acetools.course import benchmark as lesson
-    from acetools.course import world as course
     from acetools.errors import InputError
+    from acetools_course import lesson04_benchmark as lesson
+    from acetools_course import lesson_worlds as course
 
     repo = Path(__file__).resolve().parents[2]
     opts = course.world_options("text8")

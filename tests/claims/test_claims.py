@@ -1,4 +1,4 @@
-"""claimkit.claims: the registry, recording verdicts, and the collected table."""
+"""acetools_course.claims: the registry, recording verdicts, and the collected table."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from claimkit import claims
-from claimkit.verdicts import World
+from acetools_course import claims
+from acetools_course.verdicts import World
 
 W = World("mini-world", "full", {8: 4.1})
 FIX = World("fixture", "quick", {3: 1.0}, fixture=True)
@@ -25,7 +25,7 @@ def test_registry_ids_are_unique_and_owned_by_course_notebooks():
 
 
 def test_record_writes_merges_and_validates(tmp_path, caplog):
-    caplog.set_level("INFO", logger="claimkit.claims")
+    caplog.set_level("INFO", logger="acetools_course.claims")
     d = tmp_path / "02_ace_step_by_step"
     claims.record(d, "ace.csp", "prior +0.3 pts", "partly", "within noise", world=W, delta=0.3)
     claims.record(d, "ace.refinement", "refine +1.2 pts", "reproduced", "above noise", world=W, delta=1.2)
@@ -76,7 +76,7 @@ def test_a_claim_is_judged_per_world_and_fixture_worlds_do_not_mix(tmp_path):
 
 
 def test_record_takes_a_verdict(tmp_path):
-    from claimkit.verdicts import Verdict
+    from acetools_course.verdicts import Verdict
 
     v = Verdict("prior +0.3 pts", "partly", "within the margin", {"delta": 0.3})
     entry = claims.record(tmp_path / "02_ace_step_by_step", "ace.csp", v, world=W, suite="tasks8")

@@ -1,4 +1,4 @@
-"""claimkit.esm_step_by_step: notebook 03's claim verdicts, on small synthetic tables."""
+"""acetools_course.lesson03_esm_step_by_step: notebook 03's claim verdicts, on small synthetic tables."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from acetools.course import esm_step_by_step as ec
-from claimkit import esm_step_by_step as EV
+from acetools_course import lesson03_esm_step_by_step as EV
+from acetools_course import lesson03_esm_step_by_step as ec
 
 
 def _table(e_esd, e_svd, k_esd, k_svd, c_esd, c_svd):
@@ -93,7 +93,7 @@ def test_verdicts_follow_their_rules():
 
 
 def test_ablation_verdicts_pass_the_papers_table():
-    from claimkit import paper_tables as pt
+    from acetools_course import paper_tables as pt
 
     ab = pt.ESM_ABLATION.set_index(["decomposition", "scaling"])
     assert PAPER_ABLATION[ec.TSV_M_ROW] == tuple(ab.loc[("SVD", "none"), ["tasks8", "tasks20"]])
@@ -104,7 +104,7 @@ def test_ablation_verdicts_pass_the_papers_table():
     assert v["esm.ps_on_svd"].numbers["gain_t20"] == pytest.approx(1.5)
     # in the paper's own world (its room), every prediction is the paper's effect and the rules still pass,
     # except that the layer level's own gains (+0.5 / +0.9) are short of twice the 0.5 margin: undecidable
-    from claimkit.verdicts import World
+    from acetools_course.verdicts import World
 
     own = World("paper esm", "full", room_abs={8: pt.paper_room("esm", 8), 20: pt.paper_room("esm", 20)})
     w = EV.ablation_verdicts(_ablation(PAPER_ABLATION), world=own, n_tasks={"t8": 8, "t20": 20})
@@ -114,7 +114,7 @@ def test_ablation_verdicts_pass_the_papers_table():
 
 
 def test_ablation_verdicts_are_undecidable_where_the_room_is_small():
-    from claimkit.verdicts import World
+    from acetools_course.verdicts import World
 
     # the mini-world's absolute room (about 3 points): ESD alone predicts 1.9 * 3 / 13.6 = 0.42 at 8 tasks
     # and 2.2 * 3 / 14.8 = 0.45 at 20, both below NOISE; the reciprocal's 5 points predict 1.1 and 1.0

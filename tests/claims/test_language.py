@@ -1,4 +1,4 @@
-"""claimkit.language: lesson 07's verdict rules, checked on the papers' own numbers."""
+"""acetools_course.lesson07_language: lesson 07's verdict rules, checked on the papers' own numbers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from acetools.course import language as lesson
-from claimkit import language as LV
+from acetools_course import lesson07_language as LV
+from acetools_course import lesson07_language as lesson
 
 
 def _per_seed(values: dict[str, list[float]]) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""claimkit.mergeable_world: the regime targets of notebook 06."""
+"""acetools_course.lesson06_mergeable_world: the regime targets of notebook 06."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from acetools.regime import RegimeCard
-from claimkit import mergeable_world as MV
+from acetools_course import lesson06_mergeable_world as MV
 from tests.course.test_mergeable_world import fake_card
 
 

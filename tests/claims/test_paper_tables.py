@@ -1,4 +1,4 @@
-"""acetools.course.paper_tables and claimkit.paper_tables: the published numbers, their name mapping and internal
+"""acetools_course.paper_tables and acetools_course.paper_tables: the published numbers, their name mapping and internal
 consistency."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import re
 import pandas as pd
 import pytest
 
-from acetools.course import paper_tables as pt
 from acetools.merging import METHODS
 from acetools.results import REFERENCES, kendall_tau
-from claimkit import claims
-from claimkit import paper_tables as cpt
+from acetools_course import claims
+from acetools_course import paper_tables as cpt
+from acetools_course import paper_tables as pt
 
 
 def test_every_name_maps_to_a_registered_method_or_reference():

@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from acetools.course import paper_tables as P
 from acetools.results import find_results, save_correctness
-from claimkit import benchmark as BV
-from claimkit import verdicts as V
-from claimkit.paper_tables import table_rivals
-from claimkit.power import paired_rows
-from claimkit.stats import Z_95
+from acetools_course import lesson04_benchmark as BV
+from acetools_course import paper_tables as P
+from acetools_course import verdicts as V
+from acetools_course.paper_tables import table_rivals
+from acetools_course.power import paired_rows
+from acetools_course.stats import Z_95
 
 
 def _summary(columns: dict[int, pd.Series], metric: str = "test_acc") -> pd.DataFrame:
@@ -123,7 +123,7 @@ def test_the_margin_takes_the_test_noise_and_the_record_carries_it(tmp_path):
 
 
 def test_the_language_claim_leaves_out_rivals_below_weight_averaging_and_caps_its_prediction():
-    from claimkit import language as LV
+    from acetools_course import lesson07_language as LV
 
     def per_seed(values: dict[str, float]) -> pd.DataFrame:
         return pd.DataFrame([{"suite": "text8", "seed": s, "method": m, "test_normalized": v + 0.1 * s}
@@ -140,7 +140,7 @@ def test_the_language_claim_leaves_out_rivals_below_weight_averaging_and_caps_it
 
 
 def test_wudi_with_its_step_size_on_validation_is_the_rival_where_the_files_have_it():
-    from claimkit import language as LV
+    from acetools_course import lesson07_language as LV
     from tests.test_results import summary_rows
 
     scores = {"ace": 80.0, "wudi": 70.0, BV.TUNED_WUDI_ROW: 82.0}
@@ -169,7 +169,7 @@ def test_wudi_at_or_below_weight_averaging_judges_no_accuracy():
 
 
 def test_vs_wudi_takes_the_tuned_row_per_suite_and_pairs_by_example():
-    from claimkit.stats import PairedDifference
+    from acetools_course.stats import PairedDifference
     from tests.test_results import summary_rows
 
     sec = {(s, m): t for s in ("t8", "t20") for m, t in (("ace", 1.0), ("wudi", 10.0), (BV.TUNED_WUDI_ROW, 30.0),

@@ -1,4 +1,4 @@
-"""claimkit.power: the rows paired from result files, the ceiling-aware prediction and the power rule
+"""acetools_course.power: the rows paired from result files, the ceiling-aware prediction and the power rule
 (docs/course.md §Margin, power and rivals), on synthetic data with a known answer."""
 
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 
 from acetools.errors import InputError
 from acetools.results import find_results, save_correctness
-from claimkit.power import POWER_FACTOR, ceiling_prediction, correctness, has_power, paired_rows
-from claimkit.stats import Z_95
+from acetools_course.power import POWER_FACTOR, ceiling_prediction, correctness, has_power, paired_rows
+from acetools_course.stats import Z_95
 
 
 def test_correctness_reads_the_saved_rows_and_says_none_where_they_lack(tmp_path):

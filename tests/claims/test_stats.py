@@ -1,4 +1,4 @@
-"""claimkit.stats: the paired bootstrap on synthetic data with a known answer (docs/course.md §Claim rules)."""
+"""acetools_course.stats: the paired bootstrap on synthetic data with a known answer (docs/course.md §Claim rules)."""
 
 import math
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from acetools.errors import InputError
-from claimkit import verdicts as V
-from claimkit.stats import Z_95, paired_bootstrap
+from acetools_course import verdicts as V
+from acetools_course.stats import Z_95, paired_bootstrap
 
 
 def _bernoulli(rng, p, n):
@@ -29,7 +29,7 @@ def test_one_seed_one_task_matches_the_analytic_paired_standard_error():
     true_se = 100 * math.sqrt((pa * (1 - pa) + pb * (1 - pb)) / n)
     assert abs(r.diff - 100 * (pa - pb)) < 3 * true_se
     assert r.low < r.diff < r.high and r.n_seeds == 1 and r.n_examples == n
-    # the verdict's margin takes this se (claimkit.verdicts.margin)
+    # the verdict's margin takes this se (acetools_course.verdicts.margin)
     assert V.margin(noise=0.5, se=r.se) == pytest.approx(max(0.5, Z_95 * r.se))
     assert V.margin(noise=99.0, se=r.se) == 99.0
 

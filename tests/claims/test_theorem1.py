@@ -1,12 +1,12 @@
-"""claimkit.theorem1: the verdicts of ace.theorem1, ace.theorem1_vit and ace.unified."""
+"""acetools_course.lesson01_theorem1: the verdicts of ace.theorem1, ace.theorem1_vit and ace.unified."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from acetools.course import theorem1 as th
-from claimkit import theorem1 as TV
+from acetools_course import lesson01_theorem1 as TV
+from acetools_course import lesson01_theorem1 as th
 
 
 def _frame(cos, **cols):

@@ -1,4 +1,4 @@
-"""claimkit.verdicts: the one verdict type and the one comparison rule."""
+"""acetools_course.verdicts: the one verdict type and the one comparison rule."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from claimkit import verdicts as V
-from claimkit.claims import VERDICTS
+from acetools_course import verdicts as V
+from acetools_course.claims import VERDICTS
 
 
 def test_one_vocabulary():
@@ -115,7 +115,7 @@ def test_the_text_world_plugs_into_the_same_machinery():
     """A second world (the text world) judges ACE's language lead with its own room and noise."""
     import pandas as pd
 
-    from claimkit import language as lang
+    from acetools_course import lesson07_language as lang
 
     rows = [{"seed": s, "method": m, "test_normalized": v} for s in (0, 1, 2)
             for m, v in (("ace (eps 2e-4)", 80.0 + s * 0.1), ("wudi", 79.0), ("ties", 70.0), ("tsv_m", 78.0))]

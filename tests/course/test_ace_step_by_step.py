@@ -1,4 +1,4 @@
-"""acetools.course.ace_step_by_step: the tables and the ablation runner of notebook 02."""
+"""acetools_course.lesson02_ace_step_by_step: the tables and the ablation runner of notebook 02."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import acetools
-from acetools.course import ace_step_by_step as AC
 from acetools.diagnostics import heterogeneity_per_layer, subspace_similarity
 from acetools.merging import task_vectors
 from acetools.merging.ace import (
@@ -21,6 +20,7 @@ from acetools.merging.ace import (
     normalize_covariances,
     structural_prior,
 )
+from acetools_course import lesson02_ace_step_by_step as AC
 from tests.conftest import make_world
 
 BLOCK = "visual.transformer.resblocks.0."

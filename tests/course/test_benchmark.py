@@ -1,4 +1,4 @@
-"""acetools.course.benchmark (lesson 04): the lesson's data and tables."""
+"""acetools_course.lesson04_benchmark (lesson 04): the lesson's data and tables."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from acetools import results
-from acetools.course import benchmark as lesson
+from acetools_course import lesson04_benchmark as lesson
 from tests.test_results import summary_rows
 
 

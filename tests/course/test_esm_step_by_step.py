@@ -1,4 +1,4 @@
-"""acetools.course.esm_step_by_step: ESD-vs-SVD measurements, proxy variants, the alpha path and the
+"""acetools_course.lesson03_esm_step_by_step: ESD-vs-SVD measurements, proxy variants, the alpha path and the
 ablation mapping, norm-order loading and the claim verdicts, on small synthetic inputs."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import torch
 import acetools
 from acetools import diagnostics
 from acetools.benchmark import Benchmark
-from acetools.course import esm_step_by_step as ec
 from acetools.merging import esm as E
 from acetools.utils import make_generator
 from acetools.world.vision.zoo import Zoo
+from acetools_course import lesson03_esm_step_by_step as ec
 
 KEY = "visual.transformer.resblocks.0.mlp.c_fc.weight"
 

@@ -6,15 +6,15 @@ import pandas as pd
 import pytest
 import torch
 
-from acetools.course import language as lesson
-from acetools.course.ace_step_by_step import gamma_by_type
 from acetools.diagnostics import heterogeneity_per_layer
 from acetools.merging import task_vectors
+from acetools_course import lesson07_language as lesson
+from acetools_course.lesson02_ace_step_by_step import gamma_by_type
 
 
 def test_gamma_by_type_names_bert_layers_and_gamma_depends_on_the_units():
     """The lesson's one gamma table (acetools.diagnostics.heterogeneity_per_layer, summarised by
-    acetools.course.ace_step_by_step.gamma_by_type) on BERT keys; scaling every weight moves gamma."""
+    acetools_course.lesson02_ace_step_by_step.gamma_by_type) on BERT keys; scaling every weight moves gamma."""
     g = torch.Generator().manual_seed(0)
     base = {"encoder.layer.0.attention.self.query.weight": torch.randn(8, 8, generator=g),
             "encoder.layer.0.output.dense.weight": torch.randn(8, 16, generator=g)}

@@ -1,4 +1,4 @@
-"""acetools.course.mergeable_world: cards side by side, the room budget, the targets."""
+"""acetools_course.lesson06_mergeable_world: cards side by side, the room budget, the targets."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from acetools.course import mergeable_world as lesson
 from acetools.regime import RegimeCard
+from acetools_course import lesson06_mergeable_world as lesson
 
 
 def fake_card(**values) -> RegimeCard:

@@ -1,4 +1,4 @@
-"""acetools.course.page: report tables (digits, no NaN) and figure alt text."""
+"""acetools_course.page: report tables (digits, no NaN) and figure alt text."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ def test_page_table_formats_digits_and_missing_values():
 
     import pandas as pd
 
-    from acetools.course.page import NA, table
+    from acetools_course.page import NA, table
 
     df = pd.DataFrame({"method": ["ace", "ta"], "acc": [71.23456, math.nan], "coef": [None, 0.3]})
     html = table(df, 1, index=False).to_html()
@@ -23,7 +23,7 @@ def test_alt_text_reads_the_figure_titles():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from acetools.course.page import alt_text
+    from acetools_course.page import alt_text
 
     fig, axes = plt.subplots(1, 2)
     axes[0].set_title("energy")
@@ -36,7 +36,7 @@ def test_alt_text_reads_the_figure_titles():
 def test_page_table_has_one_header_row():
     import pandas as pd
 
-    from acetools.course import page
+    from acetools_course import page
 
     df = pd.DataFrame({"variant": ["a", "a", "b", "b"], "suite": ["t8", "t20"] * 2, "test_acc": [1.0, 2, 3, 4],
                        "alpha": [0.1, 0.2, 0.3, 0.4]})

@@ -1,4 +1,4 @@
-"""acetools.course.quickstart (lesson 00): the linear world, its score, and the mini-world's tables."""
+"""acetools_course.lesson00_quickstart (lesson 00): the linear world, its score, and the mini-world's tables."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from acetools.course import quickstart as lesson
 from acetools.synthetic import finetune_linear, make_regression_tasks
+from acetools_course import lesson00_quickstart as lesson
 
 
 class FakeBench:

@@ -1,4 +1,4 @@
-"""acetools.course.theorem1 (Theorem 1 of ACE-Merging, measured) and its figures (acetools.course.plotting.theorem1)."""
+"""acetools_course.lesson01_theorem1: Theorem 1 of ACE-Merging, measured, and its figures."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from acetools import merge
-from acetools.course import theorem1 as th
-from acetools.course.plotting import theorem1 as tplot
 from acetools.merging.ace import estimate_covariance
 from acetools.merging.wudi import wudi_grad
 from acetools.synthetic import finetune_linear, joint_least_squares, make_regression_tasks
 from acetools.utils import make_generator
+from acetools_course import lesson01_theorem1 as th
+from acetools_course import lesson01_theorem1 as tplot
 
 TINY = dict(n_tasks=2, d_in=8, d_out=24, d_hidden=24, subspace_dim=3, n_train=300)
 KEY = "visual.transformer.resblocks.0.mlp.c_fc.weight"
@@ -414,7 +414,7 @@ def test_sweep_columns_cover_every_setting():
 
 
 def test_sweep_explorer_redraws_the_chosen_knob():
-    widgets = pytest.importorskip("acetools.course.widgets")
+    widgets = pytest.importorskip("acetools_course.widgets")
     pytest.importorskip("ipywidgets")
     df = pd.concat([th.sweep("steps", [2, 20], **TINY), th.sweep("noise", [0.0, 1.0], **TINY)], ignore_index=True)
     ex = widgets.task_picker(tplot.sweep_panel, ["steps", "noise"], name="param", description="knob", data=df)

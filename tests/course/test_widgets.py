@@ -1,4 +1,4 @@
-"""acetools.course.widgets: explorers redraw through their pure plot function when a value is set."""
+"""acetools_course.widgets: explorers redraw through their pure plot function when a value is set."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import traitlets
 
 pytest.importorskip("ipywidgets")
 
-from acetools.course import widgets  # noqa: E402
+from acetools_course import widgets  # noqa: E402
 
 
 def _recorder():

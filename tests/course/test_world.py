@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from acetools import plotting
-from acetools.course import world as course
 from acetools.errors import InputError
+from acetools_course import lesson_worlds as course
 
 
 def test_suite_tasks_and_profiles():
@@ -44,7 +44,7 @@ def test_the_default_figures_folder_depends_on_the_profile(tmp_path, monkeypatch
         course.figures_path("../figures/02_x", notebook="02_x", quick=True)
     with pytest.raises(ValueError, match="notebook= and quick="):
         course.figures_path("")
-    from claimkit.verdicts import World
+    from acetools_course.verdicts import World
 
     course.note_world(quick, World("fixture", "quick", fixture=True))
     fig, ax = plotting.new_axes()
@@ -115,7 +115,7 @@ def test_generic_plots_draw_what_they_are_given():
 def test_describe_says_which_world():
     from types import SimpleNamespace
 
-    from acetools.course.world import describe
+    from acetools_course.lesson_worlds import describe
 
     z = SimpleNamespace(tasks=["tiny_shapes", "tiny_orient", "tiny_count"], size="micro", suite="tiny")
     q = describe(z, quick=True)

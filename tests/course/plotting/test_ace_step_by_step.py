@@ -1,4 +1,4 @@
-"""acetools.course.plotting.ace_step_by_step: the figures of notebook 02 draw what they say, on a given axes; the
+"""acetools_course.lesson02_ace_step_by_step: the figures of notebook 02 draw what they say, on a given axes; the
 rank slider redraws with the new k."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pytest
 import torch
 from matplotlib.collections import PathCollection
 
-from acetools.course import ace_step_by_step as AC
-from acetools.course.plotting import ace_step_by_step as P
 from acetools.diagnostics import heterogeneity_per_layer
 from acetools.merging import ace as A
 from acetools.merging import task_vectors
+from acetools_course import lesson02_ace_step_by_step as AC
+from acetools_course import lesson02_ace_step_by_step as P
 from tests.conftest import make_world
 
 
@@ -188,7 +188,7 @@ def test_ablation_bars(ax):
 
 
 def test_rank_slider_redraws_with_new_k(stages):
-    from acetools.course import widgets
+    from acetools_course import widgets
 
     pre = torch.linalg.svdvals(stages.W_pre).numpy()
     ks = list(range(1, stages.rank + 1))

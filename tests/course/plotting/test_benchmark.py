@@ -1,4 +1,4 @@
-"""acetools.course.plotting.benchmark: the pure plots draw what they are given; the explorers redraw."""
+"""acetools_course.lesson04_benchmark: the pure plots draw what they are given; the explorers redraw."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from acetools import results  # noqa: E402
-from acetools.course.plotting import benchmark as bplot  # noqa: E402
+from acetools_course import lesson04_benchmark as bplot  # noqa: E402
 
 
 @pytest.fixture
@@ -137,7 +137,7 @@ def test_task_bars_and_verdict_counts(scores):
 # ----------------------------------------------------------------------------- explorers
 def test_alpha_slider_redraws_with_new_value(traces):
     pytest.importorskip("ipywidgets")
-    from acetools.course import widgets
+    from acetools_course import widgets
 
     ex = widgets.alpha_slider(bplot.sweep_at, [0.1, 0.2, 0.3, 0.4], value=0.3, traces=traces, method="ta")
     assert ex.values == {"alpha": 0.3} and "lam = 0.3" in ex.ax.get_title()
@@ -151,7 +151,7 @@ def test_alpha_slider_redraws_with_new_value(traces):
 
 def test_task_picker_redraws_bars(scores):
     pytest.importorskip("ipywidgets")
-    from acetools.course import widgets
+    from acetools_course import widgets
 
     ex = widgets.task_picker(bplot.task_bars, ["x", "y"], scores=scores)
     assert ex.values == {"task": "x"} and _heights(ex.ax) == [90.0, 80.0]

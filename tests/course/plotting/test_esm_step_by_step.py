@@ -1,4 +1,4 @@
-"""acetools.course.plotting.esm_step_by_step: every figure function draws what it is given on an Agg axes."""
+"""acetools_course.lesson03_esm_step_by_step: every figure function draws what it is given on an Agg axes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from acetools.course.plotting import esm_step_by_step as pe  # noqa: E402
+from acetools_course import lesson03_esm_step_by_step as pe  # noqa: E402
 
 K1 = "visual.transformer.resblocks.0.mlp.c_fc.weight"
 K2 = "visual.transformer.resblocks.1.attn.in_proj_weight"

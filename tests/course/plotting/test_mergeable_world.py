@@ -1,4 +1,4 @@
-"""acetools.course.plotting.mergeable_world: the plots draw what they are given."""
+"""acetools_course.lesson06_mergeable_world: the plots draw what they are given."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from acetools.course import mergeable_world as lesson  # noqa: E402
-from acetools.course.plotting import mergeable_world as mplot  # noqa: E402
+from acetools_course import lesson06_mergeable_world as lesson  # noqa: E402
+from acetools_course import lesson06_mergeable_world as mplot  # noqa: E402
 from tests.course.test_mergeable_world import fake_card  # noqa: E402
 
 
@@ -29,7 +29,7 @@ def test_merges_vs_clip_draws_three_bars_per_recipe_and_the_room():
 
 def test_room_budget_and_overlap_plots():
     fig, (a, b) = plt.subplots(1, 2)
-    mplot.room_budget(a, lesson.room_budget(fake_card()))
+    mplot.plot_room_budget(a, lesson.room_budget(fake_card()))
     assert len(a.lines) == 2 and [round(v, 1) for v in a.lines[1].get_ydata()] == [100.0, 99.0, 76.0]
     mplot.subspace_overlap(b, {"first": fake_card()})
     assert [p.get_height() for p in b.patches] == pytest.approx([0.26, 0.48, 0.72, 0.09])

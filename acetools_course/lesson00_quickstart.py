@@ -12,8 +12,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..synthetic import RegressionTask, finetune_linear, make_regression_tasks, task_loss
-from ..utils import cpu_threads
+from acetools.synthetic import RegressionTask, finetune_linear, make_regression_tasks, task_loss
+from acetools.utils import cpu_threads
 
 
 def linear_world(n_tasks: int, d_in: int, d_out: int, *, steps: int, lr: float = 0.02, seed: int = 0,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import InputError, InputKeyError
+from acetools.errors import InputError, InputKeyError
 
 
 def in_frontend() -> bool:

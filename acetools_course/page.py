@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..plotting import set_theme
+from acetools.plotting import set_theme
 
 #: How a missing value reads in a table.
 NA = "—"

@@ -222,7 +222,7 @@ class Effect:
     @property
     def needed(self) -> float:
         """The smallest prediction that decides here: ``POWER_FACTOR × floor`` for a scaled prediction
-        (:func:`claimkit.power.has_power`), the floor for a unit-free one."""
+        (:func:`acetools_course.power.has_power`), the floor for a unit-free one."""
         return POWER_FACTOR * self.floor if self.scaled else self.floor
 
     @property
@@ -281,7 +281,7 @@ def effect(setting: str, measured: float | None, *, paper: float | None = None, 
            headroom: float | None = None, se: float | None = None, seeds: int | None = None) -> Effect:
     # world_room and measured must be in the same unit (normalized or absolute points)
     """One :class:`Effect`: with ``paper``, ``paper_room`` and ``world_room`` the prediction is
-    scaled and capped at ``headroom`` (:func:`claimkit.power.ceiling_prediction`); without a paper effect
+    scaled and capped at ``headroom`` (:func:`acetools_course.power.ceiling_prediction`); without a paper effect
     there is no prediction. The floor is ``max(noise, 1.96 se)`` with a paired bootstrap standard error
     ``se``, else :func:`margin` ``(spread, noise)``."""
     pred = None
@@ -333,12 +333,12 @@ def _needed(e: Effect) -> float:
 def power_rule(v: Verdict) -> Verdict:
     """The one rule every comparative claim passes (docs/course.md §One rule, (V.7)); a claim is comparative when its
     verdict carries settings (``effects``). A setting decides only where the paper predicts an effect there (scaled and
-    capped, (V.1), (V.6)) of at least :data:`~claimkit.power.POWER_FACTOR` × its margin ((V.5); a unit-free prediction
+    capped, (V.1), (V.6)) of at least :data:`~.power.POWER_FACTOR` × its margin ((V.5); a unit-free prediction
     beyond its chance floor); a setting without a paper number decides nothing. No deciding setting: ``undecidable
     here``, the reason naming the effect the world would need. A verdict of ``reproduced`` or ``partly`` with a
     deciding setting measured beyond its margin against the predicted sign becomes ``not reproduced``. The reason
     says at how many settings the claim was judged; ``numbers["power_rule"]`` holds the counts. ``not testable
-    here`` and claims without settings pass unchanged; the rule is idempotent (:func:`claimkit.claims.record`
+    here`` and claims without settings pass unchanged; the rule is idempotent (:func:`acetools_course.claims.record`
     applies it to every record, scripts/rejudge_claims.py before comparing)."""
     if not v.effects or v.verdict == NOT_TESTABLE:
         return v

@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..benchmark import Benchmark
-from ..errors import InputError
-from ..utils import atomic_write, resolve_device
+from acetools.benchmark import Benchmark
+from acetools.errors import InputError
+from acetools.utils import atomic_write, resolve_device
 
 #: The file in each figures folder that says which notebook, profile and world wrote it.
 MANIFEST: str = "figures.json"
@@ -29,7 +29,7 @@ WORLDS = ("mini", "clip-vit-b32")
 
 def text_worlds() -> list[str]:
     """The text worlds a notebook's ``world`` parameter takes: ``"text"`` (the default suite) and every suite."""
-    from ..world.text.tasks import SUITES
+    from acetools.world.text.tasks import SUITES
 
     return ["text", *SUITES]
 
@@ -41,7 +41,7 @@ def is_text_world(world: str) -> bool:
 
 def text_suite(world: str) -> str:
     """The text suite of a notebook's ``world`` parameter (``"text"``: the registry's default)."""
-    from ..world import WORLDS as REGISTRY
+    from acetools.world import WORLDS as REGISTRY
 
     if not is_text_world(world):
         raise InputError(f"world={world!r} is not a text world; text worlds: {', '.join(text_worlds())}")
@@ -71,7 +71,7 @@ TEXT_EVAL: dict[str, int] = {"n_val": 100, "n_test": 300}
 
 def suite_tasks(suite: str, quick: bool = False) -> list[str]:
     """The task names of ``suite`` (the fixture suite when ``quick``)."""
-    from ..world.vision.data import SUITES
+    from acetools.world.vision.data import SUITES
 
     name = QUICK["suite"] if quick else suite
     if name not in SUITES:
@@ -97,17 +97,17 @@ def world(
     """The built world of ``suite`` at ``size`` (expert seed ``seed``): the vision
     :class:`~acetools.world.vision.zoo.Zoo`, or by ``kind`` the CLIP world of :func:`clip_suite` or the text
     world of :func:`text_suite`. ``quick``: the fixture world; ``device``: where to train anything missing."""
-    from ..world.vision.zoo import Zoo
+    from acetools.world.vision.zoo import Zoo
 
     _check_world(kind)
     if is_text_world(kind):
-        from ..world.text.world import TextWorld
+        from acetools.world.text.world import TextWorld
 
         w = TextWorld("fixture" if quick else text_suite(kind), seed, profile="quick" if quick else "full",
                       device=device, threads=threads, root=None if root is None else Path(root) / "text")
         return w.build(progress)
     if kind == "clip-vit-b32":
-        from ..world.clip.world import ClipWorld
+        from acetools.world.clip.world import ClipWorld
 
         caps = QUICK_EVAL if quick else {}
         w = ClipWorld(clip_suite(suite), seed, models_root=models_root or None, data_root=data_root or None,
@@ -123,7 +123,7 @@ def world(
 def clip_suite(suite: str) -> str:
     """The CLIP suite for a notebook's ``suite``: ``clip8``/``clip14``/``clip20`` as is, a mini-world
     suite ``tasks8``/``tasks14``/``tasks20`` as the CLIP suite of as many tasks."""
-    from ..world.clip.tasks import CLIP_SUITES
+    from acetools.world.clip.tasks import CLIP_SUITES
 
     name = {"tasks8": "clip8", "tasks14": "clip14", "tasks20": "clip20"}.get(suite, suite)
     if name not in CLIP_SUITES:
@@ -154,7 +154,7 @@ def repo_root(start: str | os.PathLike | None = None) -> Path:
     """The repository the notebooks live in: the first folder from ``start`` (default: the working directory)
     upwards with ``pyproject.toml`` and ``notebooks/``; else an editable install's; else ``start``."""
     here = Path(start or os.getcwd()).resolve()
-    for d in (here, *here.parents, Path(__file__).resolve().parents[2]):
+    for d in (here, *here.parents, Path(__file__).resolve().parents[1]):
         if (d / "pyproject.toml").is_file() and (d / "notebooks").is_dir():
             return d
     return here
@@ -204,7 +204,7 @@ def _write_manifest(folder: Path, update: dict[str, Any]) -> None:
 
 
 def note_world(folder: str | os.PathLike, world: Any) -> None:
-    """Record ``world`` (a claim world, ``claimkit.verdicts.World``) in ``folder``'s
+    """Record ``world`` (a claim world, ``acetools_course.verdicts.World``) in ``folder``'s
     :data:`MANIFEST`, so that every figure saved there from now on carries it."""
     _write_manifest(Path(folder), {"world": world.name, "profile": world.profile, "fixture": world.fixture})
 

@@ -1,22 +1,37 @@
-"""Notebook 04's claim verdicts: the benchmark claims (sota, growth with T, WUDI, cost, ordering)
+"""Lesson 04 (docs/course.md §04_benchmark): its data and tables. The result files are read by
+:mod:`acetools.results`; which differences count and the claims' verdicts are this module's.
+
+Figures of notebooks 04 and 05: pure functions ``(ax, data, ...) -> ax`` on the tidy frames of
+:mod:`acetools.results` (percentages).
+
+Notebook 04's claim verdicts: the benchmark claims (sota, growth with T, WUDI, cost, ordering)
 and the mini-world's design targets (docs/course.md §Claim rules, §04_benchmark); the data they
-read come from :func:`acetools.course.benchmark.load_benchmark`."""
+read come from :func:`load_benchmark`."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
-from acetools.course import paper_tables as P
-from acetools.course.benchmark import BenchmarkData, suite_order
+from acetools import results
+from acetools.benchmark import ACE_SCALED_ROW, VARIANTS
 from acetools.errors import InputError, InputKeyError
-from acetools.results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement
+from acetools.merging import METHODS
+from acetools.plotting import bar_plot, finish, heatmap, label_points
+from acetools.results import DATA_DEPENDENT, REFERENCES, aggregate, rank_agreement, wide
+from acetools.search import PATIENCE
 
+from . import lesson_worlds as course
+from . import paper_tables
+from . import paper_tables as P
 from .paper_tables import ACE_CLAIMED_RANKS, paper_lead, paper_room, table_rivals
 from .power import paired_rows
 from .stats import PairedDifference
@@ -34,8 +49,388 @@ from .verdicts import (
     threshold,
 )
 
+# ---- Experiments: the tables and runs -------------------------------------------------------------
+
+def merge_time_table(agg: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """Seconds per merge, method × suite (means over seeds), and whether the data inputs were timed apart:
+    then each data-dependent method gets ``"<method>: data capture"`` and ``"<method>: merge + capture"`` rows."""
+    t = wide(agg, "merge_seconds")
+    if "inputs_seconds" not in agg.columns:
+        return t, False
+    cap = wide(agg, "inputs_seconds")
+    rows = []
+    for m in t.index:
+        rows.append(t.loc[[m]])
+        c = cap.loc[m] if m in cap.index and m in DATA_DEPENDENT else None
+        if c is not None and (c.fillna(0) > 0).any():
+            rows.append(c.to_frame().T.rename(index={m: f"{m}: data capture"}))
+            rows.append((t.loc[m] + c).to_frame().T.rename(index={m: f"{m}: merge + capture"}))
+    out = pd.concat(rows)
+    out.index.name = t.index.name
+    return out, True
+
+
+#: The methods the quick profile runs on the fixture world.
+QUICK_METHODS: tuple[str, ...] = ("weight_averaging", "task_arithmetic", "tsv_m", "iso_cts", "cart", "wudi", "ace",
+                                  "esm")
+
+
+def suite_order(summary: pd.DataFrame, suites: Sequence[str] | None) -> list[str]:
+    """The suites of ``summary`` by number of tasks (only ``suites`` where given)."""
+    order = summary.drop_duplicates("suite").sort_values("n_tasks", kind="stable")["suite"].tolist()
+    return order if suites is None else [s for s in suites if s in order]
+
+
+@dataclass
+class BenchmarkData:
+    """What notebook 04 reads: the result files and the tables made from them (``paper_n``: suite -> the
+    T of the paper column it is compared with; ``speed`` / ``step_size`` empty in the quick profile)."""
+
+    world: str
+    res_dir: Path
+    size: str
+    suites: list[str]
+    main_suite: str
+    runs: list
+    summary: pd.DataFrame
+    per_task: pd.DataFrame
+    agg: pd.DataFrame
+    n_tasks: dict[str, int]
+    paper_n: dict[str, int]
+    paper_cols: dict[tuple[str, str], pd.Series]
+    methods: list[str]
+    seeds: list[int]
+    speed: pd.DataFrame
+    step_size: pd.DataFrame
+
+
+def load_benchmark(*, quick: bool, suites: Sequence[str], size: str, suite: str, seed: int, results_dir: str | Path,
+                   figures_dir: str | Path, speed_dir: str | Path, wudi_dir: str | Path, recompute: bool = False,
+                   device: str = "auto", world_options: dict | None = None) -> BenchmarkData:
+    """Notebook 04's setup: read (or, with ``quick`` / ``recompute``, first write) the result files.
+
+    Full profile: ``suites`` at ``size`` in ``results_dir``; quick: the fixture world as 2 and 3 tasks under
+    ``<figures_dir>/results``; ``world_options`` selects the CLIP or a text world (docs/course.md §04_benchmark)."""
+    options: dict[str, Any] = dict(world_options or {})
+    text = bool(options) and course.is_text_world(str(options.get("kind", "")))
+    if quick:
+        res_dir = Path(figures_dir) / "results"
+        zoo = course.world(quick=True, device=device, **(options if text else {}))
+        run_size = zoo.size
+        counts = (2, len(zoo.tasks))
+        run_suites = [f"{'fixture' if text else 'tiny'}{n}" for n in counts]
+        for name, n in zip(run_suites, counts):
+            sub_bench = course.benchmark(results.prefix_world(zoo, n), quick=True, patience=PATIENCE)
+            # on the text fixture (MiniLM's width) WUDI's 300 Adam steps are the slowest merge: the
+            # smaller suite, there for the "more tasks" axis (ACE against task arithmetic), goes without
+            methods = [m for m in QUICK_METHODS if not (text and n < len(zoo.tasks) and m == "wudi")]
+            rows = sub_bench.run_all(methods, progress=False, extra=VARIANTS)
+            sub_bench.save(rows, res_dir, f"{name}_{run_size}_seed{seed}")
+        main_suite = run_suites[-1]
+        kind = "fixture text world: its 3 small text tasks" if text else "fixture world: its 3 procedural tasks"
+        world = (f"the quick profile's {kind} ({', '.join(zoo.tasks)}) "
+                 f"at model size {run_size}, merged as the first 2 and all {len(zoo.tasks)} (suites "
+                 f"{' and '.join(run_suites)}), expert seed {seed}; numbers for checking the code, not for reading")
+    elif text:
+        res_dir, run_size, main_suite, world = _text_files(str(options["kind"]), seed, results_dir, recompute)
+        run_suites = [main_suite]
+    else:  # the mini-world, or the CLIP world with world_options
+        res_dir = Path(results_dir).expanduser().resolve()
+        clip = bool(world_options)
+        run_size, main_suite = ("clip-vit-b32", course.clip_suite(suite)) if clip else (size, suite)
+        run_suites = list(dict.fromkeys(course.clip_suite(s) for s in suites)) if clip else list(suites)
+        if recompute:
+            for s in run_suites:
+                full_bench = course.benchmark(course.world(s, size, seed=seed, device=device, **options),
+                                              patience=PATIENCE)
+                rows = full_bench.run_all(progress=True, extra={**ACE_SCALED_ROW, **VARIANTS})  # as mini_world.sh
+                full_bench.save(rows, res_dir, f"{s}_{run_size}_seed{seed}")
+        world = (f"the papers' CLIP ViT-B/32 with the public experts: suites {', '.join(run_suites)}, compared "
+                 "with the papers' ViT-B/32 columns" if clip
+                 else f"the mini-world: suites {', '.join(run_suites)} at model size {size}")
+    runs = results.require_results(res_dir, run_suites, run_size)
+    summary = results.load_summary(runs)
+    agg = aggregate(summary)
+    n_tasks = agg.drop_duplicates("suite").set_index("suite")["n_tasks"].to_dict()
+    paper_n: dict[str, int] = dict(zip(run_suites, (8, 14, 20))) if quick else {s: n_tasks[s] for s in run_suites}
+    paper_cols = {}
+    for s in run_suites:
+        for table in paper_tables.COMPARISONS:
+            if world_options and not quick and not text:  # the papers' own backbone
+                with contextlib.suppress(KeyError):  # a table may have no ViT-B/32 column at this many tasks
+                    paper_cols[table, s] = paper_tables.paper_column(table, "ViT-B/32", paper_n[s])
+            elif paper_n[s] in paper_tables.COMPARISONS[table]:
+                paper_cols[table, s] = paper_tables.comparison_columns(table, paper_n[s])
+    speed = pd.DataFrame() if quick else results.load_merge_speed(speed_dir)
+    step_size = pd.DataFrame() if quick else results.load_wudi_step_size(wudi_dir, size=run_size)
+    return BenchmarkData(
+        world=world, res_dir=res_dir, size=run_size, suites=run_suites, main_suite=main_suite, runs=runs,
+        summary=summary, per_task=results.load_per_task(runs), agg=agg, n_tasks=n_tasks, paper_n=paper_n,
+        paper_cols=paper_cols, methods=[m for m in dict.fromkeys(summary["method"]) if m not in REFERENCES],
+        seeds=sorted(int(k) for k in summary["seed"].unique()), speed=speed, step_size=step_size)
+
+
+def _text_files(kind: str, seed: int, results_dir: str | Path, recompute: bool) -> tuple[Path, str, str, str]:
+    """:func:`load_benchmark`'s full profile on a text world: ``(folder, size, suite, world sentence)``."""
+    from acetools.world.text.world import TextWorld
+
+    suite = course.text_suite(kind)
+    if recompute:
+        raise InputError(f"recompute=True on the text world: its benchmark has its own script, `python3 "
+                         f"benchmarks/text_world.py bench --suite {suite} --seeds {seed}` (docs/text-world.md)")
+    size = TextWorld(suite, seed).size  # the size in the result files' names
+    return (Path(results_dir).expanduser().resolve(), size, suite,
+            f"the text world: suite {suite} (all-MiniLM-L6-v2 experts on real offline text tasks), its benchmark "
+            "compared with the papers' vision tables of as many tasks: analogues")
+
+
+def rank_agreement_table(data: BenchmarkData) -> pd.DataFrame:
+    """Kendall tau-b of our method ordering against every paper column a suite is compared with."""
+    rows = []
+    for (table, s), col in data.paper_cols.items():
+        ours = method_means(data.agg, s)
+        ra = rank_agreement(ours, col)
+        rows.append({"suite": s, "table": table, "column": col.name, "n_methods": ra["n"], "tau": ra["tau"],
+                     "p_value": ra["p_value"], "discordant pairs": ra["discordant"],
+                     "paper order": " > ".join(ra["paper_order"]), "our order": " > ".join(ra["ours_order"])})
+    return pd.DataFrame(rows)
+
+
+def method_means(agg: pd.DataFrame, suite: str, metric: str = "test_normalized") -> pd.Series:
+    """``metric`` of every merge method (no reference rows) on ``suite``, from :func:`aggregate`."""
+    return agg[(agg["suite"] == suite) & (agg["kind"] == "method")].set_index("method")[metric]
+
+
+def method_ranks(agg: pd.DataFrame, methods: Sequence[str] = ("ace", "esm"), *,
+                 metric: str = "test_normalized") -> pd.DataFrame:
+    """Per suite: the best method and its score, and the score and rank (1 = best) of each of ``methods``."""
+    rows = []
+    for s in suite_order(agg, None):
+        a = method_means(agg, s, metric)
+        if a.empty:
+            continue
+        row: dict[str, Any] = {"suite": s, "T": int(agg.loc[agg["suite"] == s, "n_tasks"].iloc[0]),
+                               "methods": len(a), "best": str(a.idxmax()), "best score": float(a.max())}
+        for m in methods:
+            if m in a.index:
+                row[f"{m} score"] = float(a[m])
+                row[f"{m} rank"] = int((a > a[m]).sum()) + 1
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def wudi_lr_summary(step_size: pd.DataFrame) -> pd.DataFrame:
+    """Per (suite, seed) of WUDI's learning-rate study: the default lr, how far it moves the entries (RMS), its
+    score, and the lr best on validation with its score."""
+    default_lr = METHODS["wudi"].hparams["lr"]
+    rows = []
+    for (s, sd), d in step_size.groupby(["suite", "seed"], sort=False):
+        w = d[d["method"] == "wudi"]
+        if w.empty:
+            continue
+        dflt, tuned = w.loc[w["lr"].sub(default_lr).abs().idxmin()], w.loc[w["val_normalized"].idxmax()]
+        rows.append({"suite": s, "seed": int(cast(int, sd)), "default lr": float(dflt["lr"]),
+                     "RMS start": float(dflt.get("rms_start", math.nan)),
+                     "RMS move": float(dflt.get("rms_move", math.nan)), "default score": float(dflt["test_normalized"]),
+                     "best lr on val": float(tuned["lr"]), "its score": float(tuned["test_normalized"])})
+    return pd.DataFrame(rows)
+
+
+# ---- Figures: the lesson's plots, drawn on a given axes -------------------------------------------
+
+#: One colour per verdict (05's table and bars).
+VERDICT_COLORS: dict[str, str] = {
+    "reproduced": "#4daf4a",
+    "partly": "#ffbf00",
+    "not reproduced": "#e41a1c",
+    "undecidable here": "#80b1d3",
+    "not testable here": "#999999",
+    "not measured": "#ffffff",
+}
+_METRIC_LABEL = {
+    "test_acc": "test accuracy (%)",
+    "test_normalized": "normalized test accuracy (%)",
+    "val_normalized": "normalized validation accuracy (%)",
+    "merge_seconds": "merge time (s)",
+    "normalized": "normalized accuracy (%)",
+    "accuracy": "accuracy (%)",
+}
+
+
+def method_bars(ax, agg: pd.DataFrame, suite: str, *, metric: str = "test_normalized",
+                highlight: Sequence[str] = ("ace", "esm"), references: bool = True):
+    """Bars of ``metric`` per method on ``suite`` (mean over seeds, sd as error bars)."""
+    d = agg[agg["suite"] == suite]
+    if not references:
+        d = d[d["kind"] == "method"]
+    if d.empty:
+        raise InputError(f"no rows for suite {suite!r}")
+    sd = d.get(f"{metric}_sd", pd.Series(np.nan, index=d.index)).fillna(0.0).to_numpy()
+    n = int(d["n_tasks"].iloc[0])
+    bar_plot(ax, d[metric].to_numpy(), labels=d["method"].tolist(), errors=sd, highlight=highlight,
+             ylabel=_METRIC_LABEL.get(metric, metric), title=f"{suite} (T={n}), {int(d['n_seeds'].max())} seed(s)")
+    from matplotlib.container import BarContainer
+
+    for c in ax.containers:
+        if isinstance(c, BarContainer):
+            ax.bar_label(c, fmt="%.1f", fontsize=6, padding=2)
+    return ax
+
+
+def per_task_heatmap(ax, matrix: pd.DataFrame, *, title: str | None = None, value: str = "normalized",
+                     vmin: float | None = None, vmax: float | None = None):
+    """Method × task heatmap of (normalized) accuracy, annotated with whole percentages."""
+    heatmap(ax, matrix, title=title or _METRIC_LABEL.get(value, value), fmt=".0f", cmap="viridis",
+            vmin=vmin, vmax=vmax)
+    ax.set_xlabel("task")
+    ax.set_ylabel("")
+    return ax
+
+
+def accuracy_vs_tasks(ax, agg: pd.DataFrame, *, metric: str = "test_normalized", methods: Sequence[str] | None = None,
+                      highlight: Sequence[str] = ("ace", "esm"), references: bool = False, legend: bool = True):
+    """``metric`` against the number of tasks, one line per method (sd over seeds as bars).
+    ``legend``: draw the legend right of the axes (set False on all but the last panel of a
+    row, so no legend covers a neighbour's axis label)."""
+    d = agg if references else agg[agg["kind"] == "method"]
+    if methods is not None:
+        d = d[d["method"].isin(methods)]
+    for i, (m, g) in enumerate(d.groupby("method", sort=False)):
+        g = g.sort_values("n_tasks")
+        err = g.get(f"{metric}_sd", pd.Series(np.nan, index=g.index)).fillna(0.0)
+        strong = m in highlight
+        ax.errorbar(g["n_tasks"], g[metric], yerr=err, marker="o", capsize=3, label=m,
+                    lw=2.5 if strong else 1.2, color=f"C{i % 10}", zorder=3 if strong else 2)
+    ax.set_xticks(sorted(d["n_tasks"].unique()))
+    ax.set_xlabel("number of tasks T")
+    ax.set_ylabel(_METRIC_LABEL.get(metric, metric))
+    if legend:
+        ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left", borderaxespad=0.0)
+    return ax
+
+
+def merge_time(ax, agg: pd.DataFrame, *, methods: Sequence[str] | None = None,
+               highlight: Sequence[str] = ("ace", "esm")):
+    """Merge seconds against the number of tasks per method (log scale); where ``agg`` has
+    ``inputs_seconds``, each data-dependent method's capture time is a dashed line in its colour."""
+    ax = accuracy_vs_tasks(ax, agg, metric="merge_seconds", methods=methods, highlight=highlight, legend=False)
+    if "inputs_seconds" in agg.columns:
+        d = agg[agg["kind"] == "method"]
+        if methods is not None:
+            d = d[d["method"].isin(methods)]
+        for i, (m, g) in enumerate(d.groupby("method", sort=False)):
+            g = g.sort_values("n_tasks")
+            if m in DATA_DEPENDENT and (g["inputs_seconds"].fillna(0) > 0).any():
+                ax.plot(g["n_tasks"], g["inputs_seconds"], ls="--", marker="x", lw=1.2, color=f"C{i % 10}",
+                        label=f"{m}: data capture (apart)")
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left", borderaxespad=0.0)
+    ax.set_title("merge time (one merge)" + (", data capture dashed" if "inputs_seconds" in agg.columns else ""))
+    return ax
+
+
+def wudi_step_size(ax, df: pd.DataFrame, *, value: str = "test_normalized", default_lr: float | None = None):
+    """WUDI's accuracy against its Adam learning rate (log x), one line per suite and seed, task
+    arithmetic at lambda = 1 dashed, ``default_lr`` marked. ``df``: :func:`acetools.results.load_wudi_step_size`."""
+    if default_lr is None:
+        default_lr = float(METHODS["wudi"].hparams["lr"])
+    for i, ((suite, seed), d) in enumerate(df.groupby(["suite", "seed"], sort=False)):
+        color = f"C{i % 10}"
+        w = d[d["method"] == "wudi"].sort_values("lr")
+        ax.plot(w["lr"], w[value], marker="o", color=color, label=f"{suite} seed {seed}: WUDI")
+        start = d[d["method"] != "wudi"]
+        if len(start):
+            ax.axhline(float(start[value].iloc[0]), color=color, ls="--", lw=1,
+                       label=f"{suite}: task arithmetic, lambda = 1 (WUDI's start)")
+    ax.axvline(default_lr, color="0.4", ls=":", lw=1, label=f"default lr {default_lr:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("Adam learning rate (300 steps)")
+    ax.set_ylabel({"test_normalized": "normalized test accuracy (%)",
+                   "val_normalized": "normalized val accuracy (%)"}.get(value, value))
+    return finish(ax, "WUDI: how far 300 Adam steps get", legend=True)
+
+
+def rank_scatter(ax, ours: pd.Series | Mapping[str, float], paper: pd.Series | Mapping[str, float], *,
+                 tau: float | None = None, title: str | None = None, ylabel: str = "ours: normalized test acc. (%)"):
+    """Our score against the paper's for the methods both have, each point labelled;
+    a rank agreement puts points on an increasing curve."""
+    ours, paper = pd.Series(ours, dtype=float), pd.Series(paper, dtype=float)
+    common = [m for m in paper.index if m in ours.index and np.isfinite(ours[m]) and np.isfinite(paper[m])]
+    if not common:
+        raise InputError("no method in common")
+    x, y = paper[common].to_numpy(), ours[common].to_numpy()
+    ax.scatter(x, y, color="C0", zorder=3)
+    ax.margins(0.15)  # room for the labels of the points at the edges
+    ax.set_xlabel(f"paper: {paper.name or 'accuracy (%)'}")
+    ax.set_ylabel(ylabel)
+    t = title or ""
+    if tau is not None:
+        t = f"{t}  Kendall τ = {tau:.2f}".strip()
+    if t:
+        ax.set_title(t, fontsize=9)
+    label_points(ax, x, y, common, fontsize=7)
+    return ax
+
+
+def sweep_at(ax, traces: pd.DataFrame, alpha: float, *, method: str, value: str = "normalized"):
+    """A method's validation sweep (precomputed search trace): each task's ``value`` and the
+    mean against the coefficient, a marker line at ``alpha`` and the values there."""
+    d = traces[traces["method"] == method]
+    if d.empty:
+        raise InputError(f"no search trace for {method!r}; have {sorted(traces['method'].unique())}")
+    coef = d["coef_name"].iloc[0] or "coefficient"
+    for task, g in d[d["task"] != "mean"].groupby("task", sort=False):
+        g = g.sort_values("alpha")
+        ax.plot(g["alpha"], g[value], lw=0.8, alpha=0.6, marker=".", label=str(task))
+    m = d[d["task"] == "mean"].sort_values("alpha")
+    ax.plot(m["alpha"], m[value], color="k", lw=2, marker="o", label="mean over tasks")
+    best = m[m["is_best"]]
+    if len(best):
+        ax.scatter(best["alpha"], best[value], s=120, facecolors="none", edgecolors="C3", zorder=4,
+                   label=f"chosen {coef} = {best['alpha'].iloc[0]:.3g}")
+    ax.axvline(alpha, color="C3", ls="--", lw=1)
+    at = m.loc[(m["alpha"] - alpha).abs().idxmin()]
+    ax.set_title(f"{method}: {coef} = {alpha:.3g} → mean {value} {at[value]:.1f} %", fontsize=9)
+    ax.set_xlabel(coef)
+    ax.set_ylabel(f"validation {_METRIC_LABEL.get(value, value)}")
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left", borderaxespad=0.0)
+    return ax
+
+
+def task_bars(ax, scores: pd.DataFrame, task: str, *, highlight: Sequence[str] = ("ace", "esm"),
+              ylabel: str = "normalized test accuracy (%)"):
+    """Every method on one task (``scores`` from :func:`acetools.results.task_scores`)."""
+    d = scores[scores["task"] == task]
+    if d.empty:
+        raise InputError(f"unknown task {task!r}; tasks: {list(dict.fromkeys(scores['task']))}")
+    bar_plot(ax, d["mean"].to_numpy(), labels=d["method"].tolist(), errors=d["sd"].fillna(0.0).to_numpy(),
+             highlight=highlight, ylabel=ylabel, title=f"task: {task}")
+    return ax
+
+
+def verdict_counts(ax, table: pd.DataFrame, *, by: str = "paper"):
+    """Stacked bars: number of claims per verdict, one bar per value of ``by``."""
+    counts = pd.crosstab(table[by], table["verdict"])
+    order = [v for v in VERDICT_COLORS if v in counts.columns] + [v for v in counts.columns if v not in VERDICT_COLORS]
+    counts = counts[order]
+    bottom = np.zeros(len(counts))
+    for v in order:
+        ax.bar(counts.index.astype(str), counts[v], bottom=bottom, label=v,
+               color=VERDICT_COLORS.get(v, "C7"), edgecolor="k", lw=0.5)
+        bottom += counts[v].to_numpy()
+    ax.set_ylabel("claims")
+    if len(counts) > 1:  # long group names ("text (analogues) · ACE") overprint each other side by side
+        ax.set_xticks(range(len(counts)), [str(i).replace(" · ", "\n") for i in counts.index], fontsize=8,
+                      rotation=30, ha="right", rotation_mode="anchor")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the bars, not on them
+    return ax
+
+
+# ---- Verdicts: the lesson's claims, judged --------------------------------------------------------
+
 #: ``(suite, a, b)`` -> the rows' paired bootstrap over test examples and seeds, None where the result
-#: files have no per-example results (:func:`claimkit.power.paired_rows` bound to the runs).
+#: files have no per-example results (:func:`acetools_course.power.paired_rows` bound to the runs).
 Pairs = Callable[[str, str, str], "PairedDifference | None"]
 
 
@@ -84,7 +479,7 @@ PaperSettings = Mapping[str, tuple[float, float]]
 
 def _effect_for(r: dict[str, Any], paper: PaperSettings | None, world: World | None, n_tasks: int, floor: float,
                 headroom: float | None = None) -> Effect:
-    """One suite's :class:`~claimkit.verdicts.Effect` from its :func:`paired_difference` ``r``: with ``paper``
+    """One suite's :class:`~acetools_course.verdicts.Effect` from its :func:`paired_difference` ``r``: with ``paper``
     and ``world`` the paper's effect at that suite is scaled by the world's room at ``n_tasks`` and capped
     at ``headroom``."""
     suite, kw = r["suite"], {"spread": r["sd"], "noise": floor, "se": r.get("se"), "seeds": r.get("n_seeds")}
@@ -583,7 +978,7 @@ def with_ace_rows(assess, summary: pd.DataFrame) -> Verdict:
 
 def claim_verdicts(data: BenchmarkData, world: World | None = None) -> dict[str, Verdict]:
     """The verdicts of notebook 04's claims by id (ace.grows needs two suites), in ``world`` (None: no
-    predictions). Rivals are those of each paper's table (:func:`claimkit.paper_tables.table_rivals`);
+    predictions). Rivals are those of each paper's table (:func:`acetools_course.paper_tables.table_rivals`);
     rules: docs/course.md §Claim rules."""
     summary, speed = data.summary, data.speed
     data_free = [m for m in data_free_methods(data.methods) if m.split(" ")[0] != "ace"]

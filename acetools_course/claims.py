@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from acetools.course.world import is_text_world, repo_root, text_suite
 from acetools.errors import InputError, InputKeyError, InputTypeError
 from acetools.utils import atomic_write
 from acetools.world.text.finetune import protocol_tag
 
+from .lesson_worlds import is_text_world, repo_root, text_suite
 from .verdicts import VERDICTS, Verdict, World, power_rule
 
 #: The effect fields of every claim record (numbers or None; see :meth:`Verdict.record_fields`).
 RECORD_FIELDS: tuple[str, ...] = ("predicted_effect", "noise_floor", "measured_effect", "paper_effect")
 
-#: The names of the text world's claim worlds (:class:`~claimkit.verdicts.World`) by
+#: The names of the text world's claim worlds (:class:`~acetools_course.verdicts.World`) by
 #: profile: lesson 07's and the text runs of 02-04 record under the same name, so lesson 05
 #: shows them in one column.
 #: The text world's claim worlds, per profile and head protocol (docs/text-world.md §Head protocols):
@@ -38,7 +38,7 @@ TEXT_CLAIM_WORLDS: dict[str, str] = {"full": "text", "quick": "text fixture",
 class MixedWorldsError(ValueError):
     """A fixture world's claims were found beside a real world's."""
 
-log = logging.getLogger("claimkit.claims")
+log = logging.getLogger("acetools_course.claims")
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ LANGUAGE_CLAIMS: frozenset[str] = frozenset({c.id for c in CLAIMS if c.notebook 
 
 
 def is_text_world_name(name: str) -> bool:
-    """Whether a claim world's name is the text world's (:data:`acetools.course.world.TEXT_CLAIM_WORLDS`)."""
+    """Whether a claim world's name is the text world's (:data:`acetools_course.lesson_worlds.TEXT_CLAIM_WORLDS`)."""
     return name in TEXT_CLAIM_WORLDS.values()
 
 
@@ -168,7 +168,7 @@ def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdic
            measured_effect: float | None = None, **numbers: Any) -> dict[str, Any]:
     """Store our measurement of ``claim_id`` in ``<figures_dir>/claims.json`` and show the verdict.
 
-    ``record(fig_dir, claim_id, v, world=w, **extra)`` with a :class:`~claimkit.verdicts.Verdict`,
+    ``record(fig_dir, claim_id, v, world=w, **extra)`` with a :class:`~acetools_course.verdicts.Verdict`,
     or ``record(fig_dir, claim_id, measured, verdict, reason, world=w, **numbers)``. A file holds one
     world's claims; re-recording replaces the entry. Returns the entry."""
     c = claim(claim_id)
@@ -214,7 +214,7 @@ def record(figures_dir: str | os.PathLike, claim_id: str, measured: str | Verdic
 
 def show(entry: dict[str, Any]) -> None:
     """Show a recorded verdict once: a Markdown line in a notebook (it wraps at word
-    boundaries), the ``claimkit.claims`` log elsewhere."""
+    boundaries), the ``acetools_course.claims`` log elsewhere."""
     text = f"[{entry['verdict']}] {entry['id']}: {entry['measured']} — {entry['reason']}"
     try:
         from IPython.core.getipython import get_ipython
@@ -374,8 +374,8 @@ def side_by_side(table: Any):
 
 def styled_table(table: Any) -> Any:
     """Lesson 05's view of :func:`claims_table`: id, paper, notebook, verdict (coloured as in
-    :data:`acetools.course.plotting.benchmark.VERDICT_COLORS`), measurement and reason, left-aligned."""
-    from acetools.course.plotting.benchmark import VERDICT_COLORS
+    :data:`acetools_course.lesson04_benchmark.VERDICT_COLORS`), measurement and reason, left-aligned."""
+    from .lesson04_benchmark import VERDICT_COLORS
 
     show_cols = table[["id", "paper", "world", "verdict", "predicted_effect", "noise_floor", "measured_effect",
                        "measured", "reason"]]
@@ -393,7 +393,7 @@ def styled_table(table: Any) -> Any:
 def claim_world(*, quick: bool, bench: Any = None, results_dir: str | os.PathLike | None = None,
                 size: str = "small", summary: Any = None, kind: str = "mini", description: str | None = None,
                 heads: str = "zeroshot"):
-    """The :class:`~claimkit.verdicts.World` a notebook judges its claims in (docs/course.md §Scaling rule).
+    """The :class:`~acetools_course.verdicts.World` a notebook judges its claims in (docs/course.md §Scaling rule).
 
     Full profile: the mini-world, its room from the committed benchmark files (``results_dir``) or
     ``summary``; quick: the fixture world, its room measured on ``bench`` or from ``summary`` (none:
@@ -451,7 +451,7 @@ def _text_claim_world(*, quick: bool, bench: Any, results_dir: Any, summary: Any
                                "numbers for checking the code, not results")
         return _quick_world(name, desc, bench, summary)
     if summary is None:
-        from acetools.course.language import benchmark_tables
+        from .lesson07_language import benchmark_tables
 
         folder = Path(results_dir) if results_dir is not None else repo_root() / "figures" / "benchmark"
         summary, _ = benchmark_tables(folder, suite)

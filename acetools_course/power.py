@@ -1,6 +1,6 @@
 """Power before deciding and paired rows from result files (docs/course.md §Margin, power and rivals).
 
-:func:`paired_rows` pairs two rows of a suite example by example (:func:`claimkit.stats.paired_bootstrap`
+:func:`paired_rows` pairs two rows of a suite example by example (:func:`acetools_course.stats.paired_bootstrap`
 on the runs' ``<stem>_correct.npz``); :func:`ceiling_prediction` caps a paper's scaled effect by the
 headroom; :func:`has_power` says whether a predicted effect can be decided at a margin.
 """
@@ -44,7 +44,7 @@ def correctness(files: Mapping[int, str | Path | None], row: str,
 
 def paired_rows(runs: Sequence[ResultFiles], suite: str, a: str, b: str, *, per_task: pd.DataFrame | None = None,
                 **kw) -> PairedDifference | None:
-    """:func:`claimkit.stats.paired_bootstrap` of rows ``a`` and ``b`` on ``suite`` from the runs'
+    """:func:`acetools_course.stats.paired_bootstrap` of rows ``a`` and ``b`` on ``suite`` from the runs'
     ``<stem>_correct.npz`` (:func:`acetools.results.find_results`); None where a seed lacks them. With
     ``per_task`` (:func:`acetools.results.load_per_task`) the difference is in normalized points, each
     seed's and task's experts as the scale; without, in absolute points."""
@@ -66,7 +66,7 @@ def paired_rows(runs: Sequence[ResultFiles], suite: str, a: str, b: str, *, per_
 def paired_runs(a: Mapping[str, np.ndarray] | None, b: Mapping[str, np.ndarray] | None,
                 scale: Mapping[str, float] | None = None, **kw) -> PairedDifference | None:
     """Two runs on one seed's world (an ablation's rows), ``{task: correctness}`` each, paired example by
-    example (:func:`claimkit.stats.paired_bootstrap` with one seed: the test examples resampled); ``scale``
+    example (:func:`acetools_course.stats.paired_bootstrap` with one seed: the test examples resampled); ``scale``
     ``{task: expert accuracy}`` for normalized points. None where either run lacks per-example results."""
     if a is None or b is None:
         return None

@@ -3,7 +3,7 @@
 The worlds' test sets are fixed across seeds, so the seed spread holds no test-sampling noise:
 :func:`paired_bootstrap` resamples the test examples and adds the seeds' spread by a t interval ((V.8)), pairing
 two rows example by example (their
-``<stem>_correct.npz``). It is the claims' margin; the power rule that uses it is :mod:`claimkit.power`.
+``<stem>_correct.npz``). It is the claims' margin; the power rule that uses it is :mod:`acetools_course.power`.
 """
 
 from __future__ import annotations
