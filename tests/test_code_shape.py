@@ -132,14 +132,14 @@ def test_no_private_module_or_name_is_imported_from_another_package():
 
 
 def test_the_private_import_check_sees_one(tmp_path, monkeypatch):
-    pkg = tmp_path / "acetools" / "course"
+    pkg = tmp_path / "acetools" / "files"
     pkg.mkdir(parents=True)
     (pkg / "x.py").write_text("from ..plotting._core import finish\nfrom ._own import y\nfrom .. import _z\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     (tmp_path / "acetools" / "plotting").mkdir()
     assert _private_from_another_package(pkg / "x.py") == [
-        "acetools/course/x.py:1 acetools.plotting._core", "acetools/course/x.py:1 acetools.plotting._core.finish",
-        "acetools/course/x.py:3 acetools._z"]
+        "acetools/files/x.py:1 acetools.plotting._core", "acetools/files/x.py:1 acetools.plotting._core.finish",
+        "acetools/files/x.py:3 acetools._z"]
 
 
 def test_merging_imports_no_file_reader_and_no_world():

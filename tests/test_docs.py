@@ -52,7 +52,7 @@ _OLD = re.compile(
 def _scanned_files() -> list[Path]:
     out: list[Path] = []
     for pattern in ("acetools/**/*.py", "tests/**/*.py", "benchmarks/**/*.py", "benchmarks/**/*.sh",
-                    "notebooks/claimkit/*.py", "notebooks/*.ipynb", "notebooks/exercises/*.ipynb",
+                    "acetools_course/*.py", "notebooks/*.ipynb", "notebooks/exercises/*.ipynb",
                     "notebooks/solutions/*.ipynb", "README.md"):
         out += sorted(p for p in ROOT.glob(pattern) if p.is_file())
     return [p for p in out if p.resolve() != Path(__file__).resolve()]

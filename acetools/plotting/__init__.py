@@ -1,6 +1,7 @@
 """Plotting basics: pure functions ``(ax, data, ...) -> ax``, one theme and one saver.
 
-Each lesson's own figures are in :mod:`acetools.course.plotting`; a diagnosis's in :mod:`.diagnose`.
+Each lesson's own figures are in its course module (``acetools_course.lessonNN_<name>``); a diagnosis's in
+:mod:`.diagnose`.
 """
 
 from __future__ import annotations

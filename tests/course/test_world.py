@@ -1,4 +1,4 @@
-"""acetools.course (the notebooks' world) and acetools.plotting's core."""
+"""acetools_course.lesson_worlds (the notebooks' world) and acetools.plotting's core."""
 
 from __future__ import annotations
 
