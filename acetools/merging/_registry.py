@@ -30,19 +30,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
+from .. import search
 from ..errors import InputError, InputTypeError
+from ..search import ALPHA_GRID, ESM_BRACKET, LAMBDA_GRID
 
 __all__ = ["Param", "MethodInfo", "Search", "register", "METHODS", "REQUIRED", "SCOPES", "LAMBDA_GRID",
            "ALPHA_GRID", "ESM_BRACKET", "registered_defaults", "per_expert_values"]
-
-#: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (docs/methods.md §Benchmark protocol).
-LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
-#: TSV-M, Iso-C, Iso-CTS: linspace(0, 3, 31)[1:] = {0.1, ..., 3.0} (docs/methods.md §Benchmark protocol).
-ALPHA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 3.0, 31)[1:].tolist())
-#: ESM's golden-section bracket [0, 2] (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)).
-ESM_BRACKET: tuple[float, float] = (0.0, 2.0)
 
 #: The scopes of :meth:`MethodInfo.key_scope`.
 SCOPES = ("key", "global_ties", "model")
@@ -139,8 +132,6 @@ class Search:
             **options: Any) -> Any:
         """Choose the coefficient with :mod:`acetools.search`'s function for ``kind``; ``score_fn(c)`` returns
         the validation score per task, ``options`` go to the search function."""
-        from .. import search  # the search module imports the grids from here
-
         if self.kind == "grid":
             return search.grid_search(score_fn, self.grid, reference=reference, **options)
         if self.kind == "golden":

@@ -30,7 +30,7 @@ from ..utils import progress
 from . import linalg
 from ._registry import METHODS, Param, register, registered_defaults
 from .averaging import mean_update, warn_mean_fallback
-from .driver import format_bytes
+from .driver import format_bytes, is_matrix_param
 from .inputs import (
     EPS_MODES,
     ESTIMATORS,
@@ -365,11 +365,10 @@ def ace_with_diagnostics(base: Mapping[str, Tensor], task_vectors: Sequence[Mapp
                          is_matrix: Callable[[str, Tensor], bool] | None = None, spectra: bool = False,
                          **hparams: Any) -> tuple[dict[str, Tensor], dict[str, ACEDiagnostics]]:
     """ACE's merged update for every key of ``base`` and an :class:`ACEDiagnostics` per matrix: :func:`ace_matrix`
-    on matrix keys (``is_matrix``, default :func:`acetools.merging.is_matrix_param`), the mean on the others
+    on matrix keys (``is_matrix``, default :func:`acetools.merging.driver.is_matrix_param`), the mean on the others
     (and, for "given", on keys without covariances), all times ``scaling``.
     """
-    if is_matrix is None:
-        from . import is_matrix_param as is_matrix
+    is_matrix = is_matrix_param if is_matrix is None else is_matrix
     hp = METHODS["ace"].resolve(hparams)
     scaling, covariances = hp.pop("scaling"), hp.pop("covariances")
     T = len(task_vectors)
