@@ -28,7 +28,7 @@ from torch import Tensor
 from ..errors import InputError
 from ..utils import progress
 from . import linalg
-from ._registry import METHODS, Param, register, registered_defaults
+from ._registry import METHODS, Param, register
 from .averaging import mean_update, warn_mean_fallback
 from .driver import format_bytes, is_matrix_param
 from .inputs import (
@@ -276,16 +276,17 @@ class ACEDiagnostics:
     spectrum: Tensor | None = field(default=None, repr=False)  # of the final W_bar
 
 
-@registered_defaults("ace")
-def ace_matrix(delta_W: Sequence[Tensor], *, tau: float, eps: float, k_frac: float, gate: str | None,
-               trace_norm: bool, prior: bool | None, refine: bool, numerator: str | None, estimator: str,
-               Sigma: Sequence[Tensor] | None = None, wudi_p: float, precision: str, name: str = "",
-               spectra: bool = False, eps_mode: str, gamma_mode: str) -> tuple[Tensor, ACEDiagnostics]:
+def ace_matrix(delta_W: Sequence[Tensor], *, tau: float = 0.3, eps: float = 1e-2, k_frac: float = 0.3,
+               gate: str | None = None, trace_norm: bool = True, prior: bool | None = None, refine: bool = True,
+               numerator: str | None = None, estimator: str = "ace", Sigma: Sequence[Tensor] | None = None,
+               wudi_p: float = 2.0, precision: str = "float64", name: str = "", spectra: bool = False,
+               eps_mode: str = "absolute", gamma_mode: str = "paper") -> tuple[Tensor, ACEDiagnostics]:
     """ACE-Merging for one matrix: the composition of the stages (docs/methods.md §ACE).
 
     ``delta_W``: the T task vectors ΔW_t (d_out × d_in); ``Sigma``: their covariances for
     ``estimator="given"``. Returns W_bar (before ``scaling``; input dtype) and an :class:`ACEDiagnostics`.
-    Defaults: ``METHODS["ace"]``'s and the estimator's preset (:func:`estimator_preset`).
+    Defaults: those of :func:`ace` (a test keeps them equal), ``None`` switches from the estimator's preset
+    (:func:`estimator_preset`).
     """
     METHODS["ace"].resolve(dict(tau=tau, eps=eps, k_frac=k_frac, wudi_p=wudi_p, trace_norm=trace_norm, refine=refine,
                                 estimator=estimator, precision=precision, eps_mode=eps_mode, gamma_mode=gamma_mode))
@@ -331,33 +332,40 @@ def ace_matrix(delta_W: Sequence[Tensor], *, tau: float, eps: float, k_frac: flo
     key_scope="key", per_key=("covariances",), needs_layout=True,  # no search: ACE uses scaling 1 (ACE_SCALED)
     presets=preset_switches, memory_note=lambda T, d_in: "plus ACE's work space, independent of T: two d_in x d_in "
     f"float64 matrices of the widest input (d_in = {d_in}: {format_bytes(2 * d_in * d_in * 8)}; linalg.task_sums)",
-    tau=Param(0.3, "heterogeneity threshold: the layer is flagged when gamma > tau (eq. 7)", low=0.0),
-    eps=Param(1e-2, "Tikhonov strength (eqs 9-10): eps I, or eps/tr_t I on normalised layers", low=0.0),
-    k_frac=Param(0.3, "refined rank k = floor(k_frac * min(d_out, d_in)) (eq. 18)", low=0.0, high=1.0),
-    scaling=Param(1.0, "s in theta = theta0 + s * W_bar, every key (docs/methods.md §ACE, Eq. (ACE.14))", low=0.0),
-    gate=Param(None, "heterogeneity gate: 'auto' (gamma > tau), 'on', 'off'; None = estimator preset",
+    tau=Param("heterogeneity threshold: the layer is flagged when gamma > tau (eq. 7)", low=0.0),
+    eps=Param("Tikhonov strength (eqs 9-10): eps I, or eps/tr_t I on normalised layers", low=0.0),
+    k_frac=Param("refined rank k = floor(k_frac * min(d_out, d_in)) (eq. 18)", low=0.0, high=1.0),
+    scaling=Param("s in theta = theta0 + s * W_bar, every key (docs/methods.md §ACE, Eq. (ACE.14))", low=0.0),
+    gate=Param("heterogeneity gate: 'auto' (gamma > tau), 'on', 'off'; None = estimator preset",
                choices=(None, "auto", "on", "off")),
-    trace_norm=Param(True, "trace-normalise the covariances on flagged layers (eq. 8)", types=(bool,)),
-    prior=Param(None, "the collective structural prior C_agg (eqs 11-13); None = preset", types=(bool, type(None))),
-    refine=Param(True, "spectral refinement on flagged layers (eqs 15-19)", types=(bool,)),
-    numerator=Param(None, "numerator of eq. 14: 'centered' W̃_t or 'raw' ΔW_t; None = estimator preset",
+    trace_norm=Param("trace-normalise the covariances on flagged layers (eq. 8)", types=(bool,)),
+    prior=Param("the collective structural prior C_agg (eqs 11-13); None = preset", types=(bool, type(None))),
+    refine=Param("spectral refinement on flagged layers (eqs 15-19)", types=(bool,)),
+    numerator=Param("numerator of eq. 14: 'centered' W̃_t or 'raw' ΔW_t; None = estimator preset",
                     choices=(None, "centered", "raw")),
-    estimator=Param("ace", "covariance estimator: 'ace' (eqs 5-6), 'identity' (= weight averaging), 'wudi', 'given'",
+    estimator=Param("covariance estimator: 'ace' (eqs 5-6), 'identity' (= weight averaging), 'wudi', 'given'",
                     choices=ESTIMATORS),
-    covariances=Param(None, "for 'given': one {key: Sigma_t (d_in x d_in)} per expert", check=check_covariances_param),
-    precision=Param("float64", "arithmetic of the accumulation and solve: 'float64' (default) "
+    covariances=Param("for 'given': one {key: Sigma_t (d_in x d_in)} per expert", check=check_covariances_param),
+    precision=Param("arithmetic of the accumulation and solve: 'float64' (default) "
                     "or 'float32' (about 2x faster; error in docs/performance.md)", choices=PRECISIONS),
-    wudi_p=Param(2.0, "norm power p of the 'wudi' estimator Sigma_t = tau_tᵀ tau_t / ||tau_t||_F^p", low=0.0),
-    eps_mode=Param("absolute", "the ridge: 'absolute' eps (the paper's) or 'relative' eps·tr(Sigma_tilde_t)/d_in, "
+    wudi_p=Param("norm power p of the 'wudi' estimator Sigma_t = tau_tᵀ tau_t / ||tau_t||_F^p", low=0.0),
+    eps_mode=Param("the ridge: 'absolute' eps (the paper's) or 'relative' eps·tr(Sigma_tilde_t)/d_in, "
                    "eps times each task's mean covariance eigenvalue (not the paper's; docs/methods.md §ACE)",
                    choices=EPS_MODES),
-    gamma_mode=Param("paper", "the gate's heterogeneity: 'paper' (eq. 7) or 'cv', the scale-invariant "
+    gamma_mode=Param("the gate's heterogeneity: 'paper' (eq. 7) or 'cv', the scale-invariant "
                      "Var_t(e_t)/Mean_t(e_t)^2 (not the paper's; docs/methods.md §ACE)", choices=GAMMA_MODES),
 )
-def ace(base, task_vectors, *, is_matrix, **hparams):
+def ace(base, task_vectors, *, is_matrix, tau: float = 0.3, eps: float = 1e-2, k_frac: float = 0.3,
+        scaling: float = 1.0, gate: str | None = None, trace_norm: bool = True, prior: bool | None = None,
+        refine: bool = True, numerator: str | None = None, estimator: str = "ace",
+        covariances: Sequence[Mapping] | None = None, precision: str = "float64", wudi_p: float = 2.0,
+        eps_mode: str = "absolute", gamma_mode: str = "paper"):
     """ACE-Merging on a state dict (docs/methods.md §ACE, Eq. (ACE.14)): ``merge("ace", base, experts, ...)``;
-    :func:`ace_with_diagnostics` without the diagnostics."""
-    update, _ = ace_with_diagnostics(base, task_vectors, is_matrix=is_matrix, **hparams)
+    :func:`ace_with_diagnostics` without the diagnostics. The defaults are the paper's (docs/methods.md §ACE)."""
+    update, _ = ace_with_diagnostics(
+        base, task_vectors, is_matrix=is_matrix, tau=tau, eps=eps, k_frac=k_frac, scaling=scaling, gate=gate,
+        trace_norm=trace_norm, prior=prior, refine=refine, numerator=numerator, estimator=estimator,
+        covariances=covariances, precision=precision, wudi_p=wudi_p, eps_mode=eps_mode, gamma_mode=gamma_mode)
     return update
 
 
