@@ -11,22 +11,23 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from ._protocol import PATIENCE, SHORT_GRID
 from .errors import InputError, InputKeyError, InputTypeError
-from .merging import METHODS, Search
 
 __all__ = ["PATIENCE", "SHORT_GRID", "LAMBDA_GRID", "ALPHA_GRID", "ESM_BRACKET", "Evaluation", "SearchResult",
            "check_patience", "grid_search", "golden_section_search", "esm_search", "climb_search"]
 
 
-# the grids live with the methods that search them (their registry entries)
-LAMBDA_GRID: tuple[float, ...] = cast(Search, METHODS["task_arithmetic"].search).grid
-ALPHA_GRID: tuple[float, ...] = cast(Search, METHODS["tsv_m"].search).grid
-ESM_BRACKET: tuple[float, float] = cast(Search, METHODS["esm"].search).bracket
+#: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (docs/methods.md §Benchmark protocol).
+LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
+#: TSV-M, Iso-C, Iso-CTS: linspace(0, 3, 31)[1:] = {0.1, ..., 3.0} (docs/methods.md §Benchmark protocol).
+ALPHA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 3.0, 31)[1:].tolist())
+#: ESM's golden-section bracket [0, 2] (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)).
+ESM_BRACKET: tuple[float, float] = (0.0, 2.0)
 
 ScoreFn = Callable[[float], Mapping[str, float]]
 _METRICS = {"normalized": "avg_normalized", "absolute": "avg_absolute"}

@@ -97,7 +97,7 @@ class Lesson:
 def patch_everywhere(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str,
                      make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     """Replace ``module.name`` by ``make(original)`` in every loaded acetools module that binds the same
-    object (``from .linalg import center_rows`` binds it in acetools.merging.ace too)."""
+    object (``from .ace import center_rows`` would bind it in a second module too)."""
     orig = getattr(module, name)
     new = make(orig)
     for mod_name, mod in list(sys.modules.items()):

@@ -8,8 +8,8 @@
 * The library never imports the course (``acetools_course``); the merge engine (``merging/``,
   ``layouts``, ``keys``, ``utils``) imports nothing of the file side or the worlds.
 * No private (``_name``) module or name is imported from another package.
-* Line budgets per unit (:data:`BUDGETS`): ``merging/ace.py`` and ``esm.py`` <= 450, the engine, the file side, each
-  world, the course and the command line each within its own.
+* Line budgets per unit (:data:`BUDGETS`): ``merging/ace.py`` (ACE and all that only ACE uses) <= 760, ``esm.py``
+  <= 450, the engine, the file side, each world, the course and the command line each within its own.
 """
 
 from __future__ import annotations
@@ -169,14 +169,15 @@ def _lines(paths) -> int:
     return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in paths)
 
 
-#: Budgets per unit, so that each part of the package stays one a reader can walk: ACE and ESM in 450 lines each
-#: (every line of their module), the engine, the file side, each world, the course and the command line each in
+#: Budgets per unit, so that each part of the package stays one a reader can walk: ACE in 760 lines (its stages, its
+#: options and covariance inputs, and its one pass over the tasks: everything only ACE uses, issue #42), ESM in
+#: 450 (every line of their module), the engine, the file side, each world, the course and the command line each in
 #: the lines its job needs. A unit is a file or a folder; the most specific unit a file is in counts it, and
 #: "acetools/" is every other file of the package (the shared vocabulary: layouts, keys, utils, benchmark,
 #: results, search, regime, plotting, notebooks). A budget describes a design: when a unit outgrows it, split the
 #: unit or raise its budget for what the code does, never move lines to fit.
 BUDGETS = {
-    "acetools/merging/ace.py": 450,
+    "acetools/merging/ace.py": 760,
     "acetools/merging/esm.py": 450,
     "acetools/merging/": 3_700,     # the rest of the engine: registry, driver, linalg, the other methods
     "acetools/files/": 5_000,       # checkpoints, streamed merges, heads, vocabularies, lineage, diagnose
@@ -212,8 +213,8 @@ def test_every_library_file_is_counted_in_one_unit():
     assert sum(_counts().values()) == _lines(LIBRARY + COURSE)
 
 
-def test_ace_and_esm_each_fit_in_450_lines():
-    """ACE and ESM as a student reads them: one module each, at most 450 lines (every line of the file)."""
+def test_ace_and_esm_each_fit_in_their_module_budget():
+    """ACE and ESM as a student reads them: one module each, within its budget (every line of the file)."""
     counts = _counts()
     over = {k: f"{counts[k]} > {BUDGETS[k]}" for k in ("acetools/merging/ace.py", "acetools/merging/esm.py")
             if counts[k] > BUDGETS[k]}

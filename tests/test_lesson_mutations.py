@@ -20,8 +20,8 @@ import torch
 
 from acetools.merging import ace as A
 from acetools.merging import esm as E
-from acetools.merging import linalg, merge
-from acetools.merging.linalg import NormalizedCovariances
+from acetools.merging import merge
+from acetools.merging.ace import NormalizedCovariances
 from tests.lesson_cells import Lesson, patch_everywhere
 
 pytestmark = pytest.mark.slow
@@ -44,9 +44,9 @@ def _wrap(module: Any, name: str, make: Callable[[Callable[..., Any]], Callable[
 
 
 def _drop_prior_when_unflagged(f):
-    def closed_form(numerators, Sigma_reg, C_agg=None, *, name=""):
+    def closed_form(numerators, Sigma_reg, C_agg=None, **kw):
         unflagged = isinstance(Sigma_reg, NormalizedCovariances) and not Sigma_reg.normalized
-        return f(numerators, Sigma_reg, None if unflagged else C_agg, name=name)
+        return f(numerators, Sigma_reg, None if unflagged else C_agg, **kw)
     return closed_form
 
 
@@ -90,11 +90,11 @@ ACE_MUTATIONS = [
              _wrap(A, "isotropic_update", lambda f: lambda W_pre, UV, s: f(W_pre, UV, 2 * s))),
     Mutation("refinement: rank k + 1", "02_ace_step_by_step",
              _wrap(A, "refined_rank", lambda f: lambda *a, **kw: f(*a, **kw) + 1)),
-    Mutation("no row centring (ACE.3)", "02_ace_step_by_step", _wrap(linalg, "center_rows", _centre(None))),
+    Mutation("no row centring (ACE.3)", "02_ace_step_by_step", _wrap(A, "center_rows", _centre(None))),
     Mutation("centring the columns instead of the rows", "02_ace_step_by_step",
-             _wrap(linalg, "center_rows", _centre(1))),
+             _wrap(A, "center_rows", _centre(1))),
     Mutation("flagged prior not divided by the mean energy", "02_ace_step_by_step",
-             _wrap(A, "structural_prior", lambda f: lambda S, *, energy=None: f(S))),
+             _wrap(A, "structural_prior", lambda f: lambda S, *, energy=None, **kw: f(S, **kw))),
     Mutation("gate inverted", "02_ace_step_by_step",
              _wrap(A, "gate_flag", lambda f: lambda g, tau, gate: not f(g, tau, gate))),
     Mutation("gamma of the energies, not of their logs (ACE.5)", "02_ace_step_by_step",

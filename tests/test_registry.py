@@ -8,6 +8,8 @@ generated from the built-in registrations.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from safetensors.torch import save_file
 
 import acetools
 from acetools.merging import _registry
-from acetools.merging._registry import Param, Search, register
+from acetools.merging._registry import REQUIRED, Param, Search, register
 from tests.scripts import load_script
 
 TABLE = load_script("methods_table")
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"blocks.0.mlp.weight": (4, 3), "blocks.0.mlp.bias": (4,)}
 
 
-def _toy(base, task_vectors, *, is_matrix, c, grams):
+def _toy(base, task_vectors, *, is_matrix, c=1.0, grams=None):
     """c * (1/T) sum_t tau_t G_t on matrices with a Gram, the mean elsewhere."""
     T = len(task_vectors)
     out = {}
@@ -43,7 +45,7 @@ def toy():
     """Register ``toy`` (one place: this decorator) and remove it afterwards."""
     register("toy", "a toy: c times the Gram-weighted mean task vector", key_scope="key", per_key=("grams",),
              data_inputs=("grams",), search=Search("c", "grid", (0.5, 1.0, 1.5)), needs_layout=True,
-             c=Param(1.0, "coefficient", low=0.0), grams=Param(None, "one {key: G_t} dict per expert"))(_toy)
+             c=Param("coefficient", low=0.0), grams=Param("one {key: G_t} dict per expert"))(_toy)
     yield acetools.METHODS["toy"]
     _registry._REGISTRY.pop("toy")
 
@@ -149,17 +151,26 @@ def test_methods_table_script_rewrites_only_the_block(tmp_path):
         update(doc)
 
 
-def test_a_declaration_names_real_parameters_and_writes_defaults_once():
-    def bad(base, task_vectors, *, is_matrix, c=1.0):
+def test_a_declaration_names_real_parameters_and_reads_defaults_from_the_signature():
+    def fn(base, task_vectors, *, is_matrix, c=1.0):
         return {}
 
-    with pytest.raises(ValueError, match="repeats the default of 'c'"):
-        register("bad_defaults", "x", c=Param(1.0, "c"))(bad)
+    with pytest.raises(TypeError, match="has no keyword parameter 'lam'"):
+        register("bad_param", "x", lam=Param("lam"))(fn)
+    with pytest.raises(TypeError, match="first argument is the one-line doc"):
+        register("bad_param", "x", c=Param(1.0, "c"))(fn)  # the old Param(default, doc)
+    with pytest.raises(ValueError, match=r"bad_range: hyperparameter c=1.0 is out of range: must be >= 2"):
+        register("bad_range", "x", c=Param("c", low=2.0))(fn)
     with pytest.raises(ValueError, match="per_key names 'grams'"):
-        register("bad_per_key", "x", per_key=("grams",))(bad)
+        register("bad_per_key", "x", per_key=("grams",))(fn)
     with pytest.raises(ValueError, match="search names 'lam'"):
-        register("bad_search", "x", search=Search("lam", "grid", (1.0,)))(bad)
-    assert not {"bad_defaults", "bad_per_key", "bad_search"} & set(acetools.METHODS)
+        register("bad_search", "x", search=Search("lam", "grid", (1.0,)))(fn)
+    assert not {"bad_param", "bad_range", "bad_per_key", "bad_search"} & set(acetools.METHODS)
+    try:
+        assert register("good", "x", c=Param("c"))(fn) is fn  # the function itself, its signature untouched
+        assert acetools.METHODS["good"].params["c"].default == 1.0
+    finally:
+        _registry._REGISTRY.pop("good", None)
 
 
 def test_unregistered_scope_is_in_memory():
@@ -171,15 +182,37 @@ def test_unregistered_scope_is_in_memory():
         _registry._REGISTRY.pop("toy_model")
 
 
-def test_functions_take_their_defaults_from_the_registry():
-    import inspect
+def _signature_defaults(fn) -> dict:
+    return {n: (REQUIRED if q.default is inspect.Parameter.empty else q.default)
+            for n, q in inspect.signature(fn).parameters.items() if q.kind is inspect.Parameter.KEYWORD_ONLY}
 
+
+@pytest.mark.parametrize("method", sorted(acetools.METHODS))
+def test_each_method_writes_its_defaults_in_its_signature(method):
+    """The registry's defaults are the registered function's signature (docs/methods.md's tables are checked
+    against them in tests/test_docs.py), and every public function of the method's module that takes a
+    hyperparameter by the same name (the per-matrix functions the lessons call) has the same default, or the
+    value its preset gives a ``None``."""
+    info = acetools.METHODS[method]
+    sig = _signature_defaults(info.func)
+    assert {n: sig[n] for n in info.params} == info.hparams
+    module = importlib.import_module(info.func.__module__)
+    registered = {i.func for i in acetools.METHODS.values()}  # each checked against its own registration
+    preset = info.effective(info.hparams)  # a stage may take the value a None stands for (ACE's numerator)
+    differ = {}
+    for name in getattr(module, "__all__", []):
+        fn = getattr(module, name)
+        if inspect.isfunction(fn) and fn not in registered and fn.__module__ == module.__name__:
+            differ.update({f"{name}({n})": (d, info.hparams[n]) for n, d in _signature_defaults(fn).items()
+                           if n in info.params and d is not REQUIRED and d not in (info.hparams[n], preset[n])})
+    assert not differ, f"defaults that differ from {method}'s signature: {differ}"
+
+
+def test_ace_matrix_shows_its_defaults():
     from acetools.merging.ace import ace_matrix
-    from acetools.merging.esm import esm
 
-    hp = acetools.METHODS["esm"].hparams
-    sig = inspect.signature(esm)
-    assert {n: sig.parameters[n].default for n in hp} == hp
+    sig = inspect.signature(ace_matrix).parameters
+    assert sig["eps"].default == 1e-2 and sig["tau"].default == 0.3 and sig["estimator"].default == "ace"
     d = [torch.randn(5, 4, generator=torch.Generator().manual_seed(t)) for t in range(3)]
     _, diag = ace_matrix(d)
     assert diag.gate == "auto" and diag.estimator == "ace"

@@ -76,13 +76,14 @@ def test_patching_an_ace_stage_changes_merge_and_the_file_merge(tmp_path, world,
 
 
 def test_patching_the_covariance_estimator_changes_merge_and_the_file_merge(tmp_path, world, monkeypatch):
-    """estimate_covariance returning I makes ACE's default the identity estimator with ACE's switches."""
+    """estimate_covariance returning I makes ACE's default the identity estimator with ACE's switches (unformed,
+    as ``factored=True`` asks: the one pass of the fast path reads it)."""
     base, experts = world
     want = acetools.merge("ace", base, experts, layout="open_clip", estimator="identity", gate="auto", prior=True,
                           numerator="centered")
     before = acetools.merge("ace", base, experts, layout="open_clip")
-    monkeypatch.setattr(A, "estimate_covariance",
-                        lambda d, *a, **k: torch.eye(d.shape[1], dtype=F64, device=d.device))
+    monkeypatch.setattr(A, "estimate_covariance", lambda d, *a, factored=False, **k: (
+        A.TaskCovariance(d, "identity") if factored else torch.eye(d.shape[1], dtype=F64, device=d.device)))
     mem = acetools.merge("ace", base, experts, layout="open_clip")
     _assert_same(mem, want, atol=1e-10)
     assert not torch.equal(before[MATRIX], mem[MATRIX])
@@ -114,12 +115,9 @@ def test_patching_essential_subspace_changes_esm_in_memory_and_from_files(tmp_pa
 
 
 def test_center_rows_is_the_one_centring_the_pipeline_runs(tmp_path, world, monkeypatch):
-    """(ACE.3) is one function, :func:`acetools.merging.linalg.center_rows` (``A.center_rows`` is it): its ``out=``
-    form equals the new tensor, and patching it changes the dense covariance, the centred numerators, the streamed
-    sums, merge() and the file merge alike."""
-    from acetools.merging import linalg
-
-    assert A.center_rows is linalg.center_rows
+    """(ACE.3) is one function, :func:`acetools.merging.ace.center_rows`: its ``out=`` form equals the new tensor,
+    and patching it changes the dense covariance, the centred numerators, the one pass's sums, merge() and the
+    file merge alike."""
     d = torch.randn(7, 5, generator=torch.Generator().manual_seed(3), dtype=F64)
     want = d - d.mean(dim=0, keepdim=True)
     torch.testing.assert_close(A.center_rows(d), want, rtol=0, atol=0)
@@ -134,9 +132,9 @@ def test_center_rows_is_the_one_centring_the_pipeline_runs(tmp_path, world, monk
         calls.append(tuple(delta_W.shape))
         return delta_W.clone() if out is None else out.copy_(delta_W)
 
-    monkeypatch.setattr(linalg, "center_rows", uncentred)
-    torch.testing.assert_close(linalg.TaskCovariance(d, "ace").dense(), d.T @ d, rtol=0, atol=0)
-    torch.testing.assert_close(linalg.CenteredRows([d])[0], d, rtol=0, atol=0)
+    monkeypatch.setattr(A, "center_rows", uncentred)
+    torch.testing.assert_close(A.TaskCovariance(d, "ace").dense(), d.T @ d, rtol=0, atol=0)
+    torch.testing.assert_close(A.CenteredRows([d])[0], d, rtol=0, atol=0)
     mem = acetools.merge("ace", base, experts, layout="open_clip")
     assert calls, "merge() did not run center_rows"
     assert not torch.equal(before[MATRIX], mem[MATRIX])

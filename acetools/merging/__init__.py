@@ -30,6 +30,7 @@ from .driver import (
     check_same_keys,
     compute_dtype,
     confirmed_ties,
+    is_matrix_param,
     merge_key,
     run,
 )
@@ -53,11 +54,6 @@ __all__ = [
 ]
 
 StateDict = Mapping[str, Tensor]
-
-
-def is_matrix_param(key: str, tensor: Tensor) -> bool:
-    """The "is it a matrix?" rule of docs/methods.md §Matrix path: ``ndim == 2`` and not ``text_projection``."""
-    return tensor.ndim == 2 and "text_projection" not in key
 
 
 def validate_state_dicts(base: StateDict, experts: Sequence[StateDict]) -> None:

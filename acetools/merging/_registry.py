@@ -1,7 +1,8 @@
 """The method registry: the one place that knows a merge method (CONTRIBUTING.md, "Add a merge method").
 
 ``@register(name, description, **params)`` declares, next to the function, its hyperparameters
-(:class:`Param`; the function's signature has no defaults of its own) and:
+(:class:`Param`: doc and allowed values; the default is the one written in the function's signature, which
+the registry reads, as mergekit's ``@merge_method`` does: no default means required) and:
 
 - ``key_scope``: ``"key"`` (one key's update needs only that key: streamed), ``"model"``, or a
   function of the resolved hyperparameters returning ``(scope, why)``;
@@ -22,7 +23,7 @@ maps every key to W0 (on the compute device, in the compute dtype), ``task_vecto
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -30,19 +31,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
+from .. import search
 from ..errors import InputError, InputTypeError
+from ..search import ALPHA_GRID, ESM_BRACKET, LAMBDA_GRID
 
 __all__ = ["Param", "MethodInfo", "Search", "register", "METHODS", "REQUIRED", "SCOPES", "LAMBDA_GRID",
-           "ALPHA_GRID", "ESM_BRACKET", "registered_defaults", "per_expert_values"]
-
-#: Task arithmetic, TIES and similar: linspace(0, 1, 31)[1:] = {1/30, ..., 1} (docs/methods.md §Benchmark protocol).
-LAMBDA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 1.0, 31)[1:].tolist())
-#: TSV-M, Iso-C, Iso-CTS: linspace(0, 3, 31)[1:] = {0.1, ..., 3.0} (docs/methods.md §Benchmark protocol).
-ALPHA_GRID: tuple[float, ...] = tuple(np.linspace(0.0, 3.0, 31)[1:].tolist())
-#: ESM's golden-section bracket [0, 2] (docs/methods.md §ESM, Eqs. (ESM.11)-(ESM.12)).
-ESM_BRACKET: tuple[float, float] = (0.0, 2.0)
+           "ALPHA_GRID", "ESM_BRACKET", "per_expert_values"]
 
 #: The scopes of :meth:`MethodInfo.key_scope`.
 SCOPES = ("key", "global_ties", "model")
@@ -58,12 +52,12 @@ REQUIRED: Any = _Required()
 
 @dataclass(frozen=True)
 class Param:
-    """One hyperparameter: default, one-line doc and the values allowed (``low``/``high`` inclusive unless
+    """One hyperparameter: one-line doc and the values allowed (``low``/``high`` inclusive unless
     ``low_open``/``high_open``; ``choices``; ``types``; ``check(value) -> error message or None``).
     ``per_expert``: a list or tuple with one such value per expert is accepted too, each value checked
-    (docs/your-models.md §Coming from mergekit); ``scalar=False``: only such a list, or ``None``."""
+    (docs/your-models.md §Coming from mergekit); ``scalar=False``: only such a list, or ``None``.
+    ``default``: filled in by :func:`register` from the method's signature (``REQUIRED`` where it has none)."""
 
-    default: Any
     doc: str
     choices: tuple | None = None
     low: float | None = None
@@ -74,6 +68,12 @@ class Param:
     check: Callable[[Any], str | None] | None = None
     per_expert: bool = False
     scalar: bool = True
+    default: Any = REQUIRED
+
+    def __post_init__(self):
+        if not isinstance(self.doc, str):
+            raise InputTypeError(f"Param({self.doc!r}, ...): the first argument is the one-line doc; write the "
+                                 "default in the method's signature (CONTRIBUTING.md, Add a merge method)")
 
     @property
     def required(self) -> bool:
@@ -139,8 +139,6 @@ class Search:
             **options: Any) -> Any:
         """Choose the coefficient with :mod:`acetools.search`'s function for ``kind``; ``score_fn(c)`` returns
         the validation score per task, ``options`` go to the search function."""
-        from .. import search  # the search module imports the grids from here
-
         if self.kind == "grid":
             return search.grid_search(score_fn, self.grid, reference=reference, **options)
         if self.kind == "golden":
@@ -255,9 +253,11 @@ METHODS: Mapping[str, MethodInfo] = MappingProxyType(_REGISTRY)
 
 def register(name: str, description: str, *, key_scope: Scope = "model", **options: Any):
     """Decorator adding a merge function to :data:`METHODS` under ``name``: ``options`` are the other fields of
-    :class:`MethodInfo` (module docstring) and a :class:`Param` per hyperparameter; checks that ``per_key``,
-    ``data_inputs`` and ``search.param`` name parameters and that the function repeats no default."""
-    params = {k: v for k, v in options.items() if isinstance(v, Param)}
+    :class:`MethodInfo` (module docstring) and a :class:`Param` per hyperparameter. Each hyperparameter is a
+    keyword parameter of the function, whose default (none: required) the registry reads from the signature;
+    checks that ``per_key``, ``data_inputs`` and ``search.param`` name hyperparameters and that each default is a
+    value its Param allows. The function is returned as it is."""
+    declared = {k: v for k, v in options.items() if isinstance(v, Param)}
     fields = {k: v for k, v in options.items() if not isinstance(v, Param)}
     search = fields.get("search")
 
@@ -266,39 +266,21 @@ def register(name: str, description: str, *, key_scope: Scope = "model", **optio
             raise InputError(f"merge method {name!r} is registered twice")
         for what, names in (("per_key", fields.get("per_key", ())), ("data_inputs", fields.get("data_inputs", ())),
                             ("search", (search.param,) if search else ())):
-            unknown = [n for n in names if n not in params]
+            unknown = [n for n in names if n not in declared]
             if unknown:
                 raise InputError(f"register({name!r}): {what} names {unknown[0]!r}, which is not a parameter")
-        sig = inspect.signature(fn)
-        twice = [p for p in params if p in sig.parameters and sig.parameters[p].default is not inspect.Parameter.empty]
-        if twice:
-            raise InputError(f"register({name!r}): {fn.__name__} repeats the default of {twice[0]!r}; the Param "
-                             "holds it (drop the default from the signature)")
+        sig = inspect.signature(fn).parameters
+        keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        absent = [n for n in declared if n not in sig or sig[n].kind not in keyword]
+        if absent:
+            raise InputTypeError(f"register({name!r}): {fn.__name__} has no keyword parameter {absent[0]!r}; write it "
+                                 "in the signature, with its default unless it is required")
+        params = {n: dataclasses.replace(p, default=REQUIRED if sig[n].default is inspect.Parameter.empty
+                                         else sig[n].default) for n, p in declared.items()}
+        for n, p in params.items():
+            if not p.required:
+                p.validate(name, n, p.default)  # a default outside its own Param's range is a bug of the method
         _REGISTRY[name] = MethodInfo(name, description, MappingProxyType(params), fn, key_scope, **fields)
-        call = registered_defaults(name)(fn)
-        call.__signature__ = sig.replace(parameters=[  # type: ignore[attr-defined]  # it shows the defaults
-            q.replace(default=params[q.name].default) if q.name in params and not params[q.name].required else q
-            for q in sig.parameters.values()])
-        return call
+        return fn
 
     return deco
-
-
-def registered_defaults(method: str) -> Callable[[Callable], Callable]:
-    """Decorator: ``fn``'s parameters that ``method`` registers (every one when ``fn`` takes ``**hparams``) take
-    its registered default when not given, read at call time, so a default is written once."""
-
-    def deco(fn):
-        sig = inspect.signature(fn)
-        takes_all = any(q.kind is inspect.Parameter.VAR_KEYWORD for q in sig.parameters.values())
-
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            defaults = {n: p.default for n, p in _REGISTRY[method].params.items()
-                        if not p.required and (takes_all or n in sig.parameters)}
-            return fn(*args, **{**defaults, **kwargs})
-
-        return call
-
-    return deco
-

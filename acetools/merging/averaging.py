@@ -25,7 +25,7 @@ def _finite_number(value: object) -> str | None:
 
 #: The per-expert weights w_t of the methods that take them (mergekit's ``weight``; docs/your-models.md
 #: §Coming from mergekit): ``None`` (every w_t = 1, the unweighted method) or one finite number per expert.
-WEIGHTS = Param(None, "per-expert weights w_t, one number per expert (None: every w_t = 1)",
+WEIGHTS = Param("per-expert weights w_t, one number per expert (None: every w_t = 1)",
                 per_expert=True, scalar=False, check=_finite_number)
 
 #: The plan's note (``acetools merge --dry-run``) for methods that merge every key the same way.
@@ -98,7 +98,7 @@ def _check_weight_sum(weights: Sequence[float] | None) -> None:
 @register("weight_averaging",
           "theta0 + (1/T) sum_t tau_t: plain averaging of the experts (docs/methods.md §Weight averaging)",
           key_scope="key", note=ALIKE, weights=WEIGHTS)
-def weight_averaging(base, task_vectors, *, is_matrix, weights):
+def weight_averaging(base, task_vectors, *, is_matrix, weights=None):
     """Weight averaging, docs/methods.md §Weight averaging: theta = (1/T) sum_t theta_t, on every key; with
     ``weights``, the weighted mean sum_t w_t theta_t / sum_t w_t (Eq. (WA.2), mergekit's ``linear``)."""
     if weights is None:
@@ -116,10 +116,10 @@ def weight_averaging(base, task_vectors, *, is_matrix, weights):
     note=ALIKE,
     summed=lambda hp: hp["lam"] if hp["weights"] is None else None,
     search=Search("lam", "grid", LAMBDA_GRID),
-    lam=Param(0.3, "scaling of the summed task vectors", low=0.0),
+    lam=Param("scaling of the summed task vectors", low=0.0),
     weights=WEIGHTS,
 )
-def task_arithmetic(base, task_vectors, *, is_matrix, lam, weights):
+def task_arithmetic(base, task_vectors, *, is_matrix, lam=0.3, weights=None):
     """Task arithmetic, docs/methods.md §Task arithmetic: theta = theta0 + lam * sum_t tau_t on every key; with
     ``weights``, theta0 + lam * sum_t w_t tau_t (Eq. (TA.2), mergekit's ``task_arithmetic``)."""
     w = None if weights is None else per_expert_values("task_arithmetic", "weights", weights, len(task_vectors))

@@ -23,10 +23,10 @@ from torch import Tensor
 from ..errors import InputError, InputKeyError
 from ..layouts import Layout
 from ..utils import PROGRESS, cpu_threads, progress
-from ._registry import MethodInfo
+from ._registry import METHODS, MethodInfo
 
 __all__ = ["Source", "ModelView", "run", "merge_key", "per_key_entries", "compute_dtype", "is_finite", "check_finite",
-           "check_same_keys", "carried_buffers", "confirmed_ties", "format_bytes"]
+           "check_same_keys", "carried_buffers", "confirmed_ties", "format_bytes", "is_matrix_param"]
 
 log = logging.getLogger("acetools.merging")
 
@@ -34,6 +34,11 @@ log = logging.getLogger("acetools.merging")
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a method computes in for weights stored in ``dtype``: float64 stays, the rest is float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def is_matrix_param(key: str, tensor: Tensor) -> bool:
+    """The "is it a matrix?" rule of docs/methods.md §Matrix path: ``ndim == 2`` and not ``text_projection``."""
+    return tensor.ndim == 2 and "text_projection" not in key
 
 
 def is_finite(t: Tensor) -> bool:
@@ -280,8 +285,6 @@ def merge_key(
     (``METHODS[method].resolve``); ``prepared``: what the ``prepare`` hook returned. For key scope
     ``"key"`` it equals that key's update from the whole-model call.
     """
-    from . import METHODS
-
     info = method if isinstance(method, MethodInfo) else METHODS[method]
     hp = dict(hparams)
     for name in info.per_key:

@@ -332,38 +332,39 @@ def polarize_layers(updates: Mapping[str, Tensor], keys: Sequence[str] | None = 
     per_key=("activations",), data_inputs=("activations", "targets"), needs_layout=True,
     layout_hparams=lambda name: LAYOUT_NAMES.get(name or "", {}),
     search=Search("alpha", "esm", bracket=ESM_BRACKET),
-    activations=Param(None, "proxy input activations of every ESD layer, captured in each task's fine-tuned model: "
+    activations=Param("proxy input activations of every ESD layer, captured in each task's fine-tuned model: "
                       "mapping key -> [X_1..X_T] (N x d_in) or callable (t, key) -> X; required for "
                       "decomposition='esd'", check=check_activations),
-    alpha=Param(1.0, "merge coefficient alpha (docs/methods.md §ESM, Eq. (ESM.11); chosen on validation)", low=0.0,
+    alpha=Param("merge coefficient alpha (docs/methods.md §ESM, Eq. (ESM.11); chosen on validation)", low=0.0,
                 check=finite_number),
-    alpha_scope=Param("esd", "'esd': alpha scales the ESD layers only (evaluation code, default); "
+    alpha_scope=Param("'esd': alpha scales the ESD layers only (evaluation code, default); "
                       "'all': every key (the saved fused model)", choices=("esd", "all")),
-    decomposition=Param("esd", "'esd': PCA of X dW^T (default); 'svd': left singular vectors of dW "
+    decomposition=Param("'esd': PCA of X dW^T (default); 'svd': left singular vectors of dW "
                         "(the ablation's SVD basis)", choices=_DECOMPOSITIONS),
-    task_scaling=Param(True, "inter-task polarization on/off (Step B1)", types=(bool,)),
-    task_power=Param(2.0, "exponent of the inter-task polarization; -1 is the reciprocal ablation",
+    task_scaling=Param("inter-task polarization on/off (Step B1)", types=(bool,)),
+    task_power=Param("exponent of the inter-task polarization; -1 is the reciprocal ablation",
                      check=finite_number),
-    dim_scaling=Param(True, "inter-dimension (input column) polarization on/off (Step B4)", types=(bool,)),
-    dim_power=Param(2.0, "exponent of the inter-dimension polarization", check=finite_number),
-    layer_scaling=Param(True, "inter-layer polarization on/off (Step C)", types=(bool,)),
-    layer_power=Param(2.0, "exponent of the inter-layer polarization", check=finite_number),
-    eig_power=Param(0.15, "exponent of the eigenvalue weights e (Step B2; 0 switches them off)", low=0.0,
+    dim_scaling=Param("inter-dimension (input column) polarization on/off (Step B4)", types=(bool,)),
+    dim_power=Param("exponent of the inter-dimension polarization", check=finite_number),
+    layer_scaling=Param("inter-layer polarization on/off (Step C)", types=(bool,)),
+    layer_power=Param("exponent of the inter-layer polarization", check=finite_number),
+    eig_power=Param("exponent of the eigenvalue weights e (Step B2; 0 switches them off)", low=0.0,
                     check=finite_number),
-    const=Param(2.0, "constant factor of the ESD product (Step B6; the code's x2)", check=finite_number),
-    targets=Param(DEFAULT_TARGETS, "patterns (regular expressions searched in the key; plain names act as "
+    const=Param("constant factor of the ESD product (Step B6; the code's x2)", check=finite_number),
+    targets=Param("patterns (regular expressions searched in the key; plain names act as "
                   "substrings) selecting the ESD layers among the matrix keys",
                   check=str_tuple(allow_empty=False)),
-    layer_types=Param(CLIP_LAYER_TYPES, "patterns of the layer types compared in Step C (same matching)",
+    layer_types=Param("patterns of the layer types compared in Step C (same matching)",
                       check=str_tuple(allow_empty=True)),
 )
 def esm(base: Mapping[str, Tensor], task_vectors: Sequence[Mapping[str, Tensor]], *,
-        is_matrix: Callable[[str, Tensor], bool], activations: Any, alpha: float, alpha_scope: str, decomposition: str,
-        task_scaling: bool, task_power: float, dim_scaling: bool, dim_power: float, layer_scaling: bool,
-        layer_power: float, eig_power: float, const: float, targets: Sequence[str], layer_types: Sequence[str],
+        is_matrix: Callable[[str, Tensor], bool], activations: Any = None, alpha: float = 1.0, alpha_scope: str = "esd",
+        decomposition: str = "esd", task_scaling: bool = True, task_power: float = 2.0, dim_scaling: bool = True,
+        dim_power: float = 2.0, layer_scaling: bool = True, layer_power: float = 2.0, eig_power: float = 0.15,
+        const: float = 2.0, targets: Sequence[str] = DEFAULT_TARGETS, layer_types: Sequence[str] = CLIP_LAYER_TYPES,
         ) -> dict[str, Tensor]:
-    r"""ESM merged update for every key (docs/methods.md §ESM; defaults: ``METHODS["esm"]``, the official ViT
-    code's). ESD layers (matrix keys matching ``targets``) get :func:`esm_merge_matrix` with ``activations``
+    r"""ESM merged update for every key (docs/methods.md §ESM; the defaults are the official ViT code's). ESD
+    layers (matrix keys matching ``targets``) get :func:`esm_merge_matrix` with ``activations``
     (X_t: the layer's input inside expert t's fine-tuned model), other matrix keys TSV-M, the rest the mean;
     then Step C (:func:`polarize_layers`) and Step D (``alpha``). Targets that match nothing are errors
     (:func:`acetools.merging.inputs.check_targets`; other architectures: :func:`acetools.files.esm_inputs.esm_names`).

@@ -1,5 +1,6 @@
-"""The merge methods' options and data inputs, validated: ACE's estimator presets and covariances, ESM's
-activations and layer names (docs/methods.md §ACE, §ESM). Errors name the key, the expert and the shape."""
+"""The merge methods' shared data inputs, validated (task vectors, per-expert d_in x d_in matrices), and ESM's
+activations and layer names (docs/methods.md §ESM); ACE's own options and covariances live in
+:mod:`acetools.merging.ace`. Errors name the key, the expert and the shape."""
 
 from __future__ import annotations
 
@@ -9,19 +10,18 @@ import re
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..errors import InputError, InputKeyError, InputTypeError
-from .linalg import TaskCovariance, check_square
+from .linalg import check_square
 
 __all__ = [
-    "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "LAYOUT_NAMES", "ESTIMATORS", "PRECISIONS", "EPS_MODES", "GAMMA_MODES",
-    "Switches", "estimator_preset", "preset_switches", "given_covariances", "check_prior", "check_task_vectors",
-    "check_ace_covariances", "check_key_matrices", "check_one_per_expert", "check_covariances_param", "as_rows",
-    "matches", "finite_number", "str_tuple", "check_activations", "activation_source", "check_targets", "esd_failure",
+    "DEFAULT_TARGETS", "CLIP_LAYER_TYPES", "LAYOUT_NAMES", "check_task_vectors", "check_key_matrices",
+    "check_one_per_expert", "as_rows", "matches", "finite_number", "str_tuple", "check_activations",
+    "activation_source", "check_targets", "esd_failure",
 ]
 
 #: open_clip parameter names of the ESD layers (docs/methods.md §ESM, Eqs. (ESM.1)-(ESM.2), "Target layers").
@@ -42,76 +42,7 @@ for _preset, _names in json.loads(Path(__file__).with_name("esm_layers.json").re
         LAYOUT_NAMES[_preset] = {what: tuple(patterns) for what, patterns in _names.items()}
 
 
-# --------------------------------------------------------------------------- ACE
-
-ESTIMATORS = ("ace", "identity", "wudi", "given")
-PRECISIONS = ("float64", "float32")
-#: "absolute" (the paper's eps I, eps/tr_t I on normalised layers) or "relative" (not the paper's).
-EPS_MODES = ("absolute", "relative")
-#: "paper" (eq. 7) or "cv" (scale-invariant, not the paper's; :func:`heterogeneity`).
-GAMMA_MODES = ("paper", "cv")
-
-
-class Switches(NamedTuple):
-    """The component switches an estimator implies (see :func:`estimator_preset`)."""
-
-    gate: str
-    prior: bool
-    numerator: str
-
-
-_PRESETS = {"ace": Switches("auto", True, "centered"), **{e: Switches("off", False, "raw") for e in ESTIMATORS[1:]}}
-
-
-def estimator_preset(estimator: str = "ace", *, gate: str | None = None, prior: bool | None = None,
-                     numerator: str | None = None) -> Switches:
-    """The switches used with ``estimator`` (docs/methods.md §ACE): "ace" = ("auto", True, "centered"), the
-    others ("off", False, "raw"); explicit values (not ``None``) override the preset."""
-    if estimator not in _PRESETS:
-        raise InputError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
-    p = _PRESETS[estimator]
-    out = Switches(gate=p.gate if gate is None else gate, prior=p.prior if prior is None else prior,
-                   numerator=p.numerator if numerator is None else numerator)
-    if out.gate not in ("auto", "on", "off"):
-        raise InputError(f"gate={out.gate!r} is not one of ['auto', 'on', 'off']")
-    if out.numerator not in ("centered", "raw"):
-        raise InputError(f"numerator={out.numerator!r} is not one of ['centered', 'raw']")
-    if not isinstance(out.prior, bool):
-        raise InputTypeError(f"prior={out.prior!r} must be True, False or None")
-    return out
-
-
-def preset_switches(hp: dict) -> dict:
-    """ACE's resolved ``hp`` with ``gate`` / ``prior`` / ``numerator`` as :func:`estimator_preset` resolves them."""
-    return {**hp, **estimator_preset(hp.get("estimator", "ace"), gate=hp.get("gate"), prior=hp.get("prior"),
-                                     numerator=hp.get("numerator"))._asdict()}
-
-
-def check_prior(C_agg: Tensor | None, d_in: int, name: str) -> Tensor | None:
-    """ACE's C_agg, which must be d_in × d_in (or None)."""
-    if C_agg is not None and C_agg.shape != (d_in, d_in):
-        raise InputError(f"layer {name!r}: C_agg has shape {tuple(C_agg.shape)}, expected {(d_in, d_in)}")
-    return C_agg
-
-
-def given_covariances(Sigma: Sequence[Tensor] | None, estimator: str, dWs: list[Tensor],
-                      name: str) -> list[TaskCovariance] | None:
-    """ACE's ``Sigma`` of one layer (one per task, :func:`check_square`) as unformed float64 task covariances for
-    ``estimator="given"``; ``None`` for the other estimators, which take none."""
-    if estimator != "given":
-        if Sigma is not None:
-            raise InputError(f"layer {name!r}: Sigma is only used with estimator='given' (got estimator={estimator!r})")
-        return None
-    if Sigma is None:
-        raise InputError(f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)")
-    if len(Sigma) != len(dWs):
-        raise InputError(
-            f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order"
-        )
-    for t, S in enumerate(Sigma):
-        check_square(S, dWs[0].shape[1], f"covariance of task {t} (expert {t}) for layer {name!r}",
-                     " (the layer's input dimension)")
-    return [TaskCovariance(d, "given", matrix=S.to(d.device, torch.float64)) for d, S in zip(dWs, Sigma)]
+# --------------------------------------------------------------------------- shared by the methods
 
 
 def check_task_vectors(delta_W: Sequence[Tensor], name: str) -> list[Tensor]:
@@ -142,17 +73,6 @@ def check_one_per_expert(value: Any, n_tasks: int, where: str, item: str, items:
                          "order of the experts")
 
 
-def check_covariances_param(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, Mapping) or not isinstance(value, Sequence) or isinstance(value, str):
-        return "must be None or a list with one {key: Sigma_t} dict per expert"
-    for t, c in enumerate(value):
-        if not isinstance(c, Mapping):
-            return f"entry {t} is a {type(c).__name__}, not a dict key -> Sigma_t"
-    return None
-
-
 def check_key_matrices(value: Any, base: Mapping[str, Tensor], n_tasks: int, where: str, item: str, items: str,
                        noun: str, matrix_keys: Collection[str] | None = None) -> dict[str, list[Tensor]]:
     """Per-expert d_in x d_in inputs (ACE's covariances, RegMean's Grams): one ``{key: matrix}`` dict per expert
@@ -180,20 +100,6 @@ def check_key_matrices(value: Any, base: Mapping[str, Tensor], n_tasks: int, whe
         for t, c in enumerate(value):
             check_square(c[k], W0.shape[1], f"{where}[{t}][{k!r}]", f" for a weight of shape {tuple(W0.shape)}")
     return {k: [c[k] for c in value] for k in keys}
-
-
-def check_ace_covariances(covariances: Any, estimator: str, base: Mapping[str, Tensor], matrix_keys: Sequence[str],
-                          T: int) -> dict[str, list[Tensor]]:
-    """ACE's ``covariances`` (estimator="given": one {key: Sigma_t} dict per expert) checked
-    (:func:`check_key_matrices`) and gathered per matrix key; ``{}`` for the other estimators."""
-    if estimator != "given":
-        if covariances is not None:
-            raise InputError(f"ace: covariances are only used with estimator='given' (got estimator={estimator!r})")
-        return {}
-    if covariances is None:
-        raise InputError("ace: estimator='given' needs covariances=[{key: Sigma_t}, ...], one dict per expert")
-    return check_key_matrices(covariances, base, T, "ace: covariances", "{key: Sigma_t} dict", "entries", "Sigma_t",
-                              set(matrix_keys))
 
 
 # --------------------------------------------------------------------------- ESM

@@ -3,20 +3,18 @@
 Beside the plain LAPACK routes (:func:`thin_svd`, :func:`polar`, :func:`solve_right`), the cheaper
 *exact* routes the methods take where the numerics allow (docs/performance.md): the float64 Gram of
 the smaller side (:func:`gram_top_svd`, :func:`gram_polar`, :func:`gram_polar_times`, each checked
-against ``GRAM_MAX_RATIO``), Cholesky with Sherman–Morrison (:func:`solve_spd_rank_one`) and ACE's one
-pass over the tasks (:func:`task_sums`). Singularity is decided from a measured condition number
+against ``GRAM_MAX_RATIO``), Cholesky with Sherman–Morrison (:func:`solve_spd_rank_one`) and ESM's
+cheapest Step A (:func:`top_shift_factors`); ACE's one pass over the tasks is ACE's own
+(:func:`acetools.merging.ace.task_sums`). Singularity is decided from a measured condition number
 against ``RCOND_MIN``, never from whether LAPACK raises (docs/methods.md §Numerics).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,11 +25,7 @@ __all__ = [
     "thin_svd", "polar", "solve_right", "top_svd", "check_square", "check_psd",
     "GRAM_MAX_RATIO", "sym_eig", "gram_top_svd", "gram_polar", "gram_polar_times",
     "solve_spd_rank_one", "syrk_lower_", "symmetrize_lower_", "spread_ok", "gram_spectrum", "RCOND_MIN",
-    "rcond_estimate", "cholesky_rcond", "polar_rank", "TaskCovariance", "TaskSums", "StreamedCovariances",
-    "CenteredRows", "sum64", "sq_norms", "solve_task_sums",
-    "NormalizedCovariances", "Refinement", "isotropic_update", "dense_covariance",
-    "SHIFT_RANK_RTOL", "shift_rank", "top_shift_factors",
-    "task_sums",
+    "rcond_estimate", "cholesky_rcond", "polar_rank", "SHIFT_RANK_RTOL", "shift_rank", "top_shift_factors",
 ]
 
 #: Largest sigma_1 / sigma_j a float64 Gram route accepts: its relative error ~1e-16 (sigma_1/sigma_j)^2
@@ -414,210 +408,6 @@ def gram_spectrum(M: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     return (S, Qk, Ok) if wide else (S, Ok, Qk)
 
 
-# --------------------------------------------------------------------------- ACE's task sums
-
-
-def center_rows(delta_W: Tensor, *, out: Tensor | None = None) -> Tensor:
-    """W̃ = ΔW - 1 μᵀ, μ the mean row (docs/methods.md §ACE, Eq. (ACE.3); rows are samples): a new tensor, or
-    ``out``. ACE's one centring: :class:`TaskCovariance`, :class:`CenteredRows` and :func:`task_sums` run it."""
-    return torch.sub(delta_W, delta_W.mean(dim=0, keepdim=True), out=out)
-
-
-class TaskCovariance(NamedTuple):
-    """Sigma_hat_t of one task kept as the task vector ``delta_W`` (d_out × d_in) it is made of, times
-    ``scale`` (docs/methods.md §ACE, Eqs. (ACE.3)-(ACE.4)). ``kind``: "ace" (W̃ᵀ W̃, W̃ the row-centred ΔW),
-    "wudi" (ΔWᵀ ΔW / ||ΔW||_F^wudi_p), "identity" or "given" (``matrix``). :meth:`dense` forms it."""
-
-    delta_W: Tensor  # (d_out, d_in)
-    kind: str
-    wudi_p: float = 2.0
-    matrix: Tensor | None = None  # (d_in, d_in), kind "given"
-    scale: float = 1.0
-
-    def dense(self) -> Tensor:
-        """The d_in × d_in float64 matrix, scale included."""
-        d = self.delta_W.double()
-        if self.kind == "ace":
-            Wc = center_rows(d)
-            S = Wc.T @ Wc
-        elif self.kind == "wudi":
-            norm = torch.linalg.matrix_norm(d)
-            S = d.T @ d / norm**self.wudi_p if norm > 0 else d.new_zeros(d.shape[1], d.shape[1])
-        elif self.kind == "identity":
-            S = torch.eye(d.shape[1], dtype=torch.float64, device=d.device)
-        else:
-            assert self.matrix is not None, "kind 'given' carries its matrix"
-            S = self.matrix.to(d.device, torch.float64)
-        return S if self.scale == 1.0 else S * self.scale
-
-
-class TaskSums(NamedTuple):
-    """The sums over the T tasks that ACE's stages read, from one pass (:func:`task_sums`): N_t the numerator
-    (W̃_t = ΔW_t - 1 μ_tᵀ if ``centered``, else ΔW_t), Σ̃_t = s_t Sigma_hat_t."""
-
-    S: Tensor  # sum_t Σ̃_t (d_in, d_in)
-    B: Tensor  # sum_t N_t Σ̃_t (d_out, d_in); sum_t N_t (Σ̃_t + r_t I) when R is None (the ridge folded in)
-    R: Tensor | None  # sum_t r_t N_t (d_out, d_in), kept apart for the refinement
-    v: Tensor | None  # sum_t Σ̃_tᵀ μ_t (d_in,): centred numerator with the refinement
-    task_sum: Tensor | None  # sum_t ΔW_t (d_out, d_in): with the refinement
-    traces: Tensor  # (T,) tr_t, float64
-    scales: Tensor  # (T,) s_t, float64
-    ridge: Tensor  # (T,) r_t, float64
-    symmetric: bool  # every Σ̃_t symmetric (a Cholesky may solve)
-    covs: Sequence[TaskCovariance]  # what they were made of (the same pass again in float64)
-    rule: Callable[[float], tuple[float, float, float]]
-    centered: bool  # N_t = W̃_t (else ΔW_t)
-
-    def numerator(self) -> Tensor:
-        """sum_t N_t (Σ̃_t + r_t I) (d_out, d_in), the numerator of eq. 14 (a new tensor when R is kept)."""
-        return self.B if self.R is None else self.B + self.R
-
-    def residual(self, Sigma_reg_mean: Tensor) -> Tensor:
-        """Δ_res = sum_t ΔW_t Σ̃_t - (sum_t ΔW_t) Σ̄_reg (d_out, d_in), eq. 16 of ACE-Merging (a new tensor)."""
-        assert self.task_sum is not None, "task_sums(..., refine=True) keeps what the residual reads"
-        res = self.B + self.v if self.v is not None else self.B.clone()  # sum_t ΔW_t Σ̃_t
-        return res.addmm_(self.task_sum, Sigma_reg_mean.to(self.B.dtype), alpha=-1.0)
-
-    def made_of(self, delta_W: Sequence[Tensor]) -> bool:
-        """Whether ``delta_W`` are the very task vectors these sums were made of."""
-        return len(delta_W) == len(self.covs) and all(a is c.delta_W for a, c in zip(delta_W, self.covs))
-
-
-def sum64(tensors: Any) -> Tensor:
-    """Sum in float64, accumulated in place (no T-fold stack held in memory)."""
-    it = iter(tensors)
-    out = next(it).double().clone()
-    for t in it:
-        out += t
-    return out
-
-
-def sq_norms(tensors: Sequence[Tensor]) -> Tensor:
-    """||X_t||_F² of each tensor as a float64 vector (dot products through one reused float64 buffer)."""
-    buf: Tensor | None = None
-    out = []
-    for d in tensors:
-        if d.dtype == torch.float64:
-            x = d.reshape(-1)
-        else:
-            if buf is None or buf.numel() != d.numel() or buf.device != d.device:
-                buf = torch.empty(d.numel(), dtype=torch.float64, device=d.device)
-            x = buf.copy_(d.reshape(-1))
-        out.append(torch.dot(x, x))
-    return torch.stack(out)
-
-
-class CenteredRows(Sequence):
-    """The row-centred W̃_t = ΔW_t - 1 μ_tᵀ of ``delta_W``, each formed when indexed: ACE's centred
-    numerators, which its streamed sums already hold (:class:`TaskSums`)."""
-
-    def __init__(self, delta_W: Sequence[Tensor]):
-        self.delta_W = list(delta_W)
-
-    def __len__(self) -> int:
-        return len(self.delta_W)
-
-    def __getitem__(self, t: Any) -> Any:  # an int index: no slices
-        return center_rows(self.delta_W[t])
-
-
-def solve_task_sums(sums: TaskSums, C_agg: Tensor | None = None, *, name: str = "") -> Tensor:
-    """W_bar_pre of eq. 14 from the sums, float64 (d_out, d_in): :func:`solve_spd_rank_one` for a symmetric
-    system with C_agg = 1 cᵀ (or none); otherwise, or where that fails, the float64 sums and :func:`solve_right`."""
-    W = None
-    if sums.symmetric and (C_agg is None or torch.equal(C_agg, C_agg[:1].expand_as(C_agg))):
-        M = sums.S.clone()  # sum_t Sigma_reg,t (d_in, d_in); S stays for the refinement's Σ̄_reg
-        M.diagonal().add_(float(sums.ridge.sum()))
-        W = solve_spd_rank_one(sums.numerator(), M, None if C_agg is None else C_agg[0], overwrite=True)
-    if W is None:
-        if sums.B.dtype != torch.float64 or sums.R is not None:  # the float64 sums with the ridge folded in
-            sums = task_sums(sums.covs, sums.rule, dtype=torch.float64, centered=sums.centered, refine=False)
-        A = sums.S.clone()
-        A.diagonal().add_(float(sums.ridge.sum()))
-        W = solve_right(sums.numerator(), A if C_agg is None else A + C_agg.double(), name=name)
-    return W.double()
-
-
-class StreamedCovariances(list):
-    """Σ̃_1..Σ̃_T as :class:`TaskCovariance` (unformed) with ``sums``, the :class:`TaskSums` of their pass."""
-
-    def __init__(self, items: Any, sums: TaskSums):
-        super().__init__(items)
-        self.sums = sums
-
-
-def task_sums(covs: Sequence[TaskCovariance], rule: Callable[[float], tuple[float, float, float]], *,
-              dtype: torch.dtype = torch.float64, centered: bool = True, refine: bool = True) -> TaskSums:
-    """One pass over the tasks, memory independent of T (docs/performance.md, ACE).
-
-    ``rule(trace) -> (tr_t, s_t, r_t)``: the trace, scale and ridge of Σ̃_t = s_t Sigma_hat_t (``covs``
-    unscaled). ``centered``: N_t = W̃_t (else ΔW_t); ``refine``: also keep what the refinement reads
-    (sum_t r_t N_t apart, sum_t ΔW_t and, centred, sum_t Σ̃_t μ_t); else the ridge is folded into B.
-    """
-    d_out, d_in = covs[0].delta_W.shape
-    dev = covs[0].delta_W.device
-    z = functools.partial(torch.zeros, dtype=dtype, device=dev)
-    S, B = z(d_in, d_in), z(d_out, d_in)
-    R = z(d_out, d_in) if refine else B  # R is B: each r_t N_t lands in B
-    v = z(d_in) if refine and centered else None
-    task_sum = z(d_out, d_in) if refine else None
-    T = len(covs)
-    traces, scales, ridge = (torch.empty(T, dtype=torch.float64, device=dev) for _ in range(3))
-    rows_first = 2 * d_out < d_in
-    d_buf = torch.empty(d_out, d_in, dtype=dtype, device=dev)  # fresh temporaries of this size per task cost
-    c_buf = torch.empty_like(d_buf)  # page faults comparable to their arithmetic
-    symmetric, lower_only = True, False
-    for t, cov in enumerate(covs):
-        d = d_buf.copy_(cov.delta_W)  # ΔW_t (d_out, d_in)
-        mu = d.mean(dim=0)  # (d_in,)
-        N = center_rows(d, out=c_buf) if centered else d  # N_t (d_out, d_in)
-        if task_sum is not None:
-            task_sum += d
-        if cov.kind in ("ace", "wudi"):
-            F, q = (N if centered else center_rows(d, out=c_buf)), 1.0  # Sigma_hat_t = q Fᵀ F
-            if cov.kind == "wudi":
-                norm = float(torch.linalg.matrix_norm(d.double()))
-                F, q = d, (0.0 if norm == 0 else 1.0 / norm**cov.wudi_p)
-            tr, s, r = rule(q * float(sq_norms([F])[0]))
-            a = q * s  # Σ̃_t = a Fᵀ F
-            if rows_first:  # S += a Fᵀ F (lower triangle), B += a (N Fᵀ) F, v += a Fᵀ (F μ)
-                syrk_lower_(S, F, alpha=a)
-                lower_only = True
-                H = symmetrize_lower_(syrk_lower_(F.new_zeros(d_out, d_out), F.mT)) if N is F else N @ F.mT
-                B.addmm_(H, F, alpha=a)
-                del H
-                if v is not None:
-                    v.add_((F @ mu) @ F, alpha=a)
-            else:
-                G = symmetrize_lower_(syrk_lower_(F.new_zeros(d_in, d_in), F))  # (d_in, d_in)
-                S.add_(G, alpha=a)
-                B.addmm_(N, G, alpha=a)
-                if v is not None:
-                    v.add_(G @ mu, alpha=a)
-                del G
-        elif cov.kind == "identity":
-            tr, s, r = rule(float(d_in))
-            S.diagonal().add_(s)
-            B.add_(N, alpha=s)
-            if v is not None:
-                v.add_(mu, alpha=s)
-        else:  # "given"
-            assert cov.matrix is not None, "kind 'given' carries its matrix"
-            tr, s, r = rule(float(torch.diagonal(cov.matrix.double()).sum()))
-            Sg = cov.matrix.to(dev, dtype)
-            symmetric = symmetric and bool(torch.allclose(cov.matrix, cov.matrix.mT, rtol=1e-12, atol=0))
-            S.add_(Sg, alpha=s)
-            B.addmm_(N, Sg, alpha=s)
-            if v is not None:
-                v.add_(mu @ Sg, alpha=s)
-        R.add_(N, alpha=r)
-        traces[t], scales[t], ridge[t] = tr, s, r
-        del d, N
-    if lower_only:
-        symmetrize_lower_(S)
-    return TaskSums(S, B, R if refine else None, v, task_sum, traces, scales, ridge, symmetric, covs, rule, centered)
-
-
 # --------------------------------------------------------------------------- ESM's Step A
 
 #: A singular value of the activation shift dO = X ΔWᵀ at or below ``SHIFT_RANK_RTOL · sigma_1`` counts as
@@ -683,55 +473,3 @@ def top_shift_factors(X: Tensor | None, delta_W: Tensor, k: int, decomposition: 
     norm2 = W64.square().sum() + (W64[m:].square().sum() if m < d_out else 0.0)
     dt = delta_W.dtype
     return Vh_k.mT.to(dt), (S.square() / scale).to(dt), norm2.sqrt().to(dt)
-
-
-# --------------------------------------------------------------------------- ACE's stage outputs
-
-
-def dense_covariance(S: Tensor | TaskCovariance) -> Tensor:
-    """A covariance as a float64 matrix (a :class:`TaskCovariance` formed)."""
-    return S.dense() if isinstance(S, TaskCovariance) else S.double()
-
-
-@dataclass
-class NormalizedCovariances:
-    """Output of :func:`acetools.merging.ace.normalize_covariances`: Sigma_reg,t = Σ̃_t + ridge[t] I, factored."""
-
-    Sigma_tilde: list[Tensor]  # Σ̃_t (d_in, d_in) = Sigma_hat_t / tr_t when normalized; StreamedCovariances
-    ridge: Tensor  # (T,) eps / tr_t when normalized, else eps
-    traces: Tensor  # (T,) tr_t = Tr(Sigma_hat_t) + 1e-12
-    normalized: bool
-
-    @property
-    def Sigma_reg(self) -> list[Tensor]:
-        """The list of Sigma_reg,t = Σ̃_t + ridge_t I (materialised on request)."""
-        dense = [dense_covariance(S) for S in self.Sigma_tilde]
-        return [S + r * torch.eye(S.shape[-1], dtype=S.dtype, device=S.device) for S, r in zip(dense, self.ridge)]
-
-    def sum_reg(self) -> Tensor:
-        """sum_t Sigma_reg,t (d_in, d_in), a new tensor (in the streamed sums' dtype)."""
-        sums = getattr(self.Sigma_tilde, "sums", None)
-        S = sums.S.clone() if sums is not None else sum64(dense_covariance(S) for S in self.Sigma_tilde)
-        S.diagonal().add_(self.ridge.sum())
-        return S
-
-    def mean_reg(self) -> Tensor:
-        """Σ̄_reg = (1/T) sum_t Sigma_reg,t, including the ridge terms (eq. 15)."""
-        return self.sum_reg().div_(len(self.Sigma_tilde))
-
-
-class Refinement(NamedTuple):
-    """Output of ACE's :func:`acetools.merging.ace.spectral_refine`: the refined matrix and the SVD it came from."""
-
-    W: Tensor  # W_bar = W_bar_pre + sigma_iso U_k V_kᵀ (or W_bar_pre when k = 0), (d_out, d_in)
-    k: int  # refined rank floor(k_frac · r)
-    sigma_iso: float  # mean of the top-k singular values of W_fused (NaN when k = 0)
-    S_fused: Tensor  # singular values of W_fused = W_bar_pre + Δ_res (streamed: the top k)
-    U: Tensor  # left singular vectors of W_fused (d_out, r) (streamed: (d_out, k))
-    Vh: Tensor  # right singular vectors, transposed (r, d_in) (streamed: (k, d_in))
-    W_fused: Tensor | None = None  # (d_out, d_in)
-
-
-def isotropic_update(W_pre: Tensor, UV_k: Tensor, sigma_iso: Tensor | float) -> Tensor:
-    """W_bar = W_bar_pre + sigma_iso U_k V_kᵀ (eq. 19); ``UV_k`` (U_k V_kᵀ) is overwritten."""
-    return UV_k.mul_(sigma_iso).add_(W_pre)

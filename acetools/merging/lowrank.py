@@ -30,8 +30,7 @@ from torch import Tensor
 
 from ..errors import InputError, InputTypeError
 from ._registry import METHODS, per_expert_values
-from .ace import gate_flag, heterogeneity, refined_rank, ridge_of
-from .inputs import estimator_preset
+from .ace import estimator_preset, gate_flag, heterogeneity, refined_rank, ridge_of
 from .linalg import polar, thin_svd
 from .svd import tsv_rank
 

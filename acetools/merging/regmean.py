@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ._registry import REQUIRED, Param, register
+from ._registry import Param, register
 from .averaging import matrix_or_mean, warn_mean_fallback
 from .inputs import check_key_matrices
 from .linalg import solve_right
@@ -61,11 +61,11 @@ def validate_grams(base: Mapping[str, Tensor], grams, n_tasks: int) -> list[str]
     key_scope="key", per_key=("grams",), data_inputs=("grams",), needs_layout=True,  # no search (coefficient 1)
     note="merges the keys its Gram matrices name; every other key gets the mean",
     # checked by validate_grams (a Param type check would print the whole list of tensors)
-    grams=Param(REQUIRED, "list (one per expert) of dicts weight key -> d_in x d_in input Gram matrix"),
-    alpha=Param(0.95, "off-diagonal shrink: G~ = alpha G + (1 - alpha) diag(G) (fusion_bench CLIP default 0.95)",
+    grams=Param("list (one per expert) of dicts weight key -> d_in x d_in input Gram matrix"),
+    alpha=Param("off-diagonal shrink: G~ = alpha G + (1 - alpha) diag(G) (fusion_bench CLIP default 0.95)",
                 low=0.0, high=1.0),
 )
-def regmean(base, task_vectors, *, is_matrix, grams, alpha):
+def regmean(base, task_vectors, *, is_matrix, grams, alpha=0.95):
     """RegMean (docs/methods.md §RegMean): :func:`regmean_matrix` on every key with Grams; the other keys take the
     mean (a RuntimeWarning lists the matrix keys among them)."""
     keys = set(validate_grams(base, grams, len(task_vectors)))

@@ -294,13 +294,13 @@ def cart_matrix(
 #: What TSV-M, Iso-C and Iso-CTS declare alike: merged key by key on their matrix path, alpha on every key
 #: chosen on validation over ALPHA_GRID (docs/methods.md §Benchmark protocol).
 _ALPHA_ON_A_GRID: dict = {"key_scope": "key", "needs_layout": True, "search": Search("alpha", "grid", ALPHA_GRID),
-                          "alpha": Param(1.0, "coefficient on every key, matrices and means alike (grid 0.1..3.0 "
+                          "alpha": Param("coefficient on every key, matrices and means alike (grid 0.1..3.0 "
                                          "in the paper code)", low=0.0)}
 
 
 @register("tsv_m", "TSV-M: per-task top-(r/T) singular triplets, orthogonalised by polar "
           "(Gargiulo et al. 2025; docs/methods.md §TSV-M)", **_ALPHA_ON_A_GRID)
-def tsv_m(base, task_vectors, *, is_matrix, alpha):
+def tsv_m(base, task_vectors, *, is_matrix, alpha=1.0):
     """TSV-M (docs/methods.md §TSV-M): :func:`tsv_merge_matrix` on matrix keys, the mean on the rest, times alpha."""
     return matrix_or_mean("tsv_m", base, task_vectors, is_matrix, lambda taus, k: tsv_merge_matrix(taus, key=k),
                           "TSV-M", alpha=alpha)
@@ -308,7 +308,7 @@ def tsv_m(base, task_vectors, *, is_matrix, alpha):
 
 @register("iso_c", "Iso-C: the summed task vector with a flat (isotropic) spectrum (Marczak et al. 2025; "
           "docs/methods.md §Iso-C)", **_ALPHA_ON_A_GRID)
-def iso_c(base, task_vectors, *, is_matrix, alpha):
+def iso_c(base, task_vectors, *, is_matrix, alpha=1.0):
     """Iso-C (docs/methods.md §Iso-C): :func:`iso_c_matrix` on matrix keys, the mean on the rest, times alpha."""
     return matrix_or_mean("iso_c", base, task_vectors, is_matrix, lambda taus, k: iso_c_matrix(taus, key=k), "Iso-C",
                           alpha=alpha)
@@ -318,10 +318,10 @@ def iso_c(base, task_vectors, *, is_matrix, alpha):
     "iso_cts",
     "Iso-CTS: common + task-specific subspaces with a flat spectrum (Marczak et al. 2025; docs/methods.md §Iso-CTS)",
     **_ALPHA_ON_A_GRID,
-    common_fraction=Param(0.8, "fraction of the rank given to the common subspace before the T-divisibility adjustment",
+    common_fraction=Param("fraction of the rank given to the common subspace before the T-divisibility adjustment",
                           low=0.0, high=1.0),
 )
-def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
+def iso_cts(base, task_vectors, *, is_matrix, alpha=1.0, common_fraction=0.8):
     """Iso-CTS (docs/methods.md §Iso-CTS): :func:`iso_cts_matrix` on matrix keys, the mean on the rest, times alpha."""
     return matrix_or_mean("iso_cts", base, task_vectors, is_matrix,
                           lambda taus, k: iso_cts_matrix(taus, common_fraction, key=k), "Iso-CTS", alpha=alpha)
@@ -331,16 +331,16 @@ def iso_cts(base, task_vectors, *, is_matrix, alpha, common_fraction):
     "cart",
     "CART: weight average plus low-rank centred task vectors (Choi et al. 2024; docs/methods.md §CART)",
     key_scope="key", needs_layout=True, search=Search("lam", "grid", ALPHA_GRID),
-    rank_ratio=Param(0.12, "rank of each centred vector as a fraction of min(d_out, d_in); "
+    rank_ratio=Param("rank of each centred vector as a fraction of min(d_out, d_in); "
                      "k = max(1, int(rank_ratio r))",
                      low=0.0, high=1.0, low_open=True),
-    lam=Param(2.0, "coefficient of the summed low-rank centred vectors", low=0.0),
-    targets=Param("names", "which matrices take the low-rank path: 'names' = the official rule (attn/mlp in the "
+    lam=Param("coefficient of the summed low-rank centred vectors", low=0.0),
+    targets=Param("which matrices take the low-rank path: 'names' = the official rule (attn/mlp in the "
                   "key, not ln/bias: open_clip's block weights); 'blocks' = every matrix inside a transformer "
                   "block (the same keys on open_clip, and BERT's, GPT-2's or LLaMA's block weights, whose names "
                   "the official rule misses)", choices=("names", "blocks")),
 )
-def cart(base, task_vectors, *, is_matrix, rank_ratio, lam, targets):
+def cart(base, task_vectors, *, is_matrix, rank_ratio=0.12, lam=2.0, targets="names"):
     """CART (docs/methods.md §CART): :func:`cart_matrix` on the matrix keys :func:`is_cart_key` selects (with
     ``targets="blocks"``: every key inside a transformer block); every other key ends at the average."""
     from ..keys import block_index

@@ -285,11 +285,11 @@ def _ties_update(task_vectors: TaskVectors, keys: Sequence[str], *, k: float | S
     return out
 
 
-_K = Param(20, "percent of entries KEPT per task by the magnitude trim, 0 < k <= 100 (or one per expert)",
+_K = Param("percent of entries KEPT per task by the magnitude trim, 0 < k <= 100 (or one per expert)",
            low=0.0, high=100.0, low_open=True, per_expert=True)
-_SCOPE = Param("global", "trim over the whole flattened model ('global') or per tensor ('tensor')",
+_SCOPE = Param("trim over the whole flattened model ('global') or per tensor ('tensor')",
                choices=("global", "tensor"))
-_MERGE = Param("mean", "disjoint 'mean' (paper, TSV/Iso code) or 'sum' (fusion_bench)", choices=("mean", "sum"))
+_MERGE = Param("disjoint 'mean' (paper, TSV/Iso code) or 'sum' (fusion_bench)", choices=("mean", "sum"))
 
 
 def _ties_scope(scope: str) -> tuple[str, str]:
@@ -308,12 +308,13 @@ def _ties_scope(scope: str) -> tuple[str, str]:
     note=ALIKE,
     search=Search("lam", "grid", LAMBDA_GRID),
     k=_K,
-    lam=Param(1.0, "scaling of the merged task vector v_m", low=0.0),
+    lam=Param("scaling of the merged task vector v_m", low=0.0),
     scope=_SCOPE,
     merge=_MERGE,
     weights=WEIGHTS,
 )
-def ties(base, task_vectors, *, is_matrix, k, lam, scope, merge, weights, global_trim=None):
+def ties(base, task_vectors, *, is_matrix, k=20, lam=1.0, scope="global", merge="mean", weights=None,
+         global_trim=None):
     """TIES-Merging (docs/methods.md §TIES): trim, elect, disjoint merge, times ``lam``, on every key.
     ``global_trim``: the whole model's thresholds and majority sign (:func:`global_trim`) in a streamed merge;
     ``weights``: per-expert w_t (Eq. (TIES.5), mergekit's ``weight``)."""
@@ -392,21 +393,21 @@ def _dare_prepare(view: Any, hparams: Mapping[str, Any]) -> dict[str, Any]:
     prepare=_dare_prepare,
     note=ALIKE,
     search=Search("lam", "grid", LAMBDA_GRID),
-    p=Param(0.5, "drop rate of the Bernoulli mask, 0 <= p < 1 (or one per expert)", low=0.0, high=1.0,
+    p=Param("drop rate of the Bernoulli mask, 0 <= p < 1 (or one per expert)", low=0.0, high=1.0,
             high_open=True, per_expert=True),
-    base_method=Param("task_arithmetic", "merge applied after dropping", choices=("task_arithmetic", "ties")),
-    seed=Param(0, "seed of the masks; each (task, key) mask is seeded from it (dare_seed)",
+    base_method=Param("merge applied after dropping", choices=("task_arithmetic", "ties")),
+    seed=Param("seed of the masks; each (task, key) mask is seeded from it (dare_seed)",
                check=lambda v: None if isinstance(v, int) and not isinstance(v, bool) else
                f"seed must be an int, got {type(v).__name__}"),
-    lam=Param(0.3, "scaling of the merged task vector", low=0.0),
-    rescale=Param(True, "divide the kept entries by 1 - p", types=(bool,)),
+    lam=Param("scaling of the merged task vector", low=0.0),
+    rescale=Param("divide the kept entries by 1 - p", types=(bool,)),
     k=_K,
     scope=_SCOPE,
     merge=_MERGE,
     weights=WEIGHTS,
 )
-def dare(base, task_vectors, *, is_matrix, p, base_method, seed, lam, rescale, k, scope, merge, weights,
-         global_trim=None):
+def dare(base, task_vectors, *, is_matrix, p=0.5, base_method="task_arithmetic", seed=0, lam=0.3, rescale=True,
+         k=20, scope="global", merge="mean", weights=None, global_trim=None):
     """DARE (docs/methods.md §DARE): :func:`dare_task_vectors`, then task arithmetic or TIES (``base_method``),
     times ``lam``; ``weights`` as for task arithmetic or TIES. ``global_trim``: as for :func:`ties`."""
     k, w = _per_expert_k_weights("dare", k, weights, len(task_vectors))

@@ -150,18 +150,19 @@ def _prepare(view: Any, hparams: Mapping[str, Any]) -> dict[str, Any]:
     "wudi",
     "WUDI: per-matrix Adam on the task-vector interference loss (Cheng et al. 2025; docs/methods.md §WUDI)",
     key_scope="key", needs_layout=True, prepare=_prepare,  # no search: its coefficient is 1
-    steps=Param(300, "Adam iterations per matrix (official 300; fusion_bench 400)", low=0, types=(int,)),
-    lr=Param(1e-5, "Adam learning rate", low=0.0, low_open=True),
-    p=Param(2.0, "exponent of ||tau_t||_F in the loss weights (2: paper/RoBERTa/fusion_bench; 1: official ViT script)",
+    steps=Param("Adam iterations per matrix (official 300; fusion_bench 400)", low=0, types=(int,)),
+    lr=Param("Adam learning rate", low=0.0, low_open=True),
+    p=Param("exponent of ||tau_t||_F in the loss weights (2: paper/RoBERTa/fusion_bench; 1: official ViT script)",
             low=0.0),
-    init=Param("sum", "starting point: 'sum' of the task vectors (paper) or 'mean'", choices=_INITS),
-    others=Param("mean", "non-optimised keys: 'mean' of the task vectors (fusion_bench) "
+    init=Param("starting point: 'sum' of the task vectors (paper) or 'mean'", choices=_INITS),
+    others=Param("non-optimised keys: 'mean' of the task vectors (fusion_bench) "
                  "or 'base' = stay at W0 (official ViT script)", choices=("mean", "base")),
-    targets=Param("matrix", "optimised keys: 'matrix' = every is_matrix key (fusion_bench) "
+    targets=Param("optimised keys: 'matrix' = every is_matrix key (fusion_bench) "
                   "or 'vit' = attn.in_proj/out_proj, mlp.c_fc/c_proj only (official ViT script)",
                   choices=("matrix", "vit")),
 )
-def wudi(base, task_vectors, *, is_matrix, steps, lr, p, init, others, targets, model_checked=False):
+def wudi(base, task_vectors, *, is_matrix, steps=300, lr=1e-5, p=2.0, init="sum", others="mean", targets="matrix",
+         model_checked=False):
     """WUDI-Merging (docs/methods.md §WUDI): :func:`wudi_matrix` on every target key, the others averaged or at W0;
     the official ViT script is ``p=1, targets="vit", others="base"``. ``model_checked``: the streamed merge's
     ``prepare`` hook has checked the targets on the whole model (one key alone may match none)."""
