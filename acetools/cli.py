@@ -583,6 +583,10 @@ def _add_merge(sub) -> None:
     m.add_argument("--vocab", default=None, choices=["base", "union"],
                    help="experts with tokens the base lacks (added tokens): base (default: the base's vocabulary, "
                         "their extra rows left out) or union (every token kept, with a tokenizer that has them)")
+    m.add_argument("--lowrank", default=None, choices=["auto", "never"],
+                   help="LoRA adapter experts: auto (default) merges the keys every expert updates as a LoRA in the "
+                        "span of their factors, no d_out x d_in task vector formed; never: from the folded task "
+                        "vectors (docs/methods.md §Low-rank updates)")
     m.add_argument("--overwrite", action="store_true", help="replace the weights of an earlier merge in --out")
     m.add_argument("--force", action="store_true",
                    help="merge even when the base does not look like the experts' parent: unrelated (relative update "
@@ -605,7 +609,7 @@ def _add_merge(sub) -> None:
 #: ``acetools merge``'s options that a config file may set too, with their defaults.
 _MERGE_DEFAULTS: dict[str, Any] = {"layout": "auto", "dtype": None, "device": "cpu", "shard_size": "5GB",
                                    "mode": "auto", "heads": "auto", "names": None, "vocab": None,
-                                   "per_task_out": None}
+                                   "per_task_out": None, "lowrank": "auto"}
 
 
 def _merge_config(args: argparse.Namespace) -> dict[str, Any]:

@@ -26,11 +26,14 @@ from torch import Tensor
 
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import TensorMeta
+from ..merging.driver import check_finite
 from ..utils import atomic_write
 from .checkpoints import Checkpoint, _SafetensorsFile, _torch_load, open_checkpoint
+from .heads import CheckpointView
+from .vocab import VocabView
 
 __all__ = ["ADAPTER_CONFIG", "is_adapter", "LoraCheckpoint", "open_expert", "write_merged_adapter",
-           "LINEAR_COEFFICIENTS"]
+           "LINEAR_COEFFICIENTS", "lora_target", "canonical_factors"]
 
 log = logging.getLogger("acetools.files.lora")
 
@@ -332,6 +335,45 @@ def adapter_of(ck: Checkpoint) -> LoraCheckpoint | None:
         if not isinstance(seen, Checkpoint):
             return None
     return seen
+
+
+# --------------------------------------------------------------------------- factors for the low-rank path
+def lora_target(ck: Checkpoint, key: str) -> tuple[LoraCheckpoint, _Target] | None:
+    """The adapter and its LoRA factor pair behind ``key`` of ``ck``, through the merge's views (heads renamed or
+    hidden, vocabularies); ``None`` where ``key`` of ``ck`` is not ``W0 + scale * B A`` on the base's own W0
+    (a full checkpoint, a key the adapter does not update, a lora_bias, a stored W0, rows a vocabulary view picks)."""
+    while not isinstance(ck, LoraCheckpoint):
+        if isinstance(ck, CheckpointView):
+            if key in ck.extra or key not in ck._names:
+                return None
+            key, ck = ck._names[key], ck.inner
+        elif isinstance(ck, VocabView) and key not in ck.vocab_keys:
+            ck = ck.inner
+        else:
+            return None
+    t = ck.targets.get(key)
+    if t is None or t.b.endswith(".bias") or key in ck.stored_w0:
+        return None
+    return ck, t
+
+
+def canonical_factors(experts: Sequence[Checkpoint], key: str, in_out: bool) -> list[tuple[Tensor, Tensor]] | None:
+    """Each expert's update of ``key`` as factors ``(B_t, A_t)`` in float64, ``B_t A_t`` d_out x d_in
+    (``in_out``: the layout stores ``key`` transposed) with the adapter's scale in ``B_t``
+    (docs/methods.md §Low-rank updates, Eq. (LR.1)); ``None`` unless every expert is an adapter updating it
+    (:func:`lora_target`). A NaN/Inf factor is an error naming the adapter."""
+    found = [lora_target(ck, key) for ck in experts]
+    out = []
+    for f in found:
+        if f is None:
+            return None
+        a, t = f
+        B, A = a.factor(t.b), a.factor(t.a)
+        check_finite(str(a.path), t.b, B)
+        check_finite(str(a.path), t.a, A)
+        B, A = B.to(torch.float64) * t.scale, A.to(torch.float64)
+        out.append((A.mT, B.mT) if t.transpose != in_out else (B, A))  # stored (s B A)ᵀ: (Aᵀ)(s Bᵀ)
+    return out
 
 
 # --------------------------------------------------------------------------- the linear merge as an adapter
