@@ -178,3 +178,99 @@ def test_the_span_merge_loads_back_as_a_full_model(llama, tmp_path):
         logits = model(torch.tensor([[1, 2, 3]])).logits
     assert logits.shape == (1, 3, 32) and bool(torch.isfinite(logits).all())
     assert len(json.loads((tmp_path / "ace" / "acetools_merge.json").read_text())["lowrank"]["keys"]) == 7
+
+
+def _best_rank(U: torch.Tensor, k: int) -> tuple[torch.Tensor, float]:
+    u, s, vh = torch.linalg.svd(U, full_matrices=False)
+    return (u[:, :k] * s[:k]) @ vh[:k], float(s[k:].square().sum() / s.square().sum())
+
+
+@pytest.mark.oracle
+def test_lora_rank_adapter_loads_with_peft_and_is_the_truncated_merge(llama, tmp_path):
+    """--lora-rank 5: the adapter loads with PeftModel.from_pretrained, and folded by peft it is a best rank-5
+    approximation of the full merge (in the span), key by key: rank 5 and an error of exactly the discarded energy;
+    equal to the SVD's cut to 1e-5 relative where the spectrum makes that cut unique (not Iso-C's and Iso-CTS's
+    flat ones); the discarded energy per key and in total is the truncation's."""
+    ads = [str(p) for p in llama["adapters"]]
+    W0 = open_checkpoint(llama["base"]).state_dict()
+    for method in LOWRANK_METHODS:
+        hp = HPARAMS[method]
+        full = merge_files(method, llama["base"], ads, tmp_path / f"{method}_full", hparams=hp)
+        res = merge_files(method, llama["base"], ads, None, hparams=hp, lora_out=tmp_path / f"{method}_r5",
+                          lora_rank=5)
+        record = json.loads((res.out / "acetools_merge.json").read_text())
+        assert record == res.info["lora_record"] and record["lora_rank"] == 5
+        cfg = json.loads((res.out / "adapter_config.json").read_text())
+        assert cfg["r"] == cfg["lora_alpha"] == 5 and not cfg["rank_pattern"]
+        got = peft.PeftModel.from_pretrained(llama["fresh"](), str(res.out)).merge_and_unload().state_dict()
+        want = open_checkpoint(full.out).state_dict()
+        num = den = 0.0
+        for k, v in want.items():
+            U = v.double() - W0[k].double()
+            if k not in record["discarded"]:
+                torch.testing.assert_close(got[k], W0[k], rtol=0, atol=0)  # a module no adapter updates
+                continue
+            cut, share = _best_rank(U, 5)
+            D = got[k].double() - W0[k].double()
+            assert int(torch.linalg.matrix_rank(D, rtol=1e-6)) <= 5
+            # a best rank-5 approximation (Eckart-Young): its error is the discarded energy; Iso-C's spectrum is
+            # flat, so which best one is not unique; where it is, it is the SVD's cut of the full merge
+            residual = float((U - D).square().sum()) / float(U.square().sum())
+            assert abs(residual - share) <= 1e-5, (method, k, residual, share)
+            if method not in ("iso_c", "iso_cts"):
+                err = float((D - cut).norm())
+                assert err <= 1e-5 * float(cut.norm()) + 1e-8, (method, k, err / float(cut.norm()))
+            assert abs(record["discarded"][k] - share) <= 1e-5, (method, k)
+            num += share * float(U.square().sum())
+            den += float(U.square().sum())
+        assert len(record["discarded"]) == 7
+        assert abs(record["discarded_total"] - num / den) <= 1e-5
+
+
+def test_lora_rank_refusals_and_the_printed_energy(bert, tmp_path, capsys):
+    ads = [str(p) for p in bert["adapters"]]
+    # TSV-M keeps int(16 / 3) = 5 triplets per task: a merged update of rank 15
+    with pytest.raises(InputError, match=r"--lora-rank 17 exceeds the rank available at '.*': its merged update has "
+                                         r"15 singular values"):
+        merge_files("tsv_m", bert["base"], ads, None, lora_out=tmp_path / "r17", lora_rank=17)
+    with pytest.raises(InputError, match="ties has no form in the factors' span"):
+        merge_files("ties", bert["base"], ads, None, lora_out=tmp_path / "ties", lora_rank=4)
+    with pytest.raises(InputError, match="give lora_out / --lora-out too"):
+        merge_files("tsv_m", bert["base"], ads, tmp_path / "full", lora_rank=4)
+    with pytest.raises(InputError, match="updated by 1 of the 2 adapters"):
+        merge_files("iso_c", bert["base"], [ads[0], str(_adapter(bert["fresh"], bert["base"], tmp_path / "q_only", 7,
+                                                                    r=4, target_modules=["query"]))],
+                    None, lora_out=tmp_path / "partial", lora_rank=2)
+    assert main(["merge", "--method", "iso_cts", "--base", str(bert["base"]), "--experts", *ads,
+                 "--lora-out", str(tmp_path / "cli"), "--lora-rank", "3"]) == 0
+    printed = capsys.readouterr().out
+    record = json.loads((tmp_path / "cli" / "acetools_merge.json").read_text())
+    assert f"rank 3: {100 * record['discarded_total']:.2f} % of the merged updates' energy discarded in total " \
+           "(7 modules)" in printed
+    assert sum("of its merged update's energy discarded" in line for line in printed.splitlines()) == 7
+    assert (tmp_path / "cli" / "heads").is_dir()  # the classifiers, per task, beside the adapter
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("method,hp,peft_weights", [
+    ("weight_averaging", {"weights": [3, 1, 2]}, [0.5, 1 / 6, 1 / 3]),
+    ("task_arithmetic", {"lam": 0.4, "weights": [1.0, -0.5, 2.0]}, [0.4, -0.2, 0.8]),
+])
+def test_linear_adapter_output_is_peft_cat(llama, tmp_path, method, hp, peft_weights):
+    """peft's add_weighted_adapter(combination_type="cat") concatenates B_t and weight_t · scaling_t · A_t with
+    lora_alpha = r (scale 1): our exact adapter of rank sum_t r_t for the linear rules, with peft's weight_t = our
+    coefficient c_t (task arithmetic: lam w_t; weight averaging: w_t / sum_u w_u). Every module's delta alike."""
+    ads = [str(p) for p in llama["adapters"]]
+    res = merge_files(method, llama["base"], ads, None, hparams=hp, lora_out=tmp_path / "ours")
+    assert res.info["lora_record"]["coefficients"] == pytest.approx(peft_weights)
+    pm = peft.PeftModel.from_pretrained(llama["fresh"](), ads[0], adapter_name="t0")
+    for t, path in enumerate(ads[1:], 1):
+        pm.load_adapter(path, adapter_name=f"t{t}")
+    pm.add_weighted_adapter([f"t{t}" for t in range(len(ads))], peft_weights, "cat", combination_type="cat")
+    from acetools.files.lora import LoraCheckpoint
+    ours = LoraCheckpoint(res.out, open_checkpoint(llama["base"]))
+    modules = dict(pm.base_model.model.named_modules())
+    assert len(ours.targets) == 7
+    for key, target in ours.targets.items():
+        theirs = modules[target.module].get_delta_weight("cat")
+        torch.testing.assert_close(ours.delta(key), theirs, rtol=1e-6, atol=1e-8)

@@ -536,6 +536,7 @@ def merge_files(
     lora_out: str | Path | None = None,
     per_task_out: str | Path | None = None,
     lowrank: str = "auto",
+    lora_rank: int | None = None,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
 
@@ -547,9 +548,10 @@ def merge_files(
     ``vocab``: ``"base"`` or ``"union"``, for experts whose vocabulary differs from the base's (docs/your-models.md
     §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks). ``lora_out``: a
     folder for the merge of LoRA experts as one adapter (linear rules; docs/your-models.md §LoRA adapters as
-    experts), written instead of ``out`` or beside it. ``lowrank``: ``"auto"`` merges the keys that every expert
-    updates as a LoRA in the span of their factors (docs/methods.md §Low-rank updates), ``"never"`` from the folded
-    task vectors.
+    experts), written instead of ``out`` or beside it; ``lora_rank``: that adapter of this rank, for every method
+    with a form in the factors' span (the discarded energy reported). ``lowrank``: ``"auto"`` merges the keys that
+    every expert updates as a LoRA in the span of their factors (docs/methods.md §Low-rank updates), ``"never"``
+    from the folded task vectors.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     out_dtype = parse_dtype(dtype)
@@ -558,13 +560,17 @@ def merge_files(
                       force_layout=force_layout, vocab=vocab, force=force, lowrank=lowrank)
     if dry_run:
         return MergeResult(plan)
-    if lora_out is not None:  # the exact linear merge as one adapter of rank sum_t r_t (lora.py)
+    if lora_rank is not None and lora_out is None:
+        raise InputError("lora_rank / --lora-rank is the rank of the adapter output: give lora_out / --lora-out too")
+    lora_info: dict[str, Any] = {}  # what the adapter output's record says, in the full merge's too
+    if lora_out is not None:  # one adapter: the linear rules' exact one (lora.py), or of rank lora_rank (lora_rank.py)
         t0 = time.perf_counter()
         lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force) if out is None else None
-        folder, written, tasks = write_adapter_output(plan, lora_out, overwrite=overwrite, dtype=out_dtype)
+        folder, written, tasks, record = write_adapter_output(plan, lora_out, overwrite=overwrite, dtype=out_dtype,
+                                                              rank=lora_rank)
+        lora_info = {"lora_out": str(folder), "lora_record": record}
         if out is None and lineage is not None:
-            info = {"method": method, "lora_out": str(folder), "files": [f.name for f in written],
-                    "lineage": lineage.as_dict(),
+            info = {"method": method, "files": [f.name for f in written], "lineage": lineage.as_dict(), **lora_info,
                     "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
                               "tasks": tasks}}
             return MergeResult(plan, folder, written, time.perf_counter() - t0, info)
@@ -594,7 +600,7 @@ def merge_files(
             raise
         out_dir, files, seconds = stage or out_dir, done["files"], time.perf_counter() - t0
         info = _merge_info(plan, done, out_dtype=out_dtype, size=size, seconds=seconds, lineage=lineage.as_dict(),
-                           tasks_dir=tasks_dir)
+                           tasks_dir=tasks_dir) | lora_info
         with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
             json.dump(info, fh, indent=2)
         staged = _stage_tasks(plan, out_dir, tasks_dir, size, stage)  # renamed into place after --out
@@ -609,7 +615,7 @@ def merge_files(
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
                "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab", "lora_out",
-               "per_task_out", "lowrank")
+               "per_task_out", "lowrank", "lora_rank")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:
