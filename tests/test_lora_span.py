@@ -274,3 +274,29 @@ def test_linear_adapter_output_is_peft_cat(llama, tmp_path, method, hp, peft_wei
     for key, target in ours.targets.items():
         theirs = modules[target.module].get_delta_weight("cat")
         torch.testing.assert_close(ours.delta(key), theirs, rtol=1e-6, atol=1e-8)
+
+
+def test_every_data_free_method_from_the_cli_loads_back(llama, tmp_path, capsys):
+    """``acetools merge`` of the adapters folder by every registered data-free method: the merge loads with
+    from_pretrained and computes finite logits; the methods with a span form also write an adapter of rank 4 that
+    PeftModel.from_pretrained loads."""
+    from acetools.merging import METHODS
+
+    ads = [str(p) for p in llama["adapters"]]
+    data_free = sorted(name for name, info in METHODS.items() if not info.per_key or name == "ace")
+    assert set(LOWRANK_METHODS) <= set(data_free)
+    for method in data_free:
+        lora = tmp_path / f"{method}_lora"
+        extra = ["--lora-out", str(lora), "--lora-rank", "4"] if method in LOWRANK_METHODS else []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(["merge", "--method", method, "--base", str(llama["base"]), "--experts", *ads,
+                         "--out", str(tmp_path / method), *extra]) == 0, method
+        model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / method)
+        with torch.no_grad():
+            assert bool(torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()), method
+        if extra:
+            pm = peft.PeftModel.from_pretrained(llama["fresh"](), str(lora))
+            with torch.no_grad():
+                assert bool(torch.isfinite(pm(torch.tensor([[1, 2, 3]])).logits).all()), method
+    capsys.readouterr()
