@@ -63,7 +63,7 @@ def write_rank_adapter(plan: Any, out: str | os.PathLike, rank: int, *, dtype: t
         seen += len(found)
         in_out = plan.layout.orientation(key) == "in_out"
         factors = canonical_factors(plan.experts, key, in_out)
-        assert factors is not None  # every expert has a target here
+        assert factors is not None
         matrix = plan.layout.is_matrix(key, plan.base.meta(key))
         up = lowrank_update(plan.method, factors, plan.hparams, is_matrix=matrix, key=key)
         cut = to_rank(up, rank)
@@ -75,7 +75,9 @@ def write_rank_adapter(plan: Any, out: str | os.PathLike, rank: int, *, dtype: t
         energy += total
         kept += total * (1.0 - cut.discarded)
         discarded[key] = cut.discarded
-        a, t = found[0]  # type: ignore[misc]
+        first = found[0]
+        assert first is not None  # every expert has a target here
+        a, t = first
         B, A = cut.update
         B, A = (A.mT, B.mT) if t.transpose != in_out else (B, A)  # peft's B A is the stored update (transposed)
         dt = dtype or a.ameta[t.a].dtype

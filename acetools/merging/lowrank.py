@@ -4,16 +4,18 @@ Each task's update of one matrix is given as factors, ΔW_t = B_t A_t (B_t: d_ou
 the adapter's scale folded into B_t). Every update lies in the span of the stacked factors: with Q_B an
 orthonormal basis of the columns of [B_1 | ... | B_T] and Q_A one of the rows of [A_1; ...; A_T],
 ΔW_t = Q_B C_t Q_Aᵀ with the R × R core C_t = (Q_Bᵀ B_t)(A_t Q_A), R = sum_t r_t (Core Space, Panariello et
-al. 2025, arXiv 2509.17786). The functions here compute task arithmetic, weight averaging, TSV-M, Iso-C
-and ACE in that span, never forming a d_out × d_in matrix, and return the merged update as factors
-(:class:`LowRankUpdate`); :func:`to_rank` cuts it to a chosen rank and reports the discarded energy.
+al. 2025, arXiv 2509.17786). The functions here compute task arithmetic, weight averaging, TSV-M, Iso-C,
+Iso-CTS and ACE in that span, never forming a d_out × d_in matrix, and return the merged update as factors
+(:class:`LowRankUpdate`); :func:`to_rank` cuts it to a chosen rank and reports the discarded energy;
+:func:`lowrank_update` runs one registered method on one key (what ``acetools merge`` does for LoRA experts).
 
 What is exact (docs/methods.md §Low-rank updates): task arithmetic, weight averaging and ACE's closed
-form (eps > 0) equal the engine's full-space merge of the folded updates. TSV-M, Iso-C and ACE's
+form (eps > 0) equal the engine's full-space merge of the folded updates. TSV-M, Iso-C, Iso-CTS and ACE's
 refinement equal it where the full-space result is a function of the task vectors: the full-space
 methods take singular vectors beyond a task's rank (TSV-M when int(min(d_out, d_in) / T) > r_t, Iso-C
-always, ACE's refinement when floor(k_frac min(d_out, d_in)) > R), which are whatever basis of the null
-space LAPACK returns; here those zero-singular-value slots are dropped (Core Space's definition).
+when sum_t r_t < min(d_out, d_in), Iso-CTS when its common rank exceeds the span, ACE's refinement when
+floor(k_frac min(d_out, d_in)) > R), which are whatever basis of the null space LAPACK returns; here those
+zero-singular-value slots are dropped (Core Space's definition).
 """
 
 from __future__ import annotations
