@@ -553,9 +553,13 @@ def _add_merge(sub) -> None:
                    help="fine-tuned checkpoints, files or folders (after one --experts)")
     m.add_argument("--out", default=None, help="output folder (must not hold an input)")
     m.add_argument("--lora-out", dest="lora_out", default=None, metavar="DIR",
-                   help="LoRA adapter experts, task_arithmetic / weight_averaging: write the exact merge as one peft "
-                        "adapter of rank sum_t r_t to DIR (instead of --out, or beside it; "
-                        "docs/your-models.md §LoRA adapters as experts)")
+                   help="LoRA adapter experts: write the merge as one peft adapter to DIR (instead of --out, or "
+                        "beside it): task_arithmetic / weight_averaging exactly, of rank sum_t r_t; with --lora-rank, "
+                        "of that rank (docs/your-models.md §LoRA adapters as experts)")
+    m.add_argument("--lora-rank", dest="lora_rank", type=positive_int, default=None, metavar="R",
+                   help="with --lora-out: write the merge as an adapter of rank R, for every method with a form in "
+                        "the adapters' span (task_arithmetic, weight_averaging, tsv_m, iso_c, iso_cts, ace): the best "
+                        "rank-R factors of each module's merge; prints the energy discarded per module and in total")
     m.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                    help="method hyperparameter (repeatable), e.g. -p lam=0.3 -p scope=tensor; per expert: "
                         "-p weights=[0.7,0.3] (docs/your-models.md §Coming from mergekit)")
@@ -583,6 +587,10 @@ def _add_merge(sub) -> None:
     m.add_argument("--vocab", default=None, choices=["base", "union"],
                    help="experts with tokens the base lacks (added tokens): base (default: the base's vocabulary, "
                         "their extra rows left out) or union (every token kept, with a tokenizer that has them)")
+    m.add_argument("--lowrank", default=None, choices=["auto", "never"],
+                   help="LoRA adapter experts: auto (default) merges the keys every expert updates as a LoRA in the "
+                        "span of their factors, no d_out x d_in task vector formed; never: from the folded task "
+                        "vectors (docs/methods.md §Low-rank updates)")
     m.add_argument("--overwrite", action="store_true", help="replace the weights of an earlier merge in --out")
     m.add_argument("--force", action="store_true",
                    help="merge even when the base does not look like the experts' parent: unrelated (relative update "
@@ -605,7 +613,7 @@ def _add_merge(sub) -> None:
 #: ``acetools merge``'s options that a config file may set too, with their defaults.
 _MERGE_DEFAULTS: dict[str, Any] = {"layout": "auto", "dtype": None, "device": "cpu", "shard_size": "5GB",
                                    "mode": "auto", "heads": "auto", "names": None, "vocab": None,
-                                   "per_task_out": None}
+                                   "per_task_out": None, "lowrank": "auto"}
 
 
 def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -629,6 +637,8 @@ def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
             raise InputError(f"merge needs --{name} (or '{name}:' in a config file)")
     if args.lora_out is not None:
         cfg["lora_out"] = args.lora_out
+    if args.lora_rank is not None:
+        cfg["lora_rank"] = args.lora_rank
     if not cfg.get("out") and not cfg.get("lora_out") and not args.dry_run:
         raise InputError("merge needs --out (or 'out:' in a config file), or --dry-run")
     if args.search and cfg.get("lora_out"):
@@ -667,6 +677,16 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         _collapse_warnings(caught)  # after the block: the warnings go where they would have gone
 
 
+def _print_discarded(record: dict[str, Any]) -> None:
+    """The energy an adapter of a chosen rank (``--lora-rank``) discards, per module and in total."""
+    if "discarded_total" not in record:
+        return
+    for key, share in record["discarded"].items():
+        print(f"  {key}: {100 * share:.2f} % of its merged update's energy discarded")
+    print(f"rank {record['lora_rank']}: {100 * record['discarded_total']:.2f} % of the merged updates' energy "
+          f"discarded in total ({len(record['discarded'])} modules)")
+
+
 def _merge(args: argparse.Namespace) -> int:
     from .files.merge_files import merge_files
     from .files.staging import STAGE_MARK
@@ -680,6 +700,7 @@ def _merge(args: argparse.Namespace) -> int:
     try:
         res = merge_files(cfg["method"], cfg["base"], cfg["experts"], cfg.get("out"),
                           hparams=cfg["hyperparameters"], dry_run=args.dry_run, lora_out=cfg.get("lora_out"),
+                          lora_rank=cfg.get("lora_rank"),
                           **options)
     except PermissionError as e:  # name the user's --out, not the hidden staging folder
         if STAGE_MARK not in str(e.filename or ""):
@@ -693,11 +714,12 @@ def _merge(args: argparse.Namespace) -> int:
     assert res.out is not None, "merge_files wrote no folder outside a dry run"
     if cfg.get("lora_out"):
         print(f"wrote the merged LoRA adapter to {cfg['lora_out']}")
+        _print_discarded(res.info["lora_record"])
     print(f"wrote {', '.join(f.name for f in res.files)} to {res.out} in {res.seconds:.1f} s")
     if res.info["heads"]["tasks"]:
         print(f"heads of {len(res.info['heads']['tasks'])} tasks in {res.out / 'heads'}: "
               f"{', '.join(res.info['heads']['tasks'])} (acetools.files.heads.load_with_head)")
-    if res.info["per_task_out"]:
+    if res.info.get("per_task_out"):  # absent when only --lora-out is written
         print(f"one model per task (from_pretrained): {', '.join(res.info['per_task_out'])}")
     return 0
 

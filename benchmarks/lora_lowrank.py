@@ -3,12 +3,12 @@
 Synthetic adapters: ``--tasks`` (6) adapters of rank ``--rank`` (16) on every attention and MLP matrix of one
 Llama-3-8B layer, stored d_out x d_in: q_proj and o_proj 4096 x 4096, k_proj and v_proj 1024 x 4096 (grouped-query
 attention: 8 key/value heads of 128), gate_proj and up_proj 14336 x 4096, down_proj 4096 x 14336. B_t ~ N(0, 0.02²)
-(the scale folded in), A_t ~ N(0, 1/d_in), float32. For each distinct shape, method (task arithmetic, TSV-M, ACE
-with its defaults) and path a fresh subprocess times one matrix:
+(the scale folded in), A_t ~ N(0, 1/d_in), float32. For each distinct shape, method (task arithmetic, TSV-M,
+Iso-CTS, ACE with its defaults) and path a fresh subprocess times one matrix:
 
 * ``lowrank``: :mod:`acetools.merging.lowrank` on the factors (the merged update stays factors);
 * ``full``: fold ΔW_t = B_t A_t (timed) and run the engine's function (``task_arithmetic``, ``tsv_merge_matrix``,
-  ``ace_matrix``) on the d_out x d_in task vectors.
+  ``iso_cts_matrix``, ``ace_matrix``) on the d_out x d_in task vectors.
 
 Wall and CPU seconds of that work alone (factors generated before the clock), and the peak resident memory above
 the level before it (the kernel's VmHWM, reset through /proc/self/clear_refs; glibc's mmap threshold fixed as in
@@ -46,7 +46,7 @@ SHAPE_NAMES = {"q_proj": "q_proj, o_proj", "k_proj": "k_proj, v_proj", "gate_pro
                "down_proj": "down_proj"}
 QUICK = {"q_proj": ((512, 512), 2), "k_proj": ((128, 512), 2), "gate_proj": ((1792, 512), 2),
          "down_proj": ((512, 1792), 1)}
-METHODS = ("task_arithmetic", "tsv_m", "ace")
+METHODS = ("task_arithmetic", "tsv_m", "iso_cts", "ace")
 PATHS = ("lowrank", "full")
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # every tensor buffer its own mapping (benchmarks/merge_speed.py)
 
@@ -65,7 +65,7 @@ def worker(method: str, path: str, d_out: int, d_in: int, tasks: int, rank: int,
     from acetools.merging import lowrank as lr
     from acetools.merging.ace import ace_matrix
     from acetools.merging.averaging import task_arithmetic
-    from acetools.merging.svd import tsv_merge_matrix
+    from acetools.merging.svd import iso_cts_matrix, tsv_merge_matrix
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(seed)
@@ -83,6 +83,8 @@ def worker(method: str, path: str, d_out: int, d_in: int, tasks: int, rank: int,
             out = lr.task_arithmetic_lowrank(factors, lam=0.3)
         elif method == "tsv_m":
             out = lr.tsv_m_lowrank(factors)
+        elif method == "iso_cts":
+            out = lr.iso_cts_lowrank(factors)
         else:
             out, span = lr.ace_lowrank(factors)
             info = f"flag={span.flag}"
@@ -94,6 +96,8 @@ def worker(method: str, path: str, d_out: int, d_in: int, tasks: int, rank: int,
                                 lam=0.3, weights=None)["w"]
         elif method == "tsv_m":
             W = tsv_merge_matrix(taus)
+        elif method == "iso_cts":
+            W = iso_cts_matrix(taus)
         else:
             W, diag = ace_matrix(taus)
             info = f"flag={diag.flag}"

@@ -11,7 +11,7 @@ from acetools.merging import lowrank as lr
 from acetools.merging.ace import ace_matrix
 from acetools.merging.averaging import task_arithmetic, weight_averaging
 from acetools.merging.linalg import polar, thin_svd
-from acetools.merging.svd import iso_c_matrix, tsv_merge_matrix, tsv_rank
+from acetools.merging.svd import iso_c_matrix, iso_cts_matrix, iso_cts_ranks, tsv_merge_matrix, tsv_rank
 
 # (d_out, d_in, ranks): d_out < d_in and > d_in, r_t different per task
 SHAPES = [(24, 40, (8, 9, 11)), (40, 24, (8, 10, 12)), (30, 20, (5, 6, 7, 8))]
@@ -110,6 +110,63 @@ def test_iso_c_equals_the_engine_on_the_span_and_the_rest_is_a_null_partial_isom
 def test_iso_c_with_full_rank_sum_equals_the_engine():
     f = _factors(12, 30, (5, 4, 6), seed=5)
     assert _rel(lr.iso_c_lowrank(f, alpha=0.5).dense(), 0.5 * iso_c_matrix([d.float() for d in _folded(f)])) <= 1e-5
+
+
+@pytest.mark.parametrize("d_out,d_in,ranks,cf", [(24, 40, (8, 9, 11), 0.8), (40, 24, (8, 10, 12), 0.8),
+                                                (30, 20, (5, 6, 7, 8), 0.8), (24, 40, (8, 9, 11), 0.5),
+                                                (24, 40, (9, 9, 9), 1.0)])
+def test_iso_cts_equals_the_engine_where_the_split_is_within_the_ranks(d_out, d_in, ranks, cf):
+    """k_c <= rank of the sum and s <= every residual's rank: Eq. (LR.5b) is iso_cts_matrix of the folded updates
+    (common_fraction 1.0: the common subspace alone, s = 0); the order of the tasks does not matter."""
+    f = _factors(d_out, d_in, ranks, seed=9)
+    k_c, s = iso_cts_ranks(min(d_out, d_in), len(ranks), cf)
+    assert k_c <= sum(ranks) and (s > 0) == (cf < 1.0)
+    up = lr.iso_cts_lowrank(f, alpha=1.3, common_fraction=cf)
+    assert up.rank <= sum(ranks)
+    assert _rel(up.dense(), 1.3 * iso_cts_matrix([d.float() for d in _folded(f)], cf)) <= 1e-5
+    assert _rel(lr.iso_cts_lowrank(f[::-1], alpha=1.3, common_fraction=cf).dense(), up.dense()) <= 1e-6
+
+
+@pytest.mark.parametrize("cf", [0.8, 0.25])
+def test_iso_cts_past_the_ranks_keeps_the_brute_force_without_null_slots(cf):
+    """R = 9 < k_c = 18 (cf 0.8: the common subspace is the whole span), or k_c = 6 < R and s = 6 above every
+    residual's rank (cf 0.25): the brute force on the folded updates with the zero-singular-value slots dropped
+    (Core Space's definition; the full-space engine fills them from LAPACK's null basis) and sigma_bar over
+    min(d_out, d_in) slots; rotating the problem rotates the result."""
+    d_out, d_in, ranks = 24, 40, (3, 4, 2)
+    f = _factors(d_out, d_in, ranks, seed=10, dtype=torch.float64)
+    k_c, s = iso_cts_ranks(24, 3, cf)
+    D = sum(_folded(f))
+    U, S, Vh = thin_svd(D)
+    n = int((S > 1e-10 * S[0]).sum())
+    U_c, S_c, V_c = U[:, :min(k_c, n)], S[:min(k_c, n)], Vh[:min(k_c, n)]
+    tops = []
+    for d in _folded(f):
+        u, sv, vh = thin_svd(d - U_c @ (U_c.mT @ d))
+        m = min(s, int((sv > 1e-10 * float(torch.linalg.matrix_norm(d, 2))).sum()))  # zero against the task's scale
+        tops.append((u[:, :m], sv[:m], vh[:m]))
+    U_all = torch.cat([*(u for u, _, _ in tops), U_c], 1)
+    V_all = torch.cat([*(v for _, _, v in tops), V_c], 0)
+    s_all = torch.cat([*(sv for _, sv, _ in tops), S_c])
+
+    def ranked_polar(M):
+        u, sv, vh = thin_svd(M)
+        m = int((sv > 1e-10 * sv[0]).sum())
+        return u[:, :m] @ vh[:m]
+
+    brute = float(s_all.sum()) / 24 * ranked_polar(U_all) @ ranked_polar(V_all)
+    up = lr.iso_cts_lowrank(f, common_fraction=cf)
+    assert _rel(up.dense(), brute) <= 1e-10
+    g = torch.Generator().manual_seed(11)
+    P = torch.linalg.qr(torch.randn(d_out, d_out, generator=g, dtype=torch.float64)).Q
+    Q = torch.linalg.qr(torch.randn(d_in, d_in, generator=g, dtype=torch.float64)).Q
+    rotated = lr.iso_cts_lowrank([(P @ B, A @ Q) for B, A in f], common_fraction=cf).dense()
+    assert _rel(P.mT @ rotated @ Q.mT, up.dense()) <= 1e-10
+
+
+def test_iso_cts_refuses_a_split_the_engine_refuses():
+    with pytest.raises(InputError, match="key 'w': Iso-CTS rank split failed"):
+        lr.iso_cts_lowrank(_factors(4, 6, (2, 2, 2, 2, 2, 2)), common_fraction=0.0, key="w")
 
 
 ACE_CASES = [

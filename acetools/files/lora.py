@@ -26,11 +26,14 @@ from torch import Tensor
 
 from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import TensorMeta
+from ..merging.driver import check_finite
 from ..utils import atomic_write
 from .checkpoints import Checkpoint, _SafetensorsFile, _torch_load, open_checkpoint
+from .heads import CheckpointView
+from .vocab import VocabView
 
 __all__ = ["ADAPTER_CONFIG", "is_adapter", "LoraCheckpoint", "open_expert", "write_merged_adapter",
-           "LINEAR_COEFFICIENTS"]
+           "LINEAR_COEFFICIENTS", "lora_target", "canonical_factors", "output_adapters", "save_adapter"]
 
 log = logging.getLogger("acetools.files.lora")
 
@@ -334,6 +337,45 @@ def adapter_of(ck: Checkpoint) -> LoraCheckpoint | None:
     return seen
 
 
+# --------------------------------------------------------------------------- factors for the low-rank path
+def lora_target(ck: Checkpoint, key: str) -> tuple[LoraCheckpoint, _Target] | None:
+    """The adapter and its LoRA factor pair behind ``key`` of ``ck``, through the merge's views (heads renamed or
+    hidden, vocabularies); ``None`` where ``key`` of ``ck`` is not ``W0 + scale * B A`` on the base's own W0
+    (a full checkpoint, a key the adapter does not update, a lora_bias, a stored W0, rows a vocabulary view picks)."""
+    while not isinstance(ck, LoraCheckpoint):
+        if isinstance(ck, CheckpointView):
+            if key in ck.extra or key not in ck._names:
+                return None
+            key, ck = ck._names[key], ck.inner
+        elif isinstance(ck, VocabView) and key not in ck.vocab_keys:
+            ck = ck.inner
+        else:
+            return None
+    t = ck.targets.get(key)
+    if t is None or t.b.endswith(".bias") or key in ck.stored_w0:
+        return None
+    return ck, t
+
+
+def canonical_factors(experts: Sequence[Checkpoint], key: str, in_out: bool) -> list[tuple[Tensor, Tensor]] | None:
+    """Each expert's update of ``key`` as factors ``(B_t, A_t)`` in float64, ``B_t A_t`` d_out x d_in
+    (``in_out``: the layout stores ``key`` transposed) with the adapter's scale in ``B_t``
+    (docs/methods.md §Low-rank updates, Eq. (LR.1)); ``None`` unless every expert is an adapter updating it
+    (:func:`lora_target`). A NaN/Inf factor is an error naming the adapter."""
+    found = [lora_target(ck, key) for ck in experts]
+    out = []
+    for f in found:
+        if f is None:
+            return None
+        a, t = f
+        B, A = a.factor(t.b), a.factor(t.a)
+        check_finite(str(a.path), t.b, B)
+        check_finite(str(a.path), t.a, A)
+        B, A = B.to(torch.float64) * t.scale, A.to(torch.float64)
+        out.append((A.mT, B.mT) if t.transpose != in_out else (B, A))  # stored (s B A)ᵀ: (Aᵀ)(s Bᵀ)
+    return out
+
+
 # --------------------------------------------------------------------------- the linear merge as an adapter
 def _lam(method: str, hp: Mapping[str, Any], n: int) -> list[float]:
     w = hp.get("weights")
@@ -364,21 +406,7 @@ def write_merged_adapter(method: str, hparams: Mapping[str, Any], experts: Seque
         raise InputError(f"an adapter output (lora_out / --lora-out) is written for the linear rules "
                          f"({', '.join(LINEAR_COEFFICIENTS)}), whose merge is a sum of the adapters; {method} is not "
                          "linear in the task vectors: write the full model (out / --out)")
-    loras = [adapter_of(ck) for ck in experts]
-    for ck, lo in zip(experts, loras):
-        if lo is None:
-            raise InputError(f"an adapter output needs every expert to be a LoRA adapter; {ck.path} is a full "
-                             "checkpoint: write the full model (out / --out)")
-    ads = [lo for lo in loras if lo is not None]
-    for a in ads:  # an embedding W0 saved with the adapter (peft's base_layer) must be the base's own
-        for key, own_key in a.stored_w0.items():
-            if not torch.equal(a.factor(own_key), a.base.get(a.rename[key])):
-                raise InputError(f"LoRA adapter {a.path} stores its own {own_key!r}, which differs from the base's "
-                                 f"{a.rename[key]!r}; an adapter output cannot carry it: write the full model "
-                                 "(out / --out)")
-    fans = {bool(a.adapter_config.get("fan_in_fan_out")) for a in ads}
-    if len(fans) > 1:
-        raise InputError("the adapters disagree on fan_in_fan_out; an adapter output needs one orientation")
+    ads, fan = output_adapters(experts)
     c = LINEAR_COEFFICIENTS[method](method, hparams, len(ads))
     per_base: dict[str, list[tuple[int, _Target]]] = {}
     module_of: dict[str, tuple[str, str]] = {}  # base key -> (module name, attribute) of the first adapter
@@ -425,18 +453,47 @@ def write_merged_adapter(method: str, hparams: Mapping[str, Any], experts: Seque
                              "an adapter output needs the same modules_to_save in every adapter")
         tensors[f"{_PREFIX}{name}"] = merged.to(dtype or ads[holders[0]].ameta[ads[holders[0]].saved[name]].dtype)
         saved_names[name.rsplit(".", 1)[0]] = None
-    first = ads[0].adapter_config
+    record = {"method": method, "coefficients": c, "experts": [str(a.path) for a in ads], "ranks": ranks}
+    return save_adapter(out, tensors, ranks, list(saved_names), fan, ads[0].adapter_config, record)
+
+
+def output_adapters(experts: Sequence[Checkpoint]) -> tuple[list[LoraCheckpoint], bool]:
+    """The adapters under ``experts`` and their ``fan_in_fan_out``, for an adapter output: every expert an
+    adapter, a stored embedding W0 the base's own, one orientation; else a one-line error."""
+    loras = [adapter_of(ck) for ck in experts]
+    for ck, lo in zip(experts, loras):
+        if lo is None:
+            raise InputError(f"an adapter output needs every expert to be a LoRA adapter; {ck.path} is a full "
+                             "checkpoint: write the full model (out / --out)")
+    ads = [lo for lo in loras if lo is not None]
+    for a in ads:  # an embedding W0 saved with the adapter (peft's base_layer) must be the base's own
+        for key, own_key in a.stored_w0.items():
+            if not torch.equal(a.factor(own_key), a.base.get(a.rename[key])):
+                raise InputError(f"LoRA adapter {a.path} stores its own {own_key!r}, which differs from the base's "
+                                 f"{a.rename[key]!r}; an adapter output cannot carry it: write the full model "
+                                 "(out / --out)")
+    fans = {bool(a.adapter_config.get("fan_in_fan_out")) for a in ads}
+    if len(fans) > 1:
+        raise InputError("the adapters disagree on fan_in_fan_out; an adapter output needs one orientation")
+    return ads, fans.pop()
+
+
+def save_adapter(out: str | os.PathLike, tensors: Mapping[str, Tensor], ranks: Mapping[str, int],
+                 saved_modules: Sequence[str], fan: bool, first: Mapping[str, Any], record: Mapping[str, Any]
+                 ) -> list[Path]:
+    """Write one peft adapter into ``out`` (atomically, file by file): ``tensors`` under peft's names, rank
+    ``ranks[module]`` per module with ``lora_alpha = r`` (scale 1), task type, base name and architecture from the
+    first input adapter's config ``first``, and ``record`` as acetools_merge.json; returns the files."""
     r = max(ranks.values())
     config = {
         "peft_type": "LORA", "r": r, "lora_alpha": r, "use_rslora": False, "use_dora": False,
-        "fan_in_fan_out": fans.pop(), "bias": "none", "lora_dropout": 0.0, "inference_mode": True,
-        "target_modules": sorted(ranks), "modules_to_save": list(saved_names) or None,
+        "fan_in_fan_out": fan, "bias": "none", "lora_dropout": 0.0, "inference_mode": True,
+        "target_modules": sorted(ranks), "modules_to_save": list(saved_modules) or None,
         "rank_pattern": {re.escape(m): n for m, n in ranks.items() if n != r},
         "alpha_pattern": {re.escape(m): n for m, n in ranks.items() if n != r},
         "task_type": first.get("task_type"), "base_model_name_or_path": first.get("base_model_name_or_path"),
         "auto_mapping": first.get("auto_mapping"),
     }
-    record = {"method": method, "coefficients": c, "experts": [str(a.path) for a in ads], "ranks": ranks}
     from safetensors.torch import save
 
     outp = Path(out).expanduser()
@@ -451,13 +508,16 @@ def write_merged_adapter(method: str, hparams: Mapping[str, Any], experts: Seque
 
 
 def write_adapter_output(plan: Any, lora_out: str | os.PathLike, *, overwrite: bool = False,
-                         dtype: torch.dtype | None = None) -> tuple[Path, list[Path], dict[str, str]]:
-    """``merge_files(..., lora_out=...)``: the planned linear merge of LoRA experts as one adapter in
-    ``lora_out`` (:func:`write_merged_adapter`), per-task heads in ``lora_out/heads/`` as a full merge writes
-    them; returns ``(folder, files, {task: heads/<task>})``. ``plan`` is a
+                         dtype: torch.dtype | None = None, rank: int | None = None
+                         ) -> tuple[Path, list[Path], dict[str, str], dict[str, Any]]:
+    """``merge_files(..., lora_out=...)``: the planned merge of LoRA experts as one adapter in ``lora_out``, the
+    linear rules' exact one (:func:`write_merged_adapter`) or, with ``rank``, any method's with a form in the span
+    cut to that rank (:func:`acetools.files.lora_rank.write_rank_adapter`); per-task heads in ``lora_out/heads/``
+    as a full merge writes them. Returns ``(folder, files, {task: heads/<task>}, record)``; ``plan`` is a
     :class:`~acetools.files.merge_files.MergePlan`."""
     from .checkpoints import check_output_folder
     from .heads import HeadWriter, check_heads_folder, remove_stale_heads
+    from .lora_rank import write_rank_adapter
     from .staging import lock_output
 
     inputs = [plan.base, *plan.experts]
@@ -468,8 +528,12 @@ def write_adapter_output(plan: Any, lora_out: str | os.PathLike, *, overwrite: b
     with lock_output(out):
         per_task = plan.heads.mode == "per-task"
         check_heads_folder(out, inputs, overwrite, writing=per_task)
-        files = write_merged_adapter(plan.method, plan.hparams, plan.experts, out, dtype=dtype,
-                                     skip=plan.heads.keys)
+        if rank is None:
+            files = write_merged_adapter(plan.method, plan.hparams, plan.experts, out, dtype=dtype,
+                                         skip=plan.heads.keys)
+            record: dict[str, Any] = json.loads((out / "acetools_merge.json").read_text())
+        else:
+            files, record = write_rank_adapter(plan, out, rank, dtype=dtype)
         tasks: dict[str, str] = {}
         if per_task:
             writer = HeadWriter(out, plan.heads)
@@ -481,4 +545,4 @@ def write_adapter_output(plan: Any, lora_out: str | os.PathLike, *, overwrite: b
             writer.commit()
         elif overwrite:
             remove_stale_heads(out)
-    return out, files, tasks
+    return out, files, tasks, record

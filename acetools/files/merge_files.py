@@ -32,6 +32,7 @@ from ..errors import InputError, InputKeyError, InputTypeError
 from ..layouts import Layout, describe, get_layout
 from ..merging import METHODS, key_scope
 from ..merging.driver import Source, compute_dtype, format_bytes, run
+from ..merging.lowrank import lowrank_form
 from ..notebooks import parse_parameter
 from ..utils import atomic_write, jsonable, resolve_device, short_repr
 from .buffers import carry_missing_buffers, non_persistent
@@ -48,7 +49,7 @@ from .checkpoints import (
 )
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
-from .lora import adapter_of, open_expert, write_adapter_output
+from .lora import adapter_of, canonical_factors, lora_target, open_expert, write_adapter_output
 from .outputs import check_task_folders, commit_task_folders, rewrite_config, stage_task_folders, written_dtype
 from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
 from .staging import lock_output, make_stage, remove_stale_stages
@@ -66,6 +67,9 @@ DTYPES = {
     "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
 }
 MODES = ("auto", "stream", "memory")
+#: ``lowrank``: where every expert of a key is a LoRA adapter, merge that key in the span of the factors ("auto") or
+#: from the folded task vectors ("never"; docs/your-models.md §LoRA adapters as experts).
+LOWRANK = ("auto", "never")
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -134,6 +138,13 @@ class MergePlan:
     heads: HeadPlan = field(default_factory=lambda: HeadPlan("merge"))  # what happens to classifier heads
     vocab: VocabPlan = field(default_factory=lambda: VocabPlan("same"))  # rows only some models have
     buffers_carried: dict[str, str] = field(default_factory=dict)  # non-persistent buffer -> the model it came from
+    lowrank: str = "auto"  # LOWRANK: LoRA keys merged in the span of their factors, or from the task vectors
+    lowrank_keys: list[str] = field(default_factory=list)  # the keys merged in the span
+    lowrank_reason: str = ""  # why those keys (or none), in words
+
+    def lowrank_record(self) -> dict[str, Any]:
+        """The low-rank choice as acetools_merge.json records it."""
+        return {"mode": self.lowrank, "keys": list(self.lowrank_keys), "reason": self.lowrank_reason}
 
     def summary(self) -> str:
         """Human-readable lines: inputs, layout, driver, counts per path."""
@@ -147,6 +158,7 @@ class MergePlan:
             f"layout {self.layout.name}: {self.layout.description}",
             "keys: " + ", ".join(f"{n} {p}" for p, n in paths.items()),
             f"driver: {self.mode}" + (f" ({self.scope_reason})" if self.scope_reason else ""),
+            *([f"lowrank={self.lowrank}: {self.lowrank_reason}"] if self.lowrank_reason else []),
             *([self.heads.summary()] if self.heads.mode != "merge" or self.heads.alignment is not None else []),
             *([self.vocab.summary()] if self.vocab.mode != "same" else []),
             *([f"buffers: {len(self.buffers_carried)} non-persistent buffer(s) missing from some models, carried "
@@ -268,6 +280,7 @@ def plan_merge(
     force_layout: bool = False,
     vocab: str | None = None,
     force: bool = False,
+    lowrank: str = "auto",
 ) -> MergePlan:
     """Open and check the inputs and decide layout, per-key paths, heads and driver, reading no tensor data
     (arguments as :func:`merge_files`'s)."""
@@ -275,6 +288,8 @@ def plan_merge(
         raise InputError(f"unknown merge method {method!r}; valid methods are: {', '.join(sorted(METHODS))}")
     if mode not in MODES:
         raise InputError(f"mode={mode!r} must be one of {MODES}")
+    if lowrank not in LOWRANK:
+        raise InputError(f"lowrank={lowrank!r} must be one of {LOWRANK} (--lowrank)")
     info = METHODS[method]
     hp = dict(hparams or {})
     files = {}
@@ -313,8 +328,32 @@ def plan_merge(
         run = mode
     carry = set(non_persistent(b))  # non-persistent buffers are never merged, whatever their dtype
     rows = [{**r, "path": "carried from base"} if r["key"] in carry else r for r in describe(lay, b.metas())]
+    low_keys, low_why = _lowrank_keys(method, resolved, ex, lay, run, [r["key"] for r in rows if r["key"] not in carry],
+                                      lowrank)
     return MergePlan(method, resolved, b, ex, lay, scope, why if run == "memory" or scope == "global_ties" else "",
-                     run, rows, files, head_plan, vocab_plan, carried)
+                     run, rows, files, head_plan, vocab_plan, carried, lowrank, low_keys, low_why)
+
+
+def _lowrank_keys(method: str, hparams: Mapping[str, Any], experts: Sequence[Checkpoint], layout: Layout, run: str,
+                  keys: Sequence[str], lowrank: str) -> tuple[list[str], str]:
+    """The keys merged in the span of the adapters' factors (docs/methods.md §Low-rank updates) and why, from the
+    adapters' headers: those every expert updates as a LoRA (:func:`~acetools.files.lora.lora_target`), when the
+    method has a form there and the driver goes key by key; ``([], "")`` without adapters."""
+    if not any(adapter_of(ck) is not None for ck in experts):
+        return [], ""
+    if lowrank == "never":
+        return [], "every key from the folded task vectors (lowrank='never' / --lowrank never)"
+    why = lowrank_form(method, hparams)
+    if why is None and run == "memory":
+        why = "the driver runs in memory (one call of the method on the model); the span is taken key by key"
+    if why is not None:
+        return [], f"every key from the folded task vectors: {why}"
+    low = [k for k in keys if all(lora_target(ck, k) is not None for ck in experts)]
+    full = "every expert" if len(low) == len(keys) else "the rest from the folded task vectors (a full checkpoint " \
+        "among the experts, or a key not every adapter updates)"
+    return low, (f"{len(low)} of {len(keys)} keys (those every expert updates as a LoRA) merged in the span of "
+                 f"their factors, no task vector formed; {full}" if low else
+                 "no key is updated as a LoRA by every expert: every key from the folded task vectors")
 
 
 class _InputHashes:
@@ -411,10 +450,16 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
         with ShardedWriter(out_dir, shard_size=size, metadata=metadata, metadata_hint=size_hint,
                            header_room=ShardedWriter.header_room(planned, size_hint)) as writer:
             src = Source(plan.base, plan.experts, names=[str(ck.path) for ck in (plan.base, *plan.experts)])
+            low = set(plan.lowrank_keys)
+
+            def factors(key: str) -> list[tuple[Tensor, Tensor]] | None:  # LoRA keys: in the span (lowrank.py)
+                return canonical_factors(plan.experts, key, plan.layout.orientation(key) == "in_out") \
+                    if key in low else None
+
             add = plan.vocab.emit(writer.add)  # union: the rows only some experts have appended
             extra = run(METHODS[plan.method], plan.hparams, src, plan.layout, add, device=dev,  # the one driver
                         whole_model=plan.mode == "memory", out_dtype=out_dtype, show=show,
-                        hparams_text=plan.hparams_text(), carry=non_persistent(plan.base))
+                        hparams_text=plan.hparams_text(), carry=non_persistent(plan.base), factors=factors)
             metadata()
             if plan.heads.mode == "per-task":
                 head_writer = HeadWriter(out_dir, plan.heads, record["inputs"].get("sha256"))
@@ -432,6 +477,27 @@ def _write_merge(plan: MergePlan, out_dir: Path, *, size: int, dev: torch.device
             head_writer.abort()
         raise
     return {"files": files, "extra": extra, "head_tasks": head_tasks, "copied": copied, **record}
+
+
+def _merge_info(plan: MergePlan, done: Mapping[str, Any], *, out_dtype: torch.dtype | None, size: int,
+                seconds: float, lineage: dict[str, Any], tasks_dir: Path | None) -> dict[str, Any]:
+    """acetools_merge.json of a merge (docs/your-models.md §What is written) from the plan and what
+    :func:`_write_merge` returned."""
+    extra = done["extra"]
+    return {
+        "method": plan.method, "hparams": done["hparams"], "layout": plan.layout.name,
+        "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
+        "shard_size": size, "files": [f.name for f in done["files"]], "copied": done["copied"],
+        "seconds": round(seconds, 3), "acetools_version": __version__, "inputs": done["inputs"],
+        "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
+        "buffers_carried": plan.buffers_carried,
+        "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
+                  "tasks": done["head_tasks"]},
+        "lineage": lineage,
+        **({"vocab": plan.vocab.as_dict()} if plan.vocab.mode != "same" else {}),
+        "per_task_out": [str(tasks_dir / n) for n in plan.heads.names] if tasks_dir is not None else [],
+        **({"lowrank": plan.lowrank_record()} if plan.lowrank_reason else {}),
+    }
 
 
 def _stage_tasks(plan: MergePlan, out_dir: Path, tasks_dir: Path | None, size: int, stage: Path | None
@@ -469,6 +535,8 @@ def merge_files(
     vocab: str | None = None,
     lora_out: str | Path | None = None,
     per_task_out: str | Path | None = None,
+    lowrank: str = "auto",
+    lora_rank: int | None = None,
 ) -> MergeResult:
     """Merge the expert checkpoints fine-tuned from ``base`` with ``method`` into ``out`` (docs/your-models.md).
 
@@ -480,22 +548,29 @@ def merge_files(
     ``vocab``: ``"base"`` or ``"union"``, for experts whose vocabulary differs from the base's (docs/your-models.md
     §Vocabularies; default ``"base"``, with a warning when experts have tokens the base lacks). ``lora_out``: a
     folder for the merge of LoRA experts as one adapter (linear rules; docs/your-models.md §LoRA adapters as
-    experts), written instead of ``out`` or beside it.
+    experts), written instead of ``out`` or beside it; ``lora_rank``: that adapter of this rank, for every method
+    with a form in the factors' span (the discarded energy reported). ``lowrank``: ``"auto"`` merges the keys that
+    every expert updates as a LoRA in the span of their factors (docs/methods.md §Low-rank updates), ``"never"``
+    from the folded task vectors.
     """
     dev = resolve_device(device)  # up front, with the other options: a meta or missing device is refused at once
     out_dtype = parse_dtype(dtype)
     size = parse_size(shard_size)
     plan = plan_merge(method, base, experts, hparams=hparams, layout=layout, mode=mode, heads=heads, names=names,
-                      force_layout=force_layout, vocab=vocab, force=force)
+                      force_layout=force_layout, vocab=vocab, force=force, lowrank=lowrank)
     if dry_run:
         return MergeResult(plan)
-    if lora_out is not None:  # the exact linear merge as one adapter of rank sum_t r_t (lora.py)
+    if lora_rank is not None and lora_out is None:
+        raise InputError("lora_rank / --lora-rank is the rank of the adapter output: give lora_out / --lora-out too")
+    lora_info: dict[str, Any] = {}  # what the adapter output's record says, in the full merge's too
+    if lora_out is not None:  # one adapter: the linear rules' exact one (lora.py), or of rank lora_rank (lora_rank.py)
         t0 = time.perf_counter()
         lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force) if out is None else None
-        folder, written, tasks = write_adapter_output(plan, lora_out, overwrite=overwrite, dtype=out_dtype)
+        folder, written, tasks, record = write_adapter_output(plan, lora_out, overwrite=overwrite, dtype=out_dtype,
+                                                              rank=lora_rank)
+        lora_info = {"lora_out": str(folder), "lora_record": record}
         if out is None and lineage is not None:
-            info = {"method": method, "lora_out": str(folder), "files": [f.name for f in written],
-                    "lineage": lineage.as_dict(),
+            info = {"method": method, "files": [f.name for f in written], "lineage": lineage.as_dict(), **lora_info,
                     "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
                               "tasks": tasks}}
             return MergeResult(plan, folder, written, time.perf_counter() - t0, info)
@@ -523,20 +598,9 @@ def merge_files(
             if stage is not None:
                 shutil.rmtree(stage, ignore_errors=True)
             raise
-        out_dir, files, extra, seconds = stage or out_dir, done["files"], done["extra"], time.perf_counter() - t0
-        info = {
-            "method": method, "hparams": done["hparams"], "layout": plan.layout.name,
-            "driver": plan.mode, "dtype": str(out_dtype).replace("torch.", "") if out_dtype else "base",
-            "shard_size": size, "files": [f.name for f in files], "copied": done["copied"],
-            "seconds": round(seconds, 3), "acetools_version": __version__, "inputs": done["inputs"],
-            "tied": extra.get("tied", {}), "buffers_changed": extra.get("buffers_changed", {}),
-            "buffers_carried": plan.buffers_carried,
-            "heads": {"mode": plan.heads.mode, "reason": plan.heads.reason, "keys": plan.heads.keys,
-                      "tasks": done["head_tasks"]},
-            "lineage": lineage.as_dict(),
-            **({"vocab": plan.vocab.as_dict()} if plan.vocab.mode != "same" else {}),
-            "per_task_out": [str(tasks_dir / n) for n in plan.heads.names] if tasks_dir is not None else [],
-        }
+        out_dir, files, seconds = stage or out_dir, done["files"], time.perf_counter() - t0
+        info = _merge_info(plan, done, out_dtype=out_dtype, size=size, seconds=seconds, lineage=lineage.as_dict(),
+                           tasks_dir=tasks_dir) | lora_info
         with atomic_write(out_dir / "acetools_merge.json", "w") as fh:
             json.dump(info, fh, indent=2)
         staged = _stage_tasks(plan, out_dir, tasks_dir, size, stage)  # renamed into place after --out
@@ -551,7 +615,7 @@ def merge_files(
 # --------------------------------------------------------------------------- command line and config files
 CONFIG_KEYS = ("method", "base", "experts", "out", "hyperparameters", "layout", "dtype", "device", "shard_size",
                "mode", "overwrite", "heads", "names", "force_layout", "force", "models", "vocab", "lora_out",
-               "per_task_out")
+               "per_task_out", "lowrank", "lora_rank")
 
 
 def parse_hparam(text: str) -> tuple[str, Any]:

@@ -29,7 +29,7 @@ __all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_mer
 
 #: The options of a merge that its plan reads (:func:`acetools.files.merge_files.plan_merge`), which a search
 #: checks once before its candidates (``force``: an adapter's base name, docs/your-models.md §LoRA adapters as experts).
-PLAN_KEYS = ("layout", "heads", "names", "mode", "force_layout", "vocab", "force")
+PLAN_KEYS = ("layout", "heads", "names", "mode", "force_layout", "vocab", "force", "lowrank")
 
 #: The signature of a user's evaluation: (merged folder, task name) -> score (higher is better).
 Evaluate = Callable[[Path, str], float]

@@ -25,8 +25,8 @@ from ..layouts import Layout
 from ..utils import PROGRESS, cpu_threads, progress
 from ._registry import METHODS, MethodInfo
 
-__all__ = ["Source", "ModelView", "run", "merge_key", "per_key_entries", "compute_dtype", "is_finite", "check_finite",
-           "check_same_keys", "carried_buffers", "confirmed_ties", "format_bytes", "is_matrix_param"]
+__all__ = ["Source", "ModelView", "run", "span_update", "merge_key", "per_key_entries", "compute_dtype", "is_finite",
+           "check_finite", "check_same_keys", "carried_buffers", "confirmed_ties", "format_bytes", "is_matrix_param"]
 
 log = logging.getLogger("acetools.merging")
 
@@ -319,6 +319,16 @@ class _KeyByKeyTaskVector(Mapping):
         return len(self._W0)
 
 
+def span_update(method: str, key: str, factors: Sequence[tuple[Tensor, Tensor]], hparams: Mapping[str, Any],
+                is_matrix: bool, device: torch.device) -> Tensor:
+    """The merged update of ``key`` (d_out x d_in, on ``device``) from each task's factors (B_t, A_t), computed in
+    their span (:func:`acetools.merging.lowrank.lowrank_update`; docs/methods.md §Low-rank updates)."""
+    from .lowrank import lowrank_update
+
+    up = lowrank_update(method, factors, hparams, is_matrix=is_matrix, key=key)
+    return up.B.to(device) @ up.A.to(device)
+
+
 def run(
     info: MethodInfo,
     hparams: Mapping[str, Any],
@@ -334,6 +344,7 @@ def run(
     show: bool | None = None,
     hparams_text: str | None = None,
     carry: Iterable[str] = (),
+    factors: Callable[[str], Sequence[tuple[Tensor, Tensor]] | None] | None = None,
 ) -> dict[str, Any]:
     """Merge ``source`` with the method ``info`` (resolved ``hparams``) and ``emit(key, tensor)`` every key.
 
@@ -341,7 +352,8 @@ def run(
     ``out_dtype`` (default: the base's dtype of that key) on ``out_device``. ``whole_model``: one call of
     the method; otherwise key by key. ``is_matrix(key, tensor)`` defaults to the layout's rule; ``show``:
     progress bars (``None``: interactive sessions only); ``carry``: float keys carried from the base like the
-    non-float ones (non-persistent buffers). Returns ``{"tied": {alias: key},
+    non-float ones (non-persistent buffers); ``factors(key)``: the tasks' factors (B_t, A_t) of ``key``, merged
+    key by key in their span (:func:`span_update`), or ``None``. Returns ``{"tied": {alias: key},
     "buffers_changed": {key: [expert indices]}}``.
     """
     is_mat = is_matrix or layout.is_matrix
@@ -394,6 +406,9 @@ def run(
         scale = None if info.summed is None else info.summed(hparams)
 
         def merged(key: str) -> Tensor:  # T + 2 tensors held
+            if factors is not None and (fs := factors(key)) is not None:  # LoRA experts: no task vector formed
+                W0 = source.tensor(0, key, layout, device)
+                return stored(key, W0, span_update(name, key, fs, hparams, bool(is_mat(key, W0)), device))
             if scale is not None:  # every input read once, into one buffer
                 return checked(key, source.summed(key, scale, device))
             W0, taus = view.w0_taus(key)

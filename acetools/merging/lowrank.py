@@ -4,16 +4,18 @@ Each task's update of one matrix is given as factors, ΔW_t = B_t A_t (B_t: d_ou
 the adapter's scale folded into B_t). Every update lies in the span of the stacked factors: with Q_B an
 orthonormal basis of the columns of [B_1 | ... | B_T] and Q_A one of the rows of [A_1; ...; A_T],
 ΔW_t = Q_B C_t Q_Aᵀ with the R × R core C_t = (Q_Bᵀ B_t)(A_t Q_A), R = sum_t r_t (Core Space, Panariello et
-al. 2025, arXiv 2509.17786). The functions here compute task arithmetic, weight averaging, TSV-M, Iso-C
-and ACE in that span, never forming a d_out × d_in matrix, and return the merged update as factors
-(:class:`LowRankUpdate`); :func:`to_rank` cuts it to a chosen rank and reports the discarded energy.
+al. 2025, arXiv 2509.17786). The functions here compute task arithmetic, weight averaging, TSV-M, Iso-C,
+Iso-CTS and ACE in that span, never forming a d_out × d_in matrix, and return the merged update as factors
+(:class:`LowRankUpdate`); :func:`to_rank` cuts it to a chosen rank and reports the discarded energy;
+:func:`lowrank_update` runs one registered method on one key (what ``acetools merge`` does for LoRA experts).
 
 What is exact (docs/methods.md §Low-rank updates): task arithmetic, weight averaging and ACE's closed
-form (eps > 0) equal the engine's full-space merge of the folded updates. TSV-M, Iso-C and ACE's
+form (eps > 0) equal the engine's full-space merge of the folded updates. TSV-M, Iso-C, Iso-CTS and ACE's
 refinement equal it where the full-space result is a function of the task vectors: the full-space
 methods take singular vectors beyond a task's rank (TSV-M when int(min(d_out, d_in) / T) > r_t, Iso-C
-always, ACE's refinement when floor(k_frac min(d_out, d_in)) > R), which are whatever basis of the null
-space LAPACK returns; here those zero-singular-value slots are dropped (Core Space's definition).
+when sum_t r_t < min(d_out, d_in), Iso-CTS when its common rank exceeds the span, ACE's refinement when
+floor(k_frac min(d_out, d_in)) > R), which are whatever basis of the null space LAPACK returns; here those
+zero-singular-value slots are dropped (Core Space's definition).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -32,12 +34,12 @@ from ..errors import InputError, InputTypeError
 from ._registry import METHODS, per_expert_values
 from .ace import estimator_preset, gate_flag, heterogeneity, refined_rank, ridge_of
 from .linalg import polar, thin_svd
-from .svd import tsv_rank
+from .svd import iso_cts_ranks, tsv_rank
 
 __all__ = [
     "RANK_RTOL", "LowRankUpdate", "Truncation", "check_factors", "span_bases", "numerical_rank",
     "task_arithmetic_lowrank", "weight_averaging_lowrank", "tsv_m_lowrank", "iso_c_lowrank",
-    "ACESpanInfo", "ace_lowrank", "to_rank",
+    "iso_cts_lowrank", "ACESpanInfo", "ace_lowrank", "to_rank", "LOWRANK_METHODS", "lowrank_form", "lowrank_update",
 ]
 
 #: A singular value at or below ``RANK_RTOL · sigma_1`` of the same matrix counts as zero (the factors'
@@ -238,6 +240,54 @@ def iso_c_lowrank(factors: Sequence[tuple[Tensor, Tensor]], *, alpha: float = 1.
     return LowRankUpdate((alpha * sigma_bar * (Q_B @ u[:, :rho])).to(dt), (vh[:rho] @ Q_A.mT).to(dt))
 
 
+def _polar_ranked(M: Tensor) -> Tensor:
+    """The polar factor of ``M`` over its non-zero singular values (:func:`numerical_rank`): ``polar`` where ``M``
+    has full rank, the partial isometry of its range otherwise (the null slots dropped, as Core Space)."""
+    U, S, Vh = thin_svd(M)
+    n = numerical_rank(S)
+    return U[:, :n] @ Vh[:n]
+
+
+@_one_thread
+def iso_cts_lowrank(factors: Sequence[tuple[Tensor, Tensor]], *, alpha: float = 1.0, common_fraction: float = 0.8,
+                    key: str = "") -> LowRankUpdate:
+    """Iso-CTS in the span (docs/methods.md §Low-rank updates, Eq. (LR.5b)): the common top-k_c triplets of the core
+    C = sum_t C_t (C_t = (Q_Bᵀ B_t)(A_t Q_A)), each task's top-s triplets of its residual (I - u_c u_cᵀ) C_t, then
+    sigma_bar polar(U_all) polar(V_all) in the bases' coordinates, sigma_bar = sum(s_all) / min(d_out, d_in) and
+    (k_c, s) = :func:`acetools.merging.svd.iso_cts_ranks`. Equals :func:`acetools.merging.svd.iso_cts_matrix`
+    times ``alpha`` where k_c <= rank C and s <= the rank of every residual (else the full-space result takes
+    slots of LAPACK's null basis; here they are dropped)."""
+    factors = check_factors(factors, key)
+    dt = _out_dtype(factors)
+    d_out, d_in = factors[0][0].shape[0], factors[0][1].shape[1]
+    r = min(d_out, d_in)
+    try:
+        k_c, s = iso_cts_ranks(r, len(factors), common_fraction)
+    except InputError as e:
+        raise InputError(f"{_where(key)}{e}") from None
+    Q_B, Q_A = span_bases(factors)
+    cores = [(Q_B.mT @ B.double()) @ (A.double() @ Q_A) for B, A in factors]  # T x (R_B, R_A)
+    u, S, vh = thin_svd(torch.stack(cores).sum(0))
+    n_c = min(k_c, numerical_rank(S))
+    u_c = u[:, :n_c]
+    Us, ss, Vs = [], [], []
+    for C in cores if s > 0 else ():
+        ut, st, vt = thin_svd(C - u_c @ (u_c.mT @ C))  # the residual's core
+        n = min(s, int((st > RANK_RTOL * float(torch.linalg.matrix_norm(C, 2))).sum()))  # zero: against C_t's scale
+        Us.append(ut[:, :n])
+        ss.append(st[:n])
+        Vs.append(vt[:n])
+    Us.append(u_c)
+    ss.append(S[:n_c])
+    Vs.append(vh[:n_c])
+    s_all = torch.cat(ss)
+    if not bool((s_all > 0).any()):
+        return LowRankUpdate(torch.zeros(d_out, 0, dtype=dt), torch.zeros(0, d_in, dtype=dt))
+    sigma_bar = float(s_all.sum()) / r
+    core = _polar_ranked(torch.cat(Us, dim=1)) @ _polar_ranked(torch.cat(Vs, dim=0))  # (R_B, R_A)
+    return LowRankUpdate((alpha * sigma_bar * (Q_B @ core)).to(dt), Q_A.mT.to(dt))
+
+
 # --------------------------------------------------------------------------- ACE in the span
 @dataclass
 class ACESpanInfo:
@@ -348,3 +398,47 @@ def to_rank(update: LowRankUpdate, rank: int) -> Truncation:
     discarded = 0.0 if total == 0 else float(s[kept:].square().sum()) / total
     return Truncation(LowRankUpdate((Q_b @ (u[:, :kept] * s[:kept])).to(dt), (vh[:kept] @ Q_a.mT).to(dt)), s,
                       discarded)
+
+
+# --------------------------------------------------------------------------- one key of a registered method
+#: The registered methods with a form in the factors' span (the functions above).
+LOWRANK_METHODS = ("task_arithmetic", "weight_averaging", "tsv_m", "iso_c", "iso_cts", "ace")
+
+
+def lowrank_form(method: str, hparams: Mapping[str, Any]) -> str | None:
+    """``None`` when ``method`` with the resolved ``hparams`` has a form in the span (:func:`lowrank_update`),
+    else why not, in words (docs/methods.md §Low-rank updates)."""
+    if method not in LOWRANK_METHODS:
+        return f"{method} has no form in the factors' span (those with one: {', '.join(LOWRANK_METHODS)})"
+    if method == "ace" and hparams.get("estimator") not in ("ace", "wudi"):
+        return f"ace with estimator={hparams.get('estimator')!r} has none (only 'ace' and 'wudi')"
+    if method == "ace" and not float(hparams.get("eps", 0.0)) > 0:
+        return "ace with eps=0 has none (the ridge makes the solve exact in the span)"
+    return None
+
+
+def lowrank_update(method: str, factors: Sequence[tuple[Tensor, Tensor]], hparams: Mapping[str, Any], *,
+                   is_matrix: bool = True, key: str = "") -> LowRankUpdate:
+    """The merged update of one key by the registered ``method`` (resolved ``hparams``, as ``merge()`` takes them)
+    from each task's factors (B_t, A_t) (d_out x d_in orientation): the method's function above on a matrix key,
+    on the others the mean times ``alpha`` / ``scaling``, as the method does there (docs/methods.md §Low-rank
+    updates). An error where :func:`lowrank_form` says there is no such form."""
+    why = lowrank_form(method, hparams)
+    if why is not None:
+        raise InputError(f"{_where(key)}{why}; merge the folded task vectors (lowrank='never')")
+    if method == "task_arithmetic":
+        return task_arithmetic_lowrank(factors, lam=hparams.get("lam"), weights=hparams.get("weights"), key=key)
+    if method == "weight_averaging":
+        return weight_averaging_lowrank(factors, weights=hparams.get("weights"), key=key)
+    coef = float(hparams["scaling"] if method == "ace" else hparams["alpha"])
+    if not is_matrix:  # matrix_or_mean / ace_with_diagnostics: the mean on the keys off the matrix path
+        mean = weight_averaging_lowrank(factors, key=key)
+        return LowRankUpdate(coef * mean.B, mean.A)
+    if method == "tsv_m":
+        return tsv_m_lowrank(factors, alpha=coef, key=key)
+    if method == "iso_c":
+        return iso_c_lowrank(factors, alpha=coef, key=key)
+    if method == "iso_cts":
+        return iso_cts_lowrank(factors, alpha=coef, common_fraction=float(hparams["common_fraction"]), key=key)
+    hp = {k: v for k, v in hparams.items() if k != "covariances"}
+    return ace_lowrank(factors, key=key, **hp)[0]
