@@ -28,7 +28,7 @@ T = TypeVar("T")
 PROGRESS: contextvars.ContextVar[bool | None] = contextvars.ContextVar("acetools_progress", default=None)
 
 __all__ = ["seed_everything", "make_generator", "resolve_device", "progress", "atomic_write", "jsonable", "short_repr",
-           "local_mathjax_url", "strip_ansi"]
+           "local_mathjax_url", "strip_ansi", "format_bytes"]
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -173,6 +173,15 @@ def jsonable(obj: Any, *, finite: bool = False, summarize: bool = False,
     if finite and isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in decimal units: ``"351.0 MB"``."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n}"
 
 
 def short_repr(v: Any) -> str:

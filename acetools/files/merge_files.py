@@ -49,7 +49,8 @@ from .checkpoints import (
 )
 from .heads import HeadPlan, HeadWriter, check_heads_folder, plan_heads, remove_stale_heads
 from .lineage import check_lineage
-from .lora import adapter_of, canonical_factors, lora_target, open_expert, write_adapter_output
+from .lora import adapter_of, canonical_factors, lora_target, open_expert
+from .lora_output import write_adapter_output
 from .outputs import check_task_folders, commit_task_folders, rewrite_config, stage_task_folders, written_dtype
 from .per_expert import MERGEKIT_KEYS, mergekit_key_hint, read_experts
 from .staging import lock_output, make_stage, remove_stale_stages
@@ -563,7 +564,7 @@ def merge_files(
     if lora_rank is not None and lora_out is None:
         raise InputError("lora_rank / --lora-rank is the rank of the adapter output: give lora_out / --lora-out too")
     lora_info: dict[str, Any] = {}  # what the adapter output's record says, in the full merge's too
-    if lora_out is not None:  # one adapter: the linear rules' exact one (lora.py), or of rank lora_rank (lora_rank.py)
+    if lora_out is not None:  # one adapter: the linear rules' exact one (lora_output.py)
         t0 = time.perf_counter()
         lineage = check_lineage(plan.base, plan.experts, plan.layout, force=force) if out is None else None
         folder, written, tasks, record = write_adapter_output(plan, lora_out, overwrite=overwrite, dtype=out_dtype,

@@ -29,14 +29,24 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import search
 from ..errors import InputError, InputTypeError
 from ..search import ALPHA_GRID, ESM_BRACKET, LAMBDA_GRID
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
 __all__ = ["Param", "MethodInfo", "Search", "register", "METHODS", "REQUIRED", "SCOPES", "LAMBDA_GRID",
-           "ALPHA_GRID", "ESM_BRACKET", "per_expert_values"]
+           "ALPHA_GRID", "ESM_BRACKET", "per_expert_values", "is_matrix_param"]
+
+
+def is_matrix_param(key: str, tensor: Tensor) -> bool:
+    """The "is it a matrix?" rule of docs/methods.md §Matrix path: ``ndim == 2`` and not ``text_projection``."""
+    return tensor.ndim == 2 and "text_projection" not in key
+
 
 #: The scopes of :meth:`MethodInfo.key_scope`.
 SCOPES = ("key", "global_ties", "model")

@@ -34,10 +34,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InputTypeError
-from ..utils import progress
-from ._registry import METHODS, Param, register
+from ..utils import format_bytes, progress
+from ._registry import METHODS, Param, is_matrix_param, register
 from .averaging import mean_update, warn_mean_fallback
-from .driver import format_bytes, is_matrix_param
 from .inputs import check_key_matrices, check_task_vectors
 from .linalg import (
     check_square,

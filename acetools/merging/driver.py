@@ -22,8 +22,8 @@ from torch import Tensor
 
 from ..errors import InputError, InputKeyError
 from ..layouts import Layout
-from ..utils import PROGRESS, cpu_threads, progress
-from ._registry import METHODS, MethodInfo
+from ..utils import PROGRESS, cpu_threads, format_bytes, progress
+from ._registry import METHODS, MethodInfo, is_matrix_param
 
 __all__ = ["Source", "ModelView", "run", "span_update", "merge_key", "per_key_entries", "compute_dtype", "is_finite",
            "check_finite", "check_same_keys", "carried_buffers", "confirmed_ties", "format_bytes", "is_matrix_param"]
@@ -34,11 +34,6 @@ log = logging.getLogger("acetools.merging")
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a method computes in for weights stored in ``dtype``: float64 stays, the rest is float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def is_matrix_param(key: str, tensor: Tensor) -> bool:
-    """The "is it a matrix?" rule of docs/methods.md §Matrix path: ``ndim == 2`` and not ``text_projection``."""
-    return tensor.ndim == 2 and "text_projection" not in key
 
 
 def is_finite(t: Tensor) -> bool:
@@ -55,15 +50,6 @@ def check_finite(name: str, key: str, t: Tensor) -> None:
     if not is_finite(t):
         n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
         raise InputError(f"{name}[{key!r}] contains {n_nan} NaN and {n_inf} Inf values")
-
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes in decimal units: ``"351.0 MB"``."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n}"
 
 
 def check_same_keys(base_keys: Iterable[str], keys: Iterable[str], who: str, base: str = "base") -> None:

@@ -1,4 +1,5 @@
-"""A merge of LoRA experts written back as one peft adapter of a chosen rank (docs/your-models.md §LoRA adapters as
+"""A merge of LoRA experts written back as one peft adapter: the linear rules' exact one of rank sum_t r_t
+(:func:`acetools.files.lora.write_merged_adapter`), or of a chosen rank (docs/your-models.md §LoRA adapters as
 experts): each key's merge in the span of the adapters' factors (:func:`acetools.merging.lowrank.lowrank_update`:
 TSV-M, Iso-C, Iso-CTS, ACE, task arithmetic, weight averaging), cut to rank R by
 :func:`acetools.merging.lowrank.to_rank`, with the discarded energy per key and in total.
@@ -6,6 +7,7 @@ TSV-M, Iso-C, Iso-CTS, ACE, task arithmetic, weight averaging), cut to rank R by
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -16,11 +18,19 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..merging.lowrank import lowrank_form, lowrank_update, to_rank
-from .lora import _PREFIX, canonical_factors, lora_target, output_adapters, save_adapter
+from .lora import (
+    _PREFIX,
+    ADAPTER_CONFIG,
+    canonical_factors,
+    lora_target,
+    output_adapters,
+    save_adapter,
+    write_merged_adapter,
+)
 
-__all__ = ["write_rank_adapter"]
+__all__ = ["write_rank_adapter", "write_adapter_output"]
 
-log = logging.getLogger("acetools.files.lora_rank")
+log = logging.getLogger("acetools.files.lora_output")
 
 
 def _refuse(what: str) -> InputError:
@@ -95,3 +105,43 @@ def write_rank_adapter(plan: Any, out: str | os.PathLike, rank: int, *, dtype: t
     log.info("adapter of rank %d: %.3g of the merged updates' energy discarded over %d keys", rank, total,
              len(discarded))
     return save_adapter(out, tensors, ranks, [], fan, ads[0].adapter_config, record), record
+
+
+def write_adapter_output(plan: Any, lora_out: str | os.PathLike, *, overwrite: bool = False,
+                         dtype: torch.dtype | None = None, rank: int | None = None
+                         ) -> tuple[Path, list[Path], dict[str, str], dict[str, Any]]:
+    """``merge_files(..., lora_out=...)``: the planned merge of LoRA experts as one adapter in ``lora_out``, the
+    linear rules' exact one (:func:`acetools.files.lora.write_merged_adapter`) or, with ``rank``, any method's
+    with a form in the span cut to that rank (:func:`write_rank_adapter`); per-task heads in ``lora_out/heads/``
+    as a full merge writes them. Returns ``(folder, files, {task: heads/<task>}, record)``; ``plan`` is a
+    :class:`~acetools.files.merge_files.MergePlan`."""
+    from .checkpoints import check_output_folder
+    from .heads import HeadWriter, check_heads_folder, remove_stale_heads
+    from .staging import lock_output
+
+    inputs = [plan.base, *plan.experts]
+    out = check_output_folder(lora_out, inputs, overwrite=overwrite, option="--lora-out")
+    if out.is_dir() and not overwrite and (out / ADAPTER_CONFIG).is_file():
+        raise FileExistsError(f"--lora-out {out} already holds an adapter ({ADAPTER_CONFIG}); choose an empty folder "
+                              "or pass overwrite=True / --overwrite")
+    with lock_output(out):
+        per_task = plan.heads.mode == "per-task"
+        check_heads_folder(out, inputs, overwrite, writing=per_task)
+        if rank is None:
+            files = write_merged_adapter(plan.method, plan.hparams, plan.experts, out, dtype=dtype,
+                                         skip=plan.heads.keys)
+            record: dict[str, Any] = json.loads((out / "acetools_merge.json").read_text())
+        else:
+            files, record = write_rank_adapter(plan, out, rank, dtype=dtype)
+        tasks: dict[str, str] = {}
+        if per_task:
+            writer = HeadWriter(out, plan.heads)
+            try:
+                tasks = writer.write()
+            except BaseException:
+                writer.abort()
+                raise
+            writer.commit()
+        elif overwrite:
+            remove_stale_heads(out)
+    return out, files, tasks, record
