@@ -250,11 +250,20 @@ def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Pat
     if "ace.spectrum_language" in entries:
         card = RegimeCard.load(figures_root / "regime" / f"{suite}_seed0")
         out["ace.spectrum_language"] = lang_claims.verdict_spectrum(card.value("wpre_top5_energy"))
-    for cid in ("ace.gamma_bert", "ace.normalization_language", "ace.csp_language", "ace.refinement_language"):
+    if "ace.gamma_bert" in entries:  # γ needs the experts' weights: carried over
+        out["ace.gamma_bert"] = _carried(entries["ace.gamma_bert"], entries["ace.gamma_bert"].get("measured_effect"))
+    for cid, stage in STAGE_NAMES.items():  # re-decided from their gains and paired standard errors by eps
         if cid in entries:
-            e = entries[cid]
-            out[cid] = _carried(e, e.get("measured_effect"), seeds=1)  # the stage ablation: one expert seed
+            n = entries[cid]["numbers"]
+            gains = {float(k): float(v) for k, v in n["gains"].items()}
+            ses = {float(k): (None if v is None else float(v)) for k, v in (n.get("se") or {}).items()}
+            out[cid] = lang_claims.stage_verdict(gains, ses, stage, forced=bool(n.get("forced", True)))
     return out
+
+
+#: Lesson 07's stage claims and the stage each measures (``claimkit.language.verdict_stage``'s ``stage``).
+STAGE_NAMES: dict[str, str] = {"ace.normalization_language": "normalization", "ace.csp_language": "the prior",
+                               "ace.refinement_language": "refinement"}
 
 
 def _language(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:

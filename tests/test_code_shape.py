@@ -189,7 +189,7 @@ BUDGETS = {
     "acetools/world/": 400,         # the World protocol
     "acetools/course/": 4_000,
     "acetools/cli.py": 1_000,
-    "acetools/": 4_000,
+    "acetools/": 4_150,             # + the figure manifest's code versions (plotting/_versions.py, issue 41)
 }
 
 

@@ -218,3 +218,28 @@ def test_one_seed_claims_say_so_in_their_record(path):
                 assert "one expert seed" in e["margin_rule"], cid
         elif e.get("margin_rule"):
             assert "one expert seed" not in e["margin_rule"], cid
+
+
+def test_one_paper_setting_per_model_family():
+    """Every committed ACE or ESM claim is decided at its world's family setting (claims.PAPER_SETTINGS, the
+    only table the claims take it from): the vision worlds' ViT at ACE's eps 1e-5, the text world's MiniLM
+    (a BERT-family encoder) at RoBERTa-Base's eps 2e-4 and ESM's RoBERTa code, under both head protocols."""
+    assert claims.paper_setting("mini-world").ace_row == "ace (eps 1e-5)"
+    for name in claims.TEXT_CLAIM_WORLDS.values():
+        s = claims.paper_setting(name)
+        assert (s.eps, s.ace_row, s.esm_row) == (2e-4, "ace (eps 2e-4)", "esm (roberta)"), name
+    seen = 0
+    for path in FILES:
+        for cid, e in json.loads(path.read_text()).items():
+            want = claims.paper_setting(e["world"]["name"])
+            n = e["numbers"]
+            if "ace_row" in n:
+                assert n["ace_row"] == want.ace_row, (path.parent.name, cid, n["ace_row"])
+                seen += 1
+            if "esm_row" in n:
+                assert n["esm_row"] == want.esm_row, (path.parent.name, cid, n["esm_row"])
+                seen += 1
+            if "decided_eps" in n:  # lesson 07's stage claims: one eps decides
+                assert n["decided_eps"] == [want.eps], (cid, n["decided_eps"])
+                seen += 1
+    assert seen >= 15
