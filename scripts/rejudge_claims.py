@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "notebooks")]  # the repository's acetools and claimkit, however it is run
 
 from claimkit import claims as C  # noqa: E402
+from claimkit.power import load_stage_results, stage_difference  # noqa: E402
 from claimkit.verdicts import Effect, Verdict, World, power_rule  # noqa: E402
 
 #: The reruns the committed numbers wait for, by claim id, while a record is still from before
@@ -217,9 +218,10 @@ def _theorem1_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Ve
 
 
 def _benchmark_verdicts(figures_root: Path, world: World, folder: str = "04_benchmark",
-                        kind: str = "mini") -> dict[str, Verdict]:
+                        kind: str = "mini", heads: str = "zeroshot") -> dict[str, Verdict]:
     """Notebook 04's claims from the benchmark's result files, as the notebook decides them with
-    ``world=kind``: the mini-world's tables, or a text world's (its claims as analogues)."""
+    ``world=kind``: the mini-world's tables, or a text world's (its claims as analogues); ``heads="trained"``:
+    the text world's trained-heads tables (:func:`_with_heads`)."""
     from acetools.course import benchmark as lesson
     from acetools.course import world as course
     from claimkit import benchmark as bench_claims
@@ -228,7 +230,39 @@ def _benchmark_verdicts(figures_root: Path, world: World, folder: str = "04_benc
                                seed=0, results_dir=figures_root / "benchmark", figures_dir=figures_root / folder,
                                speed_dir=figures_root.parent / "benchmarks" / "results",
                                wudi_dir=figures_root / "benchmark", world_options=course.world_options(kind))
-    return bench_claims.claim_verdicts(bd, world=world)
+    out = bench_claims.claim_verdicts(_with_heads(bd, heads), world=world)
+    if heads != "zeroshot":  # the merges' time does not depend on the heads: the cost claims are judged once, on
+        for cid in TIMED:    # the zero-shot tables (04_benchmark-text8)
+            out.pop(cid, None)
+    return out
+
+
+#: Notebook 04's claims about merge time, judged once per world's model (not again per head protocol).
+TIMED: tuple[str, ...] = ("ace.cost", "esm.overhead")
+
+
+def _with_heads(bd: Any, heads: str) -> Any:
+    """Notebook 04's data on a text world (``bd``) with the result files of head protocol ``heads`` in place of
+    the zero-shot heads' (``text8`` -> ``text8_trained``): the same methods, suite and paper columns."""
+    if heads == "zeroshot":
+        return bd
+    import dataclasses
+
+    from acetools import results
+    from acetools.world.text.finetune import protocol_tag
+
+    old = bd.main_suite
+    suite = protocol_tag(old, heads)
+    runs = results.require_results(bd.res_dir, [suite], bd.size)
+    summary = results.load_summary(runs)
+    agg = results.aggregate(summary)
+    return dataclasses.replace(
+        bd, suites=[suite], main_suite=suite, runs=runs, summary=summary, per_task=results.load_per_task(runs),
+        agg=agg, n_tasks={suite: bd.n_tasks[old]}, paper_n={suite: bd.paper_n[old]},
+        paper_cols={(t, suite): c for (t, s), c in bd.paper_cols.items() if s == old},
+        methods=[m for m in dict.fromkeys(summary["method"]) if m in set(bd.methods) | set(summary["method"])
+                 and m not in results.REFERENCES],
+        seeds=sorted(int(x) for x in summary["seed"].unique()))
 
 
 def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Path) -> dict[str, Verdict]:
@@ -252,18 +286,69 @@ def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Pat
         out["ace.spectrum_language"] = lang_claims.verdict_spectrum(card.value("wpre_top5_energy"))
     if "ace.gamma_bert" in entries:  # γ needs the experts' weights: carried over
         out["ace.gamma_bert"] = _carried(entries["ace.gamma_bert"], entries["ace.gamma_bert"].get("measured_effect"))
-    for cid, stage in STAGE_NAMES.items():  # re-decided from their gains and paired standard errors by eps
-        if cid in entries:
-            n = entries[cid]["numbers"]
-            gains = {float(k): float(v) for k, v in n["gains"].items()}
-            ses = {float(k): (None if v is None else float(v)) for k, v in (n.get("se") or {}).items()}
-            out[cid] = lang_claims.stage_verdict(gains, ses, stage, forced=bool(n.get("forced", True)))
+    files = load_stage_results(figures_root / "07_language", "stage_ablation")
+    for cid, (stage, without) in STAGE_NAMES.items():  # re-decided from their per-example results, else the
+        if cid not in entries:                          # gains and paired standard errors their record keeps
+            continue
+        n = entries[cid]["numbers"]
+        gains = {float(k): float(v) for k, v in n["gains"].items()}
+        ses = {float(k): (None if v is None else float(v)) for k, v in (n.get("se") or {}).items()}
+        if files is not None:
+            hits, experts = files
+            for e in gains:
+                gains[e], ses[e] = stage_difference(hits, experts, f"eps {e:g}|gate on (forced)",
+                                                    f"eps {e:g}|{without}")
+        out[cid] = lang_claims.stage_verdict(gains, ses, stage, forced=bool(n.get("forced", True)))
     return out
 
 
-#: Lesson 07's stage claims and the stage each measures (``claimkit.language.verdict_stage``'s ``stage``).
-STAGE_NAMES: dict[str, str] = {"ace.normalization_language": "normalization", "ace.csp_language": "the prior",
-                               "ace.refinement_language": "refinement"}
+#: Lesson 07's stage claims: the stage each measures (``claimkit.language.verdict_stage``'s ``stage``) and the
+#: ablation row with it off (compared with ``gate on (forced)``).
+STAGE_NAMES: dict[str, tuple[str, str]] = {
+    "ace.normalization_language": ("normalization", "gate on, no normalization"),
+    "ace.csp_language": ("the prior", "gate on, no prior"),
+    "ace.refinement_language": ("refinement", "gate on, no refinement")}
+
+
+def inputs(folder: str, claim_id: str, figures_root: str | Path) -> list[Path]:
+    """The committed files the verdict of ``claim_id`` (recorded in ``figures_root/folder``) is recomputed from by
+    :func:`rejudge`: the benchmark's result files and per-example results for notebook 04's claims and the
+    language lead, a stage ablation's per-example results (:data:`claimkit.power.STAGE_RESULTS`) for a stage
+    claim, the regime card for the language spectrum, and the record itself for a measurement it stores."""
+    root = Path(figures_root)
+    bench = root / "benchmark"
+
+    def results_of(suites: tuple[str, ...], size: str) -> list[Path]:
+        out = []
+        for s in suites:
+            for seed in (0, 1, 2):
+                stem = bench / f"{s}_{size}_seed{seed}"
+                out += [stem.with_name(stem.name + "_summary.csv"), stem.with_name(stem.name + "_correct.npz")]
+        return [p for p in out if p.name.endswith("_summary.csv") or p.name.startswith(tuple(PER_EXAMPLE))]
+
+    if folder == "04_benchmark":
+        return results_of(("tasks8", "tasks14", "tasks20"), "small")
+    if folder == "04_benchmark-text8":
+        return results_of(("text8",), "minilm")
+    if claim_id == "ace.language_sota":
+        return results_of(("text8_trained",), "minilm")
+    if claim_id == "ace.spectrum_language":
+        return [root / "regime" / "text8_trained_seed0" / "card.json"]
+    names = STAGE_INPUTS.get(claim_id)
+    if names:
+        return [root / folder / f"{n}_correct.npz" for n in names]
+    return [root / folder / "claims.json"]
+
+
+#: The suites whose result files keep per-example results (tests/test_rejudge_claims.py
+#: PER_EXAMPLE_SUITES): their ``_correct.npz`` are inputs too.
+PER_EXAMPLE: tuple[str, ...] = ("tasks8_", "text8_minilm", "text8_trained")
+#: The stage claims and the stage-ablation results (:data:`claimkit.power.STAGE_RESULTS`) they are decided on.
+STAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    **{c: ("ablation_tasks8", "ablation_tasks20") for c in ("ace.normalization", "ace.csp", "ace.refinement")},
+    **{c: ("ablation_grid",) for c in ("esm.esd_alone", "esm.ps_on_svd", "esm.layer_first", "esm.reciprocal")},
+    "esm.four": ("proxy", "ablation_grid"), "esm.proxy": ("proxy",),
+    **{c: ("stage_ablation",) for c in STAGE_NAMES}}
 
 
 def _language(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
@@ -271,6 +356,11 @@ def _language(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
     return {"ace.language": Verdict(e["measured"].replace("the mini-world has", "this world has"), e["verdict"],
                                     e["reason"], dict(e["numbers"]))}
 
+
+#: Notebook 04's claims (ACE's and ESM's, as analogues) judged on the text world's trained-heads tables, the
+#: world lesson 07 judges the language claims in: notebook 04 has no head-protocol parameter, so this script
+#: writes the folder from the committed ``text8_trained`` result files where they hold ESM's rows.
+TRAINED_FOLDER: str = "04_benchmark-text8_trained"
 
 #: notebook folder -> how its claims are re-decided: ``rule(entries, world, figures_root)``.
 RULES: dict[str, Callable[[Mapping[str, Any], World, Path], dict[str, Verdict]]] = {
@@ -280,10 +370,19 @@ RULES: dict[str, Callable[[Mapping[str, Any], World, Path], dict[str, Verdict]]]
     "04_benchmark": lambda entries, world, root: _benchmark_verdicts(root, world),
     "05_claims": lambda entries, world, root: _language(entries, world),
     "04_benchmark-text8": lambda entries, world, root: _benchmark_verdicts(root, world, "04_benchmark-text8", "text8"),
+    TRAINED_FOLDER: lambda entries, world, root: _benchmark_verdicts(root, world, TRAINED_FOLDER, "text8", "trained"),
     "07_language": _language_lesson,
 }
 #: The folders judged in the text world (its room from the text tables), not the mini-world.
-TEXT_FOLDERS: frozenset[str] = frozenset({"04_benchmark-text8", "07_language"})
+TEXT_FOLDERS: frozenset[str] = frozenset({"04_benchmark-text8", TRAINED_FOLDER, "07_language"})
+
+
+def _trained_tables_hold_esm(figures_root: Path) -> bool:
+    """Whether the committed trained-heads tables (``text8_trained_minilm_seed*_summary.csv``) hold ESM's rows."""
+    import pandas as pd
+
+    files = sorted((figures_root / "benchmark").glob("text8_trained_minilm_seed*_summary.csv"))
+    return bool(files) and all("esm" in set(pd.read_csv(f)["method"]) for f in files)
 
 
 def _heads(world_name: str | None) -> str:
@@ -307,18 +406,22 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
     rows = []
     for folder, rule in RULES.items():
         path = figures_root / folder / "claims.json"
-        if not path.is_file():
+        if folder == TRAINED_FOLDER and not path.is_file() and _trained_tables_hold_esm(figures_root):
+            entries = {}  # judged afresh in the trained-heads world (its name and description come from the tables)
+            recorded = {"name": C.TEXT_CLAIM_WORLDS["full trained"]}
+        elif not path.is_file():
             continue
-        entries = json.loads(path.read_text())
-        if folder in TEXT_FOLDERS:  # the text world's room, from the committed tables of its head protocol
+        else:
+            entries = json.loads(path.read_text())
             recorded = next(iter(entries.values()), {}).get("world", {})
+        if folder in TEXT_FOLDERS:  # the text world's room, from the committed tables of its head protocol
             world = C.claim_world(quick=False, results_dir=figures_root / "benchmark", kind="text8",
                                   description=recorded.get("description"), heads=_heads(recorded.get("name")))
         else:
             world = mini
         new = rule(entries, world, figures_root)
         if write:
-            path.unlink()  # one file, one world: rewritten whole
+            path.unlink(missing_ok=True)  # one file, one world: rewritten whole
         for cid, v in new.items():
             before = entries.get(cid, {}).get("verdict")
             extra: dict[str, Any] = {}

@@ -113,7 +113,7 @@ def test_committed_verdicts_are_todays_rules(tmp_path):
     for p in FILES:
         worlds = {e["world"]["name"] for e in json.loads(p.read_text()).values()}
         want = {"text"} if p.parent.name in TEXT_FOLDERS else {"mini-world"}
-        if p.parent.name == "07_language":  # the language claims are judged under the papers' protocol
+        if p.parent.name in ("07_language", R.TRAINED_FOLDER):  # judged under the papers' protocol: trained heads
             want = {"text (trained heads)"}
         assert worlds == want, (p.parent.name, worlds)
     drift = [(r["id"], r["before"], r["after"]) for r in rows if r["changed"]]
@@ -243,3 +243,68 @@ def test_one_paper_setting_per_model_family():
                 assert n["decided_eps"] == [want.eps], (cid, n["decided_eps"])
                 seen += 1
     assert seen >= 15
+
+
+#: The stage-ablation results not committed yet (issue 41): lessons 02, 03 and 07 save them in the full profile
+#: since then, and their full rerun commits them. Strict: a file here that exists fails the test below, so the
+#: entry goes with the rerun.
+EXPECTED_MISSING: dict[str, str] = {
+    "02_ace_step_by_step/ablation_tasks8_correct.npz": "lesson 02's full rerun writes it",
+    "02_ace_step_by_step/ablation_tasks20_correct.npz": "lesson 02's full rerun writes it",
+    "03_esm_step_by_step/ablation_grid_correct.npz": "lesson 03's full rerun writes it",
+    "03_esm_step_by_step/proxy_correct.npz": "lesson 03's full rerun writes it",
+    "07_language/stage_ablation_correct.npz": "lesson 07's full rerun writes it",
+}
+
+
+def test_every_decided_verdict_rests_on_committed_files():
+    """Every committed verdict is recomputable by scripts/rejudge_claims.py from committed files (R.inputs):
+    the result files and per-example results, the regime card, a stage ablation's per-example results, or the
+    record's own stored measurement. Only the stage ablations' results may be missing, each listed in
+    EXPECTED_MISSING (xfail until the full reruns land; strict once they do)."""
+    missing, listed = {}, set()
+    for path in FILES:
+        for cid, e in json.loads(path.read_text()).items():
+            if e["verdict"] == "not testable here":
+                continue
+            files = R.inputs(path.parent.name, cid, FIGURES)
+            assert files, (path.parent.name, cid)
+            for f in files:
+                rel = f.relative_to(FIGURES).as_posix()
+                if not f.is_file():
+                    missing.setdefault(rel, []).append(f"{cid} ({e['verdict']})")
+                elif rel in EXPECTED_MISSING:
+                    listed.add(rel)
+    unexpected = {k: v for k, v in missing.items() if k not in EXPECTED_MISSING}
+    assert not unexpected, f"verdicts whose inputs are not committed: {unexpected}"
+    assert not listed, f"{sorted(listed)} are committed now: remove them from EXPECTED_MISSING"
+    decided = {k: v for k, v in missing.items() if any("undecidable" not in c for c in v)}
+    if missing:
+        pytest.xfail(f"stage-ablation results awaiting the full reruns: {sorted(missing)}; decided verdicts "
+                     f"among them: {decided}")
+
+
+def test_lesson_07_stage_claims_are_recomputed_from_their_per_example_results(tmp_path):
+    """With lesson 07's stage_ablation_correct.npz committed, the rejudge decides its stage claims from it:
+    each eps's gain and paired standard error are the per-example results' (claimkit.power.stage_difference)."""
+    import numpy as np
+
+    from claimkit import power
+    from claimkit.verdicts import World
+
+    entries = json.loads((FIGURES / "07_language" / "claims.json").read_text())
+    stage = {cid: entries[cid] for cid in R.STAGE_NAMES}
+    rng = np.random.default_rng(1)
+    rows = ["gate on (forced)", *(without for _, without in R.STAGE_NAMES.values())]
+    hits = {f"eps {e:g}|{r}": {t: rng.random(300) < 0.6 + 0.02 * i for t in ("x", "y")}
+            for e in (0.01, 2e-4, 1e-5) for i, r in enumerate(rows)}
+    (tmp_path / "07_language").mkdir()
+    power.save_stage_results(tmp_path / "07_language", "stage_ablation", hits, experts={"x": 0.9, "y": 0.7})
+    out = R._language_lesson(stage, World("text (trained heads)", "full"), tmp_path)
+    for cid, (_, without) in R.STAGE_NAMES.items():
+        want = power.stage_difference(hits, {"x": 0.9, "y": 0.7}, "eps 0.0002|gate on (forced)",
+                                      f"eps 0.0002|{without}")
+        assert out[cid].numbers["gains"][2e-4] == pytest.approx(want[0]), cid
+        assert out[cid].numbers["se"][2e-4] == pytest.approx(want[1]), cid
+    assert out["ace.csp_language"].numbers["gains"] != {float(k): v for k, v in
+                                                         entries["ace.csp_language"]["numbers"]["gains"].items()}
