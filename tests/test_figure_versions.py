@@ -28,12 +28,26 @@ AWAITING_RERUN: frozenset[str] = frozenset({
     "00_quickstart", "01_theorem1", "02_ace_step_by_step", "03_esm_step_by_step", "04_benchmark",
     "04_benchmark-text8", "06_mergeable_world", "07_language"})
 
-#: Where a drawing function that left its module is looked for (the record's hash is of its source text, so a
-#: move keeps it).
-SEARCH: tuple[str, ...] = ("acetools.plotting._core", "acetools.plotting.diagnose",
-                           *(f"acetools.course.plotting.{m}" for m in ("ace_step_by_step", "benchmark",
-                                                                       "esm_step_by_step", "language",
-                                                                       "mergeable_world", "theorem1")))
+def _search_modules() -> tuple[str, ...]:
+    """Where a drawing function that left its module is looked for (the record's hash is of its source text, so
+    a move keeps it): every plotting module, and every lesson module, of the library and of the course package
+    in this checkout."""
+    import importlib
+    import pkgutil
+
+    out = []
+    for name in ("acetools", "acetools_course"):
+        try:
+            pkg = importlib.import_module(name)
+        except ImportError:
+            continue
+        out += [m.name for m in pkgutil.walk_packages(pkg.__path__, f"{name}.")
+                if ("plotting" in m.name or m.name.rsplit(".", 1)[-1].startswith("lesson"))
+                and str(getattr(m.module_finder, "path", "")).startswith(str(ROOT))]  # this checkout's only
+    return tuple(out)
+
+
+SEARCH: tuple[str, ...] = _search_modules()
 
 
 def _notebook(folder: Path) -> str:
