@@ -22,6 +22,7 @@ from acetools.course.ace_step_by_step import (
 from acetools.errors import InputKeyError
 
 from . import verdicts as V
+from .claims import PAPER_SETTINGS
 from .paper_tables import ACE_STAGE_ABLATION, paper_room
 from .power import paired_se
 from .verdicts import NOISE  # the lesson reads it here (ace_claims.NOISE)
@@ -264,9 +265,9 @@ def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> V.
     return V.Verdict(measured, v, reason, nums, value=m)
 
 
-#: The eps the paper reports for ViTs; the stage claims are decided there (the code's default,
-#: 1e-2 as in the official code, is shown beside).
-PAPER_EPS_VIT: float = 1e-5
+#: The eps the paper reports for ViTs (the ViT family's of :data:`claimkit.claims.PAPER_SETTINGS`); the stage
+#: claims are decided there (the code's default, 1e-2 as in the official code, is shown beside).
+PAPER_EPS_VIT: float = PAPER_SETTINGS["vit"].eps
 
 
 def ridge_over_prior(stable: Any) -> float | None:
