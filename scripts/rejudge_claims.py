@@ -96,7 +96,36 @@ def pending_rerun(claim_id: str, entry: Mapping[str, Any]) -> str | None:
     return None if done else PENDING[claim_id]
 
 
-def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
+def _ace_from_files(per: list[dict[str, Any]], claim_id: str, figures_root: Path | None) -> list[dict[str, Any]]:
+    """Notebook 02's per-suite stage differences (``claimkit.ace_step_by_step.ablation_effects``' fields) with each
+    ``d…`` and its ``se…`` recomputed from the suite's committed per-example results
+    (``02_ace_step_by_step/ablation_<suite>_correct.npz``) where they exist; the stored ones elsewhere."""
+    from acetools.course import ace_step_by_step as L
+
+    pairs = {"ace.normalization": {"auto": (L.NO_REFINE, L.GATE_OFF), "forced": (L.GATE_ON_NO_REFINE, L.GATE_OFF)},
+             "ace.csp": {"": (L.FULL, L.NO_PRIOR)}}[claim_id] if claim_id != "ace.refinement" else None
+    out = []
+    for s in per:
+        files = None if figures_root is None else \
+            load_stage_results(figures_root / "02_ace_step_by_step", f"ablation_{s['suite']}")
+        if files is None:
+            out.append(s)
+            continue
+        hits, experts = files
+        want = pairs or ({"": (L.GATE_ON, L.GATE_ON_NO_REFINE)} if s.get("gate_forced")
+                         else {"": (L.FULL, L.NO_REFINE)})
+        new = dict(s)
+        for tag, (a, b) in want.items():
+            d, se = stage_difference(hits, experts, f"{s['suite']}|{a}", f"{s['suite']}|{b}")
+            new["d" + (f"_{tag}" if tag else "")], new["se" + (f"_{tag}" if tag else "")] = d, se
+        if claim_id == "ace.refinement" and s.get("gate_forced"):
+            new["d_ace_gate"] = stage_difference(hits, experts, f"{s['suite']}|{L.FULL}",
+                                                 f"{s['suite']}|{L.NO_REFINE}")[0]
+        out.append(new)
+    return out
+
+
+def _ace_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path | None = None) -> dict[str, Verdict]:
     """Notebook 02's claims from their stored numbers. A record decided at the paper's eps (a
     notebook run since issue 23) keeps that eps, its ridge/prior size and the code default's
     verdict beside it; an older one is decided at the code default eps 1e-2 it was measured at."""
@@ -106,15 +135,17 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
     n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
     fresh = {cid: _at_paper_eps(e["numbers"]) for cid, e in entries.items()}
     if "ace.normalization" in entries:
-        out["ace.normalization"] = A.verdict_normalization(_per_suite(entries["ace.normalization"]["numbers"]))
+        out["ace.normalization"] = A.verdict_normalization(
+            _ace_from_files(_per_suite(entries["ace.normalization"]["numbers"]), "ace.normalization", figures_root))
     if "ace.csp" in entries:
         n = entries["ace.csp"]["numbers"]
+        per = _ace_from_files(_per_suite(n), "ace.csp", figures_root)
         if fresh["ace.csp"]:
-            out["ace.csp"] = A.verdict_csp(_per_suite(n), ridge_over_prior=n.get("ridge_over_prior"), eps=n["eps"])
+            out["ace.csp"] = A.verdict_csp(per, ridge_over_prior=n.get("ridge_over_prior"), eps=n["eps"])
         else:
-            out["ace.csp"] = A.verdict_csp(_per_suite(n), eps=1e-2)
+            out["ace.csp"] = A.verdict_csp(per, eps=1e-2)
     if "ace.refinement" in entries:
-        per = _per_suite(entries["ace.refinement"]["numbers"])
+        per = _ace_from_files(_per_suite(entries["ace.refinement"]["numbers"]), "ace.refinement", figures_root)
         if not any("gate_forced" in s for s in per):  # a record from before the gate-forced rerun
             per = [{**s, "what": "full - no refinement (ACE's gate: the flagged matrices only)"} for s in per]
         out["ace.refinement"] = A.verdict_refinement(per, world=world, n_tasks={s["suite"]: n_of[s["suite"]]
@@ -365,7 +396,7 @@ TRAINED_FOLDER: str = "04_benchmark-text8_trained"
 #: notebook folder -> how its claims are re-decided: ``rule(entries, world, figures_root)``.
 RULES: dict[str, Callable[[Mapping[str, Any], World, Path], dict[str, Verdict]]] = {
     "01_theorem1": lambda entries, world, root: _theorem1_verdicts(entries, world),
-    "02_ace_step_by_step": lambda entries, world, root: _ace_verdicts(entries, world),
+    "02_ace_step_by_step": _ace_verdicts,
     "03_esm_step_by_step": lambda entries, world, root: _esm_verdicts(entries, world),
     "04_benchmark": lambda entries, world, root: _benchmark_verdicts(root, world),
     "05_claims": lambda entries, world, root: _language(entries, world),

@@ -308,3 +308,32 @@ def test_lesson_07_stage_claims_are_recomputed_from_their_per_example_results(tm
         assert out[cid].numbers["se"][2e-4] == pytest.approx(want[1]), cid
     assert out["ace.csp_language"].numbers["gains"] != {float(k): v for k, v in
                                                          entries["ace.csp_language"]["numbers"]["gains"].items()}
+
+
+def test_lesson_02_stage_claims_are_recomputed_from_their_per_example_results(tmp_path):
+    """With lesson 02's ablation_<suite>_correct.npz committed, the rejudge takes each stage difference and its
+    paired standard error from them (the stored ones stand for a suite without the file)."""
+    import numpy as np
+
+    from acetools.course import ace_step_by_step as L
+    from claimkit import power
+
+    entries = json.loads((FIGURES / "02_ace_step_by_step" / "claims.json").read_text())
+    stage = {cid: entries[cid] for cid in ("ace.normalization", "ace.csp", "ace.refinement")}
+    rng = np.random.default_rng(2)
+    variants = [L.FULL, L.GATE_ON, L.GATE_ON_NO_REFINE, L.GATE_OFF, L.NO_PRIOR, L.NO_REFINE]
+    hits = {f"tasks8|{v}": {t: rng.random(400) < 0.5 + 0.03 * i for t in ("a", "b")} for i, v in enumerate(variants)}
+    (tmp_path / "02_ace_step_by_step").mkdir()
+    power.save_stage_results(tmp_path / "02_ace_step_by_step", "ablation_tasks8", hits, experts={"a": 0.8, "b": 0.6})
+    per = R._ace_from_files(R._per_suite(stage["ace.csp"]["numbers"]), "ace.csp", tmp_path)
+    want = power.stage_difference(hits, {"a": 0.8, "b": 0.6}, f"tasks8|{L.FULL}", f"tasks8|{L.NO_PRIOR}")
+    t8 = next(s for s in per if s["suite"] == "tasks8")
+    assert (t8["d"], t8["se"]) == pytest.approx(want)
+    t20 = next(s for s in per if s["suite"] == "tasks20")  # no file: the stored numbers
+    assert t20 == stage["ace.csp"]["numbers"]["tasks20"]
+    out = R._ace_verdicts(stage, claims.claim_world(quick=False, results_dir=FIGURES / "benchmark"), tmp_path)
+    assert out["ace.csp"].numbers["tasks8"]["d"] == pytest.approx(want[0])
+    norm = next(s for s in R._ace_from_files(R._per_suite(stage["ace.normalization"]["numbers"]),
+                                             "ace.normalization", tmp_path) if s["suite"] == "tasks8")
+    assert norm["d_forced"] == pytest.approx(power.stage_difference(
+        hits, {"a": 0.8, "b": 0.6}, f"tasks8|{L.GATE_ON_NO_REFINE}", f"tasks8|{L.GATE_OFF}")[0])
