@@ -178,10 +178,43 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
     return out
 
 
-def _esm_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
+#: Notebook 03's ablation-grid claims: the rows each gain compares (``claimkit.esm_step_by_step.ablation_verdicts``),
+#: by the prefix of the record's numbers that holds it per suite (``<prefix><suite>``, its ``se_`` beside).
+ESM_PAIRS: dict[str, dict[str, tuple[str, str]]] = {
+    "esm.esd_alone": {"gain_": ("ESD, no scaling", "TSV-M")},
+    "esm.ps_on_svd": {"gain_": ("SVD, all levels", "TSV-M")},
+    "esm.layer_first": {"layer_gain_": ("ESD, layer only", "ESD, no scaling"),
+                        "all_gain_": ("ESD, all levels", "ESD, no scaling")},
+    "esm.reciprocal": {"drop_": ("ESD, all levels", "ESD, reciprocal (-1)")},
+}
+
+
+def _esm_from_files(numbers: Mapping[str, Any], claim_id: str, figures_root: Path | None) -> dict[str, Any]:
+    """A notebook-03 ablation claim's numbers with each suite's gain and paired standard error recomputed from the
+    grid's committed per-example results (``03_esm_step_by_step/ablation_grid_correct.npz``, absolute points)
+    where they exist; the stored numbers otherwise."""
+    from acetools.course.esm_step_by_step import TSV_M_ROW
+
+    files = None if figures_root is None else load_stage_results(figures_root / "03_esm_step_by_step",
+                                                                  "ablation_grid")
+    if files is None or claim_id not in ESM_PAIRS:
+        return dict(numbers)
+    hits, _ = files
+    out = dict(numbers)
+    for prefix, (a, b) in ESM_PAIRS[claim_id].items():
+        a, b = (TSV_M_ROW if r == "TSV-M" else r for r in (a, b))
+        se_key = "se_all_" if prefix == "all_gain_" else "se_"
+        for k in [k for k in numbers if k.startswith(prefix) and not k.startswith(prefix + "vs_")]:
+            suite = k[len(prefix):]
+            out[k], out[se_key + suite] = stage_difference(hits, None, f"{suite}|{a}", f"{suite}|{b}")
+    return out
+
+
+def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path | None = None) -> dict[str, Verdict]:
     from claimkit import esm_step_by_step as E
 
     out: dict[str, Verdict] = {}
+    entries = {cid: {**e, "numbers": _esm_from_files(e["numbers"], cid, figures_root)} for cid, e in entries.items()}
     n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
 
     def suites_of(nums: Mapping[str, Any], prefix: str) -> dict[str, float]:
@@ -397,7 +430,7 @@ TRAINED_FOLDER: str = "04_benchmark-text8_trained"
 RULES: dict[str, Callable[[Mapping[str, Any], World, Path], dict[str, Verdict]]] = {
     "01_theorem1": lambda entries, world, root: _theorem1_verdicts(entries, world),
     "02_ace_step_by_step": _ace_verdicts,
-    "03_esm_step_by_step": lambda entries, world, root: _esm_verdicts(entries, world),
+    "03_esm_step_by_step": _esm_verdicts,
     "04_benchmark": lambda entries, world, root: _benchmark_verdicts(root, world),
     "05_claims": lambda entries, world, root: _language(entries, world),
     "04_benchmark-text8": lambda entries, world, root: _benchmark_verdicts(root, world, "04_benchmark-text8", "text8"),

@@ -337,3 +337,31 @@ def test_lesson_02_stage_claims_are_recomputed_from_their_per_example_results(tm
                                              "ace.normalization", tmp_path) if s["suite"] == "tasks8")
     assert norm["d_forced"] == pytest.approx(power.stage_difference(
         hits, {"a": 0.8, "b": 0.6}, f"tasks8|{L.GATE_ON_NO_REFINE}", f"tasks8|{L.GATE_OFF}")[0])
+
+
+def test_lesson_03_grid_claims_are_recomputed_from_their_per_example_results(tmp_path):
+    """With lesson 03's ablation_grid_correct.npz committed, each grid claim's gains and paired standard errors
+    (absolute points) come from it."""
+    import numpy as np
+
+    from acetools.course.esm_step_by_step import TSV_M_ROW
+    from claimkit import power
+
+    entries = json.loads((FIGURES / "03_esm_step_by_step" / "claims.json").read_text())
+    rows = ["ESD, no scaling", "SVD, all levels", "ESD, layer only", "ESD, all levels", "ESD, reciprocal (-1)",
+            TSV_M_ROW]
+    rng = np.random.default_rng(3)
+    hits = {f"{s}|{r}": {t: rng.random(300) < 0.55 + 0.02 * i for t in ("a", "b")}
+            for s in ("tasks8", "tasks20") for i, r in enumerate(rows)}
+    (tmp_path / "03_esm_step_by_step").mkdir()
+    power.save_stage_results(tmp_path / "03_esm_step_by_step", "ablation_grid", hits)
+    got = R._esm_from_files(entries["esm.layer_first"]["numbers"], "esm.layer_first", tmp_path)
+    want = power.stage_difference(hits, None, "tasks20|ESD, all levels", "tasks20|ESD, no scaling")
+    assert (got["all_gain_tasks20"], got["se_all_tasks20"]) == pytest.approx(want)
+    want = power.stage_difference(hits, None, "tasks8|ESD, no scaling", f"tasks8|{TSV_M_ROW}")
+    got = R._esm_from_files(entries["esm.esd_alone"]["numbers"], "esm.esd_alone", tmp_path)
+    assert (got["gain_tasks8"], got["se_tasks8"]) == pytest.approx(want)
+    assert got["gain_vs_inpipeline_svd_tasks8"] == entries["esm.esd_alone"]["numbers"]["gain_vs_inpipeline_svd_tasks8"]
+    world = claims.claim_world(quick=False, results_dir=FIGURES / "benchmark")
+    out = R._esm_verdicts({"esm.esd_alone": entries["esm.esd_alone"]}, world, tmp_path)
+    assert out["esm.esd_alone"].numbers["gain_tasks8"] == pytest.approx(want[0])
