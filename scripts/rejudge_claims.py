@@ -210,6 +210,18 @@ def _esm_from_files(numbers: Mapping[str, Any], claim_id: str, figures_root: Pat
     return out
 
 
+def _proxy_from_files(figures_root: Path | None) -> tuple[dict[str, float], dict[str, Any]] | None:
+    """Notebook 03's proxy study from its committed per-example results (``proxy_correct.npz``): each run's test
+    accuracy (%, the mean over tasks) and its per-task correctness, by run label; None where not committed."""
+    import numpy as np
+
+    files = None if figures_root is None else load_stage_results(figures_root / "03_esm_step_by_step", "proxy")
+    if files is None:
+        return None
+    hits = {k.split("|", 1)[1]: v for k, v in files[0].items()}
+    return {k: 100 * float(np.mean([h.mean() for h in v.values()])) for k, v in hits.items()}, hits
+
+
 def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path | None = None) -> dict[str, Verdict]:
     from claimkit import esm_step_by_step as E
 
@@ -250,12 +262,21 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
         v = Verdict(v.measured, v.verdict, v.reason, {**e["numbers"], **v.numbers})
         out["esm.reciprocal"] = E._with_effects(v, "esm.reciprocal", d, world, {s: n_of[s] for s in d},
                                                 se=ses(e["numbers"]))
+    proxy = _proxy_from_files(figures_root)  # the proxy study's per-example results, where committed
     if "esm.proxy" in entries:
         n = entries["esm.proxy"]["numbers"]
         acc = {k: float(v) for k, v in n.items() if k != "diffs"}
+        if proxy is not None:
+            acc = {k: proxy[0][k] for k in acc}
         out["esm.proxy"] = E.verdict_proxy(acc)
     if "esm.four" in entries:
         n = entries["esm.four"]["numbers"]
+        if proxy is not None:
+            from acetools.course.esm_step_by_step import TSV_M_ROW
+
+            acc, hits = proxy
+            n = {"esm_4_samples": acc["4 samples"], "tsv_m": acc[TSV_M_ROW], "svd_inpipeline": acc["SVD, no scaling"],
+                 "se": E.paired_se(hits["4 samples"], hits[TSV_M_ROW])}
         out["esm.four"] = E.verdict_four(n["esm_4_samples"], n["tsv_m"], n.get("svd_inpipeline"), se=n.get("se"))
     for cid, key in (("esm.energy", None), ("esm.cka", "diff_points"), ("esm.norm_importance", "gap_raw")):
         if cid in entries:

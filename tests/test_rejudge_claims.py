@@ -365,3 +365,27 @@ def test_lesson_03_grid_claims_are_recomputed_from_their_per_example_results(tmp
     world = claims.claim_world(quick=False, results_dir=FIGURES / "benchmark")
     out = R._esm_verdicts({"esm.esd_alone": entries["esm.esd_alone"]}, world, tmp_path)
     assert out["esm.esd_alone"].numbers["gain_tasks8"] == pytest.approx(want[0])
+
+
+def test_lesson_03_proxy_claims_are_recomputed_from_their_per_example_results(tmp_path):
+    """With lesson 03's proxy_correct.npz committed, esm.proxy's accuracies and esm.four's difference and paired
+    standard error come from it."""
+    import numpy as np
+
+    from acetools.course.esm_step_by_step import TSV_M_ROW
+    from claimkit import power
+
+    entries = json.loads((FIGURES / "03_esm_step_by_step" / "claims.json").read_text())
+    runs = ["in-distribution", "other task", "pretraining pool", "one class", "4 samples", "SVD, no scaling",
+            TSV_M_ROW]
+    rng = np.random.default_rng(4)
+    hits = {f"tasks8|{r}": {t: rng.random(250) < 0.6 for t in ("a", "b")} for r in runs}
+    (tmp_path / "03_esm_step_by_step").mkdir()
+    power.save_stage_results(tmp_path / "03_esm_step_by_step", "proxy", hits)
+    world = claims.claim_world(quick=False, results_dir=FIGURES / "benchmark")
+    out = R._esm_verdicts({c: entries[c] for c in ("esm.proxy", "esm.four")}, world, tmp_path)
+    acc = {r: 100 * np.mean([h.mean() for h in hits[f"tasks8|{r}"].values()]) for r in runs}
+    assert out["esm.proxy"].numbers["one class"] == pytest.approx(acc["one class"])
+    n = out["esm.four"].numbers
+    assert n["diff_points"] == pytest.approx(acc["4 samples"] - acc[TSV_M_ROW])
+    assert n["se"] == pytest.approx(power.paired_se(hits["tasks8|4 samples"], hits[f"tasks8|{TSV_M_ROW}"]))
