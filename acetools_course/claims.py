@@ -35,6 +35,37 @@ TEXT_CLAIM_WORLDS: dict[str, str] = {"full": "text", "quick": "text fixture",
                                      "quick trained": "text fixture (trained heads)"}
 
 
+@dataclass(frozen=True)
+class PaperSetting:
+    """The one setting at which a model family's claims are decided (docs/methods.md §One paper setting
+    per model family): ACE's ε and the result-file rows of ACE and ESM run at the papers' setting."""
+
+    family: str  # the papers' model family the world's model stands in for
+    eps: float  # ACE's ridge ε, as the ACE paper gives it for this family
+    ace_row: str  # the result files' row of ACE at ``eps``
+    esm_row: str  # the result files' row of ESM as its official code configures this family
+    words: str  # where the setting comes from, in the sources' words
+
+
+#: One paper setting per model family, the only place the claims take it from. The ACE paper (as
+#: its reading notes report it) gives ε "GPT-2 4e-2, RoBERTa-Base 2e-4, others 1e-5"; the official
+#: ESM code has a ViT and a RoBERTa configuration. The vision worlds' small ViT is a ViT; the text
+#: world's all-MiniLM-L6-v2 is a BERT-family encoder, so it takes RoBERTa-Base's setting, under both
+#: head protocols.
+PAPER_SETTINGS: dict[str, PaperSetting] = {
+    "vit": PaperSetting("ViT", 1e-5, "ace (eps 1e-5)", "esm",
+                        "ACE: ε 1e-5 for ViTs ('others'); ESM: its ViT code (ESM-ViT)"),
+    "bert": PaperSetting("RoBERTa-Base (BERT family)", 2e-4, "ace (eps 2e-4)", "esm (roberta)",
+                         "ACE: ε 2e-4 for RoBERTa-Base; ESM: its RoBERTa code (ESM-RoBERTa)"),
+}
+
+
+def paper_setting(world_name: str | None) -> PaperSetting:
+    """The :data:`PAPER_SETTINGS` entry of a claim world (by its name): the text world's (zero-shot or
+    trained heads, full or fixture) is the BERT family's, every other world's the ViT's."""
+    return PAPER_SETTINGS["bert" if world_name is not None and is_text_world_name(world_name) else "vit"]
+
+
 class MixedWorldsError(ValueError):
     """A fixture world's claims were found beside a real world's."""
 

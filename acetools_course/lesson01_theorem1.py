@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from acetools.keys import block_index
 from acetools.merging import merge
 from acetools.merging.ace import estimate_covariance
 from acetools.merging.wudi import wudi_grad
-from acetools.plotting import finish, heatmap
+from acetools.plotting import finish, heatmap, track_drawing
 from acetools.synthetic import RegressionTask, descend, finetune_linear, joint_least_squares, make_regression_tasks
 from acetools.utils import cpu_threads, make_generator
 
@@ -758,3 +759,6 @@ def verdict_unified(checks: Mapping[str, float], vit_unified: pd.DataFrame, earl
             "given_vs_jls": checks["given_jls"], "vit_normalized": acc, "synthetic_gain_early": early.to_dict(),
             "synthetic_gain_converged": converged.to_dict(), "eps": eps}
     return Verdict(measured, "reproduced" if holds else "not reproduced", reason, nums, value=float(vit_err))
+
+
+track_drawing([sys.modules[__name__]])  # each figure function notes itself on the figure it draws (the manifest)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -31,11 +32,12 @@ from acetools.keys import short_label, short_name  # short_label: ``...resblocks
 from acetools.merging import METHODS, is_matrix_param, task_vectors
 from acetools.merging import ace as A
 from acetools.merging.linalg import top_svd
-from acetools.plotting import finish
+from acetools.plotting import finish, track_drawing
 from acetools.utils import progress as bar
 
 from . import lesson_worlds as course
 from . import verdicts as V
+from .claims import PAPER_SETTINGS
 from .paper_tables import ACE_STAGE_ABLATION, paper_room
 from .power import paired_se
 from .verdicts import NOISE  # the lesson reads it here (ace_claims.NOISE)
@@ -794,9 +796,9 @@ def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> V.
     return V.Verdict(measured, v, reason, nums, value=m)
 
 
-#: The eps the paper reports for ViTs; the stage claims are decided there (the code's default,
-#: 1e-2 as in the official code, is shown beside).
-PAPER_EPS_VIT: float = 1e-5
+#: The eps the paper reports for ViTs (the ViT family's of :data:`acetools_course.claims.PAPER_SETTINGS`); the stage
+#: claims are decided there (the code's default, 1e-2 as in the official code, is shown beside).
+PAPER_EPS_VIT: float = PAPER_SETTINGS["vit"].eps
 
 
 def ridge_over_prior(stable: Any) -> float | None:
@@ -852,3 +854,6 @@ def with_beside(v: V.Verdict, side: Mapping[str, Any]) -> V.Verdict:
     ``{"eps", "verdict", "measured", "reason"}``, stored as ``numbers["beside"]``."""
     return v.with_reason(f"{v.reason}; beside it, the code default eps {side['eps']:g}: {side['verdict']} "
                          f"({side['measured']})", beside=dict(side))
+
+
+track_drawing([sys.modules[__name__]])  # each figure function notes itself on the figure it draws (the manifest)

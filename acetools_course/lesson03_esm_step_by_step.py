@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import math
 import re
+import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,7 @@ from acetools.errors import InputError, InputKeyError
 from acetools.keys import short_label
 from acetools.merging import esm as E
 from acetools.merging import is_matrix_param, merge
-from acetools.plotting import finish
+from acetools.plotting import finish, track_drawing
 from acetools.search import check_patience, climb_search, esm_search, grid_search
 from acetools.utils import progress as bar
 
@@ -977,3 +978,6 @@ def ablation_verdicts(ab_table: pd.DataFrame, *, world: Any = None,
                       {"suites": suites, **v.numbers, **{f"se_{s}": x for s, x in ses[k].items()},
                        **(extra if k == "esm.layer_first" else {})}) for k, v in out.items()}
     return {k: _with_effects(v, k, g[k], world, n_tasks, se=ses[k]) for k, v in out.items()}
+
+
+track_drawing([sys.modules[__name__]])  # each figure function notes itself on the figure it draws (the manifest)

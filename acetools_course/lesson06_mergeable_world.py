@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pandas as pd
 
 from acetools.errors import InputError, InputKeyError
 from acetools.merging import METHODS
-from acetools.plotting import finish
+from acetools.plotting import finish, track_drawing
 from acetools.regime import RegimeCard, regime_card
 from acetools.results import aggregate, find_results, load_summary
 from acetools.search import PATIENCE
@@ -226,3 +227,6 @@ def targets(card: RegimeCard, summary: pd.DataFrame | None = None, *, small: str
     base_h = float(((card.meta.get("recipe") or {}).get("base_recipe") or {}).get("seconds") or math.nan) / 3600
     add("pretraining the base once (h, as recorded)", "—", base_h, "≤ 2", base_h <= 2, "regime card")
     return pd.DataFrame(rows, columns=["target", "suite", "measured", "threshold", "passed", "source"])
+
+
+track_drawing([sys.modules[__name__]])  # each figure function notes itself on the figure it draws (the manifest)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -19,9 +20,11 @@ import numpy as np
 import pandas as pd
 
 from acetools.errors import InputError
+from acetools.plotting import track_drawing
 from acetools.results import aggregate, find_results, load_per_task, load_summary
 from acetools.utils import progress as bar
 
+from .claims import paper_setting
 from .lesson04_benchmark import TUNED_WUDI_ROW, competing_rivals, paired_difference
 from .paper_tables import ROBERTA_GLUE  # the published anchor, RoBERTa-base on 8 GLUE tasks
 from .power import paired_rows, paired_se
@@ -175,17 +178,36 @@ def anchor_bars(ax, beside: pd.DataFrame, *, title: str | None = None):
 
 # ---- Verdicts: the lesson's claims, judged --------------------------------------------------------
 
-def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
+def wudi_rows(per_seed: pd.DataFrame, suite: str) -> tuple[str, str]:
+    """Of every WUDI row ``per_seed`` holds on ``suite`` (``wudi``, ``wudi (lr …)``, ``wudi (lr on val)``):
+    the best on validation (mean ``val_normalized`` over seeds;
+    :data:`~acetools_course.lesson04_benchmark.TUNED_WUDI_ROW` on a tie), the one a claim against WUDI is decided
+    on, and the best on test, reported beside it."""
+    d = per_seed[(per_seed["suite"] == suite) & (per_seed["method"].str.match(r"wudi( \(|$)"))]
+    if d.empty:
+        raise InputError(f"{suite}: no WUDI row (wudi, wudi (lr ...)) in the tables")
+    means = d.groupby("method")[[c for c in ("val_normalized", "test_normalized") if c in d]].mean()
+    if "val_normalized" not in means:  # tables without validation: the tuned row where there is one
+        row = TUNED_WUDI_ROW if TUNED_WUDI_ROW in means.index else str(means.index[0])
+        return row, row
+    val = means["val_normalized"]
+    best_val = TUNED_WUDI_ROW if TUNED_WUDI_ROW in val and val[TUNED_WUDI_ROW] >= val.max() - 1e-9 \
+        else str(val.idxmax())
+    return best_val, str(means["test_normalized"].idxmax())
+
+
+def verdict_sota(per_seed: pd.DataFrame, ace_row: str | None = None,
                  rivals: Sequence[str] = ("wudi", "ties", "tsv_m"), *, world: World | None = None,
                  n_tasks: int = 8, folder: str | Path | None = None) -> Verdict:
-    """"ACE beats WUDI, TIES and TSV-M on language": ACE at the paper's RoBERTa setting
-    (``ace_row``) against each rival of the claim that competes (above weight averaging), paired
+    """"ACE beats WUDI, TIES and TSV-M on language": ACE at the paper's setting of the world's model
+    family (``ace_row``; default: :func:`acetools_course.claims.paper_setting`'s, eps 2e-4 on the text world)
+    against each rival of the claim that competes (above weight averaging), paired
     (:func:`~acetools_course.lesson04_benchmark.paired_difference`: over test examples and seeds where ``folder`` holds
     the per-example results, else over seeds). Reproduced when ACE leads every rival beyond the
-    margin, partly when some, not reproduced when none; WUDI is
-    :data:`~acetools_course.lesson04_benchmark.TUNED_WUDI_ROW` where ``per_seed`` has it. On RoBERTa-GLUE the
-    paper's numbers give ACE
-    90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three leads count.
+    margin, partly when some, not reproduced when none. WUDI is judged against every WUDI row the tables
+    hold (:func:`wudi_rows`): the best on validation decides, the best on test is reported beside it.
+    On RoBERTa-GLUE the paper's numbers give ACE 90.4 against WUDI 85.3, TIES 64.7, TSV-M 79.0: all three
+    leads count.
 
     With ``world`` (the text world's :class:`~acetools_course.verdicts.World`, its room at ``n_tasks``) each
     of the paper's leads is carried into the world by the course's scaling rule, capped at the
@@ -198,8 +220,9 @@ def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
     if folder is not None:
         runs = find_results(folder, suites=[suite])
         pairs = functools.partial(paired_rows, runs, per_task=load_per_task(runs))
-    present = set(per_seed["method"])  # WUDI with its step size chosen on validation, where the files have it
-    rivals = [TUNED_WUDI_ROW if r == "wudi" and TUNED_WUDI_ROW in present else r for r in rivals]
+    ace_row = ace_row or paper_setting(world.name if world is not None else "text").ace_row
+    wudi_val, wudi_test = wudi_rows(per_seed, suite) if "wudi" in rivals else ("wudi", "wudi")
+    rivals = [wudi_val if r == "wudi" else r for r in rivals]  # WUDI at its best step size on validation
     judged, left = competing_rivals(per_seed, suite, rivals, "test_normalized")
     if not judged:
         raise InputError(f"{suite}: none of {list(rivals)} is above weight averaging (left out: {left})")
@@ -210,6 +233,12 @@ def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
     agree = [d["outcome"] == "better" for d in diffs.values()]
     reason = "; ".join(f"{r}: {d['outcome']} (margin {d['margin']:.1f}, {d['margin_source']})"
                        for r, d in diffs.items())
+    beside = None
+    if wudi_test != wudi_val and wudi_val in diffs:  # the best WUDI row on test, reported beside, not judged
+        beside = paired_difference(per_seed, suite, ace_row, wudi_test, pairs=pairs)
+        measured += f"; beside, not judged: minus {wudi_test} (the best WUDI row on test) {beside['diff']:+.1f}"
+        reason += f"; {wudi_test}, the best WUDI row on test, not judged: {beside['outcome']} " \
+                  f"(margin {beside['margin']:.1f})"
     if left:
         reason += f"; left out, at or below weight averaging: {', '.join(left)}"
     means = per_seed[per_seed["suite"] == suite].groupby("method")["test_normalized"].mean()
@@ -226,7 +255,8 @@ def verdict_sota(per_seed: pd.DataFrame, ace_row: str = "ace (eps 2e-4)",
         v = agreement(agree)
     return Verdict(measured, v, reason, {"diffs": {r: d["diff"] for r, d in diffs.items()},
                                          "sd": {r: d["sd"] for r, d in diffs.items()}, "ace_row": ace_row,
-                                         "comparisons": list(diffs.values()), "left_out": left}, effects)
+                                         "comparisons": list(diffs.values()), "left_out": left,
+                                         "wudi_best_on_test": beside}, effects)
 
 
 def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:
@@ -249,16 +279,15 @@ def verdict_gamma(gam: pd.DataFrame, tau: float = 0.3) -> Verdict:
 def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | None = None,
                   forced: bool = True) -> Verdict:
     """A stage "improves the merge" / "matters": ``gate on (forced)`` minus ``without`` (the
-    forced path with the stage off) at ``eps`` (default: every eps in ``abl``). One ablation per
-    eps on one seed: the margin is ``max(NOISE, 1.96 se)`` with the paired bootstrap over the test
-    examples where ``abl`` keeps each row's ``correct`` (and ``attrs["experts"]``), else NOISE.
-    Reproduced when the gain counts at every eps, partly at some, not reproduced at none.
-    ``forced``: the compared rows ran with the gate forced on every matrix (lesson 07 reads it from
-    the ablation rows)."""
-    sub = abl if eps is None else abl[abl["eps"] == eps]
+    forced path with the stage off), decided at ``eps`` (default: the paper's eps for the text world's
+    model family, :data:`acetools_course.claims.PAPER_SETTINGS`, 2e-4; every eps in ``abl`` where it lacks it), the
+    other eps reported beside (:func:`stage_verdict`). One ablation per eps on one seed: the margin is
+    ``max(NOISE, 1.96 se)`` with the paired bootstrap over the test examples where ``abl`` keeps each row's
+    ``correct`` (and ``attrs["experts"]``), else NOISE. ``forced``: the compared rows ran with the gate
+    forced on every matrix (lesson 07 reads it from the ablation rows)."""
     experts = abl.attrs.get("experts")
     gains, ses = {}, {}
-    for e, g in sub.groupby("eps", sort=False):
+    for e, g in abl.groupby("eps", sort=False):
         on, off = g[g["setting"] == "gate on (forced)"], g[g["setting"] == without]
         if len(on) and len(off):
             key = float(cast(float, e))  # eps: a numeric column
@@ -267,15 +296,35 @@ def verdict_stage(abl: pd.DataFrame, without: str, stage: str, *, eps: float | N
                 paired_se(on["correct"].iloc[0], off["correct"].iloc[0], experts)
     if not gains:
         raise InputError(f"the ablation has no rows 'gate on (forced)' and {without!r}")
-    outcomes = {e: compare(d, se=ses[e]) for e, d in gains.items()}
-    v = agreement([o == "better" for o in outcomes.values()])
+    return stage_verdict(gains, ses, stage, eps=eps, forced=forced)
+
+
+def stage_verdict(gains: dict[float, float], ses: dict[float, float | None], stage: str, *,
+                  eps: float | None = None, forced: bool = True) -> Verdict:
+    """:func:`verdict_stage` from its numbers (``gains`` and paired standard errors ``ses`` by eps, as its
+    record keeps them): decided at ``eps`` (default: the text world's paper eps where ``gains`` has it,
+    else every eps), reproduced when the gain counts at every decided eps, partly at some, not reproduced
+    at none; the other eps are measured and shown beside, not judged."""
+    paper_eps = paper_setting("text").eps
+    gains = {e: gains[e] for e in sorted(gains, reverse=True)}  # largest ridge first, as the lesson's grid
+    want = eps if eps is not None else paper_eps
+    at = [e for e in gains if abs(e - want) <= 1e-12 * max(1.0, abs(want))]
+    if eps is not None and not at:
+        raise InputError(f"the ablation has no eps {eps:g}; it has {sorted(gains)}")
+    decided = at or list(gains)
+    outcomes = {e: compare(gains[e], se=ses.get(e)) for e in gains}
+    v = agreement([outcomes[e] == "better" for e in decided])
     label = " (gate forced on every matrix)" if forced else ""
     measured = f"{stage}{label}: " + ", ".join(f"eps {e:g}: {d:+.1f}" for e, d in gains.items()) + " normalized points"
     reason = "a gain counts above its margin: " + ", ".join(
-        f"eps {e:g}: {outcomes[e]} (margin {margin(se=ses[e]):.2f})" for e in gains)
-    return Verdict(measured, v, reason, {"gains": gains, "se": ses, "forced": forced},
-                   [effect(f"eps {e:g}" + (" (gate forced)" if forced else ""), d, se=ses[e], seeds=1)
-                    for e, d in gains.items()])
+        f"eps {e:g}: {outcomes[e]} (margin {margin(se=ses.get(e)):.2f})" for e in decided)
+    rest = [e for e in gains if e not in decided]
+    if rest:
+        reason += (f" (decided at eps {decided[0]:g}, the paper's eps for the BERT family; beside, not judged: "
+                   + ", ".join(f"eps {e:g}: {outcomes[e]}" for e in rest) + ")")
+    return Verdict(measured, v, reason, {"gains": gains, "se": ses, "forced": forced, "decided_eps": decided},
+                   [effect(f"eps {e:g}" + (" (gate forced)" if forced else ""), gains[e], se=ses.get(e), seeds=1)
+                    for e in decided])
 
 
 def verdict_spectrum(top5: float, cond: float | None = None) -> Verdict:
@@ -284,3 +333,6 @@ def verdict_spectrum(top5: float, cond: float | None = None) -> Verdict:
     v = "reproduced" if top5 >= 99 else ("partly" if top5 >= 90 else "not reproduced")
     return Verdict(f"W_pre's top-5 % energy {top5:.1f} % (median over matrices)", v,
                    "reproduced at ≥ 99 %, partly at ≥ 90 %", {"top5_energy": top5, "condition": cond}, value=top5)
+
+
+track_drawing([sys.modules[__name__]])  # each figure function notes itself on the figure it draws (the manifest)

@@ -108,3 +108,72 @@ def has_power(predicted: float | None, margin: float, factor: float = POWER_FACT
     if not (math.isfinite(margin) and margin >= 0):
         raise InputError(f"margin={margin!r} must be a non-negative number")
     return abs(float(predicted)) >= factor * float(margin)
+
+
+#: The stage ablations' per-example results a lesson saves in its full profile, ``<figures>/<name>_correct.npz``
+#: (:func:`save_stage_results`), by lesson folder (02: one file per suite): the rows are
+#: ``"<suite>|<variant>"`` (02, 03) or ``"eps <eps>|<setting>"`` (07), so that their verdicts are recomputable
+#: from committed files.
+STAGE_RESULTS: dict[str, tuple[str, ...]] = {"02_ace_step_by_step": ("ablation_tasks8", "ablation_tasks20"),
+                                             "03_esm_step_by_step": ("ablation_grid", "proxy"),
+                                             "07_language": ("stage_ablation",)}
+
+
+def stage_hits(table: pd.DataFrame, keys: Sequence[str] = ("suite", "variant")) -> dict[str, dict[str, np.ndarray]]:
+    """``{"<key>|<key>": {task: correctness}}`` from a stage ablation's table: one row per run with a ``correct``
+    dict (lessons 03 and 07), or one row per run and ``task`` with a ``correct`` array (lesson 02's
+    ``per_task``); rows without per-example results are left out. A key column ``eps`` reads ``eps <eps:g>``."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for r in table.to_dict("records"):
+        c = r.get("correct")
+        if c is None:
+            continue
+        key = "|".join(f"eps {float(r[k]):g}" if k == "eps" else str(r[k]) for k in keys)
+        got = {str(r["task"]): np.asarray(c, dtype=bool)} if "task" in r else \
+            {str(t): np.asarray(v, dtype=bool) for t, v in c.items()}
+        out.setdefault(key, {}).update(got)
+    return out
+
+
+def save_stage_results(folder: str | Path, name: str, hits: Mapping[str, Mapping[str, np.ndarray]],
+                       experts: Mapping[str, float] | None = None) -> Path:
+    """Write a stage ablation's per-example results to ``<folder>/<name>_correct.npz``
+    (:func:`acetools.results.save_correctness`) and, with ``experts`` (``{task: expert test accuracy}``, a
+    fraction: the scale of normalized points), ``<folder>/<name>_experts.json``; both atomically."""
+    import json
+
+    from acetools.results import save_correctness
+    from acetools.utils import atomic_write
+
+    if not hits:
+        raise InputError(f"save_stage_results({name!r}): no row has per-example results (a 'correct' column)")
+    folder = Path(folder)
+    if experts is not None:
+        with atomic_write(folder / f"{name}_experts.json", "w") as fh:
+            json.dump({str(t): float(v) for t, v in experts.items()}, fh, indent=1, sort_keys=True)
+    return save_correctness(folder / f"{name}_correct.npz", hits)
+
+
+def load_stage_results(folder: str | Path, name: str
+                       ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float] | None] | None:
+    """:func:`save_stage_results`' files back: ``(hits, experts)``, None where ``<name>_correct.npz`` is absent."""
+    import json
+
+    folder = Path(folder)
+    if not (folder / f"{name}_correct.npz").is_file():
+        return None
+    ex = folder / f"{name}_experts.json"
+    return load_correctness(folder / f"{name}_correct.npz"), json.loads(ex.read_text()) if ex.is_file() else None
+
+
+def stage_difference(hits: Mapping[str, Mapping[str, np.ndarray]], experts: Mapping[str, float] | None, a: str,
+                     b: str) -> tuple[float, float | None]:
+    """Row ``a`` minus row ``b`` of a stage ablation's per-example results: the mean over tasks of the accuracy
+    difference in points (normalized by ``experts`` where given) and its paired standard error."""
+    if a not in hits or b not in hits:
+        raise InputError(f"stage results lack row {a if a not in hits else b!r}; rows: {sorted(hits)}")
+    tasks = sorted(set(hits[a]) & set(hits[b]))
+    scale = {t: float(experts[t]) for t in tasks} if experts is not None else {t: 1.0 for t in tasks}
+    diff = 100 * float(np.mean([(hits[a][t].mean() - hits[b][t].mean()) / scale[t] for t in tasks]))
+    return diff, paired_se({t: hits[a][t] for t in tasks}, {t: hits[b][t] for t in tasks},
+                           scale if experts is not None else None)

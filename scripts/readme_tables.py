@@ -14,6 +14,8 @@ everything between the markers is rewritten, everything else is left alone:
   same files;
 * ``targets`` — the regime issue's targets, from ``figures/06_mergeable_world/targets.csv``;
 * ``claims`` — the five verdicts counted per paper, from ``figures/*/claims.json``;
+* ``mini_world_prose`` and ``text_world_prose`` — the prose that states the worlds' numbers, from the same
+  result files, the WUDI step-size study and the claim records it quotes;
 * ``text_world`` — the text world's benchmark beside RoBERTa-GLUE and its targets, from
   ``figures/benchmark/text8_minilm_seed*_summary.csv``, ``benchmarks/results/text_world/build_*.json``
   and ACE's γ per layer type from ``figures/regime/text8_seed0/card_per_layer.csv``.
@@ -166,8 +168,89 @@ def text_world_table(repo: Path = REPO) -> str:
                              repo / "figures" / "regime" / "text8_seed0")
 
 
+def _f(values, fmt: str = "{:.1f}") -> str:
+    return " / ".join(fmt.format(v) for v in values)
+
+
+def _record(repo: Path, folder: str, claim_id: str) -> dict:
+    return json.loads((repo / "figures" / folder / "claims.json").read_text())[claim_id]
+
+
+def mini_world_prose(repo: Path = REPO) -> str:
+    """The paragraph on what the mini-world's variant rows add (ACE at the paper's ε, the gate, WUDI's step
+    size), every number from the benchmark's result files, the step-size study and the ace.sota record."""
+    agg = results.aggregate(_summary(repo))
+    t = results.wide(agg, "test_normalized")
+    suites = list(t.columns)
+    n = agg.drop_duplicates("suite").set_index("suite")["n_tasks"]
+    ts = " / ".join(str(int(n[c])) for c in suites)
+    ace, paper, first = t.loc["ace"], t.loc["ace (eps 1e-5)"], suites[0]
+    real = [m for m in t.index if m not in ("base (frozen heads)", "experts (individual)")
+            and not m.startswith(("ace", "wudi ("))]
+    best = {c: str(t.loc[real, c].idxmax()) for c in suites}
+    step = results.load_wudi_step_size(repo / "figures" / "benchmark", size="small")
+    tuned, start = [], []
+    for c in suites:
+        d = step[step["suite"] == c]
+        w = d[d["method"] == "wudi"]
+        tuned.append(float(w.loc[w["val_normalized"].idxmax(), "test_normalized"]) if len(w) else math.nan)
+        ta = d[d["method"] == "task_arithmetic"]
+        start.append(float(ta["test_normalized"].iloc[0]) if len(ta) else math.nan)
+    lrs = sorted({float(w.loc[w["val_normalized"].idxmax(), "lr"]) for _, w in
+                  step[step["method"] == "wudi"].groupby("suite")})
+    sota = _record(repo, "04_benchmark", "ace.sota")
+    return (f"Two results the variant rows add: **ACE at the paper's ε = 1e-5 is {paper[first] - ace[first]:.1f} "
+            f"points better than at the code's 1e-2** on `{first}` ({paper[first]:.1f} against {ace[first]:.1f}; "
+            f"{paper[first] - t.loc['tsv_m', first]:+.1f} against TSV-M's {t.loc['tsv_m', first]:.1f}; the "
+            f"`ace.sota` record, paired over seeds and test examples: {sota['measured'].split(';')[0]}), and "
+            f"{_f((paper - ace)[suites[1:]])} points better at {' / '.join(str(int(n[c])) for c in suites[1:])} "
+            f"tasks; with the gate off ACE moves {_f((t.loc['ace (gate off)'] - ace)[suites], '{:+.1f}')} points, "
+            f"as expected when most matrices are below the gate anyway. WUDI at its default step size scores "
+            f"{_f(t.loc['wudi', suites])} against task arithmetic's {_f(t.loc['task_arithmetic', suites])} at {ts} "
+            f"tasks; it starts from the sum of the task vectors (task arithmetic at λ = 1: {_f(start)} % normalized, "
+            f"seed 0) and 300 Adam steps at lr 1e-5 do not move it far enough from there. With the learning rate "
+            f"chosen on validation (`benchmarks/wudi_step_size.py`, seed 0: {' and '.join(f'{x:g}' for x in lrs)}) "
+            f"the same steps give **{_f(tuned)} %** (one seed), against the best method of the table, "
+            + ", ".join(f"{best[c]} at {t.loc[best[c], c]:.1f} ({int(n[c])} tasks)" for c in suites)
+            + ". The table keeps the default of docs/methods.md §WUDI.\n")
+
+
+def text_world_prose(repo: Path = REPO, suite: str = "text8") -> str:
+    """The paragraph on what the text world's table shows, every number from its result files (means over
+    seeds) and the ace.language_sota record."""
+    _, mean = benchmark_tables(repo / "figures" / "benchmark", suite)
+    m = mean.set_index("method")
+    norm, n = m["test_normalized"], int(m["n_seeds"].max())
+    base = next(x for x in m.index if str(x).startswith("base ("))
+    structured = norm[[x for x in norm.index if m.loc[x, "kind"] != "reference"
+                       and str(x).split(" (")[0] not in UNSTRUCTURED and not str(x).startswith("ace")]]
+    best = str(structured.idxmax())
+    ace_p = "ace (eps 2e-4)"
+    ahead = [r for r in ("wudi", "ties", "regmean") if norm[r] < norm[ace_p]]
+    behind = [r for r in ("esm", "tsv_m", "iso_cts", "wudi (lr on val)") if r in norm and norm[r] > norm[ace_p]]
+    lang = _record(repo, "07_language", "ace.language_sota")
+    room_g = ROBERTA_GLUE["tsv_m"] - ROBERTA_GLUE["task_arithmetic"]
+    return (f"What it shows ({n} expert seeds, coefficients searched with patience 3). The experts reach "
+            f"{m.loc['experts (individual)', 'test_acc']:.1f} % and the zero-shot base stands "
+            f"{100 - norm[base]:.1f} normalized points below them. TSV-M − task arithmetic is "
+            f"{norm['tsv_m'] - norm['task_arithmetic']:.1f} normalized points (RoBERTa-GLUE {room_g:.1f}), and the "
+            f"best structured merge, {best} at {norm[best]:.1f}, is {norm[best] - norm['task_arithmetic']:.1f} "
+            f"points above task arithmetic. ACE at the official code's ε = 1e-2 scores {norm['ace']:.1f} (task "
+            f"arithmetic {norm['task_arithmetic']:.1f}); at the paper's RoBERTa ε = 2e-4 it gains "
+            f"{norm[ace_p] - norm['ace']:.1f} points ({norm[ace_p]:.1f}), ahead of "
+            + ", ".join(f"{r} ({norm[r]:.1f})" for r in ahead)
+            + (", behind " + ", ".join(f"{r} ({norm[r]:.1f})" for r in behind) if behind else "")
+            + f". The gate's effect at 2e-4 is {norm[ace_p] - norm['ace (eps 2e-4, gate off)']:+.1f} points "
+            f"({norm['ace (eps 2e-4, gate off)']:.1f} with it off); the scale-free γ (`gamma_mode=\"cv\"`) gives "
+            f"{norm['ace (eps 2e-4, gamma cv)']:.1f}. CART's official name rule (`attn`/`mlp` in the key) misses "
+            f"every BERT block weight, so its plain row is weight averaging ({norm['cart']:.1f}, and the merge "
+            f"warns); with `targets=\"blocks\"` (every block matrix) it reaches {norm['cart (block matrices)']:.1f}. "
+            f"With trained heads (lesson 07's protocol) the `ace.language_sota` record reads: {lang['measured']}.\n")
+
+
 GENERATORS = {"benchmark": benchmark_table, "room": room_text, "targets": targets_table, "claims": claims_table,
-              "text_world": text_world_table}
+              "text_world": text_world_table, "mini_world_prose": mini_world_prose,
+              "text_world_prose": text_world_prose}
 #: The pages that hold generated blocks, relative to the repository.
 PAGES = ("README.md", "docs/results.md")
 

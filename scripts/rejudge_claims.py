@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from acetools_course import claims as C
+from acetools_course.power import load_stage_results, stage_difference
 from acetools_course.verdicts import Effect, Verdict, World, power_rule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +94,37 @@ def pending_rerun(claim_id: str, entry: Mapping[str, Any]) -> str | None:
     return None if done else PENDING[claim_id]
 
 
-def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
+def _ace_from_files(per: list[dict[str, Any]], claim_id: str, figures_root: Path | None) -> list[dict[str, Any]]:
+    """Notebook 02's per-suite stage differences (the fields of
+    ``acetools_course.lesson02_ace_step_by_step.ablation_effects``) with each ``d…`` and its ``se…``
+    recomputed from the suite's committed per-example results
+    (``02_ace_step_by_step/ablation_<suite>_correct.npz``) where they exist; the stored ones elsewhere."""
+    from acetools_course import lesson02_ace_step_by_step as L
+
+    pairs = {"ace.normalization": {"auto": (L.NO_REFINE, L.GATE_OFF), "forced": (L.GATE_ON_NO_REFINE, L.GATE_OFF)},
+             "ace.csp": {"": (L.FULL, L.NO_PRIOR)}}[claim_id] if claim_id != "ace.refinement" else None
+    out = []
+    for s in per:
+        files = None if figures_root is None else \
+            load_stage_results(figures_root / "02_ace_step_by_step", f"ablation_{s['suite']}")
+        if files is None:
+            out.append(s)
+            continue
+        hits, experts = files
+        want = pairs or ({"": (L.GATE_ON, L.GATE_ON_NO_REFINE)} if s.get("gate_forced")
+                         else {"": (L.FULL, L.NO_REFINE)})
+        new = dict(s)
+        for tag, (a, b) in want.items():
+            d, se = stage_difference(hits, experts, f"{s['suite']}|{a}", f"{s['suite']}|{b}")
+            new["d" + (f"_{tag}" if tag else "")], new["se" + (f"_{tag}" if tag else "")] = d, se
+        if claim_id == "ace.refinement" and s.get("gate_forced"):
+            new["d_ace_gate"] = stage_difference(hits, experts, f"{s['suite']}|{L.FULL}",
+                                                 f"{s['suite']}|{L.NO_REFINE}")[0]
+        out.append(new)
+    return out
+
+
+def _ace_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path | None = None) -> dict[str, Verdict]:
     """Notebook 02's claims from their stored numbers. A record decided at the paper's eps (a
     notebook run since issue 23) keeps that eps, its ridge/prior size and the code default's
     verdict beside it; an older one is decided at the code default eps 1e-2 it was measured at."""
@@ -103,15 +134,17 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
     n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
     fresh = {cid: _at_paper_eps(e["numbers"]) for cid, e in entries.items()}
     if "ace.normalization" in entries:
-        out["ace.normalization"] = A.verdict_normalization(_per_suite(entries["ace.normalization"]["numbers"]))
+        out["ace.normalization"] = A.verdict_normalization(
+            _ace_from_files(_per_suite(entries["ace.normalization"]["numbers"]), "ace.normalization", figures_root))
     if "ace.csp" in entries:
         n = entries["ace.csp"]["numbers"]
+        per = _ace_from_files(_per_suite(n), "ace.csp", figures_root)
         if fresh["ace.csp"]:
-            out["ace.csp"] = A.verdict_csp(_per_suite(n), ridge_over_prior=n.get("ridge_over_prior"), eps=n["eps"])
+            out["ace.csp"] = A.verdict_csp(per, ridge_over_prior=n.get("ridge_over_prior"), eps=n["eps"])
         else:
-            out["ace.csp"] = A.verdict_csp(_per_suite(n), eps=1e-2)
+            out["ace.csp"] = A.verdict_csp(per, eps=1e-2)
     if "ace.refinement" in entries:
-        per = _per_suite(entries["ace.refinement"]["numbers"])
+        per = _ace_from_files(_per_suite(entries["ace.refinement"]["numbers"]), "ace.refinement", figures_root)
         if not any("gate_forced" in s for s in per):  # a record from before the gate-forced rerun
             per = [{**s, "what": "full - no refinement (ACE's gate: the flagged matrices only)"} for s in per]
         out["ace.refinement"] = A.verdict_refinement(per, world=world, n_tasks={s["suite"]: n_of[s["suite"]]
@@ -144,10 +177,56 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
     return out
 
 
-def _esm_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
+#: Notebook 03's ablation-grid claims: the rows each gain compares
+#: (``acetools_course.lesson03_esm_step_by_step.ablation_verdicts``), by the prefix of the record's numbers
+#: that holds it per suite (``<prefix><suite>``, its ``se_`` beside).
+ESM_PAIRS: dict[str, dict[str, tuple[str, str]]] = {
+    "esm.esd_alone": {"gain_": ("ESD, no scaling", "TSV-M")},
+    "esm.ps_on_svd": {"gain_": ("SVD, all levels", "TSV-M")},
+    "esm.layer_first": {"layer_gain_": ("ESD, layer only", "ESD, no scaling"),
+                        "all_gain_": ("ESD, all levels", "ESD, no scaling")},
+    "esm.reciprocal": {"drop_": ("ESD, all levels", "ESD, reciprocal (-1)")},
+}
+
+
+def _esm_from_files(numbers: Mapping[str, Any], claim_id: str, figures_root: Path | None) -> dict[str, Any]:
+    """A notebook-03 ablation claim's numbers with each suite's gain and paired standard error recomputed from the
+    grid's committed per-example results (``03_esm_step_by_step/ablation_grid_correct.npz``, absolute points)
+    where they exist; the stored numbers otherwise."""
+    from acetools_course.lesson03_esm_step_by_step import TSV_M_ROW
+
+    files = None if figures_root is None else load_stage_results(figures_root / "03_esm_step_by_step",
+                                                                  "ablation_grid")
+    if files is None or claim_id not in ESM_PAIRS:
+        return dict(numbers)
+    hits, _ = files
+    out = dict(numbers)
+    for prefix, (a, b) in ESM_PAIRS[claim_id].items():
+        a, b = (TSV_M_ROW if r == "TSV-M" else r for r in (a, b))
+        se_key = "se_all_" if prefix == "all_gain_" else "se_"
+        for k in [k for k in numbers if k.startswith(prefix) and not k.startswith(prefix + "vs_")]:
+            suite = k[len(prefix):]
+            out[k], out[se_key + suite] = stage_difference(hits, None, f"{suite}|{a}", f"{suite}|{b}")
+    return out
+
+
+def _proxy_from_files(figures_root: Path | None) -> tuple[dict[str, float], dict[str, Any]] | None:
+    """Notebook 03's proxy study from its committed per-example results (``proxy_correct.npz``): each run's test
+    accuracy (%, the mean over tasks) and its per-task correctness, by run label; None where not committed."""
+    import numpy as np
+
+    files = None if figures_root is None else load_stage_results(figures_root / "03_esm_step_by_step", "proxy")
+    if files is None:
+        return None
+    hits = {k.split("|", 1)[1]: v for k, v in files[0].items()}
+    return {k: 100 * float(np.mean([h.mean() for h in v.values()])) for k, v in hits.items()}, hits
+
+
+def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path | None = None) -> dict[str, Verdict]:
     from acetools_course import lesson03_esm_step_by_step as E
 
     out: dict[str, Verdict] = {}
+    entries = {cid: {**e, "numbers": _esm_from_files(e["numbers"], cid, figures_root)} for cid, e in entries.items()}
     n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
 
     def suites_of(nums: Mapping[str, Any], prefix: str) -> dict[str, float]:
@@ -183,12 +262,21 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Verdict
         v = Verdict(v.measured, v.verdict, v.reason, {**e["numbers"], **v.numbers})
         out["esm.reciprocal"] = E._with_effects(v, "esm.reciprocal", d, world, {s: n_of[s] for s in d},
                                                 se=ses(e["numbers"]))
+    proxy = _proxy_from_files(figures_root)  # the proxy study's per-example results, where committed
     if "esm.proxy" in entries:
         n = entries["esm.proxy"]["numbers"]
         acc = {k: float(v) for k, v in n.items() if k != "diffs"}
+        if proxy is not None:
+            acc = {k: proxy[0][k] for k in acc}
         out["esm.proxy"] = E.verdict_proxy(acc)
     if "esm.four" in entries:
         n = entries["esm.four"]["numbers"]
+        if proxy is not None:
+            from acetools_course.lesson03_esm_step_by_step import TSV_M_ROW
+
+            acc, hits = proxy
+            n = {"esm_4_samples": acc["4 samples"], "tsv_m": acc[TSV_M_ROW], "svd_inpipeline": acc["SVD, no scaling"],
+                 "se": E.paired_se(hits["4 samples"], hits[TSV_M_ROW])}
         out["esm.four"] = E.verdict_four(n["esm_4_samples"], n["tsv_m"], n.get("svd_inpipeline"), se=n.get("se"))
     for cid, key in (("esm.energy", None), ("esm.cka", "diff_points"), ("esm.norm_importance", "gap_raw")):
         if cid in entries:
@@ -215,9 +303,10 @@ def _theorem1_verdicts(entries: Mapping[str, Any], world: World) -> dict[str, Ve
 
 
 def _benchmark_verdicts(figures_root: Path, world: World, folder: str = "04_benchmark",
-                        kind: str = "mini") -> dict[str, Verdict]:
+                        kind: str = "mini", heads: str = "zeroshot") -> dict[str, Verdict]:
     """Notebook 04's claims from the benchmark's result files, as the notebook decides them with
-    ``world=kind``: the mini-world's tables, or a text world's (its claims as analogues)."""
+    ``world=kind``: the mini-world's tables, or a text world's (its claims as analogues); ``heads="trained"``:
+    the text world's trained-heads tables (:func:`_with_heads`)."""
     from acetools_course import lesson04_benchmark as bench_claims
     from acetools_course import lesson04_benchmark as lesson
     from acetools_course import lesson_worlds as course
@@ -226,7 +315,39 @@ def _benchmark_verdicts(figures_root: Path, world: World, folder: str = "04_benc
                                seed=0, results_dir=figures_root / "benchmark", figures_dir=figures_root / folder,
                                speed_dir=figures_root.parent / "benchmarks" / "results",
                                wudi_dir=figures_root / "benchmark", world_options=course.world_options(kind))
-    return bench_claims.claim_verdicts(bd, world=world)
+    out = bench_claims.claim_verdicts(_with_heads(bd, heads), world=world)
+    if heads != "zeroshot":  # the merges' time does not depend on the heads: the cost claims are judged once, on
+        for cid in TIMED:    # the zero-shot tables (04_benchmark-text8)
+            out.pop(cid, None)
+    return out
+
+
+#: Notebook 04's claims about merge time, judged once per world's model (not again per head protocol).
+TIMED: tuple[str, ...] = ("ace.cost", "esm.overhead")
+
+
+def _with_heads(bd: Any, heads: str) -> Any:
+    """Notebook 04's data on a text world (``bd``) with the result files of head protocol ``heads`` in place of
+    the zero-shot heads' (``text8`` -> ``text8_trained``): the same methods, suite and paper columns."""
+    if heads == "zeroshot":
+        return bd
+    import dataclasses
+
+    from acetools import results
+    from acetools.world.text.finetune import protocol_tag
+
+    old = bd.main_suite
+    suite = protocol_tag(old, heads)
+    runs = results.require_results(bd.res_dir, [suite], bd.size)
+    summary = results.load_summary(runs)
+    agg = results.aggregate(summary)
+    return dataclasses.replace(
+        bd, suites=[suite], main_suite=suite, runs=runs, summary=summary, per_task=results.load_per_task(runs),
+        agg=agg, n_tasks={suite: bd.n_tasks[old]}, paper_n={suite: bd.paper_n[old]},
+        paper_cols={(t, suite): c for (t, s), c in bd.paper_cols.items() if s == old},
+        methods=[m for m in dict.fromkeys(summary["method"]) if m in set(bd.methods) | set(summary["method"])
+                 and m not in results.REFERENCES],
+        seeds=sorted(int(x) for x in summary["seed"].unique()))
 
 
 def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Path) -> dict[str, Verdict]:
@@ -248,11 +369,72 @@ def _language_lesson(entries: Mapping[str, Any], world: World, figures_root: Pat
     if "ace.spectrum_language" in entries:
         card = RegimeCard.load(figures_root / "regime" / f"{suite}_seed0")
         out["ace.spectrum_language"] = lang_claims.verdict_spectrum(card.value("wpre_top5_energy"))
-    for cid in ("ace.gamma_bert", "ace.normalization_language", "ace.csp_language", "ace.refinement_language"):
-        if cid in entries:
-            e = entries[cid]
-            out[cid] = _carried(e, e.get("measured_effect"), seeds=1)  # the stage ablation: one expert seed
+    if "ace.gamma_bert" in entries:  # γ needs the experts' weights: carried over
+        out["ace.gamma_bert"] = _carried(entries["ace.gamma_bert"], entries["ace.gamma_bert"].get("measured_effect"))
+    files = load_stage_results(figures_root / "07_language", "stage_ablation")
+    for cid, (stage, without) in STAGE_NAMES.items():  # re-decided from their per-example results, else the
+        if cid not in entries:                          # gains and paired standard errors their record keeps
+            continue
+        n = entries[cid]["numbers"]
+        gains = {float(k): float(v) for k, v in n["gains"].items()}
+        ses = {float(k): (None if v is None else float(v)) for k, v in (n.get("se") or {}).items()}
+        if files is not None:
+            hits, experts = files
+            for e in gains:
+                gains[e], ses[e] = stage_difference(hits, experts, f"eps {e:g}|gate on (forced)",
+                                                    f"eps {e:g}|{without}")
+        out[cid] = lang_claims.stage_verdict(gains, ses, stage, forced=bool(n.get("forced", True)))
     return out
+
+
+#: Lesson 07's stage claims: the stage each measures (``stage`` of
+#: ``acetools_course.lesson07_language.verdict_stage``) and the ablation row with it off (compared with
+#: ``gate on (forced)``).
+STAGE_NAMES: dict[str, tuple[str, str]] = {
+    "ace.normalization_language": ("normalization", "gate on, no normalization"),
+    "ace.csp_language": ("the prior", "gate on, no prior"),
+    "ace.refinement_language": ("refinement", "gate on, no refinement")}
+
+
+def inputs(folder: str, claim_id: str, figures_root: str | Path) -> list[Path]:
+    """The committed files the verdict of ``claim_id`` (recorded in ``figures_root/folder``) is recomputed from by
+    :func:`rejudge`: the benchmark's result files and per-example results for notebook 04's claims and the
+    language lead, a stage ablation's per-example results (:data:`acetools_course.power.STAGE_RESULTS`) for a stage
+    claim, the regime card for the language spectrum, and the record itself for a measurement it stores."""
+    root = Path(figures_root)
+    bench = root / "benchmark"
+
+    def results_of(suites: tuple[str, ...], size: str) -> list[Path]:
+        out = []
+        for s in suites:
+            for seed in (0, 1, 2):
+                stem = bench / f"{s}_{size}_seed{seed}"
+                out += [stem.with_name(stem.name + "_summary.csv"), stem.with_name(stem.name + "_correct.npz")]
+        return [p for p in out if p.name.endswith("_summary.csv") or p.name.startswith(tuple(PER_EXAMPLE))]
+
+    if folder == "04_benchmark":
+        return results_of(("tasks8", "tasks14", "tasks20"), "small")
+    if folder == "04_benchmark-text8":
+        return results_of(("text8",), "minilm")
+    if claim_id == "ace.language_sota":
+        return results_of(("text8_trained",), "minilm")
+    if claim_id == "ace.spectrum_language":
+        return [root / "regime" / "text8_trained_seed0" / "card.json"]
+    names = STAGE_INPUTS.get(claim_id)
+    if names:
+        return [root / folder / f"{n}_correct.npz" for n in names]
+    return [root / folder / "claims.json"]
+
+
+#: The suites whose result files keep per-example results (tests/test_rejudge_claims.py
+#: PER_EXAMPLE_SUITES): their ``_correct.npz`` are inputs too.
+PER_EXAMPLE: tuple[str, ...] = ("tasks8_", "text8_minilm", "text8_trained")
+#: The stage claims and the stage-ablation results (:data:`acetools_course.power.STAGE_RESULTS`) they are decided on.
+STAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    **{c: ("ablation_tasks8", "ablation_tasks20") for c in ("ace.normalization", "ace.csp", "ace.refinement")},
+    **{c: ("ablation_grid",) for c in ("esm.esd_alone", "esm.ps_on_svd", "esm.layer_first", "esm.reciprocal")},
+    "esm.four": ("proxy", "ablation_grid"), "esm.proxy": ("proxy",),
+    **{c: ("stage_ablation",) for c in STAGE_NAMES}}
 
 
 def _language(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
@@ -261,18 +443,32 @@ def _language(entries: Mapping[str, Any], world: World) -> dict[str, Verdict]:
                                     e["reason"], dict(e["numbers"]))}
 
 
+#: Notebook 04's claims (ACE's and ESM's, as analogues) judged on the text world's trained-heads tables, the
+#: world lesson 07 judges the language claims in: notebook 04 has no head-protocol parameter, so this script
+#: writes the folder from the committed ``text8_trained`` result files where they hold ESM's rows.
+TRAINED_FOLDER: str = "04_benchmark-text8_trained"
+
 #: notebook folder -> how its claims are re-decided: ``rule(entries, world, figures_root)``.
 RULES: dict[str, Callable[[Mapping[str, Any], World, Path], dict[str, Verdict]]] = {
     "01_theorem1": lambda entries, world, root: _theorem1_verdicts(entries, world),
-    "02_ace_step_by_step": lambda entries, world, root: _ace_verdicts(entries, world),
-    "03_esm_step_by_step": lambda entries, world, root: _esm_verdicts(entries, world),
+    "02_ace_step_by_step": _ace_verdicts,
+    "03_esm_step_by_step": _esm_verdicts,
     "04_benchmark": lambda entries, world, root: _benchmark_verdicts(root, world),
     "05_claims": lambda entries, world, root: _language(entries, world),
     "04_benchmark-text8": lambda entries, world, root: _benchmark_verdicts(root, world, "04_benchmark-text8", "text8"),
+    TRAINED_FOLDER: lambda entries, world, root: _benchmark_verdicts(root, world, TRAINED_FOLDER, "text8", "trained"),
     "07_language": _language_lesson,
 }
 #: The folders judged in the text world (its room from the text tables), not the mini-world.
-TEXT_FOLDERS: frozenset[str] = frozenset({"04_benchmark-text8", "07_language"})
+TEXT_FOLDERS: frozenset[str] = frozenset({"04_benchmark-text8", TRAINED_FOLDER, "07_language"})
+
+
+def _trained_tables_hold_esm(figures_root: Path) -> bool:
+    """Whether the committed trained-heads tables (``text8_trained_minilm_seed*_summary.csv``) hold ESM's rows."""
+    import pandas as pd
+
+    files = sorted((figures_root / "benchmark").glob("text8_trained_minilm_seed*_summary.csv"))
+    return bool(files) and all("esm" in set(pd.read_csv(f)["method"]) for f in files)
 
 
 def _heads(world_name: str | None) -> str:
@@ -296,18 +492,22 @@ def rejudge(figures_root: str | Path, *, world: World | None = None, write: bool
     rows = []
     for folder, rule in RULES.items():
         path = figures_root / folder / "claims.json"
-        if not path.is_file():
+        if folder == TRAINED_FOLDER and not path.is_file() and _trained_tables_hold_esm(figures_root):
+            entries = {}  # judged afresh in the trained-heads world (its name and description come from the tables)
+            recorded = {"name": C.TEXT_CLAIM_WORLDS["full trained"]}
+        elif not path.is_file():
             continue
-        entries = json.loads(path.read_text())
-        if folder in TEXT_FOLDERS:  # the text world's room, from the committed tables of its head protocol
+        else:
+            entries = json.loads(path.read_text())
             recorded = next(iter(entries.values()), {}).get("world", {})
+        if folder in TEXT_FOLDERS:  # the text world's room, from the committed tables of its head protocol
             world = C.claim_world(quick=False, results_dir=figures_root / "benchmark", kind="text8",
                                   description=recorded.get("description"), heads=_heads(recorded.get("name")))
         else:
             world = mini
         new = rule(entries, world, figures_root)
         if write:
-            path.unlink()  # one file, one world: rewritten whole
+            path.unlink(missing_ok=True)  # one file, one world: rewritten whole
         for cid, v in new.items():
             before = entries.get(cid, {}).get("verdict")
             extra: dict[str, Any] = {}

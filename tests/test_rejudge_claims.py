@@ -113,7 +113,7 @@ def test_committed_verdicts_are_todays_rules(tmp_path):
     for p in FILES:
         worlds = {e["world"]["name"] for e in json.loads(p.read_text()).values()}
         want = {"text"} if p.parent.name in TEXT_FOLDERS else {"mini-world"}
-        if p.parent.name == "07_language":  # the language claims are judged under the papers' protocol
+        if p.parent.name in ("07_language", R.TRAINED_FOLDER):  # judged under the papers' protocol: trained heads
             want = {"text (trained heads)"}
         assert worlds == want, (p.parent.name, worlds)
     drift = [(r["id"], r["before"], r["after"]) for r in rows if r["changed"]]
@@ -218,3 +218,174 @@ def test_one_seed_claims_say_so_in_their_record(path):
                 assert "one expert seed" in e["margin_rule"], cid
         elif e.get("margin_rule"):
             assert "one expert seed" not in e["margin_rule"], cid
+
+
+def test_one_paper_setting_per_model_family():
+    """Every committed ACE or ESM claim is decided at its world's family setting (claims.PAPER_SETTINGS, the
+    only table the claims take it from): the vision worlds' ViT at ACE's eps 1e-5, the text world's MiniLM
+    (a BERT-family encoder) at RoBERTa-Base's eps 2e-4 and ESM's RoBERTa code, under both head protocols."""
+    assert claims.paper_setting("mini-world").ace_row == "ace (eps 1e-5)"
+    for name in claims.TEXT_CLAIM_WORLDS.values():
+        s = claims.paper_setting(name)
+        assert (s.eps, s.ace_row, s.esm_row) == (2e-4, "ace (eps 2e-4)", "esm (roberta)"), name
+    seen = 0
+    for path in FILES:
+        for cid, e in json.loads(path.read_text()).items():
+            want = claims.paper_setting(e["world"]["name"])
+            n = e["numbers"]
+            if "ace_row" in n:
+                assert n["ace_row"] == want.ace_row, (path.parent.name, cid, n["ace_row"])
+                seen += 1
+            if "esm_row" in n:
+                assert n["esm_row"] == want.esm_row, (path.parent.name, cid, n["esm_row"])
+                seen += 1
+            if "decided_eps" in n:  # lesson 07's stage claims: one eps decides
+                assert n["decided_eps"] == [want.eps], (cid, n["decided_eps"])
+                seen += 1
+    assert seen >= 15
+
+
+#: The stage-ablation results not committed yet (issue 41): lessons 02, 03 and 07 save them in the full profile
+#: since then, and their full rerun commits them. Strict: a file here that exists fails the test below, so the
+#: entry goes with the rerun.
+EXPECTED_MISSING: dict[str, str] = {
+    "02_ace_step_by_step/ablation_tasks8_correct.npz": "lesson 02's full rerun writes it",
+    "02_ace_step_by_step/ablation_tasks20_correct.npz": "lesson 02's full rerun writes it",
+    "03_esm_step_by_step/ablation_grid_correct.npz": "lesson 03's full rerun writes it",
+    "03_esm_step_by_step/proxy_correct.npz": "lesson 03's full rerun writes it",
+    "07_language/stage_ablation_correct.npz": "lesson 07's full rerun writes it",
+}
+
+
+def test_every_decided_verdict_rests_on_committed_files():
+    """Every committed verdict is recomputable by scripts/rejudge_claims.py from committed files (R.inputs):
+    the result files and per-example results, the regime card, a stage ablation's per-example results, or the
+    record's own stored measurement. Only the stage ablations' results may be missing, each listed in
+    EXPECTED_MISSING (xfail until the full reruns land; strict once they do)."""
+    missing, listed = {}, set()
+    for path in FILES:
+        for cid, e in json.loads(path.read_text()).items():
+            if e["verdict"] == "not testable here":
+                continue
+            files = R.inputs(path.parent.name, cid, FIGURES)
+            assert files, (path.parent.name, cid)
+            for f in files:
+                rel = f.relative_to(FIGURES).as_posix()
+                if not f.is_file():
+                    missing.setdefault(rel, []).append(f"{cid} ({e['verdict']})")
+                elif rel in EXPECTED_MISSING:
+                    listed.add(rel)
+    unexpected = {k: v for k, v in missing.items() if k not in EXPECTED_MISSING}
+    assert not unexpected, f"verdicts whose inputs are not committed: {unexpected}"
+    assert not listed, f"{sorted(listed)} are committed now: remove them from EXPECTED_MISSING"
+    decided = {k: v for k, v in missing.items() if any("undecidable" not in c for c in v)}
+    if missing:
+        pytest.xfail(f"stage-ablation results awaiting the full reruns: {sorted(missing)}; decided verdicts "
+                     f"among them: {decided}")
+
+
+def test_lesson_07_stage_claims_are_recomputed_from_their_per_example_results(tmp_path):
+    """With lesson 07's stage_ablation_correct.npz committed, the rejudge decides its stage claims from it:
+    each eps's gain and paired standard error are the per-example results' (acetools_course.power.stage_difference)."""
+    import numpy as np
+
+    from acetools_course import power
+    from acetools_course.verdicts import World
+
+    entries = json.loads((FIGURES / "07_language" / "claims.json").read_text())
+    stage = {cid: entries[cid] for cid in R.STAGE_NAMES}
+    rng = np.random.default_rng(1)
+    rows = ["gate on (forced)", *(without for _, without in R.STAGE_NAMES.values())]
+    hits = {f"eps {e:g}|{r}": {t: rng.random(300) < 0.6 + 0.02 * i for t in ("x", "y")}
+            for e in (0.01, 2e-4, 1e-5) for i, r in enumerate(rows)}
+    (tmp_path / "07_language").mkdir()
+    power.save_stage_results(tmp_path / "07_language", "stage_ablation", hits, experts={"x": 0.9, "y": 0.7})
+    out = R._language_lesson(stage, World("text (trained heads)", "full"), tmp_path)
+    for cid, (_, without) in R.STAGE_NAMES.items():
+        want = power.stage_difference(hits, {"x": 0.9, "y": 0.7}, "eps 0.0002|gate on (forced)",
+                                      f"eps 0.0002|{without}")
+        assert out[cid].numbers["gains"][2e-4] == pytest.approx(want[0]), cid
+        assert out[cid].numbers["se"][2e-4] == pytest.approx(want[1]), cid
+    assert out["ace.csp_language"].numbers["gains"] != {float(k): v for k, v in
+                                                         entries["ace.csp_language"]["numbers"]["gains"].items()}
+
+
+def test_lesson_02_stage_claims_are_recomputed_from_their_per_example_results(tmp_path):
+    """With lesson 02's ablation_<suite>_correct.npz committed, the rejudge takes each stage difference and its
+    paired standard error from them (the stored ones stand for a suite without the file)."""
+    import numpy as np
+
+    from acetools_course import lesson02_ace_step_by_step as L
+    from acetools_course import power
+
+    entries = json.loads((FIGURES / "02_ace_step_by_step" / "claims.json").read_text())
+    stage = {cid: entries[cid] for cid in ("ace.normalization", "ace.csp", "ace.refinement")}
+    rng = np.random.default_rng(2)
+    variants = [L.FULL, L.GATE_ON, L.GATE_ON_NO_REFINE, L.GATE_OFF, L.NO_PRIOR, L.NO_REFINE]
+    hits = {f"tasks8|{v}": {t: rng.random(400) < 0.5 + 0.03 * i for t in ("a", "b")} for i, v in enumerate(variants)}
+    (tmp_path / "02_ace_step_by_step").mkdir()
+    power.save_stage_results(tmp_path / "02_ace_step_by_step", "ablation_tasks8", hits, experts={"a": 0.8, "b": 0.6})
+    per = R._ace_from_files(R._per_suite(stage["ace.csp"]["numbers"]), "ace.csp", tmp_path)
+    want = power.stage_difference(hits, {"a": 0.8, "b": 0.6}, f"tasks8|{L.FULL}", f"tasks8|{L.NO_PRIOR}")
+    t8 = next(s for s in per if s["suite"] == "tasks8")
+    assert (t8["d"], t8["se"]) == pytest.approx(want)
+    t20 = next(s for s in per if s["suite"] == "tasks20")  # no file: the stored numbers
+    assert t20 == stage["ace.csp"]["numbers"]["tasks20"]
+    out = R._ace_verdicts(stage, claims.claim_world(quick=False, results_dir=FIGURES / "benchmark"), tmp_path)
+    assert out["ace.csp"].numbers["tasks8"]["d"] == pytest.approx(want[0])
+    norm = next(s for s in R._ace_from_files(R._per_suite(stage["ace.normalization"]["numbers"]),
+                                             "ace.normalization", tmp_path) if s["suite"] == "tasks8")
+    assert norm["d_forced"] == pytest.approx(power.stage_difference(
+        hits, {"a": 0.8, "b": 0.6}, f"tasks8|{L.GATE_ON_NO_REFINE}", f"tasks8|{L.GATE_OFF}")[0])
+
+
+def test_lesson_03_grid_claims_are_recomputed_from_their_per_example_results(tmp_path):
+    """With lesson 03's ablation_grid_correct.npz committed, each grid claim's gains and paired standard errors
+    (absolute points) come from it."""
+    import numpy as np
+
+    from acetools_course import power
+    from acetools_course.lesson03_esm_step_by_step import TSV_M_ROW
+
+    entries = json.loads((FIGURES / "03_esm_step_by_step" / "claims.json").read_text())
+    rows = ["ESD, no scaling", "SVD, all levels", "ESD, layer only", "ESD, all levels", "ESD, reciprocal (-1)",
+            TSV_M_ROW]
+    rng = np.random.default_rng(3)
+    hits = {f"{s}|{r}": {t: rng.random(300) < 0.55 + 0.02 * i for t in ("a", "b")}
+            for s in ("tasks8", "tasks20") for i, r in enumerate(rows)}
+    (tmp_path / "03_esm_step_by_step").mkdir()
+    power.save_stage_results(tmp_path / "03_esm_step_by_step", "ablation_grid", hits)
+    got = R._esm_from_files(entries["esm.layer_first"]["numbers"], "esm.layer_first", tmp_path)
+    want = power.stage_difference(hits, None, "tasks20|ESD, all levels", "tasks20|ESD, no scaling")
+    assert (got["all_gain_tasks20"], got["se_all_tasks20"]) == pytest.approx(want)
+    want = power.stage_difference(hits, None, "tasks8|ESD, no scaling", f"tasks8|{TSV_M_ROW}")
+    got = R._esm_from_files(entries["esm.esd_alone"]["numbers"], "esm.esd_alone", tmp_path)
+    assert (got["gain_tasks8"], got["se_tasks8"]) == pytest.approx(want)
+    assert got["gain_vs_inpipeline_svd_tasks8"] == entries["esm.esd_alone"]["numbers"]["gain_vs_inpipeline_svd_tasks8"]
+    world = claims.claim_world(quick=False, results_dir=FIGURES / "benchmark")
+    out = R._esm_verdicts({"esm.esd_alone": entries["esm.esd_alone"]}, world, tmp_path)
+    assert out["esm.esd_alone"].numbers["gain_tasks8"] == pytest.approx(want[0])
+
+
+def test_lesson_03_proxy_claims_are_recomputed_from_their_per_example_results(tmp_path):
+    """With lesson 03's proxy_correct.npz committed, esm.proxy's accuracies and esm.four's difference and paired
+    standard error come from it."""
+    import numpy as np
+
+    from acetools_course import power
+    from acetools_course.lesson03_esm_step_by_step import TSV_M_ROW
+
+    entries = json.loads((FIGURES / "03_esm_step_by_step" / "claims.json").read_text())
+    runs = ["in-distribution", "other task", "pretraining pool", "one class", "4 samples", "SVD, no scaling",
+            TSV_M_ROW]
+    rng = np.random.default_rng(4)
+    hits = {f"tasks8|{r}": {t: rng.random(250) < 0.6 for t in ("a", "b")} for r in runs}
+    (tmp_path / "03_esm_step_by_step").mkdir()
+    power.save_stage_results(tmp_path / "03_esm_step_by_step", "proxy", hits)
+    world = claims.claim_world(quick=False, results_dir=FIGURES / "benchmark")
+    out = R._esm_verdicts({c: entries[c] for c in ("esm.proxy", "esm.four")}, world, tmp_path)
+    acc = {r: 100 * np.mean([h.mean() for h in hits[f"tasks8|{r}"].values()]) for r in runs}
+    assert out["esm.proxy"].numbers["one class"] == pytest.approx(acc["one class"])
+    n = out["esm.four"].numbers
+    assert n["diff_points"] == pytest.approx(acc["4 samples"] - acc[TSV_M_ROW])
+    assert n["se"] == pytest.approx(power.paired_se(hits["tasks8|4 samples"], hits[f"tasks8|{TSV_M_ROW}"]))

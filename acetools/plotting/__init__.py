@@ -7,6 +7,7 @@ Each lesson's own figures are in its course module (``acetools_course.lessonNN_<
 from __future__ import annotations
 
 from ._core import bar_plot, finish, heatmap, label_points, line_plot, new_axes, save_figure, set_theme, text_overlaps
+from ._versions import figure_record, track_drawing
 
 __all__ = ["set_theme", "save_figure", "new_axes", "finish", "heatmap", "bar_plot", "line_plot", "label_points",
-           "text_overlaps"]
+           "text_overlaps", "track_drawing", "figure_record"]

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..utils import atomic_write
+from ._versions import figure_record, track_drawing
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -139,7 +141,8 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
     """Write ``fig`` to ``<folder>/<name>.png`` atomically (no timestamp: reruns give identical files).
 
     Where ``folder`` has a ``figures.json`` (the course's record) its entries become PNG text
-    ``acetools:<key>`` and the figure's overlapping texts (:func:`text_overlaps`) are listed there.
+    ``acetools:<key>``, the figure's overlapping texts (:func:`text_overlaps`) are listed there, and so is the
+    code version it was drawn with (``figures[name]``: :func:`acetools.plotting._versions.figure_record`).
     """
     if not isinstance(name, str) or not _NAME.match(name) or name.endswith(".png"):
         raise InputError(f"figure name {name!r} must be a file stem of letters, digits and _.- (no extension)")
@@ -160,9 +163,11 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
     if m is not None:  # the course's record: the report checks fail on any overlap it lists
         old = m.pop("text_overlaps", {})
         got = {k: v for k, v in old.items() if k != name} | ({name: [list(o) for o in overlaps]} if overlaps else {})
-        if got != old:
+        versions = m.get("figures", {}) | {name: figure_record(fig)}  # the code version it was drawn with
+        if got != old or versions != m.get("figures"):
             with atomic_write(manifest, "w") as fh:
-                json.dump(m | ({"text_overlaps": got} if got else {}), fh, indent=1, sort_keys=True)
+                json.dump(m | {"figures": versions} | ({"text_overlaps": got} if got else {}), fh, indent=1,
+                          sort_keys=True)
     if close:
         import matplotlib.pyplot as plt
 
@@ -314,3 +319,6 @@ def line_plot(ax, df, *, x: str, y: str, hue: str | None = None, title: str | No
     if logy:
         ax.set_yscale("log")
     return finish(ax, title)
+
+
+track_drawing([sys.modules[__name__]])  # the shared plots note themselves on the figures they draw on

@@ -87,3 +87,35 @@ def test_spectrum_rule_and_the_anchor_table():
     assert t.loc["pretrained", "text world"] == 60.0
     assert t.loc["tsv_m − task_arithmetic", "text world"] == pytest.approx(15.0)
     assert t.loc["tsv_m − task_arithmetic", "RoBERTa-base GLUE"] == pytest.approx(79.0 - 68.1)
+
+
+def test_stage_rule_decides_at_the_bert_familys_paper_eps():
+    """One paper setting per model family (acetools_course.claims.PAPER_SETTINGS): on the text world's BERT-family
+    encoder a stage claim is decided at RoBERTa-Base's eps 2e-4 alone; the other eps are shown, not judged, so
+    a gain at 1e-2 and a loss at 1e-5 decide nothing against it."""
+    abl = pd.DataFrame([{"eps": e, "setting": s, "test_normalized": v} for e, on, off in
+                        ((1e-2, 82.0, 80.0), (2e-4, 80.1, 80.0), (1e-5, 78.0, 80.0))
+                        for s, v in (("gate on (forced)", on), ("gate on, no refinement", off))])
+    v = LV.verdict_stage(abl, "gate on, no refinement", "refinement")
+    assert v.verdict == "not reproduced" and v.numbers["decided_eps"] == [2e-4]
+    assert [e.setting for e in v.effects] == ["eps 0.0002 (gate forced)"]
+    assert "beside, not judged: eps 0.01: better, eps 1e-05: worse" in v.reason
+    assert LV.verdict_stage(abl, "gate on, no refinement", "refinement", eps=1e-2).verdict == "reproduced"
+    again = LV.stage_verdict(v.numbers["gains"], v.numbers["se"], "refinement")  # what the rejudge reads back
+    assert (again.verdict, again.reason, again.measured) == (v.verdict, v.reason, v.measured)
+
+
+def test_sota_judges_wudi_against_every_row_the_tables_hold():
+    """The lead over WUDI is decided against the WUDI row best on validation, and the best on test is
+    reported beside it, not judged."""
+    vals = {"ace (eps 2e-4)": (90, 90), "wudi": (80, 80), "wudi (lr 1e-3)": (95, 86), "wudi (lr 1e-4)": (93, 89.5),
+            "ties": (60, 60), "tsv_m": (85, 85), "weight_averaging": (50, 50)}
+    per_seed = pd.DataFrame([{"seed": s, "method": m, "val_normalized": v + s / 10, "test_normalized": t + s / 10,
+                              "suite": "text8"} for m, (v, t) in vals.items() for s in range(3)])
+    assert LV.wudi_rows(per_seed, "text8") == ("wudi (lr 1e-3)", "wudi (lr 1e-4)")
+    v = LV.verdict_sota(per_seed)
+    assert "wudi (lr 1e-3)" in v.numbers["diffs"] and v.numbers["diffs"]["wudi (lr 1e-3)"] == pytest.approx(4.0)
+    assert v.numbers["wudi_best_on_test"]["b"] == "wudi (lr 1e-4)"
+    assert "beside, not judged: minus wudi (lr 1e-4) (the best WUDI row on test) +0.5" in v.measured
+    with pytest.raises(ValueError, match="no WUDI row"):
+        LV.wudi_rows(per_seed[~per_seed["method"].str.startswith("wudi")], "text8")

@@ -191,3 +191,37 @@ def test_vs_wudi_takes_the_tuned_row_per_suite_and_pairs_by_example():
     # the margin is 1.96 se: +1 point over tuned WUDI is a tie, not a lead
     assert rows["t8"]["margin"] == pytest.approx(1.959964) and rows["t8"]["outcome"] == "tie"
     assert {e.setting: e.se for e in v.effects} == {"t8": 1.0, "t20": 1.0}
+
+
+def test_stage_results_round_trip_and_give_the_tables_difference(tmp_path):
+    """A stage ablation's per-example results (lessons 02, 03, 07 in the full profile) are saved and read back
+    bit for bit, and the difference they give is the one its table's normalized accuracies give, with the
+    paired standard error of acetools_course.power.paired_se."""
+    import pandas as pd
+
+    from acetools_course import power
+
+    rng = np.random.default_rng(0)
+    experts = {"a": 0.8, "b": 0.5}
+    hits = {s: {t: rng.random(200) < p for t, p in (("a", 0.7 + d), ("b", 0.4 + d))}
+            for s, d in (("on", 0.05), ("off", 0.0))}
+    table = pd.DataFrame([{"eps": 2e-4, "setting": s, "correct": h,
+                           "test_normalized": 100 * np.mean([h[t].mean() / experts[t] for t in h])}
+                          for s, h in hits.items()])
+    rows = power.stage_hits(table, ("eps", "setting"))
+    assert sorted(rows) == ["eps 0.0002|off", "eps 0.0002|on"]
+    power.save_stage_results(tmp_path, "stage_ablation", rows, experts=experts)
+    got = power.load_stage_results(tmp_path, "stage_ablation")
+    assert got is not None and got[1] == experts
+    for k in rows:
+        for t in rows[k]:
+            np.testing.assert_array_equal(got[0][k][t], rows[k][t])
+    d, se = power.stage_difference(got[0], got[1], "eps 0.0002|on", "eps 0.0002|off")
+    assert d == pytest.approx(table["test_normalized"].iloc[0] - table["test_normalized"].iloc[1])
+    assert se == pytest.approx(power.paired_se(hits["on"], hits["off"], experts))
+    per_task = pd.DataFrame([{"suite": "s8", "variant": v, "task": t, "correct": c} for v, h in hits.items()
+                             for t, c in h.items()])  # lesson 02's per-task rows
+    assert sorted(power.stage_hits(per_task)) == ["s8|off", "s8|on"]
+    assert power.load_stage_results(tmp_path, "nothing") is None
+    with pytest.raises(ValueError, match="no row"):
+        power.save_stage_results(tmp_path, "x", {})
