@@ -163,7 +163,7 @@ def save_figure(fig, name: str, folder: str | os.PathLike, *, dpi: int = 120, cl
     if m is not None:  # the course's record: the report checks fail on any overlap it lists
         old = m.pop("text_overlaps", {})
         got = {k: v for k, v in old.items() if k != name} | ({name: [list(o) for o in overlaps]} if overlaps else {})
-        versions = m.get("figures", {}) | {name: figure_record(fig)}  # the code version it was drawn with
+        versions = m.get("figures", {}) | {name: figure_record(fig, set_theme)}  # the code version it was drawn with
         if got != old or versions != m.get("figures"):
             with atomic_write(manifest, "w") as fh:
                 json.dump(m | {"figures": versions} | ({"text_overlaps": got} if got else {}), fh, indent=1,

@@ -76,15 +76,15 @@ def track_drawing(modules: Iterable[types.ModuleType]) -> None:
                 setattr(mod, name, drawing(obj))
 
 
-def figure_record(fig: Any) -> dict[str, Any]:
+def figure_record(fig: Any, theme: Callable[..., Any]) -> dict[str, Any]:
     """The code version of ``fig`` for its manifest entry: ``drawn_by`` (each drawing function that drew on it,
-    :func:`qualified_name` and :func:`source_hash`) and ``theme`` (the theme's, likewise)."""
-    from ._core import set_theme
+    :func:`qualified_name` and :func:`source_hash`) and ``theme`` (the theme function's, likewise: the caller
+    passes :func:`acetools.plotting.set_theme`)."""
 
     def one(fn: Callable[..., Any]) -> dict[str, str]:
         return {"function": qualified_name(fn), "source_sha256": source_hash(fn)}
 
-    return {"drawn_by": [one(fn) for fn in getattr(fig, DRAWN_BY, [])], "theme": one(set_theme)}
+    return {"drawn_by": [one(fn) for fn in getattr(fig, DRAWN_BY, [])], "theme": one(theme)}
 
 
 def resolve(name: str, search: Iterable[str] = ()) -> Callable[..., Any] | None:
