@@ -18,6 +18,8 @@ Three steps, into ``--out`` (default ``build/site/<profile>/``):
    local MathJax 2 (Debian's ``libjs-mathjax``, :func:`acetools.utils.local_mathjax_url`) under
    ``_static/``, and MyST-NB's widget scripts are off, so no page loads anything from a network
    (sphinx-thebe's script names a URL that only its launch button would load; the button is off).
+   The docs pages the lessons link (``../docs/glossary.md#cka``, and the pages those link) are the
+   book's Reference part (:func:`linked_docs`), with GitHub's heading anchors, so every link resolves.
 3. **Slides**: nbconvert's reveal.js exporter turns each executed lesson into
    ``slides/NN_name.slides.html``. Cells are tagged automatically (:func:`slide_types`): a
    markdown cell that opens with a heading starts a slide (``###`` and deeper: a sub-slide), every
@@ -42,12 +44,13 @@ import time
 from pathlib import Path
 
 import nbformat
+from bs4 import BeautifulSoup
 from papermill.exceptions import PapermillExecutionError
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repository's acetools, however the script is run
 
-from acetools.notebooks import notebook_paths, run_report  # noqa: E402
+from acetools.notebooks import link_docs, notebook_paths, run_report  # noqa: E402
 from acetools.utils import local_mathjax_url  # noqa: E402
 
 REVEAL_VERSION = "4.6.0"  # npm's reveal.js, the 4.x layout nbconvert's template expects (dist/, plugin/)
@@ -158,6 +161,47 @@ def slide_types(nb: nbformat.NotebookNode) -> list[str]:
     return out
 
 
+DOCS = REPO / "docs"
+#: A markdown link to a docs page: ``](../docs/glossary.md#cka)`` in a lesson, ``](methods.md)`` in a page.
+_DOC_LINK = re.compile(r"\]\((?:\.\./docs/)?([\w.-]+\.md)(?:#[^)\s]*)?\)")
+
+
+def linked_docs(markdown: str) -> list[Path]:
+    """The docs pages the lessons' ``markdown`` links to (``../docs/<page>.md``), with the pages those
+    link to in turn, in the order first met."""
+    found: list[Path] = []
+    todo = [m.group(1) for m in _DOC_LINK.finditer(markdown) if m.group(0).startswith("](../docs/")]
+    while todo:
+        page = DOCS / todo.pop(0)
+        if page.is_file() and page not in found:
+            found.append(page)
+            todo += [m.group(1) for m in _DOC_LINK.finditer(page.read_text(encoding="utf-8"))]
+    return found
+
+
+def copy_docs(pages: list[Path], book: Path) -> list[str]:
+    """Copy the docs ``pages`` into ``book/docs/`` and the files they link outside docs (figures) to the same
+    place relative to them, so every link resolves in the book; returns their entries for ``_toc.yml``."""
+    for page in pages:
+        (book / "docs").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(page, book / "docs" / page.name)
+        for ref in re.findall(r"\]\((\.\./[^)#\s]+)", page.read_text(encoding="utf-8")):
+            src, dest = (DOCS / ref).resolve(), (book / "docs" / ref).resolve()
+            if src.is_file() and src.is_relative_to(REPO) and dest.is_relative_to(book.resolve()):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest)
+    return [f"docs/{p.stem}" for p in pages]
+
+
+def _for_book(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A lesson for the book: :func:`_for_pages`, its links to ``../docs/`` pointing at the book's copy."""
+    nb = _for_pages(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = cell.source.replace("](../docs/", "](docs/")
+    return nb
+
+
 def _for_pages(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """A copy without widget state (its renderer would load from a CDN)."""
     nb = nbformat.from_dict(nb)
@@ -227,10 +271,16 @@ def build_book(lessons: list[Path], out: Path, profile: str, timings: dict[str, 
     if book.exists():
         shutil.rmtree(book)
     book.mkdir(parents=True)
+    markdown = []
     for p in lessons:
-        nbformat.write(_for_pages(nbformat.read(str(p), as_version=4)), str(book / p.name))
+        nb = nbformat.read(str(p), as_version=4)
+        markdown += [c.source for c in nb.cells if c.cell_type == "markdown"]
+        nbformat.write(_for_book(nb), str(book / p.name))
     (book / "index.md").write_text(_index_page(lessons, profile, timings))
-    toc = {"format": "jb-book", "root": "index", "chapters": [{"file": p.stem} for p in lessons]}
+    reference = copy_docs(linked_docs("\n".join(markdown)), book)
+    toc = {"format": "jb-book", "root": "index", "parts": [
+        {"caption": "Lessons", "chapters": [{"file": p.stem} for p in lessons]},
+        *([{"caption": "Reference", "chapters": [{"file": f} for f in reference]}] if reference else [])]}
     (book / "_toc.yml").write_text(json.dumps(toc, indent=1))  # JSON is YAML
     config = {
         "title": "acetools course", "author": "acetools", "only_build_toc_files": True,
@@ -248,6 +298,7 @@ def build_book(lessons: list[Path], out: Path, profile: str, timings: dict[str, 
             "html_static_path": ["_vendor"],
             "nb_ipywidgets_js": {},  # no widget manager from a CDN
             "suppress_warnings": ["mystnb.unknown_mime_type", "myst.header"],
+            "myst_heading_anchors": 6,  # GitHub's anchors, as the lessons' links to docs/ name them
         }},
     }
     (book / "_config.yml").write_text(json.dumps(config, indent=1))
@@ -287,7 +338,9 @@ def build_slides(lessons: list[Path], out: Path) -> list[Path]:
             cell.metadata["slideshow"] = {"slide_type": kind}
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title_of(nb, p.stem)}})
         page = slides / f"{p.stem}.slides.html"
-        page.write_text(_offline(body))
+        soup = BeautifulSoup(_offline(body), features="html.parser")
+        link_docs(soup, REPO / "notebooks", slides, "docs/")  # the docs pages, rendered beside the slides
+        page.write_text(str(soup))
         pages.append(page)
     return pages
 

@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["check_html", "equation_code_spans", "mathjax_url", "find_chromium", "chromium_layout",
            "check_rendered", "check_report", "figure_problems", "screenshot", "CHROMIUM_FLAGS", "code_problems",
-           "rendered_code_cells"]
+           "rendered_code_cells", "rendered_dom", "dead_links"]
 
 
 #: What a rendered report must not contain (:func:`check_html`), as regular expressions on its
@@ -278,3 +278,48 @@ def code_problems(executed: str | os.PathLike, html: str) -> list[str]:
     return problems
 
 
+
+
+def rendered_dom(page: str | os.PathLike, *, width: int = 1280, timeout: float = 180.0) -> str:
+    """The DOM of ``page`` after headless Chromium has run its scripts (``--dump-dom``)."""
+    import subprocess
+    import tempfile
+
+    exe = find_chromium()
+    if exe is None:
+        raise RuntimeError("no headless Chromium: install Debian's `chromium` (scripts/setup.sh does)")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={width},1000", "--virtual-time-budget=30000",
+               f"--user-data-dir={tmp}/profile", "--dump-dom", Path(page).resolve().as_uri()]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
+
+
+def dead_links(page: str | os.PathLike, pattern: str = r"docs/", within: str = "body") -> tuple[list[str], list[str]]:
+    """``(links, dead)``: the links in ``page``'s element ``within`` (a CSS selector: ``article`` for
+    a site page's text, not its menus) whose URL matches ``pattern``, and those of them whose target
+    file is missing or lacks the element the anchor names, in headless Chromium's DOM. Each target
+    page is opened in Chromium once."""
+    from urllib.parse import unquote, urlparse
+
+    from bs4 import BeautifulSoup
+
+    base = Path(page).resolve()
+    links = []
+    root = BeautifulSoup(rendered_dom(base), features="html.parser").select_one(within)
+    for a in root.find_all("a", href=True) if root is not None else []:
+        href = str(a["href"])
+        if re.search(pattern, href) and not href.startswith(("http:", "https:")):
+            url = urlparse(href if href.startswith("file:") else (base.parent / href.split("#")[0]).as_uri()
+                           + ("#" + href.split("#", 1)[1] if "#" in href else ""))
+            links.append((Path(unquote(url.path)), url.fragment, href))
+    dead, ids = [], {}
+    for target, anchor, href in links:
+        if not target.is_file():
+            dead.append(f"{base.name}: {href} -> no file {target}")
+            continue
+        if anchor and target not in ids:
+            dom = BeautifulSoup(rendered_dom(target), features="html.parser")
+            ids[target] = {str(el.get("id")) for el in dom.find_all(id=True)}
+        if anchor and anchor not in ids[target]:
+            dead.append(f"{base.name}: {href} -> {target.name} has no element #{anchor}")
+    return [h for _, _, h in links], dead
