@@ -219,6 +219,14 @@ SLIDES_HEAD = """<script type="text/x-mathjax-config">MathJax.Hub.Config({"fast-
 """
 
 
+#: The site's own style sheet: a display equation wider than the text scrolls inside it (the theme let
+#: it run under the margin), long code and output lines scroll or wrap as in the reports.
+SITE_CSS = """.MJXc-display, .MathJax_Display, div.math { max-width: 100%; overflow-x: auto; overflow-y: hidden; }
+div.highlight pre { overflow-x: auto; }
+div.cell_output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
+"""
+
+
 def _offline(html: str) -> str:
     """The slide page without the template's mermaid import (a CDN module; the lessons draw no
     mermaid diagrams), with :data:`SLIDES_HEAD` at the top of its head."""
@@ -296,6 +304,7 @@ def build_book(lessons: list[Path], out: Path, profile: str, timings: dict[str, 
                                             "ignoreClass": "tex2jax_ignore"}},
             # not "_static": Jupyter Book would add every .js file there to every page
             "html_static_path": ["_vendor"],
+            "html_css_files": ["acetools.css"],  # wide equations and outputs scroll inside the page (SITE_CSS)
             "nb_ipywidgets_js": {},  # no widget manager from a CDN
             "suppress_warnings": ["mystnb.unknown_mime_type", "myst.header"],
             "myst_heading_anchors": 6,  # GitHub's anchors, as the lessons' links to docs/ name them
@@ -303,6 +312,7 @@ def build_book(lessons: list[Path], out: Path, profile: str, timings: dict[str, 
     }
     (book / "_config.yml").write_text(json.dumps(config, indent=1))
     copy_mathjax(book / "_vendor" / "mathjax")  # served as _static/mathjax/
+    (book / "_vendor" / "acetools.css").write_text(SITE_CSS)
     jb = shutil.which("jupyter-book") or str(Path(sys.executable).parent / "jupyter-book")
     if not Path(jb).is_file():
         raise SiteError("jupyter-book is not installed: pip install -e '.[course]' (scripts/setup.sh does)")

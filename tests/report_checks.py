@@ -97,13 +97,33 @@ function acetoolsLayout() {
     var scrolls = t.scrollWidth > t.clientWidth + 1;  // display:block tables scroll inside the page
     if (w > page + 1 || scrolls) { wide.push([i, Math.round(w), (t.innerText || '').slice(0, 60)]); }
   });
+  var cut = [];  // equations, code and outputs wider than the page, or overflowing a box that does not scroll
+  var boxes = 'pre, div.highlight, .MJXc-display, .MathJax_Display, .math, mjx-container, .jp-OutputArea-output, ' +
+              '.jp-InputArea-editor, .cell_output, .cell_input, img';
+  document.querySelectorAll(boxes).forEach(function (e) {
+    var r = e.getBoundingClientRect(), ox = getComputedStyle(e).overflowX;
+    if (r.width === 0 || e.closest('#acetools-layout')) { return; }
+    var box = getComputedStyle(e).display !== 'inline';  // an inline element has no width of its own
+    var spills = box && e.scrollWidth > e.clientWidth + 1 && ox !== 'auto' && ox !== 'scroll';
+    if (r.right > page + 1 || spills) {
+      cut.push([e.tagName.toLowerCase() + '.' + (e.className || '').toString().split(' ')[0], Math.round(r.right),
+                Math.round(e.scrollWidth), (e.innerText || '').slice(0, 50)]);
+    }
+  });
   var out = document.createElement('pre');
   out.id = 'acetools-layout';
-  out.textContent = JSON.stringify({page: page, rendered: rendered, raw: raw, errors: errors, wide: wide});
+  out.textContent = JSON.stringify({page: page, rendered: rendered, raw: raw, errors: errors, wide: wide, cut: cut,
+                                    scroll: document.documentElement.scrollWidth});
   document.body.appendChild(out);
 }
-if (window.MathJax && MathJax.Hub) { MathJax.Hub.Queue(acetoolsLayout); }
-else { window.addEventListener('load', function () { setTimeout(acetoolsLayout, 0); }); }
+var acetoolsDone = false;
+function acetoolsOnce() { if (!acetoolsDone) { acetoolsDone = true; acetoolsLayout(); } }
+function acetoolsWait(tries) {  // after MathJax's typesetting where the page has MathJax (loaded late on a site)
+  if (window.MathJax && MathJax.Hub && MathJax.Hub.Queue) { MathJax.Hub.Queue(acetoolsOnce); }
+  else if (tries > 0) { setTimeout(function () { acetoolsWait(tries - 1); }, 250); }
+  else { acetoolsOnce(); }
+}
+window.addEventListener('load', function () { acetoolsWait(40); setTimeout(acetoolsOnce, 40000); });
 </script>
 """
 
@@ -121,13 +141,17 @@ def chromium_layout(html: str | os.PathLike, *, width: int = 1280, timeout: floa
     if exe is None:
         raise RuntimeError("no headless Chromium: install Debian's `chromium` (scripts/setup.sh does)")
     src = Path(html).read_text()
+    # the probe lies beside the page, so that the page's relative links (a site's _static/) resolve
+    probe = Path(html).resolve().parent / f".acetools-probe-{os.getpid()}-{Path(html).name}"
     with tempfile.TemporaryDirectory() as tmp:
-        probe = Path(tmp) / "probe.html"
         probe.write_text(src.replace("</body>", _LAYOUT_JS + "</body>") if "</body>" in src else src + _LAYOUT_JS)
         cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={width},1000", "--virtual-time-budget=60000",
                f"--user-data-dir={tmp}/profile", "--dump-dom", probe.as_uri()]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    m = re.search(r'<pre id="acetools-layout">(.*?)</pre>', out.stdout, flags=re.S)
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        finally:
+            probe.unlink(missing_ok=True)
+    m = re.search(r'<pre id="acetools-layout"[^>]*>(.*?)</pre>', out.stdout, flags=re.S)
     if not m:
         raise RuntimeError(f"Chromium did not lay out {html}: {out.stderr[-400:]}")
     import html as _html
@@ -156,7 +180,8 @@ def screenshot(html: str | os.PathLike, png: str | os.PathLike, *, width: int = 
 def check_rendered(path: str | os.PathLike, *, width: int = 1280) -> list[str]:
     """What a reader at ``width`` px would see wrong in a rendered report (``[]``: none): maths
     that MathJax did not typeset (raw TeX left, MathJax errors, or TeX in the page with no
-    typeset element), and tables wider than the page."""
+    typeset element), tables wider than the page, and equations, code or outputs that run past
+    the page or out of a box that does not scroll (cut) instead of wrapping or scrolling."""
     lay = chromium_layout(path, width=width)
     name = Path(path).name
     problems = []
@@ -165,6 +190,11 @@ def check_rendered(path: str | os.PathLike, *, width: int = 1280) -> list[str]:
     for i, w, text in lay["wide"]:
         problems.append(f"{name}: table {i} is {w} px wide, wider than the page ({lay['page']} px) or its box: "
                         f"{text!r}")
+    for what, right, content, text in lay.get("cut", []):
+        problems.append(f"{name}: {what} ends at {right} px (content {content} px), cut or past the page "
+                        f"({lay['page']} px) instead of wrapping or scrolling: {text!r}")
+    if lay.get("scroll", 0) > lay["page"] + 1:
+        problems.append(f"{name}: the page is {lay['scroll']} px wide, wider than the window ({lay['page']} px)")
     return problems
 
 

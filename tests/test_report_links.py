@@ -1,7 +1,11 @@
-"""The lessons' links to the docs pages (``../docs/glossary.md#cka``, ``../docs/notation.md``) work in
-the rendered reports (:func:`acetools.notebooks.render_html`) and on the site
-(scripts/build_site.py), as headless Chromium follows them: the target page exists and holds the
-element the anchor names. The links checked are every one the lessons' markdown holds."""
+"""What a reader follows and scrolls on a rendered report (:func:`acetools.notebooks.render_html`) and
+on the site (scripts/build_site.py), in headless Chromium at 1280 px:
+
+* the lessons' links to the docs pages (``../docs/glossary.md#cka``, ``../docs/notation.md``) work:
+  the target page exists and holds the element the anchor names. The links checked are every one
+  the lessons' markdown holds;
+* a display equation wider than the page, a long code line and a long output line scroll or wrap
+  inside the page, none cut (:func:`tests.report_checks.check_rendered`)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import nbformat
 import pytest
 
 from acetools.notebooks import REPO, notebook_paths, render_html
-from tests.report_checks import dead_links, find_chromium
+from tests.report_checks import check_rendered, dead_links, find_chromium
 from tests.scripts import load_script
 
 
@@ -31,9 +35,13 @@ LINKS = _lesson_links()
 
 def _lesson_with_the_links(folder: Path) -> Path:
     """An executed lesson (as papermill leaves it: its source path in the metadata) whose markdown
-    holds every link of :data:`LINKS`."""
+    holds every link of :data:`LINKS`, with an equation, a code line and an output line each about
+    four times as wide as the page."""
+    terms = " + ".join(f"\\lambda_{{{i}}} \\hat\\Sigma_{{{i}}} W_{{{i}}}" for i in range(40))
+    output = nbformat.v4.new_output("stream", name="stdout", text="y" * 400 + "\n" + " ".join(["word"] * 200))
     cells = [nbformat.v4.new_markdown_cell("# Links\n\n" + "\n".join(f"* [{u}]({u})" for u in LINKS)),
-             nbformat.v4.new_code_cell("x = 1")]
+             nbformat.v4.new_markdown_cell(f"A wide equation:\n\n$$ M = {terms} $$\n\nand after it $x_0$."),
+             nbformat.v4.new_code_cell("x = " + " + ".join(f"value_{i}" for i in range(60)), outputs=[output])]
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["papermill"] = {"input_path": str(REPO / "notebooks" / "00_quickstart.ipynb")}
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -53,9 +61,10 @@ def test_the_lessons_link_the_glossary_and_the_notation():
 
 
 @pytest.mark.slow
-def test_docs_links_resolve_in_a_rendered_report(tmp_path):
+def test_docs_links_resolve_and_wide_lines_scroll_in_a_rendered_report(tmp_path):
     _chromium()
     page = render_html(_lesson_with_the_links(tmp_path / "report"))
+    assert "Sigma" in page.read_text() and not check_rendered(page), check_rendered(page)
     links, dead = dead_links(page)
     assert len(links) == len(LINKS), f"{len(links)} docs links on the page, the lessons have {len(LINKS)}"
     assert not dead, "\n".join(dead)
@@ -65,7 +74,7 @@ def test_docs_links_resolve_in_a_rendered_report(tmp_path):
 
 
 @pytest.mark.slow
-def test_docs_links_resolve_on_the_site(tmp_path):
+def test_docs_links_resolve_and_wide_lines_scroll_on_the_site(tmp_path):
     import importlib.util
 
     _chromium()
@@ -75,6 +84,8 @@ def test_docs_links_resolve_on_the_site(tmp_path):
     index = load_script("build_site").build_book([lesson], tmp_path / "site", "quick", {})
     page = index.parent / "00_quickstart.html"
     assert "#../docs" not in page.read_text(), "a docs link was left unresolved by MyST"
+    problems = check_rendered(page)
+    assert not problems, "\n".join(problems)
     links, dead = dead_links(page, within="article")
     assert len(links) == len(LINKS), f"{len(links)} docs links on the page, the lessons have {len(LINKS)}"
     assert not dead, "\n".join(dead)
