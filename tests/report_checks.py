@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["check_html", "equation_code_spans", "mathjax_url", "find_chromium", "chromium_layout",
            "check_rendered", "check_report", "figure_problems", "screenshot", "CHROMIUM_FLAGS", "code_problems",
-           "rendered_code_cells", "rendered_dom", "dead_links"]
+           "rendered_code_cells", "rendered_dom", "dead_links", "slide_overflows"]
 
 
 #: What a rendered report must not contain (:func:`check_html`), as regular expressions on its
@@ -353,3 +353,66 @@ def dead_links(page: str | os.PathLike, pattern: str = r"docs/", within: str = "
         if anchor and anchor not in ids[target]:
             dead.append(f"{base.name}: {href} -> {target.name} has no element #{anchor}")
     return [h for _, _, h in links], dead
+
+
+#: Injected into a copy of a slide deck (scripts/build_site.py): once the deck has fitted its slides,
+#: show every slide in turn at the window's size and list those whose content is taller or wider
+#: than the slide (cut at its edge; a slide that scrolls within its height is not), with the deck's
+#: slide and speaker-note counts.
+_SLIDES_JS = r"""
+<script>
+function acetoolsSlides() {
+  if (document.body.getAttribute('data-acetools-fit') !== 'done' || !window.acetoolsReveal) {
+    setTimeout(acetoolsSlides, 200); return;
+  }
+  var R = window.acetoolsReveal, W = R.getConfig().width, H = R.getConfig().height, cut = [];
+  var slides = R.getSlides();
+  slides.forEach(function (s, i) {
+    var at = R.getIndices(s);
+    R.slide(at.h, at.v);
+    var st = getComputedStyle(s), scrollsY = st.overflowY === 'auto' || st.overflowY === 'scroll';
+    var tall = scrollsY ? s.clientHeight > H + 1 : s.scrollHeight > H + 1;  // a slide that scrolls is not cut
+    if (tall || s.scrollWidth > W + 1) {
+      cut.push([i, s.scrollWidth, s.scrollHeight, (s.innerText || '').trim().slice(0, 60)]);
+    }
+  });
+  var out = document.createElement('pre');
+  out.id = 'acetools-slides';
+  out.textContent = JSON.stringify({width: W, height: H, slides: slides.length, cut: cut,
+                                    notes: document.querySelectorAll('aside.notes').length});
+  document.body.appendChild(out);
+}
+window.addEventListener('load', function () { setTimeout(acetoolsSlides, 0); });
+</script>
+"""
+
+
+def slide_overflows(deck: str | os.PathLike, *, width: int = 1280, height: int = 720,
+                    timeout: float = 300.0) -> dict[str, Any]:
+    """Show every slide of a reveal.js ``deck`` in headless Chromium at ``width`` × ``height`` and
+    return ``{"slides", "notes", "width", "height", "cut"}``: ``cut`` lists the slides whose content
+    is taller or wider than the slide (index, content width, content height, first text)."""
+    import json as _json
+    import subprocess
+    import tempfile
+
+    exe = find_chromium()
+    if exe is None:
+        raise RuntimeError("no headless Chromium: install Debian's `chromium` (scripts/setup.sh does)")
+    src = Path(deck).read_text()
+    head, _, tail = src.rpartition("</body>")
+    probe = Path(deck).resolve().parent / f".acetools-slides-{os.getpid()}-{Path(deck).name}"
+    with tempfile.TemporaryDirectory() as tmp:
+        probe.write_text(head + _SLIDES_JS + "</body>" + tail)
+        cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={width},{height}", "--virtual-time-budget=120000",
+               f"--user-data-dir={tmp}/profile", "--dump-dom", probe.as_uri()]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        finally:
+            probe.unlink(missing_ok=True)
+    m = re.search(r'<pre id="acetools-slides"[^>]*>(.*?)</pre>', out.stdout, flags=re.S)
+    if not m:
+        raise RuntimeError(f"Chromium did not show the slides of {deck}: {out.stderr[-400:]}")
+    import html as _html
+
+    return _json.loads(_html.unescape(m.group(1)))
