@@ -336,11 +336,14 @@ require(["reveal.js/dist/reveal.js"], function (Reveal) {
   function fit() {
     var W = Reveal.getConfig().width, H = Reveal.getConfig().height;
     Reveal.getSlides().forEach(function (s) {
-      var shown = s.style.display, size = 100;
+      var stack = s.parentNode.tagName === 'SECTION' ? s.parentNode : null;  // a hidden stack hides its slides
+      var shown = s.style.display, stackShown = stack && stack.style.display, size = 100;
       s.style.display = 'block';
+      if (stack) { stack.style.display = 'block'; }
       while ((s.scrollHeight > H || s.scrollWidth > W) && size > 50) { size -= 5; s.style.fontSize = size + '%'; }
       if (s.scrollHeight > H) { s.classList.add('acetools-scroll'); }  // still too tall: it scrolls
       s.style.display = shown;
+      if (stack) { stack.style.display = stackShown; }
     });
     Reveal.layout();
     document.body.setAttribute('data-acetools-fit', 'done');
