@@ -8,6 +8,7 @@ with :func:`run_notebook` into a build folder, never in place, and render HTML w
 from __future__ import annotations
 
 import ast
+import functools
 import logging
 import os
 import re
@@ -20,7 +21,8 @@ from .errors import InputError
 
 __all__ = ["PROFILES", "REPO", "notebook_paths", "notebook_parameters", "parse_parameter", "check_parameters",
            "coerce_parameter", "ParameterTypeError", "parameter_choices", "run_notebook", "run_report",
-           "UnknownParameterError", "render_html", "REPORT_CSS", "START_TIMEOUT", "HIDE_INPUT", "shows_code"]
+           "UnknownParameterError", "render_html", "link_docs", "render_doc_page", "heading_slug",
+           "REPORT_CSS", "START_TIMEOUT", "HIDE_INPUT", "shows_code"]
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +288,7 @@ def render_html(executed: str | os.PathLike, *, require_mathjax: bool = True, co
     from bs4 import BeautifulSoup
     from nbconvert import HTMLExporter
 
-    from .utils import atomic_write, local_mathjax_url
+    from .utils import local_mathjax_url
 
     executed = Path(executed)
     nb = nbformat.read(str(executed), as_version=4)
@@ -311,14 +313,23 @@ def render_html(executed: str | os.PathLike, *, require_mathjax: bool = True, co
             alt = alts.get("".join(src.split(",", 1)[1].split()))
             if alt:
                 img["alt"] = alt
-    for script in soup.find_all("script"):  # nothing from the network: require.js and mermaid come from CDNs
+    source = (nb.metadata.get("papermill") or {}).get("input_path")  # where the lesson's relative links start
+    link_docs(soup, Path(source).resolve().parent if source else executed.parent, executed.parent, "docs/")
+    return _write_page(soup, executed.with_suffix(".html"))
+
+
+def _write_page(soup: Any, out: Path) -> Path:
+    """Write a rendered page: no script from the network (require.js and mermaid come from CDNs), the
+    report's CSS in its head, atomically."""
+    from .utils import atomic_write
+
+    for script in soup.find_all("script"):
         src = script.get("src")
         if (isinstance(src, str) and src.startswith(("http://", "https://", "//"))) or "cdnjs" in (script.string or ""):
             script.decompose()
     style = soup.new_tag("style")
     style.string = REPORT_CSS
     (soup.head or soup).append(style)
-    out = executed.with_suffix(".html")
     with atomic_write(out, "w") as fh:
         fh.write(str(soup))
     return out
@@ -355,3 +366,64 @@ def run_report(profile: str = "quick", *, only: Sequence[str] | None = None,
         if on_result is not None:
             on_result(rec)
     return records
+
+
+#: The repository's docs pages; lessons link to them as ``../docs/<page>.md#<heading>``.
+DOCS = REPO / "docs"
+
+
+def heading_slug(heading: str) -> str:
+    """GitHub's anchor of a heading (``"Eckart-Young"`` -> ``eckart-young``), the one docs links name."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def link_docs(soup: Any, source_dir: Path, out_dir: Path, prefix: str, done: set[Path] | None = None) -> None:
+    """Point a rendered page's links to ``docs/*.md`` (relative to ``source_dir``, the folder of the page's
+    source) at those pages rendered by :func:`render_doc_page` into ``out_dir/docs/`` (``prefix``: that
+    folder seen from the page), anchors kept; links to other repository files but lessons become ``file:`` URLs."""
+    done = set() if done is None else done
+    for tag, attr in (("a", "href"), ("img", "src")):
+        for el in soup.find_all(tag):
+            ref = el.get(attr)
+            if not isinstance(ref, str) or not ref or re.match(r"[a-z][a-z0-9+.-]*:|[#/]", ref):
+                continue
+            path, _, anchor = ref.partition("#")
+            target = (source_dir / path).resolve()
+            if target.suffix == ".md" and target.parent == DOCS and target.is_file():
+                if target not in done:
+                    done.add(target)
+                    render_doc_page(target, out_dir / "docs", done)
+                el[attr] = f"{prefix}{target.stem}.html" + (f"#{anchor}" if anchor else "")
+            elif target.suffix != ".ipynb" and target.is_relative_to(REPO) and target.exists():
+                el[attr] = target.as_uri() + (f"#{anchor}" if anchor else "")
+
+
+def render_doc_page(md: Path, out_dir: Path, done: set[Path] | None = None) -> Path:
+    """``docs/<page>.md`` as ``out_dir/<page>.html``, styled and typeset as the reports are, its headings
+    carrying GitHub's anchors (:func:`heading_slug`) and its links to other docs pages rendered too."""
+    import nbformat
+    from bs4 import BeautifulSoup
+
+    out = out_dir / f"{md.stem}.html"
+    if out.is_file() and out.stat().st_mtime > max(md.stat().st_mtime, Path(__file__).stat().st_mtime):
+        return out  # rendered by an earlier lesson of this report, with the pages it links
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(md.read_text(encoding="utf-8"))])
+    body, _ = _doc_exporter().from_notebook_node(nb, resources={"metadata": {"name": md.stem}})
+    soup = BeautifulSoup(body, features="html.parser")
+    for h in soup.find_all(re.compile(r"^h[1-6]$")):
+        for a in h.find_all("a", class_="anchor-link"):
+            a.decompose()
+        h["id"] = heading_slug(h.get_text())
+    link_docs(soup, md.parent, out_dir.parent, "", {md} if done is None else done)
+    return _write_page(soup, out)
+
+
+@functools.cache
+def _doc_exporter() -> Any:
+    """The HTML exporter of :func:`render_doc_page` (built once: nbconvert loads its templates)."""
+    from nbconvert import HTMLExporter
+
+    from .utils import local_mathjax_url
+
+    mj = local_mathjax_url()
+    return HTMLExporter(exclude_input_prompt=True, exclude_output_prompt=True, **({"mathjax_url": mj} if mj else {}))

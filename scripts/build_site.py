@@ -18,11 +18,15 @@ Three steps, into ``--out`` (default ``build/site/<profile>/``):
    local MathJax 2 (Debian's ``libjs-mathjax``, :func:`acetools.utils.local_mathjax_url`) under
    ``_static/``, and MyST-NB's widget scripts are off, so no page loads anything from a network
    (sphinx-thebe's script names a URL that only its launch button would load; the button is off).
+   The docs pages the lessons link (``../docs/glossary.md#cka``, and the pages those link) are the
+   book's Reference part (:func:`linked_docs`), with GitHub's heading anchors, so every link resolves.
 3. **Slides**: nbconvert's reveal.js exporter turns each executed lesson into
-   ``slides/NN_name.slides.html``. Cells are tagged automatically (:func:`slide_types`): a
-   markdown cell that opens with a heading starts a slide (``###`` and deeper: a sub-slide), every
-   other cell continues the current one, the parameters cells are skipped; a cell that already
-   carries ``slideshow`` metadata keeps it. reveal.js comes from npm's ``reveal.js`` package
+   ``slides/NN_name.slides.html``, 1280 × 720, one idea a slide (:func:`one_idea_slides`): each
+   markdown block and each code cell is a slide, each displayed result another; a ``#``/``##``
+   heading starts a section, the rest stack under it; a long paragraph shows its first sentence and
+   its equations and goes whole into the speaker notes (``s`` in the deck); the parameters cells
+   are skipped; a cell that already carries ``slideshow`` metadata keeps it. A slide too full for
+   1280 × 720 gets a smaller font (:data:`SLIDES_FOOT`). reveal.js comes from npm's ``reveal.js`` package
    (``scripts/setup.sh`` installs it under ``build/vendor/``; or ``$ACETOOLS_REVEAL``), require.js
    and jQuery from Debian's ``libjs-requirejs`` and ``libjs-jquery``; all are copied beside the
    slides, so the folder works offline and can be moved.
@@ -42,9 +46,10 @@ import time
 from pathlib import Path
 
 import nbformat
+from bs4 import BeautifulSoup
 from papermill.exceptions import PapermillExecutionError
 
-from acetools.notebooks import notebook_paths, run_report
+from acetools.notebooks import link_docs, notebook_paths, run_report
 from acetools.utils import local_mathjax_url
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,6 +162,147 @@ def slide_types(nb: nbformat.NotebookNode) -> list[str]:
     return out
 
 
+DOCS = REPO / "docs"
+#: A markdown link to a docs page: ``](../docs/glossary.md#cka)`` in a lesson, ``](methods.md)`` in a page.
+_DOC_LINK = re.compile(r"\]\((?:\.\./docs/)?([\w.-]+\.md)(?:#[^)\s]*)?\)")
+
+
+def linked_docs(markdown: str) -> list[Path]:
+    """The docs pages the lessons' ``markdown`` links to (``../docs/<page>.md``), with the pages those
+    link to in turn, in the order first met."""
+    found: list[Path] = []
+    todo = [m.group(1) for m in _DOC_LINK.finditer(markdown) if m.group(0).startswith("](../docs/")]
+    while todo:
+        page = DOCS / todo.pop(0)
+        if page.is_file() and page not in found:
+            found.append(page)
+            todo += [m.group(1) for m in _DOC_LINK.finditer(page.read_text(encoding="utf-8"))]
+    return found
+
+
+def copy_docs(pages: list[Path], book: Path) -> list[str]:
+    """Copy the docs ``pages`` into ``book/docs/`` and the files they link outside docs (figures) to the same
+    place relative to them, so every link resolves in the book; returns their entries for ``_toc.yml``."""
+    for page in pages:
+        (book / "docs").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(page, book / "docs" / page.name)
+        for ref in re.findall(r"\]\((\.\./[^)#\s]+)", page.read_text(encoding="utf-8")):
+            src, dest = (DOCS / ref).resolve(), (book / "docs" / ref).resolve()
+            if src.is_file() and src.is_relative_to(REPO) and dest.is_relative_to(book.resolve()):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest)
+    return [f"docs/{p.stem}" for p in pages]
+
+
+def _for_book(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A lesson for the book: :func:`_for_pages`, its links to ``../docs/`` pointing at the book's copy."""
+    nb = _for_pages(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = cell.source.replace("](../docs/", "](docs/")
+    return nb
+
+
+#: Words of prose a slide shows; a longer paragraph shows its first sentence (and its equations) and
+#: goes whole into the speaker notes.
+SLIDE_WORDS = 45
+
+
+def md_blocks(markdown: str) -> list[str]:
+    """``markdown`` split at its blank lines into blocks (paragraphs, lists, headings), a ``$$…$$``
+    equation or a fenced code block never cut; a heading block joins the block after it."""
+    blocks: list[str] = []
+    cur: list[str] = []
+    fence = math = False
+    for line in markdown.splitlines():
+        if not line.strip() and not fence and not math:
+            if cur:
+                blocks.append("\n".join(cur))
+            cur = []
+            continue
+        cur.append(line)
+        fence ^= line.lstrip().startswith("```")
+        math ^= line.count("$$") % 2 == 1
+    if cur:
+        blocks.append("\n".join(cur))
+    out: list[str] = []
+    for b in blocks:
+        if out and re.fullmatch(r"#{1,6} .*", out[-1]):  # a lone heading: with what follows it
+            out[-1] += "\n\n" + b
+        else:
+            out.append(b)
+    return out
+
+
+def _words(block: str) -> int:
+    return len(re.sub(r"\$\$.*?\$\$|\$[^$]*\$", "x", block, flags=re.S).split())
+
+
+def _shown(block: str) -> str:
+    """What a slide shows of a long block: its heading, its first sentence and its display equations."""
+    heading = re.match(r"(#{1,6} .*\n\n)?", block).group(0)  # type: ignore[union-attr]
+    body = block[len(heading):]
+    if body.lstrip().startswith(("-", "*", "1.")):  # a list: its first item
+        first = re.split(r"\n(?=\s*(?:[-*]|\d+\.)\s)", body.strip())[0]
+    else:
+        first = re.split(r"(?<=[.:;!?])\s+(?=[A-Z(*$])", re.sub(r"\$\$.*?\$\$", "", body, flags=re.S).strip())[0]
+    maths = re.findall(r"\$\$.*?\$\$", body, flags=re.S)
+    return heading + first.strip() + ("" if first.strip().endswith((".", ":")) else " …") + \
+        "".join(f"\n\n{m}" for m in maths)
+
+
+def _code_slides(cell: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    """A code cell as slides: its code (unless tagged ``hide-input``), then each displayed result
+    (a table, a figure) on a slide of its own, the printed lines beside the code."""
+    tags = list(cell.metadata.get("tags", []))
+    shows = [o for o in cell.get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")]
+    printed = [o for o in cell.get("outputs", []) if o not in shows]
+    out = []
+    if "hide-input" not in tags or printed:
+        out.append(nbformat.from_dict({**cell, "outputs": printed, "metadata": {**cell.metadata}}))
+    hidden = [*tags, "hide-input"] if "hide-input" not in tags else tags
+    for o in shows:
+        out.append(nbformat.from_dict({**cell, "outputs": [o], "metadata": {**cell.metadata, "tags": hidden}}))
+    for i, c in enumerate(out):
+        c.metadata["slideshow"] = {"slide_type": "subslide"}
+        c.pop("id", None)
+        if i:
+            c.execution_count = None
+    return out
+
+
+def one_idea_slides(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The lesson as slides of one idea each, with speaker notes: every markdown block
+    (:func:`md_blocks`) and every code cell is a slide of its own (a ``#``/``##`` heading starts a
+    new section, the rest stack under it); a block over :data:`SLIDE_WORDS` words shows its first
+    sentence and its equations (:func:`_shown`), and goes whole into the slide's speaker notes.
+    Cells that carry ``slideshow`` metadata keep it; the parameters cells are skipped."""
+    cells = []
+    for cell in nb.cells:
+        own = cell.get("metadata", {}).get("slideshow", {}).get("slide_type")
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if own or tags & SKIP_TAGS:
+            kind = own or "skip"
+            cells.append(nbformat.from_dict({**cell, "metadata": {**cell.metadata, "slideshow": {"slide_type": kind}}}))
+            continue
+        if cell.cell_type == "code":
+            cells += _code_slides(cell)
+            continue
+        for block in md_blocks(cell.source):
+            m = re.match(r"(#{1,6}) ", block)
+            kind = "slide" if m and len(m.group(1)) <= 2 else "subslide"
+            long = _words(block) > SLIDE_WORDS
+            cells.append(nbformat.v4.new_markdown_cell(_shown(block) if long else block,
+                                                       metadata={"slideshow": {"slide_type": kind}}))
+            if long:
+                cells.append(nbformat.v4.new_markdown_cell(block, metadata={"slideshow": {"slide_type": "notes"}}))
+    if cells and cells[0].metadata["slideshow"]["slide_type"] in ("subslide", "-"):
+        cells[0].metadata["slideshow"]["slide_type"] = "slide"
+    for i, c in enumerate(cells):
+        c["id"] = f"slide-{i}"
+    return nbformat.v4.new_notebook(cells=cells, metadata=nb.metadata)
+
+
 def _for_pages(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """A copy without widget state (its renderer would load from a CDN)."""
     nb = nbformat.from_dict(nb)
@@ -170,7 +316,49 @@ def _for_pages(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 SLIDES_HEAD = """<script type="text/x-mathjax-config">MathJax.Hub.Config({"fast-preview": {disabled: true},
   menuSettings: {assistiveMML: false}, "CommonHTML": {linebreaks: {automatic: true}}, messageStyle: "none"});</script>
 <style>.reveal pre, .reveal pre code { white-space: pre-wrap; word-break: break-word; }
-.reveal .MathJax_CHTML_Display, .reveal .MJXc-display { overflow-x: auto; overflow-y: hidden; }</style>
+.reveal .MathJax_CHTML_Display, .reveal .MJXc-display { overflow-x: auto; overflow-y: hidden; }
+.reveal .slides section { font-size: 0.75em; }
+.reveal .slides section pre, .reveal .slides section table { font-size: 0.8em !important; }
+.reveal .slides section pre *, .reveal .slides section table * { font-size: inherit !important; }
+.reveal .slides section img { max-height: 540px !important; max-width: 100% !important; width: auto !important;
+  height: auto !important; }
+.reveal .slides section.acetools-scroll { height: 700px; overflow-y: auto; }</style>
+"""
+
+#: Put at the end of each slide page's body: once reveal.js is ready and MathJax has typeset the
+#: slides, a slide whose content is taller or wider than the 1280 × 720 slide gets a smaller font,
+#: in steps, down to half, so that it shows whole; a slide still too tall (a long table) scrolls
+#: inside its 720 px. ``window.acetoolsReveal`` is the deck's reveal.js.
+SLIDES_FOOT = """<script>
+require(["reveal.js/dist/reveal.js"], function (Reveal) {
+  window.acetoolsReveal = Reveal;
+  function fit() {
+    var W = Reveal.getConfig().width, H = Reveal.getConfig().height;
+    Reveal.getSlides().forEach(function (s) {
+      var stack = s.parentNode.tagName === 'SECTION' ? s.parentNode : null;  // a hidden stack hides its slides
+      var shown = s.style.display, stackShown = stack && stack.style.display, size = 100;
+      s.style.display = 'block';
+      if (stack) { stack.style.display = 'block'; }
+      while ((s.scrollHeight > H || s.scrollWidth > W) && size > 50) { size -= 5; s.style.fontSize = size + '%'; }
+      if (s.scrollHeight > H) { s.classList.add('acetools-scroll'); }  // still too tall: it scrolls
+      s.style.display = shown;
+      if (stack) { stack.style.display = stackShown; }
+    });
+    Reveal.layout();
+    document.body.setAttribute('data-acetools-fit', 'done');
+  }
+  function afterMaths() { if (window.MathJax && MathJax.Hub) { MathJax.Hub.Queue(fit); } else { fit(); } }
+  if (Reveal.isReady()) { afterMaths(); } else { Reveal.on('ready', afterMaths); }
+});
+</script>
+"""
+
+
+#: The site's own style sheet: a display equation wider than the text scrolls inside it (the theme let
+#: it run under the margin), long code and output lines scroll or wrap as in the reports.
+SITE_CSS = """.MJXc-display, .MathJax_Display, div.math { max-width: 100%; overflow-x: auto; overflow-y: hidden; }
+div.highlight pre { overflow-x: auto; }
+div.cell_output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 """
 
 
@@ -178,6 +366,8 @@ def _offline(html: str) -> str:
     """The slide page without the template's mermaid import (a CDN module; the lessons draw no
     mermaid diagrams), with :data:`SLIDES_HEAD` at the top of its head."""
     html = re.sub(r'<script type="module">\s*import mermaid from [^<]*</script>', "", html)
+    head, _, tail = html.rpartition("</body>")
+    html = head + SLIDES_FOOT + "</body>" + tail if head else html
     return html.replace("<head>", "<head>\n" + SLIDES_HEAD, 1)
 
 
@@ -226,10 +416,16 @@ def build_book(lessons: list[Path], out: Path, profile: str, timings: dict[str, 
     if book.exists():
         shutil.rmtree(book)
     book.mkdir(parents=True)
+    markdown = []
     for p in lessons:
-        nbformat.write(_for_pages(nbformat.read(str(p), as_version=4)), str(book / p.name))
+        nb = nbformat.read(str(p), as_version=4)
+        markdown += [c.source for c in nb.cells if c.cell_type == "markdown"]
+        nbformat.write(_for_book(nb), str(book / p.name))
     (book / "index.md").write_text(_index_page(lessons, profile, timings))
-    toc = {"format": "jb-book", "root": "index", "chapters": [{"file": p.stem} for p in lessons]}
+    reference = copy_docs(linked_docs("\n".join(markdown)), book)
+    toc = {"format": "jb-book", "root": "index", "parts": [
+        {"caption": "Lessons", "chapters": [{"file": p.stem} for p in lessons]},
+        *([{"caption": "Reference", "chapters": [{"file": f} for f in reference]}] if reference else [])]}
     (book / "_toc.yml").write_text(json.dumps(toc, indent=1))  # JSON is YAML
     config = {
         "title": "acetools course", "author": "acetools", "only_build_toc_files": True,
@@ -245,12 +441,15 @@ def build_book(lessons: list[Path], out: Path, profile: str, timings: dict[str, 
                                             "ignoreClass": "tex2jax_ignore"}},
             # not "_static": Jupyter Book would add every .js file there to every page
             "html_static_path": ["_vendor"],
+            "html_css_files": ["acetools.css"],  # wide equations and outputs scroll inside the page (SITE_CSS)
             "nb_ipywidgets_js": {},  # no widget manager from a CDN
             "suppress_warnings": ["mystnb.unknown_mime_type", "myst.header"],
+            "myst_heading_anchors": 6,  # GitHub's anchors, as the lessons' links to docs/ name them
         }},
     }
     (book / "_config.yml").write_text(json.dumps(config, indent=1))
     copy_mathjax(book / "_vendor" / "mathjax")  # served as _static/mathjax/
+    (book / "_vendor" / "acetools.css").write_text(SITE_CSS)
     jb = shutil.which("jupyter-book") or str(Path(sys.executable).parent / "jupyter-book")
     if not Path(jb).is_file():
         raise SiteError("jupyter-book is not installed: pip install -e '.[course]' (scripts/setup.sh does)")
@@ -265,6 +464,7 @@ def build_book(lessons: list[Path], out: Path, profile: str, timings: dict[str, 
 def build_slides(lessons: list[Path], out: Path) -> list[Path]:
     """One reveal.js page per lesson in ``out/slides`` with its scripts beside it; the pages."""
     from nbconvert import SlidesExporter
+    from traitlets.config import Config
 
     slides = out / "slides"
     slides.mkdir(parents=True, exist_ok=True)
@@ -278,15 +478,19 @@ def build_slides(lessons: list[Path], out: Path) -> list[Path]:
     copy_mathjax(slides / "mathjax")
     exporter = SlidesExporter(reveal_url_prefix="reveal.js", require_js_url="vendor/require.min.js",
                               jquery_url="vendor/jquery.min.js", mathjax_url="mathjax/MathJax.js" + MATHJAX_CONFIG,
-                              exclude_input_prompt=True, exclude_output_prompt=True, reveal_scroll=True)
+                              exclude_input_prompt=True, exclude_output_prompt=True, reveal_scroll=False,
+                              reveal_width="1280", reveal_height="720", config=Config(
+                                  {"TagRemovePreprocessor": {"enabled": True, "remove_input_tags": {"hide-input"}}}))
     pages = []
     for p in lessons:
-        nb = _for_pages(nbformat.read(str(p), as_version=4))
+        nb = one_idea_slides(_for_pages(nbformat.read(str(p), as_version=4)))
         for cell, kind in zip(nb.cells, slide_types(nb)):
             cell.metadata["slideshow"] = {"slide_type": kind}
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title_of(nb, p.stem)}})
         page = slides / f"{p.stem}.slides.html"
-        page.write_text(_offline(body))
+        soup = BeautifulSoup(_offline(body), features="html.parser")
+        link_docs(soup, REPO / "notebooks", slides, "docs/")  # the docs pages, rendered beside the slides
+        page.write_text(str(soup))
         pages.append(page)
     return pages
 

@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["check_html", "equation_code_spans", "mathjax_url", "find_chromium", "chromium_layout",
            "check_rendered", "check_report", "figure_problems", "screenshot", "CHROMIUM_FLAGS", "code_problems",
-           "rendered_code_cells"]
+           "rendered_code_cells", "rendered_dom", "dead_links", "slide_overflows"]
 
 
 #: What a rendered report must not contain (:func:`check_html`), as regular expressions on its
@@ -97,13 +97,33 @@ function acetoolsLayout() {
     var scrolls = t.scrollWidth > t.clientWidth + 1;  // display:block tables scroll inside the page
     if (w > page + 1 || scrolls) { wide.push([i, Math.round(w), (t.innerText || '').slice(0, 60)]); }
   });
+  var cut = [];  // equations, code and outputs wider than the page, or overflowing a box that does not scroll
+  var boxes = 'pre, div.highlight, .MJXc-display, .MathJax_Display, .math, mjx-container, .jp-OutputArea-output, ' +
+              '.jp-InputArea-editor, .cell_output, .cell_input, img';
+  document.querySelectorAll(boxes).forEach(function (e) {
+    var r = e.getBoundingClientRect(), ox = getComputedStyle(e).overflowX;
+    if (r.width === 0 || e.closest('#acetools-layout')) { return; }
+    var box = getComputedStyle(e).display !== 'inline';  // an inline element has no width of its own
+    var spills = box && e.scrollWidth > e.clientWidth + 1 && ox !== 'auto' && ox !== 'scroll';
+    if (r.right > page + 1 || spills) {
+      cut.push([e.tagName.toLowerCase() + '.' + (e.className || '').toString().split(' ')[0], Math.round(r.right),
+                Math.round(e.scrollWidth), (e.innerText || '').slice(0, 50)]);
+    }
+  });
   var out = document.createElement('pre');
   out.id = 'acetools-layout';
-  out.textContent = JSON.stringify({page: page, rendered: rendered, raw: raw, errors: errors, wide: wide});
+  out.textContent = JSON.stringify({page: page, rendered: rendered, raw: raw, errors: errors, wide: wide, cut: cut,
+                                    scroll: document.documentElement.scrollWidth});
   document.body.appendChild(out);
 }
-if (window.MathJax && MathJax.Hub) { MathJax.Hub.Queue(acetoolsLayout); }
-else { window.addEventListener('load', function () { setTimeout(acetoolsLayout, 0); }); }
+var acetoolsDone = false;
+function acetoolsOnce() { if (!acetoolsDone) { acetoolsDone = true; acetoolsLayout(); } }
+function acetoolsWait(tries) {  // after MathJax's typesetting where the page has MathJax (loaded late on a site)
+  if (window.MathJax && MathJax.Hub && MathJax.Hub.Queue) { MathJax.Hub.Queue(acetoolsOnce); }
+  else if (tries > 0) { setTimeout(function () { acetoolsWait(tries - 1); }, 250); }
+  else { acetoolsOnce(); }
+}
+window.addEventListener('load', function () { acetoolsWait(40); setTimeout(acetoolsOnce, 40000); });
 </script>
 """
 
@@ -121,13 +141,17 @@ def chromium_layout(html: str | os.PathLike, *, width: int = 1280, timeout: floa
     if exe is None:
         raise RuntimeError("no headless Chromium: install Debian's `chromium` (scripts/setup.sh does)")
     src = Path(html).read_text()
+    # the probe lies beside the page, so that the page's relative links (a site's _static/) resolve
+    probe = Path(html).resolve().parent / f".acetools-probe-{os.getpid()}-{Path(html).name}"
     with tempfile.TemporaryDirectory() as tmp:
-        probe = Path(tmp) / "probe.html"
         probe.write_text(src.replace("</body>", _LAYOUT_JS + "</body>") if "</body>" in src else src + _LAYOUT_JS)
         cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={width},1000", "--virtual-time-budget=60000",
                f"--user-data-dir={tmp}/profile", "--dump-dom", probe.as_uri()]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    m = re.search(r'<pre id="acetools-layout">(.*?)</pre>', out.stdout, flags=re.S)
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        finally:
+            probe.unlink(missing_ok=True)
+    m = re.search(r'<pre id="acetools-layout"[^>]*>(.*?)</pre>', out.stdout, flags=re.S)
     if not m:
         raise RuntimeError(f"Chromium did not lay out {html}: {out.stderr[-400:]}")
     import html as _html
@@ -156,7 +180,8 @@ def screenshot(html: str | os.PathLike, png: str | os.PathLike, *, width: int = 
 def check_rendered(path: str | os.PathLike, *, width: int = 1280) -> list[str]:
     """What a reader at ``width`` px would see wrong in a rendered report (``[]``: none): maths
     that MathJax did not typeset (raw TeX left, MathJax errors, or TeX in the page with no
-    typeset element), and tables wider than the page."""
+    typeset element), tables wider than the page, and equations, code or outputs that run past
+    the page or out of a box that does not scroll (cut) instead of wrapping or scrolling."""
     lay = chromium_layout(path, width=width)
     name = Path(path).name
     problems = []
@@ -165,6 +190,11 @@ def check_rendered(path: str | os.PathLike, *, width: int = 1280) -> list[str]:
     for i, w, text in lay["wide"]:
         problems.append(f"{name}: table {i} is {w} px wide, wider than the page ({lay['page']} px) or its box: "
                         f"{text!r}")
+    for what, right, content, text in lay.get("cut", []):
+        problems.append(f"{name}: {what} ends at {right} px (content {content} px), cut or past the page "
+                        f"({lay['page']} px) instead of wrapping or scrolling: {text!r}")
+    if lay.get("scroll", 0) > lay["page"] + 1:
+        problems.append(f"{name}: the page is {lay['scroll']} px wide, wider than the window ({lay['page']} px)")
     return problems
 
 
@@ -278,3 +308,111 @@ def code_problems(executed: str | os.PathLike, html: str) -> list[str]:
     return problems
 
 
+
+
+def rendered_dom(page: str | os.PathLike, *, width: int = 1280, timeout: float = 180.0) -> str:
+    """The DOM of ``page`` after headless Chromium has run its scripts (``--dump-dom``)."""
+    import subprocess
+    import tempfile
+
+    exe = find_chromium()
+    if exe is None:
+        raise RuntimeError("no headless Chromium: install Debian's `chromium` (scripts/setup.sh does)")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={width},1000", "--virtual-time-budget=30000",
+               f"--user-data-dir={tmp}/profile", "--dump-dom", Path(page).resolve().as_uri()]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
+
+
+def dead_links(page: str | os.PathLike, pattern: str = r"docs/", within: str = "body") -> tuple[list[str], list[str]]:
+    """``(links, dead)``: the links in ``page``'s element ``within`` (a CSS selector: ``article`` for
+    a site page's text, not its menus) whose URL matches ``pattern``, and those of them whose target
+    file is missing or lacks the element the anchor names, in headless Chromium's DOM. Each target
+    page is opened in Chromium once."""
+    from urllib.parse import unquote, urlparse
+
+    from bs4 import BeautifulSoup
+
+    base = Path(page).resolve()
+    links = []
+    root = BeautifulSoup(rendered_dom(base), features="html.parser").select_one(within)
+    for a in root.find_all("a", href=True) if root is not None else []:
+        href = str(a["href"])
+        if re.search(pattern, href) and not href.startswith(("http:", "https:")):
+            url = urlparse(href if href.startswith("file:") else (base.parent / href.split("#")[0]).as_uri()
+                           + ("#" + href.split("#", 1)[1] if "#" in href else ""))
+            links.append((Path(unquote(url.path)), url.fragment, href))
+    dead, ids = [], {}
+    for target, anchor, href in links:
+        if not target.is_file():
+            dead.append(f"{base.name}: {href} -> no file {target}")
+            continue
+        if anchor and target not in ids:
+            dom = BeautifulSoup(rendered_dom(target), features="html.parser")
+            ids[target] = {str(el.get("id")) for el in dom.find_all(id=True)}
+        if anchor and anchor not in ids[target]:
+            dead.append(f"{base.name}: {href} -> {target.name} has no element #{anchor}")
+    return [h for _, _, h in links], dead
+
+
+#: Injected into a copy of a slide deck (scripts/build_site.py): once the deck has fitted its slides,
+#: show every slide in turn at the window's size and list those whose content is taller or wider
+#: than the slide (cut at its edge; a slide that scrolls within its height is not), with the deck's
+#: slide and speaker-note counts.
+_SLIDES_JS = r"""
+<script>
+function acetoolsSlides() {
+  if (document.body.getAttribute('data-acetools-fit') !== 'done' || !window.acetoolsReveal) {
+    setTimeout(acetoolsSlides, 200); return;
+  }
+  var R = window.acetoolsReveal, W = R.getConfig().width, H = R.getConfig().height, cut = [];
+  var slides = R.getSlides();
+  slides.forEach(function (s, i) {
+    var at = R.getIndices(s);
+    R.slide(at.h, at.v);
+    var st = getComputedStyle(s), scrollsY = st.overflowY === 'auto' || st.overflowY === 'scroll';
+    var tall = scrollsY ? s.clientHeight > H + 1 : s.scrollHeight > H + 1;  // a slide that scrolls is not cut
+    if (tall || s.scrollWidth > W + 1) {
+      cut.push([i, s.scrollWidth, s.scrollHeight, (s.innerText || '').trim().slice(0, 60)]);
+    }
+  });
+  var out = document.createElement('pre');
+  out.id = 'acetools-slides';
+  out.textContent = JSON.stringify({width: W, height: H, slides: slides.length, cut: cut,
+                                    notes: document.querySelectorAll('aside.notes').length});
+  document.body.appendChild(out);
+}
+window.addEventListener('load', function () { setTimeout(acetoolsSlides, 0); });
+</script>
+"""
+
+
+def slide_overflows(deck: str | os.PathLike, *, width: int = 1280, height: int = 720,
+                    timeout: float = 300.0) -> dict[str, Any]:
+    """Show every slide of a reveal.js ``deck`` in headless Chromium at ``width`` × ``height`` and
+    return ``{"slides", "notes", "width", "height", "cut"}``: ``cut`` lists the slides whose content
+    is taller or wider than the slide (index, content width, content height, first text)."""
+    import json as _json
+    import subprocess
+    import tempfile
+
+    exe = find_chromium()
+    if exe is None:
+        raise RuntimeError("no headless Chromium: install Debian's `chromium` (scripts/setup.sh does)")
+    src = Path(deck).read_text()
+    head, _, tail = src.rpartition("</body>")
+    probe = Path(deck).resolve().parent / f".acetools-slides-{os.getpid()}-{Path(deck).name}"
+    with tempfile.TemporaryDirectory() as tmp:
+        probe.write_text(head + _SLIDES_JS + "</body>" + tail)
+        cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={width},{height}", "--virtual-time-budget=120000",
+               f"--user-data-dir={tmp}/profile", "--dump-dom", probe.as_uri()]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        finally:
+            probe.unlink(missing_ok=True)
+    m = re.search(r'<pre id="acetools-slides"[^>]*>(.*?)</pre>', out.stdout, flags=re.S)
+    if not m:
+        raise RuntimeError(f"Chromium did not show the slides of {deck}: {out.stderr[-400:]}")
+    import html as _html
+
+    return _json.loads(_html.unescape(m.group(1)))

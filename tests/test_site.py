@@ -20,7 +20,7 @@ import nbformat
 import pytest
 
 from acetools.notebooks import notebook_paths
-from tests.report_checks import CHROMIUM_FLAGS, find_chromium
+from tests.report_checks import CHROMIUM_FLAGS, find_chromium, slide_overflows
 from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,6 +153,14 @@ def test_slides_are_built_for_every_lesson_offline(site):
     dom = _rendered_dom(pages[1])
     assert re.search(r'<div class="reveal [^"]*\bready\b', dom), "reveal.js did not start on the slides"
     assert dom.count('class="mjx-chtml') > 0, "the slides' equations were not typeset"
+
+
+@pytest.mark.slow
+def test_every_lessons_slides_fit_1280_by_720_with_speaker_notes(site):
+    for page in [Path(p) for p in site["slides"]]:
+        got = slide_overflows(page)
+        assert got["notes"] >= 1, f"{page.name}: no speaker notes"
+        assert not got["cut"], f"{page.name}: slides cut at 1280 × 720 (index, width, height, text): {got['cut']}"
 
 
 def test_a_lesson_that_did_not_finish_is_not_reused(tmp_path):
