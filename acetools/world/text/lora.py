@@ -47,7 +47,7 @@ class TextLoraConfig:
     #: fine-tune's; the head keeps the recipe's ``head_lr``)
     lr: float = 1e-3
     #: the Linear layers adapted (peft's target_modules): every matrix the full fine-tunes train
-    targets: tuple[str, ...] = ("query", "key", "value", "dense")
+    targets: Sequence[str] = ("query", "key", "value", "dense")
 
     def __post_init__(self):
         object.__setattr__(self, "targets", tuple(self.targets))  # a list from JSON or a notebook
