@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((REPO / "notebooks" / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((REPO / "notebooks" / "exercises").glob("*.ipynb"))
 #: Lessons with exercises (docs/teaching.md): three exercises each.
-LESSONS = ("00_quickstart", "01_theorem1", "02_ace_step_by_step", "03_esm_step_by_step", "07_language")
+LESSONS = ("00_quickstart", "01_theorem1", "02_ace_step_by_step", "03_esm_step_by_step", "07_language",
+           "08_lora_experts")
 
 
 def _script():
