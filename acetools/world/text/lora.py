@@ -18,13 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
 from torch import Tensor, nn
 
 from ...errors import InputError
 from ...files.checkpoints import config_hash, open_checkpoint
 from ...files.lora import LoraCheckpoint
-from ...utils import cpu_threads
+from ...utils import cpu_threads, seed_everything
 from ..base import StateDict
 from .finetune import finetune_text, text_correctness
 from .model import minilm_folder
@@ -153,7 +152,7 @@ class TextLoraWorld(TextWorld):
         model = _Classifier(enc.bert, head)
         cfg = LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=0.0,
                          target_modules=list(self.lora.targets), modules_to_save=["classifier"])
-        torch.manual_seed(self._task_seed(task))  # peft draws A (Kaiming uniform) from the global generator
+        seed_everything(self._task_seed(task))  # peft draws A (Kaiming uniform) from the global generator
         peft_model = get_peft_model(model, cfg)
         names = [n for n, _ in enc.bert.named_parameters() if ".lora_" in n]
         recipe = self.config.__class__(**{**asdict(self.config), "lr": self.lora.lr})
