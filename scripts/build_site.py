@@ -404,7 +404,7 @@ def _index_page(lessons: list[Path], profile: str, timings: dict[str, float]) ->
              "mini-world measures" if profile == "quick" else "the mini-world (full profile)")
     return "\n".join([
         "# acetools: a course in data-free model merging", "",
-        f"The eight lessons of `notebooks/`, executed on {where}. Each page is the notebook as it ran: its "
+        f"The nine lessons of `notebooks/`, executed on {where}. Each page is the notebook as it ran: its "
         "code, its tables and its figures. The exercises and their solutions are in `notebooks/exercises/` "
         "and `notebooks/solutions/`; the syllabus is `docs/teaching.md`.", "",
         "| lesson | title | read | executed in |", "|---|---|---|---|", *rows, ""])

@@ -31,7 +31,7 @@ SOLUTIONS = sorted((REPO / "notebooks" / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((REPO / "notebooks" / "exercises").glob("*.ipynb"))
 #: Lessons with exercises (docs/teaching.md): three exercises each.
 LESSONS = ("00_quickstart", "01_theorem1", "02_ace_step_by_step", "03_esm_step_by_step", "04_benchmark",
-           "05_claims", "06_mergeable_world", "07_language")
+           "05_claims", "06_mergeable_world", "07_language", "08_lora_experts")
 
 
 def _script():
@@ -237,6 +237,19 @@ WRONG: dict[tuple[str, int], tuple[str | tuple[str | None, ...], ...]] = {
         "U, S, Vh = torch.linalg.svd(sum(taus_of_one_matrix), full_matrices=False)\nreturn S.max() * (U @ Vh)",
         "out = 0\nfor tau in taus_of_one_matrix:\n    U, S, Vh = torch.linalg.svd(tau, full_matrices=False)\n"
         "    out = out + S.mean() * (U @ Vh)\nreturn out"),
+    ("08_lora_experts", 1): (  # rsLoRA's alpha / sqrt(r) without use_rslora; r read off A's columns (d_in)
+        "return W0 + (alpha / B.shape[1] ** 0.5) * B @ A",
+        "return W0 + (alpha / A.shape[1]) * B @ A"),
+    ("08_lora_experts", 2): (  # lambda left out; lambda on both factors (lambda squared in B A)
+        "B = torch.cat([(alpha / B_t.shape[1]) * B_t for B_t, _ in adapters], dim=1)\n"
+        "A = torch.cat([A_t for _, A_t in adapters], dim=0)\nreturn B, A",
+        "B = torch.cat([lam * (alpha / B_t.shape[1]) * B_t for B_t, _ in adapters], dim=1)\n"
+        "A = torch.cat([lam * A_t for _, A_t in adapters], dim=0)\nreturn B, A"),
+    ("08_lora_experts", 3): (  # R_a not transposed; V left in the r-dimensional coordinates of the QR
+        "Q_b, R_b = torch.linalg.qr(B)\nQ_a, R_a = torch.linalg.qr(A.T)\nu, s, vh = torch.linalg.svd(R_b @ R_a)\n"
+        "return Q_b @ u, s, vh @ Q_a.T",
+        "Q_b, R_b = torch.linalg.qr(B)\nQ_a, R_a = torch.linalg.qr(A.T)\nu, s, vh = torch.linalg.svd(R_b @ R_a.T)\n"
+        "return Q_b @ u, s, vh"),
 }
 
 

@@ -20,8 +20,8 @@ def _headings(path: Path) -> list[str]:
             for line in src.splitlines() if re.match(r"#{1,3} ", line)]
 
 
-def test_there_are_eight_lessons():
-    assert len(NOTEBOOKS) == 8, [p.name for p in NOTEBOOKS]
+def test_there_are_nine_lessons():
+    assert len(NOTEBOOKS) == 9, [p.name for p in NOTEBOOKS]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -36,7 +36,7 @@ def test_what_we_learned_closes_the_lesson_and_only_an_appendix_follows(path):
 
 
 #: The lessons that implement a method's equations (docs/style.md §1) and their tagged equations.
-IMPLEMENTING = ["01_theorem1", "02_ace_step_by_step", "03_esm_step_by_step", "07_language"]
+IMPLEMENTING = ["01_theorem1", "02_ace_step_by_step", "03_esm_step_by_step", "07_language", "08_lora_experts"]
 
 
 def _library_names(code: str) -> set[str]:

@@ -30,7 +30,7 @@ IDS = [p.stem for p in NOTEBOOKS]
 CORE = {"quick": "bool", "suite": "str", "size": "str", "seed": "int", "device": "str", "interactive": "bool",
         "figures_dir": "str"}
 EXPECTED = ["00_quickstart", "01_theorem1", "02_ace_step_by_step", "03_esm_step_by_step", "04_benchmark", "05_claims",
-            "06_mergeable_world", "07_language"]
+            "06_mergeable_world", "07_language", "08_lora_experts"]
 
 
 def test_the_course_has_its_notebooks_in_order():

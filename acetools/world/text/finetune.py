@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -96,15 +96,20 @@ def _autocast(enabled: bool, device: torch.device):
 
 def finetune_text(encoder: TextEncoder, head: nn.Linear, data: TextData, tok, cfg: TextFinetuneConfig, *,
                   seed: int = 0, device: torch.device | str = "cpu", progress_bar: bool | None = None,
-                  desc: str = "fine-tune") -> dict:
+                  desc: str = "fine-tune", trainable: Collection[str] | None = None) -> dict:
     """Fine-tune ``encoder``'s transformer layers (and ``head`` unless the heads are zero-shot)
-    on ``data`` in place. Returns metrics (steps, seconds, final loss, sequences per second)."""
+    on ``data`` in place. ``trainable``: the names of ``encoder.bert``'s parameters to train at
+    ``cfg.lr`` instead of :func:`merged_keys` (a LoRA's factors: :mod:`acetools.world.text.lora`).
+    Returns metrics (steps, seconds, final loss, sequences per second)."""
     device = torch.device(device)
     encoder.to(device).train()
     head.to(device)
-    names = set(merged_keys(dict(encoder.bert.named_parameters()), cfg.params))
+    named = dict(encoder.bert.named_parameters())
+    names = set(merged_keys(named, cfg.params) if trainable is None else trainable)
+    if not names <= set(named):
+        raise InputError(f"trainable: {sorted(names - set(named))[0]!r} is not a parameter of the encoder")
     enc_params = []
-    for n, p in encoder.bert.named_parameters():
+    for n, p in named.items():
         p.requires_grad_(n in names)
         if n in names:
             enc_params.append(p)
