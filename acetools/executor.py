@@ -143,7 +143,7 @@ class Executor:
         except Exception as e:  # noqa: BLE001 - a RayTaskError: raise the job's own error
             raise _cause(e) from None
 
-    def stream(self, fn: Callable[..., Any], jobs: Mapping[Any, tuple]) -> Stream:
+    def stream(self, fn: Callable[..., Any], jobs: Mapping[str, tuple]) -> Stream:
         """Jobs consumed in order by a sequential rule (a grid search with early stopping): serially each is
         run when asked for; with Ray the next :attr:`parallel` run ahead of the one asked for."""
         return Stream(self, fn, dict(jobs))
@@ -153,13 +153,13 @@ class Stream:
     """:meth:`Executor.stream`'s jobs: :meth:`get` one by name, :meth:`close` drops those run ahead and not
     asked for."""
 
-    def __init__(self, executor: Executor, fn: Callable[..., Any], jobs: dict[Any, tuple]):
+    def __init__(self, executor: Executor, fn: Callable[..., Any], jobs: dict[str, tuple]):
         self.executor, self.fn, self.jobs = executor, fn, jobs
         self.names = list(jobs)
-        self._refs: dict[Any, Any] = {}
+        self._refs: dict[str, Any] = {}
         self._ahead = executor.parallel
 
-    def get(self, name: Any) -> Any:
+    def get(self, name: str) -> Any:
         """The result of job ``name``; an error is a :class:`TaskFailed` naming it once the jobs run ahead
         finished (serially: the job's own error)."""
         ex = self.executor
@@ -170,14 +170,14 @@ class Stream:
         i = self.names.index(name)
         for later in self.names[i:i + self._ahead]:
             if later not in self._refs:
-                self._refs[later] = remote.options(name=str(later)).remote(self.fn, self.jobs[later], ex.threads)
+                self._refs[later] = remote.options(name=later).remote(self.fn, self.jobs[later], ex.threads)
         try:
             return ray.get(self._refs.pop(name))
         except Exception as e:  # noqa: BLE001 - the others finish, then the failure is named
             others = list(self._refs.values())
             ray.wait(others, num_returns=len(others))
             self._refs.clear()
-            raise TaskFailed({str(name): _cause(e)}, {}, 1) from _cause(e)
+            raise TaskFailed({name: _cause(e)}, {}, 1 + len(others)) from _cause(e)
 
     def close(self) -> None:
         """Cancel the jobs run ahead and never asked for."""

@@ -7,12 +7,14 @@ The two-node cluster is tests/test_executor_two_nodes.py (one Ray cluster per mo
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,6 +30,7 @@ from .test_zoo import FINETUNE, PRETRAIN, load_split, pretraining_pool
 
 pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 KEY = "bert.encoder.layer.0.attention.self.query.weight"
 
 #: The user's evaluation: minus the distance of the merged query weight to a target (task arithmetic at
@@ -134,13 +137,24 @@ def test_a_serial_failure_is_named_after_the_others_ran():
 
 # --------------------------------------------------------------------------- on a local Ray cluster
 
+def started(start: Callable[[], T], tries: int = 3) -> T:
+    """``start()``, tried again where a node timed out during startup: Ray waits 30 s (a constant in
+    ray/_private/node.py) for a raylet whose agents a loaded 2-core machine may start more slowly."""
+    for _ in range(tries - 1):
+        try:
+            return start()
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if "timed out during startup" not in str(e):
+                raise
+    return start()
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
-    os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")  # a loaded 2-core machine starts it slowly
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    started(lambda: ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False))
     yield ray
     ray.shutdown()
 
@@ -217,8 +231,7 @@ def test_bench_rows_on_ray_are_bit_identical_and_resume_either_way(ray_cluster, 
     for a, b in zip(serial, on_ray):
         assert (a.name, a.coef, a.val, a.test) == (b.name, b.coef, b.val, b.test)
         assert a.test_correct is not None and b.test_correct is not None
-        assert all(torch.equal(torch.as_tensor(a.test_correct[t]), torch.as_tensor(b.test_correct[t]))
-                   for t in a.test_correct)
+        assert all(np.array_equal(a.test_correct[t], b.test_correct[t]) for t in a.test_correct)
     # a ray run resumes a serial one: the kept row is not recomputed, the rest is
     store = tmp_path / "mixed"
     _bench(zoo_root).run_all(methods[:1], references=False, store=store)

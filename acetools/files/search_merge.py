@@ -171,9 +171,10 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
 
         try:
             if search.kind == "grid":
-                jobs = ex.stream(score_candidate, {v: job(i, v) for i, v in enumerate(search.grid)})
+                name = {v: f"{search.param}={v:g}" for v in search.grid}
+                jobs = ex.stream(score_candidate, {name[v]: job(i, v) for i, v in enumerate(search.grid)})
                 try:
-                    res = grid_search(lambda v: scored(v, jobs.get(v)), search.grid, objective="absolute",
+                    res = grid_search(lambda v: scored(v, jobs.get(name[v])), search.grid, objective="absolute",
                                       patience=PATIENCE if patience is None else patience)
                 finally:
                     jobs.close()
