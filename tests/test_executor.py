@@ -137,7 +137,7 @@ def test_a_serial_failure_is_named_after_the_others_ran():
 
 # --------------------------------------------------------------------------- on a local Ray cluster
 
-def started(start: Callable[[], T], tries: int = 3) -> T:
+def started(start: Callable[[], T], tries: int = 5) -> T:
     """``start()``, tried again where a node timed out during startup: Ray waits 30 s (a constant in
     ray/_private/node.py) for a raylet whose agents a loaded 2-core machine may start more slowly."""
     for _ in range(tries - 1):
