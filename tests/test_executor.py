@@ -194,6 +194,26 @@ def test_tpe_batches_on_ray_are_bit_identical_to_serial_batches(ray_cluster, sea
 
 
 @pytest.mark.slow
+def test_merge_search_on_the_command_line_with_ray(ray_cluster, search_files, tmp_path, capsys):
+    pytest.importorskip("optuna")
+    from acetools.cli import main
+
+    base, experts, spec = search_files
+    common = ["merge", "--method", "task_arithmetic", "--base", str(base), "--experts", *map(str, experts),
+              "--search", f"{spec}:evaluate", "-q"]
+    for kind in ("serial", "ray"):
+        assert main([*common, "--out", str(tmp_path / kind), "--executor", kind]) == 0
+        assert f"chosen lam={LAMBDA_GRID[2]:g}" in capsys.readouterr().out
+        tpe = [*common, "--out", str(tmp_path / f"tpe-{kind}"), "--executor", kind, "--searcher", "tpe",
+               "--trials", "2", "--batch", "2"]
+        assert main(tpe) == 0
+    same_weights(tmp_path / "serial", tmp_path / "ray")
+    same_weights(tmp_path / "tpe-serial", tmp_path / "tpe-ray")
+    assert main([*common, "--out", str(tmp_path / "x"), "--batch", "2"]) == 2  # --batch is TPE's
+    assert "--searcher tpe option" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_a_failing_candidate_is_named_and_the_others_finish(ray_cluster, search_files, tmp_path):
     pytest.importorskip("optuna")
     from acetools.files.search_merge import score_candidate
