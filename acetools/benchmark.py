@@ -106,8 +106,9 @@ class MethodRun:
 class Benchmark:
     """Merge-and-evaluate on one world: ``n_val``/``n_test`` cap the examples per task (None: all);
     ``n_proxy`` ESM's validation proxies per task (seed ``proxy_seed``), ``n_gram`` RegMean's training examples.
-    ``source``: a picklable function that loads the same world from storage every worker reads (e.g.
-    ``functools.partial(Zoo(...).build)`` of a cached zoo), which :meth:`run_all` with ``executor="ray"`` needs."""
+    ``source``: a picklable function that loads the same world from storage every worker reads (a module-level
+    function and its arguments, e.g. ``functools.partial(load_zoo, root)`` that builds a ``Zoo`` from its cache),
+    which :meth:`run_all` with ``executor="ray"`` needs (docs/performance.md §Executors)."""
 
     def __init__(self, world, *, n_val: int | None = None, n_test: int | None = None, n_proxy: int = 32,
                  n_gram: int = 256, proxy_seed: int = 0, batch_size: int = 512, threads: int | None = None,

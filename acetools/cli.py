@@ -257,6 +257,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _zoo_options(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The :class:`acetools.world.vision.zoo.Zoo` arguments of ``zoo build`` / ``bench`` for ``seed``."""
     return {"tasks": args.suite, "size": args.size, "seed": seed, "root": args.root, "mtl": not args.no_mtl,
             "threads": args.threads}
 
@@ -298,9 +299,9 @@ def _add_zoo(sub) -> None:
 def _cmd_zoo_build(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    _folder_for_output(args.root, "--root")
     from .world.vision.zoo import build_zoos
 
+    _folder_for_output(args.root, "--root")
     if args.check:
         return _zoo_check(args)
     zoos = build_zoos([_zoo(args, seed) for seed in args.seeds], executor=_executor(args), progress=not args.quiet)
