@@ -175,16 +175,19 @@ class Stream:
             return ray.get(self._refs.pop(name))
         except Exception as e:  # noqa: BLE001 - the others finish, then the failure is named
             others = list(self._refs.values())
-            ray.wait(others, num_returns=len(others))
+            if others:
+                ray.wait(others, num_returns=len(others))
             self._refs.clear()
             raise TaskFailed({name: _cause(e)}, {}, 1 + len(others)) from _cause(e)
 
     def close(self) -> None:
-        """Cancel the jobs run ahead and never asked for."""
+        """Cancel the jobs run ahead and never asked for, and wait until they stopped (none writes after)."""
         if self._refs:
             ray = self.executor._ray()
-            for ref in self._refs.values():
+            refs = list(self._refs.values())
+            for ref in refs:
                 ray.cancel(ref)
+            ray.wait(refs, num_returns=len(refs))
             self._refs.clear()
 
 
