@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import torch
@@ -123,10 +124,20 @@ class Executor:
             return
         ray = self._ray()
         remote = ray.remote(num_cpus=1, max_retries=0)(_in_threads)
-        refs = {remote.options(name=str(name)).remote(fn, args, self.threads): name for name, args in jobs.items()}
-        pending = list(refs)
+        waiting = iter(jobs.items())
+        refs: dict[Any, str] = {}
+
+        def submit(n: int) -> list:  # at most `parallel` jobs in flight (--workers on a larger cluster)
+            new = []
+            for name, args in islice(waiting, n):
+                new.append(remote.options(name=name).remote(fn, args, self.threads))
+                refs[new[-1]] = name
+            return new
+
+        pending = submit(self.parallel)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
+            pending += submit(len(done))
             for ref in done:
                 try:
                     yield refs[ref], True, ray.get(ref)

@@ -193,6 +193,23 @@ def test_tpe_batches_on_ray_are_bit_identical_to_serial_batches(ray_cluster, sea
     same_weights(tmp_path / "serial", tmp_path / "ray")
 
 
+def span(seconds: float) -> tuple[float, float]:
+    """A job's start and end (wall clock) around ``seconds`` of sleep."""
+    import time
+
+    t0 = time.time()
+    time.sleep(seconds)
+    return t0, time.time()
+
+
+@pytest.mark.slow
+def test_workers_caps_the_jobs_in_flight(ray_cluster):
+    one = sorted(Executor("ray", workers=1).map(span, {f"j{i}": (0.3,) for i in range(3)}).values())
+    assert all(end <= nxt_start for (_, end), (nxt_start, _) in zip(one, one[1:]))  # one after another
+    two = sorted(Executor("ray", workers=2).map(span, {f"j{i}": (4.0,) for i in range(2)}).values())
+    assert two[1][0] < two[0][1]  # both at once on the 2-CPU cluster (4 s: longer than a worker's start)
+
+
 @pytest.mark.slow
 def test_merge_search_on_the_command_line_with_ray(ray_cluster, search_files, tmp_path, capsys):
     pytest.importorskip("optuna")
