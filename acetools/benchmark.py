@@ -17,7 +17,7 @@ import platform
 import re
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -29,11 +29,11 @@ from torch import Tensor
 
 from .diagnostics import relative_update_norms, task_vector_cosine
 from .errors import InputError
+from .executor import Executor, as_executor
 from .merging import METHODS, Search, is_matrix_param, merge, task_vectors
 from .results import aggregate, find_results, load_correctness, row_kind, save_correctness  # aggregate: over seeds
 from .search import check_patience, golden_section_search
 from .utils import atomic_write, jsonable
-from .utils import progress as bar
 from .world.base import EvaluatesAll, MultiTaskWorld, PerExample, SplitData, World, as_world
 
 __all__ = ["Benchmark", "MethodRun", "Search", "package_versions", "aggregate_seeds", "save_row", "load_row"]
@@ -105,12 +105,18 @@ class MethodRun:
 
 class Benchmark:
     """Merge-and-evaluate on one world: ``n_val``/``n_test`` cap the examples per task (None: all);
-    ``n_proxy`` ESM's validation proxies per task (seed ``proxy_seed``), ``n_gram`` RegMean's training examples."""
+    ``n_proxy`` ESM's validation proxies per task (seed ``proxy_seed``), ``n_gram`` RegMean's training examples.
+    ``source``: a picklable function that loads the same world from storage every worker reads (a module-level
+    function and its arguments, e.g. ``functools.partial(load_zoo, root)`` that builds a ``Zoo`` from its cache),
+    which :meth:`run_all` with ``executor="ray"`` needs (docs/performance.md §Executors)."""
 
     def __init__(self, world, *, n_val: int | None = None, n_test: int | None = None, n_proxy: int = 32,
                  n_gram: int = 256, proxy_seed: int = 0, batch_size: int = 512, threads: int | None = None,
-                 patience: int | None = None):
+                 patience: int | None = None, source: Callable[[], Any] | None = None):
         check_patience(patience)
+        self.source = source
+        self.options = {"n_val": n_val, "n_test": n_test, "n_proxy": n_proxy, "n_gram": n_gram,
+                        "proxy_seed": proxy_seed, "batch_size": batch_size, "threads": threads, "patience": patience}
         self.world: World = as_world(world, batch_size=batch_size, threads=threads)
         self.patience = patience
         self.tasks: list[str] = list(self.world.tasks)
@@ -331,31 +337,37 @@ class Benchmark:
 
     def run_all(self, methods: Sequence[str] | None = None, *, references: bool = True,
                 progress: bool | None = None, extra: Mapping[str, dict] | None = None,
-                store: str | Path | None = None) -> list[MethodRun]:
+                store: str | Path | None = None, executor: str | Executor | None = None) -> list[MethodRun]:
         """Run ``methods`` (default all) plus ``extra`` variants ``{label: {"method", "search", **hparams}}``.
 
         ``store``: a folder that keeps each finished row (:func:`save_row`: JSON, and the test examples'
         correctness in an ``.npz``; nothing that can run code) and hands it back on the next call, so a killed
         run resumes with the row it was on. Name it after everything the rows depend on (world, seed, protocol,
         code version): rows found there are not recomputed. A row an older version kept as a pickle is never
-        loaded: it is computed again, with a warning."""
+        loaded: it is computed again, with a warning. ``executor`` (:mod:`acetools.executor`): where the rows
+        run, one job each (``"ray"``: a worker loads the world with ``source``; a row is bit-identical to the
+        serial one); a row that fails is named after the others finished (and were kept)."""
         jobs: list[tuple[str, dict]] = [(m, {"method": m}) for m in (methods or list(METHODS))]
         jobs += [(label, dict(spec)) for label, spec in (extra or {}).items()]
         runs = self.reference_rows() if references else []
-        for label, spec in bar(jobs, desc="methods", total=len(jobs), enabled=progress):
+        todo: dict[str, tuple] = {}
+        ex = as_executor(executor)
+        if ex.kind != "serial" and self.source is None:
+            raise InputError("run_all(executor='ray') needs Benchmark(..., source=...): a function that loads the "
+                             "world from storage every worker reads")
+        here = self if ex.kind == "serial" else (self.source, self.options)  # a worker gets no tensors
+        for label, spec in jobs:
             kept = row_path(store, label) if store else None
             if kept is not None and kept.is_file():
-                runs.append(load_row(kept, label))
                 continue
             if kept is not None and kept.with_suffix(".pkl").is_file():
                 warnings.warn(f"{kept.with_suffix('.pkl')}: a row kept as a pickle by an older acetools, which is "
                               "never loaded (a pickle can run code); computing the row again (delete the file)",
                               UserWarning, stacklevel=2)
-            m = spec.pop("method")  # spec: this job's own dict
-            runs.append(self.run(m, label=None if label == m else label, **spec))
-            if kept is not None:
-                save_row(kept, runs[-1])
-        return runs
+            todo[label] = (here, label, spec, kept)
+        made = ex.map(_row, todo, desc="methods", progress_bar=progress)
+        return runs + [made[label] if label in made else load_row(row_path(store or "", label), label)
+                       for label, _ in jobs]
 
     # ------------------------------------------------------------------ reporting
     @staticmethod
@@ -457,6 +469,21 @@ def picked_rows(runs: Sequence[MethodRun]) -> list[MethodRun]:
     names = {r.name for r in runs}
     return [best_on_val(runs, members, label, param) for label, (param, members) in PICKED.items()
             if names.issuperset(members)]
+
+
+def _row(bench: Benchmark | tuple[Callable[[], Any], dict[str, Any]], label: str, spec: dict,
+         kept: Path | None) -> MethodRun:
+    """One job of :meth:`Benchmark.run_all`: the row ``label`` (``spec``: its method and options), kept at ``kept``
+    when given; ``bench``: the benchmark, or (in a worker) the function that loads its world and its options."""
+    if isinstance(bench, tuple):
+        source, options = bench
+        bench = Benchmark(source(), **options, source=source)
+    spec = dict(spec)
+    m = spec.pop("method")
+    run = bench.run(m, label=None if label == m else label, **spec)
+    if kept is not None:
+        save_row(kept, run)
+    return run
 
 
 # --------------------------------------------------------------------------- the resume store of run_all

@@ -215,6 +215,26 @@ def _message(err: BaseException) -> str:
 
 # --------------------------------------------------------------------------- commands
 
+def _add_executor_options(p: argparse.ArgumentParser) -> None:
+    """``--executor``, ``--address``, ``--workers`` (acetools/executor.py; docs/performance.md §Executors)."""
+    p.add_argument("--executor", default="serial", choices=["serial", "ray"],
+                   help="where the independent jobs run: serial (default, here) or ray (one task per job; "
+                        "pip install 'acetools[scale]')")
+    p.add_argument("--address", default=None, metavar="ADDRESS",
+                   help="with --executor ray: a running cluster (auto, ray://host:10001; default: start a local one)")
+    p.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                   help="with --executor ray: jobs run at once (default: the cluster's CPUs)")
+
+
+def _executor(args: argparse.Namespace):
+    """The :class:`acetools.executor.Executor` of ``--executor`` / ``--address`` / ``--workers``."""
+    from .executor import as_executor
+
+    if args.executor == "serial" and args.workers is not None:
+        raise CLIError("--workers sets how many Ray jobs run at once: add --executor ray")
+    return as_executor(args.executor, address=args.address, workers=args.workers)
+
+
 def _add_demo(sub) -> None:
     d = sub.add_parser("demo", help="merge small generated experts with every method and print a table")
     d.add_argument("--tasks", type=positive_int, default=6, help="number of experts (default 6)")
@@ -236,10 +256,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zoo_options(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The :class:`acetools.world.vision.zoo.Zoo` arguments of ``zoo build`` / ``bench`` for ``seed``."""
+    return {"tasks": args.suite, "size": args.size, "seed": seed, "root": args.root, "mtl": not args.no_mtl,
+            "threads": args.threads}
+
+
 def _zoo(args: argparse.Namespace, seed: int):
     from .world.vision.zoo import Zoo
 
-    return Zoo(args.suite, size=args.size, seed=seed, root=args.root, mtl=not args.no_mtl, threads=args.threads)
+    return Zoo(**_zoo_options(args, seed))
 
 
 def _world_args(p: argparse.ArgumentParser, *, one_seed: bool = False) -> None:
@@ -266,17 +292,20 @@ def _add_zoo(sub) -> None:
     _world_args(zb)
     zb.add_argument("--check", action="store_true",
                     help="build nothing: list what is missing from the cache (exit 1 if anything is)")
+    _add_executor_options(zb)  # the experts of every seed are the jobs
     zb.set_defaults(func=_cmd_zoo_build)
 
 
 def _cmd_zoo_build(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from .world.vision.zoo import build_zoos
+
     _folder_for_output(args.root, "--root")
     if args.check:
         return _zoo_check(args)
-    for seed in args.seeds:
-        zoo = _zoo(args, seed).build(progress=not args.quiet)
+    zoos = build_zoos([_zoo(args, seed) for seed in args.seeds], executor=_executor(args), progress=not args.quiet)
+    for seed, zoo in zip(args.seeds, zoos):
         rows = [{"kind": r["kind"], "task": r["task"] or "", "seconds": r["seconds"],
                  **{k: v for k, v in (r["metrics"] or {}).items() if not isinstance(v, dict)}}
                 for r in zoo.records()]
@@ -323,6 +352,10 @@ def _add_bench(sub) -> None:
                    help="also run the variant rows (ACE with the gate off, ACE at eps 1e-5, WUDI at lr 1e-4 "
                         "and 1e-3, and WUDI at the lr chosen on validation)")
     b.add_argument("--out", default=None, help="folder for CSV/JSON results (e.g. figures/benchmark)")
+    b.add_argument("--store", default=None, metavar="DIR",
+                   help="keep each finished row in DIR/<suite>_<size>_seed<k>/ and skip the rows found there "
+                        "(a stopped run resumes, under either executor)")
+    _add_executor_options(b)
     _bench_world_options(b)
     b.set_defaults(func=_cmd_bench)
 
@@ -332,7 +365,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     beside them are the course's: notebook 04, ``paper_tables.beside_papers``)."""
     from .benchmark import ACE_SCALED_ROW, VARIANTS, Benchmark, aggregate_seeds, picked_rows
     from .utils import atomic_write
-    from .world import get_world
 
     _bench_world_check(args)
     _folder_for_output(args.out, "--out")
@@ -347,16 +379,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                     "tasks": args.tasks}
     extra = (dict(ACE_SCALED_ROW) if args.ace_scaled else {}) | (VARIANTS if args.variants else {})
     name, size = args.suite, args.size
+    executor = _executor(args)
+    _folder_for_output(args.store, "--store")
     for seed in args.seeds:
-        if vision:
-            world = _zoo(args, seed).build(progress=not args.quiet)
-        else:
-            world: Any = get_world(args.world, args.suite, seed, **options)  # a text or CLIP world
-            world = world.build(False if args.quiet else None)
+        source = functools.partial(_built_world, args.world, args.suite, seed, options,
+                                   _zoo_options(args, seed) if vision else None)
+        world = source(progress=not args.quiet) if vision else source(progress=False if args.quiet else None)
+        if not vision:
             name, size = world.name, world.size
         bench = Benchmark(world, n_val=args.n_val, n_test=args.n_test, threads=args.threads,
-                          patience=None if args.whole_grid else args.patience)
-        runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra)
+                          patience=None if args.whole_grid else args.patience, source=source)
+        store = Path(args.store) / f"{name}_{size}_seed{seed}" if args.store else None
+        runs = bench.run_all(args.methods, progress=not args.quiet, extra=extra, store=store, executor=executor)
         runs += picked_rows(runs)  # e.g. WUDI at the step size of its variant rows chosen on validation
         stem = f"{name}_{size}_seed{seed}"
         if args.out:
@@ -371,6 +405,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"\n{name} ({size}) over every seed in {args.out}: {path}")
         print(agg.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     return 0
+
+
+def _built_world(world: str, suite: str, seed: int, options: dict, zoo: dict | None, progress: bool | None = False):
+    """``acetools bench``'s world, built or loaded from the cache (a Ray worker loads it so: the benchmark's
+    ``source``): the vision zoo of ``zoo`` (:class:`acetools.world.vision.zoo.Zoo`'s arguments) or ``world``'s."""
+    if zoo is not None:
+        from .world.vision.zoo import Zoo
+
+        return Zoo(**zoo).build(progress=progress)
+    from .world import get_world
+
+    built: Any = get_world(world, suite, seed, **options)  # a text or CLIP world
+    return built.build(progress)
 
 
 #: ``acetools bench`` options that only the CLIP world reads, and the vision-only ones.
@@ -606,6 +653,10 @@ def _add_merge(sub) -> None:
     m.add_argument("--trials", type=positive_int, default=None,
                    help="with --searcher tpe: evaluations (default 6 per method searched)")
     m.add_argument("--seed", type=nonnegative_int, default=0, help="with --searcher tpe: the sampler's seed")
+    m.add_argument("--batch", type=positive_int, default=None, metavar="N",
+                   help="with --searcher tpe: trials asked for and run together (default: as many as the executor "
+                        "runs at once, 1 serially); a batch > 1 draws other trials than 1")
+    _add_executor_options(m)
     m.add_argument("--dry-run", action="store_true", help="print the layout and the path of every key; write nothing")
     m.set_defaults(func=_cmd_merge)
 
@@ -650,6 +701,9 @@ def _merge_config(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError("--method auto is chosen by your evaluation: add --search FILE.py:FUNCTION --searcher tpe")
     if (args.searcher != "grid" or args.trials is not None) and not args.search:
         raise InputError("--searcher and --trials choose how --search searches; add --search FILE.py:FUNCTION")
+    if (args.executor != "serial" or args.batch is not None) and not args.search:
+        raise InputError("--executor and --batch choose how --search runs its candidates; add --search "
+                         "FILE.py:FUNCTION")
     return cfg
 
 
@@ -733,8 +787,11 @@ def _search_merge(args: argparse.Namespace, cfg: dict[str, Any], options: dict[s
         return _tpe_search_merge(args, cfg, options, evaluate)
     param = searched(cfg["method"]).param
     print(f"searching {cfg['method']}'s {param} with {args.search}", flush=True)
+    if args.batch is not None:
+        raise InputError("--batch is a --searcher tpe option (the grid's candidates run --workers at a time)")
     found = search_merge(cfg["method"], cfg["base"], cfg["experts"], cfg["out"], evaluate,
-                         hparams=cfg["hyperparameters"], report=lambda line: print(line, flush=True), **options)
+                         hparams=cfg["hyperparameters"], report=lambda line: print(line, flush=True),
+                         executor=_executor(args), **options)
     print(found.table())
     print(f"chosen {param}={found.value:g}; wrote {', '.join(f.name for f in found.merge.files)} to "
           f"{found.merge.out} (the search is in acetools_merge.json)")
@@ -749,7 +806,8 @@ def _tpe_search_merge(args: argparse.Namespace, cfg: dict[str, Any], options: di
     print(f"searching {cfg['method']} with {args.search} (TPE, seed {args.seed})", flush=True)
     found = tpe_search_merge(cfg["method"], cfg["base"], cfg["experts"], cfg["out"], evaluate, trials=args.trials,
                              seed=args.seed, hparams=cfg["hyperparameters"],
-                             report=lambda line: print(line, flush=True), **options)
+                             report=lambda line: print(line, flush=True), executor=_executor(args),
+                             batch=args.batch, **options)
     print(found.table())
     hp = ", ".join(f"{k}={v:g}" for k, v in found.hparams.items())
     print(f"chosen {found.method} {hp}; wrote {', '.join(f.name for f in found.merge.files)} to {found.merge.out} "

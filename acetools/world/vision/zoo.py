@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ...errors import InputError, InputKeyError
+from ...executor import Executor, as_executor
 from ...files.checkpoints import (
     CheckpointError,
     config_hash,
@@ -51,7 +52,7 @@ from .models import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Zoo", "ASSETS", "VISION_MATRICES", "WORLD_FINETUNE", "data_hash"]
+__all__ = ["Zoo", "ASSETS", "VISION_MATRICES", "WORLD_FINETUNE", "data_hash", "build_zoos"]
 
 #: Where shipped base checkpoints live: ``base_<size>.safetensors`` + ``base_<size>.json``.
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -444,6 +445,14 @@ class Zoo(WorldBase):
             self._get(kind, task)
         return self
 
+    def unbuilt(self) -> Zoo:
+        """A copy of this zoo's settings with nothing loaded (no tensors: what a worker of :func:`build_zoos`
+        gets, and loads or builds from the shared cache)."""
+        fresh = copy.copy(self)
+        fresh.built, fresh.loaded = [], []
+        fresh._data, fresh._data_hashes, fresh._states, fresh._sides, fresh._paths = {}, {}, {}, {}, {}
+        return fresh
+
     def _get(self, kind: str, task: str | None):
         """Load or build one entry by ``kind`` (base/head/expert/mtl)."""
         getters = {"base": self.base_state, "head": self.head, "expert": self.expert_state, "mtl": self.mtl_state}
@@ -547,3 +556,30 @@ class Zoo(WorldBase):
         }
         save_checkpoint(path, state, meta)
         return path
+
+
+def _build_entry(zoo: Zoo, kind: str, task: str | None) -> str:
+    """One job of :func:`build_zoos`: the entry built into (or found in) the cache; its path."""
+    zoo._get(kind, task)
+    return str(zoo.path(kind, task))
+
+
+def build_zoos(zoos: Sequence[Zoo], *, executor: str | Executor | None = None, progress: bool | None = None,
+               mtl: bool | None = None) -> list[Zoo]:
+    """:meth:`Zoo.build` for several zoos (e.g. seeds) with their experts (and MTL models) as the jobs of
+    ``executor`` (:mod:`acetools.executor`; docs/performance.md §Executors): the bases and heads first, here,
+    then every expert of every zoo, one job each, written to the shared cache; each zoo then loads them. An
+    entry already in the cache is not built again (a stopped build resumes, under either executor)."""
+    ex = as_executor(executor)
+    if ex.kind == "serial":
+        return [z.build(progress, mtl=mtl) for z in zoos]
+    jobs: dict[str, tuple] = {}
+    for z in zoos:
+        steps = z._steps(mtl)
+        for kind, task in steps:
+            if kind in ("base", "head"):
+                z._get(kind, task)
+        todo = [(k, t) for k, t in z.missing(mtl=mtl) if k not in ("base", "head")]
+        jobs |= {f"seed {z.seed} {k}{' ' + t if t else ''}": (z.unbuilt(), k, t) for k, t in todo}
+    ex.map(_build_entry, jobs, desc="zoo entries", progress_bar=progress)
+    return [z.build(progress, mtl=mtl) for z in zoos]

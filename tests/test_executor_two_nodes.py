@@ -1,0 +1,69 @@
+"""The multi-node path on one machine: a Ray cluster of two nodes (``ray.cluster_utils.Cluster``: a head and one
+worker node, one CPU each) runs a small ``merge --search`` and a small benchmark grid across both, with the
+results of the serial run (acetools/executor.py; docs/performance.md §Executors).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+from acetools.benchmark import Benchmark
+from acetools.executor import Executor
+from acetools.files.search_merge import load_evaluation, search_merge
+
+from .test_executor import built_micro_zoo, files, same_weights, started
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = started(lambda: Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
+                                                                           "include_dashboard": False}))
+    started(lambda: cluster.add_node(num_cpus=1))
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    yield ray
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def node_of_a_job(seconds: float) -> str:
+    """The node a job ran on (after ``seconds``, so that two jobs overlap)."""
+    import time
+
+    import ray
+
+    time.sleep(seconds)
+    return ray.get_runtime_context().get_node_id()
+
+
+def test_a_search_and_a_grid_across_two_nodes_match_serial(two_nodes, tmp_path):
+    assert len([n for n in two_nodes.nodes() if n["Alive"]]) == 2
+    ex = Executor("ray")
+    assert ex.parallel == 2  # one CPU on each node
+    base, experts, spec = files(tmp_path / "files")
+    evaluate = load_evaluation(f"{spec}:evaluate")
+    serial = search_merge("task_arithmetic", base, experts, tmp_path / "serial", evaluate, patience=2)
+    on_ray = search_merge("task_arithmetic", base, experts, tmp_path / "ray", evaluate, patience=2, executor=ex)
+    assert serial.record()["trace"] == on_ray.record()["trace"] and serial.value == on_ray.value
+    same_weights(tmp_path / "serial", tmp_path / "ray")
+
+    root = tmp_path / "zoo"
+    built_micro_zoo(root)
+    methods = ["weight_averaging", "task_arithmetic", "ties"]
+    rows = {kind: Benchmark(built_micro_zoo(root), n_val=60, n_proxy=8, n_gram=64, threads=1,
+                            source=partial(built_micro_zoo, root)).run_all(methods, references=False, executor=kind)
+            for kind in ("serial", ex)}
+    for a, b in zip(*rows.values()):
+        assert (a.name, a.coef, a.val, a.test) == (b.name, b.coef, b.val, b.test)
+    # two jobs at once take one CPU on each node
+    assert len(set(ex.map(node_of_a_job, {"a": (1.0,), "b": (1.0,)}).values())) == 2
