@@ -205,7 +205,8 @@ def mini_world_prose(repo: Path = REPO) -> str:
             f"`ace.sota` record, paired over seeds and test examples: {sota['measured'].split(';')[0]}), and "
             f"{_f((paper - ace)[suites[1:]])} points better at {' / '.join(str(int(n[c])) for c in suites[1:])} "
             f"tasks; with the gate off ACE moves {_f((t.loc['ace (gate off)'] - ace)[suites], '{:+.1f}')} points, "
-            f"as expected when most matrices are below the gate anyway. WUDI at its default step size scores "
+            f"as expected when most matrices are below the gate anyway. WUDI (whoever started the interference "
+            f"should end it) at its default step size scores "
             f"{_f(t.loc['wudi', suites])} against task arithmetic's {_f(t.loc['task_arithmetic', suites])} at {ts} "
             f"tasks; it starts from the sum of the task vectors (task arithmetic at λ = 1: {_f(start)} % normalized, "
             f"seed 0) and 300 Adam steps at lr 1e-5 do not move it far enough from there. With the learning rate "
@@ -242,7 +243,8 @@ def text_world_prose(repo: Path = REPO, suite: str = "text8") -> str:
             + (", behind " + ", ".join(f"{r} ({norm[r]:.1f})" for r in behind) if behind else "")
             + f". The gate's effect at 2e-4 is {norm[ace_p] - norm['ace (eps 2e-4, gate off)']:+.1f} points "
             f"({norm['ace (eps 2e-4, gate off)']:.1f} with it off); the scale-free γ (`gamma_mode=\"cv\"`) gives "
-            f"{norm['ace (eps 2e-4, gamma cv)']:.1f}. CART's official name rule (`attn`/`mlp` in the key) misses "
+            f"{norm['ace (eps 2e-4, gamma cv)']:.1f}. The official name rule of CART (centered arithmetic "
+            f"with rank-reduced task vectors: `attn`/`mlp` in the key) misses "
             f"every BERT block weight, so its plain row is weight averaging ({norm['cart']:.1f}, and the merge "
             f"warns); with `targets=\"blocks\"` (every block matrix) it reaches {norm['cart (block matrices)']:.1f}. "
             f"With trained heads (lesson 07's protocol) the `ace.language_sota` record reads: {lang['measured']}.\n")

@@ -1,8 +1,10 @@
-"""Every acronym is spelled out where a lesson first uses it (docs/glossary.md §Acronyms).
+"""Every acronym is spelled out where a lesson or a docs page first uses it (docs/glossary.md §Acronyms).
 
 The acronyms and their spelled-out forms are the table of docs/glossary.md §Acronyms. A lesson's
-markdown is read cell by cell in order; at the first use of an acronym, its spelled-out form
-must have appeared (in that cell or before), or that first use must be a link to the glossary.
+markdown is read cell by cell in order, a docs page (docs/*.md, README.md) block by block
+(headings, paragraphs, table rows, list items); at the first use of an acronym, its spelled-out
+form must have appeared (in that cell or block, or before), or that first use must be a link to
+the glossary. On a page, code (fenced blocks and spans) and links' addresses are not reading text.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import pytest
 
 from acetools.notebooks import notebook_paths
 
-GLOSSARY = Path(__file__).resolve().parents[1] / "docs" / "glossary.md"
+ROOT = Path(__file__).resolve().parents[1]
+GLOSSARY = ROOT / "docs" / "glossary.md"
+PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+_LINK = re.compile(r"\[([^\]]*)\]\(([^)]*)\)")
 
 
 def acronyms() -> dict[str, str]:
@@ -35,17 +40,41 @@ def _use(acronym: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![\w]){re.escape(acronym)}(?![\w])")
 
 
-def undefined(cells: list[str], table: dict[str, str]) -> list[str]:
+def _without_addresses(cell: str) -> str:
+    """``cell`` with each link's address blanked out (same length), so that only its words are read."""
+    return _LINK.sub(lambda a: a.group(0)[: a.start(2) - a.start()] + " " * len(a.group(2)) + ")", cell)
+
+
+def page_blocks(text: str) -> list[str]:
+    """A markdown page's reading text, block by block in order: fenced code and code spans dropped;
+    a heading, a table row and a list item are blocks of their own, a paragraph is one block."""
+    text = re.sub(r"^ *(```|~~~).*?^ *\1[^\n]*$", "", text, flags=re.M | re.S)
+    text = re.sub(r"(`+)(?!`).+?(?<!`)\1(?!`)", " ", text, flags=re.S)
+    blocks: list[str] = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        for line in paragraph.splitlines():
+            starts = re.match(r" {0,3}(#|\||[-*+] |\d+[.)] )", line)
+            if starts or not blocks or blocks[-1] == "":
+                blocks.append(line)
+            else:
+                blocks[-1] += "\n" + line
+        blocks.append("")
+    return [b for b in blocks if b.strip()]
+
+
+def undefined(cells: list[str], table: dict[str, str], glossary: str = "glossary.md") -> list[str]:
     """The acronyms of ``table`` that ``cells`` (markdown, in order) use before spelling them out or
-    linking their first use to the glossary, each with the start of the cell of its first use."""
+    linking their first use to the glossary (a link to the file named ``glossary``; ``""`` on the
+    glossary itself: a link to one of its own headings), each with
+    the start of the cell of its first use. Links' addresses are not searched for uses."""
     problems = []
     for acronym, spelled in table.items():
         for i, cell in enumerate(cells):
-            m = _use(acronym).search(cell)
+            m = _use(acronym).search(_without_addresses(cell))
             if m is None:
                 continue
-            linked = any(a.start() <= m.start() < a.end() and "glossary.md" in a.group(2)
-                         for a in re.finditer(r"\[([^\]]*)\]\(([^)]*)\)", cell))
+            linked = any(a.start() <= m.start() < a.end() and Path(a.group(2).split("#")[0]).name == glossary
+                         for a in _LINK.finditer(cell))
             if not linked and _plain(spelled) not in _plain("\n".join(cells[: i + 1])):
                 problems.append(f"{acronym} ({spelled}) first used in: {cell.strip()[:70]!r}")
             break
@@ -75,3 +104,23 @@ def test_every_acronym_is_spelled_out_at_first_use(path):
     problems = undefined(cells, acronyms())
     assert not problems, f"{path.name}: spell these out where first used, or link them to " \
                          "docs/glossary.md#acronyms:\n" + "\n".join(problems)
+
+
+def test_a_page_is_read_without_its_code_and_link_addresses():
+    table = {"TIES": "trim, elect sign and merge", "ESD": "essential subspace decomposition"}
+    page = "# Title\n\n```python\nmerge('TIES')\n```\n\nRun `TIES` or [this](methods.md#TIES).\n"
+    assert page_blocks(page) == ["# Title", "Run   or [this](methods.md#TIES)."]
+    assert not undefined(page_blocks(page), table)
+    row = "| a | b |\n|---|---|\n| ESD | 1 |\n\nThe essential subspace decomposition.\n"
+    assert undefined(page_blocks(row), table), "a table row before the words is a first use"
+    assert not undefined(page_blocks("## On [ESD](#acronyms)\n"), table, glossary="")
+    assert undefined(page_blocks("## On [ESD](methods.md#esm)\n"), table, glossary="")
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_every_acronym_is_spelled_out_at_first_use_on_a_page(path):
+    blocks = page_blocks(path.read_text(encoding="utf-8"))
+    glossary = "" if path == GLOSSARY else GLOSSARY.name
+    problems = undefined(blocks, acronyms(), glossary)
+    assert not problems, f"{path.relative_to(ROOT)}: spell these out where first used, or link " \
+                         "them to docs/glossary.md#acronyms:\n" + "\n".join(problems)

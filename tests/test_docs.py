@@ -79,13 +79,14 @@ def _slug(heading: str) -> str:
 
 
 def _headings(path: Path) -> list[str]:
+    """The headings of a docs page as a reader sees them: a link in one reads as its text."""
     out, fenced = [], False
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.startswith("```"):
             fenced = not fenced
         m = re.match(r"(#{1,6})\s+(.+?)\s*#*\s*$", line)
         if m and not fenced:
-            out.append(m.group(2))
+            out.append(re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(2)))
     return out
 
 
