@@ -81,6 +81,12 @@ def _tag(args) -> str:
 def build(args) -> None:
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
+    if args.executor != "serial":  # every expert of every seed a job (acetools/executor.py), then read back below
+        from acetools.executor import as_executor
+        from acetools.world.text.world import build_experts
+
+        build_experts([_world(args, seed) for seed in args.seeds],
+                      executor=as_executor(args.executor, address=args.address, workers=args.workers))
     for seed in args.seeds:
         w = _world(args, seed)
         t0 = time.perf_counter()
@@ -259,6 +265,10 @@ def main(argv=None) -> None:
                    help="frozen zero-shot heads (the shipped world) or per-task heads trained with the experts")
     # the committed tables' protocol (issue 23): 100 validation and 300 test texts per task, the
     # course's one patience; 0 evaluates every split text, and patience 0 the whole grid
+    p.add_argument("--executor", default="serial", choices=["serial", "ray"],
+                   help="build: where the experts (tasks x seeds) are built (docs/performance.md §Executors)")
+    p.add_argument("--address", default=None, help="with --executor ray: a running cluster (default: a local one)")
+    p.add_argument("--workers", type=int, default=None, help="with --executor ray: jobs run at once")
     p.add_argument("--n-val", type=int, default=100)
     p.add_argument("--n-test", type=int, default=300)
     p.add_argument("--n-gram", type=int, default=256)

@@ -316,3 +316,32 @@ def test_the_cli_takes_the_executor_options(tmp_path, capsys):
     assert "add --search" in capsys.readouterr().err
     assert main(["bench", "--workers", "2", "--methods", "ties"]) == 2
     assert "add --executor ray" in capsys.readouterr().err
+
+
+def test_text_world_build_on_ray_is_bit_identical_and_resumes(ray_cluster, tmp_path):
+    from acetools.world.text.world import FIXTURE_TASKS, TextWorld, build_experts
+
+    tasks = sorted(FIXTURE_TASKS)[:2]
+
+    def world(root: Path, seed: int = 0) -> TextWorld:
+        return TextWorld(tasks, seed=seed, profile="quick", root=root, threads=1)
+
+    serial = world(tmp_path / "serial")
+    assert all(build_experts([serial]).values())
+    built = build_experts([world(tmp_path / "ray", seed) for seed in (0, 1)], executor="ray")
+    assert sorted(built) == sorted(f"seed {s} {t}" for s in (0, 1) for t in tasks) and all(built.values())
+    fresh = world(tmp_path / "ray")
+    for t in tasks:
+        a, b = serial.expert_state(t), fresh.expert_state(t)
+        assert all(torch.equal(a[k], b[k]) for k in a), t
+    assert not fresh.built  # read from what the workers wrote
+    assert not any(build_experts([world(tmp_path / "ray", seed) for seed in (0, 1)], executor="ray").values())
+
+
+def test_build_experts_refuses_a_world_it_would_build_wrongly(tmp_path):
+    from acetools.world.text.lora import TextLoraWorld
+    from acetools.world.text.world import FIXTURE_TASKS, build_experts
+
+    lora = TextLoraWorld(sorted(FIXTURE_TASKS)[:1], profile="quick", root=tmp_path, threads=1)
+    with pytest.raises(InputError, match="TextLoraWorld"):
+        build_experts([lora])

@@ -399,3 +399,14 @@ def test_text_recipe_study_recipes_are_valid_and_the_summary_collects_cards(tmp_
     df = mod.summarize(tmp_path / "cards")
     assert df["recipe"].tolist()[:2] == ["shipped", "trained_heads"]
     assert (tmp_path / "cards" / "recipe_study.png").stat().st_size > 0
+
+
+def test_an_expert_is_the_same_however_often_it_is_trained(tmp_path):
+    """The seed fixes the whole fine-tune, dropout included (MiniLM's dropout draws from the global generator):
+    an expert trained twice in one process, into two caches, is bit-identical, so one built by another process
+    (a Ray worker: tests/test_executor.py) is too."""
+    task = sorted(FIXTURE_TASKS)[0]
+    a = TextWorld([task], profile="quick", root=tmp_path / "a", threads=1).expert_state(task)
+    torch.manual_seed(12345)  # whatever the caller did to the global generator in between
+    b = TextWorld([task], profile="quick", root=tmp_path / "b", threads=1).expert_state(task)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import InputError
-from ...utils import make_generator, progress
+from ...utils import progress, seed_everything
 from .model import PARAM_SETS, TextEncoder, merged_keys
 from .tasks import TextData
 
@@ -126,7 +126,7 @@ def finetune_text(encoder: TextEncoder, head: nn.Linear, data: TextData, tok, cf
     warm = max(1, round(cfg.warmup * total))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
-    g = make_generator(seed)
+    g = seed_everything(seed)  # the batches' order, and dropout (MiniLM's, drawn from the global generator)
     y_all = torch.tensor(data.y)
     def batches():
         while True:

@@ -35,7 +35,7 @@ from .finetune import (
 from .model import TextEncoder, load_tokenizer, merged_keys
 from .tasks import SUITES, TASKS, TextData, TextTask, build_task, task_provenance
 
-__all__ = ["TextWorld", "FIXTURE_TASKS"]
+__all__ = ["TextWorld", "FIXTURE_TASKS", "build_experts"]
 
 log = logging.getLogger(__name__)
 #: Part of every cache key: bump it when the data splits or the expert recipe change meaning.
@@ -84,6 +84,8 @@ class TextWorld(WorldBase):
         if profile not in ("full", "quick"):
             raise InputError(f"profile={profile!r}: choose 'full' or 'quick'")
         self.profile = profile
+        self._spec = {"suite": suite if isinstance(suite, str) else list(suite), "seed": seed, "profile": profile,
+                      "root": None if root is None else str(root), "device": str(device), "threads": threads}
         catalogue = FIXTURE_TASKS if profile == "quick" else TASKS
         if isinstance(suite, str):
             suites = {"fixture": tuple(FIXTURE_TASKS)} if profile == "quick" else SUITES
@@ -290,3 +292,27 @@ class TextWorld(WorldBase):
         enc = self.encoder(state)
         with cpu_threads(self.threads, env_default=False):  # (ACETOOLS_NUM_THREADS is not read)
             return fn(enc.bert, self._batches(texts), list(keys), **options)
+
+
+def _build_expert(spec: Mapping[str, Any], task: str) -> bool:
+    """One job of :func:`build_experts`: ``task``'s expert of the world ``spec`` describes, built into (or found
+    in) the shared cache; whether this job built it."""
+    world = TextWorld(**spec)
+    world.expert_state(task)
+    return task in world.built
+
+
+def build_experts(worlds: Sequence[TextWorld], *, executor: Any = None, progress: bool | None = None
+                  ) -> dict[str, bool]:
+    """Every expert of ``worlds`` (e.g. one per seed) built into their cache, one job per expert on ``executor``
+    (:mod:`acetools.executor`: ``"serial"``, ``"ray"`` or an :class:`~acetools.executor.Executor`; docs/performance.md
+    §Executors); an expert already cached is loaded, not built again, so a stopped build resumes under either
+    executor. The jobs read the task data and the base from the cache folder, as each world would: on a cluster,
+    a folder every node reads. Returns ``{"seed S task": built by its job}``."""
+    from ...executor import as_executor
+
+    other = [type(w).__name__ for w in worlds if type(w) is not TextWorld]
+    if other:
+        raise InputError(f"build_experts builds TextWorld experts; got {other[0]}: build it with its own expert_state")
+    jobs = {f"seed {w.seed} {t}": ({**w._spec, "finetune": w.config}, t) for w in worlds for t in w.tasks}
+    return as_executor(executor).map(_build_expert, jobs, desc="text experts", progress_bar=progress)
