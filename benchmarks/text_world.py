@@ -143,7 +143,7 @@ def _add_rows(args, b, stem: str) -> list:
     ``<stem>`` tables (summary, per-task, JSON), replacing rows of the same name; every other row,
     and the norms and cosine tables, stay as they are."""
     import pandas as pd
-    from merge_rows import replace_rows  # beside this script (a script's sys.path starts at its folder)
+    replace_rows = _script(Path(__file__).with_name("merge_rows.py")).replace_rows  # the script beside this one
 
     from acetools.utils import atomic_write
 
@@ -240,13 +240,19 @@ def card(args) -> None:
         print("->", folder, flush=True)
 
 
+def _script(path: Path):
+    """The script at ``path`` as a module (a script of this repository, not an installed package), however this
+    one is run or imported."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def tables(args) -> str:
     """The README's text-world tables (markdown), from the committed files only."""
-    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
-    assert spec is not None and spec.loader is not None  # the docs' table generator, a script beside this folder
-    readme_tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(readme_tables)
-    text_world_tables = readme_tables.text_world_tables
+    text_world_tables = _script(ROOT / "scripts" / "readme_tables.py").text_world_tables
 
     text = text_world_tables(args.out, args.results, args.suite)
     print(text)

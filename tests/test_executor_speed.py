@@ -19,8 +19,7 @@ def test_quick_run_times_both_cases_and_matches_serial(tmp_path):
     pytest.importorskip("ray")
     pytest.importorskip("psutil")
     pytest.importorskip("transformers")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "notebooks"),
-                                                         os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "executor_speed.py"), "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)

@@ -153,8 +153,8 @@ def test_cli_regime_writes_the_card(bench, tmp_path, monkeypatch, capsys):  # no
 
     seen = {}
 
-    def fake_zoo(suite, **kw):
-        seen.update(kw, suite=suite)
+    def fake_zoo(tasks, **kw):  # Zoo's own first parameter (the CLI passes the suite as tasks=)
+        seen.update(kw, suite=tasks)
         return bench.world
 
     monkeypatch.setattr(zoo_mod, "Zoo", fake_zoo)
