@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from text_world import TEXT_VARIANTS  # benchmarks/text_world.py, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,8 +70,6 @@ def replay_grid_search(trace: Sequence[Mapping[str, Any]], grid: Sequence[float]
 
 def _base_method(label: str) -> tuple[str, Any]:
     """The registered method of a row label and its search (variant rows name theirs)."""
-    from text_world import TEXT_VARIANTS
-
     from acetools.benchmark import ACE_SCALED_ROW, VARIANTS
     from acetools.merging import METHODS
 

@@ -81,11 +81,16 @@ def world64():
 def load_script(name: str):
     """A script of ``benchmarks/`` (``name`` without ``.py``) imported as a module, for its tests."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
     assert spec is not None and spec.loader is not None, path
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    sys.path.insert(0, str(path.parent))  # as Python runs a script: its folder first, for the scripts beside it
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(path.parent))
     return mod

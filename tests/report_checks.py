@@ -133,6 +133,16 @@ def chromium_layout(html: str | os.PathLike, *, width: int = 1280, timeout: floa
     what :data:`_LAYOUT_JS` measured: ``page`` (px), ``rendered`` (maths elements MathJax
     produced), ``raw`` (TeX left untypeset), ``errors`` (MathJax errors), ``wide`` (tables wider
     than the page: index, width, first text). Raises ``RuntimeError`` without a browser."""
+    return _probe(html, _LAYOUT_JS, "acetools-layout", "acetools-probe", (width, 1000), 60000, timeout,
+                  "did not lay out")
+
+
+def _probe(page: str | os.PathLike, js: str, marker: str, prefix: str, size: tuple[int, int], budget: int,
+           timeout: float, failed: str) -> Any:
+    """Open ``page`` with the script ``js`` before its ``</body>`` in headless Chromium at ``size`` (a copy
+    beside the page, so that its relative links resolve, removed after) and return the JSON the script left in
+    ``<pre id="marker">``; a ``RuntimeError`` saying Chromium ``failed`` when it left none."""
+    import html as _html
     import json as _json
     import subprocess
     import tempfile
@@ -140,22 +150,20 @@ def chromium_layout(html: str | os.PathLike, *, width: int = 1280, timeout: floa
     exe = find_chromium()
     if exe is None:
         raise RuntimeError("no headless Chromium: install Debian's `chromium` (scripts/setup.sh does)")
-    src = Path(html).read_text()
-    # the probe lies beside the page, so that the page's relative links (a site's _static/) resolve
-    probe = Path(html).resolve().parent / f".acetools-probe-{os.getpid()}-{Path(html).name}"
+    src = Path(page).read_text()
+    head, body, tail = src.rpartition("</body>")
+    probe = Path(page).resolve().parent / f".{prefix}-{os.getpid()}-{Path(page).name}"
     with tempfile.TemporaryDirectory() as tmp:
-        probe.write_text(src.replace("</body>", _LAYOUT_JS + "</body>") if "</body>" in src else src + _LAYOUT_JS)
-        cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={width},1000", "--virtual-time-budget=60000",
+        probe.write_text(head + js + body + tail if body else src + js)
+        cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={size[0]},{size[1]}", f"--virtual-time-budget={budget}",
                f"--user-data-dir={tmp}/profile", "--dump-dom", probe.as_uri()]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         finally:
             probe.unlink(missing_ok=True)
-    m = re.search(r'<pre id="acetools-layout"[^>]*>(.*?)</pre>', out.stdout, flags=re.S)
+    m = re.search(rf'<pre id="{marker}"[^>]*>(.*?)</pre>', out.stdout, flags=re.S)
     if not m:
-        raise RuntimeError(f"Chromium did not lay out {html}: {out.stderr[-400:]}")
-    import html as _html
-
+        raise RuntimeError(f"Chromium {failed} {page}: {out.stderr[-400:]}")
     return _json.loads(_html.unescape(m.group(1)))
 
 
@@ -392,27 +400,5 @@ def slide_overflows(deck: str | os.PathLike, *, width: int = 1280, height: int =
     """Show every slide of a reveal.js ``deck`` in headless Chromium at ``width`` × ``height`` and
     return ``{"slides", "notes", "width", "height", "cut"}``: ``cut`` lists the slides whose content
     is taller or wider than the slide (index, content width, content height, first text)."""
-    import json as _json
-    import subprocess
-    import tempfile
-
-    exe = find_chromium()
-    if exe is None:
-        raise RuntimeError("no headless Chromium: install Debian's `chromium` (scripts/setup.sh does)")
-    src = Path(deck).read_text()
-    head, _, tail = src.rpartition("</body>")
-    probe = Path(deck).resolve().parent / f".acetools-slides-{os.getpid()}-{Path(deck).name}"
-    with tempfile.TemporaryDirectory() as tmp:
-        probe.write_text(head + _SLIDES_JS + "</body>" + tail)
-        cmd = [exe, *CHROMIUM_FLAGS, f"--window-size={width},{height}", "--virtual-time-budget=120000",
-               f"--user-data-dir={tmp}/profile", "--dump-dom", probe.as_uri()]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        finally:
-            probe.unlink(missing_ok=True)
-    m = re.search(r'<pre id="acetools-slides"[^>]*>(.*?)</pre>', out.stdout, flags=re.S)
-    if not m:
-        raise RuntimeError(f"Chromium did not show the slides of {deck}: {out.stderr[-400:]}")
-    import html as _html
-
-    return _json.loads(_html.unescape(m.group(1)))
+    return _probe(deck, _SLIDES_JS, "acetools-slides", "acetools-slides", (width, height), 120000, timeout,
+                  "did not show the slides of")

@@ -1,6 +1,6 @@
 """The multi-node path on one machine: a Ray cluster of two nodes (``ray.cluster_utils.Cluster``: a head and one
-worker node, one CPU each) runs a small ``merge --search`` and a small benchmark grid across both, with the
-results of the serial run (acetools/executor.py; docs/performance.md §Executors).
+worker node, one CPU each) runs a small ``merge --search``, a small benchmark grid and a world build across both,
+with the results of the serial run (acetools/executor.py; docs/performance.md §Executors).
 """
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
+import torch
 
 from acetools.benchmark import Benchmark
 from acetools.executor import Executor
 from acetools.files.search_merge import load_evaluation, search_merge
 
-from .test_executor import built_micro_zoo, files, same_weights, started
+from .test_executor import built_micro_zoo, files, micro_zoo, same_weights, started
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -46,7 +47,7 @@ def node_of_a_job(seconds: float) -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def test_a_search_and_a_grid_across_two_nodes_match_serial(two_nodes, tmp_path):
+def test_a_search_a_grid_and_a_build_across_two_nodes_match_serial(two_nodes, tmp_path):
     assert len([n for n in two_nodes.nodes() if n["Alive"]]) == 2
     ex = Executor("ray")
     assert ex.parallel == 2  # one CPU on each node
@@ -65,5 +66,13 @@ def test_a_search_and_a_grid_across_two_nodes_match_serial(two_nodes, tmp_path):
             for kind in ("serial", ex)}
     for a, b in zip(*rows.values()):
         assert (a.name, a.coef, a.val, a.test) == (b.name, b.coef, b.val, b.test)
+    # a world build: the experts of two seeds as jobs on both nodes, each expert the serial one
+    from acetools.world.vision.zoo import build_zoos
+
+    (alone,) = build_zoos([micro_zoo(tmp_path / "serial_zoo", 1)])
+    spread = build_zoos([micro_zoo(tmp_path / "ray_zoo", seed) for seed in (0, 1)], executor=ex)
+    for t in alone.tasks:
+        a, b = alone.expert_state(t), spread[1].expert_state(t)
+        assert all(torch.equal(a[k], b[k]) for k in a), t
     # two jobs at once take one CPU on each node
     assert len(set(ex.map(node_of_a_job, {"a": (1.0,), "b": (1.0,)}).values())) == 2
