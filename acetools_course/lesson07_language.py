@@ -28,7 +28,7 @@ from .claims import paper_setting
 from .lesson04_benchmark import TUNED_WUDI_ROW, competing_rivals, paired_difference
 from .paper_tables import ROBERTA_GLUE  # the published anchor, RoBERTa-base on 8 GLUE tasks
 from .power import paired_rows, paired_se
-from .verdicts import Verdict, World, agreement, compare, decide, effect, margin
+from .verdicts import NOT_TESTABLE, Verdict, World, agreement, compare, decide, effect, margin
 
 # ---- Experiments: the tables and runs -------------------------------------------------------------
 
@@ -213,7 +213,8 @@ def verdict_sota(per_seed: pd.DataFrame, ace_row: str | None = None,
     of the paper's leads is carried into the world by the course's scaling rule, capped at the
     headroom above the rival (docs/course.md §Scaling rule; RoBERTa-GLUE's room is TSV-M − task
     arithmetic = 10.9 points); a rival whose prediction is short of twice the margin is undecidable
-    here (docs/course.md §Margin, power and rivals); none left -> ``undecidable here``."""
+    here (docs/course.md §Margin, power and rivals); none left -> ``undecidable here``. No rival above weight
+    averaging at all (a small world where nothing competes) -> ``not testable here``."""
     per_seed = per_seed if "suite" in per_seed else per_seed.assign(suite="text")
     suite = str(per_seed["suite"].iloc[0])
     pairs = None
@@ -224,8 +225,10 @@ def verdict_sota(per_seed: pd.DataFrame, ace_row: str | None = None,
     wudi_val, wudi_test = wudi_rows(per_seed, suite) if "wudi" in rivals else ("wudi", "wudi")
     rivals = [wudi_val if r == "wudi" else r for r in rivals]  # WUDI at its best step size on validation
     judged, left = competing_rivals(per_seed, suite, rivals, "test_normalized")
-    if not judged:
-        raise InputError(f"{suite}: none of {list(rivals)} is above weight averaging (left out: {left})")
+    if not judged:  # no competitor to beat in this world (docs/course.md §Margin, power and rivals)
+        return Verdict(f"{ace_row}: every rival at or below weight averaging", NOT_TESTABLE,
+                       f"no rival competes (left out, at or below weight averaging: {', '.join(left)})",
+                       {"ace_row": ace_row, "left_out": left})
     diffs = {r: paired_difference(per_seed, suite, ace_row, r, pairs=pairs) for r in judged}
     n = max(d["n_seeds"] for d in diffs.values())
     measured = f"{ace_row} minus " + ", ".join(f"{r} {d['diff']:+.1f}" for r, d in diffs.items()) + \

@@ -34,6 +34,16 @@ def test_sota_rule_partly_and_not():
     assert LV.verdict_sota(per_seed).verdict == "not reproduced"
 
 
+def test_sota_is_not_testable_where_no_rival_competes():
+    """A world where every rival sits at or below weight averaging has no competitor for ACE to beat (the quick
+    fixture world can be one): the claim is not testable there, and the record names the rows left out."""
+    per_seed = _per_seed({"ace (eps 2e-4)": [70, 71], "weight_averaging": [75, 75], "wudi": [74, 75],
+                          "ties": [70, 70], "tsv_m": [72, 75]})
+    v = LV.verdict_sota(per_seed)
+    assert v.verdict == "not testable here" and not v.effects
+    assert sorted(v.numbers["left_out"]) == ["ties", "tsv_m", "wudi"] and "no rival competes" in v.reason
+
+
 def test_gamma_rule():
     gam = pd.DataFrame({"layer_type": ["q", "q", "v"], "gamma": [0.5, 0.6, 0.1], "flag": [True, True, False],
                         "cv": [1, 1, 1], "log_sd": [1, 1, 1]})
