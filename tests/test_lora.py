@@ -39,20 +39,30 @@ HPARAMS = {"dare": {"seed": 0}}  # the methods that need per-key inputs (ESM, Re
 NEEDS_INPUTS = {name for name, info in METHODS.items() if info.per_key and name != "ace"}
 
 
-def _randomize_b(model, seed: int) -> None:
-    """LoRA's B starts at zero: give every factor random values, as training would."""
+def _randomize_b(model, seed: int, scales: tuple[float, float] = (0.03, 0.1)) -> None:
+    """LoRA's B starts at zero: give every factor random values, as training would (standard deviations
+    ``scales``: the LoRA factors', the modules_to_save copies')."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name or "modules_to_save" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * (0.03 if "lora_" in name else 0.1))
+                p.copy_(torch.randn(p.shape, generator=g) * (scales[0] if "lora_" in name else scales[1]))
 
 
-def _adapter(model_fn, base_dir: Path, out: Path, seed: int, **lora) -> Path:
+def _base(model_cls, cfg, folder: Path):
+    """A tiny ``model_cls(cfg)`` (seed 0) saved to ``folder``; a function that loads it afresh."""
+    torch.manual_seed(0)
+    model_cls(cfg).save_pretrained(folder)
+    return functools.partial(model_cls.from_pretrained, folder)
+
+
+def _adapter(model_fn, base_dir: Path, out: Path, seed: int, *, scales: tuple[float, float] = (0.03, 0.1),
+             **lora) -> Path:
+    """A peft adapter of ``model_fn()`` (its base named ``base_dir``) with random factors, saved to ``out``."""
     model = model_fn()
     model.name_or_path = str(base_dir)
     pm = peft.get_peft_model(model, peft.LoraConfig(**lora))
-    _randomize_b(pm, seed)
+    _randomize_b(pm, seed, scales)
     pm.save_pretrained(str(out))
     return out
 
@@ -103,11 +113,7 @@ def llama(tmp_path_factory):
     root = tmp_path_factory.mktemp("llama")
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
                                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(root / "base")
-
-    def fresh():
-        return transformers.LlamaForCausalLM.from_pretrained(root / "base")
+    fresh = _base(transformers.LlamaForCausalLM, cfg, root / "base")
 
     ads = [
         _adapter(fresh, root / "base", root / "ad_0", 4, r=4, lora_alpha=8,
@@ -166,11 +172,7 @@ def test_fold_equation_scales(bert):
 def test_fold_fan_in_fan_out_gpt2(tmp_path):
     """GPT-2's Conv1D stores W as d_in x d_out: peft's fan_in_fan_out folds (B A)^T, and so does the view."""
     cfg = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=16)
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "base")
-
-    def fresh():
-        return transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "base")
+    fresh = _base(transformers.GPT2LMHeadModel, cfg, tmp_path / "base")
 
     ad = _adapter(fresh, tmp_path / "base", tmp_path / "ad", 7, r=2, lora_alpha=4, target_modules=["c_attn", "c_fc"],
                   fan_in_fan_out=True)

@@ -19,6 +19,7 @@ from acetools.files.checkpoints import open_checkpoint
 from acetools.files.heads import task_state_dict
 from acetools.files.merge_files import merge_files
 from acetools.merging.lowrank import LOWRANK_METHODS
+from tests.test_lora import _adapter, _base, _folded
 
 try:
     import peft
@@ -35,22 +36,8 @@ HPARAMS = {"task_arithmetic": {"lam": 0.7, "weights": [1.0, -0.5, 2.0]}, "weight
            "ace": {"gate": "on", "scaling": 1.2}}
 
 
-def _adapter(model_fn, base_dir: Path, out: Path, seed: int, **lora) -> Path:
-    model = model_fn()
-    model.name_or_path = str(base_dir)
-    pm = peft.get_peft_model(model, peft.LoraConfig(**lora))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # B starts at zero: random factors, as training would give
-        for name, p in pm.named_parameters():
-            if "lora_" in name or "modules_to_save" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    pm.save_pretrained(str(out))
-    return out
-
-
-def _folded(model_fn, adapter: Path, out: Path) -> Path:
-    peft.PeftModel.from_pretrained(model_fn(), str(adapter)).merge_and_unload().save_pretrained(str(out))
-    return out
+#: the factors' and modules_to_save copies' standard deviation here (tests/test_lora.py's _adapter)
+SCALES = (0.05, 0.05)
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +47,11 @@ def bert(tmp_path_factory):
     root = tmp_path_factory.mktemp("bert_span")
     cfg = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=24, max_position_embeddings=16, num_labels=3)
-    torch.manual_seed(0)
-    transformers.BertForSequenceClassification(cfg).save_pretrained(root / "base")
-
-    def fresh():
-        return transformers.BertForSequenceClassification.from_pretrained(root / "base")
+    fresh = _base(transformers.BertForSequenceClassification, cfg, root / "base")
 
     targets = ["query", "key", "value", "dense"]
-    ads = [_adapter(fresh, root / "base", root / f"task_{t}", t + 1, r=r, lora_alpha=2 * r, target_modules=targets,
-                    modules_to_save=["classifier"], task_type="SEQ_CLS", use_rslora=t == 2)
+    ads = [_adapter(fresh, root / "base", root / f"task_{t}", t + 1, scales=SCALES, r=r, lora_alpha=2 * r,
+                    target_modules=targets, modules_to_save=["classifier"], task_type="SEQ_CLS", use_rslora=t == 2)
            for t, r in enumerate((6, 7, 6))]
     return {"base": root / "base", "adapters": ads, "fresh": fresh,
             "folded": [_folded(fresh, a, root / f"fold_{a.name}") for a in ads]}
@@ -80,14 +63,11 @@ def llama(tmp_path_factory):
     root = tmp_path_factory.mktemp("llama_span")
     cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
                                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(root / "base")
-
-    def fresh():
-        return transformers.LlamaForCausalLM.from_pretrained(root / "base")
+    fresh = _base(transformers.LlamaForCausalLM, cfg, root / "base")
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    ads = [_adapter(fresh, root / "base", root / f"task_{t}", 10 + t, r=8, lora_alpha=8, target_modules=targets)
+    ads = [_adapter(fresh, root / "base", root / f"task_{t}", 10 + t, scales=SCALES, r=8, lora_alpha=8,
+                    target_modules=targets)
            for t in range(3)]
     return {"base": root / "base", "adapters": ads, "fresh": fresh,
             "folded": [_folded(fresh, a, root / f"fold_{a.name}") for a in ads]}
@@ -239,7 +219,7 @@ def test_lora_rank_refusals_and_the_printed_energy(bert, tmp_path, capsys):
         merge_files("tsv_m", bert["base"], ads, tmp_path / "full", lora_rank=4)
     with pytest.raises(InputError, match="updated by 1 of the 2 adapters"):
         merge_files("iso_c", bert["base"], [ads[0], str(_adapter(bert["fresh"], bert["base"], tmp_path / "q_only", 7,
-                                                                    r=4, target_modules=["query"]))],
+                                                                    scales=SCALES, r=4, target_modules=["query"]))],
                     None, lora_out=tmp_path / "partial", lora_rank=2)
     assert main(["merge", "--method", "iso_cts", "--base", str(bert["base"]), "--experts", *ads,
                  "--lora-out", str(tmp_path / "cli"), "--lora-rank", "3"]) == 0
