@@ -123,7 +123,8 @@ class Executor:
                     yield name, False, e
             return
         ray = self._ray()
-        remote = ray.remote(num_cpus=1, max_retries=0)(_in_threads)
+        # SPREAD: jobs go to the least-loaded nodes first (the default packs a node before it spills over)
+        remote = ray.remote(num_cpus=1, max_retries=0, scheduling_strategy="SPREAD")(_in_threads)
         waiting = iter(jobs.items())
         refs: dict[Any, str] = {}
 
@@ -177,7 +178,8 @@ class Stream:
         if ex.kind == "serial":
             return _in_threads(self.fn, self.jobs[name], ex.threads)
         ray = ex._ray()
-        remote = ray.remote(num_cpus=1, max_retries=0)(_in_threads)
+        # SPREAD: jobs go to the least-loaded nodes first (the default packs a node before it spills over)
+        remote = ray.remote(num_cpus=1, max_retries=0, scheduling_strategy="SPREAD")(_in_threads)
         i = self.names.index(name)
         for later in self.names[i:i + self._ahead]:
             if later not in self._refs:

@@ -37,13 +37,20 @@ def two_nodes():
     cluster.shutdown()
 
 
-def node_of_a_job(seconds: float) -> str:
-    """The node a job ran on (after ``seconds``, so that two jobs overlap)."""
+def node_of_a_job(folder: str, name: str, other: str) -> str:
+    """The node a job ran on, once the ``other`` job has started too (a file each in ``folder``): the two
+    run at once, which one CPU on each node allows only on two nodes (a job that waits in vain fails)."""
     import time
+    from pathlib import Path
 
     import ray
 
-    time.sleep(seconds)
+    (Path(folder) / name).touch()
+    deadline = time.monotonic() + 120
+    while not (Path(folder) / other).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {name!r} ran alone: job {other!r} never started beside it")
+        time.sleep(0.05)
     return ray.get_runtime_context().get_node_id()
 
 
@@ -74,5 +81,6 @@ def test_a_search_a_grid_and_a_build_across_two_nodes_match_serial(two_nodes, tm
     for t in alone.tasks:
         a, b = alone.expert_state(t), spread[1].expert_state(t)
         assert all(torch.equal(a[k], b[k]) for k in a), t
-    # two jobs at once take one CPU on each node
-    assert len(set(ex.map(node_of_a_job, {"a": (1.0,), "b": (1.0,)}).values())) == 2
+    # two jobs that wait for each other run at once, one on each node's CPU
+    jobs = {"a": (str(tmp_path), "a", "b"), "b": (str(tmp_path), "b", "a")}
+    assert len(set(ex.map(node_of_a_job, jobs).values())) == 2
