@@ -713,15 +713,15 @@ def ace_with_diagnostics(base: Mapping[str, Tensor], task_vectors: Sequence[Mapp
     T = len(task_vectors)
     if T == 0:
         raise InputError("ace needs at least one task vector")
-    matrix_keys = {k: None for k in base if is_matrix(k, base[k])}  # ordered set
-    given = check_ace_covariances(covariances, hp["estimator"], base, list(matrix_keys), T)
-    if hp["estimator"] == "given":
-        warn_mean_fallback("ace", [k for k in matrix_keys if k not in given], "no covariances")
+    matrix_keys = [k for k in base if is_matrix(k, base[k])]
+    given = check_ace_covariances(covariances, hp["estimator"], base, matrix_keys, T)
+    merged = {k for k in matrix_keys if hp["estimator"] != "given" or k in given}  # the others take the mean
+    warn_mean_fallback("ace", [k for k in matrix_keys if k not in merged], "no covariances")
     update: dict[str, Tensor] = {}
     diags: dict[str, ACEDiagnostics] = {}
     for key in progress(list(base), desc="ace"):
         dtype = task_vectors[0][key].dtype
-        if key not in matrix_keys or (hp["estimator"] == "given" and key not in given):
+        if key not in merged:
             update[key] = scaling * mean_update(list(task_vectors), key)
             continue
         W, diags[key] = ace_matrix([tv[key] for tv in task_vectors], Sigma=given.get(key), name=key,
