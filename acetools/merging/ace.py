@@ -37,7 +37,7 @@ from ..errors import InputError, InputTypeError
 from ..utils import format_bytes, progress
 from ._registry import METHODS, Param, is_matrix_param, register
 from .averaging import mean_update, summed, warn_mean_fallback
-from .inputs import check_key_matrices, check_task_vectors
+from .inputs import check_key_matrices, check_one_per_expert, check_task_vectors
 from .linalg import (
     check_square,
     solve_right,
@@ -117,10 +117,7 @@ def given_covariances(Sigma: Sequence[Tensor] | None, estimator: str, dWs: list[
         return None
     if Sigma is None:
         raise InputError(f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)")
-    if len(Sigma) != len(dWs):
-        raise InputError(
-            f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order"
-        )
+    check_one_per_expert(Sigma, len(dWs), f"layer {name!r}: Sigma", "d_in x d_in covariance", "covariances")
     for t, S in enumerate(Sigma):
         check_square(S, dWs[0].shape[1], f"covariance of task {t} (expert {t}) for layer {name!r}",
                      " (the layer's input dimension)")
@@ -441,7 +438,7 @@ def spectral_refine(W_pre: Tensor, delta_W: Sequence[Tensor], Sigma_tilde: Seque
         W_fused = Wp + (summed(d @ dense_covariance(S) for d, S in zip(dWs, Sigma_tilde))
                         - summed(dWs) @ Sigma_reg_mean.double())
     k = refined_rank(k_frac, Wp.shape, name)
-    if sums is not None and k > 0:  # fast path: the top k only, for (ACE.12)
+    if sums is not None:  # fast path: the top k only, for (ACE.12) (none when k = 0)
         U, S, Vh = top_svd(W_fused, k, gram=True)
     else:
         U, S, Vh = thin_svd(W_fused)
