@@ -416,7 +416,7 @@ def inputs(folder: str, claim_id: str, figures_root: str | Path) -> list[Path]:
         return results_of(("tasks8", "tasks14", "tasks20"), "small")
     if folder == "04_benchmark-text8":
         return results_of(("text8",), "minilm")
-    if claim_id == "ace.language_sota":
+    if folder == TRAINED_FOLDER or claim_id == "ace.language_sota":  # the trained-heads tables
         return results_of(("text8_trained",), "minilm")
     if claim_id == "ace.spectrum_language":
         return [root / "regime" / "text8_trained_seed0" / "card.json"]

@@ -389,3 +389,14 @@ def test_lesson_03_proxy_claims_are_recomputed_from_their_per_example_results(tm
     n = out["esm.four"].numbers
     assert n["diff_points"] == pytest.approx(acc["4 samples"] - acc[TSV_M_ROW])
     assert n["se"] == pytest.approx(power.paired_se(hits["tasks8|4 samples"], hits[f"tasks8|{TSV_M_ROW}"]))
+
+
+def test_trained_heads_claims_rest_on_the_trained_heads_result_files():
+    """Notebook 04's claims judged on the trained-heads tables (R.TRAINED_FOLDER) are recomputed from the
+    ``text8_trained`` result files, not from their own record."""
+    for cid in ("ace.sota", "esm.sota", "ace.vs_wudi", "ace.ordering"):
+        files = R.inputs(R.TRAINED_FOLDER, cid, FIGURES)
+        names = sorted(f.name for f in files)
+        assert names == sorted(f"text8_trained_minilm_seed{s}_{x}" for s in (0, 1, 2)
+                               for x in ("summary.csv", "correct.npz")), (cid, names)
+        assert all(f.parent == FIGURES / "benchmark" for f in files), cid
