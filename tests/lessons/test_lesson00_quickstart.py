@@ -1,4 +1,4 @@
-"""acetools_course.lesson00_quickstart (lesson 00): the linear world, its score, and the mini-world's tables."""
+"""Lesson 00, ``acetools_course.lesson00_quickstart``: the linear world, its score, and the mini-world's tables."""
 
 from __future__ import annotations
 
