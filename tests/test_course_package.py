@@ -160,7 +160,7 @@ def test_the_sys_path_scan_sees_an_edit(source):
     assert _mutates_sys_path("import sys\nprint(sys.path[0])") == []
 
 
-@pytest.mark.parametrize("source", CHILD_EDIT_SAMPLES)
+@pytest.mark.parametrize("source", CHILD_EDIT_SAMPLES, ids=["a format template", "an f-string", "a one-liner"])
 def test_the_sys_path_scan_sees_an_edit_in_a_child_processs_code(source):
     assert _mutates_sys_path(source) == [1]
     assert _mutates_sys_path('code = "import sys; print(sys.path[0] == sys.path[1])"') == []

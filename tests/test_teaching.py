@@ -96,7 +96,8 @@ def test_each_week_has_an_assessment_graded_by_the_rubric():
     (("per answer: 6 points", "per answer: 5 points"), "the rubric's 3 criteria at 2 points make 6, not the 5"),
     (("### Week 2: ESM", "### Week two: ESM"), "no '### Week 2: ...' assessment"),
     (("part B 18 by the rubric", "part B 20 by the rubric"), "part A 12 + part B 20 != 30"),
-])
+], ids=["an exercise not assessed", "an empty rubric level", "a rubric worth another sum", "a week without one",
+        "parts that do not add up"])
 def test_the_assessment_check_sees_a_gap(edit, problem):
     text = TEACHING.read_text(encoding="utf-8")
     assert edit[0] in text, edit[0]
