@@ -1,7 +1,8 @@
 """Lesson 03 checks ESM's rank budget (ESM.3) on a layer where it binds: below the rank of every task's activation
 shift, so that the budget decides what each task keeps. The quick world (CI's) must have such a layer, and the
-lesson stops with an error where no layer of its block has one, instead of falling back to a layer where the
-budget keeps everything (issue 41)."""
+mini-world's lesson stops with an error where no layer of its block has one, instead of falling back to a layer
+where the budget keeps everything (issue 41); another world (the text world, whose short texts give few proxy rows)
+says so and goes on with the first MLP matrix."""
 
 from __future__ import annotations
 
@@ -53,3 +54,12 @@ def test_the_lesson_stops_where_the_budget_binds_nowhere(prepared, monkeypatch):
     monkeypatch.setattr(E, "rank_budget", lambda d_out, n_tasks: 10**6)  # a budget that keeps every direction
     with pytest.raises(ValueError, match="rank budget binds on no ESD layer"):
         _choose_layer(lesson, ns)
+
+
+@pytest.mark.slow
+def test_another_world_says_where_the_budget_binds_nowhere(prepared, monkeypatch, capsys):
+    lesson, ns = prepared
+    monkeypatch.setattr(E, "rank_budget", lambda d_out, n_tasks: 10**6)
+    out = _choose_layer(lesson, {**ns, "world": "text8"})
+    assert out["key"] == out["first_mlp"]
+    assert "(ESM.3)'s cut is not exercised here" in capsys.readouterr().out
