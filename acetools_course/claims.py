@@ -169,6 +169,15 @@ CLAIMS: tuple[Claim, ...] = (
 
 _BY_ID = {c.id: c for c in CLAIMS}
 
+#: The claims that are not comparisons, decided on their measurement (docs/course.md §Scaling rule): levels of one
+#: measurement (a cosine, γ, an energy share or condition number, a time ratio) and a claim of *no* difference
+#: (``esm.proxy``), whose verdicts carry no settings. Every other claim is a comparison: its verdict carries one
+#: :class:`~acetools_course.verdicts.Effect` per setting and passes the one rule (docs/course.md §One rule, (V.7)),
+#: so that a decided comparison without a prediction cannot exist (tests/test_rejudge_claims.py).
+NOT_COMPARISONS: frozenset[str] = frozenset({
+    "ace.theorem1", "ace.theorem1_vit", "ace.unified", "ace.gamma_vit", "ace.spectrum", "ace.direction", "ace.cost",
+    "ace.language", "ace.gamma_bert", "ace.spectrum_language", "esm.proxy", "esm.overhead"})
+
 #: The claims about language models: lesson 07's and ACE's published language results. Every
 #: other claim is about the papers' vision setting; judged on the text world it is an analogue.
 LANGUAGE_CLAIMS: frozenset[str] = frozenset({c.id for c in CLAIMS if c.notebook == "07_language"} | {"ace.language"})

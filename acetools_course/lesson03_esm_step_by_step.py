@@ -38,7 +38,7 @@ from acetools.search import check_patience, climb_search, esm_search, grid_searc
 from acetools.utils import progress as bar
 
 from .paper_tables import ESM_ABLATION, paper_room
-from .power import paired_se  # lesson 03 calls it here too (esm_claims.paired_se)
+from .power import paired_se, stage_difference, stage_hits  # lesson 03 calls paired_se here (esm_claims.paired_se)
 from .verdicts import NOISE, TIE, UNDECIDABLE, Verdict, agreement, compare, decide, effect, margin
 
 # ---- Experiments: the tables and runs -------------------------------------------------------------
@@ -436,7 +436,10 @@ def load_components(base: Mapping[str, Tensor], expert: Mapping[str, Tensor],
 def norm_order_table(bench, activations: Mapping[str, Sequence[Tensor]] | None = None, *,
                      split: str = "test") -> pd.DataFrame:
     """Each expert with its ESD layers cut to ESM's rank budget int(d_out / T) in norm or reverse order, raw and
-    equal norms (:func:`load_components`), scored on its own task, beside the references ``"none"`` and ``"all"``."""
+    equal norms (:func:`load_components`), scored on its own task, beside the references ``"none"`` and ``"all"``.
+    ``norms`` says ``"raw"`` or ``"equal"``; ``correct`` holds each test example's correctness where the world scores
+    examples (None for ``"all"``, the expert itself: its accuracy is the reference), so that two orders pair example
+    by example (:func:`verdict_norm_importance`, the saved ``norm_order_correct.npz``)."""
     acts = bench.esm_activations() if activations is None else activations
     keys = list(acts)
     base, T = bench.base, len(bench.tasks)
@@ -450,9 +453,11 @@ def norm_order_table(bench, activations: Mapping[str, Sequence[Tensor]] | None =
             for eq in (False, True):
                 cases.append((order, eq, load_components(base, expert, comps, ks, order=order, equal_norms=eq)))
         for order, eq, state in cases:  # "all" is the expert: its accuracy is the reference
-            acc = ref[task] if state is None else bench.evaluate(state, split, tasks=[task])[task]
-            rows.append({"task": task, "order": order, "equal_norms": eq, "accuracy": 100 * acc,
-                         "normalized": 100 * acc / ref[task] if ref[task] > 0 else math.nan})
+            acc, hits = (ref[task], None) if state is None else bench.scored(state, split, tasks=[task])
+            acc = acc if state is None else acc[task]
+            rows.append({"task": task, "order": order, "equal_norms": eq, "norms": "equal" if eq else "raw",
+                         "accuracy": 100 * acc, "normalized": 100 * acc / ref[task] if ref[task] > 0 else math.nan,
+                         "correct": None if hits is None else hits[task]})
     return pd.DataFrame(rows)
 
 
@@ -694,12 +699,6 @@ def verdict_energy(table: pd.DataFrame, data: str = "held-out", *, retention: fl
                 "k90_svd": float(m["k90_svd"]), "k90_ratio": float(m["k90_esd"] / m["k90_svd"]), "data": d}
 
     nums = numbers(data)
-    diff, ratio = nums["diff_points"], nums["k90_ratio"]
-    more = f"ESD keeps {diff:+.1f} points more energy"
-    v, why = _ladder(compare(diff) == "better" and ratio <= FEWER, compare(diff) == "better",
-                     f"{more} and needs {ratio:.2f}x the components for 90 %",
-                     f"{more} but needs {ratio:.2f}x (not <= {FEWER}x) the components for 90 %",
-                     f"ESD minus SVD energy {diff:+.1f} points is within noise or negative")
     at = f" at {100 * retention:g} % of the components" if retention is not None else ""
     measured = (f"energy{at} ({data}): ESD {nums['energy_esd']:.1f} % vs SVD {nums['energy_svd']:.1f} %; components "
                 f"for 90 %: {nums['k90_esd']:.1f} vs {nums['k90_svd']:.1f}")
@@ -709,7 +708,32 @@ def verdict_energy(table: pd.DataFrame, data: str = "held-out", *, retention: fl
         ins = numbers(other)
         measured += f" (in-sample: {ins['energy_esd']:.1f} % vs {ins['energy_svd']:.1f} %)"
         out["in_sample"] = ins
-    return Verdict(measured, v, why, out, value=diff)
+    return energy_verdict(out, measured)
+
+
+def _no_paper_number(v: Verdict, settings: Mapping[str, float], se: Mapping[str, float | None] | None = None
+                     ) -> Verdict:
+    """``v`` with one :class:`~acetools_course.verdicts.Effect` per setting (its measured difference; the margin
+    ``max(NOISE, 1.96 se)`` where ``se`` gives the setting's paired standard error), none with a prediction: the
+    paper states the comparison without a number (docs/course.md §Claim rules), so by the one rule (docs/course.md
+    §One rule, (V.7)) no setting decides and :func:`acetools_course.claims.record` makes it ``undecidable here``,
+    the claim's own rule kept as ``numbers["power_rule"]["before"]``. The studies run on one expert seed."""
+    se = se or {}
+    return Verdict(v.measured, v.verdict, v.reason, v.numbers,
+                   [effect(s, d, se=se.get(s), seeds=1) for s, d in settings.items()], value=v.value)
+
+
+def energy_verdict(numbers: Mapping[str, Any], measured: str) -> Verdict:
+    """esm.energy from the numbers :func:`verdict_energy` records (``held_out`` or one ``data``'s fields), with its
+    one setting, the energy difference on that data (:func:`_no_paper_number`)."""
+    nums = numbers.get("held_out", numbers)
+    diff, ratio = float(nums["diff_points"]), float(nums["k90_ratio"])
+    more = f"ESD keeps {diff:+.1f} points more energy"
+    v, why = _ladder(compare(diff) == "better" and ratio <= FEWER, compare(diff) == "better",
+                     f"{more} and needs {ratio:.2f}x the components for 90 %",
+                     f"{more} but needs {ratio:.2f}x (not <= {FEWER}x) the components for 90 %",
+                     f"ESD minus SVD energy {diff:+.1f} points is within noise or negative")
+    return _no_paper_number(Verdict(measured, v, why, dict(numbers), value=diff), {f"energy ({nums['data']})": diff})
 
 
 def verdict_cka(table: pd.DataFrame, data: str = "held-out", *, retention: float | None = None) -> Verdict:
@@ -721,13 +745,20 @@ def verdict_cka(table: pd.DataFrame, data: str = "held-out", *, retention: float
     avg = float(diffs["all layers"])
     nums = {"cka_esd": float(by["cka_esd"]["all layers"]), "cka_svd": float(by["cka_svd"]["all layers"]),
             "diff_points": avg, "diff_by_type": per_type, "data": data}
+    at = f" at {100 * retention:g} %" if retention is not None else ""
+    return cka_verdict(nums, f"linear CKA{at} ({data}): ESD {nums['cka_esd']:.3f} vs SVD {nums['cka_svd']:.3f}")
+
+
+def cka_verdict(nums: Mapping[str, Any], measured: str) -> Verdict:
+    """esm.cka from the numbers :func:`verdict_cka` records, with the settings its rule reads
+    (:func:`_no_paper_number`): the CKA difference (points) over all layers, then per layer type."""
+    per_type = {str(k): float(v) for k, v in nums["diff_by_type"].items()}
+    avg = float(nums["diff_points"])
     v, why = _ladder(all(compare(d) == "better" for d in per_type.values()), compare(avg) == "better",
                      f"ESD's CKA is higher by {avg:+.1f} points on average and in every layer type",
                      f"ESD's CKA is higher by {avg:+.1f} points on average but not in every layer type",
                      f"ESD minus SVD CKA {avg:+.1f} points is within noise or negative")
-    at = f" at {100 * retention:g} %" if retention is not None else ""
-    measured = f"linear CKA{at} ({data}): ESD {nums['cka_esd']:.3f} vs SVD {nums['cka_svd']:.3f}"
-    return Verdict(measured, v, why, nums, value=avg)
+    return _no_paper_number(Verdict(measured, v, why, dict(nums), value=avg), {"all layers": avg, **per_type})
 
 
 def verdict_proxy(acc: Mapping[str, float], reference: str = "in-distribution",
@@ -827,23 +858,56 @@ def verdict_reciprocal(drops: Mapping[str, float], big: float = RECIPROCAL_DROP,
     return Verdict(measured or what, v, why, nums)
 
 
-def verdict_norm_importance(table: pd.DataFrame) -> Verdict:
-    """esm.norm_importance from :func:`norm_order_table` (rule: docs/course.md §Claim rules)."""
+def verdict_norm_importance(table: pd.DataFrame, experts: Mapping[str, float] | None = None) -> Verdict:
+    """esm.norm_importance from :func:`norm_order_table` (rule: docs/course.md §Claim rules); with ``experts``
+    (``{task: expert test accuracy}``, fractions) and the table's ``correct`` column, each gap's paired standard
+    error in normalized points (the two orders paired example by example on each expert's own task)."""
     m = table.groupby(["order", "equal_norms"])["normalized"].mean()
-    raw = float(m[("norm", False)] - m[("reverse", False)])
-    eq = float(m[("norm", True)] - m[("reverse", True)])
-    nums = {"norm_raw": float(m[("norm", False)]), "reverse_raw": float(m[("reverse", False)]),
-            "norm_equal": float(m[("norm", True)]), "reverse_equal": float(m[("reverse", True)]),
-            "gap_raw": raw, "gap_equal": eq}
+    nums: dict[str, float | None] = {
+        "norm_raw": float(m[("norm", False)]), "reverse_raw": float(m[("reverse", False)]),
+        "norm_equal": float(m[("norm", True)]), "reverse_equal": float(m[("reverse", True)]),
+            "gap_raw": float(m[("norm", False)] - m[("reverse", False)]),
+            "gap_equal": float(m[("norm", True)] - m[("reverse", True)])}
+    if experts is not None and "correct" in table:
+        hits = stage_hits(table[table["order"].isin(["norm", "reverse"])], NORM_ORDER_KEYS)
+        if hits:
+            nums.update(norm_gaps(hits, experts))
+    return norm_gaps_verdict(nums)
+
+
+#: The key columns of the norm-order study's saved per-example results (``"norm|raw"``, ``"reverse|equal"``, ...;
+#: :func:`acetools_course.power.stage_hits`).
+NORM_ORDER_KEYS: tuple[str, str] = ("order", "norms")
+
+
+def norm_gaps(hits: Mapping[str, Mapping[str, np.ndarray]], experts: Mapping[str, float]) -> dict[str, float | None]:
+    """The norm-order study's numbers from its per-example results (``norm_order_correct.npz``, rows
+    ``"<order>|<norms>"``): each order's normalized accuracy (mean over the experts' own tasks) and each gap with
+    its paired standard error (:func:`acetools_course.power.stage_difference`)."""
+    out: dict[str, float | None] = {}
+    for norms in ("raw", "equal"):
+        for order in ("norm", "reverse"):
+            h = hits[f"{order}|{norms}"]
+            out[f"{order}_{norms}"] = 100 * float(np.mean([h[t].mean() / experts[t] for t in h]))
+        out[f"gap_{norms}"], out[f"se_{norms}"] = stage_difference(hits, experts, f"norm|{norms}",
+                                                                   f"reverse|{norms}")
+    return out
+
+
+def norm_gaps_verdict(nums: Mapping[str, Any]) -> Verdict:
+    """esm.norm_importance from its numbers (:func:`verdict_norm_importance`, or :func:`norm_gaps` of the saved
+    per-example results): two settings, raw and equal norms, each gap at the margin ``max(NOISE, 1.96 se)``
+    (``se_raw``, ``se_equal``; NOISE without them); the paper gives no number (:func:`_no_paper_number`)."""
+    nums = dict(nums)
+    raw, eq = float(nums["gap_raw"]), float(nums["gap_equal"])
+    se = {"raw norms": nums.get("se_raw"), "equal norms": nums.get("se_equal")}
     txt = f"norm minus reverse order: {raw:+.1f} points (raw norms), {eq:+.1f} (equal norms)"
     measured = (f"normalized accuracy on own task at ESM's budget: norm order {nums['norm_raw']:.1f} vs reverse "
                 f"{nums['reverse_raw']:.1f} (raw norms), {nums['norm_equal']:.1f} vs {nums['reverse_equal']:.1f} "
                 "(equal norms)")
-    if compare(raw) == "better" and compare(eq) == "better":
-        return Verdict(measured, "reproduced", txt, nums, value=raw)
-    if compare(raw) == "better":
-        return Verdict(measured, "partly", txt, nums, value=raw)
-    return Verdict(measured, "not reproduced", txt, nums, value=raw)
+    better = [compare(raw, se=se["raw norms"]) == "better", compare(eq, se=se["equal norms"]) == "better"]
+    v = "reproduced" if all(better) else ("partly" if better[0] else "not reproduced")
+    return _no_paper_number(Verdict(measured, v, txt, nums, value=raw), {"raw norms": raw, "equal norms": eq}, se)
 
 
 #: The ablation claims of notebook 03: claim id -> (rows of the grid shown in the measurement).

@@ -112,10 +112,10 @@ def has_power(predicted: float | None, margin: float, factor: float = POWER_FACT
 
 #: The stage ablations' per-example results a lesson saves in its full profile, ``<figures>/<name>_correct.npz``
 #: (:func:`save_stage_results`), by lesson folder (02: one file per suite): the rows are
-#: ``"<suite>|<variant>"`` (02, 03) or ``"eps <eps>|<setting>"`` (07), so that their verdicts are recomputable
-#: from committed files.
+#: ``"<suite>|<variant>"`` (02, 03), ``"<order>|<norms>"`` (03's norm order) or ``"eps <eps>|<setting>"`` (07), so
+#: that their verdicts are recomputable from committed files.
 STAGE_RESULTS: dict[str, tuple[str, ...]] = {"02_ace_step_by_step": ("ablation_tasks8", "ablation_tasks20"),
-                                             "03_esm_step_by_step": ("ablation_grid", "proxy"),
+                                             "03_esm_step_by_step": ("ablation_grid", "proxy", "norm_order"),
                                              "07_language": ("stage_ablation",)}
 
 

@@ -244,6 +244,9 @@ class Effect:
     def margin_rule(self) -> str:
         if self.predicted is not None and not self.scaled:  # Kendall tau against its chance floor
             return f"the chance floor {self.floor:.2f} of a unit-free measure (no paired difference to resample)"
+        if self.se is None and self.seeds == 1:
+            return (f"NOISE = {self.floor:.2f}: one expert seed and no per-example results (neither the seeds' nor "
+                    "the test examples' noise is measured)")
         if self.se is None:
             return f"max(NOISE, sd over seeds) = {self.floor:.2f}: no per-example results"
         if self.seeds == 1:
@@ -324,10 +327,17 @@ def _opposite(e: Effect) -> bool:
     return e.measured * math.copysign(1.0, e.predicted) < -e.floor
 
 
+def _unit_free(e: Effect) -> bool:
+    """Whether setting ``e``'s prediction is unit-free (Kendall τ against its chance floor): a paper number not
+    scaled by the rooms (:attr:`Effect.scaled`; a record's effect without ``paper_room``). The one criterion the
+    course uses for it."""
+    return e.predicted is not None and not e.scaled
+
+
 def _needed(e: Effect) -> float:
-    """The prediction setting ``e`` would need to decide: twice its margin, or its chance floor for a unit-free
-    prediction (Kendall τ)."""
-    return e.floor if (e.predicted is not None and not e.scaled) else POWER_FACTOR * e.floor
+    """The prediction setting ``e`` would need to decide: twice its margin, or (to exceed) its chance floor for a
+    unit-free prediction (Kendall τ)."""
+    return e.floor if _unit_free(e) else POWER_FACTOR * e.floor
 
 
 def power_rule(v: Verdict) -> Verdict:
@@ -355,13 +365,18 @@ def power_rule(v: Verdict) -> Verdict:
             "needed_at": need.setting, "before": v.numbers.get("power_rule", {}).get("before", v.verdict)}
     if not deciding:
         unpredicted = sum(e.predicted is None for e in v.effects)
-        why = ("no setting has a paper prediction with the power to decide (at least "
-               f"{POWER_FACTOR:g}× its margin; a unit-free one beyond its chance floor)"
-               + (f" ({unpredicted} of {len(v.effects)} have no paper number to scale)" if unpredicted else "")
-               + f"; this world would need an effect of at least {rule['needed']:.2f} "
-               + (f"points ({POWER_FACTOR:g} × the margin {need.floor:.2f} at {need.setting})"
-                  if _needed(need) != need.floor else
-                  f"(a unit-free prediction beyond its chance floor at {need.setting})"))
+        why = (f"judged at 0 of {len(v.effects)} settings: no setting has a paper prediction with the power to "
+               f"decide (at least {POWER_FACTOR:g}× its margin; a unit-free one strictly beyond its chance floor)"
+               + (f" ({unpredicted} of {len(v.effects)} have no paper number to scale)" if unpredicted else ""))
+        if _unit_free(need):
+            at_floor = need.predicted is not None and math.isclose(abs(need.predicted), need.floor, rel_tol=1e-9)
+            why += (f"; this world would need an effect above {rule['needed']:.2f} (a unit-free prediction beyond "
+                    f"its chance floor at {need.setting}"
+                    + (f"; the prediction {need.predicted:+.2f} equals the floor, and equal is undecidable"
+                       if at_floor else "") + ")")
+        else:
+            why += (f"; this world would need an effect of at least {rule['needed']:.2f} points ({POWER_FACTOR:g} × "
+                    f"the margin {need.floor:.2f} at {need.setting})")
     else:
         why = f"judged at {len(deciding)} of {len(v.effects)} settings ({', '.join(rule['deciding'])})"
         if against:

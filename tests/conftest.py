@@ -79,18 +79,38 @@ def world64():
 
 
 def load_script(name: str):
-    """A script of ``benchmarks/`` (``name`` without ``.py``) imported as a module, for its tests."""
-    import importlib.util
-    import sys
+    """A script of ``benchmarks/`` (``name`` without ``.py``) imported as a module, for its tests. The scripts
+    beside it that it imports by name (``_shapes``, ``text_world``) are loaded first, from its folder, as Python
+    finds them when it runs the script (its folder first on the path)."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    return _load_by_path(Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py", f"benchmarks_{name}")
+
+
+def _load_by_path(path, module_name: str, loading: frozenset = frozenset()):
+    """``path`` executed as the module ``module_name``, after the scripts beside it that it imports (each loaded
+    once, under its own name, as an import from the script's folder is; ``loading``: those on the way here)."""
+    import ast
+    import importlib.util
+    import sys
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else [])
+        for top in {n.split(".")[0] for n in names} - loading - {path.stem}:
+            sibling = path.parent / f"{top}.py"
+            if sibling.is_file() and getattr(sys.modules.get(top), "__file__", None) != str(sibling):
+                _load_by_path(sibling, top, loading | {path.stem})
+    spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None and spec.loader is not None, path
     mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))  # as Python runs a script: its folder first, for the scripts beside it
+    sibling = module_name == path.stem  # importable by its name, as ``import text_world`` finds it
+    if sibling:
+        sys.modules[module_name] = mod
     try:
         spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(path.parent))
+    except BaseException:
+        if sibling:
+            sys.modules.pop(module_name, None)
+        raise
     return mod

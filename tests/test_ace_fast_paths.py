@@ -17,6 +17,7 @@ import torch
 import acetools.merging.ace as A
 from acetools.errors import InputError, InputTypeError
 from acetools.merging import merge
+from acetools.merging.averaging import summed
 
 F64 = torch.float64
 T = 4
@@ -70,7 +71,7 @@ def test_each_stage_reads_the_one_pass_sums_as_it_computes_its_equation(shape, e
     close(fast.ridge, slow.ridge, 1e-13)
     for S_fast, S_slow in zip(fast.Sigma_tilde, slow.Sigma_tilde):
         close(A.dense_covariance(S_fast), A.dense_covariance(S_slow), 1e-13)
-    close(fast.sums.S, A.sum64(A.dense_covariance(S) for S in slow.Sigma_tilde), 1e-12)  # sum_t Σ̃_t
+    close(fast.sums.S, summed(A.dense_covariance(S) for S in slow.Sigma_tilde), 1e-12)  # sum_t Σ̃_t
     close(fast.mean_reg(), slow.mean_reg(), 1e-12)  # Σ̄_reg of (ACE.11)
     # (ACE.9)
     energy = float(A.task_energies(dWs).mean())

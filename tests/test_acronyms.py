@@ -1,10 +1,11 @@
 """Every acronym is spelled out where a lesson or a docs page first uses it (docs/glossary.md §Acronyms).
 
 The acronyms and their spelled-out forms are the table of docs/glossary.md §Acronyms. A lesson's
-markdown is read cell by cell in order, a docs page (docs/*.md, README.md) block by block
-(headings, paragraphs, table rows, list items); at the first use of an acronym, its spelled-out
-form must have appeared (in that cell or block, or before), or that first use must be a link to
-the glossary. On a page, code (fenced blocks and spans) and links' addresses are not reading text.
+markdown (and that of its exercises and of their solutions, each opened on its own) is read cell by
+cell in order, a docs page (docs/*.md, README.md) block by block (headings, paragraphs, table rows,
+list items); at the first use of an acronym, its spelled-out form must have appeared (in that cell
+or block, or before), or that first use must be a link to the glossary. On a page, code (fenced
+blocks and spans) and links' addresses are not reading text.
 """
 
 from __future__ import annotations
@@ -97,7 +98,18 @@ def test_an_acronym_used_before_it_is_spelled_out_is_found():
     assert not undefined(["SESDE is another word.", "no acronym here"], table)
 
 
-@pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
+#: The lessons, and their exercises and solutions (a student opens each on its own).
+NOTEBOOKS = [*notebook_paths(), *sorted((ROOT / "notebooks" / "exercises").glob("*.ipynb")),
+             *sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))]
+
+
+def test_the_notebooks_read_include_the_exercises_and_solutions():
+    stems = {p.stem for p in NOTEBOOKS}
+    lessons = [p.stem for p in notebook_paths()]
+    assert len(lessons) >= 9 and {f"{n}_{kind}" for n in lessons for kind in ("exercises", "solutions")} <= stems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_acronym_is_spelled_out_at_first_use(path):
     nb = nbformat.read(str(path), as_version=4)
     cells = [c.source for c in nb.cells if c.cell_type == "markdown"]

@@ -8,7 +8,7 @@
 * The library never imports the course (``acetools_course``); the merge engine (``merging/``,
   ``layouts``, ``keys``, ``utils``) imports nothing of the file side or the worlds.
 * No private (``_name``) module or name is imported from another package.
-* Line budgets per unit (:data:`BUDGETS`): ``merging/ace.py`` (ACE and all that only ACE uses) <= 760, ``esm.py``
+* Line budgets per unit (:data:`BUDGETS`): ``merging/ace.py`` (ACE and all that only ACE uses) <= 730, ``esm.py``
   <= 450, the engine, the file side, each world, the course and the command line each within its own.
 """
 
@@ -169,7 +169,7 @@ def _lines(paths) -> int:
     return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in paths)
 
 
-#: Budgets per unit, so that each part of the package stays one a reader can walk: ACE in 760 lines (its stages, its
+#: Budgets per unit, so that each part of the package stays one a reader can walk: ACE in 730 lines (its stages, its
 #: options and covariance inputs, and its one pass over the tasks: everything only ACE uses, issue #42), ESM in
 #: 450 (every line of their module), the engine, the file side, each world, the course and the command line each in
 #: the lines its job needs. A unit is a file or a folder; the most specific unit a file is in counts it, and
@@ -177,7 +177,7 @@ def _lines(paths) -> int:
 #: results, search, regime, plotting, notebooks). A budget describes a design: when a unit outgrows it, split the
 #: unit or raise its budget for what the code does, never move lines to fit.
 BUDGETS = {
-    "acetools/merging/ace.py": 760,
+    "acetools/merging/ace.py": 730,
     "acetools/merging/esm.py": 450,
     "acetools/merging/": 3_700,     # the rest of the engine: registry, driver, linalg, the other methods
     "acetools/files/": 5_000,       # checkpoints, streamed merges, heads, vocabularies, lineage, diagnose

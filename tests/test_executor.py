@@ -87,7 +87,6 @@ def same_weights(a: Path, b: Path) -> None:
 def test_serial_needs_no_ray(tmp_path):
     code = f"""
 import sys
-sys.path[:0] = [{str(ROOT)!r}]
 from pathlib import Path
 import torch
 from safetensors.torch import save_file

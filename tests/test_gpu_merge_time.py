@@ -3,24 +3,14 @@ its shapes are the architectures', and its bounds grow with T as the algorithms 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def scripts():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import _shapes
-        import gpu_merge_time
-        import merge_speed
-    finally:
-        sys.path.remove(str(BENCH))
-    return gpu_merge_time, merge_speed, _shapes
+    return load_script("gpu_merge_time"), load_script("merge_speed"), load_script("_shapes")
 
 
 def test_ace_flops_are_merge_speeds_model_on_the_flagged_path(scripts):

@@ -187,14 +187,21 @@ def _clone(folder: Path) -> Path:
 
 
 #: In a child process: this environment's own editable finders taken out, the test's installed instead (as
-#: site-packages' .pth file does at startup), the folder ``sys.argv[1]`` holding it on the path after the cwd.
+#: site-packages' .pth file does at startup). The folder holding it comes on the path after the cwd through the
+#: child's PYTHONPATH (:func:`_env_with`), as an installed package's folder is.
 INSTALL = ("import sys; "
            "sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, '__name__', '') != '_EditableFinder']; "
-           "sys.path[:] = [p for p in sys.path if not p.endswith('.__path_hook__')]; "
-           "sys.path.insert(1, sys.argv.pop(1)); import acetools_under_test_finder as f; f.install(); ")
+           "import acetools_under_test_finder as f; f.install(); ")
 #: ``python -m acetools ARGS`` after :data:`INSTALL` (runpy, as ``-m`` runs it).
 RUN_M = INSTALL + ("import runpy; sys.argv[0] = 'acetools'; "
                    "runpy.run_module('acetools', run_name='__main__', alter_sys=True)")
+
+
+def _env_with(finder: Path) -> dict[str, str]:
+    """This environment with ``finder``'s folder as the only PYTHONPATH entry (``sys.path[1]``, after the cwd)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1",
+                                                                        "PYTHONPATH": str(finder)}
+
 
 MERGE = ["merge", "--method", "task_arithmetic", "--base", "base.safetensors", "--experts", "e0.safetensors",
          "e1.safetensors", "--out", "merged", "-q"]
@@ -204,17 +211,17 @@ MERGE = ["merge", "--method", "task_arithmetic", "--base", "base.safetensors", "
 def test_python_m_acetools_runs_from_a_folder_that_holds_a_clone_named_acetools(tmp_path):
     work = _clone(tmp_path / "work")
     finder = _editable_finder(tmp_path / "site")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
+    env = _env_with(finder)
     # python -m acetools, as an editable install runs it: the finder installed at startup, the folder first on
     # sys.path (the clone's acetools/ is found there first, as an empty namespace package)
     run_m = RUN_M
-    done = subprocess.run([sys.executable, "-c", run_m, str(finder), *MERGE], cwd=work, env=env,
+    done = subprocess.run([sys.executable, "-c", run_m, *MERGE], cwd=work, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (work / "merged" / "model.safetensors").is_file()
     assert "__version__" not in done.stderr and "the clone was imported" not in done.stderr
     probe = INSTALL + "import acetools; print(acetools.__path__)"
-    shadow = subprocess.run([sys.executable, "-c", probe, str(finder)], cwd=work, env=env, capture_output=True,
+    shadow = subprocess.run([sys.executable, "-c", probe], cwd=work, env=env, capture_output=True,
                             text=True, timeout=60)
     assert str(work / "acetools") in shadow.stdout and "_NamespacePath" in shadow.stdout  # the shadowing itself
 
@@ -226,9 +233,9 @@ def test_a_shadowing_clone_that_cannot_be_worked_around_is_one_line_naming_it(tm
     lone.mkdir(parents=True)
     (lone / "__main__.py").write_text((ROOT / "acetools" / "__main__.py").read_text())
     site = _editable_finder(tmp_path / "site", lone)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = _env_with(site)
     run_m = RUN_M
-    done = subprocess.run([sys.executable, "-c", run_m, str(site), "--help"], cwd=work, env=env,
+    done = subprocess.run([sys.executable, "-c", run_m, "--help"], cwd=work, env=env,
                           capture_output=True, text=True, timeout=60)
     err = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(err) == 1, done.stderr

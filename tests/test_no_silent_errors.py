@@ -714,7 +714,6 @@ def test_a_killed_streamed_merge_leaves_no_output_folder_and_a_rerun_completes(a
 _KILL_PRETRAIN = """
 import os, signal, sys
 from types import SimpleNamespace
-sys.path.insert(0, {root!r})
 import acetools.world.vision.finetune as ft
 from tests.test_finetune import corner_task
 save = ft._save_resume
@@ -737,7 +736,7 @@ def test_a_killed_pretraining_resumes_to_the_uninterrupted_weights(tmp_path):
     from tests.test_finetune import corner_task
 
     ckpt = tmp_path / "base.resume.safetensors"
-    _run_killed(_KILL_PRETRAIN.format(root=str(ROOT), ckpt=str(ckpt)), tmp_path)
+    _run_killed(_KILL_PRETRAIN.format(ckpt=str(ckpt)), tmp_path)
     assert ckpt.is_file() and not list(tmp_path.glob(".*.tmp"))  # the last epoch's checkpoint, complete
     t = corner_task(128, 4, n_classes=4)
     pool = SimpleNamespace(x=t.x, labels={"pos": t.y}, head_classes={"pos": 4})

@@ -9,7 +9,9 @@ session-wide cache, so the fixture world is built once; every page is checked by
 from __future__ import annotations
 
 import ast
+import copy
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -102,6 +104,64 @@ def quick_env(tmp_path_factory, monkeypatch_module=None):
             os.environ[k] = v
 
 
+#: Lesson 00's section on epsilon (issue 42: the lesson names ACE's largest lever and shows it).
+EPS_SECTION = "## 7 · $\\varepsilon$: ACE's largest lever"
+
+
+def eps_lever_problems(nb) -> list[str]:
+    """What an executed lesson 00 lacks in its section 7: the section itself, a table of ACE at the official
+    code's eps (1e-2) and the paper's (1e-5) beside task arithmetic, each with its accuracy, and the printed line
+    naming ACE's best eps and its lead or lag against task arithmetic."""
+    start = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and EPS_SECTION in c.source]
+    if not start:
+        return [f"no section {EPS_SECTION!r}"]
+    end = next((i for i in range(start[0] + 1, len(nb.cells)) if "\n## " in "\n" + nb.cells[i].source
+                and nb.cells[i].cell_type == "markdown"), len(nb.cells))
+    shown = ""
+    for c in nb.cells[start[0]:end]:
+        for o in c.get("outputs", []) if c.cell_type == "code" else []:
+            shown += o.get("text", "") + "".join(str(v) for k, v in o.get("data", {}).items() if k.startswith("text/"))
+    number = r"-?\d+\.\d+"
+    problems = [f"no row for {row!r} with its accuracy" for row in ("ACE, eps = 0.01", "ACE, eps = 1e-05",
+                                                                   "task arithmetic")
+                if not re.search(re.escape(row) + r"[^\n]*?</t[dh]>\s*<td[^>]*>\s*" + number, shown)]
+    if not re.search(rf"ACE is best at eps = [\de.-]+: {number} % normalized, [+-]{number} points against task "
+                     rf"arithmetic \(at the default eps = 0\.01: [+-]{number}\)", shown):
+        problems.append("no printed line naming ACE's best eps and its difference to task arithmetic")
+    return problems
+
+
+def test_the_eps_check_sees_a_lesson_without_its_lever(tmp_path):
+    def cell(kind: str, source: str, outputs=()):
+        c = nbformat.v4.new_markdown_cell(source) if kind == "md" else nbformat.v4.new_code_cell(source)
+        if kind != "md":
+            c.outputs = list(outputs)
+        return c
+
+    row = "<tr><th>{i}</th><td>{m}</td><td>{v}</td></tr>"
+    html = "<table>" + "".join(row.format(i=i, m=m, v=v) for i, (m, v) in enumerate(
+        [("ACE, eps = 0.01", "61.20"), ("ACE, eps = 0.001", "62.00"), ("ACE, eps = 1e-05", "63.50"),
+         ("task arithmetic (lambda = 0.3)", "62.10")])) + "</table>"
+    line = "ACE is best at eps = 1e-05: 63.5 % normalized, +1.4 points against task arithmetic (at the default eps = " \
+           "0.01: -0.9).\n"
+    good = nbformat.v4.new_notebook(cells=[
+        cell("md", EPS_SECTION + "\n\ntext"),
+        cell("code", "page.table(eps_table)", [nbformat.v4.new_output("display_data", data={"text/html": html})]),
+        cell("code", "print(...)", [nbformat.v4.new_output("stream", name="stdout", text=line)]),
+        cell("md", "**Quick profile.**\n\n## What we learned\n"),
+        cell("code", "print('after')", [nbformat.v4.new_output("stream", name="stdout", text=line)])])
+    assert eps_lever_problems(good) == []
+    no_paper = copy.deepcopy(good)
+    no_paper.cells[1].outputs[0]["data"]["text/html"] = html.replace("1e-05", "1e-04")
+    assert eps_lever_problems(no_paper) == ["no row for 'ACE, eps = 1e-05' with its accuracy"]
+    silent = copy.deepcopy(good)
+    silent.cells[2].outputs = []  # the line printed only after the section does not count
+    assert eps_lever_problems(silent) == ["no printed line naming ACE's best eps and its difference to task "
+                                          "arithmetic"]
+    silent.cells[0].source = "## 7 · Something else"
+    assert eps_lever_problems(silent) == [f"no section {EPS_SECTION!r}"]
+
+
 @pytest.mark.slow
 def test_every_notebook_runs_in_quick_mode(quick_env):
     """The quick profile end to end, in order (05 reads what 01-04 recorded), and every rendered
@@ -131,6 +191,9 @@ def test_every_notebook_runs_in_quick_mode(quick_env):
         assert shown == len(own), f"{r['notebook']}: {shown} code cells shown of {len(own)}"
         if r["notebook"].startswith("02_"):
             assert shown >= 10, f"02 renders {shown} code cells"
+    # lesson 00 shows epsilon as ACE's lever: its section 7's output names the eps values and both merges' accuracies
+    quickstart = nbformat.read(recs[0]["executed"], as_version=4)
+    assert not eps_lever_problems(quickstart), eps_lever_problems(quickstart)
     # the quick pages say what the quick world is
     for r in recs[:4]:
         assert "fixture world" in Path(r["html"]).read_text(), (

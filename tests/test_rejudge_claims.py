@@ -37,6 +37,17 @@ def test_there_are_committed_claims():
     assert len(FILES) >= 5
 
 
+def _unit_free(x: dict) -> bool:
+    """Whether a record's setting ``x`` has a unit-free prediction (Kendall τ against its chance floor): a paper number
+    not scaled by the rooms. The one criterion of both tests below (acetools_course.verdicts._unit_free)."""
+    return x["predicted"] is not None and (x["paper_room"] is None or x["world_room"] is None)
+
+
+def _headline(e: dict) -> dict:
+    """The setting a record's ``predicted_effect`` and ``noise_floor`` come from (``effect_setting``)."""
+    return next(x for x in e["effects"] if x["setting"] == e["effect_setting"])
+
+
 @pytest.mark.parametrize("path", FILES, ids=[p.parent.name for p in FILES])
 def test_every_committed_record_carries_world_and_effects(path):
     for cid, e in json.loads(path.read_text()).items():
@@ -48,12 +59,14 @@ def test_every_committed_record_carries_world_and_effects(path):
             assert e[f] is None or isinstance(e[f], (int, float)), (cid, f, e[f])
         if e["predicted_effect"] is not None:  # a prediction comes with its floor, measurement and rule
             assert e["noise_floor"] is not None and e["measured_effect"] is not None and e["scaling"], cid
-        if e["predicted_effect"] is not None:  # a scaled prediction decides only at >= POWER_FACTOR x its margin
-            need = e["noise_floor"] * (1.0 if "unit-free" in e["scaling"] else POWER_FACTOR)
+        if e["predicted_effect"] is not None:  # a scaled prediction decides only at >= POWER_FACTOR x its margin,
+            unit_free = _unit_free(_headline(e))  # a unit-free one only strictly beyond its chance floor
+            need = e["noise_floor"] * (1.0 if unit_free else POWER_FACTOR)
             if e["verdict"] == "undecidable here":
-                assert abs(e["predicted_effect"]) < need + 1e-12, cid
-            elif e["verdict"] in ("reproduced", "partly", "not reproduced") and "unit-free" not in e["scaling"]:
-                assert abs(e["predicted_effect"]) >= need - 1e-12, (cid, e["predicted_effect"], need)
+                assert abs(e["predicted_effect"]) < need + 1e-9 if unit_free else abs(e["predicted_effect"]) < need, cid
+            elif e["verdict"] in ("reproduced", "partly", "not reproduced"):
+                assert abs(e["predicted_effect"]) > need + 1e-9 if unit_free else \
+                    abs(e["predicted_effect"]) >= need - 1e-12, (cid, e["predicted_effect"], need)
         waits = pending_rerun(cid, e)
         if waits:
             assert "pending rerun" in e["reason"] and e["numbers"]["pending_rerun"] == waits, cid
@@ -179,31 +192,43 @@ def test_every_decided_comparative_claim_has_the_power_and_no_contradicting_sett
     """The one rule (V.7) on the committed records: a comparative claim (one with settings) decided reproduced,
     partly or not reproduced has a setting with a paper prediction of at least twice its margin; one decided
     reproduced or partly has no deciding setting measured beyond its margin against the predicted sign; an
-    undecidable one names the effect the world would need, and every one says at how many settings it was judged."""
+    undecidable one names the effect the world would need, and every one says at how many settings it was judged.
+    A decided claim without settings must be one that is not a comparison (claims.NOT_COMPARISONS: a level, or a
+    claim of no difference); one of those never carries settings."""
     for cid, e in json.loads(path.read_text()).items():
         effects = e.get("effects") or []
-        if not effects or e["verdict"] == "not testable here":
+        if cid in claims.NOT_COMPARISONS:
+            assert not effects, f"{cid} carries settings: a comparison, not in claims.NOT_COMPARISONS"
             continue
+        if e["verdict"] == "not testable here":
+            continue
+        assert effects, (f"{cid} ({path.parent.name}) is {e['verdict']!r}: a comparison decided without settings, "
+                         "so without a prediction, a margin and the power test (V.7)")
         deciding = [x for x in effects if x["predicted"] is not None
-                    and (abs(x["predicted"]) >= POWER_FACTOR * x["floor"] if x["paper_room"] is not None
-                         else abs(x["predicted"]) > x["floor"])]
+                    and (abs(x["predicted"]) > x["floor"] * (1 + 1e-9) if _unit_free(x)
+                         else abs(x["predicted"]) >= POWER_FACTOR * x["floor"])]
         rule = e["numbers"]["power_rule"]
         assert rule["settings"] == len(effects) and rule["deciding"] == [x["setting"] for x in deciding], cid
+        assert f"judged at {len(deciding)} of {len(effects)} settings" in e["reason"], cid
         if e["verdict"] == "undecidable here":
-            assert not deciding and f"would need an effect of at least {rule['needed']:.2f}" in e["reason"], cid
+            need = next(x for x in effects if x["setting"] == rule["needed_at"])
+            words = "above" if _unit_free(need) else "of at least"
+            assert not deciding and f"would need an effect {words} {rule['needed']:.2f}" in e["reason"], cid
+            if _unit_free(need) and abs(abs(need["predicted"]) - need["floor"]) <= 1e-9 * need["floor"]:
+                assert "equals the floor, and equal is undecidable" in e["reason"], cid
             continue
         assert deciding, f"{cid} ({path.parent.name}) is {e['verdict']!r} without a setting that has the power"
-        assert f"judged at {len(deciding)} of {len(effects)} settings" in e["reason"], cid
         if e["verdict"] in ("reproduced", "partly"):
             against = [x["setting"] for x in deciding if x["measured"] is not None
                        and x["measured"] * (1 if x["predicted"] > 0 else -1) < -x["floor"]]
             assert not against, f"{cid} ({path.parent.name}) is {e['verdict']!r}, contradicted at {against}"
 
 
-#: The claims decided on a stage ablation, which runs on one expert seed (docs/course.md §Margin, power and rivals).
+#: The claims decided on a stage ablation, which runs on one expert seed (docs/course.md §Margin, power and rivals),
+#: and notebook 03's ESD-vs-SVD and norm-order studies, on the experts of one seed too.
 ONE_SEED = {"ace.normalization", "ace.csp", "ace.refinement", "esm.four", "esm.esd_alone", "esm.ps_on_svd",
             "esm.layer_first", "esm.reciprocal", "ace.normalization_language", "ace.csp_language",
-            "ace.refinement_language"}
+            "ace.refinement_language", "esm.energy", "esm.cka", "esm.norm_importance"}
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.parent.name for p in FILES])
@@ -253,6 +278,7 @@ EXPECTED_MISSING: dict[str, str] = {
     "02_ace_step_by_step/ablation_tasks20_correct.npz": "lesson 02's full rerun writes it",
     "03_esm_step_by_step/ablation_grid_correct.npz": "lesson 03's full rerun writes it",
     "03_esm_step_by_step/proxy_correct.npz": "lesson 03's full rerun writes it",
+    "03_esm_step_by_step/norm_order_correct.npz": "lesson 03's full rerun writes it",
     "07_language/stage_ablation_correct.npz": "lesson 07's full rerun writes it",
 }
 
@@ -389,3 +415,71 @@ def test_lesson_03_proxy_claims_are_recomputed_from_their_per_example_results(tm
     n = out["esm.four"].numbers
     assert n["diff_points"] == pytest.approx(acc["4 samples"] - acc[TSV_M_ROW])
     assert n["se"] == pytest.approx(power.paired_se(hits["tasks8|4 samples"], hits[f"tasks8|{TSV_M_ROW}"]))
+
+
+def test_trained_heads_claims_rest_on_the_trained_heads_result_files():
+    """Notebook 04's claims judged on the trained-heads tables (R.TRAINED_FOLDER) are recomputed from the
+    ``text8_trained`` result files, not from their own record."""
+    for cid in ("ace.sota", "esm.sota", "ace.vs_wudi", "ace.ordering"):
+        files = R.inputs(R.TRAINED_FOLDER, cid, FIGURES)
+        names = sorted(f.name for f in files)
+        assert names == sorted(f"text8_trained_minilm_seed{s}_{x}" for s in (0, 1, 2)
+                               for x in ("summary.csv", "correct.npz")), (cid, names)
+        assert all(f.parent == FIGURES / "benchmark" for f in files), cid
+
+
+def test_not_comparisons_are_registered_claims():
+    """claims.NOT_COMPARISONS names registered claims, and the ones the tests above exempt from the one rule
+    are levels or a claim of no difference, not the comparisons issue 41 found decided without a prediction."""
+    assert claims.NOT_COMPARISONS <= {c.id for c in claims.CLAIMS}
+    assert not claims.NOT_COMPARISONS & {"esm.norm_importance", "esm.cka", "esm.energy", "ace.csp", "esm.four",
+                                         "ace.vs_wudi", *R.STAGE_NAMES}
+
+
+def test_lesson_03_norm_order_claim_is_recomputed_from_its_per_example_results(tmp_path):
+    """With lesson 03's norm_order_correct.npz committed, esm.norm_importance's gaps (normalized points) and their
+    paired standard errors come from it; with no paper number to scale it stays undecidable (V.7)."""
+    import numpy as np
+
+    from acetools_course import power
+    from acetools_course.lesson03_esm_step_by_step import NORM_ORDER_KEYS
+
+    assert NORM_ORDER_KEYS == ("order", "norms")
+    entries = json.loads((FIGURES / "03_esm_step_by_step" / "claims.json").read_text())
+    rng = np.random.default_rng(5)
+    experts = {"a": 0.9, "b": 0.8}
+    hits = {f"{o}|{n}": {t: rng.random(200) < p for t in experts}
+            for o, n, p in (("norm", "raw", 0.85), ("reverse", "raw", 0.6), ("norm", "equal", 0.75),
+                            ("reverse", "equal", 0.7))}
+    (tmp_path / "03_esm_step_by_step").mkdir()
+    power.save_stage_results(tmp_path / "03_esm_step_by_step", "norm_order", hits, experts=experts)
+    world = claims.claim_world(quick=False, results_dir=FIGURES / "benchmark")
+    v = R._esm_verdicts({"esm.norm_importance": entries["esm.norm_importance"]}, world, tmp_path)["esm.norm_importance"]
+    want = power.stage_difference(hits, experts, "norm|equal", "reverse|equal")
+    assert (v.numbers["gap_equal"], v.numbers["se_equal"]) == pytest.approx(want)
+    assert v.numbers["norm_raw"] == pytest.approx(100 * np.mean([hits["norm|raw"][t].mean() / experts[t]
+                                                                 for t in experts]))
+    eff = {e.setting: e for e in v.effects}
+    assert eff["equal norms"].se == pytest.approx(want[1]) and eff["equal norms"].predicted is None
+    from acetools_course.verdicts import power_rule
+
+    assert power_rule(v).verdict == "undecidable here"
+    assert R.inputs("03_esm_step_by_step", "esm.norm_importance", FIGURES) == \
+        [FIGURES / "03_esm_step_by_step" / "norm_order_correct.npz"]
+
+
+def test_a_unit_free_prediction_equal_to_its_floor_is_undecidable_and_says_so():
+    """(V.7): a unit-free prediction (Kendall τ, not scaled) decides only strictly beyond its chance floor; equal to
+    it, as ace.ordering's claimed τ is, the claim is undecidable, and the reason says so and at how many settings
+    it was judged."""
+    from acetools_course.verdicts import Effect, Verdict, power_rule
+
+    def tau(setting, predicted):
+        return Effect(setting, predicted, None, None, predicted, 0.95, 0.4)
+
+    v = power_rule(Verdict("m", "not reproduced", "r", {}, [tau(f"tasks{n}", 0.95) for n in (8, 14, 20)]))
+    assert v.verdict == "undecidable here"
+    assert "judged at 0 of 3 settings" in v.reason and "equals the floor, and equal is undecidable" in v.reason
+    assert "would need an effect above 0.95" in v.reason
+    above = power_rule(Verdict("m", "not reproduced", "r", {}, [tau("tasks8", 0.96)]))
+    assert above.verdict == "not reproduced" and "judged at 1 of 1 settings" in above.reason

@@ -1,6 +1,6 @@
 """acetools.results (the library's result files): loading benchmark files, aggregation, Kendall tau.
 
-The benchmark lesson's verdicts and targets are tested in tests/course/test_benchmark.py."""
+The benchmark lesson's verdicts and targets are tested in tests/lessons/test_lesson04_benchmark.py."""
 
 from __future__ import annotations
 

@@ -36,8 +36,8 @@ from torch import Tensor
 from ..errors import InputError, InputTypeError
 from ..utils import format_bytes, progress
 from ._registry import METHODS, Param, is_matrix_param, register
-from .averaging import mean_update, warn_mean_fallback
-from .inputs import check_key_matrices, check_task_vectors
+from .averaging import mean_update, summed, warn_mean_fallback
+from .inputs import check_key_matrices, check_one_per_expert, check_task_vectors
 from .linalg import (
     check_square,
     solve_right,
@@ -50,8 +50,8 @@ from .linalg import (
 
 __all__ = [
     "ESTIMATORS", "EPS_MODES", "GAMMA_MODES", "PRECISIONS", "Switches", "estimator_preset", "preset_switches",
-    "center_rows", "TaskCovariance", "dense_covariance", "CenteredRows", "sum64", "sq_norms",
-    "task_energies", "heterogeneity", "gate_flag", "estimate_covariance", "NormalizedCovariances",
+    "center_rows", "TaskCovariance", "dense_covariance", "CenteredRows", "task_energies",
+    "heterogeneity", "gate_flag", "estimate_covariance", "NormalizedCovariances",
     "normalize_covariances", "ridge_of", "structural_prior", "closed_form", "Refinement",
     "refined_rank", "isotropic_update", "spectral_refine", "TaskSums", "task_sums", "solve_task_sums",
     "ACEDiagnostics", "ace_matrix", "ace_with_diagnostics", "ace",
@@ -86,19 +86,12 @@ _PRESETS = {"ace": Switches("auto", True, "centered"), **{e: Switches("off", Fal
 def estimator_preset(estimator: str = "ace", *, gate: str | None = None, prior: bool | None = None,
                      numerator: str | None = None) -> Switches:
     """The switches used with ``estimator`` (docs/methods.md §ACE): "ace" = ("auto", True, "centered"), the
-    others ("off", False, "raw"); explicit values (not ``None``) override the preset."""
-    if estimator not in _PRESETS:
-        raise InputError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
+    others ("off", False, "raw"); explicit values (not ``None``) override the preset. Each value is checked by its
+    registered :class:`Param`, as ``merge("ace")`` checks it (so are the other stages' options)."""
+    METHODS["ace"].resolve(dict(estimator=estimator, gate=gate, prior=prior, numerator=numerator))
     p = _PRESETS[estimator]
-    out = Switches(gate=p.gate if gate is None else gate, prior=p.prior if prior is None else prior,
-                   numerator=p.numerator if numerator is None else numerator)
-    if out.gate not in ("auto", "on", "off"):
-        raise InputError(f"gate={out.gate!r} is not one of ['auto', 'on', 'off']")
-    if out.numerator not in ("centered", "raw"):
-        raise InputError(f"numerator={out.numerator!r} is not one of ['centered', 'raw']")
-    if not isinstance(out.prior, bool):
-        raise InputTypeError(f"prior={out.prior!r} must be True, False or None")
-    return out
+    return Switches(gate=p.gate if gate is None else gate, prior=p.prior if prior is None else prior,
+                    numerator=p.numerator if numerator is None else numerator)
 
 
 def preset_switches(hp: dict) -> dict:
@@ -124,10 +117,7 @@ def given_covariances(Sigma: Sequence[Tensor] | None, estimator: str, dWs: list[
         return None
     if Sigma is None:
         raise InputError(f"layer {name!r}: estimator='given' needs Sigma=[Sigma_1, ..., Sigma_T] (d_in x d_in each)")
-    if len(Sigma) != len(dWs):
-        raise InputError(
-            f"layer {name!r}: {len(Sigma)} covariances for {len(dWs)} task vectors; pass one per task, in order"
-        )
+    check_one_per_expert(Sigma, len(dWs), f"layer {name!r}: Sigma", "d_in x d_in covariance", "covariances")
     for t, S in enumerate(Sigma):
         check_square(S, dWs[0].shape[1], f"covariance of task {t} (expert {t}) for layer {name!r}",
                      " (the layer's input dimension)")
@@ -215,30 +205,6 @@ class CenteredRows(Sequence):
         return center_rows(self.delta_W[t])
 
 
-def sum64(tensors: Any) -> Tensor:
-    """Sum in float64, accumulated in place (no T-fold stack held in memory)."""
-    it = iter(tensors)
-    out = next(it).double().clone()
-    for t in it:
-        out += t
-    return out
-
-
-def sq_norms(tensors: Sequence[Tensor]) -> Tensor:
-    """||X_t||_F² of each tensor as a float64 vector (dot products through one reused float64 buffer)."""
-    buf: Tensor | None = None
-    out = []
-    for d in tensors:
-        if d.dtype == torch.float64:
-            x = d.reshape(-1)
-        else:
-            if buf is None or buf.numel() != d.numel() or buf.device != d.device:
-                buf = torch.empty(d.numel(), dtype=torch.float64, device=d.device)
-            x = buf.copy_(d.reshape(-1))
-        out.append(torch.dot(x, x))
-    return torch.stack(out)
-
-
 # --------------------------------------------------------------------------- stage outputs
 
 
@@ -263,7 +229,7 @@ class NormalizedCovariances:
         if self.sums is not None:  # fast path: sum_t Σ̃_t from the one pass
             S = self.sums.S.clone()
         else:
-            S = sum64(dense_covariance(S) for S in self.Sigma_tilde)
+            S = summed(dense_covariance(S) for S in self.Sigma_tilde)
         S.diagonal().add_(self.ridge.sum())
         return S
 
@@ -293,8 +259,19 @@ def isotropic_update(W_pre: Tensor, UV_k: Tensor, sigma_iso: Tensor | float) -> 
 
 
 def task_energies(delta_W: Sequence[Tensor]) -> Tensor:
-    """e_t = ||ΔW_t||_F², the *uncentred* energies of eq. 7, as a float64 vector of length T."""
-    return sq_norms(delta_W)
+    """e_t = ||ΔW_t||_F², the *uncentred* energies of eq. 7, as a float64 vector of length T (dot products through
+    one reused float64 buffer); the one pass takes Tr(Fᵀ F) = ||F||_F² of a task's factor from it too."""
+    buf: Tensor | None = None
+    out = []
+    for d in delta_W:
+        if d.dtype == torch.float64:
+            x = d.reshape(-1)
+        else:
+            if buf is None or buf.numel() != d.numel() or buf.device != d.device:
+                buf = torch.empty(d.numel(), dtype=torch.float64, device=d.device)
+            x = buf.copy_(d.reshape(-1))
+        out.append(torch.dot(x, x))
+    return torch.stack(out)
 
 
 def heterogeneity(delta_W: Sequence[Tensor], mode: str = "paper") -> float:
@@ -302,8 +279,7 @@ def heterogeneity(delta_W: Sequence[Tensor], mode: str = "paper") -> float:
     (docs/methods.md §ACE, Eqs. (ACE.5)-(ACE.6)); 0 for T = 1. ``mode="cv"``: Var_t(e_t) / Mean_t(e_t)²."""
     if len(delta_W) == 0:
         raise InputError("heterogeneity needs at least one task vector")
-    if mode not in GAMMA_MODES:
-        raise InputError(f"mode={mode!r} must be one of {GAMMA_MODES}")
+    METHODS["ace"].resolve({"gamma_mode": mode})
     energies = task_energies(delta_W)  # (T,)
     if energies.numel() == 1:
         return 0.0
@@ -334,8 +310,7 @@ def estimate_covariance(delta_W: Tensor, estimator: str = "ace", *, wudi_p: floa
         raise InputError(f"estimate_covariance needs a 2-D task vector, got shape {tuple(delta_W.shape)}")
     if estimator == "given":
         raise InputError("estimator='given' has no estimate: pass the covariances (Sigma=...) to ace_matrix")
-    if estimator not in ESTIMATORS:
-        raise InputError(f"estimator={estimator!r} is not one of {list(ESTIMATORS)}")
+    METHODS["ace"].resolve(dict(estimator=estimator, wudi_p=wudi_p))
     cov = TaskCovariance(delta_W, estimator, wudi_p)
     return cov if factored else cov.dense()
 
@@ -359,10 +334,7 @@ def normalize_covariances(Sigma_hat: Sequence[Tensor | TaskCovariance], *, eps: 
     """
     if len(Sigma_hat) == 0:
         raise InputError("normalize_covariances needs at least one covariance")
-    if eps < 0 or not math.isfinite(eps):
-        raise InputError(f"eps={eps!r} must be a finite number >= 0")
-    if eps_mode not in EPS_MODES:
-        raise InputError(f"eps_mode={eps_mode!r} must be one of {EPS_MODES}")
+    METHODS["ace"].resolve(dict(eps=eps, eps_mode=eps_mode, precision=precision, numerator=numerator, refine=refine))
     first = Sigma_hat[0]
     d_in = first.delta_W.shape[1] if isinstance(first, TaskCovariance) else first.shape[-1]
 
@@ -397,7 +369,7 @@ def structural_prior(Sigma_tilde: Sequence[Tensor | TaskCovariance], *, energy: 
     if sums is not None:  # fast path: the one pass's sum_t Σ̃_t
         S = sums.S
     else:
-        S = sum64(dense_covariance(S) for S in Sigma_tilde)  # (d_in, d_in)
+        S = summed(dense_covariance(S) for S in Sigma_tilde)  # (d_in, d_in)
     c = S.mean(dim=0) if energy is None else S.mean(dim=0) / (float(energy) + _ENERGY_FLOOR)
     return c.unsqueeze(0).expand(S.shape[0], -1)  # a view: every row is c, no d_in x d_in copy
 
@@ -427,20 +399,20 @@ def closed_form(numerators: Sequence[Tensor], Sigma_reg: NormalizedCovariances |
             raise InputError(f"layer {name!r}, task {t}: covariance has shape {tuple(S.shape)} but the task "
                              f"vector is {tuple(N.shape)}; it must be d_in x d_in = {N.shape[-1]} x {N.shape[-1]}")
     ridge = Sigma_reg.ridge if isinstance(Sigma_reg, NormalizedCovariances) else torch.zeros(len(covs))
-    B = sum64(N @ S + r * N for N, S, r in zip(nums, covs, ridge))  # (d_out, d_in)
-    A = sum64(covs)  # (d_in, d_in)
+    B = summed(N @ S + r * N for N, S, r in zip(nums, covs, ridge))  # (d_out, d_in)
+    A = summed(covs)  # (d_in, d_in)
     A.diagonal().add_(ridge.sum())
     C_agg = check_prior(C_agg, A.shape[0], name)
     return solve_right(B, A if C_agg is None else A + C_agg.double(), name=name)
 
 
-def refined_rank(k_frac: float, shape: Sequence[int], name: str = "", *, stacklevel: int = 3) -> int:
+def refined_rank(k_frac: float, shape: Sequence[int], name: str = "") -> int:
     """k = floor(k_frac · min(d_out, d_in)) (eq. 18); k = 0 warns, naming the layer (it stays unrefined)."""
     k = int(k_frac * min(shape))
     if k == 0:
         warnings.warn(f"spectral refinement skipped for layer {name!r}: k = floor({k_frac} * {min(shape)}) = 0 "
                       "(the official code would return NaN here); raise k_frac or accept the unrefined layer",
-                      RuntimeWarning, stacklevel=stacklevel)
+                      RuntimeWarning, stacklevel=3)
     return k
 
 
@@ -452,8 +424,7 @@ def spectral_refine(W_pre: Tensor, delta_W: Sequence[Tensor], Sigma_tilde: Seque
     ``sums`` (the fast path, made with ``refine=True``): Δ_res from the sums (:meth:`TaskSums.residual`) and only
     the top k triplets (:func:`acetools.merging.linalg.top_svd`).
     """
-    if not 0.0 <= k_frac <= 1.0:
-        raise InputError(f"k_frac={k_frac!r} must be in [0, 1]")
+    METHODS["ace"].resolve({"k_frac": k_frac})
     if len(delta_W) != len(Sigma_tilde):
         raise InputError(f"layer {name!r}: {len(delta_W)} task vectors but {len(Sigma_tilde)} covariances")
     Wp = W_pre.double()  # (d_out, d_in)
@@ -464,10 +435,10 @@ def spectral_refine(W_pre: Tensor, delta_W: Sequence[Tensor], Sigma_tilde: Seque
         W_fused = res.add_(Wp) if res.dtype == torch.float64 else Wp + res.double()
     else:
         dWs = [d.double() for d in delta_W]
-        W_fused = Wp + (sum64(d @ dense_covariance(S) for d, S in zip(dWs, Sigma_tilde))
-                        - sum64(dWs) @ Sigma_reg_mean.double())
+        W_fused = Wp + (summed(d @ dense_covariance(S) for d, S in zip(dWs, Sigma_tilde))
+                        - summed(dWs) @ Sigma_reg_mean.double())
     k = refined_rank(k_frac, Wp.shape, name)
-    if sums is not None and k > 0:  # fast path: the top k only, for (ACE.12)
+    if sums is not None:  # fast path: the top k only, for (ACE.12) (none when k = 0)
         U, S, Vh = top_svd(W_fused, k, gram=True)
     else:
         U, S, Vh = thin_svd(W_fused)
@@ -542,7 +513,7 @@ def task_sums(covs: Sequence[TaskCovariance], rule: Callable[[float], tuple[floa
             if cov.kind == "wudi":
                 norm = float(torch.linalg.matrix_norm(d.double()))
                 F, q = d, (0.0 if norm == 0 else 1.0 / norm**cov.wudi_p)
-            tr, s, r = rule(q * float(sq_norms([F])[0]))
+            tr, s, r = rule(q * float(task_energies([F])[0]))
             a = q * s  # Σ̃_t = a Fᵀ F
             if rows_first:  # S += a Fᵀ F (lower triangle), B += a (N Fᵀ) F, v += a Fᵀ (F μ)
                 syrk_lower_(S, F, alpha=a)
@@ -739,15 +710,15 @@ def ace_with_diagnostics(base: Mapping[str, Tensor], task_vectors: Sequence[Mapp
     T = len(task_vectors)
     if T == 0:
         raise InputError("ace needs at least one task vector")
-    matrix_keys = {k: None for k in base if is_matrix(k, base[k])}  # ordered set
-    given = check_ace_covariances(covariances, hp["estimator"], base, list(matrix_keys), T)
-    if hp["estimator"] == "given":
-        warn_mean_fallback("ace", [k for k in matrix_keys if k not in given], "no covariances")
+    matrix_keys = [k for k in base if is_matrix(k, base[k])]
+    given = check_ace_covariances(covariances, hp["estimator"], base, matrix_keys, T)
+    merged = {k for k in matrix_keys if hp["estimator"] != "given" or k in given}  # the others take the mean
+    warn_mean_fallback("ace", [k for k in matrix_keys if k not in merged], "no covariances")
     update: dict[str, Tensor] = {}
     diags: dict[str, ACEDiagnostics] = {}
     for key in progress(list(base), desc="ace"):
         dtype = task_vectors[0][key].dtype
-        if key not in matrix_keys or (hp["estimator"] == "given" and key not in given):
+        if key not in merged:
             update[key] = scaling * mean_update(list(task_vectors), key)
             continue
         W, diags[key] = ace_matrix([tv[key] for tv in task_vectors], Sigma=given.get(key), name=key,

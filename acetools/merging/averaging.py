@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -37,10 +37,12 @@ def mean_update(task_vectors: Sequence[Mapping[str, Tensor]], key: str) -> Tenso
     return torch.stack([tv[key] for tv in task_vectors]).mean(0)
 
 
-def summed(tensors: Sequence[Tensor]) -> Tensor:
-    """sum_t x_t as a new tensor, added in order ((x_1 + x_2) + x_3 ..., as fusion_bench does)."""
-    out = tensors[0].clone()
-    for x in tensors[1:]:
+def summed(tensors: Iterable[Tensor]) -> Tensor:
+    """sum_t x_t as a new tensor, added in order ((x_1 + x_2) + x_3 ..., as fusion_bench does), in the tensors'
+    dtype; a generator is summed as it yields (no T-fold list held: ACE's float64 sums of d_in x d_in terms)."""
+    it = iter(tensors)
+    out = next(it).clone()
+    for x in it:
         out.add_(x)
     return out
 

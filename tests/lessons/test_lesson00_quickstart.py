@@ -1,8 +1,9 @@
-"""acetools_course.lesson00_quickstart (lesson 00): the linear world, its score, and the mini-world's tables."""
+"""Lesson 00, ``acetools_course.lesson00_quickstart``: the linear world, its score, and the mini-world's tables."""
 
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import pandas as pd
@@ -66,3 +67,28 @@ def test_linear_world_lives_on_cuda():
     W0, tasks, W = lesson.linear_world(2, 8, 3, steps=5, seed=0, device="cuda")
     assert W0.is_cuda and tasks[0].Sigma.is_cuda and W[1].is_cuda
     assert math.isfinite(lesson.normalized_gain(W0 + (W[0] - W0), W0, tasks, W))
+
+
+# --------------------------------------------------------------------------- epsilon, ACE's lever (section 7)
+
+
+def test_the_lesson_names_eps_as_aces_lever_and_turns_it():
+    """Section 7 of notebook 00 merges with ACE at the official code's eps (1e-2) and the paper's (1e-5) beside
+    task arithmetic, before "What we learned"; the paragraph on why ACE trails names eps and points there. The
+    quick run's output is checked by tests/test_notebooks.py (eps_lever_problems)."""
+    import json
+    from pathlib import Path
+
+    from tests.test_notebooks import EPS_SECTION
+
+    cells = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "00_quickstart.ipynb").read_text())["cells"]
+    sources = ["".join(c["source"]) for c in cells]
+    start = next(i for i, s in enumerate(sources) if EPS_SECTION in s)
+    end = next(i for i, s in enumerate(sources) if "## What we learned" in s)
+    assert start < end, "section 7 comes before 'What we learned'"
+    code = "\n".join(s for c, s in zip(cells[start:end], sources[start:end]) if c["cell_type"] == "code")
+    values = [float(v) for v in re.findall(r"eps_values = \[([^\]]*)\]", code)[0].split(",")]
+    assert 1e-2 in values and 1e-5 in values, values
+    assert 'bench.run("ace", eps=e)' in code and '"task_arithmetic"' in code and '"ace_eps"' in code
+    why = next(s for s in sources[:start] if "Why ACE can trail task arithmetic" in s)
+    assert "ridge $\\varepsilon$" in why and "section 7" in why
