@@ -279,7 +279,6 @@ EXPECTED_MISSING: dict[str, str] = {
     "03_esm_step_by_step/ablation_grid_correct.npz": "lesson 03's full rerun writes it",
     "03_esm_step_by_step/proxy_correct.npz": "lesson 03's full rerun writes it",
     "03_esm_step_by_step/norm_order_correct.npz": "lesson 03's full rerun writes it",
-    "07_language/stage_ablation_correct.npz": "lesson 07's full rerun writes it",
 }
 
 
