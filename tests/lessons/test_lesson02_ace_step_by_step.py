@@ -30,9 +30,7 @@ from acetools.diagnostics import heterogeneity_per_layer, subspace_similarity  #
 from acetools.merging import ace as A  # noqa: E402
 from acetools.merging import task_vectors  # noqa: E402
 from acetools.merging.ace import ace_with_diagnostics, estimate_covariance, normalize_covariances, structural_prior  # noqa: E402
-from acetools_course import lesson02_ace_step_by_step as AC  # noqa: E402
-from acetools_course import lesson02_ace_step_by_step as AV  # noqa: E402
-from acetools_course import lesson02_ace_step_by_step as P  # noqa: E402
+from acetools_course import lesson02_ace_step_by_step as lesson  # noqa: E402
 from tests.conftest import make_world  # noqa: E402
 
 # --------------------------------------------------------------------------- experiments
@@ -64,31 +62,31 @@ def _hetero_world(seed=0):
 def test_gamma_by_type_counts(world):
     base, experts = world
     gt = heterogeneity_per_layer(task_vectors(base, experts), tau=0.0)  # everything with gamma > 0 is flagged
-    bt = AC.gamma_by_type(gt, tau=0.0)
+    bt = lesson.gamma_by_type(gt, tau=0.0)
     assert bt["matrices"].sum() == len(gt) and bt.shape[1] <= 6
     assert bt["flagged (γ > 0)"].sum() == int((gt.gamma > 0).sum())
     c_fc = bt.loc["c_fc"]
     rows = gt[gt.layer_type == "mlp.c_fc.weight"].gamma
     assert c_fc["median γ"] == pytest.approx(rows.median()) and c_fc["largest γ"] == pytest.approx(rows.max())
-    assert AC.gamma_by_type(gt, tau=1e9)["flagged (γ > 1e+09)"].sum() == 0
+    assert lesson.gamma_by_type(gt, tau=1e9)["flagged (γ > 1e+09)"].sum() == 0
 
 
 def test_direction_cosine_matches_subspace_similarity():
     A_, B = _layer(T=2, shape=(10, 7), seed=3)
-    dc = AC.direction_cosine(A_, B, 3)
+    dc = lesson.direction_cosine(A_, B, 3)
     assert dc["left"] == pytest.approx(subspace_similarity(A_, B, 3, side="left", reduction="mean_cos"))
     assert dc["right"] == pytest.approx(subspace_similarity(A_, B, 3, side="right", reduction="mean_cos"))
     assert dc["mean"] == pytest.approx((dc["left"] + dc["right"]) / 2)
-    assert AC.direction_cosine(A_, 5.0 * A_, 3)["mean"] == pytest.approx(1.0)
+    assert lesson.direction_cosine(A_, 5.0 * A_, 3)["mean"] == pytest.approx(1.0)
     with pytest.raises(ValueError):
-        AC.direction_cosine(A_, B, 8)
+        lesson.direction_cosine(A_, B, 8)
 
 
 def test_random_subspace_cosine_chance_level():
-    c = AC.random_subspace_cosine(64, 2)
+    c = lesson.random_subspace_cosine(64, 2)
     assert 0.0 < c < 0.4
-    assert AC.random_subspace_cosine(5, 5) == pytest.approx(1.0)  # the whole space
-    assert AC.random_subspace_cosine(64, 16) > c
+    assert lesson.random_subspace_cosine(5, 5) == pytest.approx(1.0)  # the whole space
+    assert lesson.random_subspace_cosine(64, 16) > c
 
 
 @pytest.mark.parametrize("gate", ["on", "off"])
@@ -101,10 +99,10 @@ def test_ridge_over_prior_reads_the_librarys_prior(gate):
     covs = normalize_covariances([estimate_covariance(d) for d in dWs], normalize=gate == "on")
     e = float(np.mean([float(d.pow(2).sum()) for d in dWs]))
     C = structural_prior(covs.Sigma_tilde, energy=e if gate == "on" else None)
-    row = AC.layer_table(taus, W_pre, W, diags).iloc[0]
+    row = lesson.layer_table(taus, W_pre, W, diags).iloc[0]
     assert row.ridge_over_prior == pytest.approx(float(covs.ridge.sum()) / float(C[0].norm()), rel=1e-9)
     W, W_pre, diags = _tables(taus, base, gate=gate, prior=False)
-    assert AC.layer_table(taus, W_pre, W, diags).ridge_over_prior.item() == math.inf  # no prior: the ridge alone
+    assert lesson.layer_table(taus, W_pre, W, diags).ridge_over_prior.item() == math.inf  # no prior: the ridge alone
 
 
 def _tables(taus, base, **hp):
@@ -122,7 +120,7 @@ def test_layer_table_direction_cosine_is_one_for_shared_directions():
     taus = [{"w.weight": c * M} for c in (0.5, 1.0, 2.0)]
     base = {"w.weight": torch.zeros(20, 20, dtype=torch.float64)}
     W, W_pre, diags = _tables(taus, base)
-    st = AC.layer_table(taus, W_pre, W, diags, top_frac=0.1)
+    st = lesson.layer_table(taus, W_pre, W, diags, top_frac=0.1)
     assert st.k_dir.item() == 2
     assert st.cos_sum.item() == pytest.approx(1.0, abs=1e-6)
     assert st.cos_experts.item() == pytest.approx(1.0, abs=1e-6)
@@ -139,7 +137,7 @@ def test_layer_table_cos_hooked():
     eye = [{hooked: torch.eye(taus[0][hooked].shape[1], dtype=torch.float64)} for _ in taus]
     given, _ = ace_with_diagnostics(base, taus, is_matrix=lambda k, t: k == hooked, estimator="given",
                                     covariances=eye)
-    st = AC.layer_table(taus, W_pre, W, diags, hooked={hooked: given[hooked]}).set_index("key")
+    st = lesson.layer_table(taus, W_pre, W, diags, hooked={hooked: given[hooked]}).set_index("key")
     assert st.loc[hooked, "cos_hooked"] == pytest.approx(st.loc[hooked, "cos_sum"], abs=1e-9)
     assert st.loc[hooked, "cos_sum_hooked"] == pytest.approx(1.0, abs=1e-9)
     assert math.isnan(st.loc[unhooked, "cos_hooked"]) and math.isnan(st.loc[unhooked, "cos_sum_hooked"])
@@ -152,7 +150,7 @@ def test_layer_table_cos_hooked():
         aniso.append({hooked: torch.diag(w)})
     given2, _ = ace_with_diagnostics(base, taus, is_matrix=lambda k, t: k == hooked, estimator="given",
                                      covariances=aniso)
-    st2 = AC.layer_table(taus, W_pre, W, {hooked: diags[hooked]}, hooked={hooked: given2[hooked]})
+    st2 = lesson.layer_table(taus, W_pre, W, {hooked: diags[hooked]}, hooked={hooked: given2[hooked]})
     assert st2.cos_sum_hooked.item() < 0.99
     assert st2.cos_hooked.item() != pytest.approx(st2.cos_sum.item(), abs=1e-3)
 
@@ -163,11 +161,11 @@ def test_layer_table_follows_the_tensors_device():
     base, experts = _hetero_world()
     taus = task_vectors(base, experts)
     W, W_pre, diags = _tables(taus, base)
-    on_cpu = AC.layer_table(taus, W_pre, W, diags)
+    on_cpu = lesson.layer_table(taus, W_pre, W, diags)
     gpu_taus = [{k: v.cuda() for k, v in tv.items()} for tv in taus]
     Wg, Wpg, dg = _tables(gpu_taus, {k: v.cuda() for k, v in base.items()})
     assert all(w.is_cuda for w in Wg.values())
-    on_gpu = AC.layer_table(gpu_taus, Wpg, Wg, dg)
+    on_gpu = lesson.layer_table(gpu_taus, Wpg, Wg, dg)
     for c in ("top_energy_pre", "cond_pre_trim", "cos_sum", "cos_experts", "ridge_over_prior"):
         np.testing.assert_allclose(on_gpu[c], on_cpu[c], rtol=1e-6)
 
@@ -216,7 +214,7 @@ def test_run_ablation_passes_the_switches_through():
     base, experts = _hetero_world()
     bench = StubBench(base, experts)
     variants = {"full": {}, "no prior": {"prior": False}, "gate on": {"gate": "on"}, "raw": {"numerator": "raw"}}
-    ab = AC.run_ablation(bench, variants, hparams={"eps": 0.05}, scaled=False)
+    ab = lesson.run_ablation(bench, variants, hparams={"eps": 0.05}, scaled=False)
     assert list(ab.table.variant) == list(variants)
     assert len(bench.evaluated) == len(variants)
     for state, hp in zip(bench.evaluated, variants.values()):
@@ -240,42 +238,42 @@ def test_run_ablation_reuses_identical_merges_and_adds_the_scaled_row():
     base, experts = make_world(scale=1e-3, dtype=torch.float64)  # energies far below 1: gamma low, nothing flagged
     assert not heterogeneity_per_layer(task_vectors(base, experts)).flag.any()
     bench = StubBench(base, experts)
-    ab = AC.run_ablation(bench, hparams={"eps": 0.02}, suite="mine")
+    ab = lesson.run_ablation(bench, hparams={"eps": 0.02}, suite="mine")
     t = ab.table.set_index("variant")
     # nothing is flagged: "gate off" and "no refinement" change no weight
-    assert t.loc[AC.GATE_OFF, "same_as"] == AC.FULL and t.loc[AC.NO_REFINE, "same_as"] == AC.FULL
-    assert t.loc[AC.NO_PRIOR, "same_as"] == ""
-    assert t.loc[AC.GATE_OFF, "test_acc"] == t.loc[AC.FULL, "test_acc"]
-    assert len(bench.evaluated) == len(AC.ABLATIONS) - 2
+    assert t.loc[lesson.GATE_OFF, "same_as"] == lesson.FULL and t.loc[lesson.NO_REFINE, "same_as"] == lesson.FULL
+    assert t.loc[lesson.NO_PRIOR, "same_as"] == ""
+    assert t.loc[lesson.GATE_OFF, "test_acc"] == t.loc[lesson.FULL, "test_acc"]
+    assert len(bench.evaluated) == len(lesson.ABLATIONS) - 2
     # the scaled row: bench.run with ACE_SCALED and the shared hyperparameters
     from acetools.benchmark import ACE_SCALED
 
-    assert bench.runs == [("ace", ACE_SCALED, AC.SCALED_LABEL, {"eps": 0.02})]
-    assert t.loc[AC.SCALED_LABEL, "scaling"] == 1.3
-    assert t.loc[AC.SCALED_LABEL, "test_normalized"] == pytest.approx(62.5)
-    scaled = ab.per_task[ab.per_task.variant == AC.SCALED_LABEL].set_index("task")["correct"]
+    assert bench.runs == [("ace", ACE_SCALED, lesson.SCALED_LABEL, {"eps": 0.02})]
+    assert t.loc[lesson.SCALED_LABEL, "scaling"] == 1.3
+    assert t.loc[lesson.SCALED_LABEL, "test_normalized"] == pytest.approx(62.5)
+    scaled = ab.per_task[ab.per_task.variant == lesson.SCALED_LABEL].set_index("task")["correct"]
     assert scaled["a"].sum() == 4 and scaled["b"].sum() == 6
     # a reused merge reuses its per-example results too
     pt = ab.per_task.set_index(["variant", "task"])["correct"]
-    assert all(np.array_equal(pt[AC.GATE_OFF, t], pt[AC.FULL, t]) for t in ("a", "b"))
+    assert all(np.array_equal(pt[lesson.GATE_OFF, t], pt[lesson.FULL, t]) for t in ("a", "b"))
     assert (ab.table.suite == "mine").all()
 
 
-def two_suite_ablation() -> AC.Ablation:
+def two_suite_ablation() -> lesson.Ablation:
     """Two suites of the six ablation rows, 80 down to 75 points (s20 one point higher)."""
     rows = []
     for suite, shift in (("s8", 0.0), ("s20", 1.0)):
-        for v, acc in ((AC.FULL, 80), (AC.GATE_ON, 79), (AC.GATE_ON_NO_REFINE, 78), (AC.GATE_OFF, 77),
-                       (AC.NO_PRIOR, 76), (AC.NO_REFINE, 75)):
+        for v, acc in ((lesson.FULL, 80), (lesson.GATE_ON, 79), (lesson.GATE_ON_NO_REFINE, 78), (lesson.GATE_OFF, 77),
+                       (lesson.NO_PRIOR, 76), (lesson.NO_REFINE, 75)):
             rows.append({"suite": suite, "variant": v, "test_acc": acc, "test_normalized": acc + shift})
-    return AC.Ablation(pd.DataFrame(rows), pd.DataFrame())
+    return lesson.Ablation(pd.DataFrame(rows), pd.DataFrame())
 
 
 def test_layer_table_on_a_world():
     base, experts = _hetero_world()
     taus = task_vectors(base, experts)
     W, W_pre, diags = _tables(taus, base, eps=1e-2)
-    st = AC.layer_table(taus, W_pre, W, diags)
+    st = lesson.layer_table(taus, W_pre, W, diags)
     assert list(st.key) == list(diags) and st.flag.any() and not st.flag.all()
     for _, row in st.iterrows():
         assert row.flag == diags[row.key].flag and row.gamma == diags[row.key].gamma
@@ -291,20 +289,20 @@ def test_layer_table_on_a_world():
     np.testing.assert_allclose(same.top_energy_final, same.top_energy_pre)
     refined = st[st.flag]
     assert (refined.top_energy_final != refined.top_energy_pre).all()
-    views = AC.spectrum_view(st), AC.direction_view(st)
+    views = lesson.spectrum_view(st), lesson.direction_view(st)
     for v in views:  # a student's table: at most six plain columns, no code identifiers
         assert v.shape[1] <= 6 and not any(re.fullmatch(r"[a-z]+(_[a-z]+)+", c) for c in v.columns), list(v.columns)
 
 
 def test_ablation_effect():
     ab = two_suite_ablation()
-    assert ab.effect(AC.FULL, AC.GATE_OFF, suite="s8") == 3
+    assert ab.effect(lesson.FULL, lesson.GATE_OFF, suite="s8") == 3
     with pytest.raises(ValueError):
-        ab.effect(AC.FULL, AC.GATE_OFF)  # two suites: which one?
+        ab.effect(lesson.FULL, lesson.GATE_OFF)  # two suites: which one?
     with pytest.raises(KeyError):
-        ab.effect("nope", AC.FULL, suite="s8")
-    both = AC.Ablation.concat([AC.Ablation(ab.table.iloc[:6], pd.DataFrame()),
-                               AC.Ablation(ab.table.iloc[6:], pd.DataFrame())])
+        ab.effect("nope", lesson.FULL, suite="s8")
+    both = lesson.Ablation.concat([lesson.Ablation(ab.table.iloc[:6], pd.DataFrame()),
+                               lesson.Ablation(ab.table.iloc[6:], pd.DataFrame())])
     assert len(both.table) == 12
 
 
@@ -348,21 +346,21 @@ def world_tables():
     taus = task_vectors(base, experts)
     W, diags = A.ace_with_diagnostics(base, taus)
     W_pre, _ = A.ace_with_diagnostics(base, taus, refine=False)
-    return heterogeneity_per_layer(taus), AC.layer_table(taus, W_pre, W, diags)
+    return heterogeneity_per_layer(taus), lesson.layer_table(taus, W_pre, W, diags)
 
 
 def test_short_label():
-    assert P.short_label("visual.transformer.resblocks.3.mlp.c_fc.weight") == "3.c_fc"
-    assert P.short_label("visual.transformer.resblocks.11.attn.in_proj_weight") == "11.in_proj"
-    assert P.short_label("visual.positional_embedding") == "pos_emb"
-    assert P.short_label("visual.proj") == "proj"
-    assert P.short_label("other.weight") == "other.weight"
+    assert lesson.short_label("visual.transformer.resblocks.3.mlp.c_fc.weight") == "3.c_fc"
+    assert lesson.short_label("visual.transformer.resblocks.11.attn.in_proj_weight") == "11.in_proj"
+    assert lesson.short_label("visual.positional_embedding") == "pos_emb"
+    assert lesson.short_label("visual.proj") == "proj"
+    assert lesson.short_label("other.weight") == "other.weight"
 
 
 def test_gamma_strip(ax):
     gt = pd.DataFrame({"key": list("abcde"), "layer_type": ["x", "x", "y", "y", "z"],
                        "gamma": [0.01, 0.02, 5.0, 0.1, 300.0]})
-    out = P.gamma_strip(ax, gt, vit=0.25, tau=0.3, title="t")
+    out = lesson.gamma_strip(ax, gt, vit=0.25, tau=0.3, title="t")
     assert out is ax
     pcs = [c for c in ax.collections if isinstance(c, PathCollection)]
     assert [len(c.get_offsets()) for c in pcs] == [3, 2]  # not flagged, flagged
@@ -378,7 +376,7 @@ def test_gamma_strip(ax):
 def test_gamma_strip_linear_when_narrow(ax, world_tables):
     gt, _ = world_tables
     gt = gt.assign(gamma=np.linspace(0.1, 0.5, len(gt)))
-    P.gamma_strip(ax, gt, logy=False)
+    lesson.gamma_strip(ax, gt, logy=False)
     assert ax.get_yscale() == "linear"
     assert sum(len(c.get_offsets()) for c in ax.collections) == len(gt)
 
@@ -388,7 +386,7 @@ def test_gamma_scaling(ax):
     dWs = [c * torch.randn(8, 4, generator=g) for c in (0.5, 1.0, 2.0)]
     scales = np.logspace(-1, 1, 5)
     df = pd.DataFrame({"scale": scales, "gamma": [A.heterogeneity([float(c) * d for d in dWs]) for c in scales]})
-    P.gamma_scaling(ax, df, tau=0.3)
+    lesson.gamma_scaling(ax, df, tau=0.3)
     lines = ax.get_lines()
     assert len(lines) == 3  # the curve, tau, c = 1
     np.testing.assert_allclose(lines[0].get_ydata(), df.sort_values("scale").gamma)
@@ -397,7 +395,7 @@ def test_gamma_scaling(ax):
 
 def test_task_weights(ax, stages):
     w = stages.weights
-    P.task_weights(ax, w)
+    lesson.task_weights(ax, w)
     assert len(ax.patches) == 6
     heights = [p.get_height() for p in ax.patches]
     np.testing.assert_allclose(heights[3:], 1 / 3)  # normalised layer: equal shares
@@ -408,7 +406,7 @@ def test_task_weights(ax, stages):
 
 def test_prior_profile(ax, stages):
     prof = stages.profile
-    P.prior_profile(ax, prof)
+    lesson.prior_profile(ax, prof)
     lines = ax.get_lines()
     assert len(lines) == 2  # covariance diagonal, ridge
     np.testing.assert_allclose(lines[0].get_ydata(), np.sort(prof.cov_diag)[::-1])
@@ -423,48 +421,49 @@ def test_prior_profile(ax, stages):
 
 def test_spectra(ax, stages):
     sp = stages.spectra
-    P.spectra(ax, sp, top_frac=0.5)
+    lesson.spectra(ax, sp, top_frac=0.5)
     lines = ax.get_lines()
     assert len(lines) == len(sp) + 1
     assert lines[-1].get_xdata()[0] == 3  # ceil(0.5 * 6)
     np.testing.assert_allclose(lines[0].get_ydata(), np.sort(sp["W_pre (closed form)"])[::-1])
     ax.clear()
-    P.spectra(ax, sp, top_frac=None, logy=False)
+    lesson.spectra(ax, sp, top_frac=None, logy=False)
     assert len(ax.get_lines()) == len(sp) and ax.get_yscale() == "linear"
 
 
 def test_refined_spectrum(ax, stages):
     pre = torch.linalg.svdvals(stages.W_pre).numpy()
     refined = stages.refined
-    P.refined_spectrum(ax, pre, refined, 2, k_ace=1)
+    lesson.refined_spectrum(ax, pre, refined, 2, k_ace=1)
     lines = ax.get_lines()
     assert len(lines) == 4  # W_pre, refined, k line, ACE's k
     np.testing.assert_allclose(lines[1].get_ydata(), refined[2])
     assert "k = 2" in ax.get_title()
     with pytest.raises(KeyError):
-        P.refined_spectrum(ax, pre, {k: refined[k] for k in (1, 2, 3)}, 5)
+        lesson.refined_spectrum(ax, pre, {k: refined[k] for k in (1, 2, 3)}, 5)
 
 
 def test_layer_metrics(ax, world_tables):
     _, st = world_tables
-    P.layer_metrics(ax, st, {"cos_sum": "vs sum", "cos_random": "chance"}, hlines={"ref": 0.9}, ylabel="cos")
+    lesson.layer_metrics(ax, st, {"cos_sum": "vs sum", "cos_random": "chance"}, hlines={"ref": 0.9}, ylabel="cos")
     lines = ax.get_lines()
     assert len(lines) == 3
     np.testing.assert_allclose(lines[0].get_ydata(), st.cos_sum)
-    assert [t.get_text() for t in ax.get_xticklabels()] == [P.short_label(k) for k in st.key]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [lesson.short_label(k) for k in st.key]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["vs sum", "chance", "ref"]
 
 
 def test_ablation_bars(ax):
     rows = [{"suite": s, "variant": v, "test_normalized": 80 + i + j, "test_acc": 70 + i}
-            for j, s in enumerate(["tasks8", "tasks20"]) for i, v in enumerate([AC.FULL, AC.NO_PRIOR, AC.IDENTITY])]
+            for j, s in enumerate(["tasks8", "tasks20"])
+            for i, v in enumerate([lesson.FULL, lesson.NO_PRIOR, lesson.IDENTITY])]
     table = pd.DataFrame(rows)
-    P.ablation_bars(ax, table, noise=0.5)
+    lesson.ablation_bars(ax, table, noise=0.5)
     bars = [p for c in ax.containers for p in c]
     assert len(ax.containers) == 2 and len(bars) == 6  # one bar group per suite
     widths = sorted(round(p.get_width(), 6) for p in bars)
     assert widths == sorted(float(x) for x in table.test_normalized)
-    assert [t.get_text() for t in ax.get_yticklabels()] == [AC.FULL, AC.NO_PRIOR, AC.IDENTITY]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [lesson.FULL, lesson.NO_PRIOR, lesson.IDENTITY]
     spans = [p for p in ax.patches if p not in bars]
     assert len(spans) == 2  # full ACE ± noise, per suite
     for span, ref in zip(spans, (80.0, 81.0)):
@@ -480,7 +479,7 @@ def test_rank_slider_redraws_with_new_k(stages):
     pre = torch.linalg.svdvals(stages.W_pre).numpy()
     ks = list(range(1, stages.rank + 1))
     refined = stages.refined
-    ex = widgets.rank_slider(P.refined_spectrum, ks, value=stages.k, pre=pre, refined=refined, k_ace=stages.k)
+    ex = widgets.rank_slider(lesson.refined_spectrum, ks, value=stages.k, pre=pre, refined=refined, k_ace=stages.k)
     assert ex.values["k"] == stages.k and ex.draws == 1
     ex.set(k=4)
     assert ex.values["k"] == 4 and ex.draws == 2
@@ -495,7 +494,7 @@ def test_rank_slider_redraws_with_new_k(stages):
 
 def test_ablation_effects():
     ab = two_suite_ablation()
-    eff = AV.ablation_effects(ab, {"s8": 0.0, "s20": 0.5})
+    eff = lesson.ablation_effects(ab, {"s8": 0.0, "s20": 0.5})
     assert eff["normalization"][0] == {"suite": "s8", "frac_flagged": 0.0, "d_auto": -2.0, "d_forced": 1.0,
                                        "se_auto": None, "se_forced": None}  # no per-example results: no se
     assert eff["csp"][1]["d"] == 4.0
@@ -503,61 +502,62 @@ def test_ablation_effects():
     assert eff["refinement"][0]["d"] == 1.0 and "gate forced" in eff["refinement"][0]["what"]
     assert eff["refinement"][0]["gate_forced"] and eff["refinement"][0]["d_ace_gate"] == 5.0
     # a few flagged layers (8 %, under FLAG_FRACTION) is not where the stage runs: the gate is forced
-    few = AV.ablation_effects(ab, {"s8": 0.08, "s20": 0.5})
+    few = lesson.ablation_effects(ab, {"s8": 0.08, "s20": 0.5})
     assert few["refinement"][0]["gate_forced"] and not few["refinement"][1]["gate_forced"]
     assert eff["refinement"][1]["d"] == 5.0 and eff["refinement"][1]["what"] == "full - no refinement"
 
 
-def _paired_ablation(n: int) -> AC.Ablation:
+def _paired_ablation(n: int) -> lesson.Ablation:
     """One suite, one task of ``n`` test examples (expert accuracy 1): "ACE (full)" gets the first 60 % right,
     "no structural prior" the first 50 %: the prior gains 10 points on ``n / 10`` examples."""
-    variants = (AC.FULL, AC.GATE_ON, AC.GATE_ON_NO_REFINE, AC.GATE_OFF, AC.NO_PRIOR, AC.NO_REFINE)
-    right = {AC.FULL: 0.6, AC.NO_PRIOR: 0.5}
+    variants = (lesson.FULL, lesson.GATE_ON, lesson.GATE_ON_NO_REFINE, lesson.GATE_OFF, lesson.NO_PRIOR,
+                lesson.NO_REFINE)
+    right = {lesson.FULL: 0.6, lesson.NO_PRIOR: 0.5}
     table = pd.DataFrame([{"suite": "s", "variant": v, "test_normalized": 100 * right.get(v, 0.55)} for v in variants])
     per_task = pd.DataFrame([{"suite": "s", "variant": v, "task": "t", "expert": 100.0,
                               "correct": np.arange(n) < round(right.get(v, 0.55) * n)} for v in variants])
-    return AC.Ablation(table, per_task)
+    return lesson.Ablation(table, per_task)
 
 
 def test_stage_margins_carry_the_test_noise():
     # 10 points gained on 2 of 20 examples: the paired se is 100 * sqrt(0.1 * 0.9 / 20) = 6.7, so the
     # margin (13.1) swallows the gain: a tie, where the bare 0.5-point floor would call it a gain
-    small = AV.ablation_effects(_paired_ablation(20), {"s": 0.0})["csp"]
+    small = lesson.ablation_effects(_paired_ablation(20), {"s": 0.0})["csp"]
     assert small[0]["d"] == pytest.approx(10.0) and small[0]["se"] == pytest.approx(6.7, abs=1.0)
-    v = AV.verdict_csp(small)
+    v = lesson.verdict_csp(small)
     assert v.verdict == "not reproduced" and "tie" in v.reason and v.effects[0].se == small[0]["se"]
-    assert AV.verdict_csp([{**small[0], "se": None}]).verdict == "reproduced"
+    assert lesson.verdict_csp([{**small[0], "se": None}]).verdict == "reproduced"
     # the same gain on 2,000 examples: se 0.67, margin 1.3: the gain counts
-    large = AV.ablation_effects(_paired_ablation(2000), {"s": 0.0})["csp"]
-    assert large[0]["se"] == pytest.approx(0.67, abs=0.1) and AV.verdict_csp(large).verdict == "reproduced"
+    large = lesson.ablation_effects(_paired_ablation(2000), {"s": 0.0})["csp"]
+    assert large[0]["se"] == pytest.approx(0.67, abs=0.1) and lesson.verdict_csp(large).verdict == "reproduced"
 
 
 def test_ridge_over_prior_is_the_median_over_matrices():
     st = pd.DataFrame({"ridge_over_prior": [1.0, 3.0, math.inf, 2.0]})  # inf: a matrix without prior, skipped
-    assert AV.ridge_over_prior(st) == 2.0
-    assert AV.ridge_over_prior(st.rename(columns={"ridge_over_prior": "x"})) is None
+    assert lesson.ridge_over_prior(st) == 2.0
+    assert lesson.ridge_over_prior(st.rename(columns={"ridge_over_prior": "x"})) is None
 
 
 def test_verdicts_pass_the_papers_own_numbers():
     """ACE's own statements: ViT-B/16 gamma < 0.25; W_pre's top 5% hold 99%+ of the energy with
     condition number > 8.7e5; principal directions at cosine ≈ 1."""
-    assert AV.verdict_gamma(pd.DataFrame({"gamma": [0.2] * 10})).verdict == "reproduced"
+    assert lesson.verdict_gamma(pd.DataFrame({"gamma": [0.2] * 10})).verdict == "reproduced"
     paper = pd.DataFrame({"top_energy_pre": [0.99, 0.995], "cond_pre": [9e5, 1e6], "cond_pre_trim": [9e5, 1e6]})
-    assert AV.verdict_spectrum(paper).verdict == "reproduced"
+    assert lesson.verdict_spectrum(paper).verdict == "reproduced"
     d = pd.DataFrame({"cos_sum": [1.0, 0.99], "cos_experts": [0.5, 0.6],
                       "cos_random": [0.1, 0.1]})
-    assert AV.verdict_direction(d).verdict == "reproduced"
+    assert lesson.verdict_direction(d).verdict == "reproduced"
     paper = d.assign(cos_hooked=[1.0, 0.99], cos_sum_hooked=[0.9, 0.9])
-    assert AV.verdict_direction(paper).verdict == "reproduced"
+    assert lesson.verdict_direction(paper).verdict == "reproduced"
 
 
 def test_verdict_gamma():
     low = pd.DataFrame({"gamma": [0.01] * 19 + [0.5]})
-    assert AV.verdict_gamma(low).verdict == "reproduced"
+    assert lesson.verdict_gamma(low).verdict == "reproduced"
     mid = pd.DataFrame({"gamma": [0.01] * 6 + [0.5] * 4})
-    assert AV.verdict_gamma(mid).verdict == "partly"
+    assert lesson.verdict_gamma(mid).verdict == "partly"
     high = pd.DataFrame({"gamma": [0.01] * 4 + [0.5] * 6})
-    r = AV.verdict_gamma(high)
+    r = lesson.verdict_gamma(high)
     v, reason, nums = r.verdict, r.reason, r.numbers
     assert v == "not reproduced" and nums["frac_flagged"] == pytest.approx(0.6) and "RoBERTa" in reason
 
@@ -567,29 +567,29 @@ def test_verdict_normalization_rules():
     low_bad = {"suite": "b", "frac_flagged": 0.05, "d_auto": 0.0, "d_forced": 2.0}  # forcing it helps
     high_ok = {"suite": "c", "frac_flagged": 0.5, "d_auto": 1.0, "d_forced": -3.0}
     high_bad = {"suite": "d", "frac_flagged": 0.5, "d_auto": 0.1, "d_forced": 0.0}
-    assert AV.verdict_normalization([low_ok, high_ok]).verdict == "reproduced"
-    assert AV.verdict_normalization([low_ok, high_bad]).verdict == "partly"
+    assert lesson.verdict_normalization([low_ok, high_ok]).verdict == "reproduced"
+    assert lesson.verdict_normalization([low_ok, high_bad]).verdict == "partly"
     # a vision world alone: the high-gamma half is not testable here, so agreement is only partly
-    vit = AV.verdict_normalization([low_ok])
+    vit = lesson.verdict_normalization([low_ok])
     assert vit.verdict == "partly" and "high-gamma half is not testable here" in vit.reason
     assert "gate forced" in vit.reason
-    r = AV.verdict_normalization([low_bad, high_bad])
+    r = lesson.verdict_normalization([low_bad, high_bad])
     v, reason, nums = r.verdict, r.reason, r.numbers
     assert v == "not reproduced" and set(nums) == {"b", "d"} and "low gamma" in reason and "high gamma" in reason
 
 
 def test_verdict_csp_and_refinement():
-    assert AV.verdict_csp([{"suite": "a", "d": 0.8}, {"suite": "b", "d": 0.6}]).verdict == "reproduced"
-    assert AV.verdict_csp([{"suite": "a", "d": 0.8}, {"suite": "b", "d": 0.4}]).verdict == "partly"
-    assert AV.verdict_csp([{"suite": "a", "d": -2.0}]).verdict == "not reproduced"
-    r = AV.verdict_refinement([{"suite": "a", "d": 0.0, "what": "gate forced: refined - not refined"}])
+    assert lesson.verdict_csp([{"suite": "a", "d": 0.8}, {"suite": "b", "d": 0.6}]).verdict == "reproduced"
+    assert lesson.verdict_csp([{"suite": "a", "d": 0.8}, {"suite": "b", "d": 0.4}]).verdict == "partly"
+    assert lesson.verdict_csp([{"suite": "a", "d": -2.0}]).verdict == "not reproduced"
+    r = lesson.verdict_refinement([{"suite": "a", "d": 0.0, "what": "gate forced: refined - not refined"}])
     v, reason, _ = r.verdict, r.reason, r.numbers
     # no world: the measurement decides
     assert v == "not reproduced" and "gate forced" in reason and "(tie, margin 0.50)" in reason
     # the ridge swamps the prior (eps 1e-2 in the mini-world): the stage does not act, nothing to decide
-    sw = AV.verdict_csp([{"suite": "a", "d": 0.1}], ridge_over_prior=12.0, eps=1e-2)
+    sw = lesson.verdict_csp([{"suite": "a", "d": 0.1}], ridge_over_prior=12.0, eps=1e-2)
     assert sw.verdict == "not testable here" and "12× the structural prior" in sw.reason
-    assert AV.verdict_csp([{"suite": "a", "d": 0.8}], ridge_over_prior=0.01).verdict == "reproduced"
+    assert lesson.verdict_csp([{"suite": "a", "d": 0.8}], ridge_over_prior=0.01).verdict == "reproduced"
 
 
 def test_refinement_in_a_vision_world_is_undecidable_as_the_papers_own_vit_row():
@@ -598,48 +598,48 @@ def test_refinement_in_a_vision_world_is_undecidable_as_the_papers_own_vit_row()
 
     w = World("mini-world", "full", {8: 4.1, 20: 3.1})
     big = [{"suite": "s8", "d": 3.0, "what": "gate forced: refined - not refined"}]
-    r = AV.verdict_refinement(big, world=w, n_tasks={"s8": 8})
+    r = lesson.verdict_refinement(big, world=w, n_tasks={"s8": 8})
     # the paper's own ViT-B/16 ablation: 90.60 -> 90.60, so a ViT predicts no effect: undecidable, never failed
     assert r.verdict == "undecidable here" and r.predicted_effect == 0.0 and r.measured_effect == 3.0
     abl = paper_tables.ACE_STAGE_ABLATION["refinement"]
     paper_row = [{"suite": "s8", "d": abl["with"] - abl["without"], "what": "full - no refinement"}]
-    assert AV.verdict_refinement(paper_row, world=w, n_tasks={"s8": 8}).verdict == "undecidable here"
+    assert lesson.verdict_refinement(paper_row, world=w, n_tasks={"s8": 8}).verdict == "undecidable here"
     # a world with a paper number to scale (a language world, later) decides on the measurement
-    assert AV.verdict_refinement(big, world=w, n_tasks={"s8": 8}, paper_effect=None).verdict == "reproduced"
+    assert lesson.verdict_refinement(big, world=w, n_tasks={"s8": 8}, paper_effect=None).verdict == "reproduced"
     with pytest.raises(KeyError, match="n_tasks"):
-        AV.verdict_refinement(big, world=w)
+        lesson.verdict_refinement(big, world=w)
 
 
 def test_verdict_spectrum_and_direction():
     t = pd.DataFrame({"top_energy_pre": [0.995, 0.999], "cond_pre": [1e16, 1e16], "cond_pre_trim": [1e6, 2e6]})
-    assert AV.verdict_spectrum(t).verdict == "reproduced"
+    assert lesson.verdict_spectrum(t).verdict == "reproduced"
     t2 = t.assign(cond_pre_trim=[10.0, 20.0])
-    r = AV.verdict_spectrum(t2)
+    r = lesson.verdict_spectrum(t2)
     v, nums = r.verdict, r.numbers
     assert v == "partly" and nums["median_cond_raw"] == 1e16
-    assert AV.verdict_spectrum(t2.assign(top_energy_pre=[0.5, 0.6])).verdict == "not reproduced"
+    assert lesson.verdict_spectrum(t2.assign(top_energy_pre=[0.5, 0.6])).verdict == "not reproduced"
     d = pd.DataFrame({"cos_sum": [0.95, 0.92], "cos_experts": [0.5, 0.6],
                       "cos_random": [0.1, 0.1]})
-    assert AV.verdict_direction(d).verdict == "reproduced"
-    assert AV.verdict_direction(d.assign(cos_sum=[0.6, 0.7])).verdict == "partly"
-    assert AV.verdict_direction(d.assign(cos_sum=[0.2, 0.3])).verdict == "not reproduced"
-    assert "no hooked" in AV.verdict_direction(d).reason
+    assert lesson.verdict_direction(d).verdict == "reproduced"
+    assert lesson.verdict_direction(d.assign(cos_sum=[0.6, 0.7])).verdict == "partly"
+    assert lesson.verdict_direction(d.assign(cos_sum=[0.2, 0.3])).verdict == "not reproduced"
+    assert "no hooked" in lesson.verdict_direction(d).reason
 
 
 def test_verdict_direction_decides_on_the_hooked_reference():
     d = pd.DataFrame({"cos_sum": [0.95, 0.92, 0.97], "cos_experts": [0.5, 0.6, 0.5],
                       "cos_random": [0.1, 0.1, 0.1], "cos_hooked": [0.3, 0.2, math.nan],
                       "cos_sum_hooked": [0.4, 0.5, math.nan]})
-    r = AV.verdict_direction(d)  # aligned with the task sum, not with the solution W_pre estimates
+    r = lesson.verdict_direction(d)  # aligned with the task sum, not with the solution W_pre estimates
     assert r.verdict == "not reproduced" and r.numbers["decided_on"] == "cos_hooked"
     assert r.numbers["n_hooked"] == 2 and r.numbers["median_cos_hooked"] == pytest.approx(0.25)
     assert r.numbers["median_cos_sum"] == pytest.approx(0.95) and "0.95" in r.measured
     # NaN rows (attn.out_proj: no hook) are skipped, not counted as 0
-    assert AV.verdict_direction(d.assign(cos_hooked=[0.95, 0.91, math.nan])).verdict == "reproduced"
-    assert AV.verdict_direction(d.assign(cos_hooked=[0.6, 0.7, math.nan], cos_sum=[0.1, 0.1, 0.1])).verdict \
+    assert lesson.verdict_direction(d.assign(cos_hooked=[0.95, 0.91, math.nan])).verdict == "reproduced"
+    assert lesson.verdict_direction(d.assign(cos_hooked=[0.6, 0.7, math.nan], cos_sum=[0.1, 0.1, 0.1])).verdict \
         == "partly"
     # every row NaN: the task-vector sum decides, and the reason says so
-    r = AV.verdict_direction(d.assign(cos_hooked=math.nan))
+    r = lesson.verdict_direction(d.assign(cos_hooked=math.nan))
     assert r.verdict == "reproduced" and r.numbers["decided_on"] == "cos_sum" and "no hooked" in r.reason
 
 
@@ -647,17 +647,17 @@ def test_claim_verdicts_at_the_papers_eps_with_the_default_beside():
     from acetools_course.verdicts import World
 
     rows = []
-    for v, acc in ((AC.FULL, 80), (AC.GATE_ON, 79), (AC.GATE_ON_NO_REFINE, 78), (AC.GATE_OFF, 77),
-                   (AC.NO_PRIOR, 76), (AC.NO_REFINE, 75), (AC.FULL + " @ eps 0.01", 70),
-                   (AC.NO_PRIOR + " @ eps 0.01", 70.1)):
+    for v, acc in ((lesson.FULL, 80), (lesson.GATE_ON, 79), (lesson.GATE_ON_NO_REFINE, 78), (lesson.GATE_OFF, 77),
+                   (lesson.NO_PRIOR, 76), (lesson.NO_REFINE, 75), (lesson.FULL + " @ eps 0.01", 70),
+                   (lesson.NO_PRIOR + " @ eps 0.01", 70.1)):
         rows.append({"suite": "s8", "variant": v, "test_acc": acc, "test_normalized": acc})
-    ab = AC.Ablation(pd.DataFrame(rows), pd.DataFrame())
+    ab = lesson.Ablation(pd.DataFrame(rows), pd.DataFrame())
     main, side = ab.main(), ab.beside(0.01)
-    assert set(side.table["variant"]) == {AC.FULL, AC.NO_PRIOR} and len(main.table) == 6
+    assert set(side.table["variant"]) == {lesson.FULL, lesson.NO_PRIOR} and len(main.table) == 6
     gt = pd.DataFrame({"gamma": [0.1] * 10, "flag": [False] * 10})
     st = pd.DataFrame({"top_energy_pre": [0.8], "cond_pre": [1e3], "cond_pre_trim": [1e2], "cos_sum": [0.9],
                        "cos_experts": [0.5], "cos_random": [0.1], "ridge_over_prior": [0.2]})
-    v = AV.claim_verdicts(gt, st, main, {"s8": 0.0}, world=World("w", "full", {8: 4.0}), n_tasks={"s8": 8},
+    v = lesson.claim_verdicts(gt, st, main, {"s8": 0.0}, world=World("w", "full", {8: 4.0}), n_tasks={"s8": 8},
                           eps=1e-5, beside={"eps": 0.01, "stable": st, "ablation": side})
     assert v["ace.csp"].verdict == "reproduced" and "eps 1e-05, the paper's ViT setting" in v["ace.csp"].reason
     assert v["ace.csp"].numbers["beside"]["verdict"] == "not reproduced"  # -0.1 at the default: a tie

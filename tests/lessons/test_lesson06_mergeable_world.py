@@ -20,9 +20,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from acetools.regime import RegimeCard  # noqa: E402
-from acetools_course import lesson06_mergeable_world as MV  # noqa: E402
 from acetools_course import lesson06_mergeable_world as lesson  # noqa: E402
-from acetools_course import lesson06_mergeable_world as mplot  # noqa: E402
 
 # --------------------------------------------------------------------------- experiments
 
@@ -89,21 +87,21 @@ def test_load_cards_orders_and_explains_a_missing_folder(tmp_path):
 def test_merges_vs_clip_draws_three_bars_per_recipe_and_the_room():
     fig, ax = plt.subplots()
     cards = {"first": fake_card(), "wide": fake_card(tsv_minus_ta=12.0)}
-    mplot.merges_vs_clip(ax, cards)
+    lesson.merges_vs_clip(ax, cards)
     assert len(ax.patches) == 6
     texts = [t.get_text() for t in ax.texts]
     assert texts == ["room 4.0", "room 12.0"]
     assert len(ax.lines) == 2  # CLIP lines for TA and TSV-M (Iso-CTS has no clip value in the fake)
     with pytest.raises(ValueError):
-        mplot.merges_vs_clip(ax, {})
+        lesson.merges_vs_clip(ax, {})
     plt.close(fig)
 
 
 def test_room_budget_and_overlap_plots():
     fig, (a, b) = plt.subplots(1, 2)
-    mplot.plot_room_budget(a, lesson.room_budget(fake_card()))
+    lesson.plot_room_budget(a, lesson.room_budget(fake_card()))
     assert len(a.lines) == 2 and [round(v, 1) for v in a.lines[1].get_ydata()] == [100.0, 99.0, 76.0]
-    mplot.subspace_overlap(b, {"first": fake_card()})
+    lesson.subspace_overlap(b, {"first": fake_card()})
     assert [p.get_height() for p in b.patches] == pytest.approx([0.26, 0.48, 0.72, 0.09])
     plt.close(fig)
 
@@ -121,12 +119,12 @@ def _target_card(**values):
 
 
 def test_targets_compare_with_the_issue_thresholds():
-    t = MV.targets(fake_card()).set_index("target")
+    t = lesson.targets(fake_card()).set_index("target")
     room = t.loc["TSV-M − task arithmetic (normalized points)"].set_index("suite")
     assert room.loc["tasks8", "measured"] == pytest.approx(4.0) and not room.loc["tasks8", "passed"]
     assert room.loc["tasks20", "passed"] is None  # needs the benchmark
     assert t.loc["ACE's gate off (γ ≤ τ = 0.3), % of matrices", "measured"] == pytest.approx(27.0)
-    good = MV.targets(fake_card(experts_abs=90.0, base_abs=60.0, tsv_norm=90.0, ta_norm=78.0,
+    good = lesson.targets(fake_card(experts_abs=90.0, base_abs=60.0, tsv_norm=90.0, ta_norm=78.0,
                                     ace_gated_fraction=10.0)).set_index("target")
     assert good.loc[["experts (absolute, %)", "base below the experts (points)", "TSV-M (normalized, %)",
                      "ACE's gate off (γ ≤ τ = 0.3), % of matrices"], "passed"].all()
@@ -134,7 +132,7 @@ def test_targets_compare_with_the_issue_thresholds():
 
 
 def test_targets_from_the_card_alone():
-    t = MV.targets(_target_card()).set_index("target")
+    t = lesson.targets(_target_card()).set_index("target")
     assert t.loc["experts (absolute, %)", "measured"] == 80.0 and not t.loc["experts (absolute, %)", "passed"]
     assert t.loc["base below the experts (points)", "passed"]  # 30 >= 20
     assert t.loc["TSV-M (normalized, %)", "passed"]  # 86 >= 85
@@ -157,7 +155,7 @@ def test_targets_take_accuracies_from_the_benchmark_over_seeds():
                 rows.append({"suite": suite, "n_tasks": n, "seed": seed, "method": m,
                              "kind": "method" if "(" not in m else "reference", "coef": coef,
                              "test_acc": v, "test_normalized": v})
-    t = MV.targets(_target_card(), pd.DataFrame(rows))
+    t = lesson.targets(_target_card(), pd.DataFrame(rows))
     room = t[t["target"].str.startswith("TSV-M −")].set_index("suite")
     assert room.loc["tasks8", "measured"] == 11.0 and room.loc["tasks8", "passed"]
     assert room.loc["tasks20", "measured"] == 8.0 and room.loc["tasks20", "passed"]

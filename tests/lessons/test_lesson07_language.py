@@ -14,7 +14,6 @@ import torch
 
 from acetools.diagnostics import heterogeneity_per_layer
 from acetools.merging import task_vectors
-from acetools_course import lesson07_language as LV
 from acetools_course import lesson07_language as lesson
 from acetools_course.lesson02_ace_step_by_step import gamma_by_type
 
@@ -104,7 +103,7 @@ def test_the_papers_roberta_table_passes_its_own_sota_rule():
     g = lesson.ROBERTA_GLUE
     per_seed = _per_seed({"ace (eps 2e-4)": [g["ace"]], "wudi": [g["wudi"]], "ties": [g["ties"]],
                           "tsv_m": [g["tsv_m"]]})
-    v = LV.verdict_sota(per_seed)
+    v = lesson.verdict_sota(per_seed)
     assert v.verdict == "reproduced", v
     assert v.numbers["diffs"]["wudi"] == pytest.approx(90.4 - 85.3)
 
@@ -112,10 +111,10 @@ def test_the_papers_roberta_table_passes_its_own_sota_rule():
 def test_sota_rule_partly_and_not():
     per_seed = _per_seed({"ace (eps 2e-4)": [80, 81, 80], "wudi": [79, 80, 79.5], "ties": [60, 61, 60],
                           "tsv_m": [82, 83, 82]})
-    v = LV.verdict_sota(per_seed)
+    v = lesson.verdict_sota(per_seed)
     assert v.verdict == "partly" and "wudi: better" in v.reason and "tsv_m: worse" in v.reason
     per_seed = _per_seed({"ace (eps 2e-4)": [70, 71], "wudi": [75, 75], "ties": [70.2, 71.1], "tsv_m": [80, 80]})
-    assert LV.verdict_sota(per_seed).verdict == "not reproduced"
+    assert lesson.verdict_sota(per_seed).verdict == "not reproduced"
 
 
 def test_sota_is_not_testable_where_no_rival_competes():
@@ -123,7 +122,7 @@ def test_sota_is_not_testable_where_no_rival_competes():
     fixture world can be one): the claim is not testable there, and the record names the rows left out."""
     per_seed = _per_seed({"ace (eps 2e-4)": [70, 71], "weight_averaging": [75, 75], "wudi": [74, 75],
                           "ties": [70, 70], "tsv_m": [72, 75]})
-    v = LV.verdict_sota(per_seed)
+    v = lesson.verdict_sota(per_seed)
     assert v.verdict == "not testable here" and not v.effects
     assert sorted(v.numbers["left_out"]) == ["ties", "tsv_m", "wudi"] and "no rival competes" in v.reason
 
@@ -131,13 +130,13 @@ def test_sota_is_not_testable_where_no_rival_competes():
 def test_gamma_rule():
     gam = pd.DataFrame({"layer_type": ["q", "q", "v"], "gamma": [0.5, 0.6, 0.1], "flag": [True, True, False],
                         "cv": [1, 1, 1], "log_sd": [1, 1, 1]})
-    assert LV.verdict_gamma(gam).verdict == "reproduced"
+    assert lesson.verdict_gamma(gam).verdict == "reproduced"
     gam = pd.DataFrame({"layer_type": ["q", "q", "v", "v", "v"], "gamma": [0.35, 0.4, 0.1, 0.1, 0.1],
                         "flag": [True, True, False, False, False], "cv": 1.0, "log_sd": 1.0})
-    v = LV.verdict_gamma(gam)  # median over matrices 0.1, but layer type q's median 0.375 > 0.3
+    v = lesson.verdict_gamma(gam)  # median over matrices 0.1, but layer type q's median 0.375 > 0.3
     assert v.verdict == "partly" and "above it: q" in v.reason
     gam["gamma"] = [0.01, 0.02, 0.01, 0.01, 0.01]
-    assert LV.verdict_gamma(gam).verdict == "not reproduced"
+    assert lesson.verdict_gamma(gam).verdict == "not reproduced"
 
 
 def test_stage_rule_reads_the_forced_path():
@@ -147,11 +146,11 @@ def test_stage_rule_reads_the_forced_path():
         {"eps": 1e-5, "setting": "gate on (forced)", "test_normalized": 80.0},
         {"eps": 1e-5, "setting": "gate on, no refinement", "test_normalized": 79.8},
     ])
-    v = LV.verdict_stage(abl, "gate on, no refinement", "refinement")
+    v = lesson.verdict_stage(abl, "gate on, no refinement", "refinement")
     assert v.verdict == "partly" and v.numbers["gains"] == {0.01: pytest.approx(2.0), 1e-5: pytest.approx(0.2)}
     assert "gate forced" in v.measured
     with pytest.raises(ValueError, match="no rows"):
-        LV.verdict_stage(abl, "gate on, no prior", "the prior")
+        lesson.verdict_stage(abl, "gate on, no prior", "the prior")
 
 
 def test_stage_rule_pairs_the_rows_by_example():
@@ -164,7 +163,7 @@ def test_stage_rule_pairs_the_rows_by_example():
                          "correct": {"t": np.arange(n) < round(p * n)}})
     abl = pd.DataFrame(rows)
     abl.attrs["experts"] = {"t": 1.0}
-    v = LV.verdict_stage(abl, "gate on, no refinement", "refinement")
+    v = lesson.verdict_stage(abl, "gate on, no refinement", "refinement")
     se = v.numbers["se"]
     assert se[0.01] == pytest.approx(6.7, abs=1.0) and se[1e-5] == pytest.approx(0.67, abs=0.1)
     assert v.verdict == "partly" and "eps 0.01: tie" in v.reason and "eps 1e-05: better" in v.reason
@@ -172,9 +171,9 @@ def test_stage_rule_pairs_the_rows_by_example():
 
 
 def test_spectrum_rule_and_the_anchor_table():
-    assert LV.verdict_spectrum(99.5).verdict == "reproduced"
-    assert LV.verdict_spectrum(95.0).verdict == "partly"
-    assert LV.verdict_spectrum(50.0).verdict == "not reproduced"
+    assert lesson.verdict_spectrum(99.5).verdict == "reproduced"
+    assert lesson.verdict_spectrum(95.0).verdict == "partly"
+    assert lesson.verdict_spectrum(50.0).verdict == "not reproduced"
     mean = pd.DataFrame({"suite": "text8", "method": ["base (zero-shot heads)", "task_arithmetic", "tsv_m", "wudi"],
                          "test_normalized": [60.0, 70.0, 85.0, 80.0]})
     t = lesson.beside_anchor(mean).set_index("method")
@@ -190,12 +189,12 @@ def test_stage_rule_decides_at_the_bert_familys_paper_eps():
     abl = pd.DataFrame([{"eps": e, "setting": s, "test_normalized": v} for e, on, off in
                         ((1e-2, 82.0, 80.0), (2e-4, 80.1, 80.0), (1e-5, 78.0, 80.0))
                         for s, v in (("gate on (forced)", on), ("gate on, no refinement", off))])
-    v = LV.verdict_stage(abl, "gate on, no refinement", "refinement")
+    v = lesson.verdict_stage(abl, "gate on, no refinement", "refinement")
     assert v.verdict == "not reproduced" and v.numbers["decided_eps"] == [2e-4]
     assert [e.setting for e in v.effects] == ["eps 0.0002 (gate forced)"]
     assert "beside, not judged: eps 0.01: better, eps 1e-05: worse" in v.reason
-    assert LV.verdict_stage(abl, "gate on, no refinement", "refinement", eps=1e-2).verdict == "reproduced"
-    again = LV.stage_verdict(v.numbers["gains"], v.numbers["se"], "refinement")  # what the rejudge reads back
+    assert lesson.verdict_stage(abl, "gate on, no refinement", "refinement", eps=1e-2).verdict == "reproduced"
+    again = lesson.stage_verdict(v.numbers["gains"], v.numbers["se"], "refinement")  # what the rejudge reads back
     assert (again.verdict, again.reason, again.measured) == (v.verdict, v.reason, v.measured)
 
 
@@ -206,10 +205,10 @@ def test_sota_judges_wudi_against_every_row_the_tables_hold():
             "ties": (60, 60), "tsv_m": (85, 85), "weight_averaging": (50, 50)}
     per_seed = pd.DataFrame([{"seed": s, "method": m, "val_normalized": v + s / 10, "test_normalized": t + s / 10,
                               "suite": "text8"} for m, (v, t) in vals.items() for s in range(3)])
-    assert LV.wudi_rows(per_seed, "text8") == ("wudi (lr 1e-3)", "wudi (lr 1e-4)")
-    v = LV.verdict_sota(per_seed)
+    assert lesson.wudi_rows(per_seed, "text8") == ("wudi (lr 1e-3)", "wudi (lr 1e-4)")
+    v = lesson.verdict_sota(per_seed)
     assert "wudi (lr 1e-3)" in v.numbers["diffs"] and v.numbers["diffs"]["wudi (lr 1e-3)"] == pytest.approx(4.0)
     assert v.numbers["wudi_best_on_test"]["b"] == "wudi (lr 1e-4)"
     assert "beside, not judged: minus wudi (lr 1e-4) (the best WUDI row on test) +0.5" in v.measured
     with pytest.raises(ValueError, match="no WUDI row"):
-        LV.wudi_rows(per_seed[~per_seed["method"].str.startswith("wudi")], "text8")
+        lesson.wudi_rows(per_seed[~per_seed["method"].str.startswith("wudi")], "text8")
