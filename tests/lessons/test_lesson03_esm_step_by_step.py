@@ -10,6 +10,8 @@ Verdicts: notebook 03's claim verdicts, on small synthetic tables.
 
 from __future__ import annotations
 
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -29,6 +31,7 @@ from acetools.merging import esm as E  # noqa: E402
 from acetools.utils import make_generator  # noqa: E402
 from acetools.world.vision.zoo import Zoo  # noqa: E402
 from acetools_course import lesson03_esm_step_by_step as lesson  # noqa: E402
+from tests.lesson_cells import Lesson  # noqa: E402
 
 # --------------------------------------------------------------------------- experiments
 
@@ -733,3 +736,61 @@ def test_ablation_margins_pair_the_rows_by_example():
     assert "no drop beyond noise" in v.reason and {e.setting: e.se for e in v.effects}["t8"] == v.numbers["se_t8"]
     # without per-example results the seed rule's 0.5-point floor decides: a drop, smaller than the paper's
     assert lesson.ablation_verdicts(table.drop(columns="correct"))["esm.reciprocal"].verdict == "partly"
+
+
+# --------------------------------------------------------------------------- the rank budget binds
+# Lesson 03 checks ESM's rank budget (ESM.3) on a layer where it binds: below the rank of every task's activation
+# shift, so that the budget decides what each task keeps. The quick world (CI's) must have such a layer, and the
+# mini-world's lesson stops with an error where no layer of its block has one, instead of falling back to a layer
+# where the budget keeps everything (issue 41); another world (the text world, whose short texts give few proxy rows)
+# says so and goes on with the first MLP matrix.
+
+STEM = "03_esm_step_by_step"
+#: The code cells up to the choice of the lesson's layer (parameters, imports, the world, the layer).
+UNTIL_LAYER = 4
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("budget")
+    old = os.environ.get("ACETOOLS_NUM_THREADS")
+    os.environ.setdefault("ACETOOLS_NUM_THREADS", "1")
+    cells = Lesson(STEM, UNTIL_LAYER - 1, {"quick": True, "interactive": False, "figures_dir": str(root / STEM)})
+    ns = cells.prepare()
+    yield cells, ns
+    if old is None:
+        os.environ.pop("ACETOOLS_NUM_THREADS", None)
+
+
+def _choose_layer(cells: Lesson, ns: dict) -> dict:
+    ns = dict(ns)
+    cells._run(cells.rest[:1], ns)
+    return ns
+
+
+@pytest.mark.slow
+def test_the_quick_world_binds_the_rank_budget(prepared):
+    cells, ns = prepared
+    assert "budget_binds" in cells.rest[0][1]  # the cell that chooses the layer
+    out = _choose_layer(cells, ns)
+    assert out["budget_binds"](out["key"]), out["key"]
+    k = E.rank_budget(out["base"][out["key"]].shape[0], out["T"])
+    assert k < min(int(E.shift_rank(torch.linalg.svdvals(X @ tv[out["key"]].T)))
+                   for X, tv in zip(out["acts"][out["key"]], out["taus"]))
+
+
+@pytest.mark.slow
+def test_the_lesson_stops_where_the_budget_binds_nowhere(prepared, monkeypatch):
+    cells, ns = prepared
+    monkeypatch.setattr(E, "rank_budget", lambda d_out, n_tasks: 10**6)  # a budget that keeps every direction
+    with pytest.raises(ValueError, match="rank budget binds on no ESD layer"):
+        _choose_layer(cells, ns)
+
+
+@pytest.mark.slow
+def test_another_world_says_where_the_budget_binds_nowhere(prepared, monkeypatch, capsys):
+    cells, ns = prepared
+    monkeypatch.setattr(E, "rank_budget", lambda d_out, n_tasks: 10**6)
+    out = _choose_layer(cells, {**ns, "world": "text8"})
+    assert out["key"] == out["first_mlp"]
+    assert "(ESM.3)'s cut is not exercised here" in capsys.readouterr().out
