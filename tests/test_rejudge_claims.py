@@ -270,24 +270,11 @@ def test_one_paper_setting_per_model_family():
     assert seen >= 15
 
 
-#: The stage-ablation results not committed yet (issue 41): lessons 02, 03 and 07 save them in the full profile
-#: since then, and their full rerun commits them. Strict: a file here that exists fails the test below, so the
-#: entry goes with the rerun.
-EXPECTED_MISSING: dict[str, str] = {
-    "02_ace_step_by_step/ablation_tasks8_correct.npz": "lesson 02's full rerun writes it",
-    "02_ace_step_by_step/ablation_tasks20_correct.npz": "lesson 02's full rerun writes it",
-    "03_esm_step_by_step/ablation_grid_correct.npz": "lesson 03's full rerun writes it",
-    "03_esm_step_by_step/proxy_correct.npz": "lesson 03's full rerun writes it",
-    "03_esm_step_by_step/norm_order_correct.npz": "lesson 03's full rerun writes it",
-}
-
-
 def test_every_decided_verdict_rests_on_committed_files():
     """Every committed verdict is recomputable by scripts/rejudge_claims.py from committed files (R.inputs):
     the result files and per-example results, the regime card, a stage ablation's per-example results, or the
-    record's own stored measurement. Only the stage ablations' results may be missing, each listed in
-    EXPECTED_MISSING (xfail until the full reruns land; strict once they do)."""
-    missing, listed = {}, set()
+    record's own stored measurement. None may be missing (the full reruns of 02, 03 and 07 commit theirs)."""
+    missing = {}
     for path in FILES:
         for cid, e in json.loads(path.read_text()).items():
             if e["verdict"] == "not testable here":
@@ -295,18 +282,9 @@ def test_every_decided_verdict_rests_on_committed_files():
             files = R.inputs(path.parent.name, cid, FIGURES)
             assert files, (path.parent.name, cid)
             for f in files:
-                rel = f.relative_to(FIGURES).as_posix()
                 if not f.is_file():
-                    missing.setdefault(rel, []).append(f"{cid} ({e['verdict']})")
-                elif rel in EXPECTED_MISSING:
-                    listed.add(rel)
-    unexpected = {k: v for k, v in missing.items() if k not in EXPECTED_MISSING}
-    assert not unexpected, f"verdicts whose inputs are not committed: {unexpected}"
-    assert not listed, f"{sorted(listed)} are committed now: remove them from EXPECTED_MISSING"
-    decided = {k: v for k, v in missing.items() if any("undecidable" not in c for c in v)}
-    if missing:
-        pytest.xfail(f"stage-ablation results awaiting the full reruns: {sorted(missing)}; decided verdicts "
-                     f"among them: {decided}")
+                    missing.setdefault(f.relative_to(FIGURES).as_posix(), []).append(f"{cid} ({e['verdict']})")
+    assert not missing, f"verdicts whose inputs are not committed: {missing}"
 
 
 def test_lesson_07_stage_claims_are_recomputed_from_their_per_example_results(tmp_path):
