@@ -37,7 +37,7 @@ from acetools.utils import progress as bar
 
 from . import lesson_worlds as course
 from . import verdicts as V
-from .claims import PAPER_SETTINGS
+from .claims import PAPER_SETTINGS, paper_setting
 from .paper_tables import ACE_STAGE_ABLATION, paper_room
 from .power import paired_se
 from .verdicts import NOISE  # the lesson reads it here (ace_claims.NOISE)
@@ -797,7 +797,8 @@ def verdict_direction(stable: Any, *, high: float = 0.9, low: float = 0.5) -> V.
 
 
 #: The eps the paper reports for ViTs (the ViT family's of :data:`acetools_course.claims.PAPER_SETTINGS`); the stage
-#: claims are decided there (the code's default, 1e-2 as in the official code, is shown beside).
+#: claims are decided there in a vision world, at the BERT family's in the text world (the code's default, 1e-2 as
+#: in the official code, is shown beside).
 PAPER_EPS_VIT: float = PAPER_SETTINGS["vit"].eps
 
 
@@ -825,8 +826,9 @@ def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: M
         "ace.spectrum": verdict_spectrum(stable),
         "ace.direction": verdict_direction(stable),
     }
+    family = paper_setting(world.name).family if world is not None else PAPER_SETTINGS["vit"].family
     for cid in ("ace.csp", "ace.spectrum", "ace.normalization", "ace.refinement"):
-        out[cid] = decided_at(out[cid], eps)
+        out[cid] = decided_at(out[cid], eps, family)
     if beside:
         e2, ab2, st2 = beside["eps"], beside.get("ablation"), beside.get("stable")
         side = {}
@@ -842,10 +844,12 @@ def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: M
     return out
 
 
-def decided_at(v: V.Verdict, eps: float | None) -> V.Verdict:
+def decided_at(v: V.Verdict, eps: float | None, family: str = PAPER_SETTINGS["vit"].family) -> V.Verdict:
     """``v`` with the eps it was decided at in its reason and ``numbers["eps"]`` (None: no text):
-    notebook 02's stage claims."""
-    at = f" (decided at eps {eps:g}, the paper's ViT setting)" if eps is not None else ""
+    notebook 02's stage claims, decided at the paper's eps of the world's model ``family``
+    (:data:`acetools_course.claims.PAPER_SETTINGS`: ViT 1e-5 in a vision world, the BERT family's 2e-4 in the
+    text world)."""
+    at = f" (decided at eps {eps:g}, the paper's {family} setting)" if eps is not None else ""
     return v.with_reason(v.reason + at, eps=eps)
 
 

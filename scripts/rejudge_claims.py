@@ -73,41 +73,43 @@ def _per_suite(numbers: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(v) for v in numbers.values() if isinstance(v, dict) and "suite" in v]
 
 
-def _at_paper_eps(numbers: Mapping[str, Any]) -> bool:
+def _at_paper_eps(numbers: Mapping[str, Any], paper_eps: float | None = None) -> bool:
+    """Whether a record was decided at ``paper_eps`` (default: the ViT family's, 1e-5)."""
     from acetools_course.lesson02_ace_step_by_step import PAPER_EPS_VIT
 
-    eps = numbers.get("eps")
-    return eps is not None and abs(float(eps) - PAPER_EPS_VIT) <= 1e-12
+    eps, paper_eps = numbers.get("eps"), PAPER_EPS_VIT if paper_eps is None else paper_eps
+    return eps is not None and abs(float(eps) - paper_eps) <= 1e-12
 
 
 def pending_rerun(claim_id: str, entry: Mapping[str, Any]) -> str | None:
     """The rerun (:data:`PENDING`) that ``entry``, a committed record of ``claim_id``, still waits
-    for, or None: notebook 02's stage claims wait until a run decided them at the paper's eps
-    (``numbers["eps"]`` = 1e-5) and, for refinement, with the gate forced where ACE's gate flags
-    few layers (its per-suite numbers carry ``gate_forced``)."""
+    for, or None: notebook 02's stage claims wait until a run decided them at the paper's eps for the record's
+    world (``numbers["eps"]`` = 1e-5 in a vision world, 2e-4 in the text world) and, for refinement, with the gate
+    forced where ACE's gate flags few layers (its per-suite numbers carry ``gate_forced``)."""
+    from acetools_course.claims import paper_setting
+
     if claim_id not in PENDING:
         return None
     n = entry.get("numbers") or {}
     if claim_id == "ace.refinement":
         done = any("gate_forced" in s for s in _per_suite(n))
     else:
-        done = _at_paper_eps(n)
+        done = _at_paper_eps(n, paper_setting((entry.get("world") or {}).get("name")).eps)
     return None if done else PENDING[claim_id]
 
 
-def _ace_from_files(per: list[dict[str, Any]], claim_id: str, figures_root: Path | None) -> list[dict[str, Any]]:
+def _ace_from_files(per: list[dict[str, Any]], claim_id: str, folder: Path | None) -> list[dict[str, Any]]:
     """Notebook 02's per-suite stage differences (the fields of
     ``acetools_course.lesson02_ace_step_by_step.ablation_effects``) with each ``d…`` and its ``se…``
-    recomputed from the suite's committed per-example results
-    (``02_ace_step_by_step/ablation_<suite>_correct.npz``) where they exist; the stored ones elsewhere."""
+    recomputed from the suite's committed per-example results in the notebook's ``folder``
+    (``02_ace_step_by_step[-<world>]/ablation_<suite>_correct.npz``) where they exist; the stored ones elsewhere."""
     from acetools_course import lesson02_ace_step_by_step as L
 
     pairs = {"ace.normalization": {"auto": (L.NO_REFINE, L.GATE_OFF), "forced": (L.GATE_ON_NO_REFINE, L.GATE_OFF)},
              "ace.csp": {"": (L.FULL, L.NO_PRIOR)}}[claim_id] if claim_id != "ace.refinement" else None
     out = []
     for s in per:
-        files = None if figures_root is None else \
-            load_stage_results(figures_root / "02_ace_step_by_step", f"ablation_{s['suite']}")
+        files = None if folder is None else load_stage_results(folder, f"ablation_{s['suite']}")
         if files is None:
             out.append(s)
             continue
@@ -125,27 +127,33 @@ def _ace_from_files(per: list[dict[str, Any]], claim_id: str, figures_root: Path
     return out
 
 
-def _ace_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path | None = None) -> dict[str, Verdict]:
-    """Notebook 02's claims from their stored numbers. A record decided at the paper's eps (a
-    notebook run since issue 23) keeps that eps, its ridge/prior size and the code default's
-    verdict beside it; an older one is decided at the code default eps 1e-2 it was measured at."""
+def _ace_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path | None = None,
+                  folder: str = "02_ace_step_by_step") -> dict[str, Verdict]:
+    """Notebook 02's claims (recorded in ``folder``: the mini-world's, or ``02_ace_step_by_step-text8``) from their
+    stored numbers and per-example results. A record decided at the paper's eps for the world's model family
+    (:func:`acetools_course.claims.paper_setting`; a notebook run since issue 23) keeps that eps, its ridge/prior
+    size and the code default's verdict beside it; an older one is decided at the code default eps 1e-2 it was
+    measured at."""
     from acetools_course import lesson02_ace_step_by_step as A
+    from acetools_course.claims import paper_setting
 
     out: dict[str, Verdict] = {}
-    n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
-    fresh = {cid: _at_paper_eps(e["numbers"]) for cid, e in entries.items()}
+    n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20, "text8": 8}
+    setting = paper_setting(world.name)
+    root = None if figures_root is None else figures_root / folder
+    fresh = {cid: _at_paper_eps(e["numbers"], setting.eps) for cid, e in entries.items()}
     if "ace.normalization" in entries:
         out["ace.normalization"] = A.verdict_normalization(
-            _ace_from_files(_per_suite(entries["ace.normalization"]["numbers"]), "ace.normalization", figures_root))
+            _ace_from_files(_per_suite(entries["ace.normalization"]["numbers"]), "ace.normalization", root))
     if "ace.csp" in entries:
         n = entries["ace.csp"]["numbers"]
-        per = _ace_from_files(_per_suite(n), "ace.csp", figures_root)
+        per = _ace_from_files(_per_suite(n), "ace.csp", root)
         if fresh["ace.csp"]:
             out["ace.csp"] = A.verdict_csp(per, ridge_over_prior=n.get("ridge_over_prior"), eps=n["eps"])
         else:
             out["ace.csp"] = A.verdict_csp(per, eps=1e-2)
     if "ace.refinement" in entries:
-        per = _ace_from_files(_per_suite(entries["ace.refinement"]["numbers"]), "ace.refinement", figures_root)
+        per = _ace_from_files(_per_suite(entries["ace.refinement"]["numbers"]), "ace.refinement", root)
         if not any("gate_forced" in s for s in per):  # a record from before the gate-forced rerun
             per = [{**s, "what": "full - no refinement (ACE's gate: the flagged matrices only)"} for s in per]
         out["ace.refinement"] = A.verdict_refinement(per, world=world, n_tasks={s["suite"]: n_of[s["suite"]]
@@ -169,7 +177,7 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
         n = entries[cid]["numbers"]
         if fresh[cid]:
             if cid != "ace.spectrum":  # its stored reason already says so
-                out[cid] = A.decided_at(out[cid], n["eps"])
+                out[cid] = A.decided_at(out[cid], n["eps"], setting.family)
                 if isinstance(n.get("beside"), dict):
                     out[cid] = A.with_beside(out[cid], n["beside"])
         elif cid != "ace.refinement":
@@ -190,14 +198,13 @@ ESM_PAIRS: dict[str, dict[str, tuple[str, str]]] = {
 }
 
 
-def _esm_from_files(numbers: Mapping[str, Any], claim_id: str, figures_root: Path | None) -> dict[str, Any]:
+def _esm_from_files(numbers: Mapping[str, Any], claim_id: str, folder: Path | None) -> dict[str, Any]:
     """A notebook-03 ablation claim's numbers with each suite's gain and paired standard error recomputed from the
-    grid's committed per-example results (``03_esm_step_by_step/ablation_grid_correct.npz``, absolute points)
-    where they exist; the stored numbers otherwise."""
+    grid's committed per-example results in the notebook's ``folder`` (``ablation_grid_correct.npz``, absolute
+    points) where they exist; the stored numbers otherwise."""
     from acetools_course.lesson03_esm_step_by_step import TSV_M_ROW
 
-    files = None if figures_root is None else load_stage_results(figures_root / "03_esm_step_by_step",
-                                                                  "ablation_grid")
+    files = None if folder is None else load_stage_results(folder, "ablation_grid")
     if files is None or claim_id not in ESM_PAIRS:
         return dict(numbers)
     hits, _ = files
@@ -211,24 +218,29 @@ def _esm_from_files(numbers: Mapping[str, Any], claim_id: str, figures_root: Pat
     return out
 
 
-def _proxy_from_files(figures_root: Path | None) -> tuple[dict[str, float], dict[str, Any]] | None:
-    """Notebook 03's proxy study from its committed per-example results (``proxy_correct.npz``): each run's test
-    accuracy (%, the mean over tasks) and its per-task correctness, by run label; None where not committed."""
+def _proxy_from_files(folder: Path | None) -> tuple[dict[str, float], dict[str, Any]] | None:
+    """Notebook 03's proxy study from its committed per-example results (``proxy_correct.npz`` in the notebook's
+    ``folder``): each run's test accuracy (%, the mean over tasks) and its per-task correctness, by run label; None
+    where not committed."""
     import numpy as np
 
-    files = None if figures_root is None else load_stage_results(figures_root / "03_esm_step_by_step", "proxy")
+    files = None if folder is None else load_stage_results(folder, "proxy")
     if files is None:
         return None
     hits = {k.split("|", 1)[1]: v for k, v in files[0].items()}
     return {k: 100 * float(np.mean([h.mean() for h in v.values()])) for k, v in hits.items()}, hits
 
 
-def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path | None = None) -> dict[str, Verdict]:
+def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path | None = None,
+                  folder: str = "03_esm_step_by_step") -> dict[str, Verdict]:
+    """Notebook 03's claims (recorded in ``folder``: the mini-world's, or ``03_esm_step_by_step-text8``) from their
+    stored numbers and per-example results."""
     from acetools_course import lesson03_esm_step_by_step as E
 
     out: dict[str, Verdict] = {}
-    entries = {cid: {**e, "numbers": _esm_from_files(e["numbers"], cid, figures_root)} for cid, e in entries.items()}
-    n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20}
+    root = None if figures_root is None else figures_root / folder
+    entries = {cid: {**e, "numbers": _esm_from_files(e["numbers"], cid, root)} for cid, e in entries.items()}
+    n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20, "text8": 8}
 
     def suites_of(nums: Mapping[str, Any], prefix: str) -> dict[str, float]:
         return {k[len(prefix):]: float(v) for k, v in nums.items()
@@ -263,7 +275,7 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
         v = Verdict(v.measured, v.verdict, v.reason, {**e["numbers"], **v.numbers})
         out["esm.reciprocal"] = E._with_effects(v, "esm.reciprocal", d, world, {s: n_of[s] for s in d},
                                                 se=ses(e["numbers"]))
-    proxy = _proxy_from_files(figures_root)  # the proxy study's per-example results, where committed
+    proxy = _proxy_from_files(root)  # the proxy study's per-example results, where committed
     if "esm.proxy" in entries:
         n = entries["esm.proxy"]["numbers"]
         acc = {k: float(v) for k, v in n.items() if k != "diffs"}
@@ -287,12 +299,11 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
         out["esm.cka"] = E.cka_verdict(entries["esm.cka"]["numbers"], entries["esm.cka"]["measured"])
     if "esm.norm_importance" in entries:
         n = dict(entries["esm.norm_importance"]["numbers"])
-        folder = None if figures_root is None else figures_root / "03_esm_step_by_step"
-        files = None if folder is None else load_stage_results(folder, "norm_order")
+        files = None if root is None else load_stage_results(root, "norm_order")
         if files is not None:
             hits, experts = files
             if experts is None:
-                raise InputError(f"{folder}: norm_order_correct.npz lacks its norm_order_experts.json (the scale of "
+                raise InputError(f"{root}: norm_order_correct.npz lacks its norm_order_experts.json (the scale of "
                                  "normalized points); rerun lesson 03 in full")
             n.update(E.norm_gaps(hits, experts))
         out["esm.norm_importance"] = E.norm_gaps_verdict(n)
@@ -434,6 +445,8 @@ def inputs(folder: str, claim_id: str, figures_root: str | Path) -> list[Path]:
     if claim_id == "ace.spectrum_language":
         return [root / "regime" / "text8_trained_seed0" / "card.json"]
     names = STAGE_INPUTS.get(claim_id)
+    if names and folder == "02_ace_step_by_step-text8":  # the text world's one suite
+        names = ("ablation_text8",)
     if names:
         return [root / folder / f"{n}_correct.npz" for n in names]
     return [root / folder / "claims.json"]
@@ -471,9 +484,14 @@ RULES: dict[str, Callable[[Mapping[str, Any], World, Path], dict[str, Verdict]]]
     "04_benchmark-text8": lambda entries, world, root: _benchmark_verdicts(root, world, "04_benchmark-text8", "text8"),
     TRAINED_FOLDER: lambda entries, world, root: _benchmark_verdicts(root, world, TRAINED_FOLDER, "text8", "trained"),
     "07_language": _language_lesson,
+    "02_ace_step_by_step-text8": lambda entries, world, root: _ace_verdicts(entries, world, root,
+                                                                            "02_ace_step_by_step-text8"),
+    "03_esm_step_by_step-text8": lambda entries, world, root: _esm_verdicts(entries, world, root,
+                                                                            "03_esm_step_by_step-text8"),
 }
 #: The folders judged in the text world (its room from the text tables), not the mini-world.
-TEXT_FOLDERS: frozenset[str] = frozenset({"04_benchmark-text8", TRAINED_FOLDER, "07_language"})
+TEXT_FOLDERS: frozenset[str] = frozenset({"04_benchmark-text8", TRAINED_FOLDER, "07_language",
+                                          "02_ace_step_by_step-text8", "03_esm_step_by_step-text8"})
 
 
 def _trained_tables_hold_esm(figures_root: Path) -> bool:

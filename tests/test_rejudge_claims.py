@@ -155,6 +155,21 @@ def test_pending_rerun_ends_with_the_rerun():
     forced = {"numbers": {"eps": 1e-05, "tasks8": {"suite": "tasks8", "d": 0.1, "gate_forced": True}}}
     assert pending_rerun("ace.refinement", forced) is None
     assert pending_rerun("ace.gamma_vit", old) is None
+    # the text world's records wait for the BERT family's eps (docs/methods.md §One paper setting per model family)
+    text = {"world": {"name": "text"}}
+    at_vit = {**text, "numbers": {"eps": 1e-05, "text8": {"suite": "text8", "d": 0.3}}}
+    at_bert = {**text, "numbers": {"eps": 2e-04, "text8": {"suite": "text8", "d": 0.3}}}
+    assert pending_rerun("ace.csp", at_vit) == PENDING["ace.csp"] and pending_rerun("ace.csp", at_bert) is None
+
+
+def test_lessons_02_and_03_in_the_text_world_are_rejudged_from_their_own_folders():
+    """The text world's runs of notebooks 02 and 03 are re-decided by the rejudge too (the only writer of
+    verdicts), from their own folders' per-example results: 02's one suite, text8, and 03's grid."""
+    assert R.inputs("02_ace_step_by_step-text8", "ace.csp", FIGURES) == \
+        [FIGURES / "02_ace_step_by_step-text8" / "ablation_text8_correct.npz"]
+    assert R.inputs("03_esm_step_by_step-text8", "esm.four", FIGURES) == \
+        [FIGURES / "03_esm_step_by_step-text8" / n for n in ("proxy_correct.npz", "ablation_grid_correct.npz")]
+    assert {"02_ace_step_by_step-text8", "03_esm_step_by_step-text8"} <= set(R.RULES) & R.TEXT_FOLDERS
 
 
 def test_a_record_decided_at_the_papers_eps_keeps_it(tmp_path):

@@ -663,3 +663,32 @@ def test_claim_verdicts_at_the_papers_eps_with_the_default_beside():
     assert v["ace.csp"].numbers["beside"]["verdict"] == "not reproduced"  # -0.1 at the default: a tie
     assert "beside it, the code default eps 0.01" in v["ace.csp"].reason
     assert v["ace.refinement"].verdict == "undecidable here"
+
+
+def test_the_text_world_decides_at_the_bert_familys_eps():
+    """One paper setting per model family (docs/methods.md): in the text world (MiniLM, a BERT-family encoder)
+    notebook 02's stage claims say they were decided at the BERT family's eps, and the notebook's default eps
+    (0) resolves to it there and to the ViT's in a vision world."""
+    from acetools_course import claims as C
+    from acetools_course.verdicts import World
+
+    rows = [{"suite": "text8", "variant": v, "test_acc": a, "test_normalized": a}
+            for v, a in ((lesson.FULL, 80), (lesson.GATE_ON, 79), (lesson.GATE_ON_NO_REFINE, 78),
+                         (lesson.GATE_OFF, 77), (lesson.NO_PRIOR, 76), (lesson.NO_REFINE, 75))]
+    main = lesson.Ablation(pd.DataFrame(rows), pd.DataFrame()).main()
+    gt = pd.DataFrame({"gamma": [0.1] * 10, "flag": [False] * 10})
+    st = pd.DataFrame({"top_energy_pre": [0.8], "cond_pre": [1e3], "cond_pre_trim": [1e2], "cos_sum": [0.9],
+                       "cos_experts": [0.5], "cos_random": [0.1], "ridge_over_prior": [0.2]})
+    bert = C.PAPER_SETTINGS["bert"]
+    text = World(C.TEXT_CLAIM_WORLDS["full"], "full", {8: 4.0})
+    v = lesson.claim_verdicts(gt, st, main, {"text8": 0.0}, world=text, n_tasks={"text8": 8}, eps=bert.eps)
+    for cid in ("ace.csp", "ace.normalization", "ace.refinement"):
+        assert f"decided at eps 0.0002, the paper's {bert.family} setting" in v[cid].reason, cid
+        assert "ViT" not in v[cid].reason.split("decided at")[1], cid
+    assert C.paper_setting(text.name).eps == 2e-4 and C.paper_setting("mini").eps == 1e-5
+    import json
+    from pathlib import Path
+
+    nb = Path(__file__).resolve().parents[2] / "notebooks" / "02_ace_step_by_step.ipynb"
+    cells = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"])
+    assert "eps: float = 0.0" in cells and "eps = eps or setting.eps" in cells
