@@ -281,7 +281,8 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
         acc = {k: float(v) for k, v in n.items() if k != "diffs"}
         if proxy is not None:
             acc = {k: proxy[0][k] for k in acc}
-        out["esm.proxy"] = E.verdict_proxy(acc)
+        others = list(n.get("diffs") or {})  # the variants the run compared (the text world has no pretraining pool)
+        out["esm.proxy"] = E.verdict_proxy(acc, others=others) if others else E.verdict_proxy(acc)
     if "esm.four" in entries:
         n = entries["esm.four"]["numbers"]
         if proxy is not None:
