@@ -343,7 +343,7 @@ def test_lesson_02_stage_claims_are_recomputed_from_their_per_example_results(tm
     hits = {f"tasks8|{v}": {t: rng.random(400) < 0.5 + 0.03 * i for t in ("a", "b")} for i, v in enumerate(variants)}
     (tmp_path / "02_ace_step_by_step").mkdir()
     power.save_stage_results(tmp_path / "02_ace_step_by_step", "ablation_tasks8", hits, experts={"a": 0.8, "b": 0.6})
-    per = R._ace_from_files(R._per_suite(stage["ace.csp"]["numbers"]), "ace.csp", tmp_path)
+    per = R._ace_from_files(R._per_suite(stage["ace.csp"]["numbers"]), "ace.csp", tmp_path / "02_ace_step_by_step")
     want = power.stage_difference(hits, {"a": 0.8, "b": 0.6}, f"tasks8|{L.FULL}", f"tasks8|{L.NO_PRIOR}")
     t8 = next(s for s in per if s["suite"] == "tasks8")
     assert (t8["d"], t8["se"]) == pytest.approx(want)
@@ -352,7 +352,7 @@ def test_lesson_02_stage_claims_are_recomputed_from_their_per_example_results(tm
     out = R._ace_verdicts(stage, claims.claim_world(quick=False, results_dir=FIGURES / "benchmark"), tmp_path)
     assert out["ace.csp"].numbers["tasks8"]["d"] == pytest.approx(want[0])
     norm = next(s for s in R._ace_from_files(R._per_suite(stage["ace.normalization"]["numbers"]),
-                                             "ace.normalization", tmp_path) if s["suite"] == "tasks8")
+                                             "ace.normalization", tmp_path / "02_ace_step_by_step") if s["suite"] == "tasks8")
     assert norm["d_forced"] == pytest.approx(power.stage_difference(
         hits, {"a": 0.8, "b": 0.6}, f"tasks8|{L.GATE_ON_NO_REFINE}", f"tasks8|{L.GATE_OFF}")[0])
 
@@ -373,11 +373,11 @@ def test_lesson_03_grid_claims_are_recomputed_from_their_per_example_results(tmp
             for s in ("tasks8", "tasks20") for i, r in enumerate(rows)}
     (tmp_path / "03_esm_step_by_step").mkdir()
     power.save_stage_results(tmp_path / "03_esm_step_by_step", "ablation_grid", hits)
-    got = R._esm_from_files(entries["esm.layer_first"]["numbers"], "esm.layer_first", tmp_path)
+    got = R._esm_from_files(entries["esm.layer_first"]["numbers"], "esm.layer_first", tmp_path / "03_esm_step_by_step")
     want = power.stage_difference(hits, None, "tasks20|ESD, all levels", "tasks20|ESD, no scaling")
     assert (got["all_gain_tasks20"], got["se_all_tasks20"]) == pytest.approx(want)
     want = power.stage_difference(hits, None, "tasks8|ESD, no scaling", f"tasks8|{TSV_M_ROW}")
-    got = R._esm_from_files(entries["esm.esd_alone"]["numbers"], "esm.esd_alone", tmp_path)
+    got = R._esm_from_files(entries["esm.esd_alone"]["numbers"], "esm.esd_alone", tmp_path / "03_esm_step_by_step")
     assert (got["gain_tasks8"], got["se_tasks8"]) == pytest.approx(want)
     assert got["gain_vs_inpipeline_svd_tasks8"] == entries["esm.esd_alone"]["numbers"]["gain_vs_inpipeline_svd_tasks8"]
     world = claims.claim_world(quick=False, results_dir=FIGURES / "benchmark")
