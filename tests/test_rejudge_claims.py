@@ -351,8 +351,9 @@ def test_lesson_02_stage_claims_are_recomputed_from_their_per_example_results(tm
     assert t20 == stage["ace.csp"]["numbers"]["tasks20"]
     out = R._ace_verdicts(stage, claims.claim_world(quick=False, results_dir=FIGURES / "benchmark"), tmp_path)
     assert out["ace.csp"].numbers["tasks8"]["d"] == pytest.approx(want[0])
-    norm = next(s for s in R._ace_from_files(R._per_suite(stage["ace.normalization"]["numbers"]),
-                                             "ace.normalization", tmp_path / "02_ace_step_by_step") if s["suite"] == "tasks8")
+    per = R._ace_from_files(R._per_suite(stage["ace.normalization"]["numbers"]), "ace.normalization",
+                            tmp_path / "02_ace_step_by_step")
+    norm = next(s for s in per if s["suite"] == "tasks8")
     assert norm["d_forced"] == pytest.approx(power.stage_difference(
         hits, {"a": 0.8, "b": 0.6}, f"tasks8|{L.GATE_ON_NO_REFINE}", f"tasks8|{L.GATE_OFF}")[0])
 
