@@ -22,12 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
 FOLDERS = sorted(p.parent for p in FIGURES.glob("*/figures.json"))
 
-#: The lesson folders whose committed figures predate the figure manifest (issue 41), or were never committed
-#: (08's; 02's and 03's in the text world): their full rerun writes them with their records. Strict: a folder
-#: here whose figures all have records (and are all committed) fails test_figures_awaiting_rerun_are_listed_exactly,
-#: so the entry goes once its rerun is committed.
-AWAITING_RERUN: frozenset[str] = frozenset({
-    "08_lora_experts", "02_ace_step_by_step-text8", "03_esm_step_by_step-text8"})
+#: The lesson folders whose committed figures lack their records or were never committed, waiting for their
+#: notebook's full rerun (none now: every lesson's full-profile figures are committed with their records). Strict:
+#: a folder here whose figures all have records (and are all committed) fails
+#: test_figures_awaiting_rerun_are_listed_exactly, so an entry goes once its rerun is committed.
+AWAITING_RERUN: frozenset[str] = frozenset()
 
 def _search_modules() -> tuple[str, ...]:
     """Where a drawing function that left its module is looked for (the record's hash is of its source text, so
