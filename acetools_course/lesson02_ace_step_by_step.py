@@ -826,7 +826,7 @@ def claim_verdicts(gtable: Any, stable: Any, ablation: Ablation, frac_flagged: M
         "ace.spectrum": verdict_spectrum(stable),
         "ace.direction": verdict_direction(stable),
     }
-    family = paper_setting(world.name).family if world is not None else PAPER_SETTINGS["vit"].family
+    family = paper_setting(None if world is None else world.name).family  # None: the ViT's
     for cid in ("ace.csp", "ace.spectrum", "ace.normalization", "ace.refinement"):
         out[cid] = decided_at(out[cid], eps, family)
     if beside:

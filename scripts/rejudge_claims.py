@@ -73,12 +73,18 @@ def _per_suite(numbers: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(v) for v in numbers.values() if isinstance(v, dict) and "suite" in v]
 
 
-def _at_paper_eps(numbers: Mapping[str, Any], paper_eps: float | None = None) -> bool:
-    """Whether a record was decided at ``paper_eps`` (default: the ViT family's, 1e-5)."""
-    from acetools_course.lesson02_ace_step_by_step import PAPER_EPS_VIT
-
-    eps, paper_eps = numbers.get("eps"), PAPER_EPS_VIT if paper_eps is None else paper_eps
+def _at_paper_eps(numbers: Mapping[str, Any], paper_eps: float) -> bool:
+    """Whether a record was decided at ``paper_eps``, its world's family's (``claims.paper_setting``)."""
+    eps = numbers.get("eps")
     return eps is not None and abs(float(eps) - paper_eps) <= 1e-12
+
+
+def _n_tasks(suite: str) -> int:
+    """The number of tasks of a vision or text suite (the T the paper's effects are scaled at)."""
+    from acetools.world.text.tasks import SUITES as TEXT_SUITES
+    from acetools.world.vision.data import SUITES as VISION_SUITES
+
+    return len({**VISION_SUITES, **TEXT_SUITES}[suite])
 
 
 def pending_rerun(claim_id: str, entry: Mapping[str, Any]) -> str | None:
@@ -138,7 +144,6 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
     from acetools_course.claims import paper_setting
 
     out: dict[str, Verdict] = {}
-    n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20, "text8": 8}
     setting = paper_setting(world.name)
     root = None if figures_root is None else figures_root / folder
     fresh = {cid: _at_paper_eps(e["numbers"], setting.eps) for cid, e in entries.items()}
@@ -156,8 +161,8 @@ def _ace_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
         per = _ace_from_files(_per_suite(entries["ace.refinement"]["numbers"]), "ace.refinement", root)
         if not any("gate_forced" in s for s in per):  # a record from before the gate-forced rerun
             per = [{**s, "what": "full - no refinement (ACE's gate: the flagged matrices only)"} for s in per]
-        out["ace.refinement"] = A.verdict_refinement(per, world=world, n_tasks={s["suite"]: n_of[s["suite"]]
-                                                                                for s in per})
+        out["ace.refinement"] = A.verdict_refinement(per, world=world,
+                                                     n_tasks={s["suite"]: _n_tasks(s["suite"]) for s in per})
     if "ace.spectrum" in entries:
         e = entries["ace.spectrum"]
         n = {k: v for k, v in e["numbers"].items() if k != "pending_rerun"}
@@ -240,7 +245,6 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
     out: dict[str, Verdict] = {}
     root = None if figures_root is None else figures_root / folder
     entries = {cid: {**e, "numbers": _esm_from_files(e["numbers"], cid, root)} for cid, e in entries.items()}
-    n_of = {"tasks8": 8, "tasks14": 14, "tasks20": 20, "text8": 8}
 
     def suites_of(nums: Mapping[str, Any], prefix: str) -> dict[str, float]:
         return {k[len(prefix):]: float(v) for k, v in nums.items()
@@ -260,20 +264,20 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
             v = E.verdict_gain(g, what, e["measured"], ses(e["numbers"]))
             inpipe = {k: v_ for k, v_ in e["numbers"].items() if k.startswith("gain_vs_inpipeline_svd_")}
             v = Verdict(v.measured, v.verdict, v.reason, {**e["numbers"], **v.numbers, **inpipe})
-            out[cid] = E._with_effects(v, cid, g, world, {s: n_of[s] for s in g}, se=ses(e["numbers"]))
+            out[cid] = E._with_effects(v, cid, g, world, {s: _n_tasks(s) for s in g}, se=ses(e["numbers"]))
     if "esm.layer_first" in entries:
         e = entries["esm.layer_first"]
         lg, ag = suites_of(e["numbers"], "layer_gain_"), suites_of(e["numbers"], "all_gain_")
         v = E.verdict_layer_first(lg, ag, e["measured"], ses(e["numbers"]), ses(e["numbers"], "se_all_"))
         v = Verdict(v.measured, v.verdict, v.reason, {**e["numbers"], **v.numbers})
-        out["esm.layer_first"] = E._with_effects(v, "esm.layer_first", lg, world, {s: n_of[s] for s in lg},
+        out["esm.layer_first"] = E._with_effects(v, "esm.layer_first", lg, world, {s: _n_tasks(s) for s in lg},
                                                  se=ses(e["numbers"]))
     if "esm.reciprocal" in entries:
         e = entries["esm.reciprocal"]
         d = suites_of(e["numbers"], "drop_")
         v = E.verdict_reciprocal(d, measured=e["measured"], se=ses(e["numbers"]))
         v = Verdict(v.measured, v.verdict, v.reason, {**e["numbers"], **v.numbers})
-        out["esm.reciprocal"] = E._with_effects(v, "esm.reciprocal", d, world, {s: n_of[s] for s in d},
+        out["esm.reciprocal"] = E._with_effects(v, "esm.reciprocal", d, world, {s: _n_tasks(s) for s in d},
                                                 se=ses(e["numbers"]))
     proxy = _proxy_from_files(root)  # the proxy study's per-example results, where committed
     if "esm.proxy" in entries:
@@ -281,8 +285,8 @@ def _esm_verdicts(entries: Mapping[str, Any], world: World, figures_root: Path |
         acc = {k: float(v) for k, v in n.items() if k != "diffs"}
         if proxy is not None:
             acc = {k: proxy[0][k] for k in acc}
-        others = list(n.get("diffs") or {})  # the variants the run compared (the text world has no pretraining pool)
-        out["esm.proxy"] = E.verdict_proxy(acc, others=others) if others else E.verdict_proxy(acc)
+        # the variants the run compared (the text world has no pretraining pool)
+        out["esm.proxy"] = E.verdict_proxy(acc, others=list(n["diffs"]))
     if "esm.four" in entries:
         n = entries["esm.four"]["numbers"]
         if proxy is not None:
